@@ -1,0 +1,97 @@
+"""SQE's single exception tree. Every message is one clear line and never contains a secret.
+
+    SQEError
+    ├── ConfigError                       bad config file, env override, unknown key, wrong type
+    ├── CatalogError                      anything the REST catalog said or failed to say
+    │   ├── AuthenticationError (401)
+    │   ├── PermissionDeniedError (403)
+    │   ├── NoSuchTableError (404)
+    │   ├── NoSuchNamespaceError (404)
+    │   ├── RestrictionsNotSupportedError (406)
+    │   ├── IntegrityError (422, never retried)
+    │   ├── CommitConflictError (409)
+    │   ├── CatalogUnavailableError (429/5xx/connection after retries)
+    │   └── CatalogProtocolError (malformed response)
+    ├── CredentialError
+    │   ├── NoVendedCredentialsError      require_vended_credentials and the catalog vended nothing
+    │   └── CredentialExpiredError
+    ├── RestrictionError                  read-restrictions that cannot be applied (fail closed)
+    ├── QueryError                        SQL the engine cannot run (syntax, unknown table, ...)
+    └── WorkerError                       distributed execution failures
+"""
+
+from __future__ import annotations
+
+
+class SQEError(Exception):
+    """Base class of every error SQE raises on purpose."""
+
+
+class ConfigError(SQEError):
+    pass
+
+
+class CatalogError(SQEError):
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AuthenticationError(CatalogError):
+    pass
+
+
+class PermissionDeniedError(CatalogError):
+    pass
+
+
+class NoSuchTableError(CatalogError):
+    pass
+
+
+class NoSuchNamespaceError(CatalogError):
+    pass
+
+
+class RestrictionsNotSupportedError(CatalogError):
+    pass
+
+
+class IntegrityError(CatalogError):
+    pass
+
+
+class CommitConflictError(CatalogError):
+    pass
+
+
+class CatalogUnavailableError(CatalogError):
+    pass
+
+
+class CatalogProtocolError(CatalogError):
+    pass
+
+
+class CredentialError(SQEError):
+    pass
+
+
+class NoVendedCredentialsError(CredentialError):
+    pass
+
+
+class CredentialExpiredError(CredentialError):
+    pass
+
+
+class RestrictionError(SQEError):
+    pass
+
+
+class QueryError(SQEError):
+    pass
+
+
+class WorkerError(SQEError):
+    pass

@@ -1,0 +1,95 @@
+"""The catalog's exception tree. Every error reaches the client as the Iceberg REST ``ErrorModel``.
+
+    CatalogError (500, generic server error)
+    ├── BadRequestError (400)          malformed JSON, bad identifiers, invalid arguments
+    ├── NotAuthorizedError (401)       missing/expired/invalid bearer token, bad client secret
+    ├── ForbiddenError (403)           authenticated but lacking a grant
+    ├── NotFoundError (404)
+    │   ├── NoSuchNamespaceError
+    │   ├── NoSuchTableError
+    │   └── NoSuchPrincipalError
+    ├── NotAcceptableError (406)       e.g. restrictions apply but the client did not declare support
+    ├── AlreadyExistsError (409)
+    ├── CommitFailedError (409)        optimistic-concurrency loss or failed requirement
+    ├── UnprocessableEntityError (422)
+    └── ServiceUnavailableError (503)  e.g. the STS endpoint cannot be reached
+
+Messages are written for the client: they never contain secrets or stack traces.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class CatalogError(Exception):
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "ServerError"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.error_type, "code": self.status}}
+
+
+class BadRequestError(CatalogError):
+    status = 400
+    error_type = "BadRequestException"
+
+
+class NotAuthorizedError(CatalogError):
+    status = 401
+    error_type = "NotAuthorizedException"
+
+
+class ForbiddenError(CatalogError):
+    status = 403
+    error_type = "ForbiddenException"
+
+
+class NotFoundError(CatalogError):
+    status = 404
+    error_type = "NotFoundException"
+
+
+class NoSuchNamespaceError(NotFoundError):
+    error_type = "NoSuchNamespaceException"
+
+
+class NoSuchTableError(NotFoundError):
+    error_type = "NoSuchTableException"
+
+
+class NoSuchPrincipalError(NotFoundError):
+    error_type = "NoSuchPrincipalException"
+
+
+class NotAcceptableError(CatalogError):
+    status = 406
+    error_type = "NotAcceptableException"
+
+
+class AlreadyExistsError(CatalogError):
+    status = 409
+    error_type = "AlreadyExistsException"
+
+
+class CommitFailedError(CatalogError):
+    status = 409
+    error_type = "CommitFailedException"
+
+
+class UnprocessableEntityError(CatalogError):
+    status = 422
+    error_type = "UnprocessableEntityException"
+
+
+class ServiceUnavailableError(CatalogError):
+    status = 503
+    error_type = "ServiceUnavailableException"
+
+
+class ConfigError(Exception):
+    """Invalid catalog configuration file; raised at start-up, names the offending key."""

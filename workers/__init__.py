@@ -1,0 +1,1 @@
+"""SQE scan workers (gRPC)."""
