@@ -1,19 +1,901 @@
-"""Principals, OAuth client-credentials tokens and grants (CONTRACT STUB: to be implemented).
+"""Principals, OAuth client-credentials tokens, principal roles, groups and grants.
 
-Public contract used by ``sqe_catalog.api``:
+Authentication
+    A principal has a client id and a client secret; only a salted scrypt hash of the secret is stored.
+    ``POST /v1/oauth/tokens`` (Polaris dialect) calls :meth:`AuthStore.issue_token`, which returns a
+    stateless bearer token ``base64url(JSON payload) "." base64url(HMAC-SHA256(signing key, payload))``.
+    The payload names the principal, its client id, its secret generation, the active roles (``null`` for
+    all), and the issue and expiry times. A token is bound to the principal's current credentials:
+    deleting the principal or rotating its secret invalidates every token issued before.
 
-- ``Privilege``: str enum with at least CATALOG_MANAGE_CONTENT, CATALOG_MANAGE_ACCESS, NAMESPACE_CREATE,
-  NAMESPACE_LIST, NAMESPACE_READ_PROPERTIES, NAMESPACE_WRITE_PROPERTIES, NAMESPACE_DROP,
-  NAMESPACE_FULL_METADATA, TABLE_CREATE, TABLE_LIST, TABLE_READ_PROPERTIES, TABLE_WRITE_PROPERTIES,
-  TABLE_DROP, TABLE_READ_DATA, TABLE_WRITE_DATA, TABLE_FULL_METADATA.
-- ``Principal``: frozen dataclass (name, client_id, roles: frozenset[str], groups: frozenset[str],
-  is_admin: bool). Its repr never includes a secret.
-- ``AuthStore(engine: sqlalchemy.Engine, signing_key: bytes, token_lifetime_seconds: int)``
-    .create_schema() -> None
-    .issue_token(client_id: str, client_secret: str, scope: str) -> tuple[str, int]  # (token, expires_in)
-        raises NotAuthorizedError (bad id/secret), BadRequestError (bad scope)
-    .principal_for_token(token: str) -> Principal                                     # NotAuthorizedError
-    .has_privilege(p: Principal, privilege: Privilege, warehouse: str, namespace: tuple[str, ...] | None,
-                   table: str | None = None) -> bool
-    .require(p, privilege, warehouse, namespace=None, table=None) -> None             # ForbiddenError
+Scope
+    Required. Space-separated items, each ``PRINCIPAL_ROLE:ALL`` (every role the principal holds, now and
+    later) or ``PRINCIPAL_ROLE:<role>`` (a role the principal holds when the token is issued; the token
+    then activates only the named roles). Anything else is ``invalid_scope`` (400).
+
+Authorization model
+    A principal holds principal roles directly and through its groups. Its effective roles are re-read
+    from the database on every request and intersected with the token's active roles. A grant gives one
+    privilege to one role on one securable of one warehouse:
+
+    - catalog level (no namespace, no table): everything in the warehouse;
+    - namespace level: that namespace, every nested namespace and every table in any of them;
+    - table level: that table only (never its siblings).
+
+    A request for privilege P on an object is allowed when the principal is an admin (admins hold every
+    privilege), or when one of its effective roles holds a grant whose privilege implies P on a securable
+    that contains the object. Grants are read from the database on every check, so a revoke stops the
+    very next request. Implications (transitive; a privilege always implies itself):
+
+    - TABLE_WRITE_DATA → TABLE_READ_DATA, TABLE_WRITE_PROPERTIES
+    - TABLE_READ_DATA → TABLE_READ_PROPERTIES, TABLE_LIST
+    - TABLE_FULL_METADATA → TABLE_CREATE, TABLE_LIST, TABLE_READ_PROPERTIES, TABLE_WRITE_PROPERTIES,
+      TABLE_DROP (never data access)
+    - NAMESPACE_FULL_METADATA → every other NAMESPACE_* privilege
+    - CATALOG_MANAGE_CONTENT → every privilege except CATALOG_MANAGE_ACCESS (data access included)
+    - CATALOG_MANAGE_ACCESS → nothing else
+
+    Nothing else is implicit: a table grant does not let its holder list or read the enclosing namespace.
+    CATALOG_* privileges can only be granted at catalog level and NAMESPACE_* privileges at catalog or
+    namespace level; TABLE_* privileges at any level. Checks on a namespace object use that namespace
+    (e.g. NAMESPACE_DROP on ``a.b``); checks for creating or listing children use the parent, with
+    ``namespace=None`` meaning the warehouse root.
 """
+
+from __future__ import annotations
+
+import base64
+import enum
+import functools
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+import sqlalchemy
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    ForeignKey,
+    Integer,
+    MetaData,
+    Row,
+    String,
+    Table,
+    delete,
+    event,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
+
+from sqe_catalog.errors import (
+    AlreadyExistsError,
+    BadRequestError,
+    ConfigError,
+    ForbiddenError,
+    NoSuchPrincipalError,
+    NotAuthorizedError,
+    NotFoundError,
+)
+
+__all__ = [
+    "AuthStore",
+    "Grant",
+    "Principal",
+    "Privilege",
+    "create_engine_for",
+    "describe_securable",
+    "implied_privileges",
+]
+
+
+class Privilege(enum.StrEnum):
+    CATALOG_MANAGE_CONTENT = "CATALOG_MANAGE_CONTENT"
+    CATALOG_MANAGE_ACCESS = "CATALOG_MANAGE_ACCESS"
+    NAMESPACE_CREATE = "NAMESPACE_CREATE"
+    NAMESPACE_LIST = "NAMESPACE_LIST"
+    NAMESPACE_READ_PROPERTIES = "NAMESPACE_READ_PROPERTIES"
+    NAMESPACE_WRITE_PROPERTIES = "NAMESPACE_WRITE_PROPERTIES"
+    NAMESPACE_DROP = "NAMESPACE_DROP"
+    NAMESPACE_FULL_METADATA = "NAMESPACE_FULL_METADATA"
+    TABLE_CREATE = "TABLE_CREATE"
+    TABLE_LIST = "TABLE_LIST"
+    TABLE_READ_PROPERTIES = "TABLE_READ_PROPERTIES"
+    TABLE_WRITE_PROPERTIES = "TABLE_WRITE_PROPERTIES"
+    TABLE_DROP = "TABLE_DROP"
+    TABLE_READ_DATA = "TABLE_READ_DATA"
+    TABLE_WRITE_DATA = "TABLE_WRITE_DATA"
+    TABLE_FULL_METADATA = "TABLE_FULL_METADATA"
+
+
+_P = Privilege
+_DIRECT_IMPLICATIONS: dict[Privilege, frozenset[Privilege]] = {
+    _P.TABLE_WRITE_DATA: frozenset({_P.TABLE_READ_DATA, _P.TABLE_WRITE_PROPERTIES}),
+    _P.TABLE_READ_DATA: frozenset({_P.TABLE_READ_PROPERTIES, _P.TABLE_LIST}),
+    _P.TABLE_FULL_METADATA: frozenset(
+        {_P.TABLE_CREATE, _P.TABLE_LIST, _P.TABLE_READ_PROPERTIES, _P.TABLE_WRITE_PROPERTIES, _P.TABLE_DROP}
+    ),
+    _P.NAMESPACE_FULL_METADATA: frozenset(
+        p for p in Privilege if p.name.startswith("NAMESPACE_") and p is not _P.NAMESPACE_FULL_METADATA
+    ),
+    _P.CATALOG_MANAGE_CONTENT: frozenset(
+        p for p in Privilege if p not in (_P.CATALOG_MANAGE_ACCESS, _P.CATALOG_MANAGE_CONTENT)
+    ),
+}
+
+
+def _closure(privilege: Privilege) -> frozenset[Privilege]:
+    seen = {privilege}
+    pending = [privilege]
+    while pending:
+        for implied in _DIRECT_IMPLICATIONS.get(pending.pop(), frozenset()):
+            if implied not in seen:
+                seen.add(implied)
+                pending.append(implied)
+    return frozenset(seen)
+
+
+_IMPLIED: dict[Privilege, frozenset[Privilege]] = {p: _closure(p) for p in Privilege}
+
+
+def implied_privileges(privilege: Privilege) -> frozenset[Privilege]:
+    """Every privilege a grant of ``privilege`` gives, itself included."""
+    return _IMPLIED[privilege]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller. ``roles`` are its effective, active roles; it never carries a secret."""
+
+    name: str
+    client_id: str
+    roles: frozenset[str]
+    groups: frozenset[str]
+    is_admin: bool
+
+
+@dataclass(frozen=True)
+class Grant:
+    role: str
+    privilege: Privilege
+    warehouse: str
+    namespace: tuple[str, ...] | None = None
+    table: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "privilege": self.privilege.value,
+            "warehouse": self.warehouse,
+            "namespace": list(self.namespace) if self.namespace is not None else None,
+            "table": self.table,
+        }
+
+
+# --- database schema (plain SQLAlchemy Core: SQLite and PostgreSQL) -------------------------------
+
+_NAME_LEN = 128
+_metadata = MetaData()
+_principals = Table(
+    "sqe_principals",
+    _metadata,
+    Column("name", String(_NAME_LEN), primary_key=True),
+    Column("client_id", String(64), nullable=False, unique=True),
+    Column("secret_hash", String(256), nullable=False),
+    # Bumped on every rotation; tokens carry it, so rotating a secret revokes older tokens.
+    Column("secret_generation", Integer, nullable=False),
+    Column("is_admin", Boolean, nullable=False),
+)
+_roles = Table("sqe_principal_roles", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
+_groups = Table("sqe_groups", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
+_role_assignments = Table(
+    "sqe_principal_role_assignments",
+    _metadata,
+    Column(
+        "principal_name",
+        String(_NAME_LEN),
+        ForeignKey("sqe_principals.name", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column(
+        "role_name",
+        String(_NAME_LEN),
+        ForeignKey("sqe_principal_roles.name", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+)
+_group_members = Table(
+    "sqe_group_members",
+    _metadata,
+    Column(
+        "principal_name",
+        String(_NAME_LEN),
+        ForeignKey("sqe_principals.name", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column(
+        "group_name", String(_NAME_LEN), ForeignKey("sqe_groups.name", ondelete="CASCADE"), primary_key=True
+    ),
+)
+_group_roles = Table(
+    "sqe_group_role_assignments",
+    _metadata,
+    Column(
+        "group_name", String(_NAME_LEN), ForeignKey("sqe_groups.name", ondelete="CASCADE"), primary_key=True
+    ),
+    Column(
+        "role_name",
+        String(_NAME_LEN),
+        ForeignKey("sqe_principal_roles.name", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+)
+# Empty strings, not NULLs, mark "no namespace"/"no table" so the primary key stays a plain unique key.
+_grants = Table(
+    "sqe_grants",
+    _metadata,
+    Column(
+        "role_name",
+        String(_NAME_LEN),
+        ForeignKey("sqe_principal_roles.name", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("privilege", String(64), primary_key=True),
+    Column("warehouse", String(255), primary_key=True),
+    Column("namespace", String(1024), primary_key=True),
+    Column("table_name", String(255), primary_key=True),
+)
+
+_NS_SEP = "\x1f"  # ASCII unit separator: cannot appear in a namespace part, unlike "."
+
+
+def _encode_namespace(namespace: tuple[str, ...] | None) -> str:
+    return _NS_SEP.join(namespace) if namespace else ""
+
+
+def _decode_namespace(encoded: str) -> tuple[str, ...] | None:
+    return tuple(encoded.split(_NS_SEP)) if encoded else None
+
+
+def create_engine_for(url: str) -> Engine:
+    """An engine for ``server.database``; SQLite gets WAL and a busy timeout so the admin CLI and the
+    server can write to the same file concurrently."""
+    try:
+        engine = sqlalchemy.create_engine(url)
+    except NoSuchModuleError as exc:  # a subclass of ArgumentError: catch it first
+        raise ConfigError(f"server.database: unsupported database dialect ({exc})") from None
+    except (ArgumentError, ValueError):
+        # The URL itself may hold a database password: never echo it.
+        raise ConfigError("server.database is not a valid SQLAlchemy database URL") from None
+    except ImportError as exc:
+        raise ConfigError(f"server.database: database driver {exc.name or ''} is not installed") from None
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _configure_sqlite_connection)
+    return engine
+
+
+def _configure_sqlite_connection(dbapi_connection: Any, _connection_record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA busy_timeout = 10000")  # first, so switching to WAL waits for locks too
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+# --- names, scopes, secrets and tokens ------------------------------------------------------------
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
+_ALL_ROLES = "ALL"
+_SCOPE_PREFIX = "PRINCIPAL_ROLE:"
+_INVALID_CLIENT = "invalid_client: client authentication failed (unknown client id or wrong secret)"
+_INVALID_TOKEN = "invalid bearer token"
+_MAX_TOKEN_LEN = 8192
+
+
+def _validate_name(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise BadRequestError(
+            f"invalid {kind} name {name!r}: use 1-128 letters, digits, '_', '.', '@' or '-', "
+            "starting with a letter or digit"
+        )
+
+
+def _parse_scope(scope: str) -> frozenset[str] | None:
+    """The roles a scope asks for; ``None`` means every role (``PRINCIPAL_ROLE:ALL``)."""
+    items = scope.split() if isinstance(scope, str) else []
+    if not items:
+        raise BadRequestError("invalid_scope: scope is required, e.g. PRINCIPAL_ROLE:ALL")
+    roles: set[str] = set()
+    for item in items:
+        role = item[len(_SCOPE_PREFIX) :] if item.startswith(_SCOPE_PREFIX) else ""
+        if role != _ALL_ROLES and not _NAME_RE.fullmatch(role):
+            raise BadRequestError(
+                f"invalid_scope: scope item {item[:80]!r} must be PRINCIPAL_ROLE:ALL or PRINCIPAL_ROLE:<role>"
+            )
+        roles.add(role)
+    return None if _ALL_ROLES in roles else frozenset(roles)
+
+
+def _b64encode(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _b64decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+_SCRYPT_R = 8
+_SCRYPT_P = 1
+_SCRYPT_MAXMEM = 256 * 1024 * 1024
+
+
+def _scrypt(secret: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return hashlib.scrypt(secret.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=_SCRYPT_MAXMEM, dklen=32)
+
+
+def _hash_secret(secret: str, n: int) -> str:
+    """``scrypt$n$r$p$salt$hash``: the cost parameters travel with the hash so they can change later."""
+    salt = secrets.token_bytes(16)
+    digest = _scrypt(secret, salt, n, _SCRYPT_R, _SCRYPT_P)
+    return f"scrypt${n}${_SCRYPT_R}${_SCRYPT_P}${_b64encode(salt)}${_b64encode(digest)}"
+
+
+def _verify_secret(secret: str, stored: str) -> bool:
+    try:
+        scheme, n, r, p, salt, digest = stored.split("$")
+        if scheme != "scrypt":
+            return False
+        computed = _scrypt(secret, _b64decode(salt), int(n), int(r), int(p))
+        expected = _b64decode(digest)
+    except ValueError:  # a malformed stored hash matches nothing
+        return False
+    return hmac.compare_digest(computed, expected)
+
+
+@dataclass(frozen=True)
+class _TokenClaims:
+    name: str
+    client_id: str
+    generation: int
+    roles: frozenset[str] | None  # None: every role the principal holds
+    issued_at: int
+    expires_at: int
+
+
+def _sign(signing_key: bytes, payload: str) -> str:
+    return _b64encode(hmac.new(signing_key, payload.encode("ascii"), hashlib.sha256).digest())
+
+
+def _encode_token(signing_key: bytes, claims: _TokenClaims) -> str:
+    body = {
+        "v": 1,
+        "sub": claims.name,
+        "cid": claims.client_id,
+        "gen": claims.generation,
+        "roles": sorted(claims.roles) if claims.roles is not None else None,
+        "iat": claims.issued_at,
+        "exp": claims.expires_at,
+    }
+    payload = _b64encode(json.dumps(body, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+    return f"{payload}.{_sign(signing_key, payload)}"
+
+
+def _decode_token(signing_key: bytes, token: str, now: float) -> _TokenClaims:
+    """Verified claims of ``token``; NotAuthorizedError if it is malformed, forged or expired."""
+    if not isinstance(token, str) or len(token) > _MAX_TOKEN_LEN or not token.isascii():
+        raise NotAuthorizedError(_INVALID_TOKEN)
+    payload, _, signature = token.partition(".")
+    # Compare the canonical encodings so no alternative spelling of a signature is accepted.
+    if not signature or not hmac.compare_digest(_sign(signing_key, payload), signature):
+        raise NotAuthorizedError(_INVALID_TOKEN)
+    try:
+        claims = _claims_from_json(json.loads(_b64decode(payload)))
+    except (ValueError, TypeError, KeyError):
+        raise NotAuthorizedError(_INVALID_TOKEN) from None
+    if now >= claims.expires_at:
+        raise NotAuthorizedError("bearer token expired")
+    return claims
+
+
+def _claims_from_json(body: Any) -> _TokenClaims:
+    if not isinstance(body, dict) or body.get("v") != 1:
+        raise ValueError("unsupported token version")
+    roles = body["roles"]
+    if roles is not None and not (isinstance(roles, list) and all(isinstance(r, str) for r in roles)):
+        raise ValueError("roles")
+    claims = _TokenClaims(
+        name=body["sub"],
+        client_id=body["cid"],
+        generation=body["gen"],
+        roles=frozenset(roles) if roles is not None else None,
+        issued_at=body["iat"],
+        expires_at=body["exp"],
+    )
+    if not (isinstance(claims.name, str) and isinstance(claims.client_id, str)):
+        raise ValueError("subject")
+    if not all(type(v) is int for v in (claims.generation, claims.issued_at, claims.expires_at)):
+        raise ValueError("numbers")
+    return claims
+
+
+# --- securables -----------------------------------------------------------------------------------
+
+
+def _normalize_target(namespace: Sequence[str] | None, table: str | None) -> tuple[str, ...] | None:
+    ns = tuple(namespace) if namespace else None
+    if table is not None and ns is None:
+        raise BadRequestError(f"table {table!r} needs a namespace")
+    return ns
+
+
+def _validate_securable(warehouse: str, namespace: tuple[str, ...] | None, table: str | None) -> None:
+    if not isinstance(warehouse, str) or not warehouse.strip():
+        raise BadRequestError("a grant needs a warehouse name")
+    for part in namespace or ():
+        if not isinstance(part, str) or not part or _NS_SEP in part or "\x00" in part:
+            raise BadRequestError(f"invalid namespace {namespace!r}: empty or invalid part")
+    if table is not None and (not isinstance(table, str) or not table or "\x00" in table):
+        raise BadRequestError(f"invalid table name {table!r}")
+
+
+def _check_grant_level(privilege: Privilege, namespace: tuple[str, ...] | None, table: str | None) -> None:
+    if privilege.name.startswith("CATALOG_") and namespace is not None:
+        raise BadRequestError(f"{privilege.value} can only be granted on a whole warehouse")
+    if privilege.name.startswith("NAMESPACE_") and table is not None:
+        raise BadRequestError(f"{privilege.value} can be granted on a warehouse or namespace, not a table")
+
+
+def describe_securable(warehouse: str, namespace: Sequence[str] | None, table: str | None = None) -> str:
+    return ".".join([warehouse, *(namespace or ()), *([table] if table is not None else [])])
+
+
+def _parse_privilege(value: str) -> Privilege:
+    try:
+        return Privilege(value)
+    except ValueError:
+        names = ", ".join(p.value for p in Privilege)
+        raise BadRequestError(f"unknown privilege {str(value)[:80]!r}; expected one of {names}") from None
+
+
+def _grant_covers(
+    grant_privilege: str,
+    grant_namespace: str,
+    grant_table: str,
+    privilege: Privilege,
+    namespace: tuple[str, ...] | None,
+    table: str | None,
+) -> bool:
+    granted = Privilege.__members__.get(grant_privilege)
+    if granted is None or privilege not in _IMPLIED[granted]:
+        return False  # unknown privilege names in the table grant nothing (fail closed)
+    scope = _decode_namespace(grant_namespace)
+    if scope is None:
+        return not grant_table  # catalog level: the whole warehouse
+    if namespace is None or namespace[: len(scope)] != scope:
+        return False
+    if not grant_table:
+        return True  # namespace level: nested namespaces and their tables too
+    return namespace == scope and table == grant_table
+
+
+# --- the store ------------------------------------------------------------------------------------
+
+_R = TypeVar("_R")
+
+
+class AuthStore:
+    """Principals, roles, groups and grants in the catalog database, plus bearer tokens.
+
+    Thread-safe: it keeps no state besides the engine and the signing key.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        signing_key: bytes,
+        token_lifetime_seconds: int,
+        *,
+        clock: Callable[[], float] = time.time,
+        scrypt_n: int = 2**14,
+    ) -> None:
+        if not signing_key:
+            raise ConfigError("the token signing key must not be empty")
+        if token_lifetime_seconds <= 0:
+            raise ConfigError("server.token_lifetime_seconds must be positive")
+        if scrypt_n < 2 or scrypt_n & (scrypt_n - 1):
+            raise ConfigError("scrypt_n must be a power of two greater than 1")
+        self._engine = engine
+        self._signing_key = signing_key
+        self._token_lifetime_seconds = token_lifetime_seconds
+        self._clock = clock
+        self._scrypt_n = scrypt_n
+
+    @functools.cached_property
+    def _decoy_hash(self) -> str:
+        """Checked for unknown client ids so that a miss costs as much time as a wrong secret."""
+        return _hash_secret(secrets.token_urlsafe(32), self._scrypt_n)
+
+    def __repr__(self) -> str:
+        return f"AuthStore(engine={self._engine!r}, token_lifetime_seconds={self._token_lifetime_seconds})"
+
+    def __getstate__(self) -> NoReturn:
+        raise TypeError("AuthStore holds the token signing key and cannot be pickled")
+
+    def create_schema(self) -> None:
+        """Create the ``sqe_*`` tables if missing; safe to call from several processes at once."""
+        try:
+            _metadata.create_all(self._engine, checkfirst=True)
+        except DBAPIError:
+            # Another process may have created a table between our check and our CREATE: check again.
+            _metadata.create_all(self._engine, checkfirst=True)
+
+    # --- tokens -----------------------------------------------------------------------------------
+
+    def issue_token(self, client_id: str, client_secret: str, scope: str) -> tuple[str, int]:
+        """A bearer token and its lifetime in seconds, for the OAuth client-credentials grant."""
+        requested = _parse_scope(scope)
+        with self._engine.connect() as conn:
+            row = self._authenticate(conn, client_id, client_secret)
+            if requested is not None:
+                held, _ = self._effective_roles(conn, row.name)
+                missing = sorted(requested - held)
+                if missing:
+                    raise BadRequestError(f"invalid_scope: principal does not hold role {missing[0]}")
+        issued_at = int(self._clock())
+        claims = _TokenClaims(
+            name=row.name,
+            client_id=row.client_id,
+            generation=row.secret_generation,
+            roles=requested,
+            issued_at=issued_at,
+            expires_at=issued_at + self._token_lifetime_seconds,
+        )
+        return _encode_token(self._signing_key, claims), self._token_lifetime_seconds
+
+    def _authenticate(self, conn: Connection, client_id: str, client_secret: str) -> Row[Any]:
+        """The principal's row; one message for unknown ids and wrong secrets, and the same scrypt cost."""
+        row = None
+        if isinstance(client_id, str) and client_id:
+            row = conn.execute(select(_principals).where(_principals.c.client_id == client_id)).first()
+        stored_hash = row.secret_hash if row is not None else self._decoy_hash
+        secret_ok = isinstance(client_secret, str) and _verify_secret(client_secret, stored_hash)
+        if row is None or not secret_ok:
+            raise NotAuthorizedError(_INVALID_CLIENT)
+        return row
+
+    def principal_for_token(self, token: str) -> Principal:
+        """The caller behind a bearer token, with roles re-read from the database now."""
+        claims = _decode_token(self._signing_key, token, self._clock())
+        with self._engine.connect() as conn:
+            row = conn.execute(select(_principals).where(_principals.c.name == claims.name)).first()
+            if row is None or row.client_id != claims.client_id or row.secret_generation != claims.generation:
+                raise NotAuthorizedError("bearer token revoked (principal deleted or secret rotated)")
+            roles, groups = self._effective_roles(conn, row.name)
+        if claims.roles is not None:
+            roles &= claims.roles
+        return Principal(row.name, row.client_id, roles, groups, bool(row.is_admin))
+
+    # --- authorization ----------------------------------------------------------------------------
+
+    def has_privilege(
+        self,
+        p: Principal,
+        privilege: Privilege,
+        warehouse: str,
+        namespace: tuple[str, ...] | None,
+        table: str | None = None,
+    ) -> bool:
+        privilege = Privilege(privilege)
+        ns = _normalize_target(namespace, table)
+        if p.is_admin:
+            return True
+        if not p.roles:
+            return False
+        query = select(_grants.c.privilege, _grants.c.namespace, _grants.c.table_name).where(
+            _grants.c.role_name.in_(sorted(p.roles)), _grants.c.warehouse == warehouse
+        )
+        with self._engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return any(_grant_covers(r.privilege, r.namespace, r.table_name, privilege, ns, table) for r in rows)
+
+    def require(
+        self,
+        p: Principal,
+        privilege: Privilege,
+        warehouse: str,
+        namespace: tuple[str, ...] | None = None,
+        table: str | None = None,
+    ) -> None:
+        if not self.has_privilege(p, privilege, warehouse, namespace, table):
+            target = describe_securable(warehouse, namespace, table)
+            raise ForbiddenError(f"principal {p.name} lacks {Privilege(privilege).value} on {target}")
+
+    # --- principals -------------------------------------------------------------------------------
+
+    def create_principal(self, name: str, is_admin: bool = False) -> tuple[str, str]:
+        """Create a principal; returns ``(client_id, client_secret)``. The secret is not stored anywhere."""
+        _validate_name("principal", name)
+        client_id = secrets.token_hex(8)
+        client_secret = secrets.token_urlsafe(32)
+        row = {
+            "name": name,
+            "client_id": client_id,
+            "secret_hash": _hash_secret(client_secret, self._scrypt_n),
+            "secret_generation": 1,
+            "is_admin": bool(is_admin),
+        }
+        self._insert_new(_principals, row, f"principal {name} already exists")
+        return client_id, client_secret
+
+    def rotate_secret(self, name: str) -> tuple[str, str]:
+        """A new secret for ``name``; tokens issued with the old one stop working."""
+        client_secret = secrets.token_urlsafe(32)
+        with self._engine.begin() as conn:
+            result = conn.execute(
+                update(_principals)
+                .where(_principals.c.name == name)
+                .values(
+                    secret_hash=_hash_secret(client_secret, self._scrypt_n),
+                    secret_generation=_principals.c.secret_generation + 1,
+                )
+            )
+            if result.rowcount == 0:
+                raise NoSuchPrincipalError(f"principal {name} does not exist")
+            client_id: str = conn.execute(
+                select(_principals.c.client_id).where(_principals.c.name == name)
+            ).scalar_one()
+        return client_id, client_secret
+
+    def delete_principal(self, name: str) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(delete(_role_assignments).where(_role_assignments.c.principal_name == name))
+            conn.execute(delete(_group_members).where(_group_members.c.principal_name == name))
+            if conn.execute(delete(_principals).where(_principals.c.name == name)).rowcount == 0:
+                raise NoSuchPrincipalError(f"principal {name} does not exist")
+
+    def list_principals(self) -> list[Principal]:
+        """Every principal with all its effective roles (direct and through groups); no secrets."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(select(_principals).order_by(_principals.c.name)).all()
+            result = []
+            for row in rows:
+                roles, groups = self._effective_roles(conn, row.name)
+                result.append(Principal(row.name, row.client_id, roles, groups, bool(row.is_admin)))
+        return result
+
+    # --- roles ------------------------------------------------------------------------------------
+
+    def create_role(self, role: str) -> None:
+        _validate_name("principal role", role)
+        if role == _ALL_ROLES:
+            raise BadRequestError("ALL is reserved (scope PRINCIPAL_ROLE:ALL) and cannot name a role")
+        self._insert_new(_roles, {"name": role}, f"principal role {role} already exists")
+
+    def delete_role(self, role: str) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(delete(_grants).where(_grants.c.role_name == role))
+            conn.execute(delete(_role_assignments).where(_role_assignments.c.role_name == role))
+            conn.execute(delete(_group_roles).where(_group_roles.c.role_name == role))
+            if conn.execute(delete(_roles).where(_roles.c.name == role)).rowcount == 0:
+                raise NotFoundError(f"principal role {role} does not exist")
+
+    def assign_role(self, principal: str, role: str) -> None:
+        """Give ``principal`` the role; assigning a role it already holds is a no-op."""
+
+        def run(conn: Connection) -> None:
+            self._require_principal(conn, principal)
+            self._require_role(conn, role)
+            self._insert_missing(conn, _role_assignments, {"principal_name": principal, "role_name": role})
+
+        self._write(run)
+
+    def unassign_role(self, principal: str, role: str) -> None:
+        def run(conn: Connection) -> None:
+            self._require_principal(conn, principal)
+            self._require_role(conn, role)
+            stmt = delete(_role_assignments).where(
+                _role_assignments.c.principal_name == principal, _role_assignments.c.role_name == role
+            )
+            if conn.execute(stmt).rowcount == 0:
+                raise NotFoundError(f"principal {principal} does not hold role {role} directly")
+
+        self._write(run)
+
+    # --- groups -----------------------------------------------------------------------------------
+
+    def create_group(self, group: str) -> None:
+        _validate_name("group", group)
+        self._insert_new(_groups, {"name": group}, f"group {group} already exists")
+
+    def delete_group(self, group: str) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(delete(_group_members).where(_group_members.c.group_name == group))
+            conn.execute(delete(_group_roles).where(_group_roles.c.group_name == group))
+            if conn.execute(delete(_groups).where(_groups.c.name == group)).rowcount == 0:
+                raise NotFoundError(f"group {group} does not exist")
+
+    def add_to_group(self, principal: str, group: str) -> None:
+        def run(conn: Connection) -> None:
+            self._require_principal(conn, principal)
+            self._require_group(conn, group)
+            self._insert_missing(conn, _group_members, {"principal_name": principal, "group_name": group})
+
+        self._write(run)
+
+    def remove_from_group(self, principal: str, group: str) -> None:
+        def run(conn: Connection) -> None:
+            self._require_principal(conn, principal)
+            self._require_group(conn, group)
+            stmt = delete(_group_members).where(
+                _group_members.c.principal_name == principal, _group_members.c.group_name == group
+            )
+            if conn.execute(stmt).rowcount == 0:
+                raise NotFoundError(f"principal {principal} is not a member of group {group}")
+
+        self._write(run)
+
+    def assign_group_role(self, group: str, role: str) -> None:
+        def run(conn: Connection) -> None:
+            self._require_group(conn, group)
+            self._require_role(conn, role)
+            self._insert_missing(conn, _group_roles, {"group_name": group, "role_name": role})
+
+        self._write(run)
+
+    def unassign_group_role(self, group: str, role: str) -> None:
+        def run(conn: Connection) -> None:
+            self._require_group(conn, group)
+            self._require_role(conn, role)
+            stmt = delete(_group_roles).where(
+                _group_roles.c.group_name == group, _group_roles.c.role_name == role
+            )
+            if conn.execute(stmt).rowcount == 0:
+                raise NotFoundError(f"group {group} does not hold role {role}")
+
+        self._write(run)
+
+    # --- grants -----------------------------------------------------------------------------------
+
+    def grant(
+        self,
+        role: str,
+        privilege: Privilege | str,
+        warehouse: str,
+        namespace: Sequence[str] | None = None,
+        table: str | None = None,
+    ) -> None:
+        """Grant ``privilege`` to ``role``; granting an existing grant again is a no-op."""
+        row = self._grant_row(role, privilege, warehouse, namespace, table)
+
+        def run(conn: Connection) -> None:
+            self._require_role(conn, role)
+            self._insert_missing(conn, _grants, row)
+
+        self._write(run)
+
+    def revoke(
+        self,
+        role: str,
+        privilege: Privilege | str,
+        warehouse: str,
+        namespace: Sequence[str] | None = None,
+        table: str | None = None,
+    ) -> None:
+        row = self._grant_row(role, privilege, warehouse, namespace, table)
+        with self._engine.begin() as conn:
+            self._require_role(conn, role)
+            stmt = delete(_grants).where(*(_grants.c[key] == value for key, value in row.items()))
+            if conn.execute(stmt).rowcount == 0:
+                target = describe_securable(warehouse, _decode_namespace(row["namespace"]), table)
+                raise NotFoundError(f"principal role {role} has no grant of {row['privilege']} on {target}")
+
+    def list_grants(self, role: str | None = None) -> list[Grant]:
+        g = _grants.c
+        query = select(_grants).order_by(g.role_name, g.warehouse, g.namespace, g.table_name, g.privilege)
+        with self._engine.connect() as conn:
+            if role is not None:
+                self._require_role(conn, role)
+                query = query.where(_grants.c.role_name == role)
+            rows = conn.execute(query).all()
+        return [
+            Grant(
+                role=r.role_name,
+                privilege=Privilege(r.privilege),
+                warehouse=r.warehouse,
+                namespace=_decode_namespace(r.namespace),
+                table=r.table_name or None,
+            )
+            for r in rows
+            if r.privilege in Privilege.__members__
+        ]
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _grant_row(
+        role: str,
+        privilege: Privilege | str,
+        warehouse: str,
+        namespace: Sequence[str] | None,
+        table: str | None,
+    ) -> dict[str, str]:
+        parsed = _parse_privilege(privilege)
+        ns = _normalize_target(namespace, table)
+        _validate_securable(warehouse, ns, table)
+        _check_grant_level(parsed, ns, table)
+        return {
+            "role_name": role,
+            "privilege": parsed.value,
+            "warehouse": warehouse,
+            "namespace": _encode_namespace(ns),
+            "table_name": table or "",
+        }
+
+    def _effective_roles(self, conn: Connection, name: str) -> tuple[frozenset[str], frozenset[str]]:
+        """(its direct roles plus the roles of its groups, its groups) for principal ``name``."""
+        direct: list[str] = list(
+            conn.execute(
+                select(_role_assignments.c.role_name).where(_role_assignments.c.principal_name == name)
+            ).scalars()
+        )
+        groups: frozenset[str] = frozenset(
+            conn.execute(
+                select(_group_members.c.group_name).where(_group_members.c.principal_name == name)
+            ).scalars()
+        )
+        via_groups: list[str] = []
+        if groups:
+            query = select(_group_roles.c.role_name).where(_group_roles.c.group_name.in_(sorted(groups)))
+            via_groups = list(conn.execute(query).scalars())
+        return frozenset(direct) | frozenset(via_groups), groups
+
+    def _insert_new(self, table: Table, row: dict[str, Any], duplicate_message: str) -> None:
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(insert(table).values(**row))
+        except IntegrityError:
+            raise AlreadyExistsError(duplicate_message) from None
+
+    @staticmethod
+    def _insert_missing(conn: Connection, table: Table, row: dict[str, str]) -> None:
+        present = conn.execute(
+            select(*table.primary_key.columns).where(*(table.c[k] == v for k, v in row.items()))
+        ).first()
+        if present is None:
+            conn.execute(insert(table).values(**row))
+
+    def _write(self, operation: Callable[[Connection], _R]) -> _R:
+        """Run ``operation`` in a transaction, once more if a concurrent writer made it hit a constraint:
+        the second run sees that writer's rows and either finds nothing to do or names what vanished."""
+        try:
+            with self._engine.begin() as conn:
+                return operation(conn)
+        except IntegrityError:
+            with self._engine.begin() as conn:
+                return operation(conn)
+
+    @staticmethod
+    def _require_principal(conn: Connection, name: str) -> None:
+        if conn.execute(select(_principals.c.name).where(_principals.c.name == name)).first() is None:
+            raise NoSuchPrincipalError(f"principal {name} does not exist")
+
+    @staticmethod
+    def _require_role(conn: Connection, role: str) -> None:
+        if conn.execute(select(_roles.c.name).where(_roles.c.name == role)).first() is None:
+            raise NotFoundError(f"principal role {role} does not exist")
+
+    @staticmethod
+    def _require_group(conn: Connection, group: str) -> None:
+        if conn.execute(select(_groups.c.name).where(_groups.c.name == group)).first() is None:
+            raise NotFoundError(f"group {group} does not exist")

@@ -62,6 +62,7 @@ class CatalogServerConfig:
 
 
 _T = TypeVar("_T")
+_PY_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "bool": bool, "float": (int, float)}
 
 
 def _build(cls: type[_T], raw: dict[str, Any], where: str) -> _T:
@@ -74,7 +75,7 @@ def _build(cls: type[_T], raw: dict[str, Any], where: str) -> _T:
         if name not in raw:
             continue
         value = raw[name]
-        expected = {"str": str, "int": int, "bool": bool, "float": (int, float)}[str(f.type)]
+        expected = _PY_TYPES[str(f.type)]
         if isinstance(value, bool) and expected is not bool:
             raise ConfigError(f"{where}.{name} must be {f.type}, got a boolean")
         if not isinstance(value, expected):

@@ -1,0 +1,190 @@
+"""``sqe-catalog admin``: through ``sqe_catalog.cli.main`` in-process, once through the console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy
+
+from sqe_catalog.auth import AuthStore, Privilege, create_engine_for
+from sqe_catalog.cli import main
+from sqe_catalog.errors import NotAuthorizedError
+
+
+@pytest.fixture
+def config_path(tmp_path: Path) -> Path:
+    path = tmp_path / "catalog.toml"
+    path.write_text(
+        f"""
+[server]
+database = "sqlite:///{tmp_path / "catalog.db"}"
+
+[[warehouses]]
+name = "demo"
+location = "file://{tmp_path / "warehouse"}"
+"""
+    )
+    return path
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[AuthStore]:
+    """The server's view of the same database."""
+    engine = create_engine_for(f"sqlite:///{tmp_path / 'catalog.db'}")
+    yield AuthStore(engine, b"s" * 32, 60)
+    engine.dispose()
+
+
+class Admin:
+    def __init__(self, config_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        self._config_path = config_path
+        self._capsys = capsys
+
+    def run(self, *args: str) -> tuple[int, str, str]:
+        code = main(["admin", "--config", str(self._config_path), *args])
+        out, err = self._capsys.readouterr()
+        return code, out, err
+
+    def ok(self, *args: str) -> Any:
+        code, out, err = self.run(*args)
+        assert (code, err) == (0, ""), err
+        return json.loads(out) if out else None
+
+    def fails(self, *args: str) -> str:
+        code, out, err = self.run(*args)
+        assert code != 0 and out == ""
+        assert err.endswith("\n") and err.count("\n") == 1, err
+        return err
+
+
+@pytest.fixture
+def admin(config_path: Path, capsys: pytest.CaptureFixture[str]) -> Admin:
+    return Admin(config_path, capsys)
+
+
+def test_create_principal_prints_working_credentials(admin: Admin, store: AuthStore) -> None:
+    created = admin.ok("create-principal", "analyst")
+    assert set(created) == {"name", "client_id", "client_secret"} and created["name"] == "analyst"
+    token, _ = store.issue_token(created["client_id"], created["client_secret"], "PRINCIPAL_ROLE:ALL")
+    principal = store.principal_for_token(token)
+    assert (principal.name, principal.is_admin) == ("analyst", False)
+
+
+def test_admin_flag_and_list_principals_without_secrets(admin: Admin) -> None:
+    root = admin.ok("create-principal", "root", "--admin")
+    analyst = admin.ok("create-principal", "analyst")
+    code, out, _ = admin.run("list-principals")
+    assert code == 0
+    assert root["client_secret"] not in out and analyst["client_secret"] not in out
+    listed = json.loads(out)
+    assert listed == [
+        {"name": "analyst", "client_id": analyst["client_id"], "is_admin": False, "roles": [], "groups": []},
+        {"name": "root", "client_id": root["client_id"], "is_admin": True, "roles": [], "groups": []},
+    ]
+
+
+def test_rotate_secret_prints_new_secret_and_retires_the_old(admin: Admin, store: AuthStore) -> None:
+    created = admin.ok("create-principal", "analyst")
+    rotated = admin.ok("rotate-secret", "analyst")
+    assert rotated["client_id"] == created["client_id"]
+    assert rotated["client_secret"] != created["client_secret"]
+    with pytest.raises(NotAuthorizedError):
+        store.issue_token(created["client_id"], created["client_secret"], "PRINCIPAL_ROLE:ALL")
+    store.issue_token(rotated["client_id"], rotated["client_secret"], "PRINCIPAL_ROLE:ALL")
+
+
+WRITE_ON_T = ("TABLE_WRITE_DATA", "--warehouse", "demo", "--namespace", "sales", "--table", "t")
+
+
+def test_roles_groups_and_grants_end_to_end(admin: Admin, store: AuthStore) -> None:
+    creds = admin.ok("create-principal", "analyst")
+    for command in (
+        ("create-role", "readers"),
+        ("create-role", "writers"),
+        ("assign-role", "analyst", "readers"),
+        ("create-group", "sales-team"),
+        ("add-to-group", "analyst", "sales-team"),
+        ("assign-group-role", "sales-team", "writers"),
+        ("grant", "readers", "TABLE_READ_DATA", "--warehouse", "demo", "--namespace", "sales.eu"),
+        ("grant", "writers", *WRITE_ON_T),
+    ):
+        assert admin.ok(*command) is None  # mutations print nothing
+    assert admin.ok("list-grants", "--role", "readers") == [
+        {
+            "role": "readers",
+            "privilege": "TABLE_READ_DATA",
+            "warehouse": "demo",
+            "namespace": ["sales", "eu"],
+            "table": None,
+        }
+    ]
+    assert len(admin.ok("list-grants")) == 2
+    assert admin.ok("list-principals")[0]["roles"] == ["readers", "writers"]
+    token, _ = store.issue_token(creds["client_id"], creds["client_secret"], "PRINCIPAL_ROLE:ALL")
+    p = store.principal_for_token(token)
+    assert store.has_privilege(p, Privilege.TABLE_READ_DATA, "demo", ("sales", "eu", "x"), "orders")
+    assert store.has_privilege(p, Privilege.TABLE_WRITE_DATA, "demo", ("sales",), "t")
+    admin.ok("revoke", "writers", *WRITE_ON_T)
+    admin.ok("unassign-role", "analyst", "readers")
+    p = store.principal_for_token(token)
+    assert not store.has_privilege(p, Privilege.TABLE_WRITE_DATA, "demo", ("sales",), "t")
+    assert not store.has_privilege(p, Privilege.TABLE_READ_DATA, "demo", ("sales", "eu"), "orders")
+    admin.ok("delete-principal", "analyst")
+    assert admin.ok("list-principals") == []
+
+
+def test_errors_are_one_line_on_stderr(admin: Admin) -> None:
+    admin.ok("create-principal", "analyst")
+    admin.ok("create-role", "readers")
+    assert "principal analyst already exists" in admin.fails("create-principal", "analyst")
+    assert "principal ghost does not exist" in admin.fails("assign-role", "ghost", "readers")
+    assert "principal role ghost does not exist" in admin.fails("assign-role", "analyst", "ghost")
+    assert "unknown warehouse prod; configured warehouses: demo" in admin.fails(
+        "grant", "readers", "TABLE_READ_DATA", "--warehouse", "prod"
+    )
+    assert "unknown privilege 'READ'" in admin.fails("grant", "readers", "READ", "--warehouse", "demo")
+    assert "invalid namespace 'a..b'" in admin.fails(
+        "grant", "readers", "TABLE_READ_DATA", "--warehouse", "demo", "--namespace", "a..b"
+    )
+    assert "has no grant" in admin.fails("revoke", "readers", "TABLE_READ_DATA", "--warehouse", "demo")
+    assert "principal ghost does not exist" in admin.fails("rotate-secret", "ghost")
+
+
+def test_unopenable_database_is_a_one_line_error(tmp_path: Path, admin: Admin, config_path: Path) -> None:
+    config_path.write_text(f'[server]\ndatabase = "sqlite:///{tmp_path / "missing-dir" / "x.db"}"\n')
+    assert "database error: unable to open database file" in admin.fails("list-principals")
+
+
+def test_admin_writes_while_another_connection_reads(admin: Admin, tmp_path: Path) -> None:
+    admin.ok("create-role", "readers")
+    server_engine = create_engine_for(f"sqlite:///{tmp_path / 'catalog.db'}")
+    try:
+        with server_engine.connect() as conn:
+            conn.exec_driver_sql("BEGIN")
+            conn.execute(sqlalchemy.text("SELECT COUNT(*) FROM sqe_grants")).scalar_one()
+            admin.ok("grant", "readers", "TABLE_READ_DATA", "--warehouse", "demo")  # WAL: readers don't block
+            conn.exec_driver_sql("COMMIT")
+    finally:
+        server_engine.dispose()
+    assert len(admin.ok("list-grants")) == 1
+
+
+def test_console_script(config_path: Path) -> None:
+    script = Path(sys.executable).parent / "sqe-catalog"
+    result = subprocess.run(
+        [str(script), "admin", "--config", str(config_path), "create-principal", "bob", "--admin"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    created = json.loads(result.stdout)
+    assert created["name"] == "bob" and len(created["client_secret"]) >= 32
+    assert created["client_secret"] not in result.stderr
