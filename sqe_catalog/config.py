@@ -44,6 +44,8 @@ class WarehouseConfig:
     # The catalog's own long-lived key: used for metadata I/O and to call sts:AssumeRole.
     access_key_id: str = ""
     secret_access_key: str = field(default="", repr=False)
+    # Reuse a vended credential per (principal, table, mode) while more than half its lifetime remains.
+    credential_cache: bool = True
     # No STS: hand the static key above to clients instead (no expiry, no per-table scoping).
     sts_unavailable: bool = False
 
@@ -101,9 +103,7 @@ def parse_config(raw: dict[str, Any]) -> CatalogServerConfig:
     warehouses_raw = raw.get("warehouses", [])
     if not isinstance(warehouses_raw, list) or not all(isinstance(w, dict) for w in warehouses_raw):
         raise ConfigError("[[warehouses]] must be an array of tables")
-    warehouses = tuple(
-        _build(WarehouseConfig, w, f"warehouses[{i}]") for i, w in enumerate(warehouses_raw)
-    )
+    warehouses = tuple(_build(WarehouseConfig, w, f"warehouses[{i}]") for i, w in enumerate(warehouses_raw))
     names = [w.name for w in warehouses]
     if len(set(names)) != len(names):
         raise ConfigError("warehouses: duplicate warehouse name")

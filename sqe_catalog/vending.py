@@ -225,7 +225,8 @@ class CredentialVendor:
         key: _CacheKey = (principal, table_key, write, tuple(locations))
         with self._lock:
             entry = self._cache.get(key)
-            if entry is not None and self._clock() < entry.reuse_until:
+            fresh = entry is not None and self._clock() < entry.reuse_until
+            if entry is not None and fresh and self._warehouse.credential_cache:
                 self._log_vend(principal, table_key, write, "hit", entry.credential)
                 return entry.credential
             pending = self._in_flight.get(key)

@@ -1,0 +1,120 @@
+"""HTTP transport for catalog requests: timeouts and the retry policy, as a requests adapter.
+
+This is the seam every catalog request goes through (pyiceberg's RestCatalog calls included), so the retry
+rules live in one place:
+
+- 429: retried for every method;
+- 503 with ``Retry-After``: retried for every method;
+- 500, 502, 503, 504, 408 and connection errors: retried only for idempotent methods;
+- every other 4xx (422 included) is never retried.
+
+Backoff is exponential with up to 10 % jitter, and ``Retry-After`` (seconds or an HTTP date) wins when present.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_attempt
+
+log = logging.getLogger("sqe.catalog")
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+RETRY_IF_IDEMPOTENT = frozenset({500, 502, 503, 504, 408})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_retries: int = 5
+    base_delay: float = 0.5
+    max_delay: float = 30.0
+    timeout: float = 30.0
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Parse ``Retry-After`` (delta seconds or an HTTP date) into seconds from now."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, float(when.timestamp()) - (time.time() if now is None else now))
+
+
+def should_retry_response(method: str, response: requests.Response) -> bool:
+    status = response.status_code
+    if status == 429:
+        return True
+    if status == 503 and response.headers.get("Retry-After"):
+        return True
+    return status in RETRY_IF_IDEMPOTENT and method.upper() in IDEMPOTENT_METHODS
+
+
+def backoff_delay(attempt: int, policy: RetryPolicy, retry_after: float | None) -> float:
+    if retry_after is not None:
+        return min(retry_after, policy.max_delay)
+    delay = min(policy.max_delay, policy.base_delay * 2 ** (attempt - 1))
+    return delay + random.uniform(0, delay * 0.1)
+
+
+class RetryingAdapter(HTTPAdapter):
+    """An ``HTTPAdapter`` that applies ``RetryPolicy`` and a default timeout to every request."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        super().__init__(max_retries=0)
+        self.policy = policy
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = self.policy.timeout
+        method = (request.method or "GET").upper()
+        idempotent = method in IDEMPOTENT_METHODS
+
+        def wait(state: RetryCallState) -> float:
+            outcome = state.outcome
+            retry_after = None
+            if outcome is not None and not outcome.failed:
+                retry_after = retry_after_seconds(outcome.result().headers.get("Retry-After"))
+            delay = backoff_delay(state.attempt_number, self.policy, retry_after)
+            log.debug(
+                "retrying %s %s in %.2fs (attempt %d)",
+                method,
+                request.path_url.split("?")[0],
+                delay,
+                state.attempt_number,
+            )
+            return delay
+
+        retry_on_error = (
+            retry_if_exception_type(requests.ConnectionError)
+            if idempotent
+            else retry_if_result(lambda _r: False)
+        )
+        retrying = Retrying(
+            stop=stop_after_attempt(self.policy.max_retries + 1),
+            wait=wait,
+            retry=retry_if_result(lambda r: should_retry_response(method, r)) | retry_on_error,
+            retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,  # type: ignore[union-attr]
+            reraise=True,
+        )
+        response: requests.Response = retrying(super().send, request, **kwargs)
+        return response
+
+
+def make_session(policy: RetryPolicy) -> requests.Session:
+    session = requests.Session()
+    adapter = RetryingAdapter(policy)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session

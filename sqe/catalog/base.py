@@ -1,0 +1,55 @@
+"""The seam between the catalog client and the rest of the engine.
+
+The session and planner only ever see ``LoadedTable`` objects handed out by a ``TableProvider``; the REST
+client (``sqe.catalog.rest``) is the production provider. Anything holding a ``LoadedTable`` can read the table's
+files only through ``LoadedTable.io`` (SQE's own per-file credential-scoped FileIO), never through pyiceberg's.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pyiceberg.io import FileIO
+    from pyiceberg.table import Table
+
+
+class CacheOutcome(enum.Enum):
+    HIT = "hit"  # served from the cache, no request
+    REVALIDATED = "304"  # If-None-Match answered 304
+    RELOADED = "reload"  # full load (first load, changed table, or credentials past their usable point)
+
+
+@dataclass(frozen=True)
+class TableIdent:
+    warehouse: str
+    namespace: tuple[str, ...]
+    name: str
+
+    def __str__(self) -> str:
+        return ".".join((self.warehouse, *self.namespace, self.name))
+
+
+@dataclass
+class LoadedTable:
+    ident: TableIdent
+    table: Table  # pyiceberg Table whose .io is SQE's scoped FileIO (never pyiceberg's own)
+    io: FileIO  # same object as table.io; routes every path to its own credential set
+    credential_source: str  # "vended" | "static" | "none"
+    usable_until: float | None  # epoch seconds after which the credentials must not be used (None: no expiry)
+    expires_at: float | None  # earliest credential expiry, epoch seconds
+    cache_outcome: CacheOutcome
+    raw: Mapping[str, Any] = field(repr=False)  # the raw load-table JSON (read-restrictions live here)
+    can_write: bool = False
+
+    def is_usable(self, now: float) -> bool:
+        return self.usable_until is None or now < self.usable_until
+
+
+class TableProvider(Protocol):
+    def load_table(self, ident: TableIdent, *, bypass_cache: bool = False) -> LoadedTable: ...
+
+    def default_warehouse(self) -> str: ...

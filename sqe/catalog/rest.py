@@ -1,0 +1,361 @@
+"""The engine's REST catalog client: one per user and warehouse, plus the per-principal metadata cache.
+
+pyiceberg's ``RestCatalog`` does the protocol work (commits, namespaces, create); SQE replaces the pieces that
+matter for security and robustness:
+
+- the HTTP session: SQE's retrying transport with timeouts, and an OAuth token refreshed before it expires;
+- every table's FileIO: built by ``sqe.credentials`` from the response, never by pyiceberg (whose FileIO would let
+  table properties choose the endpoint or a FileIO class);
+- load-table: SQE's own request keeps the raw JSON (pyiceberg drops ``read-restrictions``) and sends
+  ``If-None-Match`` for cached entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+import requests
+from pyiceberg.catalog.rest import RestCatalog, TableResponse
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    ForbiddenError,
+    NamespaceAlreadyExistsError,
+    RESTError,
+    TableAlreadyExistsError,
+    UnauthorizedError,
+)
+from pyiceberg.exceptions import (
+    NoSuchNamespaceError as PyNoSuchNamespaceError,
+)
+from pyiceberg.exceptions import (
+    NoSuchTableError as PyNoSuchTableError,
+)
+from pyiceberg.io import FileIO
+from pyiceberg.table import StagedTable, Table
+
+from sqe.catalog._auth import BearerAuth
+from sqe.catalog._transport import RetryPolicy, make_session
+from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
+from sqe.config import CatalogConnection, SQEConfig
+from sqe.credentials import ScopedFileIO, parse_storage_credentials
+from sqe.errors import (
+    AuthenticationError,
+    CatalogError,
+    CatalogProtocolError,
+    CatalogUnavailableError,
+    CommitConflictError,
+    IntegrityError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    PermissionDeniedError,
+    RestrictionsNotSupportedError,
+)
+
+CAPABILITIES_HEADER = "X-Gravitino-Client-Capabilities"
+DELEGATION_HEADER = "X-Iceberg-Access-Delegation"
+
+
+def principal_key(connection: CatalogConnection) -> str:
+    """Identifies the principal for cache keys without revealing a secret."""
+    if connection.client_id:
+        return f"client:{connection.client_id}"
+    return "token:" + hashlib.sha256((connection.token or "").encode()).hexdigest()[:16]
+
+
+class SQERestCatalog(RestCatalog):
+    """pyiceberg's RestCatalog with SQE's transport, token handling and FileIO."""
+
+    def __init__(self, name: str, endpoint: CatalogConnection, config: SQEConfig) -> None:
+        self._sqe_config = config
+        self._endpoint = endpoint
+        policy = RetryPolicy(
+            max_retries=config.catalog.max_retries, timeout=config.catalog.request_timeout_seconds
+        )
+        self._token_session = make_session(policy)
+        self._retry_policy = policy
+        self._bearer = BearerAuth(
+            self._token_session,
+            endpoint.uri.rstrip("/") + "/v1/oauth/tokens",
+            client_id=endpoint.client_id or "",
+            client_secret=endpoint.client_secret or "",
+            scope=endpoint.scope,
+            static_token=endpoint.token or "",
+        )
+        properties: dict[str, str] = {"uri": endpoint.uri, "warehouse": endpoint.warehouse}
+        properties.update(self._header_properties(config))
+        try:
+            super().__init__(name, **properties)
+        except RESTError as exc:
+            raise translate_error(exc, f"catalog {endpoint.uri}") from None
+        except requests.RequestException as exc:
+            raise CatalogUnavailableError(
+                f"cannot reach catalog {endpoint.uri}: {type(exc).__name__}"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"SQERestCatalog(uri={self._endpoint.uri!r}, warehouse={self._endpoint.warehouse!r})"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("catalog clients cannot be pickled")
+
+    @staticmethod
+    def _header_properties(config: SQEConfig) -> dict[str, str]:
+        # Set as header.* properties so every request of this catalog object carries them.
+        headers: dict[str, str] = {f"header.{DELEGATION_HEADER}": config.catalog.effective_access_delegation}
+        if config.catalog.client_capabilities:
+            headers[f"header.{CAPABILITIES_HEADER}"] = config.catalog.client_capabilities
+        return headers
+
+    # -- pyiceberg hooks ---------------------------------------------------------------------------------
+    def _create_session(self) -> requests.Session:
+        session = make_session(self._retry_policy)
+        self._config_headers(session)
+        if self._sqe_config.catalog.effective_access_delegation == "none":
+            # pyiceberg defaults the header to vended-credentials; "none" means: do not ask at all.
+            session.headers.pop(DELEGATION_HEADER, None)
+        session.auth = self._bearer
+        self._auth_manager = None
+        return session
+
+    def _refresh_token(self) -> None:
+        self._bearer.invalidate()
+
+    def _load_file_io(self, properties: Mapping[str, str] = {}, location: str | None = None) -> FileIO:
+        raise CatalogError("internal: pyiceberg FileIO must never be built for catalog tables")
+
+    def _response_to_table(self, identifier_tuple: tuple[str, ...], table_response: TableResponse) -> Table:
+        io = self.file_io_for(table_response.config, table_response.model_dump(by_alias=True), time.time())
+        return Table(
+            identifier=identifier_tuple,
+            metadata_location=table_response.metadata_location,  # type: ignore[arg-type]
+            metadata=table_response.metadata,
+            io=io,
+            catalog=self,
+            config=table_response.config,
+        )
+
+    def _response_to_staged_table(
+        self, identifier_tuple: tuple[str, ...], table_response: TableResponse
+    ) -> StagedTable:
+        io = self.file_io_for(table_response.config, table_response.model_dump(by_alias=True), time.time())
+        return StagedTable(
+            identifier=identifier_tuple,
+            metadata_location=table_response.metadata_location,  # type: ignore[arg-type]
+            metadata=table_response.metadata,
+            io=io,
+            catalog=self,
+        )
+
+    # -- SQE additions -----------------------------------------------------------------------------------
+    def file_io_for(
+        self, response_config: Mapping[str, str], raw: Mapping[str, Any], received_at: float
+    ) -> ScopedFileIO:
+        creds = parse_storage_credentials(raw.get("storage-credentials") or [])
+        metadata = raw.get("metadata")
+        location = metadata.get("location") if isinstance(metadata, Mapping) else None
+        return ScopedFileIO(
+            dict(response_config or {}), creds, self._sqe_config, received_at=received_at, location=location
+        )
+
+    def table_url(self, namespace: Sequence[str], name: str) -> str:
+        ns = self._encode_namespace_path(tuple(namespace))
+        return self.url(
+            "namespaces/{namespace}/tables/{table}", prefixed=True, namespace=ns, table=quote(name, safe="")
+        )
+
+    def get_table_raw(
+        self, namespace: Sequence[str], name: str, etag: str | None
+    ) -> tuple[int, dict[str, Any] | None, str | None]:
+        """GET load-table; returns (status, raw JSON or None on 304, ETag)."""
+        headers = {"If-None-Match": etag} if etag else {}
+        what = ".".join((*namespace, name))
+        try:
+            response = self._session.get(self.table_url(namespace, name), headers=headers)
+        except requests.RequestException as exc:
+            raise CatalogUnavailableError(f"cannot load table {what}: {type(exc).__name__}") from None
+        if response.status_code == 401 and self._bearer.uses_client_credentials:
+            self._bearer.invalidate()
+            response = self._session.get(self.table_url(namespace, name), headers=headers)
+        if response.status_code == 304 and etag:
+            return 304, None, etag
+        if response.status_code != 200:
+            raise error_for_status(response, f"table {what}")
+        try:
+            raw = response.json()
+        except ValueError:
+            raise CatalogProtocolError(f"catalog returned invalid JSON for table {what}") from None
+        if not isinstance(raw, dict) or "metadata" not in raw:
+            raise CatalogProtocolError(f"catalog response for table {what} has no metadata")
+        return 200, raw, response.headers.get("ETag")
+
+
+def error_for_status(response: requests.Response, what: str) -> CatalogError:
+    """Map an HTTP error answer to SQE's typed errors (clear messages, no secrets)."""
+    status = response.status_code
+    detail = _server_message(response)
+    if status == 401:
+        return AuthenticationError(f"catalog rejected our credentials for {what} (401): {detail}", status)
+    if status == 403:
+        return PermissionDeniedError(
+            f"catalog refused access to {what} (403 Forbidden: the principal lacks a grant, or the catalog "
+            f"does not trust this reader with read-restrictions): {detail}",
+            status,
+        )
+    if status == 404:
+        if "namespace" in detail.lower() and "table" not in detail.lower():
+            return NoSuchNamespaceError(f"{what}: namespace not found: {detail}", status)
+        return NoSuchTableError(f"{what} not found: {detail}", status)
+    if status == 406:
+        return RestrictionsNotSupportedError(
+            f"catalog requires read-restrictions support for {what} (406): the client did not declare the "
+            f"read-restrictions.v1 capability (catalog.client_capabilities): {detail}",
+            status,
+        )
+    if status == 409:
+        return CommitConflictError(f"conflict on {what} (409): {detail}", status)
+    if status == 422:
+        return IntegrityError(
+            f"catalog rejected {what} as unprocessable (422, not retried): {detail}", status
+        )
+    if status == 429 or status >= 500:
+        return CatalogUnavailableError(f"catalog unavailable for {what} (HTTP {status}): {detail}", status)
+    return CatalogError(f"catalog error for {what} (HTTP {status}): {detail}", status)
+
+
+def _server_message(response: requests.Response) -> str:
+    try:
+        body = response.json()
+        message = body["error"]["message"]
+        return str(message)[:500]
+    except (ValueError, KeyError, TypeError):
+        return (
+            (response.text or response.reason or "no details").strip().splitlines()[0][:200]
+            if (response.text or response.reason)
+            else "no details"
+        )
+
+
+def translate_error(exc: Exception, what: str) -> CatalogError:
+    """Map pyiceberg's REST exceptions (raised by its own calls such as commits) to SQE's tree."""
+    cause = exc.__cause__
+    if isinstance(cause, requests.HTTPError) and cause.response is not None:
+        return error_for_status(cause.response, what)
+    message = str(exc)
+    if isinstance(exc, UnauthorizedError):
+        return AuthenticationError(f"catalog rejected our credentials for {what}: {message}", 401)
+    if isinstance(exc, ForbiddenError):
+        return PermissionDeniedError(f"catalog refused access to {what} (403): {message}", 403)
+    if isinstance(exc, PyNoSuchTableError):
+        return NoSuchTableError(f"{what} not found: {message}", 404)
+    if isinstance(exc, PyNoSuchNamespaceError):
+        return NoSuchNamespaceError(f"{what}: namespace not found: {message}", 404)
+    if isinstance(exc, CommitFailedException | TableAlreadyExistsError | NamespaceAlreadyExistsError):
+        return CommitConflictError(f"conflict on {what}: {message}", 409)
+    return CatalogError(f"catalog error for {what}: {message}")
+
+
+@dataclass
+class _CacheEntry:
+    raw: dict[str, Any] = field(repr=False)
+    etag: str | None
+    loaded: LoadedTable
+
+
+class RestTableProvider:
+    """Loads tables for one user across the configured warehouses, with an ETag-revalidated cache.
+
+    A cache entry is keyed by (principal, warehouse, table) and is never served — fresh, stale or revalidated —
+    past its credentials' usable point: then the next lookup does a full load without ``If-None-Match``.
+    """
+
+    def __init__(self, config: SQEConfig) -> None:
+        self._config = config
+        self._endpoints = {name: config.catalog.connection(name) for name in config.catalog.warehouse_names}
+        self._catalogs: dict[str, SQERestCatalog] = {}
+        self._cache: dict[tuple[str, str, str], _CacheEntry] = {}
+        self._lock = threading.RLock()
+        self.loads = 0  # full loads and revalidations sent, for tests and benchmarks
+
+    def default_warehouse(self) -> str:
+        return self._config.catalog.warehouse
+
+    def warehouses(self) -> list[str]:
+        return list(self._endpoints)
+
+    def catalog(self, warehouse: str) -> SQERestCatalog:
+        with self._lock:
+            if warehouse not in self._catalogs:
+                endpoint = self._endpoints.get(warehouse)
+                if endpoint is None:
+                    raise NoSuchTableError(
+                        f"unknown warehouse {warehouse!r}; configured: {', '.join(sorted(self._endpoints))}"
+                    )
+                self._catalogs[warehouse] = SQERestCatalog(warehouse, endpoint, self._config)
+            return self._catalogs[warehouse]
+
+    def load_table(self, ident: TableIdent, *, bypass_cache: bool = False) -> LoadedTable:
+        endpoint = self._endpoints.get(ident.warehouse)
+        if endpoint is None:
+            raise NoSuchTableError(f"{ident}: unknown warehouse {ident.warehouse!r}")
+        key = (principal_key(endpoint), ident.warehouse, ".".join((*ident.namespace, ident.name)))
+        catalog = self.catalog(ident.warehouse)
+        now = time.time()
+        with self._lock:
+            entry = None if bypass_cache or not self._config.catalog.metadata_cache else self._cache.get(key)
+        if entry is not None and not entry.loaded.is_usable(now):
+            entry = None  # a 304 would hand back dead keys: reload in full
+        status, raw, etag = catalog.get_table_raw(ident.namespace, ident.name, entry.etag if entry else None)
+        self.loads += 1
+        if status == 304 and entry is not None:
+            return dataclasses.replace(entry.loaded, cache_outcome=CacheOutcome.REVALIDATED)
+        assert raw is not None
+        loaded = self._build_loaded(catalog, ident, raw, now)
+        if self._config.catalog.metadata_cache and etag:
+            with self._lock:
+                self._cache[key] = _CacheEntry(raw, etag, loaded)
+        return loaded
+
+    def _build_loaded(
+        self, catalog: SQERestCatalog, ident: TableIdent, raw: dict[str, Any], now: float
+    ) -> LoadedTable:
+        try:
+            response = TableResponse.model_validate(raw)
+        except ValueError as exc:
+            raise CatalogProtocolError(
+                f"catalog response for {ident} is not a valid load-table result: {str(exc).splitlines()[0]}"
+            ) from None
+        io = catalog.file_io_for(response.config, raw, now)
+        table = Table(
+            identifier=(*ident.namespace, ident.name),
+            metadata_location=response.metadata_location,  # type: ignore[arg-type]
+            metadata=response.metadata,
+            io=io,
+            catalog=catalog,
+            config=response.config,
+        )
+        return LoadedTable(
+            ident=ident,
+            table=table,
+            io=io,
+            credential_source=io.source,
+            usable_until=io.usable_until,
+            expires_at=io.expires_at,
+            cache_outcome=CacheOutcome.RELOADED,
+            raw=raw,
+        )
+
+    def invalidate(self, ident: TableIdent) -> None:
+        with self._lock:
+            for key in [
+                k
+                for k in self._cache
+                if k[1] == ident.warehouse and k[2] == ".".join((*ident.namespace, ident.name))
+            ]:
+                del self._cache[key]

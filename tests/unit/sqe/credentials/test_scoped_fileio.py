@@ -1,0 +1,279 @@
+"""ScopedFileIO: each file opens with its own credential set; nothing secret leaks out of it."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io import InputFile
+from pyiceberg.table import Table
+
+from sqe.config import SQEConfig, load_config
+from sqe.credentials import ScopedFileIO, StorageCredential, parse_storage_credentials
+from sqe.errors import CatalogProtocolError, CredentialError, NoVendedCredentialsError
+
+STATIC_KEY, STATIC_SECRET = "AKIASTATIC", "static-secret-51f"
+V1_SECRET, V1_TOKEN = "vended-secret-t1-0a1", "vended-token-t1-0a2"
+V2_SECRET, V2_TOKEN = "vended-secret-t10-0b1", "vended-token-t10-0b2"
+SECRETS = (STATIC_SECRET, V1_SECRET, V1_TOKEN, V2_SECRET, V2_TOKEN)
+RECEIVED = 1_700_000_000.0
+T1_EXPIRES = RECEIVED + 3600
+T10_EXPIRES = RECEIVED + 1800
+
+
+def _config(**overrides: Any) -> SQEConfig:
+    base = {
+        "catalog.uri": "http://127.0.0.1:8181",
+        "catalog.warehouse": "demo",
+        "storage.endpoint": "http://127.0.0.1:1",
+    }
+    return load_config(env={}, overrides={**base, **overrides})
+
+
+def _static_config(**overrides: Any) -> SQEConfig:
+    return _config(
+        **{"storage.access_key_id": STATIC_KEY, "storage.secret_access_key": STATIC_SECRET, **overrides}
+    )
+
+
+def _entry(prefix: str, key: str, secret: str, token: str, expires: float | None) -> dict[str, Any]:
+    config = {"s3.access-key-id": key, "s3.secret-access-key": secret, "s3.session-token": token}
+    if expires is not None:
+        config["s3.session-token-expires-at-ms"] = str(int(expires * 1000))
+    return {"prefix": prefix, "config": config}
+
+
+def _two_tables(root: str = "s3://b") -> list[StorageCredential]:
+    return list(
+        parse_storage_credentials(
+            [
+                _entry(f"{root}/t1", "V1", V1_SECRET, V1_TOKEN, T1_EXPIRES),
+                _entry(f"{root}/t10/", "V2", V2_SECRET, V2_TOKEN, T10_EXPIRES),
+            ]
+        )
+    )
+
+
+def _signing_options(file: InputFile) -> dict[str, Any]:
+    """What the pyarrow S3 filesystem behind ``file`` would sign with (read without any network call)."""
+    options: dict[str, Any] = file._filesystem.__reduce__()[1][0]  # type: ignore[attr-defined]
+    return options
+
+
+class TestRouting:
+    def test_each_s3_file_gets_its_own_credentials(self) -> None:
+        io = ScopedFileIO({}, _two_tables(), _static_config(), received_at=RECEIVED)
+        t1 = _signing_options(io.new_input("s3://b/t1/data/a.parquet"))
+        t10 = _signing_options(io.new_output("s3a://b/t10/data/b.parquet"))  # type: ignore[arg-type]
+        other = _signing_options(io.new_input("s3://b/t100/data/c.parquet"))
+        assert (t1["access_key"], t1["secret_key"], t1["session_token"]) == ("V1", V1_SECRET, V1_TOKEN)
+        assert (t10["access_key"], t10["secret_key"], t10["session_token"]) == ("V2", V2_SECRET, V2_TOKEN)
+        assert (other["access_key"], other["secret_key"], other["session_token"]) == (
+            STATIC_KEY,
+            STATIC_SECRET,
+            "",
+        )
+        for options in (t1, t10, other):
+            assert options["endpoint_override"] == "http://127.0.0.1:1" and options["region"] == "us-east-1"
+
+    def test_one_filesystem_per_credential_set(self) -> None:
+        io = ScopedFileIO({}, _two_tables(), _config(), received_at=RECEIVED)
+        a, b = io.new_input("s3://b/t1/a.parquet"), io.new_input("s3://b/t1/deep/b.parquet")
+        c = io.new_input("s3://b/t10/c.parquet")
+        assert a._filesystem is b._filesystem  # type: ignore[attr-defined]
+        assert a._filesystem is not c._filesystem  # type: ignore[attr-defined]
+
+    def test_real_reads_and_writes_route_by_prefix(self, tmp_path: Path) -> None:
+        root = tmp_path.as_uri()
+        io = ScopedFileIO({}, _two_tables(root), _config(), received_at=RECEIVED)
+        (tmp_path / "t1").mkdir()
+        (tmp_path / "t10").mkdir()
+        paths = {f"{root}/t1/a.bin": b"first table", f"{root}/t10/b.bin": b"second table"}
+        for path, payload in paths.items():
+            with io.new_output(path).create() as out:
+                out.write(payload)
+        for path, payload in paths.items():
+            with io.new_input(path).open() as fin:
+                assert fin.read() == payload
+        assert io.resolve(f"{root}/t1/a.bin").properties["s3.access-key-id"] == "V1"
+        assert io.resolve(f"{root}/t10/b.bin").properties["s3.access-key-id"] == "V2"
+        fs_t1 = io.new_input(f"{root}/t1/a.bin")._filesystem  # type: ignore[attr-defined]
+        assert fs_t1 is not io.new_input(f"{root}/t10/b.bin")._filesystem  # type: ignore[attr-defined]
+        io.delete(io.new_input(f"{root}/t1/a.bin"))
+        io.delete(f"{root}/t10/b.bin")
+        assert not (tmp_path / "t1" / "a.bin").exists() and not (tmp_path / "t10" / "b.bin").exists()
+
+    def test_concurrent_resolution_builds_one_fileio_per_set(self) -> None:
+        io = ScopedFileIO({}, _two_tables(), _config(), received_at=RECEIVED)
+        paths = [f"s3://b/t{1 if i % 2 else 10}/f{i}.parquet" for i in range(32)]
+        with ThreadPoolExecutor(8) as pool:
+            keys = list(pool.map(lambda p: _signing_options(io.new_input(p))["access_key"], paths))
+        assert keys == ["V1" if i % 2 else "V2" for i in range(32)]
+        assert len(io._file_ios) == 2
+
+    def test_unsupported_scheme_fails_closed(self) -> None:
+        io = ScopedFileIO({}, _two_tables(), _static_config(), received_at=RECEIVED)
+        with pytest.raises(CredentialError, match="unsupported storage scheme 'gs'"):
+            io.new_input("gs://b/t1/x.parquet")
+
+
+class TestTableIntegration:
+    def test_table_properties_cannot_choose_fileio_or_endpoint(self, tmp_path: Path) -> None:
+        catalog = SqlCatalog("local", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=tmp_path.as_uri())
+        catalog.create_namespace("ns")
+        source = catalog.create_table("ns.t1", schema=pa.schema([("id", pa.int64()), ("name", pa.string())]))
+        source.append(pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"]}))
+        source = catalog.load_table("ns.t1")
+        hostile = {
+            "py-io-impl": "sqe_no_such_module.Probe",
+            "s3.endpoint": "http://attacker.invalid",
+            "s3.retry-strategy-impl": "sqe_no_such_module.Retry",
+            "s3.proxy-uri": "http://attacker.invalid",
+        }
+        metadata = source.metadata.model_copy(
+            update={"properties": {**source.metadata.properties, **hostile}}
+        )
+        creds = parse_storage_credentials([_entry(source.location(), "V1", V1_SECRET, V1_TOKEN, T1_EXPIRES)])
+        io = ScopedFileIO({}, creds, _config(), received_at=RECEIVED, location=source.location())
+        table = Table(("ns", "t1"), metadata, source.metadata_location, io=io, catalog=catalog)
+        assert sorted(table.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
+        assert len(io._file_ios) == 1  # the data was read through SQE's per-credential FileIO
+        data_file = next(iter(table.scan().plan_files())).file.file_path
+        assert dict(io.resolve(data_file).properties) == {
+            "s3.endpoint": "http://127.0.0.1:1",
+            "s3.region": "us-east-1",
+            "s3.access-key-id": "V1",
+            "s3.secret-access-key": V1_SECRET,
+            "s3.session-token": V1_TOKEN,
+        }
+        assert table.io.properties == {}  # nothing secret (or otherwise) reachable through pyiceberg's view
+
+
+class TestFailClosed:
+    def test_require_vended_fails_at_construction_for_an_uncovered_table(self) -> None:
+        config = _static_config(**{"catalog.require_vended_credentials": True})
+        with pytest.raises(NoVendedCredentialsError, match="s3://b/t2"):
+            ScopedFileIO({}, _two_tables(), config, location="s3://b/t2")
+        io = ScopedFileIO({}, _two_tables(), config, location="s3://b/t1")
+        with pytest.raises(NoVendedCredentialsError):
+            io.new_input("s3://b/elsewhere/x.parquet")
+
+    def test_require_vended_always_passes_explicit_vended_keys(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAAMBIENT")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ambient-secret")
+        config = _static_config(**{"catalog.require_vended_credentials": True})
+        options = _signing_options(ScopedFileIO({}, _two_tables(), config).new_input("s3://b/t1/x"))
+        assert (options["access_key"], options["anonymous"]) == ("V1", False)
+
+    def test_static_mode_without_keys_leaves_the_sdk_chain(self) -> None:
+        options = _signing_options(ScopedFileIO({}, [], _config()).new_input("s3://b/t1/x"))
+        assert not options["access_key"] and not options["secret_key"]  # documented: AWS SDK default chain
+
+    def test_from_response_parses_and_validates(self) -> None:
+        response = {
+            "metadata-location": "s3://b/t1/metadata/v1.json",
+            "config": {"s3.region": "eu-west-1"},
+            "storage-credentials": [_entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, None)],
+        }
+        io = ScopedFileIO.from_response(response, _config(), received_at=RECEIVED)
+        assert io.resolve("s3://b/t1/x").properties["s3.region"] == "eu-west-1"
+        with pytest.raises(CatalogProtocolError, match="storage-credentials must be a list"):
+            ScopedFileIO.from_response({"storage-credentials": {}}, _config())
+        bad_expiry = _entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, None)
+        bad_expiry["config"]["s3.session-token-expires-at-ms"] = "tomorrow"
+        with pytest.raises(CatalogProtocolError, match="must be an integer"):
+            ScopedFileIO.from_response({"storage-credentials": [bad_expiry]}, _config())
+
+
+class TestExpiryAndExplain:
+    def test_earliest_expiry_and_usable_point(self) -> None:
+        io = ScopedFileIO({}, _two_tables(), _config(), received_at=RECEIVED)
+        assert io.source == "vended"
+        assert io.expires_at == pytest.approx(T10_EXPIRES)
+        assert io.usable_until == pytest.approx(T10_EXPIRES - 300)
+        assert io.is_usable(T10_EXPIRES - 301) and not io.is_usable(T10_EXPIRES - 300)
+
+    def test_vended_without_expiry_is_bounded_by_max_age(self) -> None:
+        creds = parse_storage_credentials([_entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, None)])
+        config = _config(**{"catalog.credential_max_age_seconds": 120})
+        io = ScopedFileIO({}, creds, config, received_at=RECEIVED)
+        assert io.expires_at is None and io.usable_until == RECEIVED + 120
+
+    def test_static_and_none_never_expire(self) -> None:
+        static = ScopedFileIO({}, [], _static_config(), received_at=RECEIVED)
+        assert (static.source, static.expires_at, static.usable_until) == ("static", None, None)
+        assert static.is_usable(RECEIVED + 10**9)
+        assert ScopedFileIO({}, [], _config()).source == "none"
+        required = _static_config(**{"catalog.require_vended_credentials": True})
+        assert ScopedFileIO({}, [], required).source == "none"  # the static pair is not in use there
+
+    def test_describe_lists_scopes_without_secrets(self) -> None:
+        io = ScopedFileIO({}, _two_tables(), _static_config(), received_at=RECEIVED)
+        rows = io.describe()
+        assert rows == [
+            {
+                "prefix": "s3://b/t1",
+                "source": "vended",
+                "expires_at": "2023-11-14T23:13:20+00:00",
+                "usable_until": "2023-11-14T23:08:20+00:00",
+            },
+            {
+                "prefix": "s3://b/t10/",
+                "source": "vended",
+                "expires_at": "2023-11-14T22:43:20+00:00",
+                "usable_until": "2023-11-14T22:38:20+00:00",
+            },
+            {"prefix": "*", "source": "static", "expires_at": None, "usable_until": None},
+        ]
+
+    def test_describe_marks_static_passthrough(self) -> None:
+        creds = parse_storage_credentials([_entry("s3://b/t1", STATIC_KEY, STATIC_SECRET, "tok", T1_EXPIRES)])
+        rows = ScopedFileIO({}, creds, _static_config(), received_at=RECEIVED).describe()
+        assert rows[0] == {
+            "prefix": "s3://b/t1",
+            "source": "static",
+            "expires_at": None,
+            "usable_until": None,
+        }
+
+
+class TestSecrets:
+    def _io(self) -> ScopedFileIO:
+        return ScopedFileIO(
+            {"s3.access-key-id": "VC", "s3.secret-access-key": V2_SECRET},
+            _two_tables(),
+            _static_config(),
+            received_at=RECEIVED,
+        )
+
+    def test_refuses_pickling(self) -> None:
+        io = self._io()
+        io.new_input("s3://b/t1/x")
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            pickle.dumps(io)
+
+    def test_copies_share_the_same_object(self) -> None:
+        io = self._io()
+        assert copy.copy(io) is io and copy.deepcopy(io) is io
+
+    def test_no_secret_in_repr_str_describe_or_properties(self) -> None:
+        io = self._io()
+        io.new_input("s3://b/t1/x")
+        rendered = [
+            repr(io),
+            str(io),
+            repr(io.describe()),
+            repr(io.properties),
+            repr(io.resolve("s3://b/t1/x")),
+            repr(io.resolve("s3://b/zzz")),
+        ]
+        for text in rendered:
+            for secret in SECRETS:
+                assert secret not in text
+        assert "source='vended'" in repr(io)
