@@ -1,0 +1,112 @@
+"""``sqe stack up|down|status --dir DIR``: the local stack from the command line.
+
+``sqe.cli`` dispatches ``sqe stack ...`` here as ``main(argv)``; the return value is the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from sqe.stack import STORES, StackError, StackInfo, stack_status, start_stack, stop_stack
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sqe stack", description="Run the local S3 + STS store and sqe-catalog as background processes."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the store and the catalog, write DIR/stack.json")
+    up.add_argument("--dir", required=True, type=Path, help="directory for state, logs and config files")
+    up.add_argument(
+        "--store",
+        choices=STORES,
+        default="moto",
+        help="moto (default, pure Python) or ceph (Ceph RGW: enforces session policies)",
+    )
+    up.add_argument(
+        "--credential-lifetime",
+        type=_positive_int,
+        default=3600,
+        metavar="SECONDS",
+        help="lifetime of vended credentials (default 3600; Ceph and moto accept a few seconds)",
+    )
+    for name, text in (
+        ("down", "stop the processes recorded in DIR/stack.json"),
+        ("status", "show whether the stack's processes are alive; exit 1 if any is not"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--dir", required=True, type=Path, help="directory given to `sqe stack up`")
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _print_endpoints(info: StackInfo) -> None:
+    print(f"  s3 endpoint   {info.s3_endpoint or '-'}")
+    print(f"  sts endpoint  {info.sts_endpoint or '-'}")
+    print(f"  catalog       {info.catalog_uri or '-'}  (warehouse {info.warehouse}, bucket {info.bucket})")
+    for name, principal in info.principals.items():
+        print(f"  principal {name:<8} config {principal.config}")
+
+
+def _up(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    info = start_stack(args.dir, store=args.store, credential_lifetime=args.credential_lifetime)
+    store_s = info.timings.get("store_ready_s")
+    took = time.monotonic() - t0
+    print(f"{info.store} stack up in {took:.1f} s (store answering after {store_s} s): {info.dir}")
+    for name, pid in info.pids.items():
+        print(f"  {name:<9} pid {pid}")
+    _print_endpoints(info)
+    if info.store == "ceph":
+        print("  pyarrow clients need AWS_REQUEST_CHECKSUM_CALCULATION=WHEN_REQUIRED (see quickstart/ceph)")
+    print(f"stop it with: sqe stack down --dir {info.dir}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    outcome = stop_stack(args.dir)
+    for name, what in outcome.items():
+        print(f"  {name:<9} {what}")
+    print(f"stack in {Path(args.dir).resolve()} stopped")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    info, alive = stack_status(args.dir)
+    print(f"{info.store} stack in {info.dir}: {info.state} (started {info.started_at})")
+    for name, pid in info.pids.items():
+        print(f"  {name:<9} pid {pid:<8} {'alive' if alive[name] else 'not running'}")
+    _print_endpoints(info)
+    return 0 if alive and all(alive.values()) else 1
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help or a usage error, already printed by argparse
+        return exc.code if isinstance(exc.code, int) else 2
+    handlers = {"up": _up, "down": _down, "status": _status}
+    try:
+        return handlers[args.command](args)
+    except StackError as exc:
+        print(f"sqe stack {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"sqe stack {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,248 @@
+"""Process primitives shared by the stack's stores and the catalog: free ports, detached daemons, readiness
+polling, PID-verified shutdown, and 0600 files for secrets.
+
+Every daemon is started as its own session (so closing the terminal that ran ``sqe stack up`` does not kill
+it), with stdout/stderr appended to a log file and stdin closed. Shutdown never trusts a PID blindly: the
+process's ``/proc/PID/cmdline`` must still contain the markers recorded at start, so a recycled PID that now
+belongs to someone else is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqe.errors import SQEError
+
+LOOPBACK = "127.0.0.1"
+
+# Popen handles of daemons started by this process, so their exit status is reaped (no zombies that would
+# still look alive to /proc) and Python does not warn about children still running at exit.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class StackError(SQEError):
+    """The local stack could not be started, stopped or inspected (one-line message, no secrets)."""
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A background process of the stack: its PID and the cmdline markers that prove a PID is still it."""
+
+    name: str
+    pid: int
+    markers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StoreHandle:
+    """What an object store hands to the rest of ``stack up``: endpoints, the catalog's key, the role."""
+
+    kind: str
+    s3_endpoint: str
+    sts_endpoint: str
+    role_arn: str
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    daemons: tuple[Daemon, ...]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (all sockets held open together, so the kernel cannot repeat one)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((LOOPBACK, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    log_path: Path,
+    markers: Sequence[str],
+    env: Mapping[str, str] | None = None,
+) -> Daemon:
+    """Start ``argv`` detached (own session, stdin closed, output appended to ``log_path``)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {})}
+    with open(log_path, "ab") as log:
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=full_env,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise StackError(f"cannot start {name}: {exc.strerror or exc}") from None
+    _CHILDREN[proc.pid] = proc
+    return Daemon(name=name, pid=proc.pid, markers=tuple(markers))
+
+
+def run_tool(
+    argv: Sequence[str],
+    what: str,
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+    stdin: bytes | None = None,
+) -> str:
+    """Run a short command to completion and return its stdout; failure -> StackError naming ``what``.
+
+    The error quotes only the last line of stderr: tools here never print secrets on stderr, while stdout
+    (which may carry a freshly created secret) is never quoted.
+    """
+    full_env = {**os.environ, **(env or {})}
+    try:
+        done = subprocess.run(
+            list(argv),
+            input=stdin if stdin is not None else b"",
+            capture_output=True,
+            timeout=timeout,
+            env=full_env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise StackError(f"{what}: timed out after {timeout:.0f} s") from None
+    except OSError as exc:
+        raise StackError(f"{what}: {exc.strerror or exc}") from None
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        detail = lines[-1] if lines else f"exit status {done.returncode}"
+        raise StackError(f"{what} failed: {detail}")
+    return done.stdout.decode(errors="replace")
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """HTTP status of a GET, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            status: int = resp.status
+            return status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def wait_until(
+    ready: Callable[[], bool], what: str, timeout: float, watch: Sequence[Daemon] = (), log_hint: str = ""
+) -> None:
+    """Poll ``ready`` until it is true; fail early if one of ``watch`` died, or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        if ready():
+            return
+        for daemon in watch:
+            if not pid_alive(daemon.pid):
+                raise StackError(f"{daemon.name} exited during start-up{log_hint}")
+        if time.monotonic() > deadline:
+            raise StackError(f"{what} did not come up within {timeout:.0f} s{log_hint}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+
+
+def _reap(pid: int) -> None:
+    proc = _CHILDREN.get(pid)
+    if proc is not None and proc.poll() is not None:
+        del _CHILDREN[pid]
+        return
+    if proc is None:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as dead)."""
+    _reap(pid)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # Field 3 (after the parenthesised command name, which may contain spaces) is the state letter.
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X")
+
+
+def pid_matches(pid: int, markers: Sequence[str]) -> bool:
+    """True if ``pid`` is alive and its cmdline contains every marker (it is still the process we started)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    joined = " ".join(args)
+    return all(marker in joined for marker in markers)
+
+
+def stop_daemon(daemon: Daemon, grace: float = 5.0) -> str:
+    """SIGTERM, wait up to ``grace`` s, then SIGKILL. Returns what happened: stopped/killed/gone/not-ours."""
+    if not pid_alive(daemon.pid):
+        return "gone"
+    if not pid_matches(daemon.pid, daemon.markers):
+        return "not-ours"
+    if not _signal(daemon.pid, signal.SIGTERM):
+        return "gone"
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not pid_alive(daemon.pid):
+            return "stopped"
+        time.sleep(0.05)
+    _signal(daemon.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while pid_alive(daemon.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return "killed"
+
+
+def _signal(pid: int, sig: signal.Signals) -> bool:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by the owner only (created 0600, never world-readable)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def toml_str(value: str) -> str:
+    """A TOML basic string (JSON string escaping is a valid subset of TOML's)."""
+    return json.dumps(value)

@@ -1,0 +1,183 @@
+"""Enforcement tier: Ceph RGW really applies the catalog's per-table session policies and token expiry.
+
+Clients hold no static S3 key: pyiceberg's RestCatalog and the raw REST calls authenticate to sqe-catalog as
+the demo principals, and every S3 request below is signed with a credential the catalog vended for one table.
+The writer creates two tables; the analyst (read grants only) and the writer then probe the store directly.
+Vended credentials live 5 s (see ``ceph_stack`` in conftest.py).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import requests
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from pyiceberg.catalog.rest import RestCatalog
+
+from sqe.stack import StackInfo
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ceph]
+
+TABLES = ("orders", "salaries")
+ROWS = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "name": pa.array(["a", "b", "c"], pa.string())})
+
+
+@dataclass(frozen=True)
+class VendedTable:
+    """What one loadTable with ``X-Iceberg-Access-Delegation: vended-credentials`` gave one principal."""
+
+    bucket: str
+    prefix: str  # the table location's key prefix, no trailing slash
+    metadata_key: str
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    session_token: str = field(repr=False)
+    expires_at_ms: int
+
+
+def _rest_catalog(stack: StackInfo, principal: str) -> RestCatalog:
+    creds = stack.principal_credentials(principal)
+    return RestCatalog(
+        f"sqe-{principal}",
+        uri=stack.catalog_uri,
+        credential=creds.credential,
+        scope="PRINCIPAL_ROLE:ALL",
+        warehouse=stack.warehouse,
+    )
+
+
+def _split(location: str) -> tuple[str, str]:
+    parsed = urllib.parse.urlparse(location)
+    return parsed.netloc, parsed.path.strip("/")
+
+
+def _token(stack: StackInfo, principal: str) -> str:
+    creds = stack.principal_credentials(principal)
+    resp = requests.post(
+        f"{stack.catalog_uri}/v1/oauth/tokens",
+        timeout=10,
+        data={
+            "grant_type": "client_credentials",
+            "client_id": creds.client_id,
+            "client_secret": creds.client_secret,
+            "scope": "PRINCIPAL_ROLE:ALL",
+        },
+    )
+    assert resp.status_code == 200, resp.text
+    return str(resp.json()["access_token"])
+
+
+def _vend(stack: StackInfo, principal: str, namespace: str, table: str) -> VendedTable:
+    auth = {"Authorization": f"Bearer {_token(stack, principal)}"}
+    config = requests.get(
+        f"{stack.catalog_uri}/v1/config", params={"warehouse": stack.warehouse}, headers=auth, timeout=10
+    ).json()
+    prefix = {**config.get("defaults", {}), **config.get("overrides", {})}["prefix"]
+    resp = requests.get(
+        f"{stack.catalog_uri}/v1/{urllib.parse.quote(prefix, safe='')}/namespaces/{namespace}/tables/{table}",
+        headers={**auth, "X-Iceberg-Access-Delegation": "vended-credentials"},
+        timeout=10,
+    )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    bucket, table_prefix = _split(body["metadata"]["location"])
+    _, metadata_key = _split(body["metadata-location"])
+    cred = body["storage-credentials"][0]["config"]
+    return VendedTable(
+        bucket=bucket,
+        prefix=table_prefix,
+        metadata_key=metadata_key,
+        access_key_id=cred["s3.access-key-id"],
+        secret_access_key=cred["s3.secret-access-key"],
+        session_token=cred["s3.session-token"],
+        expires_at_ms=int(cred["s3.session-token-expires-at-ms"]),
+    )
+
+
+def _s3(stack: StackInfo, vended: VendedTable) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=stack.s3_endpoint,
+        region_name=stack.region,
+        aws_access_key_id=vended.access_key_id,
+        aws_secret_access_key=vended.secret_access_key,
+        aws_session_token=vended.session_token,
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+    )
+
+
+def _status(call: Callable[[], object]) -> int:
+    """HTTP status of one S3 call: 200 when it succeeds, else the store's error status."""
+    try:
+        call()
+    except ClientError as exc:
+        return int(exc.response["ResponseMetadata"]["HTTPStatusCode"])
+    return 200
+
+
+@pytest.fixture(scope="module")
+def namespace(ceph_stack: StackInfo) -> str:
+    """A fresh namespace with two tables, created and filled by the writer through pyiceberg."""
+    writer = _rest_catalog(ceph_stack, "writer")
+    name = f"enf_{uuid.uuid4().hex[:8]}"
+    writer.create_namespace(name)
+    for table in TABLES:
+        writer.create_table((name, table), schema=ROWS.schema).append(ROWS)
+    return name
+
+
+def test_writer_appends_and_analyst_reads_through_vended_credentials(ceph_stack: StackInfo, namespace: str) -> None:
+    for principal in ("writer", "analyst"):
+        table = _rest_catalog(ceph_stack, principal).load_table((namespace, "orders"))
+        assert table.scan().to_arrow().sort_by("id").equals(ROWS)
+
+
+def test_analyst_credential_cannot_write_its_own_table(ceph_stack: StackInfo, namespace: str) -> None:
+    vended = _vend(ceph_stack, "analyst", namespace, "orders")
+    s3 = _s3(ceph_stack, vended)
+    assert _status(lambda: s3.get_object(Bucket=vended.bucket, Key=vended.metadata_key)["Body"].read()) == 200
+    put_key = f"{vended.prefix}/data/analyst-was-here.parquet"
+    assert _status(lambda: s3.put_object(Bucket=vended.bucket, Key=put_key, Body=b"x")) == 403
+    assert _status(lambda: s3.delete_object(Bucket=vended.bucket, Key=vended.metadata_key)) == 403
+
+
+def test_analyst_credential_cannot_read_another_tables_prefix(ceph_stack: StackInfo, namespace: str) -> None:
+    other = _vend(ceph_stack, "analyst", namespace, "salaries")
+    own = _vend(ceph_stack, "analyst", namespace, "orders")  # vended last: it is used at once, it lives 5 s
+    s3 = _s3(ceph_stack, own)
+    assert _status(lambda: s3.list_objects_v2(Bucket=own.bucket, Prefix=f"{own.prefix}/")) == 200
+    assert _status(lambda: s3.get_object(Bucket=own.bucket, Key=other.metadata_key)["Body"].read()) == 403
+    assert _status(lambda: s3.list_objects_v2(Bucket=own.bucket, Prefix=f"{other.prefix}/")) == 403
+    assert _status(lambda: s3.list_objects_v2(Bucket=own.bucket)) == 403
+
+
+def test_writer_credential_writes_only_under_its_table(ceph_stack: StackInfo, namespace: str) -> None:
+    other = _vend(ceph_stack, "writer", namespace, "salaries")
+    own = _vend(ceph_stack, "writer", namespace, "orders")  # vended last: it is used at once, it lives 5 s
+    s3 = _s3(ceph_stack, own)
+    own_key = f"{own.prefix}/data/writer-probe.bin"
+    assert _status(lambda: s3.put_object(Bucket=own.bucket, Key=own_key, Body=b"ok")) == 200
+    assert _status(lambda: s3.delete_object(Bucket=own.bucket, Key=own_key)) in (200, 204)
+    other_key = f"{other.prefix}/data/writer-probe.bin"
+    assert _status(lambda: s3.put_object(Bucket=own.bucket, Key=other_key, Body=b"no")) == 403
+    assert _status(lambda: s3.get_object(Bucket=own.bucket, Key=other.metadata_key)["Body"].read()) == 403
+
+
+def test_five_second_credential_is_rejected_once_expired(ceph_stack: StackInfo, namespace: str) -> None:
+    vended = _vend(ceph_stack, "analyst", namespace, "orders")
+    remaining_s = vended.expires_at_ms / 1000 - time.time()
+    assert 0 < remaining_s <= 5.5  # a 5-second credential (possibly a cached one, past half its life)
+    s3 = _s3(ceph_stack, vended)
+    assert _status(lambda: s3.get_object(Bucket=vended.bucket, Key=vended.metadata_key)["Body"].read()) == 200
+    time.sleep(remaining_s + 2)
+    assert _status(lambda: s3.get_object(Bucket=vended.bucket, Key=vended.metadata_key)["Body"].read()) == 403
