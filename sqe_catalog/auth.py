@@ -222,16 +222,12 @@ _group_members = Table(
         ForeignKey("sqe_principals.name", ondelete="CASCADE"),
         primary_key=True,
     ),
-    Column(
-        "group_name", String(_NAME_LEN), ForeignKey("sqe_groups.name", ondelete="CASCADE"), primary_key=True
-    ),
+    Column("group_name", String(_NAME_LEN), ForeignKey("sqe_groups.name", ondelete="CASCADE"), primary_key=True),
 )
 _group_roles = Table(
     "sqe_group_role_assignments",
     _metadata,
-    Column(
-        "group_name", String(_NAME_LEN), ForeignKey("sqe_groups.name", ondelete="CASCADE"), primary_key=True
-    ),
+    Column("group_name", String(_NAME_LEN), ForeignKey("sqe_groups.name", ondelete="CASCADE"), primary_key=True),
     Column(
         "role_name",
         String(_NAME_LEN),
@@ -757,9 +753,7 @@ class AuthStore:
         def run(conn: Connection) -> None:
             self._require_group(conn, group)
             self._require_role(conn, role)
-            stmt = delete(_group_roles).where(
-                _group_roles.c.group_name == group, _group_roles.c.role_name == role
-            )
+            stmt = delete(_group_roles).where(_group_roles.c.group_name == group, _group_roles.c.role_name == role)
             if conn.execute(stmt).rowcount == 0:
                 raise NotFoundError(f"group {group} does not hold role {role}")
 
@@ -850,9 +844,7 @@ class AuthStore:
             ).scalars()
         )
         groups: frozenset[str] = frozenset(
-            conn.execute(
-                select(_group_members.c.group_name).where(_group_members.c.principal_name == name)
-            ).scalars()
+            conn.execute(select(_group_members.c.group_name).where(_group_members.c.principal_name == name)).scalars()
         )
         via_groups: list[str] = []
         if groups:

@@ -306,9 +306,7 @@ class CredentialVendor:
     def _assume_role(self, principal: str, locations: Sequence[str], write: bool) -> VendedCredential:
         w = self._warehouse
         if not w.role_arn or self._sts is None:
-            raise ServiceUnavailableError(
-                f"warehouse {w.name!r} has no role_arn configured for credential vending"
-            )
+            raise ServiceUnavailableError(f"warehouse {w.name!r} has no role_arn configured for credential vending")
         try:
             policy = session_policy(locations, write)
         except ValueError as exc:
@@ -341,13 +339,9 @@ class CredentialVendor:
 
     def _sts_failure(self, detail: str) -> ServiceUnavailableError:
         log.warning("STS AssumeRole failed for warehouse %s: %s", self._warehouse.name, detail)
-        return ServiceUnavailableError(
-            f"STS AssumeRole failed for warehouse {self._warehouse.name!r}: {detail}"
-        )
+        return ServiceUnavailableError(f"STS AssumeRole failed for warehouse {self._warehouse.name!r}: {detail}")
 
-    def _log_vend(
-        self, principal: str, table_key: str, write: bool, cache: str, credential: VendedCredential
-    ) -> None:
+    def _log_vend(self, principal: str, table_key: str, write: bool, cache: str, credential: VendedCredential) -> None:
         log.debug(
             "vend warehouse=%s principal=%s table=%s write=%s cache=%s expires_at_ms=%s",
             self._warehouse.name,

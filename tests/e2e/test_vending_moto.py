@@ -257,9 +257,7 @@ def test_unreachable_sts_endpoint_is_a_503(moto_server: Moto) -> None:
         CredentialVendor(warehouse).vend("analyst", "demo.ns.t1", TABLE, write=False)
 
 
-def test_debug_logs_of_a_vend_hold_no_key_secret_or_token(
-    moto_server: Moto, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_debug_logs_of_a_vend_hold_no_key_secret_or_token(moto_server: Moto, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)  # root at DEBUG, as an operator running the catalog with debug logs
     vendor = CredentialVendor(_warehouse(moto_server))
     cred = vendor.vend("analyst", "demo.ns.t1", TABLE, write=False)

@@ -189,9 +189,7 @@ class TestRejections:
         assert _error(path=_write(tmp_path, base + "[storage.tvf]\nprefixes = []\n"), env={}) == (
             "storage.tvf.prefixes: unknown key"
         )
-        assert (
-            _error(path=_write(tmp_path, base + "[storge]\nregion = 'x'\n"), env={}) == "storge: unknown key"
-        )
+        assert _error(path=_write(tmp_path, base + "[storge]\nregion = 'x'\n"), env={}) == "storge: unknown key"
         text = base + '[[catalog.warehouses]]\nname = "a"\nuri2 = "x"\n'
         assert _error(path=_write(tmp_path, text), env={}) == "catalog.warehouses[0].uri2: unknown key"
 
@@ -201,8 +199,7 @@ class TestRejections:
             (
                 "catalog.max_retries",
                 "5",
-                "catalog.max_retries (set by override 'catalog.max_retries'): "
-                "expected an integer, got a string",
+                "catalog.max_retries (set by override 'catalog.max_retries'): expected an integer, got a string",
             ),
             ("catalog.metadata_cache", 1, "expected a boolean (true/false), got an integer"),
             ("catalog.max_retries", True, "expected an integer, got a boolean"),

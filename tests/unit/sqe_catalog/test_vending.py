@@ -83,9 +83,7 @@ def test_bucket_root_covers_the_whole_bucket_and_absorbs_nested_paths() -> None:
     assert '"s3:prefix":["*"]' in policy
 
 
-@pytest.mark.parametrize(
-    "location", ["file:///tmp/wh/t", "gs://b/t", "s3:/b/t", "b/t", "s3:///t", "s3://b*d/t", ""]
-)
+@pytest.mark.parametrize("location", ["file:///tmp/wh/t", "gs://b/t", "s3:/b/t", "b/t", "s3:///t", "s3://b*d/t", ""])
 def test_non_s3_or_malformed_location_is_rejected(location: str) -> None:
     with pytest.raises(ValueError, match="location"):
         session_policy(["s3://ok/t", location], write=False)
@@ -349,9 +347,7 @@ def _client_error(status: int, code: str | None) -> ClientError:
         (EndpointConnectionError(endpoint_url="http://127.0.0.1:9"), "EndpointConnectionError"),
     ],
 )
-def test_sts_errors_become_503_naming_warehouse_and_status_but_no_secret(
-    error: Exception, detail: str
-) -> None:
+def test_sts_errors_become_503_naming_warehouse_and_status_but_no_secret(error: Exception, detail: str) -> None:
     vendor, sts, _ = make_vendor()
     sts.error = error
     with pytest.raises(ServiceUnavailableError) as info:

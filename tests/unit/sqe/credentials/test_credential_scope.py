@@ -60,9 +60,7 @@ T1 = _cred("s3://b/t1", **_keys("V1", V1_SECRET, V1_TOKEN, EXPIRES_MS))
 T10 = _cred("s3://b/t10/", **_keys("V2", V2_SECRET, V2_TOKEN))
 
 
-def _props(
-    path: str, config: dict[str, str], creds: list[StorageCredential], sqe: SQEConfig
-) -> dict[str, str]:
+def _props(path: str, config: dict[str, str], creds: list[StorageCredential], sqe: SQEConfig) -> dict[str, str]:
     return dict(build_properties(path, config, creds, sqe).properties)
 
 
@@ -253,9 +251,7 @@ class TestMergeOrder:
     def test_step3_region_is_always_set(self) -> None:
         assert _props("s3://b/t1/x", {}, [], _config())["s3.region"] == "us-east-1"
         assert _props("file:///tmp/x", {}, [], _config())["s3.region"] == "us-east-1"
-        assert (
-            _props("s3://b/t1/x", {"client.region": "eu-north-1"}, [], _config())["s3.region"] == "eu-north-1"
-        )
+        assert _props("s3://b/t1/x", {"client.region": "eu-north-1"}, [], _config())["s3.region"] == "eu-north-1"
 
     def test_step3_static_pair_in_static_mode(self) -> None:
         resolved = build_properties("s3://b/t2/x", {}, [T1], _static_config())

@@ -37,9 +37,7 @@ def _config(**overrides: Any) -> SQEConfig:
 
 
 def _static_config(**overrides: Any) -> SQEConfig:
-    return _config(
-        **{"storage.access_key_id": STATIC_KEY, "storage.secret_access_key": STATIC_SECRET, **overrides}
-    )
+    return _config(**{"storage.access_key_id": STATIC_KEY, "storage.secret_access_key": STATIC_SECRET, **overrides})
 
 
 def _entry(prefix: str, key: str, secret: str, token: str, expires: float | None) -> dict[str, Any]:
@@ -136,9 +134,7 @@ class TestTableIntegration:
             "s3.retry-strategy-impl": "sqe_no_such_module.Retry",
             "s3.proxy-uri": "http://attacker.invalid",
         }
-        metadata = source.metadata.model_copy(
-            update={"properties": {**source.metadata.properties, **hostile}}
-        )
+        metadata = source.metadata.model_copy(update={"properties": {**source.metadata.properties, **hostile}})
         creds = parse_storage_credentials([_entry(source.location(), "V1", V1_SECRET, V1_TOKEN, T1_EXPIRES)])
         io = ScopedFileIO({}, creds, _config(), received_at=RECEIVED, location=source.location())
         table = Table(("ns", "t1"), metadata, source.metadata_location, io=io, catalog=catalog)

@@ -1,0 +1,745 @@
+"""The Iceberg REST API of ``sqe-catalog`` (Polaris dialect) as a Starlette application.
+
+Every route but ``POST /v1/oauth/tokens`` needs a bearer token, and every error is the spec's ErrorModel
+``{"error": {"message", "type", "code"}}`` (the token endpoint answers in OAuth's error shape instead).
+Handlers are synchronous and run in Starlette's thread pool: pyiceberg, SQLAlchemy, scrypt and STS all block.
+
+Authorisation (``AuthStore.require``), Polaris-like:
+
+- namespaces: list ``NAMESPACE_LIST`` on the parent, create ``NAMESPACE_CREATE`` on the parent, load
+  ``NAMESPACE_READ_PROPERTIES``, exists ``NAMESPACE_LIST`` or ``NAMESPACE_READ_PROPERTIES``, drop
+  ``NAMESPACE_DROP``, update properties ``NAMESPACE_WRITE_PROPERTIES``;
+- tables: list ``TABLE_LIST`` on the namespace, exists ``TABLE_LIST`` on the namespace or
+  ``TABLE_READ_PROPERTIES`` on the table, load ``TABLE_READ_PROPERTIES``, create and register
+  ``TABLE_CREATE`` on the namespace, commit ``TABLE_WRITE_PROPERTIES`` (``TABLE_CREATE`` for a create
+  transaction), drop and purge ``TABLE_DROP``, rename ``TABLE_DROP`` on the source and ``TABLE_CREATE`` on
+  the target namespace;
+- data access: with ``X-Iceberg-Access-Delegation: vended-credentials`` (load, create, register) and on the
+  credentials endpoint, ``TABLE_READ_DATA`` is required and the credential can write iff the caller holds
+  ``TABLE_WRITE_DATA``. Without the header a response carries no key at all.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sqe_catalog.auth import AuthStore, Principal, Privilege, create_engine_for
+from sqe_catalog.config import CatalogServerConfig, WarehouseConfig
+from sqe_catalog.errors import (
+    BadRequestError,
+    CatalogError,
+    NotAuthorizedError,
+    NotFoundError,
+    UnprocessableEntityError,
+)
+from sqe_catalog.etag import if_none_match_matches, table_etag
+from sqe_catalog.tables import (
+    LoadedTable,
+    Namespace,
+    WarehouseTables,
+    parse_commit_body,
+    parse_create_body,
+    validate_namespace,
+    validate_table_name,
+)
+from sqe_catalog.vending import CredentialVendor
+
+__all__ = ["ENDPOINTS", "create_app"]
+
+log = logging.getLogger("sqe_catalog")
+
+NAMESPACE_SEPARATOR = "\x1f"
+MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_PAGE_SIZE = 1000
+_DELEGATION_HEADER = "x-iceberg-access-delegation"
+_JSON = "application/json"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Application state and the per-request call
+
+
+@dataclass(frozen=True)
+class _Warehouse:
+    config: WarehouseConfig
+    tables: WarehouseTables
+    vendor: CredentialVendor
+
+
+@dataclass(frozen=True)
+class _State:
+    engine: Engine
+    auth: AuthStore
+    warehouses: dict[str, _Warehouse]
+
+
+@dataclass
+class _Call:
+    """One authenticated request as the synchronous handlers see it."""
+
+    request: Request
+    state: _State
+    raw_body: bytes | None
+    principal: Principal = field(init=False)
+
+    @property
+    def prefix(self) -> str:
+        return str(self.request.path_params["prefix"])
+
+    @property
+    def warehouse(self) -> _Warehouse:
+        found = self.state.warehouses.get(self.prefix)
+        if found is None:
+            raise NotFoundError(f"unknown warehouse: {self.prefix}")
+        return found
+
+    @property
+    def namespace(self) -> Namespace:
+        return validate_namespace(str(self.request.path_params["namespace"]).split(NAMESPACE_SEPARATOR))
+
+    @property
+    def table(self) -> str:
+        return validate_table_name(str(self.request.path_params["table"]))
+
+    def json(self) -> dict[str, Any]:
+        if not self.raw_body:
+            raise BadRequestError("request body must be a JSON object")
+        try:
+            body = json.loads(self.raw_body)
+        except (ValueError, UnicodeDecodeError):
+            raise BadRequestError("malformed JSON in request body") from None
+        if not isinstance(body, dict):
+            raise BadRequestError("request body must be a JSON object")
+        return body
+
+    def require(self, privilege: Privilege, namespace: Namespace | None = None, table: str | None = None) -> None:
+        self.state.auth.require(self.principal, privilege, self.prefix, namespace, table)
+
+    def allowed(self, privilege: Privilege, namespace: Namespace | None = None, table: str | None = None) -> bool:
+        return self.state.auth.has_privilege(self.principal, privilege, self.prefix, namespace, table)
+
+    def query(self, name: str) -> str | None:
+        return self.request.query_params.get(name)
+
+
+Handler = Callable[[_Call], Response]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Responses
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(body, separators=(",", ":")), status, headers, media_type=_JSON)
+
+
+def _no_content() -> Response:
+    return Response(status_code=204)
+
+
+def _error(exc: CatalogError) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, NotAuthorizedError) else None
+    return _json(exc.to_json(), exc.status, headers)
+
+
+def _internal_error() -> Response:
+    return _error(CatalogError("internal server error"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parsing helpers
+
+
+def _string_map(value: object, what: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise BadRequestError(f"{what} must be an object of string values")
+    return dict(value)
+
+
+def _string_list(value: object, what: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadRequestError(f"{what} must be a list of strings")
+    return list(value)
+
+
+def _table_identifier(value: object, what: str) -> tuple[Namespace, str]:
+    if not isinstance(value, dict):
+        raise BadRequestError(f"{what} must be a table identifier object")
+    return validate_namespace(value.get("namespace")), validate_table_name(value.get("name"))
+
+
+def _bool_query(call: _Call, name: str) -> bool:
+    raw = (call.query(name) or "false").lower()
+    if raw not in ("true", "false"):
+        raise BadRequestError(f"query parameter {name} must be true or false")
+    return raw == "true"
+
+
+def _page(items: Sequence[Any], call: _Call) -> tuple[list[Any], str | None]:
+    """Offset paging: ``pageToken`` is the opaque start offset, ``pageSize`` the page length."""
+    try:
+        start = int(call.query("pageToken") or 0)
+        size = int(call.query("pageSize") or 0) or MAX_PAGE_SIZE
+    except ValueError:
+        raise BadRequestError("pageToken and pageSize must be integers") from None
+    if start < 0 or size < 0:
+        raise BadRequestError("pageToken and pageSize must not be negative")
+    size = min(size, MAX_PAGE_SIZE)
+    end = start + size
+    return list(items[start:end]), (str(end) if end < len(items) else None)
+
+
+def _delegation_requested(request: Request) -> bool:
+    """``vended-credentials`` (or Polaris's legacy ``true``) in the comma-separated header; others ignored."""
+    values = {v.strip().lower() for v in request.headers.get(_DELEGATION_HEADER, "").split(",")}
+    return bool(values & {"vended-credentials", "true"})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Configuration and namespaces
+
+
+def _get_config(call: _Call) -> Response:
+    name = call.query("warehouse")
+    if name is None and len(call.state.warehouses) == 1:
+        name = next(iter(call.state.warehouses))
+    if name is None:
+        raise BadRequestError("query parameter warehouse is required")
+    if name not in call.state.warehouses:
+        raise NotFoundError(f"unknown warehouse: {name}")
+    return _json({"defaults": {}, "overrides": {"prefix": name}, "endpoints": list(ENDPOINTS)})
+
+
+def _list_namespaces(call: _Call) -> Response:
+    parent_raw = call.query("parent")
+    parent = validate_namespace(parent_raw.split(NAMESPACE_SEPARATOR)) if parent_raw else None
+    call.require(Privilege.NAMESPACE_LIST, parent)
+    found = call.warehouse.tables.list_namespaces(parent)
+    page, token = _page(found, call)
+    return _json({"namespaces": [list(ns) for ns in page], "next-page-token": token})
+
+
+def _create_namespace(call: _Call) -> Response:
+    body = call.json()
+    namespace = validate_namespace(body.get("namespace"))
+    properties = _string_map(body.get("properties"), "properties")
+    call.require(Privilege.NAMESPACE_CREATE, namespace[:-1] or None)
+    stored = call.warehouse.tables.create_namespace(namespace, properties)
+    return _json({"namespace": list(namespace), "properties": stored})
+
+
+def _load_namespace(call: _Call) -> Response:
+    namespace = call.namespace
+    call.require(Privilege.NAMESPACE_READ_PROPERTIES, namespace)
+    properties = call.warehouse.tables.load_namespace(namespace)
+    return _json({"namespace": list(namespace), "properties": properties})
+
+
+def _namespace_exists(call: _Call) -> Response:
+    namespace = call.namespace
+    if not call.allowed(Privilege.NAMESPACE_READ_PROPERTIES, namespace):
+        call.require(Privilege.NAMESPACE_LIST, namespace)
+    return Response(status_code=204 if call.warehouse.tables.namespace_exists(namespace) else 404)
+
+
+def _drop_namespace(call: _Call) -> Response:
+    namespace = call.namespace
+    call.require(Privilege.NAMESPACE_DROP, namespace)
+    call.warehouse.tables.drop_namespace(namespace)
+    return _no_content()
+
+
+def _update_namespace_properties(call: _Call) -> Response:
+    namespace = call.namespace
+    body = call.json()
+    removals = _string_list(body.get("removals"), "removals")
+    updates = _string_map(body.get("updates"), "updates")
+    call.require(Privilege.NAMESPACE_WRITE_PROPERTIES, namespace)
+    both = sorted(set(removals) & set(updates))
+    if both:
+        raise UnprocessableEntityError(f"property {both[0]!r} is in both removals and updates")
+    return _json(call.warehouse.tables.update_namespace_properties(namespace, removals, updates))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tables
+
+
+@dataclass(frozen=True)
+class _DataAccess:
+    write: bool
+
+
+def _data_access(call: _Call, namespace: Namespace, table: str) -> _DataAccess | None:
+    """What the caller gets vended, or None when it did not ask; raises 403 without TABLE_READ_DATA."""
+    if not _delegation_requested(call.request):
+        return None
+    if call.allowed(Privilege.TABLE_WRITE_DATA, namespace, table):
+        return _DataAccess(write=True)
+    call.require(Privilege.TABLE_READ_DATA, namespace, table)
+    return _DataAccess(write=False)
+
+
+def _refresh_endpoint(prefix: str, namespace: Namespace, table: str) -> str:
+    encoded_ns = "%1F".join(quote(level, safe="") for level in namespace)
+    return f"v1/{quote(prefix, safe='')}/namespaces/{encoded_ns}/tables/{quote(table, safe='')}/credentials"
+
+
+def _storage_credentials(call: _Call, table: LoadedTable, access: _DataAccess) -> list[dict[str, Any]]:
+    warehouse = call.warehouse
+    if not table.location.startswith(("s3://", "s3a://", "s3n://")):
+        return []  # local files need no credential
+    credential = warehouse.vendor.vend(call.principal.name, table.key, table.locations, access.write)
+    return [{"prefix": table.location, "config": credential.to_config()}]
+
+
+def _client_config(call: _Call, table: LoadedTable) -> dict[str, str]:
+    w = call.warehouse.config
+    config = {
+        "client.region": w.region,
+        "s3.path-style-access": str(w.path_style).lower(),
+        "client.refresh-credentials-endpoint": _refresh_endpoint(call.prefix, table.namespace, table.name),
+    }
+    if w.endpoint:
+        config["s3.endpoint"] = w.endpoint
+    return config
+
+
+def _snapshots_mode(call: _Call) -> str:
+    mode = call.query("snapshots") or "all"
+    if mode not in ("all", "refs"):
+        raise BadRequestError("query parameter snapshots must be all or refs")
+    return mode
+
+
+def _metadata_json(table: LoadedTable, snapshots: str) -> str:
+    metadata = table.metadata
+    if snapshots == "refs":
+        referenced = {ref.snapshot_id for ref in metadata.refs.values()}
+        kept = [s for s in metadata.snapshots if s.snapshot_id in referenced]
+        metadata = metadata.model_copy(update={"snapshots": kept})
+    return str(metadata.model_dump_json())
+
+
+def _table_response(call: _Call, table: LoadedTable, access: _DataAccess | None, snapshots: str = "all") -> Response:
+    """A LoadTableResult: metadata, then (only when delegated) client config and storage credentials."""
+    parts = []
+    if table.metadata_location is not None:
+        parts.append(f'"metadata-location":{json.dumps(table.metadata_location)}')
+    parts.append(f'"metadata":{_metadata_json(table, snapshots)}')
+    config = _client_config(call, table) if access is not None else {}
+    parts.append(f'"config":{json.dumps(config)}')
+    if access is not None:
+        parts.append(f'"storage-credentials":{json.dumps(_storage_credentials(call, table, access))}')
+    headers = {}
+    if table.metadata_location is not None:
+        headers["ETag"] = _etag_for(table, snapshots, access)
+    return Response("{" + ",".join(parts) + "}", 200, headers, media_type=_JSON)
+
+
+def _etag_for(table: LoadedTable, snapshots: str, access: _DataAccess | None) -> str:
+    assert table.metadata_location is not None
+    return table_etag(
+        table.metadata_location,
+        snapshots=snapshots,
+        vended=access is not None,
+        write=access is not None and access.write,
+    )
+
+
+def _list_tables(call: _Call) -> Response:
+    namespace = call.namespace
+    call.require(Privilege.TABLE_LIST, namespace)
+    names = call.warehouse.tables.list_tables(namespace)
+    page, token = _page(names, call)
+    identifiers = [{"namespace": list(namespace), "name": name} for name in page]
+    return _json({"identifiers": identifiers, "next-page-token": token})
+
+
+def _create_table(call: _Call) -> Response:
+    namespace = call.namespace
+    create = parse_create_body(call.json())
+    call.require(Privilege.TABLE_CREATE, namespace)
+    access = _data_access(call, namespace, create.name)
+    tables = call.warehouse.tables
+    table = tables.stage_table(namespace, create) if create.stage_create else tables.create_table(namespace, create)
+    return _table_response(call, table, access)
+
+
+def _register_table(call: _Call) -> Response:
+    namespace = call.namespace
+    body = call.json()
+    name = validate_table_name(body.get("name"))
+    metadata_location = body.get("metadata-location")
+    if not isinstance(metadata_location, str) or not metadata_location:
+        raise BadRequestError("metadata-location must be a non-empty string")
+    if body.get("overwrite", False) is not False:
+        raise BadRequestError("overwrite is not supported by register")
+    call.require(Privilege.TABLE_CREATE, namespace)
+    access = _data_access(call, namespace, name)
+    table = call.warehouse.tables.register_table(namespace, name, metadata_location)
+    return _table_response(call, table, access)
+
+
+def _load_table(call: _Call) -> Response:
+    namespace, name = call.namespace, call.table
+    snapshots = _snapshots_mode(call)
+    access = _data_access(call, namespace, name)
+    if access is None:
+        call.require(Privilege.TABLE_READ_PROPERTIES, namespace, name)
+    table = call.warehouse.tables.load_table(namespace, name)
+    etag = _etag_for(table, snapshots, access)
+    if if_none_match_matches(call.request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers={"ETag": etag})
+    return _table_response(call, table, access, snapshots)
+
+
+def _table_exists(call: _Call) -> Response:
+    namespace, name = call.namespace, call.table
+    if not call.allowed(Privilege.TABLE_LIST, namespace):
+        call.require(Privilege.TABLE_READ_PROPERTIES, namespace, name)
+    return Response(status_code=204 if call.warehouse.tables.table_exists(namespace, name) else 404)
+
+
+def _commit_table(call: _Call) -> Response:
+    namespace, name = call.namespace, call.table
+    commit = parse_commit_body(call.json())
+    if commit.identifier is not None:
+        claimed = _table_identifier(commit.identifier, "identifier")
+        if claimed != (namespace, name):
+            raise BadRequestError("identifier in the body does not match the table in the path")
+    creating = any(getattr(r, "type", None) == "assert-create" for r in commit.requirements)
+    if creating:
+        call.require(Privilege.TABLE_CREATE, namespace)
+    else:
+        call.require(Privilege.TABLE_WRITE_PROPERTIES, namespace, name)
+    table = call.warehouse.tables.commit_table(namespace, name, commit)
+    location = json.dumps(table.metadata_location)
+    body = f'{{"metadata-location":{location},"metadata":{_metadata_json(table, "all")}}}'
+    return Response(body, 200, {"ETag": _etag_for(table, "all", None)}, media_type=_JSON)
+
+
+def _drop_table(call: _Call) -> Response:
+    namespace, name = call.namespace, call.table
+    purge = _bool_query(call, "purgeRequested")
+    call.require(Privilege.TABLE_DROP, namespace, name)
+    call.warehouse.tables.drop_table(namespace, name, purge)
+    return _no_content()
+
+
+def _rename_table(call: _Call) -> Response:
+    body = call.json()
+    source = _table_identifier(body.get("source"), "source")
+    target = _table_identifier(body.get("destination"), "destination")
+    call.require(Privilege.TABLE_DROP, *source)
+    call.require(Privilege.TABLE_CREATE, target[0])
+    call.warehouse.tables.rename_table(source, target)
+    return _no_content()
+
+
+def _load_credentials(call: _Call) -> Response:
+    namespace, name = call.namespace, call.table
+    write = call.allowed(Privilege.TABLE_WRITE_DATA, namespace, name)
+    if not write:
+        call.require(Privilege.TABLE_READ_DATA, namespace, name)
+    table = call.warehouse.tables.load_table(namespace, name)
+    return _json({"storage-credentials": _storage_credentials(call, table, _DataAccess(write))})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Routing
+
+
+@dataclass(frozen=True)
+class _Op:
+    method: str
+    path: str
+    handler: Handler
+    needs_body: bool = False
+
+
+_NS = "/v1/{prefix}/namespaces/{namespace}"
+_TABLE = _NS + "/tables/{table}"
+_OPERATIONS: tuple[_Op, ...] = (
+    _Op("GET", "/v1/{prefix}/namespaces", _list_namespaces),
+    _Op("POST", "/v1/{prefix}/namespaces", _create_namespace, needs_body=True),
+    _Op("GET", _NS, _load_namespace),
+    _Op("HEAD", _NS, _namespace_exists),
+    _Op("DELETE", _NS, _drop_namespace),
+    _Op("POST", _NS + "/properties", _update_namespace_properties, needs_body=True),
+    _Op("GET", _NS + "/tables", _list_tables),
+    _Op("POST", _NS + "/tables", _create_table, needs_body=True),
+    _Op("POST", _NS + "/register", _register_table, needs_body=True),
+    _Op("GET", _TABLE, _load_table),
+    _Op("HEAD", _TABLE, _table_exists),
+    _Op("POST", _TABLE, _commit_table, needs_body=True),
+    _Op("DELETE", _TABLE, _drop_table),
+    _Op("POST", "/v1/{prefix}/tables/rename", _rename_table, needs_body=True),
+    _Op("GET", _TABLE + "/credentials", _load_credentials),
+)
+ENDPOINTS: tuple[str, ...] = tuple(f"{op.method} {op.path}" for op in _OPERATIONS)
+
+
+async def _read_body(request: Request) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BadRequestError(f"request body is larger than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _authenticate(state: _State, request: Request) -> Principal:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise NotAuthorizedError("missing bearer token")
+    principal = state.auth.principal_for_token(token.strip())
+    request.state.principal_name = principal.name
+    return principal
+
+
+def _run(handler: Handler, call: _Call) -> Response:
+    call.principal = _authenticate(call.state, call.request)
+    return handler(call)
+
+
+def _log_unexpected(request: Request, exc: BaseException) -> None:
+    route = f"{request.method} {request.scope.get('route_path', request.url.path)}"
+    if isinstance(exc, DBAPIError):
+        # SQLAlchemy's rendering includes statements and bound parameters; keep the driver's first line.
+        detail = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+        log.error("database error in %s: %s: %s", route, type(exc).__name__, detail)
+    else:
+        log.error("unexpected error in %s", route, exc_info=exc)
+
+
+def _endpoint(state: _State, ops: dict[str, _Op]) -> Callable[[Request], Any]:
+    async def endpoint(request: Request) -> Response:
+        op = ops.get(request.method)
+        if op is None:
+            response = _error(_MethodNotAllowed(f"method {request.method} is not allowed here"))
+        else:
+            response = await _dispatch(state, op, request)
+        if request.method == "HEAD" and response.status_code >= 400:
+            return Response(status_code=response.status_code, headers=_strip_length(response))
+        return response
+
+    return endpoint
+
+
+def _strip_length(response: Response) -> dict[str, str]:
+    return {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+
+
+async def _dispatch(state: _State, op: _Op, request: Request) -> Response:
+    request.scope["route_path"] = op.path
+    try:
+        body = await _read_body(request) if op.needs_body else None
+        return await run_in_threadpool(_run, op.handler, _Call(request, state, body))
+    except CatalogError as exc:
+        return _error(exc)
+    except Exception as exc:
+        _log_unexpected(request, exc)
+        return _internal_error()
+
+
+class _MethodNotAllowed(CatalogError):
+    status = 405
+    error_type = "MethodNotAllowedException"
+
+
+def _routes(state: _State) -> list[Route]:
+    by_path: dict[str, dict[str, _Op]] = {}
+    for op in _OPERATIONS:
+        by_path.setdefault(op.path, {})[op.method] = op
+    config_ops = {"GET": _Op("GET", "/v1/config", _get_config)}
+    routes = [
+        Route("/v1/config", _endpoint(state, config_ops), methods=["GET", "POST", "PUT", "DELETE"]),
+        Route("/v1/oauth/tokens", _token_endpoint(state), methods=["GET", "POST", "PUT", "DELETE"]),
+    ]
+    all_methods = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"]
+    routes += [Route(path, _endpoint(state, ops), methods=all_methods) for path, ops in by_path.items()]
+    return routes
+
+
+# ----------------------------------------------------------------------------------------------------
+# OAuth token endpoint (Polaris dialect: client_credentials, form body or HTTP Basic)
+
+
+class _OAuthError(Exception):
+    def __init__(self, error: str, description: str, status: int = 400) -> None:
+        super().__init__(description)
+        self.error, self.description, self.status = error, description, status
+
+    def response(self) -> Response:
+        headers = {"Cache-Control": "no-store"}
+        if self.status == 401:
+            headers["WWW-Authenticate"] = 'Basic realm="sqe-catalog"'
+        return _json({"error": self.error, "error_description": self.description}, self.status, headers)
+
+
+def _basic_credentials(request: Request) -> tuple[str, str] | None:
+    scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        client_id, sep, client_secret = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        raise _OAuthError("invalid_request", "malformed HTTP Basic credentials") from None
+    if not sep:
+        raise _OAuthError("invalid_request", "malformed HTTP Basic credentials")
+    return client_id, client_secret
+
+
+def _client_credentials(request: Request, form: dict[str, str]) -> tuple[str, str]:
+    basic = _basic_credentials(request)
+    form_id, form_secret = form.get("client_id"), form.get("client_secret")
+    if basic is not None:
+        if (form_id and form_id != basic[0]) or form_secret:
+            raise _OAuthError("invalid_request", "use either HTTP Basic or form credentials, not both")
+        return basic
+    if not form_id or not form_secret:
+        raise _OAuthError("invalid_client", "client_id and client_secret are required", 401)
+    return form_id, form_secret
+
+
+def _issue_token(state: _State, client_id: str, client_secret: str, scope: str) -> Response:
+    try:
+        token, expires_in = state.auth.issue_token(client_id, client_secret, scope)
+    except NotAuthorizedError:
+        raise _OAuthError("invalid_client", "client authentication failed", 401) from None
+    except BadRequestError as exc:
+        raise _OAuthError("invalid_scope", exc.message.removeprefix("invalid_scope: ")) from None
+    body = {
+        "access_token": token,
+        "token_type": "bearer",
+        "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+        "expires_in": expires_in,
+    }
+    return _json(body, 200, {"Cache-Control": "no-store", "Pragma": "no-cache"})
+
+
+async def _token_form(request: Request) -> dict[str, str]:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/x-www-form-urlencoded":
+        raise _OAuthError("invalid_request", "the body must be application/x-www-form-urlencoded")
+    async with request.form(max_fields=32) as form:
+        return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
+def _token_endpoint(state: _State) -> Callable[[Request], Any]:
+    async def endpoint(request: Request) -> Response:
+        if request.method != "POST":
+            return _error(_MethodNotAllowed(f"method {request.method} is not allowed here"))
+        try:
+            form = await _token_form(request)
+            grant_type = form.get("grant_type")
+            if not grant_type:
+                raise _OAuthError("invalid_request", "grant_type is required")
+            if grant_type != "client_credentials":
+                raise _OAuthError("unsupported_grant_type", "only client_credentials is supported")
+            client_id, client_secret = _client_credentials(request, form)
+            return await run_in_threadpool(_issue_token, state, client_id, client_secret, form.get("scope", ""))
+        except _OAuthError as exc:
+            return exc.response()
+        except Exception as exc:
+            _log_unexpected(request, exc)
+            return _internal_error()
+
+    return endpoint
+
+
+# ----------------------------------------------------------------------------------------------------
+# Middleware, error handlers and the factory
+
+
+class _RequestLog:
+    """One debug line per request: method, path, status, principal. Never headers, query strings or bodies."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def capture(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            principal = scope.get("state", {}).get("principal_name", "-")
+            path = scope.get("raw_path", b"").decode("latin-1") or scope.get("path", "")
+            log.debug("%s %s -> %d principal=%s", scope["method"], path.split("?")[0], status, principal)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 404:
+        return _error(NotFoundError(f"no route for {request.method} {request.url.path}"))
+    if status == 405:
+        return _error(_MethodNotAllowed(f"method {request.method} is not allowed here"))
+    return _json({"error": {"message": "request failed", "type": "HTTPException", "code": status}}, status)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    _log_unexpected(request, exc)
+    return _internal_error()
+
+
+def _signing_key(config: CatalogServerConfig) -> bytes:
+    # Empty config value: a random key per process, so tokens die with the process.
+    return config.server.token_signing_key.encode("utf-8") or secrets.token_bytes(32)
+
+
+def create_app(config: CatalogServerConfig) -> Starlette:
+    """The catalog application: one database engine, one AuthStore, and per warehouse tables + a vendor."""
+    engine = create_engine_for(config.server.database)
+    auth = AuthStore(engine, _signing_key(config), config.server.token_lifetime_seconds)
+    auth.create_schema()
+    warehouses = {w.name: _Warehouse(w, WarehouseTables(w, engine), CredentialVendor(w)) for w in config.warehouses}
+    state = _State(engine, auth, warehouses)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    return Starlette(
+        routes=_routes(state),
+        middleware=[Middleware(_RequestLog)],
+        exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+        lifespan=lifespan,
+    )

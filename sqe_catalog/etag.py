@@ -1,0 +1,36 @@
+"""Strong ETags for LoadTableResult / CommitTableResponse representations.
+
+The tag digests everything that shapes the representation a caller receives: the metadata file, the snapshot
+mode, whether credentials were vended and whether they can write, and (later) the read-restrictions digest.
+It never digests a credential, so a client holding a cached table can revalidate across credential renewals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+__all__ = ["if_none_match_matches", "table_etag"]
+
+
+def table_etag(
+    metadata_location: str, *, snapshots: str, vended: bool, write: bool, restrictions_digest: str = ""
+) -> str:
+    """A quoted strong ETag; differs whenever one of the inputs differs."""
+    fields = [metadata_location, snapshots, "vended" if vended else "plain", "write" if write else "read"]
+    fields.append(restrictions_digest)
+    digest = hashlib.sha256(json.dumps(fields, separators=(",", ":")).encode("utf-8")).hexdigest()
+    return f'"{digest}"'
+
+
+def if_none_match_matches(header: str | None, etag: str) -> bool:
+    """RFC 9110 If-None-Match (weak comparison): ``*`` or any listed tag equal to ``etag``."""
+    if not header:
+        return False
+    for candidate in header.split(","):
+        tag = candidate.strip()
+        if tag == "*":
+            return True
+        if tag.removeprefix("W/") == etag:
+            return True
+    return False

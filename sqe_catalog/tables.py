@@ -1,0 +1,655 @@
+"""Namespace and table state of one warehouse, kept by pyiceberg's ``SqlCatalog``.
+
+Each warehouse is one ``SqlCatalog`` (``catalog_name`` = warehouse name) over the shared database engine. The
+catalog reads and writes metadata files with the warehouse's own static key, so everything a client controls
+that could steer that I/O is checked here first:
+
+- table locations (``location``, ``write.data.path``, ``write.metadata.path``) must lie inside the warehouse
+  location and must not overlap another table's locations, because vended credentials are scoped by them;
+- table properties that make pyiceberg import a class (``py-io-impl``, ``write.py-location-provider.impl``)
+  are refused, and table properties never reach the catalog's own FileIO;
+- a purge deletes only files under the table's own locations.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+from pyiceberg import exceptions as ice
+from pyiceberg.catalog import Catalog, MetastoreCatalog
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.serializers import FromInputFile
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata, new_table_metadata
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
+from pyiceberg.table.update import (
+    AssertCreate,
+    SetLocationUpdate,
+    SetPropertiesUpdate,
+    TableRequirement,
+    TableUpdate,
+)
+from pyiceberg.typedef import IcebergBaseModel, Identifier
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from sqe_catalog.config import WarehouseConfig
+from sqe_catalog.errors import (
+    AlreadyExistsError,
+    BadRequestError,
+    CatalogError,
+    CommitFailedError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+)
+
+__all__ = [
+    "LOCATION_PROPERTIES",
+    "LoadedTable",
+    "Namespace",
+    "NamespaceNotEmptyError",
+    "TableCreate",
+    "WarehouseTables",
+    "catalog_io_properties",
+    "validate_namespace",
+    "validate_table_name",
+]
+
+log = logging.getLogger("sqe_catalog.tables")
+
+Namespace = tuple[str, ...]
+
+WRITE_DATA_PATH = "write.data.path"
+WRITE_METADATA_PATH = "write.metadata.path"
+LOCATION_PROPERTIES = (WRITE_DATA_PATH, WRITE_METADATA_PATH)
+# Table properties that make pyiceberg import and run a class inside the catalog process.
+FORBIDDEN_TABLE_PROPERTIES = frozenset({"py-io-impl", "write.py-location-provider.impl"})
+# SqlCatalog stores a namespace as its levels joined by "." in a VARCHAR(255).
+MAX_NAME_LENGTH = 255
+_METADATA_CACHE_SIZE = 512
+
+
+class NamespaceNotEmptyError(CatalogError):
+    status = 409
+    error_type = "NamespaceNotEmptyException"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Identifiers and locations
+
+
+def _check_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise BadRequestError(f"{what} must be a non-empty string")
+    if len(name) > MAX_NAME_LENGTH:
+        raise BadRequestError(f"{what} is longer than {MAX_NAME_LENGTH} characters")
+    if "/" in name:
+        raise BadRequestError(f"{what} must not contain '/'")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
+        raise BadRequestError(f"{what} must not contain control characters")
+    return name
+
+
+def validate_namespace(levels: object) -> Namespace:
+    """A namespace as a tuple of non-empty levels without '/', '.' or control characters."""
+    if not isinstance(levels, list | tuple) or not levels:
+        raise BadRequestError("namespace must be a non-empty list of strings")
+    checked = tuple(_check_name(level, "namespace level") for level in levels)
+    if any("." in level for level in checked):
+        raise BadRequestError("namespace level must not contain '.'")
+    if len(".".join(checked)) > MAX_NAME_LENGTH:
+        raise BadRequestError(f"namespace is longer than {MAX_NAME_LENGTH} characters")
+    return checked
+
+
+def validate_table_name(name: object) -> str:
+    return _check_name(name, "table name")
+
+
+def _split_location(location: str) -> tuple[str, list[str]]:
+    """``s3://b/x/y/`` -> ``("s3", ["b", "x", "y"])``; ``file:///tmp/w`` -> ``("file", ["tmp", "w"])``."""
+    scheme, sep, rest = location.partition("://")
+    if not sep or not scheme:
+        raise BadRequestError("table location must be a URI such as s3://bucket/path")
+    if scheme == "file":
+        rest = rest.removeprefix("/")
+    return scheme, rest.rstrip("/").split("/")
+
+
+def _is_within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return _is_within(a, b) or _is_within(b, a)
+
+
+@dataclass(frozen=True)
+class LoadedTable:
+    namespace: Namespace
+    name: str
+    metadata_location: str | None  # None for a staged (not yet committed) table
+    metadata: TableMetadata
+
+    @property
+    def location(self) -> str:
+        return self.metadata.location.rstrip("/")
+
+    @property
+    def locations(self) -> tuple[str, ...]:
+        """Table location, plus ``write.data.path`` and ``write.metadata.path`` when set."""
+        return table_locations(self.metadata.location, self.metadata.properties)
+
+    @property
+    def key(self) -> str:
+        return "/".join((*self.namespace, self.name))
+
+
+def table_locations(location: str, properties: dict[str, str]) -> tuple[str, ...]:
+    found = [location.rstrip("/")]
+    for key in LOCATION_PROPERTIES:
+        if value := properties.get(key):
+            found.append(value.rstrip("/"))
+    return tuple(dict.fromkeys(found))
+
+
+def catalog_io_properties(warehouse: WarehouseConfig) -> dict[str, str]:
+    """FileIO properties for the catalog's own metadata I/O: the warehouse's static key, endpoint, region."""
+    props = {
+        "s3.region": warehouse.region,
+        "s3.force-virtual-addressing": str(not warehouse.path_style).lower(),
+    }
+    if warehouse.endpoint:
+        props["s3.endpoint"] = warehouse.endpoint
+    if warehouse.access_key_id:
+        props["s3.access-key-id"] = warehouse.access_key_id
+        props["s3.secret-access-key"] = warehouse.secret_access_key
+    return props
+
+
+# ----------------------------------------------------------------------------------------------------
+# Request bodies
+
+
+class CommitBody(IcebergBaseModel):
+    """``CommitTableRequest`` of the spec; the identifier is optional because it is in the path."""
+
+    identifier: dict[str, Any] | None = None
+    requirements: tuple[TableRequirement, ...] = pydantic.Field(default_factory=tuple)
+    updates: tuple[TableUpdate, ...] = pydantic.Field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class TableCreate:
+    name: str
+    schema: Schema
+    location: str | None
+    partition_spec: PartitionSpec
+    sort_order: SortOrder
+    properties: dict[str, str]
+    stage_create: bool
+
+
+class _CreateBody(IcebergBaseModel):
+    name: str
+    location: str | None = None
+    table_schema: Schema = pydantic.Field(alias="schema")
+    partition_spec: PartitionSpec | None = pydantic.Field(alias="partition-spec", default=None)
+    write_order: SortOrder | None = pydantic.Field(alias="write-order", default=None)
+    stage_create: bool = pydantic.Field(alias="stage-create", default=False)
+    properties: dict[str, str] = pydantic.Field(default_factory=dict)
+
+
+def pydantic_message(exc: pydantic.ValidationError) -> str:
+    """A short description of what is wrong, without echoing the input values back."""
+    parts = []
+    for error in exc.errors()[:3]:
+        where = ".".join(str(p) for p in error.get("loc", ())) or "body"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "invalid request body: " + "; ".join(parts)
+
+
+def parse_create_body(body: dict[str, Any]) -> TableCreate:
+    try:
+        parsed = _CreateBody.model_validate(body)
+    except pydantic.ValidationError as exc:
+        raise BadRequestError(pydantic_message(exc)) from None
+    return TableCreate(
+        name=validate_table_name(parsed.name),
+        schema=parsed.table_schema,
+        location=parsed.location.rstrip("/") if parsed.location else None,
+        partition_spec=parsed.partition_spec or UNPARTITIONED_PARTITION_SPEC,
+        sort_order=parsed.write_order or UNSORTED_SORT_ORDER,
+        properties=dict(parsed.properties),
+        stage_create=parsed.stage_create,
+    )
+
+
+def parse_commit_body(body: dict[str, Any]) -> CommitBody:
+    try:
+        return CommitBody.model_validate(body)
+    except pydantic.ValidationError as exc:
+        raise BadRequestError(pydantic_message(exc)) from None
+
+
+# ----------------------------------------------------------------------------------------------------
+# pyiceberg adaptation
+
+
+class _MetadataCache:
+    """Parsed metadata files by location. Metadata files are immutable, so entries never go stale."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, TableMetadata] = OrderedDict()
+
+    def get(self, location: str, io: FileIO) -> TableMetadata:
+        with self._lock:
+            if (hit := self._entries.get(location)) is not None:
+                self._entries.move_to_end(location)
+                return hit
+        metadata = FromInputFile.table_metadata(io.new_input(location))
+        with self._lock:
+            self._entries[location] = metadata
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return metadata
+
+
+class _WarehouseSqlCatalog(SqlCatalog):
+    """``SqlCatalog`` on a shared engine whose FileIO never takes settings from table properties."""
+
+    def __init__(self, name: str, engine: Engine, io_properties: dict[str, str]) -> None:
+        # SqlCatalog.__init__ would build its own engine from a URI; reuse the server's (thread-safe, WAL).
+        MetastoreCatalog.__init__(self, name, **io_properties)
+        self.engine = engine
+        self._io = load_file_io(dict(io_properties))
+        self.metadata_cache = _MetadataCache(_METADATA_CACHE_SIZE)
+        self._init_catalog()
+
+    @property
+    def io(self) -> FileIO:
+        return self._io
+
+    def _load_file_io(self, properties: dict[str, str] | None = None, location: str | None = None) -> FileIO:
+        # pyiceberg merges table properties over catalog properties here: a table property such as
+        # s3.endpoint or py-io-impl would then steer the catalog's key. Table properties are ignored.
+        return self._io
+
+    def _convert_orm_to_iceberg(self, orm_table: IcebergTables) -> Table:
+        if not (metadata_location := orm_table.metadata_location):
+            raise ice.NoSuchTableError("table has no metadata location")
+        metadata = self.metadata_cache.get(metadata_location, self._io)
+        return Table(
+            identifier=(*Catalog.identifier_to_tuple(orm_table.table_namespace), orm_table.table_name),
+            metadata=metadata,
+            metadata_location=metadata_location,
+            io=self._io,
+            catalog=self,
+        )
+
+
+class _NamedTable:
+    """Stands in for a ``Table`` where SqlCatalog.commit_table only needs ``name()`` (creates via commit)."""
+
+    def __init__(self, identifier: Identifier) -> None:
+        self._identifier = identifier
+
+    def name(self) -> Identifier:
+        return self._identifier
+
+
+@contextmanager
+def _translated(namespace: Namespace, table: str | None = None) -> Iterator[None]:
+    """pyiceberg's exceptions -> the catalog's typed errors, with messages naming the identifier."""
+    what = ".".join(namespace) + (f".{table}" if table else "")
+    try:
+        yield
+    except ice.NoSuchTableError:
+        raise NoSuchTableError(f"table does not exist: {what}") from None
+    except ice.NoSuchNamespaceError:
+        raise NoSuchNamespaceError(f"namespace does not exist: {'.'.join(namespace)}") from None
+    except ice.TableAlreadyExistsError:
+        raise AlreadyExistsError(f"table already exists: {what}") from None
+    except ice.NamespaceAlreadyExistsError:
+        raise AlreadyExistsError(f"namespace already exists: {what}") from None
+    except ice.NamespaceNotEmptyError:
+        raise NamespaceNotEmptyError(f"namespace is not empty: {what}") from None
+    except ice.CommitFailedException as exc:
+        raise CommitFailedError(f"commit to {what} failed: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------------------------
+# The warehouse
+
+
+class WarehouseTables:
+    """Every namespace and table operation of one warehouse. Thread-safe; raises ``CatalogError``s."""
+
+    def __init__(self, warehouse: WarehouseConfig, engine: Engine) -> None:
+        self.warehouse = warehouse
+        self.root = warehouse.location.rstrip("/")
+        self._catalog = _WarehouseSqlCatalog(warehouse.name, engine, catalog_io_properties(warehouse))
+        # Serialises "check locations, then create/relocate": two requests cannot claim overlapping prefixes.
+        self._location_lock = threading.Lock()
+
+    # -- namespaces --------------------------------------------------------------------------------------
+
+    def namespace_exists(self, namespace: Namespace) -> bool:
+        return bool(self._catalog.namespace_exists(namespace))
+
+    def _require_namespace(self, namespace: Namespace) -> None:
+        if not self.namespace_exists(namespace):
+            raise NoSuchNamespaceError(f"namespace does not exist: {'.'.join(namespace)}")
+
+    def list_namespaces(self, parent: Namespace | None) -> list[Namespace]:
+        if parent:
+            self._require_namespace(parent)
+        with _translated(parent or ()):
+            found = self._catalog.list_namespaces(parent or ())
+        return sorted(tuple(ns) for ns in found)
+
+    def create_namespace(self, namespace: Namespace, properties: dict[str, str]) -> dict[str, str]:
+        if len(namespace) > 1:
+            self._require_namespace(namespace[:-1])
+        try:
+            with _translated(namespace):
+                self._catalog.create_namespace(namespace, properties)
+        except IntegrityError:
+            # Two concurrent creates both pass SqlCatalog's existence check; the second hits the primary key.
+            raise AlreadyExistsError(f"namespace already exists: {'.'.join(namespace)}") from None
+        return self.load_namespace(namespace)
+
+    def load_namespace(self, namespace: Namespace) -> dict[str, str]:
+        self._require_namespace(namespace)
+        with _translated(namespace):
+            return dict(self._catalog.load_namespace_properties(namespace))
+
+    def drop_namespace(self, namespace: Namespace) -> None:
+        self._require_namespace(namespace)
+        if self._catalog.list_namespaces(namespace):
+            raise NamespaceNotEmptyError(f"namespace is not empty (it has child namespaces): {'.'.join(namespace)}")
+        with _translated(namespace):
+            self._catalog.drop_namespace(namespace)
+
+    def update_namespace_properties(
+        self, namespace: Namespace, removals: Sequence[str], updates: dict[str, str]
+    ) -> dict[str, list[str]]:
+        self._require_namespace(namespace)
+        with _translated(namespace):
+            summary = self._catalog.update_namespace_properties(namespace, set(removals), updates)
+        return {
+            "updated": sorted(summary.updated),
+            "removed": sorted(summary.removed),
+            "missing": sorted(summary.missing or []),
+        }
+
+    # -- tables: reads -----------------------------------------------------------------------------------
+
+    def list_tables(self, namespace: Namespace) -> list[str]:
+        self._require_namespace(namespace)
+        with _translated(namespace):
+            return sorted(ident[-1] for ident in self._catalog.list_tables(namespace))
+
+    def table_exists(self, namespace: Namespace, name: str) -> bool:
+        return self._metadata_location(namespace, name) is not None
+
+    def load_table(self, namespace: Namespace, name: str) -> LoadedTable:
+        location = self._metadata_location(namespace, name)
+        if location is None:
+            raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
+        metadata = self._read_metadata(location)
+        return LoadedTable(namespace, name, location, metadata)
+
+    def _metadata_location(self, namespace: Namespace, name: str) -> str | None:
+        stmt = select(IcebergTables.metadata_location).where(
+            IcebergTables.catalog_name == self.warehouse.name,
+            IcebergTables.table_namespace == ".".join(namespace),
+            IcebergTables.table_name == name,
+        )
+        with Session(self._catalog.engine) as session:
+            found: str | None = session.scalar(stmt)
+        return found
+
+    def _read_metadata(self, metadata_location: str) -> TableMetadata:
+        try:
+            return self._catalog.metadata_cache.get(metadata_location, self._catalog.io)
+        except FileNotFoundError:
+            raise BadRequestError("metadata file not found") from None
+
+    def default_location(self, namespace: Namespace, name: str) -> str:
+        return "/".join((self.root, *namespace, name))
+
+    # -- tables: writes ----------------------------------------------------------------------------------
+
+    def stage_table(self, namespace: Namespace, create: TableCreate) -> LoadedTable:
+        """Metadata for a create-table transaction; nothing is written until the client commits it."""
+        location = self._prepare_create(namespace, create)
+        with self._location_lock:
+            self._check_new_locations(table_locations(location, create.properties), exclude=None)
+        with _client_value_errors():
+            metadata = new_table_metadata(
+                schema=create.schema,
+                partition_spec=create.partition_spec,
+                sort_order=create.sort_order,
+                location=location,
+                properties=dict(create.properties),  # pyiceberg pops format-version from the dict it gets
+            )
+        return LoadedTable(namespace, create.name, None, metadata)
+
+    def _prepare_create(self, namespace: Namespace, create: TableCreate) -> str:
+        """Checks shared by create and stage-create; returns the table location."""
+        self._require_namespace(namespace)
+        self._require_absent(namespace, create.name)
+        self._check_properties(create.properties)
+        return create.location or self.default_location(namespace, create.name)
+
+    def _require_absent(self, namespace: Namespace, name: str) -> None:
+        # Checked before locations, so an existing name is 409 rather than "overlaps itself" (400).
+        if self.table_exists(namespace, name):
+            raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
+
+    def create_table(self, namespace: Namespace, create: TableCreate) -> LoadedTable:
+        location = self._prepare_create(namespace, create)
+        with self._location_lock:
+            self._check_new_locations(table_locations(location, create.properties), exclude=None)
+            with _translated(namespace, create.name), _client_value_errors():
+                self._catalog.create_table(
+                    (*namespace, create.name),
+                    create.schema,
+                    location,
+                    create.partition_spec,
+                    create.sort_order,
+                    dict(create.properties),  # pyiceberg pops format-version from the dict it gets
+                )
+        return self.load_table(namespace, create.name)
+
+    def register_table(self, namespace: Namespace, name: str, metadata_location: str) -> LoadedTable:
+        self._require_namespace(namespace)
+        self._require_absent(namespace, name)
+        self._check_inside_warehouse(metadata_location, "metadata-location")
+        metadata = self._read_metadata(metadata_location)
+        self._check_properties(metadata.properties)
+        with self._location_lock:
+            self._check_new_locations(table_locations(metadata.location, metadata.properties), exclude=None)
+            with _translated(namespace, name):
+                self._catalog.register_table((*namespace, name), metadata_location)
+        return self.load_table(namespace, name)
+
+    def commit_table(self, namespace: Namespace, name: str, commit: CommitBody) -> LoadedTable:
+        """Apply requirements + updates atomically; a failed requirement or lost race: CommitFailedError."""
+        creating = any(isinstance(r, AssertCreate) for r in commit.requirements)
+        updates = commit.updates
+        if creating:
+            self._require_namespace(namespace)
+            self._require_absent(namespace, name)
+            if not any(isinstance(u, SetLocationUpdate) for u in updates):
+                updates = (SetLocationUpdate(location=self.default_location(namespace, name)), *updates)
+        elif not self.table_exists(namespace, name):
+            raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
+        for update in updates:
+            if isinstance(update, SetPropertiesUpdate):
+                self._check_properties(update.updates)
+        if creating or self._changes_locations(updates):
+            with self._location_lock:
+                self._check_commit_locations(namespace, name, updates, creating)
+                response = self._commit(namespace, name, commit.requirements, updates)
+        else:
+            response = self._commit(namespace, name, commit.requirements, updates)
+        return LoadedTable(namespace, name, response.metadata_location, response.metadata)
+
+    def _commit(
+        self,
+        namespace: Namespace,
+        name: str,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+    ) -> Any:
+        target: Any = _NamedTable((*namespace, name))
+        with _translated(namespace, name), _client_value_errors():
+            return self._catalog.commit_table(target, requirements, updates)
+
+    def drop_table(self, namespace: Namespace, name: str, purge: bool) -> None:
+        table = self.load_table(namespace, name) if purge else None
+        with _translated(namespace, name):
+            self._catalog.drop_table((*namespace, name))
+        if table is not None:
+            self._purge_files(table)
+
+    def rename_table(self, source: tuple[Namespace, str], target: tuple[Namespace, str]) -> None:
+        (src_ns, src_name), (dst_ns, dst_name) = source, target
+        if not self.table_exists(src_ns, src_name):
+            raise NoSuchTableError(f"table does not exist: {'.'.join(src_ns)}.{src_name}")
+        self._require_namespace(dst_ns)
+        if self.table_exists(dst_ns, dst_name):
+            raise AlreadyExistsError(f"table already exists: {'.'.join(dst_ns)}.{dst_name}")
+        with _translated(dst_ns, dst_name):
+            self._catalog.rename_table((*src_ns, src_name), (*dst_ns, dst_name))
+
+    # -- checks ------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_properties(properties: dict[str, str]) -> None:
+        forbidden = sorted(FORBIDDEN_TABLE_PROPERTIES & set(properties))
+        if forbidden:
+            raise BadRequestError(f"table property not allowed: {forbidden[0]}")
+
+    def _check_inside_warehouse(self, location: str, what: str) -> None:
+        scheme, parts = _split_location(location)
+        root_scheme, root_parts = _split_location(self.root)
+        if any(part in ("", ".", "..") for part in parts) or any(ord(ch) < 0x20 for ch in location):
+            raise BadRequestError(f"{what} is not a normalised location")
+        inside = scheme == root_scheme and len(parts) > len(root_parts) and parts[: len(root_parts)] == root_parts
+        if not inside:
+            raise BadRequestError(f"{what} must be inside the warehouse location {self.root}")
+
+    def _check_new_locations(self, locations: Sequence[str], exclude: tuple[Namespace, str] | None) -> None:
+        for location in locations:
+            self._check_inside_warehouse(location, "table location")
+        for (other_ns, other_name), other_locations in self._all_table_locations():
+            if exclude == (other_ns, other_name):
+                continue
+            if any(_overlaps(mine, theirs) for mine in locations for theirs in other_locations):
+                raise BadRequestError(
+                    f"table location overlaps the location of table {'.'.join(other_ns)}.{other_name}"
+                )
+
+    def _all_table_locations(self) -> Iterator[tuple[tuple[Namespace, str], tuple[str, ...]]]:
+        stmt = select(IcebergTables.table_namespace, IcebergTables.table_name, IcebergTables.metadata_location).where(
+            IcebergTables.catalog_name == self.warehouse.name
+        )
+        with Session(self._catalog.engine) as session:
+            rows = session.execute(stmt).all()
+        for namespace, name, metadata_location in rows:
+            if not metadata_location:
+                continue
+            metadata = self._read_metadata(metadata_location)
+            yield (tuple(namespace.split(".")), name), table_locations(metadata.location, metadata.properties)
+
+    @staticmethod
+    def _changes_locations(updates: Sequence[TableUpdate]) -> bool:
+        for update in updates:
+            if isinstance(update, SetLocationUpdate):
+                return True
+            if isinstance(update, SetPropertiesUpdate) and set(update.updates) & set(LOCATION_PROPERTIES):
+                return True
+        return False
+
+    def _check_commit_locations(
+        self, namespace: Namespace, name: str, updates: Sequence[TableUpdate], creating: bool
+    ) -> None:
+        if creating:
+            location, properties = "", {}
+        else:
+            current = self.load_table(namespace, name).metadata
+            location, properties = current.location, dict(current.properties)
+        for update in updates:
+            if isinstance(update, SetLocationUpdate):
+                location = update.location
+            elif isinstance(update, SetPropertiesUpdate):
+                properties.update(update.updates)
+        self._check_new_locations(table_locations(location, properties), exclude=(namespace, name))
+
+    # -- purge -------------------------------------------------------------------------------------------
+
+    def _purge_files(self, table: LoadedTable) -> None:
+        """Delete the table's files, but only those under its own locations (metadata is client-written)."""
+        own = table.locations
+        files = self._referenced_files(table)
+        inside = sorted(path for path in files if any(_is_within(path, loc) for loc in own))
+        deleted = 0
+        for path in inside:
+            try:
+                self._catalog.io.delete(path)
+                deleted += 1
+            except OSError:
+                pass  # already gone, or the store refused: the table row is dropped either way
+        log.info(
+            "purged table %s.%s: %d of %d referenced files deleted, %d outside its locations left alone",
+            ".".join(table.namespace),
+            table.name,
+            deleted,
+            len(files),
+            len(files) - len(inside),
+        )
+
+    def _referenced_files(self, table: LoadedTable) -> set[str]:
+        """Metadata files, manifest lists, manifests and data files; lists outside the table are not read."""
+        own = table.locations
+        files = {entry.metadata_file for entry in table.metadata.metadata_log}
+        if table.metadata_location:
+            files.add(table.metadata_location)
+        for snapshot in table.metadata.snapshots:
+            files.add(snapshot.manifest_list)
+            if not any(_is_within(snapshot.manifest_list, loc) for loc in own):
+                continue
+            try:
+                for manifest in snapshot.manifests(self._catalog.io):
+                    files.add(manifest.manifest_path)
+                    if any(_is_within(manifest.manifest_path, loc) for loc in own):
+                        entries = manifest.fetch_manifest_entry(self._catalog.io, discard_deleted=False)
+                        files.update(entry.data_file.file_path for entry in entries)
+            except Exception as exc:  # a missing or corrupt file must not stop the rest of the purge
+                log.warning("purge of %s could not read a manifest: %s", table.key, type(exc).__name__)
+        return files
+
+
+@contextmanager
+def _client_value_errors() -> Iterator[None]:
+    """pyiceberg rejects invalid schemas/updates with ValueError: that is the client's mistake (400)."""
+    try:
+        yield
+    except (ValueError, ice.ValidationError) as exc:
+        raise BadRequestError(f"invalid table update: {exc}") from None

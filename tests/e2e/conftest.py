@@ -1,0 +1,342 @@
+"""Session-scoped servers shared by the e2e tests (each helper adds fixtures here; keep them independent)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sqe.stack import StackInfo, client_env, start_stack, stop_stack
+
+# Vended credentials in the Ceph tests live 5 s: long enough for one step, short enough to watch expire.
+CEPH_CREDENTIAL_LIFETIME = 5
+
+
+@pytest.fixture(scope="session")
+def ceph_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
+    """A Ceph RGW stack (mon + memstore OSD + radosgw with STS, then sqe-catalog) with 5-second credentials.
+
+    Also sets the client environment pyarrow needs for writes against RGW, before any S3 filesystem exists.
+    """
+    saved = {name: os.environ.get(name) for name in client_env("ceph")}
+    os.environ.update(client_env("ceph"))
+    dir = tmp_path_factory.mktemp("ceph-stack")
+    info = start_stack(dir, store="ceph", credential_lifetime=CEPH_CREDENTIAL_LIFETIME)
+    try:
+        yield info
+    finally:
+        stop_stack(dir)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# ---------------------------------------------------------------------------------------------------------
+# moto_server + catalog_server: one moto (S3 + STS + IAM, IAM auth on) and one `sqe-catalog serve` process
+# per session, both real subprocesses on free loopback ports. Principals are created with `sqe-catalog admin`.
+
+
+MOTO_ACCOUNT = "123456789012"
+CATALOG_WAREHOUSE = "wh"
+CATALOG_BUCKET = "warehouse"
+
+
+@dataclass(frozen=True)
+class MotoServer:
+    url: str
+    port: int
+    pid: int
+    region: str
+    bucket: str
+    role_arn: str
+    # The catalog's IAM user: the only static key in the session (IAM auth is on after set-up).
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+
+    def client(self, service: str) -> Any:
+        import boto3
+
+        return boto3.client(
+            service,  # type: ignore[call-overload]
+            endpoint_url=self.url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+        )
+
+
+@dataclass(frozen=True)
+class CatalogPrincipal:
+    name: str
+    client_id: str
+    client_secret: str = field(repr=False)
+
+    @property
+    def credential(self) -> str:
+        """``client_id:client_secret``, the form pyiceberg's ``credential`` property takes."""
+        return f"{self.client_id}:{self.client_secret}"
+
+
+@dataclass
+class CatalogServer:
+    url: str
+    port: int
+    pid: int
+    warehouse: str
+    warehouse_location: str
+    workdir: Path
+    config_path: Path
+    log_path: Path
+    moto: MotoServer
+    admin: CatalogPrincipal
+    # Every secret handed out in the session (client secrets, vended keys, tokens): tests check the log.
+    secrets: set[str] = field(default_factory=set, repr=False)
+
+    def admin_cli(self, *args: str) -> str:
+        """Run ``sqe-catalog admin --config <config> ARGS`` and return its stdout (raises on failure)."""
+        done = subprocess.run(
+            [sys.executable, "-m", "sqe_catalog.cli", "admin", "--config", str(self.config_path), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"sqe-catalog admin {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def create_principal(self, name: str, *, admin: bool = False) -> CatalogPrincipal:
+        out = json.loads(self.admin_cli("create-principal", name, *(["--admin"] if admin else [])))
+        principal = CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
+        self.secrets.add(principal.client_secret)
+        return principal
+
+    def principal_with_grants(self, name: str, grants: list[tuple[str, str | None, str | None]]) -> CatalogPrincipal:
+        """A principal holding role ``<name>_role`` with ``(privilege, dotted namespace, table)`` grants."""
+        principal = self.create_principal(name)
+        role = f"{name}_role"
+        self.admin_cli("create-role", role)
+        self.admin_cli("assign-role", name, role)
+        for privilege, namespace, table in grants:
+            scope = ["--warehouse", self.warehouse]
+            scope += ["--namespace", namespace] if namespace else []
+            scope += ["--table", table] if table else []
+            self.admin_cli("grant", role, privilege, *scope)
+        return principal
+
+    def token(self, principal: CatalogPrincipal) -> str:
+        form = urllib.parse.urlencode(
+            {
+                "grant_type": "client_credentials",
+                "client_id": principal.client_id,
+                "client_secret": principal.client_secret,
+                "scope": "PRINCIPAL_ROLE:ALL",
+            }
+        ).encode()
+        request = urllib.request.Request(f"{self.url}/v1/oauth/tokens", data=form, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            token = str(json.loads(response.read())["access_token"])
+        self.secrets.add(token)
+        return token
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def spawn_another(self, workdir: Path, **server: Any) -> tuple[subprocess.Popen[bytes], Path]:
+        """A second catalog process on the same moto with its own database; returns (process, log path)."""
+        port = _free_loopback_port()
+        config_path = write_catalog_config(workdir, self.moto, port, **server)
+        log_path = workdir / "catalog.log"
+        return start_catalog_process(config_path, log_path, port), log_path
+
+    @staticmethod
+    def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+        """Send ``sig``, wait up to 15 s (then SIGKILL); returns the exit code."""
+        return _stop_process(proc, sig)
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 30.0) -> None:
+    """Until ``url`` answers at all (any HTTP status counts); fails early if the process died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except urllib.error.HTTPError:
+            return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not answer within {timeout} s")
+
+
+def _stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
+
+
+def _moto_identities(url: str) -> tuple[str, str, str]:
+    """Bucket, the catalog's IAM user + key and the role it assumes; then IAM auth goes on."""
+    import boto3
+
+    def client(service: str) -> Any:
+        return boto3.client(
+            service,  # type: ignore[call-overload]
+            endpoint_url=url,
+            region_name="us-east-1",
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
+
+    iam = client("iam")
+    allow_all = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    iam.create_user(UserName="catalog")
+    iam.put_user_policy(UserName="catalog", PolicyName="all", PolicyDocument=json.dumps(allow_all))
+    key = iam.create_access_key(UserName="catalog")["AccessKey"]
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"AWS": f"arn:aws:iam::{MOTO_ACCOUNT}:user/catalog"},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+    role = iam.create_role(RoleName="lakehouse", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+    s3_all = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+    iam.put_role_policy(RoleName="lakehouse", PolicyName="s3all", PolicyDocument=json.dumps(s3_all))
+    client("s3").create_bucket(Bucket=CATALOG_BUCKET)
+    # A raw body (not a form): from here on moto authenticates and authorises every request.
+    reset = urllib.request.Request(
+        f"{url}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
+    )
+    with urllib.request.urlopen(reset, timeout=10):
+        pass
+    return str(role), str(key["AccessKeyId"]), str(key["SecretAccessKey"])
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A moto server (S3 + STS + IAM) with bucket ``warehouse``, role ``lakehouse`` and IAM auth on."""
+    log_path = tmp_path_factory.mktemp("moto") / "moto.log"
+    port = _free_loopback_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_for_http(f"{url}/moto-api/", proc, "moto server")
+        role_arn, access_key_id, secret_access_key = _moto_identities(url)
+        yield MotoServer(url, port, proc.pid, "us-east-1", CATALOG_BUCKET, role_arn, access_key_id, secret_access_key)
+    finally:
+        _stop_process(proc)
+
+
+def write_catalog_config(workdir: Path, moto: MotoServer, port: int, **server: Any) -> Path:
+    """A catalog.toml for one warehouse ``wh`` on moto, logging at debug level."""
+    settings: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "database": f"sqlite:///{workdir / 'catalog.db'}",
+        "token_signing_key": secrets.token_hex(32),
+        "log_level": "debug",
+        **server,
+    }
+    warehouse = {
+        "name": CATALOG_WAREHOUSE,
+        "location": f"s3://{moto.bucket}/{CATALOG_WAREHOUSE}",
+        "endpoint": moto.url,
+        "region": moto.region,
+        "path_style": True,
+        "sts_endpoint": moto.url,
+        "role_arn": moto.role_arn,
+        "credential_lifetime_seconds": 900,
+        "access_key_id": moto.access_key_id,
+        "secret_access_key": moto.secret_access_key,
+    }
+    lines = ["[server]", *(f"{k} = {json.dumps(v)}" for k, v in settings.items())]
+    lines += ["", "[[warehouses]]", *(f"{k} = {json.dumps(v)}" for k, v in warehouse.items())]
+    path = workdir / "catalog.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def start_catalog_process(config_path: Path, log_path: Path, port: int) -> subprocess.Popen[bytes]:
+    """``sqe-catalog serve`` with stdout/stderr in ``log_path``; returns once it answers HTTP."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sqe_catalog.cli", "serve", "--config", str(config_path)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        _wait_for_http(f"http://127.0.0.1:{port}/v1/config", proc, "sqe-catalog")
+    except RuntimeError:
+        _stop_process(proc)
+        raise RuntimeError(f"sqe-catalog did not start; log:\n{log_path.read_text()[-3000:]}") from None
+    return proc
+
+
+@pytest.fixture(scope="session")
+def catalog_server(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> Iterator[CatalogServer]:
+    """``sqe-catalog serve`` on a free port (debug log in ``log_path``), warehouse ``wh``, an admin."""
+    workdir = tmp_path_factory.mktemp("catalog")
+    port = _free_loopback_port()
+    config_path = write_catalog_config(workdir, moto_server, port)
+    log_path = workdir / "catalog.log"
+    placeholder = CatalogPrincipal("", "", "")
+    server = CatalogServer(
+        url=f"http://127.0.0.1:{port}",
+        port=port,
+        pid=0,
+        warehouse=CATALOG_WAREHOUSE,
+        warehouse_location=f"s3://{moto_server.bucket}/{CATALOG_WAREHOUSE}",
+        workdir=workdir,
+        config_path=config_path,
+        log_path=log_path,
+        moto=moto_server,
+        admin=placeholder,
+    )
+    server.secrets.add(moto_server.secret_access_key)
+    server.admin = server.create_principal("admin", admin=True)
+    proc = start_catalog_process(config_path, log_path, port)
+    server.pid = proc.pid
+    try:
+        yield server
+    finally:
+        _stop_process(proc)

@@ -1,0 +1,122 @@
+"""The Starlette app in-process (plain ASGI calls, no network): error shapes, 500 hygiene, request logging."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from starlette.applications import Starlette
+
+from sqe_catalog.api import create_app
+from sqe_catalog.auth import AuthStore, create_engine_for
+from sqe_catalog.config import CatalogServerConfig, ServerConfig, WarehouseConfig
+from sqe_catalog.tables import WarehouseTables
+
+
+class Reply:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def call(app: Starlette, method: str, path: str, *, headers: dict[str, str] | None = None, body: bytes = b"") -> Reply:
+    """One HTTP request through the ASGI interface."""
+    path, _, query = path.partition("?")
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8181),
+    }
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return Reply(start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, content)
+
+
+@pytest.fixture
+def app_and_token(tmp_path: Path) -> tuple[Starlette, str]:
+    database = f"sqlite:///{tmp_path}/catalog.db"
+    config = CatalogServerConfig(
+        ServerConfig(database=database, log_level="debug"),
+        (WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh"),),
+    )
+    app = create_app(config)
+    store = AuthStore(create_engine_for(database), b"k", 60, scrypt_n=2)
+    client_id, client_secret = store.create_principal("root", is_admin=True)
+    form = urlencode({"grant_type": "client_credentials", "client_id": client_id, "client_secret": client_secret})
+    reply = call(
+        app,
+        "POST",
+        "/v1/oauth/tokens",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+        body=(form + "&scope=PRINCIPAL_ROLE%3AALL").encode(),
+    )
+    assert reply.status == 200, reply.body
+    return app, str(reply.json()["access_token"])
+
+
+def test_unexpected_errors_are_a_generic_500(
+    app_and_token: tuple[Starlette, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, token = app_and_token
+
+    def explode(self: WarehouseTables, namespace: Any, properties: Any) -> None:
+        raise RuntimeError("internal detail 42")
+
+    monkeypatch.setattr(WarehouseTables, "create_namespace", explode)
+    body = b'{"namespace": ["db"], "properties": {"note": "body-marker"}}'
+    with caplog.at_level(logging.DEBUG, logger="sqe_catalog"):
+        reply = call(app, "POST", "/v1/wh/namespaces", headers={"authorization": f"Bearer {token}"}, body=body)
+    assert reply.status == 500
+    assert reply.json() == {"error": {"message": "internal server error", "type": "ServerError", "code": 500}}
+    assert b"internal detail" not in reply.body and b"Traceback" not in reply.body
+    assert "RuntimeError: internal detail 42" in caplog.text, "the server log keeps the exception"
+    assert "body-marker" not in caplog.text and token not in caplog.text
+
+
+def test_request_log_line_has_no_query_string_or_headers(
+    app_and_token: tuple[Starlette, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    app, token = app_and_token
+    with caplog.at_level(logging.DEBUG, logger="sqe_catalog"):
+        reply = call(app, "GET", "/v1/wh/namespaces?parent=q-marker", headers={"authorization": f"Bearer {token}"})
+    assert reply.status == 404  # parent namespace does not exist
+    assert "GET /v1/wh/namespaces -> 404 principal=root" in caplog.text
+    assert "q-marker" not in caplog.text and token not in caplog.text
+
+
+def test_routing_errors_and_head_replies(app_and_token: tuple[Starlette, str]) -> None:
+    app, token = app_and_token
+    auth = {"authorization": f"Bearer {token}"}
+    assert call(app, "GET", "/nowhere", headers=auth).json()["error"]["code"] == 404
+    assert call(app, "PATCH", "/v1/wh/namespaces", headers=auth).json()["error"]["code"] == 405
+    head = call(app, "HEAD", "/v1/wh/namespaces/db")
+    assert head.status == 401 and head.body == b""
+    assert call(app, "HEAD", "/v1/wh/namespaces/db", headers=auth).status == 404
+    bad_json = call(app, "POST", "/v1/wh/namespaces", headers=auth, body=b"{nope")
+    assert bad_json.status == 400 and bad_json.json()["error"]["type"] == "BadRequestException"

@@ -1,0 +1,177 @@
+"""WarehouseTables on a local SQLite database and a file:// warehouse: identifiers, locations, properties."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
+
+from sqe_catalog.auth import create_engine_for
+from sqe_catalog.config import ServerConfig, WarehouseConfig
+from sqe_catalog.errors import AlreadyExistsError, BadRequestError, NoSuchNamespaceError
+from sqe_catalog.tables import (
+    NamespaceNotEmptyError,
+    TableCreate,
+    WarehouseTables,
+    catalog_io_properties,
+    parse_commit_body,
+    validate_namespace,
+    validate_table_name,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
+
+
+@pytest.fixture
+def tables(tmp_path: Path) -> WarehouseTables:
+    warehouse = WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh")
+    return WarehouseTables(warehouse, create_engine_for(f"sqlite:///{tmp_path}/catalog.db"))
+
+
+def _create(name: str, location: str | None = None, **properties: str) -> TableCreate:
+    return TableCreate(name, SCHEMA, location, *_unpartitioned(), dict(properties), stage_create=False)
+
+
+def _unpartitioned() -> tuple[Any, Any]:
+    from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+    from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+
+    return UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER
+
+
+@pytest.mark.parametrize(
+    "levels", [[], [""], "db", ["a/b"], ["a.b"], ["a\x1fb"], ["a\nb"], ["x" * 256], ["x" * 200, "y" * 60], [3]]
+)
+def test_invalid_namespaces_are_rejected(levels: Any) -> None:
+    with pytest.raises(BadRequestError):
+        validate_namespace(levels)
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "a\x00b", "a\x7f", "x" * 256, None])
+def test_invalid_table_names_are_rejected(name: Any) -> None:
+    with pytest.raises(BadRequestError):
+        validate_table_name(name)
+
+
+def test_valid_identifiers_pass() -> None:
+    assert validate_namespace(["sales", "eu-west_1"]) == ("sales", "eu-west_1")
+    assert validate_table_name("orders.v2") == "orders.v2"
+
+
+def test_catalog_io_uses_the_warehouse_key_and_path_style() -> None:
+    warehouse = WarehouseConfig(
+        name="wh", location="s3://b/wh", endpoint="http://s3.local", access_key_id="AK", secret_access_key="SK"
+    )
+    props = catalog_io_properties(warehouse)
+    assert props["s3.endpoint"] == "http://s3.local" and props["s3.access-key-id"] == "AK"
+    assert props["s3.force-virtual-addressing"] == "false" and props["s3.region"] == "us-east-1"
+    virtual = catalog_io_properties(dataclasses.replace(warehouse, path_style=False))
+    assert virtual["s3.force-virtual-addressing"] == "true"
+
+
+def test_default_location_and_namespace_rules(tables: WarehouseTables) -> None:
+    with pytest.raises(NoSuchNamespaceError):
+        tables.create_namespace(("a", "b"), {})
+    tables.create_namespace(("a",), {})
+    tables.create_namespace(("a", "b"), {"owner": "x"})
+    with pytest.raises(AlreadyExistsError):
+        tables.create_namespace(("a",), {})
+    created = tables.create_table(("a", "b"), _create("t"))
+    assert created.location == f"{tables.root}/a/b/t"
+    assert created.metadata_location is not None and created.metadata_location.startswith(f"{tables.root}/a/b/t/")
+    with pytest.raises(AlreadyExistsError):
+        tables.create_table(("a", "b"), _create("t"))
+    with pytest.raises(NamespaceNotEmptyError):
+        tables.drop_namespace(("a",))  # child namespace
+    with pytest.raises(NamespaceNotEmptyError):
+        tables.drop_namespace(("a", "b"))  # table
+
+
+def test_locations_outside_the_warehouse_or_overlapping_are_rejected(tables: WarehouseTables, tmp_path: Path) -> None:
+    tables.create_namespace(("db",), {})
+    bad = [
+        f"file://{tmp_path}/elsewhere/t",
+        f"{tables.root}",
+        f"{tables.root}/db/../../escape",
+        f"{tables.root}//db/t",
+        f"{tables.root}-sibling/t",
+        "s3://warehouse/wh/db/t",
+    ]
+    for location in bad:
+        with pytest.raises(BadRequestError):
+            tables.create_table(("db",), _create("t", location))
+    with pytest.raises(BadRequestError):
+        tables.create_table(("db",), _create("t", **{"write.data.path": f"file://{tmp_path}/elsewhere"}))
+    tables.create_table(("db",), _create("t"))
+    with pytest.raises(BadRequestError, match="overlaps"):
+        tables.create_table(("db",), _create("inner", f"{tables.root}/db/t/inner"))
+    with pytest.raises(BadRequestError, match="overlaps"):
+        tables.create_table(("db",), _create("u", **{"write.data.path": f"{tables.root}/db/t/data"}))
+
+
+def test_class_loading_properties_are_refused(tables: WarehouseTables) -> None:
+    tables.create_namespace(("db",), {})
+    for key in ("py-io-impl", "write.py-location-provider.impl"):
+        with pytest.raises(BadRequestError, match=key):
+            tables.create_table(("db",), _create("t", **{key: "evil.Class"}))
+    tables.create_table(("db",), _create("t"))
+    commit = parse_commit_body({"updates": [{"action": "set-properties", "updates": {"py-io-impl": "evil.X"}}]})
+    with pytest.raises(BadRequestError):
+        tables.commit_table(("db",), "t", commit)
+
+
+def test_table_properties_never_reach_the_catalog_file_io(tables: WarehouseTables) -> None:
+    catalog = tables._catalog
+    assert catalog._load_file_io({"s3.endpoint": "http://attacker.invalid", "py-io-impl": "x.Y"}) is catalog.io
+
+
+def test_commit_moving_a_table_outside_is_rejected(tables: WarehouseTables, tmp_path: Path) -> None:
+    tables.create_namespace(("db",), {})
+    tables.create_table(("db",), _create("t"))
+    moved = parse_commit_body({"updates": [{"action": "set-location", "location": f"file://{tmp_path}/x"}]})
+    with pytest.raises(BadRequestError):
+        tables.commit_table(("db",), "t", moved)
+    fine = parse_commit_body({"updates": [{"action": "set-properties", "updates": {"k": "v"}}]})
+    assert tables.commit_table(("db",), "t", fine).metadata.properties["k"] == "v"
+
+
+def test_catalog_toml_example_documents_every_key() -> None:
+    raw = tomllib.loads((REPO / "catalog.toml.example").read_text(encoding="utf-8"))
+    assert set(raw["server"]) == {f.name for f in dataclasses.fields(ServerConfig)}
+    assert set(raw["warehouses"][0]) == {f.name for f in dataclasses.fields(WarehouseConfig)}
+
+
+def test_purge_deletes_only_under_the_tables_own_locations(tables: WarehouseTables) -> None:
+    tables.create_namespace(("db",), {})
+    a = tables.create_table(("db",), _create("a"))
+    b = tables.create_table(("db",), _create("b"))
+    assert a.metadata_location is not None and b.metadata_location is not None
+    # A client-written snapshot of table a names a file of table b as its manifest list.
+    snapshot = {
+        "snapshot-id": 7,
+        "sequence-number": 1,
+        "timestamp-ms": a.metadata.last_updated_ms + 1,
+        "manifest-list": b.metadata_location,
+        "summary": {"operation": "append"},
+        "schema-id": 0,
+    }
+    commit = parse_commit_body(
+        {
+            "updates": [
+                {"action": "add-snapshot", "snapshot": snapshot},
+                {"action": "set-snapshot-ref", "ref-name": "main", "type": "branch", "snapshot-id": 7},
+            ]
+        }
+    )
+    committed = tables.commit_table(("db",), "a", commit)
+    assert committed.metadata_location is not None
+    tables.drop_table(("db",), "a", purge=True)
+    assert not Path(committed.metadata_location.removeprefix("file://")).exists(), "a's own files are gone"
+    assert Path(b.metadata_location.removeprefix("file://")).exists(), "b's file survived a's purge"
+    assert tables.load_table(("db",), "b").metadata_location == b.metadata_location
