@@ -311,8 +311,8 @@ def _refresh_endpoint(prefix: str, namespace: Namespace, table: str) -> str:
 
 def _storage_credentials(call: _Call, table: LoadedTable, access: _DataAccess) -> list[dict[str, Any]]:
     warehouse = call.warehouse
-    if not table.location.startswith(("s3://", "s3a://", "s3n://")):
-        return []  # local files need no credential
+    if not warehouse.config.vend_credentials or not table.location.startswith(("s3://", "s3a://", "s3n://")):
+        return []  # vending switched off, or local files that need no credential
     credential = warehouse.vendor.vend(call.principal.name, table.key, table.locations, access.write)
     return [{"prefix": table.location, "config": credential.to_config()}]
 

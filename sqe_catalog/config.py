@@ -44,6 +44,8 @@ class WarehouseConfig:
     # The catalog's own long-lived key: used for metadata I/O and to call sts:AssumeRole.
     access_key_id: str = ""
     secret_access_key: str = field(default="", repr=False)
+    # false: ignore X-Iceberg-Access-Delegation and vend nothing (like a catalog without vending support).
+    vend_credentials: bool = True
     # Reuse a vended credential per (principal, table, mode) while more than half its lifetime remains.
     credential_cache: bool = True
     # No STS: hand the static key above to clients instead (no expiry, no per-table scoping).

@@ -64,7 +64,7 @@ def should_retry_response(method: str, response: requests.Response) -> bool:
 def backoff_delay(attempt: int, policy: RetryPolicy, retry_after: float | None) -> float:
     if retry_after is not None:
         return min(retry_after, policy.max_delay)
-    delay = min(policy.max_delay, policy.base_delay * 2 ** (attempt - 1))
+    delay = min(policy.max_delay, policy.base_delay * 2.0 ** (attempt - 1))
     return delay + random.uniform(0, delay * 0.1)
 
 

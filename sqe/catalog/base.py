@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyiceberg.io import FileIO
     from pyiceberg.table import Table
 
@@ -53,3 +54,10 @@ class TableProvider(Protocol):
     def load_table(self, ident: TableIdent, *, bypass_cache: bool = False) -> LoadedTable: ...
 
     def default_warehouse(self) -> str: ...
+
+    def create_table(self, ident: TableIdent, schema: pa.Schema) -> LoadedTable:
+        """Create the table (its namespace must exist) and return it loaded with write credentials.
+
+        Raises CatalogError (status 409) if it exists. The returned table's FileIO is SQE's scoped FileIO.
+        """
+        ...

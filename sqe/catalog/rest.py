@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 from urllib.parse import quote
 
+import pyarrow as pa
 import requests
 from pyiceberg.catalog.rest import RestCatalog, TableResponse
 from pyiceberg.exceptions import (
     CommitFailedException,
     ForbiddenError,
     NamespaceAlreadyExistsError,
+    NamespaceNotEmptyError,
     RESTError,
     TableAlreadyExistsError,
     UnauthorizedError,
@@ -56,6 +58,18 @@ from sqe.errors import (
     NoSuchTableError,
     PermissionDeniedError,
     RestrictionsNotSupportedError,
+)
+
+# pyiceberg's catalog exceptions do not share a base class; these are the ones its REST calls raise.
+PYICEBERG_CATALOG_ERRORS: tuple[type[Exception], ...] = (
+    RESTError,
+    CommitFailedException,
+    TableAlreadyExistsError,
+    NamespaceAlreadyExistsError,
+    NamespaceNotEmptyError,
+    PyNoSuchTableError,
+    PyNoSuchNamespaceError,
+    NamespaceNotEmptyError,
 )
 
 CAPABILITIES_HEADER = "X-Gravitino-Client-Capabilities"
@@ -350,6 +364,17 @@ class RestTableProvider:
             cache_outcome=CacheOutcome.RELOADED,
             raw=raw,
         )
+
+    def create_table(self, ident: TableIdent, schema: pa.Schema) -> LoadedTable:
+        """Create through the catalog, then load it afresh (vended write credentials, raw JSON kept)."""
+        catalog = self.catalog(ident.warehouse)
+        try:
+            catalog.create_table((*ident.namespace, ident.name), schema=schema)
+        except PYICEBERG_CATALOG_ERRORS as exc:
+            raise translate_error(exc, f"table {ident}") from None
+        except requests.RequestException as exc:
+            raise CatalogUnavailableError(f"cannot create table {ident}: {type(exc).__name__}") from None
+        return self.load_table(ident, bypass_cache=True)
 
     def invalidate(self, ident: TableIdent) -> None:
         with self._lock:
