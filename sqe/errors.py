@@ -1,23 +1,23 @@
 """SQE's single exception tree. Every message is one clear line and never contains a secret.
 
-    SQEError
-    ├── ConfigError                       bad config file, env override, unknown key, wrong type
-    ├── CatalogError                      anything the REST catalog said or failed to say
-    │   ├── AuthenticationError (401)
-    │   ├── PermissionDeniedError (403)
-    │   ├── NoSuchTableError (404)
-    │   ├── NoSuchNamespaceError (404)
-    │   ├── RestrictionsNotSupportedError (406)
-    │   ├── IntegrityError (422, never retried)
-    │   ├── CommitConflictError (409)
-    │   ├── CatalogUnavailableError (429/5xx/connection after retries)
-    │   └── CatalogProtocolError (malformed response)
-    ├── CredentialError
-    │   ├── NoVendedCredentialsError      require_vended_credentials and the catalog vended nothing
-    │   └── CredentialExpiredError
-    ├── RestrictionError                  read-restrictions that cannot be applied (fail closed)
-    ├── QueryError                        SQL the engine cannot run (syntax, unknown table, ...)
-    └── WorkerError                       distributed execution failures
+SQEError
+├── ConfigError                       bad config file, env override, unknown key, wrong type
+├── CatalogError                      anything the REST catalog said or failed to say
+│   ├── AuthenticationError (401)
+│   ├── PermissionDeniedError (403)
+│   ├── NoSuchTableError (404)
+│   ├── NoSuchNamespaceError (404)
+│   ├── RestrictionsNotSupportedError (406)
+│   ├── IntegrityError (422, never retried)
+│   ├── CommitConflictError (409)
+│   ├── CatalogUnavailableError (429/5xx/connection after retries)
+│   └── CatalogProtocolError (malformed response)
+├── CredentialError
+│   ├── NoVendedCredentialsError      require_vended_credentials and the catalog vended nothing
+│   └── CredentialExpiredError
+├── RestrictionError                  read-restrictions that cannot be applied (fail closed)
+├── QueryError                        SQL the engine cannot run (syntax, unknown table, ...)
+└── WorkerError                       distributed execution failures
 """
 
 from __future__ import annotations
@@ -95,3 +95,21 @@ class QueryError(SQEError):
 
 class WorkerError(SQEError):
     pass
+
+
+# ----------------------------------------------------------------------------------------------------
+# Read-restriction errors (raised by sqe.restrictions). Each is a RestrictionError, so callers that only
+# care that a restriction could not be applied catch the base class; the query then fails with no rows.
+# ----------------------------------------------------------------------------------------------------
+
+
+class InvalidRestrictionError(RestrictionError):
+    """The read-restrictions object is malformed or does not fit the table schema."""
+
+
+class UnsupportedRestrictionError(RestrictionError):
+    """A well-formed restriction this reader cannot apply (unknown action/expression, function, nested)."""
+
+
+class RestrictionApplyError(RestrictionError):
+    """A validated plan could not be applied to a batch (missing filter column, bad salt, odd Arrow type)."""

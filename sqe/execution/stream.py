@@ -1,0 +1,92 @@
+"""The object DuckDB sees for an Iceberg table: every ``__arrow_c_stream__`` call opens a fresh scan.
+
+DuckDB opens a registered stream several times per query (binding, each side of a self-join, re-scans) and
+cannot re-read a consumed ``RecordBatchReader``, so each call builds a new reader. Opening is cheap: the reader
+is lazy, and no file is touched until DuckDB asks for the first batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from sqe.errors import QueryError, SQEError
+from sqe.execution.local import LocalExecutor, ScanMetrics
+from sqe.restrictions import new_query_salt
+
+if TYPE_CHECKING:
+    from sqe.planning.planner import ScanPlan
+
+
+@dataclass
+class QueryContext:
+    """State shared by every scan of one statement execution: cancel flag, first scan error, progress."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    metrics: ScanMetrics = field(default_factory=ScanMetrics)
+    salt: bytes = field(default_factory=new_query_salt, repr=False)  # sha-256-query-local: one per query
+    _error: SQEError | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record_error(self, error: SQEError) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = error
+
+    @property
+    def error(self) -> SQEError | None:
+        with self._lock:
+            return self._error
+
+
+class ScanStream:
+    """Arrow PyCapsule stream producer over one ScanPlan: only row-filtered and masked batches come out."""
+
+    def __init__(self, plan: ScanPlan, executor: LocalExecutor, context: QueryContext) -> None:
+        self.plan = plan
+        self.schema: pa.Schema = plan.arrow_schema
+        self._executor = executor
+        self._context = context
+        self._transform = plan.batch_transform(context.salt)
+        self.opened = 0  # how many fresh readers were handed out (tests: a self-join opens several)
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        self.opened += 1
+        return self.reader().__arrow_c_stream__(requested_schema)
+
+    def reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.schema, self._batches())
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        try:
+            for batch in self._executor.record_batches(
+                self.plan, cancel=self._context.cancel, transform=self._transform, metrics=self._context.metrics
+            ):
+                yield _conform(batch, self.schema)
+        except SQEError as exc:  # including QueryCancelledError
+            self._context.record_error(exc)
+            raise
+        except Exception as exc:  # e.g. an object-store error: keep the table name, lose the traceback
+            error = QueryError(f"reading {self.plan.ident} failed: {_first_line(exc)}")
+            self._context.record_error(error)
+            raise error from None
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Batches of different files may differ in string width or carry field ids; DuckDB needs one schema."""
+    if batch.schema.equals(schema, check_metadata=True):
+        return batch
+    columns = [
+        column if column.type == f.type else column.cast(f.type)
+        for column, f in zip(batch.columns, schema, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,343 @@
+"""Scan planning: which data and delete files a query reads, found by pyiceberg on a table whose FileIO is SQE's.
+
+Read-restrictions travel with every plan: they are parsed (fail closed) from the raw load-table JSON, the scan
+also reads the row filter's columns, and every batch goes through ``sqe.restrictions.apply`` (row filter on raw
+values, then masks, then filter-only columns dropped) before anything else sees it.
+
+Only safe predicates reach pyiceberg: the restrictions' required row filter (in a form never stronger than the
+exact one) and user predicates on columns that are not masked. pyiceberg prunes partitions and files by
+statistics with them and pushes them into the Parquet reader, so a predicate on a masked column would be tested
+against raw values; the planner drops any user conjunct that touches a masked column, whoever passed it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, Not, Or
+from pyiceberg.expressions.visitors import bind, extract_field_ids
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.table import DataScan
+from pyiceberg.types import ListType, MapType
+
+from sqe.errors import QueryError, SQEError
+from sqe.restrictions import RestrictionPlan, apply, parse_restrictions, required_columns
+
+if TYPE_CHECKING:
+    from pyiceberg.io import FileIO
+    from pyiceberg.partitioning import PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import FileScanTask
+    from pyiceberg.table.name_mapping import NameMapping
+
+    from sqe.catalog.base import LoadedTable, TableIdent
+
+log = logging.getLogger(__name__)
+
+if not callable(getattr(DataScan, "_plan_files_local", None)):  # private in pyiceberg 0.12; pinned <0.13
+    raise ImportError("pyiceberg DataScan._plan_files_local is missing; SQE's planner supports pyiceberg 0.12")
+
+ALWAYS_TRUE: BooleanExpression = AlwaysTrue()
+
+READ_RESTRICTIONS_KEY = "read-restrictions"
+
+BatchTransform = Callable[[pa.RecordBatch], pa.RecordBatch]
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """Everything a reader needs besides the file tasks; derived from the table metadata at planning time."""
+
+    io: FileIO = field(repr=False)
+    bound_row_filter: BooleanExpression
+    projected_schema: Schema  # what is read: the output columns plus the restriction filter's columns
+    table_schema: Schema
+    projected_field_ids: frozenset[int]
+    name_mapping: NameMapping | None
+    specs: Mapping[int, PartitionSpec]
+    format_version: int
+    case_sensitive: bool = True
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    loaded: LoadedTable = field(repr=False)
+    tasks: tuple[FileScanTask, ...] = field(repr=False)
+    read: ReadSpec = field(repr=False)
+    restrictions: RestrictionPlan
+    columns: tuple[str, ...]  # what the scan outputs, in schema order
+    output_field_ids: frozenset[int]
+    row_filter: BooleanExpression  # what pyiceberg prunes and filters with (unbound, by column name)
+    user_filter: BooleanExpression  # the user's part of row_filter (EXPLAIN shows only this part)
+    snapshot_id: int | None
+    files_planned: int
+    bytes_planned: int
+    delete_files: int
+    records_planned: int
+    planned_at: float
+
+    @property
+    def ident(self) -> TableIdent:
+        return self.loaded.ident
+
+    @property
+    def output_schema(self) -> Schema:
+        return self.read.projected_schema.select(*self.columns)
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        """The batches' schema after restrictions: a masked column may hold NULLs whatever its type says."""
+        schema = schema_to_pyarrow(self.output_schema, include_field_ids=False)
+        masked = {self.read.projected_schema.find_column_name(i) for i in self.restrictions.masked_field_ids}
+        return pa.schema([f.with_nullable(True) if f.name in masked else f for f in schema])
+
+    def batch_transform(self, salt: bytes) -> BatchTransform | None:
+        """The read-restrictions for one query (``salt``: its query-local salt), or None when there are none."""
+        read_ids = {f.field_id for f in self.read.projected_schema.columns}
+        if not self.restrictions.is_restricted and read_ids == self.output_field_ids:
+            return None
+        plan, schema, output = self.restrictions, self.read.projected_schema, self.output_field_ids
+
+        def restrict(batch: pa.RecordBatch) -> pa.RecordBatch:
+            return apply(batch, plan, salt=salt, schema=schema, output_field_ids=output)
+
+        return restrict
+
+    def is_usable(self, now: float) -> bool:
+        return self.loaded.is_usable(now)
+
+    def describe(self) -> dict[str, Any]:
+        """One EXPLAIN row: what was planned and with which credentials. Never a secret."""
+        loaded = self.loaded
+        return {
+            "table": str(loaded.ident),
+            "snapshot_id": self.snapshot_id,
+            "files_planned": self.files_planned,
+            "bytes_planned": self.bytes_planned,
+            "records_planned": self.records_planned,
+            "delete_files": self.delete_files,
+            "columns": ", ".join(self.columns),
+            "pushed_filter": format_filter(self.user_filter),  # the restriction filter's values stay hidden
+            "credential_source": loaded.credential_source,
+            "credential_expires_at": _iso(loaded.expires_at),
+            "credential_usable_until": _iso(loaded.usable_until),
+            "cache": loaded.cache_outcome.value,
+            "storage": describe_io(loaded.io),
+            **describe_restrictions(self.restrictions),
+        }
+
+
+def plan_scan(
+    loaded: LoadedTable,
+    *,
+    columns: Sequence[str] | None,
+    pushdown: BooleanExpression = ALWAYS_TRUE,
+    snapshot_id: int | None = None,
+) -> ScanPlan:
+    """Plan the files of one table scan. ``columns=None`` reads every column; names match case-insensitively."""
+    table = loaded.table
+    if table.io is not loaded.io:
+        raise QueryError(f"{loaded.ident}: the table is not bound to SQE's FileIO; refusing to plan")
+    restrictions = restrictions_of(loaded)
+    schema = _schema_for(loaded, snapshot_id)
+    output = resolve_columns(schema, columns, loaded.ident) or tuple(f.name for f in schema.columns)
+    output_ids = frozenset(schema.find_field(name).field_id for name in output)
+    read_ids = required_columns(restrictions, output_ids)
+    read_names = tuple(f.name for f in schema.columns if f.field_id in read_ids)
+    user_filter = _safe_pushdown(schema, pushdown, masked_field_ids=restrictions.masked_field_ids)
+    row_filter = join_conjuncts(
+        [*split_conjuncts(restrictions.safe_pushdown_filter(schema)), *split_conjuncts(user_filter)]
+    )
+    scan = table.scan(row_filter=row_filter, selected_fields=read_names, snapshot_id=snapshot_id)
+    try:
+        tasks = tuple(scan._plan_files_local())  # always local: planning must go through SQE's FileIO
+        projected = scan.projection()
+    except SQEError:
+        raise
+    except ValueError as exc:  # equality deletes, unknown snapshot, unbindable filter
+        raise QueryError(f"cannot plan a scan of {loaded.ident}: {_first_line(exc)}") from None
+    except OSError as exc:
+        raise QueryError(f"cannot read the metadata of {loaded.ident}: {_first_line(exc)}") from None
+    delete_paths = {d.file_path for task in tasks for d in task.delete_files}
+    return ScanPlan(
+        loaded=loaded,
+        tasks=tasks,
+        read=_read_spec(loaded, projected, row_filter),
+        restrictions=restrictions,
+        columns=output,
+        output_field_ids=output_ids,
+        row_filter=row_filter,
+        user_filter=user_filter,
+        snapshot_id=snapshot_id if snapshot_id is not None else _current_snapshot_id(loaded),
+        files_planned=len(tasks),
+        bytes_planned=sum(task.file.file_size_in_bytes for task in tasks),
+        delete_files=len(delete_paths),
+        records_planned=sum(task.file.record_count for task in tasks),
+        planned_at=time.time(),
+    )
+
+
+def restrictions_of(loaded: LoadedTable) -> RestrictionPlan:
+    """The table's validated read-restrictions for this caller; anything unusable raises (fail closed)."""
+    metadata = loaded.table.metadata
+    raw = loaded.raw.get(READ_RESTRICTIONS_KEY)
+    return parse_restrictions(raw, metadata.schema(), all_schemas=metadata.schemas)
+
+
+def describe_restrictions(restrictions: RestrictionPlan) -> dict[str, str]:
+    """EXPLAIN's view: masked columns with their actions and whether a row filter applies (never its values)."""
+    masked = ", ".join(f"{m.name} ({m.action})" for m in restrictions.column_masks)
+    if restrictions.always_false:
+        row_filter = "always false (no rows)"
+    else:
+        row_filter = "applied" if restrictions.row_filter is not None else "none"
+    return {"masked_columns": masked, "row_filter": row_filter}
+
+
+def resolve_columns(schema: Schema, columns: Sequence[str] | None, ident: TableIdent) -> tuple[str, ...]:
+    """Map requested names to the schema's top-level names (case-insensitive, like SQL). Empty = all."""
+    if columns is None:
+        return ()
+    by_lower: dict[str, list[str]] = {}
+    for f in schema.columns:
+        by_lower.setdefault(f.name.lower(), []).append(f.name)
+    resolved: list[str] = []
+    for name in columns:
+        matches = [name] if name in {f.name for f in schema.columns} else by_lower.get(name.lower(), [])
+        if len(matches) != 1:
+            problem = "is ambiguous" if matches else "does not exist"
+            raise QueryError(f"column {name!r} {problem} in {ident}")
+        if matches[0] not in resolved:
+            resolved.append(matches[0])
+    return tuple(resolved)
+
+
+def describe_io(io: object) -> str:
+    """The FileIO's own secret-free description, if it has one."""
+    describe = getattr(io, "describe", None)
+    if callable(describe):
+        try:
+            return str(describe())
+        except Exception:  # a description is informational; never fail EXPLAIN on it
+            return type(io).__name__
+    return type(io).__name__
+
+
+_OPERATORS = {"eq": "=", "not-eq": "<>", "lt": "<", "lt-eq": "<=", "gt": ">", "gt-eq": ">="}
+
+
+def format_filter(expr: BooleanExpression) -> str:
+    """A short SQL-like rendering of an unbound pyiceberg filter, for EXPLAIN."""
+    if expr == AlwaysTrue():
+        return ""
+    if isinstance(expr, And):
+        return f"{_format_nested(expr.left)} AND {_format_nested(expr.right)}"
+    if isinstance(expr, Or):
+        return f"{_format_nested(expr.left)} OR {_format_nested(expr.right)}"
+    if isinstance(expr, Not):
+        return f"NOT {_format_nested(expr.child)}"
+    data = json.loads(expr.model_dump_json())
+    kind, term = data.get("type"), data.get("term")
+    if kind in _OPERATORS:
+        return f"{term} {_OPERATORS[kind]} {_sql_literal(data.get('value'))}"
+    if kind in ("in", "not-in"):
+        values = ", ".join(_sql_literal(v) for v in sorted(data.get("values", []), key=str))
+        return f"{term} {'IN' if kind == 'in' else 'NOT IN'} ({values})"
+    if kind in ("is-null", "not-null"):
+        return f"{term} IS {'NULL' if kind == 'is-null' else 'NOT NULL'}"
+    return str(expr)
+
+
+def _sql_literal(value: Any) -> str:
+    return "'" + value.replace("'", "''") + "'" if isinstance(value, str) else json.dumps(value)
+
+
+def _format_nested(expr: BooleanExpression) -> str:
+    text = format_filter(expr)
+    return f"({text})" if isinstance(expr, Or) else text
+
+
+def split_conjuncts(expr: BooleanExpression) -> list[BooleanExpression]:
+    if isinstance(expr, And):
+        return [*split_conjuncts(expr.left), *split_conjuncts(expr.right)]
+    if expr == AlwaysTrue():
+        return []
+    return [expr]
+
+
+def join_conjuncts(conjuncts: Sequence[BooleanExpression]) -> BooleanExpression:
+    result: BooleanExpression = AlwaysTrue()
+    for conjunct in conjuncts:
+        result = conjunct if result == AlwaysTrue() else And(result, conjunct)
+    return result
+
+
+def _safe_pushdown(
+    schema: Schema, pushdown: BooleanExpression, *, masked_field_ids: frozenset[int]
+) -> BooleanExpression:
+    """Keep the conjuncts that bind to this schema and touch no masked column; pushdown is only an optimisation."""
+    kept: list[BooleanExpression] = []
+    for conjunct in split_conjuncts(pushdown):
+        try:
+            field_ids = extract_field_ids(bind(schema, conjunct, case_sensitive=True))
+        except (ValueError, TypeError) as exc:
+            log.debug("not pushing %s: %s", conjunct, _first_line(exc))
+            continue
+        if field_ids & masked_field_ids:
+            continue
+        kept.append(conjunct)
+    return join_conjuncts(kept)
+
+
+def _read_spec(loaded: LoadedTable, projected: Schema, row_filter: BooleanExpression) -> ReadSpec:
+    metadata = loaded.table.metadata
+    table_schema = metadata.schema()
+    bound = bind(table_schema, row_filter, case_sensitive=True)
+    # Same rule as pyiceberg's ArrowScan: nested list/map ids are not projected by id; filter columns are read.
+    projected_ids = {
+        fid for fid in projected.field_ids if not isinstance(projected.find_type(fid), (MapType, ListType))
+    } | extract_field_ids(bound)
+    return ReadSpec(
+        io=loaded.io,
+        bound_row_filter=bound,
+        projected_schema=projected,
+        table_schema=table_schema,
+        projected_field_ids=frozenset(projected_ids),
+        name_mapping=metadata.name_mapping(),
+        specs=metadata.specs(),
+        format_version=metadata.format_version,
+    )
+
+
+def _schema_for(loaded: LoadedTable, snapshot_id: int | None) -> Schema:
+    metadata = loaded.table.metadata
+    if snapshot_id is None:
+        return metadata.schema()
+    snapshot = metadata.snapshot_by_id(snapshot_id)
+    if snapshot is None:
+        raise QueryError(f"{loaded.ident} has no snapshot {snapshot_id}")
+    for schema in metadata.schemas:
+        if schema.schema_id == snapshot.schema_id:
+            return schema
+    return metadata.schema()
+
+
+def _current_snapshot_id(loaded: LoadedTable) -> int | None:
+    snapshot = loaded.table.metadata.current_snapshot()
+    return snapshot.snapshot_id if snapshot is not None else None
+
+
+def _iso(epoch: float | None) -> str:
+    return "" if epoch is None else datetime.fromtimestamp(epoch, tz=UTC).isoformat(timespec="seconds")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,253 @@
+"""A real local Iceberg catalog (pyiceberg SqlCatalog, SQLite + file:// warehouse) behind SQE's TableProvider seam.
+
+Not a mock: tables are real Iceberg tables with real manifests, Parquet data files and (hand-written, then
+committed through pyiceberg's snapshot producer) positional delete files. Each warehouse is its own catalog.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchNamespaceError as IcebergNoSuchNamespace
+from pyiceberg.exceptions import NoSuchTableError as IcebergNoSuchTable
+from pyiceberg.exceptions import TableAlreadyExistsError
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriterV2,
+)
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.typedef import Record
+from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType
+
+from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
+from sqe.errors import CatalogError, NoSuchTableError
+
+ROWS_PER_FILE = 1000
+NUMBER_FILES = 4
+EVENT_GROUPS = 5
+DELETED_POSITIONS = (0, 7, 999)
+
+NUMBERS_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("grp", pa.int32()),
+    ]
+)
+
+
+class LocalProvider:
+    """TableProvider over real SqlCatalogs; each load hands out the table with the catalog's local FileIO."""
+
+    def __init__(self, root: Path, warehouses: tuple[str, ...] = ("wh", "wh2")) -> None:
+        self.root = root
+        self.catalogs = {name: local_catalog(root, name) for name in warehouses}
+        self.loads: list[LoadedTable] = []
+        self.credential_lifetime: float | None = 3600.0
+        self.restrictions: dict[str, Mapping[str, Any]] = {}  # str(ident) -> raw read-restrictions
+        self.invalidated: list[TableIdent] = []
+
+    def default_warehouse(self) -> str:
+        return next(iter(self.catalogs))
+
+    def load_table(self, ident: TableIdent, *, bypass_cache: bool = False) -> LoadedTable:
+        catalog = self._catalog_for(ident)
+        try:
+            table = catalog.load_table((*ident.namespace, ident.name))
+        except (IcebergNoSuchTable, IcebergNoSuchNamespace):
+            raise NoSuchTableError(f"table {ident} does not exist", status=404) from None
+        return self._loaded(ident, table)
+
+    def create_table(self, ident: TableIdent, schema: pa.Schema) -> LoadedTable:
+        catalog = self._catalog_for(ident)
+        catalog.create_namespace_if_not_exists(ident.namespace)
+        try:
+            table = catalog.create_table((*ident.namespace, ident.name), schema=schema)
+        except TableAlreadyExistsError:
+            raise CatalogError(f"table {ident} already exists", status=409) from None
+        return self._loaded(ident, table)
+
+    def list_tables(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
+        catalog = self.catalogs[warehouse]
+        namespaces = [namespace] if namespace else catalog.list_namespaces()
+        return [TableIdent(warehouse, tuple(i[:-1]), i[-1]) for ns in namespaces for i in catalog.list_tables(ns)]
+
+    def invalidate(self, ident: TableIdent) -> None:
+        self.invalidated.append(ident)
+
+    def _catalog_for(self, ident: TableIdent) -> SqlCatalog:
+        catalog = self.catalogs.get(ident.warehouse)
+        if catalog is None:
+            raise NoSuchTableError(f"{ident}: unknown warehouse {ident.warehouse!r}", status=404)
+        return catalog
+
+    def _loaded(self, ident: TableIdent, table: Table) -> LoadedTable:
+        now = time.time()
+        lifetime = self.credential_lifetime
+        raw: dict[str, Any] = {"metadata-location": table.metadata_location, "config": {}}
+        if str(ident) in self.restrictions:
+            raw["read-restrictions"] = self.restrictions[str(ident)]
+        loaded = LoadedTable(
+            ident=ident,
+            table=table,
+            io=table.io,
+            credential_source="static",
+            usable_until=None if lifetime is None else now + lifetime - 300,
+            expires_at=None if lifetime is None else now + lifetime,
+            cache_outcome=CacheOutcome.RELOADED,
+            raw=raw,
+            can_write=True,
+        )
+        self.loads.append(loaded)
+        return loaded
+
+
+def local_catalog(root: Path, warehouse: str) -> SqlCatalog:
+    (root / warehouse).mkdir(parents=True, exist_ok=True)
+    return SqlCatalog(
+        warehouse, uri=f"sqlite:///{root / warehouse}/catalog.db", warehouse=f"file://{root / warehouse}/data"
+    )
+
+
+def numbers_batch(start: int, count: int) -> pa.Table:
+    ids = list(range(start, start + count))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "name": [f"n{i}" for i in ids],
+            "grp": pa.array([i % EVENT_GROUPS for i in ids], pa.int32()),
+        },
+        schema=NUMBERS_SCHEMA,
+    )
+
+
+def build_numbers(catalog: SqlCatalog, name: str = "ns.numbers") -> Table:
+    """Unpartitioned, NUMBER_FILES files of ROWS_PER_FILE rows: ids 0..3999."""
+    catalog.create_namespace_if_not_exists("ns")
+    table = catalog.create_table(name, schema=NUMBERS_SCHEMA)
+    for k in range(NUMBER_FILES):
+        table.append(numbers_batch(k * ROWS_PER_FILE, ROWS_PER_FILE))
+    return table
+
+
+def build_many_batches(catalog: SqlCatalog) -> Table:
+    """2 files of 1000 rows written in row groups of 50: 40 record batches, far more than a small queue."""
+    catalog.create_namespace_if_not_exists("ns")
+    table = catalog.create_table(
+        "ns.many_batches", schema=NUMBERS_SCHEMA, properties={"write.parquet.row-group-limit": "50"}
+    )
+    for k in range(2):
+        table.append(numbers_batch(k * ROWS_PER_FILE, ROWS_PER_FILE))
+    return table
+
+
+def build_events(catalog: SqlCatalog) -> Table:
+    """Partitioned by identity(grp): one file per group, 400 rows each, with a date column."""
+    catalog.create_namespace_if_not_exists("ns")
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "grp", IntegerType(), required=False),
+        NestedField(3, "day", DateType(), required=False),
+        NestedField(4, "label", StringType(), required=False),
+    )
+    spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="grp"))
+    table = catalog.create_table("ns.events", schema=schema, partition_spec=spec)
+    ids = list(range(2000))
+    table.append(
+        pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "grp": pa.array([i % EVENT_GROUPS for i in ids], pa.int32()),
+                "day": [dt.date(2024, 1, 1) + dt.timedelta(days=i % EVENT_GROUPS) for i in ids],
+                "label": [f"e{i}" for i in ids],
+            },
+            schema=table.schema().as_arrow(),
+        )
+    )
+    return table
+
+
+def add_positional_deletes(table: Table, positions: tuple[int, ...] = DELETED_POSITIONS) -> str:
+    """Delete rows of the table's first data file by position; returns that file's path."""
+    target = next(iter(table.scan().plan_files())).file.file_path
+    path = f"{table.location()}/data/pos-del-{uuid.uuid4()}.parquet"
+    pq.write_table(
+        pa.table(
+            {"file_path": [target] * len(positions), "pos": pa.array(positions, pa.int64())}, schema=_DELETE_SCHEMA
+        ),
+        path.removeprefix("file://"),
+    )
+    delete_file = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=Record(),
+        record_count=len(positions),
+        file_size_in_bytes=os.path.getsize(path.removeprefix("file://")),
+    )
+    delete_file.spec_id = table.spec().spec_id
+    with table.transaction() as tx:
+        _AddPositionDeletes(tx, table, [delete_file]).commit()
+    return target
+
+
+_DELETE_SCHEMA = pa.schema(
+    [
+        pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": b"2147483546"}),
+        pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
+    ]
+)
+
+
+class _DeleteManifestWriter(ManifestWriterV2):
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class _AddPositionDeletes(_FastAppendFiles):
+    """pyiceberg writes no delete files itself; this adds a delete manifest to an otherwise empty append."""
+
+    def __init__(self, tx: Transaction, table: Table, delete_files: list[DataFile]) -> None:
+        super().__init__(Operation.OVERWRITE, tx, table.io)
+        self._delete_files = delete_files
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        writer = _DeleteManifestWriter(
+            self._transaction.table_metadata.spec(),
+            self.schema(),
+            self.new_manifest_output(),
+            self.snapshot_id,
+            self._compression,
+        )
+        with writer:
+            for delete_file in self._delete_files:
+                writer.add(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED, snapshot_id=self.snapshot_id, data_file=delete_file
+                    )
+                )
+        return [*manifests, writer.to_manifest_file()]

@@ -1,0 +1,458 @@
+"""The SQL session against a real local Iceberg catalog: lockdown, name resolution, pushdown, writes, prepared
+statements, EXPLAIN and interrupt."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from sqe.catalog.base import TableIdent
+from sqe.errors import CatalogError, NoSuchTableError, QueryError, RestrictionError
+from sqe.execution import QueryCancelledError
+from sqe.execution import local as local_execution
+from sqe.planning.planner import format_filter
+from sqe.session import Session
+from tests.unit.sqe.iceberg_local import DELETED_POSITIONS, EVENT_GROUPS, NUMBER_FILES, ROWS_PER_FILE, LocalProvider
+
+TOTAL = NUMBER_FILES * ROWS_PER_FILE
+MakeSession = Callable[..., Session]
+
+
+@pytest.fixture()
+def session(provider: LocalProvider, session_factory: MakeSession) -> Session:
+    return session_factory(provider)
+
+
+@pytest.fixture()
+def writer(write_provider: LocalProvider, session_factory: MakeSession) -> Session:
+    return session_factory(write_provider)
+
+
+def one(session: Session, sql: str, params: Any = None) -> Any:
+    rows = session.sql(sql, params).fetchall()
+    assert len(rows) == 1
+    return rows[0][0] if len(rows[0]) == 1 else rows[0]
+
+
+def scanned(session: Session) -> dict[str, Any]:
+    return {str(s.plan.ident): s.plan for s in session.last_streams}
+
+
+# ---------------------------------------------------------------------------------------------- lockdown
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SELECT * FROM read_text('/etc/passwd')",
+        "SELECT * FROM glob('/etc/*')",
+        "SELECT * FROM '/etc/passwd'",
+        "COPY (SELECT 1) TO '/tmp/sqe-copy-probe.csv'",
+        "ATTACH '/tmp/sqe-attach-probe.db' AS probe",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "SET enable_external_access = true",
+        "RESET lock_configuration",
+        "CREATE SECRET s (TYPE s3, KEY_ID 'a', SECRET 'b')",
+    ],
+)
+def test_lockdown_refuses_through_the_session(session: Session, sql: str) -> None:
+    with pytest.raises(QueryError):
+        session.sql(sql).arrow()
+
+
+def test_python_variables_are_not_readable_by_replacement_scan(session: Session) -> None:
+    secret_table = pa.table({"secret": ["do-not-read"]})
+    plain = duckdb.connect()
+    try:  # the probe is real: an ordinary connection does read the caller's variable
+        assert plain.sql("SELECT * FROM secret_table").fetchall() == [("do-not-read",)]
+    finally:
+        plain.close()
+    with pytest.raises(QueryError, match="secret_table does not exist"):
+        session.sql("SELECT * FROM secret_table").arrow()
+    for con in (session._con, session._parser):
+        with pytest.raises(duckdb.CatalogException):
+            con.sql("SELECT * FROM secret_table").fetchall()
+    assert secret_table.num_rows == 1
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "COPY (SELECT 1) TO '/tmp/sqe-copy-probe.csv'",
+        "ATTACH '/tmp/sqe-attach-probe.db' AS probe",
+        "INSTALL httpfs",
+        "SET enable_external_access = true",
+        "SET threads = 1",
+        "SET python_enable_replacements = true",
+    ],
+)
+def test_lockdown_holds_in_duckdb_itself(session: Session, sql: str) -> None:
+    """Below the statement filter, the connection itself refuses (defence in depth)."""
+    for con in (session._con, session._parser):
+        with pytest.raises(duckdb.Error):
+            con.execute(sql).fetchall()
+
+
+def test_lockdown_settings_are_visible(session: Session) -> None:
+    assert one(session, "SELECT current_setting('enable_external_access')") is False
+    assert one(session, "SELECT current_setting('lock_configuration')") is True
+    assert one(session, "SELECT current_setting('python_enable_replacements')") is False
+
+
+# ---------------------------------------------------------------------------------------------- names, scans
+
+
+def test_two_and_three_part_names_and_a_second_warehouse(session: Session) -> None:
+    assert one(session, "SELECT count(*) FROM ns.numbers") == TOTAL
+    assert one(session, "SELECT count(*) FROM wh.ns.numbers") == TOTAL
+    assert one(session, "SELECT count(*) FROM wh2.ns.numbers") == 10
+    joined = "SELECT count(*), sum(a.id) FROM ns.numbers a JOIN wh2.ns.numbers b ON a.id = b.id"
+    assert one(session, joined) == (10, 45)
+    assert one(session, "SELECT ns.numbers.name FROM ns.numbers WHERE ns.numbers.id = 7") == "n7"
+    assert one(session, "SELECT wh2.ns.numbers.id FROM wh2.ns.numbers WHERE id = 3") == 3
+
+
+def test_self_join_and_rescans_get_fresh_streams(session: Session) -> None:
+    assert one(session, "SELECT count(*) FROM ns.numbers a JOIN ns.numbers b ON a.id = b.id") == TOTAL
+    assert sum(s.opened for s in session.last_streams) >= 2
+    union = "SELECT count(*) FROM (SELECT id FROM ns.numbers UNION ALL SELECT id FROM ns.numbers)"
+    assert one(session, union) == 2 * TOTAL
+    first = session.sql("SELECT id, name FROM ns.numbers ORDER BY id").arrow()
+    second = session.sql("SELECT id, name FROM ns.numbers ORDER BY id").arrow()
+    assert first.equals(second) and first.num_rows == TOTAL
+
+
+def test_ctes_and_aliases_are_not_tables(session: Session, provider: LocalProvider) -> None:
+    assert one(session, "WITH numbers AS (SELECT 42 AS id) SELECT id FROM numbers") == 42
+    assert provider.loads == []
+    cte = "WITH t AS (SELECT * FROM ns.numbers WHERE id < 5) SELECT count(*) FROM t AS numbers"
+    assert one(session, cte) == 5
+
+
+def test_unknown_table_and_warehouse(session: Session) -> None:
+    with pytest.raises(NoSuchTableError, match=r"wh\.ns\.missing"):
+        session.sql("SELECT * FROM ns.missing")
+    with pytest.raises(NoSuchTableError, match="nowhere"):
+        session.sql("SELECT * FROM nowhere.ns.numbers")
+    with pytest.raises(QueryError, match="does not exist"):
+        session.sql("SELECT * FROM just_a_name")
+
+
+def test_positional_deletes_through_sql(session: Session) -> None:
+    assert one(session, "SELECT count(*) FROM ns.deleted") == TOTAL - len(DELETED_POSITIONS)
+
+
+def test_previous_views_are_gone_after_the_next_statement(session: Session) -> None:
+    assert one(session, "SELECT count(*) FROM ns.numbers") == TOTAL
+    with pytest.raises(QueryError):  # query() names the table only inside a string: it was never bound
+        session.sql("SELECT count(*) FROM query('SELECT * FROM ns.numbers')").arrow()
+
+
+def test_results_are_read_once_and_invalidated_by_later_statements(session: Session) -> None:
+    result = session.sql("SELECT id FROM ns.numbers")
+    later = session.sql("SELECT 1")
+    with pytest.raises(QueryError, match="no longer valid"):
+        result.arrow()
+    assert later.fetchall() == [(1,)]
+    assert later.arrow().num_rows == 1  # arrow() keeps its table
+    streamed = session.sql("SELECT 2")
+    assert streamed.reader().read_all().num_rows == 1
+    with pytest.raises(QueryError, match="already been read"):
+        streamed.reader()
+
+
+def test_reader_streams_batches(session: Session) -> None:
+    reader = session.sql("SELECT id FROM ns.numbers").reader(batch_size=500)
+    assert sum(batch.num_rows for batch in reader) == TOTAL
+
+
+def test_describe_list_and_name_errors(session: Session) -> None:
+    described = session.sql("DESCRIBE ns.numbers").arrow()
+    assert described.column("column_name").to_pylist() == ["id", "name", "grp"]
+    listed = session.list_tables("ns").to_pylist()
+    assert {"warehouse": "wh", "namespace": "ns", "table": "numbers"} in listed
+    assert {r["table"] for r in session.list_tables("wh2.ns").to_pylist()} == {"numbers"}
+    with pytest.raises(QueryError, match="time travel"):
+        session.sql("SELECT * FROM ns.numbers AT (VERSION => 1)")
+    with pytest.raises(QueryError):
+        session.sql("SELECT * FROM a.b.c.d")
+
+
+def test_closed_session_refuses_statements(provider: LocalProvider) -> None:
+    session = Session(provider)
+    session.close()
+    with pytest.raises(QueryError, match="closed"):
+        session.sql("SELECT 1")
+
+
+# ---------------------------------------------------------------------------------------------- pushdown
+
+
+def test_projection_reads_only_referenced_columns(session: Session) -> None:
+    assert one(session, "SELECT max(name) FROM ns.numbers WHERE id < 10") == "n9"
+    assert scanned(session)["wh.ns.numbers"].columns == ("id", "name")
+    assert one(session, "SELECT count(*) FROM ns.numbers") == TOTAL
+    assert len(scanned(session)["wh.ns.numbers"].columns) == 1
+    session.sql("SELECT * FROM ns.numbers LIMIT 1").arrow()
+    assert scanned(session)["wh.ns.numbers"].columns == ("id", "name", "grp")
+    row = one(session, "SELECT n FROM ns.numbers n WHERE n.id = 1")
+    assert row == {"id": 1, "name": "n1", "grp": 1}
+
+
+def test_predicate_pushdown_prunes_partitions_but_duckdb_still_filters(session: Session) -> None:
+    assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 2") == 400
+    assert scanned(session)["wh.ns.events"].files_planned == 1
+    assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 2 AND id < 100") == 20
+    assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 2 OR grp = 3") == 800
+    assert scanned(session)["wh.ns.events"].files_planned == EVENT_GROUPS  # OR is not pushed
+    left = "SELECT count(*) FROM wh2.ns.numbers n LEFT JOIN ns.events e ON e.id = n.id WHERE e.grp IS NULL"
+    assert one(session, left) == 0  # an IS NULL under an outer join must not reach the scan
+    assert scanned(session)["wh.ns.events"].files_planned == EVENT_GROUPS
+
+
+def test_a_too_narrow_projection_is_retried_with_every_column(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqe.session as session_module
+
+    monkeypatch.setattr(session_module, "columns_to_read", lambda *args: ["id"])
+    assert one(session, "SELECT max(name) FROM ns.numbers") == "n999"
+    assert scanned(session)["wh.ns.numbers"].columns == ("id", "name", "grp")
+
+
+def test_self_join_gets_no_pushdown(session: Session) -> None:
+    sql = "SELECT count(*) FROM ns.events a JOIN ns.events b ON a.id = b.id WHERE a.grp = 1"
+    assert one(session, sql) == 400
+    assert scanned(session)["wh.ns.events"].files_planned == EVENT_GROUPS
+
+
+# ---------------------------------------------------------------------------------------------- writes
+
+
+def test_create_table_as_and_insert_round_trip(writer: Session, write_provider: LocalProvider) -> None:
+    created = writer.sql("CREATE TABLE ns.t AS SELECT range AS x, 'v' || range AS s FROM range(10)").fetchall()
+    assert created == [(10,)]
+    assert writer.sql("INSERT INTO ns.t SELECT x + 100, s FROM ns.t WHERE x < 3").fetchall() == [(3,)]
+    assert writer.sql("INSERT INTO wh.ns.t (s, x) VALUES ('a', -1), ('b', -2)").fetchall() == [(2,)]
+    assert writer.sql("INSERT INTO ns.t (x) VALUES (7)").fetchall() == [(1,)]
+    rows = writer.sql("SELECT x, s FROM ns.t ORDER BY x").fetchall()
+    assert rows[:2] == [(-2, "b"), (-1, "a")]
+    assert (100, "v0") in rows and (7, None) in rows and len(rows) == 16
+    assert TableIdent("wh", ("ns",), "t") in write_provider.invalidated
+    table = write_provider.catalogs["wh"].load_table("ns.t")
+    assert table.scan().to_arrow().num_rows == 16  # committed in the catalog, readable by anyone
+
+
+def test_ctas_if_not_exists_and_existing_table(writer: Session) -> None:
+    writer.sql("CREATE TABLE ns.t AS SELECT 1 AS x")
+    assert writer.sql("CREATE TABLE IF NOT EXISTS ns.t AS SELECT 2 AS x").fetchall() == [(0,)]
+    with pytest.raises(CatalogError, match="already exists"):
+        writer.sql("CREATE TABLE ns.t AS SELECT 3 AS x")
+    assert writer.sql("SELECT x FROM ns.t").fetchall() == [(1,)]
+
+
+def test_insert_refuses_null_in_required_column(writer: Session, write_provider: LocalProvider) -> None:
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
+    write_provider.catalogs["wh"].create_table("ns.req", schema=schema)
+    with pytest.raises(QueryError, match="required column 'id'"):
+        writer.sql("INSERT INTO ns.req (v) VALUES ('x')")
+    assert writer.sql("INSERT INTO ns.req VALUES (1, 'x')").fetchall() == [(1,)]
+    with pytest.raises(NoSuchTableError):
+        writer.sql("INSERT INTO ns.absent VALUES (1)")
+
+
+# ---------------------------------------------------------------------------------------------- prepared
+
+
+def test_sql_prepare_and_execute(session: Session) -> None:
+    session.sql("PREPARE below AS SELECT count(*) FROM ns.numbers WHERE id < $1")
+    assert one(session, "EXECUTE below(10)") == 10
+    assert one(session, "EXECUTE below(100 + 1)") == 101
+    session.sql("DEALLOCATE below")
+    with pytest.raises(QueryError, match="no prepared statement"):
+        session.sql("EXECUTE below(1)")
+
+
+def test_prepared_statement_replans_after_credentials_expire(writer: Session, write_provider: LocalProvider) -> None:
+    writer.sql("CREATE TABLE ns.p AS SELECT range AS x FROM range(5)")
+    prepared = writer.prepare("SELECT count(*) FROM ns.p WHERE x >= ?")
+    assert prepared.execute([0]).fetchall() == [(5,)]
+    writer.sql("INSERT INTO ns.p SELECT range FROM range(5, 8)")
+    assert prepared.execute([0]).fetchall() == [(5,)]  # the stored plan holds its files and FileIO
+    assert prepared.replans == 0
+    for loaded in prepared.tables.values():
+        loaded.usable_until = time.time() - 1  # credentials past their usable point
+    loads_before = len(write_provider.loads)
+    assert prepared.execute([0]).fetchall() == [(8,)]  # re-planned from the SQL text
+    assert prepared.replans == 1 and len(write_provider.loads) > loads_before
+    assert all(t.is_usable(time.time()) for t in prepared.tables.values())
+
+
+def test_prepared_insert(writer: Session) -> None:
+    writer.sql("CREATE TABLE ns.q AS SELECT 1 AS x")
+    insert = writer.prepare("INSERT INTO ns.q VALUES ($1)")
+    insert.execute([2])
+    insert.execute([3])
+    writer.sql("PREPARE add_row AS INSERT INTO ns.q VALUES ($1)")
+    assert writer.sql("EXECUTE add_row(4)").fetchall() == [(1,)]
+    assert writer.sql("SELECT sum(x) FROM ns.q").fetchall() == [(10,)]
+
+
+# ---------------------------------------------------------------------------------------------- explain
+
+
+def test_explain_shows_files_bytes_credentials_and_cache(session: Session, provider: LocalProvider) -> None:
+    table = session.sql("EXPLAIN SELECT id FROM ns.events WHERE grp = 1").arrow()
+    assert table.num_rows == 1
+    row = table.to_pylist()[0]
+    assert row["table"] == "wh.ns.events"
+    assert row["files_planned"] == 1 and row["bytes_planned"] > 0
+    assert row["credential_source"] == "static"
+    assert row["cache"] == "reload"
+    assert row["pushed_filter"] == "grp = 1"
+    assert set(row["columns"].split(", ")) == {"id", "grp"}
+    expiry = provider.loads[-1].expires_at
+    assert expiry is not None and datetime.fromisoformat(row["credential_expires_at"]).timestamp() == pytest.approx(
+        expiry
+    )
+
+
+def test_explain_never_shows_a_secret(
+    session: Session, provider: LocalProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = provider._loaded
+
+    def with_secret(*args: Any) -> Any:
+        loaded = original(*args)
+        loaded.io.properties.update({"s3.secret-access-key": "SECRET-abc", "s3.session-token": "TOKEN-xyz"})
+        return loaded
+
+    monkeypatch.setattr(provider, "_loaded", with_secret)
+    text = str(session.sql("EXPLAIN SELECT * FROM ns.numbers a JOIN wh2.ns.numbers b USING (id)").arrow().to_pylist())
+    assert "wh2.ns.numbers" in text
+    assert "SECRET-abc" not in text and "TOKEN-xyz" not in text
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_duckdb_errors_become_one_line_query_errors(session: Session) -> None:
+    with pytest.raises(QueryError) as info:
+        session.sql("SELEC 1")
+    assert "\n" not in str(info.value) and "syntax error" in str(info.value).lower()
+    with pytest.raises(QueryError) as info:
+        session.sql("SELECT nope FROM ns.numbers")
+    assert "\n" not in str(info.value) and "nope" in str(info.value)
+
+
+GRP_IS_1 = {"type": "eq", "left": {"type": "reference", "id": 3}, "right": 1}  # numbers: id=1 name=2 grp=3
+MASK_NAME = [{"field-id": 2, "action": "mask-alphanum"}]
+
+
+@pytest.fixture()
+def restricted(provider: LocalProvider) -> LocalProvider:
+    provider.restrictions["wh.ns.numbers"] = {"required-row-filter": GRP_IS_1, "required-column-projections": MASK_NAME}
+    return provider
+
+
+def test_restrictions_apply_before_the_users_query(session: Session, restricted: LocalProvider) -> None:
+    assert one(session, "SELECT count(*) FROM ns.numbers") == TOTAL // 5  # filtered-out rows never count
+    assert one(session, "SELECT count(*), min(grp), max(grp) FROM ns.numbers") == (TOTAL // 5, 1, 1)
+    assert one(session, "SELECT name FROM ns.numbers WHERE id = 6") == "xn"  # masked value of 'n6'
+    assert session.sql("SELECT id FROM ns.numbers WHERE name = 'n6'").fetchall() == []  # raw value: no match
+    masked = session.sql("SELECT id FROM ns.numbers WHERE name = 'xn' ORDER BY id").fetchall()
+    assert masked == [(1,), (6,)]
+    assert format_filter(scanned(session)["wh.ns.numbers"].row_filter) == "grp = 1"  # no predicate on name
+    joined = "SELECT count(*) FROM ns.numbers a JOIN wh2.ns.numbers b ON a.name = b.name"
+    assert one(session, joined) == 0  # joins see masked values too
+
+
+def test_explain_and_describe_show_masks(session: Session, restricted: LocalProvider) -> None:
+    row = session.sql("EXPLAIN SELECT name FROM ns.numbers").arrow().to_pylist()[0]
+    assert row["masked_columns"] == "name (mask-alphanum)" and row["row_filter"] == "applied"
+    described = session.describe_table("ns.numbers").to_pylist()
+    assert [(r["column"], r["masked"]) for r in described] == [("id", ""), ("name", "mask-alphanum"), ("grp", "")]
+
+
+def test_unusable_restrictions_fail_the_query_with_no_rows(session: Session, provider: LocalProvider) -> None:
+    provider.restrictions["wh.ns.numbers"] = {"required-column-projections": [{"field-id": 1, "action": "x"}]}
+    with pytest.raises(RestrictionError):
+        session.sql("SELECT count(*) FROM ns.numbers")
+
+
+def test_read_failure_names_the_table(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+        raise OSError("object store said 403")
+
+    monkeypatch.setattr(local_execution, "_task_to_record_batches", broken)
+    with pytest.raises(QueryError, match=r"reading wh\.ns\.numbers failed: object store said 403"):
+        session.sql("SELECT count(*) FROM ns.numbers").arrow()
+
+
+# ---------------------------------------------------------------------------------------------- interrupt
+
+
+def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:
+            outcome["error"] = exc
+        outcome["finished"] = time.monotonic()
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_interrupt_cancels_a_running_query(session: Session) -> None:
+    heavy = "SELECT count(*) FROM ns.numbers a, ns.numbers b, ns.numbers c WHERE a.id + b.id + c.id = -1"
+    thread, outcome = run_in_thread(lambda: session.sql(heavy).arrow())
+    time.sleep(0.3)
+    interrupted = time.monotonic()
+    session.interrupt()
+    thread.join(5)
+    assert isinstance(outcome.get("error"), QueryCancelledError)
+    assert outcome["finished"] - interrupted < 2
+    assert one(session, "SELECT count(*) FROM wh2.ns.numbers") == 10  # the session is usable afterwards
+
+
+def test_interrupt_reaches_a_scan_whose_producer_is_blocked(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = local_execution._task_to_record_batches
+
+    def slow(*args: Any, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+        for batch in real(*args, **kwargs):
+            time.sleep(2)  # an object store that stalls: DuckDB alone would notice only at the next batch
+            yield batch
+
+    monkeypatch.setattr(local_execution, "_task_to_record_batches", slow)
+    thread, outcome = run_in_thread(lambda: session.sql("SELECT count(*) FROM ns.numbers").arrow())
+    time.sleep(0.3)
+    interrupted = time.monotonic()
+    session.interrupt()
+    thread.join(5)
+    assert isinstance(outcome.get("error"), QueryCancelledError)
+    assert outcome["finished"] - interrupted < 1
+
+
+def test_limit_stops_the_scan_and_its_reader_threads(session: Session) -> None:
+    assert len(session.sql("SELECT * FROM ns.many_batches LIMIT 3").fetchall()) == 3
+    metrics = session.progress()
+    assert metrics is not None and metrics["rows_produced"] < 2000  # did not read the whole table
+    session.sql("SELECT 1").fetchall()  # the next statement drops the previous streams
+    readers = [t for t in threading.enumerate() if t.name == "sqe-scan-wh.ns.many_batches"]
+    for reader in readers:
+        reader.join(2)
+        assert not reader.is_alive()
