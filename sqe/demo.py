@@ -51,8 +51,10 @@ def pyiceberg_round_trip(writer_cfg: Path, analyst_cfg: Path) -> None:
     print(f"   data files written with vended write credentials under {table.location()}")
     _step("pyiceberg RestCatalog as 'analyst': read it back with vended read credentials")
     analyst = RestCatalog("demo", **_client_props(analyst_cfg))
+    from sqe.formatting import render_table
+
     rows = analyst.load_table("sales.orders").scan().to_arrow().sort_by("id")
-    print(rows.to_pandas().to_string(index=False) if hasattr(rows, "to_pandas") else rows)
+    print(render_table(rows), end="")
 
 
 def sqe_queries(writer_cfg: Path, analyst_cfg: Path) -> None:
@@ -67,7 +69,9 @@ def sqe_queries(writer_cfg: Path, analyst_cfg: Path) -> None:
     with sqe.api.connect(analyst_cfg) as analyst:
         query = "SELECT customer, sum(amount) AS total FROM demo.sales.orders GROUP BY customer ORDER BY total DESC"
         print(render_table(analyst.sql(query).arrow()), end="")
-        print(render_table(analyst.sql("EXPLAIN " + query).arrow()), end="")
+        for row in analyst.sql("EXPLAIN " + query).arrow().to_pylist():
+            for key, value in row.items():
+                print(f"   {key:24s} {value}")
         _step("SQE as 'analyst': a write is refused (the analyst has read grants only)")
         try:
             analyst.sql("INSERT INTO demo.sales.orders VALUES (5, 'eve', 1.0)")
