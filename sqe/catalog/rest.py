@@ -47,6 +47,7 @@ from sqe.catalog._transport import RetryPolicy, make_session
 from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
 from sqe.config import CatalogConnection, SQEConfig
 from sqe.credentials import ScopedFileIO, parse_storage_credentials
+from sqe.restrictions import strict_json_loads
 from sqe.errors import (
     AuthenticationError,
     CatalogError,
@@ -57,6 +58,7 @@ from sqe.errors import (
     NoSuchNamespaceError,
     NoSuchTableError,
     PermissionDeniedError,
+    RestrictionError,
     RestrictionsNotSupportedError,
 )
 
@@ -202,9 +204,12 @@ class SQERestCatalog(RestCatalog):
         if response.status_code != 200:
             raise error_for_status(response, f"table {what}")
         try:
-            raw = response.json()
-        except ValueError:
-            raise CatalogProtocolError(f"catalog returned invalid JSON for table {what}") from None
+            # Strict: a duplicated key (e.g. two read-restrictions) must not silently collapse into one.
+            raw = strict_json_loads(response.content)
+        except RestrictionError:
+            raise CatalogProtocolError(
+                f"catalog returned malformed JSON for table {what} (invalid JSON or duplicate keys)"
+            ) from None
         if not isinstance(raw, dict) or "metadata" not in raw:
             raise CatalogProtocolError(f"catalog response for table {what} has no metadata")
         return 200, raw, response.headers.get("ETag")

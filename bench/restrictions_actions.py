@@ -1,0 +1,112 @@
+"""Throughput of each read-restriction action on 1M values, in values per second (measured, not asserted).
+
+Run: .venv/bin/python bench/restrictions_actions.py [--rows N] [--repeat R]
+
+Each line is the best of R runs of one action over one Arrow array. Same-run baselines put the numbers in
+context: a plain Arrow string kernel (utf8_upper) over the same strings, and a copy of the array.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Callable
+from functools import partial
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sqe.restrictions import apply_action, new_query_salt
+
+SALT = new_query_salt()
+
+
+def ascii_strings(rows: int, rng: random.Random) -> pa.Array:
+    """Email-like ASCII strings of 12-28 characters with 5% nulls."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    values = [
+        None
+        if rng.random() < 0.05
+        else f"{''.join(rng.choices(letters, k=rng.randint(4, 12)))}{rng.randint(0, 99999)}@example.com"
+        for _ in range(rows)
+    ]
+    return pa.array(values, pa.large_string())
+
+
+def mixed_strings(rows: int, rng: random.Random) -> pa.Array:
+    """Strings of 0-24 code points mixing ASCII, accented letters, Arabic-Indic digits and emoji."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789@.-() éü٣😀"
+    values = ["".join(rng.choices(alphabet, k=rng.randint(0, 24))) for _ in range(rows)]
+    return pa.array(values, pa.large_string())
+
+
+def columns(rows: int) -> dict[str, pa.Array]:
+    rng = random.Random(42)
+    micros = [rng.randint(-(10**15), 4 * 10**15) for _ in range(rows)]
+    return {
+        "string ascii": ascii_strings(rows, rng),
+        "string mixed": mixed_strings(rows, rng),
+        "string 100 distinct": pa.array([f"r-{rng.randint(0, 99)}" for _ in range(rows)], pa.large_string()),
+        "int": pa.array([rng.randint(-(2**31), 2**31 - 1) for _ in range(rows)], pa.int32()),
+        "long": pa.array([rng.getrandbits(63) for _ in range(rows)], pa.int64()),
+        "binary 16B": pa.array([rng.randbytes(16) for _ in range(rows)], pa.large_binary()),
+        "date": pa.array([rng.randint(-30000, 30000) for _ in range(rows)], pa.int32()).view(pa.date32()),
+        "timestamptz": pa.array(micros, pa.int64()).view(pa.timestamp("us", tz="UTC")),
+        "timestamp_ns": pa.array([m * 1000 for m in micros], pa.int64()).view(pa.timestamp("ns")),
+    }
+
+
+CASES: list[tuple[str, str]] = [
+    ("mask-alphanum", "string ascii"),
+    ("mask-alphanum", "string mixed"),
+    ("show-first-4", "string ascii"),
+    ("show-first-4", "string mixed"),
+    ("show-last-4", "string ascii"),
+    ("show-last-4", "string mixed"),
+    ("mask-to-fixed-value", "string ascii"),
+    ("mask-to-fixed-value", "long"),
+    ("replace-with-null", "string ascii"),
+    ("truncate-to-year", "date"),
+    ("truncate-to-month", "timestamptz"),
+    ("truncate-to-year", "timestamp_ns"),
+    ("sha-256-global", "string ascii"),
+    ("sha-256-query-local", "string ascii"),
+    ("sha-256-query-local", "string 100 distinct"),
+    ("sha-256-global", "int"),
+    ("sha-256-query-local", "int"),
+    ("sha-256-query-local", "long"),
+    ("sha-256-query-local", "binary 16B"),
+]
+
+
+def best_seconds(run: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    data = columns(args.rows)
+    print(f"{'action':<22} {'column':<22} {'values/s':>14}")
+    for action, column in CASES:
+        seconds = best_seconds(partial(apply_action, action, data[column], salt=SALT), args.repeat)
+        print(f"{action:<22} {column:<22} {args.rows / seconds:>14,.0f}")
+    strings = data["string ascii"]
+    baselines: list[tuple[str, Callable[[], object]]] = [
+        ("baseline utf8_upper", lambda: pc.utf8_upper(strings)),
+        ("baseline copy", lambda: pa.concat_arrays([strings, strings.slice(0, 0)])),
+    ]
+    for name, run in baselines:
+        print(f"{name:<22} {'string ascii':<22} {args.rows / best_seconds(run, args.repeat):>14,.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""The required row filter as a pyiceberg expression for scan planning: never stronger than the real filter.
+
+pyiceberg may evaluate the expression on files, manifests *and* rows (its Arrow path drops a row whose
+predicate is null). So the translation must keep every row the exact filter keeps, under any null
+semantics:
+
+- negations are pushed down to the leaves first (negation normal form), so the tree is monotone in its
+  leaves;
+- a leaf that is true for null values in our two-valued logic (``not-eq``, ``not-in``, negated ``lt`` ...)
+  gets ``OR is_null(x)`` (and ``OR is_nan(x)`` on float columns), because pyiceberg would drop those rows;
+- a leaf pyiceberg cannot bind (for example a nanosecond timestamp literal) becomes AlwaysTrue, which in a
+  monotone tree only weakens the filter. Pruning with less is safe; the exact filter runs on every batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from uuid import UUID
+
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    EqualTo,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    IsNaN,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    NotEqualTo,
+    NotIn,
+    NotNaN,
+    NotNull,
+    NotStartsWith,
+    Or,
+    Reference,
+    StartsWith,
+)
+from pyiceberg.expressions.visitors import bind
+from pyiceberg.schema import Schema
+from pyiceberg.types import NestedField
+
+from sqe.restrictions import expressions as ex
+from sqe.restrictions.literals import FLOAT_TYPES, LiteralValue, parse_type_name
+
+# op after negation normal form -> (pyiceberg leaf, true for null/NaN values in our semantics)
+_COMPARISONS: dict[tuple[str, bool], tuple[Callable[..., BooleanExpression], bool]] = {
+    ("eq", False): (EqualTo, False),
+    ("not-eq", False): (NotEqualTo, True),
+    ("lt", False): (LessThan, False),
+    ("lt-eq", False): (LessThanOrEqual, False),
+    ("gt", False): (GreaterThan, False),
+    ("gt-eq", False): (GreaterThanOrEqual, False),
+    ("eq", True): (NotEqualTo, True),
+    ("not-eq", True): (EqualTo, False),
+    ("lt", True): (GreaterThanOrEqual, True),
+    ("lt-eq", True): (GreaterThan, True),
+    ("gt", True): (LessThanOrEqual, True),
+    ("gt-eq", True): (LessThan, True),
+}
+_CHECKS: dict[tuple[str, bool], tuple[Callable[..., BooleanExpression], bool]] = {
+    ("is-null", False): (IsNull, False),
+    ("not-null", False): (NotNull, False),
+    ("is-nan", False): (IsNaN, False),
+    ("not-nan", False): (NotNaN, True),
+    ("is-null", True): (NotNull, False),
+    ("not-null", True): (IsNull, False),
+    ("is-nan", True): (NotNaN, True),
+    ("not-nan", True): (IsNaN, False),
+}
+
+
+def to_pyiceberg(predicate: ex.Predicate, schema: Schema | None = None) -> BooleanExpression:
+    """Unbound pyiceberg expression by column name; ``schema`` (the scan's) makes the bind check exact."""
+    return _Translator(schema).convert(predicate, negate=False)
+
+
+class _Translator:
+    def __init__(self, schema: Schema | None) -> None:
+        self._schema = schema
+
+    def convert(self, predicate: ex.Predicate, *, negate: bool) -> BooleanExpression:
+        if isinstance(predicate, ex.Not):
+            return self.convert(predicate.child, negate=not negate)
+        if isinstance(predicate, ex.And | ex.Or):
+            left = self.convert(predicate.left, negate=negate)
+            right = self.convert(predicate.right, negate=negate)
+            conjunction = isinstance(predicate, ex.And) != negate  # De Morgan
+            return And(left, right) if conjunction else Or(left, right)
+        return self._leaf(predicate, negate)
+
+    def _leaf(self, leaf: ex.Leaf, negate: bool) -> BooleanExpression:
+        ref = leaf.ref
+        if isinstance(leaf, ex.NullCheck):
+            make, true_on_null = _CHECKS[(leaf.op, negate)]
+            build: Callable[[str], BooleanExpression] = lambda name: make(Reference(name))  # noqa: E731
+        elif isinstance(leaf, ex.StartsWith):
+            make, true_on_null = (NotStartsWith, True) if leaf.negated != negate else (StartsWith, False)
+            prefix = leaf.prefix
+            build = lambda name: make(Reference(name), prefix)  # noqa: E731
+        elif isinstance(leaf, ex.SetMembership):
+            make, true_on_null = (NotIn, True) if leaf.negated != negate else (In, False)
+            values = {_pyiceberg_value(value, ref) for value in leaf.values}
+            build = lambda name: make(Reference(name), values)  # noqa: E731
+        else:
+            make, true_on_null = _COMPARISONS[(leaf.op, negate)]
+            value = _pyiceberg_value(leaf.value, ref)
+            build = lambda name: make(Reference(name), value)  # noqa: E731
+        if not self._binds(build, ref):
+            return AlwaysTrue()
+        expression = build(ref.name)
+        if true_on_null:
+            expression = Or(expression, IsNull(term=Reference(ref.name)))
+            if ref.type_name in FLOAT_TYPES:
+                expression = Or(expression, IsNaN(term=Reference(ref.name)))
+        return expression
+
+    def _binds(self, build: Callable[[str], BooleanExpression], ref: ex.FieldRef) -> bool:
+        """Whether pyiceberg binds this leaf to the same field id (and can convert its literal)."""
+        if self._schema is not None:
+            schema, name, field_id = self._schema, ref.name, ref.field_id
+        else:
+            field = NestedField(1, "c", parse_type_name(ref.type_name), required=False)
+            schema, name, field_id = Schema(field), "c", 1
+        try:
+            bound = bind(schema, build(name), case_sensitive=True)
+        except Exception:  # pyiceberg raises several types for unconvertible literals; all mean "don't push"
+            return False
+        term = getattr(bound, "term", None)
+        return term is not None and term.ref().field.field_id == field_id
+
+
+def _pyiceberg_value(value: LiteralValue, ref: ex.FieldRef) -> object:
+    """pyiceberg literal input: UUIDs as UUID, temporal values as integers in the Iceberg unit."""
+    if ref.type_name == "uuid" and isinstance(value, bytes):
+        return UUID(bytes=value)
+    return value

@@ -1,0 +1,130 @@
+"""mask-alphanum, show-first-4 and show-last-4, per Unicode code point, over whole Arrow buffers.
+
+The mask rules: ASCII digits become ``n``; ``( ) , . - @`` stay; every other code point becomes ``x``. So
+the masked text is ASCII with one byte per input code point. One ``bytes.translate`` pass over the UTF-8
+data buffer does it all: a lookup table maps every ASCII byte and every UTF-8 lead byte (0xC0-0xFF) to its
+mask byte, and the continuation bytes (0x80-0xBF, which never start a code point in valid UTF-8) are
+deleted. Only when the data had multi-byte code points do the offsets change; they are then rebuilt from
+the per-row code point counts.
+
+show-first-4/-last-4 split each value into the kept and the masked code points and join them again. For
+ASCII-only data (one byte per code point) the split is a cheap byte slice of the original and of the fully
+masked text; otherwise Arrow's code-point slicing does it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sqe.restrictions.arrow_buffers import validity_bitmap
+
+_KEPT = b"(),.-@"
+_MASK_TABLE = bytes(
+    ord("n") if 0x30 <= byte <= 0x39 else byte if byte in _KEPT else ord("x") for byte in range(256)
+)
+_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
+_TO_END = 2**31 - 1
+_SHOWN = 4
+
+
+def mask_alphanum(array: pa.Array) -> pa.Array:
+    return _per_string_type(array, _mask_utf8)
+
+
+def show_first_4(array: pa.Array) -> pa.Array:
+    return _per_string_type(array, _show_first)
+
+
+def show_last_4(array: pa.Array) -> pa.Array:
+    return _per_string_type(array, _show_last)
+
+
+def _per_string_type(array: pa.Array, kernel: Callable[[pa.Array], pa.Array]) -> pa.Array:
+    """Run ``kernel`` on string or large_string data; other string encodings convert there and back."""
+    if isinstance(array, pa.DictionaryArray):  # masking is per value, so mask the dictionary only
+        masked = _per_string_type(array.dictionary, kernel)
+        return pa.DictionaryArray.from_arrays(array.indices, masked, ordered=array.type.ordered)
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        return kernel(array)
+    if pa.types.is_string_view(array.type):
+        return kernel(array.cast(pa.large_string())).cast(array.type)
+    raise TypeError(f"not a string column: {array.type}")
+
+
+def _show_first(array: pa.Array) -> pa.Array:
+    if _is_ascii(array):  # one byte per code point: cheaper byte slices of the fully masked text
+        raw, masked = _bytes_view(array), _bytes_view(_mask_utf8(array))
+        return _concat(pc.binary_slice(raw, 0, _SHOWN), pc.binary_slice(masked, _SHOWN, _TO_END)).view(
+            array.type
+        )
+    shown = pc.utf8_slice_codeunits(array, 0, _SHOWN)
+    hidden = _mask_utf8(pc.utf8_slice_codeunits(array, _SHOWN, _TO_END))
+    return _concat(shown, hidden)
+
+
+def _show_last(array: pa.Array) -> pa.Array:
+    if _is_ascii(array):
+        raw, masked = _bytes_view(array), _bytes_view(_mask_utf8(array))
+        return _concat(pc.binary_slice(masked, 0, -_SHOWN), pc.binary_slice(raw, -_SHOWN, _TO_END)).view(
+            array.type
+        )
+    hidden = _mask_utf8(pc.utf8_slice_codeunits(array, 0, -_SHOWN))
+    shown = pc.utf8_slice_codeunits(array, -_SHOWN, _TO_END)
+    return _concat(hidden, shown)
+
+
+def _concat(left: pa.Array, right: pa.Array) -> pa.Array:
+    return pc.binary_join_element_wise(left, right, pa.scalar(b"", type=left.type))
+
+
+def _bytes_view(array: pa.Array) -> pa.Array:
+    return array.view(pa.large_binary() if pa.types.is_large_string(array.type) else pa.binary())
+
+
+def _is_ascii(array: pa.Array) -> bool:
+    """Whether all bytes the values span are ASCII (a stray byte in a null slot only costs speed)."""
+    data = array.buffers()[2]
+    if data is None or len(array) == 0:
+        return True
+    offsets = _offsets(array)
+    return bytes(memoryview(data)[offsets[0].as_py() : offsets[len(array)].as_py()]).isascii()
+
+
+def _offsets(array: pa.Array) -> pa.Array:
+    offset_type = pa.int64() if pa.types.is_large_string(array.type) else pa.int32()
+    return pa.Array.from_buffers(offset_type, len(array) + 1, [None, array.buffers()[1]], offset=array.offset)
+
+
+def _mask_utf8(array: pa.Array) -> pa.Array:
+    """mask-alphanum on a string or large_string array; nulls stay null."""
+    length = len(array)
+    if length == 0:
+        return array
+    validity = validity_bitmap(array)
+    source = pc.fill_null(array, "") if array.null_count else array  # null slots may hold stray bytes
+    offset_type = pa.int64() if pa.types.is_large_string(array.type) else pa.int32()
+    offsets = pa.Array.from_buffers(
+        offset_type, length + 1, [None, source.buffers()[1]], offset=source.offset
+    )
+    start, end = offsets[0].as_py(), offsets[length].as_py()
+    data = source.buffers()[2]
+    raw = bytes(memoryview(data)[start:end]) if data is not None else b""
+    masked = raw.translate(_MASK_TABLE, _CONTINUATION_BYTES)
+    if len(masked) == len(raw):  # ASCII only: the offsets are unchanged
+        new_offsets = offsets if start == 0 else pc.subtract(offsets, pa.scalar(start, offset_type))
+    else:
+        code_points = pc.utf8_length(source)
+        new_offsets = pa.concat_arrays([pa.array([0], offset_type), pc.cumulative_sum(code_points)])
+    offsets_buffer = _buffer_from(new_offsets)
+    return pa.Array.from_buffers(array.type, length, [validity, offsets_buffer, pa.py_buffer(masked)])
+
+
+def _buffer_from(offsets: pa.Array) -> pa.Buffer:
+    """The data buffer of an offsets array, starting at its first element."""
+    if offsets.offset == 0:
+        return offsets.buffers()[1]
+    width = offsets.type.byte_width
+    return offsets.buffers()[1].slice(offsets.offset * width, len(offsets) * width)
