@@ -47,7 +47,6 @@ from sqe.catalog._transport import RetryPolicy, make_session
 from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
 from sqe.config import CatalogConnection, SQEConfig
 from sqe.credentials import ScopedFileIO, parse_storage_credentials
-from sqe.restrictions import strict_json_loads
 from sqe.errors import (
     AuthenticationError,
     CatalogError,
@@ -61,6 +60,7 @@ from sqe.errors import (
     RestrictionError,
     RestrictionsNotSupportedError,
 )
+from sqe.restrictions import strict_json_loads
 
 # pyiceberg's catalog exceptions do not share a base class; these are the ones its REST calls raise.
 PYICEBERG_CATALOG_ERRORS: tuple[type[Exception], ...] = (
