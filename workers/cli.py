@@ -1,13 +1,82 @@
-"""``sqe-worker``: placeholder until distributed scans land."""
+"""``sqe-worker --listen HOST:PORT [--token-file F] [--tls-cert C --tls-key K] [--max-message-bytes N]``.
+
+Fails closed: without a token file the worker refuses to start unless ``--insecure-no-token`` is given.
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
+from pathlib import Path
+
+from sqe.errors import ConfigError
+from workers.auth import read_token_file
+from workers.server import ServerOptions, serve
+from workers.service import DEFAULT_MAX_MESSAGE_BYTES, ServiceSettings
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sqe-worker", description="SQE distributed scan worker (gRPC).")
+    parser.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on (port 0: any)")
+    parser.add_argument("--token-file", type=Path, help="file holding the coordinator's bearer token")
+    parser.add_argument(
+        "--insecure-no-token", action="store_true", help="accept calls without a token (local experiments only)"
+    )
+    parser.add_argument("--tls-cert", type=Path, help="PEM certificate chain; with --tls-key: TLS only")
+    parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES, metavar="N")
+    parser.add_argument("--max-fragments", type=int, default=8, help="fragments run at once (default 8)")
+    parser.add_argument("--max-files-in-flight", type=int, default=2, help="files read at once per fragment")
+    parser.add_argument("--pace-ms-per-file", type=int, default=0, help=argparse.SUPPRESS)  # tests only
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def _read_pem(path: Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} {path}: {type(exc).__name__}") from None
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    if args.token_file is None and not args.insecure_no_token:
+        raise ConfigError("no --token-file: refusing to start without authentication (or pass --insecure-no-token)")
+    if args.token_file is not None and args.insecure_no_token:
+        raise ConfigError("--token-file and --insecure-no-token contradict each other")
+    for name in ("max_fragments", "max_files_in_flight"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.pace_ms_per_file < 0:
+        raise ConfigError("--pace-ms-per-file must not be negative")
+    return ServerOptions(
+        listen=args.listen,
+        token=read_token_file(args.token_file) if args.token_file is not None else None,
+        tls_cert=_read_pem(args.tls_cert, "TLS certificate"),
+        tls_key=_read_pem(args.tls_key, "TLS key"),
+        service=ServiceSettings(
+            max_message_bytes=args.max_message_bytes,
+            max_fragments=args.max_fragments,
+            max_files_in_flight=args.max_files_in_flight,
+            pace_seconds=args.pace_ms_per_file / 1000.0,
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("sqe-worker: distributed scan workers are not yet available in this version", file=sys.stderr)
-    return 2
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        return serve(options_from_args(args), port_file=args.port_file)
+    except ConfigError as exc:
+        print(f"sqe-worker: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyiceberg
@@ -24,7 +24,7 @@ from sqe.errors import QueryError
 if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
 
-    from sqe.planning.planner import ScanPlan
+    from sqe.planning.planner import ReadSpec
 
 BatchTransform = Callable[[pa.RecordBatch], pa.RecordBatch]
 
@@ -61,6 +61,19 @@ def _verify_pinned_pyiceberg() -> None:
 _verify_pinned_pyiceberg()
 _task_to_record_batches: Callable[..., Iterator[pa.RecordBatch]] = _pyiceberg_arrow._task_to_record_batches
 _read_deletes: Callable[..., dict[str, pa.ChunkedArray]] = _pyiceberg_arrow._read_deletes
+
+
+class FileScanSource(Protocol):
+    """What the executor reads: a ``ScanPlan`` locally, a ticket's rebuilt tasks on a scan worker."""
+
+    @property
+    def tasks(self) -> tuple[FileScanTask, ...]: ...
+
+    @property
+    def read(self) -> ReadSpec: ...
+
+    @property
+    def ident(self) -> object: ...  # names the reader threads
 
 
 class QueryCancelledError(QueryError):
@@ -121,7 +134,7 @@ class LocalExecutor:
 
     def record_batches(
         self,
-        plan: ScanPlan,
+        plan: FileScanSource,
         *,
         cancel: threading.Event | None = None,
         transform: BatchTransform | None = None,
@@ -138,7 +151,7 @@ class _ScanRun:
     def __init__(
         self,
         executor: LocalExecutor,
-        plan: ScanPlan,
+        plan: FileScanSource,
         cancel: threading.Event,
         transform: BatchTransform | None,
         metrics: ScanMetrics,
@@ -258,7 +271,7 @@ class _ScanRun:
 class _DeleteCache:
     """Positional delete files, each read once per scan run however many data files it covers."""
 
-    def __init__(self, plan: ScanPlan) -> None:
+    def __init__(self, plan: FileScanSource) -> None:
         self._io = plan.read.io
         self._lock = threading.Lock()
         self._path_locks: dict[str, threading.Lock] = {}

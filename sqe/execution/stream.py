@@ -66,7 +66,7 @@ class ScanStream:
             for batch in self._executor.record_batches(
                 self.plan, cancel=self._context.cancel, transform=self._transform, metrics=self._context.metrics
             ):
-                yield _conform(batch, self.schema)
+                yield conform_batch(batch, self.schema)
         except SQEError as exc:  # including QueryCancelledError
             self._context.record_error(exc)
             raise
@@ -76,8 +76,9 @@ class ScanStream:
             raise error from None
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """Batches of different files may differ in string width or carry field ids; DuckDB needs one schema."""
+def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Batches of different files may differ in string width or carry field ids (or, on a scan worker, be
+    dictionary-encoded); consumers need exactly ``schema``."""
     if batch.schema.equals(schema, check_metadata=True):
         return batch
     columns = [

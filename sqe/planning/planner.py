@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from pyiceberg.partitioning import PartitionSpec
     from pyiceberg.schema import Schema
     from pyiceberg.table import FileScanTask
+    from pyiceberg.table.metadata import TableMetadata
     from pyiceberg.table.name_mapping import NameMapping
 
     from sqe.catalog.base import LoadedTable, TableIdent
@@ -94,21 +95,11 @@ class ScanPlan:
     @property
     def arrow_schema(self) -> pa.Schema:
         """The batches' schema after restrictions: a masked column may hold NULLs whatever its type says."""
-        schema = schema_to_pyarrow(self.output_schema, include_field_ids=False)
-        masked = {self.read.projected_schema.find_column_name(i) for i in self.restrictions.masked_field_ids}
-        return pa.schema([f.with_nullable(True) if f.name in masked else f for f in schema])
+        return restricted_arrow_schema(self.read.projected_schema, self.output_field_ids, self.restrictions)
 
     def batch_transform(self, salt: bytes) -> BatchTransform | None:
         """The read-restrictions for one query (``salt``: its query-local salt), or None when there are none."""
-        read_ids = {f.field_id for f in self.read.projected_schema.columns}
-        if not self.restrictions.is_restricted and read_ids == self.output_field_ids:
-            return None
-        plan, schema, output = self.restrictions, self.read.projected_schema, self.output_field_ids
-
-        def restrict(batch: pa.RecordBatch) -> pa.RecordBatch:
-            return apply(batch, plan, salt=salt, schema=schema, output_field_ids=output)
-
-        return restrict
+        return restriction_transform(self.restrictions, self.read.projected_schema, self.output_field_ids, salt)
 
     def is_usable(self, now: float) -> bool:
         return self.loaded.is_usable(now)
@@ -132,6 +123,36 @@ class ScanPlan:
             "storage": describe_io(loaded.io),
             **describe_restrictions(self.restrictions),
         }
+
+
+def restricted_arrow_schema(
+    read_schema: Schema, output_field_ids: Collection[int], restrictions: RestrictionPlan
+) -> pa.Schema:
+    """Arrow schema of restricted batches: the output columns (read-schema order), masked ones nullable.
+
+    Shared by local scans and scan workers, so both stream exactly the same schema.
+    """
+    names = [f.name for f in read_schema.columns if f.field_id in output_field_ids]
+    schema = schema_to_pyarrow(read_schema.select(*names), include_field_ids=False)
+    masked = {read_schema.find_column_name(i) for i in restrictions.masked_field_ids}
+    return pa.schema([f.with_nullable(True) if f.name in masked else f for f in schema])
+
+
+def restriction_transform(
+    restrictions: RestrictionPlan, read_schema: Schema, output_field_ids: frozenset[int], salt: bytes
+) -> BatchTransform | None:
+    """The per-batch read-restrictions step (row filter, drop filter-only columns, masks), or None if a no-op.
+
+    Shared by local scans and scan workers: both apply a plan exactly the same way.
+    """
+    read_ids = {f.field_id for f in read_schema.columns}
+    if not restrictions.is_restricted and read_ids == output_field_ids:
+        return None
+
+    def restrict(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return apply(batch, restrictions, salt=salt, schema=read_schema, output_field_ids=output_field_ids)
+
+    return restrict
 
 
 def plan_scan(
@@ -297,7 +318,11 @@ def _safe_pushdown(
 
 
 def _read_spec(loaded: LoadedTable, projected: Schema, row_filter: BooleanExpression) -> ReadSpec:
-    metadata = loaded.table.metadata
+    return build_read_spec(loaded.table.metadata, loaded.io, projected, row_filter)
+
+
+def build_read_spec(metadata: TableMetadata, io: FileIO, projected: Schema, row_filter: BooleanExpression) -> ReadSpec:
+    """What a reader needs besides the file tasks (shared by local scans and scan workers)."""
     table_schema = metadata.schema()
     bound = bind(table_schema, row_filter, case_sensitive=True)
     # Same rule as pyiceberg's ArrowScan: nested list/map ids are not projected by id; filter columns are read.
@@ -305,7 +330,7 @@ def _read_spec(loaded: LoadedTable, projected: Schema, row_filter: BooleanExpres
         fid for fid in projected.field_ids if not isinstance(projected.find_type(fid), (MapType, ListType))
     } | extract_field_ids(bound)
     return ReadSpec(
-        io=loaded.io,
+        io=io,
         bound_row_filter=bound,
         projected_schema=projected,
         table_schema=table_schema,

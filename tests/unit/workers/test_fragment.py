@@ -1,0 +1,170 @@
+"""A fragment run in-process on real local Iceberg tables: rows, restrictions, slicing, progress; its FileIO."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+from pyiceberg.table import Table
+
+from sqe.errors import CredentialExpiredError, WorkerError
+from sqe.execution.local import LocalExecutor, QueryCancelledError
+from sqe.restrictions import EMPTY_PLAN, RestrictionPlan, apply
+from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, sorted_rows, ticket_for
+from workers._proto import worker_pb2 as pb
+from workers.errors import MissingCredentialsError
+from workers.fileio import FragmentFileIO
+from workers.fragment import RunningFragment, WorkerStats
+from workers.ipc import decode_batch, decode_schema
+from workers.ticket import StorageOptions, TicketCredentials, decode_ticket
+
+SALT = bytes(range(16))
+REGION = StorageOptions(region="us-east-1")
+
+
+def run(ticket: pb.ScanTicket, *, max_message_bytes: int = 1 << 20) -> tuple[pa.Table, list[pb.ExecuteResponse]]:
+    decoded = decode_ticket(ticket)
+    cancel = threading.Event()
+    io = FragmentFileIO(decoded.credentials, decoded.storage, cancel=cancel, allow_local=True)
+    fragment = RunningFragment(decoded, io, cancel)
+    messages = list(fragment.stream(LocalExecutor(max_files_in_flight=2), max_message_bytes, WorkerStats()))
+    schema = decode_schema(messages[0].schema.ipc)
+    batches = [decode_batch(m.batch.ipc, schema) for m in messages if m.WhichOneof("payload") == "batch"]
+    return pa.Table.from_batches(batches, schema=schema), messages
+
+
+def local_reference(table: Table, plan: RestrictionPlan, output: list[str] | None = None) -> pa.Table:
+    """The same read done locally: pyiceberg's scan of the read columns, then sqe.restrictions.apply."""
+    schema = table.schema()
+    output_ids = {schema.find_field(n).field_id for n in output} if output else {f.field_id for f in schema.columns}
+    read_names = [f.name for f in schema.columns if f.field_id in output_ids | plan.filter_field_ids]
+    read_schema = schema.select(*read_names)
+    raw = table.scan(selected_fields=tuple(read_names)).to_arrow()
+    batches = [apply(b, plan, salt=SALT, schema=read_schema, output_field_ids=output_ids) for b in raw.to_batches()]
+    return pa.Table.from_batches(batches)
+
+
+def test_fragment_returns_exactly_the_tables_rows(local_tables: LocalTables) -> None:
+    result, messages = run(ticket_for(local_tables.events))
+    expected = local_tables.events.scan().to_arrow()
+    assert result.num_rows == 2000
+    assert sorted_rows(result) == sorted_rows(expected)
+    kinds = [m.WhichOneof("payload") for m in messages]
+    assert kinds[0] == "schema" and kinds[-1] == "complete" and kinds.count("schema") == 1
+    complete, last_progress = messages[-1].complete, messages[-2].progress
+    assert (complete.rows, complete.files) == (2000, 5)
+    assert (last_progress.files_done, last_progress.files_total, last_progress.rows_sent) == (5, 5, 2000)
+    assert last_progress.bytes_done == last_progress.bytes_total > 0
+
+
+def test_positional_deletes_are_applied(local_tables: LocalTables) -> None:
+    result, _ = run(ticket_for(local_tables.deleted))
+    assert sorted_rows(result) == sorted_rows(local_tables.deleted.scan().to_arrow())
+    assert result.num_rows == 4000 - 3
+
+
+def test_restrictions_are_applied_like_the_local_path(local_tables: LocalTables) -> None:
+    table = local_tables.events
+    plan = restriction_plan(
+        table,
+        {
+            "required-row-filter": {"type": "lt", "left": {"type": "reference", "id": 2}, "right": 3},
+            "required-column-projections": [
+                {"field-id": 4, "action": "sha-256-query-local"},
+                {"field-id": 3, "action": "truncate-to-year"},
+            ],
+        },
+    )
+    result, _ = run(ticket_for(table, plan=plan, output=["id", "day", "label"], salt=SALT))
+    expected = local_reference(table, plan, ["id", "day", "label"])
+    assert result.column_names == ["id", "day", "label"]  # grp was read for the filter, then dropped
+    assert result.num_rows == 1200  # groups 0, 1 and 2
+    assert sorted_rows(result) == sorted_rows(expected)
+    assert result.schema.field("label").nullable  # masked columns are declared nullable, as locally
+
+
+def test_batches_are_sliced_to_fit_the_message_limit(local_tables: LocalTables) -> None:
+    limit = 8 * 1024
+    result, messages = run(ticket_for(local_tables.numbers), max_message_bytes=limit)
+    batch_messages = [m for m in messages if m.WhichOneof("payload") == "batch"]
+    assert len(batch_messages) > 4  # one file is one batch locally; each had to be cut
+    assert max(m.ByteSize() for m in batch_messages) <= limit
+    assert sorted_rows(result) == sorted_rows(local_tables.numbers.scan().to_arrow())
+
+
+def test_no_restrictions_and_all_columns_needs_no_transform(local_tables: LocalTables) -> None:
+    result, _ = run(ticket_for(local_tables.numbers, plan=EMPTY_PLAN, output=["name"]))
+    assert result.column_names == ["name"] and result.num_rows == 4000
+
+
+# ------------------------------------------------------------------------------------------------ FileIO
+
+
+def cred(prefix: str, key: str, expires_in: float | None = 3600.0) -> TicketCredentials:
+    expires = None if expires_in is None else int((time.time() + expires_in) * 1000)
+    return TicketCredentials(prefix, key, "secret-" + key, "token-" + key, expires, storage=REGION)
+
+
+def file_io(*creds: TicketCredentials, opened: list[str] | None = None, **kwargs: object) -> FragmentFileIO:
+    record = opened.append if opened is not None else None
+    return FragmentFileIO(
+        creds,
+        REGION,
+        cancel=kwargs.pop("cancel", threading.Event()),  # type: ignore[arg-type]
+        on_open=(lambda c: record(c.access_key_id)) if record is not None else None,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_each_file_uses_its_longest_prefix_and_uncovered_paths_fail() -> None:
+    opened: list[str] = []
+    io = file_io(cred("s3://b/wh", "WIDE"), cred("s3://b/wh/ns/t1", "NARROW"), opened=opened)
+    io.new_input("s3://b/wh/ns/t1/data/a.parquet")
+    io.new_input("s3://b/wh/ns/t10/data/a.parquet")  # t1 must not cover t10
+    assert opened == ["NARROW", "WIDE"]
+    with pytest.raises(MissingCredentialsError, match=r"no credential set in the ticket covers s3://other/x"):
+        io.new_input("s3://other/x")
+    with pytest.raises(MissingCredentialsError):
+        io.new_input("file:///etc/passwd")  # local paths only with allow_local (unit tests)
+
+
+def test_an_expired_set_fails_before_the_file_is_opened() -> None:
+    io = file_io(cred("s3://b/t", "OLD", expires_in=-1))
+    expected = r"credentials for s3://b/t expired at .* and no refreshed set arrived"
+    with pytest.raises(CredentialExpiredError, match=expected):
+        io.new_input("s3://b/t/f.parquet")
+    assert io.expired_set() is not None
+
+
+def test_a_pushed_set_serves_files_opened_afterwards() -> None:
+    opened: list[str] = []
+    io = file_io(cred("s3://b/t", "OLD", expires_in=0.2), cred("s3://b/u", "OTHER"), opened=opened)
+    first = io.new_input("s3://b/t/1.parquet")
+    io.refresh([cred("s3://b/t/", "NEW")])  # same prefix, spelled with a trailing slash
+    time.sleep(0.25)  # the old set is now expired; the new one is current
+    second = io.new_input("s3://b/t/2.parquet")
+    io.new_input("s3://b/u/3.parquet")  # other prefixes keep their set
+    assert opened == ["OLD", "NEW", "OTHER"]
+    assert first is not second
+    assert {"OLD", "secret-OLD", "NEW", "token-NEW"} <= io.secret_values()
+    assert "secret" not in repr(io)
+
+
+def test_pacing_waits_before_each_file_and_a_cancel_interrupts_it() -> None:
+    cancel = threading.Event()
+    io = file_io(cred("s3://b/t", "K"), cancel=cancel, pace_seconds=5.0)
+    threading.Timer(0.1, cancel.set).start()
+    started = time.monotonic()
+    with pytest.raises(QueryCancelledError):
+        io.new_input("s3://b/t/f.parquet")
+    assert time.monotonic() - started < 2.0
+
+
+def test_workers_never_write() -> None:
+    io = file_io(cred("s3://b/t", "K"))
+    with pytest.raises(WorkerError):
+        io.new_output("s3://b/t/x")
+    with pytest.raises(WorkerError):
+        io.delete("s3://b/t/x")

@@ -1,0 +1,168 @@
+"""Worker start-up and plumbing: environment lockdown, token files, fail-closed flags, IPC slicing, push checks."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+
+from sqe.errors import ConfigError
+from tests.unit.workers.worker_fixtures import LocalTables, ticket_for
+from workers.cli import _parser, options_from_args
+from workers.environment import ambient_credentials_disabled, scrub_environment
+from workers.errors import KIND_CREDENTIAL_EXPIRED, KIND_READ_FAILED, MessageTooLargeError
+from workers.fileio import FragmentFileIO
+from workers.fragment import RunningFragment
+from workers.ipc import decode_batch, decode_schema, encode_batch, encode_schema
+from workers.server import ServerOptions, create_server
+from workers.service import ServiceSettings, _classify, _refusal
+from workers.ticket import TableRef, TicketCredentials, decode_ticket
+
+# ------------------------------------------------------------------------------------------- environment
+
+
+def test_scrub_removes_every_aws_variable_and_locks_the_sdk_down() -> None:
+    environ = {
+        "AWS_ACCESS_KEY_ID": "AKIA",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_SESSION_TOKEN": "t",
+        "AWS_PROFILE": "prod",
+        "AWS_WEB_IDENTITY_TOKEN_FILE": "/var/run/token",
+        "aws_role_arn": "arn",
+        "PATH": "/bin",
+    }
+    assert not ambient_credentials_disabled(environ)
+    removed = scrub_environment(environ)
+    assert removed == sorted(["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                              "AWS_WEB_IDENTITY_TOKEN_FILE", "aws_role_arn"])  # fmt: skip
+    assert environ == {
+        "PATH": "/bin",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+    }
+    assert ambient_credentials_disabled(environ)
+    assert not ambient_credentials_disabled({**environ, "AWS_CONFIG_FILE": "/home/u/.aws/config"})
+
+
+# ---------------------------------------------------------------------------------------- flags, tokens
+
+
+def args(*argv: str) -> ServerOptions:
+    return options_from_args(_parser().parse_args(["--listen", "127.0.0.1:0", *argv]))
+
+
+def test_no_token_file_refuses_to_start_unless_explicitly_insecure() -> None:
+    with pytest.raises(ConfigError, match="refusing to start without authentication"):
+        args()
+    assert args("--insecure-no-token").token is None
+
+
+def test_token_files_are_read_and_checked(tmp_path: Path) -> None:
+    good = tmp_path / "token"
+    good.write_text("  0123456789abcdef0123\n")
+    options = args("--token-file", str(good))
+    assert options.token == "0123456789abcdef0123"
+    assert "0123456789abcdef0123" not in repr(options)
+    short = tmp_path / "short"
+    short.write_text("abc")
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        args("--token-file", str(short))
+    with pytest.raises(ConfigError, match="cannot read the token file"):
+        args("--token-file", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="contradict"):
+        args("--token-file", str(good), "--insecure-no-token")
+
+
+def test_message_limit_and_tls_pairs_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="at least 65536"):
+        create_server(ServerOptions("127.0.0.1:0", None, service=ServiceSettings(max_message_bytes=1000)))
+    with pytest.raises(ConfigError, match="go together"):
+        create_server(ServerOptions("127.0.0.1:0", None, tls_cert=b"x"))
+
+
+# ------------------------------------------------------------------------------------------------- IPC
+
+
+def test_ipc_slices_fit_and_keep_every_row() -> None:
+    batch = pa.record_batch({"id": pa.array(range(20_000), pa.int64()), "s": [f"value-{i}" for i in range(20_000)]})
+    pieces = list(encode_batch(batch, 64 * 1024))
+    assert len(pieces) > 2
+    assert all(len(data) <= 64 * 1024 for data, _ in pieces)
+    schema = decode_schema(encode_schema(batch.schema))
+    rebuilt = pa.Table.from_batches([decode_batch(data, schema) for data, _ in pieces])
+    assert rebuilt.equals(pa.Table.from_batches([batch]))
+    assert sum(rows for _, rows in pieces) == 20_000
+
+
+def test_a_row_larger_than_the_limit_is_a_clear_error() -> None:
+    batch = pa.record_batch({"blob": [b"x" * 10_000]})
+    with pytest.raises(MessageTooLargeError, match="single row"):
+        list(encode_batch(batch, 4096))
+
+
+# ---------------------------------------------------------------------------------------------- pushes
+
+
+def pushed(**changes: object) -> TicketCredentials:
+    values: dict[str, object] = {
+        "prefix": "s3://b/t",
+        "access_key_id": "AK",
+        "secret_access_key": "SECRET",
+        "session_token": "TOKEN",
+        "expires_at_ms": int((time.time() + 600) * 1000),
+    }
+    values.update(changes)
+    return TicketCredentials(**values)  # type: ignore[arg-type]
+
+
+TABLE = TableRef("wh", ("ns",), "t")
+
+
+@pytest.mark.parametrize(
+    ("sets", "query_id", "fragment_id", "table", "reason"),
+    [
+        ([pushed()], "q", "", None, "scope needs"),
+        ([], "q", "f", None, "no credential sets"),
+        ([pushed(session_token=None)], "q", "", TABLE, r"incomplete \(missing session token\); keeping"),
+        ([pushed(expires_at_ms=None)], "", "f", None, r"incomplete \(missing expiry\)"),
+        ([pushed(kind="static")], "", "f", None, "not a vended set"),
+        ([pushed(expires_at_ms=1000)], "", "f", None, "already expired"),
+        ([pushed(), pushed(secret_access_key="")], "", "f", None, "missing secret access key"),
+    ],
+)
+def test_incomplete_or_pointless_pushes_are_refused(
+    sets: list[TicketCredentials], query_id: str, fragment_id: str, table: TableRef | None, reason: str
+) -> None:
+    refusal = _refusal(sets, query_id, fragment_id, table)
+    assert re.search(reason, refusal)
+    assert "SECRET" not in refusal and "TOKEN" not in refusal
+
+
+def test_a_complete_push_is_acceptable() -> None:
+    assert _refusal([pushed()], "q", "", TABLE) == ""
+    assert _refusal([pushed()], "", "f-1", None) == ""
+
+
+def fragment_with(local_tables: LocalTables, cred: TicketCredentials) -> RunningFragment:
+    ticket = decode_ticket(ticket_for(local_tables.numbers, credentials=[cred]))
+    cancel = threading.Event()
+    return RunningFragment(ticket, FragmentFileIO(ticket.credentials, ticket.storage, cancel=cancel), cancel)
+
+
+def test_read_errors_name_expiry_when_the_keys_died_and_never_a_secret(local_tables: LocalTables) -> None:
+    error = OSError("AWS Error ACCESS_DENIED during GetObject for key AK signed with SECRET")
+    live = _classify(error, fragment_with(local_tables, pushed()))
+    assert (live.code, live.kind) == (grpc.StatusCode.UNAVAILABLE, KIND_READ_FAILED)
+    assert "AK " not in live.message and "SECRET" not in live.message and "[redacted]" in live.message
+    dead = _classify(error, fragment_with(local_tables, pushed(expires_at_ms=1000)))
+    assert (dead.code, dead.kind) == (grpc.StatusCode.FAILED_PRECONDITION, KIND_CREDENTIAL_EXPIRED)
+    assert re.fullmatch(r"credentials for s3://b/t expired at 1970-01-01T00:00:01\+00:00 and no refreshed set arrived",
+                        dead.message)  # fmt: skip
+    other = _classify(KeyError("a data value"), fragment_with(local_tables, pushed()))
+    assert other.code == grpc.StatusCode.INTERNAL and "a data value" not in other.message

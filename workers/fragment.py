@@ -1,0 +1,180 @@
+"""Running fragments: the registry Cancel and RefreshCredentials reach them through, the streaming loop, counters.
+
+A fragment reads its file tasks with the engine's own ``LocalExecutor`` (bounded reader threads and queue) and
+applies read-restrictions with the same function as local scans, so a worker's rows equal a local scan's. The
+stream is a generator gRPC pulls as the client consumes: when the client is slow, gRPC flow control stops the
+pulls, the executor's queue fills and the reader threads wait, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sqe.execution.local import LocalExecutor, ScanMetrics
+from sqe.execution.stream import conform_batch
+from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
+from workers._proto import worker_pb2 as pb
+from workers.errors import DuplicateFragmentError, InvalidTicketError, WorkerBusyError
+from workers.fileio import FragmentFileIO
+from workers.ipc import encode_batch, encode_schema
+from workers.ticket import DecodedTicket, TableRef, TicketCredentials
+
+if TYPE_CHECKING:
+    from pyiceberg.table import FileScanTask
+
+    from sqe.planning.planner import ReadSpec
+
+
+@dataclass
+class WorkerStats:
+    """Counters since start. Access key ids are kept only as SHA-256 digests, to count distinct sets used."""
+
+    fragments_started: int = 0
+    fragments_completed: int = 0
+    fragments_failed: int = 0
+    fragments_cancelled: int = 0
+    batches_sent: int = 0
+    rows_sent: int = 0
+    ipc_bytes_sent: int = 0
+    files_read: int = 0
+    file_bytes_read: int = 0
+    refreshes_accepted: int = 0
+    refreshes_refused: int = 0
+    credential_expired_failures: int = 0
+    _key_digests: set[str] = field(default_factory=set, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def credential_used(self, cred: TicketCredentials) -> None:
+        digest = hashlib.sha256(cred.access_key_id.encode()).hexdigest()
+        with self._lock:
+            self._key_digests.add(digest)
+
+    def to_proto(self, running: int) -> pb.StatsResponse:
+        with self._lock:
+            counters = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+            used = len(self._key_digests)
+        return pb.StatsResponse(fragments_running=running, credential_sets_used=used, **counters)
+
+
+@dataclass(frozen=True)
+class _FragmentSource:
+    """What ``LocalExecutor`` reads (its ``FileScanSource``): the ticket's tasks with the worker's ReadSpec."""
+
+    tasks: tuple[FileScanTask, ...]
+    read: ReadSpec
+    ident: str
+
+
+class RunningFragment:
+    """One Execute call: its ticket, FileIO, cancel flag and progress."""
+
+    def __init__(self, ticket: DecodedTicket, io: FragmentFileIO, cancel: threading.Event) -> None:
+        self.ticket = ticket
+        self.io = io
+        self.cancel = cancel
+        self.metrics = ScanMetrics()
+        try:
+            self._read = build_read_spec(ticket.metadata, io, ticket.read_schema, ticket.row_filter)
+        except (ValueError, TypeError) as exc:  # the row filter does not bind to the table schema
+            raise InvalidTicketError(f"row_filter_json does not fit the table schema ({type(exc).__name__})") from None
+
+    @property
+    def fragment_id(self) -> str:
+        return self.ticket.fragment_id
+
+    @property
+    def query_id(self) -> str:
+        return self.ticket.query_id
+
+    def in_scope(self, query_id: str, fragment_id: str, table: TableRef | None) -> bool:
+        """Whether a Cancel/Refresh scope names this fragment (empty parts match anything; not all empty)."""
+        if not (query_id or fragment_id):
+            return False
+        if query_id and query_id != self.query_id:
+            return False
+        if fragment_id and fragment_id != self.fragment_id:
+            return False
+        return table is None or table == self.ticket.table
+
+    def stream(
+        self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats
+    ) -> Iterator[pb.ExecuteResponse]:
+        """Schema, then batches and progress, then ``complete``. Errors propagate to the caller."""
+        ticket = self.ticket
+        schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
+        transform = restriction_transform(ticket.restrictions, ticket.read_schema, ticket.output_field_ids, ticket.salt)
+        yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema)))
+        source = _FragmentSource(ticket.tasks, self._read, ticket.fragment_id)
+        rows = batches = 0
+        files_reported = 0
+        for batch in executor.record_batches(source, cancel=self.cancel, transform=transform, metrics=self.metrics):
+            for data, count in encode_batch(conform_batch(batch, schema), max_message_bytes):
+                yield pb.ExecuteResponse(batch=pb.ArrowBatch(ipc=data, num_rows=count))
+                rows += count
+                batches += 1
+                stats.add(batches_sent=1, rows_sent=count, ipc_bytes_sent=len(data))
+            if self.metrics.files_done != files_reported:
+                files_reported = self.metrics.files_done
+                yield pb.ExecuteResponse(progress=self._progress(rows))
+        yield pb.ExecuteResponse(progress=self._progress(rows))
+        done = self.metrics.snapshot()
+        yield pb.ExecuteResponse(
+            complete=pb.Complete(rows=rows, batches=batches, files=done["files_done"], bytes=done["bytes_done"])
+        )
+
+    def _progress(self, rows: int) -> pb.Progress:
+        done = self.metrics.snapshot()
+        return pb.Progress(
+            files_done=done["files_done"],
+            files_total=self.ticket.files_total,
+            bytes_done=done["bytes_done"],
+            bytes_total=self.ticket.bytes_total,
+            rows_sent=rows,
+        )
+
+
+class FragmentRegistry:
+    """Fragments running on this worker, by id; bounded so control RPCs always find a free server thread."""
+
+    def __init__(self, max_fragments: int) -> None:
+        self._max = max_fragments
+        self._lock = threading.Lock()
+        self._running: dict[str, RunningFragment] = {}
+
+    def register(self, fragment: RunningFragment) -> None:
+        with self._lock:
+            if fragment.fragment_id in self._running:
+                raise DuplicateFragmentError(f"fragment {fragment.fragment_id} is already running on this worker")
+            if len(self._running) >= self._max:
+                raise WorkerBusyError(f"this worker already runs {self._max} fragments")
+            self._running[fragment.fragment_id] = fragment
+
+    def unregister(self, fragment: RunningFragment) -> None:
+        with self._lock:
+            if self._running.get(fragment.fragment_id) is fragment:
+                del self._running[fragment.fragment_id]
+
+    def select(self, query_id: str, fragment_id: str, table: TableRef | None = None) -> list[RunningFragment]:
+        with self._lock:
+            fragments = list(self._running.values())
+        return [f for f in fragments if f.in_scope(query_id, fragment_id, table)]
+
+    def cancel_all(self) -> int:
+        with self._lock:
+            fragments = list(self._running.values())
+        for fragment in fragments:
+            fragment.cancel.set()
+        return len(fragments)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._running)

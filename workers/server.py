@@ -1,0 +1,105 @@
+"""Starting and stopping ``sqe-worker``: environment lockdown, the gRPC server (limits, TLS, auth), signals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import grpc
+
+from sqe.errors import ConfigError
+from workers._proto import worker_pb2 as pb
+from workers.auth import BearerTokenInterceptor
+from workers.environment import scrub_environment
+from workers.service import ServiceSettings, WorkerService, servicer_methods
+
+log = logging.getLogger("sqe.worker")
+
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Worker"].full_name  # "sqe.worker.v1.Worker"
+MIN_MESSAGE_BYTES = 64 * 1024
+# Control RPCs (Cancel, RefreshCredentials, Health, Stats) need server threads even when every fragment runs.
+CONTROL_THREADS = 4
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    listen: str
+    token: str | None = field(repr=False)
+    tls_cert: bytes | None = field(default=None, repr=False)
+    tls_key: bytes | None = field(default=None, repr=False)
+    service: ServiceSettings = field(default_factory=ServiceSettings)
+
+
+def create_server(options: ServerOptions) -> tuple[grpc.Server, WorkerService, int]:
+    """A started-ready (not yet started) server bound to ``options.listen``; returns it, its service and port."""
+    settings = options.service
+    if settings.max_message_bytes < MIN_MESSAGE_BYTES:
+        raise ConfigError(f"--max-message-bytes must be at least {MIN_MESSAGE_BYTES}")
+    service = WorkerService(settings)
+    interceptors = [BearerTokenInterceptor(options.token)] if options.token is not None else []
+    server = grpc.server(
+        futures.ThreadPoolExecutor(
+            max_workers=settings.max_fragments + CONTROL_THREADS, thread_name_prefix="sqe-worker-rpc"
+        ),
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, servicer_methods(service)),))
+    port = _bind(server, options)
+    return server, service, port
+
+
+def _bind(server: grpc.Server, options: ServerOptions) -> int:
+    if (options.tls_cert is None) != (options.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    try:
+        if options.tls_cert is not None and options.tls_key is not None:
+            credentials = grpc.ssl_server_credentials([(options.tls_key, options.tls_cert)])
+            port = int(server.add_secure_port(options.listen, credentials))
+        else:
+            port = int(server.add_insecure_port(options.listen))
+    except RuntimeError as exc:
+        raise ConfigError(f"cannot listen on {options.listen}: {exc}") from None
+    if port == 0:
+        raise ConfigError(f"cannot listen on {options.listen}")
+    return port
+
+
+def serve(options: ServerOptions, *, port_file: Path | None = None) -> int:
+    """Run until SIGTERM/SIGINT; running fragments are cancelled on the way out. Returns the exit code."""
+    removed = scrub_environment(os.environ)
+    server, service, port = create_server(options)
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    server.start()
+    tls = "TLS" if options.tls_cert is not None else "plaintext"
+    auth = "bearer token" if options.token is not None else "NO AUTHENTICATION (--insecure-no-token)"
+    log.info("listening on port %d (%s, %s); removed %d AWS_* variables", port, tls, auth, len(removed))
+    if port_file is not None:
+        _write_port_file(port_file, port)
+    stop.wait()
+    log.info("stopping: cancelling %d running fragment(s)", service.registry.cancel_all())
+    server.stop(grace=2.0).wait()
+    return 0
+
+
+def _write_port_file(path: Path, port: int) -> None:
+    """Atomically, so a watcher never reads a half-written port."""
+    scratch = path.with_name(path.name + ".tmp")
+    scratch.write_text(f"{port}\n", encoding="utf-8")
+    os.replace(scratch, path)

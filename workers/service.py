@@ -1,0 +1,296 @@
+"""The ``sqe.worker.v1.Worker`` service: Execute, RefreshCredentials, Cancel, Health, Stats.
+
+Logs name fragment ids, counts and error kinds only: never ticket contents, paths, keys or tokens. Error messages
+sent back to the coordinator are one line, with every credential value of the fragment scrubbed out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, NoReturn
+
+import grpc
+
+from sqe.errors import CredentialError, CredentialExpiredError, RestrictionError
+from sqe.execution.local import LocalExecutor, QueryCancelledError
+from workers._proto import worker_pb2 as pb
+from workers.environment import ambient_credentials_disabled
+from workers.errors import (
+    ERROR_KIND_KEY,
+    KIND_BUSY,
+    KIND_CANCELLED,
+    KIND_CREDENTIAL_EXPIRED,
+    KIND_DUPLICATE_FRAGMENT,
+    KIND_INTERNAL,
+    KIND_INVALID_TICKET,
+    KIND_MESSAGE_TOO_LARGE,
+    KIND_NO_CREDENTIALS,
+    KIND_READ_FAILED,
+    KIND_RESTRICTION,
+    DuplicateFragmentError,
+    InvalidTicketError,
+    MessageTooLargeError,
+    WorkerBusyError,
+)
+from workers.fileio import FragmentFileIO
+from workers.fragment import FragmentRegistry, RunningFragment, WorkerStats
+from workers.ticket import TableRef, TicketCredentials, decode_ticket
+
+log = logging.getLogger("sqe.worker")
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+def _package_version() -> str:
+    try:
+        return version("sqe")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_fragments: int = 8
+    max_files_in_flight: int = 2
+    max_queued_batches: int = 4
+    pace_seconds: float = 0.0  # test only: the worker-wide default for tickets that set none
+    allow_local_files: bool = False  # unit tests only: file:// paths need no credential set
+
+
+@dataclass(frozen=True)
+class _Failure:
+    code: grpc.StatusCode
+    kind: str
+    message: str
+
+
+class WorkerService:
+    """Plain methods with gRPC's servicer signatures; registered by ``workers.server``."""
+
+    def __init__(self, settings: ServiceSettings | None = None) -> None:
+        self.settings = settings or ServiceSettings()
+        self.stats = WorkerStats()
+        self.registry = FragmentRegistry(self.settings.max_fragments)
+        self._executor = LocalExecutor(
+            max_files_in_flight=self.settings.max_files_in_flight,
+            max_queued_batches=self.settings.max_queued_batches,
+        )
+
+    # ------------------------------------------------------------------------------------------- Execute
+
+    def Execute(self, request: pb.ScanTicket, context: grpc.ServicerContext) -> Iterator[pb.ExecuteResponse]:
+        fragment = self._start(request, context)
+        outcome = "failed"
+        try:
+            yield from fragment.stream(self._executor, self.settings.max_message_bytes, self.stats)
+            outcome = "completed"
+        except GeneratorExit:  # the client went away: the stream is closed under us
+            fragment.cancel.set()
+            outcome = "cancelled"
+            raise
+        except Exception as exc:
+            failure = _classify(exc, fragment)
+            outcome = "cancelled" if failure.kind == KIND_CANCELLED else "failed"
+            self._fail(context, failure, fragment)
+        finally:
+            fragment.cancel.set()  # stops reader threads whatever happened
+            self.registry.unregister(fragment)
+            self._record_end(fragment, outcome)
+
+    def _start(self, request: pb.ScanTicket, context: grpc.ServicerContext) -> RunningFragment:
+        cancel = threading.Event()
+        try:
+            ticket = decode_ticket(request)
+            pace = ticket.pace_seconds or self.settings.pace_seconds
+            io = FragmentFileIO(
+                ticket.credentials,
+                ticket.storage,
+                cancel=cancel,
+                pace_seconds=pace,
+                allow_local=self.settings.allow_local_files,
+                on_open=self.stats.credential_used,
+            )
+            fragment = RunningFragment(ticket, io, cancel)
+            self.registry.register(fragment)
+        except Exception as exc:
+            failure = _classify(exc, None)
+            log.warning("fragment rejected: %s", failure.kind)
+            self._abort(context, failure)
+        context.add_callback(cancel.set)  # RPC over for any reason (client cancel, deadline): stop reading
+        self.stats.add(fragments_started=1)
+        log.info("fragment %s started: %d files", fragment.fragment_id, ticket.files_total)
+        return fragment
+
+    def _fail(self, context: grpc.ServicerContext, failure: _Failure, fragment: RunningFragment) -> NoReturn:
+        if failure.kind == KIND_CREDENTIAL_EXPIRED:
+            self.stats.add(credential_expired_failures=1)
+        log.warning("fragment %s failed: %s", fragment.fragment_id, failure.kind)
+        self._abort(context, failure)
+
+    @staticmethod
+    def _abort(context: grpc.ServicerContext, failure: _Failure) -> NoReturn:
+        context.set_trailing_metadata(((ERROR_KIND_KEY, failure.kind),))
+        context.abort(failure.code, failure.message)
+        raise AssertionError("grpc context.abort returned")  # abort always raises
+
+    def _record_end(self, fragment: RunningFragment, outcome: str) -> None:
+        done = fragment.metrics.snapshot()
+        counter = {"completed": "fragments_completed", "cancelled": "fragments_cancelled"}.get(
+            outcome, "fragments_failed"
+        )
+        self.stats.add(**{counter: 1}, files_read=done["files_done"], file_bytes_read=done["bytes_done"])
+        log.info(
+            "fragment %s %s: %d/%d files, %d batches",
+            fragment.fragment_id,
+            outcome,
+            done["files_done"],
+            fragment.ticket.files_total,
+            done["batches_produced"],
+        )
+
+    # -------------------------------------------------------------------------------- RefreshCredentials
+
+    def RefreshCredentials(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
+        pushed = [TicketCredentials.from_proto(c) for c in request.credentials]
+        table = TableRef.from_proto(request.table) if request.HasField("table") else None
+        reason = _refusal(pushed, request.query_id, request.fragment_id, table)
+        fragments = [] if reason else self.registry.select(request.query_id, request.fragment_id, table)
+        if not reason and not fragments:
+            reason = "no running fragment in this scope"
+        if reason:
+            self.stats.add(refreshes_refused=1)
+            log.info("credential push refused: %s", reason)
+            return pb.RefreshResponse(accepted=False, reason=reason)
+        for fragment in fragments:
+            fragment.io.refresh(pushed)
+        self.stats.add(refreshes_accepted=1)
+        log.info(
+            "credential push applied to %d fragment(s): %s (%d sets)",
+            len(fragments),
+            ", ".join(f.fragment_id for f in fragments),
+            len(pushed),
+        )
+        return pb.RefreshResponse(accepted=True, fragments_updated=len(fragments))
+
+    # ------------------------------------------------------------------------------ Cancel, Health, Stats
+
+    def Cancel(self, request: pb.CancelRequest, context: grpc.ServicerContext) -> pb.CancelResponse:
+        if not (request.query_id or request.fragment_id):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Cancel needs a query_id or a fragment_id")
+        fragments = self.registry.select(request.query_id, request.fragment_id)
+        for fragment in fragments:
+            fragment.cancel.set()
+        log.info("cancel: %d fragment(s) told to stop", len(fragments))
+        return pb.CancelResponse(cancelled=len(fragments))
+
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
+        return pb.HealthResponse(
+            status=pb.HealthResponse.SERVING,
+            version=_package_version(),
+            max_message_bytes=self.settings.max_message_bytes,
+            running_fragments=len(self.registry),
+            ambient_credentials_disabled=ambient_credentials_disabled(os.environ),
+        )
+
+    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
+        return self.stats.to_proto(running=len(self.registry))
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _refusal(pushed: list[TicketCredentials], query_id: str, fragment_id: str, table: TableRef | None) -> str:
+    """Why a push is refused ("" when it is acceptable). Never names a value."""
+    if not fragment_id and not (query_id and table is not None):
+        return "scope needs a fragment_id, or a query_id and a table"
+    if not pushed:
+        return "no credential sets"
+    for cred in pushed:
+        if not cred.prefix:
+            return "a credential set has no prefix"
+        if cred.kind != "vended":
+            return f"the set for {cred.prefix} is not a vended set; only vended sets are refreshed"
+        missing = cred.missing_parts()
+        if missing:
+            return f"the set for {cred.prefix} is incomplete (missing {', '.join(missing)}); keeping the current keys"
+        if cred.is_expired():
+            return f"the set for {cred.prefix} has already expired; keeping the current keys"
+    return ""
+
+
+_SIMPLE_FAILURES: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] = (
+    (InvalidTicketError, grpc.StatusCode.INVALID_ARGUMENT, KIND_INVALID_TICKET),
+    (DuplicateFragmentError, grpc.StatusCode.ALREADY_EXISTS, KIND_DUPLICATE_FRAGMENT),
+    (WorkerBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED, KIND_BUSY),
+    (MessageTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED, KIND_MESSAGE_TOO_LARGE),
+    (QueryCancelledError, grpc.StatusCode.CANCELLED, KIND_CANCELLED),
+    (CredentialExpiredError, grpc.StatusCode.FAILED_PRECONDITION, KIND_CREDENTIAL_EXPIRED),
+    (CredentialError, grpc.StatusCode.FAILED_PRECONDITION, KIND_NO_CREDENTIALS),
+    (RestrictionError, grpc.StatusCode.FAILED_PRECONDITION, KIND_RESTRICTION),
+)
+
+
+def _classify(exc: BaseException, fragment: RunningFragment | None) -> _Failure:
+    """Status code, kind and a one-line, secret-free message for a fragment that could not run or finish."""
+    secrets: Iterable[str] = fragment.io.secret_values() if fragment is not None else ()
+    for error_type, code, kind in _SIMPLE_FAILURES:
+        if isinstance(exc, error_type):
+            return _Failure(code, kind, _scrub(_first_line(exc), secrets))
+    where = f"fragment {fragment.fragment_id}" if fragment is not None else "ticket"
+    if isinstance(exc, OSError) and fragment is not None:
+        expired = fragment.io.expired_set()
+        if expired is not None:  # the store refused a read because the keys died meanwhile
+            message = _first_line(fragment.io.expired_error(expired))
+            return _Failure(grpc.StatusCode.FAILED_PRECONDITION, KIND_CREDENTIAL_EXPIRED, message)
+        message = f"{where}: reading failed: {_scrub(_first_line(exc), secrets)}"
+        return _Failure(grpc.StatusCode.UNAVAILABLE, KIND_READ_FAILED, message)
+    # Anything else: the type only (an arbitrary message could quote data values).
+    return _Failure(grpc.StatusCode.INTERNAL, KIND_INTERNAL, f"{where}: internal error ({type(exc).__name__})")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:1000] if text else type(exc).__name__
+
+
+def _scrub(text: str, secrets: Iterable[str]) -> str:
+    for value in secrets:
+        text = text.replace(value, "[redacted]")
+    return text
+
+
+def servicer_methods(service: WorkerService) -> dict[str, Any]:
+    """gRPC method handlers for ``sqe.worker.v1.Worker``, typed with the generated message classes."""
+    return {
+        "Execute": grpc.unary_stream_rpc_method_handler(
+            service.Execute,
+            request_deserializer=pb.ScanTicket.FromString,
+            response_serializer=pb.ExecuteResponse.SerializeToString,
+        ),
+        "RefreshCredentials": grpc.unary_unary_rpc_method_handler(
+            service.RefreshCredentials,
+            request_deserializer=pb.RefreshRequest.FromString,
+            response_serializer=pb.RefreshResponse.SerializeToString,
+        ),
+        "Cancel": grpc.unary_unary_rpc_method_handler(
+            service.Cancel,
+            request_deserializer=pb.CancelRequest.FromString,
+            response_serializer=pb.CancelResponse.SerializeToString,
+        ),
+        "Health": grpc.unary_unary_rpc_method_handler(
+            service.Health,
+            request_deserializer=pb.HealthRequest.FromString,
+            response_serializer=pb.HealthResponse.SerializeToString,
+        ),
+        "Stats": grpc.unary_unary_rpc_method_handler(
+            service.Stats,
+            request_deserializer=pb.StatsRequest.FromString,
+            response_serializer=pb.StatsResponse.SerializeToString,
+        ),
+    }

@@ -1,0 +1,660 @@
+"""Scan tickets: pyiceberg file tasks, credential sets and table metadata <-> ``sqe.worker.v1`` messages.
+
+The coordinator builds tickets with :func:`build_ticket` (and :func:`credential_sets_from_load_table`); the worker
+reads them with :func:`decode_ticket`, which validates everything up front (fail closed) and raises
+:class:`~workers.errors.InvalidTicketError` naming the problem, never a value. Objects holding credentials hide
+them from ``repr`` and refuse to be pickled.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from types import MappingProxyType
+from typing import Any, Literal, NoReturn, cast
+
+from pydantic import TypeAdapter
+from pyiceberg.exceptions import ValidationError as IcebergValidationError
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression, SerializableBooleanExpression
+from pyiceberg.manifest import DATA_FILE_TYPE, DataFile, DataFileContent, FileFormat
+from pyiceberg.schema import Schema
+from pyiceberg.table import FileScanTask
+from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
+from pyiceberg.typedef import Record
+
+from sqe.credentials import StorageCredential, normalize_location, parse_response_config, parse_storage_credentials
+from sqe.credentials.scope import (
+    ACCESS_KEY_ID,
+    ENDPOINT,
+    EXPIRES_AT_MS,
+    FORCE_VIRTUAL_ADDRESSING,
+    REGION,
+    SECRET_ACCESS_KEY,
+    SESSION_TOKEN,
+)
+from sqe.errors import CatalogProtocolError, RestrictionError
+from sqe.restrictions import EMPTY_PLAN, MIN_SALT_BYTES, RestrictionPlan
+from workers._proto import worker_pb2 as pb
+from workers.errors import InvalidTicketError
+
+CredentialKind = Literal["vended", "static"]
+
+# Names and ids end up in log lines: keep them to a safe alphabet (no newlines, no control characters).
+_ID_PATTERN = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
+_KEPT_PROPERTIES = ("schema.name-mapping.default",)  # ArrowScan's name mapping; other properties stay home
+_TRIMMED_FIELDS: dict[str, Any] = {
+    "snapshots": [],
+    "snapshot_log": [],
+    "metadata_log": [],
+    "refs": {},
+    "current_snapshot_id": None,
+    "statistics": [],
+    "partition_statistics": [],
+}
+_READABLE_DATA_FORMATS = frozenset({FileFormat.PARQUET, FileFormat.ORC})
+_READABLE_DELETE_FORMATS = frozenset({FileFormat.PARQUET, FileFormat.ORC, FileFormat.PUFFIN})
+_V3_FIELDS = tuple(f.name for f in DATA_FILE_TYPE[3].fields)
+_EXPRESSION: TypeAdapter[Any] = TypeAdapter(cast(Any, SerializableBooleanExpression))
+_ALWAYS_TRUE: BooleanExpression = AlwaysTrue()
+
+
+# ----------------------------------------------------------------------------------------- storage settings
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """Non-secret FileIO settings (``StorageSettings`` on the wire)."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool | None = None
+
+    def to_proto(self) -> pb.StorageSettings:
+        message = pb.StorageSettings(endpoint=self.endpoint or "", region=self.region or "")
+        if self.path_style is not None:
+            message.path_style = self.path_style
+        return message
+
+    @classmethod
+    def from_proto(cls, message: pb.StorageSettings) -> StorageOptions:
+        path_style = message.path_style if message.HasField("path_style") else None
+        return cls(message.endpoint or None, message.region or None, path_style)
+
+    def to_config(self) -> dict[str, str]:
+        """As FileIO properties (the spelling ``sqe.credentials`` reads)."""
+        config: dict[str, str] = {}
+        if self.endpoint:
+            config[ENDPOINT] = self.endpoint
+        if self.region:
+            config[REGION] = self.region
+        if self.path_style is not None:
+            config[FORCE_VIRTUAL_ADDRESSING] = "false" if self.path_style else "true"
+        return config
+
+
+# ------------------------------------------------------------------------------------------ credential sets
+
+
+@dataclass(frozen=True)
+class TicketCredentials:
+    """One credential set of a ticket or a push. Every key stays out of the repr; never pickled."""
+
+    prefix: str
+    access_key_id: str = field(repr=False)
+    secret_access_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    expires_at_ms: int | None = None
+    kind: CredentialKind = "vended"
+    storage: StorageOptions = field(default_factory=StorageOptions)
+
+    @property
+    def expires_at(self) -> float | None:
+        """Epoch seconds; None for a set without expiry (static only)."""
+        return None if self.expires_at_ms is None else self.expires_at_ms / 1000.0
+
+    def missing_parts(self) -> list[str]:
+        """What this set lacks to be complete: vended sets need all four parts, static ones key and secret."""
+        missing = [name for name, value in self._parts() if not value]
+        if self.kind == "static":
+            missing = [name for name in missing if name in ("access key id", "secret access key")]
+        return missing
+
+    def is_expired(self, now: float | None = None) -> bool:
+        expires = self.expires_at
+        return expires is not None and (time.time() if now is None else now) >= expires
+
+    def storage_credential(self) -> StorageCredential:
+        """As a ``storage-credentials`` entry, for ``sqe.credentials`` (longest-prefix selection, FileIO)."""
+        config = {ACCESS_KEY_ID: self.access_key_id, SECRET_ACCESS_KEY: self.secret_access_key}
+        if self.session_token:
+            config[SESSION_TOKEN] = self.session_token
+        if self.expires_at_ms is not None:
+            config[EXPIRES_AT_MS] = str(self.expires_at_ms)
+        config.update(self.storage.to_config())
+        return StorageCredential(self.prefix, MappingProxyType(config))
+
+    def to_proto(self) -> pb.CredentialSet:
+        source = pb.CREDENTIAL_SOURCE_STATIC if self.kind == "static" else pb.CREDENTIAL_SOURCE_VENDED
+        return pb.CredentialSet(
+            prefix=self.prefix,
+            access_key_id=self.access_key_id,
+            secret_access_key=self.secret_access_key,
+            session_token=self.session_token or "",
+            expires_at_ms=self.expires_at_ms or 0,
+            source=source,
+            storage=self.storage.to_proto(),
+        )
+
+    @classmethod
+    def from_proto(cls, message: pb.CredentialSet) -> TicketCredentials:
+        """Unvalidated; see :func:`check_complete`."""
+        return cls(
+            prefix=message.prefix,
+            access_key_id=message.access_key_id,
+            secret_access_key=message.secret_access_key,
+            session_token=message.session_token or None,
+            expires_at_ms=message.expires_at_ms if message.expires_at_ms > 0 else None,
+            kind="static" if message.source == pb.CREDENTIAL_SOURCE_STATIC else "vended",
+            storage=StorageOptions.from_proto(message.storage),
+        )
+
+    def _parts(self) -> tuple[tuple[str, object], ...]:
+        return (
+            ("access key id", self.access_key_id),
+            ("secret access key", self.secret_access_key),
+            ("session token", self.session_token),
+            ("expiry", self.expires_at_ms),
+        )
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("TicketCredentials holds secrets and cannot be pickled")
+
+
+def check_complete(credentials: Sequence[TicketCredentials], where: str) -> None:
+    """Every set complete, every prefix present and unique; raises InvalidTicketError naming the first problem."""
+    seen: set[str] = set()
+    for cred in credentials:
+        if not cred.prefix:
+            raise InvalidTicketError(f"{where}: a credential set has no prefix")
+        missing = cred.missing_parts()
+        if missing:
+            raise InvalidTicketError(
+                f"{where}: the {cred.kind} credential set for {cred.prefix} is incomplete "
+                f"(missing {', '.join(missing)})"
+            )
+        normalized = normalize_location(cred.prefix).rstrip("/")
+        if normalized in seen:
+            raise InvalidTicketError(f"{where}: two credential sets for the prefix {cred.prefix}")
+        seen.add(normalized)
+
+
+def credential_sets_from_load_table(response: Mapping[str, Any], *, default_prefix: str) -> list[TicketCredentials]:
+    """The vended key sets of a raw load-table response, as ticket credential sets.
+
+    Each usable ``storage-credentials`` entry keeps its prefix; keys in the ``config`` map (no prefix of their own)
+    get ``default_prefix`` (normally the table location). Endpoint, region and path style travel with each set.
+    Sets may be incomplete (a catalog may omit the token or expiry): :func:`check_complete` decides.
+    """
+    config = parse_response_config(response.get("config"))
+    sets = [
+        _credentials_from(cred.config, cred.prefix, config)
+        for cred in parse_storage_credentials(response.get("storage-credentials"))
+        if cred.is_usable
+    ]
+    if config.get(ACCESS_KEY_ID) and config.get(SECRET_ACCESS_KEY):
+        sets.append(_credentials_from(config, default_prefix, {}))
+    return sets
+
+
+def _credentials_from(keys: Mapping[str, str], prefix: str, fallback: Mapping[str, str]) -> TicketCredentials:
+    settings = {**fallback, **keys}
+    path_style = settings.get("s3.path-style-access")
+    virtual = settings.get(FORCE_VIRTUAL_ADDRESSING)
+    style = None
+    if path_style is not None:
+        style = path_style.strip().lower() == "true"
+    elif virtual is not None:
+        style = virtual.strip().lower() == "false"
+    return TicketCredentials(
+        prefix=prefix,
+        access_key_id=keys.get(ACCESS_KEY_ID, ""),
+        secret_access_key=keys.get(SECRET_ACCESS_KEY, ""),
+        session_token=keys.get(SESSION_TOKEN) or None,
+        expires_at_ms=_expiry(keys.get(EXPIRES_AT_MS), prefix),
+        storage=StorageOptions(settings.get(ENDPOINT), settings.get(REGION) or settings.get("client.region"), style),
+    )
+
+
+def _expiry(text: str | None, prefix: str) -> int | None:
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise CatalogProtocolError(f"load-table response: {EXPIRES_AT_MS} for {prefix} must be an integer") from None
+
+
+# -------------------------------------------------------------------------------------------- partitions
+
+
+def encode_partition(partition: Record) -> bytes:
+    """Partition values as the tagged JSON list documented in worker.proto (exact round trip)."""
+    return json.dumps([_encode_value(partition[i]) for i in range(len(partition))], separators=(",", ":")).encode()
+
+
+def _encode_value(value: object) -> object:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, float):
+        return {"float": value.hex()}
+    if isinstance(value, str):
+        return {"str": value}
+    if isinstance(value, bytes | bytearray):
+        return {"bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, Decimal):
+        return {"decimal": str(value)}
+    if isinstance(value, uuid.UUID):
+        return {"uuid": str(value)}
+    raise InvalidTicketError(f"a partition value of type {type(value).__name__} cannot be sent to a worker")
+
+
+def decode_partition(data: bytes, where: str) -> Record:
+    try:
+        items = json.loads(data or b"[]")
+    except (ValueError, RecursionError):
+        raise InvalidTicketError(f"{where}: partition values are not JSON") from None
+    if not isinstance(items, list):
+        raise InvalidTicketError(f"{where}: partition values must be a JSON list")
+    return Record(*(_decode_value(item, where) for item in items))
+
+
+def _decode_value(item: object, where: str) -> object:
+    if item is None:
+        return None
+    if not isinstance(item, dict) or len(item) != 1:
+        raise InvalidTicketError(f"{where}: a partition value must be null or an object with one key")
+    ((kind, raw),) = item.items()
+    try:
+        return _decode_tagged(kind, raw)
+    except (ValueError, TypeError, InvalidOperation, binascii.Error):
+        raise InvalidTicketError(f"{where}: malformed partition value of kind {kind!r}") from None
+
+
+def _decode_tagged(kind: str, raw: object) -> object:
+    if kind == "bool" and isinstance(raw, bool):
+        return raw
+    if kind == "int" and isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        if kind == "float":
+            return float.fromhex(raw)
+        if kind == "str":
+            return raw
+        if kind == "bytes":
+            return base64.b64decode(raw.encode("ascii"), validate=True)
+        if kind == "decimal":
+            return Decimal(raw)
+        if kind == "uuid":
+            return uuid.UUID(raw)
+    raise ValueError(kind)
+
+
+# ----------------------------------------------------------------------------------------- files and tasks
+
+
+def encode_task(task: FileScanTask) -> pb.FileTask:
+    data = task.file
+    data_file = pb.DataFile(
+        file_path=data.file_path,
+        file_format=_format_name(data.file_format),
+        file_size_in_bytes=data.file_size_in_bytes,
+        record_count=data.record_count,
+        spec_id=data.spec_id,
+        partition_json=encode_partition(data.partition),
+    )
+    deletes = [_encode_delete(d) for d in sorted(task.delete_files, key=lambda d: d.file_path)]
+    return pb.FileTask(data_file=data_file, delete_files=deletes)
+
+
+def _encode_delete(delete: DataFile) -> pb.DeleteFile:
+    if delete.content == DataFileContent.EQUALITY_DELETES:
+        raise InvalidTicketError(f"equality delete files are not supported: {delete.file_path}")
+    message = pb.DeleteFile(
+        file_path=delete.file_path,
+        file_format=_format_name(delete.file_format),
+        content=pb.DELETE_CONTENT_POSITION,
+        file_size_in_bytes=delete.file_size_in_bytes,
+        record_count=delete.record_count,
+        spec_id=delete.spec_id,
+        partition_json=encode_partition(delete.partition),
+    )
+    referenced, offset, size = (_v3_value(delete, name) for name in _V3_DV_FIELDS)
+    if isinstance(referenced, str):
+        message.referenced_data_file = referenced
+    if isinstance(offset, int):
+        message.content_offset = offset
+    if isinstance(size, int):
+        message.content_size_in_bytes = size
+    return message
+
+
+_V3_DV_FIELDS = ("referenced_data_file", "content_offset", "content_size_in_bytes")
+
+
+def _v3_value(data_file: DataFile, name: str) -> object:
+    """A v3-only DataFile field (pyiceberg 0.12 has no accessor), or None for a v1/v2 record."""
+    return data_file[_V3_FIELDS.index(name)] if len(data_file) == len(_V3_FIELDS) else None
+
+
+def _format_name(file_format: FileFormat | str) -> str:
+    return file_format.value if isinstance(file_format, FileFormat) else str(file_format).upper()
+
+
+def decode_task(message: pb.FileTask, index: int = 0) -> FileScanTask:
+    where = f"task {index}"
+    if not message.HasField("data_file"):
+        raise InvalidTicketError(f"{where}: no data file")
+    data = message.data_file
+    data_file = _data_file(
+        DataFileContent.DATA,
+        data.file_path,
+        _file_format(data.file_format, _READABLE_DATA_FORMATS, where),
+        data.file_size_in_bytes,
+        data.record_count,
+        data.spec_id,
+        decode_partition(data.partition_json, where),
+        {},
+        where,
+    )
+    deletes = {_decode_delete(d, f"{where} delete file {i}") for i, d in enumerate(message.delete_files)}
+    return FileScanTask(data_file, delete_files=deletes)
+
+
+def _decode_delete(message: pb.DeleteFile, where: str) -> DataFile:
+    if message.content == pb.DELETE_CONTENT_EQUALITY:
+        raise InvalidTicketError(f"{where}: equality deletes are not supported")
+    if message.content != pb.DELETE_CONTENT_POSITION:
+        raise InvalidTicketError(f"{where}: unknown delete content")
+    v3: dict[str, object] = {}
+    if message.referenced_data_file:
+        v3["referenced_data_file"] = message.referenced_data_file
+    if message.HasField("content_offset"):
+        v3["content_offset"] = message.content_offset
+    if message.HasField("content_size_in_bytes"):
+        v3["content_size_in_bytes"] = message.content_size_in_bytes
+    return _data_file(
+        DataFileContent.POSITION_DELETES,
+        message.file_path,
+        _file_format(message.file_format, _READABLE_DELETE_FORMATS, where),
+        message.file_size_in_bytes,
+        message.record_count,
+        message.spec_id,
+        decode_partition(message.partition_json, where),
+        v3,
+        where,
+    )
+
+
+def _data_file(
+    content: DataFileContent,
+    path: str,
+    file_format: FileFormat,
+    size: int,
+    records: int,
+    spec_id: int,
+    partition: Record,
+    v3: Mapping[str, object],
+    where: str,
+) -> DataFile:
+    if not path:
+        raise InvalidTicketError(f"{where}: no file path")
+    if size < 0 or records < 0:
+        raise InvalidTicketError(f"{where}: negative size or record count")
+    data_file = DataFile.from_args(
+        3 if v3 else 2,
+        content=content,
+        file_path=path,
+        file_format=file_format,
+        partition=partition,
+        record_count=records,
+        file_size_in_bytes=size,
+        **v3,
+    )
+    data_file.spec_id = spec_id
+    return data_file
+
+
+def _file_format(name: str, allowed: frozenset[FileFormat], where: str) -> FileFormat:
+    try:
+        file_format = FileFormat(name.upper())
+    except ValueError:
+        file_format = None
+    if file_format not in allowed:
+        raise InvalidTicketError(f"{where}: unsupported file format {name[:20]!r}")
+    return file_format
+
+
+# ------------------------------------------------------------------------------- metadata and row filters
+
+
+def trim_metadata(metadata: TableMetadata) -> bytes:
+    """TableMetadata JSON without snapshots, logs, refs, statistics and unrelated properties.
+
+    The reader needs only the schemas, partition specs, name mapping and format version.
+    """
+    fields = type(metadata).model_fields
+    update = {name: value for name, value in _TRIMMED_FIELDS.items() if name in fields}
+    update["properties"] = {k: v for k, v in metadata.properties.items() if k in _KEPT_PROPERTIES}
+    return metadata.model_copy(update=update).model_dump_json().encode()
+
+
+def encode_row_filter(expression: BooleanExpression) -> bytes:
+    """pyiceberg expression JSON, or b"" when it is always true or would not survive the round trip.
+
+    Dropping is safe: the pushed filter only prunes (the worker then uses the restriction plan's own pushdown
+    filter, and the exact restriction filter always runs on every batch).
+    """
+    if expression == _ALWAYS_TRUE:
+        return b""
+    text = expression.model_dump_json().encode()
+    try:
+        same = _parse_expression(text) == expression
+    except (ValueError, TypeError, RecursionError):
+        same = False
+    return text if same else b""
+
+
+def decode_row_filter(data: bytes) -> BooleanExpression | None:
+    if not data:
+        return None
+    try:
+        return _parse_expression(data)
+    except (ValueError, TypeError, RecursionError):
+        raise InvalidTicketError("row_filter_json is not a pyiceberg expression") from None
+
+
+def _parse_expression(data: bytes) -> BooleanExpression:
+    parsed = _EXPRESSION.validate_json(data)
+    if not isinstance(parsed, BooleanExpression):
+        raise ValueError("not a boolean expression")
+    return parsed
+
+
+# ---------------------------------------------------------------------------------------- whole tickets
+
+
+@dataclass(frozen=True)
+class TableRef:
+    warehouse: str
+    namespace: tuple[str, ...]
+    name: str
+
+    def to_proto(self) -> pb.TableIdentifier:
+        return pb.TableIdentifier(warehouse=self.warehouse, namespace=list(self.namespace), name=self.name)
+
+    @classmethod
+    def from_proto(cls, message: pb.TableIdentifier) -> TableRef:
+        return cls(message.warehouse, tuple(message.namespace), message.name)
+
+    def __str__(self) -> str:
+        dotted = ".".join((*self.namespace, self.name))
+        return f"{self.warehouse}:{dotted}" if self.warehouse else dotted
+
+
+def build_ticket(
+    *,
+    query_id: str,
+    fragment_id: str,
+    table: TableRef,
+    metadata: TableMetadata,
+    read_schema: Schema,
+    output_field_ids: Iterable[int],
+    tasks: Sequence[FileScanTask],
+    credentials: Sequence[TicketCredentials],
+    restrictions: RestrictionPlan = EMPTY_PLAN,
+    salt: bytes = b"",
+    row_filter: BooleanExpression = _ALWAYS_TRUE,
+    storage: StorageOptions | None = None,
+    pace_ms_per_file: int = 0,
+    metadata_json: bytes | None = None,
+) -> pb.ScanTicket:
+    """A ticket for one fragment. Pass ``metadata_json`` (from :func:`trim_metadata`) to trim once per table."""
+    return pb.ScanTicket(
+        query_id=query_id,
+        fragment_id=fragment_id,
+        table=table.to_proto(),
+        table_metadata_json=metadata_json if metadata_json is not None else trim_metadata(metadata),
+        read_schema_json=read_schema.model_dump_json().encode(),
+        output_field_ids=sorted(output_field_ids),
+        row_filter_json=encode_row_filter(row_filter),
+        restriction_plan_json=json.dumps(restrictions.to_json()).encode() if restrictions.is_restricted else b"",
+        salt=salt,
+        tasks=[encode_task(task) for task in tasks],
+        credentials=[cred.to_proto() for cred in credentials],
+        storage=(storage or StorageOptions()).to_proto(),
+        pace_ms_per_file=pace_ms_per_file,
+    )
+
+
+@dataclass(frozen=True)
+class DecodedTicket:
+    """A validated ticket, ready to run. Holds secrets: hidden from repr, never pickled."""
+
+    query_id: str
+    fragment_id: str
+    table: TableRef
+    metadata: TableMetadata = field(repr=False)
+    read_schema: Schema = field(repr=False)
+    output_field_ids: frozenset[int] = field(repr=False)
+    row_filter: BooleanExpression = field(repr=False)
+    restrictions: RestrictionPlan = field(repr=False)
+    salt: bytes = field(repr=False)
+    tasks: tuple[FileScanTask, ...] = field(repr=False)
+    credentials: tuple[TicketCredentials, ...] = field(repr=False)
+    storage: StorageOptions = field(repr=False)
+    pace_seconds: float = 0.0
+
+    @property
+    def files_total(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(task.file.file_size_in_bytes for task in self.tasks)
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a decoded ticket holds credentials and cannot be pickled")
+
+
+def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
+    """Validate and rebuild a ticket; any problem raises InvalidTicketError (the fragment never starts)."""
+    query_id = _checked_id(message.query_id, "query_id")
+    fragment_id = _checked_id(message.fragment_id, "fragment_id")
+    metadata = _metadata(message.table_metadata_json)
+    read_schema = _schema(message.read_schema_json)
+    output = _output_ids(message.output_field_ids, read_schema)
+    restrictions = _restrictions(message.restriction_plan_json, read_schema, message.salt)
+    credentials = tuple(TicketCredentials.from_proto(c) for c in message.credentials)
+    check_complete(credentials, "ticket")
+    row_filter = decode_row_filter(message.row_filter_json)
+    if row_filter is None:
+        row_filter = _restriction_pushdown(restrictions, metadata)
+    return DecodedTicket(
+        query_id=query_id,
+        fragment_id=fragment_id,
+        table=TableRef.from_proto(message.table),
+        metadata=metadata,
+        read_schema=read_schema,
+        output_field_ids=output,
+        row_filter=row_filter,
+        restrictions=restrictions,
+        salt=bytes(message.salt),
+        tasks=tuple(decode_task(task, i) for i, task in enumerate(message.tasks)),
+        credentials=credentials,
+        storage=StorageOptions.from_proto(message.storage),
+        pace_seconds=message.pace_ms_per_file / 1000.0,
+    )
+
+
+def _checked_id(value: str, name: str) -> str:
+    if not _ID_PATTERN.fullmatch(value):
+        raise InvalidTicketError(f"{name} must be 1-128 characters of letters, digits and ._:@/-")
+    return value
+
+
+def _metadata(data: bytes) -> TableMetadata:
+    try:
+        return TableMetadataUtil.parse_raw(data.decode("utf-8"))
+    except (ValueError, TypeError, RecursionError, IcebergValidationError):
+        raise InvalidTicketError("table_metadata_json is not valid Iceberg table metadata") from None
+
+
+def _schema(data: bytes) -> Schema:
+    try:
+        return Schema.model_validate_json(data)
+    except (ValueError, TypeError, RecursionError):
+        raise InvalidTicketError("read_schema_json is not a valid Iceberg schema") from None
+
+
+def _output_ids(ids: Iterable[int], read_schema: Schema) -> frozenset[int]:
+    output = frozenset(ids)
+    top_level = {f.field_id for f in read_schema.columns}
+    if not output:
+        raise InvalidTicketError("output_field_ids is empty")
+    if not output <= top_level:
+        raise InvalidTicketError(f"output field ids {sorted(output - top_level)} are not in the read schema")
+    return output
+
+
+def _restrictions(data: bytes, read_schema: Schema, salt: bytes) -> RestrictionPlan:
+    if not data:
+        return EMPTY_PLAN
+    try:
+        plan = RestrictionPlan.from_json(data)
+    except RestrictionError as exc:
+        raise InvalidTicketError(f"restriction_plan_json: {exc}") from None
+    read_ids = {f.field_id for f in read_schema.columns}
+    missing = plan.filter_field_ids - read_ids
+    if missing:
+        raise InvalidTicketError(f"the restriction row filter reads field ids {sorted(missing)} the ticket does not")
+    if "sha-256-query-local" in plan.masks.values() and len(salt) < MIN_SALT_BYTES:
+        raise InvalidTicketError(f"sha-256-query-local needs a salt of at least {MIN_SALT_BYTES} bytes")
+    return plan
+
+
+def _restriction_pushdown(restrictions: RestrictionPlan, metadata: TableMetadata) -> BooleanExpression:
+    try:
+        return restrictions.safe_pushdown_filter(metadata.schema())
+    except RestrictionError as exc:
+        raise InvalidTicketError(f"restriction plan does not fit the table schema: {exc}") from None
