@@ -1,10 +1,21 @@
-"""``sqe-catalog admin ...``: manage principals, principal roles, groups and grants.
+"""``sqe-catalog admin ...``: manage principals, principal roles, groups, grants and read-restrictions.
 
 The commands open ``server.database`` directly with SQLAlchemy, so they work whether or not the server
 is running (SQLite runs in WAL mode with a busy timeout; PostgreSQL handles concurrency itself). Output is
 JSON on stdout for commands that answer something; ``create-principal`` and ``rotate-secret`` print the client
 secret, the only place a secret is ever shown. Mutating commands print nothing on success. Errors print one
 line to stderr and exit 1.
+
+Read-restrictions (see ``sqe_catalog.restrictions`` for how entries combine and are served)::
+
+    set-restrictions --warehouse W --namespace a.b --table T (--principal P | --group G) --file F [--unchecked]
+    clear-restrictions --warehouse W --namespace a.b --table T (--principal P | --group G)
+    list-restrictions [--warehouse W] [--namespace a.b]
+    set-trusted-reader P true|false          (principals are trusted readers unless marked false)
+    list-untrusted-readers
+
+``set-restrictions`` reads the table's current metadata (with the warehouse's own key) and validates the
+document against its schema with SQE's parser; ``--file -`` reads standard input.
 """
 
 from __future__ import annotations
@@ -14,16 +25,21 @@ import json
 import secrets
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from sqe_catalog.auth import AuthStore, Principal, create_engine_for
 from sqe_catalog.config import CatalogServerConfig
-from sqe_catalog.errors import BadRequestError, CatalogError, ConfigError, NotFoundError
+from sqe_catalog.errors import BadRequestError, CatalogError, ConfigError, NoSuchTableError, NotFoundError
+from sqe_catalog.restrictions import RestrictionStore, Subject, SubjectKind, parse_restrictions_text
+from sqe_catalog.tables import WarehouseTables, validate_namespace, validate_table_name
 
-_Output = dict[str, Any] | list[dict[str, Any]] | None
+_Output = dict[str, Any] | list[dict[str, Any]] | list[str] | None
 _Command = Callable[[AuthStore, CatalogServerConfig, argparse.Namespace], _Output]
+_RestrictionCommand = Callable[[RestrictionStore, Engine, CatalogServerConfig, argparse.Namespace], _Output]
 
 
 def add_admin_commands(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +63,35 @@ def add_admin_commands(parser: argparse.ArgumentParser) -> None:
     _grant_parser(sub, "revoke", "revoke a privilege from a role")
     sub.add_parser("list-principals", help="principals with their roles and groups (JSON, no secrets)")
     sub.add_parser("list-grants", help="grants (JSON)").add_argument("--role", help="only this role's grants")
+    _restriction_parsers(sub)
+
+
+def _restriction_parsers(sub: Any) -> None:
+    attach = sub.add_parser("set-restrictions", help="attach a read-restrictions object to a table for a subject")
+    _restriction_target(attach)
+    attach.add_argument("--file", required=True, help="JSON file with the read-restrictions object ('-': stdin)")
+    attach.add_argument(
+        "--unchecked",
+        action="store_true",
+        help="store without validation (only to test that readers fail closed; served verbatim and alone)",
+    )
+    _restriction_target(sub.add_parser("clear-restrictions", help="remove a subject's read-restrictions"))
+    listing = sub.add_parser("list-restrictions", help="read-restrictions entries (JSON)")
+    listing.add_argument("--warehouse")
+    listing.add_argument("--namespace", help="dotted namespace")
+    trust = sub.add_parser("set-trusted-reader", help="mark a principal as a trusted reader of restricted tables")
+    trust.add_argument("principal")
+    trust.add_argument("trusted", choices=["true", "false"])
+    sub.add_parser("list-untrusted-readers", help="principals marked as untrusted readers (JSON)")
+
+
+def _restriction_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--warehouse", required=True)
+    parser.add_argument("--namespace", required=True, help="dotted namespace, e.g. sales.eu")
+    parser.add_argument("--table", required=True)
+    subject = parser.add_mutually_exclusive_group(required=True)
+    subject.add_argument("--principal")
+    subject.add_argument("--group")
 
 
 def _two_names(sub: Any, name: str, help_text: str, first: str, second: str) -> None:
@@ -78,8 +123,10 @@ def run_admin_command(config: CatalogServerConfig, args: argparse.Namespace) -> 
 
 
 def _run(config: CatalogServerConfig, args: argparse.Namespace) -> _Output:
-    command = _COMMANDS.get(str(getattr(args, "admin_command", "")))
-    if command is None:
+    name = str(getattr(args, "admin_command", ""))
+    command = _COMMANDS.get(name)
+    restriction_command = _RESTRICTION_COMMANDS.get(name)
+    if command is None and restriction_command is None:
         raise BadRequestError(f"unknown admin command {getattr(args, 'admin_command', None)!r}")
     engine = create_engine_for(config.server.database)
     try:
@@ -87,6 +134,11 @@ def _run(config: CatalogServerConfig, args: argparse.Namespace) -> _Output:
         signing_key = config.server.token_signing_key.encode("utf-8") or secrets.token_bytes(32)
         store = AuthStore(engine, signing_key, config.server.token_lifetime_seconds)
         store.create_schema()
+        if restriction_command is not None:
+            restrictions = RestrictionStore(engine)
+            restrictions.create_schema()
+            return restriction_command(restrictions, engine, config, args)
+        assert command is not None
         return command(store, config, args)
     finally:
         engine.dispose()
@@ -186,4 +238,85 @@ _COMMANDS: dict[str, _Command] = {
     "revoke": _revoke,
     "list-principals": _list_principals,
     "list-grants": _list_grants,
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Read-restrictions
+
+
+def _subject(args: argparse.Namespace) -> Subject:
+    if args.principal is not None:
+        return Subject(SubjectKind.PRINCIPAL, args.principal)
+    return Subject(SubjectKind.GROUP, args.group)
+
+
+def _table_target(config: CatalogServerConfig, args: argparse.Namespace) -> tuple[str, tuple[str, ...], str]:
+    warehouse = _known_warehouse(config, args.warehouse)
+    namespace = validate_namespace(_namespace(args.namespace))
+    return warehouse, namespace, validate_table_name(args.table)
+
+
+def _read_document(path: str) -> Any:
+    try:
+        text = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise BadRequestError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    return parse_restrictions_text(text)
+
+
+def _set_restrictions(
+    restrictions: RestrictionStore, engine: Engine, config: CatalogServerConfig, args: argparse.Namespace
+) -> _Output:
+    warehouse, namespace, table_name = _table_target(config, args)
+    document = _read_document(args.file)
+    warehouse_config = config.warehouse(warehouse)
+    assert warehouse_config is not None
+    loaded = WarehouseTables(warehouse_config, engine).load_table(namespace, table_name)
+    restrictions.set(warehouse, loaded, _subject(args), document, checked=not args.unchecked)
+    return None
+
+
+def _clear_restrictions(
+    restrictions: RestrictionStore, engine: Engine, config: CatalogServerConfig, args: argparse.Namespace
+) -> _Output:
+    warehouse, namespace, table_name = _table_target(config, args)
+    warehouse_config = config.warehouse(warehouse)
+    assert warehouse_config is not None
+    try:
+        uuid: str | None = str(
+            WarehouseTables(warehouse_config, engine).load_table(namespace, table_name).metadata.table_uuid
+        )
+    except NoSuchTableError:
+        uuid = None  # a dropped table's entries can still be cleared by name
+    restrictions.clear(warehouse, namespace, table_name, uuid, _subject(args))
+    return None
+
+
+def _list_restrictions(
+    restrictions: RestrictionStore, _e: Engine, _c: CatalogServerConfig, args: argparse.Namespace
+) -> _Output:
+    namespace = validate_namespace(_namespace(args.namespace)) if args.namespace else None
+    return [entry.to_json() for entry in restrictions.entries(args.warehouse, namespace)]
+
+
+def _set_trusted_reader(
+    restrictions: RestrictionStore, _e: Engine, _c: CatalogServerConfig, args: argparse.Namespace
+) -> _Output:
+    restrictions.set_trusted(args.principal, args.trusted == "true")
+    return None
+
+
+def _list_untrusted_readers(
+    restrictions: RestrictionStore, _e: Engine, _c: CatalogServerConfig, _a: argparse.Namespace
+) -> _Output:
+    return restrictions.untrusted_readers()
+
+
+_RESTRICTION_COMMANDS: dict[str, _RestrictionCommand] = {
+    "set-restrictions": _set_restrictions,
+    "clear-restrictions": _clear_restrictions,
+    "list-restrictions": _list_restrictions,
+    "set-trusted-reader": _set_trusted_reader,
+    "list-untrusted-readers": _list_untrusted_readers,
 }

@@ -17,6 +17,12 @@ Authorisation (``AuthStore.require``), Polaris-like:
 - data access: with ``X-Iceberg-Access-Delegation: vended-credentials`` (load, create, register) and on the
   credentials endpoint, ``TABLE_READ_DATA`` is required and the credential can write iff the caller holds
   ``TABLE_WRITE_DATA``. Without the header a response carries no key at all.
+
+Read-restrictions (``sqe_catalog.restrictions``): every response that carries a restricted table's metadata or
+storage credentials (load, create, register, commit, credentials) first resolves the caller's restrictions and
+answers 406 to a client that did not declare ``read-restrictions.v1`` and 403 to an untrusted reader; a load
+then returns them as ``read-restrictions``. This happens before the ETag comparison, and the ETag of a
+restricted response digests the principal and its restrictions.
 """
 
 from __future__ import annotations
@@ -53,6 +59,14 @@ from sqe_catalog.errors import (
     UnprocessableEntityError,
 )
 from sqe_catalog.etag import if_none_match_matches, table_etag
+from sqe_catalog.restrictions import (
+    CAPABILITIES_HEADER,
+    READ_RESTRICTIONS_V1,
+    ResolvedRestrictions,
+    RestrictionStore,
+    declared_capabilities,
+    require_capability,
+)
 from sqe_catalog.tables import (
     LoadedTable,
     Namespace,
@@ -90,6 +104,7 @@ class _Warehouse:
 class _State:
     engine: Engine
     auth: AuthStore
+    restrictions: RestrictionStore
     warehouses: dict[str, _Warehouse]
 
 
@@ -345,8 +360,29 @@ def _metadata_json(table: LoadedTable, snapshots: str) -> str:
     return str(metadata.model_dump_json())
 
 
-def _table_response(call: _Call, table: LoadedTable, access: _DataAccess | None, snapshots: str = "all") -> Response:
-    """A LoadTableResult: metadata, then (only when delegated) client config and storage credentials."""
+def _restrictions(call: _Call, table: LoadedTable) -> ResolvedRestrictions | None:
+    """The caller's read-restrictions on ``table`` after the delivery gate (406 undeclared, 403 untrusted)."""
+    resolved = call.state.restrictions.resolve(call.prefix, table, call.principal.name, call.principal.groups)
+    if resolved is not None:
+        declared = READ_RESTRICTIONS_V1 in declared_capabilities(call.request.headers.getlist(CAPABILITIES_HEADER))
+        require_capability(
+            resolved,
+            declared=declared,
+            trusted=declared and call.state.restrictions.is_trusted(call.principal.name),
+            what=".".join([call.prefix, *table.namespace, table.name]),
+        )
+    return resolved
+
+
+def _table_response(
+    call: _Call,
+    table: LoadedTable,
+    access: _DataAccess | None,
+    snapshots: str = "all",
+    restricted: ResolvedRestrictions | None = None,
+) -> Response:
+    """A LoadTableResult: metadata, then (only when delegated) client config and storage credentials, then the
+    caller's read-restrictions (the gate has passed: ``restricted`` comes from ``_restrictions``)."""
     parts = []
     if table.metadata_location is not None:
         parts.append(f'"metadata-location":{json.dumps(table.metadata_location)}')
@@ -355,19 +391,22 @@ def _table_response(call: _Call, table: LoadedTable, access: _DataAccess | None,
     parts.append(f'"config":{json.dumps(config)}')
     if access is not None:
         parts.append(f'"storage-credentials":{json.dumps(_storage_credentials(call, table, access))}')
+    if restricted is not None:
+        parts.append(f'"read-restrictions":{json.dumps(restricted.wire, separators=(",", ":"))}')
     headers = {}
     if table.metadata_location is not None:
-        headers["ETag"] = _etag_for(table, snapshots, access)
+        headers["ETag"] = _etag_for(table, snapshots, access, restricted.digest if restricted else "")
     return Response("{" + ",".join(parts) + "}", 200, headers, media_type=_JSON)
 
 
-def _etag_for(table: LoadedTable, snapshots: str, access: _DataAccess | None) -> str:
+def _etag_for(table: LoadedTable, snapshots: str, access: _DataAccess | None, restrictions_digest: str = "") -> str:
     assert table.metadata_location is not None
     return table_etag(
         table.metadata_location,
         snapshots=snapshots,
         vended=access is not None,
         write=access is not None and access.write,
+        restrictions_digest=restrictions_digest,
     )
 
 
@@ -387,7 +426,7 @@ def _create_table(call: _Call) -> Response:
     access = _data_access(call, namespace, create.name)
     tables = call.warehouse.tables
     table = tables.stage_table(namespace, create) if create.stage_create else tables.create_table(namespace, create)
-    return _table_response(call, table, access)
+    return _table_response(call, table, access, restricted=_restrictions(call, table))
 
 
 def _register_table(call: _Call) -> Response:
@@ -402,7 +441,7 @@ def _register_table(call: _Call) -> Response:
     call.require(Privilege.TABLE_CREATE, namespace)
     access = _data_access(call, namespace, name)
     table = call.warehouse.tables.register_table(namespace, name, metadata_location)
-    return _table_response(call, table, access)
+    return _table_response(call, table, access, restricted=_restrictions(call, table))
 
 
 def _load_table(call: _Call) -> Response:
@@ -412,10 +451,11 @@ def _load_table(call: _Call) -> Response:
     if access is None:
         call.require(Privilege.TABLE_READ_PROPERTIES, namespace, name)
     table = call.warehouse.tables.load_table(namespace, name)
-    etag = _etag_for(table, snapshots, access)
+    restricted = _restrictions(call, table)  # before the ETag: a 304 must never bypass the gate
+    etag = _etag_for(table, snapshots, access, restricted.digest if restricted else "")
     if if_none_match_matches(call.request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers={"ETag": etag})
-    return _table_response(call, table, access, snapshots)
+    return _table_response(call, table, access, snapshots, restricted)
 
 
 def _table_exists(call: _Call) -> Response:
@@ -437,10 +477,22 @@ def _commit_table(call: _Call) -> Response:
         call.require(Privilege.TABLE_CREATE, namespace)
     else:
         call.require(Privilege.TABLE_WRITE_PROPERTIES, namespace, name)
-    table = call.warehouse.tables.commit_table(namespace, name, commit)
+    tables = call.warehouse.tables
+    if tables.table_exists(namespace, name):
+        _restrictions(call, tables.load_table(namespace, name))  # the response carries metadata: gate first
+    table = tables.commit_table(namespace, name, commit)
     location = json.dumps(table.metadata_location)
     body = f'{{"metadata-location":{location},"metadata":{_metadata_json(table, "all")}}}'
-    return Response(body, 200, {"ETag": _etag_for(table, "all", None)}, media_type=_JSON)
+    return Response(body, 200, {"ETag": _etag_for(table, "all", None, _commit_digest(call, table))}, media_type=_JSON)
+
+
+def _commit_digest(call: _Call, table: LoadedTable) -> str:
+    """The restrictions digest for the committed metadata; one that no load can match if they stopped fitting."""
+    try:
+        restricted = call.state.restrictions.resolve(call.prefix, table, call.principal.name, call.principal.groups)
+    except CatalogError:
+        return f"unresolved:{secrets.token_hex(8)}"
+    return restricted.digest if restricted is not None else ""
 
 
 def _drop_table(call: _Call) -> Response:
@@ -458,6 +510,7 @@ def _rename_table(call: _Call) -> Response:
     call.require(Privilege.TABLE_DROP, *source)
     call.require(Privilege.TABLE_CREATE, target[0])
     call.warehouse.tables.rename_table(source, target)
+    call.state.restrictions.renamed(call.prefix, source, target)
     return _no_content()
 
 
@@ -467,6 +520,7 @@ def _load_credentials(call: _Call) -> Response:
     if not write:
         call.require(Privilege.TABLE_READ_DATA, namespace, name)
     table = call.warehouse.tables.load_table(namespace, name)
+    _restrictions(call, table)  # a credential reads raw files: only a declaring, trusted reader gets one
     return _json({"storage-credentials": _storage_credentials(call, table, _DataAccess(write))})
 
 
@@ -729,8 +783,10 @@ def create_app(config: CatalogServerConfig) -> Starlette:
     engine = create_engine_for(config.server.database)
     auth = AuthStore(engine, _signing_key(config), config.server.token_lifetime_seconds)
     auth.create_schema()
+    restrictions = RestrictionStore(engine)
+    restrictions.create_schema()
     warehouses = {w.name: _Warehouse(w, WarehouseTables(w, engine), CredentialVendor(w)) for w in config.warehouses}
-    state = _State(engine, auth, warehouses)
+    state = _State(engine, auth, restrictions, warehouses)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

@@ -1,0 +1,252 @@
+"""Read-restrictions conformance: every fixture of ``read_restrictions/v*/`` through the real catalog and engine.
+
+Per fixture: its table (one per distinct schema + rows, created and appended by a writer principal with pyiceberg
+and vended credentials) gets the fixture's restrictions for a reader principal through ``sqe-catalog admin
+set-restrictions`` (the real CLI, run in-process), then an SQE session as the reader runs the query. Error
+fixtures check both sides: the catalog refuses the object on save, and, stored ``--unchecked``, the engine
+refuses it with the expected typed error and returns no rows.
+
+``mode`` selects how the engine runs: only ``local`` today; distributed execution adds its mode here and runs the
+same fixtures. ``read_restrictions/known_gaps.json`` lists fixtures expected to fail (strict xfail).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+import sqe.api
+import sqe.errors
+from sqe.config import CatalogConfig, SQEConfig, StorageConfig
+from sqe.session import Session
+from sqe_catalog.cli import main as catalog_cli
+from tests.conformance.restriction_fixtures import (
+    APPLICABLE,
+    Fixture,
+    action_coverage,
+    load_fixtures,
+    load_known_gaps,
+    matches,
+    resolve_markers,
+    result_rows,
+    rows_to_arrow,
+)
+
+if TYPE_CHECKING:
+    from tests.e2e.conftest import CatalogPrincipal, CatalogServer
+
+MODES = ("local",)
+FIXTURES = load_fixtures()
+KNOWN_GAPS = load_known_gaps()
+_TABLE_REF = re.compile(r"\b(FROM|JOIN)\s+t\b", re.IGNORECASE)
+_REJECTED = re.compile(r"read-restrictions rejected \((\w+)\)")
+
+
+def _params() -> Iterator[Any]:
+    for mode in MODES:
+        for fixture in FIXTURES:
+            gap = KNOWN_GAPS.get(fixture.id)
+            marks = [pytest.mark.e2e]
+            if gap is not None and mode in gap["modes"]:
+                marks.append(pytest.mark.xfail(strict=True, reason=gap["reason"]))
+            yield pytest.param(mode, fixture, id=f"{mode}:{fixture.id}", marks=marks)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The harness: principals, tables per schema + rows, the admin CLI, reader sessions
+
+
+def admin(server: CatalogServer, *args: str) -> tuple[int, str, str]:
+    """``sqe-catalog admin ARGS`` in-process (the command line's code, without a process start per call)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = catalog_cli(["admin", "--config", str(server.config_path), *args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def principal_with_grant(server: CatalogServer, name: str, privileges: list[str]) -> CatalogPrincipal:
+    from tests.e2e.conftest import CatalogPrincipal
+
+    code, out, err = admin(server, "create-principal", name)
+    assert code == 0, err
+    created = json.loads(out)
+    server.secrets.add(created["client_secret"])
+    for args in (("create-role", f"{name}_role"), ("assign-role", name, f"{name}_role")):
+        assert admin(server, *args)[0] == 0
+    for privilege in privileges:
+        assert admin(server, "grant", f"{name}_role", privilege, "--warehouse", server.warehouse)[0] == 0
+    return CatalogPrincipal(name, created["client_id"], created["client_secret"])
+
+
+@dataclass
+class Harness:
+    server: CatalogServer
+    writer: CatalogPrincipal
+    reader: CatalogPrincipal
+    workdir: Path
+    prefix: str = field(default_factory=lambda: f"rrc_{uuid.uuid4().hex[:6]}")
+    namespaces: dict[str, str] = field(default_factory=dict)  # table key -> namespace holding table ``t``
+    sessions: dict[str, Session] = field(default_factory=dict)  # mode -> the reader's session
+
+    def admin(self, *args: str) -> tuple[int, str]:
+        code, _, err = admin(self.server, *args)
+        return code, err
+
+    def namespace_for(self, fixture: Fixture) -> str:
+        """The namespace whose table ``t`` holds the fixture's schema and rows (created on first use)."""
+        key = fixture.table_key
+        if key not in self.namespaces:
+            namespace = f"{self.prefix}_{key}"
+            catalog = self._writer_catalog()
+            catalog.create_namespace(namespace)
+            expected = fixture.iceberg_schema()
+            table = catalog.create_table((namespace, "t"), schema=expected)
+            assert table.schema().as_struct() == expected.as_struct(), (
+                f"the catalog assigned other field ids than the fixture's schema: {table.schema()}"
+            )
+            if fixture.rows:
+                table.append(rows_to_arrow(table.schema(), schema_to_pyarrow(table.schema()), fixture.rows))
+            self.namespaces[key] = namespace
+        return self.namespaces[key]
+
+    def attach(self, namespace: str, fixture: Fixture, *, unchecked: bool = False) -> tuple[int, str]:
+        target = ["--warehouse", self.server.warehouse, "--namespace", namespace, "--table", "t"]
+        target += ["--principal", self.reader.name]
+        path = self.workdir / f"{namespace}.json"
+        text = fixture.restrictions_text
+        path.write_text(text if text is not None else json.dumps(fixture.restrictions), encoding="utf-8")
+        return self.admin("set-restrictions", *target, "--file", str(path), *(["--unchecked"] if unchecked else []))
+
+    def session(self, mode: str) -> Session:
+        """The reader's session for ``mode``, shared by all fixtures: each new attach changes the table's ETag
+        for the reader, so every fixture's load revalidates and picks up its own restrictions."""
+        if mode not in self.sessions:
+            self.sessions[mode] = self._connect(mode)
+        return self.sessions[mode]
+
+    def _connect(self, mode: str) -> Session:
+        if mode != "local":
+            raise ValueError(f"unknown conformance mode {mode!r}")
+        moto = self.server.moto
+        config = SQEConfig(
+            catalog=CatalogConfig(
+                uri=self.server.url,
+                warehouse=self.server.warehouse,
+                client_id=self.reader.client_id,
+                client_secret=self.reader.client_secret,
+                access_delegation="vended-credentials",
+                require_vended_credentials=True,
+            ),
+            storage=StorageConfig(endpoint=moto.url, region=moto.region, path_style=True),
+        )
+        return sqe.api.connect(config)
+
+    def _writer_catalog(self) -> RestCatalog:
+        return RestCatalog(
+            "conformance-writer",
+            uri=self.server.url,
+            warehouse=self.server.warehouse,
+            credential=self.writer.credential,
+            scope="PRINCIPAL_ROLE:ALL",
+            **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
+        )
+
+
+@pytest.fixture(scope="module")
+def harness(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    suffix = uuid.uuid4().hex[:6]
+    writer_grants = ["NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA"]
+    writer = principal_with_grant(catalog_server, f"rr_writer_{suffix}", writer_grants)
+    reader = principal_with_grant(catalog_server, f"rr_reader_{suffix}", ["TABLE_READ_DATA"])
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            env.delenv(name, raising=False)
+        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        harness = Harness(catalog_server, writer, reader, tmp_path_factory.mktemp("conformance"))
+        try:
+            yield harness
+        finally:
+            for session in harness.sessions.values():
+                session.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The fixtures
+
+
+@pytest.mark.parametrize(("mode", "fixture"), list(_params()))
+def test_read_restrictions_fixture(mode: str, fixture: Fixture, harness: Harness) -> None:
+    namespace = harness.namespace_for(fixture)
+    if fixture.expected_error is not None:
+        _check_error(harness, mode, fixture, namespace)
+    else:
+        _check_rows(harness, mode, fixture, namespace)
+
+
+def _query(fixture: Fixture, namespace: str) -> str:
+    return _TABLE_REF.sub(lambda m: f"{m.group(1)} {namespace}.t", fixture.query)
+
+
+def _check_rows(harness: Harness, mode: str, fixture: Fixture, namespace: str) -> None:
+    code, stderr = harness.attach(namespace, fixture)
+    assert code == 0, f"the catalog refused the fixture's restrictions: {stderr.strip()}"
+    actual = result_rows(harness.session(mode).sql(_query(fixture, namespace)).arrow())
+    expected = fixture.expected["rows"]
+    assert matches(expected, actual), (
+        f"{fixture.id}\nexpected: {json.dumps(resolve_markers(expected), ensure_ascii=False)}\n"
+        f"actual:   {json.dumps(actual, ensure_ascii=False)}"
+    )
+
+
+def _error_class(name: str) -> type[sqe.errors.SQEError]:
+    found = getattr(sqe.errors, name, None)
+    assert isinstance(found, type) and issubclass(found, sqe.errors.SQEError), f"unknown error class {name}"
+    return found
+
+
+def _check_error(harness: Harness, mode: str, fixture: Fixture, namespace: str) -> None:
+    expected = _error_class(fixture.expected_error or "")
+    code, stderr = harness.attach(namespace, fixture)
+    assert code == 1, f"the catalog accepted restrictions the fixture calls invalid ({fixture.id})"
+    named = _REJECTED.search(stderr)
+    assert named is not None, f"the catalog's refusal names no error class: {stderr.strip()}"
+    assert issubclass(_error_class(named.group(1)), expected), f"catalog: {stderr.strip()}"
+    if fixture.error_stage == "save":
+        return
+    code, stderr = harness.attach(namespace, fixture, unchecked=True)
+    assert code == 0, stderr
+    with pytest.raises(sqe.errors.SQEError) as caught:
+        harness.session(mode).sql(_query(fixture, namespace)).arrow()
+    assert isinstance(caught.value, expected), f"engine raised {type(caught.value).__name__}: {caught.value}"
+    assert str(caught.value).strip(), "the error names the problem"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The fixture set itself (no servers)
+
+
+def test_fixture_set_covers_every_action_with_every_applicable_type() -> None:
+    covered = set(action_coverage(FIXTURES))
+    missing = sorted(
+        (action, kind) for action, kinds in APPLICABLE.items() for kind in kinds if (action, kind) not in covered
+    )
+    assert missing == []
+
+
+def test_fixture_ids_are_unique_and_known_gaps_name_real_fixtures() -> None:
+    ids = Counter(fixture.id for fixture in FIXTURES)
+    assert [name for name, count in ids.items() if count > 1] == []
+    assert set(KNOWN_GAPS) <= set(ids), "a known gap names no fixture"
+    assert all(set(gap["modes"]) <= set(MODES) for gap in KNOWN_GAPS.values())

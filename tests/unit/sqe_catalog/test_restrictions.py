@@ -1,0 +1,359 @@
+"""Read-restrictions in sqe-catalog, in-process: the capability header, the admin commands, combination and the
+delivery gate (406 / 403 / 200), ETags per principal and 304s that never bypass the gate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from starlette.applications import Starlette
+
+from sqe_catalog.api import create_app
+from sqe_catalog.auth import AuthStore, create_engine_for
+from sqe_catalog.cli import main as catalog_cli
+from sqe_catalog.config import load_config
+from sqe_catalog.restrictions import READ_RESTRICTIONS_V1, declared_capabilities
+from tests.unit.sqe_catalog.test_api import Reply, call
+
+SCHEMA = {
+    "type": "struct",
+    "schema-id": 0,
+    "fields": [
+        {"id": 1, "name": "id", "type": "long", "required": True},
+        {"id": 2, "name": "email", "type": "string", "required": False},
+        {"id": 3, "name": "region", "type": "string", "required": False},
+    ],
+}
+MASK_EMAIL = {"required-column-projections": [{"field-id": 2, "action": "mask-alphanum"}]}
+ONLY_EU = {"required-row-filter": {"type": "eq", "left": {"type": "reference", "id": 3}, "right": "EU"}}
+DECLARED = {"X-Gravitino-Client-Capabilities": READ_RESTRICTIONS_V1}
+TABLE = "/v1/wh/namespaces/db/tables/t"
+
+
+class Catalog:
+    """An in-process catalog app, its config file (for the admin CLI) and bearer tokens per principal."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        database = f"sqlite:///{tmp_path}/catalog.db"
+        self.config_path = tmp_path / "catalog.toml"
+        self.config_path.write_text(
+            f'[server]\ndatabase = "{database}"\n\n[[warehouses]]\nname = "wh"\nlocation = "file://{tmp_path}/wh"\n'
+        )
+        self.app: Starlette = create_app(load_config(str(self.config_path)))
+        self.store = AuthStore(create_engine_for(database), b"k", 60, scrypt_n=2)
+        self.tokens: dict[str, str] = {}
+
+    def principal(self, name: str, *, admin: bool = False) -> None:
+        client_id, client_secret = self.store.create_principal(name, is_admin=admin)
+        form = urlencode(
+            {
+                "grant_type": "client_credentials",
+                "client_id": client_id,
+                "client_secret": client_secret,
+                "scope": "PRINCIPAL_ROLE:ALL",
+            }
+        )
+        reply = call(
+            self.app,
+            "POST",
+            "/v1/oauth/tokens",
+            headers={"content-type": "application/x-www-form-urlencoded"},
+            body=form.encode(),
+        )
+        assert reply.status == 200, reply.body
+        self.tokens[name] = str(reply.json()["access_token"])
+
+    def request(self, who: str, method: str, path: str, headers: dict[str, str] | None = None, **body: Any) -> Reply:
+        all_headers = {"authorization": f"Bearer {self.tokens[who]}", **(headers or {})}
+        return call(self.app, method, path, headers=all_headers, body=json.dumps(body).encode() if body else b"")
+
+    def admin(self, *args: str) -> int:
+        return catalog_cli(["admin", "--config", str(self.config_path), *args])
+
+    def restrict(self, tmp_path: Path, document: Any, *subject: str, table: str = "t", unchecked: bool = False) -> int:
+        path = tmp_path / "restrictions.json"
+        path.write_text(json.dumps(document))
+        target = ["--warehouse", "wh", "--namespace", "db", "--table", table, *subject]
+        return self.admin("set-restrictions", *target, "--file", str(path), *(["--unchecked"] if unchecked else []))
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    catalog = Catalog(tmp_path)
+    catalog.principal("root", admin=True)
+    for name in ("alice", "bob"):
+        catalog.principal(name)
+        catalog.store.create_role(f"{name}_role")
+        catalog.store.assign_role(name, f"{name}_role")
+        catalog.store.grant(f"{name}_role", "TABLE_READ_DATA", "wh")
+    catalog.store.create_group("analysts")
+    assert catalog.request("root", "POST", "/v1/wh/namespaces", namespace=["db"]).status == 200
+    assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="t", schema=SCHEMA).status == 200
+    return catalog
+
+
+def error_of(reply: Reply, status: int) -> str:
+    assert reply.status == status, reply.body
+    error = reply.json()["error"]
+    assert error["code"] == status
+    return f"{error['type']}: {error['message']}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The capability header
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([], set()),
+        (["read-restrictions.v1"], {"read-restrictions.v1"}),
+        ([" read-restrictions.v1 ,\tfuture-thing.v2"], {"read-restrictions.v1", "future-thing.v2"}),
+        (["future.v9", "read-restrictions.v1"], {"future.v9", "read-restrictions.v1"}),
+        (["read-restrictions.v1,read-restrictions.v1"], {"read-restrictions.v1"}),
+        (["Read-Restrictions.v1"], set()),
+        (["read_restrictions.v1"], set()),
+        (["read-restrictions.v1,"], set()),
+        ([""], set()),
+        (["read-restrictions.v1", "bad token"], set()),
+        (["-read-restrictions.v1"], set()),
+    ],
+)
+def test_capability_header_parsing(values: list[str], expected: set[str]) -> None:
+    assert declared_capabilities(values) == expected
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The delivery gate
+
+
+def test_restricted_load_needs_the_capability_and_returns_the_restrictions(catalog: Catalog, tmp_path: Path) -> None:
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
+    plain = catalog.request("alice", "GET", TABLE)
+    assert error_of(plain, 406).startswith("NotAcceptableException: read-restrictions apply to wh.db.t")
+    assert "metadata" not in plain.json()
+    for malformed in ("READ-RESTRICTIONS.V1", "read-restrictions.v1,,", "read-restrictions.v2"):
+        headers = {"X-Gravitino-Client-Capabilities": malformed}
+        error_of(catalog.request("alice", "GET", TABLE, headers=headers), 406)
+    loaded = catalog.request("alice", "GET", TABLE, headers=DECLARED)
+    assert loaded.status == 200
+    assert loaded.json()["read-restrictions"] == MASK_EMAIL
+    # Unrestricted principals get the normal response, with or without the header.
+    for maybe_declared in (None, DECLARED):
+        other = catalog.request("bob", "GET", TABLE, headers=maybe_declared)
+        assert other.status == 200 and "read-restrictions" not in other.json()
+
+
+def test_untrusted_reader_gets_403_and_trust_can_be_restored(
+    catalog: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    assert catalog.admin("set-trusted-reader", "alice", "false") == 0
+    assert "not a trusted reader" in error_of(catalog.request("alice", "GET", TABLE, headers=DECLARED), 403)
+    error_of(catalog.request("alice", "GET", TABLE), 406)  # undeclared is still 406
+    assert catalog.request("bob", "GET", TABLE).status == 200, "untrusted only matters when restricted"
+    capsys.readouterr()
+    assert catalog.admin("list-untrusted-readers") == 0
+    assert json.loads(capsys.readouterr().out) == ["alice"]
+    assert catalog.admin("set-trusted-reader", "alice", "true") == 0
+    assert catalog.request("alice", "GET", TABLE, headers=DECLARED).status == 200
+
+
+def test_credentials_endpoint_is_gated_like_load(catalog: Catalog, tmp_path: Path) -> None:
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
+    error_of(catalog.request("alice", "GET", TABLE + "/credentials"), 406)
+    assert catalog.request("alice", "GET", TABLE + "/credentials", headers=DECLARED).status == 200
+    assert catalog.admin("set-trusted-reader", "alice", "false") == 0
+    error_of(catalog.request("alice", "GET", TABLE + "/credentials", headers=DECLARED), 403)
+
+
+def test_commit_by_a_restricted_principal_without_the_capability_is_refused_before_committing(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    catalog.store.grant("alice_role", "TABLE_WRITE_PROPERTIES", "wh")
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
+    before = catalog.request("root", "GET", TABLE).json()["metadata-location"]
+    update = {"action": "set-properties", "updates": {"owner": "alice"}}
+    error_of(catalog.request("alice", "POST", TABLE, requirements=[], updates=[update]), 406)
+    assert catalog.request("root", "GET", TABLE).json()["metadata-location"] == before, "nothing was committed"
+    committed = catalog.request("alice", "POST", TABLE, headers=DECLARED, requirements=[], updates=[update])
+    assert committed.status == 200
+    assert committed.headers["etag"] == catalog.request("alice", "GET", TABLE, headers=DECLARED).headers["etag"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ETags
+
+
+def test_etags_differ_per_principal_and_304_never_bypasses_the_gate(catalog: Catalog, tmp_path: Path) -> None:
+    unrestricted = catalog.request("alice", "GET", TABLE).headers["etag"]
+    assert catalog.request("bob", "GET", TABLE).headers["etag"] == unrestricted
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "bob") == 0
+    alice = catalog.request("alice", "GET", TABLE, headers=DECLARED).headers["etag"]
+    bob = catalog.request("bob", "GET", TABLE, headers=DECLARED).headers["etag"]
+    assert len({unrestricted, alice, bob}) == 3, "same restrictions, still one ETag per principal"
+    # The old, unrestricted ETag does not revalidate; the own one does; nothing revalidates without the header.
+    assert catalog.request("alice", "GET", TABLE, headers={**DECLARED, "If-None-Match": unrestricted}).status == 200
+    assert catalog.request("alice", "GET", TABLE, headers={**DECLARED, "If-None-Match": alice}).status == 304
+    assert catalog.request("bob", "GET", TABLE, headers={**DECLARED, "If-None-Match": alice}).status == 200
+    error_of(catalog.request("alice", "GET", TABLE, headers={"If-None-Match": alice}), 406)
+    error_of(catalog.request("alice", "GET", TABLE, headers={"If-None-Match": "*"}), 406)
+    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    changed = catalog.request("alice", "GET", TABLE, headers={**DECLARED, "If-None-Match": alice})
+    assert changed.status == 200 and changed.json()["read-restrictions"] == ONLY_EU
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Groups and combination
+
+
+def test_principal_and_group_entries_combine_fail_closed(catalog: Catalog, tmp_path: Path) -> None:
+    catalog.store.add_to_group("alice", "analysts")
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--group", "analysts") == 0
+    assert catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
+    error_of(catalog.request("alice", "GET", TABLE), 406)
+    assert catalog.request("bob", "GET", TABLE).status == 200, "not a member"
+    own_filter = {"required-row-filter": {"type": "not-null", "child": {"type": "reference", "id": 2}}}
+    assert catalog.restrict(tmp_path, {**own_filter, **MASK_EMAIL}, "--principal", "alice") == 0
+    combined = catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"]
+    assert combined["required-column-projections"] == MASK_EMAIL["required-column-projections"], "deduplicated"
+    assert combined["required-row-filter"] == own_filter["required-row-filter"]
+    assert catalog.restrict(tmp_path, ONLY_EU, "--group", "analysts") == 0  # replaces the group's entry
+    combined = catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"]
+    assert combined["required-row-filter"] == {
+        "type": "and",
+        "left": own_filter["required-row-filter"],
+        "right": ONLY_EU["required-row-filter"],
+    }
+
+
+def test_different_principals_may_mask_a_column_differently(catalog: Catalog, tmp_path: Path) -> None:
+    other = {"required-column-projections": [{"field-id": 2, "action": "show-last-4"}]}
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
+    assert catalog.restrict(tmp_path, other, "--principal", "bob") == 0
+    assert catalog.request("bob", "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == other
+
+
+def test_conflicting_masks_for_one_caller_are_refused_on_save(
+    catalog: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    catalog.store.add_to_group("alice", "analysts")
+    other = {"required-column-projections": [{"field-id": 2, "action": "show-last-4"}]}
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--group", "analysts") == 0
+    assert catalog.restrict(tmp_path, other, "--principal", "alice") == 1
+    error = capsys.readouterr().err
+    assert "principal alice would not combine" in error
+    assert "field id 2 is masked with 'mask-alphanum' and 'show-last-4'" in error
+    assert catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
+    # The other direction: a group entry that conflicts with a member's own entry.
+    assert catalog.restrict(tmp_path, other, "--principal", "bob") == 0
+    catalog.store.create_group("readers")
+    catalog.store.add_to_group("bob", "readers")
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--group", "readers") == 1
+    assert "principal bob would not combine" in capsys.readouterr().err
+
+
+def test_a_conflict_from_a_later_membership_change_refuses_the_load(catalog: Catalog, tmp_path: Path) -> None:
+    other = {"required-column-projections": [{"field-id": 2, "action": "show-last-4"}]}
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--group", "analysts") == 0
+    assert catalog.restrict(tmp_path, other, "--principal", "bob") == 0
+    catalog.store.add_to_group("bob", "analysts")
+    message = error_of(catalog.request("bob", "GET", TABLE, headers=DECLARED), 403)
+    assert "cannot be applied (entries that apply to it conflict)" in message
+    error_of(catalog.request("bob", "GET", TABLE + "/credentials", headers=DECLARED), 403)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Admin commands and validation
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"required-column-projections": [{"field-id": 9, "action": "mask-alphanum"}]}, "field id 9 is not in"),
+        ({"required-column-projections": [{"field-id": 1, "action": "replace-with-null"}]}, "InvalidRestriction"),
+        ({"required-column-projections": [{"field-id": 2, "action": "blur"}]}, "unknown action 'blur'"),
+        ({"required-row-filter": {"type": "eq", "left": {"type": "reference", "id": 1}, "right": "x"}}, "Invalid"),
+        ([1, 2], "expected a JSON object"),
+    ],
+)
+def test_set_restrictions_validates_against_the_schema(
+    catalog: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str], document: Any, message: str
+) -> None:
+    assert catalog.restrict(tmp_path, document, "--principal", "alice") == 1
+    assert message in capsys.readouterr().err
+    assert catalog.request("alice", "GET", TABLE).status == 200
+
+
+def test_malformed_json_file_unknown_subject_and_table(
+    catalog: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.json"
+    for text in ('{"required-row-filter": tru', '{"required-row-filter": true, "required-row-filter": false}'):
+        path.write_text(text)
+        target = ["--warehouse", "wh", "--namespace", "db", "--table", "t", "--principal", "alice"]
+        assert catalog.admin("set-restrictions", *target, "--file", str(path)) == 1
+        assert "malformed JSON" in capsys.readouterr().err
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "nobody") == 1
+    assert "principal nobody does not exist" in capsys.readouterr().err
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--group", "nogroup") == 1
+    assert "group nogroup does not exist" in capsys.readouterr().err
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice", table="missing") == 1
+    assert "table does not exist" in capsys.readouterr().err
+
+
+def test_list_and_clear(catalog: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
+    capsys.readouterr()
+    assert catalog.admin("list-restrictions", "--warehouse", "wh") == 0
+    [entry] = json.loads(capsys.readouterr().out)
+    assert entry["principal"] == "alice" and entry["table"] == "t" and entry["namespace"] == ["db"]
+    assert entry["read-restrictions"] == MASK_EMAIL and entry["checked"] is True
+    target = ["--warehouse", "wh", "--namespace", "db", "--table", "t", "--principal", "alice"]
+    assert catalog.admin("clear-restrictions", *target) == 0
+    assert catalog.request("alice", "GET", TABLE).status == 200
+    assert catalog.admin("clear-restrictions", *target) == 1
+    assert "no read-restrictions on wh.db.t for principal alice" in capsys.readouterr().err
+
+
+def test_rename_keeps_the_restrictions(catalog: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
+    rename = {"namespace": ["db"], "name": "t"}, {"namespace": ["db"], "name": "t2"}
+    reply = catalog.request("root", "POST", "/v1/wh/tables/rename", source=rename[0], destination=rename[1])
+    assert reply.status == 204, reply.body
+    error_of(catalog.request("alice", "GET", "/v1/wh/namespaces/db/tables/t2"), 406)
+    capsys.readouterr()
+    assert catalog.admin("list-restrictions") == 0
+    assert json.loads(capsys.readouterr().out)[0]["table"] == "t2"
+
+
+def test_recreated_table_under_the_old_name_stays_restricted(catalog: Catalog, tmp_path: Path) -> None:
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
+    assert catalog.request("root", "DELETE", TABLE).status == 204
+    assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="t", schema=SCHEMA).status == 200
+    error_of(catalog.request("alice", "GET", TABLE), 406)
+    assert catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
+
+
+def test_stored_restrictions_that_stop_fitting_the_schema_refuse_the_load(catalog: Catalog, tmp_path: Path) -> None:
+    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    assert catalog.request("root", "DELETE", TABLE).status == 204
+    other_schema = {**SCHEMA, "fields": SCHEMA["fields"][:2]}  # type: ignore[index]
+    assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="t", schema=other_schema).status == 200
+    message = error_of(catalog.request("alice", "GET", TABLE, headers=DECLARED), 403)
+    assert "cannot be applied (they no longer fit the table)" in message
+
+
+def test_unchecked_entries_are_served_verbatim_and_alone(catalog: Catalog, tmp_path: Path) -> None:
+    broken = {"required-column-projections": [{"field-id": 2, "action": "blur"}]}
+    assert catalog.restrict(tmp_path, broken, "--principal", "alice", unchecked=True) == 0
+    assert catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == broken
+    catalog.store.add_to_group("alice", "analysts")
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--group", "analysts") == 0
+    assert "unchecked entry cannot be combined" in error_of(
+        catalog.request("alice", "GET", TABLE, headers=DECLARED), 403
+    )
