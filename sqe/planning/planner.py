@@ -104,6 +104,9 @@ class ScanPlan:
     def is_usable(self, now: float) -> bool:
         return self.loaded.is_usable(now)
 
+    def _rows_hidden(self) -> bool:
+        return self.restrictions.row_filter is not None or self.restrictions.always_false
+
     def describe(self) -> dict[str, Any]:
         """One EXPLAIN row: what was planned and with which credentials. Never a secret."""
         loaded = self.loaded
@@ -112,7 +115,8 @@ class ScanPlan:
             "snapshot_id": self.snapshot_id,
             "files_planned": self.files_planned,
             "bytes_planned": self.bytes_planned,
-            "records_planned": self.records_planned,
+            # Manifest record counts include rows the required row filter hides: withhold them then.
+            "records_planned": None if self._rows_hidden() else self.records_planned,
             "delete_files": self.delete_files,
             "columns": ", ".join(self.columns),
             "pushed_filter": format_filter(self.user_filter),  # the restriction filter's values stay hidden

@@ -277,11 +277,6 @@ def test_metadata_tables_of_a_restricted_table_are_not_reachable(world: World) -
             session.sql(f"SELECT * FROM iceberg_metadata('{world.namespace}.people')").arrow()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: EXPLAIN reports records_planned (manifest record counts, filtered rows included) and file "
-    "counts/bytes for a row-filtered table",
-)
 def test_explain_of_a_row_filtered_table_reveals_no_manifest_record_count(world: World) -> None:
     with world.session("alice") as session:
         [row] = session.sql(f"EXPLAIN SELECT id FROM {world.namespace}.people").arrow().to_pylist()
