@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import secrets
@@ -109,16 +111,19 @@ class CatalogServer:
     secrets: set[str] = field(default_factory=set, repr=False)
 
     def admin_cli(self, *args: str) -> str:
-        """Run ``sqe-catalog admin --config <config> ARGS`` and return its stdout (raises on failure)."""
-        done = subprocess.run(
-            [sys.executable, "-m", "sqe_catalog.cli", "admin", "--config", str(self.config_path), *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"sqe-catalog admin {' '.join(args)} failed: {done.stderr.strip()}")
-        return done.stdout
+        """Run ``sqe-catalog admin --config <config> ARGS`` and return its stdout (raises on failure).
+
+        The CLI's own ``main`` runs in-process (the same code and database as the command; a process per call
+        would cost seconds of imports each). ``test_admin.py`` covers the installed script itself.
+        """
+        from sqe_catalog.cli import main as catalog_cli
+
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = catalog_cli(["admin", "--config", str(self.config_path), *args])
+        if code != 0:
+            raise RuntimeError(f"sqe-catalog admin {' '.join(args)} failed: {err.getvalue().strip()}")
+        return out.getvalue()
 
     def create_principal(self, name: str, *, admin: bool = False) -> CatalogPrincipal:
         out = json.loads(self.admin_cli("create-principal", name, *(["--admin"] if admin else [])))
@@ -340,3 +345,254 @@ def catalog_server(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoSe
         yield server
     finally:
         _stop_process(proc)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SQE engine helpers (test_engine_*.py): catalog variants with other [[warehouses]] settings, SQE config files.
+
+
+def write_catalog_config_variant(
+    workdir: Path, moto: MotoServer, port: int, warehouse: dict[str, Any], **server: Any
+) -> Path:
+    """``write_catalog_config`` with some ``[[warehouses]]`` keys replaced or added (e.g. vend_credentials)."""
+    path = write_catalog_config(workdir, moto, port, **server)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = lines.index("[[warehouses]]")
+    kept = [line for line in lines[start + 1 :] if line.split(" = ", 1)[0] not in warehouse]
+    lines = lines[: start + 1] + kept + [f"{k} = {json.dumps(v)}" for k, v in warehouse.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@contextlib.contextmanager
+def catalog_variant(workdir: Path, moto: MotoServer, **warehouse: Any) -> Iterator[CatalogServer]:
+    """Another ``sqe-catalog serve`` on ``moto`` with its own database, an admin principal and warehouse ``wh``
+    whose ``[[warehouses]]`` settings are overridden by ``warehouse``; stopped on exit."""
+    port = _free_loopback_port()
+    config_path = write_catalog_config_variant(workdir, moto, port, warehouse)
+    location = str(warehouse.get("location", f"s3://{moto.bucket}/{CATALOG_WAREHOUSE}"))
+    server = CatalogServer(
+        url=f"http://127.0.0.1:{port}",
+        port=port,
+        pid=0,
+        warehouse=CATALOG_WAREHOUSE,
+        warehouse_location=location,
+        workdir=workdir,
+        config_path=config_path,
+        log_path=workdir / "catalog.log",
+        moto=moto,
+        admin=CatalogPrincipal("", "", ""),
+    )
+    server.secrets.add(moto.secret_access_key)
+    server.admin = server.create_principal("admin", admin=True)
+    proc = start_catalog_process(config_path, server.log_path, port)
+    server.pid = proc.pid
+    try:
+        yield server
+    finally:
+        _stop_process(proc)
+
+
+def write_sqe_config(
+    path: Path,
+    catalog_uri: str,
+    principal: CatalogPrincipal,
+    moto: MotoServer,
+    *,
+    catalog: dict[str, Any] | None = None,
+    storage: dict[str, Any] | None = None,
+) -> Path:
+    """An SQE ``config.toml`` for ``principal`` (like ``sqe stack``'s, vended credentials required by default);
+    ``catalog``/``storage`` add or replace keys of those sections. Written 0600: it holds a client secret."""
+    catalog_keys: dict[str, Any] = {
+        "uri": catalog_uri,
+        "warehouse": CATALOG_WAREHOUSE,
+        "client_id": principal.client_id,
+        "client_secret": principal.client_secret,
+        "scope": "PRINCIPAL_ROLE:ALL",
+        "access_delegation": "vended-credentials",
+        "require_vended_credentials": True,
+        **(catalog or {}),
+    }
+    storage_keys: dict[str, Any] = {"endpoint": moto.url, "region": moto.region, "path_style": True, **(storage or {})}
+    lines = ["[catalog]", *(f"{k} = {json.dumps(v)}" for k, v in catalog_keys.items())]
+    lines += ["", "[storage]", *(f"{k} = {json.dumps(v)}" for k, v in storage_keys.items())]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.chmod(0o600)
+    return path
+
+
+def pyiceberg_catalog(server: CatalogServer, principal: CatalogPrincipal) -> Any:
+    """pyiceberg's own ``RestCatalog`` as ``principal``, asking for vended credentials (no S3 key of its own)."""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    return RestCatalog(
+        f"test-{principal.name}",
+        uri=server.url,
+        warehouse=server.warehouse,
+        credential=principal.credential,
+        scope="PRINCIPAL_ROLE:ALL",
+        **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
+    )
+
+
+def raw_load_table(server: CatalogServer, principal: CatalogPrincipal, namespace: str, table: str) -> dict[str, Any]:
+    """A raw LoadTableResult as ``principal`` with vended credentials; its vended secrets join ``server.secrets``."""
+    request = urllib.request.Request(
+        f"{server.url}/v1/{server.warehouse}/namespaces/{namespace}/tables/{table}",
+        headers={
+            "Authorization": f"Bearer {server.token(principal)}",
+            "X-Iceberg-Access-Delegation": "vended-credentials",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body: dict[str, Any] = json.loads(response.read())
+    for credential in body.get("storage-credentials", []):
+        for key in ("s3.secret-access-key", "s3.session-token"):
+            if credential["config"].get(key):
+                server.secrets.add(credential["config"][key])
+    return body
+
+
+# Keys moto rejects (IAM auth is on): with these in the environment, any read that works used other credentials.
+BOGUS_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7BOGUS00",
+    "AWS_SECRET_ACCESS_KEY": "bogus-secret-access-key-from-the-environment",
+    "AWS_SESSION_TOKEN": "bogus-session-token-from-the-environment",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@pytest.fixture()
+def bogus_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bogus ambient AWS credentials in this process's environment for the duration of one test."""
+    for name, value in BOGUS_AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sqe-worker processes (test_worker.py and the distributed tests): `worker_process_factory.start(...)` spawns
+# `sqe-worker` on a free loopback port (port 0, read back from --port-file) with its own random token file and its
+# log in `log_path`; every worker started is stopped at the end of the session (or earlier with `stop()`).
+
+
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    token: str = field(repr=False)
+    log_path: Path
+    workdir: Path
+    _channels: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def metadata(self, token: str | None = None) -> tuple[tuple[str, str], ...]:
+        """Call metadata carrying this worker's token (or ``token``)."""
+        return (("authorization", f"Bearer {self.token if token is None else token}"),)
+
+    def stub(
+        self,
+        *,
+        root_certificates: bytes | None = None,
+        max_message_bytes: int = 64 * 1024 * 1024,
+        channel_options: list[tuple[str, Any]] | None = None,
+    ) -> Any:
+        """A ``WorkerStub`` on a new channel (TLS when ``root_certificates`` is given); closed by ``stop()``."""
+        import grpc
+
+        from workers._proto import worker_pb2_grpc
+
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            *(channel_options or []),
+        ]
+        if root_certificates is None:
+            channel = grpc.insecure_channel(self.address, options=options)
+        else:
+            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            channel = grpc.secure_channel(f"localhost:{self.port}", credentials, options=options)
+        self._channels.append(channel)
+        return worker_pb2_grpc.WorkerStub(channel)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> int:
+        for channel in self._channels:
+            channel.close()
+        self._channels.clear()
+        return _stop_process(self.proc)
+
+
+class WorkerFactory:
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._tmp = tmp_path_factory
+        self.started: list[WorkerProcess] = []
+
+    def start(self, *args: str, env: dict[str, str] | None = None, timeout: float = 30.0) -> WorkerProcess:
+        """``sqe-worker --listen 127.0.0.1:0 --token-file ... ARGS``; ``env`` is added to an AWS_*-free copy of
+        this process's environment."""
+        workdir = self._tmp.mktemp("worker")
+        token = secrets.token_urlsafe(32)
+        token_file = workdir / "token"
+        token_file.write_text(token + "\n", encoding="utf-8")
+        token_file.chmod(0o600)
+        port_file, log_path = workdir / "port", workdir / "worker.log"
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        child_env.update(env or {})
+        command = [sys.executable, "-m", "workers.cli", "--listen", "127.0.0.1:0", "--token-file", str(token_file)]
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                [*command, "--port-file", str(port_file), *args],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+            )
+        worker = WorkerProcess(proc, 0, token, log_path, workdir)
+        self.started.append(worker)
+        worker.port = self._wait_for_port(worker, port_file, timeout)
+        return worker
+
+    @staticmethod
+    def _wait_for_port(worker: WorkerProcess, port_file: Path, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if worker.proc.poll() is not None:
+                code = worker.proc.returncode
+                raise RuntimeError(f"sqe-worker exited with code {code}:\n{worker.log_text()[-3000:]}")
+            if port_file.is_file():
+                return int(port_file.read_text().strip())
+            time.sleep(0.05)
+        worker.stop()
+        raise RuntimeError(f"sqe-worker did not start within {timeout} s:\n{worker.log_text()[-3000:]}")
+
+    def stop_all(self) -> None:
+        for worker in self.started:
+            worker.stop()
+
+
+@pytest.fixture(scope="session")
+def worker_process_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerFactory]:
+    """Starts ``sqe-worker`` processes on loopback (see WorkerFactory.start); all stopped at session end."""
+    factory = WorkerFactory(tmp_path_factory)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+ENGINE_WRITER_GRANTS: list[tuple[str, str | None, str | None]] = [
+    ("NAMESPACE_FULL_METADATA", None, None),
+    ("TABLE_CREATE", None, None),
+    ("TABLE_WRITE_DATA", None, None),
+]
+
+
+@pytest.fixture(scope="session")
+def engine_writer(catalog_server: CatalogServer) -> CatalogPrincipal:
+    """One principal that creates namespaces and tables and writes data (shared: admin calls are slow)."""
+    return catalog_server.principal_with_grants("engine_writer", ENGINE_WRITER_GRANTS)
