@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, RESTError
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from sqe.catalog.base import LoadedTable, TableIdent, TableProvider
+from sqe.catalog.rest import translate_error
 from sqe.errors import (
     CatalogError,
     CommitConflictError,
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from pyiceberg.schema import Schema
 
     from sqe.config import SQEConfig
+    from sqe.execution.distributed import DistributedExecutor, DistributedOptions, DistributedScanStream
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +178,18 @@ class Session:
         max_files_in_flight: int = 4,
         max_queued_batches: int = 8,
         clock: Callable[[], float] = time.time,
+        distributed: DistributedOptions | None = None,
     ) -> None:
+        """Scans run in-process unless ``[coordinator] workers`` is set; ``distributed`` tunes worker scans."""
         self.config = config
         self._provider = provider
         self._clock = clock
         self._executor = LocalExecutor(max_files_in_flight=max_files_in_flight, max_queued_batches=max_queued_batches)
+        self._distributed: DistributedExecutor | None = None
+        if config is not None and config.coordinator.workers:
+            from sqe.execution.distributed import DistributedExecutor  # grpc only when workers are configured
+
+            self._distributed = DistributedExecutor(config, provider, distributed)
         self._default_warehouse = provider.default_warehouse()
         self._check_catalog_name(self._default_warehouse)
         self._parser = connect_locked_down()  # parsing and constant folding only; never sees a table
@@ -194,7 +203,8 @@ class Session:
         self._active: QueryContext | None = None
         self._generation = 0
         self._closed = False
-        self.last_streams: list[ScanStream] = []  # the streams of the latest statement (tests, diagnostics)
+        # the streams of the latest statement (tests, diagnostics)
+        self.last_streams: list[ScanStream | DistributedScanStream] = []
 
     # -- public API -------------------------------------------------------------------------------------
 
@@ -247,6 +257,11 @@ class Session:
         if not self._closed:
             self._con.interrupt()
 
+    @property
+    def distributed_executor(self) -> DistributedExecutor | None:
+        """The worker-scan executor when ``[coordinator] workers`` is set (tests, diagnostics), else None."""
+        return self._distributed
+
     def progress(self) -> dict[str, int] | None:
         context = self._active
         return context.metrics.snapshot() if context is not None else None
@@ -297,6 +312,8 @@ class Session:
         self._closed = True
         self._parser.close()
         self._con.close()
+        if self._distributed is not None:
+            self._distributed.close()
 
     def __enter__(self) -> Session:
         return self
@@ -396,13 +413,20 @@ class Session:
     def _bind(self, scans: Mapping[TableIdent, ScanPlan], context: QueryContext) -> None:
         for ident, plan in scans.items():
             name = f"__sqe_scan_{next(self._ids)}"
-            stream = ScanStream(plan, self._executor, context)
+            stream = self._stream(plan, context)
             self._con.register(name, stream)
             self._registered.append(name)
             self.last_streams.append(stream)
             view = self._ensure_schema(ident) + "." + quote_ident(ident.name)
             self._con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM temp.main.{quote_ident(name)}")
             self._views.append(view)
+
+    def _stream(self, plan: ScanPlan, context: QueryContext) -> ScanStream | DistributedScanStream:
+        if self._distributed is None:
+            return ScanStream(plan, self._executor, context)
+        from sqe.execution.distributed import DistributedScanStream
+
+        return DistributedScanStream(plan, self._distributed, context)
 
     def _query(
         self, planned: _Planned, sql: str, params: Params, context: QueryContext
@@ -483,6 +507,8 @@ class Session:
             raise
         except CommitFailedException as exc:
             raise CommitConflictError(f"commit to {loaded.ident} failed: {_one_line(exc)}", status=409) from None
+        except RESTError as exc:  # the catalog's answer to the commit (422, 5xx, 401/403): keep its type
+            raise translate_error(exc, f"commit to {loaded.ident}") from None
         except Exception as exc:
             raise QueryError(f"writing to {loaded.ident} failed: {_one_line(exc)}") from None
         invalidate = getattr(self._provider, "invalidate", None)

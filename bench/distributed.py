@@ -1,0 +1,205 @@
+"""Distributed scans: local vs two workers on one query, and catalog/STS traffic during a long scan.
+
+Starts the embedded stack (moto by default, or Ceph RGW) with short-lived vended credentials, a second
+``sqe-catalog`` process on the same database logging at debug level (so every request and every AssumeRole is
+counted from its log), and two ``sqe-worker`` processes on loopback. Then:
+
+1. the same aggregate query locally and on the two workers, median of ``--runs``, printed with the ratio;
+2. a paced distributed scan lasting ``--lifetimes`` credential lifetimes, with the number of AssumeRole calls,
+   catalog round trips (load-table + credentials endpoint) and pushes, per credential lifetime. The target is one
+   refresh per (user, table) per lifetime, however many files, fragments and workers.
+
+    .venv/bin/python bench/distributed.py [--store moto|ceph] [--lifetime 10] [--files 24] [--rows 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog.rest import RestCatalog
+
+from sqe.catalog.rest import RestTableProvider
+from sqe.config import SQEConfig, load_config
+from sqe.execution.distributed import DistributedOptions
+from sqe.session import Session
+from sqe.stack import StackInfo, apply_client_env, start_stack, stop_stack
+from sqe.stack.catalog import spawn_catalog, wait_for_catalog
+from sqe.stack.provision import free_port, stop_daemon
+
+QUERY = "SELECT region, count(*) AS n, sum(amount) AS total, max(note) AS last FROM bench.events GROUP BY region"
+_REQUEST = re.compile(r"GET /v1/[^ ]+/namespaces/bench/tables/events(/credentials)? -> (\d+)")
+
+
+def write_table(info: StackInfo, files: int, rows: int) -> None:
+    writer = info.principal_credentials("writer")
+    catalog = RestCatalog(
+        "bench", uri=info.catalog_uri, warehouse=info.warehouse, credential=writer.credential,
+        scope="PRINCIPAL_ROLE:ALL", **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
+    )  # fmt: skip
+    catalog.create_namespace("bench")
+    schema = pa.schema([("id", pa.int64()), ("region", pa.string()), ("amount", pa.int64()), ("note", pa.string())])
+    catalog.create_table("bench.events", schema=schema)
+    for n in range(files):
+        ids = pa.array(range(n * rows, (n + 1) * rows), pa.int64())
+        data = pa.table(
+            {
+                "id": ids,
+                "region": pa.array([("EU", "US", "APAC")[i % 3] for i in range(rows)]),
+                "amount": pa.array([(i * 37) % 1000 for i in range(rows)], pa.int64()),
+                "note": pa.array([f"note-{n}-{i}" for i in range(rows)]),
+            },
+            schema=schema,
+        )
+        catalog.load_table("bench.events").append(data)  # a fresh load each time: short-lived credentials
+
+
+def debug_catalog(info: StackInfo, workdir: Path) -> tuple[Any, str, Path]:
+    """A second sqe-catalog on the stack's database, logging every request and vend at debug level."""
+    text = Path(info.catalog_config).read_text()
+    port = free_port()
+    text = re.sub(r"(?m)^port = \d+", f"port = {port}", text, count=1)
+    text = re.sub(r'(?m)^log_level = "\w+"', 'log_level = "debug"', text, count=1)
+    config = workdir / "catalog-debug.toml"
+    config.write_text(text)
+    config.chmod(0o600)
+    (workdir / "logs").mkdir(exist_ok=True)
+    daemon = spawn_catalog(workdir, config, {})
+    return daemon, wait_for_catalog(workdir, port, daemon), workdir / "logs" / "catalog.log"
+
+
+def start_workers(workdir: Path, token: str, count: int) -> list[tuple[subprocess.Popen[bytes], str]]:
+    token_file = workdir / "worker-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    started = []
+    for n in range(count):
+        port_file = workdir / f"worker-{n}.port"
+        command = [sys.executable, "-m", "workers.cli", "--listen", "127.0.0.1:0", "--token-file", str(token_file)]
+        command += ["--port-file", str(port_file), "--max-files-in-flight", "1"]
+        with open(workdir / f"worker-{n}.log", "wb") as log:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        while not port_file.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"sqe-worker {n} did not start")
+            time.sleep(0.05)
+        started.append((proc, f"127.0.0.1:{port_file.read_text().strip()}"))
+    return started
+
+
+def timed(run: Callable[[], object], runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def count_log(log: Path, offset: int) -> dict[str, int]:
+    text = log.read_text(errors="replace")[offset:]
+    counts = {"load-table": 0, "credentials endpoint": 0, "AssumeRole": text.count("cache=miss")}
+    for match in _REQUEST.finditer(text):
+        counts["credentials endpoint" if match.group(1) else "load-table"] += 1
+    return counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", default="moto", choices=("moto", "ceph"))
+    parser.add_argument("--lifetime", type=int, default=10, help="vended credential lifetime, seconds")
+    parser.add_argument("--lifetimes", type=float, default=3.0, help="how long the paced scan runs")
+    parser.add_argument("--files", type=int, default=24)
+    parser.add_argument("--rows", type=int, default=20000, help="rows per file")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    apply_client_env(args.store)
+    token = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="sqe-bench-dist-") as tmp:
+        workdir = Path(tmp)
+        info = start_stack(workdir / "stack", store=args.store, credential_lifetime=args.lifetime)
+        catalog_daemon, workers = None, []
+        try:
+            write_table(info, args.files, args.rows)
+            catalog_daemon, uri, log = debug_catalog(info, workdir)
+            workers = start_workers(workdir, token, 2)
+            overrides: dict[str, Any] = {"catalog": {"uri": uri}}
+            local_config = load_config(info.principal_config("analyst"), env={}, overrides=overrides)
+            addresses = [address for _, address in workers]
+            overrides["coordinator"] = {"workers": addresses, "token": token}
+            dist_config = load_config(info.principal_config("analyst"), env={}, overrides=overrides)
+            report(args, local_config, dist_config, log)
+        finally:
+            for proc, _ in workers:
+                proc.terminate()
+                proc.wait(10)
+            if catalog_daemon is not None:
+                stop_daemon(catalog_daemon)
+            stop_stack(workdir / "stack")
+    return 0
+
+
+def report(args: argparse.Namespace, local_config: SQEConfig, dist_config: SQEConfig, log: Path) -> None:
+    with Session(RestTableProvider(local_config), local_config) as local:
+        local.sql(QUERY).arrow()  # warm-up (metadata cache, connections)
+        local_s = timed(lambda: local.sql(QUERY).arrow(), args.runs)
+    with Session(RestTableProvider(dist_config), dist_config) as dist:
+        dist.sql(QUERY).arrow()
+        dist_s = timed(lambda: dist.sql(QUERY).arrow(), args.runs)
+    total_rows = args.files * args.rows
+    print(f"{args.files} files x {args.rows} rows ({args.store} store), median of {args.runs} runs:")
+    print(f"  local              {local_s:7.3f} s")
+    print(f"  2 workers          {dist_s:7.3f} s")
+    print(f"  ratio distributed / local: {dist_s / local_s:.2f}x  ({total_rows / dist_s / 1e6:.2f} M rows/s)")
+
+    # The same long scan in two shapes: 2 fragments at a time, then 6 smaller ones at a time.
+    paced_scan(args, dist_config, log, slots=1, files_per_fragment=2)
+    paced_scan(args, dist_config, log, slots=3, files_per_fragment=1)
+
+
+def paced_scan(args: argparse.Namespace, config: SQEConfig, log: Path, *, slots: int, files_per_fragment: int) -> None:
+    """A scan paced to last ``--lifetimes`` credential lifetimes; prints catalog and STS traffic per lifetime."""
+    files_per_slot = args.files / (2 * slots)
+    pace_ms = int(args.lifetimes * args.lifetime * 1000 / files_per_slot)
+    options = DistributedOptions(
+        slots_per_worker=slots, max_files_per_fragment=files_per_fragment, pace_ms_per_file=pace_ms
+    )
+    offset = len(log.read_text(errors="replace"))
+    started = time.monotonic()
+    with Session(RestTableProvider(config), config, distributed=options) as dist:
+        dist.sql("SELECT count(*) FROM bench.events WHERE amount >= 0").fetchall()
+        elapsed = time.monotonic() - started
+        executor = dist.distributed_executor
+        assert executor is not None
+        stats = executor.stats.snapshot()
+        leases = executor.refresher.leases()
+        keys = {fp for lease in leases for fp in lease.stats.key_fingerprints}
+        worker_keys = sum(s.credential_sets_used for s in executor.worker_stats().values())
+    time.sleep(0.5)  # let the catalog flush its log
+    counts = count_log(log, offset)
+    lifetimes = elapsed / args.lifetime
+    round_trips = counts["load-table"] + counts["credentials endpoint"]
+    loads, endpoint = counts["load-table"], counts["credentials endpoint"]
+    print(f"paced scan: {elapsed:.1f} s = {lifetimes:.1f} credential lifetimes of {args.lifetime} s, "
+          f"{args.files} files in {stats['fragments_completed']} fragments, {2 * slots} running at a time")  # fmt: skip
+    print(f"  AssumeRole calls       {counts['AssumeRole']:3d}  ({counts['AssumeRole'] / lifetimes:.2f} per lifetime)")
+    print(f"  catalog round trips    {round_trips:3d}  ({round_trips / lifetimes:.2f} per lifetime: "
+          f"{loads} load-table incl. planning, {endpoint} credentials endpoint)")  # fmt: skip
+    print(f"  refreshes pushed       {sum(lease.stats.pushes for lease in leases):3d}  "
+          f"({stats['pushes_sent']} RefreshCredentials calls); same set served again by the catalog cache: "
+          f"{sum(lease.stats.unchanged for lease in leases)}")  # fmt: skip
+    print(f"  distinct access keys   {len(keys):3d}  (coordinator), {worker_keys} key uses summed over workers")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

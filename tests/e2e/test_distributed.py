@@ -1,0 +1,492 @@
+"""Distributed scans on real ``sqe-worker`` processes (loopback gRPC) against moto + ``sqe-catalog`` (flow tier).
+
+The coordinator runs inside the test process as a normal SQE session with ``[coordinator] workers`` set; the
+workers are subprocesses started with a token file. The same queries run locally and distributed and must give
+the same answers; tickets actually sent are recorded through the executor's observer hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pytest
+
+import sqe.api
+from sqe.catalog.rest import RestTableProvider
+from sqe.config import SQEConfig, load_config
+from sqe.errors import CredentialError, NoVendedCredentialsError, WorkerError
+from sqe.execution.distributed import DistributedOptions
+from sqe.execution.local import QueryCancelledError
+from sqe.session import Session
+from tests.e2e.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
+from workers._proto import worker_pb2 as pb
+
+if TYPE_CHECKING:
+    from tests.e2e.conftest import CatalogPrincipal, CatalogServer
+
+pytestmark = pytest.mark.e2e
+
+FILES = 12
+ROWS_PER_FILE = 40
+WRITER_GRANTS: list[tuple[str, str | None, str | None]] = [
+    ("NAMESPACE_FULL_METADATA", None, None),
+    ("TABLE_CREATE", None, None),
+    ("TABLE_WRITE_DATA", None, None),
+]
+QUERIES = (
+    "SELECT count(*) AS n, sum(amount) AS total FROM {ns}.events",
+    "SELECT region, count(*) AS n, sum(amount) AS total FROM {ns}.events GROUP BY region ORDER BY region",
+    "SELECT id, note FROM {ns}.events WHERE amount > 900 ORDER BY id",
+    "SELECT e.id, r.label FROM {ns}.events e JOIN {ns}.regions r ON e.region = r.region WHERE e.id % 37 = 0 "
+    "ORDER BY e.id",
+    "SELECT a.id FROM {ns}.events a JOIN {ns}.events b ON a.id = b.id + 1 WHERE a.id < 50 ORDER BY a.id",
+    "SELECT * FROM {ns}.events ORDER BY id LIMIT 5",
+)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Worker processes (also used by test_distributed_ceph.py)
+
+
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class WorkerPool:
+    token: str = field(repr=False)
+    workers: list[WorkerProcess]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [w.address for w in self.workers]
+
+    def logs(self) -> str:
+        return "\n".join(w.log_text() for w in self.workers)
+
+
+def start_worker(workdir: Path, token_file: Path, *extra: str) -> WorkerProcess:
+    """``sqe-worker --listen 127.0.0.1:0`` with a port file; returns once it listens."""
+    name = uuid.uuid4().hex[:8]
+    port_file, log_path = workdir / f"worker-{name}.port", workdir / f"worker-{name}.log"
+    command = [sys.executable, "-m", "workers.cli", "--listen", "127.0.0.1:0", "--token-file", str(token_file)]
+    command += ["--port-file", str(port_file), "--log-level", "DEBUG", *extra]
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"sqe-worker did not start:\n{log_path.read_text()[-2000:]}")
+        time.sleep(0.05)
+    return WorkerProcess(proc, int(port_file.read_text().strip()), log_path)
+
+
+@dataclass
+class WorkerFactory:
+    workdir: Path
+    token: str = field(repr=False)
+    started: list[WorkerProcess] = field(default_factory=list)
+
+    def pool(self, count: int, *extra: str) -> WorkerPool:
+        token_file = self.workdir / "worker-token"
+        if not token_file.exists():
+            token_file.write_text(self.token + "\n", encoding="utf-8")
+            token_file.chmod(0o600)
+        workers = [start_worker(self.workdir, token_file, *extra) for _ in range(count)]
+        self.started.extend(workers)
+        return WorkerPool(self.token, workers)
+
+    def stop_all(self) -> None:
+        for worker in self.started:
+            worker.stop()
+
+
+@pytest.fixture(scope="module")
+def worker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerFactory]:
+    factory = WorkerFactory(tmp_path_factory.mktemp("workers"), secrets.token_hex(16))
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+def coordinator_overrides(pool: WorkerPool, **coordinator: Any) -> dict[str, Any]:
+    return {"coordinator": {"workers": pool.addresses, "token": pool.token, **coordinator}}
+
+
+def distributed_session(config: SQEConfig, **options: Any) -> Session:
+    """A session whose scans run on ``config``'s workers (small fragments so every worker gets some)."""
+    settings: dict[str, Any] = {"max_files_per_fragment": 2, "idle_timeout_seconds": 10.0, **options}
+    return Session(RestTableProvider(config), config, distributed=DistributedOptions(**settings))
+
+
+@dataclass
+class TicketLog:
+    """Every ticket and push the coordinator sent (through the executor's observer hooks)."""
+
+    tickets: list[tuple[str, pb.ScanTicket]] = field(default_factory=list)
+    pushes: list[tuple[float, str, pb.RefreshRequest]] = field(default_factory=list)
+
+    def attach(self, session: Session) -> TicketLog:
+        executor = session.distributed_executor
+        assert executor is not None
+        executor.ticket_observers.append(lambda worker, ticket: self.tickets.append((worker, ticket)))
+        executor.push_observers.append(lambda worker, request: self.pushes.append((time.time(), worker, request)))
+        return self
+
+    def credential_sets(self) -> list[pb.CredentialSet]:
+        sets = [c for _, ticket in self.tickets for c in ticket.credentials]
+        return sets + [c for _, _, request in self.pushes for c in request.credentials]
+
+    def secrets(self) -> set[str]:
+        sets = self.credential_sets()
+        return {s for s in [c.secret_access_key for c in sets] + [c.session_token for c in sets] if s}
+
+
+def worker_stats(session: Session) -> dict[str, pb.StatsResponse]:
+    executor = session.distributed_executor
+    assert executor is not None
+    return executor.worker_stats()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Catalog fixtures
+
+
+@dataclass(frozen=True)
+class Tables:
+    namespace: str
+    reader: CatalogPrincipal
+    rows: int
+
+
+def _events(start: int, count: int) -> pa.Table:
+    ids = list(range(start, start + count))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "region": pa.array([("EU", "US", "APAC")[i % 3] for i in ids], pa.string()),
+            "amount": pa.array([(i * 37) % 1000 for i in ids], pa.int64()),
+            "note": pa.array([f"note-{i}" for i in ids], pa.string()),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def tables(catalog_server: CatalogServer) -> Tables:
+    suffix = uuid.uuid4().hex[:6]
+    writer = catalog_server.principal_with_grants(f"dist_writer_{suffix}", WRITER_GRANTS)
+    reader = catalog_server.principal_with_grants(f"dist_reader_{suffix}", [("TABLE_READ_DATA", None, None)])
+    catalog = pyiceberg_catalog(catalog_server, writer)
+    namespace = f"dist_{suffix}"
+    catalog.create_namespace(namespace)
+    events = catalog.create_table((namespace, "events"), schema=_events(0, 1).schema)
+    for n in range(FILES):  # one data file per append
+        events.append(_events(n * ROWS_PER_FILE, ROWS_PER_FILE))
+    regions = pa.table({"region": ["EU", "US", "APAC"], "label": ["Europe", "United States", "Asia-Pacific"]})
+    catalog.create_table((namespace, "regions"), schema=regions.schema).append(regions)
+    return Tables(namespace, reader, FILES * ROWS_PER_FILE)
+
+
+@pytest.fixture(scope="module")
+def workers(worker_factory: WorkerFactory) -> WorkerPool:
+    return worker_factory.pool(2)
+
+
+@pytest.fixture
+def reader_config(catalog_server: CatalogServer, tables: Tables, tmp_path: Path) -> Path:
+    return write_sqe_config(tmp_path / "reader.toml", catalog_server.url, tables.reader, catalog_server.moto)
+
+
+def _sorted(table: pa.Table) -> list[dict[str, Any]]:
+    rows = table.to_pylist()
+    return sorted(rows, key=lambda row: tuple((v is None, str(v)) for v in row.values()))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tests
+
+
+def test_distributed_answers_equal_local_answers(reader_config: Path, tables: Tables, workers: WorkerPool) -> None:
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
+    with sqe.api.connect(reader_config) as local, distributed_session(config) as distributed:
+        log = TicketLog().attach(distributed)
+        before = {address: stats.fragments_completed for address, stats in worker_stats(distributed).items()}
+        for query in QUERIES:
+            sql = query.format(ns=tables.namespace)
+            expected = local.sql(sql).arrow()
+            got = distributed.sql(sql).arrow()
+            assert got.schema == expected.schema, sql
+            assert _sorted(got) == _sorted(expected), sql
+        assert distributed.sql(f"SELECT count(*) FROM {tables.namespace}.events").fetchall() == [(tables.rows,)]
+        progress = distributed.progress()
+        assert progress is not None and progress["files_done"] == progress["files_total"] == FILES
+        after = worker_stats(distributed)
+    assert log.tickets, "no ticket was sent: the scans did not run on the workers"
+    assert all(after[address].fragments_completed > before[address] for address in workers.addresses)
+
+
+def test_restrictions_apply_on_workers_like_locally(
+    catalog_server: CatalogServer, tables: Tables, workers: WorkerPool, tmp_path: Path
+) -> None:
+    grants: list[tuple[str, str | None, str | None]] = [("TABLE_READ_DATA", None, None)]
+    restricted = catalog_server.principal_with_grants(f"dist_masked_{uuid.uuid4().hex[:6]}", grants)
+    rules = tmp_path / "restrictions.json"
+    rules.write_text(
+        '{"required-column-projections": [{"field-id": 4, "action": "mask-alphanum"}],'
+        ' "required-row-filter": {"type": "not-eq", "left": {"type": "reference", "id": 2}, "right": "US"}}'
+    )
+    catalog_server.admin_cli(
+        "set-restrictions", "--warehouse", catalog_server.warehouse, "--namespace", tables.namespace,
+        "--table", "events", "--principal", restricted.name, "--file", str(rules),
+    )  # fmt: skip
+    path = write_sqe_config(tmp_path / "masked.toml", catalog_server.url, restricted, catalog_server.moto)
+    config = load_config(path, env={}, overrides=coordinator_overrides(workers))
+    sql = f"SELECT id, region, note FROM {tables.namespace}.events WHERE id % 5 = 0"
+    with sqe.api.connect(path) as local, distributed_session(config) as distributed:
+        log = TicketLog().attach(distributed)
+        expected, got = local.sql(sql).arrow(), distributed.sql(sql).arrow()
+    assert _sorted(got) == _sorted(expected)
+    assert got.num_rows and "US" not in set(got.column("region").to_pylist())
+    assert all(note.startswith("xxxx-") for note in got.column("note").to_pylist())
+    assert all(ticket.restriction_plan_json for _, ticket in log.tickets)
+
+
+def test_vended_mode_tickets_never_carry_the_static_key(
+    catalog_server: CatalogServer, tables: Tables, workers: WorkerPool, tmp_path: Path
+) -> None:
+    moto = catalog_server.moto
+    static = {"access_key_id": moto.access_key_id, "secret_access_key": moto.secret_access_key}
+    path = write_sqe_config(tmp_path / "vended.toml", catalog_server.url, tables.reader, moto, storage=static)
+    overrides = coordinator_overrides(workers, distributed_credentials="vended")
+    config = load_config(path, env={}, overrides=overrides)
+    assert config.catalog.require_vended_credentials and config.static_key_pair() is not None
+    with distributed_session(config) as session:
+        log = TicketLog().attach(session)
+        assert session.sql(f"SELECT count(*) FROM {tables.namespace}.events").fetchall() == [(tables.rows,)]
+    sets = log.credential_sets()
+    assert len(log.tickets) >= FILES // 2 and sets
+    assert all(c.source == pb.CREDENTIAL_SOURCE_VENDED and c.session_token and c.expires_at_ms for c in sets)
+    assert not any(moto.access_key_id in (c.access_key_id, c.secret_access_key) for c in sets)
+    assert not any(moto.secret_access_key in ticket.SerializeToString().decode("latin-1") for _, ticket in log.tickets)
+
+
+def test_tables_without_vended_credentials_fail_in_vended_mode_and_use_static_in_auto(
+    catalog_server: CatalogServer, workers: WorkerPool, tmp_path: Path
+) -> None:
+    moto = catalog_server.moto
+    static = {"access_key_id": moto.access_key_id, "secret_access_key": moto.secret_access_key}
+    with catalog_variant(tmp_path, moto, vend_credentials=False) as plain:
+        writer = plain.principal_with_grants("plain_writer", WRITER_GRANTS)
+        from pyiceberg.catalog.rest import RestCatalog
+
+        catalog = RestCatalog(
+            "plain", uri=plain.url, warehouse=plain.warehouse, credential=writer.credential, scope="PRINCIPAL_ROLE:ALL",
+            **{"s3.endpoint": moto.url, "s3.access-key-id": moto.access_key_id,
+               "s3.secret-access-key": moto.secret_access_key, "s3.region": moto.region},
+        )  # fmt: skip
+        namespace = f"plain_{uuid.uuid4().hex[:6]}"
+        catalog.create_namespace(namespace)
+        catalog.create_table((namespace, "t"), schema=_events(0, 1).schema).append(_events(0, 30))
+        catalog_keys = {"require_vended_credentials": False}
+        path = write_sqe_config(tmp_path / "plain.toml", plain.url, writer, moto, catalog=catalog_keys, storage=static)
+        vended = load_config(path, env={}, overrides=coordinator_overrides(workers, distributed_credentials="vended"))
+        with distributed_session(vended) as session, pytest.raises(NoVendedCredentialsError, match="vended"):
+            session.sql(f"SELECT count(*) FROM {namespace}.t").fetchall()
+        auto = load_config(path, env={}, overrides=coordinator_overrides(workers, distributed_credentials="auto"))
+        with distributed_session(auto) as session:
+            log = TicketLog().attach(session)
+            assert session.sql(f"SELECT count(*) FROM {namespace}.t").fetchall() == [(30,)]
+    assert log.tickets and all(c.source == pb.CREDENTIAL_SOURCE_STATIC for c in log.credential_sets())
+
+
+def test_a_killed_worker_costs_no_rows_and_no_duplicates(
+    reader_config: Path, tables: Tables, worker_factory: WorkerFactory
+) -> None:
+    pool = worker_factory.pool(2, "--max-files-in-flight", "1")
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(pool))
+    sql = f"SELECT id, amount FROM {tables.namespace}.events"
+    with sqe.api.connect(reader_config) as local:
+        expected = local.sql(sql).arrow()
+    with distributed_session(config, slots_per_worker=1, pace_ms_per_file=250) as session:
+        result: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: result.update(table=session.sql(sql).arrow()), daemon=True)
+        thread.start()
+        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 2, timeout=30)
+        victim = pool.workers[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        thread.join(60)
+        executor = session.distributed_executor
+        assert executor is not None and executor.stats.fragments_retried >= 1
+    assert victim.proc.wait(5) == -signal.SIGKILL
+    got = result["table"]
+    assert got.num_rows == expected.num_rows == tables.rows
+    assert sorted(got.column("id").to_pylist()) == list(range(tables.rows))  # every row exactly once
+
+
+def test_cancelling_the_query_cancels_its_fragments(
+    reader_config: Path, tables: Tables, worker_factory: WorkerFactory
+) -> None:
+    pool = worker_factory.pool(1, "--max-files-in-flight", "1")
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(pool))
+    with distributed_session(config, slots_per_worker=1, pace_ms_per_file=1000) as session:
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                session.sql(f"SELECT count(*) FROM {tables.namespace}.events").fetchall()
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        _wait_until(lambda: _stat(session, "fragments_running") >= 1, timeout=30)
+        session.interrupt()
+        thread.join(30)
+        assert not thread.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], QueryCancelledError)
+        _wait_until(lambda: _stat(session, "fragments_running") == 0, timeout=10)
+        assert _stat(session, "fragments_cancelled") >= 1
+        assert _stat(session, "fragments_completed") == 0
+
+
+def test_a_wrong_token_is_a_clear_worker_error(reader_config: Path, tables: Tables, workers: WorkerPool) -> None:
+    overrides = coordinator_overrides(workers)
+    overrides["coordinator"]["token"] = "not-the-token"
+    config = load_config(reader_config, env={}, overrides=overrides)
+    with distributed_session(config) as session, pytest.raises(WorkerError, match="rejected the coordinator's token"):
+        session.sql(f"SELECT count(*) FROM {tables.namespace}.events").fetchall()
+
+
+def test_tickets_and_credentials_never_reach_a_log(
+    reader_config: Path, tables: Tables, workers: WorkerPool, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
+    caplog.set_level(logging.DEBUG)
+    with distributed_session(config) as session:
+        log = TicketLog().attach(session)
+        session.sql(f"SELECT count(*), max(note) FROM {tables.namespace}.events").fetchall()
+        executor = session.distributed_executor
+        assert executor is not None
+        [lease] = executor.refresher.leases()
+        executor.refresher.refresh_now(lease)  # the catalog serves its cached set again: nothing to push
+        text = caplog.text + "\n" + workers.logs() + "\n" + repr(lease) + repr(executor) + repr(session.last_streams)
+    leaked = log.secrets() | {workers.token}
+    assert log.tickets and leaked
+    assert not [s for s in leaked if s in text]
+    assert not any(c.access_key_id in text for c in log.credential_sets())
+
+
+def test_a_table_without_credentials_a_worker_may_use_fails_before_any_ticket(
+    catalog_server: CatalogServer, tables: Tables, workers: WorkerPool, tmp_path: Path
+) -> None:
+    path = write_sqe_config(tmp_path / "static.toml", catalog_server.url, tables.reader, catalog_server.moto,
+                            catalog={"require_vended_credentials": False})  # fmt: skip
+    config = load_config(path, env={}, overrides=coordinator_overrides(workers, distributed_credentials="static"))
+    with distributed_session(config) as session, pytest.raises(CredentialError, match="static"):
+        log = TicketLog().attach(session)
+        session.sql(f"SELECT count(*) FROM {tables.namespace}.events").fetchall()
+    assert log.tickets == []
+
+
+def test_a_worker_that_stops_answering_is_replaced(
+    reader_config: Path, tables: Tables, worker_factory: WorkerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = worker_factory.pool(2, "--max-files-in-flight", "1")
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(pool))
+    options = {"slots_per_worker": 1, "pace_ms_per_file": 200, "idle_timeout_seconds": 1.0, "rpc_timeout_seconds": 1.0}
+    frozen = pool.workers[0]
+    with distributed_session(config, **options) as session:
+        result: dict[str, Any] = {}
+        sql = f"SELECT id FROM {tables.namespace}.events"
+        thread = threading.Thread(target=lambda: result.update(table=session.sql(sql).arrow()), daemon=True)
+        thread.start()
+        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30)
+        os.kill(frozen.pid, signal.SIGSTOP)
+        try:
+            thread.join(60)
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)
+        executor = session.distributed_executor
+        assert executor is not None and executor.stats.fragments_retried >= 1
+    assert f"worker {frozen.address}" in caplog.text and "stopped answering" in caplog.text
+    assert sorted(result["table"].column("id").to_pylist()) == list(range(tables.rows))
+
+
+def test_unreachable_workers_fail_the_query_clearly(reader_config: Path, tables: Tables) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = f"127.0.0.1:{s.getsockname()[1]}"  # closed again below: nothing listens there
+    config = load_config(reader_config, env={}, overrides={"coordinator": {"workers": [nobody], "token": "t"}})
+    with distributed_session(config) as session, pytest.raises(WorkerError, match="no worker left"):
+        session.sql(f"SELECT count(*) FROM {tables.namespace}.events").fetchall()
+
+
+def test_tls_workers_are_reached_through_the_configured_ca(
+    reader_config: Path, tables: Tables, worker_factory: WorkerFactory, tmp_path: Path
+) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    pool = worker_factory.pool(1, "--tls-cert", str(cert), "--tls-key", str(key))
+    sql = f"SELECT count(*) FROM {tables.namespace}.events"
+    trusted = load_config(reader_config, env={}, overrides=coordinator_overrides(pool, tls_ca=str(cert)))
+    with distributed_session(trusted) as session:
+        assert session.sql(sql).fetchall() == [(tables.rows,)]
+    plaintext = load_config(reader_config, env={}, overrides=coordinator_overrides(pool))
+    with distributed_session(plaintext) as session, pytest.raises(WorkerError):
+        session.sql(sql).fetchall()
+
+
+def _stat(session: Session, name: str) -> int:
+    return sum(int(getattr(stats, name)) for stats in worker_stats(session).values())
+
+
+def _wait_until(condition: Any, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)

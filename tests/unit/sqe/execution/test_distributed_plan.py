@@ -1,0 +1,165 @@
+"""The coordinator's pure parts: fragments, the credential sets a ticket may carry, worker error classification."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+from pyiceberg.manifest import DataFile, FileFormat
+from pyiceberg.table import FileScanTask
+from pyiceberg.typedef import Record
+
+from sqe.catalog.base import TableIdent
+from sqe.config import CatalogConfig, SQEConfig, StorageConfig
+from sqe.errors import CredentialExpiredError, RestrictionError, WorkerError
+from sqe.execution.distributed import (
+    Fragment,
+    _classify,
+    _TableCredentials,
+    plan_fragments,
+    static_set,
+    vended_sets_from_response,
+)
+from workers.ticket import StorageOptions, TicketCredentials
+
+IDENT = TableIdent("wh", ("ns",), "t")
+LOCATION = "s3://bucket/wh/ns/t"
+
+
+def task(path: str, size: int) -> FileScanTask:
+    data = DataFile.from_args(
+        file_path=path, file_format=FileFormat.PARQUET, partition=Record(), record_count=1, file_size_in_bytes=size
+    )
+    return FileScanTask(data)
+
+
+def config(**storage: Any) -> SQEConfig:
+    return SQEConfig(
+        catalog=CatalogConfig(uri="http://catalog", warehouse="wh", credential_max_age_seconds=600),
+        storage=StorageConfig(endpoint="http://store:9000", path_style=True, **storage),
+    )
+
+
+def vended(prefix: str, key: str = "AKIAVENDED", expires_at_ms: int | None = 2_000_000_000_000) -> dict[str, Any]:
+    keys = {"s3.access-key-id": key, "s3.secret-access-key": "vended-secret", "s3.session-token": "vended-token"}
+    if expires_at_ms is not None:
+        keys["s3.session-token-expires-at-ms"] = str(expires_at_ms)
+    return {"prefix": prefix, "config": keys}
+
+
+# ---------------------------------------------------------------------------------------------- fragments
+
+
+def test_fragments_balance_bytes_and_keep_every_task_once() -> None:
+    sizes = [900, 100, 100, 100, 400, 500, 300, 200, 600, 100]
+    tasks = [task(f"s3://b/t/{i}.parquet", size) for i, size in enumerate(sizes)]
+    fragments = plan_fragments(tasks, workers=2, max_files=3, max_bytes=10_000)
+    assert len(fragments) == 4  # ceil(10 files / 3)
+    assert sorted(t.file.file_path for f in fragments for t in f.tasks) == sorted(t.file.file_path for t in tasks)
+    loads = [f.nbytes for f in fragments]
+    assert loads == sorted(loads, reverse=True)  # largest first: the first free worker slot takes it
+    assert max(loads) - min(loads) <= max(sizes)  # largest-first into the lightest: within one task of even
+
+
+def test_fragments_split_by_bytes_and_give_every_worker_one() -> None:
+    big = [task(f"s3://b/t/{i}.parquet", 100) for i in range(4)]
+    assert len(plan_fragments(big, workers=1, max_files=10, max_bytes=150)) == 3  # ceil(400 / 150)
+    assert len(plan_fragments(big, workers=3, max_files=10, max_bytes=10_000)) == 3
+    assert len(plan_fragments(big[:1], workers=3, max_files=10, max_bytes=10_000)) == 1
+    assert plan_fragments([], workers=2, max_files=4, max_bytes=100) == []
+
+
+# -------------------------------------------------------------------------------------------- credentials
+
+
+def test_vended_sets_drop_the_static_pair_and_fill_in_missing_expiries() -> None:
+    cfg = config(access_key_id="AKIASTATIC", secret_access_key="static-secret")
+    raw = {
+        "config": {"s3.endpoint": "http://catalog-chosen:1", "client.region": "eu-west-1"},
+        "storage-credentials": [
+            vended(LOCATION),
+            vended("s3://bucket/other", expires_at_ms=None),
+            {
+                "prefix": "s3://bucket/static",
+                "config": {"s3.access-key-id": "AKIASTATIC", "s3.secret-access-key": "static-secret"},
+            },
+        ],
+    }
+    found = vended_sets_from_response(raw, LOCATION, cfg, received_at=1_000.0, source="load-table")
+    assert [c.prefix for c in found.credentials] == [LOCATION, "s3://bucket/other"]
+    assert found.credentials[1].expires_at_ms == 1_600_000  # received + credential_max_age_seconds
+    assert all(c.kind == "vended" and not c.missing_parts() for c in found.credentials)
+    # SQE's own settings win over the catalog's, as on the local path
+    assert found.credentials[0].storage == StorageOptions("http://store:9000", "eu-west-1", True)
+    assert found.usable_until == 1_600_000 / 1000 - 300  # the earliest usable point of the sets
+
+
+def test_a_vended_set_without_session_token_is_incomplete() -> None:
+    entry = vended(LOCATION)
+    del entry["config"]["s3.session-token"]
+    found = vended_sets_from_response({"storage-credentials": [entry]}, LOCATION, config(), 0.0, "load-table")
+    assert found.credentials == () and found.incomplete == 1
+
+
+def test_the_static_set_goes_only_to_fragments_with_uncovered_files() -> None:
+    static = static_set(config(access_key_id="AKIASTATIC", secret_access_key="static-secret"))
+    assert static is not None and static.kind == "static" and static.prefix == "s3://"
+    sets = vended_sets_from_response({"storage-credentials": [vended(LOCATION)]}, LOCATION, config(), 0.0, "x")
+    table = _TableCredentials(IDENT, None, sets.credentials, static)
+    inside = Fragment(0, (task(f"{LOCATION}/data/a.parquet", 1),))
+    outside = Fragment(1, (task(f"{LOCATION}/data/b.parquet", 1), task("s3://bucket/t10/c.parquet", 1)))
+    assert table.for_fragment(inside, sets.credentials) == list(sets.credentials)
+    assert table.for_fragment(outside, sets.credentials) == [*sets.credentials, static]
+    assert static_set(config()) is None
+
+
+def test_credential_reprs_hide_every_secret() -> None:
+    cred = TicketCredentials(LOCATION, "AKIAKEYID", "s3cr3t-value", "t0k3n-value", 1, "vended")
+    text = repr(cred) + repr(_TableCredentials(IDENT, None, (cred,), None))
+    assert "s3cr3t-value" not in text and "t0k3n-value" not in text and "AKIAKEYID" not in text
+
+
+# ------------------------------------------------------------------------------------------------- errors
+
+
+class FakeRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no type hints
+    def __init__(self, code: grpc.StatusCode, kind: str | None = None, details: str = "detail") -> None:
+        self._code, self._kind, self._details = code, kind, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("sqe-error-kind", self._kind),) if self._kind else ()
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "fatal", "dead"),
+    [
+        (grpc.StatusCode.FAILED_PRECONDITION, "credential-expired", CredentialExpiredError, False),
+        (grpc.StatusCode.FAILED_PRECONDITION, "restriction", RestrictionError, False),
+        (grpc.StatusCode.INVALID_ARGUMENT, "invalid-ticket", WorkerError, False),
+        (grpc.StatusCode.UNAUTHENTICATED, None, WorkerError, False),
+        (grpc.StatusCode.UNAVAILABLE, None, None, True),  # the connection: the worker is gone
+        (grpc.StatusCode.DEADLINE_EXCEEDED, None, None, True),
+        (grpc.StatusCode.UNAVAILABLE, "read-failed", None, False),  # the store failed: retry elsewhere
+        (grpc.StatusCode.INTERNAL, "internal", None, False),
+    ],
+)
+def test_worker_errors_are_fatal_or_retryable(
+    code: grpc.StatusCode, kind: str | None, fatal: type[Exception] | None, dead: bool
+) -> None:
+    failure = _classify(FakeRpcError(code, kind), "127.0.0.1:1", "q.1.f0.a1", timed_out=False)
+    assert (type(failure.fatal) if failure.fatal else None) is fatal
+    assert failure.worker_dead is dead
+
+
+def test_a_silent_worker_counts_as_dead_and_busy_is_not_a_failure() -> None:
+    silent = _classify(FakeRpcError(grpc.StatusCode.CANCELLED), "w:1", "f", timed_out=True)
+    assert silent.worker_dead and silent.fatal is None and "stopped answering" in silent.message
+    busy = _classify(FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy"), "w:1", "f", timed_out=False)
+    assert busy.busy and busy.fatal is None and not busy.worker_dead
