@@ -6,8 +6,8 @@ set-restrictions`` (the real CLI, run in-process), then an SQE session as the re
 fixtures check both sides: the catalog refuses the object on save, and, stored ``--unchecked``, the engine
 refuses it with the expected typed error and returns no rows.
 
-``mode`` selects how the engine runs: only ``local`` today; distributed execution adds its mode here and runs the
-same fixtures. ``read_restrictions/known_gaps.json`` lists fixtures expected to fail (strict xfail).
+``mode`` selects how the engine runs: ``local`` (the session's own scans) or ``distributed`` (the same session
+with two real ``sqe-worker`` processes: every scan runs as fragments on the workers, restrictions applied there). ``read_restrictions/known_gaps.json`` lists fixtures expected to fail (strict xfail).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 import sqe.api
 import sqe.errors
-from sqe.config import CatalogConfig, SQEConfig, StorageConfig
+from sqe.config import CatalogConfig, CoordinatorConfig, SQEConfig, StorageConfig
 from sqe.session import Session
 from sqe_catalog.cli import main as catalog_cli
 from tests.conformance.restriction_fixtures import (
@@ -45,9 +45,9 @@ from tests.conformance.restriction_fixtures import (
 )
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import CatalogPrincipal, CatalogServer
+    from tests.conftest import CatalogPrincipal, CatalogServer, WorkerFactory
 
-MODES = ("local",)
+MODES = ("local", "distributed")
 FIXTURES = load_fixtures()
 KNOWN_GAPS = load_known_gaps()
 _TABLE_REF = re.compile(r"\b(FROM|JOIN)\s+t\b", re.IGNORECASE)
@@ -77,7 +77,7 @@ def admin(server: CatalogServer, *args: str) -> tuple[int, str, str]:
 
 
 def principal_with_grant(server: CatalogServer, name: str, privileges: list[str]) -> CatalogPrincipal:
-    from tests.e2e.conftest import CatalogPrincipal
+    from tests.conftest import CatalogPrincipal
 
     code, out, err = admin(server, "create-principal", name)
     assert code == 0, err
@@ -96,6 +96,7 @@ class Harness:
     writer: CatalogPrincipal
     reader: CatalogPrincipal
     workdir: Path
+    workers: WorkerFactory
     prefix: str = field(default_factory=lambda: f"rrc_{uuid.uuid4().hex[:6]}")
     namespaces: dict[str, str] = field(default_factory=dict)  # table key -> namespace holding table ``t``
     sessions: dict[str, Session] = field(default_factory=dict)  # mode -> the reader's session
@@ -136,9 +137,18 @@ class Harness:
             self.sessions[mode] = self._connect(mode)
         return self.sessions[mode]
 
-    def _connect(self, mode: str) -> Session:
-        if mode != "local":
+    def _coordinator(self, mode: str) -> CoordinatorConfig:
+        if mode == "local":
+            return CoordinatorConfig()
+        if mode != "distributed":
             raise ValueError(f"unknown conformance mode {mode!r}")
+        token = uuid.uuid4().hex
+        started = [self.workers.start(token=token) for _ in range(2)]
+        addresses = tuple(f"127.0.0.1:{worker.port}" for worker in started)
+        return CoordinatorConfig(workers=addresses, token=token, distributed_credentials="vended")
+
+    def _connect(self, mode: str) -> Session:
+        coordinator = self._coordinator(mode)
         moto = self.server.moto
         config = SQEConfig(
             catalog=CatalogConfig(
@@ -150,8 +160,11 @@ class Harness:
                 require_vended_credentials=True,
             ),
             storage=StorageConfig(endpoint=moto.url, region=moto.region, path_style=True),
+            coordinator=coordinator,
         )
-        return sqe.api.connect(config)
+        session = sqe.api.connect(config)
+        assert (session.distributed_executor is not None) == (mode == "distributed")
+        return session
 
     def _writer_catalog(self) -> RestCatalog:
         return RestCatalog(
@@ -165,7 +178,9 @@ class Harness:
 
 
 @pytest.fixture(scope="module")
-def harness(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+def harness(
+    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory, worker_process_factory: WorkerFactory
+) -> Iterator[Harness]:
     suffix = uuid.uuid4().hex[:6]
     writer_grants = ["NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA"]
     writer = principal_with_grant(catalog_server, f"rr_writer_{suffix}", writer_grants)
@@ -174,7 +189,8 @@ def harness(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFact
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
             env.delenv(name, raising=False)
         env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        harness = Harness(catalog_server, writer, reader, tmp_path_factory.mktemp("conformance"))
+        workdir = tmp_path_factory.mktemp("conformance")
+        harness = Harness(catalog_server, writer, reader, workdir, worker_process_factory)
         try:
             yield harness
         finally:

@@ -1,6 +1,6 @@
 """``sqe-catalog serve`` end to end: a real catalog process on moto (S3 + STS + IAM), real HTTP clients.
 
-The session's one moto and one catalog come from ``tests/e2e/conftest.py``; principals are created with
+The session's one moto and one catalog come from ``tests/conftest.py``; principals are created with
 ``sqe-catalog admin``. The last test searches the catalog's debug log for every secret handed out here.
 """
 
@@ -20,7 +20,7 @@ import requests
 from pyiceberg.catalog.rest import RestCatalog
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import CatalogPrincipal, CatalogServer
+    from tests.conftest import CatalogPrincipal, CatalogServer
 
 pytestmark = pytest.mark.e2e
 

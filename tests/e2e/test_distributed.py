@@ -31,11 +31,11 @@ from sqe.errors import CredentialError, NoVendedCredentialsError, WorkerError
 from sqe.execution.distributed import DistributedOptions
 from sqe.execution.local import QueryCancelledError
 from sqe.session import Session
-from tests.e2e.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
+from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
 from workers._proto import worker_pb2 as pb
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import CatalogPrincipal, CatalogServer
+    from tests.conftest import CatalogPrincipal, CatalogServer
 
 pytestmark = pytest.mark.e2e
 

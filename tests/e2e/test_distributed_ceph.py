@@ -31,7 +31,7 @@ from sqe.errors import CredentialExpiredError
 from sqe.session import Session
 from sqe.stack import StackInfo
 from sqe_catalog.cli import main as catalog_cli
-from tests.e2e.conftest import CEPH_CREDENTIAL_LIFETIME
+from tests.conftest import CEPH_CREDENTIAL_LIFETIME
 from tests.e2e.test_distributed import TicketLog, WorkerFactory, WorkerPool, distributed_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ceph, pytest.mark.slow]

@@ -20,10 +20,10 @@ import sqe.api
 from sqe.catalog.base import CacheOutcome, LoadedTable
 from sqe.credentials.scope import ACCESS_KEY_ID
 from sqe.session import Session
-from tests.e2e.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
+from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import CatalogPrincipal, CatalogServer, MotoServer
+    from tests.conftest import CatalogPrincipal, CatalogServer, MotoServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
 

@@ -28,10 +28,10 @@ import sqe.api
 from sqe.credentials.scope import ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN
 from sqe.errors import SQEError
 from sqe.session import Session
-from tests.e2e.conftest import BOGUS_AWS_ENV, pyiceberg_catalog, raw_load_table, write_sqe_config
+from tests.conftest import BOGUS_AWS_ENV, pyiceberg_catalog, raw_load_table, write_sqe_config
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import CatalogPrincipal, CatalogServer
+    from tests.conftest import CatalogPrincipal, CatalogServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
 

@@ -26,10 +26,10 @@ from sqe.catalog.base import LoadedTable
 from sqe.credentials.scope import ENDPOINT
 from sqe.errors import CatalogUnavailableError, IntegrityError
 from sqe.session import Session
-from tests.e2e.conftest import pyiceberg_catalog, write_sqe_config
+from tests.conftest import pyiceberg_catalog, write_sqe_config
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import CatalogPrincipal, CatalogServer
+    from tests.conftest import CatalogPrincipal, CatalogServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
 

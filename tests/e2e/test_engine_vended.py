@@ -22,10 +22,10 @@ from sqe.credentials.fileio import ScopedFileIO
 from sqe.credentials.scope import ACCESS_KEY_ID, ENDPOINT, parse_response_config, parse_storage_credentials
 from sqe.errors import NoVendedCredentialsError
 from sqe.session import Session
-from tests.e2e.conftest import BOGUS_AWS_ENV, catalog_variant, pyiceberg_catalog, raw_load_table, write_sqe_config
+from tests.conftest import BOGUS_AWS_ENV, catalog_variant, pyiceberg_catalog, raw_load_table, write_sqe_config
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import CatalogPrincipal, CatalogServer, MotoServer
+    from tests.conftest import CatalogPrincipal, CatalogServer, MotoServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
 

@@ -32,7 +32,7 @@ from sqe.session import Session
 from sqe_catalog.cli import main as catalog_cli
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import CatalogPrincipal, CatalogServer
+    from tests.conftest import CatalogPrincipal, CatalogServer
 
 pytestmark = pytest.mark.e2e
 
@@ -124,7 +124,7 @@ class World:
 
 
 def _principal(server: CatalogServer, name: str, privileges: list[str]) -> CatalogPrincipal:
-    from tests.e2e.conftest import CatalogPrincipal
+    from tests.conftest import CatalogPrincipal
 
     created = json.loads(admin_ok(server, "create-principal", name))
     server.secrets.add(created["client_secret"])

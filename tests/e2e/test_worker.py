@@ -29,14 +29,14 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType
 
 from sqe.restrictions import EMPTY_PLAN, RestrictionPlan, apply, new_query_salt, parse_restrictions
-from tests.e2e.conftest import pyiceberg_catalog, raw_load_table
+from tests.conftest import pyiceberg_catalog, raw_load_table
 from workers._proto import worker_pb2 as pb
 from workers.errors import ERROR_KIND_KEY
 from workers.ipc import decode_batch, decode_schema
 from workers.ticket import TableRef, TicketCredentials, build_ticket, credential_sets_from_load_table
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import CatalogPrincipal, CatalogServer, WorkerFactory, WorkerProcess
+    from tests.conftest import CatalogPrincipal, CatalogServer, WorkerFactory, WorkerProcess
 
 pytestmark = pytest.mark.e2e
 

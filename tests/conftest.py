@@ -1,4 +1,4 @@
-"""Session-scoped servers shared by the e2e tests (each helper adds fixtures here; keep them independent)."""
+"""Session-scoped servers shared by every test tier (one moto, one catalog, one Ceph cluster, workers per session)."""
 
 from __future__ import annotations
 
@@ -533,11 +533,13 @@ class WorkerFactory:
         self._tmp = tmp_path_factory
         self.started: list[WorkerProcess] = []
 
-    def start(self, *args: str, env: dict[str, str] | None = None, timeout: float = 30.0) -> WorkerProcess:
+    def start(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 30.0, token: str | None = None
+    ) -> WorkerProcess:
         """``sqe-worker --listen 127.0.0.1:0 --token-file ... ARGS``; ``env`` is added to an AWS_*-free copy of
-        this process's environment."""
+        this process's environment. ``token``: share one coordinator token across workers (default: a new one)."""
         workdir = self._tmp.mktemp("worker")
-        token = secrets.token_urlsafe(32)
+        token = token or secrets.token_urlsafe(32)
         token_file = workdir / "token"
         token_file.write_text(token + "\n", encoding="utf-8")
         token_file.chmod(0o600)
