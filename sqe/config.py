@@ -149,7 +149,7 @@ class StorageConfig(_NoPickle):
 
 @dataclass(frozen=True)
 class CoordinatorConfig(_NoPickle):
-    """Reserved for distributed execution; parsed and validated now so typos fail early."""
+    """Distributed execution: scan workers, their token/TLS, what tickets carry, credential pushing."""
 
     workers: tuple[str, ...] = ()
     token: str | None = field(default=None, repr=False)

@@ -7,7 +7,8 @@ fixtures check both sides: the catalog refuses the object on save, and, stored `
 refuses it with the expected typed error and returns no rows.
 
 ``mode`` selects how the engine runs: ``local`` (the session's own scans) or ``distributed`` (the same session
-with two real ``sqe-worker`` processes: every scan runs as fragments on the workers, restrictions applied there). ``read_restrictions/known_gaps.json`` lists fixtures expected to fail (strict xfail).
+with two real ``sqe-worker`` processes: every scan runs as fragments on the workers, restrictions applied there).
+``read_restrictions/known_gaps.json`` lists fixtures expected to fail (strict xfail).
 """
 
 from __future__ import annotations
