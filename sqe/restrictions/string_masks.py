@@ -5,7 +5,9 @@ the masked text is ASCII with one byte per input code point. One ``bytes.transla
 data buffer does it all: a lookup table maps every ASCII byte and every UTF-8 lead byte (0xC0-0xFF) to its
 mask byte, and the continuation bytes (0x80-0xBF, which never start a code point in valid UTF-8) are
 deleted. Only when the data had multi-byte code points do the offsets change; they are then rebuilt from
-the per-row code point counts.
+the per-row code point counts. ASCII-only data (checked with one max over the bytes) takes a cheaper
+route: an Arrow ``take`` through the same table (no deletions, so no copy in and out of Python bytes),
+reusing the offsets and validity buffers as they are.
 
 show-first-4/-last-4 split each value into the kept and the masked code points and join them again. For
 ASCII-only data (one byte per code point) the split is a cheap byte slice of the original and of the fully
@@ -22,10 +24,10 @@ import pyarrow.compute as pc
 from sqe.restrictions.arrow_buffers import validity_bitmap
 
 _KEPT = b"(),.-@"
-_MASK_TABLE = bytes(
-    ord("n") if 0x30 <= byte <= 0x39 else byte if byte in _KEPT else ord("x") for byte in range(256)
-)
+_MASK_TABLE = bytes(ord("n") if 0x30 <= byte <= 0x39 else byte if byte in _KEPT else ord("x") for byte in range(256))
+_MASK_LOOKUP = pa.array(list(_MASK_TABLE), pa.uint8())  # the same table, as an Arrow take source
 _CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
+_ASCII_MAX = 0x7F
 _TO_END = 2**31 - 1
 _SHOWN = 4
 
@@ -57,9 +59,7 @@ def _per_string_type(array: pa.Array, kernel: Callable[[pa.Array], pa.Array]) ->
 def _show_first(array: pa.Array) -> pa.Array:
     if _is_ascii(array):  # one byte per code point: cheaper byte slices of the fully masked text
         raw, masked = _bytes_view(array), _bytes_view(_mask_utf8(array))
-        return _concat(pc.binary_slice(raw, 0, _SHOWN), pc.binary_slice(masked, _SHOWN, _TO_END)).view(
-            array.type
-        )
+        return _concat(pc.binary_slice(raw, 0, _SHOWN), pc.binary_slice(masked, _SHOWN, _TO_END)).view(array.type)
     shown = pc.utf8_slice_codeunits(array, 0, _SHOWN)
     hidden = _mask_utf8(pc.utf8_slice_codeunits(array, _SHOWN, _TO_END))
     return _concat(shown, hidden)
@@ -68,9 +68,7 @@ def _show_first(array: pa.Array) -> pa.Array:
 def _show_last(array: pa.Array) -> pa.Array:
     if _is_ascii(array):
         raw, masked = _bytes_view(array), _bytes_view(_mask_utf8(array))
-        return _concat(pc.binary_slice(masked, 0, -_SHOWN), pc.binary_slice(raw, -_SHOWN, _TO_END)).view(
-            array.type
-        )
+        return _concat(pc.binary_slice(masked, 0, -_SHOWN), pc.binary_slice(raw, -_SHOWN, _TO_END)).view(array.type)
     hidden = _mask_utf8(pc.utf8_slice_codeunits(array, 0, -_SHOWN))
     shown = pc.utf8_slice_codeunits(array, -_SHOWN, _TO_END)
     return _concat(hidden, shown)
@@ -86,11 +84,12 @@ def _bytes_view(array: pa.Array) -> pa.Array:
 
 def _is_ascii(array: pa.Array) -> bool:
     """Whether all bytes the values span are ASCII (a stray byte in a null slot only costs speed)."""
-    data = array.buffers()[2]
-    if data is None or len(array) == 0:
-        return True
-    offsets = _offsets(array)
-    return bytes(memoryview(data)[offsets[0].as_py() : offsets[len(array)].as_py()]).isascii()
+    start, end = _span(array)
+    return _all_ascii(_data_bytes(array, start, end))
+
+
+def _all_ascii(data: pa.Array) -> bool:
+    return len(data) == 0 or pc.max(data).as_py() <= _ASCII_MAX
 
 
 def _offsets(array: pa.Array) -> pa.Array:
@@ -98,33 +97,56 @@ def _offsets(array: pa.Array) -> pa.Array:
     return pa.Array.from_buffers(offset_type, len(array) + 1, [None, array.buffers()[1]], offset=array.offset)
 
 
+def _span(array: pa.Array) -> tuple[int, int]:
+    """The byte range of the data buffer that the values cover."""
+    offsets = _offsets(array)
+    return offsets[0].as_py(), offsets[len(array)].as_py()
+
+
+def _data_bytes(array: pa.Array, start: int, end: int) -> pa.Array:
+    """The data buffer's bytes ``start:end`` as a zero-copy uint8 array."""
+    data = array.buffers()[2]
+    if data is None or end == start:
+        return pa.array([], pa.uint8())
+    return pa.Array.from_buffers(pa.uint8(), end - start, [None, data], offset=start)
+
+
 def _mask_utf8(array: pa.Array) -> pa.Array:
     """mask-alphanum on a string or large_string array; nulls stay null."""
     length = len(array)
     if length == 0:
         return array
-    validity = validity_bitmap(array)
-    source = pc.fill_null(array, "") if array.null_count else array  # null slots may hold stray bytes
-    offset_type = pa.int64() if pa.types.is_large_string(array.type) else pa.int32()
-    offsets = pa.Array.from_buffers(
-        offset_type, length + 1, [None, source.buffers()[1]], offset=source.offset
-    )
-    start, end = offsets[0].as_py(), offsets[length].as_py()
-    data = source.buffers()[2]
+    start, end = _span(array)
+    data = _data_bytes(array, start, end)
+    if not _all_ascii(data):
+        return _mask_multibyte(array)
+    masked = pc.take(_MASK_LOOKUP, data)  # one byte per code point in and out: the offsets stay
+    offsets = _offsets(array)
+    rebased = offsets if start == 0 else pc.subtract(offsets, pa.scalar(start, offsets.type))
+    buffers = [validity_bitmap(array), _buffer_from(rebased), _buffer_from(masked)]
+    return pa.Array.from_buffers(array.type, length, buffers)
+
+
+def _mask_multibyte(array: pa.Array) -> pa.Array:
+    """mask-alphanum when some code points take several bytes: the offsets are rebuilt from code point counts."""
+    length = len(array)
+    start, end = _span(array)
+    data = array.buffers()[2]
     raw = bytes(memoryview(data)[start:end]) if data is not None else b""
     masked = raw.translate(_MASK_TABLE, _CONTINUATION_BYTES)
-    if len(masked) == len(raw):  # ASCII only: the offsets are unchanged
-        new_offsets = offsets if start == 0 else pc.subtract(offsets, pa.scalar(start, offset_type))
-    else:
-        code_points = pc.utf8_length(source)
-        new_offsets = pa.concat_arrays([pa.array([0], offset_type), pc.cumulative_sum(code_points)])
-    offsets_buffer = _buffer_from(new_offsets)
-    return pa.Array.from_buffers(array.type, length, [validity, offsets_buffer, pa.py_buffer(masked)])
+    # count every slot's code points, null slots (which may hold stray bytes, masked above) included
+    every_slot = pa.Array.from_buffers(array.type, length, [None, *array.buffers()[1:3]], offset=array.offset)
+    offset_type = pa.int64() if pa.types.is_large_string(array.type) else pa.int32()
+    code_points = pc.utf8_length(every_slot)
+    new_offsets = pa.concat_arrays([pa.array([0], offset_type), pc.cumulative_sum(code_points)])
+    buffers = [validity_bitmap(array), _buffer_from(new_offsets), pa.py_buffer(masked)]
+    return pa.Array.from_buffers(array.type, length, buffers)
 
 
-def _buffer_from(offsets: pa.Array) -> pa.Buffer:
-    """The data buffer of an offsets array, starting at its first element."""
-    if offsets.offset == 0:
-        return offsets.buffers()[1]
-    width = offsets.type.byte_width
-    return offsets.buffers()[1].slice(offsets.offset * width, len(offsets) * width)
+def _buffer_from(values: pa.Array) -> pa.Buffer:
+    """The data buffer of a fixed-width array, starting at its first element."""
+    width = values.type.bit_width // 8
+    buffer = values.buffers()[1]
+    if values.offset == 0:
+        return buffer
+    return buffer.slice(values.offset * width, len(values) * width)
