@@ -105,9 +105,7 @@ class CatalogConfig(_NoPickle):
         """
         name = self.warehouse if warehouse is None else warehouse
         if name == self.warehouse:
-            return CatalogConnection(
-                name, self.uri, self.scope, self.client_id, self.client_secret, self.token
-            )
+            return CatalogConnection(name, self.uri, self.scope, self.client_id, self.client_secret, self.token)
         sibling = next((w for w in self.warehouses if w.name == name), None)
         if sibling is None:
             raise ConfigError(f"unknown warehouse {name!r}; configured: {', '.join(self.warehouse_names)}")
@@ -321,9 +319,7 @@ def _check_http_url(value: str | None, key: str, origins: _Origins) -> None:
         origins.fail(key, "must be an http:// or https:// URL")
 
 
-def _check_auth(
-    client_id: str | None, secret: str | None, token: str | None, where: str, o: _Origins
-) -> None:
+def _check_auth(client_id: str | None, secret: str | None, token: str | None, where: str, o: _Origins) -> None:
     if client_id and not secret:
         o.fail(f"{where}.client_secret", f"required when {where}.client_id is set")
     if secret and not client_id:
@@ -371,9 +367,7 @@ def _validate_storage(s: StorageConfig, o: _Origins) -> None:
         o.fail("storage.access_key_id", "required when storage.secret_access_key is set")
     if s.session_token and not s.access_key_id:
         o.fail("storage.session_token", "requires storage.access_key_id and storage.secret_access_key")
-    _check_object_store_prefixes(
-        s.tvf.allowed_object_store_prefixes, "storage.tvf.allowed_object_store_prefixes", o
-    )
+    _check_object_store_prefixes(s.tvf.allowed_object_store_prefixes, "storage.tvf.allowed_object_store_prefixes", o)
 
 
 def _validate_coordinator(c: CoordinatorConfig, require_vended: bool, o: _Origins) -> None:

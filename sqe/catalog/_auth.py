@@ -73,9 +73,7 @@ class BearerAuth(requests.auth.AuthBase):
 
     def _fetch(self) -> _Token:
         if not self._client_id:
-            raise AuthenticationError(
-                "no catalog credentials configured (catalog.client_id or catalog.token)"
-            )
+            raise AuthenticationError("no catalog credentials configured (catalog.client_id or catalog.token)")
         data = {
             "grant_type": "client_credentials",
             "client_id": self._client_id,

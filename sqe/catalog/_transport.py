@@ -97,9 +97,7 @@ class RetryingAdapter(HTTPAdapter):
             return delay
 
         retry_on_error = (
-            retry_if_exception_type(requests.ConnectionError)
-            if idempotent
-            else retry_if_result(lambda _r: False)
+            retry_if_exception_type(requests.ConnectionError) if idempotent else retry_if_result(lambda _r: False)
         )
         retrying = Retrying(
             stop=stop_after_attempt(self.policy.max_retries + 1),

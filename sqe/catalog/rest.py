@@ -91,9 +91,7 @@ class SQERestCatalog(RestCatalog):
     def __init__(self, name: str, endpoint: CatalogConnection, config: SQEConfig) -> None:
         self._sqe_config = config
         self._endpoint = endpoint
-        policy = RetryPolicy(
-            max_retries=config.catalog.max_retries, timeout=config.catalog.request_timeout_seconds
-        )
+        policy = RetryPolicy(max_retries=config.catalog.max_retries, timeout=config.catalog.request_timeout_seconds)
         self._token_session = make_session(policy)
         self._retry_policy = policy
         self._bearer = BearerAuth(
@@ -111,9 +109,7 @@ class SQERestCatalog(RestCatalog):
         except RESTError as exc:
             raise translate_error(exc, f"catalog {endpoint.uri}") from None
         except requests.RequestException as exc:
-            raise CatalogUnavailableError(
-                f"cannot reach catalog {endpoint.uri}: {type(exc).__name__}"
-            ) from None
+            raise CatalogUnavailableError(f"cannot reach catalog {endpoint.uri}: {type(exc).__name__}") from None
 
     def __repr__(self) -> str:
         return f"SQERestCatalog(uri={self._endpoint.uri!r}, warehouse={self._endpoint.warehouse!r})"
@@ -240,9 +236,7 @@ def error_for_status(response: requests.Response, what: str) -> CatalogError:
     if status == 409:
         return CommitConflictError(f"conflict on {what} (409): {detail}", status)
     if status == 422:
-        return IntegrityError(
-            f"catalog rejected {what} as unprocessable (422, not retried): {detail}", status
-        )
+        return IntegrityError(f"catalog rejected {what} as unprocessable (422, not retried): {detail}", status)
     if status == 429 or status >= 500:
         return CatalogUnavailableError(f"catalog unavailable for {what} (HTTP {status}): {detail}", status)
     return CatalogError(f"catalog error for {what} (HTTP {status}): {detail}", status)
@@ -341,9 +335,7 @@ class RestTableProvider:
                 self._cache[key] = _CacheEntry(raw, etag, loaded)
         return loaded
 
-    def _build_loaded(
-        self, catalog: SQERestCatalog, ident: TableIdent, raw: dict[str, Any], now: float
-    ) -> LoadedTable:
+    def _build_loaded(self, catalog: SQERestCatalog, ident: TableIdent, raw: dict[str, Any], now: float) -> LoadedTable:
         try:
             response = TableResponse.model_validate(raw)
         except ValueError as exc:
@@ -384,8 +376,6 @@ class RestTableProvider:
     def invalidate(self, ident: TableIdent) -> None:
         with self._lock:
             for key in [
-                k
-                for k in self._cache
-                if k[1] == ident.warehouse and k[2] == ".".join((*ident.namespace, ident.name))
+                k for k in self._cache if k[1] == ident.warehouse and k[2] == ".".join((*ident.namespace, ident.name))
             ]:
                 del self._cache[key]

@@ -134,9 +134,7 @@ class ScopedFileIO(FileIO):
 
     @property
     def _static_in_use(self) -> bool:
-        return (
-            self._config.static_key_pair() is not None and not self._config.catalog.require_vended_credentials
-        )
+        return self._config.static_key_pair() is not None and not self._config.catalog.require_vended_credentials
 
     @property
     def expires_at(self) -> float | None:
@@ -171,9 +169,7 @@ class ScopedFileIO(FileIO):
         rows.append(self._describe_row("*", config_set, fallback))
         return rows
 
-    def _describe_row(
-        self, prefix: str, vended: VendedSet | None, otherwise: CredentialSource
-    ) -> dict[str, Any]:
+    def _describe_row(self, prefix: str, vended: VendedSet | None, otherwise: CredentialSource) -> dict[str, Any]:
         if vended is None:
             return {"prefix": prefix, "source": otherwise, "expires_at": None, "usable_until": None}
         expires = None if vended.expires_at_ms is None else vended.expires_at_ms / 1000.0
@@ -198,6 +194,5 @@ class ScopedFileIO(FileIO):
     def __repr__(self) -> str:
         scopes = sum(1 for cred in self._credentials if cred.is_usable)
         return (
-            f"ScopedFileIO(source={self.source!r}, scoped_prefixes={scopes}, "
-            f"usable_until={_iso(self.usable_until)!r})"
+            f"ScopedFileIO(source={self.source!r}, scoped_prefixes={scopes}, usable_until={_iso(self.usable_until)!r})"
         )

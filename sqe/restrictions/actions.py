@@ -139,9 +139,7 @@ def apply_action(action: str, array: pa.Array, *, salt: bytes) -> pa.Array:
 
 def check_salt(salt: bytes) -> None:
     if not isinstance(salt, bytes) or len(salt) < MIN_SALT_BYTES:
-        raise RestrictionApplyError(
-            f"sha-256-query-local needs a random salt of at least {MIN_SALT_BYTES} bytes"
-        )
+        raise RestrictionApplyError(f"sha-256-query-local needs a random salt of at least {MIN_SALT_BYTES} bytes")
 
 
 def _query_local(array: pa.Array, salt: bytes) -> pa.Array:
@@ -181,9 +179,7 @@ def _constant_array(kind: pa.DataType, length: int) -> pa.Array:
         return pa.ExtensionArray.from_storage(kind, _constant_array(kind.storage_type, length))
     if isinstance(kind, pa.DictionaryType):
         indices = pa.repeat(pa.scalar(0, kind.index_type), length)
-        return pa.DictionaryArray.from_arrays(
-            indices, _constant_array(kind.value_type, 1), ordered=kind.ordered
-        )
+        return pa.DictionaryArray.from_arrays(indices, _constant_array(kind.value_type, 1), ordered=kind.ordered)
     if isinstance(kind, pa.StructType):
         children = [_constant_array(kind.field(i).type, length) for i in range(kind.num_fields)]
         return pa.StructArray.from_arrays(children, fields=[kind.field(i) for i in range(kind.num_fields)])

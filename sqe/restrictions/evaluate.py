@@ -83,9 +83,7 @@ class _Evaluator:
         if cached is None:
             raw = self._columns.resolve(ref.path)
             if raw is None:
-                raise RestrictionApplyError(
-                    f"row filter column field id {ref.field_id} is not in the data being read"
-                )
+                raise RestrictionApplyError(f"row filter column field id {ref.field_id} is not in the data being read")
             cached = self._cache[ref] = _comparable(raw, ref)
         return cached
 

@@ -186,9 +186,7 @@ class _Parser:
     def _check(self, kind: str, node: dict[str, Any]) -> _Tree:
         ref = self._ref_operand(node, deprecated_key="term", key="child")
         if kind in ("is-nan", "not-nan") and ref.type_name not in FLOAT_TYPES:
-            raise InvalidRestrictionError(
-                f"{_ERR}: {kind} needs a float or double column, not {ref.type_name}"
-            )
+            raise InvalidRestrictionError(f"{_ERR}: {kind} needs a float or double column, not {ref.type_name}")
         return NullCheck(cast(CheckOp, kind), ref)
 
     def _binary(self, kind: str, node: dict[str, Any]) -> _Tree:
@@ -328,9 +326,7 @@ def _bind(info: FieldInfo) -> FieldRef:
 
 def _require_comparable(kind: str, ref: FieldRef) -> None:
     if not is_literal_type(ref.type_name):
-        raise InvalidRestrictionError(
-            f"{_ERR}: {kind} cannot apply to field id {ref.field_id} ({ref.type_name})"
-        )
+        raise InvalidRestrictionError(f"{_ERR}: {kind} cannot apply to field id {ref.field_id} ({ref.type_name})")
 
 
 def _typed(literal: _RawLiteral, ref: FieldRef) -> LiteralValue:
@@ -354,9 +350,7 @@ def _data_type(node: Mapping[str, Any]) -> str | None:
     return data_type
 
 
-def _keys(
-    node: Mapping[str, Any], required: set[str], optional: frozenset[str] | set[str] = frozenset()
-) -> None:
+def _keys(node: Mapping[str, Any], required: set[str], optional: frozenset[str] | set[str] = frozenset()) -> None:
     extra = node.keys() - required - optional
     if extra:
         raise InvalidRestrictionError(f"{_ERR}: '{node.get('type')}' has unexpected keys {sorted(extra)}")
@@ -433,9 +427,7 @@ def predicate_from_json(node: Any) -> Predicate:
         ref = _ref_from_json(node["ref"])
         if not isinstance(node["values"], list) or not node["values"]:
             raise InvalidRestrictionError("restriction plan: malformed in/not-in values")
-        values = tuple(
-            decode_literal(value, ref.type_name, f"field id {ref.field_id}") for value in node["values"]
-        )
+        values = tuple(decode_literal(value, ref.type_name, f"field id {ref.field_id}") for value in node["values"])
         return SetMembership(ref, values, negated=kind == "not-in")
     if kind in COMPARE_OPS or kind in _STRING_OPS:
         _plan_keys(node, {"type", "ref", "value"})
@@ -476,9 +468,7 @@ def _is_positive_int(value: Any) -> bool:
 
 def _plan_keys(node: Mapping[str, Any], expected: set[str]) -> None:
     if set(node.keys()) != expected:
-        raise InvalidRestrictionError(
-            f"restriction plan: row filter node '{node.get('type')}' has wrong keys"
-        )
+        raise InvalidRestrictionError(f"restriction plan: row filter node '{node.get('type')}' has wrong keys")
 
 
 def referenced_fields(predicate: Predicate | None) -> Sequence[FieldRef]:

@@ -164,9 +164,7 @@ def decode_literal(value: object, field_type: str, what: str) -> LiteralValue:
         raise InvalidRestrictionError(f"read-restrictions: null literal for {what}; use is-null/not-null")
     decoder = _decoder_for(field_type)
     if decoder is None:
-        raise InvalidRestrictionError(
-            f"read-restrictions: {what} has type {field_type}, which has no literals"
-        )
+        raise InvalidRestrictionError(f"read-restrictions: {what} has type {field_type}, which has no literals")
     try:
         return decoder(value, field_type)
     except _NoFit as exc:

@@ -66,9 +66,7 @@ class RestrictionPlan:
     def __post_init__(self) -> None:
         if self.always_false and self.row_filter is not None:
             raise ValueError("an always-false plan has no row filter")
-        object.__setattr__(
-            self, "_masks", MappingProxyType({m.field_id: m.action for m in self.column_masks})
-        )
+        object.__setattr__(self, "_masks", MappingProxyType({m.field_id: m.action for m in self.column_masks}))
 
     @property
     def masks(self) -> Mapping[int, str]:
@@ -94,8 +92,7 @@ class RestrictionPlan:
             "row_filter": self.always_false or self.row_filter is not None,
             "always_false": self.always_false,
             "masked_columns": [
-                {"column": mask.name, "field_id": mask.field_id, "action": mask.action}
-                for mask in self.column_masks
+                {"column": mask.name, "field_id": mask.field_id, "action": mask.action} for mask in self.column_masks
             ],
         }
 
@@ -135,9 +132,7 @@ class RestrictionPlan:
         if not isinstance(always_false, bool) or not isinstance(document["masks"], list):
             raise InvalidRestrictionError("restriction plan: malformed document")
         try:
-            row_filter = (
-                None if document["row-filter"] is None else predicate_from_json(document["row-filter"])
-            )
+            row_filter = None if document["row-filter"] is None else predicate_from_json(document["row-filter"])
         except RecursionError:
             raise InvalidRestrictionError("restriction plan: row filter is nested too deeply") from None
         if always_false and row_filter is not None:
@@ -226,9 +221,7 @@ def _parse_projections(raw: Any, current: SchemaIndex, history: list[SchemaIndex
 
 def _projection_entry(item: Any) -> tuple[int, str]:
     if not isinstance(item, dict) or set(item) != {"field-id", "action"}:
-        raise InvalidRestrictionError(
-            f"{_ERR}: a column projection must have exactly 'field-id' and 'action'"
-        )
+        raise InvalidRestrictionError(f"{_ERR}: a column projection must have exactly 'field-id' and 'action'")
     field_id, action = item["field-id"], item["action"]
     if isinstance(field_id, bool) or not isinstance(field_id, int):
         raise InvalidRestrictionError(f"{_ERR}: a column projection's field-id must be an integer")
@@ -249,9 +242,7 @@ def _resolve_target(field_id: int, current: SchemaIndex, history: list[SchemaInd
             break
         info = index.get(field_id)
     if info is None:
-        raise InvalidRestrictionError(
-            f"{_ERR}: column projection field id {field_id} is not in the table schema"
-        )
+        raise InvalidRestrictionError(f"{_ERR}: column projection field id {field_id} is not in the table schema")
     return info
 
 

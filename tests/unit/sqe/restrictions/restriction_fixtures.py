@@ -103,9 +103,7 @@ def batch_of(schema: Schema, columns: dict[str, Any]) -> pa.RecordBatch:
     """A batch with pyiceberg's Arrow types and field-id metadata for the named top-level columns."""
     arrow_schema = schema_to_pyarrow(schema)
     fields = [arrow_schema.field(name) for name in columns]
-    arrays = [
-        pa.array(values, type=field.type) for values, field in zip(columns.values(), fields, strict=True)
-    ]
+    arrays = [pa.array(values, type=field.type) for values, field in zip(columns.values(), fields, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 

@@ -95,9 +95,7 @@ def test_string_masks_on_ascii_only_data(action: str, arrow_type: pa.DataType) -
 
 @pytest.mark.parametrize("action", sorted(REFERENCE))
 @pytest.mark.parametrize("arrow_type", STRING_TYPES, ids=str)
-def test_string_masks_agree_with_per_code_point_reference_on_random_text(
-    action: str, arrow_type: pa.DataType
-) -> None:
+def test_string_masks_agree_with_per_code_point_reference_on_random_text(action: str, arrow_type: pa.DataType) -> None:
     rng = random.Random(4)
     alphabet = "aZ09 @.-(),_!é٣😀\u0301\u4e2d\x00\x7f"
     values: list[str | None] = [
@@ -163,9 +161,7 @@ def test_mask_to_fixed_value_per_type_replaces_nulls_too(arrow_type: pa.DataType
 
 def test_mask_to_fixed_value_for_nanosecond_timestamps_and_uuid() -> None:
     for tz in (None, "UTC"):
-        result = apply_action(
-            "mask-to-fixed-value", pa.array([5, None], pa.timestamp("ns", tz=tz)), salt=SALT
-        )
+        result = apply_action("mask-to-fixed-value", pa.array([5, None], pa.timestamp("ns", tz=tz)), salt=SALT)
         assert result.type == pa.timestamp("ns", tz=tz)
         assert result.cast(pa.int64()).to_pylist() == [0, 0]
     uuids = pa.array([b"\x01" * 16, None], pa.uuid())
@@ -230,9 +226,7 @@ def us(value: dt.datetime) -> int:
         (dt.datetime(1900, 3, 15), dt.datetime(1900, 1, 1), dt.datetime(1900, 3, 1)),
     ],
 )
-def test_truncate_timestamps_in_every_unit_and_zone(
-    value: dt.datetime, year: dt.datetime, month: dt.datetime
-) -> None:
+def test_truncate_timestamps_in_every_unit_and_zone(value: dt.datetime, year: dt.datetime, month: dt.datetime) -> None:
     for unit, scale in (("us", 1), ("ns", 1000)):
         for tz in (None, "UTC", "America/New_York", "+05:30"):
             arrow_type = pa.timestamp(unit, tz=tz)
@@ -285,14 +279,10 @@ def sha(data: bytes, salt: bytes = b"") -> bytes:
 @pytest.mark.parametrize(("action", "salt"), [("sha-256-global", b""), ("sha-256-query-local", SALT)])
 def test_sha256_encodings_match_independent_hashlib_and_struct(action: str, salt: bytes) -> None:
     ints = [0, 1, -1, 2**31 - 1, -(2**31), None]
-    expected_ints = [
-        None if v is None else struct.unpack("<i", sha(struct.pack("<i", v), salt)[:4])[0] for v in ints
-    ]
+    expected_ints = [None if v is None else struct.unpack("<i", sha(struct.pack("<i", v), salt)[:4])[0] for v in ints]
     assert run(action, ints, pa.int32()) == expected_ints
     longs = [0, -1, 2**63 - 1, -(2**63), 123456789012345, None]
-    expected_longs = [
-        None if v is None else struct.unpack("<q", sha(struct.pack("<q", v), salt)[:8])[0] for v in longs
-    ]
+    expected_longs = [None if v is None else struct.unpack("<q", sha(struct.pack("<q", v), salt)[:8])[0] for v in longs]
     assert run(action, longs, pa.int64()) == expected_longs
     texts = ["", "abc", "é😀", "a\u0301", None]
     expected_texts = [None if t is None else sha(t.encode(), salt).hex() for t in texts]
@@ -337,14 +327,11 @@ def test_sha256_on_sliced_dictionary_and_repetitive_arrays() -> None:
     # many repeats take the hash-each-distinct-value-once path; the answer must be the same
     repetitive = pa.array([i % 3 if i % 7 else None for i in range(20_000)], pa.int64())
     expected = [
-        None if v is None else struct.unpack("<q", sha(struct.pack("<q", v))[:8])[0]
-        for v in repetitive.to_pylist()
+        None if v is None else struct.unpack("<q", sha(struct.pack("<q", v))[:8])[0] for v in repetitive.to_pylist()
     ]
     assert sha256_array(repetitive, b"").to_pylist() == expected
     strings = pa.array([f"v{i % 5}" for i in range(10_000)], pa.large_string())
-    assert sha256_array(strings, SALT).to_pylist() == [
-        sha(v.encode(), SALT).hex() for v in strings.to_pylist()
-    ]
+    assert sha256_array(strings, SALT).to_pylist() == [sha(v.encode(), SALT).hex() for v in strings.to_pylist()]
 
 
 # -------------------------------------------------------------------------------------- wrong types

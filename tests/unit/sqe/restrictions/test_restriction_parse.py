@@ -446,9 +446,7 @@ def test_invalid_filters_fail_closed(node: Any, error: type[RestrictionError], m
         ([{"field-id": 30, "action": "replace-with-null"}], InvalidRestrictionError, "required"),
     ],
 )
-def test_invalid_projections_fail_closed(
-    projections: Any, error: type[RestrictionError], message: str
-) -> None:
+def test_invalid_projections_fail_closed(projections: Any, error: type[RestrictionError], message: str) -> None:
     with pytest.raises(error) as caught:
         parse_restrictions({"required-column-projections": projections}, ALL_TYPES)
     assert message in str(caught.value)
@@ -482,9 +480,7 @@ def test_each_action_applies_exactly_to_its_types(action: str) -> None:
 def test_mask_to_fixed_value_on_a_struct_needs_fixed_values_for_every_field() -> None:
     schema = Schema(
         NestedField(1, "ok", StructType(NestedField(2, "a", IntegerType(), required=False)), required=False),
-        NestedField(
-            3, "bad", StructType(NestedField(4, "g", GeometryType(), required=False)), required=False
-        ),
+        NestedField(3, "bad", StructType(NestedField(4, "g", GeometryType(), required=False)), required=False),
         NestedField(5, "g", GeometryType(), required=False),
     )
     assert parse_restrictions(restrictions(None, [(1, "mask-to-fixed-value")]), schema).masks == {
@@ -512,23 +508,17 @@ def test_projection_on_a_dropped_column_is_allowed_but_an_unknown_id_is_not() ->
 
 
 def test_a_dropped_column_is_validated_against_its_last_type() -> None:
-    old = Schema(
-        NestedField(1, "id", IntegerType(), required=True), NestedField(2, "n", IntegerType()), schema_id=0
-    )
+    old = Schema(NestedField(1, "id", IntegerType(), required=True), NestedField(2, "n", IntegerType()), schema_id=0)
     current = Schema(NestedField(1, "id", IntegerType(), required=True), schema_id=1)
     with pytest.raises(InvalidRestrictionError, match="mask-alphanum on field id 2"):
         parse_restrictions(restrictions(None, [(2, "mask-alphanum")]), current, all_schemas=[old])
 
 
 def test_filter_references_resolve_only_against_the_current_schema() -> None:
-    old = Schema(
-        NestedField(1, "id", IntegerType(), required=True), NestedField(2, "n", IntegerType()), schema_id=0
-    )
+    old = Schema(NestedField(1, "id", IntegerType(), required=True), NestedField(2, "n", IntegerType()), schema_id=0)
     current = Schema(NestedField(1, "id", IntegerType(), required=True), schema_id=1)
     with pytest.raises(InvalidRestrictionError, match="field id 2 is not in the current table schema"):
-        parse_restrictions(
-            restrictions({"type": "eq", "left": ref(2), "right": 1}), current, all_schemas=[old]
-        )
+        parse_restrictions(restrictions({"type": "eq", "left": ref(2), "right": 1}), current, all_schemas=[old])
 
 
 # ----------------------------------------------------------------------------------- document shape

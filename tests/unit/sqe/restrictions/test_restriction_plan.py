@@ -151,9 +151,7 @@ def test_columns_without_field_id_metadata_match_by_name() -> None:
 def test_field_id_metadata_wins_over_names() -> None:
     # a column renamed since: the field id still identifies the masked column
     field = pa.field("renamed_ssn", pa.large_string(), metadata={b"PARQUET:field_id": b"4"})
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array(["123-45-6789"], pa.large_string())], schema=pa.schema([field])
-    )
+    batch = pa.RecordBatch.from_arrays([pa.array(["123-45-6789"], pa.large_string())], schema=pa.schema([field]))
     out = apply(batch, people_plan(None, [(4, "show-last-4")]), salt=SALT, schema=PEOPLE)
     assert out.column(0).to_pylist() == ["nnn-nn-6789"]
 
@@ -230,9 +228,7 @@ EVERY_LITERAL = {
 
 def test_plan_json_round_trip() -> None:
     plan = parse_restrictions(
-        restrictions(
-            EVERY_LITERAL, [(8, "mask-alphanum"), (12, "truncate-to-month"), (3, "sha-256-query-local")]
-        ),
+        restrictions(EVERY_LITERAL, [(8, "mask-alphanum"), (12, "truncate-to-month"), (3, "sha-256-query-local")]),
         ALL_TYPES,
     )
     text = json.dumps(plan.to_json())
@@ -288,9 +284,7 @@ def pushdown_keeps(expression: BooleanExpression, schema: Schema, table: pa.Tabl
         return [True] * table.num_rows
     if isinstance(expression, AlwaysFalse):
         return [False] * table.num_rows
-    kept_ids = set(
-        table.filter(expression_to_pyarrow(bind(schema, expression, True), schema)).column("id").to_pylist()
-    )
+    kept_ids = set(table.filter(expression_to_pyarrow(bind(schema, expression, True), schema)).column("id").to_pylist())
     return [row_id in kept_ids for row_id in table.column("id").to_pylist()]
 
 
@@ -365,17 +359,13 @@ def test_pushdown_is_exact_where_pyiceberg_can_express_it() -> None:
     assert plan.row_filter is not None
     exact = evaluate(plan.row_filter, BatchColumns(batch, ALL_TYPES)).to_pylist()
     pushed = plan.safe_pushdown_filter(ALL_TYPES)
-    assert (
-        pushdown_keeps(pushed, ALL_TYPES.select(*batch.schema.names), pa.Table.from_batches([batch])) == exact
-    )
+    assert pushdown_keeps(pushed, ALL_TYPES.select(*batch.schema.names), pa.Table.from_batches([batch])) == exact
 
 
 def test_pushdown_constants_and_unrepresentable_leaves() -> None:
     assert plan_pushdown(None) == AlwaysTrue()
     assert plan_pushdown(False) == AlwaysFalse()
-    assert (
-        plan_pushdown(op("eq", 13, "1970-01-01T00:00:00.000000001")) == AlwaysTrue()
-    )  # ns literal: not pushed
+    assert plan_pushdown(op("eq", 13, "1970-01-01T00:00:00.000000001")) == AlwaysTrue()  # ns literal: not pushed
 
 
 def plan_pushdown(node: Any) -> BooleanExpression:
