@@ -45,7 +45,7 @@ from sqe.errors import (
 from sqe.execution.duck import connect_locked_down, quote_ident, quote_qualified
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.execution.stream import QueryContext, ScanStream
-from sqe.planning.planner import ScanPlan, join_conjuncts, plan_scan, restrictions_of
+from sqe.planning.planner import ScanPlan, TaskCache, join_conjuncts, plan_scan, restrictions_of
 from sqe.planning.sql_analysis import (
     TableRef,
     column_usage,
@@ -185,6 +185,7 @@ class Session:
         self._provider = provider
         self._clock = clock
         self._executor = LocalExecutor(max_files_in_flight=max_files_in_flight, max_queued_batches=max_queued_batches)
+        self._task_cache = TaskCache()  # repeated queries of an unchanged table skip reading its manifests
         self._distributed: DistributedExecutor | None = None
         if config is not None and config.coordinator.workers:
             from sqe.execution.distributed import DistributedExecutor  # grpc only when workers are configured
@@ -354,7 +355,7 @@ class Session:
             columns = None if all_columns else columns_to_read(usage, table_refs, schemas[ident])
             narrowed = narrowed or (columns is not None and len(columns) < len(schemas[ident].columns))
             pushdown = join_conjuncts(pushed.get(ident, [])) if counts[ident] == 1 else join_conjuncts([])
-            scans[ident] = plan_scan(tables[ident], columns=columns, pushdown=pushdown)
+            scans[ident] = plan_scan(tables[ident], columns=columns, pushdown=pushdown, cache=self._task_cache)
         return scans, narrowed
 
     def _group_refs(self, refs: list[TableRef]) -> dict[TableIdent, list[TableRef]]:

@@ -1,9 +1,15 @@
 """Local execution: stream the record batches of a ScanPlan, reading its file tasks in a bounded thread pool.
 
-Each file is streamed batch by batch through pyiceberg's private generator ``_task_to_record_batches`` (the
-public ``ArrowScan.to_record_batches`` materialises each file). At most ``max_files_in_flight`` files are open and
-at most ``max_queued_batches`` batches wait in the queue, so memory stays bounded whatever the table size. The
-consumer polls a cancel event, so an interrupted query stops within one poll interval even when no batch comes.
+Each file is streamed batch by batch (pyiceberg's public ``ArrowScan.to_record_batches`` materialises each file).
+A Parquet file without positional deletes whose columns need no Iceberg projection (same field ids and types,
+all present, primitive) is scanned directly with pyarrow, in batches of about ``target_batch_bytes``; any other
+file goes through pyiceberg's private generator ``_task_to_record_batches``, which handles deletes, schema
+evolution and missing columns. Both yield the same batches; the direct path only skips pyiceberg's per-batch
+re-projection and its small default batch size.
+
+At most ``max_files_in_flight`` files are open and at most ``max_queued_batches`` batches wait in the queue, so
+memory stays bounded whatever the table size. The consumer polls a cancel event, so an interrupted query stops
+within one poll interval even when no batch comes.
 """
 
 from __future__ import annotations
@@ -16,12 +22,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyiceberg
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.expressions.visitors import bind, translate_column_names
 from pyiceberg.io import pyarrow as _pyiceberg_arrow
+from pyiceberg.io.pyarrow import expression_to_pyarrow, pyarrow_to_schema, schema_to_pyarrow
+from pyiceberg.manifest import FileFormat
+from pyiceberg.types import BinaryType, IcebergType, StringType
 
 from sqe.errors import QueryError
 
 if TYPE_CHECKING:
+    import pyarrow.compute as pc
+    from pyiceberg.schema import Schema
     from pyiceberg.table import FileScanTask
 
     from sqe.planning.planner import ReadSpec
@@ -59,8 +73,135 @@ def _verify_pinned_pyiceberg() -> None:
 
 
 _verify_pinned_pyiceberg()
-_task_to_record_batches: Callable[..., Iterator[pa.RecordBatch]] = _pyiceberg_arrow._task_to_record_batches
+_pyiceberg_task_batches: Callable[..., Iterator[pa.RecordBatch]] = _pyiceberg_arrow._task_to_record_batches
 _read_deletes: Callable[..., dict[str, pa.ChunkedArray]] = _pyiceberg_arrow._read_deletes
+
+DEFAULT_TARGET_BATCH_BYTES = 8 << 20
+_MIN_BATCH_ROWS = 8_192
+_MAX_BATCH_ROWS = 1 << 20
+# What pyiceberg opens Parquet files with: coalesced reads of a row group's column chunks, buffered streams.
+_PARQUET = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
+# Arrow types pyiceberg hands through unchanged although its own mapping of the Iceberg type is the large one.
+_PASS_THROUGH: dict[type[IcebergType], tuple[pa.DataType, ...]] = {
+    StringType: (pa.string(), pa.large_string()),
+    BinaryType: (pa.binary(), pa.large_binary()),
+}
+
+
+def _task_to_record_batches(
+    read: ReadSpec,
+    task: FileScanTask,
+    positional_deletes: list[pa.ChunkedArray] | None,
+    *,
+    target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
+) -> Iterator[pa.RecordBatch]:
+    """The batches of one file task: the direct pyarrow scan when it is exact, else pyiceberg's reader."""
+    if not positional_deletes and task.file.file_format == FileFormat.PARQUET:
+        with read.io.new_input(task.file.file_path).open() as stream:  # the table's FileIO: per-file credentials
+            fragment = _PARQUET.make_fragment(stream)
+            direct = direct_projection(read, fragment.physical_schema)
+            if direct is not None:
+                yield from direct.batches(fragment, target_batch_bytes)
+                return
+    yield from _pyiceberg_task_batches(
+        read.io,
+        task,
+        read.bound_row_filter,
+        read.projected_schema,
+        read.table_schema,
+        set(read.projected_field_ids),
+        positional_deletes,
+        read.case_sensitive,
+        read.name_mapping,
+        read.specs.get(task.file.spec_id),
+        read.format_version,
+    )
+
+
+@dataclass(frozen=True)
+class DirectProjection:
+    """How to scan one Parquet file so its batches equal pyiceberg's, without re-projecting every batch."""
+
+    file_columns: tuple[str, ...]  # physical names, in projected-schema order
+    schema: pa.Schema  # what pyiceberg's projection would produce: Iceberg names, file types, no field ids
+    arrow_filter: pc.Expression | None
+
+    def batches(self, fragment: ds.ParquetFileFragment, target_batch_bytes: int) -> Iterator[pa.RecordBatch]:
+        scanner = ds.Scanner.from_fragment(
+            fragment,
+            schema=fragment.physical_schema,
+            columns=list(self.file_columns),
+            filter=self.arrow_filter,
+            batch_size=batch_rows(fragment, self.file_columns, target_batch_bytes),
+            use_threads=True,
+        )
+        for batch in scanner.to_batches():
+            if batch.num_rows:  # like pyiceberg: a filter may leave nothing of a batch
+                yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+
+
+def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:
+    """The direct scan of a file with this schema, or None when pyiceberg's projection would change anything
+    (renamed-only columns are fine; missing, promoted, re-typed or nested columns are not)."""
+    try:
+        file_schema = pyarrow_to_schema(
+            physical_schema,
+            read.name_mapping,
+            downcast_ns_timestamp_to_us=read.format_version <= 2,
+            format_version=read.format_version,  # type: ignore[arg-type]  # a TableVersion, read from metadata
+        )
+    except ValueError:  # no field ids and no name mapping: pyiceberg reports it
+        return None
+    columns: list[str] = []
+    fields: list[pa.Field] = []
+    for wanted in read.projected_schema.columns:
+        if not wanted.field_type.is_primitive or wanted.field_id not in file_schema.field_ids:
+            return None
+        in_file = file_schema.find_field(wanted.field_id)
+        index = physical_schema.get_field_index(in_file.name)
+        if in_file.field_type != wanted.field_type or index < 0:
+            return None
+        arrow_type = physical_schema.field(index).type
+        if not _passes_through(wanted.field_type, arrow_type):
+            return None
+        columns.append(in_file.name)
+        metadata = {b"doc": wanted.doc.encode()} if wanted.doc else None
+        fields.append(pa.field(wanted.name, arrow_type, nullable=wanted.optional, metadata=metadata))
+    return DirectProjection(tuple(columns), pa.schema(fields), _file_filter(read, file_schema))
+
+
+def _passes_through(iceberg_type: IcebergType, arrow_type: pa.DataType) -> bool:
+    if arrow_type in _PASS_THROUGH.get(type(iceberg_type), ()):
+        return True
+    return bool(arrow_type == schema_to_pyarrow(iceberg_type, include_field_ids=False))
+
+
+def _file_filter(read: ReadSpec, file_schema: Schema) -> pc.Expression | None:
+    """The row filter in the file's own column names (the table's may have been renamed since)."""
+    if isinstance(read.bound_row_filter, AlwaysTrue):
+        return None
+    translated = translate_column_names(read.bound_row_filter, file_schema, case_sensitive=read.case_sensitive)
+    return expression_to_pyarrow(bind(file_schema, translated, case_sensitive=read.case_sensitive), file_schema)
+
+
+def batch_rows(fragment: ds.ParquetFileFragment, columns: tuple[str, ...], target_batch_bytes: int) -> int:
+    """Rows per batch so a batch of these columns holds about ``target_batch_bytes`` once decoded: few large
+    batches keep the per-batch Python work (queue, transform, DuckDB's pull) small against the data."""
+    metadata = fragment.metadata
+    if metadata.num_row_groups == 0 or metadata.row_group(0).num_rows == 0:
+        return _MAX_BATCH_ROWS
+    group = metadata.row_group(0)
+    encoded = {
+        group.column(i).path_in_schema: group.column(i).total_uncompressed_size for i in range(group.num_columns)
+    }
+    row_bytes = 0.0
+    for name in columns:
+        arrow_type = fragment.physical_schema.field(name).type
+        try:
+            row_bytes += arrow_type.bit_width / 8
+        except ValueError:  # variable width: encoded bytes per row, plus an offset
+            row_bytes += encoded.get(name, 0) / group.num_rows + 4
+    return max(_MIN_BATCH_ROWS, min(_MAX_BATCH_ROWS, int(target_batch_bytes / max(row_bytes, 1.0))))
 
 
 class FileScanSource(Protocol):
@@ -125,12 +266,21 @@ _DONE = _Done()
 
 
 class LocalExecutor:
-    def __init__(self, *, max_files_in_flight: int = 4, max_queued_batches: int = 8, poll_seconds: float = 0.05):
-        if max_files_in_flight < 1 or max_queued_batches < 1:
-            raise ValueError("max_files_in_flight and max_queued_batches must be at least 1")
+    def __init__(
+        self,
+        *,
+        max_files_in_flight: int = 4,
+        max_queued_batches: int = 8,
+        poll_seconds: float = 0.05,
+        target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
+    ):
+        """Memory held by a scan is about (max_queued_batches + max_files_in_flight) x target_batch_bytes."""
+        if max_files_in_flight < 1 or max_queued_batches < 1 or target_batch_bytes < 1:
+            raise ValueError("max_files_in_flight, max_queued_batches and target_batch_bytes must be at least 1")
         self.max_files_in_flight = max_files_in_flight
         self.max_queued_batches = max_queued_batches
         self.poll_seconds = poll_seconds
+        self.target_batch_bytes = target_batch_bytes
 
     def record_batches(
         self,
@@ -216,21 +366,13 @@ class _ScanRun:
             return next(self._tasks, None)
 
     def _read_file(self, task: FileScanTask) -> None:
-        read = self._plan.read
         self._metrics.add(files_open=1)
         try:
             batches = _task_to_record_batches(
-                read.io,
+                self._plan.read,
                 task,
-                read.bound_row_filter,
-                read.projected_schema,
-                read.table_schema,
-                set(read.projected_field_ids),
                 self._deletes.for_file(task),
-                read.case_sensitive,
-                read.name_mapping,
-                read.specs.get(task.file.spec_id),
-                read.format_version,
+                target_batch_bytes=self._executor.target_batch_bytes,
             )
             for batch in batches:
                 if self._stop.is_set():

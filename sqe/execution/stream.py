@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from sqe.errors import QueryError, SQEError
-from sqe.execution.local import LocalExecutor, ScanMetrics
+from sqe.execution.local import BatchTransform, LocalExecutor, ScanMetrics
 from sqe.restrictions import new_query_salt
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class ScanStream:
         self.schema: pa.Schema = plan.arrow_schema
         self._executor = executor
         self._context = context
-        self._transform = plan.batch_transform(context.salt)
+        self._transform = conforming(plan.batch_transform(context.salt), self.schema)
         self.opened = 0  # how many fresh readers were handed out (tests: a self-join opens several)
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
@@ -63,10 +63,9 @@ class ScanStream:
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
         try:
-            for batch in self._executor.record_batches(
+            yield from self._executor.record_batches(
                 self.plan, cancel=self._context.cancel, transform=self._transform, metrics=self._context.metrics
-            ):
-                yield conform_batch(batch, self.schema)
+            )
         except SQEError as exc:  # including QueryCancelledError
             self._context.record_error(exc)
             raise
@@ -74,6 +73,15 @@ class ScanStream:
             error = QueryError(f"reading {self.plan.ident} failed: {_first_line(exc)}")
             self._context.record_error(error)
             raise error from None
+
+
+def conforming(transform: BatchTransform | None, schema: pa.Schema) -> BatchTransform:
+    """``transform`` then ``conform_batch``: both run in the executor's reader threads, in parallel, so the
+    consumer (DuckDB pulling through the GIL) only hands batches on."""
+    if transform is None:
+        return lambda batch: conform_batch(batch, schema)
+    restrict = transform
+    return lambda batch: conform_batch(restrict(batch), schema)
 
 
 def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -159,14 +161,70 @@ def restriction_transform(
     return restrict
 
 
+class TaskCache:
+    """The file tasks of recent plans, reused while the table's metadata file stays the same.
+
+    A metadata file and the manifest list and manifests it names are immutable, so the tasks found for one
+    metadata location, snapshot, schema and row filter are exactly what planning again would find: a repeated
+    query skips reading manifests. A Session owns one (one principal), so no plan crosses principals; the data
+    files are still read with the FileIO of the table as loaded for the query.
+    """
+
+    def __init__(self, *, max_entries: int = 16, max_tasks: int = 100_000) -> None:
+        self.max_entries = max_entries
+        self.max_tasks = max_tasks  # all entries together: bounds the memory the cache holds
+        self.hits = 0
+        self._entries: OrderedDict[Hashable, tuple[FileScanTask, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def tasks(self, key: Hashable | None, plan: Callable[[], tuple[FileScanTask, ...]]) -> tuple[FileScanTask, ...]:
+        if key is None:
+            return plan()
+        with self._lock:
+            cached = self._entries.get(key)
+            if cached is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return cached
+        tasks = plan()
+        with self._lock:
+            self._entries[key] = tasks
+            while self._entries and (
+                len(self._entries) > self.max_entries or sum(map(len, self._entries.values())) > self.max_tasks
+            ):
+                self._entries.popitem(last=False)
+        return tasks
+
+
+def _task_key(loaded: LoadedTable, scan: DataScan, row_filter: BooleanExpression) -> Hashable | None:
+    """What a scan's tasks depend on, or None when the table has no metadata location to vouch for it."""
+    table = loaded.table
+    snapshot = scan.snapshot()
+    if not table.metadata_location or snapshot is None:
+        return None
+    return (table.metadata_location, snapshot.manifest_list, table.metadata.current_schema_id, repr(row_filter))
+
+
+def _plan_tasks(
+    loaded: LoadedTable, scan: DataScan, row_filter: BooleanExpression, cache: TaskCache | None
+) -> tuple[FileScanTask, ...]:
+    def plan() -> tuple[FileScanTask, ...]:
+        return tuple(scan._plan_files_local())  # always local: planning must go through SQE's FileIO
+
+    return plan() if cache is None else cache.tasks(_task_key(loaded, scan, row_filter), plan)
+
+
 def plan_scan(
     loaded: LoadedTable,
     *,
     columns: Sequence[str] | None,
     pushdown: BooleanExpression = ALWAYS_TRUE,
     snapshot_id: int | None = None,
+    cache: TaskCache | None = None,
 ) -> ScanPlan:
-    """Plan the files of one table scan. ``columns=None`` reads every column; names match case-insensitively."""
+    """Plan the files of one table scan. ``columns=None`` reads every column; names match case-insensitively.
+
+    ``cache`` reuses the tasks of an earlier plan of the same table metadata and row filter."""
     table = loaded.table
     if table.io is not loaded.io:
         raise QueryError(f"{loaded.ident}: the table is not bound to SQE's FileIO; refusing to plan")
@@ -182,7 +240,7 @@ def plan_scan(
     )
     scan = table.scan(row_filter=row_filter, selected_fields=read_names, snapshot_id=snapshot_id)
     try:
-        tasks = tuple(scan._plan_files_local())  # always local: planning must go through SQE's FileIO
+        tasks = _plan_tasks(loaded, scan, row_filter, cache)
         projected = scan.projection()
     except SQEError:
         raise
