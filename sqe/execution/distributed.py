@@ -55,7 +55,7 @@ from sqe.errors import (
 )
 from sqe.execution.local import QueryCancelledError, ScanMetrics
 from sqe.execution.refresh import CredentialRefresher, Holder, RefreshedSets, TableLease, key_fingerprint
-from sqe.execution.stream import QueryContext
+from sqe.execution.stream import QueryContext, conform_batch
 from workers._proto import worker_pb2 as pb
 from workers._proto import worker_pb2_grpc as pb_grpc
 from workers.errors import (
@@ -957,18 +957,12 @@ class _DistributedRun:
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """Worker batches in the scan's Arrow schema (the same shape the local path hands DuckDB)."""
-    if batch.schema.equals(schema, check_metadata=True):
-        return batch
     if batch.schema.names != schema.names:
         missing = [name for name in schema.names if name not in batch.schema.names]
         if missing:
             raise QueryError(f"a worker returned batches without the column(s) {', '.join(missing)}")
         batch = batch.select(schema.names)
-    columns = [
-        column if column.type == f.type else column.cast(f.type)
-        for column, f in zip(batch.columns, schema, strict=True)
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return conform_batch(batch, schema)
 
 
 # ------------------------------------------------------------------------------------------------- stream
