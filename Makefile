@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_DIR ?= .demo-stack
 
-.PHONY: demo test test-unit lint bench clean
+.PHONY: demo test test-unit lint bench clean ceph-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m sqe.demo --dir $(DEMO_DIR)
 
-test: $(STAMP)
+# The Ceph RGW enforcement tests need Debian packages: installed here when missing (root or sudo).
+ceph-deps:
+	bash quickstart/ceph/install-deps.sh
+
+test: $(STAMP) ceph-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
