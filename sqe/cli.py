@@ -127,9 +127,9 @@ class _Progress:
             text += f"files {stats.get('files_done', 0)}/{stats.get('files_total', '?')}  " + (
                 f"{stats.get('bytes_done', 0) / 1e6:.1f} MB"
             )
+        self._shown = True  # before writing: a Ctrl-C right after the write must still clear the line
         self._stream.write(text)
         self._stream.flush()
-        self._shown = True
 
     def clear(self) -> None:
         if self._shown:
