@@ -31,6 +31,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sqe._duckdb import connect_locked_down
 from sqe.restrictions.arrow_buffers import validity_bitmap
 
 
@@ -147,19 +148,15 @@ class _ThreadConnection(threading.local):
 _CONNECTIONS = _ThreadConnection()
 
 
+def _one_thread(connection: duckdb.DuckDBPyConnection) -> None:
+    connection.execute("SET threads = 1")  # one core per hashing thread; rows come back in order
+
+
 def _duckdb() -> duckdb.DuckDBPyConnection:
     """This thread's private connection: in memory, one thread, no file/network access, no extension loading,
     no Python variable lookups, and its configuration locked so queries cannot loosen any of that."""
     if _CONNECTIONS.connection is None or _CONNECTIONS.pid != os.getpid():
-        config: dict[str, str | bool | int | float | list[str]] = {
-            "threads": 1,
-            "enable_external_access": False,
-            "autoinstall_known_extensions": False,
-            "autoload_known_extensions": False,
-            "python_enable_replacements": False,
-        }
-        connection = duckdb.connect(":memory:", config=config)
-        connection.execute("SET lock_configuration = true")
+        connection = connect_locked_down(_one_thread)
         _CONNECTIONS.connection, _CONNECTIONS.pid = connection, os.getpid()
     return _CONNECTIONS.connection
 

@@ -1,0 +1,36 @@
+"""DuckDB connections locked down for SQE (see reference/libraries.md section 5).
+
+No file system or network access, no extension installs or auto-loading, no replacement scans of Python
+variables, and the configuration locked so no statement can undo any of it. Registered Arrow objects still work.
+Used by SQL sessions and by the restriction kernels' private hashing connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import duckdb
+
+LOCKDOWN_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "allow_unsigned_extensions": False,
+}
+
+
+def connect_locked_down(
+    before_lock: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection; ``before_lock`` may still change settings before the configuration is locked."""
+    con = duckdb.connect(":memory:", config=LOCKDOWN_CONFIG)
+    try:
+        con.execute("SET python_enable_replacements = false")
+        if before_lock is not None:
+            before_lock(con)
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return con
