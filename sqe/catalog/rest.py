@@ -144,13 +144,17 @@ class SQERestCatalog(RestCatalog):
 
     def _response_to_table(self, identifier_tuple: tuple[str, ...], table_response: TableResponse) -> Table:
         io = self.file_io_for(table_response.config, table_response.model_dump(by_alias=True), time.time())
+        return self.table_from_response(identifier_tuple, table_response, io)
+
+    def table_from_response(self, identifier: tuple[str, ...], response: TableResponse, io: ScopedFileIO) -> Table:
+        """A pyiceberg Table reading through ``io``, SQE's scoped FileIO built from this response's credentials."""
         return Table(
-            identifier=identifier_tuple,
-            metadata_location=table_response.metadata_location,  # type: ignore[arg-type]
-            metadata=table_response.metadata,
+            identifier=identifier,
+            metadata_location=response.metadata_location,  # type: ignore[arg-type]
+            metadata=response.metadata,
             io=io,
             catalog=self,
-            config=table_response.config,
+            config=response.config,
         )
 
     def _response_to_staged_table(
@@ -343,14 +347,7 @@ class RestTableProvider:
                 f"catalog response for {ident} is not a valid load-table result: {str(exc).splitlines()[0]}"
             ) from None
         io = catalog.file_io_for(response.config, raw, now)
-        table = Table(
-            identifier=(*ident.namespace, ident.name),
-            metadata_location=response.metadata_location,  # type: ignore[arg-type]
-            metadata=response.metadata,
-            io=io,
-            catalog=catalog,
-            config=response.config,
-        )
+        table = catalog.table_from_response((*ident.namespace, ident.name), response, io)
         return LoadedTable(
             ident=ident,
             table=table,
