@@ -164,7 +164,7 @@ class CatalogServer:
 
     def spawn_another(self, workdir: Path, **server: Any) -> tuple[subprocess.Popen[bytes], Path]:
         """A second catalog process on the same moto with its own database; returns (process, log path)."""
-        port = _free_loopback_port()
+        port = free_loopback_port()
         config_path = write_catalog_config(workdir, self.moto, port, **server)
         log_path = workdir / "catalog.log"
         return start_catalog_process(config_path, log_path, port), log_path
@@ -175,7 +175,7 @@ class CatalogServer:
         return _stop_process(proc, sig)
 
 
-def _free_loopback_port() -> int:
+def free_loopback_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -249,11 +249,10 @@ def _moto_identities(url: str) -> tuple[str, str, str]:
     return str(role), str(key["AccessKeyId"]), str(key["SecretAccessKey"])
 
 
-@pytest.fixture(scope="session")
-def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    """A moto server (S3 + STS + IAM) with bucket ``warehouse``, role ``lakehouse`` and IAM auth on."""
-    log_path = tmp_path_factory.mktemp("moto") / "moto.log"
-    port = _free_loopback_port()
+@contextlib.contextmanager
+def start_moto(log_path: Path) -> Iterator[MotoServer]:
+    """A moto server (S3 + STS + IAM) with bucket ``warehouse``, role ``lakehouse`` and IAM auth on; stopped on exit."""
+    port = free_loopback_port()
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
@@ -267,6 +266,13 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer
         yield MotoServer(url, port, proc.pid, "us-east-1", CATALOG_BUCKET, role_arn, access_key_id, secret_access_key)
     finally:
         _stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """The session's shared moto server (see ``start_moto``)."""
+    with start_moto(tmp_path_factory.mktemp("moto") / "moto.log") as moto:
+        yield moto
 
 
 def write_catalog_config(workdir: Path, moto: MotoServer, port: int, **server: Any) -> Path:
@@ -321,7 +327,7 @@ def start_catalog_process(config_path: Path, log_path: Path, port: int) -> subpr
 def catalog_server(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> Iterator[CatalogServer]:
     """``sqe-catalog serve`` on a free port (debug log in ``log_path``), warehouse ``wh``, an admin."""
     workdir = tmp_path_factory.mktemp("catalog")
-    port = _free_loopback_port()
+    port = free_loopback_port()
     config_path = write_catalog_config(workdir, moto_server, port)
     log_path = workdir / "catalog.log"
     placeholder = CatalogPrincipal("", "", "")
@@ -368,7 +374,7 @@ def write_catalog_config_variant(
 def catalog_variant(workdir: Path, moto: MotoServer, **warehouse: Any) -> Iterator[CatalogServer]:
     """Another ``sqe-catalog serve`` on ``moto`` with its own database, an admin principal and warehouse ``wh``
     whose ``[[warehouses]]`` settings are overridden by ``warehouse``; stopped on exit."""
-    port = _free_loopback_port()
+    port = free_loopback_port()
     config_path = write_catalog_config_variant(workdir, moto, port, warehouse)
     location = str(warehouse.get("location", f"s3://{moto.bucket}/{CATALOG_WAREHOUSE}"))
     server = CatalogServer(

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -26,6 +22,7 @@ from botocore.exceptions import ClientError
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.errors import ServiceUnavailableError
 from sqe_catalog.vending import CredentialVendor, VendedCredential, session_policy
+from tests.conftest import MOTO_ACCOUNT, MotoServer, free_loopback_port, start_moto
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -33,115 +30,23 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.e2e
 
 BUCKET = "warehouse"
-ACCOUNT = "123456789012"
-ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/lakehouse"
+ROLE_ARN = f"arn:aws:iam::{MOTO_ACCOUNT}:role/lakehouse"
 LIFETIME = 60  # below STS's 900 s minimum: proves parameter_validation=False and that moto honours it
 TABLE = ["s3://warehouse/demo/ns/t1"]
 
 
-@dataclass(frozen=True)
-class Moto:
-    endpoint: str
-    access_key_id: str
-    secret_access_key: str
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_until_answering(endpoint: str, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"moto server exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):
-                return
-        except (urllib.error.URLError, ConnectionError):
-            time.sleep(0.05)
-    raise RuntimeError("moto server did not answer in time")
-
-
-def _setup_identities(endpoint: str) -> Moto:
-    """The catalog's IAM user (may assume the role) and the role itself; then switch IAM auth on."""
-    iam = boto3.client(
-        "iam",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="setup",
-        aws_secret_access_key="setup",
-    )
-    allow_all = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-    iam.create_user(UserName="catalog")
-    iam.put_user_policy(UserName="catalog", PolicyName="all", PolicyDocument=json.dumps(allow_all))
-    key = iam.create_access_key(UserName="catalog")["AccessKey"]
-    trust = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:user/catalog"},
-                "Action": "sts:AssumeRole",
-            }
-        ],
-    }
-    iam.create_role(RoleName="lakehouse", AssumeRolePolicyDocument=json.dumps(trust))
-    s3_all = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
-    iam.put_role_policy(RoleName="lakehouse", PolicyName="s3all", PolicyDocument=json.dumps(s3_all))
-    moto = Moto(endpoint, key["AccessKeyId"], key["SecretAccessKey"])
-    _s3(moto, moto.access_key_id, moto.secret_access_key).create_bucket(Bucket=BUCKET)
-    # Not form-encoded: moto reads the raw body, which Flask would otherwise consume as a form.
-    request = urllib.request.Request(
-        f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
-    )
-    with urllib.request.urlopen(request, timeout=5):
-        pass  # from here on every request is authenticated and authorised
-    return moto
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
-    """Start moto on a free port; try another port if one was taken between probing and binding."""
-    for _ in range(3):
-        port = _free_port()
-        endpoint = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            _wait_until_answering(endpoint, proc)
-            return proc, endpoint
-        except RuntimeError:
-            _stop(proc)
-    raise RuntimeError("could not start a moto server on a free port")
-
-
 @pytest.fixture(scope="module")
-def moto_server() -> Iterator[Moto]:
-    proc, endpoint = _start_moto()
-    try:
-        yield _setup_identities(endpoint)
-    finally:
-        _stop(proc)
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A moto server of this module's own (not the session's): the tests read moto's recorded AssumeRole calls
+    from ``/moto-api/data.json``, which moto cannot serialise once other tests have stored objects."""
+    with start_moto(tmp_path_factory.mktemp("vending-moto") / "moto.log") as server:
+        yield server
 
 
-def _s3(moto: Moto, key_id: str, secret: str, token: str | None = None) -> S3Client:
+def _s3(moto: MotoServer, key_id: str, secret: str, token: str | None = None) -> S3Client:
     return boto3.client(
         "s3",
-        endpoint_url=moto.endpoint,
+        endpoint_url=moto.url,
         region_name="us-east-1",
         aws_access_key_id=key_id,
         aws_secret_access_key=secret,
@@ -150,11 +55,11 @@ def _s3(moto: Moto, key_id: str, secret: str, token: str | None = None) -> S3Cli
     )
 
 
-def _warehouse(moto: Moto, **overrides: Any) -> WarehouseConfig:
+def _warehouse(moto: MotoServer, **overrides: Any) -> WarehouseConfig:
     settings: dict[str, Any] = {
         "name": "demo",
         "location": "s3://warehouse/demo",
-        "endpoint": moto.endpoint,
+        "endpoint": moto.url,
         "role_arn": ROLE_ARN,
         "credential_lifetime_seconds": LIFETIME,
         "access_key_id": moto.access_key_id,
@@ -164,8 +69,8 @@ def _warehouse(moto: Moto, **overrides: Any) -> WarehouseConfig:
     return WarehouseConfig(**settings)
 
 
-def _recorded_assumed_role(moto: Moto, access_key_id: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{moto.endpoint}/moto-api/data.json", timeout=5) as resp:
+def _recorded_assumed_role(moto: MotoServer, access_key_id: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{moto.url}/moto-api/data.json", timeout=5) as resp:
         data = json.load(resp)
     roles = [r for r in data["sts"]["AssumedRole"] if r["access_key_id"] == access_key_id]
     assert len(roles) == 1
@@ -182,12 +87,12 @@ class ShiftedClock:
         return time.time() + self.offset
 
 
-def _s3_with(moto: Moto, cred: VendedCredential) -> S3Client:
+def _s3_with(moto: MotoServer, cred: VendedCredential) -> S3Client:
     return _s3(moto, cred.access_key_id, cred.secret_access_key, cred.session_token)
 
 
-def test_vended_write_and_read_credentials_work_on_s3(moto_server: Moto) -> None:
-    vendor = CredentialVendor(_warehouse(moto_server))
+def test_vended_write_and_read_credentials_work_on_s3(moto: MotoServer) -> None:
+    vendor = CredentialVendor(_warehouse(moto))
     before_ms = time.time() * 1000
     writer = vendor.vend("writer", "demo.ns.t1", TABLE, write=True)
     reader = vendor.vend("analyst", "demo.ns.t1", TABLE, write=False)
@@ -197,35 +102,35 @@ def test_vended_write_and_read_credentials_work_on_s3(moto_server: Moto) -> None
     assert writer.expires_at_ms is not None
     assert before_ms + (LIFETIME - 2) * 1000 <= writer.expires_at_ms <= before_ms + (LIFETIME + 2) * 1000
 
-    _s3_with(moto_server, writer).put_object(Bucket=BUCKET, Key="demo/ns/t1/data/f.txt", Body=b"vended")
-    body = _s3_with(moto_server, reader).get_object(Bucket=BUCKET, Key="demo/ns/t1/data/f.txt")["Body"]
+    _s3_with(moto, writer).put_object(Bucket=BUCKET, Key="demo/ns/t1/data/f.txt", Body=b"vended")
+    body = _s3_with(moto, reader).get_object(Bucket=BUCKET, Key="demo/ns/t1/data/f.txt")["Body"]
     assert body.read() == b"vended"
     assert vendor.assume_role_calls == 2
 
 
-def test_a_credential_without_its_session_token_is_refused(moto_server: Moto) -> None:
+def test_a_credential_without_its_session_token_is_refused(moto: MotoServer) -> None:
     # Shows IAM auth is really on, so the flow test above proves the vended token is what gets accepted.
-    cred = CredentialVendor(_warehouse(moto_server)).vend("analyst", "demo.ns.t1", TABLE, write=False)
+    cred = CredentialVendor(_warehouse(moto)).vend("analyst", "demo.ns.t1", TABLE, write=False)
     broken = VendedCredential(cred.access_key_id, cred.secret_access_key, None, cred.expires_at_ms)
     with pytest.raises(ClientError) as info:
-        _s3_with(moto_server, broken).list_objects_v2(Bucket=BUCKET, Prefix="demo/ns/t1/")
+        _s3_with(moto, broken).list_objects_v2(Bucket=BUCKET, Prefix="demo/ns/t1/")
     assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
 
 
-def test_moto_records_the_exact_session_policy_session_name_and_external_id(moto_server: Moto) -> None:
-    vendor = CredentialVendor(_warehouse(moto_server, external_id="ext-7"))
+def test_moto_records_the_exact_session_policy_session_name_and_external_id(moto: MotoServer) -> None:
+    vendor = CredentialVendor(_warehouse(moto, external_id="ext-7"))
     locations = [*TABLE, "s3://warehouse/demo/ns/t1/data", "s3://warehouse/meta/t1/"]
     cred = vendor.vend("writer@corp", "demo.ns.t1", locations, write=True)
-    recorded = _recorded_assumed_role(moto_server, cred.access_key_id)
+    recorded = _recorded_assumed_role(moto, cred.access_key_id)
     assert recorded["policy"] == session_policy(locations, write=True)
     assert recorded["session_name"] == "sqe-writer@corp"
     assert recorded["role_arn"] == ROLE_ARN
     assert recorded["external_id"] == "ext-7"
 
 
-def test_cache_reuses_within_half_life_and_assumes_again_after(moto_server: Moto) -> None:
+def test_cache_reuses_within_half_life_and_assumes_again_after(moto: MotoServer) -> None:
     clock = ShiftedClock()
-    vendor = CredentialVendor(_warehouse(moto_server), clock=clock)
+    vendor = CredentialVendor(_warehouse(moto), clock=clock)
     first = vendor.vend("analyst", "demo.ns.t1", TABLE, write=False)
     assert vendor.vend("analyst", "demo.ns.t1", TABLE, write=False) is first
     clock.offset = LIFETIME / 2 - 5
@@ -241,30 +146,30 @@ def test_cache_reuses_within_half_life_and_assumes_again_after(moto_server: Moto
     assert vendor.assume_role_calls == 3
 
 
-def test_wrong_catalog_secret_is_a_503_without_secrets(moto_server: Moto) -> None:
-    vendor = CredentialVendor(_warehouse(moto_server, secret_access_key="wrong-secret-value"))
+def test_wrong_catalog_secret_is_a_503_without_secrets(moto: MotoServer) -> None:
+    vendor = CredentialVendor(_warehouse(moto, secret_access_key="wrong-secret-value"))
     with pytest.raises(ServiceUnavailableError) as info:
         vendor.vend("analyst", "demo.ns.t1", TABLE, write=False)
     assert info.value.status == 503
     assert info.value.message == "STS AssumeRole failed for warehouse 'demo': HTTP 403 SignatureDoesNotMatch"
     assert "wrong-secret-value" not in info.value.message
-    assert moto_server.access_key_id not in info.value.message
+    assert moto.access_key_id not in info.value.message
 
 
-def test_unreachable_sts_endpoint_is_a_503(moto_server: Moto) -> None:
-    warehouse = _warehouse(moto_server, sts_endpoint=f"http://127.0.0.1:{_free_port()}")
+def test_unreachable_sts_endpoint_is_a_503(moto: MotoServer) -> None:
+    warehouse = _warehouse(moto, sts_endpoint=f"http://127.0.0.1:{free_loopback_port()}")
     with pytest.raises(ServiceUnavailableError, match="'demo': EndpointConnectionError"):
         CredentialVendor(warehouse).vend("analyst", "demo.ns.t1", TABLE, write=False)
 
 
-def test_debug_logs_of_a_vend_hold_no_key_secret_or_token(moto_server: Moto, caplog: pytest.LogCaptureFixture) -> None:
+def test_debug_logs_of_a_vend_hold_no_key_secret_or_token(moto: MotoServer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)  # root at DEBUG, as an operator running the catalog with debug logs
-    vendor = CredentialVendor(_warehouse(moto_server))
+    vendor = CredentialVendor(_warehouse(moto))
     cred = vendor.vend("analyst", "demo.ns.t1", TABLE, write=False)
     vendor.vend("analyst", "demo.ns.t1", TABLE, write=False)
     ours = [r.getMessage() for r in caplog.records if r.name == "sqe_catalog.vending"]
     assert any("principal=analyst table=demo.ns.t1 write=False cache=miss" in m for m in ours)
     assert any("cache=hit" in m for m in ours)
     assert cred.secret_access_key and cred.session_token
-    for secret in (cred.secret_access_key, cred.session_token, moto_server.secret_access_key):
+    for secret in (cred.secret_access_key, cred.session_token, moto.secret_access_key):
         assert secret not in caplog.text
