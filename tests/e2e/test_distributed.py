@@ -12,7 +12,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -31,7 +30,7 @@ from sqe.errors import CredentialError, NoVendedCredentialsError, WorkerError
 from sqe.execution.distributed import DistributedOptions
 from sqe.execution.local import QueryCancelledError
 from sqe.session import Session
-from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
+from tests.conftest import WorkerFactory, WorkerProcess, catalog_variant, pyiceberg_catalog, write_sqe_config
 from workers._proto import worker_pb2 as pb
 
 if TYPE_CHECKING:
@@ -58,34 +57,7 @@ QUERIES = (
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Worker processes (also used by test_distributed_ceph.py)
-
-
-@dataclass
-class WorkerProcess:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+# Worker pools (also used by test_distributed_ceph.py)
 
 
 @dataclass
@@ -101,35 +73,17 @@ class WorkerPool:
         return "\n".join(w.log_text() for w in self.workers)
 
 
-def start_worker(workdir: Path, token_file: Path, *extra: str) -> WorkerProcess:
-    """``sqe-worker --listen 127.0.0.1:0`` with a port file; returns once it listens."""
-    name = uuid.uuid4().hex[:8]
-    port_file, log_path = workdir / f"worker-{name}.port", workdir / f"worker-{name}.log"
-    command = [sys.executable, "-m", "workers.cli", "--listen", "127.0.0.1:0", "--token-file", str(token_file)]
-    command += ["--port-file", str(port_file), "--log-level", "DEBUG", *extra]
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"sqe-worker did not start:\n{log_path.read_text()[-2000:]}")
-        time.sleep(0.05)
-    return WorkerProcess(proc, int(port_file.read_text().strip()), log_path)
+class WorkerPools:
+    """Pools of real ``sqe-worker`` processes (the session's ``worker_process_factory``) sharing one coordinator
+    token; every worker a module started is stopped when the module ends."""
 
-
-@dataclass
-class WorkerFactory:
-    workdir: Path
-    token: str = field(repr=False)
-    started: list[WorkerProcess] = field(default_factory=list)
+    def __init__(self, factory: WorkerFactory) -> None:
+        self._factory = factory
+        self.token = secrets.token_hex(16)
+        self.started: list[WorkerProcess] = []
 
     def pool(self, count: int, *extra: str) -> WorkerPool:
-        token_file = self.workdir / "worker-token"
-        if not token_file.exists():
-            token_file.write_text(self.token + "\n", encoding="utf-8")
-            token_file.chmod(0o600)
-        workers = [start_worker(self.workdir, token_file, *extra) for _ in range(count)]
+        workers = [self._factory.start("--log-level", "DEBUG", *extra, token=self.token) for _ in range(count)]
         self.started.extend(workers)
         return WorkerPool(self.token, workers)
 
@@ -139,12 +93,12 @@ class WorkerFactory:
 
 
 @pytest.fixture(scope="module")
-def worker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerFactory]:
-    factory = WorkerFactory(tmp_path_factory.mktemp("workers"), secrets.token_hex(16))
+def worker_factory(worker_process_factory: WorkerFactory) -> Iterator[WorkerPools]:
+    pools = WorkerPools(worker_process_factory)
     try:
-        yield factory
+        yield pools
     finally:
-        factory.stop_all()
+        pools.stop_all()
 
 
 def coordinator_overrides(pool: WorkerPool, **coordinator: Any) -> dict[str, Any]:
@@ -226,7 +180,7 @@ def tables(catalog_server: CatalogServer) -> Tables:
 
 
 @pytest.fixture(scope="module")
-def workers(worker_factory: WorkerFactory) -> WorkerPool:
+def workers(worker_factory: WorkerPools) -> WorkerPool:
     return worker_factory.pool(2)
 
 
@@ -338,7 +292,7 @@ def test_tables_without_vended_credentials_fail_in_vended_mode_and_use_static_in
 
 
 def test_a_killed_worker_costs_no_rows_and_no_duplicates(
-    reader_config: Path, tables: Tables, worker_factory: WorkerFactory
+    reader_config: Path, tables: Tables, worker_factory: WorkerPools
 ) -> None:
     pool = worker_factory.pool(2, "--max-files-in-flight", "1")
     config = load_config(reader_config, env={}, overrides=coordinator_overrides(pool))
@@ -351,7 +305,7 @@ def test_a_killed_worker_costs_no_rows_and_no_duplicates(
         thread.start()
         _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 2, timeout=30)
         victim = pool.workers[0]
-        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(victim.proc.pid, signal.SIGKILL)
         thread.join(60)
         executor = session.distributed_executor
         assert executor is not None and executor.stats.fragments_retried >= 1
@@ -362,7 +316,7 @@ def test_a_killed_worker_costs_no_rows_and_no_duplicates(
 
 
 def test_cancelling_the_query_cancels_its_fragments(
-    reader_config: Path, tables: Tables, worker_factory: WorkerFactory
+    reader_config: Path, tables: Tables, worker_factory: WorkerPools
 ) -> None:
     pool = worker_factory.pool(1, "--max-files-in-flight", "1")
     config = load_config(reader_config, env={}, overrides=coordinator_overrides(pool))
@@ -427,7 +381,7 @@ def test_a_table_without_credentials_a_worker_may_use_fails_before_any_ticket(
 
 
 def test_a_worker_that_stops_answering_is_replaced(
-    reader_config: Path, tables: Tables, worker_factory: WorkerFactory, caplog: pytest.LogCaptureFixture
+    reader_config: Path, tables: Tables, worker_factory: WorkerPools, caplog: pytest.LogCaptureFixture
 ) -> None:
     pool = worker_factory.pool(2, "--max-files-in-flight", "1")
     config = load_config(reader_config, env={}, overrides=coordinator_overrides(pool))
@@ -439,11 +393,11 @@ def test_a_worker_that_stops_answering_is_replaced(
         thread = threading.Thread(target=lambda: result.update(table=session.sql(sql).arrow()), daemon=True)
         thread.start()
         _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30)
-        os.kill(frozen.pid, signal.SIGSTOP)
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
         try:
             thread.join(60)
         finally:
-            os.kill(frozen.pid, signal.SIGCONT)
+            os.kill(frozen.proc.pid, signal.SIGCONT)
         executor = session.distributed_executor
         assert executor is not None and executor.stats.fragments_retried >= 1
     assert f"worker {frozen.address}" in caplog.text and "stopped answering" in caplog.text
@@ -462,7 +416,7 @@ def test_unreachable_workers_fail_the_query_clearly(reader_config: Path, tables:
 
 
 def test_tls_workers_are_reached_through_the_configured_ca(
-    reader_config: Path, tables: Tables, worker_factory: WorkerFactory, tmp_path: Path
+    reader_config: Path, tables: Tables, worker_factory: WorkerPools, tmp_path: Path
 ) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(

@@ -31,8 +31,8 @@ from sqe.errors import CredentialExpiredError
 from sqe.session import Session
 from sqe.stack import StackInfo
 from sqe_catalog.cli import main as catalog_cli
-from tests.conftest import CEPH_CREDENTIAL_LIFETIME
-from tests.e2e.test_distributed import TicketLog, WorkerFactory, WorkerPool, distributed_session
+from tests.conftest import CEPH_CREDENTIAL_LIFETIME, WorkerFactory
+from tests.e2e.test_distributed import TicketLog, WorkerPool, WorkerPools, distributed_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ceph, pytest.mark.slow]
 
@@ -45,18 +45,16 @@ SCAN = {"slots_per_worker": 1, "max_files_per_fragment": 4, "pace_ms_per_file": 
 
 
 @pytest.fixture(scope="module")
-def worker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerFactory]:
-    import secrets
-
-    factory = WorkerFactory(tmp_path_factory.mktemp("ceph-workers"), secrets.token_hex(16))
+def worker_factory(worker_process_factory: WorkerFactory) -> Iterator[WorkerPools]:
+    pools = WorkerPools(worker_process_factory)
     try:
-        yield factory
+        yield pools
     finally:
-        factory.stop_all()
+        pools.stop_all()
 
 
 @pytest.fixture(scope="module")
-def workers(worker_factory: WorkerFactory) -> WorkerPool:
+def workers(worker_factory: WorkerPools) -> WorkerPool:
     return worker_factory.pool(2, "--max-files-in-flight", "1")
 
 
