@@ -14,14 +14,13 @@ from types import FrameType
 import grpc
 
 from sqe.errors import ConfigError
-from workers._proto import worker_pb2 as pb
+from workers._proto import worker_pb2_grpc
 from workers.auth import BearerTokenInterceptor
 from workers.environment import scrub_environment
-from workers.service import ServiceSettings, WorkerService, servicer_methods
+from workers.service import ServiceSettings, WorkerService
 
 log = logging.getLogger("sqe.worker")
 
-SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Worker"].full_name  # "sqe.worker.v1.Worker"
 MIN_MESSAGE_BYTES = 64 * 1024
 # Control RPCs (Cancel, RefreshCredentials, Health, Stats) need server threads even when every fragment runs.
 CONTROL_THREADS = 4
@@ -54,7 +53,7 @@ def create_server(options: ServerOptions) -> tuple[grpc.Server, WorkerService, i
             ("grpc.so_reuseport", 0),
         ],
     )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, servicer_methods(service)),))
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     port = _bind(server, options)
     return server, service, port
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
 
@@ -263,34 +263,3 @@ def _scrub(text: str, secrets: Iterable[str]) -> str:
     for value in secrets:
         text = text.replace(value, "[redacted]")
     return text
-
-
-def servicer_methods(service: WorkerService) -> dict[str, Any]:
-    """gRPC method handlers for ``sqe.worker.v1.Worker``, typed with the generated message classes."""
-    return {
-        "Execute": grpc.unary_stream_rpc_method_handler(
-            service.Execute,
-            request_deserializer=pb.ScanTicket.FromString,
-            response_serializer=pb.ExecuteResponse.SerializeToString,
-        ),
-        "RefreshCredentials": grpc.unary_unary_rpc_method_handler(
-            service.RefreshCredentials,
-            request_deserializer=pb.RefreshRequest.FromString,
-            response_serializer=pb.RefreshResponse.SerializeToString,
-        ),
-        "Cancel": grpc.unary_unary_rpc_method_handler(
-            service.Cancel,
-            request_deserializer=pb.CancelRequest.FromString,
-            response_serializer=pb.CancelResponse.SerializeToString,
-        ),
-        "Health": grpc.unary_unary_rpc_method_handler(
-            service.Health,
-            request_deserializer=pb.HealthRequest.FromString,
-            response_serializer=pb.HealthResponse.SerializeToString,
-        ),
-        "Stats": grpc.unary_unary_rpc_method_handler(
-            service.Stats,
-            request_deserializer=pb.StatsRequest.FromString,
-            response_serializer=pb.StatsResponse.SerializeToString,
-        ),
-    }
