@@ -17,7 +17,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -280,7 +280,6 @@ def translate_error(exc: Exception, what: str) -> CatalogError:
 
 @dataclass
 class _CacheEntry:
-    raw: dict[str, Any] = field(repr=False)
     etag: str | None
     loaded: LoadedTable
 
@@ -298,13 +297,9 @@ class RestTableProvider:
         self._catalogs: dict[str, SQERestCatalog] = {}
         self._cache: dict[tuple[str, str, str], _CacheEntry] = {}
         self._lock = threading.RLock()
-        self.loads = 0  # full loads and revalidations sent, for tests and benchmarks
 
     def default_warehouse(self) -> str:
         return self._config.catalog.warehouse
-
-    def warehouses(self) -> list[str]:
-        return list(self._endpoints)
 
     def catalog(self, warehouse: str) -> SQERestCatalog:
         with self._lock:
@@ -329,14 +324,13 @@ class RestTableProvider:
         if entry is not None and not entry.loaded.is_usable(now):
             entry = None  # a 304 would hand back dead keys: reload in full
         status, raw, etag = catalog.get_table_raw(ident.namespace, ident.name, entry.etag if entry else None)
-        self.loads += 1
         if status == 304 and entry is not None:
             return dataclasses.replace(entry.loaded, cache_outcome=CacheOutcome.REVALIDATED)
         assert raw is not None
         loaded = self._build_loaded(catalog, ident, raw, now)
         if self._config.catalog.metadata_cache and etag:
             with self._lock:
-                self._cache[key] = _CacheEntry(raw, etag, loaded)
+                self._cache[key] = _CacheEntry(etag, loaded)
         return loaded
 
     def _build_loaded(self, catalog: SQERestCatalog, ident: TableIdent, raw: dict[str, Any], now: float) -> LoadedTable:
@@ -369,10 +363,3 @@ class RestTableProvider:
         except requests.RequestException as exc:
             raise CatalogUnavailableError(f"cannot create table {ident}: {type(exc).__name__}") from None
         return self.load_table(ident, bypass_cache=True)
-
-    def invalidate(self, ident: TableIdent) -> None:
-        with self._lock:
-            for key in [
-                k for k in self._cache if k[1] == ident.warehouse and k[2] == ".".join((*ident.namespace, ident.name))
-            ]:
-                del self._cache[key]
