@@ -1,0 +1,60 @@
+"""The Iceberg REST wire vocabulary, defined once for the engine, the scan workers and ``sqe-catalog``.
+
+Only names and constants live here (no logic, no imports beyond the standard library), so every package can
+depend on it without pulling in anything else. Location logic (scheme aliases, segment-boundary prefix
+matching) lives in :mod:`sqe.credentials.paths`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ------------------------------------------------------------------------- FileIO / storage-credential keys
+S3_ACCESS_KEY_ID: Final = "s3.access-key-id"
+S3_SECRET_ACCESS_KEY: Final = "s3.secret-access-key"
+S3_SESSION_TOKEN: Final = "s3.session-token"
+S3_SESSION_TOKEN_EXPIRES_AT_MS: Final = "s3.session-token-expires-at-ms"  # read by SQE, never given to pyarrow
+S3_ENDPOINT: Final = "s3.endpoint"
+S3_REGION: Final = "s3.region"
+S3_FORCE_VIRTUAL_ADDRESSING: Final = "s3.force-virtual-addressing"  # pyarrow's spelling of (not) path style
+S3_PATH_STYLE_ACCESS: Final = "s3.path-style-access"  # Iceberg Java's spelling; the inverse of the above
+S3_CONNECT_TIMEOUT: Final = "s3.connect-timeout"
+S3_REQUEST_TIMEOUT: Final = "s3.request-timeout"
+CLIENT_REGION: Final = "client.region"
+
+# ----------------------------------------------------------------------------------- load-table response
+STORAGE_CREDENTIALS: Final = "storage-credentials"
+READ_RESTRICTIONS: Final = "read-restrictions"
+METADATA_LOCATION: Final = "metadata-location"
+
+# ---------------------------------------------------------------------------------------------- headers
+ACCESS_DELEGATION_HEADER: Final = "X-Iceberg-Access-Delegation"
+VENDED_CREDENTIALS: Final = "vended-credentials"
+CAPABILITIES_HEADER: Final = "X-Gravitino-Client-Capabilities"
+READ_RESTRICTIONS_V1: Final = "read-restrictions.v1"
+
+# ------------------------------------------------------------------------------------------- namespaces
+# A multi-level namespace in a REST path joins its levels with the unit separator (0x1F), which cannot
+# appear inside a level; "." can.
+NAMESPACE_SEPARATOR: Final = "\x1f"
+
+# ------------------------------------------------------------------------------------- object-store schemes
+OBJECT_STORE_SCHEMES: Final = frozenset({"s3", "s3a", "s3n"})
+LOCAL_SCHEMES: Final = frozenset({"file", ""})
+SCHEME_ALIASES: Final = {"s3a": "s3", "s3n": "s3"}  # Hadoop's names for the same objects
+
+# ------------------------------------------------------------------------------ ErrorModel "type" values
+ERROR_BAD_REQUEST: Final = "BadRequestException"
+ERROR_NOT_AUTHORIZED: Final = "NotAuthorizedException"
+ERROR_FORBIDDEN: Final = "ForbiddenException"
+ERROR_NOT_FOUND: Final = "NotFoundException"
+ERROR_NO_SUCH_NAMESPACE: Final = "NoSuchNamespaceException"
+ERROR_NO_SUCH_TABLE: Final = "NoSuchTableException"
+ERROR_NO_SUCH_VIEW: Final = "NoSuchViewException"
+ERROR_NO_SUCH_PRINCIPAL: Final = "NoSuchPrincipalException"
+ERROR_NOT_ACCEPTABLE: Final = "NotAcceptableException"
+ERROR_ALREADY_EXISTS: Final = "AlreadyExistsException"
+ERROR_COMMIT_FAILED: Final = "CommitFailedException"
+ERROR_UNPROCESSABLE: Final = "UnprocessableEntityException"
+ERROR_SERVICE_UNAVAILABLE: Final = "ServiceUnavailableException"
+ERROR_SERVER: Final = "ServerError"
