@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "stack":
-        from sqe.stack.cli import main as stack_main
+        from sqe_stack.cli import main as stack_main
 
         return stack_main(argv[1:])
     args = _parser().parse_args(argv)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sqe.stack import StackInfo, client_env, start_stack, stop_stack
+from sqe_stack import StackInfo, client_env, start_stack, stop_stack
 
 # Vended credentials in the Ceph tests live 5 s: long enough for one step, short enough to watch expire.
 CEPH_CREDENTIAL_LIFETIME = 5

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import boto3
 
-from sqe.stack.provision import LOOPBACK, Daemon, StoreHandle, free_port, http_status, spawn, wait_until
+from sqe_stack.provision import LOOPBACK, Daemon, StoreHandle, free_port, http_status, spawn, wait_until
 
 ACCOUNT_ID = "123456789012"  # moto's default account
 CATALOG_USER = "catalog"

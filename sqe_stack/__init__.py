@@ -1,7 +1,7 @@
 """The local stack: an S3 + STS store (moto, or Ceph RGW for enforcement) plus ``sqe-catalog``, as background
 processes on loopback, described by ``DIR/stack.json``.
 
-Python API (the CLI in ``sqe.stack.cli`` is a thin wrapper)::
+Python API (the CLI in ``sqe_stack.cli`` is a thin wrapper)::
 
     info = start_stack(Path("/tmp/s"), store="moto")      # returns once everything answers
     info.principal_config("analyst")                      # ready SQE config file (0600)
@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqe.stack.catalog import (
+from sqe_stack.catalog import (
     BUCKET,
     REGION,
     WAREHOUSE,
@@ -37,8 +37,8 @@ from sqe.stack.catalog import (
     write_catalog_config,
     write_engine_configs,
 )
-from sqe.stack.ceph import CEPH_CLIENT_ENV, CEPH_PACKAGES
-from sqe.stack.provision import (
+from sqe_stack.ceph import CEPH_CLIENT_ENV, CEPH_PACKAGES
+from sqe_stack.provision import (
     Daemon,
     StackError,
     StoreHandle,
@@ -282,10 +282,10 @@ class _Progress:
 
 def _start_store(dir: Path, store: str, started: list[Daemon]) -> StoreHandle:
     if store == "ceph":
-        from sqe.stack.ceph import start_ceph
+        from sqe_stack.ceph import start_ceph
 
         return start_ceph(dir / "ceph", started)
-    from sqe.stack.moto import start_moto
+    from sqe_stack.moto import start_moto
 
     return start_moto(dir / "logs", started)
 

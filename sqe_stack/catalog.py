@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqe.stack.provision import (
+from sqe_stack.provision import (
     LOOPBACK,
     Daemon,
     StackError,
