@@ -1,10 +1,9 @@
 """The stack's ``sqe-catalog``: its ``catalog.toml``, the demo principals and grants, the server process, and
 one ready-to-use SQE engine config file per demo principal.
 
-Principals are created through the catalog's own admin CLI (``sqe_catalog.cli.main(["admin", ...])``, all
-commands in one child interpreter), so the stack exercises the same path an operator uses. Secrets go only
-into 0600 files; the admin CLI's stdout (which carries a fresh client secret) is parsed, never logged or quoted
-in errors.
+Principals are created through the catalog's own admin store (``sqe_catalog.admin.open_auth_store``, the one
+the ``sqe-catalog admin`` commands use), in this process. Secrets go only into 0600 files, never into a log,
+an error or a repr.
 """
 
 from __future__ import annotations
@@ -17,13 +16,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy.exc import SQLAlchemyError
+
+from sqe._text import first_line
+from sqe_catalog.admin import describe_database_error, open_auth_store
+from sqe_catalog.auth import AuthStore
+from sqe_catalog.config import CatalogServerConfig, load_config
+from sqe_catalog.errors import CatalogError
+from sqe_catalog.errors import ConfigError as CatalogConfigError
 from sqe_stack.provision import (
     LOOPBACK,
     Daemon,
     StackError,
     StoreHandle,
     http_status,
-    run_tool,
     spawn,
     toml_str,
     wait_until,
@@ -35,6 +41,8 @@ BUCKET = "warehouse"
 WAREHOUSE_LOCATION = f"s3://{BUCKET}/{WAREHOUSE}"
 REGION = "us-east-1"
 SCOPE = "PRINCIPAL_ROLE:ALL"
+CATALOG_DB = "catalog.db"
+SQLITE_PREFIX = "sqlite:///"
 
 ANALYST_PRIVILEGES = ("TABLE_READ_DATA", "NAMESPACE_LIST", "TABLE_LIST", "NAMESPACE_READ_PROPERTIES")
 WRITER_PRIVILEGES = (
@@ -76,134 +84,136 @@ class PrincipalCredentials:
         return f"{self.client_id}:{self.client_secret}"
 
 
-def catalog_config_text(dir: Path, port: int, store: StoreHandle, credential_lifetime: int, signing_key: str) -> str:
-    database = f"sqlite:///{dir / 'catalog.db'}"
-    return f"""# Written by `sqe stack up`; holds secrets (mode 0600). Recreated on every `up`.
-[server]
-host = {toml_str(LOOPBACK)}
-port = {port}
-database = {toml_str(database)}
-token_signing_key = {toml_str(signing_key)}
-log_level = "info"
-
-[[warehouses]]
-name = {toml_str(WAREHOUSE)}
-location = {toml_str(WAREHOUSE_LOCATION)}
-endpoint = {toml_str(store.s3_endpoint)}
-region = {toml_str(REGION)}
-path_style = true
-sts_endpoint = {toml_str(store.sts_endpoint)}
-role_arn = {toml_str(store.role_arn)}
-credential_lifetime_seconds = {credential_lifetime}
-access_key_id = {toml_str(store.access_key_id)}
-secret_access_key = {toml_str(store.secret_access_key)}
-"""
+def server_settings(dir: Path, port: int, *, log_level: str = "info") -> dict[str, object]:
+    """The ``[server]`` table: loopback on ``port``, SQLite in ``DIR/catalog.db``, a fresh token signing key."""
+    return {
+        "host": LOOPBACK,
+        "port": port,
+        "database": f"sqlite:///{dir / CATALOG_DB}",
+        "token_signing_key": secrets.token_hex(32),
+        "log_level": log_level,
+    }
 
 
-def write_catalog_config(dir: Path, port: int, store: StoreHandle, credential_lifetime: int) -> Path:
-    """Write ``DIR/catalog.toml`` (0600) and check it with the catalog's own parser."""
-    from sqe_catalog.config import load_config
-    from sqe_catalog.errors import ConfigError as CatalogConfigError
+def warehouse_settings(
+    store: StoreHandle,
+    *,
+    name: str = WAREHOUSE,
+    location: str = WAREHOUSE_LOCATION,
+    region: str = REGION,
+    credential_lifetime: int = 3600,
+) -> dict[str, object]:
+    """One ``[[warehouses]]`` entry on ``store``: path-style S3, STS through the store's role, its static key."""
+    return {
+        "name": name,
+        "location": location,
+        "endpoint": store.s3_endpoint,
+        "region": region,
+        "path_style": True,
+        "sts_endpoint": store.sts_endpoint,
+        "role_arn": store.role_arn,
+        "credential_lifetime_seconds": credential_lifetime,
+        "access_key_id": store.access_key_id,
+        "secret_access_key": store.secret_access_key,
+    }
 
-    path = dir / "catalog.toml"
-    # An empty file is a valid new SQLite database; creating it 0600 keeps the hashed client secrets private
-    # (SQLite gives its -wal/-shm files the database file's permissions).
-    write_private(dir / "catalog.db", "")
-    signing_key = secrets.token_hex(32)
-    write_private(path, catalog_config_text(dir, port, store, credential_lifetime, signing_key))
-    try:
-        load_config(path)
-    except CatalogConfigError as exc:
-        raise StackError(f"generated {path} is invalid: {exc}") from None
+
+def _toml_value(key: str, value: object) -> str:
+    if isinstance(value, bool | int | float | str):
+        return json.dumps(value)  # JSON scalars are valid TOML scalars (strings: toml_str)
+    raise StackError(f"catalog setting {key}: unsupported value type {type(value).__name__}")
+
+
+def catalog_config_text(server: Mapping[str, object], warehouse: Mapping[str, object]) -> str:
+    lines = ["# Written by the SQE local stack; holds secrets (mode 0600). Recreated on every start.", "[server]"]
+    lines += [f"{key} = {_toml_value(key, value)}" for key, value in server.items()]
+    lines += ["", "[[warehouses]]", *(f"{key} = {_toml_value(key, value)}" for key, value in warehouse.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _create_private_sqlite(database: object) -> None:
+    """Create an empty SQLite file 0600 first: it keeps the hashed client secrets private (SQLite gives its
+    -wal/-shm files the database file's permissions), and an empty file is a valid new database."""
+    if isinstance(database, str) and database.startswith(SQLITE_PREFIX):
+        path = Path(database.removeprefix(SQLITE_PREFIX))
+        if not path.exists():
+            write_private(path, "")
+
+
+def write_catalog_config(path: Path, server: Mapping[str, object], warehouse: Mapping[str, object]) -> Path:
+    """Write a ``catalog.toml`` (0600) and check it with the catalog's own parser."""
+    _create_private_sqlite(server.get("database"))
+    write_private(path, catalog_config_text(server, warehouse))
+    load_catalog_config(path)
     return path
+
+
+def write_stack_catalog_config(dir: Path, port: int, store: StoreHandle, credential_lifetime: int) -> Path:
+    """``DIR/catalog.toml`` of ``sqe stack up``: warehouse ``demo`` on the store, info-level logs."""
+    warehouse = warehouse_settings(store, credential_lifetime=credential_lifetime)
+    return write_catalog_config(dir / "catalog.toml", server_settings(dir, port), warehouse)
+
+
+def load_catalog_config(path: Path) -> CatalogServerConfig:
+    """The catalog's parsed config; an invalid file is a one-line StackError."""
+    try:
+        return load_config(path)
+    except CatalogConfigError as exc:
+        raise StackError(f"{path} is not a valid catalog config: {first_line(exc)}") from None
 
 
 def read_catalog_key(config_path: Path) -> tuple[str, str]:
     """The demo warehouse's static key (access key id, secret) from ``catalog.toml``."""
-    from sqe_catalog.config import load_config
-
-    warehouse = load_config(config_path).warehouse(WAREHOUSE)
+    warehouse = load_catalog_config(config_path).warehouse(WAREHOUSE)
     if warehouse is None:
         raise StackError(f"{config_path} has no warehouse {WAREHOUSE!r}")
     return warehouse.access_key_id, warehouse.secret_access_key
 
 
-# Runs many ``sqe-catalog admin`` commands through the CLI's own ``main`` in ONE interpreter: a separate
-# ``python -m sqe_catalog.cli admin`` per command costs ~1.4 s of imports each (17 commands -> ~24 s).
-# Input: JSON list of argv lists on stdin. Output: JSON list of each command's stdout. Stops at the first
-# failure with that command's exit status (its one-line error is already on stderr).
-_ADMIN_BATCH = """
-import contextlib, io, json, sys
-from sqe_catalog.cli import main
-outputs = []
-for argv in json.load(sys.stdin):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = main(argv)
-    if code != 0:
-        sys.exit(code)
-    outputs.append(buf.getvalue())
-json.dump(outputs, sys.stdout)
-"""
-
-
-def _admin_commands() -> list[list[str]]:
-    commands: list[list[str]] = []
-    for demo in DEMO_PRINCIPALS:
-        commands.append(["create-principal", demo.name, *(["--admin"] if demo.admin else [])])
-        if demo.role:
-            commands.append(["create-role", demo.role])
-            commands += [["grant", demo.role, p, "--warehouse", WAREHOUSE] for p in demo.privileges]
-            commands.append(["assign-role", demo.name, demo.role])
-    return commands
-
-
-def run_admin_batch(config_path: Path, commands: Sequence[Sequence[str]]) -> list[str]:
-    """Run ``sqe-catalog admin --config CONFIG <command>`` for each command; return each one's stdout."""
-    argvs = [["admin", "--config", str(config_path), *command] for command in commands]
-    out = run_tool(
-        [sys.executable, "-c", _ADMIN_BATCH],
-        "sqe-catalog admin",
-        timeout=120,
-        stdin=json.dumps(argvs).encode(),
-    )
-    try:
-        outputs = json.loads(out)
-    except ValueError:
-        raise StackError("sqe-catalog admin: unexpected output") from None
-    if not isinstance(outputs, list) or len(outputs) != len(argvs):
-        raise StackError("sqe-catalog admin: unexpected output")
-    return [str(o) for o in outputs]
-
-
-def _parse_principal(name: str, output: str) -> PrincipalCredentials:
-    try:
-        doc = json.loads(output)
-        return PrincipalCredentials(name=name, client_id=str(doc["client_id"]), client_secret=str(doc["client_secret"]))
-    except (ValueError, KeyError, TypeError):
-        raise StackError(f"sqe-catalog admin create-principal {name}: unexpected output") from None
+def _create_demo_principal(store: AuthStore, demo: DemoPrincipal) -> PrincipalCredentials:
+    client_id, client_secret = store.create_principal(demo.name, is_admin=demo.admin)
+    if demo.role:
+        store.create_role(demo.role)
+        for privilege in demo.privileges:
+            store.grant(demo.role, privilege, WAREHOUSE, None, None)  # warehouse-wide
+        store.assign_role(demo.name, demo.role)
+    return PrincipalCredentials(name=demo.name, client_id=client_id, client_secret=client_secret)
 
 
 def bootstrap_principals(config_path: Path) -> dict[str, PrincipalCredentials]:
-    """Create the demo principals, their roles and warehouse-wide grants; return their credentials."""
-    commands = _admin_commands()
-    outputs = run_admin_batch(config_path, commands)
-    return {
-        command[1]: _parse_principal(command[1], output)
-        for command, output in zip(commands, outputs, strict=True)
-        if command[0] == "create-principal"
-    }
+    """Create the demo principals, their roles and warehouse-wide grants; return their credentials.
+
+    Uses the same store the ``sqe-catalog admin`` commands use, on the config's database, in this process.
+    """
+    config = load_catalog_config(config_path)
+    try:
+        with open_auth_store(config) as store:
+            return {demo.name: _create_demo_principal(store, demo) for demo in DEMO_PRINCIPALS}
+    except (CatalogError, CatalogConfigError) as exc:
+        raise StackError(f"creating the demo principals failed: {first_line(exc)}") from None
+    except SQLAlchemyError as exc:
+        raise StackError(
+            f"creating the demo principals failed: database error: {describe_database_error(exc)}"
+        ) from None
+
+
+def catalog_log_path(dir: Path) -> Path:
+    """Where :func:`spawn_catalog` appends the catalog's output."""
+    return dir / "logs" / "catalog.log"
 
 
 def spawn_catalog(dir: Path, config_path: Path, env: Mapping[str, str]) -> Daemon:
-    """Start ``sqe-catalog serve`` in the background (see :func:`wait_for_catalog`)."""
+    """Start ``sqe-catalog serve`` in the background, output in :func:`catalog_log_path` (see
+    :func:`wait_for_catalog`). It signs with its configured key only: ambient ``AWS_*`` variables are dropped
+    (``env`` is added after that)."""
     argv = [sys.executable, "-m", "sqe_catalog.cli", "serve", "--config", str(config_path)]
     return spawn(
         "catalog",
         argv,
-        dir / "logs" / "catalog.log",
+        catalog_log_path(dir),
         markers=("sqe_catalog.cli", "serve", str(config_path)),
         env={"PYTHONUNBUFFERED": "1", **env},
+        scrub_aws_env=True,
     )
 
 
@@ -215,7 +225,7 @@ def wait_for_catalog(dir: Path, port: int, daemon: Daemon) -> str:
         "sqe-catalog",
         timeout=60,
         watch=[daemon],
-        log_hint=f" (see {dir / 'logs' / 'catalog.log'})",
+        log_hint=f" (see {catalog_log_path(dir)})",
     )
     return uri
 
