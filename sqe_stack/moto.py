@@ -36,6 +36,7 @@ ROLE_ARN = f"arn:aws:iam::{ACCOUNT_ID}:role/{ROLE_NAME}"
 REGION = "us-east-1"
 # Kept equal to the `stack` extra in pyproject.toml: [lowest allowed, first refused).
 MOTO_VERSION_RANGE = ((5, 2, 5), (6,))
+INSTALL_HINT = "pip install 'sqe[stack]'"
 _ALLOW_ALL = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
 _ALLOW_S3 = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
 
@@ -46,18 +47,28 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group(0).split(".")) if match else ()
 
 
-def require_moto() -> None:
-    """Fail with one line naming the extra when moto is missing or outside the supported range."""
+def moto_requirement() -> str:
+    """The pip requirement the moto store needs, as the ``stack`` extra declares it."""
     low, high = MOTO_VERSION_RANGE
-    wanted = f"moto[server]>={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
-    try:
-        installed = importlib.metadata.version("moto")
-    except importlib.metadata.PackageNotFoundError:
-        raise MissingExtraError(
-            f"the moto store needs {wanted}, which is not installed: pip install 'sqe[stack]'"
-        ) from None
+    return f"moto[server]>={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
+
+
+def check_moto_version(installed: str | None) -> None:
+    """Fail with one line naming the extra when moto is missing (None) or outside the supported range."""
+    low, high = MOTO_VERSION_RANGE
+    if installed is None:
+        raise MissingExtraError(f"the moto store needs {moto_requirement()} (not installed): {INSTALL_HINT}")
     if not low <= _release(installed) < high:
-        raise MissingExtraError(f"the moto store needs {wanted}, found moto {installed}: pip install 'sqe[stack]'")
+        raise MissingExtraError(f"the moto store needs {moto_requirement()}, found moto {installed}: {INSTALL_HINT}")
+
+
+def require_moto() -> None:
+    """:func:`check_moto_version` for the moto installed in this environment."""
+    try:
+        installed: str | None = importlib.metadata.version("moto")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    check_moto_version(installed)
 
 
 def launch_moto(log_path: Path, started: list[Daemon]) -> tuple[Daemon, str]:
