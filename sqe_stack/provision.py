@@ -149,7 +149,6 @@ def run_tool(
     what: str,
     timeout: float = 60.0,
     env: Mapping[str, str] | None = None,
-    stdin: bytes | None = None,
 ) -> str:
     """Run a short command to completion and return its stdout; failure -> StackError naming ``what``.
 
@@ -160,7 +159,7 @@ def run_tool(
     try:
         done = subprocess.run(
             list(argv),
-            input=stdin if stdin is not None else b"",
+            input=b"",
             capture_output=True,
             timeout=timeout,
             env=full_env,
