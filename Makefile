@@ -10,11 +10,11 @@ DEMO_DIR ?= .demo-stack
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,stack]'
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m sqe.demo --dir $(DEMO_DIR)
+	$(BIN)/python -m sqe_stack.demo --dir $(DEMO_DIR)
 
 # The Ceph RGW enforcement tests need Debian packages: installed here when missing (root or sudo).
 ceph-deps:

@@ -21,9 +21,9 @@ import pyarrow as pa
 import requests
 from pyiceberg.catalog.rest import RestCatalog
 
-from sqe.stack import start_stack, stop_stack
-from sqe.stack.catalog import spawn_catalog, wait_for_catalog
-from sqe.stack.provision import free_port, stop_daemon
+from sqe_stack import start_stack, stop_stack
+from sqe_stack.catalog import spawn_catalog, wait_for_catalog
+from sqe_stack.provision import free_port, stop_daemon
 
 
 def token(uri: str, client_id: str, secret: str) -> str:

@@ -33,9 +33,9 @@ from sqe.catalog.rest import RestTableProvider
 from sqe.config import SQEConfig, load_config
 from sqe.execution.distributed import DistributedOptions
 from sqe.session import Session
-from sqe.stack import StackInfo, apply_client_env, start_stack, stop_stack
-from sqe.stack.catalog import spawn_catalog, wait_for_catalog
-from sqe.stack.provision import free_port, stop_daemon
+from sqe_stack import StackInfo, apply_client_env, start_stack, stop_stack
+from sqe_stack.catalog import spawn_catalog, wait_for_catalog
+from sqe_stack.provision import free_port, stop_daemon
 
 QUERY = "SELECT region, count(*) AS n, sum(amount) AS total, max(note) AS last FROM bench.events GROUP BY region"
 _REQUEST = re.compile(r"GET /v1/[^ ]+/namespaces/bench/tables/events(/credentials)? -> (\d+)")

@@ -12,7 +12,7 @@ columns: id, x, y, tag) is scanned by
 Stores:
 
 - ``local``: a pyiceberg ``SqlCatalog`` (SQLite + file:// warehouse) behind a small local TableProvider;
-- ``moto``: the embedded stack (``sqe.stack.start_stack``: moto S3 + STS and sqe-catalog). The table is written
+- ``moto``: the embedded stack (``sqe_stack.start_stack``: moto S3 + STS and sqe-catalog). The table is written
   by the stack's ``writer`` through vended credentials; every engine reads as ``analyst``.
 
 Each figure is the best of ``--repeat`` runs. Results are cross-checked (same sum and row count everywhere).
@@ -251,7 +251,7 @@ def vended_filesystem(session: Session, path: str, endpoint: str, region: str) -
 
 @contextmanager
 def moto_stack(root: Path) -> Iterator[Any]:
-    from sqe.stack import start_stack, stop_stack
+    from sqe_stack import start_stack, stop_stack
 
     started = time.perf_counter()
     info = start_stack(root / "stack", store="moto")

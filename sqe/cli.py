@@ -11,7 +11,8 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from sqe.errors import SQEError
+from sqe._text import first_line
+from sqe.errors import ConfigError, SQEError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -37,9 +38,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "stack":
-        from sqe.stack.cli import main as stack_main
-
-        return stack_main(argv[1:])
+        return _stack(argv[1:])
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr)
     if args.format == "parquet" and not args.output:
@@ -57,6 +56,16 @@ def main(argv: list[str] | None = None) -> int:
         return Shell(session, debug=args.debug).run()
     finally:
         session.close()
+
+
+def _stack(argv: list[str]) -> int:
+    """``sqe stack ...``: the local dev stack is its own package (``sqe_stack``), imported only for this."""
+    try:
+        from sqe_stack.cli import main as stack_main
+    except ImportError as exc:
+        missing = ConfigError(f"sqe stack needs the stack extra: pip install 'sqe[stack]' ({first_line(exc)})")
+        return _report(missing, debug=False)
+    return stack_main(argv)
 
 
 def _connect(config_path: str | None) -> Session:

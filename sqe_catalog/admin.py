@@ -21,10 +21,11 @@ document against its schema with SQE's parser; ``--file -`` reads standard input
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,7 @@ def run_admin_command(config: CatalogServerConfig, args: argparse.Namespace) -> 
     except (CatalogError, ConfigError) as exc:
         return _fail(str(exc))
     except SQLAlchemyError as exc:
-        return _fail(f"database error: {_describe_database_error(exc)}")
+        return _fail(f"database error: {describe_database_error(exc)}")
     if output is not None:
         print(json.dumps(output, indent=2, sort_keys=True))
     return 0
@@ -128,20 +129,34 @@ def _run(config: CatalogServerConfig, args: argparse.Namespace) -> _Output:
     restriction_command = _RESTRICTION_COMMANDS.get(name)
     if command is None and restriction_command is None:
         raise BadRequestError(f"unknown admin command {getattr(args, 'admin_command', None)!r}")
-    engine = create_engine_for(config.server.database)
-    try:
-        # Admin commands never issue tokens; any non-empty key will do when the config leaves it empty.
-        signing_key = config.server.token_signing_key.encode("utf-8") or secrets.token_bytes(32)
-        store = AuthStore(engine, signing_key, config.server.token_lifetime_seconds)
-        store.create_schema()
+    with _open_stores(config) as (store, engine):
         if restriction_command is not None:
             restrictions = RestrictionStore(engine)
             restrictions.create_schema()
             return restriction_command(restrictions, engine, config, args)
         assert command is not None
         return command(store, config, args)
+
+
+@contextlib.contextmanager
+def _open_stores(config: CatalogServerConfig) -> Iterator[tuple[AuthStore, Engine]]:
+    engine = create_engine_for(config.server.database)
+    try:
+        # Admin commands never issue tokens; any non-empty key will do when the config leaves it empty.
+        signing_key = config.server.token_signing_key.encode("utf-8") or secrets.token_bytes(32)
+        store = AuthStore(engine, signing_key, config.server.token_lifetime_seconds)
+        store.create_schema()
+        yield store, engine
     finally:
         engine.dispose()
+
+
+@contextlib.contextmanager
+def open_auth_store(config: CatalogServerConfig) -> Iterator[AuthStore]:
+    """The principals/roles/grants store on ``server.database`` exactly as the admin commands open it (schema
+    created); the database engine is disposed on exit. For tools that manage principals from Python."""
+    with _open_stores(config) as (store, _engine):
+        yield store
 
 
 def _fail(message: str) -> int:
@@ -149,7 +164,7 @@ def _fail(message: str) -> int:
     return 1
 
 
-def _describe_database_error(exc: SQLAlchemyError) -> str:
+def describe_database_error(exc: SQLAlchemyError) -> str:
     """The driver's first line, never SQLAlchemy's rendering (that may echo statements and parameters)."""
     orig = getattr(exc, "orig", None)
     text = str(orig) if orig is not None else type(exc).__name__

@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,11 @@ from typing import Any
 
 import pytest
 
-from sqe.stack import StackInfo, client_env, start_stack, stop_stack
+from sqe_stack import StackInfo, client_env, start_stack, stop_stack
+from sqe_stack import catalog as stack_catalog
+from sqe_stack import moto as moto_store
+from sqe_stack.catalog import catalog_log_path
+from sqe_stack.provision import Daemon, StackError, StoreHandle, create_bucket, free_port, stop_child
 
 # Vended credentials in the Ceph tests live 5 s: long enough for one step, short enough to watch expire.
 CEPH_CREDENTIAL_LIFETIME = 5
@@ -51,12 +54,13 @@ def ceph_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
 
 # ---------------------------------------------------------------------------------------------------------
 # moto_server + catalog_server: one moto (S3 + STS + IAM, IAM auth on) and one `sqe-catalog serve` process
-# per session, both real subprocesses on free loopback ports. Principals are created with `sqe-catalog admin`.
+# per session, both real subprocesses on free loopback ports, started by the stack's own launcher (sqe_stack).
+# Principals are created with `sqe-catalog admin`.
 
 
-MOTO_ACCOUNT = "123456789012"
+MOTO_ACCOUNT = moto_store.ACCOUNT_ID
 CATALOG_WAREHOUSE = "wh"
-CATALOG_BUCKET = "warehouse"
+CATALOG_BUCKET = stack_catalog.BUCKET
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,18 @@ class MotoServer:
             region_name=self.region,
             aws_access_key_id=self.access_key_id,
             aws_secret_access_key=self.secret_access_key,
+        )
+
+    def store(self) -> StoreHandle:
+        """This server as the stack's store description (what the catalog config is written from)."""
+        return StoreHandle(
+            kind="moto",
+            s3_endpoint=self.url,
+            sts_endpoint=self.url,
+            role_arn=self.role_arn,
+            access_key_id=self.access_key_id,
+            secret_access_key=self.secret_access_key,
+            daemons=(),
         )
 
 
@@ -162,110 +178,49 @@ class CatalogServer:
     def log_text(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
-    def spawn_another(self, workdir: Path, **server: Any) -> tuple[subprocess.Popen[bytes], Path]:
+    def spawn_another(self, workdir: Path, **server: Any) -> tuple[Daemon, Path]:
         """A second catalog process on the same moto with its own database; returns (process, log path)."""
         port = free_loopback_port()
         config_path = write_catalog_config(workdir, self.moto, port, **server)
-        log_path = workdir / "catalog.log"
-        return start_catalog_process(config_path, log_path, port), log_path
+        return start_catalog_process(config_path, workdir, port), catalog_log_path(workdir)
 
     @staticmethod
-    def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+    def stop_process(process: Daemon, sig: int = signal.SIGTERM) -> int:
         """Send ``sig``, wait up to 15 s (then SIGKILL); returns the exit code."""
-        return _stop_process(proc, sig)
+        return stop_process(process, sig)
 
 
 def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
-def _wait_for_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 30.0) -> None:
-    """Until ``url`` answers at all (any HTTP status counts); fails early if the process died."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except urllib.error.HTTPError:
-            return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not answer within {timeout} s")
-
-
-def _stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return int(proc.returncode)
-
-
-def _moto_identities(url: str) -> tuple[str, str, str]:
-    """Bucket, the catalog's IAM user + key and the role it assumes; then IAM auth goes on."""
-    import boto3
-
-    def client(service: str) -> Any:
-        return boto3.client(
-            service,  # type: ignore[call-overload]
-            endpoint_url=url,
-            region_name="us-east-1",
-            aws_access_key_id="setup",
-            aws_secret_access_key="setup",
-        )
-
-    iam = client("iam")
-    allow_all = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-    iam.create_user(UserName="catalog")
-    iam.put_user_policy(UserName="catalog", PolicyName="all", PolicyDocument=json.dumps(allow_all))
-    key = iam.create_access_key(UserName="catalog")["AccessKey"]
-    trust = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"AWS": f"arn:aws:iam::{MOTO_ACCOUNT}:user/catalog"},
-                "Action": "sts:AssumeRole",
-            }
-        ],
-    }
-    role = iam.create_role(RoleName="lakehouse", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
-    s3_all = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
-    iam.put_role_policy(RoleName="lakehouse", PolicyName="s3all", PolicyDocument=json.dumps(s3_all))
-    client("s3").create_bucket(Bucket=CATALOG_BUCKET)
-    # A raw body (not a form): from here on moto authenticates and authorises every request.
-    reset = urllib.request.Request(
-        f"{url}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
-    )
-    with urllib.request.urlopen(reset, timeout=10):
-        pass
-    return str(role), str(key["AccessKeyId"]), str(key["SecretAccessKey"])
+def stop_process(process: Daemon, sig: int = signal.SIGTERM) -> int:
+    """Stop a process the stack's launcher started (``sig``, then SIGKILL after 15 s); returns its exit code."""
+    assert process.process is not None, "only processes started by this session have an exit code"
+    return stop_child(process.process, signal.Signals(sig))
 
 
 @contextlib.contextmanager
 def start_moto(log_path: Path) -> Iterator[MotoServer]:
     """A moto server (S3 + STS + IAM) with bucket ``warehouse``, role ``lakehouse`` and IAM auth on; stopped on exit."""
-    port = free_loopback_port()
-    url = f"http://127.0.0.1:{port}"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
+    started: list[Daemon] = []
     try:
-        _wait_for_http(f"{url}/moto-api/", proc, "moto server")
-        role_arn, access_key_id, secret_access_key = _moto_identities(url)
-        yield MotoServer(url, port, proc.pid, "us-east-1", CATALOG_BUCKET, role_arn, access_key_id, secret_access_key)
+        store = moto_store.start_moto(log_path, started)
+        create_bucket(store, CATALOG_BUCKET, moto_store.REGION)
+        moto_store.enable_iam_auth(store.s3_endpoint)
+        yield MotoServer(
+            url=store.s3_endpoint,
+            port=int(urllib.parse.urlsplit(store.s3_endpoint).port or 0),
+            pid=store.daemons[0].pid,
+            region=moto_store.REGION,
+            bucket=CATALOG_BUCKET,
+            role_arn=store.role_arn,
+            access_key_id=store.access_key_id,
+            secret_access_key=store.secret_access_key,
+        )
     finally:
-        _stop_process(proc)
+        for daemon in started:
+            stop_process(daemon)
 
 
 @pytest.fixture(scope="session")
@@ -275,52 +230,30 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer
         yield moto
 
 
-def write_catalog_config(workdir: Path, moto: MotoServer, port: int, **server: Any) -> Path:
-    """A catalog.toml for one warehouse ``wh`` on moto, logging at debug level."""
-    settings: dict[str, Any] = {
-        "host": "127.0.0.1",
-        "port": port,
-        "database": f"sqlite:///{workdir / 'catalog.db'}",
-        "token_signing_key": secrets.token_hex(32),
-        "log_level": "debug",
-        **server,
-    }
-    warehouse = {
-        "name": CATALOG_WAREHOUSE,
-        "location": f"s3://{moto.bucket}/{CATALOG_WAREHOUSE}",
-        "endpoint": moto.url,
-        "region": moto.region,
-        "path_style": True,
-        "sts_endpoint": moto.url,
-        "role_arn": moto.role_arn,
-        "credential_lifetime_seconds": 900,
-        "access_key_id": moto.access_key_id,
-        "secret_access_key": moto.secret_access_key,
-    }
-    lines = ["[server]", *(f"{k} = {json.dumps(v)}" for k, v in settings.items())]
-    lines += ["", "[[warehouses]]", *(f"{k} = {json.dumps(v)}" for k, v in warehouse.items())]
-    path = workdir / "catalog.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+def write_catalog_config(
+    workdir: Path, moto: MotoServer, port: int, warehouse: dict[str, Any] | None = None, **server: Any
+) -> Path:
+    """A catalog.toml (0600) for one warehouse ``wh`` on moto, logging at debug level; ``warehouse`` and
+    ``server`` replace or add keys of ``[[warehouses]]`` and ``[server]``."""
+    server_keys = {**stack_catalog.server_settings(workdir, port, log_level="debug"), **server}
+    location = f"s3://{moto.bucket}/{CATALOG_WAREHOUSE}"
+    warehouse_keys = stack_catalog.warehouse_settings(
+        moto.store(), name=CATALOG_WAREHOUSE, location=location, region=moto.region, credential_lifetime=900
+    )
+    warehouse_keys.update(warehouse or {})
+    return stack_catalog.write_catalog_config(workdir / "catalog.toml", server_keys, warehouse_keys)
 
 
-def start_catalog_process(config_path: Path, log_path: Path, port: int) -> subprocess.Popen[bytes]:
-    """``sqe-catalog serve`` with stdout/stderr in ``log_path``; returns once it answers HTTP."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["AWS_EC2_METADATA_DISABLED"] = "true"
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sqe_catalog.cli", "serve", "--config", str(config_path)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+def start_catalog_process(config_path: Path, workdir: Path, port: int) -> Daemon:
+    """``sqe-catalog serve`` (output in ``catalog_log_path(workdir)``); returns once it answers HTTP."""
+    process = stack_catalog.spawn_catalog(workdir, config_path, {})
     try:
-        _wait_for_http(f"http://127.0.0.1:{port}/v1/config", proc, "sqe-catalog")
-    except RuntimeError:
-        _stop_process(proc)
-        raise RuntimeError(f"sqe-catalog did not start; log:\n{log_path.read_text()[-3000:]}") from None
-    return proc
+        stack_catalog.wait_for_catalog(workdir, port, process)
+    except StackError:
+        stop_process(process)
+        log = catalog_log_path(workdir).read_text(errors="replace")
+        raise RuntimeError(f"sqe-catalog did not start; log:\n{log[-3000:]}") from None
+    return process
 
 
 @pytest.fixture(scope="session")
@@ -329,7 +262,7 @@ def catalog_server(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoSe
     workdir = tmp_path_factory.mktemp("catalog")
     port = free_loopback_port()
     config_path = write_catalog_config(workdir, moto_server, port)
-    log_path = workdir / "catalog.log"
+    log_path = catalog_log_path(workdir)
     placeholder = CatalogPrincipal("", "", "")
     server = CatalogServer(
         url=f"http://127.0.0.1:{port}",
@@ -345,12 +278,12 @@ def catalog_server(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoSe
     )
     server.secrets.add(moto_server.secret_access_key)
     server.admin = server.create_principal("admin", admin=True)
-    proc = start_catalog_process(config_path, log_path, port)
-    server.pid = proc.pid
+    process = start_catalog_process(config_path, workdir, port)
+    server.pid = process.pid
     try:
         yield server
     finally:
-        _stop_process(proc)
+        stop_process(process)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -361,13 +294,7 @@ def write_catalog_config_variant(
     workdir: Path, moto: MotoServer, port: int, warehouse: dict[str, Any], **server: Any
 ) -> Path:
     """``write_catalog_config`` with some ``[[warehouses]]`` keys replaced or added (e.g. vend_credentials)."""
-    path = write_catalog_config(workdir, moto, port, **server)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    start = lines.index("[[warehouses]]")
-    kept = [line for line in lines[start + 1 :] if line.split(" = ", 1)[0] not in warehouse]
-    lines = lines[: start + 1] + kept + [f"{k} = {json.dumps(v)}" for k, v in warehouse.items()]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_catalog_config(workdir, moto, port, warehouse, **server)
 
 
 @contextlib.contextmanager
@@ -385,18 +312,18 @@ def catalog_variant(workdir: Path, moto: MotoServer, **warehouse: Any) -> Iterat
         warehouse_location=location,
         workdir=workdir,
         config_path=config_path,
-        log_path=workdir / "catalog.log",
+        log_path=catalog_log_path(workdir),
         moto=moto,
         admin=CatalogPrincipal("", "", ""),
     )
     server.secrets.add(moto.secret_access_key)
     server.admin = server.create_principal("admin", admin=True)
-    proc = start_catalog_process(config_path, server.log_path, port)
-    server.pid = proc.pid
+    process = start_catalog_process(config_path, workdir, port)
+    server.pid = process.pid
     try:
         yield server
     finally:
-        _stop_process(proc)
+        stop_process(process)
 
 
 def write_sqe_config(
@@ -531,7 +458,7 @@ class WorkerProcess:
         for channel in self._channels:
             channel.close()
         self._channels.clear()
-        return _stop_process(self.proc)
+        return stop_child(self.proc)
 
 
 class WorkerFactory:

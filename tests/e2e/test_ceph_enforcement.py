@@ -22,7 +22,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from pyiceberg.catalog.rest import RestCatalog
 
-from sqe.stack import StackInfo
+from sqe_stack import StackInfo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ceph]
 

@@ -29,8 +29,8 @@ from pyiceberg.catalog.rest import RestCatalog
 from sqe.config import SQEConfig, load_config
 from sqe.errors import CredentialExpiredError
 from sqe.session import Session
-from sqe.stack import StackInfo
 from sqe_catalog.cli import main as catalog_cli
+from sqe_stack import StackInfo
 from tests.conftest import CEPH_CREDENTIAL_LIFETIME, WorkerFactory
 from tests.e2e.test_distributed import TicketLog, WorkerPool, WorkerPools, distributed_session
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from sqe.stack import StackInfo, load_stack, stop_stack
-from sqe.stack.cli import main
-from sqe.stack.provision import pid_alive
+from sqe_stack import StackInfo, load_stack, stop_stack
+from sqe_stack.cli import main
+from sqe_stack.provision import pid_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -125,7 +125,7 @@ def test_stack_answers_with_demo_principals(stack: StackInfo) -> None:
 
 
 def test_bucket_exists_for_the_catalog_key(stack: StackInfo) -> None:
-    from sqe.stack import admin_s3_client
+    from sqe_stack import admin_s3_client
 
     buckets = [b["Name"] for b in admin_s3_client(stack).list_buckets()["Buckets"]]
     assert buckets == ["warehouse"]

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from sqe.stack import STORES, StackError, StackInfo, stack_status, start_stack, stop_stack
+from sqe_stack import STORES, StackError, StackInfo, stack_status, start_stack, stop_stack
 
 
 def _parser() -> argparse.ArgumentParser:

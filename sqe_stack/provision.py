@@ -1,5 +1,6 @@
 """Process primitives shared by the stack's stores and the catalog: free ports, detached daemons, readiness
-polling, PID-verified shutdown, and 0600 files for secrets.
+polling, PID-verified shutdown, and 0600 files for secrets. ``sqe stack``, ``make demo`` and the test session
+fixtures all start their processes through these functions.
 
 Every daemon is started as its own session (so closing the terminal that ran ``sqe stack up`` does not kill
 it), with stdout/stderr appended to a log file and stdin closed. Shutdown never trusts a PID blindly: the
@@ -25,6 +26,8 @@ from pathlib import Path
 from sqe.errors import SQEError
 
 LOOPBACK = "127.0.0.1"
+# Ambient AWS settings a child must not inherit when it signs with a key of its own (``scrub_aws_env``).
+_AWS_ENV_PREFIX = "AWS_"
 
 # Popen handles of daemons started by this process, so their exit status is reaped (no zombies that would
 # still look alive to /proc) and Python does not warn about children still running at exit.
@@ -35,13 +38,25 @@ class StackError(SQEError):
     """The local stack could not be started, stopped or inspected (one-line message, no secrets)."""
 
 
+class MissingExtraError(StackError):
+    """A store needs a package of the ``stack`` extra that is not installed (the message names the extra)."""
+
+
 @dataclass(frozen=True)
 class Daemon:
-    """A background process of the stack: its PID and the cmdline markers that prove a PID is still it."""
+    """A background process of the stack: its PID and the cmdline markers that prove a PID is still it.
+
+    ``process`` is the Popen handle when this Python process started it (None when read back from stack.json).
+    """
 
     name: str
     pid: int
     markers: tuple[str, ...]
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+
+    def exit_code(self) -> int | None:
+        """The exit status once a daemon started by this process has ended (negative: killed by that signal)."""
+        return None if self.process is None else self.process.poll()
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,22 @@ class StoreHandle:
     access_key_id: str
     secret_access_key: str = field(repr=False)
     daemons: tuple[Daemon, ...]
+
+
+def create_bucket(store: StoreHandle, bucket: str, region: str) -> None:
+    """Create ``bucket`` on the store, signed with the catalog's key (path-style: loopback has no DNS)."""
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=store.s3_endpoint,
+        region_name=region,
+        aws_access_key_id=store.access_key_id,
+        aws_secret_access_key=store.secret_access_key,
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    s3.create_bucket(Bucket=bucket)
 
 
 def free_port() -> int:
@@ -83,10 +114,19 @@ def spawn(
     log_path: Path,
     markers: Sequence[str],
     env: Mapping[str, str] | None = None,
+    *,
+    scrub_aws_env: bool = False,
 ) -> Daemon:
-    """Start ``argv`` detached (own session, stdin closed, output appended to ``log_path``)."""
+    """Start ``argv`` detached (own session, stdin closed, output appended to ``log_path``).
+
+    ``scrub_aws_env`` drops every inherited ``AWS_*`` variable (``env`` may set some again) and turns off the
+    EC2 metadata lookup: a process that signs with a configured key must never pick up ambient credentials.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
+    inherited = {k: v for k, v in os.environ.items() if not (scrub_aws_env and k.startswith(_AWS_ENV_PREFIX))}
+    if scrub_aws_env:
+        inherited["AWS_EC2_METADATA_DISABLED"] = "true"
+    full_env = {**inherited, **(env or {})}
     with open(log_path, "ab") as log:
         try:
             proc = subprocess.Popen(
@@ -101,7 +141,7 @@ def spawn(
         except OSError as exc:
             raise StackError(f"cannot start {name}: {exc.strerror or exc}") from None
     _CHILDREN[proc.pid] = proc
-    return Daemon(name=name, pid=proc.pid, markers=tuple(markers))
+    return Daemon(name=name, pid=proc.pid, markers=tuple(markers), process=proc)
 
 
 def run_tool(
@@ -109,7 +149,6 @@ def run_tool(
     what: str,
     timeout: float = 60.0,
     env: Mapping[str, str] | None = None,
-    stdin: bytes | None = None,
 ) -> str:
     """Run a short command to completion and return its stdout; failure -> StackError naming ``what``.
 
@@ -120,7 +159,7 @@ def run_tool(
     try:
         done = subprocess.run(
             list(argv),
-            input=stdin if stdin is not None else b"",
+            input=b"",
             capture_output=True,
             timeout=timeout,
             env=full_env,
@@ -202,13 +241,13 @@ def pid_matches(pid: int, markers: Sequence[str]) -> bool:
     return all(marker in joined for marker in markers)
 
 
-def stop_daemon(daemon: Daemon, grace: float = 5.0) -> str:
-    """SIGTERM, wait up to ``grace`` s, then SIGKILL. Returns what happened: stopped/killed/gone/not-ours."""
+def stop_daemon(daemon: Daemon, grace: float = 5.0, sig: signal.Signals = signal.SIGTERM) -> str:
+    """``sig`` (SIGTERM), wait up to ``grace`` s, then SIGKILL. Returns stopped/killed/gone/not-ours."""
     if not pid_alive(daemon.pid):
         return "gone"
     if not pid_matches(daemon.pid, daemon.markers):
         return "not-ours"
-    if not _signal(daemon.pid, signal.SIGTERM):
+    if not _signal(daemon.pid, sig):
         return "gone"
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
@@ -220,6 +259,21 @@ def stop_daemon(daemon: Daemon, grace: float = 5.0) -> str:
     while pid_alive(daemon.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return "killed"
+
+
+def stop_child(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM, grace: float = 15.0) -> int:
+    """Stop a child this process started and holds the handle of: ``sig``, wait up to ``grace`` s, then SIGKILL.
+
+    Returns its exit status (negative: killed by that signal), which is what tests of shutdown look at.
+    """
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
 
 
 def _signal(pid: int, sig: signal.Signals) -> bool:

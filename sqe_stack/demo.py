@@ -81,11 +81,11 @@ def sqe_queries(writer_cfg: Path, analyst_cfg: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sqe.demo")
+    parser = argparse.ArgumentParser(prog="python -m sqe_stack.demo")
     parser.add_argument("--dir", default=".demo-stack")
     parser.add_argument("--keep", action="store_true", help="leave the stack running")
     args = parser.parse_args(argv)
-    from sqe.stack import start_stack, stop_stack
+    from sqe_stack import start_stack, stop_stack
 
     stack_dir = Path(args.dir).resolve()
     if stack_dir.exists():

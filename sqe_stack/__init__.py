@@ -1,7 +1,11 @@
 """The local stack: an S3 + STS store (moto, or Ceph RGW for enforcement) plus ``sqe-catalog``, as background
 processes on loopback, described by ``DIR/stack.json``.
 
-Python API (the CLI in ``sqe.stack.cli`` is a thin wrapper)::
+A development tool beside the engine, not part of it: ``sqe stack ...`` dispatches here, ``make demo`` runs
+``sqe_stack.demo`` and the test session fixtures start their moto and catalog processes with the same
+functions. The moto store needs the ``stack`` extra (``pip install 'sqe[stack]'``).
+
+Python API (the CLI in ``sqe_stack.cli`` is a thin wrapper)::
 
     info = start_stack(Path("/tmp/s"), store="moto")      # returns once everything answers
     info.principal_config("analyst")                      # ready SQE config file (0600)
@@ -24,8 +28,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqe.stack.catalog import (
+from sqe._text import first_line
+from sqe_stack.catalog import (
     BUCKET,
+    CATALOG_DB,
     REGION,
     WAREHOUSE,
     PrincipalCredentials,
@@ -34,14 +40,16 @@ from sqe.stack.catalog import (
     read_engine_credentials,
     spawn_catalog,
     wait_for_catalog,
-    write_catalog_config,
     write_engine_configs,
+    write_stack_catalog_config,
 )
-from sqe.stack.ceph import CEPH_CLIENT_ENV, CEPH_PACKAGES
-from sqe.stack.provision import (
+from sqe_stack.ceph import CEPH_CLIENT_ENV, CEPH_PACKAGES
+from sqe_stack.provision import (
     Daemon,
+    MissingExtraError,
     StackError,
     StoreHandle,
+    create_bucket,
     free_port,
     pid_matches,
     stop_daemon,
@@ -51,6 +59,7 @@ __all__ = [
     "CEPH_CLIENT_ENV",
     "CEPH_PACKAGES",
     "STORES",
+    "MissingExtraError",
     "PrincipalCredentials",
     "PrincipalInfo",
     "StackError",
@@ -67,7 +76,7 @@ __all__ = [
 STORES = ("moto", "ceph")
 STACK_FILE = "stack.json"
 LOCK_FILE = ".stack.lock"
-CATALOG_DB_FILES = ("catalog.db", "catalog.db-journal", "catalog.db-wal", "catalog.db-shm")
+CATALOG_DB_FILES = tuple(CATALOG_DB + suffix for suffix in ("", "-journal", "-wal", "-shm"))
 
 
 @dataclass(frozen=True)
@@ -282,27 +291,12 @@ class _Progress:
 
 def _start_store(dir: Path, store: str, started: list[Daemon]) -> StoreHandle:
     if store == "ceph":
-        from sqe.stack.ceph import start_ceph
+        from sqe_stack.ceph import start_ceph
 
         return start_ceph(dir / "ceph", started)
-    from sqe.stack.moto import start_moto
+    from sqe_stack.moto import start_moto
 
-    return start_moto(dir / "logs", started)
-
-
-def _create_bucket(store: StoreHandle) -> None:
-    import boto3
-    from botocore.config import Config
-
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=store.s3_endpoint,
-        region_name=REGION,
-        aws_access_key_id=store.access_key_id,
-        aws_secret_access_key=store.secret_access_key,
-        config=Config(s3={"addressing_style": "path"}),
-    )
-    s3.create_bucket(Bucket=BUCKET)
+    return start_moto(dir / "logs" / "moto.log", started)
 
 
 def _start(dir: Path, store_kind: str, credential_lifetime: int, started: list[Daemon]) -> StackInfo:
@@ -312,11 +306,11 @@ def _start(dir: Path, store_kind: str, credential_lifetime: int, started: list[D
     progress.s3_endpoint, progress.sts_endpoint = store.s3_endpoint, store.sts_endpoint
     progress.mark("store_ready_s")
     progress.save()
-    _create_bucket(store)
+    create_bucket(store, BUCKET, REGION)
     for name in CATALOG_DB_FILES:  # the store's data lives in memory, so old table metadata would dangle
         (dir / name).unlink(missing_ok=True)
     port = free_port()
-    config_path = write_catalog_config(dir, port, store, credential_lifetime)
+    config_path = write_stack_catalog_config(dir, port, store, credential_lifetime)
     credentials = bootstrap_principals(config_path)
     progress.mark("principals_ready_s")
     # The catalog writes table metadata through pyarrow: give it the RGW write fix whatever the store
@@ -328,11 +322,6 @@ def _start(dir: Path, store_kind: str, credential_lifetime: int, started: list[D
     progress.principals = {n: PrincipalInfo(paths[n], c.client_id) for n, c in credentials.items()}
     progress.mark("total_s")
     return progress.save(state="running")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 def start_stack(dir: Path, store: str = "moto", credential_lifetime: int = 3600) -> StackInfo:
@@ -360,7 +349,7 @@ def start_stack(dir: Path, store: str = "moto", credential_lifetime: int = 3600)
                 _save(_with_state(failed, "failed"))
             if isinstance(exc, StackError) or not isinstance(exc, Exception):
                 raise
-            raise StackError(f"stack up failed: {type(exc).__name__}: {_one_line(exc)}") from None
+            raise StackError(f"stack up failed: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 def _with_state(info: StackInfo, state: str) -> StackInfo:

@@ -18,7 +18,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sqe.stack.provision import (
+from sqe_stack.provision import (
     LOOPBACK,
     Daemon,
     StackError,

@@ -1,0 +1,273 @@
+"""The stack's ``sqe-catalog``: its ``catalog.toml``, the demo principals and grants, the server process, and
+one ready-to-use SQE engine config file per demo principal.
+
+Principals are created through the catalog's own admin store (``sqe_catalog.admin.open_auth_store``, the one
+the ``sqe-catalog admin`` commands use), in this process. Secrets go only into 0600 files, never into a log,
+an error or a repr.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from sqe._text import first_line
+from sqe_catalog.admin import describe_database_error, open_auth_store
+from sqe_catalog.auth import AuthStore
+from sqe_catalog.config import CatalogServerConfig, load_config
+from sqe_catalog.errors import CatalogError
+from sqe_catalog.errors import ConfigError as CatalogConfigError
+from sqe_stack.provision import (
+    LOOPBACK,
+    Daemon,
+    StackError,
+    StoreHandle,
+    http_status,
+    spawn,
+    toml_str,
+    wait_until,
+    write_private,
+)
+
+WAREHOUSE = "demo"
+BUCKET = "warehouse"
+WAREHOUSE_LOCATION = f"s3://{BUCKET}/{WAREHOUSE}"
+REGION = "us-east-1"
+SCOPE = "PRINCIPAL_ROLE:ALL"
+CATALOG_DB = "catalog.db"
+SQLITE_PREFIX = "sqlite:///"
+
+ANALYST_PRIVILEGES = ("TABLE_READ_DATA", "NAMESPACE_LIST", "TABLE_LIST", "NAMESPACE_READ_PROPERTIES")
+WRITER_PRIVILEGES = (
+    "TABLE_WRITE_DATA",
+    "TABLE_CREATE",
+    "NAMESPACE_CREATE",
+    "NAMESPACE_LIST",
+    "TABLE_LIST",
+    "NAMESPACE_READ_PROPERTIES",
+)
+
+
+@dataclass(frozen=True)
+class DemoPrincipal:
+    name: str
+    admin: bool = False
+    role: str = ""
+    privileges: tuple[str, ...] = ()
+
+
+DEMO_PRINCIPALS = (
+    DemoPrincipal("admin", admin=True),
+    DemoPrincipal("analyst", role="analyst_role", privileges=ANALYST_PRIVILEGES),
+    DemoPrincipal("writer", role="writer_role", privileges=WRITER_PRIVILEGES),
+)
+
+
+@dataclass(frozen=True)
+class PrincipalCredentials:
+    """OAuth client credentials of one principal; the secret never shows in a repr."""
+
+    name: str
+    client_id: str
+    client_secret: str = field(repr=False)
+
+    @property
+    def credential(self) -> str:
+        """``client_id:client_secret``, the form pyiceberg's RestCatalog takes as ``credential``."""
+        return f"{self.client_id}:{self.client_secret}"
+
+
+def server_settings(dir: Path, port: int, *, log_level: str = "info") -> dict[str, object]:
+    """The ``[server]`` table: loopback on ``port``, SQLite in ``DIR/catalog.db``, a fresh token signing key."""
+    return {
+        "host": LOOPBACK,
+        "port": port,
+        "database": f"sqlite:///{dir / CATALOG_DB}",
+        "token_signing_key": secrets.token_hex(32),
+        "log_level": log_level,
+    }
+
+
+def warehouse_settings(
+    store: StoreHandle,
+    *,
+    name: str = WAREHOUSE,
+    location: str = WAREHOUSE_LOCATION,
+    region: str = REGION,
+    credential_lifetime: int = 3600,
+) -> dict[str, object]:
+    """One ``[[warehouses]]`` entry on ``store``: path-style S3, STS through the store's role, its static key."""
+    return {
+        "name": name,
+        "location": location,
+        "endpoint": store.s3_endpoint,
+        "region": region,
+        "path_style": True,
+        "sts_endpoint": store.sts_endpoint,
+        "role_arn": store.role_arn,
+        "credential_lifetime_seconds": credential_lifetime,
+        "access_key_id": store.access_key_id,
+        "secret_access_key": store.secret_access_key,
+    }
+
+
+def _toml_value(key: str, value: object) -> str:
+    if isinstance(value, bool | int | float | str):
+        return json.dumps(value)  # JSON scalars are valid TOML scalars (strings: toml_str)
+    raise StackError(f"catalog setting {key}: unsupported value type {type(value).__name__}")
+
+
+def catalog_config_text(server: Mapping[str, object], warehouse: Mapping[str, object]) -> str:
+    lines = ["# Written by the SQE local stack; holds secrets (mode 0600). Recreated on every start.", "[server]"]
+    lines += [f"{key} = {_toml_value(key, value)}" for key, value in server.items()]
+    lines += ["", "[[warehouses]]", *(f"{key} = {_toml_value(key, value)}" for key, value in warehouse.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _create_private_sqlite(database: object) -> None:
+    """Create an empty SQLite file 0600 first: it keeps the hashed client secrets private (SQLite gives its
+    -wal/-shm files the database file's permissions), and an empty file is a valid new database."""
+    if isinstance(database, str) and database.startswith(SQLITE_PREFIX):
+        path = Path(database.removeprefix(SQLITE_PREFIX))
+        if not path.exists():
+            write_private(path, "")
+
+
+def write_catalog_config(path: Path, server: Mapping[str, object], warehouse: Mapping[str, object]) -> Path:
+    """Write a ``catalog.toml`` (0600) and check it with the catalog's own parser."""
+    _create_private_sqlite(server.get("database"))
+    write_private(path, catalog_config_text(server, warehouse))
+    load_catalog_config(path)
+    return path
+
+
+def write_stack_catalog_config(dir: Path, port: int, store: StoreHandle, credential_lifetime: int) -> Path:
+    """``DIR/catalog.toml`` of ``sqe stack up``: warehouse ``demo`` on the store, info-level logs."""
+    warehouse = warehouse_settings(store, credential_lifetime=credential_lifetime)
+    return write_catalog_config(dir / "catalog.toml", server_settings(dir, port), warehouse)
+
+
+def load_catalog_config(path: Path) -> CatalogServerConfig:
+    """The catalog's parsed config; an invalid file is a one-line StackError."""
+    try:
+        return load_config(path)
+    except CatalogConfigError as exc:
+        raise StackError(f"{path} is not a valid catalog config: {first_line(exc)}") from None
+
+
+def read_catalog_key(config_path: Path) -> tuple[str, str]:
+    """The demo warehouse's static key (access key id, secret) from ``catalog.toml``."""
+    warehouse = load_catalog_config(config_path).warehouse(WAREHOUSE)
+    if warehouse is None:
+        raise StackError(f"{config_path} has no warehouse {WAREHOUSE!r}")
+    return warehouse.access_key_id, warehouse.secret_access_key
+
+
+def _create_demo_principal(store: AuthStore, demo: DemoPrincipal) -> PrincipalCredentials:
+    client_id, client_secret = store.create_principal(demo.name, is_admin=demo.admin)
+    if demo.role:
+        store.create_role(demo.role)
+        for privilege in demo.privileges:
+            store.grant(demo.role, privilege, WAREHOUSE, None, None)  # warehouse-wide
+        store.assign_role(demo.name, demo.role)
+    return PrincipalCredentials(name=demo.name, client_id=client_id, client_secret=client_secret)
+
+
+def bootstrap_principals(config_path: Path) -> dict[str, PrincipalCredentials]:
+    """Create the demo principals, their roles and warehouse-wide grants; return their credentials.
+
+    Uses the same store the ``sqe-catalog admin`` commands use, on the config's database, in this process.
+    """
+    config = load_catalog_config(config_path)
+    try:
+        with open_auth_store(config) as store:
+            return {demo.name: _create_demo_principal(store, demo) for demo in DEMO_PRINCIPALS}
+    except (CatalogError, CatalogConfigError) as exc:
+        raise StackError(f"creating the demo principals failed: {first_line(exc)}") from None
+    except SQLAlchemyError as exc:
+        raise StackError(
+            f"creating the demo principals failed: database error: {describe_database_error(exc)}"
+        ) from None
+
+
+def catalog_log_path(dir: Path) -> Path:
+    """Where :func:`spawn_catalog` appends the catalog's output."""
+    return dir / "logs" / "catalog.log"
+
+
+def spawn_catalog(dir: Path, config_path: Path, env: Mapping[str, str]) -> Daemon:
+    """Start ``sqe-catalog serve`` in the background, output in :func:`catalog_log_path` (see
+    :func:`wait_for_catalog`). It signs with its configured key only: ambient ``AWS_*`` variables are dropped
+    (``env`` is added after that)."""
+    argv = [sys.executable, "-m", "sqe_catalog.cli", "serve", "--config", str(config_path)]
+    return spawn(
+        "catalog",
+        argv,
+        catalog_log_path(dir),
+        markers=("sqe_catalog.cli", "serve", str(config_path)),
+        env={"PYTHONUNBUFFERED": "1", **env},
+        scrub_aws_env=True,
+    )
+
+
+def wait_for_catalog(dir: Path, port: int, daemon: Daemon) -> str:
+    """The catalog's URI once ``GET /v1/config`` answers (401 without a token, or 200)."""
+    uri = f"http://{LOOPBACK}:{port}"
+    wait_until(
+        lambda: http_status(f"{uri}/v1/config") in (200, 401),
+        "sqe-catalog",
+        timeout=60,
+        watch=[daemon],
+        log_hint=f" (see {catalog_log_path(dir)})",
+    )
+    return uri
+
+
+def engine_config_text(creds: PrincipalCredentials, catalog_uri: str, s3_endpoint: str) -> str:
+    return f"""# SQE config for principal {creds.name!r}, written by `sqe stack up` (0600: holds a secret).
+[catalog]
+uri = {toml_str(catalog_uri)}
+warehouse = {toml_str(WAREHOUSE)}
+client_id = {toml_str(creds.client_id)}
+client_secret = {toml_str(creds.client_secret)}
+scope = {toml_str(SCOPE)}
+access_delegation = "vended-credentials"
+require_vended_credentials = true
+
+[storage]
+endpoint = {toml_str(s3_endpoint)}
+region = {toml_str(REGION)}
+path_style = true
+"""
+
+
+def write_engine_configs(
+    dir: Path, principals: Sequence[PrincipalCredentials], catalog_uri: str, s3_endpoint: str
+) -> dict[str, Path]:
+    paths: dict[str, Path] = {}
+    for creds in principals:
+        path = dir / f"{creds.name}.toml"
+        write_private(path, engine_config_text(creds, catalog_uri, s3_endpoint))
+        paths[creds.name] = path
+    return paths
+
+
+def read_engine_credentials(path: Path, name: str) -> PrincipalCredentials:
+    """A principal's client id and secret from its engine config file."""
+    try:
+        with open(path, "rb") as fh:
+            catalog = tomllib.load(fh)["catalog"]
+        return PrincipalCredentials(
+            name=name, client_id=str(catalog["client_id"]), client_secret=str(catalog["client_secret"])
+        )
+    except FileNotFoundError:
+        raise StackError(f"principal config not found: {path}") from None
+    except (tomllib.TOMLDecodeError, KeyError, TypeError):
+        raise StackError(f"{path}: not an SQE config with [catalog] client_id/client_secret") from None
