@@ -125,7 +125,10 @@ def read_catalog_key(config_path: Path) -> tuple[str, str]:
     warehouse = load_config(config_path).warehouse(WAREHOUSE)
     if warehouse is None:
         raise StackError(f"{config_path} has no warehouse {WAREHOUSE!r}")
-    return warehouse.access_key_id, warehouse.secret_access_key
+    pair = warehouse.static_key_pair()
+    if pair is None:
+        raise StackError(f"{config_path}: warehouse {WAREHOUSE!r} has no access_key_id/secret_access_key")
+    return pair
 
 
 # Runs many ``sqe-catalog admin`` commands through the CLI's own ``main`` in ONE interpreter: a separate
