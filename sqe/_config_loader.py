@@ -207,12 +207,13 @@ def _raise_validation_error(
 def _fill_sections(model: type[ConfigSection], tree: dict[str, Any]) -> None:
     """Absent sections become empty tables, so a missing required key is named (``catalog.uri: required``)."""
     for name, info in model.model_fields.items():
-        if not is_section(info.annotation):
+        section = info.annotation
+        if not (isinstance(section, type) and issubclass(section, ConfigSection)):
             continue
         if name not in tree:
             tree[name] = {}
         if isinstance(tree[name], dict):
-            _fill_sections(info.annotation, tree[name])
+            _fill_sections(section, tree[name])
 
 
 def build(

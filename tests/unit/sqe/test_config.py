@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sqe._config_loader import is_section
 from sqe.config import (
     CatalogConfig,
     CoordinatorConfig,
@@ -19,7 +20,6 @@ from sqe.config import (
     TvfConfig,
     load_config,
 )
-from sqe._config_loader import is_section
 from sqe.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -272,6 +272,21 @@ class TestRejections:
         for secret in SECRETS:
             assert secret not in message
 
+    def test_unknown_key_is_reported_before_the_key_it_misspells(self, tmp_path: Path) -> None:
+        path = _write(tmp_path, '[catalog]\nurii = "http://x"\nwarehouse = "w"\n')
+        assert _error(path=path, env={}) == "catalog.urii: unknown key"
+
+    def test_empty_string_in_the_file_unsets_an_optional_key(self, tmp_path: Path) -> None:
+        text = '[catalog]\nuri = "http://x"\nwarehouse = "w"\ntoken = ""\n[storage]\nendpoint = ""\npath_style = ""\n'
+        config = load_config(_write(tmp_path, text), env={})
+        assert config.catalog.token is None and config.storage.endpoint is None and config.storage.path_style is None
+
+    def test_direct_construction_is_strict(self) -> None:
+        with pytest.raises(ValueError):
+            CatalogConfig(uri="http://x", warehouse="w", max_retries="5")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            CatalogConfig(uri="http://x", warehouse="w", unknown=1)  # type: ignore[call-arg]
+
     def test_missing_and_invalid_files(self, tmp_path: Path) -> None:
         assert "config file not found" in _error(path=tmp_path / "nope.toml", env={})
         assert "invalid TOML" in _error(path=_write(tmp_path, "[catalog\n"), env={})
@@ -448,6 +463,20 @@ class TestSecrets:
             with pytest.raises(TypeError, match="cannot be pickled"):
                 pickle.dumps(obj)
         assert copy.deepcopy(config) is config and copy.copy(config.storage) is config.storage
+
+    def test_secrets_are_masked_and_revealed_only_by_accessors(self, tmp_path: Path) -> None:
+        config = load_config(_write(tmp_path, FULL_TOML), env={})
+        storage, coordinator = config.storage, config.coordinator
+        assert "**********" in repr(storage.secret_access_key) and SECRETS[2] not in str(storage.secret_access_key)
+        assert storage.session_token_value() == SECRETS[3] and coordinator.token_value() == SECRETS[4]
+        assert config.catalog.connection("hr").client_secret_value() == SECRETS[5]
+        assert _load().storage.session_token_value() is None and _load().coordinator.token_value() is None
+
+    def test_every_section_refuses_pickling(self, tmp_path: Path) -> None:
+        config = load_config(_write(tmp_path, FULL_TOML), env={})
+        for obj in (config.catalog.warehouses[1], config.storage.tvf, config.catalog.connection("hr")):
+            with pytest.raises(TypeError, match="cannot be pickled"):
+                pickle.dumps(obj)
 
     def test_configs_are_frozen(self) -> None:
         config = _load()
