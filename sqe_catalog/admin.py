@@ -143,7 +143,7 @@ def _open_stores(config: CatalogServerConfig) -> Iterator[tuple[AuthStore, Engin
     engine = create_engine_for(config.server.database)
     try:
         # Admin commands never issue tokens; any non-empty key will do when the config leaves it empty.
-        signing_key = config.server.token_signing_key.encode("utf-8") or secrets.token_bytes(32)
+        signing_key = config.server.signing_key_bytes() or secrets.token_bytes(32)
         store = AuthStore(engine, signing_key, config.server.token_lifetime_seconds)
         store.create_schema()
         yield store, engine

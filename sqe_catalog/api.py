@@ -774,8 +774,8 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def _signing_key(config: CatalogServerConfig) -> bytes:
-    # Empty config value: a random key per process, so tokens die with the process.
-    return config.server.token_signing_key.encode("utf-8") or secrets.token_bytes(32)
+    # Unset or empty in the config: a random key per process, so tokens die with the process.
+    return config.server.signing_key_bytes() or secrets.token_bytes(32)
 
 
 def create_app(config: CatalogServerConfig) -> Starlette:

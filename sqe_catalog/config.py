@@ -1,35 +1,44 @@
 """Catalog server configuration (``catalog.toml``), validated strictly at start-up.
 
-Unknown keys and wrong types are errors that name the key, so a typo never silently falls back to a default.
-See ``catalog.toml.example`` for every key.
+The same loader as the engine's (``sqe._config_loader``): pydantic models that are strict, frozen and forbid
+unknown keys, so a typo never silently falls back to a default, and every error is one line naming the key
+(``warehouses[0].role_arn: ...``). Secrets are ``SecretStr``; the plain values come only from
+``ServerConfig.signing_key_bytes()`` and ``WarehouseConfig.static_key_pair()``. The config objects refuse to
+be pickled. See ``catalog.toml.example`` for every key.
 """
 
 from __future__ import annotations
 
-import tomllib
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from pydantic import Field, SecretStr
+
+from sqe._config_loader import Array, ConfigSection, Origins, Unset, build, read_toml, reveal
 from sqe_catalog.errors import ConfigError
 
 
-@dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(ConfigSection):
     host: str = "127.0.0.1"
     port: int = 8181
-    # SQLAlchemy URL for table state, principals and grants: SQLite by default, PostgreSQL supported.
-    database: str = "sqlite:///sqe-catalog.db"
-    # HMAC key for bearer tokens. Empty: a random key per process (tokens die with the process).
-    token_signing_key: str = field(default="", repr=False)
+    # SQLAlchemy URL for table state, principals and grants: SQLite by default, PostgreSQL supported. It may
+    # carry a database password, so it stays out of the repr.
+    database: str = Field(default="sqlite:///sqe-catalog.db", repr=False)
+    # HMAC key for bearer tokens. Unset or empty: a random key per process (tokens die with the process).
+    token_signing_key: Unset[SecretStr] = None
     token_lifetime_seconds: int = 3600
     log_level: str = "info"
     # Seconds a pyiceberg commit may take before the server gives up on a lost race (retries are the client's).
     request_timeout_seconds: float = 30.0
 
+    def signing_key_bytes(self) -> bytes | None:
+        """The configured token signing key, for HMAC only; None when each process should pick a random one."""
+        key = reveal(self.token_signing_key)
+        return key.encode("utf-8") if key else None
 
-@dataclass(frozen=True)
-class WarehouseConfig:
+
+class WarehouseConfig(ConfigSection):
     name: str
     # Root location of the warehouse, e.g. "s3://warehouse/demo". Tables default to <location>/<ns>/<table>.
     location: str
@@ -41,9 +50,9 @@ class WarehouseConfig:
     external_id: str = ""
     # Lifetime of vended credentials. Real AWS needs >= 900; Ceph/moto in tests accept a few seconds.
     credential_lifetime_seconds: int = 3600
-    # The catalog's own long-lived key: used for metadata I/O and to call sts:AssumeRole.
+    # The catalog's own long-lived key: used for metadata I/O and to call sts:AssumeRole. Set both or neither.
     access_key_id: str = ""
-    secret_access_key: str = field(default="", repr=False)
+    secret_access_key: Unset[SecretStr] = None
     # false: ignore X-Iceberg-Access-Delegation and vend nothing (like a catalog without vending support).
     vend_credentials: bool = True
     # Reuse a vended credential per (principal, table, mode) while more than half its lifetime remains.
@@ -55,76 +64,51 @@ class WarehouseConfig:
     def bucket(self) -> str:
         return self.location.split("://", 1)[1].split("/", 1)[0]
 
+    def static_key_pair(self) -> tuple[str, str] | None:
+        """The catalog's own key pair, for signing S3/STS requests only; None to use the AWS SDK chain."""
+        secret = reveal(self.secret_access_key)
+        return (self.access_key_id, secret) if self.access_key_id and secret else None
 
-@dataclass(frozen=True)
-class CatalogServerConfig:
-    server: ServerConfig
-    warehouses: tuple[WarehouseConfig, ...]
+
+class CatalogServerConfig(ConfigSection):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    warehouses: Array[WarehouseConfig] = ()
 
     def warehouse(self, name: str) -> WarehouseConfig | None:
         return next((w for w in self.warehouses if w.name == name), None)
 
 
-_T = TypeVar("_T")
-_PY_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "bool": bool, "float": (int, float)}
+def _validate_warehouse(w: WarehouseConfig, where: str, origins: Origins) -> None:
+    if not w.location.startswith(("s3://", "file://")):
+        origins.fail(f"{where}.location", "must start with s3:// or file://")
+    if w.credential_lifetime_seconds < 1:
+        origins.fail(f"{where}.credential_lifetime_seconds", "must be >= 1")
+    if w.location.startswith("s3://") and not w.sts_unavailable and not w.role_arn:
+        origins.fail(f"{where}.role_arn", "required unless sts_unavailable = true")
+    if w.access_key_id and not w.secret_access_key:
+        origins.fail(f"{where}.secret_access_key", f"required when {where}.access_key_id is set")
+    if w.secret_access_key and not w.access_key_id:
+        origins.fail(f"{where}.access_key_id", f"required when {where}.secret_access_key is set")
 
 
-def _build(cls: type[_T], raw: dict[str, Any], where: str) -> _T:
-    known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
-    for key in raw:
-        if key not in known:
-            raise ConfigError(f"unknown key {where}.{key}")
-    kwargs: dict[str, Any] = {}
-    for name, f in known.items():
-        if name not in raw:
-            continue
-        value = raw[name]
-        expected = _PY_TYPES[str(f.type)]
-        if isinstance(value, bool) and expected is not bool:
-            raise ConfigError(f"{where}.{name} must be {f.type}, got a boolean")
-        if not isinstance(value, expected):
-            raise ConfigError(f"{where}.{name} must be {f.type}, got {type(value).__name__}")
-        kwargs[name] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        missing = str(exc).split("argument", 1)[-1].strip(": ")
-        raise ConfigError(f"{where}: missing required key {missing}") from None
+def _validate(config: CatalogServerConfig, origins: Origins) -> None:
+    if config.server.token_lifetime_seconds <= 0:
+        origins.fail("server.token_lifetime_seconds", "must be positive")
+    seen: set[str] = set()
+    for i, w in enumerate(config.warehouses):
+        if w.name in seen:
+            origins.fail(f"warehouses[{i}].name", "duplicate warehouse name")
+        seen.add(w.name)
+        _validate_warehouse(w, f"warehouses[{i}]", origins)
 
 
-def parse_config(raw: dict[str, Any]) -> CatalogServerConfig:
-    for key in raw:
-        if key not in ("server", "warehouses"):
-            raise ConfigError(f"unknown section [{key}]")
-    server_raw = raw.get("server", {})
-    if not isinstance(server_raw, dict):
-        raise ConfigError("[server] must be a table")
-    server = _build(ServerConfig, server_raw, "server")
-    if server.token_lifetime_seconds <= 0:
-        raise ConfigError("server.token_lifetime_seconds must be positive")
-    warehouses_raw = raw.get("warehouses", [])
-    if not isinstance(warehouses_raw, list) or not all(isinstance(w, dict) for w in warehouses_raw):
-        raise ConfigError("[[warehouses]] must be an array of tables")
-    warehouses = tuple(_build(WarehouseConfig, w, f"warehouses[{i}]") for i, w in enumerate(warehouses_raw))
-    names = [w.name for w in warehouses]
-    if len(set(names)) != len(names):
-        raise ConfigError("warehouses: duplicate warehouse name")
-    for i, w in enumerate(warehouses):
-        if not w.location.startswith(("s3://", "file://")):
-            raise ConfigError(f"warehouses[{i}].location must start with s3:// or file://")
-        if w.credential_lifetime_seconds < 1:
-            raise ConfigError(f"warehouses[{i}].credential_lifetime_seconds must be >= 1")
-        if w.location.startswith("s3://") and not w.sts_unavailable and not w.role_arn:
-            raise ConfigError(f"warehouses[{i}].role_arn is required unless sts_unavailable = true")
-    return CatalogServerConfig(server=server, warehouses=warehouses)
+def parse_config(raw: Mapping[str, Any]) -> CatalogServerConfig:
+    """Validates an already-parsed ``catalog.toml`` document."""
+    origins = Origins(ConfigError)
+    config = build(CatalogServerConfig, raw, origins)
+    _validate(config, origins)
+    return config
 
 
 def load_config(path: str | Path) -> CatalogServerConfig:
-    try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    return parse_config(raw)
+    return parse_config(read_toml(path, ConfigError))

@@ -172,9 +172,9 @@ def catalog_io_properties(warehouse: WarehouseConfig) -> dict[str, str]:
     }
     if warehouse.endpoint:
         props["s3.endpoint"] = warehouse.endpoint
-    if warehouse.access_key_id:
-        props["s3.access-key-id"] = warehouse.access_key_id
-        props["s3.secret-access-key"] = warehouse.secret_access_key
+    pair = warehouse.static_key_pair()
+    if pair is not None:
+        props["s3.access-key-id"], props["s3.secret-access-key"] = pair
     return props
 
 

@@ -251,23 +251,25 @@ class CredentialVendor:
             connect_timeout=5,
             read_timeout=5,
         )
+        key_id, secret = w.static_key_pair() or (None, None)
         session = boto3.session.Session()
         return session.client(
             "sts",
             endpoint_url=w.sts_endpoint or w.endpoint or None,
             region_name=w.region,
-            aws_access_key_id=w.access_key_id or None,
-            aws_secret_access_key=w.secret_access_key or None,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
             config=config,
         )
 
     def _static_credential(self, principal: str, table_key: str, write: bool) -> VendedCredential:
         w = self._warehouse
-        if not w.access_key_id or not w.secret_access_key:
+        pair = w.static_key_pair()
+        if pair is None:
             raise ServiceUnavailableError(
                 f"warehouse {w.name!r} has sts_unavailable = true but no static access key configured"
             )
-        credential = VendedCredential(w.access_key_id, w.secret_access_key, None, None)
+        credential = VendedCredential(pair[0], pair[1], None, None)
         self._log_vend(principal, table_key, write, "static", credential)
         return credential
 

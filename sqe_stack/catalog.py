@@ -167,7 +167,10 @@ def read_catalog_key(config_path: Path) -> tuple[str, str]:
     warehouse = load_catalog_config(config_path).warehouse(WAREHOUSE)
     if warehouse is None:
         raise StackError(f"{config_path} has no warehouse {WAREHOUSE!r}")
-    return warehouse.access_key_id, warehouse.secret_access_key
+    pair = warehouse.static_key_pair()
+    if pair is None:
+        raise StackError(f"{config_path}: warehouse {WAREHOUSE!r} has no access_key_id/secret_access_key")
+    return pair
 
 
 def _create_demo_principal(store: AuthStore, demo: DemoPrincipal) -> PrincipalCredentials:

@@ -82,7 +82,7 @@ def principal_key(connection: CatalogConnection) -> str:
     """Identifies the principal for cache keys without revealing a secret."""
     if connection.client_id:
         return f"client:{connection.client_id}"
-    return "token:" + hashlib.sha256((connection.token or "").encode()).hexdigest()[:16]
+    return "token:" + hashlib.sha256((connection.token_value() or "").encode()).hexdigest()[:16]
 
 
 class SQERestCatalog(RestCatalog):
@@ -98,9 +98,9 @@ class SQERestCatalog(RestCatalog):
             self._token_session,
             endpoint.uri.rstrip("/") + "/v1/oauth/tokens",
             client_id=endpoint.client_id or "",
-            client_secret=endpoint.client_secret or "",
+            client_secret=endpoint.client_secret_value() or "",
             scope=endpoint.scope,
-            static_token=endpoint.token or "",
+            static_token=endpoint.token_value() or "",
         )
         properties: dict[str, str] = {"uri": endpoint.uri, "warehouse": endpoint.warehouse}
         properties.update(self._header_properties(config))

@@ -213,8 +213,9 @@ def _static_keys(config: SQEConfig) -> dict[str, str]:
     if pair is None or config.catalog.require_vended_credentials:
         return {}
     keys = {ACCESS_KEY_ID: pair[0], SECRET_ACCESS_KEY: pair[1]}
-    if config.storage.session_token:
-        keys[SESSION_TOKEN] = config.storage.session_token
+    session_token = config.storage.session_token_value()
+    if session_token:
+        keys[SESSION_TOKEN] = session_token
     return keys
 
 

@@ -271,7 +271,7 @@ def static_set(config: SQEConfig) -> TicketCredentials | None:
         prefix="s3://",
         access_key_id=pair[0],
         secret_access_key=pair[1],
-        session_token=storage.session_token,
+        session_token=storage.session_token_value(),
         kind="static",
         storage=StorageOptions(storage.endpoint, storage.effective_region, storage.path_style),
     )
@@ -389,7 +389,8 @@ class DistributedExecutor:
         coordinator = config.coordinator
         if not coordinator.workers:
             raise WorkerError("distributed execution needs [coordinator] workers")
-        if not coordinator.token:
+        token = coordinator.token_value()
+        if not token:
             raise WorkerError("distributed execution needs [coordinator] token")
         self.config = config
         self.options = options or DistributedOptions()
@@ -398,7 +399,7 @@ class DistributedExecutor:
         self.clients = [
             WorkerClient(
                 address,
-                coordinator.token,
+                token,
                 tls_ca=coordinator.tls_ca,
                 max_message_bytes=self.options.max_message_bytes,
             )

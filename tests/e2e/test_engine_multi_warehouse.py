@@ -16,7 +16,7 @@ import pytest
 from pyiceberg.catalog.rest import RestCatalog
 
 import sqe.api
-from sqe.config import CatalogConfig, SQEConfig, StorageConfig, WarehouseConfig
+from sqe.config import CatalogConfig, SiblingWarehouseConfig, SQEConfig, StorageConfig
 from sqe.errors import NoSuchTableError
 from tests.conftest import BOGUS_AWS_ENV, catalog_variant
 
@@ -74,7 +74,7 @@ def test_sibling_warehouse_on_another_catalog_is_joined_through_vended_credentia
                 client_secret=main_user.client_secret,
                 require_vended_credentials=True,
                 warehouses=(
-                    WarehouseConfig(
+                    SiblingWarehouseConfig(
                         name=SIBLING,
                         uri=sibling.url,
                         client_id=sibling_user.client_id,

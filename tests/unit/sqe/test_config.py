@@ -5,20 +5,19 @@ from __future__ import annotations
 import copy
 import pickle
 import re
-import typing
-from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sqe._config_loader import is_section
 from sqe.config import (
     CatalogConfig,
     CoordinatorConfig,
+    SiblingWarehouseConfig,
     SQEConfig,
     StorageConfig,
     TvfConfig,
-    WarehouseConfig,
     load_config,
 )
 from sqe.errors import ConfigError
@@ -114,7 +113,7 @@ class TestParsing:
             access_key_id="AKIASTATIC",
             secret_access_key=SECRETS[2],
             session_token=SECRETS[3],
-            tvf=TvfConfig(("s3://lake/raw", "s3a://lake/landing/")),
+            tvf=TvfConfig(allowed_object_store_prefixes=("s3://lake/raw", "s3a://lake/landing/")),
         )
         assert coordinator.workers == ("10.0.0.1:50051", "worker-2:50051")
         assert coordinator.distributed_credentials == "vended" and coordinator.push_credentials is False
@@ -141,11 +140,10 @@ class TestParsing:
         load_config(example, env={})
         text = example.read_text()
         for section, cls in _sections():
-            hints = typing.get_type_hints(cls)
-            for f in fields(cls):
-                if is_dataclass(hints[f.name]) or f.name == "warehouses":
+            for name, info in cls.model_fields.items():
+                if is_section(info.annotation) or name == "warehouses":
                     continue
-                assert re.search(rf"^#? ?{f.name} = ", text, re.MULTILINE), f"{section}.{f.name} undocumented"
+                assert re.search(rf"^#? ?{name} = ", text, re.MULTILINE), f"{section}.{name} undocumented"
         for header in ("[catalog]", "[[catalog.warehouses]]", "[storage]", "[storage.tvf]", "[coordinator]"):
             assert header in text
 
@@ -162,7 +160,7 @@ class TestParsing:
 def _sections() -> list[tuple[str, type]]:
     return [
         ("catalog", CatalogConfig),
-        ("catalog.warehouses", WarehouseConfig),
+        ("catalog.warehouses", SiblingWarehouseConfig),
         ("storage", StorageConfig),
         ("storage.tvf", TvfConfig),
         ("coordinator", CoordinatorConfig),
@@ -274,6 +272,21 @@ class TestRejections:
         for secret in SECRETS:
             assert secret not in message
 
+    def test_unknown_key_is_reported_before_the_key_it_misspells(self, tmp_path: Path) -> None:
+        path = _write(tmp_path, '[catalog]\nurii = "http://x"\nwarehouse = "w"\n')
+        assert _error(path=path, env={}) == "catalog.urii: unknown key"
+
+    def test_empty_string_in_the_file_unsets_an_optional_key(self, tmp_path: Path) -> None:
+        text = '[catalog]\nuri = "http://x"\nwarehouse = "w"\ntoken = ""\n[storage]\nendpoint = ""\npath_style = ""\n'
+        config = load_config(_write(tmp_path, text), env={})
+        assert config.catalog.token is None and config.storage.endpoint is None and config.storage.path_style is None
+
+    def test_direct_construction_is_strict(self) -> None:
+        with pytest.raises(ValueError):
+            CatalogConfig(uri="http://x", warehouse="w", max_retries="5")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            CatalogConfig(uri="http://x", warehouse="w", unknown=1)  # type: ignore[call-arg]
+
     def test_missing_and_invalid_files(self, tmp_path: Path) -> None:
         assert "config file not found" in _error(path=tmp_path / "nope.toml", env={})
         assert "invalid TOML" in _error(path=_write(tmp_path, "[catalog\n"), env={})
@@ -307,7 +320,7 @@ class TestEnvironment:
         assert config.storage.region == "ap-south-1" and config.storage.path_style is False
         assert config.storage.tvf.allowed_object_store_prefixes == ("s3://lake/raw",)
         assert config.coordinator.workers == ("h1:1", "h2:2")
-        assert catalog.warehouses == (WarehouseConfig("sales", uri="http://127.0.0.1:1"),)
+        assert catalog.warehouses == (SiblingWarehouseConfig(name="sales", uri="http://127.0.0.1:1"),)
         assert catalog.uri == "https://catalog.example:8181/api/catalog"  # untouched keys keep file values
 
     def test_env_alone_is_enough_and_empty_unsets_optional_keys(self, tmp_path: Path) -> None:
@@ -396,9 +409,9 @@ class TestWarehouses:
         catalog = load_config(_write(tmp_path, FULL_TOML), env={}).catalog
         assert catalog.warehouse_names == ("demo", "sales", "hr")
         primary, sales, hr = (catalog.connection(n) for n in (None, "sales", "hr"))
-        assert (primary.warehouse, primary.client_id, primary.client_secret) == ("demo", "alice", SECRETS[0])
-        assert (sales.uri, sales.client_id, sales.client_secret) == (catalog.uri, "alice", SECRETS[0])
-        assert (hr.uri, hr.client_id, hr.client_secret, hr.token) == (
+        assert (primary.warehouse, primary.client_id, primary.client_secret_value()) == ("demo", "alice", SECRETS[0])
+        assert (sales.uri, sales.client_id, sales.client_secret_value()) == (catalog.uri, "alice", SECRETS[0])
+        assert (hr.uri, hr.client_id, hr.client_secret_value(), hr.token_value()) == (
             "http://127.0.0.1:9999",
             "alice-hr",
             SECRETS[5],
@@ -415,7 +428,7 @@ class TestWarehouses:
             }
         )
         conn = config.catalog.connection("x")
-        assert (conn.client_id, conn.client_secret, conn.token) == (None, None, SECRETS[1])
+        assert (conn.client_id, conn.client_secret_value(), conn.token_value()) == (None, None, SECRETS[1])
 
     def test_unknown_warehouse(self) -> None:
         with pytest.raises(ConfigError, match="unknown warehouse 'nope'; configured: demo"):
@@ -428,7 +441,7 @@ class TestSecrets:
             f'client_secret = "{SECRETS[0]}"', f'token = "{SECRETS[1]}"', 1
         )
         config = load_config(_write(tmp_path, text), env={})
-        assert config.catalog.token == SECRETS[1]
+        assert config.catalog.connection().token_value() == SECRETS[1]
         return config
 
     def test_no_secret_in_any_repr_or_str(self, tmp_path: Path) -> None:
@@ -450,6 +463,20 @@ class TestSecrets:
             with pytest.raises(TypeError, match="cannot be pickled"):
                 pickle.dumps(obj)
         assert copy.deepcopy(config) is config and copy.copy(config.storage) is config.storage
+
+    def test_secrets_are_masked_and_revealed_only_by_accessors(self, tmp_path: Path) -> None:
+        config = load_config(_write(tmp_path, FULL_TOML), env={})
+        storage, coordinator = config.storage, config.coordinator
+        assert "**********" in repr(storage.secret_access_key) and SECRETS[2] not in str(storage.secret_access_key)
+        assert storage.session_token_value() == SECRETS[3] and coordinator.token_value() == SECRETS[4]
+        assert config.catalog.connection("hr").client_secret_value() == SECRETS[5]
+        assert _load().storage.session_token_value() is None and _load().coordinator.token_value() is None
+
+    def test_every_section_refuses_pickling(self, tmp_path: Path) -> None:
+        config = load_config(_write(tmp_path, FULL_TOML), env={})
+        for obj in (config.catalog.warehouses[1], config.storage.tvf, config.catalog.connection("hr")):
+            with pytest.raises(TypeError, match="cannot be pickled"):
+                pickle.dumps(obj)
 
     def test_configs_are_frozen(self) -> None:
         config = _load()

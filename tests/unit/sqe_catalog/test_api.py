@@ -62,8 +62,8 @@ def call(app: Starlette, method: str, path: str, *, headers: dict[str, str] | No
 def app_and_token(tmp_path: Path) -> tuple[Starlette, str]:
     database = f"sqlite:///{tmp_path}/catalog.db"
     config = CatalogServerConfig(
-        ServerConfig(database=database, log_level="debug"),
-        (WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh"),),
+        server=ServerConfig(database=database, log_level="debug"),
+        warehouses=(WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh"),),
     )
     app = create_app(config)
     store = AuthStore(create_engine_for(database), b"k", 60, scrypt_n=2)

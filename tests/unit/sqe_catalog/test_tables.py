@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -71,7 +70,7 @@ def test_catalog_io_uses_the_warehouse_key_and_path_style() -> None:
     props = catalog_io_properties(warehouse)
     assert props["s3.endpoint"] == "http://s3.local" and props["s3.access-key-id"] == "AK"
     assert props["s3.force-virtual-addressing"] == "false" and props["s3.region"] == "us-east-1"
-    virtual = catalog_io_properties(dataclasses.replace(warehouse, path_style=False))
+    virtual = catalog_io_properties(warehouse.model_copy(update={"path_style": False}))
     assert virtual["s3.force-virtual-addressing"] == "true"
 
 
@@ -143,8 +142,8 @@ def test_commit_moving_a_table_outside_is_rejected(tables: WarehouseTables, tmp_
 
 def test_catalog_toml_example_documents_every_key() -> None:
     raw = tomllib.loads((REPO / "catalog.toml.example").read_text(encoding="utf-8"))
-    assert set(raw["server"]) == {f.name for f in dataclasses.fields(ServerConfig)}
-    assert set(raw["warehouses"][0]) == {f.name for f in dataclasses.fields(WarehouseConfig)}
+    assert set(raw["server"]) == set(ServerConfig.model_fields)
+    assert set(raw["warehouses"][0]) == set(WarehouseConfig.model_fields)
 
 
 def test_purge_deletes_only_under_the_tables_own_locations(tables: WarehouseTables) -> None:

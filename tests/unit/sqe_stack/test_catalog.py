@@ -47,7 +47,7 @@ def test_stack_config_is_private_and_parses(tmp_path: Path) -> None:
     warehouse = config.warehouse(WAREHOUSE)
     assert warehouse is not None
     assert warehouse.location == "s3://warehouse/demo" and warehouse.credential_lifetime_seconds == 60
-    assert (warehouse.access_key_id, warehouse.secret_access_key) == (STORE.access_key_id, STORE.secret_access_key)
+    assert warehouse.static_key_pair() == (STORE.access_key_id, STORE.secret_access_key)
     assert STORE.secret_access_key not in repr(STORE)
 
 

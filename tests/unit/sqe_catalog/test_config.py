@@ -1,0 +1,161 @@
+"""Catalog server configuration: strict parsing, one-line errors naming the key, and no secret in any output."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from pathlib import Path
+
+import pytest
+
+from sqe_catalog.config import CatalogServerConfig, ServerConfig, WarehouseConfig, load_config, parse_config
+from sqe_catalog.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[3]
+SIGNING_KEY = "SIGNING-KEY-7d1e0c"
+STATIC_SECRET = "CATALOG-STATIC-SECRET-42f"
+SECRETS = (SIGNING_KEY, STATIC_SECRET)
+
+FULL_TOML = f"""
+[server]
+host = "0.0.0.0"
+port = 9191
+database = "sqlite:///x.db"
+token_signing_key = "{SIGNING_KEY}"
+token_lifetime_seconds = 60
+log_level = "debug"
+request_timeout_seconds = 5
+
+[[warehouses]]
+name = "demo"
+location = "s3://warehouse/demo"
+endpoint = "http://127.0.0.1:9000"
+role_arn = "arn:aws:iam::123456789012:role/lakehouse"
+credential_lifetime_seconds = 5
+access_key_id = "AKIACATALOG"
+secret_access_key = "{STATIC_SECRET}"
+
+[[warehouses]]
+name = "local"
+location = "file:///tmp/local"
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "catalog.toml"
+    path.write_text(text)
+    return path
+
+
+def _error(raw: dict[str, object]) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    return str(info.value)
+
+
+WAREHOUSE = {"name": "w", "location": "file:///tmp/w"}
+
+
+class TestParsing:
+    def test_full_file_parses_into_typed_values(self, tmp_path: Path) -> None:
+        config = load_config(_write(tmp_path, FULL_TOML))
+        assert (config.server.host, config.server.port, config.server.token_lifetime_seconds) == ("0.0.0.0", 9191, 60)
+        assert config.server.request_timeout_seconds == 5.0 and config.server.log_level == "debug"
+        demo = config.warehouse("demo")
+        assert demo is not None and demo.bucket == "warehouse" and demo.credential_lifetime_seconds == 5
+        assert demo.static_key_pair() == ("AKIACATALOG", STATIC_SECRET)
+        assert [w.name for w in config.warehouses] == ["demo", "local"] and config.warehouse("nope") is None
+
+    def test_optional_secret_key_set_and_unset(self) -> None:
+        """The old loader failed on the first ``str | None`` field; these are ``SecretStr | None``."""
+        set_ = parse_config({"server": {"token_signing_key": SIGNING_KEY}, "warehouses": [WAREHOUSE]})
+        assert set_.server.signing_key_bytes() == SIGNING_KEY.encode()
+        for server in ({}, {"token_signing_key": ""}):
+            unset = parse_config({"server": server, "warehouses": [{**WAREHOUSE, "secret_access_key": ""}]})
+            assert unset.server.token_signing_key is None and unset.server.signing_key_bytes() is None
+            assert unset.warehouses[0].secret_access_key is None and unset.warehouses[0].static_key_pair() is None
+
+    def test_defaults_and_empty_document(self) -> None:
+        config = parse_config({})
+        assert config.server == ServerConfig() and config.warehouses == ()
+        assert (config.server.host, config.server.port) == ("127.0.0.1", 8181)
+
+    def test_example_file_parses(self) -> None:
+        config = load_config(REPO / "catalog.toml.example")
+        assert config.warehouses[0].name == "demo" and config.server.signing_key_bytes() is None
+
+
+class TestErrorsNameTheKey:
+    @pytest.mark.parametrize(
+        ("raw", "expected"),
+        [
+            ({"serve": {}}, "serve: unknown key"),
+            ({"server": {"prot": 1}}, "server.prot: unknown key"),
+            ({"warehouses": [{**WAREHOUSE, "locaton": "x"}]}, "warehouses[0].locaton: unknown key"),
+            ({"server": {"port": "8181"}}, "server.port: expected an integer, got a string"),
+            ({"server": {"port": True}}, "server.port: expected an integer, got a boolean"),
+            ({"server": {"request_timeout_seconds": "5"}}, "server.request_timeout_seconds: expected a number"),
+            ({"server": []}, "server: expected a table, got a list"),
+            ({"warehouses": {"name": "w"}}, "warehouses: expected an array of tables, got a table"),
+            ({"warehouses": [WAREHOUSE, {"name": "x"}]}, "warehouses[1].location: required"),
+            ({"warehouses": [{**WAREHOUSE, "path_style": "yes"}]}, "warehouses[0].path_style: expected a boolean"),
+            ({"server": {"token_lifetime_seconds": 0}}, "server.token_lifetime_seconds: must be positive"),
+            ({"warehouses": [WAREHOUSE, WAREHOUSE]}, "warehouses[1].name: duplicate warehouse name"),
+            ({"warehouses": [{**WAREHOUSE, "location": "/tmp/w"}]}, "warehouses[0].location: must start with"),
+            (
+                {"warehouses": [{**WAREHOUSE, "credential_lifetime_seconds": 0}]},
+                "warehouses[0].credential_lifetime_seconds: must be >= 1",
+            ),
+            (
+                {"warehouses": [{"name": "w", "location": "s3://b/w"}]},
+                "warehouses[0].role_arn: required unless sts_unavailable = true",
+            ),
+            (
+                {"warehouses": [{**WAREHOUSE, "access_key_id": "AK"}]},
+                "warehouses[0].secret_access_key: required when warehouses[0].access_key_id is set",
+            ),
+            (
+                {"warehouses": [{**WAREHOUSE, "secret_access_key": STATIC_SECRET}]},
+                "warehouses[0].access_key_id: required when",
+            ),
+        ],
+    )
+    def test_one_line_error_naming_the_key(self, raw: dict[str, object], expected: str) -> None:
+        message = _error(raw)
+        assert message.startswith(expected) and "\n" not in message
+
+    def test_wrong_type_of_a_secret_never_echoes_it(self, tmp_path: Path) -> None:
+        path = _write(tmp_path, f'[server]\ntoken_signing_key = ["{SIGNING_KEY}"]\n')
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert str(info.value) == "server.token_signing_key: expected a string, got a list"
+
+    def test_missing_and_invalid_files(self, tmp_path: Path) -> None:
+        with pytest.raises(ConfigError, match="config file not found"):
+            load_config(tmp_path / "nope.toml")
+        with pytest.raises(ConfigError, match="invalid TOML"):
+            load_config(_write(tmp_path, "[server\n"))
+
+
+class TestSecrets:
+    def test_no_secret_in_repr_str_or_errors(self, tmp_path: Path) -> None:
+        config = load_config(_write(tmp_path, FULL_TOML))
+        rendered = [repr(config), str(config), repr(config.server), *(repr(w) for w in config.warehouses)]
+        for text in rendered:
+            for secret in (*SECRETS, "sqlite:///x.db"):
+                assert secret not in text
+        assert "AKIACATALOG" in repr(config)  # key ids are not secret
+
+    def test_config_refuses_pickling_but_copies_and_is_frozen(self, tmp_path: Path) -> None:
+        config = load_config(_write(tmp_path, FULL_TOML))
+        for obj in (config, config.server, config.warehouses[0]):
+            with pytest.raises(TypeError, match="cannot be pickled"):
+                pickle.dumps(obj)
+        assert copy.deepcopy(config) is config and copy.copy(config.server) is config.server
+        with pytest.raises(AttributeError):
+            config.server.port = 1  # type: ignore[misc]
+
+    def test_direct_construction_is_type_checked(self) -> None:
+        with pytest.raises(ValueError):
+            WarehouseConfig(name="w", location="file:///w", credential_lifetime_seconds="5")  # type: ignore[arg-type]
+        assert CatalogServerConfig(warehouses=(WarehouseConfig(**WAREHOUSE),)).warehouse("w") is not None
