@@ -53,6 +53,8 @@ class SiblingWarehouseConfig(ConfigSection):
     client_id: Unset[str] = None
     client_secret: Unset[SecretStr] = None
     token: Unset[SecretStr] = None
+    reader_client_id: Unset[str] = None
+    reader_client_secret: Unset[SecretStr] = None
 
 
 class CatalogConnection(ConfigSection):
@@ -64,10 +66,23 @@ class CatalogConnection(ConfigSection):
     client_id: str | None = None
     client_secret: SecretStr | None = None
     token: SecretStr | None = None
+    # The engine's trusted-reader identity: when set, every catalog call uses a token delegated by the end
+    # user above (subject) to this reader (actor), obtained by OAuth token exchange (RFC 8693).
+    reader_client_id: str | None = None
+    reader_client_secret: SecretStr | None = None
 
     def client_secret_value(self) -> str | None:
         """The OAuth client secret, for the token request only."""
         return reveal(self.client_secret)
+
+    def reader_client_secret_value(self) -> str | None:
+        """The reader's OAuth client secret, for its token request only."""
+        return reveal(self.reader_client_secret)
+
+    @property
+    def delegates(self) -> bool:
+        """True when calls go through a trusted reader acting for the end user."""
+        return bool(self.reader_client_id)
 
     def token_value(self) -> str | None:
         """The static bearer token, for the Authorization header only."""
@@ -80,6 +95,8 @@ class CatalogConfig(ConfigSection):
     client_id: Unset[str] = None
     client_secret: Unset[SecretStr] = None
     token: Unset[SecretStr] = None
+    reader_client_id: Unset[str] = None
+    reader_client_secret: Unset[SecretStr] = None
     scope: str = "PRINCIPAL_ROLE:ALL"
     access_delegation: AccessDelegation = "none"
     require_vended_credentials: bool = False
@@ -103,7 +120,7 @@ class CatalogConfig(ConfigSection):
     def connection(self, warehouse: str | None = None) -> CatalogConnection:
         """Connection settings for ``warehouse`` (default: the primary one).
 
-        A sibling that sets any of client_id/client_secret/token uses only its own credentials, so two
+        A sibling that sets any of client_id/client_secret/token/reader_* uses only its own credentials, so two
         principals' credentials are never mixed; otherwise it inherits all of ``[catalog]``'s.
         """
         name = self.warehouse if warehouse is None else warehouse
@@ -115,11 +132,22 @@ class CatalogConfig(ConfigSection):
                 client_id=self.client_id,
                 client_secret=self.client_secret,
                 token=self.token,
+                reader_client_id=self.reader_client_id,
+                reader_client_secret=self.reader_client_secret,
             )
         sibling = next((w for w in self.warehouses if w.name == name), None)
         if sibling is None:
             raise ConfigError(f"unknown warehouse {name!r}; configured: {', '.join(self.warehouse_names)}")
-        own_auth = any(v is not None for v in (sibling.client_id, sibling.client_secret, sibling.token))
+        own_auth = any(
+            v is not None
+            for v in (
+                sibling.client_id,
+                sibling.client_secret,
+                sibling.token,
+                sibling.reader_client_id,
+                sibling.reader_client_secret,
+            )
+        )
         source: SiblingWarehouseConfig | CatalogConfig = sibling if own_auth else self
         return CatalogConnection(
             warehouse=name,
@@ -128,6 +156,8 @@ class CatalogConfig(ConfigSection):
             client_id=source.client_id,
             client_secret=source.client_secret,
             token=source.token,
+            reader_client_id=source.reader_client_id,
+            reader_client_secret=source.reader_client_secret,
         )
 
 
@@ -204,6 +234,24 @@ def _check_auth(
         o.fail(f"{where}.token", f"set either {where}.token or {where}.client_id/client_secret, not both")
 
 
+def _check_reader(
+    reader_id: str | None,
+    reader_secret: SecretStr | None,
+    has_end_user: bool,
+    where: str,
+    o: Origins,
+) -> None:
+    if reader_id and not reader_secret:
+        o.fail(f"{where}.reader_client_secret", f"required when {where}.reader_client_id is set")
+    if reader_secret and not reader_id:
+        o.fail(f"{where}.reader_client_id", f"required when {where}.reader_client_secret is set")
+    if reader_id and not has_end_user:
+        o.fail(
+            f"{where}.reader_client_id",
+            f"a reader acts for an end user: set {where}.client_id/client_secret or {where}.token too",
+        )
+
+
 def _check_object_store_prefixes(prefixes: tuple[str, ...], key: str, origins: Origins) -> None:
     for i, prefix in enumerate(prefixes):
         scheme_ok = prefix.startswith(_OBJECT_STORE_SCHEMES)
@@ -216,6 +264,7 @@ def _validate_catalog(c: CatalogConfig, o: Origins) -> None:
     if not c.warehouse:
         o.fail("catalog.warehouse", "must not be empty")
     _check_auth(c.client_id, c.client_secret, c.token, "catalog", o)
+    _check_reader(c.reader_client_id, c.reader_client_secret, bool(c.client_id or c.token), "catalog", o)
     if c.credential_max_age_seconds <= 0:
         o.fail("catalog.credential_max_age_seconds", "must be positive")
     if c.request_timeout_seconds <= 0:
@@ -233,6 +282,8 @@ def _validate_catalog(c: CatalogConfig, o: Origins) -> None:
         seen.add(w.name)
         _check_http_url(w.uri, f"{where}.uri", o)
         _check_auth(w.client_id, w.client_secret, w.token, where, o)
+        # A sibling with its own reader must name its own end user too (own credentials are never mixed).
+        _check_reader(w.reader_client_id, w.reader_client_secret, bool(w.client_id or w.token), where, o)
 
 
 def _validate_storage(s: StorageConfig, o: Origins) -> None:

@@ -17,7 +17,7 @@ _REFRESH_MAX_MARGIN = 60.0
 
 
 @dataclass
-class _Token:
+class Token:
     value: str = field(repr=False)
     expires_at: float | None
     refresh_at: float | None
@@ -42,7 +42,7 @@ class BearerAuth(requests.auth.AuthBase):
         self._client_secret = client_secret
         self._scope = scope
         self._lock = threading.Lock()
-        self._token: _Token | None = _Token(static_token, None, None) if static_token else None
+        self._token: Token | None = Token(static_token, None, None) if static_token else None
 
     def __repr__(self) -> str:
         return f"BearerAuth(token_url={self._token_url!r}, client_id={self._client_id!r})"
@@ -71,7 +71,7 @@ class BearerAuth(requests.auth.AuthBase):
             with self._lock:
                 self._token = None
 
-    def _fetch(self) -> _Token:
+    def _fetch(self) -> Token:
         if not self._client_id:
             raise AuthenticationError("no catalog credentials configured (catalog.client_id or catalog.token)")
         data = {
@@ -89,27 +89,31 @@ class BearerAuth(requests.auth.AuthBase):
         if response.status_code in (400, 401, 403):
             raise AuthenticationError(
                 f"catalog rejected client {self._client_id!r} at {self._token_url} "
-                f"(HTTP {response.status_code}: {_oauth_error(response)})",
+                f"(HTTP {response.status_code}: {oauth_error(response)})",
                 status=response.status_code,
             )
         if response.status_code != 200:
             raise CatalogUnavailableError(
                 f"catalog token endpoint answered HTTP {response.status_code}", status=response.status_code
             )
-        try:
-            body = response.json()
-            value = str(body["access_token"])
-            expires_in = body.get("expires_in")
-        except (ValueError, KeyError, TypeError):
-            raise CatalogProtocolError("catalog token response is not a valid OAuth token response") from None
-        now = time.time()
-        if isinstance(expires_in, int | float) and expires_in > 0:
-            margin = min(_REFRESH_MAX_MARGIN, expires_in * _REFRESH_SHARE)
-            return _Token(value, now + expires_in, now + expires_in - margin)
-        return _Token(value, None, None)
+        return token_from_response(response, time.time())
 
 
-def _oauth_error(response: requests.Response) -> str:
+def token_from_response(response: requests.Response, now: float) -> Token:
+    """The token of a 200 OAuth token response, with its refresh point; malformed -> CatalogProtocolError."""
+    try:
+        body = response.json()
+        value = str(body["access_token"])
+        expires_in = body.get("expires_in")
+    except (ValueError, KeyError, TypeError):
+        raise CatalogProtocolError("catalog token response is not a valid OAuth token response") from None
+    if isinstance(expires_in, int | float) and not isinstance(expires_in, bool) and expires_in > 0:
+        margin = min(_REFRESH_MAX_MARGIN, expires_in * _REFRESH_SHARE)
+        return Token(value, now + expires_in, now + expires_in - margin)
+    return Token(value, None, None)
+
+
+def oauth_error(response: requests.Response) -> str:
     try:
         body = response.json()
     except ValueError:

@@ -43,6 +43,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.table import StagedTable, Table
 
 from sqe.catalog._auth import BearerAuth
+from sqe.catalog._delegation import DelegatedAuth
 from sqe.catalog._transport import RetryPolicy, make_session
 from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
 from sqe.config import CatalogConnection, SQEConfig
@@ -79,10 +80,42 @@ DELEGATION_HEADER = "X-Iceberg-Access-Delegation"
 
 
 def principal_key(connection: CatalogConnection) -> str:
-    """Identifies the principal for cache keys without revealing a secret."""
+    """Identifies the principal (and the reader acting for it) for cache keys without revealing a secret."""
     if connection.client_id:
-        return f"client:{connection.client_id}"
-    return "token:" + hashlib.sha256((connection.token_value() or "").encode()).hexdigest()[:16]
+        user = f"client:{connection.client_id}"
+    else:
+        user = "token:" + hashlib.sha256((connection.token_value() or "").encode()).hexdigest()[:16]
+    return f"{user}+reader:{connection.reader_client_id}" if connection.delegates else user
+
+
+def _catalog_auth(session: requests.Session, endpoint: CatalogConnection) -> BearerAuth:
+    """The end user's own token, or (with a reader configured) a token delegated by the user to the reader."""
+    token_url = endpoint.uri.rstrip("/") + "/v1/oauth/tokens"
+    end_user = BearerAuth(
+        session,
+        token_url,
+        client_id=endpoint.client_id or "",
+        client_secret=endpoint.client_secret_value() or "",
+        scope=endpoint.scope,
+        static_token=endpoint.token_value() or "",
+    )
+    if not endpoint.delegates:
+        return end_user
+    reader = BearerAuth(
+        session,
+        token_url,
+        client_id=endpoint.reader_client_id or "",
+        client_secret=endpoint.reader_client_secret_value() or "",
+        scope=endpoint.scope,
+    )
+    return DelegatedAuth(
+        session,
+        token_url,
+        end_user=end_user,
+        reader=reader,
+        end_user_name=endpoint.client_id or "token user",
+        reader_name=endpoint.reader_client_id or "",
+    )
 
 
 class SQERestCatalog(RestCatalog):
@@ -94,14 +127,7 @@ class SQERestCatalog(RestCatalog):
         policy = RetryPolicy(max_retries=config.catalog.max_retries, timeout=config.catalog.request_timeout_seconds)
         self._token_session = make_session(policy)
         self._retry_policy = policy
-        self._bearer = BearerAuth(
-            self._token_session,
-            endpoint.uri.rstrip("/") + "/v1/oauth/tokens",
-            client_id=endpoint.client_id or "",
-            client_secret=endpoint.client_secret_value() or "",
-            scope=endpoint.scope,
-            static_token=endpoint.token_value() or "",
-        )
+        self._bearer = _catalog_auth(self._token_session, endpoint)
         properties: dict[str, str] = {"uri": endpoint.uri, "warehouse": endpoint.warehouse}
         properties.update(self._header_properties(config))
         try:

@@ -1,0 +1,90 @@
+"""The trusted-reader identity in ``[catalog]``: validation, inheritance, secrets."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from sqe.catalog.rest import principal_key
+from sqe.config import load_config
+from sqe.errors import ConfigError
+
+BASE = {"catalog.uri": "http://127.0.0.1:1", "catalog.warehouse": "demo"}
+
+
+def _load(**overrides: object) -> object:
+    return load_config(env={}, overrides={**BASE, **overrides})
+
+
+def test_reader_with_end_user_is_accepted_and_its_secret_stays_hidden() -> None:
+    config = load_config(
+        env={"SQE_CATALOG__READER_CLIENT_SECRET": "reader-secret-value"},
+        overrides={
+            **BASE,
+            "catalog.client_id": "analyst",
+            "catalog.client_secret": "user-secret-value",
+            "catalog.reader_client_id": "sqe-engine",
+        },
+    )
+    connection = config.catalog.connection()
+    assert connection.delegates and connection.reader_client_id == "sqe-engine"
+    assert connection.reader_client_secret_value() == "reader-secret-value"
+    assert "reader-secret-value" not in repr(config) + repr(connection)
+    with pytest.raises(TypeError):
+        pickle.dumps(connection)
+    # the cache key separates the user's own identity from the user acting through a reader
+    assert principal_key(connection) == "client:analyst+reader:sqe-engine"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"catalog.client_id": "a", "catalog.client_secret": "s", "catalog.reader_client_id": "r"},
+            "catalog.reader_client_secret: required when catalog.reader_client_id is set",
+        ),
+        (
+            {"catalog.client_id": "a", "catalog.client_secret": "s", "catalog.reader_client_secret": "x"},
+            "catalog.reader_client_id: required when catalog.reader_client_secret is set",
+        ),
+        (
+            {"catalog.reader_client_id": "r", "catalog.reader_client_secret": "x"},
+            "catalog.reader_client_id: a reader acts for an end user",
+        ),
+    ],
+)
+def test_incomplete_reader_settings_name_the_key(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _load(**overrides)
+    key, _, text = message.partition(": ")
+    assert str(caught.value).startswith(key) and text in str(caught.value)
+
+
+def test_sibling_inherits_the_reader_unless_it_brings_its_own_identity() -> None:
+    config = load_config(
+        env={},
+        overrides={
+            **BASE,
+            "catalog.client_id": "analyst",
+            "catalog.client_secret": "s",
+            "catalog.reader_client_id": "sqe-engine",
+            "catalog.reader_client_secret": "r",
+            "catalog.warehouses": [{"name": "same"}, {"name": "own", "client_id": "bob", "client_secret": "b"}],
+        },
+    )
+    assert config.catalog.connection("same").reader_client_id == "sqe-engine"
+    assert not config.catalog.connection("own").delegates  # own credentials are never mixed with [catalog]'s
+
+
+def test_sibling_reader_needs_its_own_end_user() -> None:
+    with pytest.raises(ConfigError) as caught:
+        _load(
+            **{
+                "catalog.client_id": "analyst",
+                "catalog.client_secret": "s",
+                "catalog.warehouses": [{"name": "w2", "reader_client_id": "r", "reader_client_secret": "x"}],
+            }
+        )
+    assert str(caught.value).startswith("catalog.warehouses[0].reader_client_id")
+    assert "a reader acts for an end user" in str(caught.value)
