@@ -42,12 +42,11 @@ OWN_TOKEN_REFUSED = "ForbiddenException: the catalog only serves this table thro
 class Catalog:
     """An in-process catalog app, its config file (for the admin CLI) and bearer tokens per principal."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, server: str = "") -> None:
         database = f"sqlite:///{tmp_path}/catalog.db"
         self.config_path = tmp_path / "catalog.toml"
-        self.config_path.write_text(
-            f'[server]\ndatabase = "{database}"\n\n[[warehouses]]\nname = "wh"\nlocation = "file://{tmp_path}/wh"\n'
-        )
+        warehouse = f'[[warehouses]]\nname = "wh"\nlocation = "file://{tmp_path}/wh"\n'
+        self.config_path.write_text(f'[server]\ndatabase = "{database}"\n{server}\n{warehouse}')
         self.app: Starlette = create_app(load_config(str(self.config_path)))
         self.store = AuthStore(create_engine_for(database), b"k", 60, scrypt_n=2)
         self.tokens: dict[str, str] = {}
