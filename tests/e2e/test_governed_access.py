@@ -67,11 +67,12 @@ class Governed:
         return reply
 
     def exchange(self, subject: str | None, actor: str | None, **extra: str) -> requests.Response:
-        form: dict[str, str] = {"grant_type": TOKEN_EXCHANGE_GRANT, **extra}
+        form: dict[str, str] = {"grant_type": TOKEN_EXCHANGE_GRANT}
         if subject is not None:
             form |= {"subject_token": subject, "subject_token_type": ACCESS_TOKEN_TYPE}
         if actor is not None:
             form |= {"actor_token": actor, "actor_token_type": ACCESS_TOKEN_TYPE}
+        form |= extra  # last: a test may replace any field
         reply = requests.post(f"{self.server.url}/v1/oauth/tokens", data=form, timeout=30)
         if reply.status_code == 200:
             self.server.secrets.add(reply.json()["access_token"])
