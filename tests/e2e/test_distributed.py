@@ -239,6 +239,9 @@ def test_restrictions_apply_on_workers_like_locally(
     delegated = {"token": catalog_server.delegated_token(restricted, catalog_reader)}
     path = tmp_path / "masked.toml"
     write_sqe_config(path, catalog_server.url, restricted, catalog_server.moto, catalog=delegated)
+    own_credentials = ("client_id = ", "client_secret = ")
+    lines = [line for line in path.read_text().splitlines() if not line.startswith(own_credentials)]
+    path.write_text("\n".join(lines) + "\n")
     config = load_config(path, env={}, overrides=coordinator_overrides(workers))
     sql = f"SELECT id, region, note FROM {tables.namespace}.events WHERE id % 5 = 0"
     with sqe.api.connect(path) as local, distributed_session(config) as distributed:
