@@ -33,6 +33,10 @@ VENDED_CREDENTIALS: Final = "vended-credentials"
 CAPABILITIES_HEADER: Final = "X-Gravitino-Client-Capabilities"
 READ_RESTRICTIONS_V1: Final = "read-restrictions.v1"
 
+# --------------------------------------------------------------------------- OAuth 2.0 token exchange (RFC 8693)
+TOKEN_EXCHANGE_GRANT: Final = "urn:ietf:params:oauth:grant-type:token-exchange"
+ACCESS_TOKEN_TYPE: Final = "urn:ietf:params:oauth:token-type:access_token"
+
 # ------------------------------------------------------------------------------------------- namespaces
 # A multi-level namespace in a REST path joins its levels with the unit separator (0x1F), which cannot
 # appear inside a level; "." can.

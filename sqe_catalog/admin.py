@@ -11,8 +11,15 @@ Read-restrictions (see ``sqe_catalog.restrictions`` for how entries combine and 
     set-restrictions --warehouse W --namespace a.b --table T (--principal P | --group G) --file F [--unchecked]
     clear-restrictions --warehouse W --namespace a.b --table T (--principal P | --group G)
     list-restrictions [--warehouse W] [--namespace a.b]
-    set-trusted-reader P true|false          (principals are trusted readers unless marked false)
-    list-untrusted-readers
+
+Readers (engine service identities trusted to enforce restrictions for the end users they act for; see
+``sqe_catalog.delegation``). No principal is a reader unless an administrator makes it one; a reader needs no
+data grants of its own::
+
+    create-principal NAME --reader           (a new reader; prints its client id and secret once)
+    set-trusted-reader P true|false          (add or remove reader status of an existing principal)
+    list-readers
+    list-untrusted-readers                   (every principal that is not a reader)
 
 ``set-restrictions`` reads the table's current metadata (with the warehouse's own key) and validates the
 document against its schema with SQE's parser; ``--file -`` reads standard input.
@@ -50,6 +57,7 @@ def add_admin_commands(parser: argparse.ArgumentParser) -> None:
     create = sub.add_parser("create-principal", help="create a principal; prints its client id and secret")
     create.add_argument("name")
     create.add_argument("--admin", action="store_true", help="the principal holds every privilege")
+    create.add_argument("--reader", action="store_true", help="an engine service identity trusted to act for end users")
     sub.add_parser("rotate-secret", help="new client secret (older tokens stop working)").add_argument("name")
     sub.add_parser("delete-principal", help="delete a principal").add_argument("name")
     sub.add_parser("create-role", help="create a principal role").add_argument("role")
@@ -64,6 +72,11 @@ def add_admin_commands(parser: argparse.ArgumentParser) -> None:
     _grant_parser(sub, "revoke", "revoke a privilege from a role")
     sub.add_parser("list-principals", help="principals with their roles and groups (JSON, no secrets)")
     sub.add_parser("list-grants", help="grants (JSON)").add_argument("--role", help="only this role's grants")
+    trust = sub.add_parser("set-trusted-reader", help="add (true) or remove (false) a principal's reader status")
+    trust.add_argument("principal")
+    trust.add_argument("trusted", choices=["true", "false"])
+    sub.add_parser("list-readers", help="reader principals (JSON)")
+    sub.add_parser("list-untrusted-readers", help="principals that are not readers (JSON)")
     _restriction_parsers(sub)
 
 
@@ -80,10 +93,6 @@ def _restriction_parsers(sub: Any) -> None:
     listing = sub.add_parser("list-restrictions", help="read-restrictions entries (JSON)")
     listing.add_argument("--warehouse")
     listing.add_argument("--namespace", help="dotted namespace")
-    trust = sub.add_parser("set-trusted-reader", help="mark a principal as a trusted reader of restricted tables")
-    trust.add_argument("principal")
-    trust.add_argument("trusted", choices=["true", "false"])
-    sub.add_parser("list-untrusted-readers", help="principals marked as untrusted readers (JSON)")
 
 
 def _restriction_target(parser: argparse.ArgumentParser) -> None:
@@ -196,13 +205,14 @@ def _principal_json(p: Principal) -> dict[str, Any]:
         "name": p.name,
         "client_id": p.client_id,
         "is_admin": p.is_admin,
+        "reader": p.is_reader,
         "roles": sorted(p.roles),
         "groups": sorted(p.groups),
     }
 
 
 def _create_principal(store: AuthStore, _c: CatalogServerConfig, args: argparse.Namespace) -> _Output:
-    return _credentials(args.name, *store.create_principal(args.name, is_admin=args.admin))
+    return _credentials(args.name, *store.create_principal(args.name, is_admin=args.admin, reader=args.reader))
 
 
 def _rotate_secret(store: AuthStore, _c: CatalogServerConfig, args: argparse.Namespace) -> _Output:
@@ -253,6 +263,9 @@ _COMMANDS: dict[str, _Command] = {
     "revoke": _revoke,
     "list-principals": _list_principals,
     "list-grants": _list_grants,
+    "set-trusted-reader": _silent(lambda s, a: s.set_reader(a.principal, a.trusted == "true")),
+    "list-readers": lambda s, _c, _a: s.list_readers(),
+    "list-untrusted-readers": lambda s, _c, _a: [p.name for p in s.list_principals() if not p.is_reader],
 }
 
 
@@ -315,23 +328,8 @@ def _list_restrictions(
     return [entry.to_json() for entry in restrictions.entries(args.warehouse, namespace)]
 
 
-def _set_trusted_reader(
-    restrictions: RestrictionStore, _e: Engine, _c: CatalogServerConfig, args: argparse.Namespace
-) -> _Output:
-    restrictions.set_trusted(args.principal, args.trusted == "true")
-    return None
-
-
-def _list_untrusted_readers(
-    restrictions: RestrictionStore, _e: Engine, _c: CatalogServerConfig, _a: argparse.Namespace
-) -> _Output:
-    return restrictions.untrusted_readers()
-
-
 _RESTRICTION_COMMANDS: dict[str, _RestrictionCommand] = {
     "set-restrictions": _set_restrictions,
     "clear-restrictions": _clear_restrictions,
     "list-restrictions": _list_restrictions,
-    "set-trusted-reader": _set_trusted_reader,
-    "list-untrusted-readers": _list_untrusted_readers,
 }

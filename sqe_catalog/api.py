@@ -19,10 +19,12 @@ Authorisation (``AuthStore.require``), Polaris-like:
   ``TABLE_WRITE_DATA``. Without the header a response carries no key at all.
 
 Read-restrictions (``sqe_catalog.restrictions``): every response that carries a restricted table's metadata or
-storage credentials (load, create, register, commit, credentials) first resolves the caller's restrictions and
-answers 406 to a client that did not declare ``read-restrictions.v1`` and 403 to an untrusted reader; a load
-then returns them as ``read-restrictions``. This happens before the ETag comparison, and the ETag of a
-restricted response digests the principal and its restrictions.
+storage credentials (load, create, register, commit, credentials) first resolves the end user's restrictions and
+answers 406 to a client that did not declare ``read-restrictions.v1`` and 403 to anything but a delegated token
+whose actor is a trusted reader (``sqe_catalog.delegation``); a load then returns them as ``read-restrictions``,
+with read-only credentials. Commits by a restricted end user are refused. This happens before the ETag
+comparison; the ETag of a restricted response digests the principal and its restrictions, and every ETag
+digests the actor. Each governed response leaves one ``sqe_catalog.audit`` line.
 """
 
 from __future__ import annotations
@@ -49,11 +51,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sqe.vocabulary import ACCESS_TOKEN_TYPE, TOKEN_EXCHANGE_GRANT
+from sqe_catalog import audit
 from sqe_catalog.auth import AuthStore, Principal, Privilege, create_engine_for
 from sqe_catalog.config import CatalogServerConfig, WarehouseConfig
+from sqe_catalog.delegation import TokenExchangeError, exchange_token
 from sqe_catalog.errors import (
     BadRequestError,
     CatalogError,
+    NotAcceptableError,
     NotAuthorizedError,
     NotFoundError,
     UnprocessableEntityError,
@@ -65,6 +71,7 @@ from sqe_catalog.restrictions import (
     ResolvedRestrictions,
     RestrictionStore,
     declared_capabilities,
+    refuse_restricted_write,
     require_capability,
 )
 from sqe_catalog.tables import (
@@ -328,7 +335,8 @@ def _storage_credentials(call: _Call, table: LoadedTable, access: _DataAccess) -
     warehouse = call.warehouse
     if not warehouse.config.vend_credentials or not table.location.startswith(("s3://", "s3a://", "s3n://")):
         return []  # vending switched off, or local files that need no credential
-    credential = warehouse.vendor.vend(call.principal.name, table.key, table.locations, access.write)
+    principal = call.principal
+    credential = warehouse.vendor.vend(principal.name, table.key, table.locations, access.write, reader=principal.actor)
     return [{"prefix": table.location, "config": credential.to_config()}]
 
 
@@ -360,18 +368,67 @@ def _metadata_json(table: LoadedTable, snapshots: str) -> str:
     return str(metadata.model_dump_json())
 
 
-def _restrictions(call: _Call, table: LoadedTable) -> ResolvedRestrictions | None:
-    """The caller's read-restrictions on ``table`` after the delivery gate (406 undeclared, 403 untrusted)."""
-    resolved = call.state.restrictions.resolve(call.prefix, table, call.principal.name, call.principal.groups)
-    if resolved is not None:
-        declared = READ_RESTRICTIONS_V1 in declared_capabilities(call.request.headers.getlist(CAPABILITIES_HEADER))
-        require_capability(
-            resolved,
-            declared=declared,
-            trusted=declared and call.state.restrictions.is_trusted(call.principal.name),
-            what=".".join([call.prefix, *table.namespace, table.name]),
-        )
+def _restrictions(call: _Call, table: LoadedTable, operation: str) -> ResolvedRestrictions | None:
+    """The end user's read-restrictions on ``table`` after the delivery gate (406 undeclared, 403 unless through a
+    trusted reader, 403 for any commit); a refusal is audited here, a served response by the caller."""
+    principal = call.principal
+    what = _table_name(call, table)
+    try:
+        resolved = call.state.restrictions.resolve(call.prefix, table, principal.name, principal.groups)
+    except CatalogError as exc:
+        _audit(call, operation, what, None, "refused-unusable", exc.status)
+        raise
+    if resolved is None:
+        return None
+    declared = READ_RESTRICTIONS_V1 in declared_capabilities(call.request.headers.getlist(CAPABILITIES_HEADER))
+    try:
+        require_capability(resolved, declared=declared, via_trusted_reader=principal.via_trusted_reader, what=what)
+    except CatalogError as exc:
+        outcome = "refused-capability" if isinstance(exc, NotAcceptableError) else "refused-untrusted"
+        _audit(call, operation, what, resolved, outcome, exc.status)
+        raise
+    if operation == "commit":
+        try:
+            refuse_restricted_write(resolved)
+        except CatalogError as exc:
+            _audit(call, operation, what, resolved, "refused-write", exc.status)
+            raise
     return resolved
+
+
+def _table_name(call: _Call, table: LoadedTable) -> str:
+    return ".".join([call.prefix, *table.namespace, table.name])
+
+
+def _audit(
+    call: _Call, operation: str, what: str, restricted: ResolvedRestrictions | None, outcome: str, status: int
+) -> None:
+    principal = call.principal
+    digest = restricted.digest if restricted is not None else ""
+    audit.governed_response(
+        operation=operation,
+        end_user=principal.name,
+        reader=principal.actor,
+        table=what,
+        digest=digest,
+        outcome=outcome,
+        status=status,
+    )
+
+
+def _served(
+    call: _Call, operation: str, table: LoadedTable, restricted: ResolvedRestrictions | None, status: int = 200
+) -> None:
+    """The audit line of a governed response that was given out (nothing for unrestricted tables)."""
+    if restricted is not None:
+        _audit(call, operation, _table_name(call, table), restricted, "served", status)
+
+
+def _governed_access(access: _DataAccess | None, restricted: ResolvedRestrictions | None) -> _DataAccess | None:
+    """A restricted end user never gets a credential that writes, even through a reader."""
+    if access is not None and restricted is not None:
+        return _DataAccess(write=False)
+    return access
 
 
 def _table_response(
@@ -395,11 +452,13 @@ def _table_response(
         parts.append(f'"read-restrictions":{json.dumps(restricted.wire, separators=(",", ":"))}')
     headers = {}
     if table.metadata_location is not None:
-        headers["ETag"] = _etag_for(table, snapshots, access, restricted.digest if restricted else "")
+        headers["ETag"] = _etag_for(call, table, snapshots, access, restricted.digest if restricted else "")
     return Response("{" + ",".join(parts) + "}", 200, headers, media_type=_JSON)
 
 
-def _etag_for(table: LoadedTable, snapshots: str, access: _DataAccess | None, restrictions_digest: str = "") -> str:
+def _etag_for(
+    call: _Call, table: LoadedTable, snapshots: str, access: _DataAccess | None, restrictions_digest: str = ""
+) -> str:
     assert table.metadata_location is not None
     return table_etag(
         table.metadata_location,
@@ -407,6 +466,7 @@ def _etag_for(table: LoadedTable, snapshots: str, access: _DataAccess | None, re
         vended=access is not None,
         write=access is not None and access.write,
         restrictions_digest=restrictions_digest,
+        actor=call.principal.actor or "",
     )
 
 
@@ -426,7 +486,10 @@ def _create_table(call: _Call) -> Response:
     access = _data_access(call, namespace, create.name)
     tables = call.warehouse.tables
     table = tables.stage_table(namespace, create) if create.stage_create else tables.create_table(namespace, create)
-    return _table_response(call, table, access, restricted=_restrictions(call, table))
+    restricted = _restrictions(call, table, "create")
+    response = _table_response(call, table, _governed_access(access, restricted), restricted=restricted)
+    _served(call, "create", table, restricted)
+    return response
 
 
 def _register_table(call: _Call) -> Response:
@@ -441,7 +504,10 @@ def _register_table(call: _Call) -> Response:
     call.require(Privilege.TABLE_CREATE, namespace)
     access = _data_access(call, namespace, name)
     table = call.warehouse.tables.register_table(namespace, name, metadata_location)
-    return _table_response(call, table, access, restricted=_restrictions(call, table))
+    restricted = _restrictions(call, table, "register")
+    response = _table_response(call, table, _governed_access(access, restricted), restricted=restricted)
+    _served(call, "register", table, restricted)
+    return response
 
 
 def _load_table(call: _Call) -> Response:
@@ -451,11 +517,15 @@ def _load_table(call: _Call) -> Response:
     if access is None:
         call.require(Privilege.TABLE_READ_PROPERTIES, namespace, name)
     table = call.warehouse.tables.load_table(namespace, name)
-    restricted = _restrictions(call, table)  # before the ETag: a 304 must never bypass the gate
-    etag = _etag_for(table, snapshots, access, restricted.digest if restricted else "")
+    restricted = _restrictions(call, table, "load")  # before the ETag: a 304 must never bypass the gate
+    access = _governed_access(access, restricted)
+    etag = _etag_for(call, table, snapshots, access, restricted.digest if restricted else "")
     if if_none_match_matches(call.request.headers.get("if-none-match"), etag):
+        _served(call, "load", table, restricted, 304)
         return Response(status_code=304, headers={"ETag": etag})
-    return _table_response(call, table, access, snapshots, restricted)
+    response = _table_response(call, table, access, snapshots, restricted)
+    _served(call, "load", table, restricted)
+    return response
 
 
 def _table_exists(call: _Call) -> Response:
@@ -479,11 +549,12 @@ def _commit_table(call: _Call) -> Response:
         call.require(Privilege.TABLE_WRITE_PROPERTIES, namespace, name)
     tables = call.warehouse.tables
     if tables.table_exists(namespace, name):
-        _restrictions(call, tables.load_table(namespace, name))  # the response carries metadata: gate first
+        _restrictions(call, tables.load_table(namespace, name), "commit")  # refused before committing
     table = tables.commit_table(namespace, name, commit)
     location = json.dumps(table.metadata_location)
     body = f'{{"metadata-location":{location},"metadata":{_metadata_json(table, "all")}}}'
-    return Response(body, 200, {"ETag": _etag_for(table, "all", None, _commit_digest(call, table))}, media_type=_JSON)
+    etag = _etag_for(call, table, "all", None, _commit_digest(call, table))
+    return Response(body, 200, {"ETag": etag}, media_type=_JSON)
 
 
 def _commit_digest(call: _Call, table: LoadedTable) -> str:
@@ -520,8 +591,12 @@ def _load_credentials(call: _Call) -> Response:
     if not write:
         call.require(Privilege.TABLE_READ_DATA, namespace, name)
     table = call.warehouse.tables.load_table(namespace, name)
-    _restrictions(call, table)  # a credential reads raw files: only a declaring, trusted reader gets one
-    return _json({"storage-credentials": _storage_credentials(call, table, _DataAccess(write))})
+    restricted = _restrictions(call, table, "credentials")  # a credential reads raw files: trusted readers only
+    access = _governed_access(_DataAccess(write), restricted)
+    assert access is not None
+    response = _json({"storage-credentials": _storage_credentials(call, table, access)})
+    _served(call, "credentials", table, restricted)
+    return response
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -699,6 +774,21 @@ def _issue_token(state: _State, client_id: str, client_secret: str, scope: str) 
     return _json(body, 200, {"Cache-Control": "no-store", "Pragma": "no-cache"})
 
 
+def _exchange_token(state: _State, form: dict[str, str]) -> Response:
+    """RFC 8693 token exchange (our extension: the actor must be a reader; see ``sqe_catalog.delegation``)."""
+    try:
+        delegated = exchange_token(state.auth, form)
+    except TokenExchangeError as exc:
+        raise _OAuthError(exc.error, exc.description, exc.status) from None
+    body = {
+        "access_token": delegated.access_token,
+        "issued_token_type": ACCESS_TOKEN_TYPE,
+        "token_type": "bearer",
+        "expires_in": delegated.expires_in,
+    }
+    return _json(body, 200, {"Cache-Control": "no-store", "Pragma": "no-cache"})
+
+
 async def _token_form(request: Request) -> dict[str, str]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/x-www-form-urlencoded":
@@ -716,8 +806,12 @@ def _token_endpoint(state: _State) -> Callable[[Request], Any]:
             grant_type = form.get("grant_type")
             if not grant_type:
                 raise _OAuthError("invalid_request", "grant_type is required")
+            if grant_type == TOKEN_EXCHANGE_GRANT:
+                return await run_in_threadpool(_exchange_token, state, form)
             if grant_type != "client_credentials":
-                raise _OAuthError("unsupported_grant_type", "only client_credentials is supported")
+                raise _OAuthError(
+                    "unsupported_grant_type", f"only client_credentials and {TOKEN_EXCHANGE_GRANT} are supported"
+                )
             client_id, client_secret = _client_credentials(request, form)
             return await run_in_threadpool(_issue_token, state, client_id, client_secret, form.get("scope", ""))
         except _OAuthError as exc:

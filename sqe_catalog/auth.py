@@ -8,6 +8,15 @@ Authentication
     all), and the issue and expiry times. A token is bound to the principal's current credentials:
     deleting the principal or rotating its secret invalidates every token issued before.
 
+Readers and delegated tokens
+    A *reader* is a principal an administrator marked as an engine's service identity (``create-principal
+    --reader`` or ``set-trusted-reader P true``); no principal is one by default, and deleting a principal ends
+    its reader status. :meth:`AuthStore.issue_delegated_token` (OAuth token exchange, see
+    ``sqe_catalog.delegation``) mints a token whose subject is an end user and whose actor is a reader: the
+    payload also carries ``act: {"sub": reader}`` and the reader's client id and secret generation. Such a
+    token dies with either principal's credentials, never outlives the subject token it came from, and
+    :class:`Principal` exposes the actor and whether it is a reader *now* (re-read on every request).
+
 Scope
     Required. Space-separated items, each ``PRINCIPAL_ROLE:ALL`` (every role the principal holds, now and
     later) or ``PRINCIPAL_ROLE:<role>`` (a role the principal holds when the token is issued; the token
@@ -54,7 +63,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 import sqlalchemy
@@ -92,9 +101,11 @@ __all__ = [
     "Grant",
     "Principal",
     "Privilege",
+    "VerifiedToken",
     "create_engine_for",
     "describe_securable",
     "implied_privileges",
+    "parse_scope",
 ]
 
 
@@ -154,13 +165,25 @@ def implied_privileges(privilege: Privilege) -> frozenset[Privilege]:
 
 @dataclass(frozen=True)
 class Principal:
-    """An authenticated caller. ``roles`` are its effective, active roles; it never carries a secret."""
+    """An authenticated caller. ``roles`` are its effective, active roles; it never carries a secret.
+
+    For a delegated token the principal is the end user (grants and restrictions use it), ``actor`` names the
+    reader acting for it and ``actor_is_reader`` says whether that actor is a reader at this moment.
+    """
 
     name: str
     client_id: str
     roles: frozenset[str]
     groups: frozenset[str]
     is_admin: bool
+    is_reader: bool = False
+    actor: str | None = None
+    actor_is_reader: bool = False
+
+    @property
+    def via_trusted_reader(self) -> bool:
+        """True only for a delegated token whose actor is a reader now."""
+        return self.actor is not None and self.actor_is_reader
 
 
 @dataclass(frozen=True)
@@ -194,6 +217,18 @@ _principals = Table(
     # Bumped on every rotation; tokens carry it, so rotating a secret revokes older tokens.
     Column("secret_generation", Integer, nullable=False),
     Column("is_admin", Boolean, nullable=False),
+)
+# Reader principals (engine service identities). Opt-in: a principal is a reader only while it has a row here,
+# and the row goes with the principal, so re-creating a deleted name never makes it a reader again.
+_readers = Table(
+    "sqe_readers",
+    _metadata,
+    Column(
+        "principal_name",
+        String(_NAME_LEN),
+        ForeignKey("sqe_principals.name", ondelete="CASCADE"),
+        primary_key=True,
+    ),
 )
 _roles = Table("sqe_principal_roles", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
 _groups = Table("sqe_groups", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
@@ -307,7 +342,7 @@ def _validate_name(kind: str, name: str) -> None:
         )
 
 
-def _parse_scope(scope: str) -> frozenset[str] | None:
+def parse_scope(scope: str) -> frozenset[str] | None:
     """The roles a scope asks for; ``None`` means every role (``PRINCIPAL_ROLE:ALL``)."""
     items = scope.split() if isinstance(scope, str) else []
     if not items:
@@ -367,6 +402,26 @@ class _TokenClaims:
     roles: frozenset[str] | None  # None: every role the principal holds
     issued_at: int
     expires_at: int
+    # Delegated tokens only: the reader acting for the subject, bound to its credentials like the subject.
+    actor: str | None = None
+    actor_client_id: str | None = None
+    actor_generation: int | None = None
+
+
+@dataclass(frozen=True)
+class VerifiedToken:
+    """A bearer token whose signature, expiry and principals' current credentials were checked just now."""
+
+    name: str
+    roles: frozenset[str] | None  # the token's active roles (None: every role)
+    expires_at: int
+    actor: str | None
+    is_reader: bool  # whether ``name`` is a reader now
+    _claims: _TokenClaims = field(repr=False)
+
+    @property
+    def is_delegated(self) -> bool:
+        return self.actor is not None
 
 
 def _sign(signing_key: bytes, payload: str) -> str:
@@ -383,6 +438,10 @@ def _encode_token(signing_key: bytes, claims: _TokenClaims) -> str:
         "iat": claims.issued_at,
         "exp": claims.expires_at,
     }
+    if claims.actor is not None:
+        body["act"] = {"sub": claims.actor}
+        body["acid"] = claims.actor_client_id
+        body["agen"] = claims.actor_generation
     payload = _b64encode(json.dumps(body, separators=(",", ":"), sort_keys=True).encode("utf-8"))
     return f"{payload}.{_sign(signing_key, payload)}"
 
@@ -410,6 +469,7 @@ def _claims_from_json(body: Any) -> _TokenClaims:
     roles = body["roles"]
     if roles is not None and not (isinstance(roles, list) and all(isinstance(r, str) for r in roles)):
         raise ValueError("roles")
+    actor = body.get("act")
     claims = _TokenClaims(
         name=body["sub"],
         client_id=body["cid"],
@@ -417,11 +477,17 @@ def _claims_from_json(body: Any) -> _TokenClaims:
         roles=frozenset(roles) if roles is not None else None,
         issued_at=body["iat"],
         expires_at=body["exp"],
+        actor=actor["sub"] if actor is not None else None,
+        actor_client_id=body["acid"] if actor is not None else None,
+        actor_generation=body["agen"] if actor is not None else None,
     )
     if not (isinstance(claims.name, str) and isinstance(claims.client_id, str)):
         raise ValueError("subject")
     if not all(type(v) is int for v in (claims.generation, claims.issued_at, claims.expires_at)):
         raise ValueError("numbers")
+    actor_ok = isinstance(claims.actor, str) and isinstance(claims.actor_client_id, str)
+    if actor is not None and not (actor_ok and type(claims.actor_generation) is int):
+        raise ValueError("actor")
     return claims
 
 
@@ -540,7 +606,7 @@ class AuthStore:
 
     def issue_token(self, client_id: str, client_secret: str, scope: str) -> tuple[str, int]:
         """A bearer token and its lifetime in seconds, for the OAuth client-credentials grant."""
-        requested = _parse_scope(scope)
+        requested = parse_scope(scope)
         with self._engine.connect() as conn:
             row = self._authenticate(conn, client_id, client_secret)
             if requested is not None:
@@ -571,16 +637,93 @@ class AuthStore:
         return row
 
     def principal_for_token(self, token: str) -> Principal:
-        """The caller behind a bearer token, with roles re-read from the database now."""
+        """The caller behind a bearer token, with roles (and a delegated token's reader) re-read now."""
         claims = _decode_token(self._signing_key, token, self._clock())
         with self._engine.connect() as conn:
-            row = conn.execute(select(_principals).where(_principals.c.name == claims.name)).first()
-            if row is None or row.client_id != claims.client_id or row.secret_generation != claims.generation:
-                raise NotAuthorizedError("bearer token revoked (principal deleted or secret rotated)")
+            row = self._current_row(conn, claims.name, claims.client_id, claims.generation)
             roles, groups = self._effective_roles(conn, row.name)
+            actor_is_reader = False
+            if claims.actor is not None:
+                assert claims.actor_client_id is not None and claims.actor_generation is not None
+                self._current_row(conn, claims.actor, claims.actor_client_id, claims.actor_generation)
+                actor_is_reader = self._is_reader(conn, claims.actor)
+            is_reader = self._is_reader(conn, row.name)
         if claims.roles is not None:
             roles &= claims.roles
-        return Principal(row.name, row.client_id, roles, groups, bool(row.is_admin))
+        return Principal(
+            row.name, row.client_id, roles, groups, bool(row.is_admin), is_reader, claims.actor, actor_is_reader
+        )
+
+    def verify_token(self, token: str) -> VerifiedToken:
+        """Signature, expiry and both principals' current credentials of ``token``; NotAuthorizedError if not."""
+        claims = _decode_token(self._signing_key, token, self._clock())
+        with self._engine.connect() as conn:
+            self._current_row(conn, claims.name, claims.client_id, claims.generation)
+            if claims.actor is not None:
+                assert claims.actor_client_id is not None and claims.actor_generation is not None
+                self._current_row(conn, claims.actor, claims.actor_client_id, claims.actor_generation)
+            is_reader = self._is_reader(conn, claims.name)
+        return VerifiedToken(claims.name, claims.roles, claims.expires_at, claims.actor, is_reader, claims)
+
+    def issue_delegated_token(
+        self, subject: VerifiedToken, actor: VerifiedToken, roles: frozenset[str] | None
+    ) -> tuple[str, int]:
+        """A token for ``subject`` acted on by ``actor``, expiring no later than the subject token.
+
+        The caller (``sqe_catalog.delegation``) has checked the exchange rules; ``roles`` must be within the
+        subject token's roles. Returns the token and its lifetime in seconds (at least 1).
+        """
+        now = int(self._clock())
+        expires_at = min(subject.expires_at, now + self._token_lifetime_seconds)
+        if expires_at <= now:
+            raise NotAuthorizedError("bearer token expired")
+        s, a = subject._claims, actor._claims
+        claims = _TokenClaims(
+            name=s.name,
+            client_id=s.client_id,
+            generation=s.generation,
+            roles=roles,
+            issued_at=now,
+            expires_at=expires_at,
+            actor=a.name,
+            actor_client_id=a.client_id,
+            actor_generation=a.generation,
+        )
+        return _encode_token(self._signing_key, claims), expires_at - now
+
+    @staticmethod
+    def _current_row(conn: Connection, name: str, client_id: str, generation: int) -> Row[Any]:
+        row = conn.execute(select(_principals).where(_principals.c.name == name)).first()
+        if row is None or row.client_id != client_id or row.secret_generation != generation:
+            raise NotAuthorizedError("bearer token revoked (principal deleted or secret rotated)")
+        return row
+
+    @staticmethod
+    def _is_reader(conn: Connection, name: str) -> bool:
+        query = select(_readers.c.principal_name).where(_readers.c.principal_name == name)
+        return conn.execute(query).first() is not None
+
+    # --- readers ----------------------------------------------------------------------------------
+
+    def set_reader(self, name: str, reader: bool) -> None:
+        """Make ``name`` a reader (an engine service identity trusted to enforce restrictions) or end that."""
+
+        def run(conn: Connection) -> None:
+            self._require_principal(conn, name)
+            if reader:
+                self._insert_missing(conn, _readers, {"principal_name": name})
+            else:
+                conn.execute(delete(_readers).where(_readers.c.principal_name == name))
+
+        self._write(run)
+
+    def is_reader(self, name: str) -> bool:
+        with self._engine.connect() as conn:
+            return self._is_reader(conn, name)
+
+    def list_readers(self) -> list[str]:
+        with self._engine.connect() as conn:
+            return list(conn.execute(select(_readers.c.principal_name).order_by(_readers.c.principal_name)).scalars())
 
     # --- authorization ----------------------------------------------------------------------------
 
@@ -619,8 +762,10 @@ class AuthStore:
 
     # --- principals -------------------------------------------------------------------------------
 
-    def create_principal(self, name: str, is_admin: bool = False) -> tuple[str, str]:
-        """Create a principal; returns ``(client_id, client_secret)``. The secret is not stored anywhere."""
+    def create_principal(self, name: str, is_admin: bool = False, *, reader: bool = False) -> tuple[str, str]:
+        """Create a principal (a reader with ``reader``); returns ``(client_id, client_secret)``.
+
+        The secret is not stored anywhere."""
         _validate_name("principal", name)
         client_id = secrets.token_hex(8)
         client_secret = secrets.token_urlsafe(32)
@@ -632,6 +777,8 @@ class AuthStore:
             "is_admin": bool(is_admin),
         }
         self._insert_new(_principals, row, f"principal {name} already exists")
+        if reader:
+            self.set_reader(name, True)
         return client_id, client_secret
 
     def rotate_secret(self, name: str) -> tuple[str, str]:
@@ -657,6 +804,7 @@ class AuthStore:
         with self._engine.begin() as conn:
             conn.execute(delete(_role_assignments).where(_role_assignments.c.principal_name == name))
             conn.execute(delete(_group_members).where(_group_members.c.principal_name == name))
+            conn.execute(delete(_readers).where(_readers.c.principal_name == name))
             if conn.execute(delete(_principals).where(_principals.c.name == name)).rowcount == 0:
                 raise NoSuchPrincipalError(f"principal {name} does not exist")
 
@@ -664,10 +812,12 @@ class AuthStore:
         """Every principal with all its effective roles (direct and through groups); no secrets."""
         with self._engine.connect() as conn:
             rows = conn.execute(select(_principals).order_by(_principals.c.name)).all()
+            readers: set[str] = set(conn.execute(select(_readers.c.principal_name)).scalars())
             result = []
             for row in rows:
                 roles, groups = self._effective_roles(conn, row.name)
-                result.append(Principal(row.name, row.client_id, roles, groups, bool(row.is_admin)))
+                principal = Principal(row.name, row.client_id, roles, groups, bool(row.is_admin), row.name in readers)
+                result.append(principal)
         return result
 
     # --- roles ------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Strong ETags for LoadTableResult / CommitTableResponse representations.
 
 The tag digests everything that shapes the representation a caller receives: the metadata file, the snapshot
-mode, whether credentials were vended and whether they can write, and (later) the read-restrictions digest.
+mode, whether credentials were vended and whether they can write, the read-restrictions digest, and the actor
+of a delegated token (the reader), so a response for (user, reader A) never revalidates for (user, own token).
 It never digests a credential, so a client holding a cached table can revalidate across credential renewals.
 """
 
@@ -14,11 +15,19 @@ __all__ = ["if_none_match_matches", "table_etag"]
 
 
 def table_etag(
-    metadata_location: str, *, snapshots: str, vended: bool, write: bool, restrictions_digest: str = ""
+    metadata_location: str,
+    *,
+    snapshots: str,
+    vended: bool,
+    write: bool,
+    restrictions_digest: str = "",
+    actor: str = "",
 ) -> str:
-    """A quoted strong ETag; differs whenever one of the inputs differs."""
+    """A quoted strong ETag; differs whenever one of the inputs differs (``actor``: "" for a caller's own token)."""
     fields = [metadata_location, snapshots, "vended" if vended else "plain", "write" if write else "read"]
     fields.append(restrictions_digest)
+    if actor:
+        fields.append(f"actor:{actor}")  # appended only when set, so own-token ETags stay as they were
     digest = hashlib.sha256(json.dumps(fields, separators=(",", ":")).encode("utf-8")).hexdigest()
     return f'"{digest}"'
 

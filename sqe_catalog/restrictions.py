@@ -18,7 +18,7 @@ re-created under the old name is still restricted (it then has to fit the stored
 
 Delivery (the Gravitino "tag-based read restrictions" design, "Delivery" and "Trust and failure behavior")
     ====================  ==========================  =======================  ==============================
-    restriction applies   ``read-restrictions.v1``    trusted reader           answer
+    restriction applies   ``read-restrictions.v1``    via a trusted reader     answer
     ====================  ==========================  =======================  ==============================
     no                    any                         any                      normal response
     yes                   not declared / malformed    any                      406, no metadata
@@ -28,12 +28,16 @@ Delivery (the Gravitino "tag-based read restrictions" design, "Delivery" and "Tr
 
     The capability header is ``X-Gravitino-Client-Capabilities``: comma-separated lowercase tokens
     (``[a-z0-9][a-z0-9.-]*``), optional whitespace around each, unknown tokens ignored; one malformed token
-    makes the whole header declare nothing. The header is not authorization (anyone can copy it): a principal
-    is a trusted reader unless an administrator marks it untrusted (``set-trusted-reader P false``). The same
-    gate guards every response that carries metadata or storage credentials of a restricted table (load,
-    register, commit, and the credentials endpoint: a credential reads raw files, so only a declaring, trusted
-    reader gets one). The gate runs before any ETag comparison, so a 304 never bypasses it, and the ETag of a
-    restricted response digests the principal and its restrictions (never shared across principals).
+    makes the whole header declare nothing. The header is not authorization (anyone can copy it). "Via a
+    trusted reader" means a delegated token (``sqe_catalog.delegation``: subject = the restricted end user,
+    actor = a principal that is a reader *now*, see ``AuthStore.set_reader``); a caller's own token never
+    qualifies, a reader's own token included, and no principal is a reader by default. The same gate guards
+    every response that carries metadata or storage credentials of a restricted table (load, create, register,
+    commit, and the credentials endpoint: a credential reads raw files). Commits by a restricted end user are
+    refused even through a reader (a writer that cannot see every row must not rewrite them), and the
+    credentials vended to it never write. The gate runs before any ETag comparison, so a 304 never bypasses
+    it; the ETag of a restricted response digests the principal and its restrictions, and every ETag digests
+    the actor (never shared across principals or between a reader and the user's own token).
 
 Stored restrictions that no longer fit the table (a schema change dropped a filtered column, say) refuse the
 load with 403 rather than serve something unenforceable. ``--unchecked`` stores an object without validation;
@@ -72,6 +76,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
+from sqe import vocabulary
 from sqe.errors import RestrictionError
 from sqe.restrictions import RestrictionPlan, parse_restrictions, strict_json_loads
 from sqe_catalog.errors import BadRequestError, ForbiddenError, NotAcceptableError, NotFoundError
@@ -80,6 +85,7 @@ from sqe_catalog.tables import LoadedTable, Namespace
 __all__ = [
     "CAPABILITIES_HEADER",
     "READ_RESTRICTIONS_V1",
+    "THROUGH_A_TRUSTED_READER",
     "ResolvedRestrictions",
     "RestrictionEntry",
     "RestrictionStore",
@@ -87,13 +93,15 @@ __all__ = [
     "SubjectKind",
     "declared_capabilities",
     "parse_restrictions_text",
+    "refuse_restricted_write",
     "require_capability",
 ]
 
 log = logging.getLogger("sqe_catalog.restrictions")
 
-CAPABILITIES_HEADER = "x-gravitino-client-capabilities"
-READ_RESTRICTIONS_V1 = "read-restrictions.v1"
+CAPABILITIES_HEADER_NAME = vocabulary.CAPABILITIES_HEADER
+CAPABILITIES_HEADER = CAPABILITIES_HEADER_NAME.lower()  # Starlette's header lookups are case-insensitive anyway
+READ_RESTRICTIONS_V1 = vocabulary.READ_RESTRICTIONS_V1
 _TOKEN_RE = re.compile(r"[a-z0-9][a-z0-9.-]*")
 _FILTER = "required-row-filter"
 _PROJECTIONS = "required-column-projections"
@@ -180,9 +188,6 @@ _entries = Table(
     Column("checked", Boolean, nullable=False),
     Index("sqe_read_restrictions_by_name", "warehouse", "namespace", "table_name"),
 )
-# Principals an administrator marked as untrusted readers; everyone else is trusted. A flag outlives a deleted
-# principal on purpose: re-creating the name does not silently make it trusted again.
-_untrusted = Table("sqe_untrusted_readers", _metadata, Column("principal_name", String(128), primary_key=True))
 # AuthStore's tables, read only to check that a named subject exists.
 _principal_names = table("sqe_principals", column("name"))
 _group_names = table("sqe_groups", column("name"))
@@ -267,7 +272,7 @@ def _digest(principal: str, wire: Any) -> str:
 
 
 class RestrictionStore:
-    """Restriction entries and reader trust in the catalog database. Thread-safe (state is the engine only)."""
+    """Restriction entries in the catalog database (reader trust lives in ``AuthStore``). Thread-safe."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -353,23 +358,6 @@ class RestrictionStore:
         )
         with self._engine.begin() as conn:
             conn.execute(stmt)
-
-    def set_trusted(self, principal: str, trusted: bool) -> None:
-        with self._engine.begin() as conn:
-            self._require_subject(conn, Subject(SubjectKind.PRINCIPAL, principal))
-            conn.execute(delete(_untrusted).where(_untrusted.c.principal_name == principal))
-            if not trusted:
-                conn.execute(insert(_untrusted).values(principal_name=principal))
-
-    def untrusted_readers(self) -> list[str]:
-        with self._engine.connect() as conn:
-            query = select(_untrusted.c.principal_name).order_by(_untrusted.c.principal_name)
-            return list(conn.execute(query).scalars())
-
-    def is_trusted(self, principal: str) -> bool:
-        query = select(_untrusted.c.principal_name).where(_untrusted.c.principal_name == principal)
-        with self._engine.connect() as conn:
-            return conn.execute(query).first() is None
 
     # --- serving ----------------------------------------------------------------------------------------
 
@@ -488,17 +476,27 @@ def _entry(row: Any) -> RestrictionEntry:
 # The delivery gate
 
 
-def require_capability(restricted: ResolvedRestrictions | None, *, declared: bool, trusted: bool, what: str) -> None:
-    """406 without ``read-restrictions.v1``, 403 for an untrusted reader; nothing when no restriction applies."""
+# The whole 403 message: it names no policy, filter, mask or group, and not even which rule applied.
+THROUGH_A_TRUSTED_READER = "the catalog only serves this table through a trusted reader"
+
+
+def require_capability(
+    restricted: ResolvedRestrictions | None, *, declared: bool, via_trusted_reader: bool, what: str
+) -> None:
+    """406 without ``read-restrictions.v1``, 403 unless the caller is a delegated token whose actor is a trusted
+    reader; nothing when no restriction applies."""
     if restricted is None:
         return
     if not declared:
         raise NotAcceptableError(
             f"read-restrictions apply to {what} for this principal: only a reader that enforces them may load "
-            f"it, declared with the header X-Gravitino-Client-Capabilities: {READ_RESTRICTIONS_V1}"
+            f"it, declared with the header {CAPABILITIES_HEADER_NAME}: {READ_RESTRICTIONS_V1}"
         )
-    if not trusted:
-        raise ForbiddenError(
-            f"read-restrictions apply to {what} for this principal, and it is not a trusted reader "
-            "(the capability header does not establish trust; ask an administrator)"
-        )
+    if not via_trusted_reader:
+        raise ForbiddenError(THROUGH_A_TRUSTED_READER)
+
+
+def refuse_restricted_write(restricted: ResolvedRestrictions | None) -> None:
+    """403 for a commit by an end user with read-restrictions on the table, whoever carries it."""
+    if restricted is not None:
+        raise ForbiddenError("the catalog refuses writes to this table by a principal with read-restrictions on it")

@@ -7,8 +7,10 @@ Public contract used by ``sqe_catalog.api``:
   expires_at_ms | None); ``.to_config()`` gives the Iceberg REST ``s3.*`` keys. Secrets stay out of its repr,
   and it refuses to be pickled.
 - ``CredentialVendor(warehouse, *, clock=time.time)``
-    ``.vend(principal, table_key, locations, write) -> VendedCredential``: STS AssumeRole scoped to the
-    locations, cached per (principal, table_key, write, locations) while more than half its lifetime remains.
+    ``.vend(principal, table_key, locations, write, reader=None) -> VendedCredential``: STS AssumeRole scoped to
+    the locations, cached per (principal, table_key, write, locations, reader) while more than half its lifetime
+    remains. The role session name names the end user and, for a delegated token, the reader acting for it
+    (``role_session_name``), so store-side logs (CloudTrail, Ceph ops log) attribute every credential.
     STS failures raise ``ServiceUnavailableError`` (503) without any secret in the message.
     ``.assume_role_calls``: how many AssumeRole requests were made (benchmarks and tests).
 
@@ -167,12 +169,20 @@ class _CacheEntry:
     reuse_until: float  # clock() seconds: issue time + half the lifetime
 
 
-_CacheKey = tuple[str, str, bool, tuple[str, ...]]
+_CacheKey = tuple[str, str, bool, tuple[str, ...], str]  # (principal, table, write, locations, reader or "")
+# With a reader, at most this much of the 64 characters goes to the reader's name, so the end user keeps room.
+_SESSION_READER_MAX = 28
 
 
-def role_session_name(principal: str) -> str:
-    """``sqe-<principal>`` made valid for STS (``[\\w+=,.@-]{2,64}``): other characters become ``_``."""
-    return _SESSION_NAME_INVALID.sub("_", f"sqe-{principal}")[:_SESSION_NAME_MAX]
+def role_session_name(principal: str, reader: str | None = None) -> str:
+    """``sqe-<principal>`` or ``sqe-<principal>+<reader>`` made valid for STS (``[\\w+=,.@-]{2,64}``): other
+    characters become ``_``; a long end-user name is cut first, the reader's after 28 characters. Principal
+    names cannot contain ``+``, so the separator is unambiguous."""
+    user = _SESSION_NAME_INVALID.sub("_", f"sqe-{principal}")
+    if not reader:
+        return user[:_SESSION_NAME_MAX]
+    actor = _SESSION_NAME_INVALID.sub("_", reader)[:_SESSION_READER_MAX]
+    return f"{user[: _SESSION_NAME_MAX - 1 - len(actor)]}+{actor}"
 
 
 def _keep_botocore_debug_out_of_logs() -> None:
@@ -213,8 +223,13 @@ class CredentialVendor:
         with self._lock:
             return self._assume_role_calls
 
-    def vend(self, principal: str, table_key: str, locations: Sequence[str], write: bool) -> VendedCredential:
+    def vend(
+        self, principal: str, table_key: str, locations: Sequence[str], write: bool, *, reader: str | None = None
+    ) -> VendedCredential:
         """A credential limited to ``locations`` (read, or read+write), reused from the cache while fresh.
+
+        ``reader``: the reader acting for ``principal`` (a delegated token); it joins the role session name and
+        the cache key, so a credential vended through one reader is never handed to another caller.
 
         With ``sts_unavailable`` the warehouse's static key pair comes back instead (no scoping, no expiry).
         Raises BadRequestError for a location the policy cannot express (not s3://), ServiceUnavailableError
@@ -222,12 +237,12 @@ class CredentialVendor:
         """
         if self._warehouse.sts_unavailable:
             return self._static_credential(principal, table_key, write)
-        key: _CacheKey = (principal, table_key, write, tuple(locations))
+        key: _CacheKey = (principal, table_key, write, tuple(locations), reader or "")
         with self._lock:
             entry = self._cache.get(key)
             fresh = entry is not None and self._clock() < entry.reuse_until
             if entry is not None and fresh and self._warehouse.credential_cache:
-                self._log_vend(principal, table_key, write, "hit", entry.credential)
+                self._log_vend(principal, table_key, write, "hit", entry.credential, reader)
                 return entry.credential
             pending = self._in_flight.get(key)
             leader = pending is None
@@ -236,7 +251,7 @@ class CredentialVendor:
                 self._in_flight[key] = pending
         if not leader:
             credential = pending.result()  # the leader's AssumeRole, or its exception
-            self._log_vend(principal, table_key, write, "joined", credential)
+            self._log_vend(principal, table_key, write, "joined", credential, reader)
             return credential
         return self._lead_assume_role(key, pending)
 
@@ -274,10 +289,10 @@ class CredentialVendor:
         return credential
 
     def _lead_assume_role(self, key: _CacheKey, pending: Future[VendedCredential]) -> VendedCredential:
-        principal, table_key, write, locations = key
+        principal, table_key, write, locations, reader = key
         try:
             issued_at = self._clock()
-            credential = self._assume_role(principal, locations, write)
+            credential = self._assume_role(principal, locations, write, reader)
             entry = _CacheEntry(credential, self._reuse_until(issued_at, credential))
             with self._lock:
                 self._drop_stale_entries()
@@ -289,7 +304,7 @@ class CredentialVendor:
             with self._lock:
                 del self._in_flight[key]
         pending.set_result(credential)
-        self._log_vend(principal, table_key, write, "miss", credential)
+        self._log_vend(principal, table_key, write, "miss", credential, reader)
         return credential
 
     def _reuse_until(self, issued_at: float, credential: VendedCredential) -> float:
@@ -305,7 +320,7 @@ class CredentialVendor:
         for stale in [k for k, e in self._cache.items() if e.reuse_until <= now]:
             del self._cache[stale]
 
-    def _assume_role(self, principal: str, locations: Sequence[str], write: bool) -> VendedCredential:
+    def _assume_role(self, principal: str, locations: Sequence[str], write: bool, reader: str) -> VendedCredential:
         w = self._warehouse
         if not w.role_arn or self._sts is None:
             raise ServiceUnavailableError(f"warehouse {w.name!r} has no role_arn configured for credential vending")
@@ -315,7 +330,7 @@ class CredentialVendor:
             raise BadRequestError(f"cannot vend credentials for warehouse {w.name!r}: {exc}") from None
         request: dict[str, Any] = {
             "RoleArn": w.role_arn,
-            "RoleSessionName": role_session_name(principal),
+            "RoleSessionName": role_session_name(principal, reader),
             "DurationSeconds": w.credential_lifetime_seconds,
             "Policy": policy,
         }
@@ -343,11 +358,20 @@ class CredentialVendor:
         log.warning("STS AssumeRole failed for warehouse %s: %s", self._warehouse.name, detail)
         return ServiceUnavailableError(f"STS AssumeRole failed for warehouse {self._warehouse.name!r}: {detail}")
 
-    def _log_vend(self, principal: str, table_key: str, write: bool, cache: str, credential: VendedCredential) -> None:
+    def _log_vend(
+        self,
+        principal: str,
+        table_key: str,
+        write: bool,
+        cache: str,
+        credential: VendedCredential,
+        reader: str | None = None,
+    ) -> None:
         log.debug(
-            "vend warehouse=%s principal=%s table=%s write=%s cache=%s expires_at_ms=%s",
+            "vend warehouse=%s principal=%s%s table=%s write=%s cache=%s expires_at_ms=%s",
             self._warehouse.name,
             principal,
+            f" reader={reader}" if reader else "",
             table_key,
             write,
             cache,

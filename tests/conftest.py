@@ -178,6 +178,23 @@ class CatalogServer:
     def log_text(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
+    def delegated_token(self, user: CatalogPrincipal, reader: CatalogPrincipal) -> str:
+        """``user``'s token exchanged (RFC 8693) with ``reader``'s: subject = the user, actor = the reader."""
+        form = urllib.parse.urlencode(
+            {
+                "grant_type": "urn:ietf:params:oauth:grant-type:token-exchange",
+                "subject_token": self.token(user),
+                "subject_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                "actor_token": self.token(reader),
+                "actor_token_type": "urn:ietf:params:oauth:token-type:access_token",
+            }
+        ).encode()
+        request = urllib.request.Request(f"{self.url}/v1/oauth/tokens", data=form, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            token = str(json.loads(response.read())["access_token"])
+        self.secrets.add(token)
+        return token
+
     def spawn_another(self, workdir: Path, **server: Any) -> tuple[Daemon, Path]:
         """A second catalog process on the same moto with its own database; returns (process, log path)."""
         port = free_loopback_port()
@@ -518,6 +535,14 @@ def worker_process_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield factory
     finally:
         factory.stop_all()
+
+
+@pytest.fixture(scope="session")
+def catalog_reader(catalog_server: CatalogServer) -> CatalogPrincipal:
+    """A reader principal (``create-principal --reader``, no grants) that may act for restricted end users."""
+    out = json.loads(catalog_server.admin_cli("create-principal", "test-reader", "--reader"))
+    catalog_server.secrets.add(out["client_secret"])
+    return CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
 
 
 ENGINE_WRITER_GRANTS: list[tuple[str, str | None, str | None]] = [

@@ -16,9 +16,7 @@ import requests
 
 from sqe.catalog._auth import BearerAuth, Token, oauth_error, token_from_response
 from sqe.errors import AuthenticationError, CatalogUnavailableError
-
-TOKEN_EXCHANGE_GRANT = "urn:ietf:params:oauth:grant-type:token-exchange"
-ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"
+from sqe.vocabulary import ACCESS_TOKEN_TYPE, TOKEN_EXCHANGE_GRANT
 
 
 class DelegatedAuth(BearerAuth):

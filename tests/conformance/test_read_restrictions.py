@@ -95,7 +95,8 @@ def principal_with_grant(server: CatalogServer, name: str, privileges: list[str]
 class Harness:
     server: CatalogServer
     writer: CatalogPrincipal
-    reader: CatalogPrincipal
+    reader: CatalogPrincipal  # the restricted end user
+    engine: CatalogPrincipal  # the trusted reader principal acting for it
     workdir: Path
     workers: WorkerFactory
     prefix: str = field(default_factory=lambda: f"rrc_{uuid.uuid4().hex[:6]}")
@@ -155,8 +156,8 @@ class Harness:
             catalog=CatalogConfig(
                 uri=self.server.url,
                 warehouse=self.server.warehouse,
-                client_id=self.reader.client_id,
-                client_secret=self.reader.client_secret,
+                # Restricted tables are served only through a trusted reader acting for the end user.
+                token=self.server.delegated_token(self.reader, self.engine),
                 access_delegation="vended-credentials",
                 require_vended_credentials=True,
             ),
@@ -180,7 +181,10 @@ class Harness:
 
 @pytest.fixture(scope="module")
 def harness(
-    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory, worker_process_factory: WorkerFactory
+    catalog_server: CatalogServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    worker_process_factory: WorkerFactory,
+    catalog_reader: CatalogPrincipal,
 ) -> Iterator[Harness]:
     suffix = uuid.uuid4().hex[:6]
     writer_grants = ["NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA"]
@@ -191,7 +195,7 @@ def harness(
             env.delenv(name, raising=False)
         env.setenv("AWS_EC2_METADATA_DISABLED", "true")
         workdir = tmp_path_factory.mktemp("conformance")
-        harness = Harness(catalog_server, writer, reader, workdir, worker_process_factory)
+        harness = Harness(catalog_server, writer, reader, catalog_reader, workdir, worker_process_factory)
         try:
             yield harness
         finally:

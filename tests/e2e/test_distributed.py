@@ -218,7 +218,11 @@ def test_distributed_answers_equal_local_answers(reader_config: Path, tables: Ta
 
 
 def test_restrictions_apply_on_workers_like_locally(
-    catalog_server: CatalogServer, tables: Tables, workers: WorkerPool, tmp_path: Path
+    catalog_server: CatalogServer,
+    tables: Tables,
+    workers: WorkerPool,
+    tmp_path: Path,
+    catalog_reader: CatalogPrincipal,
 ) -> None:
     grants: list[tuple[str, str | None, str | None]] = [("TABLE_READ_DATA", None, None)]
     restricted = catalog_server.principal_with_grants(f"dist_masked_{uuid.uuid4().hex[:6]}", grants)
@@ -231,7 +235,13 @@ def test_restrictions_apply_on_workers_like_locally(
         "set-restrictions", "--warehouse", catalog_server.warehouse, "--namespace", tables.namespace,
         "--table", "events", "--principal", restricted.name, "--file", str(rules),
     )  # fmt: skip
-    path = write_sqe_config(tmp_path / "masked.toml", catalog_server.url, restricted, catalog_server.moto)
+    # Restricted tables are served only through a trusted reader: the session uses the delegated token.
+    delegated = {"token": catalog_server.delegated_token(restricted, catalog_reader)}
+    path = tmp_path / "masked.toml"
+    write_sqe_config(path, catalog_server.url, restricted, catalog_server.moto, catalog=delegated)
+    own_credentials = ("client_id = ", "client_secret = ")
+    lines = [line for line in path.read_text().splitlines() if not line.startswith(own_credentials)]
+    path.write_text("\n".join(lines) + "\n")
     config = load_config(path, env={}, overrides=coordinator_overrides(workers))
     sql = f"SELECT id, region, note FROM {tables.namespace}.events WHERE id % 5 = 0"
     with sqe.api.connect(path) as local, distributed_session(config) as distributed:

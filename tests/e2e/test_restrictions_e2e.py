@@ -4,7 +4,13 @@ One table ``people`` written by a writer; restrictions attached with ``sqe-catal
 
 - alice: only ``region = 'EU'`` rows; ``email`` mask-alphanum, ``ssn`` replace-with-null;
 - bob: only ``region`` in (US, UK); ``email`` show-last-4, ``name`` sha-256-query-local;
-- carol: nothing (sees the raw table); dave: alice's restrictions but marked an untrusted reader.
+- carol: nothing (sees the raw table); dave: alice's restrictions, but using his own token.
+
+SQE reads as a trusted reader: each session's catalog token is the user's token exchanged (RFC 8693) with the
+reader principal's (``World.delegated_token``), so grants and restrictions are the user's and trust is the
+reader's. A user's own token never gets a restricted table (dave). The engine's own reader configuration
+(``[catalog] reader_client_id``) is exercised elsewhere; here the delegated token is handed in as
+``catalog.token``.
 """
 
 from __future__ import annotations
@@ -87,6 +93,22 @@ class World:
     namespace: str
     workdir: Path
     principals: dict[str, CatalogPrincipal]
+    reader: CatalogPrincipal
+
+    def delegated_token(self, who: str) -> str:
+        """``who``'s token exchanged with the reader's: subject = the user, actor = the reader."""
+        form = {
+            "grant_type": "urn:ietf:params:oauth:grant-type:token-exchange",
+            "subject_token": self.server.token(self.principals[who]),
+            "subject_token_type": "urn:ietf:params:oauth:token-type:access_token",
+            "actor_token": self.server.token(self.reader),
+            "actor_token_type": "urn:ietf:params:oauth:token-type:access_token",
+        }
+        reply = requests.post(f"{self.server.url}/v1/oauth/tokens", data=form, timeout=30)
+        assert reply.status_code == 200, reply.text
+        token = str(reply.json()["access_token"])
+        self.server.secrets.add(token)
+        return token
 
     def restrict(self, who: str, document: Any, table: str = "people") -> None:
         path = self.workdir / f"{who}-{table}.json"
@@ -96,15 +118,19 @@ class World:
             self.server, "set-restrictions", *target, "--principal", self.principals[who].name, "--file", str(path)
         )
 
-    def session(self, who: str, **catalog: Any) -> Session:
+    def session(self, who: str, *, own_token: bool = False, **catalog: Any) -> Session:
         principal = self.principals[who]
         moto = self.server.moto
+        auth: dict[str, Any] = (
+            {"client_id": principal.client_id, "client_secret": principal.client_secret}
+            if own_token
+            else {"token": self.delegated_token(who)}
+        )
         config = SQEConfig(
             catalog=CatalogConfig(
                 uri=self.server.url,
                 warehouse=self.server.warehouse,
-                client_id=principal.client_id,
-                client_secret=principal.client_secret,
+                **auth,
                 access_delegation="vended-credentials",
                 require_vended_credentials=True,
                 **catalog,
@@ -117,9 +143,9 @@ class World:
         with self.session(who) as session:
             return list(session.sql(sql.replace("{t}", f"{self.namespace}.people")).arrow().to_pylist())
 
-    def raw_load(self, who: str, headers: dict[str, str] | None = None) -> requests.Response:
+    def raw_load(self, who: str, headers: dict[str, str] | None = None, *, own_token: bool = True) -> requests.Response:
         url = f"{self.server.url}/v1/{self.server.warehouse}/namespaces/{self.namespace}/tables/people"
-        token = self.server.token(self.principals[who])
+        token = self.server.token(self.principals[who]) if own_token else self.delegated_token(who)
         return requests.get(url, headers={"Authorization": f"Bearer {token}", **(headers or {})}, timeout=30)
 
 
@@ -157,11 +183,16 @@ def world(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactor
         writer.create_table((namespace, "people"), schema=PEOPLE.schema).append(PEOPLE)
         lookup = pa.table({"email": ["ada@example.com", "xxx@xxxxxxx.xxx", "linus@kernel.org", "xxxxx@xxxxxx.xxx"]})
         writer.create_table((namespace, "lookup"), schema=lookup.schema).append(lookup)
-        world = World(catalog_server, namespace, tmp_path_factory.mktemp("restrictions"), principals)
+        reader = json.loads(admin_ok(catalog_server, "create-principal", f"engine_{suffix}", "--reader"))
+        catalog_server.secrets.add(reader["client_secret"])
+        from tests.conftest import CatalogPrincipal
+
+        reader_principal = CatalogPrincipal(reader["name"], reader["client_id"], reader["client_secret"])
+        workdir = tmp_path_factory.mktemp("restrictions")
+        world = World(catalog_server, namespace, workdir, principals, reader_principal)
         world.restrict("alice", ALICE)
         world.restrict("bob", BOB)
         world.restrict("dave", ALICE)
-        admin_ok(catalog_server, "set-trusted-reader", principals["dave"].name, "false")
         yield world
 
 
@@ -296,10 +327,11 @@ def test_a_reader_without_the_capability_gets_a_clear_406(world: World) -> None:
         assert len(session.sql(f"SELECT id FROM {world.namespace}.people").fetchall()) == 6
 
 
-def test_an_untrusted_reader_gets_403(world: World) -> None:
-    with world.session("dave") as session, pytest.raises(PermissionDeniedError) as err:
+def test_a_restricted_users_own_token_gets_403(world: World) -> None:
+    """Changed with governed access: SQE with dave's own token is not a trusted reader (was: dave marked untrusted)."""
+    with world.session("dave", own_token=True) as session, pytest.raises(PermissionDeniedError) as err:
         session.sql(f"SELECT id FROM {world.namespace}.people").arrow()
-    assert err.value.status == 403 and "not a trusted reader" in str(err.value)
+    assert err.value.status == 403 and "the catalog only serves this table through a trusted reader" in str(err.value)
 
 
 def test_pyiceberg_without_the_capability_gets_no_metadata_and_no_credentials(world: World) -> None:
@@ -316,19 +348,22 @@ def test_pyiceberg_without_the_capability_gets_no_metadata_and_no_credentials(wo
 
 
 def test_etags_differ_per_principal_and_a_304_never_skips_the_gate(world: World) -> None:
-    alice, bob, carol = (world.raw_load(who, CAPABILITY) for who in ("alice", "bob", "carol"))
+    alice, bob, carol = (world.raw_load(who, CAPABILITY, own_token=False) for who in ("alice", "bob", "carol"))
     assert {alice.status_code, bob.status_code, carol.status_code} == {200}
     assert alice.json()["read-restrictions"] == ALICE and "read-restrictions" not in carol.json()
     etags = {alice.headers["ETag"], bob.headers["ETag"], carol.headers["ETag"]}
     assert len(etags) == 3
-    assert world.raw_load("alice", {**CAPABILITY, "If-None-Match": alice.headers["ETag"]}).status_code == 304
-    assert world.raw_load("bob", {**CAPABILITY, "If-None-Match": alice.headers["ETag"]}).status_code == 200
-    assert world.raw_load("alice", {"If-None-Match": alice.headers["ETag"]}).status_code == 406
-    assert world.raw_load("dave", {**CAPABILITY, "If-None-Match": alice.headers["ETag"]}).status_code == 403
+    revalidate = {**CAPABILITY, "If-None-Match": alice.headers["ETag"]}
+    assert world.raw_load("alice", revalidate, own_token=False).status_code == 304
+    assert world.raw_load("bob", revalidate, own_token=False).status_code == 200
+    assert world.raw_load("alice", {"If-None-Match": alice.headers["ETag"]}, own_token=False).status_code == 406
+    assert world.raw_load("alice", revalidate).status_code == 403, "the reader's ETag never serves alice's own token"
+    assert world.raw_load("dave", revalidate).status_code == 403
 
 
 def test_cached_tables_pick_up_changed_restrictions_and_trust(world: World) -> None:
-    """The engine revalidates its cached entry: new restrictions change the ETag, distrust turns into a 403."""
+    """The engine revalidates its cached entry: new restrictions change the ETag, and removing the reader's status
+    turns into a 403 on the next call with the same delegated token."""
     query = f"SELECT id, email FROM {world.namespace}.people ORDER BY id"
     temporary = {"required-column-projections": [{"field-id": 3, "action": "mask-to-fixed-value"}]}
     try:
@@ -337,10 +372,10 @@ def test_cached_tables_pick_up_changed_restrictions_and_trust(world: World) -> N
             world.restrict("carol", temporary)
             assert session.sql(query).fetchall()[0] == (1, "XXXXXXXX")
             assert session.sql(query).fetchall()[0] == (1, "XXXXXXXX"), "a 304 keeps the restrictions"
-            admin_ok(world.server, "set-trusted-reader", world.principals["carol"].name, "false")
+            admin_ok(world.server, "set-trusted-reader", world.reader.name, "false")
             with pytest.raises(PermissionDeniedError):
                 session.sql(query).arrow()
     finally:
-        admin_ok(world.server, "set-trusted-reader", world.principals["carol"].name, "true")
+        admin_ok(world.server, "set-trusted-reader", world.reader.name, "true")
         target = ["--warehouse", world.server.warehouse, "--namespace", world.namespace, "--table", "people"]
         admin_ok(world.server, "clear-restrictions", *target, "--principal", world.principals["carol"].name)

@@ -79,13 +79,29 @@ def test_create_principal_prints_working_credentials(admin: Admin, store: AuthSt
 def test_admin_flag_and_list_principals_without_secrets(admin: Admin) -> None:
     root = admin.ok("create-principal", "root", "--admin")
     analyst = admin.ok("create-principal", "analyst")
+    engine = admin.ok("create-principal", "engine", "--reader")
     code, out, _ = admin.run("list-principals")
     assert code == 0
-    assert root["client_secret"] not in out and analyst["client_secret"] not in out
+    assert all(p["client_secret"] not in out for p in (root, analyst, engine))
     listed = json.loads(out)
     assert listed == [
-        {"name": "analyst", "client_id": analyst["client_id"], "is_admin": False, "roles": [], "groups": []},
-        {"name": "root", "client_id": root["client_id"], "is_admin": True, "roles": [], "groups": []},
+        {
+            "name": "analyst",
+            "client_id": analyst["client_id"],
+            "is_admin": False,
+            "reader": False,
+            "roles": [],
+            "groups": [],
+        },
+        {
+            "name": "engine",
+            "client_id": engine["client_id"],
+            "is_admin": False,
+            "reader": True,
+            "roles": [],
+            "groups": [],
+        },
+        {"name": "root", "client_id": root["client_id"], "is_admin": True, "reader": False, "roles": [], "groups": []},
     ]
 
 

@@ -1,5 +1,8 @@
 """Read-restrictions in sqe-catalog, in-process: the capability header, the admin commands, combination and the
-delivery gate (406 / 403 / 200), ETags per principal and 304s that never bypass the gate."""
+delivery gate (406 / 403 / 200), ETags per principal and 304s that never bypass the gate.
+
+Governed data goes only to a delegated token whose actor is a trusted reader: ``"alice via engine"`` is alice's
+token exchanged by the reader ``engine``; ``"alice"`` alone is her own token (403 on a restricted table)."""
 
 from __future__ import annotations
 
@@ -31,40 +34,51 @@ MASK_EMAIL = {"required-column-projections": [{"field-id": 2, "action": "mask-al
 ONLY_EU = {"required-row-filter": {"type": "eq", "left": {"type": "reference", "id": 3}, "right": "EU"}}
 DECLARED = {"X-Gravitino-Client-Capabilities": READ_RESTRICTIONS_V1}
 TABLE = "/v1/wh/namespaces/db/tables/t"
+ALICE = "alice via engine"
+BOB = "bob via engine"
+OWN_TOKEN_REFUSED = "ForbiddenException: the catalog only serves this table through a trusted reader"
 
 
 class Catalog:
     """An in-process catalog app, its config file (for the admin CLI) and bearer tokens per principal."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, server: str = "") -> None:
         database = f"sqlite:///{tmp_path}/catalog.db"
         self.config_path = tmp_path / "catalog.toml"
-        self.config_path.write_text(
-            f'[server]\ndatabase = "{database}"\n\n[[warehouses]]\nname = "wh"\nlocation = "file://{tmp_path}/wh"\n'
-        )
+        warehouse = f'[[warehouses]]\nname = "wh"\nlocation = "file://{tmp_path}/wh"\n'
+        self.config_path.write_text(f'[server]\ndatabase = "{database}"\n{server}\n{warehouse}')
         self.app: Starlette = create_app(load_config(str(self.config_path)))
         self.store = AuthStore(create_engine_for(database), b"k", 60, scrypt_n=2)
         self.tokens: dict[str, str] = {}
 
-    def principal(self, name: str, *, admin: bool = False) -> None:
-        client_id, client_secret = self.store.create_principal(name, is_admin=admin)
-        form = urlencode(
-            {
-                "grant_type": "client_credentials",
-                "client_id": client_id,
-                "client_secret": client_secret,
-                "scope": "PRINCIPAL_ROLE:ALL",
-            }
-        )
-        reply = call(
-            self.app,
-            "POST",
-            "/v1/oauth/tokens",
-            headers={"content-type": "application/x-www-form-urlencoded"},
-            body=form.encode(),
-        )
+    def principal(self, name: str, *, admin: bool = False, reader: bool = False) -> None:
+        client_id, client_secret = self.store.create_principal(name, is_admin=admin, reader=reader)
+        form = {
+            "grant_type": "client_credentials",
+            "client_id": client_id,
+            "client_secret": client_secret,
+            "scope": "PRINCIPAL_ROLE:ALL",
+        }
+        self.tokens[name] = self._token(form)
+
+    def delegate(self, who: str, reader: str) -> str:
+        """Exchange ``who``'s token with ``reader``'s (RFC 8693); stored as ``"<who> via <reader>"``."""
+        form = {
+            "grant_type": "urn:ietf:params:oauth:grant-type:token-exchange",
+            "subject_token": self.tokens[who],
+            "subject_token_type": "urn:ietf:params:oauth:token-type:access_token",
+            "actor_token": self.tokens[reader],
+            "actor_token_type": "urn:ietf:params:oauth:token-type:access_token",
+        }
+        name = f"{who} via {reader}"
+        self.tokens[name] = self._token(form)
+        return name
+
+    def _token(self, form: dict[str, str]) -> str:
+        headers = {"content-type": "application/x-www-form-urlencoded"}
+        reply = call(self.app, "POST", "/v1/oauth/tokens", headers=headers, body=urlencode(form).encode())
         assert reply.status == 200, reply.body
-        self.tokens[name] = str(reply.json()["access_token"])
+        return str(reply.json()["access_token"])
 
     def request(self, who: str, method: str, path: str, headers: dict[str, str] | None = None, **body: Any) -> Reply:
         all_headers = {"authorization": f"Bearer {self.tokens[who]}", **(headers or {})}
@@ -89,6 +103,9 @@ def catalog(tmp_path: Path) -> Catalog:
         catalog.store.create_role(f"{name}_role")
         catalog.store.assign_role(name, f"{name}_role")
         catalog.store.grant(f"{name}_role", "TABLE_READ_DATA", "wh")
+    catalog.principal("engine", reader=True)  # holds no grants: it only acts for end users
+    catalog.delegate("alice", "engine")
+    catalog.delegate("bob", "engine")
     catalog.store.create_group("analysts")
     assert catalog.request("root", "POST", "/v1/wh/namespaces", namespace=["db"]).status == 200
     assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="t", schema=SCHEMA).status == 200
@@ -138,7 +155,8 @@ def test_restricted_load_needs_the_capability_and_returns_the_restrictions(catal
     for malformed in ("READ-RESTRICTIONS.V1", "read-restrictions.v1,,", "read-restrictions.v2"):
         headers = {"X-Gravitino-Client-Capabilities": malformed}
         error_of(catalog.request("alice", "GET", TABLE, headers=headers), 406)
-    loaded = catalog.request("alice", "GET", TABLE, headers=DECLARED)
+    assert error_of(catalog.request("alice", "GET", TABLE, headers=DECLARED), 403) == OWN_TOKEN_REFUSED
+    loaded = catalog.request(ALICE, "GET", TABLE, headers=DECLARED)
     assert loaded.status == 200
     assert loaded.json()["read-restrictions"] == MASK_EMAIL
     # Unrestricted principals get the normal response, with or without the header.
@@ -150,38 +168,50 @@ def test_restricted_load_needs_the_capability_and_returns_the_restrictions(catal
 def test_untrusted_reader_gets_403_and_trust_can_be_restored(
     catalog: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Changed with governed access: trust is reader status of the actor (opt-in), checked on every call, and
+    an end user's own token is never trusted; ``set-trusted-reader`` adds or removes reader status."""
     assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
-    assert catalog.admin("set-trusted-reader", "alice", "false") == 0
-    assert "not a trusted reader" in error_of(catalog.request("alice", "GET", TABLE, headers=DECLARED), 403)
-    error_of(catalog.request("alice", "GET", TABLE), 406)  # undeclared is still 406
-    assert catalog.request("bob", "GET", TABLE).status == 200, "untrusted only matters when restricted"
+    assert catalog.admin("set-trusted-reader", "engine", "false") == 0
+    assert error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403) == OWN_TOKEN_REFUSED
+    error_of(catalog.request(ALICE, "GET", TABLE), 406)  # undeclared is still 406
+    assert catalog.request(BOB, "GET", TABLE).status == 200, "reader status only matters when restricted"
     capsys.readouterr()
+    assert catalog.admin("list-readers") == 0
+    assert json.loads(capsys.readouterr().out) == []
     assert catalog.admin("list-untrusted-readers") == 0
-    assert json.loads(capsys.readouterr().out) == ["alice"]
+    assert json.loads(capsys.readouterr().out) == ["alice", "bob", "engine", "root"], "nobody is one by default"
+    assert catalog.admin("set-trusted-reader", "engine", "true") == 0
+    assert catalog.request(ALICE, "GET", TABLE, headers=DECLARED).status == 200, "the same token, trusted again"
     assert catalog.admin("set-trusted-reader", "alice", "true") == 0
-    assert catalog.request("alice", "GET", TABLE, headers=DECLARED).status == 200
+    assert error_of(catalog.request("alice", "GET", TABLE, headers=DECLARED), 403) == OWN_TOKEN_REFUSED
+    assert catalog.admin("set-trusted-reader", "nobody", "true") == 1
 
 
 def test_credentials_endpoint_is_gated_like_load(catalog: Catalog, tmp_path: Path) -> None:
     assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
     error_of(catalog.request("alice", "GET", TABLE + "/credentials"), 406)
-    assert catalog.request("alice", "GET", TABLE + "/credentials", headers=DECLARED).status == 200
-    assert catalog.admin("set-trusted-reader", "alice", "false") == 0
-    error_of(catalog.request("alice", "GET", TABLE + "/credentials", headers=DECLARED), 403)
+    refused = catalog.request("alice", "GET", TABLE + "/credentials", headers=DECLARED)
+    assert error_of(refused, 403) == OWN_TOKEN_REFUSED
+    error_of(catalog.request(ALICE, "GET", TABLE + "/credentials"), 406)
+    assert catalog.request(ALICE, "GET", TABLE + "/credentials", headers=DECLARED).status == 200
+    assert catalog.admin("set-trusted-reader", "engine", "false") == 0
+    error_of(catalog.request(ALICE, "GET", TABLE + "/credentials", headers=DECLARED), 403)
 
 
-def test_commit_by_a_restricted_principal_without_the_capability_is_refused_before_committing(
-    catalog: Catalog, tmp_path: Path
-) -> None:
+def test_commit_by_a_restricted_principal_is_refused_before_committing(catalog: Catalog, tmp_path: Path) -> None:
+    """Changed with governed access: a restricted end user's commit is refused even through a trusted reader."""
     catalog.store.grant("alice_role", "TABLE_WRITE_PROPERTIES", "wh")
     assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
     before = catalog.request("root", "GET", TABLE).json()["metadata-location"]
     update = {"action": "set-properties", "updates": {"owner": "alice"}}
     error_of(catalog.request("alice", "POST", TABLE, requirements=[], updates=[update]), 406)
+    own = catalog.request("alice", "POST", TABLE, headers=DECLARED, requirements=[], updates=[update])
+    assert error_of(own, 403) == OWN_TOKEN_REFUSED
+    delegated = catalog.request(ALICE, "POST", TABLE, headers=DECLARED, requirements=[], updates=[update])
+    assert "refuses writes to this table" in error_of(delegated, 403)
     assert catalog.request("root", "GET", TABLE).json()["metadata-location"] == before, "nothing was committed"
-    committed = catalog.request("alice", "POST", TABLE, headers=DECLARED, requirements=[], updates=[update])
-    assert committed.status == 200
-    assert committed.headers["etag"] == catalog.request("alice", "GET", TABLE, headers=DECLARED).headers["etag"]
+    catalog.store.grant("bob_role", "TABLE_WRITE_PROPERTIES", "wh")
+    assert catalog.request(BOB, "POST", TABLE, requirements=[], updates=[update]).status == 200, "unrestricted"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -193,17 +223,19 @@ def test_etags_differ_per_principal_and_304_never_bypasses_the_gate(catalog: Cat
     assert catalog.request("bob", "GET", TABLE).headers["etag"] == unrestricted
     assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
     assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "bob") == 0
-    alice = catalog.request("alice", "GET", TABLE, headers=DECLARED).headers["etag"]
-    bob = catalog.request("bob", "GET", TABLE, headers=DECLARED).headers["etag"]
+    alice = catalog.request(ALICE, "GET", TABLE, headers=DECLARED).headers["etag"]
+    bob = catalog.request(BOB, "GET", TABLE, headers=DECLARED).headers["etag"]
     assert len({unrestricted, alice, bob}) == 3, "same restrictions, still one ETag per principal"
     # The old, unrestricted ETag does not revalidate; the own one does; nothing revalidates without the header.
-    assert catalog.request("alice", "GET", TABLE, headers={**DECLARED, "If-None-Match": unrestricted}).status == 200
-    assert catalog.request("alice", "GET", TABLE, headers={**DECLARED, "If-None-Match": alice}).status == 304
-    assert catalog.request("bob", "GET", TABLE, headers={**DECLARED, "If-None-Match": alice}).status == 200
-    error_of(catalog.request("alice", "GET", TABLE, headers={"If-None-Match": alice}), 406)
-    error_of(catalog.request("alice", "GET", TABLE, headers={"If-None-Match": "*"}), 406)
+    assert catalog.request(ALICE, "GET", TABLE, headers={**DECLARED, "If-None-Match": unrestricted}).status == 200
+    assert catalog.request(ALICE, "GET", TABLE, headers={**DECLARED, "If-None-Match": alice}).status == 304
+    assert catalog.request(BOB, "GET", TABLE, headers={**DECLARED, "If-None-Match": alice}).status == 200
+    error_of(catalog.request(ALICE, "GET", TABLE, headers={"If-None-Match": alice}), 406)
+    error_of(catalog.request(ALICE, "GET", TABLE, headers={"If-None-Match": "*"}), 406)
+    own = catalog.request("alice", "GET", TABLE, headers={**DECLARED, "If-None-Match": alice})
+    assert error_of(own, 403) == OWN_TOKEN_REFUSED, "the reader's ETag never revalidates alice's own token"
     assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
-    changed = catalog.request("alice", "GET", TABLE, headers={**DECLARED, "If-None-Match": alice})
+    changed = catalog.request(ALICE, "GET", TABLE, headers={**DECLARED, "If-None-Match": alice})
     assert changed.status == 200 and changed.json()["read-restrictions"] == ONLY_EU
 
 
@@ -214,16 +246,16 @@ def test_etags_differ_per_principal_and_304_never_bypasses_the_gate(catalog: Cat
 def test_principal_and_group_entries_combine_fail_closed(catalog: Catalog, tmp_path: Path) -> None:
     catalog.store.add_to_group("alice", "analysts")
     assert catalog.restrict(tmp_path, MASK_EMAIL, "--group", "analysts") == 0
-    assert catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
+    assert catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
     error_of(catalog.request("alice", "GET", TABLE), 406)
     assert catalog.request("bob", "GET", TABLE).status == 200, "not a member"
     own_filter = {"required-row-filter": {"type": "not-null", "child": {"type": "reference", "id": 2}}}
     assert catalog.restrict(tmp_path, {**own_filter, **MASK_EMAIL}, "--principal", "alice") == 0
-    combined = catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"]
+    combined = catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"]
     assert combined["required-column-projections"] == MASK_EMAIL["required-column-projections"], "deduplicated"
     assert combined["required-row-filter"] == own_filter["required-row-filter"]
     assert catalog.restrict(tmp_path, ONLY_EU, "--group", "analysts") == 0  # replaces the group's entry
-    combined = catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"]
+    combined = catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"]
     assert combined["required-row-filter"] == {
         "type": "and",
         "left": own_filter["required-row-filter"],
@@ -235,7 +267,7 @@ def test_different_principals_may_mask_a_column_differently(catalog: Catalog, tm
     other = {"required-column-projections": [{"field-id": 2, "action": "show-last-4"}]}
     assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
     assert catalog.restrict(tmp_path, other, "--principal", "bob") == 0
-    assert catalog.request("bob", "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == other
+    assert catalog.request(BOB, "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == other
 
 
 def test_conflicting_masks_for_one_caller_are_refused_on_save(
@@ -248,7 +280,7 @@ def test_conflicting_masks_for_one_caller_are_refused_on_save(
     error = capsys.readouterr().err
     assert "principal alice would not combine" in error
     assert "field id 2 is masked with 'mask-alphanum' and 'show-last-4'" in error
-    assert catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
+    assert catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
     # The other direction: a group entry that conflicts with a member's own entry.
     assert catalog.restrict(tmp_path, other, "--principal", "bob") == 0
     catalog.store.create_group("readers")
@@ -336,7 +368,7 @@ def test_recreated_table_under_the_old_name_stays_restricted(catalog: Catalog, t
     assert catalog.request("root", "DELETE", TABLE).status == 204
     assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="t", schema=SCHEMA).status == 200
     error_of(catalog.request("alice", "GET", TABLE), 406)
-    assert catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
+    assert catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
 
 
 def test_stored_restrictions_that_stop_fitting_the_schema_refuse_the_load(catalog: Catalog, tmp_path: Path) -> None:
@@ -344,16 +376,14 @@ def test_stored_restrictions_that_stop_fitting_the_schema_refuse_the_load(catalo
     assert catalog.request("root", "DELETE", TABLE).status == 204
     other_schema = {**SCHEMA, "fields": SCHEMA["fields"][:2]}  # type: ignore[index]
     assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="t", schema=other_schema).status == 200
-    message = error_of(catalog.request("alice", "GET", TABLE, headers=DECLARED), 403)
+    message = error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
     assert "cannot be applied (they no longer fit the table)" in message
 
 
 def test_unchecked_entries_are_served_verbatim_and_alone(catalog: Catalog, tmp_path: Path) -> None:
     broken = {"required-column-projections": [{"field-id": 2, "action": "blur"}]}
     assert catalog.restrict(tmp_path, broken, "--principal", "alice", unchecked=True) == 0
-    assert catalog.request("alice", "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == broken
+    assert catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == broken
     catalog.store.add_to_group("alice", "analysts")
     assert catalog.restrict(tmp_path, MASK_EMAIL, "--group", "analysts") == 0
-    assert "unchecked entry cannot be combined" in error_of(
-        catalog.request("alice", "GET", TABLE, headers=DECLARED), 403
-    )
+    assert "unchecked entry cannot be combined" in error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
