@@ -212,7 +212,10 @@ def parse_storage_credentials(raw: Any, what: str = "load-table response") -> tu
         prefix = entry.get("prefix")
         if not isinstance(prefix, str) or not prefix:
             raise CatalogProtocolError(f"{what}: {where}.prefix must be a non-empty string")
-        parsed.append((prefix, parse_string_map(entry.get("config"), f"{where}.config", what)))
+        config = entry.get("config")
+        if config is None:  # unlike the response's own config, an entry's config is required
+            raise CatalogProtocolError(f"{what}: {where}.config must be an object")
+        parsed.append((prefix, parse_string_map(config, f"{where}.config", what)))
     return tuple(parsed)
 
 
