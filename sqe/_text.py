@@ -11,7 +11,7 @@ def first_line(value: BaseException | str, *, limit: int | None = None) -> str:
     Errors are shown to users on one line, so multi-line library messages are cut here, never re-wrapped.
     """
     text = str(value).strip()
-    if text:
+    if text:  # noqa: SIM108 (two plain branches read better than a nested conditional)
         line = text.splitlines()[0].strip()
     else:
         line = type(value).__name__ if isinstance(value, BaseException) else ""
