@@ -31,7 +31,7 @@ from pyiceberg.catalog.rest import RestCatalog
 
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import SQEConfig, load_config
-from sqe.execution.distributed import DistributedOptions
+from sqe.distributed.coordinator import DistributedOptions
 from sqe.session import Session
 from sqe_stack import StackInfo, apply_client_env, start_stack, stop_stack
 from sqe_stack.catalog import spawn_catalog, wait_for_catalog

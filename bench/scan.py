@@ -46,9 +46,9 @@ from pyiceberg.table import Table
 from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import load_config
-from sqe.credentials.scope import ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN
 from sqe.errors import NoSuchTableError
 from sqe.session import Session
+from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
 
 NAMESPACE = "bench"
 TABLE = "events"
@@ -239,9 +239,9 @@ def vended_filesystem(session: Session, path: str, endpoint: str, region: str) -
     properties = stream.plan.loaded.io.resolve(path).properties  # type: ignore[attr-defined]
     parts = urlsplit(endpoint)
     return pafs.S3FileSystem(
-        access_key=properties[ACCESS_KEY_ID],
-        secret_key=properties[SECRET_ACCESS_KEY],
-        session_token=properties.get(SESSION_TOKEN),
+        access_key=properties[S3_ACCESS_KEY_ID],
+        secret_key=properties[S3_SECRET_ACCESS_KEY],
+        session_token=properties.get(S3_SESSION_TOKEN),
         endpoint_override=parts.netloc,
         scheme=parts.scheme,
         region=region,

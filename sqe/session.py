@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from pyiceberg.schema import Schema
 
     from sqe.config import SQEConfig
-    from sqe.execution.distributed import DistributedExecutor, DistributedOptions, DistributedScanStream
+    from sqe.distributed.coordinator import DistributedExecutor, DistributedOptions, DistributedScanStream
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class Session:
         self._task_cache = TaskCache()  # repeated queries of an unchanged table skip reading its manifests
         self._distributed: DistributedExecutor | None = None
         if config is not None and config.coordinator.workers:
-            from sqe.execution.distributed import DistributedExecutor  # grpc only when workers are configured
+            from sqe.distributed.coordinator import DistributedExecutor  # grpc only when workers are configured
 
             self._distributed = DistributedExecutor(config, provider, distributed)
         self._default_warehouse = provider.default_warehouse()
@@ -425,7 +425,7 @@ class Session:
     def _stream(self, plan: ScanPlan, context: QueryContext) -> ScanStream | DistributedScanStream:
         if self._distributed is None:
             return ScanStream(plan, self._executor, context)
-        from sqe.execution.distributed import DistributedScanStream
+        from sqe.distributed.coordinator import DistributedScanStream
 
         return DistributedScanStream(plan, self._distributed, context)
 

@@ -453,7 +453,7 @@ class WorkerProcess:
         """A ``WorkerStub`` on a new channel (TLS when ``root_certificates`` is given); closed by ``stop()``."""
         import grpc
 
-        from workers._proto import worker_pb2_grpc
+        from sqe.distributed.protocol._proto import worker_pb2_grpc
 
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),

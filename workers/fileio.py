@@ -1,9 +1,10 @@
 """The FileIO a fragment reads with: the ticket's credential sets only, checked before every file is opened.
 
-Per file it picks the set with the longest prefix covering the path (``sqe.credentials``, as on the coordinator)
-and fails when none does: there is no fallback to ambient credentials. Before opening a file it checks that set's
-expiry. Pushed sets replace the current ones between files: a new ``ScopedFileIO`` serves files opened afterwards,
-while files already open keep the filesystem (and keys) they were opened with.
+It is the engine's own ``ScopedFileIO`` under the worker's storage policy (the ticket's sets only, no static
+pair, no ambient chain): per file the set with the longest prefix covering the path, and a failure when none
+does. Before opening a file it checks that set's expiry. Pushed sets replace the current ones between files: a
+new ``ScopedFileIO`` serves files opened afterwards, while files already open keep the filesystem (and keys) they
+were opened with.
 """
 
 from __future__ import annotations
@@ -11,31 +12,23 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from typing import NoReturn
 
 from pyiceberg.io import FileIO, InputFile, OutputFile
 
-from sqe.config import CatalogConfig, SQEConfig
-from sqe.credentials import ScopedFileIO, StorageCredential, is_local, normalize_location, select_credential
+from sqe._text import iso_utc
+from sqe.credentials import CredentialSet, ScopedFileIO, StoragePolicy, StorageSettings, is_local, normalize_location
+from sqe.distributed.protocol.errors import MissingCredentialsError
 from sqe.errors import CredentialExpiredError, WorkerError
 from sqe.execution.local import QueryCancelledError
-from workers.errors import MissingCredentialsError
-from workers.ticket import StorageOptions, TicketCredentials
 
-# sqe.credentials needs an engine config: the worker's has no static key and requires vended-style key sets,
-# so nothing but the ticket's sets can ever reach a FileIO.
-_WORKER_CONFIG = SQEConfig(catalog=CatalogConfig(uri="sqe-worker:", warehouse="", require_vended_credentials=True))
+_WORKER_POLICY = StoragePolicy.for_worker()
 
-OpenCallback = Callable[[TicketCredentials], None]
+OpenCallback = Callable[[CredentialSet], None]
 
 
-def _iso(epoch_seconds: float) -> str:
-    return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds")
-
-
-def _prefix_key(prefix: str) -> str:
-    return normalize_location(prefix).rstrip("/")
+def _prefix_key(prefix: str | None) -> str:
+    return normalize_location(prefix or "").rstrip("/")
 
 
 class FragmentFileIO(FileIO):
@@ -43,8 +36,8 @@ class FragmentFileIO(FileIO):
 
     def __init__(
         self,
-        credentials: Sequence[TicketCredentials],
-        storage: StorageOptions,
+        credentials: Sequence[CredentialSet],
+        storage: StorageSettings,
         *,
         cancel: threading.Event,
         pace_seconds: float = 0.0,
@@ -53,15 +46,14 @@ class FragmentFileIO(FileIO):
         on_open: OpenCallback | None = None,
     ) -> None:
         super().__init__(properties={})
-        self._storage_config = storage.to_config()
+        self._storage = storage
         self._cancel = cancel
         self._pace_seconds = pace_seconds
         self._allow_local = allow_local
         self._clock = clock
         self._on_open = on_open
         self._lock = threading.Lock()
-        self._credentials: tuple[TicketCredentials, ...] = ()
-        self._storage_credentials: tuple[StorageCredential, ...] = ()
+        self._credentials: tuple[CredentialSet, ...] = ()
         self._secrets: set[str] = set()
         self._scoped = self._install(credentials)
 
@@ -70,12 +62,11 @@ class FragmentFileIO(FileIO):
     def new_input(self, location: str) -> InputFile:
         self._pace()
         with self._lock:
-            scoped, credentials, storage_credentials = self._scoped, self._credentials, self._storage_credentials
-        matched = select_credential(location, storage_credentials)
-        if matched is None:
+            scoped = self._scoped
+        cred = scoped.set_for(location)
+        if cred is None:
             self._refuse_uncovered(location)
         else:
-            cred = credentials[storage_credentials.index(matched)]
             self._check_expiry(cred)
             if self._on_open is not None:
                 self._on_open(cred)
@@ -99,13 +90,13 @@ class FragmentFileIO(FileIO):
             f"no credential set in the ticket covers {location}; a worker never uses ambient credentials"
         )
 
-    def _check_expiry(self, cred: TicketCredentials) -> None:
+    def _check_expiry(self, cred: CredentialSet) -> None:
         if cred.is_expired(self._clock()):
             raise self.expired_error(cred)
 
     # ------------------------------------------------------------------------------------- refreshing
 
-    def refresh(self, pushed: Sequence[TicketCredentials]) -> None:
+    def refresh(self, pushed: Sequence[CredentialSet]) -> None:
         """Replace the sets with the same prefixes (add new prefixes); files opened from now on use them.
 
         The caller has checked that every pushed set is complete.
@@ -115,28 +106,26 @@ class FragmentFileIO(FileIO):
         merged.update({_prefix_key(cred.prefix): cred for cred in pushed})
         self._install(list(merged.values()))
 
-    def _install(self, credentials: Sequence[TicketCredentials]) -> ScopedFileIO:
-        storage_credentials = tuple(cred.storage_credential() for cred in credentials)
-        scoped = ScopedFileIO(self._storage_config, storage_credentials, _WORKER_CONFIG)
+    def _install(self, credentials: Sequence[CredentialSet]) -> ScopedFileIO:
+        scoped = ScopedFileIO(credentials, _WORKER_POLICY, settings=self._storage)
         with self._lock:
             self._credentials = tuple(credentials)
-            self._storage_credentials = storage_credentials
             self._scoped = scoped
             for cred in credentials:
                 self._secrets.update(v for v in (cred.access_key_id, cred.secret_access_key, cred.session_token) if v)
         return scoped
 
-    def expired_set(self) -> TicketCredentials | None:
+    def expired_set(self) -> CredentialSet | None:
         """A set of this fragment that is past its expiry now, if any (to explain a failed read)."""
         now = self._clock()
         with self._lock:
             credentials = self._credentials
         return next((cred for cred in credentials if cred.is_expired(now)), None)
 
-    def expired_error(self, cred: TicketCredentials) -> CredentialExpiredError:
+    def expired_error(self, cred: CredentialSet) -> CredentialExpiredError:
         expires = cred.expires_at if cred.expires_at is not None else self._clock()
         return CredentialExpiredError(
-            f"credentials for {cred.prefix} expired at {_iso(expires)} and no refreshed set arrived"
+            f"credentials for {cred.prefix} expired at {iso_utc(expires)} and no refreshed set arrived"
         )
 
     def secret_values(self) -> frozenset[str]:

@@ -14,14 +14,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sqe._counters import Counters
+from sqe.credentials import CredentialSet
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import DuplicateFragmentError, InvalidTicketError, WorkerBusyError
+from sqe.distributed.protocol.ipc import encode_batch, encode_schema
+from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
 from sqe.execution.local import LocalExecutor, ScanMetrics
 from sqe.execution.stream import conform_batch
 from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
-from workers._proto import worker_pb2 as pb
-from workers.errors import DuplicateFragmentError, InvalidTicketError, WorkerBusyError
 from workers.fileio import FragmentFileIO
-from workers.ipc import encode_batch, encode_schema
-from workers.ticket import DecodedTicket, TableRef, TicketCredentials
 
 if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class WorkerStats:
+class WorkerStats(Counters):
     """Counters since start. Access key ids are kept only as SHA-256 digests, to count distinct sets used."""
 
     fragments_started: int = 0
@@ -46,21 +48,15 @@ class WorkerStats:
     refreshes_refused: int = 0
     credential_expired_failures: int = 0
     _key_digests: set[str] = field(default_factory=set, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
-
-    def credential_used(self, cred: TicketCredentials) -> None:
+    def credential_used(self, cred: CredentialSet) -> None:
         digest = hashlib.sha256(cred.access_key_id.encode()).hexdigest()
         with self._lock:
             self._key_digests.add(digest)
 
     def to_proto(self, running: int) -> pb.StatsResponse:
+        counters = self.snapshot()
         with self._lock:
-            counters = {k: v for k, v in vars(self).items() if not k.startswith("_")}
             used = len(self._key_digests)
         return pb.StatsResponse(fragments_running=running, credential_sets_used=used, **counters)
 
@@ -95,7 +91,7 @@ class RunningFragment:
     def query_id(self) -> str:
         return self.ticket.query_id
 
-    def in_scope(self, query_id: str, fragment_id: str, table: TableRef | None) -> bool:
+    def in_scope(self, query_id: str, fragment_id: str, table: WireTableId | None) -> bool:
         """Whether a Cancel/Refresh scope names this fragment (empty parts match anything; not all empty)."""
         if not (query_id or fragment_id):
             return False
@@ -163,7 +159,7 @@ class FragmentRegistry:
             if self._running.get(fragment.fragment_id) is fragment:
                 del self._running[fragment.fragment_id]
 
-    def select(self, query_id: str, fragment_id: str, table: TableRef | None = None) -> list[RunningFragment]:
+    def select(self, query_id: str, fragment_id: str, table: WireTableId | None = None) -> list[RunningFragment]:
         with self._lock:
             fragments = list(self._running.values())
         return [f for f in fragments if f.in_scope(query_id, fragment_id, table)]

@@ -13,8 +13,8 @@ from types import FrameType
 
 import grpc
 
+from sqe.distributed.protocol._proto import worker_pb2_grpc
 from sqe.errors import ConfigError
-from workers._proto import worker_pb2_grpc
 from workers.auth import BearerTokenInterceptor
 from workers.environment import scrub_environment
 from workers.service import ServiceSettings, WorkerService

@@ -16,11 +16,10 @@ from typing import NoReturn
 
 import grpc
 
-from sqe.errors import CredentialError, CredentialExpiredError, RestrictionError
-from sqe.execution.local import LocalExecutor, QueryCancelledError
-from workers._proto import worker_pb2 as pb
-from workers.environment import ambient_credentials_disabled
-from workers.errors import (
+from sqe._text import first_line
+from sqe.credentials import CredentialSet
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import (
     ERROR_KIND_KEY,
     KIND_BUSY,
     KIND_CANCELLED,
@@ -37,9 +36,12 @@ from workers.errors import (
     MessageTooLargeError,
     WorkerBusyError,
 )
+from sqe.distributed.protocol.ticket import WireTableId, credentials_from_proto, decode_ticket
+from sqe.errors import CredentialError, CredentialExpiredError, RestrictionError
+from sqe.execution.local import LocalExecutor, QueryCancelledError
+from workers.environment import ambient_credentials_disabled
 from workers.fileio import FragmentFileIO
 from workers.fragment import FragmentRegistry, RunningFragment, WorkerStats
-from workers.ticket import TableRef, TicketCredentials, decode_ticket
 
 log = logging.getLogger("sqe.worker")
 
@@ -64,7 +66,9 @@ class ServiceSettings:
 
 
 @dataclass(frozen=True)
-class _Failure:
+class FragmentFailure:
+    """How a fragment that could not run or finish is reported: gRPC status, error kind, one-line message."""
+
     code: grpc.StatusCode
     kind: str
     message: str
@@ -95,7 +99,7 @@ class WorkerService:
             outcome = "cancelled"
             raise
         except Exception as exc:
-            failure = _classify(exc, fragment)
+            failure = fragment_failure(exc, fragment)
             outcome = "cancelled" if failure.kind == KIND_CANCELLED else "failed"
             self._fail(context, failure, fragment)
         finally:
@@ -119,7 +123,7 @@ class WorkerService:
             fragment = RunningFragment(ticket, io, cancel)
             self.registry.register(fragment)
         except Exception as exc:
-            failure = _classify(exc, None)
+            failure = fragment_failure(exc, None)
             log.warning("fragment rejected: %s", failure.kind)
             self._abort(context, failure)
         context.add_callback(cancel.set)  # RPC over for any reason (client cancel, deadline): stop reading
@@ -127,14 +131,14 @@ class WorkerService:
         log.info("fragment %s started: %d files", fragment.fragment_id, ticket.files_total)
         return fragment
 
-    def _fail(self, context: grpc.ServicerContext, failure: _Failure, fragment: RunningFragment) -> NoReturn:
+    def _fail(self, context: grpc.ServicerContext, failure: FragmentFailure, fragment: RunningFragment) -> NoReturn:
         if failure.kind == KIND_CREDENTIAL_EXPIRED:
             self.stats.add(credential_expired_failures=1)
         log.warning("fragment %s failed: %s", fragment.fragment_id, failure.kind)
         self._abort(context, failure)
 
     @staticmethod
-    def _abort(context: grpc.ServicerContext, failure: _Failure) -> NoReturn:
+    def _abort(context: grpc.ServicerContext, failure: FragmentFailure) -> NoReturn:
         context.set_trailing_metadata(((ERROR_KIND_KEY, failure.kind),))
         context.abort(failure.code, failure.message)
         raise AssertionError("grpc context.abort returned")  # abort always raises
@@ -157,8 +161,8 @@ class WorkerService:
     # -------------------------------------------------------------------------------- RefreshCredentials
 
     def RefreshCredentials(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
-        pushed = [TicketCredentials.from_proto(c) for c in request.credentials]
-        table = TableRef.from_proto(request.table) if request.HasField("table") else None
+        pushed = [credentials_from_proto(c) for c in request.credentials]
+        table = WireTableId.from_proto(request.table) if request.HasField("table") else None
         reason = _refusal(pushed, request.query_id, request.fragment_id, table)
         fragments = [] if reason else self.registry.select(request.query_id, request.fragment_id, table)
         if not reason and not fragments:
@@ -205,7 +209,7 @@ class WorkerService:
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _refusal(pushed: list[TicketCredentials], query_id: str, fragment_id: str, table: TableRef | None) -> str:
+def _refusal(pushed: list[CredentialSet], query_id: str, fragment_id: str, table: WireTableId | None) -> str:
     """Why a push is refused ("" when it is acceptable). Never names a value."""
     if not fragment_id and not (query_id and table is not None):
         return "scope needs a fragment_id, or a query_id and a table"
@@ -214,7 +218,7 @@ def _refusal(pushed: list[TicketCredentials], query_id: str, fragment_id: str, t
     for cred in pushed:
         if not cred.prefix:
             return "a credential set has no prefix"
-        if cred.kind != "vended":
+        if cred.source != "vended":
             return f"the set for {cred.prefix} is not a vended set; only vended sets are refreshed"
         missing = cred.missing_parts()
         if missing:
@@ -236,27 +240,26 @@ _SIMPLE_FAILURES: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] =
 )
 
 
-def _classify(exc: BaseException, fragment: RunningFragment | None) -> _Failure:
+def fragment_failure(exc: BaseException, fragment: RunningFragment | None) -> FragmentFailure:
     """Status code, kind and a one-line, secret-free message for a fragment that could not run or finish."""
     secrets: Iterable[str] = fragment.io.secret_values() if fragment is not None else ()
     for error_type, code, kind in _SIMPLE_FAILURES:
         if isinstance(exc, error_type):
-            return _Failure(code, kind, _scrub(_first_line(exc), secrets))
+            return FragmentFailure(code, kind, _scrub(_message(exc), secrets))
     where = f"fragment {fragment.fragment_id}" if fragment is not None else "ticket"
     if isinstance(exc, OSError) and fragment is not None:
         expired = fragment.io.expired_set()
         if expired is not None:  # the store refused a read because the keys died meanwhile
-            message = _first_line(fragment.io.expired_error(expired))
-            return _Failure(grpc.StatusCode.FAILED_PRECONDITION, KIND_CREDENTIAL_EXPIRED, message)
-        message = f"{where}: reading failed: {_scrub(_first_line(exc), secrets)}"
-        return _Failure(grpc.StatusCode.UNAVAILABLE, KIND_READ_FAILED, message)
+            message = _message(fragment.io.expired_error(expired))
+            return FragmentFailure(grpc.StatusCode.FAILED_PRECONDITION, KIND_CREDENTIAL_EXPIRED, message)
+        message = f"{where}: reading failed: {_scrub(_message(exc), secrets)}"
+        return FragmentFailure(grpc.StatusCode.UNAVAILABLE, KIND_READ_FAILED, message)
     # Anything else: the type only (an arbitrary message could quote data values).
-    return _Failure(grpc.StatusCode.INTERNAL, KIND_INTERNAL, f"{where}: internal error ({type(exc).__name__})")
+    return FragmentFailure(grpc.StatusCode.INTERNAL, KIND_INTERNAL, f"{where}: internal error ({type(exc).__name__})")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:1000] if text else type(exc).__name__
+def _message(exc: BaseException) -> str:
+    return first_line(exc, limit=1000)
 
 
 def _scrub(text: str, secrets: Iterable[str]) -> str:

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import pyarrow as pa
 import requests
-from pyiceberg.catalog.rest import RestCatalog, TableResponse
+from pyiceberg.catalog.rest import Capability, RestCatalog, TableResponse
 from pyiceberg.exceptions import (
     CommitFailedException,
     ForbiddenError,
@@ -47,7 +47,7 @@ from sqe.catalog._delegation import DelegatedAuth
 from sqe.catalog._transport import RetryPolicy, make_session
 from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
 from sqe.config import CatalogConnection, SQEConfig
-from sqe.credentials import ScopedFileIO, parse_storage_credentials
+from sqe.credentials import CatalogCredentials, ScopedFileIO, StoragePolicy, parse_catalog_credentials
 from sqe.errors import (
     AuthenticationError,
     CatalogError,
@@ -199,12 +199,30 @@ class SQERestCatalog(RestCatalog):
     def file_io_for(
         self, response_config: Mapping[str, str], raw: Mapping[str, Any], received_at: float
     ) -> ScopedFileIO:
-        creds = parse_storage_credentials(raw.get("storage-credentials") or [])
         metadata = raw.get("metadata")
         location = metadata.get("location") if isinstance(metadata, Mapping) else None
-        return ScopedFileIO(
-            dict(response_config or {}), creds, self._sqe_config, received_at=received_at, location=location
-        )
+        response = {**raw, "config": dict(response_config or {})}
+        policy = StoragePolicy.from_config(self._sqe_config)
+        return ScopedFileIO.from_response(response, policy, received_at=received_at, location=location)
+
+    def load_table_credentials(self, namespace: Sequence[str], name: str) -> CatalogCredentials | None:
+        """GET the table's ``/credentials`` as this user, parsed; None when the catalog does not advertise it."""
+        if str(Capability.V1_LOAD_CREDENTIALS) not in {str(e) for e in self._supported_endpoints}:
+            return None
+        what = ".".join((self.name, *namespace, name))
+        try:
+            response = self._session.get(self.table_url(namespace, name) + "/credentials")
+        except requests.RequestException as exc:
+            raise CatalogUnavailableError(f"cannot load credentials of {what}: {type(exc).__name__}") from None
+        if response.status_code != 200:
+            raise error_for_status(response, f"credentials of {what}")
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise CatalogUnavailableError(f"the catalog's credentials answer for {what} is not a JSON object")
+        return parse_catalog_credentials(body, "credentials response")
 
     def table_url(self, namespace: Sequence[str], name: str) -> str:
         ns = self._encode_namespace_path(tuple(namespace))

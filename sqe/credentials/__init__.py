@@ -1,38 +1,46 @@
 """Per-file credential scoping for Iceberg data: which keys open which file, and until when.
 
-``scope`` builds FileIO properties for one path (allowlist, longest segment-boundary prefix, fixed merge
-order, static and vended never mixed); ``fileio.ScopedFileIO`` applies that to every path pyiceberg opens;
-``expiry`` says when a set stops being usable.
+``model`` parses a catalog response once into immutable ``CredentialSet`` objects (strict, one completeness
+rule); ``policy.StoragePolicy`` holds the local rules (SQE's settings win, static pair only in static mode);
+``scope`` builds FileIO properties for one path (allowlist, longest segment-boundary prefix, fixed merge order,
+static and vended never mixed); ``fileio.ScopedFileIO`` applies that to every path pyiceberg opens; ``expiry``
+says when a set stops being usable.
 """
 
-from sqe.credentials.expiry import CredentialSource, usable_until
+from sqe.credentials.expiry import CredentialSource, is_expired, usable_until
 from sqe.credentials.fileio import ScopedFileIO
-from sqe.credentials.paths import is_local, is_object_store, normalize_location, prefix_matches
-from sqe.credentials.scope import (
+from sqe.credentials.model import (
     FILEIO_ALLOWLIST,
-    ResolvedCredentials,
-    StorageCredential,
-    VendedSet,
-    build_properties,
-    parse_response_config,
+    CatalogCredentials,
+    CredentialSet,
+    StorageSettings,
+    parse_catalog_credentials,
+    parse_settings,
     parse_storage_credentials,
-    select_credential,
-    vended_sets,
+    parse_string_map,
 )
+from sqe.credentials.paths import is_local, is_object_store, normalize_location, prefix_matches
+from sqe.credentials.policy import StoragePolicy
+from sqe.credentials.scope import ResolvedCredentials, build_properties, select_credential, vended_sets
 
 __all__ = [
     "FILEIO_ALLOWLIST",
+    "CatalogCredentials",
+    "CredentialSet",
     "CredentialSource",
     "ResolvedCredentials",
     "ScopedFileIO",
-    "StorageCredential",
-    "VendedSet",
+    "StoragePolicy",
+    "StorageSettings",
     "build_properties",
+    "is_expired",
     "is_local",
     "is_object_store",
     "normalize_location",
-    "parse_response_config",
+    "parse_catalog_credentials",
+    "parse_settings",
     "parse_storage_credentials",
+    "parse_string_map",
     "prefix_matches",
     "select_credential",
     "usable_until",

@@ -8,6 +8,7 @@ a reload. Static credentials never expire.
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 CredentialSource = Literal["vended", "static", "none"]
@@ -34,3 +35,8 @@ def usable_until(
         # Already-expired tokens land before received_at: unusable from the start (fail closed).
         return received_at + remaining / 2
     return expires_at - SAFETY_MARGIN_SECONDS
+
+
+def is_expired(expires_at_ms: int | None, now: float | None = None) -> bool:
+    """Whether a set naming this expiry is past it (a set without expiry is judged by ``usable_until``)."""
+    return expires_at_ms is not None and (time.time() if now is None else now) >= expires_at_ms / 1000.0

@@ -11,32 +11,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from pyiceberg.io import FileIO, InputFile, OutputFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from sqe.config import SQEConfig
+from sqe._text import iso_utc
 from sqe.credentials.expiry import CredentialSource, usable_until
+from sqe.credentials.model import CatalogCredentials, CredentialSet, StorageSettings, parse_catalog_credentials
 from sqe.credentials.paths import is_local, is_object_store, scheme_of
-from sqe.credentials.scope import (
-    ResolvedCredentials,
-    StorageCredential,
-    VendedSet,
-    build_properties,
-    parse_response_config,
-    parse_storage_credentials,
-    select_credential,
-    vended_sets,
-)
+from sqe.credentials.policy import StoragePolicy
+from sqe.credentials.scope import ResolvedCredentials, build_properties, config_set, select_credential, vended_sets
 from sqe.errors import CredentialError
-
-
-def _iso(epoch_seconds: float | None) -> str | None:
-    if epoch_seconds is None:
-        return None
-    return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds")
 
 
 class ScopedFileIO(FileIO):
@@ -44,21 +30,21 @@ class ScopedFileIO(FileIO):
 
     def __init__(
         self,
-        response_config: Mapping[str, str],
-        storage_credentials: Sequence[StorageCredential],
-        config: SQEConfig,
+        sets: Sequence[CredentialSet],
+        policy: StoragePolicy,
         *,
+        settings: StorageSettings | None = None,
         received_at: float | None = None,
         location: str | None = None,
     ) -> None:
-        """``location`` (the table location), when given, is resolved now so a table without the credentials
-        it needs fails at load time rather than mid-scan."""
+        """``settings``: the response-wide (or ticket-wide) settings under every set's own. ``location`` (the
+        table location), when given, is resolved now so a table without the credentials it needs fails at load
+        time rather than mid-scan."""
         super().__init__(properties={})
-        self._response_config = dict(response_config)
-        self._credentials = tuple(storage_credentials)
-        self._config = config
+        self._catalog = CatalogCredentials(settings or StorageSettings(), tuple(sets))
+        self._policy = policy
         self.received_at = time.time() if received_at is None else received_at
-        self._vended = vended_sets(self._response_config, self._credentials, config)
+        self._vended = vended_sets(self._catalog, policy)
         self._lock = threading.Lock()
         self._resolved: dict[tuple[int, bool], ResolvedCredentials] = {}
         self._file_ios: dict[frozenset[tuple[str, str]], PyArrowFileIO] = {}
@@ -69,21 +55,25 @@ class ScopedFileIO(FileIO):
     def from_response(
         cls,
         response: Mapping[str, Any],
-        config: SQEConfig,
+        policy: StoragePolicy,
         *,
         received_at: float | None = None,
         location: str | None = None,
     ) -> ScopedFileIO:
         """From a raw load-table (or create-table) JSON response."""
-        return cls(
-            parse_response_config(response.get("config")),
-            parse_storage_credentials(response.get("storage-credentials")),
-            config,
-            received_at=received_at,
-            location=location,
-        )
+        catalog = parse_catalog_credentials(response)
+        return cls(catalog.sets, policy, settings=catalog.settings, received_at=received_at, location=location)
+
+    @property
+    def credential_sets(self) -> tuple[CredentialSet, ...]:
+        """The sets this FileIO reads with, minus any that are SQE's own static pair (config's first)."""
+        return self._vended
 
     # -------------------------------------------------------------------------------------- resolution
+
+    def set_for(self, location: str) -> CredentialSet | None:
+        """The set with the longest prefix covering ``location`` (None: only config keys or local ones)."""
+        return select_credential(location, self._catalog.sets)
 
     def resolve(self, location: str) -> ResolvedCredentials:
         """The credential set (and FileIO properties) ``location`` is read or written with."""
@@ -93,14 +83,14 @@ class ScopedFileIO(FileIO):
                 f"unsupported storage scheme {scheme_of(location)!r} in {location}: SQE reads Iceberg data "
                 "only from s3://, s3a://, s3n:// and file:// locations"
             )
-        matched = select_credential(location, self._credentials)
-        index = next((i for i, cred in enumerate(self._credentials) if cred is matched), -1)
+        matched = self.set_for(location)
+        index = next((i for i, found in enumerate(self._catalog.sets) if found is matched), -1)
         key = (index, object_store)
         with self._lock:
             cached = self._resolved.get(key)
         if cached is not None:
             return cached
-        resolved = build_properties(location, self._response_config, self._credentials, self._config)
+        resolved = build_properties(location, self._catalog, self._policy)
         with self._lock:
             return self._resolved.setdefault(key, resolved)
 
@@ -127,57 +117,50 @@ class ScopedFileIO(FileIO):
 
     @property
     def source(self) -> CredentialSource:
-        """ "vended" if the catalog vended any usable set, else "static" (static pair in use) or "none"."""
-        if self._vended:
+        """ "vended" if any vended set is in use, else "static" (a static set or pair in use) or "none"."""
+        if any(s.source == "vended" for s in self._vended):
             return "vended"
-        return "static" if self._static_in_use else "none"
-
-    @property
-    def _static_in_use(self) -> bool:
-        return self._config.static_key_pair() is not None and not self._config.catalog.require_vended_credentials
+        return "static" if self._vended or self._policy.static is not None else "none"
 
     @property
     def expires_at(self) -> float | None:
         """Earliest expiry (epoch seconds) among the vended sets that name one."""
-        expiries = [v.expires_at_ms / 1000.0 for v in self._vended if v.expires_at_ms is not None]
-        return min(expiries, default=None)
+        return min((s.expires_at for s in self._vended if s.expires_at is not None), default=None)
 
     @property
     def usable_until(self) -> float | None:
         """Epoch seconds after which this FileIO must not be used (reload the table); None: no limit."""
-        points = [self._usable_until(v) for v in self._vended]
+        points = [self._usable_until(s) for s in self._vended]
         return min((p for p in points if p is not None), default=None)
 
     def is_usable(self, now: float | None = None) -> bool:
         limit = self.usable_until
         return limit is None or (time.time() if now is None else now) < limit
 
-    def _usable_until(self, vended: VendedSet) -> float | None:
-        max_age = float(self._config.catalog.credential_max_age_seconds)
-        return usable_until(vended.expires_at_ms, self.received_at, max_age_seconds=max_age)
+    def _usable_until(self, found: CredentialSet) -> float | None:
+        max_age = self._policy.max_age_seconds
+        return usable_until(found.expires_at_ms, self.received_at, source=found.source, max_age_seconds=max_age)
 
     def describe(self) -> list[dict[str, Any]]:
         """One row per credential scope, for EXPLAIN: prefix, source, expiry. Never a secret."""
         rows: list[dict[str, Any]] = []
-        for cred in self._credentials:
-            if not cred.is_usable:
+        for found in self._catalog.sets:
+            if found.prefix is None:
                 continue
-            vended = next((v for v in self._vended if v.prefix == cred.prefix), None)
-            rows.append(self._describe_row(cred.prefix, vended, "static"))
-        config_set = next((v for v in self._vended if v.prefix is None), None)
-        fallback: CredentialSource = "static" if self._static_in_use else "none"
-        rows.append(self._describe_row("*", config_set, fallback))
+            used = next((v for v in self._vended if v.prefix == found.prefix), None)
+            rows.append(self._describe_row(found.prefix, used, "static"))
+        fallback: CredentialSource = "static" if self._policy.static is not None else "none"
+        rows.append(self._describe_row("*", config_set(self._vended), fallback))
         return rows
 
-    def _describe_row(self, prefix: str, vended: VendedSet | None, otherwise: CredentialSource) -> dict[str, Any]:
-        if vended is None:
+    def _describe_row(self, prefix: str, used: CredentialSet | None, otherwise: CredentialSource) -> dict[str, Any]:
+        if used is None:
             return {"prefix": prefix, "source": otherwise, "expires_at": None, "usable_until": None}
-        expires = None if vended.expires_at_ms is None else vended.expires_at_ms / 1000.0
         return {
             "prefix": prefix,
-            "source": "vended",
-            "expires_at": _iso(expires),
-            "usable_until": _iso(self._usable_until(vended)),
+            "source": used.source,
+            "expires_at": iso_utc(used.expires_at),
+            "usable_until": iso_utc(self._usable_until(used)),
         }
 
     # ------------------------------------------------------------------------------------------ safety
@@ -192,7 +175,6 @@ class ScopedFileIO(FileIO):
         return self
 
     def __repr__(self) -> str:
-        scopes = sum(1 for cred in self._credentials if cred.is_usable)
-        return (
-            f"ScopedFileIO(source={self.source!r}, scoped_prefixes={scopes}, usable_until={_iso(self.usable_until)!r})"
-        )
+        scopes = sum(1 for found in self._catalog.sets if found.prefix is not None)
+        until = iso_utc(self.usable_until)
+        return f"ScopedFileIO(source={self.source!r}, scoped_prefixes={scopes}, usable_until={until!r})"

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
-# Hadoop's s3a:// and s3n:// name the same objects as s3:// (pyarrow reads all three with one S3 filesystem).
-_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}
-OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "s3n"})
-LOCAL_SCHEMES = frozenset({"file", ""})
+from sqe.vocabulary import LOCAL_SCHEMES, OBJECT_STORE_SCHEMES, SCHEME_ALIASES
 
 
 def scheme_of(location: str) -> str:
@@ -17,12 +12,13 @@ def scheme_of(location: str) -> str:
 
 
 def normalize_location(location: str) -> str:
-    """``s3a://`` and ``s3n://`` become ``s3://``; the scheme is lower-cased; the rest is left alone."""
+    """``s3a://`` and ``s3n://`` (Hadoop's names for the same objects) become ``s3://``; the scheme is
+    lower-cased; the rest is left alone."""
     head, sep, rest = location.partition("://")
     if not sep:
         return location
     scheme = head.lower()
-    return f"{_SCHEME_ALIASES.get(scheme, scheme)}://{rest}"
+    return f"{SCHEME_ALIASES.get(scheme, scheme)}://{rest}"
 
 
 def is_object_store(location: str) -> bool:
@@ -31,10 +27,6 @@ def is_object_store(location: str) -> bool:
 
 def is_local(location: str) -> bool:
     return scheme_of(location) in LOCAL_SCHEMES
-
-
-def bucket_of(location: str) -> str:
-    return urlsplit(normalize_location(location)).netloc
 
 
 def _strip_prefix(prefix: str) -> str:

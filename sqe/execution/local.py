@@ -18,7 +18,7 @@ import inspect
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
@@ -31,6 +31,7 @@ from pyiceberg.io.pyarrow import expression_to_pyarrow, pyarrow_to_schema, schem
 from pyiceberg.manifest import FileFormat
 from pyiceberg.types import BinaryType, IcebergType, StringType
 
+from sqe._counters import Counters
 from sqe.errors import QueryError
 
 if TYPE_CHECKING:
@@ -225,7 +226,7 @@ class QueryCancelledError(QueryError):
 
 
 @dataclass
-class ScanMetrics:
+class ScanMetrics(Counters):
     """Counters of one or more scans, safe to read from another thread (progress bars, tests)."""
 
     files_total: int = 0
@@ -238,18 +239,11 @@ class ScanMetrics:
     max_files_in_flight: int = 0
     files_open: int = 0
     scans_opened: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
-            self.max_batches_in_flight = max(self.max_batches_in_flight, self.batches_in_flight)
-            self.max_files_in_flight = max(self.max_files_in_flight, self.files_open)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+    def _after_add(self) -> None:
+        # High-water marks, updated under the same lock as the counters they follow.
+        self.max_batches_in_flight = max(self.max_batches_in_flight, self.batches_in_flight)
+        self.max_files_in_flight = max(self.max_files_in_flight, self.files_open)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from sqe._text import first_line
 from sqe.errors import QueryError, SQEError
 from sqe.execution.local import BatchTransform, LocalExecutor, ScanMetrics
 from sqe.restrictions import new_query_salt
@@ -70,7 +71,7 @@ class ScanStream:
             self._context.record_error(exc)
             raise
         except Exception as exc:  # e.g. an object-store error: keep the table name, lose the traceback
-            error = QueryError(f"reading {self.plan.ident} failed: {_first_line(exc)}")
+            error = QueryError(f"reading {self.plan.ident} failed: {first_line(exc)}")
             self._context.record_error(error)
             raise error from None
 
@@ -94,8 +95,3 @@ def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         for column, f in zip(batch.columns, schema, strict=True)
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -26,12 +26,12 @@ import pytest
 import sqe.api
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import SQEConfig, load_config
+from sqe.distributed.coordinator import DistributedOptions
+from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.errors import CredentialError, NoVendedCredentialsError, WorkerError
-from sqe.execution.distributed import DistributedOptions
 from sqe.execution.local import QueryCancelledError
 from sqe.session import Session
 from tests.conftest import WorkerFactory, WorkerProcess, catalog_variant, pyiceberg_catalog, write_sqe_config
-from workers._proto import worker_pb2 as pb
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer

@@ -18,8 +18,8 @@ import pytest
 
 import sqe.api
 from sqe.catalog.base import CacheOutcome, LoadedTable
-from sqe.credentials.scope import ACCESS_KEY_ID
 from sqe.session import Session
+from sqe.vocabulary import S3_ACCESS_KEY_ID
 from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def query(session: Session) -> LoadedTable:
 
 
 def access_key(loaded: LoadedTable) -> str:
-    return str(loaded.io.resolve(loaded.table.location()).properties[ACCESS_KEY_ID])  # type: ignore[attr-defined]
+    return str(loaded.io.resolve(loaded.table.location()).properties[S3_ACCESS_KEY_ID])  # type: ignore[attr-defined]
 
 
 def sleep_until(epoch: float) -> None:

@@ -25,9 +25,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import sqe.api
-from sqe.credentials.scope import ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN
 from sqe.errors import SQEError
 from sqe.session import Session
+from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
 from tests.conftest import BOGUS_AWS_ENV, pyiceberg_catalog, raw_load_table, write_sqe_config
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ def test_no_secret_leaks_anywhere(setup: Setup, debug_logs: pytest.LogCaptureFix
     raw = raw_load_table(server, setup.principal, setup.namespace, "items")
     [vended] = raw["storage-credentials"]
     secrets = {*server.secrets, server.token(setup.principal), server.moto.secret_access_key}
-    secrets |= {vended["config"][SECRET_ACCESS_KEY], vended["config"][SESSION_TOKEN]}
+    secrets |= {vended["config"][S3_SECRET_ACCESS_KEY], vended["config"][S3_SESSION_TOKEN]}
     texts: dict[str, str] = {}
     with sqe.api.connect(setup.config) as session:
         assert session.sql(f"SELECT count(*) FROM {setup.table}").fetchall() == [(3,)]
@@ -221,8 +221,8 @@ def test_no_secret_leaks_anywhere(setup: Setup, debug_logs: pytest.LogCaptureFix
         loaded = plan.loaded
         used = loaded.io.resolve(loaded.table.location()).properties  # type: ignore[attr-defined]
         # The keys SQE read with are the ones in the raw response, so searching for those means something.
-        assert used[ACCESS_KEY_ID] == vended["config"][ACCESS_KEY_ID]
-        assert used[SECRET_ACCESS_KEY] == vended["config"][SECRET_ACCESS_KEY]
+        assert used[S3_ACCESS_KEY_ID] == vended["config"][S3_ACCESS_KEY_ID]
+        assert used[S3_SECRET_ACCESS_KEY] == vended["config"][S3_SECRET_ACCESS_KEY]
         secrets.add(session._provider.catalog(server.warehouse)._bearer.current_token())  # type: ignore[attr-defined]
         texts["explain"] = str(session.sql(f"EXPLAIN SELECT * FROM {setup.table}").arrow().to_pylist())
         texts["errors"] = " ".join(error_messages(session, setup))

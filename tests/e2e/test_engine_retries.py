@@ -23,9 +23,9 @@ import pytest
 
 import sqe.api
 from sqe.catalog.base import LoadedTable
-from sqe.credentials.scope import ENDPOINT
 from sqe.errors import CatalogUnavailableError, IntegrityError
 from sqe.session import Session
+from sqe.vocabulary import S3_ENDPOINT
 from tests.conftest import pyiceberg_catalog, write_sqe_config
 
 if TYPE_CHECKING:
@@ -286,4 +286,4 @@ def test_hostile_catalog_response_cannot_choose_fileio_or_endpoint(
     data_file = next(iter(loaded.table.scan().plan_files())).file.file_path
     properties = loaded.io.resolve(data_file).properties  # type: ignore[attr-defined]
     assert not set(properties) & set(hostile)
-    assert properties[ENDPOINT] != "http://127.0.0.1:9"  # [storage] endpoint wins over the catalog's
+    assert properties[S3_ENDPOINT] != "http://127.0.0.1:9"  # [storage] endpoint wins over the catalog's

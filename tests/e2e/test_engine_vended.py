@@ -18,10 +18,10 @@ from pyiceberg.exceptions import BadRequestError
 
 import sqe.api
 from sqe.catalog.base import LoadedTable
-from sqe.credentials.fileio import ScopedFileIO
-from sqe.credentials.scope import ACCESS_KEY_ID, ENDPOINT, parse_response_config, parse_storage_credentials
+from sqe.credentials import ScopedFileIO, StoragePolicy
 from sqe.errors import NoVendedCredentialsError
 from sqe.session import Session
+from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_ENDPOINT
 from tests.conftest import BOGUS_AWS_ENV, catalog_variant, pyiceberg_catalog, raw_load_table, write_sqe_config
 
 if TYPE_CHECKING:
@@ -88,7 +88,9 @@ def test_ctas_insert_select_succeed_only_through_vended_credentials(
         assert rows == [(1, "ada"), (2, "grace"), (3, "linus")]
         loaded = loaded_of(session)
         resolved = loaded.io.resolve(first_data_file(loaded))  # type: ignore[attr-defined]
-        assert resolved.source == "vended" and resolved.properties[ACCESS_KEY_ID] != BOGUS_AWS_ENV["AWS_ACCESS_KEY_ID"]
+        assert (
+            resolved.source == "vended" and resolved.properties[S3_ACCESS_KEY_ID] != BOGUS_AWS_ENV["AWS_ACCESS_KEY_ID"]
+        )
         [explained] = explain_rows(session, f"SELECT count(*) FROM {namespace}.orders")
     assert explained["credential_source"] == "vended"
     assert explained["credential_expires_at"] and explained["files_planned"] == 2
@@ -142,21 +144,20 @@ def test_longest_prefix_on_segment_boundaries(
     # One FileIO holding both tables' vended entries, as a catalog covering two locations would send them.
     raw1 = raw_load_table(catalog_server, writer, namespace, "t1")
     raw10 = raw_load_table(catalog_server, writer, namespace, "t10")
-    both = ScopedFileIO(
-        parse_response_config(raw1["config"]),
-        parse_storage_credentials(raw1["storage-credentials"] + raw10["storage-credentials"]),
-        session.config,  # type: ignore[arg-type]
+    both = ScopedFileIO.from_response(
+        {"config": raw1["config"], "storage-credentials": raw1["storage-credentials"] + raw10["storage-credentials"]},
+        StoragePolicy.from_config(session.config),  # type: ignore[arg-type]
     )
     for path, raw, loaded in ((t10_file, raw10, t10), (t1_file, raw1, t1)):
         resolved = both.resolve(path)
         entry = raw["storage-credentials"][0]
         assert resolved.prefix == entry["prefix"] == loaded.table.location()
-        assert resolved.properties[ACCESS_KEY_ID] == entry["config"][ACCESS_KEY_ID]
+        assert resolved.properties[S3_ACCESS_KEY_ID] == entry["config"][S3_ACCESS_KEY_ID]
         with both.new_input(path).open() as stream:  # and the chosen key really reads the file
             assert pq.read_table(stream).num_rows == 1
     assert (
-        raw1["storage-credentials"][0]["config"][ACCESS_KEY_ID]
-        != raw10["storage-credentials"][0]["config"][ACCESS_KEY_ID]
+        raw1["storage-credentials"][0]["config"][S3_ACCESS_KEY_ID]
+        != raw10["storage-credentials"][0]["config"][S3_ACCESS_KEY_ID]
     )
 
 
@@ -183,8 +184,8 @@ def test_table_properties_cannot_choose_endpoint_or_fileio(
         [explained] = explain_rows(session, f"SELECT v FROM {namespace}.hostile")
     assert {k: loaded.table.properties.get(k) for k in evil} == evil  # the properties are really there
     resolved = loaded.io.resolve(first_data_file(loaded))  # type: ignore[attr-defined]
-    assert resolved.properties[ENDPOINT] == catalog_server.moto.url
-    assert resolved.properties[ACCESS_KEY_ID] != evil["s3.access-key-id"]
+    assert resolved.properties[S3_ENDPOINT] == catalog_server.moto.url
+    assert resolved.properties[S3_ACCESS_KEY_ID] != evil["s3.access-key-id"]
     assert not set(resolved.properties) & {"py-io-impl", "s3.proxy-uri", "s3.retry-strategy-impl"}
     assert "127.0.0.1:9" not in str(explained) and explained["credential_source"] == "vended"
 

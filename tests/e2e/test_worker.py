@@ -28,12 +28,13 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType
 
+from sqe.credentials import CredentialSet, parse_catalog_credentials
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import ERROR_KIND_KEY
+from sqe.distributed.protocol.ipc import decode_batch, decode_schema
+from sqe.distributed.protocol.ticket import WireTableId, build_ticket, credentials_to_proto
 from sqe.restrictions import EMPTY_PLAN, RestrictionPlan, apply, new_query_salt, parse_restrictions
 from tests.conftest import pyiceberg_catalog, raw_load_table
-from workers._proto import worker_pb2 as pb
-from workers.errors import ERROR_KIND_KEY
-from workers.ipc import decode_batch, decode_schema
-from workers.ticket import TableRef, TicketCredentials, build_ticket, credential_sets_from_load_table
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, WorkerFactory, WorkerProcess
@@ -55,16 +56,16 @@ PACE_MS = 500
 @dataclasses.dataclass(frozen=True)
 class Fixture:
     table: Table
-    ref: TableRef
-    writer_set: TicketCredentials  # the writer's vended set (read+write)
-    reader_set: TicketCredentials  # another principal's vended set: a distinct key for the same prefix
+    ref: WireTableId
+    writer_set: CredentialSet  # the writer's vended set (read+write)
+    reader_set: CredentialSet  # another principal's vended set: a distinct key for the same prefix
     expected: pa.Table  # the table read locally through pyiceberg
     secrets: set[str]
 
 
-def _vended_set(server: CatalogServer, principal: CatalogPrincipal, namespace: str, table: Table) -> TicketCredentials:
+def _vended_set(server: CatalogServer, principal: CatalogPrincipal, namespace: str, table: Table) -> CredentialSet:
     raw = raw_load_table(server, principal, namespace, "events")
-    (cred,) = credential_sets_from_load_table(raw, default_prefix=table.location())
+    (cred,) = parse_catalog_credentials(raw).for_location(table.location())
     assert cred.missing_parts() == [], "the catalog must vend complete sets"
     return cred
 
@@ -105,7 +106,7 @@ def data(catalog_server: CatalogServer) -> Fixture:
     assert writer_set.access_key_id != reader_set.access_key_id
     secrets = set(catalog_server.secrets) | {writer_set.access_key_id, reader_set.access_key_id}
     return Fixture(
-        table, TableRef("wh", (namespace,), "events"), writer_set, reader_set, table.scan().to_arrow(), secrets
+        table, WireTableId("wh", (namespace,), "events"), writer_set, reader_set, table.scan().to_arrow(), secrets
     )
 
 
@@ -127,7 +128,7 @@ def paced_worker(worker_process_factory: WorkerFactory) -> Iterator[WorkerProces
 
 def ticket(
     data: Fixture,
-    credentials: list[TicketCredentials],
+    credentials: list[CredentialSet],
     *,
     plan: RestrictionPlan = EMPTY_PLAN,
     output: tuple[str, ...] = ("id", "grp", "day", "label"),
@@ -152,7 +153,7 @@ def ticket(
     )
 
 
-def expiring(cred: TicketCredentials, seconds: float) -> TicketCredentials:
+def expiring(cred: CredentialSet, seconds: float) -> CredentialSet:
     return dataclasses.replace(cred, expires_at_ms=int((time.time() + seconds) * 1000))
 
 
@@ -222,7 +223,8 @@ def _calls(data: Fixture) -> dict[str, Any]:
     return {
         "Execute": lambda stub, md: list(stub.Execute(sample, metadata=md)),
         "RefreshCredentials": lambda stub, md: stub.RefreshCredentials(
-            pb.RefreshRequest(fragment_id=sample.fragment_id, credentials=[data.reader_set.to_proto()]), metadata=md
+            pb.RefreshRequest(fragment_id=sample.fragment_id, credentials=[credentials_to_proto(data.reader_set)]),
+            metadata=md,
         ),
         "Cancel": lambda stub, md: stub.Cancel(pb.CancelRequest(query_id=sample.query_id), metadata=md),
         "Health": lambda stub, md: stub.Health(pb.HealthRequest(), metadata=md),
@@ -331,7 +333,7 @@ def test_a_pushed_set_is_used_for_later_files(paced_worker: WorkerProcess, data:
         messages.append(message)
         if message.WhichOneof("payload") == "progress" and not pushes:
             request = pb.RefreshRequest(
-                query_id=wire.query_id, table=data.ref.to_proto(), credentials=[data.reader_set.to_proto()]
+                query_id=wire.query_id, table=data.ref.to_proto(), credentials=[credentials_to_proto(data.reader_set)]
             )
             pushes.append(stub.RefreshCredentials(request, metadata=paced_worker.metadata()))
     assert pushes and pushes[0].accepted and pushes[0].fragments_updated == 1
@@ -381,7 +383,7 @@ def test_an_incomplete_push_is_refused_and_the_current_keys_kept(paced_worker: W
     def push_once_running() -> None:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            request = pb.RefreshRequest(fragment_id=wire.fragment_id, credentials=[incomplete.to_proto()])
+            request = pb.RefreshRequest(fragment_id=wire.fragment_id, credentials=[credentials_to_proto(incomplete)])
             response = stub.RefreshCredentials(request, metadata=paced_worker.metadata())
             if "no running fragment" not in response.reason:
                 responses.append(response)

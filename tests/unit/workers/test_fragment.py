@@ -9,19 +9,20 @@ import pyarrow as pa
 import pytest
 from pyiceberg.table import Table
 
+from sqe.credentials import CredentialSet, StorageSettings
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import MissingCredentialsError
+from sqe.distributed.protocol.ipc import decode_batch, decode_schema
+from sqe.distributed.protocol.ticket import decode_ticket
 from sqe.errors import CredentialExpiredError, WorkerError
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.restrictions import EMPTY_PLAN, RestrictionPlan, apply
 from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, sorted_rows, ticket_for
-from workers._proto import worker_pb2 as pb
-from workers.errors import MissingCredentialsError
 from workers.fileio import FragmentFileIO
 from workers.fragment import RunningFragment, WorkerStats
-from workers.ipc import decode_batch, decode_schema
-from workers.ticket import StorageOptions, TicketCredentials, decode_ticket
 
 SALT = bytes(range(16))
-REGION = StorageOptions(region="us-east-1")
+REGION = StorageSettings(region="us-east-1")
 
 
 def run(ticket: pb.ScanTicket, *, max_message_bytes: int = 1 << 20) -> tuple[pa.Table, list[pb.ExecuteResponse]]:
@@ -102,12 +103,12 @@ def test_no_restrictions_and_all_columns_needs_no_transform(local_tables: LocalT
 # ------------------------------------------------------------------------------------------------ FileIO
 
 
-def cred(prefix: str, key: str, expires_in: float | None = 3600.0) -> TicketCredentials:
+def cred(prefix: str, key: str, expires_in: float | None = 3600.0) -> CredentialSet:
     expires = None if expires_in is None else int((time.time() + expires_in) * 1000)
-    return TicketCredentials(prefix, key, "secret-" + key, "token-" + key, expires, storage=REGION)
+    return CredentialSet(prefix, key, "secret-" + key, "token-" + key, expires, settings=REGION)
 
 
-def file_io(*creds: TicketCredentials, opened: list[str] | None = None, **kwargs: object) -> FragmentFileIO:
+def file_io(*creds: CredentialSet, opened: list[str] | None = None, **kwargs: object) -> FragmentFileIO:
     record = opened.append if opened is not None else None
     return FragmentFileIO(
         creds,

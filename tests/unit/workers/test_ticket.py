@@ -15,15 +15,13 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyiceberg.typedef import Record
 
-from sqe.restrictions import RestrictionPlan
-from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, ticket_for
-from workers._proto import worker_pb2 as pb
-from workers.errors import InvalidTicketError
-from workers.ticket import (
-    StorageOptions,
-    TicketCredentials,
+from sqe.credentials import CredentialSet, StorageSettings, parse_catalog_credentials
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import InvalidTicketError
+from sqe.distributed.protocol.ticket import (
     check_complete,
-    credential_sets_from_load_table,
+    credentials_from_proto,
+    credentials_to_proto,
     decode_partition,
     decode_task,
     decode_ticket,
@@ -32,22 +30,24 @@ from workers.ticket import (
     encode_task,
     trim_metadata,
 )
+from sqe.restrictions import RestrictionPlan
+from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, ticket_for
 
 SECRET = "wJalrXUtnFEMI-secret-value"
 TOKEN = "FwoGZXIvYXdzE-session-token"
 
 
-def vended(prefix: str = "s3://bucket/wh/ns/t", **changes: object) -> TicketCredentials:
+def vended(prefix: str = "s3://bucket/wh/ns/t", **changes: object) -> CredentialSet:
     values: dict[str, object] = {
         "prefix": prefix,
         "access_key_id": "ASIAEXAMPLEKEY",
         "secret_access_key": SECRET,
         "session_token": TOKEN,
         "expires_at_ms": 4_102_444_800_000,
-        "storage": StorageOptions("http://127.0.0.1:9000", "eu-west-1", True),
+        "settings": StorageSettings("http://127.0.0.1:9000", "eu-west-1", True),
     }
     values.update(changes)
-    return TicketCredentials(**values)  # type: ignore[arg-type]
+    return CredentialSet(**values)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------- partitions
@@ -171,11 +171,11 @@ def test_row_filters_round_trip_or_are_dropped() -> None:
 
 
 def test_complete_sets_pass_and_incomplete_ones_name_what_is_missing() -> None:
-    check_complete([vended(), vended("s3://bucket/other"), vended("s3://b", kind="static", session_token=None)], "t")
+    check_complete([vended(), vended("s3://bucket/other"), vended("s3://b", source="static", session_token=None)], "t")
     with pytest.raises(InvalidTicketError, match=r"missing session token, expiry"):
         check_complete([vended(session_token=None, expires_at_ms=None)], "ticket")
     with pytest.raises(InvalidTicketError, match="missing secret access key"):
-        check_complete([vended("s3://b", kind="static", secret_access_key="")], "ticket")
+        check_complete([vended("s3://b", source="static", secret_access_key="")], "ticket")
     with pytest.raises(InvalidTicketError, match="two credential sets"):
         check_complete([vended("s3://b/x"), vended("s3a://b/x/")], "ticket")
     with pytest.raises(InvalidTicketError, match="no prefix"):
@@ -187,7 +187,7 @@ def test_credential_sets_hide_secrets_and_refuse_pickling() -> None:
     assert SECRET not in repr(cred) and TOKEN not in repr(cred) and "ASIAEXAMPLEKEY" not in repr(cred)
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(cred)
-    assert TicketCredentials.from_proto(pb.CredentialSet.FromString(cred.to_proto().SerializeToString())) == cred
+    assert credentials_from_proto(pb.CredentialSet.FromString(credentials_to_proto(cred).SerializeToString())) == cred
 
 
 def test_credential_sets_from_a_load_table_response() -> None:
@@ -206,12 +206,12 @@ def test_credential_sets_from_a_load_table_response() -> None:
             {"prefix": "s3://bucket/keyless", "config": {"s3.endpoint": "http://elsewhere"}},
         ],
     }
-    (cred,) = credential_sets_from_load_table(response, default_prefix="s3://bucket/wh/ns/t")
+    (cred,) = parse_catalog_credentials(response).for_location("s3://bucket/wh/ns/t")
     assert (cred.prefix, cred.access_key_id, cred.expires_at_ms) == ("s3://bucket/wh/ns/t", "AK", 1_700_000_000_000)
-    assert cred.storage == StorageOptions("http://store:9000", "r1", True)
+    assert cred.settings == StorageSettings("http://store:9000", "r1", True)
     assert cred.missing_parts() == []
     in_config = {"config": {"s3.access-key-id": "AK", "s3.secret-access-key": SECRET}}
-    (config_set,) = credential_sets_from_load_table(in_config, default_prefix="s3://bucket/wh/ns/t")
+    (config_set,) = parse_catalog_credentials(in_config).for_location("s3://bucket/wh/ns/t")
     assert config_set.prefix == "s3://bucket/wh/ns/t"
     assert config_set.missing_parts() == ["session token", "expiry"]
 

@@ -11,17 +11,18 @@ import grpc
 import pyarrow as pa
 import pytest
 
+from sqe.credentials import CredentialSet
+from sqe.distributed.protocol.errors import KIND_CREDENTIAL_EXPIRED, KIND_READ_FAILED, MessageTooLargeError
+from sqe.distributed.protocol.ipc import decode_batch, decode_schema, encode_batch, encode_schema
+from sqe.distributed.protocol.ticket import WireTableId, decode_ticket
 from sqe.errors import ConfigError
 from tests.unit.workers.worker_fixtures import LocalTables, ticket_for
 from workers.cli import _parser, options_from_args
 from workers.environment import ambient_credentials_disabled, scrub_environment
-from workers.errors import KIND_CREDENTIAL_EXPIRED, KIND_READ_FAILED, MessageTooLargeError
 from workers.fileio import FragmentFileIO
 from workers.fragment import RunningFragment
-from workers.ipc import decode_batch, decode_schema, encode_batch, encode_schema
 from workers.server import ServerOptions, create_server
-from workers.service import ServiceSettings, _classify, _refusal
-from workers.ticket import TableRef, TicketCredentials, decode_ticket
+from workers.service import ServiceSettings, _refusal, fragment_failure
 
 # ------------------------------------------------------------------------------------------- environment
 
@@ -109,7 +110,7 @@ def test_a_row_larger_than_the_limit_is_a_clear_error() -> None:
 # ---------------------------------------------------------------------------------------------- pushes
 
 
-def pushed(**changes: object) -> TicketCredentials:
+def pushed(**changes: object) -> CredentialSet:
     values: dict[str, object] = {
         "prefix": "s3://b/t",
         "access_key_id": "AK",
@@ -118,10 +119,10 @@ def pushed(**changes: object) -> TicketCredentials:
         "expires_at_ms": int((time.time() + 600) * 1000),
     }
     values.update(changes)
-    return TicketCredentials(**values)  # type: ignore[arg-type]
+    return CredentialSet(**values)  # type: ignore[arg-type]
 
 
-TABLE = TableRef("wh", ("ns",), "t")
+TABLE = WireTableId("wh", ("ns",), "t")
 
 
 @pytest.mark.parametrize(
@@ -131,13 +132,13 @@ TABLE = TableRef("wh", ("ns",), "t")
         ([], "q", "f", None, "no credential sets"),
         ([pushed(session_token=None)], "q", "", TABLE, r"incomplete \(missing session token\); keeping"),
         ([pushed(expires_at_ms=None)], "", "f", None, r"incomplete \(missing expiry\)"),
-        ([pushed(kind="static")], "", "f", None, "not a vended set"),
+        ([pushed(source="static")], "", "f", None, "not a vended set"),
         ([pushed(expires_at_ms=1000)], "", "f", None, "already expired"),
         ([pushed(), pushed(secret_access_key="")], "", "f", None, "missing secret access key"),
     ],
 )
 def test_incomplete_or_pointless_pushes_are_refused(
-    sets: list[TicketCredentials], query_id: str, fragment_id: str, table: TableRef | None, reason: str
+    sets: list[CredentialSet], query_id: str, fragment_id: str, table: WireTableId | None, reason: str
 ) -> None:
     refusal = _refusal(sets, query_id, fragment_id, table)
     assert re.search(reason, refusal)
@@ -149,7 +150,7 @@ def test_a_complete_push_is_acceptable() -> None:
     assert _refusal([pushed()], "", "f-1", None) == ""
 
 
-def fragment_with(local_tables: LocalTables, cred: TicketCredentials) -> RunningFragment:
+def fragment_with(local_tables: LocalTables, cred: CredentialSet) -> RunningFragment:
     ticket = decode_ticket(ticket_for(local_tables.numbers, credentials=[cred]))
     cancel = threading.Event()
     return RunningFragment(ticket, FragmentFileIO(ticket.credentials, ticket.storage, cancel=cancel), cancel)
@@ -157,12 +158,12 @@ def fragment_with(local_tables: LocalTables, cred: TicketCredentials) -> Running
 
 def test_read_errors_name_expiry_when_the_keys_died_and_never_a_secret(local_tables: LocalTables) -> None:
     error = OSError("AWS Error ACCESS_DENIED during GetObject for key AK signed with SECRET")
-    live = _classify(error, fragment_with(local_tables, pushed()))
+    live = fragment_failure(error, fragment_with(local_tables, pushed()))
     assert (live.code, live.kind) == (grpc.StatusCode.UNAVAILABLE, KIND_READ_FAILED)
     assert "AK " not in live.message and "SECRET" not in live.message and "[redacted]" in live.message
-    dead = _classify(error, fragment_with(local_tables, pushed(expires_at_ms=1000)))
+    dead = fragment_failure(error, fragment_with(local_tables, pushed(expires_at_ms=1000)))
     assert (dead.code, dead.kind) == (grpc.StatusCode.FAILED_PRECONDITION, KIND_CREDENTIAL_EXPIRED)
     assert re.fullmatch(r"credentials for s3://b/t expired at 1970-01-01T00:00:01\+00:00 and no refreshed set arrived",
                         dead.message)  # fmt: skip
-    other = _classify(KeyError("a data value"), fragment_with(local_tables, pushed()))
+    other = fragment_failure(KeyError("a data value"), fragment_with(local_tables, pushed()))
     assert other.code == grpc.StatusCode.INTERNAL and "a data value" not in other.message

@@ -9,10 +9,11 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.table import Table
 
+from sqe.credentials import CredentialSet
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.ticket import WireTableId, build_ticket
 from sqe.restrictions import EMPTY_PLAN, RestrictionPlan, parse_restrictions
 from tests.unit.sqe.iceberg_local import add_positional_deletes, build_events, build_numbers, local_catalog
-from workers._proto import worker_pb2 as pb
-from workers.ticket import TableRef, TicketCredentials, build_ticket
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def ticket_for(
     table: Table,
     *,
     plan: RestrictionPlan = EMPTY_PLAN,
-    credentials: list[TicketCredentials] | None = None,
+    credentials: list[CredentialSet] | None = None,
     output: list[str] | None = None,
     fragment_id: str = "f-1",
     salt: bytes = b"s" * 16,
@@ -55,7 +56,7 @@ def ticket_for(
     return build_ticket(
         query_id="q-1",
         fragment_id=fragment_id,
-        table=TableRef("wh", ("ns",), table.name()[-1]),
+        table=WireTableId("wh", ("ns",), table.name()[-1]),
         metadata=table.metadata,
         read_schema=read_schema,
         output_field_ids=output_ids,

@@ -10,13 +10,17 @@ import pytest
 from sqe.config import SQEConfig, load_config
 from sqe.credentials import (
     FILEIO_ALLOWLIST,
-    StorageCredential,
+    CredentialSet,
+    ResolvedCredentials,
+    StoragePolicy,
     build_properties,
-    parse_response_config,
+    parse_catalog_credentials,
     parse_storage_credentials,
+    parse_string_map,
     select_credential,
     vended_sets,
 )
+from sqe.credentials.model import has_key_pair
 from sqe.errors import CatalogProtocolError, NoVendedCredentialsError
 
 STATIC_KEY, STATIC_SECRET, STATIC_TOKEN = "AKIASTATIC", "static-secret-4b1", "static-token-8c2"
@@ -52,16 +56,41 @@ def _keys(key: str, secret: str, token: str | None = None, expires: str | None =
     return keys
 
 
-def _cred(prefix: str, **config: str) -> StorageCredential:
-    return parse_storage_credentials([{"prefix": prefix, "config": config}])[0]
+Entry = dict[str, Any]  # one raw storage-credentials entry
+
+
+def _cred(prefix: str, **config: str) -> Entry:
+    return {"prefix": prefix, "config": config}
+
+
+def _parsed(config: dict[str, str], creds: list[Entry]) -> Any:
+    return parse_catalog_credentials({"config": config, "storage-credentials": creds})
+
+
+def _sets(*creds: Entry) -> tuple[CredentialSet, ...]:
+    return _parsed({}, list(creds)).sets
+
+
+def _prefix_of(path: str, *creds: Entry) -> str | None:
+    found = select_credential(path, _sets(*creds))
+    return None if found is None else found.prefix
+
+
+def _resolve(path: str, config: dict[str, str], creds: list[Entry], sqe: SQEConfig) -> ResolvedCredentials:
+    """Parse once, then resolve one path under the policy built from ``sqe``."""
+    return build_properties(path, _parsed(config, creds), StoragePolicy.from_config(sqe))
+
+
+def _vended(config: dict[str, str], creds: list[Entry], sqe: SQEConfig) -> tuple[CredentialSet, ...]:
+    return vended_sets(_parsed(config, creds), StoragePolicy.from_config(sqe))
 
 
 T1 = _cred("s3://b/t1", **_keys("V1", V1_SECRET, V1_TOKEN, EXPIRES_MS))
 T10 = _cred("s3://b/t10/", **_keys("V2", V2_SECRET, V2_TOKEN))
 
 
-def _props(path: str, config: dict[str, str], creds: list[StorageCredential], sqe: SQEConfig) -> dict[str, str]:
-    return dict(build_properties(path, config, creds, sqe).properties)
+def _props(path: str, config: dict[str, str], creds: list[Entry], sqe: SQEConfig) -> dict[str, str]:
+    return dict(_resolve(path, config, creds, sqe).properties)
 
 
 class TestParsing:
@@ -72,10 +101,10 @@ class TestParsing:
                 {"prefix": "s3://b", "config": {}},
             ]
         )
-        assert [c.prefix for c in creds] == ["s3://b/t1", "s3://b"]
-        assert creds[0].config["s3.secret-access-key"] == V1_SECRET
-        assert parse_storage_credentials(None) == () and parse_response_config(None) == {}
-        assert parse_response_config({"s3.region": "x"}) == {"s3.region": "x"}
+        assert [prefix for prefix, _ in creds] == ["s3://b/t1", "s3://b"]
+        assert creds[0][1]["s3.secret-access-key"] == V1_SECRET
+        assert parse_storage_credentials(None) == () and parse_string_map(None, "config") == {}
+        assert parse_string_map({"s3.region": "x"}, "config") == {"s3.region": "x"}
 
     @pytest.mark.parametrize(
         ("raw", "expected"),
@@ -107,9 +136,9 @@ class TestParsing:
 
     def test_malformed_config(self) -> None:
         with pytest.raises(CatalogProtocolError, match="config must be an object"):
-            parse_response_config(["x"])
+            parse_string_map(["x"], "config")
         with pytest.raises(CatalogProtocolError, match="config must map strings to strings"):
-            parse_response_config({"s3.request-timeout": 5})
+            parse_string_map({"s3.request-timeout": 5}, "config")
 
     @pytest.mark.parametrize(
         ("key", "value"),
@@ -123,9 +152,11 @@ class TestParsing:
     )
     def test_malformed_values_fail_closed(self, key: str, value: str) -> None:
         cred = _cred("s3://b/t1", **_keys("V1", V1_SECRET, V1_TOKEN), **{key: value})
+        # parsed once, strictly: the response fails before any path is resolved
         for call in (
-            lambda: build_properties("s3://b/t1/x", {}, [cred], _config()),
-            lambda: vended_sets({}, [cred], _config()),
+            lambda: _resolve("s3://b/t1/x", {}, [cred], _config()),
+            lambda: _vended({}, [cred], _config()),
+            lambda: _sets(cred),
         ):
             with pytest.raises(CatalogProtocolError) as info:
                 call()
@@ -133,25 +164,26 @@ class TestParsing:
             assert key in message and "'s3://b/t1'" in message and value not in message
             assert V1_SECRET not in message and V1_TOKEN not in message
 
-    def test_storage_credential_repr_hides_config_and_refuses_pickle(self) -> None:
-        assert V1_SECRET not in repr(T1) and "s3://b/t1" in repr(T1)
+    def test_credential_set_repr_hides_keys_and_refuses_pickle(self) -> None:
+        (t1,) = _sets(T1)
+        assert V1_SECRET not in repr(t1) and V1_TOKEN not in repr(t1) and "s3://b/t1" in repr(t1)
         with pytest.raises(TypeError, match="cannot be pickled"):
-            pickle.dumps(T1)
+            pickle.dumps(t1)
 
 
 class TestSelection:
     def test_longest_prefix_on_segment_boundary(self) -> None:
         bucket = _cred("s3://b", **_keys("VB", "bucket-secret"))
         creds = [bucket, T1, T10]
-        assert select_credential("s3://b/t1/data/x.parquet", creds) is T1
-        assert select_credential("s3://b/t10/data/x.parquet", creds) is T10
-        assert select_credential("s3://b/t100/x.parquet", creds) is bucket
-        assert select_credential("s3://other/t1/x", creds) is None
+        assert _prefix_of("s3://b/t1/data/x.parquet", *creds) == "s3://b/t1"
+        assert _prefix_of("s3://b/t10/data/x.parquet", *creds) == "s3://b/t10/"
+        assert _prefix_of("s3://b/t100/x.parquet", *creds) == "s3://b"
+        assert _prefix_of("s3://other/t1/x", *creds) is None
 
     def test_scheme_aliases_match(self) -> None:
         creds = [_cred("s3a://b/t1/", **_keys("V1", V1_SECRET))]
-        assert select_credential("s3://b/t1/x", creds) is creds[0]
-        assert select_credential("s3n://b/t1/x", [T1]) is T1
+        assert _prefix_of("s3://b/t1/x", *creds) == "s3a://b/t1/"
+        assert _prefix_of("s3n://b/t1/x", T1) == "s3://b/t1"
 
     @pytest.mark.parametrize(
         "config",
@@ -168,17 +200,17 @@ class TestSelection:
     )
     def test_unusable_entries_never_shadow_a_usable_one(self, config: dict[str, str]) -> None:
         shadow = _cred("s3://b/t1/data", **config)
-        assert not shadow.is_usable
-        assert select_credential("s3://b/t1/data/x.parquet", [T1, shadow]) is T1
-        assert select_credential("s3://b/t1/data/x.parquet", [shadow]) is None
+        assert not has_key_pair(shadow["config"])
+        assert _prefix_of("s3://b/t1/data/x.parquet", T1, shadow) == "s3://b/t1"
+        assert _prefix_of("s3://b/t1/data/x.parquet", shadow) is None
 
     def test_token_is_optional_for_usability(self) -> None:
-        assert _cred("s3://b", **_keys("K", "S")).is_usable  # R2/MinIO vend static keys without a token
+        assert len(_sets(_cred("s3://b", **_keys("K", "S")))) == 1  # R2/MinIO vend static keys without a token
 
     def test_first_of_equal_prefixes_wins(self) -> None:
         a = _cred("s3://b/t1", **_keys("VA", "a-secret"))
         b = _cred("s3a://b/t1/", **_keys("VB", "b-secret"))
-        assert select_credential("s3://b/t1/x", [a, b]) is a
+        assert select_credential("s3://b/t1/x", _sets(a, b)) == _sets(a)[0]
 
 
 class TestMergeOrder:
@@ -189,7 +221,7 @@ class TestMergeOrder:
             "s3.path-style-access": "true",
             **_keys("VC", CFG_SECRET, "cfg-token"),
         }
-        resolved = build_properties("s3://b/t1/x", config, [], _config())
+        resolved = _resolve("s3://b/t1/x", config, [], _config())
         assert dict(resolved.properties) == {
             "s3.endpoint": "http://catalog-store:9000",
             "s3.region": "eu-west-1",
@@ -221,7 +253,7 @@ class TestMergeOrder:
 
     def test_no_match_leaves_config_alone(self) -> None:
         config = {"s3.endpoint": "http://config:1", **_keys("VC", CFG_SECRET)}
-        resolved = build_properties("s3://b/t2/x", config, [T1], _config())
+        resolved = _resolve("s3://b/t2/x", config, [T1], _config())
         assert resolved.properties["s3.access-key-id"] == "VC" and resolved.source == "vended"
         assert resolved.properties["s3.endpoint"] == "http://config:1"
 
@@ -229,7 +261,7 @@ class TestMergeOrder:
         # The matched entry has no token: the config's token must not be combined with the entry's key.
         config = _keys("VC", CFG_SECRET, "cfg-token", EXPIRES_MS)
         cred = _cred("s3://b/t1", **_keys("V1", V1_SECRET))
-        resolved = build_properties("s3://b/t1/x", config, [cred], _config())
+        resolved = _resolve("s3://b/t1/x", config, [cred], _config())
         assert "s3.session-token" not in resolved.properties
         assert resolved.expires_at_ms is None and resolved.prefix == "s3://b/t1"
 
@@ -254,7 +286,7 @@ class TestMergeOrder:
         assert _props("s3://b/t1/x", {"client.region": "eu-north-1"}, [], _config())["s3.region"] == "eu-north-1"
 
     def test_step3_static_pair_in_static_mode(self) -> None:
-        resolved = build_properties("s3://b/t2/x", {}, [T1], _static_config())
+        resolved = _resolve("s3://b/t2/x", {}, [T1], _static_config())
         assert dict(resolved.properties) == {
             "s3.region": "us-east-1",
             **_keys(STATIC_KEY, STATIC_SECRET, STATIC_TOKEN),
@@ -263,16 +295,16 @@ class TestMergeOrder:
 
     def test_step4_vended_keys_on_top_and_static_token_removed(self) -> None:
         cred = _cred("s3://b/t1", **_keys("V1", V1_SECRET))  # no session token (R2/MinIO style)
-        resolved = build_properties("s3://b/t1/x", {}, [cred], _static_config())
+        resolved = _resolve("s3://b/t1/x", {}, [cred], _static_config())
         assert dict(resolved.properties) == {"s3.region": "us-east-1", **_keys("V1", V1_SECRET)}
         assert resolved.source == "vended"
         assert STATIC_TOKEN not in resolved.properties.values()
 
     def test_expiry_comes_from_the_vended_set_used(self) -> None:
-        resolved = build_properties("s3://b/t1/x", {}, [T1, T10], _config())
+        resolved = _resolve("s3://b/t1/x", {}, [T1, T10], _config())
         assert resolved.expires_at_ms == int(EXPIRES_MS)
         assert "s3.session-token-expires-at-ms" not in resolved.properties  # metadata, not a pyarrow key
-        assert build_properties("s3://b/t10/x", {}, [T1, T10], _config()).expires_at_ms is None
+        assert _resolve("s3://b/t10/x", {}, [T1, T10], _config()).expires_at_ms is None
 
 
 class TestAllowlist:
@@ -326,21 +358,21 @@ class TestAllowlist:
 class TestStaticAndVendedNeverMix:
     def test_vended_pair_equal_to_static_pair_is_static(self) -> None:
         cred = _cred("s3://b/t1", **_keys(STATIC_KEY, STATIC_SECRET, "passthrough-token", EXPIRES_MS))
-        resolved = build_properties("s3://b/t1/x", {}, [cred], _static_config())
+        resolved = _resolve("s3://b/t1/x", {}, [cred], _static_config())
         assert resolved.source == "static" and resolved.expires_at_ms is None and resolved.prefix is None
         assert resolved.properties["s3.session-token"] == STATIC_TOKEN
-        assert vended_sets({}, [cred], _static_config()) == ()
+        assert _vended({}, [cred], _static_config()) == ()
 
     def test_same_key_id_with_another_secret_is_still_vended(self) -> None:
         cred = _cred("s3://b/t1", **_keys(STATIC_KEY, V1_SECRET))
-        assert build_properties("s3://b/t1/x", {}, [cred], _static_config()).source == "vended"
+        assert _resolve("s3://b/t1/x", {}, [cred], _static_config()).source == "vended"
 
     def test_static_pair_in_response_config_is_static(self) -> None:
-        resolved = build_properties("s3://b/x", _keys(STATIC_KEY, STATIC_SECRET), [], _static_config())
+        resolved = _resolve("s3://b/x", _keys(STATIC_KEY, STATIC_SECRET), [], _static_config())
         assert resolved.source == "static"
 
     def test_without_static_pair_nothing_vended_means_ambient_chain(self) -> None:
-        resolved = build_properties("s3://b/t2/x", {}, [T1], _config())
+        resolved = _resolve("s3://b/t2/x", {}, [T1], _config())
         assert resolved.source == "none" and "s3.access-key-id" not in resolved.properties
 
 
@@ -355,7 +387,7 @@ class TestRequireVended:
 
     def test_nothing_vended_for_the_path_fails_clearly(self) -> None:
         with pytest.raises(NoVendedCredentialsError) as info:
-            build_properties("s3://b/t10/data/x.parquet", {}, [T1], self._required())
+            _resolve("s3://b/t10/data/x.parquet", {}, [T1], self._required())
         message = str(info.value)
         assert "s3://b/t10/data/x.parquet" in message and "require_vended_credentials" in message
         for secret in SECRETS:
@@ -364,33 +396,33 @@ class TestRequireVended:
     def test_static_pair_vended_back_fails_and_says_why(self) -> None:
         config = _keys(STATIC_KEY, STATIC_SECRET, "passthrough-token")
         with pytest.raises(NoVendedCredentialsError, match="SQE's own static key"):
-            build_properties("s3a://b/t1/x", config, [], self._required())
+            _resolve("s3a://b/t1/x", config, [], self._required())
 
     def test_unusable_entry_does_not_count_as_vended(self) -> None:
         keyless = _cred("s3://b/t1", **{"s3.endpoint": "http://127.0.0.1:1"})
         with pytest.raises(NoVendedCredentialsError):
-            build_properties("s3://b/t1/x", {}, [keyless], self._required())
+            _resolve("s3://b/t1/x", {}, [keyless], self._required())
 
     def test_local_files_need_no_credentials(self) -> None:
-        resolved = build_properties("file:///tmp/wh/t1/x.parquet", {}, [], self._required())
+        resolved = _resolve("file:///tmp/wh/t1/x.parquet", {}, [], self._required())
         assert resolved.source == "none" and "s3.access-key-id" not in resolved.properties
 
 
 def test_resolved_credentials_repr_and_pickle() -> None:
-    resolved = build_properties("s3://b/t1/x", {}, [T1], _static_config())
+    resolved = _resolve("s3://b/t1/x", {}, [T1], _static_config())
     text = repr(resolved) + str(resolved)
     for secret in SECRETS:
         assert secret not in text
     assert "vended" in text and "s3://b/t1" in text
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(resolved)
-    (vended,) = vended_sets({}, [T1], _config())
+    (vended,) = _vended({}, [T1], _config())
     assert V1_SECRET not in repr(vended)
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(vended)
 
 
 def test_resolved_properties_are_read_only() -> None:
-    resolved = build_properties("s3://b/t1/x", {}, [T1], _config())
+    resolved = _resolve("s3://b/t1/x", {}, [T1], _config())
     with pytest.raises(TypeError):
         resolved.properties["s3.endpoint"] = "http://attacker.invalid"  # type: ignore[index]

@@ -15,7 +15,7 @@ from pyiceberg.io import InputFile
 from pyiceberg.table import Table
 
 from sqe.config import SQEConfig, load_config
-from sqe.credentials import ScopedFileIO, StorageCredential, parse_storage_credentials
+from sqe.credentials import ScopedFileIO, StoragePolicy
 from sqe.errors import CatalogProtocolError, CredentialError, NoVendedCredentialsError
 
 STATIC_KEY, STATIC_SECRET = "AKIASTATIC", "static-secret-51f"
@@ -47,15 +47,17 @@ def _entry(prefix: str, key: str, secret: str, token: str, expires: float | None
     return {"prefix": prefix, "config": config}
 
 
-def _two_tables(root: str = "s3://b") -> list[StorageCredential]:
-    return list(
-        parse_storage_credentials(
-            [
-                _entry(f"{root}/t1", "V1", V1_SECRET, V1_TOKEN, T1_EXPIRES),
-                _entry(f"{root}/t10/", "V2", V2_SECRET, V2_TOKEN, T10_EXPIRES),
-            ]
-        )
-    )
+def _two_tables(root: str = "s3://b") -> list[dict[str, Any]]:
+    return [
+        _entry(f"{root}/t1", "V1", V1_SECRET, V1_TOKEN, T1_EXPIRES),
+        _entry(f"{root}/t10/", "V2", V2_SECRET, V2_TOKEN, T10_EXPIRES),
+    ]
+
+
+def _scoped(config: dict[str, str], entries: list[dict[str, Any]], sqe: SQEConfig, **options: Any) -> ScopedFileIO:
+    """A ScopedFileIO from a response with this config and these storage-credentials (parsed once, there)."""
+    response = {"config": config, "storage-credentials": entries}
+    return ScopedFileIO.from_response(response, StoragePolicy.from_config(sqe), **options)
 
 
 def _signing_options(file: InputFile) -> dict[str, Any]:
@@ -66,7 +68,7 @@ def _signing_options(file: InputFile) -> dict[str, Any]:
 
 class TestRouting:
     def test_each_s3_file_gets_its_own_credentials(self) -> None:
-        io = ScopedFileIO({}, _two_tables(), _static_config(), received_at=RECEIVED)
+        io = _scoped({}, _two_tables(), _static_config(), received_at=RECEIVED)
         t1 = _signing_options(io.new_input("s3://b/t1/data/a.parquet"))
         t10 = _signing_options(io.new_output("s3a://b/t10/data/b.parquet"))  # type: ignore[arg-type]
         other = _signing_options(io.new_input("s3://b/t100/data/c.parquet"))
@@ -81,7 +83,7 @@ class TestRouting:
             assert options["endpoint_override"] == "http://127.0.0.1:1" and options["region"] == "us-east-1"
 
     def test_one_filesystem_per_credential_set(self) -> None:
-        io = ScopedFileIO({}, _two_tables(), _config(), received_at=RECEIVED)
+        io = _scoped({}, _two_tables(), _config(), received_at=RECEIVED)
         a, b = io.new_input("s3://b/t1/a.parquet"), io.new_input("s3://b/t1/deep/b.parquet")
         c = io.new_input("s3://b/t10/c.parquet")
         assert a._filesystem is b._filesystem  # type: ignore[attr-defined]
@@ -89,7 +91,7 @@ class TestRouting:
 
     def test_real_reads_and_writes_route_by_prefix(self, tmp_path: Path) -> None:
         root = tmp_path.as_uri()
-        io = ScopedFileIO({}, _two_tables(root), _config(), received_at=RECEIVED)
+        io = _scoped({}, _two_tables(root), _config(), received_at=RECEIVED)
         (tmp_path / "t1").mkdir()
         (tmp_path / "t10").mkdir()
         paths = {f"{root}/t1/a.bin": b"first table", f"{root}/t10/b.bin": b"second table"}
@@ -108,7 +110,7 @@ class TestRouting:
         assert not (tmp_path / "t1" / "a.bin").exists() and not (tmp_path / "t10" / "b.bin").exists()
 
     def test_concurrent_resolution_builds_one_fileio_per_set(self) -> None:
-        io = ScopedFileIO({}, _two_tables(), _config(), received_at=RECEIVED)
+        io = _scoped({}, _two_tables(), _config(), received_at=RECEIVED)
         paths = [f"s3://b/t{1 if i % 2 else 10}/f{i}.parquet" for i in range(32)]
         with ThreadPoolExecutor(8) as pool:
             keys = list(pool.map(lambda p: _signing_options(io.new_input(p))["access_key"], paths))
@@ -116,7 +118,7 @@ class TestRouting:
         assert len(io._file_ios) == 2
 
     def test_unsupported_scheme_fails_closed(self) -> None:
-        io = ScopedFileIO({}, _two_tables(), _static_config(), received_at=RECEIVED)
+        io = _scoped({}, _two_tables(), _static_config(), received_at=RECEIVED)
         with pytest.raises(CredentialError, match="unsupported storage scheme 'gs'"):
             io.new_input("gs://b/t1/x.parquet")
 
@@ -135,8 +137,8 @@ class TestTableIntegration:
             "s3.proxy-uri": "http://attacker.invalid",
         }
         metadata = source.metadata.model_copy(update={"properties": {**source.metadata.properties, **hostile}})
-        creds = parse_storage_credentials([_entry(source.location(), "V1", V1_SECRET, V1_TOKEN, T1_EXPIRES)])
-        io = ScopedFileIO({}, creds, _config(), received_at=RECEIVED, location=source.location())
+        creds = [_entry(source.location(), "V1", V1_SECRET, V1_TOKEN, T1_EXPIRES)]
+        io = _scoped({}, creds, _config(), received_at=RECEIVED, location=source.location())
         table = Table(("ns", "t1"), metadata, source.metadata_location, io=io, catalog=catalog)
         assert sorted(table.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
         assert len(io._file_ios) == 1  # the data was read through SQE's per-credential FileIO
@@ -155,8 +157,8 @@ class TestFailClosed:
     def test_require_vended_fails_at_construction_for_an_uncovered_table(self) -> None:
         config = _static_config(**{"catalog.require_vended_credentials": True})
         with pytest.raises(NoVendedCredentialsError, match="s3://b/t2"):
-            ScopedFileIO({}, _two_tables(), config, location="s3://b/t2")
-        io = ScopedFileIO({}, _two_tables(), config, location="s3://b/t1")
+            _scoped({}, _two_tables(), config, location="s3://b/t2")
+        io = _scoped({}, _two_tables(), config, location="s3://b/t1")
         with pytest.raises(NoVendedCredentialsError):
             io.new_input("s3://b/elsewhere/x.parquet")
 
@@ -164,11 +166,11 @@ class TestFailClosed:
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAAMBIENT")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ambient-secret")
         config = _static_config(**{"catalog.require_vended_credentials": True})
-        options = _signing_options(ScopedFileIO({}, _two_tables(), config).new_input("s3://b/t1/x"))
+        options = _signing_options(_scoped({}, _two_tables(), config).new_input("s3://b/t1/x"))
         assert (options["access_key"], options["anonymous"]) == ("V1", False)
 
     def test_static_mode_without_keys_leaves_the_sdk_chain(self) -> None:
-        options = _signing_options(ScopedFileIO({}, [], _config()).new_input("s3://b/t1/x"))
+        options = _signing_options(_scoped({}, [], _config()).new_input("s3://b/t1/x"))
         assert not options["access_key"] and not options["secret_key"]  # documented: AWS SDK default chain
 
     def test_from_response_parses_and_validates(self) -> None:
@@ -177,40 +179,40 @@ class TestFailClosed:
             "config": {"s3.region": "eu-west-1"},
             "storage-credentials": [_entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, None)],
         }
-        io = ScopedFileIO.from_response(response, _config(), received_at=RECEIVED)
+        io = ScopedFileIO.from_response(response, StoragePolicy.from_config(_config()), received_at=RECEIVED)
         assert io.resolve("s3://b/t1/x").properties["s3.region"] == "eu-west-1"
         with pytest.raises(CatalogProtocolError, match="storage-credentials must be a list"):
-            ScopedFileIO.from_response({"storage-credentials": {}}, _config())
+            ScopedFileIO.from_response({"storage-credentials": {}}, StoragePolicy.from_config(_config()))
         bad_expiry = _entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, None)
         bad_expiry["config"]["s3.session-token-expires-at-ms"] = "tomorrow"
         with pytest.raises(CatalogProtocolError, match="must be an integer"):
-            ScopedFileIO.from_response({"storage-credentials": [bad_expiry]}, _config())
+            ScopedFileIO.from_response({"storage-credentials": [bad_expiry]}, StoragePolicy.from_config(_config()))
 
 
 class TestExpiryAndExplain:
     def test_earliest_expiry_and_usable_point(self) -> None:
-        io = ScopedFileIO({}, _two_tables(), _config(), received_at=RECEIVED)
+        io = _scoped({}, _two_tables(), _config(), received_at=RECEIVED)
         assert io.source == "vended"
         assert io.expires_at == pytest.approx(T10_EXPIRES)
         assert io.usable_until == pytest.approx(T10_EXPIRES - 300)
         assert io.is_usable(T10_EXPIRES - 301) and not io.is_usable(T10_EXPIRES - 300)
 
     def test_vended_without_expiry_is_bounded_by_max_age(self) -> None:
-        creds = parse_storage_credentials([_entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, None)])
+        creds = [_entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, None)]
         config = _config(**{"catalog.credential_max_age_seconds": 120})
-        io = ScopedFileIO({}, creds, config, received_at=RECEIVED)
+        io = _scoped({}, creds, config, received_at=RECEIVED)
         assert io.expires_at is None and io.usable_until == RECEIVED + 120
 
     def test_static_and_none_never_expire(self) -> None:
-        static = ScopedFileIO({}, [], _static_config(), received_at=RECEIVED)
+        static = _scoped({}, [], _static_config(), received_at=RECEIVED)
         assert (static.source, static.expires_at, static.usable_until) == ("static", None, None)
         assert static.is_usable(RECEIVED + 10**9)
-        assert ScopedFileIO({}, [], _config()).source == "none"
+        assert _scoped({}, [], _config()).source == "none"
         required = _static_config(**{"catalog.require_vended_credentials": True})
-        assert ScopedFileIO({}, [], required).source == "none"  # the static pair is not in use there
+        assert _scoped({}, [], required).source == "none"  # the static pair is not in use there
 
     def test_describe_lists_scopes_without_secrets(self) -> None:
-        io = ScopedFileIO({}, _two_tables(), _static_config(), received_at=RECEIVED)
+        io = _scoped({}, _two_tables(), _static_config(), received_at=RECEIVED)
         rows = io.describe()
         assert rows == [
             {
@@ -229,8 +231,8 @@ class TestExpiryAndExplain:
         ]
 
     def test_describe_marks_static_passthrough(self) -> None:
-        creds = parse_storage_credentials([_entry("s3://b/t1", STATIC_KEY, STATIC_SECRET, "tok", T1_EXPIRES)])
-        rows = ScopedFileIO({}, creds, _static_config(), received_at=RECEIVED).describe()
+        creds = [_entry("s3://b/t1", STATIC_KEY, STATIC_SECRET, "tok", T1_EXPIRES)]
+        rows = _scoped({}, creds, _static_config(), received_at=RECEIVED).describe()
         assert rows[0] == {
             "prefix": "s3://b/t1",
             "source": "static",
@@ -241,7 +243,7 @@ class TestExpiryAndExplain:
 
 class TestSecrets:
     def _io(self) -> ScopedFileIO:
-        return ScopedFileIO(
+        return _scoped(
             {"s3.access-key-id": "VC", "s3.secret-access-key": V2_SECRET},
             _two_tables(),
             _static_config(),

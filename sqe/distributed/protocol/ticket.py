@@ -1,9 +1,10 @@
 """Scan tickets: pyiceberg file tasks, credential sets and table metadata <-> ``sqe.worker.v1`` messages.
 
-The coordinator builds tickets with :func:`build_ticket` (and :func:`credential_sets_from_load_table`); the worker
-reads them with :func:`decode_ticket`, which validates everything up front (fail closed) and raises
-:class:`~workers.errors.InvalidTicketError` naming the problem, never a value. Objects holding credentials hide
-them from ``repr`` and refuse to be pickled.
+The coordinator builds tickets with :func:`build_ticket`; the worker reads them with :func:`decode_ticket`, which
+validates everything up front (fail closed) and raises :class:`~sqe.distributed.protocol.errors.InvalidTicketError`
+naming the problem, never a value. Credential sets are :class:`sqe.credentials.CredentialSet` objects (parsed from
+catalog responses in ``sqe.credentials`` only); this module just converts them to and from protobuf. Objects
+holding credentials hide them from ``repr`` and refuse to be pickled.
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ import base64
 import binascii
 import json
 import re
-import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from types import MappingProxyType
-from typing import Any, Literal, NoReturn, cast
+from typing import Any, NoReturn, cast
 
 from pydantic import TypeAdapter
 from pyiceberg.exceptions import ValidationError as IcebergValidationError
@@ -29,22 +28,11 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
-from sqe.credentials import StorageCredential, normalize_location, parse_response_config, parse_storage_credentials
-from sqe.credentials.scope import (
-    ACCESS_KEY_ID,
-    ENDPOINT,
-    EXPIRES_AT_MS,
-    FORCE_VIRTUAL_ADDRESSING,
-    REGION,
-    SECRET_ACCESS_KEY,
-    SESSION_TOKEN,
-)
-from sqe.errors import CatalogProtocolError, RestrictionError
+from sqe.credentials import CredentialSet, StorageSettings, normalize_location
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import InvalidTicketError
+from sqe.errors import RestrictionError
 from sqe.restrictions import EMPTY_PLAN, MIN_SALT_BYTES, RestrictionPlan
-from workers._proto import worker_pb2 as pb
-from workers.errors import InvalidTicketError
-
-CredentialKind = Literal["vended", "static"]
 
 # Names and ids end up in log lines: keep them to a safe alphabet (no newlines, no control characters).
 _ID_PATTERN = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
@@ -65,119 +53,50 @@ _EXPRESSION: TypeAdapter[Any] = TypeAdapter(cast(Any, SerializableBooleanExpress
 _ALWAYS_TRUE: BooleanExpression = AlwaysTrue()
 
 
-# ----------------------------------------------------------------------------------------- storage settings
+# ------------------------------------------------------------------------------- settings and credential sets
 
 
-@dataclass(frozen=True)
-class StorageOptions:
-    """Non-secret FileIO settings (``StorageSettings`` on the wire)."""
-
-    endpoint: str | None = None
-    region: str | None = None
-    path_style: bool | None = None
-
-    def to_proto(self) -> pb.StorageSettings:
-        message = pb.StorageSettings(endpoint=self.endpoint or "", region=self.region or "")
-        if self.path_style is not None:
-            message.path_style = self.path_style
-        return message
-
-    @classmethod
-    def from_proto(cls, message: pb.StorageSettings) -> StorageOptions:
-        path_style = message.path_style if message.HasField("path_style") else None
-        return cls(message.endpoint or None, message.region or None, path_style)
-
-    def to_config(self) -> dict[str, str]:
-        """As FileIO properties (the spelling ``sqe.credentials`` reads)."""
-        config: dict[str, str] = {}
-        if self.endpoint:
-            config[ENDPOINT] = self.endpoint
-        if self.region:
-            config[REGION] = self.region
-        if self.path_style is not None:
-            config[FORCE_VIRTUAL_ADDRESSING] = "false" if self.path_style else "true"
-        return config
+def settings_to_proto(settings: StorageSettings) -> pb.StorageSettings:
+    """Endpoint, region and path style travel; timeouts are the reader's own."""
+    message = pb.StorageSettings(endpoint=settings.endpoint or "", region=settings.region or "")
+    if settings.path_style is not None:
+        message.path_style = settings.path_style
+    return message
 
 
-# ------------------------------------------------------------------------------------------ credential sets
+def settings_from_proto(message: pb.StorageSettings) -> StorageSettings:
+    path_style = message.path_style if message.HasField("path_style") else None
+    return StorageSettings(message.endpoint or None, message.region or None, path_style)
 
 
-@dataclass(frozen=True)
-class TicketCredentials:
-    """One credential set of a ticket or a push. Every key stays out of the repr; never pickled."""
-
-    prefix: str
-    access_key_id: str = field(repr=False)
-    secret_access_key: str = field(repr=False)
-    session_token: str | None = field(default=None, repr=False)
-    expires_at_ms: int | None = None
-    kind: CredentialKind = "vended"
-    storage: StorageOptions = field(default_factory=StorageOptions)
-
-    @property
-    def expires_at(self) -> float | None:
-        """Epoch seconds; None for a set without expiry (static only)."""
-        return None if self.expires_at_ms is None else self.expires_at_ms / 1000.0
-
-    def missing_parts(self) -> list[str]:
-        """What this set lacks to be complete: vended sets need all four parts, static ones key and secret."""
-        missing = [name for name, value in self._parts() if not value]
-        if self.kind == "static":
-            missing = [name for name in missing if name in ("access key id", "secret access key")]
-        return missing
-
-    def is_expired(self, now: float | None = None) -> bool:
-        expires = self.expires_at
-        return expires is not None and (time.time() if now is None else now) >= expires
-
-    def storage_credential(self) -> StorageCredential:
-        """As a ``storage-credentials`` entry, for ``sqe.credentials`` (longest-prefix selection, FileIO)."""
-        config = {ACCESS_KEY_ID: self.access_key_id, SECRET_ACCESS_KEY: self.secret_access_key}
-        if self.session_token:
-            config[SESSION_TOKEN] = self.session_token
-        if self.expires_at_ms is not None:
-            config[EXPIRES_AT_MS] = str(self.expires_at_ms)
-        config.update(self.storage.to_config())
-        return StorageCredential(self.prefix, MappingProxyType(config))
-
-    def to_proto(self) -> pb.CredentialSet:
-        source = pb.CREDENTIAL_SOURCE_STATIC if self.kind == "static" else pb.CREDENTIAL_SOURCE_VENDED
-        return pb.CredentialSet(
-            prefix=self.prefix,
-            access_key_id=self.access_key_id,
-            secret_access_key=self.secret_access_key,
-            session_token=self.session_token or "",
-            expires_at_ms=self.expires_at_ms or 0,
-            source=source,
-            storage=self.storage.to_proto(),
-        )
-
-    @classmethod
-    def from_proto(cls, message: pb.CredentialSet) -> TicketCredentials:
-        """Unvalidated; see :func:`check_complete`."""
-        return cls(
-            prefix=message.prefix,
-            access_key_id=message.access_key_id,
-            secret_access_key=message.secret_access_key,
-            session_token=message.session_token or None,
-            expires_at_ms=message.expires_at_ms if message.expires_at_ms > 0 else None,
-            kind="static" if message.source == pb.CREDENTIAL_SOURCE_STATIC else "vended",
-            storage=StorageOptions.from_proto(message.storage),
-        )
-
-    def _parts(self) -> tuple[tuple[str, object], ...]:
-        return (
-            ("access key id", self.access_key_id),
-            ("secret access key", self.secret_access_key),
-            ("session token", self.session_token),
-            ("expiry", self.expires_at_ms),
-        )
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("TicketCredentials holds secrets and cannot be pickled")
+def credentials_to_proto(credentials: CredentialSet) -> pb.CredentialSet:
+    """A set with a prefix (a config-level set is scoped to the table location before it travels)."""
+    source = pb.CREDENTIAL_SOURCE_STATIC if credentials.source == "static" else pb.CREDENTIAL_SOURCE_VENDED
+    return pb.CredentialSet(
+        prefix=credentials.prefix or "",
+        access_key_id=credentials.access_key_id,
+        secret_access_key=credentials.secret_access_key,
+        session_token=credentials.session_token or "",
+        expires_at_ms=credentials.expires_at_ms or 0,
+        source=source,
+        storage=settings_to_proto(credentials.settings),
+    )
 
 
-def check_complete(credentials: Sequence[TicketCredentials], where: str) -> None:
+def credentials_from_proto(message: pb.CredentialSet) -> CredentialSet:
+    """Unvalidated (the source is kept: a static set stays static); see :func:`check_complete`."""
+    return CredentialSet(
+        prefix=message.prefix,
+        access_key_id=message.access_key_id,
+        secret_access_key=message.secret_access_key,
+        session_token=message.session_token or None,
+        expires_at_ms=message.expires_at_ms if message.expires_at_ms > 0 else None,
+        source="static" if message.source == pb.CREDENTIAL_SOURCE_STATIC else "vended",
+        settings=settings_from_proto(message.storage),
+    )
+
+
+def check_complete(credentials: Sequence[CredentialSet], where: str) -> None:
     """Every set complete, every prefix present and unique; raises InvalidTicketError naming the first problem."""
     seen: set[str] = set()
     for cred in credentials:
@@ -186,59 +105,13 @@ def check_complete(credentials: Sequence[TicketCredentials], where: str) -> None
         missing = cred.missing_parts()
         if missing:
             raise InvalidTicketError(
-                f"{where}: the {cred.kind} credential set for {cred.prefix} is incomplete "
+                f"{where}: the {cred.source} credential set for {cred.prefix} is incomplete "
                 f"(missing {', '.join(missing)})"
             )
         normalized = normalize_location(cred.prefix).rstrip("/")
         if normalized in seen:
             raise InvalidTicketError(f"{where}: two credential sets for the prefix {cred.prefix}")
         seen.add(normalized)
-
-
-def credential_sets_from_load_table(response: Mapping[str, Any], *, default_prefix: str) -> list[TicketCredentials]:
-    """The vended key sets of a raw load-table response, as ticket credential sets.
-
-    Each usable ``storage-credentials`` entry keeps its prefix; keys in the ``config`` map (no prefix of their own)
-    get ``default_prefix`` (normally the table location). Endpoint, region and path style travel with each set.
-    Sets may be incomplete (a catalog may omit the token or expiry): :func:`check_complete` decides.
-    """
-    config = parse_response_config(response.get("config"))
-    sets = [
-        _credentials_from(cred.config, cred.prefix, config)
-        for cred in parse_storage_credentials(response.get("storage-credentials"))
-        if cred.is_usable
-    ]
-    if config.get(ACCESS_KEY_ID) and config.get(SECRET_ACCESS_KEY):
-        sets.append(_credentials_from(config, default_prefix, {}))
-    return sets
-
-
-def _credentials_from(keys: Mapping[str, str], prefix: str, fallback: Mapping[str, str]) -> TicketCredentials:
-    settings = {**fallback, **keys}
-    path_style = settings.get("s3.path-style-access")
-    virtual = settings.get(FORCE_VIRTUAL_ADDRESSING)
-    style = None
-    if path_style is not None:
-        style = path_style.strip().lower() == "true"
-    elif virtual is not None:
-        style = virtual.strip().lower() == "false"
-    return TicketCredentials(
-        prefix=prefix,
-        access_key_id=keys.get(ACCESS_KEY_ID, ""),
-        secret_access_key=keys.get(SECRET_ACCESS_KEY, ""),
-        session_token=keys.get(SESSION_TOKEN) or None,
-        expires_at_ms=_expiry(keys.get(EXPIRES_AT_MS), prefix),
-        storage=StorageOptions(settings.get(ENDPOINT), settings.get(REGION) or settings.get("client.region"), style),
-    )
-
-
-def _expiry(text: str | None, prefix: str) -> int | None:
-    if not text:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise CatalogProtocolError(f"load-table response: {EXPIRES_AT_MS} for {prefix} must be an integer") from None
 
 
 # -------------------------------------------------------------------------------------------- partitions
@@ -495,7 +368,9 @@ def _parse_expression(data: bytes) -> BooleanExpression:
 
 
 @dataclass(frozen=True)
-class TableRef:
+class WireTableId:
+    """A table as named on the wire (``TableIdentifier``)."""
+
     warehouse: str
     namespace: tuple[str, ...]
     name: str
@@ -504,7 +379,7 @@ class TableRef:
         return pb.TableIdentifier(warehouse=self.warehouse, namespace=list(self.namespace), name=self.name)
 
     @classmethod
-    def from_proto(cls, message: pb.TableIdentifier) -> TableRef:
+    def from_proto(cls, message: pb.TableIdentifier) -> WireTableId:
         return cls(message.warehouse, tuple(message.namespace), message.name)
 
     def __str__(self) -> str:
@@ -516,16 +391,16 @@ def build_ticket(
     *,
     query_id: str,
     fragment_id: str,
-    table: TableRef,
+    table: WireTableId,
     metadata: TableMetadata,
     read_schema: Schema,
     output_field_ids: Iterable[int],
     tasks: Sequence[FileScanTask],
-    credentials: Sequence[TicketCredentials],
+    credentials: Sequence[CredentialSet],
     restrictions: RestrictionPlan = EMPTY_PLAN,
     salt: bytes = b"",
     row_filter: BooleanExpression = _ALWAYS_TRUE,
-    storage: StorageOptions | None = None,
+    storage: StorageSettings | None = None,
     pace_ms_per_file: int = 0,
     metadata_json: bytes | None = None,
 ) -> pb.ScanTicket:
@@ -541,8 +416,8 @@ def build_ticket(
         restriction_plan_json=json.dumps(restrictions.to_json()).encode() if restrictions.is_restricted else b"",
         salt=salt,
         tasks=[encode_task(task) for task in tasks],
-        credentials=[cred.to_proto() for cred in credentials],
-        storage=(storage or StorageOptions()).to_proto(),
+        credentials=[credentials_to_proto(cred) for cred in credentials],
+        storage=settings_to_proto(storage or StorageSettings()),
         pace_ms_per_file=pace_ms_per_file,
     )
 
@@ -553,7 +428,7 @@ class DecodedTicket:
 
     query_id: str
     fragment_id: str
-    table: TableRef
+    table: WireTableId
     metadata: TableMetadata = field(repr=False)
     read_schema: Schema = field(repr=False)
     output_field_ids: frozenset[int] = field(repr=False)
@@ -561,8 +436,8 @@ class DecodedTicket:
     restrictions: RestrictionPlan = field(repr=False)
     salt: bytes = field(repr=False)
     tasks: tuple[FileScanTask, ...] = field(repr=False)
-    credentials: tuple[TicketCredentials, ...] = field(repr=False)
-    storage: StorageOptions = field(repr=False)
+    credentials: tuple[CredentialSet, ...] = field(repr=False)
+    storage: StorageSettings = field(repr=False)
     pace_seconds: float = 0.0
 
     @property
@@ -585,7 +460,7 @@ def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
     read_schema = _schema(message.read_schema_json)
     output = _output_ids(message.output_field_ids, read_schema)
     restrictions = _restrictions(message.restriction_plan_json, read_schema, message.salt)
-    credentials = tuple(TicketCredentials.from_proto(c) for c in message.credentials)
+    credentials = tuple(credentials_from_proto(c) for c in message.credentials)
     check_complete(credentials, "ticket")
     row_filter = decode_row_filter(message.row_filter_json)
     if row_filter is None:
@@ -593,7 +468,7 @@ def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
     return DecodedTicket(
         query_id=query_id,
         fragment_id=fragment_id,
-        table=TableRef.from_proto(message.table),
+        table=WireTableId.from_proto(message.table),
         metadata=metadata,
         read_schema=read_schema,
         output_field_ids=output,
@@ -602,7 +477,7 @@ def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
         salt=bytes(message.salt),
         tasks=tuple(decode_task(task, i) for i, task in enumerate(message.tasks)),
         credentials=credentials,
-        storage=StorageOptions.from_proto(message.storage),
+        storage=settings_from_proto(message.storage),
         pace_seconds=message.pace_ms_per_file / 1000.0,
     )
 

@@ -30,7 +30,7 @@ from sqe.errors import SQEError
 
 if TYPE_CHECKING:
     from sqe.catalog.base import TableIdent
-    from workers.ticket import TicketCredentials
+    from sqe.credentials import CredentialSet
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ MAX_LEAD_SECONDS = 60.0
 class RefreshedSets:
     """What one reload produced: the complete vended sets and until when they may be used."""
 
-    credentials: tuple[TicketCredentials, ...] = field(repr=False)
+    credentials: tuple[CredentialSet, ...] = field(repr=False)
     usable_until: float | None
     source: str  # "credentials-endpoint" or "load-table"
     incomplete: int = 0  # vended sets dropped because they lacked a key, secret, token or expiry
@@ -64,7 +64,7 @@ class Holder:
 
 
 # Pushes ``credentials`` to the workers of ``holders`` (all of one table); errors are the pusher's to log.
-Pusher = Callable[["TableIdent", Sequence[Holder], Sequence["TicketCredentials"]], None]
+Pusher = Callable[["TableIdent", Sequence[Holder], Sequence["CredentialSet"]], None]
 
 
 def key_fingerprint(access_key_id: str) -> str:
@@ -72,10 +72,10 @@ def key_fingerprint(access_key_id: str) -> str:
     return hashlib.sha256(access_key_id.encode()).hexdigest()[:10]
 
 
-def same_keys(a: Sequence[TicketCredentials], b: Sequence[TicketCredentials]) -> bool:
+def same_keys(a: Sequence[CredentialSet], b: Sequence[CredentialSet]) -> bool:
     """Whether two set lists carry the same keys for the same prefixes (then a push would change nothing)."""
 
-    def keys(sets: Sequence[TicketCredentials]) -> set[tuple[str, str, int | None]]:
+    def keys(sets: Sequence[CredentialSet]) -> set[tuple[str | None, str, int | None]]:
         return {(s.prefix, s.access_key_id, s.expires_at_ms) for s in sets}
 
     return keys(a) == keys(b)
@@ -96,7 +96,7 @@ class TableLease:
         self,
         user: str,
         ident: TableIdent,
-        credentials: Sequence[TicketCredentials],
+        credentials: Sequence[CredentialSet],
         usable_until: float | None,
         reloader: Reloader,
         obtained_at: float,
@@ -104,7 +104,7 @@ class TableLease:
         self.user = user
         self.ident = ident
         self.reloader = reloader
-        self.credentials: tuple[TicketCredentials, ...] = tuple(credentials)
+        self.credentials: tuple[CredentialSet, ...] = tuple(credentials)
         self.usable_until = usable_until
         self.obtained_at = obtained_at
         self.generation = 0
@@ -148,7 +148,7 @@ class CredentialRefresher:
         self,
         user: str,
         ident: TableIdent,
-        credentials: Sequence[TicketCredentials],
+        credentials: Sequence[CredentialSet],
         usable_until: float | None,
         reloader: Reloader,
     ) -> TableLease:
@@ -166,7 +166,7 @@ class CredentialRefresher:
             lease.reloader = reloader
             return lease
 
-    def register(self, lease: TableLease, holder: Holder) -> tuple[tuple[TicketCredentials, ...], int]:
+    def register(self, lease: TableLease, holder: Holder) -> tuple[tuple[CredentialSet, ...], int]:
         """Add a running fragment; returns the sets its ticket must carry and their generation, atomically."""
         with self._cond:
             lease.holders[holder.fragment_id] = holder
@@ -180,7 +180,7 @@ class CredentialRefresher:
             if not lease.holders and lease.stopped:
                 self._leases.pop((lease.user, lease.ident), None)
 
-    def current(self, lease: TableLease) -> tuple[tuple[TicketCredentials, ...], int]:
+    def current(self, lease: TableLease) -> tuple[tuple[CredentialSet, ...], int]:
         with self._cond:
             return lease.credentials, lease.generation
 
@@ -283,7 +283,7 @@ class CredentialRefresher:
             self._push(lease.ident, holders, credentials)
 
     def _adopt(
-        self, lease: TableLease, credentials: tuple[TicketCredentials, ...], usable_until: float | None, now: float
+        self, lease: TableLease, credentials: tuple[CredentialSet, ...], usable_until: float | None, now: float
     ) -> None:
         lease.credentials, lease.usable_until, lease.obtained_at = credentials, usable_until, now
         lease.generation += 1

@@ -7,8 +7,9 @@ Two ways the modules ``worker_pb2`` / ``worker_pb2_grpc`` come to exist here:
   than the ``.proto``, this module regenerates them with ``grpc_tools`` (atomically, so concurrent imports are
   safe). An installed wheel has no ``.proto`` beside it and simply uses what the build generated.
 
-The ``.proto`` is compiled under the virtual path ``workers/_proto/worker.proto`` so the generated gRPC module
-imports ``workers._proto.worker_pb2`` (the proto package, and so the RPC names, stay ``sqe.worker.v1``).
+The ``.proto`` is compiled under the virtual path ``sqe/distributed/protocol/_proto/worker.proto`` so the generated
+gRPC module imports ``sqe.distributed.protocol._proto.worker_pb2`` (the proto package, and so the RPC names, stay
+``sqe.worker.v1``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import tempfile
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-SOURCE_PROTO = PACKAGE_DIR.parent.parent / "proto" / "sqe" / "worker" / "v1" / "worker.proto"
+SOURCE_PROTO = PACKAGE_DIR.parents[3] / "proto" / "sqe" / "worker" / "v1" / "worker.proto"
 GENERATED_FILES = ("worker_pb2.py", "worker_pb2.pyi", "worker_pb2_grpc.py")
-_VIRTUAL_DIR = "workers/_proto"
+_VIRTUAL_DIR = "sqe/distributed/protocol/_proto"
 
 
 def generate(proto: Path, package_dir: Path) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from workers.errors import MessageTooLargeError
+from sqe.distributed.protocol.errors import MessageTooLargeError
 
 # Room for the protobuf envelope around the IPC bytes (field tags, lengths, the row count).
 ENVELOPE_BYTES = 1024

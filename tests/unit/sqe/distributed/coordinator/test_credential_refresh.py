@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from sqe.catalog.base import TableIdent
-from sqe.credentials import usable_until
+from sqe.credentials import CredentialSet, usable_until
+from sqe.distributed.coordinator.refresh import CredentialRefresher, Holder, RefreshedSets, TableLease
 from sqe.errors import PermissionDeniedError
-from sqe.execution.refresh import CredentialRefresher, Holder, RefreshedSets, TableLease
-from workers.ticket import TicketCredentials
 
 IDENT = TableIdent("wh", ("ns",), "t")
 PREFIX = "s3://bucket/wh/ns/t"
@@ -29,9 +28,9 @@ class Clock:
 
 @dataclass
 class Pushes:
-    calls: list[tuple[TableIdent, list[Holder], list[TicketCredentials]]] = field(default_factory=list)
+    calls: list[tuple[TableIdent, list[Holder], list[CredentialSet]]] = field(default_factory=list)
 
-    def __call__(self, ident: TableIdent, holders: Sequence[Holder], creds: Sequence[TicketCredentials]) -> None:
+    def __call__(self, ident: TableIdent, holders: Sequence[Holder], creds: Sequence[CredentialSet]) -> None:
         self.calls.append((ident, list(holders), list(creds)))
 
 
@@ -42,14 +41,14 @@ class CachingCatalog:
         self.clock, self.lifetime = clock, lifetime
         self.assume_role_calls = 0
         self.calls = 0
-        self._issued: tuple[float, TicketCredentials] | None = None
+        self._issued: tuple[float, CredentialSet] | None = None
 
-    def credential(self) -> TicketCredentials:
+    def credential(self) -> CredentialSet:
         now = self.clock()
         if self._issued is None or now >= self._issued[0] + self.lifetime / 2:
             self.assume_role_calls += 1
             expires = int((now + self.lifetime) * 1000)
-            key = TicketCredentials(PREFIX, f"AKIA{self.assume_role_calls:04d}", "secret", "token", expires)
+            key = CredentialSet(PREFIX, f"AKIA{self.assume_role_calls:04d}", "secret", "token", expires)
             self._issued = (now, key)
         return self._issued[1]
 

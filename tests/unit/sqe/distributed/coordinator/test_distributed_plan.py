@@ -12,19 +12,27 @@ from pyiceberg.typedef import Record
 
 from sqe.catalog.base import TableIdent
 from sqe.config import CatalogConfig, SQEConfig, StorageConfig
+from sqe.credentials import CredentialSet, StoragePolicy, StorageSettings, parse_catalog_credentials
+from sqe.distributed.coordinator import Fragment, TableCredentials, plan_fragments, ticket_sets
+from sqe.distributed.coordinator import static_set as policy_static_set
+from sqe.distributed.coordinator.failures import classify_rpc_error
+from sqe.distributed.coordinator.refresh import RefreshedSets
 from sqe.errors import CredentialExpiredError, RestrictionError, WorkerError
-from sqe.execution.distributed import (
-    Fragment,
-    _classify,
-    _TableCredentials,
-    plan_fragments,
-    static_set,
-    vended_sets_from_response,
-)
-from workers.ticket import StorageOptions, TicketCredentials
 
 IDENT = TableIdent("wh", ("ns",), "t")
 LOCATION = "s3://bucket/wh/ns/t"
+
+
+def vended_sets_from_response(
+    raw: dict[str, Any], location: str, cfg: SQEConfig, received_at: float, source: str
+) -> RefreshedSets:
+    """Parse once (``sqe.credentials``), then keep the complete sets a ticket may carry."""
+    sets = parse_catalog_credentials(raw).sets
+    return ticket_sets(sets, location, StoragePolicy.from_config(cfg), received_at, source)
+
+
+def static_set(cfg: SQEConfig) -> CredentialSet | None:
+    return policy_static_set(StoragePolicy.from_config(cfg))
 
 
 def task(path: str, size: int) -> FileScanTask:
@@ -73,7 +81,7 @@ def test_fragments_split_by_bytes_and_give_every_worker_one() -> None:
 # -------------------------------------------------------------------------------------------- credentials
 
 
-def test_vended_sets_drop_the_static_pair_and_fill_in_missing_expiries() -> None:
+def test_vended_sets_drop_the_static_pair_and_sets_without_expiry() -> None:
     cfg = config(access_key_id="AKIASTATIC", secret_access_key="static-secret")
     raw = {
         "config": {"s3.endpoint": "http://catalog-chosen:1", "client.region": "eu-west-1"},
@@ -87,12 +95,12 @@ def test_vended_sets_drop_the_static_pair_and_fill_in_missing_expiries() -> None
         ],
     }
     found = vended_sets_from_response(raw, LOCATION, cfg, received_at=1_000.0, source="load-table")
-    assert [c.prefix for c in found.credentials] == [LOCATION, "s3://bucket/other"]
-    assert found.credentials[1].expires_at_ms == 1_600_000  # received + credential_max_age_seconds
-    assert all(c.kind == "vended" and not c.missing_parts() for c in found.credentials)
+    # issue 8: a set without expiry is not complete for a push and is never given a made-up expiry
+    assert [c.prefix for c in found.credentials] == [LOCATION] and found.incomplete == 1
+    assert all(c.source == "vended" and not c.missing_parts() for c in found.credentials)
     # SQE's own settings win over the catalog's, as on the local path
-    assert found.credentials[0].storage == StorageOptions("http://store:9000", "eu-west-1", True)
-    assert found.usable_until == 1_600_000 / 1000 - 300  # the earliest usable point of the sets
+    assert found.credentials[0].settings == StorageSettings("http://store:9000", "eu-west-1", True)
+    assert found.usable_until == found.credentials[0].expires_at_ms / 1000 - 300  # the set's usable point
 
 
 def test_a_vended_set_without_session_token_is_incomplete() -> None:
@@ -104,9 +112,9 @@ def test_a_vended_set_without_session_token_is_incomplete() -> None:
 
 def test_the_static_set_goes_only_to_fragments_with_uncovered_files() -> None:
     static = static_set(config(access_key_id="AKIASTATIC", secret_access_key="static-secret"))
-    assert static is not None and static.kind == "static" and static.prefix == "s3://"
+    assert static is not None and static.source == "static" and static.prefix == "s3://"
     sets = vended_sets_from_response({"storage-credentials": [vended(LOCATION)]}, LOCATION, config(), 0.0, "x")
-    table = _TableCredentials(IDENT, None, sets.credentials, static)
+    table = TableCredentials(IDENT, None, sets.credentials, static)
     inside = Fragment(0, (task(f"{LOCATION}/data/a.parquet", 1),))
     outside = Fragment(1, (task(f"{LOCATION}/data/b.parquet", 1), task("s3://bucket/t10/c.parquet", 1)))
     assert table.for_fragment(inside, sets.credentials) == list(sets.credentials)
@@ -115,8 +123,8 @@ def test_the_static_set_goes_only_to_fragments_with_uncovered_files() -> None:
 
 
 def test_credential_reprs_hide_every_secret() -> None:
-    cred = TicketCredentials(LOCATION, "AKIAKEYID", "s3cr3t-value", "t0k3n-value", 1, "vended")
-    text = repr(cred) + repr(_TableCredentials(IDENT, None, (cred,), None))
+    cred = CredentialSet(LOCATION, "AKIAKEYID", "s3cr3t-value", "t0k3n-value", 1, "vended")
+    text = repr(cred) + repr(TableCredentials(IDENT, None, (cred,), None))
     assert "s3cr3t-value" not in text and "t0k3n-value" not in text and "AKIAKEYID" not in text
 
 
@@ -153,13 +161,13 @@ class FakeRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no type h
 def test_worker_errors_are_fatal_or_retryable(
     code: grpc.StatusCode, kind: str | None, fatal: type[Exception] | None, dead: bool
 ) -> None:
-    failure = _classify(FakeRpcError(code, kind), "127.0.0.1:1", "q.1.f0.a1", timed_out=False)
+    failure = classify_rpc_error(FakeRpcError(code, kind), "127.0.0.1:1", "q.1.f0.a1", timed_out=False)
     assert (type(failure.fatal) if failure.fatal else None) is fatal
     assert failure.worker_dead is dead
 
 
 def test_a_silent_worker_counts_as_dead_and_busy_is_not_a_failure() -> None:
-    silent = _classify(FakeRpcError(grpc.StatusCode.CANCELLED), "w:1", "f", timed_out=True)
+    silent = classify_rpc_error(FakeRpcError(grpc.StatusCode.CANCELLED), "w:1", "f", timed_out=True)
     assert silent.worker_dead and silent.fatal is None and "stopped answering" in silent.message
-    busy = _classify(FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy"), "w:1", "f", timed_out=False)
+    busy = classify_rpc_error(FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy"), "w:1", "f", timed_out=False)
     assert busy.busy and busy.fatal is None and not busy.worker_dead

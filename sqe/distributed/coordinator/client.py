@@ -1,0 +1,56 @@
+"""The gRPC client of one scan worker: its channel and stub; every call carries the coordinator's bearer token."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn, cast
+
+import grpc
+
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol._proto import worker_pb2_grpc as pb_grpc
+
+
+class WorkerClient:
+    """One worker's channel and stub; every call carries the coordinator's bearer token."""
+
+    def __init__(self, address: str, token: str, *, tls_ca: str | None, max_message_bytes: int) -> None:
+        self.address = address
+        self._metadata = (("authorization", f"Bearer {token}"),)
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        if tls_ca:
+            with open(tls_ca, "rb") as fh:
+                credentials = grpc.ssl_channel_credentials(root_certificates=fh.read())
+            self._channel = grpc.secure_channel(address, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub: Any = pb_grpc.WorkerStub(self._channel)
+
+    def __repr__(self) -> str:
+        return f"WorkerClient({self.address!r})"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("worker clients hold the coordinator's token and cannot be pickled")
+
+    def execute(self, ticket: pb.ScanTicket) -> Any:
+        """The streaming call (iterable of ``ExecuteResponse``; ``cancel()`` ends it from another thread)."""
+        return self._stub.Execute(ticket, metadata=self._metadata)
+
+    def refresh(self, request: pb.RefreshRequest, timeout: float) -> pb.RefreshResponse:
+        return cast(
+            pb.RefreshResponse, self._stub.RefreshCredentials(request, metadata=self._metadata, timeout=timeout)
+        )
+
+    def cancel(self, request: pb.CancelRequest, timeout: float) -> pb.CancelResponse:
+        return cast(pb.CancelResponse, self._stub.Cancel(request, metadata=self._metadata, timeout=timeout))
+
+    def health(self, timeout: float) -> pb.HealthResponse:
+        return cast(pb.HealthResponse, self._stub.Health(pb.HealthRequest(), metadata=self._metadata, timeout=timeout))
+
+    def stats(self, timeout: float) -> pb.StatsResponse:
+        return cast(pb.StatsResponse, self._stub.Stats(pb.StatsRequest(), metadata=self._metadata, timeout=timeout))
+
+    def close(self) -> None:
+        self._channel.close()

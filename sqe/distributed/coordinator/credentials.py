@@ -1,0 +1,111 @@
+"""Which credential sets a distributed scan's tickets carry, and what a reload yields for pushing.
+
+``[coordinator] distributed_credentials`` decides: ``vended`` (only catalog-vended sets; a table without them
+fails), ``static`` (the ``[storage]`` pair) or ``auto`` (vended when present, else static). Sets come from
+``sqe.credentials`` already parsed (the table's ``ScopedFileIO``, or the credentials endpoint); here they are
+only filtered by the one completeness rule and given SQE's own storage settings, as on the local path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sqe.credentials import CredentialSet, StoragePolicy, is_object_store, prefix_matches, usable_until
+from sqe.distributed.coordinator.refresh import RefreshedSets, TableLease
+from sqe.distributed.protocol.ticket import WireTableId
+from sqe.errors import CredentialError, NoVendedCredentialsError
+
+if TYPE_CHECKING:
+    from pyiceberg.table import FileScanTask
+
+    from sqe.catalog.base import TableIdent
+    from sqe.distributed.coordinator.fragments import Fragment
+
+
+def ticket_sets(
+    found: Iterable[CredentialSet], location: str, policy: StoragePolicy, received_at: float, source: str
+) -> RefreshedSets:
+    """The complete vended sets among ``found``, ready for tickets and pushes.
+
+    A set equal to SQE's static pair is never treated as vended. A set lacking a key, secret, session token
+    or expiry is incomplete and dropped (counted): an unknown expiry is never replaced by a made-up one.
+    Config-level sets are scoped to the table ``location``; SQE's own storage settings win over the catalog's.
+    """
+    complete: list[CredentialSet] = []
+    incomplete = 0
+    for candidate in found:
+        if candidate.source != "vended" or policy.is_static_pair(candidate):
+            continue
+        if candidate.missing_parts():
+            incomplete += 1
+            continue
+        scoped = candidate if candidate.prefix is not None else candidate.with_prefix(location)
+        complete.append(scoped.with_settings(policy.local_settings(candidate.settings)))
+    limits = [usable_until(c.expires_at_ms, received_at, max_age_seconds=policy.max_age_seconds) for c in complete]
+    until = min((limit for limit in limits if limit is not None), default=None)
+    return RefreshedSets(tuple(complete), until, source, incomplete)
+
+
+def static_set(policy: StoragePolicy) -> CredentialSet | None:
+    """The ``[storage]`` pair as a set covering every S3 path (static mode only), or None."""
+    return policy.static
+
+
+def wire_table_id(ident: TableIdent) -> WireTableId:
+    return WireTableId(ident.warehouse, tuple(ident.namespace), ident.name)
+
+
+@dataclass
+class TableCredentials:
+    """What the tickets of one table scan may carry: vended sets (the lease's, when refreshed) and the static set.
+
+    A ticket gets the static set only when one of its files has no vended set covering it (``static`` mode:
+    always; ``auto``: files the catalog vended nothing for; ``vended``: never, there is no static set).
+    """
+
+    ident: TableIdent
+    lease: TableLease | None  # None: nothing to refresh (no vended sets, or pushing disabled)
+    vended: tuple[CredentialSet, ...] = field(repr=False)  # the vended sets when there is no lease
+    static: CredentialSet | None = field(repr=False)
+
+    def for_fragment(self, fragment: Fragment, vended: Sequence[CredentialSet]) -> list[CredentialSet]:
+        needs_static = self.static is not None and any(_uncovered(task, vended) for task in fragment.tasks)
+        return [*vended, *([self.static] if needs_static and self.static is not None else [])]
+
+
+def _uncovered(task: FileScanTask, vended: Sequence[CredentialSet]) -> bool:
+    path = task.file.file_path
+    return is_object_store(path) and not any(prefix_matches(path, c.prefix or "") for c in vended)
+
+
+def check_coverage(
+    ident: TableIdent,
+    tasks: Sequence[FileScanTask],
+    vended: Sequence[CredentialSet],
+    fallback: CredentialSet | None,
+    mode: str,
+    require_vended: bool,
+) -> None:
+    """Fail early and clearly when a file would reach a worker with no set covering it."""
+    if fallback is not None:
+        return
+    for task in tasks:
+        if not _uncovered(task, vended):
+            continue
+        path = task.file.file_path
+        if mode == "vended":
+            raise NoVendedCredentialsError(
+                f'{ident}: coordinator.distributed_credentials = "vended" but the catalog vended no '
+                f"complete credential set (key, secret, session token) covering {path}"
+            )
+        why = (
+            "catalog.require_vended_credentials forbids the [storage] pair"
+            if require_vended
+            else "[storage] has no key pair"
+        )
+        raise CredentialError(
+            f"{ident}: no credentials a worker may use for {path}: the catalog vended none and "
+            f"{why} (workers never fall back to ambient credentials)"
+        )

@@ -1,0 +1,186 @@
+"""``DistributedExecutor``: a scan's file tasks run as fragments on ``sqe-worker`` processes over gRPC.
+
+The coordinator side of ``sqe.worker.v1`` (``proto/sqe/worker/v1/worker.proto``), assembled from its parts:
+``fragments`` (planning), ``run`` (scheduling, hold-back, retries), ``client`` (gRPC), ``credentials`` (which
+sets a ticket carries), ``refresh`` and ``push`` (leases, reloads, pushes) and ``failures`` (error kinds).
+
+Tickets and pushed sets hold secrets: they are never logged, and reprs here name workers and fragments only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+import pyarrow as pa
+
+from sqe._counters import Counters
+from sqe.catalog.rest import RestTableProvider, principal_key
+from sqe.credentials import (
+    CatalogCredentials,
+    CredentialSet,
+    ScopedFileIO,
+    StoragePolicy,
+    is_object_store,
+    parse_catalog_credentials,
+)
+from sqe.distributed.coordinator.client import WorkerClient
+from sqe.distributed.coordinator.credentials import TableCredentials, check_coverage, static_set, ticket_sets
+from sqe.distributed.coordinator.options import DistributedOptions
+from sqe.distributed.coordinator.push import CredentialPusher, PushObserver
+from sqe.distributed.coordinator.refresh import CredentialRefresher, RefreshedSets
+from sqe.distributed.coordinator.run import ScanRun
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.errors import CredentialError, WorkerError
+
+if TYPE_CHECKING:
+    from sqe.catalog.base import LoadedTable, TableIdent, TableProvider
+    from sqe.config import SQEConfig
+    from sqe.execution.stream import QueryContext
+    from sqe.planning.planner import ScanPlan
+
+TicketObserver = Callable[[str, pb.ScanTicket], None]
+
+
+@dataclass
+class CoordinatorStats(Counters):
+    """Counters of one executor (tests and benchmarks); never a secret."""
+
+    fragments_started: int = 0
+    fragments_completed: int = 0
+    fragments_retried: int = 0
+    pushes_sent: int = 0
+    pushes_refused: int = 0
+    credential_endpoint_calls: int = 0
+    table_reloads: int = 0
+    max_held_bytes: int = 0  # the largest fragment output held back before it completed (``raise_to``)
+
+
+class DistributedExecutor:
+    """Runs scans on ``[coordinator] workers`` for one user's session."""
+
+    def __init__(
+        self,
+        config: SQEConfig,
+        provider: TableProvider,
+        options: DistributedOptions | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        coordinator = config.coordinator
+        if not coordinator.workers:
+            raise WorkerError("distributed execution needs [coordinator] workers")
+        token = coordinator.token_value()
+        if not token:
+            raise WorkerError("distributed execution needs [coordinator] token")
+        self.config = config
+        self.policy = StoragePolicy.from_config(config)
+        self.options = options or DistributedOptions()
+        self._provider = provider
+        self._clock = clock
+        self.clients = [
+            WorkerClient(
+                address,
+                token,
+                tls_ca=coordinator.tls_ca,
+                max_message_bytes=self.options.max_message_bytes,
+            )
+            for address in coordinator.workers
+        ]
+        self._by_address = {client.address: client for client in self.clients}
+        self.stats = CoordinatorStats()
+        self.pusher = CredentialPusher(self._by_address, self.stats, self.options.rpc_timeout_seconds)
+        self.refresher = CredentialRefresher(self.pusher.push, clock=clock)
+        self.ticket_observers: list[TicketObserver] = []  # test hook: every ticket actually sent
+        self.push_observers: list[PushObserver] = self.pusher.observers  # test hook: every push actually sent
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"DistributedExecutor(workers={[c.address for c in self.clients]!r})"
+
+    def client_for(self, address: str) -> WorkerClient:
+        return self._by_address[address]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.refresher.close()
+        for client in self.clients:
+            client.close()
+
+    # -- credentials -----------------------------------------------------------------------------------
+
+    def table_credentials(self, plan: ScanPlan) -> TableCredentials:
+        """The sets the tickets of ``plan`` may carry under ``distributed_credentials``; fails early and clearly."""
+        mode = self.config.coordinator.distributed_credentials
+        ident, loaded = plan.ident, plan.loaded
+        if mode == "static":
+            static = static_set(self.policy)
+            if static is None and any(is_object_store(task.file.file_path) for task in plan.tasks):
+                raise CredentialError(
+                    f'{ident}: coordinator.distributed_credentials = "static" but [storage] has no '
+                    "access_key_id/secret_access_key pair to give the workers"
+                )
+            return TableCredentials(ident, None, (), static)
+        location = loaded.table.metadata.location
+        found, received = self._loaded_sets(loaded)
+        vended = ticket_sets(found, location, self.policy, received, "load-table")
+        fallback = static_set(self.policy) if mode == "auto" else None
+        require = self.policy.require_vended
+        check_coverage(ident, plan.tasks, vended.credentials, fallback, mode, require)
+        if not vended.credentials or not self.config.coordinator.push_credentials:
+            return TableCredentials(ident, None, vended.credentials, fallback)
+        user = principal_key(self.config.catalog.connection(ident.warehouse))
+        lease = self.refresher.lease(
+            user, ident, vended.credentials, vended.usable_until, self._reloader(ident, location)
+        )
+        return TableCredentials(ident, lease, (), fallback)
+
+    def _loaded_sets(self, loaded: LoadedTable) -> tuple[tuple[CredentialSet, ...], float]:
+        """The sets the table was loaded with (parsed once, by its FileIO) and when they arrived."""
+        if isinstance(loaded.io, ScopedFileIO):
+            return loaded.io.credential_sets, loaded.io.received_at
+        return parse_catalog_credentials(loaded.raw).sets, self._clock()
+
+    def _reloader(self, ident: TableIdent, location: str) -> Callable[[], RefreshedSets]:
+        def reload() -> RefreshedSets:
+            found = self._credentials_endpoint(ident)
+            source = "credentials-endpoint"
+            if found is None:
+                found = parse_catalog_credentials(self._provider.load_table(ident, bypass_cache=True).raw)
+                source = "load-table"
+                self.stats.add(table_reloads=1)
+            return ticket_sets(found.sets, location, self.policy, self._clock(), source)
+
+        return reload
+
+    def _credentials_endpoint(self, ident: TableIdent) -> CatalogCredentials | None:
+        """The table's credentials endpoint as the user, when its catalog advertises one; None: reload instead."""
+        if not isinstance(self._provider, RestTableProvider):
+            return None
+        found = self._provider.catalog(ident.warehouse).load_table_credentials(ident.namespace, ident.name)
+        if found is not None:
+            self.stats.add(credential_endpoint_calls=1)
+        return found
+
+    # -- diagnostics -----------------------------------------------------------------------------------
+
+    def worker_stats(self) -> dict[str, pb.StatsResponse]:
+        """Each reachable worker's counters."""
+        found: dict[str, pb.StatsResponse] = {}
+        for client in self.clients:
+            try:
+                found[client.address] = client.stats(timeout=self.options.rpc_timeout_seconds)
+            except grpc.RpcError:
+                continue
+        return found
+
+    def record_batches(
+        self, plan: ScanPlan, *, context: QueryContext, query_id: str, run: int
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream the plan's restricted batches from the workers (fragment order is not preserved)."""
+        return ScanRun(self, plan, context, query_id, run).batches()

@@ -1,0 +1,84 @@
+"""Pushing refreshed credential sets to the workers that read with them (``RefreshCredentials``).
+
+One call per (worker, query) covers every fragment of that query reading the table; calls go out in parallel so
+a hung worker does not hold back the healthy ones. A refusal is logged by its reason (never a value).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, cast
+
+import grpc
+
+from sqe._counters import Counters
+from sqe._text import first_line
+from sqe.credentials import CredentialSet
+from sqe.distributed.coordinator.client import WorkerClient
+from sqe.distributed.coordinator.credentials import wire_table_id
+from sqe.distributed.coordinator.refresh import Holder
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.ticket import credentials_to_proto
+
+if TYPE_CHECKING:
+    from sqe.catalog.base import TableIdent
+
+log = logging.getLogger(__name__)
+
+NOTHING_RUNNING = "no running fragment"  # a RefreshResponse reason that is a race, not a refusal
+PushObserver = Callable[[str, pb.RefreshRequest], None]
+
+
+class CredentialPusher:
+    """Sends pushes to the executor's workers and counts them in ``stats`` (``pushes_sent``/``pushes_refused``)."""
+
+    def __init__(self, clients: Mapping[str, WorkerClient], stats: Counters, rpc_timeout_seconds: float) -> None:
+        self._clients = clients
+        self._stats = stats
+        self._timeout = rpc_timeout_seconds
+        self.observers: list[PushObserver] = []  # test hook: every RefreshRequest actually sent
+
+    def push(self, ident: TableIdent, holders: Sequence[Holder], credentials: Sequence[CredentialSet]) -> None:
+        """One RefreshCredentials per (worker, query): every fragment of that query reading ``ident``."""
+        targets = sorted({(h.worker, h.query_id) for h in holders})
+        sets = [credentials_to_proto(c) for c in credentials]
+        table = wire_table_id(ident).to_proto()
+        requests_by_worker = [
+            (worker, pb.RefreshRequest(query_id=query_id, table=table, credentials=sets))
+            for worker, query_id in targets
+        ]
+        # In parallel: a hung worker must not hold back the push to the healthy ones until its RPC times out.
+        with ThreadPoolExecutor(max_workers=len(requests_by_worker) or 1, thread_name_prefix="sqe-push") as pool:
+            for worker, request in requests_by_worker:
+                pool.submit(self.send, worker, request)
+
+    def push_to_fragment(self, holder: Holder, ident: TableIdent, credentials: Sequence[CredentialSet]) -> None:
+        """A catch-up push to one fragment whose ticket was built just before a refresh."""
+        request = pb.RefreshRequest(
+            query_id=holder.query_id,
+            fragment_id=holder.fragment_id,
+            table=wire_table_id(ident).to_proto(),
+            credentials=[credentials_to_proto(c) for c in credentials],
+        )
+        self.send(holder.worker, request)
+
+    def send(self, worker: str, request: pb.RefreshRequest) -> None:
+        for observer in self.observers:
+            observer(worker, request)
+        try:
+            response = self._clients[worker].refresh(request, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            code = cast(Any, exc).code()
+            log.warning("pushing credentials to worker %s failed: %s", worker, getattr(code, "name", code))
+            return
+        self._stats.add(pushes_sent=1)
+        if response.accepted:
+            return
+        reason = first_line(response.reason, limit=300)
+        if NOTHING_RUNNING in reason:  # the fragments ended (or have not started) there: nothing to update
+            log.debug("worker %s had no fragment for pushed credentials: %s", worker, reason)
+            return
+        self._stats.add(pushes_refused=1)
+        log.warning("worker %s refused pushed credentials: %s", worker, reason)

@@ -1,0 +1,427 @@
+"""One pass of a distributed scan: slot threads run fragments on workers, the caller's thread yields batches.
+
+- **No duplicate rows.** A fragment's batches are held on the coordinator until its stream ends with
+  ``complete``; only then are they handed to DuckDB. A fragment that fails (worker killed, unreachable, silent)
+  is retried from scratch on another worker, so nothing it sent before is ever forwarded. The price is memory:
+  up to one fragment's output per running fragment, which is why fragments stay small.
+- **Credentials.** Each running fragment is registered with the table's lease (``refresh``), which reloads the
+  table as the querying user before the usable point and pushes the new set to the workers.
+- **Cancel and progress.** Cancelling the query cancels its calls and sends ``Cancel``; per-fragment ``progress``
+  messages feed the query's ``ScanMetrics`` (the CLI progress bar).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pyarrow as pa
+
+from sqe._text import first_line
+from sqe.credentials import StorageSettings
+from sqe.distributed.coordinator.client import WorkerClient
+from sqe.distributed.coordinator.credentials import TableCredentials, wire_table_id
+from sqe.distributed.coordinator.failures import AttemptFailure, classify_rpc_error
+from sqe.distributed.coordinator.fragments import Fragment, plan_fragments
+from sqe.distributed.coordinator.refresh import Holder
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.ipc import decode_batch, decode_schema
+from sqe.distributed.protocol.ticket import build_ticket, trim_metadata
+from sqe.errors import QueryError, SQEError, WorkerError
+from sqe.execution.local import QueryCancelledError, ScanMetrics
+from sqe.execution.stream import QueryContext, conform_batch
+
+if TYPE_CHECKING:
+    from sqe.distributed.coordinator.executor import DistributedExecutor
+    from sqe.planning.planner import ScanPlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _FragmentState:
+    fragment: Fragment
+    attempts: int = 0
+    failed_on: set[str] = field(default_factory=set)
+    last_failure: str = ""
+
+
+@dataclass
+class _Attempt:
+    """One run of a fragment on a worker; owned by the slot thread that started it."""
+
+    fragment_id: str
+    worker: str
+    call: Any = None
+    waiting_since: float | None = None  # set while the slot thread waits for the next message
+    timed_out: bool = False
+    files_done: int = 0
+    bytes_done: int = 0
+
+
+class ScanRun:
+    """One pass over a plan: slot threads run fragments on workers, the caller's thread yields committed batches."""
+
+    def __init__(
+        self, executor: DistributedExecutor, plan: ScanPlan, context: QueryContext, query_id: str, run: int
+    ) -> None:
+        self._executor = executor
+        self._options = executor.options
+        self._plan = plan
+        self._context = context
+        self._metrics: ScanMetrics = context.metrics
+        self._query_id = query_id
+        self._run = run
+        self._fragments = plan_fragments(
+            plan.tasks,
+            workers=len(executor.clients),
+            max_files=self._options.max_files_per_fragment,
+            max_bytes=self._options.max_bytes_per_fragment,
+        )
+        self._pending: list[_FragmentState] = [_FragmentState(f) for f in self._fragments]
+        self._committed = 0
+        self._live_workers = {c.address for c in executor.clients}
+        self._running: dict[str, _Attempt] = {}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._error: SQEError | None = None
+        self._output: queue.Queue[pa.RecordBatch] = queue.Queue(self._options.max_queued_batches)
+        self._credentials: TableCredentials | None = None
+        self._metadata_json = b""
+
+    # -- consumer ----------------------------------------------------------------------------------------
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        if self._context.cancel.is_set():
+            raise QueryCancelledError()
+        self._metrics.add(scans_opened=1, files_total=len(self._plan.tasks))
+        if not self._fragments:
+            return
+        self._credentials = self._executor.table_credentials(self._plan)
+        self._metadata_json = trim_metadata(self._plan.loaded.table.metadata)
+        threads = [
+            threading.Thread(target=self._slot, args=(client,), name=f"sqe-fragment-{client.address}", daemon=True)
+            for client in self._executor.clients
+            for _ in range(self._options.slots_per_worker)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            yield from self._consume()
+        finally:
+            self._shutdown(threads)
+
+    def _consume(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            if self._context.cancel.is_set():
+                raise QueryCancelledError()
+            with self._cond:
+                if self._error is not None:
+                    raise self._error
+                finished = self._committed == len(self._fragments)
+            try:
+                batch = self._output.get(timeout=self._options.poll_seconds)
+            except queue.Empty:
+                if finished:
+                    return
+                self._watch_idle()
+                continue
+            self._metrics.add(batches_in_flight=-1)
+            yield batch
+
+    def _shutdown(self, threads: Sequence[threading.Thread]) -> None:
+        self._stop.set()
+        with self._cond:
+            running = list(self._running.values())
+            self._cond.notify_all()
+        for attempt in running:
+            if attempt.call is not None:
+                attempt.call.cancel()
+        for attempt in running:  # the worker may not notice a cancelled call at once: say so explicitly
+            self._send_cancel(attempt)
+        while True:
+            try:
+                self._output.get_nowait()
+                self._metrics.add(batches_in_flight=-1)
+            except queue.Empty:
+                break
+        for thread in threads:
+            thread.join(timeout=self._options.poll_seconds)
+
+    def _send_cancel(self, attempt: _Attempt) -> None:
+        client = self._executor.client_for(attempt.worker)
+        request = pb.CancelRequest(query_id=self._query_id, fragment_id=attempt.fragment_id)
+        with contextlib.suppress(grpc.RpcError):  # a dead worker has nothing left to cancel
+            client.cancel(request, timeout=self._options.rpc_timeout_seconds)
+
+    def _watch_idle(self) -> None:
+        """A stream silent for idle_timeout_seconds: health-check its worker; an unanswered check ends the call."""
+        now = time.monotonic()
+        with self._cond:
+            silent = [
+                a
+                for a in self._running.values()
+                if a.waiting_since is not None and now - a.waiting_since > self._options.idle_timeout_seconds
+            ]
+        for attempt in silent:
+            client = self._executor.client_for(attempt.worker)
+            try:
+                client.health(timeout=self._options.rpc_timeout_seconds)
+            except grpc.RpcError:
+                attempt.timed_out = True
+                if attempt.call is not None:
+                    attempt.call.cancel()
+                continue
+            attempt.waiting_since = time.monotonic()  # alive, just slow (a slow store, a paced worker)
+
+    # -- slot threads -------------------------------------------------------------------------------------
+
+    def _slot(self, client: WorkerClient) -> None:
+        try:
+            while not self._stop.is_set():
+                state = self._take(client.address)
+                if state is None:
+                    return
+                if not self._run_fragment(client, state):
+                    return
+        except BaseException as exc:  # a bug here must fail the query, not hang it
+            self._fail(
+                exc if isinstance(exc, SQEError) else WorkerError(f"coordinator error: {first_line(exc, limit=300)}")
+            )
+
+    def _take(self, worker: str) -> _FragmentState | None:
+        """The largest waiting fragment this worker has not failed, or None when the scan is over."""
+        with self._cond:
+            while not self._stop.is_set() and self._error is None:
+                if worker not in self._live_workers:
+                    return None
+                state = self._pick(worker)
+                if state is not None:
+                    self._pending.remove(state)
+                    return state
+                if self._committed == len(self._fragments):
+                    return None
+                self._cond.wait(timeout=self._options.poll_seconds * 4)
+            return None
+
+    def _pick(self, worker: str) -> _FragmentState | None:
+        for state in self._pending:
+            others = self._live_workers - state.failed_on - {worker}
+            if worker not in state.failed_on or not others:
+                return state
+        return None
+
+    def _run_fragment(self, client: WorkerClient, state: _FragmentState) -> bool:
+        """Run one attempt; False when this worker is gone and its slot should stop."""
+        state.attempts += 1
+        attempt = _Attempt(f"{self._query_id}.{self._run}.f{state.fragment.index}.a{state.attempts}", client.address)
+        holder = Holder(client.address, self._query_id, attempt.fragment_id)
+        self._executor.stats.add(fragments_started=1, fragments_retried=1 if state.attempts > 1 else 0)
+        with self._cond:
+            self._running[attempt.fragment_id] = attempt
+        try:
+            batches, failure = self._execute(client, state, attempt, holder)
+        finally:
+            with self._cond:
+                self._running.pop(attempt.fragment_id, None)
+            if self._credentials is not None and self._credentials.lease is not None:
+                self._executor.refresher.unregister(self._credentials.lease, holder)
+        if failure is None:
+            self._commit(state, attempt, batches)
+            return True
+        self._uncount(attempt)
+        return self._handle_failure(client.address, state, failure)
+
+    def _execute(
+        self, client: WorkerClient, state: _FragmentState, attempt: _Attempt, holder: Holder
+    ) -> tuple[list[pa.RecordBatch], AttemptFailure | None]:
+        ticket, generation = self._ticket(state.fragment, attempt, holder)
+        for observer in self._executor.ticket_observers:
+            observer(client.address, ticket)
+        held: list[pa.RecordBatch] = []
+        try:
+            attempt.call = client.execute(ticket)
+            if self._stop.is_set():
+                attempt.call.cancel()
+            complete = self._receive(attempt, held, generation, holder)
+        except grpc.RpcError as exc:
+            if self._stop.is_set():
+                return [], AttemptFailure("cancelled")
+            return [], classify_rpc_error(exc, client.address, attempt.fragment_id, attempt.timed_out)
+        if complete is None:
+            return [], AttemptFailure(f"worker {client.address}, fragment {attempt.fragment_id}: stream ended early")
+        rows = sum(batch.num_rows for batch in held)
+        if complete.rows != rows:
+            return [], AttemptFailure(
+                f"fragment {attempt.fragment_id}: worker reported {complete.rows} rows, sent {rows}"
+            )
+        return held, None
+
+    def _receive(
+        self, attempt: _Attempt, held: list[pa.RecordBatch], generation: int, holder: Holder
+    ) -> pb.Complete | None:
+        schema: pa.Schema | None = None
+        held_bytes = 0
+        stream = iter(attempt.call)
+        while True:
+            attempt.waiting_since = time.monotonic()
+            try:
+                message = next(stream)
+            except StopIteration:
+                return None
+            finally:
+                attempt.waiting_since = None
+            kind = message.WhichOneof("payload")
+            if kind == "schema":
+                schema = decode_schema(message.schema.ipc)
+                self._catch_up(holder, generation)
+            elif kind == "batch":
+                if schema is None:
+                    raise WorkerError(f"fragment {attempt.fragment_id}: a batch arrived before the schema")
+                batch = decode_batch(message.batch.ipc, schema)
+                held.append(batch)
+                held_bytes += batch.nbytes
+                self._executor.stats.raise_to("max_held_bytes", held_bytes)
+            elif kind == "progress":
+                self._count(attempt, message.progress.files_done, message.progress.bytes_done)
+            elif kind == "complete":
+                complete: pb.Complete = message.complete
+                self._count(attempt, complete.files, complete.bytes)
+                return complete
+
+    def _catch_up(self, holder: Holder, generation: int) -> None:
+        """The worker knows the fragment now: if a refresh happened since its ticket was built, push it again."""
+        table = self._credentials
+        if table is None or table.lease is None:
+            return
+        credentials, current = self._executor.refresher.current(table.lease)
+        if current != generation:
+            self._executor.pusher.push_to_fragment(holder, table.ident, credentials)
+
+    def _ticket(self, fragment: Fragment, attempt: _Attempt, holder: Holder) -> tuple[pb.ScanTicket, int]:
+        table = self._credentials
+        assert table is not None
+        generation = 0
+        vended = table.vended
+        if table.lease is not None:
+            vended, generation = self._executor.refresher.register(table.lease, holder)
+        credentials = table.for_fragment(fragment, vended)
+        plan = self._plan
+        policy = self._executor.policy
+        ticket = build_ticket(
+            query_id=self._query_id,
+            fragment_id=attempt.fragment_id,
+            table=wire_table_id(plan.ident),
+            metadata=plan.loaded.table.metadata,
+            metadata_json=self._metadata_json,
+            read_schema=plan.read.projected_schema,
+            output_field_ids=plan.output_field_ids,
+            tasks=fragment.tasks,
+            credentials=credentials,
+            restrictions=plan.restrictions,
+            salt=self._context.salt,
+            row_filter=plan.row_filter,
+            storage=StorageSettings(policy.endpoint, policy.region, policy.path_style),
+            pace_ms_per_file=self._options.pace_ms_per_file,
+        )
+        return ticket, generation
+
+    # -- outcomes -------------------------------------------------------------------------------------------
+
+    def _commit(self, state: _FragmentState, attempt: _Attempt, batches: list[pa.RecordBatch]) -> None:
+        """The fragment completed: only now do its batches reach DuckDB (a retry never duplicates rows)."""
+        schema = self._plan.arrow_schema
+        for batch in batches:
+            out = conform_worker_batch(batch, schema)
+            self._metrics.add(batches_in_flight=1, batches_produced=1, rows_produced=out.num_rows)
+            while not self._stop.is_set():
+                try:
+                    self._output.put(out, timeout=self._options.poll_seconds)
+                    break
+                except queue.Full:
+                    continue
+            else:
+                self._metrics.add(batches_in_flight=-1)
+                return
+        self._count(attempt, state.fragment.files, state.fragment.nbytes)
+        self._executor.stats.add(fragments_completed=1)
+        with self._cond:
+            self._committed += 1
+            self._cond.notify_all()
+
+    def _count(self, attempt: _Attempt, files_done: int, bytes_done: int) -> None:
+        """Progress of one attempt, as deltas on the query's metrics (files and bytes done, per fragment)."""
+        files_delta = max(0, files_done - attempt.files_done)
+        bytes_delta = max(0, bytes_done - attempt.bytes_done)
+        if files_delta or bytes_delta:
+            attempt.files_done += files_delta
+            attempt.bytes_done += bytes_delta
+            self._metrics.add(files_done=files_delta, bytes_done=bytes_delta)
+
+    def _uncount(self, attempt: _Attempt) -> None:
+        """A failed attempt's progress is taken back: its fragment starts over."""
+        if attempt.files_done or attempt.bytes_done:
+            self._metrics.add(files_done=-attempt.files_done, bytes_done=-attempt.bytes_done)
+
+    def _handle_failure(self, worker: str, state: _FragmentState, failure: AttemptFailure) -> bool:
+        if self._stop.is_set():
+            return False
+        if failure.fatal is not None:
+            self._fail(failure.fatal)
+            return False
+        if failure.busy:
+            state.attempts -= 1  # not the fragment's fault
+            self._requeue(state)
+            time.sleep(self._options.busy_retry_seconds)
+            return True
+        log.warning("fragment of %s will be retried: %s", self._plan.ident, failure.message)
+        state.failed_on.add(worker)
+        state.last_failure = failure.message
+        with self._cond:
+            if failure.worker_dead:
+                self._live_workers.discard(worker)
+            if state.attempts >= self._options.max_attempts:
+                self._fail_locked(
+                    WorkerError(
+                        f"a fragment of {self._plan.ident} failed {state.attempts} times, giving up "
+                        f"(last: {failure.message})"
+                    )
+                )
+                return False
+            if not self._live_workers:
+                self._fail_locked(WorkerError(f"no worker left to scan {self._plan.ident} (last: {failure.message})"))
+                return False
+        self._requeue(state)
+        return not failure.worker_dead
+
+    def _requeue(self, state: _FragmentState) -> None:
+        with self._cond:
+            self._pending.append(state)
+            self._pending.sort(key=lambda s: -s.fragment.nbytes)
+            self._cond.notify_all()
+
+    def _fail(self, error: SQEError) -> None:
+        with self._cond:
+            self._fail_locked(error)
+
+    def _fail_locked(self, error: SQEError) -> None:
+        if self._error is None:
+            self._error = error
+        self._cond.notify_all()
+
+
+def conform_worker_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Worker batches in the scan's Arrow schema (the same shape the local path hands DuckDB)."""
+    if batch.schema.names != schema.names:
+        missing = [name for name in schema.names if name not in batch.schema.names]
+        if missing:
+            raise QueryError(f"a worker returned batches without the column(s) {', '.join(missing)}")
+        batch = batch.select(schema.names)
+    return conform_batch(batch, schema)

@@ -1,0 +1,53 @@
+"""``DistributedScanStream``: what DuckDB sees for a table scanned on workers (a fresh distributed run per open)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from sqe._text import first_line
+from sqe.errors import QueryError, SQEError
+from sqe.execution.stream import QueryContext
+
+if TYPE_CHECKING:
+    from sqe.distributed.coordinator.executor import DistributedExecutor
+    from sqe.planning.planner import ScanPlan
+
+
+class DistributedScanStream:
+    """The distributed twin of ``ScanStream``: each ``__arrow_c_stream__`` call runs a fresh distributed scan.
+
+    Workers apply the read-restrictions (with the query's salt); the coordinator only conforms the schema.
+    """
+
+    def __init__(self, plan: ScanPlan, executor: DistributedExecutor, context: QueryContext) -> None:
+        self.plan = plan
+        self.schema: pa.Schema = plan.arrow_schema
+        self._executor = executor
+        self._context = context
+        self.query_id = f"q-{uuid.uuid4().hex[:16]}"
+        self.opened = 0
+
+    def __repr__(self) -> str:
+        return f"DistributedScanStream({self.plan.ident}, query_id={self.query_id!r})"
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        self.opened += 1
+        return self.reader().__arrow_c_stream__(requested_schema)
+
+    def reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.schema, self._batches(self.opened))
+
+    def _batches(self, run: int) -> Iterator[pa.RecordBatch]:
+        try:
+            yield from self._executor.record_batches(self.plan, context=self._context, query_id=self.query_id, run=run)
+        except SQEError as exc:  # including QueryCancelledError
+            self._context.record_error(exc)
+            raise
+        except Exception as exc:
+            error = QueryError(f"distributed scan of {self.plan.ident} failed: {first_line(exc, limit=300)}")
+            self._context.record_error(error)
+            raise error from None
