@@ -11,10 +11,7 @@ def first_line(value: BaseException | str, *, limit: int | None = None) -> str:
     Errors are shown to users on one line, so multi-line library messages are cut here, never re-wrapped.
     """
     text = str(value).strip()
-    if text:
-        line = text.splitlines()[0].strip()
-    else:
-        line = type(value).__name__ if isinstance(value, BaseException) else ""
+    line = text.splitlines()[0].strip() if text else type(value).__name__ if isinstance(value, BaseException) else ""
     return line if limit is None else line[:limit]
 
 
