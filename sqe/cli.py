@@ -5,18 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import threading
-import time
-import traceback
-from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 from sqe._text import first_line
+from sqe.console import report_error, run_with_progress, write_result
 from sqe.errors import ConfigError, SQEError
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from sqe.session import Session
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -47,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         session = _connect(args.config)
     except SQEError as exc:
-        return _report(exc, args.debug)
+        return report_error(exc, args.debug)
     try:
         if args.execute is not None:
             return run_statements(session, args.execute, args.format, args.output, args.debug)
@@ -64,7 +59,7 @@ def _stack(argv: list[str]) -> int:
         from sqe_stack.cli import main as stack_main
     except ImportError as exc:
         missing = ConfigError(f"sqe stack needs the stack extra: pip install 'sqe[stack]' ({first_line(exc)})")
-        return _report(missing, debug=False)
+        return report_error(missing, debug=False)
     return stack_main(argv)
 
 
@@ -81,93 +76,13 @@ def run_statements(session: Session, text: str, fmt: str, output: str | None, de
         try:
             table = run_with_progress(session, statement)
         except SQEError as exc:
-            return _report(exc, debug)
+            return report_error(exc, debug)
         except KeyboardInterrupt:
             print("sqe: query cancelled", file=sys.stderr)
             return 130
         if table is not None:
             write_result(table, fmt, output)
     return 0
-
-
-def run_with_progress(session: Session, statement: str) -> pa.Table | None:
-    """Run one statement; Ctrl-C interrupts the query. A progress line shows on a TTY after one second."""
-    result: dict[str, object] = {}
-
-    def work() -> None:
-        try:
-            result["table"] = session.sql(statement).arrow()
-        except BaseException as exc:
-            result["error"] = exc
-
-    worker = threading.Thread(target=work, name="sqe-query", daemon=True)
-    started = time.monotonic()
-    worker.start()
-    progress = _Progress(sys.stderr, started)
-    try:
-        while worker.is_alive():
-            worker.join(0.1)
-            progress.tick(session)
-    except KeyboardInterrupt:
-        session.interrupt()
-        worker.join(5)
-        progress.clear()
-        raise
-    progress.clear()
-    if "error" in result:
-        raise result["error"]  # type: ignore[misc]
-    return result.get("table")  # type: ignore[return-value]
-
-
-class _Progress:
-    def __init__(self, stream: TextIO, started: float) -> None:
-        self._stream = stream
-        self._started = started
-        self._shown = False
-        self._enabled = stream.isatty()
-
-    def tick(self, session: Session) -> None:
-        elapsed = time.monotonic() - self._started
-        if not self._enabled or elapsed < 1.0:
-            return
-        stats = getattr(session, "progress", lambda: None)()
-        text = f"\r[{elapsed:6.1f}s] "
-        if stats:
-            text += f"files {stats.get('files_done', 0)}/{stats.get('files_total', '?')}  " + (
-                f"{stats.get('bytes_done', 0) / 1e6:.1f} MB"
-            )
-        self._shown = True  # before writing: a Ctrl-C right after the write must still clear the line
-        self._stream.write(text)
-        self._stream.flush()
-
-    def clear(self) -> None:
-        if self._shown:
-            self._stream.write("\r\033[K")
-            self._stream.flush()
-
-
-def write_result(table: pa.Table, fmt: str, output: str | None) -> None:
-    from sqe.formatting import write_table
-
-    if output:
-        path = Path(output)
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            pq.write_table(table, path)
-            return
-        with path.open("w", encoding="utf-8", newline="") as fh:
-            write_table(table, fmt, fh)
-        return
-    write_table(table, fmt, sys.stdout)
-
-
-def _report(exc: BaseException, debug: bool) -> int:
-    if debug:
-        traceback.print_exception(exc, file=sys.stderr)
-    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    print(f"sqe: error: {message}", file=sys.stderr)
-    return 1
 
 
 if __name__ == "__main__":

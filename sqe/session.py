@@ -28,21 +28,19 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
-from pyiceberg.exceptions import CommitFailedException, RESTError
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
+from sqe._text import first_line
 from sqe.catalog.base import LoadedTable, TableIdent, TableProvider
-from sqe.catalog.rest import translate_error
+from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
+from sqe.duckdb_connection import connect_locked_down, quote_ident, quote_qualified
 from sqe.errors import (
     CatalogError,
-    CommitConflictError,
     CredentialExpiredError,
-    NoSuchNamespaceError,
     NoSuchTableError,
     QueryError,
     SQEError,
 )
-from sqe.execution.duck import connect_locked_down, quote_ident, quote_qualified
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.execution.stream import QueryContext, ScanStream
 from sqe.planning.planner import ScanPlan, TaskCache, join_conjuncts, plan_scan, restrictions_of
@@ -269,17 +267,16 @@ class Session:
 
     def list_tables(self, namespace: str | None = None) -> pa.Table:
         warehouse, namespaces = self._namespace_arg(namespace)
-        lister = getattr(self._provider, "list_tables", None)
         rows: list[dict[str, str]] = []
+        what = f"listing tables of {namespace or warehouse}"
         try:
-            if callable(lister):
-                idents: list[TableIdent] = lister(warehouse, namespaces[0] if namespaces else None)
-            else:
-                idents = self._list_via_catalog(warehouse, namespaces)
+            idents = self._provider.list_tables(warehouse, namespaces[0] if namespaces else None)
         except SQEError:
             raise
-        except Exception as exc:
-            raise _catalog_error(exc, f"listing tables of {namespace or warehouse}") from None
+        except PYICEBERG_CATALOG_ERRORS as exc:
+            raise translate_error(exc, what) from None
+        except Exception as exc:  # a provider must raise SQEError; anything else still fails closed, typed
+            raise CatalogError(f"{what} failed: {first_line(exc)}") from None
         for ident in sorted(idents, key=str):
             rows.append({"warehouse": ident.warehouse, "namespace": ".".join(ident.namespace), "table": ident.name})
         schema = pa.schema([("warehouse", pa.string()), ("namespace", pa.string()), ("table", pa.string())])
@@ -506,15 +503,11 @@ class Session:
             loaded.table.append(data)  # written through SQE's scoped FileIO; committed via the table's catalog
         except SQEError:
             raise
-        except CommitFailedException as exc:
-            raise CommitConflictError(f"commit to {loaded.ident} failed: {_one_line(exc)}", status=409) from None
-        except RESTError as exc:  # the catalog's answer to the commit (422, 5xx, 401/403): keep its type
+        except PYICEBERG_CATALOG_ERRORS as exc:  # the catalog's answer to the commit (409, 422, 5xx, 401/403)
             raise translate_error(exc, f"commit to {loaded.ident}") from None
         except Exception as exc:
-            raise QueryError(f"writing to {loaded.ident} failed: {_one_line(exc)}") from None
-        invalidate = getattr(self._provider, "invalidate", None)
-        if callable(invalidate):
-            invalidate(loaded.ident)
+            raise QueryError(f"writing to {loaded.ident} failed: {first_line(exc)}") from None
+        self._provider.invalidate(loaded.ident)  # the cached entry describes the table before this commit
 
     def _exists(self, ident: TableIdent) -> bool:
         try:
@@ -588,17 +581,6 @@ class Session:
             return parts[0], [parts[1:]]
         raise QueryError(f"namespace {namespace!r} must be namespace or warehouse.namespace")
 
-    def _list_via_catalog(self, warehouse: str, namespaces: list[tuple[str, ...]]) -> list[TableIdent]:
-        catalog_for = getattr(self._provider, "catalog", None)
-        if not callable(catalog_for):
-            raise QueryError("this catalog connection cannot list tables")
-        catalog = catalog_for(warehouse)
-        found: list[TableIdent] = []
-        for namespace in namespaces or catalog.list_namespaces():
-            for identifier in catalog.list_tables(namespace):
-                found.append(TableIdent(warehouse, tuple(identifier[:-1]), identifier[-1]))
-        return found
-
 
 # ---------------------------------------------------------------------------------------------- functions
 
@@ -615,7 +597,7 @@ def _conform_for_write(rows: pa.Table, schema: Schema, ident: TableIdent) -> pa.
         try:
             columns.append(column if column.type == f.type else column.cast(f.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise QueryError(f"cannot write column {f.name!r} of {ident}: {_one_line(exc)}") from None
+            raise QueryError(f"cannot write column {f.name!r} of {ident}: {first_line(exc)}") from None
     return pa.Table.from_arrays(columns, schema=target)
 
 
@@ -631,19 +613,7 @@ def _writable_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _catalog_error(exc: Exception, what: str) -> CatalogError:
-    name = type(exc).__name__
-    if name == "NoSuchNamespaceError":
-        return NoSuchNamespaceError(f"{what}: no such namespace", status=404)
-    return CatalogError(f"{what} failed: {_one_line(exc)}")
-
-
 def _duck_message(exc: BaseException) -> str:
-    line = _one_line(exc)
+    line = first_line(exc)
     detail = line.find(". Detail: Python exception")
     return line[:detail] if detail >= 0 else line
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sqe._text import first_line
+from sqe.console import run_with_progress, write_result
 from sqe.errors import SQEError
 from sqe.sqltext import is_complete, split_statements
 
@@ -62,8 +64,6 @@ class Shell:
         return None
 
     def run_statement(self, statement: str) -> None:
-        from sqe.cli import run_with_progress, write_result
-
         started = time.monotonic()
         try:
             table = run_with_progress(self.session, statement)
@@ -71,7 +71,7 @@ class Shell:
             print("query cancelled", file=sys.stderr)
             return
         except SQEError as exc:
-            print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+            print(f"error: {first_line(exc)}", file=sys.stderr)
             return
         if table is not None:
             write_result(table, "table", None)
@@ -98,7 +98,7 @@ class Shell:
             else:
                 print(HELP, file=sys.stderr)
         except SQEError as exc:
-            print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+            print(f"error: {first_line(exc)}", file=sys.stderr)
         return None
 
     def _setup_readline(self) -> None:

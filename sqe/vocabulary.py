@@ -21,6 +21,7 @@ S3_PATH_STYLE_ACCESS: Final = "s3.path-style-access"  # Iceberg Java's spelling;
 S3_CONNECT_TIMEOUT: Final = "s3.connect-timeout"
 S3_REQUEST_TIMEOUT: Final = "s3.request-timeout"
 CLIENT_REGION: Final = "client.region"
+CLIENT_REFRESH_CREDENTIALS_ENDPOINT: Final = "client.refresh-credentials-endpoint"
 
 # ----------------------------------------------------------------------------------- load-table response
 STORAGE_CREDENTIALS: Final = "storage-credentials"
@@ -30,6 +31,7 @@ METADATA_LOCATION: Final = "metadata-location"
 # ---------------------------------------------------------------------------------------------- headers
 ACCESS_DELEGATION_HEADER: Final = "X-Iceberg-Access-Delegation"
 VENDED_CREDENTIALS: Final = "vended-credentials"
+VENDED_CREDENTIALS_LEGACY: Final = "true"  # Polaris's older spelling of the same request
 CAPABILITIES_HEADER: Final = "X-Gravitino-Client-Capabilities"
 READ_RESTRICTIONS_V1: Final = "read-restrictions.v1"
 
@@ -62,3 +64,6 @@ ERROR_COMMIT_FAILED: Final = "CommitFailedException"
 ERROR_UNPROCESSABLE: Final = "UnprocessableEntityException"
 ERROR_SERVICE_UNAVAILABLE: Final = "ServiceUnavailableException"
 ERROR_SERVER: Final = "ServerError"
+# sqe-catalog's own types beside the spec's (the engine maps them by HTTP status)
+ERROR_NAMESPACE_NOT_EMPTY: Final = "NamespaceNotEmptyException"
+ERROR_METHOD_NOT_ALLOWED: Final = "MethodNotAllowedException"

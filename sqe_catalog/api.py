@@ -51,6 +51,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sqe import vocabulary
+from sqe.credentials.paths import is_object_store
 from sqe.vocabulary import ACCESS_TOKEN_TYPE, TOKEN_EXCHANGE_GRANT
 from sqe_catalog import audit
 from sqe_catalog.auth import AuthStore, Principal, Privilege, create_engine_for
@@ -66,8 +68,6 @@ from sqe_catalog.errors import (
 )
 from sqe_catalog.etag import if_none_match_matches, table_etag
 from sqe_catalog.restrictions import (
-    CAPABILITIES_HEADER,
-    READ_RESTRICTIONS_V1,
     ResolvedRestrictions,
     RestrictionStore,
     declared_capabilities,
@@ -75,8 +75,8 @@ from sqe_catalog.restrictions import (
     require_capability,
 )
 from sqe_catalog.tables import (
-    LoadedTable,
     Namespace,
+    StoredTable,
     WarehouseTables,
     parse_commit_body,
     parse_create_body,
@@ -89,10 +89,8 @@ __all__ = ["ENDPOINTS", "create_app"]
 
 log = logging.getLogger("sqe_catalog")
 
-NAMESPACE_SEPARATOR = "\x1f"
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_PAGE_SIZE = 1000
-_DELEGATION_HEADER = "x-iceberg-access-delegation"
 _JSON = "application/json"
 
 
@@ -137,7 +135,7 @@ class _Call:
 
     @property
     def namespace(self) -> Namespace:
-        return validate_namespace(str(self.request.path_params["namespace"]).split(NAMESPACE_SEPARATOR))
+        return validate_namespace(str(self.request.path_params["namespace"]).split(vocabulary.NAMESPACE_SEPARATOR))
 
     @property
     def table(self) -> str:
@@ -237,8 +235,8 @@ def _page(items: Sequence[Any], call: _Call) -> tuple[list[Any], str | None]:
 
 def _delegation_requested(request: Request) -> bool:
     """``vended-credentials`` (or Polaris's legacy ``true``) in the comma-separated header; others ignored."""
-    values = {v.strip().lower() for v in request.headers.get(_DELEGATION_HEADER, "").split(",")}
-    return bool(values & {"vended-credentials", "true"})
+    values = {v.strip().lower() for v in request.headers.get(vocabulary.ACCESS_DELEGATION_HEADER, "").split(",")}
+    return bool(values & {vocabulary.VENDED_CREDENTIALS, vocabulary.VENDED_CREDENTIALS_LEGACY})
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -258,7 +256,7 @@ def _get_config(call: _Call) -> Response:
 
 def _list_namespaces(call: _Call) -> Response:
     parent_raw = call.query("parent")
-    parent = validate_namespace(parent_raw.split(NAMESPACE_SEPARATOR)) if parent_raw else None
+    parent = validate_namespace(parent_raw.split(vocabulary.NAMESPACE_SEPARATOR)) if parent_raw else None
     call.require(Privilege.NAMESPACE_LIST, parent)
     found = call.warehouse.tables.list_namespaces(parent)
     page, token = _page(found, call)
@@ -327,28 +325,28 @@ def _data_access(call: _Call, namespace: Namespace, table: str) -> _DataAccess |
 
 
 def _refresh_endpoint(prefix: str, namespace: Namespace, table: str) -> str:
-    encoded_ns = "%1F".join(quote(level, safe="") for level in namespace)
+    encoded_ns = quote(vocabulary.NAMESPACE_SEPARATOR).join(quote(level, safe="") for level in namespace)
     return f"v1/{quote(prefix, safe='')}/namespaces/{encoded_ns}/tables/{quote(table, safe='')}/credentials"
 
 
-def _storage_credentials(call: _Call, table: LoadedTable, access: _DataAccess) -> list[dict[str, Any]]:
+def _storage_credentials(call: _Call, table: StoredTable, access: _DataAccess) -> list[dict[str, Any]]:
     warehouse = call.warehouse
-    if not warehouse.config.vend_credentials or not table.location.startswith(("s3://", "s3a://", "s3n://")):
+    if not warehouse.config.vend_credentials or not is_object_store(table.location):
         return []  # vending switched off, or local files that need no credential
     principal = call.principal
     credential = warehouse.vendor.vend(principal.name, table.key, table.locations, access.write, reader=principal.actor)
     return [{"prefix": table.location, "config": credential.to_config()}]
 
 
-def _client_config(call: _Call, table: LoadedTable) -> dict[str, str]:
+def _client_config(call: _Call, table: StoredTable) -> dict[str, str]:
     w = call.warehouse.config
     config = {
-        "client.region": w.region,
-        "s3.path-style-access": str(w.path_style).lower(),
-        "client.refresh-credentials-endpoint": _refresh_endpoint(call.prefix, table.namespace, table.name),
+        vocabulary.CLIENT_REGION: w.region,
+        vocabulary.S3_PATH_STYLE_ACCESS: str(w.path_style).lower(),
+        vocabulary.CLIENT_REFRESH_CREDENTIALS_ENDPOINT: _refresh_endpoint(call.prefix, table.namespace, table.name),
     }
     if w.endpoint:
-        config["s3.endpoint"] = w.endpoint
+        config[vocabulary.S3_ENDPOINT] = w.endpoint
     return config
 
 
@@ -359,7 +357,7 @@ def _snapshots_mode(call: _Call) -> str:
     return mode
 
 
-def _metadata_json(table: LoadedTable, snapshots: str) -> str:
+def _metadata_json(table: StoredTable, snapshots: str) -> str:
     metadata = table.metadata
     if snapshots == "refs":
         referenced = {ref.snapshot_id for ref in metadata.refs.values()}
@@ -368,7 +366,7 @@ def _metadata_json(table: LoadedTable, snapshots: str) -> str:
     return str(metadata.model_dump_json())
 
 
-def _restrictions(call: _Call, table: LoadedTable, operation: str) -> ResolvedRestrictions | None:
+def _restrictions(call: _Call, table: StoredTable, operation: str) -> ResolvedRestrictions | None:
     """The end user's read-restrictions on ``table`` after the delivery gate (406 undeclared, 403 unless through a
     trusted reader, 403 for any commit); a refusal is audited here, a served response by the caller."""
     principal = call.principal
@@ -380,7 +378,9 @@ def _restrictions(call: _Call, table: LoadedTable, operation: str) -> ResolvedRe
         raise
     if resolved is None:
         return None
-    declared = READ_RESTRICTIONS_V1 in declared_capabilities(call.request.headers.getlist(CAPABILITIES_HEADER))
+    declared = vocabulary.READ_RESTRICTIONS_V1 in declared_capabilities(
+        call.request.headers.getlist(vocabulary.CAPABILITIES_HEADER)
+    )
     try:
         require_capability(resolved, declared=declared, via_trusted_reader=principal.via_trusted_reader, what=what)
     except CatalogError as exc:
@@ -396,7 +396,7 @@ def _restrictions(call: _Call, table: LoadedTable, operation: str) -> ResolvedRe
     return resolved
 
 
-def _table_name(call: _Call, table: LoadedTable) -> str:
+def _table_name(call: _Call, table: StoredTable) -> str:
     return ".".join([call.prefix, *table.namespace, table.name])
 
 
@@ -417,7 +417,7 @@ def _audit(
 
 
 def _served(
-    call: _Call, operation: str, table: LoadedTable, restricted: ResolvedRestrictions | None, status: int = 200
+    call: _Call, operation: str, table: StoredTable, restricted: ResolvedRestrictions | None, status: int = 200
 ) -> None:
     """The audit line of a governed response that was given out (nothing for unrestricted tables)."""
     if restricted is not None:
@@ -433,7 +433,7 @@ def _governed_access(access: _DataAccess | None, restricted: ResolvedRestriction
 
 def _table_response(
     call: _Call,
-    table: LoadedTable,
+    table: StoredTable,
     access: _DataAccess | None,
     snapshots: str = "all",
     restricted: ResolvedRestrictions | None = None,
@@ -442,14 +442,14 @@ def _table_response(
     caller's read-restrictions (the gate has passed: ``restricted`` comes from ``_restrictions``)."""
     parts = []
     if table.metadata_location is not None:
-        parts.append(f'"metadata-location":{json.dumps(table.metadata_location)}')
+        parts.append(f'"{vocabulary.METADATA_LOCATION}":{json.dumps(table.metadata_location)}')
     parts.append(f'"metadata":{_metadata_json(table, snapshots)}')
     config = _client_config(call, table) if access is not None else {}
     parts.append(f'"config":{json.dumps(config)}')
     if access is not None:
-        parts.append(f'"storage-credentials":{json.dumps(_storage_credentials(call, table, access))}')
+        parts.append(f'"{vocabulary.STORAGE_CREDENTIALS}":{json.dumps(_storage_credentials(call, table, access))}')
     if restricted is not None:
-        parts.append(f'"read-restrictions":{json.dumps(restricted.wire, separators=(",", ":"))}')
+        parts.append(f'"{vocabulary.READ_RESTRICTIONS}":{json.dumps(restricted.wire, separators=(",", ":"))}')
     headers = {}
     if table.metadata_location is not None:
         headers["ETag"] = _etag_for(call, table, snapshots, access, restricted.digest if restricted else "")
@@ -457,7 +457,7 @@ def _table_response(
 
 
 def _etag_for(
-    call: _Call, table: LoadedTable, snapshots: str, access: _DataAccess | None, restrictions_digest: str = ""
+    call: _Call, table: StoredTable, snapshots: str, access: _DataAccess | None, restrictions_digest: str = ""
 ) -> str:
     assert table.metadata_location is not None
     return table_etag(
@@ -496,7 +496,7 @@ def _register_table(call: _Call) -> Response:
     namespace = call.namespace
     body = call.json()
     name = validate_table_name(body.get("name"))
-    metadata_location = body.get("metadata-location")
+    metadata_location = body.get(vocabulary.METADATA_LOCATION)
     if not isinstance(metadata_location, str) or not metadata_location:
         raise BadRequestError("metadata-location must be a non-empty string")
     if body.get("overwrite", False) is not False:
@@ -552,12 +552,12 @@ def _commit_table(call: _Call) -> Response:
         _restrictions(call, tables.load_table(namespace, name), "commit")  # refused before committing
     table = tables.commit_table(namespace, name, commit)
     location = json.dumps(table.metadata_location)
-    body = f'{{"metadata-location":{location},"metadata":{_metadata_json(table, "all")}}}'
+    body = f'{{"{vocabulary.METADATA_LOCATION}":{location},"metadata":{_metadata_json(table, "all")}}}'
     etag = _etag_for(call, table, "all", None, _commit_digest(call, table))
     return Response(body, 200, {"ETag": etag}, media_type=_JSON)
 
 
-def _commit_digest(call: _Call, table: LoadedTable) -> str:
+def _commit_digest(call: _Call, table: StoredTable) -> str:
     """The restrictions digest for the committed metadata; one that no load can match if they stopped fitting."""
     try:
         restricted = call.state.restrictions.resolve(call.prefix, table, call.principal.name, call.principal.groups)
@@ -594,7 +594,7 @@ def _load_credentials(call: _Call) -> Response:
     restricted = _restrictions(call, table, "credentials")  # a credential reads raw files: trusted readers only
     access = _governed_access(_DataAccess(write), restricted)
     assert access is not None
-    response = _json({"storage-credentials": _storage_credentials(call, table, access)})
+    response = _json({vocabulary.STORAGE_CREDENTIALS: _storage_credentials(call, table, access)})
     _served(call, "credentials", table, restricted)
     return response
 
@@ -700,7 +700,7 @@ async def _dispatch(state: _State, op: _Op, request: Request) -> Response:
 
 class _MethodNotAllowed(CatalogError):
     status = 405
-    error_type = "MethodNotAllowedException"
+    error_type = vocabulary.ERROR_METHOD_NOT_ALLOWED
 
 
 def _routes(state: _State) -> list[Route]:

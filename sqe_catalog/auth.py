@@ -74,7 +74,6 @@ from sqlalchemy import (
     Engine,
     ForeignKey,
     Integer,
-    MetaData,
     Row,
     String,
     Table,
@@ -86,6 +85,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 
+from sqe import vocabulary
 from sqe_catalog.errors import (
     AlreadyExistsError,
     BadRequestError,
@@ -95,6 +95,7 @@ from sqe_catalog.errors import (
     NotAuthorizedError,
     NotFoundError,
 )
+from sqe_catalog.schema import METADATA
 
 __all__ = [
     "AuthStore",
@@ -207,7 +208,7 @@ class Grant:
 # --- database schema (plain SQLAlchemy Core: SQLite and PostgreSQL) -------------------------------
 
 _NAME_LEN = 128
-_metadata = MetaData()
+_metadata = METADATA  # the catalog's one MetaData (restrictions' tables live on it too)
 _principals = Table(
     "sqe_principals",
     _metadata,
@@ -286,7 +287,7 @@ _grants = Table(
     Column("table_name", String(255), primary_key=True),
 )
 
-_NS_SEP = "\x1f"  # ASCII unit separator: cannot appear in a namespace part, unlike "."
+_NS_SEP = vocabulary.NAMESPACE_SEPARATOR  # cannot appear in a namespace part, unlike "."
 
 
 def _encode_namespace(namespace: tuple[str, ...] | None) -> str:

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from sqe import vocabulary
+
 
 class CatalogError(Exception):
     status: ClassVar[int] = 500
-    error_type: ClassVar[str] = "ServerError"
+    error_type: ClassVar[str] = vocabulary.ERROR_SERVER
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -36,59 +38,59 @@ class CatalogError(Exception):
 
 class BadRequestError(CatalogError):
     status = 400
-    error_type = "BadRequestException"
+    error_type = vocabulary.ERROR_BAD_REQUEST
 
 
 class NotAuthorizedError(CatalogError):
     status = 401
-    error_type = "NotAuthorizedException"
+    error_type = vocabulary.ERROR_NOT_AUTHORIZED
 
 
 class ForbiddenError(CatalogError):
     status = 403
-    error_type = "ForbiddenException"
+    error_type = vocabulary.ERROR_FORBIDDEN
 
 
 class NotFoundError(CatalogError):
     status = 404
-    error_type = "NotFoundException"
+    error_type = vocabulary.ERROR_NOT_FOUND
 
 
 class NoSuchNamespaceError(NotFoundError):
-    error_type = "NoSuchNamespaceException"
+    error_type = vocabulary.ERROR_NO_SUCH_NAMESPACE
 
 
 class NoSuchTableError(NotFoundError):
-    error_type = "NoSuchTableException"
+    error_type = vocabulary.ERROR_NO_SUCH_TABLE
 
 
 class NoSuchPrincipalError(NotFoundError):
-    error_type = "NoSuchPrincipalException"
+    error_type = vocabulary.ERROR_NO_SUCH_PRINCIPAL
 
 
 class NotAcceptableError(CatalogError):
     status = 406
-    error_type = "NotAcceptableException"
+    error_type = vocabulary.ERROR_NOT_ACCEPTABLE
 
 
 class AlreadyExistsError(CatalogError):
     status = 409
-    error_type = "AlreadyExistsException"
+    error_type = vocabulary.ERROR_ALREADY_EXISTS
 
 
 class CommitFailedError(CatalogError):
     status = 409
-    error_type = "CommitFailedException"
+    error_type = vocabulary.ERROR_COMMIT_FAILED
 
 
 class UnprocessableEntityError(CatalogError):
     status = 422
-    error_type = "UnprocessableEntityException"
+    error_type = vocabulary.ERROR_UNPROCESSABLE
 
 
 class ServiceUnavailableError(CatalogError):
     status = 503
-    error_type = "ServiceUnavailableException"
+    error_type = vocabulary.ERROR_SERVICE_UNAVAILABLE
 
 
 class ConfigError(Exception):

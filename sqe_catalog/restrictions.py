@@ -61,17 +61,14 @@ from sqlalchemy import (
     Connection,
     Engine,
     Index,
-    MetaData,
     String,
     Table,
     Text,
     and_,
-    column,
     delete,
     insert,
     or_,
     select,
-    table,
     update,
 )
 from sqlalchemy.exc import DBAPIError
@@ -79,8 +76,10 @@ from sqlalchemy.exc import DBAPIError
 from sqe import vocabulary
 from sqe.errors import RestrictionError
 from sqe.restrictions import RestrictionPlan, parse_restrictions, strict_json_loads
+from sqe_catalog.auth import _group_members, _groups, _principals  # AuthStore's tables, read-only here
 from sqe_catalog.errors import BadRequestError, ForbiddenError, NotAcceptableError, NotFoundError
-from sqe_catalog.tables import LoadedTable, Namespace
+from sqe_catalog.schema import METADATA
+from sqe_catalog.tables import Namespace, StoredTable
 
 __all__ = [
     "CAPABILITIES_HEADER",
@@ -105,7 +104,6 @@ READ_RESTRICTIONS_V1 = vocabulary.READ_RESTRICTIONS_V1
 _TOKEN_RE = re.compile(r"[a-z0-9][a-z0-9.-]*")
 _FILTER = "required-row-filter"
 _PROJECTIONS = "required-column-projections"
-_NS_SEP = "\x1f"  # as in the grants table: cannot appear in a namespace level
 _MAX_TEXT = 1024 * 1024
 
 
@@ -172,12 +170,11 @@ class ResolvedRestrictions:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Database schema (own MetaData; created next to the AuthStore tables)
+# Database schema (on the catalog's one MetaData, beside the AuthStore tables)
 
-_metadata = MetaData()
 _entries = Table(
     "sqe_read_restrictions",
-    _metadata,
+    METADATA,
     Column("warehouse", String(255), primary_key=True),
     Column("table_uuid", String(64), primary_key=True),
     Column("subject_kind", String(16), primary_key=True),
@@ -188,14 +185,13 @@ _entries = Table(
     Column("checked", Boolean, nullable=False),
     Index("sqe_read_restrictions_by_name", "warehouse", "namespace", "table_name"),
 )
-# AuthStore's tables, read only to check that a named subject exists.
-_principal_names = table("sqe_principals", column("name"))
-_group_names = table("sqe_groups", column("name"))
-_group_members = table("sqe_group_members", column("principal_name"), column("group_name"))
+# AuthStore's tables (one MetaData, sqe_catalog.schema), read only to check that a named subject exists.
+_principal_names = _principals
+_group_names = _groups
 
 
 def _encode_namespace(namespace: Namespace) -> str:
-    return _NS_SEP.join(namespace)
+    return vocabulary.NAMESPACE_SEPARATOR.join(namespace)
 
 
 def _canonical(value: Any) -> str:
@@ -257,13 +253,13 @@ def _combine(documents: Iterable[Any]) -> dict[str, Any]:
     return combined
 
 
-def _validate(document: Any, loaded: LoadedTable) -> RestrictionPlan:
+def _validate(document: Any, loaded: StoredTable) -> RestrictionPlan:
     metadata = loaded.metadata
     return parse_restrictions(document, metadata.schema(), all_schemas=metadata.schemas)
 
 
 def _digest(principal: str, wire: Any) -> str:
-    text = _canonical([principal, READ_RESTRICTIONS_V1, wire])
+    text = _canonical([principal, vocabulary.READ_RESTRICTIONS_V1, wire])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -283,14 +279,14 @@ class RestrictionStore:
     def create_schema(self) -> None:
         """Create the tables if missing; safe to call from several processes at once."""
         try:
-            _metadata.create_all(self._engine, checkfirst=True)
+            METADATA.create_all(self._engine, checkfirst=True)
         except DBAPIError:
-            _metadata.create_all(self._engine, checkfirst=True)
+            METADATA.create_all(self._engine, checkfirst=True)
 
     # --- administration ---------------------------------------------------------------------------------
 
     def set(
-        self, warehouse: str, loaded: LoadedTable, subject: Subject, document: Any, *, checked: bool = True
+        self, warehouse: str, loaded: StoredTable, subject: Subject, document: Any, *, checked: bool = True
     ) -> None:
         """Attach ``document`` to the table for ``subject``, replacing that subject's previous entry.
 
@@ -362,7 +358,7 @@ class RestrictionStore:
     # --- serving ----------------------------------------------------------------------------------------
 
     def resolve(
-        self, warehouse: str, loaded: LoadedTable, principal: str, groups: Iterable[str]
+        self, warehouse: str, loaded: StoredTable, principal: str, groups: Iterable[str]
     ) -> ResolvedRestrictions | None:
         """The restrictions that apply to the caller, or None when none do (absent, empty or always true).
 
@@ -400,14 +396,14 @@ class RestrictionStore:
     # --- helpers ----------------------------------------------------------------------------------------
 
     @staticmethod
-    def _check_document(document: Any, loaded: LoadedTable) -> None:
+    def _check_document(document: Any, loaded: StoredTable) -> None:
         try:
             _validate(document, loaded)
         except RestrictionError as exc:
             raise BadRequestError(f"read-restrictions rejected ({type(exc).__name__}): {exc}") from None
 
     @staticmethod
-    def _check_combination(documents: list[Any], loaded: LoadedTable, principal: str) -> None:
+    def _check_combination(documents: list[Any], loaded: StoredTable, principal: str) -> None:
         try:
             _validate(_combine(documents), loaded)
         except (BadRequestError, RestrictionError) as exc:
@@ -432,25 +428,25 @@ class RestrictionStore:
         return callers
 
     @staticmethod
-    def _table_match(warehouse: str, loaded: LoadedTable) -> tuple[Any, ...]:
+    def _table_match(warehouse: str, loaded: StoredTable) -> tuple[Any, ...]:
         """The table's UUID or its current name: a rename or a re-creation never sheds an entry."""
         c = _entries.c
         by_name = and_(c.namespace == _encode_namespace(loaded.namespace), c.table_name == loaded.name)
         return c.warehouse == warehouse, or_(c.table_uuid == str(loaded.metadata.table_uuid), by_name)
 
     @classmethod
-    def _subject_rows(cls, warehouse: str, loaded: LoadedTable, subject: Subject) -> tuple[Any, ...]:
+    def _subject_rows(cls, warehouse: str, loaded: StoredTable, subject: Subject) -> tuple[Any, ...]:
         c = _entries.c
         return (*cls._table_match(warehouse, loaded), c.subject_kind == subject.kind.value, c.subject == subject.name)
 
     @classmethod
-    def _table_entries(cls, conn: Connection, warehouse: str, loaded: LoadedTable) -> list[RestrictionEntry]:
+    def _table_entries(cls, conn: Connection, warehouse: str, loaded: StoredTable) -> list[RestrictionEntry]:
         query = select(_entries).where(*cls._table_match(warehouse, loaded))
         return [_entry(row) for row in conn.execute(query)]
 
     @staticmethod
     def _require_subject(conn: Connection, subject: Subject) -> None:
-        names = _principal_names if subject.kind is SubjectKind.PRINCIPAL else _group_names
+        names = _principals if subject.kind is SubjectKind.PRINCIPAL else _groups
         if conn.execute(select(names.c.name).where(names.c.name == subject.name)).first() is None:
             raise NotFoundError(f"{subject} does not exist")
 
@@ -460,7 +456,7 @@ def _subjects_of(principal: str, groups: Iterable[str]) -> frozenset[Subject]:
 
 
 def _entry(row: Any) -> RestrictionEntry:
-    namespace = tuple(row.namespace.split(_NS_SEP)) if row.namespace else ()
+    namespace = tuple(row.namespace.split(vocabulary.NAMESPACE_SEPARATOR)) if row.namespace else ()
     return RestrictionEntry(
         warehouse=row.warehouse,
         namespace=namespace,

@@ -44,6 +44,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from sqe import vocabulary
+from sqe.credentials.paths import prefix_matches
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.errors import (
     AlreadyExistsError,
@@ -56,9 +58,9 @@ from sqe_catalog.errors import (
 
 __all__ = [
     "LOCATION_PROPERTIES",
-    "LoadedTable",
     "Namespace",
     "NamespaceNotEmptyError",
+    "StoredTable",
     "TableCreate",
     "WarehouseTables",
     "catalog_io_properties",
@@ -82,7 +84,7 @@ _METADATA_CACHE_SIZE = 512
 
 class NamespaceNotEmptyError(CatalogError):
     status = 409
-    error_type = "NamespaceNotEmptyException"
+    error_type = vocabulary.ERROR_NAMESPACE_NOT_EMPTY
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -127,16 +129,12 @@ def _split_location(location: str) -> tuple[str, list[str]]:
     return scheme, rest.rstrip("/").split("/")
 
 
-def _is_within(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
 def _overlaps(a: str, b: str) -> bool:
-    return _is_within(a, b) or _is_within(b, a)
+    return prefix_matches(a, b) or prefix_matches(b, a)
 
 
 @dataclass(frozen=True)
-class LoadedTable:
+class StoredTable:
     namespace: Namespace
     name: str
     metadata_location: str | None  # None for a staged (not yet committed) table
@@ -167,14 +165,14 @@ def table_locations(location: str, properties: dict[str, str]) -> tuple[str, ...
 def catalog_io_properties(warehouse: WarehouseConfig) -> dict[str, str]:
     """FileIO properties for the catalog's own metadata I/O: the warehouse's static key, endpoint, region."""
     props = {
-        "s3.region": warehouse.region,
-        "s3.force-virtual-addressing": str(not warehouse.path_style).lower(),
+        vocabulary.S3_REGION: warehouse.region,
+        vocabulary.S3_FORCE_VIRTUAL_ADDRESSING: str(not warehouse.path_style).lower(),
     }
     if warehouse.endpoint:
-        props["s3.endpoint"] = warehouse.endpoint
+        props[vocabulary.S3_ENDPOINT] = warehouse.endpoint
     pair = warehouse.static_key_pair()
     if pair is not None:
-        props["s3.access-key-id"], props["s3.secret-access-key"] = pair
+        props[vocabulary.S3_ACCESS_KEY_ID], props[vocabulary.S3_SECRET_ACCESS_KEY] = pair
     return props
 
 
@@ -406,12 +404,12 @@ class WarehouseTables:
     def table_exists(self, namespace: Namespace, name: str) -> bool:
         return self._metadata_location(namespace, name) is not None
 
-    def load_table(self, namespace: Namespace, name: str) -> LoadedTable:
+    def load_table(self, namespace: Namespace, name: str) -> StoredTable:
         location = self._metadata_location(namespace, name)
         if location is None:
             raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
         metadata = self._read_metadata(location)
-        return LoadedTable(namespace, name, location, metadata)
+        return StoredTable(namespace, name, location, metadata)
 
     def _metadata_location(self, namespace: Namespace, name: str) -> str | None:
         stmt = select(IcebergTables.metadata_location).where(
@@ -434,7 +432,7 @@ class WarehouseTables:
 
     # -- tables: writes ----------------------------------------------------------------------------------
 
-    def stage_table(self, namespace: Namespace, create: TableCreate) -> LoadedTable:
+    def stage_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
         """Metadata for a create-table transaction; nothing is written until the client commits it."""
         location = self._prepare_create(namespace, create)
         with self._location_lock:
@@ -447,7 +445,7 @@ class WarehouseTables:
                 location=location,
                 properties=dict(create.properties),  # pyiceberg pops format-version from the dict it gets
             )
-        return LoadedTable(namespace, create.name, None, metadata)
+        return StoredTable(namespace, create.name, None, metadata)
 
     def _prepare_create(self, namespace: Namespace, create: TableCreate) -> str:
         """Checks shared by create and stage-create; returns the table location."""
@@ -461,7 +459,7 @@ class WarehouseTables:
         if self.table_exists(namespace, name):
             raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
 
-    def create_table(self, namespace: Namespace, create: TableCreate) -> LoadedTable:
+    def create_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
         location = self._prepare_create(namespace, create)
         with self._location_lock:
             self._check_new_locations(table_locations(location, create.properties), exclude=None)
@@ -476,7 +474,7 @@ class WarehouseTables:
                 )
         return self.load_table(namespace, create.name)
 
-    def register_table(self, namespace: Namespace, name: str, metadata_location: str) -> LoadedTable:
+    def register_table(self, namespace: Namespace, name: str, metadata_location: str) -> StoredTable:
         self._require_namespace(namespace)
         self._require_absent(namespace, name)
         self._check_inside_warehouse(metadata_location, "metadata-location")
@@ -488,7 +486,7 @@ class WarehouseTables:
                 self._catalog.register_table((*namespace, name), metadata_location)
         return self.load_table(namespace, name)
 
-    def commit_table(self, namespace: Namespace, name: str, commit: CommitBody) -> LoadedTable:
+    def commit_table(self, namespace: Namespace, name: str, commit: CommitBody) -> StoredTable:
         """Apply requirements + updates atomically; a failed requirement or lost race: CommitFailedError."""
         creating = any(isinstance(r, AssertCreate) for r in commit.requirements)
         updates = commit.updates
@@ -508,7 +506,7 @@ class WarehouseTables:
                 response = self._commit(namespace, name, commit.requirements, updates)
         else:
             response = self._commit(namespace, name, commit.requirements, updates)
-        return LoadedTable(namespace, name, response.metadata_location, response.metadata)
+        return StoredTable(namespace, name, response.metadata_location, response.metadata)
 
     def _commit(
         self,
@@ -604,11 +602,11 @@ class WarehouseTables:
 
     # -- purge -------------------------------------------------------------------------------------------
 
-    def _purge_files(self, table: LoadedTable) -> None:
+    def _purge_files(self, table: StoredTable) -> None:
         """Delete the table's files, but only those under its own locations (metadata is client-written)."""
         own = table.locations
         files = self._referenced_files(table)
-        inside = sorted(path for path in files if any(_is_within(path, loc) for loc in own))
+        inside = sorted(path for path in files if any(prefix_matches(path, loc) for loc in own))
         deleted = 0
         for path in inside:
             try:
@@ -625,7 +623,7 @@ class WarehouseTables:
             len(files) - len(inside),
         )
 
-    def _referenced_files(self, table: LoadedTable) -> set[str]:
+    def _referenced_files(self, table: StoredTable) -> set[str]:
         """Metadata files, manifest lists, manifests and data files; lists outside the table are not read."""
         own = table.locations
         files = {entry.metadata_file for entry in table.metadata.metadata_log}
@@ -633,12 +631,12 @@ class WarehouseTables:
             files.add(table.metadata_location)
         for snapshot in table.metadata.snapshots:
             files.add(snapshot.manifest_list)
-            if not any(_is_within(snapshot.manifest_list, loc) for loc in own):
+            if not any(prefix_matches(snapshot.manifest_list, loc) for loc in own):
                 continue
             try:
                 for manifest in snapshot.manifests(self._catalog.io):
                     files.add(manifest.manifest_path)
-                    if any(_is_within(manifest.manifest_path, loc) for loc in own):
+                    if any(prefix_matches(manifest.manifest_path, loc) for loc in own):
                         entries = manifest.fetch_manifest_entry(self._catalog.io, discard_deleted=False)
                         files.update(entry.data_file.file_path for entry in entries)
             except Exception as exc:  # a missing or corrupt file must not stop the rest of the purge

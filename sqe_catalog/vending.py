@@ -35,6 +35,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from sqe import vocabulary
+from sqe.credentials.paths import prefix_matches
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.errors import BadRequestError, ServiceUnavailableError
 
@@ -45,7 +47,6 @@ __all__ = ["CredentialVendor", "VendedCredential", "session_policy"]
 
 log = logging.getLogger("sqe_catalog.vending")
 
-_S3_SCHEMES = ("s3", "s3a", "s3n")
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # IAM treats these as wildcards / policy variables in Resource and StringLike values; Polaris escapes them.
 _IAM_ESCAPES = str.maketrans({"*": "${*}", "?": "${?}", "$": "${$}"})
@@ -62,7 +63,7 @@ _WRITE_ACTIONS = ("s3:PutObject", "s3:DeleteObject")
 def _split_s3_location(location: str) -> tuple[str, str]:
     """``s3://bucket/a/b/`` -> ``("bucket", "a/b")``; s3a/s3n count as s3; anything else is a ValueError."""
     scheme, sep, rest = location.partition("://")
-    if not sep or scheme.lower() not in _S3_SCHEMES:
+    if not sep or scheme.lower() not in vocabulary.OBJECT_STORE_SCHEMES:
         raise ValueError(f"not an s3:// location: {location!r}")
     bucket, _, path = rest.partition("/")
     if not _BUCKET_RE.fullmatch(bucket):
@@ -71,7 +72,8 @@ def _split_s3_location(location: str) -> tuple[str, str]:
 
 
 def _is_within(path: str, parent: str) -> bool:
-    return parent == "" or path == parent or path.startswith(parent + "/")
+    """Bucket-relative paths: "" is the whole bucket."""
+    return parent == "" or prefix_matches(path, parent)
 
 
 def _outermost_by_bucket(locations: Sequence[str]) -> dict[str, list[str]]:
@@ -145,11 +147,14 @@ class VendedCredential:
 
     def to_config(self) -> dict[str, str]:
         """The Iceberg REST ``storage-credentials[].config`` keys; token and expiry only when present."""
-        config = {"s3.access-key-id": self.access_key_id, "s3.secret-access-key": self.secret_access_key}
+        config = {
+            vocabulary.S3_ACCESS_KEY_ID: self.access_key_id,
+            vocabulary.S3_SECRET_ACCESS_KEY: self.secret_access_key,
+        }
         if self.session_token is not None:
-            config["s3.session-token"] = self.session_token
+            config[vocabulary.S3_SESSION_TOKEN] = self.session_token
         if self.expires_at_ms is not None:
-            config["s3.session-token-expires-at-ms"] = str(self.expires_at_ms)
+            config[vocabulary.S3_SESSION_TOKEN_EXPIRES_AT_MS] = str(self.expires_at_ms)
         return config
 
     def __reduce__(self) -> NoReturn:

@@ -51,13 +51,31 @@ class LoadedTable:
 
 
 class TableProvider(Protocol):
-    def load_table(self, ident: TableIdent, *, bypass_cache: bool = False) -> LoadedTable: ...
+    """What the session needs from a catalog: load, create, list and forget tables of its warehouses.
 
-    def default_warehouse(self) -> str: ...
+    Every method raises ``sqe.errors.SQEError`` subclasses (``NoSuchTableError`` for an unknown warehouse or
+    table), never a client library's own exceptions.
+    """
+
+    def default_warehouse(self) -> str:
+        """The warehouse a two-part name (``namespace.table``) resolves in."""
+        ...
+
+    def load_table(self, ident: TableIdent, *, bypass_cache: bool = False) -> LoadedTable:
+        """The table with usable credentials; ``bypass_cache`` forces a full load (no revalidation)."""
+        ...
 
     def create_table(self, ident: TableIdent, schema: pa.Schema) -> LoadedTable:
         """Create the table (its namespace must exist) and return it loaded with write credentials.
 
         Raises CatalogError (status 409) if it exists. The returned table's FileIO is SQE's scoped FileIO.
         """
+        ...
+
+    def list_tables(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
+        """The tables of ``namespace`` in ``warehouse``; of every top-level namespace when None."""
+        ...
+
+    def invalidate(self, ident: TableIdent) -> None:
+        """Forget anything cached for ``ident`` (called after a write): the next load is a full load."""
         ...

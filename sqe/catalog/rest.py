@@ -24,59 +24,36 @@ from urllib.parse import quote
 import pyarrow as pa
 import requests
 from pyiceberg.catalog.rest import Capability, RestCatalog, TableResponse
-from pyiceberg.exceptions import (
-    CommitFailedException,
-    ForbiddenError,
-    NamespaceAlreadyExistsError,
-    NamespaceNotEmptyError,
-    RESTError,
-    TableAlreadyExistsError,
-    UnauthorizedError,
-)
-from pyiceberg.exceptions import (
-    NoSuchNamespaceError as PyNoSuchNamespaceError,
-)
-from pyiceberg.exceptions import (
-    NoSuchTableError as PyNoSuchTableError,
-)
+from pyiceberg.exceptions import RESTError
 from pyiceberg.io import FileIO
 from pyiceberg.table import StagedTable, Table
 
+from sqe import vocabulary
+from sqe._text import first_line
 from sqe.catalog._auth import BearerAuth
 from sqe.catalog._delegation import DelegatedAuth
 from sqe.catalog._transport import RetryPolicy, make_session
 from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
+from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, error_for_status, translate_error
 from sqe.config import CatalogConnection, SQEConfig
 from sqe.credentials import CatalogCredentials, ScopedFileIO, StoragePolicy, parse_catalog_credentials
 from sqe.errors import (
-    AuthenticationError,
     CatalogError,
     CatalogProtocolError,
     CatalogUnavailableError,
-    CommitConflictError,
-    IntegrityError,
-    NoSuchNamespaceError,
     NoSuchTableError,
-    PermissionDeniedError,
     RestrictionError,
-    RestrictionsNotSupportedError,
 )
 from sqe.restrictions import strict_json_loads
 
-# pyiceberg's catalog exceptions do not share a base class; these are the ones its REST calls raise.
-PYICEBERG_CATALOG_ERRORS: tuple[type[Exception], ...] = (
-    RESTError,
-    CommitFailedException,
-    TableAlreadyExistsError,
-    NamespaceAlreadyExistsError,
-    NamespaceNotEmptyError,
-    PyNoSuchTableError,
-    PyNoSuchNamespaceError,
-    NamespaceNotEmptyError,
-)
-
-CAPABILITIES_HEADER = "X-Gravitino-Client-Capabilities"
-DELEGATION_HEADER = "X-Iceberg-Access-Delegation"
+__all__ = [
+    "PYICEBERG_CATALOG_ERRORS",
+    "RestTableProvider",
+    "SQERestCatalog",
+    "error_for_status",
+    "principal_key",
+    "translate_error",
+]
 
 
 def principal_key(connection: CatalogConnection) -> str:
@@ -146,9 +123,11 @@ class SQERestCatalog(RestCatalog):
     @staticmethod
     def _header_properties(config: SQEConfig) -> dict[str, str]:
         # Set as header.* properties so every request of this catalog object carries them.
-        headers: dict[str, str] = {f"header.{DELEGATION_HEADER}": config.catalog.effective_access_delegation}
+        headers: dict[str, str] = {
+            f"header.{vocabulary.ACCESS_DELEGATION_HEADER}": config.catalog.effective_access_delegation
+        }
         if config.catalog.client_capabilities:
-            headers[f"header.{CAPABILITIES_HEADER}"] = config.catalog.client_capabilities
+            headers[f"header.{vocabulary.CAPABILITIES_HEADER}"] = config.catalog.client_capabilities
         return headers
 
     # -- pyiceberg hooks ---------------------------------------------------------------------------------
@@ -157,7 +136,7 @@ class SQERestCatalog(RestCatalog):
         self._config_headers(session)
         if self._sqe_config.catalog.effective_access_delegation == "none":
             # pyiceberg defaults the header to vended-credentials; "none" means: do not ask at all.
-            session.headers.pop(DELEGATION_HEADER, None)
+            session.headers.pop(vocabulary.ACCESS_DELEGATION_HEADER, None)
         session.auth = self._bearer
         self._auth_manager = None
         return session
@@ -259,69 +238,6 @@ class SQERestCatalog(RestCatalog):
         return 200, raw, response.headers.get("ETag")
 
 
-def error_for_status(response: requests.Response, what: str) -> CatalogError:
-    """Map an HTTP error answer to SQE's typed errors (clear messages, no secrets)."""
-    status = response.status_code
-    detail = _server_message(response)
-    if status == 401:
-        return AuthenticationError(f"catalog rejected our credentials for {what} (401): {detail}", status)
-    if status == 403:
-        return PermissionDeniedError(
-            f"catalog refused access to {what} (403 Forbidden: the principal lacks a grant, or the catalog "
-            f"does not trust this reader with read-restrictions): {detail}",
-            status,
-        )
-    if status == 404:
-        if "namespace" in detail.lower() and "table" not in detail.lower():
-            return NoSuchNamespaceError(f"{what}: namespace not found: {detail}", status)
-        return NoSuchTableError(f"{what} not found: {detail}", status)
-    if status == 406:
-        return RestrictionsNotSupportedError(
-            f"catalog requires read-restrictions support for {what} (406): the client did not declare the "
-            f"read-restrictions.v1 capability (catalog.client_capabilities): {detail}",
-            status,
-        )
-    if status == 409:
-        return CommitConflictError(f"conflict on {what} (409): {detail}", status)
-    if status == 422:
-        return IntegrityError(f"catalog rejected {what} as unprocessable (422, not retried): {detail}", status)
-    if status == 429 or status >= 500:
-        return CatalogUnavailableError(f"catalog unavailable for {what} (HTTP {status}): {detail}", status)
-    return CatalogError(f"catalog error for {what} (HTTP {status}): {detail}", status)
-
-
-def _server_message(response: requests.Response) -> str:
-    try:
-        body = response.json()
-        message = body["error"]["message"]
-        return str(message)[:500]
-    except (ValueError, KeyError, TypeError):
-        return (
-            (response.text or response.reason or "no details").strip().splitlines()[0][:200]
-            if (response.text or response.reason)
-            else "no details"
-        )
-
-
-def translate_error(exc: Exception, what: str) -> CatalogError:
-    """Map pyiceberg's REST exceptions (raised by its own calls such as commits) to SQE's tree."""
-    cause = exc.__cause__
-    if isinstance(cause, requests.HTTPError) and cause.response is not None:
-        return error_for_status(cause.response, what)
-    message = str(exc)
-    if isinstance(exc, UnauthorizedError):
-        return AuthenticationError(f"catalog rejected our credentials for {what}: {message}", 401)
-    if isinstance(exc, ForbiddenError):
-        return PermissionDeniedError(f"catalog refused access to {what} (403): {message}", 403)
-    if isinstance(exc, PyNoSuchTableError):
-        return NoSuchTableError(f"{what} not found: {message}", 404)
-    if isinstance(exc, PyNoSuchNamespaceError):
-        return NoSuchNamespaceError(f"{what}: namespace not found: {message}", 404)
-    if isinstance(exc, CommitFailedException | TableAlreadyExistsError | NamespaceAlreadyExistsError):
-        return CommitConflictError(f"conflict on {what}: {message}", 409)
-    return CatalogError(f"catalog error for {what}: {message}")
-
-
 @dataclass
 class _CacheEntry:
     etag: str | None
@@ -357,10 +273,7 @@ class RestTableProvider:
             return self._catalogs[warehouse]
 
     def load_table(self, ident: TableIdent, *, bypass_cache: bool = False) -> LoadedTable:
-        endpoint = self._endpoints.get(ident.warehouse)
-        if endpoint is None:
-            raise NoSuchTableError(f"{ident}: unknown warehouse {ident.warehouse!r}")
-        key = (principal_key(endpoint), ident.warehouse, ".".join((*ident.namespace, ident.name)))
+        key = self._cache_key(ident)
         catalog = self.catalog(ident.warehouse)
         now = time.time()
         with self._lock:
@@ -377,12 +290,37 @@ class RestTableProvider:
                 self._cache[key] = _CacheEntry(etag, loaded)
         return loaded
 
+    def invalidate(self, ident: TableIdent) -> None:
+        """Forget the cached entry: after a write, the next load is a full load, not a revalidation."""
+        key = self._cache_key(ident)
+        with self._lock:
+            self._cache.pop(key, None)
+
+    def list_tables(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
+        """The tables of ``namespace`` in ``warehouse``, or of every top-level namespace when None."""
+        catalog = self.catalog(warehouse)
+        what = ".".join((warehouse, *(namespace or ())))
+        try:
+            namespaces = [namespace] if namespace else catalog.list_namespaces()
+            identifiers = [identifier for ns in namespaces for identifier in catalog.list_tables(ns)]
+        except PYICEBERG_CATALOG_ERRORS as exc:
+            raise translate_error(exc, f"listing tables of {what}") from None
+        except requests.RequestException as exc:
+            raise CatalogUnavailableError(f"cannot list tables of {what}: {type(exc).__name__}") from None
+        return [TableIdent(warehouse, tuple(identifier[:-1]), identifier[-1]) for identifier in identifiers]
+
+    def _cache_key(self, ident: TableIdent) -> tuple[str, str, str]:
+        endpoint = self._endpoints.get(ident.warehouse)
+        if endpoint is None:
+            raise NoSuchTableError(f"{ident}: unknown warehouse {ident.warehouse!r}")
+        return principal_key(endpoint), ident.warehouse, ".".join((*ident.namespace, ident.name))
+
     def _build_loaded(self, catalog: SQERestCatalog, ident: TableIdent, raw: dict[str, Any], now: float) -> LoadedTable:
         try:
             response = TableResponse.model_validate(raw)
         except ValueError as exc:
             raise CatalogProtocolError(
-                f"catalog response for {ident} is not a valid load-table result: {str(exc).splitlines()[0]}"
+                f"catalog response for {ident} is not a valid load-table result: {first_line(exc)}"
             ) from None
         io = catalog.file_io_for(response.config, raw, now)
         table = catalog.table_from_response((*ident.namespace, ident.name), response, io)

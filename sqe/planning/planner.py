@@ -19,7 +19,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -29,6 +28,8 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import DataScan
 from pyiceberg.types import ListType, MapType
 
+from sqe import vocabulary
+from sqe._text import first_line, iso_utc
 from sqe.errors import QueryError, SQEError
 from sqe.restrictions import RestrictionPlan, apply, parse_restrictions, required_columns
 
@@ -49,7 +50,6 @@ if not callable(getattr(DataScan, "_plan_files_local", None)):  # private in pyi
 
 ALWAYS_TRUE: BooleanExpression = AlwaysTrue()
 
-READ_RESTRICTIONS_KEY = "read-restrictions"
 
 BatchTransform = Callable[[pa.RecordBatch], pa.RecordBatch]
 
@@ -123,8 +123,8 @@ class ScanPlan:
             "columns": ", ".join(self.columns),
             "pushed_filter": format_filter(self.user_filter),  # the restriction filter's values stay hidden
             "credential_source": loaded.credential_source,
-            "credential_expires_at": _iso(loaded.expires_at),
-            "credential_usable_until": _iso(loaded.usable_until),
+            "credential_expires_at": iso_utc(loaded.expires_at) or "",
+            "credential_usable_until": iso_utc(loaded.usable_until) or "",
             "cache": loaded.cache_outcome.value,
             "storage": describe_io(loaded.io),
             **describe_restrictions(self.restrictions),
@@ -245,9 +245,9 @@ def plan_scan(
     except SQEError:
         raise
     except ValueError as exc:  # equality deletes, unknown snapshot, unbindable filter
-        raise QueryError(f"cannot plan a scan of {loaded.ident}: {_first_line(exc)}") from None
+        raise QueryError(f"cannot plan a scan of {loaded.ident}: {first_line(exc)}") from None
     except OSError as exc:
-        raise QueryError(f"cannot read the metadata of {loaded.ident}: {_first_line(exc)}") from None
+        raise QueryError(f"cannot read the metadata of {loaded.ident}: {first_line(exc)}") from None
     delete_paths = {d.file_path for task in tasks for d in task.delete_files}
     return ScanPlan(
         loaded=loaded,
@@ -270,7 +270,7 @@ def plan_scan(
 def restrictions_of(loaded: LoadedTable) -> RestrictionPlan:
     """The table's validated read-restrictions for this caller; anything unusable raises (fail closed)."""
     metadata = loaded.table.metadata
-    raw = loaded.raw.get(READ_RESTRICTIONS_KEY)
+    raw = loaded.raw.get(vocabulary.READ_RESTRICTIONS)
     return parse_restrictions(raw, metadata.schema(), all_schemas=metadata.schemas)
 
 
@@ -371,7 +371,7 @@ def _safe_pushdown(
         try:
             field_ids = extract_field_ids(bind(schema, conjunct, case_sensitive=True))
         except (ValueError, TypeError) as exc:
-            log.debug("not pushing %s: %s", conjunct, _first_line(exc))
+            log.debug("not pushing %s: %s", conjunct, first_line(exc))
             continue
         if field_ids & masked_field_ids:
             continue
@@ -419,12 +419,3 @@ def _schema_for(loaded: LoadedTable, snapshot_id: int | None) -> Schema:
 def _current_snapshot_id(loaded: LoadedTable) -> int | None:
     snapshot = loaded.table.metadata.current_snapshot()
     return snapshot.snapshot_id if snapshot is not None else None
-
-
-def _iso(epoch: float | None) -> str:
-    return "" if epoch is None else datetime.fromtimestamp(epoch, tz=UTC).isoformat(timespec="seconds")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

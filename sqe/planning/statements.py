@@ -13,6 +13,7 @@ from typing import Literal
 
 import duckdb
 
+from sqe._text import first_line
 from sqe.errors import QueryError
 
 StatementKind = Literal["select", "explain", "insert", "ctas", "prepare", "execute", "deallocate"]
@@ -49,7 +50,7 @@ def classify(con: duckdb.DuckDBPyConnection, sql: str) -> Statement:
     try:
         statements = con.extract_statements(text)
     except duckdb.Error as exc:
-        raise QueryError(_one_line(exc)) from None
+        raise QueryError(first_line(exc)) from None
     if len(statements) != 1:
         raise QueryError(f"expected one statement, got {len(statements)}; run statements one at a time")
     kind = statements[0].type
@@ -214,8 +215,3 @@ def _refuse_top_level(tokens: list[_Token], words: set[str], message: str) -> No
 def _is_on_conflict(tokens: list[_Token], on: _Token) -> bool:
     index = tokens.index(on)
     return index + 1 < len(tokens) and tokens[index + 1].word == "CONFLICT"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

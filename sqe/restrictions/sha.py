@@ -31,7 +31,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sqe._duckdb import connect_locked_down
+from sqe.duckdb_connection import connect_locked_down
 from sqe.restrictions.arrow_buffers import validity_bitmap
 
 

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import sqe.api
-from sqe.catalog.base import CacheOutcome, LoadedTable
+from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
+from sqe.catalog.rest import RestTableProvider
+from sqe.config import load_config
 from sqe.session import Session
 from sqe.vocabulary import S3_ACCESS_KEY_ID
 from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
@@ -139,3 +141,31 @@ def test_cache_entries_are_per_principal(
         assert access_key(b_loaded) != access_key(a_loaded)
         # alice's entry was live all along (so a shared cache would have served bob from it).
         assert explain(a)["cache"] == "304"
+
+
+def test_a_write_drops_the_cache_entry_so_the_next_load_is_a_full_load(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """The production provider forgets its entry after a commit (``TableProvider.invalidate``): the next load
+    is a full load of the new metadata, not a revalidation of what the table was before the write."""
+    namespace = "cache_after_write"
+    pyiceberg_catalog(catalog_server, engine_writer).create_namespace(namespace)
+    path = write_sqe_config(tmp_path / "writer.toml", catalog_server.url, engine_writer, catalog_server.moto)
+    config = load_config(path)
+    provider = RestTableProvider(config)
+    ident = TableIdent(config.catalog.warehouse, (namespace,), "t")
+    with Session(provider, config) as session:
+        session.sql(f"CREATE TABLE {namespace}.t AS SELECT * FROM (VALUES (1), (2)) v(id)")
+        before = provider.load_table(ident).table.metadata_location  # the Table object itself is shared
+        assert provider.load_table(ident).cache_outcome is CacheOutcome.REVALIDATED  # the entry is live
+        session.sql(f"INSERT INTO {namespace}.t VALUES (3)")
+        after = provider.load_table(ident)
+        assert after.cache_outcome is CacheOutcome.RELOADED
+        assert after.table.metadata_location != before
+        assert session.sql(f"SELECT count(*) FROM {namespace}.t").fetchall() == [(3,)]
+        # invalidate on its own: an unchanged table answers 304 until its entry is dropped, then loads in full.
+        assert provider.load_table(ident).cache_outcome is CacheOutcome.REVALIDATED
+        provider.invalidate(ident)
+        reloaded = provider.load_table(ident)
+        assert reloaded.cache_outcome is CacheOutcome.RELOADED
+        assert reloaded.table.metadata_location == after.table.metadata_location

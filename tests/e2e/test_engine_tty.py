@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.e2e]
 ROWS = 100_000
 # 10^10 pairs, and `a.x + b.x < 0` never holds on non-negative x, so DuckDB must test every pair: minutes of work.
 SLOW_QUERY = "SELECT count(*) AS n FROM {table} a, {table} b WHERE a.x + b.x < 0"
-PROGRESS = re.compile(rb"\r\[\s*(\d+\.\d)s\]")  # the frame sqe.cli._Progress writes
+PROGRESS = re.compile(rb"\r\[\s*(\d+\.\d)s\]")  # the frame sqe.console._Progress writes
 ERASE_LINE = b"\r\x1b[K"  # how the progress line is cleared
 PROMPT = b"sqe> "
 CANCEL_WITHIN = 3.0  # seconds from Ctrl-C to "query cancelled" (an abandoned query thread takes 5)

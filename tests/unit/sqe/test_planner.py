@@ -17,9 +17,9 @@ from pyiceberg.expressions.parser import parse
 from pyiceberg.schema import Schema
 
 from sqe.catalog.base import TableIdent
+from sqe.duckdb_connection import connect_locked_down
 from sqe.errors import QueryError, RestrictionError
 from sqe.execution import LocalExecutor, QueryCancelledError, ScanMetrics
-from sqe.execution.duck import connect_locked_down
 from sqe.planning import plan_scan
 from sqe.planning.planner import format_filter
 from sqe.planning.sql_analysis import (

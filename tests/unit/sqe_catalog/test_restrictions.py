@@ -14,11 +14,12 @@ from urllib.parse import urlencode
 import pytest
 from starlette.applications import Starlette
 
+from sqe.vocabulary import READ_RESTRICTIONS_V1
 from sqe_catalog.api import create_app
 from sqe_catalog.auth import AuthStore, create_engine_for
 from sqe_catalog.cli import main as catalog_cli
 from sqe_catalog.config import load_config
-from sqe_catalog.restrictions import READ_RESTRICTIONS_V1, declared_capabilities
+from sqe_catalog.restrictions import declared_capabilities
 from tests.unit.sqe_catalog.test_api import Reply, call
 
 SCHEMA = {

@@ -1,8 +1,9 @@
-"""DuckDB connections locked down for SQE (see reference/libraries.md section 5).
+"""DuckDB connections locked down for SQE (see reference/libraries.md section 5), and identifier quoting.
 
 No file system or network access, no extension installs or auto-loading, no replacement scans of Python
 variables, and the configuration locked so no statement can undo any of it. Registered Arrow objects still work.
-Used by SQL sessions and by the restriction kernels' private hashing connection.
+Used by SQL sessions and by the restriction kernels' private hashing connection, so it sits below both
+(``sqe.restrictions`` must not import ``sqe.execution``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import duckdb
+
+__all__ = ["LOCKDOWN_CONFIG", "connect_locked_down", "quote_ident", "quote_qualified"]
 
 LOCKDOWN_CONFIG: dict[str, str | bool | int | float | list[str]] = {
     "enable_external_access": False,
@@ -34,3 +37,11 @@ def connect_locked_down(
         con.close()
         raise
     return con
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_qualified(*parts: str) -> str:
+    return ".".join(quote_ident(p) for p in parts)

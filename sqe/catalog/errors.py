@@ -1,0 +1,179 @@
+"""The one translator from a catalog's answer to SQE's exception tree.
+
+Every catalog failure the engine sees — an HTTP answer to SQE's own requests, or an exception pyiceberg raised
+for its calls (commits, create, namespaces) — becomes an ``SQEError`` here, keyed by the Iceberg REST
+``ErrorModel`` ``type`` when the catalog sent one and by the HTTP status otherwise. Never by message text: a
+message is for people and may say anything. Messages are one line and carry only the catalog's own message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import requests
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    ForbiddenError,
+    NamespaceAlreadyExistsError,
+    NamespaceNotEmptyError,
+    RESTError,
+    TableAlreadyExistsError,
+    UnauthorizedError,
+)
+from pyiceberg.exceptions import NoSuchNamespaceError as PyNoSuchNamespaceError
+from pyiceberg.exceptions import NoSuchTableError as PyNoSuchTableError
+
+from sqe import vocabulary
+from sqe._text import first_line
+from sqe.errors import (
+    AuthenticationError,
+    CatalogError,
+    CatalogUnavailableError,
+    CommitConflictError,
+    IntegrityError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    PermissionDeniedError,
+    RestrictionsNotSupportedError,
+)
+
+__all__ = ["PYICEBERG_CATALOG_ERRORS", "catalog_error", "error_for_status", "translate_error"]
+
+# pyiceberg's catalog exceptions do not share a base class; these are the ones its REST calls raise.
+PYICEBERG_CATALOG_ERRORS: tuple[type[Exception], ...] = (
+    RESTError,
+    CommitFailedException,
+    TableAlreadyExistsError,
+    NamespaceAlreadyExistsError,
+    NamespaceNotEmptyError,
+    PyNoSuchTableError,
+    PyNoSuchNamespaceError,
+)
+
+_Build = Callable[[str, str, int], CatalogError]  # (what, detail, status) -> error
+
+
+def _unauthorized(what: str, detail: str, status: int) -> CatalogError:
+    return AuthenticationError(f"catalog rejected our credentials for {what} ({status}): {detail}", status)
+
+
+def _forbidden(what: str, detail: str, status: int) -> CatalogError:
+    return PermissionDeniedError(
+        f"catalog refused access to {what} ({status} Forbidden: the principal lacks a grant, or the catalog "
+        f"does not trust this reader with read-restrictions): {detail}",
+        status,
+    )
+
+
+def _no_namespace(what: str, detail: str, status: int) -> CatalogError:
+    return NoSuchNamespaceError(f"{what}: namespace not found: {detail}", status)
+
+
+def _no_table(what: str, detail: str, status: int) -> CatalogError:
+    return NoSuchTableError(f"{what} not found: {detail}", status)
+
+
+def _not_acceptable(what: str, detail: str, status: int) -> CatalogError:
+    return RestrictionsNotSupportedError(
+        f"catalog requires read-restrictions support for {what} ({status}): the client did not declare the "
+        f"{vocabulary.READ_RESTRICTIONS_V1} capability (catalog.client_capabilities): {detail}",
+        status,
+    )
+
+
+def _conflict(what: str, detail: str, status: int) -> CatalogError:
+    return CommitConflictError(f"conflict on {what} ({status}): {detail}", status)
+
+
+def _unprocessable(what: str, detail: str, status: int) -> CatalogError:
+    return IntegrityError(f"catalog rejected {what} as unprocessable ({status}, not retried): {detail}", status)
+
+
+def _unavailable(what: str, detail: str, status: int) -> CatalogError:
+    return CatalogUnavailableError(f"catalog unavailable for {what} (HTTP {status}): {detail}", status)
+
+
+def _generic(what: str, detail: str, status: int) -> CatalogError:
+    return CatalogError(f"catalog error for {what} (HTTP {status}): {detail}", status)
+
+
+_BY_TYPE: dict[str, _Build] = {
+    vocabulary.ERROR_NOT_AUTHORIZED: _unauthorized,
+    vocabulary.ERROR_FORBIDDEN: _forbidden,
+    vocabulary.ERROR_NO_SUCH_NAMESPACE: _no_namespace,
+    vocabulary.ERROR_NO_SUCH_TABLE: _no_table,
+    vocabulary.ERROR_NO_SUCH_VIEW: _no_table,
+    vocabulary.ERROR_NOT_ACCEPTABLE: _not_acceptable,
+    vocabulary.ERROR_ALREADY_EXISTS: _conflict,
+    vocabulary.ERROR_COMMIT_FAILED: _conflict,
+    vocabulary.ERROR_UNPROCESSABLE: _unprocessable,
+    vocabulary.ERROR_SERVICE_UNAVAILABLE: _unavailable,
+}
+
+_BY_STATUS: dict[int, _Build] = {
+    401: _unauthorized,
+    403: _forbidden,
+    404: _no_table,  # a load or commit names a table; a typed catalog says when it is the namespace
+    406: _not_acceptable,
+    409: _conflict,
+    422: _unprocessable,
+    429: _unavailable,
+}
+
+
+def catalog_error(status: int, error_type: str | None, detail: str, what: str) -> CatalogError:
+    """The SQE error for a catalog answer: by ErrorModel ``type`` when known, else by HTTP status."""
+    build = _BY_TYPE.get(error_type or "") or _BY_STATUS.get(status)
+    if build is None:
+        build = _unavailable if status >= 500 else _generic
+    return build(what, detail, status)
+
+
+def error_for_status(response: requests.Response, what: str) -> CatalogError:
+    """Map an HTTP error answer to SQE's typed errors (clear messages, no secrets)."""
+    error_type, detail = _error_model(response)
+    return catalog_error(response.status_code, error_type, detail, what)
+
+
+# Without an HTTP answer, pyiceberg's exception class stands in for the ErrorModel type.
+_PYICEBERG_TYPES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, str], ...] = (
+    (UnauthorizedError, 401, vocabulary.ERROR_NOT_AUTHORIZED),
+    (ForbiddenError, 403, vocabulary.ERROR_FORBIDDEN),
+    (PyNoSuchTableError, 404, vocabulary.ERROR_NO_SUCH_TABLE),
+    (PyNoSuchNamespaceError, 404, vocabulary.ERROR_NO_SUCH_NAMESPACE),
+    (
+        (CommitFailedException, TableAlreadyExistsError, NamespaceAlreadyExistsError),
+        409,
+        vocabulary.ERROR_COMMIT_FAILED,
+    ),
+)
+
+
+def translate_error(exc: Exception, what: str) -> CatalogError:
+    """Map pyiceberg's REST exceptions (raised by its own calls such as commits) to SQE's tree.
+
+    pyiceberg raises them from the ``HTTPError`` that carries the answer: the answer is translated then. Without
+    one (pyiceberg decided on its own), the exception class stands in for the ErrorModel type.
+    """
+    cause = exc.__cause__
+    if isinstance(cause, requests.HTTPError) and cause.response is not None:
+        return error_for_status(cause.response, what)
+    message = first_line(exc)
+    for kinds, status, error_type in _PYICEBERG_TYPES:
+        if isinstance(exc, kinds):
+            return catalog_error(status, error_type, message, what)
+    return CatalogError(f"catalog error for {what}: {message}")
+
+
+def _error_model(response: requests.Response) -> tuple[str | None, str]:
+    """(ErrorModel ``type`` or None, one-line message) of an error answer; the body's first line otherwise."""
+    try:
+        body: Any = response.json()
+        error = body["error"]
+        message = str(error["message"])[:500]
+    except (ValueError, KeyError, TypeError):
+        text = response.text or response.reason
+        return None, first_line(text, limit=200) if text and text.strip() else "no details"
+    error_type = error.get("type") if isinstance(error, dict) else None
+    return (error_type if isinstance(error_type, str) else None), message

@@ -1,0 +1,100 @@
+"""Console output shared by the ``sqe`` command and its interactive shell: run one statement with a progress
+line and Ctrl-C, write a result, report an error on one line.
+
+``sqe.cli`` and ``sqe.shell`` both import this module and never each other.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from sqe._text import first_line
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from sqe.session import Session
+
+
+def run_with_progress(session: Session, statement: str) -> pa.Table | None:
+    """Run one statement; Ctrl-C interrupts the query. A progress line shows on a TTY after one second."""
+    result: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            result["table"] = session.sql(statement).arrow()
+        except BaseException as exc:
+            result["error"] = exc
+
+    worker = threading.Thread(target=work, name="sqe-query", daemon=True)
+    started = time.monotonic()
+    worker.start()
+    progress = _Progress(sys.stderr, started)
+    try:
+        while worker.is_alive():
+            worker.join(0.1)
+            progress.tick(session)
+    except KeyboardInterrupt:
+        session.interrupt()
+        worker.join(5)
+        progress.clear()
+        raise
+    progress.clear()
+    if "error" in result:
+        raise result["error"]  # type: ignore[misc]
+    return result.get("table")  # type: ignore[return-value]
+
+
+class _Progress:
+    def __init__(self, stream: TextIO, started: float) -> None:
+        self._stream = stream
+        self._started = started
+        self._shown = False
+        self._enabled = stream.isatty()
+
+    def tick(self, session: Session) -> None:
+        elapsed = time.monotonic() - self._started
+        if not self._enabled or elapsed < 1.0:
+            return
+        stats = session.progress()
+        text = f"\r[{elapsed:6.1f}s] "
+        if stats:
+            text += f"files {stats.get('files_done', 0)}/{stats.get('files_total', '?')}  " + (
+                f"{stats.get('bytes_done', 0) / 1e6:.1f} MB"
+            )
+        self._shown = True  # before writing: a Ctrl-C right after the write must still clear the line
+        self._stream.write(text)
+        self._stream.flush()
+
+    def clear(self) -> None:
+        if self._shown:
+            self._stream.write("\r\033[K")
+            self._stream.flush()
+
+
+def write_result(table: pa.Table, fmt: str, output: str | None) -> None:
+    from sqe.formatting import write_table
+
+    if output:
+        path = Path(output)
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, path)
+            return
+        with path.open("w", encoding="utf-8", newline="") as fh:
+            write_table(table, fmt, fh)
+        return
+    write_table(table, fmt, sys.stdout)
+
+
+def report_error(exc: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"sqe: error: {first_line(exc)}", file=sys.stderr)
+    return 1

@@ -1,0 +1,126 @@
+"""The one catalog-error translator: sqe-catalog's real ErrorModel answers, over loopback HTTP, become SQE's
+typed errors by their ``type`` (never by message text), with the HTTP status as the fallback."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import NoSuchNamespaceError as PyNoSuchNamespaceError
+
+import sqe_catalog.errors as catalog
+from sqe.catalog.errors import catalog_error, error_for_status, translate_error
+from sqe.errors import (
+    AuthenticationError,
+    CatalogError,
+    CatalogUnavailableError,
+    CommitConflictError,
+    IntegrityError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    PermissionDeniedError,
+    RestrictionsNotSupportedError,
+)
+
+
+class _Answer:
+    status = 200
+    body = b"{}"
+    content_type = "application/json"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, type[_Answer]]]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(_Answer.status)
+            self.send_header("Content-Type", _Answer.content_type)
+            self.send_header("Content-Length", str(len(_Answer.body)))
+            self.end_headers()
+            self.wfile.write(_Answer.body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/x", _Answer
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def answer(server: tuple[str, type[_Answer]], status: int, body: bytes, content_type: str) -> requests.Response:
+    url, state = server
+    state.status, state.body, state.content_type = status, body, content_type
+    return requests.get(url, timeout=5)
+
+
+def catalog_answer(server: tuple[str, type[_Answer]], error: catalog.CatalogError) -> requests.Response:
+    return answer(server, error.status, json.dumps(error.to_json()).encode(), "application/json")
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        # Messages chosen to mislead a text matcher: only the ErrorModel type may decide.
+        (
+            catalog.NoSuchNamespaceError("table ns.t cannot be loaded: namespace ns does not exist"),
+            NoSuchNamespaceError,
+        ),
+        (catalog.NoSuchTableError("namespace ns exists but has no such table"), NoSuchTableError),
+        (catalog.NotAuthorizedError("token expired"), AuthenticationError),
+        (catalog.ForbiddenError("principal lacks TABLE_READ_DATA"), PermissionDeniedError),
+        (catalog.NotAcceptableError("declare the capability"), RestrictionsNotSupportedError),
+        (catalog.CommitFailedError("requirement failed"), CommitConflictError),
+        (catalog.AlreadyExistsError("table exists"), CommitConflictError),
+        (catalog.UnprocessableEntityError("bad update"), IntegrityError),
+        (catalog.ServiceUnavailableError("STS unreachable"), CatalogUnavailableError),
+        (catalog.CatalogError("internal"), CatalogUnavailableError),
+        (catalog.BadRequestError("bad identifier"), CatalogError),
+    ],
+)
+def test_catalog_error_models_map_by_type(
+    server: tuple[str, type[_Answer]], error: catalog.CatalogError, expected: type[CatalogError]
+) -> None:
+    mapped = error_for_status(catalog_answer(server, error), "table wh.ns.t")
+    assert type(mapped) is expected
+    assert mapped.status == error.status
+    assert str(mapped).count("\n") == 0 and "wh.ns.t" in str(mapped) and error.message in str(mapped)
+
+
+def test_an_untyped_answer_maps_by_status(server: tuple[str, type[_Answer]]) -> None:
+    not_found = answer(server, 404, b'{"error": {"message": "namespace gone", "code": 404}}', "application/json")
+    assert type(error_for_status(not_found, "table wh.ns.t")) is NoSuchTableError
+    html = answer(server, 502, b"<html>bad gateway\nproxy details</html>", "text/html")
+    mapped = error_for_status(html, "table wh.ns.t")
+    assert type(mapped) is CatalogUnavailableError and mapped.status == 502
+    assert "<html>bad gateway" in str(mapped) and "proxy details" not in str(mapped)
+
+
+def test_an_unknown_type_falls_back_to_the_status() -> None:
+    assert type(catalog_error(403, "SomeVendorException", "no", "t")) is PermissionDeniedError
+    assert type(catalog_error(418, "SomeVendorException", "no", "t")) is CatalogError
+
+
+def test_pyiceberg_exceptions_without_an_answer_map_by_class() -> None:
+    assert type(translate_error(PyNoSuchNamespaceError("ns"), "listing tables of wh")) is NoSuchNamespaceError
+    conflict = translate_error(CommitFailedException("lost the race\ntrace"), "commit to wh.ns.t")
+    assert type(conflict) is CommitConflictError and conflict.status == 409 and "trace" not in str(conflict)
+
+
+def test_pyiceberg_exceptions_with_an_answer_map_by_its_type(server: tuple[str, type[_Answer]]) -> None:
+    response = catalog_answer(server, catalog.NoSuchNamespaceError("namespace ns does not exist"))
+    try:
+        response.raise_for_status()
+    except requests.HTTPError as http_error:
+        try:
+            raise PyNoSuchNamespaceError("pyiceberg's wording") from http_error
+        except PyNoSuchNamespaceError as exc:
+            mapped = translate_error(exc, "table wh.ns.t")
+    assert type(mapped) is NoSuchNamespaceError and "namespace ns does not exist" in str(mapped)
