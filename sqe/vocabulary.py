@@ -58,3 +58,11 @@ ERROR_COMMIT_FAILED: Final = "CommitFailedException"
 ERROR_UNPROCESSABLE: Final = "UnprocessableEntityException"
 ERROR_SERVICE_UNAVAILABLE: Final = "ServiceUnavailableException"
 ERROR_SERVER: Final = "ServerError"
+
+# Iceberg table encryption (format-version >= 3): the table's master-key id property, the prefix of every
+# encryption table property, the metadata list of wrapped keys, and a snapshot's manifest-list key reference.
+ENCRYPTION_KEY_ID: Final = "encryption.key-id"
+ENCRYPTION_PROPERTY_PREFIX: Final = "encryption."
+ENCRYPTION_KEYS: Final = "encryption-keys"
+SNAPSHOT_KEY_ID: Final = "key-id"
+ERROR_METADATA_INTEGRITY: Final = "MetadataIntegrityException"
