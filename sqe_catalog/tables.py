@@ -495,13 +495,16 @@ class WarehouseTables:
         if overwrite and self.table_exists(namespace, name):
             return self._reregister(namespace, name, metadata_location, actor, "register-overwrite")
         self._require_absent(namespace, name)
+        return self._admit(namespace, name, metadata_location, actor, "register")
+
+    def _admit(self, namespace: Namespace, name: str, metadata_location: str, actor: str, action: str) -> LoadedTable:
         self._check_inside_warehouse(metadata_location, "metadata-location")
         parsed = self._read_fresh(metadata_location)
         self._check_properties(parsed.metadata.properties)
         with self._location_lock:
             self._check_new_locations(table_locations(parsed.metadata.location, parsed.metadata.properties), None)
             # Trust on first use of exactly the revision read here; row + pin + audit event in one transaction.
-            self.integrity.admit(namespace, name, metadata_location, parsed, actor, "register")
+            self.integrity.admit(namespace, name, metadata_location, parsed, actor, action)
         return self.load_table(namespace, name)
 
     def _read_fresh(self, metadata_location: str) -> ParsedMetadata:
@@ -539,7 +542,7 @@ class WarehouseTables:
             self.integrity.require_notification_update(namespace, name)
             self._reregister(namespace, name, location, actor, "notification-update")
         else:
-            self.register_table(namespace, name, location, actor)
+            self._admit(namespace, name, location, actor, f"notification-{kind.lower()}")
 
     def commit_table(self, namespace: Namespace, name: str, commit: CommitBody) -> LoadedTable:
         """Apply requirements + updates atomically; a failed requirement or lost race: CommitFailedError."""
@@ -668,7 +671,11 @@ class WarehouseTables:
         for namespace, name, metadata_location in rows:
             if not metadata_location:
                 continue
-            metadata = self._read_metadata(metadata_location)
+            try:
+                metadata = self._read_metadata(metadata_location)
+            except BadRequestError:  # one unreadable (e.g. tampered) file must not block every other create
+                log.warning("table %s.%s has unreadable metadata; its locations are not checked", namespace, name)
+                continue
             yield (tuple(namespace.split(".")), name), table_locations(metadata.location, metadata.properties)
 
     @staticmethod

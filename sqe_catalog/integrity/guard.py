@@ -17,7 +17,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from sqlalchemy import delete, update
 
-from sqe_catalog.errors import CommitFailedError, MetadataIntegrityError, NoSuchTableError
+from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataIntegrityError, NoSuchTableError
 from sqe_catalog.integrity import admission
 from sqe_catalog.integrity import state as st
 from sqe_catalog.integrity.canonical import ParsedMetadata
@@ -67,8 +67,11 @@ class IntegrityGuard:
         return self._verified(self.ref(namespace, name), trusted, location)
 
     def _verified(self, table: TableRef, trusted: TrustedState, location: str) -> ParsedMetadata:
-        parsed = self._read(location, fresh=True)  # a cache would hide a rewritten file from the check
         try:
+            try:
+                parsed = self._read(location, fresh=True)  # a cache would hide a rewritten file from the check
+            except BadRequestError as exc:
+                raise MetadataIntegrityError(f"table {table}: {exc.message}") from None
             admission.verify_loaded(table, trusted, location, parsed)
         except MetadataIntegrityError as exc:
             log.error("integrity check failed: %s", exc.message)
