@@ -600,11 +600,15 @@ class WarehouseTables:
         """Create-transaction commits and every commit to a protected table (pointer + pin move together)."""
         with _translated(namespace, name), _client_value_errors():
             if creating:
-                return self._as_loaded(namespace, name, self.integrity.commit_create(namespace, name, requirements, updates))
+                return self._as_loaded(
+                    namespace, name, self.integrity.commit_create(namespace, name, requirements, updates)
+                )
             if self._changes_locations(updates):
                 with self._location_lock:
                     self._check_commit_locations(namespace, name, updates, creating)
-                    return self._as_loaded(namespace, name, self.integrity.commit(namespace, name, requirements, updates))
+                    return self._as_loaded(
+                        namespace, name, self.integrity.commit(namespace, name, requirements, updates)
+                    )
             return self._as_loaded(namespace, name, self.integrity.commit(namespace, name, requirements, updates))
 
     @staticmethod

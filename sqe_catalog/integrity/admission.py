@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.io import FileIO
 from pyiceberg.schema import Schema
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
@@ -100,7 +101,9 @@ def _check_key_id(table: TableRef, pinned: TrustedState, key_id: str | None) -> 
     raise MetadataIntegrityError(f"table {table} is encrypted: encryption.key-id cannot be changed")
 
 
-def candidate_state(table: TableRef, location: str, parsed: ParsedMetadata, pinned: TrustedState | None) -> TrustedState:
+def candidate_state(
+    table: TableRef, location: str, parsed: ParsedMetadata, pinned: TrustedState | None
+) -> TrustedState:
     """The trusted state that admitting ``parsed`` (at ``location``) would record."""
     key_id = check_candidate(table, parsed.metadata, pinned)
     if key_id is None:
@@ -124,6 +127,12 @@ def verify_loaded(table: TableRef, trusted: TrustedState, location: str, parsed:
 # Writes that change pointer and pin together
 
 
+def catalog_io(catalog: SqlCatalog) -> FileIO:
+    """The warehouse catalog's own FileIO (``tables._WarehouseSqlCatalog.io``; a plain SqlCatalog has none)."""
+    io: FileIO = catalog.io  # type: ignore[attr-defined]
+    return io
+
+
 def new_metadata_location(metadata: TableMetadata, version: int) -> str:
     provider = load_location_provider(metadata.location, metadata.properties)
     return provider.new_table_metadata_file_location(version)
@@ -135,7 +144,7 @@ def write_new_table(
     """Create a protected table: write its first metadata file, insert row and pin in one transaction."""
     location = new_metadata_location(metadata, 0)
     check_candidate(table, metadata, None)
-    parsed = write_metadata_file(catalog.io, location, document_for_write(metadata, base_document))
+    parsed = write_metadata_file(catalog_io(catalog), location, document_for_write(metadata, base_document))
     trusted = candidate_state(table, location, parsed, None)
     try:
         with catalog.engine.begin() as conn:
@@ -157,7 +166,7 @@ def commit_revision(
     """Commit a new revision of a protected table: check the pin, write, then CAS row + pin together."""
     check_candidate(table, metadata, trusted)
     location = new_metadata_location(metadata, catalog._parse_metadata_version(trusted.metadata_location) + 1)
-    parsed = write_metadata_file(catalog.io, location, document_for_write(metadata, base.document))
+    parsed = write_metadata_file(catalog_io(catalog), location, document_for_write(metadata, base.document))
     new_state = candidate_state(table, location, parsed, trusted)
     with catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, trusted.metadata_location, location)

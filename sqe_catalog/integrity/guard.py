@@ -108,7 +108,11 @@ class IntegrityGuard:
             raise NoSuchTableError(f"table does not exist: {table}")
         base = self._verified(table, trusted, trusted.metadata_location)
         current = Table(
-            (*namespace, name), base.metadata, trusted.metadata_location, self._catalog.io, self._catalog
+            (*namespace, name),
+            base.metadata,
+            trusted.metadata_location,
+            admission.catalog_io(self._catalog),
+            self._catalog,
         )
         staged = self._catalog._update_and_stage_table(current, (*namespace, name), requirements, updates)
         if staged.metadata == base.metadata:
@@ -141,7 +145,9 @@ class IntegrityGuard:
     def check_notification_time(self, namespace: Namespace, name: str, timestamp_ms: int) -> None:
         with self._catalog.engine.begin() as conn:
             if not st.claim_notification_time(conn, self.ref(namespace, name), timestamp_ms):
-                raise CommitFailedError(f"stale notification for table {self.ref(namespace, name)}: timestamp is not newer")
+                raise CommitFailedError(
+                    f"stale notification for table {self.ref(namespace, name)}: timestamp is not newer"
+                )
 
     def require_notification_update(self, namespace: Namespace, name: str) -> None:
         """A notification carries no authenticated expected digest: it cannot replace an encrypted table's."""
@@ -162,10 +168,17 @@ class IntegrityGuard:
             st.delete_state(conn, table)
             task_id = st.insert_task(conn, table, purge_location, trusted) if purge_location else None
         if task_id is not None:
-            run_cleanup_task(self._catalog.engine, self._catalog.io, st.load_task(self._catalog.engine, task_id), delete_files)
+            run_cleanup_task(
+                self._catalog.engine,
+                admission.catalog_io(self._catalog),
+                st.load_task(self._catalog.engine, task_id),
+                delete_files,
+            )
 
     def run_pending_cleanup(self, delete_files: DeleteFiles) -> dict[int, str]:
-        return run_pending_tasks(self._catalog.engine, self._catalog.io, self._catalog.name, delete_files)
+        return run_pending_tasks(
+            self._catalog.engine, admission.catalog_io(self._catalog), self._catalog.name, delete_files
+        )
 
     def rename(self, source: tuple[Namespace, str], target: tuple[Namespace, str]) -> None:
         src, dst = self.ref(*source), self.ref(*target)

@@ -45,7 +45,9 @@ def run_cleanup_task(engine: Engine, io: FileIO, task: CleanupTask, delete_files
         if task.trusted is None:
             log.warning("cleanup task %d of legacy table %s: %s; nothing deleted", task.id, task.table, reason)
         else:
-            log.error("cleanup task %d of %s failed integrity verification: %s; nothing deleted", task.id, task.table, reason)
+            log.error(
+                "cleanup task %d of %s failed integrity verification: %s; nothing deleted", task.id, task.table, reason
+            )
         st.finish_task(engine, task.id, FAILED, reason)
         return FAILED
     summary = delete_files(parsed.metadata, task.metadata_location)

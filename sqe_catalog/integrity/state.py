@@ -205,9 +205,7 @@ def delete_state(conn: Connection, ref: TableRef) -> None:
 
 def rename_state(conn: Connection, source: TableRef, target: TableRef) -> None:
     conn.execute(delete(_pins).where(_where(target)))
-    conn.execute(
-        update(_pins).where(_where(source)).values(namespace=target.dotted_namespace, table_name=target.name)
-    )
+    conn.execute(update(_pins).where(_where(source)).values(namespace=target.dotted_namespace, table_name=target.name))
 
 
 def _state_values(ref: TableRef, state: TrustedState) -> dict[str, Any]:
@@ -327,9 +325,7 @@ def insert_task(conn: Connection, table: TableRef, location: str, trusted: Trust
 
 def _row_to_task(row: Any) -> CleanupTask:
     table = TableRef(row.warehouse, tuple(row.namespace.split(".")), row.table_name)
-    trusted = (
-        TrustedState(row.metadata_location, row.key_id, row.digest, row.digest_version) if row.protected else None
-    )
+    trusted = TrustedState(row.metadata_location, row.key_id, row.digest, row.digest_version) if row.protected else None
     return CleanupTask(row.id, table, row.metadata_location, trusted, row.status, row.detail)
 
 

@@ -394,7 +394,10 @@ def _assert_refused_purge(api: Api, server: CatalogServer, ns: str, name: str) -
             ),
             id="snapshots",
         ),
-        pytest.param(lambda d: d["schemas"][0]["fields"].append(dict(d["schemas"][0]["fields"][0], id=9, name="extra")), id="schema"),
+        pytest.param(
+            lambda d: d["schemas"][0]["fields"].append(dict(d["schemas"][0]["fields"][0], id=9, name="extra")),
+            id="schema",
+        ),
         pytest.param(
             lambda d: d.__setitem__("encryption-keys", [{"key-id": "evil", "encrypted-key-metadata": "AA=="}]),
             id="encryption-keys",

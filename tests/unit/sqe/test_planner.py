@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 
 import duckdb
 import pyarrow as pa
