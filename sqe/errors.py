@@ -17,6 +17,7 @@ SQEError
 │   └── CredentialExpiredError
 ├── RestrictionError                  read-restrictions that cannot be applied (fail closed)
 ├── QueryError                        SQL the engine cannot run (syntax, unknown table, ...)
+│   └── EncryptedTableError           Iceberg table encryption (encryption.key-id / encryption-keys)
 └── WorkerError                       distributed execution failures
 """
 
@@ -91,6 +92,10 @@ class RestrictionError(SQEError):
 
 class QueryError(SQEError):
     pass
+
+
+class EncryptedTableError(QueryError):
+    """The table uses Iceberg encryption; SQE refuses it before reading any file (never garbage)."""
 
 
 class WorkerError(SQEError):

@@ -67,3 +67,11 @@ ERROR_SERVER: Final = "ServerError"
 # sqe-catalog's own types beside the spec's (the engine maps them by HTTP status)
 ERROR_NAMESPACE_NOT_EMPTY: Final = "NamespaceNotEmptyException"
 ERROR_METHOD_NOT_ALLOWED: Final = "MethodNotAllowedException"
+
+# Iceberg table encryption (format-version >= 3): the table's master-key id property, the prefix of every
+# encryption table property, the metadata list of wrapped keys, and a snapshot's manifest-list key reference.
+ENCRYPTION_KEY_ID: Final = "encryption.key-id"
+ENCRYPTION_PROPERTY_PREFIX: Final = "encryption."
+ENCRYPTION_KEYS: Final = "encryption-keys"
+SNAPSHOT_KEY_ID: Final = "key-id"
+ERROR_METADATA_INTEGRITY: Final = "MetadataIntegrityException"

@@ -78,6 +78,16 @@ def add_admin_commands(parser: argparse.ArgumentParser) -> None:
     sub.add_parser("list-readers", help="reader principals (JSON)")
     sub.add_parser("list-untrusted-readers", help="principals that are not readers (JSON)")
     _restriction_parsers(sub)
+    _integrity_parsers(sub)
+
+
+def _integrity_parsers(sub: Any) -> None:
+    for name, help_text in (
+        ("list-cleanup-tasks", "purge cleanup tasks with their status and copied trusted state (JSON)"),
+        ("list-integrity-events", "admission audit events: actor, table, displaced and new pointer + digest (JSON)"),
+        ("run-cleanup", "run the pending cleanup tasks of a warehouse (failed tasks are never retried)"),
+    ):
+        sub.add_parser(name, help=help_text).add_argument("--warehouse", help="only this warehouse")
 
 
 def _restriction_parsers(sub: Any) -> None:
@@ -136,6 +146,8 @@ def _run(config: CatalogServerConfig, args: argparse.Namespace) -> _Output:
     name = str(getattr(args, "admin_command", ""))
     command = _COMMANDS.get(name)
     restriction_command = _RESTRICTION_COMMANDS.get(name)
+    if name in _INTEGRITY_COMMANDS:
+        return _run_integrity(config, name, args)
     if command is None and restriction_command is None:
         raise BadRequestError(f"unknown admin command {getattr(args, 'admin_command', None)!r}")
     with _open_stores(config) as (store, engine):
@@ -267,6 +279,34 @@ _COMMANDS: dict[str, _Command] = {
     "list-readers": lambda s, _c, _a: s.list_readers(),
     "list-untrusted-readers": lambda s, _c, _a: [p.name for p in s.list_principals() if not p.is_reader],
 }
+
+
+# ----------------------------------------------------------------------------------------------------
+# Integrity (sqe_catalog.integrity): cleanup tasks and admission events
+
+_INTEGRITY_COMMANDS = ("list-cleanup-tasks", "list-integrity-events", "run-cleanup")
+
+
+def _run_integrity(config: CatalogServerConfig, name: str, args: argparse.Namespace) -> _Output:
+    from sqe_catalog.integrity import state as integrity_state
+    from sqe_catalog.tables import WarehouseTables
+
+    warehouse = _known_warehouse(config, args.warehouse) if args.warehouse else None
+    engine = create_engine_for(config.server.database)
+    try:
+        integrity_state.create_integrity_schema(engine)
+        if name == "list-cleanup-tasks":
+            return integrity_state.list_tasks(engine, warehouse)
+        if name == "list-integrity-events":
+            return integrity_state.list_events(engine, warehouse)
+        results: dict[str, Any] = {}
+        for w in config.warehouses:
+            if warehouse in (None, w.name):
+                ran = WarehouseTables(w, engine).run_cleanup()
+                results[w.name] = {str(task): status for task, status in ran.items()}
+        return results
+    finally:
+        engine.dispose()
 
 
 # ----------------------------------------------------------------------------------------------------

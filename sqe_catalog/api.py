@@ -67,6 +67,7 @@ from sqe_catalog.errors import (
     UnprocessableEntityError,
 )
 from sqe_catalog.etag import if_none_match_matches, table_etag
+from sqe_catalog.integrity.notifications import metadata_response_json, parse_notification
 from sqe_catalog.restrictions import (
     ResolvedRestrictions,
     RestrictionStore,
@@ -358,12 +359,8 @@ def _snapshots_mode(call: _Call) -> str:
 
 
 def _metadata_json(table: StoredTable, snapshots: str) -> str:
-    metadata = table.metadata
-    if snapshots == "refs":
-        referenced = {ref.snapshot_id for ref in metadata.refs.values()}
-        kept = [s for s in metadata.snapshots if s.snapshot_id in referenced]
-        metadata = metadata.model_copy(update={"snapshots": kept})
-    return str(metadata.model_dump_json())
+    # The complete document (format-version 3 and the fields pyiceberg's model drops), not model_dump_json.
+    return metadata_response_json(table.metadata, table.document, refs_only=snapshots == "refs")
 
 
 def _restrictions(call: _Call, table: StoredTable, operation: str) -> ResolvedRestrictions | None:
@@ -499,11 +496,14 @@ def _register_table(call: _Call) -> Response:
     metadata_location = body.get(vocabulary.METADATA_LOCATION)
     if not isinstance(metadata_location, str) or not metadata_location:
         raise BadRequestError("metadata-location must be a non-empty string")
-    if body.get("overwrite", False) is not False:
-        raise BadRequestError("overwrite is not supported by register")
+    overwrite = body.get("overwrite", False)
+    if not isinstance(overwrite, bool):
+        raise BadRequestError("overwrite must be a boolean")
     call.require(Privilege.TABLE_CREATE, namespace)
+    if overwrite and call.warehouse.tables.table_exists(namespace, name):
+        call.require(Privilege.TABLE_FULL_METADATA, namespace, name)  # re-admission (sqe_catalog.integrity)
     access = _data_access(call, namespace, name)
-    table = call.warehouse.tables.register_table(namespace, name, metadata_location)
+    table = call.warehouse.tables.register_table(namespace, name, metadata_location, call.principal.name, overwrite)
     restricted = _restrictions(call, table, "register")
     response = _table_response(call, table, _governed_access(access, restricted), restricted=restricted)
     _served(call, "register", table, restricted)
@@ -585,6 +585,25 @@ def _rename_table(call: _Call) -> Response:
     return _no_content()
 
 
+# -- integrity: Polaris-style table notifications (sqe_catalog.integrity.notifications) ------------------
+
+
+def _notify_table(call: _Call) -> Response:
+    namespace, name = call.namespace, call.table
+    notification = parse_notification(call.json(), name)
+    if notification.kind in ("CREATE", "VALIDATE") or not call.warehouse.tables.table_exists(namespace, name):
+        call.require(Privilege.TABLE_CREATE, namespace)
+    else:
+        call.require(Privilege.TABLE_FULL_METADATA, namespace, name)
+    tables = call.warehouse.tables
+    tables.integrity.check_notification_time(namespace, name, notification.timestamp_ms)
+    tables.notify(namespace, name, notification, call.principal.name)
+    return _no_content()
+
+
+# -- end integrity ---------------------------------------------------------------------------------------
+
+
 def _load_credentials(call: _Call) -> Response:
     namespace, name = call.namespace, call.table
     write = call.allowed(Privilege.TABLE_WRITE_DATA, namespace, name)
@@ -629,6 +648,7 @@ _OPERATIONS: tuple[_Op, ...] = (
     _Op("DELETE", _TABLE, _drop_table),
     _Op("POST", "/v1/{prefix}/tables/rename", _rename_table, needs_body=True),
     _Op("GET", _TABLE + "/credentials", _load_credentials),
+    _Op("POST", _TABLE + "/notifications", _notify_table, needs_body=True),
 )
 ENDPOINTS: tuple[str, ...] = tuple(f"{op.method} {op.path}" for op in _OPERATIONS)
 

@@ -12,6 +12,7 @@
     ├── AlreadyExistsError (409)
     ├── CommitFailedError (409)        optimistic-concurrency loss or failed requirement
     ├── UnprocessableEntityError (422)
+    │   └── MetadataIntegrityError     key-ID pin or metadata digest does not hold (never retried)
     └── ServiceUnavailableError (503)  e.g. the STS endpoint cannot be reached
 
 Messages are written for the client: they never contain secrets or stack traces.
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from sqe import vocabulary
+from sqe.vocabulary import ERROR_METADATA_INTEGRITY
 
 
 class CatalogError(Exception):
@@ -86,6 +88,14 @@ class CommitFailedError(CatalogError):
 class UnprocessableEntityError(CatalogError):
     status = 422
     error_type = vocabulary.ERROR_UNPROCESSABLE
+
+
+class MetadataIntegrityError(UnprocessableEntityError):
+    """Stored or candidate metadata contradicts the table's trusted state (``sqe_catalog.integrity``).
+
+    422, not 5xx: the verdict does not change on retry, so clients must not retry it."""
+
+    error_type = ERROR_METADATA_INTEGRITY
 
 
 class ServiceUnavailableError(CatalogError):

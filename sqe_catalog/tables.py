@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
@@ -28,7 +28,6 @@ from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
@@ -55,6 +54,8 @@ from sqe_catalog.errors import (
     NoSuchNamespaceError,
     NoSuchTableError,
 )
+from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
+from sqe_catalog.integrity.guard import IntegrityGuard
 
 __all__ = [
     "LOCATION_PROPERTIES",
@@ -139,6 +140,8 @@ class StoredTable:
     name: str
     metadata_location: str | None  # None for a staged (not yet committed) table
     metadata: TableMetadata
+    # The complete JSON document (fields pyiceberg's model drops included); None: dump the model.
+    document: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def location(self) -> str:
@@ -251,14 +254,14 @@ class _MetadataCache:
     def __init__(self, size: int) -> None:
         self._size = size
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, TableMetadata] = OrderedDict()
+        self._entries: OrderedDict[str, ParsedMetadata] = OrderedDict()
 
-    def get(self, location: str, io: FileIO) -> TableMetadata:
+    def get(self, location: str, io: FileIO) -> ParsedMetadata:
         with self._lock:
             if (hit := self._entries.get(location)) is not None:
                 self._entries.move_to_end(location)
                 return hit
-        metadata = FromInputFile.table_metadata(io.new_input(location))
+        metadata = read_metadata_file(io, location)
         with self._lock:
             self._entries[location] = metadata
             while len(self._entries) > self._size:
@@ -289,7 +292,7 @@ class _WarehouseSqlCatalog(SqlCatalog):
     def _convert_orm_to_iceberg(self, orm_table: IcebergTables) -> Table:
         if not (metadata_location := orm_table.metadata_location):
             raise ice.NoSuchTableError("table has no metadata location")
-        metadata = self.metadata_cache.get(metadata_location, self._io)
+        metadata = self.metadata_cache.get(metadata_location, self._io).metadata
         return Table(
             identifier=(*Catalog.identifier_to_tuple(orm_table.table_namespace), orm_table.table_name),
             metadata=metadata,
@@ -342,6 +345,7 @@ class WarehouseTables:
         self._catalog = _WarehouseSqlCatalog(warehouse.name, engine, catalog_io_properties(warehouse))
         # Serialises "check locations, then create/relocate": two requests cannot claim overlapping prefixes.
         self._location_lock = threading.Lock()
+        self.integrity = IntegrityGuard(self._catalog, self._read_parsed)  # key-ID pins and digests
 
     # -- namespaces --------------------------------------------------------------------------------------
 
@@ -408,8 +412,8 @@ class WarehouseTables:
         location = self._metadata_location(namespace, name)
         if location is None:
             raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-        metadata = self._read_metadata(location)
-        return StoredTable(namespace, name, location, metadata)
+        parsed = self.integrity.load(namespace, name, location)  # protected tables: verified before returned
+        return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
     def _metadata_location(self, namespace: Namespace, name: str) -> str | None:
         stmt = select(IcebergTables.metadata_location).where(
@@ -422,10 +426,18 @@ class WarehouseTables:
         return found
 
     def _read_metadata(self, metadata_location: str) -> TableMetadata:
+        return self._read_parsed(metadata_location).metadata
+
+    def _read_parsed(self, metadata_location: str, fresh: bool = False) -> ParsedMetadata:
+        """The parsed file; ``fresh`` reads storage, bypassing the cache (admissions, protected loads)."""
         try:
+            if fresh:
+                return read_metadata_file(self._catalog.io, metadata_location)
             return self._catalog.metadata_cache.get(metadata_location, self._catalog.io)
         except FileNotFoundError:
             raise BadRequestError("metadata file not found") from None
+        except ValueError as exc:
+            raise BadRequestError(f"metadata file is not valid table metadata: {exc}") from None
 
     def default_location(self, namespace: Namespace, name: str) -> str:
         return "/".join((self.root, *namespace, name))
@@ -443,7 +455,7 @@ class WarehouseTables:
                 partition_spec=create.partition_spec,
                 sort_order=create.sort_order,
                 location=location,
-                properties=dict(create.properties),  # pyiceberg pops format-version from the dict it gets
+                properties=self.integrity.create_properties(create.schema, create.properties),
             )
         return StoredTable(namespace, create.name, None, metadata)
 
@@ -464,27 +476,71 @@ class WarehouseTables:
         with self._location_lock:
             self._check_new_locations(table_locations(location, create.properties), exclude=None)
             with _translated(namespace, create.name), _client_value_errors():
-                self._catalog.create_table(
-                    (*namespace, create.name),
-                    create.schema,
-                    location,
-                    create.partition_spec,
-                    create.sort_order,
-                    dict(create.properties),  # pyiceberg pops format-version from the dict it gets
+                metadata = new_table_metadata(
+                    schema=create.schema,
+                    partition_spec=create.partition_spec,
+                    sort_order=create.sort_order,
+                    location=location,
+                    properties=self.integrity.create_properties(create.schema, create.properties),
                 )
+            self.integrity.create(namespace, create.name, metadata)  # row + pin in one transaction
         return self.load_table(namespace, create.name)
 
-    def register_table(self, namespace: Namespace, name: str, metadata_location: str) -> StoredTable:
+    def register_table(
+        self, namespace: Namespace, name: str, metadata_location: str, actor: str = "-", overwrite: bool = False
+    ) -> StoredTable:
         self._require_namespace(namespace)
+        if overwrite and self.table_exists(namespace, name):
+            return self._reregister(namespace, name, metadata_location, actor, "register-overwrite")
         self._require_absent(namespace, name)
+        return self._admit(namespace, name, metadata_location, actor, "register")
+
+    def _admit(self, namespace: Namespace, name: str, metadata_location: str, actor: str, action: str) -> StoredTable:
         self._check_inside_warehouse(metadata_location, "metadata-location")
-        metadata = self._read_metadata(metadata_location)
-        self._check_properties(metadata.properties)
+        parsed = self._read_fresh(metadata_location)
+        self._check_properties(parsed.metadata.properties)
         with self._location_lock:
-            self._check_new_locations(table_locations(metadata.location, metadata.properties), exclude=None)
-            with _translated(namespace, name):
-                self._catalog.register_table((*namespace, name), metadata_location)
+            self._check_new_locations(table_locations(parsed.metadata.location, parsed.metadata.properties), None)
+            # Trust on first use of exactly the revision read here; row + pin + audit event in one transaction.
+            self.integrity.admit(namespace, name, metadata_location, parsed, actor, action)
         return self.load_table(namespace, name)
+
+    def _read_fresh(self, metadata_location: str) -> ParsedMetadata:
+        return self._read_parsed(metadata_location, fresh=True)
+
+    def _reregister(self, namespace: Namespace, name: str, location: str, actor: str, action: str) -> StoredTable:
+        """Point an existing table at another revision (register overwrite, notification update)."""
+        self._check_inside_warehouse(location, "metadata-location")
+        parsed = self._read_fresh(location)
+        self._check_properties(parsed.metadata.properties)
+        with self._location_lock:
+            self._check_new_locations(
+                table_locations(parsed.metadata.location, parsed.metadata.properties), exclude=(namespace, name)
+            )
+            current = self._metadata_location(namespace, name)
+            if current is None:
+                raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
+            self.integrity.readmit(namespace, name, current, location, parsed, actor, action)
+        return self.load_table(namespace, name)
+
+    def notify(self, namespace: Namespace, name: str, notification: Any, actor: str) -> None:
+        """A Polaris-style table notification (``sqe_catalog.integrity.notifications`` parsed it)."""
+        self._require_namespace(namespace)
+        kind, location = notification.kind, notification.metadata_location
+        exists = self.table_exists(namespace, name)
+        if kind == "DROP":
+            if not exists:
+                raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
+            self.drop_table(namespace, name, purge=False)
+        elif kind == "VALIDATE":
+            self._check_inside_warehouse(location, "metadata-location")
+        elif exists and kind == "CREATE":
+            raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
+        elif exists:
+            self.integrity.require_notification_update(namespace, name)
+            self._reregister(namespace, name, location, actor, "notification-update")
+        else:
+            self._admit(namespace, name, location, actor, f"notification-{kind.lower()}")
 
     def commit_table(self, namespace: Namespace, name: str, commit: CommitBody) -> StoredTable:
         """Apply requirements + updates atomically; a failed requirement or lost race: CommitFailedError."""
@@ -497,6 +553,9 @@ class WarehouseTables:
                 updates = (SetLocationUpdate(location=self.default_location(namespace, name)), *updates)
         elif not self.table_exists(namespace, name):
             raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
+        elif self.integrity.is_protected(namespace, name):
+            self._check_commit_properties(updates)
+            return self._commit_protected(namespace, name, commit.requirements, updates, creating=False)
         for update in updates:
             if isinstance(update, SetPropertiesUpdate):
                 self._check_properties(update.updates)
@@ -506,6 +565,8 @@ class WarehouseTables:
                 response = self._commit(namespace, name, commit.requirements, updates)
         else:
             response = self._commit(namespace, name, commit.requirements, updates)
+        if isinstance(response, StoredTable):
+            return response
         return StoredTable(namespace, name, response.metadata_location, response.metadata)
 
     def _commit(
@@ -515,16 +576,55 @@ class WarehouseTables:
         requirements: tuple[TableRequirement, ...],
         updates: tuple[TableUpdate, ...],
     ) -> Any:
+        if any(isinstance(r, AssertCreate) for r in requirements):
+            return self._commit_protected(namespace, name, requirements, updates, creating=True)
         target: Any = _NamedTable((*namespace, name))
         with _translated(namespace, name), _client_value_errors():
             return self._catalog.commit_table(target, requirements, updates)
 
+    def _check_commit_properties(self, updates: Sequence[TableUpdate]) -> None:
+        for update in updates:
+            if isinstance(update, SetPropertiesUpdate):
+                self._check_properties(update.updates)
+
+    def _commit_protected(
+        self,
+        namespace: Namespace,
+        name: str,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+        creating: bool,
+    ) -> StoredTable:
+        """Create-transaction commits and every commit to a protected table (pointer + pin move together)."""
+        with _translated(namespace, name), _client_value_errors():
+            if creating:
+                return self._as_loaded(
+                    namespace, name, self.integrity.commit_create(namespace, name, requirements, updates)
+                )
+            if self._changes_locations(updates):
+                with self._location_lock:
+                    self._check_commit_locations(namespace, name, updates, creating)
+                    return self._as_loaded(
+                        namespace, name, self.integrity.commit(namespace, name, requirements, updates)
+                    )
+            return self._as_loaded(namespace, name, self.integrity.commit(namespace, name, requirements, updates))
+
+    @staticmethod
+    def _as_loaded(namespace: Namespace, name: str, committed: tuple[str, ParsedMetadata]) -> StoredTable:
+        location, parsed = committed
+        return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
+
     def drop_table(self, namespace: Namespace, name: str, purge: bool) -> None:
+        # A purge loads (and for a protected table verifies) first: a failure refuses the drop, nothing removed.
         table = self.load_table(namespace, name) if purge else None
-        with _translated(namespace, name):
-            self._catalog.drop_table((*namespace, name))
-        if table is not None:
-            self._purge_files(table)
+        self.integrity.drop(namespace, name, table.metadata_location if table else None, self._delete_files)
+
+    def run_cleanup(self) -> dict[int, str]:
+        """Run this warehouse's pending cleanup tasks (``sqe-catalog admin run-cleanup``)."""
+        return self.integrity.run_pending_cleanup(self._delete_files)
+
+    def _delete_files(self, metadata: TableMetadata, metadata_location: str) -> str:
+        return self._purge_files(StoredTable((), "", metadata_location, metadata))
 
     def rename_table(self, source: tuple[Namespace, str], target: tuple[Namespace, str]) -> None:
         (src_ns, src_name), (dst_ns, dst_name) = source, target
@@ -534,7 +634,7 @@ class WarehouseTables:
         if self.table_exists(dst_ns, dst_name):
             raise AlreadyExistsError(f"table already exists: {'.'.join(dst_ns)}.{dst_name}")
         with _translated(dst_ns, dst_name):
-            self._catalog.rename_table((*src_ns, src_name), (*dst_ns, dst_name))
+            self.integrity.rename(source, target)  # table row and pin move in one transaction
 
     # -- checks ------------------------------------------------------------------------------------------
 
@@ -573,7 +673,11 @@ class WarehouseTables:
         for namespace, name, metadata_location in rows:
             if not metadata_location:
                 continue
-            metadata = self._read_metadata(metadata_location)
+            try:
+                metadata = self._read_metadata(metadata_location)
+            except BadRequestError:  # one unreadable (e.g. tampered) file must not block every other create
+                log.warning("table %s.%s has unreadable metadata; its locations are not checked", namespace, name)
+                continue
             yield (tuple(namespace.split(".")), name), table_locations(metadata.location, metadata.properties)
 
     @staticmethod
@@ -602,7 +706,7 @@ class WarehouseTables:
 
     # -- purge -------------------------------------------------------------------------------------------
 
-    def _purge_files(self, table: StoredTable) -> None:
+    def _purge_files(self, table: StoredTable) -> str:
         """Delete the table's files, but only those under its own locations (metadata is client-written)."""
         own = table.locations
         files = self._referenced_files(table)
@@ -614,14 +718,9 @@ class WarehouseTables:
                 deleted += 1
             except OSError:
                 pass  # already gone, or the store refused: the table row is dropped either way
-        log.info(
-            "purged table %s.%s: %d of %d referenced files deleted, %d outside its locations left alone",
-            ".".join(table.namespace),
-            table.name,
-            deleted,
-            len(files),
-            len(files) - len(inside),
-        )
+        summary = f"{deleted} of {len(files)} referenced files deleted, {len(files) - len(inside)} outside left alone"
+        log.info("purged table at %s: %s", table.location, summary)
+        return summary
 
     def _referenced_files(self, table: StoredTable) -> set[str]:
         """Metadata files, manifest lists, manifests and data files; lists outside the table are not read."""

@@ -30,8 +30,9 @@ from pyiceberg.types import ListType, MapType
 
 from sqe import vocabulary
 from sqe._text import first_line, iso_utc
-from sqe.errors import QueryError, SQEError
+from sqe.errors import EncryptedTableError, QueryError, SQEError
 from sqe.restrictions import RestrictionPlan, apply, parse_restrictions, required_columns
+from sqe.vocabulary import ENCRYPTION_KEY_ID, ENCRYPTION_KEYS
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -226,6 +227,7 @@ def plan_scan(
 
     ``cache`` reuses the tasks of an earlier plan of the same table metadata and row filter."""
     table = loaded.table
+    refuse_encrypted(loaded)  # before any manifest list or data file is read
     if table.io is not loaded.io:
         raise QueryError(f"{loaded.ident}: the table is not bound to SQE's FileIO; refusing to plan")
     restrictions = restrictions_of(loaded)
@@ -265,6 +267,17 @@ def plan_scan(
         records_planned=sum(task.file.record_count for task in tasks),
         planned_at=time.time(),
     )
+
+
+def refuse_encrypted(loaded: LoadedTable) -> None:
+    """Encrypted tables fail with a typed error: SQE has no KMS and would otherwise read ciphertext.
+
+    Only the inline metadata of the load-table response is consulted: SQE never rereads ``metadata-location``
+    from storage, so it stays inside the catalog's integrity guarantee (the catalog verified that metadata)."""
+    metadata = loaded.raw.get("metadata") or {}
+    properties = metadata.get("properties") or {}
+    if ENCRYPTION_KEY_ID in properties or ENCRYPTION_KEYS in metadata:
+        raise EncryptedTableError(f"{loaded.ident}: encrypted Iceberg tables are not readable by SQE yet")
 
 
 def restrictions_of(loaded: LoadedTable) -> RestrictionPlan:

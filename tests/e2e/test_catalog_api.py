@@ -149,7 +149,8 @@ def test_config_names_the_prefix_and_every_endpoint(catalog_server: CatalogServe
         "POST /v1/{prefix}/tables/rename",
         "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}",
     } <= endpoints
-    assert len(endpoints) == 15
+    assert "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/notifications" in endpoints
+    assert len(endpoints) == 16
 
     unknown = admin.session.get(f"{catalog_server.url}/v1/config", params={"warehouse": "nope"}, timeout=30)
     assert_error(unknown, 404)

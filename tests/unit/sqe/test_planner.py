@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -378,3 +379,24 @@ def test_insert_parts(parser: duckdb.DuckDBPyConnection) -> None:
     assert statement.body == "SELECT * FROM ns.u JOIN ns.v ON true"
     assert classify(parser, "INSERT INTO ns.t BY NAME (SELECT 1 AS a)").body == "(SELECT 1 AS a)"
     assert classify(parser, "INSERT INTO ns.t DEFAULT VALUES").body is None
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"properties": {"encryption.key-id": "K1"}},
+        {"properties": {}, "encryption-keys": [{"key-id": "k", "encrypted-key-metadata": "AA=="}]},
+    ],
+    ids=["key-id", "encryption-keys"],
+)
+def test_encrypted_tables_fail_typed_before_any_file_is_read(provider: LocalProvider, metadata: dict[str, Any]) -> None:
+    import dataclasses
+
+    from sqe.errors import EncryptedTableError
+
+    loaded = provider.load_table(NUMBERS)
+    # The check reads only the inline metadata of the catalog's response, never metadata-location from storage:
+    # a metadata-location that does not exist proves nothing is reread.
+    raw = {**loaded.raw, "metadata": metadata, "metadata-location": "file:///nonexistent/v9.metadata.json"}
+    with pytest.raises(EncryptedTableError, match="encrypted Iceberg tables are not readable by SQE yet"):
+        plan_scan(dataclasses.replace(loaded, raw=raw), columns=None)

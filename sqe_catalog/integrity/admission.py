@@ -1,0 +1,242 @@
+"""Transitions and admission boundaries of protected tables (key-ID pin + metadata digest).
+
+Rules (each enforced here, before any trusted state changes):
+
+- create pins the candidate: no ``encryption.key-id`` -> protected plaintext, ``K`` -> protected encrypted(K)
+  with the digest of the metadata written; the table row and the pin are inserted in one transaction;
+- commit to a protected table keeps the pinned key id (or its absence), and replaces pointer and digest in one
+  transaction that compare-and-swaps both the table row and the pin on the previous pointer;
+- register (new) is trust-on-first-use of the exact revision read; register with overwrite is re-admission,
+  allowed only with the pinned key id; notification create/update of a missing table is trust-on-first-use,
+  update of a protected plaintext table keeps the pinned absence, update of a protected encrypted table is refused
+  (no authenticated expected digest can be bound to it); every (re-)admission is persisted as an audit event;
+- load verifies pointer, key id and digest before metadata is returned;
+- any revision of format-version < 3 with an ``encryption.*`` property is refused when pinned or re-pinned.
+
+Legacy tables (no pin) never pass through here except to be left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.io import FileIO
+from pyiceberg.schema import Schema
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.metadata import TableMetadata
+from sqlalchemy import Connection, insert, update
+from sqlalchemy.exc import IntegrityError
+
+from sqe.vocabulary import ENCRYPTION_KEY_ID, ENCRYPTION_PROPERTY_PREFIX
+from sqe_catalog.errors import AlreadyExistsError, CommitFailedError, MetadataIntegrityError
+from sqe_catalog.integrity import state as st
+from sqe_catalog.integrity.canonical import (
+    DIGEST_VERSION,
+    ParsedMetadata,
+    digest_document,
+    document_for_write,
+    write_metadata_file,
+)
+from sqe_catalog.integrity.state import AdmissionEvent, TableRef, TrustedState
+
+__all__ = [
+    "candidate_state",
+    "check_candidate",
+    "format_version_for",
+    "key_id_of",
+    "verify_loaded",
+    "write_new_table",
+]
+
+FORMAT_VERSION_PROPERTY = "format-version"
+MIN_ENCRYPTION_FORMAT_VERSION = 3
+
+
+def key_id_of(properties: Mapping[str, str]) -> str | None:
+    return properties.get(ENCRYPTION_KEY_ID)
+
+
+def format_version_for(schema: Schema, properties: dict[str, str]) -> dict[str, str]:
+    """Properties for a create: without an explicit ``format-version``, the lowest version (at least 2) whose
+    types the schema uses, so nanosecond timestamps get a v3 table. An explicit version is kept as given."""
+    if FORMAT_VERSION_PROPERTY in properties:
+        return properties
+    needed = max([2, *(field.field_type.minimum_format_version() for field in _all_fields(schema))])
+    return {**properties, FORMAT_VERSION_PROPERTY: str(needed)} if needed > 2 else properties
+
+
+def _all_fields(schema: Schema) -> list[Any]:
+    return [schema.find_field(field_id) for field_id in schema._lazy_id_to_field]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Verdicts
+
+
+def check_candidate(table: TableRef, metadata: TableMetadata, pinned: TrustedState | None) -> str | None:
+    """Check a revision about to be pinned or re-pinned; returns its key id (None: absent).
+
+    ``pinned`` is the state it must keep (None when this revision starts a new lifetime)."""
+    encryption = sorted(k for k in metadata.properties if k.startswith(ENCRYPTION_PROPERTY_PREFIX))
+    if encryption and metadata.format_version < MIN_ENCRYPTION_FORMAT_VERSION:
+        raise MetadataIntegrityError(
+            f"table {table}: encryption property {encryption[0]} requires format-version >= 3, "
+            f"the metadata has format-version {metadata.format_version}"
+        )
+    key_id = key_id_of(metadata.properties)
+    if pinned is not None:
+        _check_key_id(table, pinned, key_id)
+    return key_id
+
+
+def _check_key_id(table: TableRef, pinned: TrustedState, key_id: str | None) -> None:
+    if pinned.key_id == key_id:
+        return
+    if pinned.key_id is None:
+        raise MetadataIntegrityError(f"table {table} is a protected plaintext table: encryption.key-id cannot be set")
+    if key_id is None:
+        raise MetadataIntegrityError(f"table {table} is encrypted: encryption.key-id cannot be removed")
+    raise MetadataIntegrityError(f"table {table} is encrypted: encryption.key-id cannot be changed")
+
+
+def candidate_state(
+    table: TableRef, location: str, parsed: ParsedMetadata, pinned: TrustedState | None
+) -> TrustedState:
+    """The trusted state that admitting ``parsed`` (at ``location``) would record."""
+    key_id = check_candidate(table, parsed.metadata, pinned)
+    if key_id is None:
+        return TrustedState(location, None, None, None)
+    return TrustedState(location, key_id, digest_document(parsed.document), DIGEST_VERSION)
+
+
+def verify_loaded(table: TableRef, trusted: TrustedState, location: str, parsed: ParsedMetadata) -> None:
+    """Metadata read from storage for a protected table must match its trusted state exactly (fail closed)."""
+    trusted.check_consistent(table)
+    if location != trusted.metadata_location:
+        raise MetadataIntegrityError(f"table {table}: the metadata pointer does not match its trusted state")
+    check_candidate(table, parsed.metadata, trusted)
+    if trusted.key_id is not None:
+        assert trusted.digest is not None and trusted.digest_version is not None
+        if digest_document(parsed.document, trusted.digest_version) != trusted.digest:
+            raise MetadataIntegrityError(f"table {table}: metadata does not match its trusted digest")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Writes that change pointer and pin together
+
+
+def catalog_io(catalog: SqlCatalog) -> FileIO:
+    """The warehouse catalog's own FileIO (``tables._WarehouseSqlCatalog.io``; a plain SqlCatalog has none)."""
+    io: FileIO = catalog.io  # type: ignore[attr-defined]
+    return io
+
+
+def new_metadata_location(metadata: TableMetadata, version: int) -> str:
+    provider = load_location_provider(metadata.location, metadata.properties)
+    return provider.new_table_metadata_file_location(version)
+
+
+def write_new_table(
+    catalog: SqlCatalog, table: TableRef, metadata: TableMetadata, base_document: dict[str, Any] | None = None
+) -> tuple[str, ParsedMetadata]:
+    """Create a protected table: write its first metadata file, insert row and pin in one transaction."""
+    location = new_metadata_location(metadata, 0)
+    check_candidate(table, metadata, None)
+    parsed = write_metadata_file(catalog_io(catalog), location, document_for_write(metadata, base_document))
+    trusted = candidate_state(table, location, parsed, None)
+    try:
+        with catalog.engine.begin() as conn:
+            row = catalog._create_table_row(table.dotted_namespace, table.name, location)
+            conn.execute(insert(IcebergTables).values(**row))
+            st.insert_state(conn, table, trusted)
+    except IntegrityError:
+        raise AlreadyExistsError(f"table already exists: {table.dotted_namespace}.{table.name}") from None
+    return location, parsed
+
+
+def commit_revision(
+    catalog: SqlCatalog,
+    table: TableRef,
+    trusted: TrustedState,
+    base: ParsedMetadata,
+    metadata: TableMetadata,
+) -> tuple[str, ParsedMetadata]:
+    """Commit a new revision of a protected table: check the pin, write, then CAS row + pin together."""
+    check_candidate(table, metadata, trusted)
+    location = new_metadata_location(metadata, catalog._parse_metadata_version(trusted.metadata_location) + 1)
+    parsed = write_metadata_file(catalog_io(catalog), location, document_for_write(metadata, base.document))
+    new_state = candidate_state(table, location, parsed, trusted)
+    with catalog.engine.begin() as conn:
+        _swap_pointer(conn, catalog, table, trusted.metadata_location, location)
+        st.replace_state(conn, table, trusted.metadata_location, new_state)
+    return location, parsed
+
+
+def _swap_pointer(conn: Connection, catalog: SqlCatalog, table: TableRef, expected: str, location: str) -> None:
+    result = conn.execute(
+        update(IcebergTables)
+        .where(
+            (IcebergTables.catalog_name == catalog.name)
+            & (IcebergTables.table_namespace == table.dotted_namespace)
+            & (IcebergTables.table_name == table.name)
+            & (IcebergTables.metadata_location == expected)
+        )
+        .values(metadata_location=location, previous_metadata_location=expected)
+    )
+    if result.rowcount != 1:
+        raise CommitFailedError(f"table {table} has been updated concurrently")
+
+
+def admit_new(
+    catalog: SqlCatalog, table: TableRef, location: str, parsed: ParsedMetadata, actor: str, action: str
+) -> None:
+    """Trust-on-first-use admission of the exact revision read (register new, notification of a missing table)."""
+    trusted = candidate_state(table, location, parsed, None)
+    try:
+        with catalog.engine.begin() as conn:
+            row = catalog._create_table_row(table.dotted_namespace, table.name, location)
+            conn.execute(insert(IcebergTables).values(**row))
+            st.insert_state(conn, table, trusted)
+            st.record_event(conn, _event(action, actor, table, None, trusted))
+    except IntegrityError:
+        raise AlreadyExistsError(f"table already exists: {table.dotted_namespace}.{table.name}") from None
+
+
+def readmit(
+    catalog: SqlCatalog,
+    table: TableRef,
+    trusted: TrustedState,
+    location: str,
+    parsed: ParsedMetadata,
+    actor: str,
+    action: str,
+) -> None:
+    """Re-admission of a protected table (register overwrite, plaintext notification update): same key id."""
+    new_state = candidate_state(table, location, parsed, trusted)
+    with catalog.engine.begin() as conn:
+        _swap_pointer(conn, catalog, table, trusted.metadata_location, location)
+        st.replace_state(conn, table, trusted.metadata_location, new_state)
+        st.record_event(conn, _event(action, actor, table, trusted, new_state))
+
+
+def replace_legacy_pointer(catalog: SqlCatalog, table: TableRef, expected: str, location: str) -> None:
+    """Legacy register overwrite / notification update: the pointer moves, no pin and no digest are created."""
+    with catalog.engine.begin() as conn:
+        _swap_pointer(conn, catalog, table, expected, location)
+
+
+def _event(
+    action: str, actor: str, table: TableRef, displaced: TrustedState | None, admitted: TrustedState
+) -> AdmissionEvent:
+    return AdmissionEvent(
+        action=action,
+        actor=actor,
+        table=table,
+        displaced_location=displaced.metadata_location if displaced else None,
+        displaced_digest=displaced.digest if displaced else None,
+        new_location=admitted.metadata_location,
+        new_digest=admitted.digest,
+        key_id=admitted.key_id,
+    )

@@ -1,0 +1,174 @@
+"""Reading, writing and digesting Iceberg table metadata documents, exactly.
+
+pyiceberg 0.12 parses every format version but refuses to *write* format-version 3, and its models drop
+``encryption-keys`` and a snapshot's ``key-id``. The catalog therefore keeps two views of one metadata file:
+
+- the **model** (pyiceberg's ``TableMetadata``), used to validate and to apply commit updates;
+- the **document**: the model's JSON form (by alias, ``None`` fields left out) completed with every top-level and
+  every per-snapshot field of the raw file that the model did not emit (``encryption-keys``, ``key-id``, ...).
+
+The document is what the catalog writes, returns to clients and digests. JSON is parsed by Python's ``json``
+module, whose integers are exact at any size (a 64-bit snapshot id never passes through a float); a float or a
+non-finite constant anywhere in a metadata file is refused, because no Iceberg metadata field is a float and a
+float would make the canonical form depend on number formatting.
+
+The canonical form, version ``sqe-canonical-json-sha256-v1``: the document serialized by ``json.dumps`` with keys
+sorted at every level, separators ``,`` and ``:`` (no whitespace), non-ASCII characters emitted as themselves,
+encoded as UTF-8. The digest is the standard Base64 of the SHA-256 of those bytes. It covers the complete
+document: format version, table uuid, location, sequence numbers, row-lineage counters (``next-row-id``), every
+schema, partition spec and sort order, properties, every snapshot (with summary, schema id, ``first-row-id``,
+``added-rows``, ``key-id``), snapshot log, metadata log, refs with their retention settings, statistics and
+partition-statistics files (with blob metadata) and ``encryption-keys``. It does not cover the file's bytes:
+whitespace, key order and gzip compression do not change it. Fields *nested below* a snapshot or the top level
+that pyiceberg's models ignore are not covered (pyiceberg drops them while parsing).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyiceberg.io import FileIO
+from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
+
+from sqe.vocabulary import ENCRYPTION_KEYS
+from sqe_catalog.errors import MetadataIntegrityError
+
+__all__ = [
+    "DIGEST_VERSION",
+    "ParsedMetadata",
+    "canonical_bytes",
+    "digest_document",
+    "document_for_write",
+    "parse_metadata_bytes",
+    "read_metadata_file",
+    "serialize_document",
+    "write_metadata_file",
+]
+
+DIGEST_VERSION = "sqe-canonical-json-sha256-v1"
+SUPPORTED_DIGEST_VERSIONS = frozenset({DIGEST_VERSION})
+_GZIP_MAGIC = b"\x1f\x8b"
+# Top-level fields pyiceberg's models drop that a commit must carry from the base revision to the next one.
+CARRIED_TOP_LEVEL_FIELDS = (ENCRYPTION_KEYS,)
+
+
+@dataclass(frozen=True)
+class ParsedMetadata:
+    """One metadata file: the validated pyiceberg model and the complete JSON document."""
+
+    metadata: TableMetadata
+    document: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parsing
+
+
+def _refuse_float(text: str) -> Any:
+    raise ValueError(f"floating-point number {text[:32]!r} in table metadata")
+
+
+def _refuse_constant(text: str) -> Any:
+    raise ValueError(f"non-finite number {text!r} in table metadata")
+
+
+def parse_metadata_bytes(data: bytes) -> ParsedMetadata:
+    """Parse a (possibly gzip-compressed) metadata file; ValueError when it is not valid Iceberg metadata."""
+    if data[:2] == _GZIP_MAGIC:
+        data = gzip.decompress(data)
+    raw = json.loads(data.decode("utf-8"), parse_float=_refuse_float, parse_constant=_refuse_constant)
+    if not isinstance(raw, dict):
+        raise ValueError("table metadata must be a JSON object")
+    try:
+        model = TableMetadataUtil.parse_obj(raw)
+    except Exception as exc:  # pyiceberg raises its own ValidationError or pydantic's
+        raise ValueError(f"invalid table metadata: {type(exc).__name__}") from None
+    return ParsedMetadata(model, _complete(model_document(model), raw, top_level=None))
+
+
+def read_metadata_file(io: FileIO, location: str) -> ParsedMetadata:
+    """Read and parse a metadata file; FileNotFoundError when missing, ValueError when not valid metadata."""
+    with io.new_input(location).open() as stream:
+        data = stream.read()
+    return parse_metadata_bytes(data)
+
+
+def model_document(model: TableMetadata) -> dict[str, Any]:
+    """The model as a JSON-ready dict (pyiceberg's ``model_dump_json`` refuses v3; ``model_dump`` does not)."""
+    dumped: dict[str, Any] = model.model_dump(mode="json")
+    return dumped
+
+
+def _complete(document: dict[str, Any], source: Mapping[str, Any], top_level: tuple[str, ...] | None) -> dict[str, Any]:
+    """``document`` plus the fields of ``source`` it lacks: at the top level (all of them, or only ``top_level``)
+    and in every snapshot present in both (matched by snapshot id)."""
+    for key, value in source.items():
+        if key not in document and value is not None and (top_level is None or key in top_level):
+            document[key] = value
+    source_snapshots = {s.get("snapshot-id"): s for s in source.get("snapshots") or [] if isinstance(s, dict)}
+    for snapshot in document.get("snapshots") or []:
+        for key, value in source_snapshots.get(snapshot.get("snapshot-id"), {}).items():
+            if key not in snapshot and value is not None:
+                snapshot[key] = value
+    return document
+
+
+def document_for_write(model: TableMetadata, base: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The document of a new revision: the model plus what it dropped from ``base`` (the revision it was built
+    from): ``encryption-keys`` and the extra fields of snapshots that are still present."""
+    document = model_document(model)
+    return _complete(document, base, CARRIED_TOP_LEVEL_FIELDS) if base is not None else document
+
+
+# ----------------------------------------------------------------------------------------------------
+# Writing
+
+
+def serialize_document(document: Mapping[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def write_metadata_file(io: FileIO, location: str, document: Mapping[str, Any]) -> ParsedMetadata:
+    """Write a new metadata file (never overwriting one) and return it as a reader will parse it."""
+    data = serialize_document(document)
+    parsed = parse_metadata_bytes(data)  # what we digest is what a later load will read back
+    with io.new_output(location).create(overwrite=False) as stream:
+        stream.write(data)
+    return parsed
+
+
+# ----------------------------------------------------------------------------------------------------
+# Canonical form and digest
+
+
+def _check_canonicalizable(value: Any, where: str = "metadata") -> None:
+    if isinstance(value, float):
+        raise MetadataIntegrityError(f"{where} holds a floating-point number; it has no canonical form")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise MetadataIntegrityError(f"{where} has a non-string key")
+            _check_canonicalizable(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            _check_canonicalizable(item, where)
+
+
+def canonical_bytes(document: Mapping[str, Any]) -> bytes:
+    """The ``sqe-canonical-json-sha256-v1`` serialization of a metadata document."""
+    _check_canonicalizable(document)
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.encode("utf-8")
+
+
+def digest_document(document: Mapping[str, Any], version: str = DIGEST_VERSION) -> str:
+    """Base64 SHA-256 of the canonical form; an unknown digest version fails closed."""
+    if version not in SUPPORTED_DIGEST_VERSIONS:
+        raise MetadataIntegrityError(f"unsupported metadata digest version {version[:64]!r}")
+    return base64.b64encode(hashlib.sha256(canonical_bytes(document)).digest()).decode("ascii")

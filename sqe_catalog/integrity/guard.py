@@ -1,0 +1,200 @@
+"""The one object ``WarehouseTables`` calls for everything integrity-related (kept out of ``tables.py``).
+
+It owns the decision "legacy or protected" for each table operation and hands protected tables to
+``admission`` and purges to ``purge``; a legacy table keeps pyiceberg's behaviour everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.update import TableRequirement, TableUpdate
+from sqlalchemy import delete, update
+
+from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataIntegrityError, NoSuchTableError
+from sqe_catalog.integrity import admission
+from sqe_catalog.integrity import state as st
+from sqe_catalog.integrity.canonical import ParsedMetadata
+from sqe_catalog.integrity.purge import DeleteFiles, run_cleanup_task, run_pending_tasks
+from sqe_catalog.integrity.state import Protection, TableRef, TrustedState
+
+__all__ = ["IntegrityGuard"]
+
+log = logging.getLogger("sqe_catalog.integrity")
+
+Namespace = tuple[str, ...]
+ReadParsed = Callable[..., ParsedMetadata]  # (location, fresh=False) -> ParsedMetadata, errors translated
+
+
+class IntegrityGuard:
+    def __init__(self, catalog: SqlCatalog, read: ReadParsed) -> None:
+        self._catalog = catalog
+        self._read = read
+        st.create_integrity_schema(catalog.engine)
+
+    def ref(self, namespace: Namespace, name: str) -> TableRef:
+        return TableRef(self._catalog.name, tuple(namespace), name)
+
+    def trusted(self, namespace: Namespace, name: str) -> TrustedState | None:
+        with self._catalog.engine.connect() as conn:
+            return st.load_state(conn, self.ref(namespace, name))
+
+    def is_protected(self, namespace: Namespace, name: str) -> bool:
+        return self.trusted(namespace, name) is not None
+
+    def protection(self, namespace: Namespace, name: str) -> Protection:
+        trusted = self.trusted(namespace, name)
+        return Protection.LEGACY if trusted is None else trusted.protection
+
+    @staticmethod
+    def create_properties(schema: Schema, properties: dict[str, str]) -> dict[str, str]:
+        # A fresh dict: pyiceberg pops format-version from the dict it gets.
+        return dict(admission.format_version_for(schema, dict(properties)))
+
+    # -- reads ---------------------------------------------------------------------------------------------
+
+    def load(self, namespace: Namespace, name: str, location: str) -> ParsedMetadata:
+        """The table's metadata; for a protected table read from storage and verified before it is returned."""
+        trusted = self.trusted(namespace, name)
+        if trusted is None:
+            return self._read(location)
+        return self._verified(self.ref(namespace, name), trusted, location)
+
+    def _verified(self, table: TableRef, trusted: TrustedState, location: str) -> ParsedMetadata:
+        try:
+            try:
+                parsed = self._read(location, fresh=True)  # a cache would hide a rewritten file from the check
+            except BadRequestError as exc:
+                raise MetadataIntegrityError(f"table {table}: {exc.message}") from None
+            admission.verify_loaded(table, trusted, location, parsed)
+        except MetadataIntegrityError as exc:
+            log.error("integrity check failed: %s", exc.message)
+            raise
+        return parsed
+
+    # -- writes --------------------------------------------------------------------------------------------
+
+    def create(self, namespace: Namespace, name: str, metadata: TableMetadata) -> tuple[str, ParsedMetadata]:
+        return admission.write_new_table(self._catalog, self.ref(namespace, name), metadata)
+
+    def commit_create(
+        self,
+        namespace: Namespace,
+        name: str,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+    ) -> tuple[str, ParsedMetadata]:
+        """A create transaction's commit: the new table starts protected."""
+        staged = self._catalog._update_and_stage_table(None, (*namespace, name), requirements, updates)
+        return admission.write_new_table(self._catalog, self.ref(namespace, name), staged.metadata)
+
+    def commit(
+        self,
+        namespace: Namespace,
+        name: str,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+    ) -> tuple[str, ParsedMetadata]:
+        """Commit to a protected table: verify the base, apply, check the pin, swap pointer + pin together."""
+        table = self.ref(namespace, name)
+        trusted = self.trusted(namespace, name)
+        if trusted is None:
+            raise NoSuchTableError(f"table does not exist: {table}")
+        base = self._verified(table, trusted, trusted.metadata_location)
+        current = Table(
+            (*namespace, name),
+            base.metadata,
+            trusted.metadata_location,
+            admission.catalog_io(self._catalog),
+            self._catalog,
+        )
+        staged = self._catalog._update_and_stage_table(current, (*namespace, name), requirements, updates)
+        if staged.metadata == base.metadata:
+            return trusted.metadata_location, base  # nothing changed: no new revision
+        return admission.commit_revision(self._catalog, table, trusted, base, staged.metadata)
+
+    def admit(
+        self, namespace: Namespace, name: str, location: str, parsed: ParsedMetadata, actor: str, action: str
+    ) -> None:
+        admission.admit_new(self._catalog, self.ref(namespace, name), location, parsed, actor, action)
+
+    def readmit(
+        self,
+        namespace: Namespace,
+        name: str,
+        current: str,
+        location: str,
+        parsed: ParsedMetadata,
+        actor: str,
+        action: str,
+    ) -> None:
+        """Register overwrite / notification update: re-admission if protected, a plain pointer move if legacy."""
+        table = self.ref(namespace, name)
+        trusted = self.trusted(namespace, name)
+        if trusted is None:
+            admission.replace_legacy_pointer(self._catalog, table, current, location)
+            return
+        admission.readmit(self._catalog, table, trusted, location, parsed, actor, action)
+
+    def check_notification_time(self, namespace: Namespace, name: str, timestamp_ms: int) -> None:
+        with self._catalog.engine.begin() as conn:
+            if not st.claim_notification_time(conn, self.ref(namespace, name), timestamp_ms):
+                raise CommitFailedError(
+                    f"stale notification for table {self.ref(namespace, name)}: timestamp is not newer"
+                )
+
+    def require_notification_update(self, namespace: Namespace, name: str) -> None:
+        """A notification carries no authenticated expected digest: it cannot replace an encrypted table's."""
+        if self.protection(namespace, name) is Protection.ENCRYPTED:
+            raise MetadataIntegrityError(
+                f"table {self.ref(namespace, name)} is a protected encrypted table: "
+                "a notification cannot replace its trusted metadata digest"
+            )
+
+    def drop(self, namespace: Namespace, name: str, purge_location: str | None, delete_files: DeleteFiles) -> None:
+        """Drop row and pin (and, for a purge, persist a cleanup task) in one transaction, then clean up."""
+        table = self.ref(namespace, name)
+        with self._catalog.engine.begin() as conn:
+            trusted = st.load_state(conn, table)
+            result = conn.execute(delete(IcebergTables).where(self._row(table)))
+            if result.rowcount != 1:
+                raise NoSuchTableError(f"table does not exist: {table.dotted_namespace}.{table.name}")
+            st.delete_state(conn, table)
+            task_id = st.insert_task(conn, table, purge_location, trusted) if purge_location else None
+        if task_id is not None:
+            run_cleanup_task(
+                self._catalog.engine,
+                admission.catalog_io(self._catalog),
+                st.load_task(self._catalog.engine, task_id),
+                delete_files,
+            )
+
+    def run_pending_cleanup(self, delete_files: DeleteFiles) -> dict[int, str]:
+        return run_pending_tasks(
+            self._catalog.engine, admission.catalog_io(self._catalog), self._catalog.name, delete_files
+        )
+
+    def rename(self, source: tuple[Namespace, str], target: tuple[Namespace, str]) -> None:
+        src, dst = self.ref(*source), self.ref(*target)
+        with self._catalog.engine.begin() as conn:
+            result = conn.execute(
+                update(IcebergTables)
+                .where(self._row(src))
+                .values(table_namespace=dst.dotted_namespace, table_name=dst.name)
+            )
+            if result.rowcount != 1:
+                raise NoSuchTableError(f"table does not exist: {src.dotted_namespace}.{src.name}")
+            st.rename_state(conn, src, dst)
+
+    def _row(self, table: TableRef) -> Any:
+        return (
+            (IcebergTables.catalog_name == self._catalog.name)
+            & (IcebergTables.table_namespace == table.dotted_namespace)
+            & (IcebergTables.table_name == table.name)
+        )

@@ -1,0 +1,357 @@
+"""Trusted per-table integrity state, admission audit events and cleanup tasks, in the catalog's own database.
+
+Nothing here is a client-visible table property, and nothing is ever derived from a metadata file after the
+fact. A table is in one of three states (see ``TrustedState``):
+
+================== =========== ================ ======================
+state              pin marker  trusted key id   trusted digest
+================== =========== ================ ======================
+legacy             absent      unknown          none
+protected plaintext present    pinned absent    none
+protected encrypted present    pinned value     present (+ version)
+================== =========== ================ ======================
+
+The marker is the presence of a row in ``sqe_table_integrity``. The table is created empty, and no code path
+inserts a row for a table that already exists, so every table that existed before this schema (the migration)
+stays legacy: never enrolled automatically, never given a backfilled digest.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Engine,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    delete,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import DBAPIError
+
+from sqe_catalog.errors import CommitFailedError, MetadataIntegrityError
+
+__all__ = [
+    "AdmissionEvent",
+    "CleanupTask",
+    "Protection",
+    "TableRef",
+    "TrustedState",
+    "create_integrity_schema",
+]
+
+_metadata = MetaData()
+_pins = Table(
+    "sqe_table_integrity",
+    _metadata,
+    Column("warehouse", String(255), primary_key=True),
+    Column("namespace", String(1024), primary_key=True),
+    Column("table_name", String(255), primary_key=True),
+    Column("metadata_location", Text, nullable=False),  # the pointer this state was recorded for
+    Column("key_id", Text, nullable=True),  # None: the absence of encryption.key-id is pinned
+    Column("digest", String(128), nullable=True),
+    Column("digest_version", String(64), nullable=True),
+)
+_events = Table(
+    "sqe_integrity_events",
+    _metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at_ms", BigInteger, nullable=False),
+    Column("warehouse", String(255), nullable=False),
+    Column("namespace", String(1024), nullable=False),
+    Column("table_name", String(255), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("actor", String(255), nullable=False),
+    Column("displaced_location", Text, nullable=True),
+    Column("displaced_digest", String(128), nullable=True),
+    Column("new_location", Text, nullable=False),
+    Column("new_digest", String(128), nullable=True),
+    Column("key_id", Text, nullable=True),
+)
+_notification_times = Table(
+    "sqe_notification_times",
+    _metadata,
+    Column("warehouse", String(255), primary_key=True),
+    Column("namespace", String(1024), primary_key=True),
+    Column("table_name", String(255), primary_key=True),
+    Column("timestamp_ms", BigInteger, nullable=False),
+)
+_tasks = Table(
+    "sqe_cleanup_tasks",
+    _metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+    Column("warehouse", String(255), nullable=False),
+    Column("namespace", String(1024), nullable=False),
+    Column("table_name", String(255), nullable=False),
+    Column("metadata_location", Text, nullable=False),
+    Column("protected", Integer, nullable=False),  # 0: legacy table, no trusted state was copied
+    Column("key_id", Text, nullable=True),
+    Column("digest", String(128), nullable=True),
+    Column("digest_version", String(64), nullable=True),
+    Column("status", String(16), nullable=False),  # pending | done | failed
+    Column("detail", Text, nullable=True),
+)
+
+
+def create_integrity_schema(engine: Engine) -> None:
+    """Create the tables if missing (the migration: existing tables get no row and stay legacy)."""
+    try:
+        _metadata.create_all(engine, checkfirst=True)
+    except DBAPIError:  # another process created them between the check and the create
+        _metadata.create_all(engine, checkfirst=True)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Trusted state
+
+
+class Protection(enum.StrEnum):
+    LEGACY = "legacy"
+    PLAINTEXT = "protected-plaintext"
+    ENCRYPTED = "protected-encrypted"
+
+
+@dataclass(frozen=True)
+class TableRef:
+    warehouse: str
+    namespace: tuple[str, ...]
+    name: str
+
+    @property
+    def dotted_namespace(self) -> str:
+        return ".".join(self.namespace)
+
+    def __str__(self) -> str:
+        return ".".join((self.warehouse, *self.namespace, self.name))
+
+
+@dataclass(frozen=True)
+class TrustedState:
+    """A protected table's pin: the pointer it was recorded for, the key id (None = pinned absence), the digest."""
+
+    metadata_location: str
+    key_id: str | None
+    digest: str | None
+    digest_version: str | None
+
+    @property
+    def protection(self) -> Protection:
+        return Protection.PLAINTEXT if self.key_id is None else Protection.ENCRYPTED
+
+    def check_consistent(self, table: TableRef) -> None:
+        """An encrypted pin without a digest (or a plaintext pin with one) is inconsistent: fail closed."""
+        if self.key_id is not None and (self.digest is None or self.digest_version is None):
+            raise MetadataIntegrityError(f"trusted state of {table} pins a key id but has no metadata digest")
+        if self.key_id is None and self.digest is not None:
+            raise MetadataIntegrityError(f"trusted state of {table} has a digest but pins no key id")
+
+
+def _where(ref: TableRef) -> Any:
+    return (
+        (_pins.c.warehouse == ref.warehouse)
+        & (_pins.c.namespace == ref.dotted_namespace)
+        & (_pins.c.table_name == ref.name)
+    )
+
+
+def _row_to_state(row: Any) -> TrustedState:
+    return TrustedState(row.metadata_location, row.key_id, row.digest, row.digest_version)
+
+
+def load_state(conn: Connection, ref: TableRef) -> TrustedState | None:
+    """The table's trusted state, or None for a legacy table."""
+    row = conn.execute(select(_pins).where(_where(ref))).first()
+    return _row_to_state(row) if row is not None else None
+
+
+def insert_state(conn: Connection, ref: TableRef, state: TrustedState) -> None:
+    # A leftover row for a name no table holds (crash between two drops) is stale: a new lifetime replaces it.
+    conn.execute(delete(_pins).where(_where(ref)))
+    conn.execute(insert(_pins).values(**_state_values(ref, state)))
+
+
+def replace_state(conn: Connection, ref: TableRef, expected_location: str, state: TrustedState) -> None:
+    """Compare-and-swap on the recorded pointer; a lost race is a commit failure (409)."""
+    result = conn.execute(
+        update(_pins)
+        .where(_where(ref) & (_pins.c.metadata_location == expected_location))
+        .values(metadata_location=state.metadata_location, key_id=state.key_id, digest=state.digest)
+        .values(digest_version=state.digest_version)
+    )
+    if result.rowcount != 1:
+        raise CommitFailedError(f"table {ref} was changed concurrently")
+
+
+def delete_state(conn: Connection, ref: TableRef) -> None:
+    conn.execute(delete(_pins).where(_where(ref)))
+
+
+def rename_state(conn: Connection, source: TableRef, target: TableRef) -> None:
+    conn.execute(delete(_pins).where(_where(target)))
+    conn.execute(update(_pins).where(_where(source)).values(namespace=target.dotted_namespace, table_name=target.name))
+
+
+def _state_values(ref: TableRef, state: TrustedState) -> dict[str, Any]:
+    return {
+        "warehouse": ref.warehouse,
+        "namespace": ref.dotted_namespace,
+        "table_name": ref.name,
+        "metadata_location": state.metadata_location,
+        "key_id": state.key_id,
+        "digest": state.digest,
+        "digest_version": state.digest_version,
+    }
+
+
+def claim_notification_time(conn: Connection, ref: TableRef, timestamp_ms: int) -> bool:
+    """Record ``timestamp_ms`` as the table's newest notification; False when it is not newer (stale)."""
+    where = (
+        (_notification_times.c.warehouse == ref.warehouse)
+        & (_notification_times.c.namespace == ref.dotted_namespace)
+        & (_notification_times.c.table_name == ref.name)
+    )
+    row = conn.execute(select(_notification_times.c.timestamp_ms).where(where)).first()
+    if row is None:
+        conn.execute(
+            insert(_notification_times).values(
+                warehouse=ref.warehouse, namespace=ref.dotted_namespace, table_name=ref.name, timestamp_ms=timestamp_ms
+            )
+        )
+        return True
+    result = conn.execute(
+        update(_notification_times)
+        .where(where & (_notification_times.c.timestamp_ms < timestamp_ms))
+        .values(timestamp_ms=timestamp_ms)
+    )
+    return bool(result.rowcount == 1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Admission audit events
+
+
+@dataclass(frozen=True)
+class AdmissionEvent:
+    """One (re-)admission: who selected which revision, and which trusted revision it displaced."""
+
+    action: str
+    actor: str
+    table: TableRef
+    displaced_location: str | None
+    displaced_digest: str | None
+    new_location: str
+    new_digest: str | None
+    key_id: str | None
+
+
+def record_event(conn: Connection, event: AdmissionEvent) -> None:
+    conn.execute(
+        insert(_events).values(
+            at_ms=now_ms(),
+            warehouse=event.table.warehouse,
+            namespace=event.table.dotted_namespace,
+            table_name=event.table.name,
+            action=event.action,
+            actor=event.actor,
+            displaced_location=event.displaced_location,
+            displaced_digest=event.displaced_digest,
+            new_location=event.new_location,
+            new_digest=event.new_digest,
+            key_id=event.key_id,
+        )
+    )
+
+
+def list_events(engine: Engine, warehouse: str | None = None) -> list[dict[str, Any]]:
+    stmt = select(_events).order_by(_events.c.id)
+    if warehouse is not None:
+        stmt = stmt.where(_events.c.warehouse == warehouse)
+    with engine.connect() as conn:
+        return [dict(row._mapping) for row in conn.execute(stmt)]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Cleanup tasks
+
+
+@dataclass(frozen=True)
+class CleanupTask:
+    id: int
+    table: TableRef
+    metadata_location: str
+    trusted: TrustedState | None  # a copy of the dropped table's trusted state; None for a legacy table
+    status: str
+    detail: str | None
+
+
+def insert_task(conn: Connection, table: TableRef, location: str, trusted: TrustedState | None) -> int:
+    stamp = now_ms()
+    result = conn.execute(
+        insert(_tasks).values(
+            created_ms=stamp,
+            updated_ms=stamp,
+            warehouse=table.warehouse,
+            namespace=table.dotted_namespace,
+            table_name=table.name,
+            metadata_location=location,
+            protected=int(trusted is not None),
+            key_id=trusted.key_id if trusted else None,
+            digest=trusted.digest if trusted else None,
+            digest_version=trusted.digest_version if trusted else None,
+            status="pending",
+        )
+    )
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def _row_to_task(row: Any) -> CleanupTask:
+    table = TableRef(row.warehouse, tuple(row.namespace.split(".")), row.table_name)
+    trusted = TrustedState(row.metadata_location, row.key_id, row.digest, row.digest_version) if row.protected else None
+    return CleanupTask(row.id, table, row.metadata_location, trusted, row.status, row.detail)
+
+
+def load_task(engine: Engine, task_id: int) -> CleanupTask:
+    with engine.connect() as conn:
+        row = conn.execute(select(_tasks).where(_tasks.c.id == task_id)).first()
+    if row is None:
+        raise KeyError(task_id)
+    return _row_to_task(row)
+
+
+def pending_tasks(engine: Engine, warehouse: str) -> list[CleanupTask]:
+    stmt = select(_tasks).where((_tasks.c.warehouse == warehouse) & (_tasks.c.status == "pending"))
+    with engine.connect() as conn:
+        return [_row_to_task(row) for row in conn.execute(stmt.order_by(_tasks.c.id))]
+
+
+def finish_task(engine: Engine, task_id: int, status: str, detail: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(update(_tasks).where(_tasks.c.id == task_id).values(status=status, detail=detail))
+        conn.execute(update(_tasks).where(_tasks.c.id == task_id).values(updated_ms=now_ms()))
+
+
+def list_tasks(engine: Engine, warehouse: str | None = None) -> list[dict[str, Any]]:
+    stmt = select(_tasks).order_by(_tasks.c.id)
+    if warehouse is not None:
+        stmt = stmt.where(_tasks.c.warehouse == warehouse)
+    with engine.connect() as conn:
+        return [dict(row._mapping) for row in conn.execute(stmt)]

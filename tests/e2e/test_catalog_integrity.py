@@ -1,0 +1,444 @@
+"""Key-ID pinning and metadata integrity against the real ``sqe-catalog`` on moto (``sqe_catalog.integrity``).
+
+One test per row of the seed's state, transition and admission tables, plus storage tampering: the metadata file
+is rewritten in the bucket with boto3 behind the catalog's back, and the next load must answer 422 and a purge
+must refuse and delete nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import requests
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogServer
+
+pytestmark = pytest.mark.e2e
+
+SCHEMA = {
+    "type": "struct",
+    "schema-id": 0,
+    "fields": [{"id": 1, "name": "id", "type": "long", "required": False}],
+}
+V3 = {"format-version": "3"}
+INTEGRITY = "MetadataIntegrityException"
+
+
+class Api:
+    def __init__(self, server: CatalogServer) -> None:
+        self.server = server
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {server.token(server.admin)}"
+
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        url = f"{self.server.url}/v1/{self.server.warehouse}/{path}"
+        return self.session.request(method, url, timeout=60, **kwargs)
+
+    def namespace(self) -> str:
+        ns = f"integ_{uuid.uuid4().hex[:8]}"
+        assert self.request("POST", "namespaces", json={"namespace": [ns]}).status_code == 200
+        return ns
+
+    def create(self, ns: str, name: str, properties: dict[str, str]) -> requests.Response:
+        body = {"name": name, "schema": SCHEMA, "properties": properties}
+        return self.request("POST", f"namespaces/{ns}/tables", json=body)
+
+    def load(self, ns: str, name: str) -> requests.Response:
+        return self.request("GET", f"namespaces/{ns}/tables/{name}")
+
+    def set_properties(self, ns: str, name: str, **updates: str) -> requests.Response:
+        body = {"updates": [{"action": "set-properties", "updates": updates}]}
+        return self.request("POST", f"namespaces/{ns}/tables/{name}", json=body)
+
+    def remove_properties(self, ns: str, name: str, *removals: str) -> requests.Response:
+        body = {"updates": [{"action": "remove-properties", "removals": list(removals)}]}
+        return self.request("POST", f"namespaces/{ns}/tables/{name}", json=body)
+
+    def notify(self, ns: str, name: str, kind: str, location: str, timestamp: int) -> requests.Response:
+        payload = {"table-name": name, "timestamp": timestamp, "metadata-location": location}
+        body = {"notification-type": kind, "payload": payload}
+        return self.request("POST", f"namespaces/{ns}/tables/{name}/notifications", json=body)
+
+
+@pytest.fixture(scope="module")
+def api(catalog_server: CatalogServer) -> Api:
+    return Api(catalog_server)
+
+
+def assert_integrity_error(response: requests.Response) -> str:
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["type"] == INTEGRITY and error["code"] == 422
+    assert "Traceback" not in response.text
+    return str(error["message"])
+
+
+def trusted_row(server: CatalogServer, ns: str, name: str) -> tuple[Any, ...] | None:
+    """The table's row in the catalog's own trusted-state table (read-only, straight from its database)."""
+    with sqlite3.connect(server.workdir / "catalog.db") as db:
+        row = db.execute(
+            "SELECT metadata_location, key_id, digest, digest_version FROM sqe_table_integrity"
+            " WHERE namespace = ? AND table_name = ?",
+            (ns, name),
+        ).fetchone()
+    return tuple(row) if row is not None else None
+
+
+def s3_key(location: str) -> tuple[str, str]:
+    bucket, _, key = location.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def read_stored(server: CatalogServer, location: str) -> dict[str, Any]:
+    bucket, key = s3_key(location)
+    body = server.moto.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    document: dict[str, Any] = json.loads(body)
+    return document
+
+
+def tamper(server: CatalogServer, location: str, change: Any) -> None:
+    """Rewrite the metadata file in the bucket, behind the catalog's back."""
+    document = read_stored(server, location)
+    change(document)
+    bucket, key = s3_key(location)
+    server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(document, indent=2).encode())
+
+
+def objects(server: CatalogServer, prefix: str) -> list[str]:
+    listing = server.moto.client("s3").list_objects_v2(Bucket=server.moto.bucket, Prefix=prefix)
+    # without the empty directory markers pyarrow leaves behind when it deletes
+    return sorted(obj["Key"] for obj in listing.get("Contents", []) if not obj["Key"].endswith("/"))
+
+
+def legacy_table(server: CatalogServer, ns: str, name: str, properties: dict[str, str] | None = None) -> str:
+    """A table as the catalog before this change made it: pyiceberg's SqlCatalog on the same database and bucket
+    (a row in iceberg_tables, none in the trusted-state table). Returns its metadata location."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    moto = server.moto
+    catalog = SqlCatalog(
+        server.warehouse,
+        uri=f"sqlite:///{server.workdir / 'catalog.db'}",
+        **{
+            "s3.endpoint": moto.url,
+            "s3.region": moto.region,
+            "s3.access-key-id": moto.access_key_id,
+            "s3.secret-access-key": moto.secret_access_key,
+        },
+    )
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    location = f"{server.warehouse_location}/{ns}/{name}"
+    table = catalog.create_table((ns, name), schema, location=location, properties=properties or {})
+    catalog.engine.dispose()
+    return str(table.metadata_location)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# States
+
+
+def test_create_without_key_id_pins_its_absence(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    created = api.create(ns, "plain", {})
+    assert created.status_code == 200, created.text
+    row = trusted_row(catalog_server, ns, "plain")
+    assert row == (created.json()["metadata-location"], None, None, None), "protected plaintext: marker, no digest"
+    assert "sqe" not in json.dumps(created.json()["metadata"]["properties"]), "trusted state is not a table property"
+
+
+def test_create_with_key_id_pins_key_and_digest(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    created = api.create(ns, "enc", {**V3, "encryption.key-id": "K1"})
+    assert created.status_code == 200, created.text
+    body = created.json()
+    assert body["metadata"]["format-version"] == 3
+    location, key_id, digest, version = trusted_row(catalog_server, ns, "enc") or ()
+    assert (location, key_id, version) == (body["metadata-location"], "K1", "sqe-canonical-json-sha256-v1")
+    assert digest and len(digest) == 44, "Base64 of a SHA-256"
+    assert api.load(ns, "enc").status_code == 200
+
+
+def test_legacy_table_keeps_its_behaviour_and_is_never_enrolled(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    legacy_table(catalog_server, ns, "old")
+    assert api.load(ns, "old").status_code == 200
+    # a legacy table may gain (and lose) a key id, as before; it is still not enrolled or given a digest
+    assert api.set_properties(ns, "old", **{"encryption.key-id": "K9"}).status_code == 200
+    assert api.remove_properties(ns, "old", "encryption.key-id").status_code == 200
+    assert trusted_row(catalog_server, ns, "old") is None
+    # legacy drop with purge deletes as before
+    location = api.load(ns, "old").json()["metadata-location"]
+    assert api.request("DELETE", f"namespaces/{ns}/tables/old", params={"purgeRequested": "true"}).status_code == 204
+    assert objects(catalog_server, s3_key(location)[1]) == []
+    assert trusted_row(catalog_server, ns, "old") is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Transitions
+
+
+def test_plaintext_commits_while_the_key_id_stays_absent(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    assert api.create(ns, "t", {}).status_code == 200
+    committed = api.set_properties(ns, "t", owner="me")
+    assert committed.status_code == 200, committed.text
+    assert trusted_row(catalog_server, ns, "t") == (committed.json()["metadata-location"], None, None, None)
+
+
+def test_plaintext_to_encrypted_is_rejected(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    before = api.create(ns, "t", V3).json()["metadata-location"]
+    assert "cannot be set" in assert_integrity_error(api.set_properties(ns, "t", **{"encryption.key-id": "K1"}))
+    assert trusted_row(catalog_server, ns, "t") == (before, None, None, None)
+    assert api.load(ns, "t").json()["metadata-location"] == before
+
+
+def test_encrypted_commit_with_the_same_key_replaces_the_digest(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    api.create(ns, "t", {**V3, "encryption.key-id": "K1"})
+    first = trusted_row(catalog_server, ns, "t")
+    committed = api.set_properties(ns, "t", owner="me")
+    assert committed.status_code == 200, committed.text
+    second = trusted_row(catalog_server, ns, "t")
+    assert first and second and second[0] == committed.json()["metadata-location"] != first[0]
+    assert second[1] == "K1" and second[2] != first[2]
+    assert api.load(ns, "t").status_code == 200
+
+
+def test_encrypted_key_change_and_removal_are_rejected(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    api.create(ns, "t", {**V3, "encryption.key-id": "K1"})
+    pinned = trusted_row(catalog_server, ns, "t")
+    assert "cannot be changed" in assert_integrity_error(api.set_properties(ns, "t", **{"encryption.key-id": "K2"}))
+    assert "cannot be removed" in assert_integrity_error(api.remove_properties(ns, "t", "encryption.key-id"))
+    assert trusted_row(catalog_server, ns, "t") == pinned
+
+
+def test_encryption_properties_need_format_version_3(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    for properties in ({"encryption.key-id": "K1"}, {"format-version": "1", "encryption.data-key-length": "16"}):
+        assert "format-version >= 3" in assert_integrity_error(api.create(ns, "t", properties))
+        assert trusted_row(catalog_server, ns, "t") is None
+        assert api.load(ns, "t").status_code == 404
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Admission boundaries
+
+
+def _register(api: Api, ns: str, name: str, location: str, overwrite: bool = False) -> requests.Response:
+    body = {"name": name, "metadata-location": location, "overwrite": overwrite}
+    return api.request("POST", f"namespaces/{ns}/register", json=body)
+
+
+def _events(server: CatalogServer, ns: str) -> list[dict[str, Any]]:
+    events = json.loads(server.admin_cli("list-integrity-events"))
+    return [e for e in events if e["namespace"] == ns]
+
+
+def test_register_new_is_trust_on_first_use_with_an_audit_event(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    source = api.create(ns, "src", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
+    api.request("DELETE", f"namespaces/{ns}/tables/src")  # drop without purge: the file stays
+    registered = _register(api, ns, "copy", source)
+    assert registered.status_code == 200, registered.text
+    row = trusted_row(catalog_server, ns, "copy")
+    assert row and row[:2] == (source, "K1") and row[2]
+    (event,) = _events(catalog_server, ns)
+    assert event["action"] == "register" and event["actor"] == "admin"
+    assert (event["displaced_location"], event["new_location"], event["new_digest"]) == (None, source, row[2])
+
+
+def test_register_overwrite_readmits_with_the_pinned_key_only(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    first = api.create(ns, "t", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
+    second = api.set_properties(ns, "t", owner="me").json()["metadata-location"]
+    other_key = api.create(ns, "k2", {**V3, "encryption.key-id": "K2"}).json()["metadata-location"]
+    api.request("DELETE", f"namespaces/{ns}/tables/k2")  # its file stays; its location is free again
+    pinned = trusted_row(catalog_server, ns, "t")
+    assert pinned
+    # re-admission of an older revision with the same key id: allowed, audited with the displaced revision
+    readmitted = _register(api, ns, "t", first, overwrite=True)
+    assert readmitted.status_code == 200, readmitted.text
+    row = trusted_row(catalog_server, ns, "t")
+    assert row and row[0] == first and row[1] == "K1"
+    (event,) = _events(catalog_server, ns)
+    assert event["action"] == "register-overwrite"
+    assert (event["displaced_location"], event["displaced_digest"]) == (second, pinned[2])
+    assert (event["new_location"], event["new_digest"]) == (first, row[2])
+    # another key id is refused
+    assert "cannot be changed" in assert_integrity_error(_register(api, ns, "t", other_key, overwrite=True))
+    assert trusted_row(catalog_server, ns, "t") == row
+
+
+def test_register_overwrite_requires_table_full_metadata(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    location = api.create(ns, "t", V3).json()["metadata-location"]
+    writer = catalog_server.principal_with_grants(
+        f"creator_{uuid.uuid4().hex[:6]}",
+        [("TABLE_CREATE", ns, None), ("TABLE_WRITE_PROPERTIES", ns, None)],
+    )
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {catalog_server.token(writer)}"
+    body = {"name": "t", "metadata-location": location, "overwrite": True}
+    response = session.post(f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/register", json=body)
+    assert response.status_code == 403, response.text
+
+
+def test_legacy_register_overwrite_moves_the_pointer_without_pinning(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    first = legacy_table(catalog_server, ns, "old")
+    second = api.set_properties(ns, "old", owner="me").json()["metadata-location"]
+    assert _register(api, ns, "old", first, overwrite=True).status_code == 200
+    assert api.load(ns, "old").json()["metadata-location"] == first != second
+    assert trusted_row(catalog_server, ns, "old") is None and _events(catalog_server, ns) == []
+
+
+def test_notification_of_a_missing_table_is_trust_on_first_use(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    source = api.create(ns, "src", V3).json()["metadata-location"]
+    other = api.create(ns, "src2", V3).json()["metadata-location"]
+    api.request("DELETE", f"namespaces/{ns}/tables/src")
+    api.request("DELETE", f"namespaces/{ns}/tables/src2")
+    stamp = int(time.time() * 1000)
+    assert api.notify(ns, "viaupdate", "UPDATE", source, stamp).status_code == 204
+    assert trusted_row(catalog_server, ns, "viaupdate") == (source, None, None, None)
+    assert api.notify(ns, "viacreate", "CREATE", other, stamp).status_code == 204
+    assert api.notify(ns, "viacreate", "CREATE", other, stamp + 1).status_code == 409, "exists already"
+    assert [e["action"] for e in _events(catalog_server, ns)] == ["notification-update", "notification-create"]
+
+
+def test_notification_update_of_protected_plaintext_keeps_the_absence(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    api.create(ns, "t", V3)
+    newer = api.set_properties(ns, "t", owner="me").json()["metadata-location"]
+    encrypted = api.create(ns, "e", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
+    api.request("DELETE", f"namespaces/{ns}/tables/e")  # its file stays; its location is free again
+    older = api.set_properties(ns, "t", owner="you").json()["metadata-location"]
+    stamp = int(time.time() * 1000)
+    assert api.notify(ns, "t", "UPDATE", newer, stamp).status_code == 204
+    assert trusted_row(catalog_server, ns, "t") == (newer, None, None, None)
+    assert "cannot be set" in assert_integrity_error(api.notify(ns, "t", "UPDATE", encrypted, stamp + 1))
+    # a stale timestamp is refused before anything is read
+    assert api.notify(ns, "t", "UPDATE", older, stamp).status_code == 409
+    assert trusted_row(catalog_server, ns, "t") == (newer, None, None, None)
+
+
+def test_notification_update_of_protected_encrypted_is_rejected(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    first = api.create(ns, "e", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
+    api.set_properties(ns, "e", owner="me")
+    pinned = trusted_row(catalog_server, ns, "e")
+    message = assert_integrity_error(api.notify(ns, "e", "UPDATE", first, int(time.time() * 1000)))
+    assert "notification cannot replace" in message
+    assert trusted_row(catalog_server, ns, "e") == pinned
+
+
+def test_legacy_notification_update_moves_the_pointer(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    first = legacy_table(catalog_server, ns, "old")
+    api.set_properties(ns, "old", owner="me")
+    assert api.notify(ns, "old", "UPDATE", first, int(time.time() * 1000)).status_code == 204
+    assert api.load(ns, "old").json()["metadata-location"] == first
+    assert trusted_row(catalog_server, ns, "old") is None
+
+
+def test_notification_validate_and_drop(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    location = api.create(ns, "t", V3).json()["metadata-location"]
+    stamp = int(time.time() * 1000)
+    assert api.notify(ns, "t", "VALIDATE", location, stamp).status_code == 204
+    assert api.notify(ns, "t", "VALIDATE", "s3://elsewhere/x.json", stamp + 1).status_code == 400
+    assert api.notify(ns, "t", "DROP", "", stamp + 2).status_code == 204
+    assert api.load(ns, "t").status_code == 404 and trusted_row(catalog_server, ns, "t") is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Storage tampering: load answers 422, purge refuses and deletes nothing
+
+
+def _assert_refused_purge(api: Api, server: CatalogServer, ns: str, name: str) -> None:
+    before = objects(server, f"{server.warehouse}/{ns}/{name}/")
+    assert before
+    assert_integrity_error(api.request("DELETE", f"namespaces/{ns}/tables/{name}", params={"purgeRequested": "true"}))
+    assert objects(server, f"{server.warehouse}/{ns}/{name}/") == before
+    assert trusted_row(server, ns, name) is not None, "the table and its pin are still there"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(
+            lambda d: d.__setitem__(
+                "snapshots",
+                [dict(snapshot_id=1)]
+                and [
+                    {
+                        "snapshot-id": 1,
+                        "timestamp-ms": 1,
+                        "sequence-number": 1,
+                        "manifest-list": "s3://warehouse/wh/x.avro",
+                        "summary": {"operation": "append"},
+                        "first-row-id": 0,
+                        "added-rows": 0,
+                    }
+                ],
+            ),
+            id="snapshots",
+        ),
+        pytest.param(
+            lambda d: d["schemas"][0]["fields"].append(dict(d["schemas"][0]["fields"][0], id=9, name="extra")),
+            id="schema",
+        ),
+        pytest.param(
+            lambda d: d.__setitem__("encryption-keys", [{"key-id": "evil", "encrypted-key-metadata": "AA=="}]),
+            id="encryption-keys",
+        ),
+    ],
+)
+def test_tampered_encrypted_metadata_is_detected(api: Api, catalog_server: CatalogServer, change: Any) -> None:
+    ns = api.namespace()
+    location = api.create(ns, "t", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
+    tamper(catalog_server, location, change)
+    assert "trusted digest" in assert_integrity_error(api.load(ns, "t"))
+    _assert_refused_purge(api, catalog_server, ns, "t")
+
+
+def test_whitespace_only_rewrite_is_not_tampering(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    location = api.create(ns, "t", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
+    tamper(catalog_server, location, lambda d: None)  # same document, indented, keys in another order
+    assert api.load(ns, "t").status_code == 200
+
+
+def test_key_id_added_in_storage_to_protected_plaintext_is_detected(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    location = api.create(ns, "t", V3).json()["metadata-location"]
+    tamper(catalog_server, location, lambda d: d["properties"].__setitem__("encryption.key-id", "K1"))
+    assert "cannot be set" in assert_integrity_error(api.load(ns, "t"))
+    _assert_refused_purge(api, catalog_server, ns, "t")
+
+
+def test_verified_purge_deletes_and_records_the_task(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    api.create(ns, "t", {**V3, "encryption.key-id": "K1"})
+    response = api.request("DELETE", f"namespaces/{ns}/tables/t", params={"purgeRequested": "true"})
+    assert response.status_code == 204
+    assert objects(catalog_server, f"{catalog_server.warehouse}/{ns}/t/") == []
+    tasks = [t for t in json.loads(catalog_server.admin_cli("list-cleanup-tasks")) if t["namespace"] == ns]
+    assert [(t["status"], t["key_id"], bool(t["digest"])) for t in tasks] == [("done", "K1", True)]
+
+
+def test_integrity_errors_are_logged_without_secrets(catalog_server: CatalogServer) -> None:
+    log = catalog_server.log_text()
+    assert "integrity check failed" in log
+    for secret in catalog_server.secrets:
+        assert secret not in log
