@@ -194,6 +194,16 @@ def _handler(method: Callable[..., _T]) -> Callable[..., _T]:
 # ----------------------------------------------------------------------------------------------- server
 
 
+class _HandshakeOnly(flight.ServerAuthHandler):  # type: ignore[misc]
+    """Lets Flight's Basic-auth handshake complete; the middleware authenticates it (and every other call)."""
+
+    def authenticate(self, outgoing: Any, incoming: Any) -> None:
+        return None
+
+    def is_valid(self, token: bytes) -> str:
+        return ""
+
+
 class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     """Flight SQL over SQE user sessions. ``serve()`` blocks; ``shutdown()`` stops it."""
 
@@ -208,7 +218,10 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         scheme = "grpc+tls" if tls_certificates else "grpc+tcp"
         location = f"{scheme}://{server_config.listen}"
         super().__init__(
-            location, middleware={"sqe": AuthMiddlewareFactory(broker)}, tls_certificates=tls_certificates or []
+            location,
+            auth_handler=_HandshakeOnly(),
+            middleware={"sqe": AuthMiddlewareFactory(broker)},
+            tls_certificates=tls_certificates or [],
         )
         self.server_config = server_config
         self.engine_config = engine_config
@@ -250,7 +263,8 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             raise
 
         def release() -> None:
-            session.release_engine(engine)
+            # an interrupted or failed DuckDB connection is not reused: a fresh one costs little
+            session.release_engine(engine, discard=query.cancelled is not None or query.failed)
             self.limits.release(user.key)
 
         query = OpenQuery(
@@ -260,17 +274,21 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             deadline=time.monotonic() + self.server_config.query_timeout_seconds,
             cancel_engine=engine.session.interrupt,
             release=release,
+            planning=True,
+            call_context=context,  # a client that gives up while we plan cancels the statement
         )
         session.open[query.handle] = query  # the watchdog sees it (timeout) while it plans
         try:
             reader = run(engine).reader(self.server_config.batch_rows)
         except BaseException as exc:
+            query.call_context, query.failed = None, True
             query.finish()
             session.open.pop(query.handle, None)
             if query.cancelled == "timeout":
                 raise self._timeout() from exc
             raise
-        query.schema, query.batches = reader.schema, iter(reader)
+        query.schema, query.batches, query.close_stream = reader.schema, iter(reader), reader.close
+        query.planning, query.call_context = False, None
         return query
 
     def _table_query(self, session: ClientSession, table: pa.Table) -> OpenQuery:
@@ -380,6 +398,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             if query.cancelled is not None:
                 raise QueryError(f"query cancelled ({query.cancelled})")
         except Exception as exc:
+            query.failed = True
             if query.cancelled == "timeout" and not isinstance(exc, QueryTimeoutError):
                 exc = self._timeout()
             raise to_flight(exc, secrets) from None

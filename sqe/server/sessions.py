@@ -149,6 +149,9 @@ class OpenQuery:
     cancel_engine: Callable[[], None]
     release: Callable[[], None]
     call_context: flight.ServerCallContext | None = None
+    close_stream: Callable[[], None] = lambda: None  # frees the engine's result before the engine is reused
+    failed: bool = False  # its statement or stream raised
+    planning: bool = False  # its GetFlightInfo is still running the statement
     cancelled: str | None = None  # why it was cancelled: "timeout", "client", "cancel"
     _done: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -168,6 +171,10 @@ class OpenQuery:
             if self._done:
                 return
             self._done = True
+        try:
+            self.close_stream()
+        except Exception as exc:  # a broken stream must still give its engine and slot back
+            log.debug("closing a result stream failed: %s", type(exc).__name__)
         self.release()
 
     @property
@@ -223,7 +230,14 @@ class ClientSession:
             self._engines.append(engine)
         return engine
 
-    def release_engine(self, engine: Engine) -> None:
+    def release_engine(self, engine: Engine, *, discard: bool = False) -> None:
+        """Back to the pool; ``discard`` (after a cancelled or failed query) closes it instead."""
+        if discard:
+            with self._lock:
+                if engine in self._engines:
+                    self._engines.remove(engine)
+            engine.close()
+            return
         with self._lock:
             engine.busy = False
             engine.last_used = time.monotonic()
@@ -346,6 +360,9 @@ class Watchdog:
                     session.open.pop(query.handle, None)
                 elif now >= query.deadline:
                     query.cancel("timeout")
+                    if query.call_context is None and not query.planning:  # never fetched: free it now
+                        query.finish()
+                        session.open.pop(query.handle, None)
                 elif query.call_context is not None and _client_gone(query.call_context):
                     query.cancel("client")
         self._registry.expire_idle(self._idle_seconds)
