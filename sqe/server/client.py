@@ -9,6 +9,7 @@ answers with the user's bearer token, which this client then uses).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -110,10 +111,9 @@ class RemoteSession:
         if info is None:
             return
         request = cancel_pb.CancelFlightInfoRequest(info=info.serialize())
-        try:
-            list(self._client.do_action(flight.Action("CancelFlightInfo", request.SerializeToString()), self._options()))
-        except flight.FlightError:
-            pass  # the stream cancel below still stops it
+        action = flight.Action("CancelFlightInfo", request.SerializeToString())
+        with contextlib.suppress(flight.FlightError):  # the stream cancel below still stops it
+            list(self._client.do_action(action, self._options()))
         if reader is not None:
             reader.cancel()
 
@@ -130,7 +130,9 @@ class RemoteSession:
             if len(parts) == 2:
                 command.catalog = parts[0]
         table = self._metadata(command)
-        return table.rename_columns(["warehouse", "namespace", "table", "type"]).select(["warehouse", "namespace", "table"])
+        return table.rename_columns(["warehouse", "namespace", "table", "type"]).select(
+            ["warehouse", "namespace", "table"]
+        )
 
     def describe_table(self, name: str) -> pa.Table:
         schema = self.sql(f"SELECT * FROM {name} LIMIT 0").arrow().schema

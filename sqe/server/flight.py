@@ -305,7 +305,9 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         return query
 
     def _timeout(self) -> QueryTimeoutError:
-        return QueryTimeoutError(f"the query ran longer than query_timeout_seconds ({self.server_config.query_timeout_seconds:g} s)")
+        return QueryTimeoutError(
+            f"the query ran longer than query_timeout_seconds ({self.server_config.query_timeout_seconds:g} s)"
+        )
 
     @staticmethod
     def _info(descriptor: flight.FlightDescriptor, query: OpenQuery) -> flight.FlightInfo:

@@ -174,9 +174,7 @@ class IdentityBroker:
         except requests.RequestException as exc:
             raise CatalogUnavailableError(f"cannot reach the catalog at {self._uri}: {type(exc).__name__}") from None
         if response.status_code == 401:
-            raise AuthenticationError(
-                f"the catalog rejected the bearer token ({_oauth_error(response)})", status=401
-            )
+            raise AuthenticationError(f"the catalog rejected the bearer token ({_oauth_error(response)})", status=401)
         if response.status_code >= 500:
             raise CatalogUnavailableError(f"the catalog answered HTTP {response.status_code}", status=503)
         # 200, or 403/404 for a warehouse the user cannot see: the token itself is valid.

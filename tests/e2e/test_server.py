@@ -251,7 +251,9 @@ def test_adbc_prepared_statement_with_parameters(served: Served) -> None:
 def test_adbc_metadata_browse(served: Served) -> None:
     with served.adbc("carol") as conn:
         objects = conn.adbc_get_objects(depth="tables", db_schema_filter=served.namespace).read_all().to_pylist()
-        schema = conn.adbc_get_table_schema("people", catalog_filter=served.catalog.warehouse, db_schema_filter=served.namespace)
+        schema = conn.adbc_get_table_schema(
+            "people", catalog_filter=served.catalog.warehouse, db_schema_filter=served.namespace
+        )
         types = conn.adbc_get_table_types()
     [warehouse] = [o for o in objects if o["catalog_name"] == served.catalog.warehouse]
     [namespace] = warehouse["catalog_db_schemas"]
@@ -366,7 +368,9 @@ def test_no_token_wrong_token_wrong_basic_secret_are_unauthenticated(served: Ser
     client = served.flight_client()
     command = _command(sql_pb.CommandGetCatalogs())
     served.expect_error(lambda: client.get_flight_info(command), flight.FlightUnauthenticatedError)
-    served.expect_error(lambda: client.get_flight_info(command, _bearer("not-a-token")), flight.FlightUnauthenticatedError)
+    served.expect_error(
+        lambda: client.get_flight_info(command, _bearer("not-a-token")), flight.FlightUnauthenticatedError
+    )
     carol = served.users["carol"]
     served.expect_error(
         lambda: client.authenticate_basic_token(carol.client_id, "wrong-secret"), flight.FlightUnauthenticatedError
@@ -433,7 +437,7 @@ def test_the_query_past_the_per_user_limit_is_refused_with_a_clear_status(served
     assert "server busy" in str(error) and "max_concurrent_queries_per_user" in str(error)
     # another user still gets a slot
     other = _bearer(served.token("alice"))
-    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=f"SELECT 1 AS x")), other)
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query="SELECT 1 AS x")), other)
     assert client.do_get(info.endpoints[0].ticket, other).read_all().num_rows == 1
     for reader in held:
         reader.cancel()
@@ -459,7 +463,8 @@ def _rss_bytes(pid: int) -> int:
 def test_a_large_result_streams_in_bounded_memory(served: Served) -> None:
     client = served.flight_client()
     options = _bearer(served.token("carol"))
-    sql = f"SELECT a.n, a.label, b.label AS label2 FROM {served.namespace}.numbers a, (SELECT label FROM {served.namespace}.numbers LIMIT 12) b"
+    numbers = f"{served.namespace}.numbers"
+    sql = f"SELECT a.n, a.label, b.label AS label2 FROM {numbers} a, (SELECT label FROM {numbers} LIMIT 12) b"
     before = _rss_bytes(served.proc.pid)
     info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
     rows = total_bytes = 0
@@ -487,7 +492,9 @@ def test_cli_against_the_server_prints_csv_and_one_line_errors(served: Served, t
     done = subprocess.run([*base, "-e", sql, "--format", "csv"], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["id,ssn", "1,nnn-nn-3333", "3,nnn-nn-5555", "6,"]
-    failed = subprocess.run([*base, "-e", "SELECT * FROM nope.nope"], capture_output=True, text=True, env=env, timeout=120)
+    failed = subprocess.run(
+        [*base, "-e", "SELECT * FROM nope.nope"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert failed.returncode == 1
     assert failed.stderr.count("\n") == 1 and failed.stderr.startswith("sqe: error: ")
     served.errors_seen.append(failed.stderr)
