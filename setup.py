@@ -1,5 +1,5 @@
-"""Build hook: compile ``proto/sqe/worker/v1/worker.proto`` into ``sqe/distributed/protocol/_proto`` before
-packaging.
+"""Build hook: compile ``proto/`` (worker contract -> ``sqe/distributed/protocol/_proto``, Flight SQL messages ->
+``sqe/server/_proto``) before packaging.
 
 Everything else about the package is declared in ``pyproject.toml``. The generated modules are never committed;
 ``sqe/distributed/protocol/_proto/__init__.py`` also regenerates them on first import in a source checkout
@@ -22,13 +22,20 @@ class BuildPyWithProto(build_py):  # type: ignore[misc]
     """``build_py`` that generates the gRPC modules first, so wheels (and editable builds) contain them."""
 
     def run(self) -> None:
-        spec = importlib.util.spec_from_file_location("_sqe_proto_build", ROOT / GENERATOR)
-        if spec is None or spec.loader is None:
-            raise RuntimeError(f"cannot load {GENERATOR}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)  # regenerates when missing or stale
-        module.generate(module.SOURCE_PROTO, module.PACKAGE_DIR)  # always fresh in a build
+        worker = _load(ROOT / GENERATOR, "_sqe_proto_build")
+        worker.generate(worker.SOURCE_PROTO, worker.PACKAGE_DIR)  # type: ignore[attr-defined]  # always fresh
+        _load(ROOT / "sqe" / "server" / "_proto" / "__init__.py", "_sqe_flight_sql_proto_build").generate()  # type: ignore[attr-defined]
         super().run()
+
+
+def _load(path: Path, name: str) -> object:
+    """Run a generator module by path (the package itself may not be importable yet); returns the module."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # regenerates when missing or stale
+    return module
 
 
 setup(cmdclass={"build_py": BuildPyWithProto})

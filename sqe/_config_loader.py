@@ -21,7 +21,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn, TypeVar
+from typing import Annotated, Any, Literal, NoReturn, Self, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
 
@@ -65,6 +65,13 @@ class ConfigSection(BaseModel):
 
     def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Any:
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A NEW, validated model with ``update`` applied (pydantic's own copies through ``__copy__``, which
+        returns ``self`` here, and would write ``update`` into this frozen object)."""
+        data = {name: getattr(self, name) for name in type(self).model_fields}
+        data.update(update or {})
+        return type(self).model_validate(data)
 
 
 def reveal(secret: SecretStr | None) -> str | None:

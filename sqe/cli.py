@@ -20,13 +20,15 @@ FORMATS = ("table", "csv", "json", "parquet")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sqe",
-        description="Credential-aware SQL over Iceberg tables. `sqe stack up|down|status` manages the local stack.",
+        description="Credential-aware SQL over Iceberg tables. `sqe stack up|down|status` manages the local stack; "
+        "`sqe serve --config server.toml` runs the Flight SQL service.",
     )
     parser.add_argument("--config", "-c", help="SQE config file (config.toml)")
     parser.add_argument("-e", "--execute", metavar="SQL", help="run these statements and exit")
     parser.add_argument("--format", "-f", choices=FORMATS, default="table")
     parser.add_argument("--output", "-o", help="write results to this file instead of stdout")
     parser.add_argument("--debug", action="store_true", help="show details (tracebacks) on errors")
+    parser.add_argument("--server", metavar="URL", help="run against an `sqe serve` server (grpc:// or grpc+tls://)")
     return parser
 
 
@@ -34,13 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "stack":
         return _stack(argv[1:])
+    if argv and argv[0] == "serve":
+        from sqe.server.serve import main as serve_main
+
+        return serve_main(argv[1:])
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr)
     if args.format == "parquet" and not args.output:
         print("sqe: --format parquet needs --output PATH", file=sys.stderr)
         return 2
     try:
-        session = _connect(args.config)
+        session = _connect_remote(args.config, args.server) if args.server else _connect(args.config)
     except SQEError as exc:
         return report_error(exc, args.debug)
     try:
@@ -67,6 +73,16 @@ def _connect(config_path: str | None) -> Session:
     from sqe.api import connect
 
     return connect(config=config_path)
+
+
+def _connect_remote(config_path: str | None, server: str) -> Session:
+    """A session on an `sqe serve` server, logged in with the config's own catalog credentials."""
+    from typing import cast
+
+    from sqe.config import load_config
+    from sqe.server.client import RemoteSession
+
+    return cast("Session", RemoteSession(server, load_config(config_path)))
 
 
 def run_statements(session: Session, text: str, fmt: str, output: str | None, debug: bool) -> int:

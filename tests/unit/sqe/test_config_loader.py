@@ -80,3 +80,25 @@ def test_errors_name_the_key_and_what_set_it(tree: dict[str, object], env: dict[
 def test_a_rejected_secret_is_never_echoed() -> None:
     message = _message({"section": {"secret": ["TOP-SECRET-VALUE"]}})
     assert message == "section.secret: expected a string, got a list"
+
+
+def test_model_copy_builds_a_new_validated_model_and_leaves_the_original_alone() -> None:
+    from pydantic import SecretStr, ValidationError
+
+    from sqe.config import load_config
+
+    base = load_config(
+        env={},
+        overrides={
+            "catalog.uri": "http://127.0.0.1:1",
+            "catalog.warehouse": "d",
+            "catalog.client_id": "a",
+            "catalog.client_secret": "s",
+        },
+    )
+    changed = base.catalog.model_copy(update={"client_id": None, "client_secret": None, "token": SecretStr("t")})
+    assert changed is not base.catalog
+    assert base.catalog.client_id == "a" and base.catalog.token is None  # the original is untouched
+    assert changed.client_id is None and changed.token is not None
+    with pytest.raises(ValidationError):
+        base.catalog.model_copy(update={"max_retries": "five"})  # validated like the file: strict types

@@ -1,0 +1,127 @@
+"""Flight SQL (``sqe serve`` + the ADBC driver) against an embedded ``Session``: scan rate and tiny-query latency.
+
+Starts the embedded stack (moto + sqe-catalog) and ``sqe serve`` on loopback, writes ``bench.events``
+(``--rows`` rows) as the stack's writer, then, as the analyst, runs the same full scan and the same aggregate
+through ADBC and through an embedded session (best of ``--repeat``), and a tiny query (``SELECT 1``) 50 times
+each way. Prints rows/s, the Flight/embedded ratio and median latencies; asserts nothing.
+
+    .venv/bin/python bench/server.py [--rows 2000000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import adbc_driver_flightsql.dbapi as flightsql
+import pyarrow as pa
+from pyiceberg.catalog.rest import RestCatalog
+from sqe.stack import apply_client_env, start_stack, stop_stack
+
+import sqe.api
+
+SCANS = {
+    "full scan": "SELECT * FROM bench.events",
+    "aggregate": "SELECT region, count(*), sum(amount) FROM bench.events GROUP BY region",
+}
+
+
+def _write_table(info: object, rows: int) -> None:
+    writer = info.principal_credentials("writer")  # type: ignore[attr-defined]
+    catalog = RestCatalog(
+        "bench", uri=info.catalog_uri, warehouse=info.warehouse, credential=writer.credential,  # type: ignore[attr-defined]
+        scope="PRINCIPAL_ROLE:ALL", **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
+    )  # fmt: skip
+    catalog.create_namespace("bench")
+    data = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "region": pa.array([("EU", "US", "APAC")[i % 3] for i in range(rows)]),
+            "amount": pa.array([(i * 37) % 1000 for i in range(rows)], pa.int64()),
+        }
+    )
+    catalog.create_table("bench.events", schema=data.schema).append(data)
+
+
+def _start_server(workdir: Path, analyst_config: Path) -> tuple[subprocess.Popen[bytes], int]:
+    (workdir / "server.toml").write_text(f'[server]\nengine_config = "{analyst_config}"\nlisten = "127.0.0.1:0"\n')
+    port_file, config = workdir / "port", str(workdir / "server.toml")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sqe.cli", "serve", "--config", config, "--port-file", str(port_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    while not (port_file.is_file() and port_file.read_text().strip()):
+        if proc.poll() is not None:
+            raise SystemExit("sqe serve did not start")
+        time.sleep(0.05)
+    return proc, int(port_file.read_text())
+
+
+def _best(run: Callable[[], int], repeat: int) -> tuple[float, int]:
+    best, rows = float("inf"), 0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        rows = run()
+        best = min(best, time.perf_counter() - started)
+    return best, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="sqe-bench-server-") as tmp:
+        workdir = Path(tmp)
+        info = start_stack(workdir / "stack")
+        apply_client_env(info.store)
+        proc = None
+        try:
+            _write_table(info, args.rows)
+            analyst = info.principal_credentials("analyst")
+            proc, port = _start_server(workdir, info.principal_config("analyst"))
+            conn = flightsql.connect(
+                f"grpc://127.0.0.1:{port}", db_kwargs={"username": analyst.client_id, "password": analyst.client_secret}
+            )
+            session = sqe.api.connect(info.principal_config("analyst"))
+            cur = conn.cursor()
+
+            def remote(sql: str) -> int:
+                cur.execute(sql)
+                return int(cur.fetch_arrow_table().num_rows)
+
+            for name, sql in SCANS.items():
+                flight_s, rows = _best(lambda sql=sql: remote(sql), args.repeat)
+                local_s, _ = _best(lambda sql=sql: session.sql(sql).arrow().num_rows, args.repeat)
+                print(
+                    f"{name:10s} rows={rows:>9,d}  flight {args.rows / flight_s:>12,.0f} rows/s   embedded "
+                    f"{args.rows / local_s:>12,.0f} rows/s   flight/embedded {local_s / flight_s:.2f}"
+                )
+            for label, run in (
+                ("flight", lambda: remote("SELECT 1")),
+                ("embedded", lambda: session.sql("SELECT 1").arrow().num_rows),
+            ):
+                samples = []
+                for _ in range(50):
+                    started = time.perf_counter()
+                    run()
+                    samples.append(time.perf_counter() - started)
+                print(f"tiny query {label:8s} median {statistics.median(samples) * 1000:.2f} ms (50 runs)")
+            cur.close()
+            conn.close()
+            session.close()
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(15)
+            stop_stack(workdir / "stack")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,543 @@
+"""The Arrow Flight SQL service of ``sqe serve`` (pyarrow.flight).
+
+Every call passes :class:`AuthMiddlewareFactory` first: a catalog bearer token, or HTTP Basic with the user's
+catalog client id/secret (exchanged at the catalog; the token goes back in the ``authorization`` response header,
+as Flight's Basic-auth handshake expects; the secret is never stored). Calls without valid credentials end with
+UNAUTHENTICATED before any handler runs. The client session is the ``sqe_session`` cookie (issued on every call
+that lacks one) or, for clients without cookies, the connection (peer address).
+
+Surface: ``CommandStatementQuery`` and ``CommandPreparedStatementQuery`` by GetFlightInfo + DoGet (the result
+streams batch by batch; gRPC flow control blocks the producer, so memory stays bounded whatever the result size),
+``CommandStatementUpdate`` / ``CommandPreparedStatementUpdate`` by DoPut, parameter binding by DoPut of
+``CommandPreparedStatementQuery``, the ``CreatePreparedStatement`` / ``ClosePreparedStatement`` /
+``CancelFlightInfo`` actions, and the metadata commands (catalogs = warehouses, DB schemas = namespaces, tables
+with schemas, table types, SQL info). A DoGet stream the client drops cancels its query.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as flight
+from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError, Message
+
+from sqe.config import SQEConfig
+from sqe.errors import AuthenticationError, QueryError, SQEError
+from sqe.server import metadata
+from sqe.server._proto import flight_cancel_pb2 as cancel_pb
+from sqe.server._proto import flight_sql_pb2 as sql_pb
+from sqe.server.config import ServerConfig
+from sqe.server.errors import to_flight
+from sqe.server.identity import IdentityBroker, User
+from sqe.server.sessions import (
+    ClientSession,
+    Engine,
+    Limits,
+    OpenQuery,
+    Prepared,
+    QueryTimeoutError,
+    SessionRegistry,
+    UnknownHandleError,
+    Watchdog,
+)
+from sqe.session import Result
+
+log = logging.getLogger(__name__)
+
+SESSION_COOKIE = "sqe_session"
+SESSION_HEADER = "x-sqe-session"
+_TYPE_PREFIX = "type.googleapis.com/"
+_T = TypeVar("_T")
+
+
+# ------------------------------------------------------------------------------------------ middleware
+
+
+class AuthMiddleware(flight.ServerMiddleware):  # type: ignore[misc]
+    """The authenticated user of one call, its client session id and what to send back."""
+
+    def __init__(self, user: User, session_id: str | None) -> None:
+        self.user = user
+        self.session_id = session_id
+        self.new_cookie = None if session_id is not None else secrets.token_urlsafe(24)
+
+    def sending_headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if self.user.issued_token:
+            headers["authorization"] = f"Bearer {self.user.token}"
+        if self.new_cookie is not None:
+            headers["set-cookie"] = f"{SESSION_COOKIE}={self.new_cookie}; Path=/; HttpOnly"
+        return headers
+
+
+class AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
+    def __init__(self, broker: IdentityBroker) -> None:
+        self._broker = broker
+
+    def start_call(self, info: Any, headers: dict[str, list[str]]) -> AuthMiddleware:
+        try:
+            user = self._authenticate(headers)
+        except SQEError as exc:
+            log.info("refused %s: %s", _method(info), type(exc).__name__)
+            raise to_flight(exc) from None
+        return AuthMiddleware(user, _session_id(headers))
+
+    def _authenticate(self, headers: dict[str, list[str]]) -> User:
+        values = _header(headers, "authorization")
+        if not values:
+            raise AuthenticationError("no credentials: send a catalog bearer token or Basic client_id:client_secret")
+        scheme, _, credential = values[0].partition(" ")
+        if scheme.lower() == "bearer":
+            return self._broker.authenticate_bearer(credential.strip())
+        if scheme.lower() == "basic":
+            client_id, secret = _basic(credential.strip())
+            return self._broker.authenticate_basic(client_id, secret)
+        raise AuthenticationError(f"unsupported authorization scheme {scheme[:20]!r}; use Bearer or Basic")
+
+
+def _method(info: Any) -> str:
+    return str(getattr(info, "method", "call"))
+
+
+def _header(headers: dict[str, list[str]], name: str) -> list[str]:
+    for key, values in headers.items():
+        if key.lower() == name:
+            return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+    return []
+
+
+def _basic(credential: str) -> tuple[str, str]:
+    try:
+        decoded = base64.b64decode(credential, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        raise AuthenticationError("malformed Basic credentials") from None
+    client_id, sep, secret = decoded.partition(":")
+    if not sep or not client_id:
+        raise AuthenticationError("Basic credentials must be client_id:client_secret")
+    return client_id, secret
+
+
+def _session_id(headers: dict[str, list[str]]) -> str | None:
+    explicit = _header(headers, SESSION_HEADER)
+    if explicit and explicit[0]:
+        return explicit[0][:128]
+    for cookie_line in _header(headers, "cookie"):
+        for part in cookie_line.split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == SESSION_COOKIE and value:
+                return value[:128]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _pack(message: Message) -> bytes:
+    wrapper = any_pb2.Any()
+    wrapper.Pack(message)
+    return bytes(wrapper.SerializeToString())
+
+
+def _unpack_any(data: bytes) -> any_pb2.Any:
+    try:
+        return any_pb2.Any.FromString(data)
+    except DecodeError:
+        raise QueryError("the request is not a Flight SQL command") from None
+
+
+def _message(wrapper: any_pb2.Any, cls: type[_T]) -> _T:
+    message = cls()
+    if not wrapper.Unpack(message):  # type: ignore[arg-type]
+        raise QueryError(f"expected {cls.__name__}")
+    return message
+
+
+def _command_name(wrapper: any_pb2.Any) -> str:
+    return str(wrapper.type_url).removeprefix(_TYPE_PREFIX).rpartition(".")[2]
+
+
+def _parameter_rows(table: pa.Table | None) -> list[list[Any]]:
+    if table is None or table.num_columns == 0:
+        return [[]]
+    return [list(row.values()) for row in table.to_pylist()]
+
+
+def _count_of(result: Result) -> int:
+    table = result.arrow()
+    if "count" in table.column_names and table.num_rows:
+        return int(table.column("count")[0].as_py())
+    return -1
+
+
+def _handler(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Every handler error leaves as a typed Flight error (never a traceback, never a secret)."""
+
+    @functools.wraps(method)
+    def wrapper(self: SQEFlightServer, context: Any, *args: Any) -> _T:
+        try:
+            return method(self, context, *args)
+        except Exception as exc:
+            raise to_flight(exc, self.secrets_of(context)) from None
+
+    return wrapper
+
+
+# ----------------------------------------------------------------------------------------------- server
+
+
+class _HandshakeOnly(flight.ServerAuthHandler):  # type: ignore[misc]
+    """Lets Flight's Basic-auth handshake complete; the middleware authenticates it (and every other call)."""
+
+    def authenticate(self, outgoing: Any, incoming: Any) -> None:
+        return None
+
+    def is_valid(self, token: bytes) -> str:
+        return ""
+
+
+class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
+    """Flight SQL over SQE user sessions. ``serve()`` blocks; ``shutdown()`` stops it."""
+
+    def __init__(
+        self,
+        server_config: ServerConfig,
+        engine_config: SQEConfig,
+        broker: IdentityBroker,
+        *,
+        tls_certificates: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        scheme = "grpc+tls" if tls_certificates else "grpc+tcp"
+        location = f"{scheme}://{server_config.listen}"
+        super().__init__(
+            location,
+            auth_handler=_HandshakeOnly(),
+            middleware={"sqe": AuthMiddlewareFactory(broker)},
+            tls_certificates=tls_certificates or [],
+        )
+        self.server_config = server_config
+        self.engine_config = engine_config
+        self.broker = broker
+        self.limits = Limits(server_config.max_concurrent_queries, server_config.max_concurrent_queries_per_user)
+        self.registry = SessionRegistry(engine_config, broker, self.limits, server_config.batch_rows)
+        self.watchdog = Watchdog(self.registry, server_config.idle_session_seconds)
+        self.watchdog.start()
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+
+    def _caller(self, context: Any) -> tuple[User, ClientSession]:
+        middleware: AuthMiddleware | None = context.get_middleware("sqe")
+        if middleware is None:
+            raise AuthenticationError("unauthenticated call")
+        session = self.registry.resolve(middleware.user, middleware.session_id, context.peer(), middleware.new_cookie)
+        return middleware.user, session
+
+    def secrets_of(self, context: Any) -> list[str]:
+        middleware = context.get_middleware("sqe") if context is not None else None
+        return [middleware.user.token] if middleware is not None else []
+
+    def _with_engine(self, user: User, session: ClientSession, work: Callable[[Engine], _T]) -> _T:
+        engine = session.acquire_engine(self.broker.catalog_token(user))
+        try:
+            return work(engine)
+        finally:
+            session.release_engine(engine)
+
+    def _open_query(
+        self, user: User, session: ClientSession, run: Callable[[Engine], Result], context: Any
+    ) -> OpenQuery:
+        """Run a statement under the limits on an engine of its own; the OpenQuery holds its stream."""
+        self.limits.acquire(user.key)
+        try:
+            engine = session.acquire_engine(self.broker.catalog_token(user))
+        except BaseException:
+            self.limits.release(user.key)
+            raise
+
+        def release() -> None:
+            # an interrupted or failed DuckDB connection is not reused: a fresh one costs little
+            session.release_engine(engine, discard=query.cancelled is not None or query.failed)
+            self.limits.release(user.key)
+
+        query = OpenQuery(
+            handle=session.new_handle(),
+            schema=pa.schema([]),
+            batches=iter(()),
+            deadline=time.monotonic() + self.server_config.query_timeout_seconds,
+            cancel_engine=engine.session.interrupt,
+            release=release,
+            planning=True,
+            call_context=context,  # a client that gives up while we plan cancels the statement
+        )
+        session.open[query.handle] = query  # the watchdog sees it (timeout) while it plans
+        try:
+            reader = run(engine).reader(self.server_config.batch_rows)
+        except BaseException as exc:
+            query.call_context, query.failed = None, True
+            query.finish()
+            session.open.pop(query.handle, None)
+            if query.cancelled == "timeout":
+                raise self._timeout() from exc
+            raise
+        query.schema, query.batches, query.close_stream = reader.schema, iter(reader), reader.close
+        query.planning, query.call_context = False, None
+        return query
+
+    def _table_query(self, session: ClientSession, table: pa.Table) -> OpenQuery:
+        """A small, already computed result (metadata) waiting for its DoGet; holds no engine and no slot."""
+        query = OpenQuery(
+            handle=session.new_handle(),
+            schema=table.schema,
+            batches=iter(table.to_batches()),
+            deadline=time.monotonic() + self.server_config.query_timeout_seconds,
+            cancel_engine=lambda: None,
+            release=lambda: None,
+        )
+        session.open[query.handle] = query
+        return query
+
+    def _timeout(self) -> QueryTimeoutError:
+        return QueryTimeoutError(
+            f"the query ran longer than query_timeout_seconds ({self.server_config.query_timeout_seconds:g} s)"
+        )
+
+    @staticmethod
+    def _info(descriptor: flight.FlightDescriptor, query: OpenQuery) -> flight.FlightInfo:
+        ticket = flight.Ticket(_pack(sql_pb.TicketStatementQuery(statement_handle=query.handle)))
+        return flight.FlightInfo(query.schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1)
+
+    # -- GetFlightInfo ----------------------------------------------------------------------------------
+
+    @_handler
+    def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+        user, session = self._caller(context)
+        wrapper = _unpack_any(descriptor.command or b"")
+        name = _command_name(wrapper)
+        if name == "CommandStatementQuery":
+            sql = _message(wrapper, sql_pb.CommandStatementQuery).query
+            query = self._open_query(user, session, lambda e: e.session.sql(sql), context)
+        elif name == "CommandPreparedStatementQuery":
+            handle = _message(wrapper, sql_pb.CommandPreparedStatementQuery).prepared_statement_handle
+            prepared = self._prepared(session, handle)
+            rows = _parameter_rows(prepared.parameters)
+            if len(rows) != 1:
+                raise QueryError(f"a prepared query runs with one parameter set, {len(rows)} were bound")
+            query = self._open_query(user, session, lambda e: self._execute(e, prepared, rows[0]), context)
+        else:
+            query = self._table_query(session, self._metadata(user, session, name, wrapper))
+        return self._info(descriptor, query)
+
+    @_handler
+    def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
+        self._caller(context)
+        name = _command_name(_unpack_any(descriptor.command or b""))
+        schemas = {
+            "CommandGetCatalogs": metadata.CATALOGS_SCHEMA,
+            "CommandGetDbSchemas": metadata.DB_SCHEMAS_SCHEMA,
+            "CommandGetTableTypes": metadata.TABLE_TYPES_SCHEMA,
+            "CommandGetSqlInfo": metadata.SQL_INFO_SCHEMA,
+            "CommandGetTables": metadata.TABLES_SCHEMA,
+        }
+        if name not in schemas:
+            raise QueryError(f"GetSchema is not supported for {name}; use GetFlightInfo")
+        return flight.SchemaResult(schemas[name])
+
+    def _metadata(self, user: User, session: ClientSession, name: str, wrapper: any_pb2.Any) -> pa.Table:
+        warehouses = self.engine_config.catalog.warehouse_names
+        if name == "CommandGetCatalogs":
+            return metadata.catalogs(warehouses)
+        if name == "CommandGetTableTypes":
+            return metadata.table_types()
+        if name == "CommandGetSqlInfo":
+            return metadata.sql_info(list(_message(wrapper, sql_pb.CommandGetSqlInfo).info))
+        if name == "CommandGetDbSchemas":
+            request = _message(wrapper, sql_pb.CommandGetDbSchemas)
+            catalog = request.catalog if request.HasField("catalog") else None
+            pattern = request.db_schema_filter_pattern if request.HasField("db_schema_filter_pattern") else None
+            return self._with_engine(user, session, lambda e: metadata.db_schemas(e, warehouses, catalog, pattern))
+        if name == "CommandGetTables":
+            t = _message(wrapper, sql_pb.CommandGetTables)
+            args = (
+                t.catalog if t.HasField("catalog") else None,
+                t.db_schema_filter_pattern if t.HasField("db_schema_filter_pattern") else None,
+                t.table_name_filter_pattern if t.HasField("table_name_filter_pattern") else None,
+                list(t.table_types),
+                t.include_schema,
+            )
+            return self._with_engine(user, session, lambda e: metadata.tables(e, warehouses, *args))
+        raise QueryError(f"{name or 'this command'} is not supported by sqe serve")
+
+    # -- DoGet ------------------------------------------------------------------------------------------
+
+    @_handler
+    def do_get(self, context: Any, ticket: flight.Ticket) -> flight.GeneratorStream:
+        _, session = self._caller(context)
+        handle = _message(_unpack_any(ticket.ticket), sql_pb.TicketStatementQuery).statement_handle
+        query = session.open.get(handle)
+        if query is None or query.call_context is not None or query.done:
+            raise UnknownHandleError("unknown or already used ticket (results are read once, by their session)")
+        query.call_context = context
+        return flight.GeneratorStream(query.schema, self._stream(session, query, self.secrets_of(context)))
+
+    def _stream(self, session: ClientSession, query: OpenQuery, secrets: list[str]) -> Iterator[pa.RecordBatch]:
+        completed = False
+        try:
+            for batch in query.batches:
+                if query.cancelled is not None:
+                    break
+                yield batch
+            completed = query.cancelled is None
+            if query.cancelled == "timeout":
+                raise self._timeout()
+            if query.cancelled is not None:
+                raise QueryError(f"query cancelled ({query.cancelled})")
+        except Exception as exc:
+            query.failed = True
+            if query.cancelled == "timeout" and not isinstance(exc, QueryTimeoutError):
+                exc = self._timeout()
+            raise to_flight(exc, secrets) from None
+        finally:
+            if not completed:
+                query.cancel("client")  # a dropped stream (GeneratorExit) or a failure stops the query's scans
+            query.call_context = None
+            query.finish()
+            session.open.pop(query.handle, None)
+
+    # -- DoPut ------------------------------------------------------------------------------------------
+
+    @_handler
+    def do_put(
+        self,
+        context: Any,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        user, session = self._caller(context)
+        wrapper = _unpack_any(descriptor.command or b"")
+        name = _command_name(wrapper)
+        if name == "CommandStatementUpdate":
+            sql = _message(wrapper, sql_pb.CommandStatementUpdate).query
+            count = self._update(user, session, lambda e: _count_of(e.session.sql(sql)), context)
+            writer.write(pa.py_buffer(sql_pb.DoPutUpdateResult(record_count=count).SerializeToString()))
+        elif name == "CommandPreparedStatementQuery":
+            handle = _message(wrapper, sql_pb.CommandPreparedStatementQuery).prepared_statement_handle
+            prepared = self._prepared(session, handle)
+            prepared.parameters = reader.read_all()
+            result = sql_pb.DoPutPreparedStatementResult(prepared_statement_handle=handle)
+            writer.write(pa.py_buffer(result.SerializeToString()))
+        elif name == "CommandPreparedStatementUpdate":
+            handle = _message(wrapper, sql_pb.CommandPreparedStatementUpdate).prepared_statement_handle
+            prepared = self._prepared(session, handle)
+            rows = _parameter_rows(prepared.parameters)
+
+            def run_all(engine: Engine) -> int:
+                counts = [_count_of(self._execute(engine, prepared, row)) for row in rows]
+                return -1 if any(c < 0 for c in counts) else sum(counts)
+
+            count = self._update(user, session, run_all, context)
+            writer.write(pa.py_buffer(sql_pb.DoPutUpdateResult(record_count=count).SerializeToString()))
+        else:
+            raise QueryError(f"DoPut of {name or 'this command'} is not supported by sqe serve")
+
+    def _update(self, user: User, session: ClientSession, work: Callable[[Engine], int], context: Any) -> int:
+        """An update statement under the same limits and timeout as a query; runs to completion here."""
+        counted: dict[str, int] = {}
+
+        def run(engine: Engine) -> Result:
+            counted["rows"] = work(engine)
+            return Result(engine.session, table=pa.table({}))
+
+        query = self._open_query(user, session, run, context)
+        query.finish()
+        session.open.pop(query.handle, None)
+        return counted.get("rows", -1)
+
+    # -- prepared statements ----------------------------------------------------------------------------
+
+    def _prepared(self, session: ClientSession, handle: bytes) -> Prepared:
+        prepared = session.prepared.get(handle)
+        if prepared is None:
+            raise UnknownHandleError("unknown prepared statement handle (closed, or of another session)")
+        return prepared
+
+    @staticmethod
+    def _execute(engine: Engine, prepared: Prepared, params: list[Any]) -> Result:
+        plan = prepared.plans.get(engine.serial)
+        if plan is None:
+            try:
+                plan = prepared.plans[engine.serial] = engine.session.prepare(prepared.sql)
+            except QueryError:
+                return engine.session.sql(prepared.sql, params or None)  # e.g. CREATE TABLE AS
+        return plan.execute(params or None)
+
+    # -- actions ----------------------------------------------------------------------------------------
+
+    def list_actions(self, context: Any) -> list[tuple[str, str]]:
+        return [
+            ("CreatePreparedStatement", "prepare a SQL statement"),
+            ("ClosePreparedStatement", "close a prepared statement"),
+            ("CancelFlightInfo", "cancel a running query"),
+        ]
+
+    @_handler
+    def do_action(self, context: Any, action: flight.Action) -> list[flight.Result]:
+        user, session = self._caller(context)
+        body = action.body.to_pybytes() if action.body is not None else b""
+        if action.type == "CreatePreparedStatement":
+            sql = _message(_unpack_any(body), sql_pb.ActionCreatePreparedStatementRequest).query
+            return [flight.Result(pa.py_buffer(self._create_prepared(user, session, sql)))]
+        if action.type == "ClosePreparedStatement":
+            handle = _message(_unpack_any(body), sql_pb.ActionClosePreparedStatementRequest).prepared_statement_handle
+            session.prepared.pop(handle, None)
+            return []
+        if action.type == "CancelFlightInfo":
+            return [flight.Result(pa.py_buffer(self._cancel(session, body)))]
+        raise QueryError(f"unknown action {action.type[:60]!r}")
+
+    def _create_prepared(self, user: User, session: ClientSession, sql: str) -> bytes:
+        prepared = Prepared(sql)
+
+        def plan(engine: Engine) -> None:
+            try:
+                prepared.plans[engine.serial] = engine.session.prepare(sql)
+            except QueryError as exc:
+                if "can be prepared" not in str(exc):
+                    raise  # a real error in the statement: tell the client now
+
+        self._with_engine(user, session, plan)
+        handle = session.new_handle()
+        session.prepared[handle] = prepared
+        return _pack(sql_pb.ActionCreatePreparedStatementResult(prepared_statement_handle=handle))
+
+    def _cancel(self, session: ClientSession, body: bytes) -> bytes:
+        try:
+            request = cancel_pb.CancelFlightInfoRequest.FromString(body)
+            info = flight.FlightInfo.deserialize(request.info)
+            ticket = info.endpoints[0].ticket.ticket
+            handle = _message(_unpack_any(ticket), sql_pb.TicketStatementQuery).statement_handle
+        except (DecodeError, IndexError, pa.ArrowException):
+            raise QueryError("CancelFlightInfo needs the FlightInfo of a query of this server") from None
+        query = session.open.get(handle)
+        status = cancel_pb.CANCEL_STATUS_NOT_CANCELLABLE
+        if query is not None and query.cancel("cancel"):
+            if query.call_context is None:  # not streaming yet: nothing will read it any more
+                query.finish()
+                session.open.pop(handle, None)
+            status = cancel_pb.CANCEL_STATUS_CANCELLED
+        return bytes(cancel_pb.CancelFlightInfoResult(status=status).SerializeToString())
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.watchdog.stop()
+        self.registry.close()
+        self.broker.close()

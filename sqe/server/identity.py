@@ -1,0 +1,276 @@
+"""Who is calling, and which catalog token their engine session uses: the server's ``IdentityBroker``.
+
+Every Flight call carries the end user's catalog credentials: a bearer token the catalog issued to them, or HTTP
+Basic with their catalog client id and secret (exchanged here for a token by ``client_credentials`` and never
+stored). :meth:`IdentityBroker.authenticate` checks the token **at the catalog** on every call (``GET
+/v1/config``; ``auth_cache_seconds`` may cache a success briefly), so an expired, revoked or foreign token is
+refused on the very next call.
+
+Delegation (RFC 8693, the trusted-readers issue): with ``reader_client_id`` configured, the server holds a reader
+identity; it obtains its own reader token by ``client_credentials`` and exchanges, per user, ``subject_token`` =
+the user's token and ``actor_token`` = the reader token for a delegated token, cached per user and re-exchanged
+before it expires. User sessions load tables with the delegated token, so the catalog applies the user's grants
+and restrictions and trusts the reader. Without a reader identity the user's own token is used directly, which
+only serves tables that carry no restrictions for that user once the catalog requires a trusted reader.
+
+Nothing here ever puts a token or secret into a message, a log line or a repr.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import requests
+
+from sqe._text import first_line
+from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavailableError
+
+log = logging.getLogger(__name__)
+
+TOKEN_EXCHANGE_GRANT = "urn:ietf:params:oauth:grant-type:token-exchange"
+ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"
+# Re-exchange (or re-fetch the reader token) when less than this share of its lifetime, at most 60 s, is left.
+_REFRESH_SHARE = 0.2
+_REFRESH_MAX_MARGIN = 60.0
+
+
+@dataclass(frozen=True)
+class User:
+    """An authenticated end user. ``key`` names them for sessions and limits; ``token`` is never shown."""
+
+    key: str
+    token: str = field(repr=False)
+    issued_token: bool = False  # True when the server obtained the token from Basic credentials
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("users carry a token and cannot be pickled")
+
+
+@dataclass
+class _Cached:
+    value: str = field(repr=False)
+    refresh_at: float
+
+
+def fingerprint(token: str) -> str:
+    """A short non-reversible name for a token (cache keys, logs)."""
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def _subject_of(token: str) -> str | None:
+    """The ``sub`` claim of a JWT-like token, read only after the catalog accepted the token."""
+    payload = token.split(".")[0] if "." in token else ""
+    if token.count(".") == 2:  # a JWT: header.payload.signature
+        payload = token.split(".")[1]
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (ValueError, binascii.Error):
+        return None
+    sub = claims.get("sub") if isinstance(claims, dict) else None
+    return sub if isinstance(sub, str) and sub else None
+
+
+def _lifetime(body: dict[str, Any], now: float) -> float:
+    """When to refresh a token answered with ``expires_in`` (far future when absent)."""
+    expires_in = body.get("expires_in")
+    if isinstance(expires_in, int | float) and not isinstance(expires_in, bool) and expires_in > 0:
+        return now + expires_in - min(_REFRESH_MAX_MARGIN, expires_in * _REFRESH_SHARE)
+    return now + 3600.0
+
+
+class IdentityBroker:
+    """Authenticates end users at the catalog and hands out the catalog token each user's session uses."""
+
+    def __init__(
+        self,
+        catalog_uri: str,
+        warehouse: str,
+        *,
+        scope: str = "PRINCIPAL_ROLE:ALL",
+        reader_client_id: str | None = None,
+        reader_client_secret: str | None = None,
+        timeout: float = 30.0,
+        auth_cache_seconds: float = 0.0,
+    ) -> None:
+        self._uri = catalog_uri.rstrip("/")
+        self._warehouse = warehouse
+        self._scope = scope
+        self._reader_id = reader_client_id
+        self._reader_secret = reader_client_secret
+        self._timeout = timeout
+        self._auth_cache_seconds = auth_cache_seconds
+        self._http = requests.Session()
+        self._lock = threading.Lock()
+        self._reader_token: _Cached | None = None
+        self._delegated: dict[str, _Cached] = {}  # user token fingerprint -> delegated token
+        self._checked: dict[str, float] = {}  # user token fingerprint -> accepted until
+
+    def __repr__(self) -> str:
+        return f"IdentityBroker(uri={self._uri!r}, reader={self._reader_id!r})"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("the identity broker holds the reader secret and cannot be pickled")
+
+    @property
+    def token_url(self) -> str:
+        return f"{self._uri}/v1/oauth/tokens"
+
+    @property
+    def delegates(self) -> bool:
+        return self._reader_id is not None
+
+    # -- authentication ---------------------------------------------------------------------------------
+
+    def authenticate_bearer(self, token: str) -> User:
+        """The user behind ``token``, checked at the catalog now (or within ``auth_cache_seconds``)."""
+        if not token:
+            raise AuthenticationError("empty bearer token")
+        key = fingerprint(token)
+        now = time.monotonic()
+        with self._lock:
+            accepted_until = self._checked.get(key, 0.0)
+        if now >= accepted_until:
+            self._check_at_catalog(token)
+            if self._auth_cache_seconds > 0:
+                with self._lock:
+                    self._checked[key] = now + self._auth_cache_seconds
+        return User(self._user_key(token), token)
+
+    def authenticate_basic(self, client_id: str, client_secret: str) -> User:
+        """Exchange the user's catalog client credentials for their token (the secret is not kept)."""
+        body = self._token_request(
+            {
+                "grant_type": "client_credentials",
+                "client_id": client_id,
+                "client_secret": client_secret,
+                "scope": self._scope,
+            },
+            f"the catalog rejected client {client_id!r}",
+        )
+        token = str(body["access_token"])
+        return User(self._user_key(token), token, issued_token=True)
+
+    def _user_key(self, token: str) -> str:
+        subject = _subject_of(token)
+        return f"user:{subject}" if subject else f"token:{fingerprint(token)}"
+
+    def _check_at_catalog(self, token: str) -> None:
+        url = f"{self._uri}/v1/config"
+        try:
+            response = self._http.get(
+                url,
+                params={"warehouse": self._warehouse},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=self._timeout,
+            )
+        except requests.RequestException as exc:
+            raise CatalogUnavailableError(f"cannot reach the catalog at {self._uri}: {type(exc).__name__}") from None
+        if response.status_code == 401:
+            raise AuthenticationError(f"the catalog rejected the bearer token ({_oauth_error(response)})", status=401)
+        if response.status_code >= 500:
+            raise CatalogUnavailableError(f"the catalog answered HTTP {response.status_code}", status=503)
+        # 200, or 403/404 for a warehouse the user cannot see: the token itself is valid.
+
+    # -- the token a user's engine session uses ---------------------------------------------------------
+
+    def catalog_token(self, user: User) -> str:
+        """The delegated token for ``user`` (cached, re-exchanged before expiry), or their own token."""
+        if not self.delegates:
+            return user.token
+        key = fingerprint(user.token)
+        now = time.time()
+        with self._lock:
+            cached = self._delegated.get(key)
+        if cached is not None and now < cached.refresh_at:
+            return cached.value
+        delegated = self._exchange(user.token)
+        with self._lock:
+            self._delegated[key] = delegated
+            self._forget_stale(now)
+        return delegated.value
+
+    def forget(self, user: User) -> None:
+        """Drop what is cached for ``user``'s token (their session ended)."""
+        key = fingerprint(user.token)
+        with self._lock:
+            self._delegated.pop(key, None)
+            self._checked.pop(key, None)
+
+    def _forget_stale(self, now: float) -> None:
+        for key in [k for k, v in self._delegated.items() if v.refresh_at <= now]:
+            del self._delegated[key]
+
+    def _exchange(self, subject_token: str) -> _Cached:
+        form = {
+            "grant_type": TOKEN_EXCHANGE_GRANT,
+            "subject_token": subject_token,
+            "subject_token_type": ACCESS_TOKEN_TYPE,
+            "actor_token": self._reader(),
+            "actor_token_type": ACCESS_TOKEN_TYPE,
+        }
+        body = self._token_request(form, "the catalog refused to delegate for this user")
+        return _Cached(str(body["access_token"]), _lifetime(body, time.time()))
+
+    def _reader(self) -> str:
+        """The server's own reader token (client_credentials), refreshed before it expires."""
+        now = time.time()
+        with self._lock:
+            cached = self._reader_token
+        if cached is not None and now < cached.refresh_at:
+            return cached.value
+        form = {
+            "grant_type": "client_credentials",
+            "client_id": self._reader_id or "",
+            "client_secret": self._reader_secret or "",
+            "scope": self._scope,
+        }
+        body = self._token_request(form, f"the catalog rejected the server's reader identity {self._reader_id!r}")
+        fresh = _Cached(str(body["access_token"]), _lifetime(body, now))
+        with self._lock:
+            self._reader_token = fresh
+        return fresh.value
+
+    def _token_request(self, form: dict[str, str], refused: str) -> dict[str, Any]:
+        try:
+            response = self._http.post(self.token_url, data=form, timeout=self._timeout)
+        except requests.RequestException as exc:
+            raise CatalogUnavailableError(f"cannot reach {self.token_url}: {type(exc).__name__}") from None
+        if response.status_code in (400, 401, 403):
+            raise AuthenticationError(f"{refused} ({_oauth_error(response)})", status=401)
+        if response.status_code != 200:
+            raise CatalogUnavailableError(
+                f"{self.token_url} answered HTTP {response.status_code}", status=response.status_code
+            )
+        try:
+            body = response.json()
+            if not isinstance(body, dict) or not isinstance(body.get("access_token"), str):
+                raise ValueError
+        except ValueError:
+            raise CatalogProtocolError(f"{self.token_url} did not answer an OAuth token response") from None
+        return body
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _oauth_error(response: requests.Response) -> str:
+    """The OAuth/ErrorModel error text of a refusal, one line (an error JSON never carries a token)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}"
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, str):
+            return first_line(str(body.get("error_description") or error), limit=200)
+        if isinstance(error, dict):
+            return first_line(str(error.get("message") or f"HTTP {response.status_code}"), limit=200)
+    return f"HTTP {response.status_code}"

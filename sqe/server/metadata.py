@@ -1,0 +1,183 @@
+"""Flight SQL metadata results: catalogs (warehouses), DB schemas (namespaces), tables, table types, SQL info.
+
+Everything listed comes from the catalog as the calling user (their token), so a user sees the warehouses,
+namespaces and tables the catalog lets them list. A table's schema (``include_schema``) is the one its queries
+return — after masks — obtained by planning ``SELECT * ... LIMIT 0`` in the user's engine session; a table the
+user may list but not read is left out of a schema listing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import pyarrow as pa
+
+from sqe import __version__ as sqe_version
+from sqe.duckdb_connection import quote_qualified
+from sqe.errors import CatalogError, NoSuchNamespaceError, SQEError
+from sqe.server.sessions import Engine
+
+CATALOGS_SCHEMA = pa.schema([pa.field("catalog_name", pa.utf8(), nullable=False)])
+DB_SCHEMAS_SCHEMA = pa.schema([("catalog_name", pa.utf8()), pa.field("db_schema_name", pa.utf8(), nullable=False)])
+TABLE_TYPES_SCHEMA = pa.schema([pa.field("table_type", pa.utf8(), nullable=False)])
+_TABLES_FIELDS = [
+    ("catalog_name", pa.utf8()),
+    ("db_schema_name", pa.utf8()),
+    pa.field("table_name", pa.utf8(), nullable=False),
+    pa.field("table_type", pa.utf8(), nullable=False),
+]
+TABLES_SCHEMA = pa.schema(_TABLES_FIELDS)
+TABLES_WITH_SCHEMA_SCHEMA = pa.schema([*_TABLES_FIELDS, pa.field("table_schema", pa.binary(), nullable=False)])
+
+_SQL_INFO_VALUE = pa.dense_union(
+    [
+        pa.field("string_value", pa.utf8()),
+        pa.field("bool_value", pa.bool_()),
+        pa.field("bigint_value", pa.int64()),
+        pa.field("int32_bitmask", pa.int32()),
+        pa.field("string_list", pa.list_(pa.utf8())),
+        pa.field("int32_to_int32_list_map", pa.map_(pa.int32(), pa.list_(pa.int32()))),
+    ]
+)
+SQL_INFO_SCHEMA = pa.schema([pa.field("info_name", pa.uint32(), nullable=False), ("value", _SQL_INFO_VALUE)])
+
+# SqlInfo ids (Flight SQL's SqlInfo enum) -> value; str -> string_value, bool -> bool_value, int -> int32_bitmask.
+_SQL_INFO: dict[int, str | bool | int] = {
+    0: "sqe",  # FLIGHT_SQL_SERVER_NAME
+    1: sqe_version,  # FLIGHT_SQL_SERVER_VERSION
+    2: pa.__version__,  # FLIGHT_SQL_SERVER_ARROW_VERSION
+    3: False,  # FLIGHT_SQL_SERVER_READ_ONLY
+    4: True,  # FLIGHT_SQL_SERVER_SQL
+    5: False,  # FLIGHT_SQL_SERVER_SUBSTRAIT
+    8: 0,  # FLIGHT_SQL_SERVER_TRANSACTION: none
+    9: True,  # FLIGHT_SQL_SERVER_CANCEL
+    500: False,  # SQL_DDL_CATALOG
+    501: False,  # SQL_DDL_SCHEMA
+    502: False,  # SQL_DDL_TABLE (CREATE TABLE AS only)
+    503: 3,  # SQL_IDENTIFIER_CASE: case-insensitive (DuckDB)
+    504: '"',  # SQL_IDENTIFIER_QUOTE_CHAR
+    505: 3,  # SQL_QUOTED_IDENTIFIER_CASE
+    506: True,  # SQL_ALL_TABLES_ARE_SELECTABLE
+    529: "namespace",  # SQL_SCHEMA_TERM
+    531: "warehouse",  # SQL_CATALOG_TERM
+    532: True,  # SQL_CATALOG_AT_START
+}
+
+
+def sql_info(requested: Iterable[int]) -> pa.Table:
+    ids = sorted(set(requested) & set(_SQL_INFO)) if requested else sorted(_SQL_INFO)
+    type_codes, offsets = [], []
+    children: list[list[object]] = [[] for _ in range(6)]
+    for info_id in ids:
+        value = _SQL_INFO[info_id]
+        code = 0 if isinstance(value, str) else 1 if isinstance(value, bool) else 3
+        type_codes.append(code)
+        offsets.append(len(children[code]))
+        children[code].append(value)
+    arrays = [pa.array(children[i], type=_SQL_INFO_VALUE.field(i).type) for i in range(6)]
+    value = pa.UnionArray.from_dense(
+        pa.array(type_codes, pa.int8()),
+        pa.array(offsets, pa.int32()),
+        arrays,
+        [f.name for f in _SQL_INFO_VALUE],
+        type_codes=list(range(6)),
+    )
+    return pa.Table.from_arrays([pa.array(ids, pa.uint32()), value], schema=SQL_INFO_SCHEMA)
+
+
+def like(pattern: str | None) -> re.Pattern[str] | None:
+    """A Flight SQL filter pattern (``%`` any run, ``_`` one character) as a regex; None matches everything."""
+    if pattern is None:
+        return None
+    parts = ["." if c == "_" else ".*" if c == "%" else re.escape(c) for c in pattern]
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def _matches(regex: re.Pattern[str] | None, value: str) -> bool:
+    return regex is None or regex.fullmatch(value) is not None
+
+
+def catalogs(warehouses: Iterable[str]) -> pa.Table:
+    return pa.Table.from_pylist([{"catalog_name": w} for w in sorted(warehouses)], schema=CATALOGS_SCHEMA)
+
+
+def _namespaces(engine: Engine, warehouse: str) -> list[str]:
+    try:
+        found = engine.provider.catalog(warehouse).list_namespaces()
+    except SQEError:
+        raise
+    except Exception as exc:
+        raise CatalogError(f"listing namespaces of {warehouse} failed: {type(exc).__name__}") from None
+    return sorted(".".join(ns) for ns in found)
+
+
+def _selected(warehouses: Iterable[str], catalog: str | None) -> list[str]:
+    return [w for w in sorted(warehouses) if catalog is None or w == catalog]
+
+
+def db_schemas(engine: Engine, warehouses: Iterable[str], catalog: str | None, pattern: str | None) -> pa.Table:
+    regex = like(pattern)
+    rows = [
+        {"catalog_name": w, "db_schema_name": ns}
+        for w in _selected(warehouses, catalog)
+        for ns in _namespaces(engine, w)
+        if _matches(regex, ns)
+    ]
+    return pa.Table.from_pylist(rows, schema=DB_SCHEMAS_SCHEMA)
+
+
+def tables(
+    engine: Engine,
+    warehouses: Iterable[str],
+    catalog: str | None,
+    schema_pattern: str | None,
+    table_pattern: str | None,
+    table_types: list[str],
+    include_schema: bool,
+) -> pa.Table:
+    if table_types and "TABLE" not in table_types:
+        return (TABLES_WITH_SCHEMA_SCHEMA if include_schema else TABLES_SCHEMA).empty_table()
+    schema_regex, table_regex = like(schema_pattern), like(table_pattern)
+    rows: list[dict[str, object]] = []
+    for warehouse in _selected(warehouses, catalog):
+        for namespace in _namespaces(engine, warehouse):
+            if not _matches(schema_regex, namespace):
+                continue
+            for name in _table_names(engine, warehouse, namespace):
+                if not _matches(table_regex, name):
+                    continue
+                row: dict[str, object] = {
+                    "catalog_name": warehouse,
+                    "db_schema_name": namespace,
+                    "table_name": name,
+                    "table_type": "TABLE",
+                }
+                if include_schema:
+                    schema = _query_schema(engine, warehouse, namespace, name)
+                    if schema is None:
+                        continue
+                    row["table_schema"] = schema.serialize().to_pybytes()
+                rows.append(row)
+    return pa.Table.from_pylist(rows, schema=TABLES_WITH_SCHEMA_SCHEMA if include_schema else TABLES_SCHEMA)
+
+
+def table_types() -> pa.Table:
+    return pa.Table.from_pylist([{"table_type": "TABLE"}], schema=TABLE_TYPES_SCHEMA)
+
+
+def _table_names(engine: Engine, warehouse: str, namespace: str) -> list[str]:
+    try:
+        listed = engine.session.list_tables(f"{warehouse}.{namespace}")
+    except NoSuchNamespaceError:
+        return []
+    return sorted(str(name) for name in listed.column("table").to_pylist())
+
+
+def _query_schema(engine: Engine, warehouse: str, namespace: str, name: str) -> pa.Schema | None:
+    """The schema a query of the table returns (masks applied), or None when the user cannot read it."""
+    try:
+        result = engine.session.sql(f"SELECT * FROM {quote_qualified(warehouse, namespace, name)} LIMIT 0")
+        return result.arrow().schema
+    except SQEError:
+        return None

@@ -1,0 +1,85 @@
+"""The ``sqe serve --config server.toml`` process: load both configs, start the Flight SQL server, stop cleanly.
+
+``--port-file PATH`` writes the bound port (useful with ``listen = "127.0.0.1:0"``). SIGTERM and SIGINT stop the
+server: open queries are cancelled and every engine session is closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from sqe._text import first_line
+from sqe.config import load_config
+from sqe.errors import SQEError
+from sqe.server.config import ServerConfig, load_server_config
+from sqe.server.identity import IdentityBroker
+
+log = logging.getLogger("sqe.server")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sqe serve", description="Run SQE as an Arrow Flight SQL service.")
+    parser.add_argument("--config", "-c", required=True, help="server.toml (see config.toml.example, [server])")
+    parser.add_argument("--port-file", help="write the bound port to this file once listening")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def _tls(config: ServerConfig) -> list[tuple[bytes, bytes]] | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    try:
+        return [(Path(config.tls_cert).read_bytes(), Path(config.tls_key).read_bytes())]
+    except OSError as exc:
+        raise SQEError(f"server.tls_cert/tls_key: cannot read {exc.filename}: {exc.strerror}") from None
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return _serve(args.config, args.port_file)
+    except SQEError as exc:
+        print(f"sqe serve: error: {first_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _serve(config_path: str, port_file: str | None) -> int:
+    from sqe.server.flight import SQEFlightServer  # pyarrow.flight only for the server
+
+    server_config = load_server_config(config_path)
+    engine_config = load_config(server_config.engine_config)
+    secret = server_config.reader_client_secret
+    broker = IdentityBroker(
+        engine_config.catalog.uri,
+        engine_config.catalog.warehouse,
+        scope=engine_config.catalog.scope,
+        reader_client_id=server_config.reader_client_id,
+        reader_client_secret=secret.get_secret_value() if secret is not None else None,
+        timeout=engine_config.catalog.request_timeout_seconds,
+        auth_cache_seconds=server_config.auth_cache_seconds,
+    )
+    server = SQEFlightServer(server_config, engine_config, broker, tls_certificates=_tls(server_config))
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    scheme = "grpc+tls" if server_config.tls else "grpc"
+    mode = f"delegating as reader {server_config.reader_client_id!r}" if broker.delegates else "user tokens"
+    log.info("listening on %s://%s:%d (%s)", scheme, server_config.host, server.port, mode)
+    if port_file:
+        Path(port_file).write_text(f"{server.port}\n", encoding="utf-8")
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        log.info("shutting down")
+        server.close()
+        server.shutdown()
+    return 0

@@ -1,0 +1,381 @@
+"""Client sessions of ``sqe serve``: per (user, client session) engine sessions, open queries and limits.
+
+A client session belongs to exactly one authenticated user (its key includes the user), so nothing in it —
+engine sessions with their DuckDB connections, metadata caches and credential leases, prepared statements,
+open results — is reachable by anyone else, even with its session id. Each open query runs on an engine
+``Session`` of its own from the client session's small pool (a DuckDB connection runs one statement at a time),
+so concurrent statements of one client never invalidate each other. Engine sessions are built by
+:func:`_user_config` over the user's catalog token (delegated or their own) and replaced when that token changes.
+
+:class:`Limits` counts running queries per user and in total; :class:`Watchdog` cancels queries past their
+timeout or whose client went away, and expires idle client sessions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pydantic import SecretStr
+
+from sqe.catalog.rest import RestTableProvider
+from sqe.config import SQEConfig
+from sqe.errors import QueryError, SQEError
+from sqe.server.identity import IdentityBroker, User, fingerprint
+from sqe.session import PreparedStatement, Session
+
+if TYPE_CHECKING:
+    import pyarrow.flight as flight
+
+log = logging.getLogger(__name__)
+
+
+class ServerBusyError(SQEError):
+    """A concurrency limit is full; the client may retry later."""
+
+
+class QueryTimeoutError(SQEError):
+    """The query ran longer than ``query_timeout_seconds``."""
+
+
+class UnknownHandleError(QueryError):
+    """A ticket or prepared-statement handle this client session does not hold."""
+
+
+def _user_config(base: SQEConfig, token: str) -> SQEConfig:
+    """The server's engine config as ``token``'s holder: that catalog token only, no other credential.
+
+    The one place that builds a user's config. Sibling
+    warehouses lose their own credentials too, so every catalog call of the session carries this user's token.
+    """
+    no_auth: dict[str, object] = {
+        "client_id": None,
+        "client_secret": None,
+        "token": None,
+        "reader_client_id": None,
+        "reader_client_secret": None,
+    }
+    siblings = tuple(w.model_copy(update=no_auth) for w in base.catalog.warehouses)
+    # The token is already the user's own or a delegated one (IdentityBroker): the engine must not exchange again.
+    catalog = base.catalog.model_copy(update={**no_auth, "token": SecretStr(token), "warehouses": siblings})
+    return base.model_copy(update={"catalog": catalog})
+
+
+# ---------------------------------------------------------------------------------------------- limits
+
+
+class Limits:
+    """Running-query counters: at most ``total`` queries, at most ``per_user`` for one user."""
+
+    def __init__(self, total: int, per_user: int) -> None:
+        self.total = total
+        self.per_user = per_user
+        self._lock = threading.Lock()
+        self._running = 0
+        self._by_user: dict[str, int] = {}
+
+    def acquire(self, user_key: str) -> None:
+        with self._lock:
+            mine = self._by_user.get(user_key, 0)
+            if mine >= self.per_user:
+                raise ServerBusyError(
+                    f"server busy: {mine} queries of this user are running (max_concurrent_queries_per_user = "
+                    f"{self.per_user}); retry when one finishes"
+                )
+            if self._running >= self.total:
+                raise ServerBusyError(
+                    f"server busy: {self._running} queries are running (max_concurrent_queries = {self.total}); "
+                    "retry later"
+                )
+            self._running += 1
+            self._by_user[user_key] = mine + 1
+
+    def release(self, user_key: str) -> None:
+        with self._lock:
+            self._running -= 1
+            left = self._by_user.get(user_key, 1) - 1
+            if left > 0:
+                self._by_user[user_key] = left
+            else:
+                self._by_user.pop(user_key, None)
+
+    def running(self) -> int:
+        with self._lock:
+            return self._running
+
+
+# ----------------------------------------------------------------------------------------- engine pool
+
+
+_ENGINE_SERIALS = itertools.count(1)
+
+
+@dataclass
+class Engine:
+    """One engine session of a client session, built over one catalog token."""
+
+    session: Session
+    provider: RestTableProvider
+    token_key: str  # fingerprint of the catalog token it was built with
+    busy: bool = False
+    serial: int = field(default_factory=lambda: next(_ENGINE_SERIALS))
+    last_used: float = field(default_factory=time.monotonic)
+
+    def close(self) -> None:
+        try:
+            self.session.close()
+        except Exception as exc:  # closing must not fail a request; the connection is gone either way
+            log.debug("closing an engine session failed: %s", type(exc).__name__)
+
+
+@dataclass
+class Prepared:
+    """A Flight SQL prepared statement: its SQL, the parameters bound last, and its plans per engine."""
+
+    sql: str
+    parameters: pa.Table | None = None
+    plans: dict[int, PreparedStatement] = field(default_factory=dict)  # engine serial -> its plan
+
+
+@dataclass
+class OpenQuery:
+    """A result between GetFlightInfo and the end of its DoGet (or a metadata table waiting for DoGet)."""
+
+    handle: bytes
+    schema: pa.Schema
+    batches: Iterator[pa.RecordBatch]
+    deadline: float
+    cancel_engine: Callable[[], None]
+    release: Callable[[], None]
+    call_context: flight.ServerCallContext | None = None
+    close_stream: Callable[[], None] = lambda: None  # frees the engine's result before the engine is reused
+    failed: bool = False  # its statement or stream raised
+    planning: bool = False  # its GetFlightInfo is still running the statement
+    cancelled: str | None = None  # why it was cancelled: "timeout", "client", "cancel"
+    _done: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def cancel(self, reason: str) -> bool:
+        """Stop the query (idempotent); False when it had already finished."""
+        with self._lock:
+            if self._done:
+                return False
+            if self.cancelled is None:
+                self.cancelled = reason
+        self.cancel_engine()
+        return True
+
+    def finish(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        try:
+            self.close_stream()
+        except Exception as exc:  # a broken stream must still give its engine and slot back
+            log.debug("closing a result stream failed: %s", type(exc).__name__)
+        self.release()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+
+class ClientSession:
+    """Everything one (user, client session) owns. Engines are created on demand over the current token."""
+
+    def __init__(self, key: tuple[str, str], base: SQEConfig, batch_rows: int) -> None:
+        self.key = key
+        self._base = base
+        self._batch_rows = batch_rows
+        self._lock = threading.Lock()
+        self._engines: list[Engine] = []
+        self.prepared: dict[bytes, Prepared] = {}
+        self.open: dict[bytes, OpenQuery] = {}
+        self.last_used = time.monotonic()
+
+    @property
+    def user_key(self) -> str:
+        return self.key[0]
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+    def acquire_engine(self, catalog_token: str) -> Engine:
+        """An idle engine built over ``catalog_token`` (stale-token idle engines are closed), marked busy."""
+        wanted = fingerprint(catalog_token)
+        stale: list[Engine] = []
+        with self._lock:
+            for engine in list(self._engines):
+                if engine.busy:
+                    continue
+                if engine.token_key != wanted:
+                    self._engines.remove(engine)
+                    stale.append(engine)
+                    continue
+                engine.busy = True
+                chosen: Engine | None = engine
+                break
+            else:
+                chosen = None
+        for engine in stale:
+            engine.close()
+        if chosen is not None:
+            return chosen
+        config = _user_config(self._base, catalog_token)
+        provider = RestTableProvider(config)
+        engine = Engine(Session(provider, config), provider, wanted, busy=True)
+        with self._lock:
+            self._engines.append(engine)
+        return engine
+
+    def release_engine(self, engine: Engine, *, discard: bool = False) -> None:
+        """Back to the pool; ``discard`` (after a cancelled or failed query) closes it instead."""
+        if discard:
+            with self._lock:
+                if engine in self._engines:
+                    self._engines.remove(engine)
+            engine.close()
+            return
+        with self._lock:
+            engine.busy = False
+            engine.last_used = time.monotonic()
+            # keep one idle engine (its caches) and the busy ones; more idle ones are closed
+            idle = [e for e in self._engines if not e.busy]
+            extra = idle[:-1] if len(idle) > 1 else []
+            for e in extra:
+                self._engines.remove(e)
+        for e in extra:
+            e.close()
+
+    def new_handle(self) -> bytes:
+        return secrets.token_bytes(16)
+
+    def is_idle_since(self, cutoff: float) -> bool:
+        with self._lock:
+            busy = any(e.busy for e in self._engines)
+        return not busy and not self.open and self.last_used < cutoff
+
+    def close(self) -> None:
+        for query in list(self.open.values()):
+            query.cancel("session closed")
+            query.finish()
+        self.open.clear()
+        self.prepared.clear()
+        with self._lock:
+            engines, self._engines = self._engines, []
+        for engine in engines:
+            engine.close()
+
+
+# ------------------------------------------------------------------------------------------- registry
+
+
+class SessionRegistry:
+    """Client sessions by (user key, session id); session-id aliases map a cookie to a peer-keyed session."""
+
+    def __init__(self, base: SQEConfig, broker: IdentityBroker, limits: Limits, batch_rows: int) -> None:
+        self.base = base
+        self.broker = broker
+        self.limits = limits
+        self.batch_rows = batch_rows
+        self._lock = threading.Lock()
+        self._sessions: dict[tuple[str, str], ClientSession] = {}
+        self._aliases: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def resolve(self, user: User, session_id: str | None, peer: str, new_cookie: str | None) -> ClientSession:
+        """The caller's client session: by its session id when it sent one, else by its connection (peer).
+
+        ``new_cookie`` is the id this response offers the client; it becomes an alias of the same session so a
+        client that starts sending it keeps its prepared statements and results.
+        """
+        with self._lock:
+            if session_id is not None:
+                key = self._aliases.get((user.key, session_id), (user.key, session_id))
+            else:
+                key = (user.key, f"peer:{peer}")
+            session = self._sessions.get(key)
+            if session is None:
+                session = self._sessions[key] = ClientSession(key, self.base, self.batch_rows)
+            if new_cookie is not None:
+                self._aliases[(user.key, new_cookie)] = key
+            session.touch()
+            return session
+
+    def sessions(self) -> list[ClientSession]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def expire_idle(self, idle_seconds: float) -> int:
+        cutoff = time.monotonic() - idle_seconds
+        with self._lock:
+            expired = [s for s in self._sessions.values() if s.is_idle_since(cutoff)]
+            for session in expired:
+                del self._sessions[session.key]
+            gone = {s.key for s in expired}
+            for alias in [a for a, k in self._aliases.items() if k in gone]:
+                del self._aliases[alias]
+        for session in expired:
+            session.close()
+        return len(expired)
+
+    def close(self) -> None:
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+            self._aliases.clear()
+        for session in sessions:
+            session.close()
+
+
+class Watchdog:
+    """A background thread: cancels timed-out queries and those whose client went away; expires sessions."""
+
+    def __init__(self, registry: SessionRegistry, idle_seconds: float, interval: float = 0.2) -> None:
+        self._registry = registry
+        self._idle_seconds = idle_seconds
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sqe-server-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.sweep()
+            except Exception as exc:  # the watchdog must outlive any one odd session
+                log.error("watchdog sweep failed: %s", type(exc).__name__)
+
+    def sweep(self) -> None:
+        now = time.monotonic()
+        for session in self._registry.sessions():
+            for query in list(session.open.values()):
+                if query.done:
+                    session.open.pop(query.handle, None)
+                elif now >= query.deadline:
+                    query.cancel("timeout")
+                    if query.call_context is None and not query.planning:  # never fetched: free it now
+                        query.finish()
+                        session.open.pop(query.handle, None)
+                elif query.call_context is not None and _client_gone(query.call_context):
+                    query.cancel("client")
+        self._registry.expire_idle(self._idle_seconds)
+
+
+def _client_gone(context: Any) -> bool:
+    try:
+        return bool(context.is_cancelled())
+    except Exception:  # a finished call's context may refuse; then the stream is over anyway
+        return False

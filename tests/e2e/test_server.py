@@ -1,0 +1,516 @@
+"""``sqe serve``: a real server process on loopback, driven by real Flight SQL clients (ADBC, pyarrow.flight).
+
+World: the session's catalog on moto; a writer creates ``people`` (restricted per user) and ``numbers`` (large,
+unrestricted); alice and bob have different restrictions on ``people``, carol none. The server runs on the users'
+own tokens (no reader identity: today's catalog trusts principals it has not marked untrusted).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from google.protobuf import any_pb2
+
+from sqe.server._proto import flight_cancel_pb2 as cancel_pb
+from sqe.server._proto import flight_sql_pb2 as sql_pb
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogPrincipal, CatalogServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PEOPLE = pa.table(
+    {
+        "id": pa.array([1, 2, 3, 4, 5, 6], pa.int64()),
+        "name": pa.array(["ada", "grace", "linus", "margaret", "alan", "tim"], pa.string()),
+        "region": pa.array(["EU", "US", "EU", "US", "UK", "EU"], pa.string()),
+        "ssn": pa.array(["111-22-3333", "222-33-4444", "333-44-5555", "444-55-6666", "555-66-7777", None], pa.string()),
+    }
+)
+# field ids: 1 id, 2 name, 3 region, 4 ssn
+ALICE = {
+    "required-row-filter": {"type": "eq", "left": {"type": "reference", "id": 3}, "right": "EU"},
+    "required-column-projections": [{"field-id": 4, "action": "show-last-4"}],
+}
+BOB = {
+    "required-row-filter": {"type": "in", "child": {"type": "reference", "id": 3}, "values": ["US", "UK"]},
+    "required-column-projections": [{"field-id": 4, "action": "replace-with-null"}],
+}
+NUMBER_ROWS = 2_000_000
+PER_USER_LIMIT = 2
+
+
+@dataclass
+class Served:
+    catalog: CatalogServer
+    namespace: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    workdir: Path
+    users: dict[str, CatalogPrincipal]
+    errors_seen: list[str] = field(default_factory=list)
+
+    def token(self, who: str) -> str:
+        return self.catalog.token(self.users[who])
+
+    def adbc(self, who: str, **options: str) -> Any:
+        import adbc_driver_flightsql.dbapi as dbapi
+
+        headers = {"adbc.flight.sql.authorization_header": f"Bearer {self.token(who)}"}
+        return dbapi.connect(self.url, db_kwargs={**headers, **options}, autocommit=True)
+
+    def flight_client(self) -> flight.FlightClient:
+        return flight.FlightClient(self.url)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def expect_error(self, call: Any, *types: type[BaseException]) -> BaseException:
+        with pytest.raises(types) as err:
+            call()
+        self.errors_seen.append(str(err.value))
+        return err.value
+
+
+def _principal(server: CatalogServer, name: str, grants: list[tuple[str, str | None]]) -> CatalogPrincipal:
+    return server.principal_with_grants(name, [(p, ns, None) for p, ns in grants])
+
+
+def _write_configs(workdir: Path, catalog: CatalogServer, **server: Any) -> Path:
+    engine = workdir / "engine.toml"
+    engine.write_text(
+        "\n".join(
+            [
+                "[catalog]",
+                f'uri = "{catalog.url}"',
+                f'warehouse = "{catalog.warehouse}"',
+                'access_delegation = "vended-credentials"',
+                "require_vended_credentials = true",
+                "",
+                "[storage]",
+                f'endpoint = "{catalog.moto.url}"',
+                f'region = "{catalog.moto.region}"',
+                "path_style = true",
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    settings = {
+        "engine_config": "engine.toml",
+        "listen": "127.0.0.1:0",
+        "max_concurrent_queries": 4,
+        "max_concurrent_queries_per_user": PER_USER_LIMIT,
+        **server,
+    }
+    config = workdir / "server.toml"
+    config.write_text("[server]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
+    return config
+
+
+def start_server(workdir: Path, config: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    port_file, log_path = workdir / "port", workdir / "server.log"
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SQE_"))}
+    child_env.update({"AWS_EC2_METADATA_DISABLED": "true", **(env or {})})
+    command = [sys.executable, "-m", "sqe.cli", "serve", "--config", str(config), "--port-file", str(port_file)]
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [*command, "--log-level", "debug"], stdout=log_file, stderr=subprocess.STDOUT, env=child_env
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sqe serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        if port_file.is_file() and port_file.read_text().strip():
+            return proc, int(port_file.read_text())
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("sqe serve did not start")
+
+
+@pytest.fixture(scope="module")
+def served(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    from sqe_stack.provision import stop_child
+    from tests.conftest import pyiceberg_catalog
+
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"served_{suffix}"
+    writer = _principal(
+        catalog_server,
+        f"srv_writer_{suffix}",
+        [("NAMESPACE_FULL_METADATA", None), ("TABLE_CREATE", None), ("TABLE_WRITE_DATA", None)],
+    )
+    readers = {
+        who: _principal(catalog_server, f"srv_{who}_{suffix}", [("NAMESPACE_LIST", None), ("TABLE_READ_DATA", None)])
+        for who in ("alice", "bob", "carol")
+    }
+    workdir = tmp_path_factory.mktemp("served")
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            env.delenv(name, raising=False)
+        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        catalog = pyiceberg_catalog(catalog_server, writer)
+        catalog.create_namespace(namespace)
+        catalog.create_table((namespace, "people"), schema=PEOPLE.schema).append(PEOPLE)
+        numbers = pa.table({"n": pa.array(range(NUMBER_ROWS), pa.int64())})
+        numbers = numbers.append_column("label", pa.array([f"row-{i:09d}" for i in range(NUMBER_ROWS)]))
+        catalog.create_table((namespace, "numbers"), schema=numbers.schema).append(numbers)
+        catalog.create_table((namespace, "sink"), schema=pa.schema([("id", pa.int64()), ("name", pa.string())]))
+    for who, document in (("alice", ALICE), ("bob", BOB)):
+        path = workdir / f"{who}.json"
+        path.write_text(json.dumps(document), encoding="utf-8")
+        target = ["--warehouse", catalog_server.warehouse, "--namespace", namespace, "--table", "people"]
+        catalog_server.admin_cli("set-restrictions", *target, "--principal", readers[who].name, "--file", str(path))
+    config = _write_configs(workdir, catalog_server)
+    proc, port = start_server(workdir, config)
+    users = {"writer": writer, **readers}
+    world = Served(catalog_server, namespace, f"grpc://127.0.0.1:{port}", proc, workdir / "server.log", workdir, users)
+    try:
+        yield world
+    finally:
+        stop_child(proc)
+        log = world.log_text()
+        for secret in catalog_server.secrets:
+            assert secret not in log, "a secret reached the server log"
+        for message in world.errors_seen:
+            assert "Traceback" not in message
+            for secret in catalog_server.secrets:
+                assert secret not in message
+
+
+def _command(message: Any) -> flight.FlightDescriptor:
+    wrapper = any_pb2.Any()
+    wrapper.Pack(message)
+    return flight.FlightDescriptor.for_command(wrapper.SerializeToString())
+
+
+def _bearer(token: str) -> flight.FlightCallOptions:
+    return flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())])
+
+
+# ------------------------------------------------------------------------------------------ ADBC client
+
+
+def test_adbc_query_fetches_arrow(served: Served) -> None:
+    with served.adbc("carol") as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT id, name FROM {served.namespace}.people ORDER BY id")
+        table = cur.fetch_arrow_table()
+    assert table.column("name").to_pylist() == PEOPLE.column("name").to_pylist()
+
+
+def test_two_users_with_different_restrictions_each_see_their_own_rows_and_masks(served: Served) -> None:
+    sql = f"SELECT id, region, ssn FROM {served.namespace}.people ORDER BY id"
+    results: dict[str, list[dict[str, Any]]] = {}
+
+    def run(who: str) -> None:
+        with served.adbc(who) as conn, conn.cursor() as cur:
+            cur.execute(sql)
+            results[who] = cur.fetch_arrow_table().to_pylist()
+
+    threads = [threading.Thread(target=run, args=(who,)) for who in ("alice", "bob", "carol")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert results["alice"] == [
+        {"id": 1, "region": "EU", "ssn": "nnn-nn-3333"},
+        {"id": 3, "region": "EU", "ssn": "nnn-nn-5555"},
+        {"id": 6, "region": "EU", "ssn": None},
+    ]
+    assert results["bob"] == [
+        {"id": 2, "region": "US", "ssn": None},
+        {"id": 4, "region": "US", "ssn": None},
+        {"id": 5, "region": "UK", "ssn": None},
+    ]
+    assert [r["ssn"] for r in results["carol"]] == PEOPLE.column("ssn").to_pylist()
+
+
+def test_adbc_prepared_statement_with_parameters(served: Served) -> None:
+    with served.adbc("carol") as conn, conn.cursor() as cur:
+        sql = f"SELECT name FROM {served.namespace}.people WHERE id = ?"
+        cur.execute(sql, parameters=(3,))
+        assert cur.fetchall() == [("linus",)]
+        cur.execute(sql, parameters=(5,))
+        assert cur.fetchall() == [("alan",)]
+
+
+def test_adbc_metadata_browse(served: Served) -> None:
+    with served.adbc("carol") as conn:
+        objects = conn.adbc_get_objects(depth="tables", db_schema_filter=served.namespace).read_all().to_pylist()
+        schema = conn.adbc_get_table_schema(
+            "people", catalog_filter=served.catalog.warehouse, db_schema_filter=served.namespace
+        )
+        types = conn.adbc_get_table_types()
+    [warehouse] = [o for o in objects if o["catalog_name"] == served.catalog.warehouse]
+    [namespace] = warehouse["catalog_db_schemas"]
+    assert namespace["db_schema_name"] == served.namespace
+    assert {t["table_name"] for t in namespace["db_schema_tables"]} == {"people", "numbers", "sink"}
+    assert schema.names == ["id", "name", "region", "ssn"]
+    assert types == ["TABLE"]
+
+
+def test_adbc_insert_then_read_back(served: Served) -> None:
+    with served.adbc("writer") as conn, conn.cursor() as cur:
+        cur.execute(f"INSERT INTO {served.namespace}.sink VALUES (1, 'one'), (2, 'two')")
+        cur.execute(f"SELECT id, name FROM {served.namespace}.sink ORDER BY id")
+        assert cur.fetchall() == [(1, "one"), (2, "two")]
+
+
+def test_statement_update_by_do_put_reports_the_row_count(served: Served) -> None:
+    client = served.flight_client()
+    sql = f"INSERT INTO {served.namespace}.sink SELECT id, name FROM {served.namespace}.people WHERE id > 4"
+    writer, reader = client.do_put(
+        _command(sql_pb.CommandStatementUpdate(query=sql)), pa.schema([]), _bearer(served.token("writer"))
+    )
+    writer.done_writing()
+    result = reader.read()
+    writer.close()
+    assert sql_pb.DoPutUpdateResult.FromString(result.to_pybytes()).record_count == 2
+
+
+def test_adbc_cancel_of_a_long_query(served: Served) -> None:
+    with served.adbc("carol") as conn, conn.cursor() as cur:
+        sql = f"SELECT a.n FROM {served.namespace}.numbers a, {served.namespace}.numbers b WHERE a.n + b.n = -1"
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                cur.execute(sql)
+                cur.fetchall()
+            except Exception as exc:
+                served.errors_seen.append(str(exc))
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=run)
+        started = time.monotonic()
+        thread.start()
+        time.sleep(2)
+        cur.adbc_cancel()
+        assert done.wait(30), "the cancelled query did not stop"
+        assert time.monotonic() - started < 30
+    _wait_until_idle(served)
+
+
+def _wait_until_idle(served: Served, timeout: float = 20) -> None:
+    """Until the server reports no running queries (its log line per finished query is not needed)."""
+    deadline = time.monotonic() + timeout
+    client = served.flight_client()
+    while time.monotonic() < deadline:
+        try:
+            info = client.get_flight_info(_command(sql_pb.CommandGetTableTypes()), _bearer(served.token("carol")))
+            client.do_get(info.endpoints[0].ticket, _bearer(served.token("carol"))).read_all()
+            # a user with a free slot can start PER_USER_LIMIT queries again: probe by opening them
+            return
+        except flight.FlightError:
+            time.sleep(0.2)
+
+
+# -------------------------------------------------------------------------------------- pyarrow.flight
+
+
+def test_pyarrow_flight_client_query_and_cancel_flight_info(served: Served) -> None:
+    client = served.flight_client()
+    options = _bearer(served.token("alice"))
+    sql = f"SELECT id FROM {served.namespace}.people ORDER BY id"
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+    assert info.schema.names == ["id"]
+    table = client.do_get(info.endpoints[0].ticket, options).read_all()
+    assert table.column("id").to_pylist() == [1, 3, 6]
+
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+    request = cancel_pb.CancelFlightInfoRequest(info=info.serialize())
+    [result] = client.do_action(flight.Action("CancelFlightInfo", request.SerializeToString()), options)
+    assert cancel_pb.CancelFlightInfoResult.FromString(result.body.to_pybytes()).status == (
+        cancel_pb.CANCEL_STATUS_CANCELLED
+    )
+    served.expect_error(lambda: client.do_get(info.endpoints[0].ticket, options).read_all(), flight.FlightError)
+
+
+def test_a_ticket_of_another_user_is_unknown_to_them(served: Served) -> None:
+    client = served.flight_client()
+    sql = f"SELECT id FROM {served.namespace}.people"
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), _bearer(served.token("carol")))
+    error = served.expect_error(
+        lambda: client.do_get(info.endpoints[0].ticket, _bearer(served.token("alice"))).read_all(), flight.FlightError
+    )
+    assert "unknown or already used ticket" in str(error)
+    assert client.do_get(info.endpoints[0].ticket, _bearer(served.token("carol"))).read_all().num_rows == 6
+
+
+def test_sql_errors_are_one_typed_line(served: Served) -> None:
+    client = served.flight_client()
+    command = _command(sql_pb.CommandStatementQuery(query=f"SELECT * FROM {served.namespace}.nope"))
+    error = served.expect_error(
+        lambda: client.get_flight_info(command, _bearer(served.token("carol"))), flight.FlightServerError
+    )
+    assert "NoSuchTableError" in str(error) and "Traceback" not in str(error)
+
+
+# ------------------------------------------------------------------------------------------------ auth
+
+
+def test_no_token_wrong_token_wrong_basic_secret_are_unauthenticated(served: Served) -> None:
+    client = served.flight_client()
+    command = _command(sql_pb.CommandGetCatalogs())
+    served.expect_error(lambda: client.get_flight_info(command), flight.FlightUnauthenticatedError)
+    served.expect_error(
+        lambda: client.get_flight_info(command, _bearer("not-a-token")), flight.FlightUnauthenticatedError
+    )
+    carol = served.users["carol"]
+    served.expect_error(
+        lambda: client.authenticate_basic_token(carol.client_id, "wrong-secret"), flight.FlightUnauthenticatedError
+    )
+
+
+def test_basic_login_returns_a_bearer_token_that_works(served: Served) -> None:
+    client = served.flight_client()
+    carol = served.users["carol"]
+    header = client.authenticate_basic_token(carol.client_id, carol.client_secret)
+    served.catalog.secrets.add(header[1].decode().removeprefix("Bearer "))
+    info = client.get_flight_info(_command(sql_pb.CommandGetCatalogs()), flight.FlightCallOptions(headers=[header]))
+    table = client.do_get(info.endpoints[0].ticket, flight.FlightCallOptions(headers=[header])).read_all()
+    assert table.column("catalog_name").to_pylist() == [served.catalog.warehouse]
+
+
+def test_a_token_of_another_catalog_is_unauthenticated(served: Served, tmp_path: Path) -> None:
+    from tests.conftest import CatalogPrincipal, catalog_variant
+
+    with catalog_variant(tmp_path, served.catalog.moto) as other:
+        stranger = other.create_principal("stranger")
+        token = other.token(stranger)
+        served.catalog.secrets.update({token, stranger.client_secret})
+        assert isinstance(stranger, CatalogPrincipal)
+    client = served.flight_client()
+    served.expect_error(
+        lambda: client.get_flight_info(_command(sql_pb.CommandGetCatalogs()), _bearer(token)),
+        flight.FlightUnauthenticatedError,
+    )
+
+
+def test_a_revoked_token_is_refused_on_the_next_call(served: Served) -> None:
+    catalog = served.catalog
+    name = f"srv_temp_{uuid.uuid4().hex[:6]}"
+    temp = _principal(catalog, name, [("TABLE_READ_DATA", None)])
+    token = catalog.token(temp)
+    client = served.flight_client()
+    info = client.get_flight_info(_command(sql_pb.CommandGetTableTypes()), _bearer(token))
+    assert client.do_get(info.endpoints[0].ticket, _bearer(token)).read_all().num_rows == 1
+    catalog.admin_cli("rotate-secret", name)
+    served.expect_error(
+        lambda: client.get_flight_info(_command(sql_pb.CommandGetTableTypes()), _bearer(token)),
+        flight.FlightUnauthenticatedError,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- limits
+
+
+def test_the_query_past_the_per_user_limit_is_refused_with_a_clear_status(served: Served) -> None:
+    client = served.flight_client()
+    options = _bearer(served.token("carol"))
+    sql = f"SELECT n, label FROM {served.namespace}.numbers"
+    held = []
+    for _ in range(PER_USER_LIMIT):
+        info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+        reader = client.do_get(info.endpoints[0].ticket, options)
+        reader.read_chunk()  # streaming, held open by flow control
+        held.append(reader)
+    error = served.expect_error(
+        lambda: client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options),
+        flight.FlightUnavailableError,
+    )
+    assert "server busy" in str(error) and "max_concurrent_queries_per_user" in str(error)
+    # another user still gets a slot
+    other = _bearer(served.token("alice"))
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query="SELECT 1 AS x")), other)
+    assert client.do_get(info.endpoints[0].ticket, other).read_all().num_rows == 1
+    for reader in held:
+        reader.cancel()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # dropped streams free their slots
+        try:
+            info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query="SELECT 1 AS x")), options)
+            client.do_get(info.endpoints[0].ticket, options).read_all()
+            break
+        except flight.FlightUnavailableError:
+            time.sleep(0.2)
+    else:
+        pytest.fail("dropped streams never released their query slots")
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_large_result_streams_in_bounded_memory(served: Served) -> None:
+    client = served.flight_client()
+    options = _bearer(served.token("carol"))
+    numbers = f"{served.namespace}.numbers"
+    sql = f"SELECT a.n, a.label, b.label AS label2 FROM {numbers} a, (SELECT label FROM {numbers} LIMIT 12) b"
+    before = _rss_bytes(served.proc.pid)
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+    rows = total_bytes = 0
+    peak = before
+    for i, chunk in enumerate(client.do_get(info.endpoints[0].ticket, options)):
+        rows += chunk.data.num_rows
+        total_bytes += chunk.data.nbytes
+        if i % 20 == 0:
+            peak = max(peak, _rss_bytes(served.proc.pid))
+    assert rows == NUMBER_ROWS * 12
+    assert total_bytes > 900 * 1024 * 1024
+    assert peak - before < total_bytes / 3, f"server RSS grew {(peak - before) >> 20} MiB for {total_bytes >> 20} MiB"
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_against_the_server_prints_csv_and_one_line_errors(served: Served, tmp_path: Path) -> None:
+    from tests.conftest import write_sqe_config
+
+    config = write_sqe_config(tmp_path / "alice.toml", served.catalog.url, served.users["alice"], served.catalog.moto)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SQE_"))}
+    base = [sys.executable, "-m", "sqe.cli", "--server", served.url, "--config", str(config)]
+    sql = f"SELECT id, ssn FROM {served.namespace}.people ORDER BY id"
+    done = subprocess.run([*base, "-e", sql, "--format", "csv"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["id,ssn", "1,nnn-nn-3333", "3,nnn-nn-5555", "6,"]
+    failed = subprocess.run(
+        [*base, "-e", "SELECT * FROM nope.nope"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert failed.returncode == 1
+    assert failed.stderr.count("\n") == 1 and failed.stderr.startswith("sqe: error: ")
+    served.errors_seen.append(failed.stderr)
+
+
+def test_plaintext_off_loopback_is_refused(served: Served, tmp_path: Path) -> None:
+    config = _write_configs(tmp_path, served.catalog, listen="0.0.0.0:0")
+    done = subprocess.run(
+        [sys.executable, "-m", "sqe.cli", "serve", "--config", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "not a loopback address" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_basic_header_is_never_logged(served: Served) -> None:
+    carol = served.users["carol"]
+    raw = base64.b64encode(f"{carol.client_id}:{carol.client_secret}".encode()).decode()
+    assert raw not in served.log_text()
