@@ -4,8 +4,10 @@
 Fails (exit 1, listing each problem) when
 - any module under ``sqe/`` imports ``workers`` (anywhere: module level, inside a function, or under
   ``if TYPE_CHECKING:``) — the engine never depends on the worker service;
-- module-level imports between modules of ``sqe/``, ``sqe_catalog/`` and ``workers/`` form a cycle. Imports
-  inside functions and under ``if TYPE_CHECKING:`` are deferred or never run, so they do not count here.
+- module-level imports between modules of ``sqe/``, ``sqe_catalog/``, ``sqe_stack/`` and ``workers/`` form a
+  cycle, between files or between packages (``sqe.catalog``, ``sqe.credentials``, ... — the first two levels
+  under ``sqe``, the top level elsewhere): the layers of the README import one way only. Imports inside
+  functions and under ``if TYPE_CHECKING:`` are deferred or never run, so they do not count here.
 
 Generated protobuf modules (``*_pb2*.py``) are skipped.
 """
@@ -18,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("sqe", "sqe_catalog", "workers")
+PACKAGES = ("sqe", "sqe_catalog", "sqe_stack", "workers")
 
 
 @dataclass(frozen=True)
@@ -158,16 +160,38 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def layer_of(module: str) -> str:
+    """The package a module belongs to for layering: ``sqe.catalog.rest`` -> ``sqe.catalog``; ``workers.x`` ->
+    ``workers``. A top-level engine module (``sqe.session``) is a layer of its own."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "sqe" else parts[0]
+
+
+def layer_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    layers: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        source = layer_of(module)
+        layers.setdefault(source, set()).update(t for t in map(layer_of, targets) if t != source and t != "sqe")
+    for targets in list(layers.values()):
+        for target in targets:
+            layers.setdefault(target, set())
+    return layers
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
     graph, violations = collect(root)
-    problems = [*violations, *("import cycle: " + " <-> ".join(c) for c in cycles(graph))]
+    problems = [
+        *violations,
+        *("import cycle: " + " <-> ".join(c) for c in cycles(graph)),
+        *("package import cycle: " + " <-> ".join(c) for c in cycles(layer_graph(graph))),
+    ]
     for problem in problems:
         print(problem)
     if problems:
         print(f"check_imports: {len(problems)} problem(s)", file=sys.stderr)
         return 1
-    print(f"check_imports: {len(graph)} modules, no workers import from sqe, no cycles")
+    print(f"check_imports: {len(graph)} modules, no workers import from sqe, no cycles between files or packages")
     return 0
 
 

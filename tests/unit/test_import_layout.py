@@ -66,3 +66,24 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
     result = run_check(root)
     assert result.returncode == 0, result.stdout
     assert "no cycles" in result.stdout
+
+
+def test_a_cycle_between_packages_fails_even_without_a_file_cycle(tmp_path: Path) -> None:
+    root = write_tree(
+        tmp_path,
+        {
+            "sqe/catalog/__init__.py": "",
+            "sqe/catalog/a.py": "from sqe.credentials.b import B\nA = 1\n",
+            "sqe/credentials/__init__.py": "",
+            "sqe/credentials/b.py": "B = 1\n",
+            "sqe/credentials/c.py": "from sqe.catalog.a import A\n",
+        },
+    )
+    result = run_check(root)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == ["package import cycle: sqe.catalog <-> sqe.credentials"]
+
+
+def test_the_worker_wire_protocol_lives_in_the_engine() -> None:
+    assert (REPO / "sqe" / "distributed" / "protocol" / "ticket.py").is_file()
+    assert not (REPO / "workers" / "ticket.py").exists() and not (REPO / "workers" / "_proto").exists()
