@@ -45,9 +45,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REFUSED = "the catalog only serves this table through a trusted reader"
-PEOPLE = pa.table(
-    {"id": pa.array([1, 2, 3, 4], pa.int64()), "email": ["a@x.org", "b@y.org", "c@z.org", "d@w.org"]}
-)
+PEOPLE = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "email": ["a@x.org", "b@y.org", "c@z.org", "d@w.org"]})
 RULES = {
     "required-column-projections": [{"field-id": 2, "action": "mask-alphanum"}],
     "required-row-filter": {"type": "not-eq", "left": {"type": "reference", "id": 1}, "right": 2},
