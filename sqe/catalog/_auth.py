@@ -1,4 +1,8 @@
-"""OAuth2 client-credentials tokens for catalog requests, refreshed before they expire."""
+"""OAuth2 client-credentials tokens for catalog requests, refreshed before they expire.
+
+A token's lifetime is counted from when its request was sent, not when the answer arrived: the catalog stamps
+whole seconds, so counting from the answer would let SQE think a token lives longer than the catalog does.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import NoReturn
 
 import requests
 
+from sqe._text import first_line
 from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavailableError
 
 # Refresh when less than this share of the token's lifetime (or 60 s, whichever is smaller) remains.
@@ -21,6 +26,17 @@ class Token:
     value: str = field(repr=False)
     expires_at: float | None
     refresh_at: float | None
+    issued_at: float | None = None
+
+    def is_due(self, now: float) -> bool:
+        """Past its refresh point (a token without a lifetime, e.g. a given one, is never due)."""
+        return self.refresh_at is not None and now >= self.refresh_at
+
+    def remaining_share(self, now: float) -> float:
+        """The share of its lifetime still ahead (1.0 for a token without a lifetime)."""
+        if self.expires_at is None or self.issued_at is None or self.expires_at <= self.issued_at:
+            return 1.0
+        return max(0.0, (self.expires_at - now) / (self.expires_at - self.issued_at))
 
 
 class BearerAuth(requests.auth.AuthBase):
@@ -59,9 +75,18 @@ class BearerAuth(requests.auth.AuthBase):
         return request
 
     def current_token(self) -> str:
+        return self.token_with_share(0.0)
+
+    def token_with_share(self, keep_share: float) -> str:
+        """The token, fetched anew when it is due or (if this auth can fetch one) when less than ``keep_share``
+        of its lifetime remains: a token exchanged for a delegated one caps that token's lifetime."""
         with self._lock:
-            token = self._token
-            if token is None or (token.refresh_at is not None and time.time() >= token.refresh_at):
+            token, now = self._token, time.time()
+            if (
+                token is None
+                or token.is_due(now)
+                or (self.uses_client_credentials and token.remaining_share(now) < keep_share)
+            ):
                 token = self._token = self._fetch()
             return token.value
 
@@ -80,27 +105,39 @@ class BearerAuth(requests.auth.AuthBase):
             "client_secret": self._client_secret,
             "scope": self._scope,
         }
-        try:
-            response = self._session.post(self._token_url, data=data)
-        except requests.RequestException as exc:
-            raise CatalogUnavailableError(
-                f"cannot reach the catalog token endpoint {self._token_url}: {type(exc).__name__}"
-            ) from None
+        sent_at = time.time()
+        response = post_token_request(self._session, self._token_url, data)
         if response.status_code in (400, 401, 403):
             raise AuthenticationError(
                 f"catalog rejected client {self._client_id!r} at {self._token_url} "
-                f"(HTTP {response.status_code}: {oauth_error(response)})",
+                f"(HTTP {response.status_code}: {oauth_error(response, self._client_secret)})",
                 status=response.status_code,
             )
-        if response.status_code != 200:
-            raise CatalogUnavailableError(
-                f"catalog token endpoint answered HTTP {response.status_code}", status=response.status_code
-            )
-        return token_from_response(response, time.time())
+        require_ok(response)
+        return token_from_response(response, sent_at)
+
+
+def post_token_request(session: requests.Session, token_url: str, data: dict[str, str]) -> requests.Response:
+    """POST a form to the token endpoint; an unreachable endpoint -> CatalogUnavailableError (no form values)."""
+    try:
+        return session.post(token_url, data=data)
+    except requests.RequestException as exc:
+        raise CatalogUnavailableError(
+            f"cannot reach the catalog token endpoint {token_url}: {type(exc).__name__}"
+        ) from None
+
+
+def require_ok(response: requests.Response) -> None:
+    """Any status but 200 left after the OAuth refusals is the catalog failing, not the caller."""
+    if response.status_code != 200:
+        raise CatalogUnavailableError(
+            f"catalog token endpoint answered HTTP {response.status_code}", status=response.status_code
+        )
 
 
 def token_from_response(response: requests.Response, now: float) -> Token:
-    """The token of a 200 OAuth token response, with its refresh point; malformed -> CatalogProtocolError."""
+    """The token of a 200 OAuth token response, with its refresh point counted from ``now`` (when the request
+    was sent); malformed -> CatalogProtocolError."""
     try:
         body = response.json()
         value = str(body["access_token"])
@@ -109,18 +146,33 @@ def token_from_response(response: requests.Response, now: float) -> Token:
         raise CatalogProtocolError("catalog token response is not a valid OAuth token response") from None
     if isinstance(expires_in, int | float) and not isinstance(expires_in, bool) and expires_in > 0:
         margin = min(_REFRESH_MAX_MARGIN, expires_in * _REFRESH_SHARE)
-        return Token(value, now + expires_in, now + expires_in - margin)
+        return Token(value, now + expires_in, now + expires_in - margin, now)
     return Token(value, None, None)
 
 
-def oauth_error(response: requests.Response) -> str:
+def oauth_error_code(response: requests.Response) -> str:
+    """The RFC 6749 ``error`` code of an OAuth refusal ("" when the body has none)."""
     try:
         body = response.json()
     except ValueError:
-        return "no details"
+        return ""
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, str) else ""
+
+
+def oauth_error(response: requests.Response, *sent: str) -> str:
+    """The refusal's description as one line, with any of the ``sent`` secrets or tokens blanked out."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    text = "no details"
     if isinstance(body, dict):
         if isinstance(body.get("error"), str):
-            return str(body.get("error_description") or body["error"])
-        if isinstance(body.get("error"), dict):
-            return str(body["error"].get("message", "no details"))
-    return "no details"
+            text = str(body.get("error_description") or body["error"])
+        elif isinstance(body.get("error"), dict):
+            text = str(body["error"].get("message", "no details"))
+    for value in sent:
+        if value:
+            text = text.replace(value, "***")
+    return first_line(text)

@@ -4,8 +4,13 @@ The catalog gives raw-data credentials of a table restricted for a user only to 
 user and whose actor is a trusted reader (``sqe-catalog``'s RFC 8693 extension: Polaris ignores
 ``actor_token``). :class:`DelegatedAuth` obtains the end user's token and the reader's token (each by client
 credentials, or the end user's given token), exchanges them at ``/v1/oauth/tokens``, caches the delegated
-token and exchanges again before it expires (a delegated token never outlives its subject token). Neither the
-tokens nor the secrets appear in reprs or errors.
+token and exchanges again before it expires. Neither the tokens nor the secrets appear in reprs or errors.
+
+A delegated token never outlives its subject token, so exchanging again with an old subject token only yields
+an ever shorter delegated token: a re-exchange first fetches a new subject token when less than half of the
+current one's lifetime remains. A subject or actor token that expired on the catalog's clock before ours
+(``invalid_grant`` / ``invalid_client``) is fetched anew and the exchange tried once more. Any other refusal is
+an :class:`AuthenticationError` naming the end user and the reader, never a token or secret.
 """
 
 from __future__ import annotations
@@ -14,9 +19,23 @@ import time
 
 import requests
 
-from sqe.catalog._auth import BearerAuth, Token, oauth_error, token_from_response
-from sqe.errors import AuthenticationError, CatalogUnavailableError
+from sqe.catalog._auth import (
+    BearerAuth,
+    Token,
+    oauth_error,
+    oauth_error_code,
+    post_token_request,
+    require_ok,
+    token_from_response,
+)
+from sqe.errors import AuthenticationError
 from sqe.vocabulary import ACCESS_TOKEN_TYPE, TOKEN_EXCHANGE_GRANT
+
+# Re-exchange with a fresh subject token once less than this share of the subject token's lifetime remains.
+_SUBJECT_KEEP_SHARE = 0.5
+# RFC 6749 error codes the catalog answers for a stale input token (see sqe_catalog.delegation's table).
+_STALE_SUBJECT = "invalid_grant"
+_STALE_ACTOR = "invalid_client"
 
 
 class DelegatedAuth(BearerAuth):
@@ -37,6 +56,7 @@ class DelegatedAuth(BearerAuth):
         self._reader = reader
         self._end_user_name = end_user_name
         self._reader_name = reader_name
+        self.exchanges = 0  # successful exchanges so far (a count only, for observability)
 
     def __repr__(self) -> str:
         who = f"end_user={self._end_user_name!r}, reader={self._reader_name!r}"
@@ -53,27 +73,48 @@ class DelegatedAuth(BearerAuth):
         super().invalidate()
 
     def _fetch(self) -> Token:
-        data = {
-            "grant_type": TOKEN_EXCHANGE_GRANT,
-            "subject_token": self._end_user.current_token(),
-            "subject_token_type": ACCESS_TOKEN_TYPE,
-            "actor_token": self._reader.current_token(),
-            "actor_token_type": ACCESS_TOKEN_TYPE,
-        }
-        try:
-            response = self._session.post(self._token_url, data=data)
-        except requests.RequestException as exc:
-            raise CatalogUnavailableError(
-                f"cannot reach the catalog token endpoint {self._token_url}: {type(exc).__name__}"
-            ) from None
+        subject, actor = self._input_tokens()
+        sent_at = time.time()
+        response = self._exchange(subject, actor)
+        stale = self._refreshable_input(response)
+        if stale is not None:
+            stale.invalidate()  # expired on the catalog's clock before ours: fetch it anew, exchange once more
+            subject, actor = self._input_tokens()
+            sent_at = time.time()
+            response = self._exchange(subject, actor)
         if response.status_code in (400, 401, 403):
             raise AuthenticationError(
-                f"catalog refused to delegate {self._end_user_name!r} to reader {self._reader_name!r} "
-                f"(HTTP {response.status_code}: {oauth_error(response)})",
+                f"catalog refused to delegate end user {self._end_user_name!r} to reader {self._reader_name!r} "
+                f"(HTTP {response.status_code} {oauth_error_code(response) or 'error'}: "
+                f"{oauth_error(response, subject, actor)})",
                 status=response.status_code,
             )
-        if response.status_code != 200:
-            raise CatalogUnavailableError(
-                f"catalog token endpoint answered HTTP {response.status_code}", status=response.status_code
-            )
-        return token_from_response(response, time.time())
+        require_ok(response)
+        token = token_from_response(response, sent_at)
+        self.exchanges += 1
+        return token
+
+    def _input_tokens(self) -> tuple[str, str]:
+        """(subject, actor): the end user's token with enough lifetime left, and the reader's token."""
+        return self._end_user.token_with_share(_SUBJECT_KEEP_SHARE), self._reader.current_token()
+
+    def _refreshable_input(self, response: requests.Response) -> BearerAuth | None:
+        """The input a refusal calls stale, when it can be fetched anew (a given token cannot)."""
+        if response.status_code not in (400, 401):
+            return None
+        code = oauth_error_code(response)
+        if code == _STALE_SUBJECT and self._end_user.uses_client_credentials:
+            return self._end_user
+        if code == _STALE_ACTOR:
+            return self._reader
+        return None
+
+    def _exchange(self, subject: str, actor: str) -> requests.Response:
+        data = {
+            "grant_type": TOKEN_EXCHANGE_GRANT,
+            "subject_token": subject,
+            "subject_token_type": ACCESS_TOKEN_TYPE,
+            "actor_token": actor,
+            "actor_token_type": ACCESS_TOKEN_TYPE,
+        }
+        return post_token_request(self._session, self._token_url, data)

@@ -65,6 +65,10 @@ def principal_key(connection: CatalogConnection) -> str:
     return f"{user}+reader:{connection.reader_client_id}" if connection.delegates else user
 
 
+# Every role of the reader principal (it needs none for data; a role-narrowed scope would be refused).
+_READER_SCOPE = "PRINCIPAL_ROLE:ALL"
+
+
 def _catalog_auth(session: requests.Session, endpoint: CatalogConnection) -> BearerAuth:
     """The end user's own token, or (with a reader configured) a token delegated by the user to the reader."""
     token_url = endpoint.uri.rstrip("/") + "/v1/oauth/tokens"
@@ -83,7 +87,8 @@ def _catalog_auth(session: requests.Session, endpoint: CatalogConnection) -> Bea
         token_url,
         client_id=endpoint.reader_client_id or "",
         client_secret=endpoint.reader_client_secret_value() or "",
-        scope=endpoint.scope,
+        # The reader holds no data roles: the user's scope narrows the user's token, never the reader's.
+        scope=_READER_SCOPE,
     )
     return DelegatedAuth(
         session,

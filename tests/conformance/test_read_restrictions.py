@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from pydantic import SecretStr
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
@@ -156,8 +157,12 @@ class Harness:
             catalog=CatalogConfig(
                 uri=self.server.url,
                 warehouse=self.server.warehouse,
-                # Restricted tables are served only through a trusted reader acting for the end user.
-                token=self.server.delegated_token(self.reader, self.engine),
+                # Restricted tables are served only through a trusted reader acting for the end user: the
+                # engine exchanges the end user's token for a delegated one itself (RFC 8693).
+                client_id=self.reader.client_id,
+                client_secret=SecretStr(self.reader.client_secret),
+                reader_client_id=self.engine.client_id,
+                reader_client_secret=SecretStr(self.engine.client_secret),
                 access_delegation="vended-credentials",
                 require_vended_credentials=True,
             ),

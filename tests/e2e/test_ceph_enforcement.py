@@ -8,11 +8,13 @@ Vended credentials live 5 s (see ``ceph_stack`` in conftest.py).
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -22,11 +24,21 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from pyiceberg.catalog.rest import RestCatalog
 
+from sqe.vocabulary import (
+    ACCESS_DELEGATION_HEADER,
+    ACCESS_TOKEN_TYPE,
+    CAPABILITIES_HEADER,
+    READ_RESTRICTIONS_V1,
+    TOKEN_EXCHANGE_GRANT,
+    VENDED_CREDENTIALS,
+)
 from sqe_stack import StackInfo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ceph]
 
 TABLES = ("orders", "salaries")
+# What SQE sends: vended credentials, and the read-restrictions capability (a restricted table needs it).
+GOVERNED = {ACCESS_DELEGATION_HEADER: VENDED_CREDENTIALS, CAPABILITIES_HEADER: READ_RESTRICTIONS_V1}
 ROWS = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "name": pa.array(["a", "b", "c"], pa.string())})
 
 
@@ -75,17 +87,18 @@ def _token(stack: StackInfo, principal: str) -> str:
     return str(resp.json()["access_token"])
 
 
-def _vend(stack: StackInfo, principal: str, namespace: str, table: str) -> VendedTable:
-    auth = {"Authorization": f"Bearer {_token(stack, principal)}"}
+def _table_url(stack: StackInfo, auth: dict[str, str], namespace: str, table: str) -> str:
     config = requests.get(
         f"{stack.catalog_uri}/v1/config", params={"warehouse": stack.warehouse}, headers=auth, timeout=10
     ).json()
     prefix = {**config.get("defaults", {}), **config.get("overrides", {})}["prefix"]
-    resp = requests.get(
-        f"{stack.catalog_uri}/v1/{urllib.parse.quote(prefix, safe='')}/namespaces/{namespace}/tables/{table}",
-        headers={**auth, "X-Iceberg-Access-Delegation": "vended-credentials"},
-        timeout=10,
-    )
+    return f"{stack.catalog_uri}/v1/{urllib.parse.quote(prefix, safe='')}/namespaces/{namespace}/tables/{table}"
+
+
+def _vend(stack: StackInfo, principal: str, namespace: str, table: str, token: str = "") -> VendedTable:
+    """Load ``table`` as ``principal`` (or with ``token``, e.g. a delegated one) asking for vended credentials."""
+    auth = {"Authorization": f"Bearer {token or _token(stack, principal)}"}
+    resp = requests.get(_table_url(stack, auth, namespace, table), headers={**auth, **GOVERNED}, timeout=10)
     assert resp.status_code == 200, resp.text
     body = resp.json()
     bucket, table_prefix = _split(body["metadata"]["location"])
@@ -127,7 +140,7 @@ def _status(call: Callable[[], object]) -> int:
 
 @pytest.fixture(scope="module")
 def namespace(ceph_stack: StackInfo) -> str:
-    """A fresh namespace with two tables, created and filled by the writer through pyiceberg."""
+    """A fresh namespace with two tables (no restrictions), created and filled by the writer through pyiceberg."""
     writer = _rest_catalog(ceph_stack, "writer")
     name = f"enf_{uuid.uuid4().hex[:8]}"
     writer.create_namespace(name)
@@ -181,3 +194,83 @@ def test_five_second_credential_is_rejected_once_expired(ceph_stack: StackInfo, 
     assert _status(lambda: s3.get_object(Bucket=vended.bucket, Key=vended.metadata_key)["Body"].read()) == 200
     time.sleep(remaining_s + 2)
     assert _status(lambda: s3.get_object(Bucket=vended.bucket, Key=vended.metadata_key)["Body"].read()) == 403
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Governed access: credentials vended to a delegated token (the analyst, acting through a trusted reader)
+
+
+def _admin(stack: StackInfo, *args: str) -> str:
+    """``sqe-catalog admin ARGS`` against the stack's catalog, in-process (the command line's own code)."""
+    import contextlib
+    import io
+
+    from sqe_catalog.cli import main as catalog_cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = catalog_cli(["admin", "--config", str(stack.catalog_config), *args])
+    assert code == 0, err.getvalue()
+    return out.getvalue()
+
+
+def _delegated_token(stack: StackInfo, user: str, reader_id: str, reader_secret: str) -> str:
+    """``user``'s token exchanged (RFC 8693) with the reader's: subject = the user, actor = the reader."""
+    reader = requests.post(
+        f"{stack.catalog_uri}/v1/oauth/tokens",
+        timeout=10,
+        data={
+            "grant_type": "client_credentials",
+            "client_id": reader_id,
+            "client_secret": reader_secret,
+            "scope": "PRINCIPAL_ROLE:ALL",
+        },
+    )
+    assert reader.status_code == 200, reader.text
+    reply = requests.post(
+        f"{stack.catalog_uri}/v1/oauth/tokens",
+        timeout=10,
+        data={
+            "grant_type": TOKEN_EXCHANGE_GRANT,
+            "subject_token": _token(stack, user),
+            "subject_token_type": ACCESS_TOKEN_TYPE,
+            "actor_token": reader.json()["access_token"],
+            "actor_token_type": ACCESS_TOKEN_TYPE,
+        },
+    )
+    assert reply.status_code == 200, reply.text
+    return str(reply.json()["access_token"])
+
+
+# Known catalog bug: Ceph RGW accepts RoleSessionName only as [A-Za-z0-9_=,.@-]+ (no '+', unlike AWS), but
+# sqe_catalog.vending.role_session_name joins end user and reader with '+': AssumeRole answers 400 and the
+# delegated load 503. Strict, so the test turns red (XPASS) once the separator is fixed and this mark must go.
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="role session name '+' is rejected by Ceph STS")
+def test_credentials_vended_to_a_delegated_token_read_only_the_tables_prefix_and_cannot_write(
+    ceph_stack: StackInfo, tmp_path: Path
+) -> None:
+    writer = _rest_catalog(ceph_stack, "writer")
+    namespace = f"gov_{uuid.uuid4().hex[:8]}"
+    writer.create_namespace(namespace)
+    for table in TABLES:
+        writer.create_table((namespace, table), schema=ROWS.schema).append(ROWS)
+    rules = tmp_path / "mask.json"
+    rules.write_text('{"required-column-projections": [{"field-id": 2, "action": "mask-alphanum"}]}')
+    target = ["--warehouse", ceph_stack.warehouse, "--namespace", namespace, "--table", "orders"]
+    _admin(ceph_stack, "set-restrictions", *target, "--principal", "analyst", "--file", str(rules))
+    reader = json.loads(_admin(ceph_stack, "create-principal", f"ceph_reader_{uuid.uuid4().hex[:6]}", "--reader"))
+    # The analyst's own token no longer gets the restricted table; the delegated one does.
+    auth = {"Authorization": f"Bearer {_token(ceph_stack, 'analyst')}"}
+    url = _table_url(ceph_stack, auth, namespace, "orders")
+    refused = requests.get(url, headers={**auth, **GOVERNED}, timeout=10)
+    assert refused.status_code == 403 and "s3.secret-access-key" not in refused.text
+    token = _delegated_token(ceph_stack, "analyst", reader["client_id"], reader["client_secret"])
+    other = _vend(ceph_stack, "writer", namespace, "salaries")
+    own = _vend(ceph_stack, "analyst", namespace, "orders", token=token)  # vended last: it lives 5 s
+    s3 = _s3(ceph_stack, own)
+    assert _status(lambda: s3.get_object(Bucket=own.bucket, Key=own.metadata_key)["Body"].read()) == 200
+    assert _status(lambda: s3.list_objects_v2(Bucket=own.bucket, Prefix=f"{own.prefix}/")) == 200
+    assert _status(lambda: s3.get_object(Bucket=own.bucket, Key=other.metadata_key)["Body"].read()) == 403
+    assert _status(lambda: s3.list_objects_v2(Bucket=own.bucket, Prefix=f"{other.prefix}/")) == 403
+    assert _status(lambda: s3.put_object(Bucket=own.bucket, Key=f"{own.prefix}/data/x.parquet", Body=b"x")) == 403
+    assert _status(lambda: s3.delete_object(Bucket=own.bucket, Key=own.metadata_key)) == 403

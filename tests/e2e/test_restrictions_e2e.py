@@ -6,11 +6,10 @@ One table ``people`` written by a writer; restrictions attached with ``sqe-catal
 - bob: only ``region`` in (US, UK); ``email`` show-last-4, ``name`` sha-256-query-local;
 - carol: nothing (sees the raw table); dave: alice's restrictions, but using his own token.
 
-SQE reads as a trusted reader: each session's catalog token is the user's token exchanged (RFC 8693) with the
-reader principal's (``World.delegated_token``), so grants and restrictions are the user's and trust is the
-reader's. A user's own token never gets a restricted table (dave). The engine's own reader configuration
-(``[catalog] reader_client_id``) is exercised elsewhere; here the delegated token is handed in as
-``catalog.token``.
+SQE reads as a trusted reader: each session has the user's client credentials and the reader principal's
+(``[catalog] reader_client_id/secret``) and exchanges the user's token with the reader's itself (RFC 8693), so
+grants and restrictions are the user's and trust is the reader's. A user's own token never gets a restricted
+table (dave). Raw HTTP checks use ``World.delegated_token``, the same exchange done by hand.
 """
 
 from __future__ import annotations
@@ -121,11 +120,9 @@ class World:
     def session(self, who: str, *, own_token: bool = False, **catalog: Any) -> Session:
         principal = self.principals[who]
         moto = self.server.moto
-        auth: dict[str, Any] = (
-            {"client_id": principal.client_id, "client_secret": principal.client_secret}
-            if own_token
-            else {"token": self.delegated_token(who)}
-        )
+        auth: dict[str, Any] = {"client_id": principal.client_id, "client_secret": principal.client_secret}
+        if not own_token:  # the engine exchanges the user's token with the reader's itself
+            auth |= {"reader_client_id": self.reader.client_id, "reader_client_secret": self.reader.client_secret}
         config = SQEConfig(
             catalog=CatalogConfig(
                 uri=self.server.url,
