@@ -121,7 +121,11 @@ def test_polaris_storage_config_vends_through_rustack_sts() -> None:
 def test_ceph_setup_uses_the_sts_options_of_the_tested_ceph_stack() -> None:
     tested = _ceph_conf(Path("/x"), "fsid", 1, 2, "k" * 16)
     script = (COMPOSE / "ceph" / "rgw-setup.sh").read_text()
-    for option, value in (("rgw sts key", None), ("rgw s3 auth use sts", "true"), ("rgw sts min session duration", "5")):
+    for option, value in (
+        ("rgw sts key", None),
+        ("rgw s3 auth use sts", "true"),
+        ("rgw sts min session duration", "5"),
+    ):
         assert re.search(rf"^{option} = ", tested, re.M), option
         line = next(ln for ln in script.splitlines() if option.replace(" ", "_") in ln)
         assert value is None or line.rstrip().endswith(value)
