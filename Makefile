@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_DIR ?= .demo-stack
 
-.PHONY: demo test test-unit lint bench clean ceph-deps
+.PHONY: demo test test-unit lint bench clean ceph-deps quickstart-configs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python -m sqe_stack.demo --dir $(DEMO_DIR)
+
+# The configs the Docker quickstarts mount, regenerated from the local stack's own code (sqe_stack/quickstart.py).
+quickstart-configs: $(STAMP)
+	$(BIN)/python -m sqe_stack.quickstart write --root quickstart/compose
 
 # The Ceph RGW enforcement tests need Debian packages: installed here when missing (root or sudo).
 ceph-deps:

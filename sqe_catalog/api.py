@@ -48,7 +48,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sqe import vocabulary
@@ -92,6 +92,7 @@ log = logging.getLogger("sqe_catalog")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_PAGE_SIZE = 1000
+POLARIS_BASE_PATH = "/api/catalog"  # Polaris mode: where Polaris serves the Iceberg REST API
 _JSON = "application/json"
 
 
@@ -112,6 +113,7 @@ class _State:
     auth: AuthStore
     restrictions: RestrictionStore
     warehouses: dict[str, _Warehouse]
+    polaris_compat: bool = False  # Polaris mode (see ServerConfig.polaris_compat)
 
 
 @dataclass
@@ -246,13 +248,16 @@ def _delegation_requested(request: Request) -> bool:
 
 def _get_config(call: _Call) -> Response:
     name = call.query("warehouse")
-    if name is None and len(call.state.warehouses) == 1:
+    polaris = call.state.polaris_compat
+    if name is None and len(call.state.warehouses) == 1 and not polaris:
         name = next(iter(call.state.warehouses))
     if name is None:
         raise BadRequestError("query parameter warehouse is required")
     if name not in call.state.warehouses:
         raise NotFoundError(f"unknown warehouse: {name}")
-    return _json({"defaults": {}, "overrides": {"prefix": name}, "endpoints": list(ENDPOINTS)})
+    # Polaris mode: Polaris returns the catalog's properties, default-base-location among them, as defaults.
+    defaults = {"default-base-location": call.state.warehouses[name].config.location} if polaris else {}
+    return _json({"defaults": defaults, "overrides": {"prefix": name}, "endpoints": list(ENDPOINTS)})
 
 
 def _list_namespaces(call: _Call) -> Response:
@@ -900,15 +905,18 @@ def create_app(config: CatalogServerConfig) -> Starlette:
     restrictions = RestrictionStore(engine)
     restrictions.create_schema()
     warehouses = {w.name: _Warehouse(w, WarehouseTables(w, engine), CredentialVendor(w)) for w in config.warehouses}
-    state = _State(engine, auth, restrictions, warehouses)
+    state = _State(engine, auth, restrictions, warehouses, polaris_compat=config.server.polaris_compat)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield
         engine.dispose()
 
+    routes: list[BaseRoute] = list(_routes(state))
+    if config.server.polaris_compat:  # Polaris mode: Polaris serves the Iceberg REST API under /api/catalog
+        routes = [Mount(POLARIS_BASE_PATH, routes=routes)]
     return Starlette(
-        routes=_routes(state),
+        routes=routes,
         middleware=[Middleware(_RequestLog)],
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
         lifespan=lifespan,

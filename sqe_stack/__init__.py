@@ -44,6 +44,7 @@ from sqe_stack.catalog import (
     write_stack_catalog_config,
 )
 from sqe_stack.ceph import CEPH_CLIENT_ENV, CEPH_PACKAGES
+from sqe_stack.external import ExternalStore
 from sqe_stack.provision import (
     Daemon,
     MissingExtraError,
@@ -59,6 +60,7 @@ __all__ = [
     "CEPH_CLIENT_ENV",
     "CEPH_PACKAGES",
     "STORES",
+    "ExternalStore",
     "MissingExtraError",
     "PrincipalCredentials",
     "PrincipalInfo",
@@ -73,7 +75,7 @@ __all__ = [
     "stop_stack",
 ]
 
-STORES = ("moto", "ceph")
+STORES = ("moto", "ceph", "external")  # external: already running (sqe_stack.external)
 STACK_FILE = "stack.json"
 LOCK_FILE = ".stack.lock"
 CATALOG_DB_FILES = tuple(CATALOG_DB + suffix for suffix in ("", "-journal", "-wal", "-shm"))
@@ -289,7 +291,11 @@ class _Progress:
         return info
 
 
-def _start_store(dir: Path, store: str, started: list[Daemon]) -> StoreHandle:
+def _start_store(dir: Path, store: str, started: list[Daemon], external: ExternalStore | None) -> StoreHandle:
+    if store == "external":
+        if external is None:
+            raise StackError("--store external needs --s3-endpoint, --role-arn and the catalog's key")
+        return external.handle()  # nothing started: `down` never touches the external store
     if store == "ceph":
         from sqe_stack.ceph import start_ceph
 
@@ -299,10 +305,12 @@ def _start_store(dir: Path, store: str, started: list[Daemon]) -> StoreHandle:
     return start_moto(dir / "logs" / "moto.log", started)
 
 
-def _start(dir: Path, store_kind: str, credential_lifetime: int, started: list[Daemon]) -> StackInfo:
+def _start(
+    dir: Path, store_kind: str, credential_lifetime: int, started: list[Daemon], external: ExternalStore | None
+) -> StackInfo:
     progress = _Progress(dir, store_kind, started)
     progress.save()
-    store = _start_store(dir, store_kind, started)
+    store = _start_store(dir, store_kind, started, external)
     progress.s3_endpoint, progress.sts_endpoint = store.s3_endpoint, store.sts_endpoint
     progress.mark("store_ready_s")
     progress.save()
@@ -324,8 +332,13 @@ def _start(dir: Path, store_kind: str, credential_lifetime: int, started: list[D
     return progress.save(state="running")
 
 
-def start_stack(dir: Path, store: str = "moto", credential_lifetime: int = 3600) -> StackInfo:
+def start_stack(
+    dir: Path, store: str = "moto", credential_lifetime: int = 3600, external: ExternalStore | None = None
+) -> StackInfo:
     """Start the store and the catalog under ``dir``; return once everything answers.
+
+    ``store="external"`` starts no store: ``external`` (see :func:`sqe_stack.external.external_store`) names a
+    running one, whose bucket is created when missing.
 
     On any failure every process started so far is stopped and :class:`StackError` is raised.
     """
@@ -340,7 +353,7 @@ def start_stack(dir: Path, store: str = "moto", credential_lifetime: int = 3600)
         _refuse_if_running(dir)
         started: list[Daemon] = []
         try:
-            return _start(dir, store, credential_lifetime, started)
+            return _start(dir, store, credential_lifetime, started, external)
         except BaseException as exc:
             for daemon in reversed(started):
                 stop_daemon(daemon)

@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from sqe_stack import STORES, StackError, StackInfo, stack_status, start_stack, stop_stack
+from sqe_stack import STORES, ExternalStore, StackError, StackInfo, stack_status, start_stack, stop_stack
+from sqe_stack.external import external_store
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,8 +25,11 @@ def _parser() -> argparse.ArgumentParser:
         "--store",
         choices=STORES,
         default="moto",
-        help="moto (default, pure Python) or ceph (Ceph RGW: enforces session policies)",
+        help="moto (default, pure Python), ceph (Ceph RGW: enforces session policies) or external (a store "
+        "that is already running: --s3-endpoint, --role-arn, the catalog's key in AWS_ACCESS_KEY_ID/"
+        "AWS_SECRET_ACCESS_KEY or --key-file)",
     )
+    _add_external_flags(up)
     up.add_argument(
         "--credential-lifetime",
         type=_positive_int,
@@ -40,6 +44,28 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--dir", required=True, type=Path, help="directory given to `sqe stack up`")
     return parser
+
+
+def _add_external_flags(up: argparse.ArgumentParser) -> None:
+    group = up.add_argument_group("--store external (see sqe_stack.external)")
+    group.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint of the running store")
+    group.add_argument("--sts-endpoint", metavar="URL", help="its STS endpoint (default: the S3 endpoint)")
+    group.add_argument("--role-arn", metavar="ARN", help="role the catalog assumes to vend credentials")
+    group.add_argument(
+        "--key-file", type=Path, metavar="PATH", help="KEY=VALUE file with the catalog's AWS_* key (default: env)"
+    )
+
+
+def _external(args: argparse.Namespace) -> ExternalStore | None:
+    """The external store the flags name; the flags are refused with any other store."""
+    flags = (args.s3_endpoint, args.sts_endpoint, args.role_arn, args.key_file)
+    if args.store != "external":
+        if any(f is not None for f in flags):
+            raise StackError("--s3-endpoint, --sts-endpoint, --role-arn and --key-file need --store external")
+        return None
+    return external_store(
+        args.s3_endpoint, sts_endpoint=args.sts_endpoint, role_arn=args.role_arn, key_file=args.key_file
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -62,7 +88,9 @@ def _print_endpoints(info: StackInfo) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    info = start_stack(args.dir, store=args.store, credential_lifetime=args.credential_lifetime)
+    info = start_stack(
+        args.dir, store=args.store, credential_lifetime=args.credential_lifetime, external=_external(args)
+    )
     store_s = info.timings.get("store_ready_s")
     took = time.monotonic() - t0
     print(f"{info.store} stack up in {took:.1f} s (store answering after {store_s} s): {info.dir}")
@@ -71,6 +99,8 @@ def _up(args: argparse.Namespace) -> int:
     _print_endpoints(info)
     if info.store == "ceph":
         print("  pyarrow clients need AWS_REQUEST_CHECKSUM_CALCULATION=WHEN_REQUIRED (see quickstart/ceph)")
+    if info.store == "external":
+        print("  the external store keeps running after `sqe stack down` (it was not started here)")
     print(f"stop it with: sqe stack down --dir {info.dir}")
     return 0
 

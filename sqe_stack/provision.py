@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqe._text import first_line
 from sqe.errors import SQEError
 
 LOOPBACK = "127.0.0.1"
@@ -73,9 +74,11 @@ class StoreHandle:
 
 
 def create_bucket(store: StoreHandle, bucket: str, region: str) -> None:
-    """Create ``bucket`` on the store, signed with the catalog's key (path-style: loopback has no DNS)."""
+    """Create ``bucket`` on the store unless it exists, signed with the catalog's key (path-style: loopback has
+    no DNS). An external store may already hold it; a store we just started never does."""
     import boto3
     from botocore.config import Config
+    from botocore.exceptions import ClientError
 
     s3 = boto3.client(
         "s3",
@@ -85,6 +88,12 @@ def create_bucket(store: StoreHandle, bucket: str, region: str) -> None:
         aws_secret_access_key=store.secret_access_key,
         config=Config(s3={"addressing_style": "path"}),
     )
+    try:
+        s3.head_bucket(Bucket=bucket)
+        return
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+            raise StackError(f"bucket {bucket!r} on {store.s3_endpoint}: {first_line(exc)}") from None
     s3.create_bucket(Bucket=bucket)
 
 
