@@ -696,7 +696,9 @@ class WarehouseTables:
         try:
             metadata = self._read_metadata(metadata_location)
         except BadRequestError:
-            log.warning("table %s.%s has unreadable metadata; claiming its metadata directory", ".".join(key[0]), key[1])
+            log.warning(
+                "table %s.%s has unreadable metadata; claiming its metadata directory", ".".join(key[0]), key[1]
+            )
             return (_pointer_directory(metadata_location),)
         return table_locations(metadata.location, metadata.properties)
 

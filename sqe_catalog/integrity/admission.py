@@ -59,6 +59,8 @@ AlsoInTransaction = Callable[[Connection, TableMetadata], None]
 
 def _no_more(_conn: Connection, _metadata: TableMetadata) -> None:
     return None
+
+
 MIN_ENCRYPTION_FORMAT_VERSION = 3
 
 

@@ -242,7 +242,10 @@ def result_rows(table: pa.Table) -> list[dict[str, Any]]:
             for row, value in zip(rows, nanos, strict=True):
                 row[name] = None if value is None else format_nanos(value, utc=utc)
     return [
-        {name: value if _is_nano_timestamp(types[name]) else encode_value(types[name], value) for name, value in row.items()}
+        {
+            name: value if _is_nano_timestamp(types[name]) else encode_value(types[name], value)
+            for name, value in row.items()
+        }
         for row in rows
     ]
 
