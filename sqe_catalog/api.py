@@ -67,6 +67,7 @@ from sqe_catalog.errors import (
     UnprocessableEntityError,
 )
 from sqe_catalog.etag import if_none_match_matches, table_etag
+from sqe_catalog.integrity.cleaner import BackgroundCleaner
 from sqe_catalog.integrity.notifications import metadata_response_json, parse_notification
 from sqe_catalog.restrictions import (
     ResolvedRestrictions,
@@ -600,9 +601,7 @@ def _notify_table(call: _Call) -> Response:
         call.require(Privilege.TABLE_CREATE, namespace)
     else:
         call.require(Privilege.TABLE_FULL_METADATA, namespace, name)
-    tables = call.warehouse.tables
-    tables.integrity.check_notification_time(namespace, name, notification.timestamp_ms)
-    tables.notify(namespace, name, notification, call.principal.name)
+    call.warehouse.tables.notify(namespace, name, notification, call.principal.name)
     return _no_content()
 
 
@@ -906,10 +905,15 @@ def create_app(config: CatalogServerConfig) -> Starlette:
     restrictions.create_schema()
     warehouses = {w.name: _Warehouse(w, WarehouseTables(w, engine), CredentialVendor(w)) for w in config.warehouses}
     state = _State(engine, auth, restrictions, warehouses, polaris_compat=config.server.polaris_compat)
+    cleaner = BackgroundCleaner(  # runs persisted purge tasks (sqe_catalog.integrity.cleaner)
+        [w.tables.run_cleanup for w in warehouses.values()], config.server.cleanup_interval_seconds
+    )
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        cleaner.start()
         yield
+        cleaner.stop()
         engine.dispose()
 
     routes: list[BaseRoute] = list(_routes(state))

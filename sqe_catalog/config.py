@@ -38,6 +38,9 @@ class ServerConfig(ConfigSection):
     # session policy, /credentials, ErrorModel bodies) is already Polaris's in both modes.
     polaris_compat: bool = False
     # --- end Polaris mode
+    # The background cleaner (sqe_catalog.integrity.cleaner) wakes this often and runs each purge cleanup task
+    # persisted at least this long ago; 0 turns it off (then only `sqe-catalog admin run-cleanup` runs them).
+    cleanup_interval_seconds: float = 2.0
 
     def signing_key_bytes(self) -> bytes | None:
         """The configured token signing key, for HMAC only; None when each process should pick a random one."""
@@ -101,6 +104,8 @@ def _validate_warehouse(w: WarehouseConfig, where: str, origins: Origins) -> Non
 def _validate(config: CatalogServerConfig, origins: Origins) -> None:
     if config.server.token_lifetime_seconds <= 0:
         origins.fail("server.token_lifetime_seconds", "must be positive")
+    if config.server.cleanup_interval_seconds < 0:
+        origins.fail("server.cleanup_interval_seconds", "must be >= 0 (0 turns the background cleaner off)")
     seen: set[str] = set()
     for i, w in enumerate(config.warehouses):
         if w.name in seen:

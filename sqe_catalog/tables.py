@@ -157,6 +157,10 @@ class StoredTable:
         return "/".join((*self.namespace, self.name))
 
 
+def _metadata_locations(metadata: TableMetadata) -> tuple[str, ...]:
+    return table_locations(metadata.location, metadata.properties)
+
+
 def table_locations(location: str, properties: dict[str, str]) -> tuple[str, ...]:
     found = [location.rstrip("/")]
     for key in LOCATION_PROPERTIES:
@@ -345,7 +349,7 @@ class WarehouseTables:
         self._catalog = _WarehouseSqlCatalog(warehouse.name, engine, catalog_io_properties(warehouse))
         # Serialises "check locations, then create/relocate": two requests cannot claim overlapping prefixes.
         self._location_lock = threading.Lock()
-        self.integrity = IntegrityGuard(self._catalog, self._read_parsed)  # key-ID pins and digests
+        self.integrity = IntegrityGuard(self._catalog, self._read_parsed, _metadata_locations)  # pins, digests
 
     # -- namespaces --------------------------------------------------------------------------------------
 
@@ -495,20 +499,24 @@ class WarehouseTables:
         self._require_absent(namespace, name)
         return self._admit(namespace, name, metadata_location, actor, "register")
 
-    def _admit(self, namespace: Namespace, name: str, metadata_location: str, actor: str, action: str) -> StoredTable:
+    def _admit(
+        self, namespace: Namespace, name: str, metadata_location: str, actor: str, action: str, stamp: Any = None
+    ) -> StoredTable:
         self._check_inside_warehouse(metadata_location, "metadata-location")
         parsed = self._read_fresh(metadata_location)
         self._check_properties(parsed.metadata.properties)
         with self._location_lock:
             self._check_new_locations(table_locations(parsed.metadata.location, parsed.metadata.properties), None)
             # Trust on first use of exactly the revision read here; row + pin + audit event in one transaction.
-            self.integrity.admit(namespace, name, metadata_location, parsed, actor, action)
+            self.integrity.admit(namespace, name, metadata_location, parsed, actor, action, stamp)
         return self.load_table(namespace, name)
 
     def _read_fresh(self, metadata_location: str) -> ParsedMetadata:
         return self._read_parsed(metadata_location, fresh=True)
 
-    def _reregister(self, namespace: Namespace, name: str, location: str, actor: str, action: str) -> StoredTable:
+    def _reregister(
+        self, namespace: Namespace, name: str, location: str, actor: str, action: str, stamp: Any = None
+    ) -> StoredTable:
         """Point an existing table at another revision (register overwrite, notification update)."""
         self._check_inside_warehouse(location, "metadata-location")
         parsed = self._read_fresh(location)
@@ -520,27 +528,30 @@ class WarehouseTables:
             current = self._metadata_location(namespace, name)
             if current is None:
                 raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-            self.integrity.readmit(namespace, name, current, location, parsed, actor, action)
+            self.integrity.readmit(namespace, name, current, location, parsed, actor, action, stamp)
         return self.load_table(namespace, name)
 
     def notify(self, namespace: Namespace, name: str, notification: Any, actor: str) -> None:
         """A Polaris-style table notification (``sqe_catalog.integrity.notifications`` parsed it)."""
         self._require_namespace(namespace)
         kind, location = notification.kind, notification.metadata_location
+        if kind == "VALIDATE":  # changes nothing, so it neither checks nor records a timestamp
+            self._check_inside_warehouse(location, "metadata-location")
+            return
+        # Stale -> 409 now; the timestamp is recorded only in the transaction that carries the notification out.
+        stamp = self.integrity.notification_stamp(namespace, name, notification.timestamp_ms)
         exists = self.table_exists(namespace, name)
         if kind == "DROP":
             if not exists:
                 raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-            self.drop_table(namespace, name, purge=False)
-        elif kind == "VALIDATE":
-            self._check_inside_warehouse(location, "metadata-location")
+            self.integrity.drop(namespace, name, None, stamp)
         elif exists and kind == "CREATE":
             raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
         elif exists:
             self.integrity.require_notification_update(namespace, name)
-            self._reregister(namespace, name, location, actor, "notification-update")
+            self._reregister(namespace, name, location, actor, "notification-update", stamp)
         else:
-            self._admit(namespace, name, location, actor, f"notification-{kind.lower()}")
+            self._admit(namespace, name, location, actor, f"notification-{kind.lower()}", stamp)
 
     def commit_table(self, namespace: Namespace, name: str, commit: CommitBody) -> StoredTable:
         """Apply requirements + updates atomically; a failed requirement or lost race: CommitFailedError."""
@@ -616,12 +627,13 @@ class WarehouseTables:
 
     def drop_table(self, namespace: Namespace, name: str, purge: bool) -> None:
         # A purge loads (and for a protected table verifies) first: a failure refuses the drop, nothing removed.
+        # A purge returns once its cleanup task is persisted; the cleaner verifies again before it deletes.
         table = self.load_table(namespace, name) if purge else None
-        self.integrity.drop(namespace, name, table.metadata_location if table else None, self._delete_files)
+        self.integrity.drop(namespace, name, table.metadata_location if table else None)
 
-    def run_cleanup(self) -> dict[int, str]:
-        """Run this warehouse's pending cleanup tasks (``sqe-catalog admin run-cleanup``)."""
-        return self.integrity.run_pending_cleanup(self._delete_files)
+    def run_cleanup(self, persisted_before_ms: int | None = None) -> dict[int, str]:
+        """Run this warehouse's pending cleanup tasks (background cleaner, ``sqe-catalog admin run-cleanup``)."""
+        return self.integrity.run_pending_cleanup(self._delete_files, persisted_before_ms)
 
     def _delete_files(self, metadata: TableMetadata, metadata_location: str) -> str:
         return self._purge_files(StoredTable((), "", metadata_location, metadata))
@@ -670,15 +682,25 @@ class WarehouseTables:
         )
         with Session(self._catalog.engine) as session:
             rows = session.execute(stmt).all()
+        stored = self.integrity.stored_locations()  # protected tables: recorded by the catalog, never re-read
         for namespace, name, metadata_location in rows:
-            if not metadata_location:
-                continue
-            try:
-                metadata = self._read_metadata(metadata_location)
-            except BadRequestError:  # one unreadable (e.g. tampered) file must not block every other create
-                log.warning("table %s.%s has unreadable metadata; its locations are not checked", namespace, name)
-                continue
-            yield (tuple(namespace.split(".")), name), table_locations(metadata.location, metadata.properties)
+            key = (tuple(namespace.split(".")), name)
+            if key in stored:
+                yield key, stored[key]
+            elif metadata_location:
+                yield key, self._legacy_locations(key, metadata_location)
+
+    def _legacy_locations(self, key: tuple[Namespace, str], metadata_location: str) -> tuple[str, ...]:
+        """A legacy table's locations from its metadata file; if that cannot be read, the directory its pointer
+        (the catalog's own record) lives in is claimed instead, so a broken table's area stays taken."""
+        try:
+            metadata = self._read_metadata(metadata_location)
+        except BadRequestError:
+            log.warning(
+                "table %s.%s has unreadable metadata; claiming its metadata directory", ".".join(key[0]), key[1]
+            )
+            return (_pointer_directory(metadata_location),)
+        return table_locations(metadata.location, metadata.properties)
 
     @staticmethod
     def _changes_locations(updates: Sequence[TableUpdate]) -> bool:
@@ -741,6 +763,12 @@ class WarehouseTables:
             except Exception as exc:  # a missing or corrupt file must not stop the rest of the purge
                 log.warning("purge of %s could not read a manifest: %s", table.key, type(exc).__name__)
         return files
+
+
+def _pointer_directory(metadata_location: str) -> str:
+    """``<table>/metadata/00001-x.metadata.json`` -> ``<table>``; any other layout -> the file's directory."""
+    directory = metadata_location.rsplit("/", 1)[0]
+    return directory.removesuffix("/metadata") if directory.endswith("/metadata") else directory
 
 
 @contextmanager

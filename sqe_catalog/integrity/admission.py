@@ -18,7 +18,7 @@ Legacy tables (no pin) never pass through here except to be left alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
@@ -51,6 +51,16 @@ __all__ = [
 ]
 
 FORMAT_VERSION_PROPERTY = "format-version"
+
+# Runs inside the transaction that moves a protected table's pointer, with the metadata being pinned: records the
+# table's locations and, for a notification, its timestamp; raising rolls the whole transaction back.
+AlsoInTransaction = Callable[[Connection, TableMetadata], None]
+
+
+def _no_more(_conn: Connection, _metadata: TableMetadata) -> None:
+    return None
+
+
 MIN_ENCRYPTION_FORMAT_VERSION = 3
 
 
@@ -139,18 +149,19 @@ def new_metadata_location(metadata: TableMetadata, version: int) -> str:
 
 
 def write_new_table(
-    catalog: SqlCatalog, table: TableRef, metadata: TableMetadata, base_document: dict[str, Any] | None = None
+    catalog: SqlCatalog, table: TableRef, metadata: TableMetadata, also: AlsoInTransaction = _no_more
 ) -> tuple[str, ParsedMetadata]:
     """Create a protected table: write its first metadata file, insert row and pin in one transaction."""
     location = new_metadata_location(metadata, 0)
     check_candidate(table, metadata, None)
-    parsed = write_metadata_file(catalog_io(catalog), location, document_for_write(metadata, base_document))
+    parsed = write_metadata_file(catalog_io(catalog), location, document_for_write(metadata, None))
     trusted = candidate_state(table, location, parsed, None)
     try:
         with catalog.engine.begin() as conn:
             row = catalog._create_table_row(table.dotted_namespace, table.name, location)
             conn.execute(insert(IcebergTables).values(**row))
             st.insert_state(conn, table, trusted)
+            also(conn, parsed.metadata)
     except IntegrityError:
         raise AlreadyExistsError(f"table already exists: {table.dotted_namespace}.{table.name}") from None
     return location, parsed
@@ -162,6 +173,7 @@ def commit_revision(
     trusted: TrustedState,
     base: ParsedMetadata,
     metadata: TableMetadata,
+    also: AlsoInTransaction = _no_more,
 ) -> tuple[str, ParsedMetadata]:
     """Commit a new revision of a protected table: check the pin, write, then CAS row + pin together."""
     check_candidate(table, metadata, trusted)
@@ -171,6 +183,7 @@ def commit_revision(
     with catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, trusted.metadata_location, location)
         st.replace_state(conn, table, trusted.metadata_location, new_state)
+        also(conn, parsed.metadata)
     return location, parsed
 
 
@@ -190,7 +203,13 @@ def _swap_pointer(conn: Connection, catalog: SqlCatalog, table: TableRef, expect
 
 
 def admit_new(
-    catalog: SqlCatalog, table: TableRef, location: str, parsed: ParsedMetadata, actor: str, action: str
+    catalog: SqlCatalog,
+    table: TableRef,
+    location: str,
+    parsed: ParsedMetadata,
+    actor: str,
+    action: str,
+    also: AlsoInTransaction = _no_more,
 ) -> None:
     """Trust-on-first-use admission of the exact revision read (register new, notification of a missing table)."""
     trusted = candidate_state(table, location, parsed, None)
@@ -200,6 +219,7 @@ def admit_new(
             conn.execute(insert(IcebergTables).values(**row))
             st.insert_state(conn, table, trusted)
             st.record_event(conn, _event(action, actor, table, None, trusted))
+            also(conn, parsed.metadata)
     except IntegrityError:
         raise AlreadyExistsError(f"table already exists: {table.dotted_namespace}.{table.name}") from None
 
@@ -212,6 +232,7 @@ def readmit(
     parsed: ParsedMetadata,
     actor: str,
     action: str,
+    also: AlsoInTransaction = _no_more,
 ) -> None:
     """Re-admission of a protected table (register overwrite, plaintext notification update): same key id."""
     new_state = candidate_state(table, location, parsed, trusted)
@@ -219,12 +240,22 @@ def readmit(
         _swap_pointer(conn, catalog, table, trusted.metadata_location, location)
         st.replace_state(conn, table, trusted.metadata_location, new_state)
         st.record_event(conn, _event(action, actor, table, trusted, new_state))
+        also(conn, parsed.metadata)
 
 
-def replace_legacy_pointer(catalog: SqlCatalog, table: TableRef, expected: str, location: str) -> None:
-    """Legacy register overwrite / notification update: the pointer moves, no pin and no digest are created."""
+def replace_legacy_pointer(
+    catalog: SqlCatalog,
+    table: TableRef,
+    expected: str,
+    location: str,
+    also: Callable[[Connection], None] | None = None,
+) -> None:
+    """Legacy register overwrite / notification update: the pointer moves, no pin and no digest are created
+    (``also`` runs in the same transaction: a notification's timestamp)."""
     with catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, expected, location)
+        if also is not None:
+            also(conn)
 
 
 def _event(

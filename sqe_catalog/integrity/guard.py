@@ -15,13 +15,13 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
-from sqlalchemy import delete, update
+from sqlalchemy import Connection, delete, update
 
 from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataIntegrityError, NoSuchTableError
 from sqe_catalog.integrity import admission
 from sqe_catalog.integrity import state as st
 from sqe_catalog.integrity.canonical import ParsedMetadata
-from sqe_catalog.integrity.purge import DeleteFiles, run_cleanup_task, run_pending_tasks
+from sqe_catalog.integrity.purge import DeleteFiles, run_pending_tasks
 from sqe_catalog.integrity.state import Protection, TableRef, TrustedState
 
 __all__ = ["IntegrityGuard"]
@@ -30,13 +30,31 @@ log = logging.getLogger("sqe_catalog.integrity")
 
 Namespace = tuple[str, ...]
 ReadParsed = Callable[..., ParsedMetadata]  # (location, fresh=False) -> ParsedMetadata, errors translated
+LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revision claims
+# Records a notification's timestamp inside the transaction that carries it out (raises when it is stale).
+NotificationStamp = Callable[[Connection], None]
 
 
 class IntegrityGuard:
-    def __init__(self, catalog: SqlCatalog, read: ReadParsed) -> None:
+    def __init__(self, catalog: SqlCatalog, read: ReadParsed, locations_of: LocationsOf) -> None:
         self._catalog = catalog
         self._read = read
+        self._locations_of = locations_of
         st.create_integrity_schema(catalog.engine)
+
+    def _also(self, table: TableRef, stamp: NotificationStamp | None = None) -> admission.AlsoInTransaction:
+        """What every pointer move of a protected table records in its own transaction."""
+
+        def also(conn: Connection, metadata: TableMetadata) -> None:
+            st.store_locations(conn, table, self._locations_of(metadata))
+            if stamp is not None:
+                stamp(conn)
+
+        return also
+
+    def stored_locations(self) -> dict[tuple[Namespace, str], tuple[str, ...]]:
+        """The locations the catalog recorded for its protected tables (legacy tables have none)."""
+        return st.stored_locations(self._catalog.engine, self._catalog.name)
 
     def ref(self, namespace: Namespace, name: str) -> TableRef:
         return TableRef(self._catalog.name, tuple(namespace), name)
@@ -81,7 +99,8 @@ class IntegrityGuard:
     # -- writes --------------------------------------------------------------------------------------------
 
     def create(self, namespace: Namespace, name: str, metadata: TableMetadata) -> tuple[str, ParsedMetadata]:
-        return admission.write_new_table(self._catalog, self.ref(namespace, name), metadata)
+        table = self.ref(namespace, name)
+        return admission.write_new_table(self._catalog, table, metadata, self._also(table))
 
     def commit_create(
         self,
@@ -92,7 +111,8 @@ class IntegrityGuard:
     ) -> tuple[str, ParsedMetadata]:
         """A create transaction's commit: the new table starts protected."""
         staged = self._catalog._update_and_stage_table(None, (*namespace, name), requirements, updates)
-        return admission.write_new_table(self._catalog, self.ref(namespace, name), staged.metadata)
+        table = self.ref(namespace, name)
+        return admission.write_new_table(self._catalog, table, staged.metadata, self._also(table))
 
     def commit(
         self,
@@ -117,12 +137,20 @@ class IntegrityGuard:
         staged = self._catalog._update_and_stage_table(current, (*namespace, name), requirements, updates)
         if staged.metadata == base.metadata:
             return trusted.metadata_location, base  # nothing changed: no new revision
-        return admission.commit_revision(self._catalog, table, trusted, base, staged.metadata)
+        return admission.commit_revision(self._catalog, table, trusted, base, staged.metadata, self._also(table))
 
     def admit(
-        self, namespace: Namespace, name: str, location: str, parsed: ParsedMetadata, actor: str, action: str
+        self,
+        namespace: Namespace,
+        name: str,
+        location: str,
+        parsed: ParsedMetadata,
+        actor: str,
+        action: str,
+        stamp: NotificationStamp | None = None,
     ) -> None:
-        admission.admit_new(self._catalog, self.ref(namespace, name), location, parsed, actor, action)
+        table = self.ref(namespace, name)
+        admission.admit_new(self._catalog, table, location, parsed, actor, action, self._also(table, stamp))
 
     def readmit(
         self,
@@ -133,21 +161,29 @@ class IntegrityGuard:
         parsed: ParsedMetadata,
         actor: str,
         action: str,
+        stamp: NotificationStamp | None = None,
     ) -> None:
         """Register overwrite / notification update: re-admission if protected, a plain pointer move if legacy."""
         table = self.ref(namespace, name)
         trusted = self.trusted(namespace, name)
         if trusted is None:
-            admission.replace_legacy_pointer(self._catalog, table, current, location)
+            admission.replace_legacy_pointer(self._catalog, table, current, location, stamp)
             return
-        admission.readmit(self._catalog, table, trusted, location, parsed, actor, action)
+        admission.readmit(self._catalog, table, trusted, location, parsed, actor, action, self._also(table, stamp))
 
-    def check_notification_time(self, namespace: Namespace, name: str, timestamp_ms: int) -> None:
-        with self._catalog.engine.begin() as conn:
-            if not st.claim_notification_time(conn, self.ref(namespace, name), timestamp_ms):
-                raise CommitFailedError(
-                    f"stale notification for table {self.ref(namespace, name)}: timestamp is not newer"
-                )
+    def notification_stamp(self, namespace: Namespace, name: str, timestamp_ms: int) -> NotificationStamp:
+        """Refuse a stale notification now (409 before anything is read); the returned stamp records its
+        timestamp inside the transaction that carries it out, so a failed notification uses up nothing."""
+        table = self.ref(namespace, name)
+        with self._catalog.engine.connect() as conn:
+            if not st.notification_is_newer(conn, table, timestamp_ms):
+                raise _stale(table)
+
+        def stamp(conn: Connection) -> None:
+            if not st.claim_notification_time(conn, table, timestamp_ms):
+                raise _stale(table)  # a concurrent notification won: this one rolls back
+
+        return stamp
 
     def require_notification_update(self, namespace: Namespace, name: str) -> None:
         """A notification carries no authenticated expected digest: it cannot replace an encrypted table's."""
@@ -157,8 +193,12 @@ class IntegrityGuard:
                 "a notification cannot replace its trusted metadata digest"
             )
 
-    def drop(self, namespace: Namespace, name: str, purge_location: str | None, delete_files: DeleteFiles) -> None:
-        """Drop row and pin (and, for a purge, persist a cleanup task) in one transaction, then clean up."""
+    def drop(
+        self, namespace: Namespace, name: str, purge_location: str | None, stamp: NotificationStamp | None = None
+    ) -> int | None:
+        """Drop row and pin (and, for a purge, persist a cleanup task) in one transaction; returns the task id.
+
+        The files are deleted later, by the background cleaner or ``admin run-cleanup``, after a second check."""
         table = self.ref(namespace, name)
         with self._catalog.engine.begin() as conn:
             trusted = st.load_state(conn, table)
@@ -167,17 +207,17 @@ class IntegrityGuard:
                 raise NoSuchTableError(f"table does not exist: {table.dotted_namespace}.{table.name}")
             st.delete_state(conn, table)
             task_id = st.insert_task(conn, table, purge_location, trusted) if purge_location else None
-        if task_id is not None:
-            run_cleanup_task(
-                self._catalog.engine,
-                admission.catalog_io(self._catalog),
-                st.load_task(self._catalog.engine, task_id),
-                delete_files,
-            )
+            if stamp is not None:
+                stamp(conn)
+        return task_id
 
-    def run_pending_cleanup(self, delete_files: DeleteFiles) -> dict[int, str]:
+    def run_pending_cleanup(self, delete_files: DeleteFiles, persisted_before_ms: int | None = None) -> dict[int, str]:
         return run_pending_tasks(
-            self._catalog.engine, admission.catalog_io(self._catalog), self._catalog.name, delete_files
+            self._catalog.engine,
+            admission.catalog_io(self._catalog),
+            self._catalog.name,
+            delete_files,
+            persisted_before_ms,
         )
 
     def rename(self, source: tuple[Namespace, str], target: tuple[Namespace, str]) -> None:
@@ -198,3 +238,7 @@ class IntegrityGuard:
             & (IcebergTables.table_namespace == table.dotted_namespace)
             & (IcebergTables.table_name == table.name)
         )
+
+
+def _stale(table: TableRef) -> CommitFailedError:
+    return CommitFailedError(f"stale notification for table {table}: timestamp is not newer")

@@ -6,6 +6,10 @@ inserted, in one transaction; the cleaner then reads the metadata file again and
 before it traverses manifests or deletes anything. An integrity failure there is terminal: it is logged, the task
 is kept as ``failed`` with the reason for the operator (``sqe-catalog admin list-cleanup-tasks``) and no file is
 deleted. A legacy table's task carries no trusted state and purges as before, unverified.
+
+Tasks are run by the background cleaner in the catalog server process (``sqe_catalog.integrity.cleaner``) and
+by ``sqe-catalog admin run-cleanup``; a runner first claims a task (pending -> running) so that two runners
+never work on one task.
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ log = logging.getLogger("sqe_catalog.integrity.purge")
 # Deletes a dropped table's files given its verified metadata and metadata location; returns a summary line.
 DeleteFiles = Callable[[TableMetadata, str], str]
 
-DONE, FAILED = "done", "failed"
+DONE, FAILED, SKIPPED = st.DONE, st.FAILED, "claimed-elsewhere"
 
 
 def run_cleanup_task(engine: Engine, io: FileIO, task: CleanupTask, delete_files: DeleteFiles) -> str:
-    """Verify (protected tables) and purge one task; returns the task's final status."""
+    """Claim, verify (protected tables) and purge one task; returns the task's final status."""
+    if not st.claim_task(engine, task.id):
+        return SKIPPED
     try:
         parsed = read_metadata_file(io, task.metadata_location)
         if task.trusted is not None:
@@ -50,11 +56,21 @@ def run_cleanup_task(engine: Engine, io: FileIO, task: CleanupTask, delete_files
             )
         st.finish_task(engine, task.id, FAILED, reason)
         return FAILED
-    summary = delete_files(parsed.metadata, task.metadata_location)
+    try:
+        summary = delete_files(parsed.metadata, task.metadata_location)
+    except Exception as exc:  # a claimed task must never stay "running": record why it stopped
+        reason = f"cleanup stopped: {type(exc).__name__}: {first_line(exc)}"
+        log.error("cleanup task %d of %s: %s", task.id, task.table, reason)
+        st.finish_task(engine, task.id, FAILED, reason)
+        return FAILED
     st.finish_task(engine, task.id, DONE, summary)
     return DONE
 
 
-def run_pending_tasks(engine: Engine, io: FileIO, warehouse: str, delete_files: DeleteFiles) -> dict[int, str]:
-    """Every pending task of one warehouse (the operator's ``run-cleanup``); failed tasks are never retried."""
-    return {task.id: run_cleanup_task(engine, io, task, delete_files) for task in st.pending_tasks(engine, warehouse)}
+def run_pending_tasks(
+    engine: Engine, io: FileIO, warehouse: str, delete_files: DeleteFiles, persisted_before_ms: int | None = None
+) -> dict[int, str]:
+    """Every pending task of one warehouse (persisted before ``persisted_before_ms`` when given); failed tasks are
+    never retried."""
+    tasks = st.pending_tasks(engine, warehouse, persisted_before_ms)
+    return {task.id: run_cleanup_task(engine, io, task, delete_files) for task in tasks}

@@ -19,6 +19,7 @@ stays legacy: never enrolled automatically, never given a backfilled digest.
 from __future__ import annotations
 
 import enum
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,17 @@ _notification_times = Table(
     Column("table_name", String(255), primary_key=True),
     Column("timestamp_ms", BigInteger, nullable=False),
 )
+# The locations (table location, write.data.path, write.metadata.path) each table claims, recorded by the catalog
+# whenever it writes or admits a revision: the overlap check reads these, never a metadata file that storage could
+# have rewritten or broken. Legacy tables have no row (their files are read, as before).
+_locations = Table(
+    "sqe_table_locations",
+    _metadata,
+    Column("warehouse", String(255), primary_key=True),
+    Column("namespace", String(1024), primary_key=True),
+    Column("table_name", String(255), primary_key=True),
+    Column("locations", Text, nullable=False),  # JSON array of strings
+)
 _tasks = Table(
     "sqe_cleanup_tasks",
     _metadata,
@@ -101,7 +113,7 @@ _tasks = Table(
     Column("key_id", Text, nullable=True),
     Column("digest", String(128), nullable=True),
     Column("digest_version", String(64), nullable=True),
-    Column("status", String(16), nullable=False),  # pending | done | failed
+    Column("status", String(16), nullable=False),  # pending | running | done | failed
     Column("detail", Text, nullable=True),
 )
 
@@ -201,11 +213,47 @@ def replace_state(conn: Connection, ref: TableRef, expected_location: str, state
 
 def delete_state(conn: Connection, ref: TableRef) -> None:
     conn.execute(delete(_pins).where(_where(ref)))
+    conn.execute(delete(_locations).where(_where_locations(ref)))
 
 
 def rename_state(conn: Connection, source: TableRef, target: TableRef) -> None:
     conn.execute(delete(_pins).where(_where(target)))
     conn.execute(update(_pins).where(_where(source)).values(namespace=target.dotted_namespace, table_name=target.name))
+    conn.execute(delete(_locations).where(_where_locations(target)))
+    conn.execute(
+        update(_locations)
+        .where(_where_locations(source))
+        .values(namespace=target.dotted_namespace, table_name=target.name)
+    )
+
+
+def _where_locations(ref: TableRef) -> Any:
+    return (
+        (_locations.c.warehouse == ref.warehouse)
+        & (_locations.c.namespace == ref.dotted_namespace)
+        & (_locations.c.table_name == ref.name)
+    )
+
+
+def store_locations(conn: Connection, ref: TableRef, locations: tuple[str, ...]) -> None:
+    """Record the locations the revision being written or admitted claims (same transaction as its pointer)."""
+    conn.execute(delete(_locations).where(_where_locations(ref)))
+    conn.execute(
+        insert(_locations).values(
+            warehouse=ref.warehouse,
+            namespace=ref.dotted_namespace,
+            table_name=ref.name,
+            locations=json.dumps(list(locations)),
+        )
+    )
+
+
+def stored_locations(engine: Engine, warehouse: str) -> dict[tuple[tuple[str, ...], str], tuple[str, ...]]:
+    """(namespace, name) -> the locations the catalog recorded for it; tables without a record are absent."""
+    stmt = select(_locations).where(_locations.c.warehouse == warehouse)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    return {(tuple(row.namespace.split(".")), row.table_name): tuple(json.loads(row.locations)) for row in rows}
 
 
 def _state_values(ref: TableRef, state: TrustedState) -> dict[str, Any]:
@@ -220,13 +268,25 @@ def _state_values(ref: TableRef, state: TrustedState) -> dict[str, Any]:
     }
 
 
-def claim_notification_time(conn: Connection, ref: TableRef, timestamp_ms: int) -> bool:
-    """Record ``timestamp_ms`` as the table's newest notification; False when it is not newer (stale)."""
-    where = (
+def _where_notification(ref: TableRef) -> Any:
+    return (
         (_notification_times.c.warehouse == ref.warehouse)
         & (_notification_times.c.namespace == ref.dotted_namespace)
         & (_notification_times.c.table_name == ref.name)
     )
+
+
+def notification_is_newer(conn: Connection, ref: TableRef, timestamp_ms: int) -> bool:
+    """Whether ``timestamp_ms`` is newer than the last notification accepted for the table (read only)."""
+    row = conn.execute(select(_notification_times.c.timestamp_ms).where(_where_notification(ref))).first()
+    return row is None or int(row.timestamp_ms) < timestamp_ms
+
+
+def claim_notification_time(conn: Connection, ref: TableRef, timestamp_ms: int) -> bool:
+    """Record ``timestamp_ms`` as the table's newest notification; False when it is not newer (stale).
+
+    Called inside the transaction that carries out the notification, so a failed one records nothing."""
+    where = _where_notification(ref)
     row = conn.execute(select(_notification_times.c.timestamp_ms).where(where)).first()
     if row is None:
         conn.execute(
@@ -290,6 +350,8 @@ def list_events(engine: Engine, warehouse: str | None = None) -> list[dict[str, 
 # ----------------------------------------------------------------------------------------------------
 # Cleanup tasks
 
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+
 
 @dataclass(frozen=True)
 class CleanupTask:
@@ -315,7 +377,7 @@ def insert_task(conn: Connection, table: TableRef, location: str, trusted: Trust
             key_id=trusted.key_id if trusted else None,
             digest=trusted.digest if trusted else None,
             digest_version=trusted.digest_version if trusted else None,
-            status="pending",
+            status=PENDING,
         )
     )
     key = result.inserted_primary_key
@@ -337,10 +399,24 @@ def load_task(engine: Engine, task_id: int) -> CleanupTask:
     return _row_to_task(row)
 
 
-def pending_tasks(engine: Engine, warehouse: str) -> list[CleanupTask]:
-    stmt = select(_tasks).where((_tasks.c.warehouse == warehouse) & (_tasks.c.status == "pending"))
+def pending_tasks(engine: Engine, warehouse: str, persisted_before_ms: int | None = None) -> list[CleanupTask]:
+    """Pending tasks of one warehouse; with ``persisted_before_ms`` only those persisted before that instant."""
+    stmt = select(_tasks).where((_tasks.c.warehouse == warehouse) & (_tasks.c.status == PENDING))
+    if persisted_before_ms is not None:
+        stmt = stmt.where(_tasks.c.created_ms <= persisted_before_ms)
     with engine.connect() as conn:
         return [_row_to_task(row) for row in conn.execute(stmt.order_by(_tasks.c.id))]
+
+
+def claim_task(engine: Engine, task_id: int) -> bool:
+    """Move a task from pending to running; False when another runner (server thread or CLI) claimed it first."""
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(_tasks)
+            .where((_tasks.c.id == task_id) & (_tasks.c.status == PENDING))
+            .values(status=RUNNING, updated_ms=now_ms())
+        )
+    return bool(result.rowcount == 1)
 
 
 def finish_task(engine: Engine, task_id: int, status: str, detail: str) -> None:

@@ -32,7 +32,9 @@ from pyiceberg.types import (
     ListType,
     MapType,
     StructType,
+    TimestampNanoType,
     TimestampType,
+    TimestamptzNanoType,
     TimestamptzType,
     TimeType,
     UUIDType,
@@ -116,6 +118,40 @@ def load_known_gaps(root: Path = ROOT) -> dict[str, dict[str, Any]]:
 # Rows: fixture JSON -> Arrow (input), Arrow -> canonical JSON (results)
 
 
+_NANO_TIMESTAMP = re.compile(
+    r"(?P<base>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(?P<fraction>\d{1,9}))?(?P<offset>[+-]\d{2}:\d{2}|Z)?"
+)
+_EPOCH = dt.datetime(1970, 1, 1)
+NANOS_PER_SECOND = 1_000_000_000
+
+
+def nanos_since_epoch(value: str, *, with_offset: bool) -> int:
+    """An ISO timestamp with up to 9 fractional digits as the exact int64 Iceberg stores (no float, no datetime
+    rounding). ``timestamp_ns`` is a wall-clock value without zone (nanoseconds from 1970-01-01T00:00:00, no
+    offset allowed); ``timestamptz_ns`` is an instant (an offset is required and the value is stored as UTC)."""
+    match = _NANO_TIMESTAMP.fullmatch(value)
+    if match is None:
+        raise ValueError(f"not a timestamp with at most 9 fractional digits: {value!r}")
+    offset = match["offset"]
+    if with_offset and offset is None:
+        raise ValueError(f"timestamptz_ns row value {value!r} needs an offset")
+    if not with_offset and offset is not None:
+        raise ValueError(f"timestamp_ns row value {value!r} must not carry an offset")
+    seconds = (dt.datetime.fromisoformat(match["base"]) - _EPOCH) // dt.timedelta(seconds=1)
+    if offset not in (None, "Z"):
+        sign = -1 if offset[0] == "-" else 1
+        hours, minutes = int(offset[1:3]), int(offset[4:6])
+        seconds -= sign * (hours * 3600 + minutes * 60)
+    return seconds * NANOS_PER_SECOND + int((match["fraction"] or "").ljust(9, "0"))
+
+
+def format_nanos(nanos: int, *, utc: bool) -> str:
+    """The output encoding of a nanosecond timestamp: 9 fractional digits, ``+00:00`` for timestamptz_ns."""
+    seconds, fraction = divmod(nanos, NANOS_PER_SECOND)
+    text = (_EPOCH + dt.timedelta(seconds=seconds)).isoformat(timespec="seconds") + f".{fraction:09d}"
+    return text + "+00:00" if utc else text
+
+
 def decode_value(field_type: IcebergType, value: Any) -> Any:
     """A fixture row value as the Python value pyarrow expects for the Iceberg type."""
     if value is None:
@@ -128,6 +164,10 @@ def decode_value(field_type: IcebergType, value: Any) -> Any:
         return dt.date.fromisoformat(value)
     if isinstance(field_type, TimeType):
         return dt.time.fromisoformat(value)
+    if isinstance(field_type, TimestampNanoType):
+        return nanos_since_epoch(value, with_offset=False)
+    if isinstance(field_type, TimestamptzNanoType):
+        return nanos_since_epoch(value, with_offset=True)
     if isinstance(field_type, TimestampType):
         return dt.datetime.fromisoformat(value)
     if isinstance(field_type, TimestamptzType):
@@ -186,9 +226,28 @@ def encode_value(arrow_type: pa.DataType, value: Any) -> Any:
     raise TypeError(f"no canonical encoding for {type(value).__name__} in a {arrow_type} column")
 
 
+def _is_nano_timestamp(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_timestamp(arrow_type) and arrow_type.unit == "ns"
+
+
 def result_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """Result rows in the output encoding; nanosecond timestamp columns are read as their exact int64 values
+    (Python's datetime stops at microseconds)."""
     types = {f.name: f.type for f in table.schema}
-    return [{name: encode_value(types[name], value) for name, value in row.items()} for row in table.to_pylist()]
+    rows = table.to_pylist()
+    for name, arrow_type in types.items():
+        if _is_nano_timestamp(arrow_type):
+            nanos = table.column(name).cast(pa.int64()).to_pylist()
+            utc = arrow_type.tz is not None
+            for row, value in zip(rows, nanos, strict=True):
+                row[name] = None if value is None else format_nanos(value, utc=utc)
+    return [
+        {
+            name: value if _is_nano_timestamp(types[name]) else encode_value(types[name], value)
+            for name, value in row.items()
+        }
+        for row in rows
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------

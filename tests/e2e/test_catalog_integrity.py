@@ -116,6 +116,21 @@ def objects(server: CatalogServer, prefix: str) -> list[str]:
     return sorted(obj["Key"] for obj in listing.get("Contents", []) if not obj["Key"].endswith("/"))
 
 
+def cleanup_tasks(server: CatalogServer, ns: str) -> list[dict[str, Any]]:
+    return [t for t in json.loads(server.admin_cli("list-cleanup-tasks")) if t["namespace"] == ns]
+
+
+def wait_for_cleaner(server: CatalogServer, ns: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The namespace's cleanup tasks once the catalog's background cleaner has finished them all."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tasks = cleanup_tasks(server, ns)
+        if not any(t["status"] in ("pending", "running") for t in tasks):
+            return tasks
+        assert time.monotonic() < deadline, f"the background cleaner did not run: {tasks}"
+        time.sleep(0.25)
+
+
 def legacy_table(server: CatalogServer, ns: str, name: str, properties: dict[str, str] | None = None) -> str:
     """A table as the catalog before this change made it: pyiceberg's SqlCatalog on the same database and bucket
     (a row in iceberg_tables, none in the trusted-state table). Returns its metadata location."""
@@ -177,6 +192,7 @@ def test_legacy_table_keeps_its_behaviour_and_is_never_enrolled(api: Api, catalo
     # legacy drop with purge deletes as before
     location = api.load(ns, "old").json()["metadata-location"]
     assert api.request("DELETE", f"namespaces/{ns}/tables/old", params={"purgeRequested": "true"}).status_code == 204
+    assert [t["status"] for t in wait_for_cleaner(catalog_server, ns)] == ["done"]
     assert objects(catalog_server, s3_key(location)[1]) == []
     assert trusted_row(catalog_server, ns, "old") is None
 
@@ -351,6 +367,19 @@ def test_legacy_notification_update_moves_the_pointer(api: Api, catalog_server: 
     assert trusted_row(catalog_server, ns, "old") is None
 
 
+def test_failed_notification_does_not_use_up_its_timestamp(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    api.create(ns, "t", V3)
+    newer = api.set_properties(ns, "t", owner="me").json()["metadata-location"]
+    encrypted = api.create(ns, "e", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
+    api.request("DELETE", f"namespaces/{ns}/tables/e")
+    stamp = int(time.time() * 1000)
+    assert_integrity_error(api.notify(ns, "t", "UPDATE", encrypted, stamp))  # refused: records nothing
+    assert api.notify(ns, "t", "UPDATE", f"{catalog_server.warehouse_location}/{ns}/missing.json", stamp).status_code
+    assert api.notify(ns, "t", "UPDATE", newer, stamp).status_code == 204, "the same timestamp is still unused"
+    assert api.notify(ns, "t", "UPDATE", newer, stamp).status_code == 409, "now it is used"
+
+
 def test_notification_validate_and_drop(api: Api, catalog_server: CatalogServer) -> None:
     ns = api.namespace()
     location = api.create(ns, "t", V3).json()["metadata-location"]
@@ -359,6 +388,82 @@ def test_notification_validate_and_drop(api: Api, catalog_server: CatalogServer)
     assert api.notify(ns, "t", "VALIDATE", "s3://elsewhere/x.json", stamp + 1).status_code == 400
     assert api.notify(ns, "t", "DROP", "", stamp + 2).status_code == 204
     assert api.load(ns, "t").status_code == 404 and trusted_row(catalog_server, ns, "t") is None
+
+
+def test_a_broken_protected_table_keeps_its_location(api: Api, catalog_server: CatalogServer) -> None:
+    """The overlap check uses the locations the catalog recorded, never the (here unreadable) metadata file."""
+    ns = api.namespace()
+    location = api.create(ns, "t", V3).json()["metadata-location"]
+    bucket, key = s3_key(location)
+    catalog_server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=b"not json")
+    inside = {"name": "u", "schema": SCHEMA, "location": f"{catalog_server.warehouse_location}/{ns}/t/u"}
+    response = api.request("POST", f"namespaces/{ns}/tables", json=inside)
+    assert response.status_code == 400 and f"{ns}.t" in response.json()["error"]["message"]
+    assert api.create(ns, "unrelated", V3).status_code == 200, "other creates are not blocked"
+
+
+def test_a_relocated_file_cannot_free_the_trusted_location(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    location = api.create(ns, "t", V3).json()["metadata-location"]
+    tamper(catalog_server, location, lambda d: d.__setitem__("location", f"{catalog_server.warehouse_location}/x"))
+    inside = {"name": "u", "schema": SCHEMA, "location": f"{catalog_server.warehouse_location}/{ns}/t/u"}
+    assert api.request("POST", f"namespaces/{ns}/tables", json=inside).status_code == 400
+
+
+def _set_trusted(server: CatalogServer, ns: str, name: str, column: str, value: str | None) -> None:
+    with sqlite3.connect(server.workdir / "catalog.db") as db:
+        db.execute(
+            f"UPDATE sqe_table_integrity SET {column} = ? WHERE namespace = ? AND table_name = ?", (value, ns, name)
+        )
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [
+        pytest.param("digest", None, "has no metadata digest", id="key-id-without-digest"),
+        pytest.param("digest_version", "sqe-canonical-json-sha256-v999", "digest version", id="unknown-version"),
+    ],
+)
+def test_inconsistent_or_unknown_trusted_state_fails_closed(
+    api: Api, catalog_server: CatalogServer, column: str, value: str | None, message: str
+) -> None:
+    ns = api.namespace()
+    api.create(ns, "t", {**V3, "encryption.key-id": "K1"})
+    _set_trusted(catalog_server, ns, "t", column, value)
+    assert message in assert_integrity_error(api.load(ns, "t"))
+
+
+def test_drop_and_recreate_starts_a_new_lifetime(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    api.create(ns, "t", V3)
+    assert api.request("DELETE", f"namespaces/{ns}/tables/t").status_code == 204
+    recreated = api.create(ns, "t", {**V3, "encryption.key-id": "K1"})
+    assert recreated.status_code == 200, recreated.text
+    row = trusted_row(catalog_server, ns, "t")
+    assert row and row[1] == "K1" and row[2]
+
+
+def test_legacy_drop_without_purge_keeps_files_and_pins_nothing(api: Api, catalog_server: CatalogServer) -> None:
+    ns = api.namespace()
+    location = legacy_table(catalog_server, ns, "old")
+    assert api.request("DELETE", f"namespaces/{ns}/tables/old").status_code == 204
+    assert objects(catalog_server, s3_key(location)[1]) == [s3_key(location)[1]]
+    assert trusted_row(catalog_server, ns, "old") is None and cleanup_tasks(catalog_server, ns) == []
+
+
+def test_admission_of_pre_v3_metadata_with_encryption_properties_is_refused(
+    api: Api, catalog_server: CatalogServer
+) -> None:
+    ns = api.namespace()
+    location = legacy_table(catalog_server, ns, "old", {"encryption.key-id": "K1"})  # v2 with a key id
+    api.request("DELETE", f"namespaces/{ns}/tables/old")
+    assert "format-version >= 3" in assert_integrity_error(_register(api, ns, "new", location))
+    assert trusted_row(catalog_server, ns, "new") is None and api.load(ns, "new").status_code == 404
+    # and a commit to a pinned v2 table may not add one either
+    api.create(ns, "v2", {"format-version": "2"})
+    assert "format-version >= 3" in assert_integrity_error(
+        api.set_properties(ns, "v2", **{"encryption.data-key-length": "16"})
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -402,13 +507,15 @@ def _assert_refused_purge(api: Api, server: CatalogServer, ns: str, name: str) -
             lambda d: d.__setitem__("encryption-keys", [{"key-id": "evil", "encrypted-key-metadata": "AA=="}]),
             id="encryption-keys",
         ),
+        pytest.param(lambda d: d["properties"].__setitem__("encryption.key-id", "K2"), id="key-id-changed"),
     ],
 )
 def test_tampered_encrypted_metadata_is_detected(api: Api, catalog_server: CatalogServer, change: Any) -> None:
     ns = api.namespace()
     location = api.create(ns, "t", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
     tamper(catalog_server, location, change)
-    assert "trusted digest" in assert_integrity_error(api.load(ns, "t"))
+    message = assert_integrity_error(api.load(ns, "t"))
+    assert "trusted digest" in message or "encryption.key-id cannot be changed" in message
     _assert_refused_purge(api, catalog_server, ns, "t")
 
 
@@ -432,9 +539,43 @@ def test_verified_purge_deletes_and_records_the_task(api: Api, catalog_server: C
     api.create(ns, "t", {**V3, "encryption.key-id": "K1"})
     response = api.request("DELETE", f"namespaces/{ns}/tables/t", params={"purgeRequested": "true"})
     assert response.status_code == 204
-    assert objects(catalog_server, f"{catalog_server.warehouse}/{ns}/t/") == []
-    tasks = [t for t in json.loads(catalog_server.admin_cli("list-cleanup-tasks")) if t["namespace"] == ns]
+    # the drop returned once the task was persisted: nothing is deleted yet, the table is gone
+    assert [t["status"] for t in cleanup_tasks(catalog_server, ns)] == ["pending"]
+    assert objects(catalog_server, f"{catalog_server.warehouse}/{ns}/t/")
+    assert api.load(ns, "t").status_code == 404
+    tasks = wait_for_cleaner(catalog_server, ns)
     assert [(t["status"], t["key_id"], bool(t["digest"])) for t in tasks] == [("done", "K1", True)]
+    assert objects(catalog_server, f"{catalog_server.warehouse}/{ns}/t/") == []
+
+
+@pytest.mark.parametrize(
+    ("properties", "change"),
+    [
+        pytest.param(
+            {**V3, "encryption.key-id": "K1"},
+            lambda d: d["properties"].__setitem__("owner", "attacker"),
+            id="encrypted-digest",
+        ),
+        pytest.param(V3, lambda d: d["properties"].__setitem__("encryption.key-id", "K1"), id="plaintext-key-id"),
+    ],
+)
+def test_cleaner_second_check_failure_is_terminal_and_deletes_nothing(
+    api: Api, catalog_server: CatalogServer, properties: dict[str, str], change: Any
+) -> None:
+    ns = api.namespace()
+    location = api.create(ns, "t", properties).json()["metadata-location"]
+    assert api.request("DELETE", f"namespaces/{ns}/tables/t", params={"purgeRequested": "true"}).status_code == 204
+    # the task waits one cleaner interval (2 s by default) before it runs: tamper in between
+    tamper(catalog_server, location, change)
+    before = objects(catalog_server, f"{catalog_server.warehouse}/{ns}/t/")
+    (task,) = wait_for_cleaner(catalog_server, ns)
+    assert task["status"] == "failed" and task["metadata_location"] == location
+    assert "trusted digest" in task["detail"] or "cannot be set" in task["detail"]
+    assert objects(catalog_server, f"{catalog_server.warehouse}/{ns}/t/") == before, "no file deleted"
+    assert f"cleanup task {task['id']} of wh.{ns}.t failed integrity verification" in catalog_server.log_text()
+    # terminal: the operator's run-cleanup does not retry it, the task stays for diagnosis
+    assert str(task["id"]) not in json.loads(catalog_server.admin_cli("run-cleanup")).get("wh", {})
+    assert cleanup_tasks(catalog_server, ns) == [task]
 
 
 def test_integrity_errors_are_logged_without_secrets(catalog_server: CatalogServer) -> None:

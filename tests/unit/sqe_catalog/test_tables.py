@@ -171,6 +171,8 @@ def test_purge_deletes_only_under_the_tables_own_locations(tables: WarehouseTabl
     committed = tables.commit_table(("db",), "a", commit)
     assert committed.metadata_location is not None
     tables.drop_table(("db",), "a", purge=True)
+    assert Path(committed.metadata_location.removeprefix("file://")).exists(), "the drop only persists the task"
+    assert list(tables.run_cleanup().values()) == ["done"]  # what the background cleaner runs
     assert not Path(committed.metadata_location.removeprefix("file://")).exists(), "a's own files are gone"
     assert Path(b.metadata_location.removeprefix("file://")).exists(), "b's file survived a's purge"
     assert tables.load_table(("db",), "b").metadata_location == b.metadata_location
