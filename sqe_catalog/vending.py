@@ -50,7 +50,8 @@ log = logging.getLogger("sqe_catalog.vending")
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # IAM treats these as wildcards / policy variables in Resource and StringLike values; Polaris escapes them.
 _IAM_ESCAPES = str.maketrans({"*": "${*}", "?": "${?}", "$": "${$}"})
-_SESSION_NAME_INVALID = re.compile(r"[^\w+=,.@-]", re.ASCII)
+# What both AWS STS and Ceph RGW accept in a RoleSessionName (RGW refuses "+", which AWS allows).
+_SESSION_NAME_INVALID = re.compile(r"[^\w=,.@-]", re.ASCII)
 _SESSION_NAME_MAX = 64
 _READ_ACTIONS = ("s3:GetObject", "s3:GetObjectVersion")
 _WRITE_ACTIONS = ("s3:PutObject", "s3:DeleteObject")
@@ -180,14 +181,14 @@ _SESSION_READER_MAX = 28
 
 
 def role_session_name(principal: str, reader: str | None = None) -> str:
-    """``sqe-<principal>`` or ``sqe-<principal>+<reader>`` made valid for STS (``[\\w+=,.@-]{2,64}``): other
-    characters become ``_``; a long end-user name is cut first, the reader's after 28 characters. Principal
-    names cannot contain ``+``, so the separator is unambiguous."""
+    """``sqe-<principal>`` or ``sqe-<principal>=<reader>`` made valid for both AWS STS and Ceph RGW
+    (``[\\w=,.@-]{2,64}``): other characters become ``_``; a long end-user name is cut first, the reader's after
+    28 characters. Principal names cannot contain ``=``, so the separator is unambiguous."""
     user = _SESSION_NAME_INVALID.sub("_", f"sqe-{principal}")
     if not reader:
         return user[:_SESSION_NAME_MAX]
     actor = _SESSION_NAME_INVALID.sub("_", reader)[:_SESSION_READER_MAX]
-    return f"{user[: _SESSION_NAME_MAX - 1 - len(actor)]}+{actor}"
+    return f"{user[: _SESSION_NAME_MAX - 1 - len(actor)]}={actor}"
 
 
 def _keep_botocore_debug_out_of_logs() -> None:

@@ -242,10 +242,8 @@ def _delegated_token(stack: StackInfo, user: str, reader_id: str, reader_secret:
     return str(reply.json()["access_token"])
 
 
-# Known catalog bug: Ceph RGW accepts RoleSessionName only as [A-Za-z0-9_=,.@-]+ (no '+', unlike AWS), but
-# sqe_catalog.vending.role_session_name joins end user and reader with '+': AssumeRole answers 400 and the
-# delegated load 503. Strict, so the test turns red (XPASS) once the separator is fixed and this mark must go.
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="role session name '+' is rejected by Ceph STS")
+# Ceph RGW accepts RoleSessionName only as [A-Za-z0-9_=,.@-]+ (no '+', unlike AWS): the catalog joins end
+# user and reader with '=' (sqe_catalog.vending.role_session_name), so this also proves RGW takes the name.
 def test_credentials_vended_to_a_delegated_token_read_only_the_tables_prefix_and_cannot_write(
     ceph_stack: StackInfo, tmp_path: Path
 ) -> None:

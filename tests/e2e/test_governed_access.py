@@ -197,7 +197,7 @@ def test_the_role_session_name_names_the_end_user_and_the_reader(governed: Gover
         aws_session_token=config["s3.session-token"],
     )
     arn = sts.get_caller_identity()["Arn"]
-    assert arn.endswith(f"/sqe-{governed.analyst.name}+{governed.engine.name}"), arn
+    assert arn.endswith(f"/sqe-{governed.analyst.name}={governed.engine.name}"), arn
     own = pyiceberg_catalog(governed.server, governed.plain).load_table((governed.namespace, "open"))
     own_sts = boto3.client(
         "sts",
