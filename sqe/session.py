@@ -856,6 +856,7 @@ class _MeasuredStream:
         self.seconds = 0.0
         self.rows = 0
         self.batches = 0
+        self.arrow_bytes = 0  # of the batches after restrictions: only rows the user may see
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
         reader = self.stream.reader()
@@ -874,6 +875,7 @@ class _MeasuredStream:
             self.seconds += time.perf_counter() - started
             self.rows += batch.num_rows
             self.batches += 1
+            self.arrow_bytes += batch.nbytes
             yield batch
 
 
@@ -887,6 +889,7 @@ def _explain_values(plan: ScanPlan, measured: _MeasuredStream | None) -> dict[st
     if measured is not None:
         values["scan_rows"] = str(measured.rows)  # rows after the restrictions: what the query itself sees
         values["scan_batches"] = str(measured.batches)
+        values["scan_arrow_bytes"] = str(measured.arrow_bytes)
         values["scan_time_ms"] = f"{measured.seconds * 1000:.1f}"
     return values
 

@@ -7,8 +7,9 @@ subqueries and joins with other Iceberg tables bound as usual). DuckDB keeps a r
 UPDATE of an unindexed temp table and numbers inserted rows after the last one, so comparing with the copy
 finds exactly the files that lost or changed a row; those files are replaced, in one overwrite snapshot, by
 their surviving rows plus the inserted rows. pyiceberg writes the new files through the same FileIO and commits
-through SQE's catalog client with ``assert-ref-snapshot-id``: a concurrent commit is a 409, i.e. the typed
-CommitConflictError, and nothing is half-applied.
+through SQE's catalog client with ``assert-ref-snapshot-id``: a concurrent commit is a 409; pyiceberg then
+re-validates on the new metadata (serializable: files added or removed meanwhile that the statement's files
+overlap fail it), and either way a conflict is the typed CommitConflictError with nothing half-applied.
 
 Merge-on-read (position delete files) is not written: pyiceberg 0.12 cannot write delete files.
 """
@@ -22,12 +23,13 @@ from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
+from pyiceberg.exceptions import ValidationException
 from pyiceberg.io.pyarrow import _dataframe_to_data_files, schema_to_pyarrow
 
 from sqe._text import first_line
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.duckdb_connection import quote_ident
-from sqe.errors import QueryError, SQEError
+from sqe.errors import CommitConflictError, QueryError, SQEError
 from sqe.execution.stream import ScanStream
 
 if TYPE_CHECKING:
@@ -124,6 +126,8 @@ def commit_rewrite(loaded: LoadedTable, plan: ScanPlan, rewrite: Rewrite, data: 
         raise
     except PYICEBERG_CATALOG_ERRORS as exc:  # 409 on a concurrent commit: CommitConflictError
         raise translate_error(exc, f"commit to {loaded.ident}") from None
+    except ValidationException as exc:  # pyiceberg retried on the new metadata and found a conflicting change
+        raise CommitConflictError(f"conflict on commit to {loaded.ident}: {first_line(exc)}", 409) from None
     except Exception as exc:
         raise QueryError(f"writing to {loaded.ident} failed: {first_line(exc)}") from None
 
