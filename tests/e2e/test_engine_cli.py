@@ -249,7 +249,7 @@ def test_no_secret_leaks_anywhere(setup: Setup, debug_logs: pytest.LogCaptureFix
     for run in CLI_RUNS:
         texts[f"sqe {' '.join(run.args)}"] = run.stdout + run.stderr
     assert len(secrets) >= 6 and all(len(s) >= 16 for s in secrets)
-    assert "credential_source': 'vended'" in texts["explain"] and "DEBUG" in texts["caplog"]
+    assert "'property': 'credential_source', 'value': 'vended'" in texts["explain"] and "DEBUG" in texts["caplog"]
     assert setup.principal.name in texts["catalog log"]  # the log is there, and at debug level
     assert any("Traceback" in text for where, text in texts.items() if "--debug" in where)
     leaks = [(where, secret[:4] + "...") for where, text in texts.items() for secret in secrets if secret in text]

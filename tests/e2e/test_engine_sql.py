@@ -112,7 +112,9 @@ def test_delete_update_merge_copy_on_write_read_back_by_pyiceberg(
         files = session.sql(f'SELECT file_path FROM {namespace}."orders$files"').fetchall()
         assert len(files) == 2  # only the second file was rewritten; the first stayed as it was
         assert session.sql(f"UPDATE {table} SET n = n + 1 WHERE who IN ('ada', 'cy')").fetchall() == [(2,)]
-        session.sql(f"CREATE TABLE {namespace}.changes AS SELECT * FROM (VALUES (2, 'bob', 0), (5, 'ed', 50)) c(id, who, n)")
+        session.sql(
+            f"CREATE TABLE {namespace}.changes AS SELECT * FROM (VALUES (2, 'bob', 0), (5, 'ed', 50)) c(id, who, n)"
+        )
         merged = session.sql(
             f"MERGE INTO {table} o USING {namespace}.changes c ON o.id = c.id "
             "WHEN MATCHED THEN UPDATE SET n = c.n WHEN NOT MATCHED THEN INSERT VALUES (c.id, c.who, c.n)"
@@ -120,7 +122,9 @@ def test_delete_update_merge_copy_on_write_read_back_by_pyiceberg(
         assert merged == [(2,)]
         expected = [(1, "ada", 11), (2, "bob", 0), (3, "cy", 31), (5, "ed", 50)]
         assert rows(session, f"SELECT * FROM {table}") == expected
-        snapshots = session.sql(f'SELECT operation FROM {namespace}."orders$snapshots" ORDER BY committed_at').fetchall()
+        snapshots = session.sql(
+            f'SELECT operation FROM {namespace}."orders$snapshots" ORDER BY committed_at'
+        ).fetchall()
         assert [op for (op,) in snapshots] == ["append", "append", "overwrite", "overwrite", "overwrite"]
         assert session.sql(f"DELETE FROM {table} WHERE id = 999").fetchall() == [(0,)]  # no commit for nothing
         assert len(session.sql(f'SELECT * FROM {namespace}."orders$snapshots"').fetchall()) == 5
