@@ -366,7 +366,8 @@ def test_time_travel_applies_current_restrictions_by_field_id_after_a_rename(wor
     with world.session("alice") as session:
         old = (
             session.sql(
-                f"SELECT id, email, ssn FROM {world.namespace}.renamed FOR VERSION AS OF {before.snapshot_id} ORDER BY id"
+                f"SELECT id, email, ssn FROM {world.namespace}.renamed "
+                f"FOR VERSION AS OF {before.snapshot_id} ORDER BY id"
             )
             .arrow()
             .to_pylist()

@@ -18,7 +18,7 @@ from sqe.errors import CatalogError, NoSuchTableError, QueryError, RestrictionEr
 from sqe.execution import QueryCancelledError
 from sqe.execution import local as local_execution
 from sqe.planning.planner import format_filter
-from sqe.session import explain_sections, Session
+from sqe.session import Session, explain_sections
 from tests.unit.sqe.iceberg_local import DELETED_POSITIONS, EVENT_GROUPS, NUMBER_FILES, ROWS_PER_FILE, LocalProvider
 
 TOTAL = NUMBER_FILES * ROWS_PER_FILE
@@ -182,7 +182,7 @@ def test_describe_list_and_name_errors(session: Session) -> None:
     listed = session.list_tables("ns").to_pylist()
     assert {"warehouse": "wh", "namespace": "ns", "table": "numbers"} in listed
     assert {r["table"] for r in session.list_tables("wh2.ns").to_pylist()} == {"numbers"}
-    with pytest.raises(QueryError, match="has no snapshot 1$"):
+    with pytest.raises(QueryError, match=r"has no snapshot 1$"):
         session.sql("SELECT * FROM ns.numbers AT (VERSION => 1)")
     with pytest.raises(QueryError):
         session.sql("SELECT * FROM a.b.c.d")
