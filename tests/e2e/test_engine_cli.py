@@ -137,7 +137,7 @@ def test_parquet_output_is_a_readable_file(setup: Setup, tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     "sql",
-    ["SELECT * FROM {ns}.no_such_table", "SELEC 1", "CREATE TABLE {ns}.x (a INT)", "SELECT nope FROM {ns}.items"],
+    ["SELECT * FROM {ns}.no_such_table", "SELEC 1", "CREATE INDEX i ON {ns}.items (id)", "SELECT nope FROM {ns}.items"],
     ids=["unknown-table", "syntax", "unsupported", "unknown-column"],
 )
 def test_a_bad_query_prints_one_error_line(setup: Setup, sql: str) -> None:
