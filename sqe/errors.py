@@ -17,7 +17,8 @@ SQEError
 │   └── CredentialExpiredError
 ├── RestrictionError                  read-restrictions that cannot be applied (fail closed)
 ├── QueryError                        SQL the engine cannot run (syntax, unknown table, ...)
-│   └── EncryptedTableError           Iceberg table encryption (encryption.key-id / encryption-keys)
+│   ├── EncryptedTableError           Iceberg table encryption (encryption.key-id / encryption-keys)
+│   └── RestrictedTableError          DML or metadata tables on a table the caller reads with restrictions
 └── WorkerError                       distributed execution failures
 """
 
@@ -96,6 +97,10 @@ class QueryError(SQEError):
 
 class EncryptedTableError(QueryError):
     """The table uses Iceberg encryption; SQE refuses it before reading any file (never garbage)."""
+
+
+class RestrictedTableError(QueryError):
+    """The caller reads the table through read-restrictions, so SQE refuses to write it or show its metadata."""
 
 
 class WorkerError(SQEError):

@@ -6,8 +6,14 @@ Each table is loaded through the user's ``TableProvider`` and planned; its ``Sca
 unique name and a view named exactly like the table (DuckDB catalog = warehouse, schema = namespace) selects
 from it. DuckDB then resolves ``wh.ns.t``, ``ns.t`` (the default warehouse's catalog is the connection's default)
 and ``ns.t.col`` natively. Views and streams live until the next statement. In-memory ATTACH, CREATE SCHEMA and
-CREATE VIEW all work under the lockdown; users cannot run them (only queries, EXPLAIN, INSERT, CREATE TABLE AS,
-PREPARE/EXECUTE/DEALLOCATE are accepted).
+CREATE VIEW all work under the lockdown; users cannot run them on DuckDB: catalog statements (CREATE / DROP
+SCHEMA, CREATE / DROP / ALTER TABLE, SHOW, DESCRIBE) go to the catalog (``sqe.planning.ddl``), DELETE / UPDATE /
+MERGE run copy-on-write (``sqe.execution.dml``), and time travel and ``t$snapshots``-style metadata tables are
+planned per reference (``sqe.planning.time_travel``).
+
+EXPLAIN answers in a vertical layout (section, property, value): DuckDB's plan, then one section per table.
+For a table whose rows a row filter hides, nothing derived from file statistics is shown (files, bytes, records
+planned after pruning would tell which values hidden rows hold), only what the user could know anyway.
 
 Projection: the columns each table can need are found from the parse tree (``sql_analysis``); if DuckDB still
 fails to bind a narrowed query, it is re-planned once with every column. Filters are never pushed by DuckDB into
@@ -17,6 +23,7 @@ only, and DuckDB re-applies every WHERE itself.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -24,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -37,12 +44,16 @@ from sqe.duckdb_connection import connect_locked_down, quote_ident, quote_qualif
 from sqe.errors import (
     CatalogError,
     CredentialExpiredError,
+    NoSuchNamespaceError,
     NoSuchTableError,
     QueryError,
+    RestrictedTableError,
     SQEError,
 )
+from sqe.execution import dml
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.execution.stream import QueryContext, ScanStream
+from sqe.planning import ddl
 from sqe.planning.planner import ScanPlan, TaskCache, join_conjuncts, plan_scan, restrictions_of
 from sqe.planning.sql_analysis import (
     TableRef,
@@ -52,7 +63,8 @@ from sqe.planning.sql_analysis import (
     parse_select,
     pushdown_predicates,
 )
-from sqe.planning.statements import Statement, classify, parse_qualified_name
+from sqe.planning.statements import DML_KINDS, Statement, TimeTravel, classify, parse_qualified_name
+from sqe.planning.time_travel import metadata_table, resolve_snapshot, split_metadata_name
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
@@ -64,6 +76,21 @@ log = logging.getLogger(__name__)
 
 Params = Sequence[Any] | Mapping[str, Any] | None
 _RESERVED_CATALOGS = {"system", "temp"}
+_CATALOG_KINDS = frozenset(
+    {
+        "create_schema",
+        "drop_schema",
+        "drop_table",
+        "alter_table",
+        "create_table",
+        "show_schemas",
+        "show_tables",
+        "show_create_table",
+        "describe",
+    }
+)
+WITHHELD = "withheld (row filter)"
+_EXPLAIN_SCHEMA = pa.schema([("section", pa.string()), ("property", pa.string()), ("value", pa.string())])
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -132,9 +159,12 @@ class _Planned:
     scans: dict[TableIdent, ScanPlan] = field(default_factory=dict)
     narrowed: bool = False  # some table reads fewer than all its columns
     target: LoadedTable | None = None  # INSERT target
+    travels: dict[str, ScanPlan] = field(default_factory=dict)  # time-travel placeholder -> its scan
+    metadata: dict[TableIdent, pa.Table] = field(default_factory=dict)  # ns."t$snapshots" -> its rows
 
     def is_usable(self, now: float) -> bool:
-        usable = all(plan.is_usable(now) for plan in self.scans.values())
+        scans = [*self.scans.values(), *self.travels.values()]
+        usable = all(plan.is_usable(now) for plan in scans)
         return usable and (self.target is None or self.target.is_usable(now))
 
 
@@ -221,7 +251,12 @@ class Session:
                     raise QueryError(f"no prepared statement named {statement.name!r}")
                 return Result(self, table=pa.table({}))
             if statement.kind == "explain":
-                return Result(self, table=self.explain(statement.body or ""))
+                explained = self.explain(statement.body or "", analyze=statement.analyze, travels=statement.travels)
+                return Result(self, table=explained)
+            if statement.kind in _CATALOG_KINDS:
+                return Result(self, table=self._catalog_statement(statement))
+            if statement.kind in DML_KINDS:
+                return Result(self, table=self._dml(statement, params))
             return self._run_planned(self._plan(statement), params)
 
     def execute(self, text: str, params: Params = None) -> Result:
@@ -236,14 +271,41 @@ class Session:
                 raise QueryError("only queries and INSERT can be prepared")
             return PreparedStatement(self, self._plan(statement))
 
-    def explain(self, text: str) -> pa.Table:
-        """Per table: files and bytes planned, credential source and expiry, cache outcome. Never a secret."""
+    def explain(self, text: str, *, analyze: bool = False, travels: Sequence[TimeTravel] = ()) -> pa.Table:
+        """DuckDB's plan, then per table what SQE planned (``explain_tables``), as (section, property, value).
+
+        ``analyze`` runs the query: DuckDB's per-operator time and rows, and per table scan its rows, bytes and
+        time. Never a secret; nothing derived from statistics of rows a row filter hides."""
         with self._lock:
-            statement = classify(self._parser, text)
-            if statement.kind != "select":
-                raise QueryError("EXPLAIN supports queries only")
-            planned = self._plan(statement)
-            rows = [plan.describe() for plan in planned.scans.values()]
+            planned = self._plan_explained(text, travels)
+            context = self._start()
+            measured = self._bind(planned, context, measure=analyze)
+            prefix = "EXPLAIN ANALYZE " if analyze else "EXPLAIN "
+            started = time.perf_counter()
+            try:
+                plan_rows = self._con.execute(prefix + planned.statement.text).fetchall()
+            except duckdb.Error as exc:
+                raise self._translate(exc, context) from None
+            elapsed = time.perf_counter() - started
+            if context.error is not None:
+                raise context.error
+            rows: list[tuple[str, str, str]] = []
+            for _, plan_text in plan_rows:
+                rows.extend(("duckdb plan", "", line) for line in str(plan_text).splitlines() if line.strip())
+            if analyze:
+                rows.append(("query", "total_time_ms", f"{elapsed * 1000:.1f}"))
+            for label, plan in self._explained_scans(planned):
+                described = _explain_values(plan, measured.get(label) if analyze else None)
+                rows.extend((label, key, value) for key, value in described.items())
+            return pa.Table.from_pylist(
+                [{"section": a, "property": b, "value": c} for a, b, c in rows], schema=_EXPLAIN_SCHEMA
+            )
+
+    def explain_tables(self, text: str) -> pa.Table:
+        """One row per table: what ``EXPLAIN``'s table sections show, typed (None where withheld)."""
+        with self._lock:
+            planned = self._plan_explained(text, ())
+            rows = [plan.describe() for _, plan in self._explained_scans(planned)]
             if not rows:
                 return pa.table({"table": pa.array([], pa.string())})
             return pa.Table.from_pylist(rows)
@@ -266,35 +328,26 @@ class Session:
         return context.metrics.snapshot() if context is not None else None
 
     def list_tables(self, namespace: str | None = None) -> pa.Table:
+        """SHOW TABLES [FROM ns] and ``\\dt``: the tables the catalog lets this user see."""
         warehouse, namespaces = self._namespace_arg(namespace)
-        rows: list[dict[str, str]] = []
         what = f"listing tables of {namespace or warehouse}"
-        try:
-            idents = self._provider.list_tables(warehouse, namespaces[0] if namespaces else None)
-        except SQEError:
-            raise
-        except PYICEBERG_CATALOG_ERRORS as exc:
-            raise translate_error(exc, what) from None
-        except Exception as exc:  # a provider must raise SQEError; anything else still fails closed, typed
-            raise CatalogError(f"{what} failed: {first_line(exc)}") from None
-        for ident in sorted(idents, key=str):
-            rows.append({"warehouse": ident.warehouse, "namespace": ".".join(ident.namespace), "table": ident.name})
-        schema = pa.schema([("warehouse", pa.string()), ("namespace", pa.string()), ("table", pa.string())])
-        return pa.Table.from_pylist(rows, schema=schema)
+        idents = self._provider_call(
+            what, lambda: self._provider.list_tables(warehouse, namespaces[0] if namespaces else None)
+        )
+        return ddl.show_tables(idents)
+
+    def list_schemas(self, warehouse: str | None = None) -> pa.Table:
+        """SHOW SCHEMAS [FROM warehouse]: the namespaces the catalog lets this user see."""
+        warehouse = warehouse or self._default_warehouse
+        namespaces = self._provider_call(
+            f"listing schemas of {warehouse}", lambda: self._provider.list_namespaces(warehouse)
+        )
+        return ddl.show_schemas(warehouse, namespaces)
 
     def describe_table(self, name: str) -> pa.Table:
-        ident = self.resolve_name(parse_qualified_name(name))
-        loaded = self._load(ident)
-        schema = loaded.table.schema()
-        masks = restrictions_of(loaded).masks
-        return pa.table(
-            {
-                "column": [f.name for f in schema.columns],
-                "type": [str(f.field_type) for f in schema.columns],
-                "required": [f.required for f in schema.columns],
-                "masked": [masks.get(f.field_id, "") for f in schema.columns],
-            }
-        )
+        """DESCRIBE t and ``\\d t``: columns, SQL and Iceberg types, nullability and this user's masks."""
+        loaded = self._load(self.resolve_name(parse_qualified_name(name)))
+        return ddl.describe_rows(loaded, restrictions_of(loaded))
 
     def resolve_name(self, parts: Sequence[str]) -> TableIdent:
         if len(parts) == 2:
@@ -322,24 +375,57 @@ class Session:
     # -- planning ---------------------------------------------------------------------------------------
 
     def _plan(self, statement: Statement) -> _Planned:
+        planned = self._plan_statement(statement)
+        planned.travels = self._plan_travels(statement.travels)
+        return planned
+
+    def _plan_statement(self, statement: Statement) -> _Planned:
         if statement.kind == "select":
-            scans, narrowed = self._plan_query(statement.text)
-            return _Planned(statement, scans, narrowed)
+            scans, narrowed, metadata = self._plan_query(statement.text)
+            return _Planned(statement, scans, narrowed, metadata=metadata)
         if statement.kind == "insert":
             assert statement.target is not None
             target = self._load(self.resolve_name(statement.target))
-            scans, narrowed = self._plan_query(statement.body) if statement.body else ({}, False)
-            return _Planned(statement, scans, narrowed, target=target)
+            scans, narrowed, metadata = self._plan_query(statement.body) if statement.body else ({}, False, {})
+            return _Planned(statement, scans, narrowed, target=target, metadata=metadata)
         if statement.kind == "ctas":
-            scans, narrowed = self._plan_query(statement.body or "")
-            return _Planned(statement, scans, narrowed)
+            scans, narrowed, metadata = self._plan_query(statement.body or "")
+            return _Planned(statement, scans, narrowed, metadata=metadata)
         raise QueryError(f"cannot plan a {statement.kind} statement")
+
+    def _plan_travels(self, travels: Sequence[TimeTravel]) -> dict[str, ScanPlan]:
+        """One full-width scan per time-travel reference, at its snapshot, under the table's current restrictions."""
+        scans: dict[str, ScanPlan] = {}
+        for travel in travels:
+            ident = self.resolve_name(travel.parts)
+            loaded = self._load(ident)
+            snapshot_id = resolve_snapshot(loaded, travel, self._parser)
+            scans[travel.placeholder] = plan_scan(loaded, columns=None, snapshot_id=snapshot_id, cache=self._task_cache)
+        return scans
+
+    def _plan_explained(self, text: str, travels: Sequence[TimeTravel]) -> _Planned:
+        statement = classify(self._parser, text)
+        if travels:
+            statement = dataclasses.replace(statement, travels=tuple(travels))
+        if statement.kind != "select":
+            raise QueryError("EXPLAIN supports queries only")
+        return self._plan(statement)
+
+    @staticmethod
+    def _explained_scans(planned: _Planned) -> list[tuple[str, ScanPlan]]:
+        labelled = [(str(ident), plan) for ident, plan in planned.scans.items()]
+        for travel in planned.statement.travels:
+            plan = planned.travels[travel.placeholder]
+            labelled.append((f"{plan.ident} @ snapshot {plan.snapshot_id}", plan))
+        return labelled
 
     def _plan_query(
         self, sql: str, *, loaded: Mapping[TableIdent, LoadedTable] | None = None, all_columns: bool = False
-    ) -> tuple[dict[TableIdent, ScanPlan], bool]:
+    ) -> tuple[dict[TableIdent, ScanPlan], bool, dict[TableIdent, pa.Table]]:
         tree = parse_select(self._parser, sql)
-        refs = find_table_refs(tree)
+        all_refs = find_table_refs(tree)
+        metadata = self._metadata_tables([r for r in all_refs if "$" in r.parts[-1]])
+        refs = [r for r in all_refs if "$" not in r.parts[-1]]
         refs_by_ident = self._group_refs(refs)
         tables = dict(loaded) if loaded is not None else {i: self._load(i) for i in refs_by_ident}
         schemas = {ident: t.table.schema() for ident, t in tables.items()}
@@ -353,14 +439,28 @@ class Session:
             narrowed = narrowed or (columns is not None and len(columns) < len(schemas[ident].columns))
             pushdown = join_conjuncts(pushed.get(ident, [])) if counts[ident] == 1 else join_conjuncts([])
             scans[ident] = plan_scan(tables[ident], columns=columns, pushdown=pushdown, cache=self._task_cache)
-        return scans, narrowed
+        return scans, narrowed, metadata
+
+    def _metadata_tables(self, refs: list[TableRef]) -> dict[TableIdent, pa.Table]:
+        """``ns."t$snapshots"`` and friends: built from the table's metadata, refused on restricted tables."""
+        tables: dict[TableIdent, pa.Table] = {}
+        for ref in refs:
+            ident = self._ident_of(ref)
+            if ident in tables:
+                continue
+            base, which = split_metadata_name(ident.name)
+            if which is None:
+                continue
+            loaded = self._load(dataclasses.replace(ident, name=base))
+            tables[ident] = metadata_table(loaded, which, restrictions_of(loaded))
+        return tables
 
     def _group_refs(self, refs: list[TableRef]) -> dict[TableIdent, list[TableRef]]:
         grouped: dict[TableIdent, list[TableRef]] = {}
         duck_names: dict[tuple[str, str, str], TableIdent] = {}
         for ref in refs:
             if ref.time_travel:
-                raise QueryError("time travel (AT ...) on Iceberg tables is not supported yet")
+                raise QueryError("this time-travel form is not supported; use FOR VERSION AS OF / AT (VERSION => ...)")
             ident = self._ident_of(ref)
             self._check_catalog_name(ident.warehouse)
             key = (ident.warehouse.lower(), ident.namespace[0].lower(), ident.name.lower())
@@ -408,16 +508,53 @@ class Session:
         self._active = context
         return context
 
-    def _bind(self, scans: Mapping[TableIdent, ScanPlan], context: QueryContext) -> None:
-        for ident, plan in scans.items():
+    def _bind(
+        self,
+        planned: _Planned,
+        context: QueryContext,
+        *,
+        scans: Mapping[TableIdent, ScanPlan] | None = None,
+        measure: bool = False,
+    ) -> dict[str, _MeasuredStream]:
+        """Register every scan of the statement (``scans`` replaces its table scans); returns the measured ones."""
+        measured: dict[str, _MeasuredStream] = {}
+        for ident, plan in (planned.scans if scans is None else scans).items():
             name = f"__sqe_scan_{next(self._ids)}"
-            stream = self._stream(plan, context)
-            self._con.register(name, stream)
+            self._register(name, plan, context, measured, str(ident), measure)
+            self._view(ident, name)
+        for ident, rows in planned.metadata.items():
+            name = f"__sqe_meta_{next(self._ids)}"
+            self._con.register(name, rows)
             self._registered.append(name)
-            self.last_streams.append(stream)
-            view = self._ensure_schema(ident) + "." + quote_ident(ident.name)
-            self._con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM temp.main.{quote_ident(name)}")
-            self._views.append(view)
+            self._view(ident, name)
+        for travel in planned.statement.travels:
+            plan = planned.travels[travel.placeholder]
+            label = f"{plan.ident} @ snapshot {plan.snapshot_id}"
+            self._register(travel.placeholder, plan, context, measured, label, measure)
+        return measured
+
+    def _register(
+        self,
+        name: str,
+        plan: ScanPlan,
+        context: QueryContext,
+        measured: dict[str, _MeasuredStream],
+        label: str,
+        measure: bool,
+    ) -> None:
+        stream = self._stream(plan, context)
+        self.last_streams.append(stream)
+        if measure:
+            measured[label] = _MeasuredStream(stream)
+            self._con.register(name, measured[label])
+        else:
+            self._con.register(name, stream)
+        self._registered.append(name)
+
+    def _view(self, ident: TableIdent, name: str) -> None:
+        view = self._ensure_schema(ident) + "." + quote_ident(ident.name)
+        self._con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM temp.main.{quote_ident(name)}")
+        self._views.append(view)
 
     def _stream(self, plan: ScanPlan, context: QueryContext) -> ScanStream | DistributedScanStream:
         if self._distributed is None:
@@ -429,7 +566,7 @@ class Session:
     def _query(
         self, planned: _Planned, sql: str, params: Params, context: QueryContext
     ) -> tuple[duckdb.DuckDBPyRelation, QueryContext]:
-        self._bind(planned.scans, context)
+        self._bind(planned, context)
         try:
             return self._relation(sql, params), context
         except duckdb.BinderException as exc:
@@ -440,9 +577,9 @@ class Session:
             raise self._translate(exc, context) from None
         # A narrowed projection missed something DuckDB needs: read every column instead (correctness first).
         loaded = {ident: plan.loaded for ident, plan in planned.scans.items()}
-        scans, _ = self._plan_query(sql, loaded=loaded, all_columns=True)
+        scans, _, _ = self._plan_query(sql, loaded=loaded, all_columns=True)
         context = self._start()
-        self._bind(scans, context)
+        self._bind(planned, context, scans=scans)
         try:
             return self._relation(sql, params), context
         except duckdb.Error as exc:
@@ -465,7 +602,7 @@ class Session:
         statement, target = planned.statement, planned.target
         assert target is not None and statement.target_span is not None
         context = self._start()
-        self._bind(planned.scans, context)
+        self._bind(planned, context)
         arrow_schema = schema_to_pyarrow(target.table.schema(), include_field_ids=False)
         staging = f"__sqe_insert_{next(self._ids)}"
         shape = f"{staging}_shape"
@@ -516,11 +653,134 @@ class Session:
             return False
         return True
 
+    # -- catalog statements -----------------------------------------------------------------------------
+
+    def _catalog_statement(self, statement: Statement) -> pa.Table:
+        """DDL and discovery: answered by the catalog as this user; DuckDB never sees them."""
+        kind, parts = statement.kind, statement.target or ()
+        if kind == "show_tables":
+            return self.list_tables(".".join(parts) if parts else None)
+        if kind == "show_schemas":
+            if len(parts) > 1:
+                raise QueryError("use SHOW SCHEMAS [FROM warehouse]")
+            return self.list_schemas(parts[0] if parts else None)
+        if kind == "describe":
+            return ddl.describe_rows(loaded := self._load(self.resolve_name(parts)), restrictions_of(loaded))
+        if kind == "show_create_table":
+            loaded = self._load(self.resolve_name(parts))
+            return pa.table({"create_table": [ddl.show_create_table(loaded)]})
+        if kind in ("create_schema", "drop_schema"):
+            return self._schema_statement(statement)
+        ident = self.resolve_name(parts)
+        if kind == "create_table":
+            assert statement.columns_text is not None
+            schema = ddl.arrow_schema_of_columns(statement.columns_text)
+            if statement.if_not_exists and self._exists(ident):
+                return _status("table exists")
+            self._provider.create_table(ident, schema)
+            return _status(f"created table {ident}")
+        if kind == "drop_table":
+            try:
+                self._provider.drop_table(ident)
+            except NoSuchTableError:
+                if not statement.if_exists:
+                    raise
+                return _status("no such table")
+            return _status(f"dropped table {ident}")
+        assert kind == "alter_table" and statement.alter is not None
+        try:
+            loaded = self._load(ident)
+        except NoSuchTableError:
+            if statement.if_exists:
+                return _status("no such table")
+            raise
+        ddl.alter_table(loaded, statement.alter)
+        self._provider.invalidate(ident)
+        return _status(f"altered table {ident}")
+
+    def _schema_statement(self, statement: Statement) -> pa.Table:
+        warehouse, namespaces = self._namespace_arg(".".join(statement.target or ()))
+        namespace = namespaces[0]
+        what = ".".join((warehouse, *namespace))
+        if statement.kind == "create_schema":
+            try:
+                self._provider_call(
+                    f"creating schema {what}", lambda: self._provider.create_namespace(warehouse, namespace)
+                )
+            except CatalogError as exc:
+                if statement.if_not_exists and exc.status == 409:
+                    return _status(f"schema {what} exists")
+                raise
+            return _status(f"created schema {what}")
+        try:
+            self._provider_call(f"dropping schema {what}", lambda: self._provider.drop_namespace(warehouse, namespace))
+        except NoSuchNamespaceError:
+            if statement.if_exists:
+                return _status(f"no schema {what}")
+            raise
+        return _status(f"dropped schema {what}")
+
+    def _provider_call(self, what: str, call: Callable[[], _T]) -> _T:
+        try:
+            return call()
+        except SQEError:
+            raise
+        except PYICEBERG_CATALOG_ERRORS as exc:
+            raise translate_error(exc, what) from None
+        except Exception as exc:  # a provider must raise SQEError; anything else still fails closed, typed
+            raise CatalogError(f"{what} failed: {first_line(exc)}") from None
+
+    # -- DELETE / UPDATE / MERGE ------------------------------------------------------------------------
+
+    def _dml(self, statement: Statement, params: Params) -> pa.Table:
+        """Copy-on-write: the statement runs on a staged copy of the target; changed files are rewritten."""
+        assert statement.target is not None and statement.target_span is not None
+        ident = self.resolve_name(statement.target)
+        loaded = self._load(ident)
+        if restrictions_of(loaded).is_restricted:
+            raise RestrictedTableError(
+                f"{ident}: you read this table through read-restrictions; {statement.kind.upper()} is refused"
+            )
+        target_plan = plan_scan(loaded, columns=None)
+        sources = {}
+        for parts in statement.sources:
+            source = self.resolve_name(parts)
+            source_loaded = loaded if source == ident else self._load(source)
+            sources[source] = plan_scan(source_loaded, columns=None, cache=self._task_cache)
+        planned = _Planned(statement, sources, travels=self._plan_travels(statement.travels))
+        context = self._start()
+        self._bind(planned, context)
+        staging = f"__sqe_dml_{next(self._ids)}"
+        start, end = statement.target_span
+        alias = f" AS {quote_ident(statement.target[-1])}" if statement.alias_missing else ""
+        rewritten = statement.text[:start] + f"temp.main.{quote_ident(staging)}{alias}" + statement.text[end:]
+        staged = None
+        try:
+            staged = dml.stage_target(self._con, target_plan, self._executor, context, staging)
+            result = self._con.execute(rewritten, params) if params is not None else self._con.execute(rewritten)
+            counted = result.fetchall()
+            rewrite = dml.find_rewrite(self._con, staged, target_plan)
+        except duckdb.Error as exc:
+            raise self._translate(exc, context) from None
+        finally:
+            dml.drop_staged(self._con, staged, staging)
+        count = int(counted[0][0]) if counted and counted[0] else 0
+        if rewrite.replaced or rewrite.rows.num_rows:
+            data = _conform_for_write(rewrite.rows, loaded.table.schema(), ident)
+            dml.commit_rewrite(loaded, target_plan, rewrite, data, statement.kind)
+            self._provider.invalidate(ident)
+        return pa.table({"count": pa.array([count], pa.int64())})
+
     # -- PREPARE / EXECUTE in SQL -----------------------------------------------------------------------
 
     def _sql_prepare(self, statement: Statement) -> Result:
         assert statement.name is not None and statement.body is not None
-        self._prepared[statement.name] = self.prepare(statement.body)
+        inner = classify(self._parser, statement.body)
+        if inner.kind not in ("select", "insert"):
+            raise QueryError("only queries and INSERT can be prepared")
+        if statement.travels:
+            inner = dataclasses.replace(inner, travels=statement.travels)
+        self._prepared[statement.name] = PreparedStatement(self, self._plan(inner))
         return Result(self, table=pa.table({}))
 
     def _sql_execute(self, statement: Statement) -> Result:
@@ -583,6 +843,68 @@ class Session:
 
 
 # ---------------------------------------------------------------------------------------------- functions
+
+
+_T = TypeVar("_T")
+
+
+class _MeasuredStream:
+    """A scan stream that counts what DuckDB pulled from it and the time spent producing it (EXPLAIN ANALYZE)."""
+
+    def __init__(self, stream: ScanStream | DistributedScanStream) -> None:
+        self.stream = stream
+        self.seconds = 0.0
+        self.rows = 0
+        self.batches = 0
+        self.arrow_bytes = 0  # of the batches after restrictions: only rows the user may see
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        reader = self.stream.reader()
+        return pa.RecordBatchReader.from_batches(reader.schema, self._timed(reader)).__arrow_c_stream__(
+            requested_schema
+        )
+
+    def _timed(self, reader: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                self.seconds += time.perf_counter() - started
+                return
+            self.seconds += time.perf_counter() - started
+            self.rows += batch.num_rows
+            self.batches += 1
+            self.arrow_bytes += batch.nbytes
+            yield batch
+
+
+def _explain_values(plan: ScanPlan, measured: _MeasuredStream | None) -> dict[str, str]:
+    """One table's EXPLAIN section as text; what a row filter would let leak is withheld."""
+    values: dict[str, str] = {}
+    for key, value in plan.describe().items():
+        if key == "table":
+            continue
+        values[key] = WITHHELD if value is None else str(value)
+    if measured is not None:
+        values["scan_rows"] = str(measured.rows)  # rows after the restrictions: what the query itself sees
+        values["scan_batches"] = str(measured.batches)
+        values["scan_arrow_bytes"] = str(measured.arrow_bytes)
+        values["scan_time_ms"] = f"{measured.seconds * 1000:.1f}"
+    return values
+
+
+def explain_sections(explained: pa.Table) -> dict[str, dict[str, str]]:
+    """EXPLAIN's table sections as {table: {property: value}} (the DuckDB plan lines are left out)."""
+    sections: dict[str, dict[str, str]] = {}
+    for row in explained.to_pylist():
+        if row["section"] != "duckdb plan":
+            sections.setdefault(row["section"], {})[row["property"]] = row["value"]
+    return sections
+
+
+def _status(message: str) -> pa.Table:
+    return pa.table({"status": [message]})
 
 
 def _conform_for_write(rows: pa.Table, schema: Schema, ident: TableIdent) -> pa.Table:

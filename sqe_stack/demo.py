@@ -39,7 +39,10 @@ def pyiceberg_round_trip(writer_cfg: Path, analyst_cfg: Path) -> None:
 
     _step("pyiceberg RestCatalog as 'writer' (no S3 key of its own): create demo.sales.orders, append 3 rows")
     writer = RestCatalog("demo", **_client_props(writer_cfg))
-    writer.create_namespace_if_not_exists("sales")
+    import sqe.api
+
+    with sqe.api.connect(writer_cfg) as session:  # the namespace comes from SQL, as in any engine
+        session.sql("CREATE SCHEMA IF NOT EXISTS demo.sales")
     schema = pa.schema([("id", pa.int64()), ("customer", pa.string()), ("amount", pa.float64())])
     table = writer.create_table_if_not_exists("sales.orders", schema=schema)
     table.append(

@@ -51,7 +51,9 @@ class LoadedTable:
 
 
 class TableProvider(Protocol):
-    """What the session needs from a catalog: load, create, list and forget tables of its warehouses.
+    """What the session needs from a catalog: load, create, drop, list and forget tables and namespaces.
+
+    Everything answers as the session's user: a list holds only what the catalog lets this user see.
 
     Every method raises ``sqe.errors.SQEError`` subclasses (``NoSuchTableError`` for an unknown warehouse or
     table), never a client library's own exceptions.
@@ -74,6 +76,22 @@ class TableProvider(Protocol):
 
     def list_tables(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
         """The tables of ``namespace`` in ``warehouse``; of every top-level namespace when None."""
+        ...
+
+    def drop_table(self, ident: TableIdent) -> None:
+        """Drop the table from the catalog (its files stay; purging is the catalog's business)."""
+        ...
+
+    def list_namespaces(self, warehouse: str) -> list[tuple[str, ...]]:
+        """The top-level namespaces of ``warehouse`` this user may see."""
+        ...
+
+    def create_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
+        """Create the namespace; CatalogError with status 409 when it exists."""
+        ...
+
+    def drop_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
+        """Drop the (empty) namespace; NoSuchNamespaceError when it does not exist."""
         ...
 
     def invalidate(self, ident: TableIdent) -> None:

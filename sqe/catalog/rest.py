@@ -16,9 +16,9 @@ import dataclasses
 import hashlib
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -45,6 +45,8 @@ from sqe.errors import (
     RestrictionError,
 )
 from sqe.restrictions import strict_json_loads
+
+_T = TypeVar("_T")
 
 __all__ = [
     "PYICEBERG_CATALOG_ERRORS",
@@ -350,3 +352,34 @@ class RestTableProvider:
         except requests.RequestException as exc:
             raise CatalogUnavailableError(f"cannot create table {ident}: {type(exc).__name__}") from None
         return self.load_table(ident, bypass_cache=True)
+
+    # -- catalog DDL (additive: namespaces and drop) ---------------------------------------------------------
+    def drop_table(self, ident: TableIdent) -> None:
+        catalog = self.catalog(ident.warehouse)
+        self._catalog_call(f"table {ident}", lambda: catalog.drop_table((*ident.namespace, ident.name)))
+        self.invalidate(ident)
+
+    def list_namespaces(self, warehouse: str) -> list[tuple[str, ...]]:
+        catalog = self.catalog(warehouse)
+        namespaces = self._catalog_call(f"namespaces of {warehouse}", catalog.list_namespaces)
+        return [tuple(namespace) for namespace in namespaces]
+
+    def create_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
+        catalog = self.catalog(warehouse)
+        what = f"namespace {'.'.join((warehouse, *namespace))}"
+        self._catalog_call(what, lambda: catalog.create_namespace(namespace))
+
+    def drop_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
+        catalog = self.catalog(warehouse)
+        what = f"namespace {'.'.join((warehouse, *namespace))}"
+        self._catalog_call(what, lambda: catalog.drop_namespace(namespace))
+
+    @staticmethod
+    def _catalog_call(what: str, call: Callable[[], _T]) -> _T:
+        """One pyiceberg catalog call with its errors in SQE's tree."""
+        try:
+            return call()
+        except PYICEBERG_CATALOG_ERRORS as exc:
+            raise translate_error(exc, what) from None
+        except requests.RequestException as exc:
+            raise CatalogUnavailableError(f"cannot reach the catalog for {what}: {type(exc).__name__}") from None

@@ -113,14 +113,16 @@ class ScanPlan:
     def describe(self) -> dict[str, Any]:
         """One EXPLAIN row: what was planned and with which credentials. Never a secret."""
         loaded = self.loaded
+        # Files, bytes and records planned after pruning (by the filter and by the user's own predicates) tell
+        # which values hidden rows hold: a row-filtered table shows none of them (None = withheld).
+        hidden = self._rows_hidden()
         return {
             "table": str(loaded.ident),
             "snapshot_id": self.snapshot_id,
-            "files_planned": self.files_planned,
-            "bytes_planned": self.bytes_planned,
-            # Manifest record counts include rows the required row filter hides: withhold them then.
-            "records_planned": None if self._rows_hidden() else self.records_planned,
-            "delete_files": self.delete_files,
+            "files_planned": None if hidden else self.files_planned,
+            "bytes_planned": None if hidden else self.bytes_planned,
+            "records_planned": None if hidden else self.records_planned,
+            "delete_files": None if hidden else self.delete_files,
             "columns": ", ".join(self.columns),
             "pushed_filter": format_filter(self.user_filter),  # the restriction filter's values stay hidden
             "credential_source": loaded.credential_source,

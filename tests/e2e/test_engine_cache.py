@@ -73,7 +73,7 @@ def open_session(workdir: Path, server: CatalogServer, principal: CatalogPrincip
 
 
 def explain(session: Session) -> dict[str, Any]:
-    [row] = session.sql("EXPLAIN " + QUERY).arrow().to_pylist()
+    [row] = session.explain_tables(QUERY).to_pylist()
     return dict(row)
 
 

@@ -90,7 +90,7 @@ def test_sibling_warehouse_on_another_catalog_is_joined_through_vended_credentia
         )
         with sqe.api.connect(config) as session:
             rows = session.sql(query).arrow().to_pylist()
-            explain = session.sql("EXPLAIN " + query).arrow().to_pylist()
+            explain = session.explain_tables(query).to_pylist()
             with pytest.raises(NoSuchTableError):
                 session.sql(f"SELECT * FROM nowhere.{ns}.t").arrow()
     assert rows == [

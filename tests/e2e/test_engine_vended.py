@@ -52,7 +52,7 @@ def connect(path: Path, server: CatalogServer, principal: CatalogPrincipal, **se
 
 
 def explain_rows(session: Session, sql: str) -> list[dict[str, Any]]:
-    return list(session.sql("EXPLAIN " + sql).arrow().to_pylist())
+    return list(session.explain_tables(sql).to_pylist())
 
 
 def loaded_of(session: Session) -> LoadedTable:

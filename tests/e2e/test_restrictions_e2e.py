@@ -32,8 +32,8 @@ from pyiceberg.exceptions import RESTError
 
 import sqe.api
 from sqe.config import CatalogConfig, SQEConfig, StorageConfig
-from sqe.errors import PermissionDeniedError, QueryError, RestrictionsNotSupportedError, SQEError
-from sqe.session import Session
+from sqe.errors import PermissionDeniedError, QueryError, RestrictedTableError, RestrictionsNotSupportedError, SQEError
+from sqe.session import WITHHELD, Session, explain_sections
 from sqe_catalog.cli import main as catalog_cli
 
 if TYPE_CHECKING:
@@ -280,12 +280,14 @@ def test_prepared_statements_keep_the_restrictions(world: World) -> None:
 
 def test_explain_and_describe_show_masks_and_the_filter_without_values(world: World) -> None:
     with world.session("alice") as session:
-        [row] = session.sql(f"EXPLAIN SELECT email, ssn FROM {world.namespace}.people").arrow().to_pylist()
+        explained = session.sql(f"EXPLAIN SELECT email, ssn FROM {world.namespace}.people").arrow()
+        [row] = explain_sections(explained).values()
         described = session.describe_table(f"{world.namespace}.people").to_pylist()
     assert row["masked_columns"] == "email (mask-alphanum), ssn (replace-with-null)"
     assert row["row_filter"] == "applied"
     assert "EU" not in json.dumps(row, default=str), "the filter's values stay hidden"
-    masked = {r["column"]: r["masked"] for r in described}
+    assert "EU" not in str(explained.to_pylist())
+    masked = {r["column_name"]: r["masked"] for r in described}
     assert masked == {
         "id": "",
         "name": "",
@@ -307,8 +309,70 @@ def test_metadata_tables_of_a_restricted_table_are_not_reachable(world: World) -
 
 def test_explain_of_a_row_filtered_table_reveals_no_manifest_record_count(world: World) -> None:
     with world.session("alice") as session:
-        [row] = session.sql(f"EXPLAIN SELECT id FROM {world.namespace}.people").arrow().to_pylist()
-    assert row.get("records_planned") in (None, 3), "6 raw records would reveal how many rows are hidden"
+        [row] = explain_sections(session.sql(f"EXPLAIN SELECT id FROM {world.namespace}.people").arrow()).values()
+    assert row["records_planned"] == WITHHELD, "6 raw records would reveal how many rows are hidden"
+
+
+def test_explain_of_a_row_filtered_table_reveals_nothing_pruned_with_the_users_predicates(world: World) -> None:
+    """amount > 200 matches only rows alice cannot see (US), amount > 1000 no row: both must look the same."""
+    with world.session("alice") as session:
+        hidden_only, nothing = (
+            explain_sections(session.sql(f"EXPLAIN SELECT id FROM {world.namespace}.people WHERE {p}").arrow())
+            for p in ("amount > 200", "amount > 1000")
+        )
+        analyzed = explain_sections(
+            session.sql(f"EXPLAIN ANALYZE SELECT id FROM {world.namespace}.people WHERE amount > 200").arrow()
+        )
+    [a], [b] = hidden_only.values(), nothing.values()
+    for key in ("files_planned", "bytes_planned", "records_planned", "delete_files"):
+        assert a[key] == b[key] == WITHHELD
+    differ = {"pushed_filter", "cache", "credential_expires_at", "credential_usable_until"}  # not about rows
+    assert {k: v for k, v in a.items() if k not in differ} == {k: v for k, v in b.items() if k not in differ}
+    [scan] = [v for k, v in analyzed.items() if k != "query"]
+    assert scan["scan_rows"] == "0" and scan["files_planned"] == WITHHELD  # rows it sees: none
+
+
+def test_dml_on_a_restricted_table_is_refused_before_any_write(world: World) -> None:
+    with world.session("alice") as session:
+        for sql in (
+            "DELETE FROM {t} WHERE id = 1",
+            "UPDATE {t} SET amount = 0",
+            "MERGE INTO {t} USING (SELECT 1 AS id) s ON people.id = s.id WHEN MATCHED THEN DELETE",
+        ):
+            with pytest.raises(RestrictedTableError, match="read-restrictions"):
+                session.sql(sql.replace("{t}", f"{world.namespace}.people"))
+    assert len(world.rows("carol", "SELECT * FROM {t}")) == 6
+
+
+def test_metadata_tables_serve_an_unrestricted_reader(world: World) -> None:
+    snapshots = world.rows("carol", "SELECT operation FROM " + world.namespace + '."people$snapshots"')
+    assert [r["operation"] for r in snapshots] == ["append"]
+    with world.session("alice") as session, pytest.raises(RestrictedTableError):
+        session.sql(f'SELECT * FROM {world.namespace}."people$history"')
+
+
+def test_time_travel_applies_current_restrictions_by_field_id_after_a_rename(world: World) -> None:
+    writer = _pyiceberg(world.server, world.principals["writer"])
+    table = writer.create_table((world.namespace, "renamed"), schema=PEOPLE.schema)
+    table.append(PEOPLE)
+    before = table.current_snapshot()
+    assert before is not None
+    with table.update_schema() as update:
+        update.rename_column("email", "contact")
+    world.restrict("alice", ALICE, table="renamed")
+    with world.session("alice") as session:
+        old = (
+            session.sql(
+                f"SELECT id, email, ssn FROM {world.namespace}.renamed "
+                f"FOR VERSION AS OF {before.snapshot_id} ORDER BY id"
+            )
+            .arrow()
+            .to_pylist()
+        )
+        now = session.sql(f"SELECT id, contact FROM {world.namespace}.renamed ORDER BY id").arrow().to_pylist()
+    assert [r["id"] for r in old] == [1, 3, 6]  # the current row filter, on the old snapshot
+    assert old[0]["email"] == "xxx@xxxxxxx.xxx" and old[0]["ssn"] is None  # masked under its old name
+    assert now[0]["contact"] == "xxx@xxxxxxx.xxx"
 
 
 # ---------------------------------------------------------------------------------------------------------

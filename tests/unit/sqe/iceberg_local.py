@@ -17,9 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
 from pyiceberg.exceptions import NoSuchNamespaceError as IcebergNoSuchNamespace
 from pyiceberg.exceptions import NoSuchTableError as IcebergNoSuchTable
-from pyiceberg.exceptions import TableAlreadyExistsError
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
@@ -40,7 +40,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType
 
 from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
-from sqe.errors import CatalogError, NoSuchTableError
+from sqe.errors import CatalogError, NoSuchNamespaceError, NoSuchTableError
 
 ROWS_PER_FILE = 1000
 NUMBER_FILES = 4
@@ -94,6 +94,27 @@ class LocalProvider:
 
     def invalidate(self, ident: TableIdent) -> None:
         self.invalidated.append(ident)
+
+    def drop_table(self, ident: TableIdent) -> None:
+        try:
+            self._catalog_for(ident).drop_table((*ident.namespace, ident.name))
+        except (IcebergNoSuchTable, IcebergNoSuchNamespace):
+            raise NoSuchTableError(f"table {ident} does not exist", status=404) from None
+
+    def list_namespaces(self, warehouse: str) -> list[tuple[str, ...]]:
+        return [tuple(ns) for ns in self.catalogs[warehouse].list_namespaces()]
+
+    def create_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
+        try:
+            self.catalogs[warehouse].create_namespace(namespace)
+        except NamespaceAlreadyExistsError:
+            raise CatalogError(f"namespace {namespace} already exists", status=409) from None
+
+    def drop_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
+        try:
+            self.catalogs[warehouse].drop_namespace(namespace)
+        except IcebergNoSuchNamespace:
+            raise NoSuchNamespaceError(f"namespace {namespace} does not exist", status=404) from None
 
     def _catalog_for(self, ident: TableIdent) -> SqlCatalog:
         catalog = self.catalogs.get(ident.warehouse)

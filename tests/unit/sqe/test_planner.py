@@ -341,6 +341,20 @@ def test_pushdown_predicates(
         ("PREPARE p AS SELECT $1", "prepare"),
         ("EXECUTE p(1)", "execute"),
         ("DEALLOCATE p", "deallocate"),
+        ("EXPLAIN ANALYZE SELECT 1", "explain"),
+        ("CREATE TABLE ns.t (a INT)", "create_table"),
+        ("CREATE SCHEMA IF NOT EXISTS wh.ns", "create_schema"),
+        ("DROP SCHEMA ns", "drop_schema"),
+        ("DROP TABLE IF EXISTS ns.t", "drop_table"),
+        ("ALTER TABLE ns.t ADD COLUMN c DECIMAL(10, 2)", "alter_table"),
+        ("SHOW SCHEMAS", "show_schemas"),
+        ("SHOW TABLES FROM ns", "show_tables"),
+        ("SHOW CREATE TABLE ns.t", "show_create_table"),
+        ("DESCRIBE ns.t", "describe"),
+        ("DELETE FROM ns.t WHERE a = 1", "delete"),
+        ("UPDATE ns.t SET a = 1", "update"),
+        ("MERGE INTO ns.t USING ns.s ON t.a = s.a WHEN MATCHED THEN DELETE", "merge"),
+        ("SELECT * FROM ns.t FOR VERSION AS OF 1", "select"),
     ],
 )
 def test_classify_accepts(parser: duckdb.DuckDBPyConnection, sql: str, kind: str) -> None:
@@ -355,11 +369,14 @@ def test_classify_accepts(parser: duckdb.DuckDBPyConnection, sql: str, kind: str
         "COPY (SELECT 1) TO '/tmp/x.csv'",
         "INSTALL httpfs",
         "CREATE VIEW v AS SELECT 1",
-        "CREATE TABLE ns.t (a INT)",
         "INSERT OR REPLACE INTO ns.t VALUES (1)",
         "INSERT INTO ns.t VALUES (1) RETURNING *",
         "WITH c AS (SELECT 1) INSERT INTO ns.t SELECT * FROM c",
-        "EXPLAIN ANALYZE SELECT 1",
+        "CREATE VIEW ns.v AS SELECT 1",
+        "DROP VIEW ns.v",
+        "ALTER TABLE ns.t ALTER COLUMN a SET DATA TYPE BIGINT",
+        "DELETE FROM ns.t WHERE a = 1 RETURNING *",
+        "SELECT * FROM ns.t FOR VERSION AS OF",
         "SELECT 1; SELECT 2",
         "PRAGMA version",
         "CALL pragma_version()",
@@ -400,3 +417,38 @@ def test_encrypted_tables_fail_typed_before_any_file_is_read(provider: LocalProv
     raw = {**loaded.raw, "metadata": metadata, "metadata-location": "file:///nonexistent/v9.metadata.json"}
     with pytest.raises(EncryptedTableError, match="encrypted Iceberg tables are not readable by SQE yet"):
         plan_scan(dataclasses.replace(loaded, raw=raw), columns=None)
+
+
+def test_time_travel_is_rewritten_to_placeholders(parser: duckdb.DuckDBPyConnection) -> None:
+    statement = classify(
+        parser, "SELECT * FROM ns.t FOR VERSION AS OF 5 JOIN wh.ns.t AT (TIMESTAMP => now()) b ON true"
+    )
+    assert statement.text == 'SELECT * FROM "__sqe_tt_0" AS "t" JOIN "__sqe_tt_1" b ON true'
+    assert [(t.parts, t.kind, t.value) for t in statement.travels] == [
+        (("ns", "t"), "version", "5"),
+        (("wh", "ns", "t"), "timestamp", "now()"),
+    ]
+    tagged = classify(parser, "SELECT 1 FROM ns.t FOR TIMESTAMP AS OF TIMESTAMP '2024-01-01 00:00:00' x")
+    assert tagged.travels[0].value == "TIMESTAMP '2024-01-01 00:00:00'" and tagged.text.endswith('"__sqe_tt_0" x')
+
+
+def test_dml_and_ddl_statements_carry_their_parts(parser: duckdb.DuckDBPyConnection) -> None:
+    merge = classify(
+        parser, "MERGE INTO ns.t AS x USING (SELECT * FROM wh.ns.s) s ON x.a = s.a WHEN MATCHED THEN DELETE"
+    )
+    assert merge.target == ("ns", "t") and not merge.alias_missing and merge.sources == (("wh", "ns", "s"),)
+    delete = classify(parser, "DELETE FROM ns.t WHERE a IN (SELECT a FROM ns.o)")
+    assert delete.alias_missing and delete.sources == (("ns", "o"),)
+    assert delete.text[slice(*delete.target_span)] == "ns.t"  # type: ignore[misc]
+    alter = classify(parser, 'ALTER TABLE ns.t RENAME COLUMN "a b" TO c')
+    assert alter.alter is not None and (alter.alter.action, alter.alter.column, alter.alter.new_name) == (
+        "rename",
+        "a b",
+        "c",
+    )
+    added = classify(parser, "ALTER TABLE ns.t ADD COLUMN d DECIMAL(10, 2)")
+    assert added.alter is not None and added.alter.type_text == "DECIMAL(10, 2)"
+    assert classify(parser, "SHOW TABLES FROM wh.ns").target == ("wh", "ns")
+    assert classify(parser, "CREATE SCHEMA IF NOT EXISTS wh.ns").if_not_exists
+    assert classify(parser, "DROP TABLE IF EXISTS ns.t").if_exists
+    assert classify(parser, "EXPLAIN ANALYZE SELECT 1").analyze

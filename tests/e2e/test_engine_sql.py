@@ -1,0 +1,200 @@
+"""The SQL a Trino / Spark / DuckDB user expects, against the real stack (sqe-catalog + moto, vended credentials).
+
+DDL and discovery answer from the catalog; DELETE / UPDATE / MERGE rewrite files copy-on-write and pyiceberg, a
+third-party client, reads back exactly what SQE reads; time travel by snapshot id, timestamp, branch and tag;
+metadata tables; EXPLAIN [ANALYZE] in its vertical layout.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pytest
+
+import sqe.api
+from sqe.catalog.base import TableIdent
+from sqe.errors import CommitConflictError, NoSuchNamespaceError, NoSuchTableError, QueryError
+from sqe.execution import dml
+from sqe.planning.planner import plan_scan
+from sqe.session import Session, explain_sections
+from tests.conftest import pyiceberg_catalog, write_sqe_config
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogPrincipal, CatalogServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
+
+
+@pytest.fixture(scope="module")
+def owner(catalog_server: CatalogServer) -> CatalogPrincipal:
+    """Creates, writes, alters and drops (the shared engine_writer may not drop)."""
+    grants = [(g, None, None) for g in ("NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA", "TABLE_DROP")]
+    return catalog_server.principal_with_grants(f"sql_owner_{uuid.uuid4().hex[:6]}", grants)
+
+
+@pytest.fixture(scope="module")
+def config(catalog_server: CatalogServer, owner: CatalogPrincipal, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("engine-sql") / "sqe.toml"
+    return write_sqe_config(path, catalog_server.url, owner, catalog_server.moto)
+
+
+@pytest.fixture()
+def namespace(config: Path) -> str:
+    name = f"sql_{uuid.uuid4().hex[:6]}"
+    with sqe.api.connect(config) as session:
+        session.sql(f"CREATE SCHEMA {name}")
+    return name
+
+
+def rows(session: Session, sql: str) -> list[tuple[Any, ...]]:
+    return sorted(session.sql(sql).fetchall(), key=repr)
+
+
+def pyiceberg_rows(server: CatalogServer, principal: CatalogPrincipal, name: str) -> list[tuple[Any, ...]]:
+    table = pyiceberg_catalog(server, principal).load_table(name).scan().to_arrow()
+    return sorted((tuple(r.values()) for r in table.to_pylist()), key=repr)
+
+
+def test_schemas_tables_and_schema_evolution_through_sql(config: Path) -> None:
+    name = f"ddl_{uuid.uuid4().hex[:6]}"
+    with sqe.api.connect(config) as session:
+        session.sql(f"CREATE SCHEMA IF NOT EXISTS {name}")
+        session.sql(f"CREATE SCHEMA IF NOT EXISTS {name}")  # exists: no error
+        with pytest.raises(CommitConflictError):
+            session.sql(f"CREATE SCHEMA {name}")
+        assert name in session.sql("SHOW SCHEMAS").arrow().column("schema").to_pylist()
+        session.sql(f"CREATE TABLE {name}.t (id BIGINT NOT NULL, label VARCHAR, price DECIMAL(10, 2))")
+        session.sql(f"CREATE TABLE {name}.u AS SELECT 1 AS x")
+        listed = session.sql(f"SHOW TABLES FROM {name}").arrow().to_pylist()
+        assert [r["table"] for r in listed] == ["t", "u"]
+        assert {"namespace": name, "table": "t"}.items() <= listed[0].items()
+        every = session.sql("SHOW TABLES").arrow().to_pylist()
+        assert {(r["namespace"], r["table"]) for r in every} >= {(name, "t"), (name, "u")}
+        described = session.sql(f"DESCRIBE {name}.t").arrow().to_pylist()
+        assert [(r["column_name"], r["column_type"], r["required"]) for r in described] == [
+            ("id", "BIGINT", True),
+            ("label", "VARCHAR", False),
+            ("price", "DECIMAL(10, 2)", False),
+        ]
+        session.sql(f"INSERT INTO {name}.t VALUES (1, 'a', 1.50)")
+        session.sql(f"ALTER TABLE {name}.t ADD COLUMN qty INTEGER")
+        session.sql(f"ALTER TABLE {name}.t RENAME COLUMN label TO title")
+        session.sql(f"ALTER TABLE {name}.t DROP COLUMN price")
+        session.sql(f"INSERT INTO {name}.t VALUES (2, 'b', 7)")
+        assert rows(session, f"SELECT id, title, qty FROM {name}.t") == [(1, "a", None), (2, "b", 7)]
+        [[created]] = session.sql(f"SHOW CREATE TABLE {name}.t").fetchall()
+        assert '"id" BIGINT NOT NULL' in created and '"title" VARCHAR' in created and "price" not in created
+        with pytest.raises(QueryError, match="cannot change the schema"):
+            session.sql(f"ALTER TABLE {name}.t DROP COLUMN nope")
+        session.sql(f"DROP TABLE {name}.u")
+        session.sql(f"DROP TABLE IF EXISTS {name}.u")
+        with pytest.raises(NoSuchTableError):
+            session.sql(f"DROP TABLE {name}.u")
+        assert [r["table"] for r in session.list_tables(name).to_pylist()] == ["t"]  # the shell's \dt
+        session.sql(f"DROP TABLE {name}.t")
+        session.sql(f"DROP SCHEMA {name}")
+        session.sql(f"DROP SCHEMA IF EXISTS {name}")
+        with pytest.raises(NoSuchNamespaceError):
+            session.sql(f"DROP SCHEMA {name}")
+
+
+def test_delete_update_merge_copy_on_write_read_back_by_pyiceberg(
+    config: Path, namespace: str, catalog_server: CatalogServer, owner: CatalogPrincipal
+) -> None:
+    table = f"{namespace}.orders"
+    with sqe.api.connect(config) as session:
+        session.sql(f"CREATE TABLE {table} AS SELECT * FROM (VALUES (1, 'ada', 10), (2, 'bob', 20)) v(id, who, n)")
+        session.sql(f"INSERT INTO {table} VALUES (3, 'cy', 30), (4, 'di', 40)")  # a second file
+        assert session.sql(f"DELETE FROM {table} WHERE n > 35").fetchall() == [(1,)]
+        files = session.sql(f'SELECT file_path FROM {namespace}."orders$files"').fetchall()
+        assert len(files) == 2  # only the second file was rewritten; the first stayed as it was
+        assert session.sql(f"UPDATE {table} SET n = n + 1 WHERE who IN ('ada', 'cy')").fetchall() == [(2,)]
+        session.sql(
+            f"CREATE TABLE {namespace}.changes AS SELECT * FROM (VALUES (2, 'bob', 0), (5, 'ed', 50)) c(id, who, n)"
+        )
+        merged = session.sql(
+            f"MERGE INTO {table} o USING {namespace}.changes c ON o.id = c.id "
+            "WHEN MATCHED THEN UPDATE SET n = c.n WHEN NOT MATCHED THEN INSERT VALUES (c.id, c.who, c.n)"
+        ).fetchall()
+        assert merged == [(2,)]
+        expected = [(1, "ada", 11), (2, "bob", 0), (3, "cy", 31), (5, "ed", 50)]
+        assert rows(session, f"SELECT * FROM {table}") == expected
+        snapshots = session.sql(
+            f'SELECT operation FROM {namespace}."orders$snapshots" ORDER BY committed_at'
+        ).fetchall()
+        assert [op for (op,) in snapshots] == ["append", "append", "overwrite", "overwrite", "overwrite"]
+        assert session.sql(f"DELETE FROM {table} WHERE id = 999").fetchall() == [(0,)]  # no commit for nothing
+        assert len(session.sql(f'SELECT * FROM {namespace}."orders$snapshots"').fetchall()) == 5
+    assert pyiceberg_rows(catalog_server, owner, table) == expected
+
+
+def test_a_concurrent_commit_surfaces_as_commit_conflict(
+    config: Path, namespace: str, catalog_server: CatalogServer, owner: CatalogPrincipal
+) -> None:
+    with sqe.api.connect(config) as session:
+        session.sql(f"CREATE TABLE {namespace}.c AS SELECT 1 AS x")
+        ident = TableIdent(catalog_server.warehouse, (namespace,), "c")
+        stale = session._provider.load_table(ident, bypass_cache=True)
+        other = pyiceberg_catalog(catalog_server, owner).load_table(f"{namespace}.c")
+        other.append(pa.table({"x": pa.array([2], pa.int32())}))  # someone else commits in between
+        plan = plan_scan(stale, columns=None)
+        rewrite = dml.Rewrite((0,), pa.table({"x": pa.array([], pa.int32())}))
+        with pytest.raises(CommitConflictError):
+            dml.commit_rewrite(stale, plan, rewrite, rewrite.rows, "delete")
+        assert rows(session, f"SELECT x FROM {namespace}.c") == [(1,), (2,)]  # nothing half-applied
+
+
+def test_time_travel_by_id_timestamp_branch_and_tag(
+    config: Path, namespace: str, catalog_server: CatalogServer, owner: CatalogPrincipal
+) -> None:
+    table = f"{namespace}.tt"
+    with sqe.api.connect(config) as session:
+        session.sql(f"CREATE TABLE {table} AS SELECT 1 AS x")
+        session.sql(f"INSERT INTO {table} VALUES (2)")
+        history = session.sql(
+            f'SELECT snapshot_id, made_current_at FROM {namespace}."tt$history" ORDER BY made_current_at'
+        ).fetchall()
+        (first, first_at), (second, _) = history
+        pyiceberg_catalog(catalog_server, owner).load_table(table).manage_snapshots().create_tag(
+            first, "v1"
+        ).create_branch(second, "audit").commit()
+        assert rows(session, f"SELECT x FROM {table} FOR VERSION AS OF {first}") == [(1,)]
+        assert rows(session, f"SELECT x FROM {table} AT (VERSION => {second})") == [(1,), (2,)]
+        assert rows(session, f"SELECT x FROM {table} FOR VERSION AS OF 'v1'") == [(1,)]
+        assert rows(session, f"SELECT x FROM {table} FOR VERSION AS OF 'audit'") == [(1,), (2,)]
+        stamp = first_at.isoformat()
+        assert rows(session, f"SELECT x FROM {table} FOR TIMESTAMP AS OF TIMESTAMPTZ '{stamp}'") == [(1,)]
+        both = f"SELECT a.x AS old, b.x AS new FROM {table} FOR VERSION AS OF {first} a JOIN {table} b ON a.x = b.x"
+        assert rows(session, both) == [(1, 1)]
+        refs = session.sql(f'SELECT name FROM {namespace}."tt$refs"').fetchall()
+        assert {name for (name,) in refs} >= {"main", "v1", "audit"}
+        with pytest.raises(QueryError, match="no snapshot 12345"):
+            session.sql(f"SELECT * FROM {table} FOR VERSION AS OF 12345")
+        with pytest.raises(QueryError, match="no branch or tag"):
+            session.sql(f"SELECT * FROM {table} FOR VERSION AS OF 'nope'")
+        with pytest.raises(QueryError, match="no snapshot at or before"):
+            session.sql(f"SELECT * FROM {table} FOR TIMESTAMP AS OF TIMESTAMPTZ '2001-01-01 00:00:00+00'")
+
+
+def test_explain_and_explain_analyze_are_vertical_with_the_duckdb_plan(config: Path, namespace: str) -> None:
+    with sqe.api.connect(config) as session:
+        session.sql(f"CREATE TABLE {namespace}.e AS SELECT range AS x FROM range(100)")
+        query = f"SELECT count(*) FROM {namespace}.e WHERE x > 10"
+        explained = session.sql("EXPLAIN " + query).arrow()
+        assert explained.column_names == ["section", "property", "value"]
+        plan_text = "\n".join(r["value"] for r in explained.to_pylist() if r["section"] == "duckdb plan")
+        assert "FILTER" in plan_text.upper() or "SCAN" in plan_text.upper()
+        section = explain_sections(explained)[f"{session.config.catalog.warehouse}.{namespace}.e"]  # type: ignore[union-attr]
+        assert section["files_planned"] == "1" and section["credential_source"] == "vended"
+        assert section["pushed_filter"] == "x > 10" and "scan_rows" not in section
+        analyzed = session.sql("EXPLAIN ANALYZE " + query).arrow()
+        sections = explain_sections(analyzed)
+        scan = sections[f"{session.config.catalog.warehouse}.{namespace}.e"]  # type: ignore[union-attr]
+        assert scan["scan_rows"] == "89" and float(scan["scan_time_ms"]) >= 0  # pyiceberg filtered rows too
+        assert int(scan["scan_arrow_bytes"]) >= 89 * 8
+        assert float(sections["query"]["total_time_ms"]) > 0
+        analyzed_plan = "\n".join(r["value"] for r in analyzed.to_pylist() if r["section"] == "duckdb plan")
+        assert "Total Time" in analyzed_plan
