@@ -22,8 +22,9 @@ SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
 
 
 def _catalog(server: CatalogServer, principal: CatalogPrincipal) -> RestCatalog:
-    return RestCatalog(f"views-{uuid.uuid4().hex[:6]}", uri=server.url, warehouse=server.warehouse,
-                       credential=principal.credential)
+    return RestCatalog(
+        f"views-{uuid.uuid4().hex[:6]}", uri=server.url, warehouse=server.warehouse, credential=principal.credential
+    )
 
 
 def _version(ns: str, sql: str) -> ViewVersion:
