@@ -150,7 +150,7 @@ def test_config_names_the_prefix_and_every_endpoint(catalog_server: CatalogServe
         "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}",
     } <= endpoints
     assert "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/notifications" in endpoints
-    assert len(endpoints) == 16
+    assert len(endpoints) == 27  # 16 table/namespace routes + 7 view routes + 4 scan-planning routes
 
     unknown = admin.session.get(f"{catalog_server.url}/v1/config", params={"warehouse": "nope"}, timeout=30)
     assert_error(unknown, 404)
