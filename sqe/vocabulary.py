@@ -75,3 +75,9 @@ ENCRYPTION_PROPERTY_PREFIX: Final = "encryption."
 ENCRYPTION_KEYS: Final = "encryption-keys"
 SNAPSHOT_KEY_ID: Final = "key-id"
 ERROR_METADATA_INTEGRITY: Final = "MetadataIntegrityException"
+
+# ----------------------------------------------------------------------- sql-catalog: config and responses
+# GET /v1/config `defaults` key naming the (URL-encoded) namespace separator of REST paths.
+NAMESPACE_SEPARATOR_PROPERTY: Final = "namespace-separator"
+# Response header carrying the id a 500's ErrorModel names (the catalog logs the failure under it).
+REQUEST_ID_HEADER: Final = "X-Request-ID"

@@ -31,15 +31,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
+import ipaddress
 import json
 import logging
 import secrets
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from pyiceberg.io import FileIO, load_file_io
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from starlette.applications import Starlette
@@ -53,12 +57,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sqe import vocabulary
 from sqe.credentials.paths import is_object_store
-from sqe.vocabulary import ACCESS_TOKEN_TYPE, TOKEN_EXCHANGE_GRANT
+from sqe.vocabulary import ACCESS_TOKEN_TYPE, NAMESPACE_SEPARATOR_PROPERTY, REQUEST_ID_HEADER, TOKEN_EXCHANGE_GRANT
 from sqe_catalog import audit
 from sqe_catalog.auth import AuthStore, Principal, Privilege, create_engine_for
 from sqe_catalog.config import CatalogServerConfig, WarehouseConfig
 from sqe_catalog.delegation import TokenExchangeError, exchange_token
 from sqe_catalog.errors import (
+    AlreadyExistsError,
     BadRequestError,
     CatalogError,
     NotAcceptableError,
@@ -67,8 +72,10 @@ from sqe_catalog.errors import (
     UnprocessableEntityError,
 )
 from sqe_catalog.etag import if_none_match_matches, table_etag
+from sqe_catalog.identifiers import parse_namespace_path
 from sqe_catalog.integrity.cleaner import BackgroundCleaner
 from sqe_catalog.integrity.notifications import metadata_response_json, parse_notification
+from sqe_catalog.planning import PlanStore, parse_plan_request, plan_files, response_tasks
 from sqe_catalog.restrictions import (
     ResolvedRestrictions,
     RestrictionStore,
@@ -80,12 +87,14 @@ from sqe_catalog.tables import (
     Namespace,
     StoredTable,
     WarehouseTables,
+    catalog_io_properties,
     parse_commit_body,
     parse_create_body,
     validate_namespace,
     validate_table_name,
 )
 from sqe_catalog.vending import CredentialVendor
+from sqe_catalog.views import StoredView, ViewStore, validate_view_name
 
 __all__ = ["ENDPOINTS", "create_app"]
 
@@ -106,6 +115,8 @@ class _Warehouse:
     config: WarehouseConfig
     tables: WarehouseTables
     vendor: CredentialVendor
+    views: ViewStore
+    io: FileIO  # the catalog's own FileIO for server-side planning (manifests never leave the catalog)
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,9 @@ class _State:
     auth: AuthStore
     restrictions: RestrictionStore
     warehouses: dict[str, _Warehouse]
+    config: CatalogServerConfig
+    plans: PlanStore
+    anonymous_principal: str | None = None
     polaris_compat: bool = False  # Polaris mode (see ServerConfig.polaris_compat)
 
 
@@ -139,7 +153,7 @@ class _Call:
 
     @property
     def namespace(self) -> Namespace:
-        return validate_namespace(str(self.request.path_params["namespace"]).split(vocabulary.NAMESPACE_SEPARATOR))
+        return parse_namespace_path(str(self.request.path_params["namespace"]))
 
     @property
     def table(self) -> str:
@@ -186,8 +200,15 @@ def _error(exc: CatalogError) -> Response:
     return _json(exc.to_json(), exc.status, headers)
 
 
-def _internal_error() -> Response:
-    return _error(CatalogError("internal server error"))
+def _internal_error(request_id: str) -> Response:
+    """A clean 500: the ErrorModel names the request id under which the failure was logged, nothing more."""
+    response = _error(CatalogError(f"internal server error (request id {request_id})"))
+    response.headers[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+def _new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -256,14 +277,45 @@ def _get_config(call: _Call) -> Response:
         raise BadRequestError("query parameter warehouse is required")
     if name not in call.state.warehouses:
         raise NotFoundError(f"unknown warehouse: {name}")
-    # Polaris mode: Polaris returns the catalog's properties, default-base-location among them, as defaults.
-    defaults = {"default-base-location": call.state.warehouses[name].config.location} if polaris else {}
-    return _json({"defaults": defaults, "overrides": {"prefix": name}, "endpoints": list(ENDPOINTS)})
+    defaults = _config_defaults(call.state.warehouses[name].config)
+    if polaris:  # Polaris returns the catalog's properties, default-base-location among them, as defaults
+        defaults["default-base-location"] = call.state.warehouses[name].config.location
+    return _json(
+        {
+            "defaults": defaults,
+            "overrides": {"prefix": name},
+            "endpoints": _advertised_endpoints(call.state),
+        }
+    )
+
+
+# -- sql-catalog: /v1/config defaults -----------------------------------------------------------------
+
+
+def _config_defaults(w: WarehouseConfig) -> dict[str, str]:
+    """What a client without vending needs to reach the store; the separator lets a level contain '.'."""
+    defaults = {
+        NAMESPACE_SEPARATOR_PROPERTY: quote(vocabulary.NAMESPACE_SEPARATOR),
+        vocabulary.CLIENT_REGION: w.region,
+        vocabulary.S3_REGION: w.region,
+        vocabulary.S3_PATH_STYLE_ACCESS: str(w.path_style).lower(),
+    }
+    if w.endpoint:
+        defaults[vocabulary.S3_ENDPOINT] = w.endpoint
+    return defaults
+
+
+def _advertised_endpoints(state: _State) -> list[str]:
+    planning = {f"{op.method} {op.path}" for op in _PLANNING_OPERATIONS}
+    return [e for e in ENDPOINTS if state.config.server.scan_planning or e not in planning]
+
+
+# -- end sql-catalog: /v1/config defaults -------------------------------------------------------------
 
 
 def _list_namespaces(call: _Call) -> Response:
     parent_raw = call.query("parent")
-    parent = validate_namespace(parent_raw.split(vocabulary.NAMESPACE_SEPARATOR)) if parent_raw else None
+    parent = parse_namespace_path(parent_raw) if parent_raw else None
     call.require(Privilege.NAMESPACE_LIST, parent)
     found = call.warehouse.tables.list_namespaces(parent)
     page, token = _page(found, call)
@@ -486,6 +538,9 @@ def _create_table(call: _Call) -> Response:
     namespace = call.namespace
     create = parse_create_body(call.json())
     call.require(Privilege.TABLE_CREATE, namespace)
+    _refuse_view_name(call, namespace, create.name)
+    defaults = call.state.config.server.default_table_properties  # sql-catalog: conventional defaults
+    create = dataclasses.replace(create, properties={**defaults, **create.properties})
     access = _data_access(call, namespace, create.name)
     tables = call.warehouse.tables
     table = tables.stage_table(namespace, create) if create.stage_create else tables.create_table(namespace, create)
@@ -506,6 +561,7 @@ def _register_table(call: _Call) -> Response:
     if not isinstance(overwrite, bool):
         raise BadRequestError("overwrite must be a boolean")
     call.require(Privilege.TABLE_CREATE, namespace)
+    _refuse_view_name(call, namespace, name)
     if overwrite and call.warehouse.tables.table_exists(namespace, name):
         call.require(Privilege.TABLE_FULL_METADATA, namespace, name)  # re-admission (sqe_catalog.integrity)
     access = _data_access(call, namespace, name)
@@ -586,6 +642,7 @@ def _rename_table(call: _Call) -> Response:
     target = _table_identifier(body.get("destination"), "destination")
     call.require(Privilege.TABLE_DROP, *source)
     call.require(Privilege.TABLE_CREATE, target[0])
+    _refuse_view_name(call, *target)
     call.warehouse.tables.rename_table(source, target)
     call.state.restrictions.renamed(call.prefix, source, target)
     return _no_content()
@@ -622,6 +679,155 @@ def _load_credentials(call: _Call) -> Response:
     return response
 
 
+# -- sql-catalog: views (sqe_catalog.views) ------------------------------------------------------------
+#
+# Grants as in Polaris: list VIEW_LIST on the namespace, create VIEW_CREATE on the namespace, load and exists
+# VIEW_READ_PROPERTIES (exists also VIEW_LIST on the namespace), replace VIEW_WRITE_PROPERTIES, drop VIEW_DROP,
+# rename VIEW_DROP on the source and VIEW_CREATE on the target namespace. A name is a table or a view.
+
+
+def _refuse_view_name(call: _Call, namespace: Namespace, name: str) -> None:
+    if call.warehouse.views.view_exists(namespace, name):
+        raise AlreadyExistsError(f"a view of that name exists: {'.'.join((*namespace, name))}")
+
+
+def _view_name(call: _Call) -> str:
+    return validate_view_name(str(call.request.path_params["view"]))
+
+
+def _view_response(view: StoredView) -> Response:
+    return _json({vocabulary.METADATA_LOCATION: view.metadata_location, "metadata": view.document, "config": {}})
+
+
+def _list_views(call: _Call) -> Response:
+    namespace = call.namespace
+    call.require(Privilege.VIEW_LIST, namespace)
+    page, token = _page(call.warehouse.views.list_views(namespace), call)
+    return _json({"identifiers": [{"namespace": list(namespace), "name": n} for n in page], "next-page-token": token})
+
+
+def _create_view(call: _Call) -> Response:
+    namespace = call.namespace
+    body = call.json()
+    name = validate_view_name(body.get("name"))
+    call.require(Privilege.VIEW_CREATE, namespace)
+    return _view_response(call.warehouse.views.create_view(namespace, name, body))
+
+
+def _load_view(call: _Call) -> Response:
+    namespace, name = call.namespace, _view_name(call)
+    call.require(Privilege.VIEW_READ_PROPERTIES, namespace, name)
+    return _view_response(call.warehouse.views.load_view(namespace, name))
+
+
+def _view_exists(call: _Call) -> Response:
+    namespace, name = call.namespace, _view_name(call)
+    if not call.allowed(Privilege.VIEW_LIST, namespace):
+        call.require(Privilege.VIEW_READ_PROPERTIES, namespace, name)
+    return Response(status_code=204 if call.warehouse.views.view_exists(namespace, name) else 404)
+
+
+def _replace_view(call: _Call) -> Response:
+    namespace, name = call.namespace, _view_name(call)
+    body = call.json()
+    call.require(Privilege.VIEW_WRITE_PROPERTIES, namespace, name)
+    return _view_response(call.warehouse.views.replace_view(namespace, name, body))
+
+
+def _drop_view(call: _Call) -> Response:
+    namespace, name = call.namespace, _view_name(call)
+    call.require(Privilege.VIEW_DROP, namespace, name)
+    call.warehouse.views.drop_view(namespace, name)
+    return _no_content()
+
+
+def _rename_view(call: _Call) -> Response:
+    body = call.json()
+    source = _view_identifier(body.get("source"), "source")
+    target = _view_identifier(body.get("destination"), "destination")
+    call.require(Privilege.VIEW_DROP, *source)
+    call.require(Privilege.VIEW_CREATE, target[0])
+    call.warehouse.views.rename_view(source, target)
+    return _no_content()
+
+
+def _view_identifier(value: object, what: str) -> tuple[Namespace, str]:
+    if not isinstance(value, dict):
+        raise BadRequestError(f"{what} must be a view identifier object")
+    return validate_namespace(value.get("namespace")), validate_view_name(value.get("name"))
+
+
+# -- end sql-catalog: views -----------------------------------------------------------------------------
+
+
+# -- sql-catalog: server-side scan planning (sqe_catalog.planning) -------------------------------------
+#
+# Planning reads the table's manifests, so it needs what a load with vended credentials needs:
+# TABLE_READ_DATA and, for a restricted caller, the read-restrictions gate (delegated token of a trusted
+# reader that declared the capability). The caller's row filter always prunes (see sqe_catalog.planning).
+
+
+def _planned_table(call: _Call) -> tuple[StoredTable, ResolvedRestrictions | None]:
+    if not call.state.config.server.scan_planning:
+        raise NotFoundError("server-side scan planning is switched off on this catalog")
+    namespace, name = call.namespace, call.table
+    call.require(Privilege.TABLE_READ_DATA, namespace, name)
+    table = call.warehouse.tables.load_table(namespace, name)
+    return table, _restrictions(call, table, "plan")
+
+
+def _plan_owner(call: _Call) -> tuple[str, str]:
+    return call.principal.name, call.principal.actor or ""
+
+
+def _plan_key(call: _Call, table: StoredTable) -> tuple[str, tuple[str, ...], str]:
+    return call.prefix, table.namespace, table.name
+
+
+def _completed(plan_id: str, tasks: list[dict[str, Any]], plan_tasks: list[str]) -> Response:
+    body = {"status": "completed", "plan-id": plan_id, **response_tasks(tasks)}
+    if plan_tasks:
+        body["plan-tasks"] = plan_tasks
+    return _json(body)
+
+
+def _plan_scan(call: _Call) -> Response:
+    request = parse_plan_request(call.json())
+    table, restricted = _planned_table(call)
+    tasks = plan_files(table, call.warehouse.io, request, restricted.wire if restricted else None)
+    plan_id, first, rest = call.state.plans.add(_plan_owner(call), _plan_key(call, table), tasks)
+    _served(call, "plan", table, restricted)
+    return _completed(plan_id, first, rest)
+
+
+def _fetch_tasks(call: _Call) -> Response:
+    token = call.json().get("plan-task")
+    if not isinstance(token, str) or not token:
+        raise BadRequestError("plan-task must be a non-empty string")
+    table, restricted = _planned_table(call)
+    tasks = call.state.plans.chunk(token, _plan_owner(call), _plan_key(call, table))
+    _served(call, "plan-tasks", table, restricted)
+    return _json(response_tasks(tasks))
+
+
+def _get_plan(call: _Call) -> Response:
+    plan_id = str(call.request.path_params["plan_id"])
+    table, restricted = _planned_table(call)
+    tasks = call.state.plans.get(plan_id, _plan_owner(call), _plan_key(call, table))
+    _served(call, "plan", table, restricted)
+    return _completed(plan_id, tasks, [])
+
+
+def _cancel_plan(call: _Call) -> Response:
+    plan_id = str(call.request.path_params["plan_id"])
+    table, _restricted = _planned_table(call)
+    call.state.plans.cancel(plan_id, _plan_owner(call), _plan_key(call, table))
+    return _no_content()
+
+
+# -- end sql-catalog: server-side scan planning ---------------------------------------------------------
+
+
 # ----------------------------------------------------------------------------------------------------
 # Routing
 
@@ -636,6 +842,7 @@ class _Op:
 
 _NS = "/v1/{prefix}/namespaces/{namespace}"
 _TABLE = _NS + "/tables/{table}"
+_VIEW = _NS + "/views/{view}"
 _OPERATIONS: tuple[_Op, ...] = (
     _Op("GET", "/v1/{prefix}/namespaces", _list_namespaces),
     _Op("POST", "/v1/{prefix}/namespaces", _create_namespace, needs_body=True),
@@ -653,8 +860,23 @@ _OPERATIONS: tuple[_Op, ...] = (
     _Op("POST", "/v1/{prefix}/tables/rename", _rename_table, needs_body=True),
     _Op("GET", _TABLE + "/credentials", _load_credentials),
     _Op("POST", _TABLE + "/notifications", _notify_table, needs_body=True),
+    # -- sql-catalog: views and scan planning
+    _Op("GET", _NS + "/views", _list_views),
+    _Op("POST", _NS + "/views", _create_view, needs_body=True),
+    _Op("GET", _VIEW, _load_view),
+    _Op("HEAD", _VIEW, _view_exists),
+    _Op("POST", _VIEW, _replace_view, needs_body=True),
+    _Op("DELETE", _VIEW, _drop_view),
+    _Op("POST", "/v1/{prefix}/views/rename", _rename_view, needs_body=True),
+    # -- end sql-catalog
 )
-ENDPOINTS: tuple[str, ...] = tuple(f"{op.method} {op.path}" for op in _OPERATIONS)
+_PLANNING_OPERATIONS: tuple[_Op, ...] = (
+    _Op("POST", _TABLE + "/plan", _plan_scan, needs_body=True),
+    _Op("GET", _TABLE + "/plan/{plan_id}", _get_plan),
+    _Op("DELETE", _TABLE + "/plan/{plan_id}", _cancel_plan),
+    _Op("POST", _TABLE + "/tasks", _fetch_tasks, needs_body=True),
+)
+ENDPOINTS: tuple[str, ...] = tuple(f"{op.method} {op.path}" for op in (*_OPERATIONS, *_PLANNING_OPERATIONS))
 
 
 async def _read_body(request: Request) -> bytes:
@@ -668,7 +890,17 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
+def _encoded_separator_in_path(request: Request) -> bool:
+    """An encoded '/' or '\\' in a name splits the decoded path: no route matches, but the name is the problem."""
+    raw = request.scope.get("raw_path", b"").split(b"?")[0].lower()
+    return raw.startswith(b"/v1/") and (b"%2f" in raw or b"%5c" in raw or b"\\" in raw)
+
+
 def _authenticate(state: _State, request: Request) -> Principal:
+    if state.anonymous_principal is not None and "authorization" not in request.headers:
+        principal = state.auth.anonymous_principal(state.anonymous_principal)  # sql-catalog: sandbox mode
+        request.state.principal_name = principal.name
+        return principal
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise NotAuthorizedError("missing bearer token")
@@ -682,14 +914,17 @@ def _run(handler: Handler, call: _Call) -> Response:
     return handler(call)
 
 
-def _log_unexpected(request: Request, exc: BaseException) -> None:
+def _log_unexpected(request: Request, exc: BaseException) -> str:
+    """Log an unexpected failure once, under a new request id, and return that id for the 500."""
+    request_id = _new_request_id()
     route = f"{request.method} {request.scope.get('route_path', request.url.path)}"
     if isinstance(exc, DBAPIError):
         # SQLAlchemy's rendering includes statements and bound parameters; keep the driver's first line.
         detail = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
-        log.error("database error in %s: %s: %s", route, type(exc).__name__, detail)
+        log.error("database error in %s (request id %s): %s: %s", route, request_id, type(exc).__name__, detail)
     else:
-        log.error("unexpected error in %s", route, exc_info=exc)
+        log.error("unexpected error in %s (request id %s)", route, request_id, exc_info=exc)
+    return request_id
 
 
 def _endpoint(state: _State, ops: dict[str, _Op]) -> Callable[[Request], Any]:
@@ -718,8 +953,7 @@ async def _dispatch(state: _State, op: _Op, request: Request) -> Response:
     except CatalogError as exc:
         return _error(exc)
     except Exception as exc:
-        _log_unexpected(request, exc)
-        return _internal_error()
+        return _internal_error(_log_unexpected(request, exc))
 
 
 class _MethodNotAllowed(CatalogError):
@@ -729,7 +963,7 @@ class _MethodNotAllowed(CatalogError):
 
 def _routes(state: _State) -> list[Route]:
     by_path: dict[str, dict[str, _Op]] = {}
-    for op in _OPERATIONS:
+    for op in (*_OPERATIONS, *_PLANNING_OPERATIONS):
         by_path.setdefault(op.path, {})[op.method] = op
     config_ops = {"GET": _Op("GET", "/v1/config", _get_config)}
     routes = [
@@ -841,8 +1075,7 @@ def _token_endpoint(state: _State) -> Callable[[Request], Any]:
         except _OAuthError as exc:
             return exc.response()
         except Exception as exc:
-            _log_unexpected(request, exc)
-            return _internal_error()
+            return _internal_error(_log_unexpected(request, exc))
 
     return endpoint
 
@@ -879,6 +1112,8 @@ class _RequestLog:
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 404 and _encoded_separator_in_path(request):
+        return _error(BadRequestError("identifiers must not contain a path separator ('/' or '\\')"))
     if status == 404:
         return _error(NotFoundError(f"no route for {request.method} {request.url.path}"))
     if status == 405:
@@ -887,13 +1122,44 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    _log_unexpected(request, exc)
-    return _internal_error()
+    return _internal_error(_log_unexpected(request, exc))
 
 
 def _signing_key(config: CatalogServerConfig) -> bytes:
     # Unset or empty in the config: a random key per process, so tokens die with the process.
     return config.server.signing_key_bytes() or secrets.token_bytes(32)
+
+
+def _new_warehouse(w: WarehouseConfig, engine: Engine) -> _Warehouse:
+    tables = WarehouseTables(w, engine)
+    views = ViewStore(w, engine, tables.namespace_exists, tables.table_exists)
+    views.create_schema()
+    return _Warehouse(w, tables, CredentialVendor(w), views, load_file_io(catalog_io_properties(w)))
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _sandbox_principal(config: CatalogServerConfig) -> str | None:
+    """``[server] anonymous_principal`` when it may be used: only on a loopback address, else refused."""
+    name = config.server.anonymous_principal
+    if not name:
+        return None
+    if not _is_loopback(config.server.host):
+        log.warning(
+            "anonymous_principal is refused: the server listens on %s, not a loopback address; "
+            "every request needs a bearer token",
+            config.server.host,
+        )
+        return None
+    log.warning("sandbox mode: requests without a bearer token are served as principal %s", name)
+    return name
 
 
 def create_app(config: CatalogServerConfig) -> Starlette:
@@ -903,8 +1169,18 @@ def create_app(config: CatalogServerConfig) -> Starlette:
     auth.create_schema()
     restrictions = RestrictionStore(engine)
     restrictions.create_schema()
-    warehouses = {w.name: _Warehouse(w, WarehouseTables(w, engine), CredentialVendor(w)) for w in config.warehouses}
-    state = _State(engine, auth, restrictions, warehouses, polaris_compat=config.server.polaris_compat)
+    warehouses = {w.name: _new_warehouse(w, engine) for w in config.warehouses}
+    plans = PlanStore(config.server.plan_lifetime_seconds)
+    state = _State(
+        engine,
+        auth,
+        restrictions,
+        warehouses,
+        config,
+        plans,
+        _sandbox_principal(config),
+        polaris_compat=config.server.polaris_compat,
+    )
     cleaner = BackgroundCleaner(  # runs persisted purge tasks (sqe_catalog.integrity.cleaner)
         [w.tables.run_cleanup for w in warehouses.values()], config.server.cleanup_interval_seconds
     )

@@ -40,13 +40,15 @@ Authorization model
     - TABLE_READ_DATA → TABLE_READ_PROPERTIES, TABLE_LIST
     - TABLE_FULL_METADATA → TABLE_CREATE, TABLE_LIST, TABLE_READ_PROPERTIES, TABLE_WRITE_PROPERTIES,
       TABLE_DROP (never data access)
+    - VIEW_READ_PROPERTIES → VIEW_LIST; VIEW_FULL_METADATA → every other VIEW_* privilege
     - NAMESPACE_FULL_METADATA → every other NAMESPACE_* privilege
     - CATALOG_MANAGE_CONTENT → every privilege except CATALOG_MANAGE_ACCESS (data access included)
     - CATALOG_MANAGE_ACCESS → nothing else
 
     Nothing else is implicit: a table grant does not let its holder list or read the enclosing namespace.
     CATALOG_* privileges can only be granted at catalog level and NAMESPACE_* privileges at catalog or
-    namespace level; TABLE_* privileges at any level. Checks on a namespace object use that namespace
+    namespace level; TABLE_* and VIEW_* privileges at any level (a view is named like a table, and a name is
+    a table or a view, never both). Checks on a namespace object use that namespace
     (e.g. NAMESPACE_DROP on ``a.b``); checks for creating or listing children use the parent, with
     ``namespace=None`` meaning the warehouse root.
 """
@@ -127,6 +129,13 @@ class Privilege(enum.StrEnum):
     TABLE_READ_DATA = "TABLE_READ_DATA"
     TABLE_WRITE_DATA = "TABLE_WRITE_DATA"
     TABLE_FULL_METADATA = "TABLE_FULL_METADATA"
+    # Views, as in Polaris: list/create on the namespace, the rest on the view (or any level above it).
+    VIEW_CREATE = "VIEW_CREATE"
+    VIEW_LIST = "VIEW_LIST"
+    VIEW_READ_PROPERTIES = "VIEW_READ_PROPERTIES"
+    VIEW_WRITE_PROPERTIES = "VIEW_WRITE_PROPERTIES"
+    VIEW_DROP = "VIEW_DROP"
+    VIEW_FULL_METADATA = "VIEW_FULL_METADATA"
 
 
 _P = Privilege
@@ -135,6 +144,10 @@ _DIRECT_IMPLICATIONS: dict[Privilege, frozenset[Privilege]] = {
     _P.TABLE_READ_DATA: frozenset({_P.TABLE_READ_PROPERTIES, _P.TABLE_LIST}),
     _P.TABLE_FULL_METADATA: frozenset(
         {_P.TABLE_CREATE, _P.TABLE_LIST, _P.TABLE_READ_PROPERTIES, _P.TABLE_WRITE_PROPERTIES, _P.TABLE_DROP}
+    ),
+    _P.VIEW_READ_PROPERTIES: frozenset({_P.VIEW_LIST}),
+    _P.VIEW_FULL_METADATA: frozenset(
+        {_P.VIEW_CREATE, _P.VIEW_LIST, _P.VIEW_READ_PROPERTIES, _P.VIEW_WRITE_PROPERTIES, _P.VIEW_DROP}
     ),
     _P.NAMESPACE_FULL_METADATA: frozenset(
         p for p in Privilege if p.name.startswith("NAMESPACE_") and p is not _P.NAMESPACE_FULL_METADATA
@@ -330,6 +343,8 @@ def _configure_sqlite_connection(dbapi_connection: Any, _connection_record: Any)
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 _ALL_ROLES = "ALL"
 _SCOPE_PREFIX = "PRINCIPAL_ROLE:"
+# pyiceberg's default scope; it asks for no particular role, so it means PRINCIPAL_ROLE:ALL.
+_CATALOG_SCOPE = "catalog"
 _INVALID_CLIENT = "invalid_client: client authentication failed (unknown client id or wrong secret)"
 _INVALID_TOKEN = "invalid bearer token"
 _MAX_TOKEN_LEN = 8192
@@ -350,6 +365,9 @@ def parse_scope(scope: str) -> frozenset[str] | None:
         raise BadRequestError("invalid_scope: scope is required, e.g. PRINCIPAL_ROLE:ALL")
     roles: set[str] = set()
     for item in items:
+        if item == _CATALOG_SCOPE:
+            roles.add(_ALL_ROLES)
+            continue
         role = item[len(_SCOPE_PREFIX) :] if item.startswith(_SCOPE_PREFIX) else ""
         if role != _ALL_ROLES and not _NAME_RE.fullmatch(role):
             raise BadRequestError(
@@ -654,6 +672,17 @@ class AuthStore:
         return Principal(
             row.name, row.client_id, roles, groups, bool(row.is_admin), is_reader, claims.actor, actor_is_reader
         )
+
+    def anonymous_principal(self, name: str) -> Principal:
+        """Sandbox mode (``[server] anonymous_principal``): ``name`` with its current roles, no token at all."""
+        with self._engine.connect() as conn:
+            row = conn.execute(select(_principals).where(_principals.c.name == name)).first()
+            if row is None:
+                raise NotAuthorizedError("the sandbox's anonymous principal does not exist")
+            roles, groups = self._effective_roles(conn, row.name)
+            is_reader = self._is_reader(conn, row.name)
+        # Never a reader for anyone: an anonymous request carries no delegated subject.
+        return Principal(row.name, row.client_id, roles, groups, bool(row.is_admin), is_reader)
 
     def verify_token(self, token: str) -> VerifiedToken:
         """Signature, expiry and both principals' current credentials of ``token``; NotAuthorizedError if not."""

@@ -41,6 +41,18 @@ class ServerConfig(ConfigSection):
     # The background cleaner (sqe_catalog.integrity.cleaner) wakes this often and runs each purge cleanup task
     # persisted at least this long ago; 0 turns it off (then only `sqe-catalog admin run-cleanup` runs them).
     cleanup_interval_seconds: float = 2.0
+    # -- sql-catalog: protocol defaults, sandbox, scan planning ------------------------------------------
+    # Properties every new table gets unless its create request sets them (the conventions other catalogs use).
+    default_table_properties: dict[str, str] = Field(
+        default_factory=lambda: {"write.parquet.compression-codec": "zstd"}
+    )
+    # Sandbox mode: serve requests without a bearer token as this principal. Off when empty; refused (with a
+    # warning) unless ``host`` is a loopback address.
+    anonymous_principal: str = ""
+    # Server-side scan planning (POST .../plan): plans are kept this long for GET/DELETE .../plan/{id}.
+    scan_planning: bool = True
+    plan_lifetime_seconds: int = 600
+    # -- end sql-catalog ---------------------------------------------------------------------------------
 
     def signing_key_bytes(self) -> bytes | None:
         """The configured token signing key, for HMAC only; None when each process should pick a random one."""
@@ -106,6 +118,8 @@ def _validate(config: CatalogServerConfig, origins: Origins) -> None:
         origins.fail("server.token_lifetime_seconds", "must be positive")
     if config.server.cleanup_interval_seconds < 0:
         origins.fail("server.cleanup_interval_seconds", "must be >= 0 (0 turns the background cleaner off)")
+    if config.server.plan_lifetime_seconds <= 0:
+        origins.fail("server.plan_lifetime_seconds", "must be positive")
     seen: set[str] = set()
     for i, w in enumerate(config.warehouses):
         if w.name in seen:

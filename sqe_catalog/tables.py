@@ -54,6 +54,13 @@ from sqe_catalog.errors import (
     NoSuchNamespaceError,
     NoSuchTableError,
 )
+from sqe_catalog.identifiers import (
+    Namespace,
+    from_storage_namespace,
+    storage_namespace,
+    validate_name,
+    validate_namespace,
+)
 from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
 from sqe_catalog.integrity.guard import IntegrityGuard
 
@@ -71,15 +78,11 @@ __all__ = [
 
 log = logging.getLogger("sqe_catalog.tables")
 
-Namespace = tuple[str, ...]
-
 WRITE_DATA_PATH = "write.data.path"
 WRITE_METADATA_PATH = "write.metadata.path"
 LOCATION_PROPERTIES = (WRITE_DATA_PATH, WRITE_METADATA_PATH)
 # Table properties that make pyiceberg import and run a class inside the catalog process.
 FORBIDDEN_TABLE_PROPERTIES = frozenset({"py-io-impl", "write.py-location-provider.impl"})
-# SqlCatalog stores a namespace as its levels joined by "." in a VARCHAR(255).
-MAX_NAME_LENGTH = 255
 _METADATA_CACHE_SIZE = 512
 
 
@@ -92,32 +95,13 @@ class NamespaceNotEmptyError(CatalogError):
 # Identifiers and locations
 
 
-def _check_name(name: object, what: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise BadRequestError(f"{what} must be a non-empty string")
-    if len(name) > MAX_NAME_LENGTH:
-        raise BadRequestError(f"{what} is longer than {MAX_NAME_LENGTH} characters")
-    if "/" in name:
-        raise BadRequestError(f"{what} must not contain '/'")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
-        raise BadRequestError(f"{what} must not contain control characters")
-    return name
-
-
-def validate_namespace(levels: object) -> Namespace:
-    """A namespace as a tuple of non-empty levels without '/', '.' or control characters."""
-    if not isinstance(levels, list | tuple) or not levels:
-        raise BadRequestError("namespace must be a non-empty list of strings")
-    checked = tuple(_check_name(level, "namespace level") for level in levels)
-    if any("." in level for level in checked):
-        raise BadRequestError("namespace level must not contain '.'")
-    if len(".".join(checked)) > MAX_NAME_LENGTH:
-        raise BadRequestError(f"namespace is longer than {MAX_NAME_LENGTH} characters")
-    return checked
-
-
 def validate_table_name(name: object) -> str:
-    return _check_name(name, "table name")
+    return validate_name(name, "table name")
+
+
+def _s(namespace: Namespace) -> Namespace:
+    """The namespace as pyiceberg's SQL catalog and the integrity state store it (``.`` escaped in levels)."""
+    return storage_namespace(namespace)
 
 
 def _split_location(location: str) -> tuple[str, list[str]]:
@@ -354,7 +338,7 @@ class WarehouseTables:
     # -- namespaces --------------------------------------------------------------------------------------
 
     def namespace_exists(self, namespace: Namespace) -> bool:
-        return bool(self._catalog.namespace_exists(namespace))
+        return bool(self._catalog.namespace_exists(_s(namespace)))
 
     def _require_namespace(self, namespace: Namespace) -> None:
         if not self.namespace_exists(namespace):
@@ -364,15 +348,15 @@ class WarehouseTables:
         if parent:
             self._require_namespace(parent)
         with _translated(parent or ()):
-            found = self._catalog.list_namespaces(parent or ())
-        return sorted(tuple(ns) for ns in found)
+            found = self._catalog.list_namespaces(_s(parent or ()))
+        return sorted(from_storage_namespace(tuple(ns)) for ns in found)
 
     def create_namespace(self, namespace: Namespace, properties: dict[str, str]) -> dict[str, str]:
         if len(namespace) > 1:
             self._require_namespace(namespace[:-1])
         try:
             with _translated(namespace):
-                self._catalog.create_namespace(namespace, properties)
+                self._catalog.create_namespace(_s(namespace), properties)
         except IntegrityError:
             # Two concurrent creates both pass SqlCatalog's existence check; the second hits the primary key.
             raise AlreadyExistsError(f"namespace already exists: {'.'.join(namespace)}") from None
@@ -381,21 +365,21 @@ class WarehouseTables:
     def load_namespace(self, namespace: Namespace) -> dict[str, str]:
         self._require_namespace(namespace)
         with _translated(namespace):
-            return dict(self._catalog.load_namespace_properties(namespace))
+            return dict(self._catalog.load_namespace_properties(_s(namespace)))
 
     def drop_namespace(self, namespace: Namespace) -> None:
         self._require_namespace(namespace)
-        if self._catalog.list_namespaces(namespace):
+        if self._catalog.list_namespaces(_s(namespace)):
             raise NamespaceNotEmptyError(f"namespace is not empty (it has child namespaces): {'.'.join(namespace)}")
         with _translated(namespace):
-            self._catalog.drop_namespace(namespace)
+            self._catalog.drop_namespace(_s(namespace))
 
     def update_namespace_properties(
         self, namespace: Namespace, removals: Sequence[str], updates: dict[str, str]
     ) -> dict[str, list[str]]:
         self._require_namespace(namespace)
         with _translated(namespace):
-            summary = self._catalog.update_namespace_properties(namespace, set(removals), updates)
+            summary = self._catalog.update_namespace_properties(_s(namespace), set(removals), updates)
         return {
             "updated": sorted(summary.updated),
             "removed": sorted(summary.removed),
@@ -407,7 +391,7 @@ class WarehouseTables:
     def list_tables(self, namespace: Namespace) -> list[str]:
         self._require_namespace(namespace)
         with _translated(namespace):
-            return sorted(ident[-1] for ident in self._catalog.list_tables(namespace))
+            return sorted(ident[-1] for ident in self._catalog.list_tables(_s(namespace)))
 
     def table_exists(self, namespace: Namespace, name: str) -> bool:
         return self._metadata_location(namespace, name) is not None
@@ -416,13 +400,13 @@ class WarehouseTables:
         location = self._metadata_location(namespace, name)
         if location is None:
             raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-        parsed = self.integrity.load(namespace, name, location)  # protected tables: verified before returned
+        parsed = self.integrity.load(_s(namespace), name, location)  # protected tables: verified before returned
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
     def _metadata_location(self, namespace: Namespace, name: str) -> str | None:
         stmt = select(IcebergTables.metadata_location).where(
             IcebergTables.catalog_name == self.warehouse.name,
-            IcebergTables.table_namespace == ".".join(namespace),
+            IcebergTables.table_namespace == ".".join(_s(namespace)),
             IcebergTables.table_name == name,
         )
         with Session(self._catalog.engine) as session:
@@ -487,7 +471,7 @@ class WarehouseTables:
                     location=location,
                     properties=self.integrity.create_properties(create.schema, create.properties),
                 )
-            self.integrity.create(namespace, create.name, metadata)  # row + pin in one transaction
+            self.integrity.create(_s(namespace), create.name, metadata)  # row + pin in one transaction
         return self.load_table(namespace, create.name)
 
     def register_table(
@@ -508,7 +492,7 @@ class WarehouseTables:
         with self._location_lock:
             self._check_new_locations(table_locations(parsed.metadata.location, parsed.metadata.properties), None)
             # Trust on first use of exactly the revision read here; row + pin + audit event in one transaction.
-            self.integrity.admit(namespace, name, metadata_location, parsed, actor, action, stamp)
+            self.integrity.admit(_s(namespace), name, metadata_location, parsed, actor, action, stamp)
         return self.load_table(namespace, name)
 
     def _read_fresh(self, metadata_location: str) -> ParsedMetadata:
@@ -528,7 +512,7 @@ class WarehouseTables:
             current = self._metadata_location(namespace, name)
             if current is None:
                 raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-            self.integrity.readmit(namespace, name, current, location, parsed, actor, action, stamp)
+            self.integrity.readmit(_s(namespace), name, current, location, parsed, actor, action, stamp)
         return self.load_table(namespace, name)
 
     def notify(self, namespace: Namespace, name: str, notification: Any, actor: str) -> None:
@@ -539,16 +523,16 @@ class WarehouseTables:
             self._check_inside_warehouse(location, "metadata-location")
             return
         # Stale -> 409 now; the timestamp is recorded only in the transaction that carries the notification out.
-        stamp = self.integrity.notification_stamp(namespace, name, notification.timestamp_ms)
+        stamp = self.integrity.notification_stamp(_s(namespace), name, notification.timestamp_ms)
         exists = self.table_exists(namespace, name)
         if kind == "DROP":
             if not exists:
                 raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-            self.integrity.drop(namespace, name, None, stamp)
+            self.integrity.drop(_s(namespace), name, None, stamp)
         elif exists and kind == "CREATE":
             raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
         elif exists:
-            self.integrity.require_notification_update(namespace, name)
+            self.integrity.require_notification_update(_s(namespace), name)
             self._reregister(namespace, name, location, actor, "notification-update", stamp)
         else:
             self._admit(namespace, name, location, actor, f"notification-{kind.lower()}", stamp)
@@ -564,7 +548,7 @@ class WarehouseTables:
                 updates = (SetLocationUpdate(location=self.default_location(namespace, name)), *updates)
         elif not self.table_exists(namespace, name):
             raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-        elif self.integrity.is_protected(namespace, name):
+        elif self.integrity.is_protected(_s(namespace), name):
             self._check_commit_properties(updates)
             return self._commit_protected(namespace, name, commit.requirements, updates, creating=False)
         for update in updates:
@@ -589,7 +573,7 @@ class WarehouseTables:
     ) -> Any:
         if any(isinstance(r, AssertCreate) for r in requirements):
             return self._commit_protected(namespace, name, requirements, updates, creating=True)
-        target: Any = _NamedTable((*namespace, name))
+        target: Any = _NamedTable((*_s(namespace), name))
         with _translated(namespace, name), _client_value_errors():
             return self._catalog.commit_table(target, requirements, updates)
 
@@ -610,15 +594,15 @@ class WarehouseTables:
         with _translated(namespace, name), _client_value_errors():
             if creating:
                 return self._as_loaded(
-                    namespace, name, self.integrity.commit_create(namespace, name, requirements, updates)
+                    namespace, name, self.integrity.commit_create(_s(namespace), name, requirements, updates)
                 )
             if self._changes_locations(updates):
                 with self._location_lock:
                     self._check_commit_locations(namespace, name, updates, creating)
                     return self._as_loaded(
-                        namespace, name, self.integrity.commit(namespace, name, requirements, updates)
+                        namespace, name, self.integrity.commit(_s(namespace), name, requirements, updates)
                     )
-            return self._as_loaded(namespace, name, self.integrity.commit(namespace, name, requirements, updates))
+            return self._as_loaded(namespace, name, self.integrity.commit(_s(namespace), name, requirements, updates))
 
     @staticmethod
     def _as_loaded(namespace: Namespace, name: str, committed: tuple[str, ParsedMetadata]) -> StoredTable:
@@ -629,7 +613,7 @@ class WarehouseTables:
         # A purge loads (and for a protected table verifies) first: a failure refuses the drop, nothing removed.
         # A purge returns once its cleanup task is persisted; the cleaner verifies again before it deletes.
         table = self.load_table(namespace, name) if purge else None
-        self.integrity.drop(namespace, name, table.metadata_location if table else None)
+        self.integrity.drop(_s(namespace), name, table.metadata_location if table else None)
 
     def run_cleanup(self, persisted_before_ms: int | None = None) -> dict[int, str]:
         """Run this warehouse's pending cleanup tasks (background cleaner, ``sqe-catalog admin run-cleanup``)."""
@@ -646,7 +630,9 @@ class WarehouseTables:
         if self.table_exists(dst_ns, dst_name):
             raise AlreadyExistsError(f"table already exists: {'.'.join(dst_ns)}.{dst_name}")
         with _translated(dst_ns, dst_name):
-            self.integrity.rename(source, target)  # table row and pin move in one transaction
+            self.integrity.rename(
+                (_s(src_ns), src_name), (_s(dst_ns), dst_name)
+            )  # table row and pin move in one transaction
 
     # -- checks ------------------------------------------------------------------------------------------
 
@@ -686,9 +672,9 @@ class WarehouseTables:
         for namespace, name, metadata_location in rows:
             key = (tuple(namespace.split(".")), name)
             if key in stored:
-                yield key, stored[key]
+                yield (from_storage_namespace(key[0]), name), stored[key]
             elif metadata_location:
-                yield key, self._legacy_locations(key, metadata_location)
+                yield (from_storage_namespace(key[0]), name), self._legacy_locations(key, metadata_location)
 
     def _legacy_locations(self, key: tuple[Namespace, str], metadata_location: str) -> tuple[str, ...]:
         """A legacy table's locations from its metadata file; if that cannot be read, the directory its pointer

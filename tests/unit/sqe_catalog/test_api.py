@@ -93,7 +93,10 @@ def test_unexpected_errors_are_a_generic_500(
     with caplog.at_level(logging.DEBUG, logger="sqe_catalog"):
         reply = call(app, "POST", "/v1/wh/namespaces", headers={"authorization": f"Bearer {token}"}, body=body)
     assert reply.status == 500
-    assert reply.json() == {"error": {"message": "internal server error", "type": "ServerError", "code": 500}}
+    request_id = reply.headers["x-request-id"]
+    expected = f"internal server error (request id {request_id})"
+    assert reply.json() == {"error": {"message": expected, "type": "ServerError", "code": 500}}
+    assert caplog.text.count(f"request id {request_id}") == 1, "logged once, under the id the client got"
     assert b"internal detail" not in reply.body and b"Traceback" not in reply.body
     assert "RuntimeError: internal detail 42" in caplog.text, "the server log keeps the exception"
     assert "body-marker" not in caplog.text and token not in caplog.text

@@ -163,7 +163,7 @@ def test_wrong_secret_and_unknown_client_get_the_same_message(store: AuthStore) 
     [
         "",
         "   ",
-        "catalog",
+        "catalog x",  # "catalog" alone is pyiceberg's default scope = PRINCIPAL_ROLE:ALL
         "PRINCIPAL_ROLE:",
         "PRINCIPAL_ROLE:ALL x",
         "principal_role:ALL",

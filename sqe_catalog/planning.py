@@ -1,0 +1,190 @@
+"""Server-side scan planning (the REST spec's ``POST .../plan``, ``.../tasks``, ``GET``/``DELETE .../plan/{id}``).
+
+The catalog plans with pyiceberg over the table it holds, per caller, so a client never needs the manifests:
+
+- the caller's required row filter (its read-restrictions) always prunes files;
+- an unrestricted caller's own ``filter`` prunes too; a restricted caller's does not, and its data files carry no
+  column statistics, so nothing returned is derived from statistics of rows the row filter hides;
+- plans are kept in memory for ``plan_lifetime_seconds`` and belong to the principal (and actor) that made
+  them: another caller's plan id is a 404, never someone else's files.
+
+Planning completes synchronously; tasks beyond ``TASKS_PER_RESPONSE`` are handed out as plan-task tokens.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pydantic
+from pyiceberg.catalog.rest.scan_planning import PlanTableScanRequest
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.table import FileScanTask, Table
+
+from sqe.restrictions import parse_restrictions
+from sqe_catalog.errors import BadRequestError, NotFoundError
+from sqe_catalog.tables import StoredTable, pydantic_message
+
+__all__ = ["TASKS_PER_RESPONSE", "PlanStore", "parse_plan_request", "plan_files"]
+
+TASKS_PER_RESPONSE = 100
+
+
+def parse_plan_request(body: dict[str, Any]) -> PlanTableScanRequest:
+    try:
+        request = PlanTableScanRequest.model_validate(body)
+    except pydantic.ValidationError as exc:
+        raise BadRequestError(pydantic_message(exc)) from None
+    if request.start_snapshot_id is not None:
+        raise BadRequestError("incremental scan planning (start-snapshot-id) is not supported")
+    return request
+
+
+def plan_files(
+    stored: StoredTable, io: FileIO, request: PlanTableScanRequest, restrictions_wire: Any | None
+) -> list[dict[str, Any]]:
+    """The file scan tasks of ``stored`` for one caller, as REST JSON (``restrictions_wire`` None: unrestricted)."""
+    metadata = stored.metadata
+    table = Table((*stored.namespace, stored.name), metadata, stored.metadata_location or "", io, cast(Any, None))
+    required: BooleanExpression = AlwaysTrue()
+    if restrictions_wire is not None:
+        required = parse_restrictions(
+            restrictions_wire, metadata.schema(), all_schemas=metadata.schemas
+        ).safe_pushdown_filter(metadata.schema())
+    user_filter = request.filter if request.filter is not None and restrictions_wire is None else AlwaysTrue()
+    try:
+        scan = table.scan(
+            row_filter=And(required, user_filter),
+            snapshot_id=request.snapshot_id,
+            case_sensitive=request.case_sensitive,
+        )
+        tasks = list(scan.plan_files())
+    except ValueError as exc:  # unknown snapshot, unbindable filter
+        raise BadRequestError(f"cannot plan this scan: {str(exc).splitlines()[0] if str(exc) else 'invalid'}") from None
+    with_stats = restrictions_wire is None
+    return [_task_json(task, with_stats) for task in tasks]
+
+
+def _task_json(task: FileScanTask, with_stats: bool) -> dict[str, Any]:
+    return {
+        "data-file": _file_json(task.file, with_stats),
+        "delete-files": [_file_json(d, False) for d in task.delete_files],
+    }
+
+
+def _file_json(file: DataFile, with_stats: bool) -> dict[str, Any]:
+    content = {
+        DataFileContent.DATA: "data",
+        DataFileContent.POSITION_DELETES: "position-deletes",
+        DataFileContent.EQUALITY_DELETES: "equality-deletes",
+    }[file.content]
+    body: dict[str, Any] = {
+        "content": content,
+        "file-path": file.file_path,
+        "file-format": str(file.file_format.value).lower(),
+        "spec-id": file.spec_id or 0,
+        "partition": [file.partition[i] for i in range(len(file.partition))] if file.partition is not None else [],
+        "file-size-in-bytes": file.file_size_in_bytes,
+        "record-count": file.record_count,
+    }
+    if file.content == DataFileContent.EQUALITY_DELETES and file.equality_ids:
+        body["equality-ids"] = list(file.equality_ids)
+    if with_stats:
+        for key, values in (
+            ("column-sizes", file.column_sizes),
+            ("value-counts", file.value_counts),
+            ("null-value-counts", file.null_value_counts),
+        ):
+            if values:
+                body[key] = {"keys": list(values), "values": list(values.values())}
+    return body
+
+
+def response_tasks(tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """``file-scan-tasks`` plus the shared ``delete-files`` list they reference by index."""
+    delete_files: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+    scan_tasks = []
+    for task in tasks:
+        refs = []
+        for delete in task["delete-files"]:
+            path = delete["file-path"]
+            if path not in index:
+                index[path] = len(delete_files)
+                delete_files.append(delete)
+            refs.append(index[path])
+        entry: dict[str, Any] = {"data-file": task["data-file"]}
+        if refs:
+            entry["delete-file-references"] = refs
+        scan_tasks.append(entry)
+    return {"delete-files": delete_files, "file-scan-tasks": scan_tasks}
+
+
+@dataclass
+class _Plan:
+    owner: tuple[str, str]  # (principal, actor or "")
+    table: tuple[str, tuple[str, ...], str]  # (warehouse, namespace, table)
+    chunks: list[list[dict[str, Any]]]
+    expires_at: float
+
+
+class PlanStore:
+    """Completed plans by id, per owner, for a bounded time. Thread-safe."""
+
+    def __init__(self, lifetime_seconds: int) -> None:
+        self._lifetime = lifetime_seconds
+        self._lock = threading.Lock()
+        self._plans: dict[str, _Plan] = {}
+
+    def add(
+        self, owner: tuple[str, str], table: tuple[str, tuple[str, ...], str], tasks: list[dict[str, Any]]
+    ) -> tuple[str, list[dict[str, Any]], list[str]]:
+        """Store a plan; returns (plan id, the first chunk of tasks, plan-task tokens for the other chunks)."""
+        chunks = [tasks[i : i + TASKS_PER_RESPONSE] for i in range(0, len(tasks), TASKS_PER_RESPONSE)] or [[]]
+        plan_id = secrets.token_urlsafe(18)
+        now = time.monotonic()
+        with self._lock:
+            self._plans = {k: p for k, p in self._plans.items() if p.expires_at > now}
+            self._plans[plan_id] = _Plan(owner, table, chunks, now + self._lifetime)
+        return plan_id, chunks[0], [f"{plan_id}.{i}" for i in range(1, len(chunks))]
+
+    def get(
+        self, plan_id: str, owner: tuple[str, str], table: tuple[str, tuple[str, ...], str]
+    ) -> list[dict[str, Any]]:
+        """Every task of the plan (404 for an unknown, expired or foreign plan)."""
+        plan = self._find(plan_id, owner, table)
+        return [task for chunk in plan.chunks for task in chunk]
+
+    def chunk(
+        self, token: str, owner: tuple[str, str], table: tuple[str, tuple[str, ...], str]
+    ) -> list[dict[str, Any]]:
+        plan_id, _, index = token.rpartition(".")
+        plan = self._find(plan_id, owner, table)
+        if not index.isdigit() or not 0 < int(index) < len(plan.chunks):
+            raise _NoSuchPlanTask("unknown plan task")
+        return plan.chunks[int(index)]
+
+    def cancel(self, plan_id: str, owner: tuple[str, str], table: tuple[str, tuple[str, ...], str]) -> None:
+        self._find(plan_id, owner, table)
+        with self._lock:
+            self._plans.pop(plan_id, None)
+
+    def _find(self, plan_id: str, owner: tuple[str, str], table: tuple[str, tuple[str, ...], str]) -> _Plan:
+        with self._lock:
+            plan = self._plans.get(plan_id)
+        if plan is None or plan.expires_at <= time.monotonic() or plan.owner != owner or plan.table != table:
+            raise _NoSuchPlanId("unknown or expired plan id")
+        return plan
+
+
+class _NoSuchPlanId(NotFoundError):
+    error_type = "NoSuchPlanIdException"
+
+
+class _NoSuchPlanTask(NotFoundError):
+    error_type = "NoSuchPlanTaskException"

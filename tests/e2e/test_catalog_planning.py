@@ -1,0 +1,104 @@
+"""Server-side scan planning of ``sqe-catalog`` (``POST .../plan``, ``.../tasks``, ``GET``/``DELETE .../plan/{id}``)
+with pyiceberg's REST planning client: plans per caller, the row filter of a restricted user prunes files, and no
+file that only hidden rows match is ever planned for it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pytest
+import requests
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.catalog.rest.scan_planning import PlanTableScanRequest
+from pyiceberg.expressions import EqualTo
+
+from tests.conftest import pyiceberg_catalog
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogPrincipal, CatalogServer
+
+pytestmark = pytest.mark.e2e
+
+ROWS_EU = pa.table({"id": pa.array([1, 2], pa.int64()), "region": pa.array(["EU", "EU"])})
+ROWS_US = pa.table({"id": pa.array([3, 4], pa.int64()), "region": pa.array(["US", "US"])})
+EU_ONLY = {"required-row-filter": {"type": "eq", "left": {"type": "reference", "id": 2}, "right": "EU"}}
+
+
+def _table(server: CatalogServer, writer: CatalogPrincipal) -> tuple[str, list[str]]:
+    ns = f"plan_{uuid.uuid4().hex[:6]}"
+    catalog = pyiceberg_catalog(server, writer)
+    catalog.create_namespace(ns)
+    table = catalog.create_table((ns, "sales"), schema=ROWS_EU.schema)
+    table.append(ROWS_EU)
+    table.append(ROWS_US)  # two data files: one with only EU rows, one with only US rows
+    files = [task.file.file_path for task in catalog.load_table((ns, "sales")).scan().plan_files()]
+    assert len(files) == 2
+    return ns, files
+
+
+def _planner(server: CatalogServer, token: str) -> RestCatalog:
+    return RestCatalog(
+        f"planner-{uuid.uuid4().hex[:6]}",
+        uri=server.url,
+        warehouse=server.warehouse,
+        token=token,
+        **{"header.X-Gravitino-Client-Capabilities": "read-restrictions.v1"},
+    )
+
+
+def test_unrestricted_plan_prunes_with_the_callers_filter(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    ns, files = _table(catalog_server, engine_writer)
+    planner = _planner(catalog_server, catalog_server.token(engine_writer))
+    every = planner.plan_scan((ns, "sales"), PlanTableScanRequest())
+    assert sorted(t.file.file_path for t in every) == sorted(files)
+    us = planner.plan_scan((ns, "sales"), PlanTableScanRequest(filter=EqualTo("region", "US")))
+    assert len(us) == 1 and us[0].file.file_path in files
+    assert us[0].file.value_counts, "an unrestricted caller gets the column statistics"
+
+
+def test_row_filtered_user_never_plans_hidden_files(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    ns, _files = _table(catalog_server, engine_writer)
+    name = f"eu_{uuid.uuid4().hex[:6]}"
+    analyst = catalog_server.principal_with_grants(name, [("TABLE_READ_DATA", ns, None)])
+    rules = tmp_path / "eu.json"
+    rules.write_text(json.dumps(EU_ONLY), encoding="utf-8")
+    target = ["--warehouse", catalog_server.warehouse, "--namespace", ns, "--table", "sales"]
+    catalog_server.admin_cli("set-restrictions", *target, "--principal", analyst.name, "--file", str(rules))
+
+    # The analyst's own token is refused (restricted metadata only through a trusted reader).
+    base = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales"
+    own = {
+        "Authorization": f"Bearer {catalog_server.token(analyst)}",
+        "X-Gravitino-Client-Capabilities": "read-restrictions.v1",
+    }
+    assert requests.post(f"{base}/plan", json={}, headers=own, timeout=30).status_code == 403
+
+    planner = _planner(catalog_server, catalog_server.delegated_token(analyst, catalog_reader))
+    planned = planner.plan_scan((ns, "sales"), PlanTableScanRequest())
+    assert len(planned) == 1, "the US-only file is pruned by the analyst's row filter"
+    # Its own predicate on hidden rows never makes the hidden file appear, and stats are not handed out.
+    hidden = planner.plan_scan((ns, "sales"), PlanTableScanRequest(filter=EqualTo("region", "US")))
+    assert {t.file.file_path for t in hidden} == {t.file.file_path for t in planned}
+    assert all(not t.file.lower_bounds and not t.file.value_counts for t in hidden)
+
+    # Plans belong to their caller: GET and DELETE by id, a foreign caller gets 404.
+    headers = {
+        "Authorization": f"Bearer {catalog_server.delegated_token(analyst, catalog_reader)}",
+        "X-Gravitino-Client-Capabilities": "read-restrictions.v1",
+    }
+    plan = requests.post(f"{base}/plan", json={}, headers=headers, timeout=30).json()
+    assert plan["status"] == "completed" and len(plan["file-scan-tasks"]) == 1
+    again = requests.get(f"{base}/plan/{plan['plan-id']}", headers=headers, timeout=30)
+    assert again.status_code == 200 and again.json()["file-scan-tasks"] == plan["file-scan-tasks"]
+    admin = {"Authorization": f"Bearer {catalog_server.token(catalog_server.admin)}"}
+    assert requests.get(f"{base}/plan/{plan['plan-id']}", headers=admin, timeout=30).status_code == 404
+    assert requests.delete(f"{base}/plan/{plan['plan-id']}", headers=headers, timeout=30).status_code == 204
+    assert requests.get(f"{base}/plan/{plan['plan-id']}", headers=headers, timeout=30).status_code == 404
