@@ -1,15 +1,20 @@
 """``sqe serve``: a real server process on loopback, driven by real Flight SQL clients (ADBC, pyarrow.flight).
 
 World: the session's catalog on moto; a writer creates ``people`` (restricted per user) and ``numbers`` (large,
-unrestricted); alice and bob have different restrictions on ``people``, carol none. The server runs on the users'
-own tokens (no reader identity: today's catalog trusts principals it has not marked untrusted).
+unrestricted); alice and bob have different restrictions on ``people``, carol none. The server runs with a reader
+identity (a ``--reader`` principal): every user's calls go through the IdentityBroker's RFC 8693 exchange, since
+the catalog refuses a restricted user's own token on ``people``. A second server process with ``[coordinator]
+workers`` runs the same scans on real workers; further servers cover TLS with tighter limits, and a catalog with
+a few-second token lifetime covers the delegated-token cache and expired user tokens.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -29,7 +34,7 @@ from sqe.server._proto import flight_cancel_pb2 as cancel_pb
 from sqe.server._proto import flight_sql_pb2 as sql_pb
 
 if TYPE_CHECKING:
-    from tests.conftest import CatalogPrincipal, CatalogServer
+    from tests.conftest import CatalogPrincipal, CatalogServer, WorkerFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -91,8 +96,11 @@ def _principal(server: CatalogServer, name: str, grants: list[tuple[str, str | N
     return server.principal_with_grants(name, [(p, ns, None) for p, ns in grants])
 
 
-def _write_configs(workdir: Path, catalog: CatalogServer, **server: Any) -> Path:
+def _write_configs(
+    workdir: Path, catalog: CatalogServer, *, coordinator: dict[str, Any] | None = None, **server: Any
+) -> Path:
     engine = workdir / "engine.toml"
+    sections = [f"{k} = {json.dumps(v)}" for k, v in (coordinator or {}).items()]
     engine.write_text(
         "\n".join(
             [
@@ -106,6 +114,7 @@ def _write_configs(workdir: Path, catalog: CatalogServer, **server: Any) -> Path
                 f'endpoint = "{catalog.moto.url}"',
                 f'region = "{catalog.moto.region}"',
                 "path_style = true",
+                *(["", "[coordinator]", *sections] if sections else []),
             ]
         )
         + "\n",
@@ -120,7 +129,12 @@ def _write_configs(workdir: Path, catalog: CatalogServer, **server: Any) -> Path
     }
     config = workdir / "server.toml"
     config.write_text("[server]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
+    config.chmod(0o600)  # it holds the reader secret
     return config
+
+
+def _reader_settings(reader: CatalogPrincipal) -> dict[str, str]:
+    return {"reader_client_id": reader.client_id, "reader_client_secret": reader.client_secret}
 
 
 def start_server(workdir: Path, config: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
@@ -144,7 +158,9 @@ def start_server(workdir: Path, config: Path, env: dict[str, str] | None = None)
 
 
 @pytest.fixture(scope="module")
-def served(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(
+    catalog_server: CatalogServer, catalog_reader: CatalogPrincipal, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
     from sqe_stack.provision import stop_child
     from tests.conftest import pyiceberg_catalog
 
@@ -176,7 +192,7 @@ def served(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFacto
         path.write_text(json.dumps(document), encoding="utf-8")
         target = ["--warehouse", catalog_server.warehouse, "--namespace", namespace, "--table", "people"]
         catalog_server.admin_cli("set-restrictions", *target, "--principal", readers[who].name, "--file", str(path))
-    config = _write_configs(workdir, catalog_server)
+    config = _write_configs(workdir, catalog_server, **_reader_settings(catalog_reader))
     proc, port = start_server(workdir, config)
     users = {"writer": writer, **readers}
     world = Served(catalog_server, namespace, f"grpc://127.0.0.1:{port}", proc, workdir / "server.log", workdir, users)
@@ -213,31 +229,137 @@ def test_adbc_query_fetches_arrow(served: Served) -> None:
     assert table.column("name").to_pylist() == PEOPLE.column("name").to_pylist()
 
 
-def test_two_users_with_different_restrictions_each_see_their_own_rows_and_masks(served: Served) -> None:
+ALICE_ROWS = [
+    {"id": 1, "region": "EU", "ssn": "nnn-nn-3333"},
+    {"id": 3, "region": "EU", "ssn": "nnn-nn-5555"},
+    {"id": 6, "region": "EU", "ssn": None},
+]
+BOB_ROWS = [
+    {"id": 2, "region": "US", "ssn": None},
+    {"id": 4, "region": "US", "ssn": None},
+    {"id": 5, "region": "UK", "ssn": None},
+]
+
+
+@pytest.fixture(scope="module")
+def served_distributed(
+    served: Served, catalog_reader: CatalogPrincipal, worker_process_factory: WorkerFactory
+) -> Iterator[Served]:
+    """A second ``sqe serve`` whose engine config names two real workers: scans run there."""
+    from sqe_stack.provision import stop_child
+
+    token = secrets.token_hex(16)
+    workers = [worker_process_factory.start("--log-level", "DEBUG", token=token) for _ in range(2)]
+    workdir = served.workdir / "distributed"
+    workdir.mkdir()
+    coordinator = {"workers": [w.address for w in workers], "token": token}
+    config = _write_configs(workdir, served.catalog, coordinator=coordinator, **_reader_settings(catalog_reader))
+    proc, port = start_server(workdir, config)
+    world = dataclasses.replace(served, url=f"grpc://127.0.0.1:{port}", proc=proc, log_path=workdir / "server.log")
+    world.errors_seen = served.errors_seen
+    try:
+        yield world
+    finally:
+        stop_child(proc)
+        log = world.log_text()
+        for secret in served.catalog.secrets:
+            assert secret not in log, "a secret reached the distributed server's log"
+        for worker in workers:
+            worker.stop()
+            assert "fragment" in worker.log_text().lower(), "no scan fragment ran on this worker"
+
+
+@pytest.fixture(params=["local", "distributed"])
+def any_mode(request: pytest.FixtureRequest) -> Served:
+    name = "served" if request.param == "local" else "served_distributed"
+    world: Served = request.getfixturevalue(name)
+    return world
+
+
+def test_two_users_with_different_restrictions_each_see_their_own_rows_and_masks(any_mode: Served) -> None:
+    """alice and bob at once on ``people`` through delegated tokens, while carol's long scan streams."""
+    served = any_mode
     sql = f"SELECT id, region, ssn FROM {served.namespace}.people ORDER BY id"
+    client = served.flight_client()
+    carol = _bearer(served.token("carol"))
+    scan = f"SELECT n, label FROM {served.namespace}.numbers"
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=scan)), carol)
+    long_scan = client.do_get(info.endpoints[0].ticket, carol)
+    carol_rows = long_scan.read_chunk().data.num_rows  # started; flow control holds the rest
     results: dict[str, list[dict[str, Any]]] = {}
+    failures: list[BaseException] = []
 
     def run(who: str) -> None:
-        with served.adbc(who) as conn, conn.cursor() as cur:
-            cur.execute(sql)
-            results[who] = cur.fetch_arrow_table().to_pylist()
+        try:
+            for _ in range(2):  # twice: the second run reuses the cached delegated token and engine
+                with served.adbc(who) as conn, conn.cursor() as cur:
+                    cur.execute(sql)
+                    results.setdefault(who, []).extend(cur.fetch_arrow_table().to_pylist())
+        except BaseException as exc:
+            failures.append(exc)
 
-    threads = [threading.Thread(target=run, args=(who,)) for who in ("alice", "bob", "carol")]
+    threads = [threading.Thread(target=run, args=(who,)) for who in ("alice", "bob")]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(120)
-    assert results["alice"] == [
-        {"id": 1, "region": "EU", "ssn": "nnn-nn-3333"},
-        {"id": 3, "region": "EU", "ssn": "nnn-nn-5555"},
-        {"id": 6, "region": "EU", "ssn": None},
+        thread.join(180)
+    assert not failures, failures
+    assert results["alice"] == ALICE_ROWS * 2
+    assert results["bob"] == BOB_ROWS * 2
+    for chunk in long_scan:
+        carol_rows += chunk.data.num_rows
+    assert carol_rows == NUMBER_ROWS
+    with served.adbc("carol") as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        assert [r["ssn"] for r in cur.fetch_arrow_table().to_pylist()] == PEOPLE.column("ssn").to_pylist()
+
+
+def test_the_same_analysts_direct_pyiceberg_load_is_refused(served: Served) -> None:
+    """What the server reads for alice, alice herself cannot: her own token with the header copied gets 403."""
+    from pyiceberg.catalog.rest import RestCatalog
+    from pyiceberg.exceptions import ForbiddenError
+
+    from sqe.vocabulary import ACCESS_DELEGATION_HEADER, CAPABILITIES_HEADER, READ_RESTRICTIONS_V1, VENDED_CREDENTIALS
+
+    headers = {CAPABILITIES_HEADER: READ_RESTRICTIONS_V1, ACCESS_DELEGATION_HEADER: VENDED_CREDENTIALS}
+    bypass = RestCatalog(
+        f"bypass-{uuid.uuid4().hex[:6]}",
+        uri=served.catalog.url,
+        warehouse=served.catalog.warehouse,
+        credential=served.users["alice"].credential,
+        scope="PRINCIPAL_ROLE:ALL",
+        **{f"header.{name}": value for name, value in headers.items()},
+    )
+    with pytest.raises(ForbiddenError, match="the catalog only serves this table through a trusted reader"):
+        bypass.load_table((served.namespace, "people"))
+    with served.adbc("alice") as conn, conn.cursor() as cur:  # and through the server she gets her rows
+        cur.execute(f"SELECT id, region, ssn FROM {served.namespace}.people ORDER BY id")
+        assert cur.fetch_arrow_table().to_pylist() == ALICE_ROWS
+
+
+def test_errors_never_carry_a_raw_value_of_a_masked_column(served: Served) -> None:
+    """A predicate that fails on the masked column's values: no raw ssn (visible or filtered) in the error."""
+    client = served.flight_client()
+    raw = [v for v in PEOPLE.column("ssn").to_pylist() if v]
+    queries = [
+        f"SELECT id FROM {served.namespace}.people WHERE CAST(ssn AS INTEGER) = 1",
+        f"SELECT id FROM {served.namespace}.people WHERE ssn::DATE > DATE '2000-01-01'",
+        f"SELECT CAST(ssn AS BIGINT) FROM {served.namespace}.people",
     ]
-    assert results["bob"] == [
-        {"id": 2, "region": "US", "ssn": None},
-        {"id": 4, "region": "US", "ssn": None},
-        {"id": 5, "region": "UK", "ssn": None},
-    ]
-    assert [r["ssn"] for r in results["carol"]] == PEOPLE.column("ssn").to_pylist()
+
+    def run(who: str, query: str) -> pa.Table:
+        options = _bearer(served.token(who))
+        info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=query)), options)
+        return client.do_get(info.endpoints[0].ticket, options).read_all()
+
+    for sql in queries:  # alice sees "nnn-nn-3333": the cast fails on the masked value, never on the raw one
+        error = str(served.expect_error(lambda q=sql: run("alice", q), flight.FlightError))
+        assert "nnn-nn-" in error
+        assert not [value for value in raw if value in error], f"a raw masked value in: {error}"
+        assert not [value for value in raw if value.replace("-", "") in error.replace("-", "")]
+    # bob's mask is NULL: the same predicates see only NULLs, so nothing fails and nothing matches
+    assert run("bob", queries[0]).num_rows == 0
+    assert run("bob", queries[2]).column(0).to_pylist() == [None, None, None]
 
 
 def test_adbc_prepared_statement_with_parameters(served: Served) -> None:
