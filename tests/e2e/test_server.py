@@ -636,3 +636,170 @@ def test_basic_header_is_never_logged(served: Served) -> None:
     carol = served.users["carol"]
     raw = base64.b64encode(f"{carol.client_id}:{carol.client_secret}".encode()).decode()
     assert raw not in served.log_text()
+
+
+# -------------------------------------------------------------------------------- TLS, total limit, timeout
+
+TIMEOUT_SECONDS = 6
+
+
+def _self_signed(workdir: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost / 127.0.0.1 (``cryptography``), and its key."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = workdir / "server.crt", workdir / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    key_path.chmod(0o600)
+    return cert_path, key_path
+
+
+@dataclass
+class TlsServed:
+    world: Served
+    url: str
+    cert: bytes
+
+    def client(self) -> flight.FlightClient:
+        return flight.FlightClient(self.url, tls_root_certs=self.cert)
+
+
+@pytest.fixture(scope="module")
+def served_tls(served: Served, catalog_reader: CatalogPrincipal) -> Iterator[TlsServed]:
+    """``sqe serve`` on TLS with a total limit of 2 (1 per user) and a per-query timeout of a few seconds."""
+    from sqe_stack.provision import stop_child
+
+    workdir = served.workdir / "tls"
+    workdir.mkdir()
+    cert, key = _self_signed(workdir)
+    config = _write_configs(
+        workdir,
+        served.catalog,
+        tls_cert=str(cert),
+        tls_key=str(key),
+        max_concurrent_queries=2,
+        max_concurrent_queries_per_user=1,
+        query_timeout_seconds=TIMEOUT_SECONDS,
+        **_reader_settings(catalog_reader),
+    )
+    proc, port = start_server(workdir, config)
+    try:
+        yield TlsServed(served, f"grpc+tls://localhost:{port}", cert.read_bytes())
+    finally:
+        stop_child(proc)
+        log = (workdir / "server.log").read_text(errors="replace")
+        for secret in served.catalog.secrets:
+            assert secret not in log
+
+
+def _query(client: flight.FlightClient, sql: str, options: flight.FlightCallOptions) -> pa.Table:
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+    return client.do_get(info.endpoints[0].ticket, options).read_all()
+
+
+def test_tls_serves_a_client_that_trusts_the_certificate_only(served_tls: TlsServed) -> None:
+    world = served_tls.world
+    options = _bearer(world.token("alice"))
+    table = _query(served_tls.client(), f"SELECT id FROM {world.namespace}.people ORDER BY id", options)
+    assert table.column("id").to_pylist() == [1, 3, 6]
+    untrusting = flight.FlightClient(served_tls.url)  # the system roots do not know our certificate
+    world.expect_error(lambda: _query(untrusting, "SELECT 1 AS x", options), flight.FlightError)
+    plaintext = flight.FlightClient(served_tls.url.replace("grpc+tls", "grpc"))
+    world.expect_error(lambda: _query(plaintext, "SELECT 1 AS x", options), flight.FlightError)
+
+
+def test_the_query_past_the_total_limit_is_refused(served_tls: TlsServed) -> None:
+    world, client = served_tls.world, served_tls.client()
+    sql = f"SELECT n, label FROM {world.namespace}.numbers"
+    held = []
+    for who in ("alice", "bob"):  # one each: the per-user limit (1) is not what refuses carol
+        options = _bearer(world.token(who))
+        info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+        reader = client.do_get(info.endpoints[0].ticket, options)
+        reader.read_chunk()
+        held.append(reader)
+    error = world.expect_error(
+        lambda: client.get_flight_info(
+            _command(sql_pb.CommandStatementQuery(query="SELECT 1 AS x")), _bearer(world.token("carol"))
+        ),
+        flight.FlightUnavailableError,
+    )
+    assert "server busy" in str(error) and "max_concurrent_queries = 2" in str(error)
+    for reader in held:
+        reader.cancel()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            assert _query(client, "SELECT 1 AS x", _bearer(world.token("carol"))).num_rows == 1
+            break
+        except flight.FlightUnavailableError:
+            time.sleep(0.2)
+    else:
+        pytest.fail("cancelled streams never released their slots")
+
+
+def test_a_query_past_its_timeout_ends_with_deadline_exceeded(served_tls: TlsServed) -> None:
+    world, client = served_tls.world, served_tls.client()
+    numbers = f"{world.namespace}.numbers"
+    sql = f"SELECT count(*) FROM {numbers} a, {numbers} b WHERE a.n + b.n = -1"
+    started = time.monotonic()
+    error = world.expect_error(lambda: _query(client, sql, _bearer(world.token("carol"))), flight.FlightTimedOutError)
+    elapsed = time.monotonic() - started
+    assert "query_timeout_seconds" in str(error)
+    assert TIMEOUT_SECONDS - 1 <= elapsed < TIMEOUT_SECONDS + 20, elapsed
+
+
+# ------------------------------------------------------------------------------------- prepared schemas
+
+
+def test_prepared_statements_carry_their_dataset_and_parameter_schemas(served: Served) -> None:
+    client = served.flight_client()
+    options = _bearer(served.token("alice"))
+
+    def create(sql: str) -> sql_pb.ActionCreatePreparedStatementResult:
+        wrapper = any_pb2.Any()
+        wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=sql))
+        [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
+        answer = any_pb2.Any.FromString(result.body.to_pybytes())
+        unpacked = sql_pb.ActionCreatePreparedStatementResult()
+        assert answer.Unpack(unpacked)
+        return unpacked
+
+    with_parameter = create(f"SELECT id, name, ssn FROM {served.namespace}.people WHERE id = ?")
+    schema = pa.ipc.read_schema(pa.py_buffer(with_parameter.dataset_schema))
+    assert schema.names == ["id", "name", "ssn"]
+    assert schema.field("id").type == pa.int64() and schema.field("ssn").type == pa.string()
+    plain = create(f"SELECT region, count(*) AS n FROM {served.namespace}.people GROUP BY region")
+    assert pa.ipc.read_schema(pa.py_buffer(plain.dataset_schema)).names == ["region", "n"]
+    assert pa.ipc.read_schema(pa.py_buffer(plain.parameter_schema)).names == []
+    # GetSchema of a statement: the same schema, without running it
+    descriptor = _command(sql_pb.CommandStatementQuery(query=f"SELECT name FROM {served.namespace}.people"))
+    assert client.get_schema(descriptor, options).schema.names == ["name"]
+    with served.adbc("alice") as conn, conn.cursor() as cur:  # ADBC reads the schema before executing
+        cur.adbc_prepare(f"SELECT id, ssn FROM {served.namespace}.people WHERE id > ?")
+        cur.execute(f"SELECT id, ssn FROM {served.namespace}.people WHERE id > ?", parameters=(2,))
+        assert cur.fetchall() == [(3, "nnn-nn-5555"), (6, None)]
