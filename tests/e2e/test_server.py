@@ -11,6 +11,7 @@ a few-second token lifetime covers the delegated-token cache and expired user to
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import os
@@ -803,3 +804,104 @@ def test_prepared_statements_carry_their_dataset_and_parameter_schemas(served: S
         cur.adbc_prepare(f"SELECT id, ssn FROM {served.namespace}.people WHERE id > ?")
         cur.execute(f"SELECT id, ssn FROM {served.namespace}.people WHERE id > ?", parameters=(2,))
         assert cur.fetchall() == [(3, "nnn-nn-5555"), (6, None)]
+
+
+# ------------------------------------------------------------ short-lived tokens: delegation cache, expiry
+
+TOKEN_LIFETIME = 20
+
+
+@contextlib.contextmanager
+def _short_lived_catalog(workdir: Path, moto: Any) -> Iterator[CatalogServer]:
+    """Another ``sqe-catalog serve`` on the session's moto whose tokens live ``TOKEN_LIFETIME`` seconds."""
+    from tests.conftest import (
+        CatalogPrincipal,
+        CatalogServer,
+        catalog_log_path,
+        free_loopback_port,
+        start_catalog_process,
+        stop_process,
+        write_catalog_config,
+    )
+
+    port = free_loopback_port()
+    location = f"s3://{moto.bucket}/short_{uuid.uuid4().hex[:6]}"
+    config_path = write_catalog_config(
+        workdir, moto, port, {"location": location}, token_lifetime_seconds=TOKEN_LIFETIME
+    )
+    server = CatalogServer(
+        url=f"http://127.0.0.1:{port}",
+        port=port,
+        pid=0,
+        warehouse="wh",
+        warehouse_location=location,
+        workdir=workdir,
+        config_path=config_path,
+        log_path=catalog_log_path(workdir),
+        moto=moto,
+        admin=CatalogPrincipal("", "", ""),
+    )
+    server.secrets.add(moto.secret_access_key)
+    server.admin = server.create_principal("admin", admin=True)
+    process = start_catalog_process(config_path, workdir, port)
+    server.pid = process.pid
+    try:
+        yield server
+    finally:
+        stop_process(process)
+
+
+def _exchanges(log: str, user: str) -> int:
+    return sum(1 for line in log.splitlines() if f"delegated token for user:{user} exchanged" in line)
+
+
+def test_delegated_tokens_are_cached_per_user_re_exchanged_before_expiry_and_expired_users_refused(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    from sqe_stack.provision import stop_child
+    from tests.conftest import CatalogPrincipal, pyiceberg_catalog
+
+    with _short_lived_catalog(tmp_path / "catalog", catalog_server.moto) as catalog:
+        writer = _principal(catalog, "writer", [("NAMESPACE_FULL_METADATA", None), ("TABLE_CREATE", None)])
+        catalog.admin_cli("grant", "writer_role", "TABLE_WRITE_DATA", "--warehouse", catalog.warehouse)
+        alice = _principal(catalog, "alice", [("TABLE_READ_DATA", None)])
+        out = json.loads(catalog.admin_cli("create-principal", "engine", "--reader"))
+        reader = CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
+        catalog.secrets.add(reader.client_secret)
+        with pytest.MonkeyPatch.context() as env:
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+                env.delenv(name, raising=False)
+            writing = pyiceberg_catalog(catalog, writer)
+            writing.create_namespace("short")
+            writing.create_table(("short", "people"), schema=PEOPLE.schema).append(PEOPLE)
+        rules = tmp_path / "alice.json"
+        rules.write_text(json.dumps(ALICE), encoding="utf-8")
+        target = ["--warehouse", catalog.warehouse, "--namespace", "short", "--table", "people"]
+        catalog.admin_cli("set-restrictions", *target, "--principal", "alice", "--file", str(rules))
+        workdir = tmp_path / "server"
+        workdir.mkdir()
+        proc, port = start_server(workdir, _write_configs(workdir, catalog, **_reader_settings(reader)))
+        client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
+        sql = "SELECT id, region, ssn FROM short.people ORDER BY id"
+        log_path = workdir / "server.log"
+        try:
+            issued = time.monotonic()
+            token = catalog.token(alice)
+            for _ in range(3):  # one exchange serves every call of this token
+                assert _query(client, sql, _bearer(token)).to_pylist() == ALICE_ROWS
+            assert _exchanges(log_path.read_text(), "alice") == 1
+            # the delegated token lives no longer than alice's; past 80 % of its life the next call re-exchanges
+            time.sleep(max(0.0, issued + TOKEN_LIFETIME * 0.88 - time.monotonic()))
+            assert _query(client, sql, _bearer(token)).to_pylist() == ALICE_ROWS
+            assert _exchanges(log_path.read_text(), "alice") == 2
+            time.sleep(max(0.0, issued + TOKEN_LIFETIME + 1 - time.monotonic()))
+            with pytest.raises(flight.FlightUnauthenticatedError) as expired:  # the very next call
+                _query(client, sql, _bearer(token))
+            assert "Traceback" not in str(expired.value)
+            fresh = catalog.token(alice)  # a new token of the same user works again
+            assert _query(client, sql, _bearer(fresh)).to_pylist() == ALICE_ROWS
+        finally:
+            stop_child(proc)
+        log = log_path.read_text(errors="replace")
+        for secret in catalog.secrets:
+            assert secret not in log and secret not in str(expired.value)
