@@ -9,6 +9,7 @@ Python API (the CLI in ``sqe_stack.cli`` is a thin wrapper)::
 
     info = start_stack(Path("/tmp/s"), store="moto")      # returns once everything answers
     info.principal_config("analyst")                      # ready SQE config file (0600)
+    info.server_url                                       # `sqe serve` acting as reader sqe-engine
     stop_stack(Path("/tmp/s"))                            # stops exactly the recorded PIDs
 
 ``stack.json`` holds endpoints, PIDs and config paths, never a secret: client secrets live only in the 0600
@@ -44,6 +45,7 @@ from sqe_stack.catalog import (
     write_stack_catalog_config,
 )
 from sqe_stack.ceph import CEPH_CLIENT_ENV, CEPH_PACKAGES
+from sqe_stack.service import READER, create_reader_principal, start_service
 from sqe_stack.provision import (
     Daemon,
     MissingExtraError,
@@ -104,8 +106,10 @@ class StackInfo:
     principals: Mapping[str, PrincipalInfo]
     started_at: str
     stopped_at: str | None = None
-    # seconds from the start of `up` to: store_ready_s, principals_ready_s, total_s
+    # seconds from the start of `up` to: store_ready_s, principals_ready_s, server_ready_s, total_s
     timings: Mapping[str, float] = field(default_factory=dict)
+    server_url: str = ""  # the stack's `sqe serve` (Flight SQL), acting as the reader principal sqe-engine
+    workers: tuple[str, ...] = ()  # addresses of the server's scan workers
 
     def principal_config(self, name: str) -> Path:
         """Path of the ready-to-use SQE config file of a demo principal (admin, analyst, writer)."""
@@ -142,6 +146,8 @@ class StackInfo:
             "started_at": self.started_at,
             "stopped_at": self.stopped_at,
             "timings": dict(self.timings),
+            "server_url": self.server_url,
+            "workers": list(self.workers),
         }
 
     @classmethod
@@ -167,6 +173,8 @@ class StackInfo:
                 started_at=str(doc["started_at"]),
                 stopped_at=doc.get("stopped_at"),
                 timings={str(k): float(v) for k, v in doc.get("timings", {}).items()},
+                server_url=str(doc.get("server_url", "")),
+                workers=tuple(str(w) for w in doc.get("workers", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             raise StackError(f"{dir / STACK_FILE} is not a valid stack file") from None
@@ -262,6 +270,8 @@ class _Progress:
         self.s3_endpoint = self.sts_endpoint = self.catalog_uri = ""
         self.principals: dict[str, PrincipalInfo] = {}
         self.timings: dict[str, float] = {}
+        self.server_url = ""
+        self.workers: tuple[str, ...] = ()
 
     def mark(self, step: str) -> None:
         """Record how long ``up`` had taken when ``step`` was done."""
@@ -284,6 +294,8 @@ class _Progress:
             principals=dict(self.principals),
             started_at=self.started_at,
             timings=dict(self.timings),
+            server_url=self.server_url,
+            workers=self.workers,
         )
         _save(info)
         return info
@@ -299,7 +311,9 @@ def _start_store(dir: Path, store: str, started: list[Daemon]) -> StoreHandle:
     return start_moto(dir / "logs" / "moto.log", started)
 
 
-def _start(dir: Path, store_kind: str, credential_lifetime: int, started: list[Daemon]) -> StackInfo:
+def _start(
+    dir: Path, store_kind: str, credential_lifetime: int, started: list[Daemon], serve: bool, workers: int
+) -> StackInfo:
     progress = _Progress(dir, store_kind, started)
     progress.save()
     store = _start_store(dir, store_kind, started)
@@ -312,6 +326,7 @@ def _start(dir: Path, store_kind: str, credential_lifetime: int, started: list[D
     port = free_port()
     config_path = write_stack_catalog_config(dir, port, store, credential_lifetime)
     credentials = bootstrap_principals(config_path)
+    credentials[READER] = create_reader_principal(config_path)
     progress.mark("principals_ready_s")
     # The catalog writes table metadata through pyarrow: give it the RGW write fix whatever the store
     # (moto accepts requests either way).
@@ -320,12 +335,19 @@ def _start(dir: Path, store_kind: str, credential_lifetime: int, started: list[D
     progress.catalog_uri = wait_for_catalog(dir, port, started[-1])
     paths = write_engine_configs(dir, list(credentials.values()), progress.catalog_uri, store.s3_endpoint)
     progress.principals = {n: PrincipalInfo(paths[n], c.client_id) for n, c in credentials.items()}
+    if serve:
+        progress.save()
+        service = start_service(dir, credentials[READER], progress.catalog_uri, store.s3_endpoint, workers, started)
+        progress.server_url, progress.workers = service.url, service.workers
+        progress.mark("server_ready_s")
     progress.mark("total_s")
     return progress.save(state="running")
 
 
-def start_stack(dir: Path, store: str = "moto", credential_lifetime: int = 3600) -> StackInfo:
-    """Start the store and the catalog under ``dir``; return once everything answers.
+def start_stack(
+    dir: Path, store: str = "moto", credential_lifetime: int = 3600, *, serve: bool = True, workers: int = 0
+) -> StackInfo:
+    """Start the store, the catalog and (``serve``) ``sqe serve`` with ``workers`` workers; return once all answer.
 
     On any failure every process started so far is stopped and :class:`StackError` is raised.
     """
@@ -333,6 +355,8 @@ def start_stack(dir: Path, store: str = "moto", credential_lifetime: int = 3600)
         raise StackError(f"unknown store {store!r} (choose from {', '.join(STORES)})")
     if credential_lifetime < 1:
         raise StackError("credential lifetime must be at least 1 second")
+    if workers < 0 or (workers and not serve):
+        raise StackError("workers need the server (serve=True) and cannot be negative")
     dir = Path(dir).resolve()
     dir.mkdir(parents=True, exist_ok=True)
     (dir / "logs").mkdir(exist_ok=True)
@@ -340,7 +364,7 @@ def start_stack(dir: Path, store: str = "moto", credential_lifetime: int = 3600)
         _refuse_if_running(dir)
         started: list[Daemon] = []
         try:
-            return _start(dir, store, credential_lifetime, started)
+            return _start(dir, store, credential_lifetime, started, serve, workers)
         except BaseException as exc:
             for daemon in reversed(started):
                 stop_daemon(daemon)
