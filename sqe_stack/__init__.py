@@ -45,7 +45,6 @@ from sqe_stack.catalog import (
     write_stack_catalog_config,
 )
 from sqe_stack.ceph import CEPH_CLIENT_ENV, CEPH_PACKAGES
-from sqe_stack.service import READER, create_reader_principal, start_service
 from sqe_stack.provision import (
     Daemon,
     MissingExtraError,
@@ -56,6 +55,7 @@ from sqe_stack.provision import (
     pid_matches,
     stop_daemon,
 )
+from sqe_stack.service import READER, create_reader_principal, start_service
 
 __all__ = [
     "CEPH_CLIENT_ENV",

@@ -15,7 +15,8 @@ from sqe_stack import STORES, StackError, StackInfo, stack_status, start_stack, 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="sqe stack", description="Run the local S3 + STS store, sqe-catalog and the SQE server as background processes."
+        prog="sqe stack",
+        description="Run the local S3 + STS store, sqe-catalog and the SQE server as background processes.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the store, the catalog and the SQE server, write DIR/stack.json")

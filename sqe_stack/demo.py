@@ -103,7 +103,9 @@ def restrict_analyst(catalog_config: Path, workdir: Path) -> None:
     target = ["--warehouse", "demo", "--namespace", "sales", "--table", "orders", "--principal", "analyst"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = catalog_cli(["admin", "--config", str(catalog_config), "set-restrictions", *target, "--file", str(rules)])
+        code = catalog_cli(
+            ["admin", "--config", str(catalog_config), "set-restrictions", *target, "--file", str(rules)]
+        )
     if code != 0:
         raise RuntimeError(f"set-restrictions failed: {out.getvalue().strip()}")
 

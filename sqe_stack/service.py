@@ -134,7 +134,9 @@ def start_service(
         for index, port in enumerate(ports[1:], start=1):
             started.append(_spawn_worker(dir, index, port, token_file))
             addresses.append(f"{LOOPBACK}:{port}")
-    write_private(dir / SERVER_ENGINE_CONFIG, server_engine_config_text(catalog_uri, s3_endpoint, addresses, token_file))
+    write_private(
+        dir / SERVER_ENGINE_CONFIG, server_engine_config_text(catalog_uri, s3_endpoint, addresses, token_file)
+    )
     config = dir / SERVER_CONFIG
     write_private(config, server_config_text(reader, ports[0]))
     port_file = dir / "server.port"
