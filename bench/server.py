@@ -1,19 +1,18 @@
 """Flight SQL (``sqe serve`` + the ADBC driver) against an embedded ``Session``: scan rate and tiny-query latency.
 
-Starts the embedded stack (moto + sqe-catalog) and ``sqe serve`` on loopback, writes ``bench.events``
+Starts the embedded stack (moto + sqe-catalog + its ``sqe serve``, acting as reader ``sqe-engine``, so every
+Flight query runs on the analyst's delegated token) on loopback, writes ``bench.events``
 (``--rows`` rows) as the stack's writer, then, as the analyst, runs the same full scan and the same aggregate
 through ADBC and through an embedded session (best of ``--repeat``), and a tiny query (``SELECT 1``) 50 times
 each way. Prints rows/s, the Flight/embedded ratio and median latencies; asserts nothing.
 
-    .venv/bin/python bench/server.py [--rows 2000000] [--repeat 3]
+    .venv/bin/python bench/server.py [--rows 2000000] [--repeat 3] [--workers N]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,9 +21,9 @@ from pathlib import Path
 import adbc_driver_flightsql.dbapi as flightsql
 import pyarrow as pa
 from pyiceberg.catalog.rest import RestCatalog
-from sqe.stack import apply_client_env, start_stack, stop_stack
 
 import sqe.api
+from sqe_stack import apply_client_env, start_stack, stop_stack
 
 SCANS = {
     "full scan": "SELECT * FROM bench.events",
@@ -49,20 +48,6 @@ def _write_table(info: object, rows: int) -> None:
     catalog.create_table("bench.events", schema=data.schema).append(data)
 
 
-def _start_server(workdir: Path, analyst_config: Path) -> tuple[subprocess.Popen[bytes], int]:
-    (workdir / "server.toml").write_text(f'[server]\nengine_config = "{analyst_config}"\nlisten = "127.0.0.1:0"\n')
-    port_file, config = workdir / "port", str(workdir / "server.toml")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sqe.cli", "serve", "--config", config, "--port-file", str(port_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    while not (port_file.is_file() and port_file.read_text().strip()):
-        if proc.poll() is not None:
-            raise SystemExit("sqe serve did not start")
-        time.sleep(0.05)
-    return proc, int(port_file.read_text())
-
-
 def _best(run: Callable[[], int], repeat: int) -> tuple[float, int]:
     best, rows = float("inf"), 0
     for _ in range(repeat):
@@ -76,18 +61,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=0, help="scan workers of the stack's server")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sqe-bench-server-") as tmp:
         workdir = Path(tmp)
-        info = start_stack(workdir / "stack")
+        info = start_stack(workdir / "stack", workers=args.workers)
         apply_client_env(info.store)
-        proc = None
         try:
             _write_table(info, args.rows)
             analyst = info.principal_credentials("analyst")
-            proc, port = _start_server(workdir, info.principal_config("analyst"))
             conn = flightsql.connect(
-                f"grpc://127.0.0.1:{port}", db_kwargs={"username": analyst.client_id, "password": analyst.client_secret}
+                info.server_url, db_kwargs={"username": analyst.client_id, "password": analyst.client_secret}
             )
             session = sqe.api.connect(info.principal_config("analyst"))
             cur = conn.cursor()
@@ -117,9 +101,6 @@ def main() -> None:
             conn.close()
             session.close()
         finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(15)
             stop_stack(workdir / "stack")
 
 

@@ -9,6 +9,7 @@ Python API (the CLI in ``sqe_stack.cli`` is a thin wrapper)::
 
     info = start_stack(Path("/tmp/s"), store="moto")      # returns once everything answers
     info.principal_config("analyst")                      # ready SQE config file (0600)
+    info.server_url                                       # `sqe serve` acting as reader sqe-engine
     stop_stack(Path("/tmp/s"))                            # stops exactly the recorded PIDs
 
 ``stack.json`` holds endpoints, PIDs and config paths, never a secret: client secrets live only in the 0600
@@ -55,6 +56,7 @@ from sqe_stack.provision import (
     pid_matches,
     stop_daemon,
 )
+from sqe_stack.service import READER, create_reader_principal, start_service
 
 __all__ = [
     "CEPH_CLIENT_ENV",
@@ -106,8 +108,10 @@ class StackInfo:
     principals: Mapping[str, PrincipalInfo]
     started_at: str
     stopped_at: str | None = None
-    # seconds from the start of `up` to: store_ready_s, principals_ready_s, total_s
+    # seconds from the start of `up` to: store_ready_s, principals_ready_s, server_ready_s, total_s
     timings: Mapping[str, float] = field(default_factory=dict)
+    server_url: str = ""  # the stack's `sqe serve` (Flight SQL), acting as the reader principal sqe-engine
+    workers: tuple[str, ...] = ()  # addresses of the server's scan workers
 
     def principal_config(self, name: str) -> Path:
         """Path of the ready-to-use SQE config file of a demo principal (admin, analyst, writer)."""
@@ -144,6 +148,8 @@ class StackInfo:
             "started_at": self.started_at,
             "stopped_at": self.stopped_at,
             "timings": dict(self.timings),
+            "server_url": self.server_url,
+            "workers": list(self.workers),
         }
 
     @classmethod
@@ -169,6 +175,8 @@ class StackInfo:
                 started_at=str(doc["started_at"]),
                 stopped_at=doc.get("stopped_at"),
                 timings={str(k): float(v) for k, v in doc.get("timings", {}).items()},
+                server_url=str(doc.get("server_url", "")),
+                workers=tuple(str(w) for w in doc.get("workers", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             raise StackError(f"{dir / STACK_FILE} is not a valid stack file") from None
@@ -264,6 +272,8 @@ class _Progress:
         self.s3_endpoint = self.sts_endpoint = self.catalog_uri = ""
         self.principals: dict[str, PrincipalInfo] = {}
         self.timings: dict[str, float] = {}
+        self.server_url = ""
+        self.workers: tuple[str, ...] = ()
 
     def mark(self, step: str) -> None:
         """Record how long ``up`` had taken when ``step`` was done."""
@@ -286,6 +296,8 @@ class _Progress:
             principals=dict(self.principals),
             started_at=self.started_at,
             timings=dict(self.timings),
+            server_url=self.server_url,
+            workers=self.workers,
         )
         _save(info)
         return info
@@ -306,7 +318,13 @@ def _start_store(dir: Path, store: str, started: list[Daemon], external: Externa
 
 
 def _start(
-    dir: Path, store_kind: str, credential_lifetime: int, started: list[Daemon], external: ExternalStore | None
+    dir: Path,
+    store_kind: str,
+    credential_lifetime: int,
+    started: list[Daemon],
+    external: ExternalStore | None,
+    serve: bool,
+    workers: int,
 ) -> StackInfo:
     progress = _Progress(dir, store_kind, started)
     progress.save()
@@ -320,6 +338,7 @@ def _start(
     port = free_port()
     config_path = write_stack_catalog_config(dir, port, store, credential_lifetime)
     credentials = bootstrap_principals(config_path)
+    credentials[READER] = create_reader_principal(config_path)
     progress.mark("principals_ready_s")
     # The catalog writes table metadata through pyarrow: give it the RGW write fix whatever the store
     # (moto accepts requests either way).
@@ -328,14 +347,25 @@ def _start(
     progress.catalog_uri = wait_for_catalog(dir, port, started[-1])
     paths = write_engine_configs(dir, list(credentials.values()), progress.catalog_uri, store.s3_endpoint)
     progress.principals = {n: PrincipalInfo(paths[n], c.client_id) for n, c in credentials.items()}
+    if serve:
+        progress.save()
+        service = start_service(dir, credentials[READER], progress.catalog_uri, store.s3_endpoint, workers, started)
+        progress.server_url, progress.workers = service.url, service.workers
+        progress.mark("server_ready_s")
     progress.mark("total_s")
     return progress.save(state="running")
 
 
 def start_stack(
-    dir: Path, store: str = "moto", credential_lifetime: int = 3600, external: ExternalStore | None = None
+    dir: Path,
+    store: str = "moto",
+    credential_lifetime: int = 3600,
+    external: ExternalStore | None = None,
+    *,
+    serve: bool = True,
+    workers: int = 0,
 ) -> StackInfo:
-    """Start the store and the catalog under ``dir``; return once everything answers.
+    """Start the store, the catalog and (``serve``) ``sqe serve`` with ``workers`` workers; return once all answer.
 
     ``store="external"`` starts no store: ``external`` (see :func:`sqe_stack.external.external_store`) names a
     running one, whose bucket is created when missing.
@@ -346,6 +376,8 @@ def start_stack(
         raise StackError(f"unknown store {store!r} (choose from {', '.join(STORES)})")
     if credential_lifetime < 1:
         raise StackError("credential lifetime must be at least 1 second")
+    if workers < 0 or (workers and not serve):
+        raise StackError("workers need the server (serve=True) and cannot be negative")
     dir = Path(dir).resolve()
     dir.mkdir(parents=True, exist_ok=True)
     (dir / "logs").mkdir(exist_ok=True)
@@ -353,7 +385,7 @@ def start_stack(
         _refuse_if_running(dir)
         started: list[Daemon] = []
         try:
-            return _start(dir, store, credential_lifetime, started, external)
+            return _start(dir, store, credential_lifetime, started, external, serve, workers)
         except BaseException as exc:
             for daemon in reversed(started):
                 stop_daemon(daemon)

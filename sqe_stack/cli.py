@@ -16,10 +16,11 @@ from sqe_stack.external import external_store
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="sqe stack", description="Run the local S3 + STS store and sqe-catalog as background processes."
+        prog="sqe stack",
+        description="Run the local S3 + STS store, sqe-catalog and the SQE server as background processes.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start the store and the catalog, write DIR/stack.json")
+    up = sub.add_parser("up", help="start the store, the catalog and the SQE server, write DIR/stack.json")
     up.add_argument("--dir", required=True, type=Path, help="directory for state, logs and config files")
     up.add_argument(
         "--store",
@@ -37,6 +38,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="lifetime of vended credentials (default 3600; Ceph and moto accept a few seconds)",
     )
+    up.add_argument(
+        "--workers",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="start N scan workers for the SQE server (default 0: the server scans in-process)",
+    )
+    up.add_argument("--no-server", action="store_true", help="do not start the SQE server (sqe serve)")
     for name, text in (
         ("down", "stop the processes recorded in DIR/stack.json"),
         ("status", "show whether the stack's processes are alive; exit 1 if any is not"),
@@ -78,24 +87,44 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
 def _print_endpoints(info: StackInfo) -> None:
     print(f"  s3 endpoint   {info.s3_endpoint or '-'}")
     print(f"  sts endpoint  {info.sts_endpoint or '-'}")
     print(f"  catalog       {info.catalog_uri or '-'}  (warehouse {info.warehouse}, bucket {info.bucket})")
+    if info.server_url:
+        workers = f"{len(info.workers)} workers" if info.workers else "in-process scans"
+        print(f"  sqe server    {info.server_url}  (reader sqe-engine, {workers}; `sqe --server {info.server_url}`)")
     for name, principal in info.principals.items():
-        print(f"  principal {name:<8} config {principal.config}")
+        print(f"  principal {name:<10} config {principal.config}")
 
 
 def _up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
+    if args.workers and args.no_server:
+        raise StackError("--workers needs the server (drop --no-server)")
     info = start_stack(
-        args.dir, store=args.store, credential_lifetime=args.credential_lifetime, external=_external(args)
+        args.dir,
+        store=args.store,
+        credential_lifetime=args.credential_lifetime,
+        external=_external(args),
+        serve=not args.no_server,
+        workers=args.workers,
     )
     store_s = info.timings.get("store_ready_s")
     took = time.monotonic() - t0
     print(f"{info.store} stack up in {took:.1f} s (store answering after {store_s} s): {info.dir}")
     for name, pid in info.pids.items():
-        print(f"  {name:<9} pid {pid}")
+        print(f"  {name:<10} pid {pid}")
     _print_endpoints(info)
     if info.store == "ceph":
         print("  pyarrow clients need AWS_REQUEST_CHECKSUM_CALCULATION=WHEN_REQUIRED (see quickstart/ceph)")
@@ -108,7 +137,7 @@ def _up(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     outcome = stop_stack(args.dir)
     for name, what in outcome.items():
-        print(f"  {name:<9} {what}")
+        print(f"  {name:<10} {what}")
     print(f"stack in {Path(args.dir).resolve()} stopped")
     return 0
 
@@ -117,7 +146,7 @@ def _status(args: argparse.Namespace) -> int:
     info, alive = stack_status(args.dir)
     print(f"{info.store} stack in {info.dir}: {info.state} (started {info.started_at})")
     for name, pid in info.pids.items():
-        print(f"  {name:<9} pid {pid:<8} {'alive' if alive[name] else 'not running'}")
+        print(f"  {name:<10} pid {pid:<8} {'alive' if alive[name] else 'not running'}")
     _print_endpoints(info)
     return 0 if alive and all(alive.values()) else 1
 

@@ -3,7 +3,10 @@
 1. ``sqe stack up`` (moto S3+STS, sqe-catalog) in a scratch directory;
 2. pyiceberg's own RestCatalog, holding no S3 key, creates a table as the writer and reads it as the analyst;
 3. SQE queries as two users, writes with INSERT, and shows in EXPLAIN that data came through vended credentials;
-4. the stack is stopped, whatever happened.
+4. governed access: the admin restricts the analyst on the table (row filter + mask); through the stack's SQE
+   server (acting as reader ``sqe-engine``, scans on a worker) the analyst sees the filtered, masked rows, while
+   the analyst's direct pyiceberg load of the same table (own token, capability header copied) is refused;
+5. the stack is stopped, whatever happened.
 """
 
 from __future__ import annotations
@@ -83,6 +86,59 @@ def sqe_queries(writer_cfg: Path, analyst_cfg: Path) -> None:
             print(f"   refused: {str(exc).splitlines()[0]}")
 
 
+# demo.sales.orders field ids: 1 id, 2 customer, 3 amount
+ANALYST_RESTRICTIONS = {
+    "required-row-filter": {"type": "in", "child": {"type": "reference", "id": 2}, "values": ["ada", "margaret"]},
+    "required-column-projections": [{"field-id": 3, "action": "replace-with-null"}],
+}
+
+
+def restrict_analyst(catalog_config: Path, workdir: Path) -> None:
+    """``sqe-catalog admin set-restrictions`` for the analyst on demo.sales.orders (in this process)."""
+    import contextlib
+    import io
+    import json
+
+    from sqe_catalog.cli import main as catalog_cli
+
+    rules = workdir / "analyst-restrictions.json"
+    rules.write_text(json.dumps(ANALYST_RESTRICTIONS), encoding="utf-8")
+    target = ["--warehouse", "demo", "--namespace", "sales", "--table", "orders", "--principal", "analyst"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = catalog_cli(
+            ["admin", "--config", str(catalog_config), "set-restrictions", *target, "--file", str(rules)]
+        )
+    if code != 0:
+        raise RuntimeError(f"set-restrictions failed: {out.getvalue().strip()}")
+
+
+def governed_access(catalog_config: Path, analyst_cfg: Path, server_url: str, workdir: Path) -> None:
+    from pyiceberg.catalog.rest import RestCatalog
+    from pyiceberg.exceptions import ForbiddenError
+
+    from sqe.config import load_config
+    from sqe.formatting import render_table
+    from sqe.server.client import RemoteSession
+    from sqe.vocabulary import CAPABILITIES_HEADER, READ_RESTRICTIONS_V1
+
+    _step("admin: restrict 'analyst' on demo.sales.orders (rows of ada and margaret only, amount masked to NULL)")
+    restrict_analyst(catalog_config, workdir)
+    _step(f"SQE server {server_url} as 'analyst' (the server exchanges the analyst's token as reader sqe-engine)")
+    remote = RemoteSession(server_url, load_config(analyst_cfg))
+    try:
+        print(render_table(remote.sql("SELECT * FROM demo.sales.orders ORDER BY id").arrow()), end="")
+    finally:
+        remote.close()
+    _step("pyiceberg as 'analyst' directly, capability header copied: refused by the catalog")
+    props = {**_client_props(analyst_cfg), f"header.{CAPABILITIES_HEADER}": READ_RESTRICTIONS_V1}
+    try:
+        RestCatalog("bypass", **props).load_table("sales.orders")
+        print("   UNEXPECTED: the catalog served the restricted table to the analyst's own token")
+    except ForbiddenError as exc:
+        print(f"   refused (403): {str(exc).splitlines()[0]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sqe_stack.demo")
     parser.add_argument("--dir", default=".demo-stack")
@@ -94,13 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     if stack_dir.exists():
         stop_stack(stack_dir)
         shutil.rmtree(stack_dir)
-    _step(f"sqe stack up --dir {stack_dir} --store moto")
-    info = start_stack(stack_dir, store="moto")
+    _step(f"sqe stack up --dir {stack_dir} --store moto --workers 1")
+    info = start_stack(stack_dir, store="moto", workers=1)
     print(f"   catalog {info.catalog_uri}, S3/STS {info.s3_endpoint}")
+    print(f"   SQE server {info.server_url} (reader sqe-engine), worker {', '.join(info.workers)}")
     try:
         writer_cfg, analyst_cfg = info.principal_config("writer"), info.principal_config("analyst")
         pyiceberg_round_trip(writer_cfg, analyst_cfg)
         sqe_queries(writer_cfg, analyst_cfg)
+        governed_access(info.catalog_config, analyst_cfg, info.server_url, stack_dir)
     finally:
         if not args.keep:
             _step("sqe stack down")

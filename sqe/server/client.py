@@ -69,13 +69,15 @@ class RemoteSession:
 
     def _login(self, config: SQEConfig) -> list[tuple[bytes, bytes]]:
         catalog = config.catalog
+        connection = catalog.connection()
+        token, secret = connection.token_value(), connection.client_secret_value()
         try:
-            if catalog.token:
-                headers = [(b"authorization", f"Bearer {catalog.token}".encode())]
+            if token:
+                headers = [(b"authorization", f"Bearer {token}".encode())]
                 self._client.list_actions(flight.FlightCallOptions(headers=headers))
                 return headers
-            if catalog.client_id and catalog.client_secret:
-                name, value = self._client.authenticate_basic_token(catalog.client_id, catalog.client_secret)
+            if catalog.client_id and secret:
+                name, value = self._client.authenticate_basic_token(catalog.client_id, secret)
                 return [(name, value)]
         except flight.FlightError as exc:
             raise _error(exc) from None

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import duckdb
 import pyarrow as pa
 import pyarrow.flight as flight
 from google.protobuf import any_pb2
@@ -169,6 +170,30 @@ def _parameter_rows(table: pa.Table | None) -> list[list[Any]]:
     if table is None or table.num_columns == 0:
         return [[]]
     return [list(row.values()) for row in table.to_pylist()]
+
+
+def _parameter_count(sql: str) -> int | None:
+    """How many parameters ``sql`` takes (DuckDB's parser), or None when it does not parse as one statement."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return None
+    return len(statements[0].named_parameters) if len(statements) == 1 else None
+
+
+def _result_schema(engine: Engine, sql: str) -> pa.Schema | None:
+    """The schema ``sql`` answers with, planned but not scanned (``LIMIT 0``); None for non-queries.
+
+    Parameters are bound as NULL: the schema of a parameterised query is known before its values are.
+    """
+    count = _parameter_count(sql)
+    if count is None or duckdb.extract_statements(sql)[0].type != duckdb.StatementType.SELECT:
+        return None
+    wrapped = f"SELECT * FROM ({sql.strip().rstrip(';')}) AS __sqe_schema LIMIT 0"
+    try:
+        return engine.session.sql(wrapped, [None] * count or None).arrow().schema
+    except QueryError:
+        return None  # e.g. a statement the wrapper cannot hold; the client learns the schema at GetFlightInfo
 
 
 def _count_of(result: Result) -> int:
@@ -337,8 +362,19 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
 
     @_handler
     def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
-        self._caller(context)
-        name = _command_name(_unpack_any(descriptor.command or b""))
+        user, session = self._caller(context)
+        wrapper = _unpack_any(descriptor.command or b"")
+        name = _command_name(wrapper)
+        if name in ("CommandStatementQuery", "CommandPreparedStatementQuery"):
+            if name == "CommandStatementQuery":
+                sql = _message(wrapper, sql_pb.CommandStatementQuery).query
+            else:
+                handle = _message(wrapper, sql_pb.CommandPreparedStatementQuery).prepared_statement_handle
+                sql = self._prepared(session, handle).sql
+            schema = self._with_engine(user, session, lambda e: _result_schema(e, sql))
+            if schema is None:
+                raise QueryError("this statement returns no result set")
+            return flight.SchemaResult(schema)
         schemas = {
             "CommandGetCatalogs": metadata.CATALOGS_SCHEMA,
             "CommandGetDbSchemas": metadata.DB_SCHEMAS_SCHEMA,
@@ -513,10 +549,19 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 if "can be prepared" not in str(exc):
                     raise  # a real error in the statement: tell the client now
 
-        self._with_engine(user, session, plan)
+        def plan_and_describe(engine: Engine) -> pa.Schema | None:
+            plan(engine)
+            return _result_schema(engine, sql)
+
+        schema = self._with_engine(user, session, plan_and_describe)
         handle = session.new_handle()
         session.prepared[handle] = prepared
-        return _pack(sql_pb.ActionCreatePreparedStatementResult(prepared_statement_handle=handle))
+        result = sql_pb.ActionCreatePreparedStatementResult(prepared_statement_handle=handle)
+        if schema is not None:
+            result.dataset_schema = schema.serialize().to_pybytes()
+        if _parameter_count(sql) == 0:  # a statement without parameters: its (empty) parameter schema is known
+            result.parameter_schema = pa.schema([]).serialize().to_pybytes()
+        return _pack(result)
 
     def _cancel(self, session: ClientSession, body: bytes) -> bytes:
         try:

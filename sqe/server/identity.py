@@ -192,6 +192,7 @@ class IdentityBroker:
         if cached is not None and now < cached.refresh_at:
             return cached.value
         delegated = self._exchange(user.token)
+        log.info("delegated token for %s exchanged as reader %r", user.key, self._reader_id)
         with self._lock:
             self._delegated[key] = delegated
             self._forget_stale(now)

@@ -1,15 +1,21 @@
 """``sqe serve``: a real server process on loopback, driven by real Flight SQL clients (ADBC, pyarrow.flight).
 
 World: the session's catalog on moto; a writer creates ``people`` (restricted per user) and ``numbers`` (large,
-unrestricted); alice and bob have different restrictions on ``people``, carol none. The server runs on the users'
-own tokens (no reader identity: today's catalog trusts principals it has not marked untrusted).
+unrestricted); alice and bob have different restrictions on ``people``, carol none. The server runs with a reader
+identity (a ``--reader`` principal): every user's calls go through the IdentityBroker's RFC 8693 exchange, since
+the catalog refuses a restricted user's own token on ``people``. A second server process with ``[coordinator]
+workers`` runs the same scans on real workers; further servers cover TLS with tighter limits, and a catalog with
+a few-second token lifetime covers the delegated-token cache and expired user tokens.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import dataclasses
 import json
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -29,7 +35,7 @@ from sqe.server._proto import flight_cancel_pb2 as cancel_pb
 from sqe.server._proto import flight_sql_pb2 as sql_pb
 
 if TYPE_CHECKING:
-    from tests.conftest import CatalogPrincipal, CatalogServer
+    from tests.conftest import CatalogPrincipal, CatalogServer, WorkerFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -91,8 +97,11 @@ def _principal(server: CatalogServer, name: str, grants: list[tuple[str, str | N
     return server.principal_with_grants(name, [(p, ns, None) for p, ns in grants])
 
 
-def _write_configs(workdir: Path, catalog: CatalogServer, **server: Any) -> Path:
+def _write_configs(
+    workdir: Path, catalog: CatalogServer, *, coordinator: dict[str, Any] | None = None, **server: Any
+) -> Path:
     engine = workdir / "engine.toml"
+    sections = [f"{k} = {json.dumps(v)}" for k, v in (coordinator or {}).items()]
     engine.write_text(
         "\n".join(
             [
@@ -106,6 +115,7 @@ def _write_configs(workdir: Path, catalog: CatalogServer, **server: Any) -> Path
                 f'endpoint = "{catalog.moto.url}"',
                 f'region = "{catalog.moto.region}"',
                 "path_style = true",
+                *(["", "[coordinator]", *sections] if sections else []),
             ]
         )
         + "\n",
@@ -120,7 +130,12 @@ def _write_configs(workdir: Path, catalog: CatalogServer, **server: Any) -> Path
     }
     config = workdir / "server.toml"
     config.write_text("[server]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
+    config.chmod(0o600)  # it holds the reader secret
     return config
+
+
+def _reader_settings(reader: CatalogPrincipal) -> dict[str, str]:
+    return {"reader_client_id": reader.client_id, "reader_client_secret": reader.client_secret}
 
 
 def start_server(workdir: Path, config: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
@@ -144,7 +159,9 @@ def start_server(workdir: Path, config: Path, env: dict[str, str] | None = None)
 
 
 @pytest.fixture(scope="module")
-def served(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(
+    catalog_server: CatalogServer, catalog_reader: CatalogPrincipal, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
     from sqe_stack.provision import stop_child
     from tests.conftest import pyiceberg_catalog
 
@@ -176,7 +193,7 @@ def served(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFacto
         path.write_text(json.dumps(document), encoding="utf-8")
         target = ["--warehouse", catalog_server.warehouse, "--namespace", namespace, "--table", "people"]
         catalog_server.admin_cli("set-restrictions", *target, "--principal", readers[who].name, "--file", str(path))
-    config = _write_configs(workdir, catalog_server)
+    config = _write_configs(workdir, catalog_server, **_reader_settings(catalog_reader))
     proc, port = start_server(workdir, config)
     users = {"writer": writer, **readers}
     world = Served(catalog_server, namespace, f"grpc://127.0.0.1:{port}", proc, workdir / "server.log", workdir, users)
@@ -213,31 +230,137 @@ def test_adbc_query_fetches_arrow(served: Served) -> None:
     assert table.column("name").to_pylist() == PEOPLE.column("name").to_pylist()
 
 
-def test_two_users_with_different_restrictions_each_see_their_own_rows_and_masks(served: Served) -> None:
+ALICE_ROWS = [
+    {"id": 1, "region": "EU", "ssn": "nnn-nn-3333"},
+    {"id": 3, "region": "EU", "ssn": "nnn-nn-5555"},
+    {"id": 6, "region": "EU", "ssn": None},
+]
+BOB_ROWS = [
+    {"id": 2, "region": "US", "ssn": None},
+    {"id": 4, "region": "US", "ssn": None},
+    {"id": 5, "region": "UK", "ssn": None},
+]
+
+
+@pytest.fixture(scope="module")
+def served_distributed(
+    served: Served, catalog_reader: CatalogPrincipal, worker_process_factory: WorkerFactory
+) -> Iterator[Served]:
+    """A second ``sqe serve`` whose engine config names two real workers: scans run there."""
+    from sqe_stack.provision import stop_child
+
+    token = secrets.token_hex(16)
+    workers = [worker_process_factory.start("--log-level", "DEBUG", token=token) for _ in range(2)]
+    workdir = served.workdir / "distributed"
+    workdir.mkdir()
+    coordinator = {"workers": [w.address for w in workers], "token": token}
+    config = _write_configs(workdir, served.catalog, coordinator=coordinator, **_reader_settings(catalog_reader))
+    proc, port = start_server(workdir, config)
+    world = dataclasses.replace(served, url=f"grpc://127.0.0.1:{port}", proc=proc, log_path=workdir / "server.log")
+    world.errors_seen = served.errors_seen
+    try:
+        yield world
+    finally:
+        stop_child(proc)
+        log = world.log_text()
+        for secret in served.catalog.secrets:
+            assert secret not in log, "a secret reached the distributed server's log"
+        for worker in workers:
+            worker.stop()
+            assert "fragment" in worker.log_text().lower(), "no scan fragment ran on this worker"
+
+
+@pytest.fixture(params=["local", "distributed"])
+def any_mode(request: pytest.FixtureRequest) -> Served:
+    name = "served" if request.param == "local" else "served_distributed"
+    world: Served = request.getfixturevalue(name)
+    return world
+
+
+def test_two_users_with_different_restrictions_each_see_their_own_rows_and_masks(any_mode: Served) -> None:
+    """alice and bob at once on ``people`` through delegated tokens, while carol's long scan streams."""
+    served = any_mode
     sql = f"SELECT id, region, ssn FROM {served.namespace}.people ORDER BY id"
+    client = served.flight_client()
+    carol = _bearer(served.token("carol"))
+    scan = f"SELECT n, label FROM {served.namespace}.numbers"
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=scan)), carol)
+    long_scan = client.do_get(info.endpoints[0].ticket, carol)
+    carol_rows = long_scan.read_chunk().data.num_rows  # started; flow control holds the rest
     results: dict[str, list[dict[str, Any]]] = {}
+    failures: list[BaseException] = []
 
     def run(who: str) -> None:
-        with served.adbc(who) as conn, conn.cursor() as cur:
-            cur.execute(sql)
-            results[who] = cur.fetch_arrow_table().to_pylist()
+        try:
+            for _ in range(2):  # twice: the second run reuses the cached delegated token and engine
+                with served.adbc(who) as conn, conn.cursor() as cur:
+                    cur.execute(sql)
+                    results.setdefault(who, []).extend(cur.fetch_arrow_table().to_pylist())
+        except BaseException as exc:
+            failures.append(exc)
 
-    threads = [threading.Thread(target=run, args=(who,)) for who in ("alice", "bob", "carol")]
+    threads = [threading.Thread(target=run, args=(who,)) for who in ("alice", "bob")]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(120)
-    assert results["alice"] == [
-        {"id": 1, "region": "EU", "ssn": "nnn-nn-3333"},
-        {"id": 3, "region": "EU", "ssn": "nnn-nn-5555"},
-        {"id": 6, "region": "EU", "ssn": None},
+        thread.join(180)
+    assert not failures, failures
+    assert results["alice"] == ALICE_ROWS * 2
+    assert results["bob"] == BOB_ROWS * 2
+    for chunk in long_scan:
+        carol_rows += chunk.data.num_rows
+    assert carol_rows == NUMBER_ROWS
+    with served.adbc("carol") as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        assert [r["ssn"] for r in cur.fetch_arrow_table().to_pylist()] == PEOPLE.column("ssn").to_pylist()
+
+
+def test_the_same_analysts_direct_pyiceberg_load_is_refused(served: Served) -> None:
+    """What the server reads for alice, alice herself cannot: her own token with the header copied gets 403."""
+    from pyiceberg.catalog.rest import RestCatalog
+    from pyiceberg.exceptions import ForbiddenError
+
+    from sqe.vocabulary import ACCESS_DELEGATION_HEADER, CAPABILITIES_HEADER, READ_RESTRICTIONS_V1, VENDED_CREDENTIALS
+
+    headers = {CAPABILITIES_HEADER: READ_RESTRICTIONS_V1, ACCESS_DELEGATION_HEADER: VENDED_CREDENTIALS}
+    bypass = RestCatalog(
+        f"bypass-{uuid.uuid4().hex[:6]}",
+        uri=served.catalog.url,
+        warehouse=served.catalog.warehouse,
+        credential=served.users["alice"].credential,
+        scope="PRINCIPAL_ROLE:ALL",
+        **{f"header.{name}": value for name, value in headers.items()},
+    )
+    with pytest.raises(ForbiddenError, match="the catalog only serves this table through a trusted reader"):
+        bypass.load_table((served.namespace, "people"))
+    with served.adbc("alice") as conn, conn.cursor() as cur:  # and through the server she gets her rows
+        cur.execute(f"SELECT id, region, ssn FROM {served.namespace}.people ORDER BY id")
+        assert cur.fetch_arrow_table().to_pylist() == ALICE_ROWS
+
+
+def test_errors_never_carry_a_raw_value_of_a_masked_column(served: Served) -> None:
+    """A predicate that fails on the masked column's values: no raw ssn (visible or filtered) in the error."""
+    client = served.flight_client()
+    raw = [v for v in PEOPLE.column("ssn").to_pylist() if v]
+    queries = [
+        f"SELECT id FROM {served.namespace}.people WHERE CAST(ssn AS INTEGER) = 1",
+        f"SELECT id FROM {served.namespace}.people WHERE ssn::DATE > DATE '2000-01-01'",
+        f"SELECT CAST(ssn AS BIGINT) FROM {served.namespace}.people",
     ]
-    assert results["bob"] == [
-        {"id": 2, "region": "US", "ssn": None},
-        {"id": 4, "region": "US", "ssn": None},
-        {"id": 5, "region": "UK", "ssn": None},
-    ]
-    assert [r["ssn"] for r in results["carol"]] == PEOPLE.column("ssn").to_pylist()
+
+    def run(who: str, query: str) -> pa.Table:
+        options = _bearer(served.token(who))
+        info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=query)), options)
+        return client.do_get(info.endpoints[0].ticket, options).read_all()
+
+    for sql in queries:  # alice sees "nnn-nn-3333": the cast fails on the masked value, never on the raw one
+        error = str(served.expect_error(lambda q=sql: run("alice", q), flight.FlightError))
+        assert "nnn-nn-" in error
+        assert not [value for value in raw if value in error], f"a raw masked value in: {error}"
+        assert not [value for value in raw if value.replace("-", "") in error.replace("-", "")]
+    # bob's mask is NULL: the same predicates see only NULLs, so nothing fails and nothing matches
+    assert run("bob", queries[0]).num_rows == 0
+    assert run("bob", queries[2]).column(0).to_pylist() == [None, None, None]
 
 
 def test_adbc_prepared_statement_with_parameters(served: Served) -> None:
@@ -514,3 +637,271 @@ def test_basic_header_is_never_logged(served: Served) -> None:
     carol = served.users["carol"]
     raw = base64.b64encode(f"{carol.client_id}:{carol.client_secret}".encode()).decode()
     assert raw not in served.log_text()
+
+
+# -------------------------------------------------------------------------------- TLS, total limit, timeout
+
+TIMEOUT_SECONDS = 6
+
+
+def _self_signed(workdir: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost / 127.0.0.1 (``cryptography``), and its key."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = workdir / "server.crt", workdir / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    key_path.chmod(0o600)
+    return cert_path, key_path
+
+
+@dataclass
+class TlsServed:
+    world: Served
+    url: str
+    cert: bytes
+
+    def client(self) -> flight.FlightClient:
+        return flight.FlightClient(self.url, tls_root_certs=self.cert)
+
+
+@pytest.fixture(scope="module")
+def served_tls(served: Served, catalog_reader: CatalogPrincipal) -> Iterator[TlsServed]:
+    """``sqe serve`` on TLS with a total limit of 2 (1 per user) and a per-query timeout of a few seconds."""
+    from sqe_stack.provision import stop_child
+
+    workdir = served.workdir / "tls"
+    workdir.mkdir()
+    cert, key = _self_signed(workdir)
+    config = _write_configs(
+        workdir,
+        served.catalog,
+        tls_cert=str(cert),
+        tls_key=str(key),
+        max_concurrent_queries=2,
+        max_concurrent_queries_per_user=1,
+        query_timeout_seconds=TIMEOUT_SECONDS,
+        **_reader_settings(catalog_reader),
+    )
+    proc, port = start_server(workdir, config)
+    try:
+        yield TlsServed(served, f"grpc+tls://localhost:{port}", cert.read_bytes())
+    finally:
+        stop_child(proc)
+        log = (workdir / "server.log").read_text(errors="replace")
+        for secret in served.catalog.secrets:
+            assert secret not in log
+
+
+def _query(client: flight.FlightClient, sql: str, options: flight.FlightCallOptions) -> pa.Table:
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+    return client.do_get(info.endpoints[0].ticket, options).read_all()
+
+
+def test_tls_serves_a_client_that_trusts_the_certificate_only(served_tls: TlsServed) -> None:
+    world = served_tls.world
+    options = _bearer(world.token("alice"))
+    table = _query(served_tls.client(), f"SELECT id FROM {world.namespace}.people ORDER BY id", options)
+    assert table.column("id").to_pylist() == [1, 3, 6]
+    untrusting = flight.FlightClient(served_tls.url)  # the system roots do not know our certificate
+    world.expect_error(lambda: _query(untrusting, "SELECT 1 AS x", options), flight.FlightError)
+    plaintext = flight.FlightClient(served_tls.url.replace("grpc+tls", "grpc"))
+    world.expect_error(lambda: _query(plaintext, "SELECT 1 AS x", options), flight.FlightError)
+
+
+def test_the_query_past_the_total_limit_is_refused(served_tls: TlsServed) -> None:
+    world, client = served_tls.world, served_tls.client()
+    sql = f"SELECT n, label FROM {world.namespace}.numbers"
+    held = []
+    for who in ("alice", "bob"):  # one each: the per-user limit (1) is not what refuses carol
+        options = _bearer(world.token(who))
+        info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+        reader = client.do_get(info.endpoints[0].ticket, options)
+        reader.read_chunk()
+        held.append(reader)
+    error = world.expect_error(
+        lambda: client.get_flight_info(
+            _command(sql_pb.CommandStatementQuery(query="SELECT 1 AS x")), _bearer(world.token("carol"))
+        ),
+        flight.FlightUnavailableError,
+    )
+    assert "server busy" in str(error) and "max_concurrent_queries = 2" in str(error)
+    for reader in held:
+        reader.cancel()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            assert _query(client, "SELECT 1 AS x", _bearer(world.token("carol"))).num_rows == 1
+            break
+        except flight.FlightUnavailableError:
+            time.sleep(0.2)
+    else:
+        pytest.fail("cancelled streams never released their slots")
+
+
+def test_a_query_past_its_timeout_ends_with_deadline_exceeded(served_tls: TlsServed) -> None:
+    world, client = served_tls.world, served_tls.client()
+    numbers = f"{world.namespace}.numbers"
+    sql = f"SELECT count(*) FROM {numbers} a, {numbers} b WHERE a.n + b.n = -1"
+    started = time.monotonic()
+    error = world.expect_error(lambda: _query(client, sql, _bearer(world.token("carol"))), flight.FlightTimedOutError)
+    elapsed = time.monotonic() - started
+    assert "query_timeout_seconds" in str(error)
+    assert TIMEOUT_SECONDS - 1 <= elapsed < TIMEOUT_SECONDS + 20, elapsed
+
+
+# ------------------------------------------------------------------------------------- prepared schemas
+
+
+def test_prepared_statements_carry_their_dataset_and_parameter_schemas(served: Served) -> None:
+    client = served.flight_client()
+    options = _bearer(served.token("alice"))
+
+    def create(sql: str) -> sql_pb.ActionCreatePreparedStatementResult:
+        wrapper = any_pb2.Any()
+        wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=sql))
+        [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
+        answer = any_pb2.Any.FromString(result.body.to_pybytes())
+        unpacked = sql_pb.ActionCreatePreparedStatementResult()
+        assert answer.Unpack(unpacked)
+        return unpacked
+
+    with_parameter = create(f"SELECT id, name, ssn FROM {served.namespace}.people WHERE id = ?")
+    schema = pa.ipc.read_schema(pa.py_buffer(with_parameter.dataset_schema))
+    assert schema.names == ["id", "name", "ssn"]
+    assert schema.field("id").type == pa.int64() and schema.field("ssn").type == pa.string()
+    plain = create(f"SELECT region, count(*) AS n FROM {served.namespace}.people GROUP BY region")
+    assert pa.ipc.read_schema(pa.py_buffer(plain.dataset_schema)).names == ["region", "n"]
+    assert pa.ipc.read_schema(pa.py_buffer(plain.parameter_schema)).names == []
+    # GetSchema of a statement: the same schema, without running it
+    descriptor = _command(sql_pb.CommandStatementQuery(query=f"SELECT name FROM {served.namespace}.people"))
+    assert client.get_schema(descriptor, options).schema.names == ["name"]
+    with served.adbc("alice") as conn, conn.cursor() as cur:  # ADBC reads the schema before executing
+        cur.adbc_prepare(f"SELECT id, ssn FROM {served.namespace}.people WHERE id > ?")
+        cur.execute(f"SELECT id, ssn FROM {served.namespace}.people WHERE id > ?", parameters=(2,))
+        assert cur.fetchall() == [(3, "nnn-nn-5555"), (6, None)]
+
+
+# ------------------------------------------------------------ short-lived tokens: delegation cache, expiry
+
+TOKEN_LIFETIME = 20
+
+
+@contextlib.contextmanager
+def _short_lived_catalog(workdir: Path, moto: Any) -> Iterator[CatalogServer]:
+    """Another ``sqe-catalog serve`` on the session's moto whose tokens live ``TOKEN_LIFETIME`` seconds."""
+    from tests.conftest import (
+        CatalogPrincipal,
+        CatalogServer,
+        catalog_log_path,
+        free_loopback_port,
+        start_catalog_process,
+        stop_process,
+        write_catalog_config,
+    )
+
+    port = free_loopback_port()
+    location = f"s3://{moto.bucket}/short_{uuid.uuid4().hex[:6]}"
+    config_path = write_catalog_config(
+        workdir, moto, port, {"location": location}, token_lifetime_seconds=TOKEN_LIFETIME
+    )
+    server = CatalogServer(
+        url=f"http://127.0.0.1:{port}",
+        port=port,
+        pid=0,
+        warehouse="wh",
+        warehouse_location=location,
+        workdir=workdir,
+        config_path=config_path,
+        log_path=catalog_log_path(workdir),
+        moto=moto,
+        admin=CatalogPrincipal("", "", ""),
+    )
+    server.secrets.add(moto.secret_access_key)
+    server.admin = server.create_principal("admin", admin=True)
+    process = start_catalog_process(config_path, workdir, port)
+    server.pid = process.pid
+    try:
+        yield server
+    finally:
+        stop_process(process)
+
+
+def _exchanges(log: str, user: str) -> int:
+    return sum(1 for line in log.splitlines() if f"delegated token for user:{user} exchanged" in line)
+
+
+def test_delegated_tokens_are_cached_per_user_re_exchanged_before_expiry_and_expired_users_refused(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    from sqe_stack.provision import stop_child
+    from tests.conftest import CatalogPrincipal, pyiceberg_catalog
+
+    with _short_lived_catalog(tmp_path / "catalog", catalog_server.moto) as catalog:
+        writer = _principal(catalog, "writer", [("NAMESPACE_FULL_METADATA", None), ("TABLE_CREATE", None)])
+        catalog.admin_cli("grant", "writer_role", "TABLE_WRITE_DATA", "--warehouse", catalog.warehouse)
+        alice = _principal(catalog, "alice", [("TABLE_READ_DATA", None)])
+        out = json.loads(catalog.admin_cli("create-principal", "engine", "--reader"))
+        reader = CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
+        catalog.secrets.add(reader.client_secret)
+        with pytest.MonkeyPatch.context() as env:
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+                env.delenv(name, raising=False)
+            writing = pyiceberg_catalog(catalog, writer)
+            writing.create_namespace("short")
+            writing.create_table(("short", "people"), schema=PEOPLE.schema).append(PEOPLE)
+        rules = tmp_path / "alice.json"
+        rules.write_text(json.dumps(ALICE), encoding="utf-8")
+        target = ["--warehouse", catalog.warehouse, "--namespace", "short", "--table", "people"]
+        catalog.admin_cli("set-restrictions", *target, "--principal", "alice", "--file", str(rules))
+        workdir = tmp_path / "server"
+        workdir.mkdir()
+        proc, port = start_server(workdir, _write_configs(workdir, catalog, **_reader_settings(reader)))
+        client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
+        sql = "SELECT id, region, ssn FROM short.people ORDER BY id"
+        log_path = workdir / "server.log"
+        try:
+            issued = time.monotonic()
+            token = catalog.token(alice)
+            for _ in range(3):  # one exchange serves every call of this token
+                assert _query(client, sql, _bearer(token)).to_pylist() == ALICE_ROWS
+            assert _exchanges(log_path.read_text(), "alice") == 1
+            # the delegated token lives no longer than alice's; past 80 % of its life the next call re-exchanges
+            time.sleep(max(0.0, issued + TOKEN_LIFETIME * 0.88 - time.monotonic()))
+            assert _query(client, sql, _bearer(token)).to_pylist() == ALICE_ROWS
+            assert _exchanges(log_path.read_text(), "alice") == 2
+            time.sleep(max(0.0, issued + TOKEN_LIFETIME + 1 - time.monotonic()))
+            with pytest.raises(flight.FlightUnauthenticatedError) as expired:  # the very next call
+                _query(client, sql, _bearer(token))
+            assert "Traceback" not in str(expired.value)
+            fresh = catalog.token(alice)  # a new token of the same user works again
+            assert _query(client, sql, _bearer(fresh)).to_pylist() == ALICE_ROWS
+        finally:
+            stop_child(proc)
+        log = log_path.read_text(errors="replace")
+        for secret in catalog.secrets:
+            assert secret not in log and secret not in str(expired.value)

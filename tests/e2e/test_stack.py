@@ -24,13 +24,14 @@ from sqe_stack.provision import pid_alive
 
 pytestmark = pytest.mark.e2e
 
-PRINCIPALS = ("admin", "analyst", "writer")
+PRINCIPALS = ("admin", "analyst", "writer", "sqe-engine")
+PROCESSES = {"moto", "catalog", "worker-1", "server"}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     dir = tmp_path_factory.mktemp("moto-stack")
-    assert main(["up", "--dir", str(dir), "--credential-lifetime", "900"]) == 0
+    assert main(["up", "--dir", str(dir), "--credential-lifetime", "900", "--workers", "1"]) == 0
     try:
         yield load_stack(dir)
     finally:
@@ -68,7 +69,7 @@ def _get_status(url: str, data: bytes | None = None) -> int:
 def test_up_records_processes_and_endpoints(stack: StackInfo) -> None:
     doc = json.loads((stack.dir / "stack.json").read_text())
     assert doc["store"] == "moto" and doc["state"] == "running"
-    assert set(doc["pids"]) == {"moto", "catalog"}
+    assert set(doc["pids"]) == PROCESSES
     assert all(pid_alive(pid) for pid in doc["pids"].values())
     assert doc["s3_endpoint"].startswith("http://127.0.0.1:") and doc["sts_endpoint"] == doc["s3_endpoint"]
     assert doc["catalog_uri"].startswith("http://127.0.0.1:")
@@ -76,6 +77,8 @@ def test_up_records_processes_and_endpoints(stack: StackInfo) -> None:
     assert set(doc["principals"]) == set(PRINCIPALS)
     assert doc["principals"]["analyst"]["config"] == str(stack.dir / "analyst.toml")
     assert doc["started_at"]
+    assert doc["server_url"].startswith("grpc://127.0.0.1:") and len(doc["workers"]) == 1
+    assert doc["principals"]["sqe-engine"]["config"] == str(stack.dir / "sqe-engine.toml")
 
 
 def test_stack_json_holds_no_secret(stack: StackInfo) -> None:
@@ -86,7 +89,8 @@ def test_stack_json_holds_no_secret(stack: StackInfo) -> None:
 
 
 def test_secret_files_are_private(stack: StackInfo) -> None:
-    for name in ("catalog.toml", "catalog.db", *(f"{p}.toml" for p in PRINCIPALS)):
+    service_files = ("server.toml", "server-engine.toml", "worker.token")
+    for name in ("catalog.toml", "catalog.db", *service_files, *(f"{p}.toml" for p in PRINCIPALS)):
         assert stat.S_IMODE(os.stat(stack.dir / name).st_mode) == 0o600, name
 
 
@@ -136,8 +140,56 @@ def test_status_reports_alive(stack: StackInfo, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     for name, pid in stack.pids.items():
         assert f"{name}" in out and f"pid {pid}" in out
-    assert out.count("alive") == 2 and "not running" not in out
+    assert out.count("alive") == len(PROCESSES) and "not running" not in out
+    assert stack.server_url in out
     assert stack.s3_endpoint in out and stack.catalog_uri in out
+
+
+def test_the_server_serves_the_restricted_analyst_whom_the_catalog_refuses_directly(stack: StackInfo) -> None:
+    """The stack's sqe serve (reader sqe-engine, one worker) gives the analyst filtered, masked rows; the analyst's
+    own pyiceberg load is refused; the analyst's own config keeps working for an unrestricted table."""
+    from pyiceberg.exceptions import ForbiddenError
+
+    import sqe.api
+    from sqe.config import load_config
+    from sqe.server.client import RemoteSession
+    from sqe_catalog.admin import open_auth_store
+    from sqe_stack import service
+    from sqe_stack.catalog import load_catalog_config
+    from sqe_stack.demo import _client_props, pyiceberg_round_trip, restrict_analyst
+
+    with open_auth_store(load_catalog_config(stack.catalog_config)) as store:
+        assert service.READER in [p.name for p in store.list_principals() if p.is_reader]
+    pyiceberg_round_trip(stack.principal_config("writer"), stack.principal_config("analyst"))
+    restrict_analyst(stack.catalog_config, stack.dir)
+    analyst = load_config(stack.principal_config("analyst"))
+    remote = RemoteSession(stack.server_url, analyst)
+    try:
+        rows = remote.sql("SELECT id, customer, amount FROM demo.sales.orders ORDER BY id").arrow().to_pylist()
+    finally:
+        remote.close()
+    assert rows == [{"id": 1, "customer": "ada", "amount": None}]
+    worker_log = (stack.dir / "logs" / "worker-1.log").read_text(errors="replace")
+    assert "fragment" in worker_log.lower(), "the server's scan did not run on its worker"
+    from pyiceberg.catalog.rest import RestCatalog
+
+    props = {
+        **_client_props(stack.principal_config("analyst")),
+        "header.X-Gravitino-Client-Capabilities": "read-restrictions.v1",
+    }
+    with pytest.raises(ForbiddenError, match="only serves this table through a trusted reader"):
+        RestCatalog("bypass", **props).load_table("sales.orders")
+    writer = RestCatalog("w", **_client_props(stack.principal_config("writer")))
+    import pyarrow as pa
+
+    writer.create_table_if_not_exists("sales.open_data", schema=pa.schema([("x", pa.int64())])).append(
+        pa.table({"x": pa.array([7], pa.int64())})
+    )
+    with sqe.api.connect(stack.principal_config("analyst")) as own:  # embedded, own token, unrestricted table
+        assert own.sql("SELECT x FROM demo.sales.open_data").fetchall() == [(7,)]
+    logs = "".join(p.read_text(errors="replace") for p in (stack.dir / "logs").glob("*.log"))
+    for secret in _secrets(stack):
+        assert secret not in logs
 
 
 def test_second_up_on_a_running_dir_is_refused(stack: StackInfo, capsys: pytest.CaptureFixture[str]) -> None:

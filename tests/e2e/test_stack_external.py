@@ -92,12 +92,12 @@ def stack_dir(tmp_path_factory: pytest.TempPathFactory, external_moto: ExternalM
         stop_stack(dir)
 
 
-def test_up_starts_only_the_catalog_and_records_the_external_endpoints(
+def test_up_starts_no_store_and_records_the_external_endpoints(
     stack_dir: Path, external_moto: ExternalMoto
 ) -> None:
     info = load_stack(stack_dir)
     assert (info.store, info.state) == ("external", "running")
-    assert set(info.pids) == {"catalog"}  # the store is not ours to stop
+    assert set(info.pids) == {"catalog", "server"}  # catalog and SQE server only: the store is not ours to stop
     assert info.s3_endpoint == info.sts_endpoint == external_moto.endpoint
     doc = (stack_dir / "stack.json").read_text()
     assert external_moto.secret_access_key not in doc

@@ -1,0 +1,147 @@
+"""The stack's SQE service: the reader principal ``sqe-engine``, ``sqe serve`` acting as it, and scan workers.
+
+Restricted tables are served only to a trusted reader acting for an end user, so the stack runs the engine the
+way a deployment does: ``sqe stack up`` creates the reader principal (through the catalog's own admin store, like
+the other demo principals), writes ``server.toml`` (0600: it holds the reader secret) next to a user-less engine
+config, starts ``--workers N`` ``sqe-worker`` processes sharing one random coordinator token (0600 file), and
+then ``sqe serve`` with those workers. Every process is a :class:`~sqe_stack.provision.Daemon` recorded in
+``stack.json``, so ``stack down`` stops it and ``stack status`` shows it; ``stack.json`` names the server URL and
+the reader's config, never a secret.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from sqe._text import first_line
+from sqe_catalog.admin import describe_database_error, open_auth_store
+from sqe_catalog.errors import CatalogError
+from sqe_catalog.errors import ConfigError as CatalogConfigError
+from sqe_stack.catalog import REGION, WAREHOUSE, PrincipalCredentials, load_catalog_config
+from sqe_stack.provision import LOOPBACK, Daemon, StackError, free_ports, spawn, toml_str, wait_until, write_private
+
+READER = "sqe-engine"
+SERVER_CONFIG = "server.toml"
+SERVER_ENGINE_CONFIG = "server-engine.toml"
+WORKER_TOKEN = "worker.token"
+_START_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Service:
+    """What :func:`start_service` started: the server's URL and the workers' addresses."""
+
+    url: str
+    workers: tuple[str, ...]
+
+
+def create_reader_principal(catalog_config: Path) -> PrincipalCredentials:
+    """The reader principal ``sqe-engine`` (no grants of its own: it only acts for end users)."""
+    config = load_catalog_config(catalog_config)
+    try:
+        with open_auth_store(config) as store:
+            client_id, client_secret = store.create_principal(READER, reader=True)
+    except (CatalogError, CatalogConfigError) as exc:
+        raise StackError(f"creating the reader principal failed: {first_line(exc)}") from None
+    except SQLAlchemyError as exc:
+        raise StackError(
+            f"creating the reader principal failed: database error: {describe_database_error(exc)}"
+        ) from None
+    return PrincipalCredentials(name=READER, client_id=client_id, client_secret=client_secret)
+
+
+def server_engine_config_text(catalog_uri: str, s3_endpoint: str, workers: Sequence[str], token_file: Path) -> str:
+    """The engine settings every user session of the server shares: no user credential at all."""
+    text = f"""# Engine settings of the stack's `sqe serve`, written by `sqe stack up`. No credential: every user
+# session runs on that user's delegated token (see server.toml).
+[catalog]
+uri = {toml_str(catalog_uri)}
+warehouse = {toml_str(WAREHOUSE)}
+access_delegation = "vended-credentials"
+require_vended_credentials = true
+
+[storage]
+endpoint = {toml_str(s3_endpoint)}
+region = {toml_str(REGION)}
+path_style = true
+"""
+    if workers:
+        token = token_file.read_text(encoding="utf-8").strip()
+        addresses = ", ".join(toml_str(address) for address in workers)
+        text += f"\n[coordinator]\nworkers = [{addresses}]\ntoken = {toml_str(token)}\n"
+    return text
+
+
+def server_config_text(reader: PrincipalCredentials, port: int) -> str:
+    return f"""# `sqe serve` of the stack, written by `sqe stack up` (0600: holds the reader secret).
+[server]
+engine_config = {toml_str(SERVER_ENGINE_CONFIG)}
+listen = {toml_str(f"{LOOPBACK}:{port}")}
+reader_client_id = {toml_str(reader.client_id)}
+reader_client_secret = {toml_str(reader.client_secret)}
+"""
+
+
+def _spawn_worker(dir: Path, index: int, port: int, token_file: Path) -> Daemon:
+    listen = f"{LOOPBACK}:{port}"
+    argv = [sys.executable, "-m", "workers.cli", "--listen", listen, "--token-file", str(token_file)]
+    return spawn(
+        f"worker-{index}",
+        argv,
+        dir / "logs" / f"worker-{index}.log",
+        markers=("workers.cli", listen),
+        env={"PYTHONUNBUFFERED": "1"},
+        scrub_aws_env=True,  # workers read with the credentials the server pushes, never ambient ones
+    )
+
+
+def _spawn_server(dir: Path, config: Path, port_file: Path) -> Daemon:
+    argv = [sys.executable, "-m", "sqe.cli", "serve", "--config", str(config), "--port-file", str(port_file)]
+    return spawn(
+        "server",
+        argv,
+        dir / "logs" / "server.log",
+        markers=("sqe.cli", "serve", str(config)),
+        env={"PYTHONUNBUFFERED": "1"},
+        scrub_aws_env=True,
+    )
+
+
+def _listening(port_file: Path) -> bool:
+    return port_file.is_file() and port_file.read_text(encoding="utf-8").strip().isdigit()
+
+
+def start_service(
+    dir: Path,
+    reader: PrincipalCredentials,
+    catalog_uri: str,
+    s3_endpoint: str,
+    workers: int,
+    started: list[Daemon],
+) -> Service:
+    """Start ``workers`` workers, then ``sqe serve`` wired to them; every process is appended to ``started``."""
+    ports = free_ports(workers + 1)
+    token_file = dir / WORKER_TOKEN
+    addresses: list[str] = []
+    if workers:
+        write_private(token_file, secrets.token_urlsafe(32) + "\n")
+        for index, port in enumerate(ports[1:], start=1):
+            started.append(_spawn_worker(dir, index, port, token_file))
+            addresses.append(f"{LOOPBACK}:{port}")
+    write_private(
+        dir / SERVER_ENGINE_CONFIG, server_engine_config_text(catalog_uri, s3_endpoint, addresses, token_file)
+    )
+    config = dir / SERVER_CONFIG
+    write_private(config, server_config_text(reader, ports[0]))
+    port_file = dir / "server.port"
+    port_file.unlink(missing_ok=True)
+    started.append(_spawn_server(dir, config, port_file))
+    hint = f" (see {dir / 'logs' / 'server.log'})"
+    wait_until(lambda: _listening(port_file), "sqe serve", timeout=_START_TIMEOUT, watch=started[-1:], log_hint=hint)
+    return Service(url=f"grpc://{LOOPBACK}:{ports[0]}", workers=tuple(addresses))
