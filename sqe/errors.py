@@ -98,6 +98,15 @@ class EncryptedTableError(QueryError):
     """The table uses Iceberg encryption; SQE refuses it before reading any file (never garbage)."""
 
 
+class ExternalAccessError(QueryError):
+    """A file table function or external table may not read this path (outside the allowed prefixes, inside a
+    governed table's location, or a local path that is not allowed)."""
+
+
+class CompactionConflictError(CommitConflictError):
+    """A concurrent commit removed a file OPTIMIZE was rewriting; its outputs were deleted, nothing committed."""
+
+
 class WorkerError(SQEError):
     pass
 

@@ -41,6 +41,7 @@ from sqe.errors import (
     QueryError,
     SQEError,
 )
+from sqe.execution.external import ExternalSources
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.execution.stream import QueryContext, ScanStream
 from sqe.planning.planner import ScanPlan, TaskCache, join_conjuncts, plan_scan, restrictions_of
@@ -193,6 +194,8 @@ class Session:
         self._check_catalog_name(self._default_warehouse)
         self._parser = connect_locked_down()  # parsing and constant folding only; never sees a table
         self._con = connect_locked_down(self._use_default_warehouse)
+        # issue 14: file table functions, external tables, OPTIMIZE (sqe/execution/external.py)
+        self._external = ExternalSources(config, provider, self._parser, self._con, self.resolve_name)
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._schemas: set[tuple[str, str]] = set()
@@ -211,6 +214,9 @@ class Session:
         """Run one statement. Queries run lazily when the Result is read."""
         with self._lock:
             self._check_open()
+            external = self._external.parse(text)  # issue 14: CREATE/DROP/SHOW EXTERNAL TABLE(S), OPTIMIZE
+            if external is not None:
+                return Result(self, table=self._external.run_statement(external))
             statement = classify(self._parser, text)
             if statement.kind == "prepare":
                 return self._sql_prepare(statement)
@@ -244,6 +250,7 @@ class Session:
                 raise QueryError("EXPLAIN supports queries only")
             planned = self._plan(statement)
             rows = [plan.describe() for plan in planned.scans.values()]
+            rows = self._external.explain_rows(rows)  # issue 14: file table functions and external tables
             if not rows:
                 return pa.table({"table": pa.array([], pa.string())})
             return pa.Table.from_pylist(rows)
@@ -322,6 +329,7 @@ class Session:
     # -- planning ---------------------------------------------------------------------------------------
 
     def _plan(self, statement: Statement) -> _Planned:
+        statement = self._external.rewrite(statement)  # issue 14: file calls / external tables -> streams
         if statement.kind == "select":
             scans, narrowed = self._plan_query(statement.text)
             return _Planned(statement, scans, narrowed)
