@@ -26,9 +26,9 @@ from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, Not, Or
 from pyiceberg.expressions.parser import parse as parse_expression
 from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
 from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import IdentityTransform
+from pyiceberg.typedef import EMPTY_DICT
 
 from sqe._text import first_line
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
@@ -87,7 +87,9 @@ def _result(rewritten: int, added: int, snapshot_id: int | None) -> pa.Table:
 def _refuse_restricted(loaded: LoadedTable) -> None:
     plan = restrictions_of(loaded)
     if plan.row_filter is not None or plan.column_masks or plan.always_false:
-        raise QueryError(f"OPTIMIZE is refused: {loaded.ident} has read-restrictions for you (rewriting needs raw rows)")
+        raise QueryError(
+            f"OPTIMIZE is refused: {loaded.ident} has read-restrictions for you (rewriting needs raw rows)"
+        )
 
 
 def _target_size(options: dict[str, Any]) -> int:

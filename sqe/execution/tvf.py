@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from os.path import commonpath
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
@@ -334,7 +335,7 @@ def resolve_call(
 def _common_base(patterns: Sequence[str]) -> str:
     fixed = [fixed_part(p) for p in patterns]
     paths = [object_path(f) if is_object_store(f) else _local_path(f) for f in fixed]
-    common = os.path.commonprefix(paths)
+    common = commonpath(paths)
     return common[: common.rfind("/") + 1] if "/" in common else common
 
 

@@ -115,6 +115,8 @@ def test_where_must_name_partition_columns(
     catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path
 ) -> None:
     name, _ = small_files_table(catalog_server, engine_writer, 2)
-    with connect(tmp_path, catalog_server, engine_writer) as s:
-        with pytest.raises(QueryError, match="WHERE may only name identity partition columns"):
-            s.sql(f"OPTIMIZE {name} WHERE id = 1")
+    with (
+        connect(tmp_path, catalog_server, engine_writer) as s,
+        pytest.raises(QueryError, match="WHERE may only name identity partition columns"),
+    ):
+        s.sql(f"OPTIMIZE {name} WHERE id = 1")
