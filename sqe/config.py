@@ -162,7 +162,11 @@ class CatalogConfig(ConfigSection):
 
 
 class TvfConfig(ConfigSection):
+    """File table functions (``read_parquet``, ``read_csv``, ``read_json``): where they may read at all."""
+
     allowed_object_store_prefixes: Array[str] = ()
+    # Local directories (absolute paths) the file table functions may read; empty: no local file at all.
+    allowed_local_prefixes: Array[str] = ()
 
 
 class StorageConfig(ConfigSection):
@@ -201,10 +205,21 @@ class CoordinatorConfig(ConfigSection):
         return reveal(self.token)
 
 
+class ExternalTablesConfig(ConfigSection):
+    """Hive-style external tables: where their definitions persist, and the key their own S3 keys are sealed with."""
+
+    # SQLite file of the definitions; relative paths are relative to the config file. Unset: beside the config
+    # file (``sqe-external-tables.db``), or in the working directory without one. load_config makes it absolute.
+    path: Unset[str] = None
+    # Environment variable holding the Fernet key (urlsafe base64, 32 bytes) that encrypts a mount's own keys.
+    key_env: str = "SQE_EXTERNAL_TABLES_KEY"
+
+
 class SQEConfig(ConfigSection):
     catalog: CatalogConfig
     storage: StorageConfig = Field(default_factory=StorageConfig)
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
+    external_tables: ExternalTablesConfig = Field(default_factory=ExternalTablesConfig)
 
     def static_key_pair(self) -> tuple[str, str] | None:
         """The ``[storage]`` access key pair, or None when SQE has no static key."""
@@ -295,6 +310,11 @@ def _validate_storage(s: StorageConfig, o: Origins) -> None:
     if s.session_token and not s.access_key_id:
         o.fail("storage.session_token", "requires storage.access_key_id and storage.secret_access_key")
     _check_object_store_prefixes(s.tvf.allowed_object_store_prefixes, "storage.tvf.allowed_object_store_prefixes", o)
+    for i, local in enumerate(s.tvf.allowed_local_prefixes):
+        if not Path(local).is_absolute() or "://" in local:
+            o.fail(
+                f"storage.tvf.allowed_local_prefixes[{i}]", "must be an absolute local directory, e.g. /data/exports"
+            )
 
 
 def _validate_coordinator(c: CoordinatorConfig, require_vended: bool, o: Origins) -> None:
@@ -340,4 +360,16 @@ def load_config(
     apply_overrides(tree, overrides or {}, origins)
     config = build(SQEConfig, tree, origins, _UNSUPPORTED_CHOICES)
     _validate(config, origins)
-    return config
+    return _anchor_external_tables(config, Path(path) if path is not None else None)
+
+
+EXTERNAL_TABLES_FILE = "sqe-external-tables.db"
+
+
+def _anchor_external_tables(config: SQEConfig, path: Path | None) -> SQEConfig:
+    """The definitions file beside the config file by default; a relative path is relative to that file."""
+    base = path.resolve().parent if path is not None else Path.cwd()
+    given = config.external_tables.path
+    where = base / EXTERNAL_TABLES_FILE if given is None else base / Path(given).expanduser()
+    section = config.external_tables.model_copy(update={"path": str(where)})
+    return config.model_copy(update={"external_tables": section})

@@ -103,6 +103,15 @@ class RestrictedTableError(QueryError):
     """The caller reads the table through read-restrictions, so SQE refuses to write it or show its metadata."""
 
 
+class ExternalAccessError(QueryError):
+    """A file table function or external table may not read this path (outside the allowed prefixes, inside a
+    governed table's location, or a local path that is not allowed)."""
+
+
+class CompactionConflictError(CommitConflictError):
+    """A concurrent commit removed a file OPTIMIZE was rewriting; its outputs were deleted, nothing committed."""
+
+
 class WorkerError(SQEError):
     pass
 

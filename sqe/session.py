@@ -51,6 +51,7 @@ from sqe.errors import (
     SQEError,
 )
 from sqe.execution import dml
+from sqe.execution.external import ExternalSources
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.execution.stream import QueryContext, ScanStream
 from sqe.planning import ddl
@@ -223,6 +224,8 @@ class Session:
         self._check_catalog_name(self._default_warehouse)
         self._parser = connect_locked_down()  # parsing and constant folding only; never sees a table
         self._con = connect_locked_down(self._use_default_warehouse)
+        # issue 14: file table functions, external tables, OPTIMIZE (sqe/execution/external.py)
+        self._external = ExternalSources(config, provider, self._parser, self._con, self.resolve_name)
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._schemas: set[tuple[str, str]] = set()
@@ -241,6 +244,9 @@ class Session:
         """Run one statement. Queries run lazily when the Result is read."""
         with self._lock:
             self._check_open()
+            external = self._external.parse(text)  # issue 14: CREATE/DROP/SHOW EXTERNAL TABLE(S), OPTIMIZE
+            if external is not None:
+                return Result(self, table=self._external.run_statement(external))
             statement = classify(self._parser, text)
             if statement.kind == "prepare":
                 return self._sql_prepare(statement)
@@ -297,6 +303,9 @@ class Session:
             for label, plan in self._explained_scans(planned):
                 described = _explain_values(plan, measured.get(label) if analyze else None)
                 rows.extend((label, key, value) for key, value in described.items())
+            for source in self._external.explain_rows([]):  # issue 14: file table functions, external tables
+                label = str(source.get("table"))
+                rows.extend((label, key, "" if value is None else str(value)) for key, value in source.items())
             return pa.Table.from_pylist(
                 [{"section": a, "property": b, "value": c} for a, b, c in rows], schema=_EXPLAIN_SCHEMA
             )
@@ -306,6 +315,7 @@ class Session:
         with self._lock:
             planned = self._plan_explained(text, ())
             rows = [plan.describe() for _, plan in self._explained_scans(planned)]
+            rows = self._external.explain_rows(rows)  # issue 14: file table functions and external tables
             if not rows:
                 return pa.table({"table": pa.array([], pa.string())})
             return pa.Table.from_pylist(rows)
@@ -375,6 +385,7 @@ class Session:
     # -- planning ---------------------------------------------------------------------------------------
 
     def _plan(self, statement: Statement) -> _Planned:
+        statement = self._external.rewrite(statement)  # issue 14: file calls / external tables -> streams
         planned = self._plan_statement(statement)
         planned.travels = self._plan_travels(statement.travels)
         return planned

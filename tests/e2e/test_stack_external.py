@@ -92,9 +92,7 @@ def stack_dir(tmp_path_factory: pytest.TempPathFactory, external_moto: ExternalM
         stop_stack(dir)
 
 
-def test_up_starts_no_store_and_records_the_external_endpoints(
-    stack_dir: Path, external_moto: ExternalMoto
-) -> None:
+def test_up_starts_no_store_and_records_the_external_endpoints(stack_dir: Path, external_moto: ExternalMoto) -> None:
     info = load_stack(stack_dir)
     assert (info.store, info.state) == ("external", "running")
     assert set(info.pids) == {"catalog", "server"}  # catalog and SQE server only: the store is not ours to stop
