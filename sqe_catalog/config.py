@@ -31,6 +31,8 @@ class ServerConfig(ConfigSection):
     log_level: str = "info"
     # Seconds a pyiceberg commit may take before the server gives up on a lost race (retries are the client's).
     request_timeout_seconds: float = 30.0
+    # Tag-based row-filter and column-mask policies (sqe_catalog.policies): off by default, as the design says.
+    read_restriction_policies: bool = False
 
     def signing_key_bytes(self) -> bytes | None:
         """The configured token signing key, for HMAC only; None when each process should pick a random one."""
