@@ -20,7 +20,8 @@ decoded exactly once (no other unescaping anywhere). No comments, exponents, lea
 trailing decimal points, single quotes or backticks.
 
 Limits (checked while parsing, so an oversized source never builds a large tree): 16 KiB of UTF-8 source,
-operation depth 8, 256 AST nodes, 4 KiB of UTF-8 per decoded string, 256 array elements.
+operation depth 8, 256 AST nodes (an array is one node), 4 KiB of UTF-8 per decoded string, 256 array
+elements.
 
 Type rules: a filter's result and conditions are Boolean; a mask's result is ``action(...)`` with a known
 action name (a bare string is invalid) and its conditions are Boolean and context-only (no ``col``).
@@ -489,8 +490,7 @@ class _Parser:
         else:
             self._unexpected(token, "a literal array element")
             raise AssertionError("unreachable")  # pragma: no cover
-        self._node(token.pos)
-        return item
+        return item  # elements count against the array limit, the array itself as one node
 
 
 def _depth(expr: Expr) -> int:

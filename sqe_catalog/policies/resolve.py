@@ -263,15 +263,20 @@ def _mask_policy(
     entry["chosen-branch"] = "fallback" if chosen is None else chosen
     entry["action"] = action
     entry["signatures"] = {}
+    # Every action the rule can produce, fallback included, must apply to every selected column: whether a
+    # column can be masked never depends on who asks.
+    actions = [value.name for value, _ in rule.branches if isinstance(value, rego.Action)]
+    actions.append(rule.fallback.name if isinstance(rule.fallback, rego.Action) else action)
     for fid, matched in sorted(targets.items()):
         column = fields[fid]
-        try:
-            check_applicable(action, column)
-        except RestrictionError:
-            raise PolicyError(
-                "bind-action-not-applicable",
-                f"mask {action} of policy {policy.name} does not apply to column {column.name!r}",
-            ) from None
+        for candidate in dict.fromkeys(actions):
+            try:
+                check_applicable(candidate, column)
+            except RestrictionError:
+                raise PolicyError(
+                    "bind-action-not-applicable",
+                    f"mask {candidate} of policy {policy.name} does not apply to column {column.name!r}",
+                ) from None
         provenance = {"policy": policy.name, "tags": [m["tag"] for m in matched]}
         entry["signatures"][column.name] = candidates.add_mask(fid, action, provenance)
     entry["status"] = "applied"
