@@ -485,13 +485,17 @@ def _dotted_table(dotted: str) -> tuple[tuple[str, ...], str]:
     return validate_namespace(parts[:-1]), validate_table_name(parts[-1])
 
 
-def _policy_create(store: Any, _e: Engine, _t: WarehouseTables, _c: CatalogServerConfig, a: argparse.Namespace) -> _Output:
+def _policy_create(
+    store: Any, _e: Engine, _t: WarehouseTables, _c: CatalogServerConfig, a: argparse.Namespace
+) -> _Output:
     body = {"name": a.name, "policyType": a.type, "comment": a.comment, "content": {"expression": a.expression}}
     result: dict[str, Any] = store.create_policy(a.warehouse, body, _ADMIN_ACTOR).to_json()
     return result
 
 
-def _policy_update(store: Any, _e: Engine, _t: WarehouseTables, _c: CatalogServerConfig, a: argparse.Namespace) -> _Output:
+def _policy_update(
+    store: Any, _e: Engine, _t: WarehouseTables, _c: CatalogServerConfig, a: argparse.Namespace
+) -> _Output:
     changes: dict[str, Any] = {}
     if a.expression is not None:
         changes["content"] = {"expression": a.expression}
@@ -511,7 +515,9 @@ def _policy_enabled(enabled: bool) -> Callable[..., _Output]:
     return command
 
 
-def _policy_show(store: Any, _e: Engine, _t: WarehouseTables, _c: CatalogServerConfig, a: argparse.Namespace) -> _Output:
+def _policy_show(
+    store: Any, _e: Engine, _t: WarehouseTables, _c: CatalogServerConfig, a: argparse.Namespace
+) -> _Output:
     result: dict[str, Any] = store.policy(a.warehouse, a.name).to_json()
     result["history"] = store.history(a.warehouse, a.name)
     return result
@@ -529,7 +535,9 @@ def _tag_target(tables: WarehouseTables, a: argparse.Namespace) -> Any:
     return tag_target(tables, _namespace(a.namespace), a.table, a.column)
 
 
-def _preview(store: Any, engine: Engine, tables: WarehouseTables, config: CatalogServerConfig, a: argparse.Namespace) -> _Output:
+def _preview(
+    store: Any, engine: Engine, tables: WarehouseTables, config: CatalogServerConfig, a: argparse.Namespace
+) -> _Output:
     namespace, table_name = _dotted_table(a.table)
     loaded = tables.load_table(namespace, table_name)
     restrictions = RestrictionStore(engine, store)

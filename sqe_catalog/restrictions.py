@@ -93,8 +93,8 @@ from sqe_catalog.tables import Namespace, StoredTable
 __all__ = [
     "CAPABILITIES_HEADER",
     "READ_RESTRICTIONS_V1",
-    "GovernedLoadError",
     "THROUGH_A_TRUSTED_READER",
+    "GovernedLoadError",
     "ResolvedRestrictions",
     "RestrictionEntry",
     "RestrictionStore",
@@ -376,7 +376,9 @@ class RestrictionStore:
         if unchecked:
             return self._unchecked(unchecked, entries, snapshot, loaded, subject, what, request_id, show_detail)
         try:
-            resolution = self._run(loaded, subject, snapshot, [RawEntry(str(e.subject), e.restrictions) for e in entries])
+            resolution = self._run(
+                loaded, subject, snapshot, [RawEntry(str(e.subject), e.restrictions) for e in entries]
+            )
         except ResolutionError as exc:
             log.warning(
                 "read-restrictions on %s for principal %s cannot be served: code=%s request_id=%s",
@@ -399,9 +401,7 @@ class RestrictionStore:
         )
         return ResolvedRestrictions(resolution.wire, digest, resolution.signature, resolution.report)
 
-    def preview(
-        self, warehouse: str, loaded: StoredTable, principal: str, *, include_disabled: bool
-    ) -> dict[str, Any]:
+    def preview(self, warehouse: str, loaded: StoredTable, principal: str, *, include_disabled: bool) -> dict[str, Any]:
         """The explain report of resolving ``loaded`` for ``principal`` (nothing is enabled or stored)."""
         subject, entries = self._subject_and_entries(warehouse, loaded, principal)
         snapshot = None
@@ -458,7 +458,9 @@ class RestrictionStore:
             except ResolutionError:
                 alone = False
         if not alone:
-            log.warning("read-restrictions on %s: an unchecked entry cannot be combined (request id %s)", what, request_id)
+            log.warning(
+                "read-restrictions on %s: an unchecked entry cannot be combined (request id %s)", what, request_id
+            )
             raise GovernedLoadError(
                 "resolve-unchecked-combination",
                 request_id,
@@ -482,8 +484,10 @@ class RestrictionStore:
         """The end user's flat groups, every existing group and the applicable entries: one snapshot."""
         m = _group_members.c
         with self._engine.connect() as conn:
-            groups = frozenset(conn.execute(select(m.group_name).where(m.principal_name == principal)).scalars())
-            known = frozenset(conn.execute(select(_groups.c.name)).scalars())
+            groups: frozenset[str] = frozenset(
+                conn.execute(select(m.group_name).where(m.principal_name == principal)).scalars()
+            )
+            known: frozenset[str] = frozenset(conn.execute(select(_groups.c.name)).scalars())
             subjects = _subjects_of(principal, groups)
             entries = [e for e in self._table_entries(conn, warehouse, loaded) if e.subject in subjects]
         ordered = sorted(entries, key=lambda e: (e.subject.kind != SubjectKind.PRINCIPAL, e.subject.name))

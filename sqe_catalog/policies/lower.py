@@ -284,12 +284,15 @@ class _Lowering:
         return self.compare(expr, positive)
 
     def compare(self, expr: rego.Compare, positive: bool) -> Node:
-        left, right, op = expr.left, expr.right, expr.op
+        left, right = expr.left, expr.right
+        op: str = expr.op
         if op == "in":
             return self._membership(expr, positive)
         if isinstance(right, rego.Col) and not isinstance(left, rego.Col):
             left, right, op = right, left, _FLIP[op]  # field first
-        if isinstance(left, rego.SessionUser) or isinstance(right, rego.SessionUser) and isinstance(left, rego.Literal_):
+        if isinstance(left, rego.SessionUser) or (
+            isinstance(right, rego.SessionUser) and isinstance(left, rego.Literal_)
+        ):
             literal = right if isinstance(left, rego.SessionUser) else left
             assert isinstance(literal, rego.Literal_) and isinstance(literal.value, str)
             holds = (self._subject.user == literal.value) == (op == "==")

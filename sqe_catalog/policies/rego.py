@@ -33,7 +33,7 @@ Every failure is a ``RegoError`` with a stable code and the offset where it was 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -191,7 +191,7 @@ def _show(ch: str) -> str:
     return repr(ch) if ch.isprintable() else f"U+{ord(ch):04X}"
 
 
-def _word(source: str, start: int) -> Iterator[_Token]:
+def _word(source: str, start: int) -> Generator[_Token, None, int]:
     end = start
     while end < len(source) and source[end] in _WORD_CHARS:
         end += 1
@@ -199,7 +199,7 @@ def _word(source: str, start: int) -> Iterator[_Token]:
     return end
 
 
-def _number(source: str, start: int) -> Iterator[_Token]:
+def _number(source: str, start: int) -> Generator[_Token, None, int]:
     i, n = start, len(source)
     if source[i] == "-":
         i += 1
@@ -225,7 +225,7 @@ def _number(source: str, start: int) -> Iterator[_Token]:
     return i
 
 
-def _string(source: str, start: int) -> Iterator[_Token]:
+def _string(source: str, start: int) -> Generator[_Token, None, int]:
     i, n = start + 1, len(source)
     while i < n and source[i] != '"':
         i += 2 if source[i] == "\\" else 1
@@ -285,7 +285,7 @@ class _Parser:
         if token.kind == "word" and token.text not in KEYWORDS | BUILTINS:
             raise RegoError(
                 "rego-bare-identifier",
-                f"bare identifier {token.text!r}: column names are written col(\"name\")",
+                f'bare identifier {token.text!r}: column names are written col("name")',
                 token.pos,
             )
         shown = token.text if token.kind != "string" else "a string"
@@ -521,14 +521,10 @@ def _check_boolean(expr: Expr, *, context_only: bool) -> None:
         _check_boolean(expr.child, context_only=context_only)
     elif isinstance(expr, Compare):
         _check_compare(expr, context_only=context_only)
-    elif isinstance(expr, Literal_) and expr.kind == "boolean":
-        return
-    elif isinstance(expr, GroupMember):
+    elif (isinstance(expr, Literal_) and expr.kind == "boolean") or isinstance(expr, GroupMember):
         return
     elif isinstance(expr, Col):
-        raise RegoError(
-            "rego-not-boolean", 'a column is not a predicate: compare it, e.g. col("x") == true', expr.pos
-        )
+        raise RegoError("rego-not-boolean", 'a column is not a predicate: compare it, e.g. col("x") == true', expr.pos)
     else:
         raise RegoError("rego-not-boolean", "expected a Boolean expression", expr.pos)
 

@@ -318,8 +318,10 @@ def _combine(candidates: _Candidates, schema: Schema, report: dict[str, Any]) ->
     wire: dict[str, Any] = {}
     if len(candidates.filters) > 1:
         report["conflicts"].append(
-            {"kind": "row-filter", "candidates": [{"signature": s, "provenance": p} for s, (_w, p) in
-                                                  sorted(candidates.filters.items())]}
+            {
+                "kind": "row-filter",
+                "candidates": [{"signature": s, "provenance": p} for s, (_w, p) in sorted(candidates.filters.items())],
+            }
         )
         raise ResolutionError(
             "resolve-row-filter-conflict",
@@ -341,8 +343,9 @@ def _combine(candidates: _Candidates, schema: Schema, report: dict[str, Any]) ->
                 {
                     "kind": "column-mask",
                     "field-id": field_id,
-                    "candidates": [{"signature": s, "action": a, "provenance": p} for s, (a, p) in
-                                   sorted(options.items())],
+                    "candidates": [
+                        {"signature": s, "action": a, "provenance": p} for s, (a, p) in sorted(options.items())
+                    ],
                 }
             )
             raise ResolutionError(
@@ -354,8 +357,13 @@ def _combine(candidates: _Candidates, schema: Schema, report: dict[str, Any]) ->
         ((sig, (action, provenance)),) = options.items()
         projections.append({"field-id": field_id, "action": action})
         report["masks"].append(
-            {"field-id": field_id, "column": names.get(field_id), "action": action, "signature": sig,
-             "provenance": provenance}
+            {
+                "field-id": field_id,
+                "column": names.get(field_id),
+                "action": action,
+                "signature": sig,
+                "provenance": provenance,
+            }
         )
     if projections:
         wire[_PROJECTIONS] = projections

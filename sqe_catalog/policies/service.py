@@ -59,7 +59,7 @@ def target_from_json(tables: WarehouseTables, body: object) -> TagTarget:
     table, column = body.get("table"), body.get("column")
     if namespace is not None and not isinstance(namespace, list):
         raise BadRequestError("object.namespace must be a list of strings")
-    if table is not None and not isinstance(table, str) or column is not None and not isinstance(column, str):
+    if (table is not None and not isinstance(table, str)) or (column is not None and not isinstance(column, str)):
         raise BadRequestError("object.table and object.column must be strings")
     return tag_target(tables, tuple(namespace) if namespace is not None else None, table, column)
 

@@ -219,9 +219,7 @@ def _policy_type(value: object) -> PolicyType:
     try:
         return PolicyType(str(value))
     except ValueError:
-        raise PolicyError(
-            "policy-invalid-type", "policyType must be system_row_filter or system_column_mask"
-        ) from None
+        raise PolicyError("policy-invalid-type", "policyType must be system_row_filter or system_column_mask") from None
 
 
 def as_bad_request(exc: PolicyError) -> BadRequestError:
@@ -575,9 +573,7 @@ class PolicyStore:
             .where(a.warehouse == row.warehouse, a.policy_name == row.name)
             .order_by(a.tag, a.all_values.desc(), a.selector_value)
         )
-        selectors = tuple(
-            Selector(r.tag, None if r.all_values else r.selector_value) for r in conn.execute(query)
-        )
+        selectors = tuple(Selector(r.tag, None if r.all_values else r.selector_value) for r in conn.execute(query))
         return Policy(
             warehouse=row.warehouse,
             name=row.name,
