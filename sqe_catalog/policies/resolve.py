@@ -119,7 +119,8 @@ def resolve(
         wire = _combine(candidates, schema, report)
         if wire is not None:
             _final_check(wire, schema, all_schemas)
-    except ResolutionError:
+    except ResolutionError as exc:
+        report["error"] = {"code": exc.code, "message": exc.message}
         raise
     except PolicyError as exc:
         report["error"] = {"code": exc.code, "message": exc.message}
