@@ -433,6 +433,7 @@ class RestrictionStore:
             schema=metadata.schema(),
             all_schemas=metadata.schemas,
             namespace=loaded.namespace,
+            table_uuid=str(metadata.table_uuid),
             subject=subject,
             snapshot=snapshot,
             entries=entries,

@@ -95,6 +95,7 @@ def resolve(
     schema: Schema,
     all_schemas: Sequence[Schema],
     namespace: tuple[str, ...],
+    table_uuid: str,
     subject: Subject,
     snapshot: GovernanceSnapshot | None,
     entries: Sequence[RawEntry],
@@ -113,7 +114,7 @@ def resolve(
     candidates = _Candidates()
     try:
         if snapshot is not None:
-            _policy_candidates(snapshot, namespace, schema, subject, candidates, report, include_disabled)
+            _policy_candidates(snapshot, namespace, table_uuid, schema, subject, candidates, report, include_disabled)
         for entry in entries:
             _entry_candidates(entry, schema, all_schemas, candidates, report)
         wire = _combine(candidates, schema, report)
@@ -138,6 +139,7 @@ def resolve(
 def _policy_candidates(
     snapshot: GovernanceSnapshot,
     namespace: tuple[str, ...],
+    table_uuid: str,
     schema: Schema,
     subject: Subject,
     candidates: _Candidates,
@@ -145,7 +147,7 @@ def _policy_candidates(
     include_disabled: bool,
 ) -> None:
     table_tags = snapshot.table_tags(namespace)
-    column_tags = snapshot.column_tags(namespace, schema)
+    column_tags = snapshot.column_tags(namespace, schema, table_uuid)
     names = {f.field_id: f.name for f in schema.fields}
     report["tags"] = {
         "table": _tags_json(table_tags),

@@ -636,8 +636,13 @@ class GovernanceSnapshot:
                 ranked.append((len(namespace) + 1, a))
         return _nearest(ranked)
 
-    def column_tags(self, namespace: tuple[str, ...], schema: Schema) -> dict[int, dict[str, tuple[str | None, str]]]:
-        """Effective tags of every top-level column (field id -> key -> (value, origin))."""
+    def column_tags(
+        self, namespace: tuple[str, ...], schema: Schema, table_uuid: str
+    ) -> dict[int, dict[str, tuple[str | None, str]]]:
+        """Effective tags of every top-level column (field id -> key -> (value, origin)).
+
+        A column tag matches the field with its field id in the same table (a renamed column keeps it) and any
+        field with its name (a dropped and re-added column, or a re-created table, keeps it too)."""
         table_level = self.table_tags(namespace)
         result: dict[int, dict[str, tuple[str | None, str]]] = {}
         for field in schema.fields:
@@ -645,7 +650,10 @@ class GovernanceSnapshot:
                 a
                 for a in self.assignments
                 if a.target.kind is ObjectKind.COLUMN
-                and (a.target.field_id == field.field_id or a.target.column == field.name)
+                and (
+                    (a.target.field_id == field.field_id and a.target.table_uuid == table_uuid)
+                    or a.target.column == field.name
+                )
             ]
             own_by_tag: dict[str, tuple[str | None, str]] = {}
             for a in sorted(own, key=lambda a: (a.target.field_id != field.field_id, a.tag)):
