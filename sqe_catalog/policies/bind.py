@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation, localcontext
 
 from pyiceberg.schema import Schema
-from pyiceberg.types import NestedField, PrimitiveType
+from pyiceberg.types import NestedField
 
 from sqe.errors import RestrictionError
 from sqe.restrictions.literals import LiteralValue, decode_literal, type_name
@@ -84,10 +83,6 @@ def bind_column(schema: Schema, name: str) -> BoundField:
 
 def _bound(field: NestedField) -> BoundField:
     return BoundField(field.field_id, field.name, type_name(field.field_type), field.required)
-
-
-def bound_field_by_id(fields: Mapping[int, NestedField], field_id: int) -> BoundField:
-    return _bound(fields[field_id])
 
 
 def require_value_type(field: BoundField, *, ordering: bool) -> None:
@@ -189,12 +184,3 @@ def _temporal(kind: str, value: object, target: str, where: str) -> LiteralValue
         return decode_literal(value, target, "the column")
     except RestrictionError:
         raise PolicyError("bind-literal-out-of-range", f"{where} is not a valid {target}") from None
-
-
-def primitive_fields(schema: Schema) -> dict[int, NestedField]:
-    """Top-level fields by id (the only fields policies target in this version)."""
-    return {f.field_id: f for f in schema.fields}
-
-
-def is_primitive(field: NestedField) -> bool:
-    return isinstance(field.field_type, PrimitiveType)

@@ -7,11 +7,11 @@ become 400 with their stable code and position in the message) and returns JSON-
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqe_catalog.errors import BadRequestError
 from sqe_catalog.policies.errors import PolicyError
-from sqe_catalog.policies.store import ObjectKind, PolicyStore, Selector, TagTarget
+from sqe_catalog.policies.store import ObjectKind, Selector, TagTarget
 from sqe_catalog.tables import WarehouseTables, validate_namespace, validate_table_name
 
 __all__ = ["policy_errors", "selector_from_json", "tag_target", "target_from_json"]
@@ -78,7 +78,3 @@ def selector_from_json(body: object) -> Selector:
             raise BadRequestError("a TAG_VALUE selector needs a string 'value'")
         return Selector(str(body["tag"]), str(body["value"]))
     raise BadRequestError("selector must be ALL_VALUES or TAG_VALUE")
-
-
-def set_enabled(store: PolicyStore, warehouse: str, name: str, enabled: bool, actor: str) -> dict[str, Any]:
-    return store.update_policy(warehouse, name, {"enabled": enabled}, actor).to_json()

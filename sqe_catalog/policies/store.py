@@ -53,7 +53,7 @@ from sqlalchemy.exc import DBAPIError
 from sqe import vocabulary
 from sqe_catalog.errors import AlreadyExistsError, BadRequestError, NotFoundError
 from sqe_catalog.policies import rego
-from sqe_catalog.policies.errors import PolicyError, RegoError
+from sqe_catalog.policies.errors import PolicyError
 from sqe_catalog.schema import METADATA
 
 __all__ = [
@@ -220,15 +220,6 @@ def _policy_type(value: object) -> PolicyType:
         return PolicyType(str(value))
     except ValueError:
         raise PolicyError("policy-invalid-type", "policyType must be system_row_filter or system_column_mask") from None
-
-
-def as_bad_request(exc: PolicyError) -> BadRequestError:
-    """A save-time policy error for the client: code, message and (for source errors) position."""
-    error = BadRequestError(str(exc))
-    error.policy_code = exc.code  # type: ignore[attr-defined]
-    if isinstance(exc, RegoError):
-        error.position = exc.position  # type: ignore[attr-defined]
-    return error
 
 
 # ----------------------------------------------------------------------------------------------------
