@@ -8,8 +8,11 @@ A case is tags + policies + subject + schema -> canonical ``read-restrictions`` 
 - ``policies``: ``{"type", "expression", "tags": [{"tag", "selector", "value"?}], "enabled"?}``;
 - ``user``: ``alice`` (member of ``auditors`` and ``mask``) or ``bob`` (member of ``sales``); ``ghost`` is a group
   that does not exist;
+- ``via``: ``reader`` (default: a delegated token of the trusted reader) or ``own-token``; ``capabilities``: the
+  ``X-Gravitino-Client-Capabilities`` values sent (default ``["read-restrictions.v1"]``);
 - ``expect``: ``{"read-restrictions": JSON|null}``, ``{"load-error": code}`` (403 with that code and a request
-  id, no policy name) or ``{"save-error": code}`` (creating the policy answers 400 with that code).
+  id, no policy name), ``{"status": 403|406}`` (refused, no metadata) or ``{"save-error": code}`` (creating the
+  policy answers 400 with that code).
 
 ``{alice}``, ``{bob}``, ``{auditors}``, ``{sales}``, ``{mask}``, ``{ghost}`` in a case are replaced by the module's
 real names. Policies are created disabled, attached and enabled through the REST endpoints, and deleted after
@@ -136,10 +139,21 @@ def _policy(c: Conformance, name: str, policy: dict[str, Any], prefix: str) -> r
     return c.api("POST", "/policies", body)
 
 
-def _load(c: Conformance, user: str, namespace: list[str]) -> requests.Response:
-    token = c.server.delegated_token(c.users[user], c.reader)
+def _load(c: Conformance, case: dict[str, Any], namespace: list[str]) -> requests.Response:
+    """Through the reader by default; ``"via": "own-token"`` is the user's own token (never trusted), and
+    ``"capabilities"`` replaces the capability header lines (``[]``: none sent)."""
+    user = c.users[case.get("user", "alice")]
+    own = case.get("via") == "own-token"
+    token = c.server.token(user) if own else c.server.delegated_token(user, c.reader)
     url = f"{c.server.url}/v1/{c.server.warehouse}/namespaces/{'%1F'.join(namespace)}/tables/t"
-    return requests.get(url, headers={"Authorization": f"Bearer {token}", **DECLARED}, timeout=30)
+    lines = case.get("capabilities", [READ_RESTRICTIONS_V1])
+    headers = [("Authorization", f"Bearer {token}"), *((CAPABILITIES_HEADER, line) for line in lines)]
+    with requests.Session() as session:
+        request = requests.Request("GET", url).prepare()
+        request.headers.clear()
+        for name, value in headers:  # several lines of one header, as a client may send them
+            request.headers[name] = value if name not in request.headers else f"{request.headers[name]}, {value}"
+        return session.send(request, timeout=30)
 
 
 @pytest.mark.parametrize("case", [case for _, case in CASES], ids=[name for name, _ in CASES])
@@ -170,8 +184,12 @@ def test_policy_case(conformance: Conformance, case: dict[str, Any]) -> None:
             if policy.get("enabled", True):
                 assert c.ok("PUT", f"/policies/{name}", {"enabled": True})["enabled"] is True
         assert "save-error" not in case["expect"], "a save error was expected"
-        reply = _load(c, case.get("user", "alice"), namespace)
+        reply = _load(c, case, namespace)
         expect = case["expect"]
+        if "status" in expect:
+            assert reply.status_code == expect["status"], reply.text
+            assert "storage-credentials" not in reply.text and "metadata-location" not in reply.text
+            return
         if "load-error" in expect:
             assert reply.status_code == 403, reply.text
             message = reply.json()["error"]["message"]

@@ -50,6 +50,7 @@ class World:
     users: dict[str, CatalogPrincipal]
     reader: CatalogPrincipal
     admin_token: str
+    writer: CatalogPrincipal
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         reply = requests.request(
@@ -121,7 +122,7 @@ def world(catalog_server: CatalogServer, engine_writer: CatalogPrincipal) -> Ite
             env.delenv(name, raising=False)
         writer = pyiceberg_catalog(catalog_server, engine_writer)
         writer.create_namespace(namespace)
-        for table in ("orders", "public_orders"):
+        for table in ("orders", "public_orders", "drift"):
             writer.create_table((namespace, table), schema=orders.schema).append(orders)
     world = World(
         catalog_server,
@@ -129,6 +130,7 @@ def world(catalog_server: CatalogServer, engine_writer: CatalogPrincipal) -> Ite
         users,
         CatalogPrincipal(reader["name"], reader["client_id"], reader["client_secret"]),
         catalog_server.token(catalog_server.admin),
+        engine_writer,
     )
     world.api(
         "POST", "/tags", {"object": {"namespace": [namespace]}, "tag": f"sensitivity_{sfx}", "value": "restricted"}
@@ -236,6 +238,25 @@ def test_a_conflicting_policy_fails_the_query_closed(enabled: World) -> None:
     finally:
         enabled.api("DELETE", f"/policies/{name}")
     assert len(enabled.rows("bob")) == 2
+
+
+def test_a_renamed_column_fails_the_inherited_filter_closed(enabled: World) -> None:
+    """``drift`` inherits the row filter; after ``owner`` is renamed, ``col("owner")`` binds to nothing."""
+    rows_policy = f"rows_{enabled.namespace[4:]}"
+    enabled.api("PUT", f"/policies/{rows_policy}", {"enabled": False})  # the writer is an end user like others
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+                env.delenv(name, raising=False)
+            writer = pyiceberg_catalog(enabled.server, enabled.writer)
+            table = writer.load_table((enabled.namespace, "drift"))
+            with table.update_schema() as update:
+                update.rename_column("owner", "holder")
+    finally:
+        enabled.api("PUT", f"/policies/{rows_policy}", {"enabled": True})
+    with enabled.session("bob") as session, pytest.raises(PermissionDeniedError) as err:
+        session.sql(f"SELECT id FROM {enabled.namespace}.drift").arrow()
+    assert "[bind-unknown-column]" in str(err.value), "never an unrestricted answer"
 
 
 def test_the_catalog_log_holds_no_secret(enabled: World) -> None:
