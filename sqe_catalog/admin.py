@@ -21,6 +21,18 @@ data grants of its own::
     list-readers
     list-untrusted-readers                   (every principal that is not a reader)
 
+Tag-based policies (``sqe_catalog.policies``; served only with ``[server] read_restriction_policies = true``,
+managed and previewed either way)::
+
+    create-policy --warehouse W NAME --type system_row_filter|system_column_mask --expression E [--comment C]
+    update-policy --warehouse W NAME [--expression E] [--comment C]
+    enable-policy / disable-policy / delete-policy / show-policy --warehouse W NAME
+    list-policies --warehouse W
+    attach-policy / detach-policy --warehouse W NAME --tag T [--value V]   (no --value: ALL_VALUES)
+    set-tag / remove-tag --warehouse W [--namespace a.b [--table T [--column C]]] --tag T [--value V]
+    list-tags --warehouse W
+    preview-restrictions --warehouse W --user U --table a.b.T [--enabled-only]
+
 ``set-restrictions`` reads the table's current metadata (with the warehouse's own key) and validates the
 document against its schema with SQE's parser; ``--file -`` reads standard input.
 """
@@ -79,6 +91,7 @@ def add_admin_commands(parser: argparse.ArgumentParser) -> None:
     sub.add_parser("list-untrusted-readers", help="principals that are not readers (JSON)")
     _restriction_parsers(sub)
     _integrity_parsers(sub)
+    _policy_parsers(sub)
 
 
 def _integrity_parsers(sub: Any) -> None:
@@ -148,6 +161,8 @@ def _run(config: CatalogServerConfig, args: argparse.Namespace) -> _Output:
     restriction_command = _RESTRICTION_COMMANDS.get(name)
     if name in _INTEGRITY_COMMANDS:
         return _run_integrity(config, name, args)
+    if name in _POLICY_COMMANDS:
+        return _run_policy(config, name, args)
     if command is None and restriction_command is None:
         raise BadRequestError(f"unknown admin command {getattr(args, 'admin_command', None)!r}")
     with _open_stores(config) as (store, engine):
@@ -373,3 +388,178 @@ _RESTRICTION_COMMANDS: dict[str, _RestrictionCommand] = {
     "clear-restrictions": _clear_restrictions,
     "list-restrictions": _list_restrictions,
 }
+
+
+# ----------------------------------------------------------------------------------------------------
+# policies: tags, row-filter and column-mask policies, preview (sqe_catalog.policies)
+
+_POLICY_COMMANDS = (
+    "create-policy",
+    "update-policy",
+    "enable-policy",
+    "disable-policy",
+    "delete-policy",
+    "show-policy",
+    "list-policies",
+    "attach-policy",
+    "detach-policy",
+    "set-tag",
+    "remove-tag",
+    "list-tags",
+    "preview-restrictions",
+)
+_ADMIN_ACTOR = "sqe-catalog admin"
+
+
+def _policy_parsers(sub: Any) -> None:
+    create = sub.add_parser("create-policy", help="create a (disabled) row-filter or column-mask policy")
+    _policy_name_args(create)
+    create.add_argument("--type", required=True, choices=["system_row_filter", "system_column_mask"])
+    create.add_argument("--expression", required=True, help="restricted Rego: 'filter := ...' or 'mask := ...'")
+    create.add_argument("--comment", default="")
+    update = sub.add_parser("update-policy", help="change a policy's expression or comment (a new revision)")
+    _policy_name_args(update)
+    update.add_argument("--expression")
+    update.add_argument("--comment")
+    for name, help_text in (
+        ("enable-policy", "enable a policy (preview it first)"),
+        ("disable-policy", "disable a policy"),
+        ("delete-policy", "delete a policy and its tag associations"),
+        ("show-policy", "a policy with its revisions (JSON)"),
+    ):
+        _policy_name_args(sub.add_parser(name, help=help_text))
+    sub.add_parser("list-policies", help="policies (JSON)").add_argument("--warehouse", required=True)
+    for name, help_text in (
+        ("attach-policy", "select a policy by a tag (ALL_VALUES, or TAG_VALUE with --value)"),
+        ("detach-policy", "remove a policy-on-tag selector"),
+    ):
+        parser = sub.add_parser(name, help=help_text)
+        _policy_name_args(parser)
+        parser.add_argument("--tag", required=True)
+        parser.add_argument("--value", help="TAG_VALUE selector (omit for ALL_VALUES)")
+    for name, help_text in (("set-tag", "assign a tag"), ("remove-tag", "remove a tag assignment")):
+        parser = sub.add_parser(name, help=f"{help_text} (warehouse, namespace, table or top-level column)")
+        parser.add_argument("--warehouse", required=True)
+        parser.add_argument("--namespace", help="dotted namespace (omit for the warehouse)")
+        parser.add_argument("--table")
+        parser.add_argument("--column", help="a top-level column of --table")
+        parser.add_argument("--tag", required=True)
+        if name == "set-tag":
+            parser.add_argument("--value")
+    sub.add_parser("list-tags", help="tag assignments (JSON)").add_argument("--warehouse", required=True)
+    preview = sub.add_parser(
+        "preview-restrictions", help="explain how restrictions resolve for a user and table (enables nothing)"
+    )
+    preview.add_argument("--warehouse", required=True)
+    preview.add_argument("--user", required=True, help="the end user (principal) to resolve for")
+    preview.add_argument("--table", required=True, help="dotted namespace and table, e.g. sales.eu.orders")
+    preview.add_argument(
+        "--enabled-only", action="store_true", help="only enabled policies (default: disabled ones too, as if on)"
+    )
+
+
+def _policy_name_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name")
+    parser.add_argument("--warehouse", required=True)
+
+
+def _run_policy(config: CatalogServerConfig, name: str, args: argparse.Namespace) -> _Output:
+    from sqe_catalog.policies.service import policy_errors
+
+    warehouse_name = _known_warehouse(config, args.warehouse)
+    warehouse = config.warehouse(warehouse_name)
+    assert warehouse is not None
+    with _open_stores(config) as (_auth, engine):
+        from sqe_catalog.policies.store import PolicyStore
+
+        store = PolicyStore(engine)
+        store.create_schema()
+        tables = WarehouseTables(warehouse, engine)
+        return policy_errors(lambda: _POLICY_HANDLERS[name](store, engine, tables, config, args))
+
+
+def _dotted_table(dotted: str) -> tuple[tuple[str, ...], str]:
+    parts = tuple(dotted.split("."))
+    if len(parts) < 2 or not all(parts):
+        raise BadRequestError(f"invalid table {dotted!r}: use namespace.table, e.g. sales.orders")
+    return validate_namespace(parts[:-1]), validate_table_name(parts[-1])
+
+
+def _policy_create(
+    store: Any, _e: Engine, _t: WarehouseTables, _c: CatalogServerConfig, a: argparse.Namespace
+) -> _Output:
+    body = {"name": a.name, "policyType": a.type, "comment": a.comment, "content": {"expression": a.expression}}
+    result: dict[str, Any] = store.create_policy(a.warehouse, body, _ADMIN_ACTOR).to_json()
+    return result
+
+
+def _policy_update(
+    store: Any, _e: Engine, _t: WarehouseTables, _c: CatalogServerConfig, a: argparse.Namespace
+) -> _Output:
+    changes: dict[str, Any] = {}
+    if a.expression is not None:
+        changes["content"] = {"expression": a.expression}
+    if a.comment is not None:
+        changes["comment"] = a.comment
+    if not changes:
+        raise BadRequestError("nothing to change: give --expression and/or --comment")
+    result: dict[str, Any] = store.update_policy(a.warehouse, a.name, changes, _ADMIN_ACTOR).to_json()
+    return result
+
+
+def _policy_enabled(enabled: bool) -> Callable[..., _Output]:
+    def command(store: Any, _e: Engine, _t: WarehouseTables, _c: CatalogServerConfig, a: argparse.Namespace) -> _Output:
+        store.update_policy(a.warehouse, a.name, {"enabled": enabled}, _ADMIN_ACTOR)
+        return None
+
+    return command
+
+
+def _policy_show(
+    store: Any, _e: Engine, _t: WarehouseTables, _c: CatalogServerConfig, a: argparse.Namespace
+) -> _Output:
+    result: dict[str, Any] = store.policy(a.warehouse, a.name).to_json()
+    result["history"] = store.history(a.warehouse, a.name)
+    return result
+
+
+def _policy_selector(a: argparse.Namespace) -> Any:
+    from sqe_catalog.policies.store import Selector
+
+    return Selector(a.tag, a.value)
+
+
+def _tag_target(tables: WarehouseTables, a: argparse.Namespace) -> Any:
+    from sqe_catalog.policies.service import tag_target
+
+    return tag_target(tables, _namespace(a.namespace), a.table, a.column)
+
+
+def _preview(
+    store: Any, engine: Engine, tables: WarehouseTables, config: CatalogServerConfig, a: argparse.Namespace
+) -> _Output:
+    namespace, table_name = _dotted_table(a.table)
+    loaded = tables.load_table(namespace, table_name)
+    restrictions = RestrictionStore(engine, store)
+    report: dict[str, Any] = restrictions.preview(a.warehouse, loaded, a.user, include_disabled=not a.enabled_only)
+    report["policies-enabled-on-server"] = config.server.read_restriction_policies
+    return report
+
+
+_POLICY_HANDLERS: dict[str, Callable[..., _Output]] = {
+    "create-policy": _policy_create,
+    "update-policy": _policy_update,
+    "enable-policy": _policy_enabled(True),
+    "disable-policy": _policy_enabled(False),
+    "delete-policy": lambda s, _e, _t, _c, a: s.delete_policy(a.warehouse, a.name),
+    "show-policy": _policy_show,
+    "list-policies": lambda s, _e, _t, _c, a: [p.to_json() for p in s.policies(a.warehouse)],
+    "attach-policy": lambda s, _e, _t, _c, a: s.attach(a.warehouse, a.name, _policy_selector(a)),
+    "detach-policy": lambda s, _e, _t, _c, a: s.detach(a.warehouse, a.name, _policy_selector(a)),
+    "set-tag": lambda s, _e, t, _c, a: s.set_tag(a.warehouse, _tag_target(t, a), a.tag, a.value),
+    "remove-tag": lambda s, _e, t, _c, a: s.remove_tag(a.warehouse, _tag_target(t, a), a.tag),
+    "list-tags": lambda s, _e, _t, _c, a: [t.to_json() for t in s.tags(a.warehouse)],
+    "preview-restrictions": _preview,
+}
+
+# -- end policies ---------------------------------------------------------------------------------------

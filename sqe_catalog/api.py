@@ -76,7 +76,10 @@ from sqe_catalog.identifiers import parse_namespace_path
 from sqe_catalog.integrity.cleaner import BackgroundCleaner
 from sqe_catalog.integrity.notifications import metadata_response_json, parse_notification
 from sqe_catalog.planning import PlanStore, parse_plan_request, plan_files, response_tasks
+from sqe_catalog.policies.service import policy_errors, selector_from_json, target_from_json
+from sqe_catalog.policies.store import PolicyStore
 from sqe_catalog.restrictions import (
+    GovernedLoadError,
     ResolvedRestrictions,
     RestrictionStore,
     declared_capabilities,
@@ -128,6 +131,7 @@ class _State:
     config: CatalogServerConfig
     plans: PlanStore
     anonymous_principal: str | None = None
+    policies: PolicyStore | None = None  # None: [server] read_restriction_policies is off
     polaris_compat: bool = False  # Polaris mode (see ServerConfig.polaris_compat)
 
 
@@ -427,7 +431,7 @@ def _restrictions(call: _Call, table: StoredTable, operation: str) -> ResolvedRe
     principal = call.principal
     what = _table_name(call, table)
     try:
-        resolved = call.state.restrictions.resolve(call.prefix, table, principal.name, principal.groups)
+        resolved = _resolve(call, table)
     except CatalogError as exc:
         _audit(call, operation, what, None, "refused-unusable", exc.status)
         raise
@@ -449,6 +453,44 @@ def _restrictions(call: _Call, table: StoredTable, operation: str) -> ResolvedRe
             _audit(call, operation, what, resolved, "refused-write", exc.status)
             raise
     return resolved
+
+
+# -- policies: governed resolution with a request id (sqe_catalog.policies) ---------------------------------
+
+
+def _request_id(call: _Call) -> str:
+    """One id per request, in the governed error and the catalog's log line."""
+    state = call.request.state
+    if not hasattr(state, "request_id"):
+        state.request_id = secrets.token_hex(8)
+    return str(state.request_id)
+
+
+def _resolve(call: _Call, table: StoredTable) -> ResolvedRestrictions | None:
+    principal = call.principal
+    try:
+        return call.state.restrictions.resolve(
+            call.prefix,
+            table,
+            principal.name,
+            principal.groups,
+            request_id=_request_id(call),
+            show_detail=call.allowed(Privilege.CATALOG_MANAGE_POLICIES),
+        )
+    except GovernedLoadError as exc:
+        log.warning(
+            "governed %s %s refused: code=%s request_id=%s end_user=%s reader=%s",
+            call.request.method,
+            _table_name(call, table),
+            exc.code,
+            exc.request_id,
+            principal.name,
+            principal.actor or "-",
+        )
+        raise
+
+
+# -- end policies ---------------------------------------------------------------------------------------
 
 
 def _table_name(call: _Call, table: StoredTable) -> str:
@@ -622,7 +664,7 @@ def _commit_table(call: _Call) -> Response:
 def _commit_digest(call: _Call, table: StoredTable) -> str:
     """The restrictions digest for the committed metadata; one that no load can match if they stopped fitting."""
     try:
-        restricted = call.state.restrictions.resolve(call.prefix, table, call.principal.name, call.principal.groups)
+        restricted = _resolve(call, table)
     except CatalogError:
         return f"unresolved:{secrets.token_hex(8)}"
     return restricted.digest if restricted is not None else ""
@@ -645,6 +687,8 @@ def _rename_table(call: _Call) -> Response:
     _refuse_view_name(call, *target)
     call.warehouse.tables.rename_table(source, target)
     call.state.restrictions.renamed(call.prefix, source, target)
+    if call.state.policies is not None:  # policies: table and column tags follow the rename
+        call.state.policies.renamed(call.prefix, source, target)
     return _no_content()
 
 
@@ -828,6 +872,104 @@ def _cancel_plan(call: _Call) -> Response:
 # -- end sql-catalog: server-side scan planning ---------------------------------------------------------
 
 
+# -- policies: management endpoints (sqe_catalog.policies; only with read_restriction_policies = true) ------
+#
+# Every one needs CATALOG_MANAGE_POLICIES on the warehouse. Save-time errors are 400 with a stable code (and a
+# position for expression errors) in the message.
+
+
+def _policy_store(call: _Call) -> PolicyStore:
+    call.warehouse  # noqa: B018 - 404 for an unknown warehouse first
+    call.require(Privilege.CATALOG_MANAGE_POLICIES)
+    assert call.state.policies is not None  # the routes exist only when the feature is on
+    return call.state.policies
+
+
+def _policy_name(call: _Call) -> str:
+    return str(call.request.path_params["policy"])
+
+
+def _list_policies(call: _Call) -> Response:
+    store = _policy_store(call)
+    return _json({"policies": [p.to_json() for p in store.policies(call.prefix)]})
+
+
+def _create_policy(call: _Call) -> Response:
+    store, body = _policy_store(call), call.json()
+    policy = policy_errors(lambda: store.create_policy(call.prefix, body, call.principal.name))
+    return _json(policy.to_json())
+
+
+def _get_policy(call: _Call) -> Response:
+    store = _policy_store(call)
+    policy = store.policy(call.prefix, _policy_name(call))
+    return _json({**policy.to_json(), "history": store.history(call.prefix, policy.name)})
+
+
+def _update_policy(call: _Call) -> Response:
+    store, body = _policy_store(call), call.json()
+    policy = policy_errors(lambda: store.update_policy(call.prefix, _policy_name(call), body, call.principal.name))
+    return _json(policy.to_json())
+
+
+def _delete_policy(call: _Call) -> Response:
+    _policy_store(call).delete_policy(call.prefix, _policy_name(call))
+    return _no_content()
+
+
+def _attach_policy(call: _Call) -> Response:
+    store, selector = _policy_store(call), selector_from_json(call.json())
+    store.attach(call.prefix, _policy_name(call), selector)
+    return _json(store.policy(call.prefix, _policy_name(call)).to_json())
+
+
+def _detach_policy(call: _Call) -> Response:
+    store, selector = _policy_store(call), selector_from_json(call.json())
+    store.detach(call.prefix, _policy_name(call), selector)
+    return _no_content()
+
+
+def _list_tags(call: _Call) -> Response:
+    store = _policy_store(call)
+    return _json({"tags": [a.to_json() for a in store.tags(call.prefix)]})
+
+
+def _tag_body(call: _Call) -> tuple[PolicyStore, dict[str, Any]]:
+    store, body = _policy_store(call), call.json()
+    if set(body) - {"object", "tag", "value"} or not isinstance(body.get("tag"), str):
+        raise BadRequestError("a tag assignment is {object, tag, value?}")
+    return store, body
+
+
+def _set_tag(call: _Call) -> Response:
+    store, body = _tag_body(call)
+    target = target_from_json(call.warehouse.tables, body.get("object", {}))
+    store.set_tag(call.prefix, target, body["tag"], body.get("value"))
+    return _no_content()
+
+
+def _remove_tag(call: _Call) -> Response:
+    store, body = _tag_body(call)
+    target = target_from_json(call.warehouse.tables, body.get("object", {}))
+    store.remove_tag(call.prefix, target, body["tag"])
+    return _no_content()
+
+
+def _preview_restrictions(call: _Call) -> Response:
+    """Explain resolution for (user, table) without serving or enabling anything."""
+    _policy_store(call)
+    body = call.json()
+    user, include = body.get("user"), body.get("include-disabled", True)
+    if not isinstance(user, str) or not isinstance(include, bool):
+        raise BadRequestError("preview needs a string 'user' (and a Boolean 'include-disabled')")
+    namespace, name = _table_identifier(body.get("table"), "table")
+    table = call.warehouse.tables.load_table(namespace, name)
+    return _json(call.state.restrictions.preview(call.prefix, table, user, include_disabled=include))
+
+
+# -- end policies ---------------------------------------------------------------------------------------
+
+
 # ----------------------------------------------------------------------------------------------------
 # Routing
 
@@ -877,6 +1019,21 @@ _PLANNING_OPERATIONS: tuple[_Op, ...] = (
     _Op("POST", _TABLE + "/tasks", _fetch_tasks, needs_body=True),
 )
 ENDPOINTS: tuple[str, ...] = tuple(f"{op.method} {op.path}" for op in (*_OPERATIONS, *_PLANNING_OPERATIONS))
+# policies: management routes, present only with [server] read_restriction_policies = true
+_POLICY = "/v1/{prefix}/policies/{policy}"
+_POLICY_OPERATIONS: tuple[_Op, ...] = (
+    _Op("GET", "/v1/{prefix}/policies", _list_policies),
+    _Op("POST", "/v1/{prefix}/policies", _create_policy, needs_body=True),
+    _Op("GET", _POLICY, _get_policy),
+    _Op("PUT", _POLICY, _update_policy, needs_body=True),
+    _Op("DELETE", _POLICY, _delete_policy),
+    _Op("POST", _POLICY + "/tags", _attach_policy, needs_body=True),
+    _Op("POST", _POLICY + "/tags/detach", _detach_policy, needs_body=True),
+    _Op("GET", "/v1/{prefix}/tags", _list_tags),
+    _Op("POST", "/v1/{prefix}/tags", _set_tag, needs_body=True),
+    _Op("POST", "/v1/{prefix}/tags/remove", _remove_tag, needs_body=True),
+    _Op("POST", "/v1/{prefix}/restrictions/preview", _preview_restrictions, needs_body=True),
+)
 
 
 async def _read_body(request: Request) -> bytes:
@@ -963,7 +1120,8 @@ class _MethodNotAllowed(CatalogError):
 
 def _routes(state: _State) -> list[Route]:
     by_path: dict[str, dict[str, _Op]] = {}
-    for op in (*_OPERATIONS, *_PLANNING_OPERATIONS):
+    policy_ops = _POLICY_OPERATIONS if state.policies is not None else ()
+    for op in (*_OPERATIONS, *_PLANNING_OPERATIONS, *policy_ops):
         by_path.setdefault(op.path, {})[op.method] = op
     config_ops = {"GET": _Op("GET", "/v1/config", _get_config)}
     routes = [
@@ -1167,7 +1325,8 @@ def create_app(config: CatalogServerConfig) -> Starlette:
     engine = create_engine_for(config.server.database)
     auth = AuthStore(engine, _signing_key(config), config.server.token_lifetime_seconds)
     auth.create_schema()
-    restrictions = RestrictionStore(engine)
+    policies = PolicyStore(engine) if config.server.read_restriction_policies else None
+    restrictions = RestrictionStore(engine, policies)
     restrictions.create_schema()
     warehouses = {w.name: _new_warehouse(w, engine) for w in config.warehouses}
     plans = PlanStore(config.server.plan_lifetime_seconds)
@@ -1179,6 +1338,7 @@ def create_app(config: CatalogServerConfig) -> Starlette:
         config,
         plans,
         _sandbox_principal(config),
+        policies=policies,
         polaris_compat=config.server.polaris_compat,
     )
     cleaner = BackgroundCleaner(  # runs persisted purge tasks (sqe_catalog.integrity.cleaner)

@@ -42,8 +42,10 @@ Authorization model
       TABLE_DROP (never data access)
     - VIEW_READ_PROPERTIES → VIEW_LIST; VIEW_FULL_METADATA → every other VIEW_* privilege
     - NAMESPACE_FULL_METADATA → every other NAMESPACE_* privilege
-    - CATALOG_MANAGE_CONTENT → every privilege except CATALOG_MANAGE_ACCESS (data access included)
+    - CATALOG_MANAGE_CONTENT → every privilege except CATALOG_MANAGE_ACCESS and CATALOG_MANAGE_POLICIES (data
+      access included)
     - CATALOG_MANAGE_ACCESS → nothing else
+    - CATALOG_MANAGE_POLICIES (tags and read-restriction policies) → nothing else
 
     Nothing else is implicit: a table grant does not let its holder list or read the enclosing namespace.
     CATALOG_* privileges can only be granted at catalog level and NAMESPACE_* privileges at catalog or
@@ -115,6 +117,9 @@ __all__ = [
 class Privilege(enum.StrEnum):
     CATALOG_MANAGE_CONTENT = "CATALOG_MANAGE_CONTENT"
     CATALOG_MANAGE_ACCESS = "CATALOG_MANAGE_ACCESS"
+    # Tags, row-filter and column-mask policies, previews (sqe_catalog.policies); also lets its holder see the
+    # policy details of a governed load that fails. Implied by nothing: it can loosen restrictions.
+    CATALOG_MANAGE_POLICIES = "CATALOG_MANAGE_POLICIES"
     NAMESPACE_CREATE = "NAMESPACE_CREATE"
     NAMESPACE_LIST = "NAMESPACE_LIST"
     NAMESPACE_READ_PROPERTIES = "NAMESPACE_READ_PROPERTIES"
@@ -153,7 +158,9 @@ _DIRECT_IMPLICATIONS: dict[Privilege, frozenset[Privilege]] = {
         p for p in Privilege if p.name.startswith("NAMESPACE_") and p is not _P.NAMESPACE_FULL_METADATA
     ),
     _P.CATALOG_MANAGE_CONTENT: frozenset(
-        p for p in Privilege if p not in (_P.CATALOG_MANAGE_ACCESS, _P.CATALOG_MANAGE_CONTENT)
+        p
+        for p in Privilege
+        if p not in (_P.CATALOG_MANAGE_ACCESS, _P.CATALOG_MANAGE_CONTENT, _P.CATALOG_MANAGE_POLICIES)
     ),
 }
 

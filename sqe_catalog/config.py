@@ -53,6 +53,8 @@ class ServerConfig(ConfigSection):
     scan_planning: bool = True
     plan_lifetime_seconds: int = 600
     # -- end sql-catalog ---------------------------------------------------------------------------------
+    # Tag-based row-filter and column-mask policies (sqe_catalog.policies): off by default, as the design says.
+    read_restriction_policies: bool = False
 
     def signing_key_bytes(self) -> bytes | None:
         """The configured token signing key, for HMAC only; None when each process should pick a random one."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-__all__ = ["if_none_match_matches", "table_etag"]
+__all__ = ["governed_digest", "if_none_match_matches", "table_etag"]
 
 
 def table_etag(
@@ -30,6 +30,31 @@ def table_etag(
         fields.append(f"actor:{actor}")  # appended only when set, so own-token ETags stay as they were
     digest = hashlib.sha256(json.dumps(fields, separators=(",", ":")).encode("utf-8")).hexdigest()
     return f'"{digest}"'
+
+
+# -- governed responses (sqe_catalog.policies) ------------------------------------------------------------
+
+
+def governed_digest(
+    *,
+    end_user: str,
+    identity_revision: str,
+    governance_revision: int,
+    schema_id: int,
+    signature: str,
+    capability: str,
+) -> str:
+    """The restrictions digest of a governed response (``table_etag``'s ``restrictions_digest``).
+
+    With the metadata location, snapshot mode and reader that ``table_etag`` adds, a governed ETag covers
+    everything the design lists: metadata, end user and identity revision (its groups), policy and tag revision,
+    schema, canonical restriction signature, capability version and trusted-reader identity.
+    """
+    fields = [end_user, identity_revision, str(governance_revision), str(schema_id), signature, capability]
+    return hashlib.sha256(json.dumps(fields, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+# -- end governed responses -------------------------------------------------------------------------------
 
 
 def if_none_match_matches(header: str | None, etag: str) -> bool:

@@ -6,12 +6,15 @@ parser (``sqe.restrictions.parse_restrictions``) against the table's current sch
 and SQE agree on what is valid.
 
 Which entries apply, and how several combine (fail closed)
-    The caller's own principal entry plus the entries of every group it belongs to. Their row filters are
-    AND-ed and their column projections unioned (identical duplicates collapse). Two entries that apply to one
-    caller and mask the same column with different actions conflict: ``set-restrictions`` refuses an entry that
-    conflicts for any principal it applies to now (a principal entry against that principal's group entries; a
-    group entry against each member's other entries), and a conflict that arises later (membership changed)
-    refuses that caller's loads with 403 until an administrator resolves it. No entry ever loosens another.
+    The caller's own principal entry plus the entries of every group it belongs to, and (with
+    ``[server] read_restriction_policies = true``) every enabled tag-based policy selected for the table. All of
+    them go through one pipeline (``sqe_catalog.policies.resolve``): the same binding, canonicalization,
+    signatures and deduplication. Equal restrictions collapse (provenance kept); two *distinct* row filters for
+    one caller conflict (they used to be AND-ed: a conflict is now the rule of the Gravitino design), and so do
+    two distinct masks of one column. ``set-restrictions`` refuses an entry that conflicts for any principal it
+    applies to now; a conflict that arises later (membership changed, a policy was enabled) refuses that
+    caller's loads with 403, a stable code and a request id, until an administrator resolves it. No entry ever
+    loosens another.
 
 Entries are keyed by the table's UUID and also matched by its current name, so a rename keeps them and a table
 re-created under the old name is still restricted (it then has to fit the stored entries, or loads are refused).
@@ -75,9 +78,15 @@ from sqlalchemy.exc import DBAPIError
 
 from sqe import vocabulary
 from sqe.errors import RestrictionError
-from sqe.restrictions import RestrictionPlan, parse_restrictions, strict_json_loads
+from sqe.restrictions import parse_restrictions, strict_json_loads
 from sqe_catalog.auth import _group_members, _groups, _principals  # AuthStore's tables, read-only here
 from sqe_catalog.errors import BadRequestError, ForbiddenError, NotAcceptableError, NotFoundError
+from sqe_catalog.etag import governed_digest
+from sqe_catalog.policies.bind import Subject as PolicySubject
+from sqe_catalog.policies.lower import signature
+from sqe_catalog.policies.resolve import RawEntry, Resolution, ResolutionError
+from sqe_catalog.policies.resolve import resolve as resolve_policies
+from sqe_catalog.policies.store import GovernanceSnapshot, PolicyStore
 from sqe_catalog.schema import METADATA
 from sqe_catalog.tables import Namespace, StoredTable
 
@@ -85,6 +94,7 @@ __all__ = [
     "CAPABILITIES_HEADER",
     "READ_RESTRICTIONS_V1",
     "THROUGH_A_TRUSTED_READER",
+    "GovernedLoadError",
     "ResolvedRestrictions",
     "RestrictionEntry",
     "RestrictionStore",
@@ -102,8 +112,6 @@ CAPABILITIES_HEADER_NAME = vocabulary.CAPABILITIES_HEADER
 CAPABILITIES_HEADER = CAPABILITIES_HEADER_NAME.lower()  # Starlette's header lookups are case-insensitive anyway
 READ_RESTRICTIONS_V1 = vocabulary.READ_RESTRICTIONS_V1
 _TOKEN_RE = re.compile(r"[a-z0-9][a-z0-9.-]*")
-_FILTER = "required-row-filter"
-_PROJECTIONS = "required-column-projections"
 _MAX_TEXT = 1024 * 1024
 
 
@@ -163,10 +171,31 @@ class RestrictionEntry:
 
 @dataclass(frozen=True)
 class ResolvedRestrictions:
-    """What one caller must be served for one table: the combined wire object and its ETag digest."""
+    """What one caller must be served for one table: the combined wire object and its ETag digest.
+
+    ``digest`` covers the end user and its identity revision (its groups), the governance revision (tags and
+    policies), the schema, the canonical restriction signature and the capability version
+    (``sqe_catalog.etag.governed_digest``); the reader is added by the ETag itself."""
 
     wire: Any  # the ``read-restrictions`` value to return
     digest: str
+    signature: str = ""
+    report: dict[str, Any] | None = None
+
+
+class GovernedLoadError(ForbiddenError):
+    """A governed load that cannot be served: a stable ``code`` and a ``request_id`` (also in the catalog log);
+    ``detail`` names policies, tags or groups and is shown only to principals that may view policies."""
+
+    def __init__(self, code: str, request_id: str, detail: str, *, show_detail: bool = False) -> None:
+        message = (
+            f"read-restrictions for this table cannot be applied [{code}] (request id {request_id}); "
+            "access is refused until an administrator fixes them"
+        )
+        super().__init__(f"{message}: {detail}" if show_detail else message)
+        self.code = code
+        self.request_id = request_id
+        self.detail = detail
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -212,55 +241,12 @@ def parse_restrictions_text(text: str | bytes) -> Any:
 # Combining entries
 
 
-def _is_true(value: Any) -> bool:
-    return value is None or value is True or value == {"type": "true"}
-
-
 class RestrictionConflictError(BadRequestError):
-    """Two entries that apply to one caller mask the same column differently."""
+    """Entries that apply to one caller do not resolve together (distinct filters, distinct masks of a column)."""
 
 
-def _combine(documents: Iterable[Any]) -> dict[str, Any]:
-    """AND the row filters, union the projections; raises RestrictionConflictError on a conflicting mask."""
-    filters: list[Any] = []
-    projections: dict[int, dict[str, Any]] = {}
-    for document in documents:
-        if document is None:
-            continue  # an absent object: no restriction
-        if not isinstance(document, dict):
-            raise BadRequestError("read-restrictions must be a JSON object")
-        row_filter = document.get(_FILTER)
-        if not _is_true(row_filter):
-            filters.append(row_filter)
-        for projection in document.get(_PROJECTIONS) or []:
-            field_id = projection.get("field-id") if isinstance(projection, dict) else None
-            if not isinstance(field_id, int):
-                raise BadRequestError("read-restrictions: malformed column projection")
-            previous = projections.setdefault(field_id, projection)
-            if previous != projection:
-                raise RestrictionConflictError(
-                    f"read-restrictions conflict: field id {field_id} is masked with "
-                    f"{previous.get('action')!r} and {projection.get('action')!r} by entries that apply together"
-                )
-    combined: dict[str, Any] = {}
-    if projections:
-        combined[_PROJECTIONS] = [projections[field_id] for field_id in sorted(projections)]
-    if filters:
-        tree = filters[0]
-        for other in filters[1:]:
-            tree = {"type": "and", "left": tree, "right": other}
-        combined[_FILTER] = tree
-    return combined
-
-
-def _validate(document: Any, loaded: StoredTable) -> RestrictionPlan:
-    metadata = loaded.metadata
-    return parse_restrictions(document, metadata.schema(), all_schemas=metadata.schemas)
-
-
-def _digest(principal: str, wire: Any) -> str:
-    text = _canonical([principal, vocabulary.READ_RESTRICTIONS_V1, wire])
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+def _identity_revision(user: str, groups: Iterable[str]) -> str:
+    return hashlib.sha256(_canonical([user, sorted(groups)]).encode("utf-8")).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -270,11 +256,12 @@ def _digest(principal: str, wire: Any) -> str:
 class RestrictionStore:
     """Restriction entries in the catalog database (reader trust lives in ``AuthStore``). Thread-safe."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, policies: PolicyStore | None = None) -> None:
         self._engine = engine
+        self._policies = policies  # None: tag-based policies are switched off
 
     def __repr__(self) -> str:
-        return f"RestrictionStore(engine={self._engine!r})"
+        return f"RestrictionStore(engine={self._engine!r}, policies={self._policies is not None})"
 
     def create_schema(self) -> None:
         """Create the tables if missing; safe to call from several processes at once."""
@@ -311,8 +298,9 @@ class RestrictionStore:
             if checked:
                 stored = self._table_entries(conn, warehouse, loaded)
                 for principal, subjects in self._affected_callers(conn, subject):
-                    others = [e.restrictions for e in stored if e.checked and e.subject in subjects - {subject}]
-                    self._check_combination([*others, document], loaded, principal)
+                    others = [e for e in stored if e.checked and e.subject in subjects - {subject}]
+                    raw = [RawEntry(str(e.subject), e.restrictions) for e in others]
+                    self._check_combination([*raw, RawEntry(str(subject), document)], loaded, principal)
             conn.execute(delete(_entries).where(*self._subject_rows(warehouse, loaded, subject)))
             conn.execute(insert(_entries).values(**row))
 
@@ -358,59 +346,172 @@ class RestrictionStore:
     # --- serving ----------------------------------------------------------------------------------------
 
     def resolve(
-        self, warehouse: str, loaded: StoredTable, principal: str, groups: Iterable[str]
+        self,
+        warehouse: str,
+        loaded: StoredTable,
+        principal: str,
+        groups: Iterable[str] = (),
+        *,
+        request_id: str = "-",
+        show_detail: bool = False,
     ) -> ResolvedRestrictions | None:
-        """The restrictions that apply to the caller, or None when none do (absent, empty or always true).
+        """The restrictions that apply to the end user ``principal``, or None when none do.
 
-        Raises ForbiddenError when the applicable entries cannot be combined or no longer fit the table.
+        Raises GovernedLoadError (403, stable code, request id) when they cannot be resolved; the detail (policy,
+        tag and group names) is in the message only with ``show_detail``. ``groups`` is ignored: memberships
+        and group existence are read here, in one snapshot with the entries.
         """
-        subjects = _subjects_of(principal, groups)
-        with self._engine.connect() as conn:
-            entries = [e for e in self._table_entries(conn, warehouse, loaded) if e.subject in subjects]
-        if not entries:
-            return None
+        del groups
         what = ".".join([warehouse, *loaded.namespace, loaded.name])
-        if any(not e.checked for e in entries):
-            if len(entries) > 1:
-                raise ForbiddenError(self._unusable(what, principal, "an unchecked entry cannot be combined"))
-            return ResolvedRestrictions(entries[0].restrictions, _digest(principal, entries[0].restrictions))
-        ordered = sorted(entries, key=lambda e: (e.subject.kind != SubjectKind.PRINCIPAL, e.subject.name))
         try:
-            wire = _combine(e.restrictions for e in ordered)
-            plan = _validate(wire, loaded)
-        except (BadRequestError, RestrictionError) as exc:
-            log.warning("read-restrictions on %s for principal %s cannot be served: %s", what, principal, exc)
-            why = "entries that apply to it conflict" if isinstance(exc, RestrictionConflictError) else None
-            raise ForbiddenError(self._unusable(what, principal, why or "they no longer fit the table")) from None
-        if not plan.is_restricted:
+            subject, entries = self._subject_and_entries(warehouse, loaded, principal)
+            snapshot = None
+            if self._policies is not None:
+                uuid = str(loaded.metadata.table_uuid)
+                snapshot = self._policies.snapshot(warehouse, loaded.namespace, loaded.name, uuid)
+        except DBAPIError:
+            log.warning("read-restrictions on %s: identity or policy lookup failed (request id %s)", what, request_id)
+            raise GovernedLoadError("bind-identity-lookup-failed", request_id, "a database lookup failed") from None
+        unchecked = [e for e in entries if not e.checked]
+        if unchecked:
+            return self._unchecked(unchecked, entries, snapshot, loaded, subject, what, request_id, show_detail)
+        try:
+            resolution = self._run(
+                loaded, subject, snapshot, [RawEntry(str(e.subject), e.restrictions) for e in entries]
+            )
+        except ResolutionError as exc:
+            log.warning(
+                "read-restrictions on %s for principal %s cannot be served: code=%s request_id=%s",
+                what,
+                principal,
+                exc.code,
+                request_id,
+            )
+            raise GovernedLoadError(exc.code, request_id, exc.message, show_detail=show_detail) from None
+        if resolution.wire is None:
             return None
-        return ResolvedRestrictions(wire, _digest(principal, wire))
-
-    @staticmethod
-    def _unusable(what: str, principal: str, why: str) -> str:
-        return (
-            f"read-restrictions for principal {principal} on {what} cannot be applied ({why}); "
-            "access is refused until an administrator fixes them"
+        revision = snapshot.revision if snapshot is not None else 0
+        digest = governed_digest(
+            end_user=principal,
+            identity_revision=_identity_revision(principal, subject.groups),
+            governance_revision=revision,
+            schema_id=loaded.metadata.current_schema_id,
+            signature=resolution.signature,
+            capability=READ_RESTRICTIONS_V1,
         )
+        return ResolvedRestrictions(resolution.wire, digest, resolution.signature, resolution.report)
+
+    def preview(self, warehouse: str, loaded: StoredTable, principal: str, *, include_disabled: bool) -> dict[str, Any]:
+        """The explain report of resolving ``loaded`` for ``principal`` (nothing is enabled or stored)."""
+        subject, entries = self._subject_and_entries(warehouse, loaded, principal)
+        snapshot = None
+        if self._policies is not None:
+            uuid = str(loaded.metadata.table_uuid)
+            snapshot = self._policies.snapshot(warehouse, loaded.namespace, loaded.name, uuid)
+        raw = [RawEntry(str(e.subject), e.restrictions) for e in entries if e.checked]
+        try:
+            report = self._run(loaded, subject, snapshot, raw, include_disabled=include_disabled).report
+        except ResolutionError as exc:
+            report = exc.report
+        report["policies-enabled-on-server"] = self._policies is not None
+        report["include-disabled"] = include_disabled
+        report["unchecked-entries"] = [str(e.subject) for e in entries if not e.checked]
+        return report
+
+    def _run(
+        self,
+        loaded: StoredTable,
+        subject: PolicySubject,
+        snapshot: GovernanceSnapshot | None,
+        entries: list[RawEntry],
+        *,
+        include_disabled: bool = False,
+    ) -> Resolution:
+        metadata = loaded.metadata
+        return resolve_policies(
+            table=".".join([*loaded.namespace, loaded.name]),
+            schema=metadata.schema(),
+            all_schemas=metadata.schemas,
+            namespace=loaded.namespace,
+            table_uuid=str(metadata.table_uuid),
+            subject=subject,
+            snapshot=snapshot,
+            entries=entries,
+            include_disabled=include_disabled,
+        )
+
+    def _unchecked(
+        self,
+        unchecked: list[RestrictionEntry],
+        entries: list[RestrictionEntry],
+        snapshot: GovernanceSnapshot | None,
+        loaded: StoredTable,
+        subject: PolicySubject,
+        what: str,
+        request_id: str,
+        show_detail: bool,
+    ) -> ResolvedRestrictions:
+        """An unchecked entry is served verbatim and alone (it exists to exercise readers' fail-closed paths)."""
+        alone = len(entries) == 1
+        if alone and snapshot is not None:
+            try:
+                alone = self._run(loaded, subject, snapshot, []).wire is None
+            except ResolutionError:
+                alone = False
+        if not alone:
+            log.warning(
+                "read-restrictions on %s: an unchecked entry cannot be combined (request id %s)", what, request_id
+            )
+            raise GovernedLoadError(
+                "resolve-unchecked-combination",
+                request_id,
+                "an unchecked entry cannot be combined with other restrictions",
+                show_detail=show_detail,
+            )
+        document = unchecked[0].restrictions
+        digest = governed_digest(
+            end_user=subject.user,
+            identity_revision=_identity_revision(subject.user, subject.groups),
+            governance_revision=snapshot.revision if snapshot is not None else 0,
+            schema_id=loaded.metadata.current_schema_id,
+            signature=signature(document),
+            capability=READ_RESTRICTIONS_V1,
+        )
+        return ResolvedRestrictions(document, digest, signature(document))
+
+    def _subject_and_entries(
+        self, warehouse: str, loaded: StoredTable, principal: str
+    ) -> tuple[PolicySubject, list[RestrictionEntry]]:
+        """The end user's flat groups, every existing group and the applicable entries: one snapshot."""
+        m = _group_members.c
+        with self._engine.connect() as conn:
+            groups: frozenset[str] = frozenset(
+                conn.execute(select(m.group_name).where(m.principal_name == principal)).scalars()
+            )
+            known: frozenset[str] = frozenset(conn.execute(select(_groups.c.name)).scalars())
+            subjects = _subjects_of(principal, groups)
+            entries = [e for e in self._table_entries(conn, warehouse, loaded) if e.subject in subjects]
+        ordered = sorted(entries, key=lambda e: (e.subject.kind != SubjectKind.PRINCIPAL, e.subject.name))
+        return PolicySubject(principal, groups, known), ordered
 
     # --- helpers ----------------------------------------------------------------------------------------
 
     @staticmethod
     def _check_document(document: Any, loaded: StoredTable) -> None:
         try:
-            _validate(document, loaded)
+            parse_restrictions(document, loaded.metadata.schema(), all_schemas=loaded.metadata.schemas)
         except RestrictionError as exc:
             raise BadRequestError(f"read-restrictions rejected ({type(exc).__name__}): {exc}") from None
 
-    @staticmethod
-    def _check_combination(documents: list[Any], loaded: StoredTable, principal: str) -> None:
+    def _check_combination(self, entries: list[RawEntry], loaded: StoredTable, principal: str) -> None:
+        """The entries that would apply to ``principal`` together must resolve (policies are checked on load)."""
+        subject = PolicySubject(principal, frozenset(), frozenset())
         try:
-            _validate(_combine(documents), loaded)
-        except (BadRequestError, RestrictionError) as exc:
-            detail = exc.message if isinstance(exc, BadRequestError) else f"({type(exc).__name__}) {exc}"
-            raise BadRequestError(
+            self._run(loaded, subject, None, entries)
+        except ResolutionError as exc:
+            raise RestrictionConflictError(
                 f"read-restrictions for principal {principal} would not combine with its other entries on this "
-                f"table: {detail}"
+                f"table [{exc.code}]: {exc.message}"
             ) from None
 
     @staticmethod

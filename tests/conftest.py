@@ -278,7 +278,8 @@ def catalog_server(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoSe
     """``sqe-catalog serve`` on a free port (debug log in ``log_path``), warehouse ``wh``, an admin."""
     workdir = tmp_path_factory.mktemp("catalog")
     port = free_loopback_port()
-    config_path = write_catalog_config(workdir, moto_server, port)
+    # Tag-based policies on (tests/conformance/policies): without policies or tags nothing changes for others.
+    config_path = write_catalog_config(workdir, moto_server, port, read_restriction_policies=True)
     log_path = catalog_log_path(workdir)
     placeholder = CatalogPrincipal("", "", "")
     server = CatalogServer(

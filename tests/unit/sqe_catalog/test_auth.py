@@ -252,7 +252,12 @@ def test_privilege_implications() -> None:
     assert P.TABLE_READ_DATA not in full and P.TABLE_WRITE_DATA not in full
     namespace_all = {p for p in Privilege if p.name.startswith("NAMESPACE_")}
     assert implied_privileges(P.NAMESPACE_FULL_METADATA) == namespace_all
-    assert implied_privileges(P.CATALOG_MANAGE_CONTENT) == set(Privilege) - {P.CATALOG_MANAGE_ACCESS}
+    # CATALOG_MANAGE_POLICIES can loosen read-restrictions: content management does not imply it.
+    assert implied_privileges(P.CATALOG_MANAGE_CONTENT) == set(Privilege) - {
+        P.CATALOG_MANAGE_ACCESS,
+        P.CATALOG_MANAGE_POLICIES,
+    }
+    assert implied_privileges(P.CATALOG_MANAGE_POLICIES) == {P.CATALOG_MANAGE_POLICIES}
     assert implied_privileges(P.CATALOG_MANAGE_ACCESS) == {P.CATALOG_MANAGE_ACCESS}
     assert implied_privileges(P.TABLE_LIST) == {P.TABLE_LIST}
 

@@ -255,13 +255,18 @@ def test_principal_and_group_entries_combine_fail_closed(catalog: Catalog, tmp_p
     combined = catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"]
     assert combined["required-column-projections"] == MASK_EMAIL["required-column-projections"], "deduplicated"
     assert combined["required-row-filter"] == own_filter["required-row-filter"]
-    assert catalog.restrict(tmp_path, ONLY_EU, "--group", "analysts") == 0  # replaces the group's entry
-    combined = catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"]
-    assert combined["required-row-filter"] == {
-        "type": "and",
-        "left": own_filter["required-row-filter"],
-        "right": ONLY_EU["required-row-filter"],
-    }
+    # The same filter from the group deduplicates; a *different* one is a conflict (one resolution pipeline for
+    # raw entries and policies, as the Gravitino design says: distinct row filters are no longer AND-ed).
+    assert catalog.restrict(tmp_path, own_filter, "--group", "analysts") == 0
+    same = catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"]
+    assert same["required-row-filter"] == own_filter["required-row-filter"]
+    assert catalog.restrict(tmp_path, ONLY_EU, "--group", "analysts") == 1, "refused on save: distinct filters"
+    catalog.store.remove_from_group("alice", "analysts")
+    assert catalog.restrict(tmp_path, ONLY_EU, "--group", "analysts") == 0
+    catalog.store.add_to_group("alice", "analysts")  # the conflict arises later: the load fails closed
+    message = error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
+    assert "[resolve-row-filter-conflict]" in message and "request id " in message
+    assert "analysts" not in message, "no group, policy or entry name for a caller that may not view policies"
 
 
 def test_different_principals_may_mask_a_column_differently(catalog: Catalog, tmp_path: Path) -> None:
@@ -280,7 +285,8 @@ def test_conflicting_masks_for_one_caller_are_refused_on_save(
     assert catalog.restrict(tmp_path, other, "--principal", "alice") == 1
     error = capsys.readouterr().err
     assert "principal alice would not combine" in error
-    assert "field id 2 is masked with 'mask-alphanum' and 'show-last-4'" in error
+    assert "[resolve-mask-conflict]" in error
+    assert "mask-alphanum from entry of group analysts; show-last-4 from entry of principal alice" in error
     assert catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
     # The other direction: a group entry that conflicts with a member's own entry.
     assert catalog.restrict(tmp_path, other, "--principal", "bob") == 0
@@ -296,7 +302,7 @@ def test_a_conflict_from_a_later_membership_change_refuses_the_load(catalog: Cat
     assert catalog.restrict(tmp_path, other, "--principal", "bob") == 0
     catalog.store.add_to_group("bob", "analysts")
     message = error_of(catalog.request("bob", "GET", TABLE, headers=DECLARED), 403)
-    assert "cannot be applied (entries that apply to it conflict)" in message
+    assert "cannot be applied [resolve-mask-conflict] (request id " in message
     error_of(catalog.request("bob", "GET", TABLE + "/credentials", headers=DECLARED), 403)
 
 
@@ -378,7 +384,7 @@ def test_stored_restrictions_that_stop_fitting_the_schema_refuse_the_load(catalo
     other_schema = {**SCHEMA, "fields": SCHEMA["fields"][:2]}  # type: ignore[index]
     assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="t", schema=other_schema).status == 200
     message = error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
-    assert "cannot be applied (they no longer fit the table)" in message
+    assert "cannot be applied [entry-no-longer-fits] (request id " in message
 
 
 def test_unchecked_entries_are_served_verbatim_and_alone(catalog: Catalog, tmp_path: Path) -> None:
@@ -387,4 +393,5 @@ def test_unchecked_entries_are_served_verbatim_and_alone(catalog: Catalog, tmp_p
     assert catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == broken
     catalog.store.add_to_group("alice", "analysts")
     assert catalog.restrict(tmp_path, MASK_EMAIL, "--group", "analysts") == 0
-    assert "unchecked entry cannot be combined" in error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
+    refused = error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
+    assert "[resolve-unchecked-combination]" in refused

@@ -1,0 +1,390 @@
+"""Resolution: from tags, policies and raw entries to one canonical ``read-restrictions`` object (or an error).
+
+For one end user and one table load (the design's steps 1-8), in this order:
+
+1. effective tags of the table and of each top-level column (``GovernanceSnapshot``);
+2. enabled policies whose tag selectors match: row filters by the table's effective tags, masks by each
+   column's (which include the table's and its ancestors');
+3. parse and type-check each selected policy's expression;
+4. bind it to the subject (``session_user()``, groups) and the schema (field ids, literal types); a mask's
+   action must apply to the column (type, ``replace-with-null`` on a required field is invalid);
+5. canonicalize and sign (``sqe_catalog.policies.lower``); raw per-principal/group entries join here, parsed
+   by the engine's own parser and converted to the same canonical form;
+6. deduplicate equal signatures, keeping every (policy, tag) or entry as provenance;
+7. more than one distinct row-filter signature is a conflict (``resolve-row-filter-conflict``);
+8. more than one distinct mask signature for one field is a conflict (``resolve-mask-conflict``).
+
+A constant-true filter is omitted (recorded as such); constant false stays (deny all). The result is validated
+with the engine's parser (``sqe.restrictions.parse_restrictions``) as the last check. Any failure raises
+``ResolutionError`` with a stable code: the load fails, it never falls back to an unrestricted answer. The same
+run produces the explain report (``Resolution.report``) used by the preview endpoint and command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.schema import Schema
+
+from sqe.errors import RestrictionError
+from sqe.restrictions import check_applicable, parse_restrictions
+from sqe_catalog.policies import rego
+from sqe_catalog.policies.bind import Subject, bind_column
+from sqe_catalog.policies.errors import PolicyError
+from sqe_catalog.policies.lower import (
+    Const,
+    canonical,
+    from_predicate,
+    lower_filter,
+    select_mask,
+    signature,
+    to_wire,
+)
+from sqe_catalog.policies.store import GovernanceSnapshot, Policy, PolicyType
+
+__all__ = ["RawEntry", "Resolution", "ResolutionError", "resolve"]
+
+_FILTER = "required-row-filter"
+_PROJECTIONS = "required-column-projections"
+
+
+class ResolutionError(PolicyError):
+    """Resolution failed: the governed load must fail. ``detail`` names policies/tags (viewers only)."""
+
+    def __init__(self, code: str, message: str, report: dict[str, Any]) -> None:
+        super().__init__(code, message)
+        self.report = report
+
+
+@dataclass(frozen=True)
+class RawEntry:
+    """A checked raw read-restrictions entry that applies to the caller (``subject``: "principal alice")."""
+
+    subject: str
+    document: Any
+
+
+@dataclass
+class Resolution:
+    wire: dict[str, Any] | None  # None: nothing applies
+    signature: str  # "" when nothing applies
+    report: dict[str, Any]
+
+
+@dataclass
+class _Candidates:
+    filters: dict[str, tuple[Any, list[dict[str, Any]]]] = field(default_factory=dict)  # signature -> wire, prov
+    masks: dict[int, dict[str, tuple[str, list[dict[str, Any]]]]] = field(default_factory=dict)
+
+    def add_filter(self, wire: Any, provenance: dict[str, Any]) -> str:
+        sig = signature(wire)
+        self.filters.setdefault(sig, (wire, []))[1].append(provenance)
+        return sig
+
+    def add_mask(self, field_id: int, action: str, provenance: dict[str, Any]) -> str:
+        sig = signature({"field-id": field_id, "action": action})
+        self.masks.setdefault(field_id, {}).setdefault(sig, (action, []))[1].append(provenance)
+        return sig
+
+
+def resolve(
+    *,
+    table: str,
+    schema: Schema,
+    all_schemas: Sequence[Schema],
+    namespace: tuple[str, ...],
+    table_uuid: str,
+    subject: Subject,
+    snapshot: GovernanceSnapshot | None,
+    entries: Sequence[RawEntry],
+    include_disabled: bool = False,
+) -> Resolution:
+    """Run the pipeline; ResolutionError (with the partial report) on any failure."""
+    report: dict[str, Any] = {
+        "table": table,
+        "user": subject.user,
+        "groups": sorted(subject.groups),
+        "policies": [],
+        "entries": [],
+        "conflicts": [],
+        "omitted": [],
+    }
+    candidates = _Candidates()
+    try:
+        if snapshot is not None:
+            _policy_candidates(snapshot, namespace, table_uuid, schema, subject, candidates, report, include_disabled)
+        for entry in entries:
+            _entry_candidates(entry, schema, all_schemas, candidates, report)
+        wire = _combine(candidates, schema, report)
+        if wire is not None:
+            _final_check(wire, schema, all_schemas)
+    except ResolutionError as exc:
+        report["error"] = {"code": exc.code, "message": exc.message}
+        raise
+    except PolicyError as exc:
+        report["error"] = {"code": exc.code, "message": exc.message}
+        raise ResolutionError(exc.code, exc.message, report) from None
+    report["read-restrictions"] = wire
+    report["signature"] = signature(wire) if wire is not None else ""
+    report["error"] = None
+    return Resolution(wire, report["signature"], report)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Steps 1-4: selection, parsing, binding
+
+
+def _policy_candidates(
+    snapshot: GovernanceSnapshot,
+    namespace: tuple[str, ...],
+    table_uuid: str,
+    schema: Schema,
+    subject: Subject,
+    candidates: _Candidates,
+    report: dict[str, Any],
+    include_disabled: bool,
+) -> None:
+    table_tags = snapshot.table_tags(namespace)
+    column_tags = snapshot.column_tags(namespace, schema, table_uuid)
+    names = {f.field_id: f.name for f in schema.fields}
+    report["tags"] = {
+        "table": _tags_json(table_tags),
+        "columns": {names[fid]: _tags_json(tags) for fid, tags in column_tags.items() if tags},
+    }
+    for policy in sorted(snapshot.policies, key=lambda p: p.name):
+        entry: dict[str, Any] = {
+            "name": policy.name,
+            "policyType": policy.policy_type.value,
+            "enabled": policy.enabled,
+            "revision": policy.revision,
+        }
+        report["policies"].append(entry)
+        if policy.policy_type is PolicyType.ROW_FILTER:
+            _row_filter_policy(policy, table_tags, column_tags, schema, subject, candidates, entry, include_disabled)
+        else:
+            _mask_policy(policy, column_tags, schema, subject, candidates, entry, include_disabled)
+
+
+def _tags_json(tags: dict[str, tuple[str | None, str]]) -> dict[str, Any]:
+    return {tag: {"value": value, "from": origin} for tag, (value, origin) in sorted(tags.items())}
+
+
+def _matching(policy: Policy, tags: dict[str, tuple[str | None, str]]) -> list[dict[str, Any]]:
+    effective = {tag: value for tag, (value, _origin) in tags.items()}
+    return [
+        {**s.to_json(), "effective-value": effective[s.tag], "from": tags[s.tag][1]}
+        for s in policy.selectors
+        if s.matches(effective)
+    ]
+
+
+def _parsed(policy: Policy) -> rego.Rule:
+    content = policy.content
+    if set(content) != {"expression"}:
+        code = "policy-function-unsupported" if "function" in content else "policy-invalid-content"
+        raise PolicyError(code, f"policy {policy.name} has no usable expression")
+    return rego.parse(str(content["expression"]), policy.policy_type.rule_kind)
+
+
+def _selected(policy: Policy, entry: dict[str, Any], include_disabled: bool) -> bool:
+    if policy.enabled or include_disabled:
+        return True
+    entry["status"] = "omitted"
+    entry["reason"] = "disabled"
+    return False
+
+
+def _row_filter_policy(
+    policy: Policy,
+    table_tags: dict[str, tuple[str | None, str]],
+    column_tags: dict[int, dict[str, tuple[str | None, str]]],
+    schema: Schema,
+    subject: Subject,
+    candidates: _Candidates,
+    entry: dict[str, Any],
+    include_disabled: bool,
+) -> None:
+    matched = _matching(policy, table_tags)
+    entry["matched-tags"] = matched
+    if not matched:
+        on_columns = any(_matching(policy, tags) for tags in column_tags.values())
+        entry["status"] = "not-selected"
+        entry["reason"] = (
+            "selected only by column tags: row filters are selected by the table's effective tags"
+            if on_columns
+            else "no effective tag of the table matches"
+        )
+        return
+    if not _selected(policy, entry, include_disabled):
+        return
+    rule = _parsed(policy)
+    lowered = lower_filter(rule, subject, lambda name: bind_column(schema, name))
+    entry["branches"] = list(lowered.branches)
+    entry["chosen-branch"] = _chosen(lowered.branches)
+    wire = to_wire(lowered.node)
+    if isinstance(lowered.node, Const) and lowered.node.value:
+        entry["status"] = "omitted"
+        entry["reason"] = "the filter resolves to true for this user"
+        return
+    provenance = {"policy": policy.name, "tags": [m["tag"] for m in matched]}
+    entry["signature"] = candidates.add_filter(wire, provenance)
+    entry["status"] = "applied"
+
+
+def _chosen(branches: tuple[str, ...]) -> int | str | None:
+    for i, state in enumerate(branches):
+        if state == "true":
+            return i
+        if state == "row-dependent":
+            return "row-dependent"
+    return "fallback" if branches else None
+
+
+def _mask_policy(
+    policy: Policy,
+    column_tags: dict[int, dict[str, tuple[str | None, str]]],
+    schema: Schema,
+    subject: Subject,
+    candidates: _Candidates,
+    entry: dict[str, Any],
+    include_disabled: bool,
+) -> None:
+    fields = {f.field_id: f for f in schema.fields}
+    targets = {fid: _matching(policy, tags) for fid, tags in column_tags.items()}
+    targets = {fid: matched for fid, matched in targets.items() if matched}
+    entry["matched-tags"] = {fields[fid].name: matched for fid, matched in sorted(targets.items())}
+    if not targets:
+        entry["status"] = "not-selected"
+        entry["reason"] = "no effective tag of any column matches"
+        return
+    if not _selected(policy, entry, include_disabled):
+        return
+    rule = _parsed(policy)
+    action, chosen = select_mask(rule, subject)
+    entry["chosen-branch"] = "fallback" if chosen is None else chosen
+    entry["action"] = action
+    entry["signatures"] = {}
+    # Every action the rule can produce, fallback included, must apply to every selected column: whether a
+    # column can be masked never depends on who asks.
+    actions = [value.name for value, _ in rule.branches if isinstance(value, rego.Action)]
+    actions.append(rule.fallback.name if isinstance(rule.fallback, rego.Action) else action)
+    for fid, matched in sorted(targets.items()):
+        column = fields[fid]
+        for candidate in dict.fromkeys(actions):
+            try:
+                check_applicable(candidate, column)
+            except RestrictionError:
+                raise PolicyError(
+                    "bind-action-not-applicable",
+                    f"mask {candidate} of policy {policy.name} does not apply to column {column.name!r}",
+                ) from None
+        provenance = {"policy": policy.name, "tags": [m["tag"] for m in matched]}
+        entry["signatures"][column.name] = candidates.add_mask(fid, action, provenance)
+    entry["status"] = "applied"
+
+
+def _entry_candidates(
+    entry: RawEntry, schema: Schema, all_schemas: Sequence[Schema], candidates: _Candidates, report: dict[str, Any]
+) -> None:
+    try:
+        plan = parse_restrictions(entry.document, schema, all_schemas=all_schemas)
+    except RestrictionError:
+        raise PolicyError("entry-no-longer-fits", f"the entry of {entry.subject} no longer fits the table") from None
+    record: dict[str, Any] = {"subject": entry.subject}
+    report["entries"].append(record)
+    provenance = {"entry": entry.subject}
+    if plan.always_false:
+        record["row-filter-signature"] = candidates.add_filter(False, provenance)
+    elif plan.row_filter is not None:
+
+        def nullable(field_id: int) -> bool:
+            try:
+                return not schema.find_field(field_id).required
+            except ValueError:
+                return True
+
+        folded = canonical(from_predicate(plan.row_filter, nullable))
+        if not (isinstance(folded, Const) and folded.value):
+            record["row-filter-signature"] = candidates.add_filter(to_wire(folded), provenance)
+    for mask in plan.column_masks:
+        candidates.add_mask(mask.field_id, mask.action, provenance)
+    record["masked-field-ids"] = [m.field_id for m in plan.column_masks]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Steps 6-8: deduplication and conflicts
+
+
+def _combine(candidates: _Candidates, schema: Schema, report: dict[str, Any]) -> dict[str, Any] | None:
+    wire: dict[str, Any] = {}
+    if len(candidates.filters) > 1:
+        report["conflicts"].append(
+            {
+                "kind": "row-filter",
+                "candidates": [{"signature": s, "provenance": p} for s, (_w, p) in sorted(candidates.filters.items())],
+            }
+        )
+        raise ResolutionError(
+            "resolve-row-filter-conflict",
+            "distinct row filters apply to this user and table: "
+            + "; ".join(_provenance_text(p) for _s, (_w, p) in sorted(candidates.filters.items())),
+            report,
+        )
+    if candidates.filters:
+        ((sig, (filter_wire, provenance)),) = candidates.filters.items()
+        report["row-filter"] = {"signature": sig, "provenance": provenance}
+        wire[_FILTER] = filter_wire
+    names = {f.field_id: f.name for f in schema.fields}
+    projections = []
+    report["masks"] = []
+    for field_id in sorted(candidates.masks):
+        options = candidates.masks[field_id]
+        if len(options) > 1:
+            report["conflicts"].append(
+                {
+                    "kind": "column-mask",
+                    "field-id": field_id,
+                    "candidates": [
+                        {"signature": s, "action": a, "provenance": p} for s, (a, p) in sorted(options.items())
+                    ],
+                }
+            )
+            raise ResolutionError(
+                "resolve-mask-conflict",
+                f"distinct masks apply to column {names.get(field_id, field_id)!r}: "
+                + "; ".join(f"{a} from {_provenance_text(p)}" for _s, (a, p) in sorted(options.items())),
+                report,
+            )
+        ((sig, (action, provenance)),) = options.items()
+        projections.append({"field-id": field_id, "action": action})
+        report["masks"].append(
+            {
+                "field-id": field_id,
+                "column": names.get(field_id),
+                "action": action,
+                "signature": sig,
+                "provenance": provenance,
+            }
+        )
+    if projections:
+        wire[_PROJECTIONS] = projections
+    return wire or None
+
+
+def _provenance_text(provenance: list[dict[str, Any]]) -> str:
+    parts = []
+    for p in provenance:
+        if "policy" in p:
+            parts.append(f"policy {p['policy']} (tags {', '.join(p['tags'])})")
+        else:
+            parts.append(f"entry of {p['entry']}")
+    return " and ".join(parts)
+
+
+def _final_check(wire: dict[str, Any], schema: Schema, all_schemas: Sequence[Schema]) -> None:
+    try:
+        parse_restrictions(wire, schema, all_schemas=all_schemas)
+    except RestrictionError as exc:
+        raise PolicyError("resolve-invalid-restrictions", f"the resolved restrictions do not validate: {exc}") from None

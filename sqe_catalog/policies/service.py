@@ -1,0 +1,80 @@
+"""Administration operations shared by the REST endpoints and ``sqe-catalog admin``: one implementation each.
+
+Every function takes already-authorized input, raises ``CatalogError`` subclasses (save-time policy errors
+become 400 with their stable code and position in the message) and returns JSON-ready values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqe_catalog.errors import BadRequestError
+from sqe_catalog.policies.errors import PolicyError
+from sqe_catalog.policies.store import ObjectKind, Selector, TagTarget
+from sqe_catalog.tables import WarehouseTables, validate_namespace, validate_table_name
+
+__all__ = ["policy_errors", "selector_from_json", "tag_target", "target_from_json"]
+
+_T = TypeVar("_T")
+
+
+def policy_errors(action: Callable[[], _T]) -> _T:
+    """Run ``action``; a PolicyError becomes a 400 that keeps its code (and position) in the message."""
+    try:
+        return action()
+    except PolicyError as exc:
+        raise BadRequestError(str(exc)) from None
+
+
+def tag_target(
+    tables: WarehouseTables, namespace: tuple[str, ...] | None, table: str | None, column: str | None
+) -> TagTarget:
+    """The object a tag goes on; a table or column must exist (its UUID and the column's field id are kept)."""
+    if namespace is None:
+        if table is not None or column is not None:
+            raise BadRequestError("a table or column tag needs a namespace")
+        return TagTarget(ObjectKind.WAREHOUSE)
+    namespace = validate_namespace(list(namespace))
+    if table is None:
+        if column is not None:
+            raise BadRequestError("a column tag needs a table")
+        tables.load_namespace(namespace)  # NoSuchNamespaceError when missing
+        return TagTarget(ObjectKind.NAMESPACE, namespace)
+    loaded = tables.load_table(namespace, validate_table_name(table))
+    uuid = str(loaded.metadata.table_uuid)
+    if column is None:
+        return TagTarget(ObjectKind.TABLE, namespace, loaded.name, table_uuid=uuid)
+    matches = [f for f in loaded.metadata.schema().fields if f.name == column]
+    if len(matches) != 1:
+        raise BadRequestError(f"the table has no top-level column {column!r} (only top-level columns are tagged)")
+    return TagTarget(ObjectKind.COLUMN, namespace, loaded.name, column, uuid, matches[0].field_id)
+
+
+def target_from_json(tables: WarehouseTables, body: object) -> TagTarget:
+    """``{"namespace": [...]?, "table": T?, "column": C?}`` (nothing: the warehouse)."""
+    if not isinstance(body, dict) or set(body) - {"namespace", "table", "column"}:
+        raise BadRequestError("object must be {namespace?, table?, column?}")
+    namespace = body.get("namespace")
+    table, column = body.get("table"), body.get("column")
+    if namespace is not None and not isinstance(namespace, list):
+        raise BadRequestError("object.namespace must be a list of strings")
+    if (table is not None and not isinstance(table, str)) or (column is not None and not isinstance(column, str)):
+        raise BadRequestError("object.table and object.column must be strings")
+    return tag_target(tables, tuple(namespace) if namespace is not None else None, table, column)
+
+
+def selector_from_json(body: object) -> Selector:
+    """``{"tag": T, "selector": "ALL_VALUES"}`` or ``{"tag": T, "selector": "TAG_VALUE", "value": V}``."""
+    if not isinstance(body, dict) or not isinstance(body.get("tag"), str):
+        raise BadRequestError("a policy-on-tag selector needs a string 'tag'")
+    kind = body.get("selector", "ALL_VALUES")
+    if kind == "ALL_VALUES":
+        if set(body) - {"tag", "selector"}:
+            raise BadRequestError("an ALL_VALUES selector has no value")
+        return Selector(str(body["tag"]), None)
+    if kind == "TAG_VALUE":
+        if set(body) - {"tag", "selector", "value"} or not isinstance(body.get("value"), str):
+            raise BadRequestError("a TAG_VALUE selector needs a string 'value'")
+        return Selector(str(body["tag"]), str(body["value"]))
+    raise BadRequestError("selector must be ALL_VALUES or TAG_VALUE")
