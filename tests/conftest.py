@@ -553,6 +553,25 @@ ENGINE_WRITER_GRANTS: list[tuple[str, str | None, str | None]] = [
 ]
 
 
+@pytest.fixture(scope="module")
+def own_catalog(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> Iterator[CatalogServer]:
+    """A catalog process of one test module's own (own database, own warehouse location on the shared moto).
+
+    For features that look at EVERY table a user can see and fail closed on one they cannot load (file table
+    functions, external tables): other modules leave tampered or policy-conflicted tables in the shared catalog.
+    """
+    workdir = tmp_path_factory.mktemp("own-catalog")
+    location = f"s3://{moto_server.bucket}/own_{secrets.token_hex(4)}"
+    with catalog_variant(workdir, moto_server, location=location) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def own_writer(own_catalog: CatalogServer) -> CatalogPrincipal:
+    """``engine_writer``'s grants on ``own_catalog``."""
+    return own_catalog.principal_with_grants("engine_writer", ENGINE_WRITER_GRANTS)
+
+
 @pytest.fixture(scope="session")
 def engine_writer(catalog_server: CatalogServer) -> CatalogPrincipal:
     """One principal that creates namespaces and tables and writes data (shared: admin calls are slow)."""

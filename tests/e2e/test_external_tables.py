@@ -23,6 +23,20 @@ if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, MotoServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
+
+
+# This module's own catalog: a TVF or mount fails closed on any governed table it cannot load, and other modules
+# leave such tables (tampered, policy-conflicted) in the shared session catalog.
+@pytest.fixture(scope="module")
+def catalog_server(own_catalog: CatalogServer) -> CatalogServer:
+    return own_catalog
+
+
+@pytest.fixture(scope="module")
+def engine_writer(own_writer: CatalogPrincipal) -> CatalogPrincipal:
+    return own_writer
+
+
 KEY_ENV = "SQE_EXTERNAL_TABLES_KEY"
 
 

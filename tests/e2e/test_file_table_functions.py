@@ -27,6 +27,18 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
 
 
+# This module's own catalog: a TVF or mount fails closed on any governed table it cannot load, and other modules
+# leave such tables (tampered, policy-conflicted) in the shared session catalog.
+@pytest.fixture(scope="module")
+def catalog_server(own_catalog: CatalogServer) -> CatalogServer:
+    return own_catalog
+
+
+@pytest.fixture(scope="module")
+def engine_writer(own_writer: CatalogPrincipal) -> CatalogPrincipal:
+    return own_writer
+
+
 @pytest.fixture(scope="module")
 def zone(moto_server: MotoServer) -> str:
     """``s3://bucket/tvf_<id>``: exports (allowed), private (not), and files in both."""
