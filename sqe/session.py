@@ -469,7 +469,8 @@ class Session:
             del refs_by_ident[ident]
         schemas = {ident: t.table.schema() for ident, t in tables.items()}
         usage = column_usage(tree)
-        pushed = pushdown_predicates(tree, self._ident_of, schemas)
+        # A view's columns are not its tables' columns: with a view in the query nothing is pushed (pruning only).
+        pushed = {} if found_views else pushdown_predicates(tree, self._ident_of, schemas)
         counts = Counter(self._ident_of(r) for r in refs)
         scans: dict[TableIdent, ScanPlan] = {}
         narrowed = False
