@@ -47,6 +47,7 @@ from sqe.errors import (
     NoSuchNamespaceError,
     NoSuchTableError,
     NoSuchViewError,
+    PermissionDeniedError,
     QueryError,
     RestrictedTableError,
     SQEError,
@@ -342,7 +343,10 @@ class Session:
         what = f"listing tables of {namespace or warehouse}"
         namespace_parts = namespaces[0] if namespaces else None
         idents = self._provider_call(what, lambda: self._provider.list_tables(warehouse, namespace_parts))
-        listed_views = self._provider_call(what, lambda: self._provider.list_views(warehouse, namespace_parts))
+        try:
+            listed_views = self._provider_call(what, lambda: self._provider.list_views(warehouse, namespace_parts))
+        except PermissionDeniedError:
+            listed_views = []  # no VIEW_LIST grant: this user sees the tables, and no views (SHOW VIEWS says why)
         return views.relation_listing(idents, listed_views)
 
     def list_views(self, namespace: str | None = None) -> pa.Table:
