@@ -106,6 +106,7 @@ class CatalogConfig(ConfigSection):
     max_retries: int = 5
     client_capabilities: str = "read-restrictions.v1"
     metadata_cache: bool = True
+    server_side_planning: bool = False
     warehouses: Array[SiblingWarehouseConfig] = ()
 
     @property

@@ -6,19 +6,22 @@ SQEError
 │   ├── AuthenticationError (401)
 │   ├── PermissionDeniedError (403)
 │   ├── NoSuchTableError (404)
+│   │   └── NoSuchViewError (404)
 │   ├── NoSuchNamespaceError (404)
 │   ├── RestrictionsNotSupportedError (406)
 │   ├── IntegrityError (422, never retried)
 │   ├── CommitConflictError (409)
 │   ├── CatalogUnavailableError (429/5xx/connection after retries)
-│   └── CatalogProtocolError (malformed response)
+│   ├── CatalogProtocolError (malformed response)
+│   └── RemotePlanningError           server-side scan planning switched on, not offered or failed
 ├── CredentialError
 │   ├── NoVendedCredentialsError      require_vended_credentials and the catalog vended nothing
 │   └── CredentialExpiredError
 ├── RestrictionError                  read-restrictions that cannot be applied (fail closed)
 ├── QueryError                        SQL the engine cannot run (syntax, unknown table, ...)
 │   ├── EncryptedTableError           Iceberg table encryption (encryption.key-id / encryption-keys)
-│   └── RestrictedTableError          DML or metadata tables on a table the caller reads with restrictions
+│   ├── RestrictedTableError          DML or metadata tables on a table the caller reads with restrictions
+│   └── UnsupportedViewDialectError   a view with no SQL representation SQE can run
 └── WorkerError                       distributed execution failures
 """
 
@@ -132,3 +135,15 @@ class UnsupportedRestrictionError(RestrictionError):
 
 class RestrictionApplyError(RestrictionError):
     """A validated plan could not be applied to a batch (missing filter column, bad salt, odd Arrow type)."""
+
+
+class NoSuchViewError(NoSuchTableError):
+    """An unknown view (a NoSuchTableError, so ``DROP VIEW IF EXISTS`` and name lookups treat both alike)."""
+
+
+class UnsupportedViewDialectError(QueryError):
+    """A view has no SQL representation SQE can run (duckdb, or spark/trino SQL that DuckDB parses)."""
+
+
+class RemotePlanningError(CatalogError):
+    """Server-side scan planning is switched on but the catalog cannot or did not plan the scan."""

@@ -38,7 +38,7 @@ import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from sqe._text import first_line
-from sqe.catalog.base import LoadedTable, TableIdent, TableProvider
+from sqe.catalog.base import LoadedTable, TableIdent, TableProvider, ViewDefinition
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.duckdb_connection import connect_locked_down, quote_ident, quote_qualified
 from sqe.errors import (
@@ -46,6 +46,8 @@ from sqe.errors import (
     CredentialExpiredError,
     NoSuchNamespaceError,
     NoSuchTableError,
+    NoSuchViewError,
+    PermissionDeniedError,
     QueryError,
     RestrictedTableError,
     SQEError,
@@ -54,8 +56,9 @@ from sqe.execution import dml
 from sqe.execution.external import ExternalSources
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.execution.stream import QueryContext, ScanStream
-from sqe.planning import ddl
+from sqe.planning import ddl, views
 from sqe.planning.planner import ScanPlan, TaskCache, join_conjuncts, plan_scan, restrictions_of
+from sqe.planning.remote import RemotePlanner
 from sqe.planning.sql_analysis import (
     TableRef,
     column_usage,
@@ -88,6 +91,9 @@ _CATALOG_KINDS = frozenset(
         "show_tables",
         "show_create_table",
         "describe",
+        "create_view",
+        "drop_view",
+        "show_views",
     }
 )
 WITHHELD = "withheld (row filter)"
@@ -162,6 +168,7 @@ class _Planned:
     target: LoadedTable | None = None  # INSERT target
     travels: dict[str, ScanPlan] = field(default_factory=dict)  # time-travel placeholder -> its scan
     metadata: dict[TableIdent, pa.Table] = field(default_factory=dict)  # ns."t$snapshots" -> its rows
+    views: dict[TableIdent, str] = field(default_factory=dict)  # catalog views it reads -> SQL, inner ones first
 
     def is_usable(self, now: float) -> bool:
         scans = [*self.scans.values(), *self.travels.values()]
@@ -215,6 +222,9 @@ class Session:
         self._clock = clock
         self._executor = LocalExecutor(max_files_in_flight=max_files_in_flight, max_queued_batches=max_queued_batches)
         self._task_cache = TaskCache()  # repeated queries of an unchanged table skip reading its manifests
+        self._remote: RemotePlanner | None = None  # server-side scan planning ([catalog] server_side_planning)
+        if config is not None and config.catalog.server_side_planning:
+            self._remote = RemotePlanner(provider, deadline_seconds=4 * config.catalog.request_timeout_seconds)
         self._distributed: DistributedExecutor | None = None
         if config is not None and config.coordinator.workers:
             from sqe.distributed.coordinator import DistributedExecutor  # grpc only when workers are configured
@@ -341,10 +351,23 @@ class Session:
         """SHOW TABLES [FROM ns] and ``\\dt``: the tables the catalog lets this user see."""
         warehouse, namespaces = self._namespace_arg(namespace)
         what = f"listing tables of {namespace or warehouse}"
-        idents = self._provider_call(
-            what, lambda: self._provider.list_tables(warehouse, namespaces[0] if namespaces else None)
+        namespace_parts = namespaces[0] if namespaces else None
+        idents = self._provider_call(what, lambda: self._provider.list_tables(warehouse, namespace_parts))
+        try:
+            listed_views = self._provider_call(what, lambda: self._provider.list_views(warehouse, namespace_parts))
+        except PermissionDeniedError:
+            listed_views = []  # no VIEW_LIST grant: this user sees the tables, and no views (SHOW VIEWS says why)
+        return views.relation_listing(idents, listed_views)
+
+    def list_views(self, namespace: str | None = None) -> pa.Table:
+        """SHOW VIEWS [FROM ns]: the views the catalog lets this user see."""
+        warehouse, namespaces = self._namespace_arg(namespace)
+        namespace_parts = namespaces[0] if namespaces else None
+        found = self._provider_call(
+            f"listing views of {namespace or warehouse}",
+            lambda: self._provider.list_views(warehouse, namespace_parts),
         )
-        return ddl.show_tables(idents)
+        return views.view_listing(found)
 
     def list_schemas(self, warehouse: str | None = None) -> pa.Table:
         """SHOW SCHEMAS [FROM warehouse]: the namespaces the catalog lets this user see."""
@@ -392,16 +415,18 @@ class Session:
 
     def _plan_statement(self, statement: Statement) -> _Planned:
         if statement.kind == "select":
-            scans, narrowed, metadata = self._plan_query(statement.text)
-            return _Planned(statement, scans, narrowed, metadata=metadata)
+            scans, narrowed, metadata, read_views = self._plan_query(statement.text)
+            return _Planned(statement, scans, narrowed, metadata=metadata, views=read_views)
         if statement.kind == "insert":
             assert statement.target is not None
             target = self._load(self.resolve_name(statement.target))
-            scans, narrowed, metadata = self._plan_query(statement.body) if statement.body else ({}, False, {})
-            return _Planned(statement, scans, narrowed, target=target, metadata=metadata)
+            scans, narrowed, metadata, read_views = (
+                self._plan_query(statement.body) if statement.body else ({}, False, {}, {})
+            )
+            return _Planned(statement, scans, narrowed, target=target, metadata=metadata, views=read_views)
         if statement.kind == "ctas":
-            scans, narrowed, metadata = self._plan_query(statement.body or "")
-            return _Planned(statement, scans, narrowed, metadata=metadata)
+            scans, narrowed, metadata, read_views = self._plan_query(statement.body or "")
+            return _Planned(statement, scans, narrowed, metadata=metadata, views=read_views)
         raise QueryError(f"cannot plan a {statement.kind} statement")
 
     def _plan_travels(self, travels: Sequence[TimeTravel]) -> dict[str, ScanPlan]:
@@ -411,7 +436,9 @@ class Session:
             ident = self.resolve_name(travel.parts)
             loaded = self._load(ident)
             snapshot_id = resolve_snapshot(loaded, travel, self._parser)
-            scans[travel.placeholder] = plan_scan(loaded, columns=None, snapshot_id=snapshot_id, cache=self._task_cache)
+            scans[travel.placeholder] = plan_scan(
+                loaded, columns=None, snapshot_id=snapshot_id, cache=self._task_cache, remote=self._remote
+            )
         return scans
 
     def _plan_explained(self, text: str, travels: Sequence[TimeTravel]) -> _Planned:
@@ -431,17 +458,34 @@ class Session:
         return labelled
 
     def _plan_query(
-        self, sql: str, *, loaded: Mapping[TableIdent, LoadedTable] | None = None, all_columns: bool = False
-    ) -> tuple[dict[TableIdent, ScanPlan], bool, dict[TableIdent, pa.Table]]:
+        self,
+        sql: str,
+        *,
+        loaded: Mapping[TableIdent, LoadedTable] | None = None,
+        all_columns: bool = False,
+        depth: int = 0,
+    ) -> tuple[dict[TableIdent, ScanPlan], bool, dict[TableIdent, pa.Table], dict[TableIdent, str]]:
+        """Scans, whether any is narrowed, metadata tables, and the catalog views read (expanded, as this user)."""
         tree = parse_select(self._parser, sql)
         all_refs = find_table_refs(tree)
         metadata = self._metadata_tables([r for r in all_refs if "$" in r.parts[-1]])
         refs = [r for r in all_refs if "$" not in r.parts[-1]]
         refs_by_ident = self._group_refs(refs)
-        tables = dict(loaded) if loaded is not None else {i: self._load(i) for i in refs_by_ident}
+        tables: dict[TableIdent, LoadedTable] = dict(loaded) if loaded is not None else {}
+        found_views: dict[TableIdent, ViewDefinition] = {}
+        for ident in refs_by_ident:
+            if ident not in tables:
+                found = self._load_table_or_view(ident)
+                if isinstance(found, ViewDefinition):
+                    found_views[ident] = found
+                else:
+                    tables[ident] = found
+        for ident in found_views:
+            del refs_by_ident[ident]
         schemas = {ident: t.table.schema() for ident, t in tables.items()}
         usage = column_usage(tree)
-        pushed = pushdown_predicates(tree, self._ident_of, schemas)
+        # A view's columns are not its tables' columns: with a view in the query nothing is pushed (pruning only).
+        pushed = {} if found_views else pushdown_predicates(tree, self._ident_of, schemas)
         counts = Counter(self._ident_of(r) for r in refs)
         scans: dict[TableIdent, ScanPlan] = {}
         narrowed = False
@@ -449,8 +493,40 @@ class Session:
             columns = None if all_columns else columns_to_read(usage, table_refs, schemas[ident])
             narrowed = narrowed or (columns is not None and len(columns) < len(schemas[ident].columns))
             pushdown = join_conjuncts(pushed.get(ident, [])) if counts[ident] == 1 else join_conjuncts([])
-            scans[ident] = plan_scan(tables[ident], columns=columns, pushdown=pushdown, cache=self._task_cache)
-        return scans, narrowed, metadata
+            scans[ident] = plan_scan(
+                tables[ident], columns=columns, pushdown=pushdown, cache=self._task_cache, remote=self._remote
+            )
+        read_views: dict[TableIdent, str] = {}
+        for ident, view in found_views.items():
+            if depth >= views.MAX_VIEW_DEPTH:
+                raise QueryError(f"view {ident}: views nest deeper than {views.MAX_VIEW_DEPTH} (a cycle?)")
+            view_sql = views.runnable_sql(view, self._parser)
+            inner = self._plan_query(view_sql, all_columns=all_columns, depth=depth + 1)
+            self._merge_scans(scans, inner[0])
+            narrowed = narrowed or inner[1]
+            metadata.update(inner[2])
+            read_views.update(inner[3])  # what this view reads is created first
+            read_views[ident] = view_sql
+        return scans, narrowed, metadata, read_views
+
+    def _load_table_or_view(self, ident: TableIdent) -> LoadedTable | ViewDefinition:
+        """The table, or else the catalog view of that name; neither is the table's NoSuchTableError."""
+        try:
+            return self._load(ident)
+        except NoSuchTableError as missing:
+            try:
+                return self._provider.load_view(ident)
+            except NoSuchTableError:  # NoSuchViewError included: report the table lookup
+                raise missing from None
+
+    def _merge_scans(self, scans: dict[TableIdent, ScanPlan], inner: Mapping[TableIdent, ScanPlan]) -> None:
+        """A table read by a query and by a view it uses: one scan, of every column when the two differ."""
+        for ident, plan in inner.items():
+            outer = scans.get(ident)
+            if outer is None:
+                scans[ident] = plan
+            elif outer.columns != plan.columns or outer.user_filter != plan.user_filter:
+                scans[ident] = plan_scan(self._load(ident), columns=None, cache=self._task_cache, remote=self._remote)
 
     def _metadata_tables(self, refs: list[TableRef]) -> dict[TableIdent, pa.Table]:
         """``ns."t$snapshots"`` and friends: built from the table's metadata, refused on restricted tables."""
@@ -542,7 +618,18 @@ class Session:
             plan = planned.travels[travel.placeholder]
             label = f"{plan.ident} @ snapshot {plan.snapshot_id}"
             self._register(travel.placeholder, plan, context, measured, label, measure)
+        for ident, sql in planned.views.items():
+            self._catalog_view(ident, sql)
         return measured
+
+    def _catalog_view(self, ident: TableIdent, sql: str) -> None:
+        """A catalog view as a DuckDB view over this statement's own (the invoker's) scans."""
+        view = self._ensure_schema(ident) + "." + quote_ident(ident.name)
+        try:
+            self._con.execute(f"CREATE OR REPLACE VIEW {view} AS {sql}")
+        except duckdb.Error as exc:
+            raise QueryError(f"view {ident} cannot be run: {_duck_message(exc)}") from None
+        self._views.append(view)
 
     def _register(
         self,
@@ -588,7 +675,7 @@ class Session:
             raise self._translate(exc, context) from None
         # A narrowed projection missed something DuckDB needs: read every column instead (correctness first).
         loaded = {ident: plan.loaded for ident, plan in planned.scans.items()}
-        scans, _, _ = self._plan_query(sql, loaded=loaded, all_columns=True)
+        scans, _, _, _ = self._plan_query(sql, loaded=loaded, all_columns=True)
         context = self._start()
         self._bind(planned, context, scans=scans)
         try:
@@ -682,6 +769,10 @@ class Session:
             return pa.table({"create_table": [ddl.show_create_table(loaded)]})
         if kind in ("create_schema", "drop_schema"):
             return self._schema_statement(statement)
+        if kind == "show_views":
+            return self.list_views(".".join(parts) if parts else None)
+        if kind in ("create_view", "drop_view"):
+            return self._view_statement(statement)
         ident = self.resolve_name(parts)
         if kind == "create_table":
             assert statement.columns_text is not None
@@ -708,6 +799,50 @@ class Session:
         ddl.alter_table(loaded, statement.alter)
         self._provider.invalidate(ident)
         return _status(f"altered table {ident}")
+
+    def _view_statement(self, statement: Statement) -> pa.Table:
+        """CREATE [OR REPLACE] VIEW and DROP VIEW: stored in the catalog (dialect duckdb), as this user."""
+        ident = self.resolve_name(statement.target or ())
+        if statement.kind == "drop_view":
+            try:
+                self._provider_call(f"dropping view {ident}", lambda: self._provider.drop_view(ident))
+            except NoSuchViewError:
+                if statement.if_exists:
+                    return _status("no such view")
+                raise
+            return _status(f"dropped view {ident}")
+        if statement.travels:
+            raise QueryError("time travel in a view definition is not supported")
+        query = classify(self._parser, statement.body or "")
+        if query.kind != "select" or query.travels:
+            raise QueryError("a view is defined by one query: CREATE VIEW ns.v AS SELECT ...")
+        if statement.if_not_exists and self._view_exists(ident):
+            return _status(f"view {ident} exists")
+        schema = self._query_schema(self._plan(query))
+        self._provider_call(
+            f"creating view {ident}",
+            lambda: self._provider.create_view(
+                ident, schema, query.text, views.SQE_DIALECT, replace=statement.or_replace
+            ),
+        )
+        return _status(f"created view {ident}")
+
+    def _view_exists(self, ident: TableIdent) -> bool:
+        try:
+            self._provider.load_view(ident)
+        except NoSuchTableError:
+            return False
+        return True
+
+    def _query_schema(self, planned: _Planned) -> pa.Schema:
+        """The result schema of a planned query, as Iceberg can store it (no rows are read)."""
+        context = self._start()
+        self._bind(planned, context)
+        try:
+            relation = self._relation(planned.statement.text, None)
+            return _writable_schema(relation.limit(0).to_arrow_table().schema)
+        except duckdb.Error as exc:
+            raise self._translate(exc, context) from None
 
     def _schema_statement(self, statement: Statement) -> pa.Table:
         warehouse, namespaces = self._namespace_arg(".".join(statement.target or ()))
@@ -752,12 +887,12 @@ class Session:
             raise RestrictedTableError(
                 f"{ident}: you read this table through read-restrictions; {statement.kind.upper()} is refused"
             )
-        target_plan = plan_scan(loaded, columns=None)
+        target_plan = plan_scan(loaded, columns=None, remote=self._remote)
         sources = {}
         for parts in statement.sources:
             source = self.resolve_name(parts)
             source_loaded = loaded if source == ident else self._load(source)
-            sources[source] = plan_scan(source_loaded, columns=None, cache=self._task_cache)
+            sources[source] = plan_scan(source_loaded, columns=None, cache=self._task_cache, remote=self._remote)
         planned = _Planned(statement, sources, travels=self._plan_travels(statement.travels))
         context = self._start()
         self._bind(planned, context)

@@ -50,6 +50,42 @@ class LoadedTable:
         return self.usable_until is None or now < self.usable_until
 
 
+@dataclass(frozen=True)
+class ViewDefinition:
+    """A catalog view as SQE needs it: its SQL per dialect, and the namespace its one-part names resolve in."""
+
+    ident: TableIdent
+    representations: tuple[tuple[str, str], ...]  # (dialect, sql) of the current version, in catalog order
+    default_namespace: tuple[str, ...]
+    version_id: int
+
+
+class ScanPlanningClient(Protocol):
+    """The REST spec's server-side scan planning calls for one warehouse, as this user; raw JSON answers.
+
+    Every method raises ``sqe.errors.SQEError`` subclasses (the catalog's ErrorModel translated)."""
+
+    def submit_plan(self, ident: TableIdent, request: Mapping[str, Any]) -> Mapping[str, Any]:
+        """POST ``.../tables/{t}/plan``: a completed, submitted, cancelled or failed plan."""
+        ...
+
+    def fetch_plan(self, ident: TableIdent, plan_id: str) -> Mapping[str, Any]:
+        """GET ``.../tables/{t}/plan/{plan-id}``: the plan's status (polled while ``submitted``)."""
+        ...
+
+    def fetch_plan_tasks(self, ident: TableIdent, plan_task: str) -> Mapping[str, Any]:
+        """POST ``.../tables/{t}/tasks``: the file scan tasks of one plan task."""
+        ...
+
+    def cancel_plan(self, ident: TableIdent, plan_id: str) -> None:
+        """DELETE ``.../tables/{t}/plan/{plan-id}`` (best effort: a plan SQE gives up on)."""
+        ...
+
+    def file_io_for_plan(self, loaded: LoadedTable, storage_credentials: list[Any]) -> FileIO:
+        """SQE's scoped FileIO for a plan that carried ``storage-credentials`` (the load's ``config`` below)."""
+        ...
+
+
 class TableProvider(Protocol):
     """What the session needs from a catalog: load, create, drop, list and forget tables and namespaces.
 
@@ -96,4 +132,29 @@ class TableProvider(Protocol):
 
     def invalidate(self, ident: TableIdent) -> None:
         """Forget anything cached for ``ident`` (called after a write): the next load is a full load."""
+        ...
+
+    # -- views ---------------------------------------------------------------------------------------------
+    def load_view(self, ident: TableIdent) -> ViewDefinition:
+        """The view's current version; ``NoSuchViewError`` when there is no such view (or warehouse)."""
+        ...
+
+    def create_view(
+        self, ident: TableIdent, schema: pa.Schema, sql: str, dialect: str, *, replace: bool = False
+    ) -> None:
+        """Create the view (CatalogError 409 if the name is taken), or with ``replace`` add a new current version
+        to an existing one (creating it when missing)."""
+        ...
+
+    def drop_view(self, ident: TableIdent) -> None:
+        """Drop the view; ``NoSuchViewError`` when there is none."""
+        ...
+
+    def list_views(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
+        """The views of ``namespace`` (of every top-level namespace when None) this user may see."""
+        ...
+
+    # -- server-side scan planning -------------------------------------------------------------------------
+    def scan_planning(self, warehouse: str) -> ScanPlanningClient | None:
+        """The planning calls when the warehouse's catalog advertises them in ``/v1/config``, else None."""
         ...

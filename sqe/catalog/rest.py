@@ -23,17 +23,20 @@ from urllib.parse import quote
 
 import pyarrow as pa
 import requests
+from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import Capability, RestCatalog, TableResponse
 from pyiceberg.exceptions import RESTError
 from pyiceberg.io import FileIO
+from pyiceberg.schema import assign_fresh_schema_ids
 from pyiceberg.table import StagedTable, Table
+from pyiceberg.view.metadata import ViewMetadata
 
 from sqe import vocabulary
 from sqe._text import first_line
 from sqe.catalog._auth import BearerAuth
 from sqe.catalog._delegation import DelegatedAuth
 from sqe.catalog._transport import RetryPolicy, make_session
-from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
+from sqe.catalog.base import CacheOutcome, LoadedTable, ScanPlanningClient, TableIdent, ViewDefinition
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, error_for_status, translate_error
 from sqe.config import CatalogConnection, SQEConfig
 from sqe.credentials import CatalogCredentials, ScopedFileIO, StoragePolicy, parse_catalog_credentials
@@ -42,6 +45,7 @@ from sqe.errors import (
     CatalogProtocolError,
     CatalogUnavailableError,
     NoSuchTableError,
+    NoSuchViewError,
     RestrictionError,
 )
 from sqe.restrictions import strict_json_loads
@@ -244,6 +248,102 @@ class SQERestCatalog(RestCatalog):
             raise CatalogProtocolError(f"catalog response for table {what} has no metadata")
         return 200, raw, response.headers.get("ETag")
 
+    # -- raw JSON calls (views, scan planning) ----------------------------------------------------------------
+    def advertises(self, *endpoints: Any) -> bool:
+        """Whether ``/v1/config`` listed every one of ``endpoints`` (pyiceberg ``Endpoint`` values)."""
+        supported = {str(e) for e in self._supported_endpoints}
+        return all(str(e) in supported for e in endpoints)
+
+    def request_json(
+        self, method: str, path: str, what: str, body: Mapping[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """One prefixed REST call as this user; the JSON object answered (None for 204), errors typed."""
+        url = self.url(path, prefixed=True)
+        try:
+            response = self._session.request(method, url, json=dict(body) if body is not None else None)
+        except requests.RequestException as exc:
+            raise CatalogUnavailableError(f"cannot reach the catalog for {what}: {type(exc).__name__}") from None
+        if response.status_code == 204:
+            return None
+        if response.status_code != 200:
+            raise error_for_status(response, what)
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise CatalogProtocolError(f"the catalog's answer for {what} is not a JSON object")
+        return answer
+
+    def namespace_path(self, namespace: Sequence[str]) -> str:
+        return "namespaces/" + self._encode_namespace_path(tuple(namespace))
+
+    def view_path(self, namespace: Sequence[str], name: str) -> str:
+        return f"{self.namespace_path(namespace)}/views/{quote(name, safe='')}"
+
+    def table_path(self, namespace: Sequence[str], name: str) -> str:
+        return f"{self.namespace_path(namespace)}/tables/{quote(name, safe='')}"
+
+
+def _view_schema_json(schema: pa.Schema) -> dict[str, Any]:
+    """An Arrow schema as an Iceberg schema JSON object with fresh field ids (pyiceberg's own conversion)."""
+    fresh = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(schema))
+    return fresh.model_dump(by_alias=True, exclude_none=True)
+
+
+def _view_version_json(sql: str, dialect: str, namespace: tuple[str, ...], schema_id: int) -> dict[str, Any]:
+    """A ViewVersion of the REST spec with one SQL representation (``schema_id`` -1: the schema just added)."""
+    return {
+        "version-id": 1,
+        "schema-id": schema_id,
+        "timestamp-ms": int(time.time() * 1000),
+        "summary": {"engine-name": "sqe"},
+        "representations": [{"type": "sql", "sql": sql, "dialect": dialect}],
+        "default-namespace": list(namespace),
+    }
+
+
+def view_definition(ident: TableIdent, raw: Mapping[str, Any]) -> ViewDefinition:
+    """The current version of a load-view answer (validated by pyiceberg's view model)."""
+    try:
+        metadata = ViewMetadata.model_validate(raw.get("metadata"))
+    except ValueError:
+        raise CatalogProtocolError(f"the catalog's view metadata for {ident} is not valid") from None
+    current = next((v for v in metadata.versions if v.version_id == metadata.current_version_id), None)
+    if current is None:
+        raise CatalogProtocolError(f"view {ident} has no current version {metadata.current_version_id}")
+    representations = tuple((r.root.dialect, r.root.sql) for r in current.representations if r.root.type == "sql")
+    return ViewDefinition(ident, representations, tuple(current.default_namespace), current.version_id)
+
+
+class _RestScanPlanning:
+    """``ScanPlanningClient`` over one warehouse's catalog client."""
+
+    def __init__(self, catalog: SQERestCatalog) -> None:
+        self._catalog = catalog
+
+    def _call(self, method: str, ident: TableIdent, tail: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
+        path = self._catalog.table_path(ident.namespace, ident.name) + tail
+        answer = self._catalog.request_json(method, path, f"scan planning of {ident}", body)
+        return answer or {}
+
+    def submit_plan(self, ident: TableIdent, request: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self._call("POST", ident, "/plan", request)
+
+    def fetch_plan(self, ident: TableIdent, plan_id: str) -> Mapping[str, Any]:
+        return self._call("GET", ident, f"/plan/{quote(plan_id, safe='')}", None)
+
+    def fetch_plan_tasks(self, ident: TableIdent, plan_task: str) -> Mapping[str, Any]:
+        return self._call("POST", ident, "/tasks", {"plan-task": plan_task})
+
+    def cancel_plan(self, ident: TableIdent, plan_id: str) -> None:
+        self._call("DELETE", ident, f"/plan/{quote(plan_id, safe='')}", None)
+
+    def file_io_for_plan(self, loaded: LoadedTable, storage_credentials: list[Any]) -> ScopedFileIO:
+        raw = {"metadata": loaded.raw.get("metadata"), vocabulary.STORAGE_CREDENTIALS: storage_credentials}
+        config = loaded.raw.get("config")
+        return self._catalog.file_io_for(config if isinstance(config, Mapping) else {}, raw, time.time())
+
 
 @dataclass
 class _CacheEntry:
@@ -383,3 +483,113 @@ class RestTableProvider:
             raise translate_error(exc, what) from None
         except requests.RequestException as exc:
             raise CatalogUnavailableError(f"cannot reach the catalog for {what}: {type(exc).__name__}") from None
+
+    # -- views (the REST spec's view endpoints, as this user) ------------------------------------------------
+    def load_view(self, ident: TableIdent) -> ViewDefinition:
+        catalog = self._view_catalog(ident)
+        raw = self._view_call(
+            ident, lambda: catalog.request_json("GET", catalog.view_path(ident.namespace, ident.name), f"view {ident}")
+        )
+        return view_definition(ident, raw or {})
+
+    def create_view(
+        self, ident: TableIdent, schema: pa.Schema, sql: str, dialect: str, *, replace: bool = False
+    ) -> None:
+        catalog = self._view_catalog(ident)
+        if replace:
+            try:
+                current = catalog.request_json("GET", catalog.view_path(ident.namespace, ident.name), f"view {ident}")
+            except NoSuchTableError:
+                current = None
+            if current is not None:
+                self._replace_view(catalog, ident, current, schema, sql, dialect)
+                return
+        body = {
+            "name": ident.name,
+            "schema": {**_view_schema_json(schema), "schema-id": 0},
+            "view-version": _view_version_json(sql, dialect, ident.namespace, 0),
+            "properties": {},
+        }
+        catalog.request_json("POST", f"{catalog.namespace_path(ident.namespace)}/views", f"view {ident}", body)
+
+    @staticmethod
+    def _replace_view(
+        catalog: SQERestCatalog,
+        ident: TableIdent,
+        current: Mapping[str, Any],
+        schema: pa.Schema,
+        sql: str,
+        dialect: str,
+    ) -> None:
+        """A new current version (and schema) on the existing view; a concurrent change is a CommitConflictError."""
+        found = current.get("metadata")
+        metadata: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        body = {
+            "requirements": [{"type": "assert-view-uuid", "uuid": metadata.get("view-uuid")}],
+            "updates": [
+                {"action": "add-schema", "schema": _view_schema_json(schema)},
+                {"action": "add-view-version", "view-version": _view_version_json(sql, dialect, ident.namespace, -1)},
+                {"action": "set-current-view-version", "view-version-id": -1},
+            ],
+        }
+        catalog.request_json("POST", catalog.view_path(ident.namespace, ident.name), f"view {ident}", body)
+
+    def drop_view(self, ident: TableIdent) -> None:
+        catalog = self._view_catalog(ident)
+        self._view_call(
+            ident,
+            lambda: catalog.request_json("DELETE", catalog.view_path(ident.namespace, ident.name), f"view {ident}"),
+        )
+
+    def list_views(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
+        catalog = self.catalog(warehouse)
+        if not catalog.advertises(Capability.V1_LIST_VIEWS):
+            return []  # a catalog without views has none to list
+        namespaces = [namespace] if namespace else self.list_namespaces(warehouse)
+        found: list[TableIdent] = []
+        for ns in namespaces:
+            found.extend(self._views_of(catalog, warehouse, ns))
+        return found
+
+    @staticmethod
+    def _views_of(catalog: SQERestCatalog, warehouse: str, namespace: tuple[str, ...]) -> list[TableIdent]:
+        what = f"views of {'.'.join((warehouse, *namespace))}"
+        found: list[TableIdent] = []
+        token: str | None = None
+        while True:
+            path = f"{catalog.namespace_path(namespace)}/views" + (
+                f"?pageToken={quote(token, safe='')}" if token else ""
+            )
+            answer = catalog.request_json("GET", path, what) or {}
+            identifiers = answer.get("identifiers")
+            if not isinstance(identifiers, list):
+                raise CatalogProtocolError(f"the catalog's answer for {what} has no identifiers list")
+            for entry in identifiers:
+                if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                    found.append(TableIdent(warehouse, tuple(entry.get("namespace") or namespace), entry["name"]))
+            token = answer.get("next-page-token")
+            if not isinstance(token, str) or not token:
+                return found
+
+    def _view_catalog(self, ident: TableIdent) -> SQERestCatalog:
+        try:
+            return self.catalog(ident.warehouse)
+        except NoSuchTableError:
+            raise NoSuchViewError(f"{ident}: unknown warehouse {ident.warehouse!r}") from None
+
+    @staticmethod
+    def _view_call(ident: TableIdent, call: Callable[[], _T]) -> _T:
+        """A view call whose 404 is a NoSuchViewError (the catalog says view, the engine's tree agrees)."""
+        try:
+            return call()
+        except NoSuchViewError:
+            raise
+        except NoSuchTableError as exc:
+            raise NoSuchViewError(f"view {ident} not found", exc.status) from None
+
+    # -- server-side scan planning -----------------------------------------------------------------------------
+    def scan_planning(self, warehouse: str) -> ScanPlanningClient | None:
+        catalog = self.catalog(warehouse)
+        if not catalog.advertises(Capability.V1_SUBMIT_TABLE_SCAN_PLAN, Capability.V1_TABLE_SCAN_PLAN_TASKS):
+            return None
+        return _RestScanPlanning(catalog)

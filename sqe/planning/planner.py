@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from pyiceberg.table.name_mapping import NameMapping
 
     from sqe.catalog.base import LoadedTable, TableIdent
+    from sqe.planning.remote import RemotePlanner
 
 log = logging.getLogger(__name__)
 
@@ -224,10 +225,12 @@ def plan_scan(
     pushdown: BooleanExpression = ALWAYS_TRUE,
     snapshot_id: int | None = None,
     cache: TaskCache | None = None,
+    remote: RemotePlanner | None = None,
 ) -> ScanPlan:
     """Plan the files of one table scan. ``columns=None`` reads every column; names match case-insensitively.
 
-    ``cache`` reuses the tasks of an earlier plan of the same table metadata and row filter."""
+    ``cache`` reuses the tasks of an earlier plan of the same table metadata and row filter. ``remote`` (server-side
+    planning switched on) asks the catalog for the tasks instead; they may come with their own credentials."""
     table = loaded.table
     refuse_encrypted(loaded)  # before any manifest list or data file is read
     if table.io is not loaded.io:
@@ -244,7 +247,10 @@ def plan_scan(
     )
     scan = table.scan(row_filter=row_filter, selected_fields=read_names, snapshot_id=snapshot_id)
     try:
-        tasks = _plan_tasks(loaded, scan, row_filter, cache)
+        if remote is not None:
+            loaded, tasks = remote.plan(loaded, row_filter=row_filter, selected=read_names, snapshot_id=snapshot_id)
+        else:
+            tasks = _plan_tasks(loaded, scan, row_filter, cache)
         projected = scan.projection()
     except SQEError:
         raise

@@ -4,8 +4,9 @@ DuckDB's parser decides the statement type (``extract_statements``) and its toke
 INSERT / CREATE TABLE / DDL / DML / PREPARE / EXECUTE, so quoting and comments are DuckDB's own rules. The forms
 DuckDB cannot parse (``SHOW CREATE TABLE``, Trino's ``FOR VERSION AS OF``) are recognised from tokens first.
 Anything that is not a query, EXPLAIN [ANALYZE], INSERT / DELETE / UPDATE / MERGE on an Iceberg table,
-CREATE TABLE [AS], the catalog DDL (schemas, DROP / ALTER TABLE), discovery (SHOW, DESCRIBE), PREPARE, EXECUTE
-or DEALLOCATE is refused: the session's DuckDB connection is not a general-purpose database.
+CREATE TABLE [AS], the catalog DDL (schemas, DROP / ALTER TABLE, CREATE [OR REPLACE] / DROP VIEW), discovery
+(SHOW, DESCRIBE), PREPARE, EXECUTE or DEALLOCATE is refused: the session's DuckDB connection is not a
+general-purpose database.
 
 Time travel is rewritten before DuckDB parses the statement: every ``name FOR VERSION|TIMESTAMP AS OF x`` and
 ``name AT (VERSION|TIMESTAMP => x)`` becomes a one-part placeholder name (``__sqe_tt_<n>``) aliased like the
@@ -42,6 +43,9 @@ StatementKind = Literal[
     "delete",
     "update",
     "merge",
+    "create_view",
+    "drop_view",
+    "show_views",
 ]
 DML_KINDS = frozenset({"delete", "update", "merge"})
 TIME_TRAVEL_PREFIX = "__sqe_tt_"
@@ -84,6 +88,7 @@ class Statement:
     alias_missing: bool = False  # dml: the target has no alias (the rewrite must alias it by its own name)
     sources: tuple[tuple[str, ...], ...] = ()  # dml: other (2- or 3-part) table names it reads
     columns_text: str | None = None  # create_table: the parenthesised column list, parentheses included
+    or_replace: bool = False  # CREATE OR REPLACE VIEW
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,8 @@ def _insert(text: str, tokens: list[_Token]) -> Statement:
 
 def _create(text: str, tokens: list[_Token]) -> Statement:
     words = [t.word for t in tokens[:6]]
+    if words[:2] == ["CREATE", "VIEW"] or words[:4] == ["CREATE", "OR", "REPLACE", "VIEW"]:
+        return _create_view(text, tokens)
     if words[:2] == ["CREATE", "SCHEMA"]:
         if_not_exists = words[2:5] == ["IF", "NOT", "EXISTS"]
         parts = _whole_name(tokens, 5 if if_not_exists else 2, "CREATE SCHEMA")
@@ -210,11 +217,30 @@ def _create(text: str, tokens: list[_Token]) -> Statement:
     return Statement("ctas", text, body=text[tokens[after + 1].start :], target=parts, if_not_exists=if_not_exists)
 
 
+def _create_view(text: str, tokens: list[_Token]) -> Statement:
+    """CREATE [OR REPLACE] VIEW [IF NOT EXISTS] name AS query: stored in the catalog, not in DuckDB."""
+    or_replace = tokens[1].word == "OR"
+    i = 4 if or_replace else 2
+    if_not_exists = [t.word for t in tokens[i : i + 3]] == ["IF", "NOT", "EXISTS"]
+    if if_not_exists and or_replace:
+        raise QueryError("use either CREATE OR REPLACE VIEW or CREATE VIEW IF NOT EXISTS, not both")
+    i += 3 if if_not_exists else 0
+    if i >= len(tokens):
+        raise QueryError("CREATE VIEW needs a view name")
+    parts, after = _qualified_name(tokens, i)
+    if after < len(tokens) and tokens[after].text == "(":
+        raise QueryError("CREATE VIEW with a column list is not supported; alias the columns in the query")
+    if after + 1 >= len(tokens) or tokens[after].word != "AS":
+        raise QueryError("use CREATE [OR REPLACE] VIEW ns.v AS SELECT ...")
+    body = text[tokens[after + 1].start :]
+    return Statement("create_view", text, body=body, target=parts, if_not_exists=if_not_exists, or_replace=or_replace)
+
+
 def _drop(text: str, tokens: list[_Token]) -> Statement:
     words = [t.word for t in tokens[:4]]
     what = words[1] if len(words) > 1 else ""
-    if what not in ("SCHEMA", "TABLE"):
-        raise QueryError("only DROP SCHEMA and DROP TABLE are supported")
+    if what not in ("SCHEMA", "TABLE", "VIEW"):
+        raise QueryError("only DROP SCHEMA, DROP TABLE and DROP VIEW are supported")
     if_exists = words[2:4] == ["IF", "EXISTS"]
     i = 4 if if_exists else 2
     parts, after = _qualified_name(tokens, i) if i < len(tokens) else ((), i)
@@ -226,7 +252,8 @@ def _drop(text: str, tokens: list[_Token]) -> Statement:
         after += 1
     if after != len(tokens):
         raise QueryError(f"unexpected {tokens[after].text!r} after DROP {what} {'.'.join(parts)}")
-    kind: StatementKind = "drop_schema" if what == "SCHEMA" else "drop_table"
+    kinds: dict[str, StatementKind] = {"SCHEMA": "drop_schema", "TABLE": "drop_table", "VIEW": "drop_view"}
+    kind = kinds[what]
     return Statement(kind, text, target=parts, if_exists=if_exists)
 
 
@@ -314,6 +341,8 @@ def _discovery(text: str, tokens: list[_Token]) -> Statement | None:
             return Statement("show_schemas", text, target=_optional_from(tokens, 2, "SHOW SCHEMAS"))
         if words[1:2] == ["TABLES"]:
             return Statement("show_tables", text, target=_optional_from(tokens, 2, "SHOW TABLES"))
+        if words[1:2] == ["VIEWS"]:
+            return Statement("show_views", text, target=_optional_from(tokens, 2, "SHOW VIEWS"))
         if words[1:3] == ["CREATE", "TABLE"]:
             return Statement("show_create_table", text, target=_whole_name(tokens, 3, "SHOW CREATE TABLE"))
         if words[1:2] == ["COLUMNS"] and words[2:3] in (["FROM"], ["IN"]):

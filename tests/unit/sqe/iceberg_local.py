@@ -39,8 +39,8 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType
 
-from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent
-from sqe.errors import CatalogError, NoSuchNamespaceError, NoSuchTableError
+from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent, ViewDefinition
+from sqe.errors import CatalogError, NoSuchNamespaceError, NoSuchTableError, NoSuchViewError
 
 ROWS_PER_FILE = 1000
 NUMBER_FILES = 4
@@ -94,6 +94,24 @@ class LocalProvider:
 
     def invalidate(self, ident: TableIdent) -> None:
         self.invalidated.append(ident)
+
+    # SqlCatalog keeps no views: there are none to load or list, and none can be made here.
+    def load_view(self, ident: TableIdent) -> ViewDefinition:
+        raise NoSuchViewError(f"view {ident} not found", 404)
+
+    def list_views(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
+        return []
+
+    def create_view(
+        self, ident: TableIdent, schema: pa.Schema, sql: str, dialect: str, *, replace: bool = False
+    ) -> None:
+        raise CatalogError("the local test catalog keeps no views", status=501)
+
+    def drop_view(self, ident: TableIdent) -> None:
+        raise NoSuchViewError(f"view {ident} not found", 404)
+
+    def scan_planning(self, warehouse: str) -> None:
+        return None  # no REST endpoints: server-side planning is not advertised
 
     def drop_table(self, ident: TableIdent) -> None:
         try:

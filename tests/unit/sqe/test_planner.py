@@ -355,6 +355,10 @@ def test_pushdown_predicates(
         ("UPDATE ns.t SET a = 1", "update"),
         ("MERGE INTO ns.t USING ns.s ON t.a = s.a WHEN MATCHED THEN DELETE", "merge"),
         ("SELECT * FROM ns.t FOR VERSION AS OF 1", "select"),
+        ("CREATE VIEW ns.v AS SELECT 1", "create_view"),
+        ("CREATE OR REPLACE VIEW wh.ns.v AS SELECT * FROM ns.t", "create_view"),
+        ("DROP VIEW IF EXISTS ns.v", "drop_view"),
+        ("SHOW VIEWS FROM ns", "show_views"),
     ],
 )
 def test_classify_accepts(parser: duckdb.DuckDBPyConnection, sql: str, kind: str) -> None:
@@ -368,12 +372,14 @@ def test_classify_accepts(parser: duckdb.DuckDBPyConnection, sql: str, kind: str
         "ATTACH ':memory:' AS x",
         "COPY (SELECT 1) TO '/tmp/x.csv'",
         "INSTALL httpfs",
-        "CREATE VIEW v AS SELECT 1",
+        "CREATE TEMP VIEW ns.v AS SELECT 1",
+        "CREATE VIEW ns.v (a) AS SELECT 1",
+        "CREATE OR REPLACE VIEW IF NOT EXISTS ns.v AS SELECT 1",
+        "CREATE VIEW ns.v",
         "INSERT OR REPLACE INTO ns.t VALUES (1)",
         "INSERT INTO ns.t VALUES (1) RETURNING *",
         "WITH c AS (SELECT 1) INSERT INTO ns.t SELECT * FROM c",
-        "CREATE VIEW ns.v AS SELECT 1",
-        "DROP VIEW ns.v",
+        "DROP VIEW ns.v CASCADE",
         "ALTER TABLE ns.t ALTER COLUMN a SET DATA TYPE BIGINT",
         "DELETE FROM ns.t WHERE a = 1 RETURNING *",
         "SELECT * FROM ns.t FOR VERSION AS OF",
@@ -452,3 +458,14 @@ def test_dml_and_ddl_statements_carry_their_parts(parser: duckdb.DuckDBPyConnect
     assert classify(parser, "CREATE SCHEMA IF NOT EXISTS wh.ns").if_not_exists
     assert classify(parser, "DROP TABLE IF EXISTS ns.t").if_exists
     assert classify(parser, "EXPLAIN ANALYZE SELECT 1").analyze
+
+
+def test_view_statement_parts(parser: duckdb.DuckDBPyConnection) -> None:
+    replaced = classify(parser, "CREATE OR REPLACE VIEW wh.ns.v AS WITH c AS (SELECT 1 AS a) SELECT a FROM c;")
+    assert (replaced.target, replaced.or_replace, replaced.if_not_exists) == (("wh", "ns", "v"), True, False)
+    assert replaced.body == "WITH c AS (SELECT 1 AS a) SELECT a FROM c"
+    guarded = classify(parser, 'CREATE VIEW IF NOT EXISTS ns."my view" AS SELECT 1')
+    assert (guarded.target, guarded.or_replace, guarded.if_not_exists) == (("ns", "my view"), False, True)
+    dropped = classify(parser, "DROP VIEW IF EXISTS ns.v")
+    assert (dropped.target, dropped.if_exists) == (("ns", "v"), True)
+    assert classify(parser, "SHOW VIEWS").target is None

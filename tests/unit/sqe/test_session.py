@@ -180,7 +180,7 @@ def test_describe_list_and_name_errors(session: Session) -> None:
     described = session.sql("DESCRIBE ns.numbers").arrow()
     assert described.column("column_name").to_pylist() == ["id", "name", "grp"]
     listed = session.list_tables("ns").to_pylist()
-    assert {"warehouse": "wh", "namespace": "ns", "table": "numbers"} in listed
+    assert {"warehouse": "wh", "namespace": "ns", "table": "numbers", "kind": "TABLE"} in listed
     assert {r["table"] for r in session.list_tables("wh2.ns").to_pylist()} == {"numbers"}
     with pytest.raises(QueryError, match=r"has no snapshot 1$"):
         session.sql("SELECT * FROM ns.numbers AT (VERSION => 1)")

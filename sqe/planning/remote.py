@@ -1,0 +1,188 @@
+"""Server-side scan planning: the catalog finds a scan's file tasks, SQE never reads the manifests.
+
+With ``[catalog] server_side_planning = true`` the planner sends the scan (snapshot, columns, the safe filter)
+to the REST spec's ``POST .../tables/{t}/plan``, follows ``plan-tasks`` through ``POST .../tasks`` and, while a
+plan is ``submitted``, polls ``GET .../plan/{plan-id}``. The catalog plans per user: a restricted caller's
+files are pruned by its row filter and carry no statistics, so a catalog may keep manifests away from
+restricted readers entirely. The tasks feed the same readers as local planning, with the same per-file
+credentials: the table's own vended set, or the plan's ``storage-credentials`` when the answer carries them
+(parsed by ``sqe.credentials``' one parser, through the catalog client).
+
+Switched on, it never falls back: a catalog that does not advertise the endpoints, a failed or cancelled plan,
+or a plan still pending at the deadline is a ``RemotePlanningError``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+from pyiceberg.catalog.rest.scan_planning import (
+    PlanCancelled,
+    PlanCompleted,
+    PlanFailed,
+    PlanningResponse,
+    PlanSubmitted,
+    PlanTableScanRequest,
+    ScanTasks,
+)
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.table import FileScanTask
+
+from sqe._text import first_line
+from sqe.errors import RemotePlanningError
+from sqe.vocabulary import STORAGE_CREDENTIALS
+
+if TYPE_CHECKING:
+    from sqe.catalog.base import LoadedTable, ScanPlanningClient, TableIdent, TableProvider
+
+__all__ = ["RemotePlanner", "RemoteTasks", "collect_tasks", "plan_request"]
+
+_RESPONSE: pydantic.TypeAdapter[PlanCompleted | PlanSubmitted | PlanCancelled | PlanFailed] = pydantic.TypeAdapter(
+    PlanningResponse  # type: ignore[arg-type]  # an Annotated discriminated union
+)
+_FIRST_POLL_SECONDS = 0.05
+_MAX_POLL_SECONDS = 2.0
+MIN_DEADLINE_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class RemoteTasks:
+    """What the catalog planned: the file tasks and, if the answer carried any, its storage credentials."""
+
+    tasks: tuple[FileScanTask, ...]
+    storage_credentials: list[Any] | None  # raw ``storage-credentials`` JSON of the completed plan
+
+
+def plan_request(row_filter: BooleanExpression, selected: Sequence[str], snapshot_id: int | None) -> dict[str, Any]:
+    """The ``PlanTableScanRequest`` JSON for one scan (pyiceberg's model serialises the filter)."""
+    fields: dict[str, Any] = {"select": list(selected), "case-sensitive": True}
+    if snapshot_id is not None:
+        fields["snapshot-id"] = snapshot_id
+    if row_filter != AlwaysTrue():
+        fields["filter"] = row_filter
+    request = PlanTableScanRequest.model_validate(fields)
+    body: dict[str, Any] = json.loads(request.model_dump_json(by_alias=True, exclude_none=True))
+    return body
+
+
+def collect_tasks(
+    client: ScanPlanningClient,
+    ident: TableIdent,
+    request: Mapping[str, Any],
+    *,
+    deadline_seconds: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RemoteTasks:
+    """Submit the plan, wait while it is ``submitted``, then gather every task (``plan-tasks`` included)."""
+    answer = client.submit_plan(ident, request)
+    response = _parsed(answer, ident)
+    deadline = time.monotonic() + deadline_seconds
+    pause = _FIRST_POLL_SECONDS
+    while isinstance(response, PlanSubmitted):
+        if not response.plan_id:
+            raise RemotePlanningError(f"the catalog submitted a plan for {ident} without a plan-id")
+        if time.monotonic() >= deadline:
+            _cancel_quietly(client, ident, response.plan_id)
+            raise RemotePlanningError(f"the catalog did not finish planning {ident} within {deadline_seconds:.0f}s")
+        sleep(pause)
+        pause = min(pause * 2, _MAX_POLL_SECONDS)
+        answer = client.fetch_plan(ident, response.plan_id)
+        response = _parsed(answer, ident)
+    if isinstance(response, PlanFailed):
+        message = first_line(response.error.message) if response.error else "no details"
+        raise RemotePlanningError(f"the catalog failed to plan {ident}: {message}")
+    if isinstance(response, PlanCancelled):
+        raise RemotePlanningError(f"the catalog cancelled the plan of {ident}")
+    assert isinstance(response, PlanCompleted)
+    tasks = _tasks_of(response, ident)
+    pending = list(response.plan_tasks)
+    while pending:
+        batch = _scan_tasks(client.fetch_plan_tasks(ident, pending.pop(0)), ident)
+        tasks.extend(_tasks_of(batch, ident))
+        pending.extend(batch.plan_tasks)
+    credentials = answer.get(STORAGE_CREDENTIALS)
+    return RemoteTasks(tuple(tasks), list(credentials) if isinstance(credentials, list) else None)
+
+
+def _parsed(answer: Mapping[str, Any], ident: TableIdent) -> Any:
+    try:
+        return _RESPONSE.validate_python(dict(answer))
+    except pydantic.ValidationError as exc:
+        where = "; ".join(".".join(str(p) for p in e.get("loc", ())) for e in exc.errors()[:3])
+        raise RemotePlanningError(f"the catalog's plan for {ident} is not valid (at {where or 'body'})") from None
+
+
+def _scan_tasks(answer: Mapping[str, Any], ident: TableIdent) -> ScanTasks:
+    try:
+        return ScanTasks.model_validate(dict(answer))
+    except pydantic.ValidationError:
+        raise RemotePlanningError(f"the catalog's plan tasks for {ident} are not valid") from None
+
+
+def _tasks_of(batch: ScanTasks, ident: TableIdent) -> list[FileScanTask]:
+    try:
+        return [FileScanTask.from_rest_response(task, batch.delete_files) for task in batch.file_scan_tasks]
+    except NotImplementedError as exc:  # equality deletes: pyiceberg cannot apply them
+        raise RemotePlanningError(f"cannot read the plan of {ident}: {first_line(exc)}") from None
+
+
+def _cancel_quietly(client: ScanPlanningClient, ident: TableIdent, plan_id: str) -> None:
+    try:
+        client.cancel_plan(ident, plan_id)
+    except Exception:  # the plan expires on its own; the timeout is the error that matters
+        return
+
+
+class RemotePlanner:
+    """Server-side planning for one session's tables (one user); built only when the switch is on."""
+
+    def __init__(self, provider: TableProvider, *, deadline_seconds: float = MIN_DEADLINE_SECONDS) -> None:
+        self._provider = provider
+        self._deadline = max(deadline_seconds, MIN_DEADLINE_SECONDS)
+        self.plans = 0  # plans the catalog answered (tests, diagnostics)
+
+    def plan(
+        self,
+        loaded: LoadedTable,
+        *,
+        row_filter: BooleanExpression,
+        selected: Sequence[str],
+        snapshot_id: int | None,
+    ) -> tuple[LoadedTable, tuple[FileScanTask, ...]]:
+        """The catalog's tasks for this scan, and the table as they are to be read (its FileIO)."""
+        ident = loaded.ident
+        client = self._provider.scan_planning(ident.warehouse)
+        if client is None:
+            raise RemotePlanningError(
+                f"[catalog] server_side_planning is on, but the catalog of warehouse {ident.warehouse!r} does not "
+                "advertise the scan planning endpoints; switch it off to plan locally"
+            )
+        planned = collect_tasks(
+            client, ident, plan_request(row_filter, selected, snapshot_id), deadline_seconds=self._deadline
+        )
+        self.plans += 1
+        if not planned.storage_credentials:
+            return loaded, planned.tasks
+        io = client.file_io_for_plan(loaded, planned.storage_credentials)
+        return _reading_with(loaded, io), planned.tasks
+
+
+def _reading_with(loaded: LoadedTable, io: Any) -> LoadedTable:
+    """``loaded`` whose table reads through ``io`` (the plan's own credentials)."""
+    table = copy.copy(loaded.table)
+    table.io = io
+    return dataclasses.replace(
+        loaded,
+        table=table,
+        io=io,
+        credential_source=io.source,
+        usable_until=io.usable_until,
+        expires_at=io.expires_at,
+    )

@@ -1,0 +1,135 @@
+"""``sqe.planning.remote``: the plan status machine (completed, submitted then polled, failed, cancelled, plan
+tasks) against a scripted catalog speaking the REST spec's JSON, and the switch-on-but-not-offered refusal."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from pyiceberg.expressions import AlwaysTrue, EqualTo
+
+from sqe.catalog.base import TableIdent
+from sqe.errors import RemotePlanningError
+from sqe.planning.remote import RemotePlanner, collect_tasks, plan_request
+from tests.unit.sqe.iceberg_local import LocalProvider
+
+IDENT = TableIdent("wh", ("ns",), "t")
+
+
+def _file(path: str) -> dict[str, Any]:
+    return {
+        "content": "data",
+        "file-path": path,
+        "file-format": "parquet",
+        "spec-id": 0,
+        "partition": [],
+        "file-size-in-bytes": 10,
+        "record-count": 2,
+    }
+
+
+class ScriptedCatalog:
+    """Answers plan calls from a script; records every call."""
+
+    def __init__(self, submit: Mapping[str, Any], polls: list[Mapping[str, Any]], tasks: Mapping[str, Any]) -> None:
+        self.submit, self.polls, self.tasks = submit, list(polls), dict(tasks)
+        self.calls: list[tuple[str, str]] = []
+
+    def submit_plan(self, ident: TableIdent, request: Mapping[str, Any]) -> Mapping[str, Any]:
+        self.calls.append(("submit", ""))
+        return self.submit
+
+    def fetch_plan(self, ident: TableIdent, plan_id: str) -> Mapping[str, Any]:
+        self.calls.append(("poll", plan_id))
+        return self.polls.pop(0)
+
+    def fetch_plan_tasks(self, ident: TableIdent, plan_task: str) -> Mapping[str, Any]:
+        self.calls.append(("tasks", plan_task))
+        return self.tasks[plan_task]
+
+    def cancel_plan(self, ident: TableIdent, plan_id: str) -> None:
+        self.calls.append(("cancel", plan_id))
+
+
+def test_completed_plan_with_plan_tasks_collects_every_file() -> None:
+    catalog = ScriptedCatalog(
+        {
+            "status": "completed",
+            "plan-id": "p",
+            "file-scan-tasks": [{"data-file": _file("s3://b/1")}],
+            "plan-tasks": ["p.1"],
+        },
+        [],
+        {
+            "p.1": {"file-scan-tasks": [{"data-file": _file("s3://b/2")}], "plan-tasks": ["p.2"]},
+            "p.2": {"file-scan-tasks": [{"data-file": _file("s3://b/3")}]},
+        },
+    )
+    planned = collect_tasks(catalog, IDENT, {}, deadline_seconds=5, sleep=lambda _s: None)
+    assert [t.file.file_path for t in planned.tasks] == ["s3://b/1", "s3://b/2", "s3://b/3"]
+    assert planned.storage_credentials is None
+    assert catalog.calls == [("submit", ""), ("tasks", "p.1"), ("tasks", "p.2")]
+
+
+def test_submitted_plan_is_polled_until_completed_and_keeps_its_credentials() -> None:
+    credentials = [{"prefix": "s3://b/", "config": {"s3.access-key-id": "AKIA", "s3.secret-access-key": "x"}}]
+    catalog = ScriptedCatalog(
+        {"status": "submitted", "plan-id": "slow"},
+        [
+            {"status": "submitted", "plan-id": "slow"},
+            {
+                "status": "completed",
+                "plan-id": "slow",
+                "file-scan-tasks": [{"data-file": _file("s3://b/1")}],
+                "storage-credentials": credentials,
+            },
+        ],
+        {},
+    )
+    pauses: list[float] = []
+    planned = collect_tasks(catalog, IDENT, {}, deadline_seconds=5, sleep=pauses.append)
+    assert [t.file.file_path for t in planned.tasks] == ["s3://b/1"]
+    assert planned.storage_credentials == credentials
+    assert catalog.calls == [("submit", ""), ("poll", "slow"), ("poll", "slow")]
+    assert len(pauses) == 2 and pauses[1] > pauses[0]  # backs off between polls
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ({"status": "failed", "error": {"message": "disk on fire\nsecond line", "type": "X", "code": 500}}, "failed"),
+        ({"status": "cancelled"}, "cancelled"),
+        ({"status": "completed", "file-scan-tasks": [{"data-file": {"file-path": 3}}]}, "not valid"),
+        ({"status": "thinking"}, "not valid"),
+        ({"status": "submitted"}, "without a plan-id"),
+    ],
+)
+def test_failed_cancelled_or_malformed_plans_are_typed_one_line_errors(answer: dict[str, Any], message: str) -> None:
+    with pytest.raises(RemotePlanningError, match=message) as caught:
+        collect_tasks(ScriptedCatalog(answer, [], {}), IDENT, {}, deadline_seconds=5, sleep=lambda _s: None)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_plan_pending_past_the_deadline_is_cancelled_and_refused() -> None:
+    pending = {"status": "submitted", "plan-id": "never"}
+    catalog = ScriptedCatalog(pending, [pending] * 50, {})
+    with pytest.raises(RemotePlanningError, match="did not finish"):
+        collect_tasks(catalog, IDENT, {}, deadline_seconds=0, sleep=lambda _s: None)
+    assert catalog.calls[-1] == ("cancel", "never")
+
+
+def test_the_request_carries_snapshot_columns_and_filter() -> None:
+    body = plan_request(EqualTo("region", "EU"), ["id", "region"], 42)
+    assert body["snapshot-id"] == 42 and body["select"] == ["id", "region"] and body["case-sensitive"] is True
+    assert body["filter"]["type"] == "eq" and body["filter"]["term"] == "region"
+    assert "filter" not in plan_request(AlwaysTrue(), ["id"], None) and "snapshot-id" not in plan_request(
+        AlwaysTrue(), [], None
+    )
+
+
+def test_switched_on_without_the_endpoints_never_falls_back(provider: LocalProvider) -> None:
+    loaded = provider.load_table(TableIdent("wh", ("ns",), "numbers"))
+    with pytest.raises(RemotePlanningError, match="does not advertise") as caught:
+        RemotePlanner(provider).plan(loaded, row_filter=AlwaysTrue(), selected=["id"], snapshot_id=None)
+    assert "server_side_planning" in str(caught.value)
