@@ -94,7 +94,8 @@ class Origins:
 
     def fail(self, key: str, message: str) -> NoReturn:
         origin = self._lookup(key)
-        where = f"{key} (set by {origin})" if origin else key
+        shown = _one_line(key)  # a key comes from user input (override, env name): keep the error on one line
+        where = f"{shown} (set by {origin})" if origin else shown
         raise self.error(f"{where}: {message}")
 
     def _lookup(self, key: str) -> str | None:
@@ -102,12 +103,20 @@ class Origins:
         while candidate:
             if candidate in self._by_key:
                 return self._by_key[candidate]
-            candidate = _PARENT_KEY.sub("", candidate)
+            parent = _PARENT_KEY.sub("", candidate)
+            if parent == candidate:  # no parent to strip (e.g. "a." from an override key): never loop forever
+                break
+            candidate = parent
         # An unknown section named by a dotted override ("catalgo.uri" fails as "catalgo").
         return next((origin for k, origin in self._by_key.items() if k.startswith(key + ".")), None)
 
 
 _PARENT_KEY = re.compile(r"(\.[^.\[]+|\[\d+\]|^[^.\[]+)$")  # strips the last ".name", "[i]" or the root
+
+
+def _one_line(text: str) -> str:
+    """``text`` with line breaks and other unprintable characters escaped (JSON style)."""
+    return text if text.isprintable() else json.dumps(text)[1:-1]
 
 
 def dotted(loc: tuple[int | str, ...]) -> str:
