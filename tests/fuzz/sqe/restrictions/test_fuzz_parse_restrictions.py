@@ -20,10 +20,32 @@ from tests.unit.sqe.restrictions.restriction_fixtures import ALL_TYPES
 
 _FIELD_IDS = st.integers(min_value=-2, max_value=32)
 _KINDS = [
-    "true", "false", "and", "or", "not", "is-null", "not-null", "is-nan", "not-nan", "lt", "lt-eq", "gt", "gt-eq",
-    "eq", "not-eq", "starts-with", "not-starts-with", "in", "not-in", "apply", "reference", "literal", "literals",
-    "transform", "bogus",
-]  # fmt: skip
+    "true",
+    "false",
+    "and",
+    "or",
+    "not",
+    "is-null",
+    "not-null",
+    "is-nan",
+    "not-nan",
+    "lt",
+    "lt-eq",
+    "gt",
+    "gt-eq",
+    "eq",
+    "not-eq",
+    "starts-with",
+    "not-starts-with",
+    "in",
+    "not-in",
+    "apply",
+    "reference",
+    "literal",
+    "literals",
+    "transform",
+    "bogus",
+]
 _KEYS = st.sampled_from(["type", "left", "right", "child", "term", "value", "values", "id", "name", "data-type"])
 _TYPE_NAMES = st.sampled_from(["int", "long", "string", "date", "decimal(9,2)", "boolean", "uuid", "fixed[3]", "x"])
 
@@ -45,11 +67,31 @@ def _predicates() -> st.SearchStrategy[Any]:
     leaf = st.one_of(
         st.booleans(),
         st.builds(lambda k, ref: {"type": k, "child": ref}, st.sampled_from(_KINDS), _reference()),
-        st.builds(lambda k, ref, lit: {"type": k, "left": ref, "right": lit}, st.sampled_from(_KINDS), _reference(), _literal()),
-        st.builds(lambda k, lit, ref: {"type": k, "left": lit, "right": ref}, st.sampled_from(_KINDS), _literal(), _reference()),
-        st.builds(lambda k, ref, vs: {"type": k, "child": ref, "values": vs}, st.sampled_from(["in", "not-in"]), _reference(), st.lists(_literal(), max_size=4)),
-        st.builds(lambda k, t, v: {"type": k, "term": t, "value": v}, st.sampled_from(_KINDS), st.sampled_from(["s", "i", "d", "x"]), json_scalars),
-    )  # fmt: skip
+        st.builds(
+            lambda k, ref, lit: {"type": k, "left": ref, "right": lit},
+            st.sampled_from(_KINDS),
+            _reference(),
+            _literal(),
+        ),
+        st.builds(
+            lambda k, lit, ref: {"type": k, "left": lit, "right": ref},
+            st.sampled_from(_KINDS),
+            _literal(),
+            _reference(),
+        ),
+        st.builds(
+            lambda k, ref, vs: {"type": k, "child": ref, "values": vs},
+            st.sampled_from(["in", "not-in"]),
+            _reference(),
+            st.lists(_literal(), max_size=4),
+        ),
+        st.builds(
+            lambda k, t, v: {"type": k, "term": t, "value": v},
+            st.sampled_from(_KINDS),
+            st.sampled_from(["s", "i", "d", "x"]),
+            json_scalars,
+        ),
+    )
     return st.recursive(
         leaf,
         lambda children: st.one_of(
@@ -57,7 +99,7 @@ def _predicates() -> st.SearchStrategy[Any]:
                 lambda k, a, b: {"type": k, "left": a, "right": b}, st.sampled_from(["and", "or"]), children, children
             ),
             st.builds(lambda c: {"type": "not", "child": c}, children),
-        ),  # fmt: skip
+        ),
         max_leaves=8,
     )
 
