@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal, NoReturn, Self, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
 
+from sqe._text import escape_unprintable
+
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound="ConfigSection")
 
@@ -94,7 +96,7 @@ class Origins:
 
     def fail(self, key: str, message: str) -> NoReturn:
         origin = self._lookup(key)
-        shown = _one_line(key)  # a key comes from user input (override, env name): keep the error on one line
+        shown = escape_unprintable(key)  # a key comes from user input (override, env name): keep the error on one line
         where = f"{shown} (set by {origin})" if origin else shown
         raise self.error(f"{where}: {message}")
 
@@ -112,11 +114,6 @@ class Origins:
 
 
 _PARENT_KEY = re.compile(r"(\.[^.\[]+|\[\d+\]|^[^.\[]+)$")  # strips the last ".name", "[i]" or the root
-
-
-def _one_line(text: str) -> str:
-    """``text`` with line breaks and other unprintable characters escaped (JSON style)."""
-    return text if text.isprintable() else json.dumps(text)[1:-1]
 
 
 def dotted(loc: tuple[int | str, ...]) -> str:

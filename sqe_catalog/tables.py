@@ -95,6 +95,8 @@ class NamespaceNotEmptyError(CatalogError):
 def _check_name(name: object, what: str) -> str:
     if not isinstance(name, str) or not name:
         raise BadRequestError(f"{what} must be a non-empty string")
+    if not name.strip():  # pyiceberg refuses whitespace-only segments with its own exception
+        raise BadRequestError(f"{what} must not be only whitespace")
     if len(name) > MAX_NAME_LENGTH:
         raise BadRequestError(f"{what} is longer than {MAX_NAME_LENGTH} characters")
     if "/" in name:
@@ -778,3 +780,5 @@ def _client_value_errors() -> Iterator[None]:
         yield
     except (ValueError, ice.ValidationError) as exc:
         raise BadRequestError(f"invalid table update: {exc}") from None
+    except KeyError as exc:  # e.g. remove-properties naming a property the table does not have
+        raise BadRequestError(f"invalid table update: no such key {exc}") from None

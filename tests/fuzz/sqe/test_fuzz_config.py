@@ -91,4 +91,4 @@ def test_unknown_override_key_with_a_line_break_gives_a_one_line_error() -> None
     with pytest.raises(ConfigError) as caught:
         load_config(env={}, overrides={**_BASE, "bad\nkey\u2028x": 1})
     assert_one_line(str(caught.value))
-    assert "bad\\nkey" in str(caught.value)
+    assert "bad\\nkey\\u2028x" in str(caught.value)
