@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal, NoReturn, Self, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
 
+from sqe._text import escape_unprintable
+
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound="ConfigSection")
 
@@ -94,7 +96,8 @@ class Origins:
 
     def fail(self, key: str, message: str) -> NoReturn:
         origin = self._lookup(key)
-        where = f"{key} (set by {origin})" if origin else key
+        shown = escape_unprintable(key)  # a key comes from user input (override, env name): keep the error on one line
+        where = f"{shown} (set by {origin})" if origin else shown
         raise self.error(f"{where}: {message}")
 
     def _lookup(self, key: str) -> str | None:
@@ -102,7 +105,10 @@ class Origins:
         while candidate:
             if candidate in self._by_key:
                 return self._by_key[candidate]
-            candidate = _PARENT_KEY.sub("", candidate)
+            parent = _PARENT_KEY.sub("", candidate)
+            if parent == candidate:  # no parent to strip (e.g. "a." from an override key): never loop forever
+                break
+            candidate = parent
         # An unknown section named by a dotted override ("catalgo.uri" fails as "catalgo").
         return next((origin for k, origin in self._by_key.items() if k.startswith(key + ".")), None)
 

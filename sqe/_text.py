@@ -22,3 +22,13 @@ def iso_utc(epoch_seconds: float | None) -> str | None:
     if epoch_seconds is None:
         return None
     return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds")
+
+
+def escape_unprintable(text: str) -> str:
+    """``text`` with line breaks and other unprintable characters escaped as Python does (``\\n``, ``\\x1f``).
+
+    For errors that echo client input (a key, a path segment): the message must stay one line.
+    """
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)

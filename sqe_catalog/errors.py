@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from sqe import vocabulary
+from sqe._text import escape_unprintable
 from sqe.vocabulary import ERROR_METADATA_INTEGRITY
 
 
@@ -35,7 +36,9 @@ class CatalogError(Exception):
         self.message = message
 
     def to_json(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.error_type, "code": self.status}}
+        # Messages may echo client input (a path segment, a key): escaped, so the ErrorModel stays one line.
+        message = escape_unprintable(self.message)
+        return {"error": {"message": message, "type": self.error_type, "code": self.status}}
 
 
 class BadRequestError(CatalogError):

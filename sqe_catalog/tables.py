@@ -764,3 +764,5 @@ def _client_value_errors() -> Iterator[None]:
         yield
     except (ValueError, ice.ValidationError) as exc:
         raise BadRequestError(f"invalid table update: {exc}") from None
+    except KeyError as exc:  # e.g. remove-properties naming a property the table does not have
+        raise BadRequestError(f"invalid table update: no such key {exc}") from None
