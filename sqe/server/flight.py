@@ -22,7 +22,7 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import duckdb
@@ -216,6 +216,75 @@ def _handler(method: Callable[..., _T]) -> Callable[..., _T]:
     return wrapper
 
 
+class _ResultStream:
+    """The body of one DoGet: its query's batches, then the query finished however the call ends.
+
+    pyarrow drops this iterator when the call ends. When the client left before the first batch was asked for
+    (e.g. before the schema message was written), no batch is ever asked for: dropping it still cancels and
+    finishes the query, so its engine and slot come back. While a batch is being produced the call is alive, so
+    only then may the watchdog ask the call whether its client cancelled.
+    """
+
+    _over = True  # until __init__ ran: __del__ of a half-built stream has nothing to finish
+
+    def __init__(
+        self,
+        session: ClientSession,
+        query: OpenQuery,
+        context: Any,
+        secrets: list[str],
+        timeout_error: Callable[[], QueryTimeoutError],
+    ) -> None:
+        self._session = session
+        self._query = query
+        self._context = context
+        self._secrets = secrets
+        self._timeout_error = timeout_error
+        self._over = False
+
+    def __iter__(self) -> _ResultStream:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        if self._over:
+            raise StopIteration
+        try:
+            with self._query.serving(self._context):
+                batch = self._next_batch()
+        except Exception as exc:
+            self._query.failed = True
+            self.close(completed=False)
+            if self._query.cancelled == "timeout" and not isinstance(exc, QueryTimeoutError):
+                exc = self._timeout_error()
+            raise to_flight(exc, self._secrets) from None
+        if batch is None:
+            self.close(completed=True)
+            raise StopIteration
+        return batch
+
+    def _next_batch(self) -> pa.RecordBatch | None:
+        query = self._query
+        batch = next(query.batches, None) if query.cancelled is None else None
+        if query.cancelled == "timeout":
+            raise self._timeout_error()
+        if query.cancelled is not None:
+            raise QueryError(f"query cancelled ({query.cancelled})")
+        return batch
+
+    def close(self, *, completed: bool) -> None:
+        """Finish the query once; a stream that did not complete cancels it first (its scans stop)."""
+        if self._over:
+            return
+        self._over = True
+        if not completed:
+            self._query.cancel("client")
+        self._query.finish()
+        self._session.open.pop(self._query.handle, None)
+
+    def __del__(self) -> None:
+        self.close(completed=False)  # the call ended without reading to the end (or without reading at all)
+
+
 # ----------------------------------------------------------------------------------------------- server
 
 
@@ -292,28 +361,28 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             session.release_engine(engine, discard=query.cancelled is not None or query.failed)
             self.limits.release(user.key)
 
-        query = OpenQuery(
+        query = OpenQuery.for_planning(
             handle=session.new_handle(),
             schema=pa.schema([]),
             batches=iter(()),
             deadline=time.monotonic() + self.server_config.query_timeout_seconds,
             cancel_engine=engine.session.interrupt,
             release=release,
-            planning=True,
-            call_context=context,  # a client that gives up while we plan cancels the statement
         )
         session.open[query.handle] = query  # the watchdog sees it (timeout) while it plans
         try:
-            reader = run(engine).reader(self.server_config.batch_rows)
+            with query.serving(context):  # a client that gives up while we plan cancels the statement
+                reader = run(engine).reader(self.server_config.batch_rows)
         except BaseException as exc:
-            query.call_context, query.failed = None, True
+            query.failed = True
             query.finish()
             session.open.pop(query.handle, None)
             if query.cancelled == "timeout":
                 raise self._timeout() from exc
             raise
         query.schema, query.batches, query.close_stream = reader.schema, iter(reader), reader.close
-        query.planning, query.call_context = False, None
+        del reader  # the query holds the only reference: finishing it frees the DuckDB stream at once
+        query.planned()
         return query
 
     def _table_query(self, session: ClientSession, table: pa.Table) -> OpenQuery:
@@ -418,34 +487,10 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         _, session = self._caller(context)
         handle = _message(_unpack_any(ticket.ticket), sql_pb.TicketStatementQuery).statement_handle
         query = session.open.get(handle)
-        if query is None or query.call_context is not None or query.done:
+        if query is None or not query.claim():
             raise UnknownHandleError("unknown or already used ticket (results are read once, by their session)")
-        query.call_context = context
-        return flight.GeneratorStream(query.schema, self._stream(session, query, self.secrets_of(context)))
-
-    def _stream(self, session: ClientSession, query: OpenQuery, secrets: list[str]) -> Iterator[pa.RecordBatch]:
-        completed = False
-        try:
-            for batch in query.batches:
-                if query.cancelled is not None:
-                    break
-                yield batch
-            completed = query.cancelled is None
-            if query.cancelled == "timeout":
-                raise self._timeout()
-            if query.cancelled is not None:
-                raise QueryError(f"query cancelled ({query.cancelled})")
-        except Exception as exc:
-            query.failed = True
-            if query.cancelled == "timeout" and not isinstance(exc, QueryTimeoutError):
-                exc = self._timeout()
-            raise to_flight(exc, secrets) from None
-        finally:
-            if not completed:
-                query.cancel("client")  # a dropped stream (GeneratorExit) or a failure stops the query's scans
-            query.call_context = None
-            query.finish()
-            session.open.pop(query.handle, None)
+        stream = _ResultStream(session, query, context, self.secrets_of(context), self._timeout)
+        return flight.GeneratorStream(query.schema, stream)
 
     # -- DoPut ------------------------------------------------------------------------------------------
 
@@ -574,8 +619,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         query = session.open.get(handle)
         status = cancel_pb.CANCEL_STATUS_NOT_CANCELLABLE
         if query is not None and query.cancel("cancel"):
-            if query.call_context is None:  # not streaming yet: nothing will read it any more
-                query.finish()
+            if query.finish_if_waiting():  # not streaming yet: nothing will read it any more
                 session.open.pop(handle, None)
             status = cancel_pb.CANCEL_STATUS_CANCELLED
         return bytes(cancel_pb.CancelFlightInfoResult(status=status).SerializeToString())

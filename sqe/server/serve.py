@@ -7,6 +7,7 @@ server: open queries are cancelled and every engine session is closed.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import sys
@@ -41,6 +42,8 @@ def _tls(config: ServerConfig) -> list[tuple[bytes, bytes]] | None:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    # a native crash (DuckDB, Arrow, gRPC) then leaves every thread's Python stack in the log
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

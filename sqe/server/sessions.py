@@ -19,6 +19,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -144,9 +145,19 @@ class Prepared:
     plans: dict[int, PreparedStatement] = field(default_factory=dict)  # engine serial -> its plan
 
 
+# Who owns an OpenQuery: its GetFlightInfo while it plans, nobody while it waits for its DoGet, then that DoGet.
+_PLANNING, _WAITING, _STREAMING = "planning", "waiting", "streaming"
+
+
 @dataclass
 class OpenQuery:
-    """A result between GetFlightInfo and the end of its DoGet (or a metadata table waiting for DoGet)."""
+    """A result between GetFlightInfo and the end of its DoGet (or a metadata table waiting for DoGet).
+
+    Only its owner (the planning GetFlightInfo, then the streaming DoGet) reads its stream or finishes it while it
+    is owned; other threads (watchdog, CancelFlightInfo, session close) only ``cancel`` it, or finish it while it
+    waits. A Flight call context is only valid during its call, so the watchdog sees one only while the owner is
+    inside that call (:meth:`serving`), never after.
+    """
 
     handle: bytes
     schema: pa.Schema
@@ -154,25 +165,74 @@ class OpenQuery:
     deadline: float
     cancel_engine: Callable[[], None]
     release: Callable[[], None]
-    call_context: flight.ServerCallContext | None = None
     close_stream: Callable[[], None] = lambda: None  # frees the engine's result before the engine is reused
     failed: bool = False  # its statement or stream raised
-    planning: bool = False  # its GetFlightInfo is still running the statement
     cancelled: str | None = None  # why it was cancelled: "timeout", "client", "cancel"
+    state: str = _WAITING
+    _live_call: flight.ServerCallContext | None = None
     _done: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @classmethod
+    def for_planning(cls, **fields: Any) -> OpenQuery:
+        """A query its GetFlightInfo (or DoPut) still runs: nobody else may finish it."""
+        return cls(state=_PLANNING, **fields)
+
     def cancel(self, reason: str) -> bool:
-        """Stop the query (idempotent); False when it had already finished."""
+        """Stop the query (idempotent); False when it had already finished.
+
+        Interrupts under the lock: ``finish`` (which may close the engine) cannot run meanwhile, so an interrupt
+        never meets a connection being closed.
+        """
         with self._lock:
             if self._done:
                 return False
             if self.cancelled is None:
                 self.cancelled = reason
-        self.cancel_engine()
+            self.cancel_engine()
         return True
 
+    def planned(self) -> None:
+        """Its GetFlightInfo is done: it waits for a DoGet (or the watchdog and CancelFlightInfo may free it)."""
+        with self._lock:
+            if self.state == _PLANNING:
+                self.state = _WAITING
+
+    def claim(self) -> bool:
+        """The DoGet that streams it takes ownership; False when it is finished or another call owns it."""
+        with self._lock:
+            if self._done or self.state != _WAITING:
+                return False
+            self.state = _STREAMING
+            return True
+
+    def finish_if_waiting(self) -> bool:
+        """Finish it when no call owns it (never fetched); False when a call owns it (that call finishes it)."""
+        with self._lock:
+            if self._done or self.state != _WAITING:
+                return False
+            self.state = _STREAMING  # a DoGet arriving now finds it taken
+        self.finish()
+        return True
+
+    @contextmanager
+    def serving(self, context: flight.ServerCallContext | None) -> Iterator[None]:
+        """While the owner runs inside ``context``'s call: the watchdog may ask whether that client went away."""
+        with self._lock:
+            self._live_call = context
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._live_call = None
+
+    def client_gone(self) -> bool:
+        """Whether the client of the call now working on it cancelled; the lock keeps that call alive meanwhile."""
+        with self._lock:
+            return self._live_call is not None and _client_gone(self._live_call)
+
     def finish(self) -> None:
+        """Free its result, then its engine and slot (once). Called by its owner, or by whoever claimed it."""
         with self._lock:
             if self._done:
                 return
@@ -181,11 +241,17 @@ class OpenQuery:
             self.close_stream()
         except Exception as exc:  # a broken stream must still give its engine and slot back
             log.debug("closing a result stream failed: %s", type(exc).__name__)
+        # drop the DuckDB stream here, on the owner's thread, before the engine can run another statement
+        self.batches, self.close_stream = iter(()), _nothing
         self.release()
 
     @property
     def done(self) -> bool:
         return self._done
+
+
+def _nothing() -> None:
+    return None
 
 
 class ClientSession:
@@ -200,6 +266,7 @@ class ClientSession:
         self.prepared: dict[bytes, Prepared] = {}
         self.open: dict[bytes, OpenQuery] = {}
         self.last_used = time.monotonic()
+        self._closed = False
 
     @property
     def user_key(self) -> str:
@@ -237,21 +304,24 @@ class ClientSession:
         return engine
 
     def release_engine(self, engine: Engine, *, discard: bool = False) -> None:
-        """Back to the pool; ``discard`` (after a cancelled or failed query) closes it instead."""
-        if discard:
-            with self._lock:
+        """Back to the pool; ``discard`` (after a cancelled or failed query) closes it instead.
+
+        Also closes it when the client session closed meanwhile: a busy engine is only ever closed by its holder.
+        """
+        with self._lock:
+            discard = discard or self._closed
+            if discard:
                 if engine in self._engines:
                     self._engines.remove(engine)
-            engine.close()
-            return
-        with self._lock:
-            engine.busy = False
-            engine.last_used = time.monotonic()
-            # keep one idle engine (its caches) and the busy ones; more idle ones are closed
-            idle = [e for e in self._engines if not e.busy]
-            extra = idle[:-1] if len(idle) > 1 else []
-            for e in extra:
-                self._engines.remove(e)
+                extra = [engine]
+            else:
+                engine.busy = False
+                engine.last_used = time.monotonic()
+                # keep one idle engine (its caches) and the busy ones; more idle ones are closed
+                idle = [e for e in self._engines if not e.busy]
+                extra = idle[:-1] if len(idle) > 1 else []
+                for e in extra:
+                    self._engines.remove(e)
         for e in extra:
             e.close()
 
@@ -264,14 +334,21 @@ class ClientSession:
         return not busy and not self.open and self.last_used < cutoff
 
     def close(self) -> None:
+        """Cancel its queries and close its idle engines; a query's owner finishes it and closes its engine.
+
+        Closing an engine another thread still reads (a DoGet stream, a statement) would crash DuckDB, so busy
+        engines are closed by ``release_engine`` when their holder is done.
+        """
+        with self._lock:
+            self._closed = True
+            idle = [e for e in self._engines if not e.busy]
+            self._engines = [e for e in self._engines if e.busy]
         for query in list(self.open.values()):
             query.cancel("session closed")
-            query.finish()
-        self.open.clear()
+            if query.finish_if_waiting() or query.done:
+                self.open.pop(query.handle, None)
         self.prepared.clear()
-        with self._lock:
-            engines, self._engines = self._engines, []
-        for engine in engines:
+        for engine in idle:
             engine.close()
 
 
@@ -366,10 +443,9 @@ class Watchdog:
                     session.open.pop(query.handle, None)
                 elif now >= query.deadline:
                     query.cancel("timeout")
-                    if query.call_context is None and not query.planning:  # never fetched: free it now
-                        query.finish()
+                    if query.finish_if_waiting():  # never fetched: free it now (an owner finishes its own)
                         session.open.pop(query.handle, None)
-                elif query.call_context is not None and _client_gone(query.call_context):
+                elif query.client_gone():
                     query.cancel("client")
         self._registry.expire_idle(self._idle_seconds)
 

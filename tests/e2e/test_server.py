@@ -188,6 +188,7 @@ def served(
         numbers = numbers.append_column("label", pa.array([f"row-{i:09d}" for i in range(NUMBER_ROWS)]))
         catalog.create_table((namespace, "numbers"), schema=numbers.schema).append(numbers)
         catalog.create_table((namespace, "sink"), schema=pa.schema([("id", pa.int64()), ("name", pa.string())]))
+        catalog.create_table((namespace, "hammer"), schema=pa.schema([("id", pa.int64()), ("name", pa.string())]))
     for who, document in (("alice", ALICE), ("bob", BOB)):
         path = workdir / f"{who}.json"
         path.write_text(json.dumps(document), encoding="utf-8")
@@ -382,7 +383,7 @@ def test_adbc_metadata_browse(served: Served) -> None:
     [warehouse] = [o for o in objects if o["catalog_name"] == served.catalog.warehouse]
     [namespace] = warehouse["catalog_db_schemas"]
     assert namespace["db_schema_name"] == served.namespace
-    assert {t["table_name"] for t in namespace["db_schema_tables"]} == {"people", "numbers", "sink"}
+    assert {t["table_name"] for t in namespace["db_schema_tables"]} == {"people", "numbers", "sink", "hammer"}
     assert schema.names == ["id", "name", "region", "ssn"]
     assert types == ["TABLE"]
 
@@ -804,6 +805,177 @@ def test_prepared_statements_carry_their_dataset_and_parameter_schemas(served: S
         cur.adbc_prepare(f"SELECT id, ssn FROM {served.namespace}.people WHERE id > ?")
         cur.execute(f"SELECT id, ssn FROM {served.namespace}.people WHERE id > ?", parameters=(2,))
         assert cur.fetchall() == [(3, "nnn-nn-5555"), (6, None)]
+
+
+# ------------------------------------------------------------------- concurrency on one client session
+
+RACE_SLOTS = 6
+
+
+def _session_options(token: str, session_id: str, timeout: float | None = None) -> flight.FlightCallOptions:
+    headers = [(b"authorization", f"Bearer {token}".encode()), (b"x-sqe-session", session_id.encode())]
+    return flight.FlightCallOptions(headers=headers, timeout=timeout)
+
+
+def _prepare(client: flight.FlightClient, sql: str, options: flight.FlightCallOptions) -> bytes:
+    wrapper = any_pb2.Any()
+    wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=sql))
+    [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
+    created = sql_pb.ActionCreatePreparedStatementResult()
+    assert any_pb2.Any.FromString(result.body.to_pybytes()).Unpack(created)
+    assert pa.ipc.read_schema(pa.py_buffer(created.dataset_schema)).names == ["name"]
+    return bytes(created.prepared_statement_handle)
+
+
+def _all_slots_free(client: flight.FlightClient, options: flight.FlightCallOptions, slots: int) -> bool:
+    """Whether, within a few seconds, ``slots`` queries can be open at once (each read back right)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        held: list[flight.FlightInfo] = []
+        try:
+            for _ in range(slots):
+                held.append(
+                    client.get_flight_info(_command(sql_pb.CommandStatementQuery(query="SELECT 1 AS x")), options)
+                )
+        except flight.FlightUnavailableError:
+            pass
+        for info in held:
+            assert client.do_get(info.endpoints[0].ticket, options).read_all().column("x").to_pylist() == [1]
+        if len(held) == slots:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_racing_calls_on_one_client_session_keep_the_server_up_and_the_answers_right(
+    served: Served, catalog_reader: CatalogPrincipal
+) -> None:
+    """DoGet, DoPut, prepared-statement actions, GetSchema and cancels (mid-stream, before DoGet and before the
+    first batch) all at once on ONE client session of a real server: it stays up, every answer is right, and
+    abandoned streams give their query slots back.
+
+    The DoGets dropped before their first batch are the crash this guards against: the server kept their call
+    context after the call ended and its watchdog asked that freed context whether the client was gone.
+    """
+    from sqe_stack.provision import stop_child
+
+    workdir = served.workdir / "racing"
+    workdir.mkdir()
+    settings = {"max_concurrent_queries": 12, "max_concurrent_queries_per_user": RACE_SLOTS}
+    config = _write_configs(workdir, served.catalog, **_reader_settings(catalog_reader), **settings)
+    proc, port = start_server(workdir, config)
+    url = f"grpc://127.0.0.1:{port}"
+    session_id = f"race-{uuid.uuid4().hex}"  # every call, on every connection, belongs to this one client session
+    options = _session_options(served.token("writer"), session_id)
+    people, rounds = f"{served.namespace}.people", 4
+    failures: list[str] = []
+    inserted: list[int] = []
+
+    def statement(client: flight.FlightClient, sql: str) -> flight.FlightInfo:
+        deadline = time.monotonic() + 20
+        while True:  # the racing clients share RACE_SLOTS slots: "server busy" is the limit working, not a fault
+            try:
+                return client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+            except flight.FlightUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def reads(client: flight.FlightClient) -> None:
+        info = statement(client, f"SELECT id FROM {people} ORDER BY id")
+        assert client.do_get(info.endpoints[0].ticket, options).read_all().column("id").to_pylist() == [
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+        ]
+
+    def updates(client: flight.FlightClient) -> None:
+        sql = f"INSERT INTO {served.namespace}.hammer SELECT id, name FROM {people} WHERE id <= 2"
+        writer, reader = client.do_put(_command(sql_pb.CommandStatementUpdate(query=sql)), pa.schema([]), options)
+        writer.done_writing()
+        count = sql_pb.DoPutUpdateResult.FromString(reader.read().to_pybytes()).record_count
+        writer.close()
+        assert count == 2
+        inserted.append(count)
+
+    def prepared(client: flight.FlightClient, round_: int) -> None:
+        handle = _prepare(client, f"SELECT name FROM {people} WHERE id = ?", options)
+        command = sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle)
+        key = round_ % 6 + 1
+        writer, reader = client.do_put(_command(command), pa.schema([("id", pa.int64())]), options)
+        writer.write_table(pa.table({"id": pa.array([key], pa.int64())}))
+        writer.done_writing()
+        reader.read()
+        writer.close()
+        info = client.get_flight_info(_command(command), options)
+        names = client.do_get(info.endpoints[0].ticket, options).read_all().column("name").to_pylist()
+        assert names == [PEOPLE.column("name")[key - 1].as_py()]
+        close = sql_pb.ActionClosePreparedStatementRequest(prepared_statement_handle=handle)
+        wrapper = any_pb2.Any()
+        wrapper.Pack(close)
+        list(client.do_action(flight.Action("ClosePreparedStatement", wrapper.SerializeToString()), options))
+        descriptor = _command(sql_pb.CommandStatementQuery(query=f"SELECT name FROM {people}"))
+        assert client.get_schema(descriptor, options).schema.names == ["name"]
+
+    def cancels(client: flight.FlightClient, round_: int) -> None:
+        big = f"SELECT n, label FROM {served.namespace}.numbers"
+        mid = client.do_get(statement(client, big).endpoints[0].ticket, options)
+        mid.read_chunk()
+        mid.cancel()  # mid-stream
+        info = statement(client, big)  # cancelled before any DoGet
+        request = cancel_pb.CancelFlightInfoRequest(info=info.serialize())
+        list(client.do_action(flight.Action("CancelFlightInfo", request.SerializeToString()), options))
+        early = statement(client, big)  # dropped before (or right at) its first batch
+        short = _session_options(served.token("writer"), session_id, timeout=0.001 * (round_ % 4))
+        with contextlib.suppress(flight.FlightError):
+            client.do_get(early.endpoints[0].ticket, short if round_ % 4 else options).cancel()
+        # a DoGet that never reached the server leaves its query waiting: a client cancels what it dropped
+        request = cancel_pb.CancelFlightInfoRequest(info=early.serialize())
+        list(client.do_action(flight.Action("CancelFlightInfo", request.SerializeToString()), options))
+
+    def worker(name: str, body: Any) -> None:
+        client = flight.FlightClient(url)
+        try:
+            for round_ in range(rounds):
+                body(client, round_)
+        except Exception as exc:
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+        finally:
+            client.close()
+
+    bodies = {
+        "reads": lambda c, _: reads(c),
+        "updates": lambda c, _: updates(c),
+        "prepared": prepared,
+        "cancels": cancels,
+        "cancels2": cancels,
+    }
+    threads = [threading.Thread(target=worker, args=item) for item in bodies.items()]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(240)
+        assert not [t for t in threads if t.is_alive()], "a racing client hung"
+        time.sleep(1)  # two watchdog sweeps over whatever the abandoned calls left behind
+        assert proc.poll() is None, f"sqe serve died:\n{(workdir / 'server.log').read_text()[-3000:]}"
+        assert failures == []
+        client = flight.FlightClient(url)
+        info = statement(client, f"SELECT count(*) AS n FROM {served.namespace}.hammer")
+        assert client.do_get(info.endpoints[0].ticket, options).read_all().column("n").to_pylist() == [sum(inserted)]
+        assert sum(inserted) == 2 * rounds
+        # every abandoned stream gives its slot back: the session can hold all of its slots at once again
+        assert _all_slots_free(client, options, RACE_SLOTS), "abandoned streams kept their query slots"
+        assert proc.poll() is None
+    finally:
+        stop_child(proc)
+    log = (workdir / "server.log").read_text(encoding="utf-8", errors="replace")
+    assert "Fatal Python error" not in log and "Traceback" not in log
+    for secret in served.catalog.secrets:
+        assert secret not in log
 
 
 # ------------------------------------------------------------ short-lived tokens: delegation cache, expiry
