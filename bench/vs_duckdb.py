@@ -136,11 +136,13 @@ class RequestLog:
         with self._path.open("rb") as fh:
             fh.seek(self._offset)
             text = fh.read().decode("utf-8", "replace")
-        counts = {"HEAD": 0, "GET": 0, "other": 0}
+        counts = {"HEAD": 0, "GET": 0, "other": 0, "data HEAD": 0, "data GET": 0}
         for method, target in _REQUEST.findall(text):
             if method == "POST" and target == "/":  # STS / IAM, not S3
                 continue
             counts[method if method in counts else "other"] += 1
+            if target.split("?", 1)[0].endswith(".parquet") and method in ("HEAD", "GET"):
+                counts[f"data {method}"] += 1
         return counts
 
 
@@ -353,11 +355,12 @@ PEERS = ("duckdb-cache-off", "duckdb", "pyarrow", "pyiceberg", "pyiceberg-batche
 
 
 def report(cells: dict[tuple[int, str, str, str], Cell], tables: dict[int, str]) -> list[str]:
-    header = f"{'files':>5} {'query':<8} {'mode':<6} {'SQE ms':>8} {'SQE req':>9} " + " ".join(
+    header = f"{'files':>5} {'query':<8} {'mode':<6} {'SQE ms':>8} {'SQE req':>9} {'data':>7} " + " ".join(
         f"{peer:>17}" for peer in PEERS
     )
     lines = [
-        "time ratio peer/SQE (> 1: SQE faster) and S3 requests per query (HEAD+GET) of each engine",
+        "time ratio peer/SQE (> 1: SQE faster) and S3 requests per query (HEAD+GET) of each engine;",
+        "'data': SQE's requests on data files alone",
         header,
         "-" * len(header),
     ]
@@ -366,6 +369,7 @@ def report(cells: dict[tuple[int, str, str, str], Cell], tables: dict[int, str])
             for mode in MODES:
                 sqe = cells[(files, query, mode, "sqe")]
                 row = f"{files:>5} {query:<8} {mode:<6} {sqe.median * 1000:>8.1f} {_requests(sqe):>9} "
+                row += f"{_requests(sqe, 'data '):>7} "
                 row += " ".join(
                     f"{cells[(files, query, mode, p)].median / sqe.median:>6.2f}x {_requests(cells[(files, query, mode, p)]):>9}"
                     for p in PEERS
@@ -375,9 +379,10 @@ def report(cells: dict[tuple[int, str, str, str], Cell], tables: dict[int, str])
     return lines
 
 
-def _requests(cell: Cell) -> str:
+def _requests(cell: Cell, kind: str = "") -> str:
+    """HEAD+GET requests of the cell's first run (``kind="data "``: those on data files only)."""
     counts = cell.requests or {}
-    return f"{counts.get('HEAD', 0)}+{counts.get('GET', 0)}"
+    return f"{counts.get(kind + 'HEAD', 0)}+{counts.get(kind + 'GET', 0)}"
 
 
 def worst_line(cells: dict[tuple[int, str, str, str], Cell]) -> str:
