@@ -370,10 +370,8 @@ def report(cells: dict[tuple[int, str, str, str], Cell], tables: dict[int, str])
                 sqe = cells[(files, query, mode, "sqe")]
                 row = f"{files:>5} {query:<8} {mode:<6} {sqe.median * 1000:>8.1f} {_requests(sqe):>9} "
                 row += f"{_requests(sqe, 'data '):>7} "
-                row += " ".join(
-                    f"{cells[(files, query, mode, p)].median / sqe.median:>6.2f}x {_requests(cells[(files, query, mode, p)]):>9}"
-                    for p in PEERS
-                )
+                peers = [cells[(files, query, mode, p)] for p in PEERS]
+                row += " ".join(f"{peer.median / sqe.median:>6.2f}x {_requests(peer):>9}" for peer in peers)
                 lines.append(row)
     lines.append(worst_line(cells))
     return lines
@@ -496,7 +494,8 @@ def run(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/vs_duckdb.py", description=__doc__.splitlines()[0] if __doc__ else None)
+    summary = __doc__.splitlines()[0] if __doc__ else None
+    parser = argparse.ArgumentParser(prog="bench/vs_duckdb.py", description=summary)
     parser.add_argument("--rows", type=int, default=4_000_000, help="rows in each table (default 4 million)")
     parser.add_argument("--files", default="1,16,128", help="comma-separated data-file counts (default 1,16,128)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median counts (default 5)")

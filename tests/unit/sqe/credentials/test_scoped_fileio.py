@@ -285,4 +285,4 @@ def test_scope_key_names_the_credential_set_and_holds_no_secret() -> None:
     assert io.resolve("s3://b/t10/data/a.parquet").scope_key != t1
     revended = [_entry("s3://b/t1", "V3", V1_SECRET, V1_TOKEN, T1_EXPIRES)]  # same prefix, new key
     assert _scoped({}, revended, _config()).resolve("s3://b/t1/data/a.parquet").scope_key != t1
-    assert not any(secret in t1 for secret in SECRETS + ("V1",))
+    assert not any(secret in t1 for secret in (*SECRETS, "V1"))
