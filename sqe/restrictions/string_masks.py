@@ -9,16 +9,14 @@ the per-row code point counts. ASCII-only data (checked with one max over the by
 route: an Arrow ``take`` through the same table (no deletions, so no copy in and out of Python bytes),
 reusing the offsets and validity buffers as they are.
 
-show-first-4/-last-4 run as a few numpy passes over the whole data buffer: for ASCII-only data the masked
-text is the lookup table applied to every byte, with the first (last) four bytes of each value copied back from
-the original; otherwise every byte learns the index of its code point within its value (a running count of
-lead bytes), kept code points are copied whole and each masked one becomes its lead byte's mask byte.
+show-first-4/-last-4 split each value into the kept and the masked code points and join them again. For
+ASCII-only data (one byte per code point) the split is a cheap byte slice of the original and of the fully
+masked text; otherwise Arrow's code-point slicing does it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +28,7 @@ _MASK_TABLE = bytes(ord("n") if 0x30 <= byte <= 0x39 else byte if byte in _KEPT 
 _MASK_LOOKUP = pa.array(list(_MASK_TABLE), pa.uint8())  # the same table, as an Arrow take source
 _CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
 _ASCII_MAX = 0x7F
+_TO_END = 2**31 - 1
 _SHOWN = 4
 
 
@@ -58,90 +57,35 @@ def _per_string_type(array: pa.Array, kernel: Callable[[pa.Array], pa.Array]) ->
 
 
 def _show_first(array: pa.Array) -> pa.Array:
-    return _show_kept(array, first=True)
+    if _is_ascii(array):  # one byte per code point: cheaper byte slices of the fully masked text
+        raw, masked = _bytes_view(array), _bytes_view(_mask_utf8(array))
+        return _concat(pc.binary_slice(raw, 0, _SHOWN), pc.binary_slice(masked, _SHOWN, _TO_END)).view(array.type)
+    shown = pc.utf8_slice_codeunits(array, 0, _SHOWN)
+    hidden = _mask_utf8(pc.utf8_slice_codeunits(array, _SHOWN, _TO_END))
+    return _concat(shown, hidden)
 
 
 def _show_last(array: pa.Array) -> pa.Array:
-    return _show_kept(array, first=False)
+    if _is_ascii(array):
+        raw, masked = _bytes_view(array), _bytes_view(_mask_utf8(array))
+        return _concat(pc.binary_slice(masked, 0, -_SHOWN), pc.binary_slice(raw, -_SHOWN, _TO_END)).view(array.type)
+    hidden = _mask_utf8(pc.utf8_slice_codeunits(array, 0, -_SHOWN))
+    shown = pc.utf8_slice_codeunits(array, -_SHOWN, _TO_END)
+    return _concat(hidden, shown)
 
 
-def _show_kept(array: pa.Array, *, first: bool) -> pa.Array:
-    """Keep the first (or last) ``_SHOWN`` code points of every value and mask the others, in a few whole-buffer
-    numpy passes (nothing per value in Python). Null slots are processed like any other; their validity stays."""
-    import numpy as np  # only when a show mask runs: numpy is not needed to start the engine
+def _concat(left: pa.Array, right: pa.Array) -> pa.Array:
+    return pc.binary_join_element_wise(left, right, pa.scalar(b"", type=left.type))
 
-    length = len(array)
-    if length == 0:
-        return array
+
+def _bytes_view(array: pa.Array) -> pa.Array:
+    return array.view(pa.large_binary() if pa.types.is_large_string(array.type) else pa.binary())
+
+
+def _is_ascii(array: pa.Array) -> bool:
+    """Whether all bytes the values span are ASCII (a stray byte in a null slot only costs speed)."""
     start, end = _span(array)
-    data = _np_data(array, start, end)
-    offsets = _np_offsets(array) - start
-    sizes = np.diff(offsets)
-    lookup = _np_mask_lookup()
-    if data.size == 0 or int(data.max()) <= _ASCII_MAX:  # one byte per code point: the offsets stay
-        out = lookup[data]
-        for k in range(_SHOWN):
-            rows = sizes > k
-            kept = offsets[:-1][rows] + k if first else offsets[1:][rows] - 1 - k
-            out[kept] = data[kept]
-        return _string_from(array, offsets, out)
-    lead = (data & 0xC0) != 0x80  # the first byte of each code point
-    before = np.concatenate(([0], np.cumsum(lead)))  # code points before each byte
-    first_point = before[offsets[:-1]]  # per value: index of its first code point
-    point = before[1:] - 1  # per byte: index of the code point it belongs to
-    within = point - np.repeat(first_point, sizes)
-    if first:
-        keep = within < _SHOWN
-    else:
-        points = before[offsets[1:]] - first_point
-        keep = within >= np.repeat(points, sizes) - _SHOWN
-    selected = keep | lead  # kept code points whole; masked ones become their lead byte's mask byte
-    out = np.where(keep, data, lookup[data])[selected]
-    written = np.concatenate(([0], np.cumsum(selected)))
-    return _string_from(array, written[offsets], out)
-
-
-def _np_data(array: pa.Array, start: int, end: int) -> Any:
-    """The data buffer's bytes ``start:end`` as a zero-copy numpy uint8 array."""
-    import numpy as np
-
-    data = array.buffers()[2]
-    if data is None or end == start:
-        return np.zeros(0, np.uint8)
-    return np.frombuffer(data, np.uint8, count=end - start, offset=start)
-
-
-def _np_offsets(array: pa.Array) -> Any:
-    """The value offsets (``len + 1`` of them) as int64 numpy values."""
-    import numpy as np
-
-    large = pa.types.is_large_string(array.type)
-    width = 8 if large else 4
-    words = np.frombuffer(
-        array.buffers()[1], np.int64 if large else np.int32, count=len(array) + 1, offset=array.offset * width
-    )
-    return words.astype(np.int64)
-
-
-def _np_mask_lookup() -> Any:
-    global _NP_LOOKUP
-    if _NP_LOOKUP is None:
-        import numpy as np
-
-        _NP_LOOKUP = np.frombuffer(_MASK_TABLE, np.uint8)
-    return _NP_LOOKUP
-
-
-_NP_LOOKUP: Any = None
-
-
-def _string_from(array: pa.Array, offsets: Any, data: Any) -> pa.Array:
-    """A string array of ``array``'s type and validity from numpy offsets (rebased to 0) and bytes."""
-    import numpy as np
-
-    offset_type = np.int64 if pa.types.is_large_string(array.type) else np.int32
-    buffers = [validity_bitmap(array), pa.py_buffer(offsets.astype(offset_type)), pa.py_buffer(data)]
-    return pa.Array.from_buffers(array.type, len(array), buffers)
+    return _all_ascii(_data_bytes(array, start, end))
 
 
 def _all_ascii(data: pa.Array) -> bool:
