@@ -201,7 +201,7 @@ def test_closed_session_refuses_statements(provider: LocalProvider) -> None:
 def test_projection_reads_only_referenced_columns(session: Session) -> None:
     assert one(session, "SELECT max(name) FROM ns.numbers WHERE id < 10") == "n9"
     assert scanned(session)["wh.ns.numbers"].columns == ("id", "name")
-    assert one(session, "SELECT count(*) FROM ns.numbers") == TOTAL
+    assert one(session, "SELECT count(*) + 0 FROM ns.numbers") == TOTAL  # a bare count(*) reads no file at all
     assert len(scanned(session)["wh.ns.numbers"].columns) == 1
     session.sql("SELECT * FROM ns.numbers LIMIT 1").arrow()
     assert scanned(session)["wh.ns.numbers"].columns == ("id", "name", "grp")
