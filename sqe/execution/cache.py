@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 K = TypeVar("K")
 V = TypeVar("V")
 
-DEFAULT_FOOTER_ENTRIES = 4096
+DEFAULT_FOOTER_ENTRIES = 1024  # footers of wide files can be large: bound by count, kept modest
 
 
 @dataclass
