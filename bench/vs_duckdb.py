@@ -181,17 +181,15 @@ class SQEEngine(Engine):
         result = self._session.sql(sql).arrow()
         return time.perf_counter() - started, answer_of(result)
 
-    def planned_files(self, table: str) -> list[str]:
+    def planned_files(self, table: str, endpoint: str, region: str) -> tuple[list[str], pafs.S3FileSystem]:
+        """The data files SQE plans for ``table`` and an S3 filesystem holding the very keys SQE's FileIO
+        resolved for them (so pyarrow reads exactly those files with exactly those credentials)."""
         self._session.sql(f"SELECT count(id) FROM {NAMESPACE}.{table}").arrow()  # scans: count(*) need not
         [stream] = self._session.last_streams
-        return [task.file.file_path for task in stream.plan.tasks]
-
-    def filesystem_for(self, path: str, endpoint: str, region: str) -> pafs.S3FileSystem:
-        """An S3 filesystem holding the very keys SQE's FileIO resolved for ``path``."""
-        [stream] = self._session.last_streams
-        properties = stream.plan.loaded.io.resolve(path).properties  # type: ignore[attr-defined]
+        paths = [task.file.file_path for task in stream.plan.tasks]
+        properties = stream.plan.loaded.io.resolve(paths[0]).properties  # type: ignore[attr-defined]
         parts = urlsplit(endpoint)
-        return pafs.S3FileSystem(
+        filesystem = pafs.S3FileSystem(
             access_key=properties[S3_ACCESS_KEY_ID],
             secret_key=properties[S3_SECRET_ACCESS_KEY],
             session_token=properties.get(S3_SESSION_TOKEN),
@@ -200,6 +198,7 @@ class SQEEngine(Engine):
             region=region,
             force_virtual_addressing=False,
         )
+        return paths, filesystem
 
     def close(self) -> None:
         self._session.close()
@@ -469,11 +468,11 @@ def run(args: argparse.Namespace) -> list[str]:
             engines.append(sqe)
             factories: dict[str, Callable[[], ds.Dataset]] = {}
             for name in tables.values():
-                paths = sqe.planned_files(name)
+                paths, filesystem = sqe.planned_files(name, info.s3_endpoint, info.region)
 
-                def factory(paths: list[str] = paths) -> ds.Dataset:
-                    filesystem = sqe.filesystem_for(paths[0], info.s3_endpoint, info.region)
-                    return ds.dataset([p.split("://", 1)[1] for p in paths], format="parquet", filesystem=filesystem)
+                def factory(paths: list[str] = paths, filesystem: pafs.S3FileSystem = filesystem) -> ds.Dataset:
+                    keys = [p.split("://", 1)[1] for p in paths]
+                    return ds.dataset(keys, format="parquet", filesystem=filesystem)
 
                 factories[name] = factory
             principal = {k: analyst[k] for k in ("client_id", "client_secret", "scope", "warehouse")}
