@@ -17,6 +17,7 @@ from two sets never mix either. A catalog set equal to SQE's static pair is trea
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -42,6 +43,13 @@ class ResolvedCredentials:
     @property
     def cache_key(self) -> frozenset[tuple[str, str]]:
         return frozenset(self.properties.items())
+
+    @property
+    def scope_key(self) -> str:
+        """Names the credential set this path is read with (its prefix, source and access key id), hashed:
+        the key of caches whose entries may serve only reads under that very set. Holds no secret."""
+        identity = "\x00".join((self.prefix or "", self.source, self.properties.get(S3_ACCESS_KEY_ID, "")))
+        return hashlib.sha256(identity.encode()).hexdigest()
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("ResolvedCredentials holds secrets and cannot be pickled")

@@ -33,6 +33,7 @@ from pyiceberg.types import BinaryType, IcebergType, StringType
 
 from sqe._counters import Counters
 from sqe.errors import QueryError
+from sqe.execution.cache import parquet_fragment
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
@@ -98,12 +99,12 @@ def _task_to_record_batches(
 ) -> Iterator[pa.RecordBatch]:
     """The batches of one file task: the direct pyarrow scan when it is exact, else pyiceberg's reader."""
     if not positional_deletes and task.file.file_format == FileFormat.PARQUET:
-        with read.io.new_input(task.file.file_path).open() as stream:  # the table's FileIO: per-file credentials
-            fragment = _PARQUET.make_fragment(stream)
-            direct = direct_projection(read, fragment.physical_schema)
-            if direct is not None:
-                yield from direct.batches(fragment, target_batch_bytes)
-                return
+        # The table's FileIO: per-file credentials; the manifest's size: no HEAD; a kept footer: no footer GET.
+        fragment = parquet_fragment(read.io, task.file.file_path, task.file.file_size_in_bytes, _PARQUET)
+        direct = direct_projection(read, fragment.physical_schema)
+        if direct is not None:
+            yield from direct.batches(fragment, target_batch_bytes)
+            return
     yield from _pyiceberg_task_batches(
         read.io,
         task,

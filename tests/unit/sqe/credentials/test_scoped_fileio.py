@@ -275,3 +275,14 @@ class TestSecrets:
             for secret in SECRETS:
                 assert secret not in text
         assert "source='vended'" in repr(io)
+
+
+def test_scope_key_names_the_credential_set_and_holds_no_secret() -> None:
+    """The key of the footer cache: one per vended set (prefix and key), the same for every file under it."""
+    io = _scoped({}, _two_tables(), _config())
+    t1 = io.resolve("s3://b/t1/data/a.parquet").scope_key
+    assert io.resolve("s3://b/t1/data/b.parquet").scope_key == t1
+    assert io.resolve("s3://b/t10/data/a.parquet").scope_key != t1
+    revended = [_entry("s3://b/t1", "V3", V1_SECRET, V1_TOKEN, T1_EXPIRES)]  # same prefix, new key
+    assert _scoped({}, revended, _config()).resolve("s3://b/t1/data/a.parquet").scope_key != t1
+    assert not any(secret in t1 for secret in (*SECRETS, "V1"))

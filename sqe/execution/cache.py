@@ -1,0 +1,125 @@
+"""Per-process caches of what Iceberg never rewrites in place, and opening data files without a HEAD.
+
+Iceberg data files are immutable: a path names one content forever, so a Parquet footer read once can be
+reused. A footer is still data of the table, so an entry is keyed by the file path, its size and the **scope
+of the credential set the catalog vended for that path in the current query** (see
+:meth:`sqe.credentials.scope.ResolvedCredentials.scope_key`): a lookup happens only while a query reads the
+file with a credential set the catalog has just vended for that prefix (the executor runs after the query's
+load-table), and a footer kept under one set never answers a read under another. The cache is bounded (least
+recently used goes first).
+
+What is kept is a pyarrow Parquet fragment with its footer loaded: pyarrow has no public way to hand a kept
+footer to a new fragment. The fragment reads through the filesystem of its own credential set, which is why the
+scope key names the set itself (its access key id, hashed), not only the prefix. Files are opened with the
+size the manifest gives, so the object store sees no HEAD request.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+import pyarrow.dataset as ds
+from pyiceberg.io.pyarrow import PyArrowFile
+
+from sqe._counters import Counters
+
+if TYPE_CHECKING:
+    from pyiceberg.io import FileIO
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+DEFAULT_FOOTER_ENTRIES = 1024  # footers of wide files can be large: bound by count, kept modest
+
+
+@dataclass
+class CacheStats(Counters):
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class BoundedCache(Generic[K, V]):
+    """A thread-safe least-recently-used map of at most ``max_entries`` entries."""
+
+    def __init__(self, max_entries: int) -> None:
+        if max_entries < 0:
+            raise ValueError("max_entries must not be negative")
+        self.max_entries = max_entries
+        self.stats = CacheStats()
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+        self.stats.add(hits=1) if value is not None else self.stats.add(misses=1)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        evicted = 0
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+                evicted += 1
+        if evicted:
+            self.stats.add(evictions=evicted)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
+FragmentKey = tuple[str, int, str]  # file path, file size, credential scope key
+FRAGMENTS: BoundedCache[FragmentKey, ds.ParquetFileFragment] = BoundedCache(DEFAULT_FOOTER_ENTRIES)
+
+
+def clear_process_caches() -> None:
+    """Empty every per-process cache (benchmarks' cold runs, tests)."""
+    FRAGMENTS.clear()
+
+
+def scope_key(io: FileIO, path: str) -> str | None:
+    """The credential scope ``path`` is read with through ``io`` now, or None when ``io`` is not SQE's own
+    ScopedFileIO (then nothing is cached)."""
+    resolve = getattr(io, "resolve", None)
+    if resolve is None:
+        return None
+    key: str = resolve(path).scope_key
+    return key
+
+
+def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFileFormat) -> ds.ParquetFileFragment:
+    """A Parquet fragment of ``path`` with its footer loaded, opened with the manifest's ``size`` (no HEAD).
+
+    Kept per (path, size, credential scope): the fragment reads through the filesystem of that very credential
+    set, so a kept one is only ever used by a read the catalog has just vended that set for.
+    """
+    input_file = io.new_input(path)
+    if not isinstance(input_file, PyArrowFile) or size <= 0:
+        with input_file.open() as stream:  # not pyarrow's filesystem: read the footer the plain way
+            fragment = file_format.make_fragment(stream)
+            fragment.ensure_complete_metadata()
+            return fragment
+    scope = scope_key(io, path)
+    key = (path, size, scope) if scope is not None else None
+    cached = FRAGMENTS.get(key) if key is not None else None
+    if cached is not None:
+        return cached
+    # pyiceberg keeps the filesystem and the scheme-less path of a PyArrowFile in these two attributes.
+    fragment = file_format.make_fragment(input_file._path, filesystem=input_file._filesystem, file_size=size)
+    fragment.ensure_complete_metadata()  # the footer, read once
+    if key is not None:
+        FRAGMENTS.put(key, fragment)
+    return fragment
