@@ -45,6 +45,7 @@ from tests.conformance.restriction_fixtures import (
     result_rows,
     rows_to_arrow,
 )
+from tests.conformance.v3_append import V3, append_v3
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, WorkerFactory
@@ -121,7 +122,11 @@ class Harness:
                 f"the catalog assigned other field ids than the fixture's schema: {table.schema()}"
             )
             if fixture.rows:
-                table.append(rows_to_arrow(table.schema(), schema_to_pyarrow(table.schema()), fixture.rows))
+                rows = rows_to_arrow(table.schema(), schema_to_pyarrow(table.schema()), fixture.rows)
+                if table.format_version >= V3:
+                    append_v3(table, rows)  # pyiceberg 0.12 writes no v3 manifests
+                else:
+                    table.append(rows)
             self.namespaces[key] = namespace
         return self.namespaces[key]
 
