@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.metadata import TableMetadata, TableMetadataV3
 from pyiceberg.table.update import AddSnapshotUpdate, TableUpdate
 
 __all__ = ["MIN_ROW_LINEAGE_FORMAT_VERSION", "check_snapshot_lineage", "with_next_row_id"]
@@ -21,8 +21,8 @@ MIN_ROW_LINEAGE_FORMAT_VERSION = 3
 def with_next_row_id(metadata: TableMetadata) -> TableMetadata:
     """``metadata`` with ``next-row-id`` set when v3 lacks it: past every row id its snapshots assigned (0 for a
     table without snapshots). Metadata that has it, and v1/v2 metadata, are returned unchanged."""
-    if metadata.format_version < MIN_ROW_LINEAGE_FORMAT_VERSION or metadata.next_row_id is not None:
-        return metadata
+    if not isinstance(metadata, TableMetadataV3) or metadata.next_row_id is not None:
+        return metadata  # v1/v2 (pyiceberg 0.12 knows no format above 3), or already set
     assigned = [
         snapshot.first_row_id + snapshot.added_rows
         for snapshot in metadata.snapshots

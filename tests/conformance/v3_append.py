@@ -66,7 +66,15 @@ __all__ = ["append_v3"]
 V3: TableVersion = 3
 _AVRO_CODEC: AvroCompressionCodec = "deflate"
 # Types whose Arrow values are the Iceberg bound's integer directly (days, micros or nanos since the epoch).
-_BOUNDED_TYPES = (IntegerType, LongType, DateType, TimestampType, TimestamptzType, TimestampNanoType, TimestamptzNanoType)
+_BOUNDED_TYPES = (
+    IntegerType,
+    LongType,
+    DateType,
+    TimestampType,
+    TimestamptzType,
+    TimestampNanoType,
+    TimestamptzNanoType,
+)
 
 
 class ManifestWriterV3(ManifestWriterV2):
@@ -82,7 +90,12 @@ class ManifestListWriterV3(ManifestListWriter):
     """A v3 manifest list: assigns the commit's sequence number and each new data manifest's ``first_row_id``."""
 
     def __init__(
-        self, output_file: OutputFile, snapshot_id: int, parent_snapshot_id: int | None, sequence_number: int, first_row_id: int
+        self,
+        output_file: OutputFile,
+        snapshot_id: int,
+        parent_snapshot_id: int | None,
+        sequence_number: int,
+        first_row_id: int,
     ) -> None:
         super().__init__(
             format_version=V3,
@@ -150,7 +163,12 @@ def _column_statistics(schema: Schema, data: pa.Table) -> dict[str, dict[int, An
         null_counts[field.field_id] = column.null_count
         if isinstance(field.field_type, _BOUNDED_TYPES) and column.null_count < len(column):
             _add_bounds(field, column, lower, upper)
-    return {"value_counts": value_counts, "null_value_counts": null_counts, "lower_bounds": lower, "upper_bounds": upper}
+    return {
+        "value_counts": value_counts,
+        "null_value_counts": null_counts,
+        "lower_bounds": lower,
+        "upper_bounds": upper,
+    }
 
 
 def _add_bounds(field: NestedField, column: pa.ChunkedArray, lower: dict[int, bytes], upper: dict[int, bytes]) -> None:
@@ -193,7 +211,9 @@ def _data_file(table: Table, data: pa.Table) -> DataFile:
 def _manifest(table: Table, snapshot_id: int, data_file: DataFile) -> ManifestFile:
     output = table.io.new_output(f"{table.location()}/metadata/{uuid.uuid4()}-m0.avro")
     with ManifestWriterV3(table.spec(), table.schema(), output, snapshot_id, _AVRO_CODEC) as writer:
-        writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id, data_file=data_file))
+        writer.add(
+            ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id, data_file=data_file)
+        )
     return writer.to_manifest_file()
 
 
@@ -237,7 +257,10 @@ def append_v3(table: Table, data: pa.Table) -> Snapshot:
     )
     table.catalog.commit_table(
         table,
-        requirements=(AssertTableUUID(uuid=metadata.table_uuid), AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=None)),
+        requirements=(
+            AssertTableUUID(uuid=metadata.table_uuid),
+            AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=None),
+        ),
         updates=(
             AddSnapshotUpdate(snapshot=snapshot),
             SetSnapshotRefUpdate(ref_name=MAIN_BRANCH, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id),

@@ -11,9 +11,9 @@ from decimal import Decimal
 import pytest
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.expressions.parser import parse
-from pyiceberg.table import FileScanTask
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema
+from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadataUtil, new_table_metadata
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.typedef import Record
