@@ -1,8 +1,9 @@
 """Read-restrictions conformance: every fixture of ``read_restrictions/v*/`` through the real catalog and engine.
 
 Per fixture: its table (one per distinct schema + rows, created and appended by a writer principal with pyiceberg
-and vended credentials) gets the fixture's restrictions for a reader principal through ``sqe-catalog admin
-set-restrictions`` (the real CLI, run in-process), then an SQE session as the reader runs the query. Error
+and vended credentials; rows of format v3 tables through ``v3_append``) gets the fixture's restrictions for a
+reader principal through ``sqe-catalog admin set-restrictions`` (the real CLI, run in-process), then an SQE
+session as the reader runs the query. Error
 fixtures check both sides: the catalog refuses the object on save, and, stored ``--unchecked``, the engine
 refuses it with the expected typed error and returns no rows.
 
