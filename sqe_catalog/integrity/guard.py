@@ -21,6 +21,7 @@ from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataInteg
 from sqe_catalog.integrity import admission
 from sqe_catalog.integrity import state as st
 from sqe_catalog.integrity.canonical import ParsedMetadata
+from sqe_catalog.integrity.lineage import check_snapshot_lineage, with_next_row_id
 from sqe_catalog.integrity.purge import DeleteFiles, run_pending_tasks
 from sqe_catalog.integrity.state import Protection, TableRef, TrustedState
 
@@ -100,7 +101,7 @@ class IntegrityGuard:
 
     def create(self, namespace: Namespace, name: str, metadata: TableMetadata) -> tuple[str, ParsedMetadata]:
         table = self.ref(namespace, name)
-        return admission.write_new_table(self._catalog, table, metadata, self._also(table))
+        return admission.write_new_table(self._catalog, table, with_next_row_id(metadata), self._also(table))
 
     def commit_create(
         self,
@@ -111,8 +112,9 @@ class IntegrityGuard:
     ) -> tuple[str, ParsedMetadata]:
         """A create transaction's commit: the new table starts protected."""
         staged = self._catalog._update_and_stage_table(None, (*namespace, name), requirements, updates)
+        check_snapshot_lineage(staged.metadata.format_version, updates)
         table = self.ref(namespace, name)
-        return admission.write_new_table(self._catalog, table, staged.metadata, self._also(table))
+        return admission.write_new_table(self._catalog, table, with_next_row_id(staged.metadata), self._also(table))
 
     def commit(
         self,
@@ -127,17 +129,22 @@ class IntegrityGuard:
         if trusted is None:
             raise NoSuchTableError(f"table does not exist: {table}")
         base = self._verified(table, trusted, trusted.metadata_location)
+        # A v3 revision written before the catalog completed next-row-id gets it here, so adding a snapshot
+        # advances it (pyiceberg's update keeps an unset one unset).
+        lineage_base = with_next_row_id(base.metadata)
         current = Table(
             (*namespace, name),
-            base.metadata,
+            lineage_base,
             trusted.metadata_location,
             admission.catalog_io(self._catalog),
             self._catalog,
         )
         staged = self._catalog._update_and_stage_table(current, (*namespace, name), requirements, updates)
-        if staged.metadata == base.metadata:
+        check_snapshot_lineage(staged.metadata.format_version, updates)
+        metadata = with_next_row_id(staged.metadata)  # an upgrade to v3 starts row ids at 0
+        if metadata == lineage_base:
             return trusted.metadata_location, base  # nothing changed: no new revision
-        return admission.commit_revision(self._catalog, table, trusted, base, staged.metadata, self._also(table))
+        return admission.commit_revision(self._catalog, table, trusted, base, metadata, self._also(table))
 
     def admit(
         self,

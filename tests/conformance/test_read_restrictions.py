@@ -1,8 +1,9 @@
 """Read-restrictions conformance: every fixture of ``read_restrictions/v*/`` through the real catalog and engine.
 
 Per fixture: its table (one per distinct schema + rows, created and appended by a writer principal with pyiceberg
-and vended credentials) gets the fixture's restrictions for a reader principal through ``sqe-catalog admin
-set-restrictions`` (the real CLI, run in-process), then an SQE session as the reader runs the query. Error
+and vended credentials; rows of format v3 tables through ``v3_append``) gets the fixture's restrictions for a
+reader principal through ``sqe-catalog admin set-restrictions`` (the real CLI, run in-process), then an SQE
+session as the reader runs the query. Error
 fixtures check both sides: the catalog refuses the object on save, and, stored ``--unchecked``, the engine
 refuses it with the expected typed error and returns no rows.
 
@@ -45,6 +46,7 @@ from tests.conformance.restriction_fixtures import (
     result_rows,
     rows_to_arrow,
 )
+from tests.conformance.v3_append import V3, append_v3
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, WorkerFactory
@@ -121,7 +123,11 @@ class Harness:
                 f"the catalog assigned other field ids than the fixture's schema: {table.schema()}"
             )
             if fixture.rows:
-                table.append(rows_to_arrow(table.schema(), schema_to_pyarrow(table.schema()), fixture.rows))
+                rows = rows_to_arrow(table.schema(), schema_to_pyarrow(table.schema()), fixture.rows)
+                if table.format_version >= V3:
+                    append_v3(table, rows)  # pyiceberg 0.12 writes no v3 manifests
+                else:
+                    table.append(rows)
             self.namespaces[key] = namespace
         return self.namespaces[key]
 

@@ -329,7 +329,10 @@ def trim_metadata(metadata: TableMetadata) -> bytes:
     fields = type(metadata).model_fields
     update = {name: value for name, value in _TRIMMED_FIELDS.items() if name in fields}
     update["properties"] = {k: v for k, v in metadata.properties.items() if k in _KEPT_PROPERTIES}
-    return metadata.model_copy(update=update).model_dump_json().encode()
+    # model_dump, not model_dump_json: pyiceberg 0.12's v3 model refuses model_dump_json (its v3 *writer* is
+    # unfinished), but the JSON of a v3 model parses back exactly, and the worker only reads it.
+    trimmed = metadata.model_copy(update=update).model_dump(mode="json")
+    return json.dumps(trimmed, separators=(",", ":")).encode()
 
 
 def encode_row_filter(expression: BooleanExpression) -> bytes:

@@ -11,9 +11,13 @@ from decimal import Decimal
 import pytest
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.expressions.parser import parse
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
-from pyiceberg.table.metadata import TableMetadataUtil
+from pyiceberg.table.metadata import TableMetadataUtil, new_table_metadata
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.typedef import Record
+from pyiceberg.types import LongType, NestedField, TimestampNanoType
 
 from sqe.credentials import CredentialSet, StorageSettings, parse_catalog_credentials
 from sqe.distributed.protocol._proto import worker_pb2 as pb
@@ -159,6 +163,20 @@ def test_trimmed_metadata_keeps_what_the_reader_needs(local_tables: LocalTables)
     assert trimmed.specs() == metadata.specs()
     assert trimmed.format_version == metadata.format_version
     assert len(trimmed_json) < len(metadata.model_dump_json())
+
+
+def test_trimmed_metadata_of_a_format_v3_table_round_trips() -> None:
+    """pyiceberg 0.12's v3 model refuses model_dump_json; the trimmed form must still carry v3 and ns types."""
+    schema = Schema(NestedField(1, "ts", TimestampNanoType(), required=False), NestedField(2, "id", LongType()))
+    metadata = new_table_metadata(
+        schema, UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, "s3://b/t", {"format-version": "3"}
+    )
+    metadata = metadata.model_copy(update={"next_row_id": 2**62 + 1})  # 64-bit values stay exact
+    assert metadata.format_version == 3
+    trimmed = TableMetadataUtil.parse_raw(trim_metadata(metadata).decode())
+    assert trimmed.format_version == 3
+    assert trimmed.schema() == metadata.schema()
+    assert trimmed.next_row_id == 2**62 + 1
 
 
 def test_row_filters_round_trip_or_are_dropped() -> None:
