@@ -12,4 +12,4 @@ def test_server_and_workers_get_the_rgw_write_fix() -> None:
     env = service_env()
     assert env["AWS_REQUEST_CHECKSUM_CALCULATION"] == "WHEN_REQUIRED"
     assert CEPH_CLIENT_ENV.items() <= env.items()
-    assert not any(k.startswith("AWS_") and "KEY" in k or k == "AWS_SESSION_TOKEN" for k in env)
+    assert not any((k.startswith("AWS_") and "KEY" in k) or k == "AWS_SESSION_TOKEN" for k in env)
