@@ -24,6 +24,7 @@ from sqe_catalog.admin import describe_database_error, open_auth_store
 from sqe_catalog.errors import CatalogError
 from sqe_catalog.errors import ConfigError as CatalogConfigError
 from sqe_stack.catalog import REGION, WAREHOUSE, PrincipalCredentials, load_catalog_config
+from sqe_stack.ceph import CEPH_CLIENT_ENV
 from sqe_stack.provision import LOOPBACK, Daemon, StackError, free_ports, spawn, toml_str, wait_until, write_private
 
 READER = "sqe-engine"
@@ -88,6 +89,12 @@ reader_client_secret = {toml_str(reader.client_secret)}
 """
 
 
+def service_env() -> dict[str, str]:
+    """Environment of the server and its workers: unbuffered output, and the RGW write fix (pyarrow's S3 layer
+    reads it once, at start), so an INSERT through the server works on Ceph as on moto (moto accepts both)."""
+    return {"PYTHONUNBUFFERED": "1", **CEPH_CLIENT_ENV}
+
+
 def _spawn_worker(dir: Path, index: int, port: int, token_file: Path) -> Daemon:
     listen = f"{LOOPBACK}:{port}"
     argv = [sys.executable, "-m", "workers.cli", "--listen", listen, "--token-file", str(token_file)]
@@ -96,7 +103,7 @@ def _spawn_worker(dir: Path, index: int, port: int, token_file: Path) -> Daemon:
         argv,
         dir / "logs" / f"worker-{index}.log",
         markers=("workers.cli", listen),
-        env={"PYTHONUNBUFFERED": "1"},
+        env=service_env(),
         scrub_aws_env=True,  # workers read with the credentials the server pushes, never ambient ones
     )
 
@@ -108,7 +115,7 @@ def _spawn_server(dir: Path, config: Path, port_file: Path) -> Daemon:
         argv,
         dir / "logs" / "server.log",
         markers=("sqe.cli", "serve", str(config)),
-        env={"PYTHONUNBUFFERED": "1"},
+        env=service_env(),
         scrub_aws_env=True,
     )
 

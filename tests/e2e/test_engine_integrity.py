@@ -24,7 +24,7 @@ from sqe.catalog.base import LoadedTable
 from sqe.errors import IntegrityError
 from tests.conftest import pyiceberg_catalog, write_sqe_config
 from tests.e2e.test_engine_cli import assert_one_line_error, run_sqe
-from tests.e2e.test_engine_retries import FaultProxy
+from tests.helpers.fault_proxy import FaultProxy
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer

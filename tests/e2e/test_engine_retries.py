@@ -7,17 +7,11 @@ only to the proxy. Faults carry ``Retry-After: 0`` where the rule allows it, so 
 
 from __future__ import annotations
 
-import http.client
-import json
 import re
-import threading
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -27,125 +21,12 @@ from sqe.errors import CatalogUnavailableError, IntegrityError
 from sqe.session import Session
 from sqe.vocabulary import S3_ENDPOINT
 from tests.conftest import pyiceberg_catalog, write_sqe_config
+from tests.helpers.fault_proxy import FaultProxy
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
-
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection", "upgrade"}
-Rewrite = Callable[[str, str, dict[str, Any]], dict[str, Any]]
-
-
-@dataclass
-class Fault:
-    method: str
-    path: re.Pattern[str]
-    status: int
-    remaining: int
-    retry_after: str | None = None
-
-
-@dataclass
-class FaultProxy:
-    """A threading HTTP reverse proxy: injects queued faults, forwards the rest, counts every request."""
-
-    upstream: str
-    faults: list[Fault] = field(default_factory=list)
-    received: list[tuple[str, str]] = field(default_factory=list)  # (method, path) of every request
-    rewrite: Rewrite | None = None  # edits forwarded JSON bodies (a hostile catalog)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def inject(self, method: str, path: str, status: int, times: int, retry_after: str | None = None) -> None:
-        with self.lock:
-            self.faults.append(Fault(method, re.compile(path), status, times, retry_after))
-
-    def count(self, method: str, path: str) -> int:
-        pattern = re.compile(path)
-        with self.lock:
-            return sum(1 for m, p in self.received if m == method and pattern.search(p))
-
-    def reset(self) -> None:
-        with self.lock:
-            self.faults.clear()
-            self.received.clear()
-        self.rewrite = None
-
-    def take_fault(self, method: str, path: str) -> Fault | None:
-        with self.lock:
-            self.received.append((method, path))
-            for fault in self.faults:
-                if fault.remaining > 0 and fault.method == method and fault.path.search(path):
-                    fault.remaining -= 1
-                    return fault
-        return None
-
-    def start(self) -> None:
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # quiet: pytest shows failures anyway
-                pass
-
-            def do_GET(self) -> None:
-                proxy.handle(self)
-
-            do_POST = do_DELETE = do_HEAD = do_PUT = do_GET
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True).start()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-
-    def handle(self, request: BaseHTTPRequestHandler) -> None:
-        length = int(request.headers.get("Content-Length") or 0)
-        body = request.rfile.read(length) if length else b""
-        fault = self.take_fault(request.command, request.path)
-        if fault is not None:
-            self.answer_fault(request, fault)
-        else:
-            self.forward(request, body)
-
-    @staticmethod
-    def answer_fault(request: BaseHTTPRequestHandler, fault: Fault) -> None:
-        payload = {"error": {"message": f"injected {fault.status}", "type": "InjectedFault", "code": fault.status}}
-        data = json.dumps(payload).encode()
-        request.send_response(fault.status)
-        request.send_header("Content-Type", "application/json")
-        request.send_header("Content-Length", str(len(data)))
-        if fault.retry_after is not None:
-            request.send_header("Retry-After", fault.retry_after)
-        request.end_headers()
-        request.wfile.write(data)
-
-    def forward(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
-        target = urlsplit(self.upstream)
-        connection = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=60)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"host"}}
-        connection.request(request.command, request.path, body=body or None, headers=headers)
-        response = connection.getresponse()
-        data = response.read()
-        connection.close()
-        if self.rewrite is not None and data and "json" in (response.getheader("Content-Type") or ""):
-            data = json.dumps(self.rewrite(request.command, request.path, json.loads(data))).encode()
-        request.send_response(response.status)
-        for name, value in response.getheaders():
-            if name.lower() not in HOP_BY_HOP:
-                request.send_header(name, value)
-        request.send_header("Content-Length", str(len(data)))
-        request.end_headers()
-        if request.command != "HEAD":
-            request.wfile.write(data)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,272 @@
+"""A fault-injecting HTTP reverse proxy on loopback, in-process (``FaultProxy``) or as its own process.
+
+It answers the first N requests matching a (method, path regex) rule itself (a status such as 503 or 429, with an
+optional ``Retry-After``), or delays them before forwarding (a slow catalog), and forwards everything else to the
+upstream, counting every request by method and path. An unreachable upstream (a catalog being restarted) gets
+a 502 with an ErrorModel body, as a real reverse proxy would answer.
+
+As a process (``python tests/helpers/fault_proxy.py --upstream URL --port-file FILE``) it is controlled over its
+own port: ``POST /__proxy__/inject`` with a JSON rule, ``POST /__proxy__/reset``, ``GET /__proxy__/stats``.
+``FaultProxyProcess`` starts one and drives those endpoints. Only the standard library is used, so the child
+starts fast and does not share the GIL with the load it sits in front of.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection", "upgrade"}
+CONTROL_PREFIX = "/__proxy__/"
+Rewrite = Callable[[str, str, dict[str, Any]], dict[str, Any]]
+
+
+@dataclass
+class Fault:
+    method: str
+    path: re.Pattern[str]
+    status: int  # 0: no answer of its own, only the delay, then forward
+    remaining: int
+    retry_after: str | None = None
+    delay: float = 0.0
+
+
+@dataclass
+class FaultProxy:
+    """A threading HTTP reverse proxy: injects queued faults, forwards the rest, counts every request."""
+
+    upstream: str
+    faults: list[Fault] = field(default_factory=list)
+    received: list[tuple[str, str]] = field(default_factory=list)  # (method, path) of every request
+    rewrite: Rewrite | None = None  # edits forwarded JSON bodies (a hostile catalog)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    server: ThreadingHTTPServer | None = None
+    outcomes: Counter[str] = field(default_factory=Counter)  # injected-503, delayed, upstream-down, forwarded
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def inject(
+        self, method: str, path: str, status: int, times: int, retry_after: str | None = None, delay: float = 0.0
+    ) -> None:
+        with self.lock:
+            self.faults.append(Fault(method, re.compile(path), status, times, retry_after, delay))
+
+    def count(self, method: str, path: str) -> int:
+        pattern = re.compile(path)
+        with self.lock:
+            return sum(1 for m, p in self.received if m == method and pattern.search(p))
+
+    def reset(self) -> None:
+        with self.lock:
+            self.faults.clear()
+            self.received.clear()
+        self.rewrite = None
+
+    def take_fault(self, method: str, path: str) -> Fault | None:
+        with self.lock:
+            self.received.append((method, path))
+            for fault in self.faults:
+                if fault.remaining > 0 and (fault.method in (method, "*")) and fault.path.search(path):
+                    fault.remaining -= 1
+                    return fault
+        return None
+
+    def start(self, port: int = 0) -> None:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # quiet: pytest shows failures anyway
+                pass
+
+            def do_GET(self) -> None:
+                proxy.handle(self)
+
+            do_POST = do_DELETE = do_HEAD = do_PUT = do_GET
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def handle(self, request: BaseHTTPRequestHandler) -> None:
+        length = int(request.headers.get("Content-Length") or 0)
+        body = request.rfile.read(length) if length else b""
+        if request.path.startswith(CONTROL_PREFIX):
+            self.control(request, body)
+            return
+        fault = self.take_fault(request.command, request.path)
+        if fault is not None and fault.delay:
+            time.sleep(fault.delay)
+        if fault is not None and fault.status:
+            self._tally(f"injected-{fault.status}")
+            self.answer(request, fault.status, f"injected {fault.status}", "InjectedFault", fault.retry_after)
+            return
+        self._tally("delayed" if fault is not None else "forwarded")
+        self.forward(request, body)
+
+    def _tally(self, outcome: str) -> None:
+        with self.lock:
+            self.outcomes[outcome] += 1
+
+    @staticmethod
+    def answer(
+        request: BaseHTTPRequestHandler, status: int, message: str, kind: str, retry_after: str | None = None
+    ) -> None:
+        payload = {"error": {"message": message, "type": kind, "code": status}}
+        data = json.dumps(payload).encode()
+        request.send_response(status)
+        request.send_header("Content-Type", "application/json")
+        request.send_header("Content-Length", str(len(data)))
+        if retry_after is not None:
+            request.send_header("Retry-After", retry_after)
+        request.end_headers()
+        request.wfile.write(data)
+
+    def forward(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
+        target = urlsplit(self.upstream)
+        connection = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=60)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"host"}}
+        try:
+            connection.request(request.command, request.path, body=body or None, headers=headers)
+            response = connection.getresponse()
+            data = response.read()
+        except OSError:
+            self._tally("upstream-down")
+            self.answer(request, 502, "bad gateway: the catalog is not reachable", "ServiceUnavailableException")
+            return
+        finally:
+            connection.close()
+        if self.rewrite is not None and data and "json" in (response.getheader("Content-Type") or ""):
+            data = json.dumps(self.rewrite(request.command, request.path, json.loads(data))).encode()
+        request.send_response(response.status)
+        for name, value in response.getheaders():
+            if name.lower() not in HOP_BY_HOP:
+                request.send_header(name, value)
+        request.send_header("Content-Length", str(len(data)))
+        request.end_headers()
+        if request.command != "HEAD":
+            request.wfile.write(data)
+
+    def control(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
+        """The process form's control endpoints (never forwarded)."""
+        action = request.path[len(CONTROL_PREFIX) :]
+        if action == "inject" and request.command == "POST":
+            rule = json.loads(body)
+            self.inject(
+                rule.get("method", "*"),
+                rule.get("path", ".*"),
+                int(rule.get("status", 0)),
+                int(rule["times"]),
+                rule.get("retry_after"),
+                float(rule.get("delay", 0.0)),
+            )
+        elif action == "reset" and request.command == "POST":
+            with self.lock:
+                self.faults.clear()
+        elif action != "stats":
+            self.answer(request, 404, f"no control action {action!r}", "NoSuchActionException")
+            return
+        with self.lock:
+            stats = {"requests": len(self.received), "outcomes": dict(self.outcomes)}
+        data = json.dumps(stats).encode()
+        request.send_response(200)
+        request.send_header("Content-Type", "application/json")
+        request.send_header("Content-Length", str(len(data)))
+        request.end_headers()
+        request.wfile.write(data)
+
+
+class FaultProxyProcess:
+    """A ``FaultProxy`` in a child process of its own, driven over its control endpoints."""
+
+    def __init__(self, upstream: str, workdir: Path) -> None:
+        port_file = workdir / "fault-proxy.port"
+        port_file.unlink(missing_ok=True)
+        self.log_path = workdir / "fault-proxy.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, __file__, "--upstream", upstream, "--port-file", str(port_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while not (port_file.is_file() and port_file.read_text().strip()):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the fault proxy did not start (see {self.log_path})")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{int(port_file.read_text())}"
+
+    def _call(self, action: str, rule: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = json.dumps(rule or {}).encode()
+        method = "GET" if action == "stats" else "POST"
+        request = urllib.request.Request(f"{self.url}{CONTROL_PREFIX}{action}", data=data, method=method)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            result: dict[str, Any] = json.loads(response.read())
+        return result
+
+    def inject(
+        self,
+        status: int,
+        times: int,
+        *,
+        method: str = "*",
+        path: str = ".*",
+        retry_after: str | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        rule = {"method": method, "path": path, "status": status, "times": times, "delay": delay}
+        self._call("inject", {**rule, "retry_after": retry_after})
+
+    def reset(self) -> None:
+        self._call("reset")
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--port-file", required=True, type=Path)
+    args = parser.parse_args(argv)
+    proxy = FaultProxy(args.upstream)
+    proxy.start()
+    assert proxy.server is not None
+    args.port_file.write_text(str(proxy.server.server_address[1]))
+    threading.Event().wait()  # serve until terminated
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
