@@ -25,7 +25,7 @@ def rewrite_io() -> RewriteFileIO:
 
 def test_only_the_named_output_path_may_be_opened_and_only_once() -> None:
     io = rewrite_io()
-    with pytest.raises(OutputNotAllowedError, match="may not write s3://bucket/t/data/other.parquet"):
+    with pytest.raises(OutputNotAllowedError, match=r"may not write s3://bucket/t/data/other\.parquet"):
         io.new_output("s3://bucket/t/data/other.parquet")
     with pytest.raises(OutputNotAllowedError):
         io.new_output("s3://bucket/t/metadata/v9.metadata.json")
