@@ -24,6 +24,7 @@ only, and DuckDB re-applies every WHERE itself.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 
     from sqe.config import SQEConfig
     from sqe.distributed.coordinator import DistributedExecutor, DistributedOptions, DistributedScanStream
+    from sqe.execution.compaction import RemoteRewriter
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +238,9 @@ class Session:
         self._parser = connect_locked_down()  # parsing and constant folding only; never sees a table
         self._con = connect_locked_down(self._use_default_warehouse)
         # issue 14: file table functions, external tables, OPTIMIZE (sqe/execution/external.py)
-        self._external = ExternalSources(config, provider, self._parser, self._con, self.resolve_name)
+        self._external = ExternalSources(
+            config, provider, self._parser, self._con, self.resolve_name, self._remote_rewriter()
+        )
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._schemas: set[tuple[str, str]] = set()
@@ -660,6 +664,14 @@ class Session:
         view = self._ensure_schema(ident) + "." + quote_ident(ident.name)
         self._con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM temp.main.{quote_ident(name)}")
         self._views.append(view)
+
+    def _remote_rewriter(self) -> RemoteRewriter | None:
+        """issue 14: OPTIMIZE rewrites its bins on the workers when there are any."""
+        if self._distributed is None:
+            return None
+        from sqe.distributed.coordinator.rewrite import rewrite_on_workers
+
+        return functools.partial(rewrite_on_workers, self._distributed)
 
     def _stream(self, plan: ScanPlan, context: QueryContext) -> ScanStream | DistributedScanStream:
         if self._distributed is None:

@@ -12,7 +12,7 @@ import hashlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sqe._counters import Counters
 from sqe.credentials import CredentialSet
@@ -47,6 +47,9 @@ class WorkerStats(Counters):
     refreshes_accepted: int = 0
     refreshes_refused: int = 0
     credential_expired_failures: int = 0
+    rewrites_started: int = 0
+    rewrites_completed: int = 0
+    rewrite_files_written: int = 0
     _key_digests: set[str] = field(default_factory=set, repr=False)
 
     def credential_used(self, cred: CredentialSet) -> None:
@@ -138,15 +141,30 @@ class RunningFragment:
         )
 
 
+class Registered(Protocol):
+    """What the registry holds: scan fragments and rewrites (both reached by Cancel and RefreshCredentials)."""
+
+    @property
+    def cancel(self) -> threading.Event: ...
+
+    @property
+    def io(self) -> FragmentFileIO: ...
+
+    @property
+    def fragment_id(self) -> str: ...
+
+    def in_scope(self, query_id: str, fragment_id: str, table: WireTableId | None) -> bool: ...
+
+
 class FragmentRegistry:
     """Fragments running on this worker, by id; bounded so control RPCs always find a free server thread."""
 
     def __init__(self, max_fragments: int) -> None:
         self._max = max_fragments
         self._lock = threading.Lock()
-        self._running: dict[str, RunningFragment] = {}
+        self._running: dict[str, Registered] = {}
 
-    def register(self, fragment: RunningFragment) -> None:
+    def register(self, fragment: Registered) -> None:
         with self._lock:
             if fragment.fragment_id in self._running:
                 raise DuplicateFragmentError(f"fragment {fragment.fragment_id} is already running on this worker")
@@ -154,12 +172,12 @@ class FragmentRegistry:
                 raise WorkerBusyError(f"this worker already runs {self._max} fragments")
             self._running[fragment.fragment_id] = fragment
 
-    def unregister(self, fragment: RunningFragment) -> None:
+    def unregister(self, fragment: Registered) -> None:
         with self._lock:
             if self._running.get(fragment.fragment_id) is fragment:
                 del self._running[fragment.fragment_id]
 
-    def select(self, query_id: str, fragment_id: str, table: WireTableId | None = None) -> list[RunningFragment]:
+    def select(self, query_id: str, fragment_id: str, table: WireTableId | None = None) -> list[Registered]:
         with self._lock:
             fragments = list(self._running.values())
         return [f for f in fragments if f.in_scope(query_id, fragment_id, table)]

@@ -29,6 +29,7 @@ from sqe.distributed.protocol.errors import (
     KIND_INVALID_TICKET,
     KIND_MESSAGE_TOO_LARGE,
     KIND_NO_CREDENTIALS,
+    KIND_OUTPUT_NOT_ALLOWED,
     KIND_READ_FAILED,
     KIND_RESTRICTION,
     DuplicateFragmentError,
@@ -36,12 +37,14 @@ from sqe.distributed.protocol.errors import (
     MessageTooLargeError,
     WorkerBusyError,
 )
+from sqe.distributed.protocol.rewrite import decode_rewrite_ticket
 from sqe.distributed.protocol.ticket import WireTableId, credentials_from_proto, decode_ticket
 from sqe.errors import CredentialError, CredentialExpiredError, RestrictionError
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from workers.environment import ambient_credentials_disabled
 from workers.fileio import FragmentFileIO
 from workers.fragment import FragmentRegistry, RunningFragment, WorkerStats
+from workers.rewrite import OutputNotAllowedError, RewriteFileIO, RunningRewrite
 
 log = logging.getLogger("sqe.worker")
 
@@ -158,6 +161,52 @@ class WorkerService:
             done["batches_produced"],
         )
 
+    # ------------------------------------------------------------------------------------------- Rewrite
+
+    def Rewrite(self, request: pb.RewriteTicket, context: grpc.ServicerContext) -> pb.RewriteResponse:
+        """Compaction of one bin: read it, write the ticket's output paths, report what was written."""
+        rewrite = self._start_rewrite(request, context)
+        try:
+            response = rewrite.run(self.stats)
+        except Exception as exc:
+            failure = fragment_failure(exc, rewrite)
+            log.warning("rewrite %s failed: %s", rewrite.fragment_id, failure.kind)
+            self._abort(context, failure)
+        finally:
+            rewrite.cancel.set()
+            self.registry.unregister(rewrite)
+        self.stats.add(rewrites_completed=1)
+        log.info(
+            "rewrite %s completed: %d files read, %d written",
+            rewrite.fragment_id,
+            response.files_read,
+            len(response.files),
+        )
+        return response
+
+    def _start_rewrite(self, request: pb.RewriteTicket, context: grpc.ServicerContext) -> RunningRewrite:
+        cancel = threading.Event()
+        try:
+            ticket = decode_rewrite_ticket(request)
+            io = RewriteFileIO(
+                ticket.credentials,
+                ticket.storage,
+                ticket.output_paths,
+                cancel=cancel,
+                pace_seconds=ticket.pace_seconds or self.settings.pace_seconds,
+                on_open=self.stats.credential_used,
+            )
+            rewrite = RunningRewrite(ticket, io, cancel)
+            self.registry.register(rewrite)
+        except Exception as exc:
+            failure = fragment_failure(exc, None)
+            log.warning("rewrite rejected: %s", failure.kind)
+            self._abort(context, failure)
+        context.add_callback(cancel.set)
+        self.stats.add(rewrites_started=1)
+        log.info("rewrite %s started: %d files", rewrite.fragment_id, ticket.files_total)
+        return rewrite
+
     # -------------------------------------------------------------------------------- RefreshCredentials
 
     def RefreshCredentials(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
@@ -230,6 +279,7 @@ def _refusal(pushed: list[CredentialSet], query_id: str, fragment_id: str, table
 
 _SIMPLE_FAILURES: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] = (
     (InvalidTicketError, grpc.StatusCode.INVALID_ARGUMENT, KIND_INVALID_TICKET),
+    (OutputNotAllowedError, grpc.StatusCode.PERMISSION_DENIED, KIND_OUTPUT_NOT_ALLOWED),
     (DuplicateFragmentError, grpc.StatusCode.ALREADY_EXISTS, KIND_DUPLICATE_FRAGMENT),
     (WorkerBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED, KIND_BUSY),
     (MessageTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED, KIND_MESSAGE_TOO_LARGE),
@@ -240,7 +290,7 @@ _SIMPLE_FAILURES: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] =
 )
 
 
-def fragment_failure(exc: BaseException, fragment: RunningFragment | None) -> FragmentFailure:
+def fragment_failure(exc: BaseException, fragment: RunningFragment | RunningRewrite | None) -> FragmentFailure:
     """Status code, kind and a one-line, secret-free message for a fragment that could not run or finish."""
     secrets: Iterable[str] = fragment.io.secret_values() if fragment is not None else ()
     for error_type, code, kind in _SIMPLE_FAILURES:

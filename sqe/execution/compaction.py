@@ -6,8 +6,12 @@ position/equality deletes applied, writes the rows back as new files through the
 commits ONE ``replace`` snapshot (inputs deleted, outputs added; pyiceberg has no rewrite API, so its snapshot
 producer is driven with ``Operation.REPLACE``).
 
-Credentials: the table's own FileIO, i.e. the catalog's vended write credentials when the user holds write
-access (or the ``[storage]`` pair in static mode); the rewrite runs locally (worker rewrites are not built yet).
+Where: with ``[coordinator] workers`` the bins are rewritten by the workers (``remote``, see
+``sqe.distributed.coordinator.rewrite``) and only the commit happens here; without workers, locally.
+Credentials: locally the table's own FileIO, i.e. the catalog's vended write credentials when the user holds
+write access (or the ``[storage]`` pair in static mode); on workers the tickets carry what
+``[coordinator] distributed_credentials`` allows (vended sets, pushed when refreshed; the static pair only under
+``static``/``auto``).
 Concurrency: a commit conflict reloads the table; if every input file is still live the same outputs are
 committed on top (concurrent appends survive), otherwise the outputs are deleted and the compaction fails with
 ``CompactionConflictError``. A table with read-restrictions for the caller is refused (it would need raw rows).
@@ -51,14 +55,20 @@ _SMALL_FRACTION = 0.75  # files below 75% of the target are "small"
 _MAX_COMMIT_ATTEMPTS = 4
 
 
+# Rewrites the bins elsewhere (the session's workers) and returns the new, uncommitted files; on failure it has
+# deleted whatever it wrote. ``sqe.distributed.coordinator.rewrite.rewrite_on_workers`` bound to an executor.
+RemoteRewriter = Callable[["LoadedTable", list[list["FileScanTask"]], int], list["DataFile"]]
+
+
 def optimize(
     statement: Optimize,
     config: SQEConfig | None,
     provider: TableProvider,
     resolve_name: Callable[[Sequence[str]], TableIdent],
     parser: duckdb.DuckDBPyConnection,
+    remote: RemoteRewriter | None = None,
 ) -> pa.Table:
-    del config, parser  # local rewrites use the table's own FileIO; nothing else is needed
+    del config, parser  # the rewrite uses the table's own FileIO or the workers' tickets; nothing else is needed
     ident = resolve_name(statement.parts)
     loaded = provider.load_table(ident, bypass_cache=True)
     _refuse_restricted(loaded)
@@ -67,7 +77,10 @@ def optimize(
     bins = list(plan_bins(loaded.table, row_filter, target))
     if not bins:
         return _result(0, 0, None)
-    outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, target)]
+    if remote is not None:
+        outputs = remote(loaded, bins, target)
+    else:
+        outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, target)]
     inputs = [task.file for group in bins for task in group]
     snapshot_id = commit_replace(loaded, provider, inputs, outputs)
     provider.invalidate(ident)

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from sqe.catalog.base import TableIdent, TableProvider
     from sqe.config import SQEConfig
     from sqe.credentials import CredentialSet
+    from sqe.execution.compaction import RemoteRewriter
     from sqe.planning.statements import Statement
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,12 @@ class ExternalSources:
         parser: duckdb.DuckDBPyConnection,
         con: duckdb.DuckDBPyConnection,
         resolve_name: Callable[[Sequence[str]], TableIdent],
+        remote_rewriter: RemoteRewriter | None = None,
     ) -> None:
-        """Checks the file table function prefixes against every governed table location now (start-up)."""
+        """Checks the file table function prefixes against every governed table location now (start-up).
+        ``remote_rewriter``: OPTIMIZE rewrites on the session's workers (None: locally)."""
         self._config = config
+        self._remote_rewriter = remote_rewriter
         self._provider = provider
         self._parser = parser
         self._con = con
@@ -119,7 +123,9 @@ class ExternalSources:
         if isinstance(statement, Optimize):
             from sqe.execution.compaction import optimize  # pyiceberg write paths only when asked for
 
-            return optimize(statement, self._config, self._provider, self._resolve_name, self._parser)
+            return optimize(
+                statement, self._config, self._provider, self._resolve_name, self._parser, self._remote_rewriter
+            )
         raise QueryError("unsupported statement")
 
     def _store(self) -> ExternalTableStore:

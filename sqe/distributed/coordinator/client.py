@@ -38,6 +38,10 @@ class WorkerClient:
         """The streaming call (iterable of ``ExecuteResponse``; ``cancel()`` ends it from another thread)."""
         return self._stub.Execute(ticket, metadata=self._metadata)
 
+    def rewrite(self, ticket: pb.RewriteTicket, timeout: float) -> Any:
+        """A compaction rewrite as a future (``result()`` blocks; ``cancel()`` ends it from another thread)."""
+        return self._stub.Rewrite.future(ticket, metadata=self._metadata, timeout=timeout)
+
     def refresh(self, request: pb.RefreshRequest, timeout: float) -> pb.RefreshResponse:
         return cast(
             pb.RefreshResponse, self._stub.RefreshCredentials(request, metadata=self._metadata, timeout=timeout)

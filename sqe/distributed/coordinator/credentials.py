@@ -71,7 +71,10 @@ class TableCredentials:
     static: CredentialSet | None = field(repr=False)
 
     def for_fragment(self, fragment: Fragment, vended: Sequence[CredentialSet]) -> list[CredentialSet]:
-        needs_static = self.static is not None and any(_uncovered(task, vended) for task in fragment.tasks)
+        return self.for_tasks(fragment.tasks, vended)
+
+    def for_tasks(self, tasks: Sequence[FileScanTask], vended: Sequence[CredentialSet]) -> list[CredentialSet]:
+        needs_static = self.static is not None and any(_uncovered(task, vended) for task in tasks)
         return [*vended, *([self.static] if needs_static and self.static is not None else [])]
 
 

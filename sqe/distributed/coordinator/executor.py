@@ -10,7 +10,7 @@ Tickets and pushed sets hold secrets: they are never logged, and reprs here name
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,8 @@ from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.errors import CredentialError, WorkerError
 
 if TYPE_CHECKING:
+    from pyiceberg.table import FileScanTask
+
     from sqe.catalog.base import LoadedTable, TableIdent, TableProvider
     from sqe.config import SQEConfig
     from sqe.execution.stream import QueryContext
@@ -116,11 +118,16 @@ class DistributedExecutor:
 
     def table_credentials(self, plan: ScanPlan) -> TableCredentials:
         """The sets the tickets of ``plan`` may carry under ``distributed_credentials``; fails early and clearly."""
+        return self.credentials_for(plan.ident, plan.loaded, plan.tasks)
+
+    def credentials_for(
+        self, ident: TableIdent, loaded: LoadedTable, tasks: Sequence[FileScanTask]
+    ) -> TableCredentials:
+        """The sets tickets reading ``tasks`` of ``loaded`` may carry (scans and compaction rewrites alike)."""
         mode = self.config.coordinator.distributed_credentials
-        ident, loaded = plan.ident, plan.loaded
         if mode == "static":
             static = static_set(self.policy)
-            if static is None and any(is_object_store(task.file.file_path) for task in plan.tasks):
+            if static is None and any(is_object_store(task.file.file_path) for task in tasks):
                 raise CredentialError(
                     f'{ident}: coordinator.distributed_credentials = "static" but [storage] has no '
                     "access_key_id/secret_access_key pair to give the workers"
@@ -131,7 +138,7 @@ class DistributedExecutor:
         vended = ticket_sets(found, location, self.policy, received, "load-table")
         fallback = static_set(self.policy) if mode == "auto" else None
         require = self.policy.require_vended
-        check_coverage(ident, plan.tasks, vended.credentials, fallback, mode, require)
+        check_coverage(ident, tasks, vended.credentials, fallback, mode, require)
         if not vended.credentials or not self.config.coordinator.push_credentials:
             return TableCredentials(ident, None, vended.credentials, fallback)
         user = principal_key(self.config.catalog.connection(ident.warehouse))

@@ -20,6 +20,7 @@ class DistributedOptions:
     busy_retry_seconds: float = 0.2  # a worker at capacity: try again after this long
     poll_seconds: float = 0.05
     pace_ms_per_file: int = 0  # test only: ask workers to sleep before each file
+    rewrite_timeout_seconds: float = 3600.0  # one compaction bin on one worker
 
     def __post_init__(self) -> None:
         positive = ("slots_per_worker", "max_files_per_fragment", "max_bytes_per_fragment", "max_attempts")

@@ -1,0 +1,213 @@
+"""Distributed compaction: the coordinator sends each bin to a worker (``Rewrite``) and collects the files written.
+
+The coordinator chooses every output path (under the table's data location, unique per attempt), so it always
+knows what an attempt may have left behind: when an attempt fails (the worker died, the store failed) its paths
+are deleted with the coordinator's own table FileIO BEFORE the bin is retried on another worker, and when the
+compaction fails as a whole every output written so far is deleted. Only the coordinator commits
+(``sqe.execution.compaction.commit_replace``).
+
+Credentials are those of distributed scans (``[coordinator] distributed_credentials``): the sets the catalog
+vended at load-table (write-capable when the user holds write access; the store enforces it), registered with
+the table's lease so long rewrites get refreshed sets pushed, and the ``[storage]`` pair only in ``static`` /
+``auto`` mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+
+from sqe._text import first_line
+from sqe.distributed.coordinator.credentials import TableCredentials, wire_table_id
+from sqe.distributed.coordinator.failures import classify_rpc_error
+from sqe.distributed.coordinator.refresh import Holder
+from sqe.distributed.protocol.rewrite import MAX_OUTPUT_PATHS, build_rewrite_ticket, decode_file_stats
+from sqe.distributed.protocol.ticket import trim_metadata
+from sqe.errors import SQEError, WorkerError
+
+if TYPE_CHECKING:
+    from pyiceberg.table import FileScanTask
+
+    from sqe.catalog.base import LoadedTable
+    from sqe.credentials import CredentialSet
+    from sqe.distributed.coordinator.client import WorkerClient
+    from sqe.distributed.coordinator.executor import DistributedExecutor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    """One bin and every output path any of its attempts was allowed to write."""
+
+    index: int
+    tasks: list[FileScanTask]
+    attempted_paths: list[str] = field(default_factory=list)
+    outputs: list[DataFile] = field(default_factory=list)
+
+
+def rewrite_on_workers(
+    executor: DistributedExecutor, loaded: LoadedTable, bins: list[list[FileScanTask]], target: int
+) -> list[DataFile]:
+    """Rewrite every bin on the workers; returns the new files (not committed). On failure nothing is left."""
+    run = _CompactionRun(executor, loaded, target)
+    return run.rewrite(bins)
+
+
+class _CompactionRun:
+    def __init__(self, executor: DistributedExecutor, loaded: LoadedTable, target: int) -> None:
+        self._executor = executor
+        self._loaded = loaded
+        self._target = target
+        self._query_id = f"optimize-{uuid.uuid4().hex[:16]}"
+        self._metadata_json = trim_metadata(loaded.table.metadata)
+        self._dead: set[str] = set()
+        self._lock = threading.Lock()
+        self._failed = threading.Event()
+        self._credentials: TableCredentials | None = None
+
+    def rewrite(self, bins: list[list[FileScanTask]]) -> list[DataFile]:
+        tasks = [task for group in bins for task in group]
+        self._credentials = self._executor.credentials_for(self._loaded.ident, self._loaded, tasks)
+        jobs = [_Job(i, group) for i, group in enumerate(bins)]
+        slots = max(1, len(self._executor.clients) * self._executor.options.slots_per_worker)
+        errors: list[BaseException] = []
+        with ThreadPoolExecutor(max_workers=min(slots, len(jobs)), thread_name_prefix="sqe-rewrite") as pool:
+            futures = [pool.submit(self._run_job, job) for job in jobs]
+            for future in futures:
+                error = future.exception()
+                if error is not None:
+                    errors.append(error)
+        if errors:
+            self._delete([path for job in jobs for path in job.attempted_paths])
+            first = errors[0]
+            if isinstance(first, SQEError):
+                raise first
+            raise WorkerError(f"OPTIMIZE {self._loaded.ident}: a rewrite failed ({type(first).__name__})")
+        return [data_file for job in jobs for data_file in job.outputs]
+
+    # -- one bin ------------------------------------------------------------------------------------------
+
+    def _run_job(self, job: _Job) -> None:
+        options = self._executor.options
+        last = "no worker was available"
+        attempt = 0
+        while attempt < options.max_attempts:
+            if self._failed.is_set():
+                return
+            client = self._pick(job.index + attempt)
+            if client is None:
+                break
+            attempt += 1
+            paths = self._output_paths(job, attempt)
+            job.attempted_paths.extend(paths)
+            try:
+                job.outputs = self._attempt(client, job, attempt, paths)
+                return
+            except grpc.RpcError as exc:
+                failure = classify_rpc_error(exc, client.address, f"{self._query_id}/{job.index}", timed_out=False)
+                self._delete(paths)  # nothing of a failed attempt may survive it, before anything is retried
+                if failure.fatal is not None:
+                    self._failed.set()
+                    raise failure.fatal from None
+                if failure.worker_dead:
+                    with self._lock:
+                        self._dead.add(client.address)
+                if failure.busy:
+                    time.sleep(options.busy_retry_seconds)
+                last = failure.message
+                self._executor.stats.add(fragments_retried=1)
+                log.warning("OPTIMIZE %s: bin %d attempt %d failed: %s", self._loaded.ident, job.index, attempt, last)
+        self._failed.set()
+        raise WorkerError(f"OPTIMIZE {self._loaded.ident}: bin {job.index} could not be rewritten: {last}")
+
+    def _pick(self, start: int) -> WorkerClient | None:
+        clients = self._executor.clients
+        with self._lock:
+            alive = [c for c in clients if c.address not in self._dead]
+        return alive[start % len(alive)] if alive else None
+
+    def _attempt(self, client: WorkerClient, job: _Job, attempt: int, paths: list[str]) -> list[DataFile]:
+        fragment_id = f"{self._query_id}/{job.index}/{attempt}"
+        holder = Holder(client.address, self._query_id, fragment_id)
+        credentials = self._credentials
+        assert credentials is not None
+        vended: tuple[CredentialSet, ...] = credentials.vended
+        lease = credentials.lease
+        if lease is not None:
+            vended, _generation = self._executor.refresher.register(lease, holder)
+        try:
+            ticket = build_rewrite_ticket(
+                query_id=self._query_id,
+                fragment_id=fragment_id,
+                table=wire_table_id(self._loaded.ident),
+                metadata_json=self._metadata_json,
+                tasks=job.tasks,
+                credentials=credentials.for_tasks(job.tasks, vended),
+                output_paths=paths,
+                target_file_size=self._target,
+                pace_ms_per_file=self._executor.options.pace_ms_per_file,
+            )
+            self._executor.stats.add(fragments_started=1)
+            response = client.rewrite(ticket, timeout=self._executor.options.rewrite_timeout_seconds).result()
+        finally:
+            if lease is not None:
+                self._executor.refresher.unregister(lease, holder)
+        self._executor.stats.add(fragments_completed=1)
+        return self._data_files(job, response, paths)
+
+    def _data_files(self, job: _Job, response: Any, paths: list[str]) -> list[DataFile]:
+        allowed = set(paths)
+        first = job.tasks[0].file
+        files: list[DataFile] = []
+        for written in response.files:
+            if written.file_path not in allowed:  # never commit a file the coordinator did not ask for
+                raise WorkerError(f"OPTIMIZE {self._loaded.ident}: a worker reported an unexpected output file")
+            data_file = DataFile.from_args(
+                self._loaded.table.metadata.format_version,
+                content=DataFileContent.DATA,
+                file_path=written.file_path,
+                file_format=FileFormat.PARQUET,
+                partition=first.partition,
+                file_size_in_bytes=written.file_size_in_bytes,
+                sort_order_id=None,
+                equality_ids=None,
+                key_metadata=None,
+                **{**decode_file_stats(written.stats_json), "record_count": written.record_count},
+            )
+            data_file.spec_id = first.spec_id
+            files.append(data_file)
+        return files
+
+    # -- paths --------------------------------------------------------------------------------------------
+
+    def _output_paths(self, job: _Job, attempt: int) -> list[str]:
+        """Fresh, unique paths for one attempt, in the bin's partition directory under the data location."""
+        metadata = self._loaded.table.metadata
+        first = job.tasks[0].file
+        data_dir = metadata.properties.get("write.data.path") or f"{metadata.location.rstrip('/')}/data"
+        spec = metadata.specs().get(first.spec_id)
+        if spec is not None and spec.fields:
+            data_dir = f"{data_dir.rstrip('/')}/{spec.partition_to_path(first.partition, metadata.schema())}"
+        count = max(1, min(MAX_OUTPUT_PATHS, len(job.tasks)))
+        token = uuid.uuid4().hex
+        return [
+            f"{data_dir.rstrip('/')}/compact-{token}-{job.index:05d}-{attempt}-{i:03d}.parquet" for i in range(count)
+        ]
+
+    def _delete(self, paths: list[str]) -> None:
+        io = self._loaded.table.io
+        for path in paths:
+            try:
+                if io.new_input(path).exists():
+                    io.delete(path)
+            except Exception as exc:  # best effort: the file is unreferenced either way; say which one stayed
+                log.warning("OPTIMIZE: could not delete unreferenced output %s: %s", path, first_line(exc))

@@ -1,0 +1,165 @@
+"""OPTIMIZE with ``[coordinator] workers``: real ``sqe-worker`` processes rewrite the bins with the tickets'
+vended (write) credentials, the coordinator commits one ``replace`` snapshot. A worker SIGKILLed after writing an
+output leaves no orphan (the coordinator deletes the attempt's paths, then retries elsewhere); a concurrent delete
+of an input fails the compaction and removes its outputs; a concurrent append survives."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+from pyiceberg.expressions import EqualTo
+
+from sqe.catalog.rest import RestTableProvider
+from sqe.config import load_config
+from sqe.distributed.coordinator import DistributedOptions
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.errors import CompactionConflictError
+from sqe.session import Session
+from tests.conftest import write_sqe_config
+from tests.e2e.test_compaction import SCHEMA, fingerprint, small_files_table
+from tests.e2e.test_distributed import WorkerPool, WorkerPools, coordinator_overrides, worker_factory
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogPrincipal, CatalogServer, WorkerProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.usefixtures("bogus_aws_env")]
+__all__ = ["worker_factory"]  # the module-scoped pool fixture, re-used from test_distributed
+TARGET = "64 * 1024 * 1024"
+
+
+def session_on(pool: WorkerPool, server: CatalogServer, writer: CatalogPrincipal, tmp_path: Path) -> Session:
+    path = write_sqe_config(tmp_path / "sqe.toml", server.url, writer, server.moto)
+    config = load_config(path, env={}, overrides=coordinator_overrides(pool, distributed_credentials="vended"))
+    return Session(RestTableProvider(config), config, distributed=DistributedOptions(max_attempts=3))
+
+
+def stats(worker: WorkerProcess) -> Any:
+    return worker.stub().Stats(pb.StatsRequest(), metadata=worker.metadata(), timeout=5)
+
+
+def data_objects(server: CatalogServer, table: Any) -> set[str]:
+    moto = server.moto
+    fs = pafs.S3FileSystem(
+        access_key=moto.access_key_id, secret_key=moto.secret_access_key, endpoint_override=moto.url, region=moto.region
+    )
+    root = table.location().removeprefix("s3://") + "/data"
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return {"s3://" + i.path for i in infos if i.type == pafs.FileType.File}
+
+
+def referenced(table: Any) -> set[str]:
+    table.refresh()
+    return {t.file.file_path for s in table.snapshots() for t in table.scan(snapshot_id=s.snapshot_id).plan_files()}
+
+
+def wait_for(condition: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def test_workers_rewrite_and_the_coordinator_commits_one_replace(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, worker_factory: WorkerPools, tmp_path: Path
+) -> None:
+    pool = worker_factory.pool(2)
+    name, table = small_files_table(catalog_server, engine_writer, 40)
+    with session_on(pool, catalog_server, engine_writer, tmp_path) as s:
+        before = fingerprint(s, name)
+        result = s.sql(f"OPTIMIZE {name} WITH (target_file_size = {TARGET})").arrow().to_pylist()[0]
+        assert result["rewritten_files"] == 40 and result["added_files"] >= 1
+        assert fingerprint(s, name) == before
+    table.refresh()
+    assert table.current_snapshot().summary.operation.value == "replace"
+    live = {t.file.file_path for t in table.scan().plan_files()}
+    assert len(live) == result["added_files"] and all("/compact-" in p for p in live)
+    written = sum(stats(w).rewrite_files_written for w in pool.workers)
+    assert written == result["added_files"], "the workers, not the coordinator, wrote the new files"
+    assert data_objects(catalog_server, table) <= referenced(table)
+    assert catalog_server.moto.secret_access_key not in pool.logs()
+
+
+def test_a_worker_killed_mid_rewrite_leaves_no_orphan(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, worker_factory: WorkerPools, tmp_path: Path
+) -> None:
+    slow = worker_factory.pool(1, "--pace-ms-per-file", "1500").workers[0]
+    fast = worker_factory.pool(1).workers[0]
+    pool = WorkerPool(worker_factory.token, [slow, fast])  # one bin: its first attempt goes to the slow worker
+    name, table = small_files_table(catalog_server, engine_writer, 3)
+
+    def kill_after_first_output() -> None:
+        wait_for(lambda: stats(slow).rewrite_files_written >= 1)
+        slow.proc.send_signal(signal.SIGKILL)  # an output is written but not yet reported or committed
+
+    killer = threading.Thread(target=kill_after_first_output, daemon=True)
+    killer.start()
+    with session_on(pool, catalog_server, engine_writer, tmp_path) as s:
+        before = fingerprint(s, name)
+        result = s.sql(f"OPTIMIZE {name} WITH (target_file_size = {TARGET})").arrow().to_pylist()[0]
+        killer.join(timeout=30)
+        assert slow.proc.wait(timeout=10) == -signal.SIGKILL
+        assert result["rewritten_files"] == 3
+        assert fingerprint(s, name) == before
+    assert stats(fast).rewrites_completed >= 1
+    objects = data_objects(catalog_server, table)
+    assert objects <= referenced(table), f"orphans: {sorted(objects - referenced(table))}"
+    assert sum("/compact-" in p for p in objects) == result["added_files"]
+
+
+def _optimize_in_background(session: Session, name: str) -> tuple[threading.Thread, list[BaseException], list[Any]]:
+    errors: list[BaseException] = []
+    results: list[Any] = []
+
+    def run() -> None:
+        try:
+            results.append(session.sql(f"OPTIMIZE {name} WITH (target_file_size = {TARGET})").arrow().to_pylist())
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors, results
+
+
+def test_concurrent_delete_of_an_input_fails_and_removes_worker_outputs(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, worker_factory: WorkerPools, tmp_path: Path
+) -> None:
+    pool = worker_factory.pool(1, "--pace-ms-per-file", "700")
+    name, table = small_files_table(catalog_server, engine_writer, 4)
+    with session_on(pool, catalog_server, engine_writer, tmp_path) as s:
+        started = stats(pool.workers[0]).rewrites_started
+        thread, errors, _ = _optimize_in_background(s, name)
+        wait_for(lambda: stats(pool.workers[0]).rewrites_started > started)
+        table.delete(EqualTo("id", 0))  # another writer removes small-0000 (its only row) meanwhile
+        thread.join(timeout=120)
+    assert len(errors) == 1 and isinstance(errors[0], CompactionConflictError)
+    assert "a concurrent commit removed 1 of its input files" in str(errors[0])
+    table.refresh()
+    assert table.current_snapshot().summary.operation.value != "replace"
+    assert not any("/compact-" in p for p in data_objects(catalog_server, table))
+
+
+def test_concurrent_append_survives_a_distributed_compaction(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, worker_factory: WorkerPools, tmp_path: Path
+) -> None:
+    pool = worker_factory.pool(1, "--pace-ms-per-file", "700")
+    name, table = small_files_table(catalog_server, engine_writer, 4)
+    with session_on(pool, catalog_server, engine_writer, tmp_path) as s:
+        before = fingerprint(s, name)[0]
+        started = stats(pool.workers[0]).rewrites_started
+        thread, errors, results = _optimize_in_background(s, name)
+        wait_for(lambda: stats(pool.workers[0]).rewrites_started > started)
+        table.append(pa.table({"id": [1000], "name": ["late"]}, schema=SCHEMA))
+        thread.join(timeout=120)
+        assert not errors and results[0][0]["rewritten_files"] == 4
+        after = fingerprint(s, name)[0]
+        assert after[0] == before[0] + 1 and after[1] == before[1] + 1000
+        assert s.sql(f"SELECT name FROM {name} WHERE id = 1000").fetchall() == [("late",)]
