@@ -1,5 +1,8 @@
 """DuckDB's iceberg extension (1.5.5, loaded offline) as a third-party client of ``sqe-catalog``.
 
+DuckDB runs as a peer process in its own environment (``make duckdb-peer``, see ``duckdb_client.py``): the engine
+keeps its own DuckDB. Without that environment every test here fails, naming the make step.
+
 DuckDB creates, inserts, deletes (merge-on-read position deletes) and updates through the real catalog with
 vended credentials only; SQE and pyiceberg then read exactly the rows DuckDB reads. What the extension itself
 cannot do is listed in ``known_gaps.json`` and runs as a strict xfail.
@@ -10,10 +13,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 import pytest
 from pyiceberg.schema import Schema
@@ -23,7 +26,18 @@ from pyiceberg.view.metadata import SQLViewRepresentation, ViewVersion
 
 import sqe.api
 from tests.conftest import pyiceberg_catalog, write_sqe_config
-from tests.interop.duckdb_client import EXTENSIONS, attach_catalog, extension_file, offline_duckdb
+from tests.interop.duckdb_client import (
+    EXTENSIONS,
+    MAKE_STEP,
+    PEER_DIR_VARIABLE,
+    DuckDBError,
+    DuckPeer,
+    DuckPeerError,
+    PeerEnvironmentMissing,
+    catalog_attach,
+    offline_duckdb,
+    peer_dir,
+)
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
@@ -38,7 +52,16 @@ def known_gap(test: Callable[..., None]) -> Callable[..., None]:
     gap = KNOWN_GAPS.get(test.__name__)
     if gap is None:
         return test
-    return pytest.mark.xfail(strict=True, raises=duckdb.Error, reason=f"{gap['client']}: {gap['reason']}")(test)
+    return pytest.mark.xfail(strict=True, raises=DuckDBError, reason=f"{gap['client']}: {gap['reason']}")(test)
+
+
+@pytest.fixture(autouse=True)
+def peer_environment() -> Path:
+    """Every test fails (never skips) when the peer environment was not built."""
+    try:
+        return peer_dir()
+    except PeerEnvironmentMissing as missing:
+        pytest.fail(str(missing), pytrace=False)
 
 
 DUCK_WRITER_GRANTS: list[tuple[str, str | None, str | None]] = [
@@ -55,25 +78,33 @@ def duck_writer(catalog_server: CatalogServer) -> CatalogPrincipal:
     return catalog_server.principal_with_grants(f"duck_writer_{uuid.uuid4().hex[:6]}", DUCK_WRITER_GRANTS)
 
 
-@pytest.fixture()
-def duck(tmp_path: Path, catalog_server: CatalogServer, duck_writer: CatalogPrincipal) -> Iterator[Any]:
-    con = offline_duckdb(tmp_path / "extensions")
-    attach_catalog(con, catalog_server, duck_writer)
+@contextmanager
+def setup_step(what: str) -> Iterator[None]:
+    """A DuckDB error while setting up is a plain failure: a known gap's strict xfail counts test bodies only."""
     try:
-        yield con
-    finally:
-        con.close()
+        yield
+    except DuckPeerError as error:
+        pytest.fail(f"{what}: {error}", pytrace=False)
 
 
 @pytest.fixture()
-def namespace(duck: Any) -> str:
+def duck(tmp_path: Path, catalog_server: CatalogServer, duck_writer: CatalogPrincipal) -> Iterator[DuckPeer]:
+    with setup_step("starting the DuckDB peer"):
+        con = offline_duckdb(tmp_path / "extensions", (catalog_attach(catalog_server, duck_writer),))
+    with con:
+        yield con
+
+
+@pytest.fixture()
+def namespace(duck: DuckPeer) -> str:
     name = f"duck_{uuid.uuid4().hex[:8]}"
-    duck.execute(f"CREATE SCHEMA lake.{name}")
+    with setup_step("creating the test schema"):
+        duck.execute(f"CREATE SCHEMA lake.{name}")
     return name
 
 
-def duck_rows(con: Any, query: str) -> list[dict[str, Any]]:
-    return list(con.execute(query).arrow().read_all().to_pylist())
+def duck_rows(con: DuckPeer, query: str) -> list[dict[str, Any]]:
+    return con.rows(query)
 
 
 def sqe_rows(tmp_path: Path, server: CatalogServer, principal: CatalogPrincipal, query: str) -> list[dict[str, Any]]:
@@ -88,29 +119,29 @@ def pyiceberg_rows(server: CatalogServer, principal: CatalogPrincipal, name: str
 
 
 def test_extensions_load_from_the_wheels_without_downloading(tmp_path: Path) -> None:
-    con = offline_duckdb(tmp_path / "extensions")
-    loaded = {
-        name: mode
-        for name, mode in con.execute(
-            "SELECT extension_name, install_mode FROM duckdb_extensions() WHERE loaded"
-        ).fetchall()
-    }
+    with offline_duckdb(tmp_path / "extensions") as con:
+        rows = con.rows("SELECT extension_name, install_mode FROM duckdb_extensions() WHERE loaded")
+        info = con.info
+    loaded = {row["extension_name"]: row["install_mode"] for row in rows}
     # CUSTOM_PATH = installed from the wheel's file, not from an extension repository
     assert {name: loaded.get(name) for name in EXTENSIONS} == dict.fromkeys(EXTENSIONS, "CUSTOM_PATH")
-    assert all(extension_file(name).is_file() for name in EXTENSIONS)
+    assert all(Path(info["extensions"][name]).is_file() for name in EXTENSIONS)
+    # the peer's own DuckDB, from the peer directory: the engine's DuckDB (site-packages) never loaded there
+    assert Path(info["duckdb_file"]).is_relative_to(peer_dir().resolve())
+    assert all(Path(info["extensions"][name]).is_relative_to(peer_dir()) for name in EXTENSIONS)
     assert sorted(p.name for p in (tmp_path / "extensions").rglob("*.duckdb_extension")) == sorted(
         f"{name}.duckdb_extension" for name in EXTENSIONS
     )
 
 
 def test_duckdb_writes_deletes_and_updates_and_every_reader_agrees(
-    duck: Any, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal, tmp_path: Path
+    duck: DuckPeer, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal, tmp_path: Path
 ) -> None:
     name = f"{namespace}.events"
     duck.execute(f"CREATE TABLE lake.{name} (id BIGINT, name VARCHAR, amount DOUBLE)")
     duck.execute(f"INSERT INTO lake.{name} SELECT range, 'n' || range, range * 1.5 FROM range(20)")
-    assert duck.execute(f"DELETE FROM lake.{name} WHERE id % 3 = 0").fetchone() == (7,)
-    assert duck.execute(f"UPDATE lake.{name} SET name = 'updated' WHERE id > 15").fetchone() == (3,)
+    assert duck.one(f"DELETE FROM lake.{name} WHERE id % 3 = 0") == (7,)
+    assert duck.one(f"UPDATE lake.{name} SET name = 'updated' WHERE id > 15") == (3,)
 
     expected = [{"id": i, "name": "updated" if i > 15 else f"n{i}", "amount": i * 1.5} for i in range(20) if i % 3]
     assert duck_rows(duck, f"SELECT * FROM lake.{name} ORDER BY id") == expected
@@ -125,7 +156,7 @@ def test_duckdb_writes_deletes_and_updates_and_every_reader_agrees(
 
 
 def test_scalar_types_written_by_duckdb_read_back_identically(
-    duck: Any, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal, tmp_path: Path
+    duck: DuckPeer, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal, tmp_path: Path
 ) -> None:
     name = f"{namespace}.typed"
     duck.execute(
@@ -144,7 +175,7 @@ def test_scalar_types_written_by_duckdb_read_back_identically(
 
 
 def test_duckdb_creates_a_format_v3_table(
-    duck: Any, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal, tmp_path: Path
+    duck: DuckPeer, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal, tmp_path: Path
 ) -> None:
     # DuckDB stages the create and commits it with ``upgrade-format-version: 3`` (a catalog fix: it was a 400)
     name = f"{namespace}.v3"
@@ -165,7 +196,7 @@ SCHEMA = Schema(
 
 
 def test_duckdb_reads_what_pyiceberg_wrote_including_history(
-    duck: Any, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal
+    duck: DuckPeer, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal
 ) -> None:
     catalog = pyiceberg_catalog(catalog_server, duck_writer)
     table = catalog.create_table(f"{namespace}.from_pyiceberg", SCHEMA)
@@ -185,7 +216,7 @@ def test_duckdb_reads_what_pyiceberg_wrote_including_history(
 
 
 def test_nested_namespaces_and_drops_through_duckdb(
-    duck: Any, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal
+    duck: DuckPeer, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal
 ) -> None:
     catalog = pyiceberg_catalog(catalog_server, duck_writer)
     catalog.create_namespace((namespace, "inner"))
@@ -197,21 +228,23 @@ def test_nested_namespaces_and_drops_through_duckdb(
 
 
 def test_a_read_only_principal_cannot_write_through_duckdb(
-    tmp_path: Path, namespace: str, duck: Any, catalog_server: CatalogServer
+    tmp_path: Path, namespace: str, duck: DuckPeer, catalog_server: CatalogServer, capfd: pytest.CaptureFixture[str]
 ) -> None:
     duck.execute(f"CREATE TABLE lake.{namespace}.guarded AS SELECT 1::BIGINT AS id")
     reader = catalog_server.principal_with_grants(
         f"duck_reader_{uuid.uuid4().hex[:6]}",
         [("NAMESPACE_FULL_METADATA", namespace, None), ("TABLE_READ_DATA", namespace, None)],
     )
-    con = offline_duckdb(tmp_path / "reader-extensions")
-    attach_catalog(con, catalog_server, reader, alias="ro")
-    assert duck_rows(con, f"SELECT * FROM ro.{namespace}.guarded") == [{"id": 1}]
-    with pytest.raises(duckdb.Error) as refused:
-        con.execute(f"INSERT INTO ro.{namespace}.guarded VALUES (2)")
+    with offline_duckdb(tmp_path / "reader-extensions", (catalog_attach(catalog_server, reader, alias="ro"),)) as con:
+        assert duck_rows(con, f"SELECT * FROM ro.{namespace}.guarded") == [{"id": 1}]
+        with pytest.raises(DuckDBError) as refused:
+            con.execute(f"INSERT INTO ro.{namespace}.guarded VALUES (2)")
     message = str(refused.value)
     assert "403" in message or "Forbidden" in message or "AccessDenied" in message
     assert reader.client_secret not in message
+    # nor anywhere the peer process printed (its stderr is this test's)
+    captured = capfd.readouterr()
+    assert reader.client_secret not in captured.out + captured.err
     assert duck_rows(duck, f"SELECT * FROM lake.{namespace}.guarded") == [{"id": 1}]
     log = catalog_server.log_text()
     assert not [secret for secret in catalog_server.secrets if secret and secret in log]
@@ -230,12 +263,26 @@ def _pyiceberg_view(server: CatalogServer, principal: CatalogPrincipal, namespac
 
 
 @known_gap
-def test_duckdb_reads_a_view_pyiceberg_created(duck: Any, namespace: str, catalog_server: CatalogServer) -> None:
+def test_duckdb_reads_a_view_pyiceberg_created(duck: DuckPeer, namespace: str, catalog_server: CatalogServer) -> None:
     _pyiceberg_view(catalog_server, catalog_server.admin, namespace)
     assert duck_rows(duck, f"SELECT * FROM lake.{namespace}.v") == [{"id": 1, "name": "a"}]
 
 
 @known_gap
-def test_duckdb_creates_a_view_pyiceberg_reads(duck: Any, namespace: str, catalog_server: CatalogServer) -> None:
+def test_duckdb_creates_a_view_pyiceberg_reads(duck: DuckPeer, namespace: str, catalog_server: CatalogServer) -> None:
     duck.execute(f"CREATE VIEW lake.{namespace}.dv AS SELECT 1 AS id")
     assert pyiceberg_catalog(catalog_server, catalog_server.admin).view_exists(f"{namespace}.dv")
+
+
+def test_a_missing_peer_environment_fails_naming_the_make_step(tmp_path: Path) -> None:
+    unbuilt = tmp_path / "never-built"
+    with pytest.raises(PeerEnvironmentMissing) as missing:
+        peer_dir({PEER_DIR_VARIABLE: str(unbuilt)})
+    assert (
+        str(missing.value)
+        == f"the DuckDB peer environment {unbuilt} is not built: run `{MAKE_STEP}` (part of `make test`)"
+    )
+    # a directory without the make step's stamp (an interrupted install) counts as missing too
+    unbuilt.mkdir()
+    with pytest.raises(PeerEnvironmentMissing, match=f"run `{MAKE_STEP}`"):
+        peer_dir({PEER_DIR_VARIABLE: str(unbuilt)})
