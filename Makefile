@@ -3,15 +3,28 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# DuckDB with its Iceberg extension wheels, apart from the engine's DuckDB: tests/interop (and benches) run it as a
+# subprocess through tests/interop/duckdb_peer.py with PYTHONPATH=$(PEER).
+PEER       := $(VENV)/duckdb-peer
+PEER_REQS  := tests/interop/duckdb_peer_requirements.txt
+PEER_STAMP := $(PEER)/.installed
 DEMO_DIR ?= .demo-stack
 
-.PHONY: demo test test-unit lint bench clean ceph-deps quickstart-configs
+.PHONY: demo test test-unit lint bench clean ceph-deps quickstart-configs duckdb-peer
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,stack]'
 	touch $(STAMP)
+
+# Rebuilt from scratch when its requirements change; a rebuilt .venv keeps it (order-only prerequisite).
+$(PEER_STAMP): $(PEER_REQS) | $(STAMP)
+	rm -rf $(PEER)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --target $(PEER) -r $(PEER_REQS)
+	touch $(PEER_STAMP)
+
+duckdb-peer: $(PEER_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m sqe_stack.demo --dir $(DEMO_DIR)
@@ -24,7 +37,7 @@ quickstart-configs: $(STAMP)
 ceph-deps:
 	bash quickstart/ceph/install-deps.sh
 
-test: $(STAMP) ceph-deps
+test: $(STAMP) $(PEER_STAMP) ceph-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP)

@@ -28,8 +28,13 @@ from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
-from pyiceberg.table.metadata import TableMetadata, new_table_metadata
+from pyiceberg.table import StagedTable, Table
+from pyiceberg.table.metadata import (
+    SUPPORTED_TABLE_FORMAT_VERSION,
+    TableMetadata,
+    TableMetadataUtil,
+    new_table_metadata,
+)
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import (
     AssertCreate,
@@ -37,6 +42,7 @@ from pyiceberg.table.update import (
     SetPropertiesUpdate,
     TableRequirement,
     TableUpdate,
+    UpgradeFormatVersionUpdate,
 )
 from pyiceberg.typedef import IcebergBaseModel, Identifier
 from sqlalchemy import Engine, select
@@ -84,6 +90,8 @@ LOCATION_PROPERTIES = (WRITE_DATA_PATH, WRITE_METADATA_PATH)
 # Table properties that make pyiceberg import and run a class inside the catalog process.
 FORBIDDEN_TABLE_PROPERTIES = frozenset({"py-io-impl", "write.py-location-provider.impl"})
 _METADATA_CACHE_SIZE = 512
+# The newest format a create transaction may ask for (creates write v3 metadata themselves).
+_MAX_CREATE_FORMAT_VERSION = 3
 
 
 class NamespaceNotEmptyError(CatalogError):
@@ -277,6 +285,29 @@ class _WarehouseSqlCatalog(SqlCatalog):
         # s3.endpoint or py-io-impl would then steer the catalog's key. Table properties are ignored.
         return self._io
 
+    def _update_and_stage_table(
+        self,
+        current_table: Table | None,
+        table_identifier: Identifier,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+    ) -> StagedTable:
+        # A create transaction may ask for format v3 (``upgrade-format-version``, as DuckDB's CREATE TABLE does);
+        # pyiceberg creates v3 metadata but refuses that update, so it is applied here after the others.
+        version = _created_format_version(current_table, updates)
+        if version is None:
+            return super()._update_and_stage_table(current_table, table_identifier, requirements, updates)
+        rest = tuple(u for u in updates if not isinstance(u, UpgradeFormatVersionUpdate))
+        staged = super()._update_and_stage_table(current_table, table_identifier, requirements, rest)
+        document = {**staged.metadata.model_dump(by_alias=True), "format-version": version}
+        return StagedTable(
+            identifier=staged.name(),
+            metadata=TableMetadataUtil.parse_obj(document),
+            metadata_location=staged.metadata_location,
+            io=staged.io,
+            catalog=self,
+        )
+
     def _convert_orm_to_iceberg(self, orm_table: IcebergTables) -> Table:
         if not (metadata_location := orm_table.metadata_location):
             raise ice.NoSuchTableError("table has no metadata location")
@@ -288,6 +319,16 @@ class _WarehouseSqlCatalog(SqlCatalog):
             io=self._io,
             catalog=self,
         )
+
+
+def _created_format_version(current_table: Table | None, updates: tuple[TableUpdate, ...]) -> int | None:
+    """The format version a create transaction upgrades to, when it is one pyiceberg cannot apply (v3)."""
+    if current_table is not None:
+        return None
+    versions = [u.format_version for u in updates if isinstance(u, UpgradeFormatVersionUpdate)]
+    if versions and SUPPORTED_TABLE_FORMAT_VERSION < max(versions) <= _MAX_CREATE_FORMAT_VERSION:
+        return max(versions)
+    return None
 
 
 class _NamedTable:
