@@ -125,7 +125,9 @@ def test_arbitrary_bytes_are_refused_typed(worker: WorkerProcess, data: bytes) -
 
 @SETTINGS
 @given(request=refresh_requests())
-def test_near_valid_pushes_are_refused_with_a_one_line_reason(worker: WorkerProcess, request: pb.RefreshRequest) -> None:
+def test_near_valid_pushes_are_refused_with_a_one_line_reason(
+    worker: WorkerProcess, request: pb.RefreshRequest
+) -> None:
     response = worker.stub().RefreshCredentials(request, metadata=worker.metadata(), timeout=10)
     _assert_refused(response)
 
