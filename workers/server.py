@@ -77,6 +77,7 @@ def _bind(server: grpc.Server, options: ServerOptions) -> int:
 def serve(options: ServerOptions, *, port_file: Path | None = None) -> int:
     """Run until SIGTERM/SIGINT; running fragments are cancelled on the way out. Returns the exit code."""
     removed = scrub_environment(os.environ)
+    _one_line_grpc_logs()
     server, service, port = create_server(options)
     stop = threading.Event()
 
@@ -95,6 +96,20 @@ def serve(options: ServerOptions, *, port_file: Path | None = None) -> int:
     log.info("stopping: cancelling %d running fragment(s)", service.registry.cancel_all())
     server.stop(grace=2.0).wait()
     return 0
+
+
+class _NoTraceback(logging.Filter):
+    """Keeps a record's message, drops its traceback (the record is still logged, on one line)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+def _one_line_grpc_logs() -> None:
+    """grpc logs a full traceback for every request it cannot parse; any client could flood the log with them."""
+    logging.getLogger("grpc._common").addFilter(_NoTraceback())
 
 
 def _write_port_file(path: Path, port: int) -> None:

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 SESSION_COOKIE = "sqe_session"
 SESSION_HEADER = "x-sqe-session"
-_TYPE_PREFIX = "type.googleapis.com/"
+_SQL_PACKAGE = "arrow.flight.protocol.sql."  # a Flight SQL Any names this package after its last "/"
 _T = TypeVar("_T")
 
 
@@ -157,13 +157,19 @@ def _unpack_any(data: bytes) -> any_pb2.Any:
 
 def _message(wrapper: any_pb2.Any, cls: type[_T]) -> _T:
     message = cls()
-    if not wrapper.Unpack(message):  # type: ignore[arg-type]
+    try:
+        unpacked = wrapper.Unpack(message)  # type: ignore[arg-type]
+    except DecodeError:  # the right type URL around a truncated or corrupt payload
+        raise QueryError(f"the {cls.__name__} in the request is malformed") from None
+    if not unpacked:
         raise QueryError(f"expected {cls.__name__}")
     return message
 
 
 def _command_name(wrapper: any_pb2.Any) -> str:
-    return str(wrapper.type_url).removeprefix(_TYPE_PREFIX).rpartition(".")[2]
+    """The Flight SQL message named by the type URL ("" for any other type; the host part is free, as in Any)."""
+    full_name = str(wrapper.type_url).rpartition("/")[2]
+    return full_name.removeprefix(_SQL_PACKAGE) if full_name.startswith(_SQL_PACKAGE) else ""
 
 
 def _parameter_rows(table: pa.Table | None) -> list[list[Any]]:
