@@ -521,7 +521,9 @@ class Session:
         except NoSuchTableError as missing:
             try:
                 return self._provider.load_view(ident)
-            except NoSuchTableError:  # NoSuchViewError included: report the table lookup
+            except (NoSuchTableError, PermissionDeniedError):
+                # No view either (NoSuchViewError is a NoSuchTableError), or none this user may see: either way
+                # the answer is the table lookup's, which never reveals whether a view of that name exists.
                 raise missing from None
 
     def _merge_scans(self, scans: dict[TableIdent, ScanPlan], inner: Mapping[TableIdent, ScanPlan]) -> None:

@@ -77,7 +77,8 @@ def table_path(table: str) -> str:
 
 
 def row_count(session: Session, table: str) -> int:
-    [(count,)] = session.sql(f"SELECT count(*) FROM {table}").fetchall()
+    """A real scan: a bare ``SELECT count(*) FROM t`` is answered from manifest record counts instead."""
+    [(count,)] = session.sql(f"SELECT count(*) FROM {table} WHERE true").fetchall()
     return int(count)
 
 
