@@ -15,7 +15,7 @@ import itertools
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -68,6 +68,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+class ArrowSource(Protocol):
+    """What a rewritten source registers on DuckDB: a local ``FileStream`` or a stream read on workers."""
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+# (ident, location, the local stream, the mount's credential set) -> a stream read on workers, or None (locally)
+RemoteScanner = Callable[["TableIdent", str, FileStream, "CredentialSet"], "ArrowSource | None"]
+
 _KEEP = 64
 _REWRITABLE = ("select", "insert", "ctas")
 _OWN_KEY_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
@@ -84,10 +96,13 @@ class ExternalSources:
         con: duckdb.DuckDBPyConnection,
         resolve_name: Callable[[Sequence[str]], TableIdent],
         remote_rewriter: RemoteRewriter | None = None,
+        remote_scanner: RemoteScanner | None = None,
     ) -> None:
         """Checks the file table function prefixes against every governed table location now (start-up).
-        ``remote_rewriter``: OPTIMIZE rewrites on the session's workers (None: locally)."""
+        ``remote_rewriter``: OPTIMIZE rewrites on the session's workers (None: locally); ``remote_scanner``:
+        external Parquet tables are read on the session's workers (None, or None returned: locally)."""
         self._config = config
+        self._remote_scanner = remote_scanner
         self._remote_rewriter = remote_rewriter
         self._provider = provider
         self._parser = parser
@@ -102,8 +117,8 @@ class ExternalSources:
             else None
         )
         self._ids = itertools.count(1)
-        self._registered: OrderedDict[str, FileStream] = OrderedDict()
-        self.last_streams: list[FileStream] = []
+        self._registered: OrderedDict[str, ArrowSource] = OrderedDict()
+        self.last_streams: list[ArrowSource] = []
         if self.policy.object_store:
             self.governed.refresh()
             self.governed.check_prefixes(self.policy.object_store)
@@ -285,13 +300,19 @@ class ExternalSources:
             table = tables[key]
             assert table is not None
             filter_ = filters.get(key) if counts[key] == 1 else None
-            name = self._register(FileStream(self._mount_source(table, filter_)))
+            name = self._register(self._mount_stream(self._resolve_name(ref.parts), table, filter_))
             yield ref.start, ref.end, f"{name} AS {quote_ident(ref.alias or ref.parts[-1])}" if not ref.alias else name
 
-    def _mount_source(self, table: ExternalTable, filter_: ds.Expression | None) -> Any:
-        assert self.store is not None
-        keys = self.store.keys_of(table)
-        credentials = self._credentials_for(table, keys)
+    def _mount_stream(self, ident: TableIdent, table: ExternalTable, filter_: ds.Expression | None) -> ArrowSource:
+        """The local stream over the mount's pruned files, or its worker twin when workers are configured."""
+        credentials = self._credentials_for(table, self._store().keys_of(table))
+        local = FileStream(self._mount_source(table, filter_, credentials))
+        if self._remote_scanner is None:
+            return local
+        remote = self._remote_scanner(ident, table.location, local, credentials)
+        return local if remote is None else remote
+
+    def _mount_source(self, table: ExternalTable, filter_: ds.Expression | None, credentials: CredentialSet) -> Any:
         if table.key_source == "static":
             self.governed.refresh()
             self.governed.check_prefixes([table.location])
@@ -336,7 +357,7 @@ class ExternalSources:
                 filters[key] = combined
         return filters
 
-    def _register(self, stream: FileStream) -> str:
+    def _register(self, stream: ArrowSource) -> str:
         name = f"{REWRITTEN_PREFIX}{next(self._ids)}"
         self._con.register(name, stream)
         self._registered[name] = stream
