@@ -284,6 +284,7 @@ class Session:
             if statement.kind in _CATALOG_KINDS:
                 return Result(self, table=self._catalog_statement(statement))
             if statement.kind in DML_KINDS:
+                self._external.refuse_write(statement)  # issue 14: no write path through an external table
                 return Result(self, table=self._dml(statement, params))
             return self._run_planned(self._plan(statement), params)
 

@@ -82,6 +82,7 @@ RemoteScanner = Callable[["TableIdent", str, FileStream, "CredentialSet"], "Arro
 
 _KEEP = 64
 _REWRITABLE = ("select", "insert", "ctas")
+_WRITES = ("insert", "delete", "update", "merge")
 _OWN_KEY_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
 _ENV_KEY_OPTIONS = ("access_key_id_env", "secret_access_key_env")
 _FORMAT_OPTIONS = ("delim", "header", "quote", "escape", "nullstr")
@@ -237,6 +238,7 @@ class ExternalSources:
     def rewrite(self, statement: Statement) -> Statement:
         """The statement with file calls and external tables replaced by registered streams."""
         self.last_streams = []
+        self.refuse_write(statement)
         if statement.kind not in _REWRITABLE:
             return statement
         body = statement.text if statement.kind == "select" else statement.body
@@ -249,6 +251,15 @@ class ExternalSources:
             return dataclasses.replace(statement, text=new_body)
         head = statement.text[: len(statement.text) - len(body)]
         return dataclasses.replace(statement, text=head + new_body, body=new_body)
+
+    def refuse_write(self, statement: Statement) -> None:
+        """INSERT, DELETE, UPDATE and MERGE into an external table: refused (SQE has no write path through a
+        mount, whatever rights its keys have)."""
+        if statement.kind not in _WRITES or not statement.target or not self._has_external_tables():
+            return
+        name = str(self._resolve_name(statement.target))
+        if self._store().get(name) is not None:
+            raise ExternalAccessError(f"{name} is an external table: SQE reads mounts only and never writes to them")
 
     def explain_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """EXPLAIN's Iceberg rows plus one per file source of the latest rewrite, every row with every key."""
