@@ -39,9 +39,9 @@ def read_only_key(stack: StackInfo) -> tuple[str, str]:
     """A new S3 key of a read-only subuser of the bucket owner (radosgw-admin generates it: no secret on argv)."""
     subuser = f"catalog:ro{uuid.uuid4().hex[:6]}"
     conf = stack.dir / "ceph" / "ceph.conf"
+    command = ["radosgw-admin", "-c", str(conf), "subuser", "create", "--uid=catalog", f"--subuser={subuser}"]
     out = subprocess.run(
-        ["radosgw-admin", "-c", str(conf), "subuser", "create", "--uid=catalog", f"--subuser={subuser}"]
-        + ["--access=read", "--key-type=s3", "--gen-access-key", "--gen-secret"],
+        [*command, "--access=read", "--key-type=s3", "--gen-access-key", "--gen-secret"],
         check=True,
         capture_output=True,
         text=True,

@@ -162,6 +162,7 @@ def _tasks(ident: TableIdent, stream: FileStream, partitions: pa.Schema) -> tupl
     source = stream.source
     fragments = list(stream.dataset.get_fragments(filter=source.filter))
     infos = source.filesystem.get_file_info([f.path for f in fragments]) if fragments else []
+    locations = dict(zip(source.files, source.locations, strict=True))  # pyarrow path -> s3://bucket/key
     tasks = []
     for fragment, info in zip(fragments, infos, strict=True):
         values = ds.get_partition_keys(fragment.partition_expression)
@@ -169,7 +170,7 @@ def _tasks(ident: TableIdent, stream: FileStream, partitions: pa.Schema) -> tupl
         data_file = DataFile.from_args(
             2,
             content=DataFileContent.DATA,
-            file_path=f"s3://{fragment.path}",
+            file_path=locations[fragment.path],
             file_format=FileFormat.PARQUET,
             partition=record,
             record_count=_record_count(ident, fragment),
