@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     from sqe.config import SQEConfig
     from sqe.distributed.coordinator import DistributedExecutor, DistributedOptions, DistributedScanStream
     from sqe.execution.compaction import RemoteRewriter
+    from sqe.execution.external import RemoteScanner
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,13 @@ class Session:
         self._con = connect_locked_down(self._use_default_warehouse)
         # issue 14: file table functions, external tables, OPTIMIZE (sqe/execution/external.py)
         self._external = ExternalSources(
-            config, provider, self._parser, self._con, self.resolve_name, self._remote_rewriter()
+            config,
+            provider,
+            self._parser,
+            self._con,
+            self.resolve_name,
+            self._remote_rewriter(),
+            self._remote_scanner(),
         )
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
@@ -277,6 +284,7 @@ class Session:
             if statement.kind in _CATALOG_KINDS:
                 return Result(self, table=self._catalog_statement(statement))
             if statement.kind in DML_KINDS:
+                self._external.refuse_write(statement)  # issue 14: no write path through an external table
                 return Result(self, table=self._dml(statement, params))
             return self._run_planned(self._plan(statement), params)
 
@@ -674,6 +682,14 @@ class Session:
         from sqe.distributed.coordinator.rewrite import rewrite_on_workers
 
         return functools.partial(rewrite_on_workers, self._distributed)
+
+    def _remote_scanner(self) -> RemoteScanner | None:
+        """issue 14: external Parquet tables are read on the workers when there are any."""
+        if self._distributed is None:
+            return None
+        from sqe.distributed.coordinator.external import external_scan_stream
+
+        return functools.partial(external_scan_stream, self._distributed)
 
     def _stream(self, plan: ScanPlan, context: QueryContext) -> ScanStream | DistributedScanStream:
         if self._distributed is None:

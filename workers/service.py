@@ -131,7 +131,8 @@ class WorkerService:
             self._abort(context, failure)
         context.add_callback(cancel.set)  # RPC over for any reason (client cancel, deadline): stop reading
         self.stats.add(fragments_started=1)
-        log.info("fragment %s started: %d files", fragment.fragment_id, ticket.files_total)
+        sources = ",".join(sorted({c.source for c in ticket.credentials})) or "none"
+        log.info("fragment %s started: %d files (credentials: %s)", fragment.fragment_id, ticket.files_total, sources)
         return fragment
 
     def _fail(self, context: grpc.ServicerContext, failure: FragmentFailure, fragment: RunningFragment) -> NoReturn:

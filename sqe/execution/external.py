@@ -15,7 +15,7 @@ import itertools
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -68,8 +68,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+class ArrowSource(Protocol):
+    """What a rewritten source registers on DuckDB: a local ``FileStream`` or a stream read on workers."""
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+# (ident, location, the local stream, the mount's credential set) -> a stream read on workers, or None (locally)
+RemoteScanner = Callable[["TableIdent", str, FileStream, "CredentialSet"], "ArrowSource | None"]
+
 _KEEP = 64
 _REWRITABLE = ("select", "insert", "ctas")
+_WRITES = ("insert", "delete", "update", "merge")
 _OWN_KEY_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
 _ENV_KEY_OPTIONS = ("access_key_id_env", "secret_access_key_env")
 _FORMAT_OPTIONS = ("delim", "header", "quote", "escape", "nullstr")
@@ -84,10 +97,13 @@ class ExternalSources:
         con: duckdb.DuckDBPyConnection,
         resolve_name: Callable[[Sequence[str]], TableIdent],
         remote_rewriter: RemoteRewriter | None = None,
+        remote_scanner: RemoteScanner | None = None,
     ) -> None:
         """Checks the file table function prefixes against every governed table location now (start-up).
-        ``remote_rewriter``: OPTIMIZE rewrites on the session's workers (None: locally)."""
+        ``remote_rewriter``: OPTIMIZE rewrites on the session's workers (None: locally); ``remote_scanner``:
+        external Parquet tables are read on the session's workers (None, or None returned: locally)."""
         self._config = config
+        self._remote_scanner = remote_scanner
         self._remote_rewriter = remote_rewriter
         self._provider = provider
         self._parser = parser
@@ -102,8 +118,8 @@ class ExternalSources:
             else None
         )
         self._ids = itertools.count(1)
-        self._registered: OrderedDict[str, FileStream] = OrderedDict()
-        self.last_streams: list[FileStream] = []
+        self._registered: OrderedDict[str, ArrowSource] = OrderedDict()
+        self.last_streams: list[ArrowSource] = []
         if self.policy.object_store:
             self.governed.refresh()
             self.governed.check_prefixes(self.policy.object_store)
@@ -222,6 +238,7 @@ class ExternalSources:
     def rewrite(self, statement: Statement) -> Statement:
         """The statement with file calls and external tables replaced by registered streams."""
         self.last_streams = []
+        self.refuse_write(statement)
         if statement.kind not in _REWRITABLE:
             return statement
         body = statement.text if statement.kind == "select" else statement.body
@@ -234,6 +251,15 @@ class ExternalSources:
             return dataclasses.replace(statement, text=new_body)
         head = statement.text[: len(statement.text) - len(body)]
         return dataclasses.replace(statement, text=head + new_body, body=new_body)
+
+    def refuse_write(self, statement: Statement) -> None:
+        """INSERT, DELETE, UPDATE and MERGE into an external table: refused (SQE has no write path through a
+        mount, whatever rights its keys have)."""
+        if statement.kind not in _WRITES or not statement.target or not self._has_external_tables():
+            return
+        name = str(self._resolve_name(statement.target))
+        if self._store().get(name) is not None:
+            raise ExternalAccessError(f"{name} is an external table: SQE reads mounts only and never writes to them")
 
     def explain_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """EXPLAIN's Iceberg rows plus one per file source of the latest rewrite, every row with every key."""
@@ -285,13 +311,19 @@ class ExternalSources:
             table = tables[key]
             assert table is not None
             filter_ = filters.get(key) if counts[key] == 1 else None
-            name = self._register(FileStream(self._mount_source(table, filter_)))
+            name = self._register(self._mount_stream(self._resolve_name(ref.parts), table, filter_))
             yield ref.start, ref.end, f"{name} AS {quote_ident(ref.alias or ref.parts[-1])}" if not ref.alias else name
 
-    def _mount_source(self, table: ExternalTable, filter_: ds.Expression | None) -> Any:
-        assert self.store is not None
-        keys = self.store.keys_of(table)
-        credentials = self._credentials_for(table, keys)
+    def _mount_stream(self, ident: TableIdent, table: ExternalTable, filter_: ds.Expression | None) -> ArrowSource:
+        """The local stream over the mount's pruned files, or its worker twin when workers are configured."""
+        credentials = self._credentials_for(table, self._store().keys_of(table))
+        local = FileStream(self._mount_source(table, filter_, credentials))
+        if self._remote_scanner is None:
+            return local
+        remote = self._remote_scanner(ident, table.location, local, credentials)
+        return local if remote is None else remote
+
+    def _mount_source(self, table: ExternalTable, filter_: ds.Expression | None, credentials: CredentialSet) -> Any:
         if table.key_source == "static":
             self.governed.refresh()
             self.governed.check_prefixes([table.location])
@@ -336,7 +368,7 @@ class ExternalSources:
                 filters[key] = combined
         return filters
 
-    def _register(self, stream: FileStream) -> str:
+    def _register(self, stream: ArrowSource) -> str:
         name = f"{REWRITTEN_PREFIX}{next(self._ids)}"
         self._con.register(name, stream)
         self._registered[name] = stream

@@ -186,3 +186,21 @@ def _explained(session: Any, sql: str, section: str) -> dict[str, str]:
     found = {r["property"]: r["value"] for r in rows if r["section"] == section}
     assert found, f"no EXPLAIN section {section!r}"
     return found
+
+
+def test_writes_into_an_external_table_are_refused(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, sales: str, tmp_path: Path
+) -> None:
+    with connect(tmp_path, catalog_server, engine_writer, static=True) as s:
+        s.sql(create_sql(sales, "ext.readonly"))
+        label = f"{catalog_server.warehouse}.ext.readonly"
+        for sql in (
+            "INSERT INTO ext.readonly VALUES (9, 1.0, 'eu')",
+            "INSERT INTO ext.readonly SELECT * FROM ext.readonly",
+            "DELETE FROM ext.readonly WHERE id = 1",
+            "UPDATE ext.readonly SET amount = 0",
+        ):
+            with pytest.raises(ExternalAccessError) as caught:
+                s.sql(sql)
+            assert str(caught.value) == f"{label} is an external table: SQE reads mounts only and never writes to them"
+        assert s.sql("SELECT count(*) AS n FROM ext.readonly").arrow().to_pylist() == [{"n": 3}]

@@ -29,6 +29,7 @@ from sqe.credentials import (
 )
 from sqe.distributed.coordinator.client import WorkerClient
 from sqe.distributed.coordinator.credentials import TableCredentials, check_coverage, static_set, ticket_sets
+from sqe.distributed.coordinator.external import ExternalScanPlan
 from sqe.distributed.coordinator.options import DistributedOptions
 from sqe.distributed.coordinator.push import CredentialPusher, PushObserver
 from sqe.distributed.coordinator.refresh import CredentialRefresher, RefreshedSets
@@ -116,8 +117,13 @@ class DistributedExecutor:
 
     # -- credentials -----------------------------------------------------------------------------------
 
-    def table_credentials(self, plan: ScanPlan) -> TableCredentials:
-        """The sets the tickets of ``plan`` may carry under ``distributed_credentials``; fails early and clearly."""
+    def table_credentials(self, plan: ScanPlan | ExternalScanPlan) -> TableCredentials:
+        """The sets the tickets of ``plan`` may carry under ``distributed_credentials``; fails early and clearly.
+
+        An external table's plan carries its own: the mount's keys or the ``[storage]`` pair (source ``static``),
+        whatever ``distributed_credentials`` says (there is no catalog to vend for it)."""
+        if isinstance(plan, ExternalScanPlan):
+            return plan.credentials
         return self.credentials_for(plan.ident, plan.loaded, plan.tasks)
 
     def credentials_for(
@@ -187,7 +193,7 @@ class DistributedExecutor:
         return found
 
     def record_batches(
-        self, plan: ScanPlan, *, context: QueryContext, query_id: str, run: int
+        self, plan: ScanPlan | ExternalScanPlan, *, context: QueryContext, query_id: str, run: int
     ) -> Iterator[pa.RecordBatch]:
         """Stream the plan's restricted batches from the workers (fragment order is not preserved)."""
         return ScanRun(self, plan, context, query_id, run).batches()

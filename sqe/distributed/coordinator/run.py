@@ -28,6 +28,7 @@ from sqe._text import first_line
 from sqe.credentials import StorageSettings
 from sqe.distributed.coordinator.client import WorkerClient
 from sqe.distributed.coordinator.credentials import TableCredentials, wire_table_id
+from sqe.distributed.coordinator.external import ExternalScanPlan
 from sqe.distributed.coordinator.failures import AttemptFailure, classify_rpc_error
 from sqe.distributed.coordinator.fragments import Fragment, plan_fragments
 from sqe.distributed.coordinator.refresh import Holder
@@ -39,6 +40,8 @@ from sqe.execution.local import QueryCancelledError, ScanMetrics
 from sqe.execution.stream import QueryContext, conform_batch
 
 if TYPE_CHECKING:
+    from pyiceberg.table.metadata import TableMetadata
+
     from sqe.distributed.coordinator.executor import DistributedExecutor
     from sqe.planning.planner import ScanPlan
 
@@ -70,7 +73,12 @@ class ScanRun:
     """One pass over a plan: slot threads run fragments on workers, the caller's thread yields committed batches."""
 
     def __init__(
-        self, executor: DistributedExecutor, plan: ScanPlan, context: QueryContext, query_id: str, run: int
+        self,
+        executor: DistributedExecutor,
+        plan: ScanPlan | ExternalScanPlan,
+        context: QueryContext,
+        query_id: str,
+        run: int,
     ) -> None:
         self._executor = executor
         self._options = executor.options
@@ -96,6 +104,11 @@ class ScanRun:
         self._credentials: TableCredentials | None = None
         self._metadata_json = b""
 
+    def _table_metadata(self) -> TableMetadata:
+        """An Iceberg table's loaded metadata, or an external table's synthesized one."""
+        plan = self._plan
+        return plan.metadata if isinstance(plan, ExternalScanPlan) else plan.loaded.table.metadata
+
     # -- consumer ----------------------------------------------------------------------------------------
 
     def batches(self) -> Iterator[pa.RecordBatch]:
@@ -105,7 +118,7 @@ class ScanRun:
         if not self._fragments:
             return
         self._credentials = self._executor.table_credentials(self._plan)
-        self._metadata_json = trim_metadata(self._plan.loaded.table.metadata)
+        self._metadata_json = trim_metadata(self._table_metadata())
         threads = [
             threading.Thread(target=self._slot, args=(client,), name=f"sqe-fragment-{client.address}", daemon=True)
             for client in self._executor.clients
@@ -319,7 +332,7 @@ class ScanRun:
             query_id=self._query_id,
             fragment_id=attempt.fragment_id,
             table=wire_table_id(plan.ident),
-            metadata=plan.loaded.table.metadata,
+            metadata=self._table_metadata(),
             metadata_json=self._metadata_json,
             read_schema=plan.read.projected_schema,
             output_field_ids=plan.output_field_ids,
