@@ -229,6 +229,13 @@ class Grant:
 
 _NAME_LEN = 128
 _metadata = METADATA  # the catalog's one MetaData (restrictions' tables live on it too)
+
+
+def _key_ref(name: str, target: str) -> Column[str]:
+    """A primary-key column naming a ``target`` ("table.column") row; the row goes when its target does."""
+    return Column(name, String(_NAME_LEN), ForeignKey(target, ondelete="CASCADE"), primary_key=True)
+
+
 _principals = Table(
     "sqe_principals",
     _metadata,
@@ -244,63 +251,33 @@ _principals = Table(
 _readers = Table(
     "sqe_readers",
     _metadata,
-    Column(
-        "principal_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principals.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _key_ref("principal_name", "sqe_principals.name"),
 )
 _roles = Table("sqe_principal_roles", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
 _groups = Table("sqe_groups", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
 _role_assignments = Table(
     "sqe_principal_role_assignments",
     _metadata,
-    Column(
-        "principal_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principals.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
-    Column(
-        "role_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principal_roles.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _key_ref("principal_name", "sqe_principals.name"),
+    _key_ref("role_name", "sqe_principal_roles.name"),
 )
 _group_members = Table(
     "sqe_group_members",
     _metadata,
-    Column(
-        "principal_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principals.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
-    Column("group_name", String(_NAME_LEN), ForeignKey("sqe_groups.name", ondelete="CASCADE"), primary_key=True),
+    _key_ref("principal_name", "sqe_principals.name"),
+    _key_ref("group_name", "sqe_groups.name"),
 )
 _group_roles = Table(
     "sqe_group_role_assignments",
     _metadata,
-    Column("group_name", String(_NAME_LEN), ForeignKey("sqe_groups.name", ondelete="CASCADE"), primary_key=True),
-    Column(
-        "role_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principal_roles.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _key_ref("group_name", "sqe_groups.name"),
+    _key_ref("role_name", "sqe_principal_roles.name"),
 )
 # Empty strings, not NULLs, mark "no namespace"/"no table" so the primary key stays a plain unique key.
 _grants = Table(
     "sqe_grants",
     _metadata,
-    Column(
-        "role_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principal_roles.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _key_ref("role_name", "sqe_principal_roles.name"),
     Column("privilege", String(64), primary_key=True),
     Column("warehouse", String(255), primary_key=True),
     Column("namespace", String(1024), primary_key=True),
