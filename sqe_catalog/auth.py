@@ -815,12 +815,8 @@ class AuthStore:
         return client_id, client_secret
 
     def delete_principal(self, name: str) -> None:
-        with self._engine.begin() as conn:
-            conn.execute(delete(_role_assignments).where(_role_assignments.c.principal_name == name))
-            conn.execute(delete(_group_members).where(_group_members.c.principal_name == name))
-            conn.execute(delete(_readers).where(_readers.c.principal_name == name))
-            if conn.execute(delete(_principals).where(_principals.c.name == name)).rowcount == 0:
-                raise NoSuchPrincipalError(f"principal {name} does not exist")
+        links = (_role_assignments.c.principal_name, _group_members.c.principal_name, _readers.c.principal_name)
+        self._delete_with_links(_principals, name, links, NoSuchPrincipalError(f"principal {name} does not exist"))
 
     def list_principals(self) -> list[Principal]:
         """Every principal with all its effective roles (direct and through groups); no secrets."""
@@ -837,18 +833,16 @@ class AuthStore:
     # --- roles ------------------------------------------------------------------------------------
 
     def create_role(self, role: str) -> None:
-        _validate_name("principal role", role)
         if role == _ALL_ROLES:
             raise BadRequestError("ALL is reserved (scope PRINCIPAL_ROLE:ALL) and cannot name a role")
-        self._insert_new(_roles, {"name": role}, f"principal role {role} already exists")
+        self._create_named(_roles, "principal role", role)
 
     def delete_role(self, role: str) -> None:
         links = (_grants.c.role_name, _role_assignments.c.role_name, _group_roles.c.role_name)
-        self._delete_with_links(_roles, role, links, f"principal role {role} does not exist")
+        self._delete_with_links(_roles, role, links, NotFoundError(f"principal role {role} does not exist"))
 
     def assign_role(self, principal: str, role: str) -> None:
         """Give ``principal`` the role; assigning a role it already holds is a no-op."""
-
         self._link(_role_assignments, {"principal_name": principal, "role_name": role})
 
     def unassign_role(self, principal: str, role: str) -> None:
@@ -858,12 +852,11 @@ class AuthStore:
     # --- groups -----------------------------------------------------------------------------------
 
     def create_group(self, group: str) -> None:
-        _validate_name("group", group)
-        self._insert_new(_groups, {"name": group}, f"group {group} already exists")
+        self._create_named(_groups, "group", group)
 
     def delete_group(self, group: str) -> None:
         links = (_group_members.c.group_name, _group_roles.c.group_name)
-        self._delete_with_links(_groups, group, links, f"group {group} does not exist")
+        self._delete_with_links(_groups, group, links, NotFoundError(f"group {group} does not exist"))
 
     def add_to_group(self, principal: str, group: str) -> None:
         self._link(_group_members, {"principal_name": principal, "group_name": group})
@@ -998,13 +991,18 @@ class AuthStore:
 
         self._write(run)
 
-    def _delete_with_links(self, table: Table, name: str, links: Sequence[Column[str]], missing: str) -> None:
+    def _create_named(self, table: Table, kind: str, name: str) -> None:
+        """Add the row ``name`` to a table of names (roles, groups); AlreadyExistsError when it is there."""
+        _validate_name(kind, name)
+        self._insert_new(table, {"name": name}, f"{kind} {name} already exists")
+
+    def _delete_with_links(self, table: Table, name: str, links: Sequence[Column[str]], missing: NotFoundError) -> None:
         """Delete the row ``name`` of ``table`` and every row of other tables whose ``links`` column names it."""
         with self._engine.begin() as conn:
             for column in links:
                 conn.execute(delete(column.table).where(column == name))
             if conn.execute(delete(table).where(table.c.name == name)).rowcount == 0:
-                raise NotFoundError(missing)
+                raise missing
 
     def _require_ends(self, conn: Connection, row: dict[str, str]) -> None:
         """Check, in the row's order, that the principal, group or role each column names exists."""
