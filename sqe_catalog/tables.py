@@ -486,29 +486,31 @@ class WarehouseTables:
     def _admit(
         self, namespace: Namespace, name: str, metadata_location: str, actor: str, action: str, stamp: Any = None
     ) -> StoredTable:
-        self._check_inside_warehouse(metadata_location, "metadata-location")
-        parsed = self._read_fresh(metadata_location)
-        self._check_properties(parsed.metadata.properties)
+        parsed = self._read_for_admission(metadata_location)
         with self._location_lock:
-            self._check_new_locations(table_locations(parsed.metadata.location, parsed.metadata.properties), None)
+            self._check_admitted_locations(parsed, exclude=None)
             # Trust on first use of exactly the revision read here; row + pin + audit event in one transaction.
             self.integrity.admit(_s(namespace), name, metadata_location, parsed, actor, action, stamp)
         return self.load_table(namespace, name)
 
-    def _read_fresh(self, metadata_location: str) -> ParsedMetadata:
-        return self._read_parsed(metadata_location, fresh=True)
+    def _read_for_admission(self, metadata_location: str) -> ParsedMetadata:
+        """Read a revision to admit, fresh from storage, after checking it is inside the warehouse; its
+        properties must be ones a client may set."""
+        self._check_inside_warehouse(metadata_location, "metadata-location")
+        parsed = self._read_parsed(metadata_location, fresh=True)
+        self._check_properties(parsed.metadata.properties)
+        return parsed
+
+    def _check_admitted_locations(self, parsed: ParsedMetadata, exclude: tuple[Namespace, str] | None) -> None:
+        self._check_new_locations(table_locations(parsed.metadata.location, parsed.metadata.properties), exclude)
 
     def _reregister(
         self, namespace: Namespace, name: str, location: str, actor: str, action: str, stamp: Any = None
     ) -> StoredTable:
         """Point an existing table at another revision (register overwrite, notification update)."""
-        self._check_inside_warehouse(location, "metadata-location")
-        parsed = self._read_fresh(location)
-        self._check_properties(parsed.metadata.properties)
+        parsed = self._read_for_admission(location)
         with self._location_lock:
-            self._check_new_locations(
-                table_locations(parsed.metadata.location, parsed.metadata.properties), exclude=(namespace, name)
-            )
+            self._check_admitted_locations(parsed, exclude=(namespace, name))
             current = self._metadata_location(namespace, name)
             if current is None:
                 raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")

@@ -30,6 +30,9 @@ __all__ = ["IntegrityGuard"]
 log = logging.getLogger("sqe_catalog.integrity")
 
 Namespace = tuple[str, ...]
+Requirements = tuple[TableRequirement, ...]
+Updates = tuple[TableUpdate, ...]
+Written = tuple[str, ParsedMetadata]  # (new metadata location, the revision written there)
 ReadParsed = Callable[..., ParsedMetadata]  # (location, fresh=False) -> ParsedMetadata, errors translated
 LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revision claims
 # Records a notification's timestamp inside the transaction that carries it out (raises when it is stale).
@@ -99,30 +102,18 @@ class IntegrityGuard:
 
     # -- writes --------------------------------------------------------------------------------------------
 
-    def create(self, namespace: Namespace, name: str, metadata: TableMetadata) -> tuple[str, ParsedMetadata]:
+    def create(self, namespace: Namespace, name: str, metadata: TableMetadata) -> Written:
         table = self.ref(namespace, name)
         return admission.write_new_table(self._catalog, table, with_next_row_id(metadata), self._also(table))
 
-    def commit_create(
-        self,
-        namespace: Namespace,
-        name: str,
-        requirements: tuple[TableRequirement, ...],
-        updates: tuple[TableUpdate, ...],
-    ) -> tuple[str, ParsedMetadata]:
+    def commit_create(self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates) -> Written:
         """A create transaction's commit: the new table starts protected."""
         staged = self._catalog._update_and_stage_table(None, (*namespace, name), requirements, updates)
         check_snapshot_lineage(staged.metadata.format_version, updates)
         table = self.ref(namespace, name)
         return admission.write_new_table(self._catalog, table, with_next_row_id(staged.metadata), self._also(table))
 
-    def commit(
-        self,
-        namespace: Namespace,
-        name: str,
-        requirements: tuple[TableRequirement, ...],
-        updates: tuple[TableUpdate, ...],
-    ) -> tuple[str, ParsedMetadata]:
+    def commit(self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates) -> Written:
         """Commit to a protected table: verify the base, apply, check the pin, swap pointer + pin together."""
         table = self.ref(namespace, name)
         trusted = self.trusted(namespace, name)
