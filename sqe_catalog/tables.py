@@ -438,14 +438,18 @@ class WarehouseTables:
         with self._location_lock:
             self._check_new_locations(table_locations(location, create.properties), exclude=None)
         with _client_value_errors():
-            metadata = new_table_metadata(
-                schema=create.schema,
-                partition_spec=create.partition_spec,
-                sort_order=create.sort_order,
-                location=location,
-                properties=self.integrity.create_properties(create.schema, create.properties),
-            )
+            metadata = self._new_metadata(create, location)
         return StoredTable(namespace, create.name, None, metadata)
+
+    def _new_metadata(self, create: TableCreate, location: str) -> TableMetadata:
+        """A new table's first metadata, carrying the integrity properties a new table starts with."""
+        return new_table_metadata(
+            schema=create.schema,
+            partition_spec=create.partition_spec,
+            sort_order=create.sort_order,
+            location=location,
+            properties=self.integrity.create_properties(create.schema, create.properties),
+        )
 
     def _prepare_create(self, namespace: Namespace, create: TableCreate) -> str:
         """Checks shared by create and stage-create; returns the table location."""
@@ -464,13 +468,7 @@ class WarehouseTables:
         with self._location_lock:
             self._check_new_locations(table_locations(location, create.properties), exclude=None)
             with _translated(namespace, create.name), _client_value_errors():
-                metadata = new_table_metadata(
-                    schema=create.schema,
-                    partition_spec=create.partition_spec,
-                    sort_order=create.sort_order,
-                    location=location,
-                    properties=self.integrity.create_properties(create.schema, create.properties),
-                )
+                metadata = self._new_metadata(create, location)
             self.integrity.create(_s(namespace), create.name, metadata)  # row + pin in one transaction
         return self.load_table(namespace, create.name)
 
