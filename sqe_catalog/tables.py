@@ -61,6 +61,7 @@ from sqe_catalog.identifiers import (
     validate_name,
     validate_namespace,
 )
+from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
 from sqe_catalog.integrity.guard import IntegrityGuard
 
@@ -488,7 +489,7 @@ class WarehouseTables:
         with self._location_lock:
             self._check_admitted_locations(parsed, exclude=None)
             # Trust on first use of exactly the revision read here; row + pin + audit event in one transaction.
-            self.integrity.admit(_s(namespace), name, metadata_location, parsed, actor, action, stamp)
+            self.integrity.admit(_s(namespace), name, Admission(metadata_location, parsed, actor, action), stamp)
         return self.load_table(namespace, name)
 
     def _read_for_admission(self, metadata_location: str) -> ParsedMetadata:
@@ -512,7 +513,8 @@ class WarehouseTables:
             current = self._metadata_location(namespace, name)
             if current is None:
                 raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-            self.integrity.readmit(_s(namespace), name, current, location, parsed, actor, action, stamp)
+            admitted = Admission(location, parsed, actor, action)
+            self.integrity.readmit(_s(namespace), name, current, admitted, stamp)
         return self.load_table(namespace, name)
 
     def notify(self, namespace: Namespace, name: str, notification: Any, actor: str) -> None:

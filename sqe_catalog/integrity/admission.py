@@ -19,6 +19,7 @@ Legacy tables (no pin) never pass through here except to be left alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
@@ -202,16 +203,19 @@ def _swap_pointer(conn: Connection, catalog: SqlCatalog, table: TableRef, expect
         raise CommitFailedError(f"table {table} has been updated concurrently")
 
 
-def admit_new(
-    catalog: SqlCatalog,
-    table: TableRef,
-    location: str,
-    parsed: ParsedMetadata,
-    actor: str,
-    action: str,
-    also: AlsoInTransaction = _no_more,
-) -> None:
+@dataclass(frozen=True)
+class Admission:
+    """A revision read to be admitted as a table's current one, and who asked for it through which action."""
+
+    location: str
+    parsed: ParsedMetadata
+    actor: str
+    action: str
+
+
+def admit_new(catalog: SqlCatalog, table: TableRef, admission: Admission, also: AlsoInTransaction = _no_more) -> None:
     """Trust-on-first-use admission of the exact revision read (register new, notification of a missing table)."""
+    location, parsed, actor, action = admission.location, admission.parsed, admission.actor, admission.action
     trusted = candidate_state(table, location, parsed, None)
     try:
         with catalog.engine.begin() as conn:
@@ -228,13 +232,11 @@ def readmit(
     catalog: SqlCatalog,
     table: TableRef,
     trusted: TrustedState,
-    location: str,
-    parsed: ParsedMetadata,
-    actor: str,
-    action: str,
+    admission: Admission,
     also: AlsoInTransaction = _no_more,
 ) -> None:
     """Re-admission of a protected table (register overwrite, plaintext notification update): same key id."""
+    location, parsed, actor, action = admission.location, admission.parsed, admission.actor, admission.action
     new_state = candidate_state(table, location, parsed, trusted)
     with catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, trusted.metadata_location, location)
