@@ -45,31 +45,25 @@ _UNSUPPORTED_CHOICES: dict[str, dict[str, str]] = {
 }
 
 
-class SiblingWarehouseConfig(ConfigSection):
-    """A sibling warehouse (``[[catalog.warehouses]]``); unset connection settings come from ``[catalog]``."""
+class CatalogAuth(ConfigSection):
+    """The catalog credentials one principal uses; ``[catalog]``, a sibling warehouse and a connection hold them."""
 
-    name: str
-    uri: Unset[str] = None
     client_id: Unset[str] = None
     client_secret: Unset[SecretStr] = None
     token: Unset[SecretStr] = None
+    # The engine's trusted-reader identity: when set, every catalog call uses a token delegated by the end
+    # user (subject) to this reader (actor), obtained by OAuth token exchange (RFC 8693).
     reader_client_id: Unset[str] = None
     reader_client_secret: Unset[SecretStr] = None
 
+    def auth_settings(self) -> dict[str, Any]:
+        """These credentials as keyword arguments, to hand on as one unit (never mixed with another's)."""
+        return {name: getattr(self, name) for name in CatalogAuth.model_fields}
 
-class CatalogConnection(ConfigSection):
-    """Everything needed to talk to one warehouse's catalog, inheritance from ``[catalog]`` resolved."""
-
-    warehouse: str
-    uri: str
-    scope: str
-    client_id: str | None = None
-    client_secret: SecretStr | None = None
-    token: SecretStr | None = None
-    # The engine's trusted-reader identity: when set, every catalog call uses a token delegated by the end
-    # user above (subject) to this reader (actor), obtained by OAuth token exchange (RFC 8693).
-    reader_client_id: str | None = None
-    reader_client_secret: SecretStr | None = None
+    @property
+    def sets_auth(self) -> bool:
+        """True when any credential setting is given."""
+        return any(value is not None for value in self.auth_settings().values())
 
     def client_secret_value(self) -> str | None:
         """The OAuth client secret, for the token request only."""
@@ -79,24 +73,34 @@ class CatalogConnection(ConfigSection):
         """The reader's OAuth client secret, for its token request only."""
         return reveal(self.reader_client_secret)
 
-    @property
-    def delegates(self) -> bool:
-        """True when calls go through a trusted reader acting for the end user."""
-        return bool(self.reader_client_id)
-
     def token_value(self) -> str | None:
         """The static bearer token, for the Authorization header only."""
         return reveal(self.token)
 
 
-class CatalogConfig(ConfigSection):
+class SiblingWarehouseConfig(CatalogAuth):
+    """A sibling warehouse (``[[catalog.warehouses]]``); unset connection settings come from ``[catalog]``."""
+
+    name: str
+    uri: Unset[str] = None
+
+
+class CatalogConnection(CatalogAuth):
+    """Everything needed to talk to one warehouse's catalog, inheritance from ``[catalog]`` resolved."""
+
+    warehouse: str
+    uri: str
+    scope: str
+
+    @property
+    def delegates(self) -> bool:
+        """True when calls go through a trusted reader acting for the end user."""
+        return bool(self.reader_client_id)
+
+
+class CatalogConfig(CatalogAuth):
     uri: str
     warehouse: str
-    client_id: Unset[str] = None
-    client_secret: Unset[SecretStr] = None
-    token: Unset[SecretStr] = None
-    reader_client_id: Unset[str] = None
-    reader_client_secret: Unset[SecretStr] = None
     scope: str = "PRINCIPAL_ROLE:ALL"
     access_delegation: AccessDelegation = "none"
     require_vended_credentials: bool = False
@@ -126,39 +130,13 @@ class CatalogConfig(ConfigSection):
         """
         name = self.warehouse if warehouse is None else warehouse
         if name == self.warehouse:
-            return CatalogConnection(
-                warehouse=name,
-                uri=self.uri,
-                scope=self.scope,
-                client_id=self.client_id,
-                client_secret=self.client_secret,
-                token=self.token,
-                reader_client_id=self.reader_client_id,
-                reader_client_secret=self.reader_client_secret,
-            )
+            return CatalogConnection(warehouse=name, uri=self.uri, scope=self.scope, **self.auth_settings())
         sibling = next((w for w in self.warehouses if w.name == name), None)
         if sibling is None:
             raise ConfigError(f"unknown warehouse {name!r}; configured: {', '.join(self.warehouse_names)}")
-        own_auth = any(
-            v is not None
-            for v in (
-                sibling.client_id,
-                sibling.client_secret,
-                sibling.token,
-                sibling.reader_client_id,
-                sibling.reader_client_secret,
-            )
-        )
-        source: SiblingWarehouseConfig | CatalogConfig = sibling if own_auth else self
+        source: CatalogAuth = sibling if sibling.sets_auth else self
         return CatalogConnection(
-            warehouse=name,
-            uri=sibling.uri or self.uri,
-            scope=self.scope,
-            client_id=source.client_id,
-            client_secret=source.client_secret,
-            token=source.token,
-            reader_client_id=source.reader_client_id,
-            reader_client_secret=source.reader_client_secret,
+            warehouse=name, uri=sibling.uri or self.uri, scope=self.scope, **source.auth_settings()
         )
 
 

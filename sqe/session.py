@@ -782,11 +782,7 @@ class Session:
         self._provider.invalidate(loaded.ident)  # the cached entry describes the table before this commit
 
     def _exists(self, ident: TableIdent) -> bool:
-        try:
-            self._provider.load_table(ident)
-        except NoSuchTableError:
-            return False
-        return True
+        return _loads(self._provider.load_table, ident)
 
     # -- catalog statements -----------------------------------------------------------------------------
 
@@ -865,11 +861,7 @@ class Session:
         return _status(f"created view {ident}")
 
     def _view_exists(self, ident: TableIdent) -> bool:
-        try:
-            self._provider.load_view(ident)
-        except NoSuchTableError:
-            return False
-        return True
+        return _loads(self._provider.load_view, ident)
 
     def _query_schema(self, planned: _Planned) -> pa.Schema:
         """The result schema of a planned query, as Iceberg can store it (no rows are read)."""
@@ -1122,3 +1114,12 @@ def _duck_message(exc: BaseException) -> str:
     line = first_line(exc)
     detail = line.find(". Detail: Python exception")
     return line[:detail] if detail >= 0 else line
+
+
+def _loads(load: Callable[[TableIdent], object], ident: TableIdent) -> bool:
+    """True when ``load`` finds ``ident``; any other failure than "no such table" propagates."""
+    try:
+        load(ident)
+    except NoSuchTableError:
+        return False
+    return True

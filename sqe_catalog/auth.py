@@ -229,6 +229,13 @@ class Grant:
 
 _NAME_LEN = 128
 _metadata = METADATA  # the catalog's one MetaData (restrictions' tables live on it too)
+
+
+def _key_ref(name: str, target: str) -> Column[str]:
+    """A primary-key column naming a ``target`` ("table.column") row; the row goes when its target does."""
+    return Column(name, String(_NAME_LEN), ForeignKey(target, ondelete="CASCADE"), primary_key=True)
+
+
 _principals = Table(
     "sqe_principals",
     _metadata,
@@ -244,63 +251,33 @@ _principals = Table(
 _readers = Table(
     "sqe_readers",
     _metadata,
-    Column(
-        "principal_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principals.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _key_ref("principal_name", "sqe_principals.name"),
 )
 _roles = Table("sqe_principal_roles", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
 _groups = Table("sqe_groups", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
 _role_assignments = Table(
     "sqe_principal_role_assignments",
     _metadata,
-    Column(
-        "principal_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principals.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
-    Column(
-        "role_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principal_roles.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _key_ref("principal_name", "sqe_principals.name"),
+    _key_ref("role_name", "sqe_principal_roles.name"),
 )
 _group_members = Table(
     "sqe_group_members",
     _metadata,
-    Column(
-        "principal_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principals.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
-    Column("group_name", String(_NAME_LEN), ForeignKey("sqe_groups.name", ondelete="CASCADE"), primary_key=True),
+    _key_ref("principal_name", "sqe_principals.name"),
+    _key_ref("group_name", "sqe_groups.name"),
 )
 _group_roles = Table(
     "sqe_group_role_assignments",
     _metadata,
-    Column("group_name", String(_NAME_LEN), ForeignKey("sqe_groups.name", ondelete="CASCADE"), primary_key=True),
-    Column(
-        "role_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principal_roles.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _key_ref("group_name", "sqe_groups.name"),
+    _key_ref("role_name", "sqe_principal_roles.name"),
 )
 # Empty strings, not NULLs, mark "no namespace"/"no table" so the primary key stays a plain unique key.
 _grants = Table(
     "sqe_grants",
     _metadata,
-    Column(
-        "role_name",
-        String(_NAME_LEN),
-        ForeignKey("sqe_principal_roles.name", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _key_ref("role_name", "sqe_principal_roles.name"),
     Column("privilege", String(64), primary_key=True),
     Column("warehouse", String(255), primary_key=True),
     Column("namespace", String(1024), primary_key=True),
@@ -838,12 +815,8 @@ class AuthStore:
         return client_id, client_secret
 
     def delete_principal(self, name: str) -> None:
-        with self._engine.begin() as conn:
-            conn.execute(delete(_role_assignments).where(_role_assignments.c.principal_name == name))
-            conn.execute(delete(_group_members).where(_group_members.c.principal_name == name))
-            conn.execute(delete(_readers).where(_readers.c.principal_name == name))
-            if conn.execute(delete(_principals).where(_principals.c.name == name)).rowcount == 0:
-                raise NoSuchPrincipalError(f"principal {name} does not exist")
+        links = (_role_assignments.c.principal_name, _group_members.c.principal_name, _readers.c.principal_name)
+        self._delete_with_links(_principals, name, links, NoSuchPrincipalError(f"principal {name} does not exist"))
 
     def list_principals(self) -> list[Principal]:
         """Every principal with all its effective roles (direct and through groups); no secrets."""
@@ -860,91 +833,43 @@ class AuthStore:
     # --- roles ------------------------------------------------------------------------------------
 
     def create_role(self, role: str) -> None:
-        _validate_name("principal role", role)
         if role == _ALL_ROLES:
             raise BadRequestError("ALL is reserved (scope PRINCIPAL_ROLE:ALL) and cannot name a role")
-        self._insert_new(_roles, {"name": role}, f"principal role {role} already exists")
+        self._create_named(_roles, "principal role", role)
 
     def delete_role(self, role: str) -> None:
-        with self._engine.begin() as conn:
-            conn.execute(delete(_grants).where(_grants.c.role_name == role))
-            conn.execute(delete(_role_assignments).where(_role_assignments.c.role_name == role))
-            conn.execute(delete(_group_roles).where(_group_roles.c.role_name == role))
-            if conn.execute(delete(_roles).where(_roles.c.name == role)).rowcount == 0:
-                raise NotFoundError(f"principal role {role} does not exist")
+        links = (_grants.c.role_name, _role_assignments.c.role_name, _group_roles.c.role_name)
+        self._delete_with_links(_roles, role, links, NotFoundError(f"principal role {role} does not exist"))
 
     def assign_role(self, principal: str, role: str) -> None:
         """Give ``principal`` the role; assigning a role it already holds is a no-op."""
-
-        def run(conn: Connection) -> None:
-            self._require_principal(conn, principal)
-            self._require_role(conn, role)
-            self._insert_missing(conn, _role_assignments, {"principal_name": principal, "role_name": role})
-
-        self._write(run)
+        self._link(_role_assignments, {"principal_name": principal, "role_name": role})
 
     def unassign_role(self, principal: str, role: str) -> None:
-        def run(conn: Connection) -> None:
-            self._require_principal(conn, principal)
-            self._require_role(conn, role)
-            stmt = delete(_role_assignments).where(
-                _role_assignments.c.principal_name == principal, _role_assignments.c.role_name == role
-            )
-            if conn.execute(stmt).rowcount == 0:
-                raise NotFoundError(f"principal {principal} does not hold role {role} directly")
-
-        self._write(run)
+        row = {"principal_name": principal, "role_name": role}
+        self._unlink(_role_assignments, row, f"principal {principal} does not hold role {role} directly")
 
     # --- groups -----------------------------------------------------------------------------------
 
     def create_group(self, group: str) -> None:
-        _validate_name("group", group)
-        self._insert_new(_groups, {"name": group}, f"group {group} already exists")
+        self._create_named(_groups, "group", group)
 
     def delete_group(self, group: str) -> None:
-        with self._engine.begin() as conn:
-            conn.execute(delete(_group_members).where(_group_members.c.group_name == group))
-            conn.execute(delete(_group_roles).where(_group_roles.c.group_name == group))
-            if conn.execute(delete(_groups).where(_groups.c.name == group)).rowcount == 0:
-                raise NotFoundError(f"group {group} does not exist")
+        links = (_group_members.c.group_name, _group_roles.c.group_name)
+        self._delete_with_links(_groups, group, links, NotFoundError(f"group {group} does not exist"))
 
     def add_to_group(self, principal: str, group: str) -> None:
-        def run(conn: Connection) -> None:
-            self._require_principal(conn, principal)
-            self._require_group(conn, group)
-            self._insert_missing(conn, _group_members, {"principal_name": principal, "group_name": group})
-
-        self._write(run)
+        self._link(_group_members, {"principal_name": principal, "group_name": group})
 
     def remove_from_group(self, principal: str, group: str) -> None:
-        def run(conn: Connection) -> None:
-            self._require_principal(conn, principal)
-            self._require_group(conn, group)
-            stmt = delete(_group_members).where(
-                _group_members.c.principal_name == principal, _group_members.c.group_name == group
-            )
-            if conn.execute(stmt).rowcount == 0:
-                raise NotFoundError(f"principal {principal} is not a member of group {group}")
-
-        self._write(run)
+        row = {"principal_name": principal, "group_name": group}
+        self._unlink(_group_members, row, f"principal {principal} is not a member of group {group}")
 
     def assign_group_role(self, group: str, role: str) -> None:
-        def run(conn: Connection) -> None:
-            self._require_group(conn, group)
-            self._require_role(conn, role)
-            self._insert_missing(conn, _group_roles, {"group_name": group, "role_name": role})
-
-        self._write(run)
+        self._link(_group_roles, {"group_name": group, "role_name": role})
 
     def unassign_group_role(self, group: str, role: str) -> None:
-        def run(conn: Connection) -> None:
-            self._require_group(conn, group)
-            self._require_role(conn, role)
-            stmt = delete(_group_roles).where(_group_roles.c.group_name == group, _group_roles.c.role_name == role)
-            if conn.execute(stmt).rowcount == 0:
-                raise NotFoundError(f"group {group} does not hold role {role}")
-
-        self._write(run)
+        self._unlink(_group_roles, {"group_name": group, "role_name": role}, f"group {group} does not hold role {role}")
 
     # --- grants -----------------------------------------------------------------------------------
 
@@ -1045,6 +970,49 @@ class AuthStore:
                 conn.execute(insert(table).values(**row))
         except IntegrityError:
             raise AlreadyExistsError(duplicate_message) from None
+
+    def _link(self, table: Table, row: dict[str, str]) -> None:
+        """Add a membership row once both ends exist; adding one that is already there is a no-op."""
+
+        def run(conn: Connection) -> None:
+            self._require_ends(conn, row)
+            self._insert_missing(conn, table, row)
+
+        self._write(run)
+
+    def _unlink(self, table: Table, row: dict[str, str], missing: str) -> None:
+        """Remove a membership row once both ends exist; NotFoundError(``missing``) when it is not there."""
+
+        def run(conn: Connection) -> None:
+            self._require_ends(conn, row)
+            stmt = delete(table).where(*(table.c[key] == value for key, value in row.items()))
+            if conn.execute(stmt).rowcount == 0:
+                raise NotFoundError(missing)
+
+        self._write(run)
+
+    def _create_named(self, table: Table, kind: str, name: str) -> None:
+        """Add the row ``name`` to a table of names (roles, groups); AlreadyExistsError when it is there."""
+        _validate_name(kind, name)
+        self._insert_new(table, {"name": name}, f"{kind} {name} already exists")
+
+    def _delete_with_links(self, table: Table, name: str, links: Sequence[Column[str]], missing: NotFoundError) -> None:
+        """Delete the row ``name`` of ``table`` and every row of other tables whose ``links`` column names it."""
+        with self._engine.begin() as conn:
+            for column in links:
+                conn.execute(delete(column.table).where(column == name))
+            if conn.execute(delete(table).where(table.c.name == name)).rowcount == 0:
+                raise missing
+
+    def _require_ends(self, conn: Connection, row: dict[str, str]) -> None:
+        """Check, in the row's order, that the principal, group or role each column names exists."""
+        checks = {
+            "principal_name": self._require_principal,
+            "group_name": self._require_group,
+            "role_name": self._require_role,
+        }
+        for column, name in row.items():
+            checks[column](conn, name)
 
     @staticmethod
     def _insert_missing(conn: Connection, table: Table, row: dict[str, str]) -> None:

@@ -58,22 +58,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (
-    Boolean,
-    Column,
-    Connection,
-    Engine,
-    Index,
-    String,
-    Table,
-    Text,
-    and_,
-    delete,
-    insert,
-    or_,
-    select,
-    update,
-)
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError
 
 from sqe import vocabulary
@@ -201,18 +187,18 @@ class GovernedLoadError(ForbiddenError):
 # ----------------------------------------------------------------------------------------------------
 # Database schema (on the catalog's one MetaData, beside the AuthStore tables)
 
-_entries = Table(
+_entries = sa.Table(
     "sqe_read_restrictions",
     METADATA,
-    Column("warehouse", String(255), primary_key=True),
-    Column("table_uuid", String(64), primary_key=True),
-    Column("subject_kind", String(16), primary_key=True),
-    Column("subject", String(128), primary_key=True),
-    Column("namespace", String(1024), nullable=False),
-    Column("table_name", String(255), nullable=False),
-    Column("restrictions", Text, nullable=False),
-    Column("checked", Boolean, nullable=False),
-    Index("sqe_read_restrictions_by_name", "warehouse", "namespace", "table_name"),
+    sa.Column("warehouse", sa.String(255), primary_key=True),
+    sa.Column("table_uuid", sa.String(64), primary_key=True),
+    sa.Column("subject_kind", sa.String(16), primary_key=True),
+    sa.Column("subject", sa.String(128), primary_key=True),
+    sa.Column("namespace", sa.String(1024), nullable=False),
+    sa.Column("table_name", sa.String(255), nullable=False),
+    sa.Column("restrictions", sa.Text, nullable=False),
+    sa.Column("checked", sa.Boolean, nullable=False),
+    sa.Index("sqe_read_restrictions_by_name", "warehouse", "namespace", "table_name"),
 )
 # AuthStore's tables (one MetaData, sqe_catalog.schema), read only to check that a named subject exists.
 _principal_names = _principals

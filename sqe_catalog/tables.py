@@ -67,6 +67,7 @@ from sqe_catalog.identifiers import (
     validate_name,
     validate_namespace,
 )
+from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
 from sqe_catalog.integrity.guard import IntegrityGuard
 
@@ -479,14 +480,18 @@ class WarehouseTables:
         with self._location_lock:
             self._check_new_locations(table_locations(location, create.properties), exclude=None)
         with _client_value_errors():
-            metadata = new_table_metadata(
-                schema=create.schema,
-                partition_spec=create.partition_spec,
-                sort_order=create.sort_order,
-                location=location,
-                properties=self.integrity.create_properties(create.schema, create.properties),
-            )
+            metadata = self._new_metadata(create, location)
         return StoredTable(namespace, create.name, None, metadata)
+
+    def _new_metadata(self, create: TableCreate, location: str) -> TableMetadata:
+        """A new table's first metadata, carrying the integrity properties a new table starts with."""
+        return new_table_metadata(
+            schema=create.schema,
+            partition_spec=create.partition_spec,
+            sort_order=create.sort_order,
+            location=location,
+            properties=self.integrity.create_properties(create.schema, create.properties),
+        )
 
     def _prepare_create(self, namespace: Namespace, create: TableCreate) -> str:
         """Checks shared by create and stage-create; returns the table location."""
@@ -505,13 +510,7 @@ class WarehouseTables:
         with self._location_lock:
             self._check_new_locations(table_locations(location, create.properties), exclude=None)
             with _translated(namespace, create.name), _client_value_errors():
-                metadata = new_table_metadata(
-                    schema=create.schema,
-                    partition_spec=create.partition_spec,
-                    sort_order=create.sort_order,
-                    location=location,
-                    properties=self.integrity.create_properties(create.schema, create.properties),
-                )
+                metadata = self._new_metadata(create, location)
             self.integrity.create(_s(namespace), create.name, metadata)  # row + pin in one transaction
         return self.load_table(namespace, create.name)
 
@@ -527,33 +526,36 @@ class WarehouseTables:
     def _admit(
         self, namespace: Namespace, name: str, metadata_location: str, actor: str, action: str, stamp: Any = None
     ) -> StoredTable:
-        self._check_inside_warehouse(metadata_location, "metadata-location")
-        parsed = self._read_fresh(metadata_location)
-        self._check_properties(parsed.metadata.properties)
+        parsed = self._read_for_admission(metadata_location)
         with self._location_lock:
-            self._check_new_locations(table_locations(parsed.metadata.location, parsed.metadata.properties), None)
+            self._check_admitted_locations(parsed, exclude=None)
             # Trust on first use of exactly the revision read here; row + pin + audit event in one transaction.
-            self.integrity.admit(_s(namespace), name, metadata_location, parsed, actor, action, stamp)
+            self.integrity.admit(_s(namespace), name, Admission(metadata_location, parsed, actor, action), stamp)
         return self.load_table(namespace, name)
 
-    def _read_fresh(self, metadata_location: str) -> ParsedMetadata:
-        return self._read_parsed(metadata_location, fresh=True)
+    def _read_for_admission(self, metadata_location: str) -> ParsedMetadata:
+        """Read a revision to admit, fresh from storage, after checking it is inside the warehouse; its
+        properties must be ones a client may set."""
+        self._check_inside_warehouse(metadata_location, "metadata-location")
+        parsed = self._read_parsed(metadata_location, fresh=True)
+        self._check_properties(parsed.metadata.properties)
+        return parsed
+
+    def _check_admitted_locations(self, parsed: ParsedMetadata, exclude: tuple[Namespace, str] | None) -> None:
+        self._check_new_locations(table_locations(parsed.metadata.location, parsed.metadata.properties), exclude)
 
     def _reregister(
         self, namespace: Namespace, name: str, location: str, actor: str, action: str, stamp: Any = None
     ) -> StoredTable:
         """Point an existing table at another revision (register overwrite, notification update)."""
-        self._check_inside_warehouse(location, "metadata-location")
-        parsed = self._read_fresh(location)
-        self._check_properties(parsed.metadata.properties)
+        parsed = self._read_for_admission(location)
         with self._location_lock:
-            self._check_new_locations(
-                table_locations(parsed.metadata.location, parsed.metadata.properties), exclude=(namespace, name)
-            )
+            self._check_admitted_locations(parsed, exclude=(namespace, name))
             current = self._metadata_location(namespace, name)
             if current is None:
                 raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-            self.integrity.readmit(_s(namespace), name, current, location, parsed, actor, action, stamp)
+            admitted = Admission(location, parsed, actor, action)
+            self.integrity.readmit(_s(namespace), name, current, admitted, stamp)
         return self.load_table(namespace, name)
 
     def notify(self, namespace: Namespace, name: str, notification: Any, actor: str) -> None:

@@ -8,7 +8,7 @@ message is for people and may say anything. Messages are one line and carry only
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import requests
@@ -51,54 +51,38 @@ PYICEBERG_CATALOG_ERRORS: tuple[type[Exception], ...] = (
     PyNoSuchNamespaceError,
 )
 
-_Build = Callable[[str, str, int], CatalogError]  # (what, detail, status) -> error
+
+@dataclass(frozen=True)
+class _Kind:
+    """One kind of catalog failure: the SQE error it becomes and its one-line message."""
+
+    error: type[CatalogError]
+    template: str  # formatted with what, detail and status
+
+    def build(self, what: str, detail: str, status: int) -> CatalogError:
+        return self.error(self.template.format(what=what, detail=detail, status=status), status)
 
 
-def _unauthorized(what: str, detail: str, status: int) -> CatalogError:
-    return AuthenticationError(f"catalog rejected our credentials for {what} ({status}): {detail}", status)
+_unauthorized = _Kind(AuthenticationError, "catalog rejected our credentials for {what} ({status}): {detail}")
+_forbidden = _Kind(
+    PermissionDeniedError,
+    "catalog refused access to {what} ({status} Forbidden: the principal lacks a grant, or the catalog "
+    "does not trust this reader with read-restrictions): {detail}",
+)
+_no_namespace = _Kind(NoSuchNamespaceError, "{what}: namespace not found: {detail}")
+_no_table = _Kind(NoSuchTableError, "{what} not found: {detail}")
+_not_acceptable = _Kind(
+    RestrictionsNotSupportedError,
+    "catalog requires read-restrictions support for {what} ({status}): the client did not declare the "
+    f"{vocabulary.READ_RESTRICTIONS_V1} capability (catalog.client_capabilities): {{detail}}",
+)
+_conflict = _Kind(CommitConflictError, "conflict on {what} ({status}): {detail}")
+_unprocessable = _Kind(IntegrityError, "catalog rejected {what} as unprocessable ({status}, not retried): {detail}")
+_unavailable = _Kind(CatalogUnavailableError, "catalog unavailable for {what} (HTTP {status}): {detail}")
+_generic = _Kind(CatalogError, "catalog error for {what} (HTTP {status}): {detail}")
 
 
-def _forbidden(what: str, detail: str, status: int) -> CatalogError:
-    return PermissionDeniedError(
-        f"catalog refused access to {what} ({status} Forbidden: the principal lacks a grant, or the catalog "
-        f"does not trust this reader with read-restrictions): {detail}",
-        status,
-    )
-
-
-def _no_namespace(what: str, detail: str, status: int) -> CatalogError:
-    return NoSuchNamespaceError(f"{what}: namespace not found: {detail}", status)
-
-
-def _no_table(what: str, detail: str, status: int) -> CatalogError:
-    return NoSuchTableError(f"{what} not found: {detail}", status)
-
-
-def _not_acceptable(what: str, detail: str, status: int) -> CatalogError:
-    return RestrictionsNotSupportedError(
-        f"catalog requires read-restrictions support for {what} ({status}): the client did not declare the "
-        f"{vocabulary.READ_RESTRICTIONS_V1} capability (catalog.client_capabilities): {detail}",
-        status,
-    )
-
-
-def _conflict(what: str, detail: str, status: int) -> CatalogError:
-    return CommitConflictError(f"conflict on {what} ({status}): {detail}", status)
-
-
-def _unprocessable(what: str, detail: str, status: int) -> CatalogError:
-    return IntegrityError(f"catalog rejected {what} as unprocessable ({status}, not retried): {detail}", status)
-
-
-def _unavailable(what: str, detail: str, status: int) -> CatalogError:
-    return CatalogUnavailableError(f"catalog unavailable for {what} (HTTP {status}): {detail}", status)
-
-
-def _generic(what: str, detail: str, status: int) -> CatalogError:
-    return CatalogError(f"catalog error for {what} (HTTP {status}): {detail}", status)
-
-
-_BY_TYPE: dict[str, _Build] = {
+_BY_TYPE: dict[str, _Kind] = {
     vocabulary.ERROR_NOT_AUTHORIZED: _unauthorized,
     vocabulary.ERROR_FORBIDDEN: _forbidden,
     vocabulary.ERROR_NO_SUCH_NAMESPACE: _no_namespace,
@@ -111,7 +95,7 @@ _BY_TYPE: dict[str, _Build] = {
     vocabulary.ERROR_SERVICE_UNAVAILABLE: _unavailable,
 }
 
-_BY_STATUS: dict[int, _Build] = {
+_BY_STATUS: dict[int, _Kind] = {
     401: _unauthorized,
     403: _forbidden,
     404: _no_table,  # a load or commit names a table; a typed catalog says when it is the namespace
@@ -124,10 +108,10 @@ _BY_STATUS: dict[int, _Build] = {
 
 def catalog_error(status: int, error_type: str | None, detail: str, what: str) -> CatalogError:
     """The SQE error for a catalog answer: by ErrorModel ``type`` when known, else by HTTP status."""
-    build = _BY_TYPE.get(error_type or "") or _BY_STATUS.get(status)
-    if build is None:
-        build = _unavailable if status >= 500 else _generic
-    return build(what, detail, status)
+    kind = _BY_TYPE.get(error_type or "") or _BY_STATUS.get(status)
+    if kind is None:
+        kind = _unavailable if status >= 500 else _generic
+    return kind.build(what, detail, status)
 
 
 def error_for_status(response: requests.Response, what: str) -> CatalogError:

@@ -51,6 +51,7 @@ from sqe.errors import (
 from sqe.restrictions import strict_json_loads
 
 _T = TypeVar("_T")
+_TableT = TypeVar("_TableT", bound=Table)
 
 __all__ = [
     "PYICEBERG_CATALOG_ERRORS",
@@ -164,25 +165,24 @@ class SQERestCatalog(RestCatalog):
 
     def table_from_response(self, identifier: tuple[str, ...], response: TableResponse, io: ScopedFileIO) -> Table:
         """A pyiceberg Table reading through ``io``, SQE's scoped FileIO built from this response's credentials."""
-        return Table(
-            identifier=identifier,
-            metadata_location=response.metadata_location,  # type: ignore[arg-type]
-            metadata=response.metadata,
-            io=io,
-            catalog=self,
-            config=response.config,
-        )
+        return self._table_of(Table, identifier, response, io, config=response.config)
 
     def _response_to_staged_table(
         self, identifier_tuple: tuple[str, ...], table_response: TableResponse
     ) -> StagedTable:
         io = self.file_io_for(table_response.config, table_response.model_dump(by_alias=True), time.time())
-        return StagedTable(
-            identifier=identifier_tuple,
-            metadata_location=table_response.metadata_location,  # type: ignore[arg-type]
-            metadata=table_response.metadata,
+        return self._table_of(StagedTable, identifier_tuple, table_response, io)
+
+    def _table_of(
+        self, kind: type[_TableT], identifier: tuple[str, ...], response: TableResponse, io: ScopedFileIO, **extra: Any
+    ) -> _TableT:
+        return kind(
+            identifier=identifier,
+            metadata_location=response.metadata_location,  # type: ignore[arg-type]
+            metadata=response.metadata,
             io=io,
             catalog=self,
+            **extra,
         )
 
     # -- SQE additions -----------------------------------------------------------------------------------

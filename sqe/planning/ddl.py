@@ -13,27 +13,8 @@ from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
+from pyiceberg import types as ice
 from pyiceberg.catalog import Catalog
-from pyiceberg.types import (
-    BinaryType,
-    BooleanType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FixedType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    ListType,
-    LongType,
-    MapType,
-    StringType,
-    StructType,
-    TimestampType,
-    TimestamptzType,
-    TimeType,
-    UUIDType,
-)
 
 from sqe._text import first_line
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
@@ -45,32 +26,32 @@ if TYPE_CHECKING:
     from sqe.planning.statements import AlterAction
     from sqe.restrictions import RestrictionPlan
 
-_SIMPLE_TYPES: dict[type[IcebergType], str] = {
-    BooleanType: "BOOLEAN",
-    IntegerType: "INTEGER",
-    LongType: "BIGINT",
-    FloatType: "REAL",
-    DoubleType: "DOUBLE",
-    DateType: "DATE",
-    TimeType: "TIME",
-    TimestampType: "TIMESTAMP",
-    TimestamptzType: "TIMESTAMP WITH TIME ZONE",
-    StringType: "VARCHAR",
-    UUIDType: "UUID",
-    BinaryType: "BLOB",
-    FixedType: "BLOB",
+_SIMPLE_TYPES: dict[type[ice.IcebergType], str] = {
+    ice.BooleanType: "BOOLEAN",
+    ice.IntegerType: "INTEGER",
+    ice.LongType: "BIGINT",
+    ice.FloatType: "REAL",
+    ice.DoubleType: "DOUBLE",
+    ice.DateType: "DATE",
+    ice.TimeType: "TIME",
+    ice.TimestampType: "TIMESTAMP",
+    ice.TimestamptzType: "TIMESTAMP WITH TIME ZONE",
+    ice.StringType: "VARCHAR",
+    ice.UUIDType: "UUID",
+    ice.BinaryType: "BLOB",
+    ice.FixedType: "BLOB",
 }
 
 
-def sql_type(iceberg_type: IcebergType) -> str:
+def sql_type(iceberg_type: ice.IcebergType) -> str:
     """The SQL (DuckDB/Trino-style) spelling of an Iceberg type."""
-    if isinstance(iceberg_type, DecimalType):
+    if isinstance(iceberg_type, ice.DecimalType):
         return f"DECIMAL({iceberg_type.precision}, {iceberg_type.scale})"
-    if isinstance(iceberg_type, ListType):
+    if isinstance(iceberg_type, ice.ListType):
         return f"{sql_type(iceberg_type.element_type)}[]"
-    if isinstance(iceberg_type, MapType):
+    if isinstance(iceberg_type, ice.MapType):
         return f"MAP({sql_type(iceberg_type.key_type)}, {sql_type(iceberg_type.value_type)})"
-    if isinstance(iceberg_type, StructType):
+    if isinstance(iceberg_type, ice.StructType):
         inner = ", ".join(f"{quote_ident(f.name)} {sql_type(f.field_type)}" for f in iceberg_type.fields)
         return f"STRUCT({inner})"
     for kind, name in _SIMPLE_TYPES.items():
@@ -147,7 +128,7 @@ def arrow_schema_of_columns(columns_text: str) -> pa.Schema:
     return pa.schema([f.with_nullable(f.name not in required) for f in shape])
 
 
-def iceberg_type_of(type_text: str) -> IcebergType:
+def iceberg_type_of(type_text: str) -> ice.IcebergType:
     """An SQL type (as DuckDB reads it) as the Iceberg type a new column gets."""
     shape = arrow_schema_of_columns(f"(c {type_text})")
     converted = Catalog._convert_schema_if_needed(shape)

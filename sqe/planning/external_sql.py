@@ -10,6 +10,7 @@ read with its tokenizer. DuckDB reports UTF-8 byte offsets; they are turned into
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,16 @@ def char_tokens(text: str) -> list[tuple[int, str]]:
     ]
 
 
+def _nesting(text: str) -> Iterator[tuple[int, str, int]]:
+    """(offset, first character, parenthesis depth after it) of each token, quoted text and comments skipped."""
+    depth = 0
+    for offset, _kind in char_tokens(text):
+        char = text[offset]
+        depth += char == "("
+        depth -= char == ")"
+        yield offset, char, depth
+
+
 def _char_offset(text: str, byte_offset: int) -> int:
     return len(text.encode()[:byte_offset].decode(errors="ignore"))
 
@@ -168,16 +179,9 @@ def fold(con: duckdb.DuckDBPyConnection, expression: str, what: str) -> Any:
 
 def _call_end(text: str, start: int) -> int:
     """The offset just after the call's closing parenthesis (DuckDB's tokenizer skips quoted text)."""
-    piece = text[start:]
-    depth = 0
-    for offset, _kind in char_tokens(piece):
-        char = piece[offset]
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-            if depth == 0:
-                return start + offset + 1
+    for offset, char, depth in _nesting(text[start:]):
+        if char == ")" and depth == 0:
+            return start + offset + 1
     raise QueryError("unbalanced parentheses in a file table function call")
 
 
@@ -376,11 +380,7 @@ def _optimize(con: duckdb.DuckDBPyConnection, text: str) -> Optimize:
 
 
 def _top_level_with(text: str) -> int | None:
-    depth = 0
-    for offset, _kind in char_tokens(text):
-        char = text[offset]
-        depth += char == "("
-        depth -= char == ")"
+    for offset, _char, depth in _nesting(text):
         if depth == 0 and text[offset : offset + 4].upper() == "WITH" and text[offset + 4 : offset + 5] in (" ", "("):
             return offset
     return None
@@ -432,14 +432,9 @@ def _option_text(con: duckdb.DuckDBPyConnection, value: str) -> str:
 
 
 def _split_commas(inner: str) -> list[str]:
-    pieces, depth, start = [], 0, 0
-    for offset, _kind in char_tokens(inner):
-        char = inner[offset]
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        elif char == "," and depth == 0:
+    pieces, start = [], 0
+    for offset, char, depth in _nesting(inner):
+        if char == "," and depth == 0:
             pieces.append(inner[start:offset])
             start = offset + 1
     pieces.append(inner[start:])

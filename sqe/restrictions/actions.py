@@ -12,29 +12,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.types import (
-    BinaryType,
-    BooleanType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FixedType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    ListType,
-    LongType,
-    MapType,
-    NestedField,
-    StringType,
-    StructType,
-    TimestampNanoType,
-    TimestampType,
-    TimestamptzNanoType,
-    TimestamptzType,
-    TimeType,
-    UUIDType,
-)
+from pyiceberg import types as ice
 
 from sqe.errors import InvalidRestrictionError, RestrictionApplyError
 from sqe.restrictions.literals import type_name
@@ -65,40 +43,40 @@ ACTIONS: tuple[str, ...] = (
 MIN_SALT_BYTES = 16
 FIXED_STRING = "XXXXXXXX"
 
-_TEMPORAL = (DateType, TimestampType, TimestamptzType, TimestampNanoType, TimestamptzNanoType)
+_TEMPORAL = (ice.DateType, ice.TimestampType, ice.TimestamptzType, ice.TimestampNanoType, ice.TimestamptzNanoType)
 _FIXED_VALUE_PRIMITIVES = (
-    BooleanType,
-    IntegerType,
-    LongType,
-    FloatType,
-    DoubleType,
-    DecimalType,
-    StringType,
-    DateType,
-    TimeType,
-    TimestampType,
-    TimestamptzType,
-    TimestampNanoType,
-    TimestamptzNanoType,
-    UUIDType,
-    FixedType,
-    BinaryType,
+    ice.BooleanType,
+    ice.IntegerType,
+    ice.LongType,
+    ice.FloatType,
+    ice.DoubleType,
+    ice.DecimalType,
+    ice.StringType,
+    ice.DateType,
+    ice.TimeType,
+    ice.TimestampType,
+    ice.TimestamptzType,
+    ice.TimestampNanoType,
+    ice.TimestamptzNanoType,
+    ice.UUIDType,
+    ice.FixedType,
+    ice.BinaryType,
 )
-_APPLIES_TO: dict[str, tuple[type[IcebergType], ...]] = {
-    MASK_ALPHANUM: (StringType,),
-    SHOW_FIRST_4: (StringType,),
-    SHOW_LAST_4: (StringType,),
+_APPLIES_TO: dict[str, tuple[type[ice.IcebergType], ...]] = {
+    MASK_ALPHANUM: (ice.StringType,),
+    SHOW_FIRST_4: (ice.StringType,),
+    SHOW_LAST_4: (ice.StringType,),
     TRUNCATE_TO_YEAR: _TEMPORAL,
     TRUNCATE_TO_MONTH: _TEMPORAL,
-    SHA_256_GLOBAL: (StringType, IntegerType, LongType, BinaryType),
-    SHA_256_QUERY_LOCAL: (StringType, IntegerType, LongType, BinaryType),
+    SHA_256_GLOBAL: (ice.StringType, ice.IntegerType, ice.LongType, ice.BinaryType),
+    SHA_256_QUERY_LOCAL: (ice.StringType, ice.IntegerType, ice.LongType, ice.BinaryType),
 }
 
 
 # --------------------------------------------------------------------------------------- validation
 
 
-def check_applicable(action: str, field: NestedField) -> None:
+def check_applicable(action: str, field: ice.NestedField) -> None:
     """Fail unless ``action`` may target ``field`` (its type, and for replace-with-null its optionality)."""
     where = f"read-restrictions: {action} on field id {field.field_id} ({type_name(field.field_type)})"
     if action == REPLACE_WITH_NULL:
@@ -113,11 +91,11 @@ def check_applicable(action: str, field: NestedField) -> None:
         raise InvalidRestrictionError(f"{where}: the action does not apply to this type")
 
 
-def _has_fixed_value(field_type: IcebergType) -> bool:
+def _has_fixed_value(field_type: ice.IcebergType) -> bool:
     """Allowlisted types; a struct only if every field has one (lists and maps become empty regardless)."""
-    if isinstance(field_type, StructType):
+    if isinstance(field_type, ice.StructType):
         return all(_has_fixed_value(child.field_type) for child in field_type.fields)
-    return isinstance(field_type, (*_FIXED_VALUE_PRIMITIVES, ListType, MapType))
+    return isinstance(field_type, (*_FIXED_VALUE_PRIMITIVES, ice.ListType, ice.MapType))
 
 
 # ----------------------------------------------------------------------------------------- applying

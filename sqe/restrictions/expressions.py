@@ -97,15 +97,21 @@ class NullCheck:
 
 
 @dataclass(frozen=True)
-class And:
+class _Junction:
+    """Two predicates joined; the subclass says how (an ``And`` never equals an ``Or`` of the same sides)."""
+
     left: Predicate
     right: Predicate
 
 
 @dataclass(frozen=True)
-class Or:
-    left: Predicate
-    right: Predicate
+class And(_Junction):
+    """True where both sides are."""
+
+
+@dataclass(frozen=True)
+class Or(_Junction):
+    """True where either side is."""
 
 
 @dataclass(frozen=True)

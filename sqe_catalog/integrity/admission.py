@@ -19,6 +19,7 @@ Legacy tables (no pin) never pass through here except to be left alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
@@ -155,16 +156,29 @@ def write_new_table(
     location = new_metadata_location(metadata, 0)
     check_candidate(table, metadata, None)
     parsed = write_metadata_file(catalog_io(catalog), location, document_for_write(metadata, None))
-    trusted = candidate_state(table, location, parsed, None)
+    _insert_protected(catalog, table, candidate_state(table, location, parsed, None), parsed, None, also)
+    return location, parsed
+
+
+def _insert_protected(
+    catalog: SqlCatalog,
+    table: TableRef,
+    trusted: TrustedState,
+    parsed: ParsedMetadata,
+    event: AdmissionEvent | None,
+    also: AlsoInTransaction,
+) -> None:
+    """Insert the table row and its pin (and the audit ``event``) in one transaction; 409 if the name is taken."""
     try:
         with catalog.engine.begin() as conn:
-            row = catalog._create_table_row(table.dotted_namespace, table.name, location)
+            row = catalog._create_table_row(table.dotted_namespace, table.name, trusted.metadata_location)
             conn.execute(insert(IcebergTables).values(**row))
             st.insert_state(conn, table, trusted)
+            if event is not None:
+                st.record_event(conn, event)
             also(conn, parsed.metadata)
     except IntegrityError:
         raise AlreadyExistsError(f"table already exists: {table.dotted_namespace}.{table.name}") from None
-    return location, parsed
 
 
 def commit_revision(
@@ -202,39 +216,32 @@ def _swap_pointer(conn: Connection, catalog: SqlCatalog, table: TableRef, expect
         raise CommitFailedError(f"table {table} has been updated concurrently")
 
 
-def admit_new(
-    catalog: SqlCatalog,
-    table: TableRef,
-    location: str,
-    parsed: ParsedMetadata,
-    actor: str,
-    action: str,
-    also: AlsoInTransaction = _no_more,
-) -> None:
+@dataclass(frozen=True)
+class Admission:
+    """A revision read to be admitted as a table's current one, and who asked for it through which action."""
+
+    location: str
+    parsed: ParsedMetadata
+    actor: str
+    action: str
+
+
+def admit_new(catalog: SqlCatalog, table: TableRef, admission: Admission, also: AlsoInTransaction = _no_more) -> None:
     """Trust-on-first-use admission of the exact revision read (register new, notification of a missing table)."""
-    trusted = candidate_state(table, location, parsed, None)
-    try:
-        with catalog.engine.begin() as conn:
-            row = catalog._create_table_row(table.dotted_namespace, table.name, location)
-            conn.execute(insert(IcebergTables).values(**row))
-            st.insert_state(conn, table, trusted)
-            st.record_event(conn, _event(action, actor, table, None, trusted))
-            also(conn, parsed.metadata)
-    except IntegrityError:
-        raise AlreadyExistsError(f"table already exists: {table.dotted_namespace}.{table.name}") from None
+    trusted = candidate_state(table, admission.location, admission.parsed, None)
+    event = _event(admission.action, admission.actor, table, None, trusted)
+    _insert_protected(catalog, table, trusted, admission.parsed, event, also)
 
 
 def readmit(
     catalog: SqlCatalog,
     table: TableRef,
     trusted: TrustedState,
-    location: str,
-    parsed: ParsedMetadata,
-    actor: str,
-    action: str,
+    admission: Admission,
     also: AlsoInTransaction = _no_more,
 ) -> None:
     """Re-admission of a protected table (register overwrite, plaintext notification update): same key id."""
+    location, parsed, actor, action = admission.location, admission.parsed, admission.actor, admission.action
     new_state = candidate_state(table, location, parsed, trusted)
     with catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, trusted.metadata_location, location)

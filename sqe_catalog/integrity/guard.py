@@ -20,6 +20,7 @@ from sqlalchemy import Connection, delete, update
 from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataIntegrityError, NoSuchTableError
 from sqe_catalog.integrity import admission
 from sqe_catalog.integrity import state as st
+from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata
 from sqe_catalog.integrity.lineage import check_snapshot_lineage, with_next_row_id
 from sqe_catalog.integrity.purge import DeleteFiles, run_pending_tasks
@@ -30,6 +31,9 @@ __all__ = ["IntegrityGuard"]
 log = logging.getLogger("sqe_catalog.integrity")
 
 Namespace = tuple[str, ...]
+Requirements = tuple[TableRequirement, ...]
+Updates = tuple[TableUpdate, ...]
+Written = tuple[str, ParsedMetadata]  # (new metadata location, the revision written there)
 ReadParsed = Callable[..., ParsedMetadata]  # (location, fresh=False) -> ParsedMetadata, errors translated
 LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revision claims
 # Records a notification's timestamp inside the transaction that carries it out (raises when it is stale).
@@ -99,30 +103,18 @@ class IntegrityGuard:
 
     # -- writes --------------------------------------------------------------------------------------------
 
-    def create(self, namespace: Namespace, name: str, metadata: TableMetadata) -> tuple[str, ParsedMetadata]:
+    def create(self, namespace: Namespace, name: str, metadata: TableMetadata) -> Written:
         table = self.ref(namespace, name)
         return admission.write_new_table(self._catalog, table, with_next_row_id(metadata), self._also(table))
 
-    def commit_create(
-        self,
-        namespace: Namespace,
-        name: str,
-        requirements: tuple[TableRequirement, ...],
-        updates: tuple[TableUpdate, ...],
-    ) -> tuple[str, ParsedMetadata]:
+    def commit_create(self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates) -> Written:
         """A create transaction's commit: the new table starts protected."""
         staged = self._catalog._update_and_stage_table(None, (*namespace, name), requirements, updates)
         check_snapshot_lineage(staged.metadata.format_version, updates)
         table = self.ref(namespace, name)
         return admission.write_new_table(self._catalog, table, with_next_row_id(staged.metadata), self._also(table))
 
-    def commit(
-        self,
-        namespace: Namespace,
-        name: str,
-        requirements: tuple[TableRequirement, ...],
-        updates: tuple[TableUpdate, ...],
-    ) -> tuple[str, ParsedMetadata]:
+    def commit(self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates) -> Written:
         """Commit to a protected table: verify the base, apply, check the pin, swap pointer + pin together."""
         table = self.ref(namespace, name)
         trusted = self.trusted(namespace, name)
@@ -147,36 +139,26 @@ class IntegrityGuard:
         return admission.commit_revision(self._catalog, table, trusted, base, metadata, self._also(table))
 
     def admit(
-        self,
-        namespace: Namespace,
-        name: str,
-        location: str,
-        parsed: ParsedMetadata,
-        actor: str,
-        action: str,
-        stamp: NotificationStamp | None = None,
+        self, namespace: Namespace, name: str, admitted: Admission, stamp: NotificationStamp | None = None
     ) -> None:
         table = self.ref(namespace, name)
-        admission.admit_new(self._catalog, table, location, parsed, actor, action, self._also(table, stamp))
+        admission.admit_new(self._catalog, table, admitted, self._also(table, stamp))
 
     def readmit(
         self,
         namespace: Namespace,
         name: str,
         current: str,
-        location: str,
-        parsed: ParsedMetadata,
-        actor: str,
-        action: str,
+        admitted: Admission,
         stamp: NotificationStamp | None = None,
     ) -> None:
         """Register overwrite / notification update: re-admission if protected, a plain pointer move if legacy."""
         table = self.ref(namespace, name)
         trusted = self.trusted(namespace, name)
         if trusted is None:
-            admission.replace_legacy_pointer(self._catalog, table, current, location, stamp)
+            admission.replace_legacy_pointer(self._catalog, table, current, admitted.location, stamp)
             return
-        admission.readmit(self._catalog, table, trusted, location, parsed, actor, action, self._also(table, stamp))
+        admission.readmit(self._catalog, table, trusted, admitted, self._also(table, stamp))
 
     def notification_stamp(self, namespace: Namespace, name: str, timestamp_ms: int) -> NotificationStamp:
         """Refuse a stale notification now (409 before anything is read); the returned stamp records its

@@ -153,6 +153,7 @@ def _policy_candidates(
         "table": _tags_json(table_tags),
         "columns": {names[fid]: _tags_json(tags) for fid, tags in column_tags.items() if tags},
     }
+    selection = _Selection(table_tags, column_tags, schema, subject, candidates, include_disabled)
     for policy in sorted(snapshot.policies, key=lambda p: p.name):
         entry: dict[str, Any] = {
             "name": policy.name,
@@ -162,9 +163,9 @@ def _policy_candidates(
         }
         report["policies"].append(entry)
         if policy.policy_type is PolicyType.ROW_FILTER:
-            _row_filter_policy(policy, table_tags, column_tags, schema, subject, candidates, entry, include_disabled)
+            _row_filter_policy(policy, selection, entry)
         else:
-            _mask_policy(policy, column_tags, schema, subject, candidates, entry, include_disabled)
+            _mask_policy(policy, selection, entry)
 
 
 def _tags_json(tags: dict[str, tuple[str | None, str]]) -> dict[str, Any]:
@@ -196,17 +197,22 @@ def _selected(policy: Policy, entry: dict[str, Any], include_disabled: bool) -> 
     return False
 
 
-def _row_filter_policy(
-    policy: Policy,
-    table_tags: dict[str, tuple[str | None, str]],
-    column_tags: dict[int, dict[str, tuple[str | None, str]]],
-    schema: Schema,
-    subject: Subject,
-    candidates: _Candidates,
-    entry: dict[str, Any],
-    include_disabled: bool,
-) -> None:
-    matched = _matching(policy, table_tags)
+@dataclass(frozen=True)
+class _Selection:
+    """What every policy of one table is selected, bound and recorded against."""
+
+    table_tags: dict[str, tuple[str | None, str]]
+    column_tags: dict[int, dict[str, tuple[str | None, str]]]
+    schema: Schema
+    subject: Subject
+    candidates: _Candidates
+    include_disabled: bool
+
+
+def _row_filter_policy(policy: Policy, selection: _Selection, entry: dict[str, Any]) -> None:
+    column_tags, schema, subject = selection.column_tags, selection.schema, selection.subject
+    candidates, include_disabled = selection.candidates, selection.include_disabled
+    matched = _matching(policy, selection.table_tags)
     entry["matched-tags"] = matched
     if not matched:
         on_columns = any(_matching(policy, tags) for tags in column_tags.values())
@@ -242,15 +248,9 @@ def _chosen(branches: tuple[str, ...]) -> int | str | None:
     return "fallback" if branches else None
 
 
-def _mask_policy(
-    policy: Policy,
-    column_tags: dict[int, dict[str, tuple[str | None, str]]],
-    schema: Schema,
-    subject: Subject,
-    candidates: _Candidates,
-    entry: dict[str, Any],
-    include_disabled: bool,
-) -> None:
+def _mask_policy(policy: Policy, selection: _Selection, entry: dict[str, Any]) -> None:
+    column_tags, schema, subject = selection.column_tags, selection.schema, selection.subject
+    candidates, include_disabled = selection.candidates, selection.include_disabled
     fields = {f.field_id: f for f in schema.fields}
     targets = {fid: _matching(policy, tags) for fid, tags in column_tags.items()}
     targets = {fid: matched for fid, matched in targets.items() if matched}
