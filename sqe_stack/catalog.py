@@ -233,15 +233,12 @@ def wait_for_catalog(dir: Path, port: int, daemon: Daemon) -> str:
     return uri
 
 
-def engine_config_text(creds: PrincipalCredentials, catalog_uri: str, s3_endpoint: str) -> str:
-    return f"""# SQE config for principal {creds.name!r}, written by `sqe stack up` (0600: holds a secret).
-[catalog]
+def engine_settings_text(catalog_uri: str, s3_endpoint: str, credentials: str = "") -> str:
+    """``[catalog]`` (with the given credential lines, if any) and ``[storage]`` of an engine config of the stack."""
+    return f"""[catalog]
 uri = {toml_str(catalog_uri)}
 warehouse = {toml_str(WAREHOUSE)}
-client_id = {toml_str(creds.client_id)}
-client_secret = {toml_str(creds.client_secret)}
-scope = {toml_str(SCOPE)}
-access_delegation = "vended-credentials"
+{credentials}access_delegation = "vended-credentials"
 require_vended_credentials = true
 
 [storage]
@@ -249,6 +246,16 @@ endpoint = {toml_str(s3_endpoint)}
 region = {toml_str(REGION)}
 path_style = true
 """
+
+
+def engine_config_text(creds: PrincipalCredentials, catalog_uri: str, s3_endpoint: str) -> str:
+    header = f"# SQE config for principal {creds.name!r}, written by `sqe stack up` (0600: holds a secret).\n"
+    credentials = (
+        f"client_id = {toml_str(creds.client_id)}\n"
+        f"client_secret = {toml_str(creds.client_secret)}\n"
+        f"scope = {toml_str(SCOPE)}\n"
+    )
+    return header + engine_settings_text(catalog_uri, s3_endpoint, credentials)
 
 
 def write_engine_configs(

@@ -23,7 +23,7 @@ from sqe._text import first_line
 from sqe_catalog.admin import describe_database_error, open_auth_store
 from sqe_catalog.errors import CatalogError
 from sqe_catalog.errors import ConfigError as CatalogConfigError
-from sqe_stack.catalog import REGION, WAREHOUSE, PrincipalCredentials, load_catalog_config
+from sqe_stack.catalog import PrincipalCredentials, engine_settings_text, load_catalog_config
 from sqe_stack.ceph import CEPH_CLIENT_ENV
 from sqe_stack.provision import LOOPBACK, Daemon, StackError, free_ports, spawn, toml_str, wait_until, write_private
 
@@ -59,19 +59,11 @@ def create_reader_principal(catalog_config: Path) -> PrincipalCredentials:
 
 def server_engine_config_text(catalog_uri: str, s3_endpoint: str, workers: Sequence[str], token_file: Path) -> str:
     """The engine settings every user session of the server shares: no user credential at all."""
-    text = f"""# Engine settings of the stack's `sqe serve`, written by `sqe stack up`. No credential: every user
-# session runs on that user's delegated token (see server.toml).
-[catalog]
-uri = {toml_str(catalog_uri)}
-warehouse = {toml_str(WAREHOUSE)}
-access_delegation = "vended-credentials"
-require_vended_credentials = true
-
-[storage]
-endpoint = {toml_str(s3_endpoint)}
-region = {toml_str(REGION)}
-path_style = true
-"""
+    header = (
+        "# Engine settings of the stack's `sqe serve`, written by `sqe stack up`. No credential: every user\n"
+        "# session runs on that user's delegated token (see server.toml).\n"
+    )
+    text = header + engine_settings_text(catalog_uri, s3_endpoint)
     if workers:
         token = token_file.read_text(encoding="utf-8").strip()
         addresses = ", ".join(toml_str(address) for address in workers)

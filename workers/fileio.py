@@ -61,6 +61,14 @@ class FragmentFileIO(FileIO):
 
     def new_input(self, location: str) -> InputFile:
         self._pace()
+        scoped, cred = self._covering(location)
+        if cred is not None and self._on_open is not None:
+            self._on_open(cred)
+        return scoped.new_input(location)
+
+    def _covering(self, location: str) -> tuple[ScopedFileIO, CredentialSet | None]:
+        """The current scoped FileIO and the set covering ``location``, checked: never an uncovered object-store
+        path, never an expired set (a refreshed set installed between files serves the next file)."""
         with self._lock:
             scoped = self._scoped
         cred = scoped.set_for(location)
@@ -68,9 +76,7 @@ class FragmentFileIO(FileIO):
             self._refuse_uncovered(location)
         else:
             self._check_expiry(cred)
-            if self._on_open is not None:
-                self._on_open(cred)
-        return scoped.new_input(location)
+        return scoped, cred
 
     def new_output(self, location: str) -> OutputFile:
         raise WorkerError("scan workers never write files")

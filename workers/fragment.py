@@ -73,6 +73,28 @@ class _FragmentSource:
     ident: str
 
 
+class _ScopedTicket(Protocol):
+    @property
+    def query_id(self) -> str: ...
+
+    @property
+    def fragment_id(self) -> str: ...
+
+    @property
+    def table(self) -> WireTableId: ...
+
+
+def ticket_in_scope(ticket: _ScopedTicket, query_id: str, fragment_id: str, table: WireTableId | None) -> bool:
+    """Whether a Cancel/Refresh scope names this ticket's work (empty parts match anything; not all empty)."""
+    if not (query_id or fragment_id):
+        return False
+    if query_id and query_id != ticket.query_id:
+        return False
+    if fragment_id and fragment_id != ticket.fragment_id:
+        return False
+    return table is None or table == ticket.table
+
+
 class RunningFragment:
     """One Execute call: its ticket, FileIO, cancel flag and progress."""
 
@@ -95,14 +117,7 @@ class RunningFragment:
         return self.ticket.query_id
 
     def in_scope(self, query_id: str, fragment_id: str, table: WireTableId | None) -> bool:
-        """Whether a Cancel/Refresh scope names this fragment (empty parts match anything; not all empty)."""
-        if not (query_id or fragment_id):
-            return False
-        if query_id and query_id != self.query_id:
-            return False
-        if fragment_id and fragment_id != self.fragment_id:
-            return False
-        return table is None or table == self.ticket.table
+        return ticket_in_scope(self.ticket, query_id, fragment_id, table)
 
     def stream(
         self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats

@@ -29,6 +29,7 @@ from sqe.distributed.protocol.ticket import WireTableId
 from sqe.errors import WorkerError
 from sqe.execution.local import QueryCancelledError
 from workers.fileio import FragmentFileIO, OpenCallback
+from workers.fragment import ticket_in_scope
 
 if TYPE_CHECKING:
     from workers.fragment import WorkerStats
@@ -64,13 +65,7 @@ class RewriteFileIO(FragmentFileIO):
             self._written.add(normalized)
         if self._cancel.is_set():
             raise QueryCancelledError()
-        with self._lock:
-            scoped = self._scoped
-        cred = scoped.set_for(location)
-        if cred is None:
-            self._refuse_uncovered(location)
-        else:
-            self._check_expiry(cred)
+        scoped, _ = self._covering(location)
         return scoped.new_output(location)
 
     def delete(self, location: str | InputFile | OutputFile) -> None:
@@ -101,13 +96,7 @@ class RunningRewrite:
         return self.ticket.query_id
 
     def in_scope(self, query_id: str, fragment_id: str, table: WireTableId | None) -> bool:
-        if not (query_id or fragment_id):
-            return False
-        if query_id and query_id != self.query_id:
-            return False
-        if fragment_id and fragment_id != self.fragment_id:
-            return False
-        return table is None or table == self.ticket.table
+        return ticket_in_scope(self.ticket, query_id, fragment_id, table)
 
     def run(self, stats: WorkerStats) -> pb.RewriteResponse:
         ticket = self.ticket

@@ -19,18 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-from pyiceberg.expressions import (
-    BooleanExpression,
-    EqualTo,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    IsNull,
-    LessThan,
-    LessThanOrEqual,
-    NotEqualTo,
-    NotNull,
-)
+from pyiceberg import expressions as ice
 from pyiceberg.schema import Schema
 from pyiceberg.types import BooleanType, DateType, IntegerType, LongType, NestedField, StringType
 
@@ -408,7 +397,7 @@ def _partition_schema(table: ExternalTable) -> Schema:
     return Schema(*fields)
 
 
-def _to_arrow(predicate: BooleanExpression, table: ExternalTable) -> ds.Expression | None:
+def _to_arrow(predicate: ice.BooleanExpression, table: ExternalTable) -> ds.Expression | None:
     types = {n.lower(): arrow_type(t) for n, t in table.partitions}
     term = getattr(predicate, "term", None)
     name = getattr(term, "name", None)
@@ -417,21 +406,21 @@ def _to_arrow(predicate: BooleanExpression, table: ExternalTable) -> ds.Expressi
     column_name = next(n for n, _ in table.partitions if n.lower() == name.lower())
     column = ds.field(column_name)
     arrow = types[name.lower()]
-    if isinstance(predicate, IsNull):
+    if isinstance(predicate, ice.IsNull):
         return column.is_null()
-    if isinstance(predicate, NotNull):
+    if isinstance(predicate, ice.NotNull):
         return column.is_valid()
-    if isinstance(predicate, In):
+    if isinstance(predicate, ice.In):
         values = [_value(v, arrow) for v in predicate.literals]
         return column.isin(pa.array(values, arrow))
     value = _value(getattr(predicate, "literal", None), arrow)
-    operators: dict[type[BooleanExpression], Callable[[Any, Any], ds.Expression]] = {
-        EqualTo: lambda a, b: a == b,
-        NotEqualTo: lambda a, b: a != b,
-        LessThan: lambda a, b: a < b,
-        LessThanOrEqual: lambda a, b: a <= b,
-        GreaterThan: lambda a, b: a > b,
-        GreaterThanOrEqual: lambda a, b: a >= b,
+    operators: dict[type[ice.BooleanExpression], Callable[[Any, Any], ds.Expression]] = {
+        ice.EqualTo: lambda a, b: a == b,
+        ice.NotEqualTo: lambda a, b: a != b,
+        ice.LessThan: lambda a, b: a < b,
+        ice.LessThanOrEqual: lambda a, b: a <= b,
+        ice.GreaterThan: lambda a, b: a > b,
+        ice.GreaterThanOrEqual: lambda a, b: a >= b,
     }
     op = operators.get(type(predicate))
     return op(column, pa.scalar(value, arrow)) if op is not None else None
