@@ -819,6 +819,43 @@ def thread_names(pid: int) -> dict[str, int]:
     return dict(names.most_common(8))
 
 
+TCP_STATES = {"01": "established", "06": "time-wait", "08": "close-wait", "0A": "listen"}
+
+
+def fd_kinds(pid: int, known_ports: dict[int, str]) -> dict[str, int]:
+    """The process's descriptors by kind; its TCP sockets by state and the service at the other end.
+
+    A leak shows up as one growing kind (e.g. ``tcp close-wait -> catalog``), which names the pool to look at.
+    """
+    kinds: Counter[str] = Counter()
+    inodes: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+                else:
+                    kinds[re.sub(r"\d+", "N", target)] += 1
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                inodes.discard(fields[9])
+                local, remote = (int(f.split(":")[1], 16) for f in fields[1:3])
+                peer = known_ports.get(remote) or ("client" if local in known_ports else "other")
+                kinds[f"tcp {TCP_STATES.get(fields[3], fields[3])} -> {peer}"] += 1
+    kinds["other sockets"] += len(inodes)
+    return dict(kinds.most_common(10))
+
+
+def known_ports(world: World) -> dict[int, str]:
+    ports = {world.catalog_port: "catalog", int(world.proxy.url.rsplit(":", 1)[1]): "proxy"}
+    ports.update({p: f"worker-{i}" for i, p in enumerate(world.worker_ports)})
+    ports[int(world.server_url.rsplit(":", 1)[1])] = "server"
+    return ports
+
+
 @dataclass
 class Resources:
     peak_rss_kib: Counter[str] = field(default_factory=Counter)
@@ -856,6 +893,7 @@ class Report:
     bad_samples: list[str] = field(default_factory=list)
     failure_samples: dict[str, str] = field(default_factory=dict)
     server_threads_by_name: dict[str, int] = field(default_factory=dict)
+    server_fds_by_kind: dict[str, int] = field(default_factory=dict)
     secrets_seen: set[str] = field(default_factory=set, repr=False)  # for the caller's log checks; never printed
     # Queries answered correctly after the last catalog restart (None: no restart): the service recovered.
     ok_after_catalog_restart: int | None = None
@@ -885,6 +923,7 @@ class Report:
         out.append(f"final INSERT check (wrong, missing, duplicated) from raw files: {self.final_insert_check}")
         out += [f"failure sample {kind}: {text}" for kind, text in sorted(self.failure_samples.items())]
         out.append(f"server threads by name at the end: {self.server_threads_by_name}")
+        out.append(f"server descriptors by kind at the end: {self.server_fds_by_kind}")
         out += [f"untyped: {u}" for u in self.untyped[:10]]
         out += [f"bad result: {b}" for b in self.bad_samples[:10]]
         out += [f"injector error: {e}" for e in self.injector_errors]
@@ -1051,6 +1090,7 @@ def _report(
         bad_samples=bad,
         failure_samples={o.error_kind: f"{o.kind}/{o.user}: {o.detail}" for o in reversed(outcomes) if not o.ok},
         server_threads_by_name=thread_names(world.server.pid),
+        server_fds_by_kind=fd_kinds(world.server.pid, known_ports(world)),
         secrets_seen=set(world.secrets),
         ok_after_catalog_restart=_ok_after(outcomes, injector.catalog_back_at),
     )
