@@ -408,14 +408,17 @@ class SessionRegistry:
             session.close()
         return len(expired)
 
-    def close_disconnected(self, connected: set[Endpoint]) -> int:
+    def close_disconnected(self, connected: set[Endpoint], seen_at: float) -> int:
         """Close the idle connection-keyed sessions whose client connection is no longer ``connected``.
+
+        ``connected`` was read at ``seen_at`` (monotonic): a session used since then may belong to a connection
+        opened after that snapshot, so it is kept until the next one.
 
         Only sessions keyed by their peer (clients without cookies) are tied to a connection; a session with
         a busy engine or an open result is left to its query (the watchdog cancels those whose client went).
         """
         with self._lock:
-            gone = [s for s in self._sessions.values() if _peer_gone(s, connected)]
+            gone = [s for s in self._sessions.values() if _peer_gone(s, connected, seen_at)]
             for session in gone:
                 del self._sessions[session.key]
             keys = {s.key for s in gone}
@@ -433,12 +436,12 @@ class SessionRegistry:
             session.close()
 
 
-def _peer_gone(session: ClientSession, connected: set[Endpoint]) -> bool:
+def _peer_gone(session: ClientSession, connected: set[Endpoint], seen_at: float) -> bool:
     tag = session.key[1]
     if not tag.startswith(PEER_KEY_PREFIX):
         return False
     endpoint = parse_peer(tag[len(PEER_KEY_PREFIX) :])
-    return endpoint is not None and endpoint not in connected and session.is_idle_since(time.monotonic())
+    return endpoint is not None and endpoint not in connected and session.is_idle_since(seen_at)
 
 
 class Watchdog:
@@ -487,10 +490,10 @@ class Watchdog:
                     query.cancel("client")
         self._registry.expire_idle(self._idle_seconds)
         if now - self._peers_checked >= self._peer_interval:
-            self._peers_checked = now
+            self._peers_checked = seen_at = time.monotonic()
             connected = connected_peers()
             if connected is not None:
-                closed = self._registry.close_disconnected(connected)
+                closed = self._registry.close_disconnected(connected, seen_at)
                 if closed:
                     log.debug("closed %d client session(s) whose connection closed", closed)
 
