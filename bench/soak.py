@@ -211,7 +211,7 @@ class World:
         raise RuntimeError("no user token from the catalog")
 
     def restart_catalog(self) -> None:
-        stop_daemon(self.catalog, grace=10)
+        stop_daemon(self.catalog, grace=5)
         self.catalog = spawn_catalog(self.dir, self.catalog_config, client_env("ceph"))
         self.started.append(self.catalog)
         wait_for_catalog(self.dir, self.catalog_port, self.catalog)
@@ -455,6 +455,7 @@ class Outcome:
     unrestricted: int = 0
     duplicated: int = 0
     detail: str = ""
+    finished: float = field(default_factory=time.monotonic)
 
 
 def _typed_names() -> set[str]:
@@ -538,6 +539,10 @@ def _join(people: list[dict[str, Any]], orders: list[dict[str, Any]], threshold:
     return out
 
 
+# Typed refusals meaning "retry later": the client waits before its next query (doubling, bounded).
+RETRY_LATER = frozenset({"CatalogUnavailableError", "ServerBusyError", "WorkerError"})
+MIN_BACKOFF, MAX_BACKOFF = 0.2, 2.0
+
 QUERY_KINDS = ("scan", "filtered", "join", "aggregate", "prepared", "insert", "readback")
 
 
@@ -611,10 +616,17 @@ class Soak:
     def run_client(self, who: str, seed: int) -> None:
         rng = random.Random(seed)
         client = Client(self.world, who, self.world.token(who))
+        backoff = 0.0
         try:
             while self.take_ticket():
                 kind = rng.choice(QUERY_KINDS)
-                self.outcomes.append(self.one(client, kind, rng))
+                outcome = self.one(client, kind, rng)
+                self.outcomes.append(outcome)
+                # A real client backs off when told to retry later; without it a catalog outage of a few seconds
+                # burns the whole query budget in fast refusals and nothing runs once the catalog is back.
+                backoff = min(MAX_BACKOFF, max(MIN_BACKOFF, backoff * 2)) if outcome.error_kind in RETRY_LATER else 0.0
+                if backoff:
+                    time.sleep(backoff * (0.5 + rng.random()))
         finally:
             client.close()
 
@@ -717,6 +729,7 @@ class Injector:
     interval: float
     done: threading.Event = field(default_factory=threading.Event)
     log: list[tuple[float, str]] = field(default_factory=list)
+    catalog_back_at: list[float] = field(default_factory=list)  # monotonic: each restarted catalog answering
     versions: dict[str, int] = field(default_factory=lambda: {"rowf": 0, "mask": 0})
     errors: list[str] = field(default_factory=list)
 
@@ -770,6 +783,7 @@ class Injector:
 
     def restart_catalog(self) -> None:
         self.world.restart_catalog()
+        self.catalog_back_at.append(time.monotonic())
 
 
 def set_restriction(world: World, who: str, document: dict[str, Any]) -> None:
@@ -803,6 +817,43 @@ def thread_names(pid: int) -> dict[str, int]:
             with contextlib.suppress(OSError):
                 names[Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()] += 1
     return dict(names.most_common(8))
+
+
+TCP_STATES = {"01": "established", "06": "time-wait", "08": "close-wait", "0A": "listen"}
+
+
+def fd_kinds(pid: int, known_ports: dict[int, str]) -> dict[str, int]:
+    """The process's descriptors by kind; its TCP sockets by state and the service at the other end.
+
+    A leak shows up as one growing kind (e.g. ``tcp close-wait -> catalog``), which names the pool to look at.
+    """
+    kinds: Counter[str] = Counter()
+    inodes: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+                else:
+                    kinds[re.sub(r"\d+", "N", target)] += 1
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                inodes.discard(fields[9])
+                local, remote = (int(f.split(":")[1], 16) for f in fields[1:3])
+                peer = known_ports.get(remote) or ("client" if local in known_ports else "other")
+                kinds[f"tcp {TCP_STATES.get(fields[3], fields[3])} -> {peer}"] += 1
+    kinds["other sockets"] += len(inodes)
+    return dict(kinds.most_common(10))
+
+
+def known_ports(world: World) -> dict[int, str]:
+    ports = {world.catalog_port: "catalog", int(world.proxy.url.rsplit(":", 1)[1]): "proxy"}
+    ports.update({p: f"worker-{i}" for i, p in enumerate(world.worker_ports)})
+    ports[int(world.server_url.rsplit(":", 1)[1])] = "server"
+    return ports
 
 
 @dataclass
@@ -842,7 +893,11 @@ class Report:
     bad_samples: list[str] = field(default_factory=list)
     failure_samples: dict[str, str] = field(default_factory=dict)
     server_threads_by_name: dict[str, int] = field(default_factory=dict)
+    server_fds_by_kind: dict[str, int] = field(default_factory=dict)
     secrets_seen: set[str] = field(default_factory=set, repr=False)  # for the caller's log checks; never printed
+    # Queries answered correctly after the last catalog restart (None: no restart): the service recovered.
+    ok_after_catalog_restart: int | None = None
+    recovery_probe: dict[str, str] = field(default_factory=dict)  # user -> "ok" or the error, after a restart
 
     def lines(self) -> list[str]:
         out = [
@@ -861,10 +916,14 @@ class Report:
         ]
         out.append(f"peak RSS (MiB)       {self.peak_rss_mib}")
         out.append(f"server fds/threads   start {self.server_start} end {self.server_end}")
+        if self.ok_after_catalog_restart is not None:
+            out.append(f"ok after the last catalog restart: {self.ok_after_catalog_restart}")
+            out.append(f"recovery probe after the faults: {self.recovery_probe}")
         out.append(f"workers at the end   {self.workers_end}")
         out.append(f"final INSERT check (wrong, missing, duplicated) from raw files: {self.final_insert_check}")
         out += [f"failure sample {kind}: {text}" for kind, text in sorted(self.failure_samples.items())]
         out.append(f"server threads by name at the end: {self.server_threads_by_name}")
+        out.append(f"server descriptors by kind at the end: {self.server_fds_by_kind}")
         out += [f"untyped: {u}" for u in self.untyped[:10]]
         out += [f"bad result: {b}" for b in self.bad_samples[:10]]
         out += [f"injector error: {e}" for e in self.injector_errors]
@@ -958,10 +1017,31 @@ def _soak(world: World, config: SoakConfig) -> Report:
     threads[0].join(120)
     seconds = time.monotonic() - started
     world.proxy.reset()
+    if not injector.catalog_back_at:  # a short run may end before the seeded restart: restart once now
+        injector.restart_catalog()
+    probe = _recovery_probe(world)
     time.sleep(config.settle_seconds)  # let idle pools shrink before the end figures
     resources.sample(world)
     server_end = proc_status(world.server.pid)
-    return _report(world, soak, injector, resources, truth, server_start, server_end, seconds)
+    report = _report(world, soak, injector, resources, truth, server_start, server_end, seconds)
+    report.recovery_probe = probe
+    return report
+
+
+def _recovery_probe(world: World) -> dict[str, str]:
+    """After the faults (a catalog restart among them): one query per user through the same server, "ok" or the
+    error. The server's caches (reader and delegated tokens, engines) must not keep a restart's failures."""
+    results: dict[str, str] = {}
+    for who in USERS:
+        client = Client(world, who, world.token(who))
+        try:
+            client.via_adbc(f"SELECT count(*) AS n FROM {NAMESPACE}.people")
+            results[who] = "ok"
+        except Exception as exc:  # reported, and the test fails on it
+            results[who] = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        finally:
+            client.close()
+    return results
 
 
 def _report(
@@ -1010,8 +1090,16 @@ def _report(
         bad_samples=bad,
         failure_samples={o.error_kind: f"{o.kind}/{o.user}: {o.detail}" for o in reversed(outcomes) if not o.ok},
         server_threads_by_name=thread_names(world.server.pid),
+        server_fds_by_kind=fd_kinds(world.server.pid, known_ports(world)),
         secrets_seen=set(world.secrets),
+        ok_after_catalog_restart=_ok_after(outcomes, injector.catalog_back_at),
     )
+
+
+def _ok_after(outcomes: list[Outcome], catalog_back_at: list[float]) -> int | None:
+    if not catalog_back_at:
+        return None
+    return sum(1 for o in outcomes if o.ok and o.finished > catalog_back_at[-1])
 
 
 def main(argv: list[str] | None = None) -> int:

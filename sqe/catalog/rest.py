@@ -132,6 +132,11 @@ class SQERestCatalog(RestCatalog):
     def __reduce__(self) -> NoReturn:
         raise TypeError("catalog clients cannot be pickled")
 
+    def close(self) -> None:
+        """Close both HTTP connection pools (catalog calls and token requests); a long-lived server needs this."""
+        self._session.close()
+        self._token_session.close()
+
     @staticmethod
     def _header_properties(config: SQEConfig) -> dict[str, str]:
         # Set as header.* properties so every request of this catalog object carries them.
@@ -378,6 +383,14 @@ class RestTableProvider:
                     )
                 self._catalogs[warehouse] = SQERestCatalog(warehouse, endpoint, self._config)
             return self._catalogs[warehouse]
+
+    def close(self) -> None:
+        """Close the catalogs' HTTP connections and drop the cache (the engine session using it ended)."""
+        with self._lock:
+            catalogs, self._catalogs = list(self._catalogs.values()), {}
+            self._cache.clear()
+        for catalog in catalogs:
+            catalog.close()
 
     def load_table(self, ident: TableIdent, *, bypass_cache: bool = False) -> LoadedTable:
         key = self._cache_key(ident)

@@ -210,23 +210,39 @@ class IdentityBroker:
             del self._delegated[key]
 
     def _exchange(self, subject_token: str) -> _Cached:
+        """Exchange as the reader; a refusal of a *cached* reader token re-fetches it once and retries.
+
+        The catalog may have been restarted with another signing key, or revoked the reader's token: a cached
+        reader token would otherwise be refused for every user until it expired.
+        """
+        actor, fresh = self._reader()
+        try:
+            return self._exchange_as(subject_token, actor)
+        except AuthenticationError:
+            if fresh:
+                raise
+            log.info("the catalog refused the cached reader token of %r; fetching a new one", self._reader_id)
+            actor, _ = self._reader(force=True)
+            return self._exchange_as(subject_token, actor)
+
+    def _exchange_as(self, subject_token: str, actor_token: str) -> _Cached:
         form = {
             "grant_type": TOKEN_EXCHANGE_GRANT,
             "subject_token": subject_token,
             "subject_token_type": ACCESS_TOKEN_TYPE,
-            "actor_token": self._reader(),
+            "actor_token": actor_token,
             "actor_token_type": ACCESS_TOKEN_TYPE,
         }
         body = self._token_request(form, "the catalog refused to delegate for this user")
         return _Cached(str(body["access_token"]), _lifetime(body, time.time()))
 
-    def _reader(self) -> str:
-        """The server's own reader token (client_credentials), refreshed before it expires."""
+    def _reader(self, *, force: bool = False) -> tuple[str, bool]:
+        """The server's own reader token (client_credentials), refreshed before it expires; True if just fetched."""
         now = time.time()
         with self._lock:
-            cached = self._reader_token
+            cached = None if force else self._reader_token
         if cached is not None and now < cached.refresh_at:
-            return cached.value
+            return cached.value, False
         form = {
             "grant_type": "client_credentials",
             "client_id": self._reader_id or "",
@@ -237,7 +253,7 @@ class IdentityBroker:
         fresh = _Cached(str(body["access_token"]), _lifetime(body, now))
         with self._lock:
             self._reader_token = fresh
-        return fresh.value
+        return fresh.value, True
 
     def _token_request(self, form: dict[str, str], refused: str) -> dict[str, Any]:
         try:

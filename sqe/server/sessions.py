@@ -30,12 +30,15 @@ from sqe.catalog.rest import RestTableProvider
 from sqe.config import SQEConfig
 from sqe.errors import QueryError, SQEError
 from sqe.server.identity import IdentityBroker, User, fingerprint
+from sqe.server.peers import Endpoint, connected_peers, parse_peer
 from sqe.session import PreparedStatement, Session
 
 if TYPE_CHECKING:
     import pyarrow.flight as flight
 
 log = logging.getLogger(__name__)
+
+PEER_KEY_PREFIX = "peer:"  # a client session keyed by its connection (the client sends no session cookie)
 
 
 class ServerBusyError(SQEError):
@@ -130,10 +133,12 @@ class Engine:
     last_used: float = field(default_factory=time.monotonic)
 
     def close(self) -> None:
-        try:
-            self.session.close()
-        except Exception as exc:  # closing must not fail a request; the connection is gone either way
-            log.debug("closing an engine session failed: %s", type(exc).__name__)
+        """Close the engine session and its catalog connections (else each leaves sockets in CLOSE_WAIT)."""
+        for part in (self.session, self.provider):
+            try:
+                part.close()
+            except Exception as exc:  # closing must not fail a request; the connection is gone either way
+                log.debug("closing an engine session failed: %s", type(exc).__name__)
 
 
 @dataclass
@@ -377,7 +382,7 @@ class SessionRegistry:
             if session_id is not None:
                 key = self._aliases.get((user.key, session_id), (user.key, session_id))
             else:
-                key = (user.key, f"peer:{peer}")
+                key = (user.key, f"{PEER_KEY_PREFIX}{peer}")
             session = self._sessions.get(key)
             if session is None:
                 session = self._sessions[key] = ClientSession(key, self.base, self.batch_rows)
@@ -403,6 +408,26 @@ class SessionRegistry:
             session.close()
         return len(expired)
 
+    def close_disconnected(self, connected: set[Endpoint], seen_at: float) -> int:
+        """Close the idle connection-keyed sessions whose client connection is no longer ``connected``.
+
+        ``connected`` was read at ``seen_at`` (monotonic): a session used since then may belong to a connection
+        opened after that snapshot, so it is kept until the next one.
+
+        Only sessions keyed by their peer (clients without cookies) are tied to a connection; a session with
+        a busy engine or an open result is left to its query (the watchdog cancels those whose client went).
+        """
+        with self._lock:
+            gone = [s for s in self._sessions.values() if _peer_gone(s, connected, seen_at)]
+            for session in gone:
+                del self._sessions[session.key]
+            keys = {s.key for s in gone}
+            for alias in [a for a, k in self._aliases.items() if k in keys]:
+                del self._aliases[alias]
+        for session in gone:
+            session.close()
+        return len(gone)
+
     def close(self) -> None:
         with self._lock:
             sessions, self._sessions = list(self._sessions.values()), {}
@@ -411,13 +436,29 @@ class SessionRegistry:
             session.close()
 
 
-class Watchdog:
-    """A background thread: cancels timed-out queries and those whose client went away; expires sessions."""
+def _peer_gone(session: ClientSession, connected: set[Endpoint], seen_at: float) -> bool:
+    tag = session.key[1]
+    if not tag.startswith(PEER_KEY_PREFIX):
+        return False
+    endpoint = parse_peer(tag[len(PEER_KEY_PREFIX) :])
+    return endpoint is not None and endpoint not in connected and session.is_idle_since(seen_at)
 
-    def __init__(self, registry: SessionRegistry, idle_seconds: float, interval: float = 0.2) -> None:
+
+class Watchdog:
+    """A background thread: cancels timed-out queries and those whose client went away; expires sessions.
+
+    Every ``peer_interval`` seconds it also closes the sessions of clients whose connection closed, so their
+    engines' threads and descriptors are freed at once rather than after ``idle_seconds``.
+    """
+
+    def __init__(
+        self, registry: SessionRegistry, idle_seconds: float, interval: float = 0.2, peer_interval: float = 1.0
+    ) -> None:
         self._registry = registry
         self._idle_seconds = idle_seconds
         self._interval = interval
+        self._peer_interval = peer_interval
+        self._peers_checked = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqe-server-watchdog", daemon=True)
 
@@ -448,6 +489,13 @@ class Watchdog:
                 elif query.client_gone():
                     query.cancel("client")
         self._registry.expire_idle(self._idle_seconds)
+        if now - self._peers_checked >= self._peer_interval:
+            self._peers_checked = seen_at = time.monotonic()
+            connected = connected_peers()
+            if connected is not None:
+                closed = self._registry.close_disconnected(connected, seen_at)
+                if closed:
+                    log.debug("closed %d client session(s) whose connection closed", closed)
 
 
 def _client_gone(context: Any) -> bool:

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -986,6 +986,13 @@ TOKEN_LIFETIME = 20
 @contextlib.contextmanager
 def _short_lived_catalog(workdir: Path, moto: Any) -> Iterator[CatalogServer]:
     """Another ``sqe-catalog serve`` on the session's moto whose tokens live ``TOKEN_LIFETIME`` seconds."""
+    with _own_catalog(workdir, moto, TOKEN_LIFETIME) as (server, _restart):
+        yield server
+
+
+@contextlib.contextmanager
+def _own_catalog(workdir: Path, moto: Any, token_lifetime: int) -> Iterator[tuple[CatalogServer, Callable[..., None]]]:
+    """Another ``sqe-catalog serve`` on the session's moto, and a function restarting it on the same port."""
     from tests.conftest import (
         CatalogPrincipal,
         CatalogServer,
@@ -999,7 +1006,7 @@ def _short_lived_catalog(workdir: Path, moto: Any) -> Iterator[CatalogServer]:
     port = free_loopback_port()
     location = f"s3://{moto.bucket}/short_{uuid.uuid4().hex[:6]}"
     config_path = write_catalog_config(
-        workdir, moto, port, {"location": location}, token_lifetime_seconds=TOKEN_LIFETIME
+        workdir, moto, port, {"location": location}, token_lifetime_seconds=token_lifetime
     )
     server = CatalogServer(
         url=f"http://127.0.0.1:{port}",
@@ -1015,12 +1022,20 @@ def _short_lived_catalog(workdir: Path, moto: Any) -> Iterator[CatalogServer]:
     )
     server.secrets.add(moto.secret_access_key)
     server.admin = server.create_principal("admin", admin=True)
-    process = start_catalog_process(config_path, workdir, port)
-    server.pid = process.pid
+    processes = [start_catalog_process(config_path, workdir, port)]
+    server.pid = processes[-1].pid
+
+    def restart(new_signing_key: bool = False) -> None:
+        stop_process(processes[-1])
+        if new_signing_key:  # a fresh config: the same port and warehouse, another token signing key
+            write_catalog_config(workdir, moto, port, {"location": location}, token_lifetime_seconds=token_lifetime)
+        processes.append(start_catalog_process(config_path, workdir, port))
+        server.pid = processes[-1].pid
+
     try:
-        yield server
+        yield server, restart
     finally:
-        stop_process(process)
+        stop_process(processes[-1])
 
 
 def _exchanges(log: str, user: str) -> int:
@@ -1077,3 +1092,108 @@ def test_delegated_tokens_are_cached_per_user_re_exchanged_before_expiry_and_exp
         log = log_path.read_text(errors="replace")
         for secret in catalog.secrets:
             assert secret not in log and secret not in str(expired.value)
+
+
+# ------------------------------------------------------------------------------------- resources (issue 17)
+
+
+def _threads_and_fds(pid: int) -> tuple[int, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    threads = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:"))
+    return threads, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _settled(pid: int, baseline: tuple[int, int], slack: tuple[int, int], timeout: float) -> tuple[int, int]:
+    """The server's (threads, fds) once within ``slack`` of ``baseline``, or the last sample at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    now = _threads_and_fds(pid)
+    while time.monotonic() < deadline and (now[0] > baseline[0] + slack[0] or now[1] > baseline[1] + slack[1]):
+        time.sleep(0.25)
+        now = _threads_and_fds(pid)
+    return now
+
+
+def _alice_connections(served: Served, connections: int, queries: int) -> None:
+    """``connections`` ADBC connections one after another, each running ``queries`` queries, each closed."""
+    sql = f"SELECT id, ssn FROM {served.namespace}.people ORDER BY id"
+    for _ in range(connections):
+        conn = served.adbc("alice")
+        try:
+            for _ in range(queries):
+                with conn.cursor() as cur:
+                    cur.execute(sql)
+                    assert cur.fetch_arrow_table().column("ssn").to_pylist() == ["nnn-nn-3333", "nnn-nn-5555", None]
+        finally:
+            conn.close()
+
+
+def test_closed_client_connections_give_back_their_threads_and_descriptors(served_distributed: Served) -> None:
+    """A client without cookies is a session per connection: when it disconnects, its engine is closed at once.
+
+    The soak saw ~19 threads and ~10 descriptors (catalog sockets left in CLOSE_WAIT among them) kept per
+    connection until ``idle_session_seconds`` (15 min). A first round fills the process's bounded pools (gRPC
+    and Arrow executors, their eventfds); after that, more connections must not leave anything behind.
+    """
+    served = served_distributed
+    pid = served.proc.pid
+    _alice_connections(served, connections=4, queries=2)
+    time.sleep(3.0)  # the watchdog notices closed connections within about a second
+    baseline = _threads_and_fds(pid)
+    connections, queries = 20, 2
+    _alice_connections(served, connections, queries)
+    # slack below one per connection: a leak of a single thread or descriptor per connection still fails
+    threads, fds = _settled(pid, baseline, (4, 12), timeout=15)
+    assert threads <= baseline[0] + 4, f"threads {baseline[0]} -> {threads} after {connections} connections"
+    assert fds <= baseline[1] + 12, f"descriptors {baseline[1]} -> {fds} after {connections} connections"
+
+
+def test_queries_succeed_again_after_the_catalog_restarts_under_a_running_server(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    """The server's reader token, delegated tokens and engine sessions survive a catalog restart (issue 17)."""
+    from sqe_stack.provision import stop_child
+    from tests.conftest import CatalogPrincipal, pyiceberg_catalog
+
+    with _own_catalog(tmp_path / "catalog", catalog_server.moto, 3600) as (catalog, restart):
+        writer = _principal(catalog, "writer", [("NAMESPACE_FULL_METADATA", None), ("TABLE_CREATE", None)])
+        catalog.admin_cli("grant", "writer_role", "TABLE_WRITE_DATA", "--warehouse", catalog.warehouse)
+        alice = _principal(catalog, "alice", [("TABLE_READ_DATA", None)])
+        out = json.loads(catalog.admin_cli("create-principal", "engine", "--reader"))
+        reader = CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
+        catalog.secrets.add(reader.client_secret)
+        with pytest.MonkeyPatch.context() as env:
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+                env.delenv(name, raising=False)
+            writing = pyiceberg_catalog(catalog, writer)
+            writing.create_namespace("restart")
+            writing.create_table(("restart", "people"), schema=PEOPLE.schema).append(PEOPLE)
+        rules = tmp_path / "alice.json"
+        rules.write_text(json.dumps(ALICE), encoding="utf-8")
+        target = ["--warehouse", catalog.warehouse, "--namespace", "restart", "--table", "people"]
+        catalog.admin_cli("set-restrictions", *target, "--principal", "alice", "--file", str(rules))
+        workdir = tmp_path / "server"
+        workdir.mkdir()
+        proc, port = start_server(workdir, _write_configs(workdir, catalog, **_reader_settings(reader)))
+        client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
+        sql = "SELECT id, region, ssn FROM restart.people ORDER BY id"
+        token = catalog.token(alice)
+        try:
+            assert _query(client, sql, _bearer(token)).to_pylist() == ALICE_ROWS
+            restart()
+            # the very next calls, on the same connection and session, with the token issued before the restart
+            for _ in range(3):
+                assert _query(client, sql, _bearer(token)).to_pylist() == ALICE_ROWS
+            assert _query(client, sql, _bearer(catalog.token(alice))).to_pylist() == ALICE_ROWS
+            # another signing key: tokens of before are refused (fail closed), and the server's cached reader
+            # token with them; a user's fresh token works at once, so the server fetched a new reader token
+            restart(new_signing_key=True)
+            with pytest.raises(flight.FlightUnauthenticatedError):
+                _query(client, sql, _bearer(token))
+            assert _query(client, sql, _bearer(catalog.token(alice))).to_pylist() == ALICE_ROWS
+        finally:
+            client.close()
+            stop_child(proc)
+        log = (workdir / "server.log").read_text(errors="replace")
+        assert "Traceback" not in log
+        for secret in catalog.secrets:
+            assert secret not in log

@@ -62,10 +62,19 @@ def test_short_soak_under_faults_is_never_wrong_unrestricted_duplicated_or_untyp
         assert secret not in report.server_log, "a secret reached the server log"
 
 
+def test_short_soak_recovers_after_the_catalog_restarts(report: Any) -> None:
+    """Queries refused while the catalog is down are typed; once it answers again, every user's query succeeds."""
+    assert report.recovery_probe == {who: "ok" for who in ("full", "rowf", "mask")}, report.lines()
+
+
+def test_short_soak_leaves_no_threads_behind(report: Any) -> None:
+    assert report.server_end["Threads"] - report.server_start["Threads"] <= THREAD_GROWTH_BOUND, report.lines()
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="known defect found by the soak: sqe serve keeps about 2 gRPC sync-server threads and fds per query",
+    reason="known defect: with 5-second credentials the server keeps S3 connections to the store and their "
+    "eventfds (~190 established sockets, ~390 eventfds after 150 queries) once every session is closed",
 )
-def test_short_soak_leaves_no_file_descriptors_or_threads_behind(report: Any) -> None:
+def test_short_soak_leaves_no_file_descriptors_behind(report: Any) -> None:
     assert report.server_end["fds"] - report.server_start["fds"] <= FD_GROWTH_BOUND, report.lines()
-    assert report.server_end["Threads"] - report.server_start["Threads"] <= THREAD_GROWTH_BOUND, report.lines()
