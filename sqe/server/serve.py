@@ -12,7 +12,9 @@ import logging
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
+from typing import Any
 
 from sqe._text import first_line
 from sqe.config import load_config
@@ -40,13 +42,32 @@ def _tls(config: ServerConfig) -> list[tuple[bytes, bytes]] | None:
         raise SQEError(f"server.tls_cert/tls_key: cannot read {exc.filename}: {exc.strerror}") from None
 
 
+def _keep_tracebacks_off_the_wire() -> None:
+    """pyarrow's GetSchema handler (unlike GetFlightInfo's) turns a raised FlightError into a status whose detail
+    is Python's formatted traceback, sent to the client. Formatting honours ``sys.tracebacklimit``: at 0 the
+    detail is the exception's one line. The server's own logs keep whole tracebacks (``_FullTracebackFormatter``).
+    """
+    sys.tracebacklimit = 0
+
+
+class _FullTracebackFormatter(logging.Formatter):
+    """Log records with their whole traceback, whatever ``sys.tracebacklimit`` says (an explicit limit wins)."""
+
+    def formatException(self, ei: Any) -> str:
+        return "".join(traceback.format_exception(ei[0], ei[1], ei[2], limit=_LOG_TRACEBACK_FRAMES)).rstrip("\n")
+
+
+_LOG_TRACEBACK_FRAMES = 100
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     # a native crash (DuckDB, Arrow, gRPC) then leaves every thread's Python stack in the log
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    _keep_tracebacks_off_the_wire()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_FullTracebackFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
         return _serve(args.config, args.port_file)
     except SQEError as exc:

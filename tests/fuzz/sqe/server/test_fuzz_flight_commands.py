@@ -110,11 +110,13 @@ def _assert_typed(call: Callable[[], Any]) -> None:
 
 def _assert_typed_get_schema(call: Callable[[], Any]) -> None:
     """As :func:`_assert_typed`, for GetSchema: pyarrow 26's GetSchema callback does not turn a FlightError into
-    its status (GetFlightInfo does), so the client gets code UNKNOWN and pyarrow appends the Python traceback as
-    the status detail. What SQE controls, the first line, must still be its typed one-line error."""
+    its status (GetFlightInfo does), so the client gets code UNKNOWN and the status detail is the formatted Python
+    exception. ``sqe serve`` sets ``sys.tracebacklimit = 0`` so that detail is one line, never a traceback."""
     with pytest.raises(pa.ArrowException) as caught:
         call()
-    head = str(caught.value).split(". Detail:")[0]
+    text = str(caught.value)
+    assert "Traceback" not in text and 'File "' not in text, text
+    head = text.split(". Detail:")[0]
     assert_one_line(head)
     assert "Error:" in head and "internal error" not in head, head
 
