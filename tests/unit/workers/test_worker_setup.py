@@ -116,7 +116,8 @@ def pushed(**changes: object) -> CredentialSet:
         "access_key_id": "AK",
         "secret_access_key": "SECRET",
         "session_token": "TOKEN",
-        "expires_at_ms": int((time.time() + 600) * 1000),
+        # a day ahead: parametrize builds these at collection time, long before a full suite reaches them
+        "expires_at_ms": int((time.time() + 86400) * 1000),
     }
     values.update(changes)
     return CredentialSet(**values)  # type: ignore[arg-type]
