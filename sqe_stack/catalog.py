@@ -12,7 +12,8 @@ import json
 import secrets
 import sys
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -184,20 +185,25 @@ def _create_demo_principal(store: AuthStore, demo: DemoPrincipal) -> PrincipalCr
 
 
 def bootstrap_principals(config_path: Path) -> dict[str, PrincipalCredentials]:
-    """Create the demo principals, their roles and warehouse-wide grants; return their credentials.
+    """Create the demo principals, their roles and warehouse-wide grants; return their credentials."""
+    with principal_store(config_path, "creating the demo principals") as store:
+        return {demo.name: _create_demo_principal(store, demo) for demo in DEMO_PRINCIPALS}
 
-    Uses the same store the ``sqe-catalog admin`` commands use, on the config's database, in this process.
+
+@contextmanager
+def principal_store(config_path: Path, doing: str) -> Iterator[AuthStore]:
+    """The store the ``sqe-catalog admin`` commands use, on the config's database, in this process.
+
+    Its failures become one-line :class:`StackError` s that say what was being done (``doing``).
     """
     config = load_catalog_config(config_path)
     try:
         with open_auth_store(config) as store:
-            return {demo.name: _create_demo_principal(store, demo) for demo in DEMO_PRINCIPALS}
+            yield store
     except (CatalogError, CatalogConfigError) as exc:
-        raise StackError(f"creating the demo principals failed: {first_line(exc)}") from None
+        raise StackError(f"{doing} failed: {first_line(exc)}") from None
     except SQLAlchemyError as exc:
-        raise StackError(
-            f"creating the demo principals failed: database error: {describe_database_error(exc)}"
-        ) from None
+        raise StackError(f"{doing} failed: database error: {describe_database_error(exc)}") from None
 
 
 def catalog_log_path(dir: Path) -> Path:

@@ -257,14 +257,5 @@ def start_ceph(root: Path, started: list[Daemon]) -> StoreHandle:
     started.append(_spawn_osd(root, conf, osd_id))
     started.append(_spawn_rgw(root, conf))
     _wait_for_rgw(root, rgw_port, started)
-    access_key, secret_key = _create_user_and_role(conf)
     endpoint = f"http://{LOOPBACK}:{rgw_port}"
-    return StoreHandle(
-        kind="ceph",
-        s3_endpoint=endpoint,
-        sts_endpoint=endpoint,
-        role_arn=ROLE_ARN,
-        access_key_id=access_key,
-        secret_access_key=secret_key,
-        daemons=tuple(started),
-    )
+    return StoreHandle.one_endpoint("ceph", endpoint, ROLE_ARN, _create_user_and_role(conf), tuple(started))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqe_stack import STORES, ExternalStore, StackError, StackInfo, stack_status, start_stack, stop_stack
@@ -31,20 +32,17 @@ def _parser() -> argparse.ArgumentParser:
         "AWS_SECRET_ACCESS_KEY or --key-file)",
     )
     _add_external_flags(up)
-    up.add_argument(
-        "--credential-lifetime",
-        type=_positive_int,
-        default=3600,
-        metavar="SECONDS",
-        help="lifetime of vended credentials (default 3600; Ceph and moto accept a few seconds)",
-    )
-    up.add_argument(
-        "--workers",
-        type=_non_negative_int,
-        default=0,
-        metavar="N",
-        help="start N scan workers for the SQE server (default 0: the server scans in-process)",
-    )
+    for flag, minimum, default, metavar, text in (
+        (
+            "--credential-lifetime",
+            1,
+            3600,
+            "SECONDS",
+            "lifetime of vended credentials (default 3600; Ceph and moto accept a few seconds)",
+        ),
+        ("--workers", 0, 0, "N", "start N scan workers for the SQE server (default 0: the server scans in-process)"),
+    ):
+        up.add_argument(flag, type=_int_at_least(minimum), default=default, metavar=metavar, help=text)
     up.add_argument("--no-server", action="store_true", help="do not start the SQE server (sqe serve)")
     for name, text in (
         ("down", "stop the processes recorded in DIR/stack.json"),
@@ -77,24 +75,19 @@ def _external(args: argparse.Namespace) -> ExternalStore | None:
     )
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type`` for whole numbers of at least ``minimum``."""
 
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
+        return value
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return value
+    return parse
 
 
 def _print_endpoints(info: StackInfo) -> None:

@@ -143,13 +143,4 @@ def enable_iam_auth(endpoint: str) -> None:
 def start_moto(log_path: Path, started: list[Daemon]) -> StoreHandle:
     """Start moto with the catalog's user, key and role; the daemon is appended to ``started`` at once."""
     daemon, endpoint = launch_moto(log_path, started)
-    access_key, secret_key = create_catalog_identity(endpoint)
-    return StoreHandle(
-        kind="moto",
-        s3_endpoint=endpoint,
-        sts_endpoint=endpoint,
-        role_arn=ROLE_ARN,
-        access_key_id=access_key,
-        secret_access_key=secret_key,
-        daemons=(daemon,),
-    )
+    return StoreHandle.one_endpoint("moto", endpoint, ROLE_ARN, create_catalog_identity(endpoint), (daemon,))

@@ -72,6 +72,14 @@ class StoreHandle:
     secret_access_key: str = field(repr=False)
     daemons: tuple[Daemon, ...]
 
+    @classmethod
+    def one_endpoint(
+        cls, kind: str, endpoint: str, role_arn: str, keys: tuple[str, str], daemons: tuple[Daemon, ...] = ()
+    ) -> StoreHandle:
+        """A store that serves S3 and STS on the same endpoint (moto, RGW, rustack); ``keys`` = (key id, secret)."""
+        access_key_id, secret_access_key = keys
+        return cls(kind, endpoint, endpoint, role_arn, access_key_id, secret_access_key, daemons)
+
 
 def create_bucket(store: StoreHandle, bucket: str, region: str) -> None:
     """Create ``bucket`` on the store unless it exists, signed with the catalog's key (path-style: loopback has

@@ -17,15 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from sqe._text import first_line
-from sqe_catalog.admin import describe_database_error, open_auth_store
-from sqe_catalog.errors import CatalogError
-from sqe_catalog.errors import ConfigError as CatalogConfigError
-from sqe_stack.catalog import PrincipalCredentials, engine_settings_text, load_catalog_config
+from sqe_stack.catalog import PrincipalCredentials, engine_settings_text, principal_store
 from sqe_stack.ceph import CEPH_CLIENT_ENV
-from sqe_stack.provision import LOOPBACK, Daemon, StackError, free_ports, spawn, toml_str, wait_until, write_private
+from sqe_stack.provision import LOOPBACK, Daemon, free_ports, spawn, toml_str, wait_until, write_private
 
 READER = "sqe-engine"
 SERVER_CONFIG = "server.toml"
@@ -44,16 +38,8 @@ class Service:
 
 def create_reader_principal(catalog_config: Path) -> PrincipalCredentials:
     """The reader principal ``sqe-engine`` (no grants of its own: it only acts for end users)."""
-    config = load_catalog_config(catalog_config)
-    try:
-        with open_auth_store(config) as store:
-            client_id, client_secret = store.create_principal(READER, reader=True)
-    except (CatalogError, CatalogConfigError) as exc:
-        raise StackError(f"creating the reader principal failed: {first_line(exc)}") from None
-    except SQLAlchemyError as exc:
-        raise StackError(
-            f"creating the reader principal failed: database error: {describe_database_error(exc)}"
-        ) from None
+    with principal_store(catalog_config, "creating the reader principal") as store:
+        client_id, client_secret = store.create_principal(READER, reader=True)
     return PrincipalCredentials(name=READER, client_id=client_id, client_secret=client_secret)
 
 

@@ -12,7 +12,7 @@ import hashlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from sqe._counters import Counters
 from sqe.credentials import CredentialSet
@@ -84,29 +84,17 @@ class _ScopedTicket(Protocol):
     def table(self) -> WireTableId: ...
 
 
-def ticket_in_scope(ticket: _ScopedTicket, query_id: str, fragment_id: str, table: WireTableId | None) -> bool:
-    """Whether a Cancel/Refresh scope names this ticket's work (empty parts match anything; not all empty)."""
-    if not (query_id or fragment_id):
-        return False
-    if query_id and query_id != ticket.query_id:
-        return False
-    if fragment_id and fragment_id != ticket.fragment_id:
-        return False
-    return table is None or table == ticket.table
+TicketT = TypeVar("TicketT", bound=_ScopedTicket)
+FileIOT = TypeVar("FileIOT", bound=FragmentFileIO)
 
 
-class RunningFragment:
-    """One Execute call: its ticket, FileIO, cancel flag and progress."""
+class RunningCall(Generic[TicketT, FileIOT]):
+    """One registered call (a scan fragment or a rewrite): its ticket, FileIO and cancel flag."""
 
-    def __init__(self, ticket: DecodedTicket, io: FragmentFileIO, cancel: threading.Event) -> None:
+    def __init__(self, ticket: TicketT, io: FileIOT, cancel: threading.Event) -> None:
         self.ticket = ticket
         self.io = io
         self.cancel = cancel
-        self.metrics = ScanMetrics()
-        try:
-            self._read = build_read_spec(ticket.metadata, io, ticket.read_schema, ticket.row_filter)
-        except (ValueError, TypeError) as exc:  # the row filter does not bind to the table schema
-            raise InvalidTicketError(f"row_filter_json does not fit the table schema ({type(exc).__name__})") from None
 
     @property
     def fragment_id(self) -> str:
@@ -117,7 +105,26 @@ class RunningFragment:
         return self.ticket.query_id
 
     def in_scope(self, query_id: str, fragment_id: str, table: WireTableId | None) -> bool:
-        return ticket_in_scope(self.ticket, query_id, fragment_id, table)
+        """Whether a Cancel/Refresh scope names this call (empty parts match anything; not all empty)."""
+        if not (query_id or fragment_id):
+            return False
+        if query_id and query_id != self.ticket.query_id:
+            return False
+        if fragment_id and fragment_id != self.ticket.fragment_id:
+            return False
+        return table is None or table == self.ticket.table
+
+
+class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
+    """One Execute call: its ticket, FileIO, cancel flag and progress."""
+
+    def __init__(self, ticket: DecodedTicket, io: FragmentFileIO, cancel: threading.Event) -> None:
+        super().__init__(ticket, io, cancel)
+        self.metrics = ScanMetrics()
+        try:
+            self._read = build_read_spec(ticket.metadata, io, ticket.read_schema, ticket.row_filter)
+        except (ValueError, TypeError) as exc:  # the row filter does not bind to the table schema
+            raise InvalidTicketError(f"row_filter_json does not fit the table schema ({type(exc).__name__})") from None
 
     def stream(
         self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats

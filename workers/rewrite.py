@@ -25,11 +25,10 @@ from pyiceberg.schema import sanitize_column_names
 from sqe.credentials import CredentialSet, StorageSettings, normalize_location
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.rewrite import DecodedRewrite, encode_file_stats
-from sqe.distributed.protocol.ticket import WireTableId
 from sqe.errors import WorkerError
 from sqe.execution.local import QueryCancelledError
 from workers.fileio import FragmentFileIO, OpenCallback
-from workers.fragment import ticket_in_scope
+from workers.fragment import RunningCall
 
 if TYPE_CHECKING:
     from workers.fragment import WorkerStats
@@ -79,24 +78,8 @@ class RewriteFileIO(FragmentFileIO):
         return f"RewriteFileIO(outputs={len(self._allowed)})"
 
 
-class RunningRewrite:
+class RunningRewrite(RunningCall[DecodedRewrite, RewriteFileIO]):
     """One Rewrite call, registered beside fragments so Cancel and RefreshCredentials reach it."""
-
-    def __init__(self, ticket: DecodedRewrite, io: RewriteFileIO, cancel: threading.Event) -> None:
-        self.ticket = ticket
-        self.io = io
-        self.cancel = cancel
-
-    @property
-    def fragment_id(self) -> str:
-        return self.ticket.fragment_id
-
-    @property
-    def query_id(self) -> str:
-        return self.ticket.query_id
-
-    def in_scope(self, query_id: str, fragment_id: str, table: WireTableId | None) -> bool:
-        return ticket_in_scope(self.ticket, query_id, fragment_id, table)
 
     def run(self, stats: WorkerStats) -> pb.RewriteResponse:
         ticket = self.ticket

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import NoReturn
+from typing import NoReturn, TypedDict, TypeVar
 
 import grpc
 
@@ -42,11 +42,20 @@ from sqe.distributed.protocol.ticket import WireTableId, credentials_from_proto,
 from sqe.errors import CredentialError, CredentialExpiredError, RestrictionError
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from workers.environment import ambient_credentials_disabled
-from workers.fileio import FragmentFileIO
-from workers.fragment import FragmentRegistry, RunningFragment, WorkerStats
+from workers.fileio import FragmentFileIO, OpenCallback
+from workers.fragment import FragmentRegistry, Registered, RunningFragment, WorkerStats
 from workers.rewrite import OutputNotAllowedError, RewriteFileIO, RunningRewrite
 
 log = logging.getLogger("sqe.worker")
+
+CallT = TypeVar("CallT", bound=Registered)
+
+
+class _IOOptions(TypedDict):
+    cancel: threading.Event
+    pace_seconds: float
+    on_open: OpenCallback
+
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -111,29 +120,39 @@ class WorkerService:
             self._record_end(fragment, outcome)
 
     def _start(self, request: pb.ScanTicket, context: grpc.ServicerContext) -> RunningFragment:
-        cancel = threading.Event()
-        try:
-            ticket = decode_ticket(request)
-            pace = ticket.pace_seconds or self.settings.pace_seconds
-            io = FragmentFileIO(
-                ticket.credentials,
-                ticket.storage,
-                cancel=cancel,
-                pace_seconds=pace,
-                allow_local=self.settings.allow_local_files,
-                on_open=self.stats.credential_used,
-            )
-            fragment = RunningFragment(ticket, io, cancel)
-            self.registry.register(fragment)
-        except Exception as exc:
-            failure = fragment_failure(exc, None)
-            log.warning("fragment rejected: %s", failure.kind)
-            self._abort(context, failure)
-        context.add_callback(cancel.set)  # RPC over for any reason (client cancel, deadline): stop reading
+        fragment = self._admit(context, "fragment", lambda cancel: self._new_fragment(request, cancel))
+        ticket = fragment.ticket
         self.stats.add(fragments_started=1)
         sources = ",".join(sorted({c.source for c in ticket.credentials})) or "none"
         log.info("fragment %s started: %d files (credentials: %s)", fragment.fragment_id, ticket.files_total, sources)
         return fragment
+
+    def _new_fragment(self, request: pb.ScanTicket, cancel: threading.Event) -> RunningFragment:
+        ticket = decode_ticket(request)
+        options = self._io_options(ticket.pace_seconds, cancel)
+        io = FragmentFileIO(ticket.credentials, ticket.storage, allow_local=self.settings.allow_local_files, **options)
+        return RunningFragment(ticket, io, cancel)
+
+    def _io_options(self, ticket_pace: float, cancel: threading.Event) -> _IOOptions:
+        """What every call's FileIO shares: its cancel flag, the pace (the ticket's, else the worker's), the counter."""
+        return {
+            "cancel": cancel,
+            "pace_seconds": ticket_pace or self.settings.pace_seconds,
+            "on_open": self.stats.credential_used,
+        }
+
+    def _admit(self, context: grpc.ServicerContext, what: str, build: Callable[[threading.Event], CallT]) -> CallT:
+        """Build and register one call, or abort the RPC with its typed failure; the call stops when the RPC ends."""
+        cancel = threading.Event()
+        try:
+            call = build(cancel)
+            self.registry.register(call)
+        except Exception as exc:
+            failure = fragment_failure(exc, None)
+            log.warning("%s rejected: %s", what, failure.kind)
+            self._abort(context, failure)
+        context.add_callback(cancel.set)  # RPC over for any reason (client cancel, deadline): stop reading
+        return call
 
     def _fail(self, context: grpc.ServicerContext, failure: FragmentFailure, fragment: RunningFragment) -> NoReturn:
         if failure.kind == KIND_CREDENTIAL_EXPIRED:
@@ -186,27 +205,17 @@ class WorkerService:
         return response
 
     def _start_rewrite(self, request: pb.RewriteTicket, context: grpc.ServicerContext) -> RunningRewrite:
-        cancel = threading.Event()
-        try:
-            ticket = decode_rewrite_ticket(request)
-            io = RewriteFileIO(
-                ticket.credentials,
-                ticket.storage,
-                ticket.output_paths,
-                cancel=cancel,
-                pace_seconds=ticket.pace_seconds or self.settings.pace_seconds,
-                on_open=self.stats.credential_used,
-            )
-            rewrite = RunningRewrite(ticket, io, cancel)
-            self.registry.register(rewrite)
-        except Exception as exc:
-            failure = fragment_failure(exc, None)
-            log.warning("rewrite rejected: %s", failure.kind)
-            self._abort(context, failure)
-        context.add_callback(cancel.set)
+        rewrite = self._admit(context, "rewrite", lambda cancel: self._new_rewrite(request, cancel))
         self.stats.add(rewrites_started=1)
-        log.info("rewrite %s started: %d files", rewrite.fragment_id, ticket.files_total)
+        log.info("rewrite %s started: %d files", rewrite.fragment_id, rewrite.ticket.files_total)
         return rewrite
+
+    def _new_rewrite(self, request: pb.RewriteTicket, cancel: threading.Event) -> RunningRewrite:
+        ticket = decode_rewrite_ticket(request)
+        io = RewriteFileIO(
+            ticket.credentials, ticket.storage, ticket.output_paths, **self._io_options(ticket.pace_seconds, cancel)
+        )
+        return RunningRewrite(ticket, io, cancel)
 
     # -------------------------------------------------------------------------------- RefreshCredentials
 
@@ -270,6 +279,8 @@ def _refusal(pushed: list[CredentialSet], query_id: str, fragment_id: str, table
         if not cred.prefix:
             return "a credential set has no prefix"
         prefix = _quoted_prefix(cred.prefix)
+        if not cred.covers_object_store():
+            return f"the set for {prefix} is not for an s3:// location"
         if cred.source != "vended":
             return f"the set for {prefix} is not a vended set; only vended sets are refreshed"
         missing = cred.missing_parts()

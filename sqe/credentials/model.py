@@ -10,7 +10,8 @@ Two rules live here:
 - *usable*: a catalog entry counts only with an S3 key pair (keyless, ``fs.*``, GCS or ADLS entries never
   shadow a working one);
 - *complete* (what a ticket or a push needs): a vended set has key, secret, session token **and** expiry; a
-  static set has key and secret. A set without expiry is never given a made-up one.
+  static set has key and secret. A set without expiry is never given a made-up one. Its prefix is an S3
+  location (never ``file://`` or another store's scheme).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
+from urllib.parse import urlsplit
 
 from sqe.credentials.expiry import is_expired
 from sqe.errors import CatalogProtocolError
 from sqe.vocabulary import (
     CLIENT_REGION,
+    OBJECT_STORE_SCHEMES,
     S3_ACCESS_KEY_ID,
     S3_CONNECT_TIMEOUT,
     S3_ENDPOINT,
@@ -131,6 +134,14 @@ class CredentialSet:
         if self.source == "static":
             missing = [name for name in missing if name in ("access key id", "secret access key")]
         return missing
+
+    def covers_object_store(self) -> bool:
+        """Whether the prefix names an S3 location (``s3://``, ``s3a://``, ``s3n://``).
+
+        A ticket or a push with any other prefix (``file://``, ``gs://``, a bare path) is refused: keys are for the
+        object store, and a worker must never be steered to read its own local files.
+        """
+        return self.prefix is not None and urlsplit(self.prefix).scheme.lower() in OBJECT_STORE_SCHEMES
 
     def is_expired(self, now: float | None = None) -> bool:
         return is_expired(self.expires_at_ms, now)

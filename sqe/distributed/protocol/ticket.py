@@ -102,6 +102,8 @@ def check_complete(credentials: Sequence[CredentialSet], where: str) -> None:
     for cred in credentials:
         if not cred.prefix:
             raise InvalidTicketError(f"{where}: a credential set has no prefix")
+        if not cred.covers_object_store():
+            raise InvalidTicketError(f"{where}: a credential set's prefix is not an s3:// location")
         missing = cred.missing_parts()
         if missing:
             raise InvalidTicketError(

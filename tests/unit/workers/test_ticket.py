@@ -200,6 +200,14 @@ def test_complete_sets_pass_and_incomplete_ones_name_what_is_missing() -> None:
         check_complete([vended("")], "ticket")
 
 
+@pytest.mark.parametrize("prefix", ["file:///etc", "gs://bucket/t", "abfss://c@a/t", "/var/data", "bucket/t"])
+def test_credential_sets_for_anything_but_s3_are_refused(prefix: str) -> None:
+    # A worker must never be steered to local files or another store by a ticket's credential prefix.
+    with pytest.raises(InvalidTicketError, match=r"not an s3:// location"):
+        check_complete([vended(prefix)], "ticket")
+    check_complete([vended("S3A://Bucket/t"), vended("s3n://other/t")], "ticket")
+
+
 def test_credential_sets_hide_secrets_and_refuse_pickling() -> None:
     cred = vended()
     assert SECRET not in repr(cred) and TOKEN not in repr(cred) and "ASIAEXAMPLEKEY" not in repr(cred)

@@ -136,6 +136,9 @@ TABLE = WireTableId("wh", ("ns",), "t")
         ([pushed(source="static")], "", "f", None, "not a vended set"),
         ([pushed(expires_at_ms=1000)], "", "f", None, "already expired"),
         ([pushed(), pushed(secret_access_key="")], "", "f", None, "missing secret access key"),
+        ([pushed(prefix="file:///etc")], "", "f", None, "not for an s3:// location"),
+        ([pushed(prefix="gs://b/t")], "", "f", None, "not for an s3:// location"),
+        ([pushed(prefix="/var/data")], "", "f", None, "not for an s3:// location"),
     ],
 )
 def test_incomplete_or_pointless_pushes_are_refused(
