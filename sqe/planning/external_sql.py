@@ -20,6 +20,7 @@ import pyarrow as pa
 from sqe._text import first_line
 from sqe.errors import QueryError
 from sqe.planning.sql_analysis import Node, walk
+from sqe.planning.tokens import sql_tokens
 
 # DuckDB's names for the three file functions (and their aliases) -> the format SQE reads.
 FILE_FUNCTIONS: dict[str, str] = {
@@ -101,12 +102,7 @@ ExternalStatement = CreateExternal | DropExternal | ShowExternal | Optimize
 
 def char_tokens(text: str) -> list[tuple[int, str]]:
     """DuckDB's tokens of ``text`` as (character offset, kind), comments left out."""
-    encoded = text.encode()
-    return [
-        (len(encoded[:start].decode(errors="ignore")), str(kind).rsplit(".", 1)[-1])
-        for start, kind in duckdb.tokenize(text)
-        if not str(kind).lower().endswith("comment")
-    ]
+    return [(start, kind) for start, kind in sql_tokens(text) if kind != "comment"]
 
 
 def _nesting(text: str) -> Iterator[tuple[int, str, int]]:

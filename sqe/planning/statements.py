@@ -22,6 +22,7 @@ import duckdb
 
 from sqe._text import first_line
 from sqe.errors import QueryError
+from sqe.planning.tokens import sql_tokens
 
 StatementKind = Literal[
     "select",
@@ -478,11 +479,10 @@ def _execute(text: str, tokens: list[_Token]) -> Statement:
 
 
 def _tokens(text: str) -> list[_Token]:
-    raw = duckdb.tokenize(text)
+    raw = sql_tokens(text)
     tokens: list[_Token] = []
-    for index, (start, kind) in enumerate(raw):
+    for index, (start, kind_name) in enumerate(raw):
         stop = raw[index + 1][0] if index + 1 < len(raw) else len(text)
-        kind_name = str(kind).rsplit(".", 1)[-1]
         if kind_name == "comment":
             continue
         piece = text[start:stop].rstrip()

@@ -404,6 +404,18 @@ def test_insert_parts(parser: duckdb.DuckDBPyConnection) -> None:
     assert classify(parser, "INSERT INTO ns.t DEFAULT VALUES").body is None
 
 
+def test_non_ascii_names_and_literals_never_shift_a_cut(parser: duckdb.DuckDBPyConnection) -> None:
+    # DuckDB's tokenizer counts UTF-8 bytes; the statement parts are cut by character.
+    insert = classify(parser, 'INSERT INTO "tä" SELECT \'日本\' AS "naïve" -- ü comment\n')
+    assert insert.target == ("tä",) and insert.text[slice(*insert.target_span)] == '"tä"'  # type: ignore[misc]
+    assert insert.body == "SELECT '日本' AS \"naïve\" -- ü comment"
+    ctas = classify(parser, "CREATE TABLE ns.\"größe\" AS SELECT '€' AS x")
+    assert ctas.target == ("ns", "größe") and ctas.body == "SELECT '€' AS x"
+    travel = classify(parser, "SELECT 'é' FROM ns.\"tä\" FOR VERSION AS OF 5 x")
+    assert travel.text == "SELECT 'é' FROM \"__sqe_tt_0\" x"
+    assert [(t.parts, t.value) for t in travel.travels] == [(("ns", "tä"), "5")]
+
+
 @pytest.mark.parametrize(
     "metadata",
     [
