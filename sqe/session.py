@@ -145,7 +145,11 @@ class Result:
         return pa.RecordBatchReader.from_batches(source.schema, self._translated(source))
 
     def fetchall(self) -> list[tuple[Any, ...]]:
-        return [tuple(row.values()) for row in self.arrow().to_pylist()]
+        # By position, not through per-row dicts: two result columns may share a name (``SELECT a, a``).
+        table = self.arrow()
+        if not table.num_columns:
+            return [()] * table.num_rows
+        return list(zip(*(column.to_pylist() for column in table.columns), strict=True))
 
     def _translated(self, source: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
         try:

@@ -460,3 +460,10 @@ def test_limit_stops_the_scan_and_its_reader_threads(session: Session) -> None:
     for reader in readers:
         reader.join(2)
         assert not reader.is_alive()
+
+
+def test_fetchall_keeps_every_column_even_when_names_repeat(session: Session) -> None:
+    assert session.sql("SELECT 1 AS a, 2 AS a, 'x' AS b UNION ALL SELECT 3, 4, NULL").fetchall() == [
+        (1, 2, "x"),
+        (3, 4, None),
+    ]
