@@ -1038,6 +1038,38 @@ def _own_catalog(workdir: Path, moto: Any, token_lifetime: int) -> Iterator[tupl
         stop_process(processes[-1])
 
 
+def _alice_behind_a_reader(
+    catalog: CatalogServer, tmp_path: Path, namespace: str
+) -> tuple[CatalogPrincipal, subprocess.Popen[bytes], flight.FlightClient, Path]:
+    """``namespace.people`` restricted for alice, and an SQE server that reads it as the trusted reader ``engine``.
+
+    Returns alice, the server process, a Flight client of it and the server's work directory (its log is there).
+    """
+    from tests.conftest import CatalogPrincipal as Principal
+    from tests.conftest import pyiceberg_catalog
+
+    writer = _principal(catalog, "writer", [("NAMESPACE_FULL_METADATA", None), ("TABLE_CREATE", None)])
+    catalog.admin_cli("grant", "writer_role", "TABLE_WRITE_DATA", "--warehouse", catalog.warehouse)
+    alice = _principal(catalog, "alice", [("TABLE_READ_DATA", None)])
+    out = json.loads(catalog.admin_cli("create-principal", "engine", "--reader"))
+    reader = Principal(out["name"], out["client_id"], out["client_secret"])
+    catalog.secrets.add(reader.client_secret)
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            env.delenv(name, raising=False)
+        writing = pyiceberg_catalog(catalog, writer)
+        writing.create_namespace(namespace)
+        writing.create_table((namespace, "people"), schema=PEOPLE.schema).append(PEOPLE)
+    rules = tmp_path / "alice.json"
+    rules.write_text(json.dumps(ALICE), encoding="utf-8")
+    target = ["--warehouse", catalog.warehouse, "--namespace", namespace, "--table", "people"]
+    catalog.admin_cli("set-restrictions", *target, "--principal", "alice", "--file", str(rules))
+    workdir = tmp_path / "server"
+    workdir.mkdir()
+    proc, port = start_server(workdir, _write_configs(workdir, catalog, **_reader_settings(reader)))
+    return alice, proc, flight.FlightClient(f"grpc://127.0.0.1:{port}"), workdir
+
+
 def _exchanges(log: str, user: str) -> int:
     return sum(1 for line in log.splitlines() if f"delegated token for user:{user} exchanged" in line)
 
@@ -1046,29 +1078,9 @@ def test_delegated_tokens_are_cached_per_user_re_exchanged_before_expiry_and_exp
     catalog_server: CatalogServer, tmp_path: Path
 ) -> None:
     from sqe_stack.provision import stop_child
-    from tests.conftest import CatalogPrincipal, pyiceberg_catalog
 
     with _short_lived_catalog(tmp_path / "catalog", catalog_server.moto) as catalog:
-        writer = _principal(catalog, "writer", [("NAMESPACE_FULL_METADATA", None), ("TABLE_CREATE", None)])
-        catalog.admin_cli("grant", "writer_role", "TABLE_WRITE_DATA", "--warehouse", catalog.warehouse)
-        alice = _principal(catalog, "alice", [("TABLE_READ_DATA", None)])
-        out = json.loads(catalog.admin_cli("create-principal", "engine", "--reader"))
-        reader = CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
-        catalog.secrets.add(reader.client_secret)
-        with pytest.MonkeyPatch.context() as env:
-            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-                env.delenv(name, raising=False)
-            writing = pyiceberg_catalog(catalog, writer)
-            writing.create_namespace("short")
-            writing.create_table(("short", "people"), schema=PEOPLE.schema).append(PEOPLE)
-        rules = tmp_path / "alice.json"
-        rules.write_text(json.dumps(ALICE), encoding="utf-8")
-        target = ["--warehouse", catalog.warehouse, "--namespace", "short", "--table", "people"]
-        catalog.admin_cli("set-restrictions", *target, "--principal", "alice", "--file", str(rules))
-        workdir = tmp_path / "server"
-        workdir.mkdir()
-        proc, port = start_server(workdir, _write_configs(workdir, catalog, **_reader_settings(reader)))
-        client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
+        alice, proc, client, workdir = _alice_behind_a_reader(catalog, tmp_path, "short")
         sql = "SELECT id, region, ssn FROM short.people ORDER BY id"
         log_path = workdir / "server.log"
         try:
@@ -1155,29 +1167,9 @@ def test_queries_succeed_again_after_the_catalog_restarts_under_a_running_server
 ) -> None:
     """The server's reader token, delegated tokens and engine sessions survive a catalog restart (issue 17)."""
     from sqe_stack.provision import stop_child
-    from tests.conftest import CatalogPrincipal, pyiceberg_catalog
 
     with _own_catalog(tmp_path / "catalog", catalog_server.moto, 3600) as (catalog, restart):
-        writer = _principal(catalog, "writer", [("NAMESPACE_FULL_METADATA", None), ("TABLE_CREATE", None)])
-        catalog.admin_cli("grant", "writer_role", "TABLE_WRITE_DATA", "--warehouse", catalog.warehouse)
-        alice = _principal(catalog, "alice", [("TABLE_READ_DATA", None)])
-        out = json.loads(catalog.admin_cli("create-principal", "engine", "--reader"))
-        reader = CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
-        catalog.secrets.add(reader.client_secret)
-        with pytest.MonkeyPatch.context() as env:
-            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-                env.delenv(name, raising=False)
-            writing = pyiceberg_catalog(catalog, writer)
-            writing.create_namespace("restart")
-            writing.create_table(("restart", "people"), schema=PEOPLE.schema).append(PEOPLE)
-        rules = tmp_path / "alice.json"
-        rules.write_text(json.dumps(ALICE), encoding="utf-8")
-        target = ["--warehouse", catalog.warehouse, "--namespace", "restart", "--table", "people"]
-        catalog.admin_cli("set-restrictions", *target, "--principal", "alice", "--file", str(rules))
-        workdir = tmp_path / "server"
-        workdir.mkdir()
-        proc, port = start_server(workdir, _write_configs(workdir, catalog, **_reader_settings(reader)))
-        client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
+        alice, proc, client, workdir = _alice_behind_a_reader(catalog, tmp_path, "restart")
         sql = "SELECT id, region, ssn FROM restart.people ORDER BY id"
         token = catalog.token(alice)
         try:
