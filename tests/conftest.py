@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,6 +273,27 @@ def start_catalog_process(config_path: Path, workdir: Path, port: int) -> Daemon
     return process
 
 
+def catalog_record(
+    workdir: Path, moto: MotoServer, port: int, config_path: Path, location: str | None = None
+) -> CatalogServer:
+    """The record of a catalog about to be started from ``config_path``, with its admin principal created."""
+    server = CatalogServer(
+        url=f"http://127.0.0.1:{port}",
+        port=port,
+        pid=0,
+        warehouse=CATALOG_WAREHOUSE,
+        warehouse_location=location or f"s3://{moto.bucket}/{CATALOG_WAREHOUSE}",
+        workdir=workdir,
+        config_path=config_path,
+        log_path=catalog_log_path(workdir),
+        moto=moto,
+        admin=CatalogPrincipal("", "", ""),
+    )
+    server.secrets.add(moto.secret_access_key)
+    server.admin = server.create_principal("admin", admin=True)
+    return server
+
+
 @pytest.fixture(scope="session")
 def catalog_server(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> Iterator[CatalogServer]:
     """``sqe-catalog serve`` on a free port (debug log in ``log_path``), warehouse ``wh``, an admin."""
@@ -280,22 +301,7 @@ def catalog_server(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoSe
     port = free_loopback_port()
     # Tag-based policies on (tests/conformance/policies): without policies or tags nothing changes for others.
     config_path = write_catalog_config(workdir, moto_server, port, read_restriction_policies=True)
-    log_path = catalog_log_path(workdir)
-    placeholder = CatalogPrincipal("", "", "")
-    server = CatalogServer(
-        url=f"http://127.0.0.1:{port}",
-        port=port,
-        pid=0,
-        warehouse=CATALOG_WAREHOUSE,
-        warehouse_location=f"s3://{moto_server.bucket}/{CATALOG_WAREHOUSE}",
-        workdir=workdir,
-        config_path=config_path,
-        log_path=log_path,
-        moto=moto_server,
-        admin=placeholder,
-    )
-    server.secrets.add(moto_server.secret_access_key)
-    server.admin = server.create_principal("admin", admin=True)
+    server = catalog_record(workdir, moto_server, port, config_path)
     process = start_catalog_process(config_path, workdir, port)
     server.pid = process.pid
     try:
@@ -319,29 +325,38 @@ def write_catalog_config_variant(
 def catalog_variant(workdir: Path, moto: MotoServer, **warehouse: Any) -> Iterator[CatalogServer]:
     """Another ``sqe-catalog serve`` on ``moto`` with its own database, an admin principal and warehouse ``wh``
     whose ``[[warehouses]]`` settings are overridden by ``warehouse``; stopped on exit."""
-    port = free_loopback_port()
-    config_path = write_catalog_config_variant(workdir, moto, port, warehouse)
-    location = str(warehouse.get("location", f"s3://{moto.bucket}/{CATALOG_WAREHOUSE}"))
-    server = CatalogServer(
-        url=f"http://127.0.0.1:{port}",
-        port=port,
-        pid=0,
-        warehouse=CATALOG_WAREHOUSE,
-        warehouse_location=location,
-        workdir=workdir,
-        config_path=config_path,
-        log_path=catalog_log_path(workdir),
-        moto=moto,
-        admin=CatalogPrincipal("", "", ""),
-    )
-    server.secrets.add(moto.secret_access_key)
-    server.admin = server.create_principal("admin", admin=True)
-    process = start_catalog_process(config_path, workdir, port)
-    server.pid = process.pid
-    try:
+    with restartable_catalog(workdir, moto, warehouse) as (server, _restart):
         yield server
+
+
+RestartCatalog = Callable[..., None]
+
+
+@contextlib.contextmanager
+def restartable_catalog(
+    workdir: Path, moto: MotoServer, warehouse: dict[str, Any], **settings: Any
+) -> Iterator[tuple[CatalogServer, RestartCatalog]]:
+    """Another ``sqe-catalog serve`` on ``moto`` (``[[warehouses]]`` keys from ``warehouse``, server keys from
+    ``settings``), and ``restart(new_signing_key=False)`` that starts it again on the same port and database
+    (with a new token signing key when asked); stopped on exit."""
+    port = free_loopback_port()
+    config_path = write_catalog_config_variant(workdir, moto, port, warehouse, **settings)
+    location = str(warehouse.get("location", f"s3://{moto.bucket}/{CATALOG_WAREHOUSE}"))
+    server = catalog_record(workdir, moto, port, config_path, location)
+    processes = [start_catalog_process(config_path, workdir, port)]
+    server.pid = processes[-1].pid
+
+    def restart(new_signing_key: bool = False) -> None:
+        stop_process(processes[-1])
+        if new_signing_key:  # a fresh config: the same port and warehouse, another token signing key
+            write_catalog_config_variant(workdir, moto, port, warehouse, **settings)
+        processes.append(start_catalog_process(config_path, workdir, port))
+        server.pid = processes[-1].pid
+
+    try:
+        yield server, restart
     finally:
-        stop_process(process)
+        stop_process(processes[-1])
 
 
 def write_sqe_config(

@@ -27,15 +27,10 @@ import sqe.api
 from sqe.errors import AuthenticationError, PermissionDeniedError, SQEError
 from sqe.session import Session
 from tests.conftest import (
-    CATALOG_WAREHOUSE,
     CatalogPrincipal,
     CatalogServer,
-    catalog_log_path,
-    free_loopback_port,
     pyiceberg_catalog,
-    start_catalog_process,
-    stop_process,
-    write_catalog_config_variant,
+    restartable_catalog,
     write_sqe_config,
 )
 
@@ -223,28 +218,8 @@ def test_reader_status_or_grant_revoked_mid_session_fails_the_next_query(
 @contextlib.contextmanager
 def _short_token_catalog(workdir: Path, moto: MotoServer) -> Iterator[CatalogServer]:
     """Another ``sqe-catalog serve`` on ``moto`` whose access tokens live SHORT_LIFETIME seconds."""
-    port = free_loopback_port()
-    config_path = write_catalog_config_variant(workdir, moto, port, {}, token_lifetime_seconds=SHORT_LIFETIME)
-    server = CatalogServer(
-        url=f"http://127.0.0.1:{port}",
-        port=port,
-        pid=0,
-        warehouse=CATALOG_WAREHOUSE,
-        warehouse_location=f"s3://{moto.bucket}/{CATALOG_WAREHOUSE}",
-        workdir=workdir,
-        config_path=config_path,
-        log_path=catalog_log_path(workdir),
-        moto=moto,
-        admin=CatalogPrincipal("", "", ""),
-    )
-    server.secrets.add(moto.secret_access_key)
-    server.admin = server.create_principal("admin", admin=True)
-    process = start_catalog_process(config_path, workdir, port)
-    server.pid = process.pid
-    try:
+    with restartable_catalog(workdir, moto, {}, token_lifetime_seconds=SHORT_LIFETIME) as (server, _restart):
         yield server
-    finally:
-        stop_process(process)
 
 
 def _exchanges_for(server: CatalogServer, end_user: str) -> int:

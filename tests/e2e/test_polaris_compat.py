@@ -17,13 +17,14 @@ import pytest
 from pyiceberg.catalog.rest import RestCatalog
 
 import sqe.api
-from sqe_stack.catalog import catalog_log_path, spawn_catalog
+from sqe_stack.catalog import spawn_catalog
 from sqe_stack.provision import http_status, wait_until
 from tests.conftest import (
     CATALOG_WAREHOUSE,
     CatalogPrincipal,
     CatalogServer,
     MotoServer,
+    catalog_record,
     free_loopback_port,
     stop_process,
     write_catalog_config,
@@ -41,19 +42,7 @@ def polaris(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -
     workdir = tmp_path_factory.mktemp("polaris-mode")
     port = free_loopback_port()
     config_path = write_catalog_config(workdir, moto_server, port, None, polaris_compat=True)
-    server = CatalogServer(
-        url=f"http://127.0.0.1:{port}",
-        port=port,
-        pid=0,
-        warehouse=CATALOG_WAREHOUSE,
-        warehouse_location=f"s3://{moto_server.bucket}/{CATALOG_WAREHOUSE}",
-        workdir=workdir,
-        config_path=config_path,
-        log_path=catalog_log_path(workdir),
-        moto=moto_server,
-        admin=CatalogPrincipal("", "", ""),
-    )
-    server.admin = server.create_principal("admin", admin=True)
+    server = catalog_record(workdir, moto_server, port, config_path)
     process = spawn_catalog(workdir, config_path, {})
     server.pid = process.pid
     wait_until(lambda: http_status(f"{server.url}{BASE}/v1/config") == 401, "polaris-mode catalog", 60, [process])

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -990,52 +990,12 @@ def _short_lived_catalog(workdir: Path, moto: Any) -> Iterator[CatalogServer]:
         yield server
 
 
-@contextlib.contextmanager
-def _own_catalog(workdir: Path, moto: Any, token_lifetime: int) -> Iterator[tuple[CatalogServer, Callable[..., None]]]:
-    """Another ``sqe-catalog serve`` on the session's moto, and a function restarting it on the same port."""
-    from tests.conftest import (
-        CatalogPrincipal,
-        CatalogServer,
-        catalog_log_path,
-        free_loopback_port,
-        start_catalog_process,
-        stop_process,
-        write_catalog_config,
-    )
+def _own_catalog(workdir: Path, moto: Any, token_lifetime: int) -> Any:
+    """Another ``sqe-catalog serve`` on the session's moto in its own location, and a function restarting it."""
+    from tests.conftest import restartable_catalog
 
-    port = free_loopback_port()
-    location = f"s3://{moto.bucket}/short_{uuid.uuid4().hex[:6]}"
-    config_path = write_catalog_config(
-        workdir, moto, port, {"location": location}, token_lifetime_seconds=token_lifetime
-    )
-    server = CatalogServer(
-        url=f"http://127.0.0.1:{port}",
-        port=port,
-        pid=0,
-        warehouse="wh",
-        warehouse_location=location,
-        workdir=workdir,
-        config_path=config_path,
-        log_path=catalog_log_path(workdir),
-        moto=moto,
-        admin=CatalogPrincipal("", "", ""),
-    )
-    server.secrets.add(moto.secret_access_key)
-    server.admin = server.create_principal("admin", admin=True)
-    processes = [start_catalog_process(config_path, workdir, port)]
-    server.pid = processes[-1].pid
-
-    def restart(new_signing_key: bool = False) -> None:
-        stop_process(processes[-1])
-        if new_signing_key:  # a fresh config: the same port and warehouse, another token signing key
-            write_catalog_config(workdir, moto, port, {"location": location}, token_lifetime_seconds=token_lifetime)
-        processes.append(start_catalog_process(config_path, workdir, port))
-        server.pid = processes[-1].pid
-
-    try:
-        yield server, restart
-    finally:
-        stop_process(processes[-1])
+    location = {"location": f"s3://{moto.bucket}/short_{uuid.uuid4().hex[:6]}"}
+    return restartable_catalog(workdir, moto, location, token_lifetime_seconds=token_lifetime)
 
 
 def _alice_behind_a_reader(
