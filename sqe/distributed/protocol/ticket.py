@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, ClassVar, NoReturn, cast
+from typing import Any, ClassVar, NoReturn, TypedDict, cast
 
 from pydantic import TypeAdapter
 from pyiceberg.exceptions import ValidationError as IcebergValidationError
@@ -186,16 +186,30 @@ def _decode_tagged(kind: str, raw: object) -> object:
 # ----------------------------------------------------------------------------------------- files and tasks
 
 
-def encode_task(task: FileScanTask) -> pb.FileTask:
-    data = task.file
-    data_file = pb.DataFile(
-        file_path=data.file_path,
-        file_format=_format_name(data.file_format),
-        file_size_in_bytes=data.file_size_in_bytes,
-        record_count=data.record_count,
-        spec_id=data.spec_id,
-        partition_json=encode_partition(data.partition),
+class _FileFields(TypedDict):
+    """The fields ``DataFile`` and ``DeleteFile`` messages share."""
+
+    file_path: str
+    file_format: str
+    file_size_in_bytes: int
+    record_count: int
+    spec_id: int
+    partition_json: bytes
+
+
+def _file_fields(data_file: DataFile) -> _FileFields:
+    return _FileFields(
+        file_path=data_file.file_path,
+        file_format=_format_name(data_file.file_format),
+        file_size_in_bytes=data_file.file_size_in_bytes,
+        record_count=data_file.record_count,
+        spec_id=data_file.spec_id,
+        partition_json=encode_partition(data_file.partition),
     )
+
+
+def encode_task(task: FileScanTask) -> pb.FileTask:
+    data_file = pb.DataFile(**_file_fields(task.file))
     deletes = [_encode_delete(d) for d in sorted(task.delete_files, key=lambda d: d.file_path)]
     return pb.FileTask(data_file=data_file, delete_files=deletes)
 
@@ -203,15 +217,7 @@ def encode_task(task: FileScanTask) -> pb.FileTask:
 def _encode_delete(delete: DataFile) -> pb.DeleteFile:
     if delete.content == DataFileContent.EQUALITY_DELETES:
         raise InvalidTicketError(f"equality delete files are not supported: {delete.file_path}")
-    message = pb.DeleteFile(
-        file_path=delete.file_path,
-        file_format=_format_name(delete.file_format),
-        content=pb.DELETE_CONTENT_POSITION,
-        file_size_in_bytes=delete.file_size_in_bytes,
-        record_count=delete.record_count,
-        spec_id=delete.spec_id,
-        partition_json=encode_partition(delete.partition),
-    )
+    message = pb.DeleteFile(content=pb.DELETE_CONTENT_POSITION, **_file_fields(delete))
     referenced, offset, size = (_v3_value(delete, name) for name in _V3_DV_FIELDS)
     if isinstance(referenced, str):
         message.referenced_data_file = referenced
