@@ -424,11 +424,7 @@ class SessionRegistry:
         return len(gone)
 
     def close(self) -> None:
-        with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
-            self._aliases.clear()
-        for session in sessions:
-            session.close()
+        self._close_where(lambda _session: True)
 
 
 def _peer_gone(session: ClientSession, connected: set[Endpoint], seen_at: float) -> bool:
