@@ -173,19 +173,20 @@ def oauth_error_code(response: requests.Response) -> str:
     return error if isinstance(error, str) else ""
 
 
-def oauth_error(response: requests.Response, *sent: str) -> str:
-    """The refusal's description as one line, with any of the ``sent`` secrets or tokens blanked out."""
+def oauth_error(response: requests.Response, *sent: str, fallback: str = "no details", limit: int | None = None) -> str:
+    """The refusal's description (OAuth ``error`` or ErrorModel ``message``; ``fallback`` when it has none) as one
+    line of at most ``limit`` characters, with any of the ``sent`` secrets or tokens blanked out."""
     try:
         body = response.json()
     except ValueError:
         body = None
-    text = "no details"
+    text = fallback
     if isinstance(body, dict):
         if isinstance(body.get("error"), str):
             text = str(body.get("error_description") or body["error"])
         elif isinstance(body.get("error"), dict):
-            text = str(body["error"].get("message", "no details"))
+            text = str(body["error"].get("message") or fallback)
     for value in sent:
         if value:
             text = text.replace(value, "***")
-    return first_line(text)
+    return first_line(text, limit=limit)

@@ -30,8 +30,7 @@ from typing import Any, NoReturn
 
 import requests
 
-from sqe._text import first_line
-from sqe.catalog._auth import client_credentials_form, expires_in_of, refresh_point
+from sqe.catalog._auth import client_credentials_form, expires_in_of, oauth_error, refresh_point
 from sqe.catalog._delegation import token_exchange_form
 from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavailableError
 
@@ -259,14 +258,4 @@ class IdentityBroker:
 
 def _oauth_error(response: requests.Response) -> str:
     """The OAuth/ErrorModel error text of a refusal, one line (an error JSON never carries a token)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return f"HTTP {response.status_code}"
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, str):
-            return first_line(str(body.get("error_description") or error), limit=200)
-        if isinstance(error, dict):
-            return first_line(str(error.get("message") or f"HTTP {response.status_code}"), limit=200)
-    return f"HTTP {response.status_code}"
+    return oauth_error(response, fallback=f"HTTP {response.status_code}", limit=200)
