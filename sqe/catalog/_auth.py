@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import requests
 
@@ -99,12 +100,7 @@ class BearerAuth(requests.auth.AuthBase):
     def _fetch(self) -> Token:
         if not self._client_id:
             raise AuthenticationError("no catalog credentials configured (catalog.client_id or catalog.token)")
-        data = {
-            "grant_type": "client_credentials",
-            "client_id": self._client_id,
-            "client_secret": self._client_secret,
-            "scope": self._scope,
-        }
+        data = client_credentials_form(self._client_id, self._client_secret, self._scope)
         sent_at = time.time()
         response = post_token_request(self._session, self._token_url, data)
         if response.status_code in (400, 401, 403):
@@ -115,6 +111,11 @@ class BearerAuth(requests.auth.AuthBase):
             )
         require_ok(response)
         return token_from_response(response, sent_at)
+
+
+def client_credentials_form(client_id: str, client_secret: str, scope: str) -> dict[str, str]:
+    """The token request form of the OAuth 2.0 ``client_credentials`` grant."""
+    return {"grant_type": "client_credentials", "client_id": client_id, "client_secret": client_secret, "scope": scope}
 
 
 def post_token_request(session: requests.Session, token_url: str, data: dict[str, str]) -> requests.Response:
@@ -141,13 +142,25 @@ def token_from_response(response: requests.Response, now: float) -> Token:
     try:
         body = response.json()
         value = str(body["access_token"])
-        expires_in = body.get("expires_in")
+        expires_in = expires_in_of(body)
     except (ValueError, KeyError, TypeError):
         raise CatalogProtocolError("catalog token response is not a valid OAuth token response") from None
-    if isinstance(expires_in, int | float) and not isinstance(expires_in, bool) and expires_in > 0:
-        margin = min(_REFRESH_MAX_MARGIN, expires_in * _REFRESH_SHARE)
-        return Token(value, now + expires_in, now + expires_in - margin, now)
+    if expires_in is not None:
+        return Token(value, now + expires_in, refresh_point(now, expires_in), now)
     return Token(value, None, None)
+
+
+def expires_in_of(body: Mapping[str, Any]) -> float | None:
+    """A token response's ``expires_in`` when it is a positive number of seconds, else None."""
+    expires_in = body.get("expires_in")
+    if isinstance(expires_in, int | float) and not isinstance(expires_in, bool) and expires_in > 0:
+        return expires_in
+    return None
+
+
+def refresh_point(now: float, expires_in: float) -> float:
+    """When to fetch anew a token issued at ``now`` for ``expires_in`` seconds (see ``_REFRESH_SHARE``)."""
+    return now + expires_in - min(_REFRESH_MAX_MARGIN, expires_in * _REFRESH_SHARE)
 
 
 def oauth_error_code(response: requests.Response) -> str:
@@ -160,19 +173,20 @@ def oauth_error_code(response: requests.Response) -> str:
     return error if isinstance(error, str) else ""
 
 
-def oauth_error(response: requests.Response, *sent: str) -> str:
-    """The refusal's description as one line, with any of the ``sent`` secrets or tokens blanked out."""
+def oauth_error(response: requests.Response, *sent: str, fallback: str = "no details", limit: int | None = None) -> str:
+    """The refusal's description (OAuth ``error`` or ErrorModel ``message``; ``fallback`` when it has none) as one
+    line of at most ``limit`` characters, with any of the ``sent`` secrets or tokens blanked out."""
     try:
         body = response.json()
     except ValueError:
         body = None
-    text = "no details"
+    text = fallback
     if isinstance(body, dict):
         if isinstance(body.get("error"), str):
             text = str(body.get("error_description") or body["error"])
         elif isinstance(body.get("error"), dict):
-            text = str(body["error"].get("message", "no details"))
+            text = str(body["error"].get("message") or fallback)
     for value in sent:
         if value:
             text = text.replace(value, "***")
-    return first_line(text)
+    return first_line(text, limit=limit)

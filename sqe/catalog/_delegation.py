@@ -110,11 +110,15 @@ class DelegatedAuth(BearerAuth):
         return None
 
     def _exchange(self, subject: str, actor: str) -> requests.Response:
-        data = {
-            "grant_type": TOKEN_EXCHANGE_GRANT,
-            "subject_token": subject,
-            "subject_token_type": ACCESS_TOKEN_TYPE,
-            "actor_token": actor,
-            "actor_token_type": ACCESS_TOKEN_TYPE,
-        }
-        return post_token_request(self._session, self._token_url, data)
+        return post_token_request(self._session, self._token_url, token_exchange_form(subject, actor))
+
+
+def token_exchange_form(subject_token: str, actor_token: str) -> dict[str, str]:
+    """The RFC 8693 token exchange form: ``subject_token`` delegated to the actor (a trusted reader)."""
+    return {
+        "grant_type": TOKEN_EXCHANGE_GRANT,
+        "subject_token": subject_token,
+        "subject_token_type": ACCESS_TOKEN_TYPE,
+        "actor_token": actor_token,
+        "actor_token_type": ACCESS_TOKEN_TYPE,
+    }

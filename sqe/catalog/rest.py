@@ -211,11 +211,8 @@ class SQERestCatalog(RestCatalog):
             raise CatalogUnavailableError(f"cannot load credentials of {what}: {type(exc).__name__}") from None
         if response.status_code != 200:
             raise error_for_status(response, f"credentials of {what}")
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
+        body = _json_object(response)
+        if body is None:
             raise CatalogUnavailableError(f"the catalog's credentials answer for {what} is not a JSON object")
         return parse_catalog_credentials(body, "credentials response")
 
@@ -272,11 +269,8 @@ class SQERestCatalog(RestCatalog):
             return None
         if response.status_code != 200:
             raise error_for_status(response, what)
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
+        answer = _json_object(response)
+        if answer is None:
             raise CatalogProtocolError(f"the catalog's answer for {what} is not a JSON object")
         return answer
 
@@ -288,6 +282,15 @@ class SQERestCatalog(RestCatalog):
 
     def table_path(self, namespace: Sequence[str], name: str) -> str:
         return f"{self.namespace_path(namespace)}/tables/{quote(name, safe='')}"
+
+
+def _json_object(response: requests.Response) -> dict[str, Any] | None:
+    """The response body when it is a JSON object; None for anything else (the caller names the failure)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _view_schema_json(schema: pa.Schema) -> dict[str, Any]:

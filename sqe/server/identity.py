@@ -30,16 +30,11 @@ from typing import Any, NoReturn
 
 import requests
 
-from sqe._text import first_line
+from sqe.catalog._auth import client_credentials_form, expires_in_of, oauth_error, refresh_point
+from sqe.catalog._delegation import token_exchange_form
 from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavailableError
 
 log = logging.getLogger(__name__)
-
-TOKEN_EXCHANGE_GRANT = "urn:ietf:params:oauth:grant-type:token-exchange"
-ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"
-# Re-exchange (or re-fetch the reader token) when less than this share of its lifetime, at most 60 s, is left.
-_REFRESH_SHARE = 0.2
-_REFRESH_MAX_MARGIN = 60.0
 
 
 @dataclass(frozen=True)
@@ -79,11 +74,10 @@ def _subject_of(token: str) -> str | None:
 
 
 def _lifetime(body: dict[str, Any], now: float) -> float:
-    """When to refresh a token answered with ``expires_in`` (far future when absent)."""
-    expires_in = body.get("expires_in")
-    if isinstance(expires_in, int | float) and not isinstance(expires_in, bool) and expires_in > 0:
-        return now + expires_in - min(_REFRESH_MAX_MARGIN, expires_in * _REFRESH_SHARE)
-    return now + 3600.0
+    """When to re-exchange (or re-fetch) a token answered with ``expires_in``, by the catalog client's rule (an
+    hour on when absent)."""
+    expires_in = expires_in_of(body)
+    return now + 3600.0 if expires_in is None else refresh_point(now, expires_in)
 
 
 class IdentityBroker:
@@ -147,13 +141,7 @@ class IdentityBroker:
     def authenticate_basic(self, client_id: str, client_secret: str) -> User:
         """Exchange the user's catalog client credentials for their token (the secret is not kept)."""
         body = self._token_request(
-            {
-                "grant_type": "client_credentials",
-                "client_id": client_id,
-                "client_secret": client_secret,
-                "scope": self._scope,
-            },
-            f"the catalog rejected client {client_id!r}",
+            client_credentials_form(client_id, client_secret, self._scope), f"the catalog rejected client {client_id!r}"
         )
         token = str(body["access_token"])
         return User(self._user_key(token), token, issued_token=True)
@@ -226,14 +214,9 @@ class IdentityBroker:
             return self._exchange_as(subject_token, actor)
 
     def _exchange_as(self, subject_token: str, actor_token: str) -> _Cached:
-        form = {
-            "grant_type": TOKEN_EXCHANGE_GRANT,
-            "subject_token": subject_token,
-            "subject_token_type": ACCESS_TOKEN_TYPE,
-            "actor_token": actor_token,
-            "actor_token_type": ACCESS_TOKEN_TYPE,
-        }
-        body = self._token_request(form, "the catalog refused to delegate for this user")
+        body = self._token_request(
+            token_exchange_form(subject_token, actor_token), "the catalog refused to delegate for this user"
+        )
         return _Cached(str(body["access_token"]), _lifetime(body, time.time()))
 
     def _reader(self, *, force: bool = False) -> tuple[str, bool]:
@@ -243,12 +226,7 @@ class IdentityBroker:
             cached = None if force else self._reader_token
         if cached is not None and now < cached.refresh_at:
             return cached.value, False
-        form = {
-            "grant_type": "client_credentials",
-            "client_id": self._reader_id or "",
-            "client_secret": self._reader_secret or "",
-            "scope": self._scope,
-        }
+        form = client_credentials_form(self._reader_id or "", self._reader_secret or "", self._scope)
         body = self._token_request(form, f"the catalog rejected the server's reader identity {self._reader_id!r}")
         fresh = _Cached(str(body["access_token"]), _lifetime(body, now))
         with self._lock:
@@ -280,14 +258,4 @@ class IdentityBroker:
 
 def _oauth_error(response: requests.Response) -> str:
     """The OAuth/ErrorModel error text of a refusal, one line (an error JSON never carries a token)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return f"HTTP {response.status_code}"
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, str):
-            return first_line(str(body.get("error_description") or error), limit=200)
-        if isinstance(error, dict):
-            return first_line(str(error.get("message") or f"HTTP {response.status_code}"), limit=200)
-    return f"HTTP {response.status_code}"
+    return oauth_error(response, fallback=f"HTTP {response.status_code}", limit=200)

@@ -397,16 +397,7 @@ class SessionRegistry:
 
     def expire_idle(self, idle_seconds: float) -> int:
         cutoff = time.monotonic() - idle_seconds
-        with self._lock:
-            expired = [s for s in self._sessions.values() if s.is_idle_since(cutoff)]
-            for session in expired:
-                del self._sessions[session.key]
-            gone = {s.key for s in expired}
-            for alias in [a for a, k in self._aliases.items() if k in gone]:
-                del self._aliases[alias]
-        for session in expired:
-            session.close()
-        return len(expired)
+        return self._close_where(lambda session: session.is_idle_since(cutoff))
 
     def close_disconnected(self, connected: set[Endpoint], seen_at: float) -> int:
         """Close the idle connection-keyed sessions whose client connection is no longer ``connected``.
@@ -417,8 +408,12 @@ class SessionRegistry:
         Only sessions keyed by their peer (clients without cookies) are tied to a connection; a session with
         a busy engine or an open result is left to its query (the watchdog cancels those whose client went).
         """
+        return self._close_where(lambda session: _peer_gone(session, connected, seen_at))
+
+    def _close_where(self, doomed: Callable[[ClientSession], bool]) -> int:
+        """Drop the sessions ``doomed`` picks (and their cookie aliases), then close them outside the lock."""
         with self._lock:
-            gone = [s for s in self._sessions.values() if _peer_gone(s, connected, seen_at)]
+            gone = [s for s in self._sessions.values() if doomed(s)]
             for session in gone:
                 del self._sessions[session.key]
             keys = {s.key for s in gone}
@@ -429,11 +424,7 @@ class SessionRegistry:
         return len(gone)
 
     def close(self) -> None:
-        with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
-            self._aliases.clear()
-        for session in sessions:
-            session.close()
+        self._close_where(lambda _session: True)
 
 
 def _peer_gone(session: ClientSession, connected: set[Endpoint], seen_at: float) -> bool:

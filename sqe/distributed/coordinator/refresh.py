@@ -89,29 +89,24 @@ class LeaseStats:
     key_fingerprints: set[str] = field(default_factory=set)
 
 
+@dataclass(eq=False)
 class TableLease:
     """The current vended sets of one (user, table) and the fragments reading with them."""
 
-    def __init__(
-        self,
-        user: str,
-        ident: TableIdent,
-        credentials: Sequence[CredentialSet],
-        usable_until: float | None,
-        reloader: Reloader,
-        obtained_at: float,
-    ) -> None:
-        self.user = user
-        self.ident = ident
-        self.reloader = reloader
-        self.credentials: tuple[CredentialSet, ...] = tuple(credentials)
-        self.usable_until = usable_until
-        self.obtained_at = obtained_at
-        self.generation = 0
-        self.holders: dict[str, Holder] = {}
-        self.refreshing = False
-        self.stopped: str | None = None  # why refreshing stopped (never a secret)
-        self.stats = LeaseStats(key_fingerprints={key_fingerprint(c.access_key_id) for c in credentials})
+    user: str
+    ident: TableIdent
+    credentials: tuple[CredentialSet, ...]
+    usable_until: float | None
+    reloader: Reloader
+    obtained_at: float
+    generation: int = 0
+    holders: dict[str, Holder] = field(default_factory=dict)
+    refreshing: bool = False
+    stopped: str | None = None  # why refreshing stopped (never a secret)
+    stats: LeaseStats = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stats = LeaseStats(key_fingerprints={key_fingerprint(c.access_key_id) for c in self.credentials})
 
     def __repr__(self) -> str:
         state = f"stopped: {self.stopped}" if self.stopped else "active"
@@ -157,7 +152,7 @@ class CredentialRefresher:
         with self._cond:
             lease = self._leases.get((user, ident))
             if lease is None:
-                lease = TableLease(user, ident, credentials, usable_until, reloader, now)
+                lease = TableLease(user, ident, tuple(credentials), usable_until, reloader, now)
                 self._leases[(user, ident)] = lease
             elif _later(usable_until, lease.usable_until) and credentials:
                 # A newer load (a later query): its sets win, and a stopped lease starts again.

@@ -13,15 +13,15 @@ import binascii
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, ClassVar
 
 from pyiceberg.table import FileScanTask
-from pyiceberg.table.metadata import TableMetadata
 
 from sqe.credentials import CredentialSet, StorageSettings, normalize_location
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.distributed.protocol.ticket import (
+    DecodedFragment,
     WireTableId,
     _checked_id,
     _metadata,
@@ -66,27 +66,14 @@ def build_rewrite_ticket(
     )
 
 
-@dataclass(frozen=True)
-class DecodedRewrite:
-    """A validated rewrite ticket. Holds secrets: hidden from repr, never pickled."""
+@dataclass(frozen=True, kw_only=True)
+class DecodedRewrite(DecodedFragment):
+    """A validated rewrite ticket."""
 
-    query_id: str
-    fragment_id: str
-    table: WireTableId
-    metadata: TableMetadata = field(repr=False)
-    tasks: tuple[FileScanTask, ...] = field(repr=False)
-    credentials: tuple[CredentialSet, ...] = field(repr=False)
-    storage: StorageSettings = field(repr=False)
+    _KIND: ClassVar[str] = "rewrite ticket"
+
     output_paths: tuple[str, ...] = field(repr=False)
     target_file_size: int = 0
-    pace_seconds: float = 0.0
-
-    @property
-    def files_total(self) -> int:
-        return len(self.tasks)
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("a decoded rewrite ticket holds credentials and cannot be pickled")
 
 
 def decode_rewrite_ticket(message: pb.RewriteTicket) -> DecodedRewrite:

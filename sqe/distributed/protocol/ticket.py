@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, NoReturn, cast
+from typing import Any, ClassVar, NoReturn, TypedDict, cast
 
 from pydantic import TypeAdapter
 from pyiceberg.exceptions import ValidationError as IcebergValidationError
@@ -188,16 +188,30 @@ def _decode_tagged(kind: str, raw: object) -> object:
 # ----------------------------------------------------------------------------------------- files and tasks
 
 
-def encode_task(task: FileScanTask) -> pb.FileTask:
-    data = task.file
-    data_file = pb.DataFile(
-        file_path=data.file_path,
-        file_format=_format_name(data.file_format),
-        file_size_in_bytes=data.file_size_in_bytes,
-        record_count=data.record_count,
-        spec_id=data.spec_id,
-        partition_json=encode_partition(data.partition),
+class _FileFields(TypedDict):
+    """The fields ``DataFile`` and ``DeleteFile`` messages share."""
+
+    file_path: str
+    file_format: str
+    file_size_in_bytes: int
+    record_count: int
+    spec_id: int
+    partition_json: bytes
+
+
+def _file_fields(data_file: DataFile) -> _FileFields:
+    return _FileFields(
+        file_path=data_file.file_path,
+        file_format=_format_name(data_file.file_format),
+        file_size_in_bytes=data_file.file_size_in_bytes,
+        record_count=data_file.record_count,
+        spec_id=data_file.spec_id,
+        partition_json=encode_partition(data_file.partition),
     )
+
+
+def encode_task(task: FileScanTask) -> pb.FileTask:
+    data_file = pb.DataFile(**_file_fields(task.file))
     deletes = [_encode_delete(d) for d in sorted(task.delete_files, key=lambda d: d.file_path)]
     return pb.FileTask(data_file=data_file, delete_files=deletes)
 
@@ -205,15 +219,7 @@ def encode_task(task: FileScanTask) -> pb.FileTask:
 def _encode_delete(delete: DataFile) -> pb.DeleteFile:
     if delete.content == DataFileContent.EQUALITY_DELETES:
         raise InvalidTicketError(f"equality delete files are not supported: {delete.file_path}")
-    message = pb.DeleteFile(
-        file_path=delete.file_path,
-        file_format=_format_name(delete.file_format),
-        content=pb.DELETE_CONTENT_POSITION,
-        file_size_in_bytes=delete.file_size_in_bytes,
-        record_count=delete.record_count,
-        spec_id=delete.spec_id,
-        partition_json=encode_partition(delete.partition),
-    )
+    message = pb.DeleteFile(content=pb.DELETE_CONTENT_POSITION, **_file_fields(delete))
     referenced, offset, size = (_v3_value(delete, name) for name in _V3_DV_FIELDS)
     if isinstance(referenced, str):
         message.referenced_data_file = referenced
@@ -240,18 +246,7 @@ def decode_task(message: pb.FileTask, index: int = 0) -> FileScanTask:
     where = f"task {index}"
     if not message.HasField("data_file"):
         raise InvalidTicketError(f"{where}: no data file")
-    data = message.data_file
-    data_file = _data_file(
-        DataFileContent.DATA,
-        data.file_path,
-        _file_format(data.file_format, _READABLE_DATA_FORMATS, where),
-        data.file_size_in_bytes,
-        data.record_count,
-        data.spec_id,
-        decode_partition(data.partition_json, where),
-        {},
-        where,
-    )
+    data_file = _data_file(DataFileContent.DATA, message.data_file, _READABLE_DATA_FORMATS, {}, where)
     deletes = {_decode_delete(d, f"{where} delete file {i}") for i, d in enumerate(message.delete_files)}
     return FileScanTask(data_file, delete_files=deletes)
 
@@ -268,45 +263,34 @@ def _decode_delete(message: pb.DeleteFile, where: str) -> DataFile:
         v3["content_offset"] = message.content_offset
     if message.HasField("content_size_in_bytes"):
         v3["content_size_in_bytes"] = message.content_size_in_bytes
-    return _data_file(
-        DataFileContent.POSITION_DELETES,
-        message.file_path,
-        _file_format(message.file_format, _READABLE_DELETE_FORMATS, where),
-        message.file_size_in_bytes,
-        message.record_count,
-        message.spec_id,
-        decode_partition(message.partition_json, where),
-        v3,
-        where,
-    )
+    return _data_file(DataFileContent.POSITION_DELETES, message, _READABLE_DELETE_FORMATS, v3, where)
 
 
 def _data_file(
     content: DataFileContent,
-    path: str,
-    file_format: FileFormat,
-    size: int,
-    records: int,
-    spec_id: int,
-    partition: Record,
+    message: pb.DataFile | pb.DeleteFile,
+    formats: frozenset[FileFormat],
     v3: Mapping[str, object],
     where: str,
 ) -> DataFile:
-    if not path:
+    """The fields data and delete files share on the wire, validated; ``v3``: the deletion-vector extras."""
+    file_format = _file_format(message.file_format, formats, where)
+    partition = decode_partition(message.partition_json, where)
+    if not message.file_path:
         raise InvalidTicketError(f"{where}: no file path")
-    if size < 0 or records < 0:
+    if message.file_size_in_bytes < 0 or message.record_count < 0:
         raise InvalidTicketError(f"{where}: negative size or record count")
     data_file = DataFile.from_args(
         3 if v3 else 2,
         content=content,
-        file_path=path,
+        file_path=message.file_path,
         file_format=file_format,
         partition=partition,
-        record_count=records,
-        file_size_in_bytes=size,
+        record_count=message.record_count,
+        file_size_in_bytes=message.file_size_in_bytes,
         **v3,
     )
-    data_file.spec_id = spec_id
+    data_file.spec_id = message.spec_id
     return data_file
 
 
@@ -427,19 +411,16 @@ def build_ticket(
     )
 
 
-@dataclass(frozen=True)
-class DecodedTicket:
-    """A validated ticket, ready to run. Holds secrets: hidden from repr, never pickled."""
+@dataclass(frozen=True, kw_only=True)
+class DecodedFragment:
+    """What every validated ticket (scan or rewrite) carries. Holds secrets: hidden from repr, never pickled."""
+
+    _KIND: ClassVar[str] = "ticket"  # names the ticket in the pickling refusal
 
     query_id: str
     fragment_id: str
     table: WireTableId
     metadata: TableMetadata = field(repr=False)
-    read_schema: Schema = field(repr=False)
-    output_field_ids: frozenset[int] = field(repr=False)
-    row_filter: BooleanExpression = field(repr=False)
-    restrictions: RestrictionPlan = field(repr=False)
-    salt: bytes = field(repr=False)
     tasks: tuple[FileScanTask, ...] = field(repr=False)
     credentials: tuple[CredentialSet, ...] = field(repr=False)
     storage: StorageSettings = field(repr=False)
@@ -449,12 +430,23 @@ class DecodedTicket:
     def files_total(self) -> int:
         return len(self.tasks)
 
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(f"a decoded {self._KIND} holds credentials and cannot be pickled")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodedTicket(DecodedFragment):
+    """A validated scan ticket, ready to run."""
+
+    read_schema: Schema = field(repr=False)
+    output_field_ids: frozenset[int] = field(repr=False)
+    row_filter: BooleanExpression = field(repr=False)
+    restrictions: RestrictionPlan = field(repr=False)
+    salt: bytes = field(repr=False)
+
     @property
     def bytes_total(self) -> int:
         return sum(task.file.file_size_in_bytes for task in self.tasks)
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("a decoded ticket holds credentials and cannot be pickled")
 
 
 def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
