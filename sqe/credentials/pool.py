@@ -9,7 +9,8 @@ So the FileIOs live here and nowhere else: ``ScopedFileIO`` asks the pool on eve
 its own. An entry is keyed by the identity of its resolved credentials (prefix, source and every property, keyed
 by an HMAC under a per-process random key, so the key holds no secret and means nothing outside this process);
 reads under two different sets never share a filesystem. An entry goes once its credential has expired (nothing
-may open a file with dead keys) or when the pool is over its hard cap (least recently used first); eviction
+may open a file with dead keys; a daemon thread sees to it on time, so an idle process does not keep them) or
+when the pool is over its hard cap (least recently used first); eviction
 listeners (the footer cache) drop what they keep under that identity, and with the last reference gone pyarrow
 closes the client. Files already open hold their own reference and finish undisturbed.
 """
@@ -126,9 +127,11 @@ class FileIOPool:
         self.min_hold_seconds = min_hold_seconds
         self.stats = PoolStats()
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._next_expiry: float | None = None
         self._listeners: list[EvictionListener] = []
+        self._releaser: threading.Thread | None = None
 
     def add_eviction_listener(self, listener: EvictionListener) -> None:
         """``listener(identity)`` runs after an entry is released (outside the pool's lock)."""
@@ -174,7 +177,14 @@ class FileIOPool:
             released = list(self._entries)
             self._entries.clear()
             self._next_expiry = None
+            self._wake.notify()
         self._notify(released)
+
+    @property
+    def releasing(self) -> bool:
+        """Whether the thread that releases expired sets on time is running (it ends when none has an expiry)."""
+        with self._lock:
+            return self._releaser is not None
 
     def __len__(self) -> int:
         with self._lock:
@@ -189,6 +199,29 @@ class FileIOPool:
     def _note_expiry(self, release_at: float | None) -> None:
         if release_at is not None and (self._next_expiry is None or release_at < self._next_expiry):
             self._next_expiry = release_at
+            self._wake_releaser()
+
+    def _wake_releaser(self) -> None:
+        """An idle process must not keep dead sets' connections until its next query: a daemon thread releases
+        them on time. It runs only while some entry has an expiry, and wakes early for an earlier one."""
+        if self._releaser is not None:
+            self._wake.notify()
+            return
+        self._releaser = threading.Thread(target=self._release_on_time, name="sqe-fileio-release", daemon=True)
+        self._releaser.start()
+
+    def _release_on_time(self) -> None:
+        while True:
+            with self._lock:
+                if self._next_expiry is None:
+                    self._releaser = None
+                    return
+                delay = self._next_expiry - time.time()
+                if delay > 0:
+                    self._wake.wait(delay)
+                    continue
+                released = self._release_expired(time.time())
+            self._notify(released)
 
     def _release_expired(self, now: float) -> list[str]:
         if self._next_expiry is None or now < self._next_expiry:

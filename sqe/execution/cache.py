@@ -90,6 +90,10 @@ class BoundedCache(Generic[K, V]):
             self.stats.add(evictions=len(keys))
         return len(keys)
 
+    def snapshot_keys(self) -> list[K]:
+        with self._lock:
+            return list(self._entries)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)

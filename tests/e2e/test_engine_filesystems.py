@@ -114,7 +114,7 @@ def test_embedded_queries_with_short_credentials_keep_filesystems_and_descriptor
         current = stream.plan.loaded.io.resolve(stream.plan.loaded.table.location()).identity  # type: ignore[attr-defined]
         assert len(FILE_IOS) <= 2 and current in FILE_IOS
         assert FILESYSTEMS.live <= live, FILESYSTEMS.snapshot()
-        assert {key[2] for key in FRAGMENTS._entries} <= {current}  # noqa: SLF001 - the kept footers' sets
+        assert {key[2] for key in FRAGMENTS.snapshot_keys()} <= {current}  # the kept footers are the current set's only
         assert fd_count() - fds <= FD_GROWTH_BOUND // 2, fd_kinds()
 
 

@@ -74,10 +74,5 @@ def test_short_soak_leaves_no_threads_behind(report: Any) -> None:
     assert report.server_end["Threads"] - report.server_start["Threads"] <= THREAD_GROWTH_BOUND, report.lines()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect: with 5-second credentials the server keeps S3 connections to the store and their "
-    "eventfds (~190 established sockets, ~390 eventfds after 150 queries) once every session is closed",
-)
 def test_short_soak_leaves_no_file_descriptors_behind(report: Any) -> None:
     assert report.server_end["fds"] - report.server_start["fds"] <= FD_GROWTH_BOUND, report.lines()

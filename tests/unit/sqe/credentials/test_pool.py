@@ -87,6 +87,21 @@ def test_an_expired_credential_is_released_on_the_next_use_of_the_pool() -> None
     assert released == [_identity("K1")] and len(pool) == 2 and pool.stats.expired == 1
 
 
+def test_an_idle_pool_releases_expired_sets_on_time_and_its_releaser_thread_then_ends() -> None:
+    pool = FileIOPool(min_hold_seconds=0.1)
+    released: list[str] = []
+    pool.add_eviction_listener(released.append)
+    pool.file_io(_identity("K1"), _properties("K1"), time.time() + 0.5)
+    pool.file_io(_identity("K2"), _properties("K2"), time.time() + 0.2)  # an earlier expiry wakes it early
+    deadline = time.time() + 5
+    while len(pool) and time.time() < deadline:  # no use of the pool from here on
+        time.sleep(0.05)
+    assert released == [_identity("K2"), _identity("K1")]
+    while pool.releasing and time.time() < deadline:
+        time.sleep(0.05)
+    assert not pool.releasing
+
+
 def test_a_set_that_arrives_expired_is_still_held_briefly_so_a_burst_shares_one_file_io() -> None:
     pool = FileIOPool(min_hold_seconds=30)
     past = time.time() - 10
