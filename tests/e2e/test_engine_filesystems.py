@@ -31,7 +31,7 @@ from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
 if TYPE_CHECKING:
     from tests.conftest import CatalogServer, MotoServer, WorkerFactory, WorkerProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.usefixtures("bogus_aws_env")]
 
 LIFETIME_SECONDS = 2  # usable for half of it: every query after a ~1 s pause loads a new set
 QUERIES = 15
