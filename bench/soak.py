@@ -853,6 +853,9 @@ def known_ports(world: World) -> dict[int, str]:
     ports = {world.catalog_port: "catalog", int(world.proxy.url.rsplit(":", 1)[1]): "proxy"}
     ports.update({p: f"worker-{i}" for i, p in enumerate(world.worker_ports)})
     ports[int(world.server_url.rsplit(":", 1)[1])] = "server"
+    store_port = urllib.parse.urlsplit(world.store.s3_endpoint).port
+    if store_port is not None:
+        ports[store_port] = "store"
     return ports
 
 
@@ -894,6 +897,7 @@ class Report:
     failure_samples: dict[str, str] = field(default_factory=dict)
     server_threads_by_name: dict[str, int] = field(default_factory=dict)
     server_fds_by_kind: dict[str, int] = field(default_factory=dict)
+    workers_fds_by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
     secrets_seen: set[str] = field(default_factory=set, repr=False)  # for the caller's log checks; never printed
     # Queries answered correctly after the last catalog restart (None: no restart): the service recovered.
     ok_after_catalog_restart: int | None = None
@@ -924,6 +928,8 @@ class Report:
         out += [f"failure sample {kind}: {text}" for kind, text in sorted(self.failure_samples.items())]
         out.append(f"server threads by name at the end: {self.server_threads_by_name}")
         out.append(f"server descriptors by kind at the end: {self.server_fds_by_kind}")
+        for name, kinds in self.workers_fds_by_kind.items():
+            out.append(f"{name} descriptors by kind at the end: {kinds}")
         out += [f"untyped: {u}" for u in self.untyped[:10]]
         out += [f"bad result: {b}" for b in self.bad_samples[:10]]
         out += [f"injector error: {e}" for e in self.injector_errors]
@@ -1091,6 +1097,7 @@ def _report(
         failure_samples={o.error_kind: f"{o.kind}/{o.user}: {o.detail}" for o in reversed(outcomes) if not o.ok},
         server_threads_by_name=thread_names(world.server.pid),
         server_fds_by_kind=fd_kinds(world.server.pid, known_ports(world)),
+        workers_fds_by_kind={f"worker-{i}": fd_kinds(w.pid, known_ports(world)) for i, w in enumerate(world.workers)},
         secrets_seen=set(world.secrets),
         ok_after_catalog_restart=_ok_after(outcomes, injector.catalog_back_at),
     )

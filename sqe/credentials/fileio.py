@@ -2,8 +2,11 @@
 
 pyiceberg's own FileIO picks one credential per table (by metadata location, raw ``startswith``) and merges
 table properties into it. SQE instead resolves each path separately (see :mod:`sqe.credentials.scope`) and
-keeps one ``PyArrowFileIO`` per distinct resolved property set, so two prefixes with two key sets each sign
-with their own key. Its own ``properties`` are empty: nothing secret is reachable from there.
+opens it through the FileIO of that exact resolved set, so two prefixes with two key sets each sign with their own
+key. Those FileIOs (and their pyarrow filesystems, clients and sockets) belong to the process-wide pool of
+:mod:`sqe.credentials.pool`, which releases them when their credential expires: a ScopedFileIO keeps none of
+its own, so a lease object kept somewhere (a cached table, an idle session) never keeps a connection pool alive.
+Its own ``properties`` are empty: nothing secret is reachable from there.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from pyiceberg.io import FileIO, InputFile, OutputFile
-from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from sqe._text import iso_utc
 from sqe.credentials.expiry import CredentialSource, usable_until
 from sqe.credentials.model import CatalogCredentials, CredentialSet, StorageSettings, parse_catalog_credentials
 from sqe.credentials.paths import is_local, is_object_store, scheme_of
 from sqe.credentials.policy import StoragePolicy
+from sqe.credentials.pool import FILE_IOS, PooledFileIO
 from sqe.credentials.scope import ResolvedCredentials, build_properties, config_set, select_credential, vended_sets
 from sqe.errors import CredentialError
 
@@ -47,7 +50,7 @@ class ScopedFileIO(FileIO):
         self._vended = vended_sets(self._catalog, policy)
         self._lock = threading.Lock()
         self._resolved: dict[tuple[int, bool], ResolvedCredentials] = {}
-        self._file_ios: dict[frozenset[tuple[str, str]], PyArrowFileIO] = {}
+        self._identities: set[str] = set()  # of the pooled FileIOs used so far (inspection only)
         if location is not None:
             self.resolve(location)
 
@@ -94,14 +97,18 @@ class ScopedFileIO(FileIO):
         with self._lock:
             return self._resolved.setdefault(key, resolved)
 
-    def _file_io_for(self, location: str) -> PyArrowFileIO:
+    def _file_io_for(self, location: str) -> PooledFileIO:
         resolved = self.resolve(location)
         with self._lock:
-            file_io = self._file_ios.get(resolved.cache_key)
-            if file_io is None:
-                file_io = PyArrowFileIO(properties=dict(resolved.properties))
-                self._file_ios[resolved.cache_key] = file_io
-            return file_io
+            self._identities.add(resolved.identity)
+        return FILE_IOS.file_io(resolved.identity, resolved.properties, resolved.expires_at)
+
+    def pooled_file_ios(self) -> list[PooledFileIO]:
+        """The pool's FileIOs this ScopedFileIO has opened files through and that are still pooled."""
+        with self._lock:
+            identities = sorted(self._identities)
+        pooled = (FILE_IOS.peek(identity) for identity in identities)
+        return [file_io for file_io in pooled if file_io is not None]
 
     def new_input(self, location: str) -> InputFile:
         return self._file_io_for(location).new_input(location)

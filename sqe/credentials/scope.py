@@ -17,9 +17,9 @@ from two sets never mix either. A catalog set equal to SQE's static pair is trea
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import NoReturn
 
@@ -27,6 +27,7 @@ from sqe.credentials.expiry import CredentialSource
 from sqe.credentials.model import CREDENTIAL_KEYS, CatalogCredentials, CredentialSet
 from sqe.credentials.paths import is_object_store, prefix_length, prefix_matches
 from sqe.credentials.policy import StoragePolicy
+from sqe.credentials.pool import credential_identity
 from sqe.errors import NoVendedCredentialsError
 from sqe.vocabulary import S3_ACCESS_KEY_ID
 
@@ -40,16 +41,16 @@ class ResolvedCredentials:
     prefix: str | None  # the storage-credentials prefix that matched; None for config or local keys
     expires_at_ms: int | None
 
-    @property
-    def cache_key(self) -> frozenset[tuple[str, str]]:
-        return frozenset(self.properties.items())
+    @cached_property
+    def identity(self) -> str:
+        """Names this exact credential set (prefix, source, every property) without holding a secret: the key
+        of the FileIO pool and of caches whose entries may serve only reads under that very set."""
+        return credential_identity(self.prefix, self.source, self.properties)
 
     @property
-    def scope_key(self) -> str:
-        """Names the credential set this path is read with (its prefix, source and access key id), hashed:
-        the key of caches whose entries may serve only reads under that very set. Holds no secret."""
-        identity = "\x00".join((self.prefix or "", self.source, self.properties.get(S3_ACCESS_KEY_ID, "")))
-        return hashlib.sha256(identity.encode()).hexdigest()
+    def expires_at(self) -> float | None:
+        """Epoch seconds at which the keys stop working (None: no expiry known)."""
+        return None if self.expires_at_ms is None else self.expires_at_ms / 1000.0
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("ResolvedCredentials holds secrets and cannot be pickled")

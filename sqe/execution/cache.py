@@ -1,16 +1,18 @@
 """Per-process caches of what Iceberg never rewrites in place, and opening data files without a HEAD.
 
 Iceberg data files are immutable: a path names one content forever, so a Parquet footer read once can be
-reused. A footer is still data of the table, so an entry is keyed by the file path, its size and the **scope
+reused. A footer is still data of the table, so an entry is keyed by the file path, its size and the **identity
 of the credential set the catalog vended for that path in the current query** (see
-:meth:`sqe.credentials.scope.ResolvedCredentials.scope_key`): a lookup happens only while a query reads the
+:attr:`sqe.credentials.scope.ResolvedCredentials.identity`): a lookup happens only while a query reads the
 file with a credential set the catalog has just vended for that prefix (the executor runs after the query's
 load-table), and a footer kept under one set never answers a read under another. The cache is bounded (least
-recently used goes first).
+recently used goes first), and entries go with their credential: when the FileIO pool releases an identity
+(expired, or over its cap) its footers are dropped too, since each holds that set's filesystem (a client,
+sockets, eventfds) and no later read can use them.
 
 What is kept is a pyarrow Parquet fragment with its footer loaded: pyarrow has no public way to hand a kept
 footer to a new fragment. The fragment reads through the filesystem of its own credential set, which is why the
-scope key names the set itself (its access key id, hashed), not only the prefix. Files are opened with the
+key names the set itself (its keys included, under an HMAC), not only the prefix. Files are opened with the
 size the manifest gives, so the object store sees no HEAD request.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -25,6 +28,7 @@ import pyarrow.dataset as ds
 from pyiceberg.io.pyarrow import PyArrowFile
 
 from sqe._counters import Counters
+from sqe.credentials.pool import FILE_IOS
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -76,35 +80,57 @@ class BoundedCache(Generic[K, V]):
         with self._lock:
             self._entries.clear()
 
+    def drop_where(self, doomed: Callable[[K], bool]) -> int:
+        """Remove every entry whose key ``doomed`` accepts; returns how many went."""
+        with self._lock:
+            keys = [key for key in self._entries if doomed(key)]
+            for key in keys:
+                del self._entries[key]
+        if keys:
+            self.stats.add(evictions=len(keys))
+        return len(keys)
+
+    def snapshot_keys(self) -> list[K]:
+        with self._lock:
+            return list(self._entries)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
 
 
-FragmentKey = tuple[str, int, str]  # file path, file size, credential scope key
+FragmentKey = tuple[str, int, str]  # file path, file size, credential identity
 FRAGMENTS: BoundedCache[FragmentKey, ds.ParquetFileFragment] = BoundedCache(DEFAULT_FOOTER_ENTRIES)
 
 
+def _drop_fragments_of(identity: str) -> None:
+    FRAGMENTS.drop_where(lambda key: key[2] == identity)
+
+
+FILE_IOS.add_eviction_listener(_drop_fragments_of)
+
+
 def clear_process_caches() -> None:
-    """Empty every per-process cache (benchmarks' cold runs, tests)."""
+    """Empty every per-process cache (benchmarks' cold runs, tests), the pooled filesystems included."""
     FRAGMENTS.clear()
+    FILE_IOS.clear()
 
 
-def scope_key(io: FileIO, path: str) -> str | None:
-    """The credential scope ``path`` is read with through ``io`` now, or None when ``io`` is not SQE's own
-    ScopedFileIO (then nothing is cached)."""
+def credential_identity(io: FileIO, path: str) -> str | None:
+    """The identity of the credential set ``path`` is read with through ``io`` now, or None when ``io`` is not
+    SQE's own ScopedFileIO (then nothing is cached)."""
     resolve = getattr(io, "resolve", None)
     if resolve is None:
         return None
-    key: str = resolve(path).scope_key
+    key: str = resolve(path).identity
     return key
 
 
 def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFileFormat) -> ds.ParquetFileFragment:
     """A Parquet fragment of ``path`` with its footer loaded, opened with the manifest's ``size`` (no HEAD).
 
-    Kept per (path, size, credential scope): the fragment reads through the filesystem of that very credential
-    set, so a kept one is only ever used by a read the catalog has just vended that set for.
+    Kept per (path, size, credential identity): the fragment reads through the filesystem of that very
+    credential set, so a kept one is only ever used by a read the catalog has just vended that set for.
     """
     input_file = io.new_input(path)
     if not isinstance(input_file, PyArrowFile) or size <= 0:
@@ -112,8 +138,8 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
             fragment = file_format.make_fragment(stream)
             fragment.ensure_complete_metadata()
             return fragment
-    scope = scope_key(io, path)
-    key = (path, size, scope) if scope is not None else None
+    identity = credential_identity(io, path)
+    key = (path, size, identity) if identity is not None else None
     cached = FRAGMENTS.get(key) if key is not None else None
     if cached is not None:
         return cached

@@ -237,7 +237,7 @@ def test_no_secret_leaks_anywhere(setup: Setup, debug_logs: pytest.LogCaptureFix
                 session._provider,  # type: ignore[attr-defined]
                 session._provider.catalog(server.warehouse),  # type: ignore[attr-defined]
                 plan,
-                *loaded.io._file_ios.values(),  # type: ignore[attr-defined]
+                *loaded.io.pooled_file_ios(),  # type: ignore[attr-defined]
             )
         )
         texts["pickles"] = " ".join(pickle_failures(session, loaded.io, session.config, loaded))

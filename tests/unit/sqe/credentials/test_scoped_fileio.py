@@ -115,7 +115,7 @@ class TestRouting:
         with ThreadPoolExecutor(8) as pool:
             keys = list(pool.map(lambda p: _signing_options(io.new_input(p))["access_key"], paths))
         assert keys == ["V1" if i % 2 else "V2" for i in range(32)]
-        assert len(io._file_ios) == 2
+        assert len(io.pooled_file_ios()) == 2
 
     def test_unsupported_scheme_fails_closed(self) -> None:
         io = _scoped({}, _two_tables(), _static_config(), received_at=RECEIVED)
@@ -141,7 +141,7 @@ class TestTableIntegration:
         io = _scoped({}, creds, _config(), received_at=RECEIVED, location=source.location())
         table = Table(("ns", "t1"), metadata, source.metadata_location, io=io, catalog=catalog)
         assert sorted(table.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
-        assert len(io._file_ios) == 1  # the data was read through SQE's per-credential FileIO
+        assert len(io.pooled_file_ios()) == 1  # the data was read through SQE's per-credential FileIO
         data_file = next(iter(table.scan().plan_files())).file.file_path
         assert dict(io.resolve(data_file).properties) == {
             "s3.endpoint": "http://127.0.0.1:1",
@@ -277,12 +277,15 @@ class TestSecrets:
         assert "source='vended'" in repr(io)
 
 
-def test_scope_key_names_the_credential_set_and_holds_no_secret() -> None:
-    """The key of the footer cache: one per vended set (prefix and key), the same for every file under it."""
+def test_identity_names_the_credential_set_and_holds_no_secret() -> None:
+    """The key of the FileIO pool and the footer cache: one per vended set (prefix and every key), the same for
+    every file under it."""
     io = _scoped({}, _two_tables(), _config())
-    t1 = io.resolve("s3://b/t1/data/a.parquet").scope_key
-    assert io.resolve("s3://b/t1/data/b.parquet").scope_key == t1
-    assert io.resolve("s3://b/t10/data/a.parquet").scope_key != t1
+    t1 = io.resolve("s3://b/t1/data/a.parquet").identity
+    assert io.resolve("s3://b/t1/data/b.parquet").identity == t1
+    assert io.resolve("s3://b/t10/data/a.parquet").identity != t1
     revended = [_entry("s3://b/t1", "V3", V1_SECRET, V1_TOKEN, T1_EXPIRES)]  # same prefix, new key
-    assert _scoped({}, revended, _config()).resolve("s3://b/t1/data/a.parquet").scope_key != t1
+    assert _scoped({}, revended, _config()).resolve("s3://b/t1/data/a.parquet").identity != t1
+    new_token = [_entry("s3://b/t1", "V1", V1_SECRET, V2_TOKEN, T1_EXPIRES)]  # same key id, another token
+    assert _scoped({}, new_token, _config()).resolve("s3://b/t1/data/a.parquet").identity != t1
     assert not any(secret in t1 for secret in (*SECRETS, "V1"))
