@@ -2,7 +2,7 @@
 
 Tasks go largest first into the lightest fragment. Each worker runs a few fragments at a time and takes the
 largest waiting one when a slot frees up (longest-processing-time-first list scheduling). Small fragments keep
-a retry cheap and the coordinator's hold-back buffer (one fragment's output) small.
+a retry cheap (a retry re-reads its fragment, skipping the rows already forwarded).
 """
 
 from __future__ import annotations
