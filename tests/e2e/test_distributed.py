@@ -181,6 +181,21 @@ def tables(catalog_server: CatalogServer) -> Tables:
     return Tables(namespace, reader, FILES * ROWS_PER_FILE)
 
 
+BIG_FILES = 3
+BIG_ROWS_PER_FILE = 20_000  # a file's batch is larger than a 64 KiB message
+
+
+@pytest.fixture(scope="module")
+def big_files(catalog_server: CatalogServer, tables: Tables) -> str:
+    """``<namespace>.events_big``: 3 files whose batches a worker with 64 KiB messages sends in slices."""
+    writer = catalog_server.principal_with_grants(f"dist_big_writer_{uuid.uuid4().hex[:6]}", WRITER_GRANTS)
+    catalog = pyiceberg_catalog(catalog_server, writer)
+    table = catalog.create_table((tables.namespace, "events_big"), schema=_events(0, 1).schema)
+    for n in range(BIG_FILES):
+        table.append(_events(n * BIG_ROWS_PER_FILE, BIG_ROWS_PER_FILE))
+    return f"{tables.namespace}.events_big"
+
+
 @pytest.fixture(scope="module")
 def workers(worker_factory: WorkerPools) -> WorkerPool:
     return worker_factory.pool(2)
@@ -356,20 +371,24 @@ def test_fragment_batches_reach_the_consumer_before_the_fragment_completes(
 
 
 def test_a_worker_killed_after_forwarding_a_batch_is_resumed_without_duplicates(
-    reader_config: Path, tables: Tables, worker_factory: WorkerPools
+    reader_config: Path, big_files: str, worker_factory: WorkerPools
 ) -> None:
-    """The victim is killed right after the coordinator forwarded its fragment's first batch: the retry on the
-    other worker skips exactly the rows already forwarded (by row position), so every row arrives once."""
-    pool = worker_factory.pool(2, "--max-files-in-flight", "1")
-    victim = pool.workers[0]
+    """The victim (64 KiB messages: a file's batch goes out in slices) is killed right after the coordinator
+    forwarded its fragment's first slice; the retry on the other worker (whole batches) re-reads the fragment and
+    skips exactly those rows of its first file, by row position (a slice inside a batch): every row once."""
+    victim = worker_factory.pool(1, "--max-files-in-flight", "1", "--max-message-bytes", "65536").workers[0]
+    spare = worker_factory.pool(1, "--max-files-in-flight", "1").workers[0]
+    pool = WorkerPool(worker_factory.token, [victim, spare])
     config = load_config(reader_config, env={}, overrides=coordinator_overrides(pool))
-    sql = f"SELECT * FROM {tables.namespace}.events"
+    sql = f"SELECT * FROM {big_files}"
     with sqe.api.connect(reader_config) as local:
         expected = local.sql(sql).arrow()
+    first_from_victim: list[int] = []
 
     def kill_on_first_batch(worker: str, fragment: str, rows: int) -> None:
-        if worker == victim.address and victim.proc.poll() is None:
-            os.kill(victim.proc.pid, signal.SIGKILL)
+        if worker == victim.address and not first_from_victim:
+            first_from_victim.append(rows)
+            os.kill(victim.proc.pid, signal.SIGKILL)  # the slot thread waits here: nothing more is forwarded
             victim.proc.wait(5)
 
     options = {"slots_per_worker": 1, "max_files_per_fragment": 6, "pace_ms_per_file": 300}
@@ -380,9 +399,10 @@ def test_a_worker_killed_after_forwarding_a_batch_is_resumed_without_duplicates(
         got = session.sql(sql).arrow()
         stats = executor.stats.snapshot()
     assert victim.proc.returncode == -signal.SIGKILL
-    assert stats["fragments_resumed"] >= 1
-    assert stats["rows_skipped"] >= ROWS_PER_FILE  # the retry re-read the forwarded rows and dropped them
-    assert stats["rows_forwarded"] == tables.rows  # every row forwarded exactly once
+    assert len(first_from_victim) == 1 and 0 < first_from_victim[0] < BIG_ROWS_PER_FILE
+    assert stats["fragments_resumed"] == 1
+    assert stats["rows_skipped"] == first_from_victim[0]  # re-read by the retry and dropped, nothing more
+    assert stats["rows_forwarded"] == expected.num_rows == BIG_FILES * BIG_ROWS_PER_FILE  # each row once
     assert _sorted(got) == _sorted(expected)
 
 
