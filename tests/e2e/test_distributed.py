@@ -348,7 +348,7 @@ def test_fragment_batches_reach_the_consumer_before_the_fragment_completes(
     """Streaming, by order of events: with one queued batch and 6 batches per fragment, the consumer holds the
     first batch while no fragment can have completed (a fragment held back until ``complete`` could not)."""
     config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
-    with distributed_session(config, max_files_per_fragment=6, max_queued_batches=1) as session:
+    with distributed_session(config, slots_per_worker=1, max_files_per_fragment=6, max_queued_batches=1) as session:
         session.sql(f"SELECT id FROM {tables.namespace}.events").fetchall()
         stream = session.last_streams[-1]
         assert isinstance(stream, DistributedScanStream)

@@ -102,7 +102,7 @@ class ScanRun:
         self._run = run
         self._fragments = plan_fragments(
             plan.tasks,
-            workers=len(executor.clients),
+            slots=len(executor.clients) * self._options.slots_per_worker,
             max_files=self._options.max_files_per_fragment,
             max_bytes=self._options.max_bytes_per_fragment,
         )
