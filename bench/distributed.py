@@ -355,19 +355,28 @@ def efficiency(args: argparse.Namespace) -> int:
 
 
 def print_efficiency(args: argparse.Namespace, local: dict[str, Any], dist: dict[str, Any]) -> None:
+    """Per query: wall rates per core and their ratio, CPU per million rows of each process and their ratio.
+
+    On a shared machine the wall ratio carries everyone else's load; the CPU ratio (local process CPU over
+    worker CPU, per row) is what a dedicated worker core would give if the scan is CPU bound. ``workers per
+    coordinator core``: how many such workers one coordinator core keeps up with (worker CPU / coordinator CPU
+    per row), the first limit of a cluster's scaling."""
     print(f"efficiency: {args.eff_rows} rows in {args.eff_files} files ({args.store}); coordinator on core 0, "
           f"1 worker on core 1, local run on core 0; median of {args.runs} runs")  # fmt: skip
-    print(f"  {'query':10s} {'local rows/s/core':>18s} {'worker rows/s/core':>19s} {'ratio':>6s} "
-          f"{'coord CPU s/M rows':>19s} {'worker CPU s/M rows':>20s}")  # fmt: skip
+    header = f"  {'query':10s} {'local rows/s/core':>17s} {'worker rows/s/core':>18s} {'wall ratio':>10s} "
+    header += f"{'CPU ratio':>9s} {'CPU s/M rows: local':>19s} {'worker':>6s} {'coord':>6s} {'workers/coord core':>18s}"
+    print(header)
     for name in EFF_QUERIES:
         lo, di = local[name], dist[name]
         if lo["rows"] != di["rows"]:
             raise RuntimeError(f"{name}: local returned {lo['rows']} rows, distributed {di['rows']}")
-        scanned = args.eff_files * (args.eff_rows // args.eff_files) * args.runs / 1e6  # million rows scanned
-        local_rate = scanned * 1e6 / args.runs / lo["seconds"]
-        worker_rate = scanned * 1e6 / args.runs / di["seconds"]  # one worker core
-        print(f"  {name:10s} {local_rate:18,.0f} {worker_rate:19,.0f} {worker_rate / local_rate:6.2f} "
-              f"{di['cpu'] / scanned:19.3f} {di['worker_cpu'] / scanned:20.3f}")  # fmt: skip
+        rows = args.eff_files * (args.eff_rows // args.eff_files)
+        scanned = rows * args.runs / 1e6  # million rows scanned over the timed runs
+        local_rate, worker_rate = rows / lo["seconds"], rows / di["seconds"]  # one core each
+        local_cpu, worker_cpu, coord_cpu = lo["cpu"] / scanned, di["worker_cpu"] / scanned, di["cpu"] / scanned
+        print(f"  {name:10s} {local_rate:17,.0f} {worker_rate:18,.0f} {worker_rate / local_rate:10.2f} "
+              f"{local_cpu / worker_cpu:9.2f} {local_cpu:19.3f} {worker_cpu:6.3f} {coord_cpu:6.3f} "
+              f"{worker_cpu / coord_cpu:18.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

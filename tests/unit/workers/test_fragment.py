@@ -16,6 +16,7 @@ from sqe.distributed.protocol.errors import MissingCredentialsError
 from sqe.distributed.protocol.ipc import decode_batch, decode_schema
 from sqe.distributed.protocol.ticket import decode_ticket
 from sqe.errors import CredentialExpiredError, WorkerError
+from sqe.execution.cache import FRAGMENTS
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.restrictions import EMPTY_PLAN, RestrictionPlan, apply
 from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, sorted_rows, ticket_for
@@ -202,3 +203,16 @@ def test_each_tasks_rows_come_in_one_order_whatever_the_reader_settings(local_ta
     assert one_reader == many_readers
     assert sum(len(rows) for rows in one_reader) == table.scan().to_arrow().num_rows > 0
     assert all(one_reader)
+
+
+def test_a_later_fragment_under_the_same_scope_reuses_the_kept_footers(local_tables: LocalTables) -> None:
+    """The worker's FileIO names each file's credential scope, so the engine's footer cache serves a later
+    fragment (another query's, on a long-lived worker) without reading the footers again."""
+    ticket = ticket_for(local_tables.numbers)
+    first, _ = run(ticket)
+    before = FRAGMENTS.stats.snapshot()
+    again, _ = run(ticket)
+    after = FRAGMENTS.stats.snapshot()
+    assert after["hits"] - before["hits"] == len(ticket.tasks) == 4
+    assert after["misses"] == before["misses"]
+    assert sorted_rows(again) == sorted_rows(first)
