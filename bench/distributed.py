@@ -1,4 +1,4 @@
-"""Distributed scans: local vs two workers on one query, and catalog/STS traffic during a long scan.
+"""Distributed scans: local vs two workers on one query, catalog/STS traffic during a long scan, and efficiency.
 
 Starts the embedded stack (moto by default, or Ceph RGW) with short-lived vended credentials, a second
 ``sqe-catalog`` process on the same database logging at debug level (so every request and every AssumeRole is
@@ -10,12 +10,24 @@ counted from its log), and two ``sqe-worker`` processes on loopback. Then:
    refresh per (user, table) per lifetime, however many files, fragments and workers.
 
     .venv/bin/python bench/distributed.py [--store moto|ceph] [--lifetime 10] [--files 24] [--rows 20000]
+
+``--efficiency`` instead measures what a cluster's scaling can be predicted from, on two cores: the coordinator
+pinned to core 0 (``taskset -c 0``) and one ``sqe-worker`` pinned to core 1 run each query through the worker;
+the same query then runs locally in a process pinned to core 0. Printed per query: rows/s per worker core over
+local rows/s per core (target >= 0.9), and the coordinator's and the worker's CPU seconds per million rows
+(``resource.getrusage`` of the coordinator process, ``/proc/<pid>/stat`` of the worker). The store and the
+catalog are not pinned and share both cores; each timed figure is the median of ``--runs`` after a warm-up.
+
+    .venv/bin/python bench/distributed.py --efficiency [--eff-rows 4000000] [--eff-files 8] [--runs 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
+import resource
 import secrets
 import statistics
 import subprocess
@@ -27,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog.rest import RestCatalog
 
 from sqe.catalog.rest import RestTableProvider
@@ -115,6 +128,8 @@ def count_log(log: Path, offset: int) -> dict[str, int]:
 
 
 def main() -> int:
+    if sys.argv[1:2] == [PINNED_CHILD]:
+        return pinned_child()
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", default="moto", choices=("moto", "ceph"))
     parser.add_argument("--lifetime", type=int, default=10, help="vended credential lifetime, seconds")
@@ -122,8 +137,13 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=24)
     parser.add_argument("--rows", type=int, default=20000, help="rows per file")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--efficiency", action="store_true", help="pinned coordinator + worker vs pinned local")
+    parser.add_argument("--eff-rows", type=int, default=4_000_000, help="rows of the --efficiency table")
+    parser.add_argument("--eff-files", type=int, default=8, help="data files of the --efficiency table")
     args = parser.parse_args()
     apply_client_env(args.store)
+    if args.efficiency:
+        return efficiency(args)
     token = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="sqe-bench-dist-") as tmp:
         workdir = Path(tmp)
@@ -199,6 +219,164 @@ def paced_scan(args: argparse.Namespace, config: SQEConfig, log: Path, *, slots:
           f"({stats['pushes_sent']} RefreshCredentials calls); same set served again by the catalog cache: "
           f"{sum(lease.stats.unchanged for lease in leases)}")  # fmt: skip
     print(f"  distinct access keys   {len(keys):3d}  (coordinator), {worker_keys} key uses summed over workers")
+
+
+# ------------------------------------------------------------------------------------------------ efficiency
+
+PINNED_CHILD = "_pinned-run"
+EFF_TABLE = "bench.eff"
+EFF_QUERIES = {
+    "aggregate": f"SELECT count(*) AS n, sum(x) AS sx, sum(y) AS sy, max(tag) AS mt FROM {EFF_TABLE}",
+    "select *": f"SELECT * FROM {EFF_TABLE}",
+}
+
+
+def write_efficiency_table(info: StackInfo, files: int, rows: int) -> None:
+    """``files`` appends of ``rows / files`` rows: id, x (int64), y (double), tag (one of 100 strings)."""
+    writer = info.principal_credentials("writer")
+    catalog = RestCatalog(
+        "bench", uri=info.catalog_uri, warehouse=info.warehouse, credential=writer.credential,
+        scope="PRINCIPAL_ROLE:ALL", **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
+    )  # fmt: skip
+    catalog.create_namespace("bench")
+    tags = pa.array([f"tag-{i:03d}" for i in range(100)])
+    per_file = rows // files
+    for n in range(files):
+        ids = pa.array(range(n * per_file, (n + 1) * per_file), pa.int64())
+        data = pa.table(
+            {
+                "id": ids,
+                "x": pc.multiply(pc.bit_wise_and(ids, 1023), 7),
+                "y": pc.divide(pc.cast(ids, pa.float64()), 3.0),
+                "tag": pc.take(tags, pc.bit_wise_and(ids, 63)),
+            }
+        )
+        if n == 0:
+            catalog.create_table(EFF_TABLE, schema=data.schema)
+        catalog.load_table(EFF_TABLE).append(data)
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from ``/proc/<pid>/stat`` (fields 14 and 15, in clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def pinned_child() -> int:
+    """Run in a pinned process: the spec (JSON on stdin, it holds the token) says which config and queries.
+
+    Prints one JSON line per query: median wall seconds, rows, this process's CPU seconds and the worker's
+    (when a worker pid is given) summed over the timed runs."""
+    spec = json.loads(sys.stdin.read())
+    apply_client_env(spec["store"])
+    overrides: dict[str, Any] = {"catalog": {"uri": spec["catalog_uri"]}}
+    options = None
+    if spec.get("workers"):
+        overrides["coordinator"] = {"workers": spec["workers"], "token": spec["token"]}
+        options = DistributedOptions(slots_per_worker=spec["slots"])
+    config = load_config(Path(spec["config"]), env={}, overrides=overrides)
+    worker_pid = spec.get("worker_pid")
+    with Session(RestTableProvider(config), config, distributed=options) as session:
+        for name, sql in spec["queries"].items():
+            rows = session.sql(sql).arrow().num_rows  # warm-up: metadata, connections, footers
+            samples = []
+            cpu_before = own_cpu_seconds()
+            worker_before = proc_cpu_seconds(worker_pid) if worker_pid else 0.0
+            for _ in range(spec["runs"]):
+                started = time.perf_counter()
+                session.sql(sql).arrow()
+                samples.append(time.perf_counter() - started)
+            result = {
+                "query": name,
+                "seconds": statistics.median(samples),
+                "rows": rows,
+                "cpu": own_cpu_seconds() - cpu_before,
+                "worker_cpu": (proc_cpu_seconds(worker_pid) - worker_before) if worker_pid else 0.0,
+            }
+            print(json.dumps(result), flush=True)
+    return 0
+
+
+def run_pinned(core: int, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    command = ["taskset", "-c", str(core), sys.executable, __file__, PINNED_CHILD]
+    done = subprocess.run(command, input=json.dumps(spec), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"pinned run failed: {done.stderr.strip().splitlines()[-1:]}")
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {r["query"]: r for r in results}
+
+
+def start_pinned_worker(workdir: Path, token: str, core: int) -> tuple[subprocess.Popen[bytes], str]:
+    token_file = workdir / "eff-worker-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    port_file = workdir / "eff-worker.port"
+    command = ["taskset", "-c", str(core), sys.executable, "-m", "workers.cli", "--listen", "127.0.0.1:0"]
+    command += ["--token-file", str(token_file), "--port-file", str(port_file), "--log-level", "WARNING"]
+    with open(workdir / "eff-worker.log", "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    while not port_file.exists():
+        if proc.poll() is not None:
+            raise RuntimeError("the pinned sqe-worker did not start")
+        time.sleep(0.05)
+    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+
+
+def efficiency(args: argparse.Namespace) -> int:
+    token = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="sqe-bench-eff-") as tmp:
+        workdir = Path(tmp)
+        info = start_stack(workdir / "stack", store=args.store, credential_lifetime=3600, serve=False)
+        worker: subprocess.Popen[bytes] | None = None
+        try:
+            write_efficiency_table(info, args.eff_files, args.eff_rows)
+            worker, address = start_pinned_worker(workdir, token, core=1)
+            spec: dict[str, Any] = {
+                "store": args.store,
+                "catalog_uri": info.catalog_uri,
+                "config": str(info.principal_config("analyst")),
+                "queries": EFF_QUERIES,
+                "runs": args.runs,
+            }
+            local = run_pinned(0, spec)
+            dist = run_pinned(0, {**spec, "workers": [address], "token": token, "slots": 2, "worker_pid": worker.pid})
+        finally:
+            if worker is not None:
+                worker.terminate()
+                worker.wait(10)
+            stop_stack(workdir / "stack")
+    print_efficiency(args, local, dist)
+    return 0
+
+
+def print_efficiency(args: argparse.Namespace, local: dict[str, Any], dist: dict[str, Any]) -> None:
+    """Per query: wall rates per core and their ratio, CPU per million rows of each process and their ratio.
+
+    On a shared machine the wall ratio carries everyone else's load; the CPU ratio (local process CPU over
+    worker CPU, per row) is what a dedicated worker core would give if the scan is CPU bound. ``workers per
+    coordinator core``: how many such workers one coordinator core keeps up with (worker CPU / coordinator CPU
+    per row), the first limit of a cluster's scaling."""
+    print(f"efficiency: {args.eff_rows} rows in {args.eff_files} files ({args.store}); coordinator on core 0, "
+          f"1 worker on core 1, local run on core 0; median of {args.runs} runs")  # fmt: skip
+    header = f"  {'query':10s} {'local rows/s/core':>17s} {'worker rows/s/core':>18s} {'wall ratio':>10s} "
+    header += f"{'CPU ratio':>9s} {'CPU s/M rows: local':>19s} {'worker':>6s} {'coord':>6s} {'workers/coord core':>18s}"
+    print(header)
+    for name in EFF_QUERIES:
+        lo, di = local[name], dist[name]
+        if lo["rows"] != di["rows"]:
+            raise RuntimeError(f"{name}: local returned {lo['rows']} rows, distributed {di['rows']}")
+        rows = args.eff_files * (args.eff_rows // args.eff_files)
+        scanned = rows * args.runs / 1e6  # million rows scanned over the timed runs
+        local_rate, worker_rate = rows / lo["seconds"], rows / di["seconds"]  # one core each
+        local_cpu, worker_cpu, coord_cpu = lo["cpu"] / scanned, di["worker_cpu"] / scanned, di["cpu"] / scanned
+        print(f"  {name:10s} {local_rate:17,.0f} {worker_rate:18,.0f} {worker_rate / local_rate:10.2f} "
+              f"{local_cpu / worker_cpu:9.2f} {local_cpu:19.3f} {worker_cpu:6.3f} {coord_cpu:6.3f} "
+              f"{worker_cpu / coord_cpu:18.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

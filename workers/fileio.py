@@ -17,7 +17,15 @@ from typing import NoReturn
 from pyiceberg.io import FileIO, InputFile, OutputFile
 
 from sqe._text import iso_utc
-from sqe.credentials import CredentialSet, ScopedFileIO, StoragePolicy, StorageSettings, is_local, normalize_location
+from sqe.credentials import (
+    CredentialSet,
+    ResolvedCredentials,
+    ScopedFileIO,
+    StoragePolicy,
+    StorageSettings,
+    is_local,
+    normalize_location,
+)
 from sqe.distributed.protocol.errors import MissingCredentialsError
 from sqe.errors import CredentialExpiredError, WorkerError
 from sqe.execution.local import QueryCancelledError
@@ -65,6 +73,13 @@ class FragmentFileIO(FileIO):
         if cred is not None and self._on_open is not None:
             self._on_open(cred)
         return scoped.new_input(location)
+
+    def resolve(self, location: str) -> ResolvedCredentials:
+        """The set ``location`` is read with now, checked like ``new_input``. The engine's footer cache keys its
+        entries by this set's scope, so a footer kept for one ticket serves only reads under that very set (a
+        ticket carries only sets the catalog vended for its query, or the static pair it was given)."""
+        scoped, _ = self._covering(location)
+        return scoped.resolve(location)
 
     def _covering(self, location: str) -> tuple[ScopedFileIO, CredentialSet | None]:
         """The current scoped FileIO and the set covering ``location``, checked: never an uncovered object-store

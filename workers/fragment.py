@@ -4,15 +4,25 @@ A fragment reads its file tasks with the engine's own ``LocalExecutor`` (bounded
 applies read-restrictions with the same function as local scans, so a worker's rows equal a local scan's. The
 stream is a generator gRPC pulls as the client consumes: when the client is slow, gRPC flow control stops the
 pulls, the executor's queue fills and the reader threads wait, so memory stays bounded.
+
+Row positions: every batch names the ticket task it comes from and how many of that task's rows were sent
+before it. Each task is read by its own single-file executor run (one reader thread, batches in file order;
+pyarrow's scanner yields a file's batches in order), and the row filter and restrictions are row-wise and use
+the ticket's salt, so a task's output row sequence is the same on every attempt and every worker. That is what
+lets the coordinator forward batches as they arrive and, after a failure, skip what it already forwarded.
+Up to ``max_files_in_flight`` tasks are open at once, read in turn.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+import pyarrow as pa
 
 from sqe._counters import Counters
 from sqe.credentials import CredentialSet
@@ -20,7 +30,7 @@ from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import DuplicateFragmentError, InvalidTicketError, WorkerBusyError
 from sqe.distributed.protocol.ipc import encode_batch, encode_schema
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
-from sqe.execution.local import LocalExecutor, ScanMetrics
+from sqe.execution.local import BatchTransform, LocalExecutor, ScanMetrics
 from sqe.execution.stream import conform_batch
 from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
 from workers.fileio import FragmentFileIO
@@ -133,13 +143,15 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         ticket = self.ticket
         schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
         transform = restriction_transform(ticket.restrictions, ticket.read_schema, ticket.output_field_ids, ticket.salt)
-        yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema)))
-        source = _FragmentSource(ticket.tasks, self._read, ticket.fragment_id)
+        yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema), row_positions=True))
         rows = batches = 0
         files_reported = 0
-        for batch in executor.record_batches(source, cancel=self.cancel, transform=transform, metrics=self.metrics):
+        task_rows = [0] * len(ticket.tasks)
+        for index, batch in self._positioned_batches(executor, transform):
             for data, count in encode_batch(conform_batch(batch, schema), max_message_bytes):
-                yield pb.ExecuteResponse(batch=pb.ArrowBatch(ipc=data, num_rows=count))
+                message = pb.ArrowBatch(ipc=data, num_rows=count, task_index=index, row_offset=task_rows[index])
+                yield pb.ExecuteResponse(batch=message)
+                task_rows[index] += count
                 rows += count
                 batches += 1
                 stats.add(batches_sent=1, rows_sent=count, ipc_bytes_sent=len(data))
@@ -151,6 +163,33 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         yield pb.ExecuteResponse(
             complete=pb.Complete(rows=rows, batches=batches, files=done["files_done"], bytes=done["bytes_done"])
         )
+
+    def _positioned_batches(
+        self, executor: LocalExecutor, transform: BatchTransform | None
+    ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """``(task index, batch)``: one single-file executor run per task, up to ``max_files_in_flight`` open at
+        once and read in turn (a run's own reader thread keeps reading while the others are read)."""
+        tasks = self.ticket.tasks
+        waiting = deque(range(len(tasks)))
+        open_runs: deque[tuple[int, Iterator[pa.RecordBatch]]] = deque()
+        try:
+            while waiting or open_runs:
+                while waiting and len(open_runs) < executor.max_files_in_flight:
+                    index = waiting.popleft()
+                    source = _FragmentSource((tasks[index],), self._read, f"{self.fragment_id}.t{index}")
+                    run = executor.record_batches(source, cancel=self.cancel, transform=transform, metrics=self.metrics)
+                    open_runs.append((index, run))
+                index, run = open_runs.popleft()
+                batch = next(run, None)
+                if batch is None:
+                    continue  # this task is done
+                yield index, batch
+                open_runs.append((index, run))
+        finally:
+            for _, run in open_runs:  # closing a run stops and joins its reader thread
+                close = getattr(run, "close", None)
+                if close is not None:
+                    close()
 
     def _progress(self, rows: int) -> pb.Progress:
         done = self.metrics.snapshot()

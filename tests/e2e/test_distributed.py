@@ -28,7 +28,7 @@ import pytest
 import sqe.api
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import SQEConfig, load_config
-from sqe.distributed.coordinator import DistributedOptions
+from sqe.distributed.coordinator import DistributedOptions, DistributedScanStream
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.errors import CredentialError, NoVendedCredentialsError, WorkerError
 from sqe.execution.local import QueryCancelledError
@@ -181,6 +181,21 @@ def tables(catalog_server: CatalogServer) -> Tables:
     return Tables(namespace, reader, FILES * ROWS_PER_FILE)
 
 
+BIG_FILES = 3
+BIG_ROWS_PER_FILE = 20_000  # a file's batch is larger than a 64 KiB message
+
+
+@pytest.fixture(scope="module")
+def big_files(catalog_server: CatalogServer, tables: Tables) -> str:
+    """``<namespace>.events_big``: 3 files whose batches a worker with 64 KiB messages sends in slices."""
+    writer = catalog_server.principal_with_grants(f"dist_big_writer_{uuid.uuid4().hex[:6]}", WRITER_GRANTS)
+    catalog = pyiceberg_catalog(catalog_server, writer)
+    table = catalog.create_table((tables.namespace, "events_big"), schema=_events(0, 1).schema)
+    for n in range(BIG_FILES):
+        table.append(_events(n * BIG_ROWS_PER_FILE, BIG_ROWS_PER_FILE))
+    return f"{tables.namespace}.events_big"
+
+
 @pytest.fixture(scope="module")
 def workers(worker_factory: WorkerPools) -> WorkerPool:
     return worker_factory.pool(2)
@@ -325,6 +340,103 @@ def test_a_killed_worker_costs_no_rows_and_no_duplicates(
     got = result["table"]
     assert got.num_rows == expected.num_rows == tables.rows
     assert sorted(got.column("id").to_pylist()) == list(range(tables.rows))  # every row exactly once
+
+
+def test_fragment_batches_reach_the_consumer_before_the_fragment_completes(
+    reader_config: Path, tables: Tables, workers: WorkerPool
+) -> None:
+    """Streaming, by order of events: with one queued batch and 6 batches per fragment, the consumer holds the
+    first batch while no fragment can have completed (a fragment held back until ``complete`` could not)."""
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
+    with distributed_session(config, slots_per_worker=1, max_files_per_fragment=6, max_queued_batches=1) as session:
+        session.sql(f"SELECT id FROM {tables.namespace}.events").fetchall()
+        stream = session.last_streams[-1]
+        assert isinstance(stream, DistributedScanStream)
+        executor = session.distributed_executor
+        assert executor is not None
+        events: list[str] = []
+        executor.batch_observers.append(lambda worker, fragment, rows: events.append(f"batch {fragment}"))
+        completed = executor.stats.fragments_completed
+        reader = pa.RecordBatchReader.from_stream(stream)  # a fresh distributed run, pulled batch by batch
+        first = reader.read_next_batch()
+        assert first.num_rows == ROWS_PER_FILE
+        assert executor.stats.fragments_completed == completed  # both fragments are still streaming
+        events.append("consumer has its first batch")
+        rest = reader.read_all()
+    assert first.num_rows + rest.num_rows == tables.rows
+    assert executor.stats.fragments_completed == completed + 2
+    assert events.index("consumer has its first batch") < len(events) - 1  # batches kept coming afterwards
+    ids = first.column("id").to_pylist() + rest.column("id").to_pylist()
+    assert sorted(ids) == list(range(tables.rows))
+
+
+def test_a_worker_killed_after_forwarding_a_batch_is_resumed_without_duplicates(
+    reader_config: Path, big_files: str, worker_factory: WorkerPools
+) -> None:
+    """The victim (64 KiB messages: a file's batch goes out in slices) is killed right after the coordinator
+    forwarded its fragment's first slice; the retry on the other worker (whole batches) re-reads the fragment and
+    skips exactly those rows of its first file, by row position (a slice inside a batch): every row once."""
+    victim = worker_factory.pool(1, "--max-files-in-flight", "1", "--max-message-bytes", "65536").workers[0]
+    spare = worker_factory.pool(1, "--max-files-in-flight", "1").workers[0]
+    pool = WorkerPool(worker_factory.token, [victim, spare])
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(pool))
+    sql = f"SELECT * FROM {big_files}"
+    with sqe.api.connect(reader_config) as local:
+        expected = local.sql(sql).arrow()
+    first_from_victim: list[int] = []
+
+    def kill_on_first_batch(worker: str, fragment: str, rows: int) -> None:
+        if worker == victim.address and not first_from_victim:
+            first_from_victim.append(rows)
+            os.kill(victim.proc.pid, signal.SIGKILL)  # the slot thread waits here: nothing more is forwarded
+            victim.proc.wait(5)
+
+    options = {"slots_per_worker": 1, "max_files_per_fragment": 6, "pace_ms_per_file": 300}
+    with distributed_session(config, **options) as session:
+        executor = session.distributed_executor
+        assert executor is not None
+        executor.batch_observers.append(kill_on_first_batch)
+        got = session.sql(sql).arrow()
+        stats = executor.stats.snapshot()
+    assert victim.proc.returncode == -signal.SIGKILL
+    assert len(first_from_victim) == 1 and 0 < first_from_victim[0] < BIG_ROWS_PER_FILE
+    assert stats["fragments_resumed"] == 1
+    assert stats["rows_skipped"] == first_from_victim[0]  # re-read by the retry and dropped, nothing more
+    assert stats["rows_forwarded"] == expected.num_rows == BIG_FILES * BIG_ROWS_PER_FILE  # each row once
+    assert _sorted(got) == _sorted(expected)
+
+
+def test_a_worker_killed_before_its_first_batch_is_retried_from_scratch(
+    reader_config: Path, tables: Tables, worker_factory: WorkerPools
+) -> None:
+    """The victim dies while its fragment waits to read its first file: nothing was forwarded, a plain retry."""
+    pool = worker_factory.pool(2, "--max-files-in-flight", "1")
+    victim = pool.workers[0]
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(pool))
+    sql = f"SELECT * FROM {tables.namespace}.events WHERE id < {4 * ROWS_PER_FILE}"
+    with sqe.api.connect(reader_config) as local:
+        expected = local.sql(sql).arrow()
+    forwarded_by: list[str] = []
+    options = {"slots_per_worker": 1, "max_files_per_fragment": 6, "pace_ms_per_file": 1500}
+    with distributed_session(config, **options) as session:
+        executor = session.distributed_executor
+        assert executor is not None
+        log = TicketLog().attach(session)
+        executor.batch_observers.append(lambda worker, fragment, rows: forwarded_by.append(worker))
+        result: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: result.update(table=session.sql(sql).arrow()), daemon=True)
+        thread.start()
+        victim_client = executor.client_for(victim.address)
+        _wait_until(lambda: victim_client.stats(timeout=5).fragments_running >= 1, timeout=30)
+        os.kill(victim.proc.pid, signal.SIGKILL)  # it is sleeping before its first file (1.5 s pace)
+        thread.join(60)
+        stats = executor.stats.snapshot()
+    assert victim.proc.wait(5) == -signal.SIGKILL
+    assert any(worker == victim.address for worker, _ in log.tickets)
+    assert victim.address not in forwarded_by
+    assert stats["fragments_retried"] >= 1
+    assert stats["fragments_resumed"] == stats["rows_skipped"] == 0
+    assert _sorted(result["table"]) == _sorted(expected)
 
 
 def test_cancelling_the_query_cancels_its_fragments(

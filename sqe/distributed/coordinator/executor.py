@@ -1,7 +1,7 @@
 """``DistributedExecutor``: a scan's file tasks run as fragments on ``sqe-worker`` processes over gRPC.
 
 The coordinator side of ``sqe.worker.v1`` (``proto/sqe/worker/v1/worker.proto``), assembled from its parts:
-``fragments`` (planning), ``run`` (scheduling, hold-back, retries), ``client`` (gRPC), ``credentials`` (which
+``fragments`` (planning), ``run`` (scheduling, streaming, resumable retries), ``client`` (gRPC), ``credentials`` (which
 sets a ticket carries), ``refresh`` and ``push`` (leases, reloads, pushes) and ``failures`` (error kinds).
 
 Tickets and pushed sets hold secrets: they are never logged, and reprs here name workers and fragments only.
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from sqe.planning.planner import ScanPlan
 
 TicketObserver = Callable[[str, pb.ScanTicket], None]
+BatchObserver = Callable[[str, str, int], None]  # worker address, fragment id, rows forwarded
 
 
 @dataclass
@@ -59,7 +60,10 @@ class CoordinatorStats(Counters):
     pushes_refused: int = 0
     credential_endpoint_calls: int = 0
     table_reloads: int = 0
-    max_held_bytes: int = 0  # the largest fragment output held back before it completed (``raise_to``)
+    fragments_resumed: int = 0  # retries of fragments that had already forwarded rows (those rows skipped)
+    batches_forwarded: int = 0  # batches handed to the consumer as they arrived
+    rows_forwarded: int = 0
+    rows_skipped: int = 0  # rows a retry sent again that had been forwarded already (dropped, by position)
 
 
 class DistributedExecutor:
@@ -99,6 +103,7 @@ class DistributedExecutor:
         self.refresher = CredentialRefresher(self.pusher.push, clock=clock)
         self.ticket_observers: list[TicketObserver] = []  # test hook: every ticket actually sent
         self.push_observers: list[PushObserver] = self.pusher.observers  # test hook: every push actually sent
+        self.batch_observers: list[BatchObserver] = []  # test hook: every batch handed to the consumer
         self._closed = False
 
     def __repr__(self) -> str:

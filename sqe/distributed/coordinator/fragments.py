@@ -2,7 +2,7 @@
 
 Tasks go largest first into the lightest fragment. Each worker runs a few fragments at a time and takes the
 largest waiting one when a slot frees up (longest-processing-time-first list scheduling). Small fragments keep
-a retry cheap and the coordinator's hold-back buffer (one fragment's output) small.
+a retry cheap (a retry re-reads its fragment, skipping the rows already forwarded).
 """
 
 from __future__ import annotations
@@ -30,16 +30,17 @@ class Fragment:
         return len(self.tasks)
 
 
-def plan_fragments(tasks: Sequence[FileScanTask], *, workers: int, max_files: int, max_bytes: int) -> list[Fragment]:
+def plan_fragments(tasks: Sequence[FileScanTask], *, slots: int, max_files: int, max_bytes: int) -> list[Fragment]:
     """Split tasks into fragments balanced by bytes (largest task first into the lightest fragment).
 
     There are enough fragments that none needs more than ``max_files`` files or ``max_bytes`` bytes on average,
-    and at least one per worker when there are enough files. Returned largest first.
+    and at least one per slot (fragments the workers run at once) when there are enough files, so no slot idles
+    while another reads several files in turn. Returned largest first.
     """
     if not tasks:
         return []
     total = sum(task.file.file_size_in_bytes for task in tasks)
-    count = max(math.ceil(len(tasks) / max_files), math.ceil(total / max_bytes), min(workers, len(tasks)))
+    count = max(math.ceil(len(tasks) / max_files), math.ceil(total / max_bytes), min(slots, len(tasks)))
     count = min(count, len(tasks))
     bins: list[list[FileScanTask]] = [[] for _ in range(count)]
     loads = [0] * count

@@ -1,9 +1,13 @@
 """One pass of a distributed scan: slot threads run fragments on workers, the caller's thread yields batches.
 
-- **No duplicate rows.** A fragment's batches are held on the coordinator until its stream ends with
-  ``complete``; only then are they handed to DuckDB. A fragment that fails (worker killed, unreachable, silent)
-  is retried from scratch on another worker, so nothing it sent before is ever forwarded. The price is memory:
-  up to one fragment's output per running fragment, which is why fragments stay small.
+- **Streaming, no duplicate rows.** A fragment's batches are forwarded to DuckDB as they arrive, so the
+  coordinator holds only the batches in flight (``max_queued_batches`` plus one per running fragment), never a
+  fragment's output. Workers tag each batch with its ticket task and the task's row offset; a task's output row
+  sequence is the same on every attempt (``workers.fragment``), so a fragment that fails after forwarding rows
+  is retried on another worker and the retry's rows the coordinator already forwarded are skipped (per task, by
+  offset). A failure before the first batch is a plain retry. A stream without positions (a worker that does
+  not send them) that fails after forwarding rows fails the query with a ``WorkerError``, as does a retry that
+  yields fewer rows for a task than were already forwarded: never a duplicated or lost row.
 - **Credentials.** Each running fragment is registered with the table's lease (``refresh``), which reloads the
   table as the querying user before the usable point and pushes the new set to the workers.
 - **Cancel and progress.** Cancelling the query cancels its calls and sends ``Cancel``; per-fragment ``progress``
@@ -54,6 +58,13 @@ class _FragmentState:
     attempts: int = 0
     failed_on: set[str] = field(default_factory=set)
     last_failure: str = ""
+    forwarded: dict[int, int] = field(default_factory=dict)  # task index -> leading rows already handed to DuckDB
+    forwarded_rows: int = 0
+    unpositioned: bool = False  # rows were forwarded from a stream without positions: they cannot be skipped
+
+
+class _StreamBroken(Exception):
+    """A stream that contradicts its own positions: the attempt fails (what was forwarded stays exact)."""
 
 
 @dataclass
@@ -67,6 +78,8 @@ class _Attempt:
     timed_out: bool = False
     files_done: int = 0
     bytes_done: int = 0
+    received: dict[int, int] = field(default_factory=dict)  # task index -> rows this attempt sent
+    rows_received: int = 0
 
 
 class ScanRun:
@@ -89,7 +102,7 @@ class ScanRun:
         self._run = run
         self._fragments = plan_fragments(
             plan.tasks,
-            workers=len(executor.clients),
+            slots=len(executor.clients) * self._options.slots_per_worker,
             max_files=self._options.max_files_per_fragment,
             max_bytes=self._options.max_bytes_per_fragment,
         )
@@ -236,52 +249,68 @@ class ScanRun:
         state.attempts += 1
         attempt = _Attempt(f"{self._query_id}.{self._run}.f{state.fragment.index}.a{state.attempts}", client.address)
         holder = Holder(client.address, self._query_id, attempt.fragment_id)
-        self._executor.stats.add(fragments_started=1, fragments_retried=1 if state.attempts > 1 else 0)
+        retried = state.attempts > 1
+        resumed = retried and state.forwarded_rows > 0
+        self._executor.stats.add(fragments_started=1, fragments_retried=int(retried), fragments_resumed=int(resumed))
         with self._cond:
             self._running[attempt.fragment_id] = attempt
         try:
-            batches, failure = self._execute(client, state, attempt, holder)
+            failure = self._execute(client, state, attempt, holder)
         finally:
             with self._cond:
                 self._running.pop(attempt.fragment_id, None)
             if self._credentials is not None and self._credentials.lease is not None:
                 self._executor.refresher.unregister(self._credentials.lease, holder)
         if failure is None:
-            self._commit(state, attempt, batches)
+            self._commit(state, attempt)
             return True
         self._uncount(attempt)
         return self._handle_failure(client.address, state, failure)
 
     def _execute(
         self, client: WorkerClient, state: _FragmentState, attempt: _Attempt, holder: Holder
-    ) -> tuple[list[pa.RecordBatch], AttemptFailure | None]:
+    ) -> AttemptFailure | None:
         ticket, generation = self._ticket(state.fragment, attempt, holder)
         for observer in self._executor.ticket_observers:
             observer(client.address, ticket)
-        held: list[pa.RecordBatch] = []
+        where = f"worker {client.address}, fragment {attempt.fragment_id}"
         try:
             attempt.call = client.execute(ticket)
             if self._stop.is_set():
                 attempt.call.cancel()
-            complete = self._receive(attempt, held, generation, holder)
+            complete = self._receive(state, attempt, generation, holder)
         except grpc.RpcError as exc:
             if self._stop.is_set():
-                return [], AttemptFailure("cancelled")
-            return [], classify_rpc_error(exc, client.address, attempt.fragment_id, attempt.timed_out)
+                return AttemptFailure("cancelled")
+            return classify_rpc_error(exc, client.address, attempt.fragment_id, attempt.timed_out)
+        except _StreamBroken as exc:
+            attempt.call.cancel()
+            return AttemptFailure(f"{where}: {exc}")
         if complete is None:
-            return [], AttemptFailure(f"worker {client.address}, fragment {attempt.fragment_id}: stream ended early")
-        rows = sum(batch.num_rows for batch in held)
-        if complete.rows != rows:
-            return [], AttemptFailure(
-                f"fragment {attempt.fragment_id}: worker reported {complete.rows} rows, sent {rows}"
-            )
-        return held, None
+            return AttemptFailure(f"{where}: stream ended early")
+        if complete.rows != attempt.rows_received:
+            return AttemptFailure(f"{where}: worker reported {complete.rows} rows, sent {attempt.rows_received}")
+        return self._check_repeatable(state, attempt, where)
 
-    def _receive(
-        self, attempt: _Attempt, held: list[pa.RecordBatch], generation: int, holder: Holder
-    ) -> pb.Complete | None:
+    def _check_repeatable(self, state: _FragmentState, attempt: _Attempt, where: str) -> AttemptFailure | None:
+        """A retry must reproduce at least every row it skipped: otherwise its output differs from the first
+        attempt's and the rows already forwarded may not be the ones it would have sent."""
+        for index, forwarded in state.forwarded.items():
+            sent = attempt.received.get(index, 0)
+            if sent < forwarded:
+                message = (
+                    f"{where}: task {index} gave {sent} rows on attempt {state.attempts} after {forwarded} "
+                    "were already forwarded; the fragment's output is not repeatable, failing the query rather "
+                    "than returning wrong rows"
+                )
+                return AttemptFailure(message, fatal=WorkerError(message))
+        return None
+
+    def _receive(self, state: _FragmentState, attempt: _Attempt, generation: int, holder: Holder) -> pb.Complete | None:
+        """Read one attempt's stream, forwarding its batches; its ``complete``, or None if the stream (or the
+        query) ended first."""
         schema: pa.Schema | None = None
-        held_bytes = 0
+        positioned = False
         stream = iter(attempt.call)
         while True:
             attempt.waiting_since = time.monotonic()
@@ -294,20 +323,71 @@ class ScanRun:
             kind = message.WhichOneof("payload")
             if kind == "schema":
                 schema = decode_schema(message.schema.ipc)
+                positioned = message.schema.row_positions
                 self._catch_up(holder, generation)
             elif kind == "batch":
                 if schema is None:
                     raise WorkerError(f"fragment {attempt.fragment_id}: a batch arrived before the schema")
                 batch = decode_batch(message.batch.ipc, schema)
-                held.append(batch)
-                held_bytes += batch.nbytes
-                self._executor.stats.raise_to("max_held_bytes", held_bytes)
+                if positioned:
+                    forwarded = self._forward_positioned(state, attempt, message.batch, batch)
+                else:
+                    forwarded = self._forward_unpositioned(state, attempt, batch)
+                if not forwarded:
+                    return None  # the query is over
             elif kind == "progress":
                 self._count(attempt, message.progress.files_done, message.progress.bytes_done)
             elif kind == "complete":
                 complete: pb.Complete = message.complete
                 self._count(attempt, complete.files, complete.bytes)
                 return complete
+
+    def _forward_positioned(
+        self, state: _FragmentState, attempt: _Attempt, message: pb.ArrowBatch, batch: pa.RecordBatch
+    ) -> bool:
+        """Forward the rows of ``batch`` not forwarded by an earlier attempt; False if the query is over."""
+        index, offset = message.task_index, message.row_offset
+        if not 0 <= index < state.fragment.files:
+            raise _StreamBroken(f"a batch names task {index} of a {state.fragment.files}-task ticket")
+        if offset != attempt.received.get(index, 0):
+            raise _StreamBroken(f"task {index}: a batch at row {offset} after {attempt.received.get(index, 0)} rows")
+        end = offset + batch.num_rows
+        attempt.received[index] = end
+        attempt.rows_received += batch.num_rows
+        skip = min(batch.num_rows, max(0, state.forwarded.get(index, 0) - offset))
+        if skip:
+            self._executor.stats.add(rows_skipped=skip)
+        if skip == batch.num_rows:
+            return True
+        if not self._put(attempt, batch.slice(skip) if skip else batch):
+            return False
+        state.forwarded[index] = end
+        state.forwarded_rows += batch.num_rows - skip
+        return True
+
+    def _forward_unpositioned(self, state: _FragmentState, attempt: _Attempt, batch: pa.RecordBatch) -> bool:
+        attempt.rows_received += batch.num_rows
+        state.unpositioned = True  # set first: a failure during the put must not be retried
+        if not self._put(attempt, batch):
+            return False
+        state.forwarded_rows += batch.num_rows
+        return True
+
+    def _put(self, attempt: _Attempt, batch: pa.RecordBatch) -> bool:
+        """Hand one batch to the consumer (blocking while its queue is full); False once the query is over."""
+        out = conform_worker_batch(batch, self._plan.arrow_schema)
+        self._metrics.add(batches_in_flight=1, batches_produced=1, rows_produced=out.num_rows)
+        while not self._stop.is_set():
+            try:
+                self._output.put(out, timeout=self._options.poll_seconds)
+            except queue.Full:
+                continue
+            self._executor.stats.add(batches_forwarded=1, rows_forwarded=out.num_rows)
+            for observer in self._executor.batch_observers:
+                observer(attempt.worker, attempt.fragment_id, out.num_rows)
+            return True
+        self._metrics.add(batches_in_flight=-1)
+        return False
 
     def _catch_up(self, holder: Holder, generation: int) -> None:
         """The worker knows the fragment now: if a refresh happened since its ticket was built, push it again."""
@@ -348,21 +428,8 @@ class ScanRun:
 
     # -- outcomes -------------------------------------------------------------------------------------------
 
-    def _commit(self, state: _FragmentState, attempt: _Attempt, batches: list[pa.RecordBatch]) -> None:
-        """The fragment completed: only now do its batches reach DuckDB (a retry never duplicates rows)."""
-        schema = self._plan.arrow_schema
-        for batch in batches:
-            out = conform_worker_batch(batch, schema)
-            self._metrics.add(batches_in_flight=1, batches_produced=1, rows_produced=out.num_rows)
-            while not self._stop.is_set():
-                try:
-                    self._output.put(out, timeout=self._options.poll_seconds)
-                    break
-                except queue.Full:
-                    continue
-            else:
-                self._metrics.add(batches_in_flight=-1)
-                return
+    def _commit(self, state: _FragmentState, attempt: _Attempt) -> None:
+        """The fragment completed (its batches were forwarded as they came)."""
         self._count(attempt, state.fragment.files, state.fragment.nbytes)
         self._executor.stats.add(fragments_completed=1)
         with self._cond:
@@ -394,6 +461,15 @@ class ScanRun:
             self._requeue(state)
             time.sleep(self._options.busy_retry_seconds)
             return True
+        if state.unpositioned:
+            self._fail(
+                WorkerError(
+                    f"a fragment of {self._plan.ident} failed after {state.forwarded_rows} rows were streamed from "
+                    "a worker that sends no row positions; failing rather than duplicating rows "
+                    f"(last: {failure.message})"
+                )
+            )
+            return False
         log.warning("fragment of %s will be retried: %s", self._plan.ident, failure.message)
         state.failed_on.add(worker)
         state.last_failure = failure.message

@@ -62,7 +62,7 @@ def vended(prefix: str, key: str = "AKIAVENDED", expires_at_ms: int | None = 2_0
 def test_fragments_balance_bytes_and_keep_every_task_once() -> None:
     sizes = [900, 100, 100, 100, 400, 500, 300, 200, 600, 100]
     tasks = [task(f"s3://b/t/{i}.parquet", size) for i, size in enumerate(sizes)]
-    fragments = plan_fragments(tasks, workers=2, max_files=3, max_bytes=10_000)
+    fragments = plan_fragments(tasks, slots=2, max_files=3, max_bytes=10_000)
     assert len(fragments) == 4  # ceil(10 files / 3)
     assert sorted(t.file.file_path for f in fragments for t in f.tasks) == sorted(t.file.file_path for t in tasks)
     loads = [f.nbytes for f in fragments]
@@ -70,12 +70,12 @@ def test_fragments_balance_bytes_and_keep_every_task_once() -> None:
     assert max(loads) - min(loads) <= max(sizes)  # largest-first into the lightest: within one task of even
 
 
-def test_fragments_split_by_bytes_and_give_every_worker_one() -> None:
+def test_fragments_split_by_bytes_and_give_every_slot_one() -> None:
     big = [task(f"s3://b/t/{i}.parquet", 100) for i in range(4)]
-    assert len(plan_fragments(big, workers=1, max_files=10, max_bytes=150)) == 3  # ceil(400 / 150)
-    assert len(plan_fragments(big, workers=3, max_files=10, max_bytes=10_000)) == 3
-    assert len(plan_fragments(big[:1], workers=3, max_files=10, max_bytes=10_000)) == 1
-    assert plan_fragments([], workers=2, max_files=4, max_bytes=100) == []
+    assert len(plan_fragments(big, slots=1, max_files=10, max_bytes=150)) == 3  # ceil(400 / 150)
+    assert len(plan_fragments(big, slots=3, max_files=10, max_bytes=10_000)) == 3
+    assert len(plan_fragments(big[:1], slots=3, max_files=10, max_bytes=10_000)) == 1
+    assert plan_fragments([], slots=2, max_files=4, max_bytes=100) == []
 
 
 # -------------------------------------------------------------------------------------------- credentials
