@@ -23,7 +23,7 @@ from sqe.catalog.rest import RestTableProvider
 from sqe.config import load_config
 from sqe.credentials.pool import FILE_IOS, FILESYSTEMS, MIN_HOLD_SECONDS
 from sqe.distributed.coordinator import DistributedOptions
-from sqe.execution.cache import FRAGMENTS
+from sqe.execution.cache import FRAGMENTS, clear_process_caches
 from sqe.session import Session
 from sqe.vocabulary import S3_ACCESS_KEY_ID
 from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
@@ -97,6 +97,7 @@ def run_with_fresh_credentials(session: Session, queries: int) -> set[str]:
 
 
 def test_embedded_queries_with_short_credentials_keep_filesystems_and_descriptors_bounded(owner_config: Path) -> None:
+    clear_process_caches()  # the pool is per process: earlier tests' long-lived sets would count here
     with sqe.api.connect(owner_config) as session:
         run_with_fresh_credentials(session, 2)  # warm-up: DuckDB, pyarrow's thread pools, the catalog client
         fds, live = fd_count(), FILESYSTEMS.live
