@@ -1113,9 +1113,8 @@ async def _dispatch(state: _State, op: _Op, request: Request) -> Response:
         return _internal_error(_log_unexpected(request, exc))
 
 
-class _MethodNotAllowed(CatalogError):
-    status = 405
-    error_type = vocabulary.ERROR_METHOD_NOT_ALLOWED
+class _MethodNotAllowed(CatalogError, status=405, error_type=vocabulary.ERROR_METHOD_NOT_ALLOWED):
+    pass
 
 
 def _routes(state: _State) -> list[Route]:

@@ -87,7 +87,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError
 
 from sqe import vocabulary
 from sqe_catalog.errors import (
@@ -99,7 +99,7 @@ from sqe_catalog.errors import (
     NotAuthorizedError,
     NotFoundError,
 )
-from sqe_catalog.schema import METADATA
+from sqe_catalog.schema import METADATA, create_tables, object_key
 
 __all__ = [
     "AuthStore",
@@ -279,9 +279,7 @@ _grants = Table(
     _metadata,
     _key_ref("role_name", "sqe_principal_roles.name"),
     Column("privilege", String(64), primary_key=True),
-    Column("warehouse", String(255), primary_key=True),
-    Column("namespace", String(1024), primary_key=True),
-    Column("table_name", String(255), primary_key=True),
+    *object_key(),
 )
 
 _NS_SEP = vocabulary.NAMESPACE_SEPARATOR  # cannot appear in a namespace part, unlike "."
@@ -599,11 +597,7 @@ class AuthStore:
 
     def create_schema(self) -> None:
         """Create the ``sqe_*`` tables if missing; safe to call from several processes at once."""
-        try:
-            _metadata.create_all(self._engine, checkfirst=True)
-        except DBAPIError:
-            # Another process may have created a table between our check and our CREATE: check again.
-            _metadata.create_all(self._engine, checkfirst=True)
+        create_tables(self._engine)
 
     # --- tokens -----------------------------------------------------------------------------------
 

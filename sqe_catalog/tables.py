@@ -95,9 +95,8 @@ _METADATA_CACHE_SIZE = 512
 _MAX_CREATE_FORMAT_VERSION = 3
 
 
-class NamespaceNotEmptyError(CatalogError):
-    status = 409
-    error_type = vocabulary.ERROR_NAMESPACE_NOT_EMPTY
+class NamespaceNotEmptyError(CatalogError, status=409, error_type=vocabulary.ERROR_NAMESPACE_NOT_EMPTY):
+    pass
 
 
 # ----------------------------------------------------------------------------------------------------
