@@ -235,10 +235,35 @@ def _string_list(value: object, what: str) -> list[str]:
     return list(value)
 
 
-def _table_identifier(value: object, what: str) -> tuple[Namespace, str]:
+@dataclass(frozen=True)
+class _ObjectKind:
+    """Tables or views, as far as identifiers in request bodies and renames treat them alike."""
+
+    label: str
+    validate_name: Callable[[object], str]
+    drop: Privilege
+    create: Privilege
+
+
+_TABLE_KIND = _ObjectKind("table", validate_table_name, Privilege.TABLE_DROP, Privilege.TABLE_CREATE)
+_VIEW_KIND = _ObjectKind("view", validate_view_name, Privilege.VIEW_DROP, Privilege.VIEW_CREATE)
+
+
+def _identifier(value: object, what: str, kind: _ObjectKind) -> tuple[Namespace, str]:
     if not isinstance(value, dict):
-        raise BadRequestError(f"{what} must be a table identifier object")
-    return validate_namespace(value.get("namespace")), validate_table_name(value.get("name"))
+        raise BadRequestError(f"{what} must be a {kind.label} identifier object")
+    return validate_namespace(value.get("namespace")), kind.validate_name(value.get("name"))
+
+
+def _rename_endpoints(call: _Call, kind: _ObjectKind) -> tuple[tuple[Namespace, str], tuple[Namespace, str]]:
+    """A rename body's source and destination, once the caller may drop the source and create in the
+    destination's namespace."""
+    body = call.json()
+    source = _identifier(body.get("source"), "source", kind)
+    target = _identifier(body.get("destination"), "destination", kind)
+    call.require(kind.drop, *source)
+    call.require(kind.create, target[0])
+    return source, target
 
 
 def _bool_query(call: _Call, name: str) -> bool:
@@ -643,7 +668,7 @@ def _commit_table(call: _Call) -> Response:
     namespace, name = call.namespace, call.table
     commit = parse_commit_body(call.json())
     if commit.identifier is not None:
-        claimed = _table_identifier(commit.identifier, "identifier")
+        claimed = _identifier(commit.identifier, "identifier", _TABLE_KIND)
         if claimed != (namespace, name):
             raise BadRequestError("identifier in the body does not match the table in the path")
     creating = any(getattr(r, "type", None) == "assert-create" for r in commit.requirements)
@@ -679,11 +704,7 @@ def _drop_table(call: _Call) -> Response:
 
 
 def _rename_table(call: _Call) -> Response:
-    body = call.json()
-    source = _table_identifier(body.get("source"), "source")
-    target = _table_identifier(body.get("destination"), "destination")
-    call.require(Privilege.TABLE_DROP, *source)
-    call.require(Privilege.TABLE_CREATE, target[0])
+    source, target = _rename_endpoints(call, _TABLE_KIND)
     _refuse_view_name(call, *target)
     call.warehouse.tables.rename_table(source, target)
     call.state.restrictions.renamed(call.prefix, source, target)
@@ -786,19 +807,9 @@ def _drop_view(call: _Call) -> Response:
 
 
 def _rename_view(call: _Call) -> Response:
-    body = call.json()
-    source = _view_identifier(body.get("source"), "source")
-    target = _view_identifier(body.get("destination"), "destination")
-    call.require(Privilege.VIEW_DROP, *source)
-    call.require(Privilege.VIEW_CREATE, target[0])
+    source, target = _rename_endpoints(call, _VIEW_KIND)
     call.warehouse.views.rename_view(source, target)
     return _no_content()
-
-
-def _view_identifier(value: object, what: str) -> tuple[Namespace, str]:
-    if not isinstance(value, dict):
-        raise BadRequestError(f"{what} must be a view identifier object")
-    return validate_namespace(value.get("namespace")), validate_view_name(value.get("name"))
 
 
 # -- end sql-catalog: views -----------------------------------------------------------------------------
@@ -962,7 +973,7 @@ def _preview_restrictions(call: _Call) -> Response:
     user, include = body.get("user"), body.get("include-disabled", True)
     if not isinstance(user, str) or not isinstance(include, bool):
         raise BadRequestError("preview needs a string 'user' (and a Boolean 'include-disabled')")
-    namespace, name = _table_identifier(body.get("table"), "table")
+    namespace, name = _identifier(body.get("table"), "table", _TABLE_KIND)
     table = call.warehouse.tables.load_table(namespace, name)
     return _json(call.state.restrictions.preview(call.prefix, table, user, include_disabled=include))
 

@@ -282,6 +282,54 @@ _grants = Table(
     *object_key(),
 )
 
+
+@dataclass(frozen=True)
+class _Named:
+    """A table of named things (principals, roles, groups): how messages call one, the error for a missing name,
+    and the columns of other tables that name a row (those rows go with it)."""
+
+    table: Table
+    label: str
+    missing: type[NotFoundError]
+    links: tuple[Column[str], ...]
+
+    def not_found(self, name: str) -> NotFoundError:
+        return self.missing(f"{self.label} {name} does not exist")
+
+    def require(self, conn: Connection, name: str) -> None:
+        if conn.execute(select(self.table.c.name).where(self.table.c.name == name)).first() is None:
+            raise self.not_found(name)
+
+
+@dataclass(frozen=True)
+class _Link:
+    """A table of (A, B) links between named things; ``missing`` formats (a, b) when a link to remove is absent."""
+
+    table: Table
+    missing: str
+
+    def row(self, first: str, second: str) -> dict[str, str]:
+        return dict(zip(self.table.primary_key.columns.keys(), (first, second), strict=True))
+
+
+_PRINCIPAL = _Named(
+    _principals,
+    "principal",
+    NoSuchPrincipalError,
+    (_role_assignments.c.principal_name, _group_members.c.principal_name, _readers.c.principal_name),
+)
+_ROLE = _Named(
+    _roles,
+    "principal role",
+    NotFoundError,
+    (_grants.c.role_name, _role_assignments.c.role_name, _group_roles.c.role_name),
+)
+_GROUP = _Named(_groups, "group", NotFoundError, (_group_members.c.group_name, _group_roles.c.group_name))
+_NAMED_BY_COLUMN = {"principal_name": _PRINCIPAL, "role_name": _ROLE, "group_name": _GROUP}
+_ROLE_ASSIGNMENT = _Link(_role_assignments, "principal {} does not hold role {} directly")
+_MEMBERSHIP = _Link(_group_members, "principal {} is not a member of group {}")
+_GROUP_ROLE = _Link(_group_roles, "group {} does not hold role {}")
+
 _NS_SEP = vocabulary.NAMESPACE_SEPARATOR  # cannot appear in a namespace part, unlike "."
 
 
@@ -717,7 +765,7 @@ class AuthStore:
         """Make ``name`` a reader (an engine service identity trusted to enforce restrictions) or end that."""
 
         def run(conn: Connection) -> None:
-            self._require_principal(conn, name)
+            _PRINCIPAL.require(conn, name)
             if reader:
                 self._insert_missing(conn, _readers, {"principal_name": name})
             else:
@@ -802,15 +850,14 @@ class AuthStore:
                 )
             )
             if result.rowcount == 0:
-                raise NoSuchPrincipalError(f"principal {name} does not exist")
+                raise _PRINCIPAL.not_found(name)
             client_id: str = conn.execute(
                 select(_principals.c.client_id).where(_principals.c.name == name)
             ).scalar_one()
         return client_id, client_secret
 
     def delete_principal(self, name: str) -> None:
-        links = (_role_assignments.c.principal_name, _group_members.c.principal_name, _readers.c.principal_name)
-        self._delete_with_links(_principals, name, links, NoSuchPrincipalError(f"principal {name} does not exist"))
+        self._delete_named(_PRINCIPAL, name)
 
     def list_principals(self) -> list[Principal]:
         """Every principal with all its effective roles (direct and through groups); no secrets."""
@@ -829,41 +876,37 @@ class AuthStore:
     def create_role(self, role: str) -> None:
         if role == _ALL_ROLES:
             raise BadRequestError("ALL is reserved (scope PRINCIPAL_ROLE:ALL) and cannot name a role")
-        self._create_named(_roles, "principal role", role)
+        self._create_named(_ROLE, role)
 
     def delete_role(self, role: str) -> None:
-        links = (_grants.c.role_name, _role_assignments.c.role_name, _group_roles.c.role_name)
-        self._delete_with_links(_roles, role, links, NotFoundError(f"principal role {role} does not exist"))
+        self._delete_named(_ROLE, role)
 
     def assign_role(self, principal: str, role: str) -> None:
         """Give ``principal`` the role; assigning a role it already holds is a no-op."""
-        self._link(_role_assignments, {"principal_name": principal, "role_name": role})
+        self._link(_ROLE_ASSIGNMENT, principal, role)
 
     def unassign_role(self, principal: str, role: str) -> None:
-        row = {"principal_name": principal, "role_name": role}
-        self._unlink(_role_assignments, row, f"principal {principal} does not hold role {role} directly")
+        self._unlink(_ROLE_ASSIGNMENT, principal, role)
 
     # --- groups -----------------------------------------------------------------------------------
 
     def create_group(self, group: str) -> None:
-        self._create_named(_groups, "group", group)
+        self._create_named(_GROUP, group)
 
     def delete_group(self, group: str) -> None:
-        links = (_group_members.c.group_name, _group_roles.c.group_name)
-        self._delete_with_links(_groups, group, links, NotFoundError(f"group {group} does not exist"))
+        self._delete_named(_GROUP, group)
 
     def add_to_group(self, principal: str, group: str) -> None:
-        self._link(_group_members, {"principal_name": principal, "group_name": group})
+        self._link(_MEMBERSHIP, principal, group)
 
     def remove_from_group(self, principal: str, group: str) -> None:
-        row = {"principal_name": principal, "group_name": group}
-        self._unlink(_group_members, row, f"principal {principal} is not a member of group {group}")
+        self._unlink(_MEMBERSHIP, principal, group)
 
     def assign_group_role(self, group: str, role: str) -> None:
-        self._link(_group_roles, {"group_name": group, "role_name": role})
+        self._link(_GROUP_ROLE, group, role)
 
     def unassign_group_role(self, group: str, role: str) -> None:
-        self._unlink(_group_roles, {"group_name": group, "role_name": role}, f"group {group} does not hold role {role}")
+        self._unlink(_GROUP_ROLE, group, role)
 
     # --- grants -----------------------------------------------------------------------------------
 
@@ -879,7 +922,7 @@ class AuthStore:
         row = self._grant_row(role, privilege, warehouse, namespace, table)
 
         def run(conn: Connection) -> None:
-            self._require_role(conn, role)
+            _ROLE.require(conn, role)
             self._insert_missing(conn, _grants, row)
 
         self._write(run)
@@ -894,7 +937,7 @@ class AuthStore:
     ) -> None:
         row = self._grant_row(role, privilege, warehouse, namespace, table)
         with self._engine.begin() as conn:
-            self._require_role(conn, role)
+            _ROLE.require(conn, role)
             stmt = delete(_grants).where(*(_grants.c[key] == value for key, value in row.items()))
             if conn.execute(stmt).rowcount == 0:
                 target = describe_securable(warehouse, _decode_namespace(row["namespace"]), table)
@@ -905,7 +948,7 @@ class AuthStore:
         query = select(_grants).order_by(g.role_name, g.warehouse, g.namespace, g.table_name, g.privilege)
         with self._engine.connect() as conn:
             if role is not None:
-                self._require_role(conn, role)
+                _ROLE.require(conn, role)
                 query = query.where(_grants.c.role_name == role)
             rows = conn.execute(query).all()
         return [
@@ -965,48 +1008,45 @@ class AuthStore:
         except IntegrityError:
             raise AlreadyExistsError(duplicate_message) from None
 
-    def _link(self, table: Table, row: dict[str, str]) -> None:
-        """Add a membership row once both ends exist; adding one that is already there is a no-op."""
+    def _link(self, link: _Link, first: str, second: str) -> None:
+        """Add a link row once both ends exist; adding one that is already there is a no-op."""
+        row = link.row(first, second)
 
         def run(conn: Connection) -> None:
             self._require_ends(conn, row)
-            self._insert_missing(conn, table, row)
+            self._insert_missing(conn, link.table, row)
 
         self._write(run)
 
-    def _unlink(self, table: Table, row: dict[str, str], missing: str) -> None:
-        """Remove a membership row once both ends exist; NotFoundError(``missing``) when it is not there."""
+    def _unlink(self, link: _Link, first: str, second: str) -> None:
+        """Remove a link row once both ends exist; NotFoundError when it is not there."""
+        row = link.row(first, second)
 
         def run(conn: Connection) -> None:
             self._require_ends(conn, row)
-            stmt = delete(table).where(*(table.c[key] == value for key, value in row.items()))
+            stmt = delete(link.table).where(*(link.table.c[key] == value for key, value in row.items()))
             if conn.execute(stmt).rowcount == 0:
-                raise NotFoundError(missing)
+                raise NotFoundError(link.missing.format(first, second))
 
         self._write(run)
 
-    def _create_named(self, table: Table, kind: str, name: str) -> None:
+    def _create_named(self, kind: _Named, name: str) -> None:
         """Add the row ``name`` to a table of names (roles, groups); AlreadyExistsError when it is there."""
-        _validate_name(kind, name)
-        self._insert_new(table, {"name": name}, f"{kind} {name} already exists")
+        _validate_name(kind.label, name)
+        self._insert_new(kind.table, {"name": name}, f"{kind.label} {name} already exists")
 
-    def _delete_with_links(self, table: Table, name: str, links: Sequence[Column[str]], missing: NotFoundError) -> None:
-        """Delete the row ``name`` of ``table`` and every row of other tables whose ``links`` column names it."""
+    def _delete_named(self, kind: _Named, name: str) -> None:
+        """Delete the row ``name`` and every row of other tables whose link column names it."""
         with self._engine.begin() as conn:
-            for column in links:
+            for column in kind.links:
                 conn.execute(delete(column.table).where(column == name))
-            if conn.execute(delete(table).where(table.c.name == name)).rowcount == 0:
-                raise missing
+            if conn.execute(delete(kind.table).where(kind.table.c.name == name)).rowcount == 0:
+                raise kind.not_found(name)
 
     def _require_ends(self, conn: Connection, row: dict[str, str]) -> None:
         """Check, in the row's order, that the principal, group or role each column names exists."""
-        checks = {
-            "principal_name": self._require_principal,
-            "group_name": self._require_group,
-            "role_name": self._require_role,
-        }
         for column, name in row.items():
-            checks[column](conn, name)
+            _NAMED_BY_COLUMN[column].require(conn, name)
 
     @staticmethod
     def _insert_missing(conn: Connection, table: Table, row: dict[str, str]) -> None:
@@ -1025,18 +1065,3 @@ class AuthStore:
         except IntegrityError:
             with self._engine.begin() as conn:
                 return operation(conn)
-
-    @staticmethod
-    def _require_principal(conn: Connection, name: str) -> None:
-        if conn.execute(select(_principals.c.name).where(_principals.c.name == name)).first() is None:
-            raise NoSuchPrincipalError(f"principal {name} does not exist")
-
-    @staticmethod
-    def _require_role(conn: Connection, role: str) -> None:
-        if conn.execute(select(_roles.c.name).where(_roles.c.name == role)).first() is None:
-            raise NotFoundError(f"principal role {role} does not exist")
-
-    @staticmethod
-    def _require_group(conn: Connection, group: str) -> None:
-        if conn.execute(select(_groups.c.name).where(_groups.c.name == group)).first() is None:
-            raise NotFoundError(f"group {group} does not exist")
