@@ -115,6 +115,8 @@ _JSON = "application/json"
 
 @dataclass(frozen=True)
 class _Warehouse:
+    """The stores and I/O of one configured warehouse, built once at start-up."""
+
     config: WarehouseConfig
     tables: WarehouseTables
     vendor: CredentialVendor
@@ -124,6 +126,8 @@ class _Warehouse:
 
 @dataclass(frozen=True)
 class _State:
+    """Everything the handlers share for the server's lifetime (the app's one state object)."""
+
     engine: Engine
     auth: AuthStore
     restrictions: RestrictionStore
@@ -993,6 +997,16 @@ class _Op:
     needs_body: bool = False
 
 
+def _object_operations(path: str, load: Handler, exists: Handler, commit: Handler, drop: Handler) -> tuple[_Op, ...]:
+    """The spec's four operations on one table or view path: load, exists, commit (replace), drop."""
+    return (
+        _Op("GET", path, load),
+        _Op("HEAD", path, exists),
+        _Op("POST", path, commit, needs_body=True),
+        _Op("DELETE", path, drop),
+    )
+
+
 _NS = "/v1/{prefix}/namespaces/{namespace}"
 _TABLE = _NS + "/tables/{table}"
 _VIEW = _NS + "/views/{view}"
@@ -1006,20 +1020,14 @@ _OPERATIONS: tuple[_Op, ...] = (
     _Op("GET", _NS + "/tables", _list_tables),
     _Op("POST", _NS + "/tables", _create_table, needs_body=True),
     _Op("POST", _NS + "/register", _register_table, needs_body=True),
-    _Op("GET", _TABLE, _load_table),
-    _Op("HEAD", _TABLE, _table_exists),
-    _Op("POST", _TABLE, _commit_table, needs_body=True),
-    _Op("DELETE", _TABLE, _drop_table),
+    *_object_operations(_TABLE, _load_table, _table_exists, _commit_table, _drop_table),
     _Op("POST", "/v1/{prefix}/tables/rename", _rename_table, needs_body=True),
     _Op("GET", _TABLE + "/credentials", _load_credentials),
     _Op("POST", _TABLE + "/notifications", _notify_table, needs_body=True),
     # -- sql-catalog: views and scan planning
     _Op("GET", _NS + "/views", _list_views),
     _Op("POST", _NS + "/views", _create_view, needs_body=True),
-    _Op("GET", _VIEW, _load_view),
-    _Op("HEAD", _VIEW, _view_exists),
-    _Op("POST", _VIEW, _replace_view, needs_body=True),
-    _Op("DELETE", _VIEW, _drop_view),
+    *_object_operations(_VIEW, _load_view, _view_exists, _replace_view, _drop_view),
     _Op("POST", "/v1/{prefix}/views/rename", _rename_view, needs_body=True),
     # -- end sql-catalog
 )

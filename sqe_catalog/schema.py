@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 from sqlalchemy import Column, Engine, MetaData, String, Table, Text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.schema import SchemaItem
 
-__all__ = ["METADATA", "create_tables", "object_key", "trusted_state_columns", "warehouse_key"]
+__all__ = ["METADATA", "create_tables", "object_key", "trusted_state_columns", "warehouse_key", "warehouse_table"]
 
 METADATA = MetaData()
 
@@ -25,6 +26,11 @@ NAME_LENGTH = 255
 def warehouse_key() -> Column[str]:
     """A fresh primary-key ``warehouse`` column: every catalog row belongs to one warehouse."""
     return Column("warehouse", String(WAREHOUSE_LENGTH), primary_key=True)
+
+
+def warehouse_table(name: str, *columns: SchemaItem) -> Table:
+    """A table on ``METADATA`` whose key starts with the ``warehouse`` it belongs to, then ``columns``."""
+    return Table(name, METADATA, warehouse_key(), *columns)
 
 
 def object_key(name_column: str = "table_name", *, primary_key: bool = True) -> tuple[Column[str], ...]:

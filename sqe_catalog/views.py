@@ -54,6 +54,8 @@ def validate_view_name(name: object) -> str:
 
 @dataclass(frozen=True)
 class StoredView:
+    """A view as loaded: its pointer row's metadata location and the validated document found there."""
+
     namespace: Namespace
     name: str
     metadata_location: str

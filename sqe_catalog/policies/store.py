@@ -39,7 +39,6 @@ from sqlalchemy import (
     Engine,
     Integer,
     String,
-    Table,
     Text,
     and_,
     delete,
@@ -53,7 +52,7 @@ from sqe import vocabulary
 from sqe_catalog.errors import AlreadyExistsError, BadRequestError, NotFoundError
 from sqe_catalog.policies import rego
 from sqe_catalog.policies.errors import PolicyError
-from sqe_catalog.schema import METADATA, create_tables, warehouse_key
+from sqe_catalog.schema import create_tables, warehouse_table
 
 __all__ = [
     "ObjectKind",
@@ -239,10 +238,8 @@ def _stamp(event: str) -> tuple[Column[Any], ...]:
     return Column(f"{event}_by", String(128), nullable=False), Column(f"{event}_at", Integer, nullable=False)
 
 
-_policies = Table(
+_policies = warehouse_table(
     "sqe_policies",
-    METADATA,
-    warehouse_key(),
     Column("name", String(128), primary_key=True),
     Column("policy_type", String(32), nullable=False),
     *_policy_body(),
@@ -250,28 +247,22 @@ _policies = Table(
     *_stamp("created"),
     *_stamp("updated"),
 )
-_policy_history = Table(
+_policy_history = warehouse_table(
     "sqe_policy_revisions",
-    METADATA,
-    warehouse_key(),
     Column("name", String(128), primary_key=True),
     Column("revision", Integer, primary_key=True),
     *_policy_body(),
     *_stamp("changed"),
 )
-_associations = Table(
+_associations = warehouse_table(
     "sqe_policy_tags",
-    METADATA,
-    warehouse_key(),
     Column("policy_name", String(128), primary_key=True),
     Column("tag", String(128), primary_key=True),
     Column("selector_value", String(_MAX_VALUE), primary_key=True),  # "" for ALL_VALUES
     Column("all_values", Boolean, nullable=False),
 )
-_tags = Table(
+_tags = warehouse_table(
     "sqe_tag_assignments",
-    METADATA,
-    warehouse_key(),
     Column("object_kind", String(16), primary_key=True),
     Column("namespace", String(1024), primary_key=True),  # "" for the warehouse
     Column("table_name", String(255), primary_key=True),  # "" above table level
@@ -281,10 +272,8 @@ _tags = Table(
     Column("field_id", Integer, nullable=False),
     Column("value", String(_MAX_VALUE), nullable=True),
 )
-_revisions = Table(
+_revisions = warehouse_table(
     "sqe_governance_revisions",
-    METADATA,
-    warehouse_key(),
     Column("revision", Integer, nullable=False),
 )
 
