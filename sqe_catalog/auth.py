@@ -231,9 +231,22 @@ _NAME_LEN = 128
 _metadata = METADATA  # the catalog's one MetaData (restrictions' tables live on it too)
 
 
-def _key_ref(name: str, target: str) -> Column[str]:
-    """A primary-key column naming a ``target`` ("table.column") row; the row goes when its target does."""
-    return Column(name, String(_NAME_LEN), ForeignKey(target, ondelete="CASCADE"), primary_key=True)
+# The columns that name a principal, role or group in another table's rows, and the row each one names.
+_REFERENCES = {
+    "principal_name": "sqe_principals.name",
+    "role_name": "sqe_principal_roles.name",
+    "group_name": "sqe_groups.name",
+}
+
+
+def _key_ref(name: str) -> Column[str]:
+    """A primary-key column ``name`` naming a principal, role or group; the row goes when what it names does."""
+    return Column(name, String(_NAME_LEN), ForeignKey(_REFERENCES[name], ondelete="CASCADE"), primary_key=True)
+
+
+def _link_table(name: str, first: str, second: str) -> Table:
+    """A table of links between two named things (a principal's roles, a group's members and roles)."""
+    return Table(name, _metadata, _key_ref(first), _key_ref(second))
 
 
 _principals = Table(
@@ -251,33 +264,18 @@ _principals = Table(
 _readers = Table(
     "sqe_readers",
     _metadata,
-    _key_ref("principal_name", "sqe_principals.name"),
+    _key_ref("principal_name"),
 )
 _roles = Table("sqe_principal_roles", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
 _groups = Table("sqe_groups", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
-_role_assignments = Table(
-    "sqe_principal_role_assignments",
-    _metadata,
-    _key_ref("principal_name", "sqe_principals.name"),
-    _key_ref("role_name", "sqe_principal_roles.name"),
-)
-_group_members = Table(
-    "sqe_group_members",
-    _metadata,
-    _key_ref("principal_name", "sqe_principals.name"),
-    _key_ref("group_name", "sqe_groups.name"),
-)
-_group_roles = Table(
-    "sqe_group_role_assignments",
-    _metadata,
-    _key_ref("group_name", "sqe_groups.name"),
-    _key_ref("role_name", "sqe_principal_roles.name"),
-)
+_role_assignments = _link_table("sqe_principal_role_assignments", "principal_name", "role_name")
+_group_members = _link_table("sqe_group_members", "principal_name", "group_name")
+_group_roles = _link_table("sqe_group_role_assignments", "group_name", "role_name")
 # Empty strings, not NULLs, mark "no namespace"/"no table" so the primary key stays a plain unique key.
 _grants = Table(
     "sqe_grants",
     _metadata,
-    _key_ref("role_name", "sqe_principal_roles.name"),
+    _key_ref("role_name"),
     Column("privilege", String(64), primary_key=True),
     *object_key(),
 )
