@@ -115,6 +115,8 @@ _JSON = "application/json"
 
 @dataclass(frozen=True)
 class _Warehouse:
+    """The stores and I/O of one configured warehouse, built once at start-up."""
+
     config: WarehouseConfig
     tables: WarehouseTables
     vendor: CredentialVendor
@@ -124,6 +126,8 @@ class _Warehouse:
 
 @dataclass(frozen=True)
 class _State:
+    """Everything the handlers share for the server's lifetime (the app's one state object)."""
+
     engine: Engine
     auth: AuthStore
     restrictions: RestrictionStore
@@ -235,10 +239,35 @@ def _string_list(value: object, what: str) -> list[str]:
     return list(value)
 
 
-def _table_identifier(value: object, what: str) -> tuple[Namespace, str]:
+@dataclass(frozen=True)
+class _ObjectKind:
+    """Tables or views, as far as identifiers in request bodies and renames treat them alike."""
+
+    label: str
+    validate_name: Callable[[object], str]
+    drop: Privilege
+    create: Privilege
+
+
+_TABLE_KIND = _ObjectKind("table", validate_table_name, Privilege.TABLE_DROP, Privilege.TABLE_CREATE)
+_VIEW_KIND = _ObjectKind("view", validate_view_name, Privilege.VIEW_DROP, Privilege.VIEW_CREATE)
+
+
+def _identifier(value: object, what: str, kind: _ObjectKind) -> tuple[Namespace, str]:
     if not isinstance(value, dict):
-        raise BadRequestError(f"{what} must be a table identifier object")
-    return validate_namespace(value.get("namespace")), validate_table_name(value.get("name"))
+        raise BadRequestError(f"{what} must be a {kind.label} identifier object")
+    return validate_namespace(value.get("namespace")), kind.validate_name(value.get("name"))
+
+
+def _rename_endpoints(call: _Call, kind: _ObjectKind) -> tuple[tuple[Namespace, str], tuple[Namespace, str]]:
+    """A rename body's source and destination, once the caller may drop the source and create in the
+    destination's namespace."""
+    body = call.json()
+    source = _identifier(body.get("source"), "source", kind)
+    target = _identifier(body.get("destination"), "destination", kind)
+    call.require(kind.drop, *source)
+    call.require(kind.create, target[0])
+    return source, target
 
 
 def _bool_query(call: _Call, name: str) -> bool:
@@ -643,7 +672,7 @@ def _commit_table(call: _Call) -> Response:
     namespace, name = call.namespace, call.table
     commit = parse_commit_body(call.json())
     if commit.identifier is not None:
-        claimed = _table_identifier(commit.identifier, "identifier")
+        claimed = _identifier(commit.identifier, "identifier", _TABLE_KIND)
         if claimed != (namespace, name):
             raise BadRequestError("identifier in the body does not match the table in the path")
     creating = any(getattr(r, "type", None) == "assert-create" for r in commit.requirements)
@@ -679,11 +708,7 @@ def _drop_table(call: _Call) -> Response:
 
 
 def _rename_table(call: _Call) -> Response:
-    body = call.json()
-    source = _table_identifier(body.get("source"), "source")
-    target = _table_identifier(body.get("destination"), "destination")
-    call.require(Privilege.TABLE_DROP, *source)
-    call.require(Privilege.TABLE_CREATE, target[0])
+    source, target = _rename_endpoints(call, _TABLE_KIND)
     _refuse_view_name(call, *target)
     call.warehouse.tables.rename_table(source, target)
     call.state.restrictions.renamed(call.prefix, source, target)
@@ -786,19 +811,9 @@ def _drop_view(call: _Call) -> Response:
 
 
 def _rename_view(call: _Call) -> Response:
-    body = call.json()
-    source = _view_identifier(body.get("source"), "source")
-    target = _view_identifier(body.get("destination"), "destination")
-    call.require(Privilege.VIEW_DROP, *source)
-    call.require(Privilege.VIEW_CREATE, target[0])
+    source, target = _rename_endpoints(call, _VIEW_KIND)
     call.warehouse.views.rename_view(source, target)
     return _no_content()
-
-
-def _view_identifier(value: object, what: str) -> tuple[Namespace, str]:
-    if not isinstance(value, dict):
-        raise BadRequestError(f"{what} must be a view identifier object")
-    return validate_namespace(value.get("namespace")), validate_view_name(value.get("name"))
 
 
 # -- end sql-catalog: views -----------------------------------------------------------------------------
@@ -962,7 +977,7 @@ def _preview_restrictions(call: _Call) -> Response:
     user, include = body.get("user"), body.get("include-disabled", True)
     if not isinstance(user, str) or not isinstance(include, bool):
         raise BadRequestError("preview needs a string 'user' (and a Boolean 'include-disabled')")
-    namespace, name = _table_identifier(body.get("table"), "table")
+    namespace, name = _identifier(body.get("table"), "table", _TABLE_KIND)
     table = call.warehouse.tables.load_table(namespace, name)
     return _json(call.state.restrictions.preview(call.prefix, table, user, include_disabled=include))
 
@@ -982,6 +997,16 @@ class _Op:
     needs_body: bool = False
 
 
+def _object_operations(path: str, load: Handler, exists: Handler, commit: Handler, drop: Handler) -> tuple[_Op, ...]:
+    """The spec's four operations on one table or view path: load, exists, commit (replace), drop."""
+    return (
+        _Op("GET", path, load),
+        _Op("HEAD", path, exists),
+        _Op("POST", path, commit, needs_body=True),
+        _Op("DELETE", path, drop),
+    )
+
+
 _NS = "/v1/{prefix}/namespaces/{namespace}"
 _TABLE = _NS + "/tables/{table}"
 _VIEW = _NS + "/views/{view}"
@@ -995,20 +1020,14 @@ _OPERATIONS: tuple[_Op, ...] = (
     _Op("GET", _NS + "/tables", _list_tables),
     _Op("POST", _NS + "/tables", _create_table, needs_body=True),
     _Op("POST", _NS + "/register", _register_table, needs_body=True),
-    _Op("GET", _TABLE, _load_table),
-    _Op("HEAD", _TABLE, _table_exists),
-    _Op("POST", _TABLE, _commit_table, needs_body=True),
-    _Op("DELETE", _TABLE, _drop_table),
+    *_object_operations(_TABLE, _load_table, _table_exists, _commit_table, _drop_table),
     _Op("POST", "/v1/{prefix}/tables/rename", _rename_table, needs_body=True),
     _Op("GET", _TABLE + "/credentials", _load_credentials),
     _Op("POST", _TABLE + "/notifications", _notify_table, needs_body=True),
     # -- sql-catalog: views and scan planning
     _Op("GET", _NS + "/views", _list_views),
     _Op("POST", _NS + "/views", _create_view, needs_body=True),
-    _Op("GET", _VIEW, _load_view),
-    _Op("HEAD", _VIEW, _view_exists),
-    _Op("POST", _VIEW, _replace_view, needs_body=True),
-    _Op("DELETE", _VIEW, _drop_view),
+    *_object_operations(_VIEW, _load_view, _view_exists, _replace_view, _drop_view),
     _Op("POST", "/v1/{prefix}/views/rename", _rename_view, needs_body=True),
     # -- end sql-catalog
 )
@@ -1113,9 +1132,8 @@ async def _dispatch(state: _State, op: _Op, request: Request) -> Response:
         return _internal_error(_log_unexpected(request, exc))
 
 
-class _MethodNotAllowed(CatalogError):
-    status = 405
-    error_type = vocabulary.ERROR_METHOD_NOT_ALLOWED
+class _MethodNotAllowed(CatalogError, status=405, error_type=vocabulary.ERROR_METHOD_NOT_ALLOWED):
+    pass
 
 
 def _routes(state: _State) -> list[Route]:

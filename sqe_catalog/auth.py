@@ -87,7 +87,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError
 
 from sqe import vocabulary
 from sqe_catalog.errors import (
@@ -99,7 +99,7 @@ from sqe_catalog.errors import (
     NotAuthorizedError,
     NotFoundError,
 )
-from sqe_catalog.schema import METADATA
+from sqe_catalog.schema import METADATA, create_tables, object_key
 
 __all__ = [
     "AuthStore",
@@ -231,9 +231,22 @@ _NAME_LEN = 128
 _metadata = METADATA  # the catalog's one MetaData (restrictions' tables live on it too)
 
 
-def _key_ref(name: str, target: str) -> Column[str]:
-    """A primary-key column naming a ``target`` ("table.column") row; the row goes when its target does."""
-    return Column(name, String(_NAME_LEN), ForeignKey(target, ondelete="CASCADE"), primary_key=True)
+# The columns that name a principal, role or group in another table's rows, and the row each one names.
+_REFERENCES = {
+    "principal_name": "sqe_principals.name",
+    "role_name": "sqe_principal_roles.name",
+    "group_name": "sqe_groups.name",
+}
+
+
+def _key_ref(name: str) -> Column[str]:
+    """A primary-key column ``name`` naming a principal, role or group; the row goes when what it names does."""
+    return Column(name, String(_NAME_LEN), ForeignKey(_REFERENCES[name], ondelete="CASCADE"), primary_key=True)
+
+
+def _link_table(name: str, first: str, second: str) -> Table:
+    """A table of links between two named things (a principal's roles, a group's members and roles)."""
+    return Table(name, _metadata, _key_ref(first), _key_ref(second))
 
 
 _principals = Table(
@@ -251,38 +264,69 @@ _principals = Table(
 _readers = Table(
     "sqe_readers",
     _metadata,
-    _key_ref("principal_name", "sqe_principals.name"),
+    _key_ref("principal_name"),
 )
 _roles = Table("sqe_principal_roles", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
 _groups = Table("sqe_groups", _metadata, Column("name", String(_NAME_LEN), primary_key=True))
-_role_assignments = Table(
-    "sqe_principal_role_assignments",
-    _metadata,
-    _key_ref("principal_name", "sqe_principals.name"),
-    _key_ref("role_name", "sqe_principal_roles.name"),
-)
-_group_members = Table(
-    "sqe_group_members",
-    _metadata,
-    _key_ref("principal_name", "sqe_principals.name"),
-    _key_ref("group_name", "sqe_groups.name"),
-)
-_group_roles = Table(
-    "sqe_group_role_assignments",
-    _metadata,
-    _key_ref("group_name", "sqe_groups.name"),
-    _key_ref("role_name", "sqe_principal_roles.name"),
-)
+_role_assignments = _link_table("sqe_principal_role_assignments", "principal_name", "role_name")
+_group_members = _link_table("sqe_group_members", "principal_name", "group_name")
+_group_roles = _link_table("sqe_group_role_assignments", "group_name", "role_name")
 # Empty strings, not NULLs, mark "no namespace"/"no table" so the primary key stays a plain unique key.
 _grants = Table(
     "sqe_grants",
     _metadata,
-    _key_ref("role_name", "sqe_principal_roles.name"),
+    _key_ref("role_name"),
     Column("privilege", String(64), primary_key=True),
-    Column("warehouse", String(255), primary_key=True),
-    Column("namespace", String(1024), primary_key=True),
-    Column("table_name", String(255), primary_key=True),
+    *object_key(),
 )
+
+
+@dataclass(frozen=True)
+class _Named:
+    """A table of named things (principals, roles, groups): how messages call one, the error for a missing name,
+    and the columns of other tables that name a row (those rows go with it)."""
+
+    table: Table
+    label: str
+    missing: type[NotFoundError]
+    links: tuple[Column[str], ...]
+
+    def not_found(self, name: str) -> NotFoundError:
+        return self.missing(f"{self.label} {name} does not exist")
+
+    def require(self, conn: Connection, name: str) -> None:
+        if conn.execute(select(self.table.c.name).where(self.table.c.name == name)).first() is None:
+            raise self.not_found(name)
+
+
+@dataclass(frozen=True)
+class _Link:
+    """A table of (A, B) links between named things; ``missing`` formats (a, b) when a link to remove is absent."""
+
+    table: Table
+    missing: str
+
+    def row(self, first: str, second: str) -> dict[str, str]:
+        return dict(zip(self.table.primary_key.columns.keys(), (first, second), strict=True))
+
+
+_PRINCIPAL = _Named(
+    _principals,
+    "principal",
+    NoSuchPrincipalError,
+    (_role_assignments.c.principal_name, _group_members.c.principal_name, _readers.c.principal_name),
+)
+_ROLE = _Named(
+    _roles,
+    "principal role",
+    NotFoundError,
+    (_grants.c.role_name, _role_assignments.c.role_name, _group_roles.c.role_name),
+)
+_GROUP = _Named(_groups, "group", NotFoundError, (_group_members.c.group_name, _group_roles.c.group_name))
+_NAMED_BY_COLUMN = {"principal_name": _PRINCIPAL, "role_name": _ROLE, "group_name": _GROUP}
+_ROLE_ASSIGNMENT = _Link(_role_assignments, "principal {} does not hold role {} directly")
+_MEMBERSHIP = _Link(_group_members, "principal {} is not a member of group {}")
+_GROUP_ROLE = _Link(_group_roles, "group {} does not hold role {}")
 
 _NS_SEP = vocabulary.NAMESPACE_SEPARATOR  # cannot appear in a namespace part, unlike "."
 
@@ -599,11 +643,7 @@ class AuthStore:
 
     def create_schema(self) -> None:
         """Create the ``sqe_*`` tables if missing; safe to call from several processes at once."""
-        try:
-            _metadata.create_all(self._engine, checkfirst=True)
-        except DBAPIError:
-            # Another process may have created a table between our check and our CREATE: check again.
-            _metadata.create_all(self._engine, checkfirst=True)
+        create_tables(self._engine)
 
     # --- tokens -----------------------------------------------------------------------------------
 
@@ -723,7 +763,7 @@ class AuthStore:
         """Make ``name`` a reader (an engine service identity trusted to enforce restrictions) or end that."""
 
         def run(conn: Connection) -> None:
-            self._require_principal(conn, name)
+            _PRINCIPAL.require(conn, name)
             if reader:
                 self._insert_missing(conn, _readers, {"principal_name": name})
             else:
@@ -808,15 +848,14 @@ class AuthStore:
                 )
             )
             if result.rowcount == 0:
-                raise NoSuchPrincipalError(f"principal {name} does not exist")
+                raise _PRINCIPAL.not_found(name)
             client_id: str = conn.execute(
                 select(_principals.c.client_id).where(_principals.c.name == name)
             ).scalar_one()
         return client_id, client_secret
 
     def delete_principal(self, name: str) -> None:
-        links = (_role_assignments.c.principal_name, _group_members.c.principal_name, _readers.c.principal_name)
-        self._delete_with_links(_principals, name, links, NoSuchPrincipalError(f"principal {name} does not exist"))
+        self._delete_named(_PRINCIPAL, name)
 
     def list_principals(self) -> list[Principal]:
         """Every principal with all its effective roles (direct and through groups); no secrets."""
@@ -835,41 +874,37 @@ class AuthStore:
     def create_role(self, role: str) -> None:
         if role == _ALL_ROLES:
             raise BadRequestError("ALL is reserved (scope PRINCIPAL_ROLE:ALL) and cannot name a role")
-        self._create_named(_roles, "principal role", role)
+        self._create_named(_ROLE, role)
 
     def delete_role(self, role: str) -> None:
-        links = (_grants.c.role_name, _role_assignments.c.role_name, _group_roles.c.role_name)
-        self._delete_with_links(_roles, role, links, NotFoundError(f"principal role {role} does not exist"))
+        self._delete_named(_ROLE, role)
 
     def assign_role(self, principal: str, role: str) -> None:
         """Give ``principal`` the role; assigning a role it already holds is a no-op."""
-        self._link(_role_assignments, {"principal_name": principal, "role_name": role})
+        self._link(_ROLE_ASSIGNMENT, principal, role)
 
     def unassign_role(self, principal: str, role: str) -> None:
-        row = {"principal_name": principal, "role_name": role}
-        self._unlink(_role_assignments, row, f"principal {principal} does not hold role {role} directly")
+        self._unlink(_ROLE_ASSIGNMENT, principal, role)
 
     # --- groups -----------------------------------------------------------------------------------
 
     def create_group(self, group: str) -> None:
-        self._create_named(_groups, "group", group)
+        self._create_named(_GROUP, group)
 
     def delete_group(self, group: str) -> None:
-        links = (_group_members.c.group_name, _group_roles.c.group_name)
-        self._delete_with_links(_groups, group, links, NotFoundError(f"group {group} does not exist"))
+        self._delete_named(_GROUP, group)
 
     def add_to_group(self, principal: str, group: str) -> None:
-        self._link(_group_members, {"principal_name": principal, "group_name": group})
+        self._link(_MEMBERSHIP, principal, group)
 
     def remove_from_group(self, principal: str, group: str) -> None:
-        row = {"principal_name": principal, "group_name": group}
-        self._unlink(_group_members, row, f"principal {principal} is not a member of group {group}")
+        self._unlink(_MEMBERSHIP, principal, group)
 
     def assign_group_role(self, group: str, role: str) -> None:
-        self._link(_group_roles, {"group_name": group, "role_name": role})
+        self._link(_GROUP_ROLE, group, role)
 
     def unassign_group_role(self, group: str, role: str) -> None:
-        self._unlink(_group_roles, {"group_name": group, "role_name": role}, f"group {group} does not hold role {role}")
+        self._unlink(_GROUP_ROLE, group, role)
 
     # --- grants -----------------------------------------------------------------------------------
 
@@ -885,7 +920,7 @@ class AuthStore:
         row = self._grant_row(role, privilege, warehouse, namespace, table)
 
         def run(conn: Connection) -> None:
-            self._require_role(conn, role)
+            _ROLE.require(conn, role)
             self._insert_missing(conn, _grants, row)
 
         self._write(run)
@@ -900,7 +935,7 @@ class AuthStore:
     ) -> None:
         row = self._grant_row(role, privilege, warehouse, namespace, table)
         with self._engine.begin() as conn:
-            self._require_role(conn, role)
+            _ROLE.require(conn, role)
             stmt = delete(_grants).where(*(_grants.c[key] == value for key, value in row.items()))
             if conn.execute(stmt).rowcount == 0:
                 target = describe_securable(warehouse, _decode_namespace(row["namespace"]), table)
@@ -911,7 +946,7 @@ class AuthStore:
         query = select(_grants).order_by(g.role_name, g.warehouse, g.namespace, g.table_name, g.privilege)
         with self._engine.connect() as conn:
             if role is not None:
-                self._require_role(conn, role)
+                _ROLE.require(conn, role)
                 query = query.where(_grants.c.role_name == role)
             rows = conn.execute(query).all()
         return [
@@ -971,48 +1006,45 @@ class AuthStore:
         except IntegrityError:
             raise AlreadyExistsError(duplicate_message) from None
 
-    def _link(self, table: Table, row: dict[str, str]) -> None:
-        """Add a membership row once both ends exist; adding one that is already there is a no-op."""
+    def _link(self, link: _Link, first: str, second: str) -> None:
+        """Add a link row once both ends exist; adding one that is already there is a no-op."""
+        row = link.row(first, second)
 
         def run(conn: Connection) -> None:
             self._require_ends(conn, row)
-            self._insert_missing(conn, table, row)
+            self._insert_missing(conn, link.table, row)
 
         self._write(run)
 
-    def _unlink(self, table: Table, row: dict[str, str], missing: str) -> None:
-        """Remove a membership row once both ends exist; NotFoundError(``missing``) when it is not there."""
+    def _unlink(self, link: _Link, first: str, second: str) -> None:
+        """Remove a link row once both ends exist; NotFoundError when it is not there."""
+        row = link.row(first, second)
 
         def run(conn: Connection) -> None:
             self._require_ends(conn, row)
-            stmt = delete(table).where(*(table.c[key] == value for key, value in row.items()))
+            stmt = delete(link.table).where(*(link.table.c[key] == value for key, value in row.items()))
             if conn.execute(stmt).rowcount == 0:
-                raise NotFoundError(missing)
+                raise NotFoundError(link.missing.format(first, second))
 
         self._write(run)
 
-    def _create_named(self, table: Table, kind: str, name: str) -> None:
+    def _create_named(self, kind: _Named, name: str) -> None:
         """Add the row ``name`` to a table of names (roles, groups); AlreadyExistsError when it is there."""
-        _validate_name(kind, name)
-        self._insert_new(table, {"name": name}, f"{kind} {name} already exists")
+        _validate_name(kind.label, name)
+        self._insert_new(kind.table, {"name": name}, f"{kind.label} {name} already exists")
 
-    def _delete_with_links(self, table: Table, name: str, links: Sequence[Column[str]], missing: NotFoundError) -> None:
-        """Delete the row ``name`` of ``table`` and every row of other tables whose ``links`` column names it."""
+    def _delete_named(self, kind: _Named, name: str) -> None:
+        """Delete the row ``name`` and every row of other tables whose link column names it."""
         with self._engine.begin() as conn:
-            for column in links:
+            for column in kind.links:
                 conn.execute(delete(column.table).where(column == name))
-            if conn.execute(delete(table).where(table.c.name == name)).rowcount == 0:
-                raise missing
+            if conn.execute(delete(kind.table).where(kind.table.c.name == name)).rowcount == 0:
+                raise kind.not_found(name)
 
     def _require_ends(self, conn: Connection, row: dict[str, str]) -> None:
         """Check, in the row's order, that the principal, group or role each column names exists."""
-        checks = {
-            "principal_name": self._require_principal,
-            "group_name": self._require_group,
-            "role_name": self._require_role,
-        }
         for column, name in row.items():
-            checks[column](conn, name)
+            _NAMED_BY_COLUMN[column].require(conn, name)
 
     @staticmethod
     def _insert_missing(conn: Connection, table: Table, row: dict[str, str]) -> None:
@@ -1031,18 +1063,3 @@ class AuthStore:
         except IntegrityError:
             with self._engine.begin() as conn:
                 return operation(conn)
-
-    @staticmethod
-    def _require_principal(conn: Connection, name: str) -> None:
-        if conn.execute(select(_principals.c.name).where(_principals.c.name == name)).first() is None:
-            raise NoSuchPrincipalError(f"principal {name} does not exist")
-
-    @staticmethod
-    def _require_role(conn: Connection, role: str) -> None:
-        if conn.execute(select(_roles.c.name).where(_roles.c.name == role)).first() is None:
-            raise NotFoundError(f"principal role {role} does not exist")
-
-    @staticmethod
-    def _require_group(conn: Connection, group: str) -> None:
-        if conn.execute(select(_groups.c.name).where(_groups.c.name == group)).first() is None:
-            raise NotFoundError(f"group {group} does not exist")

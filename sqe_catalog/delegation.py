@@ -53,6 +53,8 @@ class TokenExchangeError(Exception):
 
 @dataclass(frozen=True)
 class DelegatedToken:
+    """The token issued by an exchange; the repr leaves the token itself out (it is a secret)."""
+
     access_token: str
     expires_in: int
 

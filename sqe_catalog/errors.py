@@ -28,8 +28,18 @@ from sqe.vocabulary import ERROR_METADATA_INTEGRITY
 
 
 class CatalogError(Exception):
+    """A generic server error. A subclass names its HTTP status and ErrorModel type in its class line
+    (``class X(CatalogError, status=400, error_type=...)``); what it leaves out it inherits."""
+
     status: ClassVar[int] = 500
     error_type: ClassVar[str] = vocabulary.ERROR_SERVER
+
+    def __init_subclass__(cls, *, status: int | None = None, error_type: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if error_type is not None:
+            cls.error_type = error_type
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -41,69 +51,58 @@ class CatalogError(Exception):
         return {"error": {"message": message, "type": self.error_type, "code": self.status}}
 
 
-class BadRequestError(CatalogError):
-    status = 400
-    error_type = vocabulary.ERROR_BAD_REQUEST
+class BadRequestError(CatalogError, status=400, error_type=vocabulary.ERROR_BAD_REQUEST):
+    """Malformed JSON, bad identifiers, invalid arguments."""
 
 
-class NotAuthorizedError(CatalogError):
-    status = 401
-    error_type = vocabulary.ERROR_NOT_AUTHORIZED
+class NotAuthorizedError(CatalogError, status=401, error_type=vocabulary.ERROR_NOT_AUTHORIZED):
+    """A missing, expired or invalid bearer token, or a bad client secret."""
 
 
-class ForbiddenError(CatalogError):
-    status = 403
-    error_type = vocabulary.ERROR_FORBIDDEN
+class ForbiddenError(CatalogError, status=403, error_type=vocabulary.ERROR_FORBIDDEN):
+    """Authenticated, but lacking a grant."""
 
 
-class NotFoundError(CatalogError):
-    status = 404
-    error_type = vocabulary.ERROR_NOT_FOUND
+class NotFoundError(CatalogError, status=404, error_type=vocabulary.ERROR_NOT_FOUND):
+    """The named object does not exist; subclasses name which kind."""
 
 
-class NoSuchNamespaceError(NotFoundError):
-    error_type = vocabulary.ERROR_NO_SUCH_NAMESPACE
+class NoSuchNamespaceError(NotFoundError, error_type=vocabulary.ERROR_NO_SUCH_NAMESPACE):
+    pass
 
 
-class NoSuchTableError(NotFoundError):
-    error_type = vocabulary.ERROR_NO_SUCH_TABLE
+class NoSuchTableError(NotFoundError, error_type=vocabulary.ERROR_NO_SUCH_TABLE):
+    pass
 
 
-class NoSuchPrincipalError(NotFoundError):
-    error_type = vocabulary.ERROR_NO_SUCH_PRINCIPAL
+class NoSuchPrincipalError(NotFoundError, error_type=vocabulary.ERROR_NO_SUCH_PRINCIPAL):
+    pass
 
 
-class NotAcceptableError(CatalogError):
-    status = 406
-    error_type = vocabulary.ERROR_NOT_ACCEPTABLE
+class NotAcceptableError(CatalogError, status=406, error_type=vocabulary.ERROR_NOT_ACCEPTABLE):
+    """E.g. restrictions apply but the client did not declare that it supports them."""
 
 
-class AlreadyExistsError(CatalogError):
-    status = 409
-    error_type = vocabulary.ERROR_ALREADY_EXISTS
+class AlreadyExistsError(CatalogError, status=409, error_type=vocabulary.ERROR_ALREADY_EXISTS):
+    pass
 
 
-class CommitFailedError(CatalogError):
-    status = 409
-    error_type = vocabulary.ERROR_COMMIT_FAILED
+class CommitFailedError(CatalogError, status=409, error_type=vocabulary.ERROR_COMMIT_FAILED):
+    """Optimistic-concurrency loss or a failed commit requirement."""
 
 
-class UnprocessableEntityError(CatalogError):
-    status = 422
-    error_type = vocabulary.ERROR_UNPROCESSABLE
+class UnprocessableEntityError(CatalogError, status=422, error_type=vocabulary.ERROR_UNPROCESSABLE):
+    pass
 
 
-class MetadataIntegrityError(UnprocessableEntityError):
+class MetadataIntegrityError(UnprocessableEntityError, error_type=ERROR_METADATA_INTEGRITY):
     """Stored or candidate metadata contradicts the table's trusted state (``sqe_catalog.integrity``).
 
     422, not 5xx: the verdict does not change on retry, so clients must not retry it."""
 
-    error_type = ERROR_METADATA_INTEGRITY
 
-
-class ServiceUnavailableError(CatalogError):
-    status = 503
-    error_type = vocabulary.ERROR_SERVICE_UNAVAILABLE
+class ServiceUnavailableError(CatalogError, status=503, error_type=vocabulary.ERROR_SERVICE_UNAVAILABLE):
+    """E.g. the STS endpoint cannot be reached."""
 
 
 class ConfigError(Exception):

@@ -182,9 +182,9 @@ class PlanStore:
         return plan
 
 
-class _NoSuchPlanId(NotFoundError):
-    error_type = "NoSuchPlanIdException"
+class _NoSuchPlanId(NotFoundError, error_type="NoSuchPlanIdException"):
+    pass
 
 
-class _NoSuchPlanTask(NotFoundError):
-    error_type = "NoSuchPlanTaskException"
+class _NoSuchPlanTask(NotFoundError, error_type="NoSuchPlanTaskException"):
+    pass

@@ -73,7 +73,7 @@ from sqe_catalog.policies.lower import signature
 from sqe_catalog.policies.resolve import RawEntry, Resolution, ResolutionError
 from sqe_catalog.policies.resolve import resolve as resolve_policies
 from sqe_catalog.policies.store import GovernanceSnapshot, PolicyStore
-from sqe_catalog.schema import METADATA
+from sqe_catalog.schema import create_tables, warehouse_table
 from sqe_catalog.tables import Namespace, StoredTable
 
 __all__ = [
@@ -187,10 +187,8 @@ class GovernedLoadError(ForbiddenError):
 # ----------------------------------------------------------------------------------------------------
 # Database schema (on the catalog's one MetaData, beside the AuthStore tables)
 
-_entries = sa.Table(
+_entries = warehouse_table(
     "sqe_read_restrictions",
-    METADATA,
-    sa.Column("warehouse", sa.String(255), primary_key=True),
     sa.Column("table_uuid", sa.String(64), primary_key=True),
     sa.Column("subject_kind", sa.String(16), primary_key=True),
     sa.Column("subject", sa.String(128), primary_key=True),
@@ -251,10 +249,7 @@ class RestrictionStore:
 
     def create_schema(self) -> None:
         """Create the tables if missing; safe to call from several processes at once."""
-        try:
-            METADATA.create_all(self._engine, checkfirst=True)
-        except DBAPIError:
-            METADATA.create_all(self._engine, checkfirst=True)
+        create_tables(self._engine)
 
     # --- administration ---------------------------------------------------------------------------------
 

@@ -95,9 +95,8 @@ _METADATA_CACHE_SIZE = 512
 _MAX_CREATE_FORMAT_VERSION = 3
 
 
-class NamespaceNotEmptyError(CatalogError):
-    status = 409
-    error_type = vocabulary.ERROR_NAMESPACE_NOT_EMPTY
+class NamespaceNotEmptyError(CatalogError, status=409, error_type=vocabulary.ERROR_NAMESPACE_NOT_EMPTY):
+    pass
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -583,69 +582,59 @@ class WarehouseTables:
     def commit_table(self, namespace: Namespace, name: str, commit: CommitBody) -> StoredTable:
         """Apply requirements + updates atomically; a failed requirement or lost race: CommitFailedError."""
         creating = any(isinstance(r, AssertCreate) for r in commit.requirements)
-        updates = commit.updates
         if creating:
             self._require_namespace(namespace)
             self._require_absent(namespace, name)
-            if not any(isinstance(u, SetLocationUpdate) for u in updates):
-                updates = (SetLocationUpdate(location=self.default_location(namespace, name)), *updates)
+            if not any(isinstance(u, SetLocationUpdate) for u in commit.updates):
+                located = (SetLocationUpdate(location=self.default_location(namespace, name)), *commit.updates)
+                commit = commit.model_copy(update={"updates": located})
         elif not self.table_exists(namespace, name):
             raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-        elif self.integrity.is_protected(_s(namespace), name):
-            self._check_commit_properties(updates)
-            return self._commit_protected(namespace, name, commit.requirements, updates, creating=False)
-        for update in updates:
-            if isinstance(update, SetPropertiesUpdate):
-                self._check_properties(update.updates)
-        if creating or self._changes_locations(updates):
-            with self._location_lock:
-                self._check_commit_locations(namespace, name, updates, creating)
-                response = self._commit(namespace, name, commit.requirements, updates)
-        else:
-            response = self._commit(namespace, name, commit.requirements, updates)
+        self._check_commit_properties(commit.updates)
+        if not creating and self.integrity.is_protected(_s(namespace), name):
+            return self._commit_protected(namespace, name, commit, creating=False)
+        with self._locations_claimed(namespace, name, commit.updates, creating):
+            response = self._commit(namespace, name, commit)
         if isinstance(response, StoredTable):
             return response
         return StoredTable(namespace, name, response.metadata_location, response.metadata)
 
-    def _commit(
-        self,
-        namespace: Namespace,
-        name: str,
-        requirements: tuple[TableRequirement, ...],
-        updates: tuple[TableUpdate, ...],
-    ) -> Any:
-        if any(isinstance(r, AssertCreate) for r in requirements):
-            return self._commit_protected(namespace, name, requirements, updates, creating=True)
+    @contextmanager
+    def _locations_claimed(
+        self, namespace: Namespace, name: str, updates: Sequence[TableUpdate], creating: bool
+    ) -> Iterator[None]:
+        """Run a commit that claims locations (a create, a location or path update) under the location lock,
+        after checking they overlap no other table's; any other commit runs without the lock."""
+        if not (creating or self._changes_locations(updates)):
+            yield
+            return
+        with self._location_lock:
+            self._check_commit_locations(namespace, name, updates, creating)
+            yield
+
+    def _commit(self, namespace: Namespace, name: str, commit: CommitBody) -> Any:
+        if any(isinstance(r, AssertCreate) for r in commit.requirements):
+            return self._commit_protected(namespace, name, commit, creating=True)
         target: Any = _NamedTable((*_s(namespace), name))
         with _translated(namespace, name), _client_value_errors():
-            return self._catalog.commit_table(target, requirements, updates)
+            return self._catalog.commit_table(target, commit.requirements, commit.updates)
 
     def _check_commit_properties(self, updates: Sequence[TableUpdate]) -> None:
         for update in updates:
             if isinstance(update, SetPropertiesUpdate):
                 self._check_properties(update.updates)
 
-    def _commit_protected(
-        self,
-        namespace: Namespace,
-        name: str,
-        requirements: tuple[TableRequirement, ...],
-        updates: tuple[TableUpdate, ...],
-        creating: bool,
-    ) -> StoredTable:
+    def _commit_protected(self, namespace: Namespace, name: str, commit: CommitBody, creating: bool) -> StoredTable:
         """Create-transaction commits and every commit to a protected table (pointer + pin move together)."""
+        requirements, updates = commit.requirements, commit.updates
         with _translated(namespace, name), _client_value_errors():
             if creating:
+                committed = self.integrity.commit_create(_s(namespace), name, requirements, updates)
+                return self._as_loaded(namespace, name, committed)
+            with self._locations_claimed(namespace, name, updates, creating):
                 return self._as_loaded(
-                    namespace, name, self.integrity.commit_create(_s(namespace), name, requirements, updates)
+                    namespace, name, self.integrity.commit(_s(namespace), name, requirements, updates)
                 )
-            if self._changes_locations(updates):
-                with self._location_lock:
-                    self._check_commit_locations(namespace, name, updates, creating)
-                    return self._as_loaded(
-                        namespace, name, self.integrity.commit(_s(namespace), name, requirements, updates)
-                    )
-            return self._as_loaded(namespace, name, self.integrity.commit(_s(namespace), name, requirements, updates))
 
     @staticmethod
     def _as_loaded(namespace: Namespace, name: str, committed: tuple[str, ParsedMetadata]) -> StoredTable:

@@ -19,7 +19,7 @@ from typing import Any
 import pydantic
 from pyiceberg.io import load_file_io
 from pyiceberg.view.metadata import ViewMetadata
-from sqlalchemy import Column, Engine, String, Table, delete, insert, select, update
+from sqlalchemy import Column, ColumnElement, Engine, String, Table, delete, insert, select, update
 
 from sqe import vocabulary
 from sqe_catalog.config import WarehouseConfig
@@ -31,7 +31,7 @@ from sqe_catalog.errors import (
     NotFoundError,
 )
 from sqe_catalog.identifiers import Namespace, validate_name
-from sqe_catalog.schema import METADATA
+from sqe_catalog.schema import METADATA, create_tables, object_key
 from sqe_catalog.tables import catalog_io_properties
 
 __all__ = ["NoSuchViewError", "StoredView", "ViewStore", "validate_view_name"]
@@ -39,15 +39,13 @@ __all__ = ["NoSuchViewError", "StoredView", "ViewStore", "validate_view_name"]
 _views = Table(
     "sqe_catalog_views",
     METADATA,
-    Column("warehouse", String(255), primary_key=True),
-    Column("namespace", String(1024), primary_key=True),
-    Column("view_name", String(255), primary_key=True),
+    *object_key("view_name"),
     Column("metadata_location", String(2048), nullable=False),
 )
 
 
-class NoSuchViewError(NotFoundError):
-    error_type = vocabulary.ERROR_NO_SUCH_VIEW
+class NoSuchViewError(NotFoundError, error_type=vocabulary.ERROR_NO_SUCH_VIEW):
+    pass
 
 
 def validate_view_name(name: object) -> str:
@@ -56,6 +54,8 @@ def validate_view_name(name: object) -> str:
 
 @dataclass(frozen=True)
 class StoredView:
+    """A view as loaded: its pointer row's metadata location and the validated document found there."""
+
     namespace: Namespace
     name: str
     metadata_location: str
@@ -98,7 +98,7 @@ class ViewStore:
         self._table_exists = table_exists
 
     def create_schema(self) -> None:
-        METADATA.create_all(self._engine, tables=[_views], checkfirst=True)
+        create_tables(self._engine, [_views])
 
     # -- reads -------------------------------------------------------------------------------------------
 
@@ -120,11 +120,7 @@ class ViewStore:
         return StoredView(namespace, name, location, self._read(location))
 
     def _location(self, namespace: Namespace, name: str) -> str | None:
-        stmt = select(_views.c.metadata_location).where(
-            _views.c.warehouse == self._warehouse,
-            _views.c.namespace == _encode(namespace),
-            _views.c.view_name == name,
-        )
+        stmt = select(_views.c.metadata_location).where(*self._row(namespace, name))
         with self._engine.connect() as conn:
             found: str | None = conn.execute(stmt).scalar()
         return found
@@ -202,12 +198,7 @@ class ViewStore:
         location = self._write(document, sequence)
         stmt = (
             update(_views)
-            .where(
-                _views.c.warehouse == self._warehouse,
-                _views.c.namespace == _encode(namespace),
-                _views.c.view_name == name,
-                _views.c.metadata_location == current.metadata_location,
-            )
+            .where(*self._row(namespace, name), _views.c.metadata_location == current.metadata_location)
             .values(metadata_location=location)
         )
         with self._engine.begin() as conn:
@@ -216,11 +207,7 @@ class ViewStore:
         return StoredView(namespace, name, location, document)
 
     def drop_view(self, namespace: Namespace, name: str) -> None:
-        stmt = delete(_views).where(
-            _views.c.warehouse == self._warehouse,
-            _views.c.namespace == _encode(namespace),
-            _views.c.view_name == name,
-        )
+        stmt = delete(_views).where(*self._row(namespace, name))
         with self._engine.begin() as conn:
             if conn.execute(stmt).rowcount != 1:
                 raise NoSuchViewError(f"view does not exist: {'.'.join((*namespace, name))}")
@@ -232,18 +219,18 @@ class ViewStore:
         self._require_namespace(dst_ns)
         if self.view_exists(dst_ns, dst_name) or self._table_exists(dst_ns, dst_name):
             raise AlreadyExistsError(f"view or table already exists: {'.'.join((*dst_ns, dst_name))}")
-        stmt = (
-            update(_views)
-            .where(
-                _views.c.warehouse == self._warehouse,
-                _views.c.namespace == _encode(src_ns),
-                _views.c.view_name == src_name,
-            )
-            .values(namespace=_encode(dst_ns), view_name=dst_name)
-        )
+        stmt = update(_views).where(*self._row(src_ns, src_name)).values(namespace=_encode(dst_ns), view_name=dst_name)
         with self._engine.begin() as conn:
             if conn.execute(stmt).rowcount != 1:
                 raise NoSuchViewError(f"view does not exist: {'.'.join((*src_ns, src_name))}")
+
+    def _row(self, namespace: Namespace, name: str) -> tuple[ColumnElement[bool], ...]:
+        """The conditions that select the pointer row of one view of this warehouse."""
+        return (
+            _views.c.warehouse == self._warehouse,
+            _views.c.namespace == _encode(namespace),
+            _views.c.view_name == name,
+        )
 
     def _require_namespace(self, namespace: Namespace) -> None:
         if not self._namespace_exists(namespace):

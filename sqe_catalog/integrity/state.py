@@ -30,7 +30,6 @@ from sqlalchemy import (
     Connection,
     Engine,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
@@ -39,9 +38,9 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import DBAPIError
 
 from sqe_catalog.errors import CommitFailedError, MetadataIntegrityError
+from sqe_catalog.schema import METADATA, create_tables, object_key, trusted_state_columns
 
 __all__ = [
     "AdmissionEvent",
@@ -52,26 +51,21 @@ __all__ = [
     "create_integrity_schema",
 ]
 
-_metadata = MetaData()
+# On the catalog's one MetaData. Another store's schema call may create these tables too; they start empty either
+# way, so no existing table is enrolled by it.
 _pins = Table(
     "sqe_table_integrity",
-    _metadata,
-    Column("warehouse", String(255), primary_key=True),
-    Column("namespace", String(1024), primary_key=True),
-    Column("table_name", String(255), primary_key=True),
+    METADATA,
+    *object_key(),
     Column("metadata_location", Text, nullable=False),  # the pointer this state was recorded for
-    Column("key_id", Text, nullable=True),  # None: the absence of encryption.key-id is pinned
-    Column("digest", String(128), nullable=True),
-    Column("digest_version", String(64), nullable=True),
+    *trusted_state_columns(),
 )
 _events = Table(
     "sqe_integrity_events",
-    _metadata,
+    METADATA,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("at_ms", BigInteger, nullable=False),
-    Column("warehouse", String(255), nullable=False),
-    Column("namespace", String(1024), nullable=False),
-    Column("table_name", String(255), nullable=False),
+    *object_key(primary_key=False),
     Column("action", String(64), nullable=False),
     Column("actor", String(255), nullable=False),
     Column("displaced_location", Text, nullable=True),
@@ -82,10 +76,8 @@ _events = Table(
 )
 _notification_times = Table(
     "sqe_notification_times",
-    _metadata,
-    Column("warehouse", String(255), primary_key=True),
-    Column("namespace", String(1024), primary_key=True),
-    Column("table_name", String(255), primary_key=True),
+    METADATA,
+    *object_key(),
     Column("timestamp_ms", BigInteger, nullable=False),
 )
 # The locations (table location, write.data.path, write.metadata.path) each table claims, recorded by the catalog
@@ -93,37 +85,29 @@ _notification_times = Table(
 # have rewritten or broken. Legacy tables have no row (their files are read, as before).
 _locations = Table(
     "sqe_table_locations",
-    _metadata,
-    Column("warehouse", String(255), primary_key=True),
-    Column("namespace", String(1024), primary_key=True),
-    Column("table_name", String(255), primary_key=True),
+    METADATA,
+    *object_key(),
     Column("locations", Text, nullable=False),  # JSON array of strings
 )
 _tasks = Table(
     "sqe_cleanup_tasks",
-    _metadata,
+    METADATA,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("created_ms", BigInteger, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),
-    Column("warehouse", String(255), nullable=False),
-    Column("namespace", String(1024), nullable=False),
-    Column("table_name", String(255), nullable=False),
+    *object_key(primary_key=False),
     Column("metadata_location", Text, nullable=False),
     Column("protected", Integer, nullable=False),  # 0: legacy table, no trusted state was copied
-    Column("key_id", Text, nullable=True),
-    Column("digest", String(128), nullable=True),
-    Column("digest_version", String(64), nullable=True),
+    *trusted_state_columns(),
     Column("status", String(16), nullable=False),  # pending | running | done | failed
     Column("detail", Text, nullable=True),
 )
+_TABLES = (_pins, _events, _notification_times, _locations, _tasks)
 
 
 def create_integrity_schema(engine: Engine) -> None:
     """Create the tables if missing (the migration: existing tables get no row and stay legacy)."""
-    try:
-        _metadata.create_all(engine, checkfirst=True)
-    except DBAPIError:  # another process created them between the check and the create
-        _metadata.create_all(engine, checkfirst=True)
+    create_tables(engine, _TABLES)
 
 
 def now_ms() -> int:
@@ -340,9 +324,14 @@ def record_event(conn: Connection, event: AdmissionEvent) -> None:
 
 
 def list_events(engine: Engine, warehouse: str | None = None) -> list[dict[str, Any]]:
-    stmt = select(_events).order_by(_events.c.id)
+    return _rows_in_order(engine, _events, warehouse)
+
+
+def _rows_in_order(engine: Engine, table: Table, warehouse: str | None) -> list[dict[str, Any]]:
+    """Every row of an id-keyed log table (events, tasks) in insertion order, optionally of one warehouse."""
+    stmt = select(table).order_by(table.c.id)
     if warehouse is not None:
-        stmt = stmt.where(_events.c.warehouse == warehouse)
+        stmt = stmt.where(table.c.warehouse == warehouse)
     with engine.connect() as conn:
         return [dict(row._mapping) for row in conn.execute(stmt)]
 
@@ -426,8 +415,4 @@ def finish_task(engine: Engine, task_id: int, status: str, detail: str) -> None:
 
 
 def list_tasks(engine: Engine, warehouse: str | None = None) -> list[dict[str, Any]]:
-    stmt = select(_tasks).order_by(_tasks.c.id)
-    if warehouse is not None:
-        stmt = stmt.where(_tasks.c.warehouse == warehouse)
-    with engine.connect() as conn:
-        return [dict(row._mapping) for row in conn.execute(stmt)]
+    return _rows_in_order(engine, _tasks, warehouse)

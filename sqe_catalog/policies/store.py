@@ -39,7 +39,6 @@ from sqlalchemy import (
     Engine,
     Integer,
     String,
-    Table,
     Text,
     and_,
     delete,
@@ -48,13 +47,12 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import DBAPIError
 
 from sqe import vocabulary
 from sqe_catalog.errors import AlreadyExistsError, BadRequestError, NotFoundError
 from sqe_catalog.policies import rego
 from sqe_catalog.policies.errors import PolicyError
-from sqe_catalog.schema import METADATA
+from sqe_catalog.schema import create_tables, warehouse_table
 
 __all__ = [
     "ObjectKind",
@@ -225,46 +223,46 @@ def _policy_type(value: object) -> PolicyType:
 # ----------------------------------------------------------------------------------------------------
 # Database schema
 
-_policies = Table(
+
+def _policy_body() -> tuple[Column[Any], ...]:
+    """What one revision of a policy says: the current row and every revision row hold it."""
+    return (
+        Column("comment", Text, nullable=False),
+        Column("content", Text, nullable=False),
+        Column("enabled", Boolean, nullable=False),
+    )
+
+
+def _stamp(event: str) -> tuple[Column[Any], ...]:
+    """Who made a change (``<event>_by``) and when (``<event>_at``)."""
+    return Column(f"{event}_by", String(128), nullable=False), Column(f"{event}_at", Integer, nullable=False)
+
+
+_policies = warehouse_table(
     "sqe_policies",
-    METADATA,
-    Column("warehouse", String(255), primary_key=True),
     Column("name", String(128), primary_key=True),
     Column("policy_type", String(32), nullable=False),
-    Column("comment", Text, nullable=False),
-    Column("content", Text, nullable=False),
-    Column("enabled", Boolean, nullable=False),
+    *_policy_body(),
     Column("revision", Integer, nullable=False),
-    Column("created_by", String(128), nullable=False),
-    Column("created_at", Integer, nullable=False),
-    Column("updated_by", String(128), nullable=False),
-    Column("updated_at", Integer, nullable=False),
+    *_stamp("created"),
+    *_stamp("updated"),
 )
-_policy_history = Table(
+_policy_history = warehouse_table(
     "sqe_policy_revisions",
-    METADATA,
-    Column("warehouse", String(255), primary_key=True),
     Column("name", String(128), primary_key=True),
     Column("revision", Integer, primary_key=True),
-    Column("comment", Text, nullable=False),
-    Column("content", Text, nullable=False),
-    Column("enabled", Boolean, nullable=False),
-    Column("changed_by", String(128), nullable=False),
-    Column("changed_at", Integer, nullable=False),
+    *_policy_body(),
+    *_stamp("changed"),
 )
-_associations = Table(
+_associations = warehouse_table(
     "sqe_policy_tags",
-    METADATA,
-    Column("warehouse", String(255), primary_key=True),
     Column("policy_name", String(128), primary_key=True),
     Column("tag", String(128), primary_key=True),
     Column("selector_value", String(_MAX_VALUE), primary_key=True),  # "" for ALL_VALUES
     Column("all_values", Boolean, nullable=False),
 )
-_tags = Table(
+_tags = warehouse_table(
     "sqe_tag_assignments",
-    METADATA,
-    Column("warehouse", String(255), primary_key=True),
     Column("object_kind", String(16), primary_key=True),
     Column("namespace", String(1024), primary_key=True),  # "" for the warehouse
     Column("table_name", String(255), primary_key=True),  # "" above table level
@@ -274,10 +272,8 @@ _tags = Table(
     Column("field_id", Integer, nullable=False),
     Column("value", String(_MAX_VALUE), nullable=True),
 )
-_revisions = Table(
+_revisions = warehouse_table(
     "sqe_governance_revisions",
-    METADATA,
-    Column("warehouse", String(255), primary_key=True),
     Column("revision", Integer, nullable=False),
 )
 
@@ -304,10 +300,7 @@ class PolicyStore:
         return f"PolicyStore(engine={self._engine!r})"
 
     def create_schema(self) -> None:
-        try:
-            METADATA.create_all(self._engine, checkfirst=True)
-        except DBAPIError:
-            METADATA.create_all(self._engine, checkfirst=True)  # another process created it meanwhile
+        create_tables(self._engine)
 
     # --- revisions --------------------------------------------------------------------------------------
 
