@@ -80,12 +80,12 @@ def _truncate_by_day_table(
 
 def _minimum(physical: pa.DataType) -> int:
     bits: int = physical.bit_width
-    return -(2 ** (bits - 1))
+    return -(1 << (bits - 1))
 
 
 def _maximum(physical: pa.DataType) -> int:
     bits: int = physical.bit_width
-    return 2 ** (bits - 1) - 1
+    return (1 << (bits - 1)) - 1
 
 
 def _day_starts(first_start: int, days: int, per_day: int, physical: pa.DataType) -> pa.Array:
