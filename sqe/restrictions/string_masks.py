@@ -57,21 +57,32 @@ def _per_string_type(array: pa.Array, kernel: Callable[[pa.Array], pa.Array]) ->
 
 
 def _show_first(array: pa.Array) -> pa.Array:
-    if _is_ascii(array):  # one byte per code point: cheaper byte slices of the fully masked text
-        raw, masked = _bytes_view(array), _bytes_view(_mask_utf8(array))
-        return _concat(pc.binary_slice(raw, 0, _SHOWN), pc.binary_slice(masked, _SHOWN, _TO_END)).view(array.type)
-    shown = pc.utf8_slice_codeunits(array, 0, _SHOWN)
-    hidden = _mask_utf8(pc.utf8_slice_codeunits(array, _SHOWN, _TO_END))
-    return _concat(shown, hidden)
+    masked, ascii_only = _mask_and_ascii(array)
+    if ascii_only:
+        shown = pc.binary_slice(_bytes_view(array), 0, _SHOWN)
+    else:
+        shown = _bytes_view(pc.utf8_slice_codeunits(array, 0, _SHOWN))
+    hidden = pc.binary_slice(_bytes_view(masked), _SHOWN, _TO_END)  # the masked text has a byte per code point
+    return _concat(shown, hidden).view(array.type)
 
 
 def _show_last(array: pa.Array) -> pa.Array:
-    if _is_ascii(array):
-        raw, masked = _bytes_view(array), _bytes_view(_mask_utf8(array))
-        return _concat(pc.binary_slice(masked, 0, -_SHOWN), pc.binary_slice(raw, -_SHOWN, _TO_END)).view(array.type)
-    hidden = _mask_utf8(pc.utf8_slice_codeunits(array, 0, -_SHOWN))
-    shown = pc.utf8_slice_codeunits(array, -_SHOWN, _TO_END)
-    return _concat(hidden, shown)
+    masked, ascii_only = _mask_and_ascii(array)
+    hidden = pc.binary_slice(_bytes_view(masked), 0, -_SHOWN)
+    if ascii_only:
+        shown = pc.binary_slice(_bytes_view(array), -_SHOWN, _TO_END)
+    else:  # dropping all but the last 4 code points: measured twice as fast as slicing from -4
+        shown = _bytes_view(pc.utf8_replace_slice(array, 0, -_SHOWN, ""))
+    return _concat(hidden, shown).view(array.type)
+
+
+def _mask_and_ascii(array: pa.Array) -> tuple[pa.Array, bool]:
+    """mask-alphanum of ``array`` and whether its data was ASCII-only (checked once for both uses)."""
+    if len(array) == 0:
+        return array, True
+    start, end = _span(array)
+    ascii_only = _all_ascii(_data_bytes(array, start, end))
+    return (_mask_ascii(array, start, end) if ascii_only else _mask_multibyte(array)), ascii_only
 
 
 def _concat(left: pa.Array, right: pa.Array) -> pa.Array:
@@ -80,12 +91,6 @@ def _concat(left: pa.Array, right: pa.Array) -> pa.Array:
 
 def _bytes_view(array: pa.Array) -> pa.Array:
     return array.view(pa.large_binary() if pa.types.is_large_string(array.type) else pa.binary())
-
-
-def _is_ascii(array: pa.Array) -> bool:
-    """Whether all bytes the values span are ASCII (a stray byte in a null slot only costs speed)."""
-    start, end = _span(array)
-    return _all_ascii(_data_bytes(array, start, end))
 
 
 def _all_ascii(data: pa.Array) -> bool:
@@ -113,18 +118,16 @@ def _data_bytes(array: pa.Array, start: int, end: int) -> pa.Array:
 
 def _mask_utf8(array: pa.Array) -> pa.Array:
     """mask-alphanum on a string or large_string array; nulls stay null."""
-    length = len(array)
-    if length == 0:
-        return array
-    start, end = _span(array)
-    data = _data_bytes(array, start, end)
-    if not _all_ascii(data):
-        return _mask_multibyte(array)
-    masked = pc.take(_MASK_LOOKUP, data)  # one byte per code point in and out: the offsets stay
+    return _mask_and_ascii(array)[0]
+
+
+def _mask_ascii(array: pa.Array, start: int, end: int) -> pa.Array:
+    """mask-alphanum when the bytes ``start:end`` (the values' span) are all ASCII: the offsets stay."""
+    masked = pc.take(_MASK_LOOKUP, _data_bytes(array, start, end))
     offsets = _offsets(array)
     rebased = offsets if start == 0 else pc.subtract(offsets, pa.scalar(start, offsets.type))
     buffers = [validity_bitmap(array), _buffer_from(rebased), _buffer_from(masked)]
-    return pa.Array.from_buffers(array.type, length, buffers)
+    return pa.Array.from_buffers(array.type, len(array), buffers)
 
 
 def _mask_multibyte(array: pa.Array) -> pa.Array:
