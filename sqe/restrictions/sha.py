@@ -18,6 +18,7 @@ Low-cardinality columns are hashed once per distinct value.
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import importlib
 import os
@@ -162,10 +163,10 @@ def _duckdb() -> duckdb.DuckDBPyConnection:
 
 
 def _duckdb_hex(blobs: pa.Array, salt: bytes, hex_digits: int = 64) -> pa.Array:
-    """The first ``hex_digits`` lowercase hex digits of SHA-256 of ``salt || value`` for each BLOB, as
-    large_string; row order is kept (one thread, insertion order preserved). The salt is a bound constant
-    (never SQL text) and the concatenation runs inside DuckDB, saving an Arrow copy of every value. Hex is
-    DuckDB's only output; decoding it here is cheaper than unhex."""
+    """The first ``hex_digits`` lowercase hex digits of SHA-256 of ``salt || value`` for each BLOB, as a string
+    array in DuckDB's output type; row order is kept (one thread, insertion order preserved). The salt is a bound
+    constant (never SQL text) and the concatenation runs inside DuckDB, saving an Arrow copy of every value. Hex
+    is DuckDB's only output; decoding it here (binascii over the whole buffer) is cheaper than unhex."""
     value: duckdb.Expression = duckdb.ColumnExpression("v")
     if salt:
         value = duckdb.FunctionExpression("||", duckdb.ConstantExpression(salt), value)
@@ -174,16 +175,23 @@ def _duckdb_hex(blobs: pa.Array, salt: bytes, hex_digits: int = 64) -> pa.Array:
         digest = duckdb.FunctionExpression(
             "array_slice", digest, duckdb.ConstantExpression(1), duckdb.ConstantExpression(hex_digits)
         )
-    relation = _duckdb().from_arrow(pa.table({"v": blobs})).select(digest)
-    return relation.to_arrow_table().column(0).cast(pa.large_string()).combine_chunks()
+    column = _duckdb().from_arrow(pa.table({"v": blobs})).select(digest).to_arrow_table().column(0)
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _value_offsets(strings: pa.Array) -> pa.Array:
+    """The offsets of a string/binary array (int32) or its large variant (int64), as an array from its offset."""
+    large = pa.types.is_large_string(strings.type) or pa.types.is_large_binary(strings.type)
+    offset_type = pa.int64() if large else pa.int32()
+    return pa.Array.from_buffers(offset_type, len(strings) + 1, [None, strings.buffers()[1]], offset=strings.offset)
 
 
 def _decoded_hex_bytes(hex_strings: pa.Array) -> bytes:
-    """The bytes spelled by all values of a large_string hex array, back to back (nulls are empty)."""
-    offsets = pa.Array.from_buffers(pa.int64(), len(hex_strings) + 1, [None, hex_strings.buffers()[1]])
-    first, last = offsets[hex_strings.offset].as_py(), offsets[hex_strings.offset + len(hex_strings)].as_py()
+    """The bytes spelled by all values of a hex string array, back to back (nulls are empty)."""
+    offsets = _value_offsets(hex_strings)
+    first, last = offsets[0].as_py(), offsets[len(hex_strings)].as_py()
     data = hex_strings.buffers()[2]
-    return bytes.fromhex(memoryview(data)[first:last].tobytes().decode("ascii")) if data is not None else b""
+    return binascii.a2b_hex(memoryview(data)[first:last]) if data is not None else b""
 
 
 def _duckdb_hash_integers(array: pa.Array, salt: bytes) -> pa.Array:
@@ -197,13 +205,15 @@ def _duckdb_hash_integers(array: pa.Array, salt: bytes) -> pa.Array:
 
 def _duckdb_hash_variable(array: pa.Array, salt: bytes, *, hex_output: bool) -> pa.Array:
     """Lowercase hex (strings) or raw digests (binary) of the bytes of each value; the caller casts the type."""
-    hex_digests = _duckdb_hex(array.cast(pa.large_binary()), salt)
+    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    hex_digests = _duckdb_hex(array.view(pa.large_binary() if large else pa.binary()), salt)  # zero-copy views
     if hex_output:
         return hex_digests
     digests = pa.py_buffer(_decoded_hex_bytes(hex_digests))  # 32 bytes per non-null value, nulls empty
-    hex_offsets = pa.Array.from_buffers(pa.int64(), len(hex_digests) + 1, [None, hex_digests.buffers()[1]])
-    hex_offsets = hex_offsets.slice(hex_digests.offset)
-    offsets = pc.shift_right(pc.subtract(hex_offsets, hex_offsets[0]), 1)  # two hex digits per byte
+    hex_offsets = _value_offsets(hex_digests)
+    one = pa.scalar(1, hex_offsets.type)  # typed, so int32 offsets are not promoted to int64
+    offsets = pc.shift_right(pc.subtract(hex_offsets, hex_offsets[0]), one)  # two hex digits per byte
+    binary = pa.large_binary() if pa.types.is_large_string(hex_digests.type) else pa.binary()
     return pa.Array.from_buffers(
-        pa.large_binary(), len(hex_digests), [validity_bitmap(hex_digests), offsets.buffers()[1], digests]
+        binary, len(hex_digests), [validity_bitmap(hex_digests), offsets.buffers()[1], digests]
     )
