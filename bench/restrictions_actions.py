@@ -8,7 +8,8 @@ numbers in context: a plain Arrow string kernel (utf8_upper) over the same strin
 
 Part 2 (masked / unmasked): the column is written to an in-memory Parquet file (zstd, as pyiceberg writes);
 "unmasked" reads it back, "masked" reads it back and applies the action. The two alternate for R rounds and
-the medians are compared (aim: at most 1.15). Single-threaded reads, so the figure is per core.
+the medians are compared (aim: at most 1.15). Single-threaded reads, so the figure is per core. The last column
+is the same ratio in process CPU time, which moves less when other jobs share the cores.
 """
 
 from __future__ import annotations
