@@ -11,13 +11,13 @@ from collections.abc import Callable
 from decimal import Decimal
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg import types as ice
 
 from sqe.errors import InvalidRestrictionError, RestrictionApplyError
 from sqe.restrictions.literals import type_name
 from sqe.restrictions.sha import sha256_array
 from sqe.restrictions.string_masks import mask_alphanum, show_first_4, show_last_4
+from sqe.restrictions.temporal import truncate_temporal
 
 MASK_ALPHANUM = "mask-alphanum"
 SHOW_FIRST_4 = "show-first-4"
@@ -127,25 +127,9 @@ def _query_local(array: pa.Array, salt: bytes) -> pa.Array:
 
 def _truncate(unit: str) -> Callable[[pa.Array, bytes], pa.Array]:
     def kernel(array: pa.Array, _: bytes) -> pa.Array:
-        return _truncate_temporal(array, unit)
+        return truncate_temporal(array, unit)
 
     return kernel
-
-
-def _truncate_temporal(array: pa.Array, unit: str) -> pa.Array:
-    """Floor to the first instant of the year/month; zoned timestamps in UTC (Arrow stores UTC instants)."""
-    kind = array.type
-    if pa.types.is_date32(kind):
-        naive, physical = kind, pa.int32()
-    elif pa.types.is_timestamp(kind):
-        naive, physical = pa.timestamp(kind.unit), pa.int64()  # with a zone Arrow would floor in local time
-    else:
-        raise TypeError(f"not a date or timestamp: {kind}")
-    source = array.view(naive)
-    floored = pc.floor_temporal(source, unit=unit)
-    if pc.any(pc.greater(floored.view(physical), source.view(physical))).as_py():
-        raise RestrictionApplyError(f"truncate-to-{unit} result is outside the range of Arrow {kind}")
-    return floored.view(kind)
 
 
 def _fixed_value(array: pa.Array, _: bytes) -> pa.Array:

@@ -6,18 +6,19 @@
 | long   | 8 bytes little-endian   | first 8 digest bytes as a little-endian signed int64    |
 | binary | the raw bytes           | the raw 32-byte digest                                  |
 
-Arrays of at least ``DUCKDB_MIN_ROWS`` values are hashed by DuckDB's vectorised ``sha256`` (about twice the
-per-core throughput of a Python loop) on a private, locked-down, single-threaded in-memory connection per thread.
-The salt is prepended with an Arrow kernel first, and every value is fed as a BLOB so the bytes hashed are exactly
-the Arrow bytes. Smaller arrays, where DuckDB's fixed per-query cost dominates, use one CPython hash call per
-value in a list comprehension; everything around it (slicing, hex encoding, cutting digests into integers) works
-on whole buffers. CPython's built-in SHA-256 is used when present: for inputs this small it is about twice as fast
-as OpenSSL through hashlib, whose per-call setup dominates. Low-cardinality columns are hashed once per distinct
-value.
+Arrays of at least ``DUCKDB_MIN_ROWS`` values are hashed by DuckDB's vectorised ``sha256`` (about twice the per-core
+throughput of a Python loop) on a private, locked-down, single-threaded in-memory connection per thread. The salt is
+prepended inside DuckDB (a bound BLOB constant), and every value is fed as a BLOB (integers as fixed-width binary
+views of their buffer) so the bytes hashed are exactly the Arrow bytes. Smaller arrays, where DuckDB's fixed per-
+query cost dominates, use one CPython hash call per value in a list comprehension; everything around it (slicing,
+hex encoding, cutting digests into integers) works on whole buffers. CPython's built-in SHA-256 is used when
+present: for inputs this small it is about twice as fast as OpenSSL through hashlib, whose per-call setup dominates.
+Low-cardinality columns are hashed once per distinct value.
 """
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import importlib
 import os
@@ -161,29 +162,36 @@ def _duckdb() -> duckdb.DuckDBPyConnection:
     return _CONNECTIONS.connection
 
 
-def _duckdb_hex(blobs: pa.Array, hex_digits: int = 64) -> pa.Array:
-    """The first ``hex_digits`` lowercase hex digits of SHA-256 of each BLOB, as large_string; row order is kept
-    (one thread, insertion order preserved). Hex is DuckDB's only output; decoding it here is cheaper than unhex."""
-    expression = "sha256(v)" if hex_digits == 64 else f"sha256(v)[1:{hex_digits}]"
-    relation = _duckdb().from_arrow(pa.table({"v": blobs})).select(expression)
-    return relation.to_arrow_table().column(0).cast(pa.large_string()).combine_chunks()
+def _duckdb_hex(blobs: pa.Array, salt: bytes, hex_digits: int = 64) -> pa.Array:
+    """The first ``hex_digits`` lowercase hex digits of SHA-256 of ``salt || value`` for each BLOB, as a string
+    array in DuckDB's output type; row order is kept (one thread, insertion order preserved). The salt is a bound
+    constant (never SQL text) and the concatenation runs inside DuckDB, saving an Arrow copy of every value. Hex
+    is DuckDB's only output; decoding it here (binascii over the whole buffer) is cheaper than unhex."""
+    value: duckdb.Expression = duckdb.ColumnExpression("v")
+    if salt:
+        value = duckdb.FunctionExpression("||", duckdb.ConstantExpression(salt), value)
+    digest = duckdb.FunctionExpression("sha256", value)
+    if hex_digits != 64:
+        digest = duckdb.FunctionExpression(
+            "array_slice", digest, duckdb.ConstantExpression(1), duckdb.ConstantExpression(hex_digits)
+        )
+    column = _duckdb().from_arrow(pa.table({"v": blobs})).select(digest).to_arrow_table().column(0)
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _value_offsets(strings: pa.Array) -> pa.Array:
+    """The offsets of a string/binary array (int32) or its large variant (int64), as an array from its offset."""
+    large = pa.types.is_large_string(strings.type) or pa.types.is_large_binary(strings.type)
+    offset_type = pa.int64() if large else pa.int32()
+    return pa.Array.from_buffers(offset_type, len(strings) + 1, [None, strings.buffers()[1]], offset=strings.offset)
 
 
 def _decoded_hex_bytes(hex_strings: pa.Array) -> bytes:
-    """The bytes spelled by all values of a large_string hex array, back to back (nulls are empty)."""
-    offsets = pa.Array.from_buffers(pa.int64(), len(hex_strings) + 1, [None, hex_strings.buffers()[1]])
-    first, last = offsets[hex_strings.offset].as_py(), offsets[hex_strings.offset + len(hex_strings)].as_py()
+    """The bytes spelled by all values of a hex string array, back to back (nulls are empty)."""
+    offsets = _value_offsets(hex_strings)
+    first, last = offsets[0].as_py(), offsets[len(hex_strings)].as_py()
     data = hex_strings.buffers()[2]
-    return bytes.fromhex(memoryview(data)[first:last].tobytes().decode("ascii")) if data is not None else b""
-
-
-def _salted(blobs: pa.Array, salt: bytes) -> pa.Array:
-    """``salt || value`` for every value of a large_binary array; nulls stay null."""
-    if not salt:
-        return blobs
-    return pc.binary_join_element_wise(
-        pa.scalar(salt, pa.large_binary()), blobs, pa.scalar(b"", pa.large_binary()), null_handling="emit_null"
-    )
+    return binascii.a2b_hex(memoryview(data)[first:last]) if data is not None else b""
 
 
 def _duckdb_hash_integers(array: pa.Array, salt: bytes) -> pa.Array:
@@ -191,21 +199,21 @@ def _duckdb_hash_integers(array: pa.Array, salt: bytes) -> pa.Array:
     width = array.type.byte_width
     length = len(array)
     values = pa.Array.from_buffers(pa.binary(width), length, [None, array.buffers()[1]], offset=array.offset)
-    if salt:
-        values = _salted(values.cast(pa.large_binary()), salt)
-    prefixes = _decoded_hex_bytes(_duckdb_hex(values, 2 * width))  # no nulls in: exactly ``width`` bytes each
+    prefixes = _decoded_hex_bytes(_duckdb_hex(values, salt, 2 * width))  # no nulls in: exactly ``width`` bytes each
     return pa.Array.from_buffers(array.type, length, [validity_bitmap(array), pa.py_buffer(prefixes)])
 
 
 def _duckdb_hash_variable(array: pa.Array, salt: bytes, *, hex_output: bool) -> pa.Array:
     """Lowercase hex (strings) or raw digests (binary) of the bytes of each value; the caller casts the type."""
-    hex_digests = _duckdb_hex(_salted(array.cast(pa.large_binary()), salt))
+    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    hex_digests = _duckdb_hex(array.view(pa.large_binary() if large else pa.binary()), salt)  # zero-copy views
     if hex_output:
         return hex_digests
     digests = pa.py_buffer(_decoded_hex_bytes(hex_digests))  # 32 bytes per non-null value, nulls empty
-    hex_offsets = pa.Array.from_buffers(pa.int64(), len(hex_digests) + 1, [None, hex_digests.buffers()[1]])
-    hex_offsets = hex_offsets.slice(hex_digests.offset)
-    offsets = pc.shift_right(pc.subtract(hex_offsets, hex_offsets[0]), 1)  # two hex digits per byte
+    hex_offsets = _value_offsets(hex_digests)
+    one = pa.scalar(1, hex_offsets.type)  # typed, so int32 offsets are not promoted to int64
+    offsets = pc.shift_right(pc.subtract(hex_offsets, hex_offsets[0]), one)  # two hex digits per byte
+    binary = pa.large_binary() if pa.types.is_large_string(hex_digests.type) else pa.binary()
     return pa.Array.from_buffers(
-        pa.large_binary(), len(hex_digests), [validity_bitmap(hex_digests), offsets.buffers()[1], digests]
+        binary, len(hex_digests), [validity_bitmap(hex_digests), offsets.buffers()[1], digests]
     )

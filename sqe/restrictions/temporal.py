@@ -1,0 +1,95 @@
+"""truncate-to-year and truncate-to-month over Arrow date32 and timestamp arrays (zoned ones in UTC).
+
+The reference is Arrow's ``floor_temporal`` on the naive (UTC) view, which does a civil-calendar conversion per
+value. A year or month always starts at midnight, so the result depends only on the value's day. When the days
+an array spans form a small range (the usual case: a few centuries at most), the fast path floors each day of
+that range once, with the same ``floor_temporal`` kernel, and maps every value to its day's result with one
+``take`` (day index = (value - first day start) // units per day, exact because the dividend is never
+negative). Arrays spanning too many days, or whose range reaches the edge of the type, take the reference path.
+Every slot is mapped, null slots included (their values are arbitrary but in range by construction of the
+table); the validity bitmap is then put back, so nulls stay null.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sqe.errors import RestrictionApplyError
+from sqe.restrictions.arrow_buffers import validity_bitmap
+
+_UNITS_PER_DAY = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}
+_MIN_TABLE_DAYS = 1 << 16  # ~180 years: always cheap to floor next to a column of any size
+_TABLE_DAYS_PER_VALUE = 4  # bigger tables only for arrays long enough to pay for them
+
+
+def truncate_temporal(array: pa.Array, unit: str) -> pa.Array:
+    """Floor to the first instant of the year/month (``unit``); same type, nulls stay null."""
+    naive, physical, per_day = _layout(array.type)
+    fast = _truncate_by_day_table(array, unit, naive, physical, per_day)
+    return fast if fast is not None else truncate_reference(array, unit)
+
+
+def truncate_reference(array: pa.Array, unit: str) -> pa.Array:
+    """Arrow's floor_temporal on every value; fails if a result leaves the type's range."""
+    kind = array.type
+    naive, physical, _ = _layout(kind)
+    source = array.view(naive)
+    floored = pc.floor_temporal(source, unit=unit)
+    if pc.any(pc.greater(floored.view(physical), source.view(physical))).as_py():
+        raise RestrictionApplyError(f"truncate-to-{unit} result is outside the range of Arrow {kind}")
+    return floored.view(kind)
+
+
+def _layout(kind: pa.DataType) -> tuple[pa.DataType, pa.DataType, int]:
+    """The naive view to floor in (Arrow floors zoned timestamps in local time), the physical integer type, and
+    the number of units in a day."""
+    if pa.types.is_date32(kind):
+        return kind, pa.int32(), 1
+    if pa.types.is_timestamp(kind):
+        return pa.timestamp(kind.unit), pa.int64(), _UNITS_PER_DAY[kind.unit]
+    raise TypeError(f"not a date or timestamp: {kind}")
+
+
+def _truncate_by_day_table(
+    array: pa.Array, unit: str, naive: pa.DataType, physical: pa.DataType, per_day: int
+) -> pa.Array | None:
+    """The day-table path, or None when it does not apply (the caller then takes the reference path)."""
+    length = len(array)
+    if length == 0:
+        return None
+    every_slot = pa.Array.from_buffers(physical, length, [None, array.buffers()[1]], offset=array.offset)
+    bounds = pc.min_max(every_slot)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    first_day, last_day = low // per_day, high // per_day
+    days = last_day - first_day + 1
+    if days > max(_MIN_TABLE_DAYS, _TABLE_DAYS_PER_VALUE * length):
+        return None
+    first_start = first_day * per_day
+    if first_start - per_day < _minimum(physical) or high - first_start + per_day > _maximum(physical):
+        return None  # near the type's edges the index arithmetic could wrap: leave those to the reference
+    day_starts = _day_starts(first_start, days, per_day, physical)
+    floored = pc.floor_temporal(day_starts.view(naive), unit=unit).view(physical)
+    if pc.any(pc.greater(floored, day_starts)).as_py():
+        return None  # a floor wrapped around the type's range; the reference reports it if a value needs it
+    relative = pc.subtract(every_slot, pa.scalar(first_start, physical))  # in [0, high - first_start]
+    day_index = relative if per_day == 1 else pc.divide(relative, pa.scalar(per_day, physical))
+    result = pc.take(floored, day_index)
+    return pa.Array.from_buffers(array.type, length, [validity_bitmap(array), result.buffers()[1]])
+
+
+def _minimum(physical: pa.DataType) -> int:
+    bits: int = physical.bit_width
+    return -(1 << (bits - 1))
+
+
+def _maximum(physical: pa.DataType) -> int:
+    bits: int = physical.bit_width
+    return (1 << (bits - 1)) - 1
+
+
+def _day_starts(first_start: int, days: int, per_day: int, physical: pa.DataType) -> pa.Array:
+    """``first_start + k * per_day`` for k in [0, days): the start of every day in the range (all in range of
+    the type, since the last one is at most the array's maximum)."""
+    steps = pc.cumulative_sum(pa.repeat(pa.scalar(per_day, physical), days))  # per_day, 2*per_day, ...
+    return pc.add(steps, pa.scalar(first_start - per_day, physical))

@@ -1,0 +1,172 @@
+"""Property tests (hypothesis): the fast mask paths give exactly what the reference paths give.
+
+Truncation's per-day floor table against Arrow's floor_temporal on every value; the string masks' ASCII and
+multi-byte routes against the spec's per-code-point rules; DuckDB's salted SHA-256 against hashlib.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sqe.errors import RestrictionApplyError
+from sqe.restrictions import apply_action, sha
+from sqe.restrictions.temporal import _layout, _truncate_by_day_table, truncate_reference
+
+TEMPORAL_TYPES = [
+    pa.date32(),
+    pa.timestamp("s"),
+    pa.timestamp("ms", tz="UTC"),
+    pa.timestamp("us", tz="America/New_York"),
+    pa.timestamp("ns"),
+    pa.timestamp("ns", tz="+05:30"),
+]
+UNITS = {"truncate-to-year": "year", "truncate-to-month": "month"}
+
+
+def with_garbage_in_null_slots(values: list[int], nulls: list[bool], kind: pa.DataType) -> pa.Array:
+    """Every slot holds a value (as a Parquet reader may leave it); ``nulls`` marks the slots that are null."""
+    physical = pa.int32() if pa.types.is_date32(kind) else pa.int64()
+    data = pa.array(values, physical)
+    validity = pa.array([not n for n in nulls], pa.bool_())
+    bitmap = validity.buffers()[1] if any(nulls) else None
+    return pa.Array.from_buffers(kind, len(values), [bitmap, data.buffers()[1]])
+
+
+def reference_or_error(array: pa.Array, unit: str) -> list[Any] | type[Exception]:
+    try:
+        return list(truncate_reference(array, unit).view(_layout(array.type)[1]).to_pylist())
+    except RestrictionApplyError:
+        return RestrictionApplyError
+
+
+@st.composite
+def temporal_arrays(draw: st.DrawFn) -> pa.Array:
+    kind = draw(st.sampled_from(TEMPORAL_TYPES))
+    bits = 32 if pa.types.is_date32(kind) else 64
+    low_limit, high_limit = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    per_day = _layout(kind)[2]
+    centre = draw(st.integers(low_limit, high_limit))
+    spread = draw(st.sampled_from([per_day, 40 * per_day, 3000 * per_day, 200_000 * per_day, 2**bits]))
+    low, high = max(low_limit, centre - spread), min(high_limit, centre + spread)
+    values = draw(st.lists(st.integers(low, high), min_size=1, max_size=60))
+    nulls = draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
+    array = with_garbage_in_null_slots(values, nulls, kind)
+    start = draw(st.integers(0, len(values) - 1))
+    return array.slice(start, draw(st.integers(0, len(values) - start)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(array=temporal_arrays(), action=st.sampled_from(sorted(UNITS)))
+def test_truncation_matches_floor_temporal_on_every_value(array: pa.Array, action: str) -> None:
+    expected = reference_or_error(array, UNITS[action])
+    if expected is RestrictionApplyError:
+        with pytest.raises(RestrictionApplyError):
+            apply_action(action, array, salt=b"")
+        return
+    result = apply_action(action, array, salt=b"")
+    assert result.type == array.type
+    assert result.view(_layout(array.type)[1]).to_pylist() == expected
+
+
+@pytest.mark.parametrize("kind", TEMPORAL_TYPES)
+def test_the_day_table_is_taken_for_a_realistic_range_and_matches(kind: pa.DataType) -> None:
+    naive, physical, per_day = _layout(kind)
+    days = [-30_000 + 7 * i for i in range(8000)]  # 1887 to 2123
+    values = [d * per_day + (i * 7919) % per_day for i, d in enumerate(days)]
+    array = with_garbage_in_null_slots(values, [i % 9 == 0 for i in range(len(values))], kind)
+    for unit in UNITS.values():
+        fast = _truncate_by_day_table(array, unit, naive, physical, per_day)
+        assert fast is not None
+        assert fast.view(physical).to_pylist() == truncate_reference(array, unit).view(physical).to_pylist()
+        assert fast.null_count == array.null_count
+
+
+def test_a_range_too_wide_for_a_table_falls_back_to_the_reference() -> None:
+    array = pa.array([-(2**62), 2**62], pa.int64()).view(pa.timestamp("ns"))  # 1823 and 2116: 106k days
+    naive, physical, per_day = _layout(array.type)
+    assert _truncate_by_day_table(array, "year", naive, physical, per_day) is None
+    expected = truncate_reference(array, "year").view(pa.int64()).to_pylist()
+    assert apply_action("truncate-to-year", array, salt=b"").view(pa.int64()).to_pylist() == expected
+
+
+# ------------------------------------------------------------------------------------- string masks
+
+
+def ref_mask(text: str) -> str:
+    return "".join("n" if "0" <= ch <= "9" else ch if ch in "(),.-@" else "x" for ch in text)
+
+
+def ref_first_4(text: str) -> str:
+    return text if len(text) <= 4 else text[:4] + ref_mask(text[4:])
+
+
+def ref_last_4(text: str) -> str:
+    return text if len(text) <= 4 else ref_mask(text[:-4]) + text[-4:]
+
+
+REFERENCE: dict[str, Callable[[str], str]] = {
+    "mask-alphanum": ref_mask,
+    "show-first-4": ref_first_4,
+    "show-last-4": ref_last_4,
+}
+ASCII_TEXT = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x7F), max_size=12)
+ANY_TEXT = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12)
+MOSTLY_ASCII = st.text(alphabet=st.sampled_from("ab9@.-( é٣😀\u0301"), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(st.none() | st.one_of(ASCII_TEXT, ANY_TEXT, MOSTLY_ASCII), max_size=30),
+    action=st.sampled_from(sorted(REFERENCE)),
+    kind=st.sampled_from([pa.string(), pa.large_string(), pa.string_view()]),
+    cut=st.integers(0, 5),
+)
+def test_string_masks_match_the_per_code_point_rules(
+    texts: list[str | None], action: str, kind: pa.DataType, cut: int
+) -> None:
+    array = pa.array(texts, kind).slice(min(cut, len(texts)))
+    expected = [None if t is None else REFERENCE[action](t) for t in texts[min(cut, len(texts)) :]]
+    result = apply_action(action, array, salt=b"")
+    assert result.type == kind
+    assert result.to_pylist() == expected
+
+
+# ---------------------------------------------------------------------------------------------- SHA-256
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(st.none() | st.binary(max_size=40), min_size=1, max_size=40),
+    salt=st.sampled_from([b"", bytes(16), b"'; --\x00\\\xff" * 3]),
+    kind=st.sampled_from([pa.binary(), pa.large_binary()]),
+)
+def test_duckdb_salted_binary_digests_match_hashlib(values: list[bytes | None], salt: bytes, kind: pa.DataType) -> None:
+    original = sha.DUCKDB_MIN_ROWS
+    sha.DUCKDB_MIN_ROWS = 1  # every array through DuckDB (restored below; hypothesis forbids function fixtures)
+    try:
+        result = sha.sha256_array(pa.array(values, kind), salt)
+    finally:
+        sha.DUCKDB_MIN_ROWS = original
+    assert result.to_pylist() == [None if v is None else hashlib.sha256(salt + v).digest() for v in values]
+
+
+@pytest.mark.parametrize(("kind", "fmt"), [(pa.int32(), "<i"), (pa.int64(), "<q")])
+def test_duckdb_salted_integers_with_quote_and_nul_bytes_in_the_salt(kind: pa.DataType, fmt: str) -> None:
+    salt = b"'\x00\"\\" * 5
+    width = struct.calcsize(fmt)
+    extremes = [None, 0, -1, -(2 ** (width * 8 - 1)), 2 ** (width * 8 - 1) - 1]
+    values = extremes + list(range(-(sha.DUCKDB_MIN_ROWS // 2), sha.DUCKDB_MIN_ROWS // 2))  # distinct: no dedupe
+    result = sha.sha256_array(pa.array(values, kind), salt).to_pylist()
+    expected = [
+        None if v is None else struct.unpack(fmt, hashlib.sha256(salt + struct.pack(fmt, v)).digest()[:width])[0]
+        for v in values
+    ]
+    assert result == expected
