@@ -841,7 +841,10 @@ class Session:
             raise translate_error(exc, f"commit to {loaded.ident}") from None
         except Exception as exc:
             raise QueryError(f"writing to {loaded.ident} failed: {first_line(exc)}") from None
-        self._provider.invalidate(loaded.ident)  # the cached entry describes the table before this commit
+        finally:
+            # The cached entry describes the table before this commit; after a failed one (a conflict: someone
+            # else committed) it is stale too, and a revalidation interval must not serve it again.
+            self._provider.invalidate(loaded.ident)
 
     def _exists(self, ident: TableIdent) -> bool:
         return _loads(self._provider.load_table, ident)
@@ -1012,8 +1015,10 @@ class Session:
         count = int(counted[0][0]) if counted and counted[0] else 0
         if rewrite.replaced or rewrite.rows.num_rows:
             data = _conform_for_write(rewrite.rows, loaded.table.schema(), ident)
-            dml.commit_rewrite(loaded, target_plan, rewrite, data, statement.kind)
-            self._provider.invalidate(ident)
+            try:
+                dml.commit_rewrite(loaded, target_plan, rewrite, data, statement.kind)
+            finally:  # committed, or refused because the table changed: either way the entry is stale
+                self._provider.invalidate(ident)
         return pa.table({"count": pa.array([count], pa.int64())})
 
     # -- PREPARE / EXECUTE in SQL -----------------------------------------------------------------------
