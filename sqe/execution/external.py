@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from sqe.catalog.external import ExternalTable, ExternalTableStore, KeySource, MountKeys
 from sqe.credentials import StoragePolicy
@@ -47,6 +46,7 @@ from sqe.planning.sql_analysis import TableRef, parse_select, pushdown_predicate
 # builds ExternalSources at start-up, and a statement without Iceberg or external tables never imports pyiceberg.
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow.dataset as ds
     from pyiceberg import expressions as ice
     from pyiceberg.schema import Schema
 
@@ -405,6 +405,7 @@ def _partition_schema(table: ExternalTable) -> Schema:
 
 
 def _to_arrow(predicate: ice.BooleanExpression, table: ExternalTable) -> ds.Expression | None:
+    import pyarrow.dataset as ds
     from pyiceberg import expressions as ice
 
     types = {n.lower(): arrow_type(t) for n, t in table.partitions}
