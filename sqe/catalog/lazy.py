@@ -10,13 +10,13 @@ actually asked for. Every call is delegated unchanged: caching, credentials and 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from sqe.catalog.base import LoadedTable, ScanPlanningClient, TableIdent, ViewDefinition
-    from sqe.catalog.rest import RestTableProvider
+    from sqe.catalog.rest import RestTableProvider, SQERestCatalog
     from sqe.config import SQEConfig
 
 
@@ -32,6 +32,9 @@ class LazyRestTableProvider:
         state = "built" if self._provider is not None else "not yet built"
         return f"LazyRestTableProvider(warehouse={self._config.catalog.warehouse!r}, {state})"
 
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("table providers cannot be pickled (their config holds the catalog secret)")
+
     @property
     def built(self) -> bool:
         """Whether the REST client exists yet (tests: a statement without tables never builds it)."""
@@ -45,6 +48,10 @@ class LazyRestTableProvider:
 
                 self._provider = RestTableProvider(self._config)
             return self._provider
+
+    def catalog(self, warehouse: str) -> SQERestCatalog:
+        """The warehouse's REST catalog client (diagnostics and tests, like ``RestTableProvider.catalog``)."""
+        return self.real().catalog(warehouse)
 
     def close(self) -> None:
         with self._lock:
