@@ -16,8 +16,6 @@ import pytest
 
 import sqe.api
 from sqe.catalog.base import CacheOutcome
-from sqe.config import load_config
-from sqe.errors import ConfigError
 from sqe.session import Session
 from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
 from tests.helpers.fault_proxy import FaultProxy
@@ -132,10 +130,3 @@ def test_credentials_near_their_usable_point_are_always_revalidated(
                 assert loads(proxy, table) == 2
         finally:
             proxy.stop()
-
-
-def test_negative_interval_is_a_config_error(tmp_path: Path) -> None:
-    path = tmp_path / "bad.toml"
-    path.write_text('[catalog]\nuri = "http://127.0.0.1:9"\nwarehouse = "wh"\nmetadata_revalidate_seconds = -1\n')
-    with pytest.raises(ConfigError, match="catalog.metadata_revalidate_seconds"):
-        load_config(path)
