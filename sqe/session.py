@@ -262,6 +262,10 @@ class Session:
         self._active: QueryContext | None = None
         self._generation = 0
         self._closed = False
+        # Ctrl-C while a statement is still planning (catalog loads, a first statement's lazy imports): nothing
+        # runs in DuckDB yet to interrupt, so the request is kept and honoured when execution would start.
+        self._in_statement = False
+        self._cancel_requested = threading.Event()
         # the streams of the latest statement (tests, diagnostics)
         self.last_streams: list[ScanStream | DistributedScanStream] = []
 
@@ -286,6 +290,15 @@ class Session:
         """Run one statement. Queries run lazily when the Result is read."""
         with self._lock:
             self._check_open()
+            self._cancel_requested.clear()
+            self._in_statement = True
+            try:
+                return self._sql(text, params)
+            finally:
+                self._in_statement = False
+
+    def _sql(self, text: str, params: Params) -> Result:
+        with self._lock:
             external = self._external.parse(text)  # issue 14: CREATE/DROP/SHOW EXTERNAL TABLE(S), OPTIMIZE
             if external is not None:
                 return Result(self, table=self._external.run_statement(external))
@@ -365,6 +378,8 @@ class Session:
 
     def interrupt(self) -> None:
         """Cancel the running query and its scans (safe to call from another thread)."""
+        if self._in_statement:
+            self._cancel_requested.set()
         context = self._active
         if context is not None:
             context.cancel.set()
@@ -655,6 +670,10 @@ class Session:
         return context
 
     def _reset(self) -> None:
+        if self._in_statement and self._cancel_requested.is_set():
+            from sqe.execution.local import QueryCancelledError
+
+            raise QueryCancelledError()
         self._generation += 1
         for view in self._views:
             self._con.execute(f"DROP VIEW IF EXISTS {view}")

@@ -2,10 +2,12 @@
 
 A counting reverse proxy on loopback (``tests/helpers/fault_proxy.py``) sits in front of the real sqe-catalog;
 SQE talks only to the proxy, so every load-table request SQE makes is counted. Real sleeps, no clock patching.
+The same proxy delays one load-table to show that an interrupt during planning cancels the statement.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ import pytest
 
 import sqe.api
 from sqe.catalog.base import CacheOutcome
+from sqe.execution.local import QueryCancelledError
 from sqe.session import Session
 from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
 from tests.helpers.fault_proxy import FaultProxy
@@ -130,3 +133,30 @@ def test_credentials_near_their_usable_point_are_always_revalidated(
                 assert loads(proxy, table) == 2
         finally:
             proxy.stop()
+
+
+def test_interrupt_while_the_table_loads_cancels_the_statement(
+    proxy: FaultProxy, catalog_server: CatalogServer, engine_writer: CatalogPrincipal, table: str, tmp_path: Path
+) -> None:
+    """Ctrl-C during planning (here a slow catalog; in the CLI also a first statement's lazy imports) is not lost:
+    nothing runs in DuckDB yet, so the statement is cancelled as soon as planning ends, before it executes."""
+    namespace, name = table.split(".")
+    with open_session(proxy, catalog_server, engine_writer, tmp_path) as session:
+        assert scan(session, table)[0] == 3  # client built, token fetched: only the next load is slow
+        proxy.inject("GET", rf"^/v1/wh/namespaces/{namespace}/tables/{name}(\?|$)", 0, 1, delay=1.5)
+        outcome: dict[str, BaseException] = {}
+
+        def run() -> None:
+            try:
+                session.sql(f"SELECT count(*) FROM {table} WHERE true").fetchall()
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        time.sleep(0.5)  # inside the delayed load-table
+        session.interrupt()
+        worker.join(15)
+        assert not worker.is_alive()
+        assert isinstance(outcome.get("error"), QueryCancelledError)
+        assert scan(session, table)[0] == 3  # the request does not outlive its statement
