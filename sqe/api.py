@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqe.catalog.rest import RestTableProvider
+from sqe.catalog.lazy import LazyRestTableProvider
 from sqe.config import SQEConfig, load_config
 from sqe.session import Session
+
+if TYPE_CHECKING:
+    from sqe.catalog.base import TableProvider
 
 
 def connect(config: str | Path | SQEConfig | None = None, **overrides: Any) -> Session:
@@ -22,7 +25,20 @@ def connect(config: str | Path | SQEConfig | None = None, **overrides: Any) -> S
         cfg = config
     else:
         cfg = load_config(config, overrides=_normalise(overrides))
-    return Session(RestTableProvider(cfg), cfg)
+    return Session(_provider(cfg), cfg)
+
+
+def _provider(cfg: SQEConfig) -> TableProvider:
+    """The REST catalog client, built on the first catalog call (a statement without tables never imports it).
+
+    With workers configured the session imports the distributed coordinator anyway, and the coordinator asks
+    the concrete ``RestTableProvider`` for the credentials endpoint: then it is built at once.
+    """
+    if cfg.coordinator.workers:
+        from sqe.catalog.rest import RestTableProvider
+
+        return RestTableProvider(cfg)
+    return LazyRestTableProvider(cfg)
 
 
 def _normalise(overrides: dict[str, Any]) -> dict[str, Any]:

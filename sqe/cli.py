@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from sqe import __version__
 from sqe._text import first_line
 from sqe.console import report_error, run_with_progress, write_result
 from sqe.errors import ConfigError, SQEError
@@ -23,6 +24,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Credential-aware SQL over Iceberg tables. `sqe stack up|down|status` manages the local stack; "
         "`sqe serve --config server.toml` runs the Flight SQL service.",
     )
+    parser.add_argument("--version", action="version", version=f"sqe {__version__}")
     parser.add_argument("--config", "-c", help="SQE config file (config.toml)")
     parser.add_argument("-e", "--execute", metavar="SQL", help="run these statements and exit")
     parser.add_argument("--format", "-f", choices=FORMATS, default="table")

@@ -110,6 +110,9 @@ class CatalogConfig(CatalogAuth):
     max_retries: int = 5
     client_capabilities: str = "read-restrictions.v1"
     metadata_cache: bool = True
+    # Seconds after a table's last successful load or 304 during which its cached entry is used with no request
+    # at all; 0 (the default): every lookup revalidates with If-None-Match (strict freshness).
+    metadata_revalidate_seconds: float = 0.0
     server_side_planning: bool = False
     warehouses: Array[SiblingWarehouseConfig] = ()
 
@@ -265,6 +268,8 @@ def _validate_catalog(c: CatalogConfig, o: Origins) -> None:
         o.fail("catalog.request_timeout_seconds", "must be positive")
     if c.max_retries < 0:
         o.fail("catalog.max_retries", "must not be negative")
+    if c.metadata_revalidate_seconds < 0:
+        o.fail("catalog.metadata_revalidate_seconds", "must not be negative")
     _check_object_store_prefixes(c.tvf_prefixes, "catalog.tvf_prefixes", o)
     seen = {c.warehouse}
     for i, w in enumerate(c.warehouses):

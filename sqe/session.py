@@ -36,11 +36,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import pyarrow as pa
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from sqe._text import first_line
 from sqe.catalog.base import LoadedTable, TableIdent, TableProvider, ViewDefinition
-from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.duckdb_connection import connect_locked_down, quote_ident, quote_qualified
 from sqe.errors import (
     CatalogError,
@@ -53,14 +51,8 @@ from sqe.errors import (
     RestrictedTableError,
     SQEError,
 )
-from sqe.execution import dml
 from sqe.execution.external import ExternalSources
-from sqe.execution.local import LocalExecutor, QueryCancelledError
-from sqe.execution.metadata_answers import count_from_manifests  # issue 11 item 3
-from sqe.execution.stream import QueryContext, ScanStream
-from sqe.planning import ddl, views
-from sqe.planning.planner import ScanPlan, TaskCache, join_conjuncts, plan_scan, restrictions_of
-from sqe.planning.remote import RemotePlanner
+from sqe.planning import views
 from sqe.planning.sql_analysis import (
     TableRef,
     column_usage,
@@ -72,6 +64,9 @@ from sqe.planning.sql_analysis import (
 from sqe.planning.statements import DML_KINDS, Statement, TimeTravel, classify, parse_qualified_name
 from sqe.planning.time_travel import metadata_table, resolve_snapshot, split_metadata_name
 
+# Start-up cost (issue 11 item 4): pyiceberg's scan planning and reader, the local executor and the catalog's
+# error translation are imported where a statement first needs them, so a statement that names no Iceberg
+# table (``SELECT 1``, a file table function) never imports pyiceberg.
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
 
@@ -79,6 +74,10 @@ if TYPE_CHECKING:
     from sqe.distributed.coordinator import DistributedExecutor, DistributedOptions, DistributedScanStream
     from sqe.execution.compaction import RemoteRewriter
     from sqe.execution.external import RemoteScanner
+    from sqe.execution.local import LocalExecutor
+    from sqe.execution.stream import QueryContext, ScanStream
+    from sqe.planning.planner import ScanPlan, TaskCache
+    from sqe.planning.remote import RemotePlanner
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +177,11 @@ class _Planned:
     metadata: dict[TableIdent, pa.Table] = field(default_factory=dict)  # ns."t$snapshots" -> its rows
     views: dict[TableIdent, str] = field(default_factory=dict)  # catalog views it reads -> SQL, inner ones first
 
+    @property
+    def reads_no_table(self) -> bool:
+        """Nothing from the catalog: no scan, time travel, metadata table or catalog view."""
+        return not (self.scans or self.travels or self.metadata or self.views)
+
     def is_usable(self, now: float) -> bool:
         scans = [*self.scans.values(), *self.travels.values()]
         usable = all(plan.is_usable(now) for plan in scans)
@@ -228,10 +232,11 @@ class Session:
         self.config = config
         self._provider = provider
         self._clock = clock
-        self._executor = LocalExecutor(max_files_in_flight=max_files_in_flight, max_queued_batches=max_queued_batches)
-        self._task_cache = TaskCache()  # repeated queries of an unchanged table skip reading its manifests
+        self._executor_limits = (max_files_in_flight, max_queued_batches)
         self._remote: RemotePlanner | None = None  # server-side scan planning ([catalog] server_side_planning)
         if config is not None and config.catalog.server_side_planning:
+            from sqe.planning.remote import RemotePlanner
+
             self._remote = RemotePlanner(provider, deadline_seconds=4 * config.catalog.request_timeout_seconds)
         self._distributed: DistributedExecutor | None = None
         if config is not None and config.coordinator.workers:
@@ -261,8 +266,27 @@ class Session:
         self._active: QueryContext | None = None
         self._generation = 0
         self._closed = False
+        # Ctrl-C while a statement is still planning (catalog loads, a first statement's lazy imports): nothing
+        # runs in DuckDB yet to interrupt, so the request is kept and honoured when execution would start.
+        self._in_statement = False
+        self._cancel_requested = threading.Event()
         # the streams of the latest statement (tests, diagnostics)
         self.last_streams: list[ScanStream | DistributedScanStream] = []
+
+    @functools.cached_property
+    def _executor(self) -> LocalExecutor:
+        """The bounded local reader, built by the first scan."""
+        from sqe.execution.local import LocalExecutor
+
+        max_files_in_flight, max_queued_batches = self._executor_limits
+        return LocalExecutor(max_files_in_flight=max_files_in_flight, max_queued_batches=max_queued_batches)
+
+    @functools.cached_property
+    def _task_cache(self) -> TaskCache:
+        """Repeated queries of an unchanged table skip reading its manifests."""
+        from sqe.planning.planner import TaskCache
+
+        return TaskCache()
 
     # -- public API -------------------------------------------------------------------------------------
 
@@ -270,6 +294,15 @@ class Session:
         """Run one statement. Queries run lazily when the Result is read."""
         with self._lock:
             self._check_open()
+            self._cancel_requested.clear()
+            self._in_statement = True
+            try:
+                return self._sql(text, params)
+            finally:
+                self._in_statement = False
+
+    def _sql(self, text: str, params: Params) -> Result:
+        with self._lock:
             external = self._external.parse(text)  # issue 14: CREATE/DROP/SHOW EXTERNAL TABLE(S), OPTIMIZE
             if external is not None:
                 return Result(self, table=self._external.run_statement(external))
@@ -349,6 +382,8 @@ class Session:
 
     def interrupt(self) -> None:
         """Cancel the running query and its scans (safe to call from another thread)."""
+        if self._in_statement:
+            self._cancel_requested.set()
         context = self._active
         if context is not None:
             context.cancel.set()
@@ -388,6 +423,8 @@ class Session:
 
     def list_schemas(self, warehouse: str | None = None) -> pa.Table:
         """SHOW SCHEMAS [FROM warehouse]: the namespaces the catalog lets this user see."""
+        from sqe.planning import ddl
+
         warehouse = warehouse or self._default_warehouse
         namespaces = self._provider_call(
             f"listing schemas of {warehouse}", lambda: self._provider.list_namespaces(warehouse)
@@ -396,6 +433,9 @@ class Session:
 
     def describe_table(self, name: str) -> pa.Table:
         """DESCRIBE t and ``\\d t``: columns, SQL and Iceberg types, nullability and this user's masks."""
+        from sqe.planning import ddl
+        from sqe.planning.planner import restrictions_of
+
         loaded = self._load(self.resolve_name(parse_qualified_name(name)))
         return ddl.describe_rows(loaded, restrictions_of(loaded))
 
@@ -450,6 +490,8 @@ class Session:
         """One full-width scan per time-travel reference, at its snapshot, under the table's current restrictions."""
         scans: dict[str, ScanPlan] = {}
         for travel in travels:
+            from sqe.planning.planner import plan_scan
+
             ident = self.resolve_name(travel.parts)
             loaded = self._load(ident)
             snapshot_id = resolve_snapshot(loaded, travel, self._parser)
@@ -507,6 +549,8 @@ class Session:
         scans: dict[TableIdent, ScanPlan] = {}
         narrowed = False
         for ident, table_refs in refs_by_ident.items():
+            from sqe.planning.planner import join_conjuncts, plan_scan  # only for a query that names a table
+
             columns = None if all_columns else columns_to_read(usage, table_refs, schemas[ident])
             narrowed = narrowed or (columns is not None and len(columns) < len(schemas[ident].columns))
             pushdown = join_conjuncts(pushed.get(ident, [])) if counts[ident] == 1 else join_conjuncts([])
@@ -540,6 +584,8 @@ class Session:
 
     def _merge_scans(self, scans: dict[TableIdent, ScanPlan], inner: Mapping[TableIdent, ScanPlan]) -> None:
         """A table read by a query and by a view it uses: one scan, of every column when the two differ."""
+        from sqe.planning.planner import plan_scan
+
         for ident, plan in inner.items():
             outer = scans.get(ident)
             if outer is None:
@@ -557,6 +603,8 @@ class Session:
             base, which = split_metadata_name(ident.name)
             if which is None:
                 continue
+            from sqe.planning.planner import restrictions_of
+
             loaded = self._load(dataclasses.replace(ident, name=base))
             tables[ident] = metadata_table(loaded, which, restrictions_of(loaded))
         return tables
@@ -595,11 +643,13 @@ class Session:
             kind = planned.statement.kind
             if kind == "select":
                 # -- issue 11 item 3 (sqe/execution/metadata_answers.py): a bare count(*) from manifest counts
-                counted = count_from_manifests(planned.statement.text, planned.scans) if params is None else None
+                counted = self._counted(planned) if params is None and planned.scans else None
                 if counted is not None:
                     self._start()
                     return Result(self, table=counted)
                 # -- end of issue 11 item 3
+                if planned.reads_no_table:
+                    return Result(self, relation=self._plain_relation(planned.statement.text, params))
                 relation, context = self._query(planned, planned.statement.text, params, self._start())
                 return Result(self, relation=relation, context=context)
             if kind == "insert":
@@ -608,17 +658,42 @@ class Session:
                 return Result(self, table=self._create_table_as(planned, params))
             raise QueryError(f"cannot run a {kind} statement")
 
+    @staticmethod
+    def _counted(planned: _Planned) -> pa.Table | None:
+        from sqe.execution.metadata_answers import count_from_manifests  # issue 11 item 3
+
+        return count_from_manifests(planned.statement.text, planned.scans)
+
     def _start(self) -> QueryContext:
         """A new statement: the previous one's views and streams go, and with them its results."""
+        from sqe.execution.stream import QueryContext
+
+        self._reset()
+        context = QueryContext()
+        self._active = context
+        return context
+
+    def _reset(self) -> None:
+        if self._in_statement and self._cancel_requested.is_set():
+            from sqe.execution.local import QueryCancelledError
+
+            raise QueryCancelledError()
         self._generation += 1
         for view in self._views:
             self._con.execute(f"DROP VIEW IF EXISTS {view}")
         for name in self._registered:
             self._con.unregister(name)
         self._views, self._registered, self.last_streams = [], [], []
-        context = QueryContext()
-        self._active = context
-        return context
+        self._active = None
+
+    def _plain_relation(self, sql: str, params: Params) -> duckdb.DuckDBPyRelation:
+        """A query that reads no Iceberg table: nothing of SQE's to stream or cancel (DuckDB's own interrupt
+        still ends it), so no scan context, executor or pyiceberg."""
+        self._reset()
+        try:
+            return self._relation(sql, params)
+        except duckdb.Error as exc:
+            raise self._translate(exc, None) from None
 
     def _bind(
         self,
@@ -696,6 +771,8 @@ class Session:
         return functools.partial(external_scan_stream, self._distributed)
 
     def _stream(self, plan: ScanPlan, context: QueryContext) -> ScanStream | DistributedScanStream:
+        from sqe.execution.stream import ScanStream
+
         if self._distributed is None:
             return ScanStream(plan, self._executor, context)
         from sqe.distributed.coordinator import DistributedScanStream
@@ -738,6 +815,8 @@ class Session:
             raise self._translate(exc, context) from None
 
     def _insert(self, planned: _Planned, params: Params) -> pa.Table:
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
         statement, target = planned.statement, planned.target
         assert target is not None and statement.target_span is not None
         context = self._start()
@@ -772,6 +851,8 @@ class Session:
         return pa.table({"count": pa.array([rows.num_rows], pa.int64())})
 
     def _append(self, loaded: LoadedTable, rows: pa.Table) -> None:
+        from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
+
         if rows.num_rows == 0:
             return
         data = _conform_for_write(rows, loaded.table.schema(), loaded.ident)
@@ -783,7 +864,10 @@ class Session:
             raise translate_error(exc, f"commit to {loaded.ident}") from None
         except Exception as exc:
             raise QueryError(f"writing to {loaded.ident} failed: {first_line(exc)}") from None
-        self._provider.invalidate(loaded.ident)  # the cached entry describes the table before this commit
+        finally:
+            # The cached entry describes the table before this commit; after a failed one (a conflict: someone
+            # else committed) it is stale too, and a revalidation interval must not serve it again.
+            self._provider.invalidate(loaded.ident)
 
     def _exists(self, ident: TableIdent) -> bool:
         return _loads(self._provider.load_table, ident)
@@ -792,6 +876,9 @@ class Session:
 
     def _catalog_statement(self, statement: Statement) -> pa.Table:
         """DDL and discovery: answered by the catalog as this user; DuckDB never sees them."""
+        from sqe.planning import ddl
+        from sqe.planning.planner import restrictions_of
+
         kind, parts = statement.kind, statement.target or ()
         if kind == "show_tables":
             return self.list_tables(".".join(parts) if parts else None)
@@ -900,6 +987,8 @@ class Session:
         return _status(f"dropped schema {what}")
 
     def _provider_call(self, what: str, call: Callable[[], _T]) -> _T:
+        from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
+
         try:
             return call()
         except SQEError:
@@ -913,6 +1002,9 @@ class Session:
 
     def _dml(self, statement: Statement, params: Params) -> pa.Table:
         """Copy-on-write: the statement runs on a staged copy of the target; changed files are rewritten."""
+        from sqe.execution import dml
+        from sqe.planning.planner import plan_scan, restrictions_of
+
         assert statement.target is not None and statement.target_span is not None
         ident = self.resolve_name(statement.target)
         loaded = self._load(ident)
@@ -946,8 +1038,10 @@ class Session:
         count = int(counted[0][0]) if counted and counted[0] else 0
         if rewrite.replaced or rewrite.rows.num_rows:
             data = _conform_for_write(rewrite.rows, loaded.table.schema(), ident)
-            dml.commit_rewrite(loaded, target_plan, rewrite, data, statement.kind)
-            self._provider.invalidate(ident)
+            try:
+                dml.commit_rewrite(loaded, target_plan, rewrite, data, statement.kind)
+            finally:  # committed, or refused because the table changed: either way the entry is stale
+                self._provider.invalidate(ident)
         return pa.table({"count": pa.array([count], pa.int64())})
 
     # -- PREPARE / EXECUTE in SQL -----------------------------------------------------------------------
@@ -983,6 +1077,8 @@ class Session:
         if context is not None and context.error is not None:
             return context.error
         if isinstance(exc, duckdb.InterruptException) or (context is not None and context.cancel.is_set()):
+            from sqe.execution.local import QueryCancelledError
+
             return QueryCancelledError()
         return QueryError(_duck_message(exc))
 
@@ -1088,6 +1184,8 @@ def _status(message: str) -> pa.Table:
 
 def _conform_for_write(rows: pa.Table, schema: Schema, ident: TableIdent) -> pa.Table:
     """DuckDB's rows in the Iceberg table's Arrow shape; NULL in a required column is refused."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
     target = schema_to_pyarrow(schema, include_field_ids=False)
     if rows.num_columns != len(target):
         raise QueryError(f"{ident} has {len(target)} columns, the statement produced {rows.num_columns}")

@@ -17,11 +17,12 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NoReturn
-
-from cryptography.fernet import Fernet, InvalidToken
+from typing import TYPE_CHECKING, Literal, NoReturn
 
 from sqe.errors import ConfigError, QueryError
+
+if TYPE_CHECKING:  # cryptography only when a mount's keys are sealed or unsealed (start-up cost)
+    from cryptography.fernet import Fernet
 
 KeySource = Literal["static", "env", "sealed"]
 _SCHEMA = """CREATE TABLE IF NOT EXISTS external_tables (
@@ -173,6 +174,8 @@ class ExternalTableStore:
         return (row[0], row[1]) if row is not None else None
 
     def _fernet(self) -> Fernet:
+        from cryptography.fernet import Fernet
+
         value = os.environ.get(self._key_env)
         if not value:
             raise QueryError(
@@ -189,6 +192,8 @@ class ExternalTableStore:
         return self._fernet().encrypt(payload)
 
     def _unseal(self, name: str, sealed: bytes) -> MountKeys:
+        from cryptography.fernet import InvalidToken
+
         try:
             key_id, secret, token = json.loads(self._fernet().decrypt(sealed))
         except InvalidToken:

@@ -357,13 +357,16 @@ class _RestScanPlanning:
 class _CacheEntry:
     etag: str | None
     loaded: LoadedTable
+    validated_at: float  # time.monotonic() when the request that last confirmed this entry (200 or 304) was sent
 
 
 class RestTableProvider:
     """Loads tables for one user across the configured warehouses, with an ETag-revalidated cache.
 
     A cache entry is keyed by (principal, warehouse, table) and is never served — fresh, stale or revalidated —
-    past its credentials' usable point: then the next lookup does a full load without ``If-None-Match``.
+    past its credentials' usable point: then the next lookup does a full load without ``If-None-Match``. With
+    ``[catalog] metadata_revalidate_seconds`` > 0, an entry confirmed less than that long ago is served with no
+    request at all, unless its credentials reach their usable point within that interval.
     """
 
     def __init__(self, config: SQEConfig) -> None:
@@ -403,15 +406,31 @@ class RestTableProvider:
             entry = None if bypass_cache or not self._config.catalog.metadata_cache else self._cache.get(key)
         if entry is not None and not entry.loaded.is_usable(now):
             entry = None  # a 304 would hand back dead keys: reload in full
+        if entry is not None and self._provably_fresh(entry, now):
+            return dataclasses.replace(entry.loaded, cache_outcome=CacheOutcome.HIT)
+        sent_at = time.monotonic()
         status, raw, etag = catalog.get_table_raw(ident.namespace, ident.name, entry.etag if entry else None)
         if status == 304 and entry is not None:
+            with self._lock:
+                entry.validated_at = sent_at  # (an entry invalidated meanwhile is no longer in the cache)
             return dataclasses.replace(entry.loaded, cache_outcome=CacheOutcome.REVALIDATED)
         assert raw is not None
         loaded = self._build_loaded(catalog, ident, raw, now)
         if self._config.catalog.metadata_cache and etag:
             with self._lock:
-                self._cache[key] = _CacheEntry(etag, loaded)
+                self._cache[key] = _CacheEntry(etag, loaded, validated_at=sent_at)
         return loaded
+
+    def _provably_fresh(self, entry: _CacheEntry, now: float) -> bool:
+        """Confirmed by the catalog within the revalidation interval, and its credentials stay usable for a whole
+        interval more (so a skipped round trip never brings a credential refresh closer)."""
+        interval = self._config.catalog.metadata_revalidate_seconds
+        if interval <= 0:
+            return False
+        with self._lock:
+            confirmed_ago = time.monotonic() - entry.validated_at
+        usable_until = entry.loaded.usable_until
+        return confirmed_ago < interval and (usable_until is None or now + interval < usable_until)
 
     def invalidate(self, ident: TableIdent) -> None:
         """Forget the cached entry: after a write, the next load is a full load, not a revalidation."""

@@ -7,8 +7,9 @@ static and vended never mixed); ``fileio.ScopedFileIO`` applies that to every pa
 says when a set stops being usable.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from sqe.credentials.expiry import CredentialSource, is_expired, usable_until
-from sqe.credentials.fileio import ScopedFileIO
 from sqe.credentials.model import (
     FILEIO_ALLOWLIST,
     CatalogCredentials,
@@ -22,6 +23,11 @@ from sqe.credentials.model import (
 from sqe.credentials.paths import is_local, is_object_store, normalize_location, prefix_matches
 from sqe.credentials.policy import StoragePolicy
 from sqe.credentials.scope import ResolvedCredentials, build_properties, select_credential, vended_sets
+
+# ``ScopedFileIO`` subclasses pyiceberg's FileIO (and imports its pyarrow FileIO): loaded on first access, so the
+# credential rules themselves (used by file table functions too) do not import pyiceberg (start-up cost).
+if TYPE_CHECKING:
+    from sqe.credentials.fileio import ScopedFileIO
 
 __all__ = [
     "FILEIO_ALLOWLIST",
@@ -46,3 +52,11 @@ __all__ = [
     "usable_until",
     "vended_sets",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ScopedFileIO":
+        from sqe.credentials.fileio import ScopedFileIO
+
+        return ScopedFileIO
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,10 +18,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
-import pyarrow.dataset as ds
-from pyiceberg import expressions as ice
-from pyiceberg.schema import Schema
-from pyiceberg.types import BooleanType, DateType, IntegerType, LongType, NestedField, StringType
 
 from sqe.catalog.external import ExternalTable, ExternalTableStore, KeySource, MountKeys
 from sqe.credentials import StoragePolicy
@@ -46,8 +42,13 @@ from sqe.planning.external_sql import (
 )
 from sqe.planning.sql_analysis import TableRef, parse_select, pushdown_predicates
 
+# pyiceberg (schemas and predicates for partition pruning) only when an external table is queried: a session
+# builds ExternalSources at start-up, and a statement without Iceberg or external tables never imports pyiceberg.
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow.dataset as ds
+    from pyiceberg import expressions as ice
+    from pyiceberg.schema import Schema
 
     from sqe.catalog.base import TableIdent, TableProvider
     from sqe.config import SQEConfig
@@ -368,13 +369,15 @@ class ExternalSources:
         return quote_ident(name)
 
 
-class _SchemaLookup(Mapping[str, Schema]):
+class _SchemaLookup(Mapping[str, "Schema"]):
     """Schemas of external tables; any other table (Iceberg) has no columns here, so nothing is pushed to it."""
 
     def __init__(self, schemas: dict[str, Schema]) -> None:
         self._schemas = schemas
 
     def __getitem__(self, key: str) -> Schema:
+        from pyiceberg.schema import Schema
+
         return self._schemas.get(key, Schema())
 
     def __iter__(self) -> Iterator[str]:
@@ -384,13 +387,17 @@ class _SchemaLookup(Mapping[str, Schema]):
         return len(self._schemas)
 
 
-_ICEBERG_TYPES = {"INTEGER": IntegerType(), "INT": IntegerType(), "BIGINT": LongType(), "VARCHAR": StringType()}
-_ICEBERG_TYPES.update({"STRING": StringType(), "TEXT": StringType(), "BOOLEAN": BooleanType(), "DATE": DateType()})
+# partition column type (DDL text) -> pyiceberg type class name in pyiceberg.types
+_ICEBERG_TYPES = {"INTEGER": "IntegerType", "INT": "IntegerType", "BIGINT": "LongType", "VARCHAR": "StringType"}
+_ICEBERG_TYPES.update({"STRING": "StringType", "TEXT": "StringType", "BOOLEAN": "BooleanType", "DATE": "DateType"})
 
 
 def _partition_schema(table: ExternalTable) -> Schema:
+    from pyiceberg import types
+    from pyiceberg.schema import Schema
+
     fields = [
-        NestedField(i + 1, name, _ICEBERG_TYPES[type_text.upper()], required=False)
+        types.NestedField(i + 1, name, getattr(types, _ICEBERG_TYPES[type_text.upper()])(), required=False)
         for i, (name, type_text) in enumerate(table.partitions)
         if type_text.upper() in _ICEBERG_TYPES
     ]
@@ -398,6 +405,9 @@ def _partition_schema(table: ExternalTable) -> Schema:
 
 
 def _to_arrow(predicate: ice.BooleanExpression, table: ExternalTable) -> ds.Expression | None:
+    import pyarrow.dataset as ds
+    from pyiceberg import expressions as ice
+
     types = {n.lower(): arrow_type(t) for n, t in table.partitions}
     term = getattr(predicate, "term", None)
     name = getattr(term, "name", None)

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.json as pajson
 
@@ -33,7 +32,11 @@ from sqe.errors import ExternalAccessError, QueryError, SQEError
 from sqe.execution.object_store import filesystem_for, object_path, static_set
 from sqe.planning.external_sql import arrow_type
 
+# pyarrow.dataset (a tenth of a second to import) is loaded by the functions that build datasets: a session
+# creates its file-function policy at start-up, but most statements never read a file (start-up cost).
 if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+
     from sqe.catalog.base import TableIdent, TableProvider
     from sqe.config import SQEConfig
     from sqe.credentials import CredentialSet
@@ -368,6 +371,8 @@ def source_for_mount(
 
 
 def build_dataset(source: FileSource) -> ds.Dataset:
+    import pyarrow.dataset as ds
+
     """The ``pyarrow.dataset`` over the source's files, with DuckDB's options translated."""
     options = source.options
     file_format = _file_format(source)
@@ -391,6 +396,8 @@ def build_dataset(source: FileSource) -> ds.Dataset:
 
 
 def _unified_schema(source: FileSource, file_format: ds.FileFormat, partitioning: Any) -> pa.Schema:
+    import pyarrow.dataset as ds
+
     schemas = []
     for path in source.files:
         single = ds.dataset(
@@ -405,6 +412,8 @@ def _unified_schema(source: FileSource, file_format: ds.FileFormat, partitioning
 
 
 def _partitioning(source: FileSource) -> Any:
+    import pyarrow.dataset as ds
+
     if source.partition_schema is not None:
         return ds.partitioning(source.partition_schema, flavor="hive")
     hive = source.options.get("hive_partitioning")
@@ -414,6 +423,8 @@ def _partitioning(source: FileSource) -> Any:
 
 
 def _file_format(source: FileSource) -> ds.FileFormat:
+    import pyarrow.dataset as ds
+
     options = source.options
     if source.file_format == "parquet":
         return ds.ParquetFileFormat()
@@ -427,6 +438,8 @@ def _file_format(source: FileSource) -> ds.FileFormat:
 
 
 def _csv_format(function: str, options: Mapping[str, Any]) -> ds.CsvFileFormat:
+    import pyarrow.dataset as ds
+
     delimiter = options.get("delim", options.get("sep", ","))
     header = options.get("header", True)
     columns = _explicit_columns(function, options.get("columns"))
@@ -482,6 +495,8 @@ class FileStream:
         return reader.__arrow_c_stream__(requested_schema)
 
     def _scanner(self) -> ds.Scanner:
+        import pyarrow.dataset as ds
+
         columns: dict[str, ds.Expression] = {name: ds.field(name) for name in self.dataset.schema.names}
         if self.source.options.get("filename"):
             columns["filename"] = ds.field("__filename")

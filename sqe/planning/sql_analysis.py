@@ -19,25 +19,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pyiceberg.expressions import (
-    BooleanExpression,
-    EqualTo,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    IsNull,
-    LessThan,
-    LessThanOrEqual,
-    NotEqualTo,
-    NotNull,
-)
-from pyiceberg.types import BooleanType, DateType, IntegerType, LongType, NestedField, StringType
-
 from sqe.errors import QueryError
 
+# pyiceberg is imported by the functions that build predicates: finding a statement's tables must not import it
+# (a statement that names none never needs pyiceberg; start-up cost).
 if TYPE_CHECKING:
     import duckdb
+    from pyiceberg.expressions import BooleanExpression
     from pyiceberg.schema import Schema
+    from pyiceberg.types import NestedField
 
 Node = dict[str, Any]
 K = TypeVar("K")
@@ -48,13 +38,13 @@ _ALL_COLUMN_EXPRESSIONS = {"STAR", "POSITIONAL_REFERENCE"}
 _INT_RANGE = 2**63
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
-_COMPARISONS: dict[str, type[BooleanExpression]] = {
-    "COMPARE_EQUAL": EqualTo,
-    "COMPARE_NOTEQUAL": NotEqualTo,
-    "COMPARE_LESSTHAN": LessThan,
-    "COMPARE_LESSTHANOREQUALTO": LessThanOrEqual,
-    "COMPARE_GREATERTHAN": GreaterThan,
-    "COMPARE_GREATERTHANOREQUALTO": GreaterThanOrEqual,
+_COMPARISONS: dict[str, str] = {  # DuckDB comparison -> pyiceberg predicate class in pyiceberg.expressions
+    "COMPARE_EQUAL": "EqualTo",
+    "COMPARE_NOTEQUAL": "NotEqualTo",
+    "COMPARE_LESSTHAN": "LessThan",
+    "COMPARE_LESSTHANOREQUALTO": "LessThanOrEqual",
+    "COMPARE_GREATERTHAN": "GreaterThan",
+    "COMPARE_GREATERTHANOREQUALTO": "GreaterThanOrEqual",
 }
 _FLIPPED = {
     "COMPARE_EQUAL": "COMPARE_EQUAL",
@@ -132,8 +122,12 @@ def _is_unknown_query_node(node: Node) -> bool:
     return kind.endswith("_NODE") and kind not in _QUERY_NODE_TYPES_KNOWN
 
 
-def _predicate(cls: type[BooleanExpression], *args: Any) -> BooleanExpression:
-    """pyiceberg's pydantic predicates take (term, literal) positionally; their typed signatures do not say so."""
+def _predicate(name: str, *args: Any) -> BooleanExpression:
+    """``pyiceberg.expressions.<name>(*args)``: pyiceberg's pydantic predicates take (term, literal) positionally;
+    their typed signatures do not say so."""
+    from pyiceberg import expressions
+
+    cls: type[BooleanExpression] = getattr(expressions, name)
     made: BooleanExpression = cls(*args)
     return made
 
@@ -196,6 +190,8 @@ def columns_to_read(usage: ColumnUsage, refs: list[TableRef], schema: Schema) ->
 
 def _cheapest_column(schema: Schema) -> str:
     """For COUNT(*)-style queries something must carry the row count; prefer a narrow fixed-width column."""
+    from pyiceberg.types import BooleanType, DateType, IntegerType, LongType
+
     for preference in (BooleanType, DateType, IntegerType, LongType):
         for f in schema.columns:
             if isinstance(f.field_type, preference):
@@ -282,14 +278,14 @@ def _predicates(
         target = column(children[0]) if len(children) == 1 else None
         if target is None:
             return []
-        return [(target[0], _predicate(IsNull if kind == "OPERATOR_IS_NULL" else NotNull, target[1].name))]
+        return [(target[0], _predicate("IsNull" if kind == "OPERATOR_IS_NULL" else "NotNull", target[1].name))]
     if kind == "COMPARE_IN":
         children = expr.get("children", [])
         target = column(children[0]) if children else None
         values = [_literal(c, target[1]) for c in children[1:]] if target else []
         if target is None or not values or any(v is None for v in values):
             return []
-        return [(target[0], _predicate(In, target[1].name, set(values)))]
+        return [(target[0], _predicate("In", target[1].name, set(values)))]
     if kind == "COMPARE_BETWEEN":
         target = column(expr.get("input"))
         low = _literal(expr.get("lower"), target[1]) if target else None
@@ -297,8 +293,8 @@ def _predicates(
         if target is None or low is None or high is None:
             return []
         return [
-            (target[0], _predicate(GreaterThanOrEqual, target[1].name, low)),
-            (target[0], _predicate(LessThanOrEqual, target[1].name, high)),
+            (target[0], _predicate("GreaterThanOrEqual", target[1].name, low)),
+            (target[0], _predicate("LessThanOrEqual", target[1].name, high)),
         ]
     return []
 
@@ -340,6 +336,8 @@ def _field(schema: Schema, name: str) -> NestedField | None:
 
 def _literal(node: Node | None, f: NestedField) -> Any:
     """The Python value of a constant when its SQL type is the column's own type family, else None."""
+    from pyiceberg.types import BooleanType, DateType, IntegerType, LongType, StringType
+
     if node is None:
         return None
     if node.get("class") == "CAST" and isinstance(f.field_type, DateType):

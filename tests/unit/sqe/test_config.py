@@ -482,3 +482,11 @@ class TestSecrets:
         config = _load()
         with pytest.raises(AttributeError):
             config.catalog.uri = "http://elsewhere"  # type: ignore[misc]
+
+
+def test_metadata_revalidate_seconds_defaults_to_strict_and_refuses_negative() -> None:
+    """issue 11 item 4: 0 (every lookup revalidates) unless asked; a negative interval is a start-up error."""
+    assert _load().catalog.metadata_revalidate_seconds == 0
+    assert _load({"catalog.metadata_revalidate_seconds": 2.5}).catalog.metadata_revalidate_seconds == 2.5
+    message = _error(env={}, overrides={**MINIMAL, "catalog.metadata_revalidate_seconds": -1})
+    assert message.startswith("catalog.metadata_revalidate_seconds") and "must not be negative" in message
