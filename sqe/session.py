@@ -54,6 +54,8 @@ from sqe.errors import (
     SQEError,
 )
 from sqe.execution import dml
+from sqe.execution.cache import configure_process_caches
+from sqe.execution.cached_files import MetadataCachingFileIO
 from sqe.execution.external import ExternalSources
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.execution.metadata_answers import count_from_manifests  # issue 11 item 3
@@ -225,7 +227,11 @@ class Session:
         self._provider = provider
         self._clock = clock
         self._executor = LocalExecutor(max_files_in_flight=max_files_in_flight, max_queued_batches=max_queued_batches)
-        self._task_cache = TaskCache()  # repeated queries of an unchanged table skip reading its manifests
+        # Repeated queries of an unchanged table skip reading its manifests; other plans read them through the
+        # per-process manifest cache.
+        self._task_cache = TaskCache(metadata_io=MetadataCachingFileIO)
+        if config is not None:
+            configure_process_caches(data_bytes=config.cache.data_bytes, manifest_bytes=config.cache.manifest_bytes)
         self._remote: RemotePlanner | None = None  # server-side scan planning ([catalog] server_side_planning)
         if config is not None and config.catalog.server_side_planning:
             self._remote = RemotePlanner(provider, deadline_seconds=4 * config.catalog.request_timeout_seconds)

@@ -12,6 +12,10 @@ What is kept is a pyarrow Parquet fragment with its footer loaded: pyarrow has n
 footer to a new fragment. The fragment reads through the filesystem of its own credential set, which is why the
 scope key names the set itself (its access key id, hashed), not only the prefix. Files are opened with the
 size the manifest gives, so the object store sees no HEAD request.
+
+With the data-range cache on (``[cache] data_bytes``), the fragment reads through
+:func:`sqe.execution.cached_files.caching_filesystem` under the same scope key, so a repeat query's column
+chunks come from memory too (see :mod:`sqe.execution.byte_cache`).
 """
 
 from __future__ import annotations
@@ -25,9 +29,13 @@ import pyarrow.dataset as ds
 from pyiceberg.io.pyarrow import PyArrowFile
 
 from sqe._counters import Counters
+from sqe.execution.byte_cache import DATA_RANGES, clear_byte_caches, configure_byte_caches, scope_key
+from sqe.execution.cached_files import caching_filesystem
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
+
+__all__ = ["FRAGMENTS", "BoundedCache", "clear_process_caches", "configure_process_caches", "parquet_fragment", "scope_key"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -85,19 +93,19 @@ FragmentKey = tuple[str, int, str]  # file path, file size, credential scope key
 FRAGMENTS: BoundedCache[FragmentKey, ds.ParquetFileFragment] = BoundedCache(DEFAULT_FOOTER_ENTRIES)
 
 
+def configure_process_caches(*, data_bytes: int, manifest_bytes: int) -> None:
+    """Bound the data-range and manifest caches (``[cache]``); switching the range cache on or off drops the
+    kept fragments, which read through it or not."""
+    toggled = (data_bytes > 0) != DATA_RANGES.enabled
+    configure_byte_caches(data_bytes=data_bytes, manifest_bytes=manifest_bytes)
+    if toggled:
+        FRAGMENTS.clear()
+
+
 def clear_process_caches() -> None:
     """Empty every per-process cache (benchmarks' cold runs, tests)."""
     FRAGMENTS.clear()
-
-
-def scope_key(io: FileIO, path: str) -> str | None:
-    """The credential scope ``path`` is read with through ``io`` now, or None when ``io`` is not SQE's own
-    ScopedFileIO (then nothing is cached)."""
-    resolve = getattr(io, "resolve", None)
-    if resolve is None:
-        return None
-    key: str = resolve(path).scope_key
-    return key
+    clear_byte_caches()
 
 
 def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFileFormat) -> ds.ParquetFileFragment:
@@ -119,6 +127,9 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
         return cached
     # pyiceberg keeps the filesystem and the scheme-less path of a PyArrowFile in these two attributes.
     fragment = file_format.make_fragment(input_file._path, filesystem=input_file._filesystem, file_size=size)
+    if key is not None and DATA_RANGES.enabled:  # the same file, its byte ranges kept under the same scope
+        filesystem = caching_filesystem(key, input_file._path, upstream=fragment)
+        fragment = file_format.make_fragment(input_file._path, filesystem=filesystem, file_size=size)
     fragment.ensure_complete_metadata()  # the footer, read once
     if key is not None:
         FRAGMENTS.put(key, fragment)
