@@ -35,7 +35,14 @@ from sqe.execution.cached_files import caching_filesystem
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
 
-__all__ = ["FRAGMENTS", "BoundedCache", "clear_process_caches", "configure_process_caches", "parquet_fragment", "scope_key"]
+__all__ = [
+    "FRAGMENTS",
+    "BoundedCache",
+    "clear_process_caches",
+    "configure_process_caches",
+    "parquet_fragment",
+    "scope_key",
+]
 
 K = TypeVar("K")
 V = TypeVar("V")

@@ -97,7 +97,7 @@ class _RangeReader(io.RawIOBase):
         raise TypeError("a cached-range reader reads with vended credentials and cannot be pickled")
 
 
-class _RangeFileHandler(pafs.FileSystemHandler):
+class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships no stubs for it
     """A one-file pyarrow file system: ``open_input_file`` of that file reads through the range cache."""
 
     def __init__(self, key: FileKey, path: str, upstream: ds.ParquetFileFragment) -> None:

@@ -98,7 +98,11 @@ def readers(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFact
 
 
 def session_for(
-    workdir: Path, server: CatalogServer, principal: CatalogPrincipal, cache: dict[str, int] | None = None, **catalog: Any
+    workdir: Path,
+    server: CatalogServer,
+    principal: CatalogPrincipal,
+    cache: dict[str, int] | None = None,
+    **catalog: Any,
 ) -> Session:
     path = write_sqe_config(workdir / f"{principal.name}.toml", server.url, principal, server.moto, catalog=catalog)
     overrides = {f"cache.{key}": value for key, value in (cache or {}).items()}
@@ -173,7 +177,8 @@ def test_the_byte_bound_holds_and_results_match_with_the_caches_off(
 def restricted(
     catalog_server: CatalogServer, readers: dict[str, CatalogPrincipal], tmp_path_factory: pytest.TempPathFactory
 ) -> CatalogPrincipal:
-    """In the namespace ``readers`` made: ``people``, restricted for dan (EU rows, ssn nulled) whose sessions read through the trusted reader."""
+    """``people`` in the namespace ``readers`` made, restricted for dan (EU rows, ssn nulled); his sessions read
+    through the trusted reader."""
     owner = pyiceberg_catalog(catalog_server, catalog_server.admin)
     owner.create_table((NAMESPACE, "people"), schema=PEOPLE.schema).append(PEOPLE)
     dan = catalog_server.principal_with_grants("rc_dan", [("TABLE_READ_DATA", NAMESPACE, None)])
