@@ -9,10 +9,11 @@ credential sets, and a user the catalog refuses never reaches a lookup at all.
 
 - **Data ranges.** A Parquet fragment is built over a small pyarrow file system (:class:`_RangeFileHandler`)
   whose files read through :class:`_RangeReader`: every byte range pyarrow asks for (its coalesced column-chunk
-  reads and the footer's tail) is served from :data:`sqe.execution.DATA_RANGES` when one kept range
-  covers it, else read from the object store with the file's size known (no HEAD) and kept.
+  reads and the footer's tail) is served from :data:`sqe.execution.byte_cache.DATA_RANGES` when one kept
+  range covers it, else read from the object store and kept. pyarrow's Python API opens a file by path only,
+  so the first miss of a kept fragment costs one HEAD (with the cache off, files open with the manifest's size).
 - **Manifests.** Planning reads the manifest list and manifests through :class:`MetadataCachingFileIO`, which
-  keeps each file's bytes whole in :data:`sqe.execution.MANIFESTS`.
+  keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`.
 
 The kept bytes are raw file content; the restriction order (row filter, masks, then the user's predicates)
 runs on the decoded batches exactly as without the cache. Nothing here logs, and no repr shows content.
@@ -21,6 +22,7 @@ runs on the decoded batches exactly as without the cache. Nothing here logs, and
 from __future__ import annotations
 
 import io
+import threading
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
@@ -37,18 +39,43 @@ __all__ = ["MetadataCachingFileIO", "caching_filesystem"]
 # ------------------------------------------------------------------------------------------ data ranges
 
 
+class _Upstream:
+    """The data file on its own (credential set's) file system, opened on the first miss only.
+
+    pyarrow's Python API opens a file by path alone, so each open costs the object store one HEAD. An
+    object-store handle holds no descriptor and its ranged reads are thread-safe, so it is opened once and
+    shared by every reader of the kept fragment (one HEAD per file and credential set while the fragment is
+    kept); a local file is opened per reader and closed with it."""
+
+    def __init__(self, fragment: ds.ParquetFileFragment) -> None:
+        self._fragment = fragment
+        self._shared = fragment.filesystem.type_name == "s3"
+        self._lock = threading.Lock()
+        self._native: pa.NativeFile | None = None
+
+    def open(self) -> tuple[pa.NativeFile, bool]:
+        """A handle to read from, and whether the caller owns (and so closes) it."""
+        if not self._shared:
+            return self._fragment.open(), True
+        with self._lock:
+            if self._native is None:
+                self._native = self._fragment.open()
+            return self._native, False
+
+
 class _RangeReader(io.RawIOBase):
     """A seekable read-only file of known size; each read is served from the range cache or the object store.
 
-    ``pa.PythonFile`` serialises seek+read pairs, so the position needs no lock of its own. The object-store
-    file is opened only on the first miss (a fully cached read opens nothing)."""
+    ``pa.PythonFile`` serialises seek+read pairs, so the position needs no lock of its own. A fully cached read
+    opens nothing."""
 
-    def __init__(self, key: FileKey, upstream: ds.ParquetFileFragment) -> None:
+    def __init__(self, key: FileKey, upstream: _Upstream) -> None:
         super().__init__()
         self._key = key
         self._size = key[1]
         self._upstream = upstream
         self._native: pa.NativeFile | None = None
+        self._owned = False
         self._position = 0
 
     def readable(self) -> bool:
@@ -82,15 +109,15 @@ class _RangeReader(io.RawIOBase):
         if kept is not None:
             return kept
         if self._native is None:
-            self._native = self._upstream.open()  # the fragment knows the size: no HEAD
+            self._native, self._owned = self._upstream.open()
         data = self._native.read_at(length, offset)
         DATA_RANGES.put_range(self._key, offset, data)
         return memoryview(data)
 
     def close(self) -> None:
-        if self._native is not None:
+        if self._native is not None and self._owned:
             self._native.close()
-            self._native = None
+        self._native = None
         super().close()
 
     def __reduce__(self) -> NoReturn:
@@ -103,7 +130,7 @@ class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarro
     def __init__(self, key: FileKey, path: str, upstream: ds.ParquetFileFragment) -> None:
         self._key = key
         self._path = path
-        self._upstream = upstream
+        self._upstream = _Upstream(upstream)
 
     def open_input_file(self, path: str) -> pa.NativeFile:
         self._only_mine(path)
