@@ -199,3 +199,16 @@ def scope_key(io: FileIO, path: str) -> str | None:
         return None
     key: str = resolve(path).scope_key
     return key
+
+
+def vended_scope_key(io: FileIO, path: str) -> str | None:
+    """:func:`scope_key`, but only for a set the catalog vended for this query (not SQE's static key, nor no key
+    at all): the byte caches serve a read only under credentials the catalog has just handed out for the path."""
+    resolve = getattr(io, "resolve", None)
+    if resolve is None:
+        return None
+    resolved = resolve(path)
+    if resolved.source != "vended":
+        return None
+    key: str = resolved.scope_key
+    return key

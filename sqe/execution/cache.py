@@ -29,7 +29,13 @@ import pyarrow.dataset as ds
 from pyiceberg.io.pyarrow import PyArrowFile
 
 from sqe._counters import Counters
-from sqe.execution.byte_cache import DATA_RANGES, clear_byte_caches, configure_byte_caches, scope_key
+from sqe.execution.byte_cache import (
+    DATA_RANGES,
+    clear_byte_caches,
+    configure_byte_caches,
+    scope_key,
+    vended_scope_key,
+)
 from sqe.execution.cached_files import caching_filesystem
 
 if TYPE_CHECKING:
@@ -134,7 +140,8 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
         return cached
     # pyiceberg keeps the filesystem and the scheme-less path of a PyArrowFile in these two attributes.
     fragment = file_format.make_fragment(input_file._path, filesystem=input_file._filesystem, file_size=size)
-    if key is not None and DATA_RANGES.enabled:  # the same file, its byte ranges kept under the same scope
+    if key is not None and DATA_RANGES.enabled and vended_scope_key(io, path) is not None:
+        # The same file, its byte ranges kept under the same scope (a catalog-vended one only).
         filesystem = caching_filesystem(key, input_file._path, upstream=fragment)
         fragment = file_format.make_fragment(input_file._path, filesystem=filesystem, file_size=size)
     fragment.ensure_complete_metadata()  # the footer, read once

@@ -1,8 +1,8 @@
 """Reads that repeat queries answer from process memory: data-file byte ranges and whole manifest files.
 
 Both caches hold immutable content only (an Iceberg data file, manifest list or manifest never changes once
-written under its path) and key every entry by the **credential scope** the bytes were read under (see
-:func:`sqe.execution.scope_key`): a lookup happens only while a query reads the file through the
+written under its path) and key every entry by the **catalog-vended credential scope** the bytes were read
+under (see :func:`sqe.execution.byte_cache.vended_scope_key`; SQE's static key or no key caches nothing): a lookup happens only while a query reads the file through the
 ScopedFileIO the catalog has just vended for it (the executor and planner run after the query's load-table),
 and an entry read under one credential set never answers a read under another. So nothing crosses users or
 credential sets, and a user the catalog refuses never reaches a lookup at all.
@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
-from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, scope_key
+from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, vended_scope_key
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -215,7 +215,7 @@ class MetadataCachingFileIO(FileIO):
         self._inner = inner
 
     def new_input(self, location: str) -> InputFile:
-        scope = scope_key(self._inner, location)
+        scope = vended_scope_key(self._inner, location)
         inner = self._inner.new_input(location)
         if scope is None or not MANIFESTS.enabled:
             return inner

@@ -151,3 +151,16 @@ def test_a_plain_fileio_has_no_scope_so_manifests_pass_through(tmp_path: Path) -
     with MetadataCachingFileIO(PyArrowFileIO()).new_input(f"file://{path}").open() as stream:
         assert stream.read() == b"avro bytes"
     assert len(MANIFESTS) == 0
+
+
+def test_only_catalog_vended_sets_are_cached_never_a_static_key(tmp_path: Path) -> None:
+    path = tmp_path / "f.parquet"
+    size = write_file(path)
+    static = CredentialSet(
+        prefix=f"file://{tmp_path}", access_key_id="AKIA-ENGINE", secret_access_key="s" * 8, source="static"
+    )
+    io = ScopedFileIO([static], StoragePolicy())
+    assert scan(parquet_fragment(io, f"file://{path}", size, FORMAT)).num_rows == 40_000
+    with MetadataCachingFileIO(io).new_input(f"file://{path}").open() as stream:
+        assert len(stream.read()) == size
+    assert len(DATA_RANGES) == 0 and len(MANIFESTS) == 0
