@@ -2,10 +2,11 @@
 
 Both caches hold immutable content only (an Iceberg data file, manifest list or manifest never changes once
 written under its path) and key every entry by the **catalog-vended credential scope** the bytes were read
-under (see :func:`sqe.execution.byte_cache.vended_scope_key`; SQE's static key or no key caches nothing): a lookup happens only while a query reads the file through the
-ScopedFileIO the catalog has just vended for it (the executor and planner run after the query's load-table),
-and an entry read under one credential set never answers a read under another. So nothing crosses users or
-credential sets, and a user the catalog refuses never reaches a lookup at all.
+under (see :func:`sqe.execution.byte_cache.vended_scope_key`; SQE's static key or no key caches nothing). A
+lookup happens only while a query reads the file through the ScopedFileIO the catalog has just vended for it
+(the executor and planner run after the query's load-table), and an entry read under one credential set never
+answers a read under another. So nothing crosses users or credential sets, and a user the catalog refuses
+never reaches a lookup at all.
 
 - **Data ranges.** A Parquet fragment is built over a small pyarrow file system (:class:`_RangeFileHandler`)
   whose files read through :class:`_RangeReader`: every byte range pyarrow asks for (its coalesced column-chunk
