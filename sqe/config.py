@@ -197,11 +197,22 @@ class ExternalTablesConfig(ConfigSection):
     key_env: str = "SQE_EXTERNAL_TABLES_KEY"
 
 
+class CacheConfig(ConfigSection):
+    """Per-process caches of immutable file content, each entry served only under the credential set it was
+    read with (see ``sqe.execution.byte_cache``). Bytes; 0 turns a cache off."""
+
+    # Data-file byte ranges (column chunks, footers) for repeat queries.
+    data_bytes: int = 256 << 20
+    # Whole manifest lists and manifests, so a repeat plan reads no metadata from the object store.
+    manifest_bytes: int = 32 << 20
+
+
 class SQEConfig(ConfigSection):
     catalog: CatalogConfig
     storage: StorageConfig = Field(default_factory=StorageConfig)
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
     external_tables: ExternalTablesConfig = Field(default_factory=ExternalTablesConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
 
     def static_key_pair(self) -> tuple[str, str] | None:
         """The ``[storage]`` access key pair, or None when SQE has no static key."""
@@ -318,9 +329,16 @@ def _validate_coordinator(c: CoordinatorConfig, require_vended: bool, o: Origins
         )
 
 
+def _validate_cache(c: CacheConfig, o: Origins) -> None:
+    for key in ("data_bytes", "manifest_bytes"):
+        if getattr(c, key) < 0:
+            o.fail(f"cache.{key}", "must not be negative (0 turns the cache off)")
+
+
 def _validate(config: SQEConfig, origins: Origins) -> None:
     _validate_catalog(config.catalog, origins)
     _validate_storage(config.storage, origins)
+    _validate_cache(config.cache, origins)
     _validate_coordinator(config.coordinator, config.catalog.require_vended_credentials, origins)
 
 

@@ -283,10 +283,16 @@ class Session:
 
     @functools.cached_property
     def _task_cache(self) -> TaskCache:
-        """Repeated queries of an unchanged table skip reading its manifests."""
+        """Repeated queries of an unchanged table skip reading its manifests; other plans read them through the
+        per-process manifest cache. Built by the first plan, which is also when the ``[cache]`` bounds apply."""
+        from sqe.execution.cache import configure_process_caches
+        from sqe.execution.cached_files import MetadataCachingFileIO
         from sqe.planning.planner import TaskCache
 
-        return TaskCache()
+        if self.config is not None:
+            cache = self.config.cache
+            configure_process_caches(data_bytes=cache.data_bytes, manifest_bytes=cache.manifest_bytes)
+        return TaskCache(metadata_io=MetadataCachingFileIO)
 
     # -- public API -------------------------------------------------------------------------------------
 

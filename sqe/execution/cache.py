@@ -14,6 +14,10 @@ What is kept is a pyarrow Parquet fragment with its footer loaded: pyarrow has n
 footer to a new fragment. The fragment reads through the filesystem of its own credential set, which is why the
 key names the set itself (its keys included, under an HMAC), not only the prefix. Files are opened with the
 size the manifest gives, so the object store sees no HEAD request.
+
+With the data-range cache on (``[cache] data_bytes``), the fragment reads through
+:func:`sqe.execution.cached_files.caching_filesystem` under the same scope key, so a repeat query's column
+chunks come from memory too (see :mod:`sqe.execution.byte_cache`).
 """
 
 from __future__ import annotations
@@ -29,9 +33,26 @@ from pyiceberg.io.pyarrow import PyArrowFile
 
 from sqe._counters import Counters
 from sqe.credentials.pool import FILE_IOS
+from sqe.execution.byte_cache import (
+    DATA_RANGES,
+    clear_byte_caches,
+    configure_byte_caches,
+    scope_key,
+    vended_scope_key,
+)
+from sqe.execution.cached_files import caching_filesystem
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
+
+__all__ = [
+    "FRAGMENTS",
+    "BoundedCache",
+    "clear_process_caches",
+    "configure_process_caches",
+    "parquet_fragment",
+    "scope_key",
+]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -110,10 +131,20 @@ def _drop_fragments_of(identity: str) -> None:
 FILE_IOS.add_eviction_listener(_drop_fragments_of)
 
 
+def configure_process_caches(*, data_bytes: int, manifest_bytes: int) -> None:
+    """Bound the data-range and manifest caches (``[cache]``); switching the range cache on or off drops the
+    kept fragments, which read through it or not."""
+    toggled = (data_bytes > 0) != DATA_RANGES.enabled
+    configure_byte_caches(data_bytes=data_bytes, manifest_bytes=manifest_bytes)
+    if toggled:
+        FRAGMENTS.clear()
+
+
 def clear_process_caches() -> None:
     """Empty every per-process cache (benchmarks' cold runs, tests), the pooled filesystems included."""
     FRAGMENTS.clear()
     FILE_IOS.clear()
+    clear_byte_caches()
 
 
 def credential_identity(io: FileIO, path: str) -> str | None:
@@ -145,6 +176,10 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
         return cached
     # pyiceberg keeps the filesystem and the scheme-less path of a PyArrowFile in these two attributes.
     fragment = file_format.make_fragment(input_file._path, filesystem=input_file._filesystem, file_size=size)
+    if key is not None and DATA_RANGES.enabled and vended_scope_key(io, path) is not None:
+        # The same file, its byte ranges kept under the same scope (a catalog-vended one only).
+        filesystem = caching_filesystem(key, input_file._path, upstream=fragment)
+        fragment = file_format.make_fragment(input_file._path, filesystem=filesystem, file_size=size)
     fragment.ensure_complete_metadata()  # the footer, read once
     if key is not None:
         FRAGMENTS.put(key, fragment)

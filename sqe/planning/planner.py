@@ -174,9 +174,18 @@ class TaskCache:
     files are still read with the FileIO of the table as loaded for the query.
     """
 
-    def __init__(self, *, max_entries: int = 16, max_tasks: int = 100_000) -> None:
+    def __init__(
+        self,
+        *,
+        max_entries: int = 16,
+        max_tasks: int = 100_000,
+        metadata_io: Callable[[FileIO], FileIO] | None = None,
+    ) -> None:
+        """``metadata_io`` wraps a table's FileIO for the manifest reads of a plan (the session passes the
+        execution layer's manifest cache; planning does not import it)."""
         self.max_entries = max_entries
         self.max_tasks = max_tasks  # all entries together: bounds the memory the cache holds
+        self.metadata_io = metadata_io
         self.hits = 0
         self._entries: OrderedDict[Hashable, tuple[FileScanTask, ...]] = OrderedDict()
         self._lock = threading.Lock()
@@ -213,6 +222,11 @@ def _plan_tasks(
     loaded: LoadedTable, scan: DataScan, row_filter: BooleanExpression, cache: TaskCache | None
 ) -> tuple[FileScanTask, ...]:
     def plan() -> tuple[FileScanTask, ...]:
+        if cache is not None and cache.metadata_io is not None:
+            # Manifest list and manifests read through the wrapped (still SQE's) FileIO; pyiceberg builds its
+            # manifest planner from scan.io on first use, so it must not have been built yet.
+            scan.__dict__.pop("_manifest_planner", None)
+            scan.io = cache.metadata_io(loaded.io)
         return tuple(scan._plan_files_local())  # always local: planning must go through SQE's FileIO
 
     return plan() if cache is None else cache.tasks(_task_key(loaded, scan, row_filter), plan)

@@ -3,6 +3,8 @@ repeat query under the same vended credential set, no footer GET (the kept Parqu
 its own vended set never gets another reader's kept fragment.
 
 S3 requests are counted from moto's own request log (the server writes one line per request to its stderr).
+The data-range cache is off here (``[cache] data_bytes = 0``) so the data GETs stay visible; it has its own test
+(test_engine_range_cache.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import sqe.api
+from sqe.config import load_config
 from sqe.execution.cache import FRAGMENTS, clear_process_caches
 from sqe.session import Session
 from tests.conftest import pyiceberg_catalog, write_sqe_config
@@ -66,7 +69,7 @@ def readers(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFact
 
 def open_session(workdir: Path, server: CatalogServer, principal: CatalogPrincipal) -> Session:
     path = write_sqe_config(workdir / f"{principal.name}.toml", server.url, principal, server.moto)
-    return sqe.api.connect(path)
+    return sqe.api.connect(load_config(path, env={}, overrides={"cache.data_bytes": 0}))
 
 
 def test_no_head_and_no_repeat_footer_get_and_no_sharing_across_credential_sets(

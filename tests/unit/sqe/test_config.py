@@ -153,6 +153,13 @@ class TestParsing:
         assert config.catalog.effective_access_delegation == "vended-credentials"
         assert _load().catalog.effective_access_delegation == "none"
 
+    def test_cache_bounds_default_on_and_zero_turns_a_cache_off(self) -> None:
+        assert (_load().cache.data_bytes, _load().cache.manifest_bytes) == (256 << 20, 32 << 20)
+        off = _load(env={"SQE_CACHE__DATA_BYTES": "0"})
+        assert off.cache.data_bytes == 0 and off.cache.manifest_bytes == 32 << 20
+        with pytest.raises(ConfigError, match=r"cache\.manifest_bytes.*must not be negative"):
+            _load({"cache.manifest_bytes": -1})
+
     def test_integers_are_accepted_for_float_keys(self) -> None:
         assert _load({"catalog.request_timeout_seconds": 5}).catalog.request_timeout_seconds == 5.0
 

@@ -1,0 +1,214 @@
+"""Byte-bounded, per-process caches of immutable file content, each entry tied to one credential scope.
+
+Two live here (sized by ``[cache] data_bytes`` and ``[cache] manifest_bytes``; 0 turns one off):
+
+- :data:`DATA_RANGES`, byte ranges of data files keyed by (path, size, scope) and offset; a read is served when
+  one kept range covers it (see :mod:`sqe.execution.cached_files`);
+- :data:`MANIFESTS`, whole manifest lists and manifests keyed by (path, scope).
+
+The scope is :attr:`sqe.credentials.scope.ResolvedCredentials.scope_key` of the credential set the bytes were
+read with (:func:`scope_key`), the same key as the footer cache's. Entries are least-recently-used first out
+once the kept bytes pass the bound; a single value larger than the bound is never kept. The caches hold raw
+content in process memory only: no repr, log line or counter shows any of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from sqe._counters import Counters
+
+if TYPE_CHECKING:
+    from pyiceberg.io import FileIO
+
+K = TypeVar("K", bound=Hashable)
+
+DEFAULT_DATA_BYTES = 256 << 20
+DEFAULT_MANIFEST_BYTES = 32 << 20
+
+
+@dataclass
+class ByteCacheStats(Counters):
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class ByteBoundedCache(Generic[K]):
+    """A thread-safe least-recently-used map of immutable byte strings holding at most ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.stats = ByteCacheStats()
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[K, bytes] = OrderedDict()
+        self._bytes = 0
+        self._max_bytes = 0
+        self.resize(max_bytes)
+
+    @property
+    def enabled(self) -> bool:
+        return self._max_bytes > 0
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
+    @property
+    def kept_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def resize(self, max_bytes: int) -> None:
+        """A new bound; entries beyond it go at once (0 empties the cache and keeps nothing more)."""
+        if max_bytes < 0:
+            raise ValueError("max_bytes must not be negative")
+        with self._lock:
+            self._max_bytes = max_bytes
+            evicted = self._evict_locked()
+        self._evicted(evicted)
+
+    def get(self, key: K) -> bytes | None:
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+        self.stats.add(hits=1) if value is not None else self.stats.add(misses=1)
+        return value
+
+    def put(self, key: K, value: bytes) -> bool:
+        """Keep ``value`` (True), unless the cache is off or the value alone is larger than the bound."""
+        if len(value) > self._max_bytes:
+            return False
+        with self._lock:
+            previous = self._entries.pop(key, None)
+            self._bytes -= len(previous) if previous is not None else 0
+            self._entries[key] = value
+            self._bytes += len(value)
+            evicted = self._evict_locked()
+        self._evicted(evicted)
+        return True
+
+    def clear(self) -> None:
+        with self._lock:
+            evicted = list(self._entries)
+            self._entries.clear()
+            self._bytes = 0
+        self._forget(evicted)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(entries={len(self)}, kept_bytes={self.kept_bytes}, max_bytes={self._max_bytes})"
+
+    def _evict_locked(self) -> list[K]:
+        evicted: list[K] = []
+        while self._entries and self._bytes > self._max_bytes:
+            key, value = self._entries.popitem(last=False)
+            self._bytes -= len(value)
+            evicted.append(key)
+        return evicted
+
+    def _evicted(self, keys: list[K]) -> None:
+        if keys:
+            self.stats.add(evictions=len(keys))
+            self._forget(keys)
+
+    def _forget(self, keys: list[K]) -> None:
+        """Called outside the lock with the keys that left (subclasses keep an index)."""
+
+
+FileKey = tuple[str, int, str]  # file path, file size, credential scope key
+RangeKey = tuple[FileKey, int]  # a file and the offset a kept range starts at
+
+
+class RangeCache(ByteBoundedCache[RangeKey]):
+    """Byte ranges of data files; a read is served from the one kept range of its file that covers it."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._index_lock = threading.Lock()
+        self._index: dict[FileKey, dict[int, int]] = {}  # file -> {offset: length} of its kept ranges
+        super().__init__(max_bytes)
+
+    def covering(self, file: FileKey, offset: int, length: int) -> memoryview | None:
+        """``length`` bytes at ``offset`` of ``file`` from a kept range that holds them all, or None."""
+        with self._index_lock:
+            ranges = self._index.get(file, {})
+            start = next((o for o, n in ranges.items() if o <= offset and offset + length <= o + n), None)
+        if start is None:
+            self.stats.add(misses=1)
+            return None
+        data = self.get((file, start))  # counts the hit, or a miss when evicted since the index was read
+        if data is None:
+            return None
+        return memoryview(data)[offset - start : offset - start + length]
+
+    def put_range(self, file: FileKey, offset: int, data: bytes) -> None:
+        with self._index_lock:
+            kept = self._index.get(file, {}).get(offset, 0)
+        if not data or len(data) <= kept or not self.put((file, offset), data):
+            return
+        with self._index_lock:
+            self._index.setdefault(file, {})[offset] = len(data)
+        # The range may have been evicted by a concurrent put before it was indexed: drop a stale index entry.
+        with self._lock:
+            gone = (file, offset) not in self._entries
+        if gone:
+            self._forget([(file, offset)])
+
+    def files(self) -> int:
+        with self._index_lock:
+            return len(self._index)
+
+    def _forget(self, keys: list[RangeKey]) -> None:
+        with self._index_lock:
+            for file, offset in keys:
+                ranges = self._index.get(file)
+                if ranges is None:
+                    continue
+                ranges.pop(offset, None)
+                if not ranges:
+                    del self._index[file]
+
+
+DATA_RANGES = RangeCache(DEFAULT_DATA_BYTES)
+MANIFESTS: ByteBoundedCache[tuple[str, str]] = ByteBoundedCache(DEFAULT_MANIFEST_BYTES)
+
+
+def configure_byte_caches(*, data_bytes: int, manifest_bytes: int) -> None:
+    """Bound this process's caches (the last configured session wins; workers keep the defaults)."""
+    DATA_RANGES.resize(data_bytes)
+    MANIFESTS.resize(manifest_bytes)
+
+
+def clear_byte_caches() -> None:
+    DATA_RANGES.clear()
+    MANIFESTS.clear()
+
+
+def scope_key(io: FileIO, path: str) -> str | None:
+    """The credential scope ``path`` is read with through ``io`` now, or None when ``io`` is not SQE's own
+    ScopedFileIO (then nothing is cached)."""
+    resolve = getattr(io, "resolve", None)
+    if resolve is None:
+        return None
+    key: str = resolve(path).scope_key
+    return key
+
+
+def vended_scope_key(io: FileIO, path: str) -> str | None:
+    """:func:`scope_key`, but only for a set the catalog vended for this query (not SQE's static key, nor no key
+    at all): the byte caches serve a read only under credentials the catalog has just handed out for the path."""
+    resolve = getattr(io, "resolve", None)
+    if resolve is None:
+        return None
+    resolved = resolve(path)
+    if resolved.source != "vended":
+        return None
+    key: str = resolved.scope_key
+    return key

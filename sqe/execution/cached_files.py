@@ -1,0 +1,235 @@
+"""Reads that repeat queries answer from process memory: data-file byte ranges and whole manifest files.
+
+Both caches hold immutable content only (an Iceberg data file, manifest list or manifest never changes once
+written under its path) and key every entry by the **catalog-vended credential scope** the bytes were read
+under (see :func:`sqe.execution.byte_cache.vended_scope_key`; SQE's static key or no key caches nothing). A
+lookup happens only while a query reads the file through the ScopedFileIO the catalog has just vended for it
+(the executor and planner run after the query's load-table), and an entry read under one credential set never
+answers a read under another. So nothing crosses users or credential sets, and a user the catalog refuses
+never reaches a lookup at all.
+
+- **Data ranges.** A Parquet fragment is built over a small pyarrow file system (:class:`_RangeFileHandler`)
+  whose files read through :class:`_RangeReader`: every byte range pyarrow asks for (its coalesced column-chunk
+  reads and the footer's tail) is served from :data:`sqe.execution.byte_cache.DATA_RANGES` when one kept
+  range covers it, else read from the object store and kept. pyarrow's Python API opens a file by path only,
+  so the first miss of a kept fragment costs one HEAD (with the cache off, files open with the manifest's size).
+- **Manifests.** Planning reads the manifest list and manifests through :class:`MetadataCachingFileIO`, which
+  keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`.
+
+The kept bytes are raw file content; the restriction order (row filter, masks, then the user's predicates)
+runs on the decoded batches exactly as without the cache. Nothing here logs, and no repr shows content.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
+
+from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, vended_scope_key
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+
+__all__ = ["MetadataCachingFileIO", "caching_filesystem"]
+
+# ------------------------------------------------------------------------------------------ data ranges
+
+
+class _Upstream:
+    """The data file on its own (credential set's) file system, opened on the first miss only.
+
+    pyarrow's Python API opens a file by path alone, so each open costs the object store one HEAD. An
+    object-store handle holds no descriptor and its ranged reads are thread-safe, so it is opened once and
+    shared by every reader of the kept fragment (one HEAD per file and credential set while the fragment is
+    kept); a local file is opened per reader and closed with it."""
+
+    def __init__(self, fragment: ds.ParquetFileFragment) -> None:
+        self._fragment = fragment
+        self._shared = fragment.filesystem.type_name == "s3"
+        self._lock = threading.Lock()
+        self._native: pa.NativeFile | None = None
+
+    def open(self) -> tuple[pa.NativeFile, bool]:
+        """A handle to read from, and whether the caller owns (and so closes) it."""
+        if not self._shared:
+            return self._fragment.open(), True
+        with self._lock:
+            if self._native is None:
+                self._native = self._fragment.open()
+            return self._native, False
+
+
+class _RangeReader(io.RawIOBase):
+    """A seekable read-only file of known size; each read is served from the range cache or the object store.
+
+    ``pa.PythonFile`` serialises seek+read pairs, so the position needs no lock of its own. A fully cached read
+    opens nothing."""
+
+    def __init__(self, key: FileKey, upstream: _Upstream) -> None:
+        super().__init__()
+        self._key = key
+        self._size = key[1]
+        self._upstream = upstream
+        self._native: pa.NativeFile | None = None
+        self._owned = False
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def size(self) -> int:
+        return self._size
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def read(self, size: int = -1) -> memoryview:  # type: ignore[override]
+        length = self._size - self._position if size is None or size < 0 else size
+        length = max(0, min(length, self._size - self._position))
+        data = self._range(self._position, length)
+        self._position += len(data)
+        return data
+
+    def _range(self, offset: int, length: int) -> memoryview:
+        if length == 0:
+            return memoryview(b"")
+        kept = DATA_RANGES.covering(self._key, offset, length)
+        if kept is not None:
+            return kept
+        if self._native is None:
+            self._native, self._owned = self._upstream.open()
+        data = self._native.read_at(length, offset)
+        DATA_RANGES.put_range(self._key, offset, data)
+        return memoryview(data)
+
+    def close(self) -> None:
+        if self._native is not None and self._owned:
+            self._native.close()
+        self._native = None
+        super().close()
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a cached-range reader reads with vended credentials and cannot be pickled")
+
+
+class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships no stubs for it
+    """A one-file pyarrow file system: ``open_input_file`` of that file reads through the range cache."""
+
+    def __init__(self, key: FileKey, path: str, upstream: ds.ParquetFileFragment) -> None:
+        self._key = key
+        self._path = path
+        self._upstream = _Upstream(upstream)
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        self._only_mine(path)
+        return pa.PythonFile(_RangeReader(self._key, self._upstream), mode="r")
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        for path in paths:
+            self._only_mine(path)
+        return [pafs.FileInfo(path, pafs.FileType.File, size=self._key[1]) for path in paths]
+
+    def get_type_name(self) -> str:
+        return "sqe-cached-range"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def _only_mine(self, path: str) -> None:
+        if path != self._path:
+            raise FileNotFoundError("this file system serves one data file only")
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a cached-range file system reads with vended credentials and cannot be pickled")
+
+    # Everything else a file system can do is refused: this one only reads one immutable file.
+    def _refuse(self, *_: Any) -> NoReturn:
+        raise OSError("the cached-range file system is read-only and serves one file")
+
+    get_file_info_selector = create_dir = delete_dir = delete_dir_contents = _refuse
+    delete_root_dir_contents = delete_file = move = copy_file = _refuse
+    open_input_stream = open_output_stream = open_append_stream = _refuse
+
+
+def caching_filesystem(key: FileKey, path: str, upstream: ds.ParquetFileFragment) -> pafs.PyFileSystem:
+    """A file system serving ``path`` (pyarrow's scheme-less form) through the range cache under ``key``;
+    misses read through ``upstream``, a fragment of the same file on the object store's own file system."""
+    return pafs.PyFileSystem(_RangeFileHandler(key, path, upstream))
+
+
+# ---------------------------------------------------------------------------------------------- manifests
+
+
+class _CachedInputFile(InputFile):
+    """A manifest list or manifest, read whole once per credential scope and then served from memory."""
+
+    def __init__(self, inner: InputFile, key: tuple[str, str]) -> None:
+        super().__init__(inner.location)
+        self._inner = inner
+        self._key = key
+
+    def __len__(self) -> int:
+        kept = MANIFESTS.get(self._key)
+        return len(kept) if kept is not None else len(self._inner)
+
+    def exists(self) -> bool:
+        return MANIFESTS.get(self._key) is not None or self._inner.exists()
+
+    def open(self, seekable: bool = True) -> InputStream:
+        kept = MANIFESTS.get(self._key)
+        if kept is None:
+            with self._inner.open(seekable=False) as stream:
+                kept = stream.read()
+            MANIFESTS.put(self._key, kept)
+        return io.BytesIO(kept)
+
+
+class MetadataCachingFileIO(FileIO):
+    """Planning's view of a table's ScopedFileIO: reads of immutable metadata files go through the manifest
+    cache, keyed by path and the path's credential scope. Writes and deletes are refused (planning only
+    reads). Like the FileIO it wraps, it is never pickled."""
+
+    def __init__(self, inner: FileIO) -> None:
+        super().__init__(properties={})
+        self._inner = inner
+
+    def new_input(self, location: str) -> InputFile:
+        scope = vended_scope_key(self._inner, location)
+        inner = self._inner.new_input(location)
+        if scope is None or not MANIFESTS.enabled:
+            return inner
+        return _CachedInputFile(inner, (location, scope))
+
+    def new_output(self, location: str) -> OutputFile:
+        raise OSError("planning reads metadata only; it never writes")
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        raise OSError("planning reads metadata only; it never deletes")
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("MetadataCachingFileIO wraps a FileIO holding credentials and cannot be pickled")
+
+    def __repr__(self) -> str:
+        return f"MetadataCachingFileIO({self._inner!r})"
