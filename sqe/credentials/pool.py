@@ -17,8 +17,6 @@ closes the client. Files already open hold their own reference and finish undist
 
 from __future__ import annotations
 
-import hmac
-import secrets
 import threading
 import time
 import weakref
@@ -37,17 +35,7 @@ DEFAULT_MAX_FILE_IOS = 32  # distinct live credential sets at once; each holds a
 # in tests) still serves a burst of opens through one filesystem instead of one per open.
 MIN_HOLD_SECONDS = 5.0
 
-_IDENTITY_KEY = secrets.token_bytes(32)
-
 EvictionListener = Callable[[str], None]
-
-
-def credential_identity(prefix: str | None, source: str, properties: Mapping[str, str]) -> str:
-    """The pool key of one resolved credential set: equal exactly when every property (keys included) is equal.
-
-    An HMAC under a random per-process key: it reveals nothing about the secret it covers."""
-    parts = [prefix or "", source, *(f"{name}={value}" for name, value in sorted(properties.items()))]
-    return hmac.new(_IDENTITY_KEY, "\x00".join(parts).encode(), "sha256").hexdigest()
 
 
 @dataclass

@@ -17,6 +17,8 @@ from two sets never mix either. A catalog set equal to SQE's static pair is trea
 
 from __future__ import annotations
 
+import hmac
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,9 +29,18 @@ from sqe.credentials.expiry import CredentialSource
 from sqe.credentials.model import CREDENTIAL_KEYS, CatalogCredentials, CredentialSet
 from sqe.credentials.paths import is_object_store, prefix_length, prefix_matches
 from sqe.credentials.policy import StoragePolicy
-from sqe.credentials.pool import credential_identity
 from sqe.errors import NoVendedCredentialsError
 from sqe.vocabulary import S3_ACCESS_KEY_ID
+
+_IDENTITY_KEY = secrets.token_bytes(32)
+
+
+def credential_identity(prefix: str | None, source: str, properties: Mapping[str, str]) -> str:
+    """The pool key of one resolved credential set: equal exactly when every property (keys included) is equal.
+
+    An HMAC under a random per-process key: it reveals nothing about the secret it covers."""
+    parts = [prefix or "", source, *(f"{name}={value}" for name, value in sorted(properties.items()))]
+    return hmac.new(_IDENTITY_KEY, "\x00".join(parts).encode(), "sha256").hexdigest()
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Two live here (sized by ``[cache] data_bytes`` and ``[cache] manifest_bytes``; 0
   one kept range covers it (see :mod:`sqe.execution.cached_files`);
 - :data:`MANIFESTS`, whole manifest lists and manifests keyed by (path, scope).
 
-The scope is :attr:`sqe.credentials.scope.ResolvedCredentials.scope_key` of the credential set the bytes were
+The scope is :attr:`sqe.credentials.scope.ResolvedCredentials.identity` of the credential set the bytes were
 read with (:func:`scope_key`), the same key as the footer cache's. Entries are least-recently-used first out
 once the kept bytes pass the bound; a single value larger than the bound is never kept. The caches hold raw
 content in process memory only: no repr, log line or counter shows any of it.
@@ -18,12 +18,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from sqe._counters import Counters
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
+
+    from sqe.credentials.scope import ResolvedCredentials
 
 K = TypeVar("K", bound=Hashable)
 
@@ -192,23 +194,19 @@ def clear_byte_caches() -> None:
 
 
 def scope_key(io: FileIO, path: str) -> str | None:
-    """The credential scope ``path`` is read with through ``io`` now, or None when ``io`` is not SQE's own
-    ScopedFileIO (then nothing is cached)."""
-    resolve = getattr(io, "resolve", None)
-    if resolve is None:
-        return None
-    key: str = resolve(path).scope_key
-    return key
+    """The identity of the credential set ``path`` is read with through ``io`` now, or None when ``io`` is not
+    SQE's own ScopedFileIO (then nothing is cached)."""
+    resolved = _resolved(io, path)
+    return None if resolved is None else resolved.identity
 
 
 def vended_scope_key(io: FileIO, path: str) -> str | None:
     """:func:`scope_key`, but only for a set the catalog vended for this query (not SQE's static key, nor no key
     at all): the byte caches serve a read only under credentials the catalog has just handed out for the path."""
+    resolved = _resolved(io, path)
+    return resolved.identity if resolved is not None and resolved.source == "vended" else None
+
+
+def _resolved(io: FileIO, path: str) -> ResolvedCredentials | None:
     resolve = getattr(io, "resolve", None)
-    if resolve is None:
-        return None
-    resolved = resolve(path)
-    if resolved.source != "vended":
-        return None
-    key: str = resolved.scope_key
-    return key
+    return None if resolve is None else cast("ResolvedCredentials", resolve(path))

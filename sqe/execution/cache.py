@@ -147,16 +147,6 @@ def clear_process_caches() -> None:
     clear_byte_caches()
 
 
-def credential_identity(io: FileIO, path: str) -> str | None:
-    """The identity of the credential set ``path`` is read with through ``io`` now, or None when ``io`` is not
-    SQE's own ScopedFileIO (then nothing is cached)."""
-    resolve = getattr(io, "resolve", None)
-    if resolve is None:
-        return None
-    key: str = resolve(path).identity
-    return key
-
-
 def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFileFormat) -> ds.ParquetFileFragment:
     """A Parquet fragment of ``path`` with its footer loaded, opened with the manifest's ``size`` (no HEAD).
 
@@ -169,7 +159,7 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
             fragment = file_format.make_fragment(stream)
             fragment.ensure_complete_metadata()
             return fragment
-    identity = credential_identity(io, path)
+    identity = scope_key(io, path)
     key = (path, size, identity) if identity is not None else None
     cached = FRAGMENTS.get(key) if key is not None else None
     if cached is not None:

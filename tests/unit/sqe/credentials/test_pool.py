@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from sqe.credentials.pool import FILESYSTEMS, FileIOPool, PooledFileIO, credential_identity
+from sqe.credentials.pool import FILESYSTEMS, FileIOPool, PooledFileIO
+from sqe.credentials.scope import credential_identity
 
 SECRET = "pool-test-secret-access-key-0123456789"
 TOKEN = "pool-test-session-token-abcdefghijklmnop"
