@@ -57,6 +57,7 @@ from sqe.execution import dml
 from sqe.execution.external import ExternalSources
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.execution.metadata_answers import count_from_manifests  # issue 11 item 3
+from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH, PassThroughPlanner, PassThroughRun
 from sqe.execution.stream import QueryContext, ScanStream
 from sqe.planning import ddl, views
 from sqe.planning.planner import ScanPlan, TaskCache, join_conjuncts, plan_scan, restrictions_of
@@ -117,15 +118,20 @@ class Result:
         relation: duckdb.DuckDBPyRelation | None = None,
         table: pa.Table | None = None,
         context: QueryContext | None = None,
+        pass_through: PassThroughRun | None = None,
     ) -> None:
         self._session = session
         self._relation = relation
+        self._pass_through = pass_through  # issue 11 item 1: streamed from the scan, DuckDB never runs it
         self._table = table
         self._context = context
         self._generation = session._generation
         self._consumed = False
 
     def arrow(self) -> pa.Table:
+        if self._table is None and self._pass_through is not None:
+            self._check_readable()
+            self._table = self._pass_through.table()
         if self._table is None:
             relation = self._take_relation()
             try:
@@ -137,6 +143,9 @@ class Result:
     def reader(self, batch_size: int = 122_880) -> pa.RecordBatchReader:
         if self._table is not None:
             return self._table.to_reader()
+        if self._pass_through is not None:
+            self._check_readable()
+            return pa.RecordBatchReader.from_batches(self._pass_through.schema, self._pass_through.batches(batch_size))
         relation = self._take_relation()
         try:
             source = relation.to_arrow_reader(batch_size)
@@ -154,12 +163,18 @@ class Result:
             raise self._session._translate(exc, self._context) from None
 
     def _take_relation(self) -> duckdb.DuckDBPyRelation:
-        if self._relation is None or self._consumed:
+        if self._relation is None:
+            raise QueryError("this result has already been read")
+        self._check_readable()
+        return self._relation
+
+    def _check_readable(self) -> None:
+        """Once only, and only while the session has not run another statement (its streams are gone)."""
+        if self._consumed:
             raise QueryError("this result has already been read")
         if self._generation != self._session._generation:
             raise QueryError("this result is no longer valid: the session has run another statement since")
         self._consumed = True
-        return self._relation
 
 
 @dataclass
@@ -259,6 +274,10 @@ class Session:
         self._closed = False
         # the streams of the latest statement (tests, diagnostics)
         self.last_streams: list[ScanStream | DistributedScanStream] = []
+        # issue 11 item 1: plain reads stream from the scan without DuckDB's copy (False: always DuckDB)
+        self.pass_through = True
+        self.last_execution_path = ""  # how the latest query ran: "pass-through", "duckdb" or "metadata"
+        self._pass_through_planner = PassThroughPlanner(self._con, self._parser, self._ident_of)
 
     # -- public API -------------------------------------------------------------------------------------
 
@@ -323,6 +342,7 @@ class Session:
                 rows.extend(("duckdb plan", "", line) for line in str(plan_text).splitlines() if line.strip())
             if analyze:
                 rows.append(("query", "total_time_ms", f"{elapsed * 1000:.1f}"))
+            rows.append(("query", "execution_path", self._explained_path(planned, analyze=analyze)))
             for label, plan in self._explained_scans(planned):
                 described = _explain_values(plan, measured.get(label) if analyze else None)
                 rows.extend((label, key, value) for key, value in described.items())
@@ -332,6 +352,17 @@ class Session:
             return pa.Table.from_pylist(
                 [{"section": a, "property": b, "value": c} for a, b, c in rows], schema=_EXPLAIN_SCHEMA
             )
+
+    def _explained_path(self, planned: _Planned, *, analyze: bool) -> str:
+        """Which path the query runs on (issue 11 item 1). EXPLAIN ANALYZE itself always profiles DuckDB."""
+        try:
+            run = self._pass_through_run(planned, lambda: self._relation(planned.statement.text, None).columns)
+        except duckdb.Error:
+            run = None
+        if run is None:
+            return PATH_DUCKDB
+        described = f"{PATH_PASS_THROUGH} ({run.shape.describe()})"
+        return f"{PATH_DUCKDB} (EXPLAIN ANALYZE profiles DuckDB; run as a query: {described})" if analyze else described
 
     def explain_tables(self, text: str) -> pa.Table:
         """One row per table: what ``EXPLAIN``'s table sections show, typed (None where withheld)."""
@@ -594,15 +625,27 @@ class Session:
                 counted = count_from_manifests(planned.statement.text, planned.scans) if params is None else None
                 if counted is not None:
                     self._start()
+                    self.last_execution_path = "metadata"
                     return Result(self, table=counted)
                 # -- end of issue 11 item 3
                 relation, context = self._query(planned, planned.statement.text, params, self._start())
-                return Result(self, relation=relation, context=context)
+                # -- issue 11 item 1 (sqe/execution/passthrough.py): no copy through DuckDB for plain reads
+                run = self._pass_through_run(planned, lambda: relation.columns) if params is None else None
+                self.last_execution_path = PATH_DUCKDB if run is None else PATH_PASS_THROUGH
+                return Result(self, relation=relation, context=context, pass_through=run)
             if kind == "insert":
                 return Result(self, table=self._insert(planned, params))
             if kind == "ctas":
                 return Result(self, table=self._create_table_as(planned, params))
             raise QueryError(f"cannot run a {kind} statement")
+
+    def _pass_through_run(self, planned: _Planned, columns: Callable[[], Sequence[str]]) -> PassThroughRun | None:
+        """The statement as a pass-through run of its one local scan, or None (DuckDB runs it)."""
+        if not self.pass_through or planned.metadata or planned.views or planned.statement.travels:
+            return None
+        if len(self.last_streams) != 1 or not isinstance(self.last_streams[0], ScanStream):
+            return None  # a distributed scan, or several tables
+        return self._pass_through_planner.plan(planned.statement.text, self.last_streams[0], columns)
 
     def _start(self) -> QueryContext:
         """A new statement: the previous one's views and streams go, and with them its results."""

@@ -60,12 +60,15 @@ class ScanStream:
         return self.reader().__arrow_c_stream__(requested_schema)
 
     def reader(self) -> pa.RecordBatchReader:
-        return pa.RecordBatchReader.from_batches(self.schema, self._batches())
+        return pa.RecordBatchReader.from_batches(self.schema, self.batches())
 
-    def _batches(self) -> Iterator[pa.RecordBatch]:
+    def batches(self, then: BatchTransform | None = None) -> Iterator[pa.RecordBatch]:
+        """A fresh scan's restricted batches; ``then`` (a pass-through query's WHERE and projection) runs on
+        each of them after the restrictions, in the reader threads. Closing the iterator stops the scan."""
+        transform = self._transform if then is None else _chained(self._transform, then)
         try:
             yield from self._executor.record_batches(
-                self.plan, cancel=self._context.cancel, transform=self._transform, metrics=self._context.metrics
+                self.plan, cancel=self._context.cancel, transform=transform, metrics=self._context.metrics
             )
         except SQEError as exc:  # including QueryCancelledError
             self._context.record_error(exc)
@@ -74,6 +77,10 @@ class ScanStream:
             error = QueryError(f"reading {self.plan.ident} failed: {first_line(exc)}")
             self._context.record_error(error)
             raise error from None
+
+
+def _chained(first: BatchTransform, then: BatchTransform) -> BatchTransform:
+    return lambda batch: then(first(batch))
 
 
 def conforming(transform: BatchTransform | None, schema: pa.Schema) -> BatchTransform:
