@@ -83,18 +83,22 @@ class PassThrough:
     """How to turn one scan's restricted batches into the statement's result without DuckDB."""
 
     schema: pa.Schema  # the result: DuckDB's column names and export types
+    scan_names: list[str]  # the restricted batches' column names (the scan's schema)
     sources: tuple[int, ...]  # per output column, its index in the restricted batch
-    casts: tuple[pa.DataType | None, ...]  # per output column, the cast to DuckDB's export type
     predicate: pc.Expression | None  # the user's WHERE, evaluated on restricted (masked) values
     limit: int | None
     offset: int
 
     def shape(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Filter then project one restricted batch (runs in the reader threads)."""
+        """Filter, project and conform one restricted batch (runs in the reader threads). The batch is not yet
+        conformed to the scan's schema: each kept column is cast once, straight to the result's type (a file's
+        plain strings stay plain instead of going to 64-bit offsets and back)."""
+        if batch.schema.names != self.scan_names:
+            batch = batch.rename_columns(self.scan_names)
         if self.predicate is not None:
             batch = batch.filter(self.predicate)
         columns = [batch.column(index) for index in self.sources]
-        columns = [c if cast is None else c.cast(cast) for c, cast in zip(columns, self.casts, strict=True)]
+        columns = [c if c.type == f.type else c.cast(f.type) for c, f in zip(columns, self.schema, strict=True)]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def batches(self, shaped: Iterator[pa.RecordBatch], max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
@@ -173,13 +177,13 @@ def _recognise(
     predicate = _where(tree.get("where_clause"), columns)
     limit, offset = _limit(tree.get("modifiers") or [])
     duck = exported(scan)
-    fields, casts = [], []
+    fields = []
     for name, index in zip(output_names, sources, strict=True):
         ours, theirs = scan.field(index).type, duck.field(index).type
-        _require(not pa.types.is_nested(ours))
-        casts.append(None if ours == theirs else _cast_to_export(ours, theirs))
+        _require(not pa.types.is_nested(ours) and (ours == theirs or _exact_cast(ours, theirs)))
         fields.append(duck.field(index).with_name(name))
-    return PassThrough(pa.schema(fields, metadata=duck.metadata), tuple(sources), tuple(casts), predicate, limit, offset)
+    schema = pa.schema(fields, metadata=duck.metadata)
+    return PassThrough(schema, scan.names, tuple(sources), predicate, limit, offset)
 
 
 def _require(condition: bool) -> None:
@@ -196,16 +200,15 @@ def _base_table(node: Node | None, plan: ScanPlan, resolve: Callable[[TableRef],
     return refs[0]
 
 
-def _cast_to_export(ours: pa.DataType, theirs: pa.DataType) -> pa.DataType:
-    """The cast that gives a column exactly DuckDB's export type, when it keeps every value: DuckDB exports
-    strings and binaries with 32-bit offsets (``large_*`` in, plain out) and names the session's zone for a
-    timestamptz (``Etc/UTC`` for ``UTC``). Any other difference sends the statement to DuckDB."""
+def _exact_cast(ours: pa.DataType, theirs: pa.DataType) -> bool:
+    """Whether casting to DuckDB's export type keeps every value: DuckDB exports strings and binaries with
+    32-bit offsets (``large_*`` in, plain out) and names the session's zone for a timestamptz (``Etc/UTC`` for
+    ``UTC``). Any other difference sends the statement to DuckDB."""
     narrowed = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}.get(ours)
-    if narrowed is not None and narrowed == theirs:
-        return theirs
+    if narrowed is not None:
+        return bool(narrowed == theirs)
     same_instant = pa.types.is_timestamp(ours) and pa.types.is_timestamp(theirs)
-    _require(same_instant and ours.unit == theirs.unit and bool(ours.tz) and bool(theirs.tz))
-    return theirs
+    return bool(same_instant and ours.unit == theirs.unit and ours.tz and theirs.tz)
 
 
 class _Columns:

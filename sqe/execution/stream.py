@@ -52,7 +52,8 @@ class ScanStream:
         self.schema: pa.Schema = plan.arrow_schema
         self._executor = executor
         self._context = context
-        self._transform = conforming(plan.batch_transform(context.salt), self.schema)
+        self._restrict = plan.batch_transform(context.salt)
+        self._transform = conforming(self._restrict, self.schema)
         self.opened = 0  # how many fresh readers were handed out (tests: a self-join opens several)
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
@@ -63,9 +64,13 @@ class ScanStream:
         return pa.RecordBatchReader.from_batches(self.schema, self.batches())
 
     def batches(self, then: BatchTransform | None = None) -> Iterator[pa.RecordBatch]:
-        """A fresh scan's restricted batches; ``then`` (a pass-through query's WHERE and projection) runs on
-        each of them after the restrictions, in the reader threads. Closing the iterator stops the scan."""
-        transform = self._transform if then is None else _chained(self._transform, then)
+        """A fresh scan's restricted batches, conformed to ``schema``; or, with ``then`` (a pass-through query's
+        WHERE, projection and its own conforming to the result's types), each restricted batch passed through
+        ``then`` instead of being conformed, in the reader threads. Closing the iterator stops the scan."""
+        if then is None:
+            transform = self._transform
+        else:
+            transform = then if self._restrict is None else _chained(self._restrict, then)
         try:
             yield from self._executor.record_batches(
                 self.plan, cancel=self._context.cancel, transform=transform, metrics=self._context.metrics
