@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 
 PATH_PASS_THROUGH = "pass-through"
 PATH_DUCKDB = "duckdb"
+_KEPT_TREES = 32  # parse trees of recent statements, per session
+_KEPT_SCHEMAS = 64  # DuckDB's export schema of recent scan schemas, per session
 
 # Keys of a SELECT_NODE that must be empty for a pass-through statement (any other key must be falsy too).
 _SELECT_KEYS = {"type", "modifiers", "cte_map", "select_list", "from_table", "where_clause", "aggregate_handling"}
@@ -350,15 +353,15 @@ class PassThroughPlanner:
         self._con = con
         self._parser = parser
         self._resolve = resolve
-        self._exported: dict[pa.Schema, pa.Schema] = {}
+        self._exported: OrderedDict[pa.Schema, pa.Schema] = OrderedDict()
+        self._trees: OrderedDict[str, Node] = OrderedDict()
         self._probes = itertools.count(1)
 
     def plan(self, sql: str, stream: ScanStream, output_names: Callable[[], Sequence[str]]) -> PassThroughRun | None:
         """The pass-through run of ``sql`` (a SELECT whose only scan is ``stream``), or None for DuckDB.
         ``output_names``: DuckDB's result column names (asked only when the statement's shape qualifies)."""
-        try:
-            tree = parse_select(self._parser, sql)
-        except QueryError:
+        tree = self._tree(sql)
+        if tree is None:
             return None
         try:
             _shape_only(tree, stream.plan, self._resolve)
@@ -366,6 +369,21 @@ class PassThroughPlanner:
         except _NotPassThrough:
             return None
         return PassThroughRun(shape, stream)
+
+    def _tree(self, sql: str) -> Node | None:
+        """The statement's parse tree; the last few are kept (a repeated query is not parsed again)."""
+        tree = self._trees.get(sql)
+        if tree is None:
+            try:
+                tree = parse_select(self._parser, sql)
+            except QueryError:
+                return None
+            self._trees[sql] = tree
+            while len(self._trees) > _KEPT_TREES:
+                self._trees.popitem(last=False)
+        else:
+            self._trees.move_to_end(sql)
+        return tree
 
     def exported(self, schema: pa.Schema) -> pa.Schema:
         """What DuckDB's export of a registered Arrow stream of ``schema`` looks like, on this connection."""
@@ -378,6 +396,8 @@ class PassThroughPlanner:
             finally:
                 self._con.unregister(name)
             self._exported[schema] = found
+            while len(self._exported) > _KEPT_SCHEMAS:
+                self._exported.popitem(last=False)
         return found
 
 
