@@ -7,10 +7,12 @@ One run brings up the embedded stack (moto S3 + STS and sqe-catalog), writes ``-
 - ``filter``: ``SELECT id, tag FROM t WHERE x >= 500`` (about half the rows);
 - ``limit``: ``SELECT id, x FROM t WHERE x > 100 LIMIT 100000``;
 
-each read as an Arrow table (wall and process CPU time, all threads), once with ``Session.pass_through`` on and once off (DuckDB imports the scan and
-exports the result, as before), plus the bare scan (``ScanStream.reader().read_all()``: the floor). Rounds are
-interleaved in rotating order; figures are medians. Results are cross-checked (row counts, schemas, and for
-the non-LIMIT queries the sorted rows). The machine may be shared: read the ratios.
+each read as an Arrow table (wall time, and process CPU time of all threads), once with
+``Session.pass_through`` on and once off (DuckDB imports the scan and exports the result, as before), plus
+the bare scan (``ScanStream.reader().read_all()``: the floor). Rounds are interleaved in rotating order;
+figures are medians. Results are cross-checked (row counts, schemas, and for the non-LIMIT queries the
+sorted rows). The machine may be shared: read the ratios. moto serves S3 from Python in another process, so
+wall time mostly measures moto; the CPU time is this process's own work.
 
     .venv/bin/python bench/passthrough.py [--rows 4000000] [--files 4] [--rounds 5]
 """
@@ -26,15 +28,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
+from vs_duckdb import NAMESPACE, moto_stack, principal_settings, rest_catalog, write_table  # the bench's folder
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from vs_duckdb import NAMESPACE, moto_stack, principal_settings, rest_catalog, write_table  # noqa: E402
-
-from sqe.catalog.rest import RestTableProvider  # noqa: E402
-from sqe.config import load_config  # noqa: E402
-from sqe.execution.stream import ScanStream  # noqa: E402
-from sqe.session import Session  # noqa: E402
+from sqe.catalog.rest import RestTableProvider
+from sqe.config import load_config
+from sqe.execution.stream import ScanStream
+from sqe.session import Session
 
 QUERIES = {
     "select*": "SELECT * FROM {t}",

@@ -316,8 +316,8 @@ def _limit(modifiers: list[Node]) -> tuple[int | None, int]:
 
 def _count(node: Node) -> int:
     literal = node.get("literal") or {}
-    text = literal.get("text")
-    _require(node.get("class") == "CONSTANT" and literal.get("kind") in ("INTEGER", "BIGINT") and isinstance(text, str))
+    text = str(literal.get("text"))
+    _require(node.get("class") == "CONSTANT" and literal.get("kind") in ("INTEGER", "BIGINT") and text.isdigit())
     value = int(text)
     _require(0 <= value < 2**63)
     return value

@@ -43,7 +43,7 @@ TYPED = pa.table(
         "ts": pa.array([1, 2, None, 4_000_000], pa.timestamp("us", tz="UTC")),
         "tn": pa.array([1, None, 3, 4], pa.timestamp("us")),
         "bin": pa.array([b"\x00", None, b"xy", b""], pa.binary()),
-        "dec": pa.array([decimal.Decimal("1.25"), None, decimal.Decimal("-3.50"), decimal.Decimal("0")], pa.decimal128(9, 2)),
+        "dec": pa.array([decimal.Decimal(v) if v else None for v in ("1.25", "", "-3.50", "0")], pa.decimal128(9, 2)),
         "fx": pa.array([b"abcd", b"efgh", None, b"ijkl"], pa.binary(4)),
     }
 )
