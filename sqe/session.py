@@ -342,10 +342,11 @@ class Session:
                 rows.extend(("duckdb plan", "", line) for line in str(plan_text).splitlines() if line.strip())
             if analyze:
                 rows.append(("query", "total_time_ms", f"{elapsed * 1000:.1f}"))
-            rows.append(("query", "execution_path", self._explained_path(planned, analyze=analyze)))
+            path = self._explained_path(planned, analyze=analyze)  # issue 11 item 1: how the rows reach the caller
             for label, plan in self._explained_scans(planned):
                 described = _explain_values(plan, measured.get(label) if analyze else None)
                 rows.extend((label, key, value) for key, value in described.items())
+                rows.append((label, "execution_path", path))
             for source in self._external.explain_rows([]):  # issue 14: file table functions, external tables
                 label = str(source.get("table"))
                 rows.extend((label, key, "" if value is None else str(value)) for key, value in source.items())

@@ -229,11 +229,12 @@ def test_explain_names_the_path(world: World) -> None:
         analysed = explain_sections(session.sql(f"EXPLAIN ANALYZE SELECT id FROM {t}").arrow())
         session.pass_through = False
         forced = explain_sections(session.sql(f"EXPLAIN SELECT id FROM {t}").arrow())
-    assert fast["query"]["execution_path"].startswith(PATH_PASS_THROUGH + " (")
-    assert "LIMIT 3 stops the scan" in fast["query"]["execution_path"]
-    assert slow["query"]["execution_path"] == PATH_DUCKDB
-    assert analysed["query"]["execution_path"].startswith("duckdb (EXPLAIN ANALYZE profiles DuckDB")
-    assert forced["query"]["execution_path"] == PATH_DUCKDB
+    label = f"{world.server.warehouse}.{t}"
+    assert fast[label]["execution_path"].startswith(PATH_PASS_THROUGH + " (")
+    assert "LIMIT 3 stops the scan" in fast[label]["execution_path"]
+    assert slow[label]["execution_path"] == PATH_DUCKDB
+    assert analysed[label]["execution_path"].startswith("duckdb (EXPLAIN ANALYZE profiles DuckDB")
+    assert forced[label]["execution_path"] == PATH_DUCKDB
 
 
 def test_pass_through_result_reads_once_and_in_batches(world: World) -> None:

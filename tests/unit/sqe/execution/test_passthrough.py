@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH, PassThrough, _exact_cast
-from sqe.session import Session
+from sqe.session import Session, explain_sections
 from tests.unit.sqe.iceberg_local import LocalProvider
 
 SessionFactory = Callable[..., Session]
@@ -112,11 +112,14 @@ def test_reader_cuts_batches_and_result_reads_once(provider: LocalProvider, sess
 
 def test_explain_names_the_path(provider: LocalProvider, session_factory: SessionFactory) -> None:
     session = session_factory(provider)
-    explained = session.sql("EXPLAIN SELECT id FROM ns.numbers WHERE grp = 1 LIMIT 3").arrow().to_pylist()
-    [path] = [r["value"] for r in explained if r["property"] == "execution_path"]
+    explained = explain_sections(session.sql("EXPLAIN SELECT id FROM ns.numbers WHERE grp = 1 LIMIT 3").arrow())
+    path = explained["wh.ns.numbers"]["execution_path"]
     assert path.startswith(PATH_PASS_THROUGH) and "LIMIT 3" in path
-    explained = session.sql("EXPLAIN SELECT grp, count(*) FROM ns.numbers GROUP BY grp").arrow().to_pylist()
-    assert [r["value"] for r in explained if r["property"] == "execution_path"] == [PATH_DUCKDB]
+    explained = explain_sections(
+        session.sql("EXPLAIN SELECT a.id FROM ns.numbers a JOIN ns.events b USING (id)").arrow()
+    )
+    assert {s["execution_path"] for s in explained.values()} == {PATH_DUCKDB}
+    assert set(explained) == {"wh.ns.numbers", "wh.ns.events"}
 
 
 # ------------------------------------------------------------------------------------- OFFSET / LIMIT logic
