@@ -130,7 +130,7 @@ class PassThrough:
     def describe(self) -> str:
         parts = ["SQE streams the restricted batches; DuckDB does not run the query"]
         if self.predicate is not None:
-            parts.append("WHERE on masked values")
+            parts.append("the WHERE runs after the row filter and masks")
         if self.limit is not None:
             parts.append(f"LIMIT {self.limit} stops the scan")
         return "; ".join(parts)
@@ -144,24 +144,6 @@ def _cut(batch: pa.RecordBatch, max_rows: int | None) -> Iterator[pa.RecordBatch
         yield batch.slice(start, max_rows)
 
 
-def recognise(
-    tree: Node,
-    plan: ScanPlan,
-    output_names: Sequence[str],
-    *,
-    resolve: Callable[[TableRef], TableIdent],
-    exported: Callable[[pa.Schema], pa.Schema],
-) -> PassThrough | None:
-    """The pass-through form of a parsed statement over ``plan``'s scan, or None when DuckDB must run it.
-
-    ``output_names``: DuckDB's names of the result columns (its binding of the statement); ``exported``: the
-    schema DuckDB exports for a registered Arrow schema."""
-    try:
-        return _recognise(tree, plan, output_names, resolve, exported)
-    except _NotPassThrough:
-        return None
-
-
 def _recognise(
     tree: Node,
     plan: ScanPlan,
@@ -169,6 +151,9 @@ def _recognise(
     resolve: Callable[[TableRef], TableIdent],
     exported: Callable[[pa.Schema], pa.Schema],
 ) -> PassThrough:
+    """The pass-through form of a parsed statement over ``plan``'s scan; raises ``_NotPassThrough`` when DuckDB
+    must run it. ``output_names``: DuckDB's names of the result columns (its binding of the statement);
+    ``exported``: the schema DuckDB exports for a registered Arrow stream of a schema."""
     _require(tree.get("type") == "SELECT_NODE" and "class" not in tree)
     _require(all(not value for key, value in tree.items() if key not in _SELECT_KEYS))
     _require(not (tree.get("cte_map") or {}).get("map") and tree.get("aggregate_handling") == "STANDARD_HANDLING")
