@@ -19,6 +19,11 @@ Projection: the columns each table can need are found from the parse tree (``sql
 fails to bind a narrowed query, it is re-planned once with every column. Filters are never pushed by DuckDB into
 raw data: the streams are plain C streams; simple predicates on unmasked columns go to pyiceberg for pruning
 only, and DuckDB re-applies every WHERE itself.
+
+Pass-through (``sqe.execution.passthrough``): a plain read of one local scan (columns, simple WHERE, LIMIT) is
+streamed from the scan to the caller instead of through DuckDB's import and export; its WHERE still runs after
+the row filter and masks, on masked values. ``Session.pass_through = False`` sends every query to DuckDB;
+EXPLAIN's ``execution_path`` says which path a query takes.
 """
 
 from __future__ import annotations
