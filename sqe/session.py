@@ -62,7 +62,6 @@ from sqe.execution import dml
 from sqe.execution.external import ExternalSources
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.execution.metadata_answers import count_from_manifests  # issue 11 item 3
-from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH, PassThroughPlanner, PassThroughRun
 from sqe.execution.stream import QueryContext, ScanStream
 from sqe.planning import ddl, views
 from sqe.planning.planner import ScanPlan, TaskCache, join_conjuncts, plan_scan, restrictions_of
@@ -85,6 +84,7 @@ if TYPE_CHECKING:
     from sqe.distributed.coordinator import DistributedExecutor, DistributedOptions, DistributedScanStream
     from sqe.execution.compaction import RemoteRewriter
     from sqe.execution.external import RemoteScanner
+    from sqe.execution.passthrough import PassThroughPlanner, PassThroughRun
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ class Session:
         # issue 11 item 1: plain reads stream from the scan without DuckDB's copy (False: always DuckDB)
         self.pass_through = True
         self.last_execution_path = ""  # how the latest query ran: "pass-through", "duckdb" or "metadata"
-        self._pass_through_planner = PassThroughPlanner(self._con, self._parser, self._ident_of)
+        self._pass_through_planner: PassThroughPlanner | None = None  # made (and imported) on first use
 
     # -- public API -------------------------------------------------------------------------------------
 
@@ -366,9 +366,9 @@ class Session:
         except duckdb.Error:
             run = None
         if run is None:
-            return PATH_DUCKDB
-        described = f"{PATH_PASS_THROUGH} ({run.shape.describe()})"
-        return f"{PATH_DUCKDB} (EXPLAIN ANALYZE profiles DuckDB; run as a query: {described})" if analyze else described
+            return "duckdb"
+        described = f"pass-through ({run.shape.describe()})"
+        return f"duckdb (EXPLAIN ANALYZE profiles DuckDB; run as a query: {described})" if analyze else described
 
     def explain_tables(self, text: str) -> pa.Table:
         """One row per table: what ``EXPLAIN``'s table sections show, typed (None where withheld)."""
@@ -637,7 +637,7 @@ class Session:
                 relation, context = self._query(planned, planned.statement.text, params, self._start())
                 # -- issue 11 item 1 (sqe/execution/passthrough.py): no copy through DuckDB for plain reads
                 run = self._pass_through_run(planned, lambda: relation.columns) if params is None else None
-                self.last_execution_path = PATH_DUCKDB if run is None else PATH_PASS_THROUGH
+                self.last_execution_path = "duckdb" if run is None else "pass-through"
                 return Result(self, relation=relation, context=context, pass_through=run)
             if kind == "insert":
                 return Result(self, table=self._insert(planned, params))
@@ -651,6 +651,10 @@ class Session:
             return None
         if len(self.last_streams) != 1 or not isinstance(self.last_streams[0], ScanStream):
             return None  # a distributed scan, or several tables
+        if self._pass_through_planner is None:
+            from sqe.execution.passthrough import PassThroughPlanner
+
+            self._pass_through_planner = PassThroughPlanner(self._con, self._parser, self._ident_of)
         return self._pass_through_planner.plan(planned.statement.text, self.last_streams[0], columns)
 
     def _start(self) -> QueryContext:
