@@ -19,6 +19,11 @@ Projection: the columns each table can need are found from the parse tree (``sql
 fails to bind a narrowed query, it is re-planned once with every column. Filters are never pushed by DuckDB into
 raw data: the streams are plain C streams; simple predicates on unmasked columns go to pyiceberg for pruning
 only, and DuckDB re-applies every WHERE itself.
+
+Pass-through (``sqe.execution.passthrough``): a plain read of one local scan (columns, simple WHERE, LIMIT) is
+streamed from the scan to the caller instead of through DuckDB's import and export; its WHERE still runs after
+the row filter and masks, on masked values. ``Session.pass_through = False`` sends every query to DuckDB;
+EXPLAIN's ``execution_path`` says which path a query takes.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ if TYPE_CHECKING:
     from sqe.execution.compaction import RemoteRewriter
     from sqe.execution.external import RemoteScanner
     from sqe.execution.local import LocalExecutor
+    from sqe.execution.passthrough import PassThroughPlanner, PassThroughRun
     from sqe.execution.stream import QueryContext, ScanStream
     from sqe.planning.planner import ScanPlan, TaskCache
     from sqe.planning.remote import RemotePlanner
@@ -116,15 +122,20 @@ class Result:
         relation: duckdb.DuckDBPyRelation | None = None,
         table: pa.Table | None = None,
         context: QueryContext | None = None,
+        pass_through: PassThroughRun | None = None,
     ) -> None:
         self._session = session
         self._relation = relation
+        self._pass_through = pass_through  # issue 11 item 1: streamed from the scan, DuckDB never runs it
         self._table = table
         self._context = context
         self._generation = session._generation
         self._consumed = False
 
     def arrow(self) -> pa.Table:
+        if self._table is None and self._pass_through is not None:
+            self._check_readable()
+            self._table = self._pass_through.table()
         if self._table is None:
             relation = self._take_relation()
             try:
@@ -136,6 +147,9 @@ class Result:
     def reader(self, batch_size: int = 122_880) -> pa.RecordBatchReader:
         if self._table is not None:
             return self._table.to_reader()
+        if self._pass_through is not None:
+            self._check_readable()
+            return pa.RecordBatchReader.from_batches(self._pass_through.schema, self._pass_through.batches(batch_size))
         relation = self._take_relation()
         try:
             source = relation.to_arrow_reader(batch_size)
@@ -157,12 +171,18 @@ class Result:
             raise self._session._translate(exc, self._context) from None
 
     def _take_relation(self) -> duckdb.DuckDBPyRelation:
-        if self._relation is None or self._consumed:
+        if self._relation is None:
+            raise QueryError("this result has already been read")
+        self._check_readable()
+        return self._relation
+
+    def _check_readable(self) -> None:
+        """Once only, and only while the session has not run another statement (its streams are gone)."""
+        if self._consumed:
             raise QueryError("this result has already been read")
         if self._generation != self._session._generation:
             raise QueryError("this result is no longer valid: the session has run another statement since")
         self._consumed = True
-        return self._relation
 
 
 @dataclass
@@ -272,6 +292,10 @@ class Session:
         self._cancel_requested = threading.Event()
         # the streams of the latest statement (tests, diagnostics)
         self.last_streams: list[ScanStream | DistributedScanStream] = []
+        # issue 11 item 1: plain reads stream from the scan without DuckDB's copy (False: always DuckDB)
+        self.pass_through = True
+        self.last_execution_path = ""  # how the latest query ran: "pass-through", "duckdb" or "metadata"
+        self._pass_through_planner: PassThroughPlanner | None = None  # made (and imported) on first use
 
     @functools.cached_property
     def _executor(self) -> LocalExecutor:
@@ -366,15 +390,28 @@ class Session:
                 rows.extend(("duckdb plan", "", line) for line in str(plan_text).splitlines() if line.strip())
             if analyze:
                 rows.append(("query", "total_time_ms", f"{elapsed * 1000:.1f}"))
+            path = self._explained_path(planned, analyze=analyze)  # issue 11 item 1: how the rows reach the caller
             for label, plan in self._explained_scans(planned):
                 described = _explain_values(plan, measured.get(label) if analyze else None)
                 rows.extend((label, key, value) for key, value in described.items())
+                rows.append((label, "execution_path", path))
             for source in self._external.explain_rows([]):  # issue 14: file table functions, external tables
                 label = str(source.get("table"))
                 rows.extend((label, key, "" if value is None else str(value)) for key, value in source.items())
             return pa.Table.from_pylist(
                 [{"section": a, "property": b, "value": c} for a, b, c in rows], schema=_EXPLAIN_SCHEMA
             )
+
+    def _explained_path(self, planned: _Planned, *, analyze: bool) -> str:
+        """Which path the query runs on (issue 11 item 1). EXPLAIN ANALYZE itself always profiles DuckDB."""
+        try:
+            run = self._pass_through_run(planned, lambda: self._relation(planned.statement.text, None).columns)
+        except duckdb.Error:
+            run = None
+        if run is None:
+            return "duckdb"
+        described = f"pass-through ({run.shape.describe()})"
+        return f"duckdb (EXPLAIN ANALYZE profiles DuckDB; run as a query: {described})" if analyze else described
 
     def explain_tables(self, text: str) -> pa.Table:
         """One row per table: what ``EXPLAIN``'s table sections show, typed (None where withheld)."""
@@ -652,12 +689,16 @@ class Session:
                 counted = self._counted(planned) if params is None and planned.scans else None
                 if counted is not None:
                     self._start()
+                    self.last_execution_path = "metadata"
                     return Result(self, table=counted)
                 # -- end of issue 11 item 3
                 if planned.reads_no_table:
                     return Result(self, relation=self._plain_relation(planned.statement.text, params))
                 relation, context = self._query(planned, planned.statement.text, params, self._start())
-                return Result(self, relation=relation, context=context)
+                # -- issue 11 item 1 (sqe/execution/passthrough.py): no copy through DuckDB for plain reads
+                run = self._pass_through_run(planned, lambda: relation.columns) if params is None else None
+                self.last_execution_path = "duckdb" if run is None else "pass-through"
+                return Result(self, relation=relation, context=context, pass_through=run)
             if kind == "insert":
                 return Result(self, table=self._insert(planned, params))
             if kind == "ctas":
@@ -669,6 +710,20 @@ class Session:
         from sqe.execution.metadata_answers import count_from_manifests  # issue 11 item 3
 
         return count_from_manifests(planned.statement.text, planned.scans)
+
+    def _pass_through_run(self, planned: _Planned, columns: Callable[[], Sequence[str]]) -> PassThroughRun | None:
+        """The statement as a pass-through run of its one local scan, or None (DuckDB runs it)."""
+        from sqe.execution.stream import ScanStream  # lazily, like the session's other execution imports
+
+        if not self.pass_through or planned.metadata or planned.views or planned.statement.travels:
+            return None
+        if len(self.last_streams) != 1 or not isinstance(self.last_streams[0], ScanStream):
+            return None  # a distributed scan, or several tables
+        if self._pass_through_planner is None:
+            from sqe.execution.passthrough import PassThroughPlanner
+
+            self._pass_through_planner = PassThroughPlanner(self._con, self._parser, self._ident_of)
+        return self._pass_through_planner.plan(planned.statement.text, self.last_streams[0], columns)
 
     def _start(self) -> QueryContext:
         """A new statement: the previous one's views and streams go, and with them its results."""

@@ -52,7 +52,8 @@ class ScanStream:
         self.schema: pa.Schema = plan.arrow_schema
         self._executor = executor
         self._context = context
-        self._transform = conforming(plan.batch_transform(context.salt), self.schema)
+        self._restrict = plan.batch_transform(context.salt)
+        self._transform = conforming(self._restrict, self.schema)
         self.opened = 0  # how many fresh readers were handed out (tests: a self-join opens several)
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
@@ -60,12 +61,19 @@ class ScanStream:
         return self.reader().__arrow_c_stream__(requested_schema)
 
     def reader(self) -> pa.RecordBatchReader:
-        return pa.RecordBatchReader.from_batches(self.schema, self._batches())
+        return pa.RecordBatchReader.from_batches(self.schema, self.batches())
 
-    def _batches(self) -> Iterator[pa.RecordBatch]:
+    def batches(self, then: BatchTransform | None = None) -> Iterator[pa.RecordBatch]:
+        """A fresh scan's restricted batches, conformed to ``schema``; or, with ``then`` (a pass-through query's
+        WHERE, projection and its own conforming to the result's types), each restricted batch passed through
+        ``then`` instead of being conformed, in the reader threads. Closing the iterator stops the scan."""
+        if then is None:
+            transform = self._transform
+        else:
+            transform = then if self._restrict is None else _chained(self._restrict, then)
         try:
             yield from self._executor.record_batches(
-                self.plan, cancel=self._context.cancel, transform=self._transform, metrics=self._context.metrics
+                self.plan, cancel=self._context.cancel, transform=transform, metrics=self._context.metrics
             )
         except SQEError as exc:  # including QueryCancelledError
             self._context.record_error(exc)
@@ -74,6 +82,10 @@ class ScanStream:
             error = QueryError(f"reading {self.plan.ident} failed: {first_line(exc)}")
             self._context.record_error(error)
             raise error from None
+
+
+def _chained(first: BatchTransform, then: BatchTransform) -> BatchTransform:
+    return lambda batch: then(first(batch))
 
 
 def conforming(transform: BatchTransform | None, schema: pa.Schema) -> BatchTransform:

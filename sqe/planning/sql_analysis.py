@@ -269,7 +269,7 @@ def _predicates(
         if right is not None and right.get("class") == "COLUMN_REF":
             left, right, kind = right, left, _FLIPPED[kind]
         target = column(left)
-        value = _literal(right, target[1]) if target else None
+        value = constant_of(right, target[1]) if target else None
         if target is None or value is None:
             return []
         return [(target[0], _predicate(_COMPARISONS[kind], target[1].name, value))]
@@ -282,14 +282,14 @@ def _predicates(
     if kind == "COMPARE_IN":
         children = expr.get("children", [])
         target = column(children[0]) if children else None
-        values = [_literal(c, target[1]) for c in children[1:]] if target else []
+        values = [constant_of(c, target[1]) for c in children[1:]] if target else []
         if target is None or not values or any(v is None for v in values):
             return []
         return [(target[0], _predicate("In", target[1].name, set(values)))]
     if kind == "COMPARE_BETWEEN":
         target = column(expr.get("input"))
-        low = _literal(expr.get("lower"), target[1]) if target else None
-        high = _literal(expr.get("upper"), target[1]) if target else None
+        low = constant_of(expr.get("lower"), target[1]) if target else None
+        high = constant_of(expr.get("upper"), target[1]) if target else None
         if target is None or low is None or high is None:
             return []
         return [
@@ -334,7 +334,7 @@ def _field(schema: Schema, name: str) -> NestedField | None:
     return matches[0]
 
 
-def _literal(node: Node | None, f: NestedField) -> Any:
+def constant_of(node: Node | None, f: NestedField) -> Any:
     """The Python value of a constant when its SQL type is the column's own type family, else None."""
     from pyiceberg.types import BooleanType, DateType, IntegerType, LongType, StringType
 
@@ -342,7 +342,7 @@ def _literal(node: Node | None, f: NestedField) -> Any:
         return None
     if node.get("class") == "CAST" and isinstance(f.field_type, DateType):
         type_name = str(node.get("type_expr", {}).get("type_name", "")).upper()
-        return _literal(node.get("child"), f) if type_name == "DATE" and not node.get("try_cast") else None
+        return constant_of(node.get("child"), f) if type_name == "DATE" and not node.get("try_cast") else None
     if node.get("class") != "CONSTANT":
         return None
     literal = node.get("literal", {})

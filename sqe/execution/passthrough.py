@@ -1,0 +1,393 @@
+"""Pass-through queries: results DuckDB would not transform stream from SQE's readers straight to the caller.
+
+A plain ``SELECT *`` handed to DuckDB is read by the reader threads into Arrow, imported by DuckDB and exported
+back to Arrow on one thread: a full copy of every value for nothing. A statement is *pass-through* when its
+result is, value for value, the restricted batches of its one table with columns picked, rows dropped by simple
+predicates and a row count cut. Only this shape qualifies (anything else, or anything unsure, runs in DuckDB
+as before):
+
+- one SELECT over one base table (no CTE, join, subquery, sample, time travel, DISTINCT, GROUP BY, HAVING,
+  QUALIFY, window or ORDER BY);
+- a select list of plain column references (qualified or not, aliased or not) or a bare ``*``;
+- an optional WHERE that is an AND of ``column <op> constant``, ``IN`` lists of constants, ``BETWEEN``
+  and ``IS [NOT] NULL``, on columns and constants of the types whose comparison pyarrow and DuckDB define the
+  same way (integers, strings, booleans, dates; ``IS [NOT] NULL`` on any primitive column);
+- an optional ``LIMIT`` / ``OFFSET`` of integer constants, without ORDER BY.
+
+The restriction order is the same as in DuckDB: each batch is row-filtered on raw values and masked by the
+scan (``ScanStream``), and only then does the user's WHERE run here, on the masked values, in the reader
+threads; projection is zero-copy. ``LIMIT`` closes the scan once enough rows came, which stops the readers.
+
+The output looks exactly like DuckDB's: the column names come from DuckDB's own binding of the statement and
+each column's type is what DuckDB exports for the scan's Arrow type (probed once per schema on the session's
+connection, so settings like the time zone count). Columns DuckDB exports with another type are cast only
+where the cast keeps every value (64- to 32-bit string offsets, a timestamptz's zone label); any other
+difference, and any nested column, sends the statement to DuckDB.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.types import DateType
+
+from sqe.duckdb_connection import quote_ident
+from sqe.errors import QueryError
+from sqe.execution.stream import ScanStream
+from sqe.planning.sql_analysis import Node, constant_of, find_table_refs, parse_select
+
+if TYPE_CHECKING:
+    import duckdb
+    from pyiceberg.types import NestedField
+
+    from sqe.catalog.base import TableIdent
+    from sqe.planning.planner import ScanPlan
+    from sqe.planning.sql_analysis import TableRef
+
+PATH_PASS_THROUGH = "pass-through"
+PATH_DUCKDB = "duckdb"
+_KEPT_TREES = 32  # parse trees of recent statements, per session
+_KEPT_SCHEMAS = 64  # DuckDB's export schema of recent scan schemas, per session
+
+# Keys of a SELECT_NODE that must be empty for a pass-through statement (any other key must be falsy too).
+_SELECT_KEYS = {"type", "modifiers", "cte_map", "select_list", "from_table", "where_clause", "aggregate_handling"}
+_STAR_KEYS = {"class", "type", "alias", "query_location", "query_location_length", "relation_name", "columns"}
+_COMPARISONS: dict[str, Callable[[pc.Expression, Any], pc.Expression]] = {
+    "COMPARE_EQUAL": lambda f, v: f == v,
+    "COMPARE_NOTEQUAL": lambda f, v: f != v,
+    "COMPARE_LESSTHAN": lambda f, v: f < v,
+    "COMPARE_LESSTHANOREQUALTO": lambda f, v: f <= v,
+    "COMPARE_GREATERTHAN": lambda f, v: f > v,
+    "COMPARE_GREATERTHANOREQUALTO": lambda f, v: f >= v,
+}
+_FLIPPED = {
+    "COMPARE_EQUAL": "COMPARE_EQUAL",
+    "COMPARE_NOTEQUAL": "COMPARE_NOTEQUAL",
+    "COMPARE_LESSTHAN": "COMPARE_GREATERTHAN",
+    "COMPARE_LESSTHANOREQUALTO": "COMPARE_GREATERTHANOREQUALTO",
+    "COMPARE_GREATERTHAN": "COMPARE_LESSTHAN",
+    "COMPARE_GREATERTHANOREQUALTO": "COMPARE_LESSTHANOREQUALTO",
+}
+
+
+class _NotPassThrough(Exception):
+    """Raised inside recognition: the statement runs in DuckDB."""
+
+
+@dataclass(frozen=True)
+class PassThrough:
+    """How to turn one scan's restricted batches into the statement's result without DuckDB."""
+
+    schema: pa.Schema  # the result: DuckDB's column names and export types
+    scan_names: list[str]  # the restricted batches' column names (the scan's schema)
+    sources: tuple[int, ...]  # per output column, its index in the restricted batch
+    predicate: pc.Expression | None  # the user's WHERE, evaluated on restricted (masked) values
+    limit: int | None
+    offset: int
+
+    def shape(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Filter, project and conform one restricted batch (runs in the reader threads). The batch is not yet
+        conformed to the scan's schema: each kept column is cast once, straight to the result's type (a file's
+        plain strings stay plain instead of going to 64-bit offsets and back)."""
+        if batch.schema.names != self.scan_names:
+            batch = batch.rename_columns(self.scan_names)
+        if self.predicate is not None:
+            batch = batch.filter(self.predicate)
+        columns = [batch.column(index) for index in self.sources]
+        columns = [c if c.type == f.type else c.cast(f.type) for c, f in zip(columns, self.schema, strict=True)]
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+    def batches(self, shaped: Iterator[pa.RecordBatch], max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """The result's batches from the shaped scan: OFFSET and LIMIT applied, the scan closed as soon as the
+        limit is reached (its readers stop), batches cut to ``max_rows``."""
+        skip, left = self.offset, self.limit
+        try:
+            if left == 0:
+                return
+            for batch in shaped:
+                if skip:
+                    dropped = min(skip, batch.num_rows)
+                    batch, skip = batch.slice(dropped), skip - dropped
+                if left is not None:
+                    batch = batch.slice(0, left)
+                    left -= batch.num_rows
+                if batch.num_rows:
+                    yield from _cut(batch, max_rows)
+                if left == 0:
+                    return
+        finally:
+            close = getattr(shaped, "close", None)
+            if close is not None:  # a generator over the scan: closing it stops the reader threads
+                close()
+
+    def describe(self) -> str:
+        parts = ["SQE streams the restricted batches; DuckDB does not run the query"]
+        if self.predicate is not None:
+            parts.append("the WHERE runs after the row filter and masks")
+        if self.limit is not None:
+            parts.append(f"LIMIT {self.limit} stops the scan")
+        return "; ".join(parts)
+
+
+def _cut(batch: pa.RecordBatch, max_rows: int | None) -> Iterator[pa.RecordBatch]:
+    if max_rows is None or batch.num_rows <= max_rows:
+        yield batch
+        return
+    for start in range(0, batch.num_rows, max_rows):
+        yield batch.slice(start, max_rows)
+
+
+def _recognise(
+    tree: Node,
+    plan: ScanPlan,
+    output_names: Sequence[str],
+    resolve: Callable[[TableRef], TableIdent],
+    exported: Callable[[pa.Schema], pa.Schema],
+) -> PassThrough:
+    """The pass-through form of a parsed statement over ``plan``'s scan; raises ``_NotPassThrough`` when DuckDB
+    must run it. ``output_names``: DuckDB's names of the result columns (its binding of the statement);
+    ``exported``: the schema DuckDB exports for a registered Arrow stream of a schema."""
+    _require(tree.get("type") == "SELECT_NODE" and "class" not in tree)
+    _require(all(not value for key, value in tree.items() if key not in _SELECT_KEYS))
+    _require(not (tree.get("cte_map") or {}).get("map") and tree.get("aggregate_handling") == "STANDARD_HANDLING")
+    ref = _base_table(tree.get("from_table"), plan, resolve)
+    scan = plan.arrow_schema
+    columns = _Columns(scan, ref, plan)
+    sources = [index for item in tree.get("select_list") or [] for index in columns.selected(item)]
+    _require(bool(sources) and len(sources) == len(output_names))
+    predicate = _where(tree.get("where_clause"), columns)
+    limit, offset = _limit(tree.get("modifiers") or [])
+    duck = exported(scan)
+    fields = []
+    for name, index in zip(output_names, sources, strict=True):
+        ours, theirs = scan.field(index).type, duck.field(index).type
+        _require(not pa.types.is_nested(ours) and (ours == theirs or _exact_cast(ours, theirs)))
+        fields.append(duck.field(index).with_name(name))
+    schema = pa.schema(fields, metadata=duck.metadata)
+    return PassThrough(schema, scan.names, tuple(sources), predicate, limit, offset)
+
+
+def _require(condition: bool) -> None:
+    if not condition:
+        raise _NotPassThrough
+
+
+def _base_table(node: Node | None, plan: ScanPlan, resolve: Callable[[TableRef], TableIdent]) -> TableRef:
+    _require(isinstance(node, dict) and node.get("type") == "BASE_TABLE")
+    assert node is not None
+    _require(not node.get("sample") and node.get("at_clause") is None and not node.get("column_name_alias"))
+    refs = find_table_refs({"from": node})
+    _require(len(refs) == 1 and resolve(refs[0]) == plan.ident)
+    return refs[0]
+
+
+def _exact_cast(ours: pa.DataType, theirs: pa.DataType) -> bool:
+    """Whether casting to DuckDB's export type keeps every value: DuckDB exports strings and binaries with
+    32-bit offsets (``large_*`` in, plain out) and names the session's zone for a timestamptz (``Etc/UTC`` for
+    ``UTC``). Any other difference sends the statement to DuckDB."""
+    narrowed = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}.get(ours)
+    if narrowed is not None:
+        return bool(narrowed == theirs)
+    same_instant = pa.types.is_timestamp(ours) and pa.types.is_timestamp(theirs)
+    return bool(same_instant and ours.unit == theirs.unit and ours.tz and theirs.tz)
+
+
+class _Columns:
+    """Column references of the statement, resolved to columns of the restricted batches."""
+
+    def __init__(self, scan: pa.Schema, ref: TableRef, plan: ScanPlan) -> None:
+        self._scan = scan
+        self._qualifiers = {ref.qualifier, ref.parts[-1].lower()}
+        self._read_schema = plan.read.projected_schema
+
+    def selected(self, item: Node) -> list[int]:
+        if item.get("class") == "STAR":
+            _require(all(not value for key, value in item.items() if key not in _STAR_KEYS))
+            relation = str(item.get("relation_name") or "").lower()
+            _require(item.get("columns") is False and (not relation or relation in self._qualifiers))
+            return list(range(len(self._scan)))
+        return [self.index(item)]
+
+    def index(self, node: Node | None) -> int:
+        _require(isinstance(node, dict) and node.get("class") == "COLUMN_REF")
+        assert node is not None
+        parts = [str(p) for p in node.get("column_names", [])]
+        _require(len(parts) in (1, 2) and (len(parts) == 1 or parts[0].lower() in self._qualifiers))
+        matches = [i for i, f in enumerate(self._scan) if f.name.lower() == parts[-1].lower()]
+        _require(len(matches) == 1)
+        return matches[0]
+
+    def field(self, index: int) -> tuple[pc.Expression, NestedField, pa.DataType]:
+        name = self._scan.field(index).name
+        return pc.field(name), self._read_schema.find_field(name), self._scan.field(index).type
+
+
+def _where(node: Node | None, columns: _Columns) -> pc.Expression | None:
+    if node is None:
+        return None
+    conjuncts = [_conjunct(child, columns) for child in _and_children(node)]
+    predicate = conjuncts[0]
+    for conjunct in conjuncts[1:]:
+        predicate = predicate & conjunct
+    return predicate
+
+
+def _and_children(node: Node) -> list[Node]:
+    if node.get("class") == "CONJUNCTION" and node.get("type") == "CONJUNCTION_AND":
+        return [c for child in node.get("children", []) for c in _and_children(child)]
+    return [node]
+
+
+def _conjunct(node: Node, columns: _Columns) -> pc.Expression:
+    kind = str(node.get("type"))
+    if kind in _COMPARISONS:
+        left, right = node.get("left"), node.get("right")
+        if isinstance(right, dict) and right.get("class") == "COLUMN_REF":
+            left, right, kind = right, left, _FLIPPED[kind]
+        column, field, arrow_type = columns.field(columns.index(left))
+        return _COMPARISONS[kind](column, _scalar(right, field, arrow_type))
+    if kind in ("OPERATOR_IS_NULL", "OPERATOR_IS_NOT_NULL"):
+        children = node.get("children", [])
+        _require(len(children) == 1)
+        column, _, arrow_type = columns.field(columns.index(children[0]))
+        _require(not pa.types.is_nested(arrow_type))
+        return column.is_null() if kind == "OPERATOR_IS_NULL" else column.is_valid()
+    if kind == "COMPARE_IN":
+        children = node.get("children", [])
+        _require(len(children) >= 2)
+        column, field, arrow_type = columns.field(columns.index(children[0]))
+        values = [_scalar(child, field, arrow_type).as_py() for child in children[1:]]
+        try:
+            value_set = pa.array(values, type=arrow_type)
+        except (pa.ArrowInvalid, OverflowError):  # a constant outside the column's range
+            raise _NotPassThrough from None
+        return column.isin(value_set)
+    if kind == "COMPARE_BETWEEN":
+        column, field, arrow_type = columns.field(columns.index(node.get("input")))
+        low, high = _scalar(node.get("lower"), field, arrow_type), _scalar(node.get("upper"), field, arrow_type)
+        return (column >= low) & (column <= high)
+    raise _NotPassThrough
+
+
+def _scalar(node: Node | None, field: NestedField, arrow_type: pa.DataType) -> pa.Scalar:
+    """A constant of the column's own type family as an Arrow scalar (integers as int64, like DuckDB's
+    comparison of a narrower column with a wider constant)."""
+    value = constant_of(node, field)
+    _require(value is not None)
+    if isinstance(field.field_type, DateType):
+        return pa.scalar(datetime.date.fromisoformat(value), pa.date32())
+    if pa.types.is_integer(arrow_type):
+        return pa.scalar(value, pa.int64())
+    return pa.scalar(value, arrow_type)
+
+
+def _limit(modifiers: list[Node]) -> tuple[int | None, int]:
+    _require(len(modifiers) <= 1)
+    if not modifiers:
+        return None, 0
+    [modifier] = modifiers
+    _require(modifier.get("type") == "LIMIT_MODIFIER" and modifier.get("limit_type", "ROW_COUNT") == "ROW_COUNT")
+    limit = modifier.get("limit")
+    offset = modifier.get("offset")
+    return (None if limit is None else _count(limit)), (0 if offset is None else _count(offset))
+
+
+def _count(node: Node) -> int:
+    literal = node.get("literal") or {}
+    text = str(literal.get("text"))
+    _require(node.get("class") == "CONSTANT" and literal.get("kind") in ("INTEGER", "BIGINT") and text.isdigit())
+    value = int(text)
+    _require(0 <= value < 2**63)
+    return value
+
+
+@dataclass(frozen=True)
+class PassThroughRun:
+    """A recognised statement bound to the scan stream it reads; runs (once per ``batches`` call) when read."""
+
+    shape: PassThrough
+    stream: ScanStream
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.shape.schema
+
+    def batches(self, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        return self.shape.batches(self.stream.batches(self.shape.shape), max_rows)
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_batches(list(self.batches()), schema=self.schema)
+
+
+class PassThroughPlanner:
+    """Recognises pass-through statements of one session; probes (and keeps) DuckDB's export types."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        parser: duckdb.DuckDBPyConnection,
+        resolve: Callable[[TableRef], TableIdent],
+    ) -> None:
+        self._con = con
+        self._parser = parser
+        self._resolve = resolve
+        self._exported: OrderedDict[pa.Schema, pa.Schema] = OrderedDict()
+        self._trees: OrderedDict[str, Node] = OrderedDict()
+        self._probes = itertools.count(1)
+
+    def plan(self, sql: str, stream: ScanStream, output_names: Callable[[], Sequence[str]]) -> PassThroughRun | None:
+        """The pass-through run of ``sql`` (a SELECT whose only scan is ``stream``), or None for DuckDB.
+        ``output_names``: DuckDB's result column names (asked only when the statement's shape qualifies)."""
+        tree = self._tree(sql)
+        if tree is None:
+            return None
+        try:
+            _shape_only(tree, stream.plan, self._resolve)
+            shape = _recognise(tree, stream.plan, output_names(), self._resolve, self.exported)
+        except _NotPassThrough:
+            return None
+        return PassThroughRun(shape, stream)
+
+    def _tree(self, sql: str) -> Node | None:
+        """The statement's parse tree; the last few are kept (a repeated query is not parsed again)."""
+        tree = self._trees.get(sql)
+        if tree is None:
+            try:
+                tree = parse_select(self._parser, sql)
+            except QueryError:
+                return None
+            self._trees[sql] = tree
+            while len(self._trees) > _KEPT_TREES:
+                self._trees.popitem(last=False)
+        else:
+            self._trees.move_to_end(sql)
+        return tree
+
+    def exported(self, schema: pa.Schema) -> pa.Schema:
+        """What DuckDB's export of a registered Arrow stream of ``schema`` looks like, on this connection."""
+        found = self._exported.get(schema)
+        if found is None:
+            name = f"__sqe_probe_{next(self._probes)}"
+            self._con.register(name, schema.empty_table())
+            try:
+                found = self._con.sql(f"SELECT * FROM temp.main.{quote_ident(name)}").to_arrow_table().schema
+            finally:
+                self._con.unregister(name)
+            self._exported[schema] = found
+            while len(self._exported) > _KEPT_SCHEMAS:
+                self._exported.popitem(last=False)
+        return found
+
+
+def _shape_only(tree: Node, plan: ScanPlan, resolve: Callable[[TableRef], TableIdent]) -> None:
+    """The checks that need no DuckDB binding: raises ``_NotPassThrough`` early for most statements."""
+    _require(tree.get("type") == "SELECT_NODE" and "class" not in tree)
+    _require(all(not value for key, value in tree.items() if key not in _SELECT_KEYS))
+    _base_table(tree.get("from_table"), plan, resolve)
