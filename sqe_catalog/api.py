@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import ipaddress
 import json
 import logging
 import secrets
@@ -56,6 +55,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sqe import vocabulary
+from sqe._net import is_loopback
 from sqe.credentials.paths import is_object_store
 from sqe.vocabulary import ACCESS_TOKEN_TYPE, NAMESPACE_SEPARATOR_PROPERTY, REQUEST_ID_HEADER, TOKEN_EXCHANGE_GRANT
 from sqe_catalog import audit
@@ -1313,21 +1313,12 @@ def _new_warehouse(w: WarehouseConfig, engine: Engine) -> _Warehouse:
     return _Warehouse(w, tables, CredentialVendor(w), views, load_file_io(catalog_io_properties(w)))
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _sandbox_principal(config: CatalogServerConfig) -> str | None:
     """``[server] anonymous_principal`` when it may be used: only on a loopback address, else refused."""
     name = config.server.anonymous_principal
     if not name:
         return None
-    if not _is_loopback(config.server.host):
+    if not is_loopback(config.server.host):
         log.warning(
             "anonymous_principal is refused: the server listens on %s, not a loopback address; "
             "every request needs a bearer token",

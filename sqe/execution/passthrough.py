@@ -41,7 +41,7 @@ from pyiceberg.types import DateType
 from sqe.duckdb_connection import quote_ident
 from sqe.errors import QueryError
 from sqe.execution.stream import ScanStream
-from sqe.planning.sql_analysis import Node, constant_of, find_table_refs, parse_select
+from sqe.planning.sql_analysis import FLIPPED_COMPARISONS, Node, constant_of, find_table_refs, parse_select
 
 if TYPE_CHECKING:
     import duckdb
@@ -66,14 +66,6 @@ _COMPARISONS: dict[str, Callable[[pc.Expression, Any], pc.Expression]] = {
     "COMPARE_LESSTHANOREQUALTO": lambda f, v: f <= v,
     "COMPARE_GREATERTHAN": lambda f, v: f > v,
     "COMPARE_GREATERTHANOREQUALTO": lambda f, v: f >= v,
-}
-_FLIPPED = {
-    "COMPARE_EQUAL": "COMPARE_EQUAL",
-    "COMPARE_NOTEQUAL": "COMPARE_NOTEQUAL",
-    "COMPARE_LESSTHAN": "COMPARE_GREATERTHAN",
-    "COMPARE_LESSTHANOREQUALTO": "COMPARE_GREATERTHANOREQUALTO",
-    "COMPARE_GREATERTHAN": "COMPARE_LESSTHAN",
-    "COMPARE_GREATERTHANOREQUALTO": "COMPARE_LESSTHANOREQUALTO",
 }
 
 
@@ -250,7 +242,7 @@ def _conjunct(node: Node, columns: _Columns) -> pc.Expression:
     if kind in _COMPARISONS:
         left, right = node.get("left"), node.get("right")
         if isinstance(right, dict) and right.get("class") == "COLUMN_REF":
-            left, right, kind = right, left, _FLIPPED[kind]
+            left, right, kind = right, left, FLIPPED_COMPARISONS[kind]
         column, field, arrow_type = columns.field(columns.index(left))
         return _COMPARISONS[kind](column, _scalar(right, field, arrow_type))
     if kind in ("OPERATOR_IS_NULL", "OPERATOR_IS_NOT_NULL"):

@@ -46,7 +46,8 @@ _COMPARISONS: dict[str, str] = {  # DuckDB comparison -> pyiceberg predicate cla
     "COMPARE_GREATERTHAN": "GreaterThan",
     "COMPARE_GREATERTHANOREQUALTO": "GreaterThanOrEqual",
 }
-_FLIPPED = {
+# The comparison that holds with its operands swapped (``5 < x`` is ``x > 5``).
+FLIPPED_COMPARISONS = {
     "COMPARE_EQUAL": "COMPARE_EQUAL",
     "COMPARE_NOTEQUAL": "COMPARE_NOTEQUAL",
     "COMPARE_LESSTHAN": "COMPARE_GREATERTHAN",
@@ -267,7 +268,7 @@ def _predicates(
     if kind in _COMPARISONS:
         left, right = expr.get("left"), expr.get("right")
         if right is not None and right.get("class") == "COLUMN_REF":
-            left, right, kind = right, left, _FLIPPED[kind]
+            left, right, kind = right, left, FLIPPED_COMPARISONS[kind]
         target = column(left)
         value = constant_of(right, target[1]) if target else None
         if target is None or value is None:

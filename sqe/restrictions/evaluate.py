@@ -14,18 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sqe.errors import RestrictionApplyError
+from sqe.restrictions import expressions as ex
 from sqe.restrictions.columns import BatchColumns
-from sqe.restrictions.expressions import (
-    And,
-    Comparison,
-    FieldRef,
-    Not,
-    NullCheck,
-    Or,
-    Predicate,
-    SetMembership,
-    StartsWith,
-)
 from sqe.restrictions.literals import TEMPORAL_NANOS, TIMESTAMP_TYPES
 
 _COMPARE: dict[str, Callable[..., pa.Array]] = {
@@ -37,7 +27,7 @@ _COMPARE: dict[str, Callable[..., pa.Array]] = {
 }
 
 
-def evaluate(predicate: Predicate, columns: BatchColumns) -> pa.BooleanArray:
+def evaluate(predicate: ex.Predicate, columns: BatchColumns) -> pa.BooleanArray:
     """A null-free mask of the rows the filter keeps."""
     return _Evaluator(columns).run(predicate)
 
@@ -45,14 +35,14 @@ def evaluate(predicate: Predicate, columns: BatchColumns) -> pa.BooleanArray:
 class _Evaluator:
     def __init__(self, columns: BatchColumns) -> None:
         self._columns = columns
-        self._cache: dict[FieldRef, pa.Array] = {}
+        self._cache: dict[ex.FieldRef, pa.Array] = {}
 
-    def run(self, predicate: Predicate) -> pa.BooleanArray:
-        if isinstance(predicate, And):
+    def run(self, predicate: ex.Predicate) -> pa.BooleanArray:
+        if isinstance(predicate, ex.And):
             return pc.and_(self.run(predicate.left), self.run(predicate.right))
-        if isinstance(predicate, Or):
+        if isinstance(predicate, ex.Or):
             return pc.or_(self.run(predicate.left), self.run(predicate.right))
-        if isinstance(predicate, Not):
+        if isinstance(predicate, ex.Not):
             return pc.invert(self.run(predicate.child))
         try:
             return self._leaf(predicate)
@@ -62,14 +52,14 @@ class _Evaluator:
                 f"row filter on field id {ref.field_id} ({ref.type_name}) cannot be evaluated on this column"
             ) from None
 
-    def _leaf(self, leaf: Comparison | SetMembership | StartsWith | NullCheck) -> pa.BooleanArray:
+    def _leaf(self, leaf: ex.Comparison | ex.SetMembership | ex.StartsWith | ex.NullCheck) -> pa.BooleanArray:
         values = self._values(leaf.ref)
-        if isinstance(leaf, NullCheck):
+        if isinstance(leaf, ex.NullCheck):
             return _null_check(leaf.op, values)
-        if isinstance(leaf, StartsWith):
+        if isinstance(leaf, ex.StartsWith):
             matched = _false_if_null(pc.starts_with(values, pattern=leaf.prefix))
             return pc.invert(matched) if leaf.negated else matched
-        if isinstance(leaf, SetMembership):
+        if isinstance(leaf, ex.SetMembership):
             value_set = pa.array(leaf.values, type=values.type)
             matched = _false_if_null(pc.is_in(values, value_set=value_set, skip_nulls=True))
             return pc.invert(matched) if leaf.negated else matched
@@ -78,7 +68,7 @@ class _Evaluator:
             return pc.invert(_false_if_null(pc.equal(values, literal)))
         return _false_if_null(_COMPARE[leaf.op](values, literal))
 
-    def _values(self, ref: FieldRef) -> pa.Array:
+    def _values(self, ref: ex.FieldRef) -> pa.Array:
         cached = self._cache.get(ref)
         if cached is None:
             raw = self._columns.resolve(ref.path)
@@ -100,7 +90,7 @@ def _false_if_null(mask: pa.Array) -> pa.BooleanArray:
     return mask if mask.null_count == 0 else pc.fill_null(mask, False)
 
 
-def _comparable(array: pa.Array, ref: FieldRef) -> pa.Array:
+def _comparable(array: pa.Array, ref: ex.FieldRef) -> pa.Array:
     """Plain storage of the column; temporal types as integers in the Iceberg unit of the field."""
     if isinstance(array, pa.DictionaryArray):
         array = array.dictionary_decode()
@@ -120,7 +110,7 @@ def _comparable(array: pa.Array, ref: FieldRef) -> pa.Array:
     return array
 
 
-def _require(matches: bool, ref: FieldRef) -> None:
+def _require(matches: bool, ref: ex.FieldRef) -> None:
     if not matches:
         raise RestrictionApplyError(
             f"row filter column field id {ref.field_id} ({ref.type_name}) has an unexpected Arrow type"

@@ -10,7 +10,6 @@ one-line :class:`~sqe.errors.ConfigError` naming the key and, when an env variab
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from sqe._net import is_loopback
 from sqe._text import first_line
 from sqe.errors import ConfigError
 
@@ -75,20 +75,11 @@ class ServerConfig(BaseModel):
         host, sep, port = self.listen.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigError(f'server.listen: must be "host:port", got {self.listen!r}')
-        if not self.tls and not _is_loopback(self.host):
+        if not self.tls and not is_loopback(self.host):
             raise ConfigError(
                 f"server.listen: {self.listen} is not a loopback address; plaintext is only served on loopback "
                 "(set server.tls_cert and server.tls_key)"
             )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------- loading

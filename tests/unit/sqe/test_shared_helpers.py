@@ -1,4 +1,4 @@
-"""The shared text helpers and counters."""
+"""The shared text and network helpers and counters."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass
 
 from sqe._counters import Counters
+from sqe._net import is_loopback
 from sqe._text import first_line, iso_utc
 
 
@@ -14,6 +15,11 @@ def test_first_line_cuts_multiline_and_names_empty_exceptions() -> None:
     assert first_line(ValueError()) == "ValueError"
     assert first_line("") == ""
     assert first_line("abcdef", limit=3) == "abc"
+
+
+def test_is_loopback_accepts_only_this_machine() -> None:
+    assert all(is_loopback(host) for host in ("localhost", "127.0.0.1", "127.8.9.10", "::1"))
+    assert not any(is_loopback(host) for host in ("0.0.0.0", "10.0.0.1", "::", "example.internal", ""))
 
 
 def test_iso_utc() -> None:
