@@ -18,7 +18,7 @@ import inspect
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
@@ -290,34 +290,33 @@ class LocalExecutor:
         return run.batches()
 
 
+@dataclass(eq=False, repr=False)  # a run is one pass of reader threads: identity, not value, equality
 class _ScanRun:
     """One pass over a plan's tasks: reader threads feed a bounded queue, the caller's thread consumes it."""
 
-    def __init__(
-        self,
-        executor: LocalExecutor,
-        plan: FileScanSource,
-        cancel: threading.Event,
-        transform: BatchTransform | None,
-        metrics: ScanMetrics,
-    ) -> None:
-        self._executor = executor
-        self._plan = plan
-        self._cancel = cancel
-        self._transform = transform
-        self._metrics = metrics
-        self._stop = threading.Event()  # set by the consumer when it leaves, for any reason
-        self._queue: queue.Queue[pa.RecordBatch | _Done | _Failed] = queue.Queue(executor.max_queued_batches)
-        self._tasks: Iterator[FileScanTask] = iter(plan.tasks)
-        self._tasks_lock = threading.Lock()
-        self._deletes = _DeleteCache(plan)
+    executor: LocalExecutor
+    plan: FileScanSource
+    cancel: threading.Event
+    transform: BatchTransform | None
+    metrics: ScanMetrics
+    # Set by the consumer when it leaves, for any reason.
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _queue: queue.Queue[pa.RecordBatch | _Done | _Failed] = field(init=False)
+    _tasks: Iterator[FileScanTask] = field(init=False)
+    _tasks_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _deletes: _DeleteCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._queue = queue.Queue(self.executor.max_queued_batches)
+        self._tasks = iter(self.plan.tasks)
+        self._deletes = _DeleteCache(self.plan)
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         self._raise_if_cancelled()
-        self._metrics.add(scans_opened=1, files_total=len(self._plan.tasks))
+        self.metrics.add(scans_opened=1, files_total=len(self.plan.tasks))
         workers = [
-            threading.Thread(target=self._work, name=f"sqe-scan-{self._plan.ident}", daemon=True)
-            for _ in range(min(self._executor.max_files_in_flight, len(self._plan.tasks)))
+            threading.Thread(target=self._work, name=f"sqe-scan-{self.plan.ident}", daemon=True)
+            for _ in range(min(self.executor.max_files_in_flight, len(self.plan.tasks)))
         ]
         for worker in workers:
             worker.start()
@@ -327,13 +326,13 @@ class _ScanRun:
             self._stop.set()
             self._drain()
             for worker in workers:
-                worker.join(timeout=self._executor.poll_seconds)
+                worker.join(timeout=self.executor.poll_seconds)
 
     def _consume(self, running: int) -> Iterator[pa.RecordBatch]:
         while running:
             self._raise_if_cancelled()
             try:
-                item = self._queue.get(timeout=self._executor.poll_seconds)
+                item = self._queue.get(timeout=self.executor.poll_seconds)
             except queue.Empty:
                 continue
             if isinstance(item, _Done):
@@ -341,7 +340,7 @@ class _ScanRun:
             elif isinstance(item, _Failed):
                 raise item.error
             else:
-                self._metrics.add(batches_in_flight=-1)
+                self.metrics.add(batches_in_flight=-1)
                 yield item
 
     def _work(self) -> None:
@@ -361,31 +360,31 @@ class _ScanRun:
             return next(self._tasks, None)
 
     def _read_file(self, task: FileScanTask) -> None:
-        self._metrics.add(files_open=1)
+        self.metrics.add(files_open=1)
         try:
             batches = _task_to_record_batches(
-                self._plan.read,
+                self.plan.read,
                 task,
                 self._deletes.for_file(task),
-                target_batch_bytes=self._executor.target_batch_bytes,
+                target_batch_bytes=self.executor.target_batch_bytes,
             )
             for batch in batches:
                 if self._stop.is_set():
                     return
-                out = self._transform(batch) if self._transform is not None else batch
-                self._metrics.add(batches_in_flight=1, batches_produced=1, rows_produced=out.num_rows)
+                out = self.transform(batch) if self.transform is not None else batch
+                self.metrics.add(batches_in_flight=1, batches_produced=1, rows_produced=out.num_rows)
                 if not self._put(out):
-                    self._metrics.add(batches_in_flight=-1)
+                    self.metrics.add(batches_in_flight=-1)
                     return
         finally:
-            self._metrics.add(files_open=-1)
-        self._metrics.add(files_done=1, bytes_done=task.file.file_size_in_bytes)
+            self.metrics.add(files_open=-1)
+        self.metrics.add(files_done=1, bytes_done=task.file.file_size_in_bytes)
 
     def _put(self, item: pa.RecordBatch | _Done | _Failed) -> bool:
         """Block while the queue is full; give up once the consumer has gone."""
         while not self._stop.is_set():
             try:
-                self._queue.put(item, timeout=self._executor.poll_seconds)
+                self._queue.put(item, timeout=self.executor.poll_seconds)
                 return True
             except queue.Full:
                 continue
@@ -398,10 +397,10 @@ class _ScanRun:
             except queue.Empty:
                 return
             if isinstance(item, pa.RecordBatch):
-                self._metrics.add(batches_in_flight=-1)
+                self.metrics.add(batches_in_flight=-1)
 
     def _raise_if_cancelled(self) -> None:
-        if self._cancel.is_set():
+        if self.cancel.is_set():
             raise QueryCancelledError()
 
 

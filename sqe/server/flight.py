@@ -23,6 +23,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import duckdb
@@ -222,6 +223,7 @@ def _handler(method: Callable[..., _T]) -> Callable[..., _T]:
     return wrapper
 
 
+@dataclass(eq=False)  # a stream is one call's body: identity, not value, equality
 class _ResultStream:
     """The body of one DoGet: its query's batches, then the query finished however the call ends.
 
@@ -231,21 +233,15 @@ class _ResultStream:
     only then may the watchdog ask the call whether its client cancelled.
     """
 
-    _over = True  # until __init__ ran: __del__ of a half-built stream has nothing to finish
+    session: ClientSession
+    query: OpenQuery
+    context: Any
+    secrets: list[str] = field(repr=False)
+    timeout_error: Callable[[], QueryTimeoutError]
+    # True until __post_init__ ran: __del__ of a half-built stream has nothing to finish.
+    _over: bool = field(default=True, init=False, repr=False)
 
-    def __init__(
-        self,
-        session: ClientSession,
-        query: OpenQuery,
-        context: Any,
-        secrets: list[str],
-        timeout_error: Callable[[], QueryTimeoutError],
-    ) -> None:
-        self._session = session
-        self._query = query
-        self._context = context
-        self._secrets = secrets
-        self._timeout_error = timeout_error
+    def __post_init__(self) -> None:
         self._over = False
 
     def __iter__(self) -> _ResultStream:
@@ -255,24 +251,24 @@ class _ResultStream:
         if self._over:
             raise StopIteration
         try:
-            with self._query.serving(self._context):
+            with self.query.serving(self.context):
                 batch = self._next_batch()
         except Exception as exc:
-            self._query.failed = True
+            self.query.failed = True
             self.close(completed=False)
-            if self._query.cancelled == "timeout" and not isinstance(exc, QueryTimeoutError):
-                exc = self._timeout_error()
-            raise to_flight(exc, self._secrets) from None
+            if self.query.cancelled == "timeout" and not isinstance(exc, QueryTimeoutError):
+                exc = self.timeout_error()
+            raise to_flight(exc, self.secrets) from None
         if batch is None:
             self.close(completed=True)
             raise StopIteration
         return batch
 
     def _next_batch(self) -> pa.RecordBatch | None:
-        query = self._query
+        query = self.query
         batch = next(query.batches, None) if query.cancelled is None else None
         if query.cancelled == "timeout":
-            raise self._timeout_error()
+            raise self.timeout_error()
         if query.cancelled is not None:
             raise QueryError(f"query cancelled ({query.cancelled})")
         return batch
@@ -283,9 +279,9 @@ class _ResultStream:
             return
         self._over = True
         if not completed:
-            self._query.cancel("client")
-        self._query.finish()
-        self._session.open.pop(self._query.handle, None)
+            self.query.cancel("client")
+        self.query.finish()
+        self.session.open.pop(self.query.handle, None)
 
     def __del__(self) -> None:
         self.close(completed=False)  # the call ended without reading to the end (or without reading at all)
