@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any, NoReturn
 
 import requests
@@ -40,36 +40,34 @@ class Token:
         return max(0.0, (self.expires_at - now) / (self.expires_at - self.issued_at))
 
 
+# repr=False: the hand-written __repr__ leaves the secret out; eq=False: equal settings are not the same session.
+@dataclass(repr=False, eq=False)
 class BearerAuth(requests.auth.AuthBase):
     """Adds ``Authorization: Bearer`` to requests; fetches and refreshes client-credentials tokens."""
 
-    def __init__(
-        self,
-        session: requests.Session,
-        token_url: str,
-        *,
-        client_id: str = "",
-        client_secret: str = "",
-        scope: str = "PRINCIPAL_ROLE:ALL",
-        static_token: str = "",
-    ) -> None:
-        self._session = session
-        self._token_url = token_url
-        self._client_id = client_id
-        self._client_secret = client_secret
-        self._scope = scope
-        self._lock = threading.Lock()
-        self._token: Token | None = Token(static_token, None, None) if static_token else None
+    session: requests.Session
+    token_url: str
+    _: KW_ONLY
+    client_id: str = ""
+    client_secret: str = ""
+    scope: str = "PRINCIPAL_ROLE:ALL"
+    static_token: InitVar[str] = ""  # a fixed token instead of client credentials; kept only as ``_token``
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _token: Token | None = field(default=None, init=False)
+
+    def __post_init__(self, static_token: str) -> None:
+        if static_token:
+            self._token = Token(static_token, None, None)
 
     def __repr__(self) -> str:
-        return f"BearerAuth(token_url={self._token_url!r}, client_id={self._client_id!r})"
+        return f"BearerAuth(token_url={self.token_url!r}, client_id={self.client_id!r})"
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("catalog credentials cannot be pickled")
 
     @property
     def uses_client_credentials(self) -> bool:
-        return bool(self._client_id)
+        return bool(self.client_id)
 
     def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
         request.headers["Authorization"] = f"Bearer {self.current_token()}"
@@ -98,15 +96,15 @@ class BearerAuth(requests.auth.AuthBase):
                 self._token = None
 
     def _fetch(self) -> Token:
-        if not self._client_id:
+        if not self.client_id:
             raise AuthenticationError("no catalog credentials configured (catalog.client_id or catalog.token)")
-        data = client_credentials_form(self._client_id, self._client_secret, self._scope)
+        data = client_credentials_form(self.client_id, self.client_secret, self.scope)
         sent_at = time.time()
-        response = post_token_request(self._session, self._token_url, data)
+        response = post_token_request(self.session, self.token_url, data)
         if response.status_code in (400, 401, 403):
             raise AuthenticationError(
-                f"catalog rejected client {self._client_id!r} at {self._token_url} "
-                f"(HTTP {response.status_code}: {oauth_error(response, self._client_secret)})",
+                f"catalog rejected client {self.client_id!r} at {self.token_url} "
+                f"(HTTP {response.status_code}: {oauth_error(response, self.client_secret)})",
                 status=response.status_code,
             )
         require_ok(response)

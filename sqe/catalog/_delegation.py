@@ -60,7 +60,7 @@ class DelegatedAuth(BearerAuth):
 
     def __repr__(self) -> str:
         who = f"end_user={self._end_user_name!r}, reader={self._reader_name!r}"
-        return f"DelegatedAuth(token_url={self._token_url!r}, {who})"
+        return f"DelegatedAuth(token_url={self.token_url!r}, {who})"
 
     @property
     def uses_client_credentials(self) -> bool:
@@ -110,7 +110,7 @@ class DelegatedAuth(BearerAuth):
         return None
 
     def _exchange(self, subject: str, actor: str) -> requests.Response:
-        return post_token_request(self._session, self._token_url, token_exchange_form(subject, actor))
+        return post_token_request(self.session, self.token_url, token_exchange_form(subject, actor))
 
 
 def token_exchange_form(subject_token: str, actor_token: str) -> dict[str, str]:
