@@ -25,7 +25,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, NoReturn
 
 import requests
@@ -80,46 +80,43 @@ def _lifetime(body: dict[str, Any], now: float) -> float:
     return now + 3600.0 if expires_in is None else refresh_point(now, expires_in)
 
 
+# repr=False: the hand-written __repr__ leaves the secret out; eq=False: a broker is a service, not a value.
+@dataclass(repr=False, eq=False)
 class IdentityBroker:
     """Authenticates end users at the catalog and hands out the catalog token each user's session uses."""
 
-    def __init__(
-        self,
-        catalog_uri: str,
-        warehouse: str,
-        *,
-        scope: str = "PRINCIPAL_ROLE:ALL",
-        reader_client_id: str | None = None,
-        reader_client_secret: str | None = None,
-        timeout: float = 30.0,
-        auth_cache_seconds: float = 0.0,
-    ) -> None:
-        self._uri = catalog_uri.rstrip("/")
-        self._warehouse = warehouse
-        self._scope = scope
-        self._reader_id = reader_client_id
-        self._reader_secret = reader_client_secret
-        self._timeout = timeout
-        self._auth_cache_seconds = auth_cache_seconds
-        self._http = requests.Session()
-        self._lock = threading.Lock()
-        self._reader_token: _Cached | None = None
-        self._delegated: dict[str, _Cached] = {}  # user token fingerprint -> delegated token
-        self._checked: dict[str, float] = {}  # user token fingerprint -> accepted until
+    catalog_uri: str
+    warehouse: str
+    _: KW_ONLY
+    scope: str = "PRINCIPAL_ROLE:ALL"
+    reader_client_id: str | None = None
+    reader_client_secret: str | None = None
+    timeout: float = 30.0
+    auth_cache_seconds: float = 0.0
+    _http: requests.Session = field(default_factory=requests.Session, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _reader_token: _Cached | None = field(default=None, init=False)
+    # user token fingerprint -> delegated token
+    _delegated: dict[str, _Cached] = field(default_factory=dict, init=False)
+    # user token fingerprint -> accepted until
+    _checked: dict[str, float] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.catalog_uri = self.catalog_uri.rstrip("/")
 
     def __repr__(self) -> str:
-        return f"IdentityBroker(uri={self._uri!r}, reader={self._reader_id!r})"
+        return f"IdentityBroker(uri={self.catalog_uri!r}, reader={self.reader_client_id!r})"
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("the identity broker holds the reader secret and cannot be pickled")
 
     @property
     def token_url(self) -> str:
-        return f"{self._uri}/v1/oauth/tokens"
+        return f"{self.catalog_uri}/v1/oauth/tokens"
 
     @property
     def delegates(self) -> bool:
-        return self._reader_id is not None
+        return self.reader_client_id is not None
 
     # -- authentication ---------------------------------------------------------------------------------
 
@@ -133,15 +130,15 @@ class IdentityBroker:
             accepted_until = self._checked.get(key, 0.0)
         if now >= accepted_until:
             self._check_at_catalog(token)
-            if self._auth_cache_seconds > 0:
+            if self.auth_cache_seconds > 0:
                 with self._lock:
-                    self._checked[key] = now + self._auth_cache_seconds
+                    self._checked[key] = now + self.auth_cache_seconds
         return User(self._user_key(token), token)
 
     def authenticate_basic(self, client_id: str, client_secret: str) -> User:
         """Exchange the user's catalog client credentials for their token (the secret is not kept)."""
         body = self._token_request(
-            client_credentials_form(client_id, client_secret, self._scope), f"the catalog rejected client {client_id!r}"
+            client_credentials_form(client_id, client_secret, self.scope), f"the catalog rejected client {client_id!r}"
         )
         token = str(body["access_token"])
         return User(self._user_key(token), token, issued_token=True)
@@ -151,16 +148,17 @@ class IdentityBroker:
         return f"user:{subject}" if subject else f"token:{fingerprint(token)}"
 
     def _check_at_catalog(self, token: str) -> None:
-        url = f"{self._uri}/v1/config"
+        url = f"{self.catalog_uri}/v1/config"
         try:
             response = self._http.get(
                 url,
-                params={"warehouse": self._warehouse},
+                params={"warehouse": self.warehouse},
                 headers={"Authorization": f"Bearer {token}"},
-                timeout=self._timeout,
+                timeout=self.timeout,
             )
         except requests.RequestException as exc:
-            raise CatalogUnavailableError(f"cannot reach the catalog at {self._uri}: {type(exc).__name__}") from None
+            reason = type(exc).__name__
+            raise CatalogUnavailableError(f"cannot reach the catalog at {self.catalog_uri}: {reason}") from None
         if response.status_code == 401:
             raise AuthenticationError(f"the catalog rejected the bearer token ({_oauth_error(response)})", status=401)
         if response.status_code >= 500:
@@ -180,7 +178,7 @@ class IdentityBroker:
         if cached is not None and now < cached.refresh_at:
             return cached.value
         delegated = self._exchange(user.token)
-        log.info("delegated token for %s exchanged as reader %r", user.key, self._reader_id)
+        log.info("delegated token for %s exchanged as reader %r", user.key, self.reader_client_id)
         with self._lock:
             self._delegated[key] = delegated
             self._forget_stale(now)
@@ -209,7 +207,7 @@ class IdentityBroker:
         except AuthenticationError:
             if fresh:
                 raise
-            log.info("the catalog refused the cached reader token of %r; fetching a new one", self._reader_id)
+            log.info("the catalog refused the cached reader token of %r; fetching a new one", self.reader_client_id)
             actor, _ = self._reader(force=True)
             return self._exchange_as(subject_token, actor)
 
@@ -226,8 +224,9 @@ class IdentityBroker:
             cached = None if force else self._reader_token
         if cached is not None and now < cached.refresh_at:
             return cached.value, False
-        form = client_credentials_form(self._reader_id or "", self._reader_secret or "", self._scope)
-        body = self._token_request(form, f"the catalog rejected the server's reader identity {self._reader_id!r}")
+        form = client_credentials_form(self.reader_client_id or "", self.reader_client_secret or "", self.scope)
+        refused = f"the catalog rejected the server's reader identity {self.reader_client_id!r}"
+        body = self._token_request(form, refused)
         fresh = _Cached(str(body["access_token"]), _lifetime(body, now))
         with self._lock:
             self._reader_token = fresh
@@ -235,7 +234,7 @@ class IdentityBroker:
 
     def _token_request(self, form: dict[str, str], refused: str) -> dict[str, Any]:
         try:
-            response = self._http.post(self.token_url, data=form, timeout=self._timeout)
+            response = self._http.post(self.token_url, data=form, timeout=self.timeout)
         except requests.RequestException as exc:
             raise CatalogUnavailableError(f"cannot reach {self.token_url}: {type(exc).__name__}") from None
         if response.status_code in (400, 401, 403):
