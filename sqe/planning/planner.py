@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -96,9 +97,12 @@ class ScanPlan:
     def output_schema(self) -> Schema:
         return self.read.projected_schema.select(*self.columns)
 
-    @property
+    @cached_property
     def arrow_schema(self) -> pa.Schema:
-        """The batches' schema after restrictions: a masked column may hold NULLs whatever its type says."""
+        """The batches' schema after restrictions: a masked column may hold NULLs whatever its type says.
+
+        Worked out once per plan (a plan from the task cache serves many queries; the stream and the
+        pass-through check each ask for it)."""
         return restricted_arrow_schema(self.read.projected_schema, self.output_field_ids, self.restrictions)
 
     def batch_transform(self, salt: bytes) -> BatchTransform | None:

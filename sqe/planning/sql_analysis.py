@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -36,6 +38,10 @@ _TABLE_REF_TYPES_KNOWN = {"BASE_TABLE", "JOIN", "SUBQUERY", "EMPTY", "EXPRESSION
 _QUERY_NODE_TYPES_KNOWN = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
 _ALL_COLUMN_EXPRESSIONS = {"STAR", "POSITIONAL_REFERENCE"}
 _INT_RANGE = 2**63
+# DuckDB's parse of a text is a pure function of the text: a repeat query skips the round trip into DuckDB
+# (about half a millisecond of a warm tiny query). Bounded by entries and by the length of a kept text.
+_PARSED_ENTRIES = 256
+_PARSED_MAX_SQL_CHARS = 16 << 10
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 _COMPARISONS: dict[str, str] = {  # DuckDB comparison -> pyiceberg predicate class in pyiceberg.expressions
@@ -80,9 +86,16 @@ class ColumnUsage:
 
 
 def parse_select(con: duckdb.DuckDBPyConnection, sql: str) -> Node:
-    """The parse tree of one SELECT-like statement; parse errors become one-line QueryErrors."""
-    row = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
-    parsed: dict[str, Any] = json.loads(row[0]) if row else {"error": True, "error_message": "empty statement"}
+    """The parse tree of one SELECT-like statement; parse errors become one-line QueryErrors.
+
+    Each call returns a fresh tree (decoded anew from DuckDB's serialized parse, kept per text once it parsed
+    cleanly), so a caller may change it freely."""
+    serialized = _PARSED.get(sql)
+    fresh = serialized is None
+    if serialized is None:
+        row = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
+        serialized = str(row[0]) if row else '{"error": true, "error_message": "empty statement"}'
+    parsed: dict[str, Any] = json.loads(serialized)
     if parsed.get("error"):
         message = str(parsed.get("error_message", "cannot parse the statement")).splitlines()[0]
         if "Only SELECT statements" in message:
@@ -91,8 +104,46 @@ def parse_select(con: duckdb.DuckDBPyConnection, sql: str) -> Node:
     statements: list[Node] = parsed.get("statements", [])
     if len(statements) != 1:
         raise QueryError(f"expected one statement, got {len(statements)}")
+    if fresh:
+        _PARSED.put(sql, serialized)
     node: Node = statements[0]["node"]
     return node
+
+
+class _ParsedTexts:
+    """A thread-safe least-recently-used map of statement text to DuckDB's serialized parse of it."""
+
+    def __init__(self, max_entries: int, max_sql_chars: int) -> None:
+        self._max_entries = max_entries
+        self._max_sql_chars = max_sql_chars
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, str] = OrderedDict()
+
+    def get(self, sql: str) -> str | None:
+        with self._lock:
+            kept = self._entries.get(sql)
+            if kept is not None:
+                self._entries.move_to_end(sql)
+            return kept
+
+    def put(self, sql: str, serialized: str) -> None:
+        if len(sql) > self._max_sql_chars:
+            return
+        with self._lock:
+            self._entries[sql] = serialized
+            self._entries.move_to_end(sql)
+            while len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def __repr__(self) -> str:  # statement texts stay out of reprs
+        return f"_ParsedTexts(entries={len(self)})"
+
+
+_PARSED = _ParsedTexts(_PARSED_ENTRIES, _PARSED_MAX_SQL_CHARS)
 
 
 def walk(obj: Any) -> Iterator[Node]:
