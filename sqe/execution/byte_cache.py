@@ -15,12 +15,10 @@ content in process memory only: no repr, log line or counter shows any of it.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
-from sqe._counters import Counters
+from sqe._lru import LRUCache
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -33,96 +31,23 @@ DEFAULT_DATA_BYTES = 256 << 20
 DEFAULT_MANIFEST_BYTES = 32 << 20
 
 
-@dataclass
-class ByteCacheStats(Counters):
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-
-
-class ByteBoundedCache(Generic[K]):
-    """A thread-safe least-recently-used map of immutable byte strings holding at most ``max_bytes``."""
+class ByteBoundedCache(LRUCache[K, bytes]):
+    """Immutable byte strings, at most ``max_bytes`` of them in all."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.stats = ByteCacheStats()
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[K, bytes] = OrderedDict()
-        self._bytes = 0
-        self._max_bytes = 0
-        self.resize(max_bytes)
+        super().__init__(max_bytes, weigh=len)
 
     @property
     def enabled(self) -> bool:
-        return self._max_bytes > 0
+        return self.bound > 0
 
     @property
     def max_bytes(self) -> int:
-        return self._max_bytes
+        return self.bound
 
     @property
     def kept_bytes(self) -> int:
-        with self._lock:
-            return self._bytes
-
-    def resize(self, max_bytes: int) -> None:
-        """A new bound; entries beyond it go at once (0 empties the cache and keeps nothing more)."""
-        if max_bytes < 0:
-            raise ValueError("max_bytes must not be negative")
-        with self._lock:
-            self._max_bytes = max_bytes
-            evicted = self._evict_locked()
-        self._evicted(evicted)
-
-    def get(self, key: K) -> bytes | None:
-        with self._lock:
-            value = self._entries.get(key)
-            if value is not None:
-                self._entries.move_to_end(key)
-        self.stats.add(hits=1) if value is not None else self.stats.add(misses=1)
-        return value
-
-    def put(self, key: K, value: bytes) -> bool:
-        """Keep ``value`` (True), unless the cache is off or the value alone is larger than the bound."""
-        if len(value) > self._max_bytes:
-            return False
-        with self._lock:
-            previous = self._entries.pop(key, None)
-            self._bytes -= len(previous) if previous is not None else 0
-            self._entries[key] = value
-            self._bytes += len(value)
-            evicted = self._evict_locked()
-        self._evicted(evicted)
-        return True
-
-    def clear(self) -> None:
-        with self._lock:
-            evicted = list(self._entries)
-            self._entries.clear()
-            self._bytes = 0
-        self._forget(evicted)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(entries={len(self)}, kept_bytes={self.kept_bytes}, max_bytes={self._max_bytes})"
-
-    def _evict_locked(self) -> list[K]:
-        evicted: list[K] = []
-        while self._entries and self._bytes > self._max_bytes:
-            key, value = self._entries.popitem(last=False)
-            self._bytes -= len(value)
-            evicted.append(key)
-        return evicted
-
-    def _evicted(self, keys: list[K]) -> None:
-        if keys:
-            self.stats.add(evictions=len(keys))
-            self._forget(keys)
-
-    def _forget(self, keys: list[K]) -> None:
-        """Called outside the lock with the keys that left (subclasses keep an index)."""
+        return self.weight
 
 
 FileKey = tuple[str, int, str]  # file path, file size, credential scope key

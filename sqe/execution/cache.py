@@ -22,16 +22,13 @@ chunks come from memory too (see :mod:`sqe.execution.byte_cache`).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow.dataset as ds
 from pyiceberg.io.pyarrow import PyArrowFile
 
-from sqe._counters import Counters
+from sqe._lru import LRUCache
 from sqe.credentials.pool import FILE_IOS
 from sqe.execution.byte_cache import (
     DATA_RANGES,
@@ -54,70 +51,21 @@ __all__ = [
     "scope_key",
 ]
 
-K = TypeVar("K")
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 DEFAULT_FOOTER_ENTRIES = 1024  # footers of wide files can be large: bound by count, kept modest
 
 
-@dataclass
-class CacheStats(Counters):
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-
-
-class BoundedCache(Generic[K, V]):
-    """A thread-safe least-recently-used map of at most ``max_entries`` entries."""
+class BoundedCache(LRUCache[K, V]):
+    """At most ``max_entries`` entries (every value weighs 1)."""
 
     def __init__(self, max_entries: int) -> None:
-        if max_entries < 0:
-            raise ValueError("max_entries must not be negative")
-        self.max_entries = max_entries
-        self.stats = CacheStats()
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[K, V] = OrderedDict()
+        super().__init__(max_entries)
 
-    def get(self, key: K) -> V | None:
-        with self._lock:
-            value = self._entries.get(key)
-            if value is not None:
-                self._entries.move_to_end(key)
-        self.stats.add(hits=1) if value is not None else self.stats.add(misses=1)
-        return value
-
-    def put(self, key: K, value: V) -> None:
-        evicted = 0
-        with self._lock:
-            self._entries[key] = value
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-                evicted += 1
-        if evicted:
-            self.stats.add(evictions=evicted)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def drop_where(self, doomed: Callable[[K], bool]) -> int:
-        """Remove every entry whose key ``doomed`` accepts; returns how many went."""
-        with self._lock:
-            keys = [key for key in self._entries if doomed(key)]
-            for key in keys:
-                del self._entries[key]
-        if keys:
-            self.stats.add(evictions=len(keys))
-        return len(keys)
-
-    def snapshot_keys(self) -> list[K]:
-        with self._lock:
-            return list(self._entries)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
+    @property
+    def max_entries(self) -> int:
+        return self.bound
 
 
 FragmentKey = tuple[str, int, str]  # file path, file size, credential identity

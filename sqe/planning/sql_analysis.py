@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from sqe._lru import LRUCache
 from sqe.errors import QueryError
 
 # pyiceberg is imported by the functions that build predicates: finding a statement's tables must not import it
@@ -110,37 +109,15 @@ def parse_select(con: duckdb.DuckDBPyConnection, sql: str) -> Node:
     return node
 
 
-class _ParsedTexts:
-    """A thread-safe least-recently-used map of statement text to DuckDB's serialized parse of it."""
+class _ParsedTexts(LRUCache[str, str]):
+    """Statement text -> DuckDB's serialized parse of it; texts longer than ``max_sql_chars`` are not kept."""
 
     def __init__(self, max_entries: int, max_sql_chars: int) -> None:
-        self._max_entries = max_entries
+        super().__init__(max_entries)
         self._max_sql_chars = max_sql_chars
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[str, str] = OrderedDict()
 
-    def get(self, sql: str) -> str | None:
-        with self._lock:
-            kept = self._entries.get(sql)
-            if kept is not None:
-                self._entries.move_to_end(sql)
-            return kept
-
-    def put(self, sql: str, serialized: str) -> None:
-        if len(sql) > self._max_sql_chars:
-            return
-        with self._lock:
-            self._entries[sql] = serialized
-            self._entries.move_to_end(sql)
-            while len(self._entries) > self._max_entries:
-                self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
-
-    def __repr__(self) -> str:  # statement texts stay out of reprs
-        return f"_ParsedTexts(entries={len(self)})"
+    def put(self, key: str, value: str) -> bool:
+        return len(key) <= self._max_sql_chars and super().put(key, value)
 
 
 _PARSED = _ParsedTexts(_PARSED_ENTRIES, _PARSED_MAX_SQL_CHARS)
