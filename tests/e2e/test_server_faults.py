@@ -1,13 +1,15 @@
 """``sqe serve`` under client faults (issue 17): results nobody fetches give back their engine, threads and slot.
 
 A GetFlightInfo runs the statement and holds its engine (a DuckDB connection with its threads, scan pools) and a
-query slot until the DoGet streams the result. The soak's clients drop their connection on any error, sometimes
-between the two calls; each such result used to keep about ten threads and a slot of the user's concurrency limit
-until ``query_timeout_seconds`` (an hour), so the server's thread count climbed and the user got "server busy".
+query slot until the DoGet streams the result. In the soak, a catalog outage between the two calls made the
+DoGet fail authentication (the middleware checks the token at the catalog) before any handler ran; the client
+then dropped its connection. Each such result kept about ten threads and a slot of the user's concurrency limit
+until ``query_timeout_seconds`` (an hour): the server's threads climbed and the user got "server busy".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -28,13 +30,14 @@ from tests.e2e.test_server import (
     start_server,
 )
 from tests.e2e.test_server import served as _served_world
+from tests.helpers.fault_proxy import FaultProxy
 
 served = _served_world  # the world of test_server (catalog, tables, users), built once for this module too
 
 if TYPE_CHECKING:
     import subprocess
 
-    from tests.conftest import CatalogPrincipal
+    from tests.conftest import CatalogPrincipal, MotoServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -134,3 +137,49 @@ def test_a_result_fetched_in_time_still_streams(faulty: tuple[Served, subprocess
         assert table.column("id").to_pylist() == [1, 2, 3, 4, 5, 6]
     finally:
         client.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Upstream:
+    """What the server's configs need of a catalog: here the proxy in front of the real one."""
+
+    url: str
+    warehouse: str
+    moto: MotoServer
+
+
+def test_a_doget_refused_while_the_catalog_is_down_leaves_no_result_behind(
+    served: Served, catalog_reader: CatalogPrincipal
+) -> None:
+    """The soak's path: GetFlightInfo plans, the catalog goes down, the DoGet is refused, the client disconnects."""
+    from sqe_stack.provision import stop_child
+
+    proxy = FaultProxy(served.catalog.url)
+    proxy.start()
+    workdir = served.workdir / "catalog-down"
+    workdir.mkdir()
+    upstream = _Upstream(proxy.url, served.catalog.warehouse, served.catalog.moto)
+    settings = {**_reader_settings(catalog_reader), "idle_session_seconds": 3600.0}  # slots come back only by the fix
+    proc, port = start_server(workdir, _write_configs(workdir, upstream, **settings))  # type: ignore[arg-type]
+    world = dataclasses.replace(served, url=f"grpc://127.0.0.1:{port}", proc=proc, log_path=workdir / "server.log")
+    try:
+        for _ in range(2 * PER_USER_LIMIT):  # more than the user's slots
+            client = world.flight_client()
+            info = _flight_info_only(world, client)
+            proxy.inject("*", ".*", 503, times=10_000)
+            with pytest.raises(flight.FlightUnavailableError, match="CatalogUnavailableError"):
+                client.do_get(info.endpoints[0].ticket, _bearer(world.token("carol"))).read_all()
+            proxy.reset()
+            client.close()
+            time.sleep(1.5)  # the watchdog checks closed connections every second
+        client = world.flight_client()
+        try:
+            assert _fetch(world, client) == [1, 2, 3, 4, 5, 6]  # no slot of the user was left behind
+        finally:
+            client.close()
+    finally:
+        stop_child(proc)
+        proxy.stop()
+    log = world.log_text()
+    assert "dropped a result whose DoGet did not come" in log
+    assert "Traceback" not in log
