@@ -40,6 +40,9 @@ class ServerConfig(BaseModel):
     max_concurrent_queries_per_user: int = Field(default=4, ge=1)
     idle_session_seconds: float = Field(default=900.0, gt=0)
     query_timeout_seconds: float = Field(default=3600.0, gt=0)
+    # a result GetFlightInfo produced holds an engine and a query slot until its DoGet; a client that never asks
+    # for it must not hold them for the whole query timeout
+    unfetched_result_seconds: float = Field(default=60.0, gt=0)
     auth_cache_seconds: float = Field(default=0.0, ge=0)
     batch_rows: int = Field(default=65_536, ge=1)
 

@@ -370,6 +370,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             deadline=time.monotonic() + self.server_config.query_timeout_seconds,
             cancel_engine=engine.session.interrupt,
             release=release,
+            fetch_seconds=self.server_config.unfetched_result_seconds,
         )
         session.open[query.handle] = query  # the watchdog sees it (timeout) while it plans
         try:
@@ -396,6 +397,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             deadline=time.monotonic() + self.server_config.query_timeout_seconds,
             cancel_engine=lambda: None,
             release=lambda: None,
+            fetch_seconds=self.server_config.unfetched_result_seconds,
         )
         session.open[query.handle] = query
         return query

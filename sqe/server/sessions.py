@@ -8,13 +8,15 @@ so concurrent statements of one client never invalidate each other. Engine sessi
 :func:`_user_config` over the user's catalog token (delegated or their own) and replaced when that token changes.
 
 :class:`Limits` counts running queries per user and in total; :class:`Watchdog` cancels queries past their
-timeout or whose client went away, and expires idle client sessions.
+timeout or whose client went away, drops results nobody fetched (their DoGet never came within
+``unfetched_result_seconds``, or their client's connection closed), and expires idle client sessions.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import secrets
 import threading
 import time
@@ -171,6 +173,9 @@ class OpenQuery:
     cancel_engine: Callable[[], None]
     release: Callable[[], None]
     close_stream: Callable[[], None] = lambda: None  # frees the engine's result before the engine is reused
+    fetch_seconds: float = math.inf  # how long a planned result waits for its DoGet
+    fetch_by: float = math.inf  # when a result still waiting for its DoGet is dropped (set once planned)
+    waiting_since: float = math.inf  # when it started to wait for its DoGet
     failed: bool = False  # its statement or stream raised
     cancelled: str | None = None  # why it was cancelled: "timeout", "client", "cancel"
     state: str = _WAITING
@@ -202,6 +207,23 @@ class OpenQuery:
         with self._lock:
             if self.state == _PLANNING:
                 self.state = _WAITING
+                self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        self.waiting_since = time.monotonic()
+        self.fetch_by = self.waiting_since + self.fetch_seconds
+
+    def __post_init__(self) -> None:
+        if self.state == _WAITING:  # built already computed (a metadata table): it waits from now on
+            self._start_waiting()
+
+    def unfetched(self, now: float, connection_gone_at: float | None) -> bool:
+        """Still waiting for a DoGet that will not come: past ``fetch_by``, or its connection closed since."""
+        with self._lock:
+            if self._done or self.state != _WAITING:
+                return False
+            closed = connection_gone_at is not None and self.waiting_since < connection_gone_at
+            return now >= self.fetch_by or closed
 
     def claim(self) -> bool:
         """The DoGet that streams it takes ownership; False when it is finished or another call owns it."""
@@ -428,11 +450,7 @@ class SessionRegistry:
 
 
 def _peer_gone(session: ClientSession, connected: set[Endpoint], seen_at: float) -> bool:
-    tag = session.key[1]
-    if not tag.startswith(PEER_KEY_PREFIX):
-        return False
-    endpoint = parse_peer(tag[len(PEER_KEY_PREFIX) :])
-    return endpoint is not None and endpoint not in connected and session.is_idle_since(seen_at)
+    return _connection_closed(session, connected) and session.is_idle_since(seen_at)
 
 
 class Watchdog:
@@ -469,7 +487,13 @@ class Watchdog:
 
     def sweep(self) -> None:
         now = time.monotonic()
+        connected: set[Endpoint] | None = None
+        seen_at = now
+        if now - self._peers_checked >= self._peer_interval:
+            self._peers_checked = seen_at = time.monotonic()
+            connected = connected_peers()
         for session in self._registry.sessions():
+            gone_at = seen_at if connected is not None and _connection_closed(session, connected) else None
             for query in list(session.open.values()):
                 if query.done:
                     session.open.pop(query.handle, None)
@@ -477,16 +501,32 @@ class Watchdog:
                     query.cancel("timeout")
                     if query.finish_if_waiting():  # never fetched: free it now (an owner finishes its own)
                         session.open.pop(query.handle, None)
+                elif query.unfetched(now, gone_at):
+                    _drop_unfetched(session, query)
                 elif query.client_gone():
                     query.cancel("client")
         self._registry.expire_idle(self._idle_seconds)
-        if now - self._peers_checked >= self._peer_interval:
-            self._peers_checked = seen_at = time.monotonic()
-            connected = connected_peers()
-            if connected is not None:
-                closed = self._registry.close_disconnected(connected, seen_at)
-                if closed:
-                    log.debug("closed %d client session(s) whose connection closed", closed)
+        if connected is not None:
+            closed = self._registry.close_disconnected(connected, seen_at)
+            if closed:
+                log.debug("closed %d client session(s) whose connection closed", closed)
+
+
+def _connection_closed(session: ClientSession, connected: set[Endpoint]) -> bool:
+    """Whether ``session`` is keyed by a client connection that is no longer open."""
+    tag = session.key[1]
+    if not tag.startswith(PEER_KEY_PREFIX):
+        return False
+    endpoint = parse_peer(tag[len(PEER_KEY_PREFIX) :])
+    return endpoint is not None and endpoint not in connected
+
+
+def _drop_unfetched(session: ClientSession, query: OpenQuery) -> None:
+    """Free a result nobody will fetch: its engine (with the DuckDB and scan threads it holds) and its slot."""
+    query.cancel("unfetched")
+    if query.finish_if_waiting():
+        session.open.pop(query.handle, None)
+        log.info("dropped a result whose DoGet did not come (client gone or past unfetched_result_seconds)")
 
 
 def _client_gone(context: Any) -> bool:
