@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.types import DateType
 
+from sqe._lru import LRUCache
 from sqe.duckdb_connection import quote_ident
 from sqe.errors import QueryError
 from sqe.execution.stream import ScanStream
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 
 PATH_PASS_THROUGH = "pass-through"
 PATH_DUCKDB = "duckdb"
-_KEPT_TREES = 32  # parse trees of recent statements, per session
 _KEPT_SCHEMAS = 64  # DuckDB's export schema of recent scan schemas, per session
 
 # Keys of a SELECT_NODE that must be empty for a pass-through statement (any other key must be falsy too).
@@ -330,8 +329,7 @@ class PassThroughPlanner:
         self._con = con
         self._parser = parser
         self._resolve = resolve
-        self._exported: OrderedDict[pa.Schema, pa.Schema] = OrderedDict()
-        self._trees: OrderedDict[str, Node] = OrderedDict()
+        self._exported: LRUCache[pa.Schema, pa.Schema] = LRUCache(_KEPT_SCHEMAS)
         self._probes = itertools.count(1)
 
     def plan(self, sql: str, stream: ScanStream, output_names: Callable[[], Sequence[str]]) -> PassThroughRun | None:
@@ -348,19 +346,11 @@ class PassThroughPlanner:
         return PassThroughRun(shape, stream)
 
     def _tree(self, sql: str) -> Node | None:
-        """The statement's parse tree; the last few are kept (a repeated query is not parsed again)."""
-        tree = self._trees.get(sql)
-        if tree is None:
-            try:
-                tree = parse_select(self._parser, sql)
-            except QueryError:
-                return None
-            self._trees[sql] = tree
-            while len(self._trees) > _KEPT_TREES:
-                self._trees.popitem(last=False)
-        else:
-            self._trees.move_to_end(sql)
-        return tree
+        """The statement's parse tree (``parse_select`` keeps the parses of repeated texts)."""
+        try:
+            return parse_select(self._parser, sql)
+        except QueryError:
+            return None
 
     def exported(self, schema: pa.Schema) -> pa.Schema:
         """What DuckDB's export of a registered Arrow stream of ``schema`` looks like, on this connection."""
@@ -372,9 +362,7 @@ class PassThroughPlanner:
                 found = self._con.sql(f"SELECT * FROM temp.main.{quote_ident(name)}").to_arrow_table().schema
             finally:
                 self._con.unregister(name)
-            self._exported[schema] = found
-            while len(self._exported) > _KEPT_SCHEMAS:
-                self._exported.popitem(last=False)
+            self._exported.put(schema, found)
         return found
 
 

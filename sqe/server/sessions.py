@@ -174,7 +174,6 @@ class OpenQuery:
     release: Callable[[], None]
     close_stream: Callable[[], None] = lambda: None  # frees the engine's result before the engine is reused
     fetch_seconds: float = math.inf  # how long a planned result waits for its DoGet
-    fetch_by: float = math.inf  # when a result still waiting for its DoGet is dropped (set once planned)
     waiting_since: float = math.inf  # when it started to wait for its DoGet
     failed: bool = False  # its statement or stream raised
     cancelled: str | None = None  # why it was cancelled: "timeout", "client", "cancel"
@@ -211,19 +210,18 @@ class OpenQuery:
 
     def _start_waiting(self) -> None:
         self.waiting_since = time.monotonic()
-        self.fetch_by = self.waiting_since + self.fetch_seconds
 
     def __post_init__(self) -> None:
         if self.state == _WAITING:  # built already computed (a metadata table): it waits from now on
             self._start_waiting()
 
     def unfetched(self, now: float, connection_gone_at: float | None) -> bool:
-        """Still waiting for a DoGet that will not come: past ``fetch_by``, or its connection closed since."""
+        """Still waiting for a DoGet that will not come: ``fetch_seconds`` past, or its connection closed since."""
         with self._lock:
             if self._done or self.state != _WAITING:
                 return False
             closed = connection_gone_at is not None and self.waiting_since < connection_gone_at
-            return now >= self.fetch_by or closed
+            return now >= self.waiting_since + self.fetch_seconds or closed
 
     def claim(self) -> bool:
         """The DoGet that streams it takes ownership; False when it is finished or another call owns it."""
