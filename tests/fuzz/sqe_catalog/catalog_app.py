@@ -6,19 +6,17 @@ A database snapshot (every row of every table) lets a test prove that a refused 
 
 from __future__ import annotations
 
-import asyncio
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlencode
+from urllib.parse import urlencode
 
 from sqlalchemy import MetaData, create_engine, select
-from starlette.applications import Starlette
 
 from sqe_catalog.api import create_app
 from sqe_catalog.auth import AuthStore, create_engine_for
 from sqe_catalog.config import CatalogServerConfig, ServerConfig, WarehouseConfig
+from tests.helpers.asgi import Reply, asgi_call
 
 TABLE_SCHEMA = {
     "type": "struct",
@@ -28,48 +26,6 @@ TABLE_SCHEMA = {
         {"id": 2, "name": "s", "type": "string", "required": False},
     ],
 }
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def asgi_call(
-    app: Starlette, method: str, raw_path: str, *, query: str = "", headers: list[tuple[str, str]], body: bytes = b""
-) -> Reply:
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": unquote(raw_path),
-        "raw_path": raw_path.encode("ascii"),
-        "query_string": query.encode("ascii"),
-        "root_path": "",
-        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8181),
-    }
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return pending.pop(0) if pending else {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return Reply(start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, content)
 
 
 class CatalogApp:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,46 +14,13 @@ from sqe_catalog.api import create_app
 from sqe_catalog.auth import AuthStore, create_engine_for
 from sqe_catalog.config import CatalogServerConfig, ServerConfig, WarehouseConfig
 from sqe_catalog.tables import WarehouseTables
-
-
-class Reply:
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self.status, self.headers, self.body = status, headers, body
-
-    def json(self) -> Any:
-        return json.loads(self.body)
+from tests.helpers.asgi import Reply, asgi_call
 
 
 def call(app: Starlette, method: str, path: str, *, headers: dict[str, str] | None = None, body: bytes = b"") -> Reply:
     """One HTTP request through the ASGI interface."""
     path, _, query = path.partition("?")
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": query.encode(),
-        "root_path": "",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8181),
-    }
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return pending.pop(0) if pending else {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return Reply(start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, content)
+    return asgi_call(app, method, path, query=query, headers=list((headers or {}).items()), body=body)
 
 
 @pytest.fixture
