@@ -27,17 +27,16 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+from _tables import chunk, moto_stack  # bench/_tables.py, beside this script
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -54,7 +53,6 @@ NAMESPACE = "bench"
 TABLE = "events"
 AGG_SQL = f"SELECT sum(x) AS total, count(*) AS n FROM {NAMESPACE}.{TABLE}"
 FULL_SQL = f"SELECT * FROM {NAMESPACE}.{TABLE}"
-TAGS = pa.array([f"tag-{i:03d}" for i in range(100)])
 
 
 @dataclass(frozen=True)
@@ -79,20 +77,6 @@ class Measured:
 
 
 # --------------------------------------------------------------------------------------------------- data
-
-
-def chunk(start: int, rows: int) -> pa.Table:
-    """Rows ``start .. start+rows-1``: id, x (0..999 random), y (random double), tag (100 distinct strings)."""
-    x = pc.cast(pc.floor(pc.multiply(pc.random(rows), 1000)), pa.int64())
-    tag_index = pc.cast(pc.floor(pc.multiply(pc.random(rows), len(TAGS))), pa.int32())
-    return pa.table(
-        {
-            "id": pa.array(range(start, start + rows), pa.int64()),
-            "x": x,
-            "y": pc.random(rows),
-            "tag": TAGS.take(tag_index),
-        }
-    )
 
 
 def write_table(catalog: Catalog, rows: int, files: int) -> Table:
@@ -247,19 +231,6 @@ def vended_filesystem(session: Session, path: str, endpoint: str, region: str) -
         region=region,
         force_virtual_addressing=False,
     )
-
-
-@contextmanager
-def moto_stack(root: Path) -> Iterator[Any]:
-    from sqe_stack import start_stack, stop_stack
-
-    started = time.perf_counter()
-    info = start_stack(root / "stack", store="moto")
-    print(f"moto: stack up in {time.perf_counter() - started:.1f} s", flush=True)
-    try:
-        yield info
-    finally:
-        stop_stack(root / "stack")
 
 
 def run_moto(root: Path, rows: int, files: int, repeat: int) -> list[Measured]:

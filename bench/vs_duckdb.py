@@ -36,8 +36,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+from _tables import chunk, moto_stack  # bench/_tables.py, beside this script
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
@@ -65,7 +65,6 @@ DUCKDB_WHEELS = [f"duckdb=={DUCKDB_VERSION}", "pyarrow>=17"] + [
 FILTER_ROWS = 1_000
 QUERIES = ("count", "agg", "filter", "select*")
 MODES = ("cold", "repeat")
-TAGS = pa.array([f"tag-{i:03d}" for i in range(100)])
 _REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP')  # moto colours some lines
 
 Answer = tuple[int, tuple[Any, ...]]  # rows, and the values of a one-row result (rounded) for cross-checks
@@ -92,19 +91,6 @@ def _rounded(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------- data
-
-
-def chunk(start: int, rows: int) -> pa.Table:
-    x = pc.cast(pc.floor(pc.multiply(pc.random(rows), 1000)), pa.int64())
-    tag_index = pc.cast(pc.floor(pc.multiply(pc.random(rows), len(TAGS))), pa.int32())
-    return pa.table(
-        {
-            "id": pa.array(range(start, start + rows), pa.int64()),
-            "x": x,
-            "y": pc.random(rows),
-            "tag": TAGS.take(tag_index),
-        }
-    )
 
 
 def write_table(catalog: RestCatalog, name: str, rows: int, files: int) -> None:
@@ -438,17 +424,6 @@ def rest_catalog(settings: dict[str, Any]) -> RestCatalog:
         scope=settings["scope"],
         **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
     )
-
-
-@contextmanager
-def moto_stack(root: Path) -> Iterator[Any]:
-    from sqe_stack import start_stack, stop_stack
-
-    info = start_stack(root / "stack", store="moto")
-    try:
-        yield info
-    finally:
-        stop_stack(root / "stack")
 
 
 def run(args: argparse.Namespace) -> list[str]:
