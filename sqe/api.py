@@ -29,15 +29,7 @@ def connect(config: str | Path | SQEConfig | None = None, **overrides: Any) -> S
 
 
 def _provider(cfg: SQEConfig) -> TableProvider:
-    """The REST catalog client, built on the first catalog call (a statement without tables never imports it).
-
-    With workers configured the session imports the distributed coordinator anyway, and the coordinator asks
-    the concrete ``RestTableProvider`` for the credentials endpoint: then it is built at once.
-    """
-    if cfg.coordinator.workers:
-        from sqe.catalog.rest import RestTableProvider
-
-        return RestTableProvider(cfg)
+    """The REST catalog client, built on the first catalog call (a statement without tables never imports it)."""
     return LazyRestTableProvider(cfg)
 
 

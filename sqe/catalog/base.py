@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from pyiceberg.io import FileIO
     from pyiceberg.table import Table
 
+    from sqe.credentials import CatalogCredentials
+
 
 class CacheOutcome(enum.Enum):
     HIT = "hit"  # served from the cache, no request
@@ -157,4 +159,10 @@ class TableProvider(Protocol):
     # -- server-side scan planning -------------------------------------------------------------------------
     def scan_planning(self, warehouse: str) -> ScanPlanningClient | None:
         """The planning calls when the warehouse's catalog advertises them in ``/v1/config``, else None."""
+        ...
+
+    # -- credential refresh ------------------------------------------------------------------------------
+    def load_table_credentials(self, ident: TableIdent) -> CatalogCredentials | None:
+        """The table's ``/credentials`` as this user when its catalog advertises the endpoint, else None (the
+        coordinator then reloads the table to refresh its workers' keys)."""
         ...

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from sqe.catalog.base import LoadedTable, ScanPlanningClient, TableIdent, ViewDefinition
     from sqe.catalog.rest import RestTableProvider, SQERestCatalog
     from sqe.config import SQEConfig
+    from sqe.credentials import CatalogCredentials
 
 
 class LazyRestTableProvider:
@@ -104,3 +105,6 @@ class LazyRestTableProvider:
 
     def scan_planning(self, warehouse: str) -> ScanPlanningClient | None:
         return self.real().scan_planning(warehouse)
+
+    def load_table_credentials(self, ident: TableIdent) -> CatalogCredentials | None:
+        return self.real().load_table_credentials(ident)

@@ -623,6 +623,9 @@ class RestTableProvider:
             raise NoSuchViewError(f"view {ident} not found", exc.status) from None
 
     # -- server-side scan planning -----------------------------------------------------------------------------
+    def load_table_credentials(self, ident: TableIdent) -> CatalogCredentials | None:
+        return self.catalog(ident.warehouse).load_table_credentials(ident.namespace, ident.name)
+
     def scan_planning(self, warehouse: str) -> ScanPlanningClient | None:
         catalog = self.catalog(warehouse)
         if not catalog.advertises(Capability.V1_SUBMIT_TABLE_SCAN_PLAN, Capability.V1_TABLE_SCAN_PLAN_TASKS):

@@ -208,3 +208,21 @@ def test_static_pair_never_mixes_with_vended_credentials(
         assert resolved.source == "vended"
         assert bogus_static["access_key_id"] not in resolved.properties.values()
         assert bogus_static["secret_access_key"] not in resolved.properties.values()
+
+
+def test_the_embedded_provider_serves_the_credentials_endpoint_the_coordinator_refreshes_from(
+    catalog_server: CatalogServer, writer: CatalogPrincipal, namespace: str, module_dir: Path
+) -> None:
+    """``sqe.api.connect`` gives a lazily built provider; its ``load_table_credentials`` (what the distributed
+    coordinator calls before a push) is the catalog's ``/credentials`` for this user, a vended set per prefix."""
+    from sqe.catalog.base import TableIdent
+    from sqe.catalog.lazy import LazyRestTableProvider
+
+    with connect(module_dir / "credentials.toml", catalog_server, writer) as session:
+        session.sql(f"CREATE TABLE {namespace}.creds AS SELECT 1 AS a")
+        provider = session._provider
+        assert isinstance(provider, LazyRestTableProvider)
+        found = provider.load_table_credentials(TableIdent(catalog_server.warehouse, (namespace,), "creds"))
+        assert found is not None and found.sets, "the catalog advertises /credentials and vends a set"
+        assert all(s.source == "vended" and not s.missing_parts() and s.covers_object_store() for s in found.sets)
+        assert all(catalog_server.moto.secret_access_key not in repr(s) for s in found.sets)

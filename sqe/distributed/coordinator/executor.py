@@ -18,7 +18,7 @@ import grpc
 import pyarrow as pa
 
 from sqe._counters import Counters
-from sqe.catalog.rest import RestTableProvider, principal_key
+from sqe.catalog.rest import principal_key
 from sqe.credentials import (
     CatalogCredentials,
     CredentialSet,
@@ -178,9 +178,7 @@ class DistributedExecutor:
 
     def _credentials_endpoint(self, ident: TableIdent) -> CatalogCredentials | None:
         """The table's credentials endpoint as the user, when its catalog advertises one; None: reload instead."""
-        if not isinstance(self._provider, RestTableProvider):
-            return None
-        found = self._provider.catalog(ident.warehouse).load_table_credentials(ident.namespace, ident.name)
+        found = self._provider.load_table_credentials(ident)
         if found is not None:
             self.stats.add(credential_endpoint_calls=1)
         return found

@@ -113,6 +113,9 @@ class LocalProvider:
     def scan_planning(self, warehouse: str) -> None:
         return None  # no REST endpoints: server-side planning is not advertised
 
+    def load_table_credentials(self, ident: TableIdent) -> None:
+        return None  # no REST endpoints: credentials are refreshed by reloading the table
+
     def drop_table(self, ident: TableIdent) -> None:
         try:
             self._catalog_for(ident).drop_table((*ident.namespace, ident.name))
