@@ -6,7 +6,9 @@ One run brings up the embedded stack (``sqe_stack``: moto S3 + STS and sqe-catal
 - ``count``: ``SELECT count(*)``;   ``agg``: ``sum(x), avg(y)``;
 - ``filter``: a 1,000-row id range (prunable by file statistics);   ``select*``: every row and column.
 
-Engines, each cold (fresh session / connection / table object, empty caches) and on repeat (same one again):
+Engines, each cold (fresh session / connection / table object, empty caches) and on repeat (same one again).
+A cold run never times the catalog handshake (``/v1/config`` and the OAuth token): DuckDB's ATTACH, pyiceberg's
+``RestCatalog(...)`` and SQE's connected catalog client all happen before the clock starts:
 
 - SQE: a ``Session`` as ``analyst`` (vended credentials), results as an Arrow table;
 - DuckDB 1.5.5 with the ``iceberg`` extension ATTACHed to the same sqe-catalog as the same principal with
@@ -155,7 +157,11 @@ class SQEEngine(Engine):
         self._session = self._new_session()
 
     def _new_session(self) -> Session:
-        return Session(RestTableProvider(self._config), self._config)
+        """A new session with its catalog client connected (config + OAuth token), outside the timed part, as
+        DuckDB's ATTACH and pyiceberg's ``RestCatalog(...)`` are for the peers."""
+        provider = RestTableProvider(self._config)
+        provider.catalog(self._config.catalog.warehouse)
+        return Session(provider, self._config)
 
     def run(self, query: str, table: str, files: int, filter_low: int, mode: str) -> tuple[float, Answer]:
         if mode == "cold":
