@@ -442,17 +442,25 @@ def _verify_secret(secret: str, stored: str) -> bool:
 
 
 @dataclass(frozen=True)
-class _TokenClaims:
+class _Binding:
+    """A principal as a token names it: bound to its client id and secret generation, so that deleting the
+    principal or rotating its secret revokes every token naming it."""
+
     name: str
     client_id: str
     generation: int
+
+    def is_well_typed(self) -> bool:
+        return isinstance(self.name, str) and isinstance(self.client_id, str) and type(self.generation) is int
+
+
+@dataclass(frozen=True)
+class _TokenClaims:
+    subject: _Binding
     roles: frozenset[str] | None  # None: every role the principal holds
     issued_at: int
     expires_at: int
-    # Delegated tokens only: the reader acting for the subject, bound to its credentials like the subject.
-    actor: str | None = None
-    actor_client_id: str | None = None
-    actor_generation: int | None = None
+    actor: _Binding | None = None  # delegated tokens only: the reader acting for the subject
 
 
 @dataclass(frozen=True)
@@ -476,19 +484,20 @@ def _sign(signing_key: bytes, payload: str) -> str:
 
 
 def _encode_token(signing_key: bytes, claims: _TokenClaims) -> str:
+    subject, actor = claims.subject, claims.actor
     body = {
         "v": 1,
-        "sub": claims.name,
-        "cid": claims.client_id,
-        "gen": claims.generation,
+        "sub": subject.name,
+        "cid": subject.client_id,
+        "gen": subject.generation,
         "roles": sorted(claims.roles) if claims.roles is not None else None,
         "iat": claims.issued_at,
         "exp": claims.expires_at,
     }
-    if claims.actor is not None:
-        body["act"] = {"sub": claims.actor}
-        body["acid"] = claims.actor_client_id
-        body["agen"] = claims.actor_generation
+    if actor is not None:
+        body["act"] = {"sub": actor.name}
+        body["acid"] = actor.client_id
+        body["agen"] = actor.generation
     payload = _b64encode(json.dumps(body, separators=(",", ":"), sort_keys=True).encode("utf-8"))
     return f"{payload}.{_sign(signing_key, payload)}"
 
@@ -518,22 +527,17 @@ def _claims_from_json(body: Any) -> _TokenClaims:
         raise ValueError("roles")
     actor = body.get("act")
     claims = _TokenClaims(
-        name=body["sub"],
-        client_id=body["cid"],
-        generation=body["gen"],
+        subject=_Binding(body["sub"], body["cid"], body["gen"]),
         roles=frozenset(roles) if roles is not None else None,
         issued_at=body["iat"],
         expires_at=body["exp"],
-        actor=actor["sub"] if actor is not None else None,
-        actor_client_id=body["acid"] if actor is not None else None,
-        actor_generation=body["agen"] if actor is not None else None,
+        actor=_Binding(actor["sub"], body["acid"], body["agen"]) if actor is not None else None,
     )
-    if not (isinstance(claims.name, str) and isinstance(claims.client_id, str)):
+    if not claims.subject.is_well_typed():
         raise ValueError("subject")
-    if not all(type(v) is int for v in (claims.generation, claims.issued_at, claims.expires_at)):
+    if not all(type(v) is int for v in (claims.issued_at, claims.expires_at)):
         raise ValueError("numbers")
-    actor_ok = isinstance(claims.actor, str) and isinstance(claims.actor_client_id, str)
-    if actor is not None and not (actor_ok and type(claims.actor_generation) is int):
+    if claims.actor is not None and not claims.actor.is_well_typed():
         raise ValueError("actor")
     return claims
 
@@ -658,14 +662,8 @@ class AuthStore:
                 if missing:
                     raise BadRequestError(f"invalid_scope: principal does not hold role {missing[0]}")
         issued_at = int(self._clock())
-        claims = _TokenClaims(
-            name=row.name,
-            client_id=row.client_id,
-            generation=row.secret_generation,
-            roles=requested,
-            issued_at=issued_at,
-            expires_at=issued_at + self._token_lifetime_seconds,
-        )
+        subject = _Binding(row.name, row.client_id, row.secret_generation)
+        claims = _TokenClaims(subject, requested, issued_at, issued_at + self._token_lifetime_seconds)
         return _encode_token(self._signing_key, claims), self._token_lifetime_seconds
 
     def _authenticate(self, conn: Connection, client_id: str, client_secret: str) -> Row[Any]:
@@ -683,19 +681,17 @@ class AuthStore:
         """The caller behind a bearer token, with roles (and a delegated token's reader) re-read now."""
         claims = _decode_token(self._signing_key, token, self._clock())
         with self._engine.connect() as conn:
-            row = self._current_row(conn, claims.name, claims.client_id, claims.generation)
+            row = self._current_row(conn, claims.subject)
             roles, groups = self._effective_roles(conn, row.name)
             actor_is_reader = False
             if claims.actor is not None:
-                assert claims.actor_client_id is not None and claims.actor_generation is not None
-                self._current_row(conn, claims.actor, claims.actor_client_id, claims.actor_generation)
-                actor_is_reader = self._is_reader(conn, claims.actor)
+                self._current_row(conn, claims.actor)
+                actor_is_reader = self._is_reader(conn, claims.actor.name)
             is_reader = self._is_reader(conn, row.name)
         if claims.roles is not None:
             roles &= claims.roles
-        return Principal(
-            row.name, row.client_id, roles, groups, bool(row.is_admin), is_reader, claims.actor, actor_is_reader
-        )
+        actor = claims.actor.name if claims.actor is not None else None
+        return Principal(row.name, row.client_id, roles, groups, bool(row.is_admin), is_reader, actor, actor_is_reader)
 
     def anonymous_principal(self, name: str) -> Principal:
         """Sandbox mode (``[server] anonymous_principal``): ``name`` with its current roles, no token at all."""
@@ -712,12 +708,12 @@ class AuthStore:
         """Signature, expiry and both principals' current credentials of ``token``; NotAuthorizedError if not."""
         claims = _decode_token(self._signing_key, token, self._clock())
         with self._engine.connect() as conn:
-            self._current_row(conn, claims.name, claims.client_id, claims.generation)
+            self._current_row(conn, claims.subject)
             if claims.actor is not None:
-                assert claims.actor_client_id is not None and claims.actor_generation is not None
-                self._current_row(conn, claims.actor, claims.actor_client_id, claims.actor_generation)
-            is_reader = self._is_reader(conn, claims.name)
-        return VerifiedToken(claims.name, claims.roles, claims.expires_at, claims.actor, is_reader, claims)
+                self._current_row(conn, claims.actor)
+            is_reader = self._is_reader(conn, claims.subject.name)
+        actor = claims.actor.name if claims.actor is not None else None
+        return VerifiedToken(claims.subject.name, claims.roles, claims.expires_at, actor, is_reader, claims)
 
     def issue_delegated_token(
         self, subject: VerifiedToken, actor: VerifiedToken, roles: frozenset[str] | None
@@ -731,24 +727,13 @@ class AuthStore:
         expires_at = min(subject.expires_at, now + self._token_lifetime_seconds)
         if expires_at <= now:
             raise NotAuthorizedError("bearer token expired")
-        s, a = subject._claims, actor._claims
-        claims = _TokenClaims(
-            name=s.name,
-            client_id=s.client_id,
-            generation=s.generation,
-            roles=roles,
-            issued_at=now,
-            expires_at=expires_at,
-            actor=a.name,
-            actor_client_id=a.client_id,
-            actor_generation=a.generation,
-        )
+        claims = _TokenClaims(subject._claims.subject, roles, now, expires_at, actor=actor._claims.subject)
         return _encode_token(self._signing_key, claims), expires_at - now
 
     @staticmethod
-    def _current_row(conn: Connection, name: str, client_id: str, generation: int) -> Row[Any]:
-        row = conn.execute(select(_principals).where(_principals.c.name == name)).first()
-        if row is None or row.client_id != client_id or row.secret_generation != generation:
+    def _current_row(conn: Connection, bound: _Binding) -> Row[Any]:
+        row = conn.execute(select(_principals).where(_principals.c.name == bound.name)).first()
+        if row is None or row.client_id != bound.client_id or row.secret_generation != bound.generation:
             raise NotAuthorizedError("bearer token revoked (principal deleted or secret rotated)")
         return row
 

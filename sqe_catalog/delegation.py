@@ -33,7 +33,7 @@ the next request (403).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqe.vocabulary import ACCESS_TOKEN_TYPE
 from sqe_catalog.audit import token_exchanged
@@ -55,11 +55,8 @@ class TokenExchangeError(Exception):
 class DelegatedToken:
     """The token issued by an exchange; the repr leaves the token itself out (it is a secret)."""
 
-    access_token: str
+    access_token: str = field(repr=False)
     expires_in: int
-
-    def __repr__(self) -> str:
-        return f"DelegatedToken(expires_in={self.expires_in})"
 
 
 def exchange_token(auth: AuthStore, form: Mapping[str, str]) -> DelegatedToken:

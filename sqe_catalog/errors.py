@@ -20,11 +20,13 @@ Messages are written for the client: they never contain secrets or stack traces.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from sqe import vocabulary
 from sqe._text import escape_unprintable
 from sqe.vocabulary import ERROR_METADATA_INTEGRITY
+
+_Found = TypeVar("_Found")
 
 
 class CatalogError(Exception):
@@ -66,13 +68,27 @@ class ForbiddenError(CatalogError, status=403, error_type=vocabulary.ERROR_FORBI
 class NotFoundError(CatalogError, status=404, error_type=vocabulary.ERROR_NOT_FOUND):
     """The named object does not exist; subclasses name which kind."""
 
+    kind: ClassVar[str] = "object"
+
+    @classmethod
+    def named(cls, *parts: str) -> Self:
+        """This error for the object whose name is ``parts`` (``table does not exist: ns.t``): one wording."""
+        return cls(f"{cls.kind} does not exist: {'.'.join(parts)}")
+
+    @classmethod
+    def unless_found(cls, found: _Found | None, *parts: str) -> _Found:
+        """``found``, the result of looking ``parts`` up; this error when the lookup found nothing."""
+        if found is None:
+            raise cls.named(*parts)
+        return found
+
 
 class NoSuchNamespaceError(NotFoundError, error_type=vocabulary.ERROR_NO_SUCH_NAMESPACE):
-    pass
+    kind = "namespace"
 
 
 class NoSuchTableError(NotFoundError, error_type=vocabulary.ERROR_NO_SUCH_TABLE):
-    pass
+    kind = "table"
 
 
 class NoSuchPrincipalError(NotFoundError, error_type=vocabulary.ERROR_NO_SUCH_PRINCIPAL):

@@ -350,7 +350,7 @@ def _translated(namespace: Namespace, table: str | None = None) -> Iterator[None
     except ice.NoSuchTableError:
         raise NoSuchTableError(f"table does not exist: {what}") from None
     except ice.NoSuchNamespaceError:
-        raise NoSuchNamespaceError(f"namespace does not exist: {'.'.join(namespace)}") from None
+        raise NoSuchNamespaceError.named(*namespace) from None
     except ice.TableAlreadyExistsError:
         raise AlreadyExistsError(f"table already exists: {what}") from None
     except ice.NamespaceAlreadyExistsError:
@@ -383,7 +383,7 @@ class WarehouseTables:
 
     def _require_namespace(self, namespace: Namespace) -> None:
         if not self.namespace_exists(namespace):
-            raise NoSuchNamespaceError(f"namespace does not exist: {'.'.join(namespace)}")
+            raise NoSuchNamespaceError.named(*namespace)
 
     def list_namespaces(self, parent: Namespace | None) -> list[Namespace]:
         if parent:
@@ -438,9 +438,7 @@ class WarehouseTables:
         return self._metadata_location(namespace, name) is not None
 
     def load_table(self, namespace: Namespace, name: str) -> StoredTable:
-        location = self._metadata_location(namespace, name)
-        if location is None:
-            raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
+        location = NoSuchTableError.unless_found(self._metadata_location(namespace, name), *namespace, name)
         parsed = self.integrity.load(_s(namespace), name, location)  # protected tables: verified before returned
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
@@ -550,9 +548,7 @@ class WarehouseTables:
         parsed = self._read_for_admission(location)
         with self._location_lock:
             self._check_admitted_locations(parsed, exclude=(namespace, name))
-            current = self._metadata_location(namespace, name)
-            if current is None:
-                raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
+            current = NoSuchTableError.unless_found(self._metadata_location(namespace, name), *namespace, name)
             admitted = Admission(location, parsed, actor, action)
             self.integrity.readmit(_s(namespace), name, current, admitted, stamp)
         return self.load_table(namespace, name)
@@ -569,7 +565,7 @@ class WarehouseTables:
         exists = self.table_exists(namespace, name)
         if kind == "DROP":
             if not exists:
-                raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
+                raise NoSuchTableError.named(*namespace, name)
             self.integrity.drop(_s(namespace), name, None, stamp)
         elif exists and kind == "CREATE":
             raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
@@ -589,7 +585,7 @@ class WarehouseTables:
                 located = (SetLocationUpdate(location=self.default_location(namespace, name)), *commit.updates)
                 commit = commit.model_copy(update={"updates": located})
         elif not self.table_exists(namespace, name):
-            raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
+            raise NoSuchTableError.named(*namespace, name)
         self._check_commit_properties(commit.updates)
         if not creating and self.integrity.is_protected(_s(namespace), name):
             return self._commit_protected(namespace, name, commit, creating=False)
@@ -657,7 +653,7 @@ class WarehouseTables:
     def rename_table(self, source: tuple[Namespace, str], target: tuple[Namespace, str]) -> None:
         (src_ns, src_name), (dst_ns, dst_name) = source, target
         if not self.table_exists(src_ns, src_name):
-            raise NoSuchTableError(f"table does not exist: {'.'.join(src_ns)}.{src_name}")
+            raise NoSuchTableError.named(*src_ns, src_name)
         self._require_namespace(dst_ns)
         if self.table_exists(dst_ns, dst_name):
             raise AlreadyExistsError(f"table already exists: {'.'.join(dst_ns)}.{dst_name}")

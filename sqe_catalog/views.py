@@ -45,7 +45,7 @@ _views = Table(
 
 
 class NoSuchViewError(NotFoundError, error_type=vocabulary.ERROR_NO_SUCH_VIEW):
-    pass
+    kind = "view"
 
 
 def validate_view_name(name: object) -> str:
@@ -114,9 +114,7 @@ class ViewStore:
         return self._location(namespace, name) is not None
 
     def load_view(self, namespace: Namespace, name: str) -> StoredView:
-        location = self._location(namespace, name)
-        if location is None:
-            raise NoSuchViewError(f"view does not exist: {'.'.join((*namespace, name))}")
+        location = NoSuchViewError.unless_found(self._location(namespace, name), *namespace, name)
         return StoredView(namespace, name, location, self._read(location))
 
     def _location(self, namespace: Namespace, name: str) -> str | None:
@@ -210,19 +208,19 @@ class ViewStore:
         stmt = delete(_views).where(*self._row(namespace, name))
         with self._engine.begin() as conn:
             if conn.execute(stmt).rowcount != 1:
-                raise NoSuchViewError(f"view does not exist: {'.'.join((*namespace, name))}")
+                raise NoSuchViewError.named(*namespace, name)
 
     def rename_view(self, source: tuple[Namespace, str], target: tuple[Namespace, str]) -> None:
         (src_ns, src_name), (dst_ns, dst_name) = source, target
         if not self.view_exists(src_ns, src_name):
-            raise NoSuchViewError(f"view does not exist: {'.'.join((*src_ns, src_name))}")
+            raise NoSuchViewError.named(*src_ns, src_name)
         self._require_namespace(dst_ns)
         if self.view_exists(dst_ns, dst_name) or self._table_exists(dst_ns, dst_name):
             raise AlreadyExistsError(f"view or table already exists: {'.'.join((*dst_ns, dst_name))}")
         stmt = update(_views).where(*self._row(src_ns, src_name)).values(namespace=_encode(dst_ns), view_name=dst_name)
         with self._engine.begin() as conn:
             if conn.execute(stmt).rowcount != 1:
-                raise NoSuchViewError(f"view does not exist: {'.'.join((*src_ns, src_name))}")
+                raise NoSuchViewError.named(*src_ns, src_name)
 
     def _row(self, namespace: Namespace, name: str) -> tuple[ColumnElement[bool], ...]:
         """The conditions that select the pointer row of one view of this warehouse."""
@@ -234,7 +232,7 @@ class ViewStore:
 
     def _require_namespace(self, namespace: Namespace) -> None:
         if not self._namespace_exists(namespace):
-            raise NoSuchNamespaceError(f"namespace does not exist: {'.'.join(namespace)}")
+            raise NoSuchNamespaceError.named(*namespace)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -10,11 +10,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, InitVar, dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 import requests
 
 from sqe._text import first_line
+from sqe._unpicklable import Unpicklable
 from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavailableError
 
 # Refresh when less than this share of the token's lifetime (or 60 s, whichever is smaller) remains.
@@ -42,7 +43,7 @@ class Token:
 
 # repr=False: the hand-written __repr__ leaves the secret out; eq=False: equal settings are not the same session.
 @dataclass(repr=False, eq=False)
-class BearerAuth(requests.auth.AuthBase):
+class BearerAuth(Unpicklable, requests.auth.AuthBase):
     """Adds ``Authorization: Bearer`` to requests; fetches and refreshes client-credentials tokens."""
 
     session: requests.Session
@@ -55,15 +56,14 @@ class BearerAuth(requests.auth.AuthBase):
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _token: Token | None = field(default=None, init=False)
 
+    _pickle_refusal = "catalog credentials cannot be pickled"
+
     def __post_init__(self, static_token: str) -> None:
         if static_token:
             self._token = Token(static_token, None, None)
 
     def __repr__(self) -> str:
         return f"BearerAuth(token_url={self.token_url!r}, client_id={self.client_id!r})"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("catalog credentials cannot be pickled")
 
     @property
     def uses_client_credentials(self) -> bool:

@@ -17,8 +17,9 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NoReturn
+from typing import TYPE_CHECKING, Literal
 
+from sqe._unpicklable import Unpicklable
 from sqe.errors import ConfigError, QueryError
 
 if TYPE_CHECKING:  # cryptography only when a mount's keys are sealed or unsealed (start-up cost)
@@ -33,15 +34,14 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS external_tables (
 
 
 @dataclass(frozen=True)
-class MountKeys:
+class MountKeys(Unpicklable):
     """A mount's own key pair, in memory only while a query reads it."""
 
     access_key_id: str = field(repr=False)
     secret_access_key: str = field(repr=False)
     session_token: str | None = field(default=None, repr=False)
 
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("mount keys cannot be pickled")
+    _pickle_refusal = "mount keys cannot be pickled"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ actually asked for. Every call is delegated unchanged: caching, credentials and 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
+
+from sqe._unpicklable import Unpicklable
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -21,8 +23,10 @@ if TYPE_CHECKING:
     from sqe.credentials import CatalogCredentials
 
 
-class LazyRestTableProvider:
+class LazyRestTableProvider(Unpicklable):
     """``RestTableProvider(config)``, constructed (and imported) on first use."""
+
+    _pickle_refusal = "table providers cannot be pickled (their config holds the catalog secret)"
 
     def __init__(self, config: SQEConfig) -> None:
         self._config = config
@@ -32,9 +36,6 @@ class LazyRestTableProvider:
     def __repr__(self) -> str:
         state = "built" if self._provider is not None else "not yet built"
         return f"LazyRestTableProvider(warehouse={self._config.catalog.warehouse!r}, {state})"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("table providers cannot be pickled (their config holds the catalog secret)")
 
     @property
     def built(self) -> bool:

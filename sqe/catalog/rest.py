@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -33,6 +33,7 @@ from pyiceberg.view.metadata import ViewMetadata
 
 from sqe import vocabulary
 from sqe._text import first_line
+from sqe._unpicklable import Unpicklable
 from sqe.catalog._auth import BearerAuth
 from sqe.catalog._delegation import DelegatedAuth
 from sqe.catalog._transport import RetryPolicy, make_session
@@ -107,8 +108,10 @@ def _catalog_auth(session: requests.Session, endpoint: CatalogConnection) -> Bea
     )
 
 
-class SQERestCatalog(RestCatalog):
+class SQERestCatalog(Unpicklable, RestCatalog):
     """pyiceberg's RestCatalog with SQE's transport, token handling and FileIO."""
+
+    _pickle_refusal = "catalog clients cannot be pickled"
 
     def __init__(self, name: str, endpoint: CatalogConnection, config: SQEConfig) -> None:
         self._sqe_config = config
@@ -128,9 +131,6 @@ class SQERestCatalog(RestCatalog):
 
     def __repr__(self) -> str:
         return f"SQERestCatalog(uri={self._endpoint.uri!r}, warehouse={self._endpoint.warehouse!r})"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("catalog clients cannot be pickled")
 
     def close(self) -> None:
         """Close both HTTP connection pools (catalog calls and token requests); a long-lived server needs this."""

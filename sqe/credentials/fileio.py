@@ -14,11 +14,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from pyiceberg.io import FileIO, InputFile, OutputFile
 
 from sqe._text import iso_utc
+from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import CredentialSource, usable_until
 from sqe.credentials.model import CatalogCredentials, CredentialSet, StorageSettings, parse_catalog_credentials
 from sqe.credentials.paths import is_local, is_object_store, scheme_of
@@ -28,8 +29,10 @@ from sqe.credentials.scope import ResolvedCredentials, build_properties, config_
 from sqe.errors import CredentialError
 
 
-class ScopedFileIO(FileIO):
+class ScopedFileIO(Unpicklable, FileIO):
     """Routes each path to the FileIO built for its own credential set. Never pickled (it holds secrets)."""
+
+    _pickle_refusal = "ScopedFileIO holds credentials and cannot be pickled; ship a scan ticket instead"
 
     def __init__(
         self,
@@ -171,9 +174,6 @@ class ScopedFileIO(FileIO):
         }
 
     # ------------------------------------------------------------------------------------------ safety
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("ScopedFileIO holds credentials and cannot be pickled; ship a scan ticket instead")
 
     def __copy__(self) -> ScopedFileIO:
         return self

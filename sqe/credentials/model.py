@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import is_expired
 from sqe.errors import CatalogProtocolError
 from sqe.vocabulary import (
@@ -92,7 +93,7 @@ class StorageSettings:
 
 
 @dataclass(frozen=True)
-class CredentialSet:
+class CredentialSet(Unpicklable):
     """One key set with the prefix it covers. Keys stay out of the repr; never pickled.
 
     ``prefix`` is None for keys the catalog sent in the response ``config`` (they cover the whole table).
@@ -105,6 +106,8 @@ class CredentialSet:
     expires_at_ms: int | None = None
     source: SetSource = "vended"
     settings: StorageSettings = field(default_factory=StorageSettings)
+
+    _pickle_refusal = "CredentialSet holds secrets and cannot be pickled"
 
     @property
     def expires_at(self) -> float | None:
@@ -151,9 +154,6 @@ class CredentialSet:
 
     def with_settings(self, settings: StorageSettings) -> CredentialSet:
         return dataclasses.replace(self, settings=settings)
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("CredentialSet holds secrets and cannot be pickled")
 
 
 @dataclass(frozen=True)

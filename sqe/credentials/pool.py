@@ -23,12 +23,12 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pyarrow.fs import FileSystem
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from sqe._counters import Counters
+from sqe._unpicklable import Unpicklable
 
 DEFAULT_MAX_FILE_IOS = 32  # distinct live credential sets at once; each holds a client, sockets and eventfds
 # An entry is kept at least this long, so a set that arrives already expired (a skewed clock, fixed timestamps
@@ -59,7 +59,7 @@ def _filesystem_freed() -> None:
     FILESYSTEMS.add(live=-1)
 
 
-class PooledFileIO(PyArrowFileIO):
+class PooledFileIO(Unpicklable, PyArrowFileIO):
     """pyiceberg's ``PyArrowFileIO`` without its reference cycle, counting the filesystems it builds.
 
     pyiceberg caches filesystems in ``lru_cache(self._initialize_fs)``: the cache holds a bound method, the
@@ -67,12 +67,11 @@ class PooledFileIO(PyArrowFileIO):
     collector. Here the cache reaches the FileIO through a weak reference, and dropping it frees them at once.
     """
 
+    _pickle_refusal = "a pooled FileIO holds credentials and cannot be pickled"
+
     def __init__(self, properties: Mapping[str, str]) -> None:
         super().__init__(properties=dict(properties))
         self.fs_by_scheme = _acyclic_cache(weakref.ref(self))
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a pooled FileIO holds credentials and cannot be pickled")
 
     def __repr__(self) -> str:
         return "PooledFileIO()"

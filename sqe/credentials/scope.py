@@ -25,6 +25,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import NoReturn
 
+from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import CredentialSource
 from sqe.credentials.model import CREDENTIAL_KEYS, CatalogCredentials, CredentialSet
 from sqe.credentials.paths import is_object_store, prefix_length, prefix_matches
@@ -44,13 +45,15 @@ def credential_identity(prefix: str | None, source: str, properties: Mapping[str
 
 
 @dataclass(frozen=True)
-class ResolvedCredentials:
+class ResolvedCredentials(Unpicklable):
     """FileIO properties for one path. ``properties`` holds secrets and stays out of the repr."""
 
     properties: Mapping[str, str] = field(repr=False)
     source: CredentialSource
     prefix: str | None  # the storage-credentials prefix that matched; None for config or local keys
     expires_at_ms: int | None
+
+    _pickle_refusal = "ResolvedCredentials holds secrets and cannot be pickled"
 
     @cached_property
     def identity(self) -> str:
@@ -62,9 +65,6 @@ class ResolvedCredentials:
     def expires_at(self) -> float | None:
         """Epoch seconds at which the keys stop working (None: no expiry known)."""
         return None if self.expires_at_ms is None else self.expires_at_ms / 1000.0
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("ResolvedCredentials holds secrets and cannot be pickled")
 
 
 def select_credential(path: str, sets: Iterable[CredentialSet]) -> CredentialSet | None:

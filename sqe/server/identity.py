@@ -26,10 +26,11 @@ import logging
 import threading
 import time
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 import requests
 
+from sqe._unpicklable import Unpicklable
 from sqe.catalog._auth import client_credentials_form, expires_in_of, oauth_error, refresh_point
 from sqe.catalog._delegation import token_exchange_form
 from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavailableError
@@ -38,15 +39,14 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class User:
+class User(Unpicklable):
     """An authenticated end user. ``key`` names them for sessions and limits; ``token`` is never shown."""
 
     key: str
     token: str = field(repr=False)
     issued_token: bool = False  # True when the server obtained the token from Basic credentials
 
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("users carry a token and cannot be pickled")
+    _pickle_refusal = "users carry a token and cannot be pickled"
 
 
 @dataclass
@@ -82,7 +82,7 @@ def _lifetime(body: dict[str, Any], now: float) -> float:
 
 # repr=False: the hand-written __repr__ leaves the secret out; eq=False: a broker is a service, not a value.
 @dataclass(repr=False, eq=False)
-class IdentityBroker:
+class IdentityBroker(Unpicklable):
     """Authenticates end users at the catalog and hands out the catalog token each user's session uses."""
 
     catalog_uri: str
@@ -101,14 +101,13 @@ class IdentityBroker:
     # user token fingerprint -> accepted until
     _checked: dict[str, float] = field(default_factory=dict, init=False)
 
+    _pickle_refusal = "the identity broker holds the reader secret and cannot be pickled"
+
     def __post_init__(self) -> None:
         self.catalog_uri = self.catalog_uri.rstrip("/")
 
     def __repr__(self) -> str:
         return f"IdentityBroker(uri={self.catalog_uri!r}, reader={self.reader_client_id!r})"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("the identity broker holds the reader secret and cannot be pickled")
 
     @property
     def token_url(self) -> str:
