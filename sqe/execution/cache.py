@@ -37,7 +37,7 @@ from sqe.execution.byte_cache import (
     scope_key,
     vended_scope_key,
 )
-from sqe.execution.cached_files import caching_filesystem
+from sqe.execution.cached_files import caching_filesystem, direct_reader
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -116,7 +116,8 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
     fragment = file_format.make_fragment(input_file._path, filesystem=input_file._filesystem, file_size=size)
     if key is not None and DATA_RANGES.enabled and vended_scope_key(io, path) is not None:
         # The same file, its byte ranges kept under the same scope (a catalog-vended one only).
-        filesystem = caching_filesystem(key, input_file._path, upstream=fragment)
+        direct = direct_reader(io, path)  # misses as signed ranged GETs of the manifest's size: no HEAD
+        filesystem = caching_filesystem(key, input_file._path, upstream=fragment, direct=direct)
         fragment = file_format.make_fragment(input_file._path, filesystem=filesystem, file_size=size)
     fragment.ensure_complete_metadata()  # the footer, read once
     if key is not None:
