@@ -81,10 +81,13 @@ def pyarrow_read(location: str, props: dict[str, str]) -> bytes:
     return data
 
 
+@pytest.mark.parametrize("path_style", ["false", None], ids=["path-style", "endpoint-default"])
 def test_whole_and_ranged_reads_match_pyarrow_with_one_get_each_and_no_head(
-    moto_server: MotoServer, stored: str
+    moto_server: MotoServer, stored: str, path_style: str | None
 ) -> None:
     props = properties(moto_server)
+    if path_style is None:  # no addressing property: pyarrow addresses an endpoint path style
+        del props[S3_FORCE_VIRTUAL_ADDRESSING]
     log = MotoLog(moto_server.pid)
     log.mark()
     expected = pyarrow_read(stored, props)
