@@ -21,12 +21,15 @@ names the bucket, key, status and the store's error code and message only; the s
 echo the signed headers) is otherwise never shown, and nothing here logs.
 
 **Secrets.** The keys live in a botocore ``Credentials`` object inside the :class:`SignedObject`; its repr shows
-the location only and it refuses pickling. Signed headers exist only for the one request being sent.
+the location only and it refuses pickling. Signed headers exist only for the one request being sent. botocore's
+signer logs the canonical request (with the session token) at DEBUG: a filter on its logger drops the records
+made while this module signs (other botocore users in the process keep theirs).
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import threading
@@ -197,7 +200,12 @@ class SignedObject:
         from botocore.awsrequest import AWSRequest
 
         request = AWSRequest(method="GET", url=self.address.url, headers=headers)
-        S3SigV4Auth(self._credentials, "s3", self._region).add_auth(request)
+        _quiet_signer_log()
+        _signing.active = True
+        try:
+            S3SigV4Auth(self._credentials, "s3", self._region).add_auth(request)
+        finally:
+            _signing.active = False
         return dict(request.headers.items())
 
     def _raise_for(self, status: int, body: bytes) -> NoReturn:
@@ -245,6 +253,28 @@ def _element(pattern: re.Pattern[bytes], body: bytes) -> str:
 def _cause(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None)
     return type(reason).__name__ if isinstance(reason, BaseException) else type(exc).__name__
+
+
+# ------------------------------------------------------------------------------------------ signer log
+
+_signing = threading.local()  # .active: this thread is inside add_auth for this module
+_filter_lock = threading.Lock()
+_filter_installed: list[bool] = []
+
+
+class _DropOwnSigningRecords(logging.Filter):
+    """Drops botocore.auth records made while this module signs: they print the canonical request, whose
+    signed headers hold the session token."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_signing, "active", False)
+
+
+def _quiet_signer_log() -> None:
+    with _filter_lock:
+        if not _filter_installed:
+            logging.getLogger("botocore.auth").addFilter(_DropOwnSigningRecords())
+            _filter_installed.append(True)
 
 
 # ------------------------------------------------------------------------------------------------- pool

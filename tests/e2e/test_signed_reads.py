@@ -106,7 +106,9 @@ def test_whole_and_ranged_reads_match_pyarrow_with_one_get_each_and_no_head(
     assert {path for _, path in sent} == {through_pyarrow[1][1]}  # the very object pyarrow addressed
 
 
-def test_session_tokens_sign_the_request(moto_server: MotoServer, stored: str) -> None:
+def test_session_tokens_sign_the_request_and_never_reach_a_log(
+    moto_server: MotoServer, stored: str, caplog: pytest.LogCaptureFixture
+) -> None:
     assumed = moto_server.client("sts").assume_role(RoleArn=moto_server.role_arn, RoleSessionName="signed-reads")
     keys = assumed["Credentials"]
     props = properties(
@@ -117,7 +119,16 @@ def test_session_tokens_sign_the_request(moto_server: MotoServer, stored: str) -
             S3_SESSION_TOKEN: keys["SessionToken"],
         },
     )
-    assert reader(stored, props).read_at(10, 0) == CONTENT[:10] == pyarrow_read(stored, props)[:10]
+    caplog.set_level(logging.DEBUG)  # from here: the test's own STS call logged the token it got
+    signed = reader(stored, props)
+    assert signed.read_at(10, 0) == CONTENT[:10] == pyarrow_read(stored, props)[:10]
+    assert signed.read_all() == CONTENT
+    assert caplog.records  # DEBUG logging really was on (urllib3, pyiceberg)
+    assert keys["SessionToken"] not in caplog.text and keys["SecretAccessKey"] not in caplog.text
+    # botocore's own clients still log their signing at DEBUG: only this module's records are dropped.
+    caplog.clear()
+    moto_server.client("s3").head_bucket(Bucket=moto_server.bucket)
+    assert "CanonicalRequest" in caplog.text
 
 
 def test_a_missing_object_is_file_not_found_as_on_the_pyarrow_path(moto_server: MotoServer, stored: str) -> None:
