@@ -30,6 +30,7 @@ from pyiceberg.io.pyarrow import PyArrowFile
 
 from sqe._lru import LRUCache
 from sqe.credentials.pool import FILE_IOS
+from sqe.credentials.signed_reads import close_pool
 from sqe.execution.byte_cache import (
     DATA_RANGES,
     clear_byte_caches,
@@ -89,10 +90,12 @@ def configure_process_caches(*, data_bytes: int, manifest_bytes: int) -> None:
 
 
 def clear_process_caches() -> None:
-    """Empty every per-process cache (benchmarks' cold runs, tests), the pooled filesystems included."""
+    """Empty every per-process cache (benchmarks' cold runs, tests), the pooled filesystems and the signed
+    reads' kept connections included (a cold run opens its connections again, as pyarrow's path does)."""
     FRAGMENTS.clear()
     FILE_IOS.clear()
     clear_byte_caches()
+    close_pool()
 
 
 def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFileFormat) -> ds.ParquetFileFragment:
