@@ -57,9 +57,10 @@ if TYPE_CHECKING:
 
 __all__ = ["S3Address", "SignedObject", "close_pool", "s3_address", "signed_object"]
 
-# The pool: per host at most this many kept connections (more may open under load; the extras are not kept),
-# and at most this many hosts (endpoints or virtual-host buckets) kept at once.
-POOL_CONNECTIONS_PER_HOST = 16
+# The pool: at most this many connections per host at once (a read waits for a free one, at most its read
+# timeout), and at most this many hosts (endpoints or virtual-host buckets) kept at once. pyarrow's S3 client
+# allows 25 per client; these are shared by every credential set of the process.
+POOL_CONNECTIONS_PER_HOST = 32
 POOL_HOSTS = 16
 RETRIES = 2  # three attempts in all, as pyarrow's S3 client makes
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -182,6 +183,7 @@ class SignedObject:
                 headers=signed,
                 retries=_retry_policy(),
                 timeout=timeout,
+                pool_timeout=self._read_timeout,
                 preload_content=True,
                 decode_content=False,  # the stored bytes exactly, as pyarrow reads them
             )
@@ -290,7 +292,7 @@ def _pool() -> urllib3.PoolManager:
     with _pool_lock:
         pool = _pool_state.get("pool")
         if not isinstance(pool, urllib3.PoolManager) or _pool_state.get("pid") != os.getpid():
-            pool = urllib3.PoolManager(num_pools=POOL_HOSTS, maxsize=POOL_CONNECTIONS_PER_HOST, block=False)
+            pool = urllib3.PoolManager(num_pools=POOL_HOSTS, maxsize=POOL_CONNECTIONS_PER_HOST, block=True)
             _pool_state.update(pool=pool, pid=os.getpid())
         return pool
 

@@ -12,15 +12,17 @@ import logging
 import pickle
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from sqe.credentials.signed_reads import SignedObject, signed_object
+from sqe.credentials.signed_reads import POOL_CONNECTIONS_PER_HOST, SignedObject, signed_object
 from sqe.vocabulary import (
     S3_ACCESS_KEY_ID,
     S3_ENDPOINT,
@@ -256,3 +258,46 @@ def test_only_the_store_error_code_and_message_are_shown(moto_server: MotoServer
         reader(stored, props).read_all()
     text = str(failure.value)
     assert "StringToSign" not in text and "AWS4-HMAC-SHA256" not in text and "Signature" in text
+
+
+class _SlowStore(BaseHTTPRequestHandler):
+    """Serves CONTENT's requested range after a short pause, recording the most requests in flight at once."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, as S3 and moto speak
+    lock = threading.Lock()
+    in_flight = 0
+    most = 0
+
+    def do_GET(self) -> None:
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.most = max(cls.most, cls.in_flight)
+        time.sleep(0.05)
+        first, last = (int(n) for n in self.headers["Range"].removeprefix("bytes=").split("-"))
+        body = CONTENT[first : last + 1]
+        with cls.lock:
+            cls.in_flight -= 1
+        self.send_response(206)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_connections_per_host_are_bounded(moto_server: MotoServer) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowStore)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        props = properties(moto_server, **{S3_ENDPOINT: f"http://127.0.0.1:{server.server_address[1]}"})
+        signed = reader("s3://bucket/k.parquet", props)
+        readers = POOL_CONNECTIONS_PER_HOST * 2
+        with ThreadPoolExecutor(readers) as pool:
+            got = list(pool.map(lambda i: signed.read_at(8, i), range(readers)))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert got == [CONTENT[i : i + 8] for i in range(readers)]
+    assert 1 < _SlowStore.most <= POOL_CONNECTIONS_PER_HOST
