@@ -105,3 +105,29 @@ def test_an_empty_range_sends_nothing() -> None:
     assert found is not None and found.read_at(0, 10) == b""
     close_pool()
     close_pool()  # idempotent
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "error_class"),
+    [
+        (404, "NoSuchKey", FileNotFoundError),
+        (403, "AccessDenied", PermissionError),
+        (403, "InvalidAccessKeyId", PermissionError),
+        (400, "ExpiredToken", OSError),  # S3 answers an expired session token with 400, pyarrow with an OSError
+        (416, "InvalidRange", OSError),
+        (503, "SlowDown", OSError),  # after the retries
+    ],
+)
+def test_store_answers_map_to_the_os_error_classes_of_the_pyarrow_path(
+    status: int, code: str, error_class: type[OSError]
+) -> None:
+    found = signed_object("s3://b/t/f.parquet", MOTO)
+    assert found is not None
+    body = (
+        f"<Error><Code>{code}</Code><Message>told you</Message><StringToSign>AWS4 {TOKEN}</StringToSign>"
+        f"<RequestId>1</RequestId></Error>"
+    ).encode()
+    with pytest.raises(OSError) as failure:
+        found._raise_for(status, body)
+    assert type(failure.value) is error_class
+    assert str(failure.value) == f"When reading from key 't/f.parquet' in bucket 'b': HTTP {status} {code}: told you"
