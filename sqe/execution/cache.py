@@ -30,6 +30,7 @@ from pyiceberg.io.pyarrow import PyArrowFile
 
 from sqe._lru import LRUCache
 from sqe.credentials.pool import FILE_IOS
+from sqe.credentials.signed_reads import close_pool
 from sqe.execution.byte_cache import (
     DATA_RANGES,
     clear_byte_caches,
@@ -37,7 +38,7 @@ from sqe.execution.byte_cache import (
     scope_key,
     vended_scope_key,
 )
-from sqe.execution.cached_files import caching_filesystem
+from sqe.execution.cached_files import caching_filesystem, direct_reader
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -89,10 +90,12 @@ def configure_process_caches(*, data_bytes: int, manifest_bytes: int) -> None:
 
 
 def clear_process_caches() -> None:
-    """Empty every per-process cache (benchmarks' cold runs, tests), the pooled filesystems included."""
+    """Empty every per-process cache (benchmarks' cold runs, tests), the pooled filesystems and the signed
+    reads' kept connections included (a cold run opens its connections again, as pyarrow's path does)."""
     FRAGMENTS.clear()
     FILE_IOS.clear()
     clear_byte_caches()
+    close_pool()
 
 
 def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFileFormat) -> ds.ParquetFileFragment:
@@ -116,7 +119,8 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
     fragment = file_format.make_fragment(input_file._path, filesystem=input_file._filesystem, file_size=size)
     if key is not None and DATA_RANGES.enabled and vended_scope_key(io, path) is not None:
         # The same file, its byte ranges kept under the same scope (a catalog-vended one only).
-        filesystem = caching_filesystem(key, input_file._path, upstream=fragment)
+        direct = direct_reader(io, path)  # misses as signed ranged GETs of the manifest's size: no HEAD
+        filesystem = caching_filesystem(key, input_file._path, upstream=fragment, direct=direct)
         fragment = file_format.make_fragment(input_file._path, filesystem=filesystem, file_size=size)
     fragment.ensure_complete_metadata()  # the footer, read once
     if key is not None:

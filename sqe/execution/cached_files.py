@@ -11,10 +11,12 @@ never reaches a lookup at all.
 - **Data ranges.** A Parquet fragment is built over a small pyarrow file system (:class:`_RangeFileHandler`)
   whose files read through :class:`_RangeReader`: every byte range pyarrow asks for (its coalesced column-chunk
   reads and the footer's tail) is served from :data:`sqe.execution.byte_cache.DATA_RANGES` when one kept
-  range covers it, else read from the object store and kept. pyarrow's Python API opens a file by path only,
-  so the first miss of a kept fragment costs one HEAD (with the cache off, files open with the manifest's size).
+  range covers it, else read from the object store and kept. A miss is one signed ranged GET
+  (:mod:`sqe.credentials.signed_reads`; the file's size is the manifest's), so no HEAD; only a case that module
+  leaves to pyarrow opens the file through pyarrow, which costs one HEAD per file.
 - **Manifests.** Planning reads the manifest list and manifests through :class:`MetadataCachingFileIO`, which
-  keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`.
+  keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`; a miss is one signed GET of the
+  whole object (pyarrow's open would add a HEAD).
 
 The kept bytes are raw file content; the restriction order (row filter, masks, then the user's predicates)
 runs on the decoded batches exactly as without the cache. Nothing here logs, and no repr shows content.
@@ -24,38 +26,59 @@ from __future__ import annotations
 
 import io
 import threading
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
-from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, vended_scope_key
+from sqe.credentials.signed_reads import SignedObject, signed_object
+from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, vended_credentials
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
 
-__all__ = ["MetadataCachingFileIO", "caching_filesystem"]
+__all__ = ["MetadataCachingFileIO", "caching_filesystem", "direct_reader"]
+
+
+def direct_reader(io: FileIO, location: str) -> SignedObject | None:
+    """A signed reader of ``location`` under the set the catalog vended for it in this query, or None (no vended
+    set, or a case :mod:`sqe.credentials.signed_reads` leaves to pyarrow)."""
+    resolved = vended_credentials(io, location)
+    return None if resolved is None else signed_object(location, resolved.properties)
+
+
+class _RangeSource(Protocol):
+    """What a miss reads from: a pyarrow file, or a signed reader of the object (same call, no HEAD)."""
+
+    def read_at(self, nbytes: int, offset: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
 
 # ------------------------------------------------------------------------------------------ data ranges
 
 
 class _Upstream:
-    """The data file on its own (credential set's) file system, opened on the first miss only.
+    """The data file under its own credential set, for misses: a signed reader when there is one (each miss one
+    ranged GET, no HEAD), else the file on its pyarrow file system, opened on the first miss only.
 
     pyarrow's Python API opens a file by path alone, so each open costs the object store one HEAD. An
     object-store handle holds no descriptor and its ranged reads are thread-safe, so it is opened once and
     shared by every reader of the kept fragment (one HEAD per file and credential set while the fragment is
     kept); a local file is opened per reader and closed with it."""
 
-    def __init__(self, fragment: ds.ParquetFileFragment) -> None:
+    def __init__(self, fragment: ds.ParquetFileFragment, direct: SignedObject | None = None) -> None:
         self._fragment = fragment
+        self._direct = direct
         self._shared = fragment.filesystem.type_name == "s3"
         self._lock = threading.Lock()
         self._native: pa.NativeFile | None = None
 
-    def open(self) -> tuple[pa.NativeFile, bool]:
+    def open(self) -> tuple[_RangeSource, bool]:
         """A handle to read from, and whether the caller owns (and so closes) it."""
+        if self._direct is not None:
+            return self._direct, False
         if not self._shared:
             return self._fragment.open(), True
         with self._lock:
@@ -75,7 +98,7 @@ class _RangeReader(io.RawIOBase):
         self._key = key
         self._size = key[1]
         self._upstream = upstream
-        self._native: pa.NativeFile | None = None
+        self._native: _RangeSource | None = None
         self._owned = False
         self._position = 0
 
@@ -128,10 +151,12 @@ class _RangeReader(io.RawIOBase):
 class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships no stubs for it
     """A one-file pyarrow file system: ``open_input_file`` of that file reads through the range cache."""
 
-    def __init__(self, key: FileKey, path: str, upstream: ds.ParquetFileFragment) -> None:
+    def __init__(
+        self, key: FileKey, path: str, upstream: ds.ParquetFileFragment, direct: SignedObject | None = None
+    ) -> None:
         self._key = key
         self._path = path
-        self._upstream = _Upstream(upstream)
+        self._upstream = _Upstream(upstream, direct)
 
     def open_input_file(self, path: str) -> pa.NativeFile:
         self._only_mine(path)
@@ -173,25 +198,32 @@ class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarro
     open_input_stream = open_output_stream = open_append_stream = _refuse
 
 
-def caching_filesystem(key: FileKey, path: str, upstream: ds.ParquetFileFragment) -> pafs.PyFileSystem:
+def caching_filesystem(
+    key: FileKey, path: str, upstream: ds.ParquetFileFragment, direct: SignedObject | None = None
+) -> pafs.PyFileSystem:
     """A file system serving ``path`` (pyarrow's scheme-less form) through the range cache under ``key``;
-    misses read through ``upstream``, a fragment of the same file on the object store's own file system."""
-    return pafs.PyFileSystem(_RangeFileHandler(key, path, upstream))
+    misses read through ``direct`` (signed ranged GETs of the same file under the same credential set) when
+    given, else through ``upstream``, a fragment of the same file on the object store's own file system."""
+    return pafs.PyFileSystem(_RangeFileHandler(key, path, upstream, direct))
 
 
 # ---------------------------------------------------------------------------------------------- manifests
 
 
 class _CachedInputFile(InputFile):
-    """A manifest list or manifest, read whole once per credential scope and then served from memory."""
+    """A manifest list or manifest, read whole once per credential scope and then served from memory. A miss is
+    one signed GET when there is a signed reader (pyarrow's open adds a HEAD), else read through ``inner``."""
 
-    def __init__(self, inner: InputFile, key: tuple[str, str]) -> None:
+    def __init__(self, inner: InputFile, key: tuple[str, str], direct: SignedObject | None = None) -> None:
         super().__init__(inner.location)
         self._inner = inner
         self._key = key
+        self._direct = direct
 
     def __len__(self) -> int:
         kept = MANIFESTS.get(self._key)
+        if kept is None and self._direct is not None:
+            kept = self._fetch()  # it is about to be read whole anyway: one GET instead of a HEAD and a GET
         return len(kept) if kept is not None else len(self._inner)
 
     def exists(self) -> bool:
@@ -199,11 +231,16 @@ class _CachedInputFile(InputFile):
 
     def open(self, seekable: bool = True) -> InputStream:
         kept = MANIFESTS.get(self._key)
-        if kept is None:
+        return io.BytesIO(kept if kept is not None else self._fetch())
+
+    def _fetch(self) -> bytes:
+        if self._direct is not None:
+            kept = self._direct.read_all()
+        else:
             with self._inner.open(seekable=False) as stream:
                 kept = stream.read()
-            MANIFESTS.put(self._key, kept)
-        return io.BytesIO(kept)
+        MANIFESTS.put(self._key, kept)
+        return kept
 
 
 class MetadataCachingFileIO(FileIO):
@@ -216,11 +253,12 @@ class MetadataCachingFileIO(FileIO):
         self._inner = inner
 
     def new_input(self, location: str) -> InputFile:
-        scope = vended_scope_key(self._inner, location)
-        inner = self._inner.new_input(location)
-        if scope is None or not MANIFESTS.enabled:
+        resolved = vended_credentials(self._inner, location)
+        inner = self._inner.new_input(location)  # the inner FileIO's own checks (expiry, coverage) run first
+        if resolved is None or not MANIFESTS.enabled:
             return inner
-        return _CachedInputFile(inner, (location, scope))
+        direct = signed_object(location, resolved.properties)
+        return _CachedInputFile(inner, (location, resolved.identity), direct)
 
     def new_output(self, location: str) -> OutputFile:
         raise OSError("planning reads metadata only; it never writes")

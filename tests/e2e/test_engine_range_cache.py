@@ -56,14 +56,19 @@ RESTRICTED = {
 
 def file_requests(log: MotoLog) -> dict[str, int]:
     """GET/HEAD requests of data files and manifests since the log's mark, by kind."""
-    log.data_requests()  # waits for the server to write its last lines
-    with log.path.open("rb") as fh:
-        fh.seek(log._offset)
-        found = _FILE_REQUEST.findall(fh.read().decode("utf-8", "replace"))
+    found = requests_of_files(log)
     return {
         "data": sum(1 for _, path in found if path.endswith(".parquet")),
         "manifest": sum(1 for _, path in found if path.endswith(".avro")),
     }
+
+
+def requests_of_files(log: MotoLog) -> list[tuple[str, str]]:
+    """(method, path) of every GET/HEAD of a data file or manifest since the log's mark."""
+    log.data_requests()  # waits for the server to write its last lines
+    with log.path.open("rb") as fh:
+        fh.seek(log._offset)
+        return _FILE_REQUEST.findall(fh.read().decode("utf-8", "replace"))
 
 
 @pytest.fixture(autouse=True)
@@ -124,10 +129,13 @@ def test_a_repeat_query_sends_no_data_or_manifest_request(
 
     log.mark()
     assert run(tmp_path, catalog_server, alice) == uncached
-    cold = file_requests(log)
-    assert cold["data"] >= 2 and cold["manifest"] >= 2  # two data files, a manifest list and its manifests
-    # pyarrow opens a file by path only: the first miss of each file pays one HEAD (the price of the cache).
-    assert len([r for r in log.data_requests() if r[0] == "HEAD"]) == 2
+    cold = requests_of_files(log)
+    # Two data files, a manifest list and its manifests. Misses are signed GETs with the manifest's size (data)
+    # or of the whole object (metadata): no HEAD at all, and each metadata file is read once.
+    assert [method for method, _ in cold] == ["GET"] * len(cold), cold
+    manifests = [path for _, path in cold if path.endswith(".avro")]
+    assert len(manifests) >= 2 and len(set(manifests)) == len(manifests)
+    assert len({path for _, path in cold if path.endswith(".parquet")}) == 2
 
     log.mark()
     assert run(tmp_path, catalog_server, alice) == uncached  # a new session: planned again, read again
@@ -219,3 +227,40 @@ def test_a_restricted_repeat_query_filters_and_masks_the_cached_bytes_and_shows_
     shown = caplog.text + explained + repr(DATA_RANGES) + repr(MANIFESTS)
     assert not [value for value in PEOPLE.column("ssn").to_pylist() if value in shown]
     assert not [secret for secret in catalog_server.secrets if secret in shown]
+
+
+def _fragile_table(server: CatalogServer, workdir: Path, name: str) -> list[str]:
+    """A one-file table ``range_cache.<name>`` (alice may read it); the keys of its objects in the bucket."""
+    with session_for(workdir, server, server.admin) as session:
+        session.sql(f"CREATE TABLE {NAMESPACE}.{name} AS SELECT i AS id, 'note-' || i AS note FROM range(1, 50) r(i)")
+    location = pyiceberg_catalog(server, server.admin).load_table((NAMESPACE, name)).metadata.location
+    bucket, _, prefix = location.removeprefix("s3://").partition("/")
+    listed = server.moto.client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix + "/")
+    return [entry["Key"] for entry in listed["Contents"]]
+
+
+def _failure(workdir: Path, server: CatalogServer, principal: CatalogPrincipal, sql: str, **cache: int) -> str:
+    clear_process_caches()
+    with session_for(workdir, server, principal, cache) as session, pytest.raises(SQEError) as failure:
+        session.sql(sql).fetchall()
+    return f"{type(failure.value).__name__}: {failure.value}"
+
+
+@pytest.mark.parametrize("gone", ["data", "manifest-list"])
+def test_a_missing_file_fails_with_the_same_typed_error_with_the_caches_on_and_off(
+    catalog_server: CatalogServer, readers: dict[str, CatalogPrincipal], tmp_path: Path, gone: str
+) -> None:
+    """With the caches on, misses are signed GETs (no pyarrow open); the error a query ends with is the same
+    class and the same message up to the store's own wording of the 404."""
+    name = f"fragile_{gone.replace('-', '_')}"
+    keys = _fragile_table(catalog_server, tmp_path, name)
+    victim = next(k for k in keys if (k.endswith(".parquet") if gone == "data" else "/snap-" in k))
+    catalog_server.moto.client("s3").delete_object(Bucket=catalog_server.moto.bucket, Key=victim)
+    sql = f"SELECT count(*), max(note) FROM {NAMESPACE}.{name}"
+    alice = readers["alice"]
+    without = _failure(tmp_path, catalog_server, alice, sql, data_bytes=0, manifest_bytes=0)
+    with_caches = _failure(tmp_path, catalog_server, alice, sql)
+    prefix = "QueryError: reading " if gone == "data" else "QueryError: cannot read the metadata of "
+    assert without.startswith(prefix) and with_caches.startswith(prefix), (without, with_caches)
+    assert victim.rsplit("/", 1)[-1] in with_caches and "\n" not in with_caches
+    assert not [secret for secret in catalog_server.secrets if secret in with_caches]

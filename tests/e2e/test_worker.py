@@ -322,6 +322,36 @@ def test_a_ticket_with_an_incomplete_credential_set_is_refused(worker: WorkerPro
     assert data.writer_set.secret_access_key not in error.details()
 
 
+def test_a_worker_reads_data_files_with_no_head_and_a_refused_key_is_a_read_failure(
+    worker: WorkerProcess, data: Fixture, catalog_server: CatalogServer
+) -> None:
+    """Workers keep data ranges too: a miss is a signed ranged GET (the manifest's size), so no data file sees a
+    HEAD; a key the store refuses (403) fails the fragment as a typed read failure, as pyarrow's did."""
+    from tests.e2e.test_engine_footer_cache import MotoLog
+
+    namespace = data.ref.namespace[0]
+    fresh = catalog_server.principal_with_grants(
+        f"worker_fresh_{uuid.uuid4().hex[:6]}", [("TABLE_READ_DATA", namespace, None)]
+    )
+    fresh_set = _vended_set(catalog_server, fresh, namespace, data.table)  # no worker has kept ranges under it
+    log = MotoLog(catalog_server.moto.pid)
+    log.mark()
+    result, _ = collect(worker.stub().Execute(ticket(data, [fresh_set]), metadata=worker.metadata()))
+    assert rows(result) == rows(data.expected)
+    requests = log.data_requests()
+    assert {method for method, _ in requests} == {"GET"} and len({path for _, path in requests}) == FILES
+
+    refused = dataclasses.replace(fresh_set, secret_access_key="not-the-secret-" + "q" * 25)  # same key id
+    with pytest.raises(grpc.RpcError) as caught:
+        list(worker.stub().Execute(ticket(data, [refused]), metadata=worker.metadata()))
+    error = caught.value
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert dict(error.trailing_metadata())[ERROR_KIND_KEY] == "read-failed"
+    assert "HTTP 403" in error.details() and "\n" not in error.details()
+    shown = error.details() + worker.log_text()
+    assert refused.secret_access_key not in shown and (fresh_set.session_token or "-") not in shown
+
+
 def test_a_pushed_set_is_used_for_later_files(paced_worker: WorkerProcess, data: Fixture) -> None:
     """Set A is declared to expire after ~3 files; B is pushed after the first file: every row arrives, and two
     distinct keys opened files."""

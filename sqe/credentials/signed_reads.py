@@ -1,0 +1,325 @@
+"""Signed S3 GETs of a whole object or one byte range, without the HEAD pyarrow sends before every open.
+
+pyarrow's Python API opens an S3 file by path alone, and every such open costs the store a HEAD (for the size).
+Where SQE already knows what to read (a manifest list or manifest read whole on a cache miss; a byte range of a
+data file whose size the manifest gives) it reads through :class:`SignedObject` instead: one GET per read,
+signed with botocore's SigV4 signer and sent on the process's one bounded urllib3 pool.
+
+**Addressing.** A :class:`SignedObject` is built from the very FileIO properties the pyarrow path would get
+(:attr:`sqe.credentials.scope.ResolvedCredentials.properties`) and addresses what pyarrow's ``S3FileSystem``
+addresses for them: ``s3.endpoint`` (its scheme, else https), ``s3.region``, path style unless
+``s3.force-virtual-addressing`` is true (virtual hosts when no endpoint is set: AWS itself), the session token
+in the signed headers. Anything else (another scheme, no key pair, no region, a location with a query or
+fragment, a dotted bucket on an AWS virtual host) gets no :class:`SignedObject`, and the caller keeps the
+pyarrow path.
+
+**Errors** are the ``OSError`` classes the pyarrow path raises for the same answer, so every caller classifies
+them as today: 404 → ``FileNotFoundError``, 403 → ``PermissionError``, anything else (400 ``ExpiredToken``,
+5xx after retries, timeouts, a short body) → ``OSError``. 5xx, 429 and connection errors are retried twice
+with a short backoff (pyarrow's S3 client makes three attempts too), honouring ``Retry-After``. A message
+names the bucket, key, status and the store's error code and message only; the store's error body (which can
+echo the signed headers) is otherwise never shown, and nothing here logs.
+
+**Secrets.** The keys live in a botocore ``Credentials`` object inside the :class:`SignedObject`; its repr shows
+the location only and it refuses pickling. Signed headers exist only for the one request being sent. botocore's
+signer logs the canonical request (with the session token) at DEBUG: a filter on its logger drops the records
+made while this module signs (other botocore users in the process keep theirs).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+from urllib.parse import quote
+
+from sqe._text import first_line
+from sqe.credentials.paths import normalize_location
+from sqe.vocabulary import (
+    S3_ACCESS_KEY_ID,
+    S3_CONNECT_TIMEOUT,
+    S3_ENDPOINT,
+    S3_FORCE_VIRTUAL_ADDRESSING,
+    S3_REGION,
+    S3_REQUEST_TIMEOUT,
+    S3_SECRET_ACCESS_KEY,
+    S3_SESSION_TOKEN,
+)
+
+if TYPE_CHECKING:
+    import urllib3
+    from botocore.credentials import Credentials
+
+__all__ = ["S3Address", "SignedObject", "close_pool", "s3_address", "signed_object"]
+
+# The pool: at most this many connections per host at once (a read waits for a free one, at most its read
+# timeout), and at most this many hosts (endpoints or virtual-host buckets) kept at once. pyarrow's S3 client
+# allows 25 per client; these are shared by every credential set of the process.
+POOL_CONNECTIONS_PER_HOST = 32
+POOL_HOSTS = 16
+RETRIES = 2  # three attempts in all, as pyarrow's S3 client makes
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+BACKOFF_SECONDS = 0.05
+# Used when the properties name no timeout. Generous: a 2-core machine under load can be slow to accept.
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_READ_TIMEOUT = 60.0
+_ERROR_CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
+_ERROR_MESSAGE = re.compile(rb"<Message>([^<]{1,300})</Message>")
+
+
+# ------------------------------------------------------------------------------------------- addressing
+
+
+@dataclass(frozen=True)
+class S3Address:
+    """Where one object is read from: the URL a request goes to, and the bucket and key for messages."""
+
+    url: str
+    bucket: str
+    key: str
+
+
+def s3_address(location: str, properties: Mapping[str, str]) -> S3Address | None:
+    """The URL pyarrow's ``S3FileSystem`` would read ``location`` from under these FileIO properties, or None
+    when this module does not handle the case (the caller then reads through pyarrow)."""
+    normalized = normalize_location(location)
+    scheme, sep, rest = normalized.partition("://")
+    if scheme != "s3" or not sep or "?" in rest or "#" in rest:
+        return None
+    bucket, _, key = rest.partition("/")
+    if not bucket or not key:
+        return None
+    region = properties.get(S3_REGION)
+    if not region:
+        return None
+    quoted = quote(key, safe="/~")
+    endpoint = properties.get(S3_ENDPOINT)
+    if endpoint:
+        return _endpoint_address(endpoint, bucket, key, quoted, _virtual(properties))
+    if "." in bucket or region.startswith("cn-"):
+        return None  # a dotted bucket fails TLS on a virtual host; China regions have their own domain
+    return S3Address(f"https://{bucket}.s3.{region}.amazonaws.com/{quoted}", bucket, key)
+
+
+def _virtual(properties: Mapping[str, str]) -> bool:
+    return properties.get(S3_FORCE_VIRTUAL_ADDRESSING, "").strip().lower() == "true"
+
+
+def _endpoint_address(endpoint: str, bucket: str, key: str, quoted: str, virtual: bool) -> S3Address | None:
+    """pyarrow takes the scheme from the endpoint when it has one (https otherwise), and addresses path style
+    unless virtual addressing is forced."""
+    url_scheme, sep, host = endpoint.partition("://")
+    if not sep:
+        url_scheme, host = "https", endpoint
+    url_scheme = url_scheme.lower()
+    if url_scheme not in ("http", "https") or not host or "/" in host.rstrip("/"):
+        return None  # an endpoint with a path of its own: leave it to pyarrow
+    host = host.rstrip("/")
+    if virtual:
+        return S3Address(f"{url_scheme}://{bucket}.{host}/{quoted}", bucket, key)
+    return S3Address(f"{url_scheme}://{host}/{quote(bucket, safe='')}/{quoted}", bucket, key)
+
+
+def _timeout(properties: Mapping[str, str], name: str, default: float) -> float:
+    """pyiceberg hands ``s3.connect-timeout`` / ``s3.request-timeout`` (seconds) to pyarrow as floats."""
+    text = properties.get(name)
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+# ------------------------------------------------------------------------------------------------ reads
+
+
+class SignedObject:
+    """One S3 object read under one credential set: whole (:meth:`read_all`) or by range (:meth:`read_at`).
+
+    Thread-safe (each read signs and sends its own request). Never pickled; the repr names the object only."""
+
+    def __init__(self, address: S3Address, properties: Mapping[str, str]) -> None:
+        from botocore.credentials import Credentials
+
+        self.address = address
+        self._region = properties[S3_REGION]
+        self._credentials: Credentials = Credentials(
+            properties[S3_ACCESS_KEY_ID], properties[S3_SECRET_ACCESS_KEY], properties.get(S3_SESSION_TOKEN) or None
+        )
+        self._secrets = tuple(
+            value for value in (properties.get(k) for k in (S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN)) if value
+        )
+        self._connect_timeout = _timeout(properties, S3_CONNECT_TIMEOUT, DEFAULT_CONNECT_TIMEOUT)
+        self._read_timeout = _timeout(properties, S3_REQUEST_TIMEOUT, DEFAULT_READ_TIMEOUT)
+
+    def read_all(self) -> bytes:
+        """The whole object, in one GET."""
+        return self._get({}, expected=200, length=None)
+
+    def read_at(self, length: int, offset: int) -> bytes:
+        """``length`` bytes at ``offset`` in one ranged GET (pyarrow's ``NativeFile.read_at`` argument order)."""
+        if length <= 0:
+            return b""
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
+        return self._get(headers, expected=206, length=length)
+
+    def close(self) -> None:
+        """Nothing to release: connections belong to the process's pool."""
+
+    def _get(self, headers: dict[str, str], *, expected: int, length: int | None) -> bytes:
+        import urllib3
+
+        signed = self._signed_headers(headers)
+        timeout = urllib3.Timeout(connect=self._connect_timeout, read=self._read_timeout)
+        try:
+            response = _pool().request(
+                "GET",
+                self.address.url,
+                headers=signed,
+                retries=_retry_policy(),
+                timeout=timeout,
+                pool_timeout=self._read_timeout,
+                preload_content=True,
+                decode_content=False,  # the stored bytes exactly, as pyarrow reads them
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise self._failure(OSError, f"request failed after retries ({_cause(exc)})") from None
+        if response.status != expected:
+            self._raise_for(response.status, response.data)
+        data: bytes = response.data
+        if length is not None and len(data) != length:
+            raise self._failure(OSError, f"expected {length} bytes, the store sent {len(data)}")
+        return data
+
+    def _signed_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        """SigV4 (S3 flavour: unsigned payload over https) for one GET; the token goes in the signed headers."""
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        request = AWSRequest(method="GET", url=self.address.url, headers=headers)
+        _quiet_signer_log()
+        _signing.active = True
+        try:
+            S3SigV4Auth(self._credentials, "s3", self._region).add_auth(request)
+        finally:
+            _signing.active = False
+        return dict(request.headers.items())
+
+    def _raise_for(self, status: int, body: bytes) -> NoReturn:
+        code, message = _error_parts(body)
+        text = f"HTTP {status} {code}: {message}" if code else f"HTTP {status}"
+        error_class: type[OSError] = OSError
+        if status == 404:
+            error_class = FileNotFoundError
+        elif status == 403:
+            error_class = PermissionError
+        raise self._failure(error_class, text)
+
+    def _failure(self, error_class: type[OSError], detail: str) -> OSError:
+        for secret in self._secrets:
+            detail = detail.replace(secret, "[redacted]")
+        where = f"When reading from key '{self.address.key}' in bucket '{self.address.bucket}'"
+        return error_class(f"{where}: {first_line(detail)}")
+
+    def __repr__(self) -> str:
+        return f"SignedObject(bucket={self.address.bucket!r}, key={self.address.key!r})"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a SignedObject holds credentials and cannot be pickled")
+
+
+def signed_object(location: str, properties: Mapping[str, str]) -> SignedObject | None:
+    """A signed reader of ``location`` under these FileIO properties, or None to keep the pyarrow path (no
+    key pair, or an addressing case this module leaves to pyarrow)."""
+    if not properties.get(S3_ACCESS_KEY_ID) or not properties.get(S3_SECRET_ACCESS_KEY):
+        return None
+    address = s3_address(location, properties)
+    return None if address is None else SignedObject(address, properties)
+
+
+def _error_parts(body: bytes) -> tuple[str, str]:
+    """The S3 error document's ``Code`` and ``Message`` only (its other fields can echo the signed request)."""
+    return _element(_ERROR_CODE, body), _element(_ERROR_MESSAGE, body)
+
+
+def _element(pattern: re.Pattern[bytes], body: bytes) -> str:
+    found = pattern.search(body or b"")
+    return found.group(1).decode("utf-8", "replace").strip() if found else ""
+
+
+def _cause(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None)
+    return type(reason).__name__ if isinstance(reason, BaseException) else type(exc).__name__
+
+
+# ------------------------------------------------------------------------------------------ signer log
+
+_signing = threading.local()  # .active: this thread is inside add_auth for this module
+_filter_lock = threading.Lock()
+_filter_installed: list[bool] = []
+
+
+class _DropOwnSigningRecords(logging.Filter):
+    """Drops botocore.auth records made while this module signs: they print the canonical request, whose
+    signed headers hold the session token."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_signing, "active", False)
+
+
+def _quiet_signer_log() -> None:
+    with _filter_lock:
+        if not _filter_installed:
+            logging.getLogger("botocore.auth").addFilter(_DropOwnSigningRecords())
+            _filter_installed.append(True)
+
+
+# ------------------------------------------------------------------------------------------------- pool
+
+_pool_lock = threading.Lock()
+_pool_state: dict[str, object] = {}  # "pool": the PoolManager, "pid": the process that made it
+
+
+def _pool() -> urllib3.PoolManager:
+    """The process's one pool (a new one after a fork: sockets are never shared across processes)."""
+    import urllib3
+
+    with _pool_lock:
+        pool = _pool_state.get("pool")
+        if not isinstance(pool, urllib3.PoolManager) or _pool_state.get("pid") != os.getpid():
+            pool = urllib3.PoolManager(num_pools=POOL_HOSTS, maxsize=POOL_CONNECTIONS_PER_HOST, block=True)
+            _pool_state.update(pool=pool, pid=os.getpid())
+        return pool
+
+
+def _retry_policy() -> urllib3.Retry:
+    import urllib3
+
+    return urllib3.Retry(
+        total=RETRIES,
+        redirect=0,
+        status_forcelist=RETRY_STATUSES,
+        allowed_methods=frozenset({"GET"}),
+        backoff_factor=BACKOFF_SECONDS,
+        respect_retry_after_header=True,
+        raise_on_status=False,  # the last answer is classified like any other
+        raise_on_redirect=False,
+    )
+
+
+def close_pool() -> None:
+    """Close the pool's kept connections (at exit; a later read opens a new pool)."""
+    with _pool_lock:
+        pool = _pool_state.pop("pool", None)
+        _pool_state.pop("pid", None)
+    clear = getattr(pool, "clear", None)
+    if clear is not None:
+        clear()
+
+
+atexit.register(close_pool)

@@ -1,0 +1,133 @@
+"""Addressing and secret hygiene of sqe.credentials.signed_reads (the wire behaviour is in tests/e2e)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from sqe.credentials.signed_reads import SignedObject, close_pool, s3_address, signed_object
+from sqe.vocabulary import (
+    S3_ACCESS_KEY_ID,
+    S3_CONNECT_TIMEOUT,
+    S3_ENDPOINT,
+    S3_FORCE_VIRTUAL_ADDRESSING,
+    S3_REGION,
+    S3_REQUEST_TIMEOUT,
+    S3_SECRET_ACCESS_KEY,
+    S3_SESSION_TOKEN,
+)
+
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+TOKEN = "FwoGZXIvYXdzEXAMPLE-session-token-value"
+KEYS = {S3_ACCESS_KEY_ID: "AKIAEXAMPLE", S3_SECRET_ACCESS_KEY: SECRET, S3_SESSION_TOKEN: TOKEN}
+MOTO = {S3_ENDPOINT: "http://127.0.0.1:5000", S3_REGION: "us-east-1", **KEYS}
+
+
+@pytest.mark.parametrize(
+    ("location", "settings", "url"),
+    [
+        # An endpoint: path style unless virtual addressing is forced, the endpoint's own scheme.
+        ("s3://b/t/f.parquet", {}, "http://127.0.0.1:5000/b/t/f.parquet"),
+        ("s3://b/t/f.parquet", {S3_FORCE_VIRTUAL_ADDRESSING: "false"}, "http://127.0.0.1:5000/b/t/f.parquet"),
+        ("s3://b/t/f.parquet", {S3_FORCE_VIRTUAL_ADDRESSING: "true"}, "http://b.127.0.0.1:5000/t/f.parquet"),
+        ("s3a://b/t/f.parquet", {}, "http://127.0.0.1:5000/b/t/f.parquet"),
+        ("S3N://b/t/f.parquet", {}, "http://127.0.0.1:5000/b/t/f.parquet"),
+        # No scheme on the endpoint: https, as pyarrow's default.
+        ("s3://b/k", {S3_ENDPOINT: "store.example:9000"}, "https://store.example:9000/b/k"),
+        ("s3://b/k", {S3_ENDPOINT: "HTTPS://store.example/"}, "https://store.example/b/k"),
+        # Keys are percent-encoded once, slashes kept (the canonical URI SigV4 signs for S3).
+        ("s3://b/a b/ä+c&d~e=f.avro", {}, "http://127.0.0.1:5000/b/a%20b/%C3%A4%2Bc%26d~e%3Df.avro"),
+        # No endpoint: AWS itself, virtual hosts in the set's region.
+        ("s3://b/t/f", {S3_ENDPOINT: "", S3_REGION: "eu-west-1"}, "https://b.s3.eu-west-1.amazonaws.com/t/f"),
+    ],
+)
+def test_addresses_what_pyarrow_addresses(location: str, settings: dict[str, str], url: str) -> None:
+    address = s3_address(location, {**MOTO, **settings})
+    assert address is not None and address.url == url
+    assert address.bucket == location.split("://")[1].split("/")[0]
+
+
+@pytest.mark.parametrize(
+    ("location", "settings"),
+    [
+        ("file:///tmp/t/f.parquet", {}),  # not S3
+        ("gs://b/t/f.parquet", {}),
+        ("s3://b", {}),  # no key
+        ("s3://b/t/f?versionId=1", {}),  # pyiceberg would drop the query: leave it to that path
+        ("s3://b/t/f#x", {}),
+        ("s3://b/t/f", {S3_REGION: ""}),  # no region to sign for
+        ("s3://b/t/f", {S3_ENDPOINT: "http://proxy.example/s3"}),  # an endpoint with a path of its own
+        ("s3://b/t/f", {S3_ENDPOINT: "ftp://store.example"}),
+        ("s3://my.bucket/f", {S3_ENDPOINT: "", S3_REGION: "eu-west-1"}),  # dotted bucket on an AWS virtual host
+        ("s3://b/f", {S3_ENDPOINT: "", S3_REGION: "cn-north-1"}),  # another domain
+    ],
+)
+def test_cases_it_does_not_handle_keep_the_pyarrow_path(location: str, settings: dict[str, str]) -> None:
+    assert s3_address(location, {**MOTO, **settings}) is None
+    assert signed_object(location, {**MOTO, **settings}) is None
+
+
+@pytest.mark.parametrize("missing", [S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY])
+def test_no_key_pair_no_signed_reader(missing: str) -> None:
+    assert signed_object("s3://b/t/f", {k: v for k, v in MOTO.items() if k != missing}) is None
+
+
+def test_a_signed_reader_shows_and_pickles_no_secret() -> None:
+    found = signed_object("s3://b/t/f.parquet", MOTO)
+    assert isinstance(found, SignedObject)
+    shown = repr(found) + repr(found.address) + str(vars(found).get("_credentials"))
+    assert SECRET not in shown and TOKEN not in shown and "t/f.parquet" in shown
+    with pytest.raises(TypeError):
+        pickle.dumps(found)
+
+
+def test_error_text_is_scrubbed_and_one_line() -> None:
+    found = signed_object("s3://b/t/f.parquet", MOTO)
+    assert found is not None
+    error = found._failure(OSError, f"echoed {SECRET} and {TOKEN}\nsecond line")
+    assert SECRET not in str(error) and TOKEN not in str(error) and "\n" not in str(error)
+    assert str(error).startswith("When reading from key 't/f.parquet' in bucket 'b': echoed [redacted]")
+
+
+def test_timeouts_come_from_the_properties_and_fall_back_on_nonsense() -> None:
+    timed = signed_object("s3://b/k", {**MOTO, S3_CONNECT_TIMEOUT: "2.5", S3_REQUEST_TIMEOUT: "7"})
+    assert timed is not None and (timed._connect_timeout, timed._read_timeout) == (2.5, 7.0)
+    default = signed_object("s3://b/k", {**MOTO, S3_CONNECT_TIMEOUT: "soon", S3_REQUEST_TIMEOUT: "-1"})
+    fallback = signed_object("s3://b/k", MOTO)
+    assert default is not None and fallback is not None
+    assert (default._connect_timeout, default._read_timeout) == (fallback._connect_timeout, fallback._read_timeout)
+
+
+def test_an_empty_range_sends_nothing() -> None:
+    # The endpoint is unroutable: any request would fail, so success proves no request was made.
+    found = signed_object("s3://b/k", {**MOTO, S3_ENDPOINT: "http://127.0.0.1:1"})
+    assert found is not None and found.read_at(0, 10) == b""
+    close_pool()
+    close_pool()  # idempotent
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "error_class"),
+    [
+        (404, "NoSuchKey", FileNotFoundError),
+        (403, "AccessDenied", PermissionError),
+        (403, "InvalidAccessKeyId", PermissionError),
+        (400, "ExpiredToken", OSError),  # S3 answers an expired session token with 400, pyarrow with an OSError
+        (416, "InvalidRange", OSError),
+        (503, "SlowDown", OSError),  # after the retries
+    ],
+)
+def test_store_answers_map_to_the_os_error_classes_of_the_pyarrow_path(
+    status: int, code: str, error_class: type[OSError]
+) -> None:
+    found = signed_object("s3://b/t/f.parquet", MOTO)
+    assert found is not None
+    body = (
+        f"<Error><Code>{code}</Code><Message>told you</Message><StringToSign>AWS4 {TOKEN}</StringToSign>"
+        f"<RequestId>1</RequestId></Error>"
+    ).encode()
+    with pytest.raises(OSError) as failure:
+        found._raise_for(status, body)
+    assert type(failure.value) is error_class
+    assert str(failure.value) == f"When reading from key 't/f.parquet' in bucket 'b': HTTP {status} {code}: told you"
