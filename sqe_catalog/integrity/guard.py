@@ -2,6 +2,12 @@
 
 It owns the decision "legacy or protected" for each table operation and hands protected tables to
 ``admission`` and purges to ``purge``; a legacy table keeps pyiceberg's behaviour everywhere.
+
+Loads of a protected table keep what they verified: a revision that passed ``verify_loaded`` is cached under the
+table, its metadata location and the exact pin (key id, digest, digest version) it was checked against. The pin
+is re-read from the database on every load, so a commit, a re-admission or a drop changes the key and the next
+load reads and verifies the new revision from storage; only a revision that was verified is ever served from the
+cache. Commits, purges and the cleaner's second check always read storage (they exist to detect rewrites).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from sqlalchemy import Connection, delete, update
 
+from sqe._lru import LRUCache
 from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataIntegrityError, NoSuchTableError
 from sqe_catalog.integrity import admission
 from sqe_catalog.integrity import state as st
@@ -38,13 +45,19 @@ ReadParsed = Callable[..., ParsedMetadata]  # (location, fresh=False) -> ParsedM
 LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revision claims
 # Records a notification's timestamp inside the transaction that carries it out (raises when it is stale).
 NotificationStamp = Callable[[Connection], None]
+# A verified revision: the table, the metadata location it was read from and the pin it matched.
+VerifiedKey = tuple[TableRef, str, TrustedState]
 
 
 class IntegrityGuard:
-    def __init__(self, catalog: SqlCatalog, read: ReadParsed, locations_of: LocationsOf) -> None:
+    def __init__(
+        self, catalog: SqlCatalog, read: ReadParsed, locations_of: LocationsOf, verified_entries: int = 0
+    ) -> None:
         self._catalog = catalog
         self._read = read
         self._locations_of = locations_of
+        # 0 entries: every load of a protected table reads and verifies its metadata file again.
+        self.verified: LRUCache[VerifiedKey, ParsedMetadata] = LRUCache(verified_entries)
         st.create_integrity_schema(catalog.engine)
 
     def _also(self, table: TableRef, stamp: NotificationStamp | None = None) -> admission.AlsoInTransaction:
@@ -87,7 +100,13 @@ class IntegrityGuard:
         trusted = self.trusted(namespace, name)
         if trusted is None:
             return self._read(location)
-        return self._verified(self.ref(namespace, name), trusted, location)
+        table = self.ref(namespace, name)
+        key = (table, location, trusted)
+        if (hit := self.verified.get(key)) is not None:
+            return hit  # verify_loaded passed for exactly these inputs
+        parsed = self._verified(table, trusted, location)
+        self.verified.put(key, parsed)
+        return parsed
 
     def _verified(self, table: TableRef, trusted: TrustedState, location: str) -> ParsedMetadata:
         try:
