@@ -649,7 +649,7 @@ def _load_table(call: _Call) -> Response:
     access = _data_access(call, namespace, name)
     if access is None:
         call.require(Privilege.TABLE_READ_PROPERTIES, namespace, name)
-    table = call.warehouse.tables.load_table(namespace, name)
+    table = call.warehouse.tables.load_table(namespace, name, reuse_verified=True)
     restricted = _restrictions(call, table, "load")  # before the ETag: a 304 must never bypass the gate
     access = _governed_access(access, restricted)
     etag = _etag_for(call, table, snapshots, access, restricted.digest if restricted else "")
@@ -739,7 +739,7 @@ def _load_credentials(call: _Call) -> Response:
     write = call.allowed(Privilege.TABLE_WRITE_DATA, namespace, name)
     if not write:
         call.require(Privilege.TABLE_READ_DATA, namespace, name)
-    table = call.warehouse.tables.load_table(namespace, name)
+    table = call.warehouse.tables.load_table(namespace, name, reuse_verified=True)
     restricted = _restrictions(call, table, "credentials")  # a credential reads raw files: trusted readers only
     access = _governed_access(_DataAccess(write), restricted)
     assert access is not None
@@ -831,7 +831,7 @@ def _planned_table(call: _Call) -> tuple[StoredTable, ResolvedRestrictions | Non
         raise NotFoundError("server-side scan planning is switched off on this catalog")
     namespace, name = call.namespace, call.table
     call.require(Privilege.TABLE_READ_DATA, namespace, name)
-    table = call.warehouse.tables.load_table(namespace, name)
+    table = call.warehouse.tables.load_table(namespace, name, reuse_verified=True)
     return table, _restrictions(call, table, "plan")
 
 

@@ -431,11 +431,13 @@ class WarehouseTables:
     def table_exists(self, namespace: Namespace, name: str) -> bool:
         return self._metadata_location(namespace, name) is not None
 
-    def load_table(self, namespace: Namespace, name: str) -> StoredTable:
+    def load_table(self, namespace: Namespace, name: str, reuse_verified: bool = False) -> StoredTable:
+        """The table as stored; ``reuse_verified`` for read routes (see ``IntegrityGuard.load``)."""
         location = self._metadata_location(namespace, name)
         if location is None:
             raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
-        parsed = self.integrity.load(_s(namespace), name, location)  # protected tables: verified before returned
+        # protected tables: verified before returned
+        parsed = self.integrity.load(_s(namespace), name, location, reuse_verified)
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
     def _metadata_location(self, namespace: Namespace, name: str) -> str | None:

@@ -3,11 +3,14 @@
 It owns the decision "legacy or protected" for each table operation and hands protected tables to
 ``admission`` and purges to ``purge``; a legacy table keeps pyiceberg's behaviour everywhere.
 
-Loads of a protected table keep what they verified: a revision that passed ``verify_loaded`` is cached under the
-table, its metadata location and the exact pin (key id, digest, digest version) it was checked against. The pin
-is re-read from the database on every load, so a commit, a re-admission or a drop changes the key and the next
-load reads and verifies the new revision from storage; only a revision that was verified is ever served from the
-cache. Commits, purges and the cleaner's second check always read storage (they exist to detect rewrites).
+Read routes keep what they verified: a revision that passed ``verify_loaded`` on a load-table, credentials or plan
+request is cached under the table, its metadata location and the exact pin (key id, digest, digest version) it
+was checked against. The pin is re-read from the database on every load, so a commit, a re-admission or a drop
+changes the key and the next load reads and verifies the new revision from storage; only a verified revision is
+ever served from the cache, never the bytes of a file rewritten after it. Writes (and the revision they return),
+purges and the cleaner's second check always read storage, so a rewrite is still refused there, and a load
+reads it (and answers 422) whenever the revision is not cached: the first load of a revision, after an eviction
+or a restart, or always with ``metadata_cache_entries = 0``.
 """
 
 from __future__ import annotations
@@ -95,12 +98,19 @@ class IntegrityGuard:
 
     # -- reads ---------------------------------------------------------------------------------------------
 
-    def load(self, namespace: Namespace, name: str, location: str) -> ParsedMetadata:
-        """The table's metadata; for a protected table read from storage and verified before it is returned."""
+    def load(self, namespace: Namespace, name: str, location: str, reuse_verified: bool = False) -> ParsedMetadata:
+        """The table's metadata; for a protected table read from storage and verified before it is returned.
+
+        ``reuse_verified`` (the read routes: load-table, credentials, plan) may answer with the revision an
+        earlier such load verified against the same pointer and pin; it never caches a revision that was not
+        verified, and a load without it (writes, purges) always reads storage and so detects a rewritten file.
+        """
         trusted = self.trusted(namespace, name)
         if trusted is None:
             return self._read(location)
         table = self.ref(namespace, name)
+        if not reuse_verified:
+            return self._verified(table, trusted, location)
         key = (table, location, trusted)
         if (hit := self.verified.get(key)) is not None:
             return hit  # verify_loaded passed for exactly these inputs
