@@ -433,11 +433,11 @@ class WarehouseTables:
 
     def load_table(self, namespace: Namespace, name: str, reuse_verified: bool = False) -> StoredTable:
         """The table as stored; ``reuse_verified`` for read routes (see ``IntegrityGuard.load``)."""
-        location = self._metadata_location(namespace, name)
+        location, trusted = self.integrity.current(_s(namespace), name)
         if location is None:
             raise NoSuchTableError(f"table does not exist: {'.'.join(namespace)}.{name}")
         # protected tables: verified before returned
-        parsed = self.integrity.load(_s(namespace), name, location, reuse_verified)
+        parsed = self.integrity.load(_s(namespace), name, location, trusted, reuse_verified)
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
     def _metadata_location(self, namespace: Namespace, name: str) -> str | None:

@@ -98,14 +98,26 @@ class IntegrityGuard:
 
     # -- reads ---------------------------------------------------------------------------------------------
 
-    def load(self, namespace: Namespace, name: str, location: str, reuse_verified: bool = False) -> ParsedMetadata:
-        """The table's metadata; for a protected table read from storage and verified before it is returned.
+    def current(self, namespace: Namespace, name: str) -> tuple[str | None, TrustedState | None]:
+        """The table's metadata location (None: no such table) and pin (None: legacy), from one query."""
+        with self._catalog.engine.connect() as conn:
+            return st.pointer_and_state(conn, self.ref(namespace, name))
+
+    def load(
+        self,
+        namespace: Namespace,
+        name: str,
+        location: str,
+        trusted: TrustedState | None,
+        reuse_verified: bool = False,
+    ) -> ParsedMetadata:
+        """The metadata at ``location`` (from ``current``); for a protected table read from storage and verified
+        against ``trusted`` before it is returned.
 
         ``reuse_verified`` (the read routes: load-table, credentials, plan) may answer with the revision an
         earlier such load verified against the same pointer and pin; it never caches a revision that was not
         verified, and a load without it (writes, purges) always reads storage and so detects a rewritten file.
         """
-        trusted = self.trusted(namespace, name)
         if trusted is None:
             return self._read(location)
         table = self.ref(namespace, name)
