@@ -1,0 +1,170 @@
+"""sqe-catalog's metadata cache on the load path, against the real catalog on moto (``sqe_catalog.integrity.guard``).
+
+Repeat loads of an unchanged table (200 and 304, plain and vended) read no metadata file from storage after the
+first, counted from moto's own request log; a commit is served at once; a protected table's cached revision is
+only ever one that passed its pin and digest check, so a file rewritten in storage after a verified load is never
+served (the load answers the verified document) and is refused (422) by every path that reads storage: a commit,
+a purge, and the first load of a new revision; with ``metadata_cache_entries = 0`` every load re-reads and so
+refuses the rewrite at once. The access gate still runs before every ETag comparison.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import requests
+
+from tests.conftest import catalog_variant
+from tests.e2e.test_catalog_integrity import Api, assert_integrity_error, tamper
+from tests.e2e.test_engine_footer_cache import MotoLog
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogServer
+
+pytestmark = pytest.mark.e2e
+
+V3 = {"format-version": "3"}
+ENCRYPTED = {**V3, "encryption.key-id": "K1"}
+DELEGATE = {"X-Iceberg-Access-Delegation": "vended-credentials"}
+REPEATS = 6
+# A HEAD or GET of a table metadata file (``<version>-<uuid>.metadata.json``) in moto's request log.
+_METADATA_REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*(?:GET|HEAD) (/\S+\.metadata\.json)\S* HTTP')
+
+
+def metadata_reads(log: MotoLog, ns: str) -> int:
+    """Metadata-file requests for namespace ``ns`` since the log's mark."""
+    log.data_requests()  # waits for moto to write its last lines
+    with log.path.open("rb") as fh:
+        fh.seek(log._offset)
+        found = _METADATA_REQUEST.findall(fh.read().decode("utf-8", "replace"))
+    return sum(1 for path in found if f"/{ns}/" in path)
+
+
+@pytest.fixture(scope="module")
+def api(catalog_server: CatalogServer) -> Api:
+    return Api(catalog_server)
+
+
+def new_table(api: Api, properties: dict[str, str]) -> tuple[str, str]:
+    """A fresh namespace with table ``t``; returns (namespace, metadata location)."""
+    ns = f"lc_{uuid.uuid4().hex[:8]}"
+    assert api.request("POST", "namespaces", json={"namespace": [ns]}).status_code == 200
+    created = api.create(ns, "t", properties)
+    assert created.status_code == 200, created.text
+    return ns, str(created.json()["metadata-location"])
+
+
+def load(api: Api, ns: str, headers: dict[str, str] | None = None) -> requests.Response:
+    return api.request("GET", f"namespaces/{ns}/tables/t", headers=headers or {})
+
+
+def purge(api: Api, ns: str) -> requests.Response:
+    return api.request("DELETE", f"namespaces/{ns}/tables/t", params={"purgeRequested": "true"})
+
+
+@pytest.mark.parametrize("properties", [{}, V3, ENCRYPTED], ids=["v2-plaintext", "v3-plaintext", "v3-encrypted"])
+def test_repeat_loads_read_no_metadata_file_after_the_first(
+    api: Api, catalog_server: CatalogServer, properties: dict[str, str]
+) -> None:
+    ns, _ = new_table(api, properties)
+    log = MotoLog(catalog_server.moto.pid)
+    log.mark()
+    first = load(api, ns)
+    assert first.status_code == 200
+    assert metadata_reads(log, ns) >= 1, "the first load reads and verifies the file"
+    log.mark()
+    etag = first.headers["ETag"]
+    vended = load(api, ns, DELEGATE)
+    for _ in range(REPEATS):
+        again = load(api, ns)
+        assert again.status_code == 200 and again.json() == first.json() and again.headers["ETag"] == etag
+        assert load(api, ns, {"If-None-Match": etag}).status_code == 304
+        revalidated = load(api, ns, {**DELEGATE, "If-None-Match": vended.headers["ETag"]})
+        assert revalidated.status_code == 304
+        assert api.request("GET", f"namespaces/{ns}/tables/t/credentials").status_code == 200
+    assert metadata_reads(log, ns) == 0
+
+
+def test_a_commit_is_served_at_once(api: Api) -> None:
+    ns, _ = new_table(api, V3)
+    before = load(api, ns)
+    assert before.status_code == 200 and load(api, ns).status_code == 200  # the revision is cached
+    committed = api.set_properties(ns, "t", touched="yes")
+    assert committed.status_code == 200, committed.text
+    after = load(api, ns, {"If-None-Match": before.headers["ETag"]})
+    assert after.status_code == 200, "the old ETag no longer matches"
+    assert after.json()["metadata"]["properties"]["touched"] == "yes"
+    assert after.json()["metadata-location"] == committed.json()["metadata-location"]
+    assert after.json()["metadata-location"] != before.json()["metadata-location"]
+    assert after.headers["ETag"] == committed.headers["ETag"] != before.headers["ETag"]
+
+
+@pytest.mark.parametrize(
+    ("properties", "change"),
+    [
+        pytest.param(ENCRYPTED, lambda d: d["properties"].__setitem__("owner", "mallory"), id="encrypted-digest"),
+        pytest.param(V3, lambda d: d["properties"].__setitem__("encryption.key-id", "K9"), id="plaintext-key-id"),
+    ],
+)
+def test_a_file_rewritten_after_a_verified_load_is_never_served_and_refused_where_read(
+    api: Api, catalog_server: CatalogServer, properties: dict[str, str], change: Any
+) -> None:
+    ns, location = new_table(api, properties)
+    verified = load(api, ns)
+    assert verified.status_code == 200
+    tamper(catalog_server, location, change)
+    cached = load(api, ns)
+    assert cached.status_code == 200
+    assert cached.json()["metadata"] == verified.json()["metadata"], "the verified revision, not the rewrite"
+    assert "mallory" not in cached.text and "K9" not in cached.text
+    # Every path that reads storage refuses the rewrite: a commit (its base) and a purge (nothing deleted).
+    assert_integrity_error(api.set_properties(ns, "t", touched="yes"))
+    assert_integrity_error(purge(api, ns))
+    assert load(api, ns).status_code == 200, "the table is still there"
+
+
+def test_a_new_revision_is_verified_before_it_is_served(api: Api, catalog_server: CatalogServer) -> None:
+    ns, _ = new_table(api, ENCRYPTED)
+    assert load(api, ns).status_code == 200  # revision 1 cached
+    committed = api.set_properties(ns, "t", touched="yes")
+    assert committed.status_code == 200
+    tamper(catalog_server, committed.json()["metadata-location"], lambda d: d["properties"].__setitem__("x", "y"))
+    assert "trusted digest" in assert_integrity_error(load(api, ns))
+    assert "trusted digest" in assert_integrity_error(load(api, ns)), "a refused revision is never cached"
+
+
+def test_the_access_gate_runs_before_a_cached_304(api: Api, catalog_server: CatalogServer) -> None:
+    ns, _ = new_table(api, V3)
+    name = f"lc_reader_{uuid.uuid4().hex[:6]}"
+    reader = catalog_server.principal_with_grants(name, [("TABLE_READ_DATA", ns, None)])
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {catalog_server.token(reader)}"
+    url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/t"
+    first = session.get(url, headers=DELEGATE, timeout=30)
+    assert first.status_code == 200
+    revalidate = {**DELEGATE, "If-None-Match": first.headers["ETag"]}
+    assert session.get(url, headers=revalidate, timeout=30).status_code == 304
+    catalog_server.admin_cli("revoke", f"{name}_role", "TABLE_READ_DATA", "--warehouse", "wh", "--namespace", ns)
+    refused = session.get(url, headers=revalidate, timeout=30)
+    assert refused.status_code == 403, refused.text
+    assert "Traceback" not in refused.text
+
+
+def test_with_the_cache_off_every_load_reads_and_refuses_a_rewrite_at_once(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    with catalog_variant(tmp_path, catalog_server.moto, metadata_cache_entries=0) as strict:
+        api = Api(strict)
+        ns, location = new_table(api, ENCRYPTED)
+        log = MotoLog(strict.moto.pid)
+        log.mark()
+        etag = load(api, ns).headers["ETag"]
+        for _ in range(3):
+            assert load(api, ns, {"If-None-Match": etag}).status_code == 304
+        assert metadata_reads(log, ns) >= 4, "one read per load"
+        tamper(strict, location, lambda d: d["properties"].__setitem__("owner", "mallory"))
+        assert "trusted digest" in assert_integrity_error(load(api, ns))
