@@ -3,20 +3,21 @@
 It owns the decision "legacy or protected" for each table operation and hands protected tables to
 ``admission`` and purges to ``purge``; a legacy table keeps pyiceberg's behaviour everywhere.
 
-Read routes keep what they verified: a revision that passed ``verify_loaded`` on a load-table, credentials or plan
-request is cached under the table, its metadata location and the exact pin (key id, digest, digest version) it
-was checked against. The pin is re-read from the database on every load, so a commit, a re-admission or a drop
-changes the key and the next load reads and verifies the new revision from storage; only a verified revision is
-ever served from the cache, never the bytes of a file rewritten after it. Writes (and the revision they return),
-purges and the cleaner's second check always read storage, so a rewrite is still refused there, and a load
-reads it (and answers 422) whenever the revision is not cached: the first load of a revision, after an eviction
-or a restart, or always with ``metadata_cache_entries = 0``.
+Read routes keep what they verified: a revision that passed ``verify_loaded`` on a load-table, credentials or
+plan request is cached per table with its metadata location and the exact pin (key id, digest, digest version)
+it was checked against, and answers a later load only while both still match. The pin is re-read from the
+database on every load, so after a commit, a re-admission or a drop the next load reads and verifies the new
+revision; only a verified revision is ever served from the cache, never the bytes of a file rewritten after it.
+Writes (and the revision they return), purges and the cleaner's second check always read storage, so a rewrite
+is still refused there, and a load reads it (and answers 422) whenever the revision is not cached: the first
+load of a revision, after an eviction or a restart, or always with ``metadata_cache_entries = 0``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
@@ -48,8 +49,15 @@ ReadParsed = Callable[..., ParsedMetadata]  # (location, fresh=False) -> ParsedM
 LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revision claims
 # Records a notification's timestamp inside the transaction that carries it out (raises when it is stale).
 NotificationStamp = Callable[[Connection], None]
-# A verified revision: the table, the metadata location it was read from and the pin it matched.
-VerifiedKey = tuple[TableRef, str, TrustedState]
+
+
+@dataclass(frozen=True)
+class VerifiedRevision:
+    """The revision a read route last verified for one table: where it was read and the pin it matched."""
+
+    location: str
+    trusted: TrustedState
+    parsed: ParsedMetadata
 
 
 class IntegrityGuard:
@@ -60,7 +68,8 @@ class IntegrityGuard:
         self._read = read
         self._locations_of = locations_of
         # 0 entries: every load of a protected table reads and verifies its metadata file again.
-        self.verified: LRUCache[VerifiedKey, ParsedMetadata] = LRUCache(verified_entries)
+        # One entry per table (its newest verified revision), so old revisions never pile up in memory.
+        self.verified: LRUCache[TableRef, VerifiedRevision] = LRUCache(verified_entries)
         st.create_integrity_schema(catalog.engine)
 
     def _also(self, table: TableRef, stamp: NotificationStamp | None = None) -> admission.AlsoInTransaction:
@@ -123,11 +132,11 @@ class IntegrityGuard:
         table = self.ref(namespace, name)
         if not reuse_verified:
             return self._verified(table, trusted, location)
-        key = (table, location, trusted)
-        if (hit := self.verified.get(key)) is not None:
-            return hit  # verify_loaded passed for exactly these inputs
+        hit = self.verified.get(table)
+        if hit is not None and hit.location == location and hit.trusted == trusted:
+            return hit.parsed  # verify_loaded passed for exactly these inputs
         parsed = self._verified(table, trusted, location)
-        self.verified.put(key, parsed)
+        self.verified.put(table, VerifiedRevision(location, trusted, parsed))
         return parsed
 
     def _verified(self, table: TableRef, trusted: TrustedState, location: str) -> ParsedMetadata:
