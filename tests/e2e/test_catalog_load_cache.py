@@ -5,7 +5,8 @@ first, counted from moto's own request log; a commit is served at once; a protec
 only ever one that passed its pin and digest check, so a file rewritten in storage after a verified load is never
 served (the load answers the verified document) and is refused (422) by every path that reads storage: a commit,
 a purge, and the first load of a new revision; with ``metadata_cache_entries = 0`` every load re-reads and so
-refuses the rewrite at once. The access gate still runs before every ETag comparison.
+refuses the rewrite at once, and a 304 calls no STS even with the credential cache off. The access gate still
+runs before every ETag comparison.
 """
 
 from __future__ import annotations
@@ -33,15 +34,24 @@ DELEGATE = {"X-Iceberg-Access-Delegation": "vended-credentials"}
 REPEATS = 6
 # A HEAD or GET of a table metadata file (``<version>-<uuid>.metadata.json``) in moto's request log.
 _METADATA_REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*(?:GET|HEAD) (/\S+\.metadata\.json)\S* HTTP')
+# An STS call (AssumeRole is a form POST to moto's root).
+_STS_REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*POST / HTTP')
+
+
+def logged_since_mark(log: MotoLog) -> str:
+    log.data_requests()  # waits for moto to write its last lines
+    with log.path.open("rb") as fh:
+        fh.seek(log._offset)
+        return fh.read().decode("utf-8", "replace")
 
 
 def metadata_reads(log: MotoLog, ns: str) -> int:
     """Metadata-file requests for namespace ``ns`` since the log's mark."""
-    log.data_requests()  # waits for moto to write its last lines
-    with log.path.open("rb") as fh:
-        fh.seek(log._offset)
-        found = _METADATA_REQUEST.findall(fh.read().decode("utf-8", "replace"))
-    return sum(1 for path in found if f"/{ns}/" in path)
+    return sum(1 for path in _METADATA_REQUEST.findall(logged_since_mark(log)) if f"/{ns}/" in path)
+
+
+def sts_calls(log: MotoLog) -> int:
+    return len(_STS_REQUEST.findall(logged_since_mark(log)))
 
 
 @pytest.fixture(scope="module")
@@ -154,17 +164,20 @@ def test_the_access_gate_runs_before_a_cached_304(api: Api, catalog_server: Cata
     assert "Traceback" not in refused.text
 
 
-def test_with_the_cache_off_every_load_reads_and_refuses_a_rewrite_at_once(
+def test_with_the_caches_off_every_load_reads_and_refuses_a_rewrite_and_a_304_still_vends_nothing(
     catalog_server: CatalogServer, tmp_path: Path
 ) -> None:
-    with catalog_variant(tmp_path, catalog_server.moto, metadata_cache_entries=0) as strict:
+    with catalog_variant(tmp_path, catalog_server.moto, metadata_cache_entries=0, credential_cache=False) as strict:
         api = Api(strict)
         ns, location = new_table(api, ENCRYPTED)
         log = MotoLog(strict.moto.pid)
         log.mark()
-        etag = load(api, ns).headers["ETag"]
+        etag = load(api, ns, DELEGATE).headers["ETag"]
+        assert sts_calls(log) >= 1, "a 200 with vended credentials calls STS (its cache is off)"
+        log.mark()
         for _ in range(3):
-            assert load(api, ns, {"If-None-Match": etag}).status_code == 304
-        assert metadata_reads(log, ns) >= 4, "one read per load"
+            assert load(api, ns, {**DELEGATE, "If-None-Match": etag}).status_code == 304
+        assert metadata_reads(log, ns) >= 3, "one read per load"
+        assert sts_calls(log) == 0, "a 304 vends nothing"
         tamper(strict, location, lambda d: d["properties"].__setitem__("owner", "mallory"))
         assert "trusted digest" in assert_integrity_error(load(api, ns))
