@@ -69,6 +69,7 @@ from sqe_catalog.identifiers import (
 )
 from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
+from sqe_catalog.integrity.fingerprint import storage_fingerprint
 from sqe_catalog.integrity.guard import IntegrityGuard
 
 __all__ = [
@@ -368,7 +369,8 @@ class WarehouseTables:
         # Serialises "check locations, then create/relocate": two requests cannot claim overlapping prefixes.
         self._location_lock = threading.Lock()
         # pins, digests; verified revisions cached like the plain ones
-        self.integrity = IntegrityGuard(self._catalog, self._read_parsed, _metadata_locations, entries)
+        fingerprint = storage_fingerprint(warehouse)
+        self.integrity = IntegrityGuard(self._catalog, self._read_parsed, _metadata_locations, entries, fingerprint)
 
     # -- namespaces --------------------------------------------------------------------------------------
 

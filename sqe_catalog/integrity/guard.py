@@ -33,6 +33,7 @@ from sqe_catalog.integrity import admission
 from sqe_catalog.integrity import state as st
 from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata
+from sqe_catalog.integrity.fingerprint import Fingerprint
 from sqe_catalog.integrity.lineage import check_snapshot_lineage, with_next_row_id
 from sqe_catalog.integrity.purge import DeleteFiles, run_pending_tasks
 from sqe_catalog.integrity.state import Protection, TableRef, TrustedState
@@ -57,16 +58,23 @@ class VerifiedRevision:
 
     location: str
     trusted: TrustedState
+    fingerprint: str  # of the stored file, taken before it was read (see integrity.fingerprint)
     parsed: ParsedMetadata
 
 
 class IntegrityGuard:
     def __init__(
-        self, catalog: SqlCatalog, read: ReadParsed, locations_of: LocationsOf, verified_entries: int = 0
+        self,
+        catalog: SqlCatalog,
+        read: ReadParsed,
+        locations_of: LocationsOf,
+        verified_entries: int = 0,
+        fingerprint: Fingerprint | None = None,
     ) -> None:
         self._catalog = catalog
         self._read = read
         self._locations_of = locations_of
+        self._fingerprint = fingerprint or _no_fingerprint
         # 0 entries: every load of a protected table reads and verifies its metadata file again.
         # One entry per table (its newest verified revision), so old revisions never pile up in memory.
         self.verified: LRUCache[TableRef, VerifiedRevision] = LRUCache(verified_entries)
@@ -132,11 +140,14 @@ class IntegrityGuard:
         table = self.ref(namespace, name)
         if not reuse_verified:
             return self._verified(table, trusted, location)
-        hit = self.verified.get(table)
-        if hit is not None and hit.location == location and hit.trusted == trusted:
-            return hit.parsed  # verify_loaded passed for exactly these inputs
+        # Taken before any read: a rewrite after it changes the fingerprint, so it is caught by the next load.
+        fingerprint = self._fingerprint(location) if self.verified.bound else None
+        hit = self.verified.get(table) if fingerprint is not None else None
+        if hit is not None and (hit.location, hit.trusted, hit.fingerprint) == (location, trusted, fingerprint):
+            return hit.parsed  # verify_loaded passed for these inputs and the stored file is the same
         parsed = self._verified(table, trusted, location)
-        self.verified.put(table, VerifiedRevision(location, trusted, parsed))
+        if fingerprint is not None:
+            self.verified.put(table, VerifiedRevision(location, trusted, fingerprint, parsed))
         return parsed
 
     def _verified(self, table: TableRef, trusted: TrustedState, location: str) -> ParsedMetadata:
@@ -277,6 +288,10 @@ class IntegrityGuard:
             & (IcebergTables.table_namespace == table.dotted_namespace)
             & (IcebergTables.table_name == table.name)
         )
+
+
+def _no_fingerprint(_location: str) -> str | None:
+    return None
 
 
 def _stale(table: TableRef) -> CommitFailedError:

@@ -1,8 +1,8 @@
 """The verified-revision cache of ``IntegrityGuard`` on a file:// warehouse and a local SQLite database.
 
-Only read routes (``reuse_verified``) use it; an entry exists only after a storage read passed the check; the
-pin is part of the key, so a commit is seen at once; a file rewritten on disk is never served from the cache and
-is refused by every read that goes to storage; a bound of 0 keeps nothing.
+Only read routes (``reuse_verified``) use it; an entry exists only after a storage read passed the check and
+answers only while pointer, pin and the stored file's fingerprint (``stat``) are unchanged, so a commit is seen at
+once and a file rewritten on disk is refused by the very next load; a bound of 0 keeps nothing.
 """
 
 from __future__ import annotations
@@ -61,18 +61,28 @@ def test_read_routes_reuse_a_verified_revision_and_writes_never_fill_the_cache(t
     assert cache.stats.hits == 1 and len(cache) == 1
 
 
-def test_a_rewritten_file_is_never_served_and_refused_where_storage_is_read(tmp_path: Path) -> None:
+def test_a_file_rewritten_after_a_verified_load_is_refused_by_the_next_load(tmp_path: Path) -> None:
     tables = warehouse_tables(tmp_path)
     location = create(tables, ENCRYPTED)
-    verified = tables.load_table(NS, "t", reuse_verified=True)
+    tables.load_table(NS, "t", reuse_verified=True)
     rewrite(location, owner="mallory")
-    served = tables.load_table(NS, "t", reuse_verified=True)
-    assert served.document == verified.document and "owner" not in served.metadata.properties
-    with pytest.raises(MetadataIntegrityError, match="trusted digest"):
-        tables.load_table(NS, "t")
+    for _ in range(2):
+        with pytest.raises(MetadataIntegrityError, match="trusted digest"):
+            tables.load_table(NS, "t", reuse_verified=True)
     commit = parse_commit_body({"updates": [{"action": "set-properties", "updates": {"a": "b"}}]})
     with pytest.raises(MetadataIntegrityError, match="trusted digest"):
         tables.commit_table(NS, "t", commit)
+
+
+def test_a_rewrite_that_keeps_the_document_is_verified_again_and_served(tmp_path: Path) -> None:
+    tables = warehouse_tables(tmp_path)
+    location = create(tables, ENCRYPTED)
+    first = tables.load_table(NS, "t", reuse_verified=True)
+    path = Path(location.removeprefix("file://"))
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=2))  # whitespace only: the same digest
+    again = tables.load_table(NS, "t", reuse_verified=True)
+    assert again.document == first.document and again.document is not first.document, "read and checked again"
+    assert tables.load_table(NS, "t", reuse_verified=True).document is again.document
 
 
 def test_a_commit_changes_the_key_and_its_revision_is_verified_before_it_is_cached(tmp_path: Path) -> None:
