@@ -81,8 +81,8 @@ class WarehouseConfig(ConfigSection):
     vend_credentials: bool = True
     # Reuse a vended credential per (principal, table, mode) while more than half its lifetime remains.
     credential_cache: bool = True
-    # Parsed metadata files kept per process (protected tables' only after their digest check passed); metadata
-    # files are immutable, so a load of an unchanged table reads nothing from storage. 0: read on every load.
+    # Parsed metadata files kept per process (protected tables' only after their digest check passed, used while a
+    # HEAD shows the stored file unchanged); an unchanged table's load does not read the file. 0: read every load.
     metadata_cache_entries: int = 512
     # No STS: hand the static key above to clients instead (no expiry, no per-table scoping).
     sts_unavailable: bool = False

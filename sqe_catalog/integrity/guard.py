@@ -4,13 +4,13 @@ It owns the decision "legacy or protected" for each table operation and hands pr
 ``admission`` and purges to ``purge``; a legacy table keeps pyiceberg's behaviour everywhere.
 
 Read routes keep what they verified: a revision that passed ``verify_loaded`` on a load-table, credentials or
-plan request is cached per table with its metadata location and the exact pin (key id, digest, digest version)
-it was checked against, and answers a later load only while both still match. The pin is re-read from the
-database on every load, so after a commit, a re-admission or a drop the next load reads and verifies the new
-revision; only a verified revision is ever served from the cache, never the bytes of a file rewritten after it.
-Writes (and the revision they return), purges and the cleaner's second check always read storage, so a rewrite
-is still refused there, and a load reads it (and answers 422) whenever the revision is not cached: the first
-load of a revision, after an eviction or a restart, or always with ``metadata_cache_entries = 0``.
+plan request is cached per table with its metadata location, the exact pin (key id, digest, digest version) it
+was checked against and the stored file's fingerprint taken before the read (``integrity.fingerprint``: one HEAD
+or ``stat``). A later load uses it only while all three still match: the pin is re-read from the database and
+the fingerprint taken again on every load, so after a commit, a re-admission, a drop or a rewrite of the file in
+storage the load reads and verifies the file again, and a rewrite is refused by the very next load exactly as
+without the cache. Writes (and the revision they return), purges and the cleaner's second check always read
+storage. ``metadata_cache_entries = 0`` keeps nothing.
 """
 
 from __future__ import annotations
