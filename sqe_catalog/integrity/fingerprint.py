@@ -1,12 +1,12 @@
-"""A stored metadata file's fingerprint: proof, without reading the file, that it is still the one verified.
+"""A stored metadata file's fingerprint: proof, without parsing and checking it again, that it is the one verified.
 
 A protected table's verified revision may answer a load only while its file in storage is unchanged, so a file
 rewritten behind the catalog's back is refused (422) by the very next load, exactly as when every load read and
-checked the file. Instead of a GET of the whole file, one HEAD (S3) or ``stat`` (local files) per load compares:
+checked the file. Instead of a GET of the whole file, one HEAD (S3) or hash (local files) per load compares:
 
 - S3: the object's ``ETag`` (the MD5 of a single-part upload's bytes), size, ``Last-Modified`` (set by the store
   on every write, not by the writer) and version id when the bucket keeps versions;
-- local files: size, modification and change time in nanoseconds (``ctime`` cannot be set by a writer) and inode.
+- local files: the SHA-256 of the bytes (reading a local file is cheap; parsing and checking it is the cost).
 
 Any other scheme, or a fingerprint that cannot be taken (missing object, store error), yields None: the caller
 then reads and verifies the file itself, so every error surfaces exactly as it would without the cache. The S3
@@ -16,7 +16,7 @@ client signs with the warehouse's own key, like the catalog's metadata I/O; erro
 
 from __future__ import annotations
 
-import os
+import hashlib
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -66,11 +66,14 @@ def _s3_fingerprint(client: S3Client, bucket: str, key: str) -> str | None:
 
 
 def _file_fingerprint(path: str) -> str | None:
+    # A local read is cheap (the parse is what the cache saves), and a hash of the bytes has no timestamp
+    # granularity for a quick rewrite to hide in.
     try:
-        st = os.stat(path)
+        with open(path, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError:
         return None
-    return f"file|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+    return f"file|{digest}"
 
 
 class _LazyS3:

@@ -6,7 +6,7 @@ It owns the decision "legacy or protected" for each table operation and hands pr
 Read routes keep what they verified: a revision that passed ``verify_loaded`` on a load-table, credentials or
 plan request is cached per table with its metadata location, the exact pin (key id, digest, digest version) it
 was checked against and the stored file's fingerprint taken before the read (``integrity.fingerprint``: one HEAD
-or ``stat``). A later load uses it only while all three still match: the pin is re-read from the database and
+or a local file's hash). A later load uses it only while all three still match: the pin is re-read from the database and
 the fingerprint taken again on every load, so after a commit, a re-admission, a drop or a rewrite of the file in
 storage the load reads and verifies the file again, and a rewrite is refused by the very next load exactly as
 without the cache. Writes (and the revision they return), purges and the cleaner's second check always read

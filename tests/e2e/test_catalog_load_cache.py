@@ -207,3 +207,11 @@ def test_with_the_caches_off_every_load_reads_and_refuses_a_rewrite_and_a_304_st
         assert sts_calls(log) == 0, "a 304 vends nothing"
         tamper(strict, location, lambda d: d["properties"].__setitem__("owner", "mallory"))
         assert "trusted digest" in assert_integrity_error(load(api, ns))
+
+
+def test_a_deleted_metadata_file_is_refused_by_the_next_load(api: Api, catalog_server: CatalogServer) -> None:
+    ns, location = new_table(api, V3)
+    assert load(api, ns).status_code == 200 and load(api, ns).status_code == 200
+    bucket, _, key = location.removeprefix("s3://").partition("/")
+    catalog_server.moto.client("s3").delete_object(Bucket=bucket, Key=key)
+    assert "metadata file not found" in assert_integrity_error(load(api, ns))
