@@ -1,8 +1,9 @@
 """Load-table latency of sqe-catalog (200 and 304) and SQE's warm ``count(*)`` per catalog variant, in one run.
 
 Starts the embedded stack (moto S3+STS, sqe-catalog), writes a 1-file table, then starts more sqe-catalog
-processes on the same database and store: one with ``credential_cache = false``, one with
-``metadata_cache_entries = 0`` (every load reads and verifies metadata.json again), and with
+processes on the same database and store: one with ``metadata_recheck_seconds = 30`` (no HEAD of metadata.json
+per load), one with ``credential_cache = false``, one with ``metadata_cache_entries = 0`` (every load reads and
+verifies metadata.json again), and with
 ``--baseline-python`` one run by another checkout's interpreter (e.g. main's ``.venv/bin/python``: the
 "before"). Then, in interleaved rounds so that machine noise hits every variant alike, it times per variant:
 load-table without delegation (200), with vended credentials (200) and revalidated with ``If-None-Match`` (304),
@@ -92,7 +93,11 @@ def start_variants(
     uris = {"default": info.catalog_uri}
     daemons: list[Daemon] = []
     source = Path(info.catalog_config)
-    variants = {"credential-cache-off": "credential_cache = false", "metadata-cache-off": "metadata_cache_entries = 0"}
+    variants = {
+        "recheck-30s": "metadata_recheck_seconds = 30",
+        "credential-cache-off": "credential_cache = false",
+        "metadata-cache-off": "metadata_cache_entries = 0",
+    }
     for name, keys in variants.items():
         config, port = variant_config(stack_dir, source, name, keys)
         work = stack_dir / name

@@ -369,8 +369,10 @@ class WarehouseTables:
         # Serialises "check locations, then create/relocate": two requests cannot claim overlapping prefixes.
         self._location_lock = threading.Lock()
         # pins, digests; verified revisions cached like the plain ones
-        fingerprint = storage_fingerprint(warehouse)
-        self.integrity = IntegrityGuard(self._catalog, self._read_parsed, _metadata_locations, entries, fingerprint)
+        fingerprint, recheck = storage_fingerprint(warehouse), warehouse.metadata_recheck_seconds
+        self.integrity = IntegrityGuard(
+            self._catalog, self._read_parsed, _metadata_locations, entries, fingerprint, recheck
+        )
 
     # -- namespaces --------------------------------------------------------------------------------------
 

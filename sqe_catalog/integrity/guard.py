@@ -6,18 +6,21 @@ It owns the decision "legacy or protected" for each table operation and hands pr
 Read routes keep what they verified: a revision that passed ``verify_loaded`` on a load-table, credentials or
 plan request is cached per table with its metadata location, the exact pin (key id, digest, digest version) it
 was checked against and the stored file's fingerprint taken before the read (``integrity.fingerprint``: one HEAD
-or a local file's hash). A later load uses it only while all three still match: the pin is re-read from the database and
-the fingerprint taken again on every load, so after a commit, a re-admission, a drop or a rewrite of the file in
-storage the load reads and verifies the file again, and a rewrite is refused by the very next load exactly as
-without the cache. Writes (and the revision they return), purges and the cleaner's second check always read
-storage. ``metadata_cache_entries = 0`` keeps nothing.
+or a local file's hash). A later load uses it only while all three still match: the pin is re-read from the
+database and (by default) the fingerprint taken again on every load, so after a commit, a re-admission, a drop
+or a rewrite of the file in storage the load reads and verifies the file again, and a rewrite is refused by the
+very next load exactly as without the cache. ``metadata_recheck_seconds`` > 0 skips the fingerprint while the
+last one matched less than that long ago: a rewrite is then refused at most that much later (never served: the
+cache holds the verified revision). Writes (and the revision they return), purges and the cleaner's second
+check always read storage. ``metadata_cache_entries = 0`` keeps nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
@@ -52,7 +55,7 @@ LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revi
 NotificationStamp = Callable[[Connection], None]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class VerifiedRevision:
     """The revision a read route last verified for one table: where it was read and the pin it matched."""
 
@@ -60,6 +63,7 @@ class VerifiedRevision:
     trusted: TrustedState
     fingerprint: str  # of the stored file, taken before it was read (see integrity.fingerprint)
     parsed: ParsedMetadata
+    checked_at: float  # monotonic time of the last fingerprint that matched
 
 
 class IntegrityGuard:
@@ -70,11 +74,14 @@ class IntegrityGuard:
         locations_of: LocationsOf,
         verified_entries: int = 0,
         fingerprint: Fingerprint | None = None,
+        recheck_seconds: float = 0.0,
     ) -> None:
         self._catalog = catalog
         self._read = read
         self._locations_of = locations_of
         self._fingerprint = fingerprint or _no_fingerprint
+        # 0: every load takes the fingerprint again; more: a revision confirmed this recently is used without it.
+        self._recheck_seconds = recheck_seconds
         # 0 entries: every load of a protected table reads and verifies its metadata file again.
         # One entry per table (its newest verified revision), so old revisions never pile up in memory.
         self.verified: LRUCache[TableRef, VerifiedRevision] = LRUCache(verified_entries)
@@ -140,14 +147,20 @@ class IntegrityGuard:
         table = self.ref(namespace, name)
         if not reuse_verified:
             return self._verified(table, trusted, location)
-        # Taken before any read: a rewrite after it changes the fingerprint, so it is caught by the next load.
+        hit = self.verified.get(table)
+        if hit is not None and (hit.location, hit.trusted) != (location, trusted):
+            hit = None  # another revision or pin: never this entry
+        now = time.monotonic()
+        if hit is not None and now - hit.checked_at < self._recheck_seconds:
+            return hit.parsed  # verified, and its stored file confirmed unchanged less than recheck_seconds ago
+        # Taken before any read: a rewrite after it changes the fingerprint, so it is caught by the next check.
         fingerprint = self._fingerprint(location) if self.verified.bound else None
-        hit = self.verified.get(table) if fingerprint is not None else None
-        if hit is not None and (hit.location, hit.trusted, hit.fingerprint) == (location, trusted, fingerprint):
+        if hit is not None and fingerprint is not None and fingerprint == hit.fingerprint:
+            self.verified.put(table, dataclasses.replace(hit, checked_at=now))
             return hit.parsed  # verify_loaded passed for these inputs and the stored file is the same
         parsed = self._verified(table, trusted, location)
         if fingerprint is not None:
-            self.verified.put(table, VerifiedRevision(location, trusted, fingerprint, parsed))
+            self.verified.put(table, VerifiedRevision(location, trusted, fingerprint, parsed, now))
         return parsed
 
     def _verified(self, table: TableRef, trusted: TrustedState, location: str) -> ParsedMetadata:

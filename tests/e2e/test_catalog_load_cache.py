@@ -4,13 +4,16 @@ Repeat loads of an unchanged table (200 and 304, plain and vended) read no metad
 first (no GET; one HEAD per load of a protected table confirms the stored file is the one verified), counted from
 moto's own request log; a commit is served at once; a protected table's cached revision is only ever one that
 passed its pin and digest check, and a file rewritten in storage after a verified load is refused (422) by the
-very next load, a commit and a purge; with ``metadata_cache_entries = 0`` every load reads the file again, and a
-304 calls no STS even with the credential cache off. The access gate still runs before every ETag comparison.
+very next load, a commit and a purge; with ``metadata_recheck_seconds`` repeat loads touch no storage at all and
+a rewrite is refused once the interval has passed (never served before); with ``metadata_cache_entries = 0``
+every load reads the file again, and a 304 calls no STS even with the credential cache off. The access gate still
+runs before every ETag comparison.
 """
 
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +34,7 @@ V3 = {"format-version": "3"}
 ENCRYPTED = {**V3, "encryption.key-id": "K1"}
 DELEGATE = {"X-Iceberg-Access-Delegation": "vended-credentials"}
 REPEATS = 6
+RECHECK = 1.5  # seconds: a short real interval
 # A HEAD or GET of a table metadata file (``<version>-<uuid>.metadata.json``) in moto's request log.
 _METADATA_REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*(GET|HEAD) (/\S+\.metadata\.json)\S* HTTP')
 # An STS call (AssumeRole is a form POST to moto's root).
@@ -215,3 +219,24 @@ def test_a_deleted_metadata_file_is_refused_by_the_next_load(api: Api, catalog_s
     bucket, _, key = location.removeprefix("s3://").partition("/")
     catalog_server.moto.client("s3").delete_object(Bucket=bucket, Key=key)
     assert "metadata file not found" in assert_integrity_error(load(api, ns))
+
+
+def test_a_recheck_interval_skips_storage_and_refuses_a_rewrite_once_it_has_passed(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    with catalog_variant(tmp_path, catalog_server.moto, metadata_recheck_seconds=RECHECK) as relaxed:
+        api = Api(relaxed)
+        ns, location = new_table(api, ENCRYPTED)
+        first = load(api, ns)  # read, verified, fingerprinted
+        log = MotoLog(relaxed.moto.pid)
+        log.mark()
+        for _ in range(REPEATS):
+            assert load(api, ns, {"If-None-Match": first.headers["ETag"]}).status_code == 304
+        assert metadata_requests(log, ns) == 0, "no HEAD and no GET within the interval"
+        tamper(relaxed, location, lambda d: d["properties"].__setitem__("owner", "mallory"))
+        inside = load(api, ns)
+        # within the interval the verified revision is served, never the rewrite (or the test was too slow)
+        assert inside.status_code == 422 or inside.json()["metadata"] == first.json()["metadata"]
+        assert_integrity_error(api.set_properties(ns, "t", touched="yes"))  # commits read storage at once
+        time.sleep(RECHECK + 0.2)
+        assert "trusted digest" in assert_integrity_error(load(api, ns))

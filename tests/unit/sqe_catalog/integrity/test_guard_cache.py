@@ -117,3 +117,14 @@ def test_pointer_and_pin_come_from_one_query(tmp_path: Path) -> None:
     pointer, pin = tables.integrity.current(NS, "t")
     assert pointer == location and pin is not None
     assert (pin.metadata_location, pin.key_id, pin.digest_version) == (location, "K1", "sqe-canonical-json-sha256-v1")
+
+
+def test_within_the_recheck_interval_the_verified_revision_is_served_never_the_rewrite(tmp_path: Path) -> None:
+    tables = warehouse_tables(tmp_path, metadata_recheck_seconds=3600)
+    location = create(tables, ENCRYPTED)
+    verified = tables.load_table(NS, "t", reuse_verified=True)
+    rewrite(location, owner="mallory")
+    served = tables.load_table(NS, "t", reuse_verified=True)
+    assert served.document is verified.document and "owner" not in served.metadata.properties
+    with pytest.raises(MetadataIntegrityError, match="trusted digest"):
+        tables.load_table(NS, "t")  # a read without reuse (writes, purges) goes to storage at once
