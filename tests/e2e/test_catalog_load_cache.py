@@ -240,3 +240,14 @@ def test_a_recheck_interval_skips_storage_and_refuses_a_rewrite_once_it_has_pass
         assert_integrity_error(api.set_properties(ns, "t", touched="yes"))  # commits read storage at once
         time.sleep(RECHECK + 0.2)
         assert "trusted digest" in assert_integrity_error(load(api, ns))
+
+
+def test_no_secret_in_the_catalog_log(api: Api, catalog_server: CatalogServer) -> None:
+    ns, location = new_table(api, ENCRYPTED)
+    assert load(api, ns, DELEGATE).status_code == 200
+    tamper(catalog_server, location, lambda d: d["properties"].__setitem__("owner", "mallory"))
+    assert_integrity_error(load(api, ns, DELEGATE))
+    log = catalog_server.log_text()
+    assert "integrity check failed" in log
+    for secret in catalog_server.secrets:
+        assert secret not in log
