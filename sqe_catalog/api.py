@@ -59,7 +59,7 @@ from sqe._net import is_loopback
 from sqe.credentials.paths import is_object_store
 from sqe.vocabulary import ACCESS_TOKEN_TYPE, NAMESPACE_SEPARATOR_PROPERTY, REQUEST_ID_HEADER, TOKEN_EXCHANGE_GRANT
 from sqe_catalog import audit
-from sqe_catalog.auth import AuthStore, Principal, Privilege, create_engine_for
+from sqe_catalog.auth import AuthStore, GrantSet, Principal, Privilege, create_engine_for
 from sqe_catalog.config import CatalogServerConfig, WarehouseConfig
 from sqe_catalog.delegation import TokenExchangeError, exchange_token
 from sqe_catalog.errors import (
@@ -147,6 +147,7 @@ class _Call:
     state: _State
     raw_body: bytes | None
     principal: Principal = field(init=False)
+    grant_set: GrantSet | None = field(default=None, init=False, repr=False)
 
     @property
     def prefix(self) -> str:
@@ -179,10 +180,17 @@ class _Call:
         return body
 
     def require(self, privilege: Privilege, namespace: Namespace | None = None, table: str | None = None) -> None:
-        self.state.auth.require(self.principal, privilege, self.prefix, namespace, table)
+        self._grants().require(privilege, namespace, table)
 
     def allowed(self, privilege: Privilege, namespace: Namespace | None = None, table: str | None = None) -> bool:
-        return self.state.auth.has_privilege(self.principal, privilege, self.prefix, namespace, table)
+        return self._grants().covers(privilege, namespace, table)
+
+    def _grants(self) -> GrantSet:
+        """The caller's grants in this warehouse, read once per request (a load checks up to four privileges)."""
+        prefix = self.prefix
+        if self.grant_set is None or self.grant_set.warehouse != prefix:
+            self.grant_set = self.state.auth.grants(self.principal, prefix)
+        return self.grant_set
 
     def query(self, name: str) -> str | None:
         return self.request.query_params.get(name)
@@ -649,7 +657,7 @@ def _load_table(call: _Call) -> Response:
     access = _data_access(call, namespace, name)
     if access is None:
         call.require(Privilege.TABLE_READ_PROPERTIES, namespace, name)
-    table = call.warehouse.tables.load_table(namespace, name)
+    table = call.warehouse.tables.load_table(namespace, name, reuse_verified=True)
     restricted = _restrictions(call, table, "load")  # before the ETag: a 304 must never bypass the gate
     access = _governed_access(access, restricted)
     etag = _etag_for(call, table, snapshots, access, restricted.digest if restricted else "")
@@ -739,7 +747,7 @@ def _load_credentials(call: _Call) -> Response:
     write = call.allowed(Privilege.TABLE_WRITE_DATA, namespace, name)
     if not write:
         call.require(Privilege.TABLE_READ_DATA, namespace, name)
-    table = call.warehouse.tables.load_table(namespace, name)
+    table = call.warehouse.tables.load_table(namespace, name, reuse_verified=True)
     restricted = _restrictions(call, table, "credentials")  # a credential reads raw files: trusted readers only
     access = _governed_access(_DataAccess(write), restricted)
     assert access is not None
@@ -831,7 +839,7 @@ def _planned_table(call: _Call) -> tuple[StoredTable, ResolvedRestrictions | Non
         raise NotFoundError("server-side scan planning is switched off on this catalog")
     namespace, name = call.namespace, call.table
     call.require(Privilege.TABLE_READ_DATA, namespace, name)
-    table = call.warehouse.tables.load_table(namespace, name)
+    table = call.warehouse.tables.load_table(namespace, name, reuse_verified=True)
     return table, _restrictions(call, table, "plan")
 
 

@@ -104,6 +104,7 @@ from sqe_catalog.schema import METADATA, create_tables, object_key
 __all__ = [
     "AuthStore",
     "Grant",
+    "GrantSet",
     "Principal",
     "Privilege",
     "VerifiedToken",
@@ -569,6 +570,28 @@ def _check_grant_level(privilege: Privilege, namespace: tuple[str, ...] | None, 
         raise BadRequestError(f"{privilege.value} can be granted on a warehouse or namespace, not a table")
 
 
+@dataclass(frozen=True)
+class GrantSet:
+    """One principal's grants in one warehouse, read once: a request checks several privileges against them."""
+
+    principal: str
+    warehouse: str
+    is_admin: bool
+    rows: tuple[tuple[str, str, str], ...] = ()  # (privilege, encoded namespace, table) per grant of its roles
+
+    def covers(self, privilege: Privilege, namespace: tuple[str, ...] | None, table: str | None = None) -> bool:
+        privilege = Privilege(privilege)
+        ns = _normalize_target(namespace, table)
+        if self.is_admin:
+            return True
+        return any(_grant_covers(granted, scope, on, privilege, ns, table) for granted, scope, on in self.rows)
+
+    def require(self, privilege: Privilege, namespace: tuple[str, ...] | None = None, table: str | None = None) -> None:
+        if not self.covers(privilege, namespace, table):
+            target = describe_securable(self.warehouse, namespace, table)
+            raise ForbiddenError(f"principal {self.principal} lacks {Privilege(privilege).value} on {target}")
+
+
 def describe_securable(warehouse: str, namespace: Sequence[str] | None, table: str | None = None) -> str:
     return ".".join([warehouse, *(namespace or ()), *([table] if table is not None else [])])
 
@@ -766,6 +789,17 @@ class AuthStore:
 
     # --- authorization ----------------------------------------------------------------------------
 
+    def grants(self, p: Principal, warehouse: str) -> GrantSet:
+        """``p``'s grants in ``warehouse`` as of now (one query; none for an admin or a principal without roles)."""
+        if p.is_admin or not p.roles:
+            return GrantSet(p.name, warehouse, p.is_admin)
+        query = select(_grants.c.privilege, _grants.c.namespace, _grants.c.table_name).where(
+            _grants.c.role_name.in_(sorted(p.roles)), _grants.c.warehouse == warehouse
+        )
+        with self._engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return GrantSet(p.name, warehouse, False, tuple((r.privilege, r.namespace, r.table_name) for r in rows))
+
     def has_privilege(
         self,
         p: Principal,
@@ -774,18 +808,7 @@ class AuthStore:
         namespace: tuple[str, ...] | None,
         table: str | None = None,
     ) -> bool:
-        privilege = Privilege(privilege)
-        ns = _normalize_target(namespace, table)
-        if p.is_admin:
-            return True
-        if not p.roles:
-            return False
-        query = select(_grants.c.privilege, _grants.c.namespace, _grants.c.table_name).where(
-            _grants.c.role_name.in_(sorted(p.roles)), _grants.c.warehouse == warehouse
-        )
-        with self._engine.connect() as conn:
-            rows = conn.execute(query).all()
-        return any(_grant_covers(r.privilege, r.namespace, r.table_name, privilege, ns, table) for r in rows)
+        return self.grants(p, warehouse).covers(privilege, namespace, table)
 
     def require(
         self,
@@ -795,9 +818,7 @@ class AuthStore:
         namespace: tuple[str, ...] | None = None,
         table: str | None = None,
     ) -> None:
-        if not self.has_privilege(p, privilege, warehouse, namespace, table):
-            target = describe_securable(warehouse, namespace, table)
-            raise ForbiddenError(f"principal {p.name} lacks {Privilege(privilege).value} on {target}")
+        self.grants(p, warehouse).require(privilege, namespace, table)
 
     # --- principals -------------------------------------------------------------------------------
 

@@ -81,6 +81,13 @@ class WarehouseConfig(ConfigSection):
     vend_credentials: bool = True
     # Reuse a vended credential per (principal, table, mode) while more than half its lifetime remains.
     credential_cache: bool = True
+    # Parsed metadata files kept per process (protected tables' only after their digest check passed, used while a
+    # HEAD shows the stored file unchanged); an unchanged table's load does not read the file. 0: read every load.
+    metadata_cache_entries: int = 512
+    # 0: every load of a protected table confirms its cached revision's file unchanged in storage (one HEAD), so a
+    # rewrite is refused by the next load. N > 0: no HEAD within N seconds of the last confirmation (loads then
+    # touch no storage; a rewrite is refused at most N seconds later, and never served).
+    metadata_recheck_seconds: float = 0.0
     # No STS: hand the static key above to clients instead (no expiry, no per-table scoping).
     sts_unavailable: bool = False
 
@@ -109,6 +116,10 @@ def _validate_warehouse(w: WarehouseConfig, where: str, origins: Origins) -> Non
         origins.fail(f"{where}.credential_lifetime_seconds", "must be >= 1")
     if w.location.startswith("s3://") and not w.sts_unavailable and not w.role_arn:
         origins.fail(f"{where}.role_arn", "required unless sts_unavailable = true")
+    if w.metadata_cache_entries < 0:
+        origins.fail(f"{where}.metadata_cache_entries", "must be >= 0 (0 turns the metadata cache off)")
+    if w.metadata_recheck_seconds < 0:
+        origins.fail(f"{where}.metadata_recheck_seconds", "must be >= 0 (0 checks storage on every load)")
     if w.access_key_id and not w.secret_access_key:
         origins.fail(f"{where}.secret_access_key", f"required when {where}.access_key_id is set")
     if w.secret_access_key and not w.access_key_id:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sqe import vocabulary
+from sqe._lru import LRUCache
 from sqe.credentials.paths import prefix_matches
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.errors import (
@@ -69,6 +69,7 @@ from sqe_catalog.identifiers import (
 )
 from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
+from sqe_catalog.integrity.fingerprint import storage_fingerprint
 from sqe_catalog.integrity.guard import IntegrityGuard
 
 __all__ = [
@@ -90,7 +91,6 @@ WRITE_METADATA_PATH = "write.metadata.path"
 LOCATION_PROPERTIES = (WRITE_DATA_PATH, WRITE_METADATA_PATH)
 # Table properties that make pyiceberg import and run a class inside the catalog process.
 FORBIDDEN_TABLE_PROPERTIES = frozenset({"py-io-impl", "write.py-location-provider.impl"})
-_METADATA_CACHE_SIZE = 512
 # The newest format a create transaction may ask for (creates write v3 metadata themselves).
 _MAX_CREATE_FORMAT_VERSION = 3
 
@@ -248,32 +248,25 @@ class _MetadataCache:
     """Parsed metadata files by location. Metadata files are immutable, so entries never go stale."""
 
     def __init__(self, size: int) -> None:
-        self._size = size
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[str, ParsedMetadata] = OrderedDict()
+        self.entries: LRUCache[str, ParsedMetadata] = LRUCache(size)
 
     def get(self, location: str, io: FileIO) -> ParsedMetadata:
-        with self._lock:
-            if (hit := self._entries.get(location)) is not None:
-                self._entries.move_to_end(location)
-                return hit
+        if (hit := self.entries.get(location)) is not None:
+            return hit
         metadata = read_metadata_file(io, location)
-        with self._lock:
-            self._entries[location] = metadata
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
+        self.entries.put(location, metadata)
         return metadata
 
 
 class _WarehouseSqlCatalog(SqlCatalog):
     """``SqlCatalog`` on a shared engine whose FileIO never takes settings from table properties."""
 
-    def __init__(self, name: str, engine: Engine, io_properties: dict[str, str]) -> None:
+    def __init__(self, name: str, engine: Engine, io_properties: dict[str, str], cache_entries: int) -> None:
         # SqlCatalog.__init__ would build its own engine from a URI; reuse the server's (thread-safe, WAL).
         MetastoreCatalog.__init__(self, name, **io_properties)
         self.engine = engine
         self._io = load_file_io(dict(io_properties))
-        self.metadata_cache = _MetadataCache(_METADATA_CACHE_SIZE)
+        self.metadata_cache = _MetadataCache(cache_entries)
         self._init_catalog()
 
     @property
@@ -371,10 +364,15 @@ class WarehouseTables:
     def __init__(self, warehouse: WarehouseConfig, engine: Engine) -> None:
         self.warehouse = warehouse
         self.root = warehouse.location.rstrip("/")
-        self._catalog = _WarehouseSqlCatalog(warehouse.name, engine, catalog_io_properties(warehouse))
+        entries = warehouse.metadata_cache_entries
+        self._catalog = _WarehouseSqlCatalog(warehouse.name, engine, catalog_io_properties(warehouse), entries)
         # Serialises "check locations, then create/relocate": two requests cannot claim overlapping prefixes.
         self._location_lock = threading.Lock()
-        self.integrity = IntegrityGuard(self._catalog, self._read_parsed, _metadata_locations)  # pins, digests
+        # pins, digests; verified revisions cached like the plain ones
+        fingerprint, recheck = storage_fingerprint(warehouse), warehouse.metadata_recheck_seconds
+        self.integrity = IntegrityGuard(
+            self._catalog, self._read_parsed, _metadata_locations, entries, fingerprint, recheck
+        )
 
     # -- namespaces --------------------------------------------------------------------------------------
 
@@ -437,9 +435,12 @@ class WarehouseTables:
     def table_exists(self, namespace: Namespace, name: str) -> bool:
         return self._metadata_location(namespace, name) is not None
 
-    def load_table(self, namespace: Namespace, name: str) -> StoredTable:
-        location = NoSuchTableError.unless_found(self._metadata_location(namespace, name), *namespace, name)
-        parsed = self.integrity.load(_s(namespace), name, location)  # protected tables: verified before returned
+    def load_table(self, namespace: Namespace, name: str, reuse_verified: bool = False) -> StoredTable:
+        """The table as stored; ``reuse_verified`` for read routes (see ``IntegrityGuard.load``)."""
+        location, trusted = self.integrity.current(_s(namespace), name)
+        location = NoSuchTableError.unless_found(location, *namespace, name)
+        # protected tables: verified before returned
+        parsed = self.integrity.load(_s(namespace), name, location, trusted, reuse_verified)
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
     def _metadata_location(self, namespace: Namespace, name: str) -> str | None:

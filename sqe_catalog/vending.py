@@ -191,7 +191,7 @@ def role_session_name(principal: str, reader: str | None = None) -> str:
     return f"{user[: _SESSION_NAME_MAX - 1 - len(actor)]}={actor}"
 
 
-def _keep_botocore_debug_out_of_logs() -> None:
+def keep_botocore_debug_out_of_logs() -> None:
     # botocore's DEBUG records include raw STS response bodies, i.e. the vended secret key and session token.
     # Unless an operator configured the botocore logger explicitly, cap it at INFO so that running the catalog
     # with a DEBUG root logger cannot leak them.
@@ -264,7 +264,7 @@ class CredentialVendor:
     # -- internals --------------------------------------------------------------------------------
 
     def _make_sts_client(self) -> STSClient:
-        _keep_botocore_debug_out_of_logs()
+        keep_botocore_debug_out_of_logs()
         w = self._warehouse
         config = Config(
             parameter_validation=False,  # boto3 refuses DurationSeconds < 900; Ceph/moto tests need seconds

@@ -2,11 +2,24 @@
 
 It owns the decision "legacy or protected" for each table operation and hands protected tables to
 ``admission`` and purges to ``purge``; a legacy table keeps pyiceberg's behaviour everywhere.
+
+Read routes keep what they verified: a revision that passed ``verify_loaded`` on a load-table, credentials or
+plan request is cached per table with its metadata location, the exact pin (key id, digest, digest version) it
+was checked against and the stored file's fingerprint taken before the read (``integrity.fingerprint``: one HEAD
+or a local file's hash). A later load uses it only while all three still match: the pin is re-read from the
+database and (by default) the fingerprint taken again on every load, so after a commit, a re-admission, a drop
+or a rewrite of the file in storage the load reads and verifies the file again, and a rewrite is refused by the
+very next load exactly as without the cache. ``metadata_recheck_seconds`` > 0 skips the fingerprint while the
+last one matched less than that long ago: a rewrite is then refused at most that much later (never served: the
+cache holds the verified revision). Writes (and the revision they return), purges and the cleaner's second
+check always read storage. ``metadata_cache_entries = 0`` keeps nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +30,13 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from sqlalchemy import Connection, delete, update
 
+from sqe._lru import LRUCache
 from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataIntegrityError, NoSuchTableError
 from sqe_catalog.integrity import admission
 from sqe_catalog.integrity import state as st
 from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata
+from sqe_catalog.integrity.fingerprint import Fingerprint
 from sqe_catalog.integrity.lineage import check_snapshot_lineage, with_next_row_id
 from sqe_catalog.integrity.purge import DeleteFiles, run_pending_tasks
 from sqe_catalog.integrity.state import Protection, TableRef, TrustedState
@@ -40,11 +55,36 @@ LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revi
 NotificationStamp = Callable[[Connection], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class VerifiedRevision:
+    """The revision a read route last verified for one table: where it was read and the pin it matched."""
+
+    location: str
+    trusted: TrustedState
+    fingerprint: str  # of the stored file, taken before it was read (see integrity.fingerprint)
+    parsed: ParsedMetadata
+    checked_at: float  # monotonic time of the last fingerprint that matched
+
+
 class IntegrityGuard:
-    def __init__(self, catalog: SqlCatalog, read: ReadParsed, locations_of: LocationsOf) -> None:
+    def __init__(
+        self,
+        catalog: SqlCatalog,
+        read: ReadParsed,
+        locations_of: LocationsOf,
+        verified_entries: int = 0,
+        fingerprint: Fingerprint | None = None,
+        recheck_seconds: float = 0.0,
+    ) -> None:
         self._catalog = catalog
         self._read = read
         self._locations_of = locations_of
+        self._fingerprint = fingerprint or _no_fingerprint
+        # 0: every load takes the fingerprint again; more: a revision confirmed this recently is used without it.
+        self._recheck_seconds = recheck_seconds
+        # 0 entries: every load of a protected table reads and verifies its metadata file again.
+        # One entry per table (its newest verified revision), so old revisions never pile up in memory.
+        self.verified: LRUCache[TableRef, VerifiedRevision] = LRUCache(verified_entries)
         st.create_integrity_schema(catalog.engine)
 
     def _also(self, table: TableRef, stamp: NotificationStamp | None = None) -> admission.AlsoInTransaction:
@@ -82,12 +122,46 @@ class IntegrityGuard:
 
     # -- reads ---------------------------------------------------------------------------------------------
 
-    def load(self, namespace: Namespace, name: str, location: str) -> ParsedMetadata:
-        """The table's metadata; for a protected table read from storage and verified before it is returned."""
-        trusted = self.trusted(namespace, name)
+    def current(self, namespace: Namespace, name: str) -> tuple[str | None, TrustedState | None]:
+        """The table's metadata location (None: no such table) and pin (None: legacy), from one query."""
+        with self._catalog.engine.connect() as conn:
+            return st.pointer_and_state(conn, self.ref(namespace, name))
+
+    def load(
+        self,
+        namespace: Namespace,
+        name: str,
+        location: str,
+        trusted: TrustedState | None,
+        reuse_verified: bool = False,
+    ) -> ParsedMetadata:
+        """The metadata at ``location`` (from ``current``); for a protected table read from storage and verified
+        against ``trusted`` before it is returned.
+
+        ``reuse_verified`` (the read routes: load-table, credentials, plan) may answer with the revision an
+        earlier such load verified against the same pointer and pin; it never caches a revision that was not
+        verified, and a load without it (writes, purges) always reads storage and so detects a rewritten file.
+        """
         if trusted is None:
             return self._read(location)
-        return self._verified(self.ref(namespace, name), trusted, location)
+        table = self.ref(namespace, name)
+        if not reuse_verified:
+            return self._verified(table, trusted, location)
+        hit = self.verified.get(table)
+        if hit is not None and (hit.location, hit.trusted) != (location, trusted):
+            hit = None  # another revision or pin: never this entry
+        now = time.monotonic()
+        if hit is not None and now - hit.checked_at < self._recheck_seconds:
+            return hit.parsed  # verified, and its stored file confirmed unchanged less than recheck_seconds ago
+        # Taken before any read: a rewrite after it changes the fingerprint, so it is caught by the next check.
+        fingerprint = self._fingerprint(location) if self.verified.bound else None
+        if hit is not None and fingerprint is not None and fingerprint == hit.fingerprint:
+            self.verified.put(table, dataclasses.replace(hit, checked_at=now))
+            return hit.parsed  # verify_loaded passed for these inputs and the stored file is the same
+        parsed = self._verified(table, trusted, location)
+        if fingerprint is not None:
+            self.verified.put(table, VerifiedRevision(location, trusted, fingerprint, parsed, now))
+        return parsed
 
     def _verified(self, table: TableRef, trusted: TrustedState, location: str) -> ParsedMetadata:
         try:
@@ -227,6 +301,10 @@ class IntegrityGuard:
             & (IcebergTables.table_namespace == table.dotted_namespace)
             & (IcebergTables.table_name == table.name)
         )
+
+
+def _no_fingerprint(_location: str) -> str | None:
+    return None
 
 
 def _stale(table: TableRef) -> CommitFailedError:

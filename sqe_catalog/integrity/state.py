@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pyiceberg.catalog.sql import IcebergTables
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -33,6 +34,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    bindparam,
     delete,
     insert,
     select,
@@ -169,6 +171,37 @@ def _where(ref: TableRef) -> Any:
 
 def _row_to_state(row: Any) -> TrustedState:
     return TrustedState(row.metadata_location, row.key_id, row.digest, row.digest_version)
+
+
+# The table's pointer and its pin in one statement, so both come from one snapshot (a commit between two reads
+# would pair an old pointer with a new pin). Built once: the hot load path skips SQL construction.
+_POINTER_AND_STATE = (
+    select(IcebergTables.metadata_location, _pins.c.metadata_location.label("pinned_location"))
+    .add_columns(_pins.c.key_id, _pins.c.digest, _pins.c.digest_version)
+    .select_from(IcebergTables)
+    .outerjoin(
+        _pins,
+        (_pins.c.warehouse == IcebergTables.catalog_name)
+        & (_pins.c.namespace == IcebergTables.table_namespace)
+        & (_pins.c.table_name == IcebergTables.table_name),
+    )
+    .where(
+        (IcebergTables.catalog_name == bindparam("warehouse"))
+        & (IcebergTables.table_namespace == bindparam("namespace"))
+        & (IcebergTables.table_name == bindparam("name"))
+    )
+)
+
+
+def pointer_and_state(conn: Connection, ref: TableRef) -> tuple[str | None, TrustedState | None]:
+    """The table's metadata location (None: no such table) and its trusted state (None: legacy), read together."""
+    params = {"warehouse": ref.warehouse, "namespace": ref.dotted_namespace, "name": ref.name}
+    row = conn.execute(_POINTER_AND_STATE, params).first()
+    if row is None:
+        return None, None
+    if row.pinned_location is None:
+        return row.metadata_location, None
+    return row.metadata_location, TrustedState(row.pinned_location, row.key_id, row.digest, row.digest_version)
 
 
 def load_state(conn: Connection, ref: TableRef) -> TrustedState | None:

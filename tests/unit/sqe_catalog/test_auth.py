@@ -316,6 +316,20 @@ def test_catalog_grant_covers_the_whole_warehouse_only(store: AuthStore, analyst
     assert not store.has_privilege(analyst, P.TABLE_READ_DATA, "prod", ("a",), "t")
 
 
+def test_one_grant_set_answers_every_check_of_a_request(store: AuthStore, analyst: Principal) -> None:
+    store.grant("readers", P.TABLE_WRITE_DATA, "demo", ("sales",), "orders")
+    grants = store.grants(analyst, "demo")  # what one request reads, once
+    assert grants.covers(P.TABLE_READ_DATA, ("sales",), "orders") and grants.covers(
+        P.TABLE_WRITE_PROPERTIES, ("sales",), "orders"
+    )
+    assert not grants.covers(P.CATALOG_MANAGE_POLICIES, None)
+    with pytest.raises(ForbiddenError, match=r"^principal analyst lacks TABLE_DROP on "):
+        grants.require(P.TABLE_DROP, ("sales",), "orders")
+    store.revoke("readers", P.TABLE_WRITE_DATA, "demo", ("sales",), "orders")
+    assert not store.grants(analyst, "demo").covers(P.TABLE_READ_DATA, ("sales",), "orders"), "the next request"
+    assert store.grants(analyst, "prod").rows == ()
+
+
 def test_admin_has_every_privilege(store: AuthStore) -> None:
     client_id, secret = store.create_principal("root", is_admin=True)
     root = _login(store, client_id, secret)

@@ -107,6 +107,14 @@ class TestErrorsNameTheKey:
                 "warehouses[0].credential_lifetime_seconds: must be >= 1",
             ),
             (
+                {"warehouses": [{**WAREHOUSE, "metadata_cache_entries": -1}]},
+                "warehouses[0].metadata_cache_entries: must be >= 0",
+            ),
+            (
+                {"warehouses": [{**WAREHOUSE, "metadata_recheck_seconds": -1}]},
+                "warehouses[0].metadata_recheck_seconds: must be >= 0",
+            ),
+            (
                 {"warehouses": [{"name": "w", "location": "s3://b/w"}]},
                 "warehouses[0].role_arn: required unless sts_unavailable = true",
             ),
