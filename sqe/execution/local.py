@@ -155,23 +155,30 @@ class DirectProjection:
     def _read_batches(self, fragment: ds.ParquetFileFragment, rows: int, threads: bool) -> Iterator[pa.RecordBatch]:
         """Every row of the file, read with its kept footer by pyarrow's Parquet reader. Without a filter the
         dataset scanner only adds per-file cost (an execution plan, its threads and generators), which is most
-        of a small file's time; the reader decodes the same columns into the same values."""
-        if fragment.metadata.num_rows == 0:
-            return
-        # fragment.open() uses the manifest's size: no HEAD. The options are the scanner's (_PARQUET's), except
-        # that bytes already in memory need no pre-buffering (it would only hop to the I/O pool and back).
+        of a small file's time; the reader decodes the same columns into the same values, and like the scanner
+        it never joins row groups into one batch."""
+        metadata = fragment.metadata
+        columns = list(self.file_columns)
+        # fragment.open() uses the manifest's size: no HEAD. The options are the scanner's (_PARQUET's).
         with fragment.open() as source:
-            in_memory = isinstance(source, pa.BufferReader)
             parquet = pq.ParquetFile(
-                source,
-                metadata=fragment.metadata,
-                pre_buffer=not in_memory,
-                buffer_size=0,
-                arrow_extensions_enabled=False,
+                source, metadata=metadata, pre_buffer=True, buffer_size=0, arrow_extensions_enabled=False
             )
-            for batch in parquet.iter_batches(batch_size=rows, columns=list(self.file_columns), use_threads=threads):
-                if batch.num_rows:
-                    yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+            for index in range(metadata.num_row_groups):
+                group_rows = metadata.row_group(index).num_rows
+                if group_rows == 0:
+                    continue
+                if group_rows <= rows:  # one batch: read the group whole
+                    batches: Iterator[pa.RecordBatch] | list[pa.RecordBatch] = parquet.read_row_group(
+                        index, columns=columns, use_threads=threads
+                    ).to_batches()
+                else:  # decoded batch by batch, so a large group never sits in memory whole
+                    batches = parquet.iter_batches(
+                        batch_size=rows, row_groups=[index], columns=columns, use_threads=threads
+                    )
+                for batch in batches:
+                    if batch.num_rows:
+                        yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
 
 
 def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:
