@@ -386,15 +386,12 @@ class _ScanRun:
                 yield item
 
     def _work(self) -> None:
-        held = _Coalescer(self.executor.target_batch_bytes)
         try:
             while not self._stop.is_set():
                 task = self._next_task()
                 if task is None:
                     break
-                self._read_file(task, held)
-            for batch in held.flush():
-                self._queue_batch(batch)
+                self._read_file(task)
         except BaseException as exc:  # handed to the consumer, which re-raises it in the query's thread
             self._put(_Failed(exc))
         finally:
@@ -404,7 +401,7 @@ class _ScanRun:
         with self._tasks_lock:
             return next(self._tasks, None)
 
-    def _read_file(self, task: FileScanTask, held: _Coalescer) -> None:
+    def _read_file(self, task: FileScanTask) -> None:
         self.metrics.add(files_open=1)
         try:
             batches = _task_to_record_batches(
@@ -418,20 +415,13 @@ class _ScanRun:
                 if self._stop.is_set():
                     return
                 out = self.transform(batch) if self.transform is not None else batch
-                self.metrics.add(batches_produced=1, rows_produced=out.num_rows)
-                for ready in held.add(out, consumer_waiting=self._queue.empty()):
-                    if not self._queue_batch(ready):
-                        return
+                self.metrics.add(batches_in_flight=1, batches_produced=1, rows_produced=out.num_rows)
+                if not self._put(out):
+                    self.metrics.add(batches_in_flight=-1)
+                    return
         finally:
             self.metrics.add(files_open=-1)
         self.metrics.add(files_done=1, bytes_done=task.file.file_size_in_bytes)
-
-    def _queue_batch(self, batch: pa.RecordBatch) -> bool:
-        self.metrics.add(batches_in_flight=1)
-        if self._put(batch):
-            return True
-        self.metrics.add(batches_in_flight=-1)
-        return False
 
     def _put(self, item: pa.RecordBatch | _Done | _Failed) -> bool:
         """Block while the queue is full; give up once the consumer has gone."""
@@ -455,35 +445,6 @@ class _ScanRun:
     def _raise_if_cancelled(self) -> None:
         if self.cancel.is_set():
             raise QueryCancelledError()
-
-
-class _Coalescer:
-    """One reader thread's small batches, joined into batches of about ``target_bytes`` while the consumer is busy.
-
-    Each queued batch costs a hand-off between threads, and DuckDB's pull of it a trip into Python under the GIL;
-    with small files that is most of the scan's time. So while batches wait in the queue anyway, a reader joins
-    its next ones (of the same schema, in order) up to the target size; a consumer waiting for data gets each
-    batch at once, so the first rows are never held back."""
-
-    def __init__(self, target_bytes: int) -> None:
-        self._target = target_bytes
-        self._held: list[pa.RecordBatch] = []
-        self._bytes = 0
-
-    def add(self, batch: pa.RecordBatch, *, consumer_waiting: bool) -> list[pa.RecordBatch]:
-        """The batches to queue now (possibly none)."""
-        ready = self.flush() if self._held and not batch.schema.equals(self._held[0].schema, check_metadata=True) else []
-        self._held.append(batch)
-        self._bytes += batch.nbytes
-        if consumer_waiting or self._bytes >= self._target:
-            ready += self.flush()
-        return ready
-
-    def flush(self) -> list[pa.RecordBatch]:
-        held, self._held, self._bytes = self._held, [], 0
-        if len(held) <= 1:
-            return held
-        return pa.Table.from_batches(held).combine_chunks().to_batches()
 
 
 class _DeleteCache:

@@ -178,8 +178,7 @@ def test_positional_deletes_are_applied(provider: LocalProvider) -> None:
 
 def test_memory_stays_bounded_by_queue_and_files_in_flight(provider: LocalProvider) -> None:
     plan = plan_scan(provider.load_table(MANY), columns=None)
-    # A 1-byte target: every batch is big enough alone, so none are joined while the consumer lags.
-    executor = LocalExecutor(max_files_in_flight=2, max_queued_batches=3, target_batch_bytes=1)
+    executor = LocalExecutor(max_files_in_flight=2, max_queued_batches=3)
     metrics = ScanMetrics()
     count = 0
     for _ in executor.record_batches(plan, metrics=metrics):
@@ -190,19 +189,6 @@ def test_memory_stays_bounded_by_queue_and_files_in_flight(provider: LocalProvid
     assert metrics.max_batches_in_flight >= executor.max_queued_batches  # the bound was actually reached
     assert metrics.max_files_in_flight <= 2
     assert metrics.batches_in_flight == 0 and metrics.files_done == plan.files_planned
-
-
-def test_a_lagging_consumer_gets_small_batches_joined_and_the_same_rows(provider: LocalProvider) -> None:
-    plan = plan_scan(provider.load_table(MANY), columns=None)
-    executor = LocalExecutor(max_files_in_flight=2, max_queued_batches=1)
-    metrics = ScanMetrics()
-    batches = []
-    for batch in executor.record_batches(plan, metrics=metrics):
-        time.sleep(0.02)  # the readers run ahead: their next batches wait, so they are joined
-        batches.append(batch)
-    assert metrics.batches_produced == 40 and len(batches) < 40  # 50-row groups
-    assert sorted(ids_of(batches)) == sorted(ids_of(list(executor.record_batches(plan))))
-    assert len(ids_of(batches)) == 2000
 
 
 def test_transform_runs_on_every_batch(provider: LocalProvider) -> None:
