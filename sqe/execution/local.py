@@ -98,15 +98,17 @@ def _task_to_record_batches(
     *,
     target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
     parallel_decode: bool = True,
+    projections: ProjectionMemo | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The batches of one file task: the direct pyarrow scan when it is exact, else pyiceberg's reader.
 
     ``parallel_decode`` decodes a file's columns on pyarrow's thread pool; when enough files are read at once to
-    keep every core busy, decoding each in its reader thread saves the pool's hand-offs."""
+    keep every core busy, decoding each in its reader thread saves the pool's hand-offs. ``projections`` keeps
+    the direct projections of one scan (same ReadSpec) by file schema: the files of a table mostly share one."""
     if not positional_deletes and task.file.file_format == FileFormat.PARQUET:
         # The table's FileIO: per-file credentials; the manifest's size: no HEAD; a kept footer: no footer GET.
         fragment = parquet_fragment(read.io, task.file.file_path, task.file.file_size_in_bytes, _PARQUET)
-        direct = direct_projection(read, fragment.physical_schema)
+        direct = _projection_for(read, fragment.physical_schema, projections)
         if direct is not None:
             yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode)
             return
@@ -123,6 +125,19 @@ def _task_to_record_batches(
         read.specs.get(task.file.spec_id),
         read.format_version,
     )
+
+
+ProjectionMemo = dict[bytes, "DirectProjection | None"]  # serialized physical schema -> its projection
+
+
+def _projection_for(read: ReadSpec, physical_schema: pa.Schema, memo: ProjectionMemo | None) -> DirectProjection | None:
+    if memo is None:
+        return direct_projection(read, physical_schema)
+    # Serialized, the key includes every field's metadata (the Parquet field ids); pa.Schema equality does not.
+    key = physical_schema.serialize().to_pybytes()
+    if key not in memo:  # two readers may both compute one: same result, no lock needed
+        memo[key] = direct_projection(read, physical_schema)
+    return memo[key]
 
 
 @dataclass(frozen=True)
@@ -345,6 +360,7 @@ class _ScanRun:
     _tasks_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _deletes: _DeleteCache = field(init=False)
     _parallel_decode: bool = field(init=False)
+    _projections: ProjectionMemo = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self._queue = queue.Queue(self.executor.max_queued_batches)
@@ -410,6 +426,7 @@ class _ScanRun:
                 self._deletes.for_file(task),
                 target_batch_bytes=self.executor.target_batch_bytes,
                 parallel_decode=self._parallel_decode,
+                projections=self._projections,
             )
             for batch in batches:
                 if self._stop.is_set():
