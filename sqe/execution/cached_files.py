@@ -11,7 +11,9 @@ never reaches a lookup at all.
 - **Data ranges.** A Parquet fragment is built over a small pyarrow file system (:class:`_RangeFileHandler`)
   whose files read through :class:`_RangeReader`: every byte range pyarrow asks for (its coalesced column-chunk
   reads and the footer's tail) is served from :data:`sqe.execution.byte_cache.DATA_RANGES` when one kept
-  range covers it, else read from the object store and kept. pyarrow's Python API opens a file by path only,
+  range covers it, else read from the object store and kept. A small file (:data:`WHOLE_FILE_BYTES`) is read
+  and kept whole on its first miss; once kept whole it opens as a ``pa.BufferReader`` over the kept bytes, so
+  pyarrow decodes it without calling back into Python. pyarrow's Python API opens a file by path only,
   so the first miss of a kept fragment costs one HEAD (with the cache off, files open with the manifest's size).
 - **Manifests.** Planning reads the manifest list and manifests through :class:`MetadataCachingFileIO`, which
   keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`.
@@ -35,10 +37,12 @@ from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, vended_sco
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
 
-__all__ = ["MetadataCachingFileIO", "caching_filesystem"]
+__all__ = ["CACHED_RANGE_FS", "MetadataCachingFileIO", "caching_filesystem"]
 
 # ------------------------------------------------------------------------------------------ data ranges
 
+
+CACHED_RANGE_FS = "sqe-cached-range"  # the type name of the file systems caching_filesystem returns
 
 # Data files up to this size are fetched whole on their first miss and kept as one range. A scan of a small file
 # reads most of it anyway (footer, column chunks), and per-request and per-read costs dominate its time.
@@ -164,7 +168,7 @@ class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarro
         return [pafs.FileInfo(path, pafs.FileType.File, size=self._key[1]) for path in paths]
 
     def get_type_name(self) -> str:
-        return "sqe-cached-range"
+        return CACHED_RANGE_FS
 
     def normalize_path(self, path: str) -> str:
         return path

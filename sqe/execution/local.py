@@ -2,7 +2,9 @@
 
 Each file is streamed batch by batch (pyiceberg's public ``ArrowScan.to_record_batches`` materialises each file).
 A Parquet file without positional deletes whose columns need no Iceberg projection (same field ids and types,
-all present, primitive) is scanned directly with pyarrow, in batches of about ``target_batch_bytes``; any other
+all present, primitive) is read directly with pyarrow, in batches of about ``target_batch_bytes`` (by pyarrow's
+Parquet reader over the kept footer, or by a dataset scanner when a row filter applies or the file lives on an
+object store without the range cache, where only the scanner opens a file without a HEAD); any other
 file goes through pyiceberg's private generator ``_task_to_record_batches``, which handles deletes, schema
 evolution and missing columns. Both yield the same batches; the direct path only skips pyiceberg's per-batch
 re-projection and its small default batch size.
@@ -35,6 +37,7 @@ from pyiceberg.types import BinaryType, IcebergType, StringType
 from sqe._counters import Counters
 from sqe.errors import QueryError
 from sqe.execution.cache import parquet_fragment
+from sqe.execution.cached_files import CACHED_RANGE_FS
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
@@ -84,6 +87,9 @@ _MIN_BATCH_ROWS = 8_192
 _MAX_BATCH_ROWS = 1 << 20
 # What pyiceberg opens Parquet files with: coalesced reads of a row group's column chunks, buffered streams.
 _PARQUET = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
+# File systems where opening a file by path sends no request. pyarrow's Fragment.open() opens by path, which costs
+# an object store a HEAD; the scanner opens with the manifest's size. (The cached-range one opens upstream on a miss.)
+_OPEN_BY_PATH_IS_FREE = frozenset({"local", CACHED_RANGE_FS})
 # Arrow types pyiceberg hands through unchanged although its own mapping of the Iceberg type is the large one.
 _PASS_THROUGH: dict[type[IcebergType], tuple[pa.DataType, ...]] = {
     StringType: (pa.string(), pa.large_string()),
@@ -152,7 +158,7 @@ class DirectProjection:
         self, fragment: ds.ParquetFileFragment, target_batch_bytes: int, *, parallel_decode: bool = True
     ) -> Iterator[pa.RecordBatch]:
         rows = batch_rows(fragment, self.file_columns, target_batch_bytes)
-        if self.arrow_filter is None:
+        if self.arrow_filter is None and fragment.filesystem.type_name in _OPEN_BY_PATH_IS_FREE:
             yield from self._read_batches(fragment, rows, parallel_decode)
             return
         scanner = ds.Scanner.from_fragment(
