@@ -11,15 +11,16 @@ never reaches a lookup at all.
 - **Data ranges.** A Parquet fragment is built over a small pyarrow file system (:class:`_RangeFileHandler`)
   whose files read through :class:`_RangeReader`: every byte range pyarrow asks for (its coalesced column-chunk
   reads and the footer's tail) is served from :data:`sqe.execution.byte_cache.DATA_RANGES` when one kept
-  range covers it, else read from the object store and kept. A small file (:data:`WHOLE_FILE_BYTES`) is read
-  and kept whole on its first miss; once kept whole it opens as a ``pa.BufferReader`` over the kept bytes, so
-  pyarrow decodes it without calling back into Python. pyarrow's Python API opens a file by path only,
+  range covers it, else read from the object store and kept. pyarrow's Python API opens a file by path only,
   so the first miss of a kept fragment costs one HEAD (with the cache off, files open with the manifest's size).
 - **Manifests.** Planning reads the manifest list and manifests through :class:`MetadataCachingFileIO`, which
   keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`.
 
 The kept bytes are raw file content; the restriction order (row filter, masks, then the user's predicates)
 runs on the decoded batches exactly as without the cache. Nothing here logs, and no repr shows content.
+
+A small data file (:data:`WHOLE_FILE_BYTES`) is read and kept whole on its first miss; once kept whole it opens
+as a ``pa.BufferReader`` over the kept bytes, so pyarrow decodes it without calling back into Python.
 """
 
 from __future__ import annotations
