@@ -38,7 +38,7 @@ from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, vended_sco
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
 
-__all__ = ["CACHED_RANGE_FS", "MetadataCachingFileIO", "caching_filesystem"]
+__all__ = ["MetadataCachingFileIO", "caching_filesystem"]
 
 # ------------------------------------------------------------------------------------------ data ranges
 
