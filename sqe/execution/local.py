@@ -180,7 +180,7 @@ class DirectProjection:
         it never joins row groups into one batch."""
         metadata = fragment.metadata
         columns = list(self.file_columns)
-        # fragment.open() uses the manifest's size: no HEAD. The options are the scanner's (_PARQUET's).
+        # Called only where opening by path sends no request. The options are the scanner's (_PARQUET's).
         with fragment.open() as source:
             parquet = pq.ParquetFile(
                 source, metadata=metadata, pre_buffer=True, buffer_size=0, arrow_extensions_enabled=False
