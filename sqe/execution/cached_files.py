@@ -20,6 +20,9 @@ never reaches a lookup at all.
 
 The kept bytes are raw file content; the restriction order (row filter, masks, then the user's predicates)
 runs on the decoded batches exactly as without the cache. Nothing here logs, and no repr shows content.
+
+A small data file (:data:`WHOLE_FILE_BYTES`) is read and kept whole on its first miss; once kept whole it opens
+as a ``pa.BufferReader`` over the kept bytes, so pyarrow decodes it without calling back into Python.
 """
 
 from __future__ import annotations
@@ -57,6 +60,18 @@ class _RangeSource(Protocol):
 
 
 # ------------------------------------------------------------------------------------------ data ranges
+
+
+CACHED_RANGE_FS = "sqe-cached-range"  # the type name of the file systems caching_filesystem returns
+
+# Data files up to this size are fetched whole on their first miss and kept as one range. A scan of a small file
+# reads most of it anyway (footer, column chunks), and per-request and per-read costs dominate its time.
+WHOLE_FILE_BYTES = 8 << 20
+_WHOLE_FILE_SHARE = 16  # ... and only while such a file is at most this fraction of the cache's bound
+
+
+def _kept_whole(size: int) -> bool:
+    return 0 < size <= min(WHOLE_FILE_BYTES, DATA_RANGES.max_bytes // _WHOLE_FILE_SHARE)
 
 
 class _Upstream:
@@ -134,6 +149,12 @@ class _RangeReader(io.RawIOBase):
             return kept
         if self._native is None:
             self._native, self._owned = self._upstream.open()
+        if _kept_whole(self._size):
+            # A small file is fetched and kept whole on its first miss (the footer's): one GET instead of one
+            # per range, and later opens are served natively from memory (see _RangeFileHandler).
+            data = self._native.read_at(self._size, 0)
+            DATA_RANGES.put_range(self._key, 0, data)
+            return memoryview(data)[offset : offset + length]
         data = self._native.read_at(length, offset)
         DATA_RANGES.put_range(self._key, offset, data)
         return memoryview(data)
@@ -159,7 +180,12 @@ class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarro
         self._upstream = _Upstream(upstream, direct)
 
     def open_input_file(self, path: str) -> pa.NativeFile:
+        """A file kept whole is served as a native buffer: pyarrow decodes it without calling into Python (no
+        GIL per read, so files decode in parallel); otherwise each read goes through :class:`_RangeReader`."""
         self._only_mine(path)
+        whole = DATA_RANGES.covering(self._key, 0, self._key[1]) if _kept_whole(self._key[1]) else None
+        if whole is not None:
+            return pa.BufferReader(pa.py_buffer(whole))  # zero-copy over the kept bytes
         return pa.PythonFile(_RangeReader(self._key, self._upstream), mode="r")
 
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
@@ -168,7 +194,7 @@ class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarro
         return [pafs.FileInfo(path, pafs.FileType.File, size=self._key[1]) for path in paths]
 
     def get_type_name(self) -> str:
-        return "sqe-cached-range"
+        return CACHED_RANGE_FS
 
     def normalize_path(self, path: str) -> str:
         return path

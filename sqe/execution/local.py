@@ -2,7 +2,9 @@
 
 Each file is streamed batch by batch (pyiceberg's public ``ArrowScan.to_record_batches`` materialises each file).
 A Parquet file without positional deletes whose columns need no Iceberg projection (same field ids and types,
-all present, primitive) is scanned directly with pyarrow, in batches of about ``target_batch_bytes``; any other
+all present, primitive) is read directly with pyarrow, in batches of about ``target_batch_bytes`` (by pyarrow's
+Parquet reader over the kept footer, or by a dataset scanner when a row filter applies or the file lives on an
+object store without the range cache, where only the scanner opens a file without a HEAD); any other
 file goes through pyiceberg's private generator ``_task_to_record_batches``, which handles deletes, schema
 evolution and missing columns. Both yield the same batches; the direct path only skips pyiceberg's per-batch
 re-projection and its small default batch size.
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pyiceberg
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.expressions.visitors import bind, translate_column_names
@@ -34,6 +37,7 @@ from pyiceberg.types import BinaryType, IcebergType, StringType
 from sqe._counters import Counters
 from sqe.errors import QueryError
 from sqe.execution.cache import parquet_fragment
+from sqe.execution.cached_files import CACHED_RANGE_FS
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
@@ -83,6 +87,9 @@ _MIN_BATCH_ROWS = 8_192
 _MAX_BATCH_ROWS = 1 << 20
 # What pyiceberg opens Parquet files with: coalesced reads of a row group's column chunks, buffered streams.
 _PARQUET = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
+# File systems where opening a file by path sends no request. pyarrow's Fragment.open() opens by path, which costs
+# an object store a HEAD; the scanner opens with the manifest's size. (The cached-range one opens upstream on a miss.)
+_OPEN_BY_PATH_IS_FREE = frozenset({"local", CACHED_RANGE_FS})
 # Arrow types pyiceberg hands through unchanged although its own mapping of the Iceberg type is the large one.
 _PASS_THROUGH: dict[type[IcebergType], tuple[pa.DataType, ...]] = {
     StringType: (pa.string(), pa.large_string()),
@@ -96,14 +103,20 @@ def _task_to_record_batches(
     positional_deletes: list[pa.ChunkedArray] | None,
     *,
     target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
+    parallel_decode: bool = True,
+    projections: ProjectionMemo | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The batches of one file task: the direct pyarrow scan when it is exact, else pyiceberg's reader."""
+    """The batches of one file task: the direct pyarrow scan when it is exact, else pyiceberg's reader.
+
+    ``parallel_decode`` decodes a file's columns on pyarrow's thread pool; when enough files are read at once to
+    keep every core busy, decoding each in its reader thread saves the pool's hand-offs. ``projections`` keeps
+    the direct projections of one scan (same ReadSpec) by file schema: the files of a table mostly share one."""
     if not positional_deletes and task.file.file_format == FileFormat.PARQUET:
         # The table's FileIO: per-file credentials; the manifest's size: no HEAD; a kept footer: no footer GET.
         fragment = parquet_fragment(read.io, task.file.file_path, task.file.file_size_in_bytes, _PARQUET)
-        direct = direct_projection(read, fragment.physical_schema)
+        direct = _projection_for(read, fragment.physical_schema, projections)
         if direct is not None:
-            yield from direct.batches(fragment, target_batch_bytes)
+            yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode)
             return
     yield from _pyiceberg_task_batches(
         read.io,
@@ -120,6 +133,19 @@ def _task_to_record_batches(
     )
 
 
+ProjectionMemo = dict[bytes, "DirectProjection | None"]  # serialized physical schema -> its projection
+
+
+def _projection_for(read: ReadSpec, physical_schema: pa.Schema, memo: ProjectionMemo | None) -> DirectProjection | None:
+    if memo is None:
+        return direct_projection(read, physical_schema)
+    # Serialized, the key includes every field's metadata (the Parquet field ids); pa.Schema equality does not.
+    key = physical_schema.serialize().to_pybytes()
+    if key not in memo:  # two readers may both compute one: same result, no lock needed
+        memo[key] = direct_projection(read, physical_schema)
+    return memo[key]
+
+
 @dataclass(frozen=True)
 class DirectProjection:
     """How to scan one Parquet file so its batches equal pyiceberg's, without re-projecting every batch."""
@@ -128,18 +154,52 @@ class DirectProjection:
     schema: pa.Schema  # what pyiceberg's projection would produce: Iceberg names, file types, no field ids
     arrow_filter: pc.Expression | None
 
-    def batches(self, fragment: ds.ParquetFileFragment, target_batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    def batches(
+        self, fragment: ds.ParquetFileFragment, target_batch_bytes: int, *, parallel_decode: bool = True
+    ) -> Iterator[pa.RecordBatch]:
+        rows = batch_rows(fragment, self.file_columns, target_batch_bytes)
+        if self.arrow_filter is None and fragment.filesystem.type_name in _OPEN_BY_PATH_IS_FREE:
+            yield from self._read_batches(fragment, rows, parallel_decode)
+            return
         scanner = ds.Scanner.from_fragment(
             fragment,
             schema=fragment.physical_schema,
             columns=list(self.file_columns),
             filter=self.arrow_filter,
-            batch_size=batch_rows(fragment, self.file_columns, target_batch_bytes),
+            batch_size=rows,
             use_threads=True,
         )
         for batch in scanner.to_batches():
             if batch.num_rows:  # like pyiceberg: a filter may leave nothing of a batch
                 yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+
+    def _read_batches(self, fragment: ds.ParquetFileFragment, rows: int, threads: bool) -> Iterator[pa.RecordBatch]:
+        """Every row of the file, read with its kept footer by pyarrow's Parquet reader. Without a filter the
+        dataset scanner only adds per-file cost (an execution plan, its threads and generators), which is most
+        of a small file's time; the reader decodes the same columns into the same values, and like the scanner
+        it never joins row groups into one batch."""
+        metadata = fragment.metadata
+        columns = list(self.file_columns)
+        # Called only where opening by path sends no request. The options are the scanner's (_PARQUET's).
+        with fragment.open() as source:
+            parquet = pq.ParquetFile(
+                source, metadata=metadata, pre_buffer=True, buffer_size=0, arrow_extensions_enabled=False
+            )
+            for index in range(metadata.num_row_groups):
+                group_rows = metadata.row_group(index).num_rows
+                if group_rows == 0:
+                    continue
+                if group_rows <= rows:  # one batch: read the group whole
+                    batches: Iterator[pa.RecordBatch] | list[pa.RecordBatch] = parquet.read_row_group(
+                        index, columns=columns, use_threads=threads
+                    ).to_batches()
+                else:  # decoded batch by batch, so a large group never sits in memory whole
+                    batches = parquet.iter_batches(
+                        batch_size=rows, row_groups=[index], columns=columns, use_threads=threads
+                    )
+                for batch in batches:
+                    if batch.num_rows:
+                        yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
 
 
 def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:
@@ -305,11 +365,15 @@ class _ScanRun:
     _tasks: Iterator[FileScanTask] = field(init=False)
     _tasks_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _deletes: _DeleteCache = field(init=False)
+    _parallel_decode: bool = field(init=False)
+    _projections: ProjectionMemo = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self._queue = queue.Queue(self.executor.max_queued_batches)
         self._tasks = iter(self.plan.tasks)
         self._deletes = _DeleteCache(self.plan)
+        # Fewer files than cores: decode each file's columns in parallel too; otherwise the files keep the cores busy.
+        self._parallel_decode = len(self.plan.tasks) < (pa.cpu_count() or 1)
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         self._raise_if_cancelled()
@@ -367,6 +431,8 @@ class _ScanRun:
                 task,
                 self._deletes.for_file(task),
                 target_batch_bytes=self.executor.target_batch_bytes,
+                parallel_decode=self._parallel_decode,
+                projections=self._projections,
             )
             for batch in batches:
                 if self._stop.is_set():

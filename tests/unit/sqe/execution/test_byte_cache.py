@@ -84,6 +84,8 @@ def scan(fragment: ds.ParquetFileFragment) -> pa.Table:
 def test_a_repeat_scan_reads_only_kept_ranges_and_returns_the_same_rows(tmp_path: Path) -> None:
     path = tmp_path / "f.parquet"
     size = write_file(path)
+    # A bound this small keeps a file of this size in ranges, not whole (see the next test).
+    configure_process_caches(data_bytes=8 * size, manifest_bytes=8 << 20)
     io = scoped_io(tmp_path, "AKIA-ALICE")
     first = scan(parquet_fragment(io, f"file://{path}", size, FORMAT))
     kept, misses = len(DATA_RANGES), DATA_RANGES.stats.misses
@@ -93,6 +95,22 @@ def test_a_repeat_scan_reads_only_kept_ranges_and_returns_the_same_rows(tmp_path
     again = scan(parquet_fragment(io, f"file://{path}", size, FORMAT))
     assert again.equals(first) and first.column("id").to_pylist() == list(range(40_000))
     assert DATA_RANGES.stats.misses == misses and DATA_RANGES.stats.hits > hits and len(DATA_RANGES) == kept
+
+
+def test_a_small_file_is_kept_whole_and_then_opened_natively_without_reading(tmp_path: Path) -> None:
+    path = tmp_path / "f.parquet"
+    size = write_file(path)
+    io = scoped_io(tmp_path, "AKIA-ALICE")
+    fragment = parquet_fragment(io, f"file://{path}", size, FORMAT)
+    first = scan(fragment)
+    assert len(DATA_RANGES) == 1 and DATA_RANGES.kept_bytes == size  # one read of the whole file, the footer's
+    misses = DATA_RANGES.stats.misses
+    path.write_bytes(b"\0" * size)  # never happens to an Iceberg data file: proves what follows is the kept copy
+    with fragment.filesystem.handler.open_input_file(fragment.path) as source:
+        assert isinstance(source, pa.BufferReader)  # native: pyarrow reads it without calling into Python
+    assert scan(fragment).equals(first) and DATA_RANGES.stats.misses == misses
+    with pytest.raises(pa.ArrowInvalid, match="magic bytes"):  # another set reads for itself: the overwritten file
+        parquet_fragment(scoped_io(tmp_path, "AKIA-BOB"), f"file://{path}", size, FORMAT)
 
 
 def test_another_credential_set_is_never_served_from_the_cache(tmp_path: Path) -> None:

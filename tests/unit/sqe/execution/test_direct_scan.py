@@ -167,3 +167,15 @@ def test_task_cache_is_bounded_by_entries_and_tasks(provider: LocalProvider) -> 
     plan_scan(loaded, columns=None, pushdown=parse("id > 3990"), cache=cache)  # over max_entries: LRU goes
     plan_scan(loaded, columns=None, pushdown=parse("id < 10"), cache=cache)
     assert cache.hits == 1
+
+
+def test_a_scan_computes_each_file_schemas_projection_once_keyed_by_field_ids(provider: LocalProvider) -> None:
+    plan = plan_scan(provider.load_table(NUMBERS), columns=["id"])
+    schema = physical_schema(plan.read, plan.tasks[0])
+    memo: local.ProjectionMemo = {}
+    first = local._projection_for(plan.read, schema, memo)
+    assert first is not None and local._projection_for(plan.read, schema, memo) is first and len(memo) == 1
+    # Same names and types, other Parquet field ids: equal as pa.Schemas, but not the same file layout.
+    renumbered = pa.schema([f.with_metadata({b"PARQUET:field_id": b"99"}) for f in schema])
+    assert renumbered == schema
+    assert local._projection_for(plan.read, renumbered, memo) is None and len(memo) == 2
