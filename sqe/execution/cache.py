@@ -77,7 +77,15 @@ def _drop_fragments_of(identity: str) -> None:
     FRAGMENTS.drop_where(lambda key: key[2] == identity)
 
 
+def _close_store_connections_once_no_set_is_live(_identity: str) -> None:
+    # Signed reads share one connection pool across credential sets. Once the last set is released no read can
+    # use it, so its kept sockets to the store close too, as the released sets' filesystems' do.
+    if len(FILE_IOS) == 0:
+        close_pool()
+
+
 FILE_IOS.add_eviction_listener(_drop_fragments_of)
+FILE_IOS.add_eviction_listener(_close_store_connections_once_no_set_is_live)
 
 
 def configure_process_caches(*, data_bytes: int, manifest_bytes: int) -> None:

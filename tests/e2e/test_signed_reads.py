@@ -9,6 +9,7 @@ front of moto (``tests/helpers/fault_proxy.py``).
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import re
 import threading
@@ -17,12 +18,15 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
+from sqe.credentials.pool import FILE_IOS, MIN_HOLD_SECONDS
 from sqe.credentials.signed_reads import POOL_CONNECTIONS_PER_HOST, SignedObject, signed_object
+from sqe.execution.cache import clear_process_caches
 from sqe.vocabulary import (
     S3_ACCESS_KEY_ID,
     S3_ENDPOINT,
@@ -129,6 +133,8 @@ def test_session_tokens_sign_the_request_and_never_reach_a_log(
     assert keys["SessionToken"] not in caplog.text and keys["SecretAccessKey"] not in caplog.text
     # botocore's own clients still log their signing at DEBUG: only this module's records are dropped.
     caplog.clear()
+    # The catalog caps botocore at INFO when it has run in this process (earlier tests): ask for its DEBUG here.
+    caplog.set_level(logging.DEBUG, logger="botocore")
     moto_server.client("s3").head_bucket(Bucket=moto_server.bucket)
     assert "CanonicalRequest" in caplog.text
 
@@ -301,3 +307,44 @@ def test_connections_per_host_are_bounded(moto_server: MotoServer) -> None:
         server.server_close()
     assert got == [CONTENT[i : i + 8] for i in range(readers)]
     assert 1 < _SlowStore.most <= POOL_CONNECTIONS_PER_HOST
+
+
+def sockets_to(port: int) -> int:
+    """This process's open TCP sockets whose peer port is ``port`` (its descriptors' inodes in /proc/self/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    count = 0
+    for line in Path("/proc/self/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
+            count += 1
+    return count
+
+
+def test_kept_connections_close_once_the_last_credential_set_is_released(moto_server: MotoServer) -> None:
+    """The pool's kept-alive sockets to the store outlive no credential set: once the process's last set is
+    released at its expiry, they close, as the released sets' filesystems' do (the soak bounds them on Ceph,
+    which keeps connections alive; moto closes its own)."""
+    clear_process_caches()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowStore)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        props = properties(moto_server, **{S3_ENDPOINT: f"http://127.0.0.1:{port}"})
+        FILE_IOS.file_io("one-short-set", props, expires_at=time.time() + 0.5)  # released on time by the pool
+        assert reader("s3://bucket/k.parquet", props).read_at(8, 0) == CONTENT[:8]
+        assert sockets_to(port) == 1, "the connection was not kept alive: this test would prove nothing"
+        deadline = time.monotonic() + MIN_HOLD_SECONDS + 10
+        while len(FILE_IOS) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(FILE_IOS) == 0
+        assert sockets_to(port) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
