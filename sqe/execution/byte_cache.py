@@ -125,16 +125,10 @@ def scope_key(io: FileIO, path: str) -> str | None:
     return None if resolved is None else resolved.identity
 
 
-def vended_scope_key(io: FileIO, path: str) -> str | None:
-    """:func:`scope_key`, but only for a set the catalog vended for this query (not SQE's static key, nor no key
-    at all): the byte caches serve a read only under credentials the catalog has just handed out for the path."""
-    resolved = vended_credentials(io, path)
-    return None if resolved is None else resolved.identity
-
-
 def vended_credentials(io: FileIO, path: str) -> ResolvedCredentials | None:
-    """The resolved set ``path`` is read with through ``io`` now, if the catalog vended it for this query (the
-    set :func:`vended_scope_key` names; misses of the byte caches read with it)."""
+    """The resolved set ``path`` is read with through ``io`` now, if the catalog vended it for this query (not
+    SQE's static key, nor no key at all): the byte caches serve a read only under credentials the catalog has just
+    handed out for the path, keyed by the set's ``identity``, and their misses read with it."""
     resolved = _resolved(io, path)
     return resolved if resolved is not None and resolved.source == "vended" else None
 

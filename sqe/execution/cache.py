@@ -30,15 +30,15 @@ from pyiceberg.io.pyarrow import PyArrowFile
 
 from sqe._lru import LRUCache
 from sqe.credentials.pool import FILE_IOS
-from sqe.credentials.signed_reads import close_pool
+from sqe.credentials.signed_reads import close_pool, signed_object
 from sqe.execution.byte_cache import (
     DATA_RANGES,
     clear_byte_caches,
     configure_byte_caches,
     scope_key,
-    vended_scope_key,
+    vended_credentials,
 )
-from sqe.execution.cached_files import caching_filesystem, direct_reader
+from sqe.execution.cached_files import caching_filesystem
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -125,9 +125,11 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
         return cached
     # pyiceberg keeps the filesystem and the scheme-less path of a PyArrowFile in these two attributes.
     fragment = file_format.make_fragment(input_file._path, filesystem=input_file._filesystem, file_size=size)
-    if key is not None and DATA_RANGES.enabled and vended_scope_key(io, path) is not None:
-        # The same file, its byte ranges kept under the same scope (a catalog-vended one only).
-        direct = direct_reader(io, path)  # misses as signed ranged GETs of the manifest's size: no HEAD
+    vended = vended_credentials(io, path) if key is not None and DATA_RANGES.enabled else None
+    if key is not None and vended is not None:
+        # The same file, its byte ranges kept under the same scope (a catalog-vended one only); misses are
+        # signed ranged GETs under that set with the manifest's size (no HEAD) where signed reads handle it.
+        direct = signed_object(path, vended.properties)
         filesystem = caching_filesystem(key, input_file._path, upstream=fragment, direct=direct)
         fragment = file_format.make_fragment(input_file._path, filesystem=filesystem, file_size=size)
     fragment.ensure_complete_metadata()  # the footer, read once

@@ -2,7 +2,7 @@
 
 Both caches hold immutable content only (an Iceberg data file, manifest list or manifest never changes once
 written under its path) and key every entry by the **catalog-vended credential scope** the bytes were read
-under (see :func:`sqe.execution.byte_cache.vended_scope_key`; SQE's static key or no key caches nothing). A
+under (see :func:`sqe.execution.byte_cache.vended_credentials`; SQE's static key or no key caches nothing). A
 lookup happens only while a query reads the file through the ScopedFileIO the catalog has just vended for it
 (the executor and planner run after the query's load-table), and an entry read under one credential set never
 answers a read under another. So nothing crosses users or credential sets, and a user the catalog refuses
@@ -41,14 +41,7 @@ from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, vended_cre
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
 
-__all__ = ["MetadataCachingFileIO", "caching_filesystem", "direct_reader"]
-
-
-def direct_reader(io: FileIO, location: str) -> SignedObject | None:
-    """A signed reader of ``location`` under the set the catalog vended for it in this query, or None (no vended
-    set, or a case :mod:`sqe.credentials.signed_reads` leaves to pyarrow)."""
-    resolved = vended_credentials(io, location)
-    return None if resolved is None else signed_object(location, resolved.properties)
+__all__ = ["MetadataCachingFileIO", "caching_filesystem"]
 
 
 class _RangeSource(Protocol):
