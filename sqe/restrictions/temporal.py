@@ -71,7 +71,7 @@ def _truncate_by_day_table(
     bounds = pc.min_max(every_slot)
     low, high = bounds["min"].as_py(), bounds["max"].as_py()
     first_day, last_day = low // per_day, high // per_day
-    if CALENDAR_FIRST_DAY <= first_day and last_day < CALENDAR_FIRST_DAY + CALENDAR_DAYS:
+    if first_day >= CALENDAR_FIRST_DAY and last_day < CALENDAR_FIRST_DAY + CALENDAR_DAYS:
         return _map_through_calendar(array, every_slot, _calendar_table(unit, naive), naive)
     days = last_day - first_day + 1
     if days > max(_MIN_TABLE_DAYS, _TABLE_DAYS_PER_VALUE * length):
@@ -99,13 +99,14 @@ def _map_through(array: pa.Array, every_slot: pa.Array, table: pa.Array, first_s
 def _map_through_calendar(array: pa.Array, every_slot: pa.Array, table: pa.Array, naive: pa.DataType) -> pa.Array:
     """``_map_through`` for the cached calendar table. A timestamp's day comes from Arrow's cast to date32, which
     floors (measured: about half the cost of the 64-bit subtract and divide)."""
-    if pa.types.is_date32(naive):
-        days = every_slot
-    else:
-        days = pc.cast(every_slot.view(naive), pa.date32()).view(pa.int32())
+    days = every_slot if pa.types.is_date32(naive) else _days_since_epoch(every_slot, naive)
     day_index = pc.subtract(days, pa.scalar(CALENDAR_FIRST_DAY, pa.int32()))  # in [0, CALENDAR_DAYS)
     result = pc.take(table, day_index)
     return pa.Array.from_buffers(array.type, len(array), [validity_bitmap(array), _values_buffer(result)])
+
+
+def _days_since_epoch(every_slot: pa.Array, naive: pa.DataType) -> pa.Array:
+    return pc.cast(every_slot.view(naive), pa.date32()).view(pa.int32())
 
 
 def _values_buffer(values: pa.Array) -> pa.Buffer:
