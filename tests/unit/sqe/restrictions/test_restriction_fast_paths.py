@@ -21,6 +21,7 @@ from sqe.restrictions import apply_action, sha
 from sqe.restrictions.temporal import (
     CALENDAR_DAYS,
     CALENDAR_FIRST_DAY,
+    _all_within,
     _calendar_table,
     _layout,
     _truncate_by_day_table,
@@ -140,6 +141,14 @@ def test_one_day_past_the_calendar_builds_its_own_table_and_matches() -> None:
     result = apply_action("truncate-to-month", array, salt=b"")
     assert _calendar_table.cache_info().hits + _calendar_table.cache_info().misses == lookups
     assert result.view(pa.int64()).to_pylist() == truncate_reference(array, "month").view(pa.int64()).to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("indices", "inside"),
+    [([0, 5, 9], True), ([0, 10], False), ([-1, 3], False), ([3, None], False), ([], False)],
+)
+def test_a_take_skips_its_bounds_check_only_when_every_index_is_inside(indices: list[int | None], inside: bool) -> None:
+    assert _all_within(pa.array(indices, pa.int32()), 10) is inside
 
 
 # ------------------------------------------------------------------------------------- string masks
