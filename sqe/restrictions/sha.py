@@ -185,12 +185,13 @@ def _value_offsets(strings: pa.Array) -> pa.Array:
 
 
 def _hex_pair_table() -> pa.Array:
-    """Byte value of every two-character lowercase hex string, indexed by the pair read as a little-endian
-    uint16 (other pairs map to 0: DuckDB's sha256 only ever writes lowercase hex)."""
+    """Byte value of every two-character hex string (either case), indexed by the pair read as a little-endian
+    uint16. Other pairs map to 0; DuckDB's sha256 writes nothing but hex digits."""
     table = bytearray(1 << 16)
-    digits = b"0123456789abcdef"
-    for high, high_char in enumerate(digits):
-        for low, low_char in enumerate(digits):
+    digits = [(value, ord(char)) for value, char in enumerate("0123456789abcdef")]
+    digits += [(value, ord(char)) for value, char in enumerate("0123456789ABCDEF") if char.isupper()]
+    for high, high_char in digits:
+        for low, low_char in digits:
             table[high_char | low_char << 8] = high << 4 | low
     return pa.array(table, pa.uint8())
 

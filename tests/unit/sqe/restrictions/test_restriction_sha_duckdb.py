@@ -142,9 +142,10 @@ def test_hex_pair_decoding_matches_binascii_with_nulls_empties_and_slices(kind: 
         assert sha._decoded_hex_bytes(window).to_pybytes() == expected
 
 
-def test_every_lowercase_hex_pair_decodes_to_its_byte() -> None:
-    every_pair = pa.array([bytes(range(256)).hex()])
-    assert sha._decoded_hex_bytes(every_pair).to_pybytes() == bytes(range(256))
+def test_every_hex_pair_in_either_case_decodes_to_its_byte() -> None:
+    every_byte = bytes(range(256))
+    pairs = pa.array([every_byte.hex(), every_byte.hex().upper(), "aB" * 4 + "Cd"])
+    assert sha._decoded_hex_bytes(pairs).to_pybytes() == every_byte * 2 + b"\xab" * 4 + b"\xcd"
 
 
 def test_hex_at_an_odd_byte_offset_still_decodes() -> None:
