@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 
 from sqe.errors import RestrictionApplyError
 from sqe.restrictions import apply_action, sha
-from sqe.restrictions.temporal import _layout, _truncate_by_day_table, truncate_reference
+from sqe.restrictions.temporal import (
+    CALENDAR_DAYS,
+    CALENDAR_FIRST_DAY,
+    _all_within,
+    _calendar_table,
+    _layout,
+    _truncate_by_day_table,
+    truncate_reference,
+)
 
 TEMPORAL_TYPES = [
     pa.date32(),
@@ -90,11 +98,57 @@ def test_the_day_table_is_taken_for_a_realistic_range_and_matches(kind: pa.DataT
 
 
 def test_a_range_too_wide_for_a_table_falls_back_to_the_reference() -> None:
-    array = pa.array([-(2**62), 2**62], pa.int64()).view(pa.timestamp("ns"))  # 1823 and 2116: 106k days
+    array = pa.array([-(2**62) - 2**61, 2**62], pa.int64()).view(pa.timestamp("ns"))  # 1750 and 2116: 133k days
     naive, physical, per_day = _layout(array.type)
     assert _truncate_by_day_table(array, "year", naive, physical, per_day) is None
     expected = truncate_reference(array, "year").view(pa.int64()).to_pylist()
     assert apply_action("truncate-to-year", array, salt=b"").view(pa.int64()).to_pylist() == expected
+
+
+@st.composite
+def calendar_span_arrays(draw: st.DrawFn) -> pa.Array:
+    """Arrays whose every slot (null ones too) lies in the cached calendar's days, with the values a floor
+    division gets wrong most easily: midnights, one unit either side, and the span's first and last units."""
+    kind = draw(st.sampled_from(TEMPORAL_TYPES))
+    per_day = _layout(kind)[2]
+    first, last = CALENDAR_FIRST_DAY * per_day, (CALENDAR_FIRST_DAY + CALENDAR_DAYS) * per_day - 1
+    midnight = draw(st.integers(CALENDAR_FIRST_DAY + 1, CALENDAR_FIRST_DAY + CALENDAR_DAYS - 1)) * per_day
+    edges = st.sampled_from([first, last, midnight, midnight - 1, midnight + 1, 0, -1])
+    values = draw(st.lists(st.one_of(edges, st.integers(first, last)), min_size=1, max_size=60))
+    nulls = draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
+    array = with_garbage_in_null_slots(values, nulls, kind)
+    start = draw(st.integers(0, len(values) - 1))
+    return array.slice(start, draw(st.integers(1, len(values) - start)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(array=calendar_span_arrays(), action=st.sampled_from(sorted(UNITS)))
+def test_the_cached_calendar_matches_floor_temporal_on_every_value(array: pa.Array, action: str) -> None:
+    naive, physical, per_day = _layout(array.type)
+    lookups = _calendar_table.cache_info().hits + _calendar_table.cache_info().misses
+    result = _truncate_by_day_table(array, UNITS[action], naive, physical, per_day)
+    assert _calendar_table.cache_info().hits + _calendar_table.cache_info().misses == lookups + 1  # the calendar path
+    assert result is not None and result.type == array.type
+    assert result.view(physical).to_pylist() == truncate_reference(array, UNITS[action]).view(physical).to_pylist()
+    assert result.null_count == array.null_count
+
+
+def test_one_day_past_the_calendar_builds_its_own_table_and_matches() -> None:
+    per_day = _layout(pa.timestamp("us"))[2]
+    past = (CALENDAR_FIRST_DAY + CALENDAR_DAYS) * per_day  # the first instant the calendar does not cover
+    array = pa.array([past - 1, past, past + 5], pa.int64()).view(pa.timestamp("us", tz="UTC"))
+    lookups = _calendar_table.cache_info().hits + _calendar_table.cache_info().misses
+    result = apply_action("truncate-to-month", array, salt=b"")
+    assert _calendar_table.cache_info().hits + _calendar_table.cache_info().misses == lookups
+    assert result.view(pa.int64()).to_pylist() == truncate_reference(array, "month").view(pa.int64()).to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("indices", "inside"),
+    [([0, 5, 9], True), ([0, 10], False), ([-1, 3], False), ([3, None], False), ([], False)],
+)
+def test_a_take_skips_its_bounds_check_only_when_every_index_is_inside(indices: list[int | None], inside: bool) -> None:
+    assert _all_within(pa.array(indices, pa.int32()), 10) is inside
 
 
 # ------------------------------------------------------------------------------------- string masks

@@ -130,3 +130,24 @@ def test_connection_is_locked_down() -> None:
     }
     with pytest.raises(Exception, match="locked"):
         connection.execute("SET enable_external_access = true")
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string()])
+def test_hex_pair_decoding_matches_binascii_with_nulls_empties_and_slices(kind: pa.DataType) -> None:
+    rng = random.Random(11)
+    values = [None if rng.random() < 0.1 else rng.randbytes(rng.choice([0, 1, 4, 8, 32])).hex() for _ in range(500)]
+    array = pa.array(values, kind)
+    for window in (array, array.slice(3, 200), array.slice(499, 1), array.slice(10, 0)):
+        expected = b"".join(bytes.fromhex(v) for v in window.to_pylist() if v is not None)
+        assert sha._decoded_hex_bytes(window).to_pybytes() == expected
+
+
+def test_every_hex_pair_in_either_case_decodes_to_its_byte() -> None:
+    every_byte = bytes(range(256))
+    pairs = pa.array([every_byte.hex(), every_byte.hex().upper(), "aB" * 4 + "Cd"])
+    assert sha._decoded_hex_bytes(pairs).to_pybytes() == every_byte * 2 + b"\xab" * 4 + b"\xcd"
+
+
+def test_hex_at_an_odd_byte_offset_still_decodes() -> None:
+    shifted = pa.array(["a", "00ff7f", "10"]).slice(1)  # its data starts at byte 1: no uint16 view there
+    assert sha._decoded_hex_bytes(shifted).to_pybytes() == b"\x00\xff\x7f\x10"
