@@ -32,6 +32,7 @@ from pyiceberg.types import ListType, MapType
 from sqe import vocabulary
 from sqe._text import first_line, iso_utc
 from sqe.errors import EncryptedTableError, QueryError, SQEError
+from sqe.planning.manifests import planning_manifests
 from sqe.restrictions import RestrictionPlan, apply, parse_restrictions, required_columns
 from sqe.vocabulary import ENCRYPTION_KEY_ID, ENCRYPTION_KEYS
 
@@ -48,8 +49,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-if not callable(getattr(DataScan, "_plan_files_local", None)):  # private in pyiceberg 0.12; pinned <0.13
-    raise ImportError("pyiceberg DataScan._plan_files_local is missing; SQE's planner supports pyiceberg 0.12")
+if not isinstance(getattr(DataScan, "_manifest_planner", None), cached_property):  # private in 0.12; pinned <0.13
+    raise ImportError("pyiceberg DataScan._manifest_planner is missing; SQE's planner supports pyiceberg 0.12")
 
 ALWAYS_TRUE: BooleanExpression = AlwaysTrue()
 
@@ -231,9 +232,19 @@ def _plan_tasks(
             # manifest planner from scan.io on first use, so it must not have been built yet.
             scan.__dict__.pop("_manifest_planner", None)
             scan.io = cache.metadata_io(loaded.io)
-        return tuple(scan._plan_files_local())  # always local: planning must go through SQE's FileIO
+        return _plan_locally(scan)
 
     return plan() if cache is None else cache.tasks(_task_key(loaded, scan, row_filter), plan)
+
+
+def _plan_locally(scan: DataScan) -> tuple[FileScanTask, ...]:
+    """pyiceberg's local planning (always local: planning must go through SQE's FileIO), with manifests read by
+    :mod:`sqe.planning.manifests` (one reader setup per manifest schema instead of one per manifest file)."""
+    snapshot = scan.snapshot()
+    if snapshot is None:
+        return ()
+    manifests = planning_manifests(snapshot.manifests(scan.io))
+    return tuple(scan._manifest_planner.plan_files(manifests))
 
 
 def plan_scan(
