@@ -104,3 +104,13 @@ def test_scan_plans_the_same_files_with_and_without_a_filter(table: Table) -> No
         theirs = table.scan() if row_filter is None else table.scan(row_filter=row_filter)
         assert sorted(t.file.file_path for t in ours) == sorted(t.file.file_path for t in theirs.plan_files())
         assert len(list(ours)) >= 1
+
+
+def test_cold_runs_resolve_readers_again(table: Table) -> None:
+    """clear_process_caches (benchmarks' cold runs) drops the kept readers like every other per-process cache."""
+    from sqe.execution.cache import clear_process_caches
+
+    planning_manifests(_manifests(table))[0].fetch_manifest_entry(table.io)
+    assert len(ENTRY_READERS) == 1
+    clear_process_caches()
+    assert len(ENTRY_READERS) == 0
