@@ -399,6 +399,7 @@ class PlannedTasks:
         self._kept = kept
         self._listed_rows = listed_rows
         self._tasks: tuple[FileScanTask, ...] | None = None
+        self._listed: tuple[int | None] | None = None  # (the answer,) once asked
         self._lock = threading.Lock()
 
     @classmethod
@@ -422,8 +423,12 @@ class PlannedTasks:
 
     def listed_row_count(self) -> int | None:
         """Live rows of the snapshot's data files from its manifest list alone, or None when that is not exact
-        (a delete manifest, a manifest without row counts) or not known; reads the manifest list only."""
-        return self._listed_rows()
+        (a delete manifest, a manifest without row counts) or not known; reads the manifest list only, once
+        (the plan's snapshot never changes, so a prepared count asks again for nothing)."""
+        with self._lock:
+            if self._listed is None:
+                self._listed = (self._listed_rows(),)
+            return self._listed[0]
 
 
 def refuse_encrypted(loaded: LoadedTable) -> None:

@@ -98,3 +98,11 @@ def test_only_a_bare_count_defers() -> None:
     assert may_count_from_metadata("select COUNT( * ) as n from wh.ns.t;")
     for sql in ("SELECT count(*) FROM ns.t WHERE id > 1", "SELECT count(id) FROM ns.t", "SELECT * FROM ns.t"):
         assert not may_count_from_metadata(sql)
+
+
+def test_the_listed_count_is_read_once_per_plan(provider: LocalProvider) -> None:
+    """A prepared bare count executes its one plan again: the manifest list is not read again."""
+    seen: list[str] = []
+    plan = plan_scan(provider.load_table(NUMBERS), columns=None, cache=recording_cache(seen), defer_tasks=True)
+    assert [exact_row_count(plan) for _ in range(3)] == [TOTAL] * 3
+    assert len(seen) == 1
