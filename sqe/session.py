@@ -202,6 +202,11 @@ class _Planned:
         """Nothing from the catalog: no scan, time travel, metadata table or catalog view."""
         return not (self.scans or self.travels or self.metadata or self.views)
 
+    def plan_tasks(self) -> None:
+        """Plan every scan's file tasks now (a bare count(*) may be answered without reading the manifests)."""
+        for plan in [*self.scans.values(), *self.travels.values()]:
+            plan.task_source.get()
+
     def is_usable(self, now: float) -> bool:
         scans = [*self.scans.values(), *self.travels.values()]
         usable = all(plan.is_usable(now) for plan in scans)
@@ -592,13 +597,19 @@ class Session:
         scans: dict[TableIdent, ScanPlan] = {}
         narrowed = False
         for ident, table_refs in refs_by_ident.items():
+            from sqe.execution.metadata_answers import may_count_from_metadata
             from sqe.planning.planner import join_conjuncts, plan_scan  # only for a query that names a table
 
             columns = None if all_columns else columns_to_read(usage, table_refs, schemas[ident])
             narrowed = narrowed or (columns is not None and len(columns) < len(schemas[ident].columns))
             pushdown = join_conjuncts(pushed.get(ident, [])) if counts[ident] == 1 else join_conjuncts([])
             scans[ident] = plan_scan(
-                tables[ident], columns=columns, pushdown=pushdown, cache=self._task_cache, remote=self._remote
+                tables[ident],
+                columns=columns,
+                pushdown=pushdown,
+                cache=self._task_cache,
+                remote=self._remote,
+                defer_tasks=depth == 0 and may_count_from_metadata(sql),  # issue 11 item 3: may need no manifest
             )
         read_views: dict[TableIdent, str] = {}
         for ident, view in found_views.items():
@@ -691,6 +702,7 @@ class Session:
                     self._start()
                     self.last_execution_path = "metadata"
                     return Result(self, table=counted)
+                planned.plan_tasks()  # a bare count metadata could not answer reads its manifests now
                 # -- end of issue 11 item 3
                 if planned.reads_no_table:
                     return Result(self, relation=self._plain_relation(planned.statement.text, params))

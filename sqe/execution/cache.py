@@ -39,6 +39,7 @@ from sqe.execution.byte_cache import (
     vended_credentials,
 )
 from sqe.execution.cached_files import caching_filesystem
+from sqe.planning.manifests import ENTRY_READERS
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -99,11 +100,13 @@ def configure_process_caches(*, data_bytes: int, manifest_bytes: int) -> None:
 
 def clear_process_caches() -> None:
     """Empty every per-process cache (benchmarks' cold runs, tests), the pooled filesystems and the signed
-    reads' kept connections included (a cold run opens its connections again, as pyarrow's path does)."""
+    reads' kept connections included (a cold run opens its connections again, as pyarrow's path does), and
+    planning's resolved manifest readers (a cold plan resolves its first manifest's reader again)."""
     FRAGMENTS.clear()
     FILE_IOS.clear()
     clear_byte_caches()
     close_pool()
+    ENTRY_READERS.clear()
 
 
 def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFileFormat) -> ds.ParquetFileFragment:

@@ -16,7 +16,6 @@ Merge-on-read (position delete files) is not written: pyiceberg 0.12 cannot writ
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -75,7 +74,7 @@ def stage_target(
     finally:
         con.unregister(shape)
     for index, task in enumerate(plan.tasks):
-        one_file = dataclasses.replace(plan, tasks=(task,))
+        one_file = plan.with_tasks((task,))
         rows = ScanStream(one_file, executor, context).reader().read_all()
         source = f"{name}_file_{index}"
         con.register(source, rows)

@@ -12,12 +12,14 @@ against raw values; the planner drops any user conjunct that touches a masked co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -26,12 +28,14 @@ import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, Not, Or
 from pyiceberg.expressions.visitors import bind, extract_field_ids
 from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import DataScan
 from pyiceberg.types import ListType, MapType
 
 from sqe import vocabulary
 from sqe._text import first_line, iso_utc
 from sqe.errors import EncryptedTableError, QueryError, SQEError
+from sqe.planning.manifests import planning_manifests
 from sqe.restrictions import RestrictionPlan, apply, parse_restrictions, required_columns
 from sqe.vocabulary import ENCRYPTION_KEY_ID, ENCRYPTION_KEYS
 
@@ -48,8 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-if not callable(getattr(DataScan, "_plan_files_local", None)):  # private in pyiceberg 0.12; pinned <0.13
-    raise ImportError("pyiceberg DataScan._plan_files_local is missing; SQE's planner supports pyiceberg 0.12")
+if not isinstance(getattr(DataScan, "_manifest_planner", None), cached_property):  # private in 0.12; pinned <0.13
+    raise ImportError("pyiceberg DataScan._manifest_planner is missing; SQE's planner supports pyiceberg 0.12")
 
 ALWAYS_TRUE: BooleanExpression = AlwaysTrue()
 
@@ -75,7 +79,7 @@ class ReadSpec:
 @dataclass(frozen=True)
 class ScanPlan:
     loaded: LoadedTable = field(repr=False)
-    tasks: tuple[FileScanTask, ...] = field(repr=False)
+    task_source: PlannedTasks = field(repr=False)
     read: ReadSpec = field(repr=False)
     restrictions: RestrictionPlan
     columns: tuple[str, ...]  # what the scan outputs, in schema order
@@ -83,15 +87,36 @@ class ScanPlan:
     row_filter: BooleanExpression  # what pyiceberg prunes and filters with (unbound, by column name)
     user_filter: BooleanExpression  # the user's part of row_filter (EXPLAIN shows only this part)
     snapshot_id: int | None
-    files_planned: int
-    bytes_planned: int
-    delete_files: int
-    records_planned: int
     planned_at: float
 
     @property
     def ident(self) -> TableIdent:
         return self.loaded.ident
+
+    @property
+    def tasks(self) -> tuple[FileScanTask, ...]:
+        """The file tasks; the manifests are read on first use (see :class:`PlannedTasks`)."""
+        return self.task_source.get()
+
+    def with_tasks(self, tasks: tuple[FileScanTask, ...]) -> ScanPlan:
+        """The same plan over exactly ``tasks`` (e.g. one file of it)."""
+        return dataclasses.replace(self, task_source=PlannedTasks.ready(tasks))
+
+    @property
+    def files_planned(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def bytes_planned(self) -> int:
+        return sum(task.file.file_size_in_bytes for task in self.tasks)
+
+    @property
+    def delete_files(self) -> int:
+        return len({d.file_path for task in self.tasks for d in task.delete_files})
+
+    @property
+    def records_planned(self) -> int:
+        return sum(task.file.record_count for task in self.tasks)
 
     @property
     def output_schema(self) -> Schema:
@@ -194,6 +219,17 @@ class TaskCache:
         self._entries: OrderedDict[Hashable, tuple[FileScanTask, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
+    def peek(self, key: Hashable | None) -> tuple[FileScanTask, ...] | None:
+        """The kept tasks of ``key``, or None; never plans."""
+        if key is None:
+            return None
+        with self._lock:
+            cached = self._entries.get(key)
+            if cached is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+            return cached
+
     def tasks(self, key: Hashable | None, plan: Callable[[], tuple[FileScanTask, ...]]) -> tuple[FileScanTask, ...]:
         if key is None:
             return plan()
@@ -222,18 +258,58 @@ def _task_key(loaded: LoadedTable, scan: DataScan, row_filter: BooleanExpression
     return (table.metadata_location, snapshot.manifest_list, table.metadata.current_schema_id, repr(row_filter))
 
 
-def _plan_tasks(
+def _local_tasks(
     loaded: LoadedTable, scan: DataScan, row_filter: BooleanExpression, cache: TaskCache | None
-) -> tuple[FileScanTask, ...]:
-    def plan() -> tuple[FileScanTask, ...]:
-        if cache is not None and cache.metadata_io is not None:
-            # Manifest list and manifests read through the wrapped (still SQE's) FileIO; pyiceberg builds its
-            # manifest planner from scan.io on first use, so it must not have been built yet.
-            scan.__dict__.pop("_manifest_planner", None)
-            scan.io = cache.metadata_io(loaded.io)
-        return tuple(scan._plan_files_local())  # always local: planning must go through SQE's FileIO
+) -> PlannedTasks:
+    if cache is not None and cache.metadata_io is not None:
+        # Manifest list and manifests read through the wrapped (still SQE's) FileIO; pyiceberg builds its
+        # manifest planner from scan.io on first use, so it must not have been built yet.
+        scan.__dict__.pop("_manifest_planner", None)
+        scan.io = cache.metadata_io(loaded.io)
+    key = None if cache is None else _task_key(loaded, scan, row_filter)
 
-    return plan() if cache is None else cache.tasks(_task_key(loaded, scan, row_filter), plan)
+    def plan() -> tuple[FileScanTask, ...]:
+        with _planning_errors(loaded.ident):
+            return _plan_locally(scan) if cache is None else cache.tasks(key, lambda: _plan_locally(scan))
+
+    def kept() -> tuple[FileScanTask, ...] | None:
+        return None if cache is None else cache.peek(key)
+
+    def listed_rows() -> int | None:
+        with _planning_errors(loaded.ident):
+            return listed_row_count(scan)
+
+    return PlannedTasks(plan, kept=kept, listed_rows=listed_rows)
+
+
+def _plan_locally(scan: DataScan) -> tuple[FileScanTask, ...]:
+    """pyiceberg's local planning (always local: planning must go through SQE's FileIO), with manifests read by
+    :mod:`sqe.planning.manifests` (one reader setup per manifest schema instead of one per manifest file)."""
+    snapshot = scan.snapshot()
+    if snapshot is None:
+        return ()
+    manifests = planning_manifests(snapshot.manifests(scan.io))
+    return tuple(scan._manifest_planner.plan_files(manifests))
+
+
+def listed_row_count(scan: DataScan) -> int | None:
+    """The live rows of the scan's snapshot from its manifest list: the sum of each data manifest's added and
+    existing row counts (the spec's counts of its ADDED and EXISTING entries, the files a plan keeps).
+
+    None when any manifest holds delete files or lacks a row count (v1 writers may omit them): then only the
+    manifests themselves can tell. A snapshot-less table has no rows."""
+    snapshot = scan.snapshot()
+    if snapshot is None:
+        return 0
+    total = 0
+    for manifest in snapshot.manifests(scan.io):
+        if manifest.content != ManifestContent.DATA:
+            return None
+        added, existing = manifest.added_rows_count, manifest.existing_rows_count
+        if not isinstance(added, int) or not isinstance(existing, int) or added < 0 or existing < 0:
+            return None
+        total += added + existing
+    return total
 
 
 def plan_scan(
@@ -244,11 +320,14 @@ def plan_scan(
     snapshot_id: int | None = None,
     cache: TaskCache | None = None,
     remote: RemotePlanner | None = None,
+    defer_tasks: bool = False,
 ) -> ScanPlan:
     """Plan the files of one table scan. ``columns=None`` reads every column; names match case-insensitively.
 
     ``cache`` reuses the tasks of an earlier plan of the same table metadata and row filter. ``remote`` (server-side
-    planning switched on) asks the catalog for the tasks instead; they may come with their own credentials."""
+    planning switched on) asks the catalog for the tasks instead; they may come with their own credentials.
+    ``defer_tasks`` leaves reading the manifests to the plan's first use of its tasks (a bare ``count(*)`` may
+    be answered from the manifest list alone; see :class:`PlannedTasks`); otherwise they are planned here."""
     table = loaded.table
     refuse_encrypted(loaded)  # before any manifest list or data file is read
     if table.io is not loaded.io:
@@ -264,22 +343,18 @@ def plan_scan(
         [*split_conjuncts(restrictions.safe_pushdown_filter(schema)), *split_conjuncts(user_filter)]
     )
     scan = table.scan(row_filter=row_filter, selected_fields=read_names, snapshot_id=snapshot_id)
-    try:
+    with _planning_errors(loaded.ident):
         if remote is not None:
             loaded, tasks = remote.plan(loaded, row_filter=row_filter, selected=read_names, snapshot_id=snapshot_id)
+            source = PlannedTasks.ready(tasks)
         else:
-            tasks = _plan_tasks(loaded, scan, row_filter, cache)
+            source = _local_tasks(loaded, scan, row_filter, cache)
+            if not defer_tasks:
+                source.get()
         projected = scan.projection()
-    except SQEError:
-        raise
-    except ValueError as exc:  # equality deletes, unknown snapshot, unbindable filter
-        raise QueryError(f"cannot plan a scan of {loaded.ident}: {first_line(exc)}") from None
-    except OSError as exc:
-        raise QueryError(f"cannot read the metadata of {loaded.ident}: {first_line(exc)}") from None
-    delete_paths = {d.file_path for task in tasks for d in task.delete_files}
     return ScanPlan(
         loaded=loaded,
-        tasks=tasks,
+        task_source=source,
         read=_read_spec(loaded, projected, row_filter),
         restrictions=restrictions,
         columns=output,
@@ -287,12 +362,73 @@ def plan_scan(
         row_filter=row_filter,
         user_filter=user_filter,
         snapshot_id=snapshot_id if snapshot_id is not None else _current_snapshot_id(loaded),
-        files_planned=len(tasks),
-        bytes_planned=sum(task.file.file_size_in_bytes for task in tasks),
-        delete_files=len(delete_paths),
-        records_planned=sum(task.file.record_count for task in tasks),
         planned_at=time.time(),
     )
+
+
+@contextmanager
+def _planning_errors(ident: TableIdent) -> Iterator[None]:
+    """pyiceberg's planning failures as SQE's typed one-line errors (SQE's own errors pass unchanged)."""
+    try:
+        yield
+    except SQEError:
+        raise
+    except ValueError as exc:  # equality deletes, unknown snapshot, unbindable filter
+        raise QueryError(f"cannot plan a scan of {ident}: {first_line(exc)}") from None
+    except OSError as exc:
+        raise QueryError(f"cannot read the metadata of {ident}: {first_line(exc)}") from None
+
+
+class PlannedTasks:
+    """A scan's file tasks, planned from the manifests on first use, once (thread-safe).
+
+    A bare ``count(*)`` of an unrestricted table without delete files is answered from the manifest list's row
+    counts (:meth:`listed_row_count`), so its plan (``plan_scan(defer_tasks=True)``) never reads the manifests;
+    every other plan is planned by :func:`plan_scan` itself, and :meth:`get` plans exactly as before. Planning
+    failures are the typed errors of :func:`plan_scan`.
+    """
+
+    def __init__(
+        self,
+        plan: Callable[[], tuple[FileScanTask, ...]],
+        *,
+        kept: Callable[[], tuple[FileScanTask, ...] | None] = lambda: None,
+        listed_rows: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        self._plan = plan
+        self._kept = kept
+        self._listed_rows = listed_rows
+        self._tasks: tuple[FileScanTask, ...] | None = None
+        self._listed: tuple[int | None] | None = None  # (the answer,) once asked
+        self._lock = threading.Lock()
+
+    @classmethod
+    def ready(cls, tasks: tuple[FileScanTask, ...]) -> PlannedTasks:
+        source = cls(lambda: tasks)
+        source._tasks = tasks
+        return source
+
+    def get(self) -> tuple[FileScanTask, ...]:
+        with self._lock:
+            if self._tasks is None:
+                self._tasks = self._plan()
+            return self._tasks
+
+    def planned(self) -> tuple[FileScanTask, ...] | None:
+        """The tasks if they are known without reading a manifest (planned already, or in the task cache)."""
+        with self._lock:
+            if self._tasks is None:
+                self._tasks = self._kept()
+            return self._tasks
+
+    def listed_row_count(self) -> int | None:
+        """Live rows of the snapshot's data files from its manifest list alone, or None when that is not exact
+        (a delete manifest, a manifest without row counts) or not known; reads the manifest list only, once
+        (the plan's snapshot never changes, so a prepared count asks again for nothing)."""
+        with self._lock:
+            if self._listed is None:
+                self._listed = (self._listed_rows(),)
+            return self._listed[0]
 
 
 def refuse_encrypted(loaded: LoadedTable) -> None:

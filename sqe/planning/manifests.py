@@ -1,0 +1,117 @@
+"""Manifest reading for planning: pyiceberg's own Avro decoding, with the per-file setup done once per schema.
+
+A cold plan reads one manifest per append, and each read used to pay a fixed setup before decoding a single
+entry: parsing the Avro header's schema JSON, converting it to an Iceberg schema and resolving a reader tree
+against pyiceberg's manifest-entry read schema. Every manifest a writer produces with the same table schema
+and partition spec carries the same schema text, so SQE resolves that reader once per distinct schema text and
+reuses it (readers are immutable and hold no per-read state, so threads share them). Decoding itself is
+pyiceberg's compiled decoder, unchanged: the entries, their order and every field are exactly what
+``ManifestFile.fetch_manifest_entry`` returns.
+
+The manifests handed to pyiceberg's planner are :class:`PlanningManifest` copies of the manifest-list records,
+so pyiceberg's partition, metrics and sequence-number pruning and its delete-file matching run as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from pyiceberg.avro.decoder import new_decoder
+from pyiceberg.avro.file import META_SCHEMA, AvroFile, AvroFileHeader
+from pyiceberg.avro.resolver import construct_reader, resolve_reader
+from pyiceberg.manifest import (
+    DEFAULT_READ_VERSION,
+    MANIFEST_ENTRY_SCHEMAS,
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    _inherit_from_manifest,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from enum import Enum
+
+    from pyiceberg.avro.reader import Reader
+    from pyiceberg.io import FileIO
+    from pyiceberg.typedef import StructProtocol
+
+__all__ = ["PlanningManifest", "planning_manifests"]
+
+_SCHEMA_KEY = "avro.schema"
+_ENTRY_READ_SCHEMA = MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION]
+# The same record classes and enums pyiceberg reads manifest entries into.
+_ENTRY_TYPES: dict[int, Callable[..., StructProtocol]] = {-1: ManifestEntry, 2: DataFile}
+_ENTRY_ENUMS: dict[int, Callable[..., Enum]] = {0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent}
+_HEADER_READER = construct_reader(META_SCHEMA, {-1: AvroFileHeader})
+MAX_KEPT_READERS = 64  # distinct (schema, spec) texts; one table usually has a handful
+
+
+class _EntryReaders:
+    """Resolved manifest-entry readers by the writer's schema text (a bounded LRU; thread-safe)."""
+
+    def __init__(self, max_entries: int = MAX_KEPT_READERS) -> None:
+        self._max_entries = max_entries
+        self._kept: OrderedDict[str, Reader] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def reader_for(self, header: AvroFileHeader) -> Reader:
+        text = header.meta.get(_SCHEMA_KEY)
+        if text is None:
+            raise ValueError("No schema found in Avro file headers")  # pyiceberg's own message for this
+        with self._lock:
+            reader = self._kept.get(text)
+            if reader is not None:
+                self._kept.move_to_end(text)
+                return reader
+        reader = resolve_reader(header.get_schema(), _ENTRY_READ_SCHEMA, _ENTRY_TYPES, _ENTRY_ENUMS)
+        with self._lock:
+            self._kept[text] = reader
+            while len(self._kept) > self._max_entries:
+                self._kept.popitem(last=False)
+        return reader
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._kept)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+
+ENTRY_READERS = _EntryReaders()
+
+
+class _ManifestAvroFile(AvroFile[ManifestEntry]):
+    """pyiceberg's Avro file reader with the reader tree taken from :data:`ENTRY_READERS`."""
+
+    def __enter__(self) -> _ManifestAvroFile:
+        with self.input_file.open() as stream:
+            self.decoder = new_decoder(stream.read())
+        self.header = _HEADER_READER.read(self.decoder)
+        self.read_schema = _ENTRY_READ_SCHEMA
+        self.reader = ENTRY_READERS.reader_for(self.header)
+        return self
+
+
+class PlanningManifest(ManifestFile):
+    """A manifest-list record whose entries are read with a kept reader; otherwise pyiceberg's ManifestFile."""
+
+    def fetch_manifest_entry(self, io: FileIO, discard_deleted: bool = True) -> list[ManifestEntry]:
+        with _ManifestAvroFile(io.new_input(self.manifest_path)) as entries:
+            return [
+                _inherit_from_manifest(entry, self)
+                for entry in entries
+                if not discard_deleted or entry.status != ManifestEntryStatus.DELETED
+            ]
+
+
+def planning_manifests(manifests: Iterable[ManifestFile]) -> list[ManifestFile]:
+    """The same manifest-list records as :class:`PlanningManifest` (same fields, same order)."""
+    return [PlanningManifest(*manifest._data) for manifest in manifests]
