@@ -4,7 +4,9 @@ Each file is streamed batch by batch (pyiceberg's public ``ArrowScan.to_record_b
 A Parquet file without positional deletes whose columns need no Iceberg projection (same field ids and types,
 all present, primitive) is read directly with pyarrow, in batches of about ``target_batch_bytes`` (by pyarrow's
 Parquet reader over the kept footer, or by a dataset scanner when a row filter applies or the file lives on an
-object store without the range cache, where only the scanner opens a file without a HEAD); any other
+object store without the range cache, where only the scanner opens a file without a HEAD, or a range-cached file
+too large to be kept whole, whose reads call back into Python and whose row groups the scanner decodes in
+parallel); any other
 file goes through pyiceberg's private generator ``_task_to_record_batches``, which handles deletes, schema
 evolution and missing columns. Both yield the same batches; the direct path only skips pyiceberg's per-batch
 re-projection and its small default batch size.
@@ -37,7 +39,7 @@ from pyiceberg.types import BinaryType, IcebergType, StringType
 from sqe._counters import Counters
 from sqe.errors import QueryError
 from sqe.execution.cache import parquet_fragment
-from sqe.execution.cached_files import CACHED_RANGE_FS
+from sqe.execution.cached_files import CACHED_RANGE_FS, kept_whole
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
@@ -87,9 +89,11 @@ _MIN_BATCH_ROWS = 8_192
 _MAX_BATCH_ROWS = 1 << 20
 # What pyiceberg opens Parquet files with: coalesced reads of a row group's column chunks, buffered streams.
 _PARQUET = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
-# File systems where opening a file by path sends no request. pyarrow's Fragment.open() opens by path, which costs
-# an object store a HEAD; the scanner opens with the manifest's size. (The cached-range one opens upstream on a miss.)
-_OPEN_BY_PATH_IS_FREE = frozenset({"local", CACHED_RANGE_FS})
+# pyarrow's Fragment.open() opens by path, which costs an object store a HEAD; the scanner opens with the manifest's
+# size. Opening by path is free on a local file system and on the range-cached one (pyarrow names a Python file
+# system "py::" + its handler's type name), which opens upstream only on a miss.
+_LOCAL_FS = "local"
+_RANGE_CACHED_FS = f"py::{CACHED_RANGE_FS}"
 # Arrow types pyiceberg hands through unchanged although its own mapping of the Iceberg type is the large one.
 _PASS_THROUGH: dict[type[IcebergType], tuple[pa.DataType, ...]] = {
     StringType: (pa.string(), pa.large_string()),
@@ -116,7 +120,8 @@ def _task_to_record_batches(
         fragment = parquet_fragment(read.io, task.file.file_path, task.file.file_size_in_bytes, _PARQUET)
         direct = _projection_for(read, fragment.physical_schema, projections)
         if direct is not None:
-            yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode)
+            size = task.file.file_size_in_bytes
+            yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode, file_size=size)
             return
     yield from _pyiceberg_task_batches(
         read.io,
@@ -155,10 +160,16 @@ class DirectProjection:
     arrow_filter: pc.Expression | None
 
     def batches(
-        self, fragment: ds.ParquetFileFragment, target_batch_bytes: int, *, parallel_decode: bool = True
+        self,
+        fragment: ds.ParquetFileFragment,
+        target_batch_bytes: int,
+        *,
+        parallel_decode: bool = True,
+        file_size: int = 0,
     ) -> Iterator[pa.RecordBatch]:
+        """``file_size``: the manifest's size of the file (0: unknown), which tells whether it is kept whole."""
         rows = batch_rows(fragment, self.file_columns, target_batch_bytes)
-        if self.arrow_filter is None and fragment.filesystem.type_name in _OPEN_BY_PATH_IS_FREE:
+        if self.reads_plainly(fragment, file_size):
             yield from self._read_batches(fragment, rows, parallel_decode)
             return
         scanner = ds.Scanner.from_fragment(
@@ -172,6 +183,16 @@ class DirectProjection:
         for batch in scanner.to_batches():
             if batch.num_rows:  # like pyiceberg: a filter may leave nothing of a batch
                 yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+
+    def reads_plainly(self, fragment: ds.ParquetFileFragment, file_size: int) -> bool:
+        """Whether pyarrow's Parquet reader reads the file (no row filter, opening it by path is free, and its reads
+        stay native: a local file, or a range-cached one kept whole in memory). A range-cached file read range by
+        range calls into Python for every read and is left to the scanner, which decodes row groups in parallel
+        (the reader decodes them one after another) and measured cheaper on such files."""
+        if self.arrow_filter is not None:
+            return False
+        kind = fragment.filesystem.type_name
+        return kind == _LOCAL_FS or (kind == _RANGE_CACHED_FS and kept_whole(file_size))
 
     def _read_batches(self, fragment: ds.ParquetFileFragment, rows: int, threads: bool) -> Iterator[pa.RecordBatch]:
         """Every row of the file, read with its kept footer by pyarrow's Parquet reader. Without a filter the
