@@ -138,17 +138,33 @@ def _task_to_record_batches(
     )
 
 
-ProjectionMemo = dict[bytes, "DirectProjection | None"]  # serialized physical schema -> its projection
+class ProjectionMemo:
+    """The direct projections of one scan (same ReadSpec) by file schema: the files of a table mostly share one.
+
+    Schemas match only with equal field metadata (the Parquet field ids), which ``pa.Schema ==`` ignores; comparing
+    them so costs far less per file than serialising each file's schema into a key. At most ``MAX_SCHEMAS`` are
+    kept (a table's files rarely have more than a few), so a lookup stays a short scan."""
+
+    MAX_SCHEMAS = 32
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[pa.Schema, DirectProjection | None]] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def projection(self, read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:
+        for schema, projection in self._entries:  # readers only ever append, so iterating needs no lock
+            if schema.equals(physical_schema, check_metadata=True):
+                return projection
+        projection = direct_projection(read, physical_schema)
+        if len(self._entries) < self.MAX_SCHEMAS:  # two readers may both add one schema: same result, no harm
+            self._entries.append((physical_schema, projection))
+        return projection
 
 
 def _projection_for(read: ReadSpec, physical_schema: pa.Schema, memo: ProjectionMemo | None) -> DirectProjection | None:
-    if memo is None:
-        return direct_projection(read, physical_schema)
-    # Serialized, the key includes every field's metadata (the Parquet field ids); pa.Schema equality does not.
-    key = physical_schema.serialize().to_pybytes()
-    if key not in memo:  # two readers may both compute one: same result, no lock needed
-        memo[key] = direct_projection(read, physical_schema)
-    return memo[key]
+    return direct_projection(read, physical_schema) if memo is None else memo.projection(read, physical_schema)
 
 
 @dataclass(frozen=True)
@@ -387,7 +403,7 @@ class _ScanRun:
     _tasks_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _deletes: _DeleteCache = field(init=False)
     _parallel_decode: bool = field(init=False)
-    _projections: ProjectionMemo = field(default_factory=dict, init=False)
+    _projections: ProjectionMemo = field(default_factory=ProjectionMemo, init=False)
 
     def __post_init__(self) -> None:
         self._queue = queue.Queue(self.executor.max_queued_batches)
