@@ -164,7 +164,7 @@ def test_a_tables_scan_slot_is_registered_once_and_empty_between_statements(sess
         assert one(session, "SELECT sum(id) FROM ns.numbers") == sum(range(TOTAL))
     [(slot,)] = session._con.sql(registered).fetchall()  # one slot for the table, however many statements
     session.sql("SELECT 1").fetchall()  # the statement is over: its scan leaves the slot
-    with pytest.raises(duckdb.Error, match="ns.numbers is not part of the running statement"):
+    with pytest.raises(duckdb.Error, match=r"ns\.numbers is not part of the running statement"):
         session._con.sql(f"SELECT sum(id) FROM temp.main.{slot}").fetchall()  # never the old scan's rows
     with pytest.raises(QueryError):
         session.sql("SELECT sum(id) FROM query('SELECT * FROM ns.numbers')").arrow()
