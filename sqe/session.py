@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -287,6 +287,7 @@ class Session:
         self._schemas: set[tuple[str, str]] = set()
         self._views: list[str] = []
         self._registered: list[str] = []
+        self._slots: dict[TableIdent, tuple[str, _ScanSlot]] = {}  # each table's registered slot, kept per session
         self._prepared: dict[str, PreparedStatement] = {}
         self._active: QueryContext | None = None
         self._generation = 0
@@ -756,6 +757,8 @@ class Session:
             self._con.execute(f"DROP VIEW IF EXISTS {view}")
         for name in self._registered:
             self._con.unregister(name)
+        for _, slot in self._slots.values():
+            slot.source = None  # the statement's scans go; a read of a slot now fails, it never reaches them
         self._views, self._registered, self.last_streams = [], [], []
         self._active = None
 
@@ -779,8 +782,7 @@ class Session:
         """Register every scan of the statement (``scans`` replaces its table scans); returns the measured ones."""
         measured: dict[str, _MeasuredStream] = {}
         for ident, plan in (planned.scans if scans is None else scans).items():
-            name = f"__sqe_scan_{next(self._ids)}"
-            self._register(name, plan, context, measured, str(ident), measure)
+            name = self._fill_slot(ident, plan, context, measured, measure)
             self._view(ident, name)
         for ident, rows in planned.metadata.items():
             name = f"__sqe_meta_{next(self._ids)}"
@@ -821,6 +823,34 @@ class Session:
         else:
             self._con.register(name, stream)
         self._registered.append(name)
+
+    def _fill_slot(
+        self,
+        ident: TableIdent,
+        plan: ScanPlan,
+        context: QueryContext,
+        measured: dict[str, _MeasuredStream],
+        measure: bool,
+    ) -> str:
+        """Hand this statement's scan of a table to the table's slot; returns the name the slot is registered as.
+
+        Registering an object costs DuckDB a catalog transaction and probing the object (about as much as the
+        rest of a small query's DuckDB work), so each table's slot is registered once per session and only its
+        source changes; ``_reset`` empties every slot when the statement ends."""
+        stream = self._stream(plan, context)
+        self.last_streams.append(stream)
+        source: ScanStream | DistributedScanStream | _MeasuredStream = stream
+        if measure:
+            source = measured[str(ident)] = _MeasuredStream(stream)
+        kept = self._slots.get(ident)
+        if kept is not None:
+            kept[1].source = source
+            return kept[0]
+        name, slot = f"__sqe_scan_{next(self._ids)}", _ScanSlot(str(ident))
+        slot.source = source  # DuckDB reads the schema when registering
+        self._con.register(name, slot)
+        self._slots[ident] = (name, slot)
+        return name
 
     def _view(self, ident: TableIdent, name: str) -> None:
         view = self._ensure_schema(ident) + "." + quote_ident(ident.name)
@@ -1194,6 +1224,29 @@ class Session:
 
 
 _T = TypeVar("_T")
+
+
+class _ScanSlot:
+    """What DuckDB has registered for one table of a session: the running statement's scan of it, or nothing.
+
+    Between statements the slot is empty, and DuckDB reading it (a stale view) fails with a QueryError instead of
+    reaching an old scan, whose credentials and plan the catalog has not just authorized."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+        self.source: ScanStream | DistributedScanStream | _MeasuredStream | None = None
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        source = self.source
+        if source is None:
+            raise QueryError(f"{self._label} is not part of the running statement")
+        return source.__arrow_c_stream__(requested_schema)
+
+    def __repr__(self) -> str:
+        return f"_ScanSlot({self._label}, {'filled' if self.source is not None else 'empty'})"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a scan slot holds a scan with credentials and cannot be pickled")
 
 
 class _MeasuredStream:

@@ -67,6 +67,11 @@ def _kept_whole(size: int) -> bool:
     return 0 < size <= min(WHOLE_FILE_BYTES, DATA_RANGES.max_bytes // _WHOLE_FILE_SHARE)
 
 
+def kept_whole(size: int) -> bool:
+    """Whether a data file of this size is kept whole, so that once cached it opens as an in-memory buffer."""
+    return _kept_whole(size)
+
+
 class _Upstream:
     """The data file under its own credential set, for misses: a signed reader when there is one (each miss one
     ranged GET, no HEAD), else the file on its pyarrow file system, opened on the first miss only.

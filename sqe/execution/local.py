@@ -4,7 +4,9 @@ Each file is streamed batch by batch (pyiceberg's public ``ArrowScan.to_record_b
 A Parquet file without positional deletes whose columns need no Iceberg projection (same field ids and types,
 all present, primitive) is read directly with pyarrow, in batches of about ``target_batch_bytes`` (by pyarrow's
 Parquet reader over the kept footer, or by a dataset scanner when a row filter applies or the file lives on an
-object store without the range cache, where only the scanner opens a file without a HEAD); any other
+object store without the range cache, where only the scanner opens a file without a HEAD, or a range-cached file
+too large to be kept whole, whose reads call back into Python and whose row groups the scanner decodes in
+parallel); any other
 file goes through pyiceberg's private generator ``_task_to_record_batches``, which handles deletes, schema
 evolution and missing columns. Both yield the same batches; the direct path only skips pyiceberg's per-batch
 re-projection and its small default batch size.
@@ -37,7 +39,7 @@ from pyiceberg.types import BinaryType, IcebergType, StringType
 from sqe._counters import Counters
 from sqe.errors import QueryError
 from sqe.execution.cache import parquet_fragment
-from sqe.execution.cached_files import CACHED_RANGE_FS
+from sqe.execution.cached_files import CACHED_RANGE_FS, kept_whole
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
@@ -87,9 +89,11 @@ _MIN_BATCH_ROWS = 8_192
 _MAX_BATCH_ROWS = 1 << 20
 # What pyiceberg opens Parquet files with: coalesced reads of a row group's column chunks, buffered streams.
 _PARQUET = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
-# File systems where opening a file by path sends no request. pyarrow's Fragment.open() opens by path, which costs
-# an object store a HEAD; the scanner opens with the manifest's size. (The cached-range one opens upstream on a miss.)
-_OPEN_BY_PATH_IS_FREE = frozenset({"local", CACHED_RANGE_FS})
+# pyarrow's Fragment.open() opens by path, which costs an object store a HEAD; the scanner opens with the manifest's
+# size. Opening by path is free on a local file system and on the range-cached one (pyarrow names a Python file
+# system "py::" + its handler's type name), which opens upstream only on a miss.
+_LOCAL_FS = "local"
+_RANGE_CACHED_FS = f"py::{CACHED_RANGE_FS}"
 # Arrow types pyiceberg hands through unchanged although its own mapping of the Iceberg type is the large one.
 _PASS_THROUGH: dict[type[IcebergType], tuple[pa.DataType, ...]] = {
     StringType: (pa.string(), pa.large_string()),
@@ -116,7 +120,8 @@ def _task_to_record_batches(
         fragment = parquet_fragment(read.io, task.file.file_path, task.file.file_size_in_bytes, _PARQUET)
         direct = _projection_for(read, fragment.physical_schema, projections)
         if direct is not None:
-            yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode)
+            size = task.file.file_size_in_bytes
+            yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode, file_size=size)
             return
     yield from _pyiceberg_task_batches(
         read.io,
@@ -133,17 +138,33 @@ def _task_to_record_batches(
     )
 
 
-ProjectionMemo = dict[bytes, "DirectProjection | None"]  # serialized physical schema -> its projection
+class ProjectionMemo:
+    """The direct projections of one scan (same ReadSpec) by file schema: the files of a table mostly share one.
+
+    Schemas match only with equal field metadata (the Parquet field ids), which ``pa.Schema ==`` ignores; comparing
+    them so costs far less per file than serialising each file's schema into a key. At most ``MAX_SCHEMAS`` are
+    kept (a table's files rarely have more than a few), so a lookup stays a short scan."""
+
+    MAX_SCHEMAS = 32
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[pa.Schema, DirectProjection | None]] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def projection(self, read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:
+        for schema, projection in self._entries:  # readers only ever append, so iterating needs no lock
+            if schema.equals(physical_schema, check_metadata=True):
+                return projection
+        projection = direct_projection(read, physical_schema)
+        if len(self._entries) < self.MAX_SCHEMAS:  # two readers may both add one schema: same result, no harm
+            self._entries.append((physical_schema, projection))
+        return projection
 
 
 def _projection_for(read: ReadSpec, physical_schema: pa.Schema, memo: ProjectionMemo | None) -> DirectProjection | None:
-    if memo is None:
-        return direct_projection(read, physical_schema)
-    # Serialized, the key includes every field's metadata (the Parquet field ids); pa.Schema equality does not.
-    key = physical_schema.serialize().to_pybytes()
-    if key not in memo:  # two readers may both compute one: same result, no lock needed
-        memo[key] = direct_projection(read, physical_schema)
-    return memo[key]
+    return direct_projection(read, physical_schema) if memo is None else memo.projection(read, physical_schema)
 
 
 @dataclass(frozen=True)
@@ -155,10 +176,16 @@ class DirectProjection:
     arrow_filter: pc.Expression | None
 
     def batches(
-        self, fragment: ds.ParquetFileFragment, target_batch_bytes: int, *, parallel_decode: bool = True
+        self,
+        fragment: ds.ParquetFileFragment,
+        target_batch_bytes: int,
+        *,
+        parallel_decode: bool = True,
+        file_size: int = 0,
     ) -> Iterator[pa.RecordBatch]:
+        """``file_size``: the manifest's size of the file (0: unknown), which tells whether it is kept whole."""
         rows = batch_rows(fragment, self.file_columns, target_batch_bytes)
-        if self.arrow_filter is None and fragment.filesystem.type_name in _OPEN_BY_PATH_IS_FREE:
+        if self.reads_plainly(fragment, file_size):
             yield from self._read_batches(fragment, rows, parallel_decode)
             return
         scanner = ds.Scanner.from_fragment(
@@ -172,6 +199,16 @@ class DirectProjection:
         for batch in scanner.to_batches():
             if batch.num_rows:  # like pyiceberg: a filter may leave nothing of a batch
                 yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+
+    def reads_plainly(self, fragment: ds.ParquetFileFragment, file_size: int) -> bool:
+        """Whether pyarrow's Parquet reader reads the file (no row filter, opening it by path is free, and its reads
+        stay native: a local file, or a range-cached one kept whole in memory). A range-cached file read range by
+        range calls into Python for every read and is left to the scanner, which decodes row groups in parallel
+        (the reader decodes them one after another) and measured cheaper on such files."""
+        if self.arrow_filter is not None:
+            return False
+        kind = fragment.filesystem.type_name
+        return kind == _LOCAL_FS or (kind == _RANGE_CACHED_FS and kept_whole(file_size))
 
     def _read_batches(self, fragment: ds.ParquetFileFragment, rows: int, threads: bool) -> Iterator[pa.RecordBatch]:
         """Every row of the file, read with its kept footer by pyarrow's Parquet reader. Without a filter the
@@ -366,7 +403,7 @@ class _ScanRun:
     _tasks_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _deletes: _DeleteCache = field(init=False)
     _parallel_decode: bool = field(init=False)
-    _projections: ProjectionMemo = field(default_factory=dict, init=False)
+    _projections: ProjectionMemo = field(default_factory=ProjectionMemo, init=False)
 
     def __post_init__(self) -> None:
         self._queue = queue.Queue(self.executor.max_queued_batches)

@@ -158,6 +158,18 @@ def test_previous_views_are_gone_after_the_next_statement(session: Session) -> N
         session.sql("SELECT count(*) FROM query('SELECT * FROM ns.numbers')").arrow()
 
 
+def test_a_tables_scan_slot_is_registered_once_and_empty_between_statements(session: Session) -> None:
+    registered = "SELECT view_name FROM duckdb_views() WHERE temporary AND view_name LIKE '__sqe_scan_%'"
+    for _ in range(3):
+        assert one(session, "SELECT sum(id) FROM ns.numbers") == sum(range(TOTAL))
+    [(slot,)] = session._con.sql(registered).fetchall()  # one slot for the table, however many statements
+    session.sql("SELECT 1").fetchall()  # the statement is over: its scan leaves the slot
+    with pytest.raises(duckdb.Error, match=r"ns\.numbers is not part of the running statement"):
+        session._con.sql(f"SELECT sum(id) FROM temp.main.{slot}").fetchall()  # never the old scan's rows
+    with pytest.raises(QueryError):
+        session.sql("SELECT sum(id) FROM query('SELECT * FROM ns.numbers')").arrow()
+
+
 def test_results_are_read_once_and_invalidated_by_later_statements(session: Session) -> None:
     result = session.sql("SELECT id FROM ns.numbers")
     later = session.sql("SELECT 1")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
@@ -17,6 +19,7 @@ from sqe.credentials.fileio import ScopedFileIO
 from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, ByteBoundedCache, RangeCache
 from sqe.execution.cache import FRAGMENTS, clear_process_caches, configure_process_caches, parquet_fragment
 from sqe.execution.cached_files import MetadataCachingFileIO
+from sqe.execution.local import DirectProjection
 
 FORMAT = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
 FILE = ("s3://b/t/data/f.parquet", 1000, "scope-a")
@@ -183,3 +186,34 @@ def test_only_catalog_vended_sets_are_cached_never_a_static_key(tmp_path: Path) 
     with MetadataCachingFileIO(io).new_input(f"file://{path}").open() as stream:
         assert len(stream.read()) == size
     assert len(DATA_RANGES) == 0 and len(MANIFESTS) == 0
+
+
+def plain_projection(fragment: ds.ParquetFileFragment, arrow_filter: Any = None) -> DirectProjection:
+    """The executor's direct projection of ``id`` and ``x`` (what ``direct_projection`` builds for a plain file)."""
+    schema = pa.schema([fragment.physical_schema.field("id"), fragment.physical_schema.field("x")])
+    return DirectProjection(("id", "x"), schema, arrow_filter)
+
+
+def test_a_range_cached_file_kept_whole_is_read_by_the_parquet_reader_with_the_scanners_rows(tmp_path: Path) -> None:
+    path = tmp_path / "f.parquet"
+    size = write_file(path)
+    fragment = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    projection = plain_projection(fragment)
+    assert fragment.filesystem.type_name.endswith("sqe-cached-range")
+    assert projection.reads_plainly(fragment, size)  # pyarrow names it "py::..."; the reader still takes it
+    expected = scan(fragment)
+    batches = list(projection.batches(fragment, 1 << 20, file_size=size))
+    assert pa.Table.from_batches(batches).equals(expected.cast(projection.schema))
+    assert [b.num_rows for b in batches] == [10_000] * 4  # one batch per row group, as the scanner gives
+    assert not plain_projection(fragment, pc.field("id") > 5).reads_plainly(fragment, size)  # a filter: scanner
+
+
+def test_a_range_cached_file_read_range_by_range_stays_with_the_scanner(tmp_path: Path) -> None:
+    path = tmp_path / "f.parquet"
+    size = write_file(path)
+    configure_process_caches(data_bytes=8 * size, manifest_bytes=8 << 20)  # too small to keep this file whole
+    fragment = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    projection = plain_projection(fragment)
+    assert not projection.reads_plainly(fragment, size)
+    batches = list(projection.batches(fragment, 1 << 20, file_size=size))
+    assert pa.Table.from_batches(batches).equals(scan(fragment).cast(projection.schema))

@@ -172,10 +172,21 @@ def test_task_cache_is_bounded_by_entries_and_tasks(provider: LocalProvider) -> 
 def test_a_scan_computes_each_file_schemas_projection_once_keyed_by_field_ids(provider: LocalProvider) -> None:
     plan = plan_scan(provider.load_table(NUMBERS), columns=["id"])
     schema = physical_schema(plan.read, plan.tasks[0])
-    memo: local.ProjectionMemo = {}
+    memo = local.ProjectionMemo()
     first = local._projection_for(plan.read, schema, memo)
     assert first is not None and local._projection_for(plan.read, schema, memo) is first and len(memo) == 1
     # Same names and types, other Parquet field ids: equal as pa.Schemas, but not the same file layout.
     renumbered = pa.schema([f.with_metadata({b"PARQUET:field_id": b"99"}) for f in schema])
     assert renumbered == schema
     assert local._projection_for(plan.read, renumbered, memo) is None and len(memo) == 2
+
+
+def test_the_projection_memo_is_bounded_and_still_answers_past_its_bound(provider: LocalProvider) -> None:
+    plan = plan_scan(provider.load_table(NUMBERS), columns=["id"])
+    schema = physical_schema(plan.read, plan.tasks[0])
+    memo = local.ProjectionMemo()
+    for extra in range(local.ProjectionMemo.MAX_SCHEMAS + 3):  # same columns, other schema metadata each time
+        variant = schema.with_metadata({**(schema.metadata or {}), b"variant": str(extra).encode()})
+        found = local._projection_for(plan.read, variant, memo)
+        assert found is not None and found.file_columns == ("id",)
+    assert len(memo) == local.ProjectionMemo.MAX_SCHEMAS
