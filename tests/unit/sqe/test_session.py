@@ -170,6 +170,17 @@ def test_a_tables_scan_slot_is_registered_once_and_empty_between_statements(sess
         session.sql("SELECT sum(id) FROM query('SELECT * FROM ns.numbers')").arrow()
 
 
+def test_a_tables_slot_serves_each_statements_own_projection(session: Session) -> None:
+    """The slot is registered once, but every statement binds it to its own scan's columns."""
+    narrow = session.sql("SELECT id FROM ns.numbers ORDER BY id LIMIT 2").arrow()
+    assert narrow.column_names == ["id"] and narrow.column("id").to_pylist() == [0, 1]
+    other = session.sql("SELECT grp, name FROM ns.numbers ORDER BY id LIMIT 1").arrow()
+    assert other.column_names == ["grp", "name"] and other.num_rows == 1
+    full = session.sql("SELECT * FROM ns.numbers").arrow()
+    assert full.column_names == ["id", "name", "grp"] and full.num_rows == TOTAL
+    assert one(session, "SELECT max(id) FROM ns.numbers WHERE name IS NOT NULL") == TOTAL - 1
+
+
 def test_results_are_read_once_and_invalidated_by_later_statements(session: Session) -> None:
     result = session.sql("SELECT id FROM ns.numbers")
     later = session.sql("SELECT 1")
