@@ -231,14 +231,11 @@ class TaskCache:
             return cached
 
     def tasks(self, key: Hashable | None, plan: Callable[[], tuple[FileScanTask, ...]]) -> tuple[FileScanTask, ...]:
+        cached = self.peek(key)
+        if cached is not None:
+            return cached
         if key is None:
             return plan()
-        with self._lock:
-            cached = self._entries.get(key)
-            if cached is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return cached
         tasks = plan()
         with self._lock:
             self._entries[key] = tasks
