@@ -217,6 +217,7 @@ class TaskCache:
         self.metadata_io = metadata_io
         self.hits = 0
         self._entries: OrderedDict[Hashable, tuple[FileScanTask, ...]] = OrderedDict()
+        self._listed: OrderedDict[Hashable, int | None] = OrderedDict()  # manifest lists' row counts
         self._lock = threading.Lock()
 
     def peek(self, key: Hashable | None) -> tuple[FileScanTask, ...] | None:
@@ -245,6 +246,23 @@ class TaskCache:
                 self._entries.popitem(last=False)
         return tasks
 
+    def listed_rows(self, key: Hashable | None, count: Callable[[], int | None]) -> int | None:
+        """The row count a manifest list states (``count`` reads it), kept per metadata location and manifest
+        list like the tasks: a repeated bare ``count(*)`` decodes no manifest list again."""
+        if key is None:
+            return count()
+        with self._lock:
+            if key in self._listed:
+                self._listed.move_to_end(key)
+                self.hits += 1
+                return self._listed[key]
+        listed = count()
+        with self._lock:
+            self._listed[key] = listed
+            while len(self._listed) > self.max_entries:
+                self._listed.popitem(last=False)
+        return listed
+
 
 def _task_key(loaded: LoadedTable, scan: DataScan, row_filter: BooleanExpression) -> Hashable | None:
     """What a scan's tasks depend on, or None when the table has no metadata location to vouch for it."""
@@ -253,6 +271,14 @@ def _task_key(loaded: LoadedTable, scan: DataScan, row_filter: BooleanExpression
     if not table.metadata_location or snapshot is None:
         return None
     return (table.metadata_location, snapshot.manifest_list, table.metadata.current_schema_id, repr(row_filter))
+
+
+def _listed_key(loaded: LoadedTable, scan: DataScan) -> Hashable | None:
+    """What a manifest list's row count depends on: the immutable metadata file and manifest list it names."""
+    snapshot = scan.snapshot()
+    if not loaded.table.metadata_location or snapshot is None:
+        return None
+    return (loaded.table.metadata_location, snapshot.manifest_list)
 
 
 def _local_tasks(
@@ -274,7 +300,9 @@ def _local_tasks(
 
     def listed_rows() -> int | None:
         with _planning_errors(loaded.ident):
-            return listed_row_count(scan)
+            if cache is None:
+                return listed_row_count(scan)
+            return cache.listed_rows(_listed_key(loaded, scan), lambda: listed_row_count(scan))
 
     return PlannedTasks(plan, kept=kept, listed_rows=listed_rows)
 

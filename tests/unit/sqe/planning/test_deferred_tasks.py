@@ -56,6 +56,18 @@ def test_a_deferred_bare_count_reads_the_manifest_list_only(provider: LocalProvi
     assert plan.task_source.planned() is None  # the manifests were never read
 
 
+def test_a_repeated_deferred_count_reads_no_manifest_list_again(provider: LocalProvider) -> None:
+    seen: list[str] = []
+    cache = recording_cache(seen)
+    loaded = provider.load_table(NUMBERS)
+    assert exact_row_count(plan_scan(loaded, columns=None, cache=cache, defer_tasks=True)) == TOTAL
+    assert len(seen) == 1
+    again = plan_scan(provider.load_table(NUMBERS), columns=None, cache=cache, defer_tasks=True)
+    assert exact_row_count(again) == TOTAL and len(seen) == 1  # the list's count is kept with the plan cache
+    fresh = plan_scan(loaded, columns=None, cache=recording_cache(seen), defer_tasks=True)
+    assert exact_row_count(fresh) == TOTAL and len(seen) == 2  # another session's cache keeps nothing of it
+
+
 def test_the_deferred_tasks_are_exactly_the_eager_ones(provider: LocalProvider) -> None:
     loaded = provider.load_table(NUMBERS)
     for pushdown in (AlwaysTrue(), parse("id < 10")):
