@@ -173,3 +173,32 @@ def test_truncation_of_empty_and_all_null_arrays(kind: pa.DataType) -> None:
         assert len(truncate_temporal(pa.array([], _layout(kind)[1]).view(kind), unit)) == 0
         truncated = truncate_temporal(pa.nulls(4, kind), unit)
         assert truncated.type == kind and truncated.null_count == 4
+
+
+@pytest.mark.parametrize("length", [50, DUCKDB_MIN_ROWS + 50])
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()], ids=str)
+def test_sha256_of_null_slots_that_still_span_bytes(kind: pa.DataType, length: int) -> None:
+    """Arrow lets a null slot cover bytes of the data buffer (kernels such as if_else leave them): the digests
+    of the valid slots around them, on both paths, are still each value's own."""
+    rng = random.Random(length)
+    values = [rng.randbytes(rng.randint(0, 20)).hex().encode() for _ in range(length)]
+    nulls = [rng.random() < 0.2 for _ in range(length)]
+    offsets = [0]
+    for value in values:
+        offsets.append(offsets[-1] + len(value))
+    offset_type = pa.int64() if pa.types.is_large_string(kind) or pa.types.is_large_binary(kind) else pa.int32()
+    validity = pa.array([not null for null in nulls]).buffers()[1]
+    array = pa.Array.from_buffers(
+        kind, length, [validity, pa.array(offsets, offset_type).buffers()[1], pa.py_buffer(b"".join(values))]
+    )
+    array.validate(full=True)
+    salt = SALTS[1]
+    for window in (array, array.slice(3)):
+        expected = [
+            None if null else hashlib.sha256(salt + value)
+            for value, null in zip(values[window.offset :], nulls[window.offset :], strict=True)
+        ]
+        textual = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        assert sha256_array(window, salt).to_pylist() == [
+            None if d is None else (d.hexdigest() if textual else d.digest()) for d in expected
+        ]
