@@ -174,8 +174,11 @@ def test_concurrent_planning_of_several_tables_matches_pyiceberg(tables: list[Ta
     def plan(table: Table) -> None:
         barrier.wait()
         for _ in range(5):
-            if _entries(planning_manifests(_manifests(table)), table) != expected[table.name()]:
-                failures.append(str(table.name()))
+            try:
+                if _entries(planning_manifests(_manifests(table)), table) != expected[table.name()]:
+                    failures.append(f"{table.name()}: other entries")
+            except Exception as exc:  # a thread's error must fail the test, not only warn
+                failures.append(f"{table.name()}: {exc!r}")
 
     threads = [threading.Thread(target=plan, args=(table,)) for table in tables]
     for thread in threads:
