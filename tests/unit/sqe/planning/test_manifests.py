@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -114,3 +115,74 @@ def test_cold_runs_resolve_readers_again(table: Table) -> None:
     assert len(ENTRY_READERS) == 1
     clear_process_caches()
     assert len(ENTRY_READERS) == 0
+
+
+def _table_of(catalog: SqlCatalog, name: str, spec: PartitionSpec, version: str, start: int) -> Table:
+    created = catalog.create_table(
+        f"ns.{name}", schema=SCHEMA, partition_spec=spec, properties={"format-version": version}
+    )
+    for offset, tag in ((0, "x"), (5, "y")):
+        ids = pa.array(range(start + offset, start + offset + 5), pa.int64())
+        created.append(pa.table({"id": ids, "tag": pa.array([f"{name}-{tag}"] * 5)}))
+    return catalog.load_table(f"ns.{name}")
+
+
+@pytest.fixture
+def tables(tmp_path: Path) -> list[Table]:
+    """Tables sharing the kept readers: same schema and spec in v1 and v2 (partition values and sequence numbers
+    differ), the same schema under another spec (another source column and partition field id), and unpartitioned."""
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("ns")
+    by_tag = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="tag"))
+    by_id = PartitionSpec(PartitionField(source_id=1, field_id=1001, transform=IdentityTransform(), name="b"))
+    return [
+        _table_of(catalog, "v2a", by_tag, "2", 0),
+        _table_of(catalog, "v2b", by_tag, "2", 100),
+        _table_of(catalog, "v1a", by_tag, "1", 200),
+        _table_of(catalog, "v1b", by_tag, "1", 300),
+        _table_of(catalog, "by_id", by_id, "2", 400),
+        _table_of(catalog, "plain", PartitionSpec(), "2", 500),
+    ]
+
+
+def _entries(manifests: list[ManifestFile], table: Table) -> list[tuple[object, ...]]:
+    return [
+        (m.manifest_path, tuple(e._data), tuple(e.data_file.partition._data), e.data_file.file_path)
+        for m in manifests
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
+    ]
+
+
+def test_shared_readers_decode_each_tables_manifests_exactly(tables: list[Table]) -> None:
+    """Readers are shared by schema text across tables and format versions; every entry (partition values,
+    sequence numbers, snapshot ids, paths) is still exactly pyiceberg's own for its table."""
+    ENTRY_READERS.clear()
+    for _ in range(2):  # the second round reads every manifest with an already-kept reader
+        for table in tables:
+            expected = _entries(_manifests(table), table)
+            assert _entries(planning_manifests(_manifests(table)), table) == expected
+            assert {p for _, _, p, _ in expected} != {()} or table.name()[-1] == "plain"
+    assert 2 <= len(ENTRY_READERS) <= len(tables)
+
+
+def test_concurrent_planning_of_several_tables_matches_pyiceberg(tables: list[Table]) -> None:
+    ENTRY_READERS.clear()
+    expected = {table.name(): _entries(_manifests(table), table) for table in tables}
+    failures: list[str] = []
+    barrier = threading.Barrier(len(tables))
+
+    def plan(table: Table) -> None:
+        barrier.wait()
+        for _ in range(5):
+            try:
+                if _entries(planning_manifests(_manifests(table)), table) != expected[table.name()]:
+                    failures.append(f"{table.name()}: other entries")
+            except Exception as exc:  # a thread's error must fail the test, not only warn
+                failures.append(f"{table.name()}: {exc!r}")
+
+    threads = [threading.Thread(target=plan, args=(table,)) for table in tables]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
