@@ -722,6 +722,8 @@ class Session:
     def _counted(planned: _Planned) -> pa.Table | None:
         from sqe.execution.metadata_answers import count_from_manifests  # issue 11 item 3
 
+        if planned.views or planned.travels or planned.metadata:
+            return None  # the name counted is a view (its scans are its tables, not its rows) or no table scan
         return count_from_manifests(planned.statement.text, planned.scans)
 
     def _pass_through_run(self, planned: _Planned, columns: Callable[[], Sequence[str]]) -> PassThroughRun | None:
