@@ -155,6 +155,7 @@ class Result:
             source = relation.to_arrow_reader(batch_size)
         except duckdb.Error as exc:
             raise self._session._translate(exc, self._context) from None
+        self._session._open_reader = source  # the next statement closes it (DuckDB runs one result at a time)
         return pa.RecordBatchReader.from_batches(source.schema, self._translated(source))
 
     def fetchall(self) -> list[tuple[Any, ...]]:
@@ -165,10 +166,18 @@ class Result:
         return list(zip(*(column.to_pylist() for column in table.columns), strict=True))
 
     def _translated(self, source: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
-        try:
-            yield from source
-        except duckdb.Error as exc:
-            raise self._session._translate(exc, self._context) from None
+        while True:
+            try:
+                batch = source.read_next_batch()
+            except StopIteration:
+                return
+            except duckdb.Error as exc:
+                raise self._session._translate(exc, self._context) from None
+            except pa.ArrowInvalid:
+                if self._generation == self._session._generation:
+                    raise
+                raise QueryError("this result is no longer valid: the session has run another statement since") from None
+            yield batch
 
     def _take_relation(self) -> duckdb.DuckDBPyRelation:
         if self._relation is None:
@@ -290,6 +299,7 @@ class Session:
         self._slots: dict[TableIdent, tuple[str, _ScanSlot]] = {}  # each table's registered slot, kept per session
         self._prepared: dict[str, PreparedStatement] = {}
         self._active: QueryContext | None = None
+        self._open_reader: pa.RecordBatchReader | None = None  # DuckDB's reader of a streamed result, if any
         self._generation = 0
         self._closed = False
         # Ctrl-C while a statement is still planning (catalog loads, a first statement's lazy imports): nothing
@@ -755,6 +765,7 @@ class Session:
 
             raise QueryCancelledError()
         self._generation += 1
+        self._close_open_reader()
         for view in self._views:
             self._con.execute(f"DROP VIEW IF EXISTS {view}")
         for name in self._registered:
@@ -763,6 +774,13 @@ class Session:
             slot.source = None  # the statement's scans go; a read of a slot now fails, it never reaches them
         self._views, self._registered, self.last_streams = [], [], []
         self._active = None
+
+    def _close_open_reader(self) -> None:
+        """An earlier statement's result still streaming holds DuckDB's connection (it runs one result at a time):
+        the new statement ends it, as it ends that statement's scans; reading it further is a QueryError."""
+        reader, self._open_reader = self._open_reader, None
+        if reader is not None:
+            reader.close()
 
     def _plain_relation(self, sql: str, params: Params) -> duckdb.DuckDBPyRelation:
         """A query that reads no Iceberg table: nothing of SQE's to stream or cancel (DuckDB's own interrupt

@@ -490,3 +490,19 @@ def test_fetchall_keeps_every_column_even_when_names_repeat(session: Session) ->
         (1, 2, "x"),
         (3, 4, None),
     ]
+
+
+
+def test_a_reader_still_open_is_ended_by_the_next_statement(session: Session) -> None:
+    """DuckDB runs one result at a time: the next statement ends a half-read one (a QueryError when read on),
+    never fails with DuckDB's own error, and the earlier reader never pulls the later statement's scan."""
+    reader = session.sql("SELECT id, grp FROM ns.events ORDER BY id").reader(batch_size=100)
+    assert reader.read_next_batch().num_rows == 100
+    later = session.sql("SELECT id, grp FROM ns.events WHERE grp = 2 ORDER BY id")  # its scan: one file
+    with pytest.raises(QueryError, match="no longer valid"):
+        reader.read_all()
+    assert later.arrow().num_rows == 400
+    unread = session.sql("SELECT id FROM ns.events ORDER BY id").reader()
+    assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 3") == 400
+    with pytest.raises(QueryError, match="no longer valid"):
+        unread.read_all()
