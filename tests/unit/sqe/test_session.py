@@ -506,3 +506,33 @@ def test_a_reader_still_open_is_ended_by_the_next_statement(session: Session) ->
     assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 3") == 400
     with pytest.raises(QueryError, match="no longer valid"):
         unread.read_all()
+
+
+def test_one_sessions_slot_follows_schema_changes_and_a_recreated_table(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    """The slot is registered once per table; columns added or dropped, or the table dropped and made again under
+    the same name, between statements are what the next statement reads and counts."""
+    from pyiceberg.types import StringType
+
+    catalog = write_provider.catalogs["wh"]
+    writer.sql("CREATE TABLE ns.evolving AS SELECT range AS id FROM range(5)")
+    assert one(writer, "SELECT count(*) FROM ns.evolving") == 5
+    assert writer.sql("SELECT * FROM ns.evolving").arrow().column_names == ["id"]
+    table = catalog.load_table(("ns", "evolving"))
+    with table.update_schema() as update:
+        update.add_column("label", StringType())
+    table = catalog.load_table(("ns", "evolving"))
+    table.append(pa.table({"id": pa.array([7], pa.int64()), "label": ["seven"]}))
+    assert one(writer, "SELECT count(*) FROM ns.evolving") == 6
+    assert writer.sql("SELECT * FROM ns.evolving ORDER BY id").fetchall()[-1] == (7, "seven")
+    with catalog.load_table(("ns", "evolving")).update_schema() as update:
+        update.delete_column("label")
+    assert writer.sql("SELECT * FROM ns.evolving").arrow().column_names == ["id"]
+    catalog.drop_table(("ns", "evolving"))
+    catalog.create_table(("ns", "evolving"), schema=pa.schema([("name", pa.string())]))
+    assert one(writer, "SELECT count(*) FROM ns.evolving") == 0  # no snapshot yet
+    assert writer.sql("SELECT * FROM ns.evolving").arrow().column_names == ["name"]
+    writer.sql("INSERT INTO ns.evolving VALUES ('a'), ('b')")
+    assert one(writer, "SELECT count(*) FROM ns.evolving") == 2
+    assert sorted(writer.sql("SELECT name FROM ns.evolving").fetchall()) == [("a",), ("b",)]
