@@ -34,6 +34,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -112,6 +113,9 @@ _EXPLAIN_SCHEMA = pa.schema([("section", pa.string()), ("property", pa.string())
 # ------------------------------------------------------------------------------------------------ results
 
 
+_NO_LONGER_VALID = "this result is no longer valid: the session has run another statement since"
+
+
 class Result:
     """The outcome of one statement. A query runs when read (``arrow()`` or ``reader()``), at most once."""
 
@@ -155,7 +159,9 @@ class Result:
             source = relation.to_arrow_reader(batch_size)
         except duckdb.Error as exc:
             raise self._session._translate(exc, self._context) from None
-        self._session._open_reader = source  # the next statement closes it (DuckDB runs one result at a time)
+        # The next statement closes it (DuckDB runs one result at a time); weakly, so whoever drops the reader
+        # still frees DuckDB's stream (and its scans) at once.
+        self._session._open_reader = weakref.ref(source)
         return pa.RecordBatchReader.from_batches(source.schema, self._translated(source))
 
     def fetchall(self) -> list[tuple[Any, ...]]:
@@ -176,7 +182,7 @@ class Result:
             except pa.ArrowInvalid:
                 if self._generation == self._session._generation:
                     raise
-                raise QueryError("this result is no longer valid: the session has run another statement since") from None
+                raise QueryError(_NO_LONGER_VALID) from None
             yield batch
 
     def _take_relation(self) -> duckdb.DuckDBPyRelation:
@@ -190,7 +196,7 @@ class Result:
         if self._consumed:
             raise QueryError("this result has already been read")
         if self._generation != self._session._generation:
-            raise QueryError("this result is no longer valid: the session has run another statement since")
+            raise QueryError(_NO_LONGER_VALID)
         self._consumed = True
 
 
@@ -299,7 +305,7 @@ class Session:
         self._slots: dict[TableIdent, tuple[str, _ScanSlot]] = {}  # each table's registered slot, kept per session
         self._prepared: dict[str, PreparedStatement] = {}
         self._active: QueryContext | None = None
-        self._open_reader: pa.RecordBatchReader | None = None  # DuckDB's reader of a streamed result, if any
+        self._open_reader: weakref.ref[pa.RecordBatchReader] | None = None  # DuckDB's reader of a streamed result
         self._generation = 0
         self._closed = False
         # Ctrl-C while a statement is still planning (catalog loads, a first statement's lazy imports): nothing
@@ -778,7 +784,8 @@ class Session:
     def _close_open_reader(self) -> None:
         """An earlier statement's result still streaming holds DuckDB's connection (it runs one result at a time):
         the new statement ends it, as it ends that statement's scans; reading it further is a QueryError."""
-        reader, self._open_reader = self._open_reader, None
+        opened, self._open_reader = self._open_reader, None
+        reader = None if opened is None else opened()
         if reader is not None:
             reader.close()
 

@@ -492,7 +492,6 @@ def test_fetchall_keeps_every_column_even_when_names_repeat(session: Session) ->
     ]
 
 
-
 def test_a_reader_still_open_is_ended_by_the_next_statement(session: Session) -> None:
     """DuckDB runs one result at a time: the next statement ends a half-read one (a QueryError when read on),
     never fails with DuckDB's own error, and the earlier reader never pulls the later statement's scan."""
@@ -536,3 +535,19 @@ def test_one_sessions_slot_follows_schema_changes_and_a_recreated_table(
     writer.sql("INSERT INTO ns.evolving VALUES ('a'), ('b')")
     assert one(writer, "SELECT count(*) FROM ns.evolving") == 2
     assert sorted(writer.sql("SELECT name FROM ns.evolving").fetchall()) == [("a",), ("b",)]
+
+
+def test_a_dropped_reader_frees_duckdbs_stream_at_once(session: Session) -> None:
+    """The session only remembers a streamed result weakly: dropping the reader ends DuckDB's result."""
+    import gc
+    import weakref
+
+    reader = session.sql("SELECT id FROM ns.events ORDER BY id").reader()
+    assert session._open_reader is not None
+    duck_reader = session._open_reader()
+    assert duck_reader is not None
+    gone = weakref.ref(duck_reader)
+    del duck_reader, reader
+    gc.collect()
+    assert gone() is None
+    assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 1") == 400
