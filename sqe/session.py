@@ -177,12 +177,12 @@ class Result:
                 batch = source.read_next_batch()
             except StopIteration:
                 return
-            except duckdb.Error as exc:
+            except (duckdb.Error, pa.ArrowException, OSError) as exc:
+                # After the first batch DuckDB reports its failures through Arrow's stream (an OSError or an
+                # ArrowInvalid); a reader the next statement closed fails with ArrowInvalid.
+                if self._generation != self._session._generation:
+                    raise QueryError(_NO_LONGER_VALID) from None
                 raise self._session._translate(exc, self._context) from None
-            except pa.ArrowInvalid:
-                if self._generation == self._session._generation:
-                    raise
-                raise QueryError(_NO_LONGER_VALID) from None
             yield batch
 
     def _take_relation(self) -> duckdb.DuckDBPyRelation:

@@ -551,3 +551,15 @@ def test_a_dropped_reader_frees_duckdbs_stream_at_once(session: Session) -> None
     gc.collect()
     assert gone() is None
     assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 1") == 400
+
+
+def test_a_streamed_result_failing_mid_way_is_a_query_error(session: Session) -> None:
+    """DuckDB reports a failure after the first batches through Arrow (an OSError): still one typed error."""
+    sql = (
+        "SELECT CASE WHEN r.range = 399 THEN error('the value is wrong') ELSE e.id END AS v"
+        " FROM ns.events e, range(400) r"
+    )
+    reader = session.sql(sql).reader(batch_size=100)
+    with pytest.raises(QueryError, match="the value is wrong"):
+        reader.read_all()
+    assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 1") == 400
