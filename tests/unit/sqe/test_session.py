@@ -563,3 +563,30 @@ def test_a_streamed_result_failing_mid_way_is_a_query_error(session: Session) ->
     with pytest.raises(QueryError, match="the value is wrong"):
         reader.read_all()
     assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 1") == 400
+
+
+def test_a_bare_count_as_the_body_of_a_write_counts_every_row(writer: Session) -> None:
+    """INSERT ... SELECT count(*) and CREATE TABLE AS SELECT count(*) plan their deferred scan before reading."""
+    writer.sql("CREATE TABLE ns.src AS SELECT range AS id FROM range(7)")
+    writer.sql("CREATE TABLE ns.counted AS SELECT count(*) FROM ns.src")
+    writer.sql("INSERT INTO ns.counted SELECT count(*) FROM ns.src")
+    assert writer.sql("SELECT * FROM ns.counted").fetchall() == [(7,), (7,)]
+
+
+def test_a_bare_count_of_a_v1_table_stays_exact_after_appends_and_a_delete(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    """Format version 1: the manifest list's counts (or the files' when it has none) match a scan's rows."""
+    from pyiceberg.expressions import LessThan
+
+    catalog = write_provider.catalogs["wh"]
+    schema = pa.schema([("id", pa.int64())])
+    table = catalog.create_table(("ns", "old"), schema=schema, properties={"format-version": "1"})
+    assert one(writer, "SELECT count(*) FROM ns.old") == 0
+    table.append(pa.table({"id": pa.array(range(10), pa.int64())}))
+    table.append(pa.table({"id": pa.array(range(10, 15), pa.int64())}))
+    assert one(writer, "SELECT count(*) FROM ns.old") == 15
+    catalog.load_table(("ns", "old")).delete(LessThan("id", 3))
+    assert one(writer, "SELECT count(*) FROM ns.old") == 12
+    assert writer.last_execution_path == "metadata"
+    assert one(writer, "SELECT count(id) FROM ns.old") == 12  # what a scan returns
