@@ -590,3 +590,13 @@ def test_a_bare_count_of_a_v1_table_stays_exact_after_appends_and_a_delete(
     assert one(writer, "SELECT count(*) FROM ns.old") == 12
     assert writer.last_execution_path == "metadata"
     assert one(writer, "SELECT count(id) FROM ns.old") == 12  # what a scan returns
+
+
+def test_a_bare_count_at_an_older_snapshot_counts_that_snapshot(writer: Session, write_provider: LocalProvider) -> None:
+    writer.sql("CREATE TABLE ns.grown AS SELECT range AS id FROM range(3)")
+    first = write_provider.catalogs["wh"].load_table(("ns", "grown")).metadata.current_snapshot_id
+    writer.sql("INSERT INTO ns.grown VALUES (10), (11)")
+    assert one(writer, f"SELECT count(*) FROM ns.grown FOR VERSION AS OF {first}") == 3
+    assert one(writer, "SELECT count(*) FROM ns.grown") == 5
+    both = f"SELECT count(*) FROM (SELECT id FROM ns.grown UNION ALL SELECT id FROM ns.grown FOR VERSION AS OF {first})"
+    assert one(writer, both) == 8
