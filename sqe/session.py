@@ -34,6 +34,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -112,6 +113,9 @@ _EXPLAIN_SCHEMA = pa.schema([("section", pa.string()), ("property", pa.string())
 # ------------------------------------------------------------------------------------------------ results
 
 
+_NO_LONGER_VALID = "this result is no longer valid: the session has run another statement since"
+
+
 class Result:
     """The outcome of one statement. A query runs when read (``arrow()`` or ``reader()``), at most once."""
 
@@ -155,6 +159,9 @@ class Result:
             source = relation.to_arrow_reader(batch_size)
         except duckdb.Error as exc:
             raise self._session._translate(exc, self._context) from None
+        # The next statement closes it (DuckDB runs one result at a time); weakly, so whoever drops the reader
+        # still frees DuckDB's stream (and its scans) at once.
+        self._session._open_reader = weakref.ref(source)
         return pa.RecordBatchReader.from_batches(source.schema, self._translated(source))
 
     def fetchall(self) -> list[tuple[Any, ...]]:
@@ -165,10 +172,18 @@ class Result:
         return list(zip(*(column.to_pylist() for column in table.columns), strict=True))
 
     def _translated(self, source: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
-        try:
-            yield from source
-        except duckdb.Error as exc:
-            raise self._session._translate(exc, self._context) from None
+        while True:
+            try:
+                batch = source.read_next_batch()
+            except StopIteration:
+                return
+            except (duckdb.Error, pa.ArrowException, OSError) as exc:
+                # After the first batch DuckDB reports its failures through Arrow's stream (an OSError or an
+                # ArrowInvalid); a reader the next statement closed fails with ArrowInvalid.
+                if self._generation != self._session._generation:
+                    raise QueryError(_NO_LONGER_VALID) from None
+                raise self._session._translate(exc, self._context) from None
+            yield batch
 
     def _take_relation(self) -> duckdb.DuckDBPyRelation:
         if self._relation is None:
@@ -181,7 +196,7 @@ class Result:
         if self._consumed:
             raise QueryError("this result has already been read")
         if self._generation != self._session._generation:
-            raise QueryError("this result is no longer valid: the session has run another statement since")
+            raise QueryError(_NO_LONGER_VALID)
         self._consumed = True
 
 
@@ -290,6 +305,7 @@ class Session:
         self._slots: dict[TableIdent, tuple[str, _ScanSlot]] = {}  # each table's registered slot, kept per session
         self._prepared: dict[str, PreparedStatement] = {}
         self._active: QueryContext | None = None
+        self._open_reader: weakref.ref[pa.RecordBatchReader] | None = None  # DuckDB's reader of a streamed result
         self._generation = 0
         self._closed = False
         # Ctrl-C while a statement is still planning (catalog loads, a first statement's lazy imports): nothing
@@ -722,6 +738,8 @@ class Session:
     def _counted(planned: _Planned) -> pa.Table | None:
         from sqe.execution.metadata_answers import count_from_manifests  # issue 11 item 3
 
+        if planned.views or planned.travels or planned.metadata:
+            return None  # the name counted is a view (its scans are its tables, not its rows) or no table scan
         return count_from_manifests(planned.statement.text, planned.scans)
 
     def _pass_through_run(self, planned: _Planned, columns: Callable[[], Sequence[str]]) -> PassThroughRun | None:
@@ -753,6 +771,7 @@ class Session:
 
             raise QueryCancelledError()
         self._generation += 1
+        self._close_open_reader()
         for view in self._views:
             self._con.execute(f"DROP VIEW IF EXISTS {view}")
         for name in self._registered:
@@ -761,6 +780,14 @@ class Session:
             slot.source = None  # the statement's scans go; a read of a slot now fails, it never reaches them
         self._views, self._registered, self.last_streams = [], [], []
         self._active = None
+
+    def _close_open_reader(self) -> None:
+        """An earlier statement's result still streaming holds DuckDB's connection (it runs one result at a time):
+        the new statement ends it, as it ends that statement's scans; reading it further is a QueryError."""
+        opened, self._open_reader = self._open_reader, None
+        reader = None if opened is None else opened()
+        if reader is not None:
+            reader.close()
 
     def _plain_relation(self, sql: str, params: Params) -> duckdb.DuckDBPyRelation:
         """A query that reads no Iceberg table: nothing of SQE's to stream or cancel (DuckDB's own interrupt

@@ -170,3 +170,16 @@ def test_views_made_by_sqe_are_read_by_pyiceberg(views_setup: Setup) -> None:
     assert representation.root.dialect == "duckdb"
     assert representation.root.sql == f"SELECT id, upper(email) AS loud FROM {ns}.people"
     assert [f.name for f in view.metadata.schemas[-1].fields] == ["id", "loud"]
+
+
+def test_a_bare_count_of_a_view_counts_the_views_rows_not_its_tables(views_setup: Setup) -> None:
+    """``SELECT count(*) FROM view`` has the shape of a bare table count, but the view's table is not its rows."""
+    ns = views_setup.namespace
+    with sqe.api.connect(views_setup.definer) as session:
+        session.sql(f"CREATE VIEW {ns}.first_two AS SELECT id FROM {ns}.people ORDER BY id LIMIT 2")
+        session.sql(f"CREATE VIEW {ns}.even AS SELECT id FROM {ns}.people WHERE id % 2 = 0")
+        assert session.sql(f"SELECT count(*) FROM {ns}.first_two").fetchall() == [(2,)]
+        assert session.last_execution_path != "metadata"
+        assert session.sql(f"SELECT count(*) FROM {ns}.even").fetchall() == [(2,)]
+        assert session.sql(f"SELECT count(*) FROM {ns}.people").fetchall() == [(PEOPLE.num_rows,)]
+        assert session.last_execution_path == "metadata"  # the table itself still answers from metadata

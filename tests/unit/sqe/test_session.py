@@ -490,3 +490,113 @@ def test_fetchall_keeps_every_column_even_when_names_repeat(session: Session) ->
         (1, 2, "x"),
         (3, 4, None),
     ]
+
+
+def test_a_reader_still_open_is_ended_by_the_next_statement(session: Session) -> None:
+    """DuckDB runs one result at a time: the next statement ends a half-read one (a QueryError when read on),
+    never fails with DuckDB's own error, and the earlier reader never pulls the later statement's scan."""
+    reader = session.sql("SELECT id, grp FROM ns.events ORDER BY id").reader(batch_size=100)
+    assert reader.read_next_batch().num_rows == 100
+    later = session.sql("SELECT id, grp FROM ns.events WHERE grp = 2 ORDER BY id")  # its scan: one file
+    with pytest.raises(QueryError, match="no longer valid"):
+        reader.read_all()
+    assert later.arrow().num_rows == 400
+    unread = session.sql("SELECT id FROM ns.events ORDER BY id").reader()
+    assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 3") == 400
+    with pytest.raises(QueryError, match="no longer valid"):
+        unread.read_all()
+
+
+def test_one_sessions_slot_follows_schema_changes_and_a_recreated_table(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    """The slot is registered once per table; columns added or dropped, or the table dropped and made again under
+    the same name, between statements are what the next statement reads and counts."""
+    from pyiceberg.types import StringType
+
+    catalog = write_provider.catalogs["wh"]
+    writer.sql("CREATE TABLE ns.evolving AS SELECT range AS id FROM range(5)")
+    assert one(writer, "SELECT count(*) FROM ns.evolving") == 5
+    assert writer.sql("SELECT * FROM ns.evolving").arrow().column_names == ["id"]
+    table = catalog.load_table(("ns", "evolving"))
+    with table.update_schema() as update:
+        update.add_column("label", StringType())
+    table = catalog.load_table(("ns", "evolving"))
+    table.append(pa.table({"id": pa.array([7], pa.int64()), "label": ["seven"]}))
+    assert one(writer, "SELECT count(*) FROM ns.evolving") == 6
+    assert writer.sql("SELECT * FROM ns.evolving ORDER BY id").fetchall()[-1] == (7, "seven")
+    with catalog.load_table(("ns", "evolving")).update_schema() as update:
+        update.delete_column("label")
+    assert writer.sql("SELECT * FROM ns.evolving").arrow().column_names == ["id"]
+    catalog.drop_table(("ns", "evolving"))
+    catalog.create_table(("ns", "evolving"), schema=pa.schema([("name", pa.string())]))
+    assert one(writer, "SELECT count(*) FROM ns.evolving") == 0  # no snapshot yet
+    assert writer.sql("SELECT * FROM ns.evolving").arrow().column_names == ["name"]
+    writer.sql("INSERT INTO ns.evolving VALUES ('a'), ('b')")
+    assert one(writer, "SELECT count(*) FROM ns.evolving") == 2
+    assert sorted(writer.sql("SELECT name FROM ns.evolving").fetchall()) == [("a",), ("b",)]
+
+
+def test_a_dropped_reader_frees_duckdbs_stream_at_once(session: Session) -> None:
+    """The session only remembers a streamed result weakly: dropping the reader ends DuckDB's result."""
+    import gc
+    import weakref
+
+    reader = session.sql("SELECT id FROM ns.events ORDER BY id").reader()
+    assert session._open_reader is not None
+    duck_reader = session._open_reader()
+    assert duck_reader is not None
+    gone = weakref.ref(duck_reader)
+    del duck_reader, reader
+    gc.collect()
+    assert gone() is None
+    assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 1") == 400
+
+
+def test_a_streamed_result_failing_mid_way_is_a_query_error(session: Session) -> None:
+    """DuckDB reports a failure after the first batches through Arrow (an OSError): still one typed error."""
+    sql = (
+        "SELECT CASE WHEN r.range = 399 THEN error('the value is wrong') ELSE e.id END AS v"
+        " FROM ns.events e, range(400) r"
+    )
+    reader = session.sql(sql).reader(batch_size=100)
+    with pytest.raises(QueryError, match="the value is wrong"):
+        reader.read_all()
+    assert one(session, "SELECT count(*) FROM ns.events WHERE grp = 1") == 400
+
+
+def test_a_bare_count_as_the_body_of_a_write_counts_every_row(writer: Session) -> None:
+    """INSERT ... SELECT count(*) and CREATE TABLE AS SELECT count(*) plan their deferred scan before reading."""
+    writer.sql("CREATE TABLE ns.src AS SELECT range AS id FROM range(7)")
+    writer.sql("CREATE TABLE ns.counted AS SELECT count(*) FROM ns.src")
+    writer.sql("INSERT INTO ns.counted SELECT count(*) FROM ns.src")
+    assert writer.sql("SELECT * FROM ns.counted").fetchall() == [(7,), (7,)]
+
+
+def test_a_bare_count_of_a_v1_table_stays_exact_after_appends_and_a_delete(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    """Format version 1: the manifest list's counts (or the files' when it has none) match a scan's rows."""
+    from pyiceberg.expressions import LessThan
+
+    catalog = write_provider.catalogs["wh"]
+    schema = pa.schema([("id", pa.int64())])
+    table = catalog.create_table(("ns", "old"), schema=schema, properties={"format-version": "1"})
+    assert one(writer, "SELECT count(*) FROM ns.old") == 0
+    table.append(pa.table({"id": pa.array(range(10), pa.int64())}))
+    table.append(pa.table({"id": pa.array(range(10, 15), pa.int64())}))
+    assert one(writer, "SELECT count(*) FROM ns.old") == 15
+    catalog.load_table(("ns", "old")).delete(LessThan("id", 3))
+    assert one(writer, "SELECT count(*) FROM ns.old") == 12
+    assert writer.last_execution_path == "metadata"
+    assert one(writer, "SELECT count(id) FROM ns.old") == 12  # what a scan returns
+
+
+def test_a_bare_count_at_an_older_snapshot_counts_that_snapshot(writer: Session, write_provider: LocalProvider) -> None:
+    writer.sql("CREATE TABLE ns.grown AS SELECT range AS id FROM range(3)")
+    first = write_provider.catalogs["wh"].load_table(("ns", "grown")).metadata.current_snapshot_id
+    writer.sql("INSERT INTO ns.grown VALUES (10), (11)")
+    assert one(writer, f"SELECT count(*) FROM ns.grown FOR VERSION AS OF {first}") == 3
+    assert one(writer, "SELECT count(*) FROM ns.grown") == 5
+    both = f"SELECT count(*) FROM (SELECT id FROM ns.grown UNION ALL SELECT id FROM ns.grown FOR VERSION AS OF {first})"
+    assert one(writer, both) == 8
