@@ -141,11 +141,12 @@ class Result:
             self._check_readable()
             self._table = self._pass_through.table()
         if self._table is None:
-            relation = self._take_relation()
-            try:
-                self._table = relation.to_arrow_table()
-            except duckdb.Error as exc:
-                raise self._session._translate(exc, self._context) from None
+            with self._session._lock:  # checked and run as one: no other statement may fill the slots between
+                relation = self._take_relation()
+                try:
+                    self._table = relation.to_arrow_table()
+                except duckdb.Error as exc:
+                    raise self._session._translate(exc, self._context) from None
         return self._table
 
     def reader(self, batch_size: int = 122_880) -> pa.RecordBatchReader:
@@ -154,14 +155,15 @@ class Result:
         if self._pass_through is not None:
             self._check_readable()
             return pa.RecordBatchReader.from_batches(self._pass_through.schema, self._pass_through.batches(batch_size))
-        relation = self._take_relation()
-        try:
-            source = relation.to_arrow_reader(batch_size)
-        except duckdb.Error as exc:
-            raise self._session._translate(exc, self._context) from None
-        # The next statement closes it (DuckDB runs one result at a time); weakly, so whoever drops the reader
-        # still frees DuckDB's stream (and its scans) at once.
-        self._session._open_reader = weakref.ref(source)
+        with self._session._lock:  # checked and started as one (see arrow)
+            relation = self._take_relation()
+            try:
+                source = relation.to_arrow_reader(batch_size)
+            except duckdb.Error as exc:
+                raise self._session._translate(exc, self._context) from None
+            # The next statement closes it (DuckDB runs one result at a time); weakly, so whoever drops the
+            # reader still frees DuckDB's stream (and its scans) at once.
+            self._session._open_reader = weakref.ref(source)
         return pa.RecordBatchReader.from_batches(source.schema, self._translated(source))
 
     def fetchall(self) -> list[tuple[Any, ...]]:

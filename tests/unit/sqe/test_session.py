@@ -18,7 +18,7 @@ from sqe.errors import CatalogError, NoSuchTableError, QueryError, RestrictionEr
 from sqe.execution import QueryCancelledError
 from sqe.execution import local as local_execution
 from sqe.planning.planner import format_filter
-from sqe.session import Session, explain_sections
+from sqe.session import Result, Session, explain_sections
 from tests.unit.sqe.iceberg_local import DELETED_POSITIONS, EVENT_GROUPS, NUMBER_FILES, ROWS_PER_FILE, LocalProvider
 
 TOTAL = NUMBER_FILES * ROWS_PER_FILE
@@ -600,3 +600,32 @@ def test_a_bare_count_at_an_older_snapshot_counts_that_snapshot(writer: Session,
     assert one(writer, "SELECT count(*) FROM ns.grown") == 5
     both = f"SELECT count(*) FROM (SELECT id FROM ns.grown UNION ALL SELECT id FROM ns.grown FOR VERSION AS OF {first})"
     assert one(writer, both) == 8
+
+
+def test_a_result_read_as_another_thread_starts_a_statement_never_reads_that_statements_scan(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each table's slot is shared by the session's statements: a result checked as readable must run before any
+    other statement can fill the slot, or it would read that statement's scan (other rows, other columns)."""
+    first = session.sql("SELECT sum(id) FROM ns.numbers")
+    checked, other_planned = threading.Event(), threading.Event()
+    real_check = Result._check_readable
+
+    def check_then_give_another_thread_time(self: Result) -> None:
+        real_check(self)
+        if self is first:
+            checked.set()
+            other_planned.wait(0.3)  # the other statement gets in here unless the session keeps it out
+
+    monkeypatch.setattr(Result, "_check_readable", check_then_give_another_thread_time)
+    reader, outcome = run_in_thread(first.arrow)
+    assert checked.wait(5)
+    other, other_outcome = run_in_thread(lambda: session.sql("SELECT id FROM ns.numbers WHERE id < 3"))
+    other.join(2)  # with the session keeping it out, it is still waiting here
+    other_planned.set()
+    other.join(10)
+    reader.join(10)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["value"].column(0).to_pylist() == [sum(range(TOTAL))]
+    assert outcome["finished"] <= other_outcome["finished"]  # the other statement waited for this one
+    assert sorted(other_outcome["value"].fetchall()) == [(0,), (1,), (2,)]
