@@ -28,8 +28,8 @@ from sqe.restrictions.arrow_buffers import validity_bitmap
 _UNITS_PER_DAY = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}
 _MIN_TABLE_DAYS = 1 << 16  # ~180 years: always cheap to floor next to a column of any size
 _TABLE_DAYS_PER_VALUE = 4  # bigger tables only for arrays long enough to pay for them
-CALENDAR_FIRST_DAY = -(1 << 16)  # 1790-09-08
-CALENDAR_DAYS = 1 << 17  # through 2149; inside the range of every Arrow timestamp unit, ns included
+CALENDAR_FIRST_DAY = -(1 << 16)  # 1790-07-27
+CALENDAR_DAYS = 1 << 17  # through 2149-06-06; inside the range of every Arrow timestamp unit, ns included
 
 
 def truncate_temporal(array: pa.Array, unit: str) -> pa.Array:

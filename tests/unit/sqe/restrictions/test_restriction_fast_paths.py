@@ -113,7 +113,8 @@ def calendar_span_arrays(draw: st.DrawFn) -> pa.Array:
     per_day = _layout(kind)[2]
     first, last = CALENDAR_FIRST_DAY * per_day, (CALENDAR_FIRST_DAY + CALENDAR_DAYS) * per_day - 1
     midnight = draw(st.integers(CALENDAR_FIRST_DAY + 1, CALENDAR_FIRST_DAY + CALENDAR_DAYS - 1)) * per_day
-    edges = st.sampled_from([first, last, midnight, midnight - 1, midnight + 1, 0, -1])
+    # One unit past the last midnight is the day after the span: clamped, every slot stays inside it.
+    edges = st.sampled_from([first, last, midnight, midnight - 1, min(midnight + 1, last), 0, -1])
     values = draw(st.lists(st.one_of(edges, st.integers(first, last)), min_size=1, max_size=60))
     nulls = draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
     array = with_garbage_in_null_slots(values, nulls, kind)
