@@ -38,12 +38,13 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import pyarrow as pa
 
 from sqe._text import first_line
+from sqe._unpicklable import Unpicklable
 from sqe.catalog.base import LoadedTable, TableIdent, TableProvider, ViewDefinition
 from sqe.duckdb_connection import connect_locked_down, quote_ident, quote_qualified
 from sqe.errors import (
@@ -1255,11 +1256,13 @@ class Session:
 _T = TypeVar("_T")
 
 
-class _ScanSlot:
+class _ScanSlot(Unpicklable):
     """What DuckDB has registered for one table of a session: the running statement's scan of it, or nothing.
 
     Between statements the slot is empty, and DuckDB reading it (a stale view) fails with a QueryError instead of
     reaching an old scan, whose credentials and plan the catalog has not just authorized."""
+
+    _pickle_refusal = "a scan slot holds a scan with credentials and cannot be pickled"
 
     def __init__(self, label: str) -> None:
         self._label = label
@@ -1273,9 +1276,6 @@ class _ScanSlot:
 
     def __repr__(self) -> str:
         return f"_ScanSlot({self._label}, {'filled' if self.source is not None else 'empty'})"
-
-    def __reduce__(self) -> NoReturn:
-        raise TypeError("a scan slot holds a scan with credentials and cannot be pickled")
 
 
 class _MeasuredStream:

@@ -63,13 +63,9 @@ WHOLE_FILE_BYTES = 8 << 20
 _WHOLE_FILE_SHARE = 16  # ... and only while such a file is at most this fraction of the cache's bound
 
 
-def _kept_whole(size: int) -> bool:
-    return 0 < size <= min(WHOLE_FILE_BYTES, DATA_RANGES.max_bytes // _WHOLE_FILE_SHARE)
-
-
 def kept_whole(size: int) -> bool:
     """Whether a data file of this size is kept whole, so that once cached it opens as an in-memory buffer."""
-    return _kept_whole(size)
+    return 0 < size <= min(WHOLE_FILE_BYTES, DATA_RANGES.max_bytes // _WHOLE_FILE_SHARE)
 
 
 class _Upstream:
@@ -147,7 +143,7 @@ class _RangeReader(io.RawIOBase):
             return kept
         if self._native is None:
             self._native, self._owned = self._upstream.open()
-        if _kept_whole(self._size):
+        if kept_whole(self._size):
             # A small file is fetched and kept whole on its first miss (the footer's): one GET instead of one
             # per range, and later opens are served natively from memory (see _RangeFileHandler).
             data = self._native.read_at(self._size, 0)
@@ -181,7 +177,7 @@ class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarro
         """A file kept whole is served as a native buffer: pyarrow decodes it without calling into Python (no
         GIL per read, so files decode in parallel); otherwise each read goes through :class:`_RangeReader`."""
         self._only_mine(path)
-        whole = DATA_RANGES.covering(self._key, 0, self._key[1]) if _kept_whole(self._key[1]) else None
+        whole = DATA_RANGES.covering(self._key, 0, self._key[1]) if kept_whole(self._key[1]) else None
         if whole is not None:
             return pa.BufferReader(pa.py_buffer(whole))  # zero-copy over the kept bytes
         return pa.PythonFile(_RangeReader(self._key, self._upstream), mode="r")

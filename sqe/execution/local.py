@@ -2,14 +2,13 @@
 
 Each file is streamed batch by batch (pyiceberg's public ``ArrowScan.to_record_batches`` materialises each file).
 A Parquet file without positional deletes whose columns need no Iceberg projection (same field ids and types,
-all present, primitive) is read directly with pyarrow, in batches of about ``target_batch_bytes`` (by pyarrow's
-Parquet reader over the kept footer, or by a dataset scanner when a row filter applies or the file lives on an
-object store without the range cache, where only the scanner opens a file without a HEAD, or a range-cached file
-too large to be kept whole, whose reads call back into Python and whose row groups the scanner decodes in
-parallel); any other
-file goes through pyiceberg's private generator ``_task_to_record_batches``, which handles deletes, schema
-evolution and missing columns. Both yield the same batches; the direct path only skips pyiceberg's per-batch
-re-projection and its small default batch size.
+all present, primitive) is read directly with pyarrow, in batches of about ``target_batch_bytes``: by pyarrow's
+Parquet reader over the kept footer when its reads stay native (a local file, or a range-cached file kept whole),
+else by a dataset scanner (a row filter applies; an object store without the range cache, where only the scanner
+opens a file without a HEAD; a range-cached file read range by range, whose row groups the scanner decodes in
+parallel). Any other file goes through pyiceberg's private generator ``_task_to_record_batches``, which handles
+deletes, schema evolution and missing columns. Both yield the same batches; the direct path only skips pyiceberg's
+per-batch re-projection and its small default batch size.
 
 At most ``max_files_in_flight`` files are open and at most ``max_queued_batches`` batches wait in the queue, so
 memory stays bounded whatever the table size. The consumer polls a cancel event, so an interrupted query stops

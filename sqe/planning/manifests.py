@@ -14,8 +14,6 @@ so pyiceberg's partition, metrics and sequence-number pruning and its delete-fil
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from pyiceberg.avro.decoder import new_decoder
@@ -32,6 +30,8 @@ from pyiceberg.manifest import (
     ManifestFile,
     _inherit_from_manifest,
 )
+
+from sqe._lru import LRUCache
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -52,40 +52,19 @@ _HEADER_READER = construct_reader(META_SCHEMA, {-1: AvroFileHeader})
 MAX_KEPT_READERS = 64  # distinct (schema, spec) texts; one table usually has a handful
 
 
-class _EntryReaders:
-    """Resolved manifest-entry readers by the writer's schema text (a bounded LRU; thread-safe)."""
+# Resolved manifest-entry readers by the writer's schema text (the engine's one bounded, thread-safe LRU).
+ENTRY_READERS: LRUCache[str, Reader] = LRUCache(MAX_KEPT_READERS)
 
-    def __init__(self, max_entries: int = MAX_KEPT_READERS) -> None:
-        self._max_entries = max_entries
-        self._kept: OrderedDict[str, Reader] = OrderedDict()
-        self._lock = threading.Lock()
 
-    def reader_for(self, header: AvroFileHeader) -> Reader:
-        text = header.meta.get(_SCHEMA_KEY)
-        if text is None:
-            raise ValueError("No schema found in Avro file headers")  # pyiceberg's own message for this
-        with self._lock:
-            reader = self._kept.get(text)
-            if reader is not None:
-                self._kept.move_to_end(text)
-                return reader
+def _entry_reader(header: AvroFileHeader, kept: LRUCache[str, Reader] = ENTRY_READERS) -> Reader:
+    text = header.meta.get(_SCHEMA_KEY)
+    if text is None:
+        raise ValueError("No schema found in Avro file headers")  # pyiceberg's own message for this
+    reader = kept.get(text)
+    if reader is None:
         reader = resolve_reader(header.get_schema(), _ENTRY_READ_SCHEMA, _ENTRY_TYPES, _ENTRY_ENUMS)
-        with self._lock:
-            self._kept[text] = reader
-            while len(self._kept) > self._max_entries:
-                self._kept.popitem(last=False)
-        return reader
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._kept)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
-
-
-ENTRY_READERS = _EntryReaders()
+        kept.put(text, reader)
+    return reader
 
 
 class _ManifestAvroFile(AvroFile[ManifestEntry]):
@@ -96,7 +75,7 @@ class _ManifestAvroFile(AvroFile[ManifestEntry]):
             self.decoder = new_decoder(stream.read())
         self.header = _HEADER_READER.read(self.decoder)
         self.read_schema = _ENTRY_READ_SCHEMA
-        self.reader = ENTRY_READERS.reader_for(self.header)
+        self.reader = _entry_reader(self.header)
         return self
 
 

@@ -33,6 +33,7 @@ from pyiceberg.table import DataScan
 from pyiceberg.types import ListType, MapType
 
 from sqe import vocabulary
+from sqe._lru import LRUCache
 from sqe._text import first_line, iso_utc
 from sqe.errors import EncryptedTableError, QueryError, SQEError
 from sqe.planning.manifests import planning_manifests
@@ -217,7 +218,7 @@ class TaskCache:
         self.metadata_io = metadata_io
         self.hits = 0
         self._entries: OrderedDict[Hashable, tuple[FileScanTask, ...]] = OrderedDict()
-        self._listed: OrderedDict[Hashable, int | None] = OrderedDict()  # manifest lists' row counts
+        self._listed: LRUCache[Hashable, tuple[int | None]] = LRUCache(max_entries)  # manifest lists' row counts
         self._lock = threading.Lock()
 
     def peek(self, key: Hashable | None) -> tuple[FileScanTask, ...] | None:
@@ -251,16 +252,13 @@ class TaskCache:
         list like the tasks: a repeated bare ``count(*)`` decodes no manifest list again."""
         if key is None:
             return count()
-        with self._lock:
-            if key in self._listed:
-                self._listed.move_to_end(key)
+        kept = self._listed.get(key)
+        if kept is not None:
+            with self._lock:
                 self.hits += 1
-                return self._listed[key]
+            return kept[0]
         listed = count()
-        with self._lock:
-            self._listed[key] = listed
-            while len(self._listed) > self.max_entries:
-                self._listed.popitem(last=False)
+        self._listed.put(key, (listed,))  # as a 1-tuple: "no exact count" (None) is an answer worth keeping too
         return listed
 
 

@@ -189,7 +189,7 @@ def _hex_pair_table() -> pa.Array:
     uint16. Other pairs map to 0; DuckDB's sha256 writes nothing but hex digits."""
     table = bytearray(1 << 16)
     digits = [(value, ord(char)) for value, char in enumerate("0123456789abcdef")]
-    digits += [(value, ord(char)) for value, char in enumerate("0123456789ABCDEF") if char.isupper()]
+    digits += [(value, ord(char)) for value, char in enumerate("ABCDEF", start=10)]
     for high, high_char in digits:
         for low, low_char in digits:
             table[high_char | low_char << 8] = high << 4 | low

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from pyiceberg.avro.file import AvroFileHeader
+from pyiceberg.avro.reader import Reader
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.expressions import EqualTo, GreaterThanOrEqual
 from pyiceberg.manifest import ManifestFile
@@ -17,6 +18,7 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
+from sqe._lru import LRUCache
 from sqe.planning import manifests as planning
 from sqe.planning.manifests import ENTRY_READERS, PlanningManifest, planning_manifests
 
@@ -78,21 +80,21 @@ def test_one_reader_per_schema_text(table: Table) -> None:
 
 
 def test_kept_readers_are_bounded(table: Table) -> None:
-    readers = planning._EntryReaders(max_entries=2)
+    readers: LRUCache[str, Reader] = LRUCache(2)
     [manifest] = planning_manifests(_manifests(table))[:1]
     with planning._ManifestAvroFile(table.io.new_input(manifest.manifest_path)) as avro:
         header = avro.header
     for i in range(4):
         meta = dict(header.meta)
         meta["avro.schema"] = meta["avro.schema"] + " " * i  # same schema, a different text
-        readers.reader_for(AvroFileHeader(header.magic, meta, header.sync))
+        planning._entry_reader(AvroFileHeader(header.magic, meta, header.sync), readers)
     assert len(readers) == 2
 
 
 def test_a_header_without_schema_fails_like_pyiceberg() -> None:
     header = AvroFileHeader(b"Obj\x01", {}, b"\x00" * 16)
     with pytest.raises(ValueError, match="No schema found"):
-        planning._EntryReaders().reader_for(header)
+        planning._entry_reader(header, LRUCache(1))
 
 
 def test_scan_plans_the_same_files_with_and_without_a_filter(table: Table) -> None:
