@@ -29,7 +29,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pyiceberg
 from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.expressions.visitors import bind, translate_column_names
+from pyiceberg.expressions.visitors import bind, extract_field_ids, translate_column_names
 from pyiceberg.io import pyarrow as _pyiceberg_arrow
 from pyiceberg.io.pyarrow import expression_to_pyarrow, pyarrow_to_schema, schema_to_pyarrow
 from pyiceberg.manifest import FileFormat
@@ -38,13 +38,15 @@ from pyiceberg.types import BinaryType, IcebergType, StringType
 from sqe._counters import Counters
 from sqe.errors import QueryError
 from sqe.execution.cache import parquet_fragment
-from sqe.execution.cached_files import CACHED_RANGE_FS, kept_whole
+from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
+from sqe.execution.decoded_cache import DECODED
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
     from pyiceberg.schema import Schema
     from pyiceberg.table import FileScanTask
 
+    from sqe.execution.byte_cache import FileKey
     from sqe.planning.planner import ReadSpec
 
 BatchTransform = Callable[[pa.RecordBatch], pa.RecordBatch]
@@ -93,6 +95,9 @@ _PARQUET = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
 # system "py::" + its handler's type name), which opens upstream only on a miss.
 _LOCAL_FS = "local"
 _RANGE_CACHED_FS = f"py::{CACHED_RANGE_FS}"
+# A row group is decoded whole into the decoded-column cache only while its estimated decoded size is at most this
+# fraction of the cache's bound; a larger one streams batch by batch as without the cache.
+_DECODED_GROUP_SHARE = 8
 # Arrow types pyiceberg hands through unchanged although its own mapping of the Iceberg type is the large one.
 _PASS_THROUGH: dict[type[IcebergType], tuple[pa.DataType, ...]] = {
     StringType: (pa.string(), pa.large_string()),
@@ -173,6 +178,9 @@ class DirectProjection:
     file_columns: tuple[str, ...]  # physical names, in projected-schema order
     schema: pa.Schema  # what pyiceberg's projection would produce: Iceberg names, file types, no field ids
     arrow_filter: pc.Expression | None
+    # Physical top-level columns the filter reads besides file_columns; None: it reads one that is not top-level
+    # (then the decoded-column cache is not used for the file).
+    filter_columns: tuple[str, ...] | None = ()
 
     def batches(
         self,
@@ -184,6 +192,10 @@ class DirectProjection:
     ) -> Iterator[pa.RecordBatch]:
         """``file_size``: the manifest's size of the file (0: unknown), which tells whether it is kept whole."""
         rows = batch_rows(fragment, self.file_columns, target_batch_bytes)
+        cached = self._decoded_cache_key(fragment)
+        if cached is not None:
+            yield from self._cached_batches(fragment, cached, rows, parallel_decode)
+            return
         if self.reads_plainly(fragment, file_size):
             yield from self._read_batches(fragment, rows, parallel_decode)
             return
@@ -208,6 +220,69 @@ class DirectProjection:
             return False
         kind = fragment.filesystem.type_name
         return kind == _LOCAL_FS or (kind == _RANGE_CACHED_FS and kept_whole(file_size))
+
+    def _decoded_cache_key(self, fragment: ds.ParquetFileFragment) -> FileKey | None:
+        """The range-cache key of the fragment when its row groups go through the decoded-column cache: the cache
+        is on, the fragment reads through the range cache (so the catalog vended its credential set in this
+        query), the filter reads top-level columns only, and no row group is too large to keep."""
+        if not DECODED.enabled or self.filter_columns is None or not self._read_columns:
+            return None  # (no column at all: a row count, which the other paths read without decoding)
+        key = cached_file_key(fragment)
+        if key is None:
+            return None
+        metadata = fragment.metadata
+        row_bytes = decoded_row_bytes(fragment, self._read_columns)
+        largest = max((metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)), default=0)
+        return key if largest * row_bytes <= DECODED.max_bytes // _DECODED_GROUP_SHARE else None
+
+    @property
+    def _read_columns(self) -> tuple[str, ...]:
+        return self.file_columns + (self.filter_columns or ())
+
+    def _cached_batches(
+        self, fragment: ds.ParquetFileFragment, key: FileKey, rows: int, threads: bool
+    ) -> Iterator[pa.RecordBatch]:
+        """The file's batches assembled from decoded columns, decoding (and keeping) only the missing ones.
+
+        Row groups go in file order, pruned by the filter through their statistics as the scanner prunes them;
+        the filter then runs on each assembled group, so the rows are the scanner's rows. Like the other paths,
+        a batch never spans two row groups and holds at most ``rows`` rows."""
+        metadata = fragment.metadata
+        wanted = self._read_columns
+        parquet: pq.ParquetFile | None = None
+        source: pa.NativeFile | None = None
+        try:
+            for index in self._row_groups(fragment):
+                if metadata.row_group(index).num_rows == 0:
+                    continue
+                columns = DECODED.columns(key, index, wanted)
+                missing = [name for name in wanted if name not in columns]
+                if missing:
+                    if parquet is None:  # opening by path is free on the range-cached file system
+                        source = fragment.open()
+                        parquet = pq.ParquetFile(
+                            source, metadata=metadata, pre_buffer=True, buffer_size=0, arrow_extensions_enabled=False
+                        )
+                    decoded = parquet.read_row_group(index, columns=missing, use_threads=threads)
+                    for name in missing:
+                        columns[name] = decoded.column(name)
+                        DECODED.put_column(key, index, name, columns[name])
+                group = pa.Table.from_arrays([columns[name] for name in wanted], names=list(wanted))
+                if self.arrow_filter is not None:
+                    group = group.filter(self.arrow_filter).select(list(self.file_columns))
+                for batch in group.to_batches(max_chunksize=rows):
+                    if batch.num_rows:
+                        yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+        finally:
+            if source is not None:
+                source.close()
+
+    def _row_groups(self, fragment: ds.ParquetFileFragment) -> list[int]:
+        """Every row group's index, or with a filter those its statistics do not rule out (the scanner's rule)."""
+        if self.arrow_filter is None:
+            return list(range(fragment.metadata.num_row_groups))
+        kept = fragment.subset(filter=self.arrow_filter, schema=fragment.physical_schema)
+        return sorted(group.id for group in kept.row_groups)
 
     def _read_batches(self, fragment: ds.ParquetFileFragment, rows: int, threads: bool) -> Iterator[pa.RecordBatch]:
         """Every row of the file, read with its kept footer by pyarrow's Parquet reader. Without a filter the
@@ -265,7 +340,27 @@ def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProje
         columns.append(in_file.name)
         metadata = {b"doc": wanted.doc.encode()} if wanted.doc else None
         fields.append(pa.field(wanted.name, arrow_type, nullable=wanted.optional, metadata=metadata))
-    return DirectProjection(tuple(columns), pa.schema(fields), _file_filter(read, file_schema))
+    file_filter = _file_filter(read, file_schema)
+    filter_columns = _filter_columns(read, file_schema, physical_schema, columns) if file_filter is not None else ()
+    return DirectProjection(tuple(columns), pa.schema(fields), file_filter, filter_columns)
+
+
+def _filter_columns(
+    read: ReadSpec, file_schema: Schema, physical_schema: pa.Schema, projected: list[str]
+) -> tuple[str, ...] | None:
+    """The file's top-level columns the row filter reads beyond ``projected`` (None: it reads a nested one). A
+    field the file lacks is not read: the translated filter treats it as all nulls."""
+    extra: list[str] = []
+    for field_id in sorted(extract_field_ids(read.bound_row_filter)):
+        name = file_schema.find_column_name(field_id) if field_id in file_schema.field_ids else None
+        if name is None:
+            continue
+        index = physical_schema.get_field_index(name)
+        if index < 0 or pa.types.is_nested(physical_schema.field(index).type):
+            return None
+        if name not in projected and name not in extra:
+            extra.append(name)
+    return tuple(extra)
 
 
 def _passes_through(iceberg_type: IcebergType, arrow_type: pa.DataType) -> bool:
@@ -285,9 +380,17 @@ def _file_filter(read: ReadSpec, file_schema: Schema) -> pc.Expression | None:
 def batch_rows(fragment: ds.ParquetFileFragment, columns: tuple[str, ...], target_batch_bytes: int) -> int:
     """Rows per batch so a batch of these columns holds about ``target_batch_bytes`` once decoded: few large
     batches keep the per-batch Python work (queue, transform, DuckDB's pull) small against the data."""
+    row_bytes = decoded_row_bytes(fragment, columns)
+    if row_bytes == 0:
+        return _MAX_BATCH_ROWS
+    return max(_MIN_BATCH_ROWS, min(_MAX_BATCH_ROWS, int(target_batch_bytes / max(row_bytes, 1.0))))
+
+
+def decoded_row_bytes(fragment: ds.ParquetFileFragment, columns: tuple[str, ...]) -> float:
+    """About how many bytes a row of these columns takes once decoded, from the first row group (0: no rows)."""
     metadata = fragment.metadata
     if metadata.num_row_groups == 0 or metadata.row_group(0).num_rows == 0:
-        return _MAX_BATCH_ROWS
+        return 0.0
     group = metadata.row_group(0)
     encoded = {
         group.column(i).path_in_schema: group.column(i).total_uncompressed_size for i in range(group.num_columns)
@@ -299,7 +402,7 @@ def batch_rows(fragment: ds.ParquetFileFragment, columns: tuple[str, ...], targe
             row_bytes += arrow_type.bit_width / 8
         except ValueError:  # variable width: encoded bytes per row, plus an offset
             row_bytes += encoded.get(name, 0) / group.num_rows + 4
-    return max(_MIN_BATCH_ROWS, min(_MAX_BATCH_ROWS, int(target_batch_bytes / max(row_bytes, 1.0))))
+    return row_bytes
 
 
 class FileScanSource(Protocol):
