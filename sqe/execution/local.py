@@ -194,7 +194,8 @@ class DirectProjection:
         rows = batch_rows(fragment, self.file_columns, target_batch_bytes)
         cached = self._decoded_cache_key(fragment)
         if cached is not None:
-            yield from self._cached_batches(fragment, cached, rows, parallel_decode)
+            whole = kept_whole(file_size)  # in memory: the Parquet reader; else the scanner
+            yield from self._cached_batches(fragment, cached, rows, parallel_decode, whole)
             return
         if self.reads_plainly(fragment, file_size):
             yield from self._read_batches(fragment, rows, parallel_decode)
@@ -240,42 +241,46 @@ class DirectProjection:
         return self.file_columns + (self.filter_columns or ())
 
     def _cached_batches(
-        self, fragment: ds.ParquetFileFragment, key: FileKey, rows: int, threads: bool
+        self, fragment: ds.ParquetFileFragment, key: FileKey, rows: int, threads: bool, whole: bool
     ) -> Iterator[pa.RecordBatch]:
         """The file's batches assembled from decoded columns, decoding (and keeping) only the missing ones.
 
         Row groups go in file order, pruned by the filter through their statistics as the scanner prunes them;
         the filter then runs on each assembled group, so the rows are the scanner's rows. Like the other paths,
-        a batch never spans two row groups and holds at most ``rows`` rows."""
+        a batch never spans two row groups and holds at most ``rows`` rows. ``whole``: the file is kept whole in
+        the range cache, so missing columns are decoded by the Parquet reader over the in-memory file; otherwise
+        by the dataset scanner, which decodes row groups in parallel (see :meth:`reads_plainly`)."""
         metadata = fragment.metadata
         wanted = self._read_columns
-        parquet: pq.ParquetFile | None = None
-        source: pa.NativeFile | None = None
+        groups = [i for i in self._row_groups(fragment) if metadata.row_group(i).num_rows]
+        found = {index: DECODED.columns(key, index, wanted) for index in groups}
+        incomplete = [index for index in groups if len(found[index]) < len(wanted)]
+        missing = [name for name in wanted if any(name not in found[index] for index in incomplete)]
+        decode = _decode_whole if whole else _decode_by_scanner
+        decoded = decode(fragment, incomplete, missing, threads) if incomplete else iter(())
         try:
-            for index in self._row_groups(fragment):
-                if metadata.row_group(index).num_rows == 0:
-                    continue
-                columns = DECODED.columns(key, index, wanted)
-                missing = [name for name in wanted if name not in columns]
-                if missing:
-                    if parquet is None:  # opening by path is free on the range-cached file system
-                        source = fragment.open()
-                        parquet = pq.ParquetFile(
-                            source, metadata=metadata, pre_buffer=True, buffer_size=0, arrow_extensions_enabled=False
-                        )
-                    decoded = parquet.read_row_group(index, columns=missing, use_threads=threads)
+            for index in groups:
+                columns = found[index]
+                if columns.keys() != set(wanted):
+                    decoded_index, table = next(decoded)
+                    assert decoded_index == index  # both walk the same groups in file order
                     for name in missing:
-                        columns[name] = decoded.column(name)
+                        columns[name] = table.column(name)
                         DECODED.put_column(key, index, name, columns[name])
-                group = pa.Table.from_arrays([columns[name] for name in wanted], names=list(wanted))
-                if self.arrow_filter is not None:
-                    group = group.filter(self.arrow_filter).select(list(self.file_columns))
-                for batch in group.to_batches(max_chunksize=rows):
-                    if batch.num_rows:
-                        yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+                yield from self._group_batches(columns, rows)
         finally:
-            if source is not None:
-                source.close()
+            close = getattr(decoded, "close", None)
+            if close is not None:  # stops the decoder (and closes its file) when the consumer leaves early
+                close()
+
+    def _group_batches(self, columns: dict[str, pa.ChunkedArray], rows: int) -> Iterator[pa.RecordBatch]:
+        wanted = self._read_columns
+        group = pa.Table.from_arrays([columns[name] for name in wanted], names=list(wanted))
+        if self.arrow_filter is not None:
+            group = group.filter(self.arrow_filter).select(list(self.file_columns))
+        for batch in group.to_batches(max_chunksize=rows):
+            if batch.num_rows:
+                yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
 
     def _row_groups(self, fragment: ds.ParquetFileFragment) -> list[int]:
         """Every row group's index, or with a filter those its statistics do not rule out (the scanner's rule)."""
@@ -311,6 +316,47 @@ class DirectProjection:
                 for batch in batches:
                     if batch.num_rows:
                         yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+
+
+def _decode_whole(
+    fragment: ds.ParquetFileFragment, groups: list[int], columns: list[str], threads: bool
+) -> Iterator[tuple[int, pa.Table]]:
+    """Each row group's ``columns``, decoded by pyarrow's Parquet reader (a file in memory: native reads)."""
+    with fragment.open() as source:  # opening by path is free on the range-cached file system
+        parquet = pq.ParquetFile(
+            source, metadata=fragment.metadata, pre_buffer=True, buffer_size=0, arrow_extensions_enabled=False
+        )
+        for index in groups:
+            yield index, parquet.read_row_group(index, columns=columns, use_threads=threads)
+
+
+def _decode_by_scanner(
+    fragment: ds.ParquetFileFragment, groups: list[int], columns: list[str], _threads: bool
+) -> Iterator[tuple[int, pa.Table]]:
+    """Each row group's ``columns``, decoded by the dataset scanner over just those groups (in parallel, in file
+    order). The scanner never joins two row groups into a batch; batches are cut at the groups' row counts all
+    the same, so a group's columns are exactly its rows."""
+    metadata = fragment.metadata
+    sizes = [metadata.row_group(index).num_rows for index in groups]
+    scanner = ds.Scanner.from_fragment(
+        fragment.subset(row_group_ids=groups),
+        schema=fragment.physical_schema,
+        columns=columns,
+        batch_size=max(sizes),
+        use_threads=True,
+    )
+    pending: list[pa.RecordBatch] = []
+    have = 0
+    position = 0
+    for batch in scanner.to_batches():
+        while batch.num_rows:
+            take = min(batch.num_rows, sizes[position] - have)
+            pending.append(batch.slice(0, take))
+            have += take
+            batch = batch.slice(take)
+            if have == sizes[position]:
+                yield groups[position], pa.Table.from_batches(pending)
+                pending, have, position = [], 0, position + 1
 
 
 def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:
