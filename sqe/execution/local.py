@@ -246,10 +246,11 @@ class DirectProjection:
         """The file's batches assembled from decoded columns, decoding (and keeping) only the missing ones.
 
         Row groups go in file order, pruned by the filter through their statistics as the scanner prunes them;
-        the filter then runs on each assembled group, so the rows are the scanner's rows. Like the other paths,
-        a batch never spans two row groups and holds at most ``rows`` rows. ``whole``: the file is kept whole in
-        the range cache, so missing columns are decoded by the Parquet reader over the in-memory file; otherwise
-        by the dataset scanner, which decodes row groups in parallel (see :meth:`reads_plainly`)."""
+        the filter then runs on each assembled piece, so the rows are the scanner's rows. Like the other paths, a
+        batch never spans two row groups and holds at most ``rows`` rows. Missing columns stream in pieces of at
+        most ``rows`` rows (so consuming overlaps decoding, as without the cache) and are kept once their group is
+        complete. ``whole``: the file is kept whole in the range cache, so they are decoded by the Parquet reader
+        over the in-memory file; otherwise by the dataset scanner, which decodes row groups in parallel."""
         metadata = fragment.metadata
         wanted = self._read_columns
         groups = [i for i in self._row_groups(fragment) if metadata.row_group(i).num_rows]
@@ -257,23 +258,32 @@ class DirectProjection:
         incomplete = [index for index in groups if len(found[index]) < len(wanted)]
         missing = [name for name in wanted if any(name not in found[index] for index in incomplete)]
         decode = _decode_whole if whole else _decode_by_scanner
-        decoded = decode(fragment, incomplete, missing, threads) if incomplete else iter(())
+        pieces = decode(fragment, incomplete, missing, rows, threads) if incomplete else iter(())
         try:
             for index in groups:
-                columns = found[index]
-                if columns.keys() != set(wanted):
-                    decoded_index, table = next(decoded)
-                    assert decoded_index == index  # both walk the same groups in file order
+                if index not in incomplete:
+                    yield from self._piece_batches(found[index], rows)
+                    continue
+                kept = {name: column for name, column in found[index].items() if name not in missing}
+                chunks: dict[str, list[pa.Array]] = {name: [] for name in missing}
+                last = False
+                while not last:
+                    piece_index, offset, piece, last = next(pieces)
+                    assert piece_index == index  # both walk the same groups in file order
+                    view = {name: column.slice(offset, piece.num_rows) for name, column in kept.items()}
                     for name in missing:
-                        columns[name] = table.column(name)
-                        DECODED.put_column(key, index, name, columns[name])
-                yield from self._group_batches(columns, rows)
+                        view[name] = piece.column(name)
+                        chunks[name].extend(piece.column(name).chunks)
+                    yield from self._piece_batches(view, rows)
+                for name in missing:
+                    DECODED.put_column(key, index, name, pa.chunked_array(chunks[name], piece.schema.field(name).type))
         finally:
-            close = getattr(decoded, "close", None)
+            close = getattr(pieces, "close", None)
             if close is not None:  # stops the decoder (and closes its file) when the consumer leaves early
                 close()
 
-    def _group_batches(self, columns: dict[str, pa.ChunkedArray], rows: int) -> Iterator[pa.RecordBatch]:
+    def _piece_batches(self, columns: dict[str, pa.ChunkedArray], rows: int) -> Iterator[pa.RecordBatch]:
+        """Batches of consecutive rows of one row group, filtered, with the projection's schema."""
         wanted = self._read_columns
         group = pa.Table.from_arrays([columns[name] for name in wanted], names=list(wanted))
         if self.arrow_filter is not None:
@@ -318,45 +328,56 @@ class DirectProjection:
                         yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
 
 
+# A piece of a row group's missing columns: (row group, offset of its first row, the piece, whether it is the last).
+_Piece = tuple[int, int, pa.Table, bool]
+
+
 def _decode_whole(
-    fragment: ds.ParquetFileFragment, groups: list[int], columns: list[str], threads: bool
-) -> Iterator[tuple[int, pa.Table]]:
-    """Each row group's ``columns``, decoded by pyarrow's Parquet reader (a file in memory: native reads)."""
+    fragment: ds.ParquetFileFragment, groups: list[int], columns: list[str], rows: int, threads: bool
+) -> Iterator[_Piece]:
+    """Each row group's ``columns``, decoded by pyarrow's Parquet reader (a file in memory: native reads): a group
+    of at most ``rows`` rows whole, a larger one batch by batch, as :meth:`DirectProjection._read_batches`."""
+    metadata = fragment.metadata
     with fragment.open() as source:  # opening by path is free on the range-cached file system
         parquet = pq.ParquetFile(
-            source, metadata=fragment.metadata, pre_buffer=True, buffer_size=0, arrow_extensions_enabled=False
+            source, metadata=metadata, pre_buffer=True, buffer_size=0, arrow_extensions_enabled=False
         )
         for index in groups:
-            yield index, parquet.read_row_group(index, columns=columns, use_threads=threads)
+            group_rows = metadata.row_group(index).num_rows
+            if group_rows <= rows:
+                yield index, 0, parquet.read_row_group(index, columns=columns, use_threads=threads), True
+                continue
+            offset = 0
+            for batch in parquet.iter_batches(
+                batch_size=rows, row_groups=[index], columns=columns, use_threads=threads
+            ):
+                yield index, offset, pa.Table.from_batches([batch]), offset + batch.num_rows == group_rows
+                offset += batch.num_rows
 
 
 def _decode_by_scanner(
-    fragment: ds.ParquetFileFragment, groups: list[int], columns: list[str], _threads: bool
-) -> Iterator[tuple[int, pa.Table]]:
+    fragment: ds.ParquetFileFragment, groups: list[int], columns: list[str], rows: int, _threads: bool
+) -> Iterator[_Piece]:
     """Each row group's ``columns``, decoded by the dataset scanner over just those groups (in parallel, in file
-    order). The scanner never joins two row groups into a batch; batches are cut at the groups' row counts all
-    the same, so a group's columns are exactly its rows."""
+    order) in batches of at most ``rows`` rows. The scanner never joins two row groups into a batch; batches are
+    cut at the groups' row counts all the same, so a group's pieces are exactly its rows."""
     metadata = fragment.metadata
     sizes = [metadata.row_group(index).num_rows for index in groups]
     scanner = ds.Scanner.from_fragment(
         fragment.subset(row_group_ids=groups),
         schema=fragment.physical_schema,
         columns=columns,
-        batch_size=max(sizes),
+        batch_size=rows,
         use_threads=True,
     )
-    pending: list[pa.RecordBatch] = []
-    have = 0
-    position = 0
+    position = offset = 0
     for batch in scanner.to_batches():
         while batch.num_rows:
-            take = min(batch.num_rows, sizes[position] - have)
-            pending.append(batch.slice(0, take))
-            have += take
+            take = min(batch.num_rows, sizes[position] - offset)
+            last = offset + take == sizes[position]
+            yield groups[position], offset, pa.Table.from_batches([batch.slice(0, take)]), last
             batch = batch.slice(take)
-            if have == sizes[position]:
-                yield groups[position], pa.Table.from_batches(pending)
-                pending, have, position = [], 0, position + 1
+            position, offset = (position + 1, 0) if last else (position, offset + take)
 
 
 def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:
