@@ -226,3 +226,27 @@ def test_clear_process_caches_empties_it(alice_file: tuple[Path, int, ds.Parquet
     assert DECODED.kept_bytes > 0
     clear_process_caches()
     assert len(DECODED) == 0 and DECODED.kept_bytes == 0
+
+
+def test_a_consumer_leaving_mid_group_keeps_no_partial_column(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    direct = projection(fragment, ("id",))
+    batches = direct.batches(fragment, 3000 * 8, file_size=size)  # 8,192-row pieces: a group takes two
+    first = next(batches)
+    assert first.num_rows == 8_192
+    batches.close()  # the query went away inside the first row group
+    assert len(DECODED) == 0  # a group is kept only once all its rows were decoded
+    assert pa.Table.from_batches(read(direct, fragment, size)).equals(scanner_rows(fragment, ("id",)))
+    assert len(DECODED) == ROWS // GROUP_ROWS
+
+
+def test_columns_go_when_their_credential_set_leaves_the_pool() -> None:
+    from sqe.credentials.pool import FILE_IOS
+
+    DECODED.put_column(("s3://b/t/f.parquet", 10, "identity-gone"), 0, "a", column([1]))
+    DECODED.put_column(("s3://b/t/f.parquet", 10, "identity-live"), 0, "a", column([2]))
+    FILE_IOS.file_io("identity-gone", {}, expires_at=None)
+    FILE_IOS.clear()  # released: no read can look its entries up again
+    assert [key[0] for key in DECODED.snapshot_keys()] == ["identity-live"]
