@@ -8,7 +8,10 @@ else by a dataset scanner (a row filter applies; an object store without the ran
 opens a file without a HEAD; a range-cached file read range by range, whose row groups the scanner decodes in
 parallel). Any other file goes through pyiceberg's private generator ``_task_to_record_batches``, which handles
 deletes, schema evolution and missing columns. Both yield the same batches; the direct path only skips pyiceberg's
-per-batch re-projection and its small default batch size.
+per-batch re-projection and its small default batch size. A direct read of a range-cached file goes through the
+decoded-column cache (:mod:`sqe.execution.decoded_cache`, ``[cache] decoded_bytes``): each row group's kept
+columns are reused, only missing ones are decoded (by the same two readers), and the filter runs on the assembled
+rows, so a repeat scan pays no Parquet decode.
 
 At most ``max_files_in_flight`` files are open and at most ``max_queued_batches`` batches wait in the queue, so
 memory stays bounded whatever the table size. The consumer polls a cancel event, so an interrupted query stops
