@@ -205,6 +205,8 @@ class CacheConfig(ConfigSection):
     data_bytes: int = 256 << 20
     # Whole manifest lists and manifests, so a repeat plan reads no metadata from the object store.
     manifest_bytes: int = 32 << 20
+    # Decoded Arrow columns of range-cached files' row groups, so a repeat scan skips the Parquet decode too.
+    decoded_bytes: int = 256 << 20
 
 
 class SQEConfig(ConfigSection):
@@ -330,7 +332,7 @@ def _validate_coordinator(c: CoordinatorConfig, require_vended: bool, o: Origins
 
 
 def _validate_cache(c: CacheConfig, o: Origins) -> None:
-    for key in ("data_bytes", "manifest_bytes"):
+    for key in ("data_bytes", "manifest_bytes", "decoded_bytes"):
         if getattr(c, key) < 0:
             o.fail(f"cache.{key}", "must not be negative (0 turns the cache off)")
 

@@ -340,7 +340,9 @@ class Session:
 
         if self.config is not None:
             cache = self.config.cache
-            configure_process_caches(data_bytes=cache.data_bytes, manifest_bytes=cache.manifest_bytes)
+            configure_process_caches(
+                data_bytes=cache.data_bytes, manifest_bytes=cache.manifest_bytes, decoded_bytes=cache.decoded_bytes
+            )
         return TaskCache(metadata_io=MetadataCachingFileIO)
 
     # -- public API -------------------------------------------------------------------------------------

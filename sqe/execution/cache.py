@@ -39,6 +39,7 @@ from sqe.execution.byte_cache import (
     vended_credentials,
 )
 from sqe.execution.cached_files import caching_filesystem
+from sqe.execution.decoded_cache import DECODED, DEFAULT_DECODED_BYTES, clear_decoded_cache, configure_decoded_cache
 from sqe.planning.manifests import ENTRY_READERS
 
 if TYPE_CHECKING:
@@ -78,6 +79,11 @@ def _drop_fragments_of(identity: str) -> None:
     FRAGMENTS.drop_where(lambda key: key[2] == identity)
 
 
+def _drop_decoded_columns_of(identity: str) -> None:
+    # No later read can look these up (a lookup needs a live fragment of that set); free their memory now.
+    DECODED.drop_where(lambda key: key[0] == identity)
+
+
 def _close_store_connections_once_no_set_is_live(_identity: str) -> None:
     # Signed reads share one connection pool across credential sets. Once the last set is released no read can
     # use it, so its kept sockets to the store close too, as the released sets' filesystems' do.
@@ -86,14 +92,18 @@ def _close_store_connections_once_no_set_is_live(_identity: str) -> None:
 
 
 FILE_IOS.add_eviction_listener(_drop_fragments_of)
+FILE_IOS.add_eviction_listener(_drop_decoded_columns_of)
 FILE_IOS.add_eviction_listener(_close_store_connections_once_no_set_is_live)
 
 
-def configure_process_caches(*, data_bytes: int, manifest_bytes: int) -> None:
-    """Bound the data-range and manifest caches (``[cache]``); switching the range cache on or off drops the
-    kept fragments, which read through it or not."""
+def configure_process_caches(
+    *, data_bytes: int, manifest_bytes: int, decoded_bytes: int = DEFAULT_DECODED_BYTES
+) -> None:
+    """Bound the data-range, manifest and decoded-column caches (``[cache]``); switching the range cache on or
+    off drops the kept fragments, which read through it or not (the decoded cache is used only through it)."""
     toggled = (data_bytes > 0) != DATA_RANGES.enabled
     configure_byte_caches(data_bytes=data_bytes, manifest_bytes=manifest_bytes)
+    configure_decoded_cache(decoded_bytes)
     if toggled:
         FRAGMENTS.clear()
 
@@ -105,6 +115,7 @@ def clear_process_caches() -> None:
     FRAGMENTS.clear()
     FILE_IOS.clear()
     clear_byte_caches()
+    clear_decoded_cache()
     close_pool()
     ENTRY_READERS.clear()
 

@@ -41,7 +41,7 @@ from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, vended_cre
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
 
-__all__ = ["MetadataCachingFileIO", "caching_filesystem"]
+__all__ = ["MetadataCachingFileIO", "cached_file_key", "caching_filesystem"]
 
 
 class _RangeSource(Protocol):
@@ -173,6 +173,10 @@ class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarro
         self._path = path
         self._upstream = _Upstream(upstream, direct)
 
+    @property
+    def key(self) -> FileKey:
+        return self._key
+
     def open_input_file(self, path: str) -> pa.NativeFile:
         """A file kept whole is served as a native buffer: pyarrow decodes it without calling into Python (no
         GIL per read, so files decode in parallel); otherwise each read goes through :class:`_RangeReader`."""
@@ -225,6 +229,15 @@ def caching_filesystem(
     misses read through ``direct`` (signed ranged GETs of the same file under the same credential set) when
     given, else through ``upstream``, a fragment of the same file on the object store's own file system."""
     return pafs.PyFileSystem(_RangeFileHandler(key, path, upstream, direct))
+
+
+def cached_file_key(fragment: ds.ParquetFileFragment) -> FileKey | None:
+    """The range-cache key (path, size, credential identity) a fragment reads under, or None when it does not
+    read through the range cache. Such a fragment exists only for a file read with a credential set the catalog
+    vended in the current query, so the key may also authorize lookups of what was decoded from those bytes."""
+    filesystem = fragment.filesystem
+    handler = filesystem.handler if isinstance(filesystem, pafs.PyFileSystem) else None
+    return handler.key if isinstance(handler, _RangeFileHandler) else None
 
 
 # ---------------------------------------------------------------------------------------------- manifests

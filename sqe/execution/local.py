@@ -8,7 +8,10 @@ else by a dataset scanner (a row filter applies; an object store without the ran
 opens a file without a HEAD; a range-cached file read range by range, whose row groups the scanner decodes in
 parallel). Any other file goes through pyiceberg's private generator ``_task_to_record_batches``, which handles
 deletes, schema evolution and missing columns. Both yield the same batches; the direct path only skips pyiceberg's
-per-batch re-projection and its small default batch size.
+per-batch re-projection and its small default batch size. A direct read of a range-cached file goes through the
+decoded-column cache (:mod:`sqe.execution.decoded_cache`, ``[cache] decoded_bytes``): each row group's kept
+columns are reused, only missing ones are decoded (by the same two readers), and the filter runs on the assembled
+rows, so a repeat scan pays no Parquet decode.
 
 At most ``max_files_in_flight`` files are open and at most ``max_queued_batches`` batches wait in the queue, so
 memory stays bounded whatever the table size. The consumer polls a cancel event, so an interrupted query stops
@@ -29,7 +32,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pyiceberg
 from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.expressions.visitors import bind, translate_column_names
+from pyiceberg.expressions.visitors import bind, extract_field_ids, translate_column_names
 from pyiceberg.io import pyarrow as _pyiceberg_arrow
 from pyiceberg.io.pyarrow import expression_to_pyarrow, pyarrow_to_schema, schema_to_pyarrow
 from pyiceberg.manifest import FileFormat
@@ -38,13 +41,15 @@ from pyiceberg.types import BinaryType, IcebergType, StringType
 from sqe._counters import Counters
 from sqe.errors import QueryError
 from sqe.execution.cache import parquet_fragment
-from sqe.execution.cached_files import CACHED_RANGE_FS, kept_whole
+from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
+from sqe.execution.decoded_cache import DECODED
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
     from pyiceberg.schema import Schema
     from pyiceberg.table import FileScanTask
 
+    from sqe.execution.byte_cache import FileKey
     from sqe.planning.planner import ReadSpec
 
 BatchTransform = Callable[[pa.RecordBatch], pa.RecordBatch]
@@ -93,6 +98,9 @@ _PARQUET = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
 # system "py::" + its handler's type name), which opens upstream only on a miss.
 _LOCAL_FS = "local"
 _RANGE_CACHED_FS = f"py::{CACHED_RANGE_FS}"
+# A row group is decoded whole into the decoded-column cache only while its estimated decoded size is at most this
+# fraction of the cache's bound; a larger one streams batch by batch as without the cache.
+_DECODED_GROUP_SHARE = 8
 # Arrow types pyiceberg hands through unchanged although its own mapping of the Iceberg type is the large one.
 _PASS_THROUGH: dict[type[IcebergType], tuple[pa.DataType, ...]] = {
     StringType: (pa.string(), pa.large_string()),
@@ -173,6 +181,9 @@ class DirectProjection:
     file_columns: tuple[str, ...]  # physical names, in projected-schema order
     schema: pa.Schema  # what pyiceberg's projection would produce: Iceberg names, file types, no field ids
     arrow_filter: pc.Expression | None
+    # Physical top-level columns the filter reads besides file_columns; None: it reads one that is not top-level
+    # (then the decoded-column cache is not used for the file).
+    filter_columns: tuple[str, ...] | None = ()
 
     def batches(
         self,
@@ -184,6 +195,11 @@ class DirectProjection:
     ) -> Iterator[pa.RecordBatch]:
         """``file_size``: the manifest's size of the file (0: unknown), which tells whether it is kept whole."""
         rows = batch_rows(fragment, self.file_columns, target_batch_bytes)
+        cached = self._decoded_cache_key(fragment)
+        if cached is not None:
+            whole = kept_whole(file_size)  # in memory: the Parquet reader; else the scanner
+            yield from self._cached_batches(fragment, cached, rows, parallel_decode, whole)
+            return
         if self.reads_plainly(fragment, file_size):
             yield from self._read_batches(fragment, rows, parallel_decode)
             return
@@ -208,6 +224,83 @@ class DirectProjection:
             return False
         kind = fragment.filesystem.type_name
         return kind == _LOCAL_FS or (kind == _RANGE_CACHED_FS and kept_whole(file_size))
+
+    def _decoded_cache_key(self, fragment: ds.ParquetFileFragment) -> FileKey | None:
+        """The range-cache key of the fragment when its row groups go through the decoded-column cache: the cache
+        is on, the fragment reads through the range cache (so the catalog vended its credential set in this
+        query), the filter reads top-level columns only, and no row group is too large to keep."""
+        if not DECODED.enabled or self.filter_columns is None or not self._read_columns:
+            return None  # (no column at all: a row count, which the other paths read without decoding)
+        key = cached_file_key(fragment)
+        if key is None:
+            return None
+        metadata = fragment.metadata
+        row_bytes = decoded_row_bytes(fragment, self._read_columns)
+        largest = max((metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)), default=0)
+        return key if largest * row_bytes <= DECODED.max_bytes // _DECODED_GROUP_SHARE else None
+
+    @property
+    def _read_columns(self) -> tuple[str, ...]:
+        return self.file_columns + (self.filter_columns or ())
+
+    def _cached_batches(
+        self, fragment: ds.ParquetFileFragment, key: FileKey, rows: int, threads: bool, whole: bool
+    ) -> Iterator[pa.RecordBatch]:
+        """The file's batches assembled from decoded columns, decoding (and keeping) only the missing ones.
+
+        Row groups go in file order, pruned by the filter through their statistics as the scanner prunes them;
+        the filter then runs on each assembled piece, so the rows are the scanner's rows. Like the other paths, a
+        batch never spans two row groups and holds at most ``rows`` rows. Missing columns stream in pieces of at
+        most ``rows`` rows (so consuming overlaps decoding, as without the cache) and are kept once their group is
+        complete. ``whole``: the file is kept whole in the range cache, so they are decoded by the Parquet reader
+        over the in-memory file; otherwise by the dataset scanner, which decodes row groups in parallel."""
+        metadata = fragment.metadata
+        wanted = self._read_columns
+        groups = [i for i in self._row_groups(fragment) if metadata.row_group(i).num_rows]
+        found = {index: DECODED.columns(key, index, wanted) for index in groups}
+        incomplete = [index for index in groups if len(found[index]) < len(wanted)]
+        missing = [name for name in wanted if any(name not in found[index] for index in incomplete)]
+        decode = _decode_whole if whole else _decode_by_scanner
+        pieces = decode(fragment, incomplete, missing, rows, threads) if incomplete else iter(())
+        try:
+            for index in groups:
+                if index not in incomplete:
+                    yield from self._piece_batches(found[index], rows)
+                    continue
+                kept = {name: column for name, column in found[index].items() if name not in missing}
+                chunks: dict[str, list[pa.Array]] = {name: [] for name in missing}
+                last = False
+                while not last:
+                    piece_index, offset, piece, last = next(pieces)
+                    assert piece_index == index  # both walk the same groups in file order
+                    view = {name: column.slice(offset, piece.num_rows) for name, column in kept.items()}
+                    for name in missing:
+                        view[name] = piece.column(name)
+                        chunks[name].extend(piece.column(name).chunks)
+                    yield from self._piece_batches(view, rows)
+                for name in missing:
+                    DECODED.put_column(key, index, name, pa.chunked_array(chunks[name], piece.schema.field(name).type))
+        finally:
+            close = getattr(pieces, "close", None)
+            if close is not None:  # stops the decoder (and closes its file) when the consumer leaves early
+                close()
+
+    def _piece_batches(self, columns: dict[str, pa.ChunkedArray], rows: int) -> Iterator[pa.RecordBatch]:
+        """Batches of consecutive rows of one row group, filtered, with the projection's schema."""
+        wanted = self._read_columns
+        group = pa.Table.from_arrays([columns[name] for name in wanted], names=list(wanted))
+        if self.arrow_filter is not None:
+            group = group.filter(self.arrow_filter).select(list(self.file_columns))
+        for batch in group.to_batches(max_chunksize=rows):
+            if batch.num_rows:
+                yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+
+    def _row_groups(self, fragment: ds.ParquetFileFragment) -> list[int]:
+        """Every row group's index, or with a filter those its statistics do not rule out (the scanner's rule)."""
+        if self.arrow_filter is None:
+            return list(range(fragment.metadata.num_row_groups))
+        kept = fragment.subset(filter=self.arrow_filter, schema=fragment.physical_schema)
+        return sorted(group.id for group in kept.row_groups)
 
     def _read_batches(self, fragment: ds.ParquetFileFragment, rows: int, threads: bool) -> Iterator[pa.RecordBatch]:
         """Every row of the file, read with its kept footer by pyarrow's Parquet reader. Without a filter the
@@ -238,6 +331,58 @@ class DirectProjection:
                         yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
 
 
+# A piece of a row group's missing columns: (row group, offset of its first row, the piece, whether it is the last).
+_Piece = tuple[int, int, pa.Table, bool]
+
+
+def _decode_whole(
+    fragment: ds.ParquetFileFragment, groups: list[int], columns: list[str], rows: int, threads: bool
+) -> Iterator[_Piece]:
+    """Each row group's ``columns``, decoded by pyarrow's Parquet reader (a file in memory: native reads): a group
+    of at most ``rows`` rows whole, a larger one batch by batch, as :meth:`DirectProjection._read_batches`."""
+    metadata = fragment.metadata
+    with fragment.open() as source:  # opening by path is free on the range-cached file system
+        parquet = pq.ParquetFile(
+            source, metadata=metadata, pre_buffer=True, buffer_size=0, arrow_extensions_enabled=False
+        )
+        for index in groups:
+            group_rows = metadata.row_group(index).num_rows
+            if group_rows <= rows:
+                yield index, 0, parquet.read_row_group(index, columns=columns, use_threads=threads), True
+                continue
+            offset = 0
+            for batch in parquet.iter_batches(
+                batch_size=rows, row_groups=[index], columns=columns, use_threads=threads
+            ):
+                yield index, offset, pa.Table.from_batches([batch]), offset + batch.num_rows == group_rows
+                offset += batch.num_rows
+
+
+def _decode_by_scanner(
+    fragment: ds.ParquetFileFragment, groups: list[int], columns: list[str], rows: int, _threads: bool
+) -> Iterator[_Piece]:
+    """Each row group's ``columns``, decoded by the dataset scanner over just those groups (in parallel, in file
+    order) in batches of at most ``rows`` rows. The scanner never joins two row groups into a batch; batches are
+    cut at the groups' row counts all the same, so a group's pieces are exactly its rows."""
+    metadata = fragment.metadata
+    sizes = [metadata.row_group(index).num_rows for index in groups]
+    scanner = ds.Scanner.from_fragment(
+        fragment.subset(row_group_ids=groups),
+        schema=fragment.physical_schema,
+        columns=columns,
+        batch_size=rows,
+        use_threads=True,
+    )
+    position = offset = 0
+    for batch in scanner.to_batches():
+        while batch.num_rows:
+            take = min(batch.num_rows, sizes[position] - offset)
+            last = offset + take == sizes[position]
+            yield groups[position], offset, pa.Table.from_batches([batch.slice(0, take)]), last
+            batch = batch.slice(take)
+            position, offset = (position + 1, 0) if last else (position, offset + take)
+
+
 def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:
     """The direct scan of a file with this schema, or None when pyiceberg's projection would change anything
     (renamed-only columns are fine; missing, promoted, re-typed or nested columns are not)."""
@@ -265,7 +410,27 @@ def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProje
         columns.append(in_file.name)
         metadata = {b"doc": wanted.doc.encode()} if wanted.doc else None
         fields.append(pa.field(wanted.name, arrow_type, nullable=wanted.optional, metadata=metadata))
-    return DirectProjection(tuple(columns), pa.schema(fields), _file_filter(read, file_schema))
+    file_filter = _file_filter(read, file_schema)
+    filter_columns = _filter_columns(read, file_schema, physical_schema, columns) if file_filter is not None else ()
+    return DirectProjection(tuple(columns), pa.schema(fields), file_filter, filter_columns)
+
+
+def _filter_columns(
+    read: ReadSpec, file_schema: Schema, physical_schema: pa.Schema, projected: list[str]
+) -> tuple[str, ...] | None:
+    """The file's top-level columns the row filter reads beyond ``projected`` (None: it reads a nested one). A
+    field the file lacks is not read: the translated filter treats it as all nulls."""
+    extra: list[str] = []
+    for field_id in sorted(extract_field_ids(read.bound_row_filter)):
+        name = file_schema.find_column_name(field_id) if field_id in file_schema.field_ids else None
+        if name is None:
+            continue
+        index = physical_schema.get_field_index(name)
+        if index < 0 or pa.types.is_nested(physical_schema.field(index).type):
+            return None
+        if name not in projected and name not in extra:
+            extra.append(name)
+    return tuple(extra)
 
 
 def _passes_through(iceberg_type: IcebergType, arrow_type: pa.DataType) -> bool:
@@ -285,9 +450,17 @@ def _file_filter(read: ReadSpec, file_schema: Schema) -> pc.Expression | None:
 def batch_rows(fragment: ds.ParquetFileFragment, columns: tuple[str, ...], target_batch_bytes: int) -> int:
     """Rows per batch so a batch of these columns holds about ``target_batch_bytes`` once decoded: few large
     batches keep the per-batch Python work (queue, transform, DuckDB's pull) small against the data."""
+    row_bytes = decoded_row_bytes(fragment, columns)
+    if row_bytes == 0:
+        return _MAX_BATCH_ROWS
+    return max(_MIN_BATCH_ROWS, min(_MAX_BATCH_ROWS, int(target_batch_bytes / max(row_bytes, 1.0))))
+
+
+def decoded_row_bytes(fragment: ds.ParquetFileFragment, columns: tuple[str, ...]) -> float:
+    """About how many bytes a row of these columns takes once decoded, from the first row group (0: no rows)."""
     metadata = fragment.metadata
     if metadata.num_row_groups == 0 or metadata.row_group(0).num_rows == 0:
-        return _MAX_BATCH_ROWS
+        return 0.0
     group = metadata.row_group(0)
     encoded = {
         group.column(i).path_in_schema: group.column(i).total_uncompressed_size for i in range(group.num_columns)
@@ -299,7 +472,7 @@ def batch_rows(fragment: ds.ParquetFileFragment, columns: tuple[str, ...], targe
             row_bytes += arrow_type.bit_width / 8
         except ValueError:  # variable width: encoded bytes per row, plus an offset
             row_bytes += encoded.get(name, 0) / group.num_rows + 4
-    return max(_MIN_BATCH_ROWS, min(_MAX_BATCH_ROWS, int(target_batch_bytes / max(row_bytes, 1.0))))
+    return row_bytes
 
 
 class FileScanSource(Protocol):

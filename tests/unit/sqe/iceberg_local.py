@@ -7,7 +7,6 @@ committed through pyiceberg's snapshot producer) positional delete files. Each w
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -233,19 +232,23 @@ def add_positional_deletes(table: Table, positions: tuple[int, ...] = DELETED_PO
     """Delete rows of the table's first data file by position; returns that file's path."""
     target = next(iter(table.scan().plan_files())).file.file_path
     path = f"{table.location()}/data/pos-del-{uuid.uuid4()}.parquet"
+    buffer = pa.BufferOutputStream()
     pq.write_table(
         pa.table(
             {"file_path": [target] * len(positions), "pos": pa.array(positions, pa.int64())}, schema=_DELETE_SCHEMA
         ),
-        path.removeprefix("file://"),
+        buffer,
     )
+    written = buffer.getvalue().to_pybytes()
+    with table.io.new_output(path).create() as out:  # the table's own FileIO: a local path or an object store
+        out.write(written)
     delete_file = DataFile.from_args(
         content=DataFileContent.POSITION_DELETES,
         file_path=path,
         file_format=FileFormat.PARQUET,
         partition=Record(),
         record_count=len(positions),
-        file_size_in_bytes=os.path.getsize(path.removeprefix("file://")),
+        file_size_in_bytes=len(written),
     )
     delete_file.spec_id = table.spec().spec_id
     with table.transaction() as tx:

@@ -160,6 +160,13 @@ class TestParsing:
         with pytest.raises(ConfigError, match=r"cache\.manifest_bytes.*must not be negative"):
             _load({"cache.manifest_bytes": -1})
 
+    def test_the_decoded_cache_defaults_on_takes_env_and_refuses_a_negative_bound(self) -> None:
+        assert _load().cache.decoded_bytes == 256 << 20
+        off = _load(env={"SQE_CACHE__DECODED_BYTES": "0"})
+        assert off.cache.decoded_bytes == 0 and off.cache.data_bytes == 256 << 20
+        with pytest.raises(ConfigError, match=r"cache\.decoded_bytes.*must not be negative"):
+            _load({"cache.decoded_bytes": -1})
+
     def test_integers_are_accepted_for_float_keys(self) -> None:
         assert _load({"catalog.request_timeout_seconds": 5}).catalog.request_timeout_seconds == 5.0
 

@@ -1,0 +1,252 @@
+"""The decoded-column cache: its bound and keys, and the direct read path over real Parquet files through SQE's
+ScopedFileIO (range-cached fragments), checked against pyarrow's own scanner on the same fragment."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from sqe.credentials import CredentialSet, StoragePolicy
+from sqe.credentials.fileio import ScopedFileIO
+from sqe.execution.cache import FRAGMENTS, clear_process_caches, configure_process_caches, parquet_fragment
+from sqe.execution.cached_files import cached_file_key, kept_whole
+from sqe.execution.decoded_cache import DECODED, DEFAULT_DECODED_BYTES, DecodedColumnCache
+from sqe.execution.local import DirectProjection
+
+FORMAT = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
+FILE = ("s3://b/t/data/f.parquet", 1000, "identity-a")
+ROWS, GROUP_ROWS = 40_000, 10_000
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches() -> Iterator[None]:
+    configure_process_caches(data_bytes=64 << 20, manifest_bytes=8 << 20, decoded_bytes=64 << 20)
+    clear_process_caches()
+    yield
+    configure_process_caches(data_bytes=64 << 20, manifest_bytes=8 << 20, decoded_bytes=DEFAULT_DECODED_BYTES)
+    clear_process_caches()
+
+
+def column(values: list[int]) -> pa.ChunkedArray:
+    return pa.chunked_array([pa.array(values, pa.int64())])
+
+
+def test_the_bound_is_in_arrow_buffer_bytes_least_recently_used_first_and_oversized_columns_are_never_kept() -> None:
+    cache = DecodedColumnCache(2 * 8 * 100)  # two 100-value int64 columns
+    assert cache.put_column(FILE, 0, "a", column(list(range(100))))
+    assert cache.put_column(FILE, 0, "b", column(list(range(100))))
+    assert cache.kept_bytes == 1600 and set(cache.columns(FILE, 0, ["a", "b"])) == {"a", "b"}
+    cache.columns(FILE, 0, ["a"])  # "b" is now the least recently used
+    assert cache.put_column(FILE, 1, "a", column(list(range(100))))
+    assert set(cache.columns(FILE, 0, ["a", "b"])) == {"a"} and cache.stats.evictions == 1
+    assert not cache.put_column(FILE, 2, "a", column(list(range(201))))  # alone over the bound
+    assert cache.kept_bytes <= cache.max_bytes
+    cache.resize(0)
+    assert len(cache) == 0 and not cache.enabled and not cache.put_column(FILE, 0, "a", column([1]))
+
+
+def test_a_slice_weighs_its_whole_buffers_since_it_keeps_them_alive() -> None:
+    cache = DecodedColumnCache(1 << 20)
+    whole = pa.array(list(range(1000)), pa.int64())
+    cache.put_column(FILE, 0, "a", pa.chunked_array([whole.slice(0, 10)]))
+    assert cache.kept_bytes == 8000
+
+
+def test_entries_answer_only_their_own_identity_file_size_row_group_and_column() -> None:
+    cache = DecodedColumnCache(1 << 20)
+    cache.put_column(FILE, 3, "a", column([1, 2, 3]))
+    path, size, _ = FILE
+    assert cache.columns(FILE, 3, ["a"])["a"].to_pylist() == [1, 2, 3]
+    for other, group, name in [
+        ((path, size, "identity-b"), 3, "a"),  # another credential identity
+        ((path, size + 1, "identity-a"), 3, "a"),
+        (("s3://b/t/data/g.parquet", size, "identity-a"), 3, "a"),
+        (FILE, 2, "a"),
+        (FILE, 3, "b"),
+    ]:
+        assert cache.columns(other, group, [name]) == {}
+    assert cache.stats.hits == 1 and cache.stats.misses == 5
+    assert "identity" not in repr(cache) and "s3://" not in repr(cache)
+    with pytest.raises(TypeError):
+        pickle.dumps(cache)  # it holds a lock: never pickled, so never shipped to a worker
+
+
+def scoped_io(root: Path, access_key_id: str) -> ScopedFileIO:
+    covering = CredentialSet(prefix=f"file://{root}", access_key_id=access_key_id, secret_access_key="s" * 8)
+    return ScopedFileIO([covering], StoragePolicy())
+
+
+def write_file(path: Path) -> int:
+    table = pa.table(
+        {"id": list(range(ROWS)), "name": [f"n{i}" for i in range(ROWS)], "x": [i * 0.5 for i in range(ROWS)]}
+    )
+    pq.write_table(table, path, row_group_size=GROUP_ROWS)
+    return path.stat().st_size
+
+
+def projection(
+    fragment: ds.ParquetFileFragment,
+    names: tuple[str, ...],
+    arrow_filter: pc.Expression | None = None,
+    filter_columns: tuple[str, ...] | None = (),
+) -> DirectProjection:
+    schema = pa.schema([fragment.physical_schema.field(name) for name in names])
+    return DirectProjection(names, schema, arrow_filter, filter_columns)
+
+
+def scanner_rows(
+    fragment: ds.ParquetFileFragment, names: tuple[str, ...], arrow_filter: pc.Expression | None = None
+) -> pa.Table:
+    scanner = ds.Scanner.from_fragment(
+        fragment, schema=fragment.physical_schema, columns=list(names), filter=arrow_filter
+    )
+    return scanner.to_table()
+
+
+def read(
+    direct: DirectProjection, fragment: ds.ParquetFileFragment, size: int, batch_bytes: int = 1 << 20
+) -> list[pa.RecordBatch]:
+    return list(direct.batches(fragment, batch_bytes, file_size=size))
+
+
+@pytest.fixture(params=["kept-whole", "by-ranges"])
+def alice_file(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, int, ds.ParquetFileFragment]:
+    """A file read through the range cache, kept whole (decoded by the Parquet reader) or in ranges (decoded by
+    the dataset scanner: a bound this small does not keep a file of this size whole)."""
+    path = tmp_path / "f.parquet"
+    size = write_file(path)
+    if request.param == "by-ranges":
+        configure_process_caches(data_bytes=8 * size, manifest_bytes=8 << 20, decoded_bytes=64 << 20)
+    fragment = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    assert kept_whole(size) == (request.param == "kept-whole")
+    return path, size, fragment
+
+
+def test_a_repeat_scan_decodes_nothing_and_yields_the_scanners_rows_in_file_order(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    direct = projection(fragment, ("id", "name"))
+    expected = scanner_rows(fragment, ("id", "name"))
+    first = read(direct, fragment, size)
+    assert pa.Table.from_batches(first).equals(expected) and len(DECODED) == 2 * (ROWS // GROUP_ROWS)
+    assert [b.num_rows for b in first] == [GROUP_ROWS] * 4  # one batch per row group, never spanning two
+    hits, misses, kept = DECODED.stats.hits, DECODED.stats.misses, len(DECODED)
+    again = read(direct, fragment, size)
+    assert pa.Table.from_batches(again).equals(expected) and all(b.schema == direct.schema for b in again)
+    assert DECODED.stats.misses == misses and DECODED.stats.hits == hits + kept and len(DECODED) == kept
+
+
+def test_only_the_missing_columns_are_decoded_and_batches_keep_the_row_limit(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    read(projection(fragment, ("id",)), fragment, size)
+    misses = DECODED.stats.misses
+    wider = projection(fragment, ("x", "id"))
+    batches = read(wider, fragment, size, batch_bytes=3000 * 16)  # 16 bytes a row: below the 8,192-row floor
+    assert DECODED.stats.misses == misses + 4  # "x" of each row group; "id" came from the cache
+    assert max(b.num_rows for b in batches) == 8_192 and sum(b.num_rows for b in batches) == ROWS
+    assert pa.Table.from_batches(batches).equals(scanner_rows(fragment, ("x", "id")))
+
+
+def test_a_filter_prunes_row_groups_by_statistics_and_keeps_exactly_the_scanners_rows(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    # The filter reads "x", which the projection does not return.
+    keep = (pc.field("x") >= 12_000.0) & (pc.field("x") < 12_010.0)
+    direct = projection(fragment, ("id", "name"), keep, ("x",))
+    expected = scanner_rows(fragment, ("id", "name"), keep)
+    assert expected.num_rows == 20
+    for _ in range(2):
+        assert pa.Table.from_batches(read(direct, fragment, size)).equals(expected)
+    # Only the row group holding x in [12000, 12010) (rows 24000..24019: the third) was decoded and kept.
+    assert len(DECODED) == 3 and set(key[3] for key in DECODED.snapshot_keys()) == {2}
+
+
+def test_another_credential_set_never_reads_the_first_ones_columns(tmp_path: Path) -> None:
+    path = tmp_path / "f.parquet"
+    size = write_file(path)
+    alice = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    bob = parquet_fragment(scoped_io(tmp_path, "AKIA-BOB"), f"file://{path}", size, FORMAT)
+    alice_key, bob_key = cached_file_key(alice), cached_file_key(bob)
+    assert alice_key is not None and bob_key is not None and alice_key[2] != bob_key[2]
+    expected = pa.Table.from_batches(read(projection(alice, ("id",)), alice, size))
+    hits = DECODED.stats.hits
+    assert pa.Table.from_batches(read(projection(bob, ("id",)), bob, size)).equals(expected)
+    assert DECODED.stats.hits == hits and len(DECODED) == 8  # bob decoded and kept his own
+    assert {key[0] for key in DECODED.snapshot_keys()} == {alice_key[2], bob_key[2]}
+    assert "AKIA" not in repr(DECODED)
+
+
+def test_off_not_range_cached_or_without_columns_reads_as_before_and_keeps_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "f.parquet"
+    size = write_file(path)
+    configure_process_caches(data_bytes=64 << 20, manifest_bytes=8 << 20, decoded_bytes=0)
+    fragment = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    assert pa.Table.from_batches(read(projection(fragment, ("id",)), fragment, size)).num_rows == ROWS
+    assert len(DECODED) == 0
+    configure_process_caches(data_bytes=0, manifest_bytes=0, decoded_bytes=64 << 20)  # no range cache: no key
+    FRAGMENTS.clear()
+    plain = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    assert cached_file_key(plain) is None
+    assert pa.Table.from_batches(read(projection(plain, ("id",)), plain, size)).num_rows == ROWS
+    assert len(DECODED) == 0
+    configure_process_caches(data_bytes=64 << 20, manifest_bytes=8 << 20, decoded_bytes=64 << 20)
+    FRAGMENTS.clear()
+    cached = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    count_only = DirectProjection((), pa.schema([]), None)  # no column at all: nothing to keep
+    read(count_only, cached, size)
+    assert len(DECODED) == 0
+    unreadable = projection(cached, ("id",), pc.field("id") > 5, None)  # a filter on a nested column, say
+    assert sum(b.num_rows for b in read(unreadable, cached, size)) == ROWS - 6 and len(DECODED) == 0
+
+
+def test_a_row_group_too_large_for_its_share_of_the_bound_streams_uncached(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    configure_process_caches(data_bytes=64 << 20, manifest_bytes=8 << 20, decoded_bytes=8 * GROUP_ROWS * 4)
+    # 80 KB of "id" per group, over an eighth of 320 KB: decoded batch by batch as without the cache.
+    assert pa.Table.from_batches(read(projection(fragment, ("id",)), fragment, size)).num_rows == ROWS
+    assert len(DECODED) == 0
+
+
+def test_clear_process_caches_empties_it(alice_file: tuple[Path, int, ds.ParquetFileFragment]) -> None:
+    _, size, fragment = alice_file
+    read(projection(fragment, ("id",)), fragment, size)
+    assert DECODED.kept_bytes > 0
+    clear_process_caches()
+    assert len(DECODED) == 0 and DECODED.kept_bytes == 0
+
+
+def test_a_consumer_leaving_mid_group_keeps_no_partial_column(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    direct = projection(fragment, ("id",))
+    batches = direct.batches(fragment, 3000 * 8, file_size=size)  # 8,192-row pieces: a group takes two
+    first = next(batches)
+    assert first.num_rows == 8_192
+    batches.close()  # the query went away inside the first row group
+    assert len(DECODED) == 0  # a group is kept only once all its rows were decoded
+    assert pa.Table.from_batches(read(direct, fragment, size)).equals(scanner_rows(fragment, ("id",)))
+    assert len(DECODED) == ROWS // GROUP_ROWS
+
+
+def test_columns_go_when_their_credential_set_leaves_the_pool() -> None:
+    from sqe.credentials.pool import FILE_IOS
+
+    DECODED.put_column(("s3://b/t/f.parquet", 10, "identity-gone"), 0, "a", column([1]))
+    DECODED.put_column(("s3://b/t/f.parquet", 10, "identity-live"), 0, "a", column([2]))
+    FILE_IOS.file_io("identity-gone", {}, expires_at=None)
+    FILE_IOS.clear()  # released: no read can look its entries up again
+    assert [key[0] for key in DECODED.snapshot_keys()] == ["identity-live"]
