@@ -430,7 +430,10 @@ class Session:
             )
 
     def _explained_path(self, planned: _Planned, *, analyze: bool) -> str:
-        """Which path the query runs on (issue 11 item 1). EXPLAIN ANALYZE itself always profiles DuckDB."""
+        """Which path the query runs on (issue 11 items 1 and 3). EXPLAIN ANALYZE itself always profiles DuckDB."""
+        if planned.scans and self._counted(planned) is not None:
+            described = "metadata (count(*) from manifest row counts, no data file read)"
+            return f"duckdb (EXPLAIN ANALYZE profiles DuckDB; run as a query: {described})" if analyze else described
         try:
             run = self._pass_through_run(planned, lambda: self._relation(planned.statement.text, None).columns)
         except duckdb.Error:

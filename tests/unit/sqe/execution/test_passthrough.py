@@ -122,6 +122,21 @@ def test_explain_names_the_path(provider: LocalProvider, session_factory: Sessio
     assert set(explained) == {"wh.ns.numbers", "wh.ns.events"}
 
 
+def test_explain_names_the_metadata_path_of_a_bare_count(
+    provider: LocalProvider, session_factory: SessionFactory
+) -> None:
+    """EXPLAIN says what the query does: a bare count is answered from manifest row counts, a filtered one scans."""
+    session = session_factory(provider)
+    explained = explain_sections(session.sql("EXPLAIN SELECT count(*) FROM ns.numbers").arrow())
+    assert explained["wh.ns.numbers"]["execution_path"].startswith("metadata")
+    assert session.sql("SELECT count(*) FROM ns.numbers").fetchall() == [(4000,)]
+    assert session.last_execution_path == "metadata"
+    explained = explain_sections(session.sql("EXPLAIN SELECT count(*) FROM ns.numbers WHERE grp = 1").arrow())
+    assert not explained["wh.ns.numbers"]["execution_path"].startswith("metadata")
+    analyzed = explain_sections(session.sql("EXPLAIN ANALYZE SELECT count(*) FROM ns.numbers").arrow())
+    assert analyzed["wh.ns.numbers"]["execution_path"].startswith("duckdb (EXPLAIN ANALYZE profiles DuckDB")
+
+
 # ------------------------------------------------------------------------------------- OFFSET / LIMIT logic
 
 
