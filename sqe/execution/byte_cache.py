@@ -15,7 +15,7 @@ content in process memory only: no repr, log line or counter shows any of it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from sqe._lru import LRUCache
@@ -26,16 +26,17 @@ if TYPE_CHECKING:
     from sqe.credentials.scope import ResolvedCredentials
 
 K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 DEFAULT_DATA_BYTES = 256 << 20
 DEFAULT_MANIFEST_BYTES = 32 << 20
 
 
-class ByteBoundedCache(LRUCache[K, bytes]):
-    """Immutable byte strings, at most ``max_bytes`` of them in all."""
+class MemoryBoundedCache(LRUCache[K, V]):
+    """Values that ``weigh`` in bytes of memory, at most ``max_bytes`` of them in all (0: off)."""
 
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(max_bytes, weigh=len)
+    def __init__(self, max_bytes: int, weigh: Callable[[V], int]) -> None:
+        super().__init__(max_bytes, weigh=weigh)
 
     @property
     def enabled(self) -> bool:
@@ -48,6 +49,13 @@ class ByteBoundedCache(LRUCache[K, bytes]):
     @property
     def kept_bytes(self) -> int:
         return self.weight
+
+
+class ByteBoundedCache(MemoryBoundedCache[K, bytes]):
+    """Immutable byte strings, at most ``max_bytes`` of them in all."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes, weigh=len)
 
 
 FileKey = tuple[str, int, str]  # file path, file size, credential scope key

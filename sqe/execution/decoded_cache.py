@@ -21,8 +21,7 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
-from sqe._lru import LRUCache
-from sqe.execution.byte_cache import FileKey
+from sqe.execution.byte_cache import FileKey, MemoryBoundedCache
 
 __all__ = [
     "DECODED",
@@ -45,23 +44,11 @@ def _buffer_bytes(column: pa.ChunkedArray) -> int:
     return int(column.get_total_buffer_size())
 
 
-class DecodedColumnCache(LRUCache[ColumnKey, pa.ChunkedArray]):
+class DecodedColumnCache(MemoryBoundedCache[ColumnKey, pa.ChunkedArray]):
     """Decoded columns of row groups, at most ``max_bytes`` of Arrow buffers in all."""
 
     def __init__(self, max_bytes: int) -> None:
         super().__init__(max_bytes, weigh=_buffer_bytes)
-
-    @property
-    def enabled(self) -> bool:
-        return self.bound > 0
-
-    @property
-    def max_bytes(self) -> int:
-        return self.bound
-
-    @property
-    def kept_bytes(self) -> int:
-        return self.weight
 
     def columns(self, file: FileKey, row_group: int, names: Iterable[str]) -> dict[str, pa.ChunkedArray]:
         """The kept columns among ``names`` of one row group of ``file`` (a miss is simply absent)."""

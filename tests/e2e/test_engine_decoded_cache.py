@@ -18,13 +18,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pytest
 
-import sqe.api
-from sqe.config import load_config
 from sqe.execution.byte_cache import DEFAULT_DATA_BYTES, DEFAULT_MANIFEST_BYTES
 from sqe.execution.cache import clear_process_caches, configure_process_caches
 from sqe.execution.decoded_cache import DECODED, DEFAULT_DECODED_BYTES
-from sqe.session import Session
-from tests.conftest import pyiceberg_catalog, write_sqe_config
+from tests.conftest import pyiceberg_catalog
+from tests.e2e.test_engine_range_cache import PEOPLE, restricted_people, session_for
 from tests.unit.sqe.iceberg_local import DELETED_POSITIONS, add_positional_deletes
 
 if TYPE_CHECKING:
@@ -43,18 +41,6 @@ QUERIES = [
 ]
 EVOLVED = f"SELECT id, renamed FROM {NAMESPACE}.evolved ORDER BY id"
 DELETED = f"SELECT count(*), min(id), sum(id) FROM {NAMESPACE}.deleted"
-PEOPLE = pa.table(
-    {
-        "id": pa.array([1, 2, 3, 4], pa.int64()),
-        "region": pa.array(["EU", "US", "EU", "US"]),
-        "ssn": pa.array(["111-22-3333", "222-33-4444", "333-44-5555", "444-55-6666"]),
-    }
-)
-# Field ids: 1 id, 2 region, 3 ssn. EU rows only; ssn replaced with null.
-RESTRICTED = {
-    "required-row-filter": {"type": "eq", "left": {"type": "reference", "id": 2}, "right": "EU"},
-    "required-column-projections": [{"field-id": 3, "action": "replace-with-null"}],
-}
 
 
 @pytest.fixture(autouse=True)
@@ -69,18 +55,6 @@ def default_caches() -> Iterator[None]:
         data_bytes=DEFAULT_DATA_BYTES, manifest_bytes=DEFAULT_MANIFEST_BYTES, decoded_bytes=DEFAULT_DECODED_BYTES
     )
     clear_process_caches()
-
-
-def session_for(
-    workdir: Path,
-    server: CatalogServer,
-    principal: CatalogPrincipal,
-    cache: dict[str, int] | None = None,
-    **catalog: Any,
-) -> Session:
-    path = write_sqe_config(workdir / f"{principal.name}.toml", server.url, principal, server.moto, catalog=catalog)
-    overrides = {f"cache.{key}": value for key, value in (cache or {}).items()}
-    return sqe.api.connect(load_config(path, env={}, overrides=overrides))
 
 
 def rows_of(
@@ -176,14 +150,7 @@ def restricted(
     catalog_server: CatalogServer, readers: dict[str, CatalogPrincipal], tmp_path_factory: pytest.TempPathFactory
 ) -> CatalogPrincipal:
     """``people`` restricted for dan (EU rows, ssn nulled); his sessions read through the trusted reader."""
-    owner = pyiceberg_catalog(catalog_server, catalog_server.admin)
-    owner.create_table((NAMESPACE, "people"), schema=PEOPLE.schema).append(PEOPLE)
-    dan = catalog_server.principal_with_grants("dc_dan", [("TABLE_READ_DATA", NAMESPACE, None)])
-    document = tmp_path_factory.mktemp("restrictions") / "dan.json"
-    document.write_text(json.dumps(RESTRICTED), encoding="utf-8")
-    target = ["--warehouse", catalog_server.warehouse, "--namespace", NAMESPACE, "--table", "people"]
-    catalog_server.admin_cli("set-restrictions", *target, "--principal", dan.name, "--file", str(document))
-    return dan
+    return restricted_people(catalog_server, NAMESPACE, "dc_dan", tmp_path_factory.mktemp("restrictions"))
 
 
 @pytest.mark.parametrize(

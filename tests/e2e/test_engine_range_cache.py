@@ -189,14 +189,19 @@ def restricted(
 ) -> CatalogPrincipal:
     """``people`` in the namespace ``readers`` made, restricted for dan (EU rows, ssn nulled); his sessions read
     through the trusted reader."""
-    owner = pyiceberg_catalog(catalog_server, catalog_server.admin)
-    owner.create_table((NAMESPACE, "people"), schema=PEOPLE.schema).append(PEOPLE)
-    dan = catalog_server.principal_with_grants("rc_dan", [("TABLE_READ_DATA", NAMESPACE, None)])
-    document = tmp_path_factory.mktemp("restrictions") / "dan.json"
+    return restricted_people(catalog_server, NAMESPACE, "rc_dan", tmp_path_factory.mktemp("restrictions"))
+
+
+def restricted_people(server: CatalogServer, namespace: str, name: str, workdir: Path) -> CatalogPrincipal:
+    """``namespace.people`` (PEOPLE) and a principal ``name`` who may read it only as RESTRICTED says."""
+    owner = pyiceberg_catalog(server, server.admin)
+    owner.create_table((namespace, "people"), schema=PEOPLE.schema).append(PEOPLE)
+    principal = server.principal_with_grants(name, [("TABLE_READ_DATA", namespace, None)])
+    document = workdir / f"{name}.json"
     document.write_text(json.dumps(RESTRICTED), encoding="utf-8")
-    target = ["--warehouse", catalog_server.warehouse, "--namespace", NAMESPACE, "--table", "people"]
-    catalog_server.admin_cli("set-restrictions", *target, "--principal", dan.name, "--file", str(document))
-    return dan
+    target = ["--warehouse", server.warehouse, "--namespace", namespace, "--table", "people"]
+    server.admin_cli("set-restrictions", *target, "--principal", principal.name, "--file", str(document))
+    return principal
 
 
 def test_a_restricted_repeat_query_filters_and_masks_the_cached_bytes_and_shows_none_of_them(
