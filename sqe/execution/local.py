@@ -272,7 +272,8 @@ class DirectProjection:
                 last = False
                 while not last:
                     piece_index, offset, piece, last = next(pieces)
-                    assert piece_index == index  # both walk the same groups in file order
+                    if piece_index != index:  # both walk the same groups in file order; never mix two groups
+                        raise QueryError(f"decoded row group {piece_index} where {index} was due")
                     view = {name: column.slice(offset, piece.num_rows) for name, column in kept.items()}
                     for name in missing:
                         view[name] = piece.column(name)
