@@ -261,6 +261,7 @@ class DirectProjection:
         incomplete = [index for index in groups if len(found[index]) < len(wanted)]
         missing = [name for name in wanted if any(name not in found[index] for index in incomplete)]
         decode = _decode_whole if whole else _decode_by_scanner
+        share = DECODED.max_bytes // _DECODED_GROUP_SHARE
         pieces = decode(fragment, incomplete, missing, rows, threads) if incomplete else iter(())
         try:
             for index in groups:
@@ -268,7 +269,8 @@ class DirectProjection:
                     yield from self._piece_batches(found[index], rows)
                     continue
                 kept = {name: column for name, column in found[index].items() if name not in missing}
-                chunks: dict[str, list[pa.Array]] = {name: [] for name in missing}
+                chunks: dict[str, list[pa.Array]] | None = {name: [] for name in missing}
+                held = 0
                 last = False
                 while not last:
                     piece_index, offset, piece, last = next(pieces)
@@ -277,9 +279,17 @@ class DirectProjection:
                     view = {name: column.slice(offset, piece.num_rows) for name, column in kept.items()}
                     for name in missing:
                         view[name] = piece.column(name)
-                        chunks[name].extend(piece.column(name).chunks)
+                    held += piece.get_total_buffer_size()
+                    # The size check before decoding estimates from the first group's encoded sizes only (a
+                    # dictionary-encoded or skewed column decodes far larger): a group found over its share
+                    # once decoded is not kept, and its pieces are let go as without the cache.
+                    if held > share:
+                        chunks = None
+                    if chunks is not None:
+                        for name in missing:
+                            chunks[name].extend(piece.column(name).chunks)
                     yield from self._piece_batches(view, rows)
-                for name in missing:
+                for name in missing if chunks is not None else ():
                     DECODED.put_column(key, index, name, pa.chunked_array(chunks[name], piece.schema.field(name).type))
         finally:
             close = getattr(pieces, "close", None)

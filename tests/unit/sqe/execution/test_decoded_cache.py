@@ -250,3 +250,45 @@ def test_columns_go_when_their_credential_set_leaves_the_pool() -> None:
     FILE_IOS.file_io("identity-gone", {}, expires_at=None)
     FILE_IOS.clear()  # released: no read can look its entries up again
     assert [key[0] for key in DECODED.snapshot_keys()] == ["identity-live"]
+
+
+def write_skewed_file(path: Path) -> int:
+    """Two row groups: short names first, then long ones, so an estimate from the first group is far too low."""
+    long_rows = 40_000
+    short = pa.table({"name": ["n"] * GROUP_ROWS})
+    long = pa.table({"name": ["x" * 390 + f"{i:010d}" for i in range(long_rows)]})  # 16 MB decoded
+    with pq.ParquetWriter(path, short.schema) as writer:
+        writer.write_table(short, row_group_size=GROUP_ROWS)
+        writer.write_table(long, row_group_size=long_rows)
+    return path.stat().st_size
+
+
+def peak_bytes_while_reading(direct: DirectProjection, fragment: ds.ParquetFileFragment, size: int) -> tuple[int, int]:
+    """(rows, the most Arrow memory held at once) over a scan whose batches are let go as they arrive."""
+    baseline, peak, rows = pa.total_allocated_bytes(), 0, 0
+    for batch in direct.batches(fragment, 3000 * 8, file_size=size):  # 8,192-row pieces
+        rows += batch.num_rows
+        del batch
+        peak = max(peak, pa.total_allocated_bytes() - baseline)
+    return rows, peak
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["kept-whole", "by-ranges"])
+def test_a_row_group_larger_than_its_share_once_decoded_is_neither_kept_nor_held_whole(
+    tmp_path: Path, whole: bool
+) -> None:
+    path = tmp_path / "skewed.parquet"
+    size = write_skewed_file(path)
+    bound = 32 << 20  # an eighth is 4 MB; the second group's names decode to 16 MB
+    data_bytes = (64 << 20) if whole else 2 * size
+    configure_process_caches(data_bytes=data_bytes, manifest_bytes=8 << 20, decoded_bytes=0)
+    fragment = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    direct = projection(fragment, ("name",))
+    _, uncached_peak = peak_bytes_while_reading(direct, fragment, size)
+    configure_process_caches(data_bytes=data_bytes, manifest_bytes=8 << 20, decoded_bytes=bound)
+    assert kept_whole(size) == whole and cached_file_key(fragment) is not None
+    rows, peak = peak_bytes_while_reading(direct, fragment, size)
+    assert rows == GROUP_ROWS + 40_000
+    assert [key[3] for key in DECODED.snapshot_keys()] == [0]  # the short group only
+    assert all(DECODED.get(key).get_total_buffer_size() <= bound // 8 for key in DECODED.snapshot_keys())
+    assert peak <= uncached_peak + bound // 8  # at most a share more than without the cache, never the group
