@@ -289,8 +289,8 @@ class DirectProjection:
                         for name in missing:
                             chunks[name].extend(piece.column(name).chunks)
                     yield from self._piece_batches(view, rows)
-                for name in missing if chunks is not None else ():
-                    DECODED.put_column(key, index, name, pa.chunked_array(chunks[name], piece.schema.field(name).type))
+                for name, decoded in (chunks or {}).items():
+                    DECODED.put_column(key, index, name, pa.chunked_array(decoded, piece.schema.field(name).type))
         finally:
             close = getattr(pieces, "close", None)
             if close is not None:  # stops the decoder (and closes its file) when the consumer leaves early
