@@ -257,7 +257,9 @@ class DirectProjection:
         metadata = fragment.metadata
         wanted = self._read_columns
         groups = [i for i in self._row_groups(fragment) if metadata.row_group(i).num_rows]
-        found = {index: DECODED.columns(key, index, wanted) for index in groups}
+        # Only the names of what is kept: holding the columns of every later group would keep them alive past an
+        # eviction (over the bound); each group's are taken when it is due.
+        found = {index: set(DECODED.columns(key, index, wanted)) for index in groups}
         incomplete = [index for index in groups if len(found[index]) < len(wanted)]
         missing = [name for name in wanted if any(name not in found[index] for index in incomplete)]
         decode = _decode_whole if whole else _decode_by_scanner
@@ -265,10 +267,11 @@ class DirectProjection:
         pieces = decode(fragment, incomplete, missing, rows, threads) if incomplete else iter(())
         try:
             for index in groups:
+                names = [name for name in wanted if name not in missing] if index in incomplete else list(wanted)
+                kept = _kept_columns(fragment, key, index, names, rows, threads, decode)
                 if index not in incomplete:
-                    yield from self._piece_batches(found[index], rows)
+                    yield from self._piece_batches(kept, rows)
                     continue
-                kept = {name: column for name, column in found[index].items() if name not in missing}
                 chunks: dict[str, list[pa.Array]] | None = {name: [] for name in missing}
                 held = 0
                 last = False
@@ -344,6 +347,27 @@ class DirectProjection:
 
 # A piece of a row group's missing columns: (row group, offset of its first row, the piece, whether it is the last).
 _Piece = tuple[int, int, pa.Table, bool]
+_Decoder = Callable[[ds.ParquetFileFragment, list[int], list[str], int, bool], Iterator[_Piece]]
+
+
+def _kept_columns(
+    fragment: ds.ParquetFileFragment,
+    key: FileKey,
+    index: int,
+    names: list[str],
+    rows: int,
+    threads: bool,
+    decode: _Decoder,
+) -> dict[str, pa.ChunkedArray]:
+    """The kept ``names`` of one row group; any evicted since the scan looked them up are decoded again (and not
+    kept: the scan that evicted them needed the room)."""
+    kept = DECODED.peek_columns(key, index, names)
+    gone = [name for name in names if name not in kept]
+    if gone:
+        pieces = [piece for _, _, piece, _ in decode(fragment, [index], gone, rows, threads)]
+        decoded = pa.concat_tables(pieces)
+        kept.update({name: decoded.column(name) for name in gone})
+    return kept
 
 
 def _decode_whole(

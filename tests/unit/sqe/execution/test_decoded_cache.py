@@ -292,3 +292,35 @@ def test_a_row_group_larger_than_its_share_once_decoded_is_neither_kept_nor_held
     assert [key[3] for key in DECODED.snapshot_keys()] == [0]  # the short group only
     assert all(DECODED.get(key).get_total_buffer_size() <= bound // 8 for key in DECODED.snapshot_keys())
     assert peak <= uncached_peak + bound // 8  # at most a share more than without the cache, never the group
+
+
+def test_a_scan_holds_no_kept_column_of_a_later_row_group_so_eviction_frees_it_and_the_rows_stay_exact(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    direct = projection(fragment, ("id",))
+    expected = scanner_rows(fragment, ("id",))
+    read(direct, fragment, size)
+    kept_bytes = DECODED.kept_bytes  # "id" of all four groups, 80 KB each
+    batches = direct.batches(fragment, 1 << 20, file_size=size)
+    got = [next(batches)]  # the repeat scan is inside the first group
+    before = pa.total_allocated_bytes()
+    DECODED.clear()  # another scan's columns evicted every kept one meanwhile
+    freed = before - pa.total_allocated_bytes()
+    assert freed >= kept_bytes - 2 * (kept_bytes // 4)  # at most the group being read stays alive
+    got.extend(batches)  # the evicted groups are decoded again: still the scanner's rows
+    assert pa.Table.from_batches(got).equals(expected)
+
+
+def test_a_kept_column_evicted_while_the_other_columns_are_decoded_is_decoded_again_for_its_group(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    read(projection(fragment, ("id",)), fragment, size)  # "id" kept; "x" is not
+    wider = projection(fragment, ("x", "id"))
+    batches = wider.batches(fragment, 1 << 20, file_size=size)
+    got = [next(batches)]
+    DECODED.clear()
+    got.extend(batches)
+    assert pa.Table.from_batches(got).equals(scanner_rows(fragment, ("x", "id")))
+    assert {key[4] for key in DECODED.snapshot_keys()} == {"x"}  # the re-decoded "id" was not kept again
