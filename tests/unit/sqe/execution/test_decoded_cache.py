@@ -324,3 +324,28 @@ def test_a_kept_column_evicted_while_the_other_columns_are_decoded_is_decoded_ag
     got.extend(batches)
     assert pa.Table.from_batches(got).equals(scanner_rows(fragment, ("x", "id")))
     assert {key[4] for key in DECODED.snapshot_keys()} == {"x"}  # the re-decoded "id" was not kept again
+
+
+def test_concurrent_scans_of_one_file_filling_and_evicting_the_same_keys_all_get_the_scanners_rows(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, size, fragment = alice_file
+    configure_process_caches(data_bytes=64 << 20, manifest_bytes=8 << 20, decoded_bytes=3 * 8 * GROUP_ROWS * 8)
+    scans = [
+        projection(fragment, ("id",)),
+        projection(fragment, ("x", "id")),
+        projection(fragment, ("x",), pc.field("id") > 5_000, ("id",)),
+        projection(fragment, ("id", "name"), pc.field("x") < 15_000.0, ("x",)),
+    ]
+    expected = [scanner_rows(fragment, scan.file_columns, scan.arrow_filter) for scan in scans]
+
+    def exact(i: int) -> bool:
+        scan = scans[i % len(scans)]
+        got = pa.Table.from_batches(read(scan, fragment, size), schema=scan.schema)
+        return got.equals(expected[i % len(scans)])
+
+    with ThreadPoolExecutor(6) as pool:
+        assert all(pool.map(exact, range(60)))
+    assert DECODED.stats.evictions > 0 and DECODED.kept_bytes <= DECODED.max_bytes
