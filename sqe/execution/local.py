@@ -252,8 +252,10 @@ class DirectProjection:
         the filter then runs on each assembled piece, so the rows are the scanner's rows. Like the other paths, a
         batch never spans two row groups and holds at most ``rows`` rows. Missing columns stream in pieces of at
         most ``rows`` rows (so consuming overlaps decoding, as without the cache) and are kept once their group is
-        complete. ``whole``: the file is kept whole in the range cache, so they are decoded by the Parquet reader
-        over the in-memory file; otherwise by the dataset scanner, which decodes row groups in parallel."""
+        complete, unless they decode to more than the group's share of the bound. ``whole``: the file is kept whole
+        in the range cache, so they are decoded by the Parquet reader over the in-memory file; otherwise by the
+        dataset scanner, which decodes row groups in parallel. A group's kept columns are taken only when it is
+        due (one evicted meanwhile is decoded again), so the scan never holds later groups' columns alive."""
         metadata = fragment.metadata
         wanted = self._read_columns
         groups = [i for i in self._row_groups(fragment) if metadata.row_group(i).num_rows]
