@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.types import StringType
 
 from sqe.execution.byte_cache import DEFAULT_DATA_BYTES, DEFAULT_MANIFEST_BYTES
 from sqe.execution.cache import clear_process_caches, configure_process_caches
@@ -40,6 +41,13 @@ QUERIES = [
     f"SELECT id, x FROM {NAMESPACE}.events ORDER BY id LIMIT 5",
 ]
 EVOLVED = f"SELECT id, renamed FROM {NAMESPACE}.evolved ORDER BY id"
+# Filters on the renamed column and on one the first file lacks, with what each must return.
+EVOLVED_FILTERED = [
+    (f"SELECT id FROM {NAMESPACE}.evolved WHERE renamed IN ('a', 'c') ORDER BY id", [(1,), (3,)]),
+    (f"SELECT id FROM {NAMESPACE}.evolved WHERE added = 'z' ORDER BY id", [(3,)]),
+    (f"SELECT id FROM {NAMESPACE}.evolved WHERE added IS NULL ORDER BY id", [(1,), (2,)]),
+    (f"SELECT id, added FROM {NAMESPACE}.evolved WHERE renamed <> 'b' ORDER BY id", [(1, None), (3, "z")]),
+]
 DELETED = f"SELECT count(*), min(id), sum(id) FROM {NAMESPACE}.deleted"
 
 
@@ -86,7 +94,8 @@ def readers(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFact
     evolved.append(pa.table({"id": pa.array([1, 2], pa.int64()), "old": ["a", "b"]}))
     with evolved.update_schema() as update:
         update.rename_column("old", "renamed")
-    evolved.append(pa.table({"id": pa.array([3], pa.int64()), "renamed": ["c"]}))
+        update.add_column("added", StringType())  # absent from the first file
+    evolved.append(pa.table({"id": pa.array([3], pa.int64()), "renamed": ["c"], "added": ["z"]}))
     grants: list[tuple[str, str | None, str | None]] = [
         ("TABLE_READ_DATA", NAMESPACE, None),
         ("NAMESPACE_READ_PROPERTIES", None, None),
@@ -126,6 +135,8 @@ def test_positional_deletes_and_a_renamed_column_read_the_same_with_the_cache_on
     for cache in (OFF, None, None):  # off, cold, repeat
         assert rows_of(tmp_path, catalog_server, alice, DELETED, cache) == [(len(live), min(live), sum(live))]
         assert rows_of(tmp_path, catalog_server, alice, EVOLVED, cache) == evolved
+        for sql, expected in EVOLVED_FILTERED:
+            assert rows_of(tmp_path, catalog_server, alice, sql, cache) == expected, sql
 
 
 def test_another_users_own_credential_never_reads_the_first_users_entries(
