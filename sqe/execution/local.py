@@ -363,9 +363,15 @@ def _kept_columns(
 ) -> dict[str, pa.ChunkedArray]:
     """The kept ``names`` of one row group; any evicted since the scan looked them up are decoded again (and not
     kept: the scan that evicted them needed the room)."""
-    kept = DECODED.peek_columns(key, index, names)
+    rows_in_group = fragment.metadata.row_group(index).num_rows
+    kept = {
+        name: column
+        for name, column in DECODED.peek_columns(key, index, names).items()
+        if len(column) == rows_in_group and column.type == fragment.physical_schema.field(name).type
+    }  # (one that does not fit the footer would be another content under the same path and size: not served)
     gone = [name for name in names if name not in kept]
     if gone:
+        DECODED.stats.add(misses=len(gone))  # counted as misses, so a repeat scan that decodes shows it
         pieces = [piece for _, _, piece, _ in decode(fragment, [index], gone, rows, threads)]
         decoded = pa.concat_tables(pieces)
         kept.update({name: decoded.column(name) for name in gone})

@@ -349,3 +349,17 @@ def test_concurrent_scans_of_one_file_filling_and_evicting_the_same_keys_all_get
     with ThreadPoolExecutor(6) as pool:
         assert all(pool.map(exact, range(60)))
     assert DECODED.stats.evictions > 0 and DECODED.kept_bytes <= DECODED.max_bytes
+
+
+def test_a_kept_column_that_does_not_fit_the_files_footer_is_decoded_again_not_served(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    key = cached_file_key(fragment)
+    assert key is not None
+    # As if the path had been rewritten in place at the same size: a kept "id" of another type, and a short one.
+    DECODED.put_column(key, 0, "id", pa.chunked_array([pa.array([str(-i) for i in range(GROUP_ROWS)])]))
+    DECODED.put_column(key, 1, "id", column(list(range(10))))
+    direct = projection(fragment, ("id",))
+    for _ in range(2):
+        assert pa.Table.from_batches(read(direct, fragment, size)).equals(scanner_rows(fragment, ("id",)))
