@@ -123,6 +123,9 @@ def test_the_filtered_query_has_the_rows_it_should(
     for _ in range(2):
         got = rows_of(tmp_path, catalog_server, readers["alice"], QUERIES[1])
         assert [row[0] for row in got] == list(range(19990, 20011)) and got[0][2] == "note-19990"
+        # No column is returned, only the pushed filter's: every matching row still counts.
+        counted = f"SELECT count(*) FROM {NAMESPACE}.events WHERE id BETWEEN 19990 AND 20010"
+        assert rows_of(tmp_path, catalog_server, readers["alice"], counted) == [(21,)]
 
 
 def test_positional_deletes_and_a_renamed_column_read_the_same_with_the_cache_on_and_off(
