@@ -60,6 +60,19 @@ class DecodedColumnCache(MemoryBoundedCache[ColumnKey, pa.ChunkedArray]):
                 found[name] = column
         return found
 
+    def peek_columns(self, file: FileKey, row_group: int, names: Iterable[str]) -> dict[str, pa.ChunkedArray]:
+        """As :meth:`columns`, for columns a scan already looked up (and counted): no hit or miss is counted."""
+        path, size, identity = file
+        found: dict[str, pa.ChunkedArray] = {}
+        with self._lock:
+            for name in names:
+                key = (identity, path, size, row_group, name)
+                column = self._entries.get(key)
+                if column is not None:
+                    self._entries.move_to_end(key)
+                    found[name] = column
+        return found
+
     def put_column(self, file: FileKey, row_group: int, name: str, column: pa.ChunkedArray) -> bool:
         path, size, identity = file
         return self.put((identity, path, size, row_group, name), column)

@@ -252,23 +252,30 @@ class DirectProjection:
         the filter then runs on each assembled piece, so the rows are the scanner's rows. Like the other paths, a
         batch never spans two row groups and holds at most ``rows`` rows. Missing columns stream in pieces of at
         most ``rows`` rows (so consuming overlaps decoding, as without the cache) and are kept once their group is
-        complete. ``whole``: the file is kept whole in the range cache, so they are decoded by the Parquet reader
-        over the in-memory file; otherwise by the dataset scanner, which decodes row groups in parallel."""
+        complete, unless they decode to more than the group's share of the bound. ``whole``: the file is kept whole
+        in the range cache, so they are decoded by the Parquet reader over the in-memory file; otherwise by the
+        dataset scanner, which decodes row groups in parallel. A group's kept columns are taken only when it is
+        due (one evicted meanwhile is decoded again), so the scan never holds later groups' columns alive."""
         metadata = fragment.metadata
         wanted = self._read_columns
         groups = [i for i in self._row_groups(fragment) if metadata.row_group(i).num_rows]
-        found = {index: DECODED.columns(key, index, wanted) for index in groups}
+        # Only the names of what is kept: holding the columns of every later group would keep them alive past an
+        # eviction (over the bound); each group's are taken when it is due.
+        found = {index: set(DECODED.columns(key, index, wanted)) for index in groups}
         incomplete = [index for index in groups if len(found[index]) < len(wanted)]
         missing = [name for name in wanted if any(name not in found[index] for index in incomplete)]
         decode = _decode_whole if whole else _decode_by_scanner
+        share = DECODED.max_bytes // _DECODED_GROUP_SHARE
         pieces = decode(fragment, incomplete, missing, rows, threads) if incomplete else iter(())
         try:
             for index in groups:
+                names = [name for name in wanted if name not in missing] if index in incomplete else list(wanted)
+                kept = _kept_columns(fragment, key, index, names, rows, threads, decode)
                 if index not in incomplete:
-                    yield from self._piece_batches(found[index], rows)
+                    yield from self._piece_batches(kept, rows)
                     continue
-                kept = {name: column for name, column in found[index].items() if name not in missing}
-                chunks: dict[str, list[pa.Array]] = {name: [] for name in missing}
+                chunks: dict[str, list[pa.Array]] | None = {name: [] for name in missing}
+                held = 0
                 last = False
                 while not last:
                     piece_index, offset, piece, last = next(pieces)
@@ -277,10 +284,18 @@ class DirectProjection:
                     view = {name: column.slice(offset, piece.num_rows) for name, column in kept.items()}
                     for name in missing:
                         view[name] = piece.column(name)
-                        chunks[name].extend(piece.column(name).chunks)
+                    held += piece.get_total_buffer_size()
+                    # The size check before decoding estimates from the first group's encoded sizes only (a
+                    # dictionary-encoded or skewed column decodes far larger): a group found over its share
+                    # once decoded is not kept, and its pieces are let go as without the cache.
+                    if held > share:
+                        chunks = None
+                    if chunks is not None:
+                        for name in missing:
+                            chunks[name].extend(piece.column(name).chunks)
                     yield from self._piece_batches(view, rows)
-                for name in missing:
-                    DECODED.put_column(key, index, name, pa.chunked_array(chunks[name], piece.schema.field(name).type))
+                for name, decoded in (chunks or {}).items():
+                    DECODED.put_column(key, index, name, pa.chunked_array(decoded, piece.schema.field(name).type))
         finally:
             close = getattr(pieces, "close", None)
             if close is not None:  # stops the decoder (and closes its file) when the consumer leaves early
@@ -334,6 +349,33 @@ class DirectProjection:
 
 # A piece of a row group's missing columns: (row group, offset of its first row, the piece, whether it is the last).
 _Piece = tuple[int, int, pa.Table, bool]
+_Decoder = Callable[[ds.ParquetFileFragment, list[int], list[str], int, bool], Iterator[_Piece]]
+
+
+def _kept_columns(
+    fragment: ds.ParquetFileFragment,
+    key: FileKey,
+    index: int,
+    names: list[str],
+    rows: int,
+    threads: bool,
+    decode: _Decoder,
+) -> dict[str, pa.ChunkedArray]:
+    """The kept ``names`` of one row group; any evicted since the scan looked them up are decoded again (and not
+    kept: the scan that evicted them needed the room)."""
+    rows_in_group = fragment.metadata.row_group(index).num_rows
+    kept = {
+        name: column
+        for name, column in DECODED.peek_columns(key, index, names).items()
+        if len(column) == rows_in_group and column.type == fragment.physical_schema.field(name).type
+    }  # (one that does not fit the footer would be another content under the same path and size: not served)
+    gone = [name for name in names if name not in kept]
+    if gone:
+        DECODED.stats.add(misses=len(gone))  # counted as misses, so a repeat scan that decodes shows it
+        pieces = [piece for _, _, piece, _ in decode(fragment, [index], gone, rows, threads)]
+        decoded = pa.concat_tables(pieces)
+        kept.update({name: decoded.column(name) for name in gone})
+    return kept
 
 
 def _decode_whole(

@@ -250,3 +250,116 @@ def test_columns_go_when_their_credential_set_leaves_the_pool() -> None:
     FILE_IOS.file_io("identity-gone", {}, expires_at=None)
     FILE_IOS.clear()  # released: no read can look its entries up again
     assert [key[0] for key in DECODED.snapshot_keys()] == ["identity-live"]
+
+
+def write_skewed_file(path: Path) -> int:
+    """Two row groups: short names first, then long ones, so an estimate from the first group is far too low."""
+    long_rows = 40_000
+    short = pa.table({"name": ["n"] * GROUP_ROWS})
+    long = pa.table({"name": ["x" * 390 + f"{i:010d}" for i in range(long_rows)]})  # 16 MB decoded
+    with pq.ParquetWriter(path, short.schema) as writer:
+        writer.write_table(short, row_group_size=GROUP_ROWS)
+        writer.write_table(long, row_group_size=long_rows)
+    return path.stat().st_size
+
+
+def peak_bytes_while_reading(direct: DirectProjection, fragment: ds.ParquetFileFragment, size: int) -> tuple[int, int]:
+    """(rows, the most Arrow memory held at once) over a scan whose batches are let go as they arrive."""
+    baseline, peak, rows = pa.total_allocated_bytes(), 0, 0
+    for batch in direct.batches(fragment, 3000 * 8, file_size=size):  # 8,192-row pieces
+        rows += batch.num_rows
+        del batch
+        peak = max(peak, pa.total_allocated_bytes() - baseline)
+    return rows, peak
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["kept-whole", "by-ranges"])
+def test_a_row_group_larger_than_its_share_once_decoded_is_neither_kept_nor_held_whole(
+    tmp_path: Path, whole: bool
+) -> None:
+    path = tmp_path / "skewed.parquet"
+    size = write_skewed_file(path)
+    bound = 32 << 20  # an eighth is 4 MB; the second group's names decode to 16 MB
+    data_bytes = (64 << 20) if whole else 2 * size
+    configure_process_caches(data_bytes=data_bytes, manifest_bytes=8 << 20, decoded_bytes=0)
+    fragment = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    direct = projection(fragment, ("name",))
+    _, uncached_peak = peak_bytes_while_reading(direct, fragment, size)
+    configure_process_caches(data_bytes=data_bytes, manifest_bytes=8 << 20, decoded_bytes=bound)
+    assert kept_whole(size) == whole and cached_file_key(fragment) is not None
+    rows, peak = peak_bytes_while_reading(direct, fragment, size)
+    assert rows == GROUP_ROWS + 40_000
+    assert [key[3] for key in DECODED.snapshot_keys()] == [0]  # the short group only
+    assert all(DECODED.get(key).get_total_buffer_size() <= bound // 8 for key in DECODED.snapshot_keys())
+    assert peak <= uncached_peak + bound // 8  # at most a share more than without the cache, never the group
+
+
+def test_a_scan_holds_no_kept_column_of_a_later_row_group_so_eviction_frees_it_and_the_rows_stay_exact(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    direct = projection(fragment, ("id",))
+    expected = scanner_rows(fragment, ("id",))
+    read(direct, fragment, size)
+    kept_bytes = DECODED.kept_bytes  # "id" of all four groups, 80 KB each
+    batches = direct.batches(fragment, 1 << 20, file_size=size)
+    got = [next(batches)]  # the repeat scan is inside the first group
+    before = pa.total_allocated_bytes()
+    DECODED.clear()  # another scan's columns evicted every kept one meanwhile
+    freed = before - pa.total_allocated_bytes()
+    assert freed >= kept_bytes - 2 * (kept_bytes // 4)  # at most the group being read stays alive
+    got.extend(batches)  # the evicted groups are decoded again: still the scanner's rows
+    assert pa.Table.from_batches(got).equals(expected)
+
+
+def test_a_kept_column_evicted_while_the_other_columns_are_decoded_is_decoded_again_for_its_group(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    read(projection(fragment, ("id",)), fragment, size)  # "id" kept; "x" is not
+    wider = projection(fragment, ("x", "id"))
+    batches = wider.batches(fragment, 1 << 20, file_size=size)
+    got = [next(batches)]
+    DECODED.clear()
+    got.extend(batches)
+    assert pa.Table.from_batches(got).equals(scanner_rows(fragment, ("x", "id")))
+    assert {key[4] for key in DECODED.snapshot_keys()} == {"x"}  # the re-decoded "id" was not kept again
+
+
+def test_concurrent_scans_of_one_file_filling_and_evicting_the_same_keys_all_get_the_scanners_rows(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, size, fragment = alice_file
+    configure_process_caches(data_bytes=64 << 20, manifest_bytes=8 << 20, decoded_bytes=3 * 8 * GROUP_ROWS * 8)
+    scans = [
+        projection(fragment, ("id",)),
+        projection(fragment, ("x", "id")),
+        projection(fragment, ("x",), pc.field("id") > 5_000, ("id",)),
+        projection(fragment, ("id", "name"), pc.field("x") < 15_000.0, ("x",)),
+    ]
+    expected = [scanner_rows(fragment, scan.file_columns, scan.arrow_filter) for scan in scans]
+
+    def exact(i: int) -> bool:
+        scan = scans[i % len(scans)]
+        got = pa.Table.from_batches(read(scan, fragment, size), schema=scan.schema)
+        return got.equals(expected[i % len(scans)])
+
+    with ThreadPoolExecutor(6) as pool:
+        assert all(pool.map(exact, range(60)))
+    assert DECODED.stats.evictions > 0 and DECODED.kept_bytes <= DECODED.max_bytes
+
+
+def test_a_kept_column_that_does_not_fit_the_files_footer_is_decoded_again_not_served(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    _, size, fragment = alice_file
+    key = cached_file_key(fragment)
+    assert key is not None
+    # As if the path had been rewritten in place at the same size: a kept "id" of another type, and a short one.
+    DECODED.put_column(key, 0, "id", pa.chunked_array([pa.array([str(-i) for i in range(GROUP_ROWS)])]))
+    DECODED.put_column(key, 1, "id", column(list(range(10))))
+    direct = projection(fragment, ("id",))
+    for _ in range(2):
+        assert pa.Table.from_batches(read(direct, fragment, size)).equals(scanner_rows(fragment, ("id",)))
