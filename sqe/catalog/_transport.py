@@ -134,11 +134,9 @@ class EnvironmentSnapshotSession(requests.Session):
         self._proxies_by_origin: dict[str, dict[str, str]] = {}
         self._proxies_lock = threading.Lock()
 
-    def merge_environment_settings(
-        self, url: str | bytes | None, proxies: Any, stream: Any, verify: Any, cert: Any
-    ) -> dict[str, Any]:
-        text = url.decode() if isinstance(url, bytes) else (url or "")
-        merged: dict[str, Any] = super().merge_environment_settings(text, proxies, stream, verify, cert)
+    def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+        text = url.decode() if isinstance(url, bytes) else str(url or "")
+        merged = super().merge_environment_settings(text, proxies, stream, verify, cert)
         environment = self._proxies_for(text)
         if environment:  # as requests does: the environment fills in what the request and session left unset
             merged["proxies"] = {**environment, **(merged.get("proxies") or {})}

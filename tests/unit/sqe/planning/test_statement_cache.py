@@ -23,7 +23,11 @@ def test_a_repeat_text_is_classified_without_duckdb() -> None:
     con.close()  # a closed connection fails any parse: the repeat must not reach DuckDB
     again = classify(con, sql)
     assert again == first
-    assert (again.kind, again.target, [t.parts for t in again.travels]) == ("insert", ("ns", first.target[1]), [("ns", "src")])
+    assert (again.kind, again.target, [t.parts for t in again.travels]) == (
+        "insert",
+        ("ns", first.target[1]),
+        [("ns", "src")],
+    )
 
 
 def test_a_refused_text_is_refused_again() -> None:
@@ -42,7 +46,9 @@ def test_the_kept_texts_are_bounded_and_a_long_text_is_never_kept() -> None:
     classify(con, oldest)
     for _ in range(statements._CLASSIFIED_ENTRIES):
         classify(con, _unique("SELECT 1 AS c_{id}"))
-    long_sql = _unique("SELECT 1 AS c_{id} WHERE ") + " AND ".join(["true"] * (statements._CLASSIFIED_MAX_SQL_CHARS // 8))
+    long_sql = _unique("SELECT 1 AS c_{id} WHERE ") + " AND ".join(
+        ["true"] * (statements._CLASSIFIED_MAX_SQL_CHARS // 8)
+    )
     classify(con, long_sql)
     assert len(statements._CLASSIFIED) == statements._CLASSIFIED_ENTRIES
     con.close()
