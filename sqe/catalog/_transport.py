@@ -91,6 +91,37 @@ class RetryingAdapter(HTTPAdapter):
             kwargs["timeout"] = self.policy.timeout
         method = (request.method or "GET").upper()
         idempotent = method in IDEMPOTENT_METHODS
+        # The first attempt runs outside tenacity (whose per-call setup is a noticeable part of a warm query's
+        # cost); only an outcome the policy retries enters the retry loop, which replays it as its attempt 1.
+        try:
+            first = super().send(request, **kwargs)
+        except requests.ConnectionError as exc:
+            if not idempotent:
+                raise
+            return self._retried(request, kwargs, method, idempotent, exc)
+        if not should_retry_response(method, first):
+            return first
+        return self._retried(request, kwargs, method, idempotent, first)
+
+    def _retried(
+        self,
+        request: requests.PreparedRequest,
+        kwargs: dict[str, Any],
+        method: str,
+        idempotent: bool,
+        first: requests.Response | requests.ConnectionError,
+    ) -> requests.Response:
+        """The retry loop, with ``first`` (the first attempt's response or connection error) as its attempt 1."""
+        replay: list[requests.Response | requests.ConnectionError] = [first]
+
+        def attempt() -> requests.Response:
+            if replay:
+                outcome = replay.pop()
+                if isinstance(outcome, requests.ConnectionError):
+                    raise outcome
+                return outcome
+            sent: requests.Response = super(RetryingAdapter, self).send(request, **kwargs)
+            return sent
 
         def wait(state: RetryCallState) -> float:
             outcome = state.outcome
@@ -117,7 +148,7 @@ class RetryingAdapter(HTTPAdapter):
             retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,  # type: ignore[union-attr]
             reraise=True,
         )
-        response: requests.Response = retrying(super().send, request, **kwargs)
+        response: requests.Response = retrying(attempt)
         return response
 
 
