@@ -16,7 +16,7 @@ check always read storage. ``metadata_cache_entries = 0`` keeps nothing.
 
 Load-table does not wait for that fingerprint before its other work (``load_pending``): with a verified revision
 for the current pointer and pin in hand, the HEAD is sent on a small pool while the request resolves the user's
-restrictions and its ETag, and the answer waits for it (``PendingRead.confirmed``) before anything is sent.
+restrictions, and the ETag and answer wait for it (``PendingRead.confirmed``): nothing is sent before it.
 Nothing about the guarantee moves: the fingerprint is still taken on every load (same recheck rule), after the
 pointer and pin were read for this request and before any re-read of the file; a mismatch or no fingerprint
 still reads and verifies the file (a rewrite is refused by this very load, 422); and the revision the work ran
