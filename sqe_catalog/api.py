@@ -88,6 +88,7 @@ from sqe_catalog.restrictions import (
 )
 from sqe_catalog.tables import (
     Namespace,
+    PendingTable,
     StoredTable,
     WarehouseTables,
     catalog_io_properties,
@@ -657,8 +658,8 @@ def _load_table(call: _Call) -> Response:
     access = _data_access(call, namespace, name)
     if access is None:
         call.require(Privilege.TABLE_READ_PROPERTIES, namespace, name)
-    table = call.warehouse.tables.load_table(namespace, name, reuse_verified=True)
-    restricted = _restrictions(call, table, "load")  # before the ETag: a 304 must never bypass the gate
+    pending = call.warehouse.tables.load_table_pending(namespace, name)
+    table, restricted = _confirmed_with_restrictions(call, pending)
     access = _governed_access(access, restricted)
     etag = _etag_for(call, table, snapshots, access, restricted.digest if restricted else "")
     if if_none_match_matches(call.request.headers.get("if-none-match"), etag):
@@ -667,6 +668,23 @@ def _load_table(call: _Call) -> Response:
     response = _table_response(call, table, access, snapshots, restricted)
     _served(call, "load", table, restricted)
     return response
+
+
+def _confirmed_with_restrictions(call: _Call, pending: PendingTable) -> tuple[StoredTable, ResolvedRestrictions | None]:
+    """The user's restrictions resolved while the table's storage fingerprint is in flight, then the table to
+    answer with; restrictions before the ETag: a 304 must never bypass the gate.
+
+    The fingerprint's verdict comes first: a rewritten file is refused (422) even when the gate would also have
+    refused, and restrictions resolved on a revision that is not the one answered are resolved again."""
+    try:
+        restricted = _restrictions(call, pending.table, "load")
+    except CatalogError:
+        pending.confirmed()  # an integrity failure wins over the gate's refusal, as when the load came first
+        raise
+    table = pending.confirmed()
+    if table is not pending.table:
+        restricted = _restrictions(call, table, "load")
+    return table, restricted
 
 
 def _table_exists(call: _Call) -> Response:

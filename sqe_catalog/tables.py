@@ -70,7 +70,7 @@ from sqe_catalog.identifiers import (
 from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
-from sqe_catalog.integrity.guard import IntegrityGuard
+from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
 
 __all__ = [
     "LOCATION_PROPERTIES",
@@ -147,6 +147,24 @@ class StoredTable:
     @property
     def key(self) -> str:
         return "/".join((*self.namespace, self.name))
+
+
+class PendingTable:
+    """A read route's table whose storage fingerprint may still be in flight (``IntegrityGuard.load_pending``):
+    ``table`` to prepare the answer from, ``confirmed()`` the table to answer with (the same object when the
+    stored file is unchanged); nothing may be sent before ``confirmed()`` returned."""
+
+    def __init__(self, namespace: Namespace, name: str, location: str, pending: PendingRead) -> None:
+        self._pending = pending
+        self._where = (namespace, name, location)
+        candidate = pending.candidate
+        self.table = StoredTable(namespace, name, location, candidate.metadata, candidate.document)
+
+    def confirmed(self) -> StoredTable:
+        parsed = self._pending.confirmed()
+        if parsed is self._pending.candidate:
+            return self.table
+        return StoredTable(*self._where, parsed.metadata, parsed.document)
 
 
 def _metadata_locations(metadata: TableMetadata) -> tuple[str, ...]:
@@ -442,6 +460,14 @@ class WarehouseTables:
         # protected tables: verified before returned
         parsed = self.integrity.load(_s(namespace), name, location, trusted, reuse_verified)
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
+
+    def load_table_pending(self, namespace: Namespace, name: str) -> PendingTable:
+        """``load_table(reuse_verified=True)`` whose storage fingerprint runs while the caller prepares its answer
+        (see ``IntegrityGuard.load_pending``); the caller answers only with ``PendingTable.confirmed()``."""
+        location, trusted = self.integrity.current(_s(namespace), name)
+        location = NoSuchTableError.unless_found(location, *namespace, name)
+        pending = self.integrity.load_pending(_s(namespace), name, location, trusted)
+        return PendingTable(namespace, name, location, pending)
 
     def _metadata_location(self, namespace: Namespace, name: str) -> str | None:
         stmt = select(IcebergTables.metadata_location).where(

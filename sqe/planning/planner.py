@@ -219,7 +219,20 @@ class TaskCache:
         self.hits = 0
         self._entries: OrderedDict[Hashable, tuple[FileScanTask, ...]] = OrderedDict()
         self._listed: LRUCache[Hashable, tuple[int | None]] = LRUCache(max_entries)  # manifest lists' row counts
+        # Projected schemas: pyiceberg's schema pruning is a pure function of the (immutable) metadata file,
+        # the snapshot and the columns read, and costs a warm query a tenth of its own time.
+        self._projections: LRUCache[Hashable, Schema] = LRUCache(4 * max_entries)
         self._lock = threading.Lock()
+
+    def projection(self, key: Hashable | None, project: Callable[[], Schema]) -> Schema:
+        """The projected schema kept for ``key``, else ``project()`` (kept when ``key`` is not None)."""
+        kept = self._projections.get(key) if key is not None else None
+        if kept is not None:
+            return kept
+        projected = project()
+        if key is not None:
+            self._projections.put(key, projected)
+        return projected
 
     def peek(self, key: Hashable | None) -> tuple[FileScanTask, ...] | None:
         """The kept tasks of ``key``, or None; never plans."""
@@ -269,6 +282,14 @@ def _task_key(loaded: LoadedTable, scan: DataScan, row_filter: BooleanExpression
     if not table.metadata_location or snapshot is None:
         return None
     return (table.metadata_location, snapshot.manifest_list, table.metadata.current_schema_id, repr(row_filter))
+
+
+def _projection_key(loaded: LoadedTable, scan: DataScan) -> Hashable | None:
+    """What ``scan.projection()`` depends on: the immutable metadata file, the snapshot (its schema) and the
+    columns selected, by name and case sensitivity; None without a metadata location to vouch for it."""
+    if not loaded.table.metadata_location:
+        return None
+    return (loaded.table.metadata_location, scan.snapshot_id, tuple(scan.selected_fields), scan.case_sensitive)
 
 
 def _listed_key(loaded: LoadedTable, scan: DataScan) -> Hashable | None:
@@ -374,7 +395,9 @@ def plan_scan(
             source = _local_tasks(loaded, scan, row_filter, cache)
             if not defer_tasks:
                 source.get()
-        projected = scan.projection()
+        projected = (
+            scan.projection() if cache is None else cache.projection(_projection_key(loaded, scan), scan.projection)
+        )
     return ScanPlan(
         loaded=loaded,
         task_source=source,

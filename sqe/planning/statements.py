@@ -11,6 +11,10 @@ general-purpose database.
 Time travel is rewritten before DuckDB parses the statement: every ``name FOR VERSION|TIMESTAMP AS OF x`` and
 ``name AT (VERSION|TIMESTAMP => x)`` becomes a one-part placeholder name (``__sqe_tt_<n>``) aliased like the
 table, and the statement carries what each placeholder stands for (``TimeTravel``).
+
+A classification depends on the text alone (the parser connection sees no table), so it is kept per text in a
+small process-wide LRU: a repeated statement is not tokenized and parsed again. Statements are frozen and
+failures are never kept (a refused text is refused again, with the same message).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Literal
 
 import duckdb
 
+from sqe._lru import LRUCache
 from sqe._text import first_line
 from sqe.errors import QueryError
 from sqe.planning.tokens import sql_tokens
@@ -104,7 +109,23 @@ class _Token:
         return self.text.upper() if self.kind == "keyword" else self.text
 
 
+_CLASSIFIED_ENTRIES = 256
+_CLASSIFIED_MAX_SQL_CHARS = 16 << 10  # longer texts (generated INSERT ... VALUES) are not kept
+_CLASSIFIED: LRUCache[str, Statement] = LRUCache(_CLASSIFIED_ENTRIES)
+
+
 def classify(con: duckdb.DuckDBPyConnection, sql: str) -> Statement:
+    """The statement ``sql`` is, from the cache when this exact text was classified before."""
+    known = _CLASSIFIED.get(sql)
+    if known is not None:
+        return known
+    statement = _classify(con, sql)
+    if len(sql) <= _CLASSIFIED_MAX_SQL_CHARS:
+        _CLASSIFIED.put(sql, statement)
+    return statement
+
+
+def _classify(con: duckdb.DuckDBPyConnection, sql: str) -> Statement:
     text = sql.strip().rstrip(";").strip()
     if not text:
         raise QueryError("empty statement")

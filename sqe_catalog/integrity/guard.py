@@ -13,14 +13,24 @@ very next load exactly as without the cache. ``metadata_recheck_seconds`` > 0 sk
 last one matched less than that long ago: a rewrite is then refused at most that much later (never served: the
 cache holds the verified revision). Writes (and the revision they return), purges and the cleaner's second
 check always read storage. ``metadata_cache_entries = 0`` keeps nothing.
+
+Load-table does not wait for that fingerprint before its other work (``load_pending``): with a verified revision
+for the current pointer and pin in hand, the HEAD is sent on a small pool while the request resolves the user's
+restrictions, and the ETag and answer wait for it (``PendingRead.confirmed``): nothing is sent before it.
+Nothing about the guarantee moves: the fingerprint is still taken on every load (same recheck rule), after the
+pointer and pin were read for this request and before any re-read of the file; a mismatch or no fingerprint
+still reads and verifies the file (a rewrite is refused by this very load, 422); and the revision the work ran
+on is exactly the one that is answered, or the work is redone on the re-verified one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
@@ -41,7 +51,7 @@ from sqe_catalog.integrity.lineage import check_snapshot_lineage, with_next_row_
 from sqe_catalog.integrity.purge import DeleteFiles, run_pending_tasks
 from sqe_catalog.integrity.state import Protection, TableRef, TrustedState
 
-__all__ = ["IntegrityGuard"]
+__all__ = ["IntegrityGuard", "PendingRead"]
 
 log = logging.getLogger("sqe_catalog.integrity")
 
@@ -64,6 +74,35 @@ class VerifiedRevision:
     fingerprint: str  # of the stored file, taken before it was read (see integrity.fingerprint)
     parsed: ParsedMetadata
     checked_at: float  # monotonic time of the last fingerprint that matched
+
+
+class PendingRead:
+    """A read route's revision whose storage fingerprint may still be in flight.
+
+    ``candidate`` is the verified revision the route may prepare its answer from; ``confirmed()`` waits for the
+    fingerprint and returns the revision to answer with: ``candidate`` itself when the stored file is unchanged,
+    otherwise the file read and verified again (or a ``MetadataIntegrityError``). Nothing may be sent before it."""
+
+    def __init__(self, candidate: ParsedMetadata, confirm: Callable[[], ParsedMetadata] | None = None) -> None:
+        self.candidate = candidate
+        self._confirm = confirm
+
+    def confirmed(self) -> ParsedMetadata:
+        return self.candidate if self._confirm is None else self._confirm()
+
+
+# Fingerprints in flight for load_pending: a HEAD each, waited for by the request that started it.
+_FINGERPRINT_THREADS = 4
+_fingerprint_pool: ThreadPoolExecutor | None = None
+_fingerprint_pool_lock = threading.Lock()
+
+
+def _fingerprints() -> ThreadPoolExecutor:
+    global _fingerprint_pool
+    with _fingerprint_pool_lock:
+        if _fingerprint_pool is None:
+            _fingerprint_pool = ThreadPoolExecutor(_FINGERPRINT_THREADS, thread_name_prefix="sqe-catalog-fingerprint")
+        return _fingerprint_pool
 
 
 class IntegrityGuard:
@@ -144,17 +183,51 @@ class IntegrityGuard:
         """
         if trusted is None:
             return self._read(location)
-        table = self.ref(namespace, name)
         if not reuse_verified:
-            return self._verified(table, trusted, location)
+            return self._verified(self.ref(namespace, name), trusted, location)
+        return self._reusing(namespace, name, location, trusted, in_background=False).confirmed()
+
+    def load_pending(self, namespace: Namespace, name: str, location: str, trusted: TrustedState | None) -> PendingRead:
+        """``load(..., reuse_verified=True)`` whose fingerprint runs while the caller prepares its answer from
+        ``PendingRead.candidate``; the caller answers only with ``PendingRead.confirmed()``."""
+        if trusted is None:
+            return PendingRead(self._read(location))
+        return self._reusing(namespace, name, location, trusted, in_background=True)
+
+    def _reusing(
+        self, namespace: Namespace, name: str, location: str, trusted: TrustedState, *, in_background: bool
+    ) -> PendingRead:
+        table = self.ref(namespace, name)
         hit = self.verified.get(table)
         if hit is not None and (hit.location, hit.trusted) != (location, trusted):
             hit = None  # another revision or pin: never this entry
         now = time.monotonic()
         if hit is not None and now - hit.checked_at < self._recheck_seconds:
-            return hit.parsed  # verified, and its stored file confirmed unchanged less than recheck_seconds ago
+            return PendingRead(hit.parsed)  # verified, and its stored file confirmed unchanged recently enough
+        if hit is None or not self.verified.bound:
+            return PendingRead(self._checked(table, trusted, location, now, None, self._take_fingerprint(location)))
+        if not in_background:
+            return PendingRead(self._checked(table, trusted, location, now, hit, self._take_fingerprint(location)))
         # Taken before any read: a rewrite after it changes the fingerprint, so it is caught by the next check.
-        fingerprint = self._fingerprint(location) if self.verified.bound else None
+        future = _fingerprints().submit(self._fingerprint, location)
+        revision = hit
+        return PendingRead(
+            revision.parsed, lambda: self._checked(table, trusted, location, now, revision, future.result())
+        )
+
+    def _take_fingerprint(self, location: str) -> str | None:
+        return self._fingerprint(location) if self.verified.bound else None
+
+    def _checked(
+        self,
+        table: TableRef,
+        trusted: TrustedState,
+        location: str,
+        now: float,
+        hit: VerifiedRevision | None,
+        fingerprint: str | None,
+    ) -> ParsedMetadata:
+        """The revision to answer with, given a fingerprint taken (before any read) for this load."""
         if hit is not None and fingerprint is not None and fingerprint == hit.fingerprint:
             self.verified.put(table, dataclasses.replace(hit, checked_at=now))
             return hit.parsed  # verify_loaded passed for these inputs and the stored file is the same

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -159,3 +160,56 @@ def test_error_mapping_is_typed_and_clear(faulty: tuple[str, Script], status: in
         assert "read-restrictions" in str(mapped)
     if status == 422:
         assert "not retried" in str(mapped)
+
+
+def _dropping_server(drops: int) -> tuple[str, list[int], socket.socket]:
+    """A loopback server that closes the first ``drops`` connections unanswered, then answers 200; it counts
+    the connections it accepted."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted: list[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            with conn:
+                conn.recv(65536)
+                if len(accepted) > drops:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", accepted, listener
+
+
+def test_a_dropped_first_attempt_is_retried_for_get_and_counts_as_attempt_one() -> None:
+    url, accepted, listener = _dropping_server(drops=2)
+    try:
+        response = make_session(RetryPolicy(max_retries=2, base_delay=0.001, max_delay=0.01, timeout=5)).get(url)
+        assert response.content == b"ok" and len(accepted) == 3  # two dropped, the last of three attempts answered
+    finally:
+        listener.close()
+
+
+def test_a_dropped_post_is_not_retried() -> None:
+    url, accepted, listener = _dropping_server(drops=1)
+    try:
+        with pytest.raises(requests.ConnectionError):
+            make_session(RetryPolicy(max_retries=2, base_delay=0.001, max_delay=0.01, timeout=5)).post(url, data=b"{}")
+        assert len(accepted) == 1
+    finally:
+        listener.close()
+
+
+def test_dropped_attempts_stop_at_the_limit_with_the_first_one_counted() -> None:
+    url, accepted, listener = _dropping_server(drops=10)
+    try:
+        with pytest.raises(requests.ConnectionError):
+            make_session(RetryPolicy(max_retries=2, base_delay=0.001, max_delay=0.01, timeout=5)).get(url)
+        assert len(accepted) == 3  # the first attempt and two retries, no more
+    finally:
+        listener.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from sqe_catalog.config import WarehouseConfig
@@ -22,3 +25,49 @@ def test_no_fingerprint_for_a_missing_file_or_another_scheme(tmp_path: Path) -> 
     fingerprint = storage_fingerprint(WarehouseConfig(name="w", location=f"file://{tmp_path}"))
     assert fingerprint(f"file://{tmp_path}/missing.metadata.json") is None
     assert fingerprint("gs://bucket/t/v1.metadata.json") is None
+
+
+def _s3_warehouse(endpoint: str) -> WarehouseConfig:
+    return WarehouseConfig(
+        name="w",
+        location="s3://bucket/wh",
+        endpoint=endpoint,
+        access_key_id="AKIDFINGERPRINTTEST",
+        secret_access_key="fingerprint-test-secret",  # type: ignore[arg-type]  # pydantic coerces to SecretStr
+    )
+
+
+def test_an_unreachable_store_or_an_unaddressable_location_gives_no_fingerprint() -> None:
+    with socket.socket() as probe:  # a loopback port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    fingerprint = storage_fingerprint(_s3_warehouse(f"http://127.0.0.1:{port}"))
+    assert fingerprint("s3://bucket/wh/t/v1.metadata.json") is None
+    assert fingerprint("s3://bucket/wh/t/v1.metadata.json?versionId=1") is None  # not addressed: the file is read
+
+
+def test_a_store_answering_an_error_gives_no_fingerprint_and_the_request_is_signed() -> None:
+    seen: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization", "")))
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    try:
+        fingerprint = storage_fingerprint(_s3_warehouse(f"http://127.0.0.1:{server.server_address[1]}"))
+        assert fingerprint("s3://bucket/wh/t/v1.metadata.json") is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    [(path, authorization)] = seen
+    assert path == "/bucket/wh/t/v1.metadata.json"  # path style, as configured
+    assert authorization.startswith("AWS4-HMAC-SHA256 Credential=AKIDFINGERPRINTTEST/")
+    assert "fingerprint-test-secret" not in authorization

@@ -128,3 +128,44 @@ def test_within_the_recheck_interval_the_verified_revision_is_served_never_the_r
     assert served.document is verified.document and "owner" not in served.metadata.properties
     with pytest.raises(MetadataIntegrityError, match="trusted digest"):
         tables.load_table(NS, "t")  # a read without reuse (writes, purges) goes to storage at once
+
+
+def test_a_pending_load_answers_its_candidate_only_once_the_fingerprint_matched(tmp_path: Path) -> None:
+    tables = warehouse_tables(tmp_path)
+    create(tables, ENCRYPTED)
+    verified = tables.load_table(NS, "t", reuse_verified=True)
+    pending = tables.load_table_pending(NS, "t")
+    assert pending.table.document is verified.document  # the verified revision, to prepare the answer from
+    assert pending.confirmed() is pending.table  # the stored file is unchanged: answered as prepared
+
+
+def test_a_pending_load_of_a_file_rewritten_meanwhile_is_refused_when_confirmed(tmp_path: Path) -> None:
+    tables = warehouse_tables(tmp_path)
+    location = create(tables, ENCRYPTED)
+    tables.load_table(NS, "t", reuse_verified=True)
+    rewrite(location, owner="mallory")
+    pending = tables.load_table_pending(NS, "t")
+    with pytest.raises(MetadataIntegrityError, match="trusted digest"):
+        pending.confirmed()
+    with pytest.raises(MetadataIntegrityError, match="trusted digest"):
+        tables.load_table_pending(NS, "t").confirmed()
+
+
+def test_a_pending_load_of_a_rewrite_that_keeps_the_document_answers_the_file_read_again(tmp_path: Path) -> None:
+    tables = warehouse_tables(tmp_path)
+    location = create(tables, ENCRYPTED)
+    first = tables.load_table(NS, "t", reuse_verified=True)
+    path = Path(location.removeprefix("file://"))
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=2))  # whitespace only: the same digest
+    pending = tables.load_table_pending(NS, "t")
+    answered = pending.confirmed()
+    assert answered is not pending.table, "the candidate is not the revision answered: the caller redoes its work"
+    assert answered.document == first.document and answered.document is not first.document
+
+
+def test_a_pending_load_of_an_uncached_table_is_verified_before_it_returns(tmp_path: Path) -> None:
+    tables = warehouse_tables(tmp_path)
+    location = create(tables, ENCRYPTED)
+    rewrite(location, owner="mallory")
+    with pytest.raises(MetadataIntegrityError, match="trusted digest"):
+        tables.load_table_pending(NS, "t")
