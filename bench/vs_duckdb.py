@@ -161,7 +161,7 @@ class SQEEngine(Engine):
         DuckDB's ATTACH and pyiceberg's ``RestCatalog(...)`` are for the peers."""
         provider = RestTableProvider(self._config)
         provider.catalog(self._config.catalog.warehouse)
-        return Session(provider, self._config)
+        return Session(provider, self._config, on_close=provider.close)  # its pools close with it, not in a GC
 
     def run(self, query: str, table: str, files: int, filter_low: int, mode: str) -> tuple[float, Answer]:
         if mode == "cold":

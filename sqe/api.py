@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqe.catalog.lazy import LazyRestTableProvider
 from sqe.config import SQEConfig, load_config
 from sqe.session import Session
-
-if TYPE_CHECKING:
-    from sqe.catalog.base import TableProvider
 
 
 def connect(config: str | Path | SQEConfig | None = None, **overrides: Any) -> Session:
@@ -25,10 +22,11 @@ def connect(config: str | Path | SQEConfig | None = None, **overrides: Any) -> S
         cfg = config
     else:
         cfg = load_config(config, overrides=_normalise(overrides))
-    return Session(_provider(cfg), cfg)
+    provider = _provider(cfg)
+    return Session(provider, cfg, on_close=provider.close)  # the session owns the catalog client it was given
 
 
-def _provider(cfg: SQEConfig) -> TableProvider:
+def _provider(cfg: SQEConfig) -> LazyRestTableProvider:
     """The REST catalog client, built on the first catalog call (a statement without tables never imports it)."""
     return LazyRestTableProvider(cfg)
 

@@ -270,10 +270,13 @@ class Session:
         max_queued_batches: int = 8,
         clock: Callable[[], float] = time.time,
         distributed: DistributedOptions | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
-        """Scans run in-process unless ``[coordinator] workers`` is set; ``distributed`` tunes worker scans."""
+        """Scans run in-process unless ``[coordinator] workers`` is set; ``distributed`` tunes worker scans.
+        ``on_close`` runs when the session closes (``sqe.api.connect``: close the catalog client it made)."""
         self.config = config
         self._provider = provider
+        self._on_close = on_close
         self._clock = clock
         self._executor_limits = (max_files_in_flight, max_queued_batches)
         self._remote: RemotePlanner | None = None  # server-side scan planning ([catalog] server_side_planning)
@@ -528,6 +531,8 @@ class Session:
         self._con.close()
         if self._distributed is not None:
             self._distributed.close()
+        if self._on_close is not None:
+            self._on_close()
 
     def __enter__(self) -> Session:
         return self

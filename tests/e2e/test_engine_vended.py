@@ -18,6 +18,7 @@ from pyiceberg.exceptions import BadRequestError
 
 import sqe.api
 from sqe.catalog.base import LoadedTable
+from sqe.catalog.lazy import LazyRestTableProvider
 from sqe.credentials import ScopedFileIO, StoragePolicy
 from sqe.errors import NoVendedCredentialsError
 from sqe.session import Session
@@ -226,3 +227,19 @@ def test_the_embedded_provider_serves_the_credentials_endpoint_the_coordinator_r
         assert found is not None and found.sets, "the catalog advertises /credentials and vends a set"
         assert all(s.source == "vended" and not s.missing_parts() and s.covers_object_store() for s in found.sets)
         assert all(catalog_server.moto.secret_access_key not in repr(s) for s in found.sets)
+
+
+def test_a_connected_session_closes_its_catalog_client_with_it(
+    catalog_server: CatalogServer, writer: CatalogPrincipal, namespace: str, module_dir: Path
+) -> None:
+    """``sqe.api.connect`` makes the catalog client, so closing the session closes it (its HTTP pools go at once,
+    not when the garbage collector gets to them)."""
+    session = connect(module_dir / "closing.toml", catalog_server, writer)
+    provider = session._provider
+    assert isinstance(provider, LazyRestTableProvider)
+    session.sql("SELECT 1").fetchall()
+    assert not provider.built  # a statement without tables never builds it
+    session.sql(f"CREATE TABLE {namespace}.closing AS SELECT 1 AS v")
+    assert provider.built
+    session.close()
+    assert not provider.built
