@@ -275,7 +275,7 @@ class DirectProjection:
                     yield from self._piece_batches(kept, rows)
                     continue
                 chunks: dict[str, list[pa.Array]] | None = {name: [] for name in missing}
-                held = 0
+                held, seen = 0, set[int]()
                 last = False
                 while not last:
                     piece_index, offset, piece, last = next(pieces)
@@ -284,7 +284,7 @@ class DirectProjection:
                     view = {name: column.slice(offset, piece.num_rows) for name, column in kept.items()}
                     for name in missing:
                         view[name] = piece.column(name)
-                    held += piece.get_total_buffer_size()
+                    held += _new_buffer_bytes(piece, seen)  # pieces may be slices of one decoded buffer
                     # The size check before decoding estimates from the first group's encoded sizes only (a
                     # dictionary-encoded or skewed column decodes far larger): a group found over its share
                     # once decoded is not kept, and its pieces are let go as without the cache.
@@ -350,6 +350,20 @@ class DirectProjection:
 # A piece of a row group's missing columns: (row group, offset of its first row, the piece, whether it is the last).
 _Piece = tuple[int, int, pa.Table, bool]
 _Decoder = Callable[[ds.ParquetFileFragment, list[int], list[str], int, bool], Iterator[_Piece]]
+
+
+def _new_buffer_bytes(piece: pa.Table, seen: set[int]) -> int:
+    """Bytes of the piece's buffers not in ``seen`` (addresses, updated): the memory it adds to its group. A reader
+    may decode a column chunk whole and slice its batches from it, so each piece's own total would count the
+    chunk's buffers once per piece."""
+    added = 0
+    for column in piece.columns:
+        for chunk in column.chunks:
+            for buffer in chunk.buffers():
+                if buffer is not None and buffer.address not in seen:
+                    seen.add(buffer.address)
+                    added += buffer.size
+    return added
 
 
 def _kept_columns(

@@ -363,3 +363,24 @@ def test_a_kept_column_that_does_not_fit_the_files_footer_is_decoded_again_not_s
     direct = projection(fragment, ("id",))
     for _ in range(2):
         assert pa.Table.from_batches(read(direct, fragment, size)).equals(scanner_rows(fragment, ("id",)))
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["kept-whole", "by-ranges"])
+def test_a_row_group_read_in_slices_of_one_decoded_buffer_weighs_that_buffer_once(tmp_path: Path, whole: bool) -> None:
+    """A reader may decode a column chunk whole and slice the batches from it: the group then holds that buffer
+    once, not once per batch, and is kept when the buffer fits its share."""
+    path = tmp_path / "one-group.parquet"
+    rows = 200_000  # 1.6 MB of int64 decoded; in 8,192-row batches 25 slices, 40 MB if each counted the buffer
+    pq.write_table(pa.table({"id": pa.array(range(rows), pa.int64())}), path, row_group_size=rows)
+    size = path.stat().st_size
+    data_bytes = (64 << 20) if whole else 2 * size
+    configure_process_caches(data_bytes=data_bytes, manifest_bytes=8 << 20, decoded_bytes=32 << 20)  # share 4 MB
+    fragment = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    assert kept_whole(size) == whole and cached_file_key(fragment) is not None
+    direct = projection(fragment, ("id",))
+    batches = read(direct, fragment, size, batch_bytes=8192 * 8)
+    assert sum(batch.num_rows for batch in batches) == rows and max(batch.num_rows for batch in batches) <= 8192
+    assert [key[3:] for key in DECODED.snapshot_keys()] == [(0, "id")]
+    assert pa.Table.from_batches(read(direct, fragment, size, batch_bytes=8192 * 8)).equals(
+        scanner_rows(fragment, ("id",))
+    )
