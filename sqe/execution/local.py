@@ -273,33 +273,47 @@ class DirectProjection:
                 kept = _kept_columns(fragment, key, index, names, rows, threads, decode)
                 if index not in incomplete:
                     yield from self._piece_batches(kept, rows)
-                    continue
-                chunks: dict[str, list[pa.Array]] | None = {name: [] for name in missing}
-                held, seen = 0, set[int]()
-                last = False
-                while not last:
-                    piece_index, offset, piece, last = next(pieces)
-                    if piece_index != index:  # both walk the same groups in file order; never mix two groups
-                        raise QueryError(f"decoded row group {piece_index} where {index} was due")
-                    view = {name: column.slice(offset, piece.num_rows) for name, column in kept.items()}
-                    for name in missing:
-                        view[name] = piece.column(name)
-                    held += _new_buffer_bytes(piece, seen)  # pieces may be slices of one decoded buffer
-                    # The size check before decoding estimates from the first group's encoded sizes only (a
-                    # dictionary-encoded or skewed column decodes far larger): a group found over its share
-                    # once decoded is not kept, and its pieces are let go as without the cache.
-                    if held > share:
-                        chunks = None
-                    if chunks is not None:
-                        for name in missing:
-                            chunks[name].extend(piece.column(name).chunks)
-                    yield from self._piece_batches(view, rows)
-                for name, decoded in (chunks or {}).items():
-                    DECODED.put_column(key, index, name, pa.chunked_array(decoded, piece.schema.field(name).type))
+                else:
+                    yield from self._decoding_group(key, index, kept, missing, pieces, rows, share)
         finally:
             close = getattr(pieces, "close", None)
             if close is not None:  # stops the decoder (and closes its file) when the consumer leaves early
                 close()
+
+    def _decoding_group(
+        self,
+        key: FileKey,
+        index: int,
+        kept: dict[str, pa.ChunkedArray],
+        missing: list[str],
+        pieces: Iterator[_Piece],
+        rows: int,
+        share: int,
+    ) -> Iterator[pa.RecordBatch]:
+        """One row group's batches: its ``kept`` columns with the ``missing`` ones as they are decoded, which are
+        kept once the group is complete unless they decoded to more than ``share`` bytes."""
+        chunks: dict[str, list[pa.Array]] | None = {name: [] for name in missing}
+        held, seen = 0, set[int]()
+        last = False
+        while not last:
+            piece_index, offset, piece, last = next(pieces)
+            if piece_index != index:  # both walk the same groups in file order; never mix two groups
+                raise QueryError(f"decoded row group {piece_index} where {index} was due")
+            view = {name: column.slice(offset, piece.num_rows) for name, column in kept.items()}
+            for name in missing:
+                view[name] = piece.column(name)
+            held += _new_buffer_bytes(piece, seen)  # pieces may be slices of one decoded buffer
+            # The size check before decoding estimates from the first group's encoded sizes only (a
+            # dictionary-encoded or skewed column decodes far larger): a group found over its share once decoded
+            # is not kept, and its pieces are let go as without the cache.
+            if held > share:
+                chunks = None
+            if chunks is not None:
+                for name in missing:
+                    chunks[name].extend(piece.column(name).chunks)
+            yield from self._piece_batches(view, rows)
+        for name, decoded in (chunks or {}).items():
+            DECODED.put_column(key, index, name, pa.chunked_array(decoded, piece.schema.field(name).type))
 
     def _piece_batches(self, columns: dict[str, pa.ChunkedArray], rows: int) -> Iterator[pa.RecordBatch]:
         """Batches of consecutive rows of one row group, filtered, with the projection's schema."""
