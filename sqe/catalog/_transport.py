@@ -19,6 +19,7 @@ Backoff is exponential with up to 10 % jitter, and ``Retry-After`` (seconds or a
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import logging
 import os
@@ -138,18 +139,33 @@ class RetryingAdapter(HTTPAdapter):
             )
             return delay
 
+        def release(state: RetryCallState) -> None:
+            # Runs only when another attempt follows: the answer being retried is read to its end and closed, so
+            # its connection goes back to the pool (the last answer, retried or not, is the caller's to read).
+            outcome = state.outcome
+            if outcome is not None and not outcome.failed:
+                _release(outcome.result())
+
         retry_on_error = (
             retry_if_exception_type(requests.ConnectionError) if idempotent else retry_if_result(lambda _r: False)
         )
         retrying = Retrying(
             stop=stop_after_attempt(self.policy.max_retries + 1),
             wait=wait,
+            before_sleep=release,
             retry=retry_if_result(lambda r: should_retry_response(method, r)) | retry_on_error,
             retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,  # type: ignore[union-attr]
             reraise=True,
         )
         response: requests.Response = retrying(attempt)
         return response
+
+
+def _release(response: requests.Response) -> None:
+    """Drain a small answer that will not be used (so its keep-alive connection is reused) and close it."""
+    with contextlib.suppress(requests.RequestException, RuntimeError):  # unreadable: closing drops the connection
+        response.content  # noqa: B018  # read for its side effect: the body is consumed
+    response.close()
 
 
 class EnvironmentSnapshotSession(requests.Session):
