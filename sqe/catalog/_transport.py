@@ -174,7 +174,10 @@ class EnvironmentSnapshotSession(requests.Session):
     def __init__(self) -> None:
         super().__init__()
         self.trust_env = False  # no per-request environment lookups (and no ~/.netrc)
-        self._environment_proxies = urllib.request.getproxies()  # what requests would read, incl. "no"
+        self._environment_proxies = urllib.request.getproxies()  # what requests would read
+        # NO_PROXY as requests reads it (``no_proxy or NO_PROXY``): the table above drops "no" for an empty
+        # lowercase variable even when the uppercase one names hosts.
+        self._no_proxy = os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or ""
         ca_bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
         if ca_bundle:
             self.verify = ca_bundle  # requests' own precedence: explicit per-request verify still wins
@@ -198,7 +201,7 @@ class EnvironmentSnapshotSession(requests.Session):
         with self._proxies_lock:
             found = self._proxies_by_origin.get(origin)
             if found is None:
-                bypass = should_bypass_proxies(url, no_proxy=self._environment_proxies.get("no", ""))
+                bypass = should_bypass_proxies(url, no_proxy=self._no_proxy)
                 found = {} if bypass else dict(self._environment_proxies)
                 self._proxies_by_origin[origin] = found
             return found
