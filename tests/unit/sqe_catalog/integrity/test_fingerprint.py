@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -82,7 +83,7 @@ def _serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
 
 
 def test_a_redirect_is_never_followed_so_no_session_token_reaches_another_server(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # botocore never follows a redirect; a signed HEAD that did would hand the session token (not stripped like
     # Authorization) to whatever host the store names.
@@ -120,9 +121,13 @@ def test_a_redirect_is_never_followed_so_no_session_token_reaches_another_server
         warehouse = WarehouseConfig(
             name="w", location="s3://bucket/wh", endpoint=f"http://127.0.0.1:{store.server_address[1]}"
         )
-        assert storage_fingerprint(warehouse)("s3://bucket/wh/t/v1.metadata.json") is None, "no fingerprint: read"
+        with caplog.at_level(logging.DEBUG):
+            assert storage_fingerprint(warehouse)("s3://bucket/wh/t/v1.metadata.json") is None, "no fingerprint: read"
     finally:
         for server in (store, other):
             server.shutdown()
             server.server_close()
     assert elsewhere == [], "nothing was sent to the redirect's target"
+    assert caplog.records, "the HEAD was logged at DEBUG"
+    for secret in ("redirect-test-secret", "redirect-test-session-token", "Signature="):
+        assert secret not in caplog.text
