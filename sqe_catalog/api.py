@@ -463,14 +463,21 @@ def _metadata_json(table: StoredTable, snapshots: str) -> str:
     return metadata_response_json(table.metadata, table.document, refs_only=snapshots == "refs")
 
 
-def _restrictions(call: _Call, table: StoredTable, operation: str) -> ResolvedRestrictions | None:
+def _restrictions(
+    call: _Call, table: StoredTable, operation: str, before_refusal: Callable[[], object] | None = None
+) -> ResolvedRestrictions | None:
     """The end user's read-restrictions on ``table`` after the delivery gate (406 undeclared, 403 unless through a
-    trusted reader, 403 for any commit); a refusal is audited here, a served response by the caller."""
+    trusted reader, 403 for any commit); a refusal is audited here, a served response by the caller.
+
+    ``before_refusal`` runs before a refusal is audited: a load whose integrity check is still in flight settles
+    it there, so a rewritten file is answered (422) and not audited as the gate's refusal it never was."""
     principal = call.principal
     what = _table_name(call, table)
+    settle = before_refusal or (lambda: None)
     try:
         resolved = _resolve(call, table)
     except CatalogError as exc:
+        settle()
         _audit(call, operation, what, None, "refused-unusable", exc.status)
         raise
     if resolved is None:
@@ -481,6 +488,7 @@ def _restrictions(call: _Call, table: StoredTable, operation: str) -> ResolvedRe
     try:
         require_capability(resolved, declared=declared, via_trusted_reader=principal.via_trusted_reader, what=what)
     except CatalogError as exc:
+        settle()
         outcome = "refused-capability" if isinstance(exc, NotAcceptableError) else "refused-untrusted"
         _audit(call, operation, what, resolved, outcome, exc.status)
         raise
@@ -488,6 +496,7 @@ def _restrictions(call: _Call, table: StoredTable, operation: str) -> ResolvedRe
         try:
             refuse_restricted_write(resolved)
         except CatalogError as exc:
+            settle()
             _audit(call, operation, what, resolved, "refused-write", exc.status)
             raise
     return resolved
@@ -677,9 +686,10 @@ def _confirmed_with_restrictions(call: _Call, pending: PendingTable) -> tuple[St
     The fingerprint's verdict comes first: a rewritten file is refused (422) even when the gate would also have
     refused, and restrictions resolved on a revision that is not the one answered are resolved again."""
     try:
-        restricted = _restrictions(call, pending.table, "load")
+        # An integrity failure wins over the gate's refusal (and its audit line), as when the load came first.
+        restricted = _restrictions(call, pending.table, "load", before_refusal=pending.confirmed)
     except CatalogError:
-        pending.confirmed()  # an integrity failure wins over the gate's refusal, as when the load came first
+        pending.confirmed()
         raise
     table = pending.confirmed()
     if table is not pending.table:

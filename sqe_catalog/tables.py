@@ -159,12 +159,21 @@ class PendingTable:
         self._where = (namespace, name, location)
         candidate = pending.candidate
         self.table = StoredTable(namespace, name, location, candidate.metadata, candidate.document)
+        self._outcome: StoredTable | CatalogError | None = None
 
     def confirmed(self) -> StoredTable:
-        parsed = self._pending.confirmed()
-        if parsed is self._pending.candidate:
-            return self.table
-        return StoredTable(*self._where, parsed.metadata, parsed.document)
+        """The table to answer with, or the error (422 for a rewrite); settled once, a second call repeats it."""
+        if self._outcome is None:
+            try:
+                parsed = self._pending.confirmed()
+            except CatalogError as exc:
+                self._outcome = exc
+                raise
+            same = parsed is self._pending.candidate
+            self._outcome = self.table if same else StoredTable(*self._where, parsed.metadata, parsed.document)
+        if isinstance(self._outcome, CatalogError):
+            raise self._outcome
+        return self._outcome
 
 
 def _metadata_locations(metadata: TableMetadata) -> tuple[str, ...]:

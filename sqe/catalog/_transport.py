@@ -19,6 +19,7 @@ Backoff is exponential with up to 10 % jitter, and ``Retry-After`` (seconds or a
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import logging
 import os
@@ -138,12 +139,20 @@ class RetryingAdapter(HTTPAdapter):
             )
             return delay
 
+        def release(state: RetryCallState) -> None:
+            # Runs only when another attempt follows: the answer being retried is read to its end and closed, so
+            # its connection goes back to the pool (the last answer, retried or not, is the caller's to read).
+            outcome = state.outcome
+            if outcome is not None and not outcome.failed:
+                _release(outcome.result())
+
         retry_on_error = (
             retry_if_exception_type(requests.ConnectionError) if idempotent else retry_if_result(lambda _r: False)
         )
         retrying = Retrying(
             stop=stop_after_attempt(self.policy.max_retries + 1),
             wait=wait,
+            before_sleep=release,
             retry=retry_if_result(lambda r: should_retry_response(method, r)) | retry_on_error,
             retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,  # type: ignore[union-attr]
             reraise=True,
@@ -152,13 +161,23 @@ class RetryingAdapter(HTTPAdapter):
         return response
 
 
+def _release(response: requests.Response) -> None:
+    """Drain a small answer that will not be used (so its keep-alive connection is reused) and close it."""
+    with contextlib.suppress(requests.RequestException, RuntimeError):  # unreadable: closing drops the connection
+        response.content  # noqa: B018  # read for its side effect: the body is consumed
+    response.close()
+
+
 class EnvironmentSnapshotSession(requests.Session):
     """A requests session that honours the proxy and CA-bundle environment as read when it was made."""
 
     def __init__(self) -> None:
         super().__init__()
         self.trust_env = False  # no per-request environment lookups (and no ~/.netrc)
-        self._environment_proxies = urllib.request.getproxies()  # what requests would read, incl. "no"
+        self._environment_proxies = urllib.request.getproxies()  # what requests would read
+        # NO_PROXY as requests reads it (``no_proxy or NO_PROXY``): the table above drops "no" for an empty
+        # lowercase variable even when the uppercase one names hosts.
+        self._no_proxy = os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or ""
         ca_bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
         if ca_bundle:
             self.verify = ca_bundle  # requests' own precedence: explicit per-request verify still wins
@@ -182,7 +201,7 @@ class EnvironmentSnapshotSession(requests.Session):
         with self._proxies_lock:
             found = self._proxies_by_origin.get(origin)
             if found is None:
-                bypass = should_bypass_proxies(url, no_proxy=self._environment_proxies.get("no", ""))
+                bypass = should_bypass_proxies(url, no_proxy=self._no_proxy)
                 found = {} if bypass else dict(self._environment_proxies)
                 self._proxies_by_origin[origin] = found
             return found

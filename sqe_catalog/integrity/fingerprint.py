@@ -74,8 +74,16 @@ def _file_fingerprint(path: str) -> str | None:
 class _SignedHead:
     """Signed HEADs of one warehouse's metadata files: credentials resolved on first use, one small pool."""
 
+    # Never a redirect (as botocore): following one would hand the session token, which urllib3 does not strip
+    # like Authorization, to the host the answer names; a 3xx is no fingerprint (the file is read instead).
     _RETRY = urllib3.Retry(
-        total=1, connect=1, read=1, status=1, status_forcelist=(500, 502, 503, 504), backoff_factor=0.05
+        total=1,
+        connect=1,
+        read=1,
+        status=1,
+        redirect=False,
+        status_forcelist=(500, 502, 503, 504),
+        backoff_factor=0.05,
     )
     _TIMEOUT = urllib3.Timeout(connect=5.0, read=5.0)
 
@@ -104,7 +112,12 @@ class _SignedHead:
             request = AWSRequest(method="HEAD", url=address.url, headers={})
             S3SigV4Auth(signing, "s3", self._warehouse.region).add_auth(request)
             response = pool.request(
-                "HEAD", address.url, headers=dict(request.headers.items()), retries=self._RETRY, timeout=self._TIMEOUT
+                "HEAD",
+                address.url,
+                headers=dict(request.headers.items()),
+                retries=self._RETRY,
+                timeout=self._TIMEOUT,
+                redirect=False,
             )
         except (BotoCoreError, urllib3.exceptions.HTTPError, OSError, ValueError):
             return None  # no fingerprint: the caller reads the file (and reports what failed)

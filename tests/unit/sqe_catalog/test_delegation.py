@@ -250,3 +250,31 @@ def test_one_audit_line_per_governed_response_without_content_or_tokens(
     text = "\n".join(lines)
     assert "mask-alphanum" not in text and "field-id" not in text, "a digest, never the content"
     assert not any(token in text for token in catalog.tokens.values())
+
+
+def test_a_rewritten_file_is_answered_422_and_never_audited_as_the_gates_refusal(
+    catalog: Catalog, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The load's storage fingerprint runs while restrictions resolve: its verdict must come before the gate's
+    # refusal is audited, or the audit log records a 403 the client never got.
+    encrypted = {"format-version": "3", "encryption.key-id": "K1"}
+    created = catalog.request(
+        "root", "POST", "/v1/wh/namespaces/db/tables", name="e", schema=SCHEMA, properties=encrypted
+    )
+    assert created.status == 200, created.body
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice", table="e") == 0
+    delegated = catalog.delegate("alice", "engine")
+    table = "/v1/wh/namespaces/db/tables/e"
+    assert catalog.request(delegated, "GET", table, headers=DECLARED).status == 200  # verified
+    loaded = catalog.request(delegated, "GET", table, headers=DECLARED)  # the verified revision, reused
+    assert loaded.status == 200
+    stored = Path(str(loaded.json()["metadata-location"]).removeprefix("file://"))
+    document = json.loads(stored.read_text())
+    document["properties"]["owner"] = "mallory"
+    stored.write_text(json.dumps(document))
+    with caplog.at_level(logging.INFO, logger="sqe_catalog.audit"):
+        refused = catalog.request("alice", "GET", table, headers=DECLARED)  # no reader: the gate would say 403
+    assert refused.status == 422, refused.body
+    assert "trusted digest" in refused.json()["error"]["message"]
+    audited = [r.getMessage() for r in caplog.records if r.name == "sqe_catalog.audit"]
+    assert audited == [], "no governed response and no refusal of the gate was given"

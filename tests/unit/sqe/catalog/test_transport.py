@@ -213,3 +213,39 @@ def test_dropped_attempts_stop_at_the_limit_with_the_first_one_counted() -> None
         assert len(accepted) == 3  # the first attempt and two retries, no more
     finally:
         listener.close()
+
+
+def test_a_retried_answer_is_released_and_its_connection_reused() -> None:
+    # A retried response must not stay open: unread, it holds its pooled connection until the garbage collector
+    # finds it, and every retry opens a new one.
+    answers = [(503, {"Retry-After": "0"}), (429, {}), (200, {})]
+    peers: list[int] = []
+
+    class KeepAlive(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            peers.append(self.client_address[1])
+            status, headers = answers.pop(0)
+            body = b'{"error":{"message":"retried","type":"X","code":%d}}' % status
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    session = make_session(FAST)
+    try:
+        response = session.get(f"http://127.0.0.1:{server.server_address[1]}/x")
+        assert response.status_code == 200
+    finally:
+        session.close()
+        server.shutdown()
+        server.server_close()
+    assert len(peers) == 3 and len(set(peers)) == 1, f"one connection for all three attempts, not {peers}"

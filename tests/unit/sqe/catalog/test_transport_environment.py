@@ -108,3 +108,17 @@ def test_the_ca_bundle_variable_is_read_once(monkeypatch: pytest.MonkeyPatch) ->
     assert session.verify == "/etc/ssl/certs/first-bundle.crt"
     monkeypatch.delenv("REQUESTS_CA_BUNDLE")
     assert make_session(POLICY).verify is True
+
+
+def test_an_empty_lowercase_no_proxy_does_not_hide_the_uppercase_one(
+    servers: tuple[str, list[str], str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # requests reads ``no_proxy or NO_PROXY``; the standard library's proxy table drops "no" for an empty
+    # lowercase variable, which would send a host the operator excluded through the proxy.
+    target, target_seen, proxy, proxy_seen = servers
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("no_proxy", "")
+    session = make_session(POLICY)
+    assert session.get(target + "/v1/config").content == b"direct"
+    assert (target_seen, proxy_seen) == (["/v1/config"], [])

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import pytest
 
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
@@ -71,3 +74,60 @@ def test_a_store_answering_an_error_gives_no_fingerprint_and_the_request_is_sign
     assert path == "/bucket/wh/t/v1.metadata.json"  # path style, as configured
     assert authorization.startswith("AWS4-HMAC-SHA256 Credential=AKIDFINGERPRINTTEST/")
     assert "fingerprint-test-secret" not in authorization
+
+
+def _serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    return server
+
+
+def test_a_redirect_is_never_followed_so_no_session_token_reaches_another_server(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # botocore never follows a redirect; a signed HEAD that did would hand the session token (not stripped like
+    # Authorization) to whatever host the store names.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDREDIRECTTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "redirect-test-secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "redirect-test-session-token")
+    elsewhere: list[dict[str, str]] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            elsewhere.append(dict(self.headers.items()))
+            self.send_response(200)
+            for name, value in (("ETag", '"e"'), ("Last-Modified", "Tue, 01 Dec 2026 00:00:00 GMT")):
+                self.send_header(name, value)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    other = _serve(Elsewhere)
+
+    class Redirecting(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.1:{other.server_address[1]}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    store = _serve(Redirecting)
+    try:
+        warehouse = WarehouseConfig(
+            name="w", location="s3://bucket/wh", endpoint=f"http://127.0.0.1:{store.server_address[1]}"
+        )
+        with caplog.at_level(logging.DEBUG):
+            assert storage_fingerprint(warehouse)("s3://bucket/wh/t/v1.metadata.json") is None, "no fingerprint: read"
+    finally:
+        for server in (store, other):
+            server.shutdown()
+            server.server_close()
+    assert elsewhere == [], "nothing was sent to the redirect's target"
+    assert caplog.records, "the HEAD was logged at DEBUG"
+    for secret in ("redirect-test-secret", "redirect-test-session-token", "Signature="):
+        assert secret not in caplog.text
