@@ -91,8 +91,9 @@ class PendingRead:
         return self.candidate if self._confirm is None else self._confirm()
 
 
-# Fingerprints in flight for load_pending: a HEAD each, waited for by the request that started it.
-_FINGERPRINT_THREADS = 4
+# Fingerprints in flight for load_pending: a HEAD each, waited for by the request that started it. As many as
+# the server's request threads, so concurrent loads never queue behind one another's HEADs (threads start lazily).
+_FINGERPRINT_THREADS = 40
 _fingerprint_pool: ThreadPoolExecutor | None = None
 _fingerprint_pool_lock = threading.Lock()
 
