@@ -78,26 +78,29 @@ def test_a_proxy_set_after_the_session_is_not_read(
     assert (target_seen, proxy_seen) == (["/v1/config"], [])
 
 
-def test_no_proxy_bypasses_the_proxy_for_its_hosts(
-    servers: tuple[str, list[str], str, list[str]], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("variables", "proxied"),
+    [
+        ({"HTTP_PROXY": "{proxy}", "NO_PROXY": "example.invalid,127.0.0.1"}, False),  # NO_PROXY names the host
+        ({"http_proxy": "{proxy}", "no_proxy": "example.invalid"}, True),  # it names another host only
+        # requests reads ``no_proxy or NO_PROXY``; the standard library's proxy table drops "no" for an empty
+        # lowercase variable, which would send a host the operator excluded through the proxy.
+        ({"HTTP_PROXY": "{proxy}", "NO_PROXY": "127.0.0.1", "no_proxy": ""}, False),
+    ],
+    ids=["no-proxy-names-the-host", "no-proxy-names-another-host", "empty-lowercase-does-not-hide-uppercase"],
+)
+def test_no_proxy_decides_as_requests_does(
+    servers: tuple[str, list[str], str, list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    variables: dict[str, str],
+    proxied: bool,
 ) -> None:
     target, target_seen, proxy, proxy_seen = servers
-    monkeypatch.setenv("HTTP_PROXY", proxy)
-    monkeypatch.setenv("NO_PROXY", "example.invalid,127.0.0.1")
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value.format(proxy=proxy))
     session = make_session(POLICY)
-    assert session.get(target + "/v1/config").content == b"direct"
-    assert (target_seen, proxy_seen) == (["/v1/config"], [])
-
-
-def test_no_proxy_for_another_host_keeps_the_proxy(
-    servers: tuple[str, list[str], str, list[str]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    target, target_seen, proxy, proxy_seen = servers
-    monkeypatch.setenv("http_proxy", proxy)
-    monkeypatch.setenv("no_proxy", "example.invalid")
-    session = make_session(POLICY)
-    assert session.get(target + "/t").content == b"proxied"
-    assert (target_seen, proxy_seen) == ([], [target + "/t"])
+    assert session.get(target + "/t").content == (b"proxied" if proxied else b"direct")
+    assert (target_seen, proxy_seen) == (([], [target + "/t"]) if proxied else (["/t"], []))
 
 
 def test_the_ca_bundle_variable_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,17 +111,3 @@ def test_the_ca_bundle_variable_is_read_once(monkeypatch: pytest.MonkeyPatch) ->
     assert session.verify == "/etc/ssl/certs/first-bundle.crt"
     monkeypatch.delenv("REQUESTS_CA_BUNDLE")
     assert make_session(POLICY).verify is True
-
-
-def test_an_empty_lowercase_no_proxy_does_not_hide_the_uppercase_one(
-    servers: tuple[str, list[str], str, list[str]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # requests reads ``no_proxy or NO_PROXY``; the standard library's proxy table drops "no" for an empty
-    # lowercase variable, which would send a host the operator excluded through the proxy.
-    target, target_seen, proxy, proxy_seen = servers
-    monkeypatch.setenv("HTTP_PROXY", proxy)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    monkeypatch.setenv("no_proxy", "")
-    session = make_session(POLICY)
-    assert session.get(target + "/v1/config").content == b"direct"
-    assert (target_seen, proxy_seen) == (["/v1/config"], [])
