@@ -59,12 +59,14 @@ class LRUCache(Generic[K, V]):
             evicted = self._evict_locked()
         self._evicted(evicted)
 
-    def get(self, key: K) -> V | None:
+    def get(self, key: K, *, counted: bool = True) -> V | None:
+        """The value (now the most recently used), or None; ``counted=False`` for a lookup already counted."""
         with self._lock:
             value = self._entries.get(key)
             if value is not None:
                 self._entries.move_to_end(key)
-        self.stats.add(hits=1) if value is not None else self.stats.add(misses=1)
+        if counted:
+            self.stats.add(hits=1) if value is not None else self.stats.add(misses=1)
         return value
 
     def put(self, key: K, value: V) -> bool:

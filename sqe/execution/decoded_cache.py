@@ -50,32 +50,25 @@ class DecodedColumnCache(MemoryBoundedCache[ColumnKey, pa.ChunkedArray]):
     def __init__(self, max_bytes: int) -> None:
         super().__init__(max_bytes, weigh=_buffer_bytes)
 
-    def columns(self, file: FileKey, row_group: int, names: Iterable[str]) -> dict[str, pa.ChunkedArray]:
-        """The kept columns among ``names`` of one row group of ``file`` (a miss is simply absent)."""
-        path, size, identity = file
+    def columns(
+        self, file: FileKey, row_group: int, names: Iterable[str], *, counted: bool = True
+    ) -> dict[str, pa.ChunkedArray]:
+        """The kept columns among ``names`` of one row group of ``file`` (a miss is simply absent);
+        ``counted=False`` for columns a scan already looked up (and counted)."""
         found: dict[str, pa.ChunkedArray] = {}
         for name in names:
-            column = self.get((identity, path, size, row_group, name))
+            column = self.get(_key(file, row_group, name), counted=counted)
             if column is not None:
                 found[name] = column
         return found
 
-    def peek_columns(self, file: FileKey, row_group: int, names: Iterable[str]) -> dict[str, pa.ChunkedArray]:
-        """As :meth:`columns`, for columns a scan already looked up (and counted): no hit or miss is counted."""
-        path, size, identity = file
-        found: dict[str, pa.ChunkedArray] = {}
-        with self._lock:
-            for name in names:
-                key = (identity, path, size, row_group, name)
-                column = self._entries.get(key)
-                if column is not None:
-                    self._entries.move_to_end(key)
-                    found[name] = column
-        return found
-
     def put_column(self, file: FileKey, row_group: int, name: str, column: pa.ChunkedArray) -> bool:
-        path, size, identity = file
-        return self.put((identity, path, size, row_group, name), column)
+        return self.put(_key(file, row_group, name), column)
+
+
+def _key(file: FileKey, row_group: int, name: str) -> ColumnKey:
+    path, size, identity = file
+    return (identity, path, size, row_group, name)
 
 
 DECODED = DecodedColumnCache(DEFAULT_DECODED_BYTES)

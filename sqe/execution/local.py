@@ -394,7 +394,7 @@ def _kept_columns(
     rows_in_group = fragment.metadata.row_group(index).num_rows
     kept = {
         name: column
-        for name, column in DECODED.peek_columns(key, index, names).items()
+        for name, column in DECODED.columns(key, index, names, counted=False).items()
         if len(column) == rows_in_group and column.type == fragment.physical_schema.field(name).type
     }  # (one that does not fit the footer would be another content under the same path and size: not served)
     gone = [name for name in names if name not in kept]

@@ -48,6 +48,14 @@ def with_garbage_in_null_slots(values: list[int], nulls: list[bool], kind: pa.Da
     return pa.Array.from_buffers(kind, len(values), [bitmap, data.buffers()[1]])
 
 
+def nullable_slice(draw: st.DrawFn, values: list[int], kind: pa.DataType, *, min_rows: int) -> pa.Array:
+    """``values`` as ``kind`` with drawn null slots (garbage under them), sliced at drawn bounds."""
+    nulls = draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
+    array = with_garbage_in_null_slots(values, nulls, kind)
+    start = draw(st.integers(0, len(values) - 1))
+    return array.slice(start, draw(st.integers(min_rows, len(values) - start)))
+
+
 def reference_or_error(array: pa.Array, unit: str) -> list[Any] | type[Exception]:
     try:
         return list(truncate_reference(array, unit).view(_layout(array.type)[1]).to_pylist())
@@ -65,10 +73,7 @@ def temporal_arrays(draw: st.DrawFn) -> pa.Array:
     spread = draw(st.sampled_from([per_day, 40 * per_day, 3000 * per_day, 200_000 * per_day, 2**bits]))
     low, high = max(low_limit, centre - spread), min(high_limit, centre + spread)
     values = draw(st.lists(st.integers(low, high), min_size=1, max_size=60))
-    nulls = draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
-    array = with_garbage_in_null_slots(values, nulls, kind)
-    start = draw(st.integers(0, len(values) - 1))
-    return array.slice(start, draw(st.integers(0, len(values) - start)))
+    return nullable_slice(draw, values, kind, min_rows=0)
 
 
 @settings(max_examples=300, deadline=None)
@@ -116,10 +121,7 @@ def calendar_span_arrays(draw: st.DrawFn) -> pa.Array:
     # One unit past the last midnight is the day after the span: clamped, every slot stays inside it.
     edges = st.sampled_from([first, last, midnight, midnight - 1, min(midnight + 1, last), 0, -1])
     values = draw(st.lists(st.one_of(edges, st.integers(first, last)), min_size=1, max_size=60))
-    nulls = draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
-    array = with_garbage_in_null_slots(values, nulls, kind)
-    start = draw(st.integers(0, len(values) - 1))
-    return array.slice(start, draw(st.integers(1, len(values) - start)))
+    return nullable_slice(draw, values, kind, min_rows=1)
 
 
 @settings(max_examples=300, deadline=None)
