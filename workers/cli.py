@@ -1,6 +1,8 @@
 """``sqe-worker --listen HOST:PORT [--token-file F] [--tls-cert C --tls-key K] [--max-message-bytes N]``.
 
 Fails closed: without a token file the worker refuses to start unless ``--insecure-no-token`` is given.
+``--data-cache-bytes`` / ``--decoded-cache-bytes`` bound the process's data-range and decoded-column caches
+(the engine's ``[cache] data_bytes`` / ``decoded_bytes``; 0 turns one off).
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import logging
 import sys
 from pathlib import Path
 
+from sqe.config import CacheConfig
 from sqe.errors import ConfigError
 from workers.auth import read_token_file
-from workers.server import ServerOptions, serve
+from workers.server import CacheBounds, ServerOptions, serve
 from workers.service import DEFAULT_MAX_MESSAGE_BYTES, ServiceSettings
 
 
@@ -28,6 +31,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES, metavar="N")
     parser.add_argument("--max-fragments", type=int, default=8, help="fragments run at once (default 8)")
     parser.add_argument("--max-files-in-flight", type=int, default=2, help="files read at once per fragment")
+    defaults = CacheConfig()
+    parser.add_argument(
+        "--data-cache-bytes", type=int, default=defaults.data_bytes, metavar="N",
+        help=f"data-file byte ranges kept for repeat fragments (default {defaults.data_bytes}; 0: off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--decoded-cache-bytes", type=int, default=defaults.decoded_bytes, metavar="N",
+        help=f"decoded Arrow columns of range-cached files (default {defaults.decoded_bytes}; 0: off)",
+    )  # fmt: skip
     parser.add_argument("--pace-ms-per-file", type=int, default=0, help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -51,8 +63,9 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     for name in ("max_fragments", "max_files_in_flight"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.pace_ms_per_file < 0:
-        raise ConfigError("--pace-ms-per-file must not be negative")
+    for name in ("pace_ms_per_file", "data_cache_bytes", "decoded_cache_bytes"):
+        if getattr(args, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
     return ServerOptions(
         listen=args.listen,
         token=read_token_file(args.token_file) if args.token_file is not None else None,
@@ -64,6 +77,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             max_files_in_flight=args.max_files_in_flight,
             pace_seconds=args.pace_ms_per_file / 1000.0,
         ),
+        caches=CacheBounds(data_bytes=args.data_cache_bytes, decoded_bytes=args.decoded_cache_bytes),
     )
 
 

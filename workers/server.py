@@ -13,6 +13,7 @@ from types import FrameType
 
 import grpc
 
+from sqe.config import CacheConfig
 from sqe.distributed.protocol._proto import worker_pb2_grpc
 from sqe.errors import ConfigError
 from workers.auth import BearerTokenInterceptor
@@ -27,12 +28,28 @@ CONTROL_THREADS = 4
 
 
 @dataclass(frozen=True)
+class CacheBounds:
+    """The worker process's data-range and decoded-column cache bounds in bytes (0: off), as ``[cache]``."""
+
+    data_bytes: int = CacheConfig().data_bytes
+    decoded_bytes: int = CacheConfig().decoded_bytes
+
+    def apply(self) -> None:
+        """Caches are per process: set once, by the process entry point (``serve``), never by a test's server."""
+        from sqe.execution.cache import configure_process_caches
+
+        manifests = CacheConfig().manifest_bytes  # workers plan nothing; the engine's default is harmless
+        configure_process_caches(data_bytes=self.data_bytes, manifest_bytes=manifests, decoded_bytes=self.decoded_bytes)
+
+
+@dataclass(frozen=True)
 class ServerOptions:
     listen: str
     token: str | None = field(repr=False)
     tls_cert: bytes | None = field(default=None, repr=False)
     tls_key: bytes | None = field(default=None, repr=False)
     service: ServiceSettings = field(default_factory=ServiceSettings)
+    caches: CacheBounds = field(default_factory=CacheBounds)
 
 
 def create_server(options: ServerOptions) -> tuple[grpc.Server, WorkerService, int]:
@@ -78,6 +95,7 @@ def serve(options: ServerOptions, *, port_file: Path | None = None) -> int:
     """Run until SIGTERM/SIGINT; running fragments are cancelled on the way out. Returns the exit code."""
     removed = scrub_environment(os.environ)
     _one_line_grpc_logs()
+    options.caches.apply()
     server, service, port = create_server(options)
     stop = threading.Event()
 
@@ -90,6 +108,11 @@ def serve(options: ServerOptions, *, port_file: Path | None = None) -> int:
     tls = "TLS" if options.tls_cert is not None else "plaintext"
     auth = "bearer token" if options.token is not None else "NO AUTHENTICATION (--insecure-no-token)"
     log.info("listening on port %d (%s, %s); removed %d AWS_* variables", port, tls, auth, len(removed))
+    log.info(
+        "caches: data ranges %d bytes, decoded columns %d bytes",
+        options.caches.data_bytes,
+        options.caches.decoded_bytes,
+    )
     if port_file is not None:
         _write_port_file(port_file, port)
     stop.wait()
