@@ -13,7 +13,9 @@ counted from its log), and two ``sqe-worker`` processes on loopback. Then:
 
 ``--efficiency`` instead measures what a cluster's scaling can be predicted from, on two cores: the coordinator
 pinned to core 0 (``taskset -c 0``) and one ``sqe-worker`` pinned to core 1 run each query through the worker;
-the same query then runs locally in a process pinned to core 0. Printed per query: rows/s per worker core over
+the same query then runs locally in a process pinned to core 0, with the data-range and decoded-column caches
+warm (a repeat query, as in a session) and off (every run reads and decodes its files: a table larger than
+the caches; footers stay cached). Printed per query: rows/s per worker core over
 local rows/s per core (target >= 0.9), and the coordinator's and the worker's CPU seconds per million rows
 (``resource.getrusage`` of the coordinator process, ``/proc/<pid>/stat`` of the worker). The store and the
 catalog are not pinned and share both cores; each timed figure is the median of ``--runs`` after a warm-up.
@@ -140,6 +142,10 @@ def main() -> int:
     parser.add_argument("--efficiency", action="store_true", help="pinned coordinator + worker vs pinned local")
     parser.add_argument("--eff-rows", type=int, default=4_000_000, help="rows of the --efficiency table")
     parser.add_argument("--eff-files", type=int, default=8, help="data files of the --efficiency table")
+    parser.add_argument(
+        "--eff-caches", default="both", choices=("warm", "off", "both"),
+        help="--efficiency with the data caches warm, off (every run reads the store), or both (default)",
+    )  # fmt: skip
     args = parser.parse_args()
     apply_client_env(args.store)
     if args.efficiency:
@@ -275,6 +281,8 @@ def pinned_child() -> int:
     spec = json.loads(sys.stdin.read())
     apply_client_env(spec["store"])
     overrides: dict[str, Any] = {"catalog": {"uri": spec["catalog_uri"]}}
+    if spec.get("caches_off"):
+        overrides["cache"] = {"data_bytes": 0, "decoded_bytes": 0}
     options = None
     if spec.get("workers"):
         overrides["coordinator"] = {"workers": spec["workers"], "token": spec["token"]}
@@ -311,14 +319,21 @@ def run_pinned(core: int, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["query"]: r for r in results}
 
 
-def start_pinned_worker(workdir: Path, token: str, core: int) -> tuple[subprocess.Popen[bytes], str]:
+CACHES_OFF = ["--data-cache-bytes", "0", "--decoded-cache-bytes", "0"]
+
+
+def start_pinned_worker(
+    workdir: Path, token: str, core: int, *, caches_off: bool
+) -> tuple[subprocess.Popen[bytes], str]:
     token_file = workdir / "eff-worker-token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
     port_file = workdir / "eff-worker.port"
+    port_file.unlink(missing_ok=True)
     command = ["taskset", "-c", str(core), sys.executable, "-m", "workers.cli", "--listen", "127.0.0.1:0"]
     command += ["--token-file", str(token_file), "--port-file", str(port_file), "--log-level", "WARNING"]
-    with open(workdir / "eff-worker.log", "wb") as log:
+    command += CACHES_OFF if caches_off else []
+    with open(workdir / "eff-worker.log", "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     while not port_file.exists():
         if proc.poll() is not None:
@@ -329,40 +344,54 @@ def start_pinned_worker(workdir: Path, token: str, core: int) -> tuple[subproces
 
 def efficiency(args: argparse.Namespace) -> int:
     token = secrets.token_hex(16)
+    modes = {"warm": [False], "off": [True], "both": [False, True]}[args.eff_caches]
     with tempfile.TemporaryDirectory(prefix="sqe-bench-eff-") as tmp:
         workdir = Path(tmp)
         info = start_stack(workdir / "stack", store=args.store, credential_lifetime=3600, serve=False)
-        worker: subprocess.Popen[bytes] | None = None
         try:
             write_efficiency_table(info, args.eff_files, args.eff_rows)
-            worker, address = start_pinned_worker(workdir, token, core=1)
-            spec: dict[str, Any] = {
-                "store": args.store,
-                "catalog_uri": info.catalog_uri,
-                "config": str(info.principal_config("analyst")),
-                "queries": EFF_QUERIES,
-                "runs": args.runs,
-            }
-            local = run_pinned(0, spec)
-            dist = run_pinned(0, {**spec, "workers": [address], "token": token, "slots": 2, "worker_pid": worker.pid})
+            for caches_off in modes:
+                local, dist = efficiency_runs(args, info, workdir, token, caches_off=caches_off)
+                print_efficiency(args, local, dist, caches_off=caches_off)
         finally:
-            if worker is not None:
-                worker.terminate()
-                worker.wait(10)
             stop_stack(workdir / "stack")
-    print_efficiency(args, local, dist)
     return 0
 
 
-def print_efficiency(args: argparse.Namespace, local: dict[str, Any], dist: dict[str, Any]) -> None:
+def efficiency_runs(
+    args: argparse.Namespace, info: StackInfo, workdir: Path, token: str, *, caches_off: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The local run and the run through one fresh pinned worker, both with the data caches on or off."""
+    worker, address = start_pinned_worker(workdir, token, core=1, caches_off=caches_off)
+    try:
+        spec: dict[str, Any] = {
+            "store": args.store,
+            "catalog_uri": info.catalog_uri,
+            "config": str(info.principal_config("analyst")),
+            "queries": EFF_QUERIES,
+            "runs": args.runs,
+            "caches_off": caches_off,
+        }
+        local = run_pinned(0, spec)
+        dist = run_pinned(0, {**spec, "workers": [address], "token": token, "slots": 2, "worker_pid": worker.pid})
+    finally:
+        worker.terminate()
+        worker.wait(10)
+    return local, dist
+
+
+def print_efficiency(
+    args: argparse.Namespace, local: dict[str, Any], dist: dict[str, Any], *, caches_off: bool
+) -> None:
     """Per query: wall rates per core and their ratio, CPU per million rows of each process and their ratio.
 
     On a shared machine the wall ratio carries everyone else's load; the CPU ratio (local process CPU over
     worker CPU, per row) is what a dedicated worker core would give if the scan is CPU bound. ``workers per
     coordinator core``: how many such workers one coordinator core keeps up with (worker CPU / coordinator CPU
     per row), the first limit of a cluster's scaling."""
-    print(f"efficiency: {args.eff_rows} rows in {args.eff_files} files ({args.store}); coordinator on core 0, "
-          f"1 worker on core 1, local run on core 0; median of {args.runs} runs")  # fmt: skip
+    caches = "data caches off (every run reads the store)" if caches_off else "data caches warm"
+    print(f"efficiency, {caches}: {args.eff_rows} rows in {args.eff_files} files ({args.store}); coordinator on "
+          f"core 0, 1 worker on core 1, local run on core 0; median of {args.runs} runs")  # fmt: skip
     header = f"  {'query':10s} {'local rows/s/core':>17s} {'worker rows/s/core':>18s} {'wall ratio':>10s} "
     header += f"{'CPU ratio':>9s} {'CPU s/M rows: local':>19s} {'worker':>6s} {'coord':>6s} {'workers/coord core':>18s}"
     print(header)
