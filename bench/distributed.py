@@ -29,6 +29,7 @@ import os
 import re
 import resource
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -316,7 +317,7 @@ def start_pinned_worker(workdir: Path, token: str, core: int) -> tuple[subproces
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
     port_file = workdir / "eff-worker.port"
-    command = ["taskset", "-c", str(core), sys.executable, "-m", "workers.cli", "--listen", "127.0.0.1:0"]
+    command = ["taskset", "-c", str(core), *_profiler(), sys.executable, "-m", "workers.cli", "--listen", "127.0.0.1:0"]
     command += ["--token-file", str(token_file), "--port-file", str(port_file), "--log-level", "WARNING"]
     with open(workdir / "eff-worker.log", "wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -325,6 +326,22 @@ def start_pinned_worker(workdir: Path, token: str, core: int) -> tuple[subproces
             raise RuntimeError("the pinned sqe-worker did not start")
         time.sleep(0.05)
     return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+
+
+def _profiler() -> list[str]:
+    """``SQE_BENCH_WORKER_PROFILE=<file>`` runs the worker under py-spy (raw folded stacks, native frames); its
+    CPU figures then include the sampler's, so use it to see where the time goes, not for the ratios."""
+    out = os.environ.get("SQE_BENCH_WORKER_PROFILE")
+    if not out:
+        return []
+    spy = Path(sys.executable).with_name("py-spy")
+    return [str(spy), "record", "--native", "--threads", "-r", "250", "--format", "raw", "-o", out, "--"]
+
+
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    # py-spy writes its profile on SIGINT (and passes it on to the worker); the worker stops on either.
+    worker.send_signal(signal.SIGINT if os.environ.get("SQE_BENCH_WORKER_PROFILE") else signal.SIGTERM)
+    worker.wait(30)
 
 
 def efficiency(args: argparse.Namespace) -> int:
@@ -347,8 +364,7 @@ def efficiency(args: argparse.Namespace) -> int:
             dist = run_pinned(0, {**spec, "workers": [address], "token": token, "slots": 2, "worker_pid": worker.pid})
         finally:
             if worker is not None:
-                worker.terminate()
-                worker.wait(10)
+                stop_worker(worker)
             stop_stack(workdir / "stack")
     print_efficiency(args, local, dist)
     return 0
