@@ -9,7 +9,9 @@ The worker's batch messages are the bulk of its output, so they skip the protobu
 copy of the body instead of the four that building ``ArrowBatch`` and ``ExecuteResponse`` objects and
 serialising them cost. :func:`serialize_execute_response` is the worker's gRPC response serializer: it passes
 such frames through and serialises every other message the usual way. The coordinator parses the same bytes
-with the generated ``ExecuteResponse`` class; a test checks the frames equal what protobuf writes.
+with :func:`parse_execute_response`: a batch message in exactly that shape becomes a :class:`ReceivedBatch`
+whose IPC body is a view of the received bytes (no copy); anything else goes to the generated
+``ExecuteResponse`` parser. A test checks the frames equal what protobuf writes.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def decode_schema(data: bytes) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(data))
 
 
-def decode_batch(data: bytes, schema: pa.Schema) -> pa.RecordBatch:
+def decode_batch(data: bytes | memoryview, schema: pa.Schema) -> pa.RecordBatch:
     return pa.ipc.read_record_batch(pa.py_buffer(data), schema)
 
 
@@ -123,3 +125,58 @@ def serialize_execute_response(message: pb.ExecuteResponse | BatchFrame) -> byte
     if isinstance(message, BatchFrame):
         return message.data
     return bytes(message.SerializeToString())
+
+
+@dataclass(frozen=True)
+class ReceivedBatch:
+    """A batch message as the coordinator reads it: the ``ArrowBatch`` fields, ``ipc`` a view of the message."""
+
+    ipc: memoryview
+    num_rows: int
+    task_index: int
+    row_offset: int
+
+
+def parse_execute_response(data: bytes) -> pb.ExecuteResponse | ReceivedBatch:
+    """The coordinator's ``Execute`` response deserializer (see the module docstring)."""
+    fast = _parse_batch(data) if data[:1] == _RESPONSE_BATCH else None
+    return fast if fast is not None else pb.ExecuteResponse.FromString(data)
+
+
+def _parse_batch(data: bytes) -> ReceivedBatch | None:
+    """The batch message written by :func:`_batch_message`, or None for any other shape (protobuf then parses
+    it, and rejects what is malformed)."""
+    view = memoryview(data)
+    inner_size, pos = _read_varint(view, 1)
+    if pos < 0 or pos + inner_size != len(view) or view[pos : pos + 1] != _IPC:
+        return None
+    ipc_size, start = _read_varint(view, pos + 1)
+    end = start + ipc_size
+    if start < 0 or end > len(view):
+        return None
+    fields = {_NUM_ROWS: 0, _TASK_INDEX: 0, _ROW_OFFSET: 0}
+    pos = end
+    while pos < len(view):
+        tag = bytes(view[pos : pos + 1])
+        if tag not in fields:
+            return None
+        fields[tag], pos = _read_varint(view, pos + 1)
+        if pos < 0:
+            return None
+    task_index = fields[_TASK_INDEX]
+    if task_index >= 1 << 31:  # an int32 on the wire; leave anything odd to protobuf
+        return None
+    return ReceivedBatch(view[start:end], fields[_NUM_ROWS], task_index, fields[_ROW_OFFSET])
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+    """``(value, position after it)``; position -1 when the varint is cut off or longer than 64 bits."""
+    value = shift = 0
+    while pos < len(view) and shift < 64:
+        byte = view[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    return 0, -1

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from google.protobuf.message import DecodeError
 
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import MessageTooLargeError
 from sqe.distributed.protocol.ipc import (
     batch_frames,
     decode_batch,
+    ReceivedBatch,
     encode_batch,
+    parse_execute_response,
     serialize_execute_response,
 )
 
@@ -52,3 +55,31 @@ def test_a_row_too_big_for_any_message_fails_closed() -> None:
     big = pa.record_batch({"s": ["x" * 300_000]})
     with pytest.raises(MessageTooLargeError, match="message limit"):
         list(batch_frames(big, 64 << 10, task_index=0, row_offset=0))
+
+
+@pytest.mark.parametrize(("task_index", "row_offset"), [(0, 0), (5, 0), (0, 9), (300, 1 << 40)])
+def test_the_coordinator_parses_frames_without_protobuf_and_without_copying(task_index: int, row_offset: int) -> None:
+    frame = next(batch_frames(BATCH, 8 << 20, task_index=task_index, row_offset=row_offset))
+    parsed = parse_execute_response(frame.data)
+    assert isinstance(parsed, ReceivedBatch)
+    assert (parsed.num_rows, parsed.task_index, parsed.row_offset) == (BATCH.num_rows, task_index, row_offset)
+    assert parsed.ipc.obj is frame.data  # a view of the received message
+    assert decode_batch(parsed.ipc, BATCH.schema).equals(BATCH)
+
+
+def test_every_other_shape_goes_to_protobuf() -> None:
+    # Fields in another order (valid protobuf, not the worker's layout) still parse, through protobuf.
+    reordered = pb.ExecuteResponse(batch=pb.ArrowBatch(ipc=b"x", num_rows=1, task_index=2, row_offset=3))
+    data = reordered.SerializeToString()
+    swapped = data[:2] + data[5:] + data[2:5]  # the scalars before the ipc field
+    message = parse_execute_response(swapped)
+    assert isinstance(message, pb.ExecuteResponse) and message.batch.row_offset == 3
+    schema_message = pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=b"s", row_positions=True))
+    assert parse_execute_response(schema_message.SerializeToString()) == schema_message
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 10])
+def test_a_truncated_frame_is_rejected_not_misread(cut: int) -> None:
+    frame = next(batch_frames(BATCH, 8 << 20, task_index=1, row_offset=0)).data
+    with pytest.raises(DecodeError):
+        parse_execute_response(frame[:-cut] if cut < 10 else frame[:cut])
