@@ -9,9 +9,9 @@ from google.protobuf.message import DecodeError
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import MessageTooLargeError
 from sqe.distributed.protocol.ipc import (
+    ReceivedBatch,
     batch_frames,
     decode_batch,
-    ReceivedBatch,
     encode_batch,
     parse_execute_response,
     serialize_execute_response,
