@@ -19,6 +19,9 @@ local rows/s per core (target >= 0.9), and the coordinator's and the worker's CP
 catalog are not pinned and share both cores; each timed figure is the median of ``--runs`` after a warm-up.
 
     .venv/bin/python bench/distributed.py --efficiency [--eff-rows 4000000] [--eff-files 8] [--runs 3]
+
+``SQE_BENCH_WORKER_PROFILE=<file>`` runs that worker under py-spy (``.venv/bin/py-spy``, raw folded stacks with
+native frames) to see where its time goes; its CPU figures then include the sampler's.
 """
 
 from __future__ import annotations
