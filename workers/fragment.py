@@ -28,7 +28,7 @@ from sqe._counters import Counters
 from sqe.credentials import CredentialSet
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import DuplicateFragmentError, InvalidTicketError, WorkerBusyError
-from sqe.distributed.protocol.ipc import encode_batch, encode_schema
+from sqe.distributed.protocol.ipc import BatchFrame, batch_frames, encode_schema
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
 from sqe.execution.local import BatchTransform, LocalExecutor, ScanMetrics
 from sqe.execution.stream import conform_batch
@@ -138,8 +138,9 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
 
     def stream(
         self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats
-    ) -> Iterator[pb.ExecuteResponse]:
-        """Schema, then batches and progress, then ``complete``. Errors propagate to the caller."""
+    ) -> Iterator[pb.ExecuteResponse | BatchFrame]:
+        """Schema, then batches and progress, then ``complete``. Errors propagate to the caller. Batches come as
+        ready-serialised frames (the service's serializer sends them as they are)."""
         ticket = self.ticket
         schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
         transform = restriction_transform(ticket.restrictions, ticket.read_schema, ticket.output_field_ids, ticket.salt)
@@ -148,13 +149,13 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         files_reported = 0
         task_rows = [0] * len(ticket.tasks)
         for index, batch in self._positioned_batches(executor, transform):
-            for data, count in encode_batch(conform_batch(batch, schema), max_message_bytes):
-                message = pb.ArrowBatch(ipc=data, num_rows=count, task_index=index, row_offset=task_rows[index])
-                yield pb.ExecuteResponse(batch=message)
-                task_rows[index] += count
-                rows += count
+            conformed = conform_batch(batch, schema)
+            for frame in batch_frames(conformed, max_message_bytes, task_index=index, row_offset=task_rows[index]):
+                yield frame
+                task_rows[index] += frame.rows
+                rows += frame.rows
                 batches += 1
-                stats.add(batches_sent=1, rows_sent=count, ipc_bytes_sent=len(data))
+                stats.add(batches_sent=1, rows_sent=frame.rows, ipc_bytes_sent=frame.ipc_bytes)
             if self.metrics.files_done != files_reported:
                 files_reported = self.metrics.files_done
                 yield pb.ExecuteResponse(progress=self._progress(rows))

@@ -10,11 +10,14 @@ from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import grpc
 
 from sqe.config import CacheConfig
+from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol._proto import worker_pb2_grpc
+from sqe.distributed.protocol.ipc import serialize_execute_response
 from sqe.errors import ConfigError
 from workers.auth import BearerTokenInterceptor
 from workers.environment import scrub_environment
@@ -70,9 +73,38 @@ def create_server(options: ServerOptions) -> tuple[grpc.Server, WorkerService, i
             ("grpc.so_reuseport", 0),
         ],
     )
-    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    _add_service(service, server)
     port = _bind(server, options)
     return server, service, port
+
+
+class _HandlerCapture:
+    """Stands in for the server while the generated code registers the service, to keep its handler table."""
+
+    def __init__(self) -> None:
+        self.service_name = ""
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # the same table comes through add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service_name: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.service_name, self.handlers = service_name, dict(handlers)
+
+
+def _add_service(service: WorkerService, server: grpc.Server) -> None:
+    """The generated registration, with ``Execute``'s response serializer swapped for one that sends the
+    worker's pre-serialised batch frames as they are (see :mod:`sqe.distributed.protocol.ipc`)."""
+    capture = _HandlerCapture()
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, capture)
+    handlers = capture.handlers
+    handlers["Execute"] = grpc.unary_stream_rpc_method_handler(
+        service.Execute,
+        request_deserializer=pb.ScanTicket.FromString,
+        response_serializer=serialize_execute_response,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.service_name, handlers),))
+    server.add_registered_method_handlers(capture.service_name, handlers)
 
 
 def _bind(server: grpc.Server, options: ServerOptions) -> int:

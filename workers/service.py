@@ -37,6 +37,7 @@ from sqe.distributed.protocol.errors import (
     MessageTooLargeError,
     WorkerBusyError,
 )
+from sqe.distributed.protocol.ipc import BatchFrame
 from sqe.distributed.protocol.rewrite import decode_rewrite_ticket
 from sqe.distributed.protocol.ticket import WireTableId, credentials_from_proto, decode_ticket
 from sqe.errors import CredentialError, CredentialExpiredError, RestrictionError
@@ -100,7 +101,9 @@ class WorkerService:
 
     # ------------------------------------------------------------------------------------------- Execute
 
-    def Execute(self, request: pb.ScanTicket, context: grpc.ServicerContext) -> Iterator[pb.ExecuteResponse]:
+    def Execute(
+        self, request: pb.ScanTicket, context: grpc.ServicerContext
+    ) -> Iterator[pb.ExecuteResponse | BatchFrame]:
         fragment = self._start(request, context)
         outcome = "failed"
         try:

@@ -8,6 +8,11 @@ import grpc
 
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol._proto import worker_pb2_grpc as pb_grpc
+from sqe.distributed.protocol.ipc import parse_execute_response
+
+# Execute is called with the coordinator's own deserializer: batch messages keep their IPC body as a view of the
+# received bytes instead of protobuf's copy.
+_EXECUTE = f"/{pb.DESCRIPTOR.services_by_name['Worker'].full_name}/Execute"
 
 
 class WorkerClient:
@@ -27,6 +32,12 @@ class WorkerClient:
         else:
             self._channel = grpc.insecure_channel(address, options=options)
         self._stub: Any = pb_grpc.WorkerStub(self._channel)
+        self._execute: Any = self._channel.unary_stream(
+            _EXECUTE,
+            request_serializer=pb.ScanTicket.SerializeToString,
+            response_deserializer=parse_execute_response,
+            _registered_method=True,
+        )
 
     def __repr__(self) -> str:
         return f"WorkerClient({self.address!r})"
@@ -35,8 +46,9 @@ class WorkerClient:
         raise TypeError("worker clients hold the coordinator's token and cannot be pickled")
 
     def execute(self, ticket: pb.ScanTicket) -> Any:
-        """The streaming call (iterable of ``ExecuteResponse``; ``cancel()`` ends it from another thread)."""
-        return self._stub.Execute(ticket, metadata=self._metadata)
+        """The streaming call (iterable of ``ExecuteResponse`` or, for batches, ``ReceivedBatch``; ``cancel()``
+        ends it from another thread)."""
+        return self._execute(ticket, metadata=self._metadata)
 
     def rewrite(self, ticket: pb.RewriteTicket, timeout: float) -> Any:
         """A compaction rewrite as a future (``result()`` blocks; ``cancel()`` ends it from another thread)."""

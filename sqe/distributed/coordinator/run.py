@@ -37,7 +37,7 @@ from sqe.distributed.coordinator.failures import AttemptFailure, classify_rpc_er
 from sqe.distributed.coordinator.fragments import Fragment, plan_fragments
 from sqe.distributed.coordinator.refresh import Holder
 from sqe.distributed.protocol._proto import worker_pb2 as pb
-from sqe.distributed.protocol.ipc import decode_batch, decode_schema
+from sqe.distributed.protocol.ipc import ReceivedBatch, decode_batch, decode_schema
 from sqe.distributed.protocol.ticket import build_ticket, trim_metadata
 from sqe.errors import QueryError, SQEError, WorkerError
 from sqe.execution.local import QueryCancelledError, ScanMetrics
@@ -320,20 +320,17 @@ class ScanRun:
                 return None
             finally:
                 attempt.waiting_since = None
+            if isinstance(message, ReceivedBatch):  # the common case, parsed without protobuf
+                if not self._forward_batch(state, attempt, schema, positioned, message):
+                    return None  # the query is over
+                continue
             kind = message.WhichOneof("payload")
             if kind == "schema":
                 schema = decode_schema(message.schema.ipc)
                 positioned = message.schema.row_positions
                 self._catch_up(holder, generation)
             elif kind == "batch":
-                if schema is None:
-                    raise WorkerError(f"fragment {attempt.fragment_id}: a batch arrived before the schema")
-                batch = decode_batch(message.batch.ipc, schema)
-                if positioned:
-                    forwarded = self._forward_positioned(state, attempt, message.batch, batch)
-                else:
-                    forwarded = self._forward_unpositioned(state, attempt, batch)
-                if not forwarded:
+                if not self._forward_batch(state, attempt, schema, positioned, message.batch):
                     return None  # the query is over
             elif kind == "progress":
                 self._count(attempt, message.progress.files_done, message.progress.bytes_done)
@@ -342,8 +339,24 @@ class ScanRun:
                 self._count(attempt, complete.files, complete.bytes)
                 return complete
 
+    def _forward_batch(
+        self,
+        state: _FragmentState,
+        attempt: _Attempt,
+        schema: pa.Schema | None,
+        positioned: bool,
+        message: pb.ArrowBatch | ReceivedBatch,
+    ) -> bool:
+        """Decode and forward one batch message; False if the query is over."""
+        if schema is None:
+            raise WorkerError(f"fragment {attempt.fragment_id}: a batch arrived before the schema")
+        batch = decode_batch(message.ipc, schema)
+        if positioned:
+            return self._forward_positioned(state, attempt, message, batch)
+        return self._forward_unpositioned(state, attempt, batch)
+
     def _forward_positioned(
-        self, state: _FragmentState, attempt: _Attempt, message: pb.ArrowBatch, batch: pa.RecordBatch
+        self, state: _FragmentState, attempt: _Attempt, message: pb.ArrowBatch | ReceivedBatch, batch: pa.RecordBatch
     ) -> bool:
         """Forward the rows of ``batch`` not forwarded by an earlier attempt; False if the query is over."""
         index, offset = message.task_index, message.row_offset

@@ -19,7 +19,7 @@ from sqe.errors import CredentialExpiredError, WorkerError
 from sqe.execution.cache import FRAGMENTS
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.restrictions import EMPTY_PLAN, RestrictionPlan, apply
-from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, sorted_rows, ticket_for
+from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, sorted_rows, ticket_for, wire
 from workers.fileio import FragmentFileIO
 from workers.fragment import RunningFragment, WorkerStats
 
@@ -32,7 +32,7 @@ def run(ticket: pb.ScanTicket, *, max_message_bytes: int = 1 << 20) -> tuple[pa.
     cancel = threading.Event()
     io = FragmentFileIO(decoded.credentials, decoded.storage, cancel=cancel, allow_local=True)
     fragment = RunningFragment(decoded, io, cancel)
-    messages = list(fragment.stream(LocalExecutor(max_files_in_flight=2), max_message_bytes, WorkerStats()))
+    messages = wire(fragment.stream(LocalExecutor(max_files_in_flight=2), max_message_bytes, WorkerStats()))
     schema = decode_schema(messages[0].schema.ipc)
     batches = [decode_batch(m.batch.ipc, schema) for m in messages if m.WhichOneof("payload") == "batch"]
     return pa.Table.from_batches(batches, schema=schema), messages
@@ -178,7 +178,7 @@ def _rows_by_task(ticket: pb.ScanTicket, executor: LocalExecutor, max_message_by
     decoded = decode_ticket(ticket)
     cancel = threading.Event()
     io = FragmentFileIO(decoded.credentials, decoded.storage, cancel=cancel, allow_local=True)
-    messages = list(RunningFragment(decoded, io, cancel).stream(executor, max_message_bytes, WorkerStats()))
+    messages = wire(RunningFragment(decoded, io, cancel).stream(executor, max_message_bytes, WorkerStats()))
     assert messages[0].schema.row_positions
     schema = decode_schema(messages[0].schema.ipc)
     tasks: list[list[Any]] = [[] for _ in decoded.tasks]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from pyiceberg.table import Table
 
 from sqe.credentials import CredentialSet
 from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.ipc import BatchFrame, serialize_execute_response
 from sqe.distributed.protocol.ticket import WireTableId, build_ticket
 from sqe.restrictions import EMPTY_PLAN, RestrictionPlan, parse_restrictions
 from tests.unit.sqe.iceberg_local import add_positional_deletes, build_events, build_numbers, local_catalog
@@ -70,3 +72,8 @@ def ticket_for(
 
 def sorted_rows(table: pa.Table, key: str = "id") -> list[dict[str, Any]]:
     return sorted(table.to_pylist(), key=lambda row: row[key])
+
+
+def wire(stream: Iterable[pb.ExecuteResponse | BatchFrame]) -> list[pb.ExecuteResponse]:
+    """A fragment's stream as the coordinator receives it: through the worker's serializer, parsed by protobuf."""
+    return [pb.ExecuteResponse.FromString(serialize_execute_response(m)) for m in stream]

@@ -21,6 +21,7 @@ from sqe.distributed.protocol.ipc import decode_batch, decode_schema
 from sqe.distributed.protocol.ticket import build_ticket, decode_ticket
 from sqe.execution.local import LocalExecutor
 from sqe.execution.tvf import FileSource, FileStream
+from tests.unit.workers.worker_fixtures import wire
 from workers.fileio import FragmentFileIO
 from workers.fragment import RunningFragment, WorkerStats
 
@@ -69,7 +70,7 @@ def worker_rows(stream: FileStream, root: Path) -> list[dict[str, object]]:
     decoded = decode_ticket(ticket)
     cancel = threading.Event()
     io = FragmentFileIO(decoded.credentials, decoded.storage, cancel=cancel, allow_local=True)
-    messages = list(RunningFragment(decoded, io, cancel).stream(LocalExecutor(), 1 << 20, WorkerStats()))
+    messages = wire(RunningFragment(decoded, io, cancel).stream(LocalExecutor(), 1 << 20, WorkerStats()))
     schema = decode_schema(messages[0].schema.ipc)
     batches = [decode_batch(m.batch.ipc, schema) for m in messages if m.WhichOneof("payload") == "batch"]
     table = pa.Table.from_batches(batches, schema=schema).cast(plan.arrow_schema)
