@@ -757,12 +757,10 @@ class Session:
 
     def _pass_through_run(self, planned: _Planned, columns: Callable[[], Sequence[str]]) -> PassThroughRun | None:
         """The statement as a pass-through run of its one local scan, or None (DuckDB runs it)."""
-        from sqe.execution.stream import ScanStream  # lazily, like the session's other execution imports
-
         if not self.pass_through or planned.metadata or planned.views or planned.statement.travels:
             return None
-        if len(self.last_streams) != 1 or not isinstance(self.last_streams[0], ScanStream):
-            return None  # a distributed scan, or several tables
+        if len(self.last_streams) != 1:
+            return None  # several tables
         if self._pass_through_planner is None:
             from sqe.execution.passthrough import PassThroughPlanner
 

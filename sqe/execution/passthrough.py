@@ -15,8 +15,10 @@ as before):
 - an optional ``LIMIT`` / ``OFFSET`` of integer constants, without ORDER BY.
 
 The restriction order is the same as in DuckDB: each batch is row-filtered on raw values and masked by the
-scan (``ScanStream``), and only then does the user's WHERE run here, on the masked values, in the reader
-threads; projection is zero-copy. ``LIMIT`` closes the scan once enough rows came, which stops the readers.
+scan (``ScanStream``, or the workers for a ``DistributedScanStream``), and only then does the user's WHERE run
+here, on the masked values: in the reader threads, or on the coordinator's consumer thread for a distributed
+scan. Projection is zero-copy. ``LIMIT`` closes the scan once enough rows came, which stops the readers (or
+cancels the workers' fragments).
 
 The output looks exactly like DuckDB's: the column names come from DuckDB's own binding of the statement and
 each column's type is what DuckDB exports for the scan's Arrow type (probed once per schema on the session's
@@ -31,7 +33,7 @@ import datetime
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,7 +42,6 @@ from pyiceberg.types import DateType
 from sqe._lru import LRUCache
 from sqe.duckdb_connection import quote_ident
 from sqe.errors import QueryError
-from sqe.execution.stream import ScanStream
 from sqe.planning.sql_analysis import FLIPPED_COMPARISONS, Node, constant_of, find_table_refs, parse_select
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from pyiceberg.types import NestedField
 
     from sqe.catalog.base import TableIdent
+    from sqe.execution.local import BatchTransform
     from sqe.planning.planner import ScanPlan
     from sqe.planning.sql_analysis import TableRef
 
@@ -299,12 +301,22 @@ def _count(node: Node) -> int:
     return value
 
 
+class RestrictedScan(Protocol):
+    """What a pass-through run reads: a scan of one table whose batches are already restricted (``ScanStream``
+    in-process, ``DistributedScanStream`` on workers); ``then`` runs on each batch, closing stops the scan."""
+
+    @property
+    def plan(self) -> ScanPlan: ...
+
+    def batches(self, then: BatchTransform | None = None) -> Iterator[pa.RecordBatch]: ...
+
+
 @dataclass(frozen=True)
 class PassThroughRun:
     """A recognised statement bound to the scan stream it reads; runs (once per ``batches`` call) when read."""
 
     shape: PassThrough
-    stream: ScanStream
+    stream: RestrictedScan
 
     @property
     def schema(self) -> pa.Schema:
@@ -332,7 +344,9 @@ class PassThroughPlanner:
         self._exported: LRUCache[pa.Schema, pa.Schema] = LRUCache(_KEPT_SCHEMAS)
         self._probes = itertools.count(1)
 
-    def plan(self, sql: str, stream: ScanStream, output_names: Callable[[], Sequence[str]]) -> PassThroughRun | None:
+    def plan(
+        self, sql: str, stream: RestrictedScan, output_names: Callable[[], Sequence[str]]
+    ) -> PassThroughRun | None:
         """The pass-through run of ``sql`` (a SELECT whose only scan is ``stream``), or None for DuckDB.
         ``output_names``: DuckDB's result column names (asked only when the statement's shape qualifies)."""
         tree = self._tree(sql)

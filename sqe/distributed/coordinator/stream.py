@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -14,6 +14,7 @@ from sqe.execution.stream import QueryContext
 
 if TYPE_CHECKING:
     from sqe.distributed.coordinator.executor import DistributedExecutor
+    from sqe.execution.local import BatchTransform
     from sqe.planning.planner import ScanPlan
 
 
@@ -41,7 +42,19 @@ class DistributedScanStream:
     def reader(self) -> pa.RecordBatchReader:
         return pa.RecordBatchReader.from_batches(self.schema, self._batches(self.opened))
 
-    def _batches(self, run: int) -> Iterator[pa.RecordBatch]:
+    def batches(self, then: BatchTransform | None = None) -> Iterator[pa.RecordBatch]:
+        """A fresh distributed run's batches (restricted on the workers, conformed to ``schema``); with ``then``
+        (a pass-through query's WHERE, projection and result types) each batch passed through it, on the
+        consumer's thread. Closing the iterator ends the run (its fragments are cancelled)."""
+        self.opened += 1
+        batches = self._batches(self.opened)
+        try:
+            for batch in batches:
+                yield batch if then is None else then(batch)
+        finally:
+            batches.close()
+
+    def _batches(self, run: int) -> Generator[pa.RecordBatch]:
         try:
             yield from self._executor.record_batches(self.plan, context=self._context, query_id=self.query_id, run=run)
         except SQEError as exc:  # including QueryCancelledError

@@ -1,0 +1,86 @@
+"""Pass-through queries on scan workers: a plain read of one table streams the workers' restricted batches to the
+caller without DuckDB's copy on the coordinator, with the same result as the statement forced through DuckDB.
+
+The tables and users are ``test_passthrough``'s (alice restricted: EU rows only, ``email`` mask-alphanum, ``ssn``
+replace-with-null; carol unrestricted); the workers are two real ``sqe-worker`` processes on loopback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from sqe.catalog.rest import RestTableProvider
+from sqe.config import CoordinatorConfig
+from sqe.distributed.coordinator import DistributedOptions
+from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH
+from sqe.session import Session
+from tests.e2e.test_distributed import WorkerPool, WorkerPools, worker_factory
+from tests.e2e.test_passthrough import DUCKDB_QUERIES, PASS_THROUGH_QUERIES, both_paths, same_rows, world
+from tests.e2e.test_restrictions_e2e import World
+
+pytestmark = pytest.mark.e2e
+__all__ = ["worker_factory", "world"]  # module fixtures re-used from test_passthrough and test_distributed
+
+
+@pytest.fixture(scope="module")
+def pool(worker_factory: WorkerPools) -> WorkerPool:
+    return worker_factory.pool(2)
+
+
+@contextmanager
+def on_workers(world: World, who: str, pool: WorkerPool, **options: int) -> Iterator[Session]:
+    """``who``'s session of ``world`` with its scans on ``pool`` (one file per fragment: both workers serve)."""
+    with world.session(who) as probe:
+        config = probe.config
+    assert config is not None
+    config = config.model_copy(update={"coordinator": CoordinatorConfig(workers=pool.addresses, token=pool.token)})
+    settings = DistributedOptions(max_files_per_fragment=1, **options)
+    with Session(RestTableProvider(config), config, distributed=settings) as session:
+        assert session.distributed_executor is not None
+        yield session
+
+
+@pytest.mark.parametrize("who", ["carol", "alice"])
+def test_plain_reads_stream_from_the_workers(world: World, pool: WorkerPool, who: str) -> None:
+    with on_workers(world, who, pool) as session:
+        for query in PASS_THROUGH_QUERIES:
+            fast, slow, path = both_paths(session, query.format(t=f"{world.namespace}.people"))
+            assert path == PATH_PASS_THROUGH, query
+            assert fast.schema == slow.schema, query
+            assert same_rows(fast, slow), query
+        for query in DUCKDB_QUERIES:
+            fast, slow, path = both_paths(session, query.format(t=f"{world.namespace}.people"))
+            assert path == PATH_DUCKDB, query
+            assert fast.schema == slow.schema and same_rows(fast, slow), query
+
+
+def test_a_where_on_a_masked_column_sees_the_workers_masked_values(world: World, pool: WorkerPool) -> None:
+    t = f"{world.namespace}.people"
+    cases = {
+        f"SELECT id FROM {t} WHERE email = 'xxx@xxxxxxx.xxx'": [1],
+        f"SELECT id FROM {t} WHERE email = 'ada@example.com'": [],
+        f"SELECT id FROM {t} WHERE ssn = '111-22-3333'": [],
+        f"SELECT id FROM {t} WHERE region = 'US'": [],
+    }
+    with on_workers(world, "alice", pool) as session:
+        for sql, ids in cases.items():
+            fast, slow, path = both_paths(session, sql)
+            assert path == PATH_PASS_THROUGH, sql
+            assert sorted(fast.column("id").to_pylist()) == ids == sorted(slow.column("id").to_pylist()), sql
+
+
+def test_limit_and_offset_on_workers(world: World, pool: WorkerPool) -> None:
+    t = f"{world.namespace}.people"
+    with on_workers(world, "carol", pool, slots_per_worker=1) as session:
+        everything = session.sql(f"SELECT * FROM {t}").arrow()
+        for limit, offset in [(0, 0), (1, 0), (2, 1), (2, 5), (100, 0)]:
+            fast, slow, path = both_paths(session, f"SELECT * FROM {t} LIMIT {limit} OFFSET {offset}")
+            assert path == PATH_PASS_THROUGH
+            assert fast.num_rows == slow.num_rows == max(0, min(limit, everything.num_rows - offset))
+            assert fast.schema == slow.schema == everything.schema
+            assert set(map(str, fast.to_pylist())) <= set(map(str, everything.to_pylist()))
+        # the session runs its next statement at once: a LIMIT's closed run left nothing behind on the workers
+        assert session.sql(f"SELECT count(*) FROM {t} WHERE true").fetchall() == [(everything.num_rows,)]
