@@ -209,12 +209,20 @@ class CacheConfig(ConfigSection):
     decoded_bytes: int = 256 << 20
 
 
+class MemoryConfig(ConfigSection):
+    """How the process's C allocator treats freed memory (``sqe.execution.allocator``)."""
+
+    # Freed memory kept for reuse instead of returned to the OS at once (glibc only); 0 leaves malloc alone.
+    keep_freed_bytes: int = 1 << 30
+
+
 class SQEConfig(ConfigSection):
     catalog: CatalogConfig
     storage: StorageConfig = Field(default_factory=StorageConfig)
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
     external_tables: ExternalTablesConfig = Field(default_factory=ExternalTablesConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
     def static_key_pair(self) -> tuple[str, str] | None:
         """The ``[storage]`` access key pair, or None when SQE has no static key."""
@@ -337,10 +345,16 @@ def _validate_cache(c: CacheConfig, o: Origins) -> None:
             o.fail(f"cache.{key}", "must not be negative (0 turns the cache off)")
 
 
+def _validate_memory(m: MemoryConfig, o: Origins) -> None:
+    if m.keep_freed_bytes < 0:
+        o.fail("memory.keep_freed_bytes", "must not be negative (0 leaves the allocator alone)")
+
+
 def _validate(config: SQEConfig, origins: Origins) -> None:
     _validate_catalog(config.catalog, origins)
     _validate_storage(config.storage, origins)
     _validate_cache(config.cache, origins)
+    _validate_memory(config.memory, origins)
     _validate_coordinator(config.coordinator, config.catalog.require_vended_credentials, origins)
 
 

@@ -336,7 +336,9 @@ class Session:
     @functools.cached_property
     def _task_cache(self) -> TaskCache:
         """Repeated queries of an unchanged table skip reading its manifests; other plans read them through the
-        per-process manifest cache. Built by the first plan, which is also when the ``[cache]`` bounds apply."""
+        per-process manifest cache. Built by the first plan, which is also when the ``[cache]`` bounds and
+        ``[memory]`` apply."""
+        from sqe.execution.allocator import keep_freed_memory
         from sqe.execution.cache import configure_process_caches
         from sqe.execution.cached_files import MetadataCachingFileIO
         from sqe.planning.planner import TaskCache
@@ -346,6 +348,7 @@ class Session:
             configure_process_caches(
                 data_bytes=cache.data_bytes, manifest_bytes=cache.manifest_bytes, decoded_bytes=cache.decoded_bytes
             )
+            keep_freed_memory(self.config.memory.keep_freed_bytes)
         return TaskCache(metadata_io=MetadataCachingFileIO)
 
     # -- public API -------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Fails closed: without a token file the worker refuses to start unless ``--insecure-no-token`` is given.
 ``--data-cache-bytes`` / ``--decoded-cache-bytes`` bound the process's data-range and decoded-column caches
-(the engine's ``[cache] data_bytes`` / ``decoded_bytes``; 0 turns one off).
+(the engine's ``[cache] data_bytes`` / ``decoded_bytes``; 0 turns one off), and ``--keep-freed-bytes`` is the
+engine's ``[memory] keep_freed_bytes``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import logging
 import sys
 from pathlib import Path
 
-from sqe.config import CacheConfig
+from sqe.config import CacheConfig, MemoryConfig
 from sqe.errors import ConfigError
 from workers.auth import read_token_file
-from workers.server import CacheBounds, ServerOptions, serve
+from workers.server import ProcessMemory, ServerOptions, serve
 from workers.service import DEFAULT_MAX_MESSAGE_BYTES, ServiceSettings
 
 
@@ -40,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
         "--decoded-cache-bytes", type=int, default=defaults.decoded_bytes, metavar="N",
         help=f"decoded Arrow columns of range-cached files (default {defaults.decoded_bytes}; 0: off)",
     )  # fmt: skip
+    keep = MemoryConfig().keep_freed_bytes
+    parser.add_argument(
+        "--keep-freed-bytes", type=int, default=keep, metavar="N",
+        help=f"freed memory the allocator keeps for reuse (glibc; default {keep}; 0: malloc's defaults)",
+    )  # fmt: skip
     parser.add_argument("--pace-ms-per-file", type=int, default=0, help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -63,7 +69,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     for name in ("max_fragments", "max_files_in_flight"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("pace_ms_per_file", "data_cache_bytes", "decoded_cache_bytes"):
+    for name in ("pace_ms_per_file", "data_cache_bytes", "decoded_cache_bytes", "keep_freed_bytes"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
     return ServerOptions(
@@ -77,7 +83,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             max_files_in_flight=args.max_files_in_flight,
             pace_seconds=args.pace_ms_per_file / 1000.0,
         ),
-        caches=CacheBounds(data_bytes=args.data_cache_bytes, decoded_bytes=args.decoded_cache_bytes),
+        memory=ProcessMemory(args.data_cache_bytes, args.decoded_cache_bytes, args.keep_freed_bytes),
     )
 
 

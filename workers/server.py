@@ -14,11 +14,12 @@ from typing import Any
 
 import grpc
 
-from sqe.config import CacheConfig
+from sqe.config import CacheConfig, MemoryConfig
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol._proto import worker_pb2_grpc
 from sqe.distributed.protocol.ipc import serialize_execute_response
 from sqe.errors import ConfigError
+from sqe.execution.allocator import Tuning, keep_freed_memory
 from workers.auth import BearerTokenInterceptor
 from workers.environment import scrub_environment
 from workers.service import ServiceSettings, WorkerService
@@ -31,18 +32,21 @@ CONTROL_THREADS = 4
 
 
 @dataclass(frozen=True)
-class CacheBounds:
-    """The worker process's data-range and decoded-column cache bounds in bytes (0: off), as ``[cache]``."""
+class ProcessMemory:
+    """The worker process's data-range and decoded-column cache bounds (0: off) and the freed memory its
+    allocator keeps for reuse (0: glibc's defaults), in bytes: the engine's ``[cache]`` and ``[memory]``."""
 
     data_bytes: int = CacheConfig().data_bytes
     decoded_bytes: int = CacheConfig().decoded_bytes
+    keep_freed_bytes: int = MemoryConfig().keep_freed_bytes
 
-    def apply(self) -> None:
-        """Caches are per process: set once, by the process entry point (``serve``), never by a test's server."""
+    def apply(self) -> Tuning:
+        """Both are per process: set once, by the process entry point (``serve``), never by a test's server."""
         from sqe.execution.cache import configure_process_caches
 
         manifests = CacheConfig().manifest_bytes  # workers plan nothing; the engine's default is harmless
         configure_process_caches(data_bytes=self.data_bytes, manifest_bytes=manifests, decoded_bytes=self.decoded_bytes)
+        return keep_freed_memory(self.keep_freed_bytes)
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ class ServerOptions:
     tls_cert: bytes | None = field(default=None, repr=False)
     tls_key: bytes | None = field(default=None, repr=False)
     service: ServiceSettings = field(default_factory=ServiceSettings)
-    caches: CacheBounds = field(default_factory=CacheBounds)
+    memory: ProcessMemory = field(default_factory=ProcessMemory)
 
 
 def create_server(options: ServerOptions) -> tuple[grpc.Server, WorkerService, int]:
@@ -127,7 +131,7 @@ def serve(options: ServerOptions, *, port_file: Path | None = None) -> int:
     """Run until SIGTERM/SIGINT; running fragments are cancelled on the way out. Returns the exit code."""
     removed = scrub_environment(os.environ)
     _one_line_grpc_logs()
-    options.caches.apply()
+    tuning = options.memory.apply()
     server, service, port = create_server(options)
     stop = threading.Event()
 
@@ -140,10 +144,10 @@ def serve(options: ServerOptions, *, port_file: Path | None = None) -> int:
     tls = "TLS" if options.tls_cert is not None else "plaintext"
     auth = "bearer token" if options.token is not None else "NO AUTHENTICATION (--insecure-no-token)"
     log.info("listening on port %d (%s, %s); removed %d AWS_* variables", port, tls, auth, len(removed))
+    memory = options.memory
     log.info(
-        "caches: data ranges %d bytes, decoded columns %d bytes",
-        options.caches.data_bytes,
-        options.caches.decoded_bytes,
+        "caches: data ranges %d bytes, decoded columns %d bytes; freed memory kept: %d bytes (%s)",
+        *(memory.data_bytes, memory.decoded_bytes, memory.keep_freed_bytes, tuning.value),
     )
     if port_file is not None:
         _write_port_file(port_file, port)

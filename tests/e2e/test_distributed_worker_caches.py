@@ -60,7 +60,7 @@ def test_worker_cache_bounds_decide_whether_a_repeat_fragment_reads_the_store(
         expected = sorted(local.sql(sql).fetchall())
 
     cached_reads, cached_rows, cached_log = _repeat_data_reads(catalog_server, reader_config, (), sql, worker_factory)
-    off = ("--data-cache-bytes", "0", "--decoded-cache-bytes", "0")
+    off = ("--data-cache-bytes", "0", "--decoded-cache-bytes", "0", "--keep-freed-bytes", "0")
     uncached_reads, uncached_rows, uncached_log = _repeat_data_reads(
         catalog_server, reader_config, off, sql, worker_factory
     )
@@ -72,4 +72,4 @@ def test_worker_cache_bounds_decide_whether_a_repeat_fragment_reads_the_store(
     )
     defaults = CacheConfig()
     assert f"data ranges {defaults.data_bytes} bytes, decoded columns {defaults.decoded_bytes} bytes" in cached_log
-    assert "data ranges 0 bytes, decoded columns 0 bytes" in uncached_log
+    assert "data ranges 0 bytes, decoded columns 0 bytes; freed memory kept: 0 bytes (off)" in uncached_log

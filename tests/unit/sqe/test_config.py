@@ -167,6 +167,12 @@ class TestParsing:
         with pytest.raises(ConfigError, match=r"cache\.decoded_bytes.*must not be negative"):
             _load({"cache.decoded_bytes": -1})
 
+    def test_freed_memory_kept_defaults_to_a_gibibyte_takes_env_and_refuses_a_negative_amount(self) -> None:
+        assert _load().memory.keep_freed_bytes == 1 << 30
+        assert _load(env={"SQE_MEMORY__KEEP_FREED_BYTES": "0"}).memory.keep_freed_bytes == 0
+        with pytest.raises(ConfigError, match=r"memory\.keep_freed_bytes.*must not be negative"):
+            _load({"memory.keep_freed_bytes": -1})
+
     def test_integers_are_accepted_for_float_keys(self) -> None:
         assert _load({"catalog.request_timeout_seconds": 5}).catalog.request_timeout_seconds == 5.0
 

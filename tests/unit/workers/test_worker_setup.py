@@ -11,7 +11,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from sqe.config import CacheConfig
+from sqe.config import CacheConfig, MemoryConfig
 from sqe.credentials import CredentialSet
 from sqe.distributed.protocol.errors import KIND_CREDENTIAL_EXPIRED, KIND_READ_FAILED, MessageTooLargeError
 from sqe.distributed.protocol.ipc import decode_batch, decode_schema, encode_batch, encode_schema
@@ -22,7 +22,7 @@ from workers.cli import _parser, options_from_args
 from workers.environment import ambient_credentials_disabled, scrub_environment
 from workers.fileio import FragmentFileIO
 from workers.fragment import RunningFragment
-from workers.server import CacheBounds, ServerOptions, create_server
+from workers.server import ProcessMemory, ServerOptions, create_server
 from workers.service import ServiceSettings, _refusal, fragment_failure
 
 # ------------------------------------------------------------------------------------------- environment
@@ -65,14 +65,14 @@ def test_no_token_file_refuses_to_start_unless_explicitly_insecure() -> None:
     assert args("--insecure-no-token").token is None
 
 
-def test_cache_bounds_default_to_the_engines_and_refuse_negative_values() -> None:
+def test_memory_flags_default_to_the_engines_and_refuse_negative_values() -> None:
     defaults = CacheConfig()
-    options = args("--insecure-no-token")
-    assert options.caches == CacheBounds(data_bytes=defaults.data_bytes, decoded_bytes=defaults.decoded_bytes)
-    assert args("--insecure-no-token", "--data-cache-bytes", "0", "--decoded-cache-bytes", "1024").caches == (
-        CacheBounds(data_bytes=0, decoded_bytes=1024)
+    assert args("--insecure-no-token").memory == ProcessMemory(
+        defaults.data_bytes, defaults.decoded_bytes, MemoryConfig().keep_freed_bytes
     )
-    for flag in ("--data-cache-bytes", "--decoded-cache-bytes"):
+    given = ["--data-cache-bytes", "0", "--decoded-cache-bytes", "1024", "--keep-freed-bytes", "0"]
+    assert args("--insecure-no-token", *given).memory == ProcessMemory(0, 1024, 0)
+    for flag in ("--data-cache-bytes", "--decoded-cache-bytes", "--keep-freed-bytes"):
         with pytest.raises(ConfigError, match=f"{flag} must not be negative"):
             args("--insecure-no-token", flag, "-1")
 
