@@ -77,9 +77,11 @@ def add_admin_commands(parser: argparse.ArgumentParser) -> None:
     _two_names(sub, "assign-role", "give a principal a role", "principal", "role")
     _two_names(sub, "unassign-role", "take a role from a principal", "principal", "role")
     sub.add_parser("create-group", help="create a group").add_argument("group")
+    sub.add_parser("delete-group", help="delete a group (its members keep their own roles)").add_argument("group")
     _two_names(sub, "add-to-group", "add a principal to a group", "principal", "group")
     _two_names(sub, "remove-from-group", "remove a principal from a group", "principal", "group")
     _two_names(sub, "assign-group-role", "give every member of a group a role", "group", "role")
+    _two_names(sub, "unassign-group-role", "take a group's role from its members", "group", "role")
     _grant_parser(sub, "grant", "grant a privilege to a role")
     _grant_parser(sub, "revoke", "revoke a privilege from a role")
     sub.add_parser("list-principals", help="principals with their roles and groups (JSON, no secrets)")
@@ -283,9 +285,11 @@ _COMMANDS: dict[str, _Command] = {
     "assign-role": _silent(lambda s, a: s.assign_role(a.principal, a.role)),
     "unassign-role": _silent(lambda s, a: s.unassign_role(a.principal, a.role)),
     "create-group": _silent(lambda s, a: s.create_group(a.group)),
+    "delete-group": _silent(lambda s, a: s.delete_group(a.group)),
     "add-to-group": _silent(lambda s, a: s.add_to_group(a.principal, a.group)),
     "remove-from-group": _silent(lambda s, a: s.remove_from_group(a.principal, a.group)),
     "assign-group-role": _silent(lambda s, a: s.assign_group_role(a.group, a.role)),
+    "unassign-group-role": _silent(lambda s, a: s.unassign_group_role(a.group, a.role)),
     "grant": _grant,
     "revoke": _revoke,
     "list-principals": _list_principals,

@@ -155,6 +155,30 @@ def test_roles_groups_and_grants_end_to_end(admin: Admin, store: AuthStore) -> N
     assert admin.ok("list-principals") == []
 
 
+def test_a_group_role_is_taken_back_and_a_group_deleted(admin: Admin, store: AuthStore) -> None:
+    creds = admin.ok("create-principal", "analyst")
+    for command in (
+        ("create-role", "writers"),
+        ("grant", "writers", *WRITE_ON_T),
+        ("create-group", "sales-team"),
+        ("add-to-group", "analyst", "sales-team"),
+        ("assign-group-role", "sales-team", "writers"),
+    ):
+        admin.ok(*command)
+    token, _ = store.issue_token(creds["client_id"], creds["client_secret"], "PRINCIPAL_ROLE:ALL")
+    assert store.has_privilege(store.principal_for_token(token), Privilege.TABLE_WRITE_DATA, "demo", ("sales",), "t")
+    assert admin.ok("unassign-group-role", "sales-team", "writers") is None
+    assert not store.has_privilege(
+        store.principal_for_token(token), Privilege.TABLE_WRITE_DATA, "demo", ("sales",), "t"
+    )
+    admin.ok("assign-group-role", "sales-team", "writers")
+    assert admin.ok("delete-group", "sales-team") is None
+    assert admin.ok("list-principals")[0]["groups"] == []
+    assert not store.has_privilege(
+        store.principal_for_token(token), Privilege.TABLE_WRITE_DATA, "demo", ("sales",), "t"
+    )
+
+
 def test_errors_are_one_line_on_stderr(admin: Admin) -> None:
     admin.ok("create-principal", "analyst")
     admin.ok("create-role", "readers")
