@@ -11,6 +11,9 @@ pyarrow's scanner yields a file's batches in order), and the row filter and rest
 the ticket's salt, so a task's output row sequence is the same on every attempt and every worker. That is what
 lets the coordinator forward batches as they arrive and, after a failure, skip what it already forwarded.
 Up to ``max_files_in_flight`` tasks are open at once, read in turn.
+
+Partial aggregation (``ScanTicket.partial_aggregate``): the same restricted batches are streamed into a private
+DuckDB connection (``sqe.distributed.protocol.partial``) and only its partial rows are sent, without positions.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from sqe.credentials import CredentialSet
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import DuplicateFragmentError, InvalidTicketError, WorkerBusyError
 from sqe.distributed.protocol.ipc import encode_batch, encode_schema
+from sqe.distributed.protocol.partial import PartialAggregate, partial_types, run_partial
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
 from sqe.execution.local import BatchTransform, LocalExecutor, ScanMetrics
 from sqe.execution.stream import conform_batch
@@ -135,14 +139,20 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             self._read = build_read_spec(ticket.metadata, io, ticket.read_schema, ticket.row_filter)
         except (ValueError, TypeError) as exc:  # the row filter does not bind to the table schema
             raise InvalidTicketError(f"row_filter_json does not fit the table schema ({type(exc).__name__})") from None
+        self._schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
+        if ticket.partial is not None:  # a bad name fails the ticket before the fragment is registered
+            ticket.partial.check_columns(self._schema)
 
     def stream(
         self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats
     ) -> Iterator[pb.ExecuteResponse]:
         """Schema, then batches and progress, then ``complete``. Errors propagate to the caller."""
         ticket = self.ticket
-        schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
+        schema = self._schema
         transform = restriction_transform(ticket.restrictions, ticket.read_schema, ticket.output_field_ids, ticket.salt)
+        if ticket.partial is not None:
+            yield from self._partial_stream(ticket.partial, executor, transform, max_message_bytes, stats)
+            return
         yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema), row_positions=True))
         rows = batches = 0
         files_reported = 0
@@ -158,6 +168,32 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             if self.metrics.files_done != files_reported:
                 files_reported = self.metrics.files_done
                 yield pb.ExecuteResponse(progress=self._progress(rows))
+        yield pb.ExecuteResponse(progress=self._progress(rows))
+        done = self.metrics.snapshot()
+        yield pb.ExecuteResponse(
+            complete=pb.Complete(rows=rows, batches=batches, files=done["files_done"], bytes=done["bytes_done"])
+        )
+
+    def _partial_stream(
+        self,
+        partial: PartialAggregate,
+        executor: LocalExecutor,
+        transform: BatchTransform | None,
+        max_message_bytes: int,
+        stats: WorkerStats,
+    ) -> Iterator[pb.ExecuteResponse]:
+        """Schema, the fragment's partial rows, ``complete``. The restricted batches (row filter, then masks, as
+        in ``stream``) are streamed into DuckDB; the partial rows carry no positions (a retry starts over)."""
+        partial_schema, _ = partial_types(partial, self._schema)
+        yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(partial_schema), row_positions=False))
+        restricted = (conform_batch(batch, self._schema) for _, batch in self._positioned_batches(executor, transform))
+        rows = batches = 0
+        for batch in run_partial(partial, self._schema, restricted):
+            for data, count in encode_batch(conform_batch(batch, partial_schema), max_message_bytes):
+                yield pb.ExecuteResponse(batch=pb.ArrowBatch(ipc=data, num_rows=count))
+                rows += count
+                batches += 1
+                stats.add(batches_sent=1, rows_sent=count, ipc_bytes_sent=len(data))
         yield pb.ExecuteResponse(progress=self._progress(rows))
         done = self.metrics.snapshot()
         yield pb.ExecuteResponse(

@@ -8,6 +8,10 @@
   offset). A failure before the first batch is a plain retry. A stream without positions (a worker that does
   not send them) that fails after forwarding rows fails the query with a ``WorkerError``, as does a retry that
   yields fewer rows for a task than were already forwarded: never a duplicated or lost row.
+- **Partial aggregation.** With a ``PartialAggregatePlan`` the tickets carry ``partial_aggregate`` and the
+  workers send partial rows without positions: an attempt's batches are held until its ``complete`` arrives
+  and only then forwarded, so a failed attempt forwarded nothing and its retry is a plain retry. A stream whose
+  schema is not the partial schema the coordinator computed fails the query (``WorkerError``).
 - **Credentials.** Each running fragment is registered with the table's lease (``refresh``), which reloads the
   table as the querying user before the usable point and pushes the new set to the workers.
 - **Cancel and progress.** Cancelling the query cancels its calls and sends ``Cancel``; per-fragment ``progress``
@@ -38,6 +42,7 @@ from sqe.distributed.coordinator.fragments import Fragment, plan_fragments
 from sqe.distributed.coordinator.refresh import Holder
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.ipc import decode_batch, decode_schema
+from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.distributed.protocol.ticket import build_ticket, trim_metadata
 from sqe.errors import QueryError, SQEError, WorkerError
 from sqe.execution.local import QueryCancelledError, ScanMetrics
@@ -67,6 +72,18 @@ class _StreamBroken(Exception):
     """A stream that contradicts its own positions: the attempt fails (what was forwarded stays exact)."""
 
 
+class _WrongPartialSchema(Exception):
+    """A partial-aggregate stream whose schema is not the one the coordinator computed: the query fails."""
+
+
+@dataclass(frozen=True)
+class PartialAggregatePlan:
+    """What the workers aggregate and the partial schema their streams must have (computed before any answer)."""
+
+    spec: PartialAggregate
+    schema: pa.Schema
+
+
 @dataclass
 class _Attempt:
     """One run of a fragment on a worker; owned by the slot thread that started it."""
@@ -80,6 +97,7 @@ class _Attempt:
     bytes_done: int = 0
     received: dict[int, int] = field(default_factory=dict)  # task index -> rows this attempt sent
     rows_received: int = 0
+    held: list[pa.RecordBatch] = field(default_factory=list)  # partial rows, forwarded once the attempt completes
 
 
 class ScanRun:
@@ -92,8 +110,11 @@ class ScanRun:
         context: QueryContext,
         query_id: str,
         run: int,
+        partial: PartialAggregatePlan | None = None,
     ) -> None:
         self._executor = executor
+        self._partial = partial
+        self._out_schema = partial.schema if partial is not None else plan.arrow_schema
         self._options = executor.options
         self._plan = plan
         self._context = context
@@ -286,6 +307,9 @@ class ScanRun:
         except _StreamBroken as exc:
             attempt.call.cancel()
             return AttemptFailure(f"{where}: {exc}")
+        except _WrongPartialSchema as exc:
+            attempt.call.cancel()
+            return AttemptFailure(f"{where}: {exc}", fatal=WorkerError(f"{where}: {exc}"))
         if complete is None:
             return AttemptFailure(f"{where}: stream ended early")
         if complete.rows != attempt.rows_received:
@@ -324,12 +348,17 @@ class ScanRun:
             if kind == "schema":
                 schema = decode_schema(message.schema.ipc)
                 positioned = message.schema.row_positions
+                self._check_partial_schema(schema)
                 self._catch_up(holder, generation)
             elif kind == "batch":
                 if schema is None:
                     raise WorkerError(f"fragment {attempt.fragment_id}: a batch arrived before the schema")
                 batch = decode_batch(message.batch.ipc, schema)
-                if positioned:
+                if self._partial is not None:
+                    attempt.held.append(batch)  # forwarded only after `complete` (no positions to skip by)
+                    attempt.rows_received += batch.num_rows
+                    forwarded = True
+                elif positioned:
                     forwarded = self._forward_positioned(state, attempt, message.batch, batch)
                 else:
                     forwarded = self._forward_unpositioned(state, attempt, batch)
@@ -341,6 +370,13 @@ class ScanRun:
                 complete: pb.Complete = message.complete
                 self._count(attempt, complete.files, complete.bytes)
                 return complete
+
+    def _check_partial_schema(self, schema: pa.Schema) -> None:
+        if self._partial is not None and not schema.equals(self._partial.schema):
+            raise _WrongPartialSchema(
+                f"the worker's partial-aggregate schema ({_names_and_types(schema)}) is not the expected "
+                f"({_names_and_types(self._partial.schema)})"
+            )
 
     def _forward_positioned(
         self, state: _FragmentState, attempt: _Attempt, message: pb.ArrowBatch, batch: pa.RecordBatch
@@ -375,7 +411,7 @@ class ScanRun:
 
     def _put(self, attempt: _Attempt, batch: pa.RecordBatch) -> bool:
         """Hand one batch to the consumer (blocking while its queue is full); False once the query is over."""
-        out = conform_worker_batch(batch, self._plan.arrow_schema)
+        out = conform_worker_batch(batch, self._out_schema)
         self._metrics.add(batches_in_flight=1, batches_produced=1, rows_produced=out.num_rows)
         while not self._stop.is_set():
             try:
@@ -423,13 +459,18 @@ class ScanRun:
             row_filter=plan.row_filter,
             storage=StorageSettings(policy.endpoint, policy.region, policy.path_style),
             pace_ms_per_file=self._options.pace_ms_per_file,
+            partial=self._partial.spec if self._partial is not None else None,
         )
         return ticket, generation
 
     # -- outcomes -------------------------------------------------------------------------------------------
 
     def _commit(self, state: _FragmentState, attempt: _Attempt) -> None:
-        """The fragment completed (its batches were forwarded as they came)."""
+        """The fragment completed (its batches were forwarded as they came; partial rows are forwarded now)."""
+        held, attempt.held = attempt.held, []
+        for batch in held:
+            if not self._put(attempt, batch):
+                return  # the query is over
         self._count(attempt, state.fragment.files, state.fragment.nbytes)
         self._executor.stats.add(fragments_completed=1)
         with self._cond:
@@ -504,6 +545,10 @@ class ScanRun:
         if self._error is None:
             self._error = error
         self._cond.notify_all()
+
+
+def _names_and_types(schema: pa.Schema) -> str:
+    return ", ".join(f"{field.name} {field.type}" for field in schema)[:500]
 
 
 def conform_worker_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
