@@ -137,7 +137,9 @@ def test_eligible_aggregates_equal_the_local_answer(
     assert 0 < sent < ROWS  # partial rows only, never every row
 
 
-def test_an_empty_table_gives_zero_counts_and_null_sums(reader_config: Path, namespace: str, workers: WorkerPool) -> None:
+def test_an_empty_table_gives_zero_counts_and_null_sums(
+    reader_config: Path, namespace: str, workers: WorkerPool
+) -> None:
     config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
     queries = (
         f"SELECT count(*) AS n, count(amount) AS c, sum(amount) AS s, min(label) AS m FROM {namespace}.empty",
@@ -259,7 +261,9 @@ def test_bad_partial_tickets_are_refused_by_the_worker_with_a_typed_error(
 
 
 def test_a_worker_killed_mid_fragment_is_retried_without_duplicated_groups(
-    reader_config: Path, namespace: str, worker_factory: WorkerPools  # noqa: F811
+    reader_config: Path,
+    namespace: str,
+    worker_factory: WorkerPools,  # noqa: F811
 ) -> None:
     pool = worker_factory.pool(2, "--max-files-in-flight", "1")
     victim = pool.workers[0]

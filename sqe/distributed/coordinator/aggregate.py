@@ -92,9 +92,7 @@ class AggregateShape:
     spec: PartialAggregate
     outputs: tuple[tuple[str, int], ...]  # ("g", group index) or ("a", aggregate index), in select-list order
 
-    def final_sql(
-        self, source: str, partial_types: Sequence[str], names: Sequence[str], types: Sequence[str]
-    ) -> str:
+    def final_sql(self, source: str, partial_types: Sequence[str], names: Sequence[str], types: Sequence[str]) -> str:
         """The coordinator's merge of the partial rows in ``source`` (a quoted relation name). ``partial_types``:
         DuckDB's types of the partial columns (g.., a..); ``names``/``types``: the original statement's binding."""
         groups = len(self.spec.group_by)
@@ -229,7 +227,7 @@ class _Columns:
         _require(all(not value for key, value in node.items() if key not in _COLUMN_KEYS))
         parts = [str(p) for p in node.get("column_names", [])]
         _require(len(parts) in (1, 2) and (len(parts) == 1 or parts[0].lower() in self._qualifiers))
-        matches = [f.name for f in self._schema if f.name.lower() == parts[-1].lower()]
+        matches = [str(f.name) for f in self._schema if f.name.lower() == parts[-1].lower()]
         _require(len(matches) == 1 and _primitive(self._schema.field(matches[0]).type))
         return matches[0]
 

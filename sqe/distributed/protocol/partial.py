@@ -136,4 +136,8 @@ def run_partial(
 
 
 def _connect() -> duckdb.DuckDBPyConnection:
-    return connect_locked_down(lambda con: con.execute(f"SET threads = {int(DUCKDB_THREADS)}"))
+    return connect_locked_down(_set_threads)
+
+
+def _set_threads(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(f"SET threads = {int(DUCKDB_THREADS)}")

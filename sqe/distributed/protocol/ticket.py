@@ -480,8 +480,12 @@ def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
         credentials=credentials,
         storage=settings_from_proto(message.storage),
         pace_seconds=message.pace_ms_per_file / 1000.0,
-        partial=PartialAggregate.from_proto(message.partial_aggregate) if message.HasField("partial_aggregate") else None,
+        partial=_partial(message),
     )
+
+
+def _partial(message: pb.ScanTicket) -> PartialAggregate | None:
+    return PartialAggregate.from_proto(message.partial_aggregate) if message.HasField("partial_aggregate") else None
 
 
 def _checked_id(value: str, name: str) -> str:

@@ -83,7 +83,9 @@ def test_partial_rows_are_computed_on_restricted_values(local_tables: LocalTable
 
 
 def test_an_unknown_column_is_an_invalid_ticket(local_tables: LocalTables) -> None:
-    spec = pb.PartialAggregate(group_by=["grp"], aggregates=[pb.Aggregate(function=pb.AGGREGATE_FUNCTION_SUM, column="nope")])
+    spec = pb.PartialAggregate(
+        group_by=["grp"], aggregates=[pb.Aggregate(function=pb.AGGREGATE_FUNCTION_SUM, column="nope")]
+    )
     ticket = decode_ticket(_with_partial(ticket_for(local_tables.events), spec))
     cancel = threading.Event()
     io = FragmentFileIO(ticket.credentials, ticket.storage, cancel=cancel, allow_local=True)
