@@ -19,6 +19,7 @@ local rows/s per core (target >= 0.9), and the coordinator's and the worker's CP
 catalog are not pinned and share both cores; each timed figure is the median of ``--runs`` after a warm-up.
 
     .venv/bin/python bench/distributed.py --efficiency [--eff-rows 4000000] [--eff-files 8] [--runs 3]
+        [--compare-partial]   # also the same stack with [coordinator] partial_aggregation = false
 """
 
 from __future__ import annotations
@@ -140,6 +141,11 @@ def main() -> int:
     parser.add_argument("--efficiency", action="store_true", help="pinned coordinator + worker vs pinned local")
     parser.add_argument("--eff-rows", type=int, default=4_000_000, help="rows of the --efficiency table")
     parser.add_argument("--eff-files", type=int, default=8, help="data files of the --efficiency table")
+    parser.add_argument(
+        "--compare-partial",
+        action="store_true",
+        help="with --efficiency: also run the distributed queries with partial_aggregation = false (paired)",
+    )
     args = parser.parse_args()
     apply_client_env(args.store)
     if args.efficiency:
@@ -278,6 +284,7 @@ def pinned_child() -> int:
     options = None
     if spec.get("workers"):
         overrides["coordinator"] = {"workers": spec["workers"], "token": spec["token"]}
+        overrides["coordinator"]["partial_aggregation"] = spec.get("partial_aggregation", True)
         options = DistributedOptions(slots_per_worker=spec["slots"])
     config = load_config(Path(spec["config"]), env={}, overrides=overrides)
     worker_pid = spec.get("worker_pid")
@@ -333,6 +340,7 @@ def efficiency(args: argparse.Namespace) -> int:
         workdir = Path(tmp)
         info = start_stack(workdir / "stack", store=args.store, credential_lifetime=3600, serve=False)
         worker: subprocess.Popen[bytes] | None = None
+        without: dict[str, Any] | None = None
         try:
             write_efficiency_table(info, args.eff_files, args.eff_rows)
             worker, address = start_pinned_worker(workdir, token, core=1)
@@ -344,13 +352,18 @@ def efficiency(args: argparse.Namespace) -> int:
                 "runs": args.runs,
             }
             local = run_pinned(0, spec)
-            dist = run_pinned(0, {**spec, "workers": [address], "token": token, "slots": 2, "worker_pid": worker.pid})
+            remote = {**spec, "workers": [address], "token": token, "slots": 2, "worker_pid": worker.pid}
+            dist = run_pinned(0, remote)
+            without = run_pinned(0, {**remote, "partial_aggregation": False}) if args.compare_partial else None
         finally:
             if worker is not None:
                 worker.terminate()
                 worker.wait(10)
             stop_stack(workdir / "stack")
     print_efficiency(args, local, dist)
+    if without is not None:
+        print("same stack, [coordinator] partial_aggregation = false (workers ship every row):")
+        print_efficiency(args, local, without)
     return 0
 
 

@@ -186,9 +186,8 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         in ``stream``) are streamed into DuckDB; the partial rows carry no positions (a retry starts over)."""
         partial_schema, _ = partial_types(partial, self._schema)
         yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(partial_schema), row_positions=False))
-        restricted = (conform_batch(batch, self._schema) for _, batch in self._positioned_batches(executor, transform))
         rows = batches = 0
-        for batch in run_partial(partial, self._schema, restricted):
+        for batch in run_partial(partial, self._schema, self._restricted_batches(executor, transform)):
             for data, count in encode_batch(conform_batch(batch, partial_schema), max_message_bytes):
                 yield pb.ExecuteResponse(batch=pb.ArrowBatch(ipc=data, num_rows=count))
                 rows += count
@@ -199,6 +198,17 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         yield pb.ExecuteResponse(
             complete=pb.Complete(rows=rows, batches=batches, files=done["files_done"], bytes=done["bytes_done"])
         )
+
+    def _restricted_batches(
+        self, executor: LocalExecutor, transform: BatchTransform | None
+    ) -> Iterator[pa.RecordBatch]:
+        """The fragment's restricted batches in the restricted schema; closing this closes the file runs."""
+        positioned = self._positioned_batches(executor, transform)
+        try:
+            for _, batch in positioned:
+                yield conform_batch(batch, self._schema)
+        finally:
+            positioned.close()
 
     def _positioned_batches(
         self, executor: LocalExecutor, transform: BatchTransform | None

@@ -33,7 +33,7 @@ _FROM_WIRE: dict[int, Function] = {wire: name for name, wire in _TO_WIRE.items()
 _SOURCE = "__sqe_fragment"
 # Measured on a worker pinned to one core (bench/distributed.py --efficiency): DuckDB's own threads only
 # compete with the reader threads for that core, one thread was as fast or faster.
-DUCKDB_THREADS = 1
+DUCKDB_THREADS: int | None = 1
 _PARTIAL_BATCH_ROWS = 64 * 1024
 
 
@@ -114,7 +114,7 @@ def run_partial(
     def guarded() -> Iterator[pa.RecordBatch]:
         try:
             yield from batches
-        except BaseException as exc:
+        except Exception as exc:
             failure.append(exc)
             raise
 
@@ -140,4 +140,5 @@ def _connect() -> duckdb.DuckDBPyConnection:
 
 
 def _set_threads(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(f"SET threads = {int(DUCKDB_THREADS)}")
+    if DUCKDB_THREADS is not None:
+        con.execute(f"SET threads = {int(DUCKDB_THREADS)}")
