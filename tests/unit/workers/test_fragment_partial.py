@@ -153,3 +153,26 @@ def test_the_partial_connection_reads_nothing_but_the_fragment(tmp_path: pytest.
     spec = PartialAggregate(("read_csv('/etc/passwd')",), ())
     with pytest.raises(InvalidTicketError):
         spec.check_columns(schema)
+
+
+def test_fragments_running_at_once_see_only_their_own_batches() -> None:
+    """Each fragment's connection registers its stream under the same name; none sees another's rows."""
+    schema = pa.schema([("x", pa.int64())])
+    spec = PartialAggregate((), (("sum", "x"),))
+    gate = threading.Barrier(2)
+
+    def batches(value: int) -> Iterator[pa.RecordBatch]:
+        gate.wait(timeout=10)  # both fragments are inside DuckDB's scan at once
+        yield pa.record_batch([pa.array([value] * 10)], schema=schema)
+
+    results: dict[int, object] = {}
+
+    def run_one(value: int) -> None:
+        results[value] = pa.Table.from_batches(list(run_partial(spec, schema, batches(value)))).to_pylist()
+
+    threads = [threading.Thread(target=run_one, args=(v,)) for v in (1, 100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert results == {1: [{"a0": 10}], 100: [{"a0": 1000}]}
