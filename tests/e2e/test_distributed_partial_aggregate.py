@@ -25,7 +25,12 @@ import pytest
 import sqe.api
 from sqe.config import load_config
 from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.coordinator import DistributedScanStream
+from sqe.distributed.coordinator.run import PartialAggregatePlan
 from sqe.distributed.protocol.errors import ERROR_KIND_KEY, KIND_INVALID_TICKET
+from sqe.distributed.protocol.partial import PartialAggregate
+from sqe.errors import WorkerError
+from sqe.execution.stream import QueryContext
 from sqe.session import Session, explain_sections
 from tests.conftest import pyiceberg_catalog, write_sqe_config
 from tests.e2e.test_distributed import (
@@ -218,6 +223,7 @@ def test_a_restricted_users_partial_result_equals_the_local_restricted_result(
         f"SELECT grp, count(*) AS n, min(label) AS lo, max(label) AS hi, count(label) AS c FROM {namespace}.agg "
         "GROUP BY grp",
         f"SELECT count(*), sum(amount), min(label) FROM {namespace}.agg",
+        f"SELECT count(*) FROM {namespace}.agg",  # restricted: never from manifest counts, aggregated on workers
     )
     with sqe.api.connect(path) as local, distributed_session(config) as distributed:
         log = TicketLog().attach(distributed)
@@ -287,3 +293,23 @@ def test_a_worker_killed_mid_fragment_is_retried_without_duplicated_groups(
     assert victim.proc.wait(5) == -signal.SIGKILL
     _assert_same(result["table"], expected, sql)
     assert sum(row["n"] for row in result["table"].to_pylist()) == ROWS  # every row counted exactly once
+
+
+def test_a_partial_stream_of_another_schema_fails_the_query(
+    reader_config: Path, namespace: str, workers: WorkerPool
+) -> None:
+    """The coordinator knows the partial schema before any worker answers; a stream that differs is a WorkerError
+    (here the coordinator expects a 32-bit count, the workers rightly send DuckDB's BIGINT)."""
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
+    with distributed_session(config) as session:
+        session.sql(f"SELECT grp, count(*) FROM {namespace}.agg GROUP BY grp").fetchall()
+        scan = session.last_streams[0]
+        executor = session.distributed_executor
+        assert isinstance(scan, DistributedScanStream) and executor is not None
+        spec = PartialAggregate(("grp",), (("count_star", ""),))
+        wrong = PartialAggregatePlan(spec, pa.schema([("g0", pa.string()), ("a0", pa.int32())]))
+        batches = executor.record_batches(
+            scan.plan, context=QueryContext(), query_id="q-wrong-schema", run=1, partial=wrong
+        )
+        with pytest.raises(WorkerError, match="partial-aggregate schema .* is not the expected"):
+            list(batches)
