@@ -145,10 +145,13 @@ def _connect() -> duckdb.DuckDBPyConnection:
     global _DATABASE
     with _DATABASE_LOCK:
         if _DATABASE is None:
-            _DATABASE = connect_locked_down(_set_threads)
+            _DATABASE = connect_locked_down(_configure)
         return _DATABASE.cursor()
 
 
-def _set_threads(con: duckdb.DuckDBPyConnection) -> None:
+def _configure(con: duckdb.DuckDBPyConnection) -> None:
+    """Threads as measured; a fixed zone, so a zoned timestamp's Arrow type (its zone label) is the same on the
+    coordinator and on every worker whatever their machines' ``TZ`` (a different label fails the query)."""
+    con.execute("SET GLOBAL TimeZone = 'UTC'")  # GLOBAL: the default of every cursor
     if DUCKDB_THREADS is not None:
         con.execute(f"SET threads = {int(DUCKDB_THREADS)}")

@@ -176,3 +176,10 @@ def test_fragments_running_at_once_see_only_their_own_batches() -> None:
     for thread in threads:
         thread.join(20)
     assert results == {1: [{"a0": 10}], 100: [{"a0": 1000}]}
+
+
+def test_zoned_timestamps_carry_one_zone_label_whatever_the_process_zone() -> None:
+    """The coordinator and a worker on machines with different ``TZ`` compute the same partial schema."""
+    schema = pa.schema([("ts", pa.timestamp("us", "America/New_York"))])
+    got = partial_types(PartialAggregate((), (("max", "ts"),)), schema)[0]
+    assert got.field("a0").type == pa.timestamp("us", "UTC")

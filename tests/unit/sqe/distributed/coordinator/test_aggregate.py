@@ -157,3 +157,34 @@ def test_count_over_no_partial_rows_is_zero_and_sums_stay_hugeint(parser: duckdb
     expected = _direct(sql, table)
     assert got.schema == expected.schema and got.to_pylist() == [{"n": 0, "c": 0, "s": None, "m": None}]
     assert partial_types(PartialAggregate((), (("sum", "id"),)), table.schema)[1] == ["HUGEINT"]
+
+
+def test_every_accepted_type_comes_back_as_duckdbs_own_type(parser: duckdb.DuckDBPyConnection) -> None:
+    """Decimals, dates, zoned timestamps, booleans, narrow integers and floats survive the partial round trip
+    (Arrow out of one DuckDB, into another) with the type DuckDB gives the original statement."""
+    import datetime as dt
+    from decimal import Decimal
+
+    n = 12
+    table = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "grp": pa.array(["a", "b", "c"] * 4, pa.string()),
+            "d": pa.array([Decimal(f"{i}.25") for i in range(n)], pa.decimal128(10, 2)),
+            "day": pa.array([dt.date(2024, 1, 1 + i) for i in range(n)], pa.date32()),
+            "ts": pa.array(
+                [dt.datetime(2024, 1, 1, i, tzinfo=dt.timezone.utc) for i in range(n)], pa.timestamp("us", "UTC")
+            ),
+            "flag": pa.array([i % 2 == 0 for i in range(n)], pa.bool_()),
+            "tiny": pa.array([i - 6 for i in range(n)], pa.int8()),
+            "f": pa.array([i / 3 for i in range(n)], pa.float32()),
+        }
+    )
+    sql = (
+        "SELECT grp, day, sum(d), min(d), max(day), min(ts), max(ts), min(flag), max(flag), sum(tiny), "
+        "min(tiny), sum(f), count(ts) FROM ns.t GROUP BY grp, day"
+    )
+    expected = _direct(sql, table)
+    got = _merged(parser, sql, [table.slice(0, 5), table.slice(5)], table)
+    assert got.schema == expected.schema
+    assert sorted(map(str, got.to_pylist())) == sorted(map(str, expected.to_pylist()))
