@@ -24,9 +24,9 @@ import pytest
 
 import sqe.api
 from sqe.config import load_config
-from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.coordinator import DistributedScanStream
 from sqe.distributed.coordinator.run import PartialAggregatePlan
+from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import ERROR_KIND_KEY, KIND_INVALID_TICKET
 from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.errors import WorkerError
@@ -311,5 +311,5 @@ def test_a_partial_stream_of_another_schema_fails_the_query(
         batches = executor.record_batches(
             scan.plan, context=QueryContext(), query_id="q-wrong-schema", run=1, partial=wrong
         )
-        with pytest.raises(WorkerError, match="partial-aggregate schema .* is not the expected"):
+        with pytest.raises(WorkerError, match=r"partial-aggregate schema .* is not the expected"):
             list(batches)
