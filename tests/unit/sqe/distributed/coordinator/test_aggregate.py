@@ -172,9 +172,7 @@ def test_every_accepted_type_comes_back_as_duckdbs_own_type(parser: duckdb.DuckD
             "grp": pa.array(["a", "b", "c"] * 4, pa.string()),
             "d": pa.array([Decimal(f"{i}.25") for i in range(n)], pa.decimal128(10, 2)),
             "day": pa.array([dt.date(2024, 1, 1 + i) for i in range(n)], pa.date32()),
-            "ts": pa.array(
-                [dt.datetime(2024, 1, 1, i, tzinfo=dt.UTC) for i in range(n)], pa.timestamp("us", "UTC")
-            ),
+            "ts": pa.array([dt.datetime(2024, 1, 1, i, tzinfo=dt.UTC) for i in range(n)], pa.timestamp("us", "UTC")),
             "flag": pa.array([i % 2 == 0 for i in range(n)], pa.bool_()),
             "tiny": pa.array([i - 6 for i in range(n)], pa.int8()),
             "f": pa.array([i / 3 for i in range(n)], pa.float32()),
