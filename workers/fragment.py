@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
@@ -212,7 +212,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
 
     def _positioned_batches(
         self, executor: LocalExecutor, transform: BatchTransform | None
-    ) -> Iterator[tuple[int, pa.RecordBatch]]:
+    ) -> Generator[tuple[int, pa.RecordBatch]]:
         """``(task index, batch)``: one single-file executor run per task, up to ``max_files_in_flight`` open at
         once and read in turn (a run's own reader thread keeps reading while the others are read)."""
         tasks = self.ticket.tasks
