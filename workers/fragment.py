@@ -18,7 +18,9 @@ DuckDB connection (``sqe.distributed.protocol.partial``) and only its partial ro
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import queue
 import threading
 from collections import deque
 from collections.abc import Generator, Iterator
@@ -38,6 +40,8 @@ from sqe.execution.local import BatchTransform, LocalExecutor, ScanMetrics
 from sqe.execution.stream import conform_batch
 from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
 from workers.fileio import FragmentFileIO
+
+_PROGRESS_SECONDS = 0.25  # how often a partial-aggregate fragment looks for finished files to report
 
 if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
@@ -187,7 +191,10 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         partial_schema, _ = partial_types(partial, self._schema)
         yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(partial_schema), row_positions=False))
         rows = batches = 0
-        for batch in run_partial(partial, self._schema, self._restricted_batches(executor, transform)):
+        for batch in self._partial_batches(partial, executor, transform):
+            if batch is None:  # a file finished while DuckDB aggregates
+                yield pb.ExecuteResponse(progress=self._progress(rows))
+                continue
             for data, count in encode_batch(conform_batch(batch, partial_schema), max_message_bytes):
                 yield pb.ExecuteResponse(batch=pb.ArrowBatch(ipc=data, num_rows=count))
                 rows += count
@@ -198,6 +205,49 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         yield pb.ExecuteResponse(
             complete=pb.Complete(rows=rows, batches=batches, files=done["files_done"], bytes=done["bytes_done"])
         )
+
+    def _partial_batches(
+        self, partial: PartialAggregate, executor: LocalExecutor, transform: BatchTransform | None
+    ) -> Iterator[pa.RecordBatch | None]:
+        """The partial rows, with None each time files finished meanwhile. DuckDB pulls the restricted batches on
+        a helper thread, so this (gRPC's) thread can report progress while it aggregates; when the call ends
+        early the cancel flag stops the readers, which ends DuckDB's scan and the helper."""
+        out: queue.Queue[pa.RecordBatch | BaseException | None] = queue.Queue(maxsize=2)
+
+        def put(item: pa.RecordBatch | BaseException | None) -> None:
+            while not self.cancel.is_set():
+                with contextlib.suppress(queue.Full):
+                    out.put(item, timeout=_PROGRESS_SECONDS)
+                    return
+
+        def aggregate() -> None:
+            try:
+                for batch in run_partial(partial, self._schema, self._restricted_batches(executor, transform)):
+                    put(batch)
+                put(None)  # done
+            except BaseException as exc:  # handed to the stream, which fails the fragment with its kind
+                put(exc)
+
+        helper = threading.Thread(target=aggregate, name=f"sqe-partial-{self.fragment_id}", daemon=True)
+        helper.start()
+        reported = 0
+        try:
+            while True:
+                try:
+                    item = out.get(timeout=_PROGRESS_SECONDS)
+                except queue.Empty:
+                    if self.metrics.files_done != reported:
+                        reported = self.metrics.files_done
+                        yield None
+                    continue
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.cancel.set()  # the fragment is over either way: stop whatever still reads
+            helper.join(timeout=10)
 
     def _restricted_batches(
         self, executor: LocalExecutor, transform: BatchTransform | None

@@ -283,9 +283,10 @@ def test_a_worker_killed_mid_fragment_is_retried_without_duplicated_groups(
         result: dict[str, Any] = {}
         thread = threading.Thread(target=lambda: result.update(table=session.sql(sql).arrow()), daemon=True)
         thread.start()
+        victim_client = executor.client_for(victim.address)
         deadline = time.monotonic() + 30
-        while executor.stats.fragments_completed < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)  # one fragment done: the victim is now inside another one
+        while victim_client.stats(timeout=5).fragments_running < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the victim is inside a fragment: nothing of it was forwarded yet (held until complete)
         os.kill(victim.proc.pid, signal.SIGKILL)
         thread.join(60)
         assert executor.stats.fragments_retried >= 1

@@ -35,7 +35,9 @@ def _with_partial(ticket: pb.ScanTicket, partial: pb.PartialAggregate) -> pb.Sca
 def run(ticket: pb.ScanTicket) -> tuple[pa.Table, list[pb.ExecuteResponse]]:
     decoded = decode_ticket(ticket)
     cancel = threading.Event()
-    io = FragmentFileIO(decoded.credentials, decoded.storage, cancel=cancel, allow_local=True)
+    io = FragmentFileIO(
+        decoded.credentials, decoded.storage, cancel=cancel, allow_local=True, pace_seconds=decoded.pace_seconds
+    )
     fragment = RunningFragment(decoded, io, cancel)
     messages = list(fragment.stream(LocalExecutor(max_files_in_flight=2), 1 << 20, WorkerStats()))
     schema = decode_schema(messages[0].schema.ipc)
@@ -183,3 +185,35 @@ def test_zoned_timestamps_carry_one_zone_label_whatever_the_process_zone() -> No
     schema = pa.schema([("ts", pa.timestamp("us", "America/New_York"))])
     got = partial_types(PartialAggregate((), (("max", "ts"),)), schema)[0]
     assert got.field("a0").type == pa.timestamp("us", "UTC")
+
+
+def test_a_partial_fragment_reports_progress_while_it_aggregates(local_tables: LocalTables) -> None:
+    """Files finishing while DuckDB aggregates are reported before the partial rows and ``complete``."""
+    table = local_tables.events  # 5 files
+    ticket = _with_partial(ticket_for(table, pace_ms=300), PartialAggregate((), (("count_star", ""),)).to_proto())
+    result, messages = run(ticket)
+    assert result.to_pylist() == [{"a0": 2000}]
+    kinds = [m.WhichOneof("payload") for m in messages]
+    first_batch = kinds.index("batch")
+    early = [m.progress.files_done for m in messages[:first_batch] if m.WhichOneof("payload") == "progress"]
+    assert early and 0 < early[0] < 5  # reported while files were still being read
+    assert kinds[-1] == "complete" and messages[-1].complete.files == 5
+
+
+def test_a_partial_fragment_closed_early_stops_its_readers(local_tables: LocalTables) -> None:
+    """The client goes away mid-aggregation: the stream closes, the helper and readers stop (no hang)."""
+    ticket = _with_partial(
+        ticket_for(local_tables.events, pace_ms=300), PartialAggregate((), (("count_star", ""),)).to_proto()
+    )
+    decoded = decode_ticket(ticket)
+    cancel = threading.Event()
+    io = FragmentFileIO(
+        decoded.credentials, decoded.storage, cancel=cancel, allow_local=True, pace_seconds=decoded.pace_seconds
+    )
+    fragment = RunningFragment(decoded, io, cancel)
+    stream = fragment.stream(LocalExecutor(max_files_in_flight=1), 1 << 20, WorkerStats())
+    assert next(stream).WhichOneof("payload") == "schema"
+    assert next(stream).WhichOneof("payload") == "progress"
+    stream.close()
+    assert cancel.is_set()
+    assert not [t for t in threading.enumerate() if t.name.startswith("sqe-partial-")]
