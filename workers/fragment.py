@@ -36,7 +36,7 @@ from sqe.distributed.protocol.errors import DuplicateFragmentError, InvalidTicke
 from sqe.distributed.protocol.ipc import encode_batch, encode_schema
 from sqe.distributed.protocol.partial import PartialAggregate, partial_types, run_partial
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
-from sqe.execution.local import BatchTransform, LocalExecutor, ScanMetrics
+from sqe.execution.local import BatchTransform, LocalExecutor, QueryCancelledError, ScanMetrics
 from sqe.execution.stream import conform_batch
 from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
 from workers.fileio import FragmentFileIO
@@ -236,6 +236,8 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
                 try:
                     item = out.get(timeout=_PROGRESS_SECONDS)
                 except queue.Empty:
+                    if not helper.is_alive() and out.empty():  # it gave up handing over its end: cancelled
+                        raise QueryCancelledError() from None
                     if self.metrics.files_done != reported:
                         reported = self.metrics.files_done
                         yield None

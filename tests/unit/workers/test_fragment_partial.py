@@ -4,6 +4,7 @@ rejected tickets and errors that keep their own kind."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import duckdb
@@ -217,3 +218,21 @@ def test_a_partial_fragment_closed_early_stops_its_readers(local_tables: LocalTa
     stream.close()
     assert cancel.is_set()
     assert not [t for t in threading.enumerate() if t.name.startswith("sqe-partial-")]
+
+
+def test_cancel_while_aggregating_ends_the_stream_as_cancelled(local_tables: LocalTables) -> None:
+    ticket = _with_partial(
+        ticket_for(local_tables.events, pace_ms=300), PartialAggregate((), (("count_star", ""),)).to_proto()
+    )
+    decoded = decode_ticket(ticket)
+    cancel = threading.Event()
+    io = FragmentFileIO(
+        decoded.credentials, decoded.storage, cancel=cancel, allow_local=True, pace_seconds=decoded.pace_seconds
+    )
+    stream = RunningFragment(decoded, io, cancel).stream(LocalExecutor(max_files_in_flight=1), 1 << 20, WorkerStats())
+    assert next(stream).WhichOneof("payload") == "schema"
+    cancel.set()  # what the Cancel RPC does
+    started = time.monotonic()
+    with pytest.raises(QueryCancelledError):
+        list(stream)
+    assert time.monotonic() - started < 5
