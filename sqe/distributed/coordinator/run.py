@@ -134,7 +134,9 @@ class ScanRun:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._error: SQEError | None = None
-        self._output: queue.Queue[pa.RecordBatch] = queue.Queue(self._options.max_queued_batches)
+        # Batches, then None once the last fragment committed (after all of its batches): the consumer ends at
+        # once instead of waiting out a poll interval.
+        self._output: queue.Queue[pa.RecordBatch | None] = queue.Queue(self._options.max_queued_batches)
         self._credentials: TableCredentials | None = None
         self._metadata_json = b""
 
@@ -180,6 +182,11 @@ class ScanRun:
                     return
                 self._watch_idle()
                 continue
+            if batch is None:  # every fragment committed and every batch was taken
+                with self._cond:
+                    if self._error is not None:
+                        raise self._error
+                return
             self._metrics.add(batches_in_flight=-1)
             yield batch
 
@@ -195,8 +202,8 @@ class ScanRun:
             self._send_cancel(attempt)
         while True:
             try:
-                self._output.get_nowait()
-                self._metrics.add(batches_in_flight=-1)
+                if self._output.get_nowait() is not None:
+                    self._metrics.add(batches_in_flight=-1)
             except queue.Empty:
                 break
         for thread in threads:
@@ -475,7 +482,19 @@ class ScanRun:
         self._executor.stats.add(fragments_completed=1)
         with self._cond:
             self._committed += 1
+            last = self._committed == len(self._fragments)
             self._cond.notify_all()
+        if last:
+            self._wake_consumer()
+
+    def _wake_consumer(self) -> None:
+        """Queue the end marker behind the last batch (blocking while the queue is full, until the query stops)."""
+        while not self._stop.is_set():
+            try:
+                self._output.put(None, timeout=self._options.poll_seconds)
+            except queue.Full:
+                continue
+            return
 
     def _count(self, attempt: _Attempt, files_done: int, bytes_done: int) -> None:
         """Progress of one attempt, as deltas on the query's metrics (files and bytes done, per fragment)."""
