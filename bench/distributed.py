@@ -21,6 +21,7 @@ local rows/s per core (target >= 0.9), and the coordinator's and the worker's CP
 catalog are not pinned and share both cores; each timed figure is the median of ``--runs`` after a warm-up.
 
     .venv/bin/python bench/distributed.py --efficiency [--eff-rows 4000000] [--eff-files 8] [--runs 3]
+        [--compare-partial]   # also the same stack with [coordinator] partial_aggregation = false
 """
 
 from __future__ import annotations
@@ -146,6 +147,11 @@ def main() -> int:
         "--eff-caches", default="both", choices=("warm", "off", "both"),
         help="--efficiency with the data caches warm, off (every run reads the store), or both (default)",
     )  # fmt: skip
+    parser.add_argument(
+        "--compare-partial",
+        action="store_true",
+        help="with --efficiency: also run the distributed queries with partial_aggregation = false (paired)",
+    )
     args = parser.parse_args()
     apply_client_env(args.store)
     if args.efficiency:
@@ -286,6 +292,7 @@ def pinned_child() -> int:
     options = None
     if spec.get("workers"):
         overrides["coordinator"] = {"workers": spec["workers"], "token": spec["token"]}
+        overrides["coordinator"]["partial_aggregation"] = spec.get("partial_aggregation", True)
         options = DistributedOptions(slots_per_worker=spec["slots"])
     config = load_config(Path(spec["config"]), env={}, overrides=overrides)
     worker_pid = spec.get("worker_pid")
@@ -351,8 +358,11 @@ def efficiency(args: argparse.Namespace) -> int:
         try:
             write_efficiency_table(info, args.eff_files, args.eff_rows)
             for caches_off in modes:
-                local, dist = efficiency_runs(args, info, workdir, token, caches_off=caches_off)
+                local, dist, without = efficiency_runs(args, info, workdir, token, caches_off=caches_off)
                 print_efficiency(args, local, dist, caches_off=caches_off)
+                if without is not None:
+                    print("same stack and worker, [coordinator] partial_aggregation = false (workers ship every row):")
+                    print_efficiency(args, local, without, caches_off=caches_off)
         finally:
             stop_stack(workdir / "stack")
     return 0
@@ -360,8 +370,9 @@ def efficiency(args: argparse.Namespace) -> int:
 
 def efficiency_runs(
     args: argparse.Namespace, info: StackInfo, workdir: Path, token: str, *, caches_off: bool
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The local run and the run through one fresh pinned worker, both with the data caches on or off."""
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """The local run and the run through one fresh pinned worker, both with the data caches on or off (and, with
+    ``--compare-partial``, the worker run again without partial aggregation)."""
     worker, address = start_pinned_worker(workdir, token, core=1, caches_off=caches_off)
     try:
         spec: dict[str, Any] = {
@@ -373,11 +384,13 @@ def efficiency_runs(
             "caches_off": caches_off,
         }
         local = run_pinned(0, spec)
-        dist = run_pinned(0, {**spec, "workers": [address], "token": token, "slots": 2, "worker_pid": worker.pid})
+        remote = {**spec, "workers": [address], "token": token, "slots": 2, "worker_pid": worker.pid}
+        dist = run_pinned(0, remote)
+        without = run_pinned(0, {**remote, "partial_aggregation": False}) if args.compare_partial else None
     finally:
         worker.terminate()
         worker.wait(10)
-    return local, dist
+    return local, dist, without
 
 
 def print_efficiency(

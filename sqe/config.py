@@ -181,6 +181,8 @@ class CoordinatorConfig(ConfigSection):
     tls_ca: Unset[str] = None
     distributed_credentials: DistributedCredentials = "auto"
     push_credentials: bool = True
+    # Simple aggregates (count/sum/min/max, GROUP BY columns, no WHERE) run partially on the workers.
+    partial_aggregation: bool = True
 
     def token_value(self) -> str | None:
         """The bearer token presented to workers, for the gRPC call metadata only."""

@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 
     from sqe.config import SQEConfig
     from sqe.distributed.coordinator import DistributedExecutor, DistributedOptions, DistributedScanStream
+    from sqe.distributed.coordinator.aggregate import PreparedAggregate
     from sqe.execution.compaction import RemoteRewriter
     from sqe.execution.external import RemoteScanner
     from sqe.execution.local import LocalExecutor
@@ -322,7 +323,8 @@ class Session:
         self.last_streams: list[ScanStream | DistributedScanStream] = []
         # issue 11 item 1: plain reads stream from the scan without DuckDB's copy (False: always DuckDB)
         self.pass_through = True
-        self.last_execution_path = ""  # how the latest query ran: "pass-through", "duckdb" or "metadata"
+        # how the latest query ran: "pass-through", "duckdb", "metadata" or "partial-aggregate"
+        self.last_execution_path = ""
         self._pass_through_planner: PassThroughPlanner | None = None  # made (and imported) on first use
 
     @functools.cached_property
@@ -439,6 +441,13 @@ class Session:
         """Which path the query runs on (issue 11 items 1 and 3). EXPLAIN ANALYZE itself always profiles DuckDB."""
         if planned.scans and self._counted(planned) is not None:
             described = "metadata (count(*) from manifest row counts, no data file read)"
+            return f"duckdb (EXPLAIN ANALYZE profiles DuckDB; run as a query: {described})" if analyze else described
+        try:
+            aggregated = self._partial_aggregate(planned, lambda: self._relation(planned.statement.text, None))
+        except duckdb.Error:
+            aggregated = None
+        if aggregated is not None:
+            described = f"partial-aggregate ({aggregated.describe()})"
             return f"duckdb (EXPLAIN ANALYZE profiles DuckDB; run as a query: {described})" if analyze else described
         try:
             run = self._pass_through_run(planned, lambda: self._relation(planned.statement.text, None).columns)
@@ -740,6 +749,11 @@ class Session:
                 if planned.reads_no_table:
                     return Result(self, relation=self._plain_relation(planned.statement.text, params))
                 relation, context = self._query(planned, planned.statement.text, params, self._start())
+                # -- issue 11 item 6 (sqe/distributed/coordinator/aggregate.py): workers aggregate, DuckDB merges
+                aggregated = self._partial_aggregate(planned, lambda: relation) if params is None else None
+                if aggregated is not None:
+                    self.last_execution_path = "partial-aggregate"
+                    return Result(self, relation=self._partial_relation(aggregated, context), context=context)
                 # -- issue 11 item 1 (sqe/execution/passthrough.py): no copy through DuckDB for plain reads
                 run = self._pass_through_run(planned, lambda: relation.columns) if params is None else None
                 self.last_execution_path = "duckdb" if run is None else "pass-through"
@@ -757,6 +771,47 @@ class Session:
         if planned.views or planned.travels or planned.metadata:
             return None  # the name counted is a view (its scans are its tables, not its rows) or no table scan
         return count_from_manifests(planned.statement.text, planned.scans)
+
+    def _partial_aggregate(
+        self, planned: _Planned, relation: Callable[[], duckdb.DuckDBPyRelation]
+    ) -> PreparedAggregate | None:
+        """The statement prepared for partial aggregation on the workers, or None (it runs as before)."""
+        if self._distributed is None or self.config is None or not self.config.coordinator.partial_aggregation:
+            return None
+        if planned.metadata or planned.views or planned.statement.travels or len(self.last_streams) != 1:
+            return None
+        from sqe.distributed.coordinator import DistributedScanStream
+        from sqe.distributed.coordinator.aggregate import prepare
+
+        stream = self.last_streams[0]
+        if not isinstance(stream, DistributedScanStream):
+            return None
+        try:
+            tree = parse_select(self._parser, planned.statement.text)
+        except QueryError:
+            return None
+
+        def binding() -> tuple[Sequence[str], Sequence[object]]:
+            bound = relation()
+            return bound.columns, bound.types
+
+        return prepare(tree, stream.plan.arrow_schema, stream.plan.ident, self._ident_of, binding)
+
+    def _partial_relation(self, prepared: PreparedAggregate, context: QueryContext) -> duckdb.DuckDBPyRelation:
+        """The final query over the workers' partial rows (a distributed stream registered for this statement)."""
+        from sqe.distributed.coordinator import DistributedScanStream
+
+        scan = self.last_streams[0]
+        assert self._distributed is not None and isinstance(scan, DistributedScanStream)
+        stream = DistributedScanStream(scan.plan, self._distributed, context, partial=prepared.partial)
+        name = f"__sqe_partial_{next(self._ids)}"
+        self._con.register(name, stream)
+        self._registered.append(name)
+        self.last_streams.append(stream)
+        try:
+            return self._relation(prepared.final_sql(f"temp.main.{quote_ident(name)}"), None)
+        except duckdb.Error as exc:
+            raise self._translate(exc, context) from None
 
     def _pass_through_run(self, planned: _Planned, columns: Callable[[], Sequence[str]]) -> PassThroughRun | None:
         """The statement as a pass-through run of its one local scan, or None (DuckDB runs it)."""

@@ -11,14 +11,19 @@ pyarrow's scanner yields a file's batches in order), and the row filter and rest
 the ticket's salt, so a task's output row sequence is the same on every attempt and every worker. That is what
 lets the coordinator forward batches as they arrive and, after a failure, skip what it already forwarded.
 Up to ``max_files_in_flight`` tasks are open at once, read in turn.
+
+Partial aggregation (``ScanTicket.partial_aggregate``): the same restricted batches are streamed into a private
+DuckDB connection (``sqe.distributed.protocol.partial``) and only its partial rows are sent, without positions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import queue
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
@@ -28,12 +33,15 @@ from sqe._counters import Counters
 from sqe.credentials import CredentialSet
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import DuplicateFragmentError, InvalidTicketError, WorkerBusyError
-from sqe.distributed.protocol.ipc import BatchFrame, batch_frames, encode_schema
+from sqe.distributed.protocol.ipc import BatchFrame, batch_frames, encode_batch, encode_schema
+from sqe.distributed.protocol.partial import PartialAggregate, partial_types, run_partial
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
-from sqe.execution.local import BatchTransform, LocalExecutor, ScanMetrics
+from sqe.execution.local import BatchTransform, LocalExecutor, QueryCancelledError, ScanMetrics
 from sqe.execution.stream import conform_batch
 from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
 from workers.fileio import FragmentFileIO
+
+_PROGRESS_SECONDS = 0.25  # how often a partial-aggregate fragment looks for finished files to report
 
 if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
@@ -135,6 +143,9 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             self._read = build_read_spec(ticket.metadata, io, ticket.read_schema, ticket.row_filter)
         except (ValueError, TypeError) as exc:  # the row filter does not bind to the table schema
             raise InvalidTicketError(f"row_filter_json does not fit the table schema ({type(exc).__name__})") from None
+        self._schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
+        if ticket.partial is not None:  # a bad name fails the ticket before the fragment is registered
+            ticket.partial.check_columns(self._schema)
 
     def stream(
         self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats
@@ -142,8 +153,11 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         """Schema, then batches and progress, then ``complete``. Errors propagate to the caller. Batches come as
         ready-serialised frames (the service's serializer sends them as they are)."""
         ticket = self.ticket
-        schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
+        schema = self._schema
         transform = restriction_transform(ticket.restrictions, ticket.read_schema, ticket.output_field_ids, ticket.salt)
+        if ticket.partial is not None:
+            yield from self._partial_stream(ticket.partial, executor, transform, max_message_bytes, stats)
+            return
         yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema), row_positions=True))
         rows = batches = 0
         files_reported = 0
@@ -165,9 +179,93 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             complete=pb.Complete(rows=rows, batches=batches, files=done["files_done"], bytes=done["bytes_done"])
         )
 
+    def _partial_stream(
+        self,
+        partial: PartialAggregate,
+        executor: LocalExecutor,
+        transform: BatchTransform | None,
+        max_message_bytes: int,
+        stats: WorkerStats,
+    ) -> Iterator[pb.ExecuteResponse]:
+        """Schema, the fragment's partial rows, ``complete``. The restricted batches (row filter, then masks, as
+        in ``stream``) are streamed into DuckDB; the partial rows carry no positions (a retry starts over)."""
+        partial_schema, _ = partial_types(partial, self._schema)
+        yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(partial_schema), row_positions=False))
+        rows = batches = 0
+        for batch in self._partial_batches(partial, executor, transform):
+            if batch is None:  # a file finished while DuckDB aggregates
+                yield pb.ExecuteResponse(progress=self._progress(rows))
+                continue
+            for data, count in encode_batch(conform_batch(batch, partial_schema), max_message_bytes):
+                yield pb.ExecuteResponse(batch=pb.ArrowBatch(ipc=data, num_rows=count))
+                rows += count
+                batches += 1
+                stats.add(batches_sent=1, rows_sent=count, ipc_bytes_sent=len(data))
+        yield pb.ExecuteResponse(progress=self._progress(rows))
+        done = self.metrics.snapshot()
+        yield pb.ExecuteResponse(
+            complete=pb.Complete(rows=rows, batches=batches, files=done["files_done"], bytes=done["bytes_done"])
+        )
+
+    def _partial_batches(
+        self, partial: PartialAggregate, executor: LocalExecutor, transform: BatchTransform | None
+    ) -> Iterator[pa.RecordBatch | None]:
+        """The partial rows, with None each time files finished meanwhile. DuckDB pulls the restricted batches on
+        a helper thread, so this (gRPC's) thread can report progress while it aggregates; when the call ends
+        early the cancel flag stops the readers, which ends DuckDB's scan and the helper."""
+        out: queue.Queue[pa.RecordBatch | BaseException | None] = queue.Queue(maxsize=2)
+
+        def put(item: pa.RecordBatch | BaseException | None) -> None:
+            while not self.cancel.is_set():
+                with contextlib.suppress(queue.Full):
+                    out.put(item, timeout=_PROGRESS_SECONDS)
+                    return
+
+        def aggregate() -> None:
+            try:
+                for batch in run_partial(partial, self._schema, self._restricted_batches(executor, transform)):
+                    put(batch)
+                put(None)  # done
+            except BaseException as exc:  # handed to the stream, which fails the fragment with its kind
+                put(exc)
+
+        helper = threading.Thread(target=aggregate, name=f"sqe-partial-{self.fragment_id}", daemon=True)
+        helper.start()
+        reported = 0
+        try:
+            while True:
+                try:
+                    item = out.get(timeout=_PROGRESS_SECONDS)
+                except queue.Empty:
+                    if not helper.is_alive() and out.empty():  # it gave up handing over its end: cancelled
+                        raise QueryCancelledError() from None
+                    if self.metrics.files_done != reported:
+                        reported = self.metrics.files_done
+                        yield None
+                    continue
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.cancel.set()  # the fragment is over either way: stop whatever still reads
+            helper.join(timeout=10)
+
+    def _restricted_batches(
+        self, executor: LocalExecutor, transform: BatchTransform | None
+    ) -> Iterator[pa.RecordBatch]:
+        """The fragment's restricted batches in the restricted schema; closing this closes the file runs."""
+        positioned = self._positioned_batches(executor, transform)
+        try:
+            for _, batch in positioned:
+                yield conform_batch(batch, self._schema)
+        finally:
+            positioned.close()
+
     def _positioned_batches(
         self, executor: LocalExecutor, transform: BatchTransform | None
-    ) -> Iterator[tuple[int, pa.RecordBatch]]:
+    ) -> Generator[tuple[int, pa.RecordBatch]]:
         """``(task index, batch)``: one single-file executor run per task, up to ``max_files_in_flight`` open at
         once and read in turn (a run's own reader thread keeps reading while the others are read)."""
         tasks = self.ticket.tasks

@@ -33,7 +33,7 @@ from sqe.distributed.coordinator.external import ExternalScanPlan
 from sqe.distributed.coordinator.options import DistributedOptions
 from sqe.distributed.coordinator.push import CredentialPusher, PushObserver
 from sqe.distributed.coordinator.refresh import CredentialRefresher, RefreshedSets
-from sqe.distributed.coordinator.run import ScanRun
+from sqe.distributed.coordinator.run import PartialAggregatePlan, ScanRun
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.errors import CredentialError, WorkerError
 
@@ -196,7 +196,14 @@ class DistributedExecutor:
         return found
 
     def record_batches(
-        self, plan: ScanPlan | ExternalScanPlan, *, context: QueryContext, query_id: str, run: int
+        self,
+        plan: ScanPlan | ExternalScanPlan,
+        *,
+        context: QueryContext,
+        query_id: str,
+        run: int,
+        partial: PartialAggregatePlan | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Stream the plan's restricted batches from the workers (fragment order is not preserved)."""
-        return ScanRun(self, plan, context, query_id, run).batches()
+        """Stream the plan's restricted batches from the workers (fragment order is not preserved); with
+        ``partial``, the fragments' partial-aggregate rows instead."""
+        return ScanRun(self, plan, context, query_id, run, partial).batches()

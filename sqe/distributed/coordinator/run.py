@@ -8,6 +8,10 @@
   offset). A failure before the first batch is a plain retry. A stream without positions (a worker that does
   not send them) that fails after forwarding rows fails the query with a ``WorkerError``, as does a retry that
   yields fewer rows for a task than were already forwarded: never a duplicated or lost row.
+- **Partial aggregation.** With a ``PartialAggregatePlan`` the tickets carry ``partial_aggregate`` and the
+  workers send partial rows without positions: an attempt's batches are held until its ``complete`` arrives
+  and only then forwarded, so a failed attempt forwarded nothing and its retry is a plain retry. A stream whose
+  schema is not the partial schema the coordinator computed fails the query (``WorkerError``).
 - **Credentials.** Each running fragment is registered with the table's lease (``refresh``), which reloads the
   table as the querying user before the usable point and pushes the new set to the workers.
 - **Cancel and progress.** Cancelling the query cancels its calls and sends ``Cancel``; per-fragment ``progress``
@@ -38,6 +42,7 @@ from sqe.distributed.coordinator.fragments import Fragment, plan_fragments
 from sqe.distributed.coordinator.refresh import Holder
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.ipc import ReceivedBatch, decode_batch, decode_schema
+from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.distributed.protocol.ticket import build_ticket, trim_metadata
 from sqe.errors import QueryError, SQEError, WorkerError
 from sqe.execution.local import QueryCancelledError, ScanMetrics
@@ -67,6 +72,18 @@ class _StreamBroken(Exception):
     """A stream that contradicts its own positions: the attempt fails (what was forwarded stays exact)."""
 
 
+class _WrongPartialSchema(Exception):
+    """A partial-aggregate stream whose schema is not the one the coordinator computed: the query fails."""
+
+
+@dataclass(frozen=True)
+class PartialAggregatePlan:
+    """What the workers aggregate and the partial schema their streams must have (computed before any answer)."""
+
+    spec: PartialAggregate
+    schema: pa.Schema
+
+
 @dataclass
 class _Attempt:
     """One run of a fragment on a worker; owned by the slot thread that started it."""
@@ -80,6 +97,7 @@ class _Attempt:
     bytes_done: int = 0
     received: dict[int, int] = field(default_factory=dict)  # task index -> rows this attempt sent
     rows_received: int = 0
+    held: list[pa.RecordBatch] = field(default_factory=list)  # partial rows, forwarded once the attempt completes
 
 
 class ScanRun:
@@ -92,8 +110,11 @@ class ScanRun:
         context: QueryContext,
         query_id: str,
         run: int,
+        partial: PartialAggregatePlan | None = None,
     ) -> None:
         self._executor = executor
+        self._partial = partial
+        self._out_schema = partial.schema if partial is not None else plan.arrow_schema
         self._options = executor.options
         self._plan = plan
         self._context = context
@@ -113,7 +134,9 @@ class ScanRun:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._error: SQEError | None = None
-        self._output: queue.Queue[pa.RecordBatch] = queue.Queue(self._options.max_queued_batches)
+        # Batches, then None once the last fragment committed (after all of its batches): the consumer ends at
+        # once instead of waiting out a poll interval.
+        self._output: queue.Queue[pa.RecordBatch | None] = queue.Queue(self._options.max_queued_batches)
         self._credentials: TableCredentials | None = None
         self._metadata_json = b""
 
@@ -159,6 +182,11 @@ class ScanRun:
                     return
                 self._watch_idle()
                 continue
+            if batch is None:  # every fragment committed and every batch was taken
+                with self._cond:
+                    if self._error is not None:
+                        raise self._error
+                return
             self._metrics.add(batches_in_flight=-1)
             yield batch
 
@@ -174,8 +202,8 @@ class ScanRun:
             self._send_cancel(attempt)
         while True:
             try:
-                self._output.get_nowait()
-                self._metrics.add(batches_in_flight=-1)
+                if self._output.get_nowait() is not None:
+                    self._metrics.add(batches_in_flight=-1)
             except queue.Empty:
                 break
         for thread in threads:
@@ -286,6 +314,9 @@ class ScanRun:
         except _StreamBroken as exc:
             attempt.call.cancel()
             return AttemptFailure(f"{where}: {exc}")
+        except _WrongPartialSchema as exc:
+            attempt.call.cancel()
+            return AttemptFailure(f"{where}: {exc}", fatal=WorkerError(f"{where}: {exc}"))
         if complete is None:
             return AttemptFailure(f"{where}: stream ended early")
         if complete.rows != attempt.rows_received:
@@ -328,6 +359,7 @@ class ScanRun:
             if kind == "schema":
                 schema = decode_schema(message.schema.ipc)
                 positioned = message.schema.row_positions
+                self._check_partial_schema(schema)
                 self._catch_up(holder, generation)
             elif kind == "batch":
                 if not self._forward_batch(state, attempt, schema, positioned, message.batch):
@@ -347,13 +379,25 @@ class ScanRun:
         positioned: bool,
         message: pb.ArrowBatch | ReceivedBatch,
     ) -> bool:
-        """Decode and forward one batch message; False if the query is over."""
+        """Decode and forward one batch message (a partial aggregate's is held until ``complete``: it has no
+        positions to skip by); False if the query is over."""
         if schema is None:
             raise WorkerError(f"fragment {attempt.fragment_id}: a batch arrived before the schema")
         batch = decode_batch(message.ipc, schema)
+        if self._partial is not None:
+            attempt.held.append(batch)
+            attempt.rows_received += batch.num_rows
+            return True
         if positioned:
             return self._forward_positioned(state, attempt, message, batch)
         return self._forward_unpositioned(state, attempt, batch)
+
+    def _check_partial_schema(self, schema: pa.Schema) -> None:
+        if self._partial is not None and not schema.equals(self._partial.schema):
+            raise _WrongPartialSchema(
+                f"the worker's partial-aggregate schema ({_names_and_types(schema)}) is not the expected "
+                f"({_names_and_types(self._partial.schema)})"
+            )
 
     def _forward_positioned(
         self, state: _FragmentState, attempt: _Attempt, message: pb.ArrowBatch | ReceivedBatch, batch: pa.RecordBatch
@@ -388,7 +432,7 @@ class ScanRun:
 
     def _put(self, attempt: _Attempt, batch: pa.RecordBatch) -> bool:
         """Hand one batch to the consumer (blocking while its queue is full); False once the query is over."""
-        out = conform_worker_batch(batch, self._plan.arrow_schema)
+        out = conform_worker_batch(batch, self._out_schema)
         self._metrics.add(batches_in_flight=1, batches_produced=1, rows_produced=out.num_rows)
         while not self._stop.is_set():
             try:
@@ -436,18 +480,35 @@ class ScanRun:
             row_filter=plan.row_filter,
             storage=StorageSettings(policy.endpoint, policy.region, policy.path_style),
             pace_ms_per_file=self._options.pace_ms_per_file,
+            partial=self._partial.spec if self._partial is not None else None,
         )
         return ticket, generation
 
     # -- outcomes -------------------------------------------------------------------------------------------
 
     def _commit(self, state: _FragmentState, attempt: _Attempt) -> None:
-        """The fragment completed (its batches were forwarded as they came)."""
+        """The fragment completed (its batches were forwarded as they came; partial rows are forwarded now)."""
+        held, attempt.held = attempt.held, []
+        for batch in held:
+            if not self._put(attempt, batch):
+                return  # the query is over
         self._count(attempt, state.fragment.files, state.fragment.nbytes)
         self._executor.stats.add(fragments_completed=1)
         with self._cond:
             self._committed += 1
+            last = self._committed == len(self._fragments)
             self._cond.notify_all()
+        if last:
+            self._wake_consumer()
+
+    def _wake_consumer(self) -> None:
+        """Queue the end marker behind the last batch (blocking while the queue is full, until the query stops)."""
+        while not self._stop.is_set():
+            try:
+                self._output.put(None, timeout=self._options.poll_seconds)
+            except queue.Full:
+                continue
+            return
 
     def _count(self, attempt: _Attempt, files_done: int, bytes_done: int) -> None:
         """Progress of one attempt, as deltas on the query's metrics (files and bytes done, per fragment)."""
@@ -517,6 +578,10 @@ class ScanRun:
         if self._error is None:
             self._error = error
         self._cond.notify_all()
+
+
+def _names_and_types(schema: pa.Schema) -> str:
+    return ", ".join(f"{field.name} {field.type}" for field in schema)[:500]
 
 
 def conform_worker_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -14,6 +14,7 @@ from sqe.execution.stream import QueryContext
 
 if TYPE_CHECKING:
     from sqe.distributed.coordinator.executor import DistributedExecutor
+    from sqe.distributed.coordinator.run import PartialAggregatePlan
     from sqe.execution.local import BatchTransform
     from sqe.planning.planner import ScanPlan
 
@@ -24,9 +25,16 @@ class DistributedScanStream:
     Workers apply the read-restrictions (with the query's salt); the coordinator only conforms the schema.
     """
 
-    def __init__(self, plan: ScanPlan, executor: DistributedExecutor, context: QueryContext) -> None:
+    def __init__(
+        self,
+        plan: ScanPlan,
+        executor: DistributedExecutor,
+        context: QueryContext,
+        partial: PartialAggregatePlan | None = None,
+    ) -> None:
         self.plan = plan
-        self.schema: pa.Schema = plan.arrow_schema
+        self.partial = partial  # the workers send partial-aggregate rows of this schema instead of the scan's rows
+        self.schema: pa.Schema = plan.arrow_schema if partial is None else partial.schema
         self._executor = executor
         self._context = context
         self.query_id = f"q-{uuid.uuid4().hex[:16]}"
@@ -56,7 +64,9 @@ class DistributedScanStream:
 
     def _batches(self, run: int) -> Generator[pa.RecordBatch]:
         try:
-            yield from self._executor.record_batches(self.plan, context=self._context, query_id=self.query_id, run=run)
+            yield from self._executor.record_batches(
+                self.plan, context=self._context, query_id=self.query_id, run=run, partial=self.partial
+            )
         except SQEError as exc:  # including QueryCancelledError
             self._context.record_error(exc)
             raise

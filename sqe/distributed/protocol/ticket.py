@@ -31,6 +31,7 @@ from pyiceberg.typedef import Record
 from sqe.credentials import CredentialSet, StorageSettings, normalize_location
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
+from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.errors import RestrictionError
 from sqe.restrictions import EMPTY_PLAN, MIN_SALT_BYTES, RestrictionPlan
 
@@ -392,6 +393,7 @@ def build_ticket(
     storage: StorageSettings | None = None,
     pace_ms_per_file: int = 0,
     metadata_json: bytes | None = None,
+    partial: PartialAggregate | None = None,
 ) -> pb.ScanTicket:
     """A ticket for one fragment. Pass ``metadata_json`` (from :func:`trim_metadata`) to trim once per table."""
     return pb.ScanTicket(
@@ -408,6 +410,7 @@ def build_ticket(
         credentials=[credentials_to_proto(cred) for cred in credentials],
         storage=settings_to_proto(storage or StorageSettings()),
         pace_ms_per_file=pace_ms_per_file,
+        partial_aggregate=partial.to_proto() if partial is not None else None,
     )
 
 
@@ -443,6 +446,7 @@ class DecodedTicket(DecodedFragment):
     row_filter: BooleanExpression = field(repr=False)
     restrictions: RestrictionPlan = field(repr=False)
     salt: bytes = field(repr=False)
+    partial: PartialAggregate | None = None  # aggregate the restricted rows on the worker (partial rows only)
 
     @property
     def bytes_total(self) -> int:
@@ -476,7 +480,12 @@ def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
         credentials=credentials,
         storage=settings_from_proto(message.storage),
         pace_seconds=message.pace_ms_per_file / 1000.0,
+        partial=_partial(message),
     )
+
+
+def _partial(message: pb.ScanTicket) -> PartialAggregate | None:
+    return PartialAggregate.from_proto(message.partial_aggregate) if message.HasField("partial_aggregate") else None
 
 
 def _checked_id(value: str, name: str) -> str:

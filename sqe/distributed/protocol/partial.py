@@ -1,0 +1,157 @@
+"""Partial aggregation of one fragment (``ScanTicket.partial_aggregate``): the spec, its wire form, its SQL.
+
+The coordinator and the worker share this module, so the SQL a worker runs over its fragment's restricted rows
+and the SQL the coordinator runs over an empty table to learn the partial schema are built by one function.
+The SQL is built only from the function enum and column names quoted with ``quote_ident``, after every name was
+checked against the restricted output's columns; it runs on a private connection to a locked-down DuckDB database
+(no file or network access, configuration locked) whose only table is the registered stream of restricted batches.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import duckdb
+import pyarrow as pa
+
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import InvalidTicketError
+from sqe.duckdb_connection import connect_locked_down, quote_ident
+
+Function = Literal["count_star", "count", "sum", "min", "max"]
+
+_TO_WIRE: dict[Function, int] = {
+    "count_star": pb.AGGREGATE_FUNCTION_COUNT_STAR,
+    "count": pb.AGGREGATE_FUNCTION_COUNT,
+    "sum": pb.AGGREGATE_FUNCTION_SUM,
+    "min": pb.AGGREGATE_FUNCTION_MIN,
+    "max": pb.AGGREGATE_FUNCTION_MAX,
+}
+_FROM_WIRE: dict[int, Function] = {wire: name for name, wire in _TO_WIRE.items()}
+_SOURCE = "__sqe_fragment"
+# Measured on a worker pinned to one core (bench/distributed.py --efficiency): DuckDB's own threads only
+# compete with the reader threads for that core, one thread was as fast or faster.
+DUCKDB_THREADS: int | None = 1
+_PARTIAL_BATCH_ROWS = 64 * 1024
+_DATABASE: duckdb.DuckDBPyConnection | None = None  # see _connect
+_DATABASE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class PartialAggregate:
+    """Group-by column names and ``(function, column)`` aggregates (column ``""`` for ``count_star``)."""
+
+    group_by: tuple[str, ...]
+    aggregates: tuple[tuple[Function, str], ...]
+
+    def to_proto(self) -> pb.PartialAggregate:
+        return pb.PartialAggregate(
+            group_by=list(self.group_by),
+            aggregates=[pb.Aggregate(function=_TO_WIRE[f], column=c) for f, c in self.aggregates],  # type: ignore[arg-type]
+        )
+
+    @classmethod
+    def from_proto(cls, message: pb.PartialAggregate) -> PartialAggregate:
+        """The validated spec; an unspecified or unknown function, or a misplaced column, is InvalidTicketError."""
+        aggregates: list[tuple[Function, str]] = []
+        for index, item in enumerate(message.aggregates):
+            function = _FROM_WIRE.get(item.function)
+            if function is None:
+                raise InvalidTicketError(f"partial_aggregate: aggregate {index} has no (or an unknown) function")
+            if (function == "count_star") == bool(item.column):
+                need = "no column" if function == "count_star" else "a column"
+                raise InvalidTicketError(f"partial_aggregate: aggregate {index} ({function}) needs {need}")
+            aggregates.append((function, item.column))
+        if not aggregates and not message.group_by:
+            raise InvalidTicketError("partial_aggregate: needs at least one aggregate or group-by column")
+        return cls(tuple(message.group_by), tuple(aggregates))
+
+    def check_columns(self, schema: pa.Schema) -> None:
+        """Every name is a column of the restricted output, else InvalidTicketError (names are shown quoted)."""
+        known = set(schema.names)
+        named = [*self.group_by, *(column for _, column in self.aggregates if column)]
+        unknown = sorted({name for name in named if name not in known})
+        if unknown:
+            shown = ", ".join(repr(name[:100]) for name in unknown[:5])
+            raise InvalidTicketError(f"partial_aggregate names column(s) not in the restricted output: {shown}")
+
+    def sql(self, source: str = _SOURCE) -> str:
+        """``SELECT g0.., a0.. FROM source [GROUP BY ..]``: the partial rows of one fragment."""
+        groups = [f"{quote_ident(name)} AS g{i}" for i, name in enumerate(self.group_by)]
+        values = [f"{_call(function, column)} AS a{i}" for i, (function, column) in enumerate(self.aggregates)]
+        text = f"SELECT {', '.join(groups + values)} FROM {quote_ident(source)}"
+        if self.group_by:
+            text += " GROUP BY " + ", ".join(quote_ident(name) for name in self.group_by)
+        return text
+
+
+def _call(function: Function, column: str) -> str:
+    return "count(*)" if function == "count_star" else f"{function}({quote_ident(column)})"
+
+
+def partial_types(spec: PartialAggregate, schema: pa.Schema) -> tuple[pa.Schema, list[str]]:
+    """The partial rows' Arrow schema and DuckDB type names, from the partial SQL over an empty ``schema`` table."""
+    spec.check_columns(schema)
+    con = _connect()
+    try:
+        con.register(_SOURCE, schema.empty_table())
+        relation = con.sql(spec.sql())
+        names = [str(t) for t in relation.types]
+        return relation.to_arrow_table().schema, names
+    finally:
+        con.close()
+
+
+def run_partial(
+    spec: PartialAggregate, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """The partial rows of the restricted ``batches`` (streamed into DuckDB, never materialised first).
+
+    An error raised by ``batches`` (a read failure, cancellation, expired credentials) is re-raised as itself,
+    not as DuckDB's wrapping of it, so the fragment fails with its own kind."""
+    failure: list[BaseException] = []
+
+    def guarded() -> Iterator[pa.RecordBatch]:
+        try:
+            yield from batches
+        except Exception as exc:
+            failure.append(exc)
+            raise
+
+    con = _connect()
+    try:
+        con.register(_SOURCE, pa.RecordBatchReader.from_batches(schema, guarded()))
+        try:
+            reader = con.sql(spec.sql()).to_arrow_reader(_PARTIAL_BATCH_ROWS)
+            yield from reader
+        except (duckdb.Error, pa.ArrowException):
+            if failure:
+                raise failure[0] from None
+            raise
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:  # stops the fragment's reader threads at once
+            close()
+        con.close()
+
+
+def _connect() -> duckdb.DuckDBPyConnection:
+    """A private connection: its registered fragment stream is visible to it alone (DuckDB's temporary objects
+    are per connection). It shares one locked-down in-memory database per process, because opening a new
+    database costs about 25 ms, most of a small fragment's aggregation."""
+    global _DATABASE
+    with _DATABASE_LOCK:
+        if _DATABASE is None:
+            _DATABASE = connect_locked_down(_configure)
+        return _DATABASE.cursor()
+
+
+def _configure(con: duckdb.DuckDBPyConnection) -> None:
+    """Threads as measured; a fixed zone, so a zoned timestamp's Arrow type (its zone label) is the same on the
+    coordinator and on every worker whatever their machines' ``TZ`` (a different label fails the query)."""
+    con.execute("SET GLOBAL TimeZone = 'UTC'")  # GLOBAL: the default of every cursor
+    if DUCKDB_THREADS is not None:
+        con.execute(f"SET threads = {int(DUCKDB_THREADS)}")
