@@ -51,7 +51,7 @@ def test_plain_reads_stream_from_the_workers(world: World, pool: WorkerPool, who
             assert path == PATH_PASS_THROUGH, query
             assert fast.schema == slow.schema, query
             assert same_rows(fast, slow), query
-        for query in DUCKDB_QUERIES:
+        for query in (q for q in DUCKDB_QUERIES if "count(" not in q):  # an aggregate runs on the workers
             fast, slow, path = both_paths(session, query.format(t=f"{world.namespace}.people"))
             assert path == PATH_DUCKDB, query
             assert fast.schema == slow.schema and same_rows(fast, slow), query
