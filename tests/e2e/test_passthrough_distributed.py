@@ -17,6 +17,7 @@ import pytest
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import CoordinatorConfig
 from sqe.distributed.coordinator import DistributedOptions
+from sqe.errors import QueryError
 from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH
 from sqe.session import Session
 from tests.e2e.test_distributed import WorkerPool, WorkerPools, worker_factory, worker_stats
@@ -127,3 +128,21 @@ def _within(seconds: float, condition: Callable[[], bool], message: str) -> None
     while not condition():
         assert time.monotonic() < deadline, message
         time.sleep(0.02)
+
+
+def test_the_next_statement_ends_a_half_read_reader_on_workers(world: World, pool: WorkerPool) -> None:
+    """Like a DuckDB result, a pass-through reader still open is ended by the session's next statement: its
+    fragments are cancelled on the workers at once, and reading it on is a QueryError, never a silent end."""
+    t = f"{world.namespace}.people"
+    paced = {"slots_per_worker": 1, "max_files_per_fragment": 2, "pace_ms_per_file": PACE_MS}
+    with on_workers(world, "carol", pool, **paced) as session:
+        before = _totals(session)
+        reader = session.sql(f"SELECT * FROM {t}").reader(batch_size=1)
+        assert session.last_execution_path == PATH_PASS_THROUGH
+        assert reader.read_next_batch().num_rows == 1
+        assert session.sql("SELECT 41 + 1").fetchall() == [(42,)]
+        _within(PACE_MS / 2000, lambda: not _slot_threads(), "slot threads outlived the statement")
+        _within(PACE_MS / 2000, lambda: _totals(session)["fragments_running"] == 0, "fragments still running")
+        with pytest.raises(QueryError, match="no longer valid"):
+            reader.read_all()
+        assert _totals(session)["fragments_cancelled"] > before["fragments_cancelled"]
