@@ -771,7 +771,7 @@ class Session:
         return count_from_manifests(planned.statement.text, planned.scans)
 
     def _pass_through_run(self, planned: _Planned, columns: Callable[[], Sequence[str]]) -> PassThroughRun | None:
-        """The statement as a pass-through run of its one local scan, or None (DuckDB runs it)."""
+        """The statement as a pass-through run of its one scan (in-process or on workers), or None (DuckDB runs it)."""
         if not self.pass_through or planned.metadata or planned.views or planned.statement.travels:
             return None
         if len(self.last_streams) != 1:

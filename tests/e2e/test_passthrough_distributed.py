@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pyarrow as pa
 import pytest
 
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import CoordinatorConfig
-from sqe.distributed.coordinator import DistributedOptions
+from sqe.distributed.coordinator import DistributedOptions, DistributedScanStream
 from sqe.errors import QueryError
 from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH
 from sqe.session import Session
@@ -86,7 +87,7 @@ def test_limit_and_offset_on_workers(world: World, pool: WorkerPool) -> None:
             assert fast.num_rows == slow.num_rows == max(0, min(limit, everything.num_rows - offset))
             assert fast.schema == slow.schema == everything.schema
             assert set(map(str, fast.to_pylist())) <= set(map(str, everything.to_pylist()))
-        # the session runs its next statement at once: a LIMIT's closed run left nothing behind on the workers
+        # the session runs its next statement at once (the fragments' cancellation: the LIMIT test below)
         assert session.sql(f"SELECT count(*) FROM {t} WHERE true").fetchall() == [(everything.num_rows,)]
 
 
@@ -146,3 +147,19 @@ def test_the_next_statement_ends_a_half_read_reader_on_workers(world: World, poo
         with pytest.raises(QueryError, match="no longer valid"):
             reader.read_all()
         assert _totals(session)["fragments_cancelled"] > before["fragments_cancelled"]
+
+
+def test_a_failing_pass_through_transform_is_a_query_error(world: World, pool: WorkerPool) -> None:
+    """The pass-through WHERE/projection runs on the coordinator for a distributed scan: a failure there is one
+    typed line naming the table, recorded for the query, as it is for an in-process scan's reader threads."""
+    t = f"{world.namespace}.people"
+
+    def failing(batch: pa.RecordBatch) -> pa.RecordBatch:
+        raise pa.ArrowInvalid("cannot shape this batch\nsecond line")
+
+    with on_workers(world, "carol", pool) as session:
+        session.sql(f"SELECT * FROM {t}")
+        [stream] = session.last_streams
+        assert isinstance(stream, DistributedScanStream)
+        with pytest.raises(QueryError, match=r"people failed: cannot shape this batch$"):
+            list(stream.batches(failing))
