@@ -27,7 +27,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import cast
 
-DEFAULT_KEEP_FREED_BYTES = 1 << 30
 _MAX_HEAP_BLOCK = (
     256 << 20
 )  # larger blocks are still mapped on their own: rare, and a fault per page is cheap next to them
