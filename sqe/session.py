@@ -28,6 +28,7 @@ EXPLAIN's ``execution_path`` says which path a query takes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -36,7 +37,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -155,8 +156,12 @@ class Result:
         if self._table is not None:
             return self._table.to_reader()
         if self._pass_through is not None:
-            self._check_readable()
-            return pa.RecordBatchReader.from_batches(self._pass_through.schema, self._pass_through.batches(batch_size))
+            with self._session._lock:  # checked and started as one (see arrow)
+                self._check_readable()
+                batches = self._pass_through.batches(batch_size)
+                # Like DuckDB's reader below, the next statement ends the run (its scan, or its workers' fragments).
+                self._session._open_reader = weakref.ref(batches)
+            return pa.RecordBatchReader.from_batches(self._pass_through.schema, self._while_current(batches))
         with self._session._lock:  # checked and started as one (see arrow)
             relation = self._take_relation()
             try:
@@ -174,6 +179,12 @@ class Result:
         if not table.num_columns:
             return [()] * table.num_rows
         return list(zip(*(column.to_pylist() for column in table.columns), strict=True))
+
+    def _while_current(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """A pass-through run's batches; a run the next statement ended is a QueryError, never a short result."""
+        yield from batches
+        if self._generation != self._session._generation:
+            raise QueryError(_NO_LONGER_VALID)
 
     def _translated(self, source: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
         while True:
@@ -312,7 +323,8 @@ class Session:
         self._slots: dict[TableIdent, tuple[str, _ScanSlot]] = {}  # each table's registered slot, kept per session
         self._prepared: dict[str, PreparedStatement] = {}
         self._active: QueryContext | None = None
-        self._open_reader: weakref.ref[pa.RecordBatchReader] | None = None  # DuckDB's reader of a streamed result
+        # DuckDB's reader of a streamed result, or a streamed pass-through run's batches: the next statement ends it.
+        self._open_reader: weakref.ref[pa.RecordBatchReader | Generator[pa.RecordBatch]] | None = None
         self._generation = 0
         self._closed = False
         # Ctrl-C while a statement is still planning (catalog loads, a first statement's lazy imports): nothing
@@ -814,7 +826,7 @@ class Session:
             raise self._translate(exc, context) from None
 
     def _pass_through_run(self, planned: _Planned, columns: Callable[[], Sequence[str]]) -> PassThroughRun | None:
-        """The statement as a pass-through run of its one local scan, or None (DuckDB runs it)."""
+        """The statement as a pass-through run of its one scan (in-process or on workers), or None (DuckDB runs it)."""
         if not self.pass_through or planned.metadata or planned.views or planned.statement.travels:
             return None
         if len(self.last_streams) != 1:
@@ -852,11 +864,13 @@ class Session:
 
     def _close_open_reader(self) -> None:
         """An earlier statement's result still streaming holds DuckDB's connection (it runs one result at a time):
-        the new statement ends it, as it ends that statement's scans; reading it further is a QueryError."""
+        the new statement ends it, as it ends that statement's scans; reading it further is a QueryError. A
+        pass-through run holds no DuckDB result but its scan (or its fragments on the workers): it ends the same way."""
         opened, self._open_reader = self._open_reader, None
         reader = None if opened is None else opened()
         if reader is not None:
-            reader.close()
+            with contextlib.suppress(ValueError):  # a run another thread is reading at this moment cannot be closed
+                reader.close()
 
     def _plain_relation(self, sql: str, params: Params) -> duckdb.DuckDBPyRelation:
         """A query that reads no Iceberg table: nothing of SQE's to stream or cancel (DuckDB's own interrupt

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -97,7 +97,7 @@ class PassThrough:
         columns = [c if c.type == f.type else c.cast(f.type) for c, f in zip(columns, self.schema, strict=True)]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
-    def batches(self, shaped: Iterator[pa.RecordBatch], max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+    def batches(self, shaped: Iterator[pa.RecordBatch], max_rows: int | None = None) -> Generator[pa.RecordBatch]:
         """The result's batches from the shaped scan: OFFSET and LIMIT applied, the scan closed as soon as the
         limit is reached (its readers stop), batches cut to ``max_rows``."""
         skip, left = self.offset, self.limit
@@ -322,7 +322,8 @@ class PassThroughRun:
     def schema(self) -> pa.Schema:
         return self.shape.schema
 
-    def batches(self, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+    def batches(self, max_rows: int | None = None) -> Generator[pa.RecordBatch]:
+        """The result's batches; closing the generator ends the run."""
         return self.shape.batches(self.stream.batches(self.shape.shape), max_rows)
 
     def table(self) -> pa.Table:

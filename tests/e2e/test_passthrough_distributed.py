@@ -7,17 +7,21 @@ replace-with-null; carol unrestricted); the workers are two real ``sqe-worker`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pyarrow as pa
 import pytest
 
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import CoordinatorConfig
-from sqe.distributed.coordinator import DistributedOptions
+from sqe.distributed.coordinator import DistributedOptions, DistributedScanStream
+from sqe.errors import QueryError
 from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH
 from sqe.session import Session
-from tests.e2e.test_distributed import WorkerPool, WorkerPools, worker_factory
+from tests.e2e.test_distributed import WorkerPool, WorkerPools, worker_factory, worker_stats
 from tests.e2e.test_passthrough import DUCKDB_QUERIES, PASS_THROUGH_QUERIES, both_paths, same_rows, world
 from tests.e2e.test_restrictions_e2e import World
 
@@ -32,12 +36,13 @@ def pool(worker_factory: WorkerPools) -> WorkerPool:
 
 @contextmanager
 def on_workers(world: World, who: str, pool: WorkerPool, **options: int) -> Iterator[Session]:
-    """``who``'s session of ``world`` with its scans on ``pool`` (one file per fragment: both workers serve)."""
+    """``who``'s session of ``world`` with its scans on ``pool`` (one file per fragment unless ``options`` say
+    otherwise: both workers serve)."""
     with world.session(who) as probe:
         config = probe.config
     assert config is not None
     config = config.model_copy(update={"coordinator": CoordinatorConfig(workers=pool.addresses, token=pool.token)})
-    settings = DistributedOptions(max_files_per_fragment=1, **options)
+    settings = DistributedOptions(**{"max_files_per_fragment": 1, **options})
     with Session(RestTableProvider(config), config, distributed=settings) as session:
         assert session.distributed_executor is not None
         yield session
@@ -82,5 +87,79 @@ def test_limit_and_offset_on_workers(world: World, pool: WorkerPool) -> None:
             assert fast.num_rows == slow.num_rows == max(0, min(limit, everything.num_rows - offset))
             assert fast.schema == slow.schema == everything.schema
             assert set(map(str, fast.to_pylist())) <= set(map(str, everything.to_pylist()))
-        # the session runs its next statement at once: a LIMIT's closed run left nothing behind on the workers
+        # the session runs its next statement at once (the fragments' cancellation: the LIMIT test below)
         assert session.sql(f"SELECT count(*) FROM {t} WHERE true").fetchall() == [(everything.num_rows,)]
+
+
+PACE_MS = 3000  # each worker sleeps this long before each file: a fragment still running is easy to see
+
+
+def test_a_limit_cancels_the_workers_fragments_and_ends_the_slot_threads(world: World, pool: WorkerPool) -> None:
+    """LIMIT 1 is met by the first batch, while a two-file fragment sleeps before its second file: that fragment
+    is cancelled on its worker (not paced to its end) and no slot thread outlives the statement."""
+    t = f"{world.namespace}.people"
+    paced = {"slots_per_worker": 1, "max_files_per_fragment": 2, "pace_ms_per_file": PACE_MS}
+    with on_workers(world, "carol", pool, **paced) as session:
+        before = _totals(session)
+        result = session.sql(f"SELECT * FROM {t} LIMIT 1")
+        assert session.last_execution_path == PATH_PASS_THROUGH
+        assert result.arrow().num_rows == 1
+        # Well inside one pace: a fragment left running would still be sleeping before its next file.
+        _within(PACE_MS / 2000, lambda: not _slot_threads(), "slot threads outlived the LIMIT")
+        _within(PACE_MS / 2000, lambda: _totals(session)["fragments_running"] == 0, "fragments still running")
+        after = _totals(session)
+    started = after["fragments_started"] - before["fragments_started"]
+    finished = sum(after[k] - before[k] for k in ("fragments_completed", "fragments_cancelled", "fragments_failed"))
+    assert started == finished >= 1
+    assert after["fragments_cancelled"] > before["fragments_cancelled"]
+
+
+def _totals(session: Session) -> dict[str, int]:
+    names = ("fragments_started", "fragments_completed", "fragments_cancelled", "fragments_failed", "fragments_running")
+    stats = worker_stats(session).values()
+    return {name: sum(int(getattr(s, name)) for s in stats) for name in names}
+
+
+def _slot_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("sqe-fragment-")]
+
+
+def _within(seconds: float, condition: Callable[[], bool], message: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.02)
+
+
+def test_the_next_statement_ends_a_half_read_reader_on_workers(world: World, pool: WorkerPool) -> None:
+    """Like a DuckDB result, a pass-through reader still open is ended by the session's next statement: its
+    fragments are cancelled on the workers at once, and reading it on is a QueryError, never a silent end."""
+    t = f"{world.namespace}.people"
+    paced = {"slots_per_worker": 1, "max_files_per_fragment": 2, "pace_ms_per_file": PACE_MS}
+    with on_workers(world, "carol", pool, **paced) as session:
+        before = _totals(session)
+        reader = session.sql(f"SELECT * FROM {t}").reader(batch_size=1)
+        assert session.last_execution_path == PATH_PASS_THROUGH
+        assert reader.read_next_batch().num_rows == 1
+        assert session.sql("SELECT 41 + 1").fetchall() == [(42,)]
+        _within(PACE_MS / 2000, lambda: not _slot_threads(), "slot threads outlived the statement")
+        _within(PACE_MS / 2000, lambda: _totals(session)["fragments_running"] == 0, "fragments still running")
+        with pytest.raises(QueryError, match="no longer valid"):
+            reader.read_all()
+        assert _totals(session)["fragments_cancelled"] > before["fragments_cancelled"]
+
+
+def test_a_failing_pass_through_transform_is_a_query_error(world: World, pool: WorkerPool) -> None:
+    """The pass-through WHERE/projection runs on the coordinator for a distributed scan: a failure there is one
+    typed line naming the table, recorded for the query, as it is for an in-process scan's reader threads."""
+    t = f"{world.namespace}.people"
+
+    def failing(batch: pa.RecordBatch) -> pa.RecordBatch:
+        raise pa.ArrowInvalid("cannot shape this batch\nsecond line")
+
+    with on_workers(world, "carol", pool) as session:
+        session.sql(f"SELECT * FROM {t}")
+        [stream] = session.last_streams
+        assert isinstance(stream, DistributedScanStream)
+        with pytest.raises(QueryError, match=r"people failed: cannot shape this batch$"):
+            list(stream.batches(failing))

@@ -10,7 +10,7 @@ Tickets and pushed sets hold secrets: they are never logged, and reprs here name
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -203,7 +203,7 @@ class DistributedExecutor:
         query_id: str,
         run: int,
         partial: PartialAggregatePlan | None = None,
-    ) -> Iterator[pa.RecordBatch]:
+    ) -> Generator[pa.RecordBatch]:
         """Stream the plan's restricted batches from the workers (fragment order is not preserved); with
         ``partial``, the fragments' partial-aggregate rows instead."""
         return ScanRun(self, plan, context, query_id, run, partial).batches()

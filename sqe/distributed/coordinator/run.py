@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -147,7 +147,7 @@ class ScanRun:
 
     # -- consumer ----------------------------------------------------------------------------------------
 
-    def batches(self) -> Iterator[pa.RecordBatch]:
+    def batches(self) -> Generator[pa.RecordBatch]:
         if self._context.cancel.is_set():
             raise QueryCancelledError()
         self._metrics.add(scans_opened=1, files_total=len(self._plan.tasks))

@@ -55,18 +55,20 @@ class DistributedScanStream:
         (a pass-through query's WHERE, projection and result types) each batch passed through it, on the
         consumer's thread. Closing the iterator ends the run (its fragments are cancelled)."""
         self.opened += 1
-        batches = self._batches(self.opened)
+        batches = self._batches(self.opened, then)
         try:
-            for batch in batches:
-                yield batch if then is None else then(batch)
+            yield from batches
         finally:
             batches.close()
 
-    def _batches(self, run: int) -> Generator[pa.RecordBatch]:
+    def _batches(self, run: int, then: BatchTransform | None = None) -> Generator[pa.RecordBatch]:
+        """The run's batches (each through ``then``); any failure, ``then``'s included, is one recorded SQEError."""
+        scan = self._executor.record_batches(
+            self.plan, context=self._context, query_id=self.query_id, run=run, partial=self.partial
+        )
         try:
-            yield from self._executor.record_batches(
-                self.plan, context=self._context, query_id=self.query_id, run=run, partial=self.partial
-            )
+            for batch in scan:
+                yield batch if then is None else then(batch)
         except SQEError as exc:  # including QueryCancelledError
             self._context.record_error(exc)
             raise
@@ -74,3 +76,5 @@ class DistributedScanStream:
             error = QueryError(f"distributed scan of {self.plan.ident} failed: {first_line(exc, limit=300)}")
             self._context.record_error(error)
             raise error from None
+        finally:
+            scan.close()  # at once, not when collected: the run's fragments are cancelled

@@ -163,10 +163,12 @@ def _parse_batch(data: bytes) -> ReceivedBatch | None:
         fields[tag], pos = _read_varint(view, pos + 1)
         if pos < 0:
             return None
-    task_index = fields[_TASK_INDEX]
-    if task_index >= 1 << 31:  # an int32 on the wire; leave anything odd to protobuf
+    task_index, num_rows, row_offset = fields[_TASK_INDEX], fields[_NUM_ROWS], fields[_ROW_OFFSET]
+    # int32 and int64 on the wire: protobuf reads larger varints as negative or keeps their low bits only, so
+    # leave anything out of range to protobuf rather than read it another way.
+    if task_index >= 1 << 31 or num_rows >= 1 << 63 or row_offset >= 1 << 63:
         return None
-    return ReceivedBatch(view[start:end], fields[_NUM_ROWS], task_index, fields[_ROW_OFFSET])
+    return ReceivedBatch(view[start:end], num_rows, task_index, row_offset)
 
 
 def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:

@@ -83,3 +83,23 @@ def test_a_truncated_frame_is_rejected_not_misread(cut: int) -> None:
     frame = next(batch_frames(BATCH, 8 << 20, task_index=1, row_offset=0)).data
     with pytest.raises(DecodeError):
         parse_execute_response(frame[:-cut] if cut < 10 else frame[:cut])
+
+
+def _frame(*scalars: bytes) -> bytes:
+    """A batch ``ExecuteResponse`` of a one-byte IPC body and the given raw scalar fields (tag + varint)."""
+    inner = b"\x0a\x01x" + b"".join(scalars)
+    return b"\x12" + bytes([len(inner)]) + inner
+
+
+# Ten-byte varints whose value does not fit in 64 bits (protobuf keeps the low 64 bits), or is an int64 below 0.
+_BEYOND_64_BITS = b"\x80" * 9 + b"\x02"  # 2**64: protobuf reads 0
+_MINUS_ONE = b"\xff" * 9 + b"\x01"  # protobuf reads -1
+
+
+@pytest.mark.parametrize("varint", [_BEYOND_64_BITS, _MINUS_ONE], ids=["beyond-64-bits", "negative"])
+@pytest.mark.parametrize(("tag", "field"), [(b"\x10", "num_rows"), (b"\x20", "row_offset")], ids=["rows", "offset"])
+def test_an_int64_field_reads_as_protobuf_reads_it(varint: bytes, tag: bytes, field: str) -> None:
+    data = _frame(tag + varint)
+    parsed = parse_execute_response(data)
+    expected = getattr(pb.ExecuteResponse.FromString(data).batch, field)
+    assert getattr(parsed if isinstance(parsed, ReceivedBatch) else parsed.batch, field) == expected
