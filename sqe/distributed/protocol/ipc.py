@@ -11,7 +11,13 @@ serialising them cost. :func:`serialize_execute_response` is the worker's gRPC r
 such frames through and serialises every other message the usual way. The coordinator parses the same bytes
 with :func:`parse_execute_response`: a batch message in exactly that shape becomes a :class:`ReceivedBatch`
 whose IPC body is a view of the received bytes (no copy); anything else goes to the generated
-``ExecuteResponse`` parser. A test checks the frames equal what protobuf writes.
+``ExecuteResponse`` parser.
+
+Arrow wants each buffer on an 8-byte boundary (pyarrow's engine warns and some kernels may fault on misaligned
+ones), and protobuf's own copy of the body was aligned. So the frame's two length varints are written as wide as
+it takes for the body to start at a multiple of 8 bytes into the message (a longer-than-needed varint is valid
+protobuf, which parses the frame to the same message: tests check both), and gRPC hands the message over as a
+bytes object whose data is 16-byte aligned. :func:`decode_batch` still copies a body that arrives misaligned.
 """
 
 from __future__ import annotations
@@ -37,8 +43,15 @@ def decode_schema(data: bytes) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(data))
 
 
+ALIGNMENT = 8  # bytes: Arrow's buffer alignment
+
+
 def decode_batch(data: bytes | memoryview, schema: pa.Schema) -> pa.RecordBatch:
-    return pa.ipc.read_record_batch(pa.py_buffer(data), schema)
+    """The batch of one IPC message, its buffers views of ``data`` when that is aligned, else of an aligned copy."""
+    buffer = pa.py_buffer(data)
+    if buffer.address % ALIGNMENT:
+        buffer = pa.py_buffer(bytes(data))  # a new bytes object's data is aligned
+    return pa.ipc.read_record_batch(buffer, schema)
 
 
 def encode_batch(batch: pa.RecordBatch, max_message_bytes: int) -> Iterator[tuple[bytes, int]]:
@@ -98,18 +111,34 @@ _RESPONSE_BATCH, _IPC, _NUM_ROWS, _TASK_INDEX, _ROW_OFFSET = b"\x12", b"\x0a", b
 
 
 def _batch_message(ipc: pa.Buffer, rows: int, task_index: int, row_offset: int) -> bytes:
-    # Proto3 leaves out scalars equal to zero; so does this, so the bytes equal protobuf's own.
+    # Proto3 leaves out scalars equal to zero; so does this.
     scalars = b"".join(
         tag + _varint(value)
         for tag, value in ((_NUM_ROWS, rows), (_TASK_INDEX, task_index), (_ROW_OFFSET, row_offset))
         if value
     )
-    inner = _IPC + _varint(ipc.size)
-    inner_size = len(inner) + ipc.size + len(scalars)
-    return b"".join((_RESPONSE_BATCH, _varint(inner_size), inner, memoryview(ipc), scalars))
+    outer_width, ipc_width = _aligning_widths(ipc.size, len(scalars))
+    inner_size = 1 + ipc_width + ipc.size + len(scalars)
+    header = _RESPONSE_BATCH + _varint(inner_size, outer_width) + _IPC + _varint(ipc.size, ipc_width)
+    return b"".join((header, memoryview(ipc), scalars))
 
 
-def _varint(value: int) -> bytes:
+_MAX_VARINT = 10  # bytes of a 64-bit varint
+
+
+def _aligning_widths(ipc_size: int, scalars_size: int) -> tuple[int, int]:
+    """The narrowest widths of the outer length and the IPC length varints with which the header (two tags and
+    both varints) is a multiple of ``ALIGNMENT`` bytes long, so the body after it is aligned."""
+    for ipc_width in range(len(_varint(ipc_size)), _MAX_VARINT + 1):
+        inner_size = 1 + ipc_width + ipc_size + scalars_size
+        for outer_width in range(len(_varint(inner_size)), _MAX_VARINT + 1):
+            if (2 + outer_width + ipc_width) % ALIGNMENT == 0:
+                return outer_width, ipc_width
+    raise ValueError("no varint widths align the batch body")  # unreachable: the widths span more than 8 sums
+
+
+def _varint(value: int, width: int = 0) -> bytes:
+    """``value`` as a protobuf varint, padded with zero groups to ``width`` bytes when given (still valid)."""
     if value < 0:
         raise ValueError("batch positions are never negative")
     out = bytearray()
@@ -117,6 +146,9 @@ def _varint(value: int) -> bytes:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
     out.append(value)
+    while len(out) < width:
+        out[-1] |= 0x80
+        out.append(0)
     return bytes(out)
 
 

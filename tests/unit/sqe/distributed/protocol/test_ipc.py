@@ -1,4 +1,5 @@
-"""Batch frames: the worker's hand-written ``ExecuteResponse`` bytes parse to the same message protobuf writes."""
+"""Batch frames: the worker's hand-written ``ExecuteResponse`` bytes parse to the message protobuf would write,
+with the IPC body aligned."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from google.protobuf.message import DecodeError
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import MessageTooLargeError
 from sqe.distributed.protocol.ipc import (
+    ALIGNMENT,
     ReceivedBatch,
+    _aligning_widths,
+    _varint,
     batch_frames,
     decode_batch,
     encode_batch,
@@ -21,16 +25,42 @@ BATCH = pa.record_batch({"id": pa.array(range(50_000), pa.int64()), "s": [f"v{i}
 
 
 @pytest.mark.parametrize(("task_index", "row_offset"), [(0, 0), (3, 0), (0, 7), (300, 1 << 40)])
-def test_frames_are_byte_for_byte_what_protobuf_writes(task_index: int, row_offset: int) -> None:
+def test_protobuf_reads_each_frame_as_the_message_it_would_write(task_index: int, row_offset: int) -> None:
     frames = list(batch_frames(BATCH, 256 << 10, task_index=task_index, row_offset=row_offset))
     slices = list(encode_batch(BATCH, 256 << 10))
     assert len(frames) == len(slices) > 1  # sliced to the message limit like encode_batch
     offset = row_offset
     for frame, (ipc, rows) in zip(frames, slices, strict=True):
-        reference = pb.ArrowBatch(ipc=ipc, num_rows=rows, task_index=task_index, row_offset=offset)
-        assert frame.data == pb.ExecuteResponse(batch=reference).SerializeToString()
+        reference = pb.ExecuteResponse(
+            batch=pb.ArrowBatch(ipc=ipc, num_rows=rows, task_index=task_index, row_offset=offset)
+        )
+        assert pb.ExecuteResponse.FromString(frame.data) == reference
+        assert len(frame.data) - len(reference.SerializeToString()) < ALIGNMENT + 2  # only the varints' padding
         assert (frame.rows, frame.ipc_bytes) == (rows, len(ipc))
         offset += rows
+
+
+@pytest.mark.parametrize("ipc_size", [0, 1, 100, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, 16 << 20, 1 << 35])
+@pytest.mark.parametrize("scalars_size", [0, 2, 7, 30])
+def test_the_body_starts_on_an_aligned_offset_of_the_frame(ipc_size: int, scalars_size: int) -> None:
+    outer, inner = _aligning_widths(ipc_size, scalars_size)
+    assert (2 + outer + inner) % ALIGNMENT == 0
+    assert len(_varint(ipc_size)) <= inner <= 10
+    assert len(_varint(1 + inner + ipc_size + scalars_size)) <= outer <= 10
+
+
+def test_received_bodies_are_aligned_views_or_aligned_copies() -> None:
+    frame = next(batch_frames(BATCH, 256 << 10, task_index=1, row_offset=0))
+    received = parse_execute_response(bytes(frame.data))  # as gRPC hands it over: a bytes object of its own
+    assert isinstance(received, ReceivedBatch)
+    view = decode_batch(received.ipc, BATCH.schema)
+    assert all(b.address % ALIGNMENT == 0 for column in view.columns for b in column.buffers() if b is not None)
+    body = pa.py_buffer(received.ipc)
+    assert body.address <= view.column(0).buffers()[1].address < body.address + body.size  # a view, not a copy
+    shifted = memoryview(b"\x00" + bytes(received.ipc))[1:]  # the same body, one byte off alignment
+    copied = decode_batch(shifted, BATCH.schema)
+    assert all(b.address % ALIGNMENT == 0 for column in copied.columns for b in column.buffers() if b is not None)
+    assert copied.equals(view)
 
 
 def test_frames_decode_to_the_batch_with_contiguous_offsets() -> None:
