@@ -102,6 +102,9 @@ def _add_service(service: WorkerService, server: grpc.Server) -> None:
     capture = _HandlerCapture()
     worker_pb2_grpc.add_WorkerServicer_to_server(service, capture)
     handlers = capture.handlers
+    expected = {method.name for method in pb.DESCRIPTOR.services_by_name["Worker"].methods}
+    if set(handlers) != expected:  # the generated registration changed shape: never serve a partial service
+        raise RuntimeError(f"the generated Worker registration gave {sorted(handlers)}, not {sorted(expected)}")
     handlers["Execute"] = grpc.unary_stream_rpc_method_handler(
         service.Execute,
         request_deserializer=pb.ScanTicket.FromString,

@@ -29,9 +29,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import cast
 
-_MAX_HEAP_BLOCK = (
-    256 << 20
-)  # larger blocks are still mapped on their own: rare, and a fault per page is cheap next to them
+# Larger blocks are still mapped on their own: rare, and a fault per page is cheap next to their use.
+_MAX_HEAP_BLOCK = 256 << 20
+_OLD_GLIBC_MAX_THRESHOLD = 32 << 20
 _M_TRIM_THRESHOLD = -1  # <malloc.h>
 _M_MMAP_THRESHOLD = -3
 _OPERATOR_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
@@ -60,7 +60,10 @@ def keep_freed_memory(limit: int, environ: Mapping[str, str] | None = None) -> T
     if mallopt is None:
         return Tuning.UNSUPPORTED
     with _lock:
-        mapped = mallopt(_M_MMAP_THRESHOLD, min(limit, _MAX_HEAP_BLOCK))
+        # glibc before 2.35 refuses an mmap threshold above 32 MiB (its adaptive maximum): then take that
+        mapped = mallopt(_M_MMAP_THRESHOLD, min(limit, _MAX_HEAP_BLOCK)) or mallopt(
+            _M_MMAP_THRESHOLD, min(limit, _OLD_GLIBC_MAX_THRESHOLD)
+        )
         trimmed = mallopt(_M_TRIM_THRESHOLD, min(limit, 2**31 - 1))
     return Tuning.APPLIED if mapped == 1 and trimmed == 1 else Tuning.UNSUPPORTED
 

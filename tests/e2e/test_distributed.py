@@ -568,3 +568,21 @@ def _wait_until(condition: Any, *, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.05)
+
+
+def test_every_open_of_a_distributed_stream_is_a_run_of_its_own(
+    reader_config: Path, tables: Tables, workers: WorkerPool
+) -> None:
+    """Two readers of one stream (as DuckDB opens a table read twice in one statement) get distinct fragment ids,
+    so a worker never refuses the second as a duplicate of the first."""
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
+    with distributed_session(config) as session:
+        log = TicketLog().attach(session)
+        session.sql(f"SELECT id FROM {tables.namespace}.events WHERE amount > 900").arrow()
+        stream = session.last_streams[0]
+        assert isinstance(stream, DistributedScanStream)
+        log.tickets.clear()
+        first, second = stream.reader(), stream.reader()
+        assert first.read_all().num_rows == second.read_all().num_rows > 0
+    ids = [ticket.fragment_id for _, ticket in log.tickets]
+    assert len(ids) > 2 and len(set(ids)) == len(ids)

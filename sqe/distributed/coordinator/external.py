@@ -19,6 +19,7 @@ CSV and JSON mounts stay on the coordinator (pyiceberg reads neither). Tickets h
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 import time
 import uuid
@@ -206,7 +207,7 @@ class ExternalScanStream:
         self.local = local  # EXPLAIN's row (files listed/scanned, partition filter) comes from the same pruning
         self._executor = executor
         self.query_id = f"q-{uuid.uuid4().hex[:16]}"
-        self.opened = 0
+        self._runs = itertools.count(1)  # each open is a run of its own (fragment ids differ); next() is atomic
         log.info("external table %s: %d file(s) scanned on workers (credentials: static)", plan.ident, len(plan.tasks))
 
     def __repr__(self) -> str:
@@ -216,8 +217,7 @@ class ExternalScanStream:
         raise TypeError("an external scan stream holds storage credentials and cannot be pickled")
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
-        self.opened += 1
-        reader = pa.RecordBatchReader.from_batches(self.schema, self._batches(self.opened))
+        reader = pa.RecordBatchReader.from_batches(self.schema, self._batches(next(self._runs)))
         return reader.__arrow_c_stream__(requested_schema)
 
     def _batches(self, run: int) -> Iterator[pa.RecordBatch]:

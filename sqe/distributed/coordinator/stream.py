@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING
@@ -38,24 +39,22 @@ class DistributedScanStream:
         self._executor = executor
         self._context = context
         self.query_id = f"q-{uuid.uuid4().hex[:16]}"
-        self.opened = 0
+        self._runs = itertools.count(1)  # each open is a run of its own (fragment ids differ); next() is atomic
 
     def __repr__(self) -> str:
         return f"DistributedScanStream({self.plan.ident}, query_id={self.query_id!r})"
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
-        self.opened += 1
         return self.reader().__arrow_c_stream__(requested_schema)
 
     def reader(self) -> pa.RecordBatchReader:
-        return pa.RecordBatchReader.from_batches(self.schema, self._batches(self.opened))
+        return pa.RecordBatchReader.from_batches(self.schema, self._batches(next(self._runs)))
 
     def batches(self, then: BatchTransform | None = None) -> Iterator[pa.RecordBatch]:
         """A fresh distributed run's batches (restricted on the workers, conformed to ``schema``); with ``then``
         (a pass-through query's WHERE, projection and result types) each batch passed through it, on the
         consumer's thread. Closing the iterator ends the run (its fragments are cancelled)."""
-        self.opened += 1
-        batches = self._batches(self.opened, then)
+        batches = self._batches(next(self._runs), then)
         try:
             yield from batches
         finally:
