@@ -252,6 +252,7 @@ def test_bad_partial_tickets_are_refused_by_the_worker_with_a_typed_error(
         bad_aggregates = (
             pb.Aggregate(function=pb.AGGREGATE_FUNCTION_SUM, column="no_such_column"),
             pb.Aggregate(function=pb.AGGREGATE_FUNCTION_UNSPECIFIED, column="amount"),
+            pb.Aggregate(function=pb.AGGREGATE_FUNCTION_SUM, column="label"),  # a real column DuckDB cannot sum
         )
         for n, aggregate in enumerate(bad_aggregates):
             ticket = pb.ScanTicket()
