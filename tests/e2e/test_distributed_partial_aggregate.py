@@ -58,6 +58,8 @@ ELIGIBLE = (
     "SELECT min(label) AS lo, max(label) AS hi, grp FROM {t} GROUP BY grp",
     "SELECT grp, small FROM {t} GROUP BY grp, small",
     "SELECT sum(amount) FROM {t} AS x GROUP BY x.grp",
+    "SELECT small AS g0, count(*) AS a0 FROM {t} GROUP BY grp, small",  # aliases named like partial columns
+    'SELECT "GRP", Count(*), MAX("Label") FROM {t} GROUP BY Grp',  # identifiers resolve case-insensitively
 )
 INELIGIBLE = (
     "SELECT count(*), sum(amount) FROM {t} WHERE id % 3 = 0",
@@ -66,6 +68,9 @@ INELIGIBLE = (
     "SELECT sum(amount + 1) FROM {t}",
     "SELECT count(*) FROM {t} a JOIN {t} b ON a.id = b.id",
     "SELECT grp, count(*) FROM {t} GROUP BY grp LIMIT 2",
+    "SELECT count(*) FILTER (WHERE small = 1) FROM {t}",
+    "SELECT max(amount) FROM {t} GROUP BY ()",
+    "SELECT grp AS small, count(*) FROM {t} GROUP BY grp, small",  # GROUP BY names a column and a select alias
 )
 
 
