@@ -145,9 +145,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             raise InvalidTicketError(f"row_filter_json does not fit the table schema ({type(exc).__name__})") from None
         self._schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
         # A bad name or an aggregate DuckDB cannot bind fails the ticket before the fragment is registered.
-        self._partial_schema = (
-            None if ticket.partial is None else checked_partial_schema(ticket.partial, self._schema)
-        )
+        self._partial_schema = None if ticket.partial is None else checked_partial_schema(ticket.partial, self._schema)
 
     def stream(
         self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats
