@@ -3,7 +3,8 @@
 Eligible aggregates run as partial aggregates on the workers and a final merge on the coordinator; every answer
 is compared with the same statement run locally (same names, Arrow types and values). Ineligible shapes keep the
 old path; a restricted user's partial rows are computed on restricted values; tickets with bad aggregates are
-refused by the worker with a typed error; a killed worker's fragment is retried without duplicated groups.
+refused by the worker with a typed error; a killed worker's fragment is retried without duplicated groups; an
+interrupted statement stops its fragments on the workers.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import ERROR_KIND_KEY, KIND_INVALID_TICKET
 from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.errors import WorkerError
+from sqe.execution.local import QueryCancelledError
 from sqe.execution.stream import QueryContext
 from sqe.session import Session, explain_sections
 from tests.conftest import pyiceberg_catalog, write_sqe_config
@@ -320,3 +322,42 @@ def test_a_partial_stream_of_another_schema_fails_the_query(
         )
         with pytest.raises(WorkerError, match=r"partial-aggregate schema .* is not the expected"):
             list(batches)
+
+
+def _fragments_running(session: Session) -> int:
+    return sum(int(stats.fragments_running) for stats in worker_stats(session).values())
+
+
+def test_an_interrupted_partial_aggregate_stops_its_fragments_on_the_workers(
+    reader_config: Path, namespace: str, workers: WorkerPool
+) -> None:
+    """Interrupting the statement while the workers' DuckDB helpers wait for paced files ends the query as
+    cancelled, the workers' fragments (and with them the helpers, which the fragment joins) well inside one pace,
+    and the coordinator's slot threads."""
+    pace_ms = 3000
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
+    sql = f"SELECT grp, count(*) FROM {namespace}.agg GROUP BY grp"
+    with distributed_session(config, slots_per_worker=1, pace_ms_per_file=pace_ms) as session:
+        outcome: dict[str, BaseException] = {}
+
+        def run() -> None:
+            try:
+                session.sql(sql).arrow()
+            except BaseException as exc:  # the test inspects it
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while _fragments_running(session) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert session.last_execution_path == "partial-aggregate" and _fragments_running(session) >= 1
+        session.interrupt()
+        thread.join(pace_ms / 2000)
+        assert not thread.is_alive()
+        assert isinstance(outcome.get("error"), QueryCancelledError)
+        deadline = time.monotonic() + pace_ms / 2000
+        while _fragments_running(session) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _fragments_running(session) == 0
+        assert not [t for t in threading.enumerate() if t.name.startswith("sqe-fragment-")]
