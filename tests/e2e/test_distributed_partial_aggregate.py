@@ -328,6 +328,13 @@ def _fragments_running(session: Session) -> int:
     return sum(int(stats.fragments_running) for stats in worker_stats(session).values())
 
 
+def _wait_idle(session: Session, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while _fragments_running(session):
+        assert time.monotonic() < deadline, "the workers still run fragments"
+        time.sleep(0.02)
+
+
 def test_an_interrupted_partial_aggregate_stops_its_fragments_on_the_workers(
     reader_config: Path, namespace: str, workers: WorkerPool
 ) -> None:
@@ -346,6 +353,7 @@ def test_an_interrupted_partial_aggregate_stops_its_fragments_on_the_workers(
             except BaseException as exc:  # the test inspects it
                 outcome["error"] = exc
 
+        _wait_idle(session)  # an earlier test's cancelled calls may still be ending on these shared workers
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         deadline = time.monotonic() + 30
@@ -356,8 +364,5 @@ def test_an_interrupted_partial_aggregate_stops_its_fragments_on_the_workers(
         thread.join(pace_ms / 2000)
         assert not thread.is_alive()
         assert isinstance(outcome.get("error"), QueryCancelledError)
-        deadline = time.monotonic() + pace_ms / 2000
-        while _fragments_running(session) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert _fragments_running(session) == 0
+        _wait_idle(session, pace_ms / 2000)
         assert not [t for t in threading.enumerate() if t.name.startswith("sqe-fragment-")]
