@@ -34,7 +34,7 @@ from sqe.credentials import CredentialSet
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import DuplicateFragmentError, InvalidTicketError, WorkerBusyError
 from sqe.distributed.protocol.ipc import BatchFrame, batch_frames, encode_batch, encode_schema
-from sqe.distributed.protocol.partial import PartialAggregate, partial_types, run_partial
+from sqe.distributed.protocol.partial import PartialAggregate, checked_partial_schema, run_partial
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
 from sqe.execution.local import BatchTransform, LocalExecutor, QueryCancelledError, ScanMetrics
 from sqe.execution.stream import conform_batch
@@ -144,8 +144,8 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         except (ValueError, TypeError) as exc:  # the row filter does not bind to the table schema
             raise InvalidTicketError(f"row_filter_json does not fit the table schema ({type(exc).__name__})") from None
         self._schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
-        if ticket.partial is not None:  # a bad name fails the ticket before the fragment is registered
-            ticket.partial.check_columns(self._schema)
+        # A bad name or an aggregate DuckDB cannot bind fails the ticket before the fragment is registered.
+        self._partial_schema = None if ticket.partial is None else checked_partial_schema(ticket.partial, self._schema)
 
     def stream(
         self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats
@@ -189,7 +189,8 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
     ) -> Iterator[pb.ExecuteResponse]:
         """Schema, the fragment's partial rows, ``complete``. The restricted batches (row filter, then masks, as
         in ``stream``) are streamed into DuckDB; the partial rows carry no positions (a retry starts over)."""
-        partial_schema, _ = partial_types(partial, self._schema)
+        partial_schema = self._partial_schema
+        assert partial_schema is not None  # set in __init__ whenever the ticket has a partial aggregate
         yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(partial_schema), row_positions=False))
         rows = batches = 0
         for batch in self._partial_batches(partial, executor, transform):

@@ -3,7 +3,8 @@
 Eligible aggregates run as partial aggregates on the workers and a final merge on the coordinator; every answer
 is compared with the same statement run locally (same names, Arrow types and values). Ineligible shapes keep the
 old path; a restricted user's partial rows are computed on restricted values; tickets with bad aggregates are
-refused by the worker with a typed error; a killed worker's fragment is retried without duplicated groups.
+refused by the worker with a typed error; a killed worker's fragment is retried without duplicated groups; an
+interrupted statement stops its fragments on the workers.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import ERROR_KIND_KEY, KIND_INVALID_TICKET
 from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.errors import WorkerError
+from sqe.execution.local import QueryCancelledError
 from sqe.execution.stream import QueryContext
 from sqe.session import Session, explain_sections
 from tests.conftest import pyiceberg_catalog, write_sqe_config
@@ -58,6 +60,8 @@ ELIGIBLE = (
     "SELECT min(label) AS lo, max(label) AS hi, grp FROM {t} GROUP BY grp",
     "SELECT grp, small FROM {t} GROUP BY grp, small",
     "SELECT sum(amount) FROM {t} AS x GROUP BY x.grp",
+    "SELECT small AS g0, count(*) AS a0 FROM {t} GROUP BY grp, small",  # aliases named like partial columns
+    'SELECT "GRP", Count(*), MAX("Label") FROM {t} GROUP BY Grp',  # identifiers resolve case-insensitively
 )
 INELIGIBLE = (
     "SELECT count(*), sum(amount) FROM {t} WHERE id % 3 = 0",
@@ -66,6 +70,9 @@ INELIGIBLE = (
     "SELECT sum(amount + 1) FROM {t}",
     "SELECT count(*) FROM {t} a JOIN {t} b ON a.id = b.id",
     "SELECT grp, count(*) FROM {t} GROUP BY grp LIMIT 2",
+    "SELECT count(*) FILTER (WHERE small = 1) FROM {t}",
+    "SELECT max(amount) FROM {t} GROUP BY ()",
+    "SELECT grp AS small, count(*) FROM {t} GROUP BY grp, small",  # GROUP BY names a column and a select alias
 )
 
 
@@ -252,6 +259,7 @@ def test_bad_partial_tickets_are_refused_by_the_worker_with_a_typed_error(
         bad_aggregates = (
             pb.Aggregate(function=pb.AGGREGATE_FUNCTION_SUM, column="no_such_column"),
             pb.Aggregate(function=pb.AGGREGATE_FUNCTION_UNSPECIFIED, column="amount"),
+            pb.Aggregate(function=pb.AGGREGATE_FUNCTION_SUM, column="label"),  # a real column DuckDB cannot sum
         )
         for n, aggregate in enumerate(bad_aggregates):
             ticket = pb.ScanTicket()
@@ -314,3 +322,47 @@ def test_a_partial_stream_of_another_schema_fails_the_query(
         )
         with pytest.raises(WorkerError, match=r"partial-aggregate schema .* is not the expected"):
             list(batches)
+
+
+def _fragments_running(session: Session) -> int:
+    return sum(int(stats.fragments_running) for stats in worker_stats(session).values())
+
+
+def _wait_idle(session: Session, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while _fragments_running(session):
+        assert time.monotonic() < deadline, "the workers still run fragments"
+        time.sleep(0.02)
+
+
+def test_an_interrupted_partial_aggregate_stops_its_fragments_on_the_workers(
+    reader_config: Path, namespace: str, workers: WorkerPool
+) -> None:
+    """Interrupting the statement while the workers' DuckDB helpers wait for paced files ends the query as
+    cancelled, the workers' fragments (and with them the helpers, which the fragment joins) well inside one pace,
+    and the coordinator's slot threads."""
+    pace_ms = 3000
+    config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
+    sql = f"SELECT grp, count(*) FROM {namespace}.agg GROUP BY grp"
+    with distributed_session(config, slots_per_worker=1, pace_ms_per_file=pace_ms) as session:
+        outcome: dict[str, BaseException] = {}
+
+        def run() -> None:
+            try:
+                session.sql(sql).arrow()
+            except BaseException as exc:  # the test inspects it
+                outcome["error"] = exc
+
+        _wait_idle(session)  # an earlier test's cancelled calls may still be ending on these shared workers
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while _fragments_running(session) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert session.last_execution_path == "partial-aggregate" and _fragments_running(session) >= 1
+        session.interrupt()
+        thread.join(pace_ms / 2000)
+        assert not thread.is_alive()
+        assert isinstance(outcome.get("error"), QueryCancelledError)
+        _wait_idle(session, pace_ms / 2000)
+        assert not [t for t in threading.enumerate() if t.name.startswith("sqe-fragment-")]

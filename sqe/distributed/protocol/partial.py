@@ -105,6 +105,18 @@ def partial_types(spec: PartialAggregate, schema: pa.Schema) -> tuple[pa.Schema,
         con.close()
 
 
+def checked_partial_schema(spec: PartialAggregate, schema: pa.Schema) -> pa.Schema:
+    """The worker's check of a ticket's spec against its restricted output: every name is a column and DuckDB can
+    bind every aggregate (``sum`` of a string cannot), else InvalidTicketError before any file is read."""
+    try:
+        return partial_types(spec, schema)[0]
+    except duckdb.Error as exc:
+        shown = ", ".join(f"{function}({column[:100]!r})" for function, column in spec.aggregates[:5])
+        raise InvalidTicketError(
+            f"partial_aggregate cannot be computed over the restricted output: {shown} ({type(exc).__name__})"
+        ) from None
+
+
 def run_partial(
     spec: PartialAggregate, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:

@@ -96,6 +96,19 @@ def test_an_unknown_column_is_an_invalid_ticket(local_tables: LocalTables) -> No
         RunningFragment(ticket, io, cancel)
 
 
+def test_an_aggregate_duckdb_cannot_bind_is_an_invalid_ticket_before_any_file_is_read(
+    local_tables: LocalTables,
+) -> None:
+    """``sum`` of a string column names a real column, but no such aggregate exists: the ticket is refused as it
+    is decoded (invalid-ticket), not failed later as an internal error after the fragment started reading."""
+    spec = pb.PartialAggregate(aggregates=[pb.Aggregate(function=pb.AGGREGATE_FUNCTION_SUM, column="label")])
+    ticket = decode_ticket(_with_partial(ticket_for(local_tables.events), spec))
+    cancel = threading.Event()
+    io = FragmentFileIO(ticket.credentials, ticket.storage, cancel=cancel, allow_local=True)
+    with pytest.raises(InvalidTicketError, match=r"partial_aggregate .*sum\('label'\)"):
+        RunningFragment(ticket, io, cancel)
+
+
 def test_a_column_only_the_row_filter_reads_is_not_aggregatable(local_tables: LocalTables) -> None:
     table = local_tables.events
     plan = restriction_plan(
