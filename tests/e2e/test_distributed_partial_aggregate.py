@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,22 +132,39 @@ def _rows_sent(session: Session) -> int:
     return sum(stats.rows_sent for stats in worker_stats(session).values())
 
 
-@pytest.mark.parametrize("query", ELIGIBLE)
-def test_eligible_aggregates_equal_the_local_answer(
-    reader_config: Path, namespace: str, workers: WorkerPool, query: str
-) -> None:
+@dataclass
+class _BothRuns:
+    """One statement run locally and on the workers: both results, the distributed path, tickets and rows sent."""
+
+    expected: pa.Table
+    got: pa.Table
+    path: str
+    tickets: list[pb.ScanTicket]
+    rows_sent: int
+
+
+def _both_runs(reader_config: Path, workers: WorkerPool, sql: str) -> _BothRuns:
     config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
-    sql = query.format(t=f"{namespace}.agg")
     with sqe.api.connect(reader_config) as local, distributed_session(config) as distributed:
         log = TicketLog().attach(distributed)
         expected = local.sql(sql).arrow()
         before = _rows_sent(distributed)
         got = distributed.sql(sql).arrow()
         sent = _rows_sent(distributed) - before
-        assert distributed.last_execution_path == "partial-aggregate"
-    _assert_same(got, expected, sql)
-    assert log.tickets and all(ticket.HasField("partial_aggregate") for _, ticket in log.tickets)
-    assert 0 < sent < ROWS  # partial rows only, never every row
+        path = distributed.last_execution_path
+    return _BothRuns(expected, got, path, [ticket for _, ticket in log.tickets], sent)
+
+
+@pytest.mark.parametrize("query", ELIGIBLE)
+def test_eligible_aggregates_equal_the_local_answer(
+    reader_config: Path, namespace: str, workers: WorkerPool, query: str
+) -> None:
+    sql = query.format(t=f"{namespace}.agg")
+    runs = _both_runs(reader_config, workers, sql)
+    assert runs.path == "partial-aggregate"
+    _assert_same(runs.got, runs.expected, sql)
+    assert runs.tickets and all(ticket.HasField("partial_aggregate") for ticket in runs.tickets)
+    assert 0 < runs.rows_sent < ROWS  # partial rows only, never every row
 
 
 def test_an_empty_table_gives_zero_counts_and_null_sums(
@@ -169,13 +187,11 @@ def test_an_empty_table_gives_zero_counts_and_null_sums(
 def test_ineligible_shapes_keep_the_old_path(
     reader_config: Path, namespace: str, workers: WorkerPool, query: str
 ) -> None:
-    config = load_config(reader_config, env={}, overrides=coordinator_overrides(workers))
     sql = query.format(t=f"{namespace}.agg")
-    with sqe.api.connect(reader_config) as local, distributed_session(config) as distributed:
-        log = TicketLog().attach(distributed)
-        expected, got = local.sql(sql).arrow(), distributed.sql(sql).arrow()
-        assert distributed.last_execution_path == "duckdb"
-    assert log.tickets and not any(ticket.HasField("partial_aggregate") for _, ticket in log.tickets)
+    runs = _both_runs(reader_config, workers, sql)
+    expected, got = runs.expected, runs.got
+    assert runs.path == "duckdb"
+    assert runs.tickets and not any(ticket.HasField("partial_aggregate") for ticket in runs.tickets)
     if "LIMIT" in sql:  # which two groups is DuckDB's choice: compare the shape and the rows' validity
         assert got.schema == expected.schema and got.num_rows == expected.num_rows == 2
         return

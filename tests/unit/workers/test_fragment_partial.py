@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from typing import Any, cast
 
 import duckdb
 import pyarrow as pa
@@ -214,8 +215,8 @@ def test_a_partial_fragment_reports_progress_while_it_aggregates(local_tables: L
     assert kinds[-1] == "complete" and messages[-1].complete.files == 5
 
 
-def test_a_partial_fragment_closed_early_stops_its_readers(local_tables: LocalTables) -> None:
-    """The client goes away mid-aggregation: the stream closes, the helper and readers stop (no hang)."""
+def _paced_count_stream(local_tables: LocalTables) -> tuple[Generator[Any], threading.Event]:
+    """A running ``count(*)`` partial fragment over the events files (300 ms before each), and its cancel flag."""
     ticket = _with_partial(
         ticket_for(local_tables.events, pace_ms=300), PartialAggregate((), (("count_star", ""),)).to_proto()
     )
@@ -226,6 +227,12 @@ def test_a_partial_fragment_closed_early_stops_its_readers(local_tables: LocalTa
     )
     fragment = RunningFragment(decoded, io, cancel)
     stream = fragment.stream(LocalExecutor(max_files_in_flight=1), 1 << 20, WorkerStats())
+    return cast("Generator[Any]", stream), cancel
+
+
+def test_a_partial_fragment_closed_early_stops_its_readers(local_tables: LocalTables) -> None:
+    """The client goes away mid-aggregation: the stream closes, the helper and readers stop (no hang)."""
+    stream, cancel = _paced_count_stream(local_tables)
     assert next(stream).WhichOneof("payload") == "schema"
     assert next(stream).WhichOneof("payload") == "progress"
     stream.close()
@@ -234,15 +241,7 @@ def test_a_partial_fragment_closed_early_stops_its_readers(local_tables: LocalTa
 
 
 def test_cancel_while_aggregating_ends_the_stream_as_cancelled(local_tables: LocalTables) -> None:
-    ticket = _with_partial(
-        ticket_for(local_tables.events, pace_ms=300), PartialAggregate((), (("count_star", ""),)).to_proto()
-    )
-    decoded = decode_ticket(ticket)
-    cancel = threading.Event()
-    io = FragmentFileIO(
-        decoded.credentials, decoded.storage, cancel=cancel, allow_local=True, pace_seconds=decoded.pace_seconds
-    )
-    stream = RunningFragment(decoded, io, cancel).stream(LocalExecutor(max_files_in_flight=1), 1 << 20, WorkerStats())
+    stream, cancel = _paced_count_stream(local_tables)
     assert next(stream).WhichOneof("payload") == "schema"
     cancel.set()  # what the Cancel RPC does
     started = time.monotonic()
