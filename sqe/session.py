@@ -819,7 +819,7 @@ class Session:
         name = f"__sqe_partial_{next(self._ids)}"
         self._con.register(name, stream)
         self._registered.append(name)
-        self.last_streams.append(stream)
+        self.last_streams[0] = stream  # the statement's scan is the one that runs (the bound one is never read)
         try:
             return self._relation(prepared.final_sql(f"temp.main.{quote_ident(name)}"), None)
         except duckdb.Error as exc:

@@ -141,6 +141,7 @@ class _BothRuns:
     path: str
     tickets: list[pb.ScanTicket]
     rows_sent: int
+    partial_streams: list[bool]  # per stream of the statement: whether it reads partial rows
 
 
 def _both_runs(reader_config: Path, workers: WorkerPool, sql: str) -> _BothRuns:
@@ -152,7 +153,8 @@ def _both_runs(reader_config: Path, workers: WorkerPool, sql: str) -> _BothRuns:
         got = distributed.sql(sql).arrow()
         sent = _rows_sent(distributed) - before
         path = distributed.last_execution_path
-    return _BothRuns(expected, got, path, [ticket for _, ticket in log.tickets], sent)
+        partial = [isinstance(s, DistributedScanStream) and s.partial is not None for s in distributed.last_streams]
+    return _BothRuns(expected, got, path, [ticket for _, ticket in log.tickets], sent, partial)
 
 
 @pytest.mark.parametrize("query", ELIGIBLE)
@@ -162,6 +164,7 @@ def test_eligible_aggregates_equal_the_local_answer(
     sql = query.format(t=f"{namespace}.agg")
     runs = _both_runs(reader_config, workers, sql)
     assert runs.path == "partial-aggregate"
+    assert runs.partial_streams == [True]  # the statement's one stream is the one that ran
     _assert_same(runs.got, runs.expected, sql)
     assert runs.tickets and all(ticket.HasField("partial_aggregate") for ticket in runs.tickets)
     assert 0 < runs.rows_sent < ROWS  # partial rows only, never every row
