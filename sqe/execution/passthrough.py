@@ -42,7 +42,14 @@ from pyiceberg.types import DateType
 from sqe._lru import LRUCache
 from sqe.duckdb_connection import quote_ident
 from sqe.errors import QueryError
-from sqe.planning.sql_analysis import FLIPPED_COMPARISONS, Node, constant_of, find_table_refs, parse_select
+from sqe.planning.sql_analysis import (
+    FLIPPED_COMPARISONS,
+    Node,
+    constant_of,
+    parse_select,
+    referenced_column,
+    single_base_table,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -173,12 +180,10 @@ def _require(condition: bool) -> None:
 
 
 def _base_table(node: Node | None, plan: ScanPlan, resolve: Callable[[TableRef], TableIdent]) -> TableRef:
-    _require(isinstance(node, dict) and node.get("type") == "BASE_TABLE")
-    assert node is not None
-    _require(not node.get("sample") and node.get("at_clause") is None and not node.get("column_name_alias"))
-    refs = find_table_refs({"from": node})
-    _require(len(refs) == 1 and resolve(refs[0]) == plan.ident)
-    return refs[0]
+    ref = single_base_table(node, plan.ident, resolve)
+    _require(ref is not None)
+    assert ref is not None
+    return ref
 
 
 def _exact_cast(ours: pa.DataType, theirs: pa.DataType) -> bool:
@@ -197,25 +202,22 @@ class _Columns:
 
     def __init__(self, scan: pa.Schema, ref: TableRef, plan: ScanPlan) -> None:
         self._scan = scan
-        self._qualifiers = {ref.qualifier, ref.parts[-1].lower()}
+        self._ref = ref
         self._read_schema = plan.read.projected_schema
 
     def selected(self, item: Node) -> list[int]:
         if item.get("class") == "STAR":
             _require(all(not value for key, value in item.items() if key not in _STAR_KEYS))
             relation = str(item.get("relation_name") or "").lower()
-            _require(item.get("columns") is False and (not relation or relation in self._qualifiers))
+            _require(item.get("columns") is False and (not relation or relation in self._ref.qualifiers))
             return list(range(len(self._scan)))
         return [self.index(item)]
 
     def index(self, node: Node | None) -> int:
-        _require(isinstance(node, dict) and node.get("class") == "COLUMN_REF")
-        assert node is not None
-        parts = [str(p) for p in node.get("column_names", [])]
-        _require(len(parts) in (1, 2) and (len(parts) == 1 or parts[0].lower() in self._qualifiers))
-        matches = [i for i, f in enumerate(self._scan) if f.name.lower() == parts[-1].lower()]
-        _require(len(matches) == 1)
-        return matches[0]
+        found = referenced_column(node, self._scan.names, self._ref)
+        _require(found is not None)
+        assert found is not None
+        return found
 
     def field(self, index: int) -> tuple[pc.Expression, NestedField, pa.DataType]:
         name = self._scan.field(index).name

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
     from pyiceberg.schema import Schema
     from pyiceberg.types import NestedField
+
+    from sqe.catalog.base import TableIdent
 
 Node = dict[str, Any]
 K = TypeVar("K")
@@ -75,6 +77,11 @@ class TableRef:
     def qualifier(self) -> str:
         """The name column references use for this table in its FROM clause."""
         return (self.alias or self.parts[-1]).lower()
+
+    @property
+    def qualifiers(self) -> frozenset[str]:
+        """Every lower-case name a column reference may put before a column of this table."""
+        return frozenset({self.qualifier, self.parts[-1].lower()})
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,33 @@ def _predicate(name: str, *args: Any) -> BooleanExpression:
     cls: type[BooleanExpression] = getattr(expressions, name)
     made: BooleanExpression = cls(*args)
     return made
+
+
+def single_base_table(
+    node: Node | None, ident: TableIdent, resolve: Callable[[TableRef], TableIdent]
+) -> TableRef | None:
+    """The reference of a FROM clause that is exactly the base table ``ident`` (no sample, time travel or column
+    aliases), else None: the one-table shape the statement rewrites (pass-through, partial aggregation) accept."""
+    if not isinstance(node, dict) or node.get("type") != "BASE_TABLE":
+        return None
+    if node.get("sample") or node.get("at_clause") is not None or node.get("column_name_alias"):
+        return None
+    refs = find_table_refs({"from": node})
+    if len(refs) != 1 or refs[0].time_travel or resolve(refs[0]) != ident:
+        return None
+    return refs[0]
+
+
+def referenced_column(node: Node | None, names: Sequence[str], ref: TableRef) -> int | None:
+    """Which of ``names`` (a table's columns) a plain column reference to ``ref``'s table names, matched without
+    case; None if ``node`` is no such reference or the name is unknown or ambiguous."""
+    if not isinstance(node, dict) or node.get("class") != "COLUMN_REF":
+        return None
+    parts = [str(p) for p in node.get("column_names", [])]
+    if len(parts) not in (1, 2) or (len(parts) == 2 and parts[0].lower() not in ref.qualifiers):
+        return None
+    matches = [i for i, name in enumerate(names) if name.lower() == parts[-1].lower()]
+    return matches[0] if len(matches) == 1 else None
 
 
 def find_table_refs(tree: Node) -> list[TableRef]:

@@ -30,7 +30,7 @@ from sqe.distributed.coordinator.run import PartialAggregatePlan
 from sqe.distributed.protocol.partial import Function, PartialAggregate
 from sqe.distributed.protocol.partial import partial_types as partial_schema_of
 from sqe.duckdb_connection import quote_ident
-from sqe.planning.sql_analysis import Node, find_table_refs
+from sqe.planning.sql_analysis import Node, referenced_column, single_base_table
 
 if TYPE_CHECKING:
     from sqe.catalog.base import TableIdent
@@ -165,12 +165,10 @@ def _recognise(
 
 
 def _base_table(node: Node | None, ident: TableIdent, resolve: Callable[[TableRef], TableIdent]) -> TableRef:
-    _require(isinstance(node, dict) and node.get("type") == "BASE_TABLE")
-    assert node is not None
-    _require(not node.get("sample") and node.get("at_clause") is None and not node.get("column_name_alias"))
-    refs = find_table_refs({"from": node})
-    _require(len(refs) == 1 and not refs[0].time_travel and resolve(refs[0]) == ident)
-    return refs[0]
+    ref = single_base_table(node, ident, resolve)
+    _require(ref is not None)
+    assert ref is not None
+    return ref
 
 
 def _last_part(node: Node) -> str:
@@ -219,17 +217,14 @@ class _Columns:
 
     def __init__(self, schema: pa.Schema, ref: TableRef) -> None:
         self._schema = schema
-        self._qualifiers = {ref.qualifier, ref.parts[-1].lower()}
+        self._ref = ref
 
     def name(self, node: Node | None) -> str:
-        _require(isinstance(node, dict) and node.get("class") == "COLUMN_REF")
-        assert node is not None
-        _require(all(not value for key, value in node.items() if key not in _COLUMN_KEYS))
-        parts = [str(p) for p in node.get("column_names", [])]
-        _require(len(parts) in (1, 2) and (len(parts) == 1 or parts[0].lower() in self._qualifiers))
-        matches = [str(f.name) for f in self._schema if f.name.lower() == parts[-1].lower()]
-        _require(len(matches) == 1 and _primitive(self._schema.field(matches[0]).type))
-        return matches[0]
+        _require(isinstance(node, dict) and all(not v for k, v in node.items() if k not in _COLUMN_KEYS))
+        found = referenced_column(node, self._schema.names, self._ref)
+        _require(found is not None and _primitive(self._schema.field(found).type))
+        assert found is not None
+        return str(self._schema.field(found).name)
 
     def type(self, name: str) -> pa.DataType:
         return self._schema.field(name).type
