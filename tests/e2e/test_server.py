@@ -871,15 +871,18 @@ def test_racing_calls_on_one_client_session_keep_the_server_up_and_the_answers_r
     failures: list[str] = []
     inserted: list[int] = []
 
-    def statement(client: flight.FlightClient, sql: str) -> flight.FlightInfo:
+    def admitted(client: flight.FlightClient, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
         deadline = time.monotonic() + 20
         while True:  # the racing clients share RACE_SLOTS slots: "server busy" is the limit working, not a fault
             try:
-                return client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+                return client.get_flight_info(descriptor, options)
             except flight.FlightUnavailableError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+    def statement(client: flight.FlightClient, sql: str) -> flight.FlightInfo:
+        return admitted(client, _command(sql_pb.CommandStatementQuery(query=sql)))
 
     def reads(client: flight.FlightClient) -> None:
         info = statement(client, f"SELECT id FROM {people} ORDER BY id")
@@ -910,7 +913,7 @@ def test_racing_calls_on_one_client_session_keep_the_server_up_and_the_answers_r
         writer.done_writing()
         reader.read()
         writer.close()
-        info = client.get_flight_info(_command(command), options)
+        info = admitted(client, _command(command))  # a prepared query takes a slot too
         names = client.do_get(info.endpoints[0].ticket, options).read_all().column("name").to_pylist()
         assert names == [PEOPLE.column("name")[key - 1].as_py()]
         close = sql_pb.ActionClosePreparedStatementRequest(prepared_statement_handle=handle)
