@@ -793,7 +793,7 @@ class Session:
         if planned.metadata or planned.views or planned.statement.travels or len(self.last_streams) != 1:
             return None
         from sqe.distributed.coordinator import DistributedScanStream
-        from sqe.distributed.coordinator.aggregate import prepare
+        from sqe.distributed.coordinator.aggregate import ScanShape, prepare
 
         stream = self.last_streams[0]
         if not isinstance(stream, DistributedScanStream):
@@ -807,7 +807,10 @@ class Session:
             bound = relation()
             return bound.columns, bound.types
 
-        return prepare(tree, stream.plan.arrow_schema, stream.plan.ident, self._ident_of, binding)
+        plan = stream.plan
+        return prepare(
+            tree, ScanShape(plan.ident, plan.arrow_schema, plan.read.projected_schema), self._ident_of, binding
+        )
 
     def _partial_relation(self, prepared: PreparedAggregate, context: QueryContext) -> duckdb.DuckDBPyRelation:
         """The final query over the workers' partial rows (a distributed stream registered for this statement)."""

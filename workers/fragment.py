@@ -14,6 +14,10 @@ Up to ``max_files_in_flight`` tasks are open at once, read in turn.
 
 Partial aggregation (``ScanTicket.partial_aggregate``): the same restricted batches are streamed into a private
 DuckDB connection (``sqe.distributed.protocol.partial``) and only its partial rows are sent, without positions.
+
+The user's WHERE (``ScanTicket.user_filter``): run in the reader threads right after the restrictions, on the
+masked values, before batches are sent or aggregated. It is row-wise and deterministic, so a task's output row
+sequence (and with it the row positions) is still the same on every attempt.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sqe._counters import Counters
 from sqe.credentials import CredentialSet
@@ -39,6 +44,7 @@ from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
 from sqe.execution.local import BatchTransform, LocalExecutor, QueryCancelledError, ScanMetrics
 from sqe.execution.stream import conform_batch
 from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
+from sqe.planning.user_filter import UserFilter, UserFilterMismatch, filtering
 from workers.fileio import FragmentFileIO
 
 _PROGRESS_SECONDS = 0.25  # how often a partial-aggregate fragment looks for finished files to report
@@ -146,6 +152,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         self._schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
         # A bad name or an aggregate DuckDB cannot bind fails the ticket before the fragment is registered.
         self._partial_schema = None if ticket.partial is None else checked_partial_schema(ticket.partial, self._schema)
+        self._where = None if ticket.user_filter is None else _compiled(ticket.user_filter, self._schema)
 
     def stream(
         self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats
@@ -155,6 +162,8 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         ticket = self.ticket
         schema = self._schema
         transform = restriction_transform(ticket.restrictions, ticket.read_schema, ticket.output_field_ids, ticket.salt)
+        if self._where is not None:
+            transform = filtering(self._where, schema.names, first=transform)
         if ticket.partial is not None:
             yield from self._partial_stream(ticket.partial, executor, transform, max_message_bytes, stats)
             return
@@ -300,6 +309,14 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             bytes_total=self.ticket.bytes_total,
             rows_sent=rows,
         )
+
+
+def _compiled(where: UserFilter, schema: pa.Schema) -> pc.Expression:
+    """The ticket's WHERE over the restricted output; one that does not fit it fails the ticket."""
+    try:
+        return where.expression(schema)
+    except UserFilterMismatch as exc:
+        raise InvalidTicketError(str(exc)) from None
 
 
 class Registered(Protocol):

@@ -29,27 +29,18 @@ difference, and any nested column, sends the statement to DuckDB.
 
 from __future__ import annotations
 
-import datetime
 import itertools
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from pyiceberg.types import DateType
 
 from sqe._lru import LRUCache
 from sqe.duckdb_connection import quote_ident
 from sqe.errors import QueryError
-from sqe.planning.sql_analysis import (
-    FLIPPED_COMPARISONS,
-    Node,
-    constant_of,
-    parse_select,
-    referenced_column,
-    single_base_table,
-)
+from sqe.planning.sql_analysis import Node, parse_select, referenced_column, single_base_table
+from sqe.planning.user_filter import NotSimple, UserFilter, UserFilterMismatch, simple_where
 
 if TYPE_CHECKING:
     import duckdb
@@ -67,14 +58,6 @@ _KEPT_SCHEMAS = 64  # DuckDB's export schema of recent scan schemas, per session
 # Keys of a SELECT_NODE that must be empty for a pass-through statement (any other key must be falsy too).
 _SELECT_KEYS = {"type", "modifiers", "cte_map", "select_list", "from_table", "where_clause", "aggregate_handling"}
 _STAR_KEYS = {"class", "type", "alias", "query_location", "query_location_length", "relation_name", "columns"}
-_COMPARISONS: dict[str, Callable[[pc.Expression, Any], pc.Expression]] = {
-    "COMPARE_EQUAL": lambda f, v: f == v,
-    "COMPARE_NOTEQUAL": lambda f, v: f != v,
-    "COMPARE_LESSTHAN": lambda f, v: f < v,
-    "COMPARE_LESSTHANOREQUALTO": lambda f, v: f <= v,
-    "COMPARE_GREATERTHAN": lambda f, v: f > v,
-    "COMPARE_GREATERTHANOREQUALTO": lambda f, v: f >= v,
-}
 
 
 class _NotPassThrough(Exception):
@@ -88,18 +71,17 @@ class PassThrough:
     schema: pa.Schema  # the result: DuckDB's column names and export types
     scan_names: list[str]  # the restricted batches' column names (the scan's schema)
     sources: tuple[int, ...]  # per output column, its index in the restricted batch
-    predicate: pc.Expression | None  # the user's WHERE, evaluated on restricted (masked) values
+    where: UserFilter | None  # the user's WHERE, run by the scan on restricted (masked) values
     limit: int | None
     offset: int
 
     def shape(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Filter, project and conform one restricted batch (runs in the reader threads). The batch is not yet
-        conformed to the scan's schema: each kept column is cast once, straight to the result's type (a file's
-        plain strings stay plain instead of going to 64-bit offsets and back)."""
+        """Project and conform one restricted batch the scan kept (runs in the reader threads, or on the
+        coordinator's consumer thread for a distributed scan). The batch is not yet conformed to the scan's
+        schema: each kept column is cast once, straight to the result's type (a file's plain strings stay plain
+        instead of going to 64-bit offsets and back)."""
         if batch.schema.names != self.scan_names:
             batch = batch.rename_columns(self.scan_names)
-        if self.predicate is not None:
-            batch = batch.filter(self.predicate)
         columns = [batch.column(index) for index in self.sources]
         columns = [c if c.type == f.type else c.cast(f.type) for c, f in zip(columns, self.schema, strict=True)]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
@@ -129,7 +111,7 @@ class PassThrough:
 
     def describe(self) -> str:
         parts = ["SQE streams the restricted batches; DuckDB does not run the query"]
-        if self.predicate is not None:
+        if self.where is not None:
             parts.append("the WHERE runs after the row filter and masks")
         if self.limit is not None:
             parts.append(f"LIMIT {self.limit} stops the scan")
@@ -162,7 +144,7 @@ def _recognise(
     columns = _Columns(scan, ref, plan)
     sources = [index for item in tree.get("select_list") or [] for index in columns.selected(item)]
     _require(bool(sources) and len(sources) == len(output_names))
-    predicate = _where(tree.get("where_clause"), columns)
+    where = _where(tree.get("where_clause"), columns, scan)
     limit, offset = _limit(tree.get("modifiers") or [])
     duck = exported(scan)
     fields = []
@@ -171,7 +153,7 @@ def _recognise(
         _require(not pa.types.is_nested(ours) and (ours == theirs or _exact_cast(ours, theirs)))
         fields.append(duck.field(index).with_name(name))
     schema = pa.schema(fields, metadata=duck.metadata)
-    return PassThrough(schema, scan.names, tuple(sources), predicate, limit, offset)
+    return PassThrough(schema, scan.names, tuple(sources), where, limit, offset)
 
 
 def _require(condition: bool) -> None:
@@ -219,68 +201,23 @@ class _Columns:
         assert found is not None
         return found
 
-    def field(self, index: int) -> tuple[pc.Expression, NestedField, pa.DataType]:
-        name = self._scan.field(index).name
-        return pc.field(name), self._read_schema.find_field(name), self._scan.field(index).type
+    def name(self, node: Node | None) -> str | None:
+        found = referenced_column(node, self._scan.names, self._ref)
+        return None if found is None else str(self._scan.field(found).name)
+
+    def read_field(self, name: str) -> NestedField:
+        return self._read_schema.find_field(name)
 
 
-def _where(node: Node | None, columns: _Columns) -> pc.Expression | None:
-    if node is None:
-        return None
-    conjuncts = [_conjunct(child, columns) for child in _and_children(node)]
-    predicate = conjuncts[0]
-    for conjunct in conjuncts[1:]:
-        predicate = predicate & conjunct
-    return predicate
-
-
-def _and_children(node: Node) -> list[Node]:
-    if node.get("class") == "CONJUNCTION" and node.get("type") == "CONJUNCTION_AND":
-        return [c for child in node.get("children", []) for c in _and_children(child)]
-    return [node]
-
-
-def _conjunct(node: Node, columns: _Columns) -> pc.Expression:
-    kind = str(node.get("type"))
-    if kind in _COMPARISONS:
-        left, right = node.get("left"), node.get("right")
-        if isinstance(right, dict) and right.get("class") == "COLUMN_REF":
-            left, right, kind = right, left, FLIPPED_COMPARISONS[kind]
-        column, field, arrow_type = columns.field(columns.index(left))
-        return _COMPARISONS[kind](column, _scalar(right, field, arrow_type))
-    if kind in ("OPERATOR_IS_NULL", "OPERATOR_IS_NOT_NULL"):
-        children = node.get("children", [])
-        _require(len(children) == 1)
-        column, _, arrow_type = columns.field(columns.index(children[0]))
-        _require(not pa.types.is_nested(arrow_type))
-        return column.is_null() if kind == "OPERATOR_IS_NULL" else column.is_valid()
-    if kind == "COMPARE_IN":
-        children = node.get("children", [])
-        _require(len(children) >= 2)
-        column, field, arrow_type = columns.field(columns.index(children[0]))
-        values = [_scalar(child, field, arrow_type).as_py() for child in children[1:]]
-        try:
-            value_set = pa.array(values, type=arrow_type)
-        except (pa.ArrowInvalid, OverflowError):  # a constant outside the column's range
-            raise _NotPassThrough from None
-        return column.isin(value_set)
-    if kind == "COMPARE_BETWEEN":
-        column, field, arrow_type = columns.field(columns.index(node.get("input")))
-        low, high = _scalar(node.get("lower"), field, arrow_type), _scalar(node.get("upper"), field, arrow_type)
-        return (column >= low) & (column <= high)
-    raise _NotPassThrough
-
-
-def _scalar(node: Node | None, field: NestedField, arrow_type: pa.DataType) -> pa.Scalar:
-    """A constant of the column's own type family as an Arrow scalar (integers as int64, like DuckDB's
-    comparison of a narrower column with a wider constant)."""
-    value = constant_of(node, field)
-    _require(value is not None)
-    if isinstance(field.field_type, DateType):
-        return pa.scalar(datetime.date.fromisoformat(value), pa.date32())
-    if pa.types.is_integer(arrow_type):
-        return pa.scalar(value, pa.int64())
-    return pa.scalar(value, arrow_type)
+def _where(node: Node | None, columns: _Columns, scan: pa.Schema) -> UserFilter | None:
+    """The simple WHERE (``sqe.planning.user_filter``), checked to compile over the scan's schema."""
+    try:
+        where = simple_where(node, columns.name, columns.read_field)
+        if where is not None:
+            where.expression(scan)
+    except (NotSimple, UserFilterMismatch):
+        raise _NotPassThrough from None
+    return where
 
 
 def _limit(modifiers: list[Node]) -> tuple[int | None, int]:
@@ -305,12 +242,15 @@ def _count(node: Node) -> int:
 
 class RestrictedScan(Protocol):
     """What a pass-through run reads: a scan of one table whose batches are already restricted (``ScanStream``
-    in-process, ``DistributedScanStream`` on workers); ``then`` runs on each batch, closing stops the scan."""
+    in-process, ``DistributedScanStream`` on workers); ``where`` keeps the rows it matches (in the reader threads,
+    or on the workers), then ``then`` runs on each batch; closing stops the scan."""
 
     @property
     def plan(self) -> ScanPlan: ...
 
-    def batches(self, then: BatchTransform | None = None) -> Iterator[pa.RecordBatch]: ...
+    def batches(
+        self, then: BatchTransform | None = None, where: UserFilter | None = None
+    ) -> Iterator[pa.RecordBatch]: ...
 
 
 @dataclass(frozen=True)
@@ -326,7 +266,7 @@ class PassThroughRun:
 
     def batches(self, max_rows: int | None = None) -> Generator[pa.RecordBatch]:
         """The result's batches; closing the generator ends the run."""
-        return self.shape.batches(self.stream.batches(self.shape.shape), max_rows)
+        return self.shape.batches(self.stream.batches(self.shape.shape, self.shape.where), max_rows)
 
     def table(self) -> pa.Table:
         return pa.Table.from_batches(list(self.batches()), schema=self.schema)

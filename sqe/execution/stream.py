@@ -17,6 +17,7 @@ import pyarrow as pa
 from sqe._text import first_line
 from sqe.errors import QueryError, SQEError
 from sqe.execution.local import BatchTransform, LocalExecutor, ScanMetrics
+from sqe.planning.user_filter import UserFilter, filtering
 from sqe.restrictions import new_query_salt
 
 if TYPE_CHECKING:
@@ -63,15 +64,13 @@ class ScanStream:
     def reader(self) -> pa.RecordBatchReader:
         return pa.RecordBatchReader.from_batches(self.schema, self.batches())
 
-    def batches(self, then: BatchTransform | None = None) -> Iterator[pa.RecordBatch]:
-        """A fresh scan's restricted batches, conformed to ``schema``; or, with ``then`` (a pass-through query's
-        WHERE, projection and its own conforming to the result's types), each restricted batch passed through
-        ``then`` instead of being conformed, in the reader threads. Closing the iterator stops the scan."""
-        if then is None:
-            transform = self._transform
-        else:
-            transform = then if self._restrict is None else _chained(self._restrict, then)
+    def batches(self, then: BatchTransform | None = None, where: UserFilter | None = None) -> Iterator[pa.RecordBatch]:
+        """A fresh scan's restricted batches, conformed to ``schema``; with ``where`` (a pass-through query's
+        simple WHERE) only the rows it keeps; with ``then`` (a pass-through query's projection and its own
+        conforming to the result's types) each batch passed through ``then`` instead of being conformed. All of it
+        runs in the reader threads, in this order. Closing the iterator stops the scan."""
         try:
+            transform = self._transform_for(then, where)
             yield from self._executor.record_batches(
                 self.plan, cancel=self._context.cancel, transform=transform, metrics=self._context.metrics
             )
@@ -82,6 +81,14 @@ class ScanStream:
             error = QueryError(f"reading {self.plan.ident} failed: {first_line(exc)}")
             self._context.record_error(error)
             raise error from None
+
+    def _transform_for(self, then: BatchTransform | None, where: UserFilter | None) -> BatchTransform | None:
+        restrict = self._restrict
+        if where is not None:
+            restrict = filtering(where.expression(self.schema), self.schema.names, first=restrict)
+        if then is None:
+            return self._transform if where is None else conforming(restrict, self.schema)
+        return then if restrict is None else _chained(restrict, then)
 
 
 def _chained(first: BatchTransform, then: BatchTransform) -> BatchTransform:

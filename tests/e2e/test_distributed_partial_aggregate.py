@@ -64,6 +64,14 @@ ELIGIBLE = (
     "SELECT small AS g0, count(*) AS a0 FROM {t} GROUP BY grp, small",  # aliases named like partial columns
     'SELECT "GRP", Count(*), MAX("Label") FROM {t} GROUP BY Grp',  # identifiers resolve case-insensitively
 )
+# The simple WHERE runs on the workers, after the restrictions: only the kept rows are aggregated.
+FILTERED = (
+    "SELECT grp, count(*) AS n, sum(amount) AS s FROM {t} WHERE amount >= 500 GROUP BY grp",
+    "SELECT count(*), min(label), max(id) FROM {t} WHERE grp IN ('a', 'c') AND small BETWEEN 1 AND 2",
+    "SELECT grp, count(amount) FROM {t} WHERE amount IS NULL OR FALSE GROUP BY grp",
+    "SELECT count(*), sum(amount) FROM {t} WHERE grp IS NULL AND label <> 'label-0007'",
+    "SELECT count(*) AS n, sum(id) AS s FROM {t} WHERE id = 7 AND small = 2",  # no row kept (7 % 3 = 1): 0, NULL
+)
 INELIGIBLE = (
     "SELECT count(*), sum(amount) FROM {t} WHERE id % 3 = 0",
     "SELECT count(DISTINCT grp) FROM {t}",
@@ -170,6 +178,24 @@ def test_eligible_aggregates_equal_the_local_answer(
     assert 0 < runs.rows_sent < ROWS  # partial rows only, never every row
 
 
+@pytest.mark.parametrize("query", FILTERED)
+def test_a_simple_where_is_run_by_the_workers(
+    reader_config: Path, namespace: str, workers: WorkerPool, query: str
+) -> None:
+    sql = query.format(t=f"{namespace}.agg")
+    runs = _both_runs(reader_config, workers, sql)
+    if "OR FALSE" in sql:  # not an AND of simple conditions: the old path, with the same answer
+        assert runs.path == "duckdb" and not any(t.HasField("user_filter") for t in runs.tickets)
+        _assert_same(runs.got, runs.expected, sql)
+        return
+    assert runs.path == "partial-aggregate"
+    _assert_same(runs.got, runs.expected, sql)
+    assert runs.tickets and all(t.HasField("partial_aggregate") and t.HasField("user_filter") for t in runs.tickets)
+    assert 0 < runs.rows_sent < ROWS
+    if "id = 7" in sql:
+        assert runs.got.to_pylist() == [{"n": 0, "s": None}]
+
+
 def test_an_empty_table_gives_zero_counts_and_null_sums(
     reader_config: Path, namespace: str, workers: WorkerPool
 ) -> None:
@@ -250,17 +276,25 @@ def test_a_restricted_users_partial_result_equals_the_local_restricted_result(
         "GROUP BY grp",
         f"SELECT count(*), sum(amount), min(label) FROM {namespace}.agg",
         f"SELECT count(*) FROM {namespace}.agg",  # restricted: never from manifest counts, aggregated on workers
+        # The WHERE sees masked labels (a raw label matches nothing) and never grp 'a' (the row filter's).
+        f"SELECT grp, count(*) AS n FROM {namespace}.agg WHERE label <> 'label-0001' GROUP BY grp",
+        f"SELECT count(*) AS n FROM {namespace}.agg WHERE label = 'label-0001' OR grp = 'a'",
+        f"SELECT count(*) AS n FROM {namespace}.agg WHERE label = 'label-0001'",
+        f"SELECT count(*) AS n FROM {namespace}.agg WHERE grp = 'a'",
     )
     with sqe.api.connect(path) as local, distributed_session(config) as distributed:
         log = TicketLog().attach(distributed)
         for sql in queries:
             expected, got = local.sql(sql).arrow(), distributed.sql(sql).arrow()
-            assert distributed.last_execution_path == "partial-aggregate"
+            assert distributed.last_execution_path == ("duckdb" if " OR " in sql else "partial-aggregate"), sql
             _assert_same(got, expected, sql)
         grouped = distributed.sql(queries[0]).arrow().to_pylist()
+        assert distributed.sql(queries[-1]).fetchall() == distributed.sql(queries[-2]).fetchall() == [(0,)]
+        assert sum(n for _, n in distributed.sql(queries[3]).fetchall()) == distributed.sql(queries[2]).fetchall()[0][0]
     assert {row["grp"] for row in grouped} == {"b", "c", "d", None}  # the row filter ran on the workers
     assert all(row["lo"].startswith("xxxxx-") for row in grouped)  # masked before aggregation
-    assert all(ticket.restriction_plan_json and ticket.HasField("partial_aggregate") for _, ticket in log.tickets)
+    assert all(ticket.restriction_plan_json for _, ticket in log.tickets)
+    assert any(ticket.HasField("user_filter") and ticket.HasField("partial_aggregate") for _, ticket in log.tickets)
     text = caplog.text + "\n" + workers.logs()
     assert not re.search(r"label-\d{4}", text)
 
@@ -291,6 +325,20 @@ def test_bad_partial_tickets_are_refused_by_the_worker_with_a_typed_error(
             assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert dict(raised.value.trailing_metadata() or ())[ERROR_KIND_KEY] == KIND_INVALID_TICKET
             assert "partial_aggregate" in str(raised.value.details())
+        wrong_type = pb.UserFilter(  # an integer constant for the string column: refused, never cast
+            conditions=[
+                pb.FilterCondition(column="grp", operator=pb.FILTER_OPERATOR_EQ, values=[pb.FilterValue(integer=1)])
+            ]
+        )
+        ticket = pb.ScanTicket()
+        ticket.CopyFrom(sent)
+        ticket.fragment_id = f"{sent.fragment_id}.bad-filter"
+        ticket.user_filter.CopyFrom(wrong_type)
+        with pytest.raises(grpc.RpcError) as raised:
+            list(executor.client_for(worker).execute(ticket))
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert dict(raised.value.trailing_metadata() or ())[ERROR_KIND_KEY] == KIND_INVALID_TICKET
+        assert "does not fit the type large_string of 'grp'" in str(raised.value.details())
 
 
 def test_a_worker_killed_mid_fragment_is_retried_without_duplicated_groups(

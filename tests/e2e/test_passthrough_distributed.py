@@ -21,7 +21,7 @@ from sqe.distributed.coordinator import DistributedOptions, DistributedScanStrea
 from sqe.errors import QueryError
 from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH
 from sqe.session import Session
-from tests.e2e.test_distributed import WorkerPool, WorkerPools, worker_factory, worker_stats
+from tests.e2e.test_distributed import TicketLog, WorkerPool, WorkerPools, worker_factory, worker_stats
 from tests.e2e.test_passthrough import DUCKDB_QUERIES, PASS_THROUGH_QUERIES, both_paths, same_rows, world
 from tests.e2e.test_restrictions_e2e import World
 
@@ -75,6 +75,32 @@ def test_a_where_on_a_masked_column_sees_the_workers_masked_values(world: World,
             fast, slow, path = both_paths(session, sql)
             assert path == PATH_PASS_THROUGH, sql
             assert sorted(fast.column("id").to_pylist()) == ids == sorted(slow.column("id").to_pylist()), sql
+
+
+def _rows_sent(session: Session) -> int:
+    return sum(int(stats.rows_sent) for stats in worker_stats(session).values())
+
+
+@pytest.mark.parametrize("who", ["carol", "alice"])
+def test_the_where_runs_on_the_workers_and_only_kept_rows_travel(world: World, pool: WorkerPool, who: str) -> None:
+    """The tickets carry the simple WHERE, the workers send only the rows it keeps (after the row filter and
+    masks), and the result equals DuckDB's."""
+    t = f"{world.namespace}.people"
+    with on_workers(world, who, pool) as session:
+        everything = session.sql(f"SELECT * FROM {t}").arrow().num_rows
+        for query in PASS_THROUGH_QUERIES[1:]:  # each has a WHERE
+            sql = query.format(t=t)
+            log = TicketLog().attach(session)
+            before = _rows_sent(session)
+            fast = session.sql(sql).arrow()
+            sent = _rows_sent(session) - before
+            assert session.last_execution_path == PATH_PASS_THROUGH, sql
+            assert log.tickets and all(ticket.HasField("user_filter") for _, ticket in log.tickets), sql
+            assert sent == fast.num_rows < everything, sql  # nothing the WHERE drops crosses the wire
+            session.pass_through = False
+            slow = session.sql(sql).arrow()
+            session.pass_through = True
+            assert fast.schema == slow.schema and same_rows(fast, slow), sql
 
 
 def test_limit_and_offset_on_workers(world: World, pool: WorkerPool) -> None:
@@ -150,7 +176,7 @@ def test_the_next_statement_ends_a_half_read_reader_on_workers(world: World, poo
 
 
 def test_a_failing_pass_through_transform_is_a_query_error(world: World, pool: WorkerPool) -> None:
-    """The pass-through WHERE/projection runs on the coordinator for a distributed scan: a failure there is one
+    """The pass-through projection runs on the coordinator for a distributed scan: a failure there is one
     typed line naming the table, recorded for the query, as it is for an in-process scan's reader threads."""
     t = f"{world.namespace}.people"
 

@@ -4,17 +4,22 @@ For an aggregate the workers would ship every restricted row and DuckDB on the c
 them. A statement of exactly this shape (anything else, or anything unsure, runs as before) is instead
 aggregated per fragment on the workers (``ScanTicket.partial_aggregate``) and merged here:
 
-- one SELECT over one Iceberg base table: no CTE, join, subquery, view, time travel, sample, DISTINCT, WHERE,
+- one SELECT over one Iceberg base table: no CTE, join, subquery, view, time travel, sample, DISTINCT,
   HAVING, QUALIFY, window, ORDER BY, LIMIT or OFFSET;
+- no WHERE, or a simple one (``sqe.planning.user_filter``: an AND of comparisons of columns with constants of
+  their own type family, ``IN``, ``BETWEEN``, ``IS [NOT] NULL``; the pass-through rule);
 - a GROUP BY of plain column references (or none), never a float column (a group's ``-0.0``/``0.0`` spelling
   could differ from a local run), no ROLLUP/CUBE/GROUPING SETS/GROUP BY ALL, no name that is also a select alias;
 - a select list of group-by columns and ``count(*)``, ``count(col)``, ``sum(col)``, ``min(col)``, ``max(col)`` on
   plain column references of primitive types (aliases fine; no DISTINCT, FILTER or ORDER BY inside).
 
-WHERE is excluded on purpose: DuckDB applies the user's WHERE above the scan, on masked values, and the worker
-runs only the restrictions. The final query sums counts and sums, takes the min of mins and the max of maxes,
-grouped by the same columns, and casts every column to exactly the name and type DuckDB bound for the original
-statement (so ``sum(BIGINT)`` stays HUGEINT, and ``count(*)`` over no rows is 0, not NULL).
+The order is DuckDB's: the workers run the row filter on raw values, then the masks, then the user's WHERE on
+the masked values (``ScanTicket.user_filter``), and aggregate the rows it keeps. Any other WHERE leaves the
+statement to DuckDB, which would apply it above the scan.
+
+The final query sums counts and sums, takes the min of mins and the max of maxes, grouped by the same columns,
+and casts every column to exactly the name and type DuckDB bound for the original statement (so ``sum(BIGINT)``
+stays HUGEINT, and ``count(*)`` over no rows is 0, not NULL).
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ from sqe.distributed.protocol.partial import Function, PartialAggregate
 from sqe.distributed.protocol.partial import partial_types as partial_schema_of
 from sqe.duckdb_connection import quote_ident
 from sqe.planning.sql_analysis import Node, referenced_column, single_base_table
+from sqe.planning.user_filter import NotSimple, UserFilter, UserFilterMismatch, simple_where
 
 if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
+
     from sqe.catalog.base import TableIdent
     from sqe.planning.sql_analysis import TableRef
 
@@ -40,6 +48,7 @@ PATH_PARTIAL_AGGREGATE = "partial-aggregate"
 
 _SELECT_KEYS = {
     "type",
+    "where_clause",
     "modifiers",
     "cte_map",
     "select_list",
@@ -91,6 +100,7 @@ class AggregateShape:
 
     spec: PartialAggregate
     outputs: tuple[tuple[str, int], ...]  # ("g", group index) or ("a", aggregate index), in select-list order
+    where: UserFilter | None = None  # the rows aggregated (the workers run it after the restrictions)
 
     def final_sql(self, source: str, partial_types: Sequence[str], names: Sequence[str], types: Sequence[str]) -> str:
         """The coordinator's merge of the partial rows in ``source`` (a quoted relation name). ``partial_types``:
@@ -111,7 +121,8 @@ class AggregateShape:
 
     def describe(self) -> str:
         grouped = f"grouped by {', '.join(self.spec.group_by)}" if self.spec.group_by else "one row per fragment"
-        return f"each worker aggregates its fragments' restricted rows ({grouped}); the coordinator merges them"
+        rows = "restricted rows" if self.where is None else "restricted rows the WHERE keeps"
+        return f"each worker aggregates its fragments' {rows} ({grouped}); the coordinator merges them"
 
 
 def _merge(function: Function, partial: str) -> str:
@@ -120,25 +131,32 @@ def _merge(function: Function, partial: str) -> str:
     return f"{function}({partial})"
 
 
-def recognise(
-    tree: Node, schema: pa.Schema, ident: TableIdent, resolve: Callable[[TableRef], TableIdent]
-) -> AggregateShape | None:
-    """The partial-aggregate form of a parsed statement whose only scan (of ``ident``) has the restricted Arrow
-    ``schema``, or None when it must run as before."""
+def recognise(tree: Node, scan: ScanShape, resolve: Callable[[TableRef], TableIdent]) -> AggregateShape | None:
+    """The partial-aggregate form of a parsed statement whose only scan is ``scan``, or None when it must run as
+    before."""
     try:
-        return _recognise(tree, schema, ident, resolve)
+        return _recognise(tree, scan, resolve)
     except _NotEligible:
         return None
 
 
-def _recognise(
-    tree: Node, schema: pa.Schema, ident: TableIdent, resolve: Callable[[TableRef], TableIdent]
-) -> AggregateShape:
+@dataclass(frozen=True)
+class ScanShape:
+    """The statement's one scan: its table, the restricted Arrow schema and the Iceberg schema it reads."""
+
+    ident: TableIdent
+    schema: pa.Schema
+    read_schema: Schema
+
+
+def _recognise(tree: Node, scan: ScanShape, resolve: Callable[[TableRef], TableIdent]) -> AggregateShape:
+    schema = scan.schema
     _require(tree.get("type") == "SELECT_NODE" and "class" not in tree)
     _require(all(not value for key, value in tree.items() if key not in _SELECT_KEYS))
     _require(not tree.get("modifiers") and not (tree.get("cte_map") or {}).get("map"))
     _require(tree.get("aggregate_handling") == "STANDARD_HANDLING")
-    columns = _Columns(schema, _base_table(tree.get("from_table"), ident, resolve))
+    columns = _Columns(schema, _base_table(tree.get("from_table"), scan.ident, resolve))
+    where = _where(tree.get("where_clause"), columns, scan)
     group_nodes = tree.get("group_expressions") or []
     expected_sets = [list(range(len(group_nodes)))] if group_nodes else []
     _require(tree.get("group_sets") == expected_sets)
@@ -161,7 +179,25 @@ def _recognise(
             aggregates.append(_aggregate(item, columns))
             outputs.append(("a", len(aggregates) - 1))
     _require(outputs and (aggregates or group_by))
-    return AggregateShape(PartialAggregate(tuple(group_by), tuple(aggregates)), tuple(outputs))
+    return AggregateShape(PartialAggregate(tuple(group_by), tuple(aggregates)), tuple(outputs), where)
+
+
+def _where(node: Node | None, columns: _Columns, scan: ScanShape) -> UserFilter | None:
+    """The simple WHERE, checked to compile over the restricted schema; any other WHERE is not eligible."""
+
+    def column_of(child: Node | None) -> str | None:
+        try:
+            return columns.name(child)
+        except _NotEligible:
+            return None
+
+    try:
+        where = simple_where(node, column_of, scan.read_schema.find_field)
+        if where is not None:
+            where.expression(scan.schema)
+    except (NotSimple, UserFilterMismatch):
+        raise _NotEligible from None
+    return where
 
 
 def _base_table(node: Node | None, ident: TableIdent, resolve: Callable[[TableRef], TableIdent]) -> TableRef:
@@ -250,14 +286,14 @@ class PreparedAggregate:
 
 def prepare(
     tree: Node,
-    schema: pa.Schema,
-    ident: TableIdent,
+    scan: ScanShape,
     resolve: Callable[[TableRef], TableIdent],
     binding: Callable[[], tuple[Sequence[str], Sequence[object]]],
 ) -> PreparedAggregate | None:
-    """The statement prepared for partial aggregation over a scan of restricted ``schema``, or None.
-    ``binding``: DuckDB's output names and types of the original statement (asked only when the shape qualifies)."""
-    shape = recognise(tree, schema, ident, resolve)
+    """The statement prepared for partial aggregation over ``scan``, or None. ``binding``: DuckDB's output names
+    and types of the original statement (asked only when the shape qualifies)."""
+    schema = scan.schema
+    shape = recognise(tree, scan, resolve)
     if shape is None:
         return None
     names, types = binding()
@@ -269,7 +305,7 @@ def prepare(
         return None
     return PreparedAggregate(
         shape,
-        PartialAggregatePlan(shape.spec, partial_schema),
+        PartialAggregatePlan(shape.spec, partial_schema, shape.where),
         tuple(partial_types),
         tuple(names),
         tuple(str(t) for t in types),

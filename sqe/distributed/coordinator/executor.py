@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from sqe.config import SQEConfig
     from sqe.execution.stream import QueryContext
     from sqe.planning.planner import ScanPlan
+    from sqe.planning.user_filter import UserFilter
 
 TicketObserver = Callable[[str, pb.ScanTicket], None]
 BatchObserver = Callable[[str, str, int], None]  # worker address, fragment id, rows forwarded
@@ -203,7 +204,9 @@ class DistributedExecutor:
         query_id: str,
         run: int,
         partial: PartialAggregatePlan | None = None,
+        where: UserFilter | None = None,
     ) -> Generator[pa.RecordBatch]:
         """Stream the plan's restricted batches from the workers (fragment order is not preserved); with
-        ``partial``, the fragments' partial-aggregate rows instead."""
-        return ScanRun(self, plan, context, query_id, run, partial).batches()
+        ``where``, only the rows it keeps (the workers run it after the restrictions); with ``partial``, the
+        fragments' partial-aggregate rows (of the kept rows) instead."""
+        return ScanRun(self, plan, context, query_id, run, partial, where).batches()

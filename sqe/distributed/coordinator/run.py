@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
     from sqe.distributed.coordinator.executor import DistributedExecutor
     from sqe.planning.planner import ScanPlan
+    from sqe.planning.user_filter import UserFilter
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class PartialAggregatePlan:
 
     spec: PartialAggregate
     schema: pa.Schema
+    where: UserFilter | None = None  # the rows aggregated: those the user's simple WHERE keeps (all when None)
 
 
 @dataclass
@@ -111,9 +113,11 @@ class ScanRun:
         query_id: str,
         run: int,
         partial: PartialAggregatePlan | None = None,
+        where: UserFilter | None = None,
     ) -> None:
         self._executor = executor
         self._partial = partial
+        self._where = where  # the user's simple WHERE, run by the workers on the restricted rows
         self._out_schema = partial.schema if partial is not None else plan.arrow_schema
         self._options = executor.options
         self._plan = plan
@@ -481,6 +485,7 @@ class ScanRun:
             storage=StorageSettings(policy.endpoint, policy.region, policy.path_style),
             pace_ms_per_file=self._options.pace_ms_per_file,
             partial=self._partial.spec if self._partial is not None else None,
+            user_filter=self._where,
         )
         return ticket, generation
 

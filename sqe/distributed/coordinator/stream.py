@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from sqe.distributed.coordinator.run import PartialAggregatePlan
     from sqe.execution.local import BatchTransform
     from sqe.planning.planner import ScanPlan
+    from sqe.planning.user_filter import UserFilter
 
 
 class DistributedScanStream:
@@ -50,20 +51,26 @@ class DistributedScanStream:
     def reader(self) -> pa.RecordBatchReader:
         return pa.RecordBatchReader.from_batches(self.schema, self._batches(next(self._runs)))
 
-    def batches(self, then: BatchTransform | None = None) -> Iterator[pa.RecordBatch]:
-        """A fresh distributed run's batches (restricted on the workers, conformed to ``schema``); with ``then``
-        (a pass-through query's WHERE, projection and result types) each batch passed through it, on the
-        consumer's thread. Closing the iterator ends the run (its fragments are cancelled)."""
-        batches = self._batches(next(self._runs), then)
+    def batches(self, then: BatchTransform | None = None, where: UserFilter | None = None) -> Iterator[pa.RecordBatch]:
+        """A fresh distributed run's batches (restricted on the workers, conformed to ``schema``); with ``where``
+        (a pass-through query's simple WHERE) only the rows it keeps, filtered by the workers after the
+        restrictions; with ``then`` (the query's projection and result types) each batch passed through it, on
+        the consumer's thread. Closing the iterator ends the run (its fragments are cancelled)."""
+        batches = self._batches(next(self._runs), then, where)
         try:
             yield from batches
         finally:
             batches.close()
 
-    def _batches(self, run: int, then: BatchTransform | None = None) -> Generator[pa.RecordBatch]:
-        """The run's batches (each through ``then``); any failure, ``then``'s included, is one recorded SQEError."""
+    def _batches(
+        self, run: int, then: BatchTransform | None = None, where: UserFilter | None = None
+    ) -> Generator[pa.RecordBatch]:
+        """The run's batches (each through ``then``); any failure, ``then``'s included, is one recorded SQEError.
+        A partial aggregate's WHERE is its plan's."""
+        if self.partial is not None:
+            where = self.partial.where
         scan = self._executor.record_batches(
-            self.plan, context=self._context, query_id=self.query_id, run=run, partial=self.partial
+            self.plan, context=self._context, query_id=self.query_id, run=run, partial=self.partial, where=where
         )
         try:
             for batch in scan:

@@ -31,8 +31,10 @@ from pyiceberg.typedef import Record
 from sqe.credentials import CredentialSet, StorageSettings, normalize_location
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
+from sqe.distributed.protocol.filters import filter_from_proto, filter_to_proto
 from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.errors import RestrictionError
+from sqe.planning.user_filter import UserFilter
 from sqe.restrictions import EMPTY_PLAN, MIN_SALT_BYTES, RestrictionPlan
 
 # Names and ids end up in log lines: keep them to a safe alphabet (no newlines, no control characters).
@@ -394,6 +396,7 @@ def build_ticket(
     pace_ms_per_file: int = 0,
     metadata_json: bytes | None = None,
     partial: PartialAggregate | None = None,
+    user_filter: UserFilter | None = None,
 ) -> pb.ScanTicket:
     """A ticket for one fragment. Pass ``metadata_json`` (from :func:`trim_metadata`) to trim once per table."""
     return pb.ScanTicket(
@@ -411,6 +414,7 @@ def build_ticket(
         storage=settings_to_proto(storage or StorageSettings()),
         pace_ms_per_file=pace_ms_per_file,
         partial_aggregate=partial.to_proto() if partial is not None else None,
+        user_filter=filter_to_proto(user_filter) if user_filter is not None else None,
     )
 
 
@@ -447,6 +451,7 @@ class DecodedTicket(DecodedFragment):
     restrictions: RestrictionPlan = field(repr=False)
     salt: bytes = field(repr=False)
     partial: PartialAggregate | None = None  # aggregate the restricted rows on the worker (partial rows only)
+    user_filter: UserFilter | None = field(default=None, repr=False)  # the user's WHERE, on the restricted rows
 
     @property
     def bytes_total(self) -> int:
@@ -481,6 +486,7 @@ def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
         storage=settings_from_proto(message.storage),
         pace_seconds=message.pace_ms_per_file / 1000.0,
         partial=_partial(message),
+        user_filter=filter_from_proto(message.user_filter) if message.HasField("user_filter") else None,
     )
 
 

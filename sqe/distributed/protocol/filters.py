@@ -1,0 +1,92 @@
+"""``ScanTicket.user_filter``: the user's simple WHERE (``sqe.planning.user_filter``) to and from protobuf.
+
+Decoding checks the message's structure (known operators, the number of values, a value in each); whether the
+conditions fit the restricted output is the worker's compile of the filter against its schema.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import InvalidTicketError
+from sqe.planning.user_filter import COMPARISONS, NULL_CHECKS, Condition, Operator, UserFilter, Value
+
+__all__ = ["filter_from_proto", "filter_to_proto"]
+
+_EPOCH = datetime.date(1970, 1, 1)
+_MAX_CONDITIONS = 1000
+_MAX_VALUES = 100_000
+_TO_WIRE: dict[Operator, int] = {
+    "eq": pb.FILTER_OPERATOR_EQ,
+    "ne": pb.FILTER_OPERATOR_NE,
+    "lt": pb.FILTER_OPERATOR_LT,
+    "le": pb.FILTER_OPERATOR_LE,
+    "gt": pb.FILTER_OPERATOR_GT,
+    "ge": pb.FILTER_OPERATOR_GE,
+    "in": pb.FILTER_OPERATOR_IN,
+    "is_null": pb.FILTER_OPERATOR_IS_NULL,
+    "is_not_null": pb.FILTER_OPERATOR_IS_NOT_NULL,
+}
+_FROM_WIRE: dict[int, Operator] = {wire: name for name, wire in _TO_WIRE.items()}
+
+
+def filter_to_proto(where: UserFilter) -> pb.UserFilter:
+    return pb.UserFilter(
+        conditions=[
+            pb.FilterCondition(
+                column=c.column,
+                operator=_TO_WIRE[c.operator],  # type: ignore[arg-type]
+                values=[_value_to_proto(v) for v in c.values],
+            )
+            for c in where.conditions
+        ]
+    )
+
+
+def _value_to_proto(value: Value) -> pb.FilterValue:
+    if isinstance(value, bool):  # before int: a bool is an int in Python
+        return pb.FilterValue(boolean=value)
+    if isinstance(value, int):
+        return pb.FilterValue(integer=value)
+    if isinstance(value, str):
+        return pb.FilterValue(text=value)
+    return pb.FilterValue(date_days=(value - _EPOCH).days)
+
+
+def filter_from_proto(message: pb.UserFilter) -> UserFilter:
+    """The filter a ticket carries; a structural problem is InvalidTicketError (the fragment never starts)."""
+    if not message.conditions:
+        raise InvalidTicketError("user_filter needs at least one condition")
+    if len(message.conditions) > _MAX_CONDITIONS:
+        raise InvalidTicketError(f"user_filter has more than {_MAX_CONDITIONS} conditions")
+    return UserFilter(tuple(_condition(item, index) for index, item in enumerate(message.conditions)))
+
+
+def _condition(item: pb.FilterCondition, index: int) -> Condition:
+    operator = _FROM_WIRE.get(item.operator)
+    if operator is None:
+        raise InvalidTicketError(f"user_filter: condition {index} has no (or an unknown) operator")
+    if not item.column:
+        raise InvalidTicketError(f"user_filter: condition {index} names no column")
+    count = len(item.values)
+    fits = count == 0 if operator in NULL_CHECKS else count == 1 if operator in COMPARISONS else count >= 1
+    if not fits or count > _MAX_VALUES:
+        raise InvalidTicketError(f"user_filter: condition {index} ({operator}) has the wrong number of values")
+    return Condition(item.column, operator, tuple(_value(v, index) for v in item.values))
+
+
+def _value(value: pb.FilterValue, index: int) -> Value:
+    kind = value.WhichOneof("value")
+    if kind == "integer":
+        return int(value.integer)
+    if kind == "text":
+        return str(value.text)
+    if kind == "boolean":
+        return bool(value.boolean)
+    if kind == "date_days":
+        try:
+            return _EPOCH + datetime.timedelta(days=value.date_days)
+        except OverflowError:
+            raise InvalidTicketError(f"user_filter: condition {index} has a date out of range") from None
+    raise InvalidTicketError(f"user_filter: condition {index} has a value without a type")

@@ -1,0 +1,234 @@
+"""The user's WHERE as a value, when it is simple enough to run outside DuckDB with DuckDB's exact result.
+
+A pass-through statement (``sqe.execution.passthrough``) and a partial aggregate on workers
+(``sqe.distributed.coordinator.aggregate``) both run the user's WHERE themselves, on the restricted (row-filtered,
+then masked) batches, instead of DuckDB running it above the scan. Only this shape qualifies (anything else, or
+anything unsure, leaves the WHERE to DuckDB):
+
+- an AND of ``column <op> constant`` (``=``, ``<>``, ``<``, ``<=``, ``>``, ``>=``, either side), ``IN`` lists of
+  constants, ``BETWEEN`` and ``IS [NOT] NULL``;
+- on columns and constants of the types whose comparison pyarrow and DuckDB define the same way: integers,
+  strings, booleans, dates (``IS [NOT] NULL`` on any primitive column).
+
+A ``UserFilter`` is plain data (column names, operators, Python constants), so a coordinator can send it to a
+worker (``ScanTicket.user_filter``) and the worker compiles it against its own restricted schema with the same
+``expression`` the coordinator uses; a condition that does not fit that schema is ``UserFilterMismatch``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.types import DateType
+
+from sqe.planning.sql_analysis import FLIPPED_COMPARISONS, Node, constant_of
+
+if TYPE_CHECKING:
+    from pyiceberg.types import NestedField
+
+__all__ = ["Condition", "NotSimple", "Operator", "UserFilter", "UserFilterMismatch", "Value", "simple_where"]
+
+Operator = Literal["eq", "ne", "lt", "le", "gt", "ge", "in", "is_null", "is_not_null"]
+Value = int | str | bool | datetime.date
+COMPARISONS: tuple[Operator, ...] = ("eq", "ne", "lt", "le", "gt", "ge")
+NULL_CHECKS: tuple[Operator, ...] = ("is_null", "is_not_null")
+_INT64 = 2**63
+
+_DUCKDB_COMPARISONS: dict[str, Operator] = {
+    "COMPARE_EQUAL": "eq",
+    "COMPARE_NOTEQUAL": "ne",
+    "COMPARE_LESSTHAN": "lt",
+    "COMPARE_LESSTHANOREQUALTO": "le",
+    "COMPARE_GREATERTHAN": "gt",
+    "COMPARE_GREATERTHANOREQUALTO": "ge",
+}
+_ARROW_COMPARISONS: dict[Operator, Callable[[pc.Expression, pa.Scalar], pc.Expression]] = {
+    "eq": lambda f, v: f == v,
+    "ne": lambda f, v: f != v,
+    "lt": lambda f, v: f < v,
+    "le": lambda f, v: f <= v,
+    "gt": lambda f, v: f > v,
+    "ge": lambda f, v: f >= v,
+}
+
+
+class NotSimple(Exception):
+    """Raised by ``simple_where``: the WHERE is not of the simple shape (DuckDB runs it)."""
+
+
+class UserFilterMismatch(ValueError):
+    """A condition does not fit the restricted schema it is compiled against (names the column, never values)."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One conjunct: ``column <operator> values`` (one value for comparisons, one or more for ``in``, none for
+    the null checks)."""
+
+    column: str
+    operator: Operator
+    values: tuple[Value, ...] = ()
+
+
+@dataclass(frozen=True)
+class UserFilter:
+    """An AND of conditions over the restricted output's columns (at least one)."""
+
+    conditions: tuple[Condition, ...]
+
+    def expression(self, schema: pa.Schema) -> pc.Expression:
+        """The Arrow expression of the filter over batches of ``schema``; ``UserFilterMismatch`` when a condition
+        names no column of it, has the wrong number of values, or a value of another type family."""
+        if not self.conditions:
+            raise UserFilterMismatch("a user filter needs at least one condition")
+        compiled = [_compile(condition, schema) for condition in self.conditions]
+        predicate = compiled[0]
+        for conjunct in compiled[1:]:
+            predicate = predicate & conjunct
+        return predicate
+
+    def describe(self) -> str:
+        return f"{len(self.conditions)} condition(s) on {', '.join(sorted({c.column for c in self.conditions}))}"
+
+
+def filtering(
+    predicate: pc.Expression,
+    names: Sequence[str],
+    first: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None,
+) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
+    """A batch step keeping the rows where ``predicate`` holds, after ``first`` (the restrictions) when given.
+    Batches are named ``names`` before the filter (restricted batches follow the read schema's column order; a
+    file may spell the names differently)."""
+    expected = list(names)
+
+    def keep(batch: pa.RecordBatch) -> pa.RecordBatch:
+        if first is not None:
+            batch = first(batch)
+        if batch.schema.names != expected:
+            batch = batch.rename_columns(expected)
+        return batch.filter(predicate)
+
+    return keep
+
+
+def _compile(condition: Condition, schema: pa.Schema) -> pc.Expression:
+    index = schema.get_field_index(condition.column)
+    if index < 0:
+        raise UserFilterMismatch(f"user filter: {condition.column[:100]!r} is not a column of the restricted output")
+    arrow_type = schema.field(index).type
+    column, operator, values = pc.field(condition.column), condition.operator, condition.values
+    if operator in NULL_CHECKS:
+        _arity(condition, len(values) == 0, "no value")
+        if pa.types.is_nested(arrow_type):
+            raise UserFilterMismatch(f"user filter: {condition.column[:100]!r} is nested")
+        return column.is_null() if operator == "is_null" else column.is_valid()
+    if operator == "in":
+        _arity(condition, len(values) >= 1, "one or more values")
+        for value in values:
+            _scalar(condition.column, value, arrow_type)  # the type family check
+        try:
+            return column.isin(pa.array(list(values), type=arrow_type))
+        except (pa.ArrowInvalid, OverflowError):  # a constant outside the column's range
+            raise UserFilterMismatch(f"user filter: a value is out of range for {condition.column[:100]!r}") from None
+    if operator in _ARROW_COMPARISONS:
+        _arity(condition, len(values) == 1, "one value")
+        return _ARROW_COMPARISONS[operator](column, _scalar(condition.column, values[0], arrow_type))
+    raise UserFilterMismatch(f"user filter: unknown operator {str(operator)[:20]!r}")
+
+
+def _arity(condition: Condition, holds: bool, needs: str) -> None:
+    if not holds:
+        raise UserFilterMismatch(f"user filter: {condition.operator} on {condition.column[:100]!r} needs {needs}")
+
+
+def _scalar(column: str, value: Value, arrow_type: pa.DataType) -> pa.Scalar:
+    """The constant as an Arrow scalar of its column's family (integers as int64, like DuckDB's comparison of a
+    narrower column with a wider constant); any other pairing is a mismatch."""
+    if pa.types.is_integer(arrow_type) and type(value) is int and -_INT64 <= value < _INT64:
+        return pa.scalar(value, pa.int64())
+    if (pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)) and type(value) is str:
+        return pa.scalar(value, arrow_type)
+    if pa.types.is_boolean(arrow_type) and type(value) is bool:
+        return pa.scalar(value, arrow_type)
+    if pa.types.is_date32(arrow_type) and type(value) is datetime.date:
+        return pa.scalar(value, arrow_type)
+    raise UserFilterMismatch(f"user filter: a value does not fit the type {arrow_type} of {column[:100]!r}")
+
+
+# ---------------------------------------------------------------------------------------- from the parse tree
+
+
+def simple_where(
+    node: Node | None,
+    column_of: Callable[[Node | None], str | None],
+    field_of: Callable[[str], NestedField],
+) -> UserFilter | None:
+    """The WHERE clause ``node`` of DuckDB's parse tree as a ``UserFilter`` (None: no WHERE); raises
+    ``NotSimple`` for any other shape. ``column_of``: the restricted output column a node references (None: not
+    a plain column reference); ``field_of``: that column's Iceberg field (constants are typed by it)."""
+    if node is None:
+        return None
+    conditions = [c for child in _and_children(node) for c in _conditions(child, column_of, field_of)]
+    return UserFilter(tuple(conditions))
+
+
+def _and_children(node: Node) -> Iterator[Node]:
+    if node.get("class") == "CONJUNCTION" and node.get("type") == "CONJUNCTION_AND":
+        for child in node.get("children", []):
+            yield from _and_children(child)
+    else:
+        yield node
+
+
+def _conditions(
+    node: Node, column_of: Callable[[Node | None], str | None], field_of: Callable[[str], NestedField]
+) -> list[Condition]:
+    def column(child: Node | None) -> str:
+        name = column_of(child)
+        if name is None:
+            raise NotSimple
+        return name
+
+    def constant(child: Node | None, name: str) -> Value:
+        return _constant(child, field_of(name))
+
+    kind = str(node.get("type"))
+    if kind in _DUCKDB_COMPARISONS:
+        left, right = node.get("left"), node.get("right")
+        if isinstance(right, dict) and right.get("class") == "COLUMN_REF":
+            left, right, kind = right, left, FLIPPED_COMPARISONS[kind]
+        name = column(left)
+        return [Condition(name, _DUCKDB_COMPARISONS[kind], (constant(right, name),))]
+    if kind in ("OPERATOR_IS_NULL", "OPERATOR_IS_NOT_NULL"):
+        children = node.get("children", [])
+        if len(children) != 1:
+            raise NotSimple
+        return [Condition(column(children[0]), "is_null" if kind == "OPERATOR_IS_NULL" else "is_not_null")]
+    if kind == "COMPARE_IN":
+        children = node.get("children", [])
+        if len(children) < 2:
+            raise NotSimple
+        name = column(children[0])
+        return [Condition(name, "in", tuple(constant(child, name) for child in children[1:]))]
+    if kind == "COMPARE_BETWEEN":
+        name = column(node.get("input"))
+        low, high = constant(node.get("lower"), name), constant(node.get("upper"), name)
+        return [Condition(name, "ge", (low,)), Condition(name, "le", (high,))]
+    raise NotSimple
+
+
+def _constant(node: Node | None, field: NestedField) -> Value:
+    value = constant_of(node, field)
+    if value is None:
+        raise NotSimple
+    if isinstance(field.field_type, DateType):
+        try:
+            return datetime.date.fromisoformat(value)
+        except ValueError:  # shaped like a date but none (2024-02-30): DuckDB runs it and says so
+            raise NotSimple from None
+    return value  # type: ignore[no-any-return]

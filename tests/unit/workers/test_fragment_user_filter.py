@@ -1,0 +1,180 @@
+"""The user's WHERE in a fragment (``ScanTicket.user_filter``), run in-process on real local Iceberg tables: only
+the rows it keeps are sent or aggregated, it runs on masked values, and a filter that does not fit the restricted
+output, or is malformed, is an invalid ticket before any file is read."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pyarrow as pa
+import pytest
+
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import InvalidTicketError
+from sqe.distributed.protocol.filters import filter_from_proto, filter_to_proto
+from sqe.distributed.protocol.partial import PartialAggregate
+from sqe.distributed.protocol.ticket import decode_ticket
+from sqe.planning.user_filter import Condition, UserFilter
+from tests.unit.workers.test_fragment import local_reference, run
+from tests.unit.workers.test_fragment_partial import run as run_partial
+from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, ticket_for
+from workers.fileio import FragmentFileIO
+from workers.fragment import RunningFragment
+
+MASK_LABEL = {"required-column-projections": [{"field-id": 4, "action": "mask-alphanum"}]}
+
+
+def _filtered(ticket: pb.ScanTicket, where: UserFilter) -> pb.ScanTicket:
+    ticket.user_filter.CopyFrom(filter_to_proto(where))
+    return ticket
+
+
+def _ids(table: pa.Table) -> list[int]:
+    return sorted(table.column("id").to_pylist())
+
+
+def test_a_fragment_sends_only_the_rows_the_where_keeps(local_tables: LocalTables) -> None:
+    table = local_tables.events  # ids 0..1999, grp = id % 5, day 2024-01-01 + grp
+    where = UserFilter(
+        (
+            Condition("id", "lt", (100,)),
+            Condition("grp", "in", (1, 3)),
+            Condition("day", "ge", (datetime.date(2024, 1, 3),)),
+            Condition("label", "is_not_null"),
+        )
+    )
+    result, messages = run(_filtered(ticket_for(table), where))
+    assert _ids(result) == [i for i in range(100) if i % 5 == 3]
+    batches = [m.batch for m in messages if m.WhichOneof("payload") == "batch"]
+    assert sum(b.num_rows for b in batches) == result.num_rows == messages[-1].complete.rows
+    per_task: dict[int, int] = {}
+    for batch in batches:  # positions count the kept rows of each task: a retry can skip what was forwarded
+        assert batch.row_offset == per_task.get(batch.task_index, 0)
+        per_task[batch.task_index] = batch.row_offset + batch.num_rows
+
+
+def test_the_where_runs_on_masked_values(local_tables: LocalTables) -> None:
+    """Row filter and masks first: a raw label matches nothing, the masked spelling matches its rows."""
+    table = local_tables.events
+    plan = restriction_plan(table, MASK_LABEL)
+    raw_value = UserFilter((Condition("label", "eq", ("e5",)),))
+    assert run(_filtered(ticket_for(table, plan=plan), raw_value))[0].num_rows == 0
+    masked = local_reference(table, plan)
+    spelling = masked.column("label")[5].as_py()
+    assert spelling != "e5"
+    result, _ = run(_filtered(ticket_for(table, plan=plan), UserFilter((Condition("label", "eq", (spelling,)),))))
+    assert _ids(result) == sorted(
+        i for i, v in zip(masked["id"].to_pylist(), masked["label"].to_pylist(), strict=True) if v == spelling
+    )
+    assert result.num_rows > 1  # every label of that shape masks to the same spelling
+
+
+def test_a_partial_aggregate_aggregates_only_the_kept_rows(local_tables: LocalTables) -> None:
+    table = local_tables.events
+    spec = PartialAggregate(("grp",), (("count_star", ""), ("sum", "id")))
+    ticket = _filtered(ticket_for(table), UserFilter((Condition("id", "ge", (1000,)), Condition("grp", "ne", (0,)))))
+    ticket.partial_aggregate.CopyFrom(spec.to_proto())
+    result, _ = run_partial(ticket)
+    expected = {g: (200, sum(i for i in range(1000, 2000) if i % 5 == g)) for g in (1, 2, 3, 4)}
+    assert {row["g0"]: (row["a0"], row["a1"]) for row in result.to_pylist()} == expected
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        (UserFilter((Condition("nope", "eq", (1,)),)), "'nope' is not a column of the restricted output"),
+        (UserFilter((Condition("id", "eq", ("1",)),)), "does not fit the type int64 of 'id'"),
+        (UserFilter((Condition("grp", "eq", (True,)),)), "does not fit the type int32 of 'grp'"),
+        (UserFilter((Condition("label", "gt", (datetime.date(2024, 1, 1),)),)), "of 'label'"),
+        (UserFilter((Condition("grp", "in", (1, 2**40)),)), "out of range for 'grp'"),
+    ],
+)
+def test_a_where_that_does_not_fit_the_output_is_an_invalid_ticket(
+    local_tables: LocalTables, where: UserFilter, message: str
+) -> None:
+    ticket = decode_ticket(_filtered(ticket_for(local_tables.events), where))
+    cancel = threading.Event()
+    io = FragmentFileIO(ticket.credentials, ticket.storage, cancel=cancel, allow_local=True)
+    with pytest.raises(InvalidTicketError, match=message):
+        RunningFragment(ticket, io, cancel)
+
+
+def test_a_column_only_the_row_filter_reads_cannot_be_filtered_on(local_tables: LocalTables) -> None:
+    table = local_tables.events
+    plan = restriction_plan(
+        table, {"required-row-filter": {"type": "lt", "left": {"type": "reference", "id": 1}, "right": 10}}
+    )
+    ticket = decode_ticket(
+        _filtered(ticket_for(table, plan=plan, output=["grp"]), UserFilter((Condition("id", "gt", (5,)),)))
+    )
+    cancel = threading.Event()
+    io = FragmentFileIO(ticket.credentials, ticket.storage, cancel=cancel, allow_local=True)
+    with pytest.raises(InvalidTicketError, match="'id' is not a column"):
+        RunningFragment(ticket, io, cancel)
+
+
+def _condition(**fields: object) -> pb.UserFilter:
+    return pb.UserFilter(conditions=[pb.FilterCondition(**fields)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (pb.UserFilter(), "at least one condition"),
+        (_condition(column="id", values=[pb.FilterValue(integer=1)]), "no \\(or an unknown\\) operator"),
+        (_condition(column="id", operator=77, values=[pb.FilterValue(integer=1)]), "unknown\\) operator"),
+        (_condition(operator=pb.FILTER_OPERATOR_EQ, values=[pb.FilterValue(integer=1)]), "names no column"),
+        (_condition(column="id", operator=pb.FILTER_OPERATOR_EQ), "wrong number of values"),
+        (_condition(column="id", operator=pb.FILTER_OPERATOR_IN), "wrong number of values"),
+        (
+            _condition(column="id", operator=pb.FILTER_OPERATOR_IS_NULL, values=[pb.FilterValue(integer=1)]),
+            "wrong number of values",
+        ),
+        (
+            _condition(
+                column="id",
+                operator=pb.FILTER_OPERATOR_LT,
+                values=[pb.FilterValue(integer=1), pb.FilterValue(integer=2)],
+            ),
+            "wrong number of values",
+        ),
+        (_condition(column="id", operator=pb.FILTER_OPERATOR_EQ, values=[pb.FilterValue()]), "without a type"),
+        (
+            _condition(column="day", operator=pb.FILTER_OPERATOR_EQ, values=[pb.FilterValue(date_days=2**31 - 1)]),
+            "date out of range",
+        ),
+    ],
+)
+def test_malformed_user_filters_are_invalid_tickets(
+    local_tables: LocalTables, message: pb.UserFilter, error: str
+) -> None:
+    ticket = ticket_for(local_tables.events)
+    ticket.user_filter.CopyFrom(message)
+    with pytest.raises(InvalidTicketError, match=error):
+        decode_ticket(ticket)
+
+
+def test_the_wire_form_keeps_every_value_exactly() -> None:
+    where = UserFilter(
+        (
+            Condition("a", "eq", (-(2**63),)),
+            Condition("b", "in", ("x", "", "ä'\"")),
+            Condition("c", "ne", (False,)),
+            Condition("d", "le", (datetime.date(1, 1, 1),)),
+            Condition("d", "gt", (datetime.date(9999, 12, 31),)),
+            Condition("e", "is_null"),
+            Condition("f", "is_not_null"),
+        )
+    )
+    decoded = filter_from_proto(pb.UserFilter.FromString(filter_to_proto(where).SerializeToString()))
+    assert decoded == where
+    assert [type(v) for c in decoded.conditions for v in c.values] == [
+        int,
+        str,
+        str,
+        str,
+        bool,
+        datetime.date,
+        datetime.date,
+    ]
