@@ -240,6 +240,9 @@ EFF_TABLE = "bench.eff"
 EFF_QUERIES = {
     "aggregate": f"SELECT count(*) AS n, sum(x) AS sx, sum(y) AS sy, max(tag) AS mt FROM {EFF_TABLE}",
     "select *": f"SELECT * FROM {EFF_TABLE}",
+    # A simple WHERE: the workers run it after the restrictions (half the rows kept, then a tenth).
+    "agg+WHERE": f"SELECT tag, count(*) AS n, sum(x) AS sx FROM {EFF_TABLE} WHERE x >= 3584 GROUP BY tag",
+    "sel+WHERE": f"SELECT id, x, tag FROM {EFF_TABLE} WHERE x < 717 AND tag <> 'tag-001'",
 }
 
 

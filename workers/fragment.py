@@ -15,9 +15,9 @@ Up to ``max_files_in_flight`` tasks are open at once, read in turn.
 Partial aggregation (``ScanTicket.partial_aggregate``): the same restricted batches are streamed into a private
 DuckDB connection (``sqe.distributed.protocol.partial``) and only its partial rows are sent, without positions.
 
-The user's WHERE (``ScanTicket.user_filter``): run in the reader threads right after the restrictions, on the
-masked values, before batches are sent or aggregated. It is row-wise and deterministic, so a task's output row
-sequence (and with it the row positions) is still the same on every attempt.
+The user's WHERE (``ScanTicket.user_filter``) runs on the masked values: in the reader threads right after the
+restrictions before batches are sent (it is row-wise and deterministic, so a task's output row sequence, and with
+it the row positions, is still the same on every attempt), or in the partial aggregate's DuckDB query.
 """
 
 from __future__ import annotations
@@ -152,6 +152,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         self._schema = restricted_arrow_schema(ticket.read_schema, ticket.output_field_ids, ticket.restrictions)
         # A bad name or an aggregate DuckDB cannot bind fails the ticket before the fragment is registered.
         self._partial_schema = None if ticket.partial is None else checked_partial_schema(ticket.partial, self._schema)
+        # A WHERE that does not fit the restricted output fails the ticket too (also when DuckDB will run it).
         self._where = None if ticket.user_filter is None else _compiled(ticket.user_filter, self._schema)
 
     def stream(
@@ -162,11 +163,11 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         ticket = self.ticket
         schema = self._schema
         transform = restriction_transform(ticket.restrictions, ticket.read_schema, ticket.output_field_ids, ticket.salt)
-        if self._where is not None:
-            transform = filtering(self._where, schema.names, first=transform)
-        if ticket.partial is not None:
+        if ticket.partial is not None:  # its DuckDB runs the WHERE (run_partial)
             yield from self._partial_stream(ticket.partial, executor, transform, max_message_bytes, stats)
             return
+        if self._where is not None:
+            transform = filtering(self._where, schema.names, first=transform)
         yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema), row_positions=True))
         rows = batches = 0
         files_reported = 0
@@ -233,7 +234,8 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
 
         def aggregate() -> None:
             try:
-                for batch in run_partial(partial, self._schema, self._restricted_batches(executor, transform)):
+                batches = self._restricted_batches(executor, transform)
+                for batch in run_partial(partial, self._schema, batches, self.ticket.user_filter):
                     put(batch)
                 put(None)  # done
             except BaseException as exc:  # handed to the stream, which fails the fragment with its kind

@@ -20,6 +20,7 @@ import pyarrow as pa
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.duckdb_connection import connect_locked_down, quote_ident
+from sqe.planning.user_filter import Condition, UserFilter, Value
 
 Function = Literal["count_star", "count", "sum", "min", "max"]
 
@@ -78,14 +79,37 @@ class PartialAggregate:
             shown = ", ".join(repr(name[:100]) for name in unknown[:5])
             raise InvalidTicketError(f"partial_aggregate names column(s) not in the restricted output: {shown}")
 
-    def sql(self, source: str = _SOURCE) -> str:
-        """``SELECT g0.., a0.. FROM source [GROUP BY ..]``: the partial rows of one fragment."""
+    def sql(self, source: str = _SOURCE, where: UserFilter | None = None) -> tuple[str, list[Value]]:
+        """``SELECT g0.., a0.. FROM source [WHERE ..] [GROUP BY ..]`` and its parameters: the partial rows of one
+        fragment, of the rows ``where`` keeps. The WHERE's constants are bound parameters, never SQL text."""
         groups = [f"{quote_ident(name)} AS g{i}" for i, name in enumerate(self.group_by)]
         values = [f"{_call(function, column)} AS a{i}" for i, (function, column) in enumerate(self.aggregates)]
         text = f"SELECT {', '.join(groups + values)} FROM {quote_ident(source)}"
+        parameters: list[Value] = []
+        if where is not None:
+            conditions = [_condition_sql(condition, parameters) for condition in where.conditions]
+            text += " WHERE " + " AND ".join(conditions)
         if self.group_by:
             text += " GROUP BY " + ", ".join(quote_ident(name) for name in self.group_by)
-        return text
+        return text, parameters
+
+
+_SQL_COMPARISONS: dict[str, str] = {"eq": "=", "ne": "<>", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def _condition_sql(condition: Condition, parameters: list[Value]) -> str:
+    """One condition as DuckDB SQL over a quoted column; its constants are appended to ``parameters``. Each
+    constant is of its column's own type family (the worker compiled the filter against its schema first), so
+    DuckDB compares exactly as pyarrow and as the coordinator's DuckDB would (integers widened, strings as bytes)."""
+    column = quote_ident(condition.column)
+    if condition.operator == "is_null":
+        return f"{column} IS NULL"
+    if condition.operator == "is_not_null":
+        return f"{column} IS NOT NULL"
+    parameters.extend(condition.values)
+    if condition.operator == "in":
+        return f"{column} IN ({', '.join('?' for _ in condition.values)})"
+    return f"{column} {_SQL_COMPARISONS[condition.operator]} ?"
 
 
 def _call(function: Function, column: str) -> str:
@@ -98,7 +122,7 @@ def partial_types(spec: PartialAggregate, schema: pa.Schema) -> tuple[pa.Schema,
     con = _connect()
     try:
         con.register(_SOURCE, schema.empty_table())
-        relation = con.sql(spec.sql())
+        relation = con.sql(spec.sql()[0])
         names = [str(t) for t in relation.types]
         return relation.to_arrow_table().schema, names
     finally:
@@ -118,9 +142,11 @@ def checked_partial_schema(spec: PartialAggregate, schema: pa.Schema) -> pa.Sche
 
 
 def run_partial(
-    spec: PartialAggregate, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
+    spec: PartialAggregate, schema: pa.Schema, batches: Iterator[pa.RecordBatch], where: UserFilter | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """The partial rows of the restricted ``batches`` (streamed into DuckDB, never materialised first).
+    """The partial rows of the restricted ``batches`` (streamed into DuckDB, never materialised first), of the
+    rows ``where`` keeps: DuckDB runs it in the aggregation's own pipeline, measured cheaper than filtering the
+    batches first (that copies every kept value once more).
 
     An error raised by ``batches`` (a read failure, cancellation, expired credentials) is re-raised as itself,
     not as DuckDB's wrapping of it, so the fragment fails with its own kind."""
@@ -137,7 +163,8 @@ def run_partial(
     try:
         con.register(_SOURCE, pa.RecordBatchReader.from_batches(schema, guarded()))
         try:
-            reader = con.sql(spec.sql()).to_arrow_reader(_PARTIAL_BATCH_ROWS)
+            text, parameters = spec.sql(where=where)
+            reader = con.sql(text, params=parameters or None).to_arrow_reader(_PARTIAL_BATCH_ROWS)
             yield from reader
         except (duckdb.Error, pa.ArrowException):
             if failure:

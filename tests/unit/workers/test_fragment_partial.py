@@ -50,7 +50,7 @@ def run(ticket: pb.ScanTicket) -> tuple[pa.Table, list[pb.ExecuteResponse]]:
 def _duckdb_reference(rows: pa.Table, spec: PartialAggregate) -> pa.Table:
     con = duckdb.connect()
     con.register("__sqe_fragment", rows)
-    return con.sql(spec.sql()).to_arrow_table()
+    return con.sql(spec.sql()[0]).to_arrow_table()
 
 
 def _sorted(table: pa.Table) -> list[tuple[object, ...]]:

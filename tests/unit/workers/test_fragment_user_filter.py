@@ -14,6 +14,7 @@ from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.distributed.protocol.filters import filter_from_proto, filter_to_proto
 from sqe.distributed.protocol.partial import PartialAggregate
+from sqe.distributed.protocol.partial import run_partial as partial_rows
 from sqe.distributed.protocol.ticket import decode_ticket
 from sqe.planning.user_filter import Condition, UserFilter
 from tests.unit.workers.test_fragment import local_reference, run
@@ -178,3 +179,19 @@ def test_the_wire_form_keeps_every_value_exactly() -> None:
         datetime.date,
         datetime.date,
     ]
+
+
+def test_the_partial_where_binds_its_constants_and_quotes_its_names() -> None:
+    """A partial aggregate's WHERE runs in DuckDB: the names are quoted identifiers and the constants bound
+    parameters, so a quote in either is data, never SQL."""
+    name = 'a"; SELECT 1; --'
+    schema = pa.schema([(name, pa.large_string()), ("n", pa.int32())])
+    batch = pa.record_batch(
+        [pa.array(["x'; --", "y", None], pa.large_string()), pa.array([1, 2, 3], pa.int32())], schema=schema
+    )
+    spec = PartialAggregate((), (("count_star", ""), ("sum", "n")))
+    where = UserFilter((Condition(name, "in", ("x'; --", "z")), Condition("n", "lt", (2**40,))))
+    text, parameters = spec.sql(where=where)
+    assert "x'" not in text and parameters == ["x'; --", "z", 2**40]
+    got = pa.Table.from_batches(list(partial_rows(spec, schema, iter([batch]), where)))
+    assert got.to_pylist() == [{"a0": 1, "a1": 1}]

@@ -132,11 +132,11 @@ def _merged(parser: duckdb.DuckDBPyConnection, sql: str, parts: list[pa.Table], 
     )
     assert prepared is not None
     partial_rows = []
-    where = prepared.partial.where
-    for part in parts:
+    for part in parts:  # what each worker runs (its WHERE included) over its fragment's rows
         worker = duckdb.connect()
-        worker.register("__sqe_fragment", part if where is None else part.filter(where.expression(part.schema)))
-        partial_rows.append(worker.sql(prepared.shape.spec.sql()).to_arrow_table().cast(prepared.partial.schema))
+        worker.register("__sqe_fragment", part)
+        text, parameters = prepared.shape.spec.sql(where=prepared.partial.where)
+        partial_rows.append(worker.sql(text, params=parameters or None).to_arrow_table().cast(prepared.partial.schema))
     con.register("partials", pa.concat_tables(partial_rows) if partial_rows else prepared.partial.schema.empty_table())
     return con.sql(prepared.final_sql("partials")).to_arrow_table()
 
