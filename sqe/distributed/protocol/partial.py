@@ -17,6 +17,7 @@ from typing import Literal
 import duckdb
 import pyarrow as pa
 
+from sqe._lru import LRUCache
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.duckdb_connection import connect_locked_down, quote_ident
@@ -35,7 +36,8 @@ _FROM_WIRE: dict[int, Function] = {wire: name for name, wire in _TO_WIRE.items()
 _SOURCE = "__sqe_fragment"
 # Measured on a worker pinned to one core (bench/distributed.py --efficiency): DuckDB's own threads only
 # compete with the reader threads for that core, one thread was as fast or faster.
-DUCKDB_THREADS: int | None = 1
+DUCKDB_THREADS = 1
+_PARTIAL_TYPES: LRUCache[tuple[PartialAggregate, pa.Schema], tuple[pa.Schema, tuple[str, ...]]] = LRUCache(256)
 _PARTIAL_BATCH_ROWS = 64 * 1024
 _DATABASE: duckdb.DuckDBPyConnection | None = None  # see _connect
 _DATABASE_LOCK = threading.Lock()
@@ -117,16 +119,21 @@ def _call(function: Function, column: str) -> str:
 
 
 def partial_types(spec: PartialAggregate, schema: pa.Schema) -> tuple[pa.Schema, list[str]]:
-    """The partial rows' Arrow schema and DuckDB type names, from the partial SQL over an empty ``schema`` table."""
+    """The partial rows' Arrow schema and DuckDB type names, from the partial SQL over an empty ``schema`` table.
+    Kept per (spec, schema): a pure function of both, asked by the coordinator per statement and by a worker per
+    ticket (about 2 ms each time otherwise)."""
     spec.check_columns(schema)
-    con = _connect()
-    try:
-        con.register(_SOURCE, schema.empty_table())
-        relation = con.sql(spec.sql()[0])
-        names = [str(t) for t in relation.types]
-        return relation.to_arrow_table().schema, names
-    finally:
-        con.close()
+    found = _PARTIAL_TYPES.get((spec, schema))
+    if found is None:
+        con = _connect()
+        try:
+            con.register(_SOURCE, schema.empty_table())
+            relation = con.sql(spec.sql()[0])
+            found = relation.to_arrow_table().schema, tuple(str(t) for t in relation.types)
+        finally:
+            con.close()
+        _PARTIAL_TYPES.put((spec, schema), found)
+    return found[0], list(found[1])
 
 
 def checked_partial_schema(spec: PartialAggregate, schema: pa.Schema) -> pa.Schema:
@@ -192,5 +199,4 @@ def _configure(con: duckdb.DuckDBPyConnection) -> None:
     """Threads as measured; a fixed zone, so a zoned timestamp's Arrow type (its zone label) is the same on the
     coordinator and on every worker whatever their machines' ``TZ`` (a different label fails the query)."""
     con.execute("SET GLOBAL TimeZone = 'UTC'")  # GLOBAL: the default of every cursor
-    if DUCKDB_THREADS is not None:
-        con.execute(f"SET threads = {int(DUCKDB_THREADS)}")
+    con.execute(f"SET threads = {int(DUCKDB_THREADS)}")
