@@ -105,9 +105,6 @@ class UserFilter:
             predicate = predicate & conjunct
         return predicate
 
-    def describe(self) -> str:
-        return f"{len(self.conditions)} condition(s) on {', '.join(sorted({c.column for c in self.conditions}))}"
-
 
 def filtering(
     predicate: pc.Expression,
