@@ -31,12 +31,25 @@ from sqe.planning.sql_analysis import FLIPPED_COMPARISONS, Node, constant_of
 if TYPE_CHECKING:
     from pyiceberg.types import NestedField
 
-__all__ = ["Condition", "NotSimple", "Operator", "UserFilter", "UserFilterMismatch", "Value", "simple_where"]
+__all__ = [
+    "MAX_CONDITIONS",
+    "MAX_VALUES",
+    "Condition",
+    "NotSimple",
+    "Operator",
+    "UserFilter",
+    "UserFilterMismatch",
+    "Value",
+    "simple_where",
+]
 
 Operator = Literal["eq", "ne", "lt", "le", "gt", "ge", "in", "is_null", "is_not_null"]
 Value = int | str | bool | datetime.date
 COMPARISONS: tuple[Operator, ...] = ("eq", "ne", "lt", "le", "gt", "ge")
 NULL_CHECKS: tuple[Operator, ...] = ("is_null", "is_not_null")
+# The most a ticket's user_filter carries (a worker refuses more as an invalid ticket): a bigger WHERE is not simple.
+MAX_CONDITIONS = 1000
+MAX_VALUES = 100_000  # per condition (an IN list)
 _INT64 = 2**63
 
 _DUCKDB_COMPARISONS: dict[str, Operator] = {
@@ -91,9 +104,6 @@ class UserFilter:
         for conjunct in compiled[1:]:
             predicate = predicate & conjunct
         return predicate
-
-    def describe(self) -> str:
-        return f"{len(self.conditions)} condition(s) on {', '.join(sorted({c.column for c in self.conditions}))}"
 
 
 def filtering(
@@ -170,10 +180,13 @@ def simple_where(
 ) -> UserFilter | None:
     """The WHERE clause ``node`` of DuckDB's parse tree as a ``UserFilter`` (None: no WHERE); raises
     ``NotSimple`` for any other shape. ``column_of``: the restricted output column a node references (None: not
-    a plain column reference); ``field_of``: that column's Iceberg field (constants are typed by it)."""
+    a plain column reference); ``field_of``: that column's Iceberg field (constants are typed by it). A WHERE
+    larger than a ticket carries (``MAX_CONDITIONS``, ``MAX_VALUES``) is not simple either."""
     if node is None:
         return None
     conditions = [c for child in _and_children(node) for c in _conditions(child, column_of, field_of)]
+    if len(conditions) > MAX_CONDITIONS or any(len(c.values) > MAX_VALUES for c in conditions):
+        raise NotSimple
     return UserFilter(tuple(conditions))
 
 

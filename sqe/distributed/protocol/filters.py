@@ -10,13 +10,20 @@ import datetime
 
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
-from sqe.planning.user_filter import COMPARISONS, NULL_CHECKS, Condition, Operator, UserFilter, Value
+from sqe.planning.user_filter import (
+    COMPARISONS,
+    MAX_CONDITIONS,
+    MAX_VALUES,
+    NULL_CHECKS,
+    Condition,
+    Operator,
+    UserFilter,
+    Value,
+)
 
 __all__ = ["filter_from_proto", "filter_to_proto"]
 
 _EPOCH = datetime.date(1970, 1, 1)
-_MAX_CONDITIONS = 1000
-_MAX_VALUES = 100_000
 _TO_WIRE: dict[Operator, int] = {
     "eq": pb.FILTER_OPERATOR_EQ,
     "ne": pb.FILTER_OPERATOR_NE,
@@ -58,8 +65,8 @@ def filter_from_proto(message: pb.UserFilter) -> UserFilter:
     """The filter a ticket carries; a structural problem is InvalidTicketError (the fragment never starts)."""
     if not message.conditions:
         raise InvalidTicketError("user_filter needs at least one condition")
-    if len(message.conditions) > _MAX_CONDITIONS:
-        raise InvalidTicketError(f"user_filter has more than {_MAX_CONDITIONS} conditions")
+    if len(message.conditions) > MAX_CONDITIONS:
+        raise InvalidTicketError(f"user_filter has more than {MAX_CONDITIONS} conditions")
     return UserFilter(tuple(_condition(item, index) for index, item in enumerate(message.conditions)))
 
 
@@ -71,7 +78,7 @@ def _condition(item: pb.FilterCondition, index: int) -> Condition:
         raise InvalidTicketError(f"user_filter: condition {index} names no column")
     count = len(item.values)
     fits = count == 0 if operator in NULL_CHECKS else count == 1 if operator in COMPARISONS else count >= 1
-    if not fits or count > _MAX_VALUES:
+    if not fits or count > MAX_VALUES:
         raise InvalidTicketError(f"user_filter: condition {index} ({operator}) has the wrong number of values")
     return Condition(item.column, operator, tuple(_value(v, index) for v in item.values))
 

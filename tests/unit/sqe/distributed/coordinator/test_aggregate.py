@@ -12,6 +12,7 @@ from pyiceberg.schema import assign_fresh_schema_ids
 
 from sqe.catalog.base import TableIdent
 from sqe.distributed.coordinator.aggregate import AggregateShape, ScanShape, prepare, recognise
+from sqe.distributed.protocol.filters import filter_from_proto, filter_to_proto
 from sqe.distributed.protocol.partial import PartialAggregate, partial_types
 from sqe.planning.sql_analysis import TableRef, parse_select
 from sqe.planning.user_filter import Condition, UserFilter
@@ -203,6 +204,18 @@ def test_a_simple_where_goes_with_the_spec(
     shape = _recognised(parser, sql)
     assert shape is not None and shape.where == UserFilter(conditions)
     assert "the WHERE keeps" in shape.describe()
+
+
+def test_a_where_larger_than_a_ticket_carries_stays_with_duckdb(parser: duckdb.DuckDBPyConnection) -> None:
+    """Every WHERE the coordinator accepts is one a worker decodes: more conditions, or a longer IN list, than a
+    ticket's user_filter may carry would fail the query as an invalid ticket; such a statement runs as before."""
+    at_limit = "SELECT count(*) FROM ns.t WHERE " + " AND ".join(f"id <> {i}" for i in range(1000))
+    shape = _recognised(parser, at_limit)
+    assert shape is not None and shape.where is not None
+    assert filter_from_proto(filter_to_proto(shape.where)) == shape.where
+    assert _recognised(parser, at_limit + " AND id <> 1000") is None
+    long_in = "SELECT count(*) FROM ns.t WHERE id IN (" + ", ".join(str(i) for i in range(100_001)) + ")"
+    assert _recognised(parser, long_in) is None
 
 
 def test_a_date_constant_is_a_date() -> None:
