@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_CONDITIONS",
+    "MAX_TEXT_BYTES",
     "MAX_VALUES",
     "Condition",
     "NotSimple",
@@ -50,6 +51,7 @@ NULL_CHECKS: tuple[Operator, ...] = ("is_null", "is_not_null")
 # The most a ticket's user_filter carries (a worker refuses more as an invalid ticket): a bigger WHERE is not simple.
 MAX_CONDITIONS = 1000
 MAX_VALUES = 100_000  # per condition (an IN list)
+MAX_TEXT_BYTES = 1 << 20  # UTF-8 bytes of all string constants: the ticket stays well inside a gRPC message
 _INT64 = 2**63
 
 _DUCKDB_COMPARISONS: dict[str, Operator] = {
@@ -93,6 +95,10 @@ class UserFilter:
     """An AND of conditions over the restricted output's columns (at least one)."""
 
     conditions: tuple[Condition, ...]
+
+    def text_bytes(self) -> int:
+        """UTF-8 bytes of the string constants (what bounds a ticket's size: the other constants are small)."""
+        return sum(len(v.encode()) for c in self.conditions for v in c.values if isinstance(v, str))
 
     def expression(self, schema: pa.Schema) -> pc.Expression:
         """The Arrow expression of the filter over batches of ``schema``; ``UserFilterMismatch`` when a condition
@@ -181,13 +187,16 @@ def simple_where(
     """The WHERE clause ``node`` of DuckDB's parse tree as a ``UserFilter`` (None: no WHERE); raises
     ``NotSimple`` for any other shape. ``column_of``: the restricted output column a node references (None: not
     a plain column reference); ``field_of``: that column's Iceberg field (constants are typed by it). A WHERE
-    larger than a ticket carries (``MAX_CONDITIONS``, ``MAX_VALUES``) is not simple either."""
+    larger than a ticket carries (``MAX_CONDITIONS``, ``MAX_VALUES``, ``MAX_TEXT_BYTES``) is not simple either."""
     if node is None:
         return None
     conditions = [c for child in _and_children(node) for c in _conditions(child, column_of, field_of)]
+    where = UserFilter(tuple(conditions))
     if len(conditions) > MAX_CONDITIONS or any(len(c.values) > MAX_VALUES for c in conditions):
         raise NotSimple
-    return UserFilter(tuple(conditions))
+    if where.text_bytes() > MAX_TEXT_BYTES:
+        raise NotSimple
+    return where
 
 
 def _and_children(node: Node) -> Iterator[Node]:

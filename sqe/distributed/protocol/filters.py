@@ -13,6 +13,7 @@ from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.planning.user_filter import (
     COMPARISONS,
     MAX_CONDITIONS,
+    MAX_TEXT_BYTES,
     MAX_VALUES,
     NULL_CHECKS,
     Condition,
@@ -67,7 +68,10 @@ def filter_from_proto(message: pb.UserFilter) -> UserFilter:
         raise InvalidTicketError("user_filter needs at least one condition")
     if len(message.conditions) > MAX_CONDITIONS:
         raise InvalidTicketError(f"user_filter has more than {MAX_CONDITIONS} conditions")
-    return UserFilter(tuple(_condition(item, index) for index, item in enumerate(message.conditions)))
+    where = UserFilter(tuple(_condition(item, index) for index, item in enumerate(message.conditions)))
+    if where.text_bytes() > MAX_TEXT_BYTES:
+        raise InvalidTicketError(f"user_filter's string constants exceed {MAX_TEXT_BYTES} bytes")
+    return where
 
 
 def _condition(item: pb.FilterCondition, index: int) -> Condition:

@@ -195,3 +195,13 @@ def test_the_partial_where_binds_its_constants_and_quotes_its_names() -> None:
     assert "x'" not in text and parameters == ["x'; --", "z", 2**40]
     got = pa.Table.from_batches(list(partial_rows(spec, schema, iter([batch]), where)))
     assert got.to_pylist() == [{"a0": 1, "a1": 1}]
+
+
+def test_a_ticket_with_more_string_constants_than_a_filter_may_carry_is_refused(local_tables: LocalTables) -> None:
+    ticket = ticket_for(local_tables.events)
+    values = [pb.FilterValue(text="x" * 1024) for _ in range(1025)]  # just over 1 MiB
+    ticket.user_filter.CopyFrom(
+        pb.UserFilter(conditions=[pb.FilterCondition(column="label", operator=pb.FILTER_OPERATOR_IN, values=values)])
+    )
+    with pytest.raises(InvalidTicketError, match="string constants exceed 1048576 bytes"):
+        decode_ticket(ticket)

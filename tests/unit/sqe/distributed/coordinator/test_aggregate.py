@@ -216,6 +216,13 @@ def test_a_where_larger_than_a_ticket_carries_stays_with_duckdb(parser: duckdb.D
     assert _recognised(parser, at_limit + " AND id <> 1000") is None
     long_in = "SELECT count(*) FROM ns.t WHERE id IN (" + ", ".join(str(i) for i in range(100_001)) + ")"
     assert _recognised(parser, long_in) is None
+    text = "x" * 1000
+
+    def strings(count: int) -> str:  # about 1 kB of string constant each
+        return "SELECT count(*) FROM ns.t WHERE grp IN (" + ", ".join(f"'{text}{i}'" for i in range(count)) + ")"
+
+    assert _recognised(parser, strings(1000)) is not None  # 1,003,890 bytes: inside MAX_TEXT_BYTES (1 MiB)
+    assert _recognised(parser, strings(1100)) is None
 
 
 def test_a_date_constant_is_a_date() -> None:
