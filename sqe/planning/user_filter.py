@@ -5,10 +5,14 @@ A pass-through statement (``sqe.execution.passthrough``) and a partial aggregate
 then masked) batches, instead of DuckDB running it above the scan. Only this shape qualifies (anything else, or
 anything unsure, leaves the WHERE to DuckDB):
 
-- an AND of ``column <op> constant`` (``=``, ``<>``, ``<``, ``<=``, ``>``, ``>=``, either side), ``IN`` lists of
-  constants, ``BETWEEN`` and ``IS [NOT] NULL``;
+- ANDs and ORs (nested up to ``MAX_DEPTH``, never NOT) of ``column <op> constant`` (``=``, ``<>``, ``<``,
+  ``<=``, ``>``, ``>=``, either side), ``IN`` lists of constants, ``BETWEEN`` and ``IS [NOT] NULL``;
 - on columns and constants of the types whose comparison pyarrow and DuckDB define the same way: integers,
   strings, booleans, dates (``IS [NOT] NULL`` on any primitive column).
+
+Why no NOT: pyarrow's ``is_in`` answers false for a NULL input where DuckDB's ``IN`` answers NULL. Both drop the
+row, and without a negation anywhere above it a false and a NULL leaf can never make a different row true (AND and
+OR are monotone in three-valued logic), so the kept rows are the same; a NOT would turn the false into a true.
 
 A ``UserFilter`` is plain data (column names, operators, Python constants), so a coordinator can send it to a
 worker (``ScanTicket.user_filter``) and the worker compiles it against its own restricted schema with the same
@@ -33,8 +37,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_CONDITIONS",
+    "MAX_DEPTH",
     "MAX_TEXT_BYTES",
     "MAX_VALUES",
+    "AllOf",
+    "AnyOf",
+    "Clause",
     "Condition",
     "NotSimple",
     "Operator",
@@ -52,6 +60,7 @@ NULL_CHECKS: tuple[Operator, ...] = ("is_null", "is_not_null")
 MAX_CONDITIONS = 1000
 MAX_VALUES = 100_000  # per condition (an IN list)
 MAX_TEXT_BYTES = 1 << 20  # UTF-8 bytes of all string constants: the ticket stays well inside a gRPC message
+MAX_DEPTH = 16  # ANDs and ORs nested in one another (the top-level AND is depth 0)
 _INT64 = 2**63
 
 _DUCKDB_COMPARISONS: dict[str, Operator] = {
@@ -91,25 +100,81 @@ class Condition:
 
 
 @dataclass(frozen=True)
-class UserFilter:
-    """An AND of conditions over the restricted output's columns (at least one)."""
+class AnyOf:
+    """True where any of its clauses is (SQL OR, at least two)."""
 
-    conditions: tuple[Condition, ...]
+    clauses: tuple[Clause, ...]
+
+
+@dataclass(frozen=True)
+class AllOf:
+    """True where all of its clauses are (an AND inside an OR, at least two)."""
+
+    clauses: tuple[Clause, ...]
+
+
+Clause = Condition | AnyOf | AllOf
+
+
+@dataclass(frozen=True)
+class UserFilter:
+    """An AND of clauses over the restricted output's columns (at least one)."""
+
+    conditions: tuple[Clause, ...]
+
+    def leaves(self) -> Iterator[Condition]:
+        """Every condition, however deep in ANDs and ORs."""
+        for clause in self.conditions:
+            yield from _leaves(clause)
+
+    def depth(self) -> int:
+        return max((_depth(clause) for clause in self.conditions), default=0)
 
     def text_bytes(self) -> int:
         """UTF-8 bytes of the string constants (what bounds a ticket's size: the other constants are small)."""
-        return sum(len(v.encode()) for c in self.conditions for v in c.values if isinstance(v, str))
+        return sum(len(v.encode()) for c in self.leaves() for v in c.values if isinstance(v, str))
 
     def expression(self, schema: pa.Schema) -> pc.Expression:
         """The Arrow expression of the filter over batches of ``schema``; ``UserFilterMismatch`` when a condition
         names no column of it, has the wrong number of values, or a value of another type family."""
         if not self.conditions:
             raise UserFilterMismatch("a user filter needs at least one condition")
-        compiled = [_compile(condition, schema) for condition in self.conditions]
-        predicate = compiled[0]
-        for conjunct in compiled[1:]:
-            predicate = predicate & conjunct
-        return predicate
+        return _all([_compile_clause(clause, schema) for clause in self.conditions])
+
+
+def _leaves(clause: Clause) -> Iterator[Condition]:
+    if isinstance(clause, Condition):
+        yield clause
+    else:
+        for part in clause.clauses:
+            yield from _leaves(part)
+
+
+def _depth(clause: Clause) -> int:
+    return 0 if isinstance(clause, Condition) else 1 + max((_depth(c) for c in clause.clauses), default=0)
+
+
+def _compile_clause(clause: Clause, schema: pa.Schema) -> pc.Expression:
+    if isinstance(clause, Condition):
+        return _compile(clause, schema)
+    if len(clause.clauses) < 2:
+        raise UserFilterMismatch("user filter: an AND or OR needs at least two clauses")
+    parts = [_compile_clause(part, schema) for part in clause.clauses]
+    return _all(parts) if isinstance(clause, AllOf) else _any(parts)
+
+
+def _all(parts: list[pc.Expression]) -> pc.Expression:
+    predicate = parts[0]
+    for part in parts[1:]:
+        predicate = predicate & part  # and_kleene: DuckDB's three-valued AND
+    return predicate
+
+
+def _any(parts: list[pc.Expression]) -> pc.Expression:
+    predicate = parts[0]
+    for part in parts[1:]:
+        predicate = predicate | part  # or_kleene: DuckDB's three-valued OR
+    return predicate
 
 
 def filtering(
@@ -192,24 +257,35 @@ def simple_where(
         return None
     conditions = [c for child in _and_children(node) for c in _conditions(child, column_of, field_of)]
     where = UserFilter(tuple(conditions))
-    if len(conditions) > MAX_CONDITIONS or any(len(c.values) > MAX_VALUES for c in conditions):
+    leaves = list(where.leaves())
+    if len(leaves) > MAX_CONDITIONS or any(len(c.values) > MAX_VALUES for c in leaves):
         raise NotSimple
-    if where.text_bytes() > MAX_TEXT_BYTES:
+    if where.depth() > MAX_DEPTH or where.text_bytes() > MAX_TEXT_BYTES:
         raise NotSimple
     return where
 
 
 def _and_children(node: Node) -> Iterator[Node]:
-    if node.get("class") == "CONJUNCTION" and node.get("type") == "CONJUNCTION_AND":
+    yield from _junction_children(node, "CONJUNCTION_AND")
+
+
+def _junction_children(node: Node, junction: str, depth: int = 0) -> Iterator[Node]:
+    """The operands of nested same-kind junctions (``a AND (b AND c)``: a, b, c), or the node itself."""
+    if depth > MAX_DEPTH:
+        raise NotSimple  # nested deeper than a ticket carries (and never recursed without bound)
+    if node.get("class") == "CONJUNCTION" and node.get("type") == junction:
         for child in node.get("children", []):
-            yield from _and_children(child)
+            yield from _junction_children(child, junction, depth + 1)
     else:
         yield node
 
 
 def _conditions(
-    node: Node, column_of: Callable[[Node | None], str | None], field_of: Callable[[str], NestedField]
-) -> list[Condition]:
+    node: Node,
+    column_of: Callable[[Node | None], str | None],
+    field_of: Callable[[str], NestedField],
+    depth: int = 0,
+) -> list[Clause]:
     def column(child: Node | None) -> str:
         name = column_of(child)
         if name is None:
@@ -220,6 +296,11 @@ def _conditions(
         return _constant(child, field_of(name))
 
     kind = str(node.get("type"))
+    if node.get("class") == "CONJUNCTION" and kind == "CONJUNCTION_OR":
+        if depth >= MAX_DEPTH:
+            raise NotSimple
+        options = [_conditions_of_and(child, column_of, field_of, depth + 1) for child in _or_children(node)]
+        return [AnyOf(tuple(options))]
     if kind in _DUCKDB_COMPARISONS:
         left, right = node.get("left"), node.get("right")
         if isinstance(right, dict) and right.get("class") == "COLUMN_REF":
@@ -242,6 +323,18 @@ def _conditions(
         low, high = constant(node.get("lower"), name), constant(node.get("upper"), name)
         return [Condition(name, "ge", (low,)), Condition(name, "le", (high,))]
     raise NotSimple
+
+
+def _or_children(node: Node) -> Iterator[Node]:
+    yield from _junction_children(node, "CONJUNCTION_OR")
+
+
+def _conditions_of_and(
+    node: Node, column_of: Callable[[Node | None], str | None], field_of: Callable[[str], NestedField], depth: int
+) -> Clause:
+    """One alternative of an OR: a clause, or the AND of several (``a AND b``, a BETWEEN's two bounds)."""
+    parts = [c for child in _and_children(node) for c in _conditions(child, column_of, field_of, depth)]
+    return parts[0] if len(parts) == 1 else AllOf(tuple(parts))
 
 
 def _constant(node: Node | None, field: NestedField) -> Value:

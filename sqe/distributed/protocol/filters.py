@@ -7,15 +7,20 @@ conditions fit the restricted output is the worker's compile of the filter again
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterator
 
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.planning.user_filter import (
     COMPARISONS,
     MAX_CONDITIONS,
+    MAX_DEPTH,
     MAX_TEXT_BYTES,
     MAX_VALUES,
     NULL_CHECKS,
+    AllOf,
+    AnyOf,
+    Clause,
     Condition,
     Operator,
     UserFilter,
@@ -40,16 +45,19 @@ _FROM_WIRE: dict[int, Operator] = {wire: name for name, wire in _TO_WIRE.items()
 
 
 def filter_to_proto(where: UserFilter) -> pb.UserFilter:
-    return pb.UserFilter(
-        conditions=[
-            pb.FilterCondition(
-                column=c.column,
-                operator=_TO_WIRE[c.operator],  # type: ignore[arg-type]
-                values=[_value_to_proto(v) for v in c.values],
-            )
-            for c in where.conditions
-        ]
-    )
+    return pb.UserFilter(conditions=[_clause_to_proto(clause) for clause in where.conditions])
+
+
+def _clause_to_proto(clause: Clause) -> pb.FilterClause:
+    if isinstance(clause, Condition):
+        condition = pb.FilterCondition(
+            column=clause.column,
+            operator=_TO_WIRE[clause.operator],  # type: ignore[arg-type]
+            values=[_value_to_proto(v) for v in clause.values],
+        )
+        return pb.FilterClause(condition=condition)
+    parts = pb.FilterClauses(clauses=[_clause_to_proto(part) for part in clause.clauses])
+    return pb.FilterClause(any=parts) if isinstance(clause, AnyOf) else pb.FilterClause(all=parts)
 
 
 def _value_to_proto(value: Value) -> pb.FilterValue:
@@ -66,12 +74,31 @@ def filter_from_proto(message: pb.UserFilter) -> UserFilter:
     """The filter a ticket carries; a structural problem is InvalidTicketError (the fragment never starts)."""
     if not message.conditions:
         raise InvalidTicketError("user_filter needs at least one condition")
-    if len(message.conditions) > MAX_CONDITIONS:
-        raise InvalidTicketError(f"user_filter has more than {MAX_CONDITIONS} conditions")
-    where = UserFilter(tuple(_condition(item, index) for index, item in enumerate(message.conditions)))
+    counter = iter(range(MAX_CONDITIONS + 1))
+    where = UserFilter(tuple(_clause(item, counter, 0) for item in message.conditions))
     if where.text_bytes() > MAX_TEXT_BYTES:
         raise InvalidTicketError(f"user_filter's string constants exceed {MAX_TEXT_BYTES} bytes")
     return where
+
+
+def _clause(item: pb.FilterClause, counter: Iterator[int], depth: int) -> Clause:
+    """One clause; ``counter`` numbers the conditions (running out of numbers is too many), ``depth`` the
+    nesting of ANDs and ORs."""
+    kind = item.WhichOneof("clause")
+    if kind == "condition":
+        index = next(counter, None)
+        if index is None or index >= MAX_CONDITIONS:
+            raise InvalidTicketError(f"user_filter has more than {MAX_CONDITIONS} conditions")
+        return _condition(item.condition, index)
+    if kind is None:
+        raise InvalidTicketError("user_filter: a clause is empty")
+    if depth >= MAX_DEPTH:
+        raise InvalidTicketError(f"user_filter nests ANDs and ORs more than {MAX_DEPTH} deep")
+    parts = item.any.clauses if kind == "any" else item.all.clauses
+    if len(parts) < 2:
+        raise InvalidTicketError(f"user_filter: an {'OR' if kind == 'any' else 'AND'} needs at least two clauses")
+    clauses = tuple(_clause(part, counter, depth + 1) for part in parts)
+    return AnyOf(clauses) if kind == "any" else AllOf(clauses)
 
 
 def _condition(item: pb.FilterCondition, index: int) -> Condition:

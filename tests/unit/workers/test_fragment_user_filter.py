@@ -116,7 +116,7 @@ def test_a_column_only_the_row_filter_reads_cannot_be_filtered_on(local_tables: 
 
 
 def _condition(**fields: object) -> pb.UserFilter:
-    return pb.UserFilter(conditions=[pb.FilterCondition(**fields)])  # type: ignore[arg-type]
+    return pb.UserFilter(conditions=[pb.FilterClause(condition=pb.FilterCondition(**fields))])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,13 @@ def test_a_ticket_with_more_string_constants_than_a_filter_may_carry_is_refused(
     ticket = ticket_for(local_tables.events)
     values = [pb.FilterValue(text="x" * 1024) for _ in range(1025)]  # just over 1 MiB
     ticket.user_filter.CopyFrom(
-        pb.UserFilter(conditions=[pb.FilterCondition(column="label", operator=pb.FILTER_OPERATOR_IN, values=values)])
+        pb.UserFilter(
+            conditions=[
+                pb.FilterClause(
+                    condition=pb.FilterCondition(column="label", operator=pb.FILTER_OPERATOR_IN, values=values)
+                )
+            ]
+        )
     )
     with pytest.raises(InvalidTicketError, match="string constants exceed 1048576 bytes"):
         decode_ticket(ticket)

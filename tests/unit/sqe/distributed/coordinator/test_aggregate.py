@@ -15,7 +15,7 @@ from sqe.distributed.coordinator.aggregate import AggregateShape, ScanShape, pre
 from sqe.distributed.protocol.filters import filter_from_proto, filter_to_proto
 from sqe.distributed.protocol.partial import PartialAggregate, partial_types
 from sqe.planning.sql_analysis import TableRef, parse_select
-from sqe.planning.user_filter import Condition, UserFilter
+from sqe.planning.user_filter import AllOf, AnyOf, Condition, UserFilter
 
 IDENT = TableIdent("wh", ("ns",), "t")
 SCHEMA = pa.schema(
@@ -76,7 +76,11 @@ def test_eligible_shapes(
     "sql",
     [
         "SELECT count(*) FROM ns.t WHERE id % 3 = 0",
-        "SELECT count(*) FROM ns.t WHERE id > 3 OR grp = 'a'",
+        "SELECT count(*) FROM ns.t WHERE NOT (id > 3)",  # NOT: pyarrow's is_in and DuckDB's IN differ on NULL
+        "SELECT count(*) FROM ns.t WHERE id NOT IN (1, 2)",
+        "SELECT count(*) FROM ns.t WHERE NOT (id > 3 OR grp = 'a')",
+        "SELECT count(*) FROM ns.t WHERE id > 3 OR FALSE",
+        "SELECT count(*) FROM ns.t WHERE id > 3 OR lower(grp) = 'a'",
         "SELECT count(*) FROM ns.t WHERE price > 1.5",  # floats: pyarrow and DuckDB may differ (NaN)
         "SELECT count(*) FROM ns.t WHERE grp = 1",  # a constant of another family: DuckDB's cast rules
         "SELECT count(*) FROM ns.t WHERE id = 'x'",
@@ -170,6 +174,8 @@ def _data() -> pa.Table:
         "SELECT count(*), sum(amount) FROM ns.t WHERE amount IS NULL",
         "SELECT count(*) AS n, sum(amount) AS s FROM ns.t WHERE id > 100",  # no row kept: 0 and NULL
         "SELECT grp, count(*) FROM ns.t WHERE grp IN ('a', 'c') GROUP BY grp",
+        "SELECT grp, count(*), sum(amount) FROM ns.t WHERE amount > 8 OR grp IS NULL OR (id < 3 AND grp = 'a') "
+        "GROUP BY grp",
     ],
 )
 def test_the_final_query_gives_duckdbs_own_names_types_and_values(parser: duckdb.DuckDBPyConnection, sql: str) -> None:
@@ -196,6 +202,25 @@ def test_the_final_query_gives_duckdbs_own_names_types_and_values(parser: duckdb
             ),
         ),
         ("SELECT count(*) FROM ns.t WHERE price IS NULL", (Condition("price", "is_null"),)),
+        (
+            "SELECT count(*) FROM ns.t WHERE (id > 3 OR grp = 'a' OR (amount BETWEEN 1 AND 2 AND id < 0)) AND id <> 9",
+            (
+                AnyOf(
+                    (
+                        Condition("id", "gt", (3,)),
+                        Condition("grp", "eq", ("a",)),
+                        AllOf(
+                            (
+                                Condition("amount", "ge", (1,)),
+                                Condition("amount", "le", (2,)),
+                                Condition("id", "lt", (0,)),
+                            )
+                        ),
+                    )
+                ),
+                Condition("id", "ne", (9,)),
+            ),
+        ),
     ],
 )
 def test_a_simple_where_goes_with_the_spec(

@@ -1,0 +1,155 @@
+"""The simple WHERE outside DuckDB keeps exactly DuckDB's rows: recognised from DuckDB's own parse tree, compiled
+to a pyarrow expression (pass-through, plain worker fragments) and to the partial aggregate's parameterised SQL
+(worker fragments that aggregate), on data full of NULLs (no servers: DuckDB in memory)."""
+
+from __future__ import annotations
+
+import datetime
+
+import duckdb
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.schema import assign_fresh_schema_ids
+
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import InvalidTicketError
+from sqe.distributed.protocol.filters import filter_from_proto, filter_to_proto
+from sqe.distributed.protocol.partial import PartialAggregate
+from sqe.planning.sql_analysis import parse_select
+from sqe.planning.user_filter import MAX_DEPTH, AnyOf, Condition, NotSimple, UserFilter, simple_where
+
+N = 60
+TABLE = pa.table(
+    {
+        "i": pa.array([None if k % 7 == 0 else k % 11 - 3 for k in range(N)], pa.int32()),
+        "s": pa.array([None if k % 5 == 0 else ("a", "b", "B", "", "ä")[k % 4] for k in range(N)], pa.large_string()),
+        "b": pa.array([None if k % 6 == 0 else k % 2 == 0 for k in range(N)], pa.bool_()),
+        "d": pa.array(
+            [None if k % 9 == 0 else datetime.date(2024, 1, 1) + datetime.timedelta(days=k % 13) for k in range(N)],
+            pa.date32(),
+        ),
+        "k": pa.array(range(N), pa.int64()),
+    }
+)
+READ_SCHEMA = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(TABLE.schema))
+
+WHERES = [
+    "i > 2",
+    "i IN (1, 2, 5) OR s = 'b'",  # an IN leaf: false for a NULL in pyarrow, NULL in DuckDB
+    "i IN (1, 2) OR s IN ('a', 'ä')",
+    "(i < 0 OR b = true) AND (s <> 'a' OR d >= '2024-01-05')",
+    "i IS NULL OR (s IS NOT NULL AND i BETWEEN -2 AND 2)",
+    "b = false OR d IN ('2024-01-02', '2024-01-09') OR (k >= 50 AND (i = 4 OR s = ''))",
+    "s < 'b' OR s > 'B'",  # byte order: 'B' < 'a' < 'b' < 'ä'
+    "(i = 1 OR i = 2) AND (i = 2 OR i = 3)",
+]
+
+
+def _where(sql: str) -> UserFilter:
+    tree = parse_select(duckdb.connect(), f"SELECT * FROM t WHERE {sql}")
+    names = set(TABLE.schema.names)
+
+    def column_of(node: object) -> str | None:
+        parts = node.get("column_names") if isinstance(node, dict) and node.get("class") == "COLUMN_REF" else None
+        return parts[-1] if parts and parts[-1] in names else None
+
+    where = simple_where(tree.get("where_clause"), column_of, READ_SCHEMA.find_field)
+    assert where is not None
+    return where
+
+
+def _duckdb(sql: str) -> list[int]:
+    con = duckdb.connect()
+    con.register("t", TABLE)
+    return sorted(k for (k,) in con.sql(f"SELECT k FROM t WHERE {sql}").fetchall())
+
+
+@pytest.mark.parametrize("sql", WHERES)
+def test_the_arrow_expression_keeps_duckdbs_rows(sql: str) -> None:
+    kept = TABLE.filter(_where(sql).expression(TABLE.schema))
+    assert sorted(kept.column("k").to_pylist()) == _duckdb(sql)
+
+
+@pytest.mark.parametrize("sql", WHERES)
+def test_the_partial_aggregates_sql_keeps_duckdbs_rows(sql: str) -> None:
+    spec = PartialAggregate(("k",), (("count_star", ""),))
+    text, parameters = spec.sql(source="t", where=_where(sql))
+    con = duckdb.connect()
+    con.register("t", TABLE)
+    assert sorted(k for k, _ in con.sql(text, params=parameters or None).fetchall()) == _duckdb(sql)
+
+
+@pytest.mark.parametrize("sql", WHERES)
+def test_the_wire_form_is_the_same_filter(sql: str) -> None:
+    where = _where(sql)
+    assert filter_from_proto(pb.UserFilter.FromString(filter_to_proto(where).SerializeToString())) == where
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "NOT (i > 2)",
+        "i NOT IN (1, 2)",
+        "i NOT BETWEEN 1 AND 2",
+        "i > 2 OR TRUE",
+        "i > 2 OR i + 1 > 3",
+        "i > 2 OR s LIKE 'a%'",
+        "i > 2 OR s = 1",
+        "i > 2 OR b",  # a bare column is not a condition
+    ],
+)
+def test_negations_and_other_shapes_stay_with_duckdb(sql: str) -> None:
+    with pytest.raises(NotSimple):
+        _where(sql)
+
+
+def test_ors_nested_deeper_than_a_ticket_carries_stay_with_duckdb() -> None:
+    def nested(depth: int) -> str:  # i = 0 OR (k = 0 AND (i = 1 OR (k = 1 AND ...)))
+        text = "i = 99"
+        for level in range(depth):
+            text = f"i = {level} OR (k = {level} AND ({text}))" if level % 2 else f"(i = {level} OR ({text}))"
+        return text
+
+    assert _where(nested(8)).depth() <= MAX_DEPTH
+    with pytest.raises(NotSimple):
+        _where(nested(40))
+
+
+def _clause(**fields: object) -> pb.FilterClause:
+    return pb.FilterClause(**fields)  # type: ignore[arg-type]
+
+
+EQ_ONE = _clause(
+    condition=pb.FilterCondition(column="i", operator=pb.FILTER_OPERATOR_EQ, values=[pb.FilterValue(integer=1)])
+)
+
+
+@pytest.mark.parametrize(
+    ("clause", "error"),
+    [
+        (_clause(), "a clause is empty"),
+        (_clause(any=pb.FilterClauses(clauses=[EQ_ONE])), "an OR needs at least two clauses"),
+        (_clause(all=pb.FilterClauses()), "an AND needs at least two clauses"),
+    ],
+)
+def test_malformed_clauses_are_invalid_tickets(clause: pb.FilterClause, error: str) -> None:
+    with pytest.raises(InvalidTicketError, match=error):
+        filter_from_proto(pb.UserFilter(conditions=[clause]))
+
+
+def test_a_wire_filter_nested_too_deep_or_too_large_is_an_invalid_ticket() -> None:
+    deep = EQ_ONE
+    for _ in range(MAX_DEPTH + 1):
+        deep = _clause(any=pb.FilterClauses(clauses=[deep, EQ_ONE]))
+    with pytest.raises(InvalidTicketError, match="more than 16 deep"):
+        filter_from_proto(pb.UserFilter(conditions=[deep]))
+    wide = _clause(any=pb.FilterClauses(clauses=[EQ_ONE] * 1001))
+    with pytest.raises(InvalidTicketError, match="more than 1000 conditions"):
+        filter_from_proto(pb.UserFilter(conditions=[wide]))
+    assert filter_from_proto(pb.UserFilter(conditions=[_clause(any=pb.FilterClauses(clauses=[EQ_ONE] * 1000))]))
+
+
+def test_an_or_of_one_clause_does_not_compile() -> None:
+    with pytest.raises(ValueError, match="at least two clauses"):
+        UserFilter((AnyOf((Condition("i", "eq", (1,)),)),)).expression(TABLE.schema)
