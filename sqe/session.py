@@ -62,6 +62,7 @@ from sqe.errors import (
 from sqe.execution.external import ExternalSources
 from sqe.planning import views
 from sqe.planning.sql_analysis import (
+    TOO_DEEP,
     TableRef,
     column_usage,
     columns_to_read,
@@ -375,6 +376,8 @@ class Session:
             self._in_statement = True
             try:
                 return self._sql(text, params)
+            except RecursionError:  # any analysis of a parse tree close to the decoder's depth: one typed line
+                raise QueryError(TOO_DEEP) from None
             finally:
                 self._in_statement = False
 

@@ -42,6 +42,7 @@ _INT_RANGE = 2**63
 # DuckDB's parse of a text is a pure function of the text: a repeat query skips the round trip into DuckDB
 # (about half a millisecond of a warm tiny query). Bounded by entries and by the length of a kept text.
 _PARSED_ENTRIES = 256
+TOO_DEEP = "the statement nests its expressions too deeply for SQE to analyse (a few hundred levels at most)"
 _PARSED_MAX_SQL_CHARS = 16 << 10
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -101,7 +102,10 @@ def parse_select(con: duckdb.DuckDBPyConnection, sql: str) -> Node:
     if serialized is None:
         row = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
         serialized = str(row[0]) if row else '{"error": true, "error_message": "empty statement"}'
-    parsed: dict[str, Any] = json.loads(serialized)
+    try:
+        parsed: dict[str, Any] = json.loads(serialized)
+    except RecursionError:  # DuckDB parsed it, but its tree is deeper than Python decodes
+        raise QueryError(TOO_DEEP) from None
     if parsed.get("error"):
         message = str(parsed.get("error_message", "cannot parse the statement")).splitlines()[0]
         if "Only SELECT statements" in message:

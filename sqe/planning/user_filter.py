@@ -297,7 +297,7 @@ def _conditions(
 
     kind = str(node.get("type"))
     if node.get("class") == "CONJUNCTION" and kind == "CONJUNCTION_OR":
-        if depth >= MAX_DEPTH:
+        if depth >= MAX_DEPTH:  # bounds the recursion; the exact limit is simple_where's where.depth() check
             raise NotSimple
         options = [_conditions_of_and(child, column_of, field_of, depth + 1) for child in _or_children(node)]
         return [AnyOf(tuple(options))]

@@ -139,6 +139,20 @@ def test_ctes_and_aliases_are_not_tables(session: Session, provider: LocalProvid
     assert one(session, cte) == 5
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT " + "abs(" * 600 + "1" + ")" * 600 + " FROM ns.numbers",
+        "SELECT * FROM ns.numbers WHERE n = " + "abs(" * 600 + "1" + ")" * 600,
+    ],
+)
+def test_a_statement_nested_deeper_than_sqe_analyses_is_a_query_error(session: Session, sql: str) -> None:
+    """DuckDB parses it (its limit is 1000 levels), Python cannot decode the tree: one typed line, no traceback."""
+    with pytest.raises(QueryError, match="nests its expressions too deeply"):
+        session.sql(sql)
+    assert session.sql("SELECT count(*) FROM ns.numbers WHERE true").fetchall()  # the session goes on
+
+
 def test_unknown_table_and_warehouse(session: Session) -> None:
     with pytest.raises(NoSuchTableError, match=r"wh\.ns\.missing"):
         session.sql("SELECT * FROM ns.missing")
