@@ -41,7 +41,7 @@ from sqe._lru import LRUCache
 from sqe.duckdb_connection import quote_ident
 from sqe.errors import QueryError
 from sqe.planning.sql_analysis import Node, parse_select, referenced_column, single_base_table
-from sqe.planning.user_filter import NotSimple, UserFilter, UserFilterMismatch, simple_where
+from sqe.planning.user_filter import NotSimple, UserFilter, simple_where
 
 if TYPE_CHECKING:
     import duckdb
@@ -213,12 +213,9 @@ class _Columns:
 def _where(node: Node | None, columns: _Columns, scan: pa.Schema) -> UserFilter | None:
     """The simple WHERE (``sqe.planning.user_filter``), checked to compile over the scan's schema."""
     try:
-        where = simple_where(node, columns.name, columns.read_field)
-        if where is not None:
-            where.expression(scan)
-    except (NotSimple, UserFilterMismatch):
+        return simple_where(node, columns.name, columns.read_field, scan)
+    except NotSimple:
         raise _NotPassThrough from None
-    return where
 
 
 def _limit(modifiers: list[Node]) -> tuple[int | None, int]:

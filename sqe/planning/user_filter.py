@@ -22,6 +22,8 @@ worker (``ScanTicket.user_filter``) and the worker compiles it against its own r
 from __future__ import annotations
 
 import datetime
+import functools
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -30,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.types import DateType
 
+from sqe.duckdb_connection import quote_ident
 from sqe.planning.sql_analysis import FLIPPED_COMPARISONS, Node, constant_of
 
 if TYPE_CHECKING:
@@ -139,7 +142,13 @@ class UserFilter:
         names no column of it, has the wrong number of values, or a value of another type family."""
         if not self.conditions:
             raise UserFilterMismatch("a user filter needs at least one condition")
-        return _all([_compile_clause(clause, schema) for clause in self.conditions])
+        return functools.reduce(operator.and_, [_compile_clause(clause, schema) for clause in self.conditions])
+
+    def sql(self, parameters: list[Value]) -> str:
+        """The filter as DuckDB SQL over quoted column names, its constants appended to ``parameters`` (bound,
+        never spliced). Compile it with ``expression`` first: that check keeps each constant of its column's own
+        type family, so DuckDB compares exactly as pyarrow does (integers widened, strings as bytes)."""
+        return " AND ".join(_clause_sql(clause, parameters) for clause in self.conditions)
 
 
 def _leaves(clause: Clause) -> Iterator[Condition]:
@@ -160,21 +169,26 @@ def _compile_clause(clause: Clause, schema: pa.Schema) -> pc.Expression:
     if len(clause.clauses) < 2:
         raise UserFilterMismatch("user filter: an AND or OR needs at least two clauses")
     parts = [_compile_clause(part, schema) for part in clause.clauses]
-    return _all(parts) if isinstance(clause, AllOf) else _any(parts)
+    # and_kleene / or_kleene: DuckDB's three-valued AND and OR
+    return functools.reduce(operator.and_ if isinstance(clause, AllOf) else operator.or_, parts)
 
 
-def _all(parts: list[pc.Expression]) -> pc.Expression:
-    predicate = parts[0]
-    for part in parts[1:]:
-        predicate = predicate & part  # and_kleene: DuckDB's three-valued AND
-    return predicate
+_SQL_COMPARISONS: dict[Operator, str] = {"eq": "=", "ne": "<>", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
-def _any(parts: list[pc.Expression]) -> pc.Expression:
-    predicate = parts[0]
-    for part in parts[1:]:
-        predicate = predicate | part  # or_kleene: DuckDB's three-valued OR
-    return predicate
+def _clause_sql(clause: Clause, parameters: list[Value]) -> str:
+    if not isinstance(clause, Condition):  # parenthesised: AND binds tighter than OR, be explicit anyway
+        junction = " OR " if isinstance(clause, AnyOf) else " AND "
+        return "(" + junction.join(_clause_sql(part, parameters) for part in clause.clauses) + ")"
+    column = quote_ident(clause.column)
+    if clause.operator == "is_null":
+        return f"{column} IS NULL"
+    if clause.operator == "is_not_null":
+        return f"{column} IS NOT NULL"
+    parameters.extend(clause.values)
+    if clause.operator == "in":
+        return f"{column} IN ({', '.join('?' for _ in clause.values)})"
+    return f"{column} {_SQL_COMPARISONS[clause.operator]} ?"
 
 
 def filtering(
@@ -248,11 +262,13 @@ def simple_where(
     node: Node | None,
     column_of: Callable[[Node | None], str | None],
     field_of: Callable[[str], NestedField],
+    schema: pa.Schema | None = None,
 ) -> UserFilter | None:
     """The WHERE clause ``node`` of DuckDB's parse tree as a ``UserFilter`` (None: no WHERE); raises
     ``NotSimple`` for any other shape. ``column_of``: the restricted output column a node references (None: not
     a plain column reference); ``field_of``: that column's Iceberg field (constants are typed by it). A WHERE
-    larger than a ticket carries (``MAX_CONDITIONS``, ``MAX_VALUES``, ``MAX_TEXT_BYTES``) is not simple either."""
+    larger than a ticket carries (``MAX_CONDITIONS``, ``MAX_VALUES``, ``MAX_TEXT_BYTES``) is not simple either,
+    nor, given the restricted ``schema``, one that does not compile over it (a constant out of its column's range)."""
     if node is None:
         return None
     conditions = [c for child in _and_children(node) for c in _conditions(child, column_of, field_of)]
@@ -262,6 +278,11 @@ def simple_where(
         raise NotSimple
     if where.depth() > MAX_DEPTH or where.text_bytes() > MAX_TEXT_BYTES:
         raise NotSimple
+    if schema is not None:
+        try:
+            where.expression(schema)
+        except UserFilterMismatch:
+            raise NotSimple from None
     return where
 
 

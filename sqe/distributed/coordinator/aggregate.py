@@ -36,7 +36,7 @@ from sqe.distributed.protocol.partial import Function, PartialAggregate
 from sqe.distributed.protocol.partial import partial_types as partial_schema_of
 from sqe.duckdb_connection import quote_ident
 from sqe.planning.sql_analysis import Node, referenced_column, single_base_table
-from sqe.planning.user_filter import NotSimple, UserFilter, UserFilterMismatch, simple_where
+from sqe.planning.user_filter import NotSimple, UserFilter, simple_where
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
@@ -192,12 +192,9 @@ def _where(node: Node | None, columns: _Columns, scan: ScanShape) -> UserFilter 
             return None
 
     try:
-        where = simple_where(node, column_of, scan.read_schema.find_field)
-        if where is not None:
-            where.expression(scan.schema)
-    except (NotSimple, UserFilterMismatch):
+        return simple_where(node, column_of, scan.read_schema.find_field, scan.schema)
+    except NotSimple:
         raise _NotEligible from None
-    return where
 
 
 def _base_table(node: Node | None, ident: TableIdent, resolve: Callable[[TableRef], TableIdent]) -> TableRef:

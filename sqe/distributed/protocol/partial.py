@@ -21,7 +21,7 @@ from sqe._lru import LRUCache
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.duckdb_connection import connect_locked_down, quote_ident
-from sqe.planning.user_filter import AnyOf, Clause, Condition, UserFilter, Value
+from sqe.planning.user_filter import UserFilter, Value
 
 Function = Literal["count_star", "count", "sum", "min", "max"]
 
@@ -89,32 +89,10 @@ class PartialAggregate:
         text = f"SELECT {', '.join(groups + values)} FROM {quote_ident(source)}"
         parameters: list[Value] = []
         if where is not None:
-            conditions = [_condition_sql(condition, parameters) for condition in where.conditions]
-            text += " WHERE " + " AND ".join(conditions)
+            text += " WHERE " + where.sql(parameters)
         if self.group_by:
             text += " GROUP BY " + ", ".join(quote_ident(name) for name in self.group_by)
         return text, parameters
-
-
-_SQL_COMPARISONS: dict[str, str] = {"eq": "=", "ne": "<>", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-
-
-def _condition_sql(condition: Clause, parameters: list[Value]) -> str:
-    """One condition as DuckDB SQL over a quoted column; its constants are appended to ``parameters``. Each
-    constant is of its column's own type family (the worker compiled the filter against its schema first), so
-    DuckDB compares exactly as pyarrow and as the coordinator's DuckDB would (integers widened, strings as bytes)."""
-    if not isinstance(condition, Condition):  # parenthesised: AND binds tighter than OR, be explicit anyway
-        junction = " OR " if isinstance(condition, AnyOf) else " AND "
-        return "(" + junction.join(_condition_sql(part, parameters) for part in condition.clauses) + ")"
-    column = quote_ident(condition.column)
-    if condition.operator == "is_null":
-        return f"{column} IS NULL"
-    if condition.operator == "is_not_null":
-        return f"{column} IS NOT NULL"
-    parameters.extend(condition.values)
-    if condition.operator == "in":
-        return f"{column} IN ({', '.join('?' for _ in condition.values)})"
-    return f"{column} {_SQL_COMPARISONS[condition.operator]} ?"
 
 
 def _call(function: Function, column: str) -> str:
