@@ -27,7 +27,7 @@ import pytest
 import sqe.api
 from sqe.config import load_config
 from sqe.distributed.coordinator import DistributedScanStream
-from sqe.distributed.coordinator.run import PartialAggregatePlan
+from sqe.distributed.coordinator.job import PartialAggregatePlan, ScanJob
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import ERROR_KIND_KEY, KIND_INVALID_TICKET
 from sqe.distributed.protocol.partial import PartialAggregate
@@ -376,9 +376,7 @@ def test_a_partial_stream_of_another_schema_fails_the_query(
         assert isinstance(scan, DistributedScanStream) and executor is not None
         spec = PartialAggregate(("grp",), (("count_star", ""),))
         wrong = PartialAggregatePlan(spec, pa.schema([("g0", pa.string()), ("a0", pa.int32())]))
-        batches = executor.record_batches(
-            scan.plan, context=QueryContext(), query_id="q-wrong-schema", run=1, partial=wrong
-        )
+        batches = executor.record_batches(ScanJob(scan.plan, QueryContext(), "q-wrong-schema", 1, partial=wrong))
         with pytest.raises(WorkerError, match=r"partial-aggregate schema .* is not the expected"):
             list(batches)
 

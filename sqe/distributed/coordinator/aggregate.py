@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import pyarrow as pa
 
-from sqe.distributed.coordinator.run import PartialAggregatePlan
+from sqe.distributed.coordinator.job import PartialAggregatePlan
 from sqe.distributed.protocol.partial import Function, PartialAggregate
 from sqe.distributed.protocol.partial import partial_types as partial_schema_of
 from sqe.duckdb_connection import quote_ident

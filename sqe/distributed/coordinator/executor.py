@@ -30,10 +30,11 @@ from sqe.credentials import (
 from sqe.distributed.coordinator.client import WorkerClient
 from sqe.distributed.coordinator.credentials import TableCredentials, check_coverage, static_set, ticket_sets
 from sqe.distributed.coordinator.external import ExternalScanPlan
+from sqe.distributed.coordinator.job import ScanJob
 from sqe.distributed.coordinator.options import DistributedOptions
 from sqe.distributed.coordinator.push import CredentialPusher, PushObserver
 from sqe.distributed.coordinator.refresh import CredentialRefresher, RefreshedSets
-from sqe.distributed.coordinator.run import PartialAggregatePlan, ScanRun
+from sqe.distributed.coordinator.run import ScanRun
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.errors import CredentialError, WorkerError
 
@@ -42,9 +43,7 @@ if TYPE_CHECKING:
 
     from sqe.catalog.base import LoadedTable, TableIdent, TableProvider
     from sqe.config import SQEConfig
-    from sqe.execution.stream import QueryContext
     from sqe.planning.planner import ScanPlan
-    from sqe.planning.user_filter import UserFilter
 
 TicketObserver = Callable[[str, pb.ScanTicket], None]
 BatchObserver = Callable[[str, str, int], None]  # worker address, fragment id, rows forwarded
@@ -196,17 +195,7 @@ class DistributedExecutor:
                 continue
         return found
 
-    def record_batches(
-        self,
-        plan: ScanPlan | ExternalScanPlan,
-        *,
-        context: QueryContext,
-        query_id: str,
-        run: int,
-        partial: PartialAggregatePlan | None = None,
-        where: UserFilter | None = None,
-    ) -> Generator[pa.RecordBatch]:
-        """Stream the plan's restricted batches from the workers (fragment order is not preserved); with
-        ``where``, only the rows it keeps (the workers run it after the restrictions); with ``partial``, the
-        fragments' partial-aggregate rows (of the kept rows) instead."""
-        return ScanRun(self, plan, context, query_id, run, partial, where).batches()
+    def record_batches(self, job: ScanJob) -> Generator[pa.RecordBatch]:
+        """Stream the job's restricted batches from the workers (fragment order is not preserved): the rows its
+        WHERE keeps, or its partial plan's partial-aggregate rows."""
+        return ScanRun(self, job).batches()

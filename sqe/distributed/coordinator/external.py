@@ -42,6 +42,7 @@ from pyiceberg.typedef import Record
 
 from sqe._text import first_line
 from sqe.distributed.coordinator.credentials import TableCredentials
+from sqe.distributed.coordinator.job import ScanJob
 from sqe.errors import QueryError, SQEError
 from sqe.execution.stream import QueryContext
 from sqe.restrictions import EMPTY_PLAN, RestrictionPlan
@@ -223,7 +224,7 @@ class ExternalScanStream:
     def _batches(self, run: int) -> Iterator[pa.RecordBatch]:
         context = QueryContext()
         try:
-            yield from self._executor.record_batches(self.plan, context=context, query_id=self.query_id, run=run)
+            yield from self._executor.record_batches(ScanJob(self.plan, context, self.query_id, run))
         except SQEError:
             raise
         except Exception as exc:

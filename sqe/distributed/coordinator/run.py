@@ -39,21 +39,19 @@ from sqe.distributed.coordinator.credentials import TableCredentials, wire_table
 from sqe.distributed.coordinator.external import ExternalScanPlan
 from sqe.distributed.coordinator.failures import AttemptFailure, classify_rpc_error
 from sqe.distributed.coordinator.fragments import Fragment, plan_fragments
+from sqe.distributed.coordinator.job import ScanJob
 from sqe.distributed.coordinator.refresh import Holder
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.ipc import ReceivedBatch, decode_batch, decode_schema
-from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.distributed.protocol.ticket import build_ticket, trim_metadata
 from sqe.errors import QueryError, SQEError, WorkerError
 from sqe.execution.local import QueryCancelledError, ScanMetrics
-from sqe.execution.stream import QueryContext, conform_batch
+from sqe.execution.stream import conform_batch
 
 if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
 
     from sqe.distributed.coordinator.executor import DistributedExecutor
-    from sqe.planning.planner import ScanPlan
-    from sqe.planning.user_filter import UserFilter
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +75,6 @@ class _WrongPartialSchema(Exception):
     """A partial-aggregate stream whose schema is not the one the coordinator computed: the query fails."""
 
 
-@dataclass(frozen=True)
-class PartialAggregatePlan:
-    """What the workers aggregate and the partial schema their streams must have (computed before any answer)."""
-
-    spec: PartialAggregate
-    schema: pa.Schema
-    where: UserFilter | None = None  # the rows aggregated: those the user's simple WHERE keeps (all when None)
-
-
 @dataclass
 class _Attempt:
     """One run of a fragment on a worker; owned by the slot thread that started it."""
@@ -105,26 +94,16 @@ class _Attempt:
 class ScanRun:
     """One pass over a plan: slot threads run fragments on workers, the caller's thread yields committed batches."""
 
-    def __init__(
-        self,
-        executor: DistributedExecutor,
-        plan: ScanPlan | ExternalScanPlan,
-        context: QueryContext,
-        query_id: str,
-        run: int,
-        partial: PartialAggregatePlan | None = None,
-        where: UserFilter | None = None,
-    ) -> None:
+    def __init__(self, executor: DistributedExecutor, job: ScanJob) -> None:
         self._executor = executor
-        self._partial = partial
-        self._where = where  # the user's simple WHERE, run by the workers on the restricted rows
+        plan, partial = job.plan, job.partial
+        self._job = job
         self._out_schema = partial.schema if partial is not None else plan.arrow_schema
         self._options = executor.options
         self._plan = plan
-        self._context = context
-        self._metrics: ScanMetrics = context.metrics
-        self._query_id = query_id
-        self._run = run
+        self._partial = partial
+        self._context = job.context
+        self._metrics: ScanMetrics = job.context.metrics
         self._fragments = plan_fragments(
             plan.tasks,
             slots=len(executor.clients) * self._options.slots_per_worker,
@@ -215,7 +194,7 @@ class ScanRun:
 
     def _send_cancel(self, attempt: _Attempt) -> None:
         client = self._executor.client_for(attempt.worker)
-        request = pb.CancelRequest(query_id=self._query_id, fragment_id=attempt.fragment_id)
+        request = pb.CancelRequest(query_id=self._job.query_id, fragment_id=attempt.fragment_id)
         with contextlib.suppress(grpc.RpcError):  # a dead worker has nothing left to cancel
             client.cancel(request, timeout=self._options.rpc_timeout_seconds)
 
@@ -279,8 +258,9 @@ class ScanRun:
     def _run_fragment(self, client: WorkerClient, state: _FragmentState) -> bool:
         """Run one attempt; False when this worker is gone and its slot should stop."""
         state.attempts += 1
-        attempt = _Attempt(f"{self._query_id}.{self._run}.f{state.fragment.index}.a{state.attempts}", client.address)
-        holder = Holder(client.address, self._query_id, attempt.fragment_id)
+        job = self._job
+        attempt = _Attempt(f"{job.query_id}.{job.run}.f{state.fragment.index}.a{state.attempts}", client.address)
+        holder = Holder(client.address, job.query_id, attempt.fragment_id)
         retried = state.attempts > 1
         resumed = retried and state.forwarded_rows > 0
         self._executor.stats.add(fragments_started=1, fragments_retried=int(retried), fragments_resumed=int(resumed))
@@ -470,7 +450,7 @@ class ScanRun:
         plan = self._plan
         policy = self._executor.policy
         ticket = build_ticket(
-            query_id=self._query_id,
+            query_id=self._job.query_id,
             fragment_id=attempt.fragment_id,
             table=wire_table_id(plan.ident),
             metadata=self._table_metadata(),
@@ -485,7 +465,7 @@ class ScanRun:
             storage=StorageSettings(policy.endpoint, policy.region, policy.path_style),
             pace_ms_per_file=self._options.pace_ms_per_file,
             partial=self._partial.spec if self._partial is not None else None,
-            user_filter=self._where,
+            user_filter=self._job.user_filter,
         )
         return ticket, generation
 

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from sqe._text import first_line
+from sqe.distributed.coordinator.job import ScanJob
 from sqe.errors import QueryError, SQEError
 from sqe.execution.stream import QueryContext
 
 if TYPE_CHECKING:
     from sqe.distributed.coordinator.executor import DistributedExecutor
-    from sqe.distributed.coordinator.run import PartialAggregatePlan
+    from sqe.distributed.coordinator.job import PartialAggregatePlan
     from sqe.execution.local import BatchTransform
     from sqe.planning.planner import ScanPlan
     from sqe.planning.user_filter import UserFilter
@@ -67,11 +68,8 @@ class DistributedScanStream:
     ) -> Generator[pa.RecordBatch]:
         """The run's batches (each through ``then``); any failure, ``then``'s included, is one recorded SQEError.
         A partial aggregate's WHERE is its plan's."""
-        if self.partial is not None:
-            where = self.partial.where
-        scan = self._executor.record_batches(
-            self.plan, context=self._context, query_id=self.query_id, run=run, partial=self.partial, where=where
-        )
+        job = ScanJob(self.plan, self._context, self.query_id, run, self.partial, None if self.partial else where)
+        scan = self._executor.record_batches(job)
         try:
             for batch in scan:
                 yield batch if then is None else then(batch)
