@@ -9,7 +9,7 @@ as before):
 - one SELECT over one base table (no CTE, join, subquery, sample, time travel, DISTINCT, GROUP BY, HAVING,
   QUALIFY, window or ORDER BY);
 - a select list of plain column references (qualified or not, aliased or not) or a bare ``*``;
-- an optional WHERE that is an AND/OR (no NOT; ``sqe.planning.user_filter``) of ``column <op> constant``,
+- an optional WHERE that is an AND/OR/NOT (``sqe.planning.user_filter``) of ``column <op> constant``,
   ``IN`` lists of constants, ``BETWEEN`` and ``IS [NOT] NULL``, on columns and constants of the types whose
   comparison pyarrow and DuckDB define the same way (integers, strings, booleans, dates; ``IS [NOT] NULL`` on any
   primitive column);

@@ -5,14 +5,16 @@ A pass-through statement (``sqe.execution.passthrough``) and a partial aggregate
 then masked) batches, instead of DuckDB running it above the scan. Only this shape qualifies (anything else, or
 anything unsure, leaves the WHERE to DuckDB):
 
-- ANDs and ORs (nested up to ``MAX_DEPTH``, never NOT) of ``column <op> constant`` (``=``, ``<>``, ``<``,
-  ``<=``, ``>``, ``>=``, either side), ``IN`` lists of constants, ``BETWEEN`` and ``IS [NOT] NULL``;
+- ANDs, ORs and NOTs (nested up to ``MAX_DEPTH``) of ``column <op> constant`` (``=``, ``<>``, ``<``, ``<=``,
+  ``>``, ``>=``, either side), ``IN`` lists of constants, ``BETWEEN`` and ``IS [NOT] NULL`` (so also ``NOT IN``
+  and ``NOT BETWEEN``);
 - on columns and constants of the types whose comparison pyarrow and DuckDB define the same way: integers,
   strings, booleans, dates (``IS [NOT] NULL`` on any primitive column).
 
-Why no NOT: pyarrow's ``is_in`` answers false for a NULL input where DuckDB's ``IN`` answers NULL. Both drop the
-row, and without a negation anywhere above it a false and a NULL leaf can never make a different row true (AND and
-OR are monotone in three-valued logic), so the kept rows are the same; a NOT would turn the false into a true.
+Each compiled leaf has SQL's three values: a comparison with a NULL is NULL in pyarrow as in DuckDB, and ``IN``
+is compiled as NULL for a NULL input (pyarrow's ``is_in`` alone answers false, which a NOT above it would turn
+into a kept row); pyarrow's AND, OR and NOT on expressions are Kleene's, as DuckDB's. So every WHERE of this
+shape is NULL, false or true on exactly the rows where DuckDB's is, and the filter keeps the true ones.
 
 A ``UserFilter`` is plain data (column names, operators, Python constants), so a coordinator can send it to a
 worker (``ScanTicket.user_filter``) and the worker compiles it against its own restricted schema with the same
@@ -47,6 +49,7 @@ __all__ = [
     "AnyOf",
     "Clause",
     "Condition",
+    "Not",
     "NotSimple",
     "Operator",
     "UserFilter",
@@ -63,7 +66,7 @@ NULL_CHECKS: tuple[Operator, ...] = ("is_null", "is_not_null")
 MAX_CONDITIONS = 1000
 MAX_VALUES = 100_000  # per condition (an IN list)
 MAX_TEXT_BYTES = 1 << 20  # UTF-8 bytes of all string constants: the ticket stays well inside a gRPC message
-MAX_DEPTH = 16  # ANDs and ORs nested in one another (the top-level AND is depth 0)
+MAX_DEPTH = 16  # ANDs, ORs and NOTs nested in one another (the top-level AND is depth 0)
 _INT64 = 2**63
 
 _DUCKDB_COMPARISONS: dict[str, Operator] = {
@@ -116,7 +119,14 @@ class AllOf:
     clauses: tuple[Clause, ...]
 
 
-Clause = Condition | AnyOf | AllOf
+@dataclass(frozen=True)
+class Not:
+    """True where its clause is false (SQL NOT: a NULL stays NULL)."""
+
+    clause: Clause
+
+
+Clause = Condition | AnyOf | AllOf | Not
 
 
 @dataclass(frozen=True)
@@ -152,20 +162,29 @@ class UserFilter:
 
 
 def _leaves(clause: Clause) -> Iterator[Condition]:
+    for part in _parts(clause):
+        yield from _leaves(part)
     if isinstance(clause, Condition):
         yield clause
-    else:
-        for part in clause.clauses:
-            yield from _leaves(part)
+
+
+def _parts(clause: Clause) -> tuple[Clause, ...]:
+    """The clauses directly inside ``clause`` (none for a condition)."""
+    if isinstance(clause, Condition):
+        return ()
+    return (clause.clause,) if isinstance(clause, Not) else clause.clauses
 
 
 def _depth(clause: Clause) -> int:
-    return 0 if isinstance(clause, Condition) else 1 + max((_depth(c) for c in clause.clauses), default=0)
+    """How deep ANDs, ORs and NOTs nest in ``clause`` (0 for a condition)."""
+    return 0 if isinstance(clause, Condition) else 1 + max((_depth(c) for c in _parts(clause)), default=0)
 
 
 def _compile_clause(clause: Clause, schema: pa.Schema) -> pc.Expression:
     if isinstance(clause, Condition):
         return _compile(clause, schema)
+    if isinstance(clause, Not):
+        return ~_compile_clause(clause.clause, schema)  # invert: Kleene's NOT, NULL stays NULL
     if len(clause.clauses) < 2:
         raise UserFilterMismatch("user filter: an AND or OR needs at least two clauses")
     parts = [_compile_clause(part, schema) for part in clause.clauses]
@@ -173,10 +192,13 @@ def _compile_clause(clause: Clause, schema: pa.Schema) -> pc.Expression:
     return functools.reduce(operator.and_ if isinstance(clause, AllOf) else operator.or_, parts)
 
 
+_NULL_BOOLEAN = pa.scalar(None, pa.bool_())
 _SQL_COMPARISONS: dict[Operator, str] = {"eq": "=", "ne": "<>", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
 def _clause_sql(clause: Clause, parameters: list[Value]) -> str:
+    if isinstance(clause, Not):
+        return f"NOT ({_clause_sql(clause.clause, parameters)})"
     if not isinstance(clause, Condition):  # parenthesised: AND binds tighter than OR, be explicit anyway
         junction = " OR " if isinstance(clause, AnyOf) else " AND "
         return "(" + junction.join(_clause_sql(part, parameters) for part in clause.clauses) + ")"
@@ -227,9 +249,11 @@ def _compile(condition: Condition, schema: pa.Schema) -> pc.Expression:
         for value in values:
             _scalar(condition.column, value, arrow_type)  # the type family check
         try:
-            return column.isin(pa.array(list(values), type=arrow_type))
+            value_set = pa.array(list(values), type=arrow_type)
         except (pa.ArrowInvalid, OverflowError):  # a constant outside the column's range
             raise UserFilterMismatch(f"user filter: a value is out of range for {condition.column[:100]!r}") from None
+        # SQL's NULL for a NULL input (is_in alone says false; the constants are never NULL)
+        return pc.if_else(column.is_valid(), column.isin(value_set), _NULL_BOOLEAN)
     if operator in _ARROW_COMPARISONS:
         _arity(condition, len(values) == 1, "one value")
         return _ARROW_COMPARISONS[operator](column, _scalar(condition.column, values[0], arrow_type))
@@ -317,6 +341,11 @@ def _conditions(
         return _constant(child, field_of(name))
 
     kind = str(node.get("type"))
+    if kind == "OPERATOR_NOT":  # NOT x, x NOT IN (...), x NOT BETWEEN a AND b
+        children = node.get("children", [])
+        if len(children) != 1 or depth >= MAX_DEPTH:  # depth: as for OR below
+            raise NotSimple
+        return [Not(_conditions_of_and(children[0], column_of, field_of, depth + 1))]
     if node.get("class") == "CONJUNCTION" and kind == "CONJUNCTION_OR":
         if depth >= MAX_DEPTH:  # bounds the recursion; the exact limit is simple_where's where.depth() check
             raise NotSimple
@@ -353,7 +382,8 @@ def _or_children(node: Node) -> Iterator[Node]:
 def _conditions_of_and(
     node: Node, column_of: Callable[[Node | None], str | None], field_of: Callable[[str], NestedField], depth: int
 ) -> Clause:
-    """One alternative of an OR: a clause, or the AND of several (``a AND b``, a BETWEEN's two bounds)."""
+    """One alternative of an OR, or what a NOT negates: a clause, or the AND of several (``a AND b``, a
+    BETWEEN's two bounds)."""
     parts = [c for child in _and_children(node) for c in _conditions(child, column_of, field_of, depth)]
     return parts[0] if len(parts) == 1 else AllOf(tuple(parts))
 

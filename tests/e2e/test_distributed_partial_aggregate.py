@@ -71,11 +71,14 @@ FILTERED = (
     "SELECT count(*), sum(amount) FROM {t} WHERE grp IS NULL AND label <> 'label-0007'",
     "SELECT grp, count(*), max(id) FROM {t} WHERE amount < 100 OR (small = 2 AND grp IN ('b', 'c')) GROUP BY grp",
     "SELECT count(*) AS n, sum(id) AS s FROM {t} WHERE id = 7 AND small = 2",  # no row kept (7 % 3 = 1): 0, NULL
+    # NOT keeps SQL's NULLs: a NULL grp is in neither count
+    "SELECT count(*) FROM {t} WHERE NOT (amount < 100 OR grp = 'a')",
+    "SELECT grp, count(*) AS n FROM {t} WHERE grp NOT IN ('a', 'b') OR amount NOT BETWEEN 100 AND 900 GROUP BY grp",
 )
 INELIGIBLE = (
     "SELECT count(*), sum(amount) FROM {t} WHERE id % 3 = 0",
     "SELECT grp, count(amount) FROM {t} WHERE amount IS NULL OR FALSE GROUP BY grp",  # a constant is no condition
-    "SELECT count(*) FROM {t} WHERE NOT (amount < 100 OR grp = 'a')",  # NOT: DuckDB runs it
+    "SELECT count(*) FROM {t} WHERE NOT (amount % 2 = 0)",  # NOT of a function: DuckDB runs it
     "SELECT count(DISTINCT grp) FROM {t}",
     "SELECT avg(amount) FROM {t}",
     "SELECT sum(amount + 1) FROM {t}",

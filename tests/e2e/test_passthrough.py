@@ -108,18 +108,20 @@ PASS_THROUGH_QUERIES = [
     "SELECT region FROM {t} WHERE 100 <= amount",
     "SELECT id FROM {t} WHERE name = 'ada' OR id = 3",
     "SELECT id, name FROM {t} WHERE (region = 'US' OR amount < 100) AND (email IS NULL OR id IN (1, 2, 3))",
+    "SELECT id FROM {t} WHERE NOT (name = 'ada' OR id = 3)",
+    "SELECT id FROM {t} WHERE amount NOT IN (100, 250) AND email NOT IN ('x@example.com')",
 ]
 DUCKDB_QUERIES = [
     "SELECT * FROM {t} ORDER BY id LIMIT 2",
     "SELECT DISTINCT region FROM {t}",
     "SELECT id FROM {t} WHERE amount > 1.5",
     "SELECT id FROM {t} WHERE lower(name) = 'ada'",
-    "SELECT id FROM {t} WHERE NOT (name = 'ada' OR id = 3)",
+    "SELECT id FROM {t} WHERE NOT (lower(name) = 'ada')",
     "SELECT id + 1 AS next FROM {t}",
     "SELECT * EXCLUDE (ssn) FROM {t}",
     "SELECT count(id) FROM {t}",
     "WITH c AS (SELECT * FROM {t}) SELECT * FROM c",
-    "SELECT id FROM {t} WHERE amount NOT IN (100, 250)",
+    "SELECT id FROM {t} WHERE amount NOT BETWEEN 1.5 AND 100",
 ]
 
 

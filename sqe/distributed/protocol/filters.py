@@ -22,6 +22,7 @@ from sqe.planning.user_filter import (
     AnyOf,
     Clause,
     Condition,
+    Not,
     Operator,
     UserFilter,
     Value,
@@ -56,6 +57,8 @@ def _clause_to_proto(clause: Clause) -> pb.FilterClause:
             values=[_value_to_proto(v) for v in clause.values],
         )
         return pb.FilterClause(condition=condition)
+    if isinstance(clause, Not):
+        return pb.FilterClause(negated=_clause_to_proto(clause.clause))
     parts = pb.FilterClauses(clauses=[_clause_to_proto(part) for part in clause.clauses])
     return pb.FilterClause(any=parts) if isinstance(clause, AnyOf) else pb.FilterClause(all=parts)
 
@@ -83,7 +86,7 @@ def filter_from_proto(message: pb.UserFilter) -> UserFilter:
 
 def _clause(item: pb.FilterClause, counter: Iterator[int], depth: int) -> Clause:
     """One clause; ``counter`` numbers the conditions (running out of numbers is too many), ``depth`` the
-    nesting of ANDs and ORs."""
+    nesting of ANDs, ORs and NOTs."""
     kind = item.WhichOneof("clause")
     if kind == "condition":
         index = next(counter, None)
@@ -93,7 +96,9 @@ def _clause(item: pb.FilterClause, counter: Iterator[int], depth: int) -> Clause
     if kind is None:
         raise InvalidTicketError("user_filter: a clause is empty")
     if depth >= MAX_DEPTH:
-        raise InvalidTicketError(f"user_filter nests ANDs and ORs more than {MAX_DEPTH} deep")
+        raise InvalidTicketError(f"user_filter nests ANDs, ORs and NOTs more than {MAX_DEPTH} deep")
+    if kind == "negated":
+        return Not(_clause(item.negated, counter, depth + 1))
     parts = item.any.clauses if kind == "any" else item.all.clauses
     if len(parts) < 2:
         raise InvalidTicketError(f"user_filter: an {'OR' if kind == 'any' else 'AND'} needs at least two clauses")

@@ -44,6 +44,8 @@ def rows(table: pa.Table) -> list[str]:
         "SELECT label, day FROM ns.events WHERE day >= DATE '2024-01-04' AND label <> 'e4'",
         "SELECT * FROM ns.deleted",  # positional deletes: pyiceberg's reader, still pass-through
         "SELECT id FROM ns.numbers WHERE name IS NULL",
+        "SELECT id FROM ns.numbers WHERE NOT (grp = 3)",
+        "SELECT id, name FROM ns.numbers WHERE grp NOT IN (1, 2) AND NOT (id NOT BETWEEN 10 AND 500)",
     ],
 )
 def test_pass_through_equals_duckdb(provider: LocalProvider, session_factory: SessionFactory, sql: str) -> None:
@@ -59,7 +61,7 @@ def test_pass_through_equals_duckdb(provider: LocalProvider, session_factory: Se
         "SELECT * FROM ns.numbers ORDER BY id",
         "SELECT id FROM ns.numbers WHERE id > 2.5",
         "SELECT id FROM ns.numbers WHERE grp = '3'",
-        "SELECT id FROM ns.numbers WHERE NOT (grp = 3)",
+        "SELECT id FROM ns.numbers WHERE NOT (id > 2.5)",
         "SELECT id FROM ns.numbers WHERE id = (SELECT max(id) FROM ns.numbers)",
         "SELECT a.id FROM ns.numbers a JOIN ns.events b ON a.id = b.id",
         "SELECT id FROM ns.numbers USING SAMPLE 10 ROWS",

@@ -76,9 +76,8 @@ def test_eligible_shapes(
     "sql",
     [
         "SELECT count(*) FROM ns.t WHERE id % 3 = 0",
-        "SELECT count(*) FROM ns.t WHERE NOT (id > 3)",  # NOT: pyarrow's is_in and DuckDB's IN differ on NULL
-        "SELECT count(*) FROM ns.t WHERE id NOT IN (1, 2)",
-        "SELECT count(*) FROM ns.t WHERE NOT (id > 3 OR grp = 'a')",
+        "SELECT count(*) FROM ns.t WHERE NOT (id % 3 = 0)",
+        "SELECT count(*) FROM ns.t WHERE NOT id",
         "SELECT count(*) FROM ns.t WHERE id > 3 OR FALSE",
         "SELECT count(*) FROM ns.t WHERE id > 3 OR lower(grp) = 'a'",
         "SELECT count(*) FROM ns.t WHERE price > 1.5",  # floats: pyarrow and DuckDB may differ (NaN)
