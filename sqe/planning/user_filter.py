@@ -9,7 +9,14 @@ anything unsure, leaves the WHERE to DuckDB):
   ``>``, ``>=``, either side), ``IN`` lists of constants, ``BETWEEN`` and ``IS [NOT] NULL`` (so also ``NOT IN``
   and ``NOT BETWEEN``);
 - on columns and constants of the types whose comparison pyarrow and DuckDB define the same way: integers,
-  strings, booleans, dates (``IS [NOT] NULL`` on any primitive column).
+  strings, booleans, dates, and doubles (``IS [NOT] NULL`` on any primitive column).
+
+Doubles follow DuckDB, not IEEE: DuckDB orders NaN above every number (so ``x > c`` and ``x >= c`` hold for a
+NaN ``x``: compiled as ``x > c OR is_nan(x)``) and its ``IN`` finds ``-0.0`` in ``(0.0)`` as ``=`` does (both sides
+are normalised by adding ``0.0``, which turns ``-0.0`` into ``0.0``). A double's constant is an integer within
+2^53 or a finite decimal or exponent literal, which DuckDB and Python both round to the nearest double (checked
+against DuckDB on random literals); a ``float`` (32-bit) column is left to DuckDB, which rounds the constant to
+32 bits its own way.
 
 Each compiled leaf has SQL's three values: a comparison with a NULL is NULL in pyarrow as in DuckDB, and ``IN``
 is compiled as NULL for a NULL input (pyarrow's ``is_in`` alone answers false, which a NOT above it would turn
@@ -25,14 +32,16 @@ from __future__ import annotations
 
 import datetime
 import functools
+import math
 import operator
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.types import DateType
+from pyiceberg.types import DateType, DoubleType
 
 from sqe.duckdb_connection import quote_ident
 from sqe.planning.sql_analysis import FLIPPED_COMPARISONS, Node, constant_of
@@ -59,7 +68,7 @@ __all__ = [
 ]
 
 Operator = Literal["eq", "ne", "lt", "le", "gt", "ge", "in", "is_null", "is_not_null"]
-Value = int | str | bool | datetime.date
+Value = int | str | bool | datetime.date | float
 COMPARISONS: tuple[Operator, ...] = ("eq", "ne", "lt", "le", "gt", "ge")
 NULL_CHECKS: tuple[Operator, ...] = ("is_null", "is_not_null")
 # The most a ticket's user_filter carries (a worker refuses more as an invalid ticket): a bigger WHERE is not simple.
@@ -248,6 +257,9 @@ def _compile(condition: Condition, schema: pa.Schema) -> pc.Expression:
         _arity(condition, len(values) >= 1, "one or more values")
         for value in values:
             _scalar(condition.column, value, arrow_type)  # the type family check
+        if pa.types.is_float64(arrow_type):  # -0.0 + 0.0 is 0.0: IN finds -0.0 where = does, as in DuckDB
+            value_set = pa.array([float(v) + 0.0 for v in values], type=arrow_type)
+            return pc.if_else(column.is_valid(), (column + 0.0).isin(value_set), _NULL_BOOLEAN)
         try:
             value_set = pa.array(list(values), type=arrow_type)
         except (pa.ArrowInvalid, OverflowError):  # a constant outside the column's range
@@ -256,7 +268,10 @@ def _compile(condition: Condition, schema: pa.Schema) -> pc.Expression:
         return pc.if_else(column.is_valid(), column.isin(value_set), _NULL_BOOLEAN)
     if operator in _ARROW_COMPARISONS:
         _arity(condition, len(values) == 1, "one value")
-        return _ARROW_COMPARISONS[operator](column, _scalar(condition.column, values[0], arrow_type))
+        compared = _ARROW_COMPARISONS[operator](column, _scalar(condition.column, values[0], arrow_type))
+        if pa.types.is_float64(arrow_type) and operator in ("gt", "ge"):
+            return compared | pc.is_nan(column)  # DuckDB: NaN is above every number
+        return compared
     raise UserFilterMismatch(f"user filter: unknown operator {str(operator)[:20]!r}")
 
 
@@ -275,6 +290,8 @@ def _scalar(column: str, value: Value, arrow_type: pa.DataType) -> pa.Scalar:
     if pa.types.is_boolean(arrow_type) and type(value) is bool:
         return pa.scalar(value, arrow_type)
     if pa.types.is_date32(arrow_type) and type(value) is datetime.date:
+        return pa.scalar(value, arrow_type)
+    if pa.types.is_float64(arrow_type) and type(value) is float and math.isfinite(value):
         return pa.scalar(value, arrow_type)
     raise UserFilterMismatch(f"user filter: a value does not fit the type {arrow_type} of {column[:100]!r}")
 
@@ -389,6 +406,8 @@ def _conditions_of_and(
 
 
 def _constant(node: Node | None, field: NestedField) -> Value:
+    if isinstance(field.field_type, DoubleType):
+        return _double_constant(node)
     value = constant_of(node, field)
     if value is None:
         raise NotSimple
@@ -398,3 +417,22 @@ def _constant(node: Node | None, field: NestedField) -> Value:
         except ValueError:  # shaped like a date but none (2024-02-30): DuckDB runs it and says so
             raise NotSimple from None
     return value  # type: ignore[no-any-return]
+
+
+_DECIMAL_OR_EXPONENT = re.compile(r"-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?")
+
+
+def _double_constant(node: Node | None) -> float:
+    """A double column's constant: an integer literal within 2^53 (exact as a double) or a decimal or exponent
+    literal whose nearest double is finite; DuckDB and Python both round such a literal to the nearest double."""
+    if node is None or node.get("class") != "CONSTANT":
+        raise NotSimple
+    literal = node.get("literal", {})
+    kind, text = literal.get("kind"), literal.get("text")
+    if not isinstance(text, str) or not _DECIMAL_OR_EXPONENT.fullmatch(text):
+        raise NotSimple
+    if kind == "INTEGER" and abs(int(text)) <= 2**53:
+        return float(int(text))
+    if kind == "NUMERIC" and math.isfinite(value := float(text)):
+        return value
+    raise NotSimple

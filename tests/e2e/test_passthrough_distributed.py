@@ -22,7 +22,14 @@ from sqe.errors import QueryError
 from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH
 from sqe.session import Session
 from tests.e2e.test_distributed import TicketLog, WorkerPool, WorkerPools, worker_factory, worker_stats
-from tests.e2e.test_passthrough import DUCKDB_QUERIES, PASS_THROUGH_QUERIES, both_paths, same_rows, world
+from tests.e2e.test_passthrough import (
+    DOUBLE_WHERES,
+    DUCKDB_QUERIES,
+    PASS_THROUGH_QUERIES,
+    both_paths,
+    same_rows,
+    world,
+)
 from tests.e2e.test_restrictions_e2e import World
 
 pytestmark = pytest.mark.e2e
@@ -60,6 +67,16 @@ def test_plain_reads_stream_from_the_workers(world: World, pool: WorkerPool, who
             fast, slow, path = both_paths(session, query.format(t=f"{world.namespace}.people"))
             assert path == PATH_DUCKDB, query
             assert fast.schema == slow.schema and same_rows(fast, slow), query
+
+
+def test_a_where_on_doubles_keeps_duckdbs_rows_on_the_workers(world: World, pool: WorkerPool) -> None:
+    """The ticket carries double constants (``FilterValue.real``) and the workers compare NaN and -0.0 as DuckDB."""
+    with on_workers(world, "carol", pool) as session:
+        for where in DOUBLE_WHERES:
+            sql = f"SELECT i, f FROM {world.namespace}.typed WHERE {where}"
+            fast, slow, path = both_paths(session, sql)
+            assert path == PATH_PASS_THROUGH, sql
+            assert fast.schema == slow.schema and same_rows(fast, slow), sql
 
 
 def test_a_where_on_a_masked_column_sees_the_workers_masked_values(world: World, pool: WorkerPool) -> None:

@@ -7,6 +7,7 @@ conditions fit the restricted output is the worker's compile of the filter again
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Iterator
 
 from sqe.distributed.protocol._proto import worker_pb2 as pb
@@ -70,6 +71,8 @@ def _value_to_proto(value: Value) -> pb.FilterValue:
         return pb.FilterValue(integer=value)
     if isinstance(value, str):
         return pb.FilterValue(text=value)
+    if isinstance(value, float):
+        return pb.FilterValue(real=value)
     return pb.FilterValue(date_days=(value - _EPOCH).days)
 
 
@@ -132,4 +135,8 @@ def _value(value: pb.FilterValue, index: int) -> Value:
             return _EPOCH + datetime.timedelta(days=value.date_days)
         except OverflowError:
             raise InvalidTicketError(f"user_filter: condition {index} has a date out of range") from None
+    if kind == "real":
+        if not math.isfinite(value.real):
+            raise InvalidTicketError(f"user_filter: condition {index} has a double that is not finite")
+        return float(value.real)
     raise InvalidTicketError(f"user_filter: condition {index} has a value without a type")

@@ -5,6 +5,7 @@ to a pyarrow expression (pass-through, plain worker fragments) and to the partia
 from __future__ import annotations
 
 import datetime
+import math
 
 import duckdb
 import pyarrow as pa
@@ -30,6 +31,15 @@ TABLE = pa.table(
             pa.date32(),
         ),
         "k": pa.array(range(N), pa.int64()),
+        # doubles DuckDB orders its own way: NaN above every number (even infinity), -0.0 equal to 0.0
+        "x": pa.array(
+            [
+                (None, math.nan, -0.0, 0.0, 0.1 + 0.2, 0.3, 1.5, -1.5, math.inf, -math.inf, 1e308, 2.0)[k % 12]
+                for k in range(N)
+            ],
+            pa.float64(),
+        ),
+        "f": pa.array([k / 4 for k in range(N)], pa.float32()),
     }
 )
 READ_SCHEMA = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(TABLE.schema))
@@ -52,6 +62,18 @@ WHERES = [
     "NOT (i IS NULL) AND NOT (d NOT IN ('2024-01-02', '2024-01-03'))",
     "NOT NOT (b = false)",
     "NOT (i < 0 AND (s IS NULL OR NOT (k IN (3, 4, 5))))",
+    # doubles: NaN and -0.0 as DuckDB compares them; integer, decimal and exponent constants
+    "x > 1",
+    "x >= 1e308 OR x < -1.5",
+    "x <= 0.3",
+    "x = 0.3 OR x = 0",
+    "x <> -0.0",
+    "x IN (0.0, 1.5, 2)",
+    "x NOT IN (-0.0, 0.3)",
+    "x NOT IN (0.3, 1.5)",
+    "x BETWEEN -0.0 AND 1.5",
+    "NOT (x > 1.5) AND x NOT BETWEEN 0.1 AND 0.2",
+    "x > 12345678901234567890.123",
 ]
 
 
@@ -99,6 +121,11 @@ def test_the_wire_form_is_the_same_filter(sql: str) -> None:
     "sql",
     [
         "NOT b",  # a bare column is not a condition, negated or not
+        "f > 1.1",  # a 32-bit float: DuckDB rounds the constant to 32 bits its own way
+        "x > 1e309",  # no finite double
+        "x > 9007199254740993",  # an integer a double cannot hold exactly
+        "x > 'nan'::DOUBLE",
+        "i > 2.5",  # a decimal against an integer column
         "NOT (i + 1 > 3)",
         "i > 2 OR TRUE",
         "i > 2 OR i + 1 > 3",
