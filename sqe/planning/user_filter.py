@@ -37,7 +37,7 @@ import operator
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -258,8 +258,7 @@ def _compile(condition: Condition, schema: pa.Schema) -> pc.Expression:
         for value in values:
             _scalar(condition.column, value, arrow_type)  # the type family check
         if pa.types.is_float64(arrow_type):  # -0.0 + 0.0 is 0.0: IN finds -0.0 where = does, as in DuckDB
-            value_set = pa.array([float(v) + 0.0 for v in values], type=arrow_type)
-            return pc.if_else(column.is_valid(), (column + 0.0).isin(value_set), _NULL_BOOLEAN)
+            column, values = column + 0.0, tuple(cast("float", v) + 0.0 for v in values)
         try:
             value_set = pa.array(list(values), type=arrow_type)
         except (pa.ArrowInvalid, OverflowError):  # a constant outside the column's range
