@@ -243,6 +243,9 @@ EFF_QUERIES = {
     # A simple WHERE: the workers run it after the restrictions (half the rows kept, then a tenth).
     "agg+WHERE": f"SELECT tag, count(*) AS n, sum(x) AS sx FROM {EFF_TABLE} WHERE x >= 3584 GROUP BY tag",
     "sel+WHERE": f"SELECT id, x, tag FROM {EFF_TABLE} WHERE x < 717 AND tag <> 'tag-001'",
+    # NOT and a double constant (y = id / 3): on the workers since both joined the simple WHERE
+    "agg+NOT": f"SELECT tag, count(*) AS n, sum(x) AS sx FROM {EFF_TABLE} WHERE NOT (y < 200000.5 OR x IN (7, 14)) "
+    "GROUP BY tag",
 }
 
 
