@@ -6,8 +6,8 @@ then masked) batches, instead of DuckDB running it above the scan. Only this sha
 anything unsure, leaves the WHERE to DuckDB):
 
 - ANDs, ORs and NOTs (nested up to ``MAX_DEPTH``) of ``column <op> constant`` (``=``, ``<>``, ``<``, ``<=``,
-  ``>``, ``>=``, either side), ``IN`` lists of constants, ``BETWEEN`` and ``IS [NOT] NULL`` (so also ``NOT IN``
-  and ``NOT BETWEEN``);
+  ``>``, ``>=``, either side), ``IN`` lists of constants, ``BETWEEN``, ``IS [NOT] NULL`` and ``column LIKE
+  'pattern'`` (so also ``NOT IN``, ``NOT BETWEEN`` and ``NOT LIKE``);
 - on columns and constants of the types whose comparison pyarrow and DuckDB define the same way: integers,
   strings, booleans, dates, and doubles (``IS [NOT] NULL`` on any primitive column).
 
@@ -17,6 +17,11 @@ are normalised by adding ``0.0``, which turns ``-0.0`` into ``0.0``). A double's
 2^53 or a finite decimal or exponent literal, which DuckDB and Python both round to the nearest double (checked
 against DuckDB on random literals); a ``float`` (32-bit) column is left to DuckDB, which rounds the constant to
 32 bits its own way.
+
+``LIKE`` is pyarrow's ``match_like`` on string columns, for a pattern without a backslash: on every other
+character, ``%`` and ``_`` (one character, not one byte) the two agree (checked against DuckDB on random patterns
+over non-ASCII data); a backslash escapes in pyarrow and, differently, in DuckDB, so such a pattern stays with
+DuckDB, as do ``ILIKE``, ``GLOB``, ``SIMILAR TO`` and ``LIKE ... ESCAPE``.
 
 Each compiled leaf has SQL's three values: a comparison with a NULL is NULL in pyarrow as in DuckDB, and ``IN``
 is compiled as NULL for a NULL input (pyarrow's ``is_in`` alone answers false, which a NOT above it would turn
@@ -67,7 +72,7 @@ __all__ = [
     "simple_where",
 ]
 
-Operator = Literal["eq", "ne", "lt", "le", "gt", "ge", "in", "is_null", "is_not_null"]
+Operator = Literal["eq", "ne", "lt", "le", "gt", "ge", "in", "is_null", "is_not_null", "like"]
 Value = int | str | bool | datetime.date | float
 COMPARISONS: tuple[Operator, ...] = ("eq", "ne", "lt", "le", "gt", "ge")
 NULL_CHECKS: tuple[Operator, ...] = ("is_null", "is_not_null")
@@ -219,6 +224,8 @@ def _clause_sql(clause: Clause, parameters: list[Value]) -> str:
     parameters.extend(clause.values)
     if clause.operator == "in":
         return f"{column} IN ({', '.join('?' for _ in clause.values)})"
+    if clause.operator == "like":
+        return f"{column} LIKE ?"
     return f"{column} {_SQL_COMPARISONS[clause.operator]} ?"
 
 
@@ -265,6 +272,9 @@ def _compile(condition: Condition, schema: pa.Schema) -> pc.Expression:
             raise UserFilterMismatch(f"user filter: a value is out of range for {condition.column[:100]!r}") from None
         # SQL's NULL for a NULL input (is_in alone says false; the constants are never NULL)
         return pc.if_else(column.is_valid(), column.isin(value_set), _NULL_BOOLEAN)
+    if operator == "like":
+        _arity(condition, len(values) == 1, "one value")
+        return pc.match_like(column, _like_pattern(condition.column, values[0], arrow_type))
     if operator in _ARROW_COMPARISONS:
         _arity(condition, len(values) == 1, "one value")
         compared = _ARROW_COMPARISONS[operator](column, _scalar(condition.column, values[0], arrow_type))
@@ -272,6 +282,16 @@ def _compile(condition: Condition, schema: pa.Schema) -> pc.Expression:
             return compared | pc.is_nan(column)  # DuckDB: NaN is above every number
         return compared
     raise UserFilterMismatch(f"user filter: unknown operator {str(operator)[:20]!r}")
+
+
+def _like_pattern(column: str, value: Value, arrow_type: pa.DataType) -> str:
+    """A LIKE pattern pyarrow matches as DuckDB does: a string without a backslash, on a string column."""
+    string_column = pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+    if not string_column or type(value) is not str:
+        raise UserFilterMismatch(f"user filter: LIKE needs a string column and pattern ({column[:100]!r})")
+    if "\\" in value:
+        raise UserFilterMismatch(f"user filter: a LIKE pattern on {column[:100]!r} holds a backslash")
+    return value
 
 
 def _arity(condition: Condition, holds: bool, needs: str) -> None:
@@ -384,11 +404,29 @@ def _conditions(
             raise NotSimple
         name = column(children[0])
         return [Condition(name, "in", tuple(constant(child, name) for child in children[1:]))]
+    if node.get("class") == "FUNCTION" and node.get("function_name") in _LIKES:
+        name, pattern = _like_operands(node, column)
+        condition = Condition(name, "like", (constant(pattern, name),))
+        if any(isinstance(v, str) and "\\" in v for v in condition.values):  # escapes differ (_like_pattern)
+            raise NotSimple
+        return [condition] if node.get("function_name") == "~~" else [Not(condition)]
     if kind == "COMPARE_BETWEEN":
         name = column(node.get("input"))
         low, high = constant(node.get("lower"), name), constant(node.get("upper"), name)
         return [Condition(name, "ge", (low,)), Condition(name, "le", (high,))]
     raise NotSimple
+
+
+_LIKES = ("~~", "!~~")  # LIKE, NOT LIKE (ILIKE is ~~*, GLOB ~~~, LIKE ... ESCAPE the function like_escape)
+
+
+def _like_operands(node: Node, column: Callable[[Node | None], str]) -> tuple[str, Node | None]:
+    """``column LIKE constant``'s column name and constant node; any other form is not simple."""
+    arguments = node.get("arguments", [])
+    builtin = node.get("is_operator") is True and not node.get("schema") and not node.get("catalog")
+    if not builtin or len(arguments) != 2 or node.get("filter") is not None or node.get("distinct"):
+        raise NotSimple
+    return column(arguments[0].get("expression")), arguments[1].get("expression")
 
 
 def _or_children(node: Node) -> Iterator[Node]:

@@ -112,6 +112,7 @@ PASS_THROUGH_QUERIES = [
     "SELECT id, name FROM {t} WHERE (region = 'US' OR amount < 100) AND (email IS NULL OR id IN (1, 2, 3))",
     "SELECT id FROM {t} WHERE NOT (name = 'ada' OR id = 3)",
     "SELECT id FROM {t} WHERE amount NOT IN (100, 250) AND email NOT IN ('x@example.com')",
+    "SELECT id, email FROM {t} WHERE email LIKE '%@%.%' AND name NOT LIKE 'a_a'",  # alice: masked emails
 ]
 DUCKDB_QUERIES = [
     "SELECT * FROM {t} ORDER BY id LIMIT 2",

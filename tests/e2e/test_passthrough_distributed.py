@@ -86,6 +86,8 @@ def test_a_where_on_a_masked_column_sees_the_workers_masked_values(world: World,
         f"SELECT id FROM {t} WHERE email = 'ada@example.com'": [],
         f"SELECT id FROM {t} WHERE ssn = '111-22-3333'": [],
         f"SELECT id FROM {t} WHERE region = 'US'": [],
+        f"SELECT id FROM {t} WHERE email LIKE 'ada%'": [],
+        f"SELECT id FROM {t} WHERE email LIKE '%@xxxxxxx.xxx'": [1],
     }
     with on_workers(world, "alice", pool) as session:
         for sql, ids in cases.items():

@@ -42,6 +42,7 @@ _TO_WIRE: dict[Operator, int] = {
     "in": pb.FILTER_OPERATOR_IN,
     "is_null": pb.FILTER_OPERATOR_IS_NULL,
     "is_not_null": pb.FILTER_OPERATOR_IS_NOT_NULL,
+    "like": pb.FILTER_OPERATOR_LIKE,
 }
 _FROM_WIRE: dict[int, Operator] = {wire: name for name, wire in _TO_WIRE.items()}
 
@@ -116,7 +117,8 @@ def _condition(item: pb.FilterCondition, index: int) -> Condition:
     if not item.column:
         raise InvalidTicketError(f"user_filter: condition {index} names no column")
     count = len(item.values)
-    fits = count == 0 if operator in NULL_CHECKS else count == 1 if operator in COMPARISONS else count >= 1
+    single = operator in COMPARISONS or operator == "like"
+    fits = count == 0 if operator in NULL_CHECKS else count == 1 if single else count >= 1
     if not fits or count > MAX_VALUES:
         raise InvalidTicketError(f"user_filter: condition {index} ({operator}) has the wrong number of values")
     return Condition(item.column, operator, tuple(_value(v, index) for v in item.values))
