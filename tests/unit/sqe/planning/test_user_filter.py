@@ -48,7 +48,9 @@ TABLE = pa.table(
             pa.float64(),
         ),
         "f": pa.array([k / 4 for k in range(N)], pa.float32()),
-        "l": pa.array([None if k % 8 == 0 else ("x_ä1", "_", "%_%", "xyä", "ä", "x%ä", "")[k % 7] for k in range(N)]),
+        "l": pa.array(
+            [None if k % 9 == 0 else ("x_ä1", "_", "%_%", "xyä", "ä", "x%ä", "", "x\nä")[k % 8] for k in range(N)]
+        ),
     }
 )
 READ_SCHEMA = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(TABLE.schema))
@@ -89,6 +91,7 @@ WHERES = [
     "s NOT LIKE '%ä%'",
     "NOT (s LIKE 'B' OR s NOT LIKE '_%')",
     "l LIKE '_%_' OR l LIKE 'x_ä%'",
+    "l LIKE 'x_ä' OR l LIKE '%\n%'",  # '_' and '%' match a newline too
 ]
 
 
