@@ -128,7 +128,7 @@ class AnyOf:
 
 @dataclass(frozen=True)
 class AllOf:
-    """True where all of its clauses are (an AND inside an OR, at least two)."""
+    """True where all of its clauses are (an AND inside an OR or a NOT, at least two)."""
 
     clauses: tuple[Clause, ...]
 
@@ -150,7 +150,7 @@ class UserFilter:
     conditions: tuple[Clause, ...]
 
     def leaves(self) -> Iterator[Condition]:
-        """Every condition, however deep in ANDs and ORs."""
+        """Every condition, however deep in ANDs, ORs and NOTs."""
         for clause in self.conditions:
             yield from _leaves(clause)
 
