@@ -67,8 +67,8 @@ class DistributedScanStream:
         self, run: int, then: BatchTransform | None = None, where: UserFilter | None = None
     ) -> Generator[pa.RecordBatch]:
         """The run's batches (each through ``then``); any failure, ``then``'s included, is one recorded SQEError.
-        A partial aggregate's WHERE is its plan's."""
-        job = ScanJob(self.plan, self._context, self.query_id, run, self.partial, None if self.partial else where)
+        A partial aggregate's WHERE is its plan's (``ScanJob`` refuses a second one beside it)."""
+        job = ScanJob(self.plan, self._context, self.query_id, run, self.partial, where)
         scan = self._executor.record_batches(job)
         try:
             for batch in scan:

@@ -5,6 +5,7 @@ output, or is malformed, is an invalid ticket before any file is read."""
 from __future__ import annotations
 
 import datetime
+import math
 import threading
 
 import pyarrow as pa
@@ -16,7 +17,7 @@ from sqe.distributed.protocol.filters import filter_from_proto, filter_to_proto
 from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.distributed.protocol.partial import run_partial as partial_rows
 from sqe.distributed.protocol.ticket import decode_ticket
-from sqe.planning.user_filter import Condition, UserFilter
+from sqe.planning.user_filter import AnyOf, Condition, Not, UserFilter
 from tests.unit.workers.test_fragment import local_reference, run
 from tests.unit.workers.test_fragment_partial import run as run_partial
 from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, ticket_for
@@ -55,6 +56,18 @@ def test_a_fragment_sends_only_the_rows_the_where_keeps(local_tables: LocalTable
         per_task[batch.task_index] = batch.row_offset + batch.num_rows
 
 
+def test_a_negated_where_keeps_sqls_rows_in_plain_and_partial_fragments(local_tables: LocalTables) -> None:
+    """NOT over an OR of an IN and a LIKE: the fragment's rows and its partial aggregate both keep exactly these."""
+    table = local_tables.events
+    where = UserFilter((Not(AnyOf((Condition("grp", "in", (1, 3)), Condition("label", "like", ("e1%",))))),))
+    kept = [i for i in range(2000) if not (i % 5 in (1, 3) or str(i).startswith("1"))]
+    result, _ = run(_filtered(ticket_for(table), where))
+    assert _ids(result) == kept
+    ticket = _filtered(ticket_for(table), where)
+    ticket.partial_aggregate.CopyFrom(PartialAggregate((), (("count_star", ""),)).to_proto())
+    assert run_partial(ticket)[0].column("a0").to_pylist() == [len(kept)]
+
+
 def test_the_where_runs_on_masked_values(local_tables: LocalTables) -> None:
     """Row filter and masks first: a raw label matches nothing, the masked spelling matches its rows."""
     table = local_tables.events
@@ -89,6 +102,9 @@ def test_a_partial_aggregate_aggregates_only_the_kept_rows(local_tables: LocalTa
         (UserFilter((Condition("grp", "eq", (True,)),)), "does not fit the type int32 of 'grp'"),
         (UserFilter((Condition("label", "gt", (datetime.date(2024, 1, 1),)),)), "of 'label'"),
         (UserFilter((Condition("grp", "in", (1, 2**40)),)), "out of range for 'grp'"),
+        (UserFilter((Condition("id", "gt", (1.5,)),)), "does not fit the type int64 of 'id'"),
+        (UserFilter((Condition("label", "like", ("e\\1%",)),)), "LIKE pattern on 'label' holds a backslash"),
+        (UserFilter((Not(Condition("id", "like", ("1%",))),)), "LIKE needs a string column"),
     ],
 )
 def test_a_where_that_does_not_fit_the_output_is_an_invalid_ticket(
@@ -145,6 +161,11 @@ def _condition(**fields: object) -> pb.UserFilter:
             _condition(column="day", operator=pb.FILTER_OPERATOR_EQ, values=[pb.FilterValue(date_days=2**31 - 1)]),
             "date out of range",
         ),
+        (
+            _condition(column="id", operator=pb.FILTER_OPERATOR_GT, values=[pb.FilterValue(real=float("nan"))]),
+            "double that is not finite",
+        ),
+        (_condition(column="label", operator=pb.FILTER_OPERATOR_LIKE), "wrong number of values"),
     ],
 )
 def test_malformed_user_filters_are_invalid_tickets(
@@ -166,11 +187,13 @@ def test_the_wire_form_keeps_every_value_exactly() -> None:
             Condition("d", "gt", (datetime.date(9999, 12, 31),)),
             Condition("e", "is_null"),
             Condition("f", "is_not_null"),
+            Condition("g", "ge", (-0.0,)),
+            Not(Condition("h", "like", ("%_ä",))),
         )
     )
     decoded = filter_from_proto(pb.UserFilter.FromString(filter_to_proto(where).SerializeToString()))
     assert decoded == where
-    assert [type(v) for c in decoded.conditions for v in c.values] == [
+    assert [type(v) for c in decoded.leaves() for v in c.values] == [
         int,
         str,
         str,
@@ -178,7 +201,10 @@ def test_the_wire_form_keeps_every_value_exactly() -> None:
         bool,
         datetime.date,
         datetime.date,
+        float,
+        str,
     ]
+    assert math.copysign(1.0, next(c for c in decoded.leaves() if c.column == "g").values[0]) == -1.0
 
 
 def test_the_partial_where_binds_its_constants_and_quotes_its_names() -> None:
