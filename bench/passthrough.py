@@ -6,6 +6,8 @@ One run brings up the embedded stack (moto S3 + STS and sqe-catalog), writes ``-
 - ``select*``: ``SELECT * FROM t``;
 - ``filter``: ``SELECT id, tag FROM t WHERE x >= 500`` (about half the rows);
 - ``limit``: ``SELECT id, x FROM t WHERE x > 100 LIMIT 100000``;
+- ``not/like``: ``SELECT id, tag FROM t WHERE tag NOT LIKE 'tag-00%' AND NOT (y < 0.25)`` (a NOT LIKE and a
+  NOT over a double: about two thirds of the rows);
 
 each read as an Arrow table (wall time, and process CPU time of all threads), once with
 ``Session.pass_through`` on and once off (DuckDB imports the scan and exports the result, as before), plus
@@ -39,6 +41,7 @@ QUERIES = {
     "select*": "SELECT * FROM {t}",
     "filter": "SELECT id, tag FROM {t} WHERE x >= 500",
     "limit": "SELECT id, x FROM {t} WHERE x > 100 LIMIT 100000",
+    "not/like": "SELECT id, tag FROM {t} WHERE tag NOT LIKE 'tag-00%' AND NOT (y < 0.25)",
 }
 PATHS = ("pass-through", "duckdb", "scan only")
 

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sqe._counters import Counters
 from sqe.credentials import CredentialSet
@@ -44,7 +43,7 @@ from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
 from sqe.execution.local import BatchTransform, LocalExecutor, QueryCancelledError, ScanMetrics
 from sqe.execution.stream import conform_batch
 from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
-from sqe.planning.user_filter import UserFilter, UserFilterMismatch, filtering
+from sqe.planning.user_filter import Mask, UserFilter, UserFilterMismatch, filtering
 from workers.fileio import FragmentFileIO
 
 _PROGRESS_SECONDS = 0.25  # how often a partial-aggregate fragment looks for finished files to report
@@ -313,10 +312,10 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         )
 
 
-def _compiled(where: UserFilter, schema: pa.Schema) -> pc.Expression:
+def _compiled(where: UserFilter, schema: pa.Schema) -> Mask:
     """The ticket's WHERE over the restricted output; one that does not fit it fails the ticket."""
     try:
-        return where.expression(schema)
+        return where.mask(schema)
     except UserFilterMismatch as exc:
         raise InvalidTicketError(str(exc)) from None
 

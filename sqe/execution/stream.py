@@ -85,7 +85,7 @@ class ScanStream:
     def _transform_for(self, then: BatchTransform | None, where: UserFilter | None) -> BatchTransform | None:
         restrict = self._restrict
         if where is not None:
-            restrict = filtering(where.expression(self.schema), self.schema.names, first=restrict)
+            restrict = filtering(where.mask(self.schema), self.schema.names, first=restrict)
         if then is None:
             return self._transform if where is None else conforming(restrict, self.schema)
         return then if restrict is None else _chained(restrict, then)

@@ -115,8 +115,8 @@ def _duckdb(sql: str) -> list[int]:
 
 
 @pytest.mark.parametrize("sql", WHERES)
-def test_the_arrow_expression_keeps_duckdbs_rows(sql: str) -> None:
-    kept = TABLE.filter(_where(sql).expression(TABLE.schema))
+def test_the_arrow_mask_keeps_duckdbs_rows(sql: str) -> None:
+    kept = TABLE.filter(_where(sql).mask(TABLE.schema)(TABLE))
     assert sorted(kept.column("k").to_pylist()) == _duckdb(sql)
 
 
@@ -222,11 +222,11 @@ def test_a_wire_filter_nested_too_deep_or_too_large_is_an_invalid_ticket() -> No
 
 def test_an_or_of_one_clause_does_not_compile() -> None:
     with pytest.raises(ValueError, match="at least two clauses"):
-        UserFilter((AnyOf((Condition("i", "eq", (1,)),)),)).expression(TABLE.schema)
+        UserFilter((AnyOf((Condition("i", "eq", (1,)),)),)).mask(TABLE.schema)
 
 
 @pytest.mark.parametrize("condition", [Condition("s", "like", ("a\\%",)), Condition("i", "like", ("1%",))])
 def test_a_like_pyarrow_would_not_match_as_duckdb_does_is_a_mismatch(condition: Condition) -> None:
     """What a worker refuses (invalid-ticket): a backslash in the pattern, or LIKE on a column that is no string."""
     with pytest.raises(UserFilterMismatch, match="LIKE"):
-        UserFilter((condition,)).expression(TABLE.schema)
+        UserFilter((condition,)).mask(TABLE.schema)
