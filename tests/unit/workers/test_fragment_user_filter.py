@@ -126,6 +126,7 @@ def test_a_like_on_a_dictionary_encoded_file_runs_on_the_conformed_batches(tmp_p
         (UserFilter((Condition("grp", "in", (1, 2**40)),)), "out of range for 'grp'"),
         (UserFilter((Condition("id", "gt", (1.5,)),)), "does not fit the type int64 of 'id'"),
         (UserFilter((Condition("label", "like", ("e\\1%",)),)), "LIKE pattern on 'label' holds a backslash"),
+        (UserFilter((Condition("label", "like", ("e%" * 501,)),)), "LIKE pattern on 'label' is longer than 1000"),
         (UserFilter((Not(Condition("id", "like", ("1%",))),)), "LIKE needs a string column"),
     ],
 )
