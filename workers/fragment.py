@@ -41,7 +41,7 @@ from sqe.distributed.protocol.ipc import BatchFrame, batch_frames, encode_batch,
 from sqe.distributed.protocol.partial import PartialAggregate, checked_partial_schema, run_partial
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
 from sqe.execution.local import BatchTransform, LocalExecutor, QueryCancelledError, ScanMetrics
-from sqe.execution.stream import conform_batch
+from sqe.execution.stream import conform_batch, conforming
 from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
 from sqe.planning.user_filter import Mask, UserFilter, UserFilterMismatch, filtering
 from workers.fileio import FragmentFileIO
@@ -165,8 +165,9 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         if ticket.partial is not None:  # its DuckDB runs the WHERE (run_partial)
             yield from self._partial_stream(ticket.partial, executor, transform, max_message_bytes, stats)
             return
-        if self._where is not None:
-            transform = filtering(self._where, schema.names, first=transform)
+        if self._where is not None:  # on conformed batches, the types it was compiled for (a file's strings may
+            # be dictionary-encoded, which some kernels, match_like among them, do not take)
+            transform = filtering(self._where, schema.names, first=conforming(transform, schema))
         yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema), row_positions=True))
         rows = batches = 0
         files_reported = 0

@@ -21,7 +21,8 @@ against DuckDB on random literals); a ``float`` (32-bit) column is left to DuckD
 ``LIKE`` is pyarrow's ``match_like`` on string columns, for a pattern without a backslash: on every other
 character, ``%`` and ``_`` (one character, not one byte) the two agree (checked against DuckDB on random patterns
 over non-ASCII data); a backslash escapes in pyarrow and, differently, in DuckDB, so such a pattern stays with
-DuckDB, as do ``ILIKE``, ``GLOB``, ``SIMILAR TO`` and ``LIKE ... ESCAPE``.
+DuckDB, as do a pattern longer than ``MAX_LIKE_PATTERN`` characters (pyarrow's regex of it may not compile),
+``ILIKE``, ``GLOB``, ``SIMILAR TO`` and ``LIKE ... ESCAPE``.
 
 Each compiled leaf has SQL's three values: a comparison with a NULL is NULL in pyarrow as in DuckDB, and ``IN``
 is compiled as NULL for a NULL input (pyarrow's ``is_in`` alone answers false, which a NOT above it would turn
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_CONDITIONS",
     "MAX_DEPTH",
+    "MAX_LIKE_PATTERN",
     "MAX_TEXT_BYTES",
     "MAX_VALUES",
     "AllOf",
@@ -85,6 +87,9 @@ MAX_CONDITIONS = 1000
 MAX_VALUES = 100_000  # per condition (an IN list)
 MAX_TEXT_BYTES = 1 << 20  # UTF-8 bytes of all string constants: the ticket stays well inside a gRPC message
 MAX_DEPTH = 16  # ANDs, ORs and NOTs nested in one another (the top-level AND is depth 0)
+# Characters of one LIKE pattern: pyarrow compiles it to an RE2 regex, which fails beyond RE2's size limit (some
+# 60,000 characters) and, from a few thousand, may fall back to a search far slower than DuckDB's LIKE.
+MAX_LIKE_PATTERN = 1000
 _INT64 = 2**63
 
 _DUCKDB_COMPARISONS: dict[str, Operator] = {
@@ -315,12 +320,17 @@ def _compile_in(condition: Condition, index: int, arrow_type: pa.DataType) -> Ma
 
 
 def _like_pattern(column: str, value: Value, arrow_type: pa.DataType) -> str:
-    """A LIKE pattern pyarrow matches as DuckDB does: a string without a backslash, on a string column."""
+    """A LIKE pattern pyarrow matches as DuckDB does: a string without a backslash, on a string column, of at most
+    ``MAX_LIKE_PATTERN`` characters."""
     string_column = pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
     if not string_column or type(value) is not str:
         raise UserFilterMismatch(f"user filter: LIKE needs a string column and pattern ({column[:100]!r})")
     if "\\" in value:
         raise UserFilterMismatch(f"user filter: a LIKE pattern on {column[:100]!r} holds a backslash")
+    if len(value) > MAX_LIKE_PATTERN:
+        raise UserFilterMismatch(
+            f"user filter: a LIKE pattern on {column[:100]!r} is longer than {MAX_LIKE_PATTERN} characters"
+        )
     return value
 
 
@@ -437,8 +447,8 @@ def _conditions(
     if node.get("class") == "FUNCTION" and node.get("function_name") in _LIKES:
         name, pattern = _like_operands(node, column)
         condition = Condition(name, "like", (constant(pattern, name),))
-        if any(isinstance(v, str) and "\\" in v for v in condition.values):  # escapes differ (_like_pattern)
-            raise NotSimple
+        if any(isinstance(v, str) and ("\\" in v or len(v) > MAX_LIKE_PATTERN) for v in condition.values):
+            raise NotSimple  # escapes differ, or too long for pyarrow (_like_pattern)
         return [condition] if node.get("function_name") == "~~" else [Not(condition)]
     if kind == "COMPARE_BETWEEN":
         name = column(node.get("input"))

@@ -7,8 +7,10 @@ from __future__ import annotations
 import datetime
 import math
 import threading
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from sqe.distributed.protocol._proto import worker_pb2 as pb
@@ -18,6 +20,7 @@ from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.distributed.protocol.partial import run_partial as partial_rows
 from sqe.distributed.protocol.ticket import decode_ticket
 from sqe.planning.user_filter import AnyOf, Condition, Not, UserFilter
+from tests.unit.sqe.iceberg_local import local_catalog
 from tests.unit.workers.test_fragment import local_reference, run
 from tests.unit.workers.test_fragment_partial import run as run_partial
 from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, ticket_for
@@ -94,6 +97,25 @@ def test_a_partial_aggregate_aggregates_only_the_kept_rows(local_tables: LocalTa
     assert {row["g0"]: (row["a0"], row["a1"]) for row in result.to_pylist()} == expected
 
 
+def test_a_like_on_a_dictionary_encoded_file_runs_on_the_conformed_batches(tmp_path: Path) -> None:
+    """pyiceberg hands a file written from a dictionary array back dictionary-encoded; the WHERE was compiled for
+    the restricted schema's plain strings (match_like has no dictionary kernel), so it runs on conformed batches."""
+    catalog = local_catalog(tmp_path, "wh")
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.coded", schema=pa.schema([("label", pa.string()), ("id", pa.int64())]))
+    path = tmp_path / "coded.parquet"
+    labels = pa.array(["ab", "b", None, "ab", "ä"]).dictionary_encode()
+    pq.write_table(pa.table({"label": labels, "id": pa.array(range(5), pa.int64())}), path)
+    table.add_files([str(path)])
+    table = catalog.load_table("ns.coded")
+    where = UserFilter((AnyOf((Condition("label", "like", ("a%",)), Condition("label", "eq", ("ä",)))),))
+    result, _ = run(_filtered(ticket_for(table), where))
+    assert _ids(result) == [0, 3, 4]
+    ticket = _filtered(ticket_for(table), where)
+    ticket.partial_aggregate.CopyFrom(PartialAggregate((), (("count_star", ""),)).to_proto())
+    assert run_partial(ticket)[0].column("a0").to_pylist() == [3]
+
+
 @pytest.mark.parametrize(
     ("where", "message"),
     [
@@ -104,6 +126,7 @@ def test_a_partial_aggregate_aggregates_only_the_kept_rows(local_tables: LocalTa
         (UserFilter((Condition("grp", "in", (1, 2**40)),)), "out of range for 'grp'"),
         (UserFilter((Condition("id", "gt", (1.5,)),)), "does not fit the type int64 of 'id'"),
         (UserFilter((Condition("label", "like", ("e\\1%",)),)), "LIKE pattern on 'label' holds a backslash"),
+        (UserFilter((Condition("label", "like", ("e%" * 501,)),)), "LIKE pattern on 'label' is longer than 1000"),
         (UserFilter((Not(Condition("id", "like", ("1%",))),)), "LIKE needs a string column"),
     ],
 )

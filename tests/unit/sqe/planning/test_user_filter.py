@@ -20,6 +20,7 @@ from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.planning.sql_analysis import parse_select
 from sqe.planning.user_filter import (
     MAX_DEPTH,
+    MAX_LIKE_PATTERN,
     AnyOf,
     Condition,
     NotSimple,
@@ -230,3 +231,17 @@ def test_a_like_pyarrow_would_not_match_as_duckdb_does_is_a_mismatch(condition: 
     """What a worker refuses (invalid-ticket): a backslash in the pattern, or LIKE on a column that is no string."""
     with pytest.raises(UserFilterMismatch, match="LIKE"):
         UserFilter((condition,)).mask(TABLE.schema)
+
+
+def test_a_like_pattern_longer_than_pyarrow_compiles_stays_with_duckdb() -> None:
+    """pyarrow turns a LIKE pattern into an RE2 regex: about 70,000 '_' exceed RE2's size limit (the filter fails
+    while DuckDB answers), and a few thousand '%a' make it search for a minute where DuckDB takes milliseconds."""
+    long = "_" * 70_000
+    assert _duckdb(f"s LIKE '{long}'") == []
+    with pytest.raises(NotSimple):
+        _where(f"s LIKE '{long}'")
+    with pytest.raises(NotSimple):
+        _where(f"s NOT LIKE '{'%a' * (MAX_LIKE_PATTERN // 2 + 1)}'")
+    assert _where(f"s LIKE '{'%a' * (MAX_LIKE_PATTERN // 2)}'")
+    with pytest.raises(UserFilterMismatch, match="LIKE pattern on 's' is longer than"):
+        UserFilter((Condition("s", "like", (long,)),)).mask(TABLE.schema)
