@@ -15,9 +15,10 @@ Up to ``max_files_in_flight`` tasks are open at once, read in turn.
 Partial aggregation (``ScanTicket.partial_aggregate``): the same restricted batches are streamed into a private
 DuckDB connection (``sqe.distributed.protocol.partial``) and only its partial rows are sent, without positions.
 
-The user's WHERE (``ScanTicket.user_filter``) runs on the masked values: in the reader threads right after the
-restrictions before batches are sent (it is row-wise and deterministic, so a task's output row sequence, and with
-it the row positions, is still the same on every attempt), or in the partial aggregate's DuckDB query.
+The user's WHERE (``ScanTicket.user_filter``) runs on the masked values: in the reader threads after the
+restrictions, on batches conformed to the restricted schema, before batches are sent (it is row-wise and
+deterministic, so a task's output row sequence, and with it the row positions, is still the same on every
+attempt), or in the partial aggregate's DuckDB query.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             return
         if self._where is not None:  # on conformed batches, the types it was compiled for (a file's strings may
             # be dictionary-encoded, which some kernels, match_like among them, do not take)
-            transform = filtering(self._where, schema.names, first=conforming(transform, schema))
+            transform = filtering(self._where, first=conforming(transform, schema))
         yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema), row_positions=True))
         rows = batches = 0
         files_reported = 0

@@ -85,7 +85,7 @@ class ScanStream:
     def _transform_for(self, then: BatchTransform | None, where: UserFilter | None) -> BatchTransform | None:
         if where is not None:  # on conformed batches, the types it was compiled for (a file's strings may come
             # dictionary-encoded, which some kernels, match_like among them, do not take)
-            kept = filtering(where.mask(self.schema), self.schema.names, first=self._transform)
+            kept = filtering(where.mask(self.schema), first=self._transform)
             return kept if then is None else _chained(kept, then)
         if then is None:
             return self._transform

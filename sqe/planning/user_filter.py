@@ -251,20 +251,14 @@ def _clause_sql(clause: Clause, parameters: list[Value]) -> str:
 
 
 def filtering(
-    predicate: Mask,
-    names: Sequence[str],
-    first: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None,
+    predicate: Mask, first: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None
 ) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
-    """A batch step keeping the rows where ``predicate`` holds, after ``first`` (the restrictions) when given.
-    Batches are named ``names`` before the filter (restricted batches follow the read schema's column order; a
-    file may spell the names differently)."""
-    expected = list(names)
+    """A batch step keeping the rows where ``predicate`` holds, after ``first`` when given: the restrictions, then
+    conforming to the schema ``predicate`` was compiled for (it reads columns by position, in those types)."""
 
     def keep(batch: pa.RecordBatch) -> pa.RecordBatch:
         if first is not None:
             batch = first(batch)
-        if batch.schema.names != expected:
-            batch = batch.rename_columns(expected)
         return batch.filter(predicate(batch))
 
     return keep
