@@ -16,9 +16,9 @@ Partial aggregation (``ScanTicket.partial_aggregate``): the same restricted batc
 DuckDB connection (``sqe.distributed.protocol.partial``) and only its partial rows are sent, without positions.
 
 The user's WHERE (``ScanTicket.user_filter``) runs on the masked values: in the reader threads after the
-restrictions, on batches conformed to the restricted schema, before batches are sent (it is row-wise and
-deterministic, so a task's output row sequence, and with it the row positions, is still the same on every
-attempt), or in the partial aggregate's DuckDB query.
+restrictions, before batches are conformed and sent (it is row-wise and deterministic, so a task's output row
+sequence, and with it the row positions, is still the same on every attempt), or in the partial aggregate's
+DuckDB query.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from sqe.distributed.protocol.ipc import BatchFrame, batch_frames, encode_batch,
 from sqe.distributed.protocol.partial import PartialAggregate, checked_partial_schema, run_partial
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
 from sqe.execution.local import BatchTransform, LocalExecutor, QueryCancelledError, ScanMetrics
-from sqe.execution.stream import conform_batch, conforming
+from sqe.execution.stream import conform_batch
 from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
 from sqe.planning.user_filter import Mask, UserFilter, UserFilterMismatch, filtering
 from workers.fileio import FragmentFileIO
@@ -166,9 +166,8 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         if ticket.partial is not None:  # its DuckDB runs the WHERE (run_partial)
             yield from self._partial_stream(ticket.partial, executor, transform, max_message_bytes, stats)
             return
-        if self._where is not None:  # on conformed batches, the types it was compiled for (a file's strings may
-            # be dictionary-encoded, which some kernels, match_like among them, do not take)
-            transform = filtering(self._where, first=conforming(transform, schema))
+        if self._where is not None:  # before the batches are conformed: only the kept rows are converted
+            transform = filtering(self._where, first=transform)
         yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema), row_positions=True))
         rows = batches = 0
         files_reported = 0

@@ -83,13 +83,12 @@ class ScanStream:
             raise error from None
 
     def _transform_for(self, then: BatchTransform | None, where: UserFilter | None) -> BatchTransform | None:
-        if where is not None:  # on conformed batches, the types it was compiled for (a file's strings may come
-            # dictionary-encoded, which some kernels, match_like among them, do not take)
-            kept = filtering(where.mask(self.schema), first=self._transform)
-            return kept if then is None else _chained(kept, then)
+        restrict = self._restrict
+        if where is not None:  # before conforming: only the kept rows are converted
+            restrict = filtering(where.mask(self.schema), first=restrict)
         if then is None:
-            return self._transform
-        return then if self._restrict is None else _chained(self._restrict, then)
+            return self._transform if where is None else conforming(restrict, self.schema)
+        return then if restrict is None else _chained(restrict, then)
 
 
 def _chained(first: BatchTransform, then: BatchTransform) -> BatchTransform:

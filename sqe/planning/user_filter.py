@@ -253,8 +253,9 @@ def _clause_sql(clause: Clause, parameters: list[Value]) -> str:
 def filtering(
     predicate: Mask, first: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None
 ) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
-    """A batch step keeping the rows where ``predicate`` holds, after ``first`` when given: the restrictions, then
-    conforming to the schema ``predicate`` was compiled for (it reads columns by position, in those types)."""
+    """A batch step keeping the rows where ``predicate`` holds, after ``first`` (the restrictions) when given.
+    ``predicate`` reads columns by position: restricted batches follow the schema it was compiled for, in column
+    order, whatever a file's spelling of the names, string width or dictionary encoding."""
 
     def keep(batch: pa.RecordBatch) -> pa.RecordBatch:
         if first is not None:
@@ -275,21 +276,29 @@ def _compile(condition: Condition, schema: pa.Schema) -> Mask:
         if pa.types.is_nested(arrow_type):
             raise UserFilterMismatch(f"user filter: {condition.column[:100]!r} is nested")
         check = pc.is_null if operator == "is_null" else pc.is_valid
-        return lambda rows: check(rows.column(index))
+        return lambda rows: check(_values(rows, index))
     if operator == "in":
         _arity(condition, len(values) >= 1, "one or more values")
         return _compile_in(condition, index, arrow_type)
     if operator == "like":
         _arity(condition, len(values) == 1, "one value")
         pattern = _like_pattern(condition.column, values[0], arrow_type)
-        return lambda rows: pc.match_like(rows.column(index), pattern)
+        return lambda rows: pc.match_like(_values(rows, index), pattern)
     if operator in _ARROW_COMPARISONS:
         _arity(condition, len(values) == 1, "one value")
         compare, constant = _ARROW_COMPARISONS[operator], _scalar(condition.column, values[0], arrow_type)
         if pa.types.is_float64(arrow_type) and operator in ("gt", "ge"):  # DuckDB: NaN is above every number
-            return lambda rows: pc.or_kleene(compare(rows.column(index), constant), pc.is_nan(rows.column(index)))
-        return lambda rows: compare(rows.column(index), constant)
+            return lambda rows: pc.or_kleene(compare(_values(rows, index), constant), pc.is_nan(_values(rows, index)))
+        return lambda rows: compare(_values(rows, index), constant)
     raise UserFilterMismatch(f"user filter: unknown operator {str(operator)[:20]!r}")
+
+
+def _values(rows: Rows, index: int) -> Column:
+    """Column ``index`` of ``rows``, dictionary-decoded: a file's strings may come dictionary-encoded (pyiceberg
+    keeps a Parquet dictionary page's encoding), and some kernels, ``match_like`` and ``is_nan`` among them, take
+    no dictionary. Filtering before the batch is conformed keeps that conversion to the kept rows."""
+    column = rows.column(index)
+    return pc.cast(column, column.type.value_type) if pa.types.is_dictionary(column.type) else column
 
 
 def _compile_in(condition: Condition, index: int, arrow_type: pa.DataType) -> Mask:
@@ -305,7 +314,7 @@ def _compile_in(condition: Condition, index: int, arrow_type: pa.DataType) -> Ma
         raise UserFilterMismatch(f"user filter: a value is out of range for {condition.column[:100]!r}") from None
 
     def contained(rows: Rows) -> Truth:
-        column = rows.column(index)
+        column = _values(rows, index)
         found = pc.is_in(pc.add(column, 0.0) if normalised else column, value_set=value_set)
         # SQL's NULL for a NULL input (is_in alone says false; the constants are never NULL)
         return pc.if_else(pc.is_valid(column), found, _NULL_BOOLEAN)

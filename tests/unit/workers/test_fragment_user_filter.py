@@ -97,9 +97,9 @@ def test_a_partial_aggregate_aggregates_only_the_kept_rows(local_tables: LocalTa
     assert {row["g0"]: (row["a0"], row["a1"]) for row in result.to_pylist()} == expected
 
 
-def test_a_like_on_a_dictionary_encoded_file_runs_on_the_conformed_batches(tmp_path: Path) -> None:
+def test_a_like_on_a_dictionary_encoded_file_keeps_its_rows(tmp_path: Path) -> None:
     """pyiceberg hands a file written from a dictionary array back dictionary-encoded; the WHERE was compiled for
-    the restricted schema's plain strings (match_like has no dictionary kernel), so it runs on conformed batches."""
+    the restricted schema's plain strings and decodes the columns it reads (match_like has no dictionary kernel)."""
     catalog = local_catalog(tmp_path, "wh")
     catalog.create_namespace("ns")
     table = catalog.create_table("ns.coded", schema=pa.schema([("label", pa.string()), ("id", pa.int64())]))

@@ -118,7 +118,7 @@ def test_a_like_on_a_dictionary_encoded_file_keeps_duckdbs_rows(
     write_provider: LocalProvider, session_factory: SessionFactory, tmp_path: Path
 ) -> None:
     """A Parquet file written from a dictionary array reads back dictionary-encoded through pyiceberg; the WHERE
-    runs on the batches conformed to the schema it was compiled for (match_like has no dictionary kernel)."""
+    decodes the columns it reads (match_like has no dictionary kernel)."""
     table = write_provider.catalogs["wh"].create_table(
         "ns.coded", schema=pa.schema([("s", pa.string()), ("k", pa.int64())])
     )
