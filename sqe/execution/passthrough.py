@@ -10,9 +10,9 @@ as before):
   QUALIFY, window or ORDER BY);
 - a select list of plain column references (qualified or not, aliased or not) or a bare ``*``;
 - an optional WHERE that is an AND/OR/NOT (``sqe.planning.user_filter``) of ``column <op> constant``,
-  ``IN`` lists of constants, ``BETWEEN`` and ``IS [NOT] NULL``, on columns and constants of the types whose
-  comparison pyarrow and DuckDB define the same way (integers, strings, booleans, dates; ``IS [NOT] NULL`` on any
-  primitive column);
+  ``IN`` lists of constants, ``BETWEEN``, ``IS [NOT] NULL`` and ``LIKE``, on columns and constants of the types
+  whose comparison pyarrow and DuckDB define the same way (integers, strings, booleans, dates, doubles;
+  ``IS [NOT] NULL`` on any primitive column);
 - an optional ``LIMIT`` / ``OFFSET`` of integer constants, without ORDER BY.
 
 The restriction order is the same as in DuckDB: each batch is row-filtered on raw values and masked by the

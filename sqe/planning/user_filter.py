@@ -328,13 +328,20 @@ def _like_pattern(column: str, value: Value, arrow_type: pa.DataType) -> str:
     string_column = pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
     if not string_column or type(value) is not str:
         raise UserFilterMismatch(f"user filter: LIKE needs a string column and pattern ({column[:100]!r})")
-    if "\\" in value:
-        raise UserFilterMismatch(f"user filter: a LIKE pattern on {column[:100]!r} holds a backslash")
-    if len(value) > MAX_LIKE_PATTERN:
-        raise UserFilterMismatch(
-            f"user filter: a LIKE pattern on {column[:100]!r} is longer than {MAX_LIKE_PATTERN} characters"
-        )
+    trouble = _like_trouble(value)
+    if trouble is not None:
+        raise UserFilterMismatch(f"user filter: a LIKE pattern on {column[:100]!r} {trouble}")
     return value
+
+
+def _like_trouble(pattern: str) -> str | None:
+    """Why pyarrow would not match ``pattern`` as DuckDB does (None: it would): a backslash escapes in pyarrow and,
+    differently, in DuckDB; a longer pattern's RE2 regex may not compile, or crawl."""
+    if "\\" in pattern:
+        return "holds a backslash"
+    if len(pattern) > MAX_LIKE_PATTERN:
+        return f"is longer than {MAX_LIKE_PATTERN} characters"
+    return None
 
 
 def _arity(condition: Condition, holds: bool, needs: str) -> None:
@@ -449,9 +456,10 @@ def _conditions(
         return [Condition(name, "in", tuple(constant(child, name) for child in children[1:]))]
     if node.get("class") == "FUNCTION" and node.get("function_name") in _LIKES:
         name, pattern = _like_operands(node, column)
-        condition = Condition(name, "like", (constant(pattern, name),))
-        if any(isinstance(v, str) and ("\\" in v or len(v) > MAX_LIKE_PATTERN) for v in condition.values):
-            raise NotSimple  # escapes differ, or too long for pyarrow (_like_pattern)
+        value = constant(pattern, name)
+        if not isinstance(value, str) or _like_trouble(value) is not None:
+            raise NotSimple
+        condition = Condition(name, "like", (value,))
         return [condition] if node.get("function_name") == "~~" else [Not(condition)]
     if kind == "COMPARE_BETWEEN":
         name = column(node.get("input"))

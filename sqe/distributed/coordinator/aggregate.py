@@ -7,7 +7,7 @@ aggregated per fragment on the workers (``ScanTicket.partial_aggregate``) and me
 - one SELECT over one Iceberg base table: no CTE, join, subquery, view, time travel, sample, DISTINCT,
   HAVING, QUALIFY, window, ORDER BY, LIMIT or OFFSET;
 - no WHERE, or a simple one (``sqe.planning.user_filter``: ANDs, ORs and NOTs of comparisons of columns with
-  constants of their own type family, ``IN``, ``BETWEEN``, ``IS [NOT] NULL``; the pass-through rule);
+  constants of their own type family, ``IN``, ``BETWEEN``, ``IS [NOT] NULL``, ``LIKE``; the pass-through rule);
 - a GROUP BY of plain column references (or none), never a float column (a group's ``-0.0``/``0.0`` spelling
   could differ from a local run), no ROLLUP/CUBE/GROUPING SETS/GROUP BY ALL, no name that is also a select alias;
 - a select list of group-by columns and ``count(*)``, ``count(col)``, ``sum(col)``, ``min(col)``, ``max(col)`` on
