@@ -233,8 +233,13 @@ class _Planned:
         """Nothing from the catalog: no scan, time travel, metadata table or catalog view."""
         return not (self.scans or self.travels or self.metadata or self.views)
 
+    def start_tasks(self) -> None:
+        """Start planning every scan's file tasks that is not under way (a bare count(*) defers its own)."""
+        for plan in [*self.scans.values(), *self.travels.values()]:
+            plan.task_source.start()
+
     def plan_tasks(self) -> None:
-        """Plan every scan's file tasks now (a bare count(*) may be answered without reading the manifests)."""
+        """Every scan's file tasks, waited for: a planning failure is raised here, by the statement's own call."""
         for plan in [*self.scans.values(), *self.travels.values()]:
             plan.task_source.get()
 
@@ -667,6 +672,7 @@ class Session:
                 cache=self._task_cache,
                 remote=self._remote,
                 defer_tasks=depth == 0 and may_count_from_metadata(sql),  # issue 11 item 3: may need no manifest
+                background=True,  # read while DuckDB binds the statement; its first use waits (_run_planned)
             )
         read_views: dict[TableIdent, str] = {}
         for ident, view in found_views.items():
@@ -759,18 +765,23 @@ class Session:
                     self._start()
                     self.last_execution_path = "metadata"
                     return Result(self, table=counted)
-                planned.plan_tasks()  # a bare count metadata could not answer reads its manifests now
+                planned.start_tasks()  # a bare count metadata could not answer reads its manifests now
                 # -- end of issue 11 item 3
                 if planned.reads_no_table:
                     return Result(self, relation=self._plain_relation(planned.statement.text, params))
+                # The manifests are read on background threads while DuckDB binds the statement and its shape
+                # is recognised; the statement waits for them before it returns, so it fails as it always did.
                 relation, context = self._query(planned, planned.statement.text, params, self._start())
                 # -- issue 11 item 6 (sqe/distributed/coordinator/aggregate.py): workers aggregate, DuckDB merges
                 aggregated = self._partial_aggregate(planned, lambda: relation) if params is None else None
                 if aggregated is not None:
                     self.last_execution_path = "partial-aggregate"
-                    return Result(self, relation=self._partial_relation(aggregated, context), context=context)
+                    partial = self._partial_relation(aggregated, context)
+                    planned.plan_tasks()
+                    return Result(self, relation=partial, context=context)
                 # -- issue 11 item 1 (sqe/execution/passthrough.py): no copy through DuckDB for plain reads
                 run = self._pass_through_run(planned, lambda: relation.columns) if params is None else None
+                planned.plan_tasks()
                 self.last_execution_path = "duckdb" if run is None else "pass-through"
                 return Result(self, relation=relation, context=context, pass_through=run)
             if kind == "insert":
@@ -1013,6 +1024,8 @@ class Session:
         # A narrowed projection missed something DuckDB needs: read every column instead (correctness first).
         loaded = {ident: plan.loaded for ident, plan in planned.scans.items()}
         scans, _, _, _ = self._plan_query(sql, loaded=loaded, all_columns=True)
+        for plan in scans.values():
+            plan.task_source.get()  # a planning failure is this statement's, raised here (as _run_planned does)
         context = self._start()
         self._bind(planned, context, scans=scans)
         try:

@@ -12,6 +12,7 @@ against raw values; the planner drops any user conjunct that touches a masked co
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import logging
@@ -19,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -365,13 +367,16 @@ def plan_scan(
     cache: TaskCache | None = None,
     remote: RemotePlanner | None = None,
     defer_tasks: bool = False,
+    background: bool = False,
 ) -> ScanPlan:
     """Plan the files of one table scan. ``columns=None`` reads every column; names match case-insensitively.
 
     ``cache`` reuses the tasks of an earlier plan of the same table metadata and row filter. ``remote`` (server-side
     planning switched on) asks the catalog for the tasks instead; they may come with their own credentials.
     ``defer_tasks`` leaves reading the manifests to the plan's first use of its tasks (a bare ``count(*)`` may
-    be answered from the manifest list alone; see :class:`PlannedTasks`); otherwise they are planned here."""
+    be answered from the manifest list alone; see :class:`PlannedTasks`); otherwise they are planned here, or with
+    ``background`` on a background thread while the caller goes on (the first use of the tasks waits for them and
+    raises planning's typed error)."""
     table = loaded.table
     refuse_encrypted(loaded)  # before any manifest list or data file is read
     if table.io is not loaded.io:
@@ -393,7 +398,9 @@ def plan_scan(
             source = PlannedTasks.ready(tasks)
         else:
             source = _local_tasks(loaded, scan, row_filter, cache)
-            if not defer_tasks:
+            if background and not defer_tasks:
+                source.start()
+            elif not defer_tasks:
                 source.get()
         projected = (
             scan.projection() if cache is None else cache.projection(_projection_key(loaded, scan), scan.projection)
@@ -426,12 +433,14 @@ def _planning_errors(ident: TableIdent) -> Iterator[None]:
 
 
 class PlannedTasks:
-    """A scan's file tasks, planned from the manifests on first use, once (thread-safe).
+    """A scan's file tasks, planned from the manifests once (thread-safe), in the background or on first use.
 
-    A bare ``count(*)`` of an unrestricted table without delete files is answered from the manifest list's row
-    counts (:meth:`listed_row_count`), so its plan (``plan_scan(defer_tasks=True)``) never reads the manifests;
-    every other plan is planned by :func:`plan_scan` itself, and :meth:`get` plans exactly as before. Planning
-    failures are the typed errors of :func:`plan_scan`.
+    ``plan_scan(background=True)`` (the session's statements) starts planning on a background thread
+    (:meth:`start`), so the manifest list and manifests are read while the session binds the statement in DuckDB
+    and recognises its shape; whoever needs the tasks first (:meth:`get`) waits for them, and a planning failure
+    is raised there, as the same typed error. A bare ``count(*)`` of an unrestricted table without delete files
+    is answered from the manifest list's row counts (:meth:`listed_row_count`), so its plan
+    (``plan_scan(defer_tasks=True)``) starts nothing and never reads the manifests unless asked.
     """
 
     def __init__(
@@ -445,6 +454,7 @@ class PlannedTasks:
         self._kept = kept
         self._listed_rows = listed_rows
         self._tasks: tuple[FileScanTask, ...] | None = None
+        self._pending: Future[tuple[FileScanTask, ...]] | None = None  # planning on a background thread
         self._listed: tuple[int | None] | None = None  # (the answer,) once asked
         self._lock = threading.Lock()
 
@@ -454,11 +464,34 @@ class PlannedTasks:
         source._tasks = tasks
         return source
 
+    def start(self) -> None:
+        """Begin planning on a background thread unless the tasks are known already (planned, or in the task
+        cache: then nothing is started). The thread runs in a copy of the caller's context variables."""
+        with self._lock:
+            if self._tasks is not None or self._pending is not None:
+                return
+            self._tasks = self._kept()
+            if self._tasks is not None:
+                return
+            pending = self._pending = Future()
+        # A daemon thread, not a pool: nothing to shut down, and a stuck read never holds up interpreter exit.
+        thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(_plan_into, self._plan, pending), name="sqe-plan", daemon=True
+        )
+        thread.start()
+
     def get(self) -> tuple[FileScanTask, ...]:
         with self._lock:
-            if self._tasks is None:
+            if self._tasks is not None:
+                return self._tasks
+            pending = self._pending
+            if pending is None:
                 self._tasks = self._plan()
-            return self._tasks
+                return self._tasks
+        tasks = pending.result()  # the background planning's result, or its (typed) error raised here
+        with self._lock:
+            self._tasks = tasks
+        return tasks
 
     def planned(self) -> tuple[FileScanTask, ...] | None:
         """The tasks if they are known without reading a manifest (planned already, or in the task cache)."""
@@ -475,6 +508,13 @@ class PlannedTasks:
             if self._listed is None:
                 self._listed = (self._listed_rows(),)
             return self._listed[0]
+
+
+def _plan_into(plan: Callable[[], tuple[FileScanTask, ...]], pending: Future[tuple[FileScanTask, ...]]) -> None:
+    try:
+        pending.set_result(plan())
+    except BaseException as exc:  # every failure reaches the thread that waits, none is lost on this one
+        pending.set_exception(exc)
 
 
 def refuse_encrypted(loaded: LoadedTable) -> None:
