@@ -43,9 +43,11 @@ from sqe.errors import QueryError
 from sqe.execution.cache import parquet_fragment
 from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
 from sqe.execution.decoded_cache import DECODED
+from sqe.execution.row_filter import RowMask, compile_row_filter, filter_rows
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
+    from pyiceberg.expressions import BooleanExpression
     from pyiceberg.schema import Schema
     from pyiceberg.table import FileScanTask
 
@@ -184,6 +186,9 @@ class DirectProjection:
     # Physical top-level columns the filter reads besides file_columns; None: it reads one that is not top-level
     # (then the decoded-column cache is not used for the file).
     filter_columns: tuple[str, ...] | None = ()
+    # The same filter as direct compute calls, for the row groups the decoded-column cache assembles (one Acero
+    # plan per group costs about twice as much); None: those groups are filtered with arrow_filter.
+    row_mask: RowMask | None = None
 
     def batches(
         self,
@@ -319,7 +324,9 @@ class DirectProjection:
         """Batches of consecutive rows of one row group, filtered, with the projection's schema."""
         wanted = self._read_columns
         group = pa.Table.from_arrays([columns[name] for name in wanted], names=list(wanted))
-        if self.arrow_filter is not None:
+        if self.row_mask is not None:
+            group = filter_rows(group, self.row_mask).select(list(self.file_columns))
+        elif self.arrow_filter is not None:
             group = group.filter(self.arrow_filter).select(list(self.file_columns))
         for batch in group.to_batches(max_chunksize=rows):
             if batch.num_rows:
@@ -481,9 +488,16 @@ def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProje
         columns.append(in_file.name)
         metadata = {b"doc": wanted.doc.encode()} if wanted.doc else None
         fields.append(pa.field(wanted.name, arrow_type, nullable=wanted.optional, metadata=metadata))
-    file_filter = _file_filter(read, file_schema)
-    filter_columns = _filter_columns(read, file_schema, physical_schema, columns) if file_filter is not None else ()
-    return DirectProjection(tuple(columns), pa.schema(fields), file_filter, filter_columns)
+    bound_filter = _file_filter(read, file_schema)
+    if bound_filter is None:
+        return DirectProjection(tuple(columns), pa.schema(fields), None)
+    return DirectProjection(
+        tuple(columns),
+        pa.schema(fields),
+        expression_to_pyarrow(bound_filter, file_schema),
+        _filter_columns(read, file_schema, physical_schema, columns),
+        compile_row_filter(bound_filter, file_schema, physical_schema),
+    )
 
 
 def _filter_columns(
@@ -510,12 +524,12 @@ def _passes_through(iceberg_type: IcebergType, arrow_type: pa.DataType) -> bool:
     return bool(arrow_type == schema_to_pyarrow(iceberg_type, include_field_ids=False))
 
 
-def _file_filter(read: ReadSpec, file_schema: Schema) -> pc.Expression | None:
-    """The row filter in the file's own column names (the table's may have been renamed since)."""
+def _file_filter(read: ReadSpec, file_schema: Schema) -> BooleanExpression | None:
+    """The row filter bound to the file's own column names (the table's may have been renamed since)."""
     if isinstance(read.bound_row_filter, AlwaysTrue):
         return None
     translated = translate_column_names(read.bound_row_filter, file_schema, case_sensitive=read.case_sensitive)
-    return expression_to_pyarrow(bind(file_schema, translated, case_sensitive=read.case_sensitive), file_schema)
+    return bind(file_schema, translated, case_sensitive=read.case_sensitive)
 
 
 def batch_rows(fragment: ds.ParquetFileFragment, columns: tuple[str, ...], target_batch_bytes: int) -> int:

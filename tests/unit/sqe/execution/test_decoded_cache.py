@@ -3,6 +3,7 @@ ScopedFileIO (range-cached fragments), checked against pyarrow's own scanner on 
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.expressions.parser import parse
+from pyiceberg.expressions.visitors import bind
+from pyiceberg.io.pyarrow import expression_to_pyarrow
+from pyiceberg.schema import Schema
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
 from sqe.credentials import CredentialSet, StoragePolicy
 from sqe.credentials.fileio import ScopedFileIO
@@ -19,6 +25,7 @@ from sqe.execution.cache import FRAGMENTS, clear_process_caches, configure_proce
 from sqe.execution.cached_files import cached_file_key, kept_whole
 from sqe.execution.decoded_cache import DECODED, DEFAULT_DECODED_BYTES, DecodedColumnCache
 from sqe.execution.local import DirectProjection
+from sqe.execution.row_filter import compile_row_filter
 
 FORMAT = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
 FILE = ("s3://b/t/data/f.parquet", 1000, "identity-a")
@@ -170,6 +177,30 @@ def test_a_filter_prunes_row_groups_by_statistics_and_keeps_exactly_the_scanners
         assert pa.Table.from_batches(read(direct, fragment, size)).equals(expected)
     # Only the row group holding x in [12000, 12010) (rows 24000..24019: the third) was decoded and kept.
     assert len(DECODED) == 3 and set(key[3] for key in DECODED.snapshot_keys()) == {2}
+
+
+def test_the_compiled_row_filter_keeps_the_scanners_rows_and_is_what_filters_the_groups(
+    alice_file: tuple[Path, int, ds.ParquetFileFragment],
+) -> None:
+    """direct_projection compiles the row filter to compute calls; the assembled row groups go through it."""
+    _, size, fragment = alice_file
+    file_schema = Schema(
+        NestedField(1, "id", LongType(), required=False),
+        NestedField(2, "name", StringType(), required=False),
+        NestedField(3, "x", DoubleType(), required=False),
+    )
+    bound = bind(file_schema, parse("x >= 12000.0 AND x < 12010.0 AND name <> 'n24005'"), case_sensitive=True)
+    keep = expression_to_pyarrow(bound, file_schema)
+    mask = compile_row_filter(bound, file_schema, fragment.physical_schema)
+    assert mask is not None
+    direct = dataclasses.replace(projection(fragment, ("id", "name"), keep, ("x",)), row_mask=mask)
+    expected = scanner_rows(fragment, ("id", "name"), keep)
+    assert expected.num_rows == 19
+    for _ in range(2):  # decoded, then assembled from the kept columns
+        assert pa.Table.from_batches(read(direct, fragment, size)).equals(expected)
+    # The groups are filtered by the mask, not by the expression (a mask that keeps nothing shows which runs).
+    nothing = dataclasses.replace(direct, row_mask=lambda table: pa.scalar(False))
+    assert read(nothing, fragment, size) == []
 
 
 def test_another_credential_set_never_reads_the_first_ones_columns(tmp_path: Path) -> None:

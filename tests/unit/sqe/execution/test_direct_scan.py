@@ -72,6 +72,17 @@ def test_plain_files_are_scanned_directly_with_pyiceberg_results(
     assert direct.equals(expected, check_metadata=True)
 
 
+def test_a_pushed_filter_is_compiled_to_compute_calls_beside_its_expression(provider: LocalProvider) -> None:
+    plan = plan_scan(provider.load_table(NUMBERS), columns=["name"], pushdown=parse("id >= 1500 AND name <> 'n1600'"))
+    task = plan.tasks[0]
+    projection = local.direct_projection(plan.read, physical_schema(plan.read, task))
+    assert projection is not None and projection.arrow_filter is not None and projection.row_mask is not None
+    assert projection.filter_columns == ("id",)
+    unfiltered = plan_scan(provider.load_table(NUMBERS), columns=["name"])
+    plain = local.direct_projection(unfiltered.read, physical_schema(unfiltered.read, unfiltered.tasks[0]))
+    assert plain is not None and plain.arrow_filter is None and plain.row_mask is None
+
+
 @pytest.fixture()
 def evolved(write_provider: LocalProvider) -> LocalProvider:
     """ns.evolved: one file written as (id long, v int, s string), then v renamed to w and a column added."""
