@@ -282,7 +282,10 @@ class PassThroughPlanner:
         self._con = con
         self._parser = parser
         self._resolve = resolve
-        self._exported: LRUCache[pa.Schema, pa.Schema] = LRUCache(_KEPT_SCHEMAS)
+        # Keyed by the schema's IPC bytes: ``pa.Schema`` equality ignores field metadata that changes DuckDB's
+        # export (``ARROW:extension:name``). Not shared between sessions: a new connection's first statement pays
+        # a start-up cost that the probe otherwise pays, so a process-wide cache measured no faster.
+        self._exported: LRUCache[bytes, pa.Schema] = LRUCache(_KEPT_SCHEMAS)
         self._probes = itertools.count(1)
 
     def plan(
@@ -309,7 +312,8 @@ class PassThroughPlanner:
 
     def exported(self, schema: pa.Schema) -> pa.Schema:
         """What DuckDB's export of a registered Arrow stream of ``schema`` looks like, on this connection."""
-        found = self._exported.get(schema)
+        key = schema.serialize().to_pybytes()
+        found = self._exported.get(key)
         if found is None:
             name = f"__sqe_probe_{next(self._probes)}"
             self._con.register(name, schema.empty_table())
@@ -317,7 +321,7 @@ class PassThroughPlanner:
                 found = self._con.sql(f"SELECT * FROM temp.main.{quote_ident(name)}").to_arrow_table().schema
             finally:
                 self._con.unregister(name)
-            self._exported.put(schema, found)
+            self._exported.put(key, found)
         return found
 
 

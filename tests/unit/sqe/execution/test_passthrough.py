@@ -10,11 +10,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH, PassThrough, _exact_cast
+from sqe.duckdb_connection import connect_locked_down
+from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH, PassThrough, PassThroughPlanner, _exact_cast
 from sqe.session import Session, explain_sections
 from tests.unit.sqe.iceberg_local import LocalProvider
 
@@ -221,3 +223,33 @@ def test_only_value_keeping_casts_are_allowed() -> None:
     assert not _exact_cast(pa.timestamp("ns", "UTC"), pa.timestamp("us", "UTC"))
     assert not _exact_cast(pa.binary(16), pa.binary())
     assert not _exact_cast(pa.large_string(), pa.large_binary())
+
+
+def _planner(con: duckdb.DuckDBPyConnection | None = None) -> PassThroughPlanner:
+    def no_tables(ref: object) -> Any:
+        raise AssertionError("no table is resolved when probing export types")
+
+    return PassThroughPlanner(con or connect_locked_down(), connect_locked_down(), no_tables)
+
+
+def test_export_types_tell_apart_schemas_that_differ_only_in_field_metadata() -> None:
+    plain = pa.schema([pa.field("u", pa.binary(16)), pa.field("n", pa.int32())])
+    uuid = pa.schema(
+        [pa.field("u", pa.binary(16), metadata={"ARROW:extension:name": "arrow.uuid"}), pa.field("n", pa.int32())]
+    )
+    assert plain == uuid  # pyarrow's equality ignores field metadata; DuckDB's export does not
+    planner = _planner()
+    assert planner.exported(plain).field("u").type == pa.binary()
+    assert planner.exported(uuid).field("u").type == pa.string()
+    assert planner.exported(plain).field("u").type == pa.binary()
+
+
+def test_a_session_probes_each_schema_once() -> None:
+    probed = pa.schema([pa.field("when", pa.timestamp("ns", "UTC")), pa.field("label", pa.large_string())])
+    con = connect_locked_down()
+    planner = _planner(con)
+    first = planner.exported(probed)
+    con.close()  # a further probe on this connection would fail
+    assert planner.exported(probed) == first
+    with pytest.raises(duckdb.ConnectionException, match="closed"):
+        planner.exported(pa.schema([pa.field("never_probed", pa.int16())]))
