@@ -26,10 +26,14 @@ LOCKDOWN_CONFIG: dict[str, str | bool | int | float | list[str]] = {
 def connect_locked_down(
     before_lock: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
 ) -> duckdb.DuckDBPyConnection:
-    """An in-memory connection; ``before_lock`` may still change settings before the configuration is locked."""
+    """An in-memory connection; ``before_lock`` may still change settings before the configuration is locked.
+    Its cursors (``con.cursor()``) share the database and its locked settings, each with its own temporary
+    schema, so an Arrow object registered on one connection is not visible to another."""
     con = duckdb.connect(":memory:", config=LOCKDOWN_CONFIG)
     try:
-        con.execute("SET python_enable_replacements = false")
+        # GLOBAL: also the value of every cursor of this database (a per-connection setting, which a cursor made
+        # after the lock below could no longer change)
+        con.execute("SET GLOBAL python_enable_replacements = false")
         if before_lock is not None:
             before_lock(con)
         con.execute("SET lock_configuration = true")

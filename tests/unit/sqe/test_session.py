@@ -84,6 +84,17 @@ def test_python_variables_are_not_readable_by_replacement_scan(session: Session)
     assert secret_table.num_rows == 1
 
 
+def test_the_parser_connection_sees_no_scan_of_the_session(session: Session) -> None:
+    """The parser is a cursor of the session's database: the views' names resolve, their scans do not."""
+    assert one(session, "SELECT count(id) FROM ns.numbers") == TOTAL  # a scan, not the manifests' count
+    assert session._slots
+    for ident, (name, _) in session._slots.items():
+        assert session._con.sql(f"SELECT count(*) FROM temp.main.{name}").fetchall()
+        for sql in (f"SELECT * FROM temp.main.{name}", f"SELECT * FROM {ident}"):
+            with pytest.raises(duckdb.CatalogException):
+                session._parser.sql(sql).fetchall()
+
+
 @pytest.mark.parametrize(
     "sql",
     [

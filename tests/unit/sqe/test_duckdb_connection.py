@@ -1,0 +1,56 @@
+"""The locked-down DuckDB connection and its cursors (sessions fold constants on a cursor; workers' partial
+aggregates run on cursors of one shared database)."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from sqe.distributed.protocol.partial import _connect as partial_connection
+from sqe.duckdb_connection import connect_locked_down
+
+LOCKED = ("enable_external_access", "lock_configuration", "python_enable_replacements")
+
+
+def _settings(con: duckdb.DuckDBPyConnection) -> dict[str, object]:
+    return {name: con.execute(f"SELECT current_setting('{name}')").fetchone()[0] for name in LOCKED}  # type: ignore[index]
+
+
+@pytest.mark.parametrize("which", ["connection", "cursor", "partial aggregate cursor"])
+def test_no_connection_or_cursor_reads_a_python_variable(which: str) -> None:
+    secret_table = pa.table({"secret": ["do-not-read"]})
+    plain = duckdb.connect()
+    try:  # the probe is real: an ordinary cursor reads the caller's variable
+        assert plain.cursor().sql("SELECT * FROM secret_table").fetchall() == [("do-not-read",)]
+    finally:
+        plain.close()
+    base = connect_locked_down()
+    con = {"connection": base, "cursor": base.cursor(), "partial aggregate cursor": partial_connection()}[which]
+    try:
+        assert _settings(con) == {
+            "enable_external_access": False,
+            "lock_configuration": True,
+            "python_enable_replacements": False,
+        }
+        with pytest.raises(duckdb.CatalogException, match="secret_table"):
+            con.sql("SELECT * FROM secret_table").fetchall()
+        with pytest.raises(duckdb.Error):
+            con.execute("SET python_enable_replacements = true")
+    finally:
+        con.close()
+        base.close()
+    assert secret_table.num_rows == 1
+
+
+def test_an_object_registered_on_a_connection_is_not_visible_to_its_cursor() -> None:
+    con = connect_locked_down()
+    cursor = con.cursor()
+    try:
+        con.register("scan", pa.table({"id": [1, 2, 3]}))
+        assert con.execute("SELECT count(*) FROM temp.main.scan").fetchone() == (3,)
+        with pytest.raises(duckdb.CatalogException, match="scan"):
+            cursor.sql("SELECT count(*) FROM temp.main.scan").fetchall()
+    finally:
+        cursor.close()
+        con.close()
