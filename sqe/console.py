@@ -24,24 +24,28 @@ if TYPE_CHECKING:
 def run_with_progress(session: Session, statement: str) -> pa.Table | None:
     """Run one statement; Ctrl-C interrupts the query. A progress line shows on a TTY after one second."""
     result: dict[str, object] = {}
+    # Not Thread.join/is_alive: on Python 3.11 a Ctrl-C arriving inside join() marks the thread stopped while it
+    # still runs, and the caller would then close the session under the query.
+    done = threading.Event()
 
     def work() -> None:
         try:
             result["table"] = session.sql(statement).arrow()
         except BaseException as exc:
             result["error"] = exc
+        finally:
+            done.set()
 
     worker = threading.Thread(target=work, name="sqe-query", daemon=True)
     started = time.monotonic()
     worker.start()
     progress = _Progress(sys.stderr, started)
     try:
-        while worker.is_alive():
-            worker.join(0.1)
+        while not done.wait(0.1):
             progress.tick(session)
     except KeyboardInterrupt:
         session.interrupt()
-        worker.join(5)
+        done.wait(5)
         progress.clear()
         raise
     progress.clear()

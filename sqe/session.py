@@ -92,6 +92,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long close() waits for an interrupted statement of another thread to stop before closing without it.
+CLOSE_WAIT_SECONDS = 10.0
+
 Params = Sequence[Any] | Mapping[str, Any] | None
 _RESERVED_CATALOGS = {"system", "temp"}
 _CATALOG_KINDS = frozenset(
@@ -558,16 +561,30 @@ class Session:
         raise QueryError(f"table name {'.'.join(parts)!r} must be namespace.table or warehouse.namespace.table")
 
     def close(self) -> None:
+        """End the session. A statement another thread is running is interrupted first, and DuckDB's connection
+        closes once that statement has stopped (DuckDB refuses to close a connection busy with a call)."""
         if self._closed:
             return
         self.interrupt()
-        self._closed = True
-        self._parser.close()
-        self._con.close()
+        stopped = self._lock.acquire(timeout=CLOSE_WAIT_SECONDS)
+        try:
+            self._closed = True
+            self._close_open_reader()
+            self._close_duckdb()
+        finally:
+            if stopped:
+                self._lock.release()
         if self._distributed is not None:
             self._distributed.close()
         if self._on_close is not None:
             self._on_close()
+
+    def _close_duckdb(self) -> None:
+        try:
+            self._parser.close()
+            self._con.close()
+        except duckdb.Error as exc:  # a call that outlived CLOSE_WAIT_SECONDS: DuckDB frees it once that call ends
+            log.warning("session closed while a statement still runs: %s", first_line(exc))
 
     def __enter__(self) -> Session:
         return self

@@ -481,6 +481,22 @@ def test_interrupt_cancels_a_running_query(session: Session) -> None:
     assert one(session, "SELECT count(*) FROM wh2.ns.numbers") == 10  # the session is usable afterwards
 
 
+def test_close_while_another_thread_runs_a_query_cancels_it_and_closes(provider: LocalProvider) -> None:
+    """DuckDB refuses to close a connection busy with a call: close() interrupts the query and closes once the
+    query's thread has let go of it, never failing with DuckDB's ResourceInUse error."""
+    session = Session(provider)
+    heavy = "SELECT count(*) FROM ns.numbers a, ns.numbers b, ns.numbers c WHERE a.id + b.id + c.id = -1"
+    thread, outcome = run_in_thread(lambda: session.sql(heavy).arrow())
+    time.sleep(0.3)
+    session.close()
+    thread.join(5)
+    assert isinstance(outcome.get("error"), QueryCancelledError)
+    with pytest.raises(duckdb.ConnectionException):
+        session._con.execute("SELECT 1")  # the connection itself was closed, not left open
+    with pytest.raises(QueryError, match="closed"):
+        session.sql("SELECT 1")
+
+
 def test_interrupt_reaches_a_scan_whose_producer_is_blocked(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     real = local_execution._task_to_record_batches
 
