@@ -140,25 +140,37 @@ def _hash_variable(array: pa.Array, salt: bytes, *, hex_output: bool = True) -> 
 
 
 class _ThreadConnection(threading.local):
-    """One DuckDB connection per thread (connections are not shared across threads), rebuilt after a fork."""
+    """Each thread's cursor of the hashing database (a connection is not shared across threads), rebuilt after
+    a fork."""
 
     pid: int = -1
     connection: duckdb.DuckDBPyConnection | None = None
 
 
 _CONNECTIONS = _ThreadConnection()
+_DATABASE_LOCK = threading.Lock()
+_DATABASE: tuple[int, duckdb.DuckDBPyConnection] | None = None  # (pid, connection) of the hashing database
 
 
 def _one_thread(connection: duckdb.DuckDBPyConnection) -> None:
-    connection.execute("SET threads = 1")  # one core per hashing thread; rows come back in order
+    connection.execute("SET threads = 1")  # each query on its caller's thread alone; rows come back in order
+
+
+def _database() -> duckdb.DuckDBPyConnection:
+    """One locked-down hashing database per process. Opening a database costs ~30 ms and a set of threads, and
+    scan threads are new for every scan: a database per thread made a scan's first hash that much slower."""
+    global _DATABASE
+    with _DATABASE_LOCK:
+        if _DATABASE is None or _DATABASE[0] != os.getpid():
+            _DATABASE = (os.getpid(), connect_locked_down(_one_thread))
+        return _DATABASE[1]
 
 
 def _duckdb() -> duckdb.DuckDBPyConnection:
-    """This thread's private connection: in memory, one thread, no file/network access, no extension loading,
+    """This thread's private cursor: in memory, one thread, no file/network access, no extension loading,
     no Python variable lookups, and its configuration locked so queries cannot loosen any of that."""
     if _CONNECTIONS.connection is None or _CONNECTIONS.pid != os.getpid():
-        connection = connect_locked_down(_one_thread)
-        _CONNECTIONS.connection, _CONNECTIONS.pid = connection, os.getpid()
+        _CONNECTIONS.connection, _CONNECTIONS.pid = _database().cursor(), os.getpid()
     return _CONNECTIONS.connection
 
 

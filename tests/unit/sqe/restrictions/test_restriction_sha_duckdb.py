@@ -151,3 +151,22 @@ def test_every_hex_pair_in_either_case_decodes_to_its_byte() -> None:
 def test_hex_at_an_odd_byte_offset_still_decodes() -> None:
     shifted = pa.array(["a", "00ff7f", "10"]).slice(1)  # its data starts at byte 1: no uint16 view there
     assert sha._decoded_hex_bytes(shifted).to_pybytes() == b"\x00\xff\x7f\x10"
+
+
+def test_every_thread_hashes_on_a_cursor_of_one_database() -> None:
+    """A scan's threads are new for every scan: each must not open a database of its own (~30 ms each)."""
+    blobs = pa.array([b"a", None, b"bc"], pa.binary())
+    expected = sha._duckdb_hex(blobs, SALT).to_pylist()
+    database = sha._database()
+    seen: list[tuple[object, object, list[object]]] = []
+
+    def hash_once() -> None:
+        seen.append((sha._database(), sha._duckdb(), sha._duckdb_hex(blobs, SALT).to_pylist()))
+
+    for _ in range(3):
+        worker = threading.Thread(target=hash_once)
+        worker.start()
+        worker.join()
+    assert [row[0] for row in seen] == [database] * 3
+    assert len({id(row[1]) for row in seen} | {id(sha._duckdb())}) == 4  # a cursor per thread
+    assert [row[2] for row in seen] == [expected] * 3
