@@ -1172,8 +1172,10 @@ class Session:
             if statement.if_exists:
                 return _status("no such table")
             raise
-        ddl.alter_table(loaded, statement.alter)
-        self._provider.invalidate(ident)
+        try:
+            ddl.alter_table(loaded, statement.alter)
+        finally:  # a failed commit (a concurrent change) leaves the cached metadata as stale as a successful one
+            self._provider.invalidate(ident)
         return _status(f"altered table {ident}")
 
     def _view_statement(self, statement: Statement) -> pa.Table:

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from pyiceberg.types import LongType
 
 import sqe.api
 from sqe.catalog.base import CacheOutcome
+from sqe.errors import CommitConflictError
 from sqe.execution.local import QueryCancelledError
 from sqe.session import Session
 from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
@@ -113,6 +115,21 @@ def test_own_write_drops_the_entry_even_within_the_interval(
         session.sql(f"DELETE FROM {table} WHERE n = 1")
         assert scan(session, table) == (3, CacheOutcome.RELOADED)
         assert scan(session, table) == (3, CacheOutcome.HIT)
+
+
+def test_a_failed_alter_drops_the_entry_too(
+    proxy: FaultProxy, catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """An ALTER that loses a commit race proves the cached entry stale: the next query reloads it at once."""
+    table = _table(catalog_server, engine_writer, tmp_path)
+    with open_session(proxy, catalog_server, engine_writer, tmp_path, metadata_revalidate_seconds=60) as session:
+        assert scan(session, table) == (3, CacheOutcome.RELOADED)
+        with pyiceberg_catalog(catalog_server, engine_writer).load_table(table).update_schema() as update:
+            update.add_column("elsewhere", LongType())  # committed behind the session's cached entry
+        with pytest.raises(CommitConflictError):
+            session.sql(f"ALTER TABLE {table} ADD COLUMN mine INTEGER")  # built on the cached, older schema
+        assert scan(session, table) == (3, CacheOutcome.RELOADED)
+        assert session.sql(f"SELECT * FROM {table}").arrow().column_names == ["n", "elsewhere"]
 
 
 def test_credentials_near_their_usable_point_are_always_revalidated(
