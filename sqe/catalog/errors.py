@@ -38,7 +38,7 @@ from sqe.errors import (
     RestrictionsNotSupportedError,
 )
 
-__all__ = ["PYICEBERG_CATALOG_ERRORS", "catalog_error", "error_for_status", "translate_error"]
+__all__ = ["PYICEBERG_CATALOG_ERRORS", "catalog_error", "error_for_status", "translate_error", "typed_catalog_error"]
 
 # pyiceberg's catalog exceptions do not share a base class; these are the ones its REST calls raise.
 PYICEBERG_CATALOG_ERRORS: tuple[type[Exception], ...] = (
@@ -108,10 +108,18 @@ _BY_STATUS: dict[int, _Kind] = {
 
 def catalog_error(status: int, error_type: str | None, detail: str, what: str) -> CatalogError:
     """The SQE error for a catalog answer: by ErrorModel ``type`` when known, else by HTTP status."""
-    kind = _BY_TYPE.get(error_type or "") or _BY_STATUS.get(status)
-    if kind is None:
-        kind = _unavailable if status >= 500 else _generic
+    typed = typed_catalog_error(status, error_type, detail, what)
+    if typed is not None:
+        return typed
+    kind = _BY_STATUS.get(status) or (_unavailable if status >= 500 else _generic)
     return kind.build(what, detail, status)
+
+
+def typed_catalog_error(status: int, error_type: str | None, detail: str, what: str) -> CatalogError | None:
+    """The SQE error an ErrorModel ``type`` names, or None when this translator does not know the type (an
+    ErrorModel inside a successful answer, such as a failed scan plan, then keeps its caller's own error)."""
+    kind = _BY_TYPE.get(error_type or "")
+    return None if kind is None else kind.build(what, detail, status)
 
 
 def error_for_status(response: requests.Response, what: str) -> CatalogError:

@@ -9,7 +9,8 @@ credentials: the table's own vended set, or the plan's ``storage-credentials`` w
 (parsed by ``sqe.credentials``' one parser, through the catalog client).
 
 Switched on, it never falls back: a catalog that does not advertise the endpoints, a failed or cancelled plan,
-or a plan still pending at the deadline is a ``RemotePlanningError``.
+or a plan still pending at the deadline is a ``RemotePlanningError`` (a failed plan whose ErrorModel type the
+catalog error translator knows is that typed error).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.table import FileScanTask
 
 from sqe._text import first_line
-from sqe.errors import RemotePlanningError
+from sqe.catalog.errors import typed_catalog_error
+from sqe.errors import CatalogError, RemotePlanningError
 from sqe.vocabulary import STORAGE_CREDENTIALS
 
 if TYPE_CHECKING:
@@ -96,8 +98,7 @@ def collect_tasks(
         answer = client.fetch_plan(ident, response.plan_id)
         response = _parsed(answer, ident)
     if isinstance(response, PlanFailed):
-        message = first_line(response.error.message) if response.error else "no details"
-        raise RemotePlanningError(f"the catalog failed to plan {ident}: {message}")
+        raise _plan_failure(response, ident)
     if isinstance(response, PlanCancelled):
         raise RemotePlanningError(f"the catalog cancelled the plan of {ident}")
     assert isinstance(response, PlanCompleted)
@@ -109,6 +110,16 @@ def collect_tasks(
         pending.extend(batch.plan_tasks)
     credentials = answer.get(STORAGE_CREDENTIALS)
     return RemoteTasks(tuple(tasks), list(credentials) if isinstance(credentials, list) else None)
+
+
+def _plan_failure(failed: PlanFailed, ident: TableIdent) -> CatalogError:
+    """A failed plan's ErrorModel, through the catalog's one error translator: a type it knows (a table dropped
+    meanwhile, a grant revoked) is that typed error; any other failure is a ``RemotePlanningError``."""
+    if failed.error is None:
+        return RemotePlanningError(f"the catalog failed to plan {ident}: no details")
+    message = first_line(failed.error.message)
+    typed = typed_catalog_error(failed.error.code, failed.error.type, message, f"planning {ident}")
+    return typed or RemotePlanningError(f"the catalog failed to plan {ident}: {message}")
 
 
 def _parsed(answer: Mapping[str, Any], ident: TableIdent) -> Any:

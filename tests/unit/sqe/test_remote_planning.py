@@ -10,7 +10,7 @@ import pytest
 from pyiceberg.expressions import AlwaysTrue, EqualTo
 
 from sqe.catalog.base import TableIdent
-from sqe.errors import RemotePlanningError
+from sqe.errors import NoSuchTableError, PermissionDeniedError, RemotePlanningError
 from sqe.planning.remote import RemotePlanner, collect_tasks, plan_request
 from tests.unit.sqe.iceberg_local import LocalProvider
 
@@ -109,6 +109,20 @@ def test_failed_cancelled_or_malformed_plans_are_typed_one_line_errors(answer: d
     with pytest.raises(RemotePlanningError, match=message) as caught:
         collect_tasks(ScriptedCatalog(answer, [], {}), IDENT, {}, deadline_seconds=5, sleep=lambda _s: None)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("error_type", "code", "expected"),
+    [("NoSuchTableException", 404, NoSuchTableError), ("ForbiddenException", 403, PermissionDeniedError)],
+)
+def test_a_failed_plan_of_a_known_error_type_is_that_typed_error(
+    error_type: str, code: int, expected: type[Exception]
+) -> None:
+    """The failed plan's ErrorModel goes through the catalog's one translator, keyed by its type."""
+    answer = {"status": "failed", "error": {"message": "gone\nsecond line", "type": error_type, "code": code}}
+    with pytest.raises(expected, match="planning") as caught:
+        collect_tasks(ScriptedCatalog(answer, [], {}), IDENT, {}, deadline_seconds=5, sleep=lambda _s: None)
+    assert not isinstance(caught.value, RemotePlanningError) and "\n" not in str(caught.value)
 
 
 def test_a_plan_pending_past_the_deadline_is_cancelled_and_refused() -> None:
