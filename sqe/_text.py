@@ -17,11 +17,13 @@ def first_line(value: BaseException | str, *, limit: int | None = None) -> str:
     return line if limit is None else line[:limit]
 
 
-def iso_utc(epoch_seconds: float | None) -> str | None:
-    """Epoch seconds as an ISO-8601 UTC timestamp to the second; None stays None."""
+def iso_utc(epoch_seconds: float | None, *, zulu: bool = False) -> str | None:
+    """Epoch seconds as an ISO-8601 UTC timestamp to the second; None stays None. ``zulu`` writes the zone as
+    ``Z`` (as Java's ``Instant`` does, for Gravitino-shaped answers) instead of ``+00:00``."""
     if epoch_seconds is None:
         return None
-    return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds")
+    text = datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds")
+    return text.removesuffix("+00:00") + "Z" if zulu else text
 
 
 def escape_unprintable(text: str) -> str:

@@ -40,7 +40,7 @@ from sqe_catalog.integrity.canonical import (
     document_for_write,
     write_metadata_file,
 )
-from sqe_catalog.integrity.state import AdmissionEvent, TableRef, TrustedState
+from sqe_catalog.integrity.state import AdmissionEvent, TableName, TrustedState
 
 __all__ = [
     "candidate_state",
@@ -86,7 +86,7 @@ def _all_fields(schema: Schema) -> list[Any]:
 # Verdicts
 
 
-def check_candidate(table: TableRef, metadata: TableMetadata, pinned: TrustedState | None) -> str | None:
+def check_candidate(table: TableName, metadata: TableMetadata, pinned: TrustedState | None) -> str | None:
     """Check a revision about to be pinned or re-pinned; returns its key id (None: absent).
 
     ``pinned`` is the state it must keep (None when this revision starts a new lifetime)."""
@@ -102,7 +102,7 @@ def check_candidate(table: TableRef, metadata: TableMetadata, pinned: TrustedSta
     return key_id
 
 
-def _check_key_id(table: TableRef, pinned: TrustedState, key_id: str | None) -> None:
+def _check_key_id(table: TableName, pinned: TrustedState, key_id: str | None) -> None:
     if pinned.key_id == key_id:
         return
     if pinned.key_id is None:
@@ -113,7 +113,7 @@ def _check_key_id(table: TableRef, pinned: TrustedState, key_id: str | None) -> 
 
 
 def candidate_state(
-    table: TableRef, location: str, parsed: ParsedMetadata, pinned: TrustedState | None
+    table: TableName, location: str, parsed: ParsedMetadata, pinned: TrustedState | None
 ) -> TrustedState:
     """The trusted state that admitting ``parsed`` (at ``location``) would record."""
     key_id = check_candidate(table, parsed.metadata, pinned)
@@ -122,7 +122,7 @@ def candidate_state(
     return TrustedState(location, key_id, digest_document(parsed.document), DIGEST_VERSION)
 
 
-def verify_loaded(table: TableRef, trusted: TrustedState, location: str, parsed: ParsedMetadata) -> None:
+def verify_loaded(table: TableName, trusted: TrustedState, location: str, parsed: ParsedMetadata) -> None:
     """Metadata read from storage for a protected table must match its trusted state exactly (fail closed)."""
     trusted.check_consistent(table)
     if location != trusted.metadata_location:
@@ -150,7 +150,7 @@ def new_metadata_location(metadata: TableMetadata, version: int) -> str:
 
 
 def write_new_table(
-    catalog: SqlCatalog, table: TableRef, metadata: TableMetadata, also: AlsoInTransaction = _no_more
+    catalog: SqlCatalog, table: TableName, metadata: TableMetadata, also: AlsoInTransaction = _no_more
 ) -> tuple[str, ParsedMetadata]:
     """Create a protected table: write its first metadata file, insert row and pin in one transaction."""
     location = new_metadata_location(metadata, 0)
@@ -162,7 +162,7 @@ def write_new_table(
 
 def _insert_protected(
     catalog: SqlCatalog,
-    table: TableRef,
+    table: TableName,
     trusted: TrustedState,
     parsed: ParsedMetadata,
     event: AdmissionEvent | None,
@@ -183,7 +183,7 @@ def _insert_protected(
 
 def commit_revision(
     catalog: SqlCatalog,
-    table: TableRef,
+    table: TableName,
     trusted: TrustedState,
     base: ParsedMetadata,
     metadata: TableMetadata,
@@ -201,7 +201,7 @@ def commit_revision(
     return location, parsed
 
 
-def _swap_pointer(conn: Connection, catalog: SqlCatalog, table: TableRef, expected: str, location: str) -> None:
+def _swap_pointer(conn: Connection, catalog: SqlCatalog, table: TableName, expected: str, location: str) -> None:
     result = conn.execute(
         update(IcebergTables)
         .where(
@@ -226,7 +226,7 @@ class Admission:
     action: str
 
 
-def admit_new(catalog: SqlCatalog, table: TableRef, admission: Admission, also: AlsoInTransaction = _no_more) -> None:
+def admit_new(catalog: SqlCatalog, table: TableName, admission: Admission, also: AlsoInTransaction = _no_more) -> None:
     """Trust-on-first-use admission of the exact revision read (register new, notification of a missing table)."""
     trusted = candidate_state(table, admission.location, admission.parsed, None)
     event = _event(admission.action, admission.actor, table, None, trusted)
@@ -235,7 +235,7 @@ def admit_new(catalog: SqlCatalog, table: TableRef, admission: Admission, also: 
 
 def readmit(
     catalog: SqlCatalog,
-    table: TableRef,
+    table: TableName,
     trusted: TrustedState,
     admission: Admission,
     also: AlsoInTransaction = _no_more,
@@ -252,7 +252,7 @@ def readmit(
 
 def replace_legacy_pointer(
     catalog: SqlCatalog,
-    table: TableRef,
+    table: TableName,
     expected: str,
     location: str,
     also: Callable[[Connection], None] | None = None,
@@ -266,7 +266,7 @@ def replace_legacy_pointer(
 
 
 def _event(
-    action: str, actor: str, table: TableRef, displaced: TrustedState | None, admitted: TrustedState
+    action: str, actor: str, table: TableName, displaced: TrustedState | None, admitted: TrustedState
 ) -> AdmissionEvent:
     return AdmissionEvent(
         action=action,

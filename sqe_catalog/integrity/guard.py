@@ -49,7 +49,7 @@ from sqe_catalog.integrity.canonical import ParsedMetadata
 from sqe_catalog.integrity.fingerprint import Fingerprint
 from sqe_catalog.integrity.lineage import check_snapshot_lineage, with_next_row_id
 from sqe_catalog.integrity.purge import DeleteFiles, run_pending_tasks
-from sqe_catalog.integrity.state import Protection, TableRef, TrustedState
+from sqe_catalog.integrity.state import Protection, TableName, TrustedState
 
 __all__ = ["IntegrityGuard", "PendingRead"]
 
@@ -124,10 +124,10 @@ class IntegrityGuard:
         self._recheck_seconds = recheck_seconds
         # 0 entries: every load of a protected table reads and verifies its metadata file again.
         # One entry per table (its newest verified revision), so old revisions never pile up in memory.
-        self.verified: LRUCache[TableRef, VerifiedRevision] = LRUCache(verified_entries)
+        self.verified: LRUCache[TableName, VerifiedRevision] = LRUCache(verified_entries)
         st.create_integrity_schema(catalog.engine)
 
-    def _also(self, table: TableRef, stamp: NotificationStamp | None = None) -> admission.AlsoInTransaction:
+    def _also(self, table: TableName, stamp: NotificationStamp | None = None) -> admission.AlsoInTransaction:
         """What every pointer move of a protected table records in its own transaction."""
 
         def also(conn: Connection, metadata: TableMetadata) -> None:
@@ -141,8 +141,8 @@ class IntegrityGuard:
         """The locations the catalog recorded for its protected tables (legacy tables have none)."""
         return st.stored_locations(self._catalog.engine, self._catalog.name)
 
-    def ref(self, namespace: Namespace, name: str) -> TableRef:
-        return TableRef(self._catalog.name, tuple(namespace), name)
+    def ref(self, namespace: Namespace, name: str) -> TableName:
+        return TableName(self._catalog.name, tuple(namespace), name)
 
     def trusted(self, namespace: Namespace, name: str) -> TrustedState | None:
         with self._catalog.engine.connect() as conn:
@@ -221,7 +221,7 @@ class IntegrityGuard:
 
     def _checked(
         self,
-        table: TableRef,
+        table: TableName,
         trusted: TrustedState,
         location: str,
         now: float,
@@ -237,7 +237,7 @@ class IntegrityGuard:
             self.verified.put(table, VerifiedRevision(location, trusted, fingerprint, parsed, now))
         return parsed
 
-    def _verified(self, table: TableRef, trusted: TrustedState, location: str) -> ParsedMetadata:
+    def _verified(self, table: TableName, trusted: TrustedState, location: str) -> ParsedMetadata:
         try:
             try:
                 parsed = self._read(location, fresh=True)  # a cache would hide a rewritten file from the check
@@ -369,7 +369,7 @@ class IntegrityGuard:
                 raise NoSuchTableError(f"table does not exist: {src.dotted_namespace}.{src.name}")
             st.rename_state(conn, src, dst)
 
-    def _row(self, table: TableRef) -> Any:
+    def _row(self, table: TableName) -> Any:
         return (
             (IcebergTables.catalog_name == self._catalog.name)
             & (IcebergTables.table_namespace == table.dotted_namespace)
@@ -381,5 +381,5 @@ def _no_fingerprint(_location: str) -> str | None:
     return None
 
 
-def _stale(table: TableRef) -> CommitFailedError:
+def _stale(table: TableName) -> CommitFailedError:
     return CommitFailedError(f"stale notification for table {table}: timestamp is not newer")

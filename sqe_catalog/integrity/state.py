@@ -48,7 +48,7 @@ __all__ = [
     "AdmissionEvent",
     "CleanupTask",
     "Protection",
-    "TableRef",
+    "TableName",
     "TrustedState",
     "create_integrity_schema",
 ]
@@ -127,7 +127,9 @@ class Protection(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class TableRef:
+class TableName:
+    """A table of the catalog by warehouse, namespace and name (the key of its pin and digest)."""
+
     warehouse: str
     namespace: tuple[str, ...]
     name: str
@@ -153,7 +155,7 @@ class TrustedState:
     def protection(self) -> Protection:
         return Protection.PLAINTEXT if self.key_id is None else Protection.ENCRYPTED
 
-    def check_consistent(self, table: TableRef) -> None:
+    def check_consistent(self, table: TableName) -> None:
         """An encrypted pin without a digest (or a plaintext pin with one) is inconsistent: fail closed."""
         if self.key_id is not None and (self.digest is None or self.digest_version is None):
             raise MetadataIntegrityError(f"trusted state of {table} pins a key id but has no metadata digest")
@@ -161,7 +163,7 @@ class TrustedState:
             raise MetadataIntegrityError(f"trusted state of {table} has a digest but pins no key id")
 
 
-def _where(ref: TableRef) -> Any:
+def _where(ref: TableName) -> Any:
     return (
         (_pins.c.warehouse == ref.warehouse)
         & (_pins.c.namespace == ref.dotted_namespace)
@@ -193,7 +195,7 @@ _POINTER_AND_STATE = (
 )
 
 
-def pointer_and_state(conn: Connection, ref: TableRef) -> tuple[str | None, TrustedState | None]:
+def pointer_and_state(conn: Connection, ref: TableName) -> tuple[str | None, TrustedState | None]:
     """The table's metadata location (None: no such table) and its trusted state (None: legacy), read together."""
     params = {"warehouse": ref.warehouse, "namespace": ref.dotted_namespace, "name": ref.name}
     row = conn.execute(_POINTER_AND_STATE, params).first()
@@ -204,19 +206,19 @@ def pointer_and_state(conn: Connection, ref: TableRef) -> tuple[str | None, Trus
     return row.metadata_location, TrustedState(row.pinned_location, row.key_id, row.digest, row.digest_version)
 
 
-def load_state(conn: Connection, ref: TableRef) -> TrustedState | None:
+def load_state(conn: Connection, ref: TableName) -> TrustedState | None:
     """The table's trusted state, or None for a legacy table."""
     row = conn.execute(select(_pins).where(_where(ref))).first()
     return _row_to_state(row) if row is not None else None
 
 
-def insert_state(conn: Connection, ref: TableRef, state: TrustedState) -> None:
+def insert_state(conn: Connection, ref: TableName, state: TrustedState) -> None:
     # A leftover row for a name no table holds (crash between two drops) is stale: a new lifetime replaces it.
     conn.execute(delete(_pins).where(_where(ref)))
     conn.execute(insert(_pins).values(**_state_values(ref, state)))
 
 
-def replace_state(conn: Connection, ref: TableRef, expected_location: str, state: TrustedState) -> None:
+def replace_state(conn: Connection, ref: TableName, expected_location: str, state: TrustedState) -> None:
     """Compare-and-swap on the recorded pointer; a lost race is a commit failure (409)."""
     result = conn.execute(
         update(_pins)
@@ -228,12 +230,12 @@ def replace_state(conn: Connection, ref: TableRef, expected_location: str, state
         raise CommitFailedError(f"table {ref} was changed concurrently")
 
 
-def delete_state(conn: Connection, ref: TableRef) -> None:
+def delete_state(conn: Connection, ref: TableName) -> None:
     conn.execute(delete(_pins).where(_where(ref)))
     conn.execute(delete(_locations).where(_where_locations(ref)))
 
 
-def rename_state(conn: Connection, source: TableRef, target: TableRef) -> None:
+def rename_state(conn: Connection, source: TableName, target: TableName) -> None:
     conn.execute(delete(_pins).where(_where(target)))
     conn.execute(update(_pins).where(_where(source)).values(namespace=target.dotted_namespace, table_name=target.name))
     conn.execute(delete(_locations).where(_where_locations(target)))
@@ -244,7 +246,7 @@ def rename_state(conn: Connection, source: TableRef, target: TableRef) -> None:
     )
 
 
-def _where_locations(ref: TableRef) -> Any:
+def _where_locations(ref: TableName) -> Any:
     return (
         (_locations.c.warehouse == ref.warehouse)
         & (_locations.c.namespace == ref.dotted_namespace)
@@ -252,7 +254,7 @@ def _where_locations(ref: TableRef) -> Any:
     )
 
 
-def store_locations(conn: Connection, ref: TableRef, locations: tuple[str, ...]) -> None:
+def store_locations(conn: Connection, ref: TableName, locations: tuple[str, ...]) -> None:
     """Record the locations the revision being written or admitted claims (same transaction as its pointer)."""
     conn.execute(delete(_locations).where(_where_locations(ref)))
     conn.execute(
@@ -273,7 +275,7 @@ def stored_locations(engine: Engine, warehouse: str) -> dict[tuple[tuple[str, ..
     return {(tuple(row.namespace.split(".")), row.table_name): tuple(json.loads(row.locations)) for row in rows}
 
 
-def _state_values(ref: TableRef, state: TrustedState) -> dict[str, Any]:
+def _state_values(ref: TableName, state: TrustedState) -> dict[str, Any]:
     return {
         "warehouse": ref.warehouse,
         "namespace": ref.dotted_namespace,
@@ -285,7 +287,7 @@ def _state_values(ref: TableRef, state: TrustedState) -> dict[str, Any]:
     }
 
 
-def _where_notification(ref: TableRef) -> Any:
+def _where_notification(ref: TableName) -> Any:
     return (
         (_notification_times.c.warehouse == ref.warehouse)
         & (_notification_times.c.namespace == ref.dotted_namespace)
@@ -293,13 +295,13 @@ def _where_notification(ref: TableRef) -> Any:
     )
 
 
-def notification_is_newer(conn: Connection, ref: TableRef, timestamp_ms: int) -> bool:
+def notification_is_newer(conn: Connection, ref: TableName, timestamp_ms: int) -> bool:
     """Whether ``timestamp_ms`` is newer than the last notification accepted for the table (read only)."""
     row = conn.execute(select(_notification_times.c.timestamp_ms).where(_where_notification(ref))).first()
     return row is None or int(row.timestamp_ms) < timestamp_ms
 
 
-def claim_notification_time(conn: Connection, ref: TableRef, timestamp_ms: int) -> bool:
+def claim_notification_time(conn: Connection, ref: TableName, timestamp_ms: int) -> bool:
     """Record ``timestamp_ms`` as the table's newest notification; False when it is not newer (stale).
 
     Called inside the transaction that carries out the notification, so a failed one records nothing."""
@@ -330,7 +332,7 @@ class AdmissionEvent:
 
     action: str
     actor: str
-    table: TableRef
+    table: TableName
     displaced_location: str | None
     displaced_digest: str | None
     new_location: str
@@ -378,14 +380,14 @@ PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 @dataclass(frozen=True)
 class CleanupTask:
     id: int
-    table: TableRef
+    table: TableName
     metadata_location: str
     trusted: TrustedState | None  # a copy of the dropped table's trusted state; None for a legacy table
     status: str
     detail: str | None
 
 
-def insert_task(conn: Connection, table: TableRef, location: str, trusted: TrustedState | None) -> int:
+def insert_task(conn: Connection, table: TableName, location: str, trusted: TrustedState | None) -> int:
     stamp = now_ms()
     result = conn.execute(
         insert(_tasks).values(
@@ -408,7 +410,7 @@ def insert_task(conn: Connection, table: TableRef, location: str, trusted: Trust
 
 
 def _row_to_task(row: Any) -> CleanupTask:
-    table = TableRef(row.warehouse, tuple(row.namespace.split(".")), row.table_name)
+    table = TableName(row.warehouse, tuple(row.namespace.split(".")), row.table_name)
     trusted = TrustedState(row.metadata_location, row.key_id, row.digest, row.digest_version) if row.protected else None
     return CleanupTask(row.id, table, row.metadata_location, trusted, row.status, row.detail)
 

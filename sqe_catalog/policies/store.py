@@ -49,6 +49,7 @@ from sqlalchemy import (
 )
 
 from sqe import vocabulary
+from sqe._text import iso_utc
 from sqe_catalog.errors import AlreadyExistsError, BadRequestError, NotFoundError
 from sqe_catalog.policies import rego
 from sqe_catalog.policies.errors import PolicyError
@@ -164,16 +165,12 @@ class Policy:
             "revision": self.revision,
             "audit": {
                 "creator": self.created_by,
-                "createTime": _iso(self.created_at),
+                "createTime": iso_utc(self.created_at, zulu=True),
                 "lastModifier": self.updated_by,
-                "lastModifiedTime": _iso(self.updated_at),
+                "lastModifiedTime": iso_utc(self.updated_at, zulu=True),
             },
             "tags": [s.to_json() for s in self.selectors],
         }
-
-
-def _iso(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -420,7 +417,7 @@ class PolicyStore:
                     "content": json.loads(r.content),
                     "enabled": bool(r.enabled),
                     "changedBy": r.changed_by,
-                    "changedTime": _iso(r.changed_at),
+                    "changedTime": iso_utc(r.changed_at, zulu=True),
                 }
                 for r in conn.execute(query)
             ]

@@ -24,6 +24,7 @@ def test_is_loopback_accepts_only_this_machine() -> None:
 
 def test_iso_utc() -> None:
     assert iso_utc(0) == "1970-01-01T00:00:00+00:00"
+    assert iso_utc(86_400.9, zulu=True) == "1970-01-02T00:00:00Z"  # Java Instant's form, to the second
     assert iso_utc(None) is None
 
 
