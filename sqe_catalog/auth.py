@@ -613,7 +613,7 @@ def _grant_covers(
     table: str | None,
 ) -> bool:
     granted = Privilege.__members__.get(grant_privilege)
-    if granted is None or privilege not in _IMPLIED[granted]:
+    if granted is None or privilege not in implied_privileges(granted):
         return False  # unknown privilege names in the table grant nothing (fail closed)
     scope = _decode_namespace(grant_namespace)
     if scope is None:

@@ -94,14 +94,6 @@ def show_create_table(loaded: LoadedTable) -> str:
     return text
 
 
-def show_tables(idents: Sequence[TableIdent]) -> pa.Table:
-    schema = pa.schema([("warehouse", pa.string()), ("namespace", pa.string()), ("table", pa.string())])
-    rows = [
-        {"warehouse": i.warehouse, "namespace": ".".join(i.namespace), "table": i.name} for i in sorted(idents, key=str)
-    ]
-    return pa.Table.from_pylist(rows, schema=schema)
-
-
 def show_schemas(warehouse: str, namespaces: Sequence[tuple[str, ...]]) -> pa.Table:
     schema = pa.schema([("warehouse", pa.string()), ("schema", pa.string())])
     rows = [{"warehouse": warehouse, "schema": ".".join(ns)} for ns in sorted(namespaces)]

@@ -415,14 +415,6 @@ def _row_to_task(row: Any) -> CleanupTask:
     return CleanupTask(row.id, table, row.metadata_location, trusted, row.status, row.detail)
 
 
-def load_task(engine: Engine, task_id: int) -> CleanupTask:
-    with engine.connect() as conn:
-        row = conn.execute(select(_tasks).where(_tasks.c.id == task_id)).first()
-    if row is None:
-        raise KeyError(task_id)
-    return _row_to_task(row)
-
-
 def pending_tasks(engine: Engine, warehouse: str, persisted_before_ms: int | None = None) -> list[CleanupTask]:
     """Pending tasks of one warehouse; with ``persisted_before_ms`` only those persisted before that instant."""
     stmt = select(_tasks).where((_tasks.c.warehouse == warehouse) & (_tasks.c.status == PENDING))

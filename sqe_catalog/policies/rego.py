@@ -615,26 +615,3 @@ def parse(source: str, kind: RuleKind) -> Rule:
         )
     _check_rule(rule)
     return rule
-
-
-def columns_of(rule: Rule) -> list[str]:
-    """The distinct column names the rule reads, in order of appearance."""
-    seen: dict[str, None] = {}
-
-    def visit(expr: Result) -> None:
-        if isinstance(expr, Col):
-            seen.setdefault(expr.name, None)
-        elif isinstance(expr, Compare):
-            visit(expr.left)
-            visit(expr.right)
-        elif isinstance(expr, Junction):
-            for item in expr.items:
-                visit(item)
-        elif isinstance(expr, Negation):
-            visit(expr.child)
-
-    for value, condition in rule.branches:
-        visit(value)
-        visit(condition)
-    visit(rule.fallback)
-    return list(seen)
