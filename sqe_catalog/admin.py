@@ -51,9 +51,17 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from sqe._text import first_line
 from sqe_catalog.auth import AuthStore, Principal, create_engine_for
 from sqe_catalog.config import CatalogServerConfig
-from sqe_catalog.errors import BadRequestError, CatalogError, ConfigError, NoSuchTableError, NotFoundError
+from sqe_catalog.errors import (
+    BadRequestError,
+    CatalogError,
+    ConfigError,
+    NoSuchTableError,
+    NotFoundError,
+    describe_database_error,
+)
 from sqe_catalog.restrictions import RestrictionStore, Subject, SubjectKind, parse_restrictions_text
 from sqe_catalog.tables import WarehouseTables, validate_namespace, validate_table_name
 
@@ -198,15 +206,8 @@ def open_auth_store(config: CatalogServerConfig) -> Iterator[AuthStore]:
 
 
 def _fail(message: str) -> int:
-    print(f"sqe-catalog admin: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+    print(f"sqe-catalog admin: {first_line(message) or 'failed'}", file=sys.stderr)
     return 1
-
-
-def describe_database_error(exc: SQLAlchemyError) -> str:
-    """The driver's first line, never SQLAlchemy's rendering (that may echo statements and parameters)."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig) if orig is not None else type(exc).__name__
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _namespace(dotted: str | None) -> tuple[str, ...] | None:

@@ -70,6 +70,7 @@ from sqe_catalog.errors import (
     NotAuthorizedError,
     NotFoundError,
     UnprocessableEntityError,
+    describe_database_error,
 )
 from sqe_catalog.etag import if_none_match_matches, table_etag
 from sqe_catalog.identifiers import parse_namespace_path
@@ -1132,7 +1133,7 @@ def _log_unexpected(request: Request, exc: BaseException) -> str:
     route = f"{request.method} {request.scope.get('route_path', request.url.path)}"
     if isinstance(exc, DBAPIError):
         # SQLAlchemy's rendering includes statements and bound parameters; keep the driver's first line.
-        detail = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+        detail = describe_database_error(exc)
         log.error("database error in %s (request id %s): %s: %s", route, request_id, type(exc).__name__, detail)
     else:
         log.error("unexpected error in %s (request id %s)", route, request_id, exc_info=exc)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Self, TypeVar
 
 from sqe import vocabulary
-from sqe._text import escape_unprintable
+from sqe._text import escape_unprintable, first_line
 from sqe.vocabulary import ERROR_METADATA_INTEGRITY
 
 _Found = TypeVar("_Found")
@@ -123,3 +123,10 @@ class ServiceUnavailableError(CatalogError, status=503, error_type=vocabulary.ER
 
 class ConfigError(Exception):
     """Invalid catalog configuration file; raised at start-up, names the offending key."""
+
+
+def describe_database_error(exc: Exception) -> str:
+    """A database failure as its driver's first line, never SQLAlchemy's rendering of it (which may echo the
+    statement and its bound parameters)."""
+    orig = getattr(exc, "orig", None)
+    return first_line(orig) if orig is not None else type(exc).__name__

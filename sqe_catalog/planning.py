@@ -26,6 +26,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import FileScanTask, Table
 
+from sqe._text import first_line
 from sqe.restrictions import parse_restrictions
 from sqe_catalog.errors import BadRequestError, NotFoundError
 from sqe_catalog.tables import StoredTable, pydantic_message
@@ -65,7 +66,7 @@ def plan_files(
         )
         tasks = list(scan.plan_files())
     except ValueError as exc:  # unknown snapshot, unbindable filter
-        raise BadRequestError(f"cannot plan this scan: {str(exc).splitlines()[0] if str(exc) else 'invalid'}") from None
+        raise BadRequestError(f"cannot plan this scan: {first_line(str(exc)) or 'invalid'}") from None
     with_stats = restrictions_wire is None
     return [_task_json(task, with_stats) for task in tasks]
 

@@ -20,10 +20,10 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from sqe._text import first_line
-from sqe_catalog.admin import describe_database_error, open_auth_store
+from sqe_catalog.admin import open_auth_store
 from sqe_catalog.auth import AuthStore
 from sqe_catalog.config import CatalogServerConfig, load_config
-from sqe_catalog.errors import CatalogError
+from sqe_catalog.errors import CatalogError, describe_database_error
 from sqe_catalog.errors import ConfigError as CatalogConfigError
 from sqe_stack.provision import (
     LOOPBACK,
