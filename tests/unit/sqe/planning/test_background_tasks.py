@@ -11,24 +11,25 @@ from typing import Any
 
 import pytest
 from pyiceberg.expressions.parser import parse
-from pyiceberg.io import FileIO, InputFile, OutputFile
+from pyiceberg.io import FileIO, InputFile
 
 from sqe.catalog.base import TableIdent
 from sqe.errors import QueryError
 from sqe.planning.planner import TaskCache, plan_scan
+from tests.helpers.read_only_io import ReadOnlyIO
 from tests.unit.sqe.iceberg_local import LocalProvider, build_numbers
 
 NUMBERS = TableIdent("wh", ("ns",), "numbers")
 WHO = contextvars.ContextVar("who", default="nobody")
 
 
-class GatedIO(FileIO):
+class GatedIO(ReadOnlyIO):
     """The table's FileIO, with each metadata read recorded (location, thread, context variable) and the
     manifests held back until ``gate`` is set; ``fail`` refuses them instead."""
 
     def __init__(self, inner: FileIO, seen: list[tuple[str, str, str]], gate: threading.Event, fail: bool) -> None:
-        super().__init__(properties={})
-        self._inner, self._seen, self._gate, self._fail = inner, seen, gate, fail
+        super().__init__(inner)
+        self._seen, self._gate, self._fail = seen, gate, fail
 
     def new_input(self, location: str) -> InputFile:
         self._seen.append((location.rsplit("/", 1)[-1], threading.current_thread().name, WHO.get()))
@@ -37,13 +38,7 @@ class GatedIO(FileIO):
                 raise OSError("the test never opened the gate")
             if self._fail:
                 raise OSError("the store refused the manifest")
-        return self._inner.new_input(location)
-
-    def new_output(self, location: str) -> OutputFile:
-        raise OSError("read only")
-
-    def delete(self, location: str | InputFile | OutputFile) -> None:
-        raise OSError("read only")
+        return super().new_input(location)
 
 
 def gated_cache(seen: list[tuple[str, str, str]], gate: threading.Event, fail: bool = False) -> TaskCache:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.expressions.parser import parse
-from pyiceberg.io import FileIO, InputFile, OutputFile
+from pyiceberg.io import FileIO, InputFile
 
 from sqe.catalog.base import TableIdent
 from sqe.errors import QueryError
 from sqe.execution.metadata_answers import exact_row_count, may_count_from_metadata
 from sqe.planning.planner import TaskCache, plan_scan
+from tests.helpers.read_only_io import ReadOnlyIO
 from tests.unit.sqe.iceberg_local import NUMBER_FILES, ROWS_PER_FILE, LocalProvider
 
 NUMBERS = TableIdent("wh", ("ns",), "numbers")
@@ -19,24 +20,18 @@ DELETED = TableIdent("wh", ("ns",), "deleted")
 TOTAL = NUMBER_FILES * ROWS_PER_FILE
 
 
-class RecordingIO(FileIO):
+class RecordingIO(ReadOnlyIO):
     """Planning's metadata reads, recorded by location (reads go to the table's own FileIO)."""
 
     def __init__(self, inner: FileIO, seen: list[str], fail: bool = False) -> None:
-        super().__init__(properties={})
-        self._inner, self._seen, self._fail = inner, seen, fail
+        super().__init__(inner)
+        self._seen, self._fail = seen, fail
 
     def new_input(self, location: str) -> InputFile:
         self._seen.append(location)
         if self._fail and location.endswith(".avro") and not is_manifest_list(location):
             raise OSError("the store refused the manifest")
-        return self._inner.new_input(location)
-
-    def new_output(self, location: str) -> OutputFile:
-        raise OSError("read only")
-
-    def delete(self, location: str | InputFile | OutputFile) -> None:
-        raise OSError("read only")
+        return super().new_input(location)
 
 
 def recording_cache(seen: list[str], fail: bool = False) -> TaskCache:
