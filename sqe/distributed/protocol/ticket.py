@@ -460,9 +460,9 @@ class DecodedTicket(DecodedFragment):
 
 def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
     """Validate and rebuild a ticket; any problem raises InvalidTicketError (the fragment never starts)."""
-    query_id = _checked_id(message.query_id, "query_id")
-    fragment_id = _checked_id(message.fragment_id, "fragment_id")
-    metadata = _metadata(message.table_metadata_json)
+    query_id = checked_id(message.query_id, "query_id")
+    fragment_id = checked_id(message.fragment_id, "fragment_id")
+    metadata = decode_metadata(message.table_metadata_json)
     read_schema = _schema(message.read_schema_json)
     output = _output_ids(message.output_field_ids, read_schema)
     restrictions = _restrictions(message.restriction_plan_json, read_schema, message.salt)
@@ -494,13 +494,15 @@ def _partial(message: pb.ScanTicket) -> PartialAggregate | None:
     return PartialAggregate.from_proto(message.partial_aggregate) if message.HasField("partial_aggregate") else None
 
 
-def _checked_id(value: str, name: str) -> str:
+def checked_id(value: str, name: str) -> str:
+    """``value`` if it is a safe id (it ends up in log lines), else InvalidTicketError naming the field ``name``."""
     if not _ID_PATTERN.fullmatch(value):
         raise InvalidTicketError(f"{name} must be 1-128 characters of letters, digits and ._:@/-")
     return value
 
 
-def _metadata(data: bytes) -> TableMetadata:
+def decode_metadata(data: bytes) -> TableMetadata:
+    """The table metadata of a ticket (from :func:`trim_metadata`), or InvalidTicketError naming no value."""
     try:
         return TableMetadataUtil.parse_raw(data.decode("utf-8"))
     except (ValueError, TypeError, RecursionError, IcebergValidationError):
