@@ -42,13 +42,25 @@ MAX_LEAD_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
+class IncompleteSet:
+    """A vended set left out because it is incomplete: the prefix it covers and the parts it lacks (no value)."""
+
+    prefix: str
+    missing: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class RefreshedSets:
     """What one reload produced: the complete vended sets and until when they may be used."""
 
     credentials: tuple[CredentialSet, ...] = field(repr=False)
     usable_until: float | None
     source: str  # "credentials-endpoint" or "load-table"
-    incomplete: int = 0  # vended sets dropped because they lacked a key, secret, token or expiry
+    dropped: tuple[IncompleteSet, ...] = ()  # vended sets left out by the completeness rule
+
+    @property
+    def incomplete(self) -> int:
+        return len(self.dropped)
 
 
 Reloader = Callable[[], RefreshedSets]

@@ -11,7 +11,13 @@ import pytest
 
 from sqe.catalog.base import TableIdent
 from sqe.credentials import CredentialSet, usable_until
-from sqe.distributed.coordinator.refresh import CredentialRefresher, Holder, RefreshedSets, TableLease
+from sqe.distributed.coordinator.refresh import (
+    CredentialRefresher,
+    Holder,
+    IncompleteSet,
+    RefreshedSets,
+    TableLease,
+)
 from sqe.errors import PermissionDeniedError
 
 IDENT = TableIdent("wh", ("ns",), "t")
@@ -152,7 +158,7 @@ def test_a_reload_without_a_complete_set_pushes_nothing() -> None:
     catalog = CachingCatalog(clock, 5)
     lease = leased(refresher, catalog)
     refresher.register(lease, Holder("w:1", "q", "f"))
-    lease.reloader = lambda: RefreshedSets((), None, "load-table", incomplete=1)
+    lease.reloader = lambda: RefreshedSets((), None, "load-table", (IncompleteSet(PREFIX, ("expiry",)),))
     run_for(10, clock, refresher)
     assert pushes.calls == [] and lease.stopped is not None and "1 incomplete" in lease.stopped
 
