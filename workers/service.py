@@ -17,8 +17,9 @@ from typing import NoReturn, TypedDict, TypeVar
 import grpc
 
 from sqe._text import first_line
-from sqe.credentials import CredentialSet, normalize_location
+from sqe.credentials import CredentialSet
 from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.credential_sets import credential_sets_problem
 from sqe.distributed.protocol.errors import (
     ERROR_KIND_KEY,
     KIND_BUSY,
@@ -272,41 +273,12 @@ class WorkerService:
 
 
 def _refusal(pushed: list[CredentialSet], query_id: str, fragment_id: str, table: WireTableId | None) -> str:
-    """Why a push is refused ("" when it is acceptable). Never names a value; prefixes are quoted (one line)."""
+    """Why a push is refused ("" when it is acceptable): its scope, then the protocol's check of its sets."""
     if not fragment_id and not (query_id and table is not None):
         return "scope needs a fragment_id, or a query_id and a table"
     if not pushed:
         return "no credential sets"
-    seen: set[str] = set()
-    for cred in pushed:
-        if not cred.prefix:
-            return "a credential set has no prefix"
-        prefix = _quoted_prefix(cred.prefix)
-        if not cred.covers_object_store():
-            return f"the set for {prefix} is not for an s3:// location"
-        if cred.source != "vended":
-            return f"the set for {prefix} is not a vended set; only vended sets are refreshed"
-        missing = cred.missing_parts()
-        if missing:
-            return f"the set for {prefix} is incomplete (missing {', '.join(missing)}); keeping the current keys"
-        if cred.is_expired():
-            return f"the set for {prefix} has already expired; keeping the current keys"
-        key = normalize_location(cred.prefix).rstrip("/")
-        if key in seen:  # which of the two would win is arbitrary: refuse, as a ticket does
-            return f"two credential sets for the prefix {prefix}; keeping the current keys"
-        seen.add(key)
-    return ""
-
-
-def _quoted_prefix(prefix: str) -> str:
-    """A pushed prefix as it may appear in a reason and a log line: escaped (so one line) and bounded."""
-    if prefix.isprintable() and len(prefix) <= _PREFIX_SHOWN:
-        return prefix
-    shown = repr(prefix[:_PREFIX_SHOWN])
-    return shown if len(prefix) <= _PREFIX_SHOWN else shown + "..."
-
-
-_PREFIX_SHOWN = 200
+    return credential_sets_problem(pushed, push=True)
 
 
 _SIMPLE_FAILURES: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] = (

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sqe.credentials.expiry import CredentialSource, is_expired, usable_until
 from sqe.credentials.model import (
     FILEIO_ALLOWLIST,
+    VENDED_PARTS,
     CatalogCredentials,
     CredentialSet,
     StorageSettings,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FILEIO_ALLOWLIST",
+    "VENDED_PARTS",
     "CatalogCredentials",
     "CredentialSet",
     "CredentialSource",

@@ -52,6 +52,10 @@ FILEIO_ALLOWLIST = frozenset(CREDENTIAL_KEYS + SETTING_KEYS)
 
 _BOOLEAN_TEXT = {"true": True, "false": False}
 
+# The completeness rule, as the parts it names: a vended set needs all four, a static set the first two.
+VENDED_PARTS = ("access key id", "secret access key", "session token", "expiry")
+STATIC_PARTS = VENDED_PARTS[:2]
+
 
 # --------------------------------------------------------------------------------------------- settings
 
@@ -126,17 +130,11 @@ class CredentialSet(Unpicklable):
         return keys
 
     def missing_parts(self) -> list[str]:
-        """What this set lacks to be complete: vended sets need all four parts, static ones key and secret."""
-        parts = (
-            ("access key id", self.access_key_id),
-            ("secret access key", self.secret_access_key),
-            ("session token", self.session_token),
-            ("expiry", self.expires_at_ms),
-        )
-        missing = [name for name, value in parts if not value]
-        if self.source == "static":
-            missing = [name for name in missing if name in ("access key id", "secret access key")]
-        return missing
+        """What this set lacks to be complete (:data:`VENDED_PARTS` or :data:`STATIC_PARTS`), in that order."""
+        values = (self.access_key_id, self.secret_access_key, self.session_token, self.expires_at_ms)
+        present = dict(zip(VENDED_PARTS, values, strict=True))
+        required = STATIC_PARTS if self.source == "static" else VENDED_PARTS
+        return [name for name in required if not present[name]]
 
     def covers_object_store(self) -> bool:
         """Whether the prefix names an S3 location (``s3://``, ``s3a://``, ``s3n://``).

@@ -27,7 +27,7 @@ from typing import NoReturn
 
 from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import CredentialSource
-from sqe.credentials.model import CREDENTIAL_KEYS, CatalogCredentials, CredentialSet
+from sqe.credentials.model import CREDENTIAL_KEYS, CatalogCredentials, CredentialSet, StorageSettings
 from sqe.credentials.paths import is_object_store, prefix_length, prefix_matches
 from sqe.credentials.policy import StoragePolicy
 from sqe.errors import NoVendedCredentialsError
@@ -52,6 +52,9 @@ class ResolvedCredentials(Unpicklable):
     source: CredentialSource
     prefix: str | None  # the storage-credentials prefix that matched; None for config or local keys
     expires_at_ms: int | None
+    # The non-secret settings ``properties`` were built from, as parsed (readers that sign their own requests
+    # address and time out from these, not by reading the properties back).
+    settings: StorageSettings = field(repr=False)
 
     _pickle_refusal = "ResolvedCredentials holds secrets and cannot be pickled"
 
@@ -91,8 +94,10 @@ def build_properties(path: str, catalog: CatalogCredentials, policy: StoragePoli
     was_static_pair = chosen is not None and policy.is_static_pair(chosen)
     applied = None if was_static_pair else chosen
     # (1) response (or ticket) settings, (2) the matched set's own, (3) SQE's own.
-    settings = catalog.settings if matched is None else catalog.settings.overlay(matched.settings)
-    properties = policy.local_settings(settings).to_properties()
+    settings = policy.local_settings(
+        catalog.settings if matched is None else catalog.settings.overlay(matched.settings)
+    )
+    properties = settings.to_properties()
     if policy.static is not None:
         properties.update(policy.static.keys())
     # (4) the set's keys on top; every local credential key the catalog did not vend goes.
@@ -107,6 +112,7 @@ def build_properties(path: str, catalog: CatalogCredentials, policy: StoragePoli
         source=_source(applied, properties),
         prefix=applied.prefix if applied is not None else None,
         expires_at_ms=applied.expires_at_ms if applied is not None else None,
+        settings=settings,
     )
 
 

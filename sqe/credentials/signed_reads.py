@@ -5,13 +5,14 @@ Where SQE already knows what to read (a manifest list or manifest read whole on 
 data file whose size the manifest gives) it reads through :class:`SignedObject` instead: one GET per read,
 signed with botocore's SigV4 signer and sent on the process's one bounded urllib3 pool.
 
-**Addressing.** A :class:`SignedObject` is built from the very FileIO properties the pyarrow path would get
-(:attr:`sqe.credentials.scope.ResolvedCredentials.properties`) and addresses what pyarrow's ``S3FileSystem``
-addresses for them: ``s3.endpoint`` (its scheme, else https), ``s3.region``, path style unless
-``s3.force-virtual-addressing`` is true (virtual hosts when no endpoint is set: AWS itself), the session token
-in the signed headers. Anything else (another scheme, no key pair, no region, a location with a query or
-fragment, a dotted bucket on an AWS virtual host) gets no :class:`SignedObject`, and the caller keeps the
-pyarrow path.
+**Addressing.** A :class:`SignedObject` is built from the same resolved set the pyarrow path gets
+(:class:`sqe.credentials.scope.ResolvedCredentials`): the keys of its ``properties`` and the settings those
+properties were built from (``settings``, parsed once in :mod:`sqe.credentials.model`; no setting is read back
+out of the properties). It addresses what pyarrow's ``S3FileSystem`` addresses for those properties: the
+endpoint (its scheme, else https), the region, path style unless the settings turn it off (pyarrow then gets
+``s3.force-virtual-addressing`` true; virtual hosts when no endpoint is set: AWS itself), the session token in
+the signed headers. Anything else (another scheme, no key pair, no region, a location with a query or fragment,
+a dotted bucket on an AWS virtual host) gets no :class:`SignedObject`, and the caller keeps the pyarrow path.
 
 **Errors** are the ``OSError`` classes the pyarrow path raises for the same answer, so every caller classifies
 them as today: 404 → ``FileNotFoundError``, 403 → ``PermissionError``, anything else (400 ``ExpiredToken``,
@@ -33,27 +34,20 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import quote
 
 from sqe._text import first_line
 from sqe.credentials.paths import normalize_location
-from sqe.vocabulary import (
-    S3_ACCESS_KEY_ID,
-    S3_CONNECT_TIMEOUT,
-    S3_ENDPOINT,
-    S3_FORCE_VIRTUAL_ADDRESSING,
-    S3_REGION,
-    S3_REQUEST_TIMEOUT,
-    S3_SECRET_ACCESS_KEY,
-    S3_SESSION_TOKEN,
-)
+from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
 
 if TYPE_CHECKING:
     import urllib3
     from botocore.credentials import Credentials
+
+    from sqe.credentials.model import StorageSettings
+    from sqe.credentials.scope import ResolvedCredentials
 
 __all__ = ["S3Address", "SignedObject", "close_pool", "s3_address", "signed_object"]
 
@@ -65,7 +59,7 @@ POOL_HOSTS = 16
 RETRIES = 2  # three attempts in all, as pyarrow's S3 client makes
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 BACKOFF_SECONDS = 0.05
-# Used when the properties name no timeout. Generous: a 2-core machine under load can be slow to accept.
+# Used when the settings name no timeout. Generous: a 2-core machine under load can be slow to accept.
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 60.0
 _ERROR_CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
@@ -84,9 +78,9 @@ class S3Address:
     key: str
 
 
-def s3_address(location: str, properties: Mapping[str, str]) -> S3Address | None:
-    """The URL pyarrow's ``S3FileSystem`` would read ``location`` from under these FileIO properties, or None
-    when this module does not handle the case (the caller then reads through pyarrow)."""
+def s3_address(location: str, settings: StorageSettings) -> S3Address | None:
+    """The URL pyarrow's ``S3FileSystem`` would read ``location`` from under the FileIO properties of these
+    settings, or None when this module does not handle the case (the caller then reads through pyarrow)."""
     normalized = normalize_location(location)
     scheme, sep, rest = normalized.partition("://")
     if scheme != "s3" or not sep or "?" in rest or "#" in rest:
@@ -94,20 +88,16 @@ def s3_address(location: str, properties: Mapping[str, str]) -> S3Address | None
     bucket, _, key = rest.partition("/")
     if not bucket or not key:
         return None
-    region = properties.get(S3_REGION)
+    region = settings.region
     if not region:
         return None
     quoted = quote(key, safe="/~")
-    endpoint = properties.get(S3_ENDPOINT)
-    if endpoint:
-        return _endpoint_address(endpoint, bucket, key, quoted, _virtual(properties))
+    if settings.endpoint:
+        # Virtual hosts only when path style is turned off: pyarrow's default for an endpoint is path style.
+        return _endpoint_address(settings.endpoint, bucket, key, quoted, virtual=settings.path_style is False)
     if "." in bucket or region.startswith("cn-"):
         return None  # a dotted bucket fails TLS on a virtual host; China regions have their own domain
     return S3Address(f"https://{bucket}.s3.{region}.amazonaws.com/{quoted}", bucket, key)
-
-
-def _virtual(properties: Mapping[str, str]) -> bool:
-    return properties.get(S3_FORCE_VIRTUAL_ADDRESSING, "").strip().lower() == "true"
 
 
 def _endpoint_address(endpoint: str, bucket: str, key: str, quoted: str, virtual: bool) -> S3Address | None:
@@ -125,9 +115,8 @@ def _endpoint_address(endpoint: str, bucket: str, key: str, quoted: str, virtual
     return S3Address(f"{url_scheme}://{host}/{quote(bucket, safe='')}/{quoted}", bucket, key)
 
 
-def _timeout(properties: Mapping[str, str], name: str, default: float) -> float:
+def _timeout(text: str | None, default: float) -> float:
     """pyiceberg hands ``s3.connect-timeout`` / ``s3.request-timeout`` (seconds) to pyarrow as floats."""
-    text = properties.get(name)
     try:
         value = float(text) if text else default
     except ValueError:
@@ -143,19 +132,22 @@ class SignedObject:
 
     Thread-safe (each read signs and sends its own request). Never pickled; the repr names the object only."""
 
-    def __init__(self, address: S3Address, properties: Mapping[str, str]) -> None:
+    def __init__(self, address: S3Address, credentials: ResolvedCredentials) -> None:
         from botocore.credentials import Credentials
 
+        settings, keys = credentials.settings, credentials.properties
+        if not settings.region:
+            raise ValueError("a signed read needs a region to sign for")
         self.address = address
-        self._region = properties[S3_REGION]
+        self._region = settings.region
         self._credentials: Credentials = Credentials(
-            properties[S3_ACCESS_KEY_ID], properties[S3_SECRET_ACCESS_KEY], properties.get(S3_SESSION_TOKEN) or None
+            keys[S3_ACCESS_KEY_ID], keys[S3_SECRET_ACCESS_KEY], keys.get(S3_SESSION_TOKEN) or None
         )
         self._secrets = tuple(
-            value for value in (properties.get(k) for k in (S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN)) if value
+            value for value in (keys.get(k) for k in (S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN)) if value
         )
-        self._connect_timeout = _timeout(properties, S3_CONNECT_TIMEOUT, DEFAULT_CONNECT_TIMEOUT)
-        self._read_timeout = _timeout(properties, S3_REQUEST_TIMEOUT, DEFAULT_READ_TIMEOUT)
+        self._connect_timeout = _timeout(settings.connect_timeout, DEFAULT_CONNECT_TIMEOUT)
+        self._read_timeout = _timeout(settings.request_timeout, DEFAULT_READ_TIMEOUT)
 
     def read_all(self) -> bytes:
         """The whole object, in one GET."""
@@ -233,13 +225,14 @@ class SignedObject:
         raise TypeError("a SignedObject holds credentials and cannot be pickled")
 
 
-def signed_object(location: str, properties: Mapping[str, str]) -> SignedObject | None:
-    """A signed reader of ``location`` under these FileIO properties, or None to keep the pyarrow path (no
-    key pair, or an addressing case this module leaves to pyarrow)."""
-    if not properties.get(S3_ACCESS_KEY_ID) or not properties.get(S3_SECRET_ACCESS_KEY):
+def signed_object(location: str, credentials: ResolvedCredentials) -> SignedObject | None:
+    """A signed reader of ``location`` under this resolved set, or None to keep the pyarrow path (no key pair,
+    or an addressing case this module leaves to pyarrow)."""
+    keys = credentials.properties
+    if not keys.get(S3_ACCESS_KEY_ID) or not keys.get(S3_SECRET_ACCESS_KEY):
         return None
-    address = s3_address(location, properties)
-    return None if address is None else SignedObject(address, properties)
+    address = s3_address(location, credentials.settings)
+    return None if address is None else SignedObject(address, credentials)
 
 
 def _error_parts(body: bytes) -> tuple[str, str]:

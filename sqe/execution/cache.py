@@ -143,7 +143,7 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
     if key is not None and vended is not None:
         # The same file, its byte ranges kept under the same scope (a catalog-vended one only); misses are
         # signed ranged GETs under that set with the manifest's size (no HEAD) where signed reads handle it.
-        direct = signed_object(path, vended.properties)
+        direct = signed_object(path, vended)
         filesystem = caching_filesystem(key, input_file._path, upstream=fragment, direct=direct)
         fragment = file_format.make_fragment(input_file._path, filesystem=filesystem, file_size=size)
     fragment.ensure_complete_metadata()  # the footer, read once

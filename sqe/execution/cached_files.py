@@ -290,7 +290,7 @@ class MetadataCachingFileIO(FileIO):
         inner = self._inner.new_input(location)  # the inner FileIO's own checks (expiry, coverage) run first
         if resolved is None or not MANIFESTS.enabled:
             return inner
-        direct = signed_object(location, resolved.properties)
+        direct = signed_object(location, resolved)
         return _CachedInputFile(inner, (location, resolved.identity), direct)
 
     def new_output(self, location: str) -> OutputFile:

@@ -35,6 +35,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import BotoCoreError
 
 from sqe import vocabulary
+from sqe.credentials import StorageSettings
 from sqe.credentials.signed_reads import s3_address
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.vending import keep_botocore_debug_out_of_logs
@@ -89,18 +90,14 @@ class _SignedHead:
 
     def __init__(self, warehouse: WarehouseConfig) -> None:
         self._warehouse = warehouse
-        # What the engine's FileIO properties would say for this store: the address rule is shared.
-        self._properties = {vocabulary.S3_REGION: warehouse.region}
-        if warehouse.endpoint:
-            self._properties[vocabulary.S3_ENDPOINT] = warehouse.endpoint
-        if not warehouse.path_style:
-            self._properties[vocabulary.S3_FORCE_VIRTUAL_ADDRESSING] = "true"
+        # This store's settings in the engine's model: the address rule is shared.
+        self._settings = StorageSettings(warehouse.endpoint or None, warehouse.region, warehouse.path_style)
         self._lock = threading.Lock()
         self._credentials: Credentials | None = None
         self._pool: urllib3.PoolManager | None = None
 
     def fingerprint(self, location: str) -> str | None:
-        address = s3_address(location, self._properties)
+        address = s3_address(location, self._settings)
         if address is None:
             return None
         try:

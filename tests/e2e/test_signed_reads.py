@@ -19,11 +19,13 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
+from sqe.credentials import ResolvedCredentials, parse_settings
 from sqe.credentials.pool import FILE_IOS, MIN_HOLD_SECONDS
 from sqe.credentials.signed_reads import POOL_CONNECTIONS_PER_HOST, SignedObject, signed_object
 from sqe.execution.cache import clear_process_caches
@@ -69,7 +71,9 @@ def stored(moto_server: MotoServer) -> str:
 
 
 def reader(location: str, props: dict[str, str]) -> SignedObject:
-    found = signed_object(location, props)
+    """A signed reader of the resolved set these properties stand for (settings parsed by the one parser)."""
+    scope = ResolvedCredentials(MappingProxyType(props), "vended", None, None, parse_settings(props, "properties"))
+    found = signed_object(location, scope)
     assert found is not None
     return found
 

@@ -12,8 +12,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqe.credentials import CredentialSet, StoragePolicy, is_object_store, prefix_matches, usable_until
-from sqe.distributed.coordinator.refresh import RefreshedSets, TableLease
+from sqe.credentials import (
+    VENDED_PARTS,
+    CredentialSet,
+    StoragePolicy,
+    is_object_store,
+    prefix_matches,
+    usable_until,
+)
+from sqe.credentials.paths import prefix_length
+from sqe.distributed.coordinator.refresh import IncompleteSet, RefreshedSets, TableLease
 from sqe.distributed.protocol.ticket import WireTableId
 from sqe.errors import CredentialError, NoVendedCredentialsError
 
@@ -29,23 +37,24 @@ def ticket_sets(
 ) -> RefreshedSets:
     """The complete vended sets among ``found``, ready for tickets and pushes.
 
-    A set equal to SQE's static pair is never treated as vended. A set lacking a key, secret, session token
-    or expiry is incomplete and dropped (counted): an unknown expiry is never replaced by a made-up one.
+    A set equal to SQE's static pair is never treated as vended. An incomplete set (``missing_parts``) is
+    dropped and recorded with what it lacks: an unknown expiry is never replaced by a made-up one.
     Config-level sets are scoped to the table ``location``; SQE's own storage settings win over the catalog's.
     """
     complete: list[CredentialSet] = []
-    incomplete = 0
+    dropped: list[IncompleteSet] = []
     for candidate in found:
         if candidate.source != "vended" or policy.is_static_pair(candidate):
             continue
-        if candidate.missing_parts():
-            incomplete += 1
-            continue
         scoped = candidate if candidate.prefix is not None else candidate.with_prefix(location)
+        missing = candidate.missing_parts()
+        if missing:
+            dropped.append(IncompleteSet(scoped.prefix or location, tuple(missing)))
+            continue
         complete.append(scoped.with_settings(policy.local_settings(candidate.settings)))
     limits = [usable_until(c.expires_at_ms, received_at, max_age_seconds=policy.max_age_seconds) for c in complete]
     until = min((limit for limit in limits if limit is not None), default=None)
-    return RefreshedSets(tuple(complete), until, source, incomplete)
+    return RefreshedSets(tuple(complete), until, source, tuple(dropped))
 
 
 def static_set(policy: StoragePolicy) -> CredentialSet | None:
@@ -86,7 +95,7 @@ def _uncovered(task: FileScanTask, vended: Sequence[CredentialSet]) -> bool:
 def check_coverage(
     ident: TableIdent,
     tasks: Sequence[FileScanTask],
-    vended: Sequence[CredentialSet],
+    vended: RefreshedSets,
     fallback: CredentialSet | None,
     mode: str,
     require_vended: bool,
@@ -95,13 +104,12 @@ def check_coverage(
     if fallback is not None:
         return
     for task in tasks:
-        if not _uncovered(task, vended):
+        if not _uncovered(task, vended.credentials):
             continue
         path = task.file.file_path
         if mode == "vended":
             raise NoVendedCredentialsError(
-                f'{ident}: coordinator.distributed_credentials = "vended" but the catalog vended no '
-                f"complete credential set (key, secret, session token) covering {path}"
+                f'{ident}: coordinator.distributed_credentials = "vended" but {_vended_gap(path, vended.dropped)}'
             )
         why = (
             "catalog.require_vended_credentials forbids the [storage] pair"
@@ -112,3 +120,12 @@ def check_coverage(
             f"{ident}: no credentials a worker may use for {path}: the catalog vended none and "
             f"{why} (workers never fall back to ambient credentials)"
         )
+
+
+def _vended_gap(path: str, dropped: Sequence[IncompleteSet]) -> str:
+    """Why no vended set covers ``path``, in the completeness rule's own words (the parts it names)."""
+    covering = [s for s in dropped if prefix_matches(path, s.prefix)]
+    if covering:
+        nearest = max(covering, key=lambda s: prefix_length(s.prefix))  # the one that would have been used
+        return f"the credential set the catalog vended for {path} is incomplete (missing {', '.join(nearest.missing)})"
+    return f"the catalog vended no complete credential set ({', '.join(VENDED_PARTS)}) covering {path}"

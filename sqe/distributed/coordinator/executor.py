@@ -149,7 +149,7 @@ class DistributedExecutor:
         vended = ticket_sets(found, location, self.policy, received, "load-table")
         fallback = static_set(self.policy) if mode == "auto" else None
         require = self.policy.require_vended
-        check_coverage(ident, tasks, vended.credentials, fallback, mode, require)
+        check_coverage(ident, tasks, vended, fallback, mode, require)
         if not vended.credentials or not self.config.coordinator.push_credentials:
             return TableCredentials(ident, None, vended.credentials, fallback)
         user = principal_key(self.config.catalog.connection(ident.warehouse))

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sqe._counters import Counters
 from sqe.errors import SQEError
 
 if TYPE_CHECKING:
@@ -42,13 +43,25 @@ MAX_LEAD_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
+class IncompleteSet:
+    """A vended set left out because it is incomplete: the prefix it covers and the parts it lacks (no value)."""
+
+    prefix: str
+    missing: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class RefreshedSets:
     """What one reload produced: the complete vended sets and until when they may be used."""
 
     credentials: tuple[CredentialSet, ...] = field(repr=False)
     usable_until: float | None
     source: str  # "credentials-endpoint" or "load-table"
-    incomplete: int = 0  # vended sets dropped because they lacked a key, secret, token or expiry
+    dropped: tuple[IncompleteSet, ...] = ()  # vended sets left out by the completeness rule
+
+    @property
+    def incomplete(self) -> int:
+        return len(self.dropped)
 
 
 Reloader = Callable[[], RefreshedSets]
@@ -82,11 +95,24 @@ def same_keys(a: Sequence[CredentialSet], b: Sequence[CredentialSet]) -> bool:
 
 
 @dataclass
-class LeaseStats:
+class LeaseStats(Counters):
+    """Counters of one lease (tests and benchmarks); keys are kept only as :func:`key_fingerprint`."""
+
     reloads: int = 0
     pushes: int = 0  # refreshes that pushed a new set (each may reach several workers)
     unchanged: int = 0  # reloads that returned the set already held
-    key_fingerprints: set[str] = field(default_factory=set)
+    _key_fingerprints: set[str] = field(default_factory=set, repr=False)
+
+    def saw_keys(self, credentials: Sequence[CredentialSet]) -> None:
+        fingerprints = {key_fingerprint(c.access_key_id) for c in credentials}
+        with self._lock:
+            self._key_fingerprints.update(fingerprints)
+
+    @property
+    def key_fingerprints(self) -> frozenset[str]:
+        """Every key this lease has held, by fingerprint (a copy)."""
+        with self._lock:
+            return frozenset(self._key_fingerprints)
 
 
 @dataclass(eq=False)
@@ -106,7 +132,8 @@ class TableLease:
     stats: LeaseStats = field(init=False)
 
     def __post_init__(self) -> None:
-        self.stats = LeaseStats(key_fingerprints={key_fingerprint(c.access_key_id) for c in self.credentials})
+        self.stats = LeaseStats()
+        self.stats.saw_keys(self.credentials)
 
     def __repr__(self) -> str:
         state = f"stopped: {self.stopped}" if self.stopped else "active"
@@ -239,7 +266,7 @@ class CredentialRefresher:
                 self._cond.notify_all()
 
     def _reload(self, lease: TableLease) -> RefreshedSets | None:
-        lease.stats.reloads += 1
+        lease.stats.add(reloads=1)  # a pool thread, outside the refresher's lock: Counters.add locks itself
         try:
             result = lease.reloader()
         except SQEError as exc:  # SQE's messages never hold a secret
@@ -258,11 +285,11 @@ class CredentialRefresher:
         now = self._clock()
         with self._cond:
             if same_keys(result.credentials, lease.credentials):
-                lease.stats.unchanged += 1
+                lease.stats.add(unchanged=1)
                 lease.usable_until, lease.obtained_at = result.usable_until, now
                 return
             self._adopt(lease, result.credentials, result.usable_until, now)
-            lease.stats.pushes += 1
+            lease.stats.add(pushes=1)
             holders = list(lease.holders.values())
             credentials = lease.credentials
         log.info(
@@ -282,7 +309,7 @@ class CredentialRefresher:
     ) -> None:
         lease.credentials, lease.usable_until, lease.obtained_at = credentials, usable_until, now
         lease.generation += 1
-        lease.stats.key_fingerprints.update(key_fingerprint(c.access_key_id) for c in credentials)
+        lease.stats.saw_keys(credentials)
 
     def _stop(self, lease: TableLease, reason: str) -> None:
         with self._cond:

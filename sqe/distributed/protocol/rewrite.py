@@ -23,11 +23,11 @@ from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.distributed.protocol.ticket import (
     DecodedFragment,
     WireTableId,
-    _checked_id,
-    _metadata,
     check_complete,
+    checked_id,
     credentials_from_proto,
     credentials_to_proto,
+    decode_metadata,
     decode_task,
     encode_task,
     settings_from_proto,
@@ -84,10 +84,10 @@ def decode_rewrite_ticket(message: pb.RewriteTicket) -> DecodedRewrite:
     if not tasks:
         raise InvalidTicketError("rewrite ticket: no file tasks")
     return DecodedRewrite(
-        query_id=_checked_id(message.query_id, "query_id"),
-        fragment_id=_checked_id(message.fragment_id, "fragment_id"),
+        query_id=checked_id(message.query_id, "query_id"),
+        fragment_id=checked_id(message.fragment_id, "fragment_id"),
         table=WireTableId.from_proto(message.table),
-        metadata=_metadata(message.table_metadata_json),
+        metadata=decode_metadata(message.table_metadata_json),
         tasks=tasks,
         credentials=credentials,
         storage=settings_from_proto(message.storage),

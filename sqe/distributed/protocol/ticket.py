@@ -3,8 +3,9 @@
 The coordinator builds tickets with :func:`build_ticket`; the worker reads them with :func:`decode_ticket`, which
 validates everything up front (fail closed) and raises :class:`~sqe.distributed.protocol.errors.InvalidTicketError`
 naming the problem, never a value. Credential sets are :class:`sqe.credentials.CredentialSet` objects (parsed from
-catalog responses in ``sqe.credentials`` only); this module just converts them to and from protobuf. Objects
-holding credentials hide them from ``repr`` and refuse to be pickled.
+catalog responses in ``sqe.credentials`` only); this module just converts them to and from protobuf and has them
+checked by :mod:`sqe.distributed.protocol.credential_sets` (as a credential push is). Objects holding credentials
+hide them from ``repr`` and refuse to be pickled.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
-from sqe.credentials import CredentialSet, StorageSettings, normalize_location
+from sqe.credentials import CredentialSet, StorageSettings
 from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.credential_sets import credential_sets_problem
 from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.distributed.protocol.filters import filter_from_proto, filter_to_proto
 from sqe.distributed.protocol.partial import PartialAggregate
@@ -100,23 +102,10 @@ def credentials_from_proto(message: pb.CredentialSet) -> CredentialSet:
 
 
 def check_complete(credentials: Sequence[CredentialSet], where: str) -> None:
-    """Every set complete, every prefix present and unique; raises InvalidTicketError naming the first problem."""
-    seen: set[str] = set()
-    for cred in credentials:
-        if not cred.prefix:
-            raise InvalidTicketError(f"{where}: a credential set has no prefix")
-        if not cred.covers_object_store():
-            raise InvalidTicketError(f"{where}: a credential set's prefix is not an s3:// location")
-        missing = cred.missing_parts()
-        if missing:
-            raise InvalidTicketError(
-                f"{where}: the {cred.source} credential set for {cred.prefix} is incomplete "
-                f"(missing {', '.join(missing)})"
-            )
-        normalized = normalize_location(cred.prefix).rstrip("/")
-        if normalized in seen:
-            raise InvalidTicketError(f"{where}: two credential sets for the prefix {cred.prefix}")
-        seen.add(normalized)
+    """Raises InvalidTicketError naming the first problem of a ticket's sets (the shared check)."""
+    problem = credential_sets_problem(credentials)
+    if problem:
+        raise InvalidTicketError(f"{where}: {problem}")
 
 
 # -------------------------------------------------------------------------------------------- partitions
@@ -460,9 +449,9 @@ class DecodedTicket(DecodedFragment):
 
 def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
     """Validate and rebuild a ticket; any problem raises InvalidTicketError (the fragment never starts)."""
-    query_id = _checked_id(message.query_id, "query_id")
-    fragment_id = _checked_id(message.fragment_id, "fragment_id")
-    metadata = _metadata(message.table_metadata_json)
+    query_id = checked_id(message.query_id, "query_id")
+    fragment_id = checked_id(message.fragment_id, "fragment_id")
+    metadata = decode_metadata(message.table_metadata_json)
     read_schema = _schema(message.read_schema_json)
     output = _output_ids(message.output_field_ids, read_schema)
     restrictions = _restrictions(message.restriction_plan_json, read_schema, message.salt)
@@ -494,13 +483,15 @@ def _partial(message: pb.ScanTicket) -> PartialAggregate | None:
     return PartialAggregate.from_proto(message.partial_aggregate) if message.HasField("partial_aggregate") else None
 
 
-def _checked_id(value: str, name: str) -> str:
+def checked_id(value: str, name: str) -> str:
+    """``value`` if it is a safe id (it ends up in log lines), else InvalidTicketError naming the field ``name``."""
     if not _ID_PATTERN.fullmatch(value):
         raise InvalidTicketError(f"{name} must be 1-128 characters of letters, digits and ._:@/-")
     return value
 
 
-def _metadata(data: bytes) -> TableMetadata:
+def decode_metadata(data: bytes) -> TableMetadata:
+    """The table metadata of a ticket (from :func:`trim_metadata`), or InvalidTicketError naming no value."""
     try:
         return TableMetadataUtil.parse_raw(data.decode("utf-8"))
     except (ValueError, TypeError, RecursionError, IcebergValidationError):

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import pytest
 
+from sqe.credentials import (
+    CatalogCredentials,
+    CredentialSet,
+    ResolvedCredentials,
+    StoragePolicy,
+    StorageSettings,
+    build_properties,
+    parse_settings,
+)
 from sqe.credentials.signed_reads import SignedObject, close_pool, s3_address, signed_object
 from sqe.vocabulary import (
     S3_ACCESS_KEY_ID,
@@ -22,6 +34,12 @@ SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 TOKEN = "FwoGZXIvYXdzEXAMPLE-session-token-value"
 KEYS = {S3_ACCESS_KEY_ID: "AKIAEXAMPLE", S3_SECRET_ACCESS_KEY: SECRET, S3_SESSION_TOKEN: TOKEN}
 MOTO = {S3_ENDPOINT: "http://127.0.0.1:5000", S3_REGION: "us-east-1", **KEYS}
+
+
+def resolved(properties: Mapping[str, str], settings: StorageSettings | None = None) -> ResolvedCredentials:
+    """A resolved set whose settings are these FileIO properties, parsed by the one parser (or ``settings``)."""
+    parsed = settings if settings is not None else parse_settings(properties, "test properties")
+    return ResolvedCredentials(MappingProxyType(dict(properties)), "vended", None, None, parsed)
 
 
 @pytest.mark.parametrize(
@@ -43,9 +61,29 @@ MOTO = {S3_ENDPOINT: "http://127.0.0.1:5000", S3_REGION: "us-east-1", **KEYS}
     ],
 )
 def test_addresses_what_pyarrow_addresses(location: str, settings: dict[str, str], url: str) -> None:
-    address = s3_address(location, {**MOTO, **settings})
+    address = s3_address(location, resolved({**MOTO, **settings}).settings)
     assert address is not None and address.url == url
     assert address.bucket == location.split("://")[1].split("/")[0]
+
+
+@pytest.mark.parametrize(
+    ("catalog_config", "policy", "url"),
+    [
+        ({"s3.path-style-access": "false"}, StoragePolicy(), "http://b.127.0.0.1:5000/t/f"),
+        ({"s3.path-style-access": "true"}, StoragePolicy(), "http://127.0.0.1:5000/b/t/f"),
+        ({"s3.force-virtual-addressing": "true"}, StoragePolicy(path_style=True), "http://127.0.0.1:5000/b/t/f"),
+        ({}, StoragePolicy(path_style=False), "http://b.127.0.0.1:5000/t/f"),
+    ],
+)
+def test_path_style_is_the_one_parsed_by_the_credential_model(
+    catalog_config: dict[str, str], policy: StoragePolicy, url: str
+) -> None:
+    # Iceberg Java's s3.path-style-access is understood by the model only: a signed read takes the parsed value.
+    config = {S3_ENDPOINT: "http://127.0.0.1:5000", **catalog_config}
+    vended = CredentialSet(None, "AKIAEXAMPLE", SECRET, TOKEN, None, settings=parse_settings(config, "config"))
+    scope = build_properties("s3://b/t/f", CatalogCredentials(vended.settings, (vended,)), policy)
+    found = signed_object("s3://b/t/f", scope)
+    assert found is not None and found.address.url == url
 
 
 @pytest.mark.parametrize(
@@ -64,17 +102,17 @@ def test_addresses_what_pyarrow_addresses(location: str, settings: dict[str, str
     ],
 )
 def test_cases_it_does_not_handle_keep_the_pyarrow_path(location: str, settings: dict[str, str]) -> None:
-    assert s3_address(location, {**MOTO, **settings}) is None
-    assert signed_object(location, {**MOTO, **settings}) is None
+    assert s3_address(location, resolved({**MOTO, **settings}).settings) is None
+    assert signed_object(location, resolved({**MOTO, **settings})) is None
 
 
 @pytest.mark.parametrize("missing", [S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY])
 def test_no_key_pair_no_signed_reader(missing: str) -> None:
-    assert signed_object("s3://b/t/f", {k: v for k, v in MOTO.items() if k != missing}) is None
+    assert signed_object("s3://b/t/f", resolved({k: v for k, v in MOTO.items() if k != missing})) is None
 
 
 def test_a_signed_reader_shows_and_pickles_no_secret() -> None:
-    found = signed_object("s3://b/t/f.parquet", MOTO)
+    found = signed_object("s3://b/t/f.parquet", resolved(MOTO))
     assert isinstance(found, SignedObject)
     shown = repr(found) + repr(found.address) + str(vars(found).get("_credentials"))
     assert SECRET not in shown and TOKEN not in shown and "t/f.parquet" in shown
@@ -83,25 +121,26 @@ def test_a_signed_reader_shows_and_pickles_no_secret() -> None:
 
 
 def test_error_text_is_scrubbed_and_one_line() -> None:
-    found = signed_object("s3://b/t/f.parquet", MOTO)
+    found = signed_object("s3://b/t/f.parquet", resolved(MOTO))
     assert found is not None
     error = found._failure(OSError, f"echoed {SECRET} and {TOKEN}\nsecond line")
     assert SECRET not in str(error) and TOKEN not in str(error) and "\n" not in str(error)
     assert str(error).startswith("When reading from key 't/f.parquet' in bucket 'b': echoed [redacted]")
 
 
-def test_timeouts_come_from_the_properties_and_fall_back_on_nonsense() -> None:
-    timed = signed_object("s3://b/k", {**MOTO, S3_CONNECT_TIMEOUT: "2.5", S3_REQUEST_TIMEOUT: "7"})
+def test_timeouts_come_from_the_settings_and_fall_back_on_nonsense() -> None:
+    timed = signed_object("s3://b/k", resolved({**MOTO, S3_CONNECT_TIMEOUT: "2.5", S3_REQUEST_TIMEOUT: "7"}))
     assert timed is not None and (timed._connect_timeout, timed._read_timeout) == (2.5, 7.0)
-    default = signed_object("s3://b/k", {**MOTO, S3_CONNECT_TIMEOUT: "soon", S3_REQUEST_TIMEOUT: "-1"})
-    fallback = signed_object("s3://b/k", MOTO)
+    nonsense = dataclasses.replace(resolved(MOTO).settings, connect_timeout="soon", request_timeout="-1")
+    default = signed_object("s3://b/k", resolved(MOTO, nonsense))  # the model refuses these; never trusted here
+    fallback = signed_object("s3://b/k", resolved(MOTO))
     assert default is not None and fallback is not None
     assert (default._connect_timeout, default._read_timeout) == (fallback._connect_timeout, fallback._read_timeout)
 
 
 def test_an_empty_range_sends_nothing() -> None:
     # The endpoint is unroutable: any request would fail, so success proves no request was made.
-    found = signed_object("s3://b/k", {**MOTO, S3_ENDPOINT: "http://127.0.0.1:1"})
+    found = signed_object("s3://b/k", resolved({**MOTO, S3_ENDPOINT: "http://127.0.0.1:1"}))
     assert found is not None and found.read_at(0, 10) == b""
     close_pool()
     close_pool()  # idempotent
@@ -121,7 +160,7 @@ def test_an_empty_range_sends_nothing() -> None:
 def test_store_answers_map_to_the_os_error_classes_of_the_pyarrow_path(
     status: int, code: str, error_class: type[OSError]
 ) -> None:
-    found = signed_object("s3://b/t/f.parquet", MOTO)
+    found = signed_object("s3://b/t/f.parquet", resolved(MOTO))
     assert found is not None
     body = (
         f"<Error><Code>{code}</Code><Message>told you</Message><StringToSign>AWS4 {TOKEN}</StringToSign>"

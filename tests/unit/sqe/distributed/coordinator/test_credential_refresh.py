@@ -9,9 +9,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from sqe._counters import Counters
 from sqe.catalog.base import TableIdent
 from sqe.credentials import CredentialSet, usable_until
-from sqe.distributed.coordinator.refresh import CredentialRefresher, Holder, RefreshedSets, TableLease
+from sqe.distributed.coordinator.refresh import (
+    CredentialRefresher,
+    Holder,
+    IncompleteSet,
+    RefreshedSets,
+    TableLease,
+    key_fingerprint,
+)
 from sqe.errors import PermissionDeniedError
 
 IDENT = TableIdent("wh", ("ns",), "t")
@@ -152,7 +160,7 @@ def test_a_reload_without_a_complete_set_pushes_nothing() -> None:
     catalog = CachingCatalog(clock, 5)
     lease = leased(refresher, catalog)
     refresher.register(lease, Holder("w:1", "q", "f"))
-    lease.reloader = lambda: RefreshedSets((), None, "load-table", incomplete=1)
+    lease.reloader = lambda: RefreshedSets((), None, "load-table", (IncompleteSet(PREFIX, ("expiry",)),))
     run_for(10, clock, refresher)
     assert pushes.calls == [] and lease.stopped is not None and "1 incomplete" in lease.stopped
 
@@ -182,6 +190,36 @@ def test_refreshes_of_one_lease_are_single_flight() -> None:
     release.set()
     first.join(5)
     assert catalog.calls == 1 and lease.stats.reloads == 1
+
+
+def test_lease_stats_are_counters_kept_across_refresh_threads_and_name_no_key() -> None:
+    clock, pushes = Clock(), Pushes()
+    refresher = CredentialRefresher(pushes, clock=clock, background=False)
+    catalog = CachingCatalog(clock, 3600)
+    lease = leased(refresher, catalog)
+    refresher.register(lease, Holder("w:1", "q", "f"))
+    catalog_lock = threading.Lock()
+
+    def reload() -> RefreshedSets:
+        with catalog_lock:
+            clock.now += 1000  # past half the lifetime now and then: some reloads bring a new key
+            return catalog.reload()
+
+    lease.reloader = reload
+    threads = [threading.Thread(target=lambda: [refresher.refresh_now(lease) for _ in range(50)]) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert isinstance(lease.stats, Counters)
+    counted = lease.stats.snapshot()  # the counters only: no fingerprint, no lock
+    assert set(counted) == {"reloads", "pushes", "unchanged"}
+    assert counted["reloads"] == catalog.calls and counted["pushes"] == len(pushes.calls)
+    assert counted["pushes"] >= 1 and counted["pushes"] + counted["unchanged"] == counted["reloads"]
+    assert lease.stats.key_fingerprints == {
+        key_fingerprint(f"AKIA{n:04d}") for n in range(1, catalog.assume_role_calls + 1)
+    }
+    assert not any("AKIA" in shown for shown in (repr(lease.stats), *lease.stats.key_fingerprints))
 
 
 def test_a_later_query_with_newer_credentials_restarts_a_stopped_lease() -> None:

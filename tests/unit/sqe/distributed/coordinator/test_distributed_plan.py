@@ -15,9 +15,10 @@ from sqe.config import CatalogConfig, SQEConfig, StorageConfig
 from sqe.credentials import CredentialSet, StoragePolicy, StorageSettings, parse_catalog_credentials
 from sqe.distributed.coordinator import Fragment, TableCredentials, plan_fragments, ticket_sets
 from sqe.distributed.coordinator import static_set as policy_static_set
+from sqe.distributed.coordinator.credentials import check_coverage
 from sqe.distributed.coordinator.failures import classify_rpc_error
 from sqe.distributed.coordinator.refresh import RefreshedSets
-from sqe.errors import CredentialExpiredError, RestrictionError, WorkerError
+from sqe.errors import CredentialExpiredError, NoVendedCredentialsError, RestrictionError, WorkerError
 
 IDENT = TableIdent("wh", ("ns",), "t")
 LOCATION = "s3://bucket/wh/ns/t"
@@ -108,6 +109,23 @@ def test_a_vended_set_without_session_token_is_incomplete() -> None:
     del entry["config"]["s3.session-token"]
     found = vended_sets_from_response({"storage-credentials": [entry]}, LOCATION, config(), 0.0, "load-table")
     assert found.credentials == () and found.incomplete == 1
+
+
+@pytest.mark.parametrize("where", ["storage-credentials", "config"])
+def test_the_vended_mode_error_names_the_parts_the_completeness_rule_reports(where: str) -> None:
+    entry = vended(LOCATION, expires_at_ms=None)
+    raw = {"storage-credentials": [entry]} if where == "storage-credentials" else {"config": entry["config"]}
+    found = vended_sets_from_response(raw, LOCATION, config(), 0.0, "load-table")
+    inside = f"{LOCATION}/data/a.parquet"
+    with pytest.raises(NoVendedCredentialsError) as raised:
+        check_coverage(IDENT, [task(inside, 1)], found, None, "vended", True)
+    assert f"the credential set the catalog vended for {inside} is incomplete (missing expiry)" in str(raised.value)
+    assert "vended-secret" not in str(raised.value) and "vended-token" not in str(raised.value)
+    outside = "s3://bucket/elsewhere/b.parquet"
+    with pytest.raises(NoVendedCredentialsError) as raised:
+        check_coverage(IDENT, [task(outside, 1)], found, None, "vended", True)
+    rule = "access key id, secret access key, session token, expiry"
+    assert f"no complete credential set ({rule}) covering {outside}" in str(raised.value)
 
 
 def test_the_static_set_goes_only_to_fragments_with_uncovered_files() -> None:
