@@ -33,6 +33,7 @@ from sqe._config_loader import (
     short,
 )
 from sqe.errors import ConfigError
+from sqe.vocabulary import READ_RESTRICTIONS_V1, VENDED_CREDENTIALS
 
 AccessDelegation = Literal["none", "vended-credentials"]
 DistributedCredentials = Literal["vended", "static", "auto"]
@@ -108,7 +109,7 @@ class CatalogConfig(CatalogAuth):
     credential_max_age_seconds: int = 900
     request_timeout_seconds: float = 30.0
     max_retries: int = 5
-    client_capabilities: str = "read-restrictions.v1"
+    client_capabilities: str = READ_RESTRICTIONS_V1
     metadata_cache: bool = True
     # Seconds after a table's last successful load or 304 during which its cached entry is used with no request
     # at all; 0 (the default): every lookup revalidates with If-None-Match (strict freshness).
@@ -119,7 +120,7 @@ class CatalogConfig(CatalogAuth):
     @property
     def effective_access_delegation(self) -> AccessDelegation:
         """What SQE sends as ``X-Iceberg-Access-Delegation``: requiring vended credentials implies asking."""
-        return "vended-credentials" if self.require_vended_credentials else self.access_delegation
+        return VENDED_CREDENTIALS if self.require_vended_credentials else self.access_delegation
 
     @property
     def warehouse_names(self) -> tuple[str, ...]:

@@ -1238,7 +1238,7 @@ def _issue_token(state: _State, client_id: str, client_secret: str, scope: str) 
     body = {
         "access_token": token,
         "token_type": "bearer",
-        "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+        "issued_token_type": ACCESS_TOKEN_TYPE,
         "expires_in": expires_in,
     }
     return _json(body, 200, {"Cache-Control": "no-store", "Pragma": "no-cache"})
