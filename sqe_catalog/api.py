@@ -56,7 +56,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sqe import vocabulary
 from sqe._net import is_loopback
-from sqe.credentials.paths import is_object_store
+from sqe.locations import is_object_store
 from sqe.vocabulary import ACCESS_TOKEN_TYPE, NAMESPACE_SEPARATOR_PROPERTY, REQUEST_ID_HEADER, TOKEN_EXCHANGE_GRANT
 from sqe_catalog import audit
 from sqe_catalog.auth import AuthStore, GrantSet, Principal, Privilege, create_engine_for

@@ -117,7 +117,7 @@ def _split_location(location: str) -> tuple[str, list[str]]:
     scheme, sep, rest = location.partition("://")
     if not sep or not scheme:
         raise BadRequestError("table location must be a URI such as s3://bucket/path")
-    if scheme == "file":
+    if scheme == vocabulary.FILE_SCHEME:
         rest = rest.removeprefix("/")
     return scheme, rest.rstrip("/").split("/")
 
