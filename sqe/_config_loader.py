@@ -1,10 +1,12 @@
-"""The one configuration loader behind ``sqe.config`` (engine) and ``sqe_catalog.config`` (catalog server).
+"""The one configuration loader behind ``sqe.config`` (engine), ``sqe_catalog.config`` (catalog server) and
+``sqe.server.config`` (``sqe serve``).
 
 Each config is a tree of pydantic models (:class:`ConfigSection`: strict, frozen, unknown keys forbidden). This
 module adds what pydantic does not do for a config file:
 
 - TOML arrays become tuples (:data:`Array`) and an empty string unsets an optional key (:data:`Unset`);
-- ``<PREFIX><SECTION>__<KEY>`` environment variables are converted by the field's type, explicitly;
+- ``<PREFIX><SECTION>__<KEY>`` environment variables (or ``<PREFIX><KEY>`` when the prefix names the section) are
+  converted by the field's type, explicitly;
 - every error is one line naming the dotted key (``catalog.warehouses[1].uri``) and, when the value came from
   the environment or an override, what set it; a rejected value is never echoed (it may be a secret).
 
@@ -312,13 +314,33 @@ def _resolve_key(model: type[ConfigSection], parts: list[str]) -> tuple[str, Any
 
 
 def apply_env(
-    tree: dict[str, Any], env: Mapping[str, str], prefix: str, model: type[ConfigSection], origins: Origins
+    tree: dict[str, Any],
+    env: Mapping[str, str],
+    prefix: str,
+    model: type[ConfigSection],
+    origins: Origins,
+    *,
+    section: str | None = None,
 ) -> None:
-    """Applies ``<prefix><SECTION>__<KEY>`` variables (converted by the field's type) on top of ``tree``."""
+    """Applies ``<prefix><SECTION>__<KEY>`` variables (converted by the field's type) on top of ``tree``.
+
+    With ``section``, the prefix itself names that section: ``<prefix><KEY>`` sets ``<section>.<key>`` (``SQE_SERVER_``
+    + ``READER_CLIENT_SECRET`` sets ``server.reader_client_secret``; deeper keys still join with ``__``). A variable
+    whose key part starts with ``_`` is then left alone, as no field name does: ``SQE_SERVER__X`` is the
+    ``<PREFIX><SECTION>__<KEY>`` naming of a loader whose prefix is ``SQE_``.
+    """
     for name in sorted(env):
-        if not name.startswith(prefix) or "__" not in name:
+        if not name.startswith(prefix):
+            continue
+        rest = name[len(prefix) :]
+        if section is not None:
+            if rest.startswith("_"):
+                continue
+            parts = [section, *(p.lower() for p in rest.split("__"))]
+        elif "__" in name:
+            parts = [p.lower() for p in rest.split("__")]
+        else:
             continue  # e.g. SQE_CONFIG: not a key override
-        parts = [p.lower() for p in name[len(prefix) :].split("__")]
         resolved = _resolve_key(model, parts)
         if resolved is None:
             raise origins.error(f"{name}: unknown key {'.'.join(parts)}")

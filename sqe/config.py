@@ -33,12 +33,13 @@ from sqe._config_loader import (
     short,
 )
 from sqe.errors import ConfigError
+from sqe.locations import is_object_store
+from sqe.vocabulary import READ_RESTRICTIONS_V1, VENDED_CREDENTIALS
 
 AccessDelegation = Literal["none", "vended-credentials"]
 DistributedCredentials = Literal["vended", "static", "auto"]
 
 ENV_PREFIX = "SQE_"
-_OBJECT_STORE_SCHEMES = ("s3://", "s3a://", "s3n://")
 # Values some users will try that SQE refuses, with the reason shown in the error.
 _UNSUPPORTED_CHOICES: dict[str, dict[str, str]] = {
     "catalog.access_delegation": {"remote-signing": "SQE does not implement remote signing"},
@@ -108,7 +109,7 @@ class CatalogConfig(CatalogAuth):
     credential_max_age_seconds: int = 900
     request_timeout_seconds: float = 30.0
     max_retries: int = 5
-    client_capabilities: str = "read-restrictions.v1"
+    client_capabilities: str = READ_RESTRICTIONS_V1
     metadata_cache: bool = True
     # Seconds after a table's last successful load or 304 during which its cached entry is used with no request
     # at all; 0 (the default): every lookup revalidates with If-None-Match (strict freshness).
@@ -119,7 +120,7 @@ class CatalogConfig(CatalogAuth):
     @property
     def effective_access_delegation(self) -> AccessDelegation:
         """What SQE sends as ``X-Iceberg-Access-Delegation``: requiring vended credentials implies asking."""
-        return "vended-credentials" if self.require_vended_credentials else self.access_delegation
+        return VENDED_CREDENTIALS if self.require_vended_credentials else self.access_delegation
 
     @property
     def warehouse_names(self) -> tuple[str, ...]:
@@ -274,8 +275,7 @@ def _check_reader(
 
 def _check_object_store_prefixes(prefixes: tuple[str, ...], key: str, origins: Origins) -> None:
     for i, prefix in enumerate(prefixes):
-        scheme_ok = prefix.startswith(_OBJECT_STORE_SCHEMES)
-        if not scheme_ok or not urlsplit(prefix).netloc:
+        if not is_object_store(prefix) or not urlsplit(prefix).netloc:
             origins.fail(f"{key}[{i}]", "must be an object-store prefix with a bucket, e.g. s3://bucket/path")
 
 

@@ -1,8 +1,8 @@
 """The Iceberg REST wire vocabulary, defined once for the engine, the scan workers and ``sqe-catalog``.
 
 Only names and constants live here (no logic, no imports beyond the standard library), so every package can
-depend on it without pulling in anything else. Location logic (scheme aliases, segment-boundary prefix
-matching) lives in :mod:`sqe.credentials.paths`.
+depend on it without pulling in anything else. Location logic lives in :mod:`sqe.locations` (what a scheme
+names: object store or local, aliases folded) and :mod:`sqe.credentials.paths` (segment-boundary prefix matching).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ NAMESPACE_SEPARATOR: Final = "\x1f"
 
 # ------------------------------------------------------------------------------------- object-store schemes
 OBJECT_STORE_SCHEMES: Final = frozenset({"s3", "s3a", "s3n"})
-LOCAL_SCHEMES: Final = frozenset({"file", ""})
+FILE_SCHEME: Final = "file"
+LOCAL_SCHEMES: Final = frozenset({FILE_SCHEME, ""})  # "": a bare path
 SCHEME_ALIASES: Final = {"s3a": "s3", "s3n": "s3"}  # Hadoop's names for the same objects
 
 # ------------------------------------------------------------------------------ ErrorModel "type" values

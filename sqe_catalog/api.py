@@ -56,7 +56,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sqe import vocabulary
 from sqe._net import is_loopback
-from sqe.credentials.paths import is_object_store
+from sqe.locations import is_object_store
 from sqe.vocabulary import ACCESS_TOKEN_TYPE, NAMESPACE_SEPARATOR_PROPERTY, REQUEST_ID_HEADER, TOKEN_EXCHANGE_GRANT
 from sqe_catalog import audit
 from sqe_catalog.auth import AuthStore, GrantSet, Principal, Privilege, create_engine_for
@@ -1239,7 +1239,7 @@ def _issue_token(state: _State, client_id: str, client_secret: str, scope: str) 
     body = {
         "access_token": token,
         "token_type": "bearer",
-        "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+        "issued_token_type": ACCESS_TOKEN_TYPE,
         "expires_in": expires_in,
     }
     return _json(body, 200, {"Cache-Control": "no-store", "Pragma": "no-cache"})

@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import Field, SecretStr
 
 from sqe._config_loader import Array, ConfigSection, Origins, Unset, build, read_toml, reveal
+from sqe.locations import is_object_store, normalize_location, scheme_of
+from sqe.vocabulary import FILE_SCHEME
 from sqe_catalog.errors import ConfigError
 
 
@@ -109,12 +111,19 @@ class CatalogServerConfig(ConfigSection):
         return next((w for w in self.warehouses if w.name == name), None)
 
 
+def _is_warehouse_root(location: str) -> bool:
+    """An object-store or ``file://`` URI, spelled canonically (``s3://``, not ``S3://`` or Hadoop's ``s3a://``): the
+    catalog compares the scheme of each table location with the root's as written."""
+    canonical = normalize_location(location) == location
+    return canonical and (is_object_store(location) or scheme_of(location) == FILE_SCHEME)
+
+
 def _validate_warehouse(w: WarehouseConfig, where: str, origins: Origins) -> None:
-    if not w.location.startswith(("s3://", "file://")):
+    if not _is_warehouse_root(w.location):
         origins.fail(f"{where}.location", "must start with s3:// or file://")
     if w.credential_lifetime_seconds < 1:
         origins.fail(f"{where}.credential_lifetime_seconds", "must be >= 1")
-    if w.location.startswith("s3://") and not w.sts_unavailable and not w.role_arn:
+    if is_object_store(w.location) and not w.sts_unavailable and not w.role_arn:
         origins.fail(f"{where}.role_arn", "required unless sts_unavailable = true")
     if w.metadata_cache_entries < 0:
         origins.fail(f"{where}.metadata_cache_entries", "must be >= 0 (0 turns the metadata cache off)")

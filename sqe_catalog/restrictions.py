@@ -151,7 +151,7 @@ class RestrictionEntry:
             "table_uuid": self.table_uuid,
             self.subject.kind.value: self.subject.name,
             "checked": self.checked,
-            "read-restrictions": self.restrictions,
+            vocabulary.READ_RESTRICTIONS: self.restrictions,
         }
 
 

@@ -117,7 +117,7 @@ def _split_location(location: str) -> tuple[str, list[str]]:
     scheme, sep, rest = location.partition("://")
     if not sep or not scheme:
         raise BadRequestError("table location must be a URI such as s3://bucket/path")
-    if scheme == "file":
+    if scheme == vocabulary.FILE_SCHEME:
         rest = rest.removeprefix("/")
     return scheme, rest.rstrip("/").split("/")
 
@@ -569,7 +569,7 @@ class WarehouseTables:
     def _read_for_admission(self, metadata_location: str) -> ParsedMetadata:
         """Read a revision to admit, fresh from storage, after checking it is inside the warehouse; its
         properties must be ones a client may set."""
-        self._check_inside_warehouse(metadata_location, "metadata-location")
+        self._check_inside_warehouse(metadata_location, vocabulary.METADATA_LOCATION)
         parsed = self._read_parsed(metadata_location, fresh=True)
         self._check_properties(parsed.metadata.properties)
         return parsed
@@ -594,7 +594,7 @@ class WarehouseTables:
         self._require_namespace(namespace)
         kind, location = notification.kind, notification.metadata_location
         if kind == "VALIDATE":  # changes nothing, so it neither checks nor records a timestamp
-            self._check_inside_warehouse(location, "metadata-location")
+            self._check_inside_warehouse(location, vocabulary.METADATA_LOCATION)
             return
         # Stale -> 409 now; the timestamp is recorded only in the transaction that carries the notification out.
         stamp = self.integrity.notification_stamp(_s(namespace), name, notification.timestamp_ms)

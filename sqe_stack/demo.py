@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from sqe.vocabulary import ACCESS_DELEGATION_HEADER, VENDED_CREDENTIALS
+
 
 def _client_props(config_path: Path) -> dict[str, str]:
     with config_path.open("rb") as fh:
@@ -29,7 +31,7 @@ def _client_props(config_path: Path) -> dict[str, str]:
         "credential": f"{catalog['client_id']}:{catalog['client_secret']}",
         "scope": catalog["scope"],
         "oauth2-server-uri": catalog["uri"].rstrip("/") + "/v1/oauth/tokens",
-        "header.X-Iceberg-Access-Delegation": "vended-credentials",
+        f"header.{ACCESS_DELEGATION_HEADER}": VENDED_CREDENTIALS,
     }
 
 

@@ -21,9 +21,10 @@ from sqe.credentials.model import (
     parse_storage_credentials,
     parse_string_map,
 )
-from sqe.credentials.paths import is_local, is_object_store, normalize_location, prefix_matches
+from sqe.credentials.paths import prefix_matches
 from sqe.credentials.policy import StoragePolicy
 from sqe.credentials.scope import ResolvedCredentials, build_properties, select_credential, vended_sets
+from sqe.locations import is_local, is_object_store, normalize_location
 
 # ``ScopedFileIO`` subclasses pyiceberg's FileIO (and imports its pyarrow FileIO): loaded on first access, so the
 # credential rules themselves (used by file table functions too) do not import pyiceberg (start-up cost).

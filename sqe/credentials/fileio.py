@@ -22,11 +22,11 @@ from sqe._text import iso_utc
 from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import CredentialSource, usable_until
 from sqe.credentials.model import CatalogCredentials, CredentialSet, StorageSettings, parse_catalog_credentials
-from sqe.credentials.paths import is_local, is_object_store, scheme_of
 from sqe.credentials.policy import StoragePolicy
 from sqe.credentials.pool import FILE_IOS, PooledFileIO
 from sqe.credentials.scope import ResolvedCredentials, build_properties, config_set, select_credential, vended_sets
 from sqe.errors import CredentialError
+from sqe.locations import is_local, is_object_store, scheme_of
 
 
 class ScopedFileIO(Unpicklable, FileIO):

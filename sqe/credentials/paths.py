@@ -1,32 +1,9 @@
-"""Locations for credential scoping: scheme normalisation and prefix matching on segment boundaries."""
+"""Locations for credential scoping: prefix matching on segment boundaries, whatever the scheme spelling
+(:func:`sqe.locations.normalize_location` decides that)."""
 
 from __future__ import annotations
 
-from sqe.vocabulary import LOCAL_SCHEMES, OBJECT_STORE_SCHEMES, SCHEME_ALIASES
-
-
-def scheme_of(location: str) -> str:
-    """Lower-case scheme of ``location``; "" for a bare local path."""
-    head, sep, _ = location.partition("://")
-    return head.lower() if sep else ""
-
-
-def normalize_location(location: str) -> str:
-    """``s3a://`` and ``s3n://`` (Hadoop's names for the same objects) become ``s3://``; the scheme is
-    lower-cased; the rest is left alone."""
-    head, sep, rest = location.partition("://")
-    if not sep:
-        return location
-    scheme = head.lower()
-    return f"{SCHEME_ALIASES.get(scheme, scheme)}://{rest}"
-
-
-def is_object_store(location: str) -> bool:
-    return scheme_of(location) in OBJECT_STORE_SCHEMES
-
-
-def is_local(location: str) -> bool:
-    return scheme_of(location) in LOCAL_SCHEMES
+from sqe.locations import normalize_location
 
 
 def _strip_prefix(prefix: str) -> str:

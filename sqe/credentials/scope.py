@@ -28,9 +28,10 @@ from typing import NoReturn
 from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import CredentialSource
 from sqe.credentials.model import CREDENTIAL_KEYS, CatalogCredentials, CredentialSet, StorageSettings
-from sqe.credentials.paths import is_object_store, prefix_length, prefix_matches
+from sqe.credentials.paths import prefix_length, prefix_matches
 from sqe.credentials.policy import StoragePolicy
 from sqe.errors import NoVendedCredentialsError
+from sqe.locations import is_object_store
 from sqe.vocabulary import S3_ACCESS_KEY_ID
 
 _IDENTITY_KEY = secrets.token_bytes(32)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import quote
 
 from sqe._text import first_line
-from sqe.credentials.paths import normalize_location
+from sqe.locations import normalize_location
 from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
 
 if TYPE_CHECKING:

@@ -25,6 +25,7 @@ from sqe.duckdb_connection import quote_ident
 from sqe.errors import ExternalAccessError, NoSuchTableError, QueryError
 from sqe.execution.object_store import keyed_set, static_set
 from sqe.execution.tvf import FileStream, GovernedLocations, TvfPolicy, resolve_call, source_for_mount
+from sqe.locations import is_object_store
 from sqe.planning.external_sql import (
     FILE_FUNCTIONS,
     REWRITTEN_PREFIX,
@@ -142,7 +143,7 @@ class ExternalSources:
     def _create(self, statement: CreateExternal) -> pa.Table:
         ident = self._resolve_name(statement.parts)
         name = str(ident)
-        if not statement.location.lower().startswith(("s3://", "s3a://", "s3n://")):
+        if not is_object_store(statement.location):
             raise QueryError("an external table's LOCATION must be an s3:// prefix")
         if self._is_iceberg_table(ident):
             raise QueryError(f"{name} is an Iceberg table; an external table cannot take its name")

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import pyarrow.fs as pafs
 
 from sqe.credentials import CredentialSet, StoragePolicy, StorageSettings, normalize_location
-from sqe.credentials.paths import is_object_store
 from sqe.credentials.policy import STATIC_PREFIX
 from sqe.errors import CredentialError
+from sqe.locations import is_object_store
 
 if TYPE_CHECKING:
     from sqe.config import SQEConfig

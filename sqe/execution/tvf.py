@@ -27,9 +27,9 @@ import pyarrow.json as pajson
 
 from sqe._text import first_line
 from sqe.credentials import is_local, is_object_store, normalize_location, prefix_matches
-from sqe.credentials.paths import scheme_of
 from sqe.errors import ExternalAccessError, QueryError, SQEError
 from sqe.execution.object_store import filesystem_for, object_path, static_set
+from sqe.locations import scheme_of
 from sqe.planning.external_sql import arrow_type
 
 # pyarrow.dataset (a tenth of a second to import) is loaded by the functions that build datasets: a session

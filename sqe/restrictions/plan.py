@@ -40,12 +40,13 @@ from sqe.restrictions.expressions import (
 )
 from sqe.restrictions.pushdown import to_pyiceberg
 from sqe.restrictions.schema_index import FieldInfo, SchemaIndex
+from sqe.vocabulary import READ_RESTRICTIONS
 
 SALT_BYTES = 16
 PLAN_FORMAT = "sqe-restriction-plan"
 PLAN_VERSION = 1
 _TOP_KEYS = frozenset({"required-column-projections", "required-row-filter"})
-_ERR = "read-restrictions"
+_ERR = READ_RESTRICTIONS  # errors name the wire object they are about
 
 
 @dataclass(frozen=True)

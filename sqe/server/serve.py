@@ -80,13 +80,12 @@ def _serve(config_path: str, port_file: str | None) -> int:
 
     server_config = load_server_config(config_path)
     engine_config = load_config(server_config.engine_config)
-    secret = server_config.reader_client_secret
     broker = IdentityBroker(
         engine_config.catalog.uri,
         engine_config.catalog.warehouse,
         scope=engine_config.catalog.scope,
         reader_client_id=server_config.reader_client_id,
-        reader_client_secret=secret.get_secret_value() if secret is not None else None,
+        reader_client_secret=server_config.reader_client_secret_value(),
         timeout=engine_config.catalog.request_timeout_seconds,
         auth_cache_seconds=server_config.auth_cache_seconds,
     )

@@ -54,7 +54,7 @@ def storage_fingerprint(warehouse: WarehouseConfig) -> Fingerprint:
         parts = urlsplit(location)
         if parts.scheme in vocabulary.OBJECT_STORE_SCHEMES:
             return s3.fingerprint(location)
-        if parts.scheme == "file":
+        if parts.scheme == vocabulary.FILE_SCHEME:
             return _file_fingerprint(parts.path)
         return None
 

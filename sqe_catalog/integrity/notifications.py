@@ -17,6 +17,7 @@ from typing import Any
 
 from pyiceberg.table.metadata import TableMetadata
 
+from sqe.vocabulary import METADATA_LOCATION
 from sqe_catalog.errors import BadRequestError
 from sqe_catalog.integrity.canonical import model_document
 
@@ -44,7 +45,7 @@ def parse_notification(body: dict[str, Any], table: str) -> Notification:
     timestamp = payload.get("timestamp")
     if not isinstance(timestamp, int) or isinstance(timestamp, bool) or timestamp < 0:
         raise BadRequestError("payload timestamp must be a non-negative integer (milliseconds)")
-    location = payload.get("metadata-location")
+    location = payload.get(METADATA_LOCATION)
     if kind != "DROP" and (not isinstance(location, str) or not location):
         raise BadRequestError("payload metadata-location must be a non-empty string")
     return Notification(str(kind), timestamp, location if isinstance(location, str) else "")

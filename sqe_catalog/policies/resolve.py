@@ -28,6 +28,7 @@ from typing import Any
 
 from pyiceberg.schema import Schema
 
+from sqe import vocabulary
 from sqe.errors import RestrictionError
 from sqe.restrictions import check_applicable, parse_restrictions
 from sqe_catalog.policies import rego
@@ -126,7 +127,7 @@ def resolve(
     except PolicyError as exc:
         report["error"] = {"code": exc.code, "message": exc.message}
         raise ResolutionError(exc.code, exc.message, report) from None
-    report["read-restrictions"] = wire
+    report[vocabulary.READ_RESTRICTIONS] = wire
     report["signature"] = signature(wire) if wire is not None else ""
     report["error"] = None
     return Resolution(wire, report["signature"], report)

@@ -510,3 +510,19 @@ def test_metadata_revalidate_seconds_defaults_to_strict_and_refuses_negative() -
     assert _load({"catalog.metadata_revalidate_seconds": 2.5}).catalog.metadata_revalidate_seconds == 2.5
     message = _error(env={}, overrides={**MINIMAL, "catalog.metadata_revalidate_seconds": -1})
     assert message.startswith("catalog.metadata_revalidate_seconds") and "must not be negative" in message
+
+
+@pytest.mark.parametrize("key", ["storage.tvf.allowed_object_store_prefixes", "catalog.tvf_prefixes"])
+def test_object_store_prefixes_follow_the_one_scheme_rule(key: str) -> None:
+    """A prefix is an object-store one when ``sqe.locations.is_object_store`` says so: scheme case and Hadoop's
+    aliases do not matter (until this rule was shared, ``S3://`` was refused here but matched like ``s3://`` by the
+    file table functions); another scheme, a missing scheme or a missing bucket is refused."""
+    from sqe.execution.tvf import TvfPolicy
+
+    config = _load({key: ["S3://lake/raw", "S3A://lake/landing/", "s3n://lake/old"]})
+    policy = TvfPolicy.from_config(config)
+    for path in ("s3://lake/raw/a.parquet", "s3a://lake/landing/b.csv", "S3N://lake/old/c.json"):
+        policy.check_file("read_parquet", path)
+    for bad in ("gs://lake/raw", "S3:///raw", "s3:/lake/raw", "file:///lake", "lake/raw"):
+        message = _error(env={}, overrides={**MINIMAL, key: [bad]})
+        assert message.startswith(f"{key}[0] (set by override") and "must be an object-store prefix" in message

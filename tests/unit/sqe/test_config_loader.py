@@ -7,7 +7,7 @@ from typing import Literal
 import pytest
 from pydantic import SecretStr
 
-from sqe._config_loader import Array, ConfigSection, Origins, Unset, apply_env, build, dotted, field_type
+from sqe._config_loader import Array, ConfigSection, Origins, Unset, apply_env, build, dotted, field_type, reveal
 
 
 class _Item(ConfigSection):
@@ -102,3 +102,27 @@ def test_model_copy_builds_a_new_validated_model_and_leaves_the_original_alone()
     assert changed.client_id is None and changed.token is not None
     with pytest.raises(ValidationError):
         base.catalog.model_copy(update={"max_retries": "five"})  # validated like the file: strict types
+
+
+def test_a_prefix_may_name_the_section() -> None:
+    """``section=``: ``<PREFIX><KEY>`` sets ``<section>.<key>`` (how ``sqe serve`` names ``SQE_SERVER_<KEY>``)."""
+
+    def build_with(env: dict[str, str]) -> _Root:
+        origins = Origins(_Failed)
+        tree: dict[str, object] = {"section": {"ratio": 0.25}}
+        apply_env(tree, env, "T_SECTION_", _Root, origins, section="section")
+        return build(_Root, tree, origins)
+
+    section = build_with({"T_SECTION_COUNT": "7", "T_SECTION_SECRET": "s", "T_OTHER": "x"}).section
+    assert (section.count, section.ratio) == (7, 0.25) and reveal(section.secret) == "s"
+    # "<PREFIX minus its _>_<SECTION>__<KEY>" belongs to a loader with the shorter prefix: left alone
+    assert build_with({"T_SECTION__COUNT": "nope"}).section.count == 1
+    with pytest.raises(_Failed, match=r"^T_SECTION_NOPE: unknown key section\.nope$"):
+        build_with({"T_SECTION_NOPE": "1"})
+    with pytest.raises(_Failed, match=r"^section\.count \(set by T_SECTION_COUNT\): expected an integer$"):
+        build_with({"T_SECTION_COUNT": "seven"})
+    # without section=, the same variables are not key overrides of this model (no "__" after the prefix)
+    origins = Origins(_Failed)
+    tree: dict[str, object] = {}
+    apply_env(tree, {"T_SECTION_COUNT": "7"}, "T_SECTION_", _Root, origins)
+    assert tree == {}

@@ -167,3 +167,18 @@ class TestSecrets:
         with pytest.raises(ValueError):
             WarehouseConfig(name="w", location="file:///w", credential_lifetime_seconds="5")  # type: ignore[arg-type]
         assert CatalogServerConfig(warehouses=(WarehouseConfig(**WAREHOUSE),)).warehouse("w") is not None
+
+
+@pytest.mark.parametrize("location", ["S3://b/w", "s3a://b/w", "s3n://b/w", "FILE:///w", "gs://b/w", "s3:/b/w", "w"])
+def test_a_warehouse_root_is_a_canonical_s3_or_file_uri(location: str) -> None:
+    """The catalog compares each table location's scheme with its root's as written, so the root must be spelled
+    canonically: Hadoop's aliases and upper-case schemes, which the engine accepts for reads, are refused here."""
+    message = _error({"warehouses": [{"name": "w", "location": location, "sts_unavailable": True}]})
+    assert message == "warehouses[0].location: must start with s3:// or file://"
+
+
+def test_an_s3_root_needs_a_role_and_a_file_root_does_not() -> None:
+    assert parse_config({"warehouses": [{"name": "w", "location": "file:///w"}]}).warehouses[0].location == "file:///w"
+    message = _error({"warehouses": [{"name": "w", "location": "s3://b/w"}]})
+    assert message.startswith("warehouses[0].role_arn: required")
+    assert parse_config({"warehouses": [{"name": "w", "location": "s3://b/w", "role_arn": "arn"}]}).warehouses

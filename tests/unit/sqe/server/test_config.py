@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from pathlib import Path
 
 import pytest
 
 from sqe.errors import ConfigError
-from sqe.server.config import load_server_config
+from sqe.server.config import ServerConfig, load_server_config
 from sqe.server.sessions import Limits, ServerBusyError
 
 
@@ -57,3 +59,123 @@ def test_limits_refuse_past_the_user_and_total_bounds() -> None:
     limits.release("a")
     limits.acquire("c")
     assert limits.running() == 2
+
+
+SECRET = "READER-SECRET-5e9a"
+
+
+def _error(tmp_path: Path, body: str = "", env: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_server_config(_write(tmp_path, body), env=env or {})
+    message = str(info.value)
+    assert "\n" not in message and SECRET not in message
+    return message
+
+
+def test_the_documented_variables_override_the_file(tmp_path: Path) -> None:
+    body = 'reader_client_id = "file-id"\nreader_client_secret = "file-secret"\nbatch_rows = 10\n'
+    env = {"SQE_SERVER_READER_CLIENT_SECRET": SECRET, "SQE_SERVER_QUERY_TIMEOUT_SECONDS": "2.5"}
+    config = load_server_config(_write(tmp_path, body), env=env)
+    assert config.reader_client_id == "file-id" and config.reader_client_secret_value() == SECRET
+    assert (config.query_timeout_seconds, config.batch_rows) == (2.5, 10)
+    assert SECRET not in repr(config) and SECRET not in str(config)
+
+
+def test_variables_of_other_loaders_are_left_alone(tmp_path: Path) -> None:
+    env = {"SQE_SERVER__BATCH_ROWS": "x", "SQE_CATALOG__URI": "x", "SQE_CONFIG": "x", "SQE_SERVERS": "x"}
+    assert load_server_config(_write(tmp_path, ""), env=env).batch_rows == 65_536
+
+
+@pytest.mark.parametrize(
+    ("body", "env", "expected"),
+    [
+        ('colour = "blue"\n', {}, "server.colour: unknown key"),
+        ("", {"SQE_SERVER_COLOUR": "blue"}, "SQE_SERVER_COLOUR: unknown key server.colour"),
+        ('batch_rows = "10"\n', {}, "server.batch_rows: expected an integer, got a string"),
+        (
+            "",
+            {"SQE_SERVER_QUERY_TIMEOUT_SECONDS": "soon"},
+            "server.query_timeout_seconds (set by SQE_SERVER_QUERY_TIMEOUT_SECONDS): expected a number",
+        ),
+        (
+            "",
+            {"SQE_SERVER_BATCH_ROWS": "0"},
+            "server.batch_rows (set by SQE_SERVER_BATCH_ROWS): Input should be greater than or equal to 1",
+        ),
+        (f'reader_client_secret = ["{SECRET}"]\n', {}, "server.reader_client_secret: expected a string, got a list"),
+        (
+            "",
+            {"SQE_SERVER_READER_CLIENT_SECRET": SECRET},
+            "server.reader_client_secret (set by SQE_SERVER_READER_CLIENT_SECRET): "
+            "reader_client_id and reader_client_secret must be set together",
+        ),
+        ('tls_cert = "c.pem"\n', {}, "server.tls_cert: tls_cert and tls_key must be set together"),
+        (
+            "max_concurrent_queries_per_user = 5\n",
+            {"SQE_SERVER_MAX_CONCURRENT_QUERIES": "4"},
+            "server.max_concurrent_queries_per_user: must not exceed server.max_concurrent_queries (4)",
+        ),
+        ('listen = "8815"\n', {}, 'server.listen: must be "host:port", got "8815"'),
+        (
+            "",
+            {"SQE_SERVER_LISTEN": "0.0.0.0:8815"},
+            'server.listen (set by SQE_SERVER_LISTEN): "0.0.0.0:8815" is not a loopback address',
+        ),
+        ("[catalog]\n", {}, "catalog: unknown section in server.toml (engine settings go in server.engine_config)"),
+    ],
+)
+def test_one_line_errors_name_the_key_and_the_variable(
+    tmp_path: Path, body: str, env: dict[str, str], expected: str
+) -> None:
+    assert _error(tmp_path, body, env).startswith(expected)
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    (tmp_path / "empty.toml").write_text("", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^server\.engine_config: required$"):
+        load_server_config(tmp_path / "empty.toml", env={})
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_server_config(tmp_path / "nope.toml", env={})
+    (tmp_path / "bad.toml").write_text("[server\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_server_config(tmp_path / "bad.toml", env={})
+    (tmp_path / "list.toml").write_text('server = "x"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^server: expected a table, got a string$"):
+        load_server_config(tmp_path / "list.toml", env={})
+
+
+def test_engine_config_is_relative_to_the_server_file_also_from_the_environment(tmp_path: Path) -> None:
+    path = _write(tmp_path, "")
+    assert load_server_config(path, env={"SQE_SERVER_ENGINE_CONFIG": "sub/e.toml"}).engine_config == str(
+        tmp_path / "sub" / "e.toml"
+    )
+    absolute = str(tmp_path / "elsewhere.toml")
+    assert load_server_config(path, env={"SQE_SERVER_ENGINE_CONFIG": absolute}).engine_config == absolute
+
+
+def test_an_empty_string_unsets_an_optional_key(tmp_path: Path) -> None:
+    """As in the engine's and the catalog's files (``Unset``): until the shared loader, ``tls_cert = ""`` meant
+    TLS with a certificate at path ""."""
+    config = load_server_config(
+        _write(tmp_path, 'tls_cert = ""\ntls_key = ""\n'), env={"SQE_SERVER_READER_CLIENT_ID": ""}
+    )
+    assert (config.tls_cert, config.tls_key, config.tls, config.delegates) == (None, None, False, False)
+
+
+def test_the_config_is_frozen_unpicklable_and_strict(tmp_path: Path) -> None:
+    env = {"SQE_SERVER_READER_CLIENT_ID": "r", "SQE_SERVER_READER_CLIENT_SECRET": SECRET}
+    config = load_server_config(_write(tmp_path, ""), env=env)
+    with pytest.raises(AttributeError):
+        config.listen = "127.0.0.1:1"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(config)
+    assert copy.deepcopy(config) is config
+    with pytest.raises(ValueError):
+        ServerConfig(engine_config="e.toml", batch_rows="10")  # type: ignore[arg-type]
+
+
+def test_the_example_documents_every_server_key() -> None:
+    text = (Path(__file__).resolve().parents[4] / "config.toml.example").read_text(encoding="utf-8")
+    section = text[text.index("# [server]\n") :]
+    for name in ServerConfig.model_fields:
+        assert f"\n# {name} = " in section, f"server.{name} undocumented"
