@@ -2,8 +2,8 @@
 one ready-to-use SQE engine config file per demo principal.
 
 Principals are created through the catalog's own admin store (``sqe_catalog.admin.open_auth_store``, the one
-the ``sqe-catalog admin`` commands use), in this process. Secrets go only into 0600 files, never into a log,
-an error or a repr.
+the ``sqe-catalog admin`` commands use) and read-restrictions set through ``sqe_catalog.admin.set_restrictions``,
+in this process. Secrets go only into 0600 files, never into a log, an error or a repr.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from sqe._text import first_line
 from sqe_catalog.admin import describe_database_error, open_auth_store
+from sqe_catalog.admin import set_restrictions as catalog_set_restrictions
 from sqe_catalog.auth import AuthStore
 from sqe_catalog.config import CatalogServerConfig, load_config
 from sqe_catalog.errors import CatalogError
 from sqe_catalog.errors import ConfigError as CatalogConfigError
+from sqe_catalog.restrictions import Subject, SubjectKind
 from sqe_stack.provision import (
     LOOPBACK,
     Daemon,
@@ -191,19 +193,36 @@ def bootstrap_principals(config_path: Path) -> dict[str, PrincipalCredentials]:
 
 
 @contextmanager
+def _admin_errors(doing: str) -> Iterator[None]:
+    """The catalog's admin failures as one-line :class:`StackError` s that say what was being done."""
+    try:
+        yield
+    except (CatalogError, CatalogConfigError) as exc:
+        raise StackError(f"{doing} failed: {first_line(exc)}") from None
+    except SQLAlchemyError as exc:
+        raise StackError(f"{doing} failed: database error: {describe_database_error(exc)}") from None
+
+
+@contextmanager
 def principal_store(config_path: Path, doing: str) -> Iterator[AuthStore]:
     """The store the ``sqe-catalog admin`` commands use, on the config's database, in this process.
 
     Its failures become one-line :class:`StackError` s that say what was being done (``doing``).
     """
     config = load_catalog_config(config_path)
-    try:
-        with open_auth_store(config) as store:
-            yield store
-    except (CatalogError, CatalogConfigError) as exc:
-        raise StackError(f"{doing} failed: {first_line(exc)}") from None
-    except SQLAlchemyError as exc:
-        raise StackError(f"{doing} failed: database error: {describe_database_error(exc)}") from None
+    with _admin_errors(doing), open_auth_store(config) as store:
+        yield store
+
+
+def set_restrictions(
+    config_path: Path, principal: str, namespace: tuple[str, ...], table: str, document: Mapping[str, object]
+) -> None:
+    """``sqe-catalog admin set-restrictions`` for ``principal`` on table ``namespace.table`` of the stack's
+    warehouse, in this process: ``document`` is the read-restrictions object, checked against the table."""
+    config = load_catalog_config(config_path)
+    with _admin_errors(f"restricting {principal!r} on {'.'.join((*namespace, table))}"):
+        subject = Subject(SubjectKind.PRINCIPAL, principal)
+        catalog_set_restrictions(config, WAREHOUSE, namespace, table, subject, dict(document))
 
 
 def catalog_log_path(dir: Path) -> Path:
