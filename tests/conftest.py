@@ -25,7 +25,8 @@ from sqe_stack import StackInfo, client_env, start_stack, stop_stack
 from sqe_stack import catalog as stack_catalog
 from sqe_stack import moto as moto_store
 from sqe_stack.catalog import catalog_log_path
-from sqe_stack.provision import Daemon, StackError, StoreHandle, create_bucket, free_port, stop_child
+from sqe_stack.provision import Daemon, StackError, StoreHandle, create_bucket, free_port
+from tests.helpers.processes import stop_child
 
 # Vended credentials in the Ceph tests live 5 s: long enough for one step, short enough to watch expire.
 CEPH_CREDENTIAL_LIFETIME = 5
