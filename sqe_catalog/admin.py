@@ -4,7 +4,8 @@ The commands open ``server.database`` directly with SQLAlchemy, so they work whe
 is running (SQLite runs in WAL mode with a busy timeout; PostgreSQL handles concurrency itself). Output is
 JSON on stdout for commands that answer something; ``create-principal`` and ``rotate-secret`` print the client
 secret, the only place a secret is ever shown. Mutating commands print nothing on success. Errors print one
-line to stderr and exit 1.
+line to stderr and exit 1. Python tools (the local stack, the test fixtures) call the same code without the CLI:
+``open_auth_store`` (principals, roles, grants) and ``set_restrictions``.
 
 Read-restrictions (see ``sqe_catalog.restrictions`` for how entries combine and are served)::
 
@@ -175,12 +176,11 @@ def _run(config: CatalogServerConfig, args: argparse.Namespace) -> _Output:
         return _run_policy(config, name, args)
     if command is None and restriction_command is None:
         raise BadRequestError(f"unknown admin command {getattr(args, 'admin_command', None)!r}")
-    with _open_stores(config) as (store, engine):
-        if restriction_command is not None:
-            restrictions = RestrictionStore(engine)
-            restrictions.create_schema()
+    if restriction_command is not None:
+        with _open_restriction_store(config) as (restrictions, engine):
             return restriction_command(restrictions, engine, config, args)
-        assert command is not None
+    assert command is not None
+    with open_auth_store(config) as store:
         return command(store, config, args)
 
 
@@ -203,6 +203,16 @@ def open_auth_store(config: CatalogServerConfig) -> Iterator[AuthStore]:
     created); the database engine is disposed on exit. For tools that manage principals from Python."""
     with _open_stores(config) as (store, _engine):
         yield store
+
+
+@contextlib.contextmanager
+def _open_restriction_store(config: CatalogServerConfig) -> Iterator[tuple[RestrictionStore, Engine]]:
+    """The read-restrictions store on ``server.database`` (its schema and the principals' created), with its
+    database engine (to load tables); disposed on exit."""
+    with _open_stores(config) as (_store, engine):
+        restrictions = RestrictionStore(engine)
+        restrictions.create_schema()
+        yield restrictions, engine
 
 
 def _fail(message: str) -> int:
@@ -358,11 +368,42 @@ def _set_restrictions(
 ) -> _Output:
     warehouse, namespace, table_name = _table_target(config, args)
     document = _read_document(args.file)
+    target = (warehouse, namespace, table_name)
+    _attach(restrictions, engine, config, target, _subject(args), document, unchecked=args.unchecked)
+    return None
+
+
+def _attach(
+    restrictions: RestrictionStore,
+    engine: Engine,
+    config: CatalogServerConfig,
+    target: tuple[str, tuple[str, ...], str],
+    subject: Subject,
+    document: Any,
+    *,
+    unchecked: bool,
+) -> None:
+    warehouse, namespace, table_name = target
     warehouse_config = config.warehouse(warehouse)
     assert warehouse_config is not None
     loaded = WarehouseTables(warehouse_config, engine).load_table(namespace, table_name)
-    restrictions.set(warehouse, loaded, _subject(args), document, checked=not args.unchecked)
-    return None
+    restrictions.set(warehouse, loaded, subject, document, checked=not unchecked)
+
+
+def set_restrictions(
+    config: CatalogServerConfig,
+    warehouse: str,
+    namespace: tuple[str, ...],
+    table: str,
+    subject: Subject,
+    document: Any,
+) -> None:
+    """``set-restrictions`` from Python: attach the read-restrictions ``document`` (a parsed JSON object) to the
+    table for ``subject``, validated against the table's current schema, replacing the subject's entry. Opens
+    ``server.database`` as the command does, so it works whether or not the server is running."""
+    target = (_known_warehouse(config, warehouse), validate_namespace(namespace), validate_table_name(table))
+    with _open_restriction_store(config) as (restrictions, engine):
+        _attach(restrictions, engine, config, target, subject, document, unchecked=False)
 
 
 def _clear_restrictions(

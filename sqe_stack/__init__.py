@@ -11,6 +11,8 @@ Python API (the CLI in ``sqe_stack.cli`` is a thin wrapper)::
     info.principal_config("analyst")                      # ready SQE config file (0600)
     info.server_url                                       # `sqe serve` acting as reader sqe-engine
     stop_stack(Path("/tmp/s"))                            # stops exactly the recorded PIDs
+    apply_client_env(info.store)                          # client env a store needs (Ceph: the RGW write fix)
+    admin_s3_client(info)                                 # boto3 with the catalog's key: test set-up only
 
 ``stack.json`` holds endpoints, PIDs and config paths, never a secret: client secrets live only in the 0600
 principal config files, the catalog's S3 key and token signing key only in the 0600 ``catalog.toml``.
@@ -188,12 +190,21 @@ def client_env(store: str) -> dict[str, str]:
 
 
 def apply_client_env(store: str) -> None:
-    """Set :func:`client_env` in this process (call before the first pyarrow S3 filesystem is created)."""
+    """Set :func:`client_env` in this process (call before the first pyarrow S3 filesystem is created).
+
+    Part of the stack's Python API for client programs of a stack (the benchmarks call it; the Ceph quickstart
+    README tells users to): the stack's own processes get the same variables when they are spawned.
+    """
     os.environ.update(client_env(store))
 
 
 def admin_s3_client(info: StackInfo) -> Any:
-    """A boto3 S3 client signed with the catalog's static key (full access): for test set-up only."""
+    """A boto3 S3 client signed with the catalog's static key (full access to the store).
+
+    Part of the stack's Python API for tests that use the stack as their launcher (documented in the local
+    quickstart README): they seed and inspect the bucket with it. Set-up and inspection only: clients of the
+    engine never hold this key, they read through vended credentials.
+    """
     import boto3
     from botocore.config import Config
 

@@ -1,9 +1,12 @@
 """The stack's ``sqe-catalog``: its ``catalog.toml``, the demo principals and grants, the server process, and
 one ready-to-use SQE engine config file per demo principal.
 
-Principals are created through the catalog's own admin store (``sqe_catalog.admin.open_auth_store``, the one
-the ``sqe-catalog admin`` commands use), in this process. Secrets go only into 0600 files, never into a log,
-an error or a repr.
+Principals, roles and grants are created through the catalog's own admin store
+(``sqe_catalog.admin.open_auth_store``, the one the ``sqe-catalog admin`` commands use) and read-restrictions set
+through ``sqe_catalog.admin.set_restrictions``, in this process, on the catalog's database: safe while the catalog
+serves (SQLite in WAL mode with a busy timeout). ``sqe stack up`` and the test fixtures create principals with
+:func:`provision_principal` / :func:`create_principal`. Secrets go only into 0600 files or the caller's hands,
+never into a log, an error or a repr.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from sqe._text import first_line
 from sqe_catalog.admin import open_auth_store
+from sqe_catalog.admin import set_restrictions as catalog_set_restrictions
 from sqe_catalog.auth import AuthStore
 from sqe_catalog.config import CatalogServerConfig, load_config
 from sqe_catalog.errors import CatalogError, describe_database_error
 from sqe_catalog.errors import ConfigError as CatalogConfigError
+from sqe_catalog.restrictions import Subject, SubjectKind
 from sqe_stack.provision import (
     LOOPBACK,
     Daemon,
@@ -54,6 +59,15 @@ WRITER_PRIVILEGES = (
     "TABLE_LIST",
     "NAMESPACE_READ_PROPERTIES",
 )
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One privilege of a role in a warehouse: on all of it, on a namespace (and those under it), or on a table."""
+
+    privilege: str
+    namespace: tuple[str, ...] | None = None
+    table: str | None = None
 
 
 @dataclass(frozen=True)
@@ -174,20 +188,67 @@ def read_catalog_key(config_path: Path) -> tuple[str, str]:
     return pair
 
 
+def provision_principal(
+    store: AuthStore,
+    name: str,
+    *,
+    warehouse: str = WAREHOUSE,
+    admin: bool = False,
+    reader: bool = False,
+    role: str = "",
+    grants: Sequence[Grant] = (),
+) -> PrincipalCredentials:
+    """Create principal ``name`` in ``store`` (an ``admin``, a ``reader``) and, with ``role``, that role holding
+    ``grants`` in ``warehouse``, assigned to it; return its credentials (the secret exists nowhere else)."""
+    client_id, client_secret = store.create_principal(name, is_admin=admin, reader=reader)
+    if role:
+        store.create_role(role)
+        store.assign_role(name, role)
+        for grant in grants:
+            store.grant(role, grant.privilege, warehouse, grant.namespace, grant.table)
+    return PrincipalCredentials(name=name, client_id=client_id, client_secret=client_secret)
+
+
 def _create_demo_principal(store: AuthStore, demo: DemoPrincipal) -> PrincipalCredentials:
-    client_id, client_secret = store.create_principal(demo.name, is_admin=demo.admin)
-    if demo.role:
-        store.create_role(demo.role)
-        for privilege in demo.privileges:
-            store.grant(demo.role, privilege, WAREHOUSE, None, None)  # warehouse-wide
-        store.assign_role(demo.name, demo.role)
-    return PrincipalCredentials(name=demo.name, client_id=client_id, client_secret=client_secret)
+    grants = [Grant(privilege) for privilege in demo.privileges]  # warehouse-wide
+    return provision_principal(store, demo.name, admin=demo.admin, role=demo.role, grants=grants)
 
 
 def bootstrap_principals(config_path: Path) -> dict[str, PrincipalCredentials]:
     """Create the demo principals, their roles and warehouse-wide grants; return their credentials."""
     with principal_store(config_path, "creating the demo principals") as store:
         return {demo.name: _create_demo_principal(store, demo) for demo in DEMO_PRINCIPALS}
+
+
+def create_principal(
+    config_path: Path,
+    name: str,
+    *,
+    warehouse: str = WAREHOUSE,
+    admin: bool = False,
+    reader: bool = False,
+    role: str = "",
+    grants: Sequence[Grant] = (),
+) -> PrincipalCredentials:
+    """:func:`provision_principal` on the database of the catalog configured in ``config_path`` (which may be
+    serving); grants need ``warehouse`` to be one of its warehouses, as ``sqe-catalog admin grant`` does."""
+    if grants and load_catalog_config(config_path).warehouse(warehouse) is None:
+        raise StackError(f"creating principal {name!r} failed: {config_path} has no warehouse {warehouse!r}")
+    with principal_store(config_path, f"creating principal {name!r}") as store:
+        return provision_principal(
+            store, name, warehouse=warehouse, admin=admin, reader=reader, role=role, grants=grants
+        )
+
+
+@contextmanager
+def _admin_errors(doing: str) -> Iterator[None]:
+    """The catalog's admin failures as one-line :class:`StackError` s that say what was being done."""
+    try:
+        yield
+    except (CatalogError, CatalogConfigError) as exc:
+        raise StackError(f"{doing} failed: {first_line(exc)}") from None
+    except SQLAlchemyError as exc:
+        raise StackError(f"{doing} failed: database error: {describe_database_error(exc)}") from None
 
 
 @contextmanager
@@ -197,13 +258,19 @@ def principal_store(config_path: Path, doing: str) -> Iterator[AuthStore]:
     Its failures become one-line :class:`StackError` s that say what was being done (``doing``).
     """
     config = load_catalog_config(config_path)
-    try:
-        with open_auth_store(config) as store:
-            yield store
-    except (CatalogError, CatalogConfigError) as exc:
-        raise StackError(f"{doing} failed: {first_line(exc)}") from None
-    except SQLAlchemyError as exc:
-        raise StackError(f"{doing} failed: database error: {describe_database_error(exc)}") from None
+    with _admin_errors(doing), open_auth_store(config) as store:
+        yield store
+
+
+def set_restrictions(
+    config_path: Path, principal: str, namespace: tuple[str, ...], table: str, document: Mapping[str, object]
+) -> None:
+    """``sqe-catalog admin set-restrictions`` for ``principal`` on table ``namespace.table`` of the stack's
+    warehouse, in this process: ``document`` is the read-restrictions object, checked against the table."""
+    config = load_catalog_config(config_path)
+    with _admin_errors(f"restricting {principal!r} on {'.'.join((*namespace, table))}"):
+        subject = Subject(SubjectKind.PRINCIPAL, principal)
+        catalog_set_restrictions(config, WAREHOUSE, namespace, table, subject, dict(document))
 
 
 def catalog_log_path(dir: Path) -> Path:

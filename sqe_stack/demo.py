@@ -95,27 +95,14 @@ ANALYST_RESTRICTIONS = {
 }
 
 
-def restrict_analyst(catalog_config: Path, workdir: Path) -> None:
-    """``sqe-catalog admin set-restrictions`` for the analyst on demo.sales.orders (in this process)."""
-    import contextlib
-    import io
-    import json
+def restrict_analyst(catalog_config: Path) -> None:
+    """What ``sqe-catalog admin set-restrictions`` does for the analyst on demo.sales.orders, in this process."""
+    from sqe_stack.catalog import set_restrictions
 
-    from sqe_catalog.cli import main as catalog_cli
-
-    rules = workdir / "analyst-restrictions.json"
-    rules.write_text(json.dumps(ANALYST_RESTRICTIONS), encoding="utf-8")
-    target = ["--warehouse", "demo", "--namespace", "sales", "--table", "orders", "--principal", "analyst"]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = catalog_cli(
-            ["admin", "--config", str(catalog_config), "set-restrictions", *target, "--file", str(rules)]
-        )
-    if code != 0:
-        raise RuntimeError(f"set-restrictions failed: {out.getvalue().strip()}")
+    set_restrictions(catalog_config, "analyst", ("sales",), "orders", ANALYST_RESTRICTIONS)
 
 
-def governed_access(catalog_config: Path, analyst_cfg: Path, server_url: str, workdir: Path) -> None:
+def governed_access(catalog_config: Path, analyst_cfg: Path, server_url: str) -> None:
     from pyiceberg.catalog.rest import RestCatalog
     from pyiceberg.exceptions import ForbiddenError
 
@@ -125,7 +112,7 @@ def governed_access(catalog_config: Path, analyst_cfg: Path, server_url: str, wo
     from sqe.vocabulary import CAPABILITIES_HEADER, READ_RESTRICTIONS_V1
 
     _step("admin: restrict 'analyst' on demo.sales.orders (rows of ada and margaret only, amount masked to NULL)")
-    restrict_analyst(catalog_config, workdir)
+    restrict_analyst(catalog_config)
     _step(f"SQE server {server_url} as 'analyst' (the server exchanges the analyst's token as reader sqe-engine)")
     remote = RemoteSession(server_url, load_config(analyst_cfg))
     try:
@@ -160,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         writer_cfg, analyst_cfg = info.principal_config("writer"), info.principal_config("analyst")
         pyiceberg_round_trip(writer_cfg, analyst_cfg)
         sqe_queries(writer_cfg, analyst_cfg)
-        governed_access(info.catalog_config, analyst_cfg, info.server_url, stack_dir)
+        governed_access(info.catalog_config, analyst_cfg, info.server_url)
     finally:
         if not args.keep:
             _step("sqe stack down")

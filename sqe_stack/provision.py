@@ -278,21 +278,6 @@ def stop_daemon(daemon: Daemon, grace: float = 5.0, sig: signal.Signals = signal
     return "killed"
 
 
-def stop_child(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM, grace: float = 15.0) -> int:
-    """Stop a child this process started and holds the handle of: ``sig``, wait up to ``grace`` s, then SIGKILL.
-
-    Returns its exit status (negative: killed by that signal), which is what tests of shutdown look at.
-    """
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return int(proc.returncode)
-
-
 def _signal(pid: int, sig: signal.Signals) -> bool:
     try:
         os.kill(pid, sig)

@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,8 @@ from sqe_stack import StackInfo, client_env, start_stack, stop_stack
 from sqe_stack import catalog as stack_catalog
 from sqe_stack import moto as moto_store
 from sqe_stack.catalog import catalog_log_path
-from sqe_stack.provision import Daemon, StackError, StoreHandle, create_bucket, free_port, stop_child
+from sqe_stack.provision import Daemon, StackError, StoreHandle, create_bucket, free_port
+from tests.helpers.processes import stop_child
 
 # Vended credentials in the Ceph tests live 5 s: long enough for one step, short enough to watch expire.
 CEPH_CREDENTIAL_LIFETIME = 5
@@ -55,7 +56,8 @@ def ceph_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
 # ---------------------------------------------------------------------------------------------------------
 # moto_server + catalog_server: one moto (S3 + STS + IAM, IAM auth on) and one `sqe-catalog serve` process
 # per session, both real subprocesses on free loopback ports, started by the stack's own launcher (sqe_stack).
-# Principals are created with `sqe-catalog admin`.
+# Principals, roles and grants are created as `sqe stack up` creates its own (sqe_stack.catalog.create_principal:
+# the catalog's admin store on the catalog's database, in this process, while the catalog serves).
 
 
 MOTO_ACCOUNT = moto_store.ACCOUNT_ID
@@ -99,16 +101,16 @@ class MotoServer:
         )
 
 
-@dataclass(frozen=True)
-class CatalogPrincipal:
-    name: str
-    client_id: str
-    client_secret: str = field(repr=False)
+# A principal's OAuth client credentials (name, client_id, client_secret; the secret kept out of its repr).
+CatalogPrincipal = stack_catalog.PrincipalCredentials
 
-    @property
-    def credential(self) -> str:
-        """``client_id:client_secret``, the form pyiceberg's ``credential`` property takes."""
-        return f"{self.client_id}:{self.client_secret}"
+
+# (privilege, dotted namespace or None for the whole warehouse, table or None)
+Grants = Sequence[tuple[str, str | None, str | None]]
+
+
+def _grant(privilege: str, namespace: str | None, table: str | None) -> stack_catalog.Grant:
+    return stack_catalog.Grant(privilege, tuple(namespace.split(".")) if namespace else None, table)
 
 
 @dataclass
@@ -141,24 +143,26 @@ class CatalogServer:
             raise RuntimeError(f"sqe-catalog admin {' '.join(args)} failed: {err.getvalue().strip()}")
         return out.getvalue()
 
-    def create_principal(self, name: str, *, admin: bool = False) -> CatalogPrincipal:
-        out = json.loads(self.admin_cli("create-principal", name, *(["--admin"] if admin else [])))
-        principal = CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
+    def create_principal(
+        self, name: str, *, admin: bool = False, reader: bool = False, role: str = "", grants: Grants = ()
+    ) -> CatalogPrincipal:
+        """A new principal (an ``admin``, a ``reader``; with ``role``, that role holding ``grants`` in this
+        warehouse), created as ``sqe stack up`` creates its own; its secret joins :attr:`secrets`."""
+        principal = stack_catalog.create_principal(
+            self.config_path,
+            name,
+            warehouse=self.warehouse,
+            admin=admin,
+            reader=reader,
+            role=role,
+            grants=[_grant(*grant) for grant in grants],
+        )
         self.secrets.add(principal.client_secret)
         return principal
 
-    def principal_with_grants(self, name: str, grants: list[tuple[str, str | None, str | None]]) -> CatalogPrincipal:
+    def principal_with_grants(self, name: str, grants: Grants) -> CatalogPrincipal:
         """A principal holding role ``<name>_role`` with ``(privilege, dotted namespace, table)`` grants."""
-        principal = self.create_principal(name)
-        role = f"{name}_role"
-        self.admin_cli("create-role", role)
-        self.admin_cli("assign-role", name, role)
-        for privilege, namespace, table in grants:
-            scope = ["--warehouse", self.warehouse]
-            scope += ["--namespace", namespace] if namespace else []
-            scope += ["--table", table] if table else []
-            self.admin_cli("grant", role, privilege, *scope)
-        return principal
+        return self.create_principal(name, role=f"{name}_role", grants=grants)
 
     def token(self, principal: CatalogPrincipal) -> str:
         form = urllib.parse.urlencode(
@@ -556,9 +560,7 @@ def worker_process_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator
 @pytest.fixture(scope="session")
 def catalog_reader(catalog_server: CatalogServer) -> CatalogPrincipal:
     """A reader principal (``create-principal --reader``, no grants) that may act for restricted end users."""
-    out = json.loads(catalog_server.admin_cli("create-principal", "test-reader", "--reader"))
-    catalog_server.secrets.add(out["client_secret"])
-    return CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
+    return catalog_server.create_principal("test-reader", reader=True)
 
 
 ENGINE_WRITER_GRANTS: list[tuple[str, str | None, str | None]] = [

@@ -70,28 +70,17 @@ class Governed:
         return sorted(session.sql(f"SELECT id, email FROM {self.namespace}.people").fetchall())
 
 
-def _principal(server: CatalogServer, name: str, *flags: str) -> CatalogPrincipal:
-    out = json.loads(server.admin_cli("create-principal", name, *flags))
-    server.secrets.add(out["client_secret"])
-    return CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
-
-
-def _grant_read(server: CatalogServer, principal: CatalogPrincipal) -> str:
-    role = f"{principal.name}_role"
-    server.admin_cli("create-role", role)
-    server.admin_cli("assign-role", principal.name, role)
-    for privilege in ("TABLE_READ_DATA", "NAMESPACE_LIST"):
-        server.admin_cli("grant", role, privilege, "--warehouse", server.warehouse)
-    return role
+def _with_grants(server: CatalogServer, name: str, *privileges: str) -> CatalogPrincipal:
+    """A principal with role ``<name>_role`` holding warehouse-wide ``privileges``."""
+    return server.create_principal(name, role=f"{name}_role", grants=[(p, None, None) for p in privileges])
 
 
 def _set_up(server: CatalogServer, writer: CatalogPrincipal, workdir: Path) -> Governed:
     """Tables ``people`` (restricted for the analyst) and ``open``, an analyst with a read grant, a reader."""
     suffix = uuid.uuid4().hex[:6]
     namespace = f"engine_gov_{suffix}"
-    analyst = _principal(server, f"eg_analyst_{suffix}")
-    _grant_read(server, analyst)
-    reader = _principal(server, f"eg_engine_{suffix}", "--reader")
+    analyst = _with_grants(server, f"eg_analyst_{suffix}", "TABLE_READ_DATA", "NAMESPACE_LIST")
+    reader = server.create_principal(f"eg_engine_{suffix}", reader=True)
     catalog = pyiceberg_catalog(server, writer)
     catalog.create_namespace(namespace)
     for table in ("people", "open"):
@@ -170,7 +159,7 @@ def test_a_wrong_reader_secret_is_a_typed_authentication_error_naming_the_reader
 def test_a_non_reader_actor_is_refused_by_the_exchange_naming_user_and_reader(
     governed: Governed, no_ambient_aws: None
 ) -> None:
-    impostor = _principal(governed.server, f"eg_impostor_{governed.suffix}")
+    impostor = governed.server.create_principal(f"eg_impostor_{governed.suffix}")
     with (
         sqe.api.connect(governed.config("impostor", reader=impostor)) as session,
         pytest.raises(AuthenticationError) as caught,
@@ -190,7 +179,7 @@ def test_reader_status_or_grant_revoked_mid_session_fails_the_next_query(
     governed: Governed, no_ambient_aws: None
 ) -> None:
     server = governed.server
-    reader = _principal(server, f"eg_engine2_{governed.suffix}", "--reader")
+    reader = server.create_principal(f"eg_engine2_{governed.suffix}", reader=True)
     role = f"{governed.analyst.name}_role"
     with sqe.api.connect(governed.config("revoked", reader=reader, metadata_cache=True)) as session:
         assert [row[0] for row in governed.people(session)] == [1, 3, 4]
@@ -240,12 +229,7 @@ def test_a_session_outlives_its_delegated_token_and_no_secret_or_token_leaks(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with _short_token_catalog(tmp_path / "short", catalog_server.moto) as short:
-        writer = _principal(short, "eg_writer")
-        role = "eg_writer_role"
-        short.admin_cli("create-role", role)
-        short.admin_cli("assign-role", writer.name, role)
-        for privilege in ("NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA"):
-            short.admin_cli("grant", role, privilege, "--warehouse", short.warehouse)
+        writer = _with_grants(short, "eg_writer", "NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA")
         governed = _set_up(short, writer, tmp_path)
         path = governed.config("short", reader=governed.reader)
         caplog.set_level(logging.DEBUG)

@@ -84,18 +84,9 @@ class Governed:
         return str(reply.json()["access_token"])
 
 
-def _created(server: CatalogServer, name: str, *flags: str) -> CatalogPrincipal:
-    out = json.loads(server.admin_cli("create-principal", name, *flags))
-    server.secrets.add(out["client_secret"])
-    return CatalogPrincipal(out["name"], out["client_id"], out["client_secret"])
-
-
-def _with_role(server: CatalogServer, principal: CatalogPrincipal, *privileges: str) -> None:
-    role = f"{principal.name}_role"
-    server.admin_cli("create-role", role)
-    server.admin_cli("assign-role", principal.name, role)
-    for privilege in privileges:
-        server.admin_cli("grant", role, privilege, "--warehouse", server.warehouse)
+def _user(server: CatalogServer, name: str, *privileges: str) -> CatalogPrincipal:
+    """A principal with role ``<name>_role`` holding warehouse-wide ``privileges``."""
+    return server.create_principal(name, role=f"{name}_role", grants=[(p, None, None) for p in privileges])
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +95,9 @@ def governed(
 ) -> Iterator[Governed]:
     suffix = uuid.uuid4().hex[:6]
     namespace = f"governed_{suffix}"
-    analyst, plain = _created(catalog_server, f"analyst_{suffix}"), _created(catalog_server, f"plain_{suffix}")
-    for user in (analyst, plain):
-        _with_role(catalog_server, user, "TABLE_READ_DATA", "NAMESPACE_LIST")
-    engine = _created(catalog_server, f"engine_{suffix}", "--reader")
+    analyst = _user(catalog_server, f"analyst_{suffix}", "TABLE_READ_DATA", "NAMESPACE_LIST")
+    plain = _user(catalog_server, f"plain_{suffix}", "TABLE_READ_DATA", "NAMESPACE_LIST")
+    engine = catalog_server.create_principal(f"engine_{suffix}", reader=True)
     with pytest.MonkeyPatch.context() as env:
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
             env.delenv(name, raising=False)
@@ -278,8 +268,7 @@ def test_an_expired_subject_is_refused_and_delegated_tokens_expire_with_it(gover
 
 
 def test_replay_after_the_grant_is_revoked_or_the_subject_deleted(governed: Governed) -> None:
-    user = _created(governed.server, f"leaver_{governed.suffix}")
-    _with_role(governed.server, user, "TABLE_READ_DATA")
+    user = _user(governed.server, f"leaver_{governed.suffix}", "TABLE_READ_DATA")
     delegated = governed.delegated(user)
     assert governed.get(delegated, "", GOVERNED, table="open").status_code == 200
     role = f"{user.name}_role"

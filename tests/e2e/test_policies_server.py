@@ -31,7 +31,7 @@ enabled = policies.enabled
 @pytest.fixture(scope="module")
 def policy_served(enabled: policies.World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """``sqe serve`` whose engine exchanges each caller's token through the world's reader principal."""
-    from sqe_stack.provision import stop_child
+    from tests.helpers.processes import stop_child
 
     workdir: Path = tmp_path_factory.mktemp("policies_served")
     reader: dict[str, Any] = dict(_reader_settings(enabled.reader))

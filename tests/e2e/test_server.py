@@ -162,8 +162,8 @@ def start_server(workdir: Path, config: Path, env: dict[str, str] | None = None)
 def served(
     catalog_server: CatalogServer, catalog_reader: CatalogPrincipal, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
-    from sqe_stack.provision import stop_child
     from tests.conftest import pyiceberg_catalog
+    from tests.helpers.processes import stop_child
 
     suffix = uuid.uuid4().hex[:6]
     namespace = f"served_{suffix}"
@@ -248,7 +248,7 @@ def served_distributed(
     served: Served, catalog_reader: CatalogPrincipal, worker_process_factory: WorkerFactory
 ) -> Iterator[Served]:
     """A second ``sqe serve`` whose engine config names two real workers: scans run there."""
-    from sqe_stack.provision import stop_child
+    from tests.helpers.processes import stop_child
 
     token = secrets.token_hex(16)
     workers = [worker_process_factory.start("--log-level", "DEBUG", token=token) for _ in range(2)]
@@ -693,7 +693,7 @@ class TlsServed:
 @pytest.fixture(scope="module")
 def served_tls(served: Served, catalog_reader: CatalogPrincipal) -> Iterator[TlsServed]:
     """``sqe serve`` on TLS with a total limit of 2 (1 per user) and a per-query timeout of a few seconds."""
-    from sqe_stack.provision import stop_child
+    from tests.helpers.processes import stop_child
 
     workdir = served.workdir / "tls"
     workdir.mkdir()
@@ -857,7 +857,7 @@ def test_racing_calls_on_one_client_session_keep_the_server_up_and_the_answers_r
     The DoGets dropped before their first batch are the crash this guards against: the server kept their call
     context after the call ended and its watchdog asked that freed context whether the client was gone.
     """
-    from sqe_stack.provision import stop_child
+    from tests.helpers.processes import stop_child
 
     workdir = served.workdir / "racing"
     workdir.mkdir()
@@ -1040,7 +1040,7 @@ def _exchanges(log: str, user: str) -> int:
 def test_delegated_tokens_are_cached_per_user_re_exchanged_before_expiry_and_expired_users_refused(
     catalog_server: CatalogServer, tmp_path: Path
 ) -> None:
-    from sqe_stack.provision import stop_child
+    from tests.helpers.processes import stop_child
 
     with _short_lived_catalog(tmp_path / "catalog", catalog_server.moto) as catalog:
         alice, proc, client, workdir = _alice_behind_a_reader(catalog, tmp_path, "short")
@@ -1129,7 +1129,7 @@ def test_queries_succeed_again_after_the_catalog_restarts_under_a_running_server
     catalog_server: CatalogServer, tmp_path: Path
 ) -> None:
     """The server's reader token, delegated tokens and engine sessions survive a catalog restart (issue 17)."""
-    from sqe_stack.provision import stop_child
+    from tests.helpers.processes import stop_child
 
     with _own_catalog(tmp_path / "catalog", catalog_server.moto, 3600) as (catalog, restart):
         alice, proc, client, workdir = _alice_behind_a_reader(catalog, tmp_path, "restart")

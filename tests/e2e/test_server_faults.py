@@ -47,7 +47,7 @@ UNFETCHED_SECONDS = 3.0
 @pytest.fixture(scope="module")
 def faulty(served: Served, catalog_reader: CatalogPrincipal) -> Iterator[tuple[Served, subprocess.Popen[bytes]]]:
     """A server of its own with a short ``unfetched_result_seconds`` (the default is a minute)."""
-    from sqe_stack.provision import stop_child
+    from tests.helpers.processes import stop_child
 
     workdir = served.workdir / "faults"
     workdir.mkdir()
@@ -152,7 +152,7 @@ def test_a_doget_refused_while_the_catalog_is_down_leaves_no_result_behind(
     served: Served, catalog_reader: CatalogPrincipal
 ) -> None:
     """The soak's path: GetFlightInfo plans, the catalog goes down, the DoGet is refused, the client disconnects."""
-    from sqe_stack.provision import stop_child
+    from tests.helpers.processes import stop_child
 
     proxy = FaultProxy(served.catalog.url)
     proxy.start()

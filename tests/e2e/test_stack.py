@@ -161,7 +161,7 @@ def test_the_server_serves_the_restricted_analyst_whom_the_catalog_refuses_direc
     with open_auth_store(load_catalog_config(stack.catalog_config)) as store:
         assert service.READER in [p.name for p in store.list_principals() if p.is_reader]
     pyiceberg_round_trip(stack.principal_config("writer"), stack.principal_config("analyst"))
-    restrict_analyst(stack.catalog_config, stack.dir)
+    restrict_analyst(stack.catalog_config)
     analyst = load_config(stack.principal_config("analyst"))
     remote = RemoteSession(stack.server_url, analyst)
     try:

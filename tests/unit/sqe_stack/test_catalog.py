@@ -16,7 +16,9 @@ from sqe_stack.catalog import (
     ANALYST_PRIVILEGES,
     WAREHOUSE,
     WRITER_PRIVILEGES,
+    Grant,
     bootstrap_principals,
+    create_principal,
     server_settings,
     warehouse_settings,
     write_catalog_config,
@@ -97,3 +99,35 @@ def test_bootstrap_twice_is_a_one_line_error(tmp_path: Path) -> None:
     message = str(info.value)
     assert message.startswith("creating the demo principals failed: ") and len(message.splitlines()) == 1
     assert not any(c.client_secret in message for c in first.values())
+
+
+def test_create_principal_with_a_role_and_scoped_grants(tmp_path: Path) -> None:
+    path = write_stack_catalog_config(tmp_path, 8181, STORE, credential_lifetime=60)
+    grants = [Grant("TABLE_READ_DATA", ("sales", "eu")), Grant("TABLE_WRITE_DATA", ("sales",), "t")]
+    grants.append(Grant("TABLE_LIST"))
+    creds = create_principal(path, "analyst", role="analyst_role", grants=grants)
+    reader = create_principal(path, "engine", reader=True)
+    with open_auth_store(load_config(path)) as store:
+        principals = {p.name: p for p in store.list_principals()}
+        listed = {(g.privilege.value, g.warehouse, g.namespace, g.table) for g in store.list_grants("analyst_role")}
+        assert store.issue_token(creds.client_id, creds.client_secret, "PRINCIPAL_ROLE:ALL")[0]
+    assert principals["analyst"].roles == {"analyst_role"} and not principals["analyst"].is_reader
+    assert principals["engine"].is_reader and principals["engine"].roles == set()
+    assert listed == {
+        ("TABLE_READ_DATA", WAREHOUSE, ("sales", "eu"), None),
+        ("TABLE_WRITE_DATA", WAREHOUSE, ("sales",), "t"),
+        ("TABLE_LIST", WAREHOUSE, None, None),
+    }
+    assert creds.client_secret not in repr(creds) and reader.client_secret not in repr(reader)
+
+
+def test_create_principal_failures_are_one_line_errors(tmp_path: Path) -> None:
+    path = write_stack_catalog_config(tmp_path, 8181, STORE, credential_lifetime=60)
+    with pytest.raises(StackError, match="has no warehouse 'nope'"):
+        create_principal(path, "bob", warehouse="nope", role="r", grants=[Grant("TABLE_READ_DATA")])
+    first = create_principal(path, "bob")
+    with pytest.raises(StackError) as info:
+        create_principal(path, "bob")
+    message = str(info.value)
+    assert message.startswith("creating principal 'bob' failed: ") and len(message.splitlines()) == 1
+    assert first.client_secret not in message

@@ -76,7 +76,7 @@ class FuzzServer:
 def server(
     catalog_server: CatalogServer, catalog_reader: CatalogPrincipal, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[FuzzServer]:
-    from sqe_stack.provision import stop_child
+    from tests.helpers.processes import stop_child
 
     user = _principal(catalog_server, f"fuzz_user_{uuid.uuid4().hex[:6]}", [("NAMESPACE_LIST", None)])
     workdir = tmp_path_factory.mktemp("fuzz-serve")
