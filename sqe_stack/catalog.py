@@ -188,30 +188,33 @@ def read_catalog_key(config_path: Path) -> tuple[str, str]:
     return pair
 
 
-def provision_principal(
-    store: AuthStore,
-    name: str,
-    *,
-    warehouse: str = WAREHOUSE,
-    admin: bool = False,
-    reader: bool = False,
-    role: str = "",
-    grants: Sequence[Grant] = (),
-) -> PrincipalCredentials:
-    """Create principal ``name`` in ``store`` (an ``admin``, a ``reader``) and, with ``role``, that role holding
-    ``grants`` in ``warehouse``, assigned to it; return its credentials (the secret exists nowhere else)."""
-    client_id, client_secret = store.create_principal(name, is_admin=admin, reader=reader)
-    if role:
-        store.create_role(role)
-        store.assign_role(name, role)
-        for grant in grants:
-            store.grant(role, grant.privilege, warehouse, grant.namespace, grant.table)
-    return PrincipalCredentials(name=name, client_id=client_id, client_secret=client_secret)
+@dataclass(frozen=True)
+class PrincipalSpec:
+    """A principal to create: an ``admin``, a ``reader``, and with ``role`` that role holding ``grants`` in
+    ``warehouse``, assigned to it."""
+
+    name: str
+    admin: bool = False
+    reader: bool = False
+    role: str = ""
+    grants: Sequence[Grant] = ()
+    warehouse: str = WAREHOUSE
+
+
+def provision_principal(store: AuthStore, spec: PrincipalSpec) -> PrincipalCredentials:
+    """Create ``spec`` in ``store``; return its credentials (the secret exists nowhere else)."""
+    client_id, client_secret = store.create_principal(spec.name, is_admin=spec.admin, reader=spec.reader)
+    if spec.role:
+        store.create_role(spec.role)
+        store.assign_role(spec.name, spec.role)
+        for grant in spec.grants:
+            store.grant(spec.role, grant.privilege, spec.warehouse, grant.namespace, grant.table)
+    return PrincipalCredentials(name=spec.name, client_id=client_id, client_secret=client_secret)
 
 
 def _create_demo_principal(store: AuthStore, demo: DemoPrincipal) -> PrincipalCredentials:
     grants = [Grant(privilege) for privilege in demo.privileges]  # warehouse-wide
-    return provision_principal(store, demo.name, admin=demo.admin, role=demo.role, grants=grants)
+    return provision_principal(store, PrincipalSpec(demo.name, admin=demo.admin, role=demo.role, grants=grants))
 
 
 def bootstrap_principals(config_path: Path) -> dict[str, PrincipalCredentials]:
@@ -220,24 +223,14 @@ def bootstrap_principals(config_path: Path) -> dict[str, PrincipalCredentials]:
         return {demo.name: _create_demo_principal(store, demo) for demo in DEMO_PRINCIPALS}
 
 
-def create_principal(
-    config_path: Path,
-    name: str,
-    *,
-    warehouse: str = WAREHOUSE,
-    admin: bool = False,
-    reader: bool = False,
-    role: str = "",
-    grants: Sequence[Grant] = (),
-) -> PrincipalCredentials:
+def create_principal(config_path: Path, spec: PrincipalSpec) -> PrincipalCredentials:
     """:func:`provision_principal` on the database of the catalog configured in ``config_path`` (which may be
-    serving); grants need ``warehouse`` to be one of its warehouses, as ``sqe-catalog admin grant`` does."""
-    if grants and load_catalog_config(config_path).warehouse(warehouse) is None:
-        raise StackError(f"creating principal {name!r} failed: {config_path} has no warehouse {warehouse!r}")
-    with principal_store(config_path, f"creating principal {name!r}") as store:
-        return provision_principal(
-            store, name, warehouse=warehouse, admin=admin, reader=reader, role=role, grants=grants
-        )
+    serving); grants need ``spec.warehouse`` to be one of its warehouses, as ``sqe-catalog admin grant`` does."""
+    what = f"creating principal {spec.name!r}"
+    if spec.grants and load_catalog_config(config_path).warehouse(spec.warehouse) is None:
+        raise StackError(f"{what} failed: {config_path} has no warehouse {spec.warehouse!r}")
+    with principal_store(config_path, what) as store:
+        return provision_principal(store, spec)
 
 
 @contextmanager

@@ -17,7 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqe_stack.catalog import PrincipalCredentials, engine_settings_text, principal_store, provision_principal
+from sqe_stack.catalog import (
+    PrincipalCredentials,
+    PrincipalSpec,
+    engine_settings_text,
+    principal_store,
+    provision_principal,
+)
 from sqe_stack.ceph import CEPH_CLIENT_ENV
 from sqe_stack.provision import LOOPBACK, Daemon, free_ports, spawn, toml_str, wait_until, write_private
 
@@ -39,7 +45,7 @@ class Service:
 def create_reader_principal(catalog_config: Path) -> PrincipalCredentials:
     """The reader principal ``sqe-engine`` (no grants of its own: it only acts for end users)."""
     with principal_store(catalog_config, "creating the reader principal") as store:
-        return provision_principal(store, READER, reader=True)
+        return provision_principal(store, PrincipalSpec(READER, reader=True))
 
 
 def server_engine_config_text(catalog_uri: str, s3_endpoint: str, workers: Sequence[str], token_file: Path) -> str:

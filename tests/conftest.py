@@ -148,15 +148,9 @@ class CatalogServer:
     ) -> CatalogPrincipal:
         """A new principal (an ``admin``, a ``reader``; with ``role``, that role holding ``grants`` in this
         warehouse), created as ``sqe stack up`` creates its own; its secret joins :attr:`secrets`."""
-        principal = stack_catalog.create_principal(
-            self.config_path,
-            name,
-            warehouse=self.warehouse,
-            admin=admin,
-            reader=reader,
-            role=role,
-            grants=[_grant(*grant) for grant in grants],
-        )
+        grant_list = [_grant(*grant) for grant in grants]
+        spec = stack_catalog.PrincipalSpec(name, admin, reader, role, grant_list, self.warehouse)
+        principal = stack_catalog.create_principal(self.config_path, spec)
         self.secrets.add(principal.client_secret)
         return principal
 

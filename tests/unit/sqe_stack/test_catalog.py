@@ -17,6 +17,7 @@ from sqe_stack.catalog import (
     WAREHOUSE,
     WRITER_PRIVILEGES,
     Grant,
+    PrincipalSpec,
     bootstrap_principals,
     create_principal,
     server_settings,
@@ -105,8 +106,8 @@ def test_create_principal_with_a_role_and_scoped_grants(tmp_path: Path) -> None:
     path = write_stack_catalog_config(tmp_path, 8181, STORE, credential_lifetime=60)
     grants = [Grant("TABLE_READ_DATA", ("sales", "eu")), Grant("TABLE_WRITE_DATA", ("sales",), "t")]
     grants.append(Grant("TABLE_LIST"))
-    creds = create_principal(path, "analyst", role="analyst_role", grants=grants)
-    reader = create_principal(path, "engine", reader=True)
+    creds = create_principal(path, PrincipalSpec("analyst", role="analyst_role", grants=grants))
+    reader = create_principal(path, PrincipalSpec("engine", reader=True))
     with open_auth_store(load_config(path)) as store:
         principals = {p.name: p for p in store.list_principals()}
         listed = {(g.privilege.value, g.warehouse, g.namespace, g.table) for g in store.list_grants("analyst_role")}
@@ -124,10 +125,10 @@ def test_create_principal_with_a_role_and_scoped_grants(tmp_path: Path) -> None:
 def test_create_principal_failures_are_one_line_errors(tmp_path: Path) -> None:
     path = write_stack_catalog_config(tmp_path, 8181, STORE, credential_lifetime=60)
     with pytest.raises(StackError, match="has no warehouse 'nope'"):
-        create_principal(path, "bob", warehouse="nope", role="r", grants=[Grant("TABLE_READ_DATA")])
-    first = create_principal(path, "bob")
+        create_principal(path, PrincipalSpec("bob", role="r", grants=[Grant("TABLE_READ_DATA")], warehouse="nope"))
+    first = create_principal(path, PrincipalSpec("bob"))
     with pytest.raises(StackError) as info:
-        create_principal(path, "bob")
+        create_principal(path, PrincipalSpec("bob"))
     message = str(info.value)
     assert message.startswith("creating principal 'bob' failed: ") and len(message.splitlines()) == 1
     assert first.client_secret not in message
