@@ -16,7 +16,6 @@ his rows). An SQE without the reader identity, and pyiceberg with a copied capab
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,24 +88,17 @@ class World:
             return list(session.sql(sql).arrow().to_pylist())
 
 
-def _user(server: CatalogServer, name: str) -> CatalogPrincipal:
-    created = json.loads(server.admin_cli("create-principal", name))
-    server.secrets.add(created["client_secret"])
-    server.admin_cli("create-role", f"{name}_role")
-    server.admin_cli("assign-role", name, f"{name}_role")
-    server.admin_cli("grant", f"{name}_role", "TABLE_READ_DATA", "--warehouse", server.warehouse)
-    return CatalogPrincipal(created["name"], created["client_id"], created["client_secret"])
-
-
 @pytest.fixture(scope="module")
 def world(catalog_server: CatalogServer, engine_writer: CatalogPrincipal) -> Iterator[World]:
     sfx = uuid.uuid4().hex[:6]
-    users = {who: _user(catalog_server, f"{who}_{sfx}") for who in ("alice", "bob")}
+    users = {
+        who: catalog_server.principal_with_grants(f"{who}_{sfx}", [("TABLE_READ_DATA", None, None)])
+        for who in ("alice", "bob")
+    }
     auditors = f"auditors_{sfx}"
     catalog_server.admin_cli("create-group", auditors)
     catalog_server.admin_cli("add-to-group", users["alice"].name, auditors)
-    reader = json.loads(catalog_server.admin_cli("create-principal", f"pol_engine_{sfx}", "--reader"))
-    catalog_server.secrets.add(reader["client_secret"])
+    reader = catalog_server.create_principal(f"pol_engine_{sfx}", reader=True)
     namespace = f"pol_{sfx}"
     alice, bob = users["alice"].name, users["bob"].name
     orders = pa.table(
@@ -128,7 +120,7 @@ def world(catalog_server: CatalogServer, engine_writer: CatalogPrincipal) -> Ite
         catalog_server,
         namespace,
         users,
-        CatalogPrincipal(reader["name"], reader["client_id"], reader["client_secret"]),
+        reader,
         catalog_server.token(catalog_server.admin),
         engine_writer,
     )
