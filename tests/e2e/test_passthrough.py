@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import json
 import threading
 import time
 import uuid
@@ -25,7 +24,7 @@ from sqe.catalog.rest import RestTableProvider
 from sqe.errors import QueryError
 from sqe.execution.passthrough import PATH_DUCKDB, PATH_PASS_THROUGH
 from sqe.session import Session, explain_sections
-from tests.e2e.test_restrictions_e2e import ALICE, PEOPLE, World, _principal, _pyiceberg, admin_ok
+from tests.e2e.test_restrictions_e2e import ALICE, PEOPLE, World, _principal, _pyiceberg
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogServer
@@ -69,11 +68,7 @@ def world(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactor
         for start in range(0, PEOPLE.num_rows, 2):  # several data files: LIMIT can stop before the last one
             people.append(PEOPLE.slice(start, 2))
         writer.create_table((namespace, "typed"), schema=TYPED.schema).append(TYPED)
-        reader = json.loads(admin_ok(catalog_server, "create-principal", f"ptengine_{suffix}", "--reader"))
-        catalog_server.secrets.add(reader["client_secret"])
-        from tests.conftest import CatalogPrincipal
-
-        reader_principal = CatalogPrincipal(reader["name"], reader["client_id"], reader["client_secret"])
+        reader_principal = catalog_server.create_principal(f"ptengine_{suffix}", reader=True)
         world = World(catalog_server, namespace, tmp_path_factory.mktemp("passthru"), principals, reader_principal)
         world.restrict("alice", ALICE)
         yield world

@@ -147,15 +147,8 @@ class World:
 
 
 def _principal(server: CatalogServer, name: str, privileges: list[str]) -> CatalogPrincipal:
-    from tests.conftest import CatalogPrincipal
-
-    created = json.loads(admin_ok(server, "create-principal", name))
-    server.secrets.add(created["client_secret"])
-    admin_ok(server, "create-role", f"{name}_role")
-    admin_ok(server, "assign-role", name, f"{name}_role")
-    for privilege in privileges:
-        admin_ok(server, "grant", f"{name}_role", privilege, "--warehouse", server.warehouse)
-    return CatalogPrincipal(name, created["client_id"], created["client_secret"])
+    """A principal with role ``<name>_role`` holding warehouse-wide ``privileges``."""
+    return server.principal_with_grants(name, [(privilege, None, None) for privilege in privileges])
 
 
 @pytest.fixture(scope="module")
@@ -180,11 +173,7 @@ def world(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactor
         writer.create_table((namespace, "people"), schema=PEOPLE.schema).append(PEOPLE)
         lookup = pa.table({"email": ["ada@example.com", "xxx@xxxxxxx.xxx", "linus@kernel.org", "xxxxx@xxxxxx.xxx"]})
         writer.create_table((namespace, "lookup"), schema=lookup.schema).append(lookup)
-        reader = json.loads(admin_ok(catalog_server, "create-principal", f"engine_{suffix}", "--reader"))
-        catalog_server.secrets.add(reader["client_secret"])
-        from tests.conftest import CatalogPrincipal
-
-        reader_principal = CatalogPrincipal(reader["name"], reader["client_id"], reader["client_secret"])
+        reader_principal = catalog_server.create_principal(f"engine_{suffix}", reader=True)
         workdir = tmp_path_factory.mktemp("restrictions")
         world = World(catalog_server, namespace, workdir, principals, reader_principal)
         world.restrict("alice", ALICE)
