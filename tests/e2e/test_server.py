@@ -1008,15 +1008,13 @@ def _alice_behind_a_reader(
 
     Returns alice, the server process, a Flight client of it and the server's work directory (its log is there).
     """
-    from tests.conftest import CatalogPrincipal as Principal
     from tests.conftest import pyiceberg_catalog
 
-    writer = _principal(catalog, "writer", [("NAMESPACE_FULL_METADATA", None), ("TABLE_CREATE", None)])
-    catalog.admin_cli("grant", "writer_role", "TABLE_WRITE_DATA", "--warehouse", catalog.warehouse)
+    writer = _principal(
+        catalog, "writer", [("NAMESPACE_FULL_METADATA", None), ("TABLE_CREATE", None), ("TABLE_WRITE_DATA", None)]
+    )
     alice = _principal(catalog, "alice", [("TABLE_READ_DATA", None)])
-    out = json.loads(catalog.admin_cli("create-principal", "engine", "--reader"))
-    reader = Principal(out["name"], out["client_id"], out["client_secret"])
-    catalog.secrets.add(reader.client_secret)
+    reader = catalog.create_principal("engine", reader=True)
     with pytest.MonkeyPatch.context() as env:
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
             env.delenv(name, raising=False)
