@@ -80,20 +80,6 @@ def admin(server: CatalogServer, *args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def principal_with_grant(server: CatalogServer, name: str, privileges: list[str]) -> CatalogPrincipal:
-    from tests.conftest import CatalogPrincipal
-
-    code, out, err = admin(server, "create-principal", name)
-    assert code == 0, err
-    created = json.loads(out)
-    server.secrets.add(created["client_secret"])
-    for args in (("create-role", f"{name}_role"), ("assign-role", name, f"{name}_role")):
-        assert admin(server, *args)[0] == 0
-    for privilege in privileges:
-        assert admin(server, "grant", f"{name}_role", privilege, "--warehouse", server.warehouse)[0] == 0
-    return CatalogPrincipal(name, created["client_id"], created["client_secret"])
-
-
 @dataclass
 class Harness:
     server: CatalogServer
@@ -198,9 +184,9 @@ def harness(
     catalog_reader: CatalogPrincipal,
 ) -> Iterator[Harness]:
     suffix = uuid.uuid4().hex[:6]
-    writer_grants = ["NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA"]
-    writer = principal_with_grant(catalog_server, f"rr_writer_{suffix}", writer_grants)
-    reader = principal_with_grant(catalog_server, f"rr_reader_{suffix}", ["TABLE_READ_DATA"])
+    writer_grants = [(p, None, None) for p in ("NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA")]
+    writer = catalog_server.principal_with_grants(f"rr_writer_{suffix}", writer_grants)
+    reader = catalog_server.principal_with_grants(f"rr_reader_{suffix}", [("TABLE_READ_DATA", None, None)])
     with pytest.MonkeyPatch.context() as env:
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
             env.delenv(name, raising=False)
