@@ -82,23 +82,15 @@ class Conformance:
         return result
 
 
-def _principal(server: CatalogServer, name: str) -> CatalogPrincipal:
-    from tests.conftest import CatalogPrincipal
-
-    created = json.loads(server.admin_cli("create-principal", name))
-    server.secrets.add(created["client_secret"])
-    server.admin_cli("create-role", f"{name}_role")
-    server.admin_cli("assign-role", name, f"{name}_role")
-    server.admin_cli("grant", f"{name}_role", "TABLE_READ_DATA", "--warehouse", server.warehouse)
-    return CatalogPrincipal(created["name"], created["client_id"], created["client_secret"])
-
-
 @pytest.fixture(scope="module")
 def conformance(catalog_server: CatalogServer, catalog_reader: CatalogPrincipal) -> Iterator[Conformance]:
     suffix = uuid.uuid4().hex[:6]
     names = {who: f"pc_{who}_{suffix}" for who in ("alice", "bob")}
     names |= {group: f"pc_{group}_{suffix}" for group in ("auditors", "sales", "mask", "ghost")}
-    users = {who: _principal(catalog_server, names[who]) for who in ("alice", "bob")}
+    users = {
+        who: catalog_server.principal_with_grants(names[who], [("TABLE_READ_DATA", None, None)])
+        for who in ("alice", "bob")
+    }
     for group in ("auditors", "sales", "mask"):
         catalog_server.admin_cli("create-group", names[group])
     catalog_server.admin_cli("add-to-group", names["alice"], names["auditors"])
