@@ -8,7 +8,6 @@ Vended credentials live 5 s (see ``ceph_stack`` in conftest.py).
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.parse
 import uuid
@@ -33,6 +32,7 @@ from sqe.vocabulary import (
     VENDED_CREDENTIALS,
 )
 from sqe_stack import StackInfo
+from sqe_stack.catalog import PrincipalSpec, create_principal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ceph]
 
@@ -256,13 +256,15 @@ def test_credentials_vended_to_a_delegated_token_read_only_the_tables_prefix_and
     rules.write_text('{"required-column-projections": [{"field-id": 2, "action": "mask-alphanum"}]}')
     target = ["--warehouse", ceph_stack.warehouse, "--namespace", namespace, "--table", "orders"]
     _admin(ceph_stack, "set-restrictions", *target, "--principal", "analyst", "--file", str(rules))
-    reader = json.loads(_admin(ceph_stack, "create-principal", f"ceph_reader_{uuid.uuid4().hex[:6]}", "--reader"))
+    reader = create_principal(
+        ceph_stack.catalog_config, PrincipalSpec(f"ceph_reader_{uuid.uuid4().hex[:6]}", reader=True)
+    )
     # The analyst's own token no longer gets the restricted table; the delegated one does.
     auth = {"Authorization": f"Bearer {_token(ceph_stack, 'analyst')}"}
     url = _table_url(ceph_stack, auth, namespace, "orders")
     refused = requests.get(url, headers={**auth, **GOVERNED}, timeout=10)
     assert refused.status_code == 403 and "s3.secret-access-key" not in refused.text
-    token = _delegated_token(ceph_stack, "analyst", reader["client_id"], reader["client_secret"])
+    token = _delegated_token(ceph_stack, "analyst", reader.client_id, reader.client_secret)
     other = _vend(ceph_stack, "writer", namespace, "salaries")
     own = _vend(ceph_stack, "analyst", namespace, "orders", token=token)  # vended last: it lives 5 s
     s3 = _s3(ceph_stack, own)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import threading
 import time
@@ -31,6 +30,7 @@ from sqe.errors import CredentialExpiredError
 from sqe.session import Session
 from sqe_catalog.cli import main as catalog_cli
 from sqe_stack import StackInfo
+from sqe_stack.catalog import Grant, PrincipalSpec, create_principal
 from tests.conftest import CEPH_CREDENTIAL_LIFETIME, WorkerFactory
 from tests.e2e.test_distributed import TicketLog, WorkerPool, WorkerPools, distributed_session
 
@@ -141,12 +141,10 @@ def test_a_revoked_grant_stops_the_refresh_and_the_scan_fails_at_expiry(
     ceph_stack: StackInfo, namespace: str, workers: WorkerPool, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     user, role = f"revokee_{uuid.uuid4().hex[:6]}", f"revokee_role_{uuid.uuid4().hex[:6]}"
-    made = json.loads(_admin(ceph_stack, "create-principal", user))
-    _admin(ceph_stack, "create-role", role)
-    _admin(ceph_stack, "assign-role", user, role)
-    grant = ["TABLE_READ_DATA", "--warehouse", ceph_stack.warehouse, "--namespace", namespace]
-    _admin(ceph_stack, "grant", role, *grant)
-    path = _engine_config(ceph_stack, tmp_path, made["client_id"], made["client_secret"])
+    read = Grant("TABLE_READ_DATA", (namespace,))
+    spec = PrincipalSpec(user, role=role, grants=[read], warehouse=ceph_stack.warehouse)
+    made = create_principal(ceph_stack.catalog_config, spec)
+    path = _engine_config(ceph_stack, tmp_path, made.client_id, made.client_secret)
     config = _config(path, workers)
     with distributed_session(config, **SCAN) as session:
         log = TicketLog().attach(session)
@@ -154,7 +152,9 @@ def test_a_revoked_grant_stops_the_refresh_and_the_scan_fails_at_expiry(
         thread = threading.Thread(target=lambda: _capture(errors, lambda: _count(session, namespace)), daemon=True)
         thread.start()
         _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30)
-        _admin(ceph_stack, "revoke", role, *grant)
+        _admin(
+            ceph_stack, "revoke", role, read.privilege, "--warehouse", ceph_stack.warehouse, "--namespace", namespace
+        )
         revoked_at = time.time()
         thread.join(60)
     assert len(errors) == 1 and isinstance(errors[0], CredentialExpiredError), errors
