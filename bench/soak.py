@@ -41,7 +41,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,10 @@ from sqe_stack.catalog import (  # noqa: E402
     BUCKET,
     REGION,
     WAREHOUSE,
+    Grant,
     PrincipalCredentials,
+    PrincipalSpec,
+    create_principal,
     server_settings,
     spawn_catalog,
     wait_for_catalog,
@@ -248,22 +251,14 @@ class World:
             stop_daemon(daemon)
 
 
-def _create_principal(world_admin: Callable[..., str], name: str, *extra: str) -> PrincipalCredentials:
-    out = json.loads(world_admin("create-principal", name, *extra))
-    return PrincipalCredentials(name=out["name"], client_id=out["client_id"], client_secret=out["client_secret"])
-
-
-def _grant(admin: Callable[..., str], principal: str, grants: Sequence[tuple[str, str | None]]) -> None:
-    """Role ``<principal>_role`` with each privilege on the namespace (``table`` None) or one table of it."""
-    role = f"{principal}_role"
-    admin("create-role", role)
-    admin("assign-role", principal, role)
-    for privilege, table in grants:
-        admin("grant", role, privilege, "--warehouse", WAREHOUSE, *_scope(table))
-
-
-def _scope(table: str | None) -> list[str]:
-    return ["--namespace", NAMESPACE, *(["--table", table] if table else [])]
+def _user_spec(who: str) -> PrincipalSpec:
+    """Role ``<who>_role``: list and read the namespace, write the user's own table ``ins_<who>``."""
+    grants = [
+        Grant("NAMESPACE_LIST", (NAMESPACE,)),
+        Grant("TABLE_READ_DATA", (NAMESPACE,)),
+        Grant("TABLE_WRITE_DATA", (NAMESPACE,), f"ins_{who}"),
+    ]
+    return PrincipalSpec(who, role=f"{who}_role", grants=grants, warehouse=WAREHOUSE)
 
 
 def people_table(rng: random.Random) -> pa.Table:
@@ -305,22 +300,15 @@ def start_world(dir: Path, seed: int) -> World:
             server_settings(dir, catalog_port, log_level="debug"),
             warehouse_settings(store, credential_lifetime=CREDENTIAL_LIFETIME),
         )
-        admin = _admin_for(config)
-        writer = _create_principal(admin, "soak_writer")
-        writer_role = f"{writer.name}_role"
-        admin("create-role", writer_role)
-        admin("assign-role", writer.name, writer_role)
-        for privilege in ("NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA"):
-            admin("grant", writer_role, privilege, "--warehouse", WAREHOUSE)
-        users = {who: _create_principal(admin, who) for who in USERS}
-        reader = _create_principal(admin, "soak-reader", "--reader")
+        writer_grants = [Grant(p) for p in ("NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA")]
+        writer_spec = PrincipalSpec("soak_writer", role="soak_writer_role", grants=writer_grants, warehouse=WAREHOUSE)
+        writer = create_principal(config, writer_spec)
+        users = {who: create_principal(config, _user_spec(who)) for who in USERS}
+        reader = create_principal(config, PrincipalSpec("soak-reader", reader=True))
         catalog = spawn_catalog(dir, config, client_env("ceph"))
         started.append(catalog)
         catalog_url = wait_for_catalog(dir, catalog_port, catalog)
         _create_tables(catalog_url, writer, random.Random(seed))
-        for who in USERS:
-            grants: list[tuple[str, str | None]] = [("NAMESPACE_LIST", None), ("TABLE_READ_DATA", None)]
-            _grant(admin, who, [*grants, ("TABLE_WRITE_DATA", f"ins_{who}")])
         proxy = FaultProxyProcess(catalog_url, dir)
         token_file = dir / "worker.token"
         token_file.write_text(secrets.token_urlsafe(32) + "\n", encoding="utf-8")
