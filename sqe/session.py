@@ -583,7 +583,7 @@ class Session:
         try:
             self._parser.close()
             self._con.close()
-        except duckdb.Error as exc:  # a call that outlived CLOSE_WAIT_SECONDS: DuckDB frees it once that call ends
+        except duckdb.Error as exc:  # a call outlived CLOSE_WAIT_SECONDS: the connection goes with the session object
             log.warning("session closed while a statement still runs: %s", first_line(exc))
 
     def __enter__(self) -> Session:

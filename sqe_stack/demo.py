@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from sqe.vocabulary import ACCESS_DELEGATION_HEADER, VENDED_CREDENTIALS
+from sqe.vocabulary import ACCESS_DELEGATION_HEADER, CAPABILITIES_HEADER, READ_RESTRICTIONS_V1, VENDED_CREDENTIALS
 
 
 def _client_props(config_path: Path) -> dict[str, str]:
@@ -109,7 +109,6 @@ def governed_access(catalog_config: Path, analyst_cfg: Path, server_url: str) ->
     from sqe.config import load_config
     from sqe.formatting import render_table
     from sqe.server.client import RemoteSession
-    from sqe.vocabulary import CAPABILITIES_HEADER, READ_RESTRICTIONS_V1
 
     _step("admin: restrict 'analyst' on demo.sales.orders (rows of ada and margaret only, amount masked to NULL)")
     restrict_analyst(catalog_config)

@@ -91,7 +91,9 @@ class _SignedHead:
     def __init__(self, warehouse: WarehouseConfig) -> None:
         self._warehouse = warehouse
         # This store's settings in the engine's model: the address rule is shared.
-        self._settings = StorageSettings(warehouse.endpoint or None, warehouse.region, warehouse.path_style)
+        self._settings = StorageSettings(
+            endpoint=warehouse.endpoint or None, region=warehouse.region, path_style=warehouse.path_style
+        )
         self._lock = threading.Lock()
         self._credentials: Credentials | None = None
         self._pool: urllib3.PoolManager | None = None
