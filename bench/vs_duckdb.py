@@ -20,11 +20,15 @@ A cold run never times the catalog handshake (``/v1/config`` and the OAuth token
 
 Rounds are interleaved (every engine once per round, in rotating order) and each figure is the median of
 ``--rounds``. Ratios are peer time / SQE time in the same mode (> 1: SQE is faster). S3 requests per query
-are counted from moto's own request log (the catalog's metadata reads included), split into HEAD and GET.
+are counted from the store's own request log (the catalog's metadata reads included), split into HEAD and GET.
 Results are cross-checked between engines. The machine may be shared: read ratios, not absolute times.
+
+``--store ceph`` runs the same on Ceph RGW instead of moto. moto answers every ranged GET by reading the whole
+object, so on moto a footer GET of a large file costs as much as its data; RGW reads only the range, as S3 does.
 
     .venv/bin/python bench/vs_duckdb.py [--rows 4000000] [--files 1,16,128] [--rounds 5]
     .venv/bin/python bench/vs_duckdb.py --rows 200000 --files 1,4 --rounds 3      # a quick run
+    .venv/bin/python bench/vs_duckdb.py --store ceph --files 1,16 --rounds 3      # on Ceph RGW
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from sqe.config import SQEConfig, load_config
 from sqe.execution.cache import clear_process_caches
 from sqe.session import Session
 from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
+from sqe_stack.ceph import RGW_NAME
 
 NAMESPACE = "bench"
 DUCKDB_VERSION = "1.5.5"
@@ -68,6 +73,7 @@ FILTER_ROWS = 1_000
 QUERIES = ("count", "agg", "filter", "select*")
 MODES = ("cold", "repeat")
 _REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP')  # moto colours some lines
+STORES = ("moto", "ceph")
 
 Answer = tuple[int, tuple[Any, ...]]  # rows, and the values of a one-row result (rounded) for cross-checks
 
@@ -109,7 +115,8 @@ def write_table(catalog: RestCatalog, name: str, rows: int, files: int) -> None:
 
 
 class RequestLog:
-    """Counts S3 requests from moto's own request log (one line per request, written by the server)."""
+    """Counts S3 requests from the store's own request log (one line per request, written by the server: moto's
+    log, or RGW's, whose beast front end logs an access line per request at its default debug level)."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -416,6 +423,14 @@ def extension_files(python: Path) -> list[str]:
     return found
 
 
+def request_log_path(stack_dir: Path, store: str) -> Path:
+    """The file the store writes a line per request to: moto's log, or the RGW daemon's log under the stack."""
+    if store == "moto":
+        return stack_dir / "logs" / "moto.log"
+    [found] = (stack_dir / "ceph" / "log").glob(f"{RGW_NAME}.log")
+    return found
+
+
 def principal_settings(config_path: Path) -> dict[str, Any]:
     with config_path.open("rb") as fh:
         return dict(tomllib.load(fh)["catalog"])
@@ -436,7 +451,7 @@ def run(args: argparse.Namespace) -> list[str]:
     python = duckdb_python(Path(args.duckdb_venv))
     extensions = extension_files(python)
     engines: list[Engine] = []
-    with tempfile.TemporaryDirectory(prefix="sqe-bench-duckdb-") as tmp, moto_stack(Path(tmp)) as info:
+    with tempfile.TemporaryDirectory(prefix="sqe-bench-duckdb-") as tmp, moto_stack(Path(tmp), args.store) as info:
         writer = rest_catalog(principal_settings(info.principal_config("writer")))
         tables = {files: f"events_{files}" for files in args.files}
         for files, name in tables.items():
@@ -465,7 +480,7 @@ def run(args: argparse.Namespace) -> list[str]:
                 PyIcebergEngine(rest_catalog(analyst), batches=False),
                 PyIcebergEngine(rest_catalog(analyst), batches=True),
             ]
-            log = RequestLog(info.dir / "logs" / "moto.log")
+            log = RequestLog(request_log_path(info.dir, args.store))
             cells = measure(engines, tables, args.rows, args.rounds, log)
         finally:
             for engine in engines:
@@ -479,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=4_000_000, help="rows in each table (default 4 million)")
     parser.add_argument("--files", default="1,16,128", help="comma-separated data-file counts (default 1,16,128)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median counts (default 5)")
+    parser.add_argument("--store", choices=STORES, default="moto", help="the object store (default moto)")
     parser.add_argument(
         "--duckdb-venv",
         default=str(Path(tempfile.gettempdir()) / f"sqe-bench-duckdb-{DUCKDB_VERSION}"),
