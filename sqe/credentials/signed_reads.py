@@ -285,7 +285,10 @@ def _pool() -> urllib3.PoolManager:
     with _pool_lock:
         pool = _pool_state.get("pool")
         if not isinstance(pool, urllib3.PoolManager) or _pool_state.get("pid") != os.getpid():
+            from sqe.credentials._quick_ack import POOL_CLASSES
+
             pool = urllib3.PoolManager(num_pools=POOL_HOSTS, maxsize=POOL_CONNECTIONS_PER_HOST, block=True)
+            pool.pool_classes_by_scheme = POOL_CLASSES  # no 40 ms stall behind a Nagle-bound store (see there)
             _pool_state.update(pool=pool, pid=os.getpid())
         return pool
 
