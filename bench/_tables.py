@@ -32,7 +32,7 @@ def chunk(start: int, rows: int) -> pa.Table:
 
 
 @contextmanager
-def moto_stack(root: Path, store: str = "moto") -> Iterator[Any]:
+def store_stack(root: Path, store: str = "moto") -> Iterator[Any]:
     """The embedded stack under ``root/stack``, stopped on exit: on moto, or with ``store="ceph"`` on Ceph RGW
     (a real object store, whose ranged GETs cost by the range, where moto's read the whole object)."""
     from sqe_stack import apply_client_env, start_stack, stop_stack

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from vs_duckdb import NAMESPACE, moto_stack, principal_settings, rest_catalog, write_table  # the bench's folder
+from vs_duckdb import NAMESPACE, principal_settings, rest_catalog, store_stack, write_table  # the bench's folder
 
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import load_config
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.files < 1 or args.rows < args.files or args.rounds < 1:
         parser.error("--files and --rounds must be positive and --files at most --rows")
-    with tempfile.TemporaryDirectory(prefix="sqe-bench-passthrough-") as tmp, moto_stack(Path(tmp)) as info:
+    with tempfile.TemporaryDirectory(prefix="sqe-bench-passthrough-") as tmp, store_stack(Path(tmp)) as info:
         write_table(rest_catalog(principal_settings(info.principal_config("writer"))), "events", args.rows, args.files)
         config = load_config(info.principal_config("analyst"), env={})
         with Session(RestTableProvider(config), config) as session:

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from _tables import chunk, moto_stack  # bench/_tables.py, beside this script
+from _tables import chunk, store_stack  # bench/_tables.py, beside this script
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -234,7 +234,7 @@ def vended_filesystem(session: Session, path: str, endpoint: str, region: str) -
 
 
 def run_moto(root: Path, rows: int, files: int, repeat: int) -> list[Measured]:
-    with moto_stack(root) as info:
+    with store_stack(root) as info:
         started = time.perf_counter()
         write_table(rest_catalog(info.principal_config("writer")), rows, files)
         print(f"moto: wrote {rows:,} rows in {files} files in {time.perf_counter() - started:.1f} s", flush=True)

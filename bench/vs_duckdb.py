@@ -52,7 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from _tables import chunk, moto_stack  # bench/_tables.py, beside this script
+from _tables import chunk, store_stack  # bench/_tables.py, beside this script
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
@@ -451,7 +451,7 @@ def run(args: argparse.Namespace) -> list[str]:
     python = duckdb_python(Path(args.duckdb_venv))
     extensions = extension_files(python)
     engines: list[Engine] = []
-    with tempfile.TemporaryDirectory(prefix="sqe-bench-duckdb-") as tmp, moto_stack(Path(tmp), args.store) as info:
+    with tempfile.TemporaryDirectory(prefix="sqe-bench-duckdb-") as tmp, store_stack(Path(tmp), args.store) as info:
         writer = rest_catalog(principal_settings(info.principal_config("writer")))
         tables = {files: f"events_{files}" for files in args.files}
         for files, name in tables.items():
