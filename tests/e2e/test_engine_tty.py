@@ -40,8 +40,12 @@ ERASE_LINE = b"\r\x1b[K"  # how the progress line is cleared
 PROMPT = b"sqe> "
 CANCEL_WITHIN = 3.0  # seconds from Ctrl-C to "query cancelled" (an abandoned query thread takes 5)
 # Runs in the child: become the session's controlling terminal (stdin is the pty slave), then exec the real CLI.
+# Takes the pty as the controlling terminal, and gives SIGINT its default disposition as a login shell does: a
+# test run started from a background shell inherits SIGINT ignored, and a Python started so raises no
+# KeyboardInterrupt for a Ctrl-C (these tests then fail on their harness, not on the shell).
 TAKE_TTY = (
-    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "signal.signal(signal.SIGINT, signal.SIG_DFL); "
     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
 )
 

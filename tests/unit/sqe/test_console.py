@@ -22,6 +22,9 @@ def test_ctrl_c_returns_after_the_query_has_stopped(
 ) -> None:
     session = session_factory(provider)
     # A real SIGINT, as a terminal sends it: Python raises KeyboardInterrupt in the main thread wherever it waits.
+    # Python's own handler is put in place for the test: a run started from a background shell inherits SIGINT
+    # ignored, and the signal would then be dropped while the query ran on.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -29,6 +32,7 @@ def test_ctrl_c_returns_after_the_query_has_stopped(
             run_with_progress(session, HEAVY)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     # The query's thread holds the session's lock while DuckDB runs it: free now means the query has ended.
     assert session._lock.acquire(blocking=False)
     session._lock.release()
