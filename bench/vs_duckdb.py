@@ -427,8 +427,7 @@ def request_log_path(stack_dir: Path, store: str) -> Path:
     """The file the store writes a line per request to: moto's log, or the RGW daemon's log under the stack."""
     if store == "moto":
         return stack_dir / "logs" / "moto.log"
-    [found] = (stack_dir / "ceph" / "log").glob(f"{RGW_NAME}.log")
-    return found
+    return stack_dir / "ceph" / "log" / f"{RGW_NAME}.log"
 
 
 def principal_settings(config_path: Path) -> dict[str, Any]:
