@@ -38,7 +38,7 @@ from sqe._counters import Counters
 from sqe.credentials import CredentialSet
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import DuplicateFragmentError, InvalidTicketError, WorkerBusyError
-from sqe.distributed.protocol.ipc import BatchFrame, batch_frames, encode_batch, encode_schema
+from sqe.distributed.protocol.ipc import BatchFrame, batch_frames, encode_batch, encode_schema, plain_offsets
 from sqe.distributed.protocol.partial import PartialAggregate, checked_partial_schema, run_partial
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
 from sqe.execution.local import BatchTransform, LocalExecutor, QueryCancelledError, ScanMetrics
@@ -168,6 +168,8 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             return
         if self._where is not None:  # before the batches are conformed: only the kept rows are converted
             transform = filtering(self._where, first=transform)
+        if ticket.plain_offsets:
+            schema = plain_offsets(schema)
         yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema), row_positions=True))
         rows = batches = 0
         files_reported = 0

@@ -122,6 +122,27 @@ def test_the_where_runs_on_the_workers_and_only_kept_rows_travel(world: World, p
             assert fast.schema == slow.schema and same_rows(fast, slow), sql
 
 
+@pytest.mark.parametrize("who", ["carol", "alice"])
+def test_pass_through_tickets_ask_for_plain_offsets_duckdbs_do_not(world: World, pool: WorkerPool, who: str) -> None:
+    """A pass-through run takes the workers' strings at 32-bit offsets (``plain_offsets``: what its result types
+    are, so no side converts them); a scan DuckDB reads keeps the scan schema's 64-bit offsets. Same rows and
+    types either way, masked columns included."""
+    sql = f"SELECT * FROM {world.namespace}.people"
+    with on_workers(world, who, pool) as session:
+        log = TicketLog().attach(session)
+        fast = session.sql(sql).arrow()
+        assert session.last_execution_path == PATH_PASS_THROUGH
+        assert log.tickets and all(ticket.plain_offsets for _, ticket in log.tickets)
+        log.tickets.clear()
+        session.pass_through = False
+        slow = session.sql(sql).arrow()
+        session.pass_through = True
+        assert session.last_execution_path == PATH_DUCKDB
+        assert log.tickets and not any(ticket.plain_offsets for _, ticket in log.tickets)
+    assert any(pa.types.is_string(f.type) for f in fast.schema)
+    assert fast.schema == slow.schema and same_rows(fast, slow)
+
+
 def test_limit_and_offset_on_workers(world: World, pool: WorkerPool) -> None:
     t = f"{world.namespace}.people"
     with on_workers(world, "carol", pool, slots_per_worker=1) as session:

@@ -40,6 +40,9 @@ class ScanJob:
     run: int
     partial: PartialAggregatePlan | None = None
     where: UserFilter | None = None
+    # Strings and binaries with 32-bit offsets (ScanTicket.plain_offsets): for a consumer that converts the types
+    # itself (a pass-through result), so neither the workers nor the coordinator widen them first.
+    plain_offsets: bool = False
 
     def __post_init__(self) -> None:
         if self.partial is not None and self.where is not None:

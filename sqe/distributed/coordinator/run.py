@@ -42,7 +42,7 @@ from sqe.distributed.coordinator.fragments import Fragment, plan_fragments
 from sqe.distributed.coordinator.job import ScanJob
 from sqe.distributed.coordinator.refresh import Holder
 from sqe.distributed.protocol._proto import worker_pb2 as pb
-from sqe.distributed.protocol.ipc import ReceivedBatch, decode_batch, decode_schema
+from sqe.distributed.protocol.ipc import ReceivedBatch, decode_batch, decode_schema, plain_offsets
 from sqe.distributed.protocol.ticket import build_ticket, trim_metadata
 from sqe.errors import QueryError, SQEError, WorkerError
 from sqe.execution.local import QueryCancelledError, ScanMetrics
@@ -99,6 +99,8 @@ class ScanRun:
         plan, partial = job.plan, job.partial
         self._job = job
         self._out_schema = partial.schema if partial is not None else plan.arrow_schema
+        if partial is None and job.plain_offsets:
+            self._out_schema = plain_offsets(self._out_schema)  # as the workers send it: nothing to convert
         self._options = executor.options
         self._plan = plan
         self._partial = partial
@@ -466,6 +468,7 @@ class ScanRun:
             pace_ms_per_file=self._options.pace_ms_per_file,
             partial=self._partial.spec if self._partial is not None else None,
             user_filter=self._job.user_filter,
+            plain_offsets=self._job.plain_offsets and self._partial is None,
         )
         return ticket, generation
 

@@ -56,7 +56,8 @@ class DistributedScanStream:
         """A fresh distributed run's batches (restricted on the workers, conformed to ``schema``); with ``where``
         (a pass-through query's simple WHERE) only the rows it keeps, filtered by the workers after the
         restrictions; with ``then`` (the query's projection and result types) each batch passed through it, on
-        the consumer's thread. Closing the iterator ends the run (its fragments are cancelled)."""
+        the consumer's thread, strings and binaries arriving with 32-bit offsets (``then`` casts to its own types:
+        nothing converts offsets twice). Closing the iterator ends the run (its fragments are cancelled)."""
         batches = self._batches(next(self._runs), then, where)
         try:
             yield from batches
@@ -68,7 +69,7 @@ class DistributedScanStream:
     ) -> Generator[pa.RecordBatch]:
         """The run's batches (each through ``then``); any failure, ``then``'s included, is one recorded SQEError.
         A partial aggregate's WHERE is its plan's (``ScanJob`` refuses a second one beside it)."""
-        job = ScanJob(self.plan, self._context, self.query_id, run, self.partial, where)
+        job = ScanJob(self.plan, self._context, self.query_id, run, self.partial, where, plain_offsets=then is not None)
         scan = self._executor.record_batches(job)
         try:
             for batch in scan:

@@ -35,6 +35,16 @@ from sqe.distributed.protocol.errors import MessageTooLargeError
 ENVELOPE_BYTES = 1024
 
 
+_PLAIN_OFFSETS = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+
+
+def plain_offsets(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with its top-level large string and binary fields at 32-bit offsets (``ScanTicket.plain_offsets``):
+    what Parquet decodes them to and what DuckDB exports, so a pass-through result converts no offsets."""
+    fields = [f.with_type(_PLAIN_OFFSETS.get(f.type, f.type)) for f in schema]
+    return pa.schema(fields, metadata=schema.metadata)
+
+
 def encode_schema(schema: pa.Schema) -> bytes:
     return bytes(schema.serialize().to_pybytes())
 

@@ -386,6 +386,7 @@ def build_ticket(
     metadata_json: bytes | None = None,
     partial: PartialAggregate | None = None,
     user_filter: UserFilter | None = None,
+    plain_offsets: bool = False,
 ) -> pb.ScanTicket:
     """A ticket for one fragment. Pass ``metadata_json`` (from :func:`trim_metadata`) to trim once per table."""
     return pb.ScanTicket(
@@ -404,6 +405,7 @@ def build_ticket(
         pace_ms_per_file=pace_ms_per_file,
         partial_aggregate=partial.to_proto() if partial is not None else None,
         user_filter=filter_to_proto(user_filter) if user_filter is not None else None,
+        plain_offsets=plain_offsets,
     )
 
 
@@ -441,6 +443,7 @@ class DecodedTicket(DecodedFragment):
     salt: bytes = field(repr=False)
     partial: PartialAggregate | None = None  # aggregate the restricted rows on the worker (partial rows only)
     user_filter: UserFilter | None = field(default=None, repr=False)  # the user's WHERE, on the restricted rows
+    plain_offsets: bool = False  # strings and binaries sent with 32-bit offsets (see protocol.ipc.plain_offsets)
 
     @property
     def bytes_total(self) -> int:
@@ -476,6 +479,7 @@ def decode_ticket(message: pb.ScanTicket) -> DecodedTicket:
         pace_seconds=message.pace_ms_per_file / 1000.0,
         partial=_partial(message),
         user_filter=filter_from_proto(message.user_filter) if message.HasField("user_filter") else None,
+        plain_offsets=message.plain_offsets,
     )
 
 

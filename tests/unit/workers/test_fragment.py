@@ -13,7 +13,7 @@ from pyiceberg.table import Table
 from sqe.credentials import CredentialSet, StorageSettings
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import MissingCredentialsError
-from sqe.distributed.protocol.ipc import decode_batch, decode_schema
+from sqe.distributed.protocol.ipc import decode_batch, decode_schema, plain_offsets
 from sqe.distributed.protocol.ticket import decode_ticket
 from sqe.errors import CredentialExpiredError, WorkerError
 from sqe.execution.cache import FRAGMENTS
@@ -47,6 +47,21 @@ def local_reference(table: Table, plan: RestrictionPlan, output: list[str] | Non
     raw = table.scan(selected_fields=tuple(read_names)).to_arrow()
     batches = [apply(b, plan, salt=SALT, schema=read_schema, output_field_ids=output_ids) for b in raw.to_batches()]
     return pa.Table.from_batches(batches)
+
+
+def test_plain_offsets_send_the_same_rows_with_32_bit_string_offsets(local_tables: LocalTables) -> None:
+    """``ScanTicket.plain_offsets``: the wire schema's large strings become plain strings (the form Parquet decodes
+    them to); every value, name and column order is the same, masked columns included."""
+    table = local_tables.events
+    plan = restriction_plan(table, {"required-column-projections": [{"field-id": 4, "action": "show-first-4"}]})
+    ticket = ticket_for(table, plan=plan)
+    wide, _ = run(ticket)
+    ticket.plain_offsets = True
+    narrow, messages = run(ticket)
+    assert any(pa.types.is_large_string(t) for t in wide.schema.types)
+    assert narrow.schema == plain_offsets(wide.schema) != wide.schema
+    assert not any(pa.types.is_large_string(t) for t in narrow.schema.types)
+    assert sorted_rows(narrow) == sorted_rows(wide) and narrow.num_rows == messages[-1].complete.rows == 2000
 
 
 def test_fragment_returns_exactly_the_tables_rows(local_tables: LocalTables) -> None:

@@ -263,6 +263,9 @@ def test_ticket_round_trip(local_tables: LocalTables) -> None:
     assert ticket.credentials == (vended(),)
     assert ticket.files_total == 5 and ticket.bytes_total == sum(t.file.file_size_in_bytes for t in ticket.tasks)
     assert ticket.pace_seconds == 0.25
+    assert ticket.plain_offsets is False  # unset: the scan schema's offsets
+    wire.plain_offsets = True
+    assert decode_ticket(pb.ScanTicket.FromString(wire.SerializeToString())).plain_offsets is True
     assert ticket.row_filter != AlwaysTrue()  # the restriction's own pushdown filter
     assert SECRET not in repr(ticket) and TOKEN not in repr(ticket)
     with pytest.raises(TypeError):

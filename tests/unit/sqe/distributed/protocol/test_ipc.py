@@ -18,6 +18,7 @@ from sqe.distributed.protocol.ipc import (
     decode_batch,
     encode_batch,
     parse_execute_response,
+    plain_offsets,
     serialize_execute_response,
 )
 
@@ -133,3 +134,21 @@ def test_an_int64_field_reads_as_protobuf_reads_it(varint: bytes, tag: bytes, fi
     parsed = parse_execute_response(data)
     expected = getattr(pb.ExecuteResponse.FromString(data).batch, field)
     assert getattr(parsed if isinstance(parsed, ReceivedBatch) else parsed.batch, field) == expected
+
+
+def test_plain_offsets_narrow_only_top_level_large_strings_and_binaries() -> None:
+    wide = pa.schema(
+        [
+            pa.field("s", pa.large_string(), nullable=False, metadata={b"PARQUET:field_id": b"1"}),
+            pa.field("b", pa.large_binary()),
+            pa.field("i", pa.int64()),
+            pa.field("plain", pa.string()),
+            pa.field("nested", pa.list_(pa.large_string())),
+        ],
+        metadata={b"k": b"v"},
+    )
+    narrow = plain_offsets(wide)
+    assert narrow.types == [pa.string(), pa.binary(), pa.int64(), pa.string(), pa.list_(pa.large_string())]
+    assert narrow.names == wide.names and narrow.metadata == wide.metadata
+    assert narrow.field("s").metadata == wide.field("s").metadata and not narrow.field("s").nullable
+    assert plain_offsets(narrow) == narrow
