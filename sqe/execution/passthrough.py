@@ -30,7 +30,6 @@ difference, and any nested column, sends the statement to DuckDB.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -38,7 +37,6 @@ from typing import TYPE_CHECKING, Protocol
 import pyarrow as pa
 
 from sqe._lru import LRUCache
-from sqe.duckdb_connection import quote_ident
 from sqe.errors import QueryError
 from sqe.planning.sql_analysis import Node, parse_select, referenced_column, single_base_table
 from sqe.planning.user_filter import NotSimple, UserFilter, simple_where
@@ -286,7 +284,6 @@ class PassThroughPlanner:
         # export (``ARROW:extension:name``). Not shared between sessions: a new connection's first statement pays
         # a start-up cost that the probe otherwise pays, so a process-wide cache measured no faster.
         self._exported: LRUCache[bytes, pa.Schema] = LRUCache(_KEPT_SCHEMAS)
-        self._probes = itertools.count(1)
 
     def plan(
         self, sql: str, stream: RestrictedScan, output_names: Callable[[], Sequence[str]]
@@ -315,12 +312,9 @@ class PassThroughPlanner:
         key = schema.serialize().to_pybytes()
         found = self._exported.get(key)
         if found is None:
-            name = f"__sqe_probe_{next(self._probes)}"
-            self._con.register(name, schema.empty_table())
-            try:
-                found = self._con.sql(f"SELECT * FROM temp.main.{quote_ident(name)}").to_arrow_table().schema
-            finally:
-                self._con.unregister(name)
+            # A relation over the empty table, not a registered view of it: the same scan and export without a
+            # catalog transaction to register and another to drop (measured 2.6 against 4.3 ms a probe).
+            found = self._con.from_arrow(schema.empty_table()).to_arrow_table().schema
             self._exported.put(key, found)
         return found
 
