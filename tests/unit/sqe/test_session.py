@@ -177,10 +177,34 @@ def test_positional_deletes_through_sql(session: Session) -> None:
     assert one(session, "SELECT count(*) FROM ns.deleted") == TOTAL - len(DELETED_POSITIONS)
 
 
-def test_previous_views_are_gone_after_the_next_statement(session: Session) -> None:
-    assert one(session, "SELECT count(*) FROM ns.numbers") == TOTAL
-    with pytest.raises(QueryError):  # query() names the table only inside a string: it was never bound
+def test_a_previous_statements_table_reads_nothing_unless_planned_again(session: Session) -> None:
+    assert one(session, "SELECT count(*) FROM ns.numbers WHERE true") == TOTAL  # a scan, so a view
+    # query() names the table only inside a string: SQE never plans it, so its kept view reaches an empty slot
+    with pytest.raises(QueryError, match=r"ns\.numbers is not part of the running statement"):
+        session.sql("SELECT count(*) FROM query('SELECT * FROM wh.ns.numbers')").arrow()
+    with pytest.raises(QueryError):  # the two-part name inside the string does not even resolve
         session.sql("SELECT count(*) FROM query('SELECT * FROM ns.numbers')").arrow()
+
+
+def test_a_tables_view_is_kept_between_statements_until_its_schema_changes(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    """No CREATE and DROP of the table's view per statement: the same view (same DuckDB oid) serves each
+    statement that plans the table, and a new one is made when the table's columns change."""
+    from pyiceberg.types import StringType
+
+    oid = "SELECT view_oid FROM duckdb_views() WHERE NOT temporary AND view_name = 'kept'"
+    writer.sql("CREATE TABLE ns.kept AS SELECT range AS id FROM range(4)")
+    assert one(writer, "SELECT count(*) FROM ns.kept WHERE true") == 4
+    [(first,)] = writer._con.sql(oid).fetchall()
+    writer.sql("SELECT 1").fetchall()
+    assert one(writer, "SELECT sum(id) FROM ns.kept") == 6
+    assert writer._con.sql(oid).fetchall() == [(first,)]
+    with write_provider.catalogs["wh"].load_table(("ns", "kept")).update_schema() as update:
+        update.add_column("label", StringType())
+    assert writer.sql("SELECT * FROM ns.kept ORDER BY id").fetchall()[0] == (0, None)
+    [(second,)] = writer._con.sql(oid).fetchall()
+    assert second != first
 
 
 def test_a_tables_scan_slot_is_registered_once_and_empty_between_statements(session: Session) -> None:
