@@ -1008,8 +1008,7 @@ class Session:
         later statement reads nothing through it unless it planned the table again (measured: creating and
         dropping the view cost 2.3 ms per statement). Any other view goes when its statement ends."""
         view = self._ensure_schema(ident) + "." + quote_ident(ident.name)
-        kept = self._table_views.get(view)
-        if slot_schema is not None and kept is not None and kept[0] == name and kept[1].equals(slot_schema, True):
+        if slot_schema is not None and self._view_unchanged(view, name, slot_schema):
             return
         self._con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM temp.main.{quote_ident(name)}")
         if slot_schema is None:
@@ -1017,6 +1016,10 @@ class Session:
             self._views.append(view)
         else:
             self._table_views[view] = (name, slot_schema)
+
+    def _view_unchanged(self, view: str, name: str, slot_schema: pa.Schema) -> bool:
+        kept = self._table_views.get(view)
+        return kept is not None and kept[0] == name and kept[1].equals(slot_schema, check_metadata=True)
 
     def _remote_rewriter(self) -> RemoteRewriter | None:
         """issue 14: OPTIMIZE rewrites its bins on the workers when there are any."""

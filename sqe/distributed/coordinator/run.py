@@ -98,8 +98,10 @@ class ScanRun:
         self._executor = executor
         plan, partial = job.plan, job.partial
         self._job = job
+        # A partial aggregate's rows have their own schema: plain offsets apply to scanned rows only.
+        self._plain_offsets = job.plain_offsets and partial is None
         self._out_schema = partial.schema if partial is not None else plan.arrow_schema
-        if partial is None and job.plain_offsets:
+        if self._plain_offsets:
             self._out_schema = plain_offsets(self._out_schema)  # as the workers send it: nothing to convert
         self._options = executor.options
         self._plan = plan
@@ -468,7 +470,7 @@ class ScanRun:
             pace_ms_per_file=self._options.pace_ms_per_file,
             partial=self._partial.spec if self._partial is not None else None,
             user_filter=self._job.user_filter,
-            plain_offsets=self._job.plain_offsets and self._partial is None,
+            plain_offsets=self._plain_offsets,
         )
         return ticket, generation
 
