@@ -1,6 +1,6 @@
 """Crash safety of ``sqe-catalog serve``: SIGKILL it in the middle of pyiceberg commits, restart, verify.
 
-A seeded schedule kills the real server process between and within 200 appends to a protected table (one
+A seeded schedule kills the real server process between and within 120 appends to a protected table (one
 created through the catalog, so it has an integrity pin). After every restart on the same SQLite database the
 table must load through the catalog's own (verifying) load path; at the end every commit that was
 acknowledged with a 200 is in the snapshot log, the pointer and the pin agree row for row, and SQLite's
@@ -34,8 +34,8 @@ from tests.conftest import free_loopback_port, start_catalog_process, stop_proce
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 SEED = 1717
-COMMITS = 200
-KILL_PROBABILITY = 0.06  # about a dozen kills: each restart costs a server start-up
+COMMITS = 120
+KILL_PROBABILITY = 0.12  # about a dozen kills: each restart costs a server start-up
 KILL_WITHIN_MS = 60  # a kill lands up to this long after a commit starts: before, during or after the request
 
 
