@@ -198,6 +198,32 @@ _entries = warehouse_table(
     sa.Column("checked", sa.Boolean, nullable=False),
     sa.Index("sqe_read_restrictions_by_name", "warehouse", "namespace", "table_name"),
 )
+
+
+def _table_condition(warehouse: Any, table_uuid: Any, namespace: Any, table_name: Any) -> tuple[Any, ...]:
+    """One table's entries, by its UUID or its current name: a rename or a re-creation never sheds an entry. The
+    arguments are values, or bound parameters for a statement built once."""
+    c = _entries.c
+    by_name = and_(c.namespace == namespace, c.table_name == table_name)
+    return c.warehouse == warehouse, or_(c.table_uuid == table_uuid, by_name)
+
+
+def _table_values(warehouse: str, loaded: StoredTable) -> dict[str, str]:
+    """``_table_condition``'s arguments for a loaded table, by name (also the built statement's parameters)."""
+    return {
+        "warehouse": warehouse,
+        "table_uuid": str(loaded.metadata.table_uuid),
+        "namespace": _encode_namespace(loaded.namespace),
+        "table_name": loaded.name,
+    }
+
+
+# Each load's reads, built once (building a statement costs more than running it on SQLite).
+_TABLE_ENTRIES = select(_entries).where(
+    *_table_condition(**{name: sa.bindparam(name) for name in ("warehouse", "table_uuid", "namespace", "table_name")})
+)
+_GROUPS_OF = select(_group_members.c.group_name).where(_group_members.c.principal_name == sa.bindparam("principal"))
+_ALL_GROUPS = select(_groups.c.name)
 # AuthStore's tables (one MetaData, sqe_catalog.schema), read only to check that a named subject exists.
 _principal_names = _principals
 _group_names = _groups
@@ -464,12 +490,9 @@ class RestrictionStore:
         self, warehouse: str, loaded: StoredTable, principal: str
     ) -> tuple[PolicySubject, list[RestrictionEntry]]:
         """The end user's flat groups, every existing group and the applicable entries: one snapshot."""
-        m = _group_members.c
         with self._engine.connect() as conn:
-            groups: frozenset[str] = frozenset(
-                conn.execute(select(m.group_name).where(m.principal_name == principal)).scalars()
-            )
-            known: frozenset[str] = frozenset(conn.execute(select(_groups.c.name)).scalars())
+            groups: frozenset[str] = frozenset(conn.execute(_GROUPS_OF, {"principal": principal}).scalars())
+            known: frozenset[str] = frozenset(conn.execute(_ALL_GROUPS).scalars())
             subjects = _subjects_of(principal, groups)
             entries = [e for e in self._table_entries(conn, warehouse, loaded) if e.subject in subjects]
         ordered = sorted(entries, key=lambda e: (e.subject.kind != SubjectKind.PRINCIPAL, e.subject.name))
@@ -511,10 +534,7 @@ class RestrictionStore:
 
     @staticmethod
     def _table_match(warehouse: str, loaded: StoredTable) -> tuple[Any, ...]:
-        """The table's UUID or its current name: a rename or a re-creation never sheds an entry."""
-        c = _entries.c
-        by_name = and_(c.namespace == _encode_namespace(loaded.namespace), c.table_name == loaded.name)
-        return c.warehouse == warehouse, or_(c.table_uuid == str(loaded.metadata.table_uuid), by_name)
+        return _table_condition(**_table_values(warehouse, loaded))
 
     @classmethod
     def _subject_rows(cls, warehouse: str, loaded: StoredTable, subject: Subject) -> tuple[Any, ...]:
@@ -523,8 +543,7 @@ class RestrictionStore:
 
     @classmethod
     def _table_entries(cls, conn: Connection, warehouse: str, loaded: StoredTable) -> list[RestrictionEntry]:
-        query = select(_entries).where(*cls._table_match(warehouse, loaded))
-        return [_entry(row) for row in conn.execute(query)]
+        return [_entry(row) for row in conn.execute(_TABLE_ENTRIES, _table_values(warehouse, loaded))]
 
     @staticmethod
     def _require_subject(conn: Connection, subject: Subject) -> None:

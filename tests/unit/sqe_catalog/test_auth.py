@@ -401,6 +401,23 @@ def test_group_roles_count_and_follow_membership(store: AuthStore) -> None:
     assert not store.has_privilege(p, P.TABLE_READ_DATA, "demo", ("sales",), "orders")
 
 
+def test_roles_groups_and_the_reader_mark_read_together_keep_their_kinds(store: AuthStore) -> None:
+    """One statement reads all three: a name used for a role and a group, and a role held both directly and
+    through a group, land once each in their own kind; a role named "reader" makes nobody a reader."""
+    client_id, secret = _principal_with_roles(store, "analyst", "reader", "shared")
+    store.create_group("shared")
+    store.assign_group_role("shared", "shared")
+    store.add_to_group("analyst", "shared")
+    p = _login(store, client_id, secret)
+    assert p.roles == {"reader", "shared"} and p.groups == {"shared"} and not p.is_reader
+    store.set_reader("analyst", True)
+    p = _login(store, client_id, secret)
+    assert p.roles == {"reader", "shared"} and p.groups == {"shared"} and p.is_reader
+    assert [(q.name, q.roles, q.groups, q.is_reader) for q in store.list_principals()] == [
+        ("analyst", p.roles, p.groups, True)
+    ]
+
+
 # --- management -----------------------------------------------------------------------------------------
 
 
