@@ -766,7 +766,7 @@ class AuthStore:
     def anonymous_principal(self, name: str) -> Principal:
         """Sandbox mode (``[server] anonymous_principal``): ``name`` with its current roles, no token at all."""
         with self._engine.connect() as conn:
-            row = conn.execute(select(_principals).where(_principals.c.name == name)).first()
+            row = conn.execute(_PRINCIPAL_BY_NAME, {"name": name}).first()
             if row is None:
                 raise NotAuthorizedError("the sandbox's anonymous principal does not exist")
             standing = self._standing(conn, row.name)

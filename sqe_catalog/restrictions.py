@@ -224,6 +224,7 @@ _TABLE_ENTRIES = select(_entries).where(
 )
 _GROUPS_OF = select(_group_members.c.group_name).where(_group_members.c.principal_name == sa.bindparam("principal"))
 _ALL_GROUPS = select(_groups.c.name)
+
 # AuthStore's tables (one MetaData, sqe_catalog.schema), read only to check that a named subject exists.
 _principal_names = _principals
 _group_names = _groups
