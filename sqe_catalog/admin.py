@@ -190,7 +190,9 @@ def _open_stores(config: CatalogServerConfig) -> Iterator[tuple[AuthStore, Engin
     try:
         # Admin commands never issue tokens; any non-empty key will do when the config leaves it empty.
         signing_key = config.server.signing_key_bytes() or secrets.token_bytes(32)
-        store = AuthStore(engine, signing_key, config.server.token_lifetime_seconds)
+        store = AuthStore(
+            engine, signing_key, config.server.token_lifetime_seconds, scrypt_n=config.server.secret_hash_scrypt_n
+        )
         store.create_schema()
         yield store, engine
     finally:

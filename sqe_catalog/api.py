@@ -1369,7 +1369,9 @@ def _sandbox_principal(config: CatalogServerConfig) -> str | None:
 def create_app(config: CatalogServerConfig) -> Starlette:
     """The catalog application: one database engine, one AuthStore, and per warehouse tables + a vendor."""
     engine = create_engine_for(config.server.database)
-    auth = AuthStore(engine, _signing_key(config), config.server.token_lifetime_seconds)
+    auth = AuthStore(
+        engine, _signing_key(config), config.server.token_lifetime_seconds, scrypt_n=config.server.secret_hash_scrypt_n
+    )
     auth.create_schema()
     policies = PolicyStore(engine) if config.server.read_restriction_policies else None
     restrictions = RestrictionStore(engine, policies)

@@ -20,6 +20,9 @@ from sqe.locations import is_object_store, normalize_location, scheme_of
 from sqe.vocabulary import FILE_SCHEME
 from sqe_catalog.errors import ConfigError
 
+DEFAULT_SECRET_HASH_SCRYPT_N = 2**14
+MIN_SECRET_HASH_SCRYPT_N = 2**10
+
 
 class ServerConfig(ConfigSection):
     host: str = "127.0.0.1"
@@ -30,6 +33,10 @@ class ServerConfig(ConfigSection):
     # HMAC key for bearer tokens. Unset or empty: a random key per process (tokens die with the process).
     token_signing_key: Unset[SecretStr] = None
     token_lifetime_seconds: int = 3600
+    # scrypt cost N of the stored client-secret hashes (a power of two, at least MIN_SECRET_HASH_SCRYPT_N). Each
+    # hash keeps its own parameters, so a change applies to secrets created or reset afterwards. Client secrets
+    # are random 256-bit strings; lower it only for throwaway stacks whose every test issues tokens.
+    secret_hash_scrypt_n: int = DEFAULT_SECRET_HASH_SCRYPT_N
     log_level: str = "info"
     # Seconds a pyiceberg commit may take before the server gives up on a lost race (retries are the client's).
     request_timeout_seconds: float = 30.0
@@ -142,6 +149,9 @@ def _validate(config: CatalogServerConfig, origins: Origins) -> None:
         origins.fail("server.cleanup_interval_seconds", "must be >= 0 (0 turns the background cleaner off)")
     if config.server.plan_lifetime_seconds <= 0:
         origins.fail("server.plan_lifetime_seconds", "must be positive")
+    cost = config.server.secret_hash_scrypt_n
+    if cost < MIN_SECRET_HASH_SCRYPT_N or cost & (cost - 1):
+        origins.fail("server.secret_hash_scrypt_n", f"must be a power of two of at least {MIN_SECRET_HASH_SCRYPT_N}")
     seen: set[str] = set()
     for i, w in enumerate(config.warehouses):
         if w.name in seen:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from sqe_catalog.config import MIN_SECRET_HASH_SCRYPT_N
 from sqe_stack import StackInfo, client_env, start_stack, stop_stack
 from sqe_stack import catalog as stack_catalog
 from sqe_stack import moto as moto_store
@@ -250,7 +251,9 @@ def write_catalog_config(
 ) -> Path:
     """A catalog.toml (0600) for one warehouse ``wh`` on moto, logging at debug level; ``warehouse`` and
     ``server`` replace or add keys of ``[[warehouses]]`` and ``[server]``."""
-    server_keys = {**stack_catalog.server_settings(workdir, port, log_level="debug"), **server}
+    # The cheapest secret hash the catalog allows: every test issues tokens, each one a scrypt of the secret.
+    cheap_hash = {"secret_hash_scrypt_n": MIN_SECRET_HASH_SCRYPT_N}
+    server_keys = {**stack_catalog.server_settings(workdir, port, log_level="debug"), **cheap_hash, **server}
     location = f"s3://{moto.bucket}/{CATALOG_WAREHOUSE}"
     warehouse_keys = stack_catalog.warehouse_settings(
         moto.store(), name=CATALOG_WAREHOUSE, location=location, region=moto.region, credential_lifetime=900

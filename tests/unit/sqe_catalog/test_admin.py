@@ -24,6 +24,7 @@ def config_path(tmp_path: Path) -> Path:
         f"""
 [server]
 database = "sqlite:///{tmp_path / "catalog.db"}"
+secret_hash_scrypt_n = 1024
 
 [[warehouses]]
 name = "demo"
@@ -74,6 +75,32 @@ def test_create_principal_prints_working_credentials(admin: Admin, store: AuthSt
     token, _ = store.issue_token(created["client_id"], created["client_secret"], "PRINCIPAL_ROLE:ALL")
     principal = store.principal_for_token(token)
     assert (principal.name, principal.is_admin) == ("analyst", False)
+
+
+def _stored_hash_costs(tmp_path: Path) -> list[str]:
+    engine = create_engine_for(f"sqlite:///{tmp_path / 'catalog.db'}")
+    try:
+        with engine.connect() as conn:
+            hashes = conn.execute(sqlalchemy.text("SELECT secret_hash FROM sqe_principals ORDER BY name")).scalars()
+            return [stored.split("$")[1] for stored in hashes]
+    finally:
+        engine.dispose()
+
+
+def test_secrets_are_hashed_at_the_configured_scrypt_cost_and_still_verify(
+    admin: Admin, store: AuthStore, config_path: Path, tmp_path: Path
+) -> None:
+    old = admin.ok("create-principal", "before")
+    text = config_path.read_text().replace("secret_hash_scrypt_n = 1024", "secret_hash_scrypt_n = 2048", 1)
+    config_path.write_text(text)
+    new = admin.ok("create-principal", "dearer")
+    assert _stored_hash_costs(tmp_path) == ["1024", "2048"]  # each hash carries its own cost
+    rotated = admin.ok("rotate-secret", "before")
+    assert _stored_hash_costs(tmp_path) == ["2048", "2048"]
+    assert new["client_secret"] not in text and rotated["client_secret"] != old["client_secret"]
+    for created in (new, rotated):  # the server's store, at another cost, verifies each by its own
+        token, _ = store.issue_token(created["client_id"], created["client_secret"], "PRINCIPAL_ROLE:ALL")
+        assert store.principal_for_token(token).name == created["name"]
 
 
 def test_admin_flag_and_list_principals_without_secrets(admin: Admin) -> None:
