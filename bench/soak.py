@@ -64,6 +64,7 @@ from sqe_stack.catalog import (  # noqa: E402
     BUCKET,
     REGION,
     WAREHOUSE,
+    WAREHOUSE_LOCATION,
     Grant,
     PrincipalCredentials,
     PrincipalSpec,
@@ -283,8 +284,9 @@ def orders_table(rng: random.Random) -> pa.Table:
     )
 
 
-def start_world(dir: Path, seed: int) -> World:
-    """Everything on loopback; on failure every process started so far is stopped."""
+def start_world(dir: Path, seed: int, running_store: StoreHandle | None = None) -> World:
+    """Everything on loopback; on failure every process started so far is stopped. ``running_store``: a Ceph RGW
+    already running (the test session's), used under a location of the soak's own instead of starting one."""
     from sqe_stack.ceph import start_ceph
 
     os.environ.update(client_env("ceph"))
@@ -292,13 +294,14 @@ def start_world(dir: Path, seed: int) -> World:
     started: list[Daemon] = []
     proxy: FaultProxyProcess | None = None
     try:
-        store = start_ceph(dir / "ceph", started)
+        store = running_store or start_ceph(dir / "ceph", started)
+        location = f"s3://{BUCKET}/soak_{secrets.token_hex(4)}" if running_store else WAREHOUSE_LOCATION
         create_bucket(store, BUCKET, REGION)
         catalog_port, server_port, *worker_ports = free_ports(4)
         config = write_catalog_config(
             dir / "catalog.toml",
             server_settings(dir, catalog_port, log_level="debug"),
-            warehouse_settings(store, credential_lifetime=CREDENTIAL_LIFETIME),
+            warehouse_settings(store, location=location, credential_lifetime=CREDENTIAL_LIFETIME),
         )
         writer_grants = [Grant(p) for p in ("NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA")]
         writer_spec = PrincipalSpec("soak_writer", role="soak_writer_role", grants=writer_grants, warehouse=WAREHOUSE)
@@ -962,6 +965,7 @@ class SoakConfig:
     fault_interval: float = 4.0
     settle_seconds: float = 5.0
     dir: Path | None = None
+    running_store: StoreHandle | None = None  # a Ceph RGW to use instead of starting one (start_world)
 
 
 def _warm_up(world: World) -> None:
@@ -977,7 +981,7 @@ def _warm_up(world: World) -> None:
 def run_soak(config: SoakConfig) -> Report:
     with contextlib.ExitStack() as stack:
         dir = config.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sqe-soak-")))
-        world = start_world(dir, config.seed)
+        world = start_world(dir, config.seed, config.running_store)
         stack.callback(world.stop)
         return _soak(world, config)
     raise AssertionError("unreachable")

@@ -41,6 +41,7 @@ from sqe_stack.catalog import (
     bootstrap_principals,
     read_catalog_key,
     read_engine_credentials,
+    read_store_handle,
     spawn_catalog,
     wait_for_catalog,
     write_engine_configs,
@@ -128,6 +129,10 @@ class StackInfo:
     def catalog_s3_key(self) -> tuple[str, str]:
         """The catalog's static S3 key (access key id, secret): for test set-up and inspection only."""
         return read_catalog_key(self.catalog_config)
+
+    def running_store(self) -> StoreHandle:
+        """This stack's store, for another catalog to use beside it; stopping the store stays this stack's job."""
+        return read_store_handle(self.catalog_config, self.store)
 
     def daemons(self) -> list[Daemon]:
         """The stack's processes in start order (stop them in reverse)."""

@@ -27,6 +27,7 @@ from sqe_catalog.admin import open_auth_store
 from sqe_catalog.admin import set_restrictions as catalog_set_restrictions
 from sqe_catalog.auth import AuthStore
 from sqe_catalog.config import CatalogServerConfig, load_config
+from sqe_catalog.config import WarehouseConfig as CatalogWarehouseConfig
 from sqe_catalog.errors import CatalogError, describe_database_error
 from sqe_catalog.errors import ConfigError as CatalogConfigError
 from sqe_catalog.restrictions import Subject, SubjectKind
@@ -177,15 +178,30 @@ def load_catalog_config(path: Path) -> CatalogServerConfig:
         raise StackError(f"{path} is not a valid catalog config: {first_line(exc)}") from None
 
 
-def read_catalog_key(config_path: Path) -> tuple[str, str]:
-    """The demo warehouse's static key (access key id, secret) from ``catalog.toml``."""
+def _demo_warehouse(config_path: Path) -> CatalogWarehouseConfig:
     warehouse = load_catalog_config(config_path).warehouse(WAREHOUSE)
     if warehouse is None:
         raise StackError(f"{config_path} has no warehouse {WAREHOUSE!r}")
-    pair = warehouse.static_key_pair()
+    return warehouse
+
+
+def read_catalog_key(config_path: Path) -> tuple[str, str]:
+    """The demo warehouse's static key (access key id, secret) from ``catalog.toml``."""
+    pair = _demo_warehouse(config_path).static_key_pair()
     if pair is None:
         raise StackError(f"{config_path}: warehouse {WAREHOUSE!r} has no access_key_id/secret_access_key")
     return pair
+
+
+def read_store_handle(config_path: Path, kind: str) -> StoreHandle:
+    """The running store a stack's ``catalog.toml`` points at, for another catalog to use beside it (endpoints,
+    role, the catalog's key). It names no daemon: stopping the store stays the business of the stack that
+    started it."""
+    warehouse = _demo_warehouse(config_path)
+    access_key_id, secret_access_key = read_catalog_key(config_path)
+    return StoreHandle(
+        kind, warehouse.endpoint, warehouse.sts_endpoint, warehouse.role_arn, access_key_id, secret_access_key, ()
+    )
 
 
 @dataclass(frozen=True)

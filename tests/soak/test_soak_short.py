@@ -1,10 +1,10 @@
 """The short soak (CI, about 2 minutes): ``bench/soak.py``'s own code with fewer queries and a time budget.
 
-The world is the soak's own (Ceph RGW with 5-second credentials, catalog behind a fault proxy process, ``sqe
-serve`` with 2 workers, three users) and the fault schedule is seeded, so a failure here replays with
-``python bench/soak.py --queries 150 --seed 17``. What must hold under the faults: no wrong, unrestricted or
-duplicated row, every failure typed, every acknowledged INSERT in the raw files exactly once, and no growth of
-the server's file descriptors or threads beyond a small bound once it has settled.
+The world is the soak's own but for the store (the session's Ceph RGW; 5-second credentials, catalog behind a
+fault proxy process, ``sqe serve`` with 2 workers, three users) and the fault schedule is seeded, so a failure
+here replays with ``python bench/soak.py --queries 150 --seed 17``. What must hold under the faults: no wrong,
+unrestricted or duplicated row, every failure typed, every acknowledged INSERT in the raw files exactly once, and
+no growth of the server's file descriptors or threads beyond a small bound once it has settled.
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from sqe_stack import StackInfo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ceph, pytest.mark.timeout(600)]
 
@@ -47,10 +50,12 @@ def _load_soak() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def report(tmp_path_factory: pytest.TempPathFactory, ceph_stack: StackInfo) -> Any:
+    """The soak on the session's Ceph RGW (Ceph starts once per test session), with its own catalog and location."""
     soak = _load_soak()
     config = soak.SoakConfig(queries=150, seed=17, clients_per_user=2, time_budget=110.0, fault_interval=3.0)
     config.dir = tmp_path_factory.mktemp("soak")
+    config.running_store = ceph_stack.running_store()
     result = soak.run_soak(config)
     print("\n".join(result.lines()))
     result.server_log = (config.dir / "logs" / "server.log").read_text(encoding="utf-8", errors="replace")

@@ -3,6 +3,7 @@ and the demo principals created through ``sqe_catalog.admin.open_auth_store`` on
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import tomllib
@@ -20,12 +21,13 @@ from sqe_stack.catalog import (
     PrincipalSpec,
     bootstrap_principals,
     create_principal,
+    read_store_handle,
     server_settings,
     warehouse_settings,
     write_catalog_config,
     write_stack_catalog_config,
 )
-from sqe_stack.provision import StackError, StoreHandle
+from sqe_stack.provision import Daemon, StackError, StoreHandle
 
 STORE = StoreHandle(
     kind="moto",
@@ -52,6 +54,13 @@ def test_stack_config_is_private_and_parses(tmp_path: Path) -> None:
     assert warehouse.location == "s3://warehouse/demo" and warehouse.credential_lifetime_seconds == 60
     assert warehouse.static_key_pair() == (STORE.access_key_id, STORE.secret_access_key)
     assert STORE.secret_access_key not in repr(STORE)
+
+
+def test_the_running_store_is_read_back_from_the_config_without_its_daemons(tmp_path: Path) -> None:
+    started = Daemon(name="moto", pid=os.getpid(), markers=("moto.server",))
+    store = dataclasses.replace(STORE, sts_endpoint="http://127.0.0.1:10", daemons=(started,))
+    path = write_stack_catalog_config(tmp_path, 8181, store, credential_lifetime=60)
+    assert read_store_handle(path, "moto") == dataclasses.replace(store, daemons=())  # another's to stop
 
 
 def test_overrides_replace_and_add_keys(tmp_path: Path) -> None:
