@@ -1,6 +1,7 @@
 """Soak under faults: the SQE service on Ceph RGW with 5-second credentials, three users, a seeded fault schedule.
 
-World (all on 127.0.0.1, started here): Ceph RGW (mon + memstore OSD + radosgw with STS) → ``sqe-catalog``
+World (all on 127.0.0.1, started here; the test starts no Ceph of its own but passes the session's as
+``SoakConfig.running_store``): Ceph RGW (mon + memstore OSD + radosgw with STS) → ``sqe-catalog``
 (credential lifetime 5 s, debug request log) → a fault proxy *process* in front of it → ``sqe serve`` acting as a
 trusted reader, with 2 ``sqe-worker`` processes. Users: ``full`` (unrestricted), ``rowf`` (row filter on
 ``region``), ``mask`` (``ssn`` hashed / nulled). Each user has client threads of its own, each with its own ADBC

@@ -22,6 +22,7 @@ from sqe_catalog.errors import ConfigError
 
 DEFAULT_SECRET_HASH_SCRYPT_N = 2**14
 MIN_SECRET_HASH_SCRYPT_N = 2**10
+MAX_SECRET_HASH_SCRYPT_N = 2**16  # 64 MiB of memory per hash (r = 8), for every token request in flight
 
 
 class ServerConfig(ConfigSection):
@@ -33,7 +34,7 @@ class ServerConfig(ConfigSection):
     # HMAC key for bearer tokens. Unset or empty: a random key per process (tokens die with the process).
     token_signing_key: Unset[SecretStr] = None
     token_lifetime_seconds: int = 3600
-    # scrypt cost N of the stored client-secret hashes (a power of two, at least MIN_SECRET_HASH_SCRYPT_N). Each
+    # scrypt cost N of the stored client-secret hashes (a power of two, MIN_ to MAX_SECRET_HASH_SCRYPT_N). Each
     # hash keeps its own parameters, so a change applies to secrets created or reset afterwards. Client secrets
     # are random 256-bit strings; lower it only for throwaway stacks whose every test issues tokens.
     secret_hash_scrypt_n: int = DEFAULT_SECRET_HASH_SCRYPT_N
@@ -150,8 +151,9 @@ def _validate(config: CatalogServerConfig, origins: Origins) -> None:
     if config.server.plan_lifetime_seconds <= 0:
         origins.fail("server.plan_lifetime_seconds", "must be positive")
     cost = config.server.secret_hash_scrypt_n
-    if cost < MIN_SECRET_HASH_SCRYPT_N or cost & (cost - 1):
-        origins.fail("server.secret_hash_scrypt_n", f"must be a power of two of at least {MIN_SECRET_HASH_SCRYPT_N}")
+    if not MIN_SECRET_HASH_SCRYPT_N <= cost <= MAX_SECRET_HASH_SCRYPT_N or cost & (cost - 1):
+        allowed = f"a power of two from {MIN_SECRET_HASH_SCRYPT_N} to {MAX_SECRET_HASH_SCRYPT_N}"
+        origins.fail("server.secret_hash_scrypt_n", f"must be {allowed}")
     seen: set[str] = set()
     for i, w in enumerate(config.warehouses):
         if w.name in seen:

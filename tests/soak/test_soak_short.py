@@ -1,4 +1,4 @@
-"""The short soak (CI, about 2 minutes): ``bench/soak.py``'s own code with fewer queries and a time budget.
+"""The short soak (CI, about a minute): ``bench/soak.py``'s own code with fewer queries and a time budget.
 
 The world is the soak's own but for the store (the session's Ceph RGW; 5-second credentials, catalog behind a
 fault proxy process, ``sqe serve`` with 2 workers, three users) and the fault schedule is seeded, so a failure

@@ -100,8 +100,9 @@ class TestErrorsNameTheKey:
             ({"warehouses": [WAREHOUSE, {"name": "x"}]}, "warehouses[1].location: required"),
             ({"warehouses": [{**WAREHOUSE, "path_style": "yes"}]}, "warehouses[0].path_style: expected a boolean"),
             ({"server": {"token_lifetime_seconds": 0}}, "server.token_lifetime_seconds: must be positive"),
-            ({"server": {"secret_hash_scrypt_n": 512}}, "server.secret_hash_scrypt_n: must be a power of two of at"),
-            ({"server": {"secret_hash_scrypt_n": 3000}}, "server.secret_hash_scrypt_n: must be a power of two of at"),
+            ({"server": {"secret_hash_scrypt_n": 512}}, "server.secret_hash_scrypt_n: must be a power of two from"),
+            ({"server": {"secret_hash_scrypt_n": 3000}}, "server.secret_hash_scrypt_n: must be a power of two from"),
+            ({"server": {"secret_hash_scrypt_n": 2**17}}, "server.secret_hash_scrypt_n: must be a power of two from"),
             ({"warehouses": [WAREHOUSE, WAREHOUSE]}, "warehouses[1].name: duplicate warehouse name"),
             ({"warehouses": [{**WAREHOUSE, "location": "/tmp/w"}]}, "warehouses[0].location: must start with"),
             (
