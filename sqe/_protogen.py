@@ -3,9 +3,10 @@
 One generator for both: the worker contract (``sqe.distributed.protocol._proto``) and the Flight SQL messages of
 ``sqe serve`` (``sqe.server._proto``). Each of those packages names its sources in a :class:`ProtoSet` and calls
 :meth:`ProtoSet.ensure_generated` on import, which in a source checkout regenerates the modules when they are
-missing or older than their ``.proto`` (atomically, so concurrent imports are safe); an installed wheel has no
-``proto/`` beside it and uses what the build generated. ``setup.py``'s ``build_py`` loads this file by path (the
-package may not be importable yet) and calls :func:`generate_all` before packaging.
+missing, older than their ``.proto`` or made by a generator newer than this environment's grpcio or protobuf
+(atomically, so concurrent imports are safe); an installed wheel has no ``proto/`` beside it and uses what the
+build generated. ``setup.py``'s ``build_py`` loads this file by path (the package may not be importable yet) and
+calls :func:`generate_all` before packaging.
 
 Standard library only at import time: ``grpc_tools`` is imported when something is compiled.
 """
@@ -13,12 +14,16 @@ Standard library only at import time: ``grpc_tools`` is imported when something 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+# What the generated modules say about the generator that made them (the runtime must be at least that).
+_PROTOBUF_GENCODE = re.compile(r"^# Protobuf Python Version: (\S+)$", re.MULTILINE)
+_GRPC_GENCODE = re.compile(r"^GRPC_GENERATED_VERSION = '([^']+)'$", re.MULTILINE)
 _SQE_DIR = Path(__file__).resolve().parent
 _PROTO_ROOT = _SQE_DIR.parent / "proto"  # present in a source checkout only
 
@@ -63,18 +68,59 @@ class ProtoSet:
         shutil.rmtree(self.package_dir / "__pycache__", ignore_errors=True)
 
     def is_stale(self) -> bool:
+        """True when a generated module is missing, older than its ``.proto``, or made by a generator newer than
+        this environment's protobuf or grpcio runtime (which would refuse to import it)."""
         for stem, proto in self.sources.items():
             source_mtime = proto.stat().st_mtime
             for name in self.outputs(stem):
                 target = self.package_dir / name
                 if not target.is_file() or target.stat().st_mtime < source_mtime:
                     return True
+            if self._needs_a_newer_runtime(stem):
+                return True
+        return False
+
+    def _needs_a_newer_runtime(self, stem: str) -> bool:
+        """A refreshed editable install compiles in pip's isolated build environment, whose grpcio-tools may be
+        newer than the grpcio and protobuf this environment keeps; its code then fails on import. Regenerated with
+        this environment's own grpcio-tools (which requires at least its grpcio and protobuf), it imports."""
+        checks = [(f"{stem}_pb2.py", _PROTOBUF_GENCODE, "protobuf")]
+        if self.grpc:
+            checks.append((f"{stem}_pb2_grpc.py", _GRPC_GENCODE, "grpcio"))
+        for name, pattern, runtime in checks:
+            match = pattern.search(_head(self.package_dir / name))
+            if match is not None and _release(match.group(1)) > _release(_installed(runtime)):
+                return True
         return False
 
     def ensure_generated(self) -> None:
         """Regenerate from the source checkout's ``.proto`` files when needed; no-op for an installed wheel."""
         if all(proto.is_file() for proto in self.sources.values()) and self.is_stale():
             self.generate()
+
+
+def _head(path: Path, size: int = 4096) -> str:
+    """The start of a generated module, where its generator versions stand ("" when it cannot be read)."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            return fh.read(size)
+    except OSError:
+        return ""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string ("1.85.4rc1" -> (1, 85, 4))."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def _installed(distribution: str) -> str:
+    import importlib.metadata  # only once a generated package is imported
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 WORKER = ProtoSet(
