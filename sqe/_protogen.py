@@ -84,12 +84,12 @@ class ProtoSet:
         """A refreshed editable install compiles in pip's isolated build environment, whose grpcio-tools may be
         newer than the grpcio and protobuf this environment keeps; its code then fails on import. Regenerated with
         this environment's own grpcio-tools (which requires at least its grpcio and protobuf), it imports."""
-        checks = [(f"{stem}_pb2.py", _PROTOBUF_GENCODE, "protobuf")]
+        checks = [(f"{stem}_pb2.py", _PROTOBUF_GENCODE, "google.protobuf")]
         if self.grpc:
-            checks.append((f"{stem}_pb2_grpc.py", _GRPC_GENCODE, "grpcio"))
+            checks.append((f"{stem}_pb2_grpc.py", _GRPC_GENCODE, "grpc"))
         for name, pattern, runtime in checks:
             match = pattern.search(_head(self.package_dir / name))
-            if match is not None and _release(match.group(1)) > _release(_installed(runtime)):
+            if match is not None and release_of(match.group(1)) > release_of(_runtime_version(runtime)):
                 return True
         return False
 
@@ -108,18 +108,20 @@ def _head(path: Path, size: int = 4096) -> str:
         return ""
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """The leading numeric release of a version string ("1.85.4rc1" -> (1, 85, 4))."""
+def release_of(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string ("1.85.4rc1" -> (1, 85, 4); () when there is none)."""
     match = re.match(r"\d+(?:\.\d+)*", version)
     return tuple(int(part) for part in match.group(0).split(".")) if match else ()
 
 
-def _installed(distribution: str) -> str:
-    import importlib.metadata  # only once a generated package is imported
+def _runtime_version(module: str) -> str:
+    """``module.__version__``: the figure the generated code itself checks. The generated module imports the
+    runtime next anyway; a missing one reads as "" (regenerating then fails, naming it)."""
+    import importlib  # only once a generated package is imported
 
     try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
+        return str(getattr(importlib.import_module(module), "__version__", ""))
+    except ImportError:
         return ""
 
 

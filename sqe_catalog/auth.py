@@ -95,6 +95,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError
 from sqlalchemy.sql.elements import BindParameter, ColumnClause
 
 from sqe import vocabulary
+from sqe_catalog.config import DEFAULT_SECRET_HASH_SCRYPT_N
 from sqe_catalog.errors import (
     AlreadyExistsError,
     BadRequestError,
@@ -690,7 +691,7 @@ class AuthStore:
         token_lifetime_seconds: int,
         *,
         clock: Callable[[], float] = time.time,
-        scrypt_n: int = 2**14,
+        scrypt_n: int = DEFAULT_SECRET_HASH_SCRYPT_N,
     ) -> None:
         if not signing_key:
             raise ConfigError("the token signing key must not be empty")

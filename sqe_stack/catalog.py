@@ -185,12 +185,16 @@ def _demo_warehouse(config_path: Path) -> CatalogWarehouseConfig:
     return warehouse
 
 
-def read_catalog_key(config_path: Path) -> tuple[str, str]:
-    """The demo warehouse's static key (access key id, secret) from ``catalog.toml``."""
-    pair = _demo_warehouse(config_path).static_key_pair()
+def _static_key(warehouse: CatalogWarehouseConfig, config_path: Path) -> tuple[str, str]:
+    pair = warehouse.static_key_pair()
     if pair is None:
         raise StackError(f"{config_path}: warehouse {WAREHOUSE!r} has no access_key_id/secret_access_key")
     return pair
+
+
+def read_catalog_key(config_path: Path) -> tuple[str, str]:
+    """The demo warehouse's static key (access key id, secret) from ``catalog.toml``."""
+    return _static_key(_demo_warehouse(config_path), config_path)
 
 
 def read_store_handle(config_path: Path, kind: str) -> StoreHandle:
@@ -198,10 +202,8 @@ def read_store_handle(config_path: Path, kind: str) -> StoreHandle:
     role, the catalog's key). It names no daemon: stopping the store stays the business of the stack that
     started it."""
     warehouse = _demo_warehouse(config_path)
-    access_key_id, secret_access_key = read_catalog_key(config_path)
-    return StoreHandle(
-        kind, warehouse.endpoint, warehouse.sts_endpoint, warehouse.role_arn, access_key_id, secret_access_key, ()
-    )
+    key = _static_key(warehouse, config_path)
+    return StoreHandle(kind, warehouse.endpoint, warehouse.sts_endpoint, warehouse.role_arn, *key, ())
 
 
 @dataclass(frozen=True)

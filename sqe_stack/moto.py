@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import re
 import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from sqe._protogen import release_of
 from sqe_stack.provision import (
     LOOPBACK,
     Daemon,
@@ -41,12 +41,6 @@ _ALLOW_ALL = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action
 _ALLOW_S3 = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """The leading numeric release of a version string ("5.2.5.dev1" -> (5, 2, 5))."""
-    match = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
-
-
 def moto_requirement() -> str:
     """The pip requirement the moto store needs, as the ``stack`` extra declares it."""
     low, high = MOTO_VERSION_RANGE
@@ -58,7 +52,7 @@ def check_moto_version(installed: str | None) -> None:
     low, high = MOTO_VERSION_RANGE
     if installed is None:
         raise MissingExtraError(f"the moto store needs {moto_requirement()} (not installed): {INSTALL_HINT}")
-    if not low <= _release(installed) < high:
+    if not low <= release_of(installed) < high:
         raise MissingExtraError(f"the moto store needs {moto_requirement()}, found moto {installed}: {INSTALL_HINT}")
 
 
