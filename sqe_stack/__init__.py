@@ -88,6 +88,8 @@ CATALOG_DB_FILES = tuple(CATALOG_DB + suffix for suffix in ("", "-journal", "-wa
 
 @dataclass(frozen=True)
 class PrincipalInfo:
+    """A demo principal: its ready SQE config (0600, holding the secret) and its client id."""
+
     config: Path
     client_id: str
 

@@ -59,6 +59,8 @@ _ERR = "read-restrictions: required-row-filter"
 
 @dataclass(frozen=True)
 class FieldRef:
+    """A column the filter names, resolved by field id in the schema it was bound against."""
+
     field_id: int
     name: str  # dotted name in the schema the filter was bound against
     type_name: str  # canonical Iceberg type
@@ -71,6 +73,8 @@ class FieldRef:
 
 @dataclass(frozen=True)
 class Comparison:
+    """``ref op value``; false where the column is null or NaN, except ``not-eq``, which is true there."""
+
     op: CompareOp
     ref: FieldRef
     value: LiteralValue
@@ -78,6 +82,8 @@ class Comparison:
 
 @dataclass(frozen=True)
 class SetMembership:
+    """``ref in values`` (``negated``: ``not-in``, true for null, as the exact negation of ``in``)."""
+
     ref: FieldRef
     values: tuple[LiteralValue, ...]
     negated: bool  # not-in
@@ -85,6 +91,8 @@ class SetMembership:
 
 @dataclass(frozen=True)
 class StartsWith:
+    """A string column begins with ``prefix`` (``negated``: ``not-starts-with``, true for null)."""
+
     ref: FieldRef
     prefix: str
     negated: bool  # not-starts-with
@@ -92,6 +100,8 @@ class StartsWith:
 
 @dataclass(frozen=True)
 class NullCheck:
+    """``is-null``/``not-null``/``is-nan``/``not-nan`` on one column; never itself null."""
+
     op: CheckOp
     ref: FieldRef
 
@@ -116,6 +126,8 @@ class Or(_Junction):
 
 @dataclass(frozen=True)
 class Not:
+    """The exact negation of ``child`` (two-valued: true where the child is false, nulls included)."""
+
     child: Predicate
 
 

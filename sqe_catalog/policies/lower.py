@@ -98,6 +98,8 @@ _REGO_COMPLEMENT = {"==": "!=", "!=": "==", "<": ">=", ">=": "<", "<=": ">", ">"
 
 @dataclass(frozen=True)
 class Const:
+    """``true`` or ``false``: what a branch folds to once its context is known."""
+
     value: bool
 
 
@@ -114,6 +116,8 @@ class Leaf:
 
 @dataclass(frozen=True)
 class Junction:
+    """An n-ary ``and``/``or``; canonical form keeps its children flat, sorted and distinct."""
+
     op: Literal["and", "or"]
     children: tuple[Node, ...]
 

@@ -85,17 +85,23 @@ _WHITESPACE = frozenset(" \t\r\n")
 
 @dataclass(frozen=True)
 class Col:
+    """``col("name")``: the value of a column of the row."""
+
     name: str
     pos: int
 
 
 @dataclass(frozen=True)
 class SessionUser:
+    """``session_user()``: the end user the request is served for."""
+
     pos: int
 
 
 @dataclass(frozen=True)
 class GroupMember:
+    """``is_group_member("group")``: whether that end user is in the group."""
+
     group: str
     pos: int
 
@@ -111,12 +117,16 @@ class Literal_:
 
 @dataclass(frozen=True)
 class Array:
+    """``[literal, ...]``: the right side of ``in`` (one AST node however long)."""
+
     items: tuple[Literal_, ...]
     pos: int
 
 
 @dataclass(frozen=True)
 class Compare:
+    """``left op right`` with one of ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``."""
+
     op: CompareOp
     left: Expr
     right: Expr
@@ -125,6 +135,8 @@ class Compare:
 
 @dataclass(frozen=True)
 class Junction:
+    """A chain of ``and`` (or of ``or``), kept flat: ``a and b and c`` is one node of three items."""
+
     op: Literal["and", "or"]
     items: tuple[Expr, ...]
     pos: int
@@ -132,12 +144,16 @@ class Junction:
 
 @dataclass(frozen=True)
 class Negation:
+    """``not child``."""
+
     child: Expr
     pos: int
 
 
 @dataclass(frozen=True)
 class Action:
+    """``action("name")``: a mask rule's result, naming one of the restriction actions."""
+
     name: str
     pos: int
 
@@ -161,6 +177,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class _Token:
+    """One lexeme; ``end`` marks the end of the source."""
+
     kind: Literal["word", "op", "string", "number", "end"]
     text: str  # the word, operator or number text; the decoded value for a string
     pos: int
