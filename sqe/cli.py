@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from sqe import __version__
+from sqe._process import Started, nothing, run_program
 from sqe._text import first_line
 from sqe.console import report_error, run_with_progress, write_result
 from sqe.errors import ConfigError, SQEError
@@ -34,14 +35,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def run() -> NoReturn:
+    """The ``sqe`` program (its console script and ``python -m sqe.cli``): :func:`main` as this whole process."""
+    run_program(lambda started: main(started=started))
+
+
+def main(argv: list[str] | None = None, *, started: Started = nothing) -> int:
+    """``started``: called once start-up is over (the session connected, or a subcommand's server set up)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "stack":
+        started()
         return _stack(argv[1:])
     if argv and argv[0] == "serve":
         from sqe.server.serve import main as serve_main
 
-        return serve_main(argv[1:])
+        return serve_main(argv[1:], started=started)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr)
     if args.format == "parquet" and not args.output:
@@ -51,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         session = _connect_remote(args.config, args.server) if args.server else _connect(args.config)
     except SQEError as exc:
         return report_error(exc, args.debug)
+    started()
     try:
         if args.execute is not None:
             return run_statements(session, args.execute, args.format, args.output, args.debug)
@@ -104,4 +113,4 @@ def run_statements(session: Session, text: str, fmt: str, output: str | None, de
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

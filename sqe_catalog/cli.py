@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
-from sqe_catalog.config import load_config
-from sqe_catalog.errors import CatalogError, ConfigError
+from sqe._process import Started, nothing, run_program
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,17 +22,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def run() -> NoReturn:
+    """The ``sqe-catalog`` program (its console script and ``python -m sqe_catalog.cli``) as this whole process."""
+    run_program(lambda started: main(started=started))
+
+
+def main(argv: list[str] | None = None, *, started: Started = nothing) -> int:
+    """``started``: called once start-up is over, before the server serves or an admin command runs."""
+    # Imported here, not at the top: a program's start-up (``run``) covers them (see ``sqe._process``).
+    from sqe_catalog.config import load_config
+    from sqe_catalog.errors import CatalogError, ConfigError
+
     args = _parser().parse_args(argv)
     try:
         config = load_config(args.config)
         if args.command == "serve":
             from sqe_catalog.server import serve
 
-            serve(config)
+            serve(config, started=started)
             return 0
         from sqe_catalog.admin import run_admin_command
 
+        started()
         return run_admin_command(config, args)
     except (ConfigError, CatalogError) as exc:
         print(f"sqe-catalog: {exc}", file=sys.stderr)
@@ -42,4 +53,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -17,6 +17,7 @@ from types import FrameType
 
 import uvicorn
 
+from sqe._process import Started, nothing
 from sqe_catalog.api import create_app
 from sqe_catalog.config import CatalogServerConfig
 from sqe_catalog.errors import ConfigError
@@ -56,13 +57,15 @@ def _exit_after_graceful_shutdown(_signum: int, _frame: FrameType | None) -> Non
     raise SystemExit(0)
 
 
-def serve(config: CatalogServerConfig) -> None:
-    """Run until SIGTERM/SIGINT; both drain in-flight requests before the process exits."""
+def serve(config: CatalogServerConfig, *, started: Started = nothing) -> None:
+    """Run until SIGTERM/SIGINT; both drain in-flight requests before the process exits. ``started``: called
+    once the app is built, before it serves (see ``sqe._process``)."""
     level = log_level(config)
     configure_logging(level)
     # Ceph RGW rejects the AWS SDK's default request checksums on streamed uploads (metadata writes).
     os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
     app = create_app(config)
+    started()
     server_config = uvicorn.Config(
         app,
         host=config.server.host,

@@ -12,15 +12,22 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
-from sqe.config import CacheConfig, MemoryConfig
+from sqe._process import Started, nothing, run_program
 from sqe.errors import ConfigError
-from workers.auth import read_token_file
-from workers.server import ProcessMemory, ServerOptions, serve
-from workers.service import DEFAULT_MAX_MESSAGE_BYTES, ServiceSettings
+
+if TYPE_CHECKING:
+    from workers.server import ServerOptions
+
+# gRPC, pyarrow and the engine are imported inside the functions below, so that a program's start-up (``run``)
+# covers them (see ``sqe._process``).
 
 
 def _parser() -> argparse.ArgumentParser:
+    from sqe.config import CacheConfig, MemoryConfig
+    from workers.service import DEFAULT_MAX_MESSAGE_BYTES
+
     parser = argparse.ArgumentParser(prog="sqe-worker", description="SQE distributed scan worker (gRPC).")
     parser.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on (port 0: any)")
     parser.add_argument("--token-file", type=Path, help="file holding the coordinator's bearer token")
@@ -62,6 +69,10 @@ def _read_pem(path: Path | None, what: str) -> bytes | None:
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    from workers.auth import read_token_file
+    from workers.server import ProcessMemory, ServerOptions
+    from workers.service import ServiceSettings
+
     if args.token_file is None and not args.insecure_no_token:
         raise ConfigError("no --token-file: refusing to start without authentication (or pass --insecure-no-token)")
     if args.token_file is not None and args.insecure_no_token:
@@ -87,17 +98,27 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def run() -> NoReturn:
+    """The ``sqe-worker`` program (its console script and ``python -m workers.cli``) as this whole process."""
+    run_program(lambda started: main(started=started))
+
+
+def main(argv: list[str] | None = None, *, started: Started = nothing) -> int:
+    """``started``: called once start-up is over, before the worker serves."""
+    from workers.server import serve
+
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     try:
-        return serve(options_from_args(args), port_file=args.port_file)
+        options = options_from_args(args)
+        started()
+        return serve(options, port_file=args.port_file)
     except ConfigError as exc:
         print(f"sqe-worker: error: {exc}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

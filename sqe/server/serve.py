@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from sqe._process import Started, nothing
 from sqe._text import first_line
 from sqe.config import load_config
 from sqe.errors import SQEError
@@ -60,7 +61,8 @@ class _FullTracebackFormatter(logging.Formatter):
 _LOG_TRACEBACK_FRAMES = 100
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], *, started: Started = nothing) -> int:
+    """``started``: called once the server is set up, before it serves (see ``sqe._process``)."""
     args = _parser().parse_args(argv)
     # a native crash (DuckDB, Arrow, gRPC) then leaves every thread's Python stack in the log
     faulthandler.enable(file=sys.stderr, all_threads=True)
@@ -69,13 +71,13 @@ def main(argv: list[str]) -> int:
     handler.setFormatter(_FullTracebackFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
-        return _serve(args.config, args.port_file)
+        return _serve(args.config, args.port_file, started)
     except SQEError as exc:
         print(f"sqe serve: error: {first_line(exc)}", file=sys.stderr)
         return 1
 
 
-def _serve(config_path: str, port_file: str | None) -> int:
+def _serve(config_path: str, port_file: str | None, started: Started) -> int:
     from sqe.server.flight import SQEFlightServer  # pyarrow.flight only for the server
 
     server_config = load_server_config(config_path)
@@ -90,6 +92,7 @@ def _serve(config_path: str, port_file: str | None) -> int:
         auth_cache_seconds=server_config.auth_cache_seconds,
     )
     server = SQEFlightServer(server_config, engine_config, broker, tls_certificates=_tls(server_config))
+    started()
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
