@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None, *, started: Started = nothing) -> int:
     if args.format == "parquet" and not args.output:
         print("sqe: --format parquet needs --output PATH", file=sys.stderr)
         return 2
+    if not args.server:
+        from sqe.duckdb_connection import open_ahead
+
+        open_ahead()  # the session's database opens while the engine is imported
     try:
         session = _connect_remote(args.config, args.server) if args.server else _connect(args.config)
     except SQEError as exc:

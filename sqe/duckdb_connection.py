@@ -8,11 +8,16 @@ Used by SQL sessions and by the restriction kernels' private hashing connection,
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import duckdb
 
-__all__ = ["LOCKDOWN_CONFIG", "connect_locked_down", "quote_ident", "quote_qualified"]
+__all__ = ["LOCKDOWN_CONFIG", "connect_locked_down", "open_ahead", "quote_ident", "quote_qualified"]
 
 LOCKDOWN_CONFIG: dict[str, str | bool | int | float | list[str]] = {
     "enable_external_access": False,
@@ -23,13 +28,67 @@ LOCKDOWN_CONFIG: dict[str, str | bool | int | float | list[str]] = {
 }
 
 
+_ahead_lock = threading.Lock()
+_ahead: Future[duckdb.DuckDBPyConnection] | None = None
+
+
+def open_ahead() -> None:
+    """Start opening the next database :func:`connect_locked_down` returns, on a background thread.
+
+    Opening an in-memory database costs DuckDB 25-40 ms (its catalog of built-in functions, its thread pool) and
+    holds no GIL meanwhile, so the ``sqe`` program has it opened while it imports the engine, instead of after.
+    Only a program calls this, once: the database is the same as one opened on the spot (same configuration, then
+    ``before_lock`` and the lock)."""
+    global _ahead
+    opening: Future[duckdb.DuckDBPyConnection] = Future()
+    with _ahead_lock:
+        if _ahead is not None:
+            return
+        _ahead = opening
+    threading.Thread(target=_open_into, args=(opening,), name="sqe-duckdb-open", daemon=True).start()
+
+
+def _open_into(opening: Future[duckdb.DuckDBPyConnection]) -> None:
+    try:
+        opening.set_result(_open())
+    except BaseException as exc:  # raised to the caller that takes it, as if it had opened the database itself
+        opening.set_exception(exc)
+
+
+def _open() -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(":memory:", config=LOCKDOWN_CONFIG)
+
+
+def _opened_ahead_or_now() -> duckdb.DuckDBPyConnection:
+    global _ahead
+    with _ahead_lock:
+        opening, _ahead = _ahead, None
+    return opening.result() if opening is not None else _open()
+
+
+def _private_spill_directory() -> str:
+    """A directory of the process's own (0700), removed when the process exits."""
+    path = tempfile.mkdtemp(prefix="sqe-duckdb-spill-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def connect_locked_down(
     before_lock: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+    *,
+    private_spill: bool = False,
 ) -> duckdb.DuckDBPyConnection:
     """An in-memory connection; ``before_lock`` may still change settings before the configuration is locked.
     Its cursors (``con.cursor()``) share the database and its locked settings, each with its own temporary
-    schema, so an Arrow object registered on one connection is not visible to another."""
-    con = duckdb.connect(":memory:", config=LOCKDOWN_CONFIG)
+    schema, so an Arrow object registered on one connection is not visible to another.
+
+    ``private_spill``: the database spills to a directory of its own that is removed at exit, not to DuckDB's
+    default ``.tmp`` in the working directory. For the process-wide databases, which a module holds until exit: a
+    program's exit does not finalize them (``sqe._process``), so DuckDB would leave its files behind."""
+    if private_spill:  # set when opening: the lock-down forbids changing it afterwards
+        con = duckdb.connect(":memory:", config={**LOCKDOWN_CONFIG, "temp_directory": _private_spill_directory()})
+    else:
+        con = _opened_ahead_or_now()
     try:
         # GLOBAL: also the value of every cursor of this database (a per-connection setting, which a cursor made
         # after the lock below could no longer change)

@@ -162,7 +162,7 @@ def _database() -> duckdb.DuckDBPyConnection:
     global _DATABASE
     with _DATABASE_LOCK:
         if _DATABASE is None or _DATABASE[0] != os.getpid():
-            _DATABASE = (os.getpid(), connect_locked_down(_one_thread))
+            _DATABASE = (os.getpid(), connect_locked_down(_one_thread, private_spill=True))
         return _DATABASE[1]
 
 

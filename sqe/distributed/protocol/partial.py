@@ -172,7 +172,7 @@ def _connect() -> duckdb.DuckDBPyConnection:
     global _DATABASE
     with _DATABASE_LOCK:
         if _DATABASE is None:
-            _DATABASE = connect_locked_down(_configure)
+            _DATABASE = connect_locked_down(_configure, private_spill=True)
         return _DATABASE.cursor()
 
 

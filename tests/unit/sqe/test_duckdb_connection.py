@@ -7,8 +7,9 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from sqe import duckdb_connection
 from sqe.distributed.protocol.partial import _connect as partial_connection
-from sqe.duckdb_connection import connect_locked_down
+from sqe.duckdb_connection import LOCKDOWN_CONFIG, connect_locked_down, open_ahead
 
 LOCKED = ("enable_external_access", "lock_configuration", "python_enable_replacements")
 
@@ -54,3 +55,33 @@ def test_an_object_registered_on_a_connection_is_not_visible_to_its_cursor() -> 
     finally:
         cursor.close()
         con.close()
+
+
+def test_a_database_opened_ahead_is_the_next_connection_and_just_as_locked_down() -> None:
+    """The ``sqe`` program opens its session's database on a thread while it imports; the connection it gets is
+    the one opened ahead, with ``before_lock`` applied and the configuration locked like any other."""
+    open_ahead()
+    opening = duckdb_connection._ahead
+    assert opening is not None
+    con = connect_locked_down(lambda c: c.execute("CREATE TABLE made_before_lock AS SELECT 7 AS x"))
+    try:
+        assert duckdb_connection._ahead is None  # taken: the next connection opens on the spot
+        assert con is opening.result()
+        assert _settings(con) == {
+            "enable_external_access": False,
+            "lock_configuration": True,
+            "python_enable_replacements": False,
+        }
+        assert con.execute("SELECT x FROM made_before_lock").fetchall() == [(7,)]
+        with pytest.raises(duckdb.Error):
+            con.execute("SET enable_external_access = true")
+    finally:
+        con.close()
+
+
+def test_a_failure_to_open_ahead_reaches_the_caller_that_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(LOCKDOWN_CONFIG, "no_such_duckdb_setting", 1)  # DuckDB itself refuses to open
+    open_ahead()
+    with pytest.raises(duckdb.Error, match="no_such_duckdb_setting"):
+        connect_locked_down()
+    assert duckdb_connection._ahead is None

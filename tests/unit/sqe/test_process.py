@@ -15,10 +15,12 @@ from pathlib import Path
 from sqe.cli import main as sqe_main
 
 
-def _program(main_body: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
+def _program(main_body: str, prelude: str = "", cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     source = textwrap.dedent(prelude) + "\nfrom sqe._process import run_program\n\n\ndef main(started):\n"
     source += textwrap.indent(textwrap.dedent(main_body), "    ") + "\n\nrun_program(main)\n"
-    return subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", source], capture_output=True, text=True, timeout=60, check=False, cwd=cwd
+    )
 
 
 def test_start_up_runs_without_collection_then_started_freezes_it_and_collection_resumes() -> None:
@@ -35,24 +37,52 @@ def test_start_up_runs_without_collection_then_started_freezes_it_and_collection
     assert done.stdout.splitlines() == ["False 0", "True True"]
 
 
-def test_the_exit_runs_atexit_handlers_and_keeps_what_the_program_closed(tmp_path: Path) -> None:
-    """The contract of ``sqe._process``: atexit handlers still run (log flushing, pools), and what the program
-    closes before returning is complete."""
-    output = tmp_path / "out.txt"
+def test_the_exit_freezes_what_the_program_made_after_start_up_and_still_runs_atexit_handlers() -> None:
+    """The exit's last collection is spared (everything is frozen by then), and atexit handlers (log flushing,
+    pools, spill directories) still run after it."""
     prelude = """
-        import atexit, sys
-        atexit.register(lambda: sys.stdout.write("atexit ran\\n"))
+        import atexit, gc, sys
+        atexit.register(lambda: sys.stdout.write(f"at exit: frozen {gc.get_freeze_count() > made_before}\\n"))
+        made_before = 0
     """
-    body = f"""
+    body = """
+        global made_before, made
         started()
-        with open({str(output)!r}, "w") as out:
-            out.write("data")
+        made_before = gc.get_freeze_count()
+        made = [[i] for i in range(1000)]  # made after start-up: not frozen until the exit
         return 0
     """
     done = _program(body, prelude)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["atexit ran"]
-    assert output.read_text() == "data"
+    assert done.stdout.splitlines() == ["at exit: frozen True"]
+
+
+def test_a_process_wide_database_spills_to_its_own_directory_which_the_exit_removes(tmp_path: Path) -> None:
+    """A module keeps its DuckDB database until exit, where a program does not finalize it: with private_spill it
+    spills outside the working directory, into a directory of its own that is gone after the exit."""
+    body = """
+        global database
+        from sqe.duckdb_connection import connect_locked_down
+
+        def small(con):
+            con.execute("SET memory_limit = '20MB'")
+            con.execute("SET threads = 1")
+
+        started()
+        database = connect_locked_down(small, private_spill=True)
+        spill = database.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+        database.execute("SELECT count(*) FROM (SELECT * FROM range(3000000) t(x) ORDER BY x DESC)").fetchall()
+        import os
+        print(spill, len(os.listdir(spill)) > 0)
+        return 0
+    """
+    done = _program(body, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    spill, spilled = done.stdout.split()
+    assert spilled == "True"  # the query really spilled, there
+    assert not Path(spill).is_relative_to(tmp_path)
+    assert not Path(spill).exists()
+    assert list(tmp_path.iterdir()) == []  # no DuckDB .tmp left in the working directory
 
 
 def test_an_exception_in_main_propagates_as_usual() -> None:
@@ -74,8 +104,12 @@ def test_main_called_as_a_library_leaves_the_collector_alone(tmp_path: Path) -> 
 def test_the_sqe_program_answers_through_its_process_entry(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('[catalog]\nuri = "http://127.0.0.1:9"\nwarehouse = "wh"\nclient_id = "u"\nclient_secret = "s"\n')
+    # ``python -m sqe.cli`` runs ``run()``; here the same call, with an atexit probe of the collector's state.
+    probe = "import atexit, gc, sys; import sqe.cli; "
+    probe += "atexit.register(lambda: print('frozen at exit', gc.get_freeze_count() > 0, file=sys.stderr)); "
+    probe += "sys.argv[0] = 'sqe'; sqe.cli.run()"
     done = subprocess.run(
-        [sys.executable, "-m", "sqe.cli", "--config", str(config), "--format", "csv", "-e", "SELECT 41 + 1 AS x"],
+        [sys.executable, "-c", probe, "--config", str(config), "--format", "csv", "-e", "SELECT 41 + 1 AS x"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -84,3 +118,4 @@ def test_the_sqe_program_answers_through_its_process_entry(tmp_path: Path) -> No
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["x", "42"]
+    assert "frozen at exit True" in done.stderr
