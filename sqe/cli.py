@@ -37,11 +37,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def run() -> NoReturn:
     """The ``sqe`` program (its console script and ``python -m sqe.cli``): :func:`main` as this whole process."""
-    run_program(lambda started: main(started=started))
+    run_program(lambda started: main(started=started, whole_process=True))
 
 
-def main(argv: list[str] | None = None, *, started: Started = nothing) -> int:
-    """``started``: called once start-up is over (the session connected, or a subcommand's server set up)."""
+def main(argv: list[str] | None = None, *, started: Started = nothing, whole_process: bool = False) -> int:
+    """``started``: called once start-up is over (the session connected, or a subcommand's server set up).
+    ``whole_process``: this call is the process (``run``), so the session's database may open ahead."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "stack":
         started()
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None, *, started: Started = nothing) -> int:
     if args.format == "parquet" and not args.output:
         print("sqe: --format parquet needs --output PATH", file=sys.stderr)
         return 2
-    if not args.server:
+    if whole_process and not args.server:
         from sqe.duckdb_connection import open_ahead
 
         open_ahead()  # the session's database opens while the engine is imported

@@ -9,15 +9,15 @@ Used by SQL sessions and by the restriction kernels' private hashing connection,
 from __future__ import annotations
 
 import atexit
-import shutil
-import tempfile
+import contextlib
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
 import duckdb
 
-__all__ = ["LOCKDOWN_CONFIG", "connect_locked_down", "open_ahead", "quote_ident", "quote_qualified"]
+__all__ = ["LOCKDOWN_CONFIG", "close_at_exit", "connect_locked_down", "open_ahead", "quote_ident", "quote_qualified"]
 
 LOCKDOWN_CONFIG: dict[str, str | bool | int | float | list[str]] = {
     "enable_external_access": False,
@@ -29,7 +29,7 @@ LOCKDOWN_CONFIG: dict[str, str | bool | int | float | list[str]] = {
 
 
 _ahead_lock = threading.Lock()
-_ahead: Future[duckdb.DuckDBPyConnection] | None = None
+_ahead: tuple[int, Future[duckdb.DuckDBPyConnection]] | None = None  # (pid that opened it, the opening)
 
 
 def open_ahead() -> None:
@@ -37,14 +37,14 @@ def open_ahead() -> None:
 
     Opening an in-memory database costs DuckDB 25-40 ms (its catalog of built-in functions, its thread pool) and
     holds no GIL meanwhile, so the ``sqe`` program has it opened while it imports the engine, instead of after.
-    Only a program calls this, once: the database is the same as one opened on the spot (same configuration, then
-    ``before_lock`` and the lock)."""
+    Only a program's own process calls this (``sqe.cli.run``), before its first connection: the database is the
+    same as one opened on the spot (same configuration, then ``before_lock`` and the lock)."""
     global _ahead
     opening: Future[duckdb.DuckDBPyConnection] = Future()
     with _ahead_lock:
         if _ahead is not None:
             return
-        _ahead = opening
+        _ahead = (os.getpid(), opening)
     threading.Thread(target=_open_into, args=(opening,), name="sqe-duckdb-open", daemon=True).start()
 
 
@@ -62,33 +62,34 @@ def _open() -> duckdb.DuckDBPyConnection:
 def _opened_ahead_or_now() -> duckdb.DuckDBPyConnection:
     global _ahead
     with _ahead_lock:
-        opening, _ahead = _ahead, None
-    return opening.result() if opening is not None else _open()
+        ahead, _ahead = _ahead, None
+    if ahead is None or ahead[0] != os.getpid():  # a forked child never waits for its parent's thread
+        return _open()
+    return ahead[1].result()
 
 
-def _private_spill_directory() -> str:
-    """A directory of the process's own (0700), removed when the process exits."""
-    path = tempfile.mkdtemp(prefix="sqe-duckdb-spill-")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
+def close_at_exit(connection: duckdb.DuckDBPyConnection) -> None:
+    """Close ``connection`` when this process exits (an ``atexit`` handler), for a database or cursor a module keeps
+    for the process's lifetime. DuckDB removes its spill directory (``.tmp`` in the working directory) only when its
+    database closes, and a program's exit finalizes nothing a module holds (``sqe._process``). A forked child
+    inherits the handler but not the connection: only the registering process closes it."""
+    pid = os.getpid()
+
+    def close() -> None:
+        if os.getpid() == pid:
+            with contextlib.suppress(duckdb.Error):
+                connection.close()
+
+    atexit.register(close)
 
 
 def connect_locked_down(
     before_lock: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
-    *,
-    private_spill: bool = False,
 ) -> duckdb.DuckDBPyConnection:
     """An in-memory connection; ``before_lock`` may still change settings before the configuration is locked.
     Its cursors (``con.cursor()``) share the database and its locked settings, each with its own temporary
-    schema, so an Arrow object registered on one connection is not visible to another.
-
-    ``private_spill``: the database spills to a directory of its own that is removed at exit, not to DuckDB's
-    default ``.tmp`` in the working directory. For the process-wide databases, which a module holds until exit: a
-    program's exit does not finalize them (``sqe._process``), so DuckDB would leave its files behind."""
-    if private_spill:  # set when opening: the lock-down forbids changing it afterwards
-        con = duckdb.connect(":memory:", config={**LOCKDOWN_CONFIG, "temp_directory": _private_spill_directory()})
-    else:
-        con = _opened_ahead_or_now()
+    schema, so an Arrow object registered on one connection is not visible to another."""
+    con = _opened_ahead_or_now()
     try:
         # GLOBAL: also the value of every cursor of this database (a per-connection setting, which a cursor made
         # after the lock below could no longer change)

@@ -32,7 +32,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sqe.duckdb_connection import connect_locked_down
+from sqe.duckdb_connection import close_at_exit, connect_locked_down
 from sqe.restrictions.arrow_buffers import validity_bitmap
 
 
@@ -162,7 +162,8 @@ def _database() -> duckdb.DuckDBPyConnection:
     global _DATABASE
     with _DATABASE_LOCK:
         if _DATABASE is None or _DATABASE[0] != os.getpid():
-            _DATABASE = (os.getpid(), connect_locked_down(_one_thread, private_spill=True))
+            _DATABASE = (os.getpid(), connect_locked_down(_one_thread))
+            close_at_exit(_DATABASE[1])
         return _DATABASE[1]
 
 
@@ -171,6 +172,10 @@ def _duckdb() -> duckdb.DuckDBPyConnection:
     no Python variable lookups, and its configuration locked so queries cannot loosen any of that."""
     if _CONNECTIONS.connection is None or _CONNECTIONS.pid != os.getpid():
         _CONNECTIONS.connection, _CONNECTIONS.pid = _database().cursor(), os.getpid()
+        if threading.current_thread() is threading.main_thread():
+            # Alive at exit, unlike the cursors of scan threads (gone with their threads): closed at exit so the
+            # database can close (see close_at_exit). Registered after the database's: closed before it.
+            close_at_exit(_CONNECTIONS.connection)
     return _CONNECTIONS.connection
 
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 from sqe._lru import LRUCache
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
-from sqe.duckdb_connection import connect_locked_down, quote_ident
+from sqe.duckdb_connection import close_at_exit, connect_locked_down, quote_ident
 from sqe.planning.user_filter import UserFilter, Value
 
 Function = Literal["count_star", "count", "sum", "min", "max"]
@@ -172,7 +172,8 @@ def _connect() -> duckdb.DuckDBPyConnection:
     global _DATABASE
     with _DATABASE_LOCK:
         if _DATABASE is None:
-            _DATABASE = connect_locked_down(_configure, private_spill=True)
+            _DATABASE = connect_locked_down(_configure)
+            close_at_exit(_DATABASE)
         return _DATABASE.cursor()
 
 

@@ -61,12 +61,12 @@ def test_a_database_opened_ahead_is_the_next_connection_and_just_as_locked_down(
     """The ``sqe`` program opens its session's database on a thread while it imports; the connection it gets is
     the one opened ahead, with ``before_lock`` applied and the configuration locked like any other."""
     open_ahead()
-    opening = duckdb_connection._ahead
-    assert opening is not None
+    ahead = duckdb_connection._ahead
+    assert ahead is not None
     con = connect_locked_down(lambda c: c.execute("CREATE TABLE made_before_lock AS SELECT 7 AS x"))
     try:
         assert duckdb_connection._ahead is None  # taken: the next connection opens on the spot
-        assert con is opening.result()
+        assert con is ahead[1].result()
         assert _settings(con) == {
             "enable_external_access": False,
             "lock_configuration": True,

@@ -12,6 +12,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from sqe import duckdb_connection
 from sqe.cli import main as sqe_main
 
 
@@ -57,32 +60,36 @@ def test_the_exit_freezes_what_the_program_made_after_start_up_and_still_runs_at
     assert done.stdout.splitlines() == ["at exit: frozen True"]
 
 
-def test_a_process_wide_database_spills_to_its_own_directory_which_the_exit_removes(tmp_path: Path) -> None:
-    """A module keeps its DuckDB database until exit, where a program does not finalize it: with private_spill it
-    spills outside the working directory, into a directory of its own that is gone after the exit."""
-    body = """
-        global database
-        from sqe.duckdb_connection import connect_locked_down
+@pytest.mark.parametrize("closed_at_exit", [True, False])
+def test_a_database_a_module_keeps_leaves_no_spill_directory_when_closed_at_exit(
+    tmp_path: Path, closed_at_exit: bool
+) -> None:
+    """A program's exit finalizes nothing a module holds, and DuckDB removes its spill directory (``.tmp`` in the
+    working directory) only when the database closes: the process-wide databases (SHA-256 masks, partial
+    aggregates) are closed by ``close_at_exit``. Without it, the directory stays (the contrast proves the case)."""
+    body = f"""
+        global database, cursor
+        from sqe.duckdb_connection import close_at_exit, connect_locked_down
 
         def small(con):
             con.execute("SET memory_limit = '20MB'")
             con.execute("SET threads = 1")
 
         started()
-        database = connect_locked_down(small, private_spill=True)
-        spill = database.execute("SELECT current_setting('temp_directory')").fetchone()[0]
-        database.execute("SELECT count(*) FROM (SELECT * FROM range(3000000) t(x) ORDER BY x DESC)").fetchall()
+        database = connect_locked_down(small)
+        cursor = database.cursor()
+        if {closed_at_exit}:
+            close_at_exit(database)
+            close_at_exit(cursor)
+        cursor.execute("SELECT count(*) FROM (SELECT * FROM range(3000000) t(x) ORDER BY x DESC)").fetchall()
         import os
-        print(spill, len(os.listdir(spill)) > 0)
+        print(os.path.isdir(".tmp"))
         return 0
     """
     done = _program(body, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    spill, spilled = done.stdout.split()
-    assert spilled == "True"  # the query really spilled, there
-    assert not Path(spill).is_relative_to(tmp_path)
-    assert not Path(spill).exists()
-    assert list(tmp_path.iterdir()) == []  # no DuckDB .tmp left in the working directory
+    assert done.stdout.split() == ["True"]  # the query spilled into the working directory's .tmp
+    assert (tmp_path / ".tmp").exists() is not closed_at_exit
 
 
 def test_an_exception_in_main_propagates_as_usual() -> None:
@@ -99,6 +106,7 @@ def test_main_called_as_a_library_leaves_the_collector_alone(tmp_path: Path) -> 
     assert sqe_main(["--config", str(config), "--format", "csv", "-e", "SELECT 1 AS one"]) == 0
     assert gc.isenabled()
     assert gc.get_freeze_count() == frozen
+    assert duckdb_connection._ahead is None  # no database opened ahead for a later, unrelated caller
 
 
 def test_the_sqe_program_answers_through_its_process_entry(tmp_path: Path) -> None:
