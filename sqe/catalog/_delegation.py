@@ -16,6 +16,7 @@ an :class:`AuthenticationError` naming the end user and the reader, never a toke
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import requests
 
@@ -30,6 +31,9 @@ from sqe.catalog._auth import (
 )
 from sqe.errors import AuthenticationError
 from sqe.vocabulary import ACCESS_TOKEN_TYPE, TOKEN_EXCHANGE_GRANT
+
+if TYPE_CHECKING:
+    from sqe.config import CatalogConnection
 
 # Re-exchange with a fresh subject token once less than this share of the subject token's lifetime remains.
 _SUBJECT_KEEP_SHARE = 0.5
@@ -122,3 +126,38 @@ def token_exchange_form(subject_token: str, actor_token: str) -> dict[str, str]:
         "actor_token": actor_token,
         "actor_token_type": ACCESS_TOKEN_TYPE,
     }
+
+
+# Every role of the reader principal (it needs none for data; a role-narrowed scope would be refused).
+_READER_SCOPE = "PRINCIPAL_ROLE:ALL"
+
+
+def catalog_auth(session: requests.Session, endpoint: CatalogConnection) -> BearerAuth:
+    """The end user's own token, or (with a reader configured) a token delegated by the user to the reader."""
+    token_url = endpoint.uri.rstrip("/") + "/v1/oauth/tokens"
+    end_user = BearerAuth(
+        session,
+        token_url,
+        client_id=endpoint.client_id or "",
+        client_secret=endpoint.client_secret_value() or "",
+        scope=endpoint.scope,
+        static_token=endpoint.token_value() or "",
+    )
+    if not endpoint.delegates:
+        return end_user
+    reader = BearerAuth(
+        session,
+        token_url,
+        client_id=endpoint.reader_client_id or "",
+        client_secret=endpoint.reader_client_secret_value() or "",
+        # The reader holds no data roles: the user's scope narrows the user's token, never the reader's.
+        scope=_READER_SCOPE,
+    )
+    return DelegatedAuth(
+        session,
+        token_url,
+        end_user=end_user,
+        reader=reader,
+        end_user_name=endpoint.client_id or "token user",
+        reader_name=endpoint.reader_client_id or "",
+    )

@@ -28,13 +28,16 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
 from requests.utils import should_bypass_proxies
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_attempt
+
+if TYPE_CHECKING:
+    from sqe.config import SQEConfig
 
 log = logging.getLogger("sqe.catalog")
 
@@ -48,6 +51,11 @@ class RetryPolicy:
     base_delay: float = 0.5
     max_delay: float = 30.0
     timeout: float = 30.0
+
+    @classmethod
+    def of(cls, config: SQEConfig) -> RetryPolicy:
+        """The policy ``[catalog] max_retries`` and ``request_timeout_seconds`` set."""
+        return cls(max_retries=config.catalog.max_retries, timeout=config.catalog.request_timeout_seconds)
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:

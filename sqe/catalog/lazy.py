@@ -43,12 +43,16 @@ class LazyRestTableProvider(Unpicklable):
         return self._provider is not None
 
     def real(self) -> RestTableProvider:
-        """The REST provider, built on the first call."""
+        """The REST provider, built on the first call. Its primary warehouse's first token is requested before the
+        client is imported, on a thread, so the two overlap (``sqe.catalog._early_token``)."""
         with self._lock:
             if self._provider is None:
+                from sqe.catalog._early_token import EarlyToken
+
+                early = EarlyToken.start(self._config)
                 from sqe.catalog.rest import RestTableProvider
 
-                self._provider = RestTableProvider(self._config)
+                self._provider = RestTableProvider(self._config, early=early)
             return self._provider
 
     def catalog(self, warehouse: str) -> SQERestCatalog:

@@ -34,8 +34,8 @@ from pyiceberg.view.metadata import ViewMetadata
 from sqe import vocabulary
 from sqe._text import first_line
 from sqe._unpicklable import Unpicklable
-from sqe.catalog._auth import BearerAuth
-from sqe.catalog._delegation import DelegatedAuth
+from sqe.catalog._delegation import catalog_auth
+from sqe.catalog._early_token import EarlyToken
 from sqe.catalog._transport import RetryPolicy, make_session
 from sqe.catalog.base import CacheOutcome, LoadedTable, ScanPlanningClient, TableIdent, ViewDefinition
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, error_for_status, translate_error
@@ -73,56 +73,30 @@ def principal_key(connection: CatalogConnection) -> str:
     return f"{user}+reader:{connection.reader_client_id}" if connection.delegates else user
 
 
-# Every role of the reader principal (it needs none for data; a role-narrowed scope would be refused).
-_READER_SCOPE = "PRINCIPAL_ROLE:ALL"
-
-
-def _catalog_auth(session: requests.Session, endpoint: CatalogConnection) -> BearerAuth:
-    """The end user's own token, or (with a reader configured) a token delegated by the user to the reader."""
-    token_url = endpoint.uri.rstrip("/") + "/v1/oauth/tokens"
-    end_user = BearerAuth(
-        session,
-        token_url,
-        client_id=endpoint.client_id or "",
-        client_secret=endpoint.client_secret_value() or "",
-        scope=endpoint.scope,
-        static_token=endpoint.token_value() or "",
-    )
-    if not endpoint.delegates:
-        return end_user
-    reader = BearerAuth(
-        session,
-        token_url,
-        client_id=endpoint.reader_client_id or "",
-        client_secret=endpoint.reader_client_secret_value() or "",
-        # The reader holds no data roles: the user's scope narrows the user's token, never the reader's.
-        scope=_READER_SCOPE,
-    )
-    return DelegatedAuth(
-        session,
-        token_url,
-        end_user=end_user,
-        reader=reader,
-        end_user_name=endpoint.client_id or "token user",
-        reader_name=endpoint.reader_client_id or "",
-    )
-
-
 class SQERestCatalog(Unpicklable, RestCatalog):
     """pyiceberg's RestCatalog with SQE's transport, token handling and FileIO."""
 
     _pickle_refusal = "catalog clients cannot be pickled"
 
-    def __init__(self, name: str, endpoint: CatalogConnection, config: SQEConfig) -> None:
+    def __init__(
+        self, name: str, endpoint: CatalogConnection, config: SQEConfig, *, early: EarlyToken | None = None
+    ) -> None:
+        """``early``: this endpoint's token session and auth, its first token already requested (see
+        ``sqe.catalog._early_token``); otherwise both are made here."""
         self._sqe_config = config
         self._endpoint = endpoint
-        policy = RetryPolicy(max_retries=config.catalog.max_retries, timeout=config.catalog.request_timeout_seconds)
-        self._token_session = make_session(policy)
+        policy = RetryPolicy.of(config)
         self._retry_policy = policy
-        self._bearer = _catalog_auth(self._token_session, endpoint)
+        if early is not None:
+            self._token_session, self._bearer = early.session, early.auth
+        else:
+            self._token_session = make_session(policy)
+            self._bearer = catalog_auth(self._token_session, endpoint)
         properties: dict[str, str] = {"uri": endpoint.uri, "warehouse": endpoint.warehouse}
         properties.update(self._header_properties(config))
         try:
+            if early is not None:
+                early.wait()  # its refusal or transport error, raised and translated as if fetched here
             super().__init__(name, **properties)
         except RESTError as exc:
             raise translate_error(exc, f"catalog {endpoint.uri}") from None
@@ -369,9 +343,11 @@ class RestTableProvider:
     request at all, unless its credentials reach their usable point within that interval.
     """
 
-    def __init__(self, config: SQEConfig) -> None:
+    def __init__(self, config: SQEConfig, *, early: EarlyToken | None = None) -> None:
+        """``early``: a warehouse's first token, already requested (``LazyRestTableProvider``); used once."""
         self._config = config
         self._endpoints = {name: config.catalog.connection(name) for name in config.catalog.warehouse_names}
+        self._early = early
         self._catalogs: dict[str, SQERestCatalog] = {}
         self._cache: dict[tuple[str, str, str], _CacheEntry] = {}
         self._lock = threading.RLock()
@@ -387,16 +363,22 @@ class RestTableProvider:
                     raise NoSuchTableError(
                         f"unknown warehouse {warehouse!r}; configured: {', '.join(sorted(self._endpoints))}"
                     )
-                self._catalogs[warehouse] = SQERestCatalog(warehouse, endpoint, self._config)
+                early = None
+                if self._early is not None and self._early.warehouse == warehouse:
+                    early, self._early = self._early, None
+                self._catalogs[warehouse] = SQERestCatalog(warehouse, endpoint, self._config, early=early)
             return self._catalogs[warehouse]
 
     def close(self) -> None:
         """Close the catalogs' HTTP connections and drop the cache (the engine session using it ended)."""
         with self._lock:
             catalogs, self._catalogs = list(self._catalogs.values()), {}
+            unused, self._early = self._early, None
             self._cache.clear()
         for catalog in catalogs:
             catalog.close()
+        if unused is not None:  # its warehouse was never asked for
+            unused.session.close()
 
     def load_table(self, ident: TableIdent, *, bypass_cache: bool = False) -> LoadedTable:
         key = self._cache_key(ident)
