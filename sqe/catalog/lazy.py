@@ -42,22 +42,32 @@ class LazyRestTableProvider(Unpicklable):
         """Whether the REST client exists yet (tests: a statement without tables never builds it)."""
         return self._provider is not None
 
-    def real(self) -> RestTableProvider:
-        """The REST provider, built on the first call. Its primary warehouse's first token is requested before the
-        client is imported, on a thread, so the two overlap (``sqe.catalog._early_token``)."""
+    def real(self, warehouse: str | None = None) -> RestTableProvider:
+        """The REST provider, built on the first call. ``warehouse``: the one that first call is for; its first
+        token is requested before the client is imported, on a thread, so the two overlap
+        (``sqe.catalog._early_token``). None, or a warehouse not configured: no early request."""
         with self._lock:
             if self._provider is None:
-                from sqe.catalog._early_token import EarlyToken
-
-                early = EarlyToken.start(self._config)
-                from sqe.catalog.rest import RestTableProvider
-
-                self._provider = RestTableProvider(self._config, early=early)
+                self._provider = self._build(warehouse)
             return self._provider
+
+    def _build(self, warehouse: str | None) -> RestTableProvider:
+        from sqe.catalog._early_token import EarlyToken
+
+        known = warehouse is not None and warehouse in self._config.catalog.warehouse_names
+        early = EarlyToken.start(self._config, warehouse) if known else None
+        try:
+            from sqe.catalog.rest import RestTableProvider
+
+            return RestTableProvider(self._config, early=early)
+        except BaseException:  # an interrupted import: nothing is left open behind it
+            if early is not None:
+                early.session.close()
+            raise
 
     def catalog(self, warehouse: str) -> SQERestCatalog:
         """The warehouse's REST catalog client (diagnostics and tests, like ``RestTableProvider.catalog``)."""
-        return self.real().catalog(warehouse)
+        return self.real(warehouse).catalog(warehouse)
 
     def close(self) -> None:
         with self._lock:
@@ -70,46 +80,46 @@ class LazyRestTableProvider(Unpicklable):
         return self._config.catalog.warehouse
 
     def load_table(self, ident: TableIdent, *, bypass_cache: bool = False) -> LoadedTable:
-        return self.real().load_table(ident, bypass_cache=bypass_cache)
+        return self.real(ident.warehouse).load_table(ident, bypass_cache=bypass_cache)
 
     def create_table(self, ident: TableIdent, schema: pa.Schema) -> LoadedTable:
-        return self.real().create_table(ident, schema)
+        return self.real(ident.warehouse).create_table(ident, schema)
 
     def list_tables(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
-        return self.real().list_tables(warehouse, namespace)
+        return self.real(warehouse).list_tables(warehouse, namespace)
 
     def drop_table(self, ident: TableIdent) -> None:
-        self.real().drop_table(ident)
+        self.real(ident.warehouse).drop_table(ident)
 
     def list_namespaces(self, warehouse: str) -> list[tuple[str, ...]]:
-        return self.real().list_namespaces(warehouse)
+        return self.real(warehouse).list_namespaces(warehouse)
 
     def create_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
-        self.real().create_namespace(warehouse, namespace)
+        self.real(warehouse).create_namespace(warehouse, namespace)
 
     def drop_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
-        self.real().drop_namespace(warehouse, namespace)
+        self.real(warehouse).drop_namespace(warehouse, namespace)
 
     def invalidate(self, ident: TableIdent) -> None:
         if self._provider is not None:  # nothing cached before the first load
             self._provider.invalidate(ident)
 
     def load_view(self, ident: TableIdent) -> ViewDefinition:
-        return self.real().load_view(ident)
+        return self.real(ident.warehouse).load_view(ident)
 
     def create_view(
         self, ident: TableIdent, schema: pa.Schema, sql: str, dialect: str, *, replace: bool = False
     ) -> None:
-        self.real().create_view(ident, schema, sql, dialect, replace=replace)
+        self.real(ident.warehouse).create_view(ident, schema, sql, dialect, replace=replace)
 
     def drop_view(self, ident: TableIdent) -> None:
-        self.real().drop_view(ident)
+        self.real(ident.warehouse).drop_view(ident)
 
     def list_views(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
-        return self.real().list_views(warehouse, namespace)
+        return self.real(warehouse).list_views(warehouse, namespace)
 
     def scan_planning(self, warehouse: str) -> ScanPlanningClient | None:
-        return self.real().scan_planning(warehouse)
+        return self.real(warehouse).scan_planning(warehouse)
 
     def load_table_credentials(self, ident: TableIdent) -> CatalogCredentials | None:
-        return self.real().load_table_credentials(ident)
+        return self.real(ident.warehouse).load_table_credentials(ident)

@@ -95,13 +95,22 @@ class SQERestCatalog(Unpicklable, RestCatalog):
         properties: dict[str, str] = {"uri": endpoint.uri, "warehouse": endpoint.warehouse}
         properties.update(self._header_properties(config))
         try:
+            self._connect(name, properties, early)
+        except BaseException:  # no client: its token session (and its pooled connections) goes now
+            self._token_session.close()
+            raise
+
+    def _connect(self, name: str, properties: dict[str, str], early: EarlyToken | None) -> None:
+        """pyiceberg's initialisation (``/v1/config``, with the first token), its errors translated."""
+        uri = self._endpoint.uri
+        try:
             if early is not None:
                 early.wait()  # its refusal or transport error, raised and translated as if fetched here
             super().__init__(name, **properties)
         except RESTError as exc:
-            raise translate_error(exc, f"catalog {endpoint.uri}") from None
+            raise translate_error(exc, f"catalog {uri}") from None
         except requests.RequestException as exc:
-            raise CatalogUnavailableError(f"cannot reach catalog {endpoint.uri}: {type(exc).__name__}") from None
+            raise CatalogUnavailableError(f"cannot reach catalog {uri}: {type(exc).__name__}") from None
 
     def __repr__(self) -> str:
         return f"SQERestCatalog(uri={self._endpoint.uri!r}, warehouse={self._endpoint.warehouse!r})"
