@@ -35,8 +35,8 @@ _ahead: tuple[int, Future[duckdb.DuckDBPyConnection]] | None = None  # (pid that
 def open_ahead() -> None:
     """Start opening the next database :func:`connect_locked_down` returns, on a background thread.
 
-    Opening an in-memory database costs DuckDB 25-40 ms (its catalog of built-in functions, its thread pool) and
-    holds no GIL meanwhile, so the ``sqe`` program has it opened while it imports the engine, instead of after.
+    Opening an in-memory database costs DuckDB 25-40 ms (its catalog of built-in functions, its thread pool), mostly
+    without the GIL, so the ``sqe`` program has it opened while it imports the engine, instead of after.
     Only a program's own process calls this (``sqe.cli.run``), before its first connection: the database is the
     same as one opened on the spot (same configuration, then ``before_lock`` and the lock)."""
     global _ahead

@@ -18,6 +18,14 @@ from sqe import duckdb_connection
 from sqe.cli import main as sqe_main
 
 
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    """An engine config whose catalog is a closed port: ``SELECT 1`` succeeding shows no catalog call was made."""
+    path = tmp_path / "config.toml"
+    path.write_text('[catalog]\nuri = "http://127.0.0.1:9"\nwarehouse = "wh"\nclient_id = "u"\nclient_secret = "s"\n')
+    return path
+
+
 def _program(main_body: str, prelude: str = "", cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     source = textwrap.dedent(prelude) + "\nfrom sqe._process import run_program\n\n\ndef main(started):\n"
     source += textwrap.indent(textwrap.dedent(main_body), "    ") + "\n\nrun_program(main)\n"
@@ -98,10 +106,8 @@ def test_an_exception_in_main_propagates_as_usual() -> None:
     assert "RuntimeError: boom" in done.stderr
 
 
-def test_main_called_as_a_library_leaves_the_collector_alone(tmp_path: Path) -> None:
+def test_main_called_as_a_library_leaves_the_collector_alone(config: Path) -> None:
     """Tests and embedding applications call ``main`` in their own process: it must not disable or freeze."""
-    config = tmp_path / "config.toml"
-    config.write_text('[catalog]\nuri = "http://127.0.0.1:9"\nwarehouse = "wh"\nclient_id = "u"\nclient_secret = "s"\n')
     frozen = gc.get_freeze_count()
     assert sqe_main(["--config", str(config), "--format", "csv", "-e", "SELECT 1 AS one"]) == 0
     assert gc.isenabled()
@@ -109,9 +115,7 @@ def test_main_called_as_a_library_leaves_the_collector_alone(tmp_path: Path) -> 
     assert duckdb_connection._ahead is None  # no database opened ahead for a later, unrelated caller
 
 
-def test_the_sqe_program_answers_through_its_process_entry(tmp_path: Path) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text('[catalog]\nuri = "http://127.0.0.1:9"\nwarehouse = "wh"\nclient_id = "u"\nclient_secret = "s"\n')
+def test_the_sqe_program_answers_through_its_process_entry(tmp_path: Path, config: Path) -> None:
     # ``python -m sqe.cli`` runs ``run()``; here the same call, with an atexit probe of the collector's state.
     probe = "import atexit, gc, sys; import sqe.cli; "
     probe += "atexit.register(lambda: print('frozen at exit', gc.get_freeze_count() > 0, file=sys.stderr)); "
