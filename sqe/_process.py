@@ -13,8 +13,8 @@ The contract this sets for a program's code: **nothing held by a module at exit 
 project runs (3.11), the frozen module dictionaries are never cleared at exit, so an object a module global holds
 (directly or not) gets no ``__del__`` and no cleanup. ``atexit`` handlers still run, so a resource that outlives the
 process or holds data is released there or explicitly before ``main`` returns: log handlers are flushed by
-``logging.shutdown``, the signed reads' pool is closed, the process-wide DuckDB databases (SHA-256 masks, partial
-aggregates) are closed by ``close_at_exit`` (DuckDB removes its spill directory only then), and sessions, output
+``logging.shutdown``, the signed reads' pool is closed, the process-wide DuckDB database of partial aggregates is
+closed by ``close_at_exit`` (DuckDB removes its spill directory only then), and sessions, output
 files, connections and servers are closed before ``main`` returns.
 
 Only a program's own process may call :func:`run_program`: in a process that calls ``main`` as a library (tests,

@@ -6,14 +6,21 @@
 | long   | 8 bytes little-endian   | first 8 digest bytes as a little-endian signed int64    |
 | binary | the raw bytes           | the raw 32-byte digest                                  |
 
-Arrays of at least ``DUCKDB_MIN_ROWS`` values are hashed by DuckDB's vectorised ``sha256`` (about twice the per-core
-throughput of a Python loop) on a private, locked-down, single-threaded in-memory connection per thread. The salt is
-prepended inside DuckDB (a bound BLOB constant), and every value is fed as a BLOB (integers as fixed-width binary
-views of their buffer) so the bytes hashed are exactly the Arrow bytes. Smaller arrays, where DuckDB's fixed per-
-query cost dominates, use one CPython hash call per value in a list comprehension; everything around it (slicing,
-hex encoding, cutting digests into integers) works on whole buffers. CPython's built-in SHA-256 is used when
-present: for inputs this small it is about twice as fast as OpenSSL through hashlib, whose per-call setup dominates.
-Low-cardinality columns are hashed once per distinct value.
+Every type is first reduced to the same job: the raw digests of ``salt || value`` for every slot of a binary view
+of the array (integers as fixed-width views of their buffer, so the bytes hashed are exactly the Arrow bytes),
+32 bytes each, back to back; the output is then cut from those digests on whole buffers (hex for strings, the
+leading bytes for integers) with the input's validity bitmap put back. A null slot is hashed like any other
+(as whatever bytes it spans, usually none) and its result discarded.
+
+Arrays of at least ``VECTOR_MIN_ROWS`` values are hashed by DataFusion's vectorised ``sha256`` (Rust, using the
+CPU's SHA instructions where present). The masks then run at 4-7M values/s on one core here
+(``bench/restrictions_actions.py``), where DuckDB's ``sha256`` made them 1.7-2.0M/s and a Python loop gives about
+1.4M/s. It runs on a fresh session per call, through its DataFrame API only (no SQL text, no
+file access), with one target partition so rows keep their order; the salt is a literal in that plan and never
+appears in an error. Smaller arrays, where its ~1.2 ms per-call cost dominates, use one CPython hash call per value
+in a list comprehension; CPython's built-in SHA-256 is used when present: for inputs this small it is about twice
+as fast as OpenSSL through hashlib, whose per-call setup dominates. Low-cardinality columns are hashed once per
+distinct value.
 """
 
 from __future__ import annotations
@@ -21,19 +28,19 @@ from __future__ import annotations
 import binascii
 import hashlib
 import importlib
-import os
 import sys
-import threading
 from collections.abc import Callable
 from itertools import pairwise
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sqe.duckdb_connection import close_at_exit, connect_locked_down
+from sqe.errors import RestrictionApplyError
 from sqe.restrictions.arrow_buffers import validity_bitmap
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 
 class _Hash(Protocol):
@@ -45,7 +52,8 @@ class _Hash(Protocol):
 _KNOWN_INPUT, _KNOWN_DIGEST = b"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
 _DEDUPE_MIN_ROWS = 8192
 _DEDUPE_SAMPLE = 4096
-DUCKDB_MIN_ROWS = 16384  # measured: below this, DuckDB's ~1.5-4 ms per-query cost outweighs its speed
+DIGEST_BYTES = 32
+VECTOR_MIN_ROWS = 2048  # measured: below this, DataFusion's ~1.2 ms per-call cost outweighs its speed
 
 
 def _fastest_sha256() -> Callable[[bytes], _Hash]:
@@ -103,154 +111,90 @@ def _hash_integers(array: pa.Array, salt: bytes) -> pa.Array:
         raise TypeError("sha-256 of integers needs a little-endian host")  # Arrow buffers are native-endian
     width = array.type.byte_width
     length = len(array)
-    if length >= DUCKDB_MIN_ROWS:
-        return _duckdb_hash_integers(array, salt)
-    raw = bytes(memoryview(array.buffers()[1])[array.offset * width : (array.offset + length) * width])
-    sha = _SHA256
-    if salt:
-        digests = [sha(salt + raw[i : i + width]).digest() for i in range(0, len(raw), width)]
-    else:
-        digests = [sha(raw[i : i + width]).digest() for i in range(0, len(raw), width)]
-    whole = pa.Array.from_buffers(pa.binary(32), length, [None, pa.py_buffer(b"".join(digests))])
+    values = pa.Array.from_buffers(pa.binary(width), length, [None, array.buffers()[1]], offset=array.offset)
+    whole = pa.Array.from_buffers(pa.binary(DIGEST_BYTES), length, [None, _digests(values, salt)])
     prefixes = pc.binary_slice(whole, 0, width)  # fixed_size_binary(width), packed back to back
     return pa.Array.from_buffers(array.type, length, [validity_bitmap(array), prefixes.buffers()[1]])
 
 
 def _hash_variable(array: pa.Array, salt: bytes, *, hex_output: bool = True) -> pa.Array:
     """Digests of string/binary values as fixed_size_binary(64) lowercase hex, or (32) raw bytes."""
-    length = len(array)
-    if length >= DUCKDB_MIN_ROWS:
-        return _duckdb_hash_variable(array, salt, hex_output=hex_output)
     large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
-    words = memoryview(array.buffers()[1])
-    offsets = words.cast("q") if large else words.cast("i")
-    bounds = offsets[array.offset : array.offset + length + 1].tolist()
-    data = array.buffers()[2]
-    raw = bytes(memoryview(data)[: bounds[-1]]) if data is not None and length else b""
+    digests = _digests(array.view(pa.large_binary() if large else pa.binary()), salt)  # zero-copy view
+    validity = validity_bitmap(array)
+    if hex_output:
+        hex_digits = pa.py_buffer(binascii.hexlify(digests))  # bytes out: no str round trip
+        return pa.Array.from_buffers(pa.binary(2 * DIGEST_BYTES), len(array), [validity, hex_digits])
+    return pa.Array.from_buffers(pa.binary(DIGEST_BYTES), len(array), [validity, digests])
+
+
+def _digests(values: pa.Array, salt: bytes) -> pa.Buffer:
+    """SHA-256 of ``salt || value`` for every slot of a binary or fixed-size binary array, null or not, as raw
+    32-byte digests back to back."""
+    kind = values.type
+    if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)):
+        raise TypeError(f"sha-256 hashes binary views, not Arrow {kind}")  # DataFusion's concat would cast to text
+    if len(values) >= VECTOR_MIN_ROWS:
+        return _vector_digests(values, salt)
+    return pa.py_buffer(b"".join(_loop_digests(values, salt)))
+
+
+def _loop_digests(values: pa.Array, salt: bytes) -> list[bytes]:
+    data = values.buffers()[-1]
+    if pa.types.is_fixed_size_binary(values.type):
+        width = values.type.byte_width
+        start = values.offset * width
+        bounds = list(range(start, start + (len(values) + 1) * width, width))
+    else:
+        words = memoryview(values.buffers()[1])
+        offsets = words.cast("q") if pa.types.is_large_binary(values.type) else words.cast("i")
+        bounds = offsets[values.offset : values.offset + len(values) + 1].tolist()
+    raw = bytes(memoryview(data)[: bounds[-1]]) if data is not None and len(values) else b""
     sha = _SHA256
     if salt:
-        digests = [sha(salt + raw[start:end]).digest() for start, end in pairwise(bounds)]
-    else:
-        digests = [sha(raw[start:end]).digest() for start, end in pairwise(bounds)]
-    joined = b"".join(digests)
-    if hex_output:
-        hex_digits = pa.py_buffer(joined.hex().encode())
-        return pa.Array.from_buffers(pa.binary(64), length, [validity_bitmap(array), hex_digits])
-    return pa.Array.from_buffers(pa.binary(32), length, [validity_bitmap(array), pa.py_buffer(joined)])
+        return [sha(salt + raw[start:end]).digest() for start, end in pairwise(bounds)]
+    return [sha(raw[start:end]).digest() for start, end in pairwise(bounds)]
 
 
-class _ThreadConnection(threading.local):
-    """Each thread's cursor of the hashing database (a connection is not shared across threads), rebuilt after
-    a fork."""
-
-    pid: int = -1
-    connection: duckdb.DuckDBPyConnection | None = None
+_datafusion_module: ModuleType | None = None
 
 
-_CONNECTIONS = _ThreadConnection()
-_DATABASE_LOCK = threading.Lock()
-_DATABASE: tuple[int, duckdb.DuckDBPyConnection] | None = None  # (pid, connection) of the hashing database
+def _datafusion() -> ModuleType:
+    """DataFusion, imported on the first large hash (~150 ms): most queries mask nothing with SHA-256."""
+    global _datafusion_module
+    if _datafusion_module is None:
+        _datafusion_module = importlib.import_module("datafusion")
+    return _datafusion_module
 
 
-def _one_thread(connection: duckdb.DuckDBPyConnection) -> None:
-    connection.execute("SET threads = 1")  # each query on its caller's thread alone; rows come back in order
-
-
-def _database() -> duckdb.DuckDBPyConnection:
-    """One locked-down hashing database per process. Opening a database costs ~30 ms and a set of threads, and
-    scan threads are new for every scan: a database per thread made a scan's first hash that much slower."""
-    global _DATABASE
-    with _DATABASE_LOCK:
-        if _DATABASE is None or _DATABASE[0] != os.getpid():
-            _DATABASE = (os.getpid(), connect_locked_down(_one_thread))
-            close_at_exit(_DATABASE[1])
-        return _DATABASE[1]
-
-
-def _duckdb() -> duckdb.DuckDBPyConnection:
-    """This thread's private cursor: in memory, one thread, no file/network access, no extension loading,
-    no Python variable lookups, and its configuration locked so queries cannot loosen any of that."""
-    if _CONNECTIONS.connection is None or _CONNECTIONS.pid != os.getpid():
-        _CONNECTIONS.connection, _CONNECTIONS.pid = _database().cursor(), os.getpid()
-        if threading.current_thread() is threading.main_thread():
-            # Alive at exit, unlike the cursors of scan threads (gone with their threads): closed at exit so the
-            # database can close (see close_at_exit). Registered after the database's: closed before it.
-            close_at_exit(_CONNECTIONS.connection)
-    return _CONNECTIONS.connection
-
-
-def _duckdb_hex(blobs: pa.Array, salt: bytes, hex_digits: int = 64) -> pa.Array:
-    """The first ``hex_digits`` lowercase hex digits of SHA-256 of ``salt || value`` for each BLOB, as a string
-    array in DuckDB's output type; row order is kept (one thread, insertion order preserved). The salt is a bound
-    constant (never SQL text) and the concatenation runs inside DuckDB, saving an Arrow copy of every value. Hex
-    is DuckDB's only output; decoding it here (one take over digit pairs) is cheaper than unhex."""
-    value: duckdb.Expression = duckdb.ColumnExpression("v")
+def _vector_digests(values: pa.Array, salt: bytes) -> pa.Buffer:
+    datafusion = _datafusion()
+    functions = datafusion.functions
+    # Validity dropped so that every slot yields a digest: the output is then exactly 32 bytes a row.
+    every_slot = pa.Array.from_buffers(values.type, len(values), [None, *values.buffers()[1:]], offset=values.offset)
+    value = datafusion.col("v")
+    if pa.types.is_fixed_size_binary(values.type):
+        value = value.cast(pa.binary())
     if salt:
-        value = duckdb.FunctionExpression("||", duckdb.ConstantExpression(salt), value)
-    digest = duckdb.FunctionExpression("sha256", value)
-    if hex_digits != 64:  # left(): measured ~60 ns/value cheaper than array_slice, and short results stay inline
-        digest = duckdb.FunctionExpression("left", digest, duckdb.ConstantExpression(hex_digits))
-    column = _duckdb().from_arrow(pa.table({"v": blobs})).select(digest).to_arrow_table().column(0)
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        value = functions.concat(datafusion.lit(salt), value)
+    config = datafusion.SessionConfig().with_target_partitions(1).with_batch_size(max(len(values), 8192))
+    # A fresh session per call: from_arrow registers its table in the session for good.
+    session = datafusion.SessionContext(config)
+    try:
+        frame = session.from_arrow(pa.table({"v": every_slot}))
+        column = frame.select(functions.sha256(value).alias("h")).to_arrow_table().column(0)
+    except Exception as exc:  # its message may quote the plan, salt included
+        raise RestrictionApplyError(f"sha-256: DataFusion failed to hash the column ({type(exc).__name__})") from None
+    return _packed_digests(column.combine_chunks(), len(values))
 
 
-def _value_offsets(strings: pa.Array) -> pa.Array:
-    """The offsets of a string/binary array (int32) or its large variant (int64), as an array from its offset."""
-    large = pa.types.is_large_string(strings.type) or pa.types.is_large_binary(strings.type)
-    offset_type = pa.int64() if large else pa.int32()
-    return pa.Array.from_buffers(offset_type, len(strings) + 1, [None, strings.buffers()[1]], offset=strings.offset)
-
-
-def _hex_pair_table() -> pa.Array:
-    """Byte value of every two-character hex string (either case), indexed by the pair read as a little-endian
-    uint16. Other pairs map to 0; DuckDB's sha256 writes nothing but hex digits."""
-    table = bytearray(1 << 16)
-    digits = [(value, ord(char)) for value, char in enumerate("0123456789abcdef")]
-    digits += [(value, ord(char)) for value, char in enumerate("ABCDEF", start=10)]
-    for high, high_char in digits:
-        for low, low_char in digits:
-            table[high_char | low_char << 8] = high << 4 | low
-    return pa.array(table, pa.uint8())
-
-
-_HEX_PAIRS = _hex_pair_table()
-
-
-def _decoded_hex_bytes(hex_strings: pa.Array) -> pa.Buffer:
-    """The bytes spelled by all values of a hex string array, back to back (nulls are empty). One Arrow take of
-    each digit pair through a 64 KiB table: measured twice as fast as binascii.a2b_hex over the same bytes."""
-    offsets = _value_offsets(hex_strings)
-    first, last = offsets[0].as_py(), offsets[len(hex_strings)].as_py()
-    data = hex_strings.buffers()[2]
-    if data is None or first == last:
-        return pa.py_buffer(b"")
-    if first % 2 or sys.byteorder != "little":  # not DuckDB's layout, but decoded right anyway
-        return pa.py_buffer(binascii.a2b_hex(memoryview(data)[first:last]))
-    pairs = pa.Array.from_buffers(pa.uint16(), (last - first) // 2, [None, data], offset=first // 2)
-    decoded = pc.take(_HEX_PAIRS, pairs)
-    return decoded.buffers()[1].slice(decoded.offset, len(decoded))
-
-
-def _duckdb_hash_integers(array: pa.Array, salt: bytes) -> pa.Array:
-    """Every slot, null or not, hashed as its little-endian bytes; the validity bitmap is put back afterwards."""
-    width = array.type.byte_width
-    length = len(array)
-    values = pa.Array.from_buffers(pa.binary(width), length, [None, array.buffers()[1]], offset=array.offset)
-    prefixes = _decoded_hex_bytes(_duckdb_hex(values, salt, 2 * width))  # no nulls in: exactly ``width`` bytes each
-    return pa.Array.from_buffers(array.type, length, [validity_bitmap(array), prefixes])
-
-
-def _duckdb_hash_variable(array: pa.Array, salt: bytes, *, hex_output: bool) -> pa.Array:
-    """Lowercase hex (strings) or raw digests (binary) of the bytes of each value; the caller casts the type."""
-    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
-    hex_digests = _duckdb_hex(array.view(pa.large_binary() if large else pa.binary()), salt)  # zero-copy views
-    if hex_output:
-        return hex_digests
-    digests = _decoded_hex_bytes(hex_digests)  # 32 bytes per non-null value, nulls empty
-    hex_offsets = _value_offsets(hex_digests)
-    one = pa.scalar(1, hex_offsets.type)  # typed, so int32 offsets are not promoted to int64
-    offsets = pc.shift_right(pc.subtract(hex_offsets, hex_offsets[0]), one)  # two hex digits per byte
-    binary = pa.large_binary() if pa.types.is_large_string(hex_digests.type) else pa.binary()
-    return pa.Array.from_buffers(
-        binary, len(hex_digests), [validity_bitmap(hex_digests), offsets.buffers()[1], digests]
-    )
+def _packed_digests(digests: pa.Array, length: int) -> pa.Buffer:
+    """The data of a binary array of ``length`` digests, checked: no nulls and 32 bytes a value in total."""
+    if digests.type != pa.binary() or len(digests) != length or digests.null_count:
+        raise RestrictionApplyError(f"sha-256: DataFusion returned {len(digests)} {digests.type} values")
+    offsets = memoryview(digests.buffers()[1]).cast("i")
+    first, last = offsets[digests.offset], offsets[digests.offset + length]
+    if last - first != DIGEST_BYTES * length:
+        raise RestrictionApplyError("sha-256: DataFusion returned digests that are not 32 bytes each")
+    data = digests.buffers()[2]
+    return pa.py_buffer(b"") if data is None else data.slice(first, last - first)

@@ -73,8 +73,8 @@ def test_a_database_a_module_keeps_leaves_no_spill_directory_when_closed_at_exit
     tmp_path: Path, closed_at_exit: bool
 ) -> None:
     """A program's exit finalizes nothing a module holds, and DuckDB removes its spill directory (``.tmp`` in the
-    working directory) only when the database closes: the process-wide databases (SHA-256 masks, partial
-    aggregates) are closed by ``close_at_exit``. Without it, the directory stays (the contrast proves the case)."""
+    working directory) only when the database closes: the process-wide database of partial aggregates is closed
+    by ``close_at_exit``. Without it, the directory stays (the contrast proves the case)."""
     body = f"""
         global database, cursor
         from sqe.duckdb_connection import close_at_exit, connect_locked_down

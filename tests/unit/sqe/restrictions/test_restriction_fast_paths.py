@@ -1,7 +1,7 @@
 """Property tests (hypothesis): the fast mask paths give exactly what the reference paths give.
 
 Truncation's per-day floor table against Arrow's floor_temporal on every value; the string masks' ASCII and
-multi-byte routes against the spec's per-code-point rules; DuckDB's salted SHA-256 against hashlib.
+multi-byte routes against the spec's per-code-point rules; DataFusion's salted SHA-256 against hashlib.
 """
 
 from __future__ import annotations
@@ -205,22 +205,22 @@ def test_string_masks_match_the_per_code_point_rules(
     salt=st.sampled_from([b"", bytes(16), b"'; --\x00\\\xff" * 3]),
     kind=st.sampled_from([pa.binary(), pa.large_binary()]),
 )
-def test_duckdb_salted_binary_digests_match_hashlib(values: list[bytes | None], salt: bytes, kind: pa.DataType) -> None:
-    original = sha.DUCKDB_MIN_ROWS
-    sha.DUCKDB_MIN_ROWS = 1  # every array through DuckDB (restored below; hypothesis forbids function fixtures)
+def test_vector_salted_binary_digests_match_hashlib(values: list[bytes | None], salt: bytes, kind: pa.DataType) -> None:
+    original = sha.VECTOR_MIN_ROWS
+    sha.VECTOR_MIN_ROWS = 1  # every array through DataFusion (restored below; hypothesis forbids function fixtures)
     try:
         result = sha.sha256_array(pa.array(values, kind), salt)
     finally:
-        sha.DUCKDB_MIN_ROWS = original
+        sha.VECTOR_MIN_ROWS = original
     assert result.to_pylist() == [None if v is None else hashlib.sha256(salt + v).digest() for v in values]
 
 
 @pytest.mark.parametrize(("kind", "fmt"), [(pa.int32(), "<i"), (pa.int64(), "<q")])
-def test_duckdb_salted_integers_with_quote_and_nul_bytes_in_the_salt(kind: pa.DataType, fmt: str) -> None:
+def test_vector_salted_integers_with_quote_and_nul_bytes_in_the_salt(kind: pa.DataType, fmt: str) -> None:
     salt = b"'\x00\"\\" * 5
     width = struct.calcsize(fmt)
     extremes = [None, 0, -1, -(2 ** (width * 8 - 1)), 2 ** (width * 8 - 1) - 1]
-    values = extremes + list(range(-(sha.DUCKDB_MIN_ROWS // 2), sha.DUCKDB_MIN_ROWS // 2))  # distinct: no dedupe
+    values = extremes + list(range(-(sha.VECTOR_MIN_ROWS // 2), sha.VECTOR_MIN_ROWS // 2))  # distinct: no dedupe
     result = sha.sha256_array(pa.array(values, kind), salt).to_pylist()
     expected = [
         None if v is None else struct.unpack(fmt, hashlib.sha256(salt + struct.pack(fmt, v)).digest()[:width])[0]

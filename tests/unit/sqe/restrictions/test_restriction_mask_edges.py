@@ -1,7 +1,7 @@
 """The fast SHA-256 and truncation paths at their edges, against plain references on every value.
 
-SHA-256 against hashlib per value (both the per-value and the DuckDB path, which takes the digest prefix with
-left() and decodes hex through the digit-pair table); truncation against Arrow's floor_temporal on every value
+SHA-256 against hashlib per value (both the per-value and the DataFusion path, whose digests are cut into
+integer prefixes and hex on whole buffers); truncation against Arrow's floor_temporal on every value
 (``truncate_reference``), at the cached calendar's first and last day, just outside it, and at the limits of
 each physical type, with arbitrary values left in null slots and windows at odd offsets.
 """
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from sqe.errors import RestrictionApplyError
-from sqe.restrictions.sha import DUCKDB_MIN_ROWS, sha256_array
+from sqe.restrictions.sha import VECTOR_MIN_ROWS, sha256_array
 from sqe.restrictions.temporal import (
     CALENDAR_DAYS,
     CALENDAR_FIRST_DAY,
@@ -81,10 +81,10 @@ def random_values(kind: pa.DataType, count: int, *, distinct: bool, rng: random.
 @pytest.mark.parametrize("distinct", [True, False], ids=["distinct", "repetitive"])
 @pytest.mark.parametrize("kind", HASHED_TYPES, ids=str)
 def test_sha256_windows_of_a_large_array_match_hashlib(kind: pa.DataType, distinct: bool) -> None:
-    """Past DuckDB's threshold (or the dedupe path when repetitive), and every small window of the same
+    """Past the vector threshold (or the dedupe path when repetitive), and every small window of the same
     buffers: whole, at an odd offset, exactly the threshold, length 1 and empty."""
-    array = random_values(kind, DUCKDB_MIN_ROWS + 1037, distinct=distinct, rng=random.Random(str(kind)))
-    windows = [array, array.slice(37), array.slice(1, DUCKDB_MIN_ROWS), array.slice(5, 1), array.slice(9, 0)]
+    array = random_values(kind, VECTOR_MIN_ROWS + 1037, distinct=distinct, rng=random.Random(str(kind)))
+    windows = [array, array.slice(37), array.slice(1, VECTOR_MIN_ROWS), array.slice(5, 1), array.slice(9, 0)]
     for salt in SALTS:
         for window in windows:
             hashed = sha256_array(window, salt)
@@ -92,7 +92,7 @@ def test_sha256_windows_of_a_large_array_match_hashlib(kind: pa.DataType, distin
             assert hashed.to_pylist() == expected_digests(window, salt)
 
 
-@pytest.mark.parametrize("length", [1, 3, DUCKDB_MIN_ROWS + 1])
+@pytest.mark.parametrize("length", [1, 3, VECTOR_MIN_ROWS + 1])
 @pytest.mark.parametrize("kind", HASHED_TYPES, ids=str)
 def test_sha256_of_all_null_arrays_stays_all_null(kind: pa.DataType, length: int) -> None:
     hashed = sha256_array(pa.nulls(length, kind), SALTS[1])
@@ -175,7 +175,7 @@ def test_truncation_of_empty_and_all_null_arrays(kind: pa.DataType) -> None:
         assert truncated.type == kind and truncated.null_count == 4
 
 
-@pytest.mark.parametrize("length", [50, DUCKDB_MIN_ROWS + 50])
+@pytest.mark.parametrize("length", [50, VECTOR_MIN_ROWS + 50])
 @pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()], ids=str)
 def test_sha256_of_null_slots_that_still_span_bytes(kind: pa.DataType, length: int) -> None:
     """Arrow lets a null slot cover bytes of the data buffer (kernels such as if_else leave them): the digests

@@ -1,4 +1,5 @@
-"""The DuckDB SHA-256 path (arrays of at least DUCKDB_MIN_ROWS values) against independent hashlib/struct."""
+"""The vectorised SHA-256 path (DataFusion; arrays of at least VECTOR_MIN_ROWS values) against independent
+hashlib/struct."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import pyarrow as pa
 import pytest
 
+from sqe.errors import RestrictionApplyError
 from sqe.restrictions import sha
 from sqe.restrictions.sha import sha256_array
 
@@ -19,7 +21,7 @@ SALTS = [b"", SALT]
 
 @pytest.fixture(autouse=True)
 def small_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sha, "DUCKDB_MIN_ROWS", 4)
+    monkeypatch.setattr(sha, "VECTOR_MIN_ROWS", 4)
 
 
 def digest(data: bytes, salt: bytes) -> bytes:
@@ -105,7 +107,7 @@ def test_threads_each_get_correct_results() -> None:
 def test_the_real_threshold_with_random_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.undo()
     rng = random.Random(7)
-    count = sha.DUCKDB_MIN_ROWS + 3
+    count = sha.VECTOR_MIN_ROWS + 3
     ints = [None if rng.random() < 0.05 else rng.randint(-(2**31), 2**31 - 1) for _ in range(count)]
     assert sha256_array(pa.array(ints, pa.int32()), SALT).to_pylist() == expected_ints(ints, "<i", SALT)
     texts = [None if rng.random() < 0.05 else rng.randbytes(rng.randint(0, 30)).hex() for _ in range(count)]
@@ -114,59 +116,42 @@ def test_the_real_threshold_with_random_values(monkeypatch: pytest.MonkeyPatch) 
     ]
 
 
-def test_connection_is_locked_down() -> None:
-    connection = sha._duckdb()
-    settings = dict(
-        connection.execute(
-            "SELECT name, value FROM duckdb_settings() WHERE name IN "
-            "('threads', 'enable_external_access', 'lock_configuration', 'python_enable_replacements')"
-        ).fetchall()
-    )
-    assert settings == {
-        "threads": "1",
-        "enable_external_access": "false",
-        "lock_configuration": "true",
-        "python_enable_replacements": "false",
-    }
-    with pytest.raises(Exception, match="locked"):
-        connection.execute("SET enable_external_access = true")
+def test_only_binary_views_are_hashed() -> None:
+    """DataFusion's concat would turn an integer into its decimal text and hash that: refused before it runs."""
+    for values in (pa.array([1, 2, 3], pa.int32()), pa.array(["a"] * 5, pa.string())):
+        with pytest.raises(TypeError, match="binary views"):
+            sha._digests(values, SALT)
 
 
-@pytest.mark.parametrize("kind", [pa.string(), pa.large_string()])
-def test_hex_pair_decoding_matches_binascii_with_nulls_empties_and_slices(kind: pa.DataType) -> None:
-    rng = random.Random(11)
-    values = [None if rng.random() < 0.1 else rng.randbytes(rng.choice([0, 1, 4, 8, 32])).hex() for _ in range(500)]
-    array = pa.array(values, kind)
-    for window in (array, array.slice(3, 200), array.slice(499, 1), array.slice(10, 0)):
-        expected = b"".join(bytes.fromhex(v) for v in window.to_pylist() if v is not None)
-        assert sha._decoded_hex_bytes(window).to_pybytes() == expected
+def test_a_datafusion_failure_is_a_typed_error_naming_no_plan() -> None:
+    with pytest.raises(RestrictionApplyError) as caught:
+        sha._vector_digests(pa.array([1, 2, 3], pa.int32()), b"")  # DataFusion has no sha256 of Int32
+    # The exception's type only, never its message (which may quote the plan, salt included).
+    assert str(caught.value) == "sha-256: DataFusion failed to hash the column (Exception)"
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 
-def test_every_hex_pair_in_either_case_decodes_to_its_byte() -> None:
-    every_byte = bytes(range(256))
-    pairs = pa.array([every_byte.hex(), every_byte.hex().upper(), "aB" * 4 + "Cd"])
-    assert sha._decoded_hex_bytes(pairs).to_pybytes() == every_byte * 2 + b"\xab" * 4 + b"\xcd"
+@pytest.mark.parametrize(
+    "digests",
+    [
+        pa.array([bytes(32), None, bytes(32)], pa.binary()),  # a null
+        pa.array([bytes(32), bytes(32)], pa.binary()),  # a row short
+        pa.array([bytes(32), bytes(31), bytes(32)], pa.binary()),  # a short digest
+        pa.array([bytes(32)] * 3, pa.large_binary()),  # another type
+    ],
+)
+def test_digests_not_exactly_32_bytes_a_row_are_refused(digests: pa.Array) -> None:
+    with pytest.raises(RestrictionApplyError, match="DataFusion returned"):
+        sha._packed_digests(digests, 3)
 
 
-def test_hex_at_an_odd_byte_offset_still_decodes() -> None:
-    shifted = pa.array(["a", "00ff7f", "10"]).slice(1)  # its data starts at byte 1: no uint16 view there
-    assert sha._decoded_hex_bytes(shifted).to_pybytes() == b"\x00\xff\x7f\x10"
-
-
-def test_every_thread_hashes_on_a_cursor_of_one_database() -> None:
-    """A scan's threads are new for every scan: each must not open a database of its own (~30 ms each)."""
-    blobs = pa.array([b"a", None, b"bc"], pa.binary())
-    expected = sha._duckdb_hex(blobs, SALT).to_pylist()
-    database = sha._database()
-    seen: list[tuple[object, object, list[object]]] = []
-
-    def hash_once() -> None:
-        seen.append((sha._database(), sha._duckdb(), sha._duckdb_hex(blobs, SALT).to_pylist()))
-
-    for _ in range(3):
-        worker = threading.Thread(target=hash_once)
-        worker.start()
-        worker.join()
-    assert [row[0] for row in seen] == [database] * 3
-    assert len({id(row[1]) for row in seen} | {id(sha._duckdb())}) == 4  # a cursor per thread
-    assert [row[2] for row in seen] == [expected] * 3
+def test_each_call_releases_its_input() -> None:
+    """A session keeps every table from_arrow registers: one shared session would keep every hashed column."""
+    sha._vector_digests(pa.array([b"warm-up"] * 8, pa.binary()), SALT)
+    before = pa.total_allocated_bytes()
+    for _ in range(5):
+        column = pa.array([b"x" * 1000] * 2000, pa.binary())  # 2 MB from Arrow's pool each time
+        digests = sha._vector_digests(column, SALT)
+        assert len(digests) == 32 * 2000
+        del column, digests
+    assert pa.total_allocated_bytes() - before < 1_000_000
