@@ -15,12 +15,14 @@ leading bytes for integers) with the input's validity bitmap put back. A null sl
 Arrays of at least ``VECTOR_MIN_ROWS`` values are hashed by DataFusion's vectorised ``sha256`` (Rust, using the
 CPU's SHA instructions where present). The masks then run at 4-7M values/s on one core here
 (``bench/restrictions_actions.py``), where DuckDB's ``sha256`` made them 1.7-2.0M/s and a Python loop gives about
-1.4M/s. It runs on a fresh session per call, through its DataFrame API only (no SQL text, no
-file access), with one target partition so rows keep their order; the salt is a literal in that plan and never
-appears in an error. Smaller arrays, where its ~1.2 ms per-call cost dominates, use one CPython hash call per value
-in a list comprehension; CPython's built-in SHA-256 is used when present: for inputs this small it is about twice
-as fast as OpenSSL through hashlib, whose per-call setup dominates. Low-cardinality columns are hashed once per
-distinct value.
+1.4M/s. It runs on a fresh session per call, through its DataFrame API only (no SQL text, no file access), with
+one partition and one batch so rows keep their order. The salt goes in as a column, never as a literal of the
+plan (DataFusion logs its plans at debug level), and never appears in an error.
+
+Smaller arrays, where DataFusion's ~1.2 ms per-call cost dominates, use one CPython hash call per value in a list
+comprehension; CPython's built-in SHA-256 is used when present: for inputs this small it is about twice as fast
+as OpenSSL through hashlib, whose per-call setup dominates. Low-cardinality columns are hashed once per distinct
+value.
 """
 
 from __future__ import annotations
@@ -172,20 +174,31 @@ def _vector_digests(values: pa.Array, salt: bytes) -> pa.Buffer:
     functions = datafusion.functions
     # Validity dropped so that every slot yields a digest: the output is then exactly 32 bytes a row.
     every_slot = pa.Array.from_buffers(values.type, len(values), [None, *values.buffers()[1:]], offset=values.offset)
+    columns = {"v": every_slot}
     value = datafusion.col("v")
     if pa.types.is_fixed_size_binary(values.type):
         value = value.cast(pa.binary())
     if salt:
-        value = functions.concat(datafusion.lit(salt), value)
+        # The salt is data (a one-entry dictionary column), never a literal: DataFusion logs its plans at debug
+        # level. Measured ~10 ns a row dearer than a literal.
+        columns["s"] = _repeated(salt, len(values))
+        value = functions.concat(datafusion.col("s"), value)
+    # One partition and one batch: rows come back in their order (more partitions reorder them).
     config = datafusion.SessionConfig().with_target_partitions(1).with_batch_size(max(len(values), 8192))
     # A fresh session per call: from_arrow registers its table in the session for good.
     session = datafusion.SessionContext(config)
     try:
-        frame = session.from_arrow(pa.table({"v": every_slot}))
+        frame = session.from_arrow(pa.table(columns))
         column = frame.select(functions.sha256(value).alias("h")).to_arrow_table().column(0)
     except Exception as exc:  # its message may quote the plan, salt included
         raise RestrictionApplyError(f"sha-256: DataFusion failed to hash the column ({type(exc).__name__})") from None
     return _packed_digests(column.combine_chunks(), len(values))
+
+
+def _repeated(value: bytes, length: int) -> pa.DictionaryArray:
+    """``value`` ``length`` times, as a dictionary of one entry (one byte of index a row)."""
+    indices = pa.Array.from_buffers(pa.int8(), length, [None, pa.py_buffer(bytes(length))])
+    return pa.DictionaryArray.from_arrays(indices, pa.array([value], pa.binary()))
 
 
 def _packed_digests(digests: pa.Array, length: int) -> pa.Buffer:
