@@ -30,6 +30,7 @@ from __future__ import annotations
 import binascii
 import hashlib
 import importlib
+import logging
 import sys
 from collections.abc import Callable
 from itertools import pairwise
@@ -159,12 +160,34 @@ def _loop_digests(values: pa.Array, salt: bytes) -> list[bytes]:
 
 
 _datafusion_module: ModuleType | None = None
+# The Python loggers DataFusion's Rust crates log through (named after the crate): at debug level they write
+# ~270 records of query planning per hash call, which would drown ``sqe --debug``.
+_DATAFUSION_LOGGERS = (
+    "datafusion",
+    "datafusion_catalog",
+    "datafusion_common",
+    "datafusion_datasource",
+    "datafusion_execution",
+    "datafusion_expr",
+    "datafusion_functions",
+    "datafusion_optimizer",
+    "datafusion_physical_expr",
+    "datafusion_physical_optimizer",
+    "datafusion_physical_plan",
+    "datafusion_sql",
+    "sqlparser",
+)
 
 
 def _datafusion() -> ModuleType:
-    """DataFusion, imported on the first large hash (~150 ms): most queries mask nothing with SHA-256."""
+    """DataFusion, imported on the first large hash (~150 ms): most queries mask nothing with SHA-256. Its
+    loggers are set to WARNING unless the application configured them (before its first use: it caches levels)."""
     global _datafusion_module
     if _datafusion_module is None:
+        for name in _DATAFUSION_LOGGERS:
+            logger = logging.getLogger(name)
+            if logger.level == logging.NOTSET:
+                logger.setLevel(logging.WARNING)
         _datafusion_module = importlib.import_module("datafusion")
     return _datafusion_module
 

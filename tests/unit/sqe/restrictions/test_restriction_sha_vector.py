@@ -169,14 +169,16 @@ def test_rows_keep_their_order_in_arrays_of_several_datafusion_batches() -> None
 
 
 def test_the_salt_never_reaches_a_log_record() -> None:
-    """DataFusion logs its plans at debug level through Python logging, so a literal salt would be in them. Run in
-    a fresh interpreter: DataFusion caches the logging levels it sees first (earlier tests ran at WARNING)."""
+    """DataFusion logs its plans at debug level through Python logging (when its loggers are set to debug), so a
+    literal salt would be in them. Run in a fresh interpreter: DataFusion caches the logging levels it sees first."""
     program = textwrap.dedent(
         """
         import logging, sys
         import pyarrow as pa
         logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(name)s %(message)s")
         from sqe.restrictions import sha
+        for name in sha._DATAFUSION_LOGGERS:  # as an application debugging DataFusion would
+            logging.getLogger(name).setLevel(logging.DEBUG)
         sha.VECTOR_MIN_ROWS = 4
         hashed = sha.sha256_array(pa.array([b"a", b"b", None, b"c"] * 3, pa.binary()), b"SECRET-SALT-0123456789")
         print("DIGEST", hashed[0].as_py().hex())
@@ -188,3 +190,28 @@ def test_the_salt_never_reaches_a_log_record() -> None:
     assert "datafusion" in result.stdout  # the plans were logged: the check below is not vacuous
     for spelling in (salt.decode(), salt.hex(), ",".join(str(byte) for byte in salt)):
         assert spelling not in result.stdout + result.stderr
+
+
+def test_datafusion_plans_stay_out_of_debug_logs_unless_asked_for() -> None:
+    """``sqe --debug`` sets the root logger to DEBUG: DataFusion's ~270 planning records per hash call stay out,
+    and an application that sets one of its loggers itself still gets that logger's records."""
+    program = textwrap.dedent(
+        """
+        import logging, sys
+        import pyarrow as pa
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="RECORD %(name)s %(levelname)s")
+        if sys.argv[1] == "asked":
+            logging.getLogger("datafusion_optimizer").setLevel(logging.DEBUG)
+        from sqe.restrictions import sha
+        sha.VECTOR_MIN_ROWS = 4
+        sha.sha256_array(pa.array([b"a", b"b", None, b"c"] * 3, pa.binary()), b"0123456789abcdef")
+        """
+    )
+    logged = {}
+    for case in ("default", "asked"):
+        result = subprocess.run(
+            [sys.executable, "-c", program, case], capture_output=True, text=True, timeout=60, check=True
+        )
+        logged[case] = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("RECORD ")]
+    assert not [name for name, level in logged["default"] if level in ("DEBUG", "INFO")]
+    assert {name.split(".")[0] for name, _ in logged["asked"]} == {"datafusion_optimizer"}  # the check can fail
