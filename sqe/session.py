@@ -246,19 +246,19 @@ class _Planned:
         for plan in [*self.scans.values(), *self.travels.values()]:
             plan.task_source.get()
 
-    def is_usable(self, now: float) -> bool:
-        scans = [*self.scans.values(), *self.travels.values()]
-        usable = all(plan.is_usable(now) for plan in scans)
-        return usable and (self.target is None or self.target.is_usable(now))
-
 
 class PreparedStatement:
-    """A planned statement. Executing re-plans from the SQL text once any of its credentials is past usable."""
+    """A statement checked and planned once at prepare time, and planned again from its SQL text at every
+    execution: each execution asks the catalog for every table, view and metadata table it reads, as a plain
+    statement does (``If-None-Match``, or nothing within ``metadata_revalidate_seconds``). A plan kept across
+    executions would keep the restrictions, grants and credentials of the moment it was made: a grant revoked or
+    a mask added since would not apply, and the process caches would serve it. The planned-task cache (keyed by
+    metadata location) keeps planning an unchanged table cheap."""
 
-    def __init__(self, session: Session, planned: _Planned) -> None:
+    def __init__(self, session: Session, statement: Statement, planned: _Planned) -> None:
         self._session = session
+        self._statement = statement  # as classified: each plan rewrites its file calls into fresh streams
         self._planned = planned
-        self.replans = 0
 
     @property
     def sql(self) -> str:
@@ -272,9 +272,7 @@ class PreparedStatement:
         return loaded
 
     def execute(self, params: Params = None) -> Result:
-        if not self._planned.is_usable(self._session._clock()):
-            self._planned = self._session._plan(self._planned.statement)
-            self.replans += 1
+        self._planned = self._session._plan(self._statement)
         return self._session._run_planned(self._planned, params)
 
 
@@ -428,7 +426,7 @@ class Session:
             statement = classify(self._parser, text)
             if statement.kind not in ("select", "insert"):
                 raise QueryError("only queries and INSERT can be prepared")
-            return PreparedStatement(self, self._plan(statement))
+            return PreparedStatement(self, statement, self._plan(statement))
 
     def explain(self, text: str, *, analyze: bool = False, travels: Sequence[TimeTravel] = ()) -> pa.Table:
         """DuckDB's plan, then per table what SQE planned (``explain_tables``), as (section, property, value).
@@ -1324,7 +1322,7 @@ class Session:
             raise QueryError("only queries and INSERT can be prepared")
         if statement.travels:
             inner = dataclasses.replace(inner, travels=statement.travels)
-        self._prepared[statement.name] = PreparedStatement(self, self._plan(inner))
+        self._prepared[statement.name] = PreparedStatement(self, inner, self._plan(inner))
         return Result(self, table=pa.table({}))
 
     def _sql_execute(self, statement: Statement) -> Result:

@@ -137,9 +137,6 @@ class ScanPlan:
         """The read-restrictions for one query (``salt``: its query-local salt), or None when there are none."""
         return restriction_transform(self.restrictions, self.read.projected_schema, self.output_field_ids, salt)
 
-    def is_usable(self, now: float) -> bool:
-        return self.loaded.is_usable(now)
-
     def _rows_hidden(self) -> bool:
         return self.restrictions.row_filter is not None or self.restrictions.always_false
 

@@ -92,7 +92,7 @@ def sleep_until(epoch: float) -> None:
     time.sleep(max(0.0, epoch - time.time()))
 
 
-def test_revalidates_while_usable_reloads_after_and_prepared_statement_replans(
+def test_revalidates_while_usable_reloads_after_and_prepared_statement_follows(
     short_catalog: CatalogServer, events: str, readers: tuple[CatalogPrincipal, CatalogPrincipal], tmp_path: Path
 ) -> None:
     with open_session(tmp_path, short_catalog, readers[0]) as session:
@@ -107,7 +107,7 @@ def test_revalidates_while_usable_reloads_after_and_prepared_statement_replans(
         prepared = session.prepare(QUERY)
         [planned] = prepared.tables.values()
         assert planned.cache_outcome is CacheOutcome.REVALIDATED and access_key(planned) == access_key(first)
-        assert prepared.execute().fetchall() == EXPECTED and prepared.replans == 0
+        assert prepared.execute().fetchall() == EXPECTED
         assert time.time() < first.usable_until, "the machine was too slow to stay inside the usable window"
 
         sleep_until(first.usable_until + 0.2)
@@ -117,7 +117,6 @@ def test_revalidates_while_usable_reloads_after_and_prepared_statement_replans(
         fresh = query(session)
         assert access_key(fresh) != access_key(first)
         assert prepared.execute().fetchall() == EXPECTED
-        assert prepared.replans == 1
         [replanned] = prepared.tables.values()
         assert access_key(replanned) == access_key(fresh) and replanned.is_usable(time.time())
 

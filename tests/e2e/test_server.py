@@ -807,6 +807,38 @@ def test_prepared_statements_carry_their_dataset_and_parameter_schemas(served: S
         assert cur.fetchall() == [(3, "nnn-nn-5555"), (6, None)]
 
 
+def test_a_prepared_statement_follows_restrictions_set_after_it_was_prepared(served: Served, tmp_path: Path) -> None:
+    """Each execution asks the catalog again as the user: restrictions set after CreatePreparedStatement apply to
+    the next CommandPreparedStatementQuery, as to a plain statement (never the raw rows of prepare time)."""
+    client = served.flight_client()
+    options = _session_options(served.token("carol"), uuid.uuid4().hex)
+    sql = f"SELECT id, region, ssn FROM {served.namespace}.people ORDER BY id"
+    wrapper = any_pb2.Any()
+    wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=sql))
+    [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
+    created = sql_pb.ActionCreatePreparedStatementResult()
+    assert any_pb2.Any.FromString(result.body.to_pybytes()).Unpack(created)
+    query = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=created.prepared_statement_handle))
+
+    def run_prepared() -> list[dict[str, Any]]:
+        info = client.get_flight_info(query, options)
+        return client.do_get(info.endpoints[0].ticket, options).read_all().to_pylist()
+
+    raw_first = {"id": 1, "region": "EU", "ssn": "111-22-3333"}
+    assert run_prepared()[0] == raw_first  # carol reads people unrestricted
+    rules = tmp_path / "carol.json"
+    rules.write_text(json.dumps(ALICE), encoding="utf-8")
+    target = ["--warehouse", served.catalog.warehouse, "--namespace", served.namespace, "--table", "people"]
+    served.catalog.admin_cli(
+        "set-restrictions", *target, "--principal", served.users["carol"].name, "--file", str(rules)
+    )
+    try:
+        assert run_prepared() == _query(client, sql, options).to_pylist() == ALICE_ROWS
+    finally:
+        served.catalog.admin_cli("clear-restrictions", *target, "--principal", served.users["carol"].name)
+    assert run_prepared()[0] == raw_first
+
+
 # ------------------------------------------------------------------- concurrency on one client session
 
 RACE_SLOTS = 6
