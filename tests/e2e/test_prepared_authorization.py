@@ -15,22 +15,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 import sqe.api
 from sqe.errors import PermissionDeniedError, RestrictedTableError
 from tests.conftest import CatalogPrincipal, CatalogServer, pyiceberg_catalog, write_sqe_config
+from tests.e2e.test_engine_governed import PEOPLE, RULES
 
 pytestmark = [pytest.mark.e2e]
 
-PEOPLE = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "email": ["a@x.org", "b@y.org", "c@z.org", "d@w.org"]})
 RAW = [(1, "a@x.org"), (2, "b@y.org"), (3, "c@z.org"), (4, "d@w.org")]
-RESTRICTED = [(1, "x@x.xxx"), (3, "x@x.xxx"), (4, "x@x.xxx")]  # id 2 filtered out, emails masked
-RULES = {
-    "required-column-projections": [{"field-id": 2, "action": "mask-alphanum"}],
-    "required-row-filter": {"type": "not-eq", "left": {"type": "reference", "id": 1}, "right": 2},
-}
+RESTRICTED = [(1, "x@x.xxx"), (3, "x@x.xxx"), (4, "x@x.xxx")]  # RULES: id 2 filtered out, emails masked
 
 
 @dataclass
