@@ -732,6 +732,10 @@ class _ScanRun:
                 if self._stop.is_set():
                     return
                 out = self.transform(batch) if self.transform is not None else batch
+                if out.num_rows == 0:
+                    # Nothing to hand on; and counted (EXPLAIN ANALYZE's scan_batches), a batch the row filter
+                    # emptied would tell whether hidden rows matched the user's own predicates.
+                    continue
                 self.metrics.add(batches_in_flight=1, batches_produced=1, rows_produced=out.num_rows)
                 if not self._put(out):
                     self.metrics.add(batches_in_flight=-1)
