@@ -61,6 +61,9 @@ class _Evaluator:
             return pc.invert(matched) if leaf.negated else matched
         if isinstance(leaf, ex.SetMembership):
             value_set = pa.array(leaf.values, type=values.type)
+            if pa.types.is_floating(values.type):
+                # is_in hashes bits, so -0.0 would not be 0.0 as it is for eq; adding +0.0 turns -0.0 into 0.0
+                values, value_set = _zero_signless(values), _zero_signless(value_set)
             matched = _false_if_null(pc.is_in(values, value_set=value_set, skip_nulls=True))
             return pc.invert(matched) if leaf.negated else matched
         literal = pa.scalar(leaf.value, type=values.type)
@@ -84,6 +87,10 @@ def _null_check(op: str, values: pa.Array) -> pa.BooleanArray:
         return nulls if op == "is-null" else pc.invert(nulls)
     nans = _false_if_null(pc.is_nan(values))
     return nans if op == "is-nan" else pc.invert(nans)
+
+
+def _zero_signless(values: pa.Array) -> pa.Array:
+    return pc.add(values, pa.scalar(0.0, type=values.type))
 
 
 def _false_if_null(mask: pa.Array) -> pa.BooleanArray:

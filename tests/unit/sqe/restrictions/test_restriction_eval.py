@@ -89,6 +89,20 @@ def test_nan_behaves_like_null_in_comparisons(node: Any, expected: list[bool]) -
     assert kept(node, {"d": FLOATS}) == expected
 
 
+@pytest.mark.parametrize(("field_id", "column"), [(5, "f"), (6, "d")])
+@pytest.mark.parametrize("zero", [0.0, -0.0])
+def test_signed_zeros_are_one_value_for_comparisons_and_sets_alike(field_id: int, column: str, zero: float) -> None:
+    """``in``/``not-in`` agree with ``eq``/``not-eq`` (IEEE: -0.0 equals 0.0); a set must not keep a row its
+    ``eq`` form hides, or the other way round."""
+    values = {column: [-0.0, 0.0, 1.0, None]}
+    equal = kept(op("eq", field_id, zero), values)
+    assert equal == [True, True, False, False]
+    assert kept({"type": "in", "child": ref(field_id), "values": [zero, 5.0]}, values) == equal
+    assert kept({"type": "not-in", "child": ref(field_id), "values": [zero]}, values) == kept(
+        op("not-eq", field_id, zero), values
+    )
+
+
 def test_float_literal_is_compared_as_float32() -> None:
     assert kept(op("eq", 5, 0.1), {"f": [0.1, 0.2, None]}) == [True, False, False]
 
