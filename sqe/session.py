@@ -272,8 +272,8 @@ class PreparedStatement:
         return loaded
 
     def execute(self, params: Params = None) -> Result:
-        self._planned = self._session._plan(self._statement)
-        return self._session._run_planned(self._planned, params)
+        self._planned, result = self._session._execute_prepared(self._statement, params)
+        return result
 
 
 # ------------------------------------------------------------------------------------------------ session
@@ -381,12 +381,25 @@ class Session:
 
     def sql(self, text: str, params: Params = None) -> Result:
         """Run one statement. Queries run lazily when the Result is read."""
+        with self._statement():
+            return self._sql(text, params)
+
+    def _execute_prepared(self, statement: Statement, params: Params) -> tuple[_Planned, Result]:
+        """A prepared statement's execution, entered as ``sql`` enters a statement: planned again (so every
+        catalog check runs anew), then run."""
+        with self._statement():
+            planned = self._plan(statement)
+            return planned, self._run_planned(planned, params)
+
+    @contextlib.contextmanager
+    def _statement(self) -> Iterator[None]:
+        """One statement at a time, on an open session; an interrupt from now on cancels it."""
         with self._lock:
             self._check_open()
             self._cancel_requested.clear()
             self._in_statement = True
             try:
-                return self._sql(text, params)
+                yield
             except RecursionError:  # any analysis of a parse tree close to the decoder's depth: one typed line
                 raise QueryError(TOO_DEEP) from None
             finally:
