@@ -67,7 +67,9 @@ class _Progress:
             return
         stats = session.progress()
         text = f"\r[{elapsed:6.1f}s] "
-        if stats:
+        if stats and "files_total" not in stats:  # a row-filtered table: file and byte counts are withheld
+            text += f"{stats.get('rows_produced', 0):,} rows"
+        elif stats:
             text += f"files {stats.get('files_done', 0)}/{stats.get('files_total', '?')}  " + (
                 f"{stats.get('bytes_done', 0) / 1e6:.1f} MB"
             )

@@ -114,6 +114,7 @@ _CATALOG_KINDS = frozenset(
     }
 )
 WITHHELD = "withheld (row filter)"
+PRUNED_COUNTS = ("files_total", "files_done", "bytes_done")  # Session.progress() withholds them as EXPLAIN does
 _EXPLAIN_SCHEMA = pa.schema([("section", pa.string()), ("property", pa.string()), ("value", pa.string())])
 
 
@@ -523,8 +524,16 @@ class Session:
         return self._distributed
 
     def progress(self) -> dict[str, int] | None:
+        """The running (or last) statement's scan counters. A statement reading a row-filtered table has no file
+        or byte counts: they were pruned with statistics of the hidden rows too (EXPLAIN withholds them alike)."""
         context = self._active
-        return context.metrics.snapshot() if context is not None else None
+        if context is None:
+            return None
+        counters = context.metrics.snapshot()
+        if context.counts_withheld:
+            for key in PRUNED_COUNTS:
+                counters.pop(key, None)
+        return counters
 
     def list_tables(self, namespace: str | None = None) -> pa.Table:
         """SHOW TABLES [FROM ns] and ``\\dt``: the tables the catalog lets this user see."""
@@ -1050,6 +1059,9 @@ class Session:
 
     def _stream(self, plan: ScanPlan, context: QueryContext) -> ScanStream | DistributedScanStream:
         from sqe.execution.stream import ScanStream
+
+        if plan.hides_rows():
+            context.counts_withheld = True
 
         if self._distributed is None:
             return ScanStream(plan, self._executor, context)

@@ -31,6 +31,9 @@ class QueryContext:
     cancel: threading.Event = field(default_factory=threading.Event)
     metrics: ScanMetrics = field(default_factory=ScanMetrics)
     salt: bytes = field(default_factory=new_query_salt, repr=False)  # sha-256-query-local: one per query
+    # A scan of a row-filtered table: its files were pruned with statistics of hidden rows too, so progress shows
+    # no file or byte counts (as EXPLAIN withholds them).
+    counts_withheld: bool = False
     _error: SQEError | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

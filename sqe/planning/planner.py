@@ -137,7 +137,8 @@ class ScanPlan:
         """The read-restrictions for one query (``salt``: its query-local salt), or None when there are none."""
         return restriction_transform(self.restrictions, self.read.projected_schema, self.output_field_ids, salt)
 
-    def _rows_hidden(self) -> bool:
+    def hides_rows(self) -> bool:
+        """Whether a row filter hides rows: then counts of files and bytes read tell about the hidden ones."""
         return self.restrictions.row_filter is not None or self.restrictions.always_false
 
     def describe(self) -> dict[str, Any]:
@@ -145,7 +146,7 @@ class ScanPlan:
         loaded = self.loaded
         # Files, bytes and records planned after pruning (by the filter and by the user's own predicates) tell
         # which values hidden rows hold: a row-filtered table shows none of them (None = withheld).
-        hidden = self._rows_hidden()
+        hidden = self.hides_rows()
         return {
             "table": str(loaded.ident),
             "snapshot_id": self.snapshot_id,

@@ -508,6 +508,21 @@ def test_restrictions_apply_before_the_users_query(session: Session, restricted:
     assert one(session, joined) == 0  # joins see masked values too
 
 
+def test_progress_withholds_file_and_byte_counts_of_a_row_filtered_scan(
+    session: Session, provider: LocalProvider
+) -> None:
+    """Files pruned by the user's predicate with statistics of hidden rows too: their counts would tell what the
+    hidden rows hold, so progress withholds them for a row-filtered table, as EXPLAIN does."""
+    session.sql("SELECT count(name) FROM ns.numbers WHERE id > 3").fetchall()
+    unrestricted = session.progress()
+    assert unrestricted is not None and unrestricted["files_total"] == NUMBER_FILES
+    provider.restrictions["wh.ns.numbers"] = {"required-row-filter": GRP_IS_1}
+    session.sql("SELECT count(name) FROM ns.numbers WHERE id > 3").fetchall()
+    restricted = session.progress()
+    assert restricted is not None and restricted["rows_produced"] > 0
+    assert not {"files_total", "files_done", "bytes_done"} & set(restricted)
+
+
 def test_explain_and_describe_show_masks(session: Session, restricted: LocalProvider) -> None:
     row = explain_sections(session.sql("EXPLAIN SELECT name FROM ns.numbers").arrow())["wh.ns.numbers"]
     assert row["files_planned"] == row["bytes_planned"] == "withheld (row filter)"
