@@ -440,7 +440,7 @@ class Session:
             statement = classify(self._parser, text)
             if statement.kind not in ("select", "insert"):
                 raise QueryError("only queries and INSERT can be prepared")
-            return PreparedStatement(self, statement, self._plan(statement))
+            return PreparedStatement(self, statement, self._plan(statement, defer_tasks=True))
 
     def explain(self, text: str, *, analyze: bool = False, travels: Sequence[TimeTravel] = ()) -> pa.Table:
         """DuckDB's plan, then per table what SQE planned (``explain_tables``), as (section, property, value).
@@ -616,29 +616,31 @@ class Session:
 
     # -- planning ---------------------------------------------------------------------------------------
 
-    def _plan(self, statement: Statement) -> _Planned:
+    def _plan(self, statement: Statement, *, defer_tasks: bool = False) -> _Planned:
+        """``defer_tasks``: read no manifest until a scan's tasks are used (a plan made to check a statement at
+        prepare time, which its executions plan again)."""
         statement = self._external.rewrite(statement)  # issue 14: file calls / external tables -> streams
-        planned = self._plan_statement(statement)
-        planned.travels = self._plan_travels(statement.travels)
+        planned = self._plan_statement(statement, defer_tasks)
+        planned.travels = self._plan_travels(statement.travels, defer_tasks)
         return planned
 
-    def _plan_statement(self, statement: Statement) -> _Planned:
+    def _plan_statement(self, statement: Statement, defer_tasks: bool = False) -> _Planned:
         if statement.kind == "select":
-            scans, narrowed, metadata, read_views = self._plan_query(statement.text)
+            scans, narrowed, metadata, read_views = self._plan_query(statement.text, defer_tasks=defer_tasks)
             return _Planned(statement, scans, narrowed, metadata=metadata, views=read_views)
         if statement.kind == "insert":
             assert statement.target is not None
             target = self._load(self.resolve_name(statement.target))
             scans, narrowed, metadata, read_views = (
-                self._plan_query(statement.body) if statement.body else ({}, False, {}, {})
+                self._plan_query(statement.body, defer_tasks=defer_tasks) if statement.body else ({}, False, {}, {})
             )
             return _Planned(statement, scans, narrowed, target=target, metadata=metadata, views=read_views)
         if statement.kind == "ctas":
-            scans, narrowed, metadata, read_views = self._plan_query(statement.body or "")
+            scans, narrowed, metadata, read_views = self._plan_query(statement.body or "", defer_tasks=defer_tasks)
             return _Planned(statement, scans, narrowed, metadata=metadata, views=read_views)
         raise QueryError(f"cannot plan a {statement.kind} statement")
 
-    def _plan_travels(self, travels: Sequence[TimeTravel]) -> dict[str, ScanPlan]:
+    def _plan_travels(self, travels: Sequence[TimeTravel], defer_tasks: bool = False) -> dict[str, ScanPlan]:
         """One full-width scan per time-travel reference, at its snapshot, under the table's current restrictions."""
         scans: dict[str, ScanPlan] = {}
         for travel in travels:
@@ -648,7 +650,12 @@ class Session:
             loaded = self._load(ident)
             snapshot_id = resolve_snapshot(loaded, travel, self._parser)
             scans[travel.placeholder] = plan_scan(
-                loaded, columns=None, snapshot_id=snapshot_id, cache=self._task_cache, remote=self._remote
+                loaded,
+                columns=None,
+                snapshot_id=snapshot_id,
+                cache=self._task_cache,
+                remote=self._remote,
+                defer_tasks=defer_tasks,
             )
         return scans
 
@@ -675,6 +682,7 @@ class Session:
         loaded: Mapping[TableIdent, LoadedTable] | None = None,
         all_columns: bool = False,
         depth: int = 0,
+        defer_tasks: bool = False,
     ) -> tuple[dict[TableIdent, ScanPlan], bool, dict[TableIdent, pa.Table], dict[TableIdent, str]]:
         """Scans, whether any is narrowed, metadata tables, and the catalog views read (expanded, as this user)."""
         tree = parse_select(self._parser, sql)
@@ -713,7 +721,8 @@ class Session:
                 pushdown=pushdown,
                 cache=self._task_cache,
                 remote=self._remote,
-                defer_tasks=depth == 0 and may_count_from_metadata(sql),  # issue 11 item 3: may need no manifest
+                # issue 11 item 3: a bare count(*) may need no manifest
+                defer_tasks=defer_tasks or (depth == 0 and may_count_from_metadata(sql)),
                 background=True,  # read while DuckDB binds the statement; its first use waits (_run_planned)
             )
         read_views: dict[TableIdent, str] = {}
@@ -721,7 +730,7 @@ class Session:
             if depth >= views.MAX_VIEW_DEPTH:
                 raise QueryError(f"view {ident}: views nest deeper than {views.MAX_VIEW_DEPTH} (a cycle?)")
             view_sql = views.runnable_sql(view, self._parser)
-            inner = self._plan_query(view_sql, all_columns=all_columns, depth=depth + 1)
+            inner = self._plan_query(view_sql, all_columns=all_columns, depth=depth + 1, defer_tasks=defer_tasks)
             self._merge_scans(scans, inner[0])
             narrowed = narrowed or inner[1]
             metadata.update(inner[2])
@@ -1347,7 +1356,7 @@ class Session:
             raise QueryError("only queries and INSERT can be prepared")
         if statement.travels:
             inner = dataclasses.replace(inner, travels=statement.travels)
-        self._prepared[statement.name] = PreparedStatement(self, inner, self._plan(inner))
+        self._prepared[statement.name] = PreparedStatement(self, inner, self._plan(inner, defer_tasks=True))
         return Result(self, table=pa.table({}))
 
     def _sql_execute(self, statement: Statement) -> Result:

@@ -17,6 +17,7 @@ from sqe.catalog.base import TableIdent
 from sqe.errors import CatalogError, NoSuchTableError, QueryError, RestrictionError
 from sqe.execution import QueryCancelledError
 from sqe.execution import local as local_execution
+from sqe.planning import planner
 from sqe.planning.planner import format_filter
 from sqe.session import Result, Session, explain_sections
 from tests.unit.sqe.iceberg_local import DELETED_POSITIONS, EVENT_GROUPS, NUMBER_FILES, ROWS_PER_FILE, LocalProvider
@@ -197,7 +198,6 @@ def test_a_tables_view_is_kept_between_statements_until_its_schema_changes(
     writer.sql("CREATE TABLE ns.kept AS SELECT range AS id FROM range(4)")
     assert one(writer, "SELECT count(*) FROM ns.kept WHERE true") == 4
     [(first,)] = writer._con.sql(oid).fetchall()
-    writer.sql("SELECT 1").fetchall()
     assert one(writer, "SELECT sum(id) FROM ns.kept") == 6
     assert writer._con.sql(oid).fetchall() == [(first,)]
     with write_provider.catalogs["wh"].load_table(("ns", "kept")).update_schema() as update:
@@ -374,6 +374,31 @@ def test_a_prepared_statement_asks_the_catalog_at_every_execution(
         loaded.usable_until = time.time() - 1  # credentials past their usable point
     assert prepared.execute([0]).fetchall() == [(8,)]
     assert all(t.is_usable(time.time()) for t in prepared.tables.values())
+
+
+def test_prepare_reads_no_manifest_and_each_execution_reads_them_once(
+    writer: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prepare checks the statement against the catalog; its executions plan again, so reading manifests at
+    prepare time would be thrown away (or read twice, while still in flight at the first execution)."""
+    writer.sql("CREATE TABLE ns.once AS SELECT range AS x FROM range(5)")
+    plans: list[object] = []
+    real_tasks = planner.TaskCache.tasks
+
+    def counted(cache: planner.TaskCache, key: Any, plan: Callable[[], Any]) -> Any:
+        def planning() -> Any:
+            plans.append(key)
+            return plan()
+
+        return real_tasks(cache, key, planning)
+
+    monkeypatch.setattr(planner.TaskCache, "tasks", counted)
+    prepared = writer.prepare("SELECT x FROM ns.once WHERE x >= ?")
+    writer.sql("PREPARE named AS SELECT x FROM ns.once WHERE x >= $1")
+    time.sleep(0.2)  # a background read would have started by now
+    assert plans == []
+    assert len(prepared.execute([3]).fetchall()) == 2
+    assert len(plans) == 1
 
 
 def test_a_prepared_execution_is_a_statement_like_any_other(
