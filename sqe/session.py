@@ -394,9 +394,14 @@ class Session:
 
     @contextlib.contextmanager
     def _statement(self) -> Iterator[None]:
-        """One statement at a time, on an open session; an interrupt from now on cancels it."""
+        """One statement at a time, on an open session; an interrupt from now on cancels it. Entered again inside
+        a statement (SQL ``EXECUTE`` runs its prepared statement), it is that same statement: a cancel already
+        asked for stays asked for, and the statement ends when the outer one does."""
         with self._lock:
             self._check_open()
+            if self._in_statement:  # the lock is this thread's, so the statement running is this thread's too
+                yield
+                return
             self._cancel_requested.clear()
             self._in_statement = True
             try:

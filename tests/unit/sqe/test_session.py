@@ -376,6 +376,21 @@ def test_a_prepared_statement_asks_the_catalog_at_every_execution(
     assert all(t.is_usable(time.time()) for t in prepared.tables.values())
 
 
+def test_sql_execute_keeps_an_interrupt_asked_for_before_its_prepared_statement_runs(writer: Session) -> None:
+    """SQL EXECUTE is one statement: an interrupt while its arguments are evaluated still cancels it (the prepared
+    statement it runs must not start a statement of its own and forget the request)."""
+    writer.sql("CREATE TABLE ns.args AS SELECT range AS x FROM range(5)")
+    writer.sql("PREPARE q AS SELECT count(*) FROM ns.args WHERE x >= $1")
+    slow_zero = "length(repeat('x', 50000000)) - 50000000"  # a constant DuckDB takes a moment to fold
+    assert writer.sql(f"EXECUTE q({slow_zero})").fetchall() == [(5,)]
+    timer = threading.Timer(0.05, writer.interrupt)
+    timer.start()
+    with pytest.raises(QueryCancelledError):
+        writer.sql(f"EXECUTE q({slow_zero})").fetchall()
+    timer.join()
+    assert writer.sql("EXECUTE q(3)").fetchall() == [(2,)]
+
+
 def test_prepare_reads_no_manifest_and_each_execution_reads_them_once(
     writer: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
