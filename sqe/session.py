@@ -114,7 +114,9 @@ _CATALOG_KINDS = frozenset(
     }
 )
 WITHHELD = "withheld (row filter)"
-PRUNED_COUNTS = ("files_total", "files_done", "bytes_done")  # Session.progress() withholds them as EXPLAIN does
+# What Session.progress() shows of a statement reading a row-filtered table: every other counter (files, bytes,
+# files open, batches) follows the files read, which were pruned with statistics of the hidden rows too.
+SHOWN_WHEN_ROWS_HIDDEN = ("rows_produced",)
 _EXPLAIN_SCHEMA = pa.schema([("section", pa.string()), ("property", pa.string()), ("value", pa.string())])
 
 
@@ -529,15 +531,15 @@ class Session:
         return self._distributed
 
     def progress(self) -> dict[str, int] | None:
-        """The running (or last) statement's scan counters. A statement reading a row-filtered table has no file
-        or byte counts: they were pruned with statistics of the hidden rows too (EXPLAIN withholds them alike)."""
+        """The running (or last) statement's scan counters. Of a statement reading a row-filtered table, only the
+        rows produced: the files read were pruned with statistics of the hidden rows too (EXPLAIN withholds them
+        alike), and every other counter follows them."""
         context = self._active
         if context is None:
             return None
         counters = context.metrics.snapshot()
         if context.counts_withheld:
-            for key in PRUNED_COUNTS:
-                counters.pop(key, None)
+            return {key: counters[key] for key in SHOWN_WHEN_ROWS_HIDDEN if key in counters}
         return counters
 
     def list_tables(self, namespace: str | None = None) -> pa.Table:

@@ -198,6 +198,7 @@ def test_a_tables_view_is_kept_between_statements_until_its_schema_changes(
     writer.sql("CREATE TABLE ns.kept AS SELECT range AS id FROM range(4)")
     assert one(writer, "SELECT count(*) FROM ns.kept WHERE true") == 4
     [(first,)] = writer._con.sql(oid).fetchall()
+    writer.sql("SELECT 1").fetchall()
     assert one(writer, "SELECT sum(id) FROM ns.kept") == 6
     assert writer._con.sql(oid).fetchall() == [(first,)]
     with write_provider.catalogs["wh"].load_table(("ns", "kept")).update_schema() as update:
@@ -559,8 +560,7 @@ def test_progress_withholds_file_and_byte_counts_of_a_row_filtered_scan(
     provider.restrictions["wh.ns.numbers"] = {"required-row-filter": GRP_IS_1}
     session.sql("SELECT count(name) FROM ns.numbers WHERE id > 3").fetchall()
     restricted = session.progress()
-    assert restricted is not None and restricted["rows_produced"] > 0
-    assert not {"files_total", "files_done", "bytes_done"} & set(restricted)
+    assert restricted == {"rows_produced": restricted["rows_produced"]} and restricted["rows_produced"] > 0
 
 
 def test_explain_and_describe_show_masks(session: Session, restricted: LocalProvider) -> None:
