@@ -158,11 +158,16 @@ class IdentityBroker(Unpicklable):
         except requests.RequestException as exc:
             reason = type(exc).__name__
             raise CatalogUnavailableError(f"cannot reach the catalog at {self.catalog_uri}: {reason}") from None
-        if response.status_code == 401:
+        status = response.status_code
+        if status == 401:
             raise AuthenticationError(f"the catalog rejected the bearer token ({_oauth_error(response)})", status=401)
-        if response.status_code >= 500:
-            raise CatalogUnavailableError(f"the catalog answered HTTP {response.status_code}", status=503)
-        # 200, or 403/404 for a warehouse the user cannot see: the token itself is valid.
+        if status == 429 or status >= 500:
+            raise CatalogUnavailableError(f"the catalog answered HTTP {status}", status=503)
+        if 200 <= status < 300 or (status in (403, 404) and _is_catalog_error(response, status)):
+            return  # 200, or the catalog's own 403/404 for a warehouse the user cannot see: the token is valid
+        # Anything else (a proxy's 403, 400, 431, a redirect) vouches for nothing: the user key comes from the
+        # token's unverified subject, so an answer that is not the catalog's must not authenticate it.
+        raise AuthenticationError(f"the catalog did not confirm the bearer token (HTTP {status})", status=401)
 
     # -- the token a user's engine session uses ---------------------------------------------------------
 
@@ -252,6 +257,16 @@ class IdentityBroker(Unpicklable):
 
     def close(self) -> None:
         self._http.close()
+
+
+def _is_catalog_error(response: requests.Response, status: int) -> bool:
+    """Whether the body is the Iceberg REST ErrorModel for ``status`` (the catalog's own refusal)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("code") == status and isinstance(error.get("type"), str)
 
 
 def _oauth_error(response: requests.Response) -> str:

@@ -1,0 +1,75 @@
+"""The server authenticates a bearer token only when the catalog itself vouches for it.
+
+The user key comes from the token's (unverified) subject, so an answer to ``/v1/config`` that is not the
+catalog's own - a throttling 429, a proxy's bare 403, a 400 or 431 - must never let a forged token in as that
+subject. A real loopback HTTP server plays the catalog (or the proxy in front of it).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sqe.errors import AuthenticationError, CatalogUnavailableError
+from sqe.server.identity import IdentityBroker
+
+FORGED = base64.urlsafe_b64encode(json.dumps({"sub": "alice"}).encode()).decode().rstrip("=") + ".forged"
+
+
+@contextlib.contextmanager
+def _catalog_answering(status: int, body: bytes) -> Iterator[str]:
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _error_model(status: int) -> bytes:
+    return json.dumps({"error": {"message": "no", "type": "ForbiddenException", "code": status}}).encode()
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [(400, b""), (431, b""), (403, b"<html>proxy says no</html>"), (404, b"{}"), (302, b""), (403, _error_model(404))],
+)
+def test_an_answer_that_is_not_the_catalogs_authenticates_nobody(status: int, body: bytes) -> None:
+    refused = f"did not confirm the bearer token \\(HTTP {status}\\)"
+    with _catalog_answering(status, body) as uri, pytest.raises(AuthenticationError, match=refused):
+        IdentityBroker(uri, "wh").authenticate_bearer(FORGED)
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_throttled_or_failing_catalog_is_unavailable_not_a_yes(status: int) -> None:
+    with _catalog_answering(status, b"") as uri, pytest.raises(CatalogUnavailableError):
+        IdentityBroker(uri, "wh").authenticate_bearer(FORGED)
+
+
+@pytest.mark.parametrize(("status", "body"), [(200, b"{}"), (403, _error_model(403)), (404, _error_model(404))])
+def test_the_catalogs_own_answers_confirm_the_token(status: int, body: bytes) -> None:
+    with _catalog_answering(status, body) as uri:
+        assert IdentityBroker(uri, "wh").authenticate_bearer(FORGED).key == "user:alice"
+
+
+def test_a_401_is_a_rejected_token() -> None:
+    with _catalog_answering(401, _error_model(401)) as uri, pytest.raises(AuthenticationError, match="rejected"):
+        IdentityBroker(uri, "wh").authenticate_bearer(FORGED)
