@@ -58,8 +58,8 @@ class UnknownHandleError(QueryError):
 def _user_config(base: SQEConfig, token: str) -> SQEConfig:
     """The server's engine config as ``token``'s holder: that catalog token only, no other credential.
 
-    The one place that builds a user's config. Sibling
-    warehouses lose their own credentials too, so every catalog call of the session carries this user's token.
+    The one place that builds a user's config. Sibling warehouses of the same catalog lose their own credentials
+    too, so every catalog call of the session carries this user's token; siblings on another catalog are left out.
     """
     no_auth: dict[str, object] = {
         "client_id": None,
@@ -68,7 +68,12 @@ def _user_config(base: SQEConfig, token: str) -> SQEConfig:
         "reader_client_id": None,
         "reader_client_secret": None,
     }
-    siblings = tuple(w.model_copy(update=no_auth) for w in base.catalog.warehouses)
+    # The token is the primary catalog's: a sibling on another catalog would receive it (and could replay it at
+    # the primary as this user), so such a sibling is not served to a user at all.
+    primary = base.catalog.uri.rstrip("/")
+    siblings = tuple(
+        w.model_copy(update=no_auth) for w in base.catalog.warehouses if not w.uri or w.uri.rstrip("/") == primary
+    )
     # The token is already the user's own or a delegated one (IdentityBroker): the engine must not exchange again.
     catalog = base.catalog.model_copy(update={**no_auth, "token": SecretStr(token), "warehouses": siblings})
     return base.model_copy(update={"catalog": catalog})

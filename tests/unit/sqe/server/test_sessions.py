@@ -6,7 +6,8 @@ import time
 
 import pyarrow as pa
 
-from sqe.server.sessions import OpenQuery
+from sqe.config import load_config
+from sqe.server.sessions import OpenQuery, _user_config
 
 
 def _planning(fetch_seconds: float, released: list[str]) -> OpenQuery:
@@ -59,3 +60,31 @@ def test_a_metadata_table_waits_from_when_it_was_built() -> None:
     )
     assert before <= query.waiting_since <= time.monotonic()
     assert query.unfetched(query.waiting_since + 2.0, connection_gone_at=None)
+
+
+def test_a_users_config_carries_their_token_only_and_no_sibling_on_another_catalog() -> None:
+    """The user's (delegated) token is for the primary catalog: a sibling warehouse on another catalog would
+    receive it, and could replay it at the primary as that user, so it is left out of the user's config."""
+    base = load_config(
+        env={},
+        overrides={
+            "catalog.uri": "http://127.0.0.1:8181",
+            "catalog.warehouse": "demo",
+            "catalog.client_id": "server",
+            "catalog.client_secret": "SERVER-SECRET",
+            "catalog.reader_client_id": "reader",
+            "catalog.reader_client_secret": "READER-SECRET",
+            "catalog.warehouses": [
+                {"name": "same", "uri": "http://127.0.0.1:8181/"},
+                {"name": "inherited"},
+                {"name": "elsewhere", "uri": "http://127.0.0.1:9999", "client_id": "x", "client_secret": "y"},
+            ],
+        },
+    )
+    config = _user_config(base, "USER-TOKEN")
+    assert config.catalog.warehouse_names == ("demo", "same", "inherited")
+    for name in config.catalog.warehouse_names:
+        connection = config.catalog.connection(name)
+        assert connection.uri.rstrip("/") == "http://127.0.0.1:8181"
+        assert connection.token is not None and connection.token.get_secret_value() == "USER-TOKEN"
+        assert connection.reader_client_id is None and connection.client_id is None
