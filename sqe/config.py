@@ -198,6 +198,9 @@ class ExternalTablesConfig(ConfigSection):
     path: Unset[str] = None
     # Environment variable holding the Fernet key (urlsafe base64, 32 bytes) that encrypts a mount's own keys.
     key_env: str = "SQE_EXTERNAL_TABLES_KEY"
+    # Whether a mount may read its keys from environment variables it names (access_key_id_env): this process's
+    # own environment. ``sqe serve`` turns it off for its users (the server's environment is not theirs).
+    environment_keys: bool = True
 
 
 class CacheConfig(ConfigSection):

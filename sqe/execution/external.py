@@ -76,6 +76,8 @@ _REWRITABLE = ("select", "insert", "ctas")
 _WRITES = ("insert", "delete", "update", "merge")
 _OWN_KEY_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
 _ENV_KEY_OPTIONS = ("access_key_id_env", "secret_access_key_env")
+# Key sources the engine holds rather than the user: the [storage] pair and the process's environment.
+_ENGINE_KEYS = frozenset({"static", "env"})
 _FORMAT_OPTIONS = ("delim", "header", "quote", "escape", "nullstr")
 
 
@@ -165,15 +167,23 @@ class ExternalSources:
             key_env=key_env,
             options=options,
         )
-        if source == "static":  # the engine key must not open a governed table's files
+        if source in _ENGINE_KEYS:  # keys the engine holds, not the user's own: never a governed table's files
             self.governed.refresh()
             self.governed.check_prefixes([statement.location])
         created = self._store().create(table, keys, if_not_exists=statement.if_not_exists)
         log.info("external table %s %s (keys: %s)", name, "created" if created else "exists", source)
         return pa.table({"created": pa.array([created])})
 
-    @staticmethod
-    def _mount_keys(options: dict[str, str]) -> tuple[MountKeys | None, tuple[str, str] | None]:
+    def _check_environment_keys(self) -> None:
+        """Refused before any variable is looked at: whether one is set is not this user's to learn."""
+        if self._config is not None and not self._config.external_tables.environment_keys:
+            raise ExternalAccessError(
+                "this SQE does not let external tables read keys from its environment ([external_tables] "
+                "environment_keys = false; sqe serve: the server's environment is not its users'); give the "
+                "mount's own keys"
+            )
+
+    def _mount_keys(self, options: dict[str, str]) -> tuple[MountKeys | None, tuple[str, str] | None]:
         own = {k: options.pop(k) for k in _OWN_KEY_OPTIONS if k in options}
         env = {k: options.pop(k) for k in _ENV_KEY_OPTIONS if k in options}
         if own and env:
@@ -183,6 +193,7 @@ class ExternalSources:
                 raise QueryError("an external table's own keys need both access_key_id and secret_access_key")
             return MountKeys(own["access_key_id"], own["secret_access_key"], own.get("session_token")), None
         if env:
+            self._check_environment_keys()
             if len(env) != 2:
                 raise QueryError("give both access_key_id_env and secret_access_key_env")
             return None, (env["access_key_id_env"], env["secret_access_key_env"])
@@ -307,6 +318,8 @@ class ExternalSources:
 
     def _mount_stream(self, ident: TableIdent, table: ExternalTable, filter_: ds.Expression | None) -> ArrowSource:
         """The local stream over the mount's pruned files, or its worker twin when workers are configured."""
+        if table.key_source == "env":
+            self._check_environment_keys()
         credentials = self._credentials_for(table, self._store().keys_of(table))
         local = FileStream(self._mount_source(table, filter_, credentials))
         if self._remote_scanner is None:
@@ -315,7 +328,7 @@ class ExternalSources:
         return local if remote is None else remote
 
     def _mount_source(self, table: ExternalTable, filter_: ds.Expression | None, credentials: CredentialSet) -> Any:
-        if table.key_source == "static":
+        if table.key_source in _ENGINE_KEYS:
             self.governed.refresh()
             self.governed.check_prefixes([table.location])
         data = pa.schema([(n, arrow_type(t)) for n, t in table.columns])

@@ -23,13 +23,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pydantic import SecretStr
 
 from sqe.catalog.rest import RestTableProvider
-from sqe.config import SQEConfig
+from sqe.config import ExternalTablesConfig, SQEConfig
 from sqe.errors import QueryError, SQEError
 from sqe.server.identity import IdentityBroker, User, fingerprint
 from sqe.server.peers import Endpoint, connected_peers, parse_peer
@@ -55,7 +56,7 @@ class UnknownHandleError(QueryError):
     """A ticket or prepared-statement handle this client session does not hold."""
 
 
-def _user_config(base: SQEConfig, token: str) -> SQEConfig:
+def _user_config(base: SQEConfig, token: str, user_key: str) -> SQEConfig:
     """The server's engine config as ``token``'s holder: that catalog token only, no other credential.
 
     The one place that builds a user's config. Sibling warehouses of the same catalog lose their own credentials
@@ -76,7 +77,18 @@ def _user_config(base: SQEConfig, token: str) -> SQEConfig:
     )
     # The token is already the user's own or a delegated one (IdentityBroker): the engine must not exchange again.
     catalog = base.catalog.model_copy(update={**no_auth, "token": SecretStr(token), "warehouses": siblings})
-    return base.model_copy(update={"catalog": catalog})
+    return base.model_copy(update={"catalog": catalog, "external_tables": _user_external_tables(base, user_key)})
+
+
+def _user_external_tables(base: SQEConfig, user_key: str) -> ExternalTablesConfig:
+    """Each user's own store of external tables (one user's mounts are never listed, read, dropped or able to
+    shadow a table for another), and no keys from the server's environment."""
+    section = base.external_tables
+    path = section.path
+    if path:
+        where = Path(path)
+        path = str(where.with_name(f"{where.stem}.{fingerprint(user_key)[:16]}{where.suffix}"))
+    return section.model_copy(update={"path": path, "environment_keys": False})
 
 
 # ---------------------------------------------------------------------------------------------- limits
@@ -326,7 +338,7 @@ class ClientSession:
             engine.close()
         if chosen is not None:
             return chosen
-        config = _user_config(self._base, catalog_token)
+        config = _user_config(self._base, catalog_token, self.user_key)
         provider = RestTableProvider(config)
         engine = Engine(Session(provider, config), provider, wanted, busy=True)
         with self._lock:

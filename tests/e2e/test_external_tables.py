@@ -165,19 +165,39 @@ def test_own_keys_without_a_sealing_key_are_refused(
     assert moto.secret_access_key.encode() not in (tmp_path / "sqe-external-tables.db").read_bytes()
 
 
+def _governed_namespace(catalog_server: CatalogServer, writer: CatalogPrincipal) -> str:
+    """The location of a fresh namespace holding one Iceberg table ``t``."""
+    from tests.conftest import pyiceberg_catalog
+
+    namespace = f"extgov_{uuid.uuid4().hex[:6]}"
+    catalog = pyiceberg_catalog(catalog_server, writer)
+    catalog.create_namespace(namespace)
+    catalog.create_table(f"{namespace}.t", pa.schema([("id", pa.int64())]))
+    return f"{catalog_server.warehouse_location}/{namespace}"
+
+
 def test_a_static_mount_on_a_governed_location_is_refused(
     catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path
 ) -> None:
     with connect(tmp_path, catalog_server, engine_writer, static=True) as s:
-        namespace = f"extgov_{uuid.uuid4().hex[:6]}"
-        from tests.conftest import pyiceberg_catalog
-
-        catalog = pyiceberg_catalog(catalog_server, engine_writer)
-        catalog.create_namespace(namespace)
-        catalog.create_table(f"{namespace}.t", pa.schema([("id", pa.int64())]))
-        location = f"{catalog_server.warehouse_location}/{namespace}"
+        location = _governed_namespace(catalog_server, engine_writer)
         with pytest.raises(ExternalAccessError, match=f"overlaps the location {location}/t"):
             s.sql(f"CREATE EXTERNAL TABLE ext.gov (id BIGINT) STORED AS PARQUET LOCATION '{location}'")
+
+
+def test_an_environment_keyed_mount_on_a_governed_location_is_refused(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys named by environment variables are the engine's, not ones the user showed: like the [storage] pair,
+    they never open a governed table's files (at creation, and again at every read)."""
+    moto = catalog_server.moto
+    monkeypatch.setenv("MOUNT_KEY_ID", moto.access_key_id)
+    monkeypatch.setenv("MOUNT_SECRET", moto.secret_access_key)
+    with connect(tmp_path, catalog_server, engine_writer, static=False) as s:
+        location = _governed_namespace(catalog_server, engine_writer)
+        by_env = " WITH (access_key_id_env = 'MOUNT_KEY_ID', secret_access_key_env = 'MOUNT_SECRET')"
+        with pytest.raises(ExternalAccessError, match=f"overlaps the location {location}/t"):
+            s.sql(f"CREATE EXTERNAL TABLE ext.gov_env (id BIGINT) STORED AS PARQUET LOCATION '{location}'{by_env}")
 
 
 def _explained(session: Any, sql: str, section: str) -> dict[str, str]:

@@ -81,7 +81,7 @@ def test_a_users_config_carries_their_token_only_and_no_sibling_on_another_catal
             ],
         },
     )
-    config = _user_config(base, "USER-TOKEN")
+    config = _user_config(base, "USER-TOKEN", "user:alice")
     assert config.catalog.warehouse_names == ("demo", "same", "inherited")
     for name in config.catalog.warehouse_names:
         connection = config.catalog.connection(name)
