@@ -12,16 +12,19 @@ from __future__ import annotations
 import contextlib
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.flight as flight
 from google.protobuf import any_pb2
 
+from sqe._net import is_loopback
 from sqe._text import first_line
 from sqe.config import SQEConfig
 from sqe.errors import (
     AuthenticationError,
     CatalogUnavailableError,
+    ConfigError,
     PermissionDeniedError,
     QueryError,
     SQEError,
@@ -54,10 +57,25 @@ class _RemoteResult:
         return self._table
 
 
+_PLAINTEXT_SCHEMES = ("grpc", "grpc+tcp")
+
+
+def _refuse_plaintext_off_loopback(location: str) -> None:
+    """The login sends the user's catalog secret or token: never in plaintext to another machine (an ``sqe serve``
+    serves plaintext on loopback only, so such a server is misconfigured or not SQE's)."""
+    parts = urlsplit(location)
+    if parts.scheme in _PLAINTEXT_SCHEMES and not is_loopback(parts.hostname or ""):
+        raise ConfigError(
+            f"refusing to log in to {parts.hostname!r} in plaintext ({parts.scheme}://): the catalog credentials would "
+            "cross the network readable; use grpc+tls://"
+        )
+
+
 class RemoteSession:
     """One client session on an ``sqe serve`` server (the server keeps its state under our session cookie)."""
 
     def __init__(self, location: str, config: SQEConfig, *, tls_root_certs: bytes | None = None) -> None:
+        _refuse_plaintext_off_loopback(location)
         kwargs: dict[str, Any] = {}
         if tls_root_certs is not None:
             kwargs["tls_root_certs"] = tls_root_certs
