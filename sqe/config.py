@@ -201,6 +201,9 @@ class ExternalTablesConfig(ConfigSection):
     # Whether a mount may read its keys from environment variables it names (access_key_id_env): this process's
     # own environment. ``sqe serve`` turns it off for its users (the server's environment is not theirs).
     environment_keys: bool = True
+    # Whether a mount without keys of its own may read with the [storage] pair. ``sqe serve`` turns it off for its
+    # users: the server's key is not theirs, so each mount brings its own keys.
+    storage_keys: bool = True
 
 
 class CacheConfig(ConfigSection):

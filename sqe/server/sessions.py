@@ -82,13 +82,13 @@ def _user_config(base: SQEConfig, token: str, user_key: str) -> SQEConfig:
 
 def _user_external_tables(base: SQEConfig, user_key: str) -> ExternalTablesConfig:
     """Each user's own store of external tables (one user's mounts are never listed, read, dropped or able to
-    shadow a table for another), and no keys from the server's environment."""
+    shadow a table for another), each mount with keys of its own: never the server's environment or [storage]."""
     section = base.external_tables
     path = section.path
     if path:
         where = Path(path)
         path = str(where.with_name(f"{where.stem}.{fingerprint(user_key)[:16]}{where.suffix}"))
-    return section.model_copy(update={"path": path, "environment_keys": False})
+    return section.model_copy(update={"path": path, "environment_keys": False, "storage_keys": False})
 
 
 # ---------------------------------------------------------------------------------------------- limits

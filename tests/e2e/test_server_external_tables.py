@@ -98,15 +98,18 @@ def _mount(world: World, who: str, table_and_columns: str, location: str) -> Non
     _sql(world, who, f"CREATE EXTERNAL TABLE {table_and_columns} STORED AS PARQUET LOCATION '{location}' WITH ({keys})")
 
 
-def test_a_mount_never_reads_keys_from_the_servers_environment(world: World) -> None:
+def test_a_mount_never_reads_with_the_servers_keys(world: World) -> None:
+    """Neither the server's [storage] pair nor its environment: not on a governed table, nor anywhere else."""
     namespace = world.served.namespace
     location = f"{world.served.catalog.warehouse_location}/{namespace}/people/data"
-    with pytest.raises(flight.FlightError, match="overlaps"):  # the [storage] pair on a governed table: refused
-        _sql(
-            world,
-            "bob",
-            f"CREATE EXTERNAL TABLE {namespace}.raw_static {PEOPLE_COLUMNS} STORED AS PARQUET LOCATION '{location}'",
-        )
+    elsewhere = _put_parquet(world, pa.table({"note": ["readable with the server's key"]}))
+    for where in (location, elsewhere):
+        with pytest.raises(flight.FlightError, match="does not let external tables read with its \\[storage\\] key"):
+            _sql(
+                world,
+                "bob",
+                f"CREATE EXTERNAL TABLE {namespace}.by_server (note VARCHAR) STORED AS PARQUET LOCATION '{where}'",
+            )
     for variable in ("SQE_STORAGE__ACCESS_KEY_ID", "NOT_SET_ANYWHERE"):  # the same answer, set or not
         env_keys = f"access_key_id_env = '{variable}', secret_access_key_env = 'SQE_STORAGE__SECRET_ACCESS_KEY'"
         create = f"CREATE EXTERNAL TABLE {namespace}.raw_env {PEOPLE_COLUMNS} STORED AS PARQUET LOCATION '{location}'"
