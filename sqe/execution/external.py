@@ -167,33 +167,35 @@ class ExternalSources:
             key_env=key_env,
             options=options,
         )
-        if source in _ENGINE_KEYS:  # keys the engine holds, not the user's own: never a governed table's files
-            self._check_engine_keys(source)
-            self.governed.refresh()
-            self.governed.check_prefixes([statement.location])
+        self._check_engine_mount(source, statement.location)
         created = self._store().create(table, keys, if_not_exists=statement.if_not_exists)
         log.info("external table %s %s (keys: %s)", name, "created" if created else "exists", source)
         return pa.table({"created": pa.array([created])})
 
-    def _check_engine_keys(self, source: str) -> None:
-        """A mount may read with keys the engine holds only where the config allows it (``sqe serve`` does not for
-        its users). Checked before any variable is looked at: whether one is set is not this user's to learn."""
-        section = self._config.external_tables if self._config is not None else None
-        if section is None:
+    def _check_engine_mount(self, source: KeySource, location: str) -> None:
+        """A mount reading with keys the engine holds (the [storage] pair, its environment) rather than the user's
+        own: only where the config allows it (``sqe serve`` does not for its users), and never over a governed
+        table's files. At creation and before every read, ahead of any key lookup (whether a variable is set is
+        not this user's to learn)."""
+        if source not in _ENGINE_KEYS:
             return
-        if source == "env" and not section.environment_keys:
+        section = self._config.external_tables if self._config is not None else None
+        if section is not None and source == "env" and not section.environment_keys:
             raise ExternalAccessError(
                 "this SQE does not let external tables read keys from its environment ([external_tables] "
                 "environment_keys = false; sqe serve: the server's environment is not its users'); give the "
                 "mount's own keys"
             )
-        if source == "static" and not section.storage_keys:
+        if section is not None and source == "static" and not section.storage_keys:
             raise ExternalAccessError(
                 "this SQE does not let external tables read with its [storage] key ([external_tables] "
                 "storage_keys = false; sqe serve: the server's key is not its users'); give the mount's own keys"
             )
+        self.governed.refresh()
+        self.governed.check_prefixes([location])
 
-    def _mount_keys(self, options: dict[str, str]) -> tuple[MountKeys | None, tuple[str, str] | None]:
+    @staticmethod
+    def _mount_keys(options: dict[str, str]) -> tuple[MountKeys | None, tuple[str, str] | None]:
         own = {k: options.pop(k) for k in _OWN_KEY_OPTIONS if k in options}
         env = {k: options.pop(k) for k in _ENV_KEY_OPTIONS if k in options}
         if own and env:
@@ -203,7 +205,6 @@ class ExternalSources:
                 raise QueryError("an external table's own keys need both access_key_id and secret_access_key")
             return MountKeys(own["access_key_id"], own["secret_access_key"], own.get("session_token")), None
         if env:
-            self._check_engine_keys("env")
             if len(env) != 2:
                 raise QueryError("give both access_key_id_env and secret_access_key_env")
             return None, (env["access_key_id_env"], env["secret_access_key_env"])
@@ -328,8 +329,7 @@ class ExternalSources:
 
     def _mount_stream(self, ident: TableIdent, table: ExternalTable, filter_: ds.Expression | None) -> ArrowSource:
         """The local stream over the mount's pruned files, or its worker twin when workers are configured."""
-        if table.key_source in _ENGINE_KEYS:
-            self._check_engine_keys(table.key_source)
+        self._check_engine_mount(table.key_source, table.location)
         credentials = self._credentials_for(table, self._store().keys_of(table))
         local = FileStream(self._mount_source(table, filter_, credentials))
         if self._remote_scanner is None:
@@ -338,9 +338,6 @@ class ExternalSources:
         return local if remote is None else remote
 
     def _mount_source(self, table: ExternalTable, filter_: ds.Expression | None, credentials: CredentialSet) -> Any:
-        if table.key_source in _ENGINE_KEYS:
-            self.governed.refresh()
-            self.governed.check_prefixes([table.location])
         data = pa.schema([(n, arrow_type(t)) for n, t in table.columns])
         partitions = pa.schema([(n, arrow_type(t)) for n, t in table.partitions]) if table.partitions else None
         options: dict[str, Any] = {}

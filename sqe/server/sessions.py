@@ -87,7 +87,7 @@ def _user_external_tables(base: SQEConfig, user_key: str) -> ExternalTablesConfi
     path = section.path
     if path:
         where = Path(path)
-        path = str(where.with_name(f"{where.stem}.{fingerprint(user_key)[:16]}{where.suffix}"))
+        path = str(where.with_name(f"{where.stem}.{fingerprint(user_key)}{where.suffix}"))
     return section.model_copy(update={"path": path, "environment_keys": False, "storage_keys": False})
 
 

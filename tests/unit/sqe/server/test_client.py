@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from sqe.config import load_config
 from sqe.errors import ConfigError
 from sqe.server.client import RemoteSession, _refuse_plaintext_off_loopback
+from tests.unit.sqe.test_config import _load
 
 SECRET = "CLIENT-SECRET-never-on-the-wire"
 
 
 @pytest.mark.parametrize("location", ["grpc://10.1.2.3:8815", "grpc+tcp://sqe.example.com:8815", "grpc://[::2]:1"])
 def test_plaintext_to_another_machine_is_refused_before_any_login(location: str) -> None:
-    config = load_config(
-        env={},
-        overrides={
-            "catalog.uri": "http://127.0.0.1:8181",
-            "catalog.warehouse": "demo",
-            "catalog.client_id": "analyst",
-            "catalog.client_secret": SECRET,
-        },
-    )
+    config = _load({"catalog.client_id": "analyst", "catalog.client_secret": SECRET})
     with pytest.raises(ConfigError, match="plaintext") as refused:
         RemoteSession(location, config)
     assert SECRET not in str(refused.value) and "grpc+tls://" in str(refused.value)

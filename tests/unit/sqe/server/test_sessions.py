@@ -6,8 +6,8 @@ import time
 
 import pyarrow as pa
 
-from sqe.config import load_config
 from sqe.server.sessions import OpenQuery, _user_config
+from tests.unit.sqe.test_config import _load
 
 
 def _planning(fetch_seconds: float, released: list[str]) -> OpenQuery:
@@ -65,22 +65,14 @@ def test_a_metadata_table_waits_from_when_it_was_built() -> None:
 def test_a_users_config_carries_their_token_only_and_no_sibling_on_another_catalog() -> None:
     """The user's (delegated) token is for the primary catalog: a sibling warehouse on another catalog would
     receive it, and could replay it at the primary as that user, so it is left out of the user's config."""
-    base = load_config(
-        env={},
-        overrides={
-            "catalog.uri": "http://127.0.0.1:8181",
-            "catalog.warehouse": "demo",
-            "catalog.client_id": "server",
-            "catalog.client_secret": "SERVER-SECRET",
-            "catalog.reader_client_id": "reader",
-            "catalog.reader_client_secret": "READER-SECRET",
-            "catalog.warehouses": [
-                {"name": "same", "uri": "http://127.0.0.1:8181/"},
-                {"name": "inherited"},
-                {"name": "elsewhere", "uri": "http://127.0.0.1:9999", "client_id": "x", "client_secret": "y"},
-            ],
-        },
-    )
+    siblings = [
+        {"name": "same", "uri": "http://127.0.0.1:8181/"},
+        {"name": "inherited"},
+        {"name": "elsewhere", "uri": "http://127.0.0.1:9999", "client_id": "x", "client_secret": "y"},
+    ]
+    identity = {"catalog.client_id": "server", "catalog.client_secret": "SERVER-SECRET"}
+    reader = {"catalog.reader_client_id": "reader", "catalog.reader_client_secret": "READER-SECRET"}
+    base = _load({**identity, **reader, "catalog.warehouses": siblings})
     config = _user_config(base, "USER-TOKEN", "user:alice")
     assert config.catalog.warehouse_names == ("demo", "same", "inherited")
     for name in config.catalog.warehouse_names:
