@@ -590,9 +590,12 @@ def _table_response(
         parts.append(f'"{vocabulary.METADATA_LOCATION}":{json.dumps(table.metadata_location)}')
     parts.append(f'"metadata":{_metadata_json(table, snapshots)}')
     config = _client_config(call, table) if access is not None else {}
+    credentials = _storage_credentials(call, table, access) if access is not None else []
+    if credentials and call.state.polaris_compat:  # Polaris also copies the vended keys into config
+        config.update(credentials[0]["config"])
     parts.append(f'"config":{json.dumps(config)}')
     if access is not None:
-        parts.append(f'"{vocabulary.STORAGE_CREDENTIALS}":{json.dumps(_storage_credentials(call, table, access))}')
+        parts.append(f'"{vocabulary.STORAGE_CREDENTIALS}":{json.dumps(credentials)}')
     if restricted is not None:
         parts.append(f'"{vocabulary.READ_RESTRICTIONS}":{json.dumps(restricted.wire, separators=(",", ":"))}')
     headers = {}

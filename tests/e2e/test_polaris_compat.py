@@ -17,6 +17,10 @@ import pytest
 from pyiceberg.catalog.rest import RestCatalog
 
 import sqe.api
+from sqe.catalog.rest import RestTableProvider
+from sqe.config import load_config
+from sqe.distributed.coordinator import DistributedOptions
+from sqe.session import Session
 from sqe_stack.catalog import spawn_catalog
 from sqe_stack.provision import http_status, wait_until
 from tests.conftest import (
@@ -24,6 +28,7 @@ from tests.conftest import (
     CatalogPrincipal,
     CatalogServer,
     MotoServer,
+    WorkerFactory,
     catalog_record,
     free_loopback_port,
     stop_process,
@@ -97,7 +102,9 @@ def test_oauth_and_config_answer_as_polaris(polaris: CatalogServer) -> None:
     _assert_error_model(body, 404)
 
 
-def test_the_readme_polaris_config_works_through_vended_credentials(polaris: CatalogServer, tmp_path: Path) -> None:
+def test_the_readme_polaris_config_works_through_vended_credentials(
+    polaris: CatalogServer, tmp_path: Path, worker_process_factory: WorkerFactory
+) -> None:
     writer = polaris.principal_with_grants(
         "writer",
         [
@@ -139,3 +146,21 @@ def test_the_readme_polaris_config_works_through_vended_credentials(polaris: Cat
     status, refreshed = _call(f"{uri}/{refresh}", token=token)
     assert status == 200 and set(refreshed["storage-credentials"][0]["config"]) == VENDED_KEYS
     assert credential["config"]["s3.secret-access-key"] not in polaris.log_text()
+
+    # As Polaris, the keys are also in config: the same set twice, once with a prefix and once without.
+    assert {k: loaded["config"][k] for k in VENDED_KEYS} == credential["config"]
+    distributed_scan_reads_the_table(analyst_cfg, worker_process_factory)
+
+
+def distributed_scan_reads_the_table(config_path: Path, worker_process_factory: WorkerFactory) -> None:
+    """The scan's tickets carry one set for the table location (the storage-credentials entry), not that entry
+    and the config copy as two sets for one prefix, which a worker refuses as an invalid ticket."""
+    worker = worker_process_factory.start()
+    config = load_config(
+        config_path, env={}, overrides={"coordinator": {"workers": [worker.address], "token": worker.token}}
+    )
+    provider = RestTableProvider(config)
+    with Session(provider, config, distributed=DistributedOptions(), on_close=provider.close) as session:
+        assert session.sql("SELECT id, who FROM pc.orders").arrow().to_pylist() == [{"id": 1, "who": "ada"}]
+        executor = session.distributed_executor
+        assert executor is not None and executor.stats.fragments_completed == 1

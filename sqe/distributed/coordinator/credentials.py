@@ -40,11 +40,15 @@ def ticket_sets(
     A set equal to SQE's static pair is never treated as vended. An incomplete set (``missing_parts``) is
     dropped and recorded with what it lacks: an unknown expiry is never replaced by a made-up one.
     Config-level sets are scoped to the table ``location``; SQE's own storage settings win over the catalog's.
+    As on the local path, a config-level set is a fallback for what no ``storage-credentials`` entry covers: it
+    is dropped when an entry covers the whole location (Polaris sends its one entry in both places).
     """
+    vended = [c for c in found if c.source == "vended" and not policy.is_static_pair(c)]
+    location_covered = any(c.prefix is not None and prefix_matches(location, c.prefix) for c in vended)
     complete: list[CredentialSet] = []
     dropped: list[IncompleteSet] = []
-    for candidate in found:
-        if candidate.source != "vended" or policy.is_static_pair(candidate):
+    for candidate in vended:
+        if candidate.prefix is None and location_covered:
             continue
         scoped = candidate if candidate.prefix is not None else candidate.with_prefix(location)
         missing = candidate.missing_parts()

@@ -104,6 +104,23 @@ def test_vended_sets_drop_the_static_pair_and_sets_without_expiry() -> None:
     assert found.usable_until == found.credentials[0].expires_at_ms / 1000 - 300  # the set's usable point
 
 
+@pytest.mark.parametrize(
+    ("entry_prefix", "kept"),
+    [
+        (LOCATION, [LOCATION]),  # Polaris: its one entry, copied into config too
+        ("s3://bucket/wh", ["s3://bucket/wh"]),  # an entry covering the whole location
+        (f"{LOCATION}/data", [f"{LOCATION}/data", LOCATION]),  # part of it: config stays the fallback
+        ("s3://bucket/wh/ns/t1", ["s3://bucket/wh/ns/t1", LOCATION]),  # a neighbour, not a cover
+    ],
+)
+def test_config_level_keys_are_a_fallback_for_what_no_entry_covers(entry_prefix: str, kept: list[str]) -> None:
+    entry = vended(entry_prefix)
+    raw = {"config": {**entry["config"]}, "storage-credentials": [entry]}
+    found = vended_sets_from_response(raw, LOCATION, config(), 0.0, "load-table")
+    # a worker refuses a ticket with two sets for one prefix, so the config copy must not become a second one
+    assert sorted(c.prefix or "" for c in found.credentials) == sorted(kept)
+
+
 def test_a_vended_set_without_session_token_is_incomplete() -> None:
     entry = vended(LOCATION)
     del entry["config"]["s3.session-token"]
