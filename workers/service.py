@@ -224,6 +224,14 @@ class WorkerService:
     # -------------------------------------------------------------------------------- RefreshCredentials
 
     def RefreshCredentials(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
+        try:
+            return self._refresh(request)
+        except Exception as exc:  # a push the checks did not foresee is refused, never a traceback
+            self.stats.add(refreshes_refused=1)
+            log.warning("credential push refused: internal error (%s)", type(exc).__name__)
+            return pb.RefreshResponse(accepted=False, reason=f"internal error ({type(exc).__name__})")
+
+    def _refresh(self, request: pb.RefreshRequest) -> pb.RefreshResponse:
         pushed = [credentials_from_proto(c) for c in request.credentials]
         table = WireTableId.from_proto(request.table) if request.HasField("table") else None
         reason = _refusal(pushed, request.query_id, request.fragment_id, table)

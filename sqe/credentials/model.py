@@ -20,14 +20,13 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import is_expired
 from sqe.errors import CatalogProtocolError
+from sqe.locations import is_object_store
 from sqe.vocabulary import (
     CLIENT_REGION,
-    OBJECT_STORE_SCHEMES,
     S3_ACCESS_KEY_ID,
     S3_CONNECT_TIMEOUT,
     S3_ENDPOINT,
@@ -142,7 +141,7 @@ class CredentialSet(Unpicklable):
         A ticket or a push with any other prefix (``file://``, ``gs://``, a bare path) is refused: keys are for the
         object store, and a worker must never be steered to read its own local files.
         """
-        return self.prefix is not None and urlsplit(self.prefix).scheme.lower() in OBJECT_STORE_SCHEMES
+        return self.prefix is not None and is_object_store(self.prefix)  # the scheme alone: nothing to parse
 
     def is_expired(self, now: float | None = None) -> bool:
         return is_expired(self.expires_at_ms, now)

@@ -64,9 +64,11 @@ def _assert_refused(response: pb.RefreshResponse) -> None:
 # ------------------------------------------------------------------------------------------ strategies
 
 prefixes = st.one_of(
-    st.sampled_from(["", "s3://bucket/t", "s3://bucket/t/", "S3://BUCKET/T", "s3a://bucket/t", "gs://b", "/"]),
+    st.sampled_from(
+        ["", "s3://bucket/t", "s3://bucket/t/", "S3://BUCKET/T", "s3a://bucket/t", "gs://b", "/", "s3://[b/t"]
+    ),
     st.text(max_size=40),
-    st.text(alphabet="s3:/\n\r\x00\u2028ab", max_size=30),
+    st.text(alphabet="s3:/[]@%\n\r\x00\u2028ab", max_size=30),  # [ ]: what urlsplit rejects as a bad IPv6 host
     st.just("s3://bucket/" + "x" * 100_000),
 )
 expiries = st.one_of(
@@ -182,3 +184,12 @@ def test_an_unparseable_request_is_logged_on_one_line(worker: WorkerProcess) -> 
     log = worker.log_text()
     assert "Exception deserializing" in log
     assert "Traceback" not in log and "DecodeError" not in log
+
+
+def test_a_prefix_urlsplit_cannot_parse_is_refused_not_raised(worker: WorkerProcess) -> None:
+    # Found by review: "s3://[b/t" made urlsplit raise inside the handler (UNKNOWN, a traceback in the log).
+    request = pb.RefreshRequest(fragment_id="f-1", credentials=[_complete("s3://[bucket/t")])
+    response = worker.stub().RefreshCredentials(request, metadata=worker.metadata(), timeout=10)
+    assert not response.accepted and response.reason == "no running fragment in this scope"
+    assert_one_line(response.reason)
+    assert "Traceback" not in worker.log_text()
