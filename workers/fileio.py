@@ -39,6 +39,13 @@ def _prefix_key(prefix: str | None) -> str:
     return normalize_location(prefix or "").rstrip("/")
 
 
+def _outlasts(pushed: CredentialSet, current: CredentialSet | None) -> bool:
+    """Whether ``pushed`` may replace ``current``: nothing there yet, or it expires no sooner."""
+    if current is None or current.expires_at_ms is None or pushed.expires_at_ms is None:
+        return True
+    return pushed.expires_at_ms >= current.expires_at_ms
+
+
 class FragmentFileIO(FileIO):
     """Routes each path to its credential set; refuses expired or missing sets. Never pickled."""
 
@@ -120,20 +127,29 @@ class FragmentFileIO(FileIO):
     def refresh(self, pushed: Sequence[CredentialSet]) -> None:
         """Replace the sets with the same prefixes (add new prefixes); files opened from now on use them.
 
+        A pushed set never replaces one that stays valid longer: pushes can arrive out of order (a catch-up
+        push sent before a refresh may land after it), and an older set must not displace a newer one until it
+        expires. Merge and install happen under one lock, so two concurrent pushes cannot lose either.
         The caller has checked that every pushed set is complete.
         """
         with self._lock:
             merged = {_prefix_key(cred.prefix): cred for cred in self._credentials}
-        merged.update({_prefix_key(cred.prefix): cred for cred in pushed})
-        self._install(list(merged.values()))
+            for cred in pushed:
+                key = _prefix_key(cred.prefix)
+                if _outlasts(cred, merged.get(key)):
+                    merged[key] = cred
+            self._install_locked(list(merged.values()))
 
     def _install(self, credentials: Sequence[CredentialSet]) -> ScopedFileIO:
-        scoped = ScopedFileIO(credentials, _WORKER_POLICY, settings=self._storage)
         with self._lock:
-            self._credentials = tuple(credentials)
-            self._scoped = scoped
-            for cred in credentials:
-                self._secrets.update(v for v in (cred.access_key_id, cred.secret_access_key, cred.session_token) if v)
+            return self._install_locked(credentials)
+
+    def _install_locked(self, credentials: Sequence[CredentialSet]) -> ScopedFileIO:
+        scoped = ScopedFileIO(credentials, _WORKER_POLICY, settings=self._storage)
+        self._credentials = tuple(credentials)
+        self._scoped = scoped
+        for cred in credentials:
+            self._secrets.update(v for v in (cred.access_key_id, cred.secret_access_key, cred.session_token) if v)
         return scoped
 
     def expired_set(self) -> CredentialSet | None:

@@ -170,6 +170,18 @@ def test_a_pushed_set_serves_files_opened_afterwards() -> None:
     assert "secret" not in repr(io)
 
 
+def test_a_push_never_replaces_a_set_that_stays_valid_longer() -> None:
+    # Found by review: a catch-up push sent before a refresh could land after it and put the older set back,
+    # so the fragment failed when that set expired although the newer one had arrived.
+    opened: list[str] = []
+    io = file_io(cred("s3://b/t", "FIRST", expires_in=600), opened=opened)
+    io.refresh([cred("s3://b/t", "NEWER", expires_in=3600)])
+    io.refresh([cred("s3://b/t", "OLDER", expires_in=120), cred("s3://b/u", "ADDED", expires_in=120)])
+    io.new_input("s3://b/t/1.parquet")
+    io.new_input("s3://b/u/2.parquet")  # a new prefix is still added
+    assert opened == ["NEWER", "ADDED"]
+
+
 def test_pacing_waits_before_each_file_and_a_cancel_interrupts_it() -> None:
     cancel = threading.Event()
     io = file_io(cred("s3://b/t", "K"), cancel=cancel, pace_seconds=5.0)
