@@ -29,6 +29,7 @@ from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, Not, Or
 from pyiceberg.expressions.parser import parse as parse_expression
 from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import IdentityTransform
@@ -42,7 +43,7 @@ from sqe.planning.planner import restrictions_of
 if TYPE_CHECKING:
     import duckdb
     from pyiceberg.manifest import DataFile
-    from pyiceberg.table import FileScanTask, Table
+    from pyiceberg.table import FileScanTask
 
     from sqe.catalog.base import LoadedTable, TableIdent, TableProvider
     from sqe.config import SQEConfig
@@ -81,7 +82,7 @@ def optimize(
         outputs = remote(loaded, bins, target)
     else:
         outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, target)]
-    inputs = [task.file for group in bins for task in group]
+    inputs = [task for group in bins for task in group]
     snapshot_id = commit_replace(loaded, provider, inputs, outputs)
     provider.invalidate(ident)
     return _result(len(inputs), len(outputs), snapshot_id)
@@ -187,22 +188,24 @@ def rewrite_bin(table: Table, tasks: list[FileScanTask], target: int) -> list[Da
 
 
 def commit_replace(
-    loaded: LoadedTable, provider: TableProvider, inputs: list[DataFile], outputs: list[DataFile]
+    loaded: LoadedTable, provider: TableProvider, inputs: Sequence[FileScanTask], outputs: list[DataFile]
 ) -> int | None:
-    """One ``replace`` snapshot; on a conflict, retried on the new table state while every input is live."""
+    """One ``replace`` snapshot of ``outputs`` for the data files of ``inputs`` (the tasks the bins were read
+    from, with the deletes applied then). On a conflict it is retried on the new table state only while every
+    input is still live with exactly the deletes it was read with: a delete committed meanwhile against an input
+    would otherwise be undone by outputs that still hold the deleted rows."""
     table = loaded.table
     for _attempt in range(_MAX_COMMIT_ATTEMPTS):
         try:
-            return _commit_once(table, inputs, outputs)
+            return _commit_once(table, [task.file for task in inputs], outputs)
         except (CommitFailedException, ValidationException) as exc:
             log.info("OPTIMIZE %s: commit conflict (%s); re-checking the inputs", loaded.ident, type(exc).__name__)
             table = provider.load_table(loaded.ident, bypass_cache=True).table
-            missing = _missing_inputs(table, inputs)
-            if missing:
+            conflict = _input_conflict(table, inputs)
+            if conflict:
                 _delete_outputs(table, outputs)
                 raise CompactionConflictError(
-                    f"OPTIMIZE {loaded.ident} failed: a concurrent commit removed {len(missing)} of its input files "
-                    f"(e.g. {missing[0]}); its new files were deleted and nothing was committed"
+                    f"OPTIMIZE {loaded.ident} failed: {conflict}; its new files were deleted and nothing was committed"
                 ) from None
         except SQEError:
             _delete_outputs(table, outputs)
@@ -228,7 +231,7 @@ class _ReplaceFiles(_OverwriteFiles):
 
 
 def _commit_once(table: Table, inputs: list[DataFile], outputs: list[DataFile]) -> int | None:
-    transaction = table.transaction()
+    transaction = _without_internal_retries(table).transaction()
     producer = _ReplaceFiles(operation=Operation.REPLACE, transaction=transaction, io=table.io)
     for data_file in inputs:
         producer.delete_data_file(data_file)
@@ -240,9 +243,29 @@ def _commit_once(table: Table, inputs: list[DataFile], outputs: list[DataFile]) 
     return snapshot.snapshot_id if snapshot is not None else None
 
 
-def _missing_inputs(table: Table, inputs: list[DataFile]) -> list[str]:
-    live = {task.file.file_path for task in table.scan().plan_files()}
-    return [f.file_path for f in inputs if f.file_path not in live]
+def _without_internal_retries(table: Table) -> Table:
+    """``table`` whose commits pyiceberg does not retry by itself: every conflict must reach
+    :func:`commit_replace`, whose re-check knows which deletes the outputs were written with (pyiceberg's own
+    retry re-validated and let a concurrent position delete on an input through)."""
+    properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    metadata = table.metadata.model_copy(update={"properties": properties})
+    return Table(table.name(), metadata, table.metadata_location, table.io, table.catalog)
+
+
+def _input_conflict(table: Table, inputs: Sequence[FileScanTask]) -> str | None:
+    """What a concurrent commit changed about the inputs, or None when each is live with the same deletes."""
+    live = {task.file.file_path: _delete_paths(task) for task in table.scan().plan_files()}
+    missing = [task.file.file_path for task in inputs if task.file.file_path not in live]
+    if missing:
+        return f"a concurrent commit removed {len(missing)} of its input files (e.g. {missing[0]})"
+    changed = [task.file.file_path for task in inputs if live[task.file.file_path] != _delete_paths(task)]
+    if changed:
+        return f"a concurrent commit deleted rows from {len(changed)} of its input files (e.g. {changed[0]})"
+    return None
+
+
+def _delete_paths(task: FileScanTask) -> frozenset[str]:
+    return frozenset(delete.file_path for delete in task.delete_files)
 
 
 def _delete_outputs(table: Table, outputs: list[DataFile]) -> None:

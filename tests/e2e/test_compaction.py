@@ -1,6 +1,6 @@
 """OPTIMIZE (local compaction) against real moto + sqe-catalog with vended write credentials: 200 small files
-become few with the same rows, one ``replace`` snapshot; a concurrent delete of an input fails the compaction and
-removes its outputs; a concurrent append survives."""
+become few with the same rows, one ``replace`` snapshot; a concurrent delete of an input, or of rows of an input,
+fails the compaction and removes its outputs; a concurrent append survives."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from sqe.errors import CompactionConflictError, QueryError
 from sqe.execution.compaction import commit_replace, plan_bins, rewrite_bin
 from sqe.session import Session
 from tests.conftest import pyiceberg_catalog, write_sqe_config
+from tests.unit.sqe.iceberg_local import add_positional_deletes
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, MotoServer
@@ -83,7 +84,7 @@ def test_concurrent_delete_of_an_input_fails_and_removes_outputs(
         loaded = s._provider.load_table(s.resolve_name(tuple(name.split("."))), bypass_cache=True)
         bins = list(plan_bins(loaded.table, AlwaysTrue(), 64 * 1024 * 1024))
         outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, 64 * 1024 * 1024)]
-        inputs = [t.file for group in bins for t in group]
+        inputs = [task for group in bins for task in group]
         table.delete(EqualTo("id", 0))  # another writer removes small-0000 (its only row) meanwhile
         with pytest.raises(CompactionConflictError, match="a concurrent commit removed 1 of its input files"):
             commit_replace(loaded, s._provider, inputs, outputs)
@@ -91,6 +92,33 @@ def test_concurrent_delete_of_an_input_fails_and_removes_outputs(
             assert not loaded.table.io.new_input(output.file_path).exists()
     table.refresh()
     assert table.current_snapshot().summary.operation.value != "replace"  # type: ignore[union-attr]
+
+
+def test_concurrent_row_delete_on_an_input_fails_instead_of_bringing_the_rows_back(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path
+) -> None:
+    # Found by review: pyiceberg's own commit retry let the replace through, and the outputs (read before the
+    # delete) put the deleted row back.
+    name, table = small_files_table(catalog_server, engine_writer, 6)
+    with connect(tmp_path, catalog_server, engine_writer) as s:
+        loaded = s._provider.load_table(s.resolve_name(tuple(name.split("."))), bypass_cache=True)
+        bins = list(plan_bins(loaded.table, AlwaysTrue(), 64 * 1024 * 1024))
+        outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, 64 * 1024 * 1024)]
+        inputs = [task for group in bins for task in group]
+        add_positional_deletes(table, (0,))  # a merge-on-read DELETE of one row of an input, by another engine
+        s._provider.invalidate(loaded.ident)
+        after_delete = fingerprint(s, name)
+        with pytest.raises(
+            CompactionConflictError, match=r"a concurrent commit deleted rows from \d+ of its input files"
+        ):
+            commit_replace(loaded, s._provider, inputs, outputs)
+        for output in outputs:
+            assert not loaded.table.io.new_input(output.file_path).exists()
+        s._provider.invalidate(loaded.ident)
+        assert fingerprint(s, name) == after_delete
+        # run again on the new state, OPTIMIZE applies the delete and keeps it applied
+        s.sql(f"OPTIMIZE {name} WITH (target_file_size = 64 * 1024 * 1024)").arrow()
+        assert fingerprint(s, name) == after_delete
 
 
 def test_concurrent_append_survives(
@@ -102,7 +130,7 @@ def test_concurrent_append_survives(
         loaded = s._provider.load_table(s.resolve_name(tuple(name.split("."))), bypass_cache=True)
         bins = list(plan_bins(loaded.table, AlwaysTrue(), 64 * 1024 * 1024))
         outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, 64 * 1024 * 1024)]
-        inputs = [t.file for group in bins for t in group]
+        inputs = [task for group in bins for task in group]
         table.append(pa.table({"id": [1000], "name": ["late"]}, schema=SCHEMA))
         commit_replace(loaded, s._provider, inputs, outputs)
         s._provider.invalidate(loaded.ident)
