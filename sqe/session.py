@@ -1160,12 +1160,13 @@ class Session:
 
     def _append(self, loaded: LoadedTable, rows: pa.Table) -> None:
         from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
+        from sqe.execution.write_target import writable_table
 
         if rows.num_rows == 0:
             return
         data = _conform_for_write(rows, loaded.table.schema(), loaded.ident)
         try:
-            loaded.table.append(data)  # written through SQE's scoped FileIO; committed via the table's catalog
+            writable_table(loaded).append(data)  # through SQE's scoped FileIO; committed via the table's catalog
         except SQEError:
             raise
         except PYICEBERG_CATALOG_ERRORS as exc:  # the catalog's answer to the commit (409, 422, 5xx, 401/403)

@@ -38,6 +38,7 @@ from pyiceberg.typedef import EMPTY_DICT
 from sqe._text import first_line
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.errors import CompactionConflictError, QueryError, SQEError
+from sqe.execution.write_target import writable_table
 from sqe.planning.planner import restrictions_of
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ def optimize(
     if remote is not None:
         outputs = remote(loaded, bins, target)
     else:
-        outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, target)]
+        table = writable_table(loaded)
+        outputs = [f for group in bins for f in rewrite_bin(table, group, target)]
     inputs = [task for group in bins for task in group]
     snapshot_id = commit_replace(loaded, provider, inputs, outputs)
     provider.invalidate(ident)

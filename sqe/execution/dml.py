@@ -30,6 +30,7 @@ from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.duckdb_connection import quote_ident
 from sqe.errors import CommitConflictError, QueryError, SQEError
 from sqe.execution.stream import ScanStream
+from sqe.execution.write_target import writable_table
 
 if TYPE_CHECKING:
     from sqe.catalog.base import LoadedTable
@@ -109,8 +110,8 @@ def find_rewrite(con: duckdb.DuckDBPyConnection, staged: Staged, plan: ScanPlan)
 
 def commit_rewrite(loaded: LoadedTable, plan: ScanPlan, rewrite: Rewrite, data: pa.Table, operation: str) -> None:
     """One overwrite snapshot: the replaced files out, ``data`` written (through SQE's FileIO) in."""
-    table = loaded.table
     try:
+        table = writable_table(loaded)
         with table.transaction() as transaction:
             update = transaction.update_snapshot(snapshot_properties={SNAPSHOT_OPERATION_PROPERTY: operation})
             with update.overwrite() as overwrite:
@@ -125,8 +126,11 @@ def commit_rewrite(loaded: LoadedTable, plan: ScanPlan, rewrite: Rewrite, data: 
         raise
     except PYICEBERG_CATALOG_ERRORS as exc:  # 409 on a concurrent commit: CommitConflictError
         raise translate_error(exc, f"commit to {loaded.ident}") from None
-    except ValidationException as exc:  # pyiceberg retried on the new metadata and found a conflicting change
-        raise CommitConflictError(f"conflict on commit to {loaded.ident}: {first_line(exc)}", 409) from None
+    except ValidationException:  # pyiceberg retried on the new metadata and found a conflicting change
+        # pyiceberg's message lists the conflicting file with its column bounds: raw values, never shown
+        raise CommitConflictError(
+            f"conflict on commit to {loaded.ident}: a concurrent commit changed rows this statement rewrites", 409
+        ) from None
     except Exception as exc:
         raise QueryError(f"writing to {loaded.ident} failed: {first_line(exc)}") from None
 

@@ -21,6 +21,7 @@ from sqe.execution import dml
 from sqe.planning.planner import plan_scan
 from sqe.session import Session, explain_sections
 from tests.conftest import pyiceberg_catalog, write_sqe_config
+from tests.unit.sqe.iceberg_local import add_positional_deletes
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
@@ -145,6 +146,25 @@ def test_a_concurrent_commit_surfaces_as_commit_conflict(
         with pytest.raises(CommitConflictError):
             dml.commit_rewrite(stale, plan, rewrite, rewrite.rows, "delete")
         assert rows(session, f"SELECT x FROM {namespace}.c") == [(1,), (2,)]  # nothing half-applied
+
+
+def test_a_conflicting_delete_is_reported_without_the_file_statistics(
+    config: Path, namespace: str, catalog_server: CatalogServer, owner: CatalogPrincipal
+) -> None:
+    # Found by review: pyiceberg's validation message, passed through, listed the conflicting data file with its
+    # column bounds (raw values).
+    with sqe.api.connect(config) as session:
+        session.sql(f"CREATE TABLE {namespace}.cd AS SELECT 1 AS x, 'bound-value-7f3a' AS s")
+        ident = TableIdent(catalog_server.warehouse, (namespace,), "cd")
+        stale = session._provider.load_table(ident, bypass_cache=True)
+        add_positional_deletes(pyiceberg_catalog(catalog_server, owner).load_table(f"{namespace}.cd"), (0,))
+        plan = plan_scan(stale, columns=None)
+        rewrite = dml.Rewrite((0,), pa.table({"x": pa.array([], pa.int32()), "s": pa.array([], pa.string())}))
+        with pytest.raises(CommitConflictError) as raised:
+            dml.commit_rewrite(stale, plan, rewrite, rewrite.rows, "delete")
+        assert str(raised.value) == (
+            f"conflict on commit to {ident}: a concurrent commit changed rows this statement rewrites"
+        )
 
 
 def test_time_travel_by_id_timestamp_branch_and_tag(

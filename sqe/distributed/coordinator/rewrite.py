@@ -32,6 +32,7 @@ from sqe.distributed.coordinator.refresh import Holder
 from sqe.distributed.protocol.rewrite import MAX_OUTPUT_PATHS, build_rewrite_ticket, decode_file_stats
 from sqe.distributed.protocol.ticket import trim_metadata
 from sqe.errors import SQEError, WorkerError
+from sqe.execution.write_target import check_data_path, data_path
 
 if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
@@ -193,7 +194,8 @@ class _CompactionRun:
         """Fresh, unique paths for one attempt, in the bin's partition directory under the data location."""
         metadata = self._loaded.table.metadata
         first = job.tasks[0].file
-        data_dir = metadata.properties.get("write.data.path") or f"{metadata.location.rstrip('/')}/data"
+        data_dir = data_path(metadata.location, metadata.properties)
+        check_data_path(self._loaded, data_dir)
         spec = metadata.specs().get(first.spec_id)
         if spec is not None and spec.fields:
             data_dir = f"{data_dir.rstrip('/')}/{spec.partition_to_path(first.partition, metadata.schema())}"
