@@ -1154,9 +1154,23 @@ class Session:
         if statement.if_not_exists and self._exists(ident):
             return pa.table({"count": pa.array([0], pa.int64())})
         rows = self._materialise(planned, statement.body, params)
-        loaded = self._provider.create_table(ident, _writable_schema(rows.schema))
-        self._append(loaded, rows)
+        schema = _writable_schema(rows.schema)
+        _conform_for_write(rows, _iceberg_schema(schema, ident), ident)  # refused before anything is created
+        loaded = self._provider.create_table(ident, schema)
+        try:
+            self._append(loaded, rows)
+        except SQEError:
+            self._drop_if_still_empty(ident)  # a failed CTAS leaves no empty table behind
+            raise
         return pa.table({"count": pa.array([rows.num_rows], pa.int64())})
+
+    def _drop_if_still_empty(self, ident: TableIdent) -> None:
+        """Drop the table this statement created unless a snapshot arrived since (never someone else's rows)."""
+        try:
+            if self._provider.load_table(ident, bypass_cache=True).table.current_snapshot() is None:
+                self._provider.drop_table(ident)
+        except SQEError as exc:
+            log.warning("could not drop %s after its CREATE TABLE AS failed: %s", ident, exc)
 
     def _append(self, loaded: LoadedTable, rows: pa.Table) -> None:
         from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
@@ -1531,6 +1545,22 @@ def _conform_for_write(rows: pa.Table, schema: Schema, ident: TableIdent) -> pa.
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise QueryError(f"cannot write column {f.name!r} of {ident}: {first_line(exc)}") from None
     return pa.Table.from_arrays(columns, schema=target)
+
+
+def _iceberg_schema(schema: pa.Schema, ident: TableIdent) -> Schema:
+    """The Iceberg schema a catalog will create for ``schema`` (as pyiceberg converts it), or a QueryError naming
+    the first column Iceberg cannot store."""
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.io.pyarrow import UnsupportedPyArrowTypeException
+
+    try:
+        return Catalog._convert_schema_if_needed(schema)
+    except UnsupportedPyArrowTypeException as exc:
+        raise QueryError(
+            f"cannot create {ident}: column {exc.field.name!r} has type {exc.field.type}, which Iceberg cannot store"
+        ) from None
+    except (TypeError, ValueError) as exc:
+        raise QueryError(f"cannot create {ident}: {first_line(exc)}") from None
 
 
 def _writable_schema(schema: pa.Schema) -> pa.Schema:
