@@ -410,6 +410,14 @@ class Session:
                 yield
             except RecursionError:  # any analysis of a parse tree close to the decoder's depth: one typed line
                 raise QueryError(TOO_DEEP) from None
+            except QueryError as exc:
+                from sqe.execution.local import QueryCancelledError
+
+                # An interrupt that stopped DuckDB mid-way (folding an argument, say) surfaces as whatever error
+                # the interrupted step raised: the statement was cancelled, and says so.
+                if self._cancel_requested.is_set() and not isinstance(exc, QueryCancelledError):
+                    raise QueryCancelledError() from None
+                raise
             finally:
                 self._in_statement = False
 
@@ -524,6 +532,7 @@ class Session:
             context.cancel.set()
         if not self._closed:
             self._con.interrupt()
+            self._parser.interrupt()  # folding constants (file table function arguments, EXECUTE arguments) runs here
 
     @property
     def distributed_executor(self) -> DistributedExecutor | None:

@@ -428,6 +428,18 @@ def test_sql_execute_keeps_an_interrupt_asked_for_before_its_prepared_statement_
     assert writer.sql("EXECUTE q(3)").fetchall() == [(2,)]
 
 
+def test_an_interrupt_stops_the_folding_of_file_table_function_arguments(writer: Session) -> None:
+    # Found by review: arguments are folded on the parser connection, which interrupt() did not reach; a query
+    # timeout in sqe serve fired and the fold ran on (a larger range holds a query slot and a core for hours).
+    slow = "(SELECT count(*) FROM range(3000000000) t(x) WHERE x % 7 = 3)::VARCHAR"
+    timer = threading.Timer(0.3, writer.interrupt)
+    timer.start()
+    with pytest.raises(QueryCancelledError):
+        writer.sql(f"SELECT * FROM read_parquet(concat('s3://bucket/', {slow}))").fetchall()
+    timer.join()
+    assert writer.sql("SELECT 1").fetchall() == [(1,)]
+
+
 def test_prepare_reads_no_manifest_and_each_execution_reads_them_once(
     writer: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
