@@ -278,6 +278,12 @@ class PreparedStatement:
         self._planned, result = self._session._execute_prepared(self._statement, params)
         return result
 
+    def execute_many(self, param_sets: Sequence[Params]) -> Result:
+        """An INSERT run once per parameter set as one execution: planned once, every set's rows appended in one
+        commit (one snapshot), or none of them when any set fails. Its Result holds the row count."""
+        self._planned, result = self._session._execute_prepared_many(self._statement, param_sets)
+        return result
+
 
 # ------------------------------------------------------------------------------------------------ session
 
@@ -393,6 +399,14 @@ class Session:
         with self._statement():
             planned = self._plan(statement)
             return planned, self._run_planned(planned, params)
+
+    def _execute_prepared_many(self, statement: Statement, param_sets: Sequence[Params]) -> tuple[_Planned, Result]:
+        """``execute_many``: as ``_execute_prepared``, the whole batch one statement and one append."""
+        if statement.kind != "insert":
+            raise QueryError("only an INSERT runs with a batch of parameter sets")
+        with self._statement():
+            planned = self._plan(statement)
+            return planned, Result(self, table=self._insert(planned, param_sets))
 
     @contextlib.contextmanager
     def _statement(self) -> Iterator[None]:
@@ -852,7 +866,7 @@ class Session:
                 self.last_execution_path = "duckdb" if run is None else "pass-through"
                 return Result(self, relation=relation, context=context, pass_through=run)
             if kind == "insert":
-                return Result(self, table=self._insert(planned, params))
+                return Result(self, table=self._insert(planned, [params]))
             if kind == "ctas":
                 return Result(self, table=self._create_table_as(planned, params))
             raise QueryError(f"cannot run a {kind} statement")
@@ -1131,13 +1145,13 @@ class Session:
         except duckdb.Error as exc:
             raise self._translate(exc, context) from None
 
-    def _insert(self, planned: _Planned, params: Params) -> pa.Table:
+    def _insert(self, planned: _Planned, param_sets: Sequence[Params]) -> pa.Table:
+        """The INSERT run once per parameter set into one staging table, whose rows are then appended at once:
+        one commit for the batch, nothing committed when any set fails."""
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
         statement, target = planned.statement, planned.target
         assert target is not None and statement.target_span is not None
-        context = self._start()
-        self._bind(planned, context)
         arrow_schema = schema_to_pyarrow(target.table.schema(), include_field_ids=False)
         staging = f"__sqe_insert_{next(self._ids)}"
         shape = f"{staging}_shape"
@@ -1147,14 +1161,24 @@ class Session:
             self._con.register(shape, arrow_schema.empty_table())
             self._con.execute(f"CREATE TEMP TABLE {quote_ident(staging)} AS SELECT * FROM {quote_ident(shape)}")
             self._con.unregister(shape)
-            self._con.execute(rewritten, params) if params is not None else self._con.execute(rewritten)
+            for params in param_sets:
+                self._stage_insert(planned, rewritten, params)
             rows = self._con.sql(f"SELECT * FROM temp.main.{quote_ident(staging)}").to_arrow_table()
         except duckdb.Error as exc:
-            raise self._translate(exc, context) from None
+            raise self._translate(exc, None) from None  # the staging table's own statements: no scan involved
         finally:
             self._con.execute(f"DROP TABLE IF EXISTS temp.main.{quote_ident(staging)}")
         self._append(target, rows)
         return pa.table({"count": pa.array([rows.num_rows], pa.int64())})
+
+    def _stage_insert(self, planned: _Planned, rewritten: str, params: Params) -> None:
+        """One parameter set's rows into the staging table, over scans of its own (a scan stream is read once)."""
+        context = self._start()
+        self._bind(planned, context)
+        try:
+            self._con.execute(rewritten, params) if params is not None else self._con.execute(rewritten)
+        except duckdb.Error as exc:
+            raise self._translate(exc, context) from None
 
     def _create_table_as(self, planned: _Planned, params: Params) -> pa.Table:
         statement = planned.statement

@@ -525,6 +525,29 @@ def test_prepared_insert(writer: Session) -> None:
     assert writer.sql("SELECT sum(x) FROM ns.q").fetchall() == [(10,)]
 
 
+def test_a_prepared_insert_batch_is_one_commit_all_or_nothing(writer: Session, write_provider: LocalProvider) -> None:
+    """``execute_many``: every parameter set's rows go in one append (one snapshot); a set that fails leaves the
+    table as it was. Each set reads the source table afresh (a scan stream is read once)."""
+    writer.sql("CREATE TABLE ns.src AS SELECT range AS x FROM range(10)")
+    writer.sql("CREATE TABLE ns.dst AS SELECT 100 AS x")
+
+    def snapshots() -> int:
+        return len(write_provider.load_table(TableIdent("wh", ("ns",), "dst")).table.snapshots())
+
+    before = snapshots()
+    insert = writer.prepare("INSERT INTO ns.dst SELECT x FROM ns.src WHERE x < $1")
+    assert insert.execute_many([[2], [3]]).fetchall() == [(5,)]
+    assert sorted(writer.sql("SELECT x FROM ns.dst").fetchall()) == [(0,), (0,), (1,), (1,), (2,), (100,)]
+    assert snapshots() == before + 1
+    with pytest.raises(QueryError, match="Could not convert"):
+        insert.execute_many([[4], ["four"]])
+    assert writer.sql("SELECT count(*) FROM ns.dst").fetchall() == [(6,)]
+    assert snapshots() == before + 1
+    assert insert.execute_many([]).fetchall() == [(0,)]
+    with pytest.raises(QueryError, match="only an INSERT"):
+        writer.prepare("SELECT x FROM ns.src WHERE x < ?").execute_many([[1], [2]])
+
+
 # ---------------------------------------------------------------------------------------------- explain
 
 
