@@ -8,10 +8,11 @@ that lacks one) or, for clients without cookies, the connection (peer address).
 
 Surface: ``CommandStatementQuery`` and ``CommandPreparedStatementQuery`` by GetFlightInfo + DoGet (the result
 streams batch by batch; gRPC flow control blocks the producer, so memory stays bounded whatever the result size),
-``CommandStatementUpdate`` / ``CommandPreparedStatementUpdate`` by DoPut, parameter binding by DoPut of
-``CommandPreparedStatementQuery``, the ``CreatePreparedStatement`` / ``ClosePreparedStatement`` /
-``CancelFlightInfo`` actions, and the metadata commands (catalogs = warehouses, DB schemas = namespaces, tables
-with schemas, table types, SQL info). A DoGet stream the client drops cancels its query.
+``CommandStatementUpdate`` / ``CommandPreparedStatementUpdate`` by DoPut (a prepared update's parameter rows in
+its own stream, all of them one commit), parameter binding by DoPut of ``CommandPreparedStatementQuery``, the
+``CreatePreparedStatement`` / ``ClosePreparedStatement`` / ``CancelFlightInfo`` actions, and the metadata commands
+(catalogs = warehouses, DB schemas = namespaces, tables with schemas, table types, SQL info). A DoGet stream the
+client drops cancels its query.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from sqe.server.sessions import (
     UnknownHandleError,
     Watchdog,
 )
-from sqe.session import Result
+from sqe.session import PreparedStatement, Result
 
 log = logging.getLogger(__name__)
 
@@ -522,13 +523,11 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         elif name == "CommandPreparedStatementUpdate":
             handle = _message(wrapper, sql_pb.CommandPreparedStatementUpdate).prepared_statement_handle
             prepared = self._prepared(session, handle)
-            rows = _parameter_rows(prepared.parameters)
-
-            def run_all(engine: Engine) -> int:
-                counts = [_count_of(self._execute(engine, prepared, row)) for row in rows]
-                return -1 if any(c < 0 for c in counts) else sum(counts)
-
-            count = self._update(user, session, run_all, context)
+            sent = reader.read_all()
+            # The update's own stream carries its parameter rows (ADBC executemany); only a stream without rows runs
+            # with those a CommandPreparedStatementQuery DoPut bound before, as Arrow's reference servers do.
+            rows = _parameter_rows(sent if sent.num_rows else prepared.parameters)
+            count = self._update(user, session, lambda e: _count_of(self._execute_batch(e, prepared, rows)), context)
             writer.write(pa.py_buffer(sql_pb.DoPutUpdateResult(record_count=count).SerializeToString()))
         else:
             raise QueryError(f"DoPut of {name or 'this command'} is not supported by sqe serve")
@@ -555,14 +554,33 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         return prepared
 
     @staticmethod
-    def _execute(engine: Engine, prepared: Prepared, params: list[Any]) -> Result:
+    def _plan(engine: Engine, prepared: Prepared) -> PreparedStatement | None:
+        """The statement's plan on this engine; None for one the session cannot prepare (e.g. CREATE TABLE AS)."""
         plan = prepared.plans.get(engine.serial)
         if plan is None:
             try:
                 plan = prepared.plans[engine.serial] = engine.session.prepare(prepared.sql)
             except QueryError:
-                return engine.session.sql(prepared.sql, params or None)  # e.g. CREATE TABLE AS
+                return None
+        return plan
+
+    @classmethod
+    def _execute(cls, engine: Engine, prepared: Prepared, params: list[Any]) -> Result:
+        plan = cls._plan(engine, prepared)
+        if plan is None:
+            return engine.session.sql(prepared.sql, params or None)
         return plan.execute(params or None)
+
+    @classmethod
+    def _execute_batch(cls, engine: Engine, prepared: Prepared, rows: list[list[Any]]) -> Result:
+        """Every parameter row in one commit, all or nothing: a failing row must not leave earlier rows written
+        while the client, told of the failure, retries them."""
+        if len(rows) == 1:
+            return cls._execute(engine, prepared, rows[0])
+        plan = cls._plan(engine, prepared)
+        if plan is None:
+            raise QueryError(f"only a prepared INSERT runs with a batch of parameter rows ({len(rows)} were sent)")
+        return plan.execute_many(rows)
 
     # -- actions ----------------------------------------------------------------------------------------
 

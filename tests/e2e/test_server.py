@@ -407,6 +407,90 @@ def test_statement_update_by_do_put_reports_the_row_count(served: Served) -> Non
     assert sql_pb.DoPutUpdateResult.FromString(result.to_pybytes()).record_count == 2
 
 
+def _fresh_table(served: Served, name: str) -> tuple[str, Any]:
+    """A new empty (id bigint, name string) table: its qualified name and a function giving (rows, snapshots)."""
+    from tests.conftest import pyiceberg_catalog
+
+    catalog = pyiceberg_catalog(served.catalog, served.users["writer"])
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    catalog.create_table((served.namespace, name), schema=schema)
+
+    def state() -> tuple[int, int]:
+        table = catalog.load_table((served.namespace, name))
+        return table.scan().to_arrow().num_rows, len(table.snapshots())
+
+    return f"{served.namespace}.{name}", state
+
+
+def _put_update(client: flight.FlightClient, handle: bytes, rows: pa.Table, options: Any) -> int:
+    """DoPut of CommandPreparedStatementUpdate with ``rows`` as its stream; the record_count answered."""
+    command = _command(sql_pb.CommandPreparedStatementUpdate(prepared_statement_handle=handle))
+    writer, reader = client.do_put(command, rows.schema, options)
+    if rows.num_rows:
+        writer.write_table(rows)
+    writer.done_writing()
+    result = reader.read()
+    writer.close()
+    return int(sql_pb.DoPutUpdateResult.FromString(result.to_pybytes()).record_count)
+
+
+def test_adbc_executemany_writes_the_parameter_rows_it_sends(served: Served) -> None:
+    """An update's parameter rows travel in its own DoPut stream (ADBC executemany): those rows are written and
+    counted, never the parameters an earlier execution of the same prepared statement bound."""
+    table, state = _fresh_table(served, "sent_rows")
+    sql = f"INSERT INTO {table} VALUES (?, ?)"
+    with served.adbc("writer") as conn, conn.cursor() as cur:
+        cur.execute(sql, parameters=(1, "bound-first"))  # binds (1, ...) to the prepared statement, then runs it
+        cur.executemany(sql, [(2, "sent"), (3, "sent")])  # the same prepared statement
+        assert cur.rowcount == 2
+        cur.execute(f"SELECT id, name FROM {table} ORDER BY id")
+        assert cur.fetchall() == [(1, "bound-first"), (2, "sent"), (3, "sent")]
+    assert state() == (3, 2)  # the executemany is one commit
+
+
+def test_a_prepared_insert_batch_commits_all_its_rows_or_none(served: Served) -> None:
+    """One DoPut of CommandPreparedStatementUpdate is one commit: a batch whose last row fails leaves the table as
+    it was (rows and snapshots), so the client's error is the whole truth and a retry duplicates nothing."""
+    import adbc_driver_flightsql.dbapi as dbapi
+
+    table, state = _fresh_table(served, "all_or_none")
+    sql = f"INSERT INTO {table} VALUES (?, ?)"
+    with served.adbc("writer") as conn, conn.cursor() as cur:
+        cur.executemany(sql, [("10", "p"), ("11", "q")])
+        assert state() == (2, 1)
+        error = served.expect_error(lambda: cur.executemany(sql, [("12", "r"), ("13", "s"), ("x", "t")]), dbapi.Error)
+    assert "Could not convert string 'x'" in str(error)
+    assert state() == (2, 1)
+
+
+def test_an_update_stream_without_rows_runs_with_the_parameters_bound_before(served: Served) -> None:
+    """A client that binds with CommandPreparedStatementQuery and then sends an empty update stream runs with the
+    rows it bound, as one commit too (a failing row: nothing written)."""
+    table, state = _fresh_table(served, "bound_rows")
+    client, options = served.flight_client(), _bearer(served.token("writer"))
+    wrapper = any_pb2.Any()
+    wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=f"INSERT INTO {table} VALUES ($1, $2)"))
+    [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
+    created = sql_pb.ActionCreatePreparedStatementResult()
+    assert any_pb2.Any.FromString(result.body.to_pybytes()).Unpack(created)
+    handle = bytes(created.prepared_statement_handle)
+
+    def bind(rows: pa.Table) -> None:
+        command = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+        writer, reader = client.do_put(command, rows.schema, options)
+        writer.write_table(rows)
+        writer.done_writing()
+        reader.read()
+        writer.close()
+
+    bind(pa.table({"a": ["20", "x"], "b": ["u", "v"]}))
+    served.expect_error(lambda: _put_update(client, handle, pa.table({}), options), flight.FlightError)
+    assert state() == (0, 0)
+    bind(pa.table({"a": pa.array([20, 21], pa.int64()), "b": ["u", "v"]}))
+    assert _put_update(client, handle, pa.table({}), options) == 2
+    assert state() == (2, 1)
+
+
 def test_adbc_cancel_of_a_long_query(served: Served) -> None:
     with served.adbc("carol") as conn, conn.cursor() as cur:
         sql = f"SELECT a.n FROM {served.namespace}.numbers a, {served.namespace}.numbers b WHERE a.n + b.n = -1"
