@@ -44,6 +44,8 @@ class ServerConfig(ConfigSection):
     unfetched_result_seconds: float = Field(default=60.0, gt=0)
     auth_cache_seconds: float = Field(default=0.0, ge=0)
     batch_rows: int = Field(default=65_536, ge=1)
+    # parameter rows a client sends by DoPut are held in memory before a query slot is taken: bounded per call
+    max_parameter_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
 
     @property
     def host(self) -> str:

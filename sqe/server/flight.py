@@ -517,13 +517,13 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         elif name == "CommandPreparedStatementQuery":
             handle = _message(wrapper, sql_pb.CommandPreparedStatementQuery).prepared_statement_handle
             prepared = self._prepared(session, handle)
-            prepared.parameters = reader.read_all()
+            prepared.parameters = self._parameters(reader)
             result = sql_pb.DoPutPreparedStatementResult(prepared_statement_handle=handle)
             writer.write(pa.py_buffer(result.SerializeToString()))
         elif name == "CommandPreparedStatementUpdate":
             handle = _message(wrapper, sql_pb.CommandPreparedStatementUpdate).prepared_statement_handle
             prepared = self._prepared(session, handle)
-            sent = reader.read_all()
+            sent = self._parameters(reader)
             # The update's own stream carries its parameter rows (ADBC executemany); only a stream without rows runs
             # with those a CommandPreparedStatementQuery DoPut bound before, as Arrow's reference servers do.
             rows = _parameter_rows(sent if sent.num_rows else prepared.parameters)
@@ -531,6 +531,19 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             writer.write(pa.py_buffer(sql_pb.DoPutUpdateResult(record_count=count).SerializeToString()))
         else:
             raise QueryError(f"DoPut of {name or 'this command'} is not supported by sqe serve")
+
+    def _parameters(self, reader: flight.MetadataRecordBatchReader) -> pa.Table:
+        """The parameter rows of a DoPut, refused past ``max_parameter_bytes`` (read before any query slot)."""
+        limit = self.server_config.max_parameter_bytes
+        batches, size = [], 0
+        for chunk in reader:
+            if chunk.data is None:
+                continue
+            size += chunk.data.nbytes
+            if size > limit:
+                raise QueryError(f"the parameter rows sent exceed [server] max_parameter_bytes ({limit} bytes)")
+            batches.append(chunk.data)
+        return pa.Table.from_batches(batches, schema=reader.schema)
 
     def _update(self, user: User, session: ClientSession, work: Callable[[Engine], int], context: Any) -> int:
         """An update statement under the same limits and timeout as a query; runs to completion here."""

@@ -58,6 +58,7 @@ BOB = {
 }
 NUMBER_ROWS = 2_000_000
 PER_USER_LIMIT = 2
+PARAMETER_BYTES = 1024 * 1024  # [server] max_parameter_bytes of the shared server
 
 
 @dataclass
@@ -194,7 +195,9 @@ def served(
         path.write_text(json.dumps(document), encoding="utf-8")
         target = ["--warehouse", catalog_server.warehouse, "--namespace", namespace, "--table", "people"]
         catalog_server.admin_cli("set-restrictions", *target, "--principal", readers[who].name, "--file", str(path))
-    config = _write_configs(workdir, catalog_server, **_reader_settings(catalog_reader))
+    config = _write_configs(
+        workdir, catalog_server, max_parameter_bytes=PARAMETER_BYTES, **_reader_settings(catalog_reader)
+    )
     proc, port = start_server(workdir, config)
     users = {"writer": writer, **readers}
     world = Served(catalog_server, namespace, f"grpc://127.0.0.1:{port}", proc, workdir / "server.log", workdir, users)
@@ -489,6 +492,25 @@ def test_an_update_stream_without_rows_runs_with_the_parameters_bound_before(ser
     bind(pa.table({"a": pa.array([20, 21], pa.int64()), "b": ["u", "v"]}))
     assert _put_update(client, handle, pa.table({}), options) == 2
     assert state() == (2, 1)
+
+
+def test_parameter_rows_past_the_limit_are_refused_before_anything_runs(served: Served) -> None:
+    """DoPut parameter rows are held in memory before a query slot is taken: past [server] max_parameter_bytes
+    the call is refused and nothing is written."""
+    table, state = _fresh_table(served, "big_params")
+    client, options = served.flight_client(), _bearer(served.token("writer"))
+    wrapper = any_pb2.Any()
+    wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=f"INSERT INTO {table} VALUES ($1, $2)"))
+    [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
+    created = sql_pb.ActionCreatePreparedStatementResult()
+    assert any_pb2.Any.FromString(result.body.to_pybytes()).Unpack(created)
+    handle = bytes(created.prepared_statement_handle)
+    rows = 2 * PARAMETER_BYTES // 1000
+    big = pa.table({"a": pa.array(range(rows), pa.int64()), "b": ["x" * 1000] * rows})
+    error = served.expect_error(lambda: _put_update(client, handle, big, options), flight.FlightError)
+    assert f"max_parameter_bytes ({PARAMETER_BYTES} bytes)" in str(error)
+    assert state() == (0, 0)
+    assert _put_update(client, handle, big.slice(0, 2), options) == 2
 
 
 def test_adbc_cancel_of_a_long_query(served: Served) -> None:
