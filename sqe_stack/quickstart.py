@@ -120,6 +120,8 @@ path_style = true
 
 [coordinator]
 workers = [{workers}]
+# the workers' self-signed certificate (run.sh): they serve TLS only, plaintext is refused off loopback
+tls_ca = "{STATE_DIR}/tls/worker.crt"
 distributed_credentials = "vended"
 push_credentials = true
 # token: SQE_COORDINATOR__TOKEN from the compose environment (the workers read the same value from a file)

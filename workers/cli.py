@@ -1,6 +1,7 @@
 """``sqe-worker --listen HOST:PORT [--token-file F] [--tls-cert C --tls-key K] [--max-message-bytes N]``.
 
-Fails closed: without a token file the worker refuses to start unless ``--insecure-no-token`` is given.
+Fails closed: without a token file the worker refuses to start unless ``--insecure-no-token`` is given, and it
+serves plaintext on a loopback ``--listen`` address only (elsewhere ``--tls-cert``/``--tls-key`` are required).
 ``--data-cache-bytes`` / ``--decoded-cache-bytes`` bound the process's data-range and decoded-column caches
 (the engine's ``[cache] data_bytes`` / ``decoded_bytes``; 0 turns one off), and ``--keep-freed-bytes`` is the
 engine's ``[memory] keep_freed_bytes``.
@@ -29,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     from workers.service import DEFAULT_MAX_MESSAGE_BYTES
 
     parser = argparse.ArgumentParser(prog="sqe-worker", description="SQE distributed scan worker (gRPC).")
-    parser.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on (port 0: any)")
+    parser.add_argument(
+        "--listen", required=True, metavar="HOST:PORT", help="address to listen on (port 0: any; TLS only off loopback)"
+    )
     parser.add_argument("--token-file", type=Path, help="file holding the coordinator's bearer token")
     parser.add_argument(
         "--insecure-no-token", action="store_true", help="accept calls without a token (local experiments only)"

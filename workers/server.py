@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from sqe._net import address_host, is_loopback
 from sqe.config import CacheConfig, MemoryConfig
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol._proto import worker_pb2_grpc
@@ -57,6 +58,17 @@ class ServerOptions:
     tls_key: bytes | None = field(default=None, repr=False)
     service: ServiceSettings = field(default_factory=ServiceSettings)
     memory: ProcessMemory = field(default_factory=ProcessMemory)
+
+    def __post_init__(self) -> None:
+        """Checked here, before anything binds: every ``ServerOptions`` (the CLI's or a test's) obeys it."""
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        # The coordinator's token and every ticket's keys arrive on this port: plaintext only on loopback.
+        if self.tls_cert is None and not is_loopback(address_host(self.listen)):
+            raise ConfigError(
+                f"--listen {self.listen!r} is not a loopback address; plaintext is only served on loopback "
+                "(give --tls-cert and --tls-key)"
+            )
 
 
 def create_server(options: ServerOptions) -> tuple[grpc.Server, WorkerService, int]:
@@ -115,8 +127,6 @@ def _add_service(service: WorkerService, server: grpc.Server) -> None:
 
 
 def _bind(server: grpc.Server, options: ServerOptions) -> int:
-    if (options.tls_cert is None) != (options.tls_key is None):
-        raise ConfigError("--tls-cert and --tls-key go together")
     try:
         if options.tls_cert is not None and options.tls_key is not None:
             credentials = grpc.ssl_server_credentials([(options.tls_key, options.tls_cert)])

@@ -19,6 +19,8 @@ from sqe.server.config import load_server_config
 from sqe_catalog.config import load_config as load_catalog_config
 from sqe_stack.ceph import _ceph_conf
 from sqe_stack.quickstart import generated_files, polaris_catalog_request
+from workers.cli import _parser
+from workers.server import ServerOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "quickstart" / "compose"
@@ -77,6 +79,20 @@ def test_every_mounted_file_and_dependency_exists(scenario: str) -> None:
     assert run.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in run and "trap" in run
 
 
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_workers_pass_the_worker_clis_plaintext_rule(scenario: str) -> None:
+    """Each worker listens off loopback (0.0.0.0 in its container), so it must be given a certificate."""
+    workers = {n: s for n, s in _compose(scenario)["services"].items() if s.get("command", [""])[0] == "sqe-worker"}
+    assert set(workers) == {"sqe-worker-1", "sqe-worker-2"}
+    for service in workers.values():
+        args = _parser().parse_args(service["command"][1:])
+        tls = (b"cert", b"key") if args.tls_cert and args.tls_key else (None, None)
+        ServerOptions(args.listen, None, tls_cert=tls[0], tls_key=tls[1])  # raises ConfigError on plaintext
+        assert str(args.tls_cert) == "/var/lib/sqe/tls/worker.crt"
+        run = (COMPOSE / scenario / "run.sh").read_text()
+        assert "subjectAltName=DNS:sqe-worker-1,DNS:sqe-worker-2" in run and "-out .state/tls/worker.crt" in run
+
+
 def test_dockerfile_parses_and_copies_only_existing_paths() -> None:
     parser = DockerfileParser(path=str(COMPOSE / "Dockerfile"))
     structure = [i for i in parser.structure if i["instruction"] != "COMMENT"]
@@ -107,6 +123,7 @@ def test_generated_configs_parse_with_the_real_loaders(scenario: str) -> None:
         assert warehouse.role_arn and not warehouse.sts_unavailable and warehouse.path_style
     engine = sqe.config.load_config(folder / "engine.toml", env={"SQE_COORDINATOR__TOKEN": "t" * 32})
     assert engine.catalog.require_vended_credentials and engine.static_key_pair() is None
+    assert engine.coordinator.tls_ca == "/var/lib/sqe/tls/worker.crt"  # the workers are not on loopback
     assert load_server_config(folder / "server.toml", env={}).tls_cert
 
 

@@ -18,7 +18,7 @@ from sqe.distributed.protocol.ipc import decode_batch, decode_schema, encode_bat
 from sqe.distributed.protocol.ticket import WireTableId, decode_ticket
 from sqe.errors import ConfigError
 from tests.unit.workers.worker_fixtures import LocalTables, ticket_for
-from workers.cli import _parser, options_from_args
+from workers.cli import _parser, main, options_from_args
 from workers.environment import ambient_credentials_disabled, scrub_environment
 from workers.fileio import FragmentFileIO
 from workers.fragment import RunningFragment
@@ -98,6 +98,44 @@ def test_message_limit_and_tls_pairs_are_checked(tmp_path: Path) -> None:
         create_server(ServerOptions("127.0.0.1:0", None, service=ServiceSettings(max_message_bytes=1000)))
     with pytest.raises(ConfigError, match="go together"):
         create_server(ServerOptions("127.0.0.1:0", None, tls_cert=b"x"))
+
+
+@pytest.mark.parametrize(
+    "listen", ["0.0.0.0:7001", "[::]:7001", ":7001", "10.1.2.3:7001", "worker-1:7001", "localhost.example:7001"]
+)
+def test_plaintext_is_refused_off_loopback(listen: str) -> None:
+    """Nothing binds: the options are refused as they are made."""
+    parsed = _parser().parse_args(["--listen", listen, "--insecure-no-token"])
+    with pytest.raises(ConfigError, match=r"is not a loopback address; plaintext is only served on loopback \(give"):
+        options_from_args(parsed)
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        ServerOptions(listen, "t" * 32)
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "127.0.0.2:7001", "localhost:0", "[::1]:0"])
+def test_plaintext_is_served_on_loopback(listen: str) -> None:
+    assert options_from_args(_parser().parse_args(["--listen", listen, "--insecure-no-token"])).listen == listen
+
+
+def test_off_loopback_with_a_certificate_is_accepted() -> None:
+    options = ServerOptions("0.0.0.0:7001", "t" * 32, tls_cert=b"cert", tls_key=b"key")  # made, never bound
+    assert options.listen == "0.0.0.0:7001"
+
+
+def test_the_cli_refuses_plaintext_off_loopback_on_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import workers.server
+
+    served: list[ServerOptions] = []
+    monkeypatch.setattr(workers.server, "serve", lambda options, port_file: served.append(options) or 0)
+    assert main(["--listen", "0.0.0.0:7001", "--insecure-no-token"]) == 2
+    assert served == []
+    err = capsys.readouterr().err
+    assert err == (
+        "sqe-worker: error: --listen '0.0.0.0:7001' is not a loopback address; plaintext is only served on "
+        "loopback (give --tls-cert and --tls-key)\n"
+    )
 
 
 # ------------------------------------------------------------------------------------------------- IPC
