@@ -32,6 +32,7 @@ from sqe._config_loader import (
     reveal,
     short,
 )
+from sqe._net import address_host, is_loopback
 from sqe.errors import ConfigError
 from sqe.locations import is_object_store
 from sqe.vocabulary import READ_RESTRICTIONS_V1, VENDED_CREDENTIALS
@@ -330,6 +331,18 @@ def _validate_storage(s: StorageConfig, o: Origins) -> None:
             )
 
 
+def _check_plaintext_workers(workers: tuple[str, ...], o: Origins) -> None:
+    """Without ``tls_ca`` the channel is plaintext: the token and every ticket's keys would cross the network
+    readable, so only loopback workers are allowed (as ``[server] listen`` serves plaintext on loopback only)."""
+    for i, worker in enumerate(workers):
+        if not is_loopback(address_host(worker)):
+            o.fail(
+                f"coordinator.workers[{i}]",
+                f"{short(worker)} is not a loopback address; workers are reached in plaintext on loopback only "
+                "(set coordinator.tls_ca)",
+            )
+
+
 def _validate_coordinator(c: CoordinatorConfig, require_vended: bool, o: Origins) -> None:
     for i, worker in enumerate(c.workers):
         host, sep, port = worker.rpartition(":")
@@ -340,6 +353,8 @@ def _validate_coordinator(c: CoordinatorConfig, require_vended: bool, o: Origins
             "coordinator.token",
             "required when coordinator.workers is set (workers only accept an authenticated coordinator)",
         )
+    if not c.tls_ca:
+        _check_plaintext_workers(c.workers, o)
     if c.distributed_credentials == "static" and require_vended:
         o.fail(
             "coordinator.distributed_credentials",

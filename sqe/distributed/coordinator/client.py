@@ -6,19 +6,32 @@ from typing import Any, NoReturn, cast
 
 import grpc
 
+from sqe._net import address_host, is_loopback
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol._proto import worker_pb2_grpc as pb_grpc
 from sqe.distributed.protocol.ipc import parse_execute_response
+from sqe.errors import ConfigError
 
 # Execute is called with the coordinator's own deserializer: batch messages keep their IPC body as a view of the
 # received bytes instead of protobuf's copy.
 _EXECUTE = f"/{pb.DESCRIPTOR.services_by_name['Worker'].full_name}/Execute"
 
 
+def refuse_plaintext_off_loopback(address: str, tls_ca: str | None) -> None:
+    """Every call carries the token and a ticket carries keys: never in plaintext to another machine (load_config
+    refuses such a config too; this covers configs built in code, before any channel exists)."""
+    if not tls_ca and not is_loopback(address_host(address)):
+        raise ConfigError(
+            f"refusing to reach worker {address!r} in plaintext: it is not a loopback address and the token and "
+            "ticket keys would cross the network readable; set [coordinator] tls_ca"
+        )
+
+
 class WorkerClient:
     """One worker's channel and stub; every call carries the coordinator's bearer token."""
 
     def __init__(self, address: str, token: str, *, tls_ca: str | None, max_message_bytes: int) -> None:
+        refuse_plaintext_off_loopback(address, tls_ca)
         self.address = address
         self._metadata = (("authorization", f"Bearer {token}"),)
         options = [

@@ -276,6 +276,13 @@ class TestRejections:
                 "coordinator.workers[0]",
             ),
             ({"coordinator.workers": ["host:1"]}, "coordinator.token: required"),
+            (
+                {"coordinator.workers": ["127.0.0.1:1", "10.0.0.1:1"], "coordinator.token": SECRETS[4]},
+                "coordinator.workers[1] (set by override 'coordinator.workers'): \"10.0.0.1:1\" is not a loopback "
+                "address; workers are reached in plaintext on loopback only (set coordinator.tls_ca)",
+            ),
+            ({"coordinator.workers": ["[::]:1"], "coordinator.token": SECRETS[4]}, "coordinator.workers[0]"),
+            ({"coordinator.workers": ["worker-1:1"], "coordinator.token": SECRETS[4]}, "coordinator.workers[0]"),
             ({"coordinator.distributed_credentials": "everything"}, "coordinator.distributed_credentials"),
             (
                 {"coordinator.distributed_credentials": "static", "catalog.require_vended_credentials": True},
@@ -526,3 +533,12 @@ def test_object_store_prefixes_follow_the_one_scheme_rule(key: str) -> None:
     for bad in ("gs://lake/raw", "S3:///raw", "s3:/lake/raw", "file:///lake", "lake/raw"):
         message = _error(env={}, overrides={**MINIMAL, key: [bad]})
         assert message.startswith(f"{key}[0] (set by override") and "must be an object-store prefix" in message
+
+
+def test_plaintext_workers_on_loopback_and_tls_workers_anywhere_are_accepted() -> None:
+    loopback = ("127.0.0.1:1", "localhost:2", "[::1]:3")
+    plain = _load({"coordinator.workers": list(loopback), "coordinator.token": SECRETS[4]})
+    assert plain.coordinator.workers == loopback and plain.coordinator.tls_ca is None
+    remote = ("10.0.0.1:1", "worker-2:2", "[2001:db8::1]:3")
+    tls = _load({"coordinator.workers": list(remote), "coordinator.token": SECRETS[4], "coordinator.tls_ca": "/ca"})
+    assert tls.coordinator.workers == remote
