@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import pyarrow as pa
@@ -28,7 +28,12 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType
 
+from sqe.catalog.base import TableIdent
 from sqe.credentials import CredentialSet, parse_catalog_credentials
+from sqe.distributed.coordinator.client import WorkerClient
+from sqe.distributed.coordinator.executor import CoordinatorStats
+from sqe.distributed.coordinator.push import CredentialPusher
+from sqe.distributed.coordinator.refresh import Holder
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import ERROR_KIND_KEY
 from sqe.distributed.protocol.ipc import decode_batch, decode_schema
@@ -375,6 +380,54 @@ def test_a_pushed_set_is_used_for_later_files(paced_worker: WorkerProcess, data:
     stats = stub.Stats(pb.StatsRequest(), metadata=paced_worker.metadata())
     assert stats.credential_sets_used == 2
     assert (stats.refreshes_accepted, stats.fragments_completed, stats.files_read) == (1, 1, FILES)
+    assert_no_secrets(paced_worker, data.secrets)
+
+
+class _LostInTransit(grpc.RpcError):
+    """What a call on a reset connection raises (``UNAVAILABLE``), without a real network fault to arrange."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+
+class _FirstPushLost:
+    """The coordinator's real client of a worker, except that its first ``RefreshCredentials`` is lost in transit."""
+
+    def __init__(self, client: WorkerClient) -> None:
+        self.client = client
+        self.calls = 0
+
+    def refresh(self, request: pb.RefreshRequest, timeout: float) -> pb.RefreshResponse:
+        self.calls += 1
+        if self.calls == 1:
+            raise _LostInTransit()
+        return self.client.refresh(request, timeout)
+
+
+def test_a_push_lost_in_transit_is_sent_again(paced_worker: WorkerProcess, data: Fixture) -> None:
+    """The coordinator's pusher refreshes a fragment whose set expires after ~3 files; its first call is lost: the
+    push is sent again, lands, and every row arrives (before: logged only, and the fragment failed at expiry)."""
+    wire = ticket(data, [expiring(data.writer_set, 1.8)], pace_ms=PACE_MS)
+    client = WorkerClient(paced_worker.address, paced_worker.token, tls_ca=None, max_message_bytes=64 << 20)
+    flaky = _FirstPushLost(client)
+    stats = CoordinatorStats()
+    pusher = CredentialPusher({paced_worker.address: cast(WorkerClient, flaky)}, stats, rpc_timeout_seconds=5.0)
+    ident = TableIdent(data.ref.warehouse, data.ref.namespace, data.ref.name)
+    holder = Holder(paced_worker.address, wire.query_id, wire.fragment_id)
+    messages: list[pb.ExecuteResponse] = []
+    try:
+        for message in paced_worker.stub().Execute(wire, metadata=paced_worker.metadata()):
+            messages.append(message)
+            if message.WhichOneof("payload") == "progress" and flaky.calls == 0:
+                pusher.push(ident, [holder], [data.reader_set])
+    finally:
+        client.close()
+    schema = decode_schema(messages[0].schema.ipc)
+    batches = [decode_batch(m.batch.ipc, schema) for m in messages if m.WhichOneof("payload") == "batch"]
+    assert rows(pa.Table.from_batches(batches, schema=schema)) == rows(data.expected)
+    assert (flaky.calls, stats.pushes_sent, stats.pushes_refused) == (2, 1, 0)
+    worker_stats = paced_worker.stub().Stats(pb.StatsRequest(), metadata=paced_worker.metadata())
+    assert (worker_stats.refreshes_accepted, worker_stats.credential_sets_used) == (1, 2)
     assert_no_secrets(paced_worker, data.secrets)
 
 

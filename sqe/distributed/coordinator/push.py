@@ -1,7 +1,9 @@
 """Pushing refreshed credential sets to the workers that read with them (``RefreshCredentials``).
 
 One call per (worker, query) covers every fragment of that query reading the table; calls go out in parallel so
-a hung worker does not hold back the healthy ones. A refusal is logged by its reason (never a value).
+a hung worker does not hold back the healthy ones. A refusal is logged by its reason (never a value). A call lost in
+transit is sent again a few times: a push is idempotent (the worker keeps, per prefix, the set valid longest), and
+without it the fragment fails at its old keys' expiry although the lease holds fresh ones.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from sqe._counters import Counters
 from sqe._text import first_line
@@ -29,6 +32,21 @@ log = logging.getLogger(__name__)
 
 NOTHING_RUNNING = "no running fragment"  # a RefreshResponse reason that is a race, not a refusal
 PushObserver = Callable[[str, pb.RefreshRequest], None]
+PUSH_ATTEMPTS = 3
+PUSH_BACKOFF_SECONDS = 0.2  # then 0.4: a reset connection or a restarting listener, not a long outage
+# Codes of a call that may not have reached the worker, or whose answer was lost; an answer (accepted or refused)
+# and every other error would come back the same, so only these are sent again.
+_TRANSIENT = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+)
+
+
+def _code(exc: BaseException) -> Any:
+    return cast(Any, exc).code() if isinstance(exc, grpc.RpcError) else None
+
+
+def _transient(exc: BaseException) -> bool:
+    return _code(exc) in _TRANSIENT
 
 
 class CredentialPusher:
@@ -65,12 +83,13 @@ class CredentialPusher:
         self.send(holder.worker, request)
 
     def send(self, worker: str, request: pb.RefreshRequest) -> None:
+        """One push (observers see it once, however many times it is sent); errors are logged, never raised."""
         for observer in self.observers:
             observer(worker, request)
         try:
-            response = self._clients[worker].refresh(request, timeout=self._timeout)
+            response = self._refresh(worker, request)
         except grpc.RpcError as exc:
-            code = cast(Any, exc).code()
+            code = _code(exc)
             log.warning("pushing credentials to worker %s failed: %s", worker, getattr(code, "name", code))
             return
         self._stats.add(pushes_sent=1)
@@ -82,3 +101,22 @@ class CredentialPusher:
             return
         self._stats.add(pushes_refused=1)
         log.warning("worker %s refused pushed credentials: %s", worker, reason)
+
+    def _refresh(self, worker: str, request: pb.RefreshRequest) -> pb.RefreshResponse:
+        """``RefreshCredentials``, sent again (up to PUSH_ATTEMPTS calls) while it fails in transit."""
+
+        def before_sleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            code = getattr(_code(error) if error is not None else None, "name", None)
+            log.info("pushing credentials to worker %s failed (%s); sending it again", worker, code)
+
+        retrying = Retrying(
+            stop=stop_after_attempt(PUSH_ATTEMPTS),
+            wait=wait_exponential(multiplier=PUSH_BACKOFF_SECONDS),
+            retry=retry_if_exception(_transient),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        client = self._clients[worker]
+        response: pb.RefreshResponse = retrying(client.refresh, request, timeout=self._timeout)
+        return response
