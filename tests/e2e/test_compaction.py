@@ -22,6 +22,10 @@ from tests.conftest import pyiceberg_catalog, write_sqe_config
 from tests.unit.sqe.iceberg_local import add_positional_deletes
 
 if TYPE_CHECKING:
+    from pyiceberg.manifest import DataFile
+    from pyiceberg.table import FileScanTask
+
+    from sqe.catalog.base import LoadedTable
     from tests.conftest import CatalogPrincipal, CatalogServer, MotoServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
@@ -59,6 +63,14 @@ def fingerprint(session: Session, name: str) -> list[Any]:
     return session.sql(f"SELECT count(*), sum(id), sum(hash(id, name)) FROM {name}").fetchall()
 
 
+def rewritten_uncommitted(session: Session, name: str) -> tuple[LoadedTable, list[FileScanTask], list[DataFile]]:
+    """OPTIMIZE's steps up to its commit: the table as loaded, the tasks read and the new files written."""
+    loaded = session._provider.load_table(session.resolve_name(tuple(name.split("."))), bypass_cache=True)
+    bins = list(plan_bins(loaded.table, AlwaysTrue(), 64 * 1024 * 1024))
+    outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, 64 * 1024 * 1024)]
+    return loaded, [task for group in bins for task in group], outputs
+
+
 def test_two_hundred_small_files_become_few_with_the_same_rows(
     catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path
 ) -> None:
@@ -81,10 +93,7 @@ def test_concurrent_delete_of_an_input_fails_and_removes_outputs(
 ) -> None:
     name, table = small_files_table(catalog_server, engine_writer, 6)
     with connect(tmp_path, catalog_server, engine_writer) as s:
-        loaded = s._provider.load_table(s.resolve_name(tuple(name.split("."))), bypass_cache=True)
-        bins = list(plan_bins(loaded.table, AlwaysTrue(), 64 * 1024 * 1024))
-        outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, 64 * 1024 * 1024)]
-        inputs = [task for group in bins for task in group]
+        loaded, inputs, outputs = rewritten_uncommitted(s, name)
         table.delete(EqualTo("id", 0))  # another writer removes small-0000 (its only row) meanwhile
         with pytest.raises(CompactionConflictError, match="a concurrent commit removed 1 of its input files"):
             commit_replace(loaded, s._provider, inputs, outputs)
@@ -101,10 +110,7 @@ def test_concurrent_row_delete_on_an_input_fails_instead_of_bringing_the_rows_ba
     # delete) put the deleted row back.
     name, table = small_files_table(catalog_server, engine_writer, 6)
     with connect(tmp_path, catalog_server, engine_writer) as s:
-        loaded = s._provider.load_table(s.resolve_name(tuple(name.split("."))), bypass_cache=True)
-        bins = list(plan_bins(loaded.table, AlwaysTrue(), 64 * 1024 * 1024))
-        outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, 64 * 1024 * 1024)]
-        inputs = [task for group in bins for task in group]
+        loaded, inputs, outputs = rewritten_uncommitted(s, name)
         add_positional_deletes(table, (0,))  # a merge-on-read DELETE of one row of an input, by another engine
         s._provider.invalidate(loaded.ident)
         after_delete = fingerprint(s, name)
@@ -127,10 +133,7 @@ def test_concurrent_append_survives(
     name, table = small_files_table(catalog_server, engine_writer, 6)
     with connect(tmp_path, catalog_server, engine_writer) as s:
         before = fingerprint(s, name)[0]
-        loaded = s._provider.load_table(s.resolve_name(tuple(name.split("."))), bypass_cache=True)
-        bins = list(plan_bins(loaded.table, AlwaysTrue(), 64 * 1024 * 1024))
-        outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, 64 * 1024 * 1024)]
-        inputs = [task for group in bins for task in group]
+        loaded, inputs, outputs = rewritten_uncommitted(s, name)
         table.append(pa.table({"id": [1000], "name": ["late"]}, schema=SCHEMA))
         commit_replace(loaded, s._provider, inputs, outputs)
         s._provider.invalidate(loaded.ident)

@@ -471,12 +471,7 @@ def test_an_update_stream_without_rows_runs_with_the_parameters_bound_before(ser
     rows it bound, as one commit too (a failing row: nothing written)."""
     table, state = _fresh_table(served, "bound_rows")
     client, options = served.flight_client(), _bearer(served.token("writer"))
-    wrapper = any_pb2.Any()
-    wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=f"INSERT INTO {table} VALUES ($1, $2)"))
-    [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
-    created = sql_pb.ActionCreatePreparedStatementResult()
-    assert any_pb2.Any.FromString(result.body.to_pybytes()).Unpack(created)
-    handle = bytes(created.prepared_statement_handle)
+    handle = bytes(_create_prepared(client, f"INSERT INTO {table} VALUES ($1, $2)", options).prepared_statement_handle)
 
     def bind(rows: pa.Table) -> None:
         command = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
@@ -499,12 +494,7 @@ def test_parameter_rows_past_the_limit_are_refused_before_anything_runs(served: 
     the call is refused and nothing is written."""
     table, state = _fresh_table(served, "big_params")
     client, options = served.flight_client(), _bearer(served.token("writer"))
-    wrapper = any_pb2.Any()
-    wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=f"INSERT INTO {table} VALUES ($1, $2)"))
-    [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
-    created = sql_pb.ActionCreatePreparedStatementResult()
-    assert any_pb2.Any.FromString(result.body.to_pybytes()).Unpack(created)
-    handle = bytes(created.prepared_statement_handle)
+    handle = bytes(_create_prepared(client, f"INSERT INTO {table} VALUES ($1, $2)", options).prepared_statement_handle)
     rows = 2 * PARAMETER_BYTES // 1000
     big = pa.table({"a": pa.array(range(rows), pa.int64()), "b": ["x" * 1000] * rows})
     error = served.expect_error(lambda: _put_update(client, handle, big, options), flight.FlightError)
@@ -889,13 +879,7 @@ def test_prepared_statements_carry_their_dataset_and_parameter_schemas(served: S
     options = _bearer(served.token("alice"))
 
     def create(sql: str) -> sql_pb.ActionCreatePreparedStatementResult:
-        wrapper = any_pb2.Any()
-        wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=sql))
-        [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
-        answer = any_pb2.Any.FromString(result.body.to_pybytes())
-        unpacked = sql_pb.ActionCreatePreparedStatementResult()
-        assert answer.Unpack(unpacked)
-        return unpacked
+        return _create_prepared(client, sql, options)
 
     with_parameter = create(f"SELECT id, name, ssn FROM {served.namespace}.people WHERE id = ?")
     schema = pa.ipc.read_schema(pa.py_buffer(with_parameter.dataset_schema))
@@ -919,11 +903,7 @@ def test_a_prepared_statement_follows_restrictions_set_after_it_was_prepared(ser
     client = served.flight_client()
     options = _session_options(served.token("carol"), uuid.uuid4().hex)
     sql = f"SELECT id, region, ssn FROM {served.namespace}.people ORDER BY id"
-    wrapper = any_pb2.Any()
-    wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=sql))
-    [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
-    created = sql_pb.ActionCreatePreparedStatementResult()
-    assert any_pb2.Any.FromString(result.body.to_pybytes()).Unpack(created)
+    created = _create_prepared(client, sql, options)
     query = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=created.prepared_statement_handle))
 
     def run_prepared() -> list[dict[str, Any]]:
@@ -955,12 +935,19 @@ def _session_options(token: str, session_id: str, timeout: float | None = None) 
     return flight.FlightCallOptions(headers=headers, timeout=timeout)
 
 
-def _prepare(client: flight.FlightClient, sql: str, options: flight.FlightCallOptions) -> bytes:
+def _create_prepared(
+    client: flight.FlightClient, sql: str, options: flight.FlightCallOptions
+) -> sql_pb.ActionCreatePreparedStatementResult:
     wrapper = any_pb2.Any()
     wrapper.Pack(sql_pb.ActionCreatePreparedStatementRequest(query=sql))
     [result] = client.do_action(flight.Action("CreatePreparedStatement", wrapper.SerializeToString()), options)
     created = sql_pb.ActionCreatePreparedStatementResult()
     assert any_pb2.Any.FromString(result.body.to_pybytes()).Unpack(created)
+    return created
+
+
+def _prepare(client: flight.FlightClient, sql: str, options: flight.FlightCallOptions) -> bytes:
+    created = _create_prepared(client, sql, options)
     assert pa.ipc.read_schema(pa.py_buffer(created.dataset_schema)).names == ["name"]
     return bytes(created.prepared_statement_handle)
 
