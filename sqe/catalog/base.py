@@ -120,8 +120,8 @@ class TableProvider(Protocol):
         """Drop the table from the catalog (its files stay; purging is the catalog's business)."""
         ...
 
-    def list_namespaces(self, warehouse: str) -> list[tuple[str, ...]]:
-        """The top-level namespaces of ``warehouse`` this user may see."""
+    def list_namespaces(self, warehouse: str, parent: tuple[str, ...] | None = None) -> list[tuple[str, ...]]:
+        """The namespaces of ``warehouse`` directly below ``parent`` (top-level when None) this user may see."""
         ...
 
     def create_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:

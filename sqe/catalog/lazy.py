@@ -91,8 +91,8 @@ class LazyRestTableProvider(Unpicklable):
     def drop_table(self, ident: TableIdent) -> None:
         self.real(ident.warehouse).drop_table(ident)
 
-    def list_namespaces(self, warehouse: str) -> list[tuple[str, ...]]:
-        return self.real(warehouse).list_namespaces(warehouse)
+    def list_namespaces(self, warehouse: str, parent: tuple[str, ...] | None = None) -> list[tuple[str, ...]]:
+        return self.real(warehouse).list_namespaces(warehouse, parent)
 
     def create_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
         self.real(warehouse).create_namespace(warehouse, namespace)

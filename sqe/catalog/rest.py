@@ -485,9 +485,10 @@ class RestTableProvider:
         self._catalog_call(f"table {ident}", lambda: catalog.drop_table((*ident.namespace, ident.name)))
         self.invalidate(ident)
 
-    def list_namespaces(self, warehouse: str) -> list[tuple[str, ...]]:
+    def list_namespaces(self, warehouse: str, parent: tuple[str, ...] | None = None) -> list[tuple[str, ...]]:
         catalog = self.catalog(warehouse)
-        namespaces = self._catalog_call(f"namespaces of {warehouse}", catalog.list_namespaces)
+        what = f"namespaces of {'.'.join((warehouse, *(parent or ())))}"
+        namespaces = self._catalog_call(what, lambda: catalog.list_namespaces(parent or ()))
         return [tuple(namespace) for namespace in namespaces]
 
     def create_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from os.path import commonpath
@@ -201,12 +202,26 @@ class GovernedLocations:
                 raise ExternalAccessError(f"{function}: {path} is inside the location of Iceberg table {table}")
 
     def _list(self, warehouse: str) -> list[TableIdent]:
+        """The tables of every namespace at any depth: a nested namespace's table is governed data too."""
         try:
-            return self.provider.list_tables(warehouse, None)
+            return [t for ns in self._namespaces(warehouse) for t in self.provider.list_tables(warehouse, ns)]
         except SQEError as exc:
             raise ExternalAccessError(
                 f"cannot check file table function prefixes against the tables of {warehouse}: {first_line(exc)}"
             ) from None
+
+    def _namespaces(self, warehouse: str) -> list[tuple[str, ...]]:
+        """Every namespace, walked level by level (in the catalog's order) until one has no children; each is
+        visited once, so a catalog that names a namespace twice, or as its own child, cannot loop the walk."""
+        found: dict[tuple[str, ...], None] = {}  # insertion-ordered set
+        pending = deque(self.provider.list_namespaces(warehouse, None))
+        while pending:
+            namespace = tuple(pending.popleft())
+            if not namespace or namespace in found:
+                continue
+            found[namespace] = None
+            pending.extend(self.provider.list_namespaces(warehouse, namespace))
+        return list(found)
 
     def _locations_of(self, ident: TableIdent) -> list[str]:
         try:

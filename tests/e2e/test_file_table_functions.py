@@ -223,3 +223,20 @@ def test_prefix_overlapping_a_table_location_is_refused_at_start_and_per_query(
     # at start-up: the configured prefix covers that table's location
     with pytest.raises(ExternalAccessError, match=f"overlaps the location {zone}/t of Iceberg table"):
         connect(tmp_path, catalog_server, engine_writer, storage__tvf__allowed_object_store_prefixes=[root])
+
+
+def test_a_table_in_a_nested_namespace_is_governed(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path
+) -> None:
+    namespace = f"tvfnest_{uuid.uuid4().hex[:6]}"
+    catalog = pyiceberg_catalog(catalog_server, engine_writer)
+    catalog.create_namespace(namespace)
+    catalog.create_namespace((namespace, "inner"))
+    zone = f"{catalog_server.warehouse_location}/{namespace}_zone"
+    catalog.create_table((namespace, "inner", "t"), pa.schema([("id", pa.int64())]), location=f"{zone}/t")
+    with pytest.raises(ExternalAccessError) as caught:
+        connect(tmp_path, catalog_server, engine_writer, storage__tvf__allowed_object_store_prefixes=[zone])
+    assert str(caught.value) == (
+        f"file table function prefix {zone} overlaps the location {zone}/t of Iceberg table "
+        f"{catalog_server.warehouse}.{namespace}.inner.t; file table functions must not read governed table data"
+    )

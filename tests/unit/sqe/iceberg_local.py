@@ -121,8 +121,8 @@ class LocalProvider:
         except (IcebergNoSuchTable, IcebergNoSuchNamespace):
             raise NoSuchTableError(f"table {ident} does not exist", status=404) from None
 
-    def list_namespaces(self, warehouse: str) -> list[tuple[str, ...]]:
-        return [tuple(ns) for ns in self.catalogs[warehouse].list_namespaces()]
+    def list_namespaces(self, warehouse: str, parent: tuple[str, ...] | None = None) -> list[tuple[str, ...]]:
+        return [tuple(ns) for ns in self.catalogs[warehouse].list_namespaces(parent or ())]
 
     def create_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
         try:
