@@ -113,9 +113,16 @@ class ExternalSources:
         self._ids = itertools.count(1)
         self._registered: OrderedDict[str, ArrowSource] = OrderedDict()
         self.last_streams: list[ArrowSource] = []
-        if self.policy.object_store:
-            self.governed.refresh()
-            self.governed.check_prefixes(self.policy.object_store)
+        self._check_policy_prefixes()
+
+    def _check_policy_prefixes(self) -> None:
+        """Every configured TVF prefix, object-store or local, against the governed locations (re-listed now);
+        nothing to list when no prefix is configured (file table functions read nowhere then)."""
+        if not self.policy.object_store and not self.policy.local:
+            return
+        self.governed.refresh()
+        self.governed.check_prefixes(self.policy.object_store)
+        self.governed.check_local_prefixes(self.policy.local)
 
     # -- statements SQE runs itself ----------------------------------------------------------------------
 
@@ -291,9 +298,8 @@ class ExternalSources:
         tree = parse_select(self._parser, sql)
         replacements: list[tuple[int, int, str]] = []
         calls = find_file_calls(self._parser, tree, sql)
-        if calls and self.policy.object_store:
-            self.governed.refresh()  # per query: a table created since start-up is protected too
-            self.governed.check_prefixes(self.policy.object_store)
+        if calls:
+            self._check_policy_prefixes()  # per query: a table created since start-up is protected too
         for call in calls:
             source = resolve_call(
                 call.function,

@@ -7,8 +7,9 @@ Where a file table function may read (the static ``[storage]`` pair is the only 
 - object-store paths only under ``[storage.tvf] allowed_object_store_prefixes`` or a catalog's
   ``tvf_prefixes`` (path-segment boundaries; ``s3a://``/``s3n://`` count as ``s3://``); empty: nowhere;
 - local paths only under ``[storage.tvf] allowed_local_prefixes`` (symlinks resolved); empty: none;
-- never inside a governed Iceberg table's location (:class:`GovernedLocations`): a prefix that overlaps one is
-  refused, so the engine key cannot become a way around read-restrictions or vended scoping.
+- never inside a governed Iceberg table's location (:class:`GovernedLocations`; a ``file://`` one against local
+  paths, both as real paths): a prefix that overlaps one is refused, so the engine key (or the process's own
+  file access) cannot become a way around read-restrictions or vended scoping.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from os.path import commonpath
 from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -178,28 +180,42 @@ class GovernedLocations:
     provider: TableProvider
     warehouses: tuple[str, ...]
     locations: dict[str, str] = field(default_factory=dict)  # location -> table name
+    local_paths: dict[str, str] = field(default_factory=dict)  # real path of a file:// location -> table name
 
     def refresh(self) -> None:
         found: dict[str, str] = {}
+        local: dict[str, str] = {}
         for warehouse in self.warehouses:
             for ident in self._list(warehouse):
                 for location in self._locations_of(ident):
                     found[normalize_location(location)] = str(ident)
+                    local.update(dict.fromkeys(governed_local_paths(location), str(ident)))
         self.locations = found
+        self.local_paths = local
 
     def check_prefixes(self, prefixes: Iterable[str]) -> None:
         for prefix in prefixes:
             for location, table in self.locations.items():
                 if prefix_matches(location, prefix) or prefix_matches(prefix, location):
-                    raise ExternalAccessError(
-                        f"file table function prefix {prefix} overlaps the location {location} of Iceberg table "
-                        f"{table}; file table functions must not read governed table data"
-                    )
+                    _refuse_overlap(prefix, location, table)
+
+    def check_local_prefixes(self, prefixes: Iterable[str]) -> None:
+        """Local prefixes (or a local pattern's fixed part) against file:// table locations, both as real paths:
+        ``/x/y``, ``file:///x/y`` and a symlink to either name the same files."""
+        for prefix in prefixes:
+            real = os.path.realpath(prefix)
+            for path, table in self.local_paths.items():
+                if _under(path, real) or _under(real, path):
+                    _refuse_overlap(prefix, path, table)
 
     def check_file(self, function: str, path: str) -> None:
-        for location, table in self.locations.items():
-            if prefix_matches(path, location):
-                raise ExternalAccessError(f"{function}: {path} is inside the location of Iceberg table {table}")
+        if is_object_store(path):
+            inside = next((t for loc, t in self.locations.items() if prefix_matches(path, loc)), None)
+        else:
+            real = os.path.realpath(_local_path(path))
+            inside = next((t for loc, t in self.local_paths.items() if _under(real, loc)), None)
+        if inside is not None:
+            raise ExternalAccessError(f"{function}: {path} is inside the location of Iceberg table {inside}")
 
     def _list(self, warehouse: str) -> list[TableIdent]:
         """The tables of every namespace at any depth: a nested namespace's table is governed data too."""
@@ -234,6 +250,26 @@ class GovernedLocations:
         properties = metadata.properties
         extra = [properties[k] for k in _LOCATION_PROPERTIES if properties.get(k)]
         return [metadata.location, *extra]
+
+
+def _refuse_overlap(prefix: str, location: str, table: str) -> NoReturn:
+    raise ExternalAccessError(
+        f"file table function prefix {prefix} overlaps the location {location} of Iceberg table {table}; file "
+        "table functions must not read governed table data"
+    )
+
+
+def governed_local_paths(location: str) -> set[str]:
+    """The real local paths a table location names (none for object storage or another scheme): ``file:///x``,
+    ``file:/x``, ``file://localhost/x`` and a bare path alike, percent-escaped or not (a local FileIO may read
+    either spelling, so both are protected)."""
+    if location.lower().startswith("file:"):
+        path = urlsplit(location).path
+    elif scheme_of(location) == "":
+        path = location
+    else:
+        return set()
+    return {os.path.realpath(p) for p in (path, unquote(path)) if p}
 
 
 # --------------------------------------------------------------------------------------------- reading
@@ -330,6 +366,7 @@ def resolve_call(
     for pattern in patterns:
         policy.check_pattern(function, pattern)
     governed.check_prefixes(fixed_part(p) for p in patterns if is_object_store(p))
+    governed.check_local_prefixes(_strip_glob(_local_path(p)) for p in patterns if not is_object_store(p))
     kinds = {is_object_store(p) for p in patterns}
     if len(kinds) != 1:
         raise QueryError(f"{function}: object-store and local paths cannot be mixed in one call")
