@@ -333,6 +333,7 @@ class Session:
             self.resolve_name,
             self._remote_rewriter(),
             self._remote_scanner(),
+            self._check_cancelled,
         )
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
@@ -944,11 +945,15 @@ class Session:
         self._active = context
         return context
 
-    def _reset(self) -> None:
+    def _check_cancelled(self) -> None:
+        """Raise when the running statement was interrupted (before it scans, and between files a TVF lists)."""
         if self._in_statement and self._cancel_requested.is_set():
             from sqe.execution.local import QueryCancelledError
 
             raise QueryCancelledError()
+
+    def _reset(self) -> None:
+        self._check_cancelled()
         self._generation += 1
         self._close_open_reader()
         for view in self._views:

@@ -91,11 +91,14 @@ class ExternalSources:
         resolve_name: Callable[[Sequence[str]], TableIdent],
         remote_rewriter: RemoteRewriter | None = None,
         remote_scanner: RemoteScanner | None = None,
+        cancel_check: Callable[[], None] | None = None,
     ) -> None:
         """Checks the file table function prefixes against every governed table location now (start-up).
         ``remote_rewriter``: OPTIMIZE rewrites on the session's workers (None: locally); ``remote_scanner``:
-        external Parquet tables are read on the session's workers (None, or None returned: locally)."""
+        external Parquet tables are read on the session's workers (None, or None returned: locally);
+        ``cancel_check`` raises once the running statement is cancelled (checked between listed files)."""
         self._config = config
+        self._cancel_check: Callable[[], None] = cancel_check or (lambda: None)
         self._remote_scanner = remote_scanner
         self._remote_rewriter = remote_rewriter
         self._provider = provider
@@ -309,6 +312,7 @@ class ExternalSources:
                 self.policy,
                 self.governed,
                 self._config,
+                self._cancel_check,
             )
             name = self._register(FileStream(source))
             replacements.append((call.start, call.end, name if call.has_alias else f"{name} AS {call.function}"))

@@ -143,31 +143,128 @@ def fixed_part(pattern: str) -> str:
     return normalized[: normalized.rfind("/", 0, match.start()) + 1]
 
 
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """DuckDB's glob rules: ``*`` and ``?`` stay within one path segment, ``**`` crosses segments."""
-    out, i = [], 0
+# ------------------------------------------------------------------------------------------------- globs
+
+_NO_STAR, _SEGMENT_STAR, _ANY_STAR = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class _CharClass:
+    """``[...]`` (negated by a leading ``!`` or ``^``), and ``?`` as the empty negated class: one character of a
+    segment, never ``/``."""
+
+    ranges: tuple[tuple[str, str], ...]
+    negated: bool
+
+    def accepts(self, char: str) -> bool:
+        return char != "/" and any(low <= char <= high for low, high in self.ranges) != self.negated
+
+
+_ONE_IN_SEGMENT = _CharClass((), negated=True)
+
+
+class Glob:
+    """A compiled glob (DuckDB's rules: ``*``, ``?`` and ``[...]`` stay within one path segment, ``**`` crosses
+    segments). ``match`` simulates the pattern's automaton on all its states at once (one bit per state), so it
+    takes time linear in the path whatever the pattern, in Python code that lets other threads run: ``re`` took
+    exponential time on ``**?**?…**Z`` in one call holding the GIL, freezing every session of ``sqe serve``."""
+
+    def __init__(self, tokens: Sequence[str | _CharClass], loops: Sequence[int]) -> None:
+        # state i: the first i tokens matched; loops[i]: the star (if any) that may consume characters in state i
+        self._tokens = tuple(tokens)
+        self._accept = 1 << len(self._tokens)
+        self._slash_loops = sum(1 << i for i, loop in enumerate(loops) if loop == _ANY_STAR)
+        self._char_loops = self._slash_loops | sum(1 << i for i, loop in enumerate(loops) if loop == _SEGMENT_STAR)
+        self._advances: dict[str, int] = {}  # character -> the states it lets advance (one bit past each token)
+        # Cheap tests first (most listed files of a large listing fail one): the literal text before the first
+        # star or class, after the last one, and, without ``**``, the number of segments.
+        self._prefix = _literal_run(self._tokens, loops)
+        suffix = _literal_run(self._tokens[::-1], loops[::-1])
+        self._suffix = suffix[::-1] if len(self._prefix) < len(self._tokens) else ""
+        self._slashes = None if self._slash_loops else sum(1 for token in self._tokens if token == "/")
+
+    def match(self, path: str) -> bool:
+        if not path.startswith(self._prefix) or not path.endswith(self._suffix):
+            return False
+        if self._slashes is not None and path.count("/") != self._slashes:
+            return False
+        start = len(self._prefix)
+        states = 1 << start
+        for char in path[start:]:
+            loops = self._slash_loops if char == "/" else self._char_loops
+            states = ((states << 1) & self._advance(char)) | (states & loops)
+            if not states:
+                return False
+        return bool(states & self._accept)
+
+    def _advance(self, char: str) -> int:
+        bits = self._advances.get(char)
+        if bits is None:
+            bits = sum(1 << (i + 1) for i, token in enumerate(self._tokens) if _accepts(token, char))
+            self._advances[char] = bits
+        return bits
+
+
+def _literal_run(tokens: Sequence[str | _CharClass], loops: Sequence[int]) -> str:
+    """The literal characters at the start of ``tokens`` up to the first star or class."""
+    run: list[str] = []
+    for token, loop in zip(tokens, loops, strict=False):
+        if loop != _NO_STAR or not isinstance(token, str):
+            break
+        run.append(token)
+    return "".join(run)
+
+
+def _accepts(token: str | _CharClass, char: str) -> bool:
+    return token == char if isinstance(token, str) else token.accepts(char)
+
+
+def compile_glob(pattern: str, function: str = "file table function") -> Glob:
+    """The pattern as a :class:`Glob`; runs of stars collapse (``***`` is ``**``), a ``[`` without ``]`` is literal,
+    and a character class that is empty or has a downward range is a :class:`QueryError` naming it."""
+    tokens: list[str | _CharClass] = []
+    loops = [_NO_STAR]
+    i = 0
     while i < len(pattern):
         char = pattern[i]
+        close = pattern.find("]", i + 1) if char == "[" else -1
         if pattern.startswith("**", i):
-            out.append(".*")
+            loops[-1] = _ANY_STAR
             i += 2
             continue
         if char == "*":
-            out.append("[^/]*")
-        elif char == "?":
-            out.append("[^/]")
-        elif char == "[":
-            close = pattern.find("]", i + 1)
-            if close < 0:
-                out.append(re.escape(char))
-            else:
-                body = pattern[i + 1 : close].replace("\\", "\\\\")
-                out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-                i = close
+            loops[-1] = max(loops[-1], _SEGMENT_STAR)
         else:
-            out.append(re.escape(char))
+            if char == "?":
+                tokens.append(_ONE_IN_SEGMENT)
+            elif close >= 0:
+                tokens.append(_char_class(function, pattern, pattern[i + 1 : close]))
+                i = close
+            else:
+                tokens.append(char)
+            loops.append(_NO_STAR)
         i += 1
-    return re.compile("".join(out) + r"\Z")
+    return Glob(tokens, loops)
+
+
+def _char_class(function: str, pattern: str, body: str) -> _CharClass:
+    negated = body[:1] in ("!", "^")
+    items = body[1:] if negated else body
+    if not items:
+        raise QueryError(f"{function}: the glob {pattern} has an empty character class [{body}]")
+    ranges: list[tuple[str, str]] = []
+    j = 0
+    while j < len(items):
+        if j + 2 < len(items) and items[j + 1] == "-":  # a '-' first or last is itself
+            low, high = items[j], items[j + 2]
+            if low > high:
+                raise QueryError(f"{function}: the glob {pattern} has a backward range {low}-{high} in [{body}]")
+            ranges.append((low, high))
+            j += 3
+        else:
+            ranges.append((items[j], items[j]))
+            j += 1
+    return _CharClass(tuple(ranges), negated)
 
 
 # ---------------------------------------------------------------------------------------- governed tables
@@ -294,25 +391,39 @@ class FileSource:
         raise TypeError("a file source holds storage credentials and cannot be pickled")
 
 
+def _never_cancelled() -> None:
+    return None
+
+
 def expand(
-    function: str, patterns: Sequence[str], filesystem: pafs.FileSystem, check: Callable[[str], None]
+    function: str,
+    patterns: Sequence[str],
+    filesystem: pafs.FileSystem,
+    check: Callable[[str], None],
+    cancel_check: Callable[[], None] = _never_cancelled,
 ) -> tuple[list[str], list[str]]:
-    """Every file the patterns name, as (pyarrow paths, locations); ``check`` runs on every location."""
+    """Every file the patterns name, as (pyarrow paths, locations); ``check`` runs on every location, and
+    ``cancel_check`` (raises once the statement is cancelled) between files."""
     files: list[str] = []
     locations: list[str] = []
+    seen: set[str] = set()  # a list's `in` made a large listing quadratic
     for pattern in patterns:
-        found = _expand_one(pattern, filesystem)
+        found = _expand_one(function, pattern, filesystem, cancel_check)
         if not found:
             raise QueryError(f"{function}: no file matches {pattern}")
         for location in found:
+            cancel_check()
             check(location)
-            if location not in locations:
+            if location not in seen:
+                seen.add(location)
                 locations.append(location)
                 files.append(object_path(location) if is_object_store(location) else location)
     return files, locations
 
 
-def _expand_one(pattern: str, filesystem: pafs.FileSystem) -> list[str]:
+def _expand_one(
+    function: str, pattern: str, filesystem: pafs.FileSystem, cancel_check: Callable[[], None]
+) -> list[str]:
     normalized = normalize_location(pattern)
     object_store = is_object_store(normalized)
     scheme = "s3://" if object_store else ""
@@ -322,19 +433,29 @@ def _expand_one(pattern: str, filesystem: pafs.FileSystem) -> list[str]:
         if info.type == pafs.FileType.File:
             return [scheme + path]
         if info.type == pafs.FileType.Directory:  # a directory reads every file below it
-            return _listing(filesystem, path.rstrip("/"), None, scheme)
+            return _listing(filesystem, path.rstrip("/"), None, scheme, cancel_check)
         return []
-    base = _strip_glob(path).rstrip("/")
-    return _listing(filesystem, base, glob_regex(path), scheme)
+    glob = compile_glob(path, function)  # a bad class fails before anything is listed
+    return _listing(filesystem, _strip_glob(path).rstrip("/"), glob, scheme, cancel_check)
 
 
-def _listing(filesystem: pafs.FileSystem, base: str, regex: re.Pattern[str] | None, scheme: str) -> list[str]:
+def _listing(
+    filesystem: pafs.FileSystem,
+    base: str,
+    glob: Glob | None,
+    scheme: str,
+    cancel_check: Callable[[], None] = _never_cancelled,
+) -> list[str]:
     try:
         infos = filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
     except OSError as exc:
         raise QueryError(f"listing {scheme}{base} failed: {first_line(exc)}") from None
-    names = [i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path)]
-    return sorted(scheme + n for n in names if regex is None or regex.match(n))
+    found: list[str] = []
+    for info in infos:
+        cancel_check()
+        if info.type == pafs.FileType.File and not _hidden(info.path) and (glob is None or glob.match(info.path)):
+            found.append(scheme + info.path)
+    return sorted(found)
 
 
 def _hidden(path: str) -> bool:
@@ -358,6 +479,7 @@ def resolve_call(
     policy: TvfPolicy,
     governed: GovernedLocations,
     config: SQEConfig | None,
+    cancel_check: Callable[[], None] = _never_cancelled,
 ) -> FileSource:
     """Check, expand and re-check one call's paths; the file system signs with the ``[storage]`` pair only."""
     unknown = set(options) - _COMMON_OPTIONS - _FORMAT_OPTIONS[file_format]
@@ -382,7 +504,7 @@ def resolve_call(
         policy.check_file(function, location)
         governed.check_file(function, location)
 
-    files, locations = expand(function, patterns, filesystem, check)
+    files, locations = expand(function, patterns, filesystem, check, cancel_check)
     base = _common_base(patterns)
     return FileSource(function, file_format, tuple(files), tuple(locations), filesystem, dict(options), base)
 
