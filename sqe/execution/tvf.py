@@ -545,18 +545,18 @@ def source_for_mount(
 
 
 def build_dataset(source: FileSource) -> ds.Dataset:
+    """The ``pyarrow.dataset`` over the source's files, with DuckDB's options translated."""
     import pyarrow.dataset as ds
 
-    """The ``pyarrow.dataset`` over the source's files, with DuckDB's options translated."""
     options = source.options
     file_format = _file_format(source)
     partitioning = _partitioning(source)
     schema = source.schema
     if schema is not None and source.partition_schema is not None:
         schema = pa.schema([*schema, *source.partition_schema])
-    if schema is None and options.get("union_by_name") and len(source.files) > 1:
-        schema = _unified_schema(source, file_format, partitioning)
     try:
+        if schema is None and options.get("union_by_name") and len(source.files) > 1:
+            schema = _unified_schema(source, file_format, partitioning)
         return ds.dataset(
             list(source.files),
             schema=schema,
@@ -565,7 +565,7 @@ def build_dataset(source: FileSource) -> ds.Dataset:
             partitioning=partitioning,
             partition_base_dir=source.base if partitioning is not None else None,
         )
-    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+    except (OSError, pa.ArrowException) as exc:
         raise QueryError(f"{source.function}: cannot read {source.locations[0]}: {first_line(exc)}") from None
 
 
@@ -582,7 +582,12 @@ def _unified_schema(source: FileSource, file_format: ds.FileFormat, partitioning
             partition_base_dir=source.base if partitioning is not None else None,
         )
         schemas.append(single.schema)
-    return pa.unify_schemas(schemas, promote_options="permissive")
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except pa.ArrowException as exc:  # a column whose types cannot be promoted to one (int64 and string)
+        raise QueryError(
+            f"{source.function}: union_by_name cannot combine the files' columns: {first_line(exc)}"
+        ) from None
 
 
 def _partitioning(source: FileSource) -> Any:
@@ -614,26 +619,28 @@ def _file_format(source: FileSource) -> ds.FileFormat:
 def _csv_format(function: str, options: Mapping[str, Any]) -> ds.CsvFileFormat:
     import pyarrow.dataset as ds
 
-    delimiter = options.get("delim", options.get("sep", ","))
     header = options.get("header", True)
     columns = _explicit_columns(function, options.get("columns"))
+    skip = _skip_rows(function, options.get("skip", 0))
     read = pacsv.ReadOptions(
-        skip_rows=int(options.get("skip", 0)),
+        skip_rows=skip,
         autogenerate_column_names=not header and columns is None,
         column_names=list(columns.names) if columns is not None else None,
     )
     if columns is not None and header:
-        read = pacsv.ReadOptions(skip_rows=int(options.get("skip", 0)) + 1, column_names=list(columns.names))
-    quote = options.get("quote", '"')
-    escape = options.get("escape")
+        read = pacsv.ReadOptions(skip_rows=skip + 1, column_names=list(columns.names))
+    delimiter = _one_character(
+        function, "delim" if "delim" in options else "sep", options.get("delim", options.get("sep", ","))
+    )
+    quote = _one_character(function, "quote", options.get("quote", '"'), optional=True)
+    escape = _one_character(function, "escape", options.get("escape"), optional=True)
     parse = pacsv.ParseOptions(
-        delimiter=str(delimiter),
-        quote_char=str(quote) if quote else False,
-        escape_char=str(escape) if escape and escape != quote else False,
+        delimiter=delimiter,
+        quote_char=quote or False,
+        escape_char=escape if escape and escape != quote else False,
         double_quote=not escape or escape == quote,
     )
-    nulls = options.get("nullstr")
-    null_values = [nulls] if isinstance(nulls, str) else list(nulls) if nulls else None
+    null_values = _null_strings(function, options.get("nullstr"))
     convert = pacsv.ConvertOptions(
         column_types=dict(zip(columns.names, columns.types, strict=True)) if columns is not None else None,
         null_values=null_values,
@@ -642,6 +649,37 @@ def _csv_format(function: str, options: Mapping[str, Any]) -> ds.CsvFileFormat:
     if options.get("all_varchar"):
         convert = pacsv.ConvertOptions(auto_dict_encode=False, column_types=None, null_values=null_values)
     return ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert)
+
+
+_MAX_SKIP = 2**31 - 1  # pyarrow counts skipped rows in an int32
+
+
+def _skip_rows(function: str, value: Any) -> int:
+    """``skip``: a whole number of rows, 0 to 2^31-1, given as a number or as digits."""
+    text = str(value).strip() if isinstance(value, int | str) and not isinstance(value, bool) else ""
+    if not text.isdecimal() or int(text) > _MAX_SKIP:
+        raise QueryError(f"{function}: option skip takes a whole number of rows from 0 to {_MAX_SKIP}")
+    return int(text)
+
+
+def _one_character(function: str, option: str, value: Any, *, optional: bool = False) -> str:
+    """``delim``/``sep`` (one character), ``quote`` and ``escape`` (one character, or empty for none)."""
+    text = "" if value is None or value is False else str(value)
+    if len(text) == 1 or (optional and not text):
+        return text
+    allowed = "one character, or '' for none" if optional else "one character"
+    raise QueryError(f"{function}: option {option} takes {allowed}")
+
+
+def _null_strings(function: str, value: Any) -> list[str] | None:
+    """``nullstr``: a string, or a list of strings, read as NULL."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return list(value) or None
+    raise QueryError(f"{function}: option nullstr takes a string or a list of strings")
 
 
 def _explicit_columns(function: str, columns: Any) -> pa.Schema | None:
@@ -658,29 +696,38 @@ class FileStream:
     def __init__(self, source: FileSource) -> None:
         self.source = source
         self.dataset = build_dataset(source)
-        self.fragments = [f.path for f in self.dataset.get_fragments(filter=source.filter)]
-        self.schema: pa.Schema = self._scanner().projected_schema
+        self._with_filename = bool(source.options.get("filename"))
+        if self._with_filename and "filename" in self.dataset.schema.names:
+            raise QueryError(f"{source.function}: option filename adds a column filename, and the files have one")
+        try:
+            self.fragments = [f.path for f in self.dataset.get_fragments(filter=source.filter)]
+            self.schema: pa.Schema = self._renamed(self._scanner().projected_schema)
+        except (OSError, pa.ArrowException) as exc:
+            raise QueryError(f"{source.function}: cannot read {source.locations[0]}: {first_line(exc)}") from None
         self.opened = 0
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
         self.opened += 1
         scanner = self._scanner()
-        reader = pa.RecordBatchReader.from_batches(scanner.projected_schema, self._batches(scanner))
+        reader = pa.RecordBatchReader.from_batches(self.schema, self._batches(scanner))
         return reader.__arrow_c_stream__(requested_schema)
 
     def _scanner(self) -> ds.Scanner:
-        import pyarrow.dataset as ds
-
-        columns: dict[str, ds.Expression] = {name: ds.field(name) for name in self.dataset.schema.names}
-        if self.source.options.get("filename"):
-            columns["filename"] = ds.field("__filename")
+        # pyarrow projects its per-file ``__filename`` by name only (an expression that names it finds no field)
+        columns = [*self.dataset.schema.names, *(["__filename"] if self._with_filename else [])]
         return self.dataset.scanner(columns=columns, filter=self.source.filter)
+
+    def _renamed(self, schema: pa.Schema) -> pa.Schema:
+        """``__filename`` (the last column when asked for) as ``filename``."""
+        if not self._with_filename:
+            return schema
+        return schema.set(len(schema) - 1, pa.field("filename", pa.string()))
 
     def _batches(self, scanner: ds.Scanner) -> Iterator[pa.RecordBatch]:
         try:
             for batch in scanner.to_batches():
-                if "filename" in batch.schema.names:
-                    batch = _with_locations(batch, self.source)
+                if self._with_filename:
+                    batch = _with_locations(pa.RecordBatch.from_arrays(batch.columns, schema=self.schema), self.source)
                 yield batch
         except (OSError, pa.ArrowException) as exc:
             raise QueryError(f"{self.source.function}: reading failed: {first_line(exc)}") from None
