@@ -1145,6 +1145,7 @@ class Session:
 
     def _materialise(self, planned: _Planned, sql: str, params: Params) -> pa.Table:
         relation, context = self._query(planned, sql, params, self._start())
+        _refuse_types_arrow_drops(relation)
         try:
             return relation.to_arrow_table()
         except duckdb.Error as exc:
@@ -1583,6 +1584,17 @@ def _conform_for_write(rows: pa.Table, schema: Schema, ident: TableIdent) -> pa.
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise QueryError(f"cannot write column {f.name!r} of {ident}: {first_line(exc)}") from None
     return pa.Table.from_arrays(columns, schema=target)
+
+
+def _refuse_types_arrow_drops(relation: duckdb.DuckDBPyRelation) -> None:
+    """DuckDB exports ``TIME WITH TIME ZONE`` as a plain Arrow time, its offset dropped: written, the values would
+    silently change meaning."""
+    for name, kind in zip(relation.columns, relation.types, strict=True):
+        if "TIME WITH TIME ZONE" in str(kind):  # alone or nested (a list or struct of them)
+            raise QueryError(
+                f"column {name!r} holds TIME WITH TIME ZONE, which Iceberg cannot store (its offset would be lost): "
+                "cast it to TIME or TIMESTAMPTZ"
+            )
 
 
 def _iceberg_schema(schema: pa.Schema, ident: TableIdent) -> Schema:
