@@ -251,10 +251,11 @@ def _decode_delete(message: pb.DeleteFile, where: str) -> DataFile:
     v3: dict[str, object] = {}
     if message.referenced_data_file:
         v3["referenced_data_file"] = message.referenced_data_file
-    if message.HasField("content_offset"):
-        v3["content_offset"] = message.content_offset
-    if message.HasField("content_size_in_bytes"):
-        v3["content_size_in_bytes"] = message.content_size_in_bytes
+    for name in ("content_offset", "content_size_in_bytes"):
+        if message.HasField(name):
+            if getattr(message, name) < 0:
+                raise InvalidTicketError(f"{where}: negative deletion-vector {name}")
+            v3[name] = getattr(message, name)
     return _data_file(DataFileContent.POSITION_DELETES, message, _READABLE_DELETE_FORMATS, v3, where)
 
 

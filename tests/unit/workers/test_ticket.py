@@ -151,6 +151,18 @@ def test_equality_deletes_and_unknown_formats_are_refused(local_tables: LocalTab
         decode_task(pb.FileTask())
 
 
+@pytest.mark.parametrize("field", ["content_offset", "content_size_in_bytes"])
+def test_a_negative_deletion_vector_range_is_an_invalid_ticket(local_tables: LocalTables, field: str) -> None:
+    # Found by review: a negative offset reached the reader and failed as an internal error (a retry elsewhere).
+    task = encode_task(next(iter(local_tables.deleted.scan().plan_files())))
+    vector = task.delete_files.add(
+        file_path="s3://b/dv.puffin", file_format="PUFFIN", content=pb.DELETE_CONTENT_POSITION
+    )
+    setattr(vector, field, -1)
+    with pytest.raises(InvalidTicketError, match=f"negative deletion-vector {field}"):
+        decode_task(task)
+
+
 # ------------------------------------------------------------------------------- metadata, row filters
 
 
