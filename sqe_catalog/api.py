@@ -66,6 +66,7 @@ from sqe_catalog.errors import (
     AlreadyExistsError,
     BadRequestError,
     CatalogError,
+    ForbiddenError,
     NotAcceptableError,
     NotAuthorizedError,
     NotFoundError,
@@ -464,6 +465,15 @@ def _metadata_json(table: StoredTable, snapshots: str) -> str:
     return metadata_response_json(table.metadata, table.document, refs_only=snapshots == "refs")
 
 
+# Operations that change an existing table: refused to a caller with read-restrictions on it, even through a
+# trusted reader (a rename out of a tagged namespace, or a re-admission of other metadata, would shed them).
+_WRITE_OPERATIONS = frozenset({"commit", "rename", "register-overwrite", "notification-update"})
+
+
+def _refuse_restricted_change(call: _Call, namespace: Namespace, name: str, operation: str) -> None:
+    _restrictions(call, call.warehouse.tables.load_table(namespace, name), operation)
+
+
 def _restrictions(
     call: _Call, table: StoredTable, operation: str, before_refusal: Callable[[], object] | None = None
 ) -> ResolvedRestrictions | None:
@@ -493,7 +503,7 @@ def _restrictions(
         outcome = "refused-capability" if isinstance(exc, NotAcceptableError) else "refused-untrusted"
         _audit(call, operation, what, resolved, outcome, exc.status)
         raise
-    if operation == "commit":
+    if operation in _WRITE_OPERATIONS:
         try:
             refuse_restricted_write(resolved)
         except CatalogError as exc:
@@ -657,6 +667,7 @@ def _register_table(call: _Call) -> Response:
     _refuse_view_name(call, namespace, name)
     if overwrite and call.warehouse.tables.table_exists(namespace, name):
         call.require(Privilege.TABLE_FULL_METADATA, namespace, name)  # re-admission (sqe_catalog.integrity)
+        _refuse_restricted_change(call, namespace, name, "register-overwrite")
     access = _data_access(call, namespace, name)
     table = call.warehouse.tables.register_table(namespace, name, metadata_location, call.principal.name, overwrite)
     restricted = _restrictions(call, table, "register")
@@ -750,11 +761,26 @@ def _drop_table(call: _Call) -> Response:
 def _rename_table(call: _Call) -> Response:
     source, target = _rename_endpoints(call, _TABLE_KIND)
     _refuse_view_name(call, *target)
+    _refuse_restricted_change(call, *source, "rename")
+    _refuse_inherited_tag_change(call, source[0], target[0])
     call.warehouse.tables.rename_table(source, target)
     call.state.restrictions.renamed(call.prefix, source, target)
     if call.state.policies is not None:  # policies: table and column tags follow the rename
         call.state.policies.renamed(call.prefix, source, target)
     return _no_content()
+
+
+def _refuse_inherited_tag_change(call: _Call, source: Namespace, target: Namespace) -> None:
+    """A table moved to another namespace leaves the tags it inherited there behind (its own tags follow it):
+    since tags decide read-restrictions, only a policy manager may move it where they differ."""
+    policies = call.state.policies
+    if policies is None or source == target or call.allowed(Privilege.CATALOG_MANAGE_POLICIES):
+        return
+    if policies.inherited_tags(call.prefix, source) != policies.inherited_tags(call.prefix, target):
+        raise ForbiddenError(
+            f"renaming into namespace {'.'.join(target)} changes the tags the table inherits from its namespace, "
+            "which decide its read-restrictions: that needs CATALOG_MANAGE_POLICIES"
+        )
 
 
 # -- integrity: Polaris-style table notifications (sqe_catalog.integrity.notifications) ------------------
@@ -767,6 +793,8 @@ def _notify_table(call: _Call) -> Response:
         call.require(Privilege.TABLE_CREATE, namespace)
     else:
         call.require(Privilege.TABLE_FULL_METADATA, namespace, name)
+        if notification.kind == "UPDATE":
+            _refuse_restricted_change(call, namespace, name, "notification-update")
     call.warehouse.tables.notify(namespace, name, notification, call.principal.name)
     return _no_content()
 

@@ -585,9 +585,19 @@ class WarehouseTables:
         with self._location_lock:
             self._check_admitted_locations(parsed, exclude=(namespace, name))
             current = NoSuchTableError.unless_found(self._metadata_location(namespace, name), *namespace, name)
+            self._require_same_uuid(namespace, name, current, parsed)
             admitted = Admission(location, parsed, actor, action)
             self.integrity.readmit(_s(namespace), name, current, admitted, stamp)
         return self.load_table(namespace, name)
+
+    def _require_same_uuid(self, namespace: Namespace, name: str, current: str, parsed: ParsedMetadata) -> None:
+        """Re-admission keeps the table: another table's metadata (a new UUID) would also shed the column tags
+        matched by this table's UUID and field ids, and those decide read-restrictions."""
+        if parsed.metadata.table_uuid != self._read_parsed(current).metadata.table_uuid:
+            raise CommitFailedError(
+                f"table {'.'.join((*namespace, name))}: the new metadata has another table-uuid; "
+                "a table keeps its UUID (drop and register it instead)"
+            )
 
     def notify(self, namespace: Namespace, name: str, notification: Any, actor: str) -> None:
         """A Polaris-style table notification (``sqe_catalog.integrity.notifications`` parsed it)."""

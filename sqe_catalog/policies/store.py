@@ -514,6 +514,11 @@ class PolicyStore:
 
     # --- resolution inputs ------------------------------------------------------------------------------
 
+    def inherited_tags(self, warehouse: str, namespace: tuple[str, ...]) -> dict[str, str | None]:
+        """The tags a table in ``namespace`` inherits (warehouse and enclosing namespaces; nearest wins)."""
+        snapshot = self.snapshot(warehouse, namespace, "", "")  # no table: its own tags stay out
+        return {tag: value for tag, (value, _origin) in snapshot.table_tags(namespace).items()}
+
     def snapshot(self, warehouse: str, namespace: tuple[str, ...], table: str, table_uuid: str) -> GovernanceSnapshot:
         """Everything resolution needs for one table, read in one transaction."""
         t = _tags.c

@@ -110,6 +110,17 @@ def tamper(server: CatalogServer, location: str, change: Any) -> None:
     server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(document, indent=2).encode())
 
 
+def variant(server: CatalogServer, location: str, **properties: str) -> str:
+    """A new metadata file beside ``location``: the same table (same UUID) with ``properties`` set, never
+    admitted by the catalog; re-admission tests point the table at it."""
+    document = read_stored(server, location)
+    document["properties"] = {**document.get("properties", {}), **properties}
+    new = location.rsplit("/", 1)[0] + f"/99999-{uuid.uuid4()}.metadata.json"
+    bucket, key = s3_key(new)
+    server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(document).encode())
+    return new
+
+
 def objects(server: CatalogServer, prefix: str) -> list[str]:
     listing = server.moto.client("s3").list_objects_v2(Bucket=server.moto.bucket, Prefix=prefix)
     # without the empty directory markers pyarrow leaves behind when it deletes
@@ -277,8 +288,7 @@ def test_register_overwrite_readmits_with_the_pinned_key_only(api: Api, catalog_
     ns = api.namespace()
     first = api.create(ns, "t", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
     second = api.set_properties(ns, "t", owner="me").json()["metadata-location"]
-    other_key = api.create(ns, "k2", {**V3, "encryption.key-id": "K2"}).json()["metadata-location"]
-    api.request("DELETE", f"namespaces/{ns}/tables/k2")  # its file stays; its location is free again
+    other_key = variant(catalog_server, second, **{"encryption.key-id": "K2"})
     pinned = trusted_row(catalog_server, ns, "t")
     assert pinned
     # re-admission of an older revision with the same key id: allowed, audited with the displaced revision
@@ -293,6 +303,19 @@ def test_register_overwrite_readmits_with_the_pinned_key_only(api: Api, catalog_
     # another key id is refused
     assert "cannot be changed" in assert_integrity_error(_register(api, ns, "t", other_key, overwrite=True))
     assert trusted_row(catalog_server, ns, "t") == row
+
+
+def test_readmission_keeps_the_table_uuid(api: Api, catalog_server: CatalogServer) -> None:
+    """Another table's identity is never re-admitted: column tags and restriction entries match by UUID."""
+    ns = api.namespace()
+    location = api.create(ns, "t", V3).json()["metadata-location"]
+    other = variant(catalog_server, location)
+    tamper(catalog_server, other, lambda document: document.update({"table-uuid": str(uuid.uuid4())}))
+    refused = _register(api, ns, "t", other, overwrite=True)
+    assert refused.status_code == 409 and "another table-uuid" in refused.text
+    refused = api.notify(ns, "t", "UPDATE", other, int(time.time() * 1000))
+    assert refused.status_code == 409 and "another table-uuid" in refused.text
+    assert trusted_row(catalog_server, ns, "t")[0] == location  # type: ignore[index]
 
 
 def test_register_overwrite_requires_table_full_metadata(api: Api, catalog_server: CatalogServer) -> None:
@@ -336,8 +359,7 @@ def test_notification_update_of_protected_plaintext_keeps_the_absence(api: Api, 
     ns = api.namespace()
     api.create(ns, "t", V3)
     newer = api.set_properties(ns, "t", owner="me").json()["metadata-location"]
-    encrypted = api.create(ns, "e", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
-    api.request("DELETE", f"namespaces/{ns}/tables/e")  # its file stays; its location is free again
+    encrypted = variant(catalog_server, newer, **{"encryption.key-id": "K1"})
     older = api.set_properties(ns, "t", owner="you").json()["metadata-location"]
     stamp = int(time.time() * 1000)
     assert api.notify(ns, "t", "UPDATE", newer, stamp).status_code == 204
@@ -371,8 +393,7 @@ def test_failed_notification_does_not_use_up_its_timestamp(api: Api, catalog_ser
     ns = api.namespace()
     api.create(ns, "t", V3)
     newer = api.set_properties(ns, "t", owner="me").json()["metadata-location"]
-    encrypted = api.create(ns, "e", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
-    api.request("DELETE", f"namespaces/{ns}/tables/e")
+    encrypted = variant(catalog_server, newer, **{"encryption.key-id": "K1"})
     stamp = int(time.time() * 1000)
     assert_integrity_error(api.notify(ns, "t", "UPDATE", encrypted, stamp))  # refused: records nothing
     assert api.notify(ns, "t", "UPDATE", f"{catalog_server.warehouse_location}/{ns}/missing.json", stamp).status_code

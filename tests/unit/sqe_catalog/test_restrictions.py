@@ -7,6 +7,7 @@ token exchanged by the reader ``engine``; ``"alice"`` alone is her own token (40
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -395,3 +396,56 @@ def test_unchecked_entries_are_served_verbatim_and_alone(catalog: Catalog, tmp_p
     assert catalog.restrict(tmp_path, MASK_EMAIL, "--group", "analysts") == 0
     refused = error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
     assert "[resolve-unchecked-combination]" in refused
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Structural changes by a restricted principal (found by review: each shed the restrictions)
+
+
+def _grant_structural_rights(catalog: Catalog, who: str) -> None:
+    for privilege in ("TABLE_DROP", "TABLE_CREATE", "TABLE_FULL_METADATA"):
+        catalog.store.grant(f"{who}_role", privilege, "wh")
+    assert catalog.request("root", "POST", "/v1/wh/namespaces", namespace=["scratch"]).status == 200
+
+
+def test_rename_by_a_restricted_principal_is_refused(catalog: Catalog, tmp_path: Path) -> None:
+    _grant_structural_rights(catalog, "alice")
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
+    rename = {"source": {"namespace": ["db"], "name": "t"}, "destination": {"namespace": ["scratch"], "name": "t"}}
+    own = catalog.request("alice", "POST", "/v1/wh/tables/rename", headers=DECLARED, **rename)
+    assert error_of(own, 403) == OWN_TOKEN_REFUSED
+    delegated = catalog.request(ALICE, "POST", "/v1/wh/tables/rename", headers=DECLARED, **rename)
+    assert "refuses writes to this table" in error_of(delegated, 403)
+    assert catalog.request("root", "GET", TABLE).status == 200, "the table stayed where it was"
+    for privilege in ("TABLE_DROP", "TABLE_CREATE"):
+        catalog.store.grant("bob_role", privilege, "wh")
+    assert catalog.request(BOB, "POST", "/v1/wh/tables/rename", **rename).status == 204, "unrestricted"
+
+
+def test_notification_update_and_register_overwrite_by_a_restricted_principal_are_refused(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    _grant_structural_rights(catalog, "alice")
+    assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
+    location = catalog.request("root", "GET", TABLE).json()["metadata-location"]
+    payload = {"table-name": "t", "timestamp": 10**12, "table-uuid": "x", "metadata-location": location}
+    notification = {"notification-type": "UPDATE", "payload": payload}
+    register = {"name": "t", "metadata-location": location, "overwrite": True}
+    for who in ("alice", ALICE):
+        update = catalog.request(who, "POST", f"{TABLE}/notifications", headers=DECLARED, **notification)
+        assert error_of(update, 403).startswith("ForbiddenException")
+        overwrite = catalog.request(who, "POST", "/v1/wh/namespaces/db/register", headers=DECLARED, **register)
+        assert error_of(overwrite, 403).startswith("ForbiddenException")
+
+
+def test_readmission_of_metadata_with_another_table_uuid_is_refused(catalog: Catalog, tmp_path: Path) -> None:
+    loaded = catalog.request("root", "GET", TABLE).json()
+    current = Path(loaded["metadata-location"].removeprefix("file://"))
+    document = json.loads(current.read_text())
+    document["table-uuid"] = str(uuid.uuid4())  # same location, another table's identity
+    other = current.with_name("00099-other.metadata.json")
+    other.write_text(json.dumps(document))
+    register = {"name": "t", "metadata-location": f"file://{other}", "overwrite": True}
+    refused = catalog.request("root", "POST", "/v1/wh/namespaces/db/register", **register)
+    assert "the new metadata has another table-uuid" in error_of(refused, 409)
+    assert catalog.request("root", "GET", TABLE).json()["metadata-location"] == loaded["metadata-location"]

@@ -257,6 +257,38 @@ def test_recreated_columns_and_renamed_tables_keep_their_tags(catalog: Catalog) 
     _enable(catalog, "m")
     assert _restrictions(catalog) == {"required-column-projections": [{"field-id": 3, "action": "mask-alphanum"}]}
     rename = {"source": {"namespace": ["db"], "name": "t"}, "destination": {"namespace": ["db"], "name": "t2"}}
+    _enable(catalog, "m", False)  # a rename is a change the gate refuses to a restricted caller, root included
     assert catalog.request("root", "POST", "/v1/wh/tables/rename", **rename).status == 204
+    _enable(catalog, "m")
     moved = catalog.request(ALICE, "GET", TABLE + "2", headers=DECLARED).json()["read-restrictions"]
     assert moved == {"required-column-projections": [{"field-id": 3, "action": "mask-alphanum"}]}
+
+
+def test_moving_a_table_away_from_its_namespace_tags_needs_catalog_manage_policies(catalog: Catalog) -> None:
+    """Found by review: a rename out of a tagged namespace left the inherited tags behind, and with them the
+    table's read-restrictions for everyone (the table's own tags follow it; its namespace's do not)."""
+    _tag(catalog, "sensitivity", "restricted", namespace=["db"])
+    steward_sees_all = 'filter := true if is_group_member("stewards") else := col("region") == "EU"'
+    _policy(catalog, "rf", "system_row_filter", steward_sees_all, "sensitivity", "restricted")
+    _enable(catalog, "rf")
+    catalog.store.create_group("stewards")
+    catalog.store.add_to_group("bob", "stewards")  # unrestricted himself: the gate on his own rights passes
+    for privilege in ("TABLE_DROP", "TABLE_CREATE"):
+        catalog.store.grant("bob_role", privilege, "wh")
+    for namespace in ("scratch", "tagged"):
+        assert catalog.request("root", "POST", "/v1/wh/namespaces", namespace=[namespace]).status == 200
+    _tag(catalog, "sensitivity", "restricted", namespace=["tagged"])
+
+    def rename(source: tuple[str, str], target: tuple[str, str]) -> Any:
+        body = {
+            "source": {"namespace": [source[0]], "name": source[1]},
+            "destination": {"namespace": [target[0]], "name": target[1]},
+        }
+        return catalog.request(BOB, "POST", "/v1/wh/tables/rename", **body)
+
+    assert "needs CATALOG_MANAGE_POLICIES" in error_of(rename(("db", "t"), ("scratch", "t")), 403)
+    assert _restrictions(catalog) == {"required-row-filter": EU}, "still in db, still filtered for alice"
+    assert rename(("db", "t"), ("db", "t2")).status == 204  # same namespace: same inherited tags
+    assert rename(("db", "t2"), ("tagged", "t")).status == 204  # the same tags where it goes
+    catalog.store.grant("bob_role", "CATALOG_MANAGE_POLICIES", "wh")
+    assert rename(("tagged", "t"), ("scratch", "t")).status == 204  # a policy manager may
