@@ -635,7 +635,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
 
         schema = self._with_engine(user, session, plan_and_describe)
         handle = session.new_handle()
-        session.prepared[handle] = prepared
+        session.add_prepared(handle, prepared)
         result = sql_pb.ActionCreatePreparedStatementResult(prepared_statement_handle=handle)
         if schema is not None:
             result.dataset_schema = schema.serialize().to_pybytes()

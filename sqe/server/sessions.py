@@ -14,6 +14,7 @@ timeout or whose client went away, drops results nobody fetched (their DoGet nev
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import math
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PEER_KEY_PREFIX = "peer:"  # a client session keyed by its connection (the client sends no session cookie)
+MAX_OFFERED_COOKIES = 4  # session cookies a client session keeps valid: the ones offered last
+MAX_PREPARED_STATEMENTS = 1024  # open prepared statements per client session (each holds plans and credentials)
 
 
 class ServerBusyError(SQEError):
@@ -334,8 +337,7 @@ class ClientSession:
                 break
             else:
                 chosen = None
-        for engine in stale:
-            engine.close()
+        self._close_engines(stale)
         if chosen is not None:
             return chosen
         config = _user_config(self._base, catalog_token, self.user_key)
@@ -364,8 +366,24 @@ class ClientSession:
                 extra = idle[:-1] if len(idle) > 1 else []
                 for e in extra:
                     self._engines.remove(e)
-        for e in extra:
-            e.close()
+        self._close_engines(extra)
+
+    def _close_engines(self, engines: list[Engine]) -> None:
+        """Close them and drop their plans from every prepared statement: a plan holds its engine's session,
+        tables and vended credentials, and a failed query discards its engine (one more plan each time)."""
+        serials = {engine.serial for engine in engines}
+        for prepared in list(self.prepared.values()):
+            for serial in serials:
+                prepared.plans.pop(serial, None)
+        for engine in engines:
+            engine.close()
+
+    def add_prepared(self, handle: bytes, prepared: Prepared) -> None:
+        if len(self.prepared) >= MAX_PREPARED_STATEMENTS:
+            raise QueryError(
+                f"this client session holds {MAX_PREPARED_STATEMENTS} open prepared statements: close some first"
+            )
+        self.prepared[handle] = prepared
 
     def new_handle(self) -> bytes:
         return secrets.token_bytes(16)
@@ -389,9 +407,8 @@ class ClientSession:
             query.cancel("session closed")
             if query.finish_if_waiting() or query.done:
                 self.open.pop(query.handle, None)
+        self._close_engines(idle)
         self.prepared.clear()
-        for engine in idle:
-            engine.close()
 
 
 # ------------------------------------------------------------------------------------------- registry
@@ -408,6 +425,7 @@ class SessionRegistry:
         self._lock = threading.Lock()
         self._sessions: dict[tuple[str, str], ClientSession] = {}
         self._aliases: dict[tuple[str, str], tuple[str, str]] = {}
+        self._offered: dict[tuple[str, str], collections.deque[tuple[str, str]]] = {}  # session key -> its aliases
 
     def resolve(self, user: User, session_id: str | None, peer: str, new_cookie: str | None) -> ClientSession:
         """The caller's client session: by its session id when it sent one, else by its connection (peer).
@@ -424,9 +442,18 @@ class SessionRegistry:
             if session is None:
                 session = self._sessions[key] = ClientSession(key, self.base, self.batch_rows)
             if new_cookie is not None:
-                self._aliases[(user.key, new_cookie)] = key
+                self._offer(key, (user.key, new_cookie))
             session.touch()
             return session
+
+    def _offer(self, key: tuple[str, str], alias: tuple[str, str]) -> None:
+        """Map the cookie offered now to ``key``; a client without cookies gets one per call, so only the last
+        few offered stay valid (the one it may start sending), not one more per call for the session's life."""
+        offered = self._offered.setdefault(key, collections.deque())
+        offered.append(alias)
+        self._aliases[alias] = key
+        while len(offered) > MAX_OFFERED_COOKIES:
+            self._aliases.pop(offered.popleft(), None)
 
     def sessions(self) -> list[ClientSession]:
         with self._lock:
@@ -453,9 +480,9 @@ class SessionRegistry:
             gone = [s for s in self._sessions.values() if doomed(s)]
             for session in gone:
                 del self._sessions[session.key]
-            keys = {s.key for s in gone}
-            for alias in [a for a, k in self._aliases.items() if k in keys]:
-                del self._aliases[alias]
+            for session in gone:
+                for alias in self._offered.pop(session.key, ()):
+                    self._aliases.pop(alias, None)
         for session in gone:
             session.close()
         return len(gone)

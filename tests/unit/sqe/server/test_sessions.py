@@ -5,8 +5,20 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+import pytest
 
-from sqe.server.sessions import OpenQuery, _user_config
+from sqe.errors import QueryError
+from sqe.server.identity import User
+from sqe.server.sessions import (
+    MAX_OFFERED_COOKIES,
+    MAX_PREPARED_STATEMENTS,
+    ClientSession,
+    Limits,
+    OpenQuery,
+    Prepared,
+    SessionRegistry,
+    _user_config,
+)
 from tests.unit.sqe.test_config import _load
 
 
@@ -80,3 +92,45 @@ def test_a_users_config_carries_their_token_only_and_no_sibling_on_another_catal
         assert connection.uri.rstrip("/") == "http://127.0.0.1:8181"
         assert connection.token is not None and connection.token.get_secret_value() == "USER-TOKEN"
         assert connection.reader_client_id is None and connection.client_id is None
+
+
+# ------------------------------------------------------------------------------- growth (found by review)
+
+
+def test_a_discarded_engine_leaves_no_plan_behind_in_any_prepared_statement() -> None:
+    """A failed query discards its engine and the next one is new: each prepared statement kept the old
+    engine's plan (its session, tables and vended credentials) for as long as the statement stayed open."""
+    session = ClientSession(("user:alice", "s"), _load({}), 1024)
+    prepared = Prepared("SELECT 1")
+    session.add_prepared(b"h", prepared)
+    for _ in range(3):
+        engine = session.acquire_engine("TOKEN")
+        prepared.plans[engine.serial] = object()  # type: ignore[assignment]  # any plan: only its removal counts
+        session.release_engine(engine, discard=True)
+    assert prepared.plans == {}
+    kept = session.acquire_engine("TOKEN")
+    prepared.plans[kept.serial] = object()  # type: ignore[assignment]
+    session.release_engine(kept)  # back to the pool: its plan stays useful
+    assert list(prepared.plans) == [kept.serial]
+    session.close()
+    assert prepared.plans == {}
+
+
+def test_open_prepared_statements_per_client_session_are_bounded() -> None:
+    session = ClientSession(("user:alice", "s"), _load({}), 1024)
+    for index in range(MAX_PREPARED_STATEMENTS):
+        session.add_prepared(index.to_bytes(4, "big"), Prepared("SELECT 1"))
+    with pytest.raises(QueryError, match="open prepared statements: close some first"):
+        session.add_prepared(b"one more", Prepared("SELECT 1"))
+
+
+def test_a_client_without_cookies_does_not_add_an_alias_per_call() -> None:
+    registry = SessionRegistry(_load({}), None, Limits(4, 2), 1024)  # type: ignore[arg-type]
+    alice = User("user:alice", "TOKEN")
+    cookies = [f"cookie-{i}" for i in range(200)]
+    sessions = {registry.resolve(alice, None, "ipv4:127.0.0.1:5000", cookie).key for cookie in cookies}
+    assert len(sessions) == 1 and len(registry._aliases) == MAX_OFFERED_COOKIES
+    (key,) = sessions
+    assert registry.resolve(alice, cookies[-1], "ipv4:127.0.0.1:5000", None).key == key  # the last offered
+    registry.close()
+    assert registry._aliases == {}
