@@ -826,7 +826,11 @@ class Session:
         return self.resolve_name(ref.parts)
 
     def _load(self, ident: TableIdent) -> LoadedTable:
-        loaded = self._provider.load_table(ident)
+        try:
+            loaded = self._provider.load_table(ident)
+        except (NoSuchTableError, PermissionDeniedError):
+            self._forget_view(ident)  # DuckDB's own catalog (duckdb_columns()) must not keep naming it
+            raise
         if loaded.is_usable(self._clock()):
             return loaded
         loaded = self._provider.load_table(ident, bypass_cache=True)
@@ -1080,6 +1084,14 @@ class Session:
             self._views.append(view)
         else:
             self._table_views[view] = (name, slot_schema)
+
+    def _forget_view(self, ident: TableIdent) -> None:
+        """Drop the view a table's slot kept between statements, once the table is gone or refused."""
+        if len(ident.namespace) != 1:
+            return  # never given a view (nested namespaces cannot be named in SQL)
+        view = quote_qualified(ident.warehouse, ident.namespace[0]) + "." + quote_ident(ident.name)
+        if self._table_views.pop(view, None) is not None:
+            self._con.execute(f"DROP VIEW IF EXISTS {view}")
 
     def _view_unchanged(self, view: str, name: str, slot_schema: pa.Schema) -> bool:
         kept = self._table_views.get(view)

@@ -85,8 +85,10 @@ def optimize(
         table = writable_table(loaded)
         outputs = [f for group in bins for f in rewrite_bin(table, group, target)]
     inputs = [task for group in bins for task in group]
-    snapshot_id = commit_replace(loaded, provider, inputs, outputs)
-    provider.invalidate(ident)
+    try:
+        snapshot_id = commit_replace(loaded, provider, inputs, outputs)
+    finally:
+        provider.invalidate(ident)  # as every write: committed or not, the table may have moved on meanwhile
     return _result(len(inputs), len(outputs), snapshot_id)
 
 

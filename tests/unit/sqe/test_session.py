@@ -364,6 +364,19 @@ def test_a_ctas_whose_write_fails_drops_the_table_it_created(
     assert session.sql("SHOW TABLES FROM ns").fetchall() == []
 
 
+def test_a_table_gone_or_refused_leaves_duckdbs_own_catalog(writer: Session, write_provider: LocalProvider) -> None:
+    # Found by review: the view a table's slot keeps between statements still named the table and its columns
+    # in duckdb_columns() after the catalog refused or dropped it.
+    writer.sql("CREATE TABLE ns.gone AS SELECT 1 AS secret_column")
+    assert writer.sql("SELECT secret_column FROM ns.gone").fetchall() == [(1,)]
+    columns = "SELECT column_name FROM duckdb_columns() WHERE table_name = 'gone'"
+    assert writer.sql(columns).fetchall() == [("secret_column",)]
+    write_provider.catalogs["wh"].drop_table("ns.gone")  # by someone else
+    with pytest.raises(NoSuchTableError):
+        writer.sql("SELECT secret_column FROM ns.gone")
+    assert writer.sql(columns).fetchall() == []
+
+
 def test_ctas_if_not_exists_and_existing_table(writer: Session) -> None:
     writer.sql("CREATE TABLE ns.t AS SELECT 1 AS x")
     assert writer.sql("CREATE TABLE IF NOT EXISTS ns.t AS SELECT 2 AS x").fetchall() == [(0,)]
