@@ -132,6 +132,7 @@ class IdentityBroker(Unpicklable):
             if self.auth_cache_seconds > 0:
                 with self._lock:
                     self._checked[key] = now + self.auth_cache_seconds
+                    self._forget_unchecked(now)
         return User(self._user_key(token), token)
 
     def authenticate_basic(self, client_id: str, client_secret: str) -> User:
@@ -194,6 +195,11 @@ class IdentityBroker(Unpicklable):
         with self._lock:
             self._delegated.pop(key, None)
             self._checked.pop(key, None)
+
+    def _forget_unchecked(self, now: float) -> None:
+        """Drop acceptances past their time: one entry per distinct token would otherwise stay for good."""
+        for key in [k for k, until in self._checked.items() if until <= now]:
+            del self._checked[key]
 
     def _forget_stale(self, now: float) -> None:
         for key in [k for k, v in self._delegated.items() if v.refresh_at <= now]:

@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -73,3 +74,15 @@ def test_the_catalogs_own_answers_confirm_the_token(status: int, body: bytes) ->
 def test_a_401_is_a_rejected_token() -> None:
     with _catalog_answering(401, _error_model(401)) as uri, pytest.raises(AuthenticationError, match="rejected"):
         IdentityBroker(uri, "wh").authenticate_bearer(FORGED)
+
+
+def test_accepted_tokens_past_their_cache_time_are_forgotten() -> None:
+    # Found by review: with auth_cache_seconds set, one entry per distinct token stayed for the server's life.
+    with _catalog_answering(200, b"{}") as uri:
+        broker = IdentityBroker(uri, "wh", auth_cache_seconds=0.5)
+        for index in range(20):
+            broker.authenticate_bearer(f"{FORGED}{index}")
+        assert len(broker._checked) == 20
+        time.sleep(0.6)  # every acceptance is past its (real, short) cache time
+        broker.authenticate_bearer(FORGED)
+        assert len(broker._checked) == 1
