@@ -429,6 +429,11 @@ class RestTableProvider:
         with self._lock:
             self._cache.pop(key, None)
 
+    def forget_cached_tables(self) -> None:
+        """Forget every cached entry (another engine session of the same client may have written to any)."""
+        with self._lock:
+            self._cache.clear()
+
     def list_tables(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
         """The tables of ``namespace`` in ``warehouse``, or of every top-level namespace when None."""
         catalog = self.catalog(warehouse)

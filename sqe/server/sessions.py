@@ -153,6 +153,7 @@ class Engine:
     busy: bool = False
     serial: int = field(default_factory=lambda: next(_ENGINE_SERIALS))
     last_used: float = field(default_factory=time.monotonic)
+    acquired_at: int = 0  # the client session's release count when this engine was last acquired
 
     def close(self) -> None:
         """Close the engine session and its catalog connections (else each leaves sockets in CLOSE_WAIT)."""
@@ -308,6 +309,7 @@ class ClientSession:
         self._batch_rows = batch_rows
         self._lock = threading.Lock()
         self._engines: list[Engine] = []
+        self._releases = 0  # engines released so far: another engine ran (and may have written) in between
         self.prepared: dict[bytes, Prepared] = {}
         self.open: dict[bytes, OpenQuery] = {}
         self.last_used = time.monotonic()
@@ -337,12 +339,18 @@ class ClientSession:
                 break
             else:
                 chosen = None
+            # released once since (itself): any more releases were other engines', which may have written
+            others_ran = chosen is not None and self._releases > chosen.acquired_at + 1
+            if chosen is not None:
+                chosen.acquired_at = self._releases
         self._close_engines(stale)
         if chosen is not None:
+            if others_ran:  # their writes invalidated their own load caches only: a session reads its writes
+                chosen.provider.forget_cached_tables()
             return chosen
         config = _user_config(self._base, catalog_token, self.user_key)
         provider = RestTableProvider(config)
-        engine = Engine(Session(provider, config), provider, wanted, busy=True)
+        engine = Engine(Session(provider, config), provider, wanted, busy=True, acquired_at=self._releases)
         with self._lock:
             self._engines.append(engine)
         return engine
@@ -353,6 +361,7 @@ class ClientSession:
         Also closes it when the client session closed meanwhile: a busy engine is only ever closed by its holder.
         """
         with self._lock:
+            self._releases += 1
             discard = discard or self._closed
             if discard:
                 if engine in self._engines:

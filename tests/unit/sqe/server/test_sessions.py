@@ -134,3 +134,24 @@ def test_a_client_without_cookies_does_not_add_an_alias_per_call() -> None:
     assert registry.resolve(alice, cookies[-1], "ipv4:127.0.0.1:5000", None).key == key  # the last offered
     registry.close()
     assert registry._aliases == {}
+
+
+def test_an_engine_that_sat_out_another_engines_statements_forgets_its_cached_tables() -> None:
+    """Found by review: with metadata_revalidate_seconds > 0 each engine trusts its own load cache for a while,
+    and a write through another engine of the same client invalidated only that engine's: the client could miss
+    its own write. An engine chosen again after others ran starts with an empty load cache."""
+    session = ClientSession(("user:alice", "s"), _load({}), 1024)
+    reader = session.acquire_engine("TOKEN")
+    reader.provider._cache[("alice", "demo", "ns.t")] = object()  # type: ignore[assignment]  # a cached load
+    writer = session.acquire_engine("TOKEN")  # the first is busy: a second engine
+    session.release_engine(writer)  # it wrote
+    session.release_engine(session.acquire_engine("TOKEN"), discard=True)  # the same engine, a failed query
+    session.release_engine(reader)  # the only engine left
+    again = session.acquire_engine("TOKEN")
+    assert again is reader and reader.provider._cache == {}
+    reader.provider._cache[("alice", "demo", "ns.t")] = object()  # type: ignore[assignment]
+    session.release_engine(again)
+    last = session.acquire_engine("TOKEN")
+    assert last is reader and reader.provider._cache != {}, "nobody else ran: kept"
+    session.release_engine(last)
+    session.close()
