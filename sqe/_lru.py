@@ -1,7 +1,7 @@
 """One thread-safe least-recently-used cache, bounded by the total weight of its values.
 
-The footer cache bounds by entries (every value weighs 1), the data-range and manifest caches by bytes
-(``len``), the parse cache by entries. Every cache of the engine is one of these; counters are shared.
+The footer cache bounds by footer bytes, the data-range and manifest caches by bytes (``len``), the parse cache
+by entries. Every cache of the engine is one of these; counters are shared.
 """
 
 from __future__ import annotations

@@ -22,8 +22,7 @@ chunks come from memory too (see :mod:`sqe.execution.byte_cache`).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import pyarrow.dataset as ds
 from pyiceberg.io.pyarrow import PyArrowFile
@@ -47,32 +46,27 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FRAGMENTS",
-    "BoundedCache",
     "clear_process_caches",
     "configure_process_caches",
+    "footer_weight",
     "parquet_fragment",
     "scope_key",
 ]
 
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
 
-DEFAULT_FOOTER_ENTRIES = 1024  # footers of wide files can be large: bound by count, kept modest
+# Kept footers are bounded by their size: a wide file with many row groups has a footer of megabytes, so a
+# count alone (1,024 before) let them take gigabytes outside every [cache] bound.
+DEFAULT_FOOTER_BYTES = 64 * 1024 * 1024
+FOOTER_OVERHEAD_BYTES = 16 * 1024  # a kept fragment's own objects, whatever its footer's size
 
 
-class BoundedCache(LRUCache[K, V]):
-    """At most ``max_entries`` entries (every value weighs 1)."""
-
-    def __init__(self, max_entries: int) -> None:
-        super().__init__(max_entries)
-
-    @property
-    def max_entries(self) -> int:
-        return self.bound
+def footer_weight(fragment: ds.ParquetFileFragment) -> int:
+    """What a kept fragment weighs: its footer's serialized size (the parsed form is of that order) and more."""
+    return FOOTER_OVERHEAD_BYTES + int(fragment.metadata.serialized_size)
 
 
 FragmentKey = tuple[str, int, str]  # file path, file size, credential identity
-FRAGMENTS: BoundedCache[FragmentKey, ds.ParquetFileFragment] = BoundedCache(DEFAULT_FOOTER_ENTRIES)
+FRAGMENTS: LRUCache[FragmentKey, ds.ParquetFileFragment] = LRUCache(DEFAULT_FOOTER_BYTES, weigh=footer_weight)
 
 
 def _drop_fragments_of(identity: str) -> None:

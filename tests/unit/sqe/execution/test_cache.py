@@ -1,4 +1,5 @@
-"""The bounded per-process cache behind the footer cache, and kept fragments on a local warehouse."""
+"""The bounded per-process cache behind the footer cache (bounded by footer size), and kept fragments on a local
+warehouse."""
 
 from __future__ import annotations
 
@@ -6,14 +7,16 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from sqe.execution.cache import FRAGMENTS, BoundedCache, clear_process_caches, parquet_fragment
+from sqe._lru import LRUCache
+from sqe.execution.cache import FRAGMENTS, clear_process_caches, footer_weight, parquet_fragment
 
 
 def test_least_recently_used_goes_first_and_counts() -> None:
-    cache: BoundedCache[str, int] = BoundedCache(2)
+    cache: LRUCache[str, int] = LRUCache(2)
     cache.put("a", 1)
     cache.put("b", 2)
     assert cache.get("a") == 1  # "b" is now the least recently used
@@ -31,3 +34,19 @@ def test_a_plain_pyiceberg_fileio_has_no_credential_scope_so_nothing_is_kept(tmp
     fragment = parquet_fragment(PyArrowFileIO(), f"file://{path}", path.stat().st_size, ds.ParquetFileFormat())
     assert fragment.metadata.num_rows == 3 and fragment.to_table().column("id").to_pylist() == [1, 2, 3]
     assert len(FRAGMENTS) == 0  # only SQE's ScopedFileIO names a scope to key on
+
+
+def test_kept_footers_are_bounded_by_their_size_not_their_count(tmp_path: Path) -> None:
+    # Found by review: 1,024 kept footers of wide, many-row-group files could take gigabytes outside [cache].
+    wide = pa.table({f"c{i}": list(range(200)) for i in range(200)})
+    path = tmp_path / "wide.parquet"
+    pq.write_table(wide, path, row_group_size=10)  # 20 row groups x 200 columns: a footer of several hundred KB
+    fragment = ds.ParquetFileFormat().make_fragment(str(path), filesystem=pafs.LocalFileSystem())
+    fragment.ensure_complete_metadata()
+    weight = footer_weight(fragment)
+    assert weight > fragment.metadata.serialized_size > 100_000
+    kept: LRUCache[int, ds.ParquetFileFragment] = LRUCache(3 * weight, weigh=footer_weight)  # as FRAGMENTS
+    for index in range(10):
+        kept.put(index, fragment)
+    assert len(kept) == 3 and kept.weight <= kept.bound
+    assert FRAGMENTS.bound == 64 * 1024 * 1024
