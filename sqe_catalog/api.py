@@ -94,6 +94,7 @@ from sqe_catalog.tables import (
     StoredTable,
     WarehouseTables,
     catalog_io_properties,
+    dropped_location_reuse,
     parse_commit_body,
     parse_create_body,
     validate_namespace,
@@ -1155,7 +1156,9 @@ def _authenticate(state: _State, request: Request) -> Principal:
 
 def _run(handler: Handler, call: _Call) -> Response:
     call.principal = _authenticate(call.state, call.request)
-    return handler(call)
+    # Only a warehouse-wide content manager may put a table where one was dropped without purge (its files stay).
+    with dropped_location_reuse(lambda: call.allowed(Privilege.CATALOG_MANAGE_CONTENT)):
+        return handler(call)
 
 
 def _log_unexpected(request: Request, exc: BaseException) -> str:

@@ -5,7 +5,9 @@ catalog reads and writes metadata files with the warehouse's own static key, so 
 that could steer that I/O is checked here first:
 
 - table locations (``location``, ``write.data.path``, ``write.metadata.path``) must lie inside the warehouse
-  location and must not overlap another table's locations, because vended credentials are scoped by them;
+  location and must not overlap another table's locations, because vended credentials are scoped by them; nor,
+  unless the request may claim them (``dropped_location_reuse``), a table's dropped without purge, whose files
+  are still there;
 - table properties that make pyiceberg import a class (``py-io-impl``, ``write.py-location-provider.impl``)
   are refused, and table properties never reach the catalog's own FileIO;
 - a purge deletes only files under the table's own locations.
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +60,7 @@ from sqe_catalog.errors import (
     BadRequestError,
     CatalogError,
     CommitFailedError,
+    ForbiddenError,
     NoSuchNamespaceError,
     NoSuchTableError,
 )
@@ -80,6 +84,7 @@ __all__ = [
     "TableCreate",
     "WarehouseTables",
     "catalog_io_properties",
+    "dropped_location_reuse",
     "validate_namespace",
     "validate_table_name",
 ]
@@ -93,6 +98,28 @@ LOCATION_PROPERTIES = (WRITE_DATA_PATH, WRITE_METADATA_PATH)
 FORBIDDEN_TABLE_PROPERTIES = frozenset({"py-io-impl", "write.py-location-provider.impl"})
 # The newest format a create transaction may ask for (creates write v3 metadata themselves).
 _MAX_CREATE_FORMAT_VERSION = 3
+
+
+# Whether the current request may claim a location of a table dropped without purge; api.py sets it per request
+# (CATALOG_MANAGE_CONTENT on the warehouse). A context variable, so that every route that claims locations
+# (create, stage-create, register, commits, notifications) gets the same rule without each passing a flag; unset
+# (admin CLI, tests, a route that forgot) means no: fail closed.
+_dropped_location_reuse: ContextVar[Callable[[], bool] | None] = ContextVar("dropped_location_reuse", default=None)
+
+
+@contextmanager
+def dropped_location_reuse(allowed: Callable[[], bool]) -> Iterator[None]:
+    """Within the block, ``allowed()`` decides whether a new location may overlap a dropped table's."""
+    token = _dropped_location_reuse.set(allowed)
+    try:
+        yield
+    finally:
+        _dropped_location_reuse.reset(token)
+
+
+def _may_reuse_dropped_location() -> bool:
+    allowed = _dropped_location_reuse.get()
+    return allowed is not None and allowed()
 
 
 class NamespaceNotEmptyError(CatalogError, status=409, error_type=vocabulary.ERROR_NAMESPACE_NOT_EMPTY):
@@ -398,7 +425,13 @@ class WarehouseTables:
         # pins, digests; verified revisions cached like the plain ones
         fingerprint, recheck = storage_fingerprint(warehouse), warehouse.metadata_recheck_seconds
         self.integrity = IntegrityGuard(
-            self._catalog, self._read_parsed, _metadata_locations, entries, fingerprint, recheck
+            self._catalog,
+            self._read_parsed,
+            _metadata_locations,
+            entries,
+            fingerprint,
+            recheck,
+            legacy_locations=self._legacy_locations,
         )
 
     # -- namespaces --------------------------------------------------------------------------------------
@@ -728,12 +761,31 @@ class WarehouseTables:
     def _check_new_locations(self, locations: Sequence[str], exclude: tuple[Namespace, str] | None) -> None:
         for location in locations:
             self._check_inside_warehouse(location, "table location")
+        held: tuple[str, ...] = ()  # the excluded table's own current locations
         for (other_ns, other_name), other_locations in self._all_table_locations():
             if exclude == (other_ns, other_name):
+                held = other_locations
                 continue
             if any(_overlaps(mine, theirs) for mine in locations for theirs in other_locations):
                 raise BadRequestError(
                     f"table location overlaps the location of table {'.'.join(other_ns)}.{other_name}"
+                )
+        # A location inside one the table already holds reaches no file its credentials did not already reach.
+        self._check_dropped_locations([loc for loc in locations if not any(prefix_matches(loc, h) for h in held)])
+
+    def _check_dropped_locations(self, locations: Sequence[str]) -> None:
+        """Refuse claiming a location that overlaps a table dropped without purge (its files are still there and
+        the new table would be vended credentials for them), unless the request may (``dropped_location_reuse``)."""
+        if not locations:
+            return
+        for (ns, name), dropped in self.integrity.dropped_locations():
+            if any(_overlaps(mine, theirs) for mine in locations for theirs in dropped):
+                if _may_reuse_dropped_location():
+                    return
+                shown = ".".join((*from_storage_namespace(ns), name))
+                raise ForbiddenError(
+                    f"table location overlaps the location of dropped table {shown}, whose files were not purged; "
+                    "claiming it needs CATALOG_MANAGE_CONTENT on the warehouse"
                 )
 
     def _all_table_locations(self) -> Iterator[tuple[tuple[Namespace, str], tuple[str, ...]]]:

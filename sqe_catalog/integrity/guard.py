@@ -38,7 +38,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
-from sqlalchemy import Connection, delete, update
+from sqlalchemy import Connection, delete, select, update
 
 from sqe._lru import LRUCache
 from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataIntegrityError, NoSuchTableError
@@ -61,6 +61,8 @@ Updates = tuple[TableUpdate, ...]
 Written = tuple[str, ParsedMetadata]  # (new metadata location, the revision written there)
 ReadParsed = Callable[..., ParsedMetadata]  # (location, fresh=False) -> ParsedMetadata, errors translated
 LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revision claims
+# A legacy table's locations from (its (namespace, name), its metadata location).
+LegacyLocations = Callable[[tuple[Namespace, str], str], tuple[str, ...]]
 # Records a notification's timestamp inside the transaction that carries it out (raises when it is stale).
 NotificationStamp = Callable[[Connection], None]
 
@@ -115,10 +117,12 @@ class IntegrityGuard:
         verified_entries: int = 0,
         fingerprint: Fingerprint | None = None,
         recheck_seconds: float = 0.0,
+        legacy_locations: LegacyLocations | None = None,
     ) -> None:
         self._catalog = catalog
         self._read = read
         self._locations_of = locations_of
+        self._legacy_locations = legacy_locations or (lambda _table, location: locations_of(read(location).metadata))
         self._fingerprint = fingerprint or _no_fingerprint
         # 0: every load takes the fingerprint again; more: a revision confirmed this recently is used without it.
         self._recheck_seconds = recheck_seconds
@@ -140,6 +144,10 @@ class IntegrityGuard:
     def stored_locations(self) -> dict[tuple[Namespace, str], tuple[str, ...]]:
         """The locations the catalog recorded for its protected tables (legacy tables have none)."""
         return st.stored_locations(self._catalog.engine, self._catalog.name)
+
+    def dropped_locations(self) -> list[tuple[tuple[Namespace, str], tuple[str, ...]]]:
+        """The locations of tables dropped without purge (their files are still in storage)."""
+        return st.dropped_locations(self._catalog.engine, self._catalog.name)
 
     def ref(self, namespace: Namespace, name: str) -> TableName:
         return TableName(self._catalog.name, tuple(namespace), name)
@@ -333,20 +341,31 @@ class IntegrityGuard:
     def drop(
         self, namespace: Namespace, name: str, purge_location: str | None, stamp: NotificationStamp | None = None
     ) -> int | None:
-        """Drop row and pin (and, for a purge, persist a cleanup task) in one transaction; returns the task id.
+        """Drop row and pin (and, for a purge, persist a cleanup task; without one, keep the table's locations as
+        a tombstone) in one transaction; returns the task id.
 
         The files are deleted later, by the background cleaner or ``admin run-cleanup``, after a second check."""
         table = self.ref(namespace, name)
         with self._catalog.engine.begin() as conn:
             trusted = st.load_state(conn, table)
+            kept = None if purge_location else self._claimed_locations(conn, table)
             result = conn.execute(delete(IcebergTables).where(self._row(table)))
             if result.rowcount != 1:
                 raise NoSuchTableError(f"table does not exist: {table.dotted_namespace}.{table.name}")
             st.delete_state(conn, table)
+            if kept is not None:
+                st.record_dropped(conn, table, kept)
             task_id = st.insert_task(conn, table, purge_location, trusted) if purge_location else None
             if stamp is not None:
                 stamp(conn)
         return task_id
+
+    def _claimed_locations(self, conn: Connection, table: TableName) -> tuple[str, ...] | None:
+        """The locations the table claims, read in the drop's transaction (None: no such table)."""
+        if (recorded := st.recorded_locations(conn, table)) is not None:
+            return recorded
+        location = conn.execute(select(IcebergTables.metadata_location).where(self._row(table))).scalar()
+        return self._legacy_locations((table.namespace, table.name), location) if location else None
 
     def run_pending_cleanup(self, delete_files: DeleteFiles, persisted_before_ms: int | None = None) -> dict[int, str]:
         return run_pending_tasks(

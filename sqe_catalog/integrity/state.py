@@ -91,6 +91,18 @@ _locations = Table(
     *object_key(),
     Column("locations", Text, nullable=False),  # JSON array of strings
 )
+# Tombstones: the locations of tables dropped without a purge. Their files stay in storage, so a new table claiming
+# an overlapping location would be vended credentials for them (see WarehouseTables._check_dropped_locations). A
+# purge drop records none: its cleanup task deletes the files. Like every table here, create_all adds it to an
+# existing database (empty: tables dropped before it existed left no record).
+_dropped = Table(
+    "sqe_dropped_table_locations",
+    METADATA,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("dropped_ms", BigInteger, nullable=False),
+    *object_key(primary_key=False),
+    Column("locations", Text, nullable=False),  # JSON array of strings
+)
 _tasks = Table(
     "sqe_cleanup_tasks",
     METADATA,
@@ -104,7 +116,7 @@ _tasks = Table(
     Column("status", String(16), nullable=False),  # pending | running | done | failed
     Column("detail", Text, nullable=True),
 )
-_TABLES = (_pins, _events, _notification_times, _locations, _tasks)
+_TABLES = (_pins, _events, _notification_times, _locations, _dropped, _tasks)
 
 
 def create_integrity_schema(engine: Engine) -> None:
@@ -273,6 +285,33 @@ def stored_locations(engine: Engine, warehouse: str) -> dict[tuple[tuple[str, ..
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
     return {(tuple(row.namespace.split(".")), row.table_name): tuple(json.loads(row.locations)) for row in rows}
+
+
+def recorded_locations(conn: Connection, ref: TableName) -> tuple[str, ...] | None:
+    """The locations recorded for one table (None: a legacy table, nothing recorded)."""
+    row = conn.execute(select(_locations.c.locations).where(_where_locations(ref))).first()
+    return tuple(json.loads(row.locations)) if row is not None else None
+
+
+def record_dropped(conn: Connection, ref: TableName, locations: tuple[str, ...]) -> None:
+    """Keep the locations of a table dropped without purge (same transaction as the drop)."""
+    conn.execute(
+        insert(_dropped).values(
+            dropped_ms=now_ms(),
+            warehouse=ref.warehouse,
+            namespace=ref.dotted_namespace,
+            table_name=ref.name,
+            locations=json.dumps(list(locations)),
+        )
+    )
+
+
+def dropped_locations(engine: Engine, warehouse: str) -> list[tuple[tuple[tuple[str, ...], str], tuple[str, ...]]]:
+    """((namespace, name), locations) of every table of the warehouse dropped without purge, oldest first."""
+    stmt = select(_dropped).where(_dropped.c.warehouse == warehouse).order_by(_dropped.c.id)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    return [((tuple(row.namespace.split(".")), row.table_name), tuple(json.loads(row.locations))) for row in rows]
 
 
 def _state_values(ref: TableName, state: TrustedState) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -88,3 +89,42 @@ def test_routing_errors_and_head_replies(app_and_token: tuple[Starlette, str]) -
     assert call(app, "HEAD", "/v1/wh/namespaces/db", headers=auth).status == 404
     bad_json = call(app, "POST", "/v1/wh/namespaces", headers=auth, body=b"{nope")
     assert bad_json.status == 400 and bad_json.json()["error"]["type"] == "BadRequestException"
+
+
+def _token_for(app: Starlette, client: tuple[str, str]) -> str:
+    form = urlencode({"grant_type": "client_credentials", "client_id": client[0], "client_secret": client[1]})
+    headers = {"content-type": "application/x-www-form-urlencoded"}
+    reply = call(app, "POST", "/v1/oauth/tokens", headers=headers, body=(form + "&scope=PRINCIPAL_ROLE%3AALL").encode())
+    assert reply.status == 200, reply.body
+    return str(reply.json()["access_token"])
+
+
+def test_only_a_content_manager_may_reuse_a_location_dropped_without_purge(
+    app_and_token: tuple[Starlette, str], tmp_path: Path
+) -> None:
+    app, root = app_and_token
+    store = AuthStore(create_engine_for(f"sqlite:///{tmp_path}/catalog.db"), b"k", 60, scrypt_n=2)
+    bob = _token_for(app, store.create_principal("bob"))
+    store.create_role("creators")
+    store.assign_role("bob", "creators")
+    store.grant("creators", "TABLE_CREATE", "wh", ["scratch"])
+    admin = {"authorization": f"Bearer {root}"}
+    for ns in ("sales", "scratch"):
+        assert call(app, "POST", "/v1/wh/namespaces", headers=admin, body=json.dumps({"namespace": [ns]}).encode())
+    schema = {"type": "struct", "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+    created = call(
+        app,
+        "POST",
+        "/v1/wh/namespaces/sales/tables",
+        headers=admin,
+        body=json.dumps({"name": "t", "schema": schema}).encode(),
+    )
+    location = created.json()["metadata"]["location"]
+    assert call(app, "DELETE", "/v1/wh/namespaces/sales/tables/t", headers=admin).status == 204  # files stay
+    claim = json.dumps({"name": "mine", "schema": schema, "location": location}).encode()
+    refused = call(
+        app, "POST", "/v1/wh/namespaces/scratch/tables", headers={"authorization": f"Bearer {bob}"}, body=claim
+    )
+    assert refused.status == 403 and refused.json()["error"]["type"] == "ForbiddenException"
+    assert "CATALOG_MANAGE_CONTENT" in refused.json()["error"]["message"]
+    assert call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=admin, body=claim).status == 200

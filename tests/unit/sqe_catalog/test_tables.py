@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,13 @@ from pyiceberg.types import LongType, NestedField
 
 from sqe_catalog.auth import create_engine_for
 from sqe_catalog.config import ServerConfig, WarehouseConfig
-from sqe_catalog.errors import AlreadyExistsError, BadRequestError, NoSuchNamespaceError
+from sqe_catalog.errors import AlreadyExistsError, BadRequestError, ForbiddenError, NoSuchNamespaceError
 from sqe_catalog.tables import (
     NamespaceNotEmptyError,
     TableCreate,
     WarehouseTables,
     catalog_io_properties,
+    dropped_location_reuse,
     parse_commit_body,
     validate_namespace,
     validate_table_name,
@@ -176,3 +178,75 @@ def test_purge_deletes_only_under_the_tables_own_locations(tables: WarehouseTabl
     assert not Path(committed.metadata_location.removeprefix("file://")).exists(), "a's own files are gone"
     assert Path(b.metadata_location.removeprefix("file://")).exists(), "b's file survived a's purge"
     assert tables.load_table(("db",), "b").metadata_location == b.metadata_location
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tables dropped without purge keep their locations (their files are still in storage)
+
+
+def _set_data_path(path: str) -> Any:
+    return parse_commit_body({"updates": [{"action": "set-properties", "updates": {"write.data.path": path}}]})
+
+
+def test_a_location_dropped_without_purge_is_not_claimed_again(tables: WarehouseTables) -> None:
+    tables.create_namespace(("sales",), {})
+    tables.create_namespace(("scratch",), {})
+    old = tables.create_table(("sales",), _create("orders", **{"write.data.path": f"{tables.root}/raw/orders"}))
+    tables.create_table(("scratch",), _create("mine"))
+    tables.drop_table(("sales",), "orders", purge=False)
+    claims = [
+        lambda: tables.create_table(("scratch",), _create("a", old.location)),
+        lambda: tables.create_table(("scratch",), _create("b", f"{old.location}/inner")),  # nested
+        lambda: tables.create_table(("scratch",), _create("c", f"{tables.root}/raw")),  # around the data path
+        lambda: tables.stage_table(("scratch",), dataclasses.replace(_create("d", old.location), stage_create=True)),
+        lambda: tables.create_table(("sales",), _create("orders")),  # same name, default location
+        lambda: tables.commit_table(("scratch",), "mine", _set_data_path(f"{tables.root}/raw/orders/x")),
+        lambda: tables.register_table(("scratch",), "e", str(old.metadata_location)),
+    ]
+    for claim in claims:
+        with pytest.raises(ForbiddenError, match=r"dropped table sales\.orders, whose files were not purged"):
+            claim()
+    assert tables.list_tables(("scratch",)) == ["mine"]
+    with dropped_location_reuse(lambda: False), pytest.raises(ForbiddenError):
+        tables.create_table(("scratch",), _create("a", old.location))
+    tables.create_table(("scratch",), _create("elsewhere", f"{tables.root}/raw/other"))  # a sibling is free
+    with dropped_location_reuse(lambda: True):  # a warehouse content manager (api.py decides per request)
+        tables.register_table(("sales",), "orders", str(old.metadata_location))
+    # the re-registered table holds the location: paths inside it are its own, no new claim
+    assert tables.commit_table(("sales",), "orders", _set_data_path(f"{old.location}/data2")).metadata
+
+
+def test_a_purge_drop_leaves_the_location_free(tables: WarehouseTables) -> None:
+    tables.create_namespace(("db",), {})
+    tables.create_table(("db",), _create("t"))
+    tables.drop_table(("db",), "t", purge=True)
+    assert tables.create_table(("db",), _create("t")).location == f"{tables.root}/db/t"
+
+
+def test_a_legacy_table_dropped_without_purge_keeps_its_locations(tables: WarehouseTables, tmp_path: Path) -> None:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    tables.create_namespace(("db",), {})
+    legacy = SqlCatalog("wh", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=tables.root)  # no recorded locations
+    location = f"{tables.root}/db/old"
+    legacy.create_table(("db", "old"), SCHEMA, location=location, properties={"write.data.path": f"{location}-data"})
+    legacy.engine.dispose()
+    tables.drop_table(("db",), "old", purge=False)
+    for claim in (location, f"{location}-data/x"):
+        with pytest.raises(ForbiddenError, match=r"dropped table db\.old"):
+            tables.create_table(("db",), _create("new", claim))
+
+
+def test_an_existing_database_gains_the_dropped_locations_table(tmp_path: Path) -> None:
+    from sqlalchemy import text
+
+    warehouse = WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh")
+    engine = create_engine_for(f"sqlite:///{tmp_path}/catalog.db")
+    WarehouseTables(warehouse, engine).create_namespace(("db",), {})
+    with engine.begin() as conn:  # a database made before the table existed
+        conn.execute(text("DROP TABLE sqe_dropped_table_locations"))
+    tables = WarehouseTables(warehouse, engine)  # what a server start does
+    tables.create_table(("db",), _create("t"))
+    tables.drop_table(("db",), "t", purge=False)
+    with pytest.raises(ForbiddenError):
+        tables.create_table(("db",), _create("t"))
