@@ -60,12 +60,13 @@ from sqe.locations import is_object_store
 from sqe.vocabulary import ACCESS_TOKEN_TYPE, NAMESPACE_SEPARATOR_PROPERTY, REQUEST_ID_HEADER, TOKEN_EXCHANGE_GRANT
 from sqe_catalog import audit
 from sqe_catalog.auth import AuthStore, GrantSet, Principal, Privilege, create_engine_for
-from sqe_catalog.config import CatalogServerConfig, WarehouseConfig
+from sqe_catalog.config import CatalogServerConfig, WarehouseConfig, overlap_message, overlapping_warehouses
 from sqe_catalog.delegation import TokenExchangeError, exchange_token
 from sqe_catalog.errors import (
     AlreadyExistsError,
     BadRequestError,
     CatalogError,
+    ConfigError,
     ForbiddenError,
     NotAcceptableError,
     NotAuthorizedError,
@@ -1402,6 +1403,8 @@ def _sandbox_principal(config: CatalogServerConfig) -> str | None:
 
 def create_app(config: CatalogServerConfig) -> Starlette:
     """The catalog application: one database engine, one AuthStore, and per warehouse tables + a vendor."""
+    if (pair := overlapping_warehouses(config.warehouses)) is not None:  # a config built without parse_config
+        raise ConfigError(overlap_message(config.warehouses, pair))
     engine = create_engine_for(config.server.database)
     auth = AuthStore(
         engine, _signing_key(config), config.server.token_lifetime_seconds, scrypt_n=config.server.secret_hash_scrypt_n

@@ -9,7 +9,7 @@ be pickled. See ``catalog.toml.example`` for every key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ class ServerConfig(ConfigSection):
 class WarehouseConfig(ConfigSection):
     name: str
     # Root location of the warehouse, e.g. "s3://warehouse/demo". Tables default to <location>/<ns>/<table>.
+    # Disjoint from every other warehouse's (not equal, not inside, not around it).
     location: str
     endpoint: str = ""
     region: str = "us-east-1"
@@ -143,6 +144,27 @@ def _validate_warehouse(w: WarehouseConfig, where: str, origins: Origins) -> Non
         origins.fail(f"{where}.access_key_id", f"required when {where}.secret_access_key is set")
 
 
+def overlapping_warehouses(warehouses: Sequence[WarehouseConfig]) -> tuple[int, int] | None:
+    """The indexes (earlier, later) of the first two warehouses whose roots are equal or nested, or None.
+
+    Roots must be disjoint: a table's location is checked against the tables of its own warehouse only, so a
+    root inside another would let a table claim (and be vended credentials for) another warehouse's files."""
+    roots = [w.location.rstrip("/") for w in warehouses]
+    for j, later in enumerate(roots):
+        for i, earlier in enumerate(roots[:j]):
+            if earlier == later or later.startswith(earlier + "/") or earlier.startswith(later + "/"):
+                return i, j
+    return None
+
+
+def overlap_message(warehouses: Sequence[WarehouseConfig], pair: tuple[int, int]) -> str:
+    earlier, later = warehouses[pair[0]], warehouses[pair[1]]
+    return (
+        f"warehouse {later.name!r} ({later.location}) overlaps warehouse {earlier.name!r} ({earlier.location}); "
+        "warehouse locations must be disjoint"
+    )
+
+
 def _validate(config: CatalogServerConfig, origins: Origins) -> None:
     if config.server.token_lifetime_seconds <= 0:
         origins.fail("server.token_lifetime_seconds", "must be positive")
@@ -160,6 +182,8 @@ def _validate(config: CatalogServerConfig, origins: Origins) -> None:
             origins.fail(f"warehouses[{i}].name", "duplicate warehouse name")
         seen.add(w.name)
         _validate_warehouse(w, f"warehouses[{i}]", origins)
+    if (pair := overlapping_warehouses(config.warehouses)) is not None:
+        origins.fail(f"warehouses[{pair[1]}].location", overlap_message(config.warehouses, pair))
 
 
 def parse_config(raw: Mapping[str, Any]) -> CatalogServerConfig:

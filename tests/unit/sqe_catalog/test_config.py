@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sqe_catalog.api import create_app
 from sqe_catalog.config import CatalogServerConfig, ServerConfig, WarehouseConfig, load_config, parse_config
 from sqe_catalog.errors import ConfigError
 
@@ -185,3 +186,40 @@ def test_an_s3_root_needs_a_role_and_a_file_root_does_not() -> None:
     message = _error({"warehouses": [{"name": "w", "location": "s3://b/w"}]})
     assert message.startswith("warehouses[0].role_arn: required")
     assert parse_config({"warehouses": [{"name": "w", "location": "s3://b/w", "role_arn": "arn"}]}).warehouses
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("s3://lake/prod", "s3://lake/prod/sandbox"),  # nested
+        ("s3://lake/prod/sandbox", "s3://lake/prod"),  # around
+        ("s3://lake/prod", "s3://lake/prod/"),  # identical
+        ("s3://lake", "s3://lake/prod"),  # a bucket root
+        ("file:///tmp/w", "file:///tmp/w/x"),
+    ],
+)
+def test_warehouse_roots_must_be_disjoint(first: str, second: str) -> None:
+    """A table's location is checked against its own warehouse's tables only, so nested roots would let one
+    warehouse's table claim another's files."""
+    warehouses = [
+        {"name": "prod", "location": first, "sts_unavailable": True},
+        {"name": "sandbox", "location": second, "sts_unavailable": True},
+    ]
+    message = _error({"warehouses": warehouses})
+    assert message.startswith("warehouses[1].location: warehouse 'sandbox' (") and "\n" not in message
+    assert "overlaps warehouse 'prod' (" in message
+    config = CatalogServerConfig(warehouses=tuple(WarehouseConfig(**w) for w in warehouses))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"'sandbox'.*overlaps warehouse 'prod'"):
+        create_app(config)  # built without parse_config: refused all the same
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("s3://lake/prod", "s3://lake/prod2"), ("s3://lake/a", "s3://other/a"), ("file:///lake/a", "s3://lake/a")],
+)
+def test_sibling_warehouse_roots_are_fine(first: str, second: str) -> None:
+    warehouses = [
+        {"name": "a", "location": first, "sts_unavailable": True},
+        {"name": "b", "location": second, "sts_unavailable": True},
+    ]
+    assert len(parse_config({"warehouses": warehouses}).warehouses) == 2
