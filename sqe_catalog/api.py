@@ -178,7 +178,7 @@ class _Call:
             raise BadRequestError("request body must be a JSON object")
         try:
             body = json.loads(self.raw_body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested deeper than json can parse
             raise BadRequestError("malformed JSON in request body") from None
         if not isinstance(body, dict):
             raise BadRequestError("request body must be a JSON object")
@@ -1299,8 +1299,11 @@ async def _token_form(request: Request) -> dict[str, str]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/x-www-form-urlencoded":
         raise _OAuthError("invalid_request", "the body must be application/x-www-form-urlencoded")
-    async with request.form(max_fields=32) as form:
-        return {k: v for k, v in form.items() if isinstance(v, str)}
+    try:
+        async with request.form(max_fields=32) as form:
+            return {k: v for k, v in form.items() if isinstance(v, str)}
+    except HTTPException:  # Starlette's parser refuses a field over 1 MiB or too many fields: the client's form
+        raise _OAuthError("invalid_request", "malformed form body (too many fields or a field too large)") from None
 
 
 def _token_endpoint(state: _State) -> Callable[[Request], Any]:

@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-import pydantic
 from pyiceberg.catalog.rest.scan_planning import PlanTableScanRequest
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
 from pyiceberg.io import FileIO
@@ -29,7 +28,7 @@ from pyiceberg.table import FileScanTask, Table
 from sqe._text import first_line
 from sqe.restrictions import parse_restrictions
 from sqe_catalog.errors import BadRequestError, NotFoundError
-from sqe_catalog.tables import StoredTable, pydantic_message
+from sqe_catalog.tables import StoredTable, validate_client_model
 
 __all__ = ["TASKS_PER_RESPONSE", "PlanStore", "parse_plan_request", "plan_files"]
 
@@ -37,10 +36,7 @@ TASKS_PER_RESPONSE = 100
 
 
 def parse_plan_request(body: dict[str, Any]) -> PlanTableScanRequest:
-    try:
-        request = PlanTableScanRequest.model_validate(body)
-    except pydantic.ValidationError as exc:
-        raise BadRequestError(pydantic_message(exc)) from None
+    request = validate_client_model(PlanTableScanRequest, body)
     if request.start_snapshot_id is not None:
         raise BadRequestError("incremental scan planning (start-snapshot-id) is not supported")
     return request

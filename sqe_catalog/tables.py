@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 from pyiceberg import exceptions as ice
@@ -53,6 +53,7 @@ from sqlalchemy.orm import Session
 
 from sqe import vocabulary
 from sqe._lru import LRUCache
+from sqe._text import first_line
 from sqe.credentials.paths import prefix_matches
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.errors import (
@@ -77,6 +78,7 @@ from sqe_catalog.integrity.fingerprint import storage_fingerprint
 from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
 
 __all__ = [
+    "CLIENT_PARSE_ERRORS",
     "LOCATION_PROPERTIES",
     "Namespace",
     "NamespaceNotEmptyError",
@@ -84,7 +86,9 @@ __all__ = [
     "TableCreate",
     "WarehouseTables",
     "catalog_io_properties",
+    "client_parse_message",
     "dropped_location_reuse",
+    "validate_client_model",
     "validate_namespace",
     "validate_table_name",
 ]
@@ -271,11 +275,36 @@ def pydantic_message(exc: pydantic.ValidationError) -> str:
     return "invalid request body: " + "; ".join(parts)
 
 
-def parse_create_body(body: dict[str, Any]) -> TableCreate:
+_Model = TypeVar("_Model", bound=pydantic.BaseModel)
+
+
+# What parsing a client's body with pyiceberg's models raises besides pydantic's ValidationError: pyiceberg's own
+# ValidationError (validators such as decimal(P,S)'s bounds), TypeError (an expression without its fields is
+# built without checking its shape), RecursionError (a structure nested too deeply). All the client's doing.
+CLIENT_PARSE_ERRORS = (ice.ValidationError, TypeError, RecursionError)
+
+
+def client_parse_message(exc: BaseException) -> str:
+    """One of ``CLIENT_PARSE_ERRORS`` as a short description (pyiceberg's message; never a Python type's)."""
+    if isinstance(exc, ice.ValidationError):
+        return first_line(exc, limit=200)
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return "a value does not have the expected shape"
+
+
+def validate_client_model(model: type[_Model], body: object) -> _Model:
+    """``model`` parsed from a client's body; whatever parsing raises is the client's malformed body (400)."""
     try:
-        parsed = _CreateBody.model_validate(body)
+        return model.model_validate(body)
     except pydantic.ValidationError as exc:
         raise BadRequestError(pydantic_message(exc)) from None
+    except CLIENT_PARSE_ERRORS as exc:
+        raise BadRequestError(f"invalid request body: {client_parse_message(exc)}") from None
+
+
+def parse_create_body(body: dict[str, Any]) -> TableCreate:
+    parsed = validate_client_model(_CreateBody, body)
     return TableCreate(
         name=validate_table_name(parsed.name),
         schema=parsed.table_schema,
@@ -288,10 +317,7 @@ def parse_create_body(body: dict[str, Any]) -> TableCreate:
 
 
 def parse_commit_body(body: dict[str, Any]) -> CommitBody:
-    try:
-        return CommitBody.model_validate(body)
-    except pydantic.ValidationError as exc:
-        raise BadRequestError(pydantic_message(exc)) from None
+    return validate_client_model(CommitBody, body)
 
 
 # ----------------------------------------------------------------------------------------------------

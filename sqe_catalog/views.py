@@ -32,7 +32,7 @@ from sqe_catalog.errors import (
 )
 from sqe_catalog.identifiers import Namespace, validate_name
 from sqe_catalog.schema import METADATA, create_tables, object_key
-from sqe_catalog.tables import catalog_io_properties
+from sqe_catalog.tables import CLIENT_PARSE_ERRORS, catalog_io_properties, client_parse_message
 
 __all__ = ["NoSuchViewError", "StoredView", "ViewStore", "validate_view_name"]
 
@@ -73,6 +73,8 @@ def _checked(document: dict[str, Any]) -> dict[str, Any]:
     except pydantic.ValidationError as exc:
         where = "; ".join(".".join(str(p) for p in e.get("loc", ())) for e in exc.errors()[:3])
         raise BadRequestError(f"invalid view metadata at {where or 'body'}") from None
+    except CLIENT_PARSE_ERRORS as exc:
+        raise BadRequestError(f"invalid view metadata: {client_parse_message(exc)}") from None
     return document
 
 

@@ -128,3 +128,74 @@ def test_only_a_content_manager_may_reuse_a_location_dropped_without_purge(
     assert refused.status == 403 and refused.json()["error"]["type"] == "ForbiddenException"
     assert "CATALOG_MANAGE_CONTENT" in refused.json()["error"]["message"]
     assert call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=admin, body=claim).status == 200
+
+
+BAD_DECIMAL = {"id": 1, "name": "a", "type": "decimal(99,2)", "required": False}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/wh/namespaces", b"[" * 200_000 + b"]" * 200_000),  # deeper than json can parse
+        ("/v1/wh/namespaces", b'{"namespace":' + b"[" * 200_000 + b"]" * 200_000 + b"}"),
+        (
+            "/v1/wh/namespaces/db/tables",
+            json.dumps({"name": "t", "schema": {"type": "struct", "fields": [BAD_DECIMAL]}}).encode(),
+        ),
+        (
+            "/v1/wh/namespaces/db/tables/t",
+            json.dumps(
+                {"updates": [{"action": "add-schema", "schema": {"type": "struct", "fields": [BAD_DECIMAL]}}]}
+            ).encode(),
+        ),
+        (
+            "/v1/wh/namespaces/db/views",
+            json.dumps(
+                {
+                    "name": "v",
+                    "schema": {"type": "struct", "schema-id": 0, "fields": [BAD_DECIMAL]},
+                    "view-version": {
+                        "version-id": 1,
+                        "timestamp-ms": 1,
+                        "schema-id": 0,
+                        "summary": {},
+                        "representations": [{"type": "sql", "sql": "select 1", "dialect": "spark"}],
+                        "default-namespace": [],
+                    },
+                }
+            ).encode(),
+        ),
+        ("/v1/wh/namespaces/db/tables/t/plan", b'{"filter": {"type": "eq"}}'),  # a predicate without its fields
+        (
+            "/v1/wh/namespaces/db/tables/t/plan",
+            b'{"filter": ' + b'{"type": "not", "child": ' * 400 + b"true" + b"}" * 401,
+        ),
+        ("/v1/wh/namespaces/db/tables/nope/plan", b'{"filter": {"type": "eq"}}'),  # refused before the lookup
+    ],
+)
+def test_malformed_bodies_are_400_error_models(
+    app_and_token: tuple[Starlette, str], path: str, body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, token = app_and_token
+    auth = {"authorization": f"Bearer {token}"}
+    assert call(app, "POST", "/v1/wh/namespaces", headers=auth, body=b'{"namespace": ["db"]}').status == 200
+    schema = {"type": "struct", "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+    table = json.dumps({"name": "t", "schema": schema}).encode()
+    assert call(app, "POST", "/v1/wh/namespaces/db/tables", headers=auth, body=table).status == 200
+    with caplog.at_level(logging.ERROR, logger="sqe_catalog"):
+        reply = call(app, "POST", path, headers=auth, body=body)
+    assert reply.status == 400, reply.body[:200]
+    assert reply.json()["error"]["type"] == "BadRequestException" and reply.json()["error"]["code"] == 400
+    assert "unexpected error" not in caplog.text
+
+
+def test_an_oversized_token_form_field_is_an_oauth_invalid_request(app_and_token: tuple[Starlette, str]) -> None:
+    app, _token = app_and_token
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    for body in (
+        b"grant_type=client_credentials&client_id=" + b"a" * (2 * 1024 * 1024),  # over Starlette's 1 MiB per field
+        "&".join(f"f{i}=x" for i in range(100)).encode(),  # over the 32 fields allowed
+    ):
+        reply = call(app, "POST", "/v1/oauth/tokens", headers=form, body=body)
+        assert reply.status == 400, reply.body[:200]
+        assert reply.json()["error"] == "invalid_request" and reply.headers["cache-control"] == "no-store"
