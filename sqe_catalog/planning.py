@@ -5,6 +5,8 @@ The catalog plans with pyiceberg over the table it holds, per caller, so a clien
 - the caller's required row filter (its read-restrictions) always prunes files;
 - an unrestricted caller's own ``filter`` prunes too; a restricted caller's does not, and its data files carry no
   column statistics, so nothing returned is derived from statistics of rows the row filter hides;
+- planning reads the manifest list and manifests with the catalog's key, so only files under the table's own
+  locations: a snapshot whose manifests lie elsewhere (another table's) is refused (422), never planned;
 - plans are kept in memory for ``plan_lifetime_seconds`` and belong to the principal (and actor) that made
   them: another caller's plan id is a 404, never someone else's files.
 
@@ -21,13 +23,14 @@ from typing import Any, cast
 
 from pyiceberg.catalog.rest.scan_planning import PlanTableScanRequest
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
-from pyiceberg.io import FileIO
+from pyiceberg.io import FileIO, InputFile, OutputFile
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import FileScanTask, Table
 
 from sqe._text import first_line
+from sqe.credentials.paths import prefix_matches
 from sqe.restrictions import parse_restrictions
-from sqe_catalog.errors import BadRequestError, NotFoundError
+from sqe_catalog.errors import BadRequestError, NotFoundError, UnprocessableEntityError
 from sqe_catalog.tables import StoredTable, validate_client_model
 
 __all__ = ["TASKS_PER_RESPONSE", "PlanStore", "parse_plan_request", "plan_files"]
@@ -47,7 +50,8 @@ def plan_files(
 ) -> list[dict[str, Any]]:
     """The file scan tasks of ``stored`` for one caller, as REST JSON (``restrictions_wire`` None: unrestricted)."""
     metadata = stored.metadata
-    table = Table((*stored.namespace, stored.name), metadata, stored.metadata_location or "", io, cast(Any, None))
+    own_io = _TableFilesIO(io, stored.locations)
+    table = Table((*stored.namespace, stored.name), metadata, stored.metadata_location or "", own_io, cast(Any, None))
     required: BooleanExpression = AlwaysTrue()
     if restrictions_wire is not None:
         required = parse_restrictions(
@@ -65,6 +69,32 @@ def plan_files(
         raise BadRequestError(f"cannot plan this scan: {first_line(str(exc)) or 'invalid'}") from None
     with_stats = restrictions_wire is None
     return [_task_json(task, with_stats) for task in tasks]
+
+
+class _TableFilesIO(FileIO):
+    """The catalog's FileIO for planning one table: it reads only files under the table's own locations.
+
+    Manifest lists and manifests are client-written paths read with the catalog's key; one outside the table
+    (another table's manifests) would hand the caller that table's file list and statistics."""
+
+    def __init__(self, io: FileIO, locations: tuple[str, ...]) -> None:
+        super().__init__(io.properties)
+        self._io, self._locations = io, locations
+
+    def new_input(self, location: str) -> InputFile:
+        if not any(prefix_matches(location, own) for own in self._locations):
+            raise _ForeignManifest("cannot plan this scan: the snapshot reads manifests outside the table's locations")
+        return self._io.new_input(location)
+
+    def new_output(self, location: str) -> OutputFile:
+        raise NotImplementedError("planning never writes")
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        raise NotImplementedError("planning never deletes")
+
+
+class _ForeignManifest(UnprocessableEntityError):
+    """The table's own metadata points planning outside the table: no retry or other caller changes that."""
 
 
 def _task_json(task: FileScanTask, with_stats: bool) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from pyiceberg.table.metadata import (
 )
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import (
+    AddSnapshotUpdate,
     AssertCreate,
     SetLocationUpdate,
     SetPropertiesUpdate,
@@ -365,6 +366,18 @@ class _WarehouseSqlCatalog(SqlCatalog):
         requirements: tuple[TableRequirement, ...],
         updates: tuple[TableUpdate, ...],
     ) -> StagedTable:
+        # Every commit path stages here (plain, protected, create transaction): the one place to check the result.
+        staged = self._stage(current_table, table_identifier, requirements, updates)
+        _check_added_manifest_lists(staged.metadata, updates)
+        return staged
+
+    def _stage(
+        self,
+        current_table: Table | None,
+        table_identifier: Identifier,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+    ) -> StagedTable:
         # A create transaction may ask for format v3 (``upgrade-format-version``, as DuckDB's CREATE TABLE does);
         # pyiceberg creates v3 metadata but refuses that update, so it is applied here after the others.
         version = _created_format_version(current_table, updates)
@@ -392,6 +405,20 @@ class _WarehouseSqlCatalog(SqlCatalog):
             io=self._io,
             catalog=self,
         )
+
+
+def _check_added_manifest_lists(metadata: TableMetadata, updates: tuple[TableUpdate, ...]) -> None:
+    """An added snapshot's manifest list must lie under the committed table's own locations: server-side planning
+    reads it (and its manifests) with the catalog's key, so one naming another table's files would let the
+    committer learn that table's statistics."""
+    own = table_locations(metadata.location, metadata.properties)
+    for update in updates:
+        if isinstance(update, AddSnapshotUpdate) and not any(
+            prefix_matches(update.snapshot.manifest_list, location) for location in own
+        ):
+            raise BadRequestError(
+                f"snapshot {update.snapshot.snapshot_id}: manifest-list must be inside the table's locations"
+            )
 
 
 def _created_format_version(current_table: Table | None, updates: tuple[TableUpdate, ...]) -> int | None:

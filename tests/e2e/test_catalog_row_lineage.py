@@ -50,11 +50,13 @@ class Tables:
 
     def append(self, name: str, **lineage: int) -> requests.Response:
         snapshot_id = uuid.uuid4().int >> 65
+        metadata = self.metadata(name)
         snapshot = {
             "snapshot-id": snapshot_id,
-            "sequence-number": len(self.metadata(name).get("snapshots", [])) + 1,
+            "sequence-number": len(metadata.get("snapshots", [])) + 1,
             "timestamp-ms": 1_700_000_000_000,
-            "manifest-list": f"s3://unused/{snapshot_id}.avro",
+            # never read here; it must lie under the table's location, as every added snapshot's must
+            "manifest-list": f"{metadata['location']}/metadata/snap-{snapshot_id}.avro",
             "summary": {"operation": "append"},
             "schema-id": 0,
             **{key.replace("_", "-"): value for key, value in lineage.items()},

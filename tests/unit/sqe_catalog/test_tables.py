@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -170,8 +171,16 @@ def test_purge_deletes_only_under_the_tables_own_locations(tables: WarehouseTabl
             ]
         }
     )
-    committed = tables.commit_table(("db",), "a", commit)
-    assert committed.metadata_location is not None
+    with pytest.raises(BadRequestError, match="manifest-list"):  # a commit cannot add it any more ...
+        tables.commit_table(("db",), "a", commit)
+    # ... but a metadata file written by the client and admitted (register overwrite) still can
+    document = json.loads(Path(a.metadata_location.removeprefix("file://")).read_text())
+    document.update(snapshots=[snapshot], refs={"main": {"snapshot-id": 7, "type": "branch"}})
+    document["current-snapshot-id"] = 7
+    written = f"{a.location}/metadata/00001-client.metadata.json"
+    Path(written.removeprefix("file://")).write_text(json.dumps(document))
+    committed = tables.register_table(("db",), "a", written, overwrite=True)
+    assert committed.metadata_location == written
     tables.drop_table(("db",), "a", purge=True)
     assert Path(committed.metadata_location.removeprefix("file://")).exists(), "the drop only persists the task"
     assert list(tables.run_cleanup().values()) == ["done"]  # what the background cleaner runs
