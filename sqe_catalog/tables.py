@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -591,6 +592,15 @@ class WarehouseTables:
     def default_location(self, namespace: Namespace, name: str) -> str:
         return "/".join((self.root, *namespace, name))
 
+    def _new_table_location(self, namespace: Namespace, name: str) -> str:
+        """The default location, or when a table dropped without purge still holds it, a fresh one beside it: so
+        dropping a table and creating it again under its name works without reaching the old files."""
+        location = self.default_location(namespace, name)
+        dropped = [theirs for _table, held in self.integrity.dropped_locations() for theirs in held]
+        while any(_overlaps(location, theirs) for theirs in dropped):
+            location = f"{self.default_location(namespace, name)}-{uuid.uuid4().hex[:8]}"
+        return location
+
     # -- tables: writes ----------------------------------------------------------------------------------
 
     def stage_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
@@ -617,7 +627,7 @@ class WarehouseTables:
         self._require_namespace(namespace)
         self._require_absent(namespace, create.name)
         self._check_properties(create.properties)
-        return create.location or self.default_location(namespace, create.name)
+        return create.location or self._new_table_location(namespace, create.name)
 
     def _require_absent(self, namespace: Namespace, name: str) -> None:
         # Checked before locations, so an existing name is 409 rather than "overlaps itself" (400).
@@ -714,7 +724,7 @@ class WarehouseTables:
             self._require_namespace(namespace)
             self._require_absent(namespace, name)
             if not any(isinstance(u, SetLocationUpdate) for u in commit.updates):
-                located = (SetLocationUpdate(location=self.default_location(namespace, name)), *commit.updates)
+                located = (SetLocationUpdate(location=self._new_table_location(namespace, name)), *commit.updates)
                 commit = commit.model_copy(update={"updates": located})
         elif not self.table_exists(namespace, name):
             raise NoSuchTableError.named(*namespace, name)

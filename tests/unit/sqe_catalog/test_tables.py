@@ -208,7 +208,6 @@ def test_a_location_dropped_without_purge_is_not_claimed_again(tables: Warehouse
         lambda: tables.create_table(("scratch",), _create("b", f"{old.location}/inner")),  # nested
         lambda: tables.create_table(("scratch",), _create("c", f"{tables.root}/raw")),  # around the data path
         lambda: tables.stage_table(("scratch",), dataclasses.replace(_create("d", old.location), stage_create=True)),
-        lambda: tables.create_table(("sales",), _create("orders")),  # same name, default location
         lambda: tables.commit_table(("scratch",), "mine", _set_data_path(f"{tables.root}/raw/orders/x")),
         lambda: tables.register_table(("scratch",), "e", str(old.metadata_location)),
     ]
@@ -216,6 +215,10 @@ def test_a_location_dropped_without_purge_is_not_claimed_again(tables: Warehouse
         with pytest.raises(ForbiddenError, match=r"dropped table sales\.orders, whose files were not purged"):
             claim()
     assert tables.list_tables(("scratch",)) == ["mine"]
+    # The same name again, at the default location: created beside the old files, never over them.
+    again = tables.create_table(("sales",), _create("orders"))
+    assert again.location.startswith(f"{old.location}-") and again.location != old.location
+    tables.drop_table(("sales",), "orders", purge=True)
     with dropped_location_reuse(lambda: False), pytest.raises(ForbiddenError):
         tables.create_table(("scratch",), _create("a", old.location))
     tables.create_table(("scratch",), _create("elsewhere", f"{tables.root}/raw/other"))  # a sibling is free
@@ -255,7 +258,7 @@ def test_an_existing_database_gains_the_dropped_locations_table(tmp_path: Path) 
     with engine.begin() as conn:  # a database made before the table existed
         conn.execute(text("DROP TABLE sqe_dropped_table_locations"))
     tables = WarehouseTables(warehouse, engine)  # what a server start does
-    tables.create_table(("db",), _create("t"))
+    old = tables.create_table(("db",), _create("t"))
     tables.drop_table(("db",), "t", purge=False)
     with pytest.raises(ForbiddenError):
-        tables.create_table(("db",), _create("t"))
+        tables.create_table(("db",), _create("u", old.location))
