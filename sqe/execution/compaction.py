@@ -19,6 +19,7 @@ committed on top (concurrent appends survive), otherwise the outputs are deleted
 
 from __future__ import annotations
 
+import copy
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -79,10 +80,10 @@ def optimize(
     bins = list(plan_bins(loaded.table, row_filter, target))
     if not bins:
         return _result(0, 0, None)
+    table = writable_table(loaded)  # its paths checked before any rewrite, local or on workers
     if remote is not None:
         outputs = remote(loaded, bins, target)
     else:
-        table = writable_table(loaded)
         outputs = [f for group in bins for f in rewrite_bin(table, group, target)]
     inputs = [task for group in bins for task in group]
     try:
@@ -198,13 +199,15 @@ def commit_replace(
     from, with the deletes applied then). On a conflict it is retried on the new table state only while every
     input is still live with exactly the deletes it was read with: a delete committed meanwhile against an input
     would otherwise be undone by outputs that still hold the deleted rows."""
-    table = loaded.table
+    current, table = loaded, loaded.table
     for _attempt in range(_MAX_COMMIT_ATTEMPTS):
         try:
+            table = writable_table(current)  # the paths of the state committed to are checked too
             return _commit_once(table, [task.file for task in inputs], outputs)
         except (CommitFailedException, ValidationException) as exc:
             log.info("OPTIMIZE %s: commit conflict (%s); re-checking the inputs", loaded.ident, type(exc).__name__)
-            table = provider.load_table(loaded.ident, bypass_cache=True).table
+            current = provider.load_table(loaded.ident, bypass_cache=True)
+            table = current.table
             conflict = _input_conflict(table, inputs)
             if conflict:
                 _delete_outputs(table, outputs)
@@ -252,8 +255,9 @@ def _without_internal_retries(table: Table) -> Table:
     :func:`commit_replace`, whose re-check knows which deletes the outputs were written with (pyiceberg's own
     retry re-validated and let a concurrent position delete on an input through)."""
     properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
-    metadata = table.metadata.model_copy(update={"properties": properties})
-    return Table(table.name(), metadata, table.metadata_location, table.io, table.catalog)
+    once = copy.copy(table)  # keeps its class: a WriteTable's location rules hold for this commit too
+    once.metadata = table.metadata.model_copy(update={"properties": properties})
+    return once
 
 
 def _input_conflict(table: Table, inputs: Sequence[FileScanTask]) -> str | None:

@@ -5,8 +5,11 @@ class it imports and instantiates, and ``write.data.path`` says where data files
 writer set properties (sqe-catalog refuses both; another catalog may not) would let one user run an importable
 class inside the engine (in ``sqe serve``, a process holding the reader's secret) or steer SQE's writes into
 another table's files. So every write goes through :func:`writable_table`: the class-naming properties are
-dropped, and a data path outside the table's location is used only when a credential the catalog vended for
-this table covers it (the catalog's scope then decides); with SQE's own key it is refused.
+dropped, and a data or metadata path outside the table's location is used only when a credential the catalog
+vended for this table covers it (the catalog's scope then decides); with SQE's own key it is refused.
+
+pyiceberg refreshes the table and writes its manifests again when a commit conflicts, so the table a write
+uses is a :class:`WriteTable`: it applies both rules again to every metadata it holds, refreshed ones included.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.locations import load_location_provider
 
 from sqe.credentials import prefix_matches
 from sqe.errors import QueryError
@@ -21,24 +25,56 @@ from sqe.errors import QueryError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from sqe.catalog.base import LoadedTable
+    from pyiceberg.io import FileIO
+    from pyiceberg.table.locations import LocationProvider
+    from pyiceberg.table.metadata import TableMetadata
 
-__all__ = ["check_data_path", "data_path", "writable_table"]
+    from sqe.catalog.base import LoadedTable, TableIdent
+
+__all__ = ["WriteTable", "check_data_path", "data_path", "writable_table"]
 
 # Properties that name a class pyiceberg would import (the FileIO one is never used by SQE: dropped all the same).
 _CLASS_PROPERTIES = frozenset({TableProperties.WRITE_PY_LOCATION_PROVIDER_IMPL, "py-io-impl"})
 
 
-def writable_table(loaded: LoadedTable) -> Table:
-    """``loaded.table`` as every SQE write uses it: its data path checked, class-naming properties dropped."""
-    metadata = loaded.table.metadata
-    check_data_path(loaded, data_path(metadata.location, metadata.properties))
+def writable_table(loaded: LoadedTable) -> WriteTable:
+    """``loaded.table`` as every SQE write uses it: its paths checked, class-naming properties dropped."""
+    return WriteTable(loaded)
+
+
+class WriteTable(Table):
+    """A table whose location provider never comes from a class a property names, and whose data and metadata
+    paths are checked whenever one is asked for (pyiceberg asks again after refreshing on a commit conflict)."""
+
+    def __init__(self, loaded: LoadedTable) -> None:
+        table = loaded.table
+        metadata = _without_class_properties(table.metadata)
+        super().__init__(table.name(), metadata, table.metadata_location, table.io, table.catalog, table.config)
+        self._ident = loaded.ident
+        _check_paths(self._ident, metadata, self.io)  # before any file is written
+
+    def location_provider(self) -> LocationProvider:
+        metadata = _without_class_properties(self.metadata)
+        _check_paths(self._ident, metadata, self.io)
+        return load_location_provider(table_location=metadata.location, table_properties=metadata.properties)
+
+    def refresh(self) -> Table:
+        super().refresh()
+        self.metadata = _without_class_properties(self.metadata)
+        return self
+
+
+def _without_class_properties(metadata: TableMetadata) -> TableMetadata:
     kept = {key: value for key, value in metadata.properties.items() if key not in _CLASS_PROPERTIES}
     if len(kept) == len(metadata.properties):
-        return loaded.table
-    table = loaded.table
-    stripped = metadata.model_copy(update={"properties": kept})
-    return Table(table.name(), stripped, table.metadata_location, table.io, table.catalog)
+        return metadata
+    return metadata.model_copy(update={"properties": kept})
+
+
+def _check_paths(ident: TableIdent, metadata: TableMetadata, io: FileIO) -> None:
+    properties = metadata.properties
+    _check_path(ident, metadata.location, io, data_path(metadata.location, properties), "write.data.path")
+    _check_path(ident, metadata.location, io, _metadata_path(metadata.location, properties), "write.metadata.path")
 
 
 def data_path(location: str, properties: Mapping[str, str]) -> str:
@@ -46,16 +82,29 @@ def data_path(location: str, properties: Mapping[str, str]) -> str:
     return (properties.get(TableProperties.WRITE_DATA_PATH) or f"{location.rstrip('/')}/data").rstrip("/")
 
 
+def _metadata_path(location: str, properties: Mapping[str, str]) -> str:
+    """Where pyiceberg puts manifests and manifest lists: ``write.metadata.path``, else ``<location>/metadata``."""
+    return (properties.get(TableProperties.WRITE_METADATA_PATH) or f"{location.rstrip('/')}/metadata").rstrip("/")
+
+
 def check_data_path(loaded: LoadedTable, path: str) -> None:
     """Refuse a data path outside the table's location unless a vended credential of this table covers it."""
-    if prefix_matches(path, loaded.table.metadata.location):
+    _check_path(loaded.ident, loaded.table.metadata.location, loaded.io, path, "write.data.path")
+
+
+def _check_path(ident: TableIdent, location: str, io: FileIO, path: str, what: str) -> None:
+    _, _, rest = path.partition("://")
+    if any(segment in {".", ".."} for segment in (rest or path).split("/")):
+        # a local file system resolves them, and prefix matching does not: never a way out of the location
+        raise QueryError(f"writing to {ident} refused: its {what} {path} has a '.' or '..' segment")
+    if prefix_matches(path, location):
         return
     from sqe.credentials.fileio import ScopedFileIO  # imports pyarrow's FileIO: loaded when a write needs it
 
-    covering = loaded.io.set_for(path) if isinstance(loaded.io, ScopedFileIO) else None  # others vouch for nothing
+    covering = io.set_for(path) if isinstance(io, ScopedFileIO) else None  # other FileIOs vouch for nothing
     if covering is not None and covering.source == "vended":
         return
     raise QueryError(
-        f"writing to {loaded.ident} refused: its write.data.path {path} is outside the table location and no "
+        f"writing to {ident} refused: its {what} {path} is outside the table location and no "
         "credential the catalog vended for the table covers it (SQE's own key never writes outside a table)"
     )

@@ -517,13 +517,13 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         elif name == "CommandPreparedStatementQuery":
             handle = _message(wrapper, sql_pb.CommandPreparedStatementQuery).prepared_statement_handle
             prepared = self._prepared(session, handle)
-            prepared.parameters = self._parameters(reader)
+            prepared.parameters = self._parameters(reader, session, handle)
             result = sql_pb.DoPutPreparedStatementResult(prepared_statement_handle=handle)
             writer.write(pa.py_buffer(result.SerializeToString()))
         elif name == "CommandPreparedStatementUpdate":
             handle = _message(wrapper, sql_pb.CommandPreparedStatementUpdate).prepared_statement_handle
             prepared = self._prepared(session, handle)
-            sent = self._parameters(reader)
+            sent = self._parameters(reader, session, handle)
             # The update's own stream carries its parameter rows (ADBC executemany); only a stream without rows runs
             # with those a CommandPreparedStatementQuery DoPut bound before, as Arrow's reference servers do.
             rows = _parameter_rows(sent if sent.num_rows else prepared.parameters)
@@ -532,16 +532,19 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         else:
             raise QueryError(f"DoPut of {name or 'this command'} is not supported by sqe serve")
 
-    def _parameters(self, reader: flight.MetadataRecordBatchReader) -> pa.Table:
-        """The parameter rows of a DoPut, refused past ``max_parameter_bytes`` (read before any query slot)."""
+    def _parameters(self, reader: flight.MetadataRecordBatchReader, session: ClientSession, handle: bytes) -> pa.Table:
+        """The parameter rows of a DoPut, read before any query slot. ``max_parameter_bytes`` bounds them together
+        with the rows still bound to the session's other prepared statements (up to 1,024 of them)."""
         limit = self.server_config.max_parameter_bytes
-        batches, size = [], 0
+        held = session.bound_parameter_bytes(excluding=handle)
+        batches, size = [], held
         for chunk in reader:
             if chunk.data is None:
                 continue
             size += chunk.data.nbytes
             if size > limit:
-                raise QueryError(f"the parameter rows sent exceed [server] max_parameter_bytes ({limit} bytes)")
+                also = f", counting {held} bytes bound to other prepared statements of this session" if held else ""
+                raise QueryError(f"the parameter rows sent exceed [server] max_parameter_bytes ({limit} bytes{also})")
             batches.append(chunk.data)
         return pa.Table.from_batches(batches, schema=reader.schema)
 

@@ -394,6 +394,12 @@ class ClientSession:
             )
         self.prepared[handle] = prepared
 
+    def bound_parameter_bytes(self, excluding: bytes) -> int:
+        """Bytes of the parameter rows bound to this session's prepared statements, ``excluding``'s aside."""
+        return sum(
+            p.parameters.nbytes for h, p in list(self.prepared.items()) if h != excluding and p.parameters is not None
+        )
+
     def new_handle(self) -> bytes:
         return secrets.token_bytes(16)
 

@@ -503,6 +503,34 @@ def test_parameter_rows_past_the_limit_are_refused_before_anything_runs(served: 
     assert _put_update(client, handle, big.slice(0, 2), options) == 2
 
 
+def _bind(client: flight.FlightClient, handle: bytes, rows: pa.Table, options: Any) -> None:
+    """DoPut of CommandPreparedStatementQuery: binds ``rows`` to the prepared statement."""
+    command = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+    writer, reader = client.do_put(command, rows.schema, options)
+    writer.write_table(rows)
+    writer.done_writing()
+    reader.read()
+    writer.close()
+
+
+def test_parameter_rows_bound_across_prepared_statements_share_the_limit(served: Served) -> None:
+    """Found by review: the limit was per call, so 1,024 prepared statements of one session could each hold
+    max_parameter_bytes of bound rows. Rows bound to a session's statements count against one limit."""
+    client = served.flight_client()
+    options = _session_options(served.token("writer"), f"params-{uuid.uuid4().hex}")
+    sql = f"SELECT name FROM {served.namespace}.people WHERE id = $1 AND name <> $2"
+    first, second = (bytes(_create_prepared(client, sql, options).prepared_statement_handle) for _ in range(2))
+    rows = (PARAMETER_BYTES * 6 // 10) // 1000
+    most = pa.table({"a": pa.array(range(rows), pa.int64()), "b": ["x" * 1000] * rows})
+    _bind(client, first, most, options)
+    _bind(client, first, most, options)  # binding again replaces the statement's own rows: still within the limit
+    error = served.expect_error(lambda: _bind(client, second, most, options), flight.FlightError)
+    assert f"max_parameter_bytes ({PARAMETER_BYTES} bytes, counting" in str(error)
+    _bind(client, second, most.slice(0, 2), options)
+    other = _session_options(served.token("writer"), f"params-{uuid.uuid4().hex}")  # another session: its own limit
+    _bind(client, bytes(_create_prepared(client, sql, other).prepared_statement_handle), most, other)
+
+
 def test_adbc_cancel_of_a_long_query(served: Served) -> None:
     with served.adbc("carol") as conn, conn.cursor() as cur:
         sql = f"SELECT a.n FROM {served.namespace}.numbers a, {served.namespace}.numbers b WHERE a.n + b.n = -1"

@@ -11,7 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from sqe.catalog.base import TableIdent
 from sqe.errors import QueryError
+from sqe.execution.write_target import writable_table
 from tests.unit.sqe.iceberg_local import LocalProvider
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -24,6 +26,9 @@ from pyiceberg.table.locations import SimpleLocationProvider
 class Provider(SimpleLocationProvider):
     def new_data_location(self, data_file_name, partition_key=None):
         return f"{self.table_location}/steered/{data_file_name}"
+
+    def new_metadata_location(self, metadata_file_name):
+        return f"{self.table_location}/steered-metadata/{metadata_file_name}"
 """
 
 
@@ -36,22 +41,71 @@ def _data_files(table: Any) -> list[str]:
     return [task.file.file_path for task in table.scan().plan_files()]
 
 
-def test_a_location_provider_class_named_by_a_property_never_places_data_files(
-    write_provider: LocalProvider, session_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Found by review: pyiceberg imported and instantiated the class the property names, inside the engine (in
-    # `sqe serve`, a process holding the reader's secret), and wrote where it said.
+def _written_paths(table: Any) -> list[str]:
+    """Every data file, manifest and manifest list of the table's current snapshot."""
+    table.refresh()
+    snapshot = table.current_snapshot()
+    manifests = snapshot.manifests(table.io)
+    return [snapshot.manifest_list, *(m.manifest_path for m in manifests), *_data_files(table)]
+
+
+@pytest.fixture()
+def steered(write_provider: LocalProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A table whose properties name a location provider class that steers every file it places."""
     modules = tmp_path / "modules"
     modules.mkdir()
     (modules / f"{PROVIDER_MODULE}.py").write_text(PROVIDER_SOURCE)
     monkeypatch.syspath_prepend(str(modules))
     monkeypatch.delitem(sys.modules, PROVIDER_MODULE, raising=False)
-    table = _table(write_provider, "ns.t", **{"write.py-location-provider.impl": f"{PROVIDER_MODULE}.Provider"})
+    return _table(write_provider, "ns.t", **{"write.py-location-provider.impl": f"{PROVIDER_MODULE}.Provider"})
+
+
+def _unsteered(table: Any) -> bool:
+    paths = _written_paths(table)
+    return bool(paths) and all("/steered" not in path for path in paths)
+
+
+def test_a_location_provider_class_named_by_a_property_never_places_data_files(
+    write_provider: LocalProvider, session_factory: Any, steered: Any
+) -> None:
+    # Found by review: pyiceberg imported and instantiated the class the property names, inside the engine (in
+    # `sqe serve`, a process holding the reader's secret), and wrote where it said.
     session = session_factory(write_provider)
     session.sql("INSERT INTO ns.t VALUES (1), (2)")
     session.sql("UPDATE ns.t SET id = 3 WHERE id = 2")
     assert sorted(session.sql("SELECT id FROM ns.t").fetchall()) == [(1,), (3,)]
-    assert all(path.startswith(table.location() + "/data/") for path in _data_files(table))
+    assert all(path.startswith(steered.location() + "/data/") for path in _data_files(steered))
+    assert _unsteered(steered)
+
+
+def test_optimize_commits_without_the_named_location_provider(
+    write_provider: LocalProvider, session_factory: Any, steered: Any
+) -> None:
+    # Found by review: OPTIMIZE's commit used the table as loaded, so its manifests went where the class said.
+    session = session_factory(write_provider)
+    session.sql("INSERT INTO ns.t VALUES (1)")
+    session.sql("INSERT INTO ns.t VALUES (2)")
+    session.sql("OPTIMIZE ns.t")
+    assert steered.refresh().current_snapshot().summary.operation.value == "replace"
+    assert sorted(session.sql("SELECT id FROM ns.t").fetchall()) == [(1,), (2,)]
+    assert _unsteered(steered)
+
+
+def test_a_commit_retried_after_a_conflict_keeps_the_rules(write_provider: LocalProvider, steered: Any) -> None:
+    # Found by review: pyiceberg's retry refreshes the table, which brought the class-naming property back for
+    # the manifests it writes again.
+    writer = writable_table(write_provider.load_table(TableIdent("wh", ("ns",), "t")))
+    steered.append(pa.table({"id": pa.array([1], pa.int64())}))  # a concurrent commit: the next one conflicts
+    writer.append(pa.table({"id": pa.array([2], pa.int64())}))
+    assert sorted(row["id"] for row in steered.refresh().scan().to_arrow().to_pylist()) == [1, 2]
+    latest = steered.current_snapshot()
+    assert latest.parent_snapshot_id is not None  # the engine's append landed on top of the concurrent one
+    assert "/steered" not in latest.manifest_list
+    assert all(
+        "/steered" not in m.manifest_path
+        for m in latest.manifests(steered.io)
+        if m.added_snapshot_id == latest.snapshot_id
+    )
 
 
 def test_a_data_path_inside_the_table_location_is_followed(write_provider: LocalProvider, session_factory: Any) -> None:
@@ -72,3 +126,26 @@ def test_a_data_path_outside_the_table_location_is_refused_without_a_vended_cred
         session.sql("INSERT INTO ns.mine VALUES (1)")
     assert _data_files(table) == [] and _data_files(victim) == []
     assert not any(Path(victim.location().removeprefix("file://"), "data").glob("*"))
+
+
+@pytest.mark.parametrize("prop", ["write.data.path", "write.metadata.path"])
+def test_a_path_outside_the_location_is_refused_whichever_property_sets_it(
+    write_provider: LocalProvider, session_factory: Any, prop: str
+) -> None:
+    victim = _table(write_provider, "ns.victim2")
+    table = _table(write_provider, "ns.mine2", **{prop: victim.location() + "/files"})
+    with pytest.raises(QueryError, match=rf"{prop.replace('.', '[.]')} .* is outside the table location"):
+        session_factory(write_provider).sql("INSERT INTO ns.mine2 VALUES (1)")
+    assert _data_files(table) == []
+
+
+@pytest.mark.parametrize("tail", ["/../victim3/data", "/./data", "/x/../../victim3"])
+def test_a_path_with_dot_segments_is_refused(write_provider: LocalProvider, session_factory: Any, tail: str) -> None:
+    # Found by review: a file system resolves '..' while prefix matching does not, so "<location>/../other"
+    # passed the check on a file:// warehouse and wrote into the neighbouring table.
+    table = _table(write_provider, "ns.dots")
+    _table(write_provider, "ns.victim3")
+    table.transaction().set_properties({"write.data.path": table.location() + tail}).commit_transaction()
+    with pytest.raises(QueryError, match=r"has a '\.' or '\.\.' segment"):
+        session_factory(write_provider).sql("INSERT INTO ns.dots VALUES (1)")
+    assert _data_files(table) == []
