@@ -8,7 +8,7 @@ least as strict as Polaris's: a name is refused when it
 - is not a string, is empty, or is longer than ``MAX_NAME_LENGTH`` characters;
 - is ``.`` or ``..``, or contains ``/`` or ``\\`` (path separators and traversal forms);
 - contains a control, format or invisible character (Unicode categories Cc, Cf, Cs = lone surrogates, Co, Cn,
-  Zl, Zp), or a space character other than U+0020;
+  Zl, Zp), a space character other than U+0020, or U+FFFD (what the server makes of a byte that is not UTF-8);
 - is whitespace only, or starts or ends with whitespace (padded names look identical to unpadded ones).
 
 A namespace level may contain ``.``: the wire separator is the unit separator (``NAMESPACE_SEPARATOR``).
@@ -51,6 +51,8 @@ def _character_problem(ch: str) -> str | None:
         return f"a control or invisible character (U+{ord(ch):04X})"
     if category == "Zs" and ch != " ":
         return f"a special space character (U+{ord(ch):04X})"
+    if ch == "\ufffd":  # what an undecodable byte in the request path became: the client meant something else
+        return "the replacement character U+FFFD (a byte that is not UTF-8)"
     return None
 
 

@@ -40,6 +40,7 @@ from pyiceberg.table.metadata import (
 )
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import (
+    AddSchemaUpdate,
     AddSnapshotUpdate,
     AssertCreate,
     SetLocationUpdate,
@@ -316,6 +317,17 @@ def parse_create_body(body: dict[str, Any]) -> TableCreate:
         properties=dict(parsed.properties),
         stage_create=parsed.stage_create,
     )
+
+
+# Iceberg ids are 32-bit signed ints (Java's readers fail on anything larger); pyiceberg's models take any int.
+_MAX_ID = 2**31 - 1
+
+
+def _check_schema_ids(schema: Schema) -> None:
+    """A schema a client adds: its id and every field id (nested ones too) a non-negative 32-bit int."""
+    ids = [schema.schema_id, *schema._lazy_id_to_field]
+    if any(not 0 <= value <= _MAX_ID for value in ids):
+        raise BadRequestError(f"invalid schema: ids must be integers from 0 to {_MAX_ID}")
 
 
 def parse_commit_body(body: dict[str, Any]) -> CommitBody:
@@ -761,6 +773,8 @@ class WarehouseTables:
         for update in updates:
             if isinstance(update, SetPropertiesUpdate):
                 self._check_properties(update.updates)
+            elif isinstance(update, AddSchemaUpdate):
+                _check_schema_ids(update.schema_)
 
     def _commit_protected(self, namespace: Namespace, name: str, commit: CommitBody, creating: bool) -> StoredTable:
         """Create-transaction commits and every commit to a protected table (pointer + pin move together)."""

@@ -148,6 +148,24 @@ BAD_DECIMAL = {"id": 1, "name": "a", "type": "decimal(99,2)", "required": False}
                 {"updates": [{"action": "add-schema", "schema": {"type": "struct", "fields": [BAD_DECIMAL]}}]}
             ).encode(),
         ),
+        *(
+            (  # field ids outside Iceberg's 32-bit range (found by review: accepted, then unreadable in Java)
+                "/v1/wh/namespaces/db/tables/t",
+                json.dumps(
+                    {"updates": [{"action": "add-schema", "schema": {"type": "struct", "fields": [field]}}]}
+                ).encode(),
+            )
+            for field in (
+                {"id": 2**31, "name": "big", "type": "long", "required": False},
+                {"id": -5, "name": "negative", "type": "long", "required": False},
+                {
+                    "id": 2,
+                    "name": "nested",
+                    "required": False,
+                    "type": {"type": "list", "element-id": 2**40, "element": "long", "element-required": False},
+                },
+            )
+        ),
         (
             "/v1/wh/namespaces/db/views",
             json.dumps(

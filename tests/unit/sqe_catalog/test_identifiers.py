@@ -31,6 +31,7 @@ ODD_NAMES = [
     "a\u2029b",  # paragraph separator (Zp)
     "a\ud800b",  # lone surrogate (Cs)
     "a\u00a0b",  # no-break space
+    "a\ufffd\ufffdb",  # a path segment "a%FF%FEb": the server decodes bytes that are not UTF-8 to U+FFFD
     " ",
     "\t",
     " padded",
