@@ -6,8 +6,8 @@ that could steer that I/O is checked here first:
 
 - table locations (``location``, ``write.data.path``, ``write.metadata.path``) must lie inside the warehouse
   location and must not overlap another table's locations, because vended credentials are scoped by them; nor,
-  unless the request may claim them (``dropped_location_reuse``), a table's dropped without purge, whose files
-  are still there;
+  unless the request may claim them (``dropped_location_reuse``), a dropped table's whose files are still there
+  (dropped without purge, or purged by a cleanup task not done yet);
 - table properties that make pyiceberg import a class (``py-io-impl``, ``write.py-location-provider.impl``)
   are refused, and table properties never reach the catalog's own FileIO;
 - a purge deletes only files under the table's own locations.
@@ -851,8 +851,8 @@ class WarehouseTables:
         self._check_dropped_locations([loc for loc in locations if not any(prefix_matches(loc, h) for h in held)])
 
     def _check_dropped_locations(self, locations: Sequence[str]) -> None:
-        """Refuse claiming a location that overlaps a table dropped without purge (its files are still there and
-        the new table would be vended credentials for them), unless the request may (``dropped_location_reuse``)."""
+        """Refuse claiming a location that overlaps a dropped table whose files are still there (a new table there
+        would be vended credentials for them), unless the request may (``dropped_location_reuse``)."""
         if not locations:
             return
         for (ns, name), dropped in self.integrity.dropped_locations():
@@ -861,7 +861,7 @@ class WarehouseTables:
                     return
                 shown = ".".join((*from_storage_namespace(ns), name))
                 raise ForbiddenError(
-                    f"table location overlaps the location of dropped table {shown}, whose files were not purged; "
+                    f"table location overlaps the location of dropped table {shown}, whose files are still in storage; "
                     "claiming it needs CATALOG_MANAGE_CONTENT on the warehouse"
                 )
 

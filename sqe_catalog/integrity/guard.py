@@ -146,7 +146,7 @@ class IntegrityGuard:
         return st.stored_locations(self._catalog.engine, self._catalog.name)
 
     def dropped_locations(self) -> list[tuple[tuple[Namespace, str], tuple[str, ...]]]:
-        """The locations of tables dropped without purge (their files are still in storage)."""
+        """The locations of dropped tables whose files may still be in storage (no purge, or one not done yet)."""
         return st.dropped_locations(self._catalog.engine, self._catalog.name)
 
     def ref(self, namespace: Namespace, name: str) -> TableName:
@@ -341,21 +341,22 @@ class IntegrityGuard:
     def drop(
         self, namespace: Namespace, name: str, purge_location: str | None, stamp: NotificationStamp | None = None
     ) -> int | None:
-        """Drop row and pin (and, for a purge, persist a cleanup task; without one, keep the table's locations as
-        a tombstone) in one transaction; returns the task id.
+        """Drop row and pin, keep the table's locations as a tombstone and, for a purge, persist a cleanup task
+        (whose success removes the tombstone), in one transaction; returns the task id.
 
         The files are deleted later, by the background cleaner or ``admin run-cleanup``, after a second check."""
         table = self.ref(namespace, name)
         with self._catalog.engine.begin() as conn:
             trusted = st.load_state(conn, table)
-            kept = None if purge_location else self._claimed_locations(conn, table)
+            kept = self._claimed_locations(conn, table)  # a purge's files remain until its task is done
             result = conn.execute(delete(IcebergTables).where(self._row(table)))
             if result.rowcount != 1:
                 raise NoSuchTableError(f"table does not exist: {table.dotted_namespace}.{table.name}")
             st.delete_state(conn, table)
+            dropped_ms = st.now_ms()
             if kept is not None:
-                st.record_dropped(conn, table, kept)
-            task_id = st.insert_task(conn, table, purge_location, trusted) if purge_location else None
+                st.record_dropped(conn, table, kept, dropped_ms)
+            task_id = st.insert_task(conn, table, purge_location, trusted, dropped_ms) if purge_location else None
             if stamp is not None:
                 stamp(conn)
         return task_id

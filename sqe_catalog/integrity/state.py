@@ -91,10 +91,11 @@ _locations = Table(
     *object_key(),
     Column("locations", Text, nullable=False),  # JSON array of strings
 )
-# Tombstones: the locations of tables dropped without a purge. Their files stay in storage, so a new table claiming
-# an overlapping location would be vended credentials for them (see WarehouseTables._check_dropped_locations). A
-# purge drop records none: its cleanup task deletes the files. Like every table here, create_all adds it to an
-# existing database (empty: tables dropped before it existed left no record).
+# Tombstones: the locations of dropped tables whose files are still in storage, so a new table claiming an
+# overlapping location would be vended credentials for them (see WarehouseTables._check_dropped_locations). A drop
+# without purge keeps its tombstone; a purge drop's goes when its cleanup task is done (same dropped_ms as the
+# task's created_ms: one drop transaction wrote both), and stays when the task fails. Like every table here,
+# create_all adds it to an existing database (empty: tables dropped before it existed left no record).
 _dropped = Table(
     "sqe_dropped_table_locations",
     METADATA,
@@ -293,11 +294,11 @@ def recorded_locations(conn: Connection, ref: TableName) -> tuple[str, ...] | No
     return tuple(json.loads(row.locations)) if row is not None else None
 
 
-def record_dropped(conn: Connection, ref: TableName, locations: tuple[str, ...]) -> None:
-    """Keep the locations of a table dropped without purge (same transaction as the drop)."""
+def record_dropped(conn: Connection, ref: TableName, locations: tuple[str, ...], stamp: int) -> None:
+    """Keep the locations of a dropped table (same transaction as the drop, whose time ``stamp`` is)."""
     conn.execute(
         insert(_dropped).values(
-            dropped_ms=now_ms(),
+            dropped_ms=stamp,
             warehouse=ref.warehouse,
             namespace=ref.dotted_namespace,
             table_name=ref.name,
@@ -307,7 +308,8 @@ def record_dropped(conn: Connection, ref: TableName, locations: tuple[str, ...])
 
 
 def dropped_locations(engine: Engine, warehouse: str) -> list[tuple[tuple[tuple[str, ...], str], tuple[str, ...]]]:
-    """((namespace, name), locations) of every table of the warehouse dropped without purge, oldest first."""
+    """((namespace, name), locations) of every dropped table of the warehouse whose files may remain, oldest
+    first."""
     stmt = select(_dropped).where(_dropped.c.warehouse == warehouse).order_by(_dropped.c.id)
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
@@ -426,8 +428,7 @@ class CleanupTask:
     detail: str | None
 
 
-def insert_task(conn: Connection, table: TableName, location: str, trusted: TrustedState | None) -> int:
-    stamp = now_ms()
+def insert_task(conn: Connection, table: TableName, location: str, trusted: TrustedState | None, stamp: int) -> int:
     result = conn.execute(
         insert(_tasks).values(
             created_ms=stamp,
@@ -478,6 +479,23 @@ def finish_task(engine: Engine, task_id: int, status: str, detail: str) -> None:
     with engine.begin() as conn:
         conn.execute(update(_tasks).where(_tasks.c.id == task_id).values(status=status, detail=detail))
         conn.execute(update(_tasks).where(_tasks.c.id == task_id).values(updated_ms=now_ms()))
+        if status == DONE:
+            _forget_purged_tombstone(conn, task_id)
+
+
+def _forget_purged_tombstone(conn: Connection, task_id: int) -> None:
+    """The files of the task's table are deleted: its drop's tombstone no longer guards anything."""
+    task = conn.execute(select(_tasks).where(_tasks.c.id == task_id)).first()
+    if task is None:
+        return
+    conn.execute(
+        delete(_dropped).where(
+            _dropped.c.warehouse == task.warehouse,
+            _dropped.c.namespace == task.namespace,
+            _dropped.c.table_name == task.table_name,
+            _dropped.c.dropped_ms == task.created_ms,
+        )
+    )
 
 
 def list_tasks(engine: Engine, warehouse: str | None = None) -> list[dict[str, Any]]:

@@ -212,7 +212,7 @@ def test_a_location_dropped_without_purge_is_not_claimed_again(tables: Warehouse
         lambda: tables.register_table(("scratch",), "e", str(old.metadata_location)),
     ]
     for claim in claims:
-        with pytest.raises(ForbiddenError, match=r"dropped table sales\.orders, whose files were not purged"):
+        with pytest.raises(ForbiddenError, match=r"dropped table sales\.orders, whose files are still in storage"):
             claim()
     assert tables.list_tables(("scratch",)) == ["mine"]
     # The same name again, at the default location: created beside the old files, never over them.
@@ -228,11 +228,27 @@ def test_a_location_dropped_without_purge_is_not_claimed_again(tables: Warehouse
     assert tables.commit_table(("sales",), "orders", _set_data_path(f"{old.location}/data2")).metadata
 
 
-def test_a_purge_drop_leaves_the_location_free(tables: WarehouseTables) -> None:
+def test_a_purge_drop_frees_the_location_once_its_files_are_deleted(tables: WarehouseTables) -> None:
+    # Found by review: a purge drop recorded nothing, yet its files stay until the cleaner runs; meanwhile a new
+    # table at the same location (the default one of the same name) was vended credentials for them.
     tables.create_namespace(("db",), {})
-    tables.create_table(("db",), _create("t"))
+    location = tables.create_table(("db",), _create("t")).location
     tables.drop_table(("db",), "t", purge=True)
-    assert tables.create_table(("db",), _create("t")).location == f"{tables.root}/db/t"
+    with pytest.raises(ForbiddenError, match=r"dropped table db\.t"):
+        tables.create_table(("db",), _create("claim", location))
+    assert tables.create_table(("db",), _create("t")).location.startswith(f"{location}-")  # beside, not over
+    assert set(tables.run_cleanup().values()) == {"done"}
+    assert tables.create_table(("db",), _create("claim", location)).location == location
+
+
+def test_a_failed_purge_keeps_guarding_the_location(tables: WarehouseTables) -> None:
+    tables.create_namespace(("db",), {})
+    created = tables.create_table(("db",), _create("t"))
+    tables.drop_table(("db",), "t", purge=True)
+    Path(str(created.metadata_location).removeprefix("file://")).unlink()  # the cleaner cannot verify: deletes nothing
+    assert set(tables.run_cleanup().values()) == {"failed"}
+    with pytest.raises(ForbiddenError, match=r"dropped table db\.t"):
+        tables.create_table(("db",), _create("claim", created.location))
 
 
 def test_a_legacy_table_dropped_without_purge_keeps_its_locations(tables: WarehouseTables, tmp_path: Path) -> None:
