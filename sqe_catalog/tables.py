@@ -380,24 +380,17 @@ class _WarehouseSqlCatalog(SqlCatalog):
         updates: tuple[TableUpdate, ...],
     ) -> StagedTable:
         # Every commit path stages here (plain, protected, create transaction): the one place to check the result.
-        staged = self._stage(current_table, table_identifier, requirements, updates)
+        # A create transaction may ask for format v3 (``upgrade-format-version``, as DuckDB's CREATE TABLE does);
+        # pyiceberg creates v3 metadata but refuses that update, so it is held back and applied after the others.
+        version = _created_format_version(current_table, updates)
+        staged_updates = updates if version is None else _without_format_upgrades(updates)
+        staged = super()._update_and_stage_table(current_table, table_identifier, requirements, staged_updates)
+        if version is not None:
+            staged = self._with_format_version(staged, version)
         _check_added_manifest_lists(staged.metadata, updates)
         return staged
 
-    def _stage(
-        self,
-        current_table: Table | None,
-        table_identifier: Identifier,
-        requirements: tuple[TableRequirement, ...],
-        updates: tuple[TableUpdate, ...],
-    ) -> StagedTable:
-        # A create transaction may ask for format v3 (``upgrade-format-version``, as DuckDB's CREATE TABLE does);
-        # pyiceberg creates v3 metadata but refuses that update, so it is applied here after the others.
-        version = _created_format_version(current_table, updates)
-        if version is None:
-            return super()._update_and_stage_table(current_table, table_identifier, requirements, updates)
-        rest = tuple(u for u in updates if not isinstance(u, UpgradeFormatVersionUpdate))
-        staged = super()._update_and_stage_table(current_table, table_identifier, requirements, rest)
+    def _with_format_version(self, staged: StagedTable, version: int) -> StagedTable:
         document = {**staged.metadata.model_dump(by_alias=True), "format-version": version}
         return StagedTable(
             identifier=staged.name(),
@@ -442,6 +435,10 @@ def _created_format_version(current_table: Table | None, updates: tuple[TableUpd
     if versions and SUPPORTED_TABLE_FORMAT_VERSION < max(versions) <= _MAX_CREATE_FORMAT_VERSION:
         return max(versions)
     return None
+
+
+def _without_format_upgrades(updates: tuple[TableUpdate, ...]) -> tuple[TableUpdate, ...]:
+    return tuple(u for u in updates if not isinstance(u, UpgradeFormatVersionUpdate))
 
 
 class _NamedTable:
