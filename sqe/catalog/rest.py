@@ -29,6 +29,7 @@ from pyiceberg.exceptions import RESTError
 from pyiceberg.io import FileIO
 from pyiceberg.schema import assign_fresh_schema_ids
 from pyiceberg.table import StagedTable, Table
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.view.metadata import ViewMetadata
 
 from sqe import vocabulary
@@ -146,6 +147,11 @@ class SQERestCatalog(Unpicklable, RestCatalog):
 
     def _load_file_io(self, properties: Mapping[str, str] = {}, location: str | None = None) -> FileIO:
         raise CatalogError("internal: pyiceberg FileIO must never be built for catalog tables")
+
+    @staticmethod
+    def _delete_old_metadata(io: FileIO, base: TableMetadata, metadata: TableMetadata) -> None:
+        """Never: the files a table's ``metadata-log`` names are whatever its writers put there (see
+        ``sqe.execution.write_target.WriteTable._do_commit``); old metadata is the catalog's to remove."""
 
     def _response_to_table(self, identifier_tuple: tuple[str, ...], table_response: TableResponse) -> Table:
         io = self.file_io_for(table_response.config, table_response.model_dump(by_alias=True), time.time())

@@ -10,6 +10,7 @@ vended for this table covers it (the catalog's scope then decides); with SQE's o
 
 pyiceberg refreshes the table and writes its manifests again when a commit conflicts, so the table a write
 uses is a :class:`WriteTable`: it applies both rules again to every metadata it holds, refreshed ones included.
+It also never deletes the old metadata files a table property asks pyiceberg to delete after a commit.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from pyiceberg.io import FileIO
     from pyiceberg.table.locations import LocationProvider
     from pyiceberg.table.metadata import TableMetadata
+    from pyiceberg.table.update import TableRequirement, TableUpdate
 
     from sqe.catalog.base import LoadedTable, TableIdent
 
@@ -62,6 +64,15 @@ class WriteTable(Table):
         super().refresh()
         self.metadata = _without_class_properties(self.metadata)
         return self
+
+    def _do_commit(self, updates: tuple[TableUpdate, ...], requirements: tuple[TableRequirement, ...]) -> None:
+        """pyiceberg's commit without its clean-up: with ``write.metadata.delete-after-commit.enabled`` it deletes
+        every ``metadata-log`` entry the commit trimmed, and a table's log is whatever its writers put there
+        (another table's metadata, a local file of the engine's host). Old metadata is the catalog's to remove."""
+        response = self.catalog.commit_table(self, requirements, updates)
+        self._check_uuid(self.metadata, response.metadata)
+        self.metadata = _without_class_properties(response.metadata)
+        self.metadata_location = response.metadata_location
 
 
 def _without_class_properties(metadata: TableMetadata) -> TableMetadata:

@@ -4,6 +4,7 @@ Against a real local Iceberg catalog that, unlike sqe-catalog, lets a writer set
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,34 @@ def test_a_path_with_dot_segments_is_refused(write_provider: LocalProvider, sess
     with pytest.raises(QueryError, match=r"has a '\.' or '\.\.' segment"):
         session_factory(write_provider).sql("INSERT INTO ns.dots VALUES (1)")
     assert _data_files(table) == []
+
+
+def _local(location: str) -> Path:
+    return Path(location.removeprefix("file://").removeprefix("file:"))
+
+
+@pytest.mark.parametrize("victim_kind", ["another table's metadata", "a file of the engine's host"])
+@pytest.mark.parametrize("statement", ["INSERT INTO ns.b VALUES (1)", "DELETE FROM ns.b WHERE id = 7"])
+def test_a_commit_never_deletes_what_the_metadata_log_names(
+    write_provider: LocalProvider, session_factory: Any, tmp_path: Path, victim_kind: str, statement: str
+) -> None:
+    # Found by review: with write.metadata.delete-after-commit.enabled, pyiceberg deleted every metadata-log entry
+    # a commit trimmed, through the engine's FileIO; a table's log is whatever its writers put there.
+    catalog = write_provider.catalogs["wh"]
+    if victim_kind == "another table's metadata":
+        victim = _local(str(_table(write_provider, "ns.victim").metadata_location))
+    else:
+        victim = tmp_path / "engine-host" / "server.toml"
+        victim.parent.mkdir()
+        victim.write_text("not a table's")
+    own = _table(write_provider, "ns.a", **{"write.metadata.delete-after-commit.enabled": "true"})
+    document = json.loads(_local(str(own.metadata_location)).read_text())
+    document["properties"]["write.metadata.previous-versions-max"] = "1"
+    document["metadata-log"] = [{"metadata-file": f"file://{victim}", "timestamp-ms": 1}]
+    crafted = _local(str(own.metadata_location)).parent / "00001-crafted.metadata.json"
+    crafted.write_text(json.dumps(document))
+    catalog.register_table("ns.b", f"file://{crafted}")
+    session = session_factory(write_provider)
+    session.sql("INSERT INTO ns.b VALUES (7)")  # the log now holds the victim and the registered metadata
+    session.sql(statement)
+    assert victim.exists()
