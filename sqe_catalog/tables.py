@@ -338,6 +338,11 @@ def parse_commit_body(body: dict[str, Any]) -> CommitBody:
 # pyiceberg adaptation
 
 
+# Fresh names tried beside a dropped table's location: 8 hex digits collide by chance almost never, so failing
+# this often means every name beside it overlaps (a dropped location holds the whole namespace).
+_FRESH_LOCATION_ATTEMPTS = 8
+
+
 class _MetadataCache:
     """Parsed metadata files by location. Metadata files are immutable, so entries never go stale."""
 
@@ -604,11 +609,15 @@ class WarehouseTables:
     def _new_table_location(self, namespace: Namespace, name: str) -> str:
         """The default location, or when a table dropped without purge still holds it, a fresh one beside it: so
         dropping a table and creating it again under its name works without reaching the old files."""
-        location = self.default_location(namespace, name)
+        default = location = self.default_location(namespace, name)
         dropped = [theirs for _table, held in self.integrity.dropped_locations() for theirs in held]
-        while any(_overlaps(location, theirs) for theirs in dropped):
-            location = f"{self.default_location(namespace, name)}-{uuid.uuid4().hex[:8]}"
-        return location
+        for _attempt in range(_FRESH_LOCATION_ATTEMPTS):
+            if not any(_overlaps(location, theirs) for theirs in dropped):
+                return location
+            location = f"{default}-{uuid.uuid4().hex[:8]}"
+        # A dropped location around the default one (a namespace-wide data path): no name beside it is free, and
+        # the create's location check refuses the default with its 403.
+        return default
 
     # -- tables: writes ----------------------------------------------------------------------------------
 
@@ -677,7 +686,17 @@ class WarehouseTables:
         self._check_inside_warehouse(metadata_location, vocabulary.METADATA_LOCATION)
         parsed = self._read_parsed(metadata_location, fresh=True)
         self._check_properties(parsed.metadata.properties)
+        self._check_metadata_log(parsed.metadata)
         return parsed
+
+    @staticmethod
+    def _check_metadata_log(metadata: TableMetadata) -> None:
+        """A client-written metadata-log names only the table's own files: its entries are what a writer that
+        honours ``write.metadata.delete-after-commit.enabled`` deletes once later commits trim them."""
+        own = table_locations(metadata.location, metadata.properties)
+        for entry in metadata.metadata_log:
+            if not any(prefix_matches(entry.metadata_file, location) for location in own):
+                raise BadRequestError("metadata-log names a file outside the table's locations")
 
     def _check_admitted_locations(self, parsed: ParsedMetadata, exclude: tuple[Namespace, str] | None) -> None:
         self._check_new_locations(table_locations(parsed.metadata.location, parsed.metadata.properties), exclude)
@@ -919,14 +938,18 @@ class WarehouseTables:
         own = table.locations
         files = self._referenced_files(table)
         inside = sorted(path for path in files if any(prefix_matches(path, loc) for loc in own))
-        deleted = 0
+        deleted, refused = 0, 0
         for path in inside:
             try:
                 self._catalog.io.delete(path)
                 deleted += 1
+            except FileNotFoundError:
+                pass  # already gone
             except OSError:
-                pass  # already gone, or the store refused: the table row is dropped either way
+                refused += 1
         summary = f"{deleted} of {len(files)} referenced files deleted, {len(files) - len(inside)} outside left alone"
+        if refused:  # the task fails, so the drop's tombstone keeps guarding the files that stay
+            raise OSError(f"{summary}; the store refused to delete {refused}")
         log.info("purged table at %s: %s", table.location, summary)
         return summary
 

@@ -278,3 +278,68 @@ def test_an_existing_database_gains_the_dropped_locations_table(tmp_path: Path) 
     tables.drop_table(("db",), "t", purge=False)
     with pytest.raises(ForbiddenError):
         tables.create_table(("db",), _create("u", old.location))
+
+
+@pytest.mark.parametrize("outside", ["other table", "engine host"])
+def test_admitted_metadata_may_not_log_files_outside_the_table(
+    tables: WarehouseTables, tmp_path: Path, outside: str
+) -> None:
+    # Found by review: a registered metadata-log named another table's metadata file; the next commit trimmed it,
+    # and a writer honouring write.metadata.delete-after-commit.enabled deleted it.
+    tables.create_namespace(("db",), {})
+    a = tables.create_table(("db",), _create("a"))
+    victim = tables.create_table(("db",), _create("victim"))
+    logged = str(victim.metadata_location) if outside == "other table" else f"file://{tmp_path}/host/server.toml"
+    document = json.loads(Path(str(a.metadata_location).removeprefix("file://")).read_text())
+    document["metadata-log"] = [{"metadata-file": logged, "timestamp-ms": 1}]
+    written = f"{a.location}/metadata/00001-client.metadata.json"
+    Path(written.removeprefix("file://")).write_text(json.dumps(document))
+    with pytest.raises(BadRequestError, match="metadata-log names a file outside the table's locations"):
+        tables.register_table(("db",), "b", written)
+    with pytest.raises(BadRequestError, match="metadata-log"):
+        tables.register_table(("db",), "a", written, overwrite=True)
+    document["metadata-log"] = [{"metadata-file": str(a.metadata_location), "timestamp-ms": 1}]  # its own: fine
+    Path(written.removeprefix("file://")).write_text(json.dumps(document))
+    assert tables.register_table(("db",), "a", written, overwrite=True).metadata_location == written
+
+
+def test_a_purge_the_store_refuses_fails_and_keeps_the_tombstone(tables: WarehouseTables) -> None:
+    # Found by review: a refused delete was passed over and the task reported done, so the tombstone went while
+    # files stayed. Here the store refuses one delete: a logged metadata file that is a non-empty directory.
+    tables.create_namespace(("db",), {})
+    created = tables.create_table(("db",), _create("t"))
+    document = json.loads(Path(str(created.metadata_location).removeprefix("file://")).read_text())
+    stubborn = f"{created.location}/metadata/00000-stubborn.metadata.json"
+    Path(stubborn.removeprefix("file://"), "inside").mkdir(parents=True)
+    document["metadata-log"] = [{"metadata-file": stubborn, "timestamp-ms": 1}]
+    written = f"{created.location}/metadata/00001-client.metadata.json"
+    Path(written.removeprefix("file://")).write_text(json.dumps(document))
+    tables.register_table(("db",), "t", written, overwrite=True)
+    tables.drop_table(("db",), "t", purge=True)
+    assert set(tables.run_cleanup().values()) == {"failed"}
+    with pytest.raises(ForbiddenError, match=r"dropped table db\.t"):
+        tables.create_table(("db",), _create("claim", created.location))
+
+
+def test_a_dropped_namespace_wide_location_refuses_creates_instead_of_hanging(tables: WarehouseTables) -> None:
+    # Found by review: when a dropped table's data path held the whole namespace, no fresh name beside the default
+    # location was ever free and every create without a location in that namespace looped for good.
+    import threading
+
+    tables.create_namespace(("db",), {})
+    tables.create_table(("db",), _create("wide", **{"write.data.path": f"{tables.root}/db"}))
+    tables.drop_table(("db",), "wide", purge=False)
+    outcome: list[BaseException | None] = []
+
+    def create() -> None:
+        try:
+            tables.create_table(("db",), _create("t2"))
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=create, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert outcome, "the create did not return"
+    assert isinstance(outcome[0], ForbiddenError) and "dropped table db.wide" in outcome[0].message
