@@ -1211,14 +1211,18 @@ class Session:
         try:
             self._append(loaded, rows)
         except SQEError:
-            self._drop_if_still_empty(ident)  # a failed CTAS leaves no empty table behind
+            self._drop_if_still_empty(loaded)  # a failed CTAS leaves no empty table behind
             raise
         return pa.table({"count": pa.array([rows.num_rows], pa.int64())})
 
-    def _drop_if_still_empty(self, ident: TableIdent) -> None:
-        """Drop the table this statement created unless a snapshot arrived since (never someone else's rows)."""
+    def _drop_if_still_empty(self, created: LoadedTable) -> None:
+        """Drop the table this statement created, unless a snapshot arrived since or the name now holds another
+        table (dropped and created again meanwhile): never someone else's rows. (The REST drop is by name, so a
+        commit landing between this check and the drop can still be lost; that window is one round trip.)"""
+        ident = created.ident
         try:
-            if self._provider.load_table(ident, bypass_cache=True).table.current_snapshot() is None:
+            table = self._provider.load_table(ident, bypass_cache=True).table
+            if table.metadata.table_uuid == created.table.metadata.table_uuid and table.current_snapshot() is None:
                 self._provider.drop_table(ident)
         except SQEError as exc:
             log.warning("could not drop %s after its CREATE TABLE AS failed: %s", ident, exc)

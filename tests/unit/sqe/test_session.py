@@ -364,6 +364,27 @@ def test_a_ctas_whose_write_fails_drops_the_table_it_created(
     assert session.sql("SHOW TABLES FROM ns").fetchall() == []
 
 
+class _RecreatedMeanwhileProvider(_StrayDataPathProvider):
+    """As above, and another client drops the new table and creates its own under the name before the write."""
+
+    def create_table(self, ident: TableIdent, schema: pa.Schema) -> Any:
+        loaded = super().create_table(ident, schema)
+        catalog = self.catalogs[ident.warehouse]
+        catalog.drop_table((*ident.namespace, ident.name))
+        catalog.create_table((*ident.namespace, ident.name), schema=pa.schema([("theirs", pa.int64())]))
+        return loaded
+
+
+def test_a_failed_ctas_never_drops_a_table_another_client_created_under_the_name(
+    write_provider: LocalProvider, session_factory: Any
+) -> None:
+    # Found by review: the clean-up dropped whatever empty table held the name, even another client's.
+    session = session_factory(_RecreatedMeanwhileProvider(write_provider.root))
+    with pytest.raises(QueryError, match="outside the table location"):
+        session.sql("CREATE TABLE ns.taken AS SELECT 1 AS c")
+    assert write_provider.catalogs["wh"].load_table("ns.taken").schema().column_names == ["theirs"]
+
+
 def test_a_table_gone_or_refused_leaves_duckdbs_own_catalog(writer: Session, write_provider: LocalProvider) -> None:
     # Found by review: the view a table's slot keeps between statements still named the table and its columns
     # in duckdb_columns() after the catalog refused or dropped it.
