@@ -145,126 +145,106 @@ def fixed_part(pattern: str) -> str:
 
 # ------------------------------------------------------------------------------------------------- globs
 
-_NO_STAR, _SEGMENT_STAR, _ANY_STAR = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class _CharClass:
-    """``[...]`` (negated by a leading ``!`` or ``^``), and ``?`` as the empty negated class: one character of a
-    segment, never ``/``."""
-
-    ranges: tuple[tuple[str, str], ...]
-    negated: bool
-
-    def accepts(self, char: str) -> bool:
-        return char != "/" and any(low <= char <= high for low, high in self.ranges) != self.negated
-
-
-_ONE_IN_SEGMENT = _CharClass((), negated=True)
-
 
 class Glob:
-    """A compiled glob (DuckDB's rules: ``*``, ``?`` and ``[...]`` stay within one path segment, ``**`` crosses
-    segments). ``match`` simulates the pattern's automaton on all its states at once (one bit per state), so it
-    takes time linear in the path whatever the pattern, in Python code that lets other threads run: ``re`` took
-    exponential time on ``**?**?…**Z`` in one call holding the GIL, freezing every session of ``sqe serve``."""
+    """A compiled glob with DuckDB's rules: the pattern and the path are split at ``/``; a segment that is exactly
+    ``**`` matches any number of whole segments (one or more when it is the last), and any other segment matches
+    exactly one path segment, where ``*`` (``**`` and ``***`` too) is any run of characters, ``?`` any one and
+    ``[...]`` one of a class (:func:`_char_class`).
 
-    def __init__(self, tokens: Sequence[str | _CharClass], loops: Sequence[int]) -> None:
-        # state i: the first i tokens matched; loops[i]: the star (if any) that may consume characters in state i
-        self._tokens = tuple(tokens)
-        self._accept = 1 << len(self._tokens)
-        self._slash_loops = sum(1 << i for i, loop in enumerate(loops) if loop == _ANY_STAR)
-        self._char_loops = self._slash_loops | sum(1 << i for i, loop in enumerate(loops) if loop == _SEGMENT_STAR)
-        self._advances: dict[str, int] = {}  # character -> the states it lets advance (one bit past each token)
-        # Cheap tests first (most listed files of a large listing fail one): the literal text before the first
-        # star or class, after the last one, and, without ``**``, the number of segments.
-        self._prefix = _literal_run(self._tokens, loops)
-        suffix = _literal_run(self._tokens[::-1], loops[::-1])
-        self._suffix = suffix[::-1] if len(self._prefix) < len(self._tokens) else ""
-        self._slashes = None if self._slash_loops else sum(1 for token in self._tokens if token == "/")
+    ``match`` is one ``re`` match of a translation that cannot backtrack more than polynomially: ``re`` on a
+    naive translation took exponential time on ``**?**?…**Z`` in one call holding the GIL, freezing every
+    session of ``sqe serve``. Between stars everything has a fixed length (characters in a segment, segments
+    between ``**``), so placing each such piece at its leftmost fit and the last one at the end finds a match
+    whenever there is one; an atomic group ``(?>…)`` commits to that leftmost fit, so ``re`` never tries another
+    (time at most path length times pattern length per piece)."""
+
+    def __init__(self, regex: str) -> None:
+        self._match = re.compile(regex, re.DOTALL).fullmatch
 
     def match(self, path: str) -> bool:
-        if not path.startswith(self._prefix) or not path.endswith(self._suffix):
-            return False
-        if self._slashes is not None and path.count("/") != self._slashes:
-            return False
-        start = len(self._prefix)
-        states = 1 << start
-        for char in path[start:]:
-            loops = self._slash_loops if char == "/" else self._char_loops
-            states = ((states << 1) & self._advance(char)) | (states & loops)
-            if not states:
-                return False
-        return bool(states & self._accept)
-
-    def _advance(self, char: str) -> int:
-        bits = self._advances.get(char)
-        if bits is None:
-            bits = sum(1 << (i + 1) for i, token in enumerate(self._tokens) if _accepts(token, char))
-            self._advances[char] = bits
-        return bits
+        return self._match(path) is not None
 
 
-def _literal_run(tokens: Sequence[str | _CharClass], loops: Sequence[int]) -> str:
-    """The literal characters at the start of ``tokens`` up to the first star or class."""
-    run: list[str] = []
-    for token, loop in zip(tokens, loops, strict=False):
-        if loop != _NO_STAR or not isinstance(token, str):
-            break
-        run.append(token)
-    return "".join(run)
+_ANY_SEGMENTS = r"(?:[^/]*+/)*"  # whole segments, each with its '/' (possessive: no backtracking inside one)
 
 
-def _accepts(token: str | _CharClass, char: str) -> bool:
-    return token == char if isinstance(token, str) else token.accepts(char)
-
-
-def compile_glob(pattern: str, function: str = "file table function") -> Glob:
-    """The pattern as a :class:`Glob`; runs of stars collapse (``***`` is ``**``), a ``[`` without ``]`` is literal,
-    and a character class that is empty or has a downward range is a :class:`QueryError` naming it."""
-    tokens: list[str | _CharClass] = []
-    loops = [_NO_STAR]
-    i = 0
-    while i < len(pattern):
-        char = pattern[i]
-        close = pattern.find("]", i + 1) if char == "[" else -1
-        if pattern.startswith("**", i):
-            loops[-1] = _ANY_STAR
-            i += 2
-            continue
-        if char == "*":
-            loops[-1] = max(loops[-1], _SEGMENT_STAR)
+def compile_glob(pattern: str) -> Glob:
+    """The pattern as a :class:`Glob` (DuckDB's rules). A segment with a ``[`` that no ``]`` closes matches
+    nothing (:func:`_expand_one` then reads the pattern as a plain path, as DuckDB does)."""
+    runs: list[list[str]] = [[]]  # the segments' regexes, in runs between `**` segments
+    for segment in pattern.split("/"):
+        if segment == "**":
+            if runs[-1] or len(runs) == 1:  # `**/**` is `**`
+                runs.append([])
         else:
-            if char == "?":
-                tokens.append(_ONE_IN_SEGMENT)
-            elif close >= 0:
-                tokens.append(_char_class(function, pattern, pattern[i + 1 : close]))
-                i = close
-            else:
-                tokens.append(char)
-            loops.append(_NO_STAR)
+            runs[-1].append(_segment_regex(segment))
+    if len(runs) == 1:  # no `**`
+        return Glob("/".join(runs[0]))
+    first, *middle, last = runs
+    regex = "".join(s + "/" for s in first)
+    for run in middle:
+        regex += "(?>" + _ANY_SEGMENTS + "?" + "".join(s + "/" for s in run) + ")"  # the leftmost fit, committed
+    if last:
+        return Glob(regex + _ANY_SEGMENTS + "/".join(last))
+    return Glob(regex + ".+")  # a trailing `**`: at least one segment (a file)
+
+
+def _segment_regex(segment: str) -> str:
+    """One segment of a glob as a regex matching exactly one path segment: ``A*B*C`` is
+    ``A(?>[^/]*?B)[^/]*C``, each piece at its leftmost fit and the last at the segment's end."""
+    pieces: list[list[str]] = [[]]
+    i = 0
+    while i < len(segment):
+        char = segment[i]
+        if char == "*":
+            if pieces[-1] or len(pieces) == 1:  # runs of stars are one star
+                pieces.append([])
+        elif char == "?":
+            pieces[-1].append("[^/]")
+        elif char == "[":
+            parsed = _char_class(segment, i + 1)
+            if parsed is None:
+                return "(?!)"
+            item, i = parsed
+            pieces[-1].append(item)
+        else:
+            pieces[-1].append(re.escape(char))
         i += 1
-    return Glob(tokens, loops)
+    if len(pieces) == 1:
+        return "".join(pieces[0])
+    first, *middle, last = ("".join(piece) for piece in pieces)
+    return first + "".join(f"(?>[^/]*?{piece})" for piece in middle) + "[^/]*" + last
 
 
-def _char_class(function: str, pattern: str, body: str) -> _CharClass:
-    negated = body[:1] in ("!", "^")
-    items = body[1:] if negated else body
-    if not items:
-        raise QueryError(f"{function}: the glob {pattern} has an empty character class [{body}]")
+def _char_class(segment: str, start: int) -> tuple[str, int] | None:
+    """The class opened just before ``start`` as a regex, and the index of its ``]``; None when no ``]`` closes
+    it. DuckDB's rules: a leading ``!`` negates (``^`` is itself), a ``]`` first is itself, ``x-y`` is a range
+    unless the ``-`` is last, a downward range like ``z-a`` matches nothing, and a backslash is itself."""
+    negated = segment[start : start + 1] == "!"
+    first = j = start + negated
     ranges: list[tuple[str, str]] = []
-    j = 0
-    while j < len(items):
-        if j + 2 < len(items) and items[j + 1] == "-":  # a '-' first or last is itself
-            low, high = items[j], items[j + 2]
-            if low > high:
-                raise QueryError(f"{function}: the glob {pattern} has a backward range {low}-{high} in [{body}]")
-            ranges.append((low, high))
+    while j < len(segment):
+        char = segment[j]
+        if char == "]" and j > first:
+            return _class_regex(ranges, negated), j
+        if segment[j + 1 : j + 2] == "-" and j + 2 < len(segment) and segment[j + 2] != "]":
+            ranges.append((char, segment[j + 2]))
             j += 3
         else:
-            ranges.append((items[j], items[j]))
+            ranges.append((char, char))
             j += 1
-    return _CharClass(tuple(ranges), negated)
+    return None
+
+
+def _class_regex(ranges: list[tuple[str, str]], negated: bool) -> str:
+    kept = [(low, high) for low, high in ranges if low <= high]
+    body = "".join(re.escape(low) if low == high else f"{re.escape(low)}-{re.escape(high)}" for low, high in kept)
+    if negated:
+        return f"[^{body}/]"
+    if not kept:
+        return "(?!)"
+    return f"(?!/)[{body}]"  # a range such as !-a holds '/', which never belongs to a segment
 
 
 # ---------------------------------------------------------------------------------------- governed tables
@@ -408,7 +388,7 @@ def expand(
     locations: list[str] = []
     seen: set[str] = set()  # a list's `in` made a large listing quadratic
     for pattern in patterns:
-        found = _expand_one(function, pattern, filesystem, cancel_check)
+        found = _expand_one(pattern, filesystem, cancel_check)
         if not found:
             raise QueryError(f"{function}: no file matches {pattern}")
         for location in found:
@@ -421,9 +401,7 @@ def expand(
     return files, locations
 
 
-def _expand_one(
-    function: str, pattern: str, filesystem: pafs.FileSystem, cancel_check: Callable[[], None]
-) -> list[str]:
+def _expand_one(pattern: str, filesystem: pafs.FileSystem, cancel_check: Callable[[], None]) -> list[str]:
     normalized = normalize_location(pattern)
     object_store = is_object_store(normalized)
     scheme = "s3://" if object_store else ""
@@ -435,8 +413,10 @@ def _expand_one(
         if info.type == pafs.FileType.Directory:  # a directory reads every file below it
             return _listing(filesystem, path.rstrip("/"), None, scheme, cancel_check)
         return []
-    glob = compile_glob(path, function)  # a bad class fails before anything is listed
-    return _listing(filesystem, _strip_glob(path).rstrip("/"), glob, scheme, cancel_check)
+    found = _listing(filesystem, _strip_glob(path).rstrip("/"), compile_glob(path), scheme, cancel_check)
+    if not found and filesystem.get_file_info(path).type == pafs.FileType.File:
+        return [scheme + path]  # as DuckDB: a glob that matches nothing may name a file, e.g. `[x]` or `a[b`
+    return found
 
 
 def _listing(
