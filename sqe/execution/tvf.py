@@ -339,9 +339,20 @@ def _refuse_overlap(prefix: str, location: str, table: str) -> NoReturn:
 def governed_local_paths(location: str) -> set[str]:
     """The real local paths a table location names (none for object storage or another scheme): ``file:///x``,
     ``file:/x``, ``file://localhost/x`` and a bare path alike, percent-escaped or not (a local FileIO may read
-    either spelling, so both are protected)."""
+    either spelling, so both are protected).
+
+    A ``file:`` location ``urlsplit`` cannot parse (``file://[abc/x``, ``file://host]/x``: the catalog's answer is
+    untrusted input) is an :class:`ExternalAccessError`. That fails closed: the local files such a location names
+    are unknown, so no local prefix can be shown disjoint from them, and :meth:`GovernedLocations.refresh` refuses
+    file table functions until the location is fixed, as it does for a table it cannot load; guessing a path
+    instead could leave the files another reader takes it to name unprotected."""
     if location.lower().startswith("file:"):
-        path = urlsplit(location).path
+        try:
+            path = urlsplit(location).path
+        except ValueError as exc:
+            raise ExternalAccessError(
+                f"cannot check file table function prefixes against the table location {location}: {exc}"
+            ) from None
     elif scheme_of(location) == "":
         path = location
     else:

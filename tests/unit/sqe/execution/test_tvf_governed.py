@@ -54,6 +54,10 @@ def _nested() -> _Catalog:
     )
 
 
+def _ident(parts: Sequence[str]) -> TableIdent:
+    return TableIdent("w", tuple(parts[:-1]), parts[-1])
+
+
 def _governed(catalog: _Catalog) -> GovernedLocations:
     return GovernedLocations(catalog, ("w",))  # type: ignore[arg-type]
 
@@ -119,6 +123,28 @@ def _local_governed(lake: Path, location: str | None = None) -> GovernedLocation
 )
 def test_local_spellings_of_a_table_location(location: str, expected: set[str]) -> None:
     assert governed_local_paths(location) == expected
+
+
+@pytest.mark.parametrize("location", ["file://[abc/x", "file://host]/x", "file://[abc]/x", "FILE://[/x"])
+def test_a_file_location_that_is_no_url_fails_closed(lake: Path, location: str) -> None:
+    """A catalog's answer is untrusted: a location urlsplit refuses is a typed refusal of every file table
+    function, never a ValueError, and never a table SQE skips."""
+    with pytest.raises(ExternalAccessError, match="cannot check file table function prefixes against the table"):
+        governed_local_paths(location)
+    with pytest.raises(ExternalAccessError, match=re.escape(f"the table location {location}: ")):
+        _local_governed(lake, location)
+    config = load_config(
+        None,
+        overrides={
+            "catalog.uri": "http://127.0.0.1:9",
+            "catalog.warehouse": "w",
+            "catalog.token": "t",
+            "storage.tvf.allowed_local_prefixes": [str(lake.parent / "exports")],
+        },
+    )
+    catalog = _Catalog(children={(): [("hr",)]}, tables={("hr",): {"people": location}})
+    with pytest.raises(ExternalAccessError, match="cannot check file table function prefixes"):
+        ExternalSources(config, catalog, duckdb.connect(), duckdb.connect(), _ident)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("spelling", ["file://{lake}/hr/people", "file:{lake}/hr/people", "{lake}/hr/people/"])
