@@ -1179,8 +1179,7 @@ class Session:
             self._con.register(shape, arrow_schema.empty_table())
             self._con.execute(f"CREATE TEMP TABLE {quote_ident(staging)} AS SELECT * FROM {quote_ident(shape)}")
             self._con.unregister(shape)
-            for params in param_sets:
-                self._stage_insert(planned, rewritten, params)
+            self._stage_each(planned, rewritten, param_sets, 0, len(param_sets))
             rows = self._con.sql(f"SELECT * FROM temp.main.{quote_ident(staging)}").to_arrow_table()
         except duckdb.Error as exc:
             raise self._translate(exc, None) from None  # the staging table's own statements: no scan involved
@@ -1188,6 +1187,19 @@ class Session:
             self._con.execute(f"DROP TABLE IF EXISTS temp.main.{quote_ident(staging)}")
         self._append(target, rows)
         return pa.table({"count": pa.array([rows.num_rows], pa.int64())})
+
+    def _stage_each(
+        self, planned: _Planned, rewritten: str, param_sets: Sequence[Params], first: int, end: int
+    ) -> None:
+        """Parameter sets ``first`` to ``end`` (exclusive) into the staging table, one execution each. In a batch, a
+        set's error names the set."""
+        for index in range(first, end):
+            try:
+                self._stage_insert(planned, rewritten, param_sets[index])
+            except QueryError as exc:
+                if len(param_sets) == 1 or type(exc) is not QueryError:  # a cancel, a scan's own error: as raised
+                    raise
+                raise QueryError(f"parameter set {index + 1} of {len(param_sets)}: {exc}") from None
 
     def _stage_insert(self, planned: _Planned, rewritten: str, params: Params) -> None:
         """One parameter set's rows into the staging table, over scans of its own (a scan stream is read once)."""

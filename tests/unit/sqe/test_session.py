@@ -575,7 +575,7 @@ def test_a_prepared_insert_batch_is_one_commit_all_or_nothing(writer: Session, w
     assert insert.execute_many([[2], [3]]).fetchall() == [(5,)]
     assert sorted(writer.sql("SELECT x FROM ns.dst").fetchall()) == [(0,), (0,), (1,), (1,), (2,), (100,)]
     assert snapshots() == before + 1
-    with pytest.raises(QueryError, match="Could not convert"):
+    with pytest.raises(QueryError, match=r"^parameter set 2 of 2: Conversion Error: Could not convert string 'four'"):
         insert.execute_many([[4], ["four"]])
     assert writer.sql("SELECT count(*) FROM ns.dst").fetchall() == [(6,)]
     assert snapshots() == before + 1
