@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import functools
 import itertools
 import logging
+import re
 import threading
 import time
 import weakref
@@ -357,7 +359,10 @@ class Session:
         self.last_streams: list[ScanStream | DistributedScanStream] = []
         # issue 11 item 1: plain reads stream from the scan without DuckDB's copy (False: always DuckDB)
         self.pass_through = True
-        # how the latest query ran: "pass-through", "duckdb", "metadata" or "partial-aggregate"
+        # execute_many of INSERT ... VALUES ($1, ...): one DuckDB INSERT over all parameter sets (False: one per set)
+        self.columnar_batches = True
+        # how the latest query ran: "pass-through", "duckdb", "metadata" or "partial-aggregate"; an INSERT:
+        # "columnar-batch" (execute_many's sets as one INSERT) or "duckdb"
         self.last_execution_path = ""
         self._pass_through_planner: PassThroughPlanner | None = None  # made (and imported) on first use
 
@@ -1179,7 +1184,12 @@ class Session:
             self._con.register(shape, arrow_schema.empty_table())
             self._con.execute(f"CREATE TEMP TABLE {quote_ident(staging)} AS SELECT * FROM {quote_ident(shape)}")
             self._con.unregister(shape)
-            self._stage_each(planned, rewritten, param_sets, 0, len(param_sets))
+            self.last_execution_path = "duckdb"
+            order = self._values_parameters(planned) if len(param_sets) > 1 and self.columnar_batches else None
+            if order is None:
+                self._stage_each(planned, rewritten, param_sets, 0, len(param_sets))
+            else:
+                self._stage_columnar(planned, staging, rewritten, param_sets, order)
             rows = self._con.sql(f"SELECT * FROM temp.main.{quote_ident(staging)}").to_arrow_table()
         except duckdb.Error as exc:
             raise self._translate(exc, None) from None  # the staging table's own statements: no scan involved
@@ -1209,6 +1219,88 @@ class Session:
             self._con.execute(rewritten, params) if params is not None else self._con.execute(rewritten)
         except duckdb.Error as exc:
             raise self._translate(exc, context) from None
+
+    def _values_parameters(self, planned: _Planned) -> list[int] | None:
+        """For ``INSERT INTO t [(columns)] VALUES ($1, ..., $n)`` (every value a parameter, numbered 1..n in any
+        order, repeats allowed): the parameter numbers in VALUES order. None for any other INSERT, which runs once
+        per parameter set."""
+        statement = planned.statement
+        body = statement.body
+        if body is None or not planned.reads_no_table or statement.travels or statement.target_span is None:
+            return None
+        header = statement.text[statement.target_span[1] : len(statement.text) - len(body)]
+        if body.lstrip()[:6].upper() != "VALUES" or _PLAIN_INSERT_HEADER.fullmatch(header) is None:
+            return None  # INSERT ... AS alias, BY NAME / BY POSITION: DuckDB's own path
+        try:
+            tree = parse_select(self._parser, body)
+        except QueryError:
+            return None
+        source = tree.get("from_table") or {}
+        values = source.get("values") or []
+        if source.get("type") != "EXPRESSION_LIST" or len(values) != 1 or any(tree.get(k) for k in _SELECT_EXTRAS):
+            return None  # several VALUES rows (their types are unified across rows), ORDER BY, LIMIT, ...
+        numbers: list[int] = []
+        for value in values[0]:
+            identifier = str(value.get("identifier", ""))
+            if value.get("class") != "PARAMETER" or not identifier.isdigit():
+                return None  # an expression, a constant, DEFAULT, a named parameter
+            numbers.append(int(identifier))
+        return numbers if numbers and set(numbers) == set(range(1, max(numbers) + 1)) else None
+
+    def _stage_columnar(
+        self, planned: _Planned, staging: str, rewritten: str, param_sets: Sequence[Params], order: list[int]
+    ) -> None:
+        """Every parameter set's row into the staging table by one INSERT ... SELECT over the sets as Arrow columns
+        (bench/execute_many.py: one execution per set costs about a millisecond each). The columns carry the
+        types DuckDB binds each Python value as, so the INSERT casts the same values from the same types as one
+        execution per set does. Sets from the first one of another shape (length, a Mapping) on run one by one, so
+        DuckDB raises its own error for it; a batch whose values cannot all be typed so runs one by one throughout."""
+        count = max(order)
+        rows: list[Sequence[Any]] = []
+        for params in param_sets:
+            if not isinstance(params, list | tuple) or len(params) != count:
+                break
+            rows.append(params)
+        fits = len(rows)
+        table = _parameter_table(rows, count)
+        if table is None:
+            self._stage_each(planned, rewritten, param_sets, 0, len(param_sets))
+            return
+        select = ", ".join(f"p.{quote_ident(str(number))}" for number in order)
+        insert = rewritten[: len(rewritten) - len(planned.statement.body or "")] + f"SELECT {select} FROM "
+        if fits and not self._insert_rows(insert, table):
+            # Some set fails: find the first one (a prefix that fails keeps failing when longer) and let its own
+            # execution raise exactly what one execution per set raises.
+            good, bad = 0, fits
+            while bad - good > 1:
+                middle = (good + bad) // 2
+                good, bad = (middle, bad) if self._insert_rows(insert, table.slice(0, middle)) else (good, middle)
+            self._stage_each(planned, rewritten, param_sets, bad - 1, bad)
+            # That set alone succeeded (it never has): the batch runs one set at a time after all, from the start.
+            self._con.execute(f"DELETE FROM temp.main.{quote_ident(staging)}")
+            self._stage_each(planned, rewritten, param_sets, 0, len(param_sets))
+            return
+        if fits == len(param_sets):
+            self.last_execution_path = "columnar-batch"
+        self._stage_each(planned, rewritten, param_sets, fits, len(param_sets))
+
+    def _insert_rows(self, insert: str, table: pa.Table) -> bool:
+        """``insert`` over ``table``, registered for this one execution; False when DuckDB refuses it (a cancel
+        raises)."""
+        context = self._start()
+        name = f"__sqe_params_{next(self._ids)}"
+        self._con.register(name, table)
+        try:
+            self._con.execute(f"{insert}temp.main.{quote_ident(name)} AS p")
+        except duckdb.Error as exc:
+            error = self._translate(exc, context)
+            if type(error) is not QueryError:
+                raise error from None
+            log.debug("%d parameter sets as one INSERT failed: %s", table.num_rows, error)
+            return False
+        finally:
+            self._con.unregister(name)
+        return True
 
     def _create_table_as(self, planned: _Planned, params: Params) -> pa.Table:
         statement = planned.statement
@@ -1594,6 +1686,44 @@ def explain_sections(explained: pa.Table) -> dict[str, dict[str, str]]:
 
 def _status(message: str) -> pa.Table:
     return pa.table({"status": [message]})
+
+
+# Between an INSERT's table name and its VALUES: nothing, or a column list (no alias, no BY NAME / BY POSITION).
+_PLAIN_INSERT_HEADER = re.compile(r"\s*(\([^()]*\)\s*)?")
+_SELECT_EXTRAS = ("modifiers", "where_clause", "group_expressions", "group_sets", "having", "qualify", "sample")
+# The DuckDB type each Python value binds as, in Arrow (an int as INTEGER or BIGINT: either casts the same). Other
+# values (Decimal, whose type follows each value's digits; an aware datetime; a nested value) are not batched.
+_PARAMETER_TYPES: dict[type, pa.DataType] = {
+    bool: pa.bool_(),
+    int: pa.int64(),
+    float: pa.float64(),
+    str: pa.string(),
+    bytes: pa.binary(),
+    datetime.date: pa.date32(),
+    datetime.datetime: pa.timestamp("us"),
+}
+
+
+def _parameter_table(rows: Sequence[Sequence[Any]], count: int) -> pa.Table | None:
+    """Parameter rows (``count`` values each) as Arrow columns named "1".."count", each column of one
+    type of ``_PARAMETER_TYPES`` (or all NULL); None when a column mixes types (1 and 1.5 bind as INTEGER and
+    DOUBLE: one column would turn 1 into 1.0) or holds a value not listed there."""
+    columns = []
+    for index in range(count):
+        values = [row[index] for row in rows]
+        kinds = {type(value) for value in values if value is not None}
+        if len(kinds) > 1:
+            return None
+        arrow_type = _PARAMETER_TYPES.get(kinds.pop()) if kinds else pa.null()
+        if arrow_type is None:
+            return None
+        if arrow_type == pa.timestamp("us") and any(value is not None and value.tzinfo for value in values):
+            return None
+        try:
+            columns.append(pa.array(values, type=arrow_type))
+        except (pa.ArrowException, OverflowError, ValueError):  # an int beyond BIGINT, a str DuckDB cannot take
+            return None
+    return pa.table(columns, names=[str(number) for number in range(1, count + 1)])
 
 
 def _conform_for_write(rows: pa.Table, schema: Schema, ident: TableIdent) -> pa.Table:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
 import duckdb
@@ -582,6 +583,156 @@ def test_a_prepared_insert_batch_is_one_commit_all_or_nothing(writer: Session, w
     assert insert.execute_many([]).fetchall() == [(0,)]
     with pytest.raises(QueryError, match="only an INSERT"):
         writer.prepare("SELECT x FROM ns.src WHERE x < ?").execute_many([[1], [2]])
+
+
+_BATCH_COLUMNS = (
+    "k INTEGER, i INTEGER, l BIGINT, v VARCHAR, d DOUBLE, f FLOAT, b BOOLEAN, dt DATE, ts TIMESTAMP, tz TIMESTAMPTZ, "
+    "dec DECIMAL(10, 2), bl BLOB"
+)
+
+
+def _batch_both_ways(writer: Session, name: str, columns: str, values: str, rows: list[list[Any]]) -> list[Any]:
+    """``rows`` by ``execute_many`` one execution per set (the reference) and as one columnar INSERT, each into a
+    fresh table; returns the rows written, the same both ways, and checks which path each took."""
+    written = []
+    for columnar in (False, True):
+        table = f"ns.{name}_{'columnar' if columnar else 'each'}"
+        writer.sql(f"CREATE TABLE {table} ({columns})")
+        writer.columnar_batches = columnar
+        assert writer.prepare(f"INSERT INTO {table} {values}").execute_many(rows).fetchall() == [(len(rows),)]
+        path = writer.last_execution_path
+        written.append((path, writer.sql(f"SELECT * FROM {table} ORDER BY k").arrow()))
+    (each_path, each), (columnar_path, columnar_rows) = written
+    assert each_path == "duckdb"
+    assert columnar_rows.equals(each), (columnar_rows.to_pylist(), each.to_pylist())
+    return [columnar_path, *each.to_pylist()]
+
+
+def test_a_values_batch_is_one_insert_that_casts_as_one_execution_per_set_does(writer: Session) -> None:
+    """``INSERT ... VALUES ($1, ...)`` batches run as one INSERT over the sets as Arrow columns: every value is cast
+    to its column as one execution per set casts it (values of the column's type, of other types DuckDB casts,
+    NULLs here and there, a column of NULLs only), in the sets' order."""
+    day, moment = date(2024, 2, 29), datetime(2024, 3, 1, 12, 30, 45, 123456)
+    natural = [
+        [1, 1, 2**40, "a", 1.5, 2.25, True, day, moment, moment, None, b"\x00x"],
+        [2, None, -(2**63), "", float("inf"), None, False, None, None, None, None, None],
+        [3, -(2**31), None, None, None, -0.0, None, day, moment, moment, None, b""],
+    ]
+    casts = [  # each column's values of one type other than the column's
+        [1, 2.5, "7", 12, 3, "1.5", "true", "2024-02-29", "2024-01-01 10:00:00", "2024-01-01 10:00:00+02", 1.005, "ab"],
+        [2, -2.5, None, -1, None, "-inf", "0", None, "2024-01-01", None, 2.0, "\\x00"],
+        [3, None, "-9223372036854775808", None, 2**40, None, None, "1999-12-31", None, "2024-06-01", None, None],
+        [4, 0.49999999999999994, " 8 ", 7, 0, "-1e3", "T", None, None, None, -99999999.994, None],
+    ]
+    insert_all = "VALUES (" + ", ".join(f"${n}" for n in range(1, 13)) + ")"
+    assert _batch_both_ways(writer, "natural", _BATCH_COLUMNS, insert_all, natural)[0] == "columnar-batch"
+    written = _batch_both_ways(writer, "casts", _BATCH_COLUMNS, insert_all, casts)
+    assert written[0] == "columnar-batch"
+    assert [(r["i"], r["l"], r["v"], r["b"]) for r in written[1:]] == [
+        (2, 7, "12", True),  # DuckDB rounds a DOUBLE half to even
+        (-2, None, "-1", False),
+        (None, -(2**63), None, None),
+        (0, 8, "7", True),
+    ]
+    # A column list, parameters out of order and repeated; the columns not listed are NULL.
+    written = _batch_both_ways(
+        writer, "listed", _BATCH_COLUMNS, "(v, k, l, i) VALUES ($2, $1, $1, $3)", [[1, "x", None], [2, None, 5]]
+    )
+    assert written[0] == "columnar-batch"
+    assert [(r["k"], r["i"], r["l"], r["v"], r["d"]) for r in written[1:]] == [
+        (1, None, 1, "x", None),
+        (2, 5, 2, None, None),
+    ]
+
+
+def test_a_batch_of_values_batching_cannot_type_runs_one_set_at_a_time(writer: Session) -> None:
+    """A column mixing Python types (1 and 1.5 bind as INTEGER and DOUBLE: one Arrow column would write "1.0"), a
+    Decimal (its type follows its digits), an aware datetime, or sets given by name run one execution per set."""
+    written = _batch_both_ways(writer, "mixed", "k INTEGER, v VARCHAR", "VALUES ($1, $2)", [[1, 1], [2, 1.5], [3, "x"]])
+    assert written == ["duckdb", {"k": 1, "v": "1"}, {"k": 2, "v": "1.5"}, {"k": 3, "v": "x"}]
+    written = _batch_both_ways(
+        writer, "decimal", "k INTEGER, v VARCHAR", "VALUES ($1, $2)", [[1, Decimal("1.50")], [2, Decimal("2")]]
+    )
+    assert written == ["duckdb", {"k": 1, "v": "1.50"}, {"k": 2, "v": "2"}]
+    aware = datetime(2024, 1, 1, tzinfo=UTC)
+    assert (
+        _batch_both_ways(writer, "aware", "k INTEGER, t TIMESTAMPTZ", "VALUES ($1, $2)", [[1, aware], [2, None]])[0]
+        == "duckdb"
+    )
+    for columnar in (False, True):
+        writer.columnar_batches = columnar
+        writer.sql(f"CREATE TABLE ns.named_{columnar} (k INTEGER)")
+        named = writer.prepare(f"INSERT INTO ns.named_{columnar} VALUES ($k)")
+        assert named.execute_many([{"k": 1}, {"k": 2}]).fetchall() == [(2,)]
+
+
+def _duckdb_leftovers(session: Session) -> list[str]:
+    """Staging tables and registered parameter tables still in the session's DuckDB."""
+    views = session._con.execute("SELECT view_name FROM duckdb_views() WHERE view_name LIKE '__sqe_params%'")
+    tables = session._con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '__sqe_insert%'")
+    return [str(row[0]) for row in [*views.fetchall(), *tables.fetchall()]]
+
+
+@pytest.mark.parametrize(
+    ("rows", "error"),
+    [
+        pytest.param(
+            [[k, str(k)] for k in range(999)] + [[999, "nine"]],
+            "parameter set 1000 of 1000: Conversion Error: Could not convert string 'nine' to INT32",
+            id="last-set-uncastable",
+        ),
+        pytest.param(
+            [[k, "x" if k in (500, 700) else k] for k in range(1000)],
+            "parameter set 501 of 1000: Conversion Error: Could not convert string 'x' to INT32",
+            id="first-of-two-uncastable",
+        ),
+        pytest.param(
+            [[k, 2**40 if k == 3 else k] for k in range(10)],
+            "parameter set 4 of 10: Conversion Error: Type INT64 with value 1099511627776 can't be cast",
+            id="out-of-range",
+        ),
+        pytest.param(
+            [[1, 1], [2, 2], [3]],
+            "parameter set 3 of 3: Invalid Input Error: Values were not provided for the following parameters: 2",
+            id="too-few-parameters",
+        ),
+        pytest.param(
+            [[1, 1], [2, 2, 2], [3, 3]],
+            "parameter set 2 of 3: Invalid Input Error: Parameter argument/count mismatch",
+            id="too-many-parameters",
+        ),
+        pytest.param([[1], [2, 2]], "parameter set 1 of 2: Invalid Input Error: Values were not", id="first-set-short"),
+    ],
+)
+def test_a_values_batch_that_fails_writes_nothing_and_says_which_set_as_one_execution_per_set_does(
+    writer: Session, write_provider: LocalProvider, rows: list[list[Any]], error: str
+) -> None:
+    writer.sql("CREATE TABLE ns.target AS SELECT 0 AS k, 0 AS i")
+    snapshots = write_provider.load_table(TableIdent("wh", ("ns",), "target")).table.snapshots()
+    insert = writer.prepare("INSERT INTO ns.target VALUES ($1, $2)")
+    messages = []
+    for columnar in (False, True):
+        writer.columnar_batches = columnar
+        with pytest.raises(QueryError) as raised:
+            insert.execute_many(rows)
+        assert type(raised.value) is QueryError
+        messages.append(str(raised.value))
+        assert _duckdb_leftovers(writer) == []
+    assert messages[0] == messages[1]
+    assert messages[1].startswith(error)
+    assert writer.sql("SELECT k, i FROM ns.target").fetchall() == [(0, 0)]
+    assert write_provider.load_table(TableIdent("wh", ("ns",), "target")).table.snapshots() == snapshots
+
+
+def test_many_values_sets_are_one_insert_and_one_snapshot(writer: Session, write_provider: LocalProvider) -> None:
+    writer.sql("CREATE TABLE ns.many (k BIGINT, name VARCHAR, score DOUBLE)")
+    rows = [[k, None if k % 3 else f"n{k}", k / 4 if k % 5 else None] for k in range(10_000)]
+    assert writer.prepare("INSERT INTO ns.many VALUES (?, ?, ?)").execute_many(rows).fetchall() == [(10_000,)]
+    assert writer.last_execution_path == "columnar-batch"
+    assert _duckdb_leftovers(writer) == []
+    assert len(write_provider.load_table(TableIdent("wh", ("ns",), "many")).table.snapshots()) == 1
+    written = writer.sql("SELECT k, name, score FROM ns.many").fetchall()
+    assert written == [tuple(row) for row in rows]  # in the sets' order
 
 
 # ---------------------------------------------------------------------------------------------- explain
