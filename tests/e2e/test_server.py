@@ -466,6 +466,16 @@ def test_a_prepared_insert_batch_commits_all_its_rows_or_none(served: Served) ->
     assert state() == (2, 1)
 
 
+def _bind(client: flight.FlightClient, handle: bytes, rows: pa.Table, options: Any) -> None:
+    """DoPut of CommandPreparedStatementQuery: binds ``rows`` to the prepared statement."""
+    command = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+    writer, reader = client.do_put(command, rows.schema, options)
+    writer.write_table(rows)
+    writer.done_writing()
+    reader.read()
+    writer.close()
+
+
 def test_an_update_stream_without_rows_runs_with_the_parameters_bound_before(served: Served) -> None:
     """A client that binds with CommandPreparedStatementQuery and then sends an empty update stream runs with the
     rows it bound, as one commit too (a failing row: nothing written)."""
@@ -474,12 +484,7 @@ def test_an_update_stream_without_rows_runs_with_the_parameters_bound_before(ser
     handle = bytes(_create_prepared(client, f"INSERT INTO {table} VALUES ($1, $2)", options).prepared_statement_handle)
 
     def bind(rows: pa.Table) -> None:
-        command = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
-        writer, reader = client.do_put(command, rows.schema, options)
-        writer.write_table(rows)
-        writer.done_writing()
-        reader.read()
-        writer.close()
+        _bind(client, handle, rows, options)
 
     bind(pa.table({"a": ["20", "x"], "b": ["u", "v"]}))
     served.expect_error(lambda: _put_update(client, handle, pa.table({}), options), flight.FlightError)
@@ -501,16 +506,6 @@ def test_parameter_rows_past_the_limit_are_refused_before_anything_runs(served: 
     assert f"max_parameter_bytes ({PARAMETER_BYTES} bytes)" in str(error)
     assert state() == (0, 0)
     assert _put_update(client, handle, big.slice(0, 2), options) == 2
-
-
-def _bind(client: flight.FlightClient, handle: bytes, rows: pa.Table, options: Any) -> None:
-    """DoPut of CommandPreparedStatementQuery: binds ``rows`` to the prepared statement."""
-    command = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
-    writer, reader = client.do_put(command, rows.schema, options)
-    writer.write_table(rows)
-    writer.done_writing()
-    reader.read()
-    writer.close()
 
 
 def test_parameter_rows_bound_across_prepared_statements_share_the_limit(served: Served) -> None:

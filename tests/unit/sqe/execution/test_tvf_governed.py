@@ -133,18 +133,21 @@ def test_a_file_location_that_is_no_url_fails_closed(lake: Path, location: str) 
         governed_local_paths(location)
     with pytest.raises(ExternalAccessError, match=re.escape(f"the table location {location}: ")):
         _local_governed(lake, location)
-    config = load_config(
-        None,
-        overrides={
-            "catalog.uri": "http://127.0.0.1:9",
-            "catalog.warehouse": "w",
-            "catalog.token": "t",
-            "storage.tvf.allowed_local_prefixes": [str(lake.parent / "exports")],
-        },
-    )
+    config = _config_with_local_prefix(lake.parent / "exports")
     catalog = _Catalog(children={(): [("hr",)]}, tables={("hr",): {"people": location}})
     with pytest.raises(ExternalAccessError, match="cannot check file table function prefixes"):
         ExternalSources(config, catalog, duckdb.connect(), duckdb.connect(), _ident)  # type: ignore[arg-type]
+
+
+def _config_with_local_prefix(prefix: Path) -> Any:
+    """A config whose file table functions may read under ``prefix`` (its catalog is never reached)."""
+    overrides = {
+        "catalog.uri": "http://127.0.0.1:9",
+        "catalog.warehouse": "w",
+        "catalog.token": "t",
+        "storage.tvf.allowed_local_prefixes": [str(prefix)],
+    }
+    return load_config(None, overrides=overrides)
 
 
 @pytest.mark.parametrize("spelling", ["file://{lake}/hr/people", "file:{lake}/hr/people", "{lake}/hr/people/"])
@@ -176,15 +179,7 @@ def test_a_local_call_over_a_governed_table_is_refused_before_listing(lake: Path
 
 
 def test_a_session_with_only_local_prefixes_checks_them_at_start(lake: Path) -> None:
-    config = load_config(
-        None,
-        overrides={
-            "catalog.uri": "http://127.0.0.1:9",
-            "catalog.warehouse": "w",
-            "catalog.token": "t",
-            "storage.tvf.allowed_local_prefixes": [str(lake.parent)],
-        },
-    )
+    config = _config_with_local_prefix(lake.parent)
     catalog = _Catalog(children={(): [("hr",)]}, tables={("hr",): {"people": f"file://{lake}/hr/people"}})
 
     def resolve(parts: Sequence[str]) -> TableIdent:
