@@ -1080,7 +1080,8 @@ class Session:
         from one statement to the next while the slot's schema does: the slot is empty between statements, so a
         later statement reads nothing through it unless it planned the table again (measured: creating and
         dropping the view cost 2.3 ms per statement). Any other view goes when its statement ends."""
-        view = self._ensure_schema(ident) + "." + quote_ident(ident.name)
+        self._ensure_schema(ident)
+        view = _view_name(ident)
         if slot_schema is not None and self._view_unchanged(view, name, slot_schema):
             return
         self._con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM temp.main.{quote_ident(name)}")
@@ -1094,7 +1095,7 @@ class Session:
         """Drop the view a table's slot kept between statements, once the table is gone or refused."""
         if len(ident.namespace) != 1:
             return  # never given a view (nested namespaces cannot be named in SQL)
-        view = quote_qualified(ident.warehouse, ident.namespace[0]) + "." + quote_ident(ident.name)
+        view = _view_name(ident)
         if self._table_views.pop(view, None) is not None:
             self._con.execute(f"DROP VIEW IF EXISTS {view}")
 
@@ -1682,6 +1683,11 @@ def explain_sections(explained: pa.Table) -> dict[str, dict[str, str]]:
         if row["section"] != "duckdb plan":
             sections.setdefault(row["section"], {})[row["property"]] = row["value"]
     return sections
+
+
+def _view_name(ident: TableIdent) -> str:
+    """The DuckDB view a table of a one-level namespace is read through: ``warehouse.namespace.name``, quoted."""
+    return quote_qualified(ident.warehouse, ident.namespace[0]) + "." + quote_ident(ident.name)
 
 
 def _status(message: str) -> pa.Table:
