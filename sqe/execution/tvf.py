@@ -74,7 +74,7 @@ class TvfPolicy:
         if is_object_store(pattern):
             self._check_object_store_pattern(function, pattern)
         elif is_local(pattern):
-            self._check_local(function, _local_path(pattern))
+            self._check_local(function, _local_path(pattern), _strip_glob(_local_path(pattern)))
         else:
             raise ExternalAccessError(
                 f"{function}: scheme {scheme_of(pattern)!r} of {pattern} is not supported (s3:// or a local path)"
@@ -87,7 +87,7 @@ class TvfPolicy:
             if not any(prefix_matches(path, p) for p in self.object_store):
                 raise ExternalAccessError(f"{function}: {path} is outside {OBJECT_STORE_SETTING}")
         else:
-            self._check_local(function, path)
+            self._check_local(function, path, path)  # the file itself: a name may hold glob characters
 
     def _check_object_store_pattern(self, function: str, pattern: str) -> None:
         if not self.object_store:
@@ -103,12 +103,14 @@ class TvfPolicy:
         if not any(prefix_matches(fixed, p) for p in self.object_store):
             raise ExternalAccessError(f"{function}: {pattern} is outside {OBJECT_STORE_SETTING}")
 
-    def _check_local(self, function: str, path: str) -> None:
+    def _check_local(self, function: str, path: str, resolved: str) -> None:
+        """``path`` (as named) must be under an allowed prefix once ``resolved`` (the part of it whose symlinks
+        are followed: a pattern's fixed part, or an expanded file whole) is a real path."""
         if not self.local:
             raise ExternalAccessError(
                 f"{function}: local files may not be read: {path} is not under {LOCAL_SETTING} (empty: none)"
             )
-        real = os.path.realpath(_strip_glob(path))
+        real = os.path.realpath(resolved)
         if not any(_under(real, os.path.realpath(p)) for p in self.local):
             raise ExternalAccessError(f"{function}: local path {path} is not under {LOCAL_SETTING}")
 

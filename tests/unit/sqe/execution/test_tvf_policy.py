@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sqe.errors import ExternalAccessError
@@ -55,3 +57,21 @@ def test_expanded_files_are_rechecked() -> None:
     POLICY.check_file("read_csv", "s3://b/exports/deep/a.csv")
     with pytest.raises(ExternalAccessError, match="is outside"):
         POLICY.check_file("read_csv", "s3://b/exportsX/a.csv")
+
+
+@pytest.mark.parametrize("name", ["x[1].csv", "x*.csv", "why?.csv"])
+def test_an_expanded_file_whose_name_holds_glob_characters_is_checked_through_its_symlink(
+    tmp_path: Path, name: str
+) -> None:
+    # Found by review: the file check followed symlinks only up to the name's first glob character, so a link
+    # named x[1].csv inside an allowed folder read a file outside it.
+    allowed, secret = tmp_path / "allowed", tmp_path / "secret"
+    allowed.mkdir()
+    secret.mkdir()
+    (secret / "s.csv").write_text("secret\n")
+    (allowed / name).symlink_to(secret / "s.csv")
+    policy = TvfPolicy((), (str(allowed),))
+    with pytest.raises(ExternalAccessError, match="is not under"):
+        policy.check_file("read_csv", str(allowed / name))
+    (allowed / "own.csv").write_text("fine\n")
+    policy.check_file("read_csv", str(allowed / "own.csv"))
