@@ -46,6 +46,7 @@ from sqe.server.sessions import (
     Engine,
     Limits,
     OpenQuery,
+    ParameterBudget,
     Prepared,
     QueryTimeoutError,
     SessionRegistry,
@@ -325,6 +326,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self.broker = broker
         self.limits = Limits(server_config.max_concurrent_queries, server_config.max_concurrent_queries_per_user)
         self.registry = SessionRegistry(engine_config, broker, self.limits, server_config.batch_rows)
+        self.parameter_budget = ParameterBudget(self.registry, server_config.max_parameter_bytes)
         self.watchdog = Watchdog(self.registry, server_config.idle_session_seconds)
         self.watchdog.start()
 
@@ -517,36 +519,44 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         elif name == "CommandPreparedStatementQuery":
             handle = _message(wrapper, sql_pb.CommandPreparedStatementQuery).prepared_statement_handle
             prepared = self._prepared(session, handle)
-            prepared.parameters = self._parameters(reader, session, handle)
+            rows, reserved = self._parameters(reader, session, handle)
+            self.parameter_budget.bind(session, prepared, rows, reserved)
             result = sql_pb.DoPutPreparedStatementResult(prepared_statement_handle=handle)
             writer.write(pa.py_buffer(result.SerializeToString()))
         elif name == "CommandPreparedStatementUpdate":
             handle = _message(wrapper, sql_pb.CommandPreparedStatementUpdate).prepared_statement_handle
             prepared = self._prepared(session, handle)
-            sent = self._parameters(reader, session, handle)
-            # The update's own stream carries its parameter rows (ADBC executemany); only a stream without rows runs
-            # with those a CommandPreparedStatementQuery DoPut bound before, as Arrow's reference servers do.
-            rows = _parameter_rows(sent if sent.num_rows else prepared.parameters)
-            count = self._update(user, session, lambda e: _count_of(self._execute_batch(e, prepared, rows)), context)
+            sent, reserved = self._parameters(reader, session, handle)
+            try:
+                # The update's own stream carries its parameter rows (ADBC executemany); only a stream without rows
+                # runs with those a CommandPreparedStatementQuery DoPut bound before, as Arrow's reference servers do.
+                rows = _parameter_rows(sent if sent.num_rows else prepared.parameters)
+                count = self._update(
+                    user, session, lambda e: _count_of(self._execute_batch(e, prepared, rows)), context
+                )
+            finally:
+                self.parameter_budget.release(session, reserved)  # held in memory until the update has run
             writer.write(pa.py_buffer(sql_pb.DoPutUpdateResult(record_count=count).SerializeToString()))
         else:
             raise QueryError(f"DoPut of {name or 'this command'} is not supported by sqe serve")
 
-    def _parameters(self, reader: flight.MetadataRecordBatchReader, session: ClientSession, handle: bytes) -> pa.Table:
-        """The parameter rows of a DoPut, read before any query slot. ``max_parameter_bytes`` bounds them together
-        with the rows still bound to the session's other prepared statements (up to 1,024 of them)."""
-        limit = self.server_config.max_parameter_bytes
-        held = session.bound_parameter_bytes(excluding=handle)
-        batches, size = [], held
-        for chunk in reader:
-            if chunk.data is None:
-                continue
-            size += chunk.data.nbytes
-            if size > limit:
-                also = f", counting {held} bytes bound to other prepared statements of this session" if held else ""
-                raise QueryError(f"the parameter rows sent exceed [server] max_parameter_bytes ({limit} bytes{also})")
-            batches.append(chunk.data)
-        return pa.Table.from_batches(batches, schema=reader.schema)
+    def _parameters(
+        self, reader: flight.MetadataRecordBatchReader, session: ClientSession, handle: bytes
+    ) -> tuple[pa.Table, int]:
+        """The parameter rows of a DoPut and the bytes reserved for them (``ParameterBudget``), read before any
+        query slot; past the user's ``max_parameter_bytes`` the call is refused and its reservation released."""
+        batches, reserved = [], 0
+        try:
+            for chunk in reader:
+                if chunk.data is None:
+                    continue
+                self.parameter_budget.reserve(session, handle, chunk.data.nbytes)
+                reserved += chunk.data.nbytes
+                batches.append(chunk.data)
+            return pa.Table.from_batches(batches, schema=reader.schema), reserved
+        except BaseException:
+            self.parameter_budget.release(session, reserved)
+            raise
 
     def _update(self, user: User, session: ClientSession, work: Callable[[Engine], int], context: Any) -> int:
         """An update statement under the same limits and timeout as a query; runs to completion here."""

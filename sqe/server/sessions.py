@@ -394,7 +394,7 @@ class ClientSession:
             )
         self.prepared[handle] = prepared
 
-    def bound_parameter_bytes(self, excluding: bytes) -> int:
+    def bound_parameter_bytes(self, excluding: bytes | None = None) -> int:
         """Bytes of the parameter rows bound to this session's prepared statements, ``excluding``'s aside."""
         return sum(
             p.parameters.nbytes for h, p in list(self.prepared.items()) if h != excluding and p.parameters is not None
@@ -427,6 +427,59 @@ class ClientSession:
 
 
 # ------------------------------------------------------------------------------------------- registry
+
+
+class ParameterBudget:
+    """``[server] max_parameter_bytes`` per user: the parameter rows they hold in memory, bound to the prepared
+    statements of any of their client sessions or being received right now.
+
+    Parameter rows are read before a query slot is taken, so this is what bounds them. Received bytes are reserved
+    chunk by chunk under one lock and stay reserved until they are bound (``bind``, under the same lock) or the
+    call ends (``release``): concurrent calls never each count the other's bytes as free, and a user's sessions
+    (one per session id they choose) share one limit.
+    """
+
+    def __init__(self, registry: SessionRegistry, limit: int) -> None:
+        self._registry = registry
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._receiving: dict[str, int] = {}  # user key -> bytes reserved by calls still receiving or running
+
+    def reserve(self, session: ClientSession, handle: bytes, size: int) -> None:
+        """Reserve ``size`` more bytes for a call binding to ``handle`` (whose current rows it will replace)."""
+        user = session.user_key
+        with self._lock:
+            held = self._bound(user, session, handle) + self._receiving.get(user, 0)
+            if held + size > self.limit:
+                also = f", counting {held} bytes you already hold" if held else ""
+                raise QueryError(
+                    f"the parameter rows sent exceed [server] max_parameter_bytes ({self.limit} bytes{also})"
+                )
+            self._receiving[user] = self._receiving.get(user, 0) + size
+
+    def bind(self, session: ClientSession, prepared: Prepared, rows: pa.Table, reserved: int) -> None:
+        """Bind ``rows`` to ``prepared`` and turn their reservation into bound bytes in one step."""
+        with self._lock:
+            prepared.parameters = rows
+            self._release(session.user_key, reserved)
+
+    def release(self, session: ClientSession, reserved: int) -> None:
+        with self._lock:
+            self._release(session.user_key, reserved)
+
+    def _release(self, user: str, reserved: int) -> None:
+        left = self._receiving.get(user, 0) - reserved
+        if left > 0:
+            self._receiving[user] = left
+        else:
+            self._receiving.pop(user, None)
+
+    def _bound(self, user: str, session: ClientSession, handle: bytes) -> int:
+        return sum(
+            other.bound_parameter_bytes(excluding=handle if other is session else None)
+            for other in self._registry.sessions()
+            if other.user_key == user
+        )
 
 
 class SessionRegistry:

@@ -503,14 +503,14 @@ def test_parameter_rows_past_the_limit_are_refused_before_anything_runs(served: 
     rows = 2 * PARAMETER_BYTES // 1000
     big = pa.table({"a": pa.array(range(rows), pa.int64()), "b": ["x" * 1000] * rows})
     error = served.expect_error(lambda: _put_update(client, handle, big, options), flight.FlightError)
-    assert f"max_parameter_bytes ({PARAMETER_BYTES} bytes)" in str(error)
+    assert f"max_parameter_bytes ({PARAMETER_BYTES} bytes" in str(error)
     assert state() == (0, 0)
     assert _put_update(client, handle, big.slice(0, 2), options) == 2
 
 
 def test_parameter_rows_bound_across_prepared_statements_share_the_limit(served: Served) -> None:
     """Found by review: the limit was per call, so 1,024 prepared statements of one session could each hold
-    max_parameter_bytes of bound rows. Rows bound to a session's statements count against one limit."""
+    max_parameter_bytes of bound rows. Rows a user has bound, in any of their sessions, count against one limit."""
     client = served.flight_client()
     options = _session_options(served.token("writer"), f"params-{uuid.uuid4().hex}")
     sql = f"SELECT name FROM {served.namespace}.people WHERE id = $1 AND name <> $2"
@@ -522,8 +522,11 @@ def test_parameter_rows_bound_across_prepared_statements_share_the_limit(served:
     error = served.expect_error(lambda: _bind(client, second, most, options), flight.FlightError)
     assert f"max_parameter_bytes ({PARAMETER_BYTES} bytes, counting" in str(error)
     _bind(client, second, most.slice(0, 2), options)
-    other = _session_options(served.token("writer"), f"params-{uuid.uuid4().hex}")  # another session: its own limit
-    _bind(client, bytes(_create_prepared(client, sql, other).prepared_statement_handle), most, other)
+    other = _session_options(served.token("writer"), f"params-{uuid.uuid4().hex}")  # the same user's other session
+    third = bytes(_create_prepared(client, sql, other).prepared_statement_handle)
+    served.expect_error(lambda: _bind(client, third, most, other), flight.FlightError)
+    carol = _session_options(served.token("carol"), f"params-{uuid.uuid4().hex}")  # another user: their own limit
+    _bind(client, bytes(_create_prepared(client, sql, carol).prepared_statement_handle), most, carol)
 
 
 def test_adbc_cancel_of_a_long_query(served: Served) -> None:

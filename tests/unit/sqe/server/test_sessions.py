@@ -15,6 +15,7 @@ from sqe.server.sessions import (
     ClientSession,
     Limits,
     OpenQuery,
+    ParameterBudget,
     Prepared,
     SessionRegistry,
     _user_config,
@@ -155,3 +156,29 @@ def test_an_engine_that_sat_out_another_engines_statements_forgets_its_cached_ta
     assert last is reader and reader.provider._cache != {}, "nobody else ran: kept"
     session.release_engine(last)
     session.close()
+
+
+def test_parameter_rows_count_against_one_budget_per_user() -> None:
+    """Found by review: the limit was per call and per session, computed before reading, so concurrent DoPuts
+    and a user's many session ids each had a whole limit of their own."""
+    registry = SessionRegistry(_load({}), None, Limits(4, 2), 1024)  # type: ignore[arg-type]
+    budget = ParameterBudget(registry, limit=1000)
+    alice, bob = User("user:alice", "A"), User("user:bob", "B")
+    first = registry.resolve(alice, "one", "ipv4:127.0.0.1:1", None)
+    second = registry.resolve(alice, "two", "ipv4:127.0.0.1:2", None)
+    budget.reserve(first, b"p1", 600)  # a call still receiving its rows
+    with pytest.raises(QueryError, match=r"max_parameter_bytes \(1000 bytes, counting 600 bytes you already hold\)"):
+        budget.reserve(second, b"p2", 600)  # another call, another session id: the same user
+    budget.reserve(registry.resolve(bob, "one", "ipv4:127.0.0.1:3", None), b"p1", 600)  # another user: their own
+    rows = pa.table({"v": pa.array(range(50), pa.int64())})  # 400 bytes
+    prepared = Prepared("SELECT $1")
+    first.add_prepared(b"p1", prepared)
+    budget.bind(first, prepared, rows, 600)  # the reservation becomes the rows bound
+    budget.reserve(second, b"p2", 600)  # 400 bound + 600
+    with pytest.raises(QueryError, match="max_parameter_bytes"):
+        budget.reserve(second, b"p2", 1)
+    budget.reserve(first, b"p1", 400)  # rebinding p1: the 400 bytes it replaces are not counted twice
+    budget.release(first, 400)
+    budget.release(second, 600)
+    budget.reserve(second, b"p2", 600)
+    registry.close()
