@@ -686,20 +686,30 @@ class WarehouseTables:
         self._check_inside_warehouse(metadata_location, vocabulary.METADATA_LOCATION)
         parsed = self._read_parsed(metadata_location, fresh=True)
         self._check_properties(parsed.metadata.properties)
-        self._check_metadata_log(parsed.metadata)
         return parsed
 
-    @staticmethod
-    def _check_metadata_log(metadata: TableMetadata) -> None:
-        """A client-written metadata-log names only the table's own files: its entries are what a writer that
-        honours ``write.metadata.delete-after-commit.enabled`` deletes once later commits trim them."""
-        own = table_locations(metadata.location, metadata.properties)
-        for entry in metadata.metadata_log:
-            if not any(prefix_matches(entry.metadata_file, location) for location in own):
-                raise BadRequestError("metadata-log names a file outside the table's locations")
-
     def _check_admitted_locations(self, parsed: ParsedMetadata, exclude: tuple[Namespace, str] | None) -> None:
-        self._check_new_locations(table_locations(parsed.metadata.location, parsed.metadata.properties), exclude)
+        own = table_locations(parsed.metadata.location, parsed.metadata.properties)
+        self._check_new_locations(own, exclude)
+        self._check_metadata_log(parsed.metadata, own, exclude)
+
+    def _check_metadata_log(
+        self, metadata: TableMetadata, own: Sequence[str], exclude: tuple[Namespace, str] | None
+    ) -> None:
+        """A client-written metadata-log names no file of another table, nor any outside the warehouse: its
+        entries are what a writer honouring ``write.metadata.delete-after-commit.enabled`` deletes once later
+        commits trim them. (An entry outside the table's current locations may be its own older metadata, left
+        where an earlier ``write.metadata.path`` or location put it.)"""
+        foreign = [
+            e.metadata_file for e in metadata.metadata_log if not any(prefix_matches(e.metadata_file, o) for o in own)
+        ]
+        if not foreign:
+            return
+        for path in foreign:
+            self._check_inside_warehouse(path, "a metadata-log entry")
+        for key, theirs in self._all_table_locations():
+            if key != exclude and any(_overlaps(path, location) for path in foreign for location in theirs):
+                raise BadRequestError("metadata-log names a file of another table")
 
     def _reregister(
         self, namespace: Namespace, name: str, location: str, actor: str, action: str, stamp: Any = None

@@ -292,11 +292,15 @@ def test_admitted_metadata_may_not_log_files_outside_the_table(
     logged = str(victim.metadata_location) if outside == "other table" else f"file://{tmp_path}/host/server.toml"
     document = json.loads(Path(str(a.metadata_location).removeprefix("file://")).read_text())
     document["metadata-log"] = [{"metadata-file": logged, "timestamp-ms": 1}]
+    refusal = "metadata-log names a file of another table" if outside == "other table" else "inside the warehouse"
+    elsewhere = f"{tables.root}/db/b/metadata/00001-client.metadata.json"
+    Path(elsewhere.removeprefix("file://")).parent.mkdir(parents=True)
+    Path(elsewhere.removeprefix("file://")).write_text(json.dumps({**document, "location": f"{tables.root}/db/b"}))
+    with pytest.raises(BadRequestError, match=refusal):
+        tables.register_table(("db",), "b", elsewhere)
     written = f"{a.location}/metadata/00001-client.metadata.json"
     Path(written.removeprefix("file://")).write_text(json.dumps(document))
-    with pytest.raises(BadRequestError, match="metadata-log names a file outside the table's locations"):
-        tables.register_table(("db",), "b", written)
-    with pytest.raises(BadRequestError, match="metadata-log"):
+    with pytest.raises(BadRequestError, match=refusal):
         tables.register_table(("db",), "a", written, overwrite=True)
     document["metadata-log"] = [{"metadata-file": str(a.metadata_location), "timestamp-ms": 1}]  # its own: fine
     Path(written.removeprefix("file://")).write_text(json.dumps(document))
@@ -343,3 +347,18 @@ def test_a_dropped_namespace_wide_location_refuses_creates_instead_of_hanging(ta
     worker.join(timeout=10)
     assert outcome, "the create did not return"
     assert isinstance(outcome[0], ForbiddenError) and "dropped table db.wide" in outcome[0].message
+
+
+def test_metadata_logging_the_tables_own_earlier_metadata_path_is_admitted_again(tables: WarehouseTables) -> None:
+    # Found by review: entries written where an earlier write.metadata.path put them were refused as "outside"
+    tables.create_namespace(("db",), {})
+    tables.create_table(("db",), _create("t", **{"write.metadata.path": f"{tables.root}/db/t_meta"}))
+    for updates in (
+        {"action": "set-properties", "updates": {"x": "1"}},
+        {"action": "remove-properties", "removals": ["write.metadata.path"]},
+    ):
+        tables.commit_table(("db",), "t", parse_commit_body({"updates": [updates]}))
+    current = tables.load_table(("db",), "t")
+    assert any("/t_meta/" in entry.metadata_file for entry in current.metadata.metadata_log)
+    again = tables.register_table(("db",), "t", str(current.metadata_location), overwrite=True)
+    assert again.metadata_location == current.metadata_location
