@@ -587,6 +587,9 @@ class Soak:
     def __init__(self, world: World, truth: Truth, queries: int, deadline: float) -> None:
         self.world, self.truth = world, truth
         self.budget, self.deadline = queries, deadline
+        # Past the query budget, clients go on while this says so (until every fault kind has been injected once:
+        # a fast machine would otherwise finish the budget before the injector reached some kinds).
+        self.more_wanted: Callable[[], bool] = lambda: False
         self.issued = 0
         self.outcomes: list[Outcome] = []
         self.lock = threading.Lock()
@@ -595,7 +598,7 @@ class Soak:
 
     def take_ticket(self) -> bool:
         with self.lock:
-            if self.issued >= self.budget or time.monotonic() > self.deadline:
+            if time.monotonic() > self.deadline or (self.issued >= self.budget and not self.more_wanted()):
                 return False
             self.issued += 1
             return True
@@ -724,6 +727,9 @@ class Injector:
     catalog_back_at: list[float] = field(default_factory=list)  # monotonic: each restarted catalog answering
     versions: dict[str, int] = field(default_factory=lambda: {"rowf": 0, "mask": 0})
     errors: list[str] = field(default_factory=list)
+
+    def injected_every_kind(self) -> bool:
+        return set(FAULTS) <= {kind for _, kind in self.log}
 
     def schedule(self) -> Iterator[str]:
         """Every kind once per round, in a seeded order: a short run still sees each fault."""
@@ -1004,6 +1010,7 @@ def _soak(world: World, config: SoakConfig) -> Report:
     started = time.monotonic()
     soak = Soak(world, truth, config.queries, started + config.time_budget)
     injector = Injector(world, truth, random.Random(config.seed), config.fault_interval)
+    soak.more_wanted = lambda: not injector.injected_every_kind()
     threads = [threading.Thread(target=injector.run, name="injector")]
     for index, who in enumerate(USERS * config.clients_per_user):
         threads.append(threading.Thread(target=soak.run_client, args=(who, config.seed * 100 + index), name=who))

@@ -444,6 +444,7 @@ def test_adbc_executemany_writes_the_parameter_rows_it_sends(served: Served) -> 
     sql = f"INSERT INTO {table} VALUES (?, ?)"
     with served.adbc("writer") as conn, conn.cursor() as cur:
         cur.execute(sql, parameters=(1, "bound-first"))  # binds (1, ...) to the prepared statement, then runs it
+        assert cur.fetchall() == [(1,)]  # its result read: its query slot is free before the next call
         cur.executemany(sql, [(2, "sent"), (3, "sent")])  # the same prepared statement
         assert cur.rowcount == 2
         cur.execute(f"SELECT id, name FROM {table} ORDER BY id")
