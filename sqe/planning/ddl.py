@@ -19,7 +19,8 @@ from pyiceberg.catalog import Catalog
 from sqe._text import first_line
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.duckdb_connection import connect_locked_down, quote_ident
-from sqe.errors import QueryError, SQEError
+from sqe.errors import QueryError, RestrictedTableError, SQEError
+from sqe.planning.planner import restrictions_of
 
 if TYPE_CHECKING:
     from sqe.catalog.base import LoadedTable, TableIdent
@@ -128,7 +129,12 @@ def iceberg_type_of(type_text: str) -> ice.IcebergType:
 
 
 def alter_table(loaded: LoadedTable, action: AlterAction) -> None:
-    """One schema change, committed through the table's catalog (SQE's REST client)."""
+    """One schema change, committed through the table's catalog (SQE's REST client). Refused to a user with
+    read-restrictions on the table, as DML and OPTIMIZE are: dropping a masked column would end its mask while
+    its raw values stay readable in older snapshots."""
+    plan = restrictions_of(loaded)
+    if plan.row_filter is not None or plan.column_masks or plan.always_false:
+        raise RestrictedTableError(f"ALTER TABLE is refused: {loaded.ident} has read-restrictions for you")
     try:
         with loaded.table.update_schema() as update:
             if action.action == "add":

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from sqe.catalog.base import TableIdent
-from sqe.errors import CatalogError, NoSuchTableError, QueryError, RestrictionError
+from sqe.errors import CatalogError, NoSuchTableError, QueryError, RestrictedTableError, RestrictionError
 from sqe.execution import QueryCancelledError
 from sqe.execution import local as local_execution
 from sqe.planning import planner
@@ -1063,3 +1063,24 @@ def test_a_result_read_as_another_thread_starts_a_statement_never_reads_that_sta
     assert outcome["value"].column(0).to_pylist() == [sum(range(TOTAL))]
     assert outcome["finished"] <= other_outcome["finished"]  # the other statement waited for this one
     assert sorted(other_outcome["value"].fetchall()) == [(0,), (1,), (2,)]
+
+
+@pytest.mark.parametrize(
+    "restriction",
+    [{"required-column-projections": [{"field-id": 2, "action": "mask-alphanum"}]}, {"required-row-filter": False}],
+)
+def test_alter_table_is_refused_to_a_user_with_restrictions(
+    write_provider: LocalProvider, session_factory: Any, restriction: dict[str, Any]
+) -> None:
+    # Found by review: a masked user could DROP COLUMN the masked column (through a catalog that lets them commit);
+    # its mask then ended while its raw values stayed readable in older snapshots.
+    catalog = write_provider.catalogs["wh"]
+    catalog.create_table("ns.pii", schema=pa.schema([("id", pa.int64()), ("ssn", pa.string())]))
+    write_provider.restrictions["wh.ns.pii"] = restriction
+    session = session_factory(write_provider)
+    for change in ("DROP COLUMN ssn", "RENAME COLUMN ssn TO s", "ADD COLUMN x INTEGER"):
+        with pytest.raises(
+            RestrictedTableError, match=r"ALTER TABLE is refused: wh\.ns\.pii has read-restrictions for you"
+        ):
+            session.sql(f"ALTER TABLE ns.pii {change}")
+    assert catalog.load_table("ns.pii").schema().column_names == ["id", "ssn"]
