@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyiceberg.schema import Schema
+from pyiceberg.types import NestedField
 
 from sqe import vocabulary
 from sqe.errors import RestrictionError
@@ -115,7 +116,10 @@ def resolve(
     candidates = _Candidates()
     try:
         if snapshot is not None:
-            _policy_candidates(snapshot, namespace, table_uuid, schema, subject, candidates, report, include_disabled)
+            columns = _columns_of_every_schema(schema, all_schemas)
+            _policy_candidates(
+                snapshot, namespace, table_uuid, schema, columns, subject, candidates, report, include_disabled
+            )
         for entry in entries:
             _entry_candidates(entry, schema, all_schemas, candidates, report)
         wire = _combine(candidates, schema, report)
@@ -137,24 +141,40 @@ def resolve(
 # Steps 1-4: selection, parsing, binding
 
 
+def _columns_of_every_schema(schema: Schema, all_schemas: Sequence[Schema]) -> dict[int, NestedField]:
+    """Top-level columns by field id: the current schema's, then each dropped one as its newest schema defines
+    it. A dropped column's values stay in older snapshots, which time travel reads: its tags and masks stay."""
+    columns = {f.field_id: f for f in schema.fields}
+    for old in sorted(all_schemas, key=lambda s: s.schema_id, reverse=True):
+        for column in old.fields:
+            columns.setdefault(column.field_id, column)
+    return columns
+
+
+def _shown_names(columns: dict[int, NestedField], schema: Schema) -> dict[int, str]:
+    current = {f.field_id for f in schema.fields}
+    return {fid: f.name if fid in current else f"{f.name} (dropped, field {fid})" for fid, f in columns.items()}
+
+
 def _policy_candidates(
     snapshot: GovernanceSnapshot,
     namespace: tuple[str, ...],
     table_uuid: str,
     schema: Schema,
+    columns: dict[int, NestedField],
     subject: Subject,
     candidates: _Candidates,
     report: dict[str, Any],
     include_disabled: bool,
 ) -> None:
     table_tags = snapshot.table_tags(namespace)
-    column_tags = snapshot.column_tags(namespace, schema, table_uuid)
-    names = {f.field_id: f.name for f in schema.fields}
+    column_tags = snapshot.column_tags(namespace, list(columns.values()), table_uuid)
+    names = _shown_names(columns, schema)
     report["tags"] = {
         "table": _tags_json(table_tags),
         "columns": {names[fid]: _tags_json(tags) for fid, tags in column_tags.items() if tags},
     }
-    selection = _Selection(table_tags, column_tags, schema, subject, candidates, include_disabled)
+    selection = _Selection(table_tags, column_tags, schema, columns, names, subject, candidates, include_disabled)
     for policy in sorted(snapshot.policies, key=lambda p: p.name):
         entry: dict[str, Any] = {
             "name": policy.name,
@@ -204,7 +224,9 @@ class _Selection:
 
     table_tags: dict[str, tuple[str | None, str]]
     column_tags: dict[int, dict[str, tuple[str | None, str]]]
-    schema: Schema
+    schema: Schema  # the current one: row filters bind to it
+    columns: dict[int, NestedField]  # current and dropped top-level columns: masks select among them
+    names: dict[int, str]  # as the report shows them
     subject: Subject
     candidates: _Candidates
     include_disabled: bool
@@ -250,12 +272,11 @@ def _chosen(branches: tuple[str, ...]) -> int | str | None:
 
 
 def _mask_policy(policy: Policy, selection: _Selection, entry: dict[str, Any]) -> None:
-    column_tags, schema, subject = selection.column_tags, selection.schema, selection.subject
+    column_tags, fields, subject = selection.column_tags, selection.columns, selection.subject
     candidates, include_disabled = selection.candidates, selection.include_disabled
-    fields = {f.field_id: f for f in schema.fields}
     targets = {fid: _matching(policy, tags) for fid, tags in column_tags.items()}
     targets = {fid: matched for fid, matched in targets.items() if matched}
-    entry["matched-tags"] = {fields[fid].name: matched for fid, matched in sorted(targets.items())}
+    entry["matched-tags"] = {selection.names[fid]: matched for fid, matched in sorted(targets.items())}
     if not targets:
         entry["status"] = "not-selected"
         entry["reason"] = "no effective tag of any column matches"
@@ -282,7 +303,7 @@ def _mask_policy(policy: Policy, selection: _Selection, entry: dict[str, Any]) -
                     f"mask {candidate} of policy {policy.name} does not apply to column {column.name!r}",
                 ) from None
         provenance = {"policy": policy.name, "tags": [m["tag"] for m in matched]}
-        entry["signatures"][column.name] = candidates.add_mask(fid, action, provenance)
+        entry["signatures"][selection.names[fid]] = candidates.add_mask(fid, action, provenance)
     entry["status"] = "applied"
 
 

@@ -27,11 +27,11 @@ import enum
 import json
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyiceberg.schema import Schema
+from pyiceberg.types import NestedField
 from sqlalchemy import (
     Boolean,
     Column,
@@ -623,15 +623,15 @@ class GovernanceSnapshot:
         return _nearest(ranked)
 
     def column_tags(
-        self, namespace: tuple[str, ...], schema: Schema, table_uuid: str
+        self, namespace: tuple[str, ...], columns: Sequence[NestedField], table_uuid: str
     ) -> dict[int, dict[str, tuple[str | None, str]]]:
-        """Effective tags of every top-level column (field id -> key -> (value, origin)).
+        """Effective tags of the given top-level columns (field id -> key -> (value, origin)).
 
         A column tag matches the field with its field id in the same table (a renamed column keeps it) and any
         field with its name (a dropped and re-added column, or a re-created table, keeps it too)."""
         table_level = self.table_tags(namespace)
         result: dict[int, dict[str, tuple[str | None, str]]] = {}
-        for field in schema.fields:
+        for field in columns:
             own = [
                 a
                 for a in self.assignments
