@@ -519,14 +519,14 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         elif name == "CommandPreparedStatementQuery":
             handle = _message(wrapper, sql_pb.CommandPreparedStatementQuery).prepared_statement_handle
             prepared = self._prepared(session, handle)
-            rows, reserved = self._parameters(reader, session, handle)
+            rows, reserved = self._parameters(reader, session, handle, replacing=True)
             self.parameter_budget.bind(session, prepared, rows, reserved)
             result = sql_pb.DoPutPreparedStatementResult(prepared_statement_handle=handle)
             writer.write(pa.py_buffer(result.SerializeToString()))
         elif name == "CommandPreparedStatementUpdate":
             handle = _message(wrapper, sql_pb.CommandPreparedStatementUpdate).prepared_statement_handle
             prepared = self._prepared(session, handle)
-            sent, reserved = self._parameters(reader, session, handle)
+            sent, reserved = self._parameters(reader, session, handle, replacing=False)
             try:
                 # The update's own stream carries its parameter rows (ADBC executemany); only a stream without rows
                 # runs with those a CommandPreparedStatementQuery DoPut bound before, as Arrow's reference servers do.
@@ -541,7 +541,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             raise QueryError(f"DoPut of {name or 'this command'} is not supported by sqe serve")
 
     def _parameters(
-        self, reader: flight.MetadataRecordBatchReader, session: ClientSession, handle: bytes
+        self, reader: flight.MetadataRecordBatchReader, session: ClientSession, handle: bytes, *, replacing: bool
     ) -> tuple[pa.Table, int]:
         """The parameter rows of a DoPut and the bytes reserved for them (``ParameterBudget``), read before any
         query slot; past the user's ``max_parameter_bytes`` the call is refused and its reservation released."""
@@ -550,7 +550,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             for chunk in reader:
                 if chunk.data is None:
                     continue
-                self.parameter_budget.reserve(session, handle, chunk.data.nbytes)
+                self.parameter_budget.reserve(session, handle, chunk.data.nbytes, replacing=replacing)
                 reserved += chunk.data.nbytes
                 batches.append(chunk.data)
             return pa.Table.from_batches(batches, schema=reader.schema), reserved
@@ -626,7 +626,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             return [flight.Result(pa.py_buffer(self._create_prepared(user, session, sql)))]
         if action.type == "ClosePreparedStatement":
             handle = _message(_unpack_any(body), sql_pb.ActionClosePreparedStatementRequest).prepared_statement_handle
-            session.prepared.pop(handle, None)
+            session.close_prepared(handle)
             return []
         if action.type == "CancelFlightInfo":
             return [flight.Result(pa.py_buffer(self._cancel(session, body)))]

@@ -311,6 +311,7 @@ class ClientSession:
         self._engines: list[Engine] = []
         self._releases = 0  # engines released so far: another engine ran (and may have written) in between
         self.prepared: dict[bytes, Prepared] = {}
+        self._bound_bytes = 0  # of the parameter rows bound to ``prepared`` (bind_parameters, close_prepared)
         self.open: dict[bytes, OpenQuery] = {}
         self.last_used = time.monotonic()
         self._closed = False
@@ -388,17 +389,30 @@ class ClientSession:
             engine.close()
 
     def add_prepared(self, handle: bytes, prepared: Prepared) -> None:
-        if len(self.prepared) >= MAX_PREPARED_STATEMENTS:
-            raise QueryError(
-                f"this client session holds {MAX_PREPARED_STATEMENTS} open prepared statements: close some first"
-            )
-        self.prepared[handle] = prepared
+        with self._lock:
+            if len(self.prepared) >= MAX_PREPARED_STATEMENTS:
+                raise QueryError(
+                    f"this client session holds {MAX_PREPARED_STATEMENTS} open prepared statements: close some first"
+                )
+            self._bound_bytes += _parameter_bytes(prepared)
+            self.prepared[handle] = prepared
 
     def bound_parameter_bytes(self, excluding: bytes | None = None) -> int:
-        """Bytes of the parameter rows bound to this session's prepared statements, ``excluding``'s aside."""
-        return sum(
-            p.parameters.nbytes for h, p in list(self.prepared.items()) if h != excluding and p.parameters is not None
-        )
+        """Bytes of the parameter rows bound to this session's prepared statements, ``excluding``'s aside (a
+        counter: ``ParameterBudget`` asks for every chunk a client sends)."""
+        with self._lock:
+            own = self.prepared.get(excluding) if excluding is not None else None
+            return self._bound_bytes - (_parameter_bytes(own) if own is not None else 0)
+
+    def bind_parameters(self, prepared: Prepared, rows: pa.Table) -> None:
+        with self._lock:
+            self._bound_bytes += rows.nbytes - _parameter_bytes(prepared)
+            prepared.parameters = rows
+
+    def close_prepared(self, handle: bytes) -> None:
+        with self._lock:
+            gone = self.prepared.pop(handle, None)
+            self._bound_bytes -= _parameter_bytes(gone) if gone is not None else 0
 
     def new_handle(self) -> bytes:
         return secrets.token_bytes(16)
@@ -423,7 +437,13 @@ class ClientSession:
             if query.finish_if_waiting() or query.done:
                 self.open.pop(query.handle, None)
         self._close_engines(idle)
-        self.prepared.clear()
+        with self._lock:
+            self.prepared.clear()
+            self._bound_bytes = 0
+
+
+def _parameter_bytes(prepared: Prepared) -> int:
+    return prepared.parameters.nbytes if prepared.parameters is not None else 0
 
 
 # ------------------------------------------------------------------------------------------- registry
@@ -445,11 +465,12 @@ class ParameterBudget:
         self._lock = threading.Lock()
         self._receiving: dict[str, int] = {}  # user key -> bytes reserved by calls still receiving or running
 
-    def reserve(self, session: ClientSession, handle: bytes, size: int) -> None:
-        """Reserve ``size`` more bytes for a call binding to ``handle`` (whose current rows it will replace)."""
+    def reserve(self, session: ClientSession, handle: bytes, size: int, *, replacing: bool) -> None:
+        """Reserve ``size`` more bytes for a call on ``handle``; ``replacing``: the rows will replace those bound to
+        it (a bind), so those are not counted; an update's rows are held beside them."""
         user = session.user_key
         with self._lock:
-            held = self._bound(user, session, handle) + self._receiving.get(user, 0)
+            held = self._bound(user, session, handle if replacing else None) + self._receiving.get(user, 0)
             if held + size > self.limit:
                 also = f", counting {held} bytes you already hold" if held else ""
                 raise QueryError(
@@ -460,7 +481,7 @@ class ParameterBudget:
     def bind(self, session: ClientSession, prepared: Prepared, rows: pa.Table, reserved: int) -> None:
         """Bind ``rows`` to ``prepared`` and turn their reservation into bound bytes in one step."""
         with self._lock:
-            prepared.parameters = rows
+            session.bind_parameters(prepared, rows)
             self._release(session.user_key, reserved)
 
     def release(self, session: ClientSession, reserved: int) -> None:
@@ -474,7 +495,7 @@ class ParameterBudget:
         else:
             self._receiving.pop(user, None)
 
-    def _bound(self, user: str, session: ClientSession, handle: bytes) -> int:
+    def _bound(self, user: str, session: ClientSession, handle: bytes | None) -> int:
         return sum(
             other.bound_parameter_bytes(excluding=handle if other is session else None)
             for other in self._registry.sessions()

@@ -166,19 +166,23 @@ def test_parameter_rows_count_against_one_budget_per_user() -> None:
     alice, bob = User("user:alice", "A"), User("user:bob", "B")
     first = registry.resolve(alice, "one", "ipv4:127.0.0.1:1", None)
     second = registry.resolve(alice, "two", "ipv4:127.0.0.1:2", None)
-    budget.reserve(first, b"p1", 600)  # a call still receiving its rows
+    budget.reserve(first, b"p1", 600, replacing=True)  # a call still receiving its rows
     with pytest.raises(QueryError, match=r"max_parameter_bytes \(1000 bytes, counting 600 bytes you already hold\)"):
-        budget.reserve(second, b"p2", 600)  # another call, another session id: the same user
-    budget.reserve(registry.resolve(bob, "one", "ipv4:127.0.0.1:3", None), b"p1", 600)  # another user: their own
+        budget.reserve(second, b"p2", 600, replacing=True)  # another call, another session id: the same user
+    bob_session = registry.resolve(bob, "one", "ipv4:127.0.0.1:3", None)
+    budget.reserve(bob_session, b"p1", 600, replacing=True)  # another user: their own
     rows = pa.table({"v": pa.array(range(50), pa.int64())})  # 400 bytes
     prepared = Prepared("SELECT $1")
     first.add_prepared(b"p1", prepared)
     budget.bind(first, prepared, rows, 600)  # the reservation becomes the rows bound
-    budget.reserve(second, b"p2", 600)  # 400 bound + 600
+    budget.reserve(second, b"p2", 600, replacing=True)  # 400 bound + 600
     with pytest.raises(QueryError, match="max_parameter_bytes"):
-        budget.reserve(second, b"p2", 1)
-    budget.reserve(first, b"p1", 400)  # rebinding p1: the 400 bytes it replaces are not counted twice
+        budget.reserve(second, b"p2", 1, replacing=True)
+    budget.reserve(first, b"p1", 400, replacing=True)  # rebinding p1: the 400 bytes it replaces are not counted twice
     budget.release(first, 400)
+    with pytest.raises(QueryError, match="max_parameter_bytes"):  # an update's rows are held beside p1's
+        budget.reserve(first, b"p1", 400, replacing=False)
     budget.release(second, 600)
-    budget.reserve(second, b"p2", 600)
+    first.close_prepared(b"p1")  # a closed statement's rows no longer count
+    budget.reserve(second, b"p2", 1000, replacing=True)
     registry.close()
