@@ -32,6 +32,7 @@ from pyiceberg.types import NestedField
 from sqe import vocabulary
 from sqe.errors import RestrictionError
 from sqe.restrictions import check_applicable, parse_restrictions
+from sqe.restrictions.actions import MASK_TO_FIXED_VALUE, REPLACE_WITH_NULL
 from sqe_catalog.policies import rego
 from sqe_catalog.policies.bind import Subject, bind_column
 from sqe_catalog.policies.errors import PolicyError
@@ -292,19 +293,38 @@ def _mask_policy(policy: Policy, selection: _Selection, entry: dict[str, Any]) -
     # column can be masked never depends on who asks.
     actions = [value.name for value, _ in rule.branches if isinstance(value, rego.Action)]
     actions.append(rule.fallback.name if isinstance(rule.fallback, rego.Action) else action)
+    current = {f.field_id for f in selection.schema.fields}
     for fid, matched in sorted(targets.items()):
         column = fields[fid]
-        for candidate in dict.fromkeys(actions):
-            try:
-                check_applicable(candidate, column)
-            except RestrictionError:
-                raise PolicyError(
-                    "bind-action-not-applicable",
-                    f"mask {candidate} of policy {policy.name} does not apply to column {column.name!r}",
-                ) from None
+        applied = action
+        if fid in current:
+            for candidate in dict.fromkeys(actions):
+                try:
+                    check_applicable(candidate, column)
+                except RestrictionError:
+                    raise PolicyError(
+                        "bind-action-not-applicable",
+                        f"mask {candidate} of policy {policy.name} does not apply to column {column.name!r}",
+                    ) from None
+        else:
+            applied = _dropped_column_action(action, column, selection.names[fid], policy.name)
+            if applied != action:
+                entry.setdefault("stand-ins", {})[selection.names[fid]] = applied
         provenance = {"policy": policy.name, "tags": [m["tag"] for m in matched]}
-        entry["signatures"][selection.names[fid]] = candidates.add_mask(fid, action, provenance)
+        entry["signatures"][selection.names[fid]] = candidates.add_mask(fid, applied, provenance)
     entry["status"] = "applied"
+
+
+def _dropped_column_action(action: str, column: NestedField, shown: str, policy: str) -> str:
+    """The mask of a dropped column: the policy's own where it applies to the column's old type, else
+    replace-with-null (or a fixed value for a required column), so an old column never makes the table unreadable."""
+    for candidate in (action, REPLACE_WITH_NULL, MASK_TO_FIXED_VALUE):
+        try:
+            check_applicable(candidate, column)
+            return candidate
+        except RestrictionError:
+            continue
+    raise PolicyError("bind-action-not-applicable", f"no mask of policy {policy} applies to column {shown!r}")
 
 
 def _entry_candidates(

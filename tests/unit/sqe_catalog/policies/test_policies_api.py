@@ -316,3 +316,32 @@ def test_a_dropped_tagged_column_keeps_its_mask_for_older_snapshots(tmp_path: Pa
     assert catalog.request("root", "POST", TABLE, updates=updates, requirements=[]).status == 200
     _enable(catalog, "m")
     assert _restrictions(catalog) == masked_email  # field 2 is gone from the current schema, not from the data
+
+
+def test_a_dropped_column_the_mask_cannot_apply_to_gets_a_stand_in(tmp_path: Path) -> None:
+    # Found by review: ssn retyped (a long dropped, a string added under the same name, so the tag matches both)
+    # made the mask-alphanum policy fail for the old long column, and the whole table unreadable for everyone.
+    catalog = _catalog(tmp_path)
+
+    def schema(schema_id: int, ssn: dict[str, Any]) -> dict[str, Any]:
+        columns = [{"id": 1, "name": "id", "type": "long", "required": True}, ssn]
+        return {"type": "struct", "schema-id": schema_id, "fields": columns}
+
+    for schema_id, ssn in (
+        (1, {"id": 4, "name": "ssn", "type": "long", "required": True}),
+        (2, {"id": 5, "name": "ssn", "type": "string", "required": False}),
+    ):
+        updates = [
+            {"action": "add-schema", "schema": schema(schema_id, ssn)},
+            {"action": "set-current-schema", "schema-id": -1},
+        ]
+        assert catalog.request("root", "POST", TABLE, updates=updates, requirements=[]).status == 200
+    _tag(catalog, "pii", namespace=["db"], table="t", column="ssn")
+    _policy(catalog, "m", "system_column_mask", 'mask := action("mask-alphanum")', "pii")
+    _enable(catalog, "m")
+    assert _restrictions(catalog) == {
+        "required-column-projections": [
+            {"field-id": 4, "action": "mask-to-fixed-value"},  # the old long was required: no null for it
+            {"field-id": 5, "action": "mask-alphanum"},
+        ]
+    }
