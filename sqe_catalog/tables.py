@@ -330,6 +330,18 @@ def _check_schema_ids(schema: Schema) -> None:
         raise BadRequestError(f"invalid schema: ids must be integers from 0 to {_MAX_ID}")
 
 
+def _check_metadata_log(metadata: TableMetadata, own: Sequence[str], logged_before: frozenset[str]) -> None:
+    """A client-written metadata-log names only the table's own files: those under its locations, and on a
+    re-admission those its current revision already logs (its older metadata, left where an earlier
+    ``write.metadata.path`` or location put it). A writer honouring ``write.metadata.delete-after-commit.enabled``
+    deletes the entries a later commit trims, so any other file (another table's, a dropped table's, one outside
+    the warehouse) is refused."""
+    for entry in metadata.metadata_log:
+        path = entry.metadata_file
+        if path not in logged_before and not any(prefix_matches(path, location) for location in own):
+            raise BadRequestError("metadata-log names a file that is not the table's own")
+
+
 def parse_commit_body(body: dict[str, Any]) -> CommitBody:
     return validate_client_model(CommitBody, body)
 
@@ -675,7 +687,7 @@ class WarehouseTables:
     ) -> StoredTable:
         parsed = self._read_for_admission(metadata_location)
         with self._location_lock:
-            self._check_admitted_locations(parsed, exclude=None)
+            self._check_admitted_locations(parsed, exclude=None, logged_before=frozenset())
             # Trust on first use of exactly the revision read here; row + pin + audit event in one transaction.
             self.integrity.admit(_s(namespace), name, Admission(metadata_location, parsed, actor, action), stamp)
         return self.load_table(namespace, name)
@@ -688,28 +700,13 @@ class WarehouseTables:
         self._check_properties(parsed.metadata.properties)
         return parsed
 
-    def _check_admitted_locations(self, parsed: ParsedMetadata, exclude: tuple[Namespace, str] | None) -> None:
+    def _check_admitted_locations(
+        self, parsed: ParsedMetadata, exclude: tuple[Namespace, str] | None, logged_before: frozenset[str]
+    ) -> None:
+        """``exclude`` and ``logged_before``: for a re-admission, the table and what its current revision logs."""
         own = table_locations(parsed.metadata.location, parsed.metadata.properties)
         self._check_new_locations(own, exclude)
-        self._check_metadata_log(parsed.metadata, own, exclude)
-
-    def _check_metadata_log(
-        self, metadata: TableMetadata, own: Sequence[str], exclude: tuple[Namespace, str] | None
-    ) -> None:
-        """A client-written metadata-log names no file of another table, nor any outside the warehouse: its
-        entries are what a writer honouring ``write.metadata.delete-after-commit.enabled`` deletes once later
-        commits trim them. (An entry outside the table's current locations may be its own older metadata, left
-        where an earlier ``write.metadata.path`` or location put it.)"""
-        foreign = [
-            e.metadata_file for e in metadata.metadata_log if not any(prefix_matches(e.metadata_file, o) for o in own)
-        ]
-        if not foreign:
-            return
-        for path in foreign:
-            self._check_inside_warehouse(path, "a metadata-log entry")
-        for key, theirs in self._all_table_locations():
-            if key != exclude and any(_overlaps(path, location) for path in foreign for location in theirs):
-                raise BadRequestError("metadata-log names a file of another table")
+        _check_metadata_log(parsed.metadata, own, logged_before)
 
     def _reregister(
         self, namespace: Namespace, name: str, location: str, actor: str, action: str, stamp: Any = None
@@ -717,8 +714,9 @@ class WarehouseTables:
         """Point an existing table at another revision (register overwrite, notification update)."""
         parsed = self._read_for_admission(location)
         with self._location_lock:
-            self._check_admitted_locations(parsed, exclude=(namespace, name))
             current = NoSuchTableError.unless_found(self._metadata_location(namespace, name), *namespace, name)
+            logged = frozenset({current, *(e.metadata_file for e in self._read_parsed(current).metadata.metadata_log)})
+            self._check_admitted_locations(parsed, exclude=(namespace, name), logged_before=logged)
             self._require_same_uuid(namespace, name, current, parsed)
             admitted = Admission(location, parsed, actor, action)
             self.integrity.readmit(_s(namespace), name, current, admitted, stamp)

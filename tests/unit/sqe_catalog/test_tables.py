@@ -292,7 +292,7 @@ def test_admitted_metadata_may_not_log_files_outside_the_table(
     logged = str(victim.metadata_location) if outside == "other table" else f"file://{tmp_path}/host/server.toml"
     document = json.loads(Path(str(a.metadata_location).removeprefix("file://")).read_text())
     document["metadata-log"] = [{"metadata-file": logged, "timestamp-ms": 1}]
-    refusal = "metadata-log names a file of another table" if outside == "other table" else "inside the warehouse"
+    refusal = "metadata-log names a file that is not the table's own"
     elsewhere = f"{tables.root}/db/b/metadata/00001-client.metadata.json"
     Path(elsewhere.removeprefix("file://")).parent.mkdir(parents=True)
     Path(elsewhere.removeprefix("file://")).write_text(json.dumps({**document, "location": f"{tables.root}/db/b"}))
@@ -362,3 +362,22 @@ def test_metadata_logging_the_tables_own_earlier_metadata_path_is_admitted_again
     assert any("/t_meta/" in entry.metadata_file for entry in current.metadata.metadata_log)
     again = tables.register_table(("db",), "t", str(current.metadata_location), overwrite=True)
     assert again.metadata_location == current.metadata_location
+
+
+def test_a_readmission_may_not_add_files_of_other_or_dropped_tables_to_the_log(tables: WarehouseTables) -> None:
+    # Found by review: entries outside every table's current locations passed, such as another table's older
+    # metadata (under its former write.metadata.path) or a dropped, unpurged table's metadata file.
+    tables.create_namespace(("db",), {})
+    a = tables.create_table(("db",), _create("a"))
+    victim = tables.create_table(("db",), _create("victim", **{"write.metadata.path": f"{tables.root}/db/v_meta"}))
+    remove = {"action": "remove-properties", "removals": ["write.metadata.path"]}
+    tables.commit_table(("db",), "victim", parse_commit_body({"updates": [remove]}))
+    gone = tables.create_table(("db",), _create("gone"))
+    tables.drop_table(("db",), "gone", purge=False)
+    for foreign in (str(victim.metadata_location), str(gone.metadata_location)):
+        document = json.loads(Path(str(a.metadata_location).removeprefix("file://")).read_text())
+        document["metadata-log"] = [{"metadata-file": foreign, "timestamp-ms": 1}]
+        written = f"{a.location}/metadata/00001-client.metadata.json"
+        Path(written.removeprefix("file://")).write_text(json.dumps(document))
+        with pytest.raises(BadRequestError, match="metadata-log names a file that is not the table's own"):
+            tables.register_table(("db",), "a", written, overwrite=True)
