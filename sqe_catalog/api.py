@@ -469,7 +469,7 @@ def _metadata_json(table: StoredTable, snapshots: str) -> str:
 
 # Operations that change an existing table: refused to a caller with read-restrictions on it, even through a
 # trusted reader (a rename out of a tagged namespace, or a re-admission of other metadata, would shed them).
-_WRITE_OPERATIONS = frozenset({"commit", "rename", "register-overwrite", "notification-update"})
+_WRITE_OPERATIONS = frozenset({"commit", "rename", "register-overwrite", "notification-update", "drop"})
 
 
 def _refuse_restricted_change(call: _Call, namespace: Namespace, name: str, operation: str) -> None:
@@ -756,6 +756,9 @@ def _drop_table(call: _Call) -> Response:
     namespace, name = call.namespace, call.table
     purge = _bool_query(call, "purgeRequested")
     call.require(Privilege.TABLE_DROP, namespace, name)
+    # Gated like a commit: a restricted user who dropped the table could claim its files again (a content
+    # manager may reuse a dropped location) in a new table that carries none of its restrictions.
+    _refuse_restricted_change(call, namespace, name, "drop")
     call.warehouse.tables.drop_table(namespace, name, purge)
     return _no_content()
 

@@ -449,3 +449,15 @@ def test_readmission_of_metadata_with_another_table_uuid_is_refused(catalog: Cat
     refused = catalog.request("root", "POST", "/v1/wh/namespaces/db/register", **register)
     assert "the new metadata has another table-uuid" in error_of(refused, 409)
     assert catalog.request("root", "GET", TABLE).json()["metadata-location"] == loaded["metadata-location"]
+
+
+def test_a_restricted_user_may_not_drop_the_table(catalog: Catalog, tmp_path: Path) -> None:
+    # Found by review: drop was not gated. A restricted user who also managed the warehouse's content dropped the
+    # table and created another at its location: vended keys for its files, and none of its restrictions.
+    catalog.store.grant("alice_role", "CATALOG_MANAGE_CONTENT", "wh")
+    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    _grant_structural_rights(catalog, "alice")
+    assert error_of(catalog.request("alice", "DELETE", TABLE, headers=DECLARED), 403) == OWN_TOKEN_REFUSED
+    assert "refuses writes to this table" in error_of(catalog.request(ALICE, "DELETE", TABLE, headers=DECLARED), 403)
+    assert catalog.request("root", "GET", TABLE).status == 200  # still there
+    assert catalog.request("root", "DELETE", TABLE).status == 204  # an unrestricted user drops it
