@@ -330,6 +330,16 @@ def _check_schema_ids(schema: Schema) -> None:
         raise BadRequestError(f"invalid schema: ids must be integers from 0 to {_MAX_ID}")
 
 
+def _require_same_uuid(namespace: Namespace, name: str, previous: TableMetadata, new: TableMetadata) -> None:
+    """Re-admission keeps the table: another table's metadata (a new UUID) would also shed the column tags
+    matched by this table's UUID and field ids, and those decide read-restrictions."""
+    if new.table_uuid != previous.table_uuid:
+        raise CommitFailedError(
+            f"table {'.'.join((*namespace, name))}: the new metadata has another table-uuid; "
+            "a table keeps its UUID (drop and register it instead)"
+        )
+
+
 def _check_metadata_log(metadata: TableMetadata, own: Sequence[str], logged_before: frozenset[str]) -> None:
     """A client-written metadata-log names only the table's own files: those under its locations, and on a
     re-admission those its current revision already logs (its older metadata, left where an earlier
@@ -715,21 +725,13 @@ class WarehouseTables:
         parsed = self._read_for_admission(location)
         with self._location_lock:
             current = NoSuchTableError.unless_found(self._metadata_location(namespace, name), *namespace, name)
-            logged = frozenset({current, *(e.metadata_file for e in self._read_parsed(current).metadata.metadata_log)})
+            previous = self._read_parsed(current).metadata
+            _require_same_uuid(namespace, name, previous, parsed.metadata)
+            logged = frozenset({current, *(entry.metadata_file for entry in previous.metadata_log)})
             self._check_admitted_locations(parsed, exclude=(namespace, name), logged_before=logged)
-            self._require_same_uuid(namespace, name, current, parsed)
             admitted = Admission(location, parsed, actor, action)
             self.integrity.readmit(_s(namespace), name, current, admitted, stamp)
         return self.load_table(namespace, name)
-
-    def _require_same_uuid(self, namespace: Namespace, name: str, current: str, parsed: ParsedMetadata) -> None:
-        """Re-admission keeps the table: another table's metadata (a new UUID) would also shed the column tags
-        matched by this table's UUID and field ids, and those decide read-restrictions."""
-        if parsed.metadata.table_uuid != self._read_parsed(current).metadata.table_uuid:
-            raise CommitFailedError(
-                f"table {'.'.join((*namespace, name))}: the new metadata has another table-uuid; "
-                "a table keeps its UUID (drop and register it instead)"
-            )
 
     def notify(self, namespace: Namespace, name: str, notification: Any, actor: str) -> None:
         """A Polaris-style table notification (``sqe_catalog.integrity.notifications`` parsed it)."""

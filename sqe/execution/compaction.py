@@ -105,7 +105,7 @@ def _result(rewritten: int, added: int, snapshot_id: int | None) -> pa.Table:
 
 def _refuse_restricted(loaded: LoadedTable) -> None:
     plan = restrictions_of(loaded)
-    if plan.row_filter is not None or plan.column_masks or plan.always_false:
+    if plan.is_restricted:
         raise QueryError(
             f"OPTIMIZE is refused: {loaded.ident} has read-restrictions for you (rewriting needs raw rows)"
         )

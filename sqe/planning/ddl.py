@@ -133,7 +133,7 @@ def alter_table(loaded: LoadedTable, action: AlterAction) -> None:
     read-restrictions on the table, as DML and OPTIMIZE are: dropping a masked column would end its mask while
     its raw values stay readable in older snapshots."""
     plan = restrictions_of(loaded)
-    if plan.row_filter is not None or plan.column_masks or plan.always_false:
+    if plan.is_restricted:
         raise RestrictedTableError(f"ALTER TABLE is refused: {loaded.ident} has read-restrictions for you")
     try:
         with loaded.table.update_schema() as update:
