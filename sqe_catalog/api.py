@@ -82,6 +82,7 @@ from sqe_catalog.planning import PlanStore, parse_plan_request, plan_files, resp
 from sqe_catalog.policies.service import policy_errors, selector_from_json, target_from_json
 from sqe_catalog.policies.store import PolicyStore
 from sqe_catalog.restrictions import (
+    DroppedGovernance,
     GovernedLoadError,
     ResolvedRestrictions,
     RestrictionStore,
@@ -1160,9 +1161,29 @@ def _authenticate(state: _State, request: Request) -> Principal:
 
 def _run(handler: Handler, call: _Call) -> Response:
     call.principal = _authenticate(call.state, call.request)
-    # Only a warehouse-wide content manager may put a table where one was dropped without purge (its files stay).
-    with dropped_location_reuse(lambda: call.allowed(Privilege.CATALOG_MANAGE_CONTENT)):
+    with dropped_location_reuse(lambda namespace, name: _check_dropped_claim(call, namespace, name)):
         return handler(call)
+
+
+def _check_dropped_claim(call: _Call, namespace: Namespace, name: str) -> None:
+    """A new location over the files of a dropped table (dropped without purge, or its purge not done yet).
+
+    Only a warehouse-wide content manager may claim it. A table there would carry none of the dropped table's
+    read-restrictions, so where it had some, its files may hold data restricted for the claimant: claiming them
+    also needs CATALOG_MANAGE_POLICIES (whose holder can lift policies anyway), and is refused over REST while
+    restriction entries name it (an operator sets and clears those)."""
+    shown = ".".join((*namespace, name))
+    refused = f"table location overlaps the location of dropped table {shown}, whose files are still in storage"
+    if not call.allowed(Privilege.CATALOG_MANAGE_CONTENT):
+        raise ForbiddenError(f"{refused}; claiming it needs CATALOG_MANAGE_CONTENT on the warehouse")
+    governance = call.state.restrictions.dropped_table_governance(call.prefix, namespace, name)
+    if governance is DroppedGovernance.ENTRIES:
+        raise ForbiddenError(
+            f"{refused}, and {governance.value}: an operator must clear them first (sqe-catalog admin "
+            "clear-restrictions)"
+        )
+    if governance is DroppedGovernance.POLICIES and not call.allowed(Privilege.CATALOG_MANAGE_POLICIES):
+        raise ForbiddenError(f"{refused}, and {governance.value}: claiming it also needs CATALOG_MANAGE_POLICIES")
 
 
 def _log_unexpected(request: Request, exc: BaseException) -> str:

@@ -264,6 +264,13 @@ def _identity_revision(user: str, groups: Iterable[str]) -> str:
 # The store
 
 
+class DroppedGovernance(enum.Enum):
+    """Why a dropped table's files may hold data restricted for someone."""
+
+    ENTRIES = "read-restriction entries name it"
+    POLICIES = "tag-based policies select it"
+
+
 class RestrictionStore:
     """Restriction entries in the catalog database (reader trust lives in ``AuthStore``). Thread-safe."""
 
@@ -350,6 +357,24 @@ class RestrictionStore:
         )
         with self._engine.begin() as conn:
             conn.execute(stmt)
+
+    def dropped_table_governance(self, warehouse: str, namespace: Namespace, name: str) -> DroppedGovernance | None:
+        """What made a dropped table's data restricted for someone (its files may still hold it), or None. Found by
+        the table's name at its drop: a drop removes neither entries nor tags, and API renames keep both current."""
+        c = _entries.c
+        by_name = select(c.table_name).where(
+            c.warehouse == warehouse, c.namespace == _encode_namespace(namespace), c.table_name == name
+        )
+        with self._engine.connect() as conn:
+            if conn.execute(by_name.limit(1)).first() is not None:
+                return DroppedGovernance.ENTRIES
+        if self._policies is None:
+            return None
+        snapshot = self._policies.snapshot(warehouse, namespace, name, table_uuid="")
+        tagged = {assignment.tag for assignment in snapshot.assignments}
+        # Policy and tag names stay out: the caller need not be a policy manager.
+        selected = any(p.enabled and any(s.tag in tagged for s in p.selectors) for p in snapshot.policies)
+        return DroppedGovernance.POLICIES if selected else None
 
     # --- serving ----------------------------------------------------------------------------------------
 

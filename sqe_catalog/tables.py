@@ -107,26 +107,34 @@ FORBIDDEN_TABLE_PROPERTIES = frozenset({"py-io-impl", "write.py-location-provide
 _MAX_CREATE_FORMAT_VERSION = 3
 
 
-# Whether the current request may claim a location of a table dropped without purge; api.py sets it per request
-# (CATALOG_MANAGE_CONTENT on the warehouse). A context variable, so that every route that claims locations
-# (create, stage-create, register, commits, notifications) gets the same rule without each passing a flag; unset
-# (admin CLI, tests, a route that forgot) means no: fail closed.
-_dropped_location_reuse: ContextVar[Callable[[], bool] | None] = ContextVar("dropped_location_reuse", default=None)
+# Whether the current request may claim a location of a dropped table whose files are still there; api.py sets it
+# per request (CATALOG_MANAGE_CONTENT on the warehouse, and more where the dropped table was governed). A context
+# variable, so that every route that claims locations (create, stage-create, register, commits, notifications)
+# gets the same rule without each passing a flag; unset (admin CLI, tests, a route that forgot) means no: fail
+# closed. The check gets the dropped table's namespace and name, and raises ForbiddenError to refuse.
+DroppedClaimCheck = Callable[[Namespace, str], None]
+_dropped_location_reuse: ContextVar[DroppedClaimCheck | None] = ContextVar("dropped_location_reuse", default=None)
 
 
 @contextmanager
-def dropped_location_reuse(allowed: Callable[[], bool]) -> Iterator[None]:
-    """Within the block, ``allowed()`` decides whether a new location may overlap a dropped table's."""
-    token = _dropped_location_reuse.set(allowed)
+def dropped_location_reuse(check: DroppedClaimCheck) -> Iterator[None]:
+    """Within the block, ``check(namespace, name)`` decides whether a new location may overlap that dropped
+    table's (it raises ForbiddenError to refuse)."""
+    token = _dropped_location_reuse.set(check)
     try:
         yield
     finally:
         _dropped_location_reuse.reset(token)
 
 
-def _may_reuse_dropped_location() -> bool:
-    allowed = _dropped_location_reuse.get()
-    return allowed is not None and allowed()
+def _check_dropped_claim(namespace: Namespace, name: str) -> None:
+    check = _dropped_location_reuse.get()
+    if check is None:
+        raise ForbiddenError(
+            f"table location overlaps the location of dropped table {'.'.join((*namespace, name))}, whose files "
+            "are still in storage"
+        )
+    check(namespace, name)
 
 
 class NamespaceNotEmptyError(CatalogError, status=409, error_type=vocabulary.ERROR_NAMESPACE_NOT_EMPTY):
@@ -883,13 +891,7 @@ class WarehouseTables:
             return
         for (ns, name), dropped in self.integrity.dropped_locations():
             if any(_overlaps(mine, theirs) for mine in locations for theirs in dropped):
-                if _may_reuse_dropped_location():
-                    return
-                shown = ".".join((*from_storage_namespace(ns), name))
-                raise ForbiddenError(
-                    f"table location overlaps the location of dropped table {shown}, whose files are still in storage; "
-                    "claiming it needs CATALOG_MANAGE_CONTENT on the warehouse"
-                )
+                _check_dropped_claim(from_storage_namespace(ns), name)
 
     def _all_table_locations(self) -> Iterator[tuple[tuple[Namespace, str], tuple[str, ...]]]:
         stmt = select(IcebergTables.table_namespace, IcebergTables.table_name, IcebergTables.metadata_location).where(

@@ -461,3 +461,22 @@ def test_a_restricted_user_may_not_drop_the_table(catalog: Catalog, tmp_path: Pa
     assert "refuses writes to this table" in error_of(catalog.request(ALICE, "DELETE", TABLE, headers=DECLARED), 403)
     assert catalog.request("root", "GET", TABLE).status == 200  # still there
     assert catalog.request("root", "DELETE", TABLE).status == 204  # an unrestricted user drops it
+
+
+def test_a_content_manager_may_not_claim_the_files_of_a_dropped_restricted_table(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    # Found by review: a content manager restricted on a table that someone else dropped without purge created a
+    # table at its location: vended keys for its files, and none of its restrictions.
+    catalog.store.grant("alice_role", "CATALOG_MANAGE_CONTENT", "wh")
+    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    location = catalog.request("root", "GET", TABLE).json()["metadata"]["location"]
+    assert catalog.request("root", "DELETE", TABLE).status == 204  # without purge: the files stay
+    claim = {"name": "mine", "schema": SCHEMA, "location": location}
+    for who in ("alice", ALICE):
+        refused = error_of(catalog.request(who, "POST", "/v1/wh/namespaces/db/tables", **claim), 403)
+        assert "dropped table db.t" in refused and "read-restriction entries name it" in refused
+        assert "clear-restrictions" in refused
+    target = ["--warehouse", "wh", "--namespace", "db", "--table", "t", "--principal", "alice"]
+    assert catalog.admin("clear-restrictions", *target) == 0  # the operator lifts them: the files are claimable
+    assert catalog.request("alice", "POST", "/v1/wh/namespaces/db/tables", **claim).status == 200

@@ -197,6 +197,11 @@ def _set_data_path(path: str) -> Any:
     return parse_commit_body({"updates": [{"action": "set-properties", "updates": {"write.data.path": path}}]})
 
 
+def _refuse_claim(namespace: tuple[str, ...], name: str) -> None:
+    assert (namespace, name) == (("sales",), "orders")  # the dropped table, by its API name
+    raise ForbiddenError("refused by the check")
+
+
 def test_a_location_dropped_without_purge_is_not_claimed_again(tables: WarehouseTables) -> None:
     tables.create_namespace(("sales",), {})
     tables.create_namespace(("scratch",), {})
@@ -219,10 +224,10 @@ def test_a_location_dropped_without_purge_is_not_claimed_again(tables: Warehouse
     again = tables.create_table(("sales",), _create("orders"))
     assert again.location.startswith(f"{old.location}-") and again.location != old.location
     tables.drop_table(("sales",), "orders", purge=True)
-    with dropped_location_reuse(lambda: False), pytest.raises(ForbiddenError):
+    with dropped_location_reuse(_refuse_claim), pytest.raises(ForbiddenError, match="refused by the check"):
         tables.create_table(("scratch",), _create("a", old.location))
     tables.create_table(("scratch",), _create("elsewhere", f"{tables.root}/raw/other"))  # a sibling is free
-    with dropped_location_reuse(lambda: True):  # a warehouse content manager (api.py decides per request)
+    with dropped_location_reuse(lambda namespace, name: None):  # allowed (api.py decides per request)
         tables.register_table(("sales",), "orders", str(old.metadata_location))
     # the re-registered table holds the location: paths inside it are its own, no new claim
     assert tables.commit_table(("sales",), "orders", _set_data_path(f"{old.location}/data2")).metadata
