@@ -28,7 +28,7 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import FileScanTask, Table
 
 from sqe._text import first_line
-from sqe.credentials.paths import prefix_matches
+from sqe.credentials.paths import covered_by_any
 from sqe.restrictions import parse_restrictions
 from sqe_catalog.errors import BadRequestError, NotFoundError, UnprocessableEntityError
 from sqe_catalog.tables import StoredTable, validate_client_model
@@ -82,7 +82,7 @@ class _TableFilesIO(FileIO):
         self._io, self._locations = io, locations
 
     def new_input(self, location: str) -> InputFile:
-        if not any(prefix_matches(location, own) for own in self._locations):
+        if not covered_by_any(location, self._locations):
             raise _ForeignManifest("cannot plan this scan: the snapshot reads manifests outside the table's locations")
         return self._io.new_input(location)
 

@@ -57,7 +57,7 @@ from sqlalchemy.orm import Session
 from sqe import vocabulary
 from sqe._lru import LRUCache
 from sqe._text import first_line
-from sqe.credentials.paths import prefix_matches
+from sqe.credentials.paths import covered_by_any, prefix_matches
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.errors import (
     AlreadyExistsError,
@@ -356,7 +356,7 @@ def _check_metadata_log(metadata: TableMetadata, own: Sequence[str], logged_befo
     the warehouse) is refused."""
     for entry in metadata.metadata_log:
         path = entry.metadata_file
-        if path not in logged_before and not any(prefix_matches(path, location) for location in own):
+        if path not in logged_before and not covered_by_any(path, own):
             raise BadRequestError("metadata-log names a file that is not the table's own")
 
 
@@ -454,9 +454,7 @@ def _check_added_manifest_lists(metadata: TableMetadata, updates: tuple[TableUpd
     committer learn that table's statistics."""
     own = table_locations(metadata.location, metadata.properties)
     for update in updates:
-        if isinstance(update, AddSnapshotUpdate) and not any(
-            prefix_matches(update.snapshot.manifest_list, location) for location in own
-        ):
+        if isinstance(update, AddSnapshotUpdate) and not covered_by_any(update.snapshot.manifest_list, own):
             raise BadRequestError(
                 f"snapshot {update.snapshot.snapshot_id}: manifest-list must be inside the table's locations"
             )
@@ -882,7 +880,7 @@ class WarehouseTables:
                     f"table location overlaps the location of table {'.'.join(other_ns)}.{other_name}"
                 )
         # A location inside one the table already holds reaches no file its credentials did not already reach.
-        self._check_dropped_locations([loc for loc in locations if not any(prefix_matches(loc, h) for h in held)])
+        self._check_dropped_locations([loc for loc in locations if not covered_by_any(loc, held)])
 
     def _check_dropped_locations(self, locations: Sequence[str]) -> None:
         """Refuse claiming a location that overlaps a dropped table whose files are still there (a new table there
@@ -949,7 +947,7 @@ class WarehouseTables:
         """Delete the table's files, but only those under its own locations (metadata is client-written)."""
         own = table.locations
         files = self._referenced_files(table)
-        inside = sorted(path for path in files if any(prefix_matches(path, loc) for loc in own))
+        inside = sorted(path for path in files if covered_by_any(path, own))
         deleted, refused = 0, 0
         for path in inside:
             try:
@@ -973,12 +971,12 @@ class WarehouseTables:
             files.add(table.metadata_location)
         for snapshot in table.metadata.snapshots:
             files.add(snapshot.manifest_list)
-            if not any(prefix_matches(snapshot.manifest_list, loc) for loc in own):
+            if not covered_by_any(snapshot.manifest_list, own):
                 continue
             try:
                 for manifest in snapshot.manifests(self._catalog.io):
                     files.add(manifest.manifest_path)
-                    if any(prefix_matches(manifest.manifest_path, loc) for loc in own):
+                    if covered_by_any(manifest.manifest_path, own):
                         entries = manifest.fetch_manifest_entry(self._catalog.io, discard_deleted=False)
                         files.update(entry.data_file.file_path for entry in entries)
             except Exception as exc:  # a missing or corrupt file must not stop the rest of the purge

@@ -21,7 +21,7 @@ from sqe.credentials.model import (
     parse_storage_credentials,
     parse_string_map,
 )
-from sqe.credentials.paths import prefix_matches
+from sqe.credentials.paths import covered_by_any, prefix_matches
 from sqe.credentials.policy import StoragePolicy
 from sqe.credentials.scope import ResolvedCredentials, build_properties, select_credential, vended_sets
 from sqe.locations import is_local, is_object_store, normalize_location
@@ -42,6 +42,7 @@ __all__ = [
     "StoragePolicy",
     "StorageSettings",
     "build_properties",
+    "covered_by_any",
     "is_expired",
     "is_local",
     "is_object_store",

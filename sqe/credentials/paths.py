@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sqe.locations import normalize_location
 
 
@@ -26,6 +28,11 @@ def prefix_matches(path: str, prefix: str) -> bool:
     if base.endswith("/"):  # a scheme-only prefix such as "s3://"
         return target.startswith(base)
     return target == base or target.startswith(base + "/")
+
+
+def covered_by_any(path: str, prefixes: Iterable[str]) -> bool:
+    """True when one of ``prefixes`` covers ``path`` (``prefix_matches``)."""
+    return any(prefix_matches(path, prefix) for prefix in prefixes)
 
 
 def prefix_length(prefix: str) -> int:

@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 
 from sqe._text import first_line
-from sqe.credentials import is_local, is_object_store, normalize_location, prefix_matches
+from sqe.credentials import covered_by_any, is_local, is_object_store, normalize_location, prefix_matches
 from sqe.errors import ExternalAccessError, QueryError, SQEError
 from sqe.execution.object_store import filesystem_for, object_path, static_set
 from sqe.locations import scheme_of
@@ -84,7 +84,7 @@ class TvfPolicy:
         """Every expanded file, again: under an allowed prefix on a segment boundary."""
         _refuse_dot_segments(function, path)
         if is_object_store(path):
-            if not any(prefix_matches(path, p) for p in self.object_store):
+            if not covered_by_any(path, self.object_store):
                 raise ExternalAccessError(f"{function}: {path} is outside {OBJECT_STORE_SETTING}")
         else:
             self._check_local(function, path, path)  # the file itself: a name may hold glob characters
@@ -95,12 +95,12 @@ class TvfPolicy:
                 f"{function}: file table functions may not read object storage: set {OBJECT_STORE_SETTING}"
             )
         fixed = fixed_part(pattern)
-        if fixed != normalize_location(pattern) and not any(prefix_matches(fixed, p) for p in self.object_store):
+        if fixed != normalize_location(pattern) and not covered_by_any(fixed, self.object_store):
             raise ExternalAccessError(
                 f"{function}: the glob {pattern} is not confined to an allowed prefix (its fixed part {fixed} "
                 f"is outside {OBJECT_STORE_SETTING})"
             )
-        if not any(prefix_matches(fixed, p) for p in self.object_store):
+        if not covered_by_any(fixed, self.object_store):
             raise ExternalAccessError(f"{function}: {pattern} is outside {OBJECT_STORE_SETTING}")
 
     def _check_local(self, function: str, path: str, resolved: str) -> None:

@@ -16,6 +16,7 @@ from sqe.credentials import (
     VENDED_PARTS,
     CredentialSet,
     StoragePolicy,
+    covered_by_any,
     is_object_store,
     prefix_matches,
     usable_until,
@@ -44,7 +45,7 @@ def ticket_sets(
     is dropped when an entry covers the whole location (Polaris sends its one entry in both places).
     """
     vended = [c for c in found if c.source == "vended" and not policy.is_static_pair(c)]
-    location_covered = any(c.prefix is not None and prefix_matches(location, c.prefix) for c in vended)
+    location_covered = covered_by_any(location, (c.prefix or "" for c in vended))
     complete: list[CredentialSet] = []
     dropped: list[IncompleteSet] = []
     for candidate in vended:
@@ -93,7 +94,7 @@ class TableCredentials:
 
 def _uncovered(task: FileScanTask, vended: Sequence[CredentialSet]) -> bool:
     path = task.file.file_path
-    return is_object_store(path) and not any(prefix_matches(path, c.prefix or "") for c in vended)
+    return is_object_store(path) and not covered_by_any(path, (c.prefix or "" for c in vended))
 
 
 def check_coverage(
