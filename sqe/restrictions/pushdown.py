@@ -45,31 +45,35 @@ from pyiceberg.types import NestedField
 from sqe.restrictions import expressions as ex
 from sqe.restrictions.literals import FLOAT_TYPES, LiteralValue, parse_type_name
 
-# op after negation normal form -> (pyiceberg leaf, true for null/NaN values in our semantics)
-_COMPARISONS: dict[tuple[str, bool], tuple[Callable[..., BooleanExpression], bool]] = {
-    ("eq", False): (EqualTo, False),
-    ("not-eq", False): (NotEqualTo, True),
-    ("lt", False): (LessThan, False),
-    ("lt-eq", False): (LessThanOrEqual, False),
-    ("gt", False): (GreaterThan, False),
-    ("gt-eq", False): (GreaterThanOrEqual, False),
-    ("eq", True): (NotEqualTo, True),
-    ("not-eq", True): (EqualTo, False),
-    ("lt", True): (GreaterThanOrEqual, True),
-    ("lt-eq", True): (GreaterThan, True),
-    ("gt", True): (LessThanOrEqual, True),
-    ("gt-eq", True): (LessThan, True),
+# op -> (pyiceberg leaf, true for null/NaN values where pyiceberg's leaf is not: it needs OR is_null/is_nan)
+_COMPARISONS: dict[str, tuple[Callable[..., BooleanExpression], bool]] = {
+    "eq": (EqualTo, False),
+    "not-eq": (NotEqualTo, True),
+    "lt": (LessThan, False),
+    "lt-eq": (LessThanOrEqual, False),
+    "gt": (GreaterThan, False),
+    "gt-eq": (GreaterThanOrEqual, False),
 }
-_CHECKS: dict[tuple[str, bool], tuple[Callable[..., BooleanExpression], bool]] = {
-    ("is-null", False): (IsNull, False),
-    ("not-null", False): (NotNull, False),
-    ("is-nan", False): (IsNaN, False),
-    ("not-nan", False): (NotNaN, True),
-    ("is-null", True): (NotNull, False),
-    ("not-null", True): (IsNull, False),
-    ("is-nan", True): (NotNaN, True),
-    ("not-nan", True): (IsNaN, False),
+_CHECKS: dict[str, tuple[Callable[..., BooleanExpression], bool]] = {
+    "is-null": (IsNull, False),
+    "not-null": (NotNull, False),
+    "is-nan": (IsNaN, False),
+    "not-nan": (NotNaN, True),
 }
+_COMPLEMENTS = {"eq": "not-eq", "lt": "gt-eq", "lt-eq": "gt", "is-null": "not-null", "is-nan": "not-nan"}
+_COMPLEMENT = _COMPLEMENTS | {second: first for first, second in _COMPLEMENTS.items()}
+
+
+def _comparison(op: str, negate: bool) -> tuple[Callable[..., BooleanExpression], bool]:
+    """A negated comparison is its complement's leaf, true on null/NaN exactly where the comparison is not
+    (our comparisons are two-valued: false on null and NaN, except ``not-eq``)."""
+    make, true_on_null = _COMPARISONS[op]
+    return (_COMPARISONS[_COMPLEMENT[op]][0], not true_on_null) if negate else (make, true_on_null)
+
+
+def _check(op: str, negate: bool) -> tuple[Callable[..., BooleanExpression], bool]:
+    """Null and NaN checks are never null themselves: a negated one is simply its complement."""
+    return _CHECKS[_COMPLEMENT[op] if negate else op]
 
 
 # pyiceberg 0.12 + pyarrow 26 cannot evaluate row filters on these over Arrow (no kernel for arrow.uuid).
@@ -100,7 +104,7 @@ class _Translator:
         if ref.type_name in _NOT_EVALUABLE_BY_PYICEBERG:
             return AlwaysTrue()  # pruning with less is safe; the exact filter runs on every batch
         if isinstance(leaf, ex.NullCheck):
-            make, true_on_null = _CHECKS[(leaf.op, negate)]
+            make, true_on_null = _check(leaf.op, negate)
             build: Callable[[str], BooleanExpression] = lambda name: make(Reference(name))  # noqa: E731
         elif isinstance(leaf, ex.StartsWith):
             make, true_on_null = (NotStartsWith, True) if leaf.negated != negate else (StartsWith, False)
@@ -115,7 +119,7 @@ class _Translator:
             values = {_pyiceberg_value(value, ref) for value in leaf.values}
             build = lambda name: make(Reference(name), values)  # noqa: E731
         else:
-            make, true_on_null = _COMPARISONS[(leaf.op, negate)]
+            make, true_on_null = _comparison(leaf.op, negate)
             value = _pyiceberg_value(leaf.value, ref)
             build = lambda name: make(Reference(name), value)  # noqa: E731
         if not self._binds(build, ref):
@@ -123,7 +127,8 @@ class _Translator:
         expression = build(ref.name)
         if true_on_null:
             expression = Or(expression, IsNull(term=Reference(ref.name)))
-            if ref.type_name in FLOAT_TYPES:
+            # A NaN check already answers NaN rows as pyiceberg does; only comparisons are false on NaN there.
+            if ref.type_name in FLOAT_TYPES and not isinstance(leaf, ex.NullCheck):
                 expression = Or(expression, IsNaN(term=Reference(ref.name)))
         return expression
 

@@ -362,6 +362,30 @@ def test_pushdown_is_exact_where_pyiceberg_can_express_it() -> None:
     assert pushdown_keeps(pushed, ALL_TYPES.select(*batch.schema.names), pa.Table.from_batches([batch])) == exact
 
 
+@pytest.mark.parametrize("negated", [False, True])
+@pytest.mark.parametrize(
+    "leaf",
+    [
+        *(
+            op(kind, field_id, value)
+            for kind in ("eq", "not-eq", "lt", "lt-eq", "gt", "gt-eq")
+            for field_id, value in ((3, 2), (6, 1.0))
+        ),
+        *({"type": kind, "child": ref(field_id)} for kind in ("is-null", "not-null") for field_id in (3, 6, 8)),
+        *({"type": kind, "child": ref(6)} for kind in ("is-nan", "not-nan")),
+    ],
+)
+def test_pushdown_of_every_comparison_and_check_is_exact_negated_or_not(leaf: Any, negated: bool) -> None:
+    # Not only safe: a leaf pushed weaker than it needs (say, OR is_null on a negated null check) prunes nothing.
+    node = {"type": "not", "child": leaf} if negated else leaf
+    plan = parse_restrictions(restrictions(node), ALL_TYPES)
+    batch = batch_of(ALL_TYPES, PUSHDOWN_ROWS)
+    assert plan.row_filter is not None
+    exact = evaluate(plan.row_filter, BatchColumns(batch, ALL_TYPES)).to_pylist()
+    pushed = plan.safe_pushdown_filter(ALL_TYPES)
+    assert pushdown_keeps(pushed, ALL_TYPES.select(*batch.schema.names), pa.Table.from_batches([batch])) == exact
+
+
 def test_pushdown_constants_and_unrepresentable_leaves() -> None:
     assert plan_pushdown(None) == AlwaysTrue()
     assert plan_pushdown(False) == AlwaysFalse()
