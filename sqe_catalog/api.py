@@ -470,7 +470,9 @@ def _metadata_json(table: StoredTable, snapshots: str) -> str:
 
 # Operations that change an existing table: refused to a caller with read-restrictions on it, even through a
 # trusted reader (a rename out of a tagged namespace, or a re-admission of other metadata, would shed them).
-_WRITE_OPERATIONS = frozenset({"commit", "rename", "register-overwrite", "notification-update", "drop"})
+_WRITE_OPERATIONS = frozenset(
+    {"commit", "rename", "register-overwrite", "notification-update", "notification-drop", "drop"}
+)
 
 
 def _refuse_restricted_change(call: _Call, namespace: Namespace, name: str, operation: str) -> None:
@@ -799,8 +801,8 @@ def _notify_table(call: _Call) -> Response:
         call.require(Privilege.TABLE_CREATE, namespace)
     else:
         call.require(Privilege.TABLE_FULL_METADATA, namespace, name)
-        if notification.kind == "UPDATE":
-            _refuse_restricted_change(call, namespace, name, "notification-update")
+        if notification.kind in ("UPDATE", "DROP"):  # a DROP is gated like DELETE (see _drop_table)
+            _refuse_restricted_change(call, namespace, name, f"notification-{notification.kind.lower()}")
     call.warehouse.tables.notify(namespace, name, notification, call.principal.name)
     return _no_content()
 

@@ -480,3 +480,18 @@ def test_a_content_manager_may_not_claim_the_files_of_a_dropped_restricted_table
     target = ["--warehouse", "wh", "--namespace", "db", "--table", "t", "--principal", "alice"]
     assert catalog.admin("clear-restrictions", *target) == 0  # the operator lifts them: the files are claimable
     assert catalog.request("alice", "POST", "/v1/wh/namespaces/db/tables", **claim).status == 200
+
+
+def test_a_restricted_user_may_not_drop_the_table_by_notification(catalog: Catalog, tmp_path: Path) -> None:
+    # Found by review: a DROP notification removed the table without the gate DELETE passes, so a restricted
+    # content manager could still free its files and claim them in a new table that carries no restrictions.
+    catalog.store.grant("alice_role", "CATALOG_MANAGE_CONTENT", "wh")
+    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    drop = {"notification-type": "DROP", "payload": {"table-name": "t", "timestamp": 10**12}}
+    own = catalog.request("alice", "POST", f"{TABLE}/notifications", headers=DECLARED, **drop)
+    assert error_of(own, 403) == OWN_TOKEN_REFUSED
+    delegated = catalog.request(ALICE, "POST", f"{TABLE}/notifications", headers=DECLARED, **drop)
+    assert "refuses writes to this table" in error_of(delegated, 403)
+    assert catalog.request("root", "GET", TABLE).status == 200  # still there
+    catalog.store.grant("bob_role", "TABLE_FULL_METADATA", "wh")
+    assert catalog.request("bob", "POST", f"{TABLE}/notifications", **drop).status == 204  # unrestricted
