@@ -797,12 +797,17 @@ def _refuse_inherited_tag_change(call: _Call, source: Namespace, target: Namespa
 def _notify_table(call: _Call) -> Response:
     namespace, name = call.namespace, call.table
     notification = parse_notification(call.json(), name)
-    if notification.kind in ("CREATE", "VALIDATE") or not call.warehouse.tables.table_exists(namespace, name):
+    changes_existing = notification.kind in ("UPDATE", "DROP")
+    may_change = changes_existing and call.allowed(Privilege.TABLE_FULL_METADATA, namespace, name)
+    if not may_change:
+        # Checked before the table is looked up: a caller with neither privilege learns nothing of its existence.
         call.require(Privilege.TABLE_CREATE, namespace)
-    else:
+    if changes_existing and call.warehouse.tables.table_exists(namespace, name):
         call.require(Privilege.TABLE_FULL_METADATA, namespace, name)
-        if notification.kind in ("UPDATE", "DROP"):  # a DROP is gated like DELETE (see _drop_table)
-            _refuse_restricted_change(call, namespace, name, f"notification-{notification.kind.lower()}")
+        # A DROP is gated like DELETE (see _drop_table), an UPDATE like a commit.
+        _refuse_restricted_change(call, namespace, name, f"notification-{notification.kind.lower()}")
+    elif may_change:
+        call.require(Privilege.TABLE_CREATE, namespace)  # an UPDATE of a missing table creates it
     call.warehouse.tables.notify(namespace, name, notification, call.principal.name)
     return _no_content()
 

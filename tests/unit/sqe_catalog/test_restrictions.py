@@ -495,3 +495,18 @@ def test_a_restricted_user_may_not_drop_the_table_by_notification(catalog: Catal
     assert catalog.request("root", "GET", TABLE).status == 200  # still there
     catalog.store.grant("bob_role", "TABLE_FULL_METADATA", "wh")
     assert catalog.request("bob", "POST", f"{TABLE}/notifications", **drop).status == 204  # unrestricted
+
+
+def test_a_notification_without_privileges_does_not_reveal_whether_the_table_exists(catalog: Catalog) -> None:
+    # Found by review: the privilege a notification needed was chosen by looking the table up first, so a caller
+    # without any grant read the table's existence off the 403 (TABLE_FULL_METADATA on it, or TABLE_CREATE).
+    catalog.principal("nobody")
+    location = catalog.request("root", "GET", TABLE).json()["metadata-location"]
+    answers = []
+    for name in ("t", "absent"):
+        payload = {"table-name": name, "timestamp": 10**12, "metadata-location": location}
+        for kind in ("UPDATE", "DROP"):
+            path = f"/v1/wh/namespaces/db/tables/{name}/notifications"
+            reply = catalog.request("nobody", "POST", path, **{"notification-type": kind, "payload": payload})
+            answers.append(error_of(reply, 403).replace(f"db.{name}", "db.<table>"))
+    assert len(set(answers)) == 1, answers
