@@ -1180,14 +1180,16 @@ def _check_dropped_claim(call: _Call, namespace: Namespace, name: str) -> None:
     also needs CATALOG_MANAGE_POLICIES (whose holder can lift policies anyway), and is refused over REST while
     restriction entries name it (an operator sets and clears those)."""
     shown = ".".join((*namespace, name))
-    refused = f"table location overlaps the location of dropped table {shown}, whose files are still in storage"
+    refused = (
+        f"table location overlaps the location of dropped or moved table {shown}, whose files are still in storage"
+    )
     if not call.allowed(Privilege.CATALOG_MANAGE_CONTENT):
         raise ForbiddenError(f"{refused}; claiming it needs CATALOG_MANAGE_CONTENT on the warehouse")
     governance = call.state.restrictions.dropped_table_governance(call.prefix, namespace, name)
     if governance is DroppedGovernance.ENTRIES:
         raise ForbiddenError(
-            f"{refused}, and {governance.value}: an operator must clear them first (sqe-catalog admin "
-            "clear-restrictions)"
+            f"{refused}, and {governance.value}: no one may claim it while they do (an operator clears them with "
+            "sqe-catalog admin clear-restrictions)"
         )
     if governance is DroppedGovernance.POLICIES and not call.allowed(Privilege.CATALOG_MANAGE_POLICIES):
         raise ForbiddenError(f"{refused}, and {governance.value}: claiming it also needs CATALOG_MANAGE_POLICIES")

@@ -7,7 +7,7 @@ that could steer that I/O is checked here first:
 - table locations (``location``, ``write.data.path``, ``write.metadata.path``) must lie inside the warehouse
   location and must not overlap another table's locations, because vended credentials are scoped by them; nor,
   unless the request may claim them (``dropped_location_reuse``), a dropped table's whose files are still there
-  (dropped without purge, or purged by a cleanup task not done yet);
+  (dropped without purge, or purged by a cleanup task not done yet) or one a commit moved a table away from;
 - table properties that make pyiceberg import a class (``py-io-impl``, ``write.py-location-provider.impl``)
   are refused, and table properties never reach the catalog's own FileIO;
 - a purge deletes only files under the table's own locations.
@@ -131,8 +131,8 @@ def _check_dropped_claim(namespace: Namespace, name: str) -> None:
     check = _dropped_location_reuse.get()
     if check is None:
         raise ForbiddenError(
-            f"table location overlaps the location of dropped table {'.'.join((*namespace, name))}, whose files "
-            "are still in storage"
+            f"table location overlaps the location of dropped or moved table {'.'.join((*namespace, name))}, whose "
+            "files are still in storage"
         )
     check(namespace, name)
 
@@ -791,8 +791,12 @@ class WarehouseTables:
             yield
             return
         with self._location_lock:
-            self._check_commit_locations(namespace, name, updates, creating)
+            displaced = self._check_commit_locations(namespace, name, updates, creating)
             yield
+            if displaced:
+                # The table's snapshots still name its files at the places it left: they stay claimed like a
+                # dropped table's, or a new table there would be vended credentials for those files.
+                self.integrity.keep_displaced_locations(_s(namespace), name, displaced)
 
     def _commit(self, namespace: Namespace, name: str, commit: CommitBody) -> Any:
         if any(isinstance(r, AssertCreate) for r in commit.requirements):
@@ -928,18 +932,23 @@ class WarehouseTables:
 
     def _check_commit_locations(
         self, namespace: Namespace, name: str, updates: Sequence[TableUpdate], creating: bool
-    ) -> None:
+    ) -> tuple[str, ...]:
+        """Check the locations the commit leaves the table with; returns the current ones it moves away from."""
+        before: tuple[str, ...] = ()
         if creating:
             location, properties = "", {}
         else:
             current = self.load_table(namespace, name).metadata
             location, properties = current.location, dict(current.properties)
+            before = table_locations(location, properties)
         for update in updates:
             if isinstance(update, SetLocationUpdate):
                 location = update.location
             elif isinstance(update, SetPropertiesUpdate):
                 properties.update(update.updates)
-        self._check_new_locations(table_locations(location, properties), exclude=(namespace, name))
+        after = table_locations(location, properties)
+        self._check_new_locations(after, exclude=(namespace, name))
+        return tuple(old for old in before if not any(prefix_matches(old, new) for new in after))
 
     # -- purge -------------------------------------------------------------------------------------------
 

@@ -361,6 +361,12 @@ class IntegrityGuard:
                 stamp(conn)
         return task_id
 
+    def keep_displaced_locations(self, namespace: Namespace, name: str, locations: tuple[str, ...]) -> None:
+        """Keep the places a commit moved the live table away from as a tombstone: its snapshots still name the
+        files there. Only a purge's own tombstone goes with its task, so this one stays."""
+        with self._catalog.engine.begin() as conn:
+            st.record_dropped(conn, self.ref(namespace, name), locations, st.now_ms())
+
     def _claimed_locations(self, conn: Connection, table: TableName) -> tuple[str, ...] | None:
         """The locations the table claims, read in the drop's transaction (None: no such table)."""
         if (recorded := st.recorded_locations(conn, table)) is not None:

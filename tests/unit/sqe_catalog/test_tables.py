@@ -216,8 +216,9 @@ def test_a_location_dropped_without_purge_is_not_claimed_again(tables: Warehouse
         lambda: tables.commit_table(("scratch",), "mine", _set_data_path(f"{tables.root}/raw/orders/x")),
         lambda: tables.register_table(("scratch",), "e", str(old.metadata_location)),
     ]
+    refused = r"dropped or moved table sales\.orders, whose files are still in storage"
     for claim in claims:
-        with pytest.raises(ForbiddenError, match=r"dropped table sales\.orders, whose files are still in storage"):
+        with pytest.raises(ForbiddenError, match=refused):
             claim()
     assert tables.list_tables(("scratch",)) == ["mine"]
     # The same name again, at the default location: created beside the old files, never over them.
@@ -239,7 +240,7 @@ def test_a_purge_drop_frees_the_location_once_its_files_are_deleted(tables: Ware
     tables.create_namespace(("db",), {})
     location = tables.create_table(("db",), _create("t")).location
     tables.drop_table(("db",), "t", purge=True)
-    with pytest.raises(ForbiddenError, match=r"dropped table db\.t"):
+    with pytest.raises(ForbiddenError, match=r"dropped or moved table db\.t"):
         tables.create_table(("db",), _create("claim", location))
     assert tables.create_table(("db",), _create("t")).location.startswith(f"{location}-")  # beside, not over
     assert set(tables.run_cleanup().values()) == {"done"}
@@ -252,7 +253,7 @@ def test_a_failed_purge_keeps_guarding_the_location(tables: WarehouseTables) -> 
     tables.drop_table(("db",), "t", purge=True)
     Path(str(created.metadata_location).removeprefix("file://")).unlink()  # the cleaner cannot verify: deletes nothing
     assert set(tables.run_cleanup().values()) == {"failed"}
-    with pytest.raises(ForbiddenError, match=r"dropped table db\.t"):
+    with pytest.raises(ForbiddenError, match=r"dropped or moved table db\.t"):
         tables.create_table(("db",), _create("claim", created.location))
 
 
@@ -266,7 +267,7 @@ def test_a_legacy_table_dropped_without_purge_keeps_its_locations(tables: Wareho
     legacy.engine.dispose()
     tables.drop_table(("db",), "old", purge=False)
     for claim in (location, f"{location}-data/x"):
-        with pytest.raises(ForbiddenError, match=r"dropped table db\.old"):
+        with pytest.raises(ForbiddenError, match=r"dropped or moved table db\.old"):
             tables.create_table(("db",), _create("new", claim))
 
 
@@ -326,7 +327,7 @@ def test_a_purge_the_store_refuses_fails_and_keeps_the_tombstone(tables: Warehou
     tables.register_table(("db",), "t", written, overwrite=True)
     tables.drop_table(("db",), "t", purge=True)
     assert set(tables.run_cleanup().values()) == {"failed"}
-    with pytest.raises(ForbiddenError, match=r"dropped table db\.t"):
+    with pytest.raises(ForbiddenError, match=r"dropped or moved table db\.t"):
         tables.create_table(("db",), _create("claim", created.location))
 
 
@@ -351,7 +352,7 @@ def test_a_dropped_namespace_wide_location_refuses_creates_instead_of_hanging(ta
     worker.start()
     worker.join(timeout=10)
     assert outcome, "the create did not return"
-    assert isinstance(outcome[0], ForbiddenError) and "dropped table db.wide" in outcome[0].message
+    assert isinstance(outcome[0], ForbiddenError) and "dropped or moved table db.wide" in outcome[0].message
 
 
 def test_metadata_logging_the_tables_own_earlier_metadata_path_is_admitted_again(tables: WarehouseTables) -> None:
@@ -386,3 +387,28 @@ def test_a_readmission_may_not_add_files_of_other_or_dropped_tables_to_the_log(t
         Path(written.removeprefix("file://")).write_text(json.dumps(document))
         with pytest.raises(BadRequestError, match="metadata-log names a file that is not the table's own"):
             tables.register_table(("db",), "a", written, overwrite=True)
+
+
+def test_a_location_a_commit_moves_away_from_is_not_claimed_again(tables: WarehouseTables) -> None:
+    # Found by review: a commit that moved a table (set-location, or another write.data.path) released the old
+    # place, though the table's snapshots still name the files there; a new table at that place was vended
+    # credentials for them (a restricted user with TABLE_CREATE read another table's raw files).
+    tables.create_namespace(("sales",), {})
+    tables.create_namespace(("scratch",), {})
+    old = tables.create_table(("sales",), _create("orders", **{"write.data.path": f"{tables.root}/raw/orders"}))
+    moved = {"action": "set-location", "location": f"{old.location}-moved"}
+    tables.commit_table(("sales",), "orders", parse_commit_body({"updates": [moved]}))
+    tables.commit_table(("sales",), "orders", _set_data_path(f"{tables.root}/raw/orders2"))
+    for place in (old.location, f"{tables.root}/raw/orders"):
+        with pytest.raises(ForbiddenError, match=r"files are still in storage"):
+            tables.create_table(("scratch",), _create("a", place))
+    # Moving back needs what reusing a dropped place needs (the tombstone does not say whose files remain there).
+    back = parse_commit_body({"updates": [{"action": "set-location", "location": old.location}]})
+    with pytest.raises(ForbiddenError):
+        tables.commit_table(("sales",), "orders", back)
+    with dropped_location_reuse(lambda: True):
+        assert tables.commit_table(("sales",), "orders", back).location == old.location
+    # A move inside the table's own location displaces nothing.
+    tables.commit_table(("sales",), "orders", _set_data_path(f"{old.location}/data"))
+    tables.commit_table(("sales",), "orders", _set_data_path(f"{old.location}/data2"))
+    tables.create_table(("scratch",), _create("b", f"{tables.root}/raw/other"))  # a sibling is free
