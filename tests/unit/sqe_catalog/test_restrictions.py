@@ -475,7 +475,7 @@ def test_a_content_manager_may_not_claim_the_files_of_a_dropped_restricted_table
     claim = {"name": "mine", "schema": SCHEMA, "location": location}
     for who in ("alice", ALICE):
         refused = error_of(catalog.request(who, "POST", "/v1/wh/namespaces/db/tables", **claim), 403)
-        assert "dropped table db.t" in refused and "read-restriction entries name it" in refused
+        assert "dropped or moved table db.t" in refused and "read-restriction entries name it" in refused
         assert "clear-restrictions" in refused
     target = ["--warehouse", "wh", "--namespace", "db", "--table", "t", "--principal", "alice"]
     assert catalog.admin("clear-restrictions", *target) == 0  # the operator lifts them: the files are claimable

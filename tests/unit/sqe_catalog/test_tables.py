@@ -406,7 +406,7 @@ def test_a_location_a_commit_moves_away_from_is_not_claimed_again(tables: Wareho
     back = parse_commit_body({"updates": [{"action": "set-location", "location": old.location}]})
     with pytest.raises(ForbiddenError):
         tables.commit_table(("sales",), "orders", back)
-    with dropped_location_reuse(lambda: True):
+    with dropped_location_reuse(lambda namespace, name: None):
         assert tables.commit_table(("sales",), "orders", back).location == old.location
     # A move inside the table's own location displaces nothing.
     tables.commit_table(("sales",), "orders", _set_data_path(f"{old.location}/data"))
