@@ -35,7 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--token-file", type=Path, help="file holding the coordinator's bearer token")
     parser.add_argument(
-        "--insecure-no-token", action="store_true", help="accept calls without a token (local experiments only)"
+        "--insecure-no-token",
+        action="store_true",
+        help="accept calls without a token (loopback --listen only; local experiments)",
     )
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate chain; with --tls-key: TLS only")
     parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")

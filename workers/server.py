@@ -69,6 +69,13 @@ class ServerOptions:
                 f"--listen {self.listen!r} is not a loopback address; plaintext is only served on loopback "
                 "(give --tls-cert and --tls-key)"
             )
+        # TLS authenticates the worker, not its callers: off loopback only the token keeps strangers from sending
+        # tickets and credential pushes, so running without one is for loopback experiments only.
+        if self.token is None and not is_loopback(address_host(self.listen)):
+            raise ConfigError(
+                f"--listen {self.listen!r} is not a loopback address; a worker never serves it without a token "
+                "(give --token-file)"
+            )
 
 
 def create_server(options: ServerOptions) -> tuple[grpc.Server, WorkerService, int]:

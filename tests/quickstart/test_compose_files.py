@@ -81,13 +81,14 @@ def test_every_mounted_file_and_dependency_exists(scenario: str) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_workers_pass_the_worker_clis_plaintext_rule(scenario: str) -> None:
-    """Each worker listens off loopback (0.0.0.0 in its container), so it must be given a certificate."""
+    """Each worker listens off loopback (0.0.0.0 in its container), so it must be given a certificate and a token."""
     workers = {n: s for n, s in _compose(scenario)["services"].items() if s.get("command", [""])[0] == "sqe-worker"}
     assert set(workers) == {"sqe-worker-1", "sqe-worker-2"}
     for service in workers.values():
         args = _parser().parse_args(service["command"][1:])
         tls = (b"cert", b"key") if args.tls_cert and args.tls_key else (None, None)
-        ServerOptions(args.listen, None, tls_cert=tls[0], tls_key=tls[1])  # raises ConfigError on plaintext
+        token = "t" * 32 if args.token_file else None  # off loopback a worker needs a token too
+        ServerOptions(args.listen, token, tls_cert=tls[0], tls_key=tls[1])  # raises ConfigError on plaintext
         assert str(args.tls_cert) == "/var/lib/sqe/tls/worker.crt"
         run = (COMPOSE / scenario / "run.sh").read_text()
         assert "subjectAltName=DNS:sqe-worker-1,DNS:sqe-worker-2" in run and "-out .state/tls/worker.crt" in run

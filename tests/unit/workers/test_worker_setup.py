@@ -122,6 +122,18 @@ def test_off_loopback_with_a_certificate_is_accepted() -> None:
     assert options.listen == "0.0.0.0:7001"
 
 
+@pytest.mark.parametrize("listen", ["0.0.0.0:7001", "[::]:7001", "10.1.2.3:7001", "worker-1:7001"])
+def test_no_token_is_refused_off_loopback_even_with_tls(listen: str) -> None:
+    """TLS authenticates the worker, not its callers: without a token anyone who reaches the port could send
+    tickets and credential pushes, so ``--insecure-no-token`` is for loopback experiments only."""
+    with pytest.raises(ConfigError, match="without a token"):
+        ServerOptions(listen, None, tls_cert=b"cert", tls_key=b"key")  # made, never bound
+    parsed = _parser().parse_args(["--listen", listen, "--insecure-no-token"])
+    parsed.tls_cert, parsed.tls_key = Path(__file__), Path(__file__)  # any readable file: never bound
+    with pytest.raises(ConfigError, match="without a token"):
+        options_from_args(parsed)
+
+
 def test_the_cli_refuses_plaintext_off_loopback_on_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
