@@ -18,10 +18,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import pyarrow as pa
 import pytest
 
@@ -30,10 +32,13 @@ from sqe.catalog.rest import RestTableProvider
 from sqe.config import SQEConfig, load_config
 from sqe.distributed.coordinator import DistributedOptions, DistributedScanStream
 from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol._proto import worker_pb2_grpc
 from sqe.errors import CredentialError, NoVendedCredentialsError, WorkerError
 from sqe.execution.local import QueryCancelledError
 from sqe.session import Session
 from tests.conftest import WorkerFactory, WorkerProcess, catalog_variant, pyiceberg_catalog, write_sqe_config
+from workers.auth import BearerTokenInterceptor
+from workers.service import WorkerService
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
@@ -404,6 +409,70 @@ def test_a_worker_killed_after_forwarding_a_batch_is_resumed_without_duplicates(
     assert stats["rows_skipped"] == first_from_victim[0]  # re-read by the retry and dropped, nothing more
     assert stats["rows_forwarded"] == expected.num_rows == BIG_FILES * BIG_ROWS_PER_FILE  # each row once
     assert _sorted(got) == _sorted(expected)
+
+
+class _NoPositionsWorker:
+    """A real ``WorkerService`` behind a worker that sends no row positions (``row_positions`` false, batches
+    without task index or offset), as the protocol allows: a worker that does not send them."""
+
+    def __init__(self, service: WorkerService) -> None:
+        self._service = service
+
+    def Execute(self, request: pb.ScanTicket, context: Any) -> Iterator[pb.ExecuteResponse]:
+        for message in self._service.Execute(request, context):
+            response = (
+                message if isinstance(message, pb.ExecuteResponse) else pb.ExecuteResponse.FromString(message.data)
+            )
+            kind = response.WhichOneof("payload")
+            if kind == "schema":
+                response.schema.row_positions = False
+            elif kind == "batch":
+                response.batch.ClearField("task_index")
+                response.batch.ClearField("row_offset")
+            yield response
+
+    def __getattr__(self, name: str) -> Any:  # RefreshCredentials, Cancel, Health, Stats, Rewrite: as they are
+        return getattr(self._service, name)
+
+
+def test_a_resumed_fragment_is_never_retried_on_a_stream_without_positions(
+    reader_config: Path, big_files: str, worker_factory: WorkerPools
+) -> None:
+    """The victim forwarded part of a fragment, then died; the only worker left sends no row positions, so the
+    rows it re-sends cannot be told apart from those already forwarded: the query fails, it never duplicates."""
+    victim = worker_factory.pool(1, "--max-files-in-flight", "1", "--max-message-bytes", "65536").workers[0]
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8), interceptors=[BearerTokenInterceptor(worker_factory.token)]
+    )
+    worker_pb2_grpc.add_WorkerServicer_to_server(_NoPositionsWorker(WorkerService()), server)
+    spare = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    overrides = {"coordinator": {"workers": [victim.address, spare], "token": worker_factory.token}}
+    config = load_config(reader_config, env={}, overrides=overrides)
+    sql = f"SELECT * FROM {big_files}"
+    first_from_victim: list[int] = []
+
+    def kill_on_first_batch(worker: str, fragment: str, rows: int) -> None:
+        if worker == victim.address and not first_from_victim:
+            first_from_victim.append(rows)
+            os.kill(victim.proc.pid, signal.SIGKILL)  # the slot thread waits here: nothing more is forwarded
+            victim.proc.wait(5)
+
+    options = {"slots_per_worker": 1, "max_files_per_fragment": 6, "pace_ms_per_file": 300}
+    try:
+        with distributed_session(config, **options) as session:
+            executor = session.distributed_executor
+            assert executor is not None
+            executor.batch_observers.append(kill_on_first_batch)
+            streamed: list[int] = []  # what a streaming client (Flight SQL) has been sent when the error comes
+            with pytest.raises(WorkerError) as failed:
+                for batch in session.sql(sql).reader():
+                    streamed.extend(batch.column("id").to_pylist())
+    finally:
+        server.stop(grace=None)
+    assert first_from_victim and victim.proc.returncode == -signal.SIGKILL
+    assert len(streamed) == len(set(streamed)), f"{len(streamed) - len(set(streamed))} rows were streamed twice"
+    assert "no row positions" in str(failed.value)
 
 
 def test_a_worker_killed_before_its_first_batch_is_retried_from_scratch(

@@ -6,8 +6,9 @@
   sequence is the same on every attempt (``workers.fragment``), so a fragment that fails after forwarding rows
   is retried on another worker and the retry's rows the coordinator already forwarded are skipped (per task, by
   offset). A failure before the first batch is a plain retry. A stream without positions (a worker that does
-  not send them) that fails after forwarding rows fails the query with a ``WorkerError``, as does a retry that
-  yields fewer rows for a task than were already forwarded: never a duplicated or lost row.
+  not send them) that fails after forwarding rows fails the query with a ``WorkerError``, as do a retry without
+  positions after rows were forwarded and a retry that yields fewer rows for a task than were already
+  forwarded: never a duplicated or lost row.
 - **Partial aggregation.** With a ``PartialAggregatePlan`` the tickets carry ``partial_aggregate`` and the
   workers send partial rows without positions: an attempt's batches are held until its ``complete`` arrives
   and only then forwarded, so a failed attempt forwarded nothing and its retry is a plain retry. A stream whose
@@ -73,6 +74,11 @@ class _StreamBroken(Exception):
 
 class _WrongPartialSchema(Exception):
     """A partial-aggregate stream whose schema is not the one the coordinator computed: the query fails."""
+
+
+class _CannotResume(Exception):
+    """A retry without row positions of a fragment that already forwarded rows: the query fails (its rows could
+    not be told from those already forwarded)."""
 
 
 @dataclass
@@ -302,7 +308,7 @@ class ScanRun:
         except _StreamBroken as exc:
             attempt.call.cancel()
             return AttemptFailure(f"{where}: {exc}")
-        except _WrongPartialSchema as exc:
+        except (_WrongPartialSchema, _CannotResume) as exc:
             attempt.call.cancel()
             return AttemptFailure(f"{where}: {exc}", fatal=WorkerError(f"{where}: {exc}"))
         if complete is None:
@@ -348,6 +354,12 @@ class ScanRun:
                 schema = decode_schema(message.schema.ipc)
                 positioned = message.schema.row_positions
                 self._check_partial_schema(schema)
+                if not positioned and self._partial is None and state.forwarded_rows:
+                    # Checked before any batch: a check at the stream's end comes after its rows were forwarded.
+                    raise _CannotResume(
+                        f"the retry sends no row positions but {state.forwarded_rows} rows of this fragment were "
+                        "already forwarded; failing rather than duplicating rows"
+                    )
                 self._catch_up(holder, generation)
             elif kind == "batch":
                 if not self._forward_batch(state, attempt, schema, positioned, message.batch):
