@@ -307,14 +307,14 @@ def fragment_failure(exc: BaseException, fragment: RunningFragment | RunningRewr
     secrets: Iterable[str] = fragment.io.secret_values() if fragment is not None else ()
     for error_type, code, kind in _SIMPLE_FAILURES:
         if isinstance(exc, error_type):
-            return FragmentFailure(code, kind, _scrub(_message(exc), secrets))
+            return FragmentFailure(code, kind, _scrubbed(exc, secrets))
     where = f"fragment {fragment.fragment_id}" if fragment is not None else "ticket"
     if isinstance(exc, OSError) and fragment is not None:
         expired = fragment.io.expired_set()
         if expired is not None:  # the store refused a read because the keys died meanwhile
             message = _message(fragment.io.expired_error(expired))
             return FragmentFailure(grpc.StatusCode.FAILED_PRECONDITION, KIND_CREDENTIAL_EXPIRED, message)
-        message = f"{where}: reading failed: {_scrub(_message(exc), secrets)}"
+        message = f"{where}: reading failed: {_scrubbed(exc, secrets)}"
         return FragmentFailure(grpc.StatusCode.UNAVAILABLE, KIND_READ_FAILED, message)
     # Anything else: the type only (an arbitrary message could quote data values).
     return FragmentFailure(grpc.StatusCode.INTERNAL, KIND_INTERNAL, f"{where}: internal error ({type(exc).__name__})")
@@ -324,7 +324,11 @@ def _message(exc: BaseException) -> str:
     return first_line(exc, limit=1000)
 
 
-def _scrub(text: str, secrets: Iterable[str]) -> str:
-    for value in secrets:
+def _scrubbed(exc: BaseException, secrets: Iterable[str]) -> str:
+    """The exception's one-line message with every secret replaced. Replaced before the line is cut to its
+    limit (cut first, a secret straddling the limit would keep its head), longest first (a key id replaced inside
+    a token first would leave the rest of the token)."""
+    text = str(exc)
+    for value in sorted(secrets, key=len, reverse=True):
         text = text.replace(value, "[redacted]")
-    return text
+    return first_line(text, limit=1000) or type(exc).__name__

@@ -234,3 +234,20 @@ def test_read_errors_name_expiry_when_the_keys_died_and_never_a_secret(local_tab
                         dead.message)  # fmt: skip
     other = fragment_failure(KeyError("a data value"), fragment_with(local_tables, pushed()))
     assert other.code == grpc.StatusCode.INTERNAL and "a data value" not in other.message
+
+
+@pytest.mark.parametrize("cut", [8, 20])
+def test_a_secret_cut_by_the_length_limit_is_still_scrubbed(local_tables: LocalTables, cut: int) -> None:
+    """The message is bounded to 1000 characters: a secret straddling that bound must not leave its head."""
+    cred = pushed(secret_access_key="S3CR3T-" + "x" * 33, session_token="T0K3N-" + "y" * 60)
+    for secret in (cred.secret_access_key, cred.session_token or ""):
+        error = OSError("e" * (1000 - cut) + secret + " tail")
+        failure = fragment_failure(error, fragment_with(local_tables, cred))
+        assert secret[:cut] not in failure.message.removeprefix("fragment f-1: reading failed: ")
+
+
+def test_a_secret_holding_another_is_scrubbed_whole(local_tables: LocalTables) -> None:
+    """Whichever order the values are replaced in, no part of the longer one stays (the key id inside a token)."""
+    cred = pushed(access_key_id="AKID", session_token="TOKEN-HEAD-AKID-TOKEN-TAIL")
+    failure = fragment_failure(OSError(f"denied for {cred.session_token}"), fragment_with(local_tables, cred))
+    assert "TOKEN-HEAD" not in failure.message and "TOKEN-TAIL" not in failure.message
