@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 from pyiceberg.io.pyarrow import PyArrowFile
 
@@ -121,11 +122,16 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
     credential set, so a kept one is only ever used by a read the catalog has just vended that set for.
     """
     input_file = io.new_input(path)
-    if not isinstance(input_file, PyArrowFile) or size <= 0:
-        with input_file.open() as stream:  # not pyarrow's filesystem: read the footer the plain way
-            fragment = file_format.make_fragment(stream)
-            fragment.ensure_complete_metadata()
-            return fragment
+    if not isinstance(input_file, PyArrowFile):
+        # Not pyarrow's filesystem: the fragment reads a buffer of the whole file (a stream would close on return).
+        with input_file.open() as stream:
+            fragment = file_format.make_fragment(pa.py_buffer(stream.read()))
+        fragment.ensure_complete_metadata()
+        return fragment
+    if size <= 0:  # unknown (a ticket's unset field): pyarrow asks the store for it, and nothing is kept
+        fragment = file_format.make_fragment(input_file._path, filesystem=input_file._filesystem)
+        fragment.ensure_complete_metadata()
+        return fragment
     identity = scope_key(io, path)
     key = (path, size, identity) if identity is not None else None
     cached = FRAGMENTS.get(key) if key is not None else None

@@ -227,6 +227,8 @@ class DirectProjection:
         (the reader decodes them one after another) and measured cheaper on such files."""
         if self.arrow_filter is not None:
             return False
+        if fragment.filesystem is None:  # a buffer in memory (a FileIO that is not pyarrow's)
+            return True
         kind = fragment.filesystem.type_name
         return kind == _LOCAL_FS or (kind == _RANGE_CACHED_FS and kept_whole(file_size))
 

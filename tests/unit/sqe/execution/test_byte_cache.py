@@ -217,3 +217,25 @@ def test_a_range_cached_file_read_range_by_range_stays_with_the_scanner(tmp_path
     assert not projection.reads_plainly(fragment, size)
     batches = list(projection.batches(fragment, 1 << 20, file_size=size))
     assert pa.Table.from_batches(batches).equals(scan(fragment).cast(projection.schema))
+
+
+@pytest.mark.parametrize("unknown", [0, -1])
+@pytest.mark.parametrize("through", ["ScopedFileIO", "pyiceberg's PyArrowFileIO", "a non-pyarrow FileIO"])
+def test_a_file_of_unknown_size_is_still_read(tmp_path: Path, unknown: int, through: str) -> None:
+    # Found by review: a size of 0 (a ticket's unset field) built the fragment on a stream closed on return, so
+    # its first read failed with an AttributeError instead of reading the file.
+    from pyiceberg.io.fsspec import FsspecFileIO
+
+    path = tmp_path / "f.parquet"
+    size = write_file(path)
+    ios = {
+        "ScopedFileIO": lambda: scoped_io(tmp_path, "AKIA-ALICE"),
+        "pyiceberg's PyArrowFileIO": lambda: PyArrowFileIO(),
+        "a non-pyarrow FileIO": lambda: FsspecFileIO({}),
+    }
+    fragment = parquet_fragment(ios[through](), f"file://{path}", unknown, FORMAT)
+    expected = scan(parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT))
+    assert scan(fragment).equals(expected)
+    projection = plain_projection(fragment)  # the executor's direct path over it
+    batches = list(projection.batches(fragment, 1 << 20, file_size=unknown))
+    assert pa.Table.from_batches(batches).equals(expected.cast(projection.schema))
