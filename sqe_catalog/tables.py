@@ -56,7 +56,7 @@ from sqlalchemy.orm import Session
 
 from sqe import vocabulary
 from sqe._lru import LRUCache
-from sqe._text import first_line
+from sqe._text import first_line, iso_utc
 from sqe.credentials.paths import covered_by_any, prefix_matches
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.errors import (
@@ -79,6 +79,7 @@ from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
 from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
+from sqe_catalog.integrity.state import Reservation, now_ms
 
 __all__ = [
     "CLIENT_PARSE_ERRORS",
@@ -135,6 +136,21 @@ def _check_dropped_claim(namespace: Namespace, name: str) -> None:
             "files are still in storage"
         )
     check(namespace, name)
+
+
+@dataclass(frozen=True)
+class _Claimant:
+    """The table a location check is for: its name, and its UUID where a revision brings one (a dropped table
+    registered again under another name is the same table, and may take back the places its drop reserved)."""
+
+    namespace: Namespace
+    name: str
+    uuid: str | None = None
+
+    def holds(self, reservation: Reservation) -> bool:
+        if self.uuid is not None and reservation.uuid == self.uuid:
+            return True
+        return (from_storage_namespace(reservation.namespace), reservation.name) == (self.namespace, self.name)
 
 
 class NamespaceNotEmptyError(CatalogError, status=409, error_type=vocabulary.ERROR_NAMESPACE_NOT_EMPTY):
@@ -631,6 +647,11 @@ class WarehouseTables:
         except ValueError as exc:
             raise BadRequestError(f"metadata file is not valid table metadata: {exc}") from None
 
+    @property
+    def _credential_lifetime_ms(self) -> int:
+        """How long credentials vended for this warehouse's tables may stay valid (what STS is asked for)."""
+        return self.warehouse.credential_lifetime_seconds * 1000
+
     def default_location(self, namespace: Namespace, name: str) -> str:
         return "/".join((self.root, *namespace, name))
 
@@ -639,6 +660,7 @@ class WarehouseTables:
         dropping a table and creating it again under its name works without reaching the old files."""
         default = location = self.default_location(namespace, name)
         dropped = [theirs for _table, held in self.integrity.dropped_locations() for theirs in held]
+        dropped += [theirs for reserved in self.integrity.reserved_locations() for theirs in reserved.locations]
         for _attempt in range(_FRESH_LOCATION_ATTEMPTS):
             if not any(_overlaps(location, theirs) for theirs in dropped):
                 return location
@@ -652,10 +674,15 @@ class WarehouseTables:
     def stage_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
         """Metadata for a create-table transaction; nothing is written until the client commits it."""
         location = self._prepare_create(namespace, create)
+        locations = table_locations(location, create.properties)
         with self._location_lock:
-            self._check_new_locations(table_locations(location, create.properties), exclude=None)
-        with _client_value_errors():
-            metadata = self._new_metadata(create, location)
+            self._check_new_locations(locations, exclude=None, claimant=_Claimant(namespace, create.name))
+            with _client_value_errors():
+                metadata = self._new_metadata(create, location)
+            # Nothing is written, yet the response may carry credentials for the place: no other table may claim
+            # it while they can be valid (the staged table's own create transaction may).
+            until = now_ms() + self._credential_lifetime_ms
+            self.integrity.reserve(_s(namespace), create.name, str(metadata.table_uuid), tuple(locations), until)
         return StoredTable(namespace, create.name, None, metadata)
 
     def _new_metadata(self, create: TableCreate, location: str) -> TableMetadata:
@@ -683,7 +710,8 @@ class WarehouseTables:
     def create_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
         location = self._prepare_create(namespace, create)
         with self._location_lock:
-            self._check_new_locations(table_locations(location, create.properties), exclude=None)
+            locations = table_locations(location, create.properties)
+            self._check_new_locations(locations, exclude=None, claimant=_Claimant(namespace, create.name))
             with _translated(namespace, create.name), _client_value_errors():
                 metadata = self._new_metadata(create, location)
             self.integrity.create(_s(namespace), create.name, metadata)  # row + pin in one transaction
@@ -703,7 +731,7 @@ class WarehouseTables:
     ) -> StoredTable:
         parsed = self._read_for_admission(metadata_location)
         with self._location_lock:
-            self._check_admitted_locations(parsed, exclude=None, logged_before=frozenset())
+            self._check_admitted_locations(parsed, (namespace, name), existing=False, logged_before=frozenset())
             # Trust on first use of exactly the revision read here; row + pin + audit event in one transaction.
             self.integrity.admit(_s(namespace), name, Admission(metadata_location, parsed, actor, action), stamp)
         return self.load_table(namespace, name)
@@ -717,11 +745,12 @@ class WarehouseTables:
         return parsed
 
     def _check_admitted_locations(
-        self, parsed: ParsedMetadata, exclude: tuple[Namespace, str] | None, logged_before: frozenset[str]
+        self, parsed: ParsedMetadata, table: tuple[Namespace, str], *, existing: bool, logged_before: frozenset[str]
     ) -> None:
-        """``exclude`` and ``logged_before``: for a re-admission, the table and what its current revision logs."""
+        """``existing`` and ``logged_before``: a re-admission of the table, and what its current revision logs."""
         own = table_locations(parsed.metadata.location, parsed.metadata.properties)
-        self._check_new_locations(own, exclude)
+        claimant = _Claimant(*table, uuid=str(parsed.metadata.table_uuid))
+        self._check_new_locations(own, exclude=table if existing else None, claimant=claimant)
         _check_metadata_log(parsed.metadata, own, logged_before)
 
     def _reregister(
@@ -734,7 +763,7 @@ class WarehouseTables:
             previous = self._read_parsed(current).metadata
             _require_same_uuid(namespace, name, previous, parsed.metadata)
             logged = frozenset({current, *(entry.metadata_file for entry in previous.metadata_log)})
-            self._check_admitted_locations(parsed, exclude=(namespace, name), logged_before=logged)
+            self._check_admitted_locations(parsed, (namespace, name), existing=True, logged_before=logged)
             admitted = Admission(location, parsed, actor, action)
             self.integrity.readmit(_s(namespace), name, current, admitted, stamp)
         return self.load_table(namespace, name)
@@ -752,7 +781,8 @@ class WarehouseTables:
         if kind == "DROP":
             if not exists:
                 raise NoSuchTableError.named(*namespace, name)
-            self.integrity.drop(_s(namespace), name, None, stamp)
+            reservation = (self._uuid_if_readable(namespace, name), self._credential_lifetime_ms)
+            self.integrity.drop(_s(namespace), name, None, reservation, stamp)
         elif exists and kind == "CREATE":
             raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
         elif exists:
@@ -796,7 +826,7 @@ class WarehouseTables:
             if displaced:
                 # The table's snapshots still name its files at the places it left: they stay claimed like a
                 # dropped table's, or a new table there would be vended credentials for those files.
-                self.integrity.keep_displaced_locations(_s(namespace), name, displaced)
+                self.integrity.keep_displaced_locations(_s(namespace), name, displaced, self._credential_lifetime_ms)
 
     def _commit(self, namespace: Namespace, name: str, commit: CommitBody) -> Any:
         if any(isinstance(r, AssertCreate) for r in commit.requirements):
@@ -833,7 +863,16 @@ class WarehouseTables:
         # A purge loads (and for a protected table verifies) first: a failure refuses the drop, nothing removed.
         # A purge returns once its cleanup task is persisted; the cleaner verifies again before it deletes.
         table = self.load_table(namespace, name) if purge else None
-        self.integrity.drop(_s(namespace), name, table.metadata_location if table else None)
+        purge_location = table.metadata_location if table else None
+        uuid = str(table.metadata.table_uuid) if table else self._uuid_if_readable(namespace, name)
+        self.integrity.drop(_s(namespace), name, purge_location, (uuid, self._credential_lifetime_ms))
+
+    def _uuid_if_readable(self, namespace: Namespace, name: str) -> str | None:
+        """The table's UUID, or None when its metadata cannot be read (a drop without purge still goes ahead)."""
+        try:
+            return str(self.load_table(namespace, name).metadata.table_uuid)
+        except (CatalogError, OSError, ValueError):
+            return None
 
     def run_cleanup(self, persisted_before_ms: int | None = None) -> dict[int, str]:
         """Run this warehouse's pending cleanup tasks (background cleaner, ``sqe-catalog admin run-cleanup``)."""
@@ -871,7 +910,11 @@ class WarehouseTables:
         if not inside:
             raise BadRequestError(f"{what} must be inside the warehouse location {self.root}")
 
-    def _check_new_locations(self, locations: Sequence[str], exclude: tuple[Namespace, str] | None) -> None:
+    def _check_new_locations(
+        self, locations: Sequence[str], exclude: tuple[Namespace, str] | None, claimant: _Claimant
+    ) -> None:
+        """Refuse ``locations`` for the table ``claimant`` where they overlap another table's (``exclude``: the
+        claimant's current ones, for a table that exists), a dropped or moved table's, or a reservation."""
         for location in locations:
             self._check_inside_warehouse(location, "table location")
         held: tuple[str, ...] = ()  # the excluded table's own current locations
@@ -884,7 +927,24 @@ class WarehouseTables:
                     f"table location overlaps the location of table {'.'.join(other_ns)}.{other_name}"
                 )
         # A location inside one the table already holds reaches no file its credentials did not already reach.
-        self._check_dropped_locations([loc for loc in locations if not covered_by_any(loc, held)])
+        new = [loc for loc in locations if not covered_by_any(loc, held)]
+        self._check_dropped_locations(new)
+        self._check_reserved_locations(new, claimant)
+
+    def _check_reserved_locations(self, locations: Sequence[str], claimant: _Claimant) -> None:
+        """Refuse a place reserved for another table: credentials vended for it may still be valid."""
+        if not locations:
+            return
+        for reserved in self.integrity.reserved_locations():
+            if claimant.holds(reserved):
+                continue
+            owner = (*from_storage_namespace(reserved.namespace), reserved.name)
+            if any(_overlaps(mine, theirs) for mine in locations for theirs in reserved.locations):
+                until = iso_utc(reserved.until_ms / 1000, zulu=True)
+                raise ForbiddenError(
+                    f"table location overlaps a place credentials were vended for (table {'.'.join(owner)}): it is "
+                    f"reserved until {until}, while they may still be valid"
+                )
 
     def _check_dropped_locations(self, locations: Sequence[str]) -> None:
         """Refuse claiming a location that overlaps a dropped table whose files are still there (a new table there
@@ -947,7 +1007,7 @@ class WarehouseTables:
             elif isinstance(update, SetPropertiesUpdate):
                 properties.update(update.updates)
         after = table_locations(location, properties)
-        self._check_new_locations(after, exclude=(namespace, name))
+        self._check_new_locations(after, exclude=(namespace, name), claimant=_Claimant(namespace, name))
         return tuple(old for old in before if not any(prefix_matches(old, new) for new in after))
 
     # -- purge -------------------------------------------------------------------------------------------

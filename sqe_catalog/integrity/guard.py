@@ -149,6 +149,16 @@ class IntegrityGuard:
         """The locations of dropped tables whose files may still be in storage (no purge, or one not done yet)."""
         return st.dropped_locations(self._catalog.engine, self._catalog.name)
 
+    def reserved_locations(self) -> list[st.Reservation]:
+        """Places whose vended credentials may still be valid in the hands of another table's readers."""
+        return st.reserved_locations(self._catalog.engine, self._catalog.name)
+
+    def reserve(
+        self, namespace: Namespace, name: str, uuid: str | None, locations: tuple[str, ...], until_ms: int
+    ) -> None:
+        with self._catalog.engine.begin() as conn:
+            st.record_reserved(conn, self.ref(namespace, name), uuid, locations, until_ms)
+
     def ref(self, namespace: Namespace, name: str) -> TableName:
         return TableName(self._catalog.name, tuple(namespace), name)
 
@@ -339,10 +349,17 @@ class IntegrityGuard:
             )
 
     def drop(
-        self, namespace: Namespace, name: str, purge_location: str | None, stamp: NotificationStamp | None = None
+        self,
+        namespace: Namespace,
+        name: str,
+        purge_location: str | None,
+        reservation: tuple[str | None, int],
+        stamp: NotificationStamp | None = None,
     ) -> int | None:
         """Drop row and pin, keep the table's locations as a tombstone and, for a purge, persist a cleanup task
-        (whose success removes the tombstone), in one transaction; returns the task id.
+        (whose success removes the tombstone), in one transaction; returns the task id. ``reservation``: the
+        table's UUID if known, and the credential lifetime in ms, for which the locations are also reserved
+        (credentials vended before the drop may be valid that long).
 
         The files are deleted later, by the background cleaner or ``admin run-cleanup``, after a second check."""
         table = self.ref(namespace, name)
@@ -356,16 +373,24 @@ class IntegrityGuard:
             dropped_ms = st.now_ms()
             if kept is not None:
                 st.record_dropped(conn, table, kept, dropped_ms)
+                uuid, lifetime_ms = reservation
+                st.record_reserved(conn, table, uuid, kept, dropped_ms + lifetime_ms)
             task_id = st.insert_task(conn, table, purge_location, trusted, dropped_ms) if purge_location else None
             if stamp is not None:
                 stamp(conn)
         return task_id
 
-    def keep_displaced_locations(self, namespace: Namespace, name: str, locations: tuple[str, ...]) -> None:
+    def keep_displaced_locations(
+        self, namespace: Namespace, name: str, locations: tuple[str, ...], credential_lifetime_ms: int
+    ) -> None:
         """Keep the places a commit moved the live table away from as a tombstone: its snapshots still name the
-        files there. Only a purge's own tombstone goes with its task, so this one stays."""
+        files there. Only a purge's own tombstone goes with its task, so this one stays. The places are reserved
+        too, as a drop's are."""
+        moved_ms = st.now_ms()
         with self._catalog.engine.begin() as conn:
-            st.record_dropped(conn, self.ref(namespace, name), locations, st.now_ms())
+            st.record_dropped(conn, self.ref(namespace, name), locations, moved_ms)
+            # No UUID needed: the table still holds its name, and no other can hold its UUID while it exists.
+            st.record_reserved(conn, self.ref(namespace, name), None, locations, moved_ms + credential_lifetime_ms)
 
     def _claimed_locations(self, conn: Connection, table: TableName) -> tuple[str, ...] | None:
         """The locations the table claims, read in the drop's transaction (None: no such table)."""

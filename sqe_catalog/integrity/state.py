@@ -104,6 +104,20 @@ _dropped = Table(
     *object_key(primary_key=False),
     Column("locations", Text, nullable=False),  # JSON array of strings
 )
+# Reservations: places whose credentials the catalog may have vended to a table that no longer holds them
+# (dropped, moved away) or never did (a staged create), kept until those credentials have expired (``until_ms``:
+# the drop, move or staging time plus the warehouse's credential lifetime). Until then no other table may claim
+# the place, a content manager's neither: whoever holds the keys would read the new table's files. Expired rows
+# are removed when a new one is written.
+_reserved = Table(
+    "sqe_reserved_table_locations",
+    METADATA,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("until_ms", BigInteger, nullable=False),
+    *object_key(primary_key=False),
+    Column("table_uuid", String(36), nullable=True),  # None: not known (a drop of unreadable metadata)
+    Column("locations", Text, nullable=False),  # JSON array of strings
+)
 _tasks = Table(
     "sqe_cleanup_tasks",
     METADATA,
@@ -117,7 +131,7 @@ _tasks = Table(
     Column("status", String(16), nullable=False),  # pending | running | done | failed
     Column("detail", Text, nullable=True),
 )
-_TABLES = (_pins, _events, _notification_times, _locations, _dropped, _tasks)
+_TABLES = (_pins, _events, _notification_times, _locations, _dropped, _reserved, _tasks)
 
 
 def create_integrity_schema(engine: Engine) -> None:
@@ -314,6 +328,51 @@ def dropped_locations(engine: Engine, warehouse: str) -> list[tuple[tuple[tuple[
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
     return [((tuple(row.namespace.split(".")), row.table_name), tuple(json.loads(row.locations))) for row in rows]
+
+
+def record_reserved(
+    conn: Connection, ref: TableName, uuid: str | None, locations: tuple[str, ...], until_ms: int
+) -> None:
+    """Reserve the table's places until ``until_ms``; reservations already over are removed."""
+    conn.execute(delete(_reserved).where(_reserved.c.warehouse == ref.warehouse, _reserved.c.until_ms <= now_ms()))
+    conn.execute(
+        insert(_reserved).values(
+            until_ms=until_ms,
+            warehouse=ref.warehouse,
+            namespace=ref.dotted_namespace,
+            table_name=ref.name,
+            table_uuid=uuid,
+            locations=json.dumps(list(locations)),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Places reserved for one table until ``until_ms`` (see ``_reserved``): its name, and its UUID if known."""
+
+    namespace: tuple[str, ...]  # as stored
+    name: str
+    uuid: str | None
+    locations: tuple[str, ...]
+    until_ms: int
+
+
+def reserved_locations(engine: Engine, warehouse: str) -> list[Reservation]:
+    """The reservations of the warehouse that are not over yet."""
+    stmt = select(_reserved).where(_reserved.c.warehouse == warehouse, _reserved.c.until_ms > now_ms())
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    return [
+        Reservation(
+            tuple(row.namespace.split(".")),
+            row.table_name,
+            row.table_uuid,
+            tuple(json.loads(row.locations)),
+            row.until_ms,
+        )
+        for row in rows
+    ]
 
 
 def _state_values(ref: TableName, state: TrustedState) -> dict[str, Any]:

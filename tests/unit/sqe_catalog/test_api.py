@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -29,7 +30,8 @@ def app_and_token(tmp_path: Path) -> tuple[Starlette, str]:
     database = f"sqlite:///{tmp_path}/catalog.db"
     config = CatalogServerConfig(
         server=ServerConfig(database=database, log_level="debug"),
-        warehouses=(WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh"),),
+        # A short credential lifetime: what a drop reserves is free again within a test.
+        warehouses=(WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh", credential_lifetime_seconds=1),),
     )
     app = create_app(config)
     store = AuthStore(create_engine_for(database), b"k", 60, scrypt_n=2)
@@ -127,6 +129,9 @@ def test_only_a_content_manager_may_reuse_a_location_dropped_without_purge(
     )
     assert refused.status == 403 and refused.json()["error"]["type"] == "ForbiddenException"
     assert "CATALOG_MANAGE_CONTENT" in refused.json()["error"]["message"]
+    early = call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=admin, body=claim)
+    assert early.status == 403 and "reserved until" in early.json()["error"]["message"]  # old keys may be valid
+    time.sleep(1.1)  # the warehouse's credential lifetime
     assert call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=admin, body=claim).status == 200
 
 

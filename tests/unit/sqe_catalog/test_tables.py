@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,16 @@ SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
 
 @pytest.fixture
 def tables(tmp_path: Path) -> WarehouseTables:
-    warehouse = WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh")
+    # A short credential lifetime: what a drop or stage reserves is free again within a test.
+    warehouse = WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh", credential_lifetime_seconds=1)
     return WarehouseTables(warehouse, create_engine_for(f"sqlite:///{tmp_path}/catalog.db"))
+
+
+def wait_out_reservations(tables: WarehouseTables) -> None:
+    deadline = time.monotonic() + 3
+    while tables.integrity.reserved_locations():
+        assert time.monotonic() < deadline, "a reservation outlived the credential lifetime"
+        time.sleep(0.05)
 
 
 def _create(name: str, location: str | None = None, **properties: str) -> TableCreate:
@@ -244,6 +253,10 @@ def test_a_purge_drop_frees_the_location_once_its_files_are_deleted(tables: Ware
         tables.create_table(("db",), _create("claim", location))
     assert tables.create_table(("db",), _create("t")).location.startswith(f"{location}-")  # beside, not over
     assert set(tables.run_cleanup().values()) == {"done"}
+    # The files are gone, but keys vended before the drop may still be valid for the place: reserved until then.
+    with pytest.raises(ForbiddenError, match=r"credentials were vended for \(table db\.t\): it is reserved until"):
+        tables.create_table(("db",), _create("claim", location))
+    wait_out_reservations(tables)
     assert tables.create_table(("db",), _create("claim", location)).location == location
 
 
@@ -412,3 +425,56 @@ def test_a_location_a_commit_moves_away_from_is_not_claimed_again(tables: Wareho
     tables.commit_table(("sales",), "orders", _set_data_path(f"{old.location}/data"))
     tables.commit_table(("sales",), "orders", _set_data_path(f"{old.location}/data2"))
     tables.create_table(("scratch",), _create("b", f"{tables.root}/raw/other"))  # a sibling is free
+
+
+def _create_transaction(location: str) -> Any:
+    """A create transaction's commit (what a client sends after a staged create) for a one-column table."""
+    schema = {"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+    return parse_commit_body(
+        {
+            "requirements": [{"type": "assert-create"}],
+            "updates": [
+                {"action": "set-location", "location": location},
+                {"action": "add-schema", "schema": schema},
+                {"action": "set-current-schema", "schema-id": -1},
+                {"action": "add-spec", "spec": {"spec-id": 0, "fields": []}},
+                {"action": "set-default-spec", "spec-id": -1},
+                {"action": "add-sort-order", "sort-order": {"order-id": 0, "fields": []}},
+                {"action": "set-default-sort-order", "sort-order-id": -1},
+            ],
+        }
+    )
+
+
+def test_a_staged_create_reserves_its_place_for_the_credential_lifetime(tables: WarehouseTables) -> None:
+    # Found by review: a staged create recorded nothing, yet its response may carry credentials for the place. A
+    # table created there next (say, at the default place of a table not created yet) was read with those keys.
+    tables.create_namespace(("scratch",), {})
+    tables.create_namespace(("secure",), {})
+    target = tables.default_location(("secure",), "payroll")
+    tables.stage_table(("scratch",), dataclasses.replace(_create("x", target), stage_create=True))
+    with pytest.raises(ForbiddenError, match=r"credentials were vended for \(table scratch\.x\): it is reserved until"):
+        tables.create_table(("secure",), _create("other", target))
+    payroll = tables.create_table(("secure",), _create("payroll"))
+    assert payroll.location.startswith(f"{target}-")  # its default place is reserved: a fresh one beside it
+    # The staged table's own create transaction may claim it.
+    assert tables.commit_table(("scratch",), "x", _create_transaction(target)).location == target
+    elsewhere = f"{tables.root}/scratch/y"
+    tables.stage_table(("scratch",), dataclasses.replace(_create("y", elsewhere), stage_create=True))
+    with pytest.raises(ForbiddenError, match="reserved until"):
+        tables.create_table(("secure",), _create("z", elsewhere))
+    wait_out_reservations(tables)  # the credentials it may have vended have expired: the place is free
+    assert tables.create_table(("secure",), _create("z", elsewhere)).location == elsewhere
+
+
+def test_a_dropped_table_registered_again_under_another_name_takes_back_its_reserved_place(
+    tables: WarehouseTables,
+) -> None:
+    tables.create_namespace(("db",), {})
+    old = tables.create_table(("db",), _create("t"))
+    tables.drop_table(("db",), "t", purge=False)
+    with dropped_location_reuse(lambda namespace, name: None):  # a content manager
+        with pytest.raises(ForbiddenError, match=r"\(table db\.t\): it is reserved until"):
+            tables.create_table(("db",), _create("other", old.location))  # another table: not while keys are valid
+        again = tables.register_table(("db",), "again", str(old.metadata_location))  # the same table (its UUID)
+    assert again.location == old.location

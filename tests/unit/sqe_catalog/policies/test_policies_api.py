@@ -15,7 +15,16 @@ from typing import Any
 
 import pytest
 
-from tests.unit.sqe_catalog.test_restrictions import ALICE, BOB, DECLARED, SCHEMA, TABLE, Catalog, error_of
+from tests.unit.sqe_catalog.test_restrictions import (
+    ALICE,
+    BOB,
+    DECLARED,
+    SCHEMA,
+    TABLE,
+    Catalog,
+    error_of,
+    wait_out_reservations,
+)
 
 ON = "read_restriction_policies = true"
 EU = {"type": "eq", "left": {"type": "reference", "id": 3}, "right": "EU"}
@@ -366,4 +375,5 @@ def test_claiming_the_files_of_a_dropped_policy_governed_table_needs_catalog_man
     assert "tag-based policies select it" in refused and "CATALOG_MANAGE_POLICIES" in refused
     assert "rf" not in refused.split() and "sensitivity" not in refused  # no policy or tag names
     catalog.store.grant("alice_role", "CATALOG_MANAGE_POLICIES", "wh")  # can lift the policy anyway
+    wait_out_reservations()  # once credentials vended before the drop have expired
     assert catalog.request("alice", "POST", "/v1/wh/namespaces/db/tables", **claim).status == 200
