@@ -7,9 +7,12 @@ exact negations). It has no ``not``: negations are pushed into the leaves.
 Null semantics (the design's table: a null passes ``!=``, ``<``, ``<=`` and fails ``==``, ``>``, ``>=``, ``in``)
     Readers disagree on ``lt``/``lt-eq`` with a null value (the expressions spec says false, Java's evaluator says
     true), so a policy's ``<``/``<=`` on a nullable column is emitted as ``or(lt(x, v), is-null(x))``: every
-    reader then returns the same rows. ``!=`` needs nothing (``not-eq`` is true for null everywhere). Because the
-    design's semantics makes each operator the exact complement of another (``==``/``!=``, ``<``/``>=``,
-    ``<=``/``>``, ``in``/``not in``), ``not`` is pushed into the comparison before this rewrite.
+    reader then returns the same rows. A NaN follows the rules of null (the expressions spec), so on a float or
+    double column ``or(..., is-nan(x))`` is added too, nullable or not; without it a NaN row would fail both a
+    comparison and its negation and fall out of every ``if``/``else`` branch. ``!=`` needs nothing (``not-eq`` is
+    true for null and NaN everywhere). Because the design's semantics makes each operator the exact complement of
+    another (``==``/``!=``, ``<``/``>=``, ``<=``/``>``, ``in``/``not in``), ``not`` is pushed into the comparison
+    before this rewrite.
 
 Conditional filters ``filter := r1 if c1 else := r2 if c2 else := f`` become
 ``(c1 and r1) or (not c1 and c2 and r2) or (not c1 and not c2 and f)``: first matching branch, evaluated left to
@@ -42,7 +45,7 @@ from sqe.restrictions.expressions import (
     SetMembership,
     StartsWith,
 )
-from sqe.restrictions.literals import LiteralValue, encode_literal
+from sqe.restrictions.literals import FLOAT_TYPES, LiteralValue, encode_literal
 from sqe_catalog.policies import rego
 from sqe_catalog.policies.bind import (
     BoundField,
@@ -134,10 +137,16 @@ def negate(node: Node) -> Node:
     if node.op in _COMPLEMENT:
         return Leaf(_COMPLEMENT[node.op], node.field_id, node.type_name, node.nullable, node.values)
     complement = Leaf(_ORDER_COMPLEMENT[node.op], node.field_id, node.type_name, node.nullable, node.values)
-    if not node.nullable:
-        return complement
-    # not lt(x, v) is true for a null x (lt is false there): or(gt-eq(x, v), is-null(x)).
-    return Junction("or", (complement, Leaf("is-null", node.field_id, node.type_name, True)))
+    # not lt(x, v) is true for a null or NaN x (lt is false there): or(gt-eq(x, v), is-null(x), is-nan(x)).
+    return _or_null_or_nan(complement)
+
+
+def _or_null_or_nan(leaf: Leaf) -> Node:
+    """``leaf`` or the field is null (if nullable) or NaN (if float/double): an ordering that passes them."""
+    passes = [Leaf("is-null", leaf.field_id, leaf.type_name, True)] if leaf.nullable else []
+    if leaf.type_name in FLOAT_TYPES:  # NaN follows the rules of null (expressions spec), required or not
+        passes.append(Leaf("is-nan", leaf.field_id, leaf.type_name, leaf.nullable))
+    return Junction("or", (leaf, *passes)) if passes else leaf
 
 
 def canonical(node: Node) -> Node:
@@ -334,9 +343,10 @@ class _Lowering:
     @staticmethod
     def _emit(op: str, bound: BoundField, values: tuple[LiteralValue, ...]) -> Node:
         leaf = Leaf(op, bound.field_id, bound.type_name, not bound.required, values)
-        if op in ("lt", "lt-eq") and not bound.required:
-            # the design: a null passes < and <=; say so explicitly so that every reader agrees
-            return Junction("or", (leaf, Leaf("is-null", bound.field_id, bound.type_name, True)))
+        if op in ("lt", "lt-eq"):
+            # the design: a null (and a NaN, as the spec treats it like null) passes < and <=; say so explicitly
+            # so that every reader agrees and ``not`` stays the exact complement (>=, > fail both)
+            return _or_null_or_nan(leaf)
         return leaf
 
 
