@@ -33,6 +33,7 @@ from sqe import vocabulary
 from sqe.errors import RestrictionError
 from sqe.restrictions import check_applicable, parse_restrictions
 from sqe.restrictions.actions import MASK_TO_FIXED_VALUE, REPLACE_WITH_NULL
+from sqe.restrictions.schema_index import SchemaIndex
 from sqe_catalog.policies import rego
 from sqe_catalog.policies.bind import Subject, bind_column
 from sqe_catalog.policies.errors import PolicyError
@@ -340,12 +341,14 @@ def _entry_candidates(
     if plan.always_false:
         record["row-filter-signature"] = candidates.add_filter(False, provenance)
     elif plan.row_filter is not None:
+        index = SchemaIndex(schema)
 
         def nullable(field_id: int) -> bool:
-            try:
-                return not schema.find_field(field_id).required
-            except ValueError:
-                return True
+            # A struct child is null wherever an enclosing struct is, however ``required`` it is itself: folding
+            # not-null on it to true would serve rows the entry hides.
+            info = index.get(field_id)
+            steps = [index.get(step) for step in info.path] if info is not None else [None]
+            return any(step is None or not step.field.required for step in steps)
 
         folded = canonical(from_predicate(plan.row_filter, nullable))
         if not (isinstance(folded, Const) and folded.value):
