@@ -9,7 +9,9 @@ semantics:
 - a leaf that is true for null values in our two-valued logic (``not-eq``, ``not-in``, negated ``lt`` ...)
   gets ``OR is_null(x)`` (and ``OR is_nan(x)`` on float columns), because pyiceberg would drop those rows;
 - a leaf pyiceberg cannot bind (for example a nanosecond timestamp literal) becomes AlwaysTrue, which in a
-  monotone tree only weakens the filter. Pruning with less is safe; the exact filter runs on every batch.
+  monotone tree only weakens the filter. So does a leaf that needs ``is_null`` on a required field inside an
+  optional struct: pyiceberg binds that to false, though the field is null wherever the struct is. Pruning
+  with less is safe; the exact filter runs on every batch.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ class _Translator:
             make, true_on_null = _comparison(leaf.op, negate)
             value = _pyiceberg_value(leaf.value, ref)
             build = lambda name: make(Reference(name), value)  # noqa: E731
+        if (true_on_null or make is IsNull) and not self._null_test_is_exact(ref):
+            return AlwaysTrue()  # pyiceberg would bind IsNull to false and drop rows the filter keeps
         if not self._binds(build, ref):
             return AlwaysTrue()
         expression = build(ref.name)
@@ -131,6 +135,19 @@ class _Translator:
             if ref.type_name in FLOAT_TYPES and not isinstance(leaf, ex.NullCheck):
                 expression = Or(expression, IsNaN(term=Reference(ref.name)))
         return expression
+
+    def _null_test_is_exact(self, ref: ex.FieldRef) -> bool:
+        """Whether pyiceberg's IsNull on ``ref`` matches its null rows: pyiceberg binds IsNull on a required field
+        to false, but a required field inside an optional struct is null wherever the struct is."""
+        if len(ref.path) == 1:
+            return True
+        if self._schema is None:
+            return False  # the ancestors' optionality is unknown
+        try:
+            fields = [self._schema.find_field(field_id) for field_id in ref.path]
+        except ValueError:
+            return False
+        return not fields[-1].required or all(field.required for field in fields[:-1])
 
     def _binds(self, build: Callable[[str], BooleanExpression], ref: ex.FieldRef) -> bool:
         """Whether pyiceberg binds this leaf to the same field id (and can convert its literal)."""

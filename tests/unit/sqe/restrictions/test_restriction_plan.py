@@ -332,6 +332,12 @@ def op(kind: str, field_id: int, value: Any) -> dict[str, Any]:
         {"type": "not", "child": {"type": "is-nan", "child": ref(6)}},
         {"type": "not", "child": {"type": "not-null", "child": ref(8)}},
         op("not-eq", 19, "Paris"),
+        # zip is required inside the optional addr: null wherever addr is, though pyiceberg binds it as never null
+        op("not-eq", 20, 2),
+        {"type": "not", "child": op("lt", 20, 2)},
+        {"type": "not-in", "child": ref(20), "values": [1, 2]},
+        {"type": "is-null", "child": ref(20)},
+        {"type": "not", "child": {"type": "not-null", "child": ref(20)}},
         op("gt", 13, "1970-01-01T00:00:00.000000002"),
         {"type": "and", "left": op("gt", 3, 1), "right": op("lt", 13, "1970-01-01T00:00:00.000000005")},
     ],
