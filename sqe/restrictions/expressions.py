@@ -355,7 +355,10 @@ def _typed(literal: _RawLiteral, ref: FieldRef) -> LiteralValue:
             raise InvalidRestrictionError(
                 f"{_ERR}: a {declared} literal cannot be compared with {what} ({ref.type_name})"
             )
-        decode_literal(literal.value, declared, what)  # the value must be valid for its declared type too
+        # The literal is a value of its declared type, converted to the column's: a float literal 0.1 is
+        # float32(0.1) even against a double column (read as a double it would admit rows in between).
+        value = decode_literal(literal.value, declared, what)
+        return decode_literal(encode_literal(value, declared), ref.type_name, what)
     return decode_literal(literal.value, ref.type_name, what)
 
 

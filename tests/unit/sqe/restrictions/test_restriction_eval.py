@@ -220,3 +220,13 @@ def test_a_filter_column_of_an_unexpected_arrow_type_fails() -> None:
     batch = pa.RecordBatch.from_arrays([pa.array(["2024-01-01"])], names=["dt"])
     with pytest.raises(RestrictionApplyError, match="field id 9"):
         evaluate(plan.row_filter, BatchColumns(batch, ALL_TYPES))
+
+
+def test_a_float_typed_literal_on_a_double_column_keeps_its_float_value() -> None:
+    # data-type float: the literal is float32(0.1) = 0.10000000149011612, promoted to double exactly (as the spec
+    # and Java's FloatLiteral.to(DoubleType) do), not the decimal text 0.1 read as a double
+    literal = {"type": "literal", "value": 0.1, "data-type": "float"}
+    plan = parse_restrictions(restrictions({"type": "gt", "left": ref(6), "right": literal}), ALL_TYPES)
+    assert plan.row_filter is not None
+    batch = batch_of(ALL_TYPES, {"d": [0.1, 0.1000000001, 0.10000000149011612, 0.2]})
+    assert evaluate(plan.row_filter, BatchColumns(batch, ALL_TYPES)).to_pylist() == [False, False, False, True]
