@@ -62,8 +62,8 @@ _SIMPLE_TYPES: dict[str, PrimitiveType] = {
     "uuid": UUIDType(),
     "binary": BinaryType(),
 }
-_DECIMAL_NAME = re.compile(r"decimal\((\d+),(-?\d+)\)")
-_FIXED_NAME = re.compile(r"fixed\[(\d+)\]")
+_DECIMAL_NAME = re.compile(r"decimal\((\d+),(-?\d+)\)", re.ASCII)
+_FIXED_NAME = re.compile(r"fixed\[(\d+)\]", re.ASCII)
 
 TEMPORAL_MICROS = frozenset({"time", "timestamp", "timestamptz"})
 TEMPORAL_NANOS = frozenset({"timestamp_ns", "timestamptz_ns"})
@@ -76,12 +76,13 @@ _EPOCH = dt.date(1970, 1, 1)
 _MICROS_PER_DAY = 86_400_000_000
 _NANOS_PER_DAY = 86_400_000_000_000
 
-_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+# re.ASCII: without it \d (and then int() and Decimal()) accept any Unicode digit, which the encoding does not
+_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})", re.ASCII)
 _TIME = r"(\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?"
-_TIME_ONLY = re.compile(_TIME)
-_TIMESTAMP = re.compile(r"(\d{4})-(\d{2})-(\d{2})T" + _TIME)
-_TIMESTAMPTZ = re.compile(r"(\d{4})-(\d{2})-(\d{2})T" + _TIME + r"\+00:00")
-_DECIMAL = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_TIME_ONLY = re.compile(_TIME, re.ASCII)
+_TIMESTAMP = re.compile(r"(\d{4})-(\d{2})-(\d{2})T" + _TIME, re.ASCII)
+_TIMESTAMPTZ = re.compile(r"(\d{4})-(\d{2})-(\d{2})T" + _TIME + r"\+00:00", re.ASCII)
+_DECIMAL = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?", re.ASCII)
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
 

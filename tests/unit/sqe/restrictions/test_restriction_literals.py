@@ -188,3 +188,28 @@ def test_type_names_are_canonical_and_parse_back() -> None:
 def test_unknown_data_types_are_rejected(name: str) -> None:
     with pytest.raises(InvalidRestrictionError, match="data-type"):
         parse_type_name(name)
+
+
+FULLWIDTH = {str(d): chr(0xFF10 + d) for d in range(10)}
+ARABIC = {str(d): chr(0x0660 + d) for d in range(10)}
+
+
+def _digits(text: str, table: dict[str, str]) -> str:
+    return "".join(table.get(c, c) for c in text)
+
+
+@pytest.mark.parametrize(
+    ("field_type", "raw"),
+    [
+        ("date", _digits("2024-01-01", FULLWIDTH)),
+        ("time", _digits("12:00:00", ARABIC)),
+        ("timestamp", "2024-01-01T" + _digits("12", FULLWIDTH) + ":00:00"),
+        ("timestamptz", "2024-01-01T00:00:00." + _digits("1", ARABIC) + "+00:00"),
+        ("decimal(9,2)", _digits("12.30", ARABIC)),
+        ("timestamp_ns", "2024-01-01T00:00:00.00000000" + _digits("1", ARABIC)),
+    ],
+)
+def test_non_ascii_digits_are_not_iso_literals(field_type: str, raw: str) -> None:
+    # Python's \d and int() accept any Unicode digit; the single-value encoding is ASCII only (fail closed)
+    with pytest.raises(InvalidRestrictionError):
+        decode_literal(raw, field_type, "field id 1")
