@@ -310,15 +310,13 @@ def recorded_locations(conn: Connection, ref: TableName) -> tuple[str, ...] | No
 
 def record_dropped(conn: Connection, ref: TableName, locations: tuple[str, ...], stamp: int) -> None:
     """Keep the locations of a dropped table (same transaction as the drop, whose time ``stamp`` is)."""
-    conn.execute(
-        insert(_dropped).values(
-            dropped_ms=stamp,
-            warehouse=ref.warehouse,
-            namespace=ref.dotted_namespace,
-            table_name=ref.name,
-            locations=json.dumps(list(locations)),
-        )
-    )
+    _insert_locations(conn, _dropped, ref, locations, dropped_ms=stamp)
+
+
+def _insert_locations(conn: Connection, table: Table, ref: TableName, locations: tuple[str, ...], **row: Any) -> None:
+    """One row of ``table`` naming ``ref`` and its ``locations``, with the table's other columns in ``row``."""
+    names = {"warehouse": ref.warehouse, "namespace": ref.dotted_namespace, "table_name": ref.name}
+    conn.execute(insert(table).values(**names, locations=json.dumps(list(locations)), **row))
 
 
 def dropped_locations(engine: Engine, warehouse: str) -> list[tuple[tuple[tuple[str, ...], str], tuple[str, ...]]]:
@@ -335,16 +333,7 @@ def record_reserved(
 ) -> None:
     """Reserve the table's places until ``until_ms``; reservations already over are removed."""
     conn.execute(delete(_reserved).where(_reserved.c.warehouse == ref.warehouse, _reserved.c.until_ms <= now_ms()))
-    conn.execute(
-        insert(_reserved).values(
-            until_ms=until_ms,
-            warehouse=ref.warehouse,
-            namespace=ref.dotted_namespace,
-            table_name=ref.name,
-            table_uuid=uuid,
-            locations=json.dumps(list(locations)),
-        )
-    )
+    _insert_locations(conn, _reserved, ref, locations, until_ms=until_ms, table_uuid=uuid)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -375,6 +375,18 @@ def test_fragment_batches_reach_the_consumer_before_the_fragment_completes(
     assert sorted(ids) == list(range(tables.rows))
 
 
+def _killer_on_first_batch(victim: Any, first_from_victim: list[int]) -> Callable[[str, str, int], None]:
+    """A batch observer that SIGKILLs ``victim`` once the coordinator forwarded its first batch (rows recorded)."""
+
+    def kill_on_first_batch(worker: str, fragment: str, rows: int) -> None:
+        if worker == victim.address and not first_from_victim:
+            first_from_victim.append(rows)
+            os.kill(victim.proc.pid, signal.SIGKILL)  # the slot thread waits here: nothing more is forwarded
+            victim.proc.wait(5)
+
+    return kill_on_first_batch
+
+
 def test_a_worker_killed_after_forwarding_a_batch_is_resumed_without_duplicates(
     reader_config: Path, big_files: str, worker_factory: WorkerPools
 ) -> None:
@@ -389,13 +401,7 @@ def test_a_worker_killed_after_forwarding_a_batch_is_resumed_without_duplicates(
     with sqe.api.connect(reader_config) as local:
         expected = local.sql(sql).arrow()
     first_from_victim: list[int] = []
-
-    def kill_on_first_batch(worker: str, fragment: str, rows: int) -> None:
-        if worker == victim.address and not first_from_victim:
-            first_from_victim.append(rows)
-            os.kill(victim.proc.pid, signal.SIGKILL)  # the slot thread waits here: nothing more is forwarded
-            victim.proc.wait(5)
-
+    kill_on_first_batch = _killer_on_first_batch(victim, first_from_victim)
     options = {"slots_per_worker": 1, "max_files_per_fragment": 6, "pace_ms_per_file": 300}
     with distributed_session(config, **options) as session:
         executor = session.distributed_executor
@@ -451,13 +457,7 @@ def test_a_resumed_fragment_is_never_retried_on_a_stream_without_positions(
     config = load_config(reader_config, env={}, overrides=overrides)
     sql = f"SELECT * FROM {big_files}"
     first_from_victim: list[int] = []
-
-    def kill_on_first_batch(worker: str, fragment: str, rows: int) -> None:
-        if worker == victim.address and not first_from_victim:
-            first_from_victim.append(rows)
-            os.kill(victim.proc.pid, signal.SIGKILL)  # the slot thread waits here: nothing more is forwarded
-            victim.proc.wait(5)
-
+    kill_on_first_batch = _killer_on_first_batch(victim, first_from_victim)
     options = {"slots_per_worker": 1, "max_files_per_fragment": 6, "pace_ms_per_file": 300}
     try:
         with distributed_session(config, **options) as session:
