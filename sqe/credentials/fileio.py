@@ -22,6 +22,7 @@ from sqe._text import iso_utc
 from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import CredentialSource, usable_until
 from sqe.credentials.model import CatalogCredentials, CredentialSet, StorageSettings, parse_catalog_credentials
+from sqe.credentials.paths import has_dot_segment
 from sqe.credentials.policy import StoragePolicy
 from sqe.credentials.pool import FILE_IOS, PooledFileIO
 from sqe.credentials.scope import ResolvedCredentials, build_properties, config_set, select_credential, vended_sets
@@ -89,6 +90,9 @@ class ScopedFileIO(Unpicklable, FileIO):
                 f"unsupported storage scheme {scheme_of(location)!r} in {location}: SQE reads Iceberg data "
                 "only from s3://, s3a://, s3n:// and file:// locations"
             )
+        if object_store and has_dot_segment(location):
+            # The store client resolves them, so the object read is not the one the credentials were chosen for.
+            raise CredentialError(f"refusing {location}: an object-store path with a '.' or '..' segment")
         matched = self.set_for(location)
         index = next((i for i, found in enumerate(self._catalog.sets) if found is matched), -1)
         key = (index, object_store)

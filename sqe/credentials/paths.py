@@ -15,13 +15,24 @@ def _strip_prefix(prefix: str) -> str:
     return normalized if stripped.endswith(":") or stripped.endswith(":/") else stripped
 
 
+def has_dot_segment(location: str) -> bool:
+    """Whether ``location`` has a ``.`` or ``..`` path segment.
+
+    The AWS SDK (pyarrow's S3 client) and urllib3 resolve those before sending, so ``s3://b/t1/../t2/x`` reads
+    ``s3://b/t2/x``: matched as text, it would get ``s3://b/t1``'s credentials for another prefix's object.
+    """
+    _, _, rest = location.partition("://")
+    return any(segment in (".", "..") for segment in rest.split("/"))
+
+
 def prefix_matches(path: str, prefix: str) -> bool:
     """True when ``prefix`` covers ``path`` on a path-segment boundary.
 
     ``s3://b/t1`` covers ``s3://b/t1`` and ``s3://b/t1/x`` but not ``s3://b/t10/x`` (a raw ``startswith``
-    would hand one table's credentials to its neighbour's files).
+    would hand one table's credentials to its neighbour's files). A path with a ``.`` or ``..`` segment is
+    covered by no prefix (:func:`has_dot_segment`).
     """
-    if not prefix:
+    if not prefix or has_dot_segment(path):
         return False
     base = _strip_prefix(prefix)
     target = normalize_location(path)

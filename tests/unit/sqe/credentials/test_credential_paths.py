@@ -73,3 +73,10 @@ def test_prefix_length_ignores_scheme_spelling_and_trailing_slashes() -> None:
 )
 def test_location_kinds(location: str, object_store: bool, local: bool) -> None:
     assert (is_object_store(location), is_local(location)) == (object_store, local)
+
+
+@pytest.mark.parametrize("path", ["s3://b/t1/../t10/x", "s3://b/t1/./x", "s3://b/t1/..", "s3a://b/t1/x/../../t2"])
+def test_no_prefix_covers_a_path_with_dot_segments(path: str) -> None:
+    # The AWS SDK resolves them before sending: the object read is not under the prefix the text starts with.
+    assert not prefix_matches(path, "s3://b/t1")
+    assert not prefix_matches(path, "s3://b")

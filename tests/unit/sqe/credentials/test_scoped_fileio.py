@@ -289,3 +289,21 @@ def test_identity_names_the_credential_set_and_holds_no_secret() -> None:
     new_token = [_entry("s3://b/t1", "V1", V1_SECRET, V2_TOKEN, T1_EXPIRES)]  # same key id, another token
     assert _scoped({}, new_token, _config()).resolve("s3://b/t1/data/a.parquet").identity != t1
     assert not any(secret in t1 for secret in (*SECRETS, "V1"))
+
+
+class TestDotSegments:
+    """The AWS SDK resolves ``.``/``..`` before sending: ``s3://b/t1/../t10/x`` reads ``s3://b/t10/x``."""
+
+    @pytest.mark.parametrize("path", ["s3://b/t1/../t10/x.parquet", "s3a://b/t1/./../t10/x", "s3://b/t1/.."])
+    def test_a_dot_segment_path_never_gets_the_credentials_of_the_prefix_it_spells(self, path: str) -> None:
+        io = _scoped({}, _two_tables(), _config(), location="s3://b/t1")
+        with pytest.raises(CredentialError, match=r"'\.' or '\.\.' segment"):
+            io.resolve(path)
+        with pytest.raises(CredentialError):
+            io.new_input(path)
+
+    def test_require_vended_fails_closed_for_a_dot_segment_path(self) -> None:
+        config = _static_config(**{"catalog.require_vended_credentials": True})
+        io = _scoped({}, [_entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, T1_EXPIRES)], config, location="s3://b/t1")
+        with pytest.raises(CredentialError):
+            io.new_input("s3://b/t1/../t2/x.parquet")  # t2 has no credentials: nothing may read it
