@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import is_expired
+from sqe.credentials.paths import canonical_prefix
 from sqe.errors import CatalogProtocolError
 from sqe.locations import is_object_store
 from sqe.vocabulary import (
@@ -179,14 +180,25 @@ def parse_catalog_credentials(response: Mapping[str, Any], what: str = "load-tab
     config_set = _set_from(config, None, settings, "config", what)
     if config_set is not None:
         sets.append(config_set)
-    for prefix, entry in parse_storage_credentials(response.get(STORAGE_CREDENTIALS), what):
+    by_prefix: dict[str, CredentialSet] = {}
+    for i, (prefix, entry) in enumerate(parse_storage_credentials(response.get(STORAGE_CREDENTIALS), what)):
         where = f"storage-credentials prefix {prefix!r}"
         if not has_key_pair(entry):
             continue  # unusable (keyless, fs.*, GCS, ADLS): never shadows a working set, never validated
         entry_settings = settings.overlay(parse_settings(entry, where, what))
         found = _set_from(entry, prefix, entry_settings, where, what)
-        if found is not None:
-            sets.append(found)
+        if found is None:
+            continue
+        # Two different sets for one prefix: which the catalog meant is unknowable, so neither is guessed.
+        earlier = by_prefix.setdefault(canonical_prefix(prefix), found)
+        if earlier is not found:
+            if earlier != found.with_prefix(earlier.prefix or prefix):
+                raise CatalogProtocolError(
+                    f"{what}: storage-credentials[{i}] has the same prefix as an earlier entry with other "
+                    f"credentials ({prefix!r})"
+                )
+            continue  # the same set again
+        sets.append(found)
     return CatalogCredentials(settings, tuple(sets))
 
 

@@ -46,6 +46,11 @@ def covered_by_any(path: str, prefixes: Iterable[str]) -> bool:
     return any(prefix_matches(path, prefix) for prefix in prefixes)
 
 
+def canonical_prefix(prefix: str) -> str:
+    """``prefix`` as matching sees it: ``s3a://b/t/`` and ``s3://b/t`` are the same prefix."""
+    return _strip_prefix(prefix)
+
+
 def prefix_length(prefix: str) -> int:
     """Length used to rank matches: longest (most specific) wins, whatever the scheme spelling."""
     return len(_strip_prefix(prefix))

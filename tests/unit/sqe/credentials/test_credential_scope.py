@@ -207,10 +207,21 @@ class TestSelection:
     def test_token_is_optional_for_usability(self) -> None:
         assert len(_sets(_cred("s3://b", **_keys("K", "S")))) == 1  # R2/MinIO vend static keys without a token
 
-    def test_first_of_equal_prefixes_wins(self) -> None:
-        a = _cred("s3://b/t1", **_keys("VA", "a-secret"))
-        b = _cred("s3a://b/t1/", **_keys("VB", "b-secret"))
-        assert select_credential("s3://b/t1/x", _sets(a, b)) == _sets(a)[0]
+    def test_equal_prefixes_with_different_keys_are_a_protocol_error(self) -> None:
+        # Which one the catalog meant is unknowable; picking one would read with keys it may not have meant.
+        a = _cred("s3://b/t1", **_keys("VA", "a-secret", "a-token"))
+        b = _cred("s3a://b/t1/", **_keys("VB", "b-secret", "b-token"))
+        with pytest.raises(CatalogProtocolError, match=r"storage-credentials\[1\].*same prefix") as raised:
+            _sets(a, b)
+        assert not any(secret in str(raised.value) for secret in ("a-secret", "b-secret", "a-token", "b-token"))
+        same_key_new_token = _cred("s3://b/t1/", **_keys("VA", "a-secret", "other-token"))
+        with pytest.raises(CatalogProtocolError):
+            _sets(a, same_key_new_token)
+
+    def test_equal_prefixes_with_the_same_keys_are_one_set(self) -> None:
+        a = _cred("s3://b/t1", **_keys("VA", "a-secret", "a-token", EXPIRES_MS))
+        again = _cred("s3a://b/t1/", **_keys("VA", "a-secret", "a-token", EXPIRES_MS))
+        assert select_credential("s3://b/t1/x", _sets(a, again)) == _sets(a)[0]
 
 
 class TestMergeOrder:
