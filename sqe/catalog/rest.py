@@ -181,13 +181,32 @@ class SQERestCatalog(Unpicklable, RestCatalog):
 
     # -- SQE additions -----------------------------------------------------------------------------------
     def file_io_for(
-        self, response_config: Mapping[str, str], raw: Mapping[str, Any], received_at: float
+        self,
+        response_config: Mapping[str, str],
+        raw: Mapping[str, Any],
+        received_at: float,
+        refresher: Callable[[], CatalogCredentials] | None = None,
     ) -> ScopedFileIO:
         metadata = raw.get("metadata")
         location = metadata.get("location") if isinstance(metadata, Mapping) else None
         response = {**raw, "config": dict(response_config or {})}
         policy = StoragePolicy.from_config(self._sqe_config)
-        return ScopedFileIO.from_response(response, policy, received_at=received_at, location=location)
+        return ScopedFileIO.from_response(
+            response, policy, received_at=received_at, location=location, refresher=refresher
+        )
+
+    def credentials_refresher(self, namespace: Sequence[str], name: str) -> Callable[[], CatalogCredentials]:
+        """Fetches the table's current credentials as this user: its ``/credentials`` when advertised, else a
+        full load (no ``If-None-Match``: a 304 carries no keys). Used when a long scan reaches a usable point."""
+
+        def refresh() -> CatalogCredentials:
+            found = self.load_table_credentials(namespace, name)
+            if found is not None:
+                return found
+            _status, raw, _etag = self.get_table_raw(namespace, name, None)
+            return parse_catalog_credentials(raw or {})
+
+        return refresh
 
     def load_table_credentials(self, namespace: Sequence[str], name: str) -> CatalogCredentials | None:
         """GET the table's ``/credentials`` as this user, parsed; None when the catalog does not advertise it."""
@@ -466,7 +485,8 @@ class RestTableProvider:
             raise CatalogProtocolError(
                 f"catalog response for {ident} is not a valid load-table result: {first_line(exc)}"
             ) from None
-        io = catalog.file_io_for(response.config, raw, now)
+        refresher = catalog.credentials_refresher(ident.namespace, ident.name)
+        io = catalog.file_io_for(response.config, raw, now, refresher)
         table = catalog.table_from_response((*ident.namespace, ident.name), response, io)
         return LoadedTable(
             ident=ident,

@@ -13,21 +13,24 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pyiceberg.io import FileIO, InputFile, OutputFile
 
 from sqe._text import iso_utc
 from sqe._unpicklable import Unpicklable
-from sqe.credentials.expiry import CredentialSource, usable_until
+from sqe.credentials.expiry import CredentialSource, is_expired, usable_until
 from sqe.credentials.model import CatalogCredentials, CredentialSet, StorageSettings, parse_catalog_credentials
-from sqe.credentials.paths import has_dot_segment
+from sqe.credentials.paths import covered_by_any, has_dot_segment
 from sqe.credentials.policy import StoragePolicy
 from sqe.credentials.pool import FILE_IOS, PooledFileIO
 from sqe.credentials.scope import ResolvedCredentials, build_properties, config_set, select_credential, vended_sets
-from sqe.errors import CredentialError
+from sqe.errors import CredentialError, CredentialExpiredError
 from sqe.locations import is_local, is_object_store, scheme_of
+
+# Fetches the table's current credentials from the catalog, as the same user (credentials endpoint or reload).
+Refresher = Callable[[], CatalogCredentials]
 
 
 class ScopedFileIO(Unpicklable, FileIO):
@@ -43,15 +46,20 @@ class ScopedFileIO(Unpicklable, FileIO):
         settings: StorageSettings | None = None,
         received_at: float | None = None,
         location: str | None = None,
+        refresher: Refresher | None = None,
     ) -> None:
         """``settings``: the response-wide (or ticket-wide) settings under every set's own. ``location`` (the
         table location), when given, is resolved now so a table without the credentials it needs fails at load
-        time rather than mid-scan."""
+        time rather than mid-scan. ``refresher``: how to fetch new sets once one in use reaches its usable point
+        (a long scan); without it, a file is never opened with an expired set (``CredentialExpiredError``)."""
         super().__init__(properties={})
         self._catalog = CatalogCredentials(settings or StorageSettings(), tuple(sets))
         self._policy = policy
         self.received_at = time.time() if received_at is None else received_at
         self._vended = vended_sets(self._catalog, policy)
+        self._location = location
+        self._refresher = refresher
+        self._refresh_lock = threading.Lock()  # one refresh at a time (single flight)
         self._lock = threading.Lock()
         self._resolved: dict[tuple[int, bool], ResolvedCredentials] = {}
         self._identities: set[str] = set()  # of the pooled FileIOs used so far (inspection only)
@@ -66,10 +74,18 @@ class ScopedFileIO(Unpicklable, FileIO):
         *,
         received_at: float | None = None,
         location: str | None = None,
+        refresher: Refresher | None = None,
     ) -> ScopedFileIO:
         """From a raw load-table (or create-table) JSON response."""
         catalog = parse_catalog_credentials(response)
-        return cls(catalog.sets, policy, settings=catalog.settings, received_at=received_at, location=location)
+        return cls(
+            catalog.sets,
+            policy,
+            settings=catalog.settings,
+            received_at=received_at,
+            location=location,
+            refresher=refresher,
+        )
 
     @property
     def credential_sets(self) -> tuple[CredentialSet, ...]:
@@ -105,10 +121,56 @@ class ScopedFileIO(Unpicklable, FileIO):
             return self._resolved.setdefault(key, resolved)
 
     def _file_io_for(self, location: str) -> PooledFileIO:
-        resolved = self.resolve(location)
+        resolved = self._usable_resolution(location)
         with self._lock:
             self._identities.add(resolved.identity)
         return FILE_IOS.file_io(resolved.identity, resolved.properties, resolved.expires_at)
+
+    def _usable_resolution(self, location: str) -> ResolvedCredentials:
+        """``resolve(location)``, refreshed first when its set is past its usable point; never an expired set."""
+        resolved = self.resolve(location)
+        if self._usable(resolved):
+            return resolved
+        if self._refresher is not None:
+            with self._refresh_lock:
+                resolved = self.resolve(location)
+                if not self._usable(resolved):  # (unless another reader has just refreshed)
+                    self._refresh(self._refresher)
+                    resolved = self.resolve(location)
+        scope = f"the credentials for {location} (prefix {resolved.prefix or '*'})"
+        if is_expired(resolved.expires_at_ms):
+            refresh = "even after a refresh" if self._refresher is not None else "and cannot be refreshed here"
+            raise CredentialExpiredError(f"{scope} expired at {iso_utc(resolved.expires_at)} {refresh}")
+        if self._refresher is not None and not self._usable(resolved):
+            raise CredentialExpiredError(f"{scope} are past their usable point even after a refresh")
+        return resolved
+
+    def _usable(self, resolved: ResolvedCredentials) -> bool:
+        max_age = self._policy.max_age_seconds
+        with self._lock:
+            received_at = self.received_at
+        limit = usable_until(resolved.expires_at_ms, received_at, source=resolved.source, max_age_seconds=max_age)
+        return limit is None or time.time() < limit
+
+    def _refresh(self, refresher: Refresher) -> None:
+        """Take the catalog's current sets (under the same response settings); a narrower answer fails."""
+        received_at = time.time()
+        found = refresher()
+        catalog = CatalogCredentials(self._catalog.settings.overlay(found.settings), found.sets)
+        fresh = vended_sets(catalog, self._policy)
+        fresh_config = config_set(fresh) is not None
+        for old in self._vended:
+            where = old.prefix if old.prefix is not None else self._location
+            covered = fresh_config or (where is not None and covered_by_any(where, (f.prefix or "" for f in fresh)))
+            if not covered:
+                # Reading on would fall back to other keys (or none) for files the old set covered.
+                raise CredentialError(
+                    f"the credential refresh returned no credentials for {where or 'the table'}, which the "
+                    "table's earlier credentials covered"
+                )
+        with self._lock:
+            self._catalog, self._vended, self.received_at = catalog, fresh, received_at
+            self._resolved.clear()
 
     def pooled_file_ios(self) -> list[PooledFileIO]:
         """The pool's FileIOs this ScopedFileIO has opened files through and that are still pooled."""

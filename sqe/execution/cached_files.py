@@ -286,8 +286,8 @@ class MetadataCachingFileIO(FileIO):
         self._inner = inner
 
     def new_input(self, location: str) -> InputFile:
-        resolved = vended_credentials(self._inner, location)
         inner = self._inner.new_input(location)  # the inner FileIO's own checks (expiry, coverage) run first
+        resolved = vended_credentials(self._inner, location)  # after them: the set a refresh there put in place
         if resolved is None or not MANIFESTS.enabled:
             return inner
         direct = signed_object(location, resolved)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -14,15 +15,16 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io import InputFile
 from pyiceberg.table import Table
 
+from sqe._text import iso_utc
 from sqe.config import SQEConfig, load_config
 from sqe.credentials import ScopedFileIO, StoragePolicy
-from sqe.errors import CatalogProtocolError, CredentialError, NoVendedCredentialsError
+from sqe.errors import CatalogProtocolError, CredentialError, CredentialExpiredError, NoVendedCredentialsError
 
 STATIC_KEY, STATIC_SECRET = "AKIASTATIC", "static-secret-51f"
 V1_SECRET, V1_TOKEN = "vended-secret-t1-0a1", "vended-token-t1-0a2"
 V2_SECRET, V2_TOKEN = "vended-secret-t10-0b1", "vended-token-t10-0b2"
 SECRETS = (STATIC_SECRET, V1_SECRET, V1_TOKEN, V2_SECRET, V2_TOKEN)
-RECEIVED = 1_700_000_000.0
+RECEIVED = float(int(time.time()))  # real time: an expired set never opens a file
 T1_EXPIRES = RECEIVED + 3600
 T10_EXPIRES = RECEIVED + 1800
 
@@ -218,14 +220,14 @@ class TestExpiryAndExplain:
             {
                 "prefix": "s3://b/t1",
                 "source": "vended",
-                "expires_at": "2023-11-14T23:13:20+00:00",
-                "usable_until": "2023-11-14T23:08:20+00:00",
+                "expires_at": iso_utc(T1_EXPIRES),
+                "usable_until": iso_utc(T1_EXPIRES - 300),
             },
             {
                 "prefix": "s3://b/t10/",
                 "source": "vended",
-                "expires_at": "2023-11-14T22:43:20+00:00",
-                "usable_until": "2023-11-14T22:38:20+00:00",
+                "expires_at": iso_utc(T10_EXPIRES),
+                "usable_until": iso_utc(T10_EXPIRES - 300),
             },
             {"prefix": "*", "source": "static", "expires_at": None, "usable_until": None},
         ]
@@ -307,3 +309,15 @@ class TestDotSegments:
         io = _scoped({}, [_entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, T1_EXPIRES)], config, location="s3://b/t1")
         with pytest.raises(CredentialError):
             io.new_input("s3://b/t1/../t2/x.parquet")  # t2 has no credentials: nothing may read it
+
+
+class TestExpiredSetsNeverOpen:
+    def test_a_set_past_its_expiry_opens_nothing_without_a_refresher(self) -> None:
+        expires = time.time() + 1.0  # a real one-second credential
+        io = _scoped({}, [_entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, expires)], _config())
+        io.new_input("s3://b/t1/x.parquet")  # still valid: opens
+        time.sleep(max(0.0, expires - time.time()) + 0.1)
+        with pytest.raises(CredentialExpiredError, match=r"s3://b/t1/x\.parquet .*expired at") as raised:
+            io.new_input("s3://b/t1/x.parquet")
+        assert not any(secret in str(raised.value) for secret in SECRETS)
+        io.new_input("s3://b/other/x.parquet")  # a path the expired set does not cover is unaffected
