@@ -51,6 +51,7 @@ SETTING_KEYS = (S3_ENDPOINT, S3_REGION, S3_FORCE_VIRTUAL_ADDRESSING, S3_CONNECT_
 FILEIO_ALLOWLIST = frozenset(CREDENTIAL_KEYS + SETTING_KEYS)
 
 _BOOLEAN_TEXT = {"true": True, "false": False}
+_EARLIEST_EXPIRY_MS = 10**11  # March 1973: any smaller expiry is epoch seconds (or nonsense), not milliseconds
 
 # The completeness rule, as the parts it names: a vended set needs all four, a static set the first two.
 VENDED_PARTS = ("access key id", "secret access key", "session token", "expiry")
@@ -298,7 +299,12 @@ def _parse_expiry(raw: Mapping[str, str], where: str, what: str) -> int | None:
     if not text:
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         message = f"{what}: {where} {S3_SESSION_TOKEN_EXPIRES_AT_MS} must be an integer"
         raise CatalogProtocolError(message) from None
+    if value < _EARLIEST_EXPIRY_MS:
+        # Epoch seconds read as milliseconds land in 1970: "already expired" would hide the catalog's mistake.
+        message = f"{what}: {where} {S3_SESSION_TOKEN_EXPIRES_AT_MS} must be epoch milliseconds (seconds sent?)"
+        raise CatalogProtocolError(message)
+    return value

@@ -92,7 +92,15 @@ def test_the_codec_keeps_the_source(source: str) -> None:
 
 
 def test_repr_hides_keys_and_pickling_is_refused() -> None:
-    found = _one(**{"s3.session-token-expires-at-ms": "1"})
+    found = _one(**{"s3.session-token-expires-at-ms": "1700000000000"})
     assert "AKIAMODEL" not in repr(found) and SECRET not in repr(found) and TOKEN not in repr(found)
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(found)
+
+
+@pytest.mark.parametrize("value", ["1700000000", "-1700000000000", "0"])
+def test_an_expiry_in_seconds_or_not_positive_is_a_protocol_error(value: str) -> None:
+    # Read as milliseconds, 1700000000 is January 1970: "already expired" would hide the catalog's mistake.
+    with pytest.raises(CatalogProtocolError, match="epoch milliseconds") as info:
+        _one(**{"s3.session-token-expires-at-ms": value})
+    assert value not in str(info.value)
