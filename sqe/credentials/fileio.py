@@ -109,16 +109,20 @@ class ScopedFileIO(Unpicklable, FileIO):
         if object_store and has_dot_segment(location):
             # The store client resolves them, so the object read is not the one the credentials were chosen for.
             raise CredentialError(f"refusing {location}: an object-store path with a '.' or '..' segment")
-        matched = self.set_for(location)
-        index = next((i for i, found in enumerate(self._catalog.sets) if found is matched), -1)
+        # One snapshot of the sets and their resolutions: a refresh swaps both, and an index into one catalog's
+        # sets must never key a resolution built from another's.
+        with self._lock:
+            catalog, resolutions = self._catalog, self._resolved
+        matched = select_credential(location, catalog.sets)
+        index = next((i for i, found in enumerate(catalog.sets) if found is matched), -1)
         key = (index, object_store)
         with self._lock:
-            cached = self._resolved.get(key)
+            cached = resolutions.get(key)
         if cached is not None:
             return cached
-        resolved = build_properties(location, self._catalog, self._policy)
+        resolved = build_properties(location, catalog, self._policy)
         with self._lock:
-            return self._resolved.setdefault(key, resolved)
+            return resolutions.setdefault(key, resolved)
 
     def _file_io_for(self, location: str) -> PooledFileIO:
         resolved = self._usable_resolution(location)
@@ -170,7 +174,7 @@ class ScopedFileIO(Unpicklable, FileIO):
                 )
         with self._lock:
             self._catalog, self._vended, self.received_at = catalog, fresh, received_at
-            self._resolved.clear()
+            self._resolved = {}  # a new map: a resolve still working on the old sets fills the old one
 
     def pooled_file_ios(self) -> list[PooledFileIO]:
         """The pool's FileIOs this ScopedFileIO has opened files through and that are still pooled."""
