@@ -126,3 +126,14 @@ def test_a_narrower_refresh_fails_the_read(config_path: Path, proxy: FaultProxy)
             loaded.io.new_input(files[0])
     finally:
         provider.close()
+
+
+def test_a_scan_whose_refresh_is_refused_fails_with_the_typed_error(config_path: Path, proxy: FaultProxy) -> None:
+    with sqe.api.connect(config_path) as session:
+        result = session.sql("SELECT sum(id) FROM ns.t WHERE tag <> 'z'")
+        [stream] = session.last_streams
+        loaded = stream.plan.loaded
+        _sleep_past_expiry(loaded, loaded.table.location())
+        proxy.inject("GET", CREDENTIALS, 403, 1)
+        with pytest.raises(PermissionDeniedError):
+            result.fetchall()
