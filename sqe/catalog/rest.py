@@ -213,16 +213,25 @@ class SQERestCatalog(Unpicklable, RestCatalog):
         if str(Capability.V1_LOAD_CREDENTIALS) not in {str(e) for e in self._supported_endpoints}:
             return None
         what = ".".join((self.name, *namespace, name))
-        try:
-            response = self._session.get(self.table_url(namespace, name) + "/credentials")
-        except requests.RequestException as exc:
-            raise CatalogUnavailableError(f"cannot load credentials of {what}: {type(exc).__name__}") from None
+        response = self._get(self.table_url(namespace, name) + "/credentials", f"load credentials of {what}")
         if response.status_code != 200:
             raise error_for_status(response, f"credentials of {what}")
         body = _json_object(response)
         if body is None:
             raise CatalogUnavailableError(f"the catalog's credentials answer for {what} is not a JSON object")
         return parse_catalog_credentials(body, "credentials response")
+
+    def _get(self, url: str, action: str, headers: Mapping[str, str] | None = None) -> requests.Response:
+        """GET as this user. A 401 with client credentials (the catalog no longer takes the token, e.g. after a
+        signing-key change) is asked once more with a new token; connection failures are typed."""
+        try:
+            response = self._session.get(url, headers=dict(headers or {}))
+            if response.status_code == 401 and self._bearer.uses_client_credentials:
+                self._bearer.invalidate()
+                response = self._session.get(url, headers=dict(headers or {}))
+        except requests.RequestException as exc:
+            raise CatalogUnavailableError(f"cannot {action}: {type(exc).__name__}") from None
+        return response
 
     def table_url(self, namespace: Sequence[str], name: str) -> str:
         ns = self._encode_namespace_path(tuple(namespace))
@@ -236,13 +245,7 @@ class SQERestCatalog(Unpicklable, RestCatalog):
         """GET load-table; returns (status, raw JSON or None on 304, ETag)."""
         headers = {"If-None-Match": etag} if etag else {}
         what = ".".join((*namespace, name))
-        try:
-            response = self._session.get(self.table_url(namespace, name), headers=headers)
-        except requests.RequestException as exc:
-            raise CatalogUnavailableError(f"cannot load table {what}: {type(exc).__name__}") from None
-        if response.status_code == 401 and self._bearer.uses_client_credentials:
-            self._bearer.invalidate()
-            response = self._session.get(self.table_url(namespace, name), headers=headers)
+        response = self._get(self.table_url(namespace, name), f"load table {what}", headers)
         if response.status_code == 304 and etag:
             return 304, None, etag
         if response.status_code != 200:

@@ -20,7 +20,7 @@ from sqe.catalog.rest import RestTableProvider
 from sqe.config import load_config
 from sqe.errors import CredentialError, PermissionDeniedError
 from sqe.vocabulary import S3_ACCESS_KEY_ID
-from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
+from tests.conftest import catalog_variant, pyiceberg_catalog, restartable_catalog, write_sqe_config
 from tests.helpers.fault_proxy import FaultProxy
 
 if TYPE_CHECKING:
@@ -137,3 +137,25 @@ def test_a_scan_whose_refresh_is_refused_fails_with_the_typed_error(config_path:
         proxy.inject("GET", CREDENTIALS, 403, 1)
         with pytest.raises(PermissionDeniedError):
             result.fetchall()
+
+
+def test_the_credentials_endpoint_fetches_a_new_token_when_the_catalog_refuses_the_old_one(
+    tmp_path: Path, moto_server: MotoServer
+) -> None:
+    """A catalog restarted with another signing key refuses every token issued before (401): a refresh through
+    the credentials endpoint asks for a new token once, as a table load does, instead of failing the scan."""
+    warehouse = {"credential_lifetime_seconds": 3600, "location": "s3://warehouse/refreshkey"}
+    with restartable_catalog(tmp_path, moto_server, warehouse) as (server, restart):
+        pyiceberg_catalog(server, server.admin).create_namespace("ns")
+        path = write_sqe_config(tmp_path / "sqe.toml", server.url, server.admin, server.moto)
+        with sqe.api.connect(path) as session:
+            session.sql("CREATE TABLE ns.t AS SELECT 1 AS id")
+        provider = RestTableProvider(load_config(path, env={}))
+        try:
+            ident = TableIdent("wh", ("ns",), "t")
+            assert provider.load_table_credentials(ident) is not None  # a token is issued and cached
+            restart(new_signing_key=True)
+            found = provider.load_table_credentials(ident)
+            assert found is not None and found.sets
+        finally:
+            provider.close()
