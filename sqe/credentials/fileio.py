@@ -106,6 +106,10 @@ class ScopedFileIO(Unpicklable, FileIO):
                 f"unsupported storage scheme {scheme_of(location)!r} in {location}: SQE reads Iceberg data "
                 "only from s3://, s3a://, s3n:// and file:// locations"
             )
+        if not object_store and self._location is not None and is_object_store(self._location):
+            # Paths in manifests are the writer's text: a table in object storage never makes the engine (in
+            # ``sqe serve`` the server process) read its own local files.
+            raise CredentialError(f"refusing {location}: a local path in a table stored in object storage")
         if object_store and has_dot_segment(location):
             # The store client resolves them, so the object read is not the one the credentials were chosen for.
             raise CredentialError(f"refusing {location}: an object-store path with a '.' or '..' segment")

@@ -321,3 +321,25 @@ class TestExpiredSetsNeverOpen:
             io.new_input("s3://b/t1/x.parquet")
         assert not any(secret in str(raised.value) for secret in SECRETS)
         io.new_input("s3://b/other/x.parquet")  # a path the expired set does not cover is unaffected
+
+
+class TestLocalPathsOfObjectStoreTables:
+    """A manifest is the writer's text: one naming a local file must not make the engine (in ``sqe serve``, the
+    server process) read its own files for a table that lives in object storage."""
+
+    @pytest.mark.parametrize("require_vended", [True, False])
+    def test_a_local_path_in_an_object_store_table_is_refused(self, tmp_path: Path, require_vended: bool) -> None:
+        local = tmp_path / "server-secret.bin"
+        local.write_bytes(b"server-local bytes")
+        config = _config(**{"catalog.require_vended_credentials": require_vended})
+        io = _scoped({}, _two_tables(), config, location="s3://b/t1")
+        for path in (local.as_uri(), str(local)):
+            with pytest.raises(CredentialError, match="local path"):
+                io.new_input(path).open().read()
+
+    def test_a_local_table_still_reads_its_local_files(self, tmp_path: Path) -> None:
+        local = tmp_path / "t" / "data.bin"
+        local.parent.mkdir()
+        local.write_bytes(b"local table bytes")
+        io = _scoped({}, [], _config(), location=(tmp_path / "t").as_uri())
+        assert io.new_input(local.as_uri()).open().read() == b"local table bytes"
