@@ -83,7 +83,7 @@ def test_a_file_opened_after_expiry_reads_with_refreshed_credentials(config_path
         after = loaded.io.resolve(files[0])  # type: ignore[attr-defined]
         assert after.properties[S3_ACCESS_KEY_ID] != old_key  # the read used a new set, not the expired one
         assert after.expires_at is not None and after.expires_at > time.time()
-        assert proxy.count("GET", CREDENTIALS) == 1  # one refresh, from the credentials endpoint
+        assert proxy.count("GET", CREDENTIALS) >= 1  # refreshed through the credentials endpoint
     finally:
         provider.close()
 
