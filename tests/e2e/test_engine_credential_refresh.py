@@ -21,7 +21,7 @@ from sqe.config import load_config
 from sqe.errors import CredentialError, PermissionDeniedError
 from sqe.vocabulary import S3_ACCESS_KEY_ID
 from tests.conftest import catalog_variant, pyiceberg_catalog, restartable_catalog, write_sqe_config
-from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.fault_proxy import FaultProxy, running_proxy
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogServer, MotoServer
@@ -48,10 +48,8 @@ def short_catalog(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoSer
 
 @pytest.fixture()
 def proxy(short_catalog: CatalogServer) -> Iterator[FaultProxy]:
-    proxy = FaultProxy(short_catalog.url)
-    proxy.start()
-    yield proxy
-    proxy.stop()
+    with running_proxy(short_catalog.url) as proxy:
+        yield proxy
 
 
 @pytest.fixture()

@@ -24,7 +24,7 @@ from sqe.catalog.base import LoadedTable
 from sqe.errors import IntegrityError
 from tests.conftest import pyiceberg_catalog, write_sqe_config
 from tests.e2e.test_engine_cli import assert_one_line_error, run_sqe
-from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.fault_proxy import FaultProxy, running_proxy
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
@@ -179,10 +179,8 @@ def test_integrity_422_from_the_real_catalog_is_typed_and_loaded_once(
 
 @pytest.fixture(scope="module")
 def proxy(catalog_server: CatalogServer) -> Iterator[FaultProxy]:
-    proxy = FaultProxy(catalog_server.url)
-    proxy.start()
-    yield proxy
-    proxy.stop()
+    with running_proxy(catalog_server.url) as proxy:
+        yield proxy
 
 
 def _decoy(setup: Setup, location: str) -> str:

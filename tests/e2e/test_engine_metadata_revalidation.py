@@ -23,7 +23,7 @@ from sqe.errors import CommitConflictError
 from sqe.execution.local import QueryCancelledError
 from sqe.session import Session
 from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
-from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.fault_proxy import FaultProxy, running_proxy
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, MotoServer
@@ -51,10 +51,8 @@ def table(
 
 @pytest.fixture()
 def proxy(catalog_server: CatalogServer) -> Iterator[FaultProxy]:
-    proxy = FaultProxy(catalog_server.url)
-    proxy.start()
-    yield proxy
-    proxy.stop()
+    with running_proxy(catalog_server.url) as proxy:
+        yield proxy
 
 
 def open_session(

@@ -21,7 +21,7 @@ from sqe.errors import CatalogUnavailableError, IntegrityError
 from sqe.session import Session
 from sqe.vocabulary import S3_ENDPOINT
 from tests.conftest import pyiceberg_catalog, write_sqe_config
-from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.fault_proxy import FaultProxy, running_proxy
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
@@ -31,10 +31,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
 
 @pytest.fixture(scope="module")
 def proxy(catalog_server: CatalogServer) -> Iterator[FaultProxy]:
-    proxy = FaultProxy(catalog_server.url)
-    proxy.start()
-    yield proxy
-    proxy.stop()
+    with running_proxy(catalog_server.url) as proxy:
+        yield proxy
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,8 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -195,6 +196,17 @@ class FaultProxy:
         request.send_header("Content-Length", str(len(data)))
         request.end_headers()
         request.wfile.write(data)
+
+
+@contextmanager
+def running_proxy(upstream: str) -> Iterator[FaultProxy]:
+    """A started FaultProxy in front of ``upstream``, stopped on leaving."""
+    proxy = FaultProxy(upstream)
+    proxy.start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
 
 
 class FaultProxyProcess:
