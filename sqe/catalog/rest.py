@@ -361,7 +361,9 @@ class _RestScanPlanning:
     def file_io_for_plan(self, loaded: LoadedTable, storage_credentials: list[Any]) -> ScopedFileIO:
         raw = {"metadata": loaded.raw.get("metadata"), vocabulary.STORAGE_CREDENTIALS: storage_credentials}
         config = loaded.raw.get("config")
-        return self._catalog.file_io_for(config if isinstance(config, Mapping) else {}, raw, time.time())
+        # A long scan of the plan's files refreshes like one of the table's own: the same table, as the same user.
+        refresher = self._catalog.credentials_refresher(loaded.ident.namespace, loaded.ident.name)
+        return self._catalog.file_io_for(config if isinstance(config, Mapping) else {}, raw, time.time(), refresher)
 
 
 @dataclass

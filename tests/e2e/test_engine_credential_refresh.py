@@ -157,3 +157,19 @@ def test_the_credentials_endpoint_fetches_a_new_token_when_the_catalog_refuses_t
             assert found is not None and found.sets
         finally:
             provider.close()
+
+
+def test_the_files_of_a_server_side_plan_refresh_like_the_tables_own(config_path: Path, proxy: FaultProxy) -> None:
+    provider = RestTableProvider(load_config(config_path, env={}))
+    try:
+        loaded, files = _loaded(provider)
+        planning = provider.scan_planning("wh")
+        assert planning is not None  # sqe-catalog plans scans
+        plan_io = planning.file_io_for_plan(loaded, loaded.raw["storage-credentials"])
+        old_key = _sleep_past_expiry(loaded, files[0])
+        with plan_io.new_input(files[0]).open() as stream:
+            assert stream.read(4) == b"PAR1"
+        assert plan_io.resolve(files[0]).properties[S3_ACCESS_KEY_ID] != old_key  # type: ignore[attr-defined]
+        assert proxy.count("GET", CREDENTIALS) >= 1
+    finally:
+        provider.close()
