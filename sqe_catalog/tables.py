@@ -43,6 +43,7 @@ from pyiceberg.table.update import (
     AddSchemaUpdate,
     AddSnapshotUpdate,
     AssertCreate,
+    RemovePropertiesUpdate,
     SetLocationUpdate,
     SetPropertiesUpdate,
     TableRequirement,
@@ -362,6 +363,11 @@ def _require_same_uuid(namespace: Namespace, name: str, previous: TableMetadata,
             f"table {'.'.join((*namespace, name))}: the new metadata has another table-uuid; "
             "a table keeps its UUID (drop and register it instead)"
         )
+
+
+def _displaced(before: Sequence[str], after: Sequence[str]) -> tuple[str, ...]:
+    """The places in ``before`` that a table holding ``after`` has left (not inside any of them)."""
+    return tuple(old for old in before if not covered_by_any(old, after))
 
 
 def _check_metadata_log(metadata: TableMetadata, own: Sequence[str], logged_before: frozenset[str]) -> None:
@@ -766,6 +772,11 @@ class WarehouseTables:
             self._check_admitted_locations(parsed, (namespace, name), existing=True, logged_before=logged)
             admitted = Admission(location, parsed, actor, action)
             self.integrity.readmit(_s(namespace), name, current, admitted, stamp)
+            # Other metadata of the same table may move it away, as a commit may: the old places stay claimed.
+            before = table_locations(previous.location, previous.properties)
+            displaced = _displaced(before, table_locations(parsed.metadata.location, parsed.metadata.properties))
+            if displaced:
+                self.integrity.keep_displaced_locations(_s(namespace), name, displaced, self._credential_lifetime_ms)
         return self.load_table(namespace, name)
 
     def notify(self, namespace: Namespace, name: str, notification: Any, actor: str) -> None:
@@ -988,6 +999,9 @@ class WarehouseTables:
                 return True
             if isinstance(update, SetPropertiesUpdate) and set(update.updates) & set(LOCATION_PROPERTIES):
                 return True
+            # Removing a path moves the table back to its default place: it leaves the old one.
+            if isinstance(update, RemovePropertiesUpdate) and set(update.removals) & set(LOCATION_PROPERTIES):
+                return True
         return False
 
     def _check_commit_locations(
@@ -1006,9 +1020,12 @@ class WarehouseTables:
                 location = update.location
             elif isinstance(update, SetPropertiesUpdate):
                 properties.update(update.updates)
+            elif isinstance(update, RemovePropertiesUpdate):
+                for key in update.removals:
+                    properties.pop(key, None)
         after = table_locations(location, properties)
         self._check_new_locations(after, exclude=(namespace, name), claimant=_Claimant(namespace, name))
-        return tuple(old for old in before if not any(prefix_matches(old, new) for new in after))
+        return _displaced(before, after)
 
     # -- purge -------------------------------------------------------------------------------------------
 

@@ -478,3 +478,35 @@ def test_a_dropped_table_registered_again_under_another_name_takes_back_its_rese
             tables.create_table(("db",), _create("other", old.location))  # another table: not while keys are valid
         again = tables.register_table(("db",), "again", str(old.metadata_location))  # the same table (its UUID)
     assert again.location == old.location
+
+
+def test_a_location_a_commit_removes_is_not_claimed_again(tables: WarehouseTables) -> None:
+    # Found by review: removing write.data.path (or write.metadata.path) moves the table away from that place as
+    # a new path does, but only set-location and set-properties were seen as moves: the place was released while
+    # the table's snapshots still name the files there, and any table created there was vended keys for them.
+    tables.create_namespace(("sales",), {})
+    tables.create_namespace(("scratch",), {})
+    data, meta = f"{tables.root}/raw/orders", f"{tables.root}/raw/orders_meta"
+    tables.create_table(("sales",), _create("orders", **{"write.data.path": data, "write.metadata.path": meta}))
+    remove = {"action": "remove-properties", "removals": ["write.data.path", "write.metadata.path"]}
+    tables.commit_table(("sales",), "orders", parse_commit_body({"updates": [remove]}))
+    for place in (data, meta):
+        with pytest.raises(ForbiddenError, match=r"dropped or moved table sales\.orders"):
+            tables.create_table(("scratch",), _create("a", place))
+
+
+def test_a_location_a_readmission_moves_away_from_is_not_claimed_again(tables: WarehouseTables) -> None:
+    # Found by review: a register overwrite (or notification UPDATE) of the same table at another location
+    # released the old place as a commit's move once did; a new table there was vended keys for the old files.
+    tables.create_namespace(("sales",), {})
+    tables.create_namespace(("scratch",), {})
+    old = tables.create_table(("sales",), _create("orders"))
+    document = json.loads(Path(str(old.metadata_location).removeprefix("file://")).read_text())
+    moved = f"{old.location}-moved"
+    document["location"] = moved
+    written = f"{moved}/metadata/00001-client.metadata.json"
+    Path(written.removeprefix("file://")).parent.mkdir(parents=True)
+    Path(written.removeprefix("file://")).write_text(json.dumps(document))
+    assert tables.register_table(("sales",), "orders", written, overwrite=True).location == moved
+    with pytest.raises(ForbiddenError, match=r"dropped or moved table sales\.orders"):
+        tables.create_table(("scratch",), _create("a", old.location))
