@@ -266,10 +266,27 @@ def rename_state(conn: Connection, source: TableName, target: TableName) -> None
     conn.execute(delete(_pins).where(_where(target)))
     conn.execute(update(_pins).where(_where(source)).values(namespace=target.dotted_namespace, table_name=target.name))
     conn.execute(delete(_locations).where(_where_locations(target)))
-    conn.execute(
-        update(_locations)
-        .where(_where_locations(source))
-        .values(namespace=target.dotted_namespace, table_name=target.name)
+    renamed = {"namespace": target.dotted_namespace, "table_name": target.name}
+    conn.execute(update(_locations).where(_where_locations(source)).values(**renamed))
+    # Records of places left under the source name (its moves, or a dropped table of that name) follow it as the
+    # restriction entries and tags found by that name do (the API renames them too): a claim there is checked
+    # against the governance of the name they now carry. A purge's tombstone stays: its task finds it by name.
+    purge = select(_tasks.c.id).where(
+        _tasks.c.warehouse == source.warehouse,
+        _tasks.c.namespace == source.dotted_namespace,
+        _tasks.c.table_name == source.name,
+        _tasks.c.created_ms == _dropped.c.dropped_ms,
+    )
+    conn.execute(update(_dropped).where(_named(_dropped, source), ~purge.exists()).values(**renamed))
+    conn.execute(update(_reserved).where(_named(_reserved, source)).values(**renamed))
+
+
+def _named(table: Table, ref: TableName) -> Any:
+    """The rows of ``table`` (tombstones, reservations) recorded under ``ref``'s name."""
+    return (
+        (table.c.warehouse == ref.warehouse)
+        & (table.c.namespace == ref.dotted_namespace)
+        & (table.c.table_name == ref.name)
     )
 
 

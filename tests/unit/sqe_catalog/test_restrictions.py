@@ -518,3 +518,22 @@ def test_a_notification_without_privileges_does_not_reveal_whether_the_table_exi
             reply = catalog.request("nobody", "POST", path, **{"notification-type": kind, "payload": payload})
             answers.append(error_of(reply, 403).replace(f"db.{name}", "db.<table>"))
     assert len(set(answers)) == 1, answers
+
+
+def test_a_content_manager_may_not_claim_a_restricted_tables_old_place_after_a_rename(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    # Found by review: the place a restricted table moved away from was recorded under its name, and a rename moved
+    # the restriction entries (and tags) to the new name but left the record behind: the claim check then found no
+    # entries under the old name, and a restricted content manager claimed the old files without restrictions.
+    catalog.store.grant("alice_role", "CATALOG_MANAGE_CONTENT", "wh")
+    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    old = catalog.request("root", "GET", TABLE).json()["metadata"]["location"]
+    move = {"action": "set-location", "location": f"{old}-moved"}
+    assert catalog.request("root", "POST", TABLE, requirements=[], updates=[move]).status == 200
+    rename = {"source": {"namespace": ["db"], "name": "t"}, "destination": {"namespace": ["db"], "name": "u"}}
+    assert catalog.request("root", "POST", "/v1/wh/tables/rename", **rename).status == 204
+    wait_out_reservations()
+    claim = {"name": "mine", "schema": SCHEMA, "location": old}
+    refused = error_of(catalog.request("alice", "POST", "/v1/wh/namespaces/db/tables", **claim), 403)
+    assert "dropped or moved table db.u" in refused and "read-restriction entries name it" in refused

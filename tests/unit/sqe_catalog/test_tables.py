@@ -510,3 +510,24 @@ def test_a_location_a_readmission_moves_away_from_is_not_claimed_again(tables: W
     assert tables.register_table(("sales",), "orders", written, overwrite=True).location == moved
     with pytest.raises(ForbiddenError, match=r"dropped or moved table sales\.orders"):
         tables.create_table(("scratch",), _create("a", old.location))
+
+
+def test_a_rename_takes_the_records_of_places_left_under_its_name_but_not_a_pending_purges(
+    tables: WarehouseTables,
+) -> None:
+    # Records follow the name as restriction entries do; a purge's tombstone stays where its task looks for it.
+    tables.create_namespace(("db",), {})
+    purged = tables.create_table(("db",), _create("t")).location
+    tables.drop_table(("db",), "t", purge=True)
+    live = tables.create_table(("db",), _create("t"))
+    tables.commit_table(
+        ("db",), "t", parse_commit_body({"updates": [{"action": "set-location", "location": f"{live.location}-moved"}]})
+    )
+    tables.rename_table((("db",), "t"), (("db",), "u"))
+    with pytest.raises(ForbiddenError, match=r"dropped or moved table db\.u"):
+        tables.create_table(("db",), _create("claim", live.location))
+    with pytest.raises(ForbiddenError, match=r"dropped or moved table db\.t"):
+        tables.create_table(("db",), _create("claim", purged))
+    assert set(tables.run_cleanup().values()) == {"done"}
+    wait_out_reservations(tables)
+    assert tables.create_table(("db",), _create("claim", purged)).location == purged
