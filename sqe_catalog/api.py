@@ -475,8 +475,23 @@ _WRITE_OPERATIONS = frozenset(
 )
 
 
+# A drop without purge never reads the table's metadata, so a table whose metadata is lost can still be dropped.
+_DROPS = frozenset({"drop", "notification-drop"})
+
+
 def _refuse_restricted_change(call: _Call, namespace: Namespace, name: str, operation: str) -> None:
-    _restrictions(call, call.warehouse.tables.load_table(namespace, name), operation)
+    try:
+        table = call.warehouse.tables.load_table(namespace, name)
+    except NotFoundError:
+        raise
+    except (CatalogError, OSError, ValueError):
+        # Nothing to resolve restrictions on: a drop goes by the name, which entries and tags keep, and is refused
+        # (the load's error) where either names the table, whoever the caller: its restrictions are unknowable.
+        governance = call.state.restrictions.dropped_table_governance(call.prefix, namespace, name)
+        if operation not in _DROPS or governance is not None:
+            raise
+        return
+    _restrictions(call, table, operation)
 
 
 def _restrictions(

@@ -537,3 +537,27 @@ def test_a_content_manager_may_not_claim_a_restricted_tables_old_place_after_a_r
     claim = {"name": "mine", "schema": SCHEMA, "location": old}
     refused = error_of(catalog.request("alice", "POST", "/v1/wh/namespaces/db/tables", **claim), 403)
     assert "dropped or moved table db.u" in refused and "read-restriction entries name it" in refused
+
+
+def test_a_table_whose_metadata_is_gone_is_dropped_without_purge_unless_restrictions_name_it(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    # Found by review: the restriction gate on a drop loads the table first, so once its metadata file was lost
+    # (422) it could not be dropped at all, by DELETE or (newly gated) by a DROP notification, though a drop
+    # without purge never reads it. With nothing to resolve, the gate goes by name: a drop goes ahead where no
+    # restriction entry or policy names the table, and keeps failing closed where one does.
+    catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="u", schema=SCHEMA)
+    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice", table="u") == 0
+    for name in ("t", "u"):
+        location = catalog.request("root", "GET", f"/v1/wh/namespaces/db/tables/{name}").json()["metadata-location"]
+        Path(location.removeprefix("file://")).unlink()
+    drop = {"notification-type": "DROP", "payload": {"table-name": "t", "timestamp": 10**12}}
+    assert catalog.request("root", "POST", f"{TABLE}/notifications", **drop).status == 204
+    assert catalog.request("root", "GET", TABLE).status == 404
+    catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="t2", schema=SCHEMA)
+    location = catalog.request("root", "GET", f"{TABLE}2").json()["metadata-location"]
+    Path(location.removeprefix("file://")).unlink()
+    assert catalog.request("root", "DELETE", f"{TABLE}2?purgeRequested=true").status == 422  # a purge reads it
+    assert catalog.request("root", "DELETE", f"{TABLE}2").status == 204
+    governed = catalog.request("root", "DELETE", "/v1/wh/namespaces/db/tables/u")
+    assert governed.status == 422, governed.body  # restrictions name it: they cannot be resolved, so no drop
