@@ -482,11 +482,10 @@ _DROPS = frozenset({"drop", "notification-drop"})
 def _refuse_restricted_change(call: _Call, namespace: Namespace, name: str, operation: str) -> None:
     try:
         table = call.warehouse.tables.load_table(namespace, name)
-    except NotFoundError:
-        raise
-    except (CatalogError, OSError, ValueError):
+    except (BadRequestError, UnprocessableEntityError):  # its metadata file is missing, invalid or not trusted
         # Nothing to resolve restrictions on: a drop goes by the name, which entries and tags keep, and is refused
         # (the load's error) where either names the table, whoever the caller: its restrictions are unknowable.
+        # A transient failure (storage unreachable) is no such file: it fails as it would anyway.
         governance = call.state.restrictions.dropped_table_governance(call.prefix, namespace, name)
         if operation not in _DROPS or governance is not None:
             raise
