@@ -270,12 +270,14 @@ def rename_state(conn: Connection, source: TableName, target: TableName) -> None
     conn.execute(update(_locations).where(_where_locations(source)).values(**renamed))
     # Records of places left under the source name (its moves, or a dropped table of that name) follow it as the
     # restriction entries and tags found by that name do (the API renames them too): a claim there is checked
-    # against the governance of the name they now carry. A purge's tombstone stays: its task finds it by name.
+    # against the governance of the name they now carry. The tombstone of a purge still to run stays: its task
+    # finds it by name once done (a failed task never is, so its tombstone, kept for good, follows too).
     purge = select(_tasks.c.id).where(
         _tasks.c.warehouse == source.warehouse,
         _tasks.c.namespace == source.dotted_namespace,
         _tasks.c.table_name == source.name,
         _tasks.c.created_ms == _dropped.c.dropped_ms,
+        _tasks.c.status.in_((PENDING, RUNNING)),
     )
     conn.execute(update(_dropped).where(_named(_dropped, source), ~purge.exists()).values(**renamed))
     conn.execute(update(_reserved).where(_named(_reserved, source)).values(**renamed))

@@ -531,3 +531,12 @@ def test_a_rename_takes_the_records_of_places_left_under_its_name_but_not_a_pend
     assert set(tables.run_cleanup().values()) == {"done"}
     wait_out_reservations(tables)
     assert tables.create_table(("db",), _create("claim", purged)).location == purged
+    # A failed purge keeps its tombstone for good (its files stay): that one follows the name.
+    failed = tables.create_table(("db",), _create("f"))
+    tables.drop_table(("db",), "f", purge=True)
+    Path(str(failed.metadata_location).removeprefix("file://")).unlink()
+    assert set(tables.run_cleanup().values()) == {"failed"}
+    tables.create_table(("db",), _create("f"))
+    tables.rename_table((("db",), "f"), (("db",), "g"))
+    with pytest.raises(ForbiddenError, match=r"dropped or moved table db\.g"):
+        tables.create_table(("db",), _create("claim2", failed.location))
