@@ -458,11 +458,16 @@ def test_readmission_of_metadata_with_another_table_uuid_is_refused(catalog: Cat
     assert catalog.request("root", "GET", TABLE).json()["metadata-location"] == loaded["metadata-location"]
 
 
+def _restricted_content_manager(catalog: Catalog, tmp_path: Path) -> None:
+    """Alice manages the warehouse's content, and db.t filters rows for her."""
+    catalog.store.grant("alice_role", "CATALOG_MANAGE_CONTENT", "wh")
+    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+
+
 def test_a_restricted_user_may_not_drop_the_table(catalog: Catalog, tmp_path: Path) -> None:
     # Found by review: drop was not gated. A restricted user who also managed the warehouse's content dropped the
     # table and created another at its location: vended keys for its files, and none of its restrictions.
-    catalog.store.grant("alice_role", "CATALOG_MANAGE_CONTENT", "wh")
-    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    _restricted_content_manager(catalog, tmp_path)
     _grant_structural_rights(catalog, "alice")
     assert error_of(catalog.request("alice", "DELETE", TABLE, headers=DECLARED), 403) == OWN_TOKEN_REFUSED
     assert "refuses writes to this table" in error_of(catalog.request(ALICE, "DELETE", TABLE, headers=DECLARED), 403)
@@ -475,8 +480,7 @@ def test_a_content_manager_may_not_claim_the_files_of_a_dropped_restricted_table
 ) -> None:
     # Found by review: a content manager restricted on a table that someone else dropped without purge created a
     # table at its location: vended keys for its files, and none of its restrictions.
-    catalog.store.grant("alice_role", "CATALOG_MANAGE_CONTENT", "wh")
-    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    _restricted_content_manager(catalog, tmp_path)
     location = catalog.request("root", "GET", TABLE).json()["metadata"]["location"]
     assert catalog.request("root", "DELETE", TABLE).status == 204  # without purge: the files stay
     claim = {"name": "mine", "schema": SCHEMA, "location": location}
@@ -493,8 +497,7 @@ def test_a_content_manager_may_not_claim_the_files_of_a_dropped_restricted_table
 def test_a_restricted_user_may_not_drop_the_table_by_notification(catalog: Catalog, tmp_path: Path) -> None:
     # Found by review: a DROP notification removed the table without the gate DELETE passes, so a restricted
     # content manager could still free its files and claim them in a new table that carries no restrictions.
-    catalog.store.grant("alice_role", "CATALOG_MANAGE_CONTENT", "wh")
-    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    _restricted_content_manager(catalog, tmp_path)
     drop = {"notification-type": "DROP", "payload": {"table-name": "t", "timestamp": 10**12}}
     own = catalog.request("alice", "POST", f"{TABLE}/notifications", headers=DECLARED, **drop)
     assert error_of(own, 403) == OWN_TOKEN_REFUSED
@@ -526,8 +529,7 @@ def test_a_content_manager_may_not_claim_a_restricted_tables_old_place_after_a_r
     # Found by review: the place a restricted table moved away from was recorded under its name, and a rename moved
     # the restriction entries (and tags) to the new name but left the record behind: the claim check then found no
     # entries under the old name, and a restricted content manager claimed the old files without restrictions.
-    catalog.store.grant("alice_role", "CATALOG_MANAGE_CONTENT", "wh")
-    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    _restricted_content_manager(catalog, tmp_path)
     old = catalog.request("root", "GET", TABLE).json()["metadata"]["location"]
     move = {"action": "set-location", "location": f"{old}-moved"}
     assert catalog.request("root", "POST", TABLE, requirements=[], updates=[move]).status == 200
