@@ -889,8 +889,8 @@ class WarehouseTables:
         """Run this warehouse's pending cleanup tasks (background cleaner, ``sqe-catalog admin run-cleanup``)."""
         return self.integrity.run_pending_cleanup(self._delete_files, persisted_before_ms)
 
-    def _delete_files(self, metadata: TableMetadata, metadata_location: str) -> str:
-        return self._purge_files(StoredTable((), "", metadata_location, metadata))
+    def _delete_files(self, metadata: TableMetadata, metadata_location: str, recorded: tuple[str, ...] | None) -> str:
+        return self._purge_files(StoredTable((), "", metadata_location, metadata), recorded)
 
     def rename_table(self, source: tuple[Namespace, str], target: tuple[Namespace, str]) -> None:
         (src_ns, src_name), (dst_ns, dst_name) = source, target
@@ -1029,11 +1029,16 @@ class WarehouseTables:
 
     # -- purge -------------------------------------------------------------------------------------------
 
-    def _purge_files(self, table: StoredTable) -> str:
-        """Delete the table's files, but only those under its own locations (metadata is client-written)."""
-        own = table.locations
-        files = self._referenced_files(table)
-        inside = sorted(path for path in files if covered_by_any(path, own))
+    def _purge_files(self, table: StoredTable, recorded: tuple[str, ...] | None) -> str:
+        """Delete the table's files, but only those under its own locations (metadata is client-written) and, when
+        the catalog recorded the table's locations at the drop, under those too (the file may have been rewritten
+        in storage since: a protected plaintext table's has no digest)."""
+
+        def own(path: str) -> bool:
+            return covered_by_any(path, table.locations) and (recorded is None or covered_by_any(path, recorded))
+
+        files = self._referenced_files(table, own)
+        inside = sorted(path for path in files if own(path))
         deleted, refused = 0, 0
         for path in inside:
             try:
@@ -1049,20 +1054,20 @@ class WarehouseTables:
         log.info("purged table at %s: %s", table.location, summary)
         return summary
 
-    def _referenced_files(self, table: StoredTable) -> set[str]:
-        """Metadata files, manifest lists, manifests and data files; lists outside the table are not read."""
-        own = table.locations
+    def _referenced_files(self, table: StoredTable, own: Callable[[str], bool]) -> set[str]:
+        """Metadata files, manifest lists, manifests and data files; lists outside the table (``own``) are not
+        read."""
         files = {entry.metadata_file for entry in table.metadata.metadata_log}
         if table.metadata_location:
             files.add(table.metadata_location)
         for snapshot in table.metadata.snapshots:
             files.add(snapshot.manifest_list)
-            if not covered_by_any(snapshot.manifest_list, own):
+            if not own(snapshot.manifest_list):
                 continue
             try:
                 for manifest in snapshot.manifests(self._catalog.io):
                     files.add(manifest.manifest_path)
-                    if covered_by_any(manifest.manifest_path, own):
+                    if own(manifest.manifest_path):
                         entries = manifest.fetch_manifest_entry(self._catalog.io, discard_deleted=False)
                         files.update(entry.data_file.file_path for entry in entries)
             except Exception as exc:  # a missing or corrupt file must not stop the rest of the purge

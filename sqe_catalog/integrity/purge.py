@@ -32,8 +32,9 @@ __all__ = ["DeleteFiles", "run_cleanup_task", "run_pending_tasks"]
 
 log = logging.getLogger("sqe_catalog.integrity.purge")
 
-# Deletes a dropped table's files given its verified metadata and metadata location; returns a summary line.
-DeleteFiles = Callable[[TableMetadata, str], str]
+# Deletes a dropped table's files given its verified metadata, metadata location and the locations the catalog
+# recorded for it at the drop (None: no record, the metadata's own locations bound it); returns a summary line.
+DeleteFiles = Callable[[TableMetadata, str, tuple[str, ...] | None], str]
 
 DONE, FAILED, SKIPPED = st.DONE, st.FAILED, "claimed-elsewhere"
 
@@ -57,7 +58,7 @@ def run_cleanup_task(engine: Engine, io: FileIO, task: CleanupTask, delete_files
         st.finish_task(engine, task.id, FAILED, reason)
         return FAILED
     try:
-        summary = delete_files(parsed.metadata, task.metadata_location)
+        summary = delete_files(parsed.metadata, task.metadata_location, st.task_locations(engine, task.id))
     except Exception as exc:  # a claimed task must never stay "running": record why it stopped
         reason = f"cleanup stopped: {type(exc).__name__}: {first_line(exc)}"
         log.error("cleanup task %d of %s: %s", task.id, task.table, reason)

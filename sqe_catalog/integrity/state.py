@@ -550,19 +550,34 @@ def finish_task(engine: Engine, task_id: int, status: str, detail: str) -> None:
             _forget_purged_tombstone(conn, task_id)
 
 
+def _task_tombstone(task: Any) -> Any:
+    """The tombstone the task's drop wrote (same table, same instant: one transaction wrote both)."""
+    return (
+        (_dropped.c.warehouse == task.warehouse)
+        & (_dropped.c.namespace == task.namespace)
+        & (_dropped.c.table_name == task.table_name)
+        & (_dropped.c.dropped_ms == task.created_ms)
+    )
+
+
 def _forget_purged_tombstone(conn: Connection, task_id: int) -> None:
     """The files of the task's table are deleted: its drop's tombstone no longer guards anything."""
     task = conn.execute(select(_tasks).where(_tasks.c.id == task_id)).first()
     if task is None:
         return
-    conn.execute(
-        delete(_dropped).where(
-            _dropped.c.warehouse == task.warehouse,
-            _dropped.c.namespace == task.namespace,
-            _dropped.c.table_name == task.table_name,
-            _dropped.c.dropped_ms == task.created_ms,
-        )
-    )
+    conn.execute(delete(_dropped).where(_task_tombstone(task)))
+
+
+def task_locations(engine: Engine, task_id: int) -> tuple[str, ...] | None:
+    """The locations the catalog recorded for the task's table when it was dropped (its tombstone); None for a
+    task older than tombstones. A purge stays inside them whatever the metadata file says: a protected plaintext
+    table's file has no digest, so storage could point it at another table's location."""
+    with engine.connect() as conn:
+        task = conn.execute(select(_tasks).where(_tasks.c.id == task_id)).first()
+        if task is None:
+            return None
+        row = conn.execute(select(_dropped.c.locations).where(_task_tombstone(task))).first()
+    return tuple(json.loads(row.locations)) if row is not None else None
 
 
 def list_tasks(engine: Engine, warehouse: str | None = None) -> list[dict[str, Any]]:

@@ -604,3 +604,26 @@ def test_integrity_errors_are_logged_without_secrets(catalog_server: CatalogServ
     assert "integrity check failed" in log
     for secret in catalog_server.secrets:
         assert secret not in log
+
+
+def test_purge_of_a_rewritten_plaintext_table_never_deletes_another_tables_files(
+    api: Api, catalog_server: CatalogServer
+) -> None:
+    # A protected plaintext table has no digest, so storage can rewrite its file (same path) with another table's
+    # location and metadata log. The purge must stay inside the locations the catalog recorded for the table.
+    ns = api.namespace()
+    victim_location = api.create(ns, "victim", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
+    location = api.create(ns, "t", V3).json()["metadata-location"]
+    victim_root = read_stored(catalog_server, victim_location)["location"]
+
+    def point_at_victim(document: dict[str, Any]) -> None:
+        document["location"] = victim_root
+        document["metadata-log"] = [{"metadata-file": victim_location, "timestamp-ms": 1}]
+
+    tamper(catalog_server, location, point_at_victim)
+    victim_files = objects(catalog_server, f"{catalog_server.warehouse}/{ns}/victim/")
+    assert victim_files
+    assert api.request("DELETE", f"namespaces/{ns}/tables/t", params={"purgeRequested": "true"}).status_code == 204
+    wait_for_cleaner(catalog_server, ns)
+    assert objects(catalog_server, f"{catalog_server.warehouse}/{ns}/victim/") == victim_files
+    assert api.load(ns, "victim").status_code == 200
