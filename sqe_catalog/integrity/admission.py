@@ -196,7 +196,7 @@ def commit_revision(
     new_state = candidate_state(table, location, parsed, trusted)
     with catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, trusted.metadata_location, location)
-        st.replace_state(conn, table, trusted.metadata_location, new_state)
+        st.replace_state(conn, table, trusted, new_state)
         also(conn, parsed.metadata)
     return location, parsed
 
@@ -245,7 +245,7 @@ def readmit(
     new_state = candidate_state(table, location, parsed, trusted)
     with catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, trusted.metadata_location, location)
-        st.replace_state(conn, table, trusted.metadata_location, new_state)
+        st.replace_state(conn, table, trusted, new_state)
         st.record_event(conn, _event(action, actor, table, trusted, new_state))
         also(conn, parsed.metadata)
 

@@ -245,11 +245,20 @@ def insert_state(conn: Connection, ref: TableName, state: TrustedState) -> None:
     conn.execute(insert(_pins).values(**_state_values(ref, state)))
 
 
-def replace_state(conn: Connection, ref: TableName, expected_location: str, state: TrustedState) -> None:
-    """Compare-and-swap on the recorded pointer; a lost race is a commit failure (409)."""
+def replace_state(conn: Connection, ref: TableName, expected: TrustedState, state: TrustedState) -> None:
+    """Compare-and-swap on the whole recorded pin; a lost race is a commit failure (409).
+
+    The pointer alone is not enough: a re-admission of the current location keeps it but changes the digest, and a
+    commit built on the displaced revision must not then replace the re-admitted one."""
+    same = (
+        (_pins.c.metadata_location == expected.metadata_location)
+        & _pins.c.key_id.is_not_distinct_from(expected.key_id)
+        & _pins.c.digest.is_not_distinct_from(expected.digest)
+        & _pins.c.digest_version.is_not_distinct_from(expected.digest_version)
+    )
     result = conn.execute(
         update(_pins)
-        .where(_where(ref) & (_pins.c.metadata_location == expected_location))
+        .where(_where(ref) & same)
         .values(metadata_location=state.metadata_location, key_id=state.key_id, digest=state.digest)
         .values(digest_version=state.digest_version)
     )
