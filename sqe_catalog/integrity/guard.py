@@ -366,8 +366,14 @@ class IntegrityGuard:
         with self._catalog.engine.begin() as conn:
             trusted = st.load_state(conn, table)
             kept = self._claimed_locations(conn, table)  # a purge's files remain until its task is done
-            result = conn.execute(delete(IcebergTables).where(self._row(table)))
+            row = self._row(table)
+            if purge_location is not None:
+                # The purge verified (and its task will delete) this revision: a commit since then loses nothing.
+                row = row & (IcebergTables.metadata_location == purge_location)
+            result = conn.execute(delete(IcebergTables).where(row))
             if result.rowcount != 1:
+                if purge_location is not None and kept is not None:
+                    raise CommitFailedError(f"table {table} was changed concurrently")
                 raise NoSuchTableError(f"table does not exist: {table.dotted_namespace}.{table.name}")
             st.delete_state(conn, table)
             dropped_ms = st.now_ms()

@@ -16,6 +16,8 @@ from sqe_catalog.errors import CommitFailedError
 from sqe_catalog.tables import WarehouseTables, parse_commit_body
 from tests.unit.sqe_catalog.integrity.test_guard_cache import ENCRYPTED, NS, create, rewrite, warehouse_tables
 
+PLAINTEXT = {"format-version": "3"}
+
 
 def _on_first_write(tables: WarehouseTables, action: Any) -> None:
     """Run ``action`` once, when the catalog next creates a file in storage."""
@@ -51,3 +53,35 @@ def test_a_commit_racing_a_readmission_of_the_same_location_does_not_undo_it(tmp
     trusted = tables.integrity.trusted(NS, "t")
     assert trusted is not None and (trusted.metadata_location, trusted.digest) == (location, readmitted[0])
     assert tables.load_table(NS, "t").metadata.properties.get("owner") == "repaired"
+
+
+def _on_first_read(tables: WarehouseTables, action: Any) -> None:
+    """Run ``action`` once, right after the catalog next opened a file in storage for reading."""
+    io = tables._catalog.io
+    new_input = io.new_input
+    done: list[bool] = []
+
+    def hooked(location: str) -> Any:
+        opened = new_input(location)
+        if not done:
+            done.append(True)
+            action()
+        return opened
+
+    io.new_input = hooked  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("properties", [PLAINTEXT, ENCRYPTED], ids=["plaintext", "encrypted"])
+def test_a_purge_drop_racing_a_commit_is_refused(tmp_path: Path, properties: dict[str, str]) -> None:
+    # The purge verified one revision; a commit then moved the table on. A drop that went ahead would persist a
+    # task for the verified revision only: an encrypted table's task pairs it with the new digest and fails as
+    # if storage had been tampered with, a plaintext one leaves the new revision's files behind and, once done,
+    # frees the location with them still there.
+    tables: WarehouseTables = warehouse_tables(tmp_path)
+    location = create(tables, properties)
+    commit = parse_commit_body({"updates": [{"action": "set-properties", "updates": {"a": "b"}}]})
+    _on_first_read(tables, lambda: tables.commit_table(NS, "t", commit))
+    with pytest.raises(CommitFailedError):
+        tables.drop_table(NS, "t", purge=True)
+    current = tables.load_table(NS, "t")
+    assert current.metadata_location != location and current.metadata.properties["a"] == "b"
