@@ -318,12 +318,16 @@ class IntegrityGuard:
         admitted: Admission,
         stamp: NotificationStamp | None = None,
     ) -> None:
-        """Register overwrite / notification update: re-admission if protected, a plain pointer move if legacy."""
+        """Register overwrite / notification update (``stamp`` given): re-admission if protected, a plain pointer
+        move if legacy."""
         table = self.ref(namespace, name)
         trusted = self.trusted(namespace, name)
         if trusted is None:
             admission.replace_legacy_pointer(self._catalog, table, current, admitted.location, stamp)
             return
+        if stamp is not None:
+            # Checked again on the pin the swap compares against: the name may hold another table by now.
+            _refuse_notification_update(table, trusted.protection)
         admission.readmit(self._catalog, table, trusted, admitted, self._also(table, stamp))
 
     def notification_stamp(self, namespace: Namespace, name: str, timestamp_ms: int) -> NotificationStamp:
@@ -341,12 +345,9 @@ class IntegrityGuard:
         return stamp
 
     def require_notification_update(self, namespace: Namespace, name: str) -> None:
-        """A notification carries no authenticated expected digest: it cannot replace an encrypted table's."""
-        if self.protection(namespace, name) is Protection.ENCRYPTED:
-            raise MetadataIntegrityError(
-                f"table {self.ref(namespace, name)} is a protected encrypted table: "
-                "a notification cannot replace its trusted metadata digest"
-            )
+        """A notification carries no authenticated expected digest: it cannot replace an encrypted table's (checked
+        here before anything is read, and again by ``readmit``)."""
+        _refuse_notification_update(self.ref(namespace, name), self.protection(namespace, name))
 
     def drop(
         self,
@@ -431,6 +432,13 @@ class IntegrityGuard:
             (IcebergTables.catalog_name == self._catalog.name)
             & (IcebergTables.table_namespace == table.dotted_namespace)
             & (IcebergTables.table_name == table.name)
+        )
+
+
+def _refuse_notification_update(table: TableName, protection: Protection) -> None:
+    if protection is Protection.ENCRYPTED:
+        raise MetadataIntegrityError(
+            f"table {table} is a protected encrypted table: a notification cannot replace its trusted metadata digest"
         )
 
 

@@ -7,12 +7,14 @@ request lands in a real server.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sqe_catalog.errors import CommitFailedError
+from sqe_catalog.errors import CommitFailedError, MetadataIntegrityError
+from sqe_catalog.integrity.notifications import Notification
 from sqe_catalog.tables import WarehouseTables, parse_commit_body
 from tests.unit.sqe_catalog.integrity.test_guard_cache import ENCRYPTED, NS, create, rewrite, warehouse_tables
 
@@ -85,3 +87,28 @@ def test_a_purge_drop_racing_a_commit_is_refused(tmp_path: Path, properties: dic
         tables.drop_table(NS, "t", purge=True)
     current = tables.load_table(NS, "t")
     assert current.metadata_location != location and current.metadata.properties["a"] == "b"
+
+
+def test_a_notification_update_never_replaces_an_encrypted_tables_digest_even_racing_a_recreate(
+    tmp_path: Path,
+) -> None:
+    # The notification was checked against a protected plaintext table; by the time it is carried out, the name
+    # holds a new protected encrypted table. It must still not replace that table's trusted digest.
+    tables: WarehouseTables = warehouse_tables(tmp_path)
+    create(tables, PLAINTEXT)
+    admitted = f"{tables.root}/db/incoming.metadata.json"
+    Path(admitted.removeprefix("file://")).parent.mkdir(parents=True, exist_ok=True)
+    Path(admitted.removeprefix("file://")).write_text("{}")
+
+    def recreate_encrypted() -> None:
+        tables.drop_table(NS, "t", purge=False)
+        location = create(tables, ENCRYPTED)
+        document = json.loads(Path(location.removeprefix("file://")).read_text())
+        document["properties"]["owner"] = "notifier"
+        Path(admitted.removeprefix("file://")).write_text(json.dumps(document))
+
+    _on_first_read(tables, recreate_encrypted)
+    with pytest.raises(MetadataIntegrityError, match="notification"):
+        tables.notify(NS, "t", Notification("UPDATE", 1, admitted), actor="notifier")
+    pinned = tables.integrity.trusted(NS, "t")
+    assert pinned is not None and pinned.metadata_location != admitted
