@@ -222,13 +222,26 @@ class SQERestCatalog(Unpicklable, RestCatalog):
         return parse_catalog_credentials(body, "credentials response")
 
     def _get(self, url: str, action: str, headers: Mapping[str, str] | None = None) -> requests.Response:
-        """GET as this user. A 401 with client credentials (the catalog no longer takes the token, e.g. after a
-        signing-key change) is asked once more with a new token; connection failures are typed."""
+        return self._send("GET", url, action, headers=headers)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        action: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        body: Mapping[str, Any] | None = None,
+    ) -> requests.Response:
+        """One call as this user. A 401 with client credentials (the catalog no longer takes the token, e.g. after
+        a signing-key change; it handled nothing) is sent once more with a new token; connection failures are
+        typed."""
+        payload = dict(body) if body is not None else None
         try:
-            response = self._session.get(url, headers=dict(headers or {}))
+            response = self._session.request(method, url, headers=dict(headers or {}), json=payload)
             if response.status_code == 401 and self._bearer.uses_client_credentials:
                 self._bearer.invalidate()
-                response = self._session.get(url, headers=dict(headers or {}))
+                response = self._session.request(method, url, headers=dict(headers or {}), json=payload)
         except requests.RequestException as exc:
             raise CatalogUnavailableError(f"cannot {action}: {type(exc).__name__}") from None
         return response
@@ -272,10 +285,7 @@ class SQERestCatalog(Unpicklable, RestCatalog):
     ) -> dict[str, Any] | None:
         """One prefixed REST call as this user; the JSON object answered (None for 204), errors typed."""
         url = self.url(path, prefixed=True)
-        try:
-            response = self._session.request(method, url, json=dict(body) if body is not None else None)
-        except requests.RequestException as exc:
-            raise CatalogUnavailableError(f"cannot reach the catalog for {what}: {type(exc).__name__}") from None
+        response = self._send(method, url, f"reach the catalog for {what}", body=body)
         if response.status_code == 204:
             return None
         if response.status_code != 200:

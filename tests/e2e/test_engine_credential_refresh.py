@@ -141,7 +141,8 @@ def test_the_credentials_endpoint_fetches_a_new_token_when_the_catalog_refuses_t
     tmp_path: Path, moto_server: MotoServer
 ) -> None:
     """A catalog restarted with another signing key refuses every token issued before (401): a refresh through
-    the credentials endpoint asks for a new token once, as a table load does, instead of failing the scan."""
+    the credentials endpoint, and a view or scan-planning call, asks for a new token once, as a table load does,
+    instead of failing."""
     warehouse = {"credential_lifetime_seconds": 3600, "location": "s3://warehouse/refreshkey"}
     with restartable_catalog(tmp_path, moto_server, warehouse) as (server, restart):
         pyiceberg_catalog(server, server.admin).create_namespace("ns")
@@ -155,6 +156,8 @@ def test_the_credentials_endpoint_fetches_a_new_token_when_the_catalog_refuses_t
             restart(new_signing_key=True)
             found = provider.load_table_credentials(ident)
             assert found is not None and found.sets
+            restart(new_signing_key=True)  # the raw JSON calls (views, scan planning) do the same
+            assert provider.list_views("wh", ("ns",)) == []
         finally:
             provider.close()
 
