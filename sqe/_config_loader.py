@@ -259,6 +259,10 @@ def read_toml(path: str | Path, error: type[Exception]) -> dict[str, Any]:
         raise error(f"config path is a directory: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except (OSError, ValueError) as exc:  # permissions, a name too long, a NUL in the path
+        raise error(f"cannot read config file {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 # ------------------------------------------------------------------------------------ env and overrides

@@ -319,6 +319,15 @@ class TestRejections:
         assert "invalid TOML" in _error(path=_write(tmp_path, "[catalog\n"), env={})
         assert "is a directory" in _error(path=tmp_path, env={})
 
+    def test_unreadable_files_are_config_errors_naming_the_file(self, tmp_path: Path) -> None:
+        """Not UTF-8, a name too long, a NUL in the name: one ConfigError, never a bare OSError or ValueError."""
+        binary = tmp_path / "binary.toml"
+        binary.write_bytes(b"\xff\xfe[catalog]\n")
+        assert _error(path=binary, env={}).startswith(f"{binary}: not UTF-8 text")
+        too_long = tmp_path / ("a" * 300)
+        assert _error(path=too_long, env={}).startswith(f"cannot read config file {too_long}: ")
+        assert "cannot read config file" in _error(path="a\0b.toml", env={})
+
 
 class TestEnvironment:
     def test_env_overrides_file_values_per_type(self, tmp_path: Path) -> None:
