@@ -396,6 +396,7 @@ class Session:
 
     def sql(self, text: str, params: Params = None) -> Result:
         """Run one statement. Queries run lazily when the Result is read."""
+        _require_text(text)
         with self._statement():
             return self._sql(text, params)
 
@@ -470,6 +471,7 @@ class Session:
         return self.sql(text, params)
 
     def prepare(self, text: str) -> PreparedStatement:
+        _require_text(text)
         with self._lock:
             self._check_open()
             statement = classify(self._parser, text)
@@ -482,6 +484,7 @@ class Session:
 
         ``analyze`` runs the query: DuckDB's per-operator time and rows, and per table scan its rows, bytes and
         time. Never a secret; nothing derived from statistics of rows a row filter hides."""
+        _require_text(text)
         with self._lock:
             planned = self._plan_explained(text, travels)
             context = self._start()
@@ -535,6 +538,7 @@ class Session:
 
     def explain_tables(self, text: str) -> pa.Table:
         """One row per table: what ``EXPLAIN``'s table sections show, typed (None where withheld)."""
+        _require_text(text)
         with self._lock:
             planned = self._plan_explained(text, ())
             rows = [plan.describe() for _, plan in self._explained_scans(planned)]
@@ -1674,6 +1678,17 @@ def _explain_values(plan: ScanPlan, measured: _MeasuredStream | None) -> dict[st
         values["scan_arrow_bytes"] = str(measured.arrow_bytes)
         values["scan_time_ms"] = f"{measured.seconds * 1000:.1f}"
     return values
+
+
+def _require_text(text: str) -> None:
+    """SQL must be encodable text: a byte that was not UTF-8 (decoded as a lone surrogate by stdin or argv)
+    would otherwise fail deep in DuckDB's tokenizer with a TypeError."""
+    if text.isascii():
+        return
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise QueryError(f"the statement is not valid UTF-8 text (character {exc.start + 1})") from None
 
 
 def explain_sections(explained: pa.Table) -> dict[str, dict[str, str]]:

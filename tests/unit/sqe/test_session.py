@@ -166,6 +166,15 @@ def test_a_statement_nested_deeper_than_sqe_analyses_is_a_query_error(session: S
     assert session.sql("SELECT count(*) FROM ns.numbers WHERE true").fetchall()  # the session goes on
 
 
+def test_sql_that_is_not_valid_text_is_a_query_error(session: Session) -> None:
+    """A byte that is not UTF-8 (stdin or argv decode it as a lone surrogate): one typed line, at every entry."""
+    for sql in ("SELECT \udcff", "SELECT id FROM ns.numbers -- \udcff"):
+        for call in (session.sql, session.prepare, session.explain, session.explain_tables):
+            with pytest.raises(QueryError, match="not valid UTF-8"):
+                call(sql)
+    assert one(session, "SELECT count(*) FROM ns.numbers WHERE true") == TOTAL  # the session goes on
+
+
 def test_unknown_table_and_warehouse(session: Session) -> None:
     with pytest.raises(NoSuchTableError, match=r"wh\.ns\.missing"):
         session.sql("SELECT * FROM ns.missing")
