@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
@@ -11,7 +13,7 @@ from sqe import __version__
 from sqe._process import Started, nothing, run_program
 from sqe._text import first_line
 from sqe.console import report_error, run_with_progress, write_result
-from sqe.errors import ConfigError, SQEError
+from sqe.errors import ConfigError, QueryError, SQEError
 
 if TYPE_CHECKING:
     from sqe.session import Session
@@ -71,6 +73,11 @@ def main(argv: list[str] | None = None, *, started: Started = nothing, whole_pro
         from sqe.shell import Shell
 
         return Shell(session, debug=args.debug).run()
+    except BrokenPipeError:
+        # The reader went away (`sqe -e ... | head`): stop quietly, with SIGPIPE's status. stdout now points at
+        # /dev/null, so the interpreter's last flush of it does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     finally:
         session.close()
 
@@ -113,7 +120,12 @@ def run_statements(session: Session, text: str, fmt: str, output: str | None, de
             print("sqe: query cancelled", file=sys.stderr)
             return 130
         if table is not None:
-            write_result(table, fmt, output)
+            try:
+                write_result(table, fmt, output)
+            except OSError as exc:
+                if not output:
+                    raise  # stdout: a closed pipe, which main handles
+                return report_error(QueryError(f"cannot write {output}: {exc.strerror or exc}"), debug)
     return 0
 
 

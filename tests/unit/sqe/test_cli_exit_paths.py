@@ -1,0 +1,52 @@
+"""Every way the ``sqe`` program ends on bad input or a lost reader is one line on stderr, never a traceback.
+
+Each case runs the real program (``python -m sqe.cli``) in a subprocess. The config names a catalog on a closed
+port: the statements read no table, so no catalog call is made.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text('[catalog]\nuri = "http://127.0.0.1:9"\nwarehouse = "wh"\nclient_id = "u"\nclient_secret = "s"\n')
+    return path
+
+
+def _sqe(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sqe.cli", *argv], capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False
+    )
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_an_output_file_that_cannot_be_written_is_one_error_line(tmp_path: Path, config: Path, fmt: str) -> None:
+    for target in (tmp_path / "missing" / "out.file", tmp_path):  # a missing directory, a directory
+        done = _sqe(tmp_path, "-c", str(config), "-e", "SELECT 1 AS one", "-f", fmt, "-o", str(target))
+        assert done.returncode == 1
+        assert "Traceback" not in done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith(f"sqe: error: cannot write {target}: ")
+
+
+def test_a_reader_that_goes_away_ends_the_program_quietly(tmp_path: Path, config: Path) -> None:
+    """``sqe -e ... | head -1``: the closed pipe stops the program as SIGPIPE would, with nothing on stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sqe.cli", "-c", str(config), "-e", "SELECT * FROM range(300000)", "-f", "csv"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().rstrip() == b"range"
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert stderr == ""
