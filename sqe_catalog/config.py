@@ -166,6 +166,8 @@ def overlap_message(warehouses: Sequence[WarehouseConfig], pair: tuple[int, int]
 
 
 def _validate(config: CatalogServerConfig, origins: Origins) -> None:
+    if not 0 <= config.server.port <= 65535:  # 0: any free port
+        origins.fail("server.port", "must be from 0 to 65535")
     if config.server.token_lifetime_seconds <= 0:
         origins.fail("server.token_lifetime_seconds", "must be positive")
     if config.server.cleanup_interval_seconds < 0:

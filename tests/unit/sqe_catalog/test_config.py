@@ -101,6 +101,8 @@ class TestErrorsNameTheKey:
             ({"warehouses": [WAREHOUSE, {"name": "x"}]}, "warehouses[1].location: required"),
             ({"warehouses": [{**WAREHOUSE, "path_style": "yes"}]}, "warehouses[0].path_style: expected a boolean"),
             ({"server": {"token_lifetime_seconds": 0}}, "server.token_lifetime_seconds: must be positive"),
+            ({"server": {"port": 99999}}, "server.port: must be from 0 to 65535"),
+            ({"server": {"port": -1}}, "server.port: must be from 0 to 65535"),
             ({"server": {"secret_hash_scrypt_n": 512}}, "server.secret_hash_scrypt_n: must be a power of two from"),
             ({"server": {"secret_hash_scrypt_n": 3000}}, "server.secret_hash_scrypt_n: must be a power of two from"),
             ({"server": {"secret_hash_scrypt_n": 2**17}}, "server.secret_hash_scrypt_n: must be a power of two from"),
