@@ -63,6 +63,9 @@ class ServerOptions:
         """Checked here, before anything binds: every ``ServerOptions`` (the CLI's or a test's) obeys it."""
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together")
+        port = self.listen.rpartition(":")[2]
+        if port.isdigit() and int(port) > 65535:  # gRPC would wrap it into another port without a word
+            raise ConfigError(f"--listen {self.listen!r}: port must be from 0 to 65535")
         # The coordinator's token and every ticket's keys arrive on this port: plaintext only on loopback.
         if self.tls_cert is None and not is_loopback(address_host(self.listen)):
             raise ConfigError(
@@ -170,7 +173,11 @@ def serve(options: ServerOptions, *, port_file: Path | None = None) -> int:
         *(memory.data_bytes, memory.decoded_bytes, memory.keep_freed_bytes, tuning.value),
     )
     if port_file is not None:
-        _write_port_file(port_file, port)
+        try:
+            _write_port_file(port_file, port)
+        except OSError as exc:
+            server.stop(None)
+            raise ConfigError(f"cannot write the port file {port_file}: {exc.strerror or exc}") from None
     stop.wait()
     log.info("stopping: cancelling %d running fragment(s)", service.registry.cancel_all())
     server.stop(grace=2.0).wait()

@@ -150,6 +150,28 @@ def test_the_cli_refuses_plaintext_off_loopback_on_one_line(
     )
 
 
+@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:65536", "[::1]:70000"])
+def test_a_port_out_of_range_is_refused_not_wrapped(listen: str) -> None:
+    """gRPC would bind 127.0.0.1:99999 as port 34463 (99999 - 65536) without a word."""
+    with pytest.raises(ConfigError, match=r"port must be from 0 to 65535"):
+        ServerOptions(listen, None)
+
+
+def test_a_port_file_that_cannot_be_written_is_one_error_line(tmp_path: Path) -> None:
+    """The real program: the worker stops and says why on one line, with no traceback."""
+    import subprocess
+    import sys
+
+    port_file = tmp_path / "missing" / "port"
+    argv = ["--listen", "127.0.0.1:0", "--insecure-no-token", "--port-file", str(port_file)]
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", *argv], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(f"sqe-worker: error: cannot write the port file {port_file}: ")
+
+
 # ------------------------------------------------------------------------------------------------- IPC
 
 
