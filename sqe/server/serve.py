@@ -78,6 +78,8 @@ def main(argv: list[str], *, started: Started = nothing) -> int:
 
 
 def _serve(config_path: str, port_file: str | None, started: Started) -> int:
+    from pyarrow import ArrowException
+
     from sqe.server.flight import SQEFlightServer  # pyarrow.flight only for the server
 
     server_config = load_server_config(config_path)
@@ -91,7 +93,10 @@ def _serve(config_path: str, port_file: str | None, started: Started) -> int:
         timeout=engine_config.catalog.request_timeout_seconds,
         auth_cache_seconds=server_config.auth_cache_seconds,
     )
-    server = SQEFlightServer(server_config, engine_config, broker, tls_certificates=_tls(server_config))
+    try:
+        server = SQEFlightServer(server_config, engine_config, broker, tls_certificates=_tls(server_config))
+    except (OSError, ArrowException) as exc:  # the port is taken, the TLS material is not a key pair, ...
+        raise SQEError(f"cannot listen on {server_config.listen}: {first_line(exc)}") from None
     started()
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -99,9 +104,12 @@ def _serve(config_path: str, port_file: str | None, started: Started) -> int:
     scheme = "grpc+tls" if server_config.tls else "grpc"
     mode = f"delegating as reader {server_config.reader_client_id!r}" if broker.delegates else "user tokens"
     log.info("listening on %s://%s:%d (%s)", scheme, server_config.host, server.port, mode)
-    if port_file:
-        Path(port_file).write_text(f"{server.port}\n", encoding="utf-8")
     try:
+        if port_file:
+            try:
+                Path(port_file).write_text(f"{server.port}\n", encoding="utf-8")
+            except OSError as exc:
+                raise SQEError(f"cannot write the port file {port_file}: {exc.strerror or exc}") from None
         while not stop.wait(0.5):
             pass
     finally:
