@@ -79,7 +79,10 @@ class RemoteSession:
         kwargs: dict[str, Any] = {}
         if tls_root_certs is not None:
             kwargs["tls_root_certs"] = tls_root_certs
-        self._client = flight.FlightClient(location, **kwargs)
+        try:
+            self._client = flight.FlightClient(location, **kwargs)
+        except pa.ArrowException as exc:  # no scheme, a port out of range, a transport Flight lacks
+            raise ConfigError(f"server URL {location!r}: {first_line(exc)}") from None
         self._lock = threading.Lock()
         self._running: flight.FlightInfo | None = None
         self._reader: Any = None

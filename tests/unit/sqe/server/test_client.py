@@ -24,3 +24,17 @@ def test_plaintext_to_another_machine_is_refused_before_any_login(location: str)
 )
 def test_loopback_and_tls_locations_pass(location: str) -> None:
     _refuse_plaintext_off_loopback(location)
+
+
+@pytest.mark.parametrize(
+    ("location", "reason"),
+    [
+        ("notaurl", "empty scheme"),
+        ("grpc://127.0.0.1:99999", "Invalid port number"),
+        ("http://127.0.0.1:8815", "No client transport"),
+    ],
+)
+def test_a_server_url_flight_cannot_use_is_a_config_error(location: str, reason: str) -> None:
+    config = _load({"catalog.client_id": "analyst", "catalog.client_secret": SECRET})
+    with pytest.raises(ConfigError, match=f"server URL {location!r}: .*{reason}"):
+        RemoteSession(location, config)
