@@ -397,8 +397,11 @@ def start_stack(
     if workers < 0 or (workers and not serve):
         raise StackError("workers need the server (serve=True) and cannot be negative")
     dir = Path(dir).resolve()
-    dir.mkdir(parents=True, exist_ok=True)
-    (dir / "logs").mkdir(exist_ok=True)
+    try:
+        dir.mkdir(parents=True, exist_ok=True)
+        (dir / "logs").mkdir(exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission, a read-only file system
+        raise StackError(f"cannot use {dir} as the stack directory: {exc.strerror or exc}") from None
     with _locked(dir):
         _refuse_if_running(dir)
         started: list[Daemon] = []
