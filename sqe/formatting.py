@@ -14,6 +14,7 @@ MAX_CELL = 60
 
 
 def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
+    table = _readable(table)
     if fmt == "csv":
         _write_csv(table, out)
     elif fmt == "json":
@@ -23,6 +24,7 @@ def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
 
 
 def render_table(table: pa.Table) -> str:
+    table = _readable(table)
     names = list(table.column_names)
     rows = [[_cell(v) for v in row.values()] for row in table.to_pylist()]
     widths = [len(n) for n in names]
@@ -34,6 +36,27 @@ def render_table(table: pa.Table) -> str:
     out.append(line)
     out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
     return "\n".join(out) + "\n"
+
+
+def _readable(table: pa.Table) -> pa.Table:
+    """DuckDB exports a BIGNUM (an integer literal beyond HUGEINT, say) as an opaque blob of its storage bytes:
+    shown as hex it would be a wrong number, so it becomes the number's decimal text."""
+    for i, field in enumerate(table.schema):
+        kind = field.type
+        if isinstance(kind, pa.OpaqueType) and (kind.vendor_name, kind.type_name) == ("DuckDB", "bignum"):
+            blobs = [blob for chunk in table.column(i).chunks for blob in chunk.storage.to_pylist()]
+            values = [None if blob is None else str(_bignum(blob)) for blob in blobs]
+            table = table.set_column(i, pa.field(field.name, pa.string()), pa.array(values, pa.string()))
+    return table
+
+
+def _bignum(blob: bytes) -> int:
+    """DuckDB's BIGNUM layout: 3 header bytes (top bit set for >= 0), then the magnitude big-endian; every byte
+    of a negative number is inverted."""
+    negative = not blob[0] & 0x80
+    magnitude = bytes(~b & 0xFF for b in blob[3:]) if negative else blob[3:]
+    value = int.from_bytes(magnitude, "big")
+    return -value if negative else value
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
