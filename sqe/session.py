@@ -1517,6 +1517,8 @@ class Session:
         staged = None
         try:
             staged = dml.stage_target(self._con, target_plan, self._executor, context, staging)
+            if statement.merge_join is not None:
+                self._refuse_ambiguous_merge(statement, staging, params)
             result = self._con.execute(rewritten, params) if params is not None else self._con.execute(rewritten)
             counted = result.fetchall()
             rewrite = dml.find_rewrite(self._con, staged, target_plan)
@@ -1532,6 +1534,26 @@ class Session:
             finally:  # committed, or refused because the table changed: either way the entry is stale
                 self._provider.invalidate(ident)
         return pa.table({"count": pa.array([count], pa.int64())})
+
+    def _refuse_ambiguous_merge(self, statement: Statement, staging: str, params: Params) -> None:
+        """A target row that more than one source row matches is an error (SQL's cardinality rule, as in Spark and
+        Trino); DuckDB would apply each match in turn, and which one the row keeps would be arbitrary."""
+        join = statement.merge_join
+        assert join is not None and statement.target is not None
+        name = quote_ident(statement.target[-1]) if statement.alias_missing else join.target_name
+        alias = f" AS {name}" if statement.alias_missing else f" {join.alias}"
+        # The WHEN clauses' parameters are referenced too, in order, so the statement's parameters fit the check.
+        uses = "".join(f" AND ({parameter} IS NULL OR true)" for parameter in join.later_parameters)
+        check = (
+            f"SELECT count(*) FROM (SELECT 1 FROM temp.main.{quote_ident(staging)}{alias} JOIN {join.source} "
+            f"{join.condition} GROUP BY {name}.rowid HAVING count(*) > 1) WHERE true{uses}"
+        )
+        row = (self._con.execute(check, params) if params is not None else self._con.execute(check)).fetchone()
+        if row is not None and row[0]:
+            raise QueryError(
+                f"MERGE into {self.resolve_name(statement.target)}: {row[0]} target row(s) matched more than one "
+                "source row; nothing was written"
+            )
 
     # -- PREPARE / EXECUTE in SQL -----------------------------------------------------------------------
 

@@ -78,6 +78,18 @@ class AlterAction:
 
 
 @dataclass(frozen=True)
+class MergeJoin:
+    """How a MERGE with a WHEN MATCHED clause meets its source, as written: enough to ask, before it runs, whether
+    a target row matches more than one source row (SQL makes that an error; DuckDB applies each match in turn)."""
+
+    target_name: str  # how the statement names the target: its alias, else empty (the rewrite aliases it)
+    alias: str  # the alias text after the target name ('' when none)
+    source: str  # the USING source
+    condition: str  # ``ON ...`` or ``USING (...)``
+    later_parameters: tuple[str, ...]  # the parameters of the WHEN clauses, in order (``?``, ``$1``, ``$name``)
+
+
+@dataclass(frozen=True)
 class Statement:
     kind: StatementKind
     text: str  # the whole statement, without a trailing semicolon (time travel rewritten to placeholders)
@@ -95,6 +107,7 @@ class Statement:
     sources: tuple[tuple[str, ...], ...] = ()  # dml: other (2- or 3-part) table names it reads
     columns_text: str | None = None  # create_table: the parenthesised column list, parentheses included
     or_replace: bool = False  # CREATE OR REPLACE VIEW
+    merge_join: MergeJoin | None = None  # merge with a WHEN MATCHED clause
 
 
 @dataclass(frozen=True)
@@ -330,6 +343,46 @@ def _dml(text: str, tokens: list[_Token]) -> Statement:
         target_span=span,
         alias_missing=alias_missing,
         sources=_source_tables(tokens, after),
+        merge_join=_merge_join(text, tokens, after) if kind == "merge" else None,
+    )
+
+
+def _merge_join(text: str, tokens: list[_Token], after: int) -> MergeJoin | None:
+    """``MERGE INTO t [alias] USING source ON|USING ... WHEN ...``: its parts, when a WHEN MATCHED clause is there.
+    None also when the shape is not recognised (DuckDB then reports the statement's own error)."""
+    top: list[int] = []
+    depth = 0
+    for index in range(after, len(tokens)):
+        token = tokens[index]
+        if token.text == "(":
+            depth += 1
+        elif token.text == ")":
+            depth -= 1
+        elif depth == 0 and token.kind == "keyword":
+            top.append(index)
+    using = next((i for i in top if tokens[i].word == "USING"), None)
+    when = next((i for i in top if tokens[i].word == "WHEN"), None)
+    if using is None or when is None:
+        return None
+    # the last ON / USING before the first WHEN: a source that is itself a join has ON clauses of its own
+    join = max((i for i in top if using < i < when and tokens[i].word in ("ON", "USING")), default=None)
+    matched = any(tokens[i].word == "WHEN" and i + 1 < len(tokens) and tokens[i + 1].word == "MATCHED" for i in top)
+    if join is None or join == using + 1 or not matched:
+        return None
+    later: list[str] = []
+    for index in range(when, len(tokens)):
+        token = tokens[index]
+        if token.text == "?":
+            later.append("?")
+        elif token.text == "$" and index + 1 < len(tokens) and tokens[index + 1].start == token.end:
+            later.append("$" + tokens[index + 1].text)
+    alias = text[tokens[after].start : tokens[using - 1].end] if using > after else ""
+    return MergeJoin(
+        target_name=tokens[using - 1].text if using > after else "",
+        alias=alias,
+        source=text[tokens[using + 1].start : tokens[join - 1].end],
+        condition=text[tokens[join].start : tokens[when - 1].end],
+        later_parameters=tuple(later),
     )
 
 
