@@ -1781,10 +1781,25 @@ def _conform_for_write(rows: pa.Table, schema: Schema, ident: TableIdent) -> pa.
         if not f.nullable and column.null_count:
             raise QueryError(f"NULL value in required column {f.name!r} of {ident}")
         try:
-            columns.append(column if column.type == f.type else column.cast(f.type))
+            if isinstance(f.type, pa.UuidType) and pa.types.is_string(column.type):
+                columns.append(_uuid_column(column, f.type))
+            else:
+                columns.append(column if column.type == f.type else column.cast(f.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise QueryError(f"cannot write column {f.name!r} of {ident}: {first_line(exc)}") from None
     return pa.Table.from_arrays(columns, schema=target)
+
+
+def _uuid_column(column: pa.ChunkedArray, uuid_type: pa.UuidType) -> pa.ChunkedArray:
+    """DuckDB hands a UUID back as its text, and Arrow casts no text to Iceberg's 16-byte uuid: parsed here."""
+    import uuid
+
+    try:
+        values = [None if text is None else uuid.UUID(text).bytes for text in column.to_pylist()]
+    except ValueError as exc:
+        raise pa.ArrowInvalid(f"not a UUID: {exc}") from None
+    storage = pa.array(values, uuid_type.storage_type)
+    return pa.chunked_array([pa.ExtensionArray.from_storage(uuid_type, storage)], uuid_type)
 
 
 def _refuse_types_arrow_drops(relation: duckdb.DuckDBPyRelation) -> None:

@@ -71,3 +71,22 @@ def test_a_merge_with_repeated_source_keys_that_match_nothing_or_only_inserts_ru
     assert writer.sql(
         "MERGE INTO ns.t USING ns.dup ON t.id = dup.id WHEN NOT MATCHED THEN INSERT VALUES (dup.id, dup.x)"
     ).fetchall() == [(0,)]
+
+
+def test_insert_update_and_delete_on_a_table_with_an_iceberg_uuid_column(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    # Found by review: DuckDB hands UUIDs back as strings, which Arrow cannot cast to Iceberg's uuid type, so every
+    # write to a table another engine made with a uuid column failed ("cannot write column 'u'").
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, UUIDType
+
+    schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "u", UUIDType(), required=False))
+    write_provider.catalogs["wh"].create_table(("ns", "ids"), schema=schema)
+    first, second = "00000000-0000-0000-0000-000000003039", "c9b35c7e-3856-4d5a-ab16-ca1b6c42213e"
+    writer.sql(f"INSERT INTO ns.ids VALUES (1, '{first}'), (2, '{second}'), (3, NULL)")
+    assert writer.sql("UPDATE ns.ids SET id = id + 10 WHERE id = 1").fetchall() == [(1,)]
+    assert writer.sql("DELETE FROM ns.ids WHERE id = 2").fetchall() == [(1,)]
+    assert writer.sql("SELECT id, u::VARCHAR FROM ns.ids ORDER BY id").fetchall() == [(3, None), (11, first)]
+    read = write_provider.catalogs["wh"].load_table(("ns", "ids")).scan().to_arrow().sort_by("id")
+    assert [str(u) if u else None for u in read.column("u").to_pylist()] == [None, first]
