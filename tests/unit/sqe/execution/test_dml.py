@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import date
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from sqe.session import Session
 from tests.unit.sqe.iceberg_local import LocalProvider
 
 MakeSession = Callable[..., Session]
+EPOCH = date(1970, 1, 1)
 
 
 @pytest.fixture()
@@ -90,3 +92,50 @@ def test_insert_update_and_delete_on_a_table_with_an_iceberg_uuid_column(
     assert writer.sql("SELECT id, u::VARCHAR FROM ns.ids ORDER BY id").fetchall() == [(3, None), (11, first)]
     read = write_provider.catalogs["wh"].load_table(("ns", "ids")).scan().to_arrow().sort_by("id")
     assert [str(u) if u else None for u in read.column("u").to_pylist()] == [None, first]
+
+
+def test_writes_to_a_table_partitioned_by_bucket_truncate_and_day(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    # Found by review: pyiceberg computes these transforms with pyiceberg-core, which SQE did not depend on, so every
+    # INSERT / DELETE / UPDATE / MERGE into such a table failed ("pyiceberg_core needs to be installed").
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import BucketTransform, DayTransform, TruncateTransform
+    from pyiceberg.types import LongType, NestedField, StringType, TimestampType
+
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False),
+        NestedField(2, "name", StringType(), required=False),
+        NestedField(3, "ts", TimestampType(), required=False),
+    )
+    spec = PartitionSpec(
+        PartitionField(1, 1000, BucketTransform(4), "id_bucket"),
+        PartitionField(2, 1001, TruncateTransform(2), "name_trunc"),
+        PartitionField(3, 1002, DayTransform(), "ts_day"),
+    )
+    write_provider.catalogs["wh"].create_table(("ns", "parts"), schema=schema, partition_spec=spec)
+    writer.sql(
+        "INSERT INTO ns.parts SELECT range, 'n' || range, TIMESTAMP '2024-01-01' + range * INTERVAL 7 HOUR "
+        "FROM range(12)"
+    )
+    assert writer.sql("DELETE FROM ns.parts WHERE id % 3 = 0").fetchall() == [(4,)]
+    assert writer.sql("UPDATE ns.parts SET name = 'zz' WHERE id = 1").fetchall() == [(1,)]
+    table = write_provider.catalogs["wh"].load_table(("ns", "parts"))
+    files = table.inspect.files().to_pylist()
+    by_partition: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for row in table.scan().to_arrow().to_pylist():
+        key = (
+            BucketTransform(4).transform(LongType())(row["id"]),
+            TruncateTransform(2).transform(StringType())(row["name"]),
+            DayTransform().transform(TimestampType())(row["ts"]),
+        )
+        by_partition.setdefault(key, []).append(row["id"])
+    written = {
+        (f["partition"]["id_bucket"], f["partition"]["name_trunc"], (f["partition"]["ts_day"] - EPOCH).days): (
+            f["record_count"]
+        )
+        for f in files
+    }
+    assert written == {key: len(ids) for key, ids in by_partition.items()}  # every row in its own partition
+    assert sorted(i for ids in by_partition.values() for i in ids) == [1, 2, 4, 5, 7, 8, 10, 11]
