@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,3 +140,30 @@ def test_writes_to_a_table_partitioned_by_bucket_truncate_and_day(
     }
     assert written == {key: len(ids) for key, ids in by_partition.items()}  # every row in its own partition
     assert sorted(i for ids in by_partition.values() for i in ids) == [1, 2, 4, 5, 7, 8, 10, 11]
+
+
+def test_a_dml_commit_that_conflicts_deletes_the_data_files_it_wrote(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    # Found by review: pyiceberg deletes the manifests of a commit that failed, never the data files SQE wrote for
+    # it, so every conflicting DELETE / UPDATE / MERGE left its new files behind, referenced by nothing.
+    import pyarrow as pa
+
+    from sqe.catalog.base import TableIdent
+    from sqe.errors import CommitConflictError
+    from sqe.execution import dml
+    from sqe.planning.planner import plan_scan
+
+    writer.sql("CREATE TABLE ns.c AS SELECT * FROM (VALUES (1), (2)) v(x)")
+    catalog = write_provider.catalogs["wh"]
+    stale = write_provider.load_table(TableIdent("wh", ("ns",), "c"), bypass_cache=True)
+    data = Path(stale.table.metadata.location.removeprefix("file://")) / "data"
+    before = set(data.rglob("*.parquet"))
+    catalog.load_table(("ns", "c")).append(pa.table({"x": pa.array([3], pa.int32())}))  # someone else commits
+    appended = set(data.rglob("*.parquet")) - before
+    plan = plan_scan(stale, columns=None)
+    rewrite = dml.Rewrite((0,), pa.table({"x": pa.array([2], pa.int32())}))
+    with pytest.raises(CommitConflictError):
+        dml.commit_rewrite(stale, plan, rewrite, rewrite.rows, "delete")
+    assert set(data.rglob("*.parquet")) == before | appended
+    assert rows(writer, "SELECT x FROM ns.c") == [(1,), (2,), (3,)]
