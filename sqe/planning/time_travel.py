@@ -54,12 +54,12 @@ def resolve_snapshot(loaded: LoadedTable, travel: TimeTravel, parser: duckdb.Duc
             raise QueryError(f"{loaded.ident} has no snapshot {value}")
         return value
     millis = _epoch_millis(value)
-    candidates = [entry for entry in metadata.snapshot_log if entry.timestamp_ms <= millis]
-    if not candidates:
-        raise QueryError(
-            f"{loaded.ident} has no snapshot at or before {dt.datetime.fromtimestamp(millis / 1000, dt.UTC)}"
-        )
-    return max(candidates, key=lambda entry: entry.timestamp_ms).snapshot_id
+    # The last entry of the log at or before it, as Iceberg's own lookup takes: two commits may share a
+    # millisecond (the later one is the table as of then), and writers' clocks may step back a little.
+    for entry in reversed(metadata.snapshot_log):
+        if entry.timestamp_ms <= millis:
+            return entry.snapshot_id
+    raise QueryError(f"{loaded.ident} has no snapshot at or before {dt.datetime.fromtimestamp(millis / 1000, dt.UTC)}")
 
 
 def metadata_table(loaded: LoadedTable, which: str, restrictions: RestrictionPlan) -> pa.Table:

@@ -3,11 +3,13 @@ statements, EXPLAIN and interrupt."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -1112,3 +1114,27 @@ def test_time_travel_masks_a_column_the_current_schema_dropped(
     session = session_factory(write_provider)
     assert session.sql("SELECT * FROM ns.evo").fetchall() == [(1,)]
     assert session.sql(f"SELECT * FROM ns.evo FOR VERSION AS OF {before}").fetchall() == [(1, "nnn-nn-nnnn")]
+
+
+def test_for_timestamp_as_of_takes_the_last_snapshot_log_entry_at_or_before_it(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    """Two commits may share a millisecond: the table as of that millisecond is the later one, as Iceberg's
+    own lookup (and pyiceberg's ``snapshot_as_of_timestamp``) take the last entry of the log at or before it."""
+    catalog = write_provider.catalogs["wh"]
+    table = catalog.create_table(("ns", "quick"), schema=pa.schema([("id", pa.int64())]))
+    table.append(pa.table({"id": pa.array([1], pa.int64())}))
+    table.append(pa.table({"id": pa.array([2], pa.int64())}))
+    metadata = json.loads(Path(table.metadata_location.removeprefix("file://")).read_text())
+    stamp = metadata["snapshot-log"][-1]["timestamp-ms"]
+    for entry in (*metadata["snapshot-log"], *metadata["snapshots"]):
+        entry["timestamp-ms"] = stamp  # both commits in one millisecond
+    tied = Path(table.metadata_location.removeprefix("file://")).with_name("00009-tied.metadata.json")
+    tied.write_text(json.dumps(metadata))
+    registered = catalog.register_table(("ns", "tied"), f"file://{tied}")
+    expected = registered.snapshot_as_of_timestamp(stamp)
+    assert expected is not None and expected.snapshot_id == metadata["current-snapshot-id"]
+
+    when = datetime.fromtimestamp(stamp / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f+00")
+    rows = writer.sql(f"SELECT id FROM ns.tied FOR TIMESTAMP AS OF TIMESTAMPTZ '{when}'").fetchall()
+    assert sorted(rows) == [(1,), (2,)]
