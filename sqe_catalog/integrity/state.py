@@ -91,33 +91,34 @@ _locations = Table(
     *object_key(),
     Column("locations", Text, nullable=False),  # JSON array of strings
 )
+
+
+def _place_records(name: str, time_column: str, *extra: Column[Any]) -> Table:
+    """A log of places recorded under a table name: an id, when (ms), the name, ``extra``, the locations."""
+    return Table(
+        name,
+        METADATA,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column(time_column, BigInteger, nullable=False),
+        *object_key(primary_key=False),
+        *extra,
+        Column("locations", Text, nullable=False),  # JSON array of strings
+    )
+
+
 # Tombstones: the locations of dropped tables whose files are still in storage, so a new table claiming an
 # overlapping location would be vended credentials for them (see WarehouseTables._check_dropped_locations). A drop
 # without purge keeps its tombstone; a purge drop's goes when its cleanup task is done (same dropped_ms as the
 # task's created_ms: one drop transaction wrote both), and stays when the task fails. Like every table here,
 # create_all adds it to an existing database (empty: tables dropped before it existed left no record).
-_dropped = Table(
-    "sqe_dropped_table_locations",
-    METADATA,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("dropped_ms", BigInteger, nullable=False),
-    *object_key(primary_key=False),
-    Column("locations", Text, nullable=False),  # JSON array of strings
-)
+_dropped = _place_records("sqe_dropped_table_locations", "dropped_ms")
 # Reservations: places whose credentials the catalog may have vended to a table that no longer holds them
 # (dropped, moved away) or never did (a staged create), kept until those credentials have expired (``until_ms``:
 # the drop, move or staging time plus the warehouse's credential lifetime). Until then no other table may claim
 # the place, a content manager's neither: whoever holds the keys would read the new table's files. Expired rows
 # are removed when a new one is written.
-_reserved = Table(
-    "sqe_reserved_table_locations",
-    METADATA,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("until_ms", BigInteger, nullable=False),
-    *object_key(primary_key=False),
-    Column("table_uuid", String(36), nullable=True),  # None: not known (a drop of unreadable metadata)
-    Column("locations", Text, nullable=False),  # JSON array of strings
-)
+# table_uuid None: not known (a drop of unreadable metadata)
+_reserved = _place_records("sqe_reserved_table_locations", "until_ms", Column("table_uuid", String(36), nullable=True))
 _tasks = Table(
     "sqe_cleanup_tasks",
     METADATA,
