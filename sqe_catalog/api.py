@@ -665,6 +665,9 @@ def _create_table(call: _Call) -> Response:
     create = dataclasses.replace(create, properties={**defaults, **create.properties})
     access = _data_access(call, namespace, create.name)
     tables = call.warehouse.tables
+    # The gate first, on what the create would write: a refused caller must not leave a table (or a staged
+    # create's reservation) behind.
+    _restrictions(call, tables.pending_table(namespace, create), "create")
     table = tables.stage_table(namespace, create) if create.stage_create else tables.create_table(namespace, create)
     restricted = _restrictions(call, table, "create")
     response = _table_response(call, table, _governed_access(access, restricted), restricted=restricted)

@@ -677,6 +677,14 @@ class WarehouseTables:
 
     # -- tables: writes ----------------------------------------------------------------------------------
 
+    def pending_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
+        """What a create would write, written and reserved nowhere: for checks that must pass before anything is
+        created (the create itself checks the locations again)."""
+        location = self._prepare_create(namespace, create)
+        with _client_value_errors():
+            metadata = self._new_metadata(create, location)
+        return StoredTable(namespace, create.name, None, metadata)
+
     def stage_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
         """Metadata for a create-table transaction; nothing is written until the client commits it."""
         location = self._prepare_create(namespace, create)

@@ -377,3 +377,19 @@ def test_claiming_the_files_of_a_dropped_policy_governed_table_needs_catalog_man
     catalog.store.grant("alice_role", "CATALOG_MANAGE_POLICIES", "wh")  # can lift the policy anyway
     wait_out_reservations()  # once credentials vended before the drop have expired
     assert catalog.request("alice", "POST", "/v1/wh/namespaces/db/tables", **claim).status == 200
+
+
+def test_a_create_the_gate_refuses_leaves_no_table_behind(catalog: Catalog) -> None:
+    # Found by review: a create ran before the restriction gate, so a restricted user's own token (which the gate
+    # refuses: it would be vended raw-data keys) got its 403 after the table had been created.
+    _tag(catalog, "sensitivity", "restricted", namespace=["db"])
+    _policy(catalog, "rf", "system_row_filter", 'filter := col("region") == "EU"', "sensitivity", "restricted")
+    _enable(catalog, "rf")
+    catalog.store.grant("alice_role", "TABLE_CREATE", "wh")
+    for stage in (False, True):
+        body = {"name": "mine", "schema": SCHEMA, "stage-create": stage}
+        refused = catalog.request("alice", "POST", "/v1/wh/namespaces/db/tables", headers=DECLARED, **body)
+        assert refused.status == 403, refused.body
+        assert catalog.request("root", "HEAD", "/v1/wh/namespaces/db/tables/mine").status == 404
+    served = catalog.request(ALICE, "POST", "/v1/wh/namespaces/db/tables", headers=DECLARED, name="mine", schema=SCHEMA)
+    assert served.status == 200 and served.json()["read-restrictions"]  # through the reader: created, restricted
