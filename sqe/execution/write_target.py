@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.update import AddSnapshotUpdate
 
+from sqe._text import first_line
 from sqe.credentials import prefix_matches
 from sqe.errors import QueryError
 
@@ -69,10 +72,32 @@ class WriteTable(Table):
         """pyiceberg's commit without its clean-up: with ``write.metadata.delete-after-commit.enabled`` it deletes
         every ``metadata-log`` entry the commit trimmed, and a table's log is whatever its writers put there
         (another table's metadata, a local file of the engine's host). Old metadata is the catalog's to remove."""
-        response = self.catalog.commit_table(self, requirements, updates)
-        self._check_uuid(self.metadata, response.metadata)
-        self.metadata = _without_class_properties(response.metadata)
-        self.metadata_location = response.metadata_location
+        try:
+            response = self.catalog.commit_table(self, requirements, updates)
+            metadata, location = response.metadata, response.metadata_location
+        except CommitFailedException:
+            # A 409 may answer a resend of a commit that landed (its first answer lost): then the caller must
+            # not delete what it wrote for it (pyiceberg its manifests, SQE its data files).
+            landed = self._landed(updates)
+            if landed is None:
+                raise
+            metadata, location = landed.metadata, landed.metadata_location
+        self._check_uuid(self.metadata, metadata)
+        self.metadata = _without_class_properties(metadata)
+        self.metadata_location = location
+
+    def _landed(self, updates: tuple[TableUpdate, ...]) -> Table | None:
+        """The table as the catalog has it now when every snapshot ``updates`` add is in it, else None."""
+        added = [update.snapshot.snapshot_id for update in updates if isinstance(update, AddSnapshotUpdate)]
+        if not added:
+            return None
+        try:
+            current = self.catalog.load_table(self._identifier)
+        except Exception as exc:  # unknown: never report a commit that may have landed as one that did not
+            raise CommitStateUnknownException(f"commit outcome unknown: {first_line(exc)}") from None
+        if all(current.metadata.snapshot_by_id(snapshot_id) is not None for snapshot_id in added):
+            return current
+        return None
 
 
 def _without_class_properties(metadata: TableMetadata) -> TableMetadata:

@@ -7,11 +7,15 @@ only to the proxy. Faults carry ``Retry-After: 0`` where the rule allows it, so 
 
 from __future__ import annotations
 
+import http.client
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -167,3 +171,55 @@ def test_hostile_catalog_response_cannot_choose_fileio_or_endpoint(
     properties = loaded.io.resolve(data_file).properties  # type: ignore[attr-defined]
     assert not set(properties) & set(hostile)
     assert properties[S3_ENDPOINT] != "http://127.0.0.1:9"  # [storage] endpoint wins over the catalog's
+
+
+@dataclass
+class _LosesACommitAnswer(FaultProxy):
+    """Forwards the next commit to ``lose`` (a path pattern), then answers it 503 with ``Retry-After: 0``: the
+    catalog applied it, the answer was lost, and SQE's transport sends the commit again."""
+
+    lose: str = ""
+
+    def handle(self, request: BaseHTTPRequestHandler) -> None:
+        if request.command != "POST" or not self.lose or not re.search(self.lose, request.path):
+            super().handle(request)
+            return
+        self.lose = ""
+        body = request.rfile.read(int(request.headers.get("Content-Length") or 0))
+        target = urlsplit(self.upstream)
+        upstream = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=60)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in {"host", "connection"}}
+        try:
+            upstream.request("POST", request.path, body=body, headers=headers)
+            assert upstream.getresponse().status == 200
+        finally:
+            upstream.close()
+        self.answer(request, 503, "the answer was lost", "ServiceUnavailableException", "0")
+
+
+def test_a_dml_commit_that_landed_keeps_its_files_when_its_answer_was_lost(
+    catalog_server: CatalogServer, writer: CatalogPrincipal, table: str, tmp_path: Path
+) -> None:
+    # Found by review: a commit the catalog applied whose 503 answer SQE's transport retried gets a 409 (its
+    # snapshot is already there), so the DML deleted the data files the table's current snapshot now references
+    # (and pyiceberg its manifests): every later read of the table failed.
+    namespace = table.split(".")[0]
+    name = f"lost_{uuid.uuid4().hex[:6]}"
+    direct = write_sqe_config(tmp_path / "direct.toml", catalog_server.url, writer, catalog_server.moto)
+    with sqe.api.connect(direct) as session:
+        session.sql(f"CREATE TABLE {namespace}.{name} AS SELECT * FROM (VALUES (1), (2), (3)) v(n)")
+    # No commit retries of pyiceberg's own (a legitimate table setting): its retry would find the snapshot.
+    with pyiceberg_catalog(catalog_server, writer).load_table((namespace, name)).transaction() as transaction:
+        transaction.set_properties({"commit.retry.num-retries": "0"})
+    proxy = _LosesACommitAnswer(catalog_server.url)
+    proxy.start()
+    try:
+        path = write_sqe_config(tmp_path / "sqe.toml", proxy.url, writer, catalog_server.moto)
+        with sqe.api.connect(path) as session:
+            proxy.lose = table_path(f"{namespace}.{name}")
+            session.sql(f"DELETE FROM {namespace}.{name} WHERE n = 1")
+            assert not proxy.lose  # the answer was lost and the commit sent again
+    finally:
+        proxy.stop()
+    with sqe.api.connect(direct) as session:
+        assert sorted(session.sql(f"SELECT n FROM {namespace}.{name}").fetchall()) == [(2,), (3,)]
