@@ -175,10 +175,11 @@ def test_hostile_catalog_response_cannot_choose_fileio_or_endpoint(
 
 @dataclass
 class _LosesACommitAnswer(FaultProxy):
-    """Forwards the next commit to ``lose`` (a path pattern), then answers it 503 with ``Retry-After: 0``: the
-    catalog applied it, the answer was lost, and SQE's transport sends the commit again."""
+    """Forwards the next commit to ``lose`` (a path pattern), then answers it ``status`` itself: the catalog
+    applied it and the answer was lost (a 503 with ``Retry-After: 0``: SQE's transport sends the commit again)."""
 
     lose: str = ""
+    status: int = 503
 
     def handle(self, request: BaseHTTPRequestHandler) -> None:
         if request.command != "POST" or not self.lose or not re.search(self.lose, request.path):
@@ -194,7 +195,8 @@ class _LosesACommitAnswer(FaultProxy):
             assert upstream.getresponse().status == 200
         finally:
             upstream.close()
-        self.answer(request, 503, "the answer was lost", "ServiceUnavailableException", "0")
+        retry_after = "0" if self.status == 503 else None
+        self.answer(request, self.status, "the answer was lost", "ServiceUnavailableException", retry_after)
 
 
 def test_a_dml_commit_that_landed_keeps_its_files_when_its_answer_was_lost(
@@ -223,3 +225,29 @@ def test_a_dml_commit_that_landed_keeps_its_files_when_its_answer_was_lost(
         proxy.stop()
     with sqe.api.connect(direct) as session:
         assert sorted(session.sql(f"SELECT n FROM {namespace}.{name}").fetchall()) == [(2,), (3,)]
+
+
+def test_optimize_keeps_its_files_when_the_answer_to_its_landed_commit_was_lost(
+    catalog_server: CatalogServer, writer: CatalogPrincipal, table: str, tmp_path: Path
+) -> None:
+    # Found by review: OPTIMIZE deleted its new files on any catalog error, a 502 too, whose commit may well have
+    # landed (a proxy's answer to a commit the catalog applied): the table's current snapshot then named them.
+    namespace = table.split(".")[0]
+    name = f"lost_{uuid.uuid4().hex[:6]}"
+    direct = write_sqe_config(tmp_path / "direct.toml", catalog_server.url, writer, catalog_server.moto)
+    with sqe.api.connect(direct) as session:
+        session.sql(f"CREATE TABLE {namespace}.{name} AS SELECT * FROM (VALUES (1), (2)) v(n)")
+        session.sql(f"INSERT INTO {namespace}.{name} VALUES (3)")
+    proxy = _LosesACommitAnswer(catalog_server.url, status=502)
+    proxy.start()
+    try:
+        path = write_sqe_config(tmp_path / "sqe.toml", proxy.url, writer, catalog_server.moto)
+        with sqe.api.connect(path) as session:
+            proxy.lose = table_path(f"{namespace}.{name}")
+            with pytest.raises(CatalogUnavailableError, match="502"):
+                session.sql(f"OPTIMIZE {namespace}.{name}")
+            assert not proxy.lose
+    finally:
+        proxy.stop()
+    with sqe.api.connect(direct) as session:  # the commit landed: its files are the table's
+        assert sorted(session.sql(f"SELECT n FROM {namespace}.{name}").fetchall()) == [(1,), (2,), (3,)]
