@@ -11,6 +11,7 @@ import http.client
 import re
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -199,32 +200,57 @@ class _LosesACommitAnswer(FaultProxy):
         self.answer(request, self.status, "the answer was lost", "ServiceUnavailableException", retry_after)
 
 
+@contextmanager
+def _losing_a_commit_answer(
+    catalog_server: CatalogServer, writer: CatalogPrincipal, tmp_path: Path, table_name: str, status: int
+) -> Iterator[Session]:
+    """A session whose next commit to ``table_name`` lands in the catalog and has its answer replaced by
+    ``status``; checks on leaving that it did."""
+    proxy = _LosesACommitAnswer(catalog_server.url, status=status)
+    proxy.start()
+    try:
+        path = write_sqe_config(tmp_path / "sqe.toml", proxy.url, writer, catalog_server.moto)
+        with sqe.api.connect(path) as session:
+            proxy.lose = table_path(table_name)
+            yield session
+            assert not proxy.lose  # the commit went through the proxy, and its answer was lost
+    finally:
+        proxy.stop()
+
+
+def _fresh_table(
+    catalog_server: CatalogServer, writer: CatalogPrincipal, beside: str, tmp_path: Path, *statements: str
+) -> tuple[str, Path]:
+    """A new table in ``beside``'s namespace made by ``statements`` (``{t}``: its name), and a config that reaches
+    the catalog directly."""
+    name = f"{beside.split('.')[0]}.lost_{uuid.uuid4().hex[:6]}"
+    direct = write_sqe_config(tmp_path / "direct.toml", catalog_server.url, writer, catalog_server.moto)
+    with sqe.api.connect(direct) as session:
+        for statement in statements:
+            session.sql(statement.format(t=name))
+    return name, direct
+
+
+def _rows(config: Path, name: str) -> list[tuple[Any, ...]]:
+    with sqe.api.connect(config) as session:
+        return sorted(session.sql(f"SELECT n FROM {name}").fetchall())
+
+
 def test_a_dml_commit_that_landed_keeps_its_files_when_its_answer_was_lost(
     catalog_server: CatalogServer, writer: CatalogPrincipal, table: str, tmp_path: Path
 ) -> None:
     # Found by review: a commit the catalog applied whose 503 answer SQE's transport retried gets a 409 (its
     # snapshot is already there), so the DML deleted the data files the table's current snapshot now references
     # (and pyiceberg its manifests): every later read of the table failed.
-    namespace = table.split(".")[0]
-    name = f"lost_{uuid.uuid4().hex[:6]}"
-    direct = write_sqe_config(tmp_path / "direct.toml", catalog_server.url, writer, catalog_server.moto)
-    with sqe.api.connect(direct) as session:
-        session.sql(f"CREATE TABLE {namespace}.{name} AS SELECT * FROM (VALUES (1), (2), (3)) v(n)")
+    create = "CREATE TABLE {t} AS SELECT * FROM (VALUES (1), (2), (3)) v(n)"
+    name, direct = _fresh_table(catalog_server, writer, table, tmp_path, create)
     # No commit retries of pyiceberg's own (a legitimate table setting): its retry would find the snapshot.
-    with pyiceberg_catalog(catalog_server, writer).load_table((namespace, name)).transaction() as transaction:
+    namespace, short = name.split(".")
+    with pyiceberg_catalog(catalog_server, writer).load_table((namespace, short)).transaction() as transaction:
         transaction.set_properties({"commit.retry.num-retries": "0"})
-    proxy = _LosesACommitAnswer(catalog_server.url)
-    proxy.start()
-    try:
-        path = write_sqe_config(tmp_path / "sqe.toml", proxy.url, writer, catalog_server.moto)
-        with sqe.api.connect(path) as session:
-            proxy.lose = table_path(f"{namespace}.{name}")
-            session.sql(f"DELETE FROM {namespace}.{name} WHERE n = 1")
-            assert not proxy.lose  # the answer was lost and the commit sent again
-    finally:
-        proxy.stop()
-    with sqe.api.connect(direct) as session:
-        assert sorted(session.sql(f"SELECT n FROM {namespace}.{name}").fetchall()) == [(2,), (3,)]
+    with _losing_a_commit_answer(catalog_server, writer, tmp_path, name, 503) as session:
+        session.sql(f"DELETE FROM {name} WHERE n = 1")
+    assert _rows(direct, name) == [(2,), (3,)]
 
 
 def test_optimize_keeps_its_files_when_the_answer_to_its_landed_commit_was_lost(
@@ -232,22 +258,11 @@ def test_optimize_keeps_its_files_when_the_answer_to_its_landed_commit_was_lost(
 ) -> None:
     # Found by review: OPTIMIZE deleted its new files on any catalog error, a 502 too, whose commit may well have
     # landed (a proxy's answer to a commit the catalog applied): the table's current snapshot then named them.
-    namespace = table.split(".")[0]
-    name = f"lost_{uuid.uuid4().hex[:6]}"
-    direct = write_sqe_config(tmp_path / "direct.toml", catalog_server.url, writer, catalog_server.moto)
-    with sqe.api.connect(direct) as session:
-        session.sql(f"CREATE TABLE {namespace}.{name} AS SELECT * FROM (VALUES (1), (2)) v(n)")
-        session.sql(f"INSERT INTO {namespace}.{name} VALUES (3)")
-    proxy = _LosesACommitAnswer(catalog_server.url, status=502)
-    proxy.start()
-    try:
-        path = write_sqe_config(tmp_path / "sqe.toml", proxy.url, writer, catalog_server.moto)
-        with sqe.api.connect(path) as session:
-            proxy.lose = table_path(f"{namespace}.{name}")
-            with pytest.raises(CatalogUnavailableError, match="502"):
-                session.sql(f"OPTIMIZE {namespace}.{name}")
-            assert not proxy.lose
-    finally:
-        proxy.stop()
-    with sqe.api.connect(direct) as session:  # the commit landed: its files are the table's
-        assert sorted(session.sql(f"SELECT n FROM {namespace}.{name}").fetchall()) == [(1,), (2,), (3,)]
+    statements = ("CREATE TABLE {t} AS SELECT * FROM (VALUES (1), (2)) v(n)", "INSERT INTO {t} VALUES (3)")
+    name, direct = _fresh_table(catalog_server, writer, table, tmp_path, *statements)
+    with (
+        _losing_a_commit_answer(catalog_server, writer, tmp_path, name, 502) as session,
+        pytest.raises(CatalogUnavailableError, match="502"),
+    ):
+        session.sql(f"OPTIMIZE {name}")
+    assert _rows(direct, name) == [(1,), (2,), (3,)]  # the commit landed: its files are the table's
