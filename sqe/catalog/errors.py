@@ -14,13 +14,10 @@ from typing import Any
 import requests
 from pyiceberg.exceptions import (
     CommitFailedException,
-    CommitStateUnknownException,
     ForbiddenError,
     NamespaceAlreadyExistsError,
     NamespaceNotEmptyError,
     RESTError,
-    ServerError,
-    ServiceUnavailableError,
     TableAlreadyExistsError,
     UnauthorizedError,
 )
@@ -41,14 +38,7 @@ from sqe.errors import (
     RestrictionsNotSupportedError,
 )
 
-__all__ = [
-    "COMMIT_OUTCOME_UNKNOWN",
-    "PYICEBERG_CATALOG_ERRORS",
-    "catalog_error",
-    "error_for_status",
-    "translate_error",
-    "typed_catalog_error",
-]
+__all__ = ["PYICEBERG_CATALOG_ERRORS", "catalog_error", "error_for_status", "translate_error", "typed_catalog_error"]
 
 # pyiceberg's catalog exceptions do not share a base class; these are the ones its REST calls raise.
 PYICEBERG_CATALOG_ERRORS: tuple[type[Exception], ...] = (
@@ -59,14 +49,6 @@ PYICEBERG_CATALOG_ERRORS: tuple[type[Exception], ...] = (
     NamespaceNotEmptyError,
     PyNoSuchTableError,
     PyNoSuchNamespaceError,
-)
-
-# A commit answered with one of these may have been applied (a 5xx after the catalog wrote it): the files written
-# for it must stay, the table may reference them.
-COMMIT_OUTCOME_UNKNOWN: tuple[type[Exception], ...] = (
-    CommitStateUnknownException,
-    ServerError,
-    ServiceUnavailableError,
 )
 
 

@@ -37,7 +37,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import EMPTY_DICT
 
 from sqe._text import first_line
-from sqe.catalog.errors import COMMIT_OUTCOME_UNKNOWN, PYICEBERG_CATALOG_ERRORS, translate_error
+from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.errors import CompactionConflictError, QueryError, SQEError
 from sqe.execution.write_target import writable_table
 from sqe.planning.planner import restrictions_of
@@ -218,8 +218,7 @@ def commit_replace(
             _delete_outputs(table, outputs)
             raise
         except PYICEBERG_CATALOG_ERRORS as exc:
-            if not isinstance(exc, COMMIT_OUTCOME_UNKNOWN):  # else it may have landed: its files stay
-                _delete_outputs(table, outputs)
+            # It may have landed (a 5xx; or the transport sent it again and this answers the resend): files stay.
             raise translate_error(exc, f"OPTIMIZE commit to {loaded.ident}") from None
     _delete_outputs(table, outputs)
     raise CompactionConflictError(f"OPTIMIZE {loaded.ident} failed: the table kept changing during the commit")

@@ -202,15 +202,22 @@ class _LosesACommitAnswer(FaultProxy):
 
 @contextmanager
 def _losing_a_commit_answer(
-    catalog_server: CatalogServer, writer: CatalogPrincipal, tmp_path: Path, table_name: str, status: int
+    catalog_server: CatalogServer,
+    writer: CatalogPrincipal,
+    tmp_path: Path,
+    table_name: str,
+    status: int,
+    resent: int | None = None,
 ) -> Iterator[Session]:
     """A session whose next commit to ``table_name`` lands in the catalog and has its answer replaced by
-    ``status``; checks on leaving that it did."""
+    ``status`` (and every resend of it by ``resent``, when given); checks on leaving that it did."""
     proxy = _LosesACommitAnswer(catalog_server.url, status=status)
     proxy.start()
     try:
         path = write_sqe_config(tmp_path / "sqe.toml", proxy.url, writer, catalog_server.moto)
         with sqe.api.connect(path) as session:
+            if resent is not None:
+                proxy.inject("POST", table_path(table_name), resent, 100, retry_after="0")
             proxy.lose = table_path(table_name)
             yield session
             assert not proxy.lose  # the commit went through the proxy, and its answer was lost
@@ -263,6 +270,22 @@ def test_optimize_keeps_its_files_when_the_answer_to_its_landed_commit_was_lost(
     with (
         _losing_a_commit_answer(catalog_server, writer, tmp_path, name, 502) as session,
         pytest.raises(CatalogUnavailableError, match="502"),
+    ):
+        session.sql(f"OPTIMIZE {name}")
+    assert _rows(direct, name) == [(1,), (2,), (3,)]  # the commit landed: its files are the table's
+
+
+def test_optimize_keeps_its_files_when_a_resend_of_its_landed_commit_is_refused(
+    catalog_server: CatalogServer, writer: CatalogPrincipal, table: str, tmp_path: Path
+) -> None:
+    # Found by review: once the transport has sent a commit again, the last answer says nothing about the first
+    # send. OPTIMIZE deleted its new files on any catalog error but a 5xx, so a landed commit whose resends got
+    # 429 (a rate limiter) left the table's current snapshot naming deleted files.
+    statements = ("CREATE TABLE {t} AS SELECT * FROM (VALUES (1), (2)) v(n)", "INSERT INTO {t} VALUES (3)")
+    name, direct = _fresh_table(catalog_server, writer, table, tmp_path, *statements)
+    with (
+        _losing_a_commit_answer(catalog_server, writer, tmp_path, name, 503, resent=429) as session,
+        pytest.raises(CatalogUnavailableError, match="429"),
     ):
         session.sql(f"OPTIMIZE {name}")
     assert _rows(direct, name) == [(1,), (2,), (3,)]  # the commit landed: its files are the table's
