@@ -8,18 +8,19 @@ user may list but not read is left out of a schema listing.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 
 from sqe import __version__ as sqe_version
 from sqe.duckdb_connection import quote_qualified
-from sqe.errors import CatalogError, NoSuchNamespaceError, SQEError
+from sqe.errors import CatalogError, NoSuchNamespaceError, QueryError, SQEError
 from sqe.server.sessions import Engine
 
 CATALOGS_SCHEMA = pa.schema([pa.field("catalog_name", pa.utf8(), nullable=False)])
 DB_SCHEMAS_SCHEMA = pa.schema([("catalog_name", pa.utf8()), pa.field("db_schema_name", pa.utf8(), nullable=False)])
+MAX_PATTERN_CHARS = 1024  # of a GetDbSchemas/GetTables filter pattern
 TABLE_TYPES_SCHEMA = pa.schema([pa.field("table_type", pa.utf8(), nullable=False)])
 _TABLES_FIELDS = [
     ("catalog_name", pa.utf8()),
@@ -86,16 +87,35 @@ def sql_info(requested: Iterable[int]) -> pa.Table:
     return pa.Table.from_arrays([pa.array(ids, pa.uint32()), value], schema=SQL_INFO_SCHEMA)
 
 
-def like(pattern: str | None) -> re.Pattern[str] | None:
-    """A Flight SQL filter pattern (``%`` any run, ``_`` one character) as a regex; None matches everything."""
-    if pattern is None:
-        return None
-    parts = ["." if c == "_" else ".*" if c == "%" else re.escape(c) for c in pattern]
-    return re.compile("".join(parts), re.DOTALL)
+def like(pattern: str | None) -> Callable[[str], bool] | None:
+    """A Flight SQL filter pattern (``%`` any run, ``_`` one character; no escape); None matches everything.
+
+    Matching costs up to len(pattern) * len(name) steps per name, so a pattern is bounded."""
+    if pattern is not None and len(pattern) > MAX_PATTERN_CHARS:
+        raise QueryError(f"a filter pattern may be at most {MAX_PATTERN_CHARS} characters")
+    return None if pattern is None else functools.partial(_like, pattern)
 
 
-def _matches(regex: re.Pattern[str] | None, value: str) -> bool:
-    return regex is None or regex.fullmatch(value) is not None
+def _matches(selected: Callable[[str], bool] | None, value: str) -> bool:
+    return selected is None or selected(value)
+
+
+def _like(pattern: str, value: str) -> bool:
+    """Whether ``value`` matches ``pattern``, in O(len(pattern) * len(value)): a backtracking regex (``%`` as
+    ``.*``) takes exponential time on ``%%%…%x`` while holding the GIL, freezing the server for every user."""
+    p = v = 0
+    star, resume = -1, 0  # the last ``%`` seen and where in ``value`` its run ends so far
+    while v < len(value):
+        if p < len(pattern) and pattern[p] == "%":
+            star, resume, p = p, v, p + 1
+        elif p < len(pattern) and (pattern[p] == "_" or pattern[p] == value[v]):
+            p, v = p + 1, v + 1
+        elif star >= 0:  # let the last ``%`` take one more character; earlier ones never need to
+            resume += 1
+            p, v = star + 1, resume
+        else:
+            return False
+    return pattern[p:].strip("%") == ""
 
 
 def catalogs(warehouses: Iterable[str]) -> pa.Table:
@@ -117,12 +137,12 @@ def _selected(warehouses: Iterable[str], catalog: str | None) -> list[str]:
 
 
 def db_schemas(engine: Engine, warehouses: Iterable[str], catalog: str | None, pattern: str | None) -> pa.Table:
-    regex = like(pattern)
+    selected = like(pattern)
     rows = [
         {"catalog_name": w, "db_schema_name": ns}
         for w in _selected(warehouses, catalog)
         for ns in _namespaces(engine, w)
-        if _matches(regex, ns)
+        if _matches(selected, ns)
     ]
     return pa.Table.from_pylist(rows, schema=DB_SCHEMAS_SCHEMA)
 
@@ -138,14 +158,14 @@ def tables(
 ) -> pa.Table:
     if table_types and "TABLE" not in table_types:
         return (TABLES_WITH_SCHEMA_SCHEMA if include_schema else TABLES_SCHEMA).empty_table()
-    schema_regex, table_regex = like(schema_pattern), like(table_pattern)
+    schema_like, table_like = like(schema_pattern), like(table_pattern)
     rows: list[dict[str, object]] = []
     for warehouse in _selected(warehouses, catalog):
         for namespace in _namespaces(engine, warehouse):
-            if not _matches(schema_regex, namespace):
+            if not _matches(schema_like, namespace):
                 continue
             for name in _table_names(engine, warehouse, namespace):
-                if not _matches(table_regex, name):
+                if not _matches(table_like, name):
                     continue
                 row: dict[str, object] = {
                     "catalog_name": warehouse,
