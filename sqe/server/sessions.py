@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 PEER_KEY_PREFIX = "peer:"  # a client session keyed by its connection (the client sends no session cookie)
 MAX_OFFERED_COOKIES = 4  # session cookies a client session keeps valid: the ones offered last
 MAX_PREPARED_STATEMENTS = 1024  # open prepared statements per client session (each holds plans and credentials)
+# client sessions per user (each session id they send makes one, and each keeps an idle engine: a DuckDB database
+# with its threads); past it their least recently used idle session is closed
+MAX_CLIENT_SESSIONS_PER_USER = 64
 
 
 class ServerBusyError(SQEError):
@@ -528,12 +531,38 @@ class SessionRegistry:
             else:
                 key = (user.key, f"{PEER_KEY_PREFIX}{peer}")
             session = self._sessions.get(key)
+            evicted = None
             if session is None:
+                evicted = self._make_room(user.key)
                 session = self._sessions[key] = ClientSession(key, self.base, self.batch_rows)
             if new_cookie is not None:
                 self._offer(key, (user.key, new_cookie))
             session.touch()
-            return session
+        if evicted is not None:
+            evicted.close()
+        return session
+
+    def _make_room(self, user_key: str) -> ClientSession | None:
+        """At the per-user bound, drop (for the caller to close) the user's least recently used idle session;
+        refuse when none is idle. Under the lock."""
+        mine = [s for s in self._sessions.values() if s.user_key == user_key]
+        if len(mine) < MAX_CLIENT_SESSIONS_PER_USER:
+            return None
+        # idle for a moment at least: a call that has just resolved its session has not taken an engine yet
+        idle = [s for s in mine if s.is_idle_since(time.monotonic() - 1.0)]
+        if not idle:
+            raise ServerBusyError(
+                f"server busy: this user holds {len(mine)} client sessions, all working; retry when one finishes"
+            )
+        oldest = min(idle, key=lambda s: s.last_used)
+        self._forget(oldest)
+        return oldest
+
+    def _forget(self, session: ClientSession) -> None:
+        """Drop ``session`` and its cookie aliases from the registry (under the lock; the caller closes it)."""
+        del self._sessions[session.key]
+        for alias in self._offered.pop(session.key, ()):
+            self._aliases.pop(alias, None)
 
     def _offer(self, key: tuple[str, str], alias: tuple[str, str]) -> None:
         """Map the cookie offered now to ``key``; a client without cookies gets one per call, so only the last
@@ -568,10 +597,7 @@ class SessionRegistry:
         with self._lock:
             gone = [s for s in self._sessions.values() if doomed(s)]
             for session in gone:
-                del self._sessions[session.key]
-            for session in gone:
-                for alias in self._offered.pop(session.key, ()):
-                    self._aliases.pop(alias, None)
+                self._forget(session)
         for session in gone:
             session.close()
         return len(gone)

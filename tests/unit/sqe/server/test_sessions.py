@@ -10,6 +10,7 @@ import pytest
 from sqe.errors import QueryError
 from sqe.server.identity import User
 from sqe.server.sessions import (
+    MAX_CLIENT_SESSIONS_PER_USER,
     MAX_OFFERED_COOKIES,
     MAX_PREPARED_STATEMENTS,
     ClientSession,
@@ -17,6 +18,7 @@ from sqe.server.sessions import (
     OpenQuery,
     ParameterBudget,
     Prepared,
+    ServerBusyError,
     SessionRegistry,
     _user_config,
 )
@@ -185,4 +187,30 @@ def test_parameter_rows_count_against_one_budget_per_user() -> None:
     budget.release(second, 600)
     first.close_prepared(b"p1")  # a closed statement's rows no longer count
     budget.reserve(second, b"p2", 1000, replacing=True)
+    registry.close()
+
+
+def test_a_users_client_sessions_are_bounded_and_the_least_recently_used_idle_one_goes() -> None:
+    """Found by review: every session id a user sent (``x-sqe-session``) made a client session of its own, each
+    keeping an idle engine (a DuckDB database with its threads, ~4 MB) for ``idle_session_seconds``: 200 cheap
+    metadata calls of one user held 1,800 threads. A user holds at most MAX_CLIENT_SESSIONS_PER_USER."""
+    registry = SessionRegistry(_load({}), None, Limits(4, 2), 1024)  # type: ignore[arg-type]
+    alice, bob = User("user:alice", "A"), User("user:bob", "B")
+    bobs = registry.resolve(bob, "s", "ipv4:127.0.0.1:1", None)
+    first = registry.resolve(alice, "s-0", "ipv4:127.0.0.1:2", None)
+    first.open[b"q"] = _planning(60.0, [])  # a query in progress: never evicted
+    for index in range(1, MAX_CLIENT_SESSIONS_PER_USER + 20):
+        session = registry.resolve(alice, f"s-{index}", "ipv4:127.0.0.1:2", None)
+        session.release_engine(session.acquire_engine("A"))
+        session.last_used -= 1000 - index  # idle for a while, the first ones longest
+    alices = [s for s in registry.sessions() if s.user_key == alice.key]
+    assert len(alices) == MAX_CLIENT_SESSIONS_PER_USER
+    assert first in alices and bobs in registry.sessions()  # busy, and another user's: kept
+    assert registry.resolve(alice, "s-1", "ipv4:127.0.0.1:2", None) not in alices  # the oldest idle one went
+    for session in registry.sessions():
+        session.open[b"q"] = _planning(60.0, [])
+    with pytest.raises(ServerBusyError, match="client sessions"):
+        registry.resolve(alice, "one more", "ipv4:127.0.0.1:2", None)
+    for session in registry.sessions():
+        session.open.clear()
     registry.close()
