@@ -691,7 +691,10 @@ def _register_table(call: _Call) -> Response:
         call.require(Privilege.TABLE_FULL_METADATA, namespace, name)  # re-admission (sqe_catalog.integrity)
         _refuse_restricted_change(call, namespace, name, "register-overwrite")
     access = _data_access(call, namespace, name)
-    table = call.warehouse.tables.register_table(namespace, name, metadata_location, call.principal.name, overwrite)
+    tables = call.warehouse.tables
+    # The gate first, on what the register would admit (as for a create): a refused caller leaves no table behind.
+    _restrictions(call, tables.pending_registration(namespace, name, metadata_location), "register")
+    table = tables.register_table(namespace, name, metadata_location, call.principal.name, overwrite)
     restricted = _restrictions(call, table, "register")
     response = _table_response(call, table, _governed_access(access, restricted), restricted=restricted)
     _served(call, "register", table, restricted)

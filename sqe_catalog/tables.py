@@ -685,6 +685,13 @@ class WarehouseTables:
             metadata = self._new_metadata(create, location)
         return StoredTable(namespace, create.name, None, metadata)
 
+    def pending_registration(self, namespace: Namespace, name: str, metadata_location: str) -> StoredTable:
+        """The table a register would admit, admitted nowhere: for checks that must pass before it is (the register
+        itself reads and checks the file again)."""
+        self._require_namespace(namespace)
+        parsed = self._read_for_admission(metadata_location)
+        return StoredTable(namespace, name, metadata_location, parsed.metadata, parsed.document)
+
     def stage_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
         """Metadata for a create-table transaction; nothing is written until the client commits it."""
         location = self._prepare_create(namespace, create)

@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import sqlite3
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -379,7 +380,7 @@ def test_claiming_the_files_of_a_dropped_policy_governed_table_needs_catalog_man
     assert catalog.request("alice", "POST", "/v1/wh/namespaces/db/tables", **claim).status == 200
 
 
-def test_a_create_the_gate_refuses_leaves_no_table_behind(catalog: Catalog) -> None:
+def test_a_create_or_register_the_gate_refuses_leaves_no_table_behind(catalog: Catalog) -> None:
     # Found by review: a create ran before the restriction gate, so a restricted user's own token (which the gate
     # refuses: it would be vended raw-data keys) got its 403 after the table had been created.
     _tag(catalog, "sensitivity", "restricted", namespace=["db"])
@@ -393,3 +394,14 @@ def test_a_create_the_gate_refuses_leaves_no_table_behind(catalog: Catalog) -> N
         assert catalog.request("root", "HEAD", "/v1/wh/namespaces/db/tables/mine").status == 404
     served = catalog.request(ALICE, "POST", "/v1/wh/namespaces/db/tables", headers=DECLARED, name="mine", schema=SCHEMA)
     assert served.status == 200 and served.json()["read-restrictions"]  # through the reader: created, restricted
+    # A register too (found by the README audit): the same refusal, before anything is admitted.
+    document = served.json()["metadata"]
+    fresh = f"{document['location']}-fresh"
+    document = {**document, "location": fresh, "table-uuid": str(uuid.uuid4()), "metadata-log": []}
+    written = Path(fresh.removeprefix("file://"), "metadata", "00000-fresh.metadata.json")
+    written.parent.mkdir(parents=True)
+    written.write_text(json.dumps(document))
+    register = {"name": "again", "metadata-location": f"file://{written}"}
+    refused = catalog.request("alice", "POST", "/v1/wh/namespaces/db/register", headers=DECLARED, **register)
+    assert refused.status == 403, refused.body
+    assert catalog.request("root", "HEAD", "/v1/wh/namespaces/db/tables/again").status == 404
