@@ -81,10 +81,7 @@ def optimize(
     if not bins:
         return _result(0, 0, None)
     table = writable_table(loaded)  # its paths checked before any rewrite, local or on workers
-    if remote is not None:
-        outputs = remote(loaded, bins, target)
-    else:
-        outputs = [f for group in bins for f in rewrite_bin(table, group, target)]
+    outputs = remote(loaded, bins, target) if remote is not None else _rewrite_locally(ident, table, bins, target)
     inputs = [task for group in bins for task in group]
     try:
         snapshot_id = commit_replace(loaded, provider, inputs, outputs)
@@ -178,6 +175,25 @@ def plan_bins(table: Table, row_filter: BooleanExpression, target: int) -> Itera
 def _worth_rewriting(tasks: list[FileScanTask]) -> Iterator[list[FileScanTask]]:
     if len(tasks) > 1 or any(t.delete_files for t in tasks):
         yield tasks
+
+
+def _rewrite_locally(ident: TableIdent, table: Table, bins: list[list[FileScanTask]], target: int) -> list[DataFile]:
+    """Every bin rewritten here; if one fails, the files the earlier ones wrote are deleted (as on workers), and a
+    storage or Arrow failure is a QueryError naming the table (as a scan's is)."""
+    outputs: list[DataFile] = []
+    try:
+        for group in bins:
+            outputs.extend(rewrite_bin(table, group, target))
+    except SQEError:
+        _delete_outputs(table, outputs)
+        raise
+    except Exception as exc:  # e.g. an object-store error: keep the table name, lose the traceback
+        _delete_outputs(table, outputs)
+        raise QueryError(f"OPTIMIZE of {ident} failed: {first_line(exc)}") from None
+    except BaseException:
+        _delete_outputs(table, outputs)
+        raise
+    return outputs
 
 
 def rewrite_bin(table: Table, tasks: list[FileScanTask], target: int) -> list[DataFile]:

@@ -181,3 +181,32 @@ def test_a_commit_never_deletes_what_the_metadata_log_names(
     session.sql("INSERT INTO ns.b VALUES (7)")  # the log now holds the victim and the registered metadata
     session.sql(statement)
     assert victim.exists()
+
+
+def test_a_local_optimize_whose_later_bin_fails_deletes_what_the_earlier_bins_wrote(
+    write_provider: LocalProvider, session_factory: Any
+) -> None:
+    # Found by review: the local rewrite wrote bin after bin and nothing caught a failure, so the files of the
+    # bins before the failing one stayed in storage, referenced by nothing (the workers' rewrite deletes them),
+    # and the failure reached the user as a raw FileNotFoundError.
+    from pyiceberg.expressions import AlwaysTrue
+
+    from sqe.execution.compaction import plan_bins
+
+    catalog = write_provider.catalogs["wh"]
+    schema = pa.schema([pa.field("k", pa.int64()), pa.field("v", pa.int64())])
+    table = catalog.create_table(("ns", "p"), schema=schema)
+    with table.update_spec() as spec:
+        spec.add_identity("k")
+    for key in (1, 2):
+        for value in (10, 20):
+            table.append(pa.table({"k": [key], "v": [value]}, schema=schema))
+    bins = list(plan_bins(table.refresh(), AlwaysTrue(), 128 << 20))
+    assert len(bins) == 2
+    before = {p for p in Path(table.location().removeprefix("file://")).rglob("*.parquet")}
+    Path(bins[-1][0].file.file_path.removeprefix("file://")).unlink()  # the last bin cannot be read
+    session = session_factory(write_provider)
+    with pytest.raises(QueryError, match=r"OPTIMIZE of wh\.ns\.p failed: .*No such file"):
+        session.sql("OPTIMIZE ns.p")  # typed, as a scan's storage failure is (it was a raw FileNotFoundError)
+    after = {p for p in Path(table.location().removeprefix("file://")).rglob("*.parquet")}
+    assert after <= before  # nothing the first bin wrote is left behind
