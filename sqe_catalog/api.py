@@ -78,7 +78,7 @@ from sqe_catalog.etag import if_none_match_matches, table_etag
 from sqe_catalog.identifiers import parse_namespace_path
 from sqe_catalog.integrity.cleaner import BackgroundCleaner
 from sqe_catalog.integrity.notifications import metadata_response_json, parse_notification
-from sqe_catalog.planning import PlanStore, parse_plan_request, plan_files, response_tasks
+from sqe_catalog.planning import PlanOwner, PlanStore, parse_plan_request, plan_files, response_tasks
 from sqe_catalog.policies.service import policy_errors, selector_from_json, target_from_json
 from sqe_catalog.policies.store import PolicyStore
 from sqe_catalog.restrictions import (
@@ -936,8 +936,8 @@ def _planned_table(call: _Call) -> tuple[StoredTable, ResolvedRestrictions | Non
     return table, _restrictions(call, table, "plan")
 
 
-def _plan_owner(call: _Call) -> tuple[str, str]:
-    return call.principal.name, call.principal.actor or ""
+def _plan_owner(call: _Call, restricted: ResolvedRestrictions | None) -> PlanOwner:
+    return call.principal.name, call.principal.actor or "", restricted.digest if restricted is not None else ""
 
 
 def _plan_key(call: _Call, table: StoredTable) -> tuple[str, tuple[str, ...], str]:
@@ -955,7 +955,7 @@ def _plan_scan(call: _Call) -> Response:
     request = parse_plan_request(call.json())
     table, restricted = _planned_table(call)
     tasks = plan_files(table, call.warehouse.io, request, restricted.wire if restricted else None)
-    plan_id, first, rest = call.state.plans.add(_plan_owner(call), _plan_key(call, table), tasks)
+    plan_id, first, rest = call.state.plans.add(_plan_owner(call, restricted), _plan_key(call, table), tasks)
     _served(call, "plan", table, restricted)
     return _completed(plan_id, first, rest)
 
@@ -965,7 +965,7 @@ def _fetch_tasks(call: _Call) -> Response:
     if not isinstance(token, str) or not token:
         raise BadRequestError("plan-task must be a non-empty string")
     table, restricted = _planned_table(call)
-    tasks = call.state.plans.chunk(token, _plan_owner(call), _plan_key(call, table))
+    tasks = call.state.plans.chunk(token, _plan_owner(call, restricted), _plan_key(call, table))
     _served(call, "plan-tasks", table, restricted)
     return _json(response_tasks(tasks))
 
@@ -973,15 +973,15 @@ def _fetch_tasks(call: _Call) -> Response:
 def _get_plan(call: _Call) -> Response:
     plan_id = str(call.request.path_params["plan_id"])
     table, restricted = _planned_table(call)
-    tasks = call.state.plans.get(plan_id, _plan_owner(call), _plan_key(call, table))
+    tasks = call.state.plans.get(plan_id, _plan_owner(call, restricted), _plan_key(call, table))
     _served(call, "plan", table, restricted)
     return _completed(plan_id, tasks, [])
 
 
 def _cancel_plan(call: _Call) -> Response:
     plan_id = str(call.request.path_params["plan_id"])
-    table, _restricted = _planned_table(call)
-    call.state.plans.cancel(plan_id, _plan_owner(call), _plan_key(call, table))
+    table, restricted = _planned_table(call)
+    call.state.plans.cancel(plan_id, _plan_owner(call, restricted), _plan_key(call, table))
     return _no_content()
 
 

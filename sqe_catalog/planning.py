@@ -8,7 +8,8 @@ The catalog plans with pyiceberg over the table it holds, per caller, so a clien
 - planning reads the manifest list and manifests with the catalog's key, so only files under the table's own
   locations: a snapshot whose manifests lie elsewhere (another table's) is refused (422), never planned;
 - plans are kept in memory for ``plan_lifetime_seconds`` and belong to the principal (and actor) that made
-  them: another caller's plan id is a 404, never someone else's files.
+  them, under the read-restrictions it had then: another caller's plan id, or one made before the caller's
+  restrictions changed, is a 404, never someone else's (or an unrestricted caller's) files.
 
 Planning completes synchronously; tasks beyond ``TASKS_PER_RESPONSE`` are handed out as plan-task tokens.
 """
@@ -33,7 +34,7 @@ from sqe.restrictions import parse_restrictions
 from sqe_catalog.errors import BadRequestError, NotFoundError, UnprocessableEntityError
 from sqe_catalog.tables import StoredTable, validate_client_model
 
-__all__ = ["TASKS_PER_RESPONSE", "PlanStore", "parse_plan_request", "plan_files"]
+__all__ = ["TASKS_PER_RESPONSE", "PlanOwner", "PlanStore", "parse_plan_request", "plan_files"]
 
 TASKS_PER_RESPONSE = 100
 
@@ -152,9 +153,14 @@ def response_tasks(tasks: list[dict[str, Any]]) -> dict[str, Any]:
     return {"delete-files": delete_files, "file-scan-tasks": scan_tasks}
 
 
+# (principal, actor or "", digest of its read-restrictions or ""): a plan is served only under the restrictions
+# it was made with, so one made before a restriction was added never hands out the unrestricted files and stats.
+PlanOwner = tuple[str, str, str]
+
+
 @dataclass
 class _Plan:
-    owner: tuple[str, str]  # (principal, actor or "")
+    owner: PlanOwner
     table: tuple[str, tuple[str, ...], str]  # (warehouse, namespace, table)
     chunks: list[list[dict[str, Any]]]
     expires_at: float
@@ -169,7 +175,7 @@ class PlanStore:
         self._plans: dict[str, _Plan] = {}
 
     def add(
-        self, owner: tuple[str, str], table: tuple[str, tuple[str, ...], str], tasks: list[dict[str, Any]]
+        self, owner: PlanOwner, table: tuple[str, tuple[str, ...], str], tasks: list[dict[str, Any]]
     ) -> tuple[str, list[dict[str, Any]], list[str]]:
         """Store a plan; returns (plan id, the first chunk of tasks, plan-task tokens for the other chunks)."""
         chunks = [tasks[i : i + TASKS_PER_RESPONSE] for i in range(0, len(tasks), TASKS_PER_RESPONSE)] or [[]]
@@ -180,28 +186,24 @@ class PlanStore:
             self._plans[plan_id] = _Plan(owner, table, chunks, now + self._lifetime)
         return plan_id, chunks[0], [f"{plan_id}.{i}" for i in range(1, len(chunks))]
 
-    def get(
-        self, plan_id: str, owner: tuple[str, str], table: tuple[str, tuple[str, ...], str]
-    ) -> list[dict[str, Any]]:
+    def get(self, plan_id: str, owner: PlanOwner, table: tuple[str, tuple[str, ...], str]) -> list[dict[str, Any]]:
         """Every task of the plan (404 for an unknown, expired or foreign plan)."""
         plan = self._find(plan_id, owner, table)
         return [task for chunk in plan.chunks for task in chunk]
 
-    def chunk(
-        self, token: str, owner: tuple[str, str], table: tuple[str, tuple[str, ...], str]
-    ) -> list[dict[str, Any]]:
+    def chunk(self, token: str, owner: PlanOwner, table: tuple[str, tuple[str, ...], str]) -> list[dict[str, Any]]:
         plan_id, _, index = token.rpartition(".")
         plan = self._find(plan_id, owner, table)
         if not index.isdigit() or not 0 < int(index) < len(plan.chunks):
             raise _NoSuchPlanTask("unknown plan task")
         return plan.chunks[int(index)]
 
-    def cancel(self, plan_id: str, owner: tuple[str, str], table: tuple[str, tuple[str, ...], str]) -> None:
+    def cancel(self, plan_id: str, owner: PlanOwner, table: tuple[str, tuple[str, ...], str]) -> None:
         self._find(plan_id, owner, table)
         with self._lock:
             self._plans.pop(plan_id, None)
 
-    def _find(self, plan_id: str, owner: tuple[str, str], table: tuple[str, tuple[str, ...], str]) -> _Plan:
+    def _find(self, plan_id: str, owner: PlanOwner, table: tuple[str, tuple[str, ...], str]) -> _Plan:
         with self._lock:
             plan = self._plans.get(plan_id)
         if plan is None or plan.expires_at <= time.monotonic() or plan.owner != owner or plan.table != table:

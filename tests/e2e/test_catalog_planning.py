@@ -102,3 +102,30 @@ def test_row_filtered_user_never_plans_hidden_files(
     assert requests.get(f"{base}/plan/{plan['plan-id']}", headers=admin, timeout=30).status_code == 404
     assert requests.delete(f"{base}/plan/{plan['plan-id']}", headers=headers, timeout=30).status_code == 204
     assert requests.get(f"{base}/plan/{plan['plan-id']}", headers=headers, timeout=30).status_code == 404
+
+
+def test_a_plan_made_before_a_restriction_is_not_served_after_it(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    ns, _files = _table(catalog_server, engine_writer)
+    name = f"late_{uuid.uuid4().hex[:6]}"
+    analyst = catalog_server.principal_with_grants(name, [("TABLE_READ_DATA", ns, None)])
+    base = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales"
+    headers = {
+        "Authorization": f"Bearer {catalog_server.delegated_token(analyst, catalog_reader)}",
+        "X-Gravitino-Client-Capabilities": "read-restrictions.v1",
+    }
+    us_filter = {"type": "eq", "term": "region", "value": "US"}
+    plan = requests.post(f"{base}/plan", json={"filter": us_filter}, headers=headers, timeout=30).json()
+    [task] = plan["file-scan-tasks"]  # unrestricted yet: the US-only file, with its statistics
+    assert task["data-file"].get("value-counts")
+
+    rules = tmp_path / "eu.json"
+    rules.write_text(json.dumps(EU_ONLY), encoding="utf-8")
+    target = ["--warehouse", catalog_server.warehouse, "--namespace", ns, "--table", "sales"]
+    catalog_server.admin_cli("set-restrictions", *target, "--principal", analyst.name, "--file", str(rules))
+
+    # Now restricted to EU rows: the plan of the hidden US file (and its statistics) is no longer the caller's.
+    later = requests.get(f"{base}/plan/{plan['plan-id']}", headers=headers, timeout=30)
+    assert later.status_code == 404, later.text
+    assert later.json()["error"]["type"] == "NoSuchPlanIdException"
