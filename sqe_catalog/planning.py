@@ -34,9 +34,11 @@ from sqe.restrictions import parse_restrictions
 from sqe_catalog.errors import BadRequestError, NotFoundError, UnprocessableEntityError
 from sqe_catalog.tables import StoredTable, validate_client_model
 
-__all__ = ["TASKS_PER_RESPONSE", "PlanOwner", "PlanStore", "parse_plan_request", "plan_files"]
+__all__ = ["MAX_PLANS_PER_CALLER", "TASKS_PER_RESPONSE", "PlanOwner", "PlanStore", "parse_plan_request", "plan_files"]
 
 TASKS_PER_RESPONSE = 100
+# Plans one caller holds at once: its oldest makes room for a new one, so no caller fills the catalog's memory.
+MAX_PLANS_PER_CALLER = 64
 
 
 def parse_plan_request(body: dict[str, Any]) -> PlanTableScanRequest:
@@ -183,6 +185,9 @@ class PlanStore:
         now = time.monotonic()
         with self._lock:
             self._plans = {k: p for k, p in self._plans.items() if p.expires_at > now}
+            mine = [k for k, p in self._plans.items() if p.owner[:2] == owner[:2]]  # oldest first
+            for old in mine[: max(0, len(mine) - MAX_PLANS_PER_CALLER + 1)]:
+                del self._plans[old]
             self._plans[plan_id] = _Plan(owner, table, chunks, now + self._lifetime)
         return plan_id, chunks[0], [f"{plan_id}.{i}" for i in range(1, len(chunks))]
 
@@ -202,6 +207,11 @@ class PlanStore:
         self._find(plan_id, owner, table)
         with self._lock:
             self._plans.pop(plan_id, None)
+
+    def held(self, owner: PlanOwner) -> int:
+        """The plans ``owner`` (whatever its restrictions) holds now."""
+        with self._lock:
+            return sum(1 for p in self._plans.values() if p.owner[:2] == owner[:2])
 
     def _find(self, plan_id: str, owner: PlanOwner, table: tuple[str, tuple[str, ...], str]) -> _Plan:
         with self._lock:

@@ -14,8 +14,8 @@ from pyiceberg.table import CommitTableResponse, Table
 
 from sqe_catalog.auth import create_engine_for
 from sqe_catalog.config import WarehouseConfig
-from sqe_catalog.errors import BadRequestError, UnprocessableEntityError
-from sqe_catalog.planning import plan_files
+from sqe_catalog.errors import BadRequestError, NotFoundError, UnprocessableEntityError
+from sqe_catalog.planning import MAX_PLANS_PER_CALLER, PlanOwner, PlanStore, plan_files
 from sqe_catalog.tables import CommitBody, StoredTable, WarehouseTables, parse_commit_body, parse_create_body
 
 ROWS = pa.table({"id": pa.array([1, 2], pa.int64())})
@@ -138,3 +138,18 @@ def test_planning_refuses_manifests_outside_the_table(tables: WarehouseTables, t
     with pytest.raises(UnprocessableEntityError, match="manifests outside the table's locations"):
         _plan(tables, "mine")
     assert len(_plan(tables, "other")) == 1 and other.location != mine.location
+
+
+def test_one_caller_cannot_fill_the_plan_store() -> None:
+    store = PlanStore(lifetime_seconds=600)
+    key = ("wh", ("db",), "t")
+    other: PlanOwner = ("bob", "", "")
+    kept, _, _ = store.add(other, key, [])
+    task = {"data-file": {"file-path": "s3://b/t/data/f.parquet"}, "delete-files": []}
+    first, _, _ = store.add(("alice", "", ""), key, [task])
+    for _ in range(5000):  # within the lifetime: each plan would be held until it expires
+        store.add(("alice", "", ""), key, [task])
+    assert store.held(("alice", "", "")) <= MAX_PLANS_PER_CALLER
+    with pytest.raises(NotFoundError):  # the caller's oldest plans make room for its newest
+        store.get(first, ("alice", "", ""), key)
+    assert store.get(kept, other, key) == []  # and never someone else's
