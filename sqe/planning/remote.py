@@ -9,8 +9,9 @@ credentials: the table's own vended set, or the plan's ``storage-credentials`` w
 (parsed by ``sqe.credentials``' one parser, through the catalog client).
 
 Switched on, it never falls back: a catalog that does not advertise the endpoints, a failed or cancelled plan,
-or a plan still pending at the deadline is a ``RemotePlanningError`` (a failed plan whose ErrorModel type the
-catalog error translator knows is that typed error).
+a plan still pending at the deadline, or plan tasks still coming at it (or one named twice) is a
+``RemotePlanningError`` (a failed plan whose ErrorModel type the catalog error translator knows is that typed
+error).
 """
 
 from __future__ import annotations
@@ -104,8 +105,18 @@ def collect_tasks(
     assert isinstance(response, PlanCompleted)
     tasks = _tasks_of(response, ident)
     pending = list(response.plan_tasks)
+    seen: set[str] = set()
     while pending:
-        batch = _scan_tasks(client.fetch_plan_tasks(ident, pending.pop(0)), ident)
+        # The deadline covers the plan tasks too, and a token named twice is refused: no catalog keeps us forever.
+        token = pending.pop(0)
+        if token in seen:
+            raise RemotePlanningError(f"the catalog's plan tasks for {ident} name the same plan task twice")
+        if time.monotonic() >= deadline:
+            raise RemotePlanningError(
+                f"the catalog did not hand out the plan tasks of {ident} within {deadline_seconds:.0f}s"
+            )
+        seen.add(token)
+        batch = _scan_tasks(client.fetch_plan_tasks(ident, token), ident)
         tasks.extend(_tasks_of(batch, ident))
         pending.extend(batch.plan_tasks)
     credentials = answer.get(STORAGE_CREDENTIALS)

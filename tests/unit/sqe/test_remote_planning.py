@@ -147,3 +147,25 @@ def test_switched_on_without_the_endpoints_never_falls_back(provider: LocalProvi
     with pytest.raises(RemotePlanningError, match="does not advertise") as caught:
         RemotePlanner(provider).plan(loaded, row_filter=AlwaysTrue(), selected=["id"], snapshot_id=None)
     assert "server_side_planning" in str(caught.value)
+
+
+class _EndlessTasks(ScriptedCatalog):
+    """Each plan task names another (or itself): a catalog that never runs out of plan tasks."""
+
+    def __init__(self, *, same: bool) -> None:
+        super().__init__({"status": "completed", "plan-id": "p", "plan-tasks": ["p.0"]}, [], {})
+        self.same = same
+
+    def fetch_plan_tasks(self, ident: TableIdent, plan_task: str) -> Mapping[str, Any]:
+        self.calls.append(("tasks", plan_task))
+        assert len(self.calls) < 1000, "the client kept following plan tasks"
+        following = plan_task if self.same else f"p.{len(self.calls)}"
+        return {"file-scan-tasks": [{"data-file": _file(f"s3://b/{len(self.calls)}")}], "plan-tasks": [following]}
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_plan_tasks_that_never_end_are_refused(same: bool) -> None:
+    """A plan task that names itself again, or a chain of them past the deadline, is a typed error, not a hang."""
+    deadline = 60 if same else 0  # the chain: every plan task is fetched past a deadline already reached
+    with pytest.raises(RemotePlanningError, match="plan tasks"):
+        collect_tasks(_EndlessTasks(same=same), IDENT, {}, deadline_seconds=deadline, sleep=lambda _s: None)
