@@ -199,9 +199,11 @@ class PlanStore:
     def chunk(self, token: str, owner: PlanOwner, table: tuple[str, tuple[str, ...], str]) -> list[dict[str, Any]]:
         plan_id, _, index = token.rpartition(".")
         plan = self._find(plan_id, owner, table)
-        if not index.isdigit() or not 0 < int(index) < len(plan.chunks):
+        # Only the tokens handed out: never int() of an over-long or non-ASCII digit string (a ValueError, a 500).
+        position = int(index) if index.isascii() and index.isdigit() and len(index) <= 9 else 0
+        if str(position) != index or not 0 < position < len(plan.chunks):
             raise _NoSuchPlanTask("unknown plan task")
-        return plan.chunks[int(index)]
+        return plan.chunks[position]
 
     def cancel(self, plan_id: str, owner: PlanOwner, table: tuple[str, tuple[str, ...], str]) -> None:
         self._find(plan_id, owner, table)

@@ -153,3 +153,16 @@ def test_one_caller_cannot_fill_the_plan_store() -> None:
     with pytest.raises(NotFoundError):  # the caller's oldest plans make room for its newest
         store.get(first, ("alice", "", ""), key)
     assert store.get(kept, other, key) == []  # and never someone else's
+
+
+@pytest.mark.parametrize("index", ["9" * 5000, "\u0661", "0", "-1", "x"])
+def test_a_malformed_plan_task_index_is_no_such_plan_task(index: str) -> None:
+    """Never a ValueError (a 500): an index too long for int(), or digits int() reads but no token has."""
+    store = PlanStore(lifetime_seconds=600)
+    owner: PlanOwner = ("alice", "", "")
+    key = ("wh", ("db",), "t")
+    task = {"data-file": {"file-path": "s3://b/t/data/f.parquet"}, "delete-files": []}
+    plan_id, _, tokens = store.add(owner, key, [task] * 250)
+    assert tokens == [f"{plan_id}.1", f"{plan_id}.2"]
+    with pytest.raises(NotFoundError, match="unknown plan task"):
+        store.chunk(f"{plan_id}.{index}", owner, key)
