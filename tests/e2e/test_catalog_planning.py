@@ -62,16 +62,37 @@ def test_unrestricted_plan_prunes_with_the_callers_filter(
     assert us[0].file.value_counts, "an unrestricted caller gets the column statistics"
 
 
-def test_row_filtered_user_never_plans_hidden_files(
-    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, catalog_reader: CatalogPrincipal, tmp_path: Path
-) -> None:
+def _table_and_analyst(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, prefix: str
+) -> tuple[str, CatalogPrincipal]:
+    """A fresh sales table and a new principal who may read it."""
     ns, _files = _table(catalog_server, engine_writer)
-    name = f"eu_{uuid.uuid4().hex[:6]}"
-    analyst = catalog_server.principal_with_grants(name, [("TABLE_READ_DATA", ns, None)])
+    analyst = catalog_server.principal_with_grants(f"{prefix}_{uuid.uuid4().hex[:6]}", [("TABLE_READ_DATA", ns, None)])
+    return ns, analyst
+
+
+def _restrict_to_eu(catalog_server: CatalogServer, ns: str, analyst: CatalogPrincipal, tmp_path: Path) -> None:
     rules = tmp_path / "eu.json"
     rules.write_text(json.dumps(EU_ONLY), encoding="utf-8")
     target = ["--warehouse", catalog_server.warehouse, "--namespace", ns, "--table", "sales"]
     catalog_server.admin_cli("set-restrictions", *target, "--principal", analyst.name, "--file", str(rules))
+
+
+def _through_reader(
+    catalog_server: CatalogServer, analyst: CatalogPrincipal, reader: CatalogPrincipal
+) -> dict[str, str]:
+    """Headers of a call the reader makes for ``analyst``, declaring read-restrictions."""
+    return {
+        "Authorization": f"Bearer {catalog_server.delegated_token(analyst, reader)}",
+        "X-Gravitino-Client-Capabilities": "read-restrictions.v1",
+    }
+
+
+def test_row_filtered_user_never_plans_hidden_files(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    ns, analyst = _table_and_analyst(catalog_server, engine_writer, "eu")
+    _restrict_to_eu(catalog_server, ns, analyst, tmp_path)
 
     # The analyst's own token is refused (restricted metadata only through a trusted reader).
     base = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales"
@@ -90,10 +111,7 @@ def test_row_filtered_user_never_plans_hidden_files(
     assert all(not t.file.lower_bounds and not t.file.value_counts for t in hidden)
 
     # Plans belong to their caller: GET and DELETE by id, a foreign caller gets 404.
-    headers = {
-        "Authorization": f"Bearer {catalog_server.delegated_token(analyst, catalog_reader)}",
-        "X-Gravitino-Client-Capabilities": "read-restrictions.v1",
-    }
+    headers = _through_reader(catalog_server, analyst, catalog_reader)
     plan = requests.post(f"{base}/plan", json={}, headers=headers, timeout=30).json()
     assert plan["status"] == "completed" and len(plan["file-scan-tasks"]) == 1
     again = requests.get(f"{base}/plan/{plan['plan-id']}", headers=headers, timeout=30)
@@ -107,23 +125,15 @@ def test_row_filtered_user_never_plans_hidden_files(
 def test_a_plan_made_before_a_restriction_is_not_served_after_it(
     catalog_server: CatalogServer, engine_writer: CatalogPrincipal, catalog_reader: CatalogPrincipal, tmp_path: Path
 ) -> None:
-    ns, _files = _table(catalog_server, engine_writer)
-    name = f"late_{uuid.uuid4().hex[:6]}"
-    analyst = catalog_server.principal_with_grants(name, [("TABLE_READ_DATA", ns, None)])
+    ns, analyst = _table_and_analyst(catalog_server, engine_writer, "late")
     base = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales"
-    headers = {
-        "Authorization": f"Bearer {catalog_server.delegated_token(analyst, catalog_reader)}",
-        "X-Gravitino-Client-Capabilities": "read-restrictions.v1",
-    }
+    headers = _through_reader(catalog_server, analyst, catalog_reader)
     us_filter = {"type": "eq", "term": "region", "value": "US"}
     plan = requests.post(f"{base}/plan", json={"filter": us_filter}, headers=headers, timeout=30).json()
     [task] = plan["file-scan-tasks"]  # unrestricted yet: the US-only file, with its statistics
     assert task["data-file"].get("value-counts")
 
-    rules = tmp_path / "eu.json"
-    rules.write_text(json.dumps(EU_ONLY), encoding="utf-8")
-    target = ["--warehouse", catalog_server.warehouse, "--namespace", ns, "--table", "sales"]
-    catalog_server.admin_cli("set-restrictions", *target, "--principal", analyst.name, "--file", str(rules))
+    _restrict_to_eu(catalog_server, ns, analyst, tmp_path)
 
     # Now restricted to EU rows: the plan of the hidden US file (and its statistics) is no longer the caller's.
     later = requests.get(f"{base}/plan/{plan['plan-id']}", headers=headers, timeout=30)
