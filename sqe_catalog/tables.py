@@ -685,10 +685,14 @@ class WarehouseTables:
             metadata = self._new_metadata(create, location)
         return StoredTable(namespace, create.name, None, metadata)
 
-    def pending_registration(self, namespace: Namespace, name: str, metadata_location: str) -> StoredTable:
+    def pending_registration(
+        self, namespace: Namespace, name: str, metadata_location: str, overwrite: bool = False
+    ) -> StoredTable:
         """The table a register would admit, admitted nowhere: for checks that must pass before it is (the register
-        itself reads and checks the file again)."""
+        itself reads and checks the file again). A taken name is refused first, as the register does (409)."""
         self._require_namespace(namespace)
+        if not (overwrite and self.table_exists(namespace, name)):
+            self._require_absent(namespace, name)
         parsed = self._read_for_admission(metadata_location)
         return StoredTable(namespace, name, metadata_location, parsed.metadata, parsed.document)
 

@@ -405,3 +405,20 @@ def test_a_create_or_register_the_gate_refuses_leaves_no_table_behind(catalog: C
     refused = catalog.request("alice", "POST", "/v1/wh/namespaces/db/register", headers=DECLARED, **register)
     assert refused.status == 403, refused.body
     assert catalog.request("root", "HEAD", "/v1/wh/namespaces/db/tables/again").status == 404
+
+
+def test_a_register_of_a_taken_name_is_409_before_its_file_is_read_or_gated(catalog: Catalog) -> None:
+    # Found by review: the register gate read (and gated) the metadata file before the name was checked, so a
+    # register without overwrite of an existing table answered 400 for a missing file, or 403 for the gate,
+    # where it was (and a create still is) 409.
+    catalog.store.grant("alice_role", "TABLE_CREATE", "wh")
+    location = catalog.request("root", "GET", TABLE).json()["metadata-location"]
+    missing = {"name": "t", "metadata-location": f"{location}x"}
+    taken = catalog.request("alice", "POST", "/v1/wh/namespaces/db/register", headers=DECLARED, **missing)
+    assert taken.status == 409, taken.body
+    _tag(catalog, "sensitivity", "restricted", namespace=["db"])
+    _policy(catalog, "rf", "system_row_filter", 'filter := col("region") == "EU"', "sensitivity", "restricted")
+    _enable(catalog, "rf")
+    current = {"name": "t", "metadata-location": location}
+    taken = catalog.request("alice", "POST", "/v1/wh/namespaces/db/register", headers=DECLARED, **current)
+    assert taken.status == 409, taken.body
