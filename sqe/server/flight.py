@@ -73,6 +73,13 @@ class AuthMiddleware(flight.ServerMiddleware):  # type: ignore[misc]
         self.user = user
         self.session_id = session_id
         self.new_cookie = None if session_id is not None else secrets.token_urlsafe(24)
+        self.entered: tuple[SessionRegistry, ClientSession] | None = None  # the session this call holds
+
+    def call_completed(self, exception: BaseException | None) -> None:
+        if self.entered is not None:
+            registry, session = self.entered
+            self.entered = None
+            registry.leave(session)
 
     def sending_headers(self) -> dict[str, str]:
         headers: dict[str, str] = {}
@@ -336,7 +343,10 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         middleware: AuthMiddleware | None = context.get_middleware("sqe")
         if middleware is None:
             raise AuthenticationError("unauthenticated call")
-        session = self.registry.resolve(middleware.user, middleware.session_id, context.peer(), middleware.new_cookie)
+        if middleware.entered is not None:
+            return middleware.user, middleware.entered[1]
+        session = self.registry.enter(middleware.user, middleware.session_id, context.peer(), middleware.new_cookie)
+        middleware.entered = (self.registry, session)  # held until the call completes (a DoGet: its stream too)
         return middleware.user, session
 
     def secrets_of(self, context: Any) -> list[str]:

@@ -317,6 +317,7 @@ class ClientSession:
         self._bound_bytes = 0  # of the parameter rows bound to ``prepared`` (bind_parameters, close_prepared)
         self.open: dict[bytes, OpenQuery] = {}
         self.last_used = time.monotonic()
+        self.calls = 0  # calls running on it (``SessionRegistry.enter`` / ``leave``, under the registry's lock)
         self._closed = False
 
     @property
@@ -423,7 +424,7 @@ class ClientSession:
     def is_idle_since(self, cutoff: float) -> bool:
         with self._lock:
             busy = any(e.busy for e in self._engines)
-        return not busy and not self.open and self.last_used < cutoff
+        return not busy and not self.open and not self.calls and self.last_used < cutoff
 
     def close(self) -> None:
         """Cancel its queries and close its idle engines; a query's owner finishes it and closes its engine.
@@ -525,6 +526,20 @@ class SessionRegistry:
         ``new_cookie`` is the id this response offers the client; it becomes an alias of the same session so a
         client that starts sending it keeps its prepared statements and results.
         """
+        return self._resolve(user, session_id, peer, new_cookie, entering=False)
+
+    def enter(self, user: User, session_id: str | None, peer: str, new_cookie: str | None) -> ClientSession:
+        """``resolve`` for a call, which holds the session until ``leave``: a running call's session (a DoPut still
+        receiving rows, a token exchange before its engine) is never idle, so never closed under it."""
+        return self._resolve(user, session_id, peer, new_cookie, entering=True)
+
+    def leave(self, session: ClientSession) -> None:
+        with self._lock:
+            session.calls -= 1
+
+    def _resolve(
+        self, user: User, session_id: str | None, peer: str, new_cookie: str | None, *, entering: bool
+    ) -> ClientSession:
         with self._lock:
             if session_id is not None:
                 key = self._aliases.get((user.key, session_id), (user.key, session_id))
@@ -538,6 +553,8 @@ class SessionRegistry:
             if new_cookie is not None:
                 self._offer(key, (user.key, new_cookie))
             session.touch()
+            if entering:
+                session.calls += 1
         if evicted is not None:
             evicted.close()
         return session
@@ -548,7 +565,7 @@ class SessionRegistry:
         mine = [s for s in self._sessions.values() if s.user_key == user_key]
         if len(mine) < MAX_CLIENT_SESSIONS_PER_USER:
             return None
-        # idle for a moment at least: a call that has just resolved its session has not taken an engine yet
+        # idle for a moment at least: a client's next call on it usually follows its last one closely
         idle = [s for s in mine if s.is_idle_since(time.monotonic() - 1.0)]
         if not idle:
             raise ServerBusyError(

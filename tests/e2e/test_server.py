@@ -530,6 +530,35 @@ def test_parameter_rows_bound_across_prepared_statements_share_the_limit(served:
     _bind(client, bytes(_create_prepared(client, sql, carol).prepared_statement_handle), most, carol)
 
 
+def test_the_session_cap_never_evicts_a_session_whose_call_is_still_running(served: Served) -> None:
+    """Found by review: a user's new client session past the cap closed their least recently used session idle
+    for a second, judged by its engines and results only: a session whose DoPut was still receiving its parameter
+    rows was closed under it, and the prepared statement it bound was gone when the client executed it."""
+    from sqe.server.sessions import MAX_CLIENT_SESSIONS_PER_USER
+
+    user = _principal(
+        served.catalog, f"srv_cap_{uuid.uuid4().hex[:6]}", [("NAMESPACE_LIST", None), ("TABLE_READ_DATA", None)]
+    )
+    token, client = served.catalog.token(user), served.flight_client()
+    catalogs = _command(sql_pb.CommandGetCatalogs())
+    others = [_session_options(token, f"other-{i}") for i in range(MAX_CLIENT_SESSIONS_PER_USER - 1)]
+    binding = _session_options(token, "binding")
+    handle = _prepare(client, f"SELECT name FROM {served.namespace}.people WHERE id = $1", binding)
+    command = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+    rows = pa.table({"id": pa.array([1], pa.int64())})
+    writer, reader = client.do_put(command, rows.schema, binding)
+    writer.write_table(rows)  # the DoPut is open: its client is still sending
+    for options in others:
+        client.get_schema(catalogs, options)  # all used after the binding session...
+    time.sleep(1.5)  # ...and all idle for a second now, but the binding session's call is running
+    client.get_schema(catalogs, _session_options(token, "one-more"))  # past the cap: one session goes
+    writer.done_writing()
+    reader.read()
+    writer.close()
+    info = client.get_flight_info(command, binding)
+    assert client.do_get(info.endpoints[0].ticket, binding).read_all().column("name").to_pylist() == ["ada"]
+
+
 def test_adbc_cancel_of_a_long_query(served: Served) -> None:
     with served.adbc("carol") as conn, conn.cursor() as cur:
         sql = f"SELECT a.n FROM {served.namespace}.numbers a, {served.namespace}.numbers b WHERE a.n + b.n = -1"
