@@ -8,6 +8,7 @@ which is the spec's order). Temporal values compare as integers in the column's 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from sqe.restrictions import expressions as ex
 from sqe.restrictions.columns import BatchColumns
 from sqe.restrictions.literals import TEMPORAL_NANOS, TIMESTAMP_TYPES
 
+_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 _COMPARE: dict[str, Callable[..., pa.Array]] = {
     "eq": pc.equal,
     "lt": pc.less,
@@ -114,6 +116,21 @@ def _comparable(array: pa.Array, ref: ex.FieldRef) -> pa.Array:
         _require(pa.types.is_timestamp(array.type), ref)
         unit = "ns" if kind in TEMPORAL_NANOS else "us"
         return _as_integers(array, pa.timestamp(unit, tz=array.type.tz), pa.int64())
+    return _promoted(array, ref)
+
+
+def _promoted(array: pa.Array, ref: ex.FieldRef) -> pa.Array:
+    """The values in the filter's (current) type: a snapshot read before an int/float/decimal promotion holds the
+    narrower type, and the literal must not be narrowed to it (``x <= 0.1`` on a float keeps ``0.1f``)."""
+    kind = ref.type_name
+    if kind == "long" and pa.types.is_integer(array.type) and array.type != pa.int64():
+        return array.cast(pa.int64())
+    if kind == "double" and pa.types.is_floating(array.type) and array.type != pa.float64():
+        return array.cast(pa.float64())
+    if (match := _DECIMAL.fullmatch(kind)) and pa.types.is_decimal(array.type):
+        wanted = pa.decimal128(int(match.group(1)), int(match.group(2)))
+        if array.type != wanted:
+            return array.cast(wanted)  # safe cast: a value that does not fit raises
     return array
 
 
