@@ -27,12 +27,14 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from pyiceberg.exceptions import ResolveError
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, Not, Or
 from pyiceberg.expressions.visitors import bind, extract_field_ids
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import ManifestContent
+from pyiceberg.schema import Schema, promote
 from pyiceberg.table import DataScan
-from pyiceberg.types import ListType, MapType
+from pyiceberg.types import ListType, MapType, NestedField, PrimitiveType, StructType
 
 from sqe import vocabulary
 from sqe._lru import LRUCache
@@ -45,7 +47,6 @@ from sqe.vocabulary import ENCRYPTION_KEY_ID, ENCRYPTION_KEYS
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
     from pyiceberg.partitioning import PartitionSpec
-    from pyiceberg.schema import Schema
     from pyiceberg.table import FileScanTask
     from pyiceberg.table.metadata import TableMetadata
     from pyiceberg.table.name_mapping import NameMapping
@@ -403,6 +404,8 @@ def plan_scan(
         projected = (
             scan.projection() if cache is None else cache.projection(_projection_key(loaded, scan), scan.projection)
         )
+    if snapshot_id is not None:
+        projected = in_current_types(projected, table.metadata.schema())
     return ScanPlan(
         loaded=loaded,
         task_source=source,
@@ -673,6 +676,34 @@ def _schema_for(loaded: LoadedTable, snapshot_id: int | None) -> Schema:
         if schema.schema_id == snapshot.schema_id:
             return schema
     return metadata.schema()
+
+
+def in_current_types(projected: Schema, current: Schema) -> Schema:
+    """A snapshot's projected schema with each primitive field (top level or in structs) in the type the current
+    schema promoted it to (int to long, float to double, a wider decimal). The read-restrictions are validated
+    against the current types, so a time-travel read must hold its values in them: a double filter compares
+    doubles, sha-256 of a long hashes 8 bytes. pyiceberg's reader promotes the files' values as it does for the
+    current snapshot."""
+    fields = [_in_current_type(field, current) for field in projected.fields]
+    if all(new is old for new, old in zip(fields, projected.fields, strict=True)):
+        return projected
+    return Schema(*fields, schema_id=projected.schema_id, identifier_field_ids=projected.identifier_field_ids)
+
+
+def _in_current_type(field: NestedField, current: Schema) -> NestedField:
+    kind = field.field_type
+    if isinstance(kind, StructType):
+        children = [_in_current_type(child, current) for child in kind.fields]
+        if all(new is old for new, old in zip(children, kind.fields, strict=True)):
+            return field
+        return field.model_copy(update={"field_type": StructType(*children)})
+    if not isinstance(kind, PrimitiveType):
+        return field  # lists and maps: neither a row filter nor a mask reads inside them
+    try:
+        promoted = promote(kind, current.find_type(field.field_id))
+    except (ValueError, ResolveError):  # not in the current schema, or not a promotion (an equal type raises none)
+        return field
+    return field if promoted == kind else field.model_copy(update={"field_type": promoted})
 
 
 def _current_snapshot_id(loaded: LoadedTable) -> int | None:
