@@ -120,7 +120,16 @@ def resolve(
         if snapshot is not None:
             columns = _columns_of_every_schema(schema, all_schemas)
             _policy_candidates(
-                snapshot, namespace, table_uuid, schema, columns, subject, candidates, report, include_disabled
+                snapshot,
+                namespace,
+                table_uuid,
+                schema,
+                columns,
+                subject,
+                candidates,
+                report,
+                include_disabled,
+                _dropped_names(schema, all_schemas),
             )
         for entry in entries:
             _entry_candidates(entry, schema, all_schemas, candidates, report)
@@ -153,6 +162,17 @@ def _columns_of_every_schema(schema: Schema, all_schemas: Sequence[Schema]) -> d
     return columns
 
 
+def _dropped_names(schema: Schema, all_schemas: Sequence[Schema]) -> dict[int, set[str]]:
+    """Every name each dropped top-level column had: older snapshots show it under the one of their schema."""
+    current = {f.field_id for f in schema.fields}
+    names: dict[int, set[str]] = {}
+    for old in all_schemas:
+        for column in old.fields:
+            if column.field_id not in current:
+                names.setdefault(column.field_id, set()).add(column.name)
+    return names
+
+
 def _shown_names(columns: dict[int, NestedField], schema: Schema) -> dict[int, str]:
     current = {f.field_id for f in schema.fields}
     return {fid: f.name if fid in current else f"{f.name} (dropped, field {fid})" for fid, f in columns.items()}
@@ -168,9 +188,10 @@ def _policy_candidates(
     candidates: _Candidates,
     report: dict[str, Any],
     include_disabled: bool,
+    former_names: dict[int, set[str]],
 ) -> None:
     table_tags = snapshot.table_tags(namespace)
-    column_tags = snapshot.column_tags(namespace, list(columns.values()), table_uuid)
+    column_tags = snapshot.column_tags(namespace, list(columns.values()), table_uuid, former_names)
     names = _shown_names(columns, schema)
     report["tags"] = {
         "table": _tags_json(table_tags),

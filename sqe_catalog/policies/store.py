@@ -27,7 +27,7 @@ import enum
 import json
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -623,12 +623,19 @@ class GovernanceSnapshot:
         return _nearest(ranked)
 
     def column_tags(
-        self, namespace: tuple[str, ...], columns: Sequence[NestedField], table_uuid: str
+        self,
+        namespace: tuple[str, ...],
+        columns: Sequence[NestedField],
+        table_uuid: str,
+        former_names: Mapping[int, Collection[str]] | None = None,
     ) -> dict[int, dict[str, tuple[str | None, str]]]:
         """Effective tags of the given top-level columns (field id -> key -> (value, origin)).
 
         A column tag matches the field with its field id in the same table (a renamed column keeps it) and any
-        field with its name (a dropped and re-added column, or a re-created table, keeps it too)."""
+        field with its name (a dropped and re-added column, or a re-created table, keeps it too). ``former_names``
+        are more names a field answers to (a dropped column's names in older schemas, under which older
+        snapshots show it)."""
+        former = former_names or {}
         table_level = self.table_tags(namespace)
         result: dict[int, dict[str, tuple[str | None, str]]] = {}
         for field in columns:
@@ -639,6 +646,7 @@ class GovernanceSnapshot:
                 and (
                     (a.target.field_id == field.field_id and a.target.table_uuid == table_uuid)
                     or a.target.column == field.name
+                    or a.target.column in former.get(field.field_id, ())
                 )
             ]
             own_by_tag: dict[str, tuple[str | None, str]] = {}

@@ -422,3 +422,30 @@ def test_a_register_of_a_taken_name_is_409_before_its_file_is_read_or_gated(cata
     current = {"name": "t", "metadata-location": location}
     taken = catalog.request("alice", "POST", "/v1/wh/namespaces/db/register", headers=DECLARED, **current)
     assert taken.status == 409, taken.body
+
+
+def test_a_tag_by_name_masks_a_dropped_column_that_had_the_name_in_an_older_schema(tmp_path: Path) -> None:
+    # Found by review: email (field 2) renamed to legacy, then dropped, and a new email (field 4) added and tagged.
+    # Snapshots of schema 0 hold field 2 under the name email, but only its newest name was matched, so time
+    # travel there read the old emails raw.
+    catalog = _catalog(tmp_path)
+
+    def schema(schema_id: int, *columns: dict[str, Any]) -> dict[str, Any]:
+        fields = [{"id": 1, "name": "id", "type": "long", "required": True}, *columns]
+        return {"type": "struct", "schema-id": schema_id, "fields": fields}
+
+    for new in (
+        schema(1, {"id": 2, "name": "legacy", "type": "string", "required": False}),
+        schema(2, {"id": 4, "name": "email", "type": "string", "required": False}),
+    ):
+        updates = [{"action": "add-schema", "schema": new}, {"action": "set-current-schema", "schema-id": -1}]
+        assert catalog.request("root", "POST", TABLE, updates=updates, requirements=[]).status == 200
+    _tag(catalog, "pii", namespace=["db"], table="t", column="email")
+    _policy(catalog, "m", "system_column_mask", 'mask := action("mask-alphanum")', "pii")
+    _enable(catalog, "m")
+    assert _restrictions(catalog) == {
+        "required-column-projections": [
+            {"field-id": 2, "action": "mask-alphanum"},
+            {"field-id": 4, "action": "mask-alphanum"},
+        ]
+    }
