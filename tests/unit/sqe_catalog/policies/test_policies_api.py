@@ -328,33 +328,24 @@ def test_a_dropped_tagged_column_keeps_its_mask_for_older_snapshots(tmp_path: Pa
     assert _restrictions(catalog) == masked_email  # field 2 is gone from the current schema, not from the data
 
 
-def test_a_dropped_column_the_mask_cannot_apply_to_gets_a_stand_in(tmp_path: Path) -> None:
-    # Found by review: ssn retyped (a long dropped, a string added under the same name, so the tag matches both)
-    # made the mask-alphanum policy fail for the old long column, and the whole table unreadable for everyone.
-    catalog = _catalog(tmp_path)
+def _schema(schema_id: int, *columns: dict[str, Any]) -> dict[str, Any]:
+    """db.t's schema: a required ``id`` and ``columns``."""
+    fields = [{"id": 1, "name": "id", "type": "long", "required": True}, *columns]
+    return {"type": "struct", "schema-id": schema_id, "fields": fields}
 
-    def schema(schema_id: int, ssn: dict[str, Any]) -> dict[str, Any]:
-        columns = [{"id": 1, "name": "id", "type": "long", "required": True}, ssn]
-        return {"type": "struct", "schema-id": schema_id, "fields": columns}
 
-    for schema_id, ssn in (
-        (1, {"id": 4, "name": "ssn", "type": "long", "required": True}),
-        (2, {"id": 5, "name": "ssn", "type": "string", "required": False}),
-    ):
-        updates = [
-            {"action": "add-schema", "schema": schema(schema_id, ssn)},
-            {"action": "set-current-schema", "schema-id": -1},
-        ]
+def _evolve(catalog: Catalog, *schemas: dict[str, Any]) -> None:
+    """Make each of ``schemas`` db.t's current schema in turn (the columns left out are dropped)."""
+    for schema in schemas:
+        updates = [{"action": "add-schema", "schema": schema}, {"action": "set-current-schema", "schema-id": -1}]
         assert catalog.request("root", "POST", TABLE, updates=updates, requirements=[]).status == 200
-    _tag(catalog, "pii", namespace=["db"], table="t", column="ssn")
+
+
+def _mask_pii(catalog: Catalog, column: str) -> None:
+    """Tag db.t's ``column`` pii, and mask pii with mask-alphanum."""
+    _tag(catalog, "pii", namespace=["db"], table="t", column=column)
     _policy(catalog, "m", "system_column_mask", 'mask := action("mask-alphanum")', "pii")
     _enable(catalog, "m")
-    assert _restrictions(catalog) == {
-        "required-column-projections": [
-            {"field-id": 4, "action": "mask-to-fixed-value"},  # the old long was required: no null for it
-            {"field-id": 5, "action": "mask-alphanum"},
-        ]
-    }
 
 
 def test_claiming_the_files_of_a_dropped_policy_governed_table_needs_catalog_manage_policies(
@@ -424,28 +415,38 @@ def test_a_register_of_a_taken_name_is_409_before_its_file_is_read_or_gated(cata
     assert taken.status == 409, taken.body
 
 
-def test_a_tag_by_name_masks_a_dropped_column_that_had_the_name_in_an_older_schema(tmp_path: Path) -> None:
-    # Found by review: email (field 2) renamed to legacy, then dropped, and a new email (field 4) added and tagged.
-    # Snapshots of schema 0 hold field 2 under the name email, but only its newest name was matched, so time
-    # travel there read the old emails raw.
+@pytest.mark.parametrize(
+    ("schemas", "column", "masks"),
+    [
+        # Found by review: ssn retyped (a long dropped, a string added under the same name, so the tag matches
+        # both) made the mask-alphanum policy fail for the old long column, and the table unreadable for everyone.
+        (
+            (
+                _schema(1, {"id": 4, "name": "ssn", "type": "long", "required": True}),
+                _schema(2, {"id": 5, "name": "ssn", "type": "string", "required": False}),
+            ),
+            "ssn",
+            {4: "mask-to-fixed-value", 5: "mask-alphanum"},  # the old long was required: no null for it
+        ),
+        # Found by review: email (field 2) renamed to legacy, then dropped, and a new email (field 4) added and
+        # tagged. Snapshots of schema 0 hold field 2 under the name email, but only its newest name was matched,
+        # so time travel there read the old emails raw.
+        (
+            (
+                _schema(1, {"id": 2, "name": "legacy", "type": "string", "required": False}),
+                _schema(2, {"id": 4, "name": "email", "type": "string", "required": False}),
+            ),
+            "email",
+            {2: "mask-alphanum", 4: "mask-alphanum"},
+        ),
+    ],
+    ids=["a-retyped-column-the-mask-cannot-apply-to-gets-a-stand-in", "a-renamed-column-keeps-its-old-names"],
+)
+def test_a_tag_by_name_masks_the_dropped_columns_that_had_the_name(
+    tmp_path: Path, schemas: tuple[dict[str, Any], ...], column: str, masks: dict[int, str]
+) -> None:
     catalog = _catalog(tmp_path)
-
-    def schema(schema_id: int, *columns: dict[str, Any]) -> dict[str, Any]:
-        fields = [{"id": 1, "name": "id", "type": "long", "required": True}, *columns]
-        return {"type": "struct", "schema-id": schema_id, "fields": fields}
-
-    for new in (
-        schema(1, {"id": 2, "name": "legacy", "type": "string", "required": False}),
-        schema(2, {"id": 4, "name": "email", "type": "string", "required": False}),
-    ):
-        updates = [{"action": "add-schema", "schema": new}, {"action": "set-current-schema", "schema-id": -1}]
-        assert catalog.request("root", "POST", TABLE, updates=updates, requirements=[]).status == 200
-    _tag(catalog, "pii", namespace=["db"], table="t", column="email")
-    _policy(catalog, "m", "system_column_mask", 'mask := action("mask-alphanum")', "pii")
-    _enable(catalog, "m")
-    assert _restrictions(catalog) == {
-        "required-column-projections": [
-            {"field-id": 2, "action": "mask-alphanum"},
-            {"field-id": 4, "action": "mask-alphanum"},
-        ]
-    }
+    _evolve(catalog, *schemas)
+    _mask_pii(catalog, column)
+    projections = [{"field-id": field_id, "action": action} for field_id, action in masks.items()]
+    assert _restrictions(catalog) == {"required-column-projections": projections}
