@@ -25,6 +25,7 @@ from workers.server import ServerOptions
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "quickstart" / "compose"
 SCENARIOS = ("rustack", "polaris-rustack", "ceph")
+RUN_SCENARIO = COMPOSE / "run-scenario.sh"  # the steps every scenario's run.sh runs, given its folder name
 INSTRUCTIONS = {"FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER", "EXPOSE", "CMD", "ENTRYPOINT", "LABEL"}
 
 
@@ -76,7 +77,11 @@ def test_every_mounted_file_and_dependency_exists(scenario: str) -> None:
     for port_list in (s.get("ports", []) for s in services.values()):
         assert all(str(p).startswith("127.0.0.1:") for p in port_list)  # never published beyond loopback
     run = (COMPOSE / scenario / "run.sh").read_text()
-    assert run.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in run and "trap" in run
+    assert run.startswith("#!/usr/bin/env bash") and run.rstrip().endswith(f'/../run-scenario.sh" {scenario}')
+    shared = RUN_SCENARIO.read_text()
+    assert shared.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in shared and "trap" in shared
+    known = re.search(r"^\s*([\w| -]+)\) ;;$", shared, re.MULTILINE)  # the case arm of accepted names
+    assert known is not None and scenario in known.group(1).split(" | ")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -90,7 +95,7 @@ def test_workers_pass_the_worker_clis_plaintext_rule(scenario: str) -> None:
         token = "t" * 32 if args.token_file else None  # off loopback a worker needs a token too
         ServerOptions(args.listen, token, tls_cert=tls[0], tls_key=tls[1])  # raises ConfigError on plaintext
         assert str(args.tls_cert) == "/var/lib/sqe/tls/worker.crt"
-        run = (COMPOSE / scenario / "run.sh").read_text()
+        run = RUN_SCENARIO.read_text()
         assert "subjectAltName=DNS:sqe-worker-1,DNS:sqe-worker-2" in run and "-out .state/tls/worker.crt" in run
 
 

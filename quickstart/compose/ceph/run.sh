@@ -1,21 +1,3 @@
 #!/usr/bin/env bash
-# Brings the ceph quickstart up, runs the `make demo` steps in it, and tears it down (also on failure).
-# Untested here: the machines this project is tested on have no Docker engine (see ../README.md).
-set -euo pipefail
-cd "$(dirname "$0")"
-compose=(docker compose -f docker-compose.yml)
-trap '"${compose[@]}" --profile demo down --volumes --remove-orphans' EXIT
-mkdir -p .state/tls .state/principals
-# The coordinator's worker token and self-signed certificates for `sqe serve` and for the workers (plaintext is
-# refused off loopback; the workers' one names both compose hosts and is the coordinator's tls_ca).
-token="$(openssl rand -hex 24)"
-( umask 077; printf '%s\n' "$token" > .state/worker.token; printf 'SQE_COORDINATOR__TOKEN=%s\n' "$token" > .state/coordinator.env )
-openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "/CN=sqe-server" \
-    -keyout .state/tls/server.key -out .state/tls/server.crt 2>/dev/null
-openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "/CN=sqe-worker" \
-    -addext "subjectAltName=DNS:sqe-worker-1,DNS:sqe-worker-2" \
-    -keyout .state/tls/worker.key -out .state/tls/worker.crt 2>/dev/null
-"${compose[@]}" build
-"${compose[@]}" up -d --wait
-"${compose[@]}" --profile demo run --rm demo
-echo "ceph quickstart finished"
+# The ceph quickstart: up, the `make demo` steps, down (see ../run-scenario.sh).
+exec bash "$(dirname "$0")/../run-scenario.sh" ceph
