@@ -61,6 +61,7 @@ from sqe.errors import (
     RestrictedTableError,
     SQEError,
 )
+from sqe.execution.conform import conform_for_write
 from sqe.execution.external import ExternalSources
 from sqe.planning import views
 from sqe.planning.sql_analysis import (
@@ -1315,7 +1316,7 @@ class Session:
             return pa.table({"count": pa.array([0], pa.int64())})
         rows = self._materialise(planned, statement.body, params)
         schema = _writable_schema(rows.schema)
-        _conform_for_write(rows, _iceberg_schema(schema, ident), ident)  # refused before anything is created
+        conform_for_write(rows, _iceberg_schema(schema, ident), ident)  # refused before anything is created
         loaded = self._provider.create_table(ident, schema)
         try:
             self._append(loaded, rows)
@@ -1342,7 +1343,7 @@ class Session:
 
         if rows.num_rows == 0:
             return
-        data = _conform_for_write(rows, loaded.table.schema(), loaded.ident)
+        data = conform_for_write(rows, loaded.table.schema(), loaded.ident)
         try:
             writable_table(loaded).append(data)  # through SQE's scoped FileIO; committed via the table's catalog
         except SQEError:
@@ -1528,7 +1529,7 @@ class Session:
             dml.drop_staged(self._con, staged, staging)
         count = int(counted[0][0]) if counted and counted[0] else 0
         if rewrite.replaced or rewrite.rows.num_rows:
-            data = _conform_for_write(rewrite.rows, loaded.table.schema(), ident)
+            data = conform_for_write(rewrite.rows, loaded.table.schema(), ident)
             try:
                 dml.commit_rewrite(loaded, target_plan, rewrite, data, statement.kind)
             finally:  # committed, or refused because the table changed: either way the entry is stale
@@ -1767,39 +1768,6 @@ def _parameter_table(rows: Sequence[Sequence[Any]], count: int) -> pa.Table | No
         except (pa.ArrowException, OverflowError, ValueError):  # an int beyond BIGINT, a str DuckDB cannot take
             return None
     return pa.table(columns, names=[str(number) for number in range(1, count + 1)])
-
-
-def _conform_for_write(rows: pa.Table, schema: Schema, ident: TableIdent) -> pa.Table:
-    """DuckDB's rows in the Iceberg table's Arrow shape; NULL in a required column is refused."""
-    from pyiceberg.io.pyarrow import schema_to_pyarrow
-
-    target = schema_to_pyarrow(schema, include_field_ids=False)
-    if rows.num_columns != len(target):
-        raise QueryError(f"{ident} has {len(target)} columns, the statement produced {rows.num_columns}")
-    columns = []
-    for column, f in zip(rows.columns, target, strict=True):
-        if not f.nullable and column.null_count:
-            raise QueryError(f"NULL value in required column {f.name!r} of {ident}")
-        try:
-            if isinstance(f.type, pa.UuidType) and pa.types.is_string(column.type):
-                columns.append(_uuid_column(column, f.type))
-            else:
-                columns.append(column if column.type == f.type else column.cast(f.type))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise QueryError(f"cannot write column {f.name!r} of {ident}: {first_line(exc)}") from None
-    return pa.Table.from_arrays(columns, schema=target)
-
-
-def _uuid_column(column: pa.ChunkedArray, uuid_type: pa.UuidType) -> pa.ChunkedArray:
-    """DuckDB hands a UUID back as its text, and Arrow casts no text to Iceberg's 16-byte uuid: parsed here."""
-    import uuid
-
-    try:
-        values = [None if text is None else uuid.UUID(text).bytes for text in column.to_pylist()]
-    except ValueError as exc:
-        raise pa.ArrowInvalid(f"not a UUID: {exc}") from None
-    storage = pa.array(values, uuid_type.storage_type)
-    return pa.chunked_array([pa.ExtensionArray.from_storage(uuid_type, storage)], uuid_type)
 
 
 def _refuse_types_arrow_drops(relation: duckdb.DuckDBPyRelation) -> None:

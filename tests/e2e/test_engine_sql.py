@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType, StructType
 
 import sqe.api
 from sqe.catalog.base import TableIdent
@@ -130,6 +132,26 @@ def test_delete_update_merge_copy_on_write_read_back_by_pyiceberg(
         assert session.sql(f"DELETE FROM {table} WHERE id = 999").fetchall() == [(0,)]  # no commit for nothing
         assert len(session.sql(f'SELECT * FROM {namespace}."orders$snapshots"').fetchall()) == 5
     assert pyiceberg_rows(catalog_server, owner, table) == expected
+
+
+def test_a_null_struct_with_a_required_child_is_written_and_rewritten(
+    config: Path, namespace: str, catalog_server: CatalogServer, owner: CatalogPrincipal
+) -> None:
+    """Iceberg allows a required field inside an optional struct: a NULL struct is a row like any other."""
+    point = StructType(NestedField(3, "x", LongType(), required=True), NestedField(4, "y", StringType()))
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "p", point, required=False))
+    table = f"{namespace}.points"
+    pyiceberg_catalog(catalog_server, owner).create_table(table, schema)
+    with sqe.api.connect(config) as session:
+        session.sql(f"INSERT INTO {table} VALUES (1, {{'x': 5, 'y': 'a'}}), (2, NULL)")
+        session.sql(f"INSERT INTO {table} SELECT 3, CASE WHEN false THEN {{'x': 1, 'y': 'b'}} END")
+        with pytest.raises(QueryError, match=rf"NULL value in required field 'p\.x' of wh\.{namespace}\.points"):
+            session.sql(f"INSERT INTO {table} VALUES (4, {{'x': NULL, 'y': 'c'}})")
+        # the file holding the NULL struct is rewritten by an UPDATE of another of its rows
+        assert session.sql(f"UPDATE {table} SET p = {{'x': 6, 'y': 'a'}} WHERE id = 1").fetchall() == [(1,)]
+        expected = [(1, {"x": 6, "y": "a"}), (2, None), (3, None)]
+        assert sorted(session.sql(f"SELECT * FROM {table}").fetchall()) == expected
+    assert sorted(pyiceberg_rows(catalog_server, owner, table)) == expected
 
 
 def test_a_concurrent_commit_surfaces_as_commit_conflict(
