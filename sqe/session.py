@@ -1338,20 +1338,13 @@ class Session:
             log.warning("could not drop %s after its CREATE TABLE AS failed: %s", ident, exc)
 
     def _append(self, loaded: LoadedTable, rows: pa.Table) -> None:
-        from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
-        from sqe.execution.write_target import writable_table
+        from sqe.execution.commit import append_rows  # pyiceberg's writer: loaded when a write needs it
 
         if rows.num_rows == 0:
             return
         data = conform_for_write(rows, loaded.table.schema(), loaded.ident)
         try:
-            writable_table(loaded).append(data)  # through SQE's scoped FileIO; committed via the table's catalog
-        except SQEError:
-            raise
-        except PYICEBERG_CATALOG_ERRORS as exc:  # the catalog's answer to the commit (409, 422, 5xx, 401/403)
-            raise translate_error(exc, f"commit to {loaded.ident}") from None
-        except Exception as exc:
-            raise QueryError(f"writing to {loaded.ident} failed: {first_line(exc)}") from None
+            append_rows(loaded, data)  # through SQE's scoped FileIO; committed via the table's catalog
         finally:
             # The cached entry describes the table before this commit; after a failed one (a conflict: someone
             # else committed) it is stale too, and a revalidation interval must not serve it again.

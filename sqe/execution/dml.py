@@ -17,32 +17,22 @@ Merge-on-read (position delete files) is not written: pyiceberg 0.12 cannot writ
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
-from pyiceberg.exceptions import CommitFailedException, ValidationException
-from pyiceberg.io.pyarrow import _dataframe_to_data_files, schema_to_pyarrow
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-from sqe._text import first_line
-from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.duckdb_connection import quote_ident
-from sqe.errors import CommitConflictError, QueryError, SQEError
+from sqe.execution.commit import overwrite_files
 from sqe.execution.stream import ScanStream
-from sqe.execution.write_target import writable_table
 
 if TYPE_CHECKING:
-    from pyiceberg.manifest import DataFile
-    from pyiceberg.table import Table
-
     from sqe.catalog.base import LoadedTable
     from sqe.execution.local import LocalExecutor
     from sqe.execution.stream import QueryContext
     from sqe.planning.planner import ScanPlan
-
-SNAPSHOT_OPERATION_PROPERTY = "sqe.operation"
 
 log = logging.getLogger(__name__)
 
@@ -116,45 +106,7 @@ def find_rewrite(con: duckdb.DuckDBPyConnection, staged: Staged, plan: ScanPlan)
 
 def commit_rewrite(loaded: LoadedTable, plan: ScanPlan, rewrite: Rewrite, data: pa.Table, operation: str) -> None:
     """One overwrite snapshot: the replaced files out, ``data`` written (through SQE's FileIO) in."""
-    written: list[DataFile] = []
-    table = None
-    try:
-        table = writable_table(loaded)
-        with table.transaction() as transaction:
-            update = transaction.update_snapshot(snapshot_properties={SNAPSHOT_OPERATION_PROPERTY: operation})
-            with update.overwrite() as overwrite:
-                for index in rewrite.replaced:
-                    overwrite.delete_data_file(plan.tasks[index].file)
-                if data.num_rows:
-                    for data_file in _dataframe_to_data_files(
-                        table_metadata=transaction.table_metadata, df=data, io=table.io, write_uuid=uuid.uuid4()
-                    ):
-                        written.append(data_file)
-                        overwrite.append_data_file(data_file)
-    except SQEError:
-        raise
-    except PYICEBERG_CATALOG_ERRORS as exc:  # 409 on a concurrent commit: CommitConflictError
-        if isinstance(exc, CommitFailedException) and table is not None:
-            _delete_unreferenced(table, written)  # the commit did not land (any other answer: it may have)
-        raise translate_error(exc, f"commit to {loaded.ident}") from None
-    except ValidationException:  # pyiceberg retried on the new metadata and found a conflicting change
-        if table is not None:
-            _delete_unreferenced(table, written)
-        # pyiceberg's message lists the conflicting file with its column bounds: raw values, never shown
-        raise CommitConflictError(
-            f"conflict on commit to {loaded.ident}: a concurrent commit changed rows this statement rewrites", 409
-        ) from None
-    except Exception as exc:
-        raise QueryError(f"writing to {loaded.ident} failed: {first_line(exc)}") from None
-
-
-def _delete_unreferenced(table: Table, written: list[DataFile]) -> None:
-    """The data files of a commit that did not land: pyiceberg deletes its manifests, never these."""
-    for data_file in written:
-        try:
-            table.io.delete(data_file.file_path)
-        except Exception as exc:  # best effort: the file is referenced by nothing either way
-            log.warning("could not delete unreferenced data file %s: %s", data_file.file_path, first_line(exc))
+    overwrite_files(loaded, [plan.tasks[index].file for index in rewrite.replaced], data, operation)
 
 
 def drop_staged(con: duckdb.DuckDBPyConnection, staged: Staged | None, name: str) -> None:

@@ -56,6 +56,7 @@ class WriteTable(Table):
         metadata = _without_class_properties(table.metadata)
         super().__init__(table.name(), metadata, table.metadata_location, table.io, table.catalog, table.config)
         self._ident = loaded.ident
+        self.commit_sent = False  # whether a commit request may have reached the catalog
         _check_paths(self._ident, metadata, self.io)  # before any file is written
 
     def location_provider(self) -> LocationProvider:
@@ -72,6 +73,7 @@ class WriteTable(Table):
         """pyiceberg's commit without its clean-up: with ``write.metadata.delete-after-commit.enabled`` it deletes
         every ``metadata-log`` entry the commit trimmed, and a table's log is whatever its writers put there
         (another table's metadata, a local file of the engine's host). Old metadata is the catalog's to remove."""
+        self.commit_sent = True
         try:
             response = self.catalog.commit_table(self, requirements, updates)
             metadata, location = response.metadata, response.metadata_location

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pytest
 from pyiceberg.expressions import EqualTo
 
@@ -25,6 +24,7 @@ from sqe.session import Session
 from tests.conftest import write_sqe_config
 from tests.e2e.test_compaction import SCHEMA, fingerprint, small_files_table
 from tests.e2e.test_distributed import WorkerPool, WorkerPools, coordinator_overrides, worker_factory
+from tests.helpers.orphans import data_objects, referenced
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, WorkerProcess
@@ -42,21 +42,6 @@ def session_on(pool: WorkerPool, server: CatalogServer, writer: CatalogPrincipal
 
 def stats(worker: WorkerProcess) -> Any:
     return worker.stub().Stats(pb.StatsRequest(), metadata=worker.metadata(), timeout=5)
-
-
-def data_objects(server: CatalogServer, table: Any) -> set[str]:
-    moto = server.moto
-    fs = pafs.S3FileSystem(
-        access_key=moto.access_key_id, secret_key=moto.secret_access_key, endpoint_override=moto.url, region=moto.region
-    )
-    root = table.location().removeprefix("s3://") + "/data"
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    return {"s3://" + i.path for i in infos if i.type == pafs.FileType.File}
-
-
-def referenced(table: Any) -> set[str]:
-    table.refresh()
-    return {t.file.file_path for s in table.snapshots() for t in table.scan(snapshot_id=s.snapshot_id).plan_files()}
 
 
 def wait_for(condition: Any, timeout: float = 60.0) -> None:

@@ -20,9 +20,11 @@ import sqe.api
 from sqe.catalog.base import TableIdent
 from sqe.errors import CommitConflictError, NoSuchNamespaceError, NoSuchTableError, QueryError
 from sqe.execution import dml
+from sqe.execution.commit import append_rows
 from sqe.planning.planner import plan_scan
 from sqe.session import Session, explain_sections
 from tests.conftest import pyiceberg_catalog, write_sqe_config
+from tests.helpers.orphans import data_objects, referenced
 from tests.unit.sqe.iceberg_local import add_positional_deletes
 
 if TYPE_CHECKING:
@@ -154,20 +156,29 @@ def test_a_null_struct_with_a_required_child_is_written_and_rewritten(
     assert sorted(pyiceberg_rows(catalog_server, owner, table)) == expected
 
 
-def test_a_concurrent_commit_surfaces_as_commit_conflict(
+def test_a_concurrent_commit_is_a_conflict_that_leaves_nothing_behind(
     config: Path, namespace: str, catalog_server: CatalogServer, owner: CatalogPrincipal
 ) -> None:
+    """Nothing half-applied, and no data file left: pyiceberg deletes a refused commit's manifests, SQE its files."""
     with sqe.api.connect(config) as session:
-        session.sql(f"CREATE TABLE {namespace}.c AS SELECT 1 AS x")
-        ident = TableIdent(catalog_server.warehouse, (namespace,), "c")
+        session.sql(f"CREATE TABLE {namespace}.o AS SELECT 1 AS x")
+        ident = TableIdent(catalog_server.warehouse, (namespace,), "o")
         stale = session._provider.load_table(ident, bypass_cache=True)
-        other = pyiceberg_catalog(catalog_server, owner).load_table(f"{namespace}.c")
+        other = pyiceberg_catalog(catalog_server, owner).load_table(f"{namespace}.o")
         other.append(pa.table({"x": pa.array([2], pa.int32())}))  # someone else commits in between
         plan = plan_scan(stale, columns=None)
-        rewrite = dml.Rewrite((0,), pa.table({"x": pa.array([], pa.int32())}))
+        rewrite = dml.Rewrite((0,), pa.table({"x": pa.array([7, 8], pa.int32())}))
         with pytest.raises(CommitConflictError):
-            dml.commit_rewrite(stale, plan, rewrite, rewrite.rows, "delete")
-        assert rows(session, f"SELECT x FROM {namespace}.c") == [(1,), (2,)]  # nothing half-applied
+            dml.commit_rewrite(stale, plan, rewrite, rewrite.rows, "update")
+        with other.transaction() as change:  # an append is retried on a conflict unless the table says not to
+            change.set_properties({"commit.retry.num-retries": "0"})
+        stale = session._provider.load_table(ident, bypass_cache=True)
+        other.append(pa.table({"x": pa.array([3], pa.int32())}))
+        with pytest.raises(CommitConflictError):
+            append_rows(stale, pa.table({"x": pa.array([9], pa.int32())}))
+        assert rows(session, f"SELECT x FROM {namespace}.o") == [(1,), (2,), (3,)]
+    objects = data_objects(catalog_server, other)
+    assert len(objects) == 3 and objects == referenced(other), sorted(objects - referenced(other))
 
 
 def test_a_conflicting_delete_is_reported_without_the_file_statistics(
