@@ -1138,3 +1138,17 @@ def test_for_timestamp_as_of_takes_the_last_snapshot_log_entry_at_or_before_it(
     when = datetime.fromtimestamp(stamp / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f+00")
     rows = writer.sql(f"SELECT id FROM ns.tied FOR TIMESTAMP AS OF TIMESTAMPTZ '{when}'").fetchall()
     assert sorted(rows) == [(1,), (2,)]
+
+
+def test_for_timestamp_as_of_reads_a_timestamp_without_zone_as_utc(
+    write_provider: LocalProvider, session_factory: MakeSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = write_provider.catalogs["wh"].create_table(("ns", "zoned"), schema=pa.schema([("id", pa.int64())]))
+    table.append(pa.table({"id": pa.array([1], pa.int64())}))
+    stamp = table.metadata.snapshot_log[-1].timestamp_ms
+    naive = datetime.fromtimestamp(stamp / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    monkeypatch.setenv(
+        "TZ", "Asia/Tokyo"
+    )  # DuckDB's TimeZone defaults to it: UTC+9, read there the moment precedes the table
+    session = session_factory(write_provider)
+    assert session.sql(f"SELECT id FROM ns.zoned FOR TIMESTAMP AS OF TIMESTAMP '{naive}'").fetchall() == [(1,)]
