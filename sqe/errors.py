@@ -11,6 +11,7 @@ SQEError
 │   ├── RestrictionsNotSupportedError (406)
 │   ├── IntegrityError (422, never retried)
 │   ├── CommitConflictError (409)
+│   ├── CommitStateUnknownError       a commit was sent, no answer says whether it landed (5xx, lost answer)
 │   ├── CatalogUnavailableError (429/5xx/connection after retries)
 │   ├── CatalogProtocolError (malformed response)
 │   └── RemotePlanningError           server-side scan planning switched on, not offered or failed
@@ -72,6 +73,11 @@ class CommitConflictError(CatalogError):
 
 class CatalogUnavailableError(CatalogError):
     pass
+
+
+class CommitStateUnknownError(CatalogError):
+    """A commit reached the catalog (or may have) and its outcome is unknown: it may have landed. Not a
+    ``CatalogUnavailableError``: nothing may retry it blindly (the rows would be written twice)."""
 
 
 class CatalogProtocolError(CatalogError):

@@ -14,6 +14,7 @@ from typing import Any
 import requests
 from pyiceberg.exceptions import (
     CommitFailedException,
+    CommitStateUnknownException,
     ForbiddenError,
     NamespaceAlreadyExistsError,
     NamespaceNotEmptyError,
@@ -31,6 +32,7 @@ from sqe.errors import (
     CatalogError,
     CatalogUnavailableError,
     CommitConflictError,
+    CommitStateUnknownError,
     IntegrityError,
     NoSuchNamespaceError,
     NoSuchTableError,
@@ -38,7 +40,14 @@ from sqe.errors import (
     RestrictionsNotSupportedError,
 )
 
-__all__ = ["PYICEBERG_CATALOG_ERRORS", "catalog_error", "error_for_status", "translate_error", "typed_catalog_error"]
+__all__ = [
+    "PYICEBERG_CATALOG_ERRORS",
+    "catalog_error",
+    "commit_state_unknown",
+    "error_for_status",
+    "translate_error",
+    "typed_catalog_error",
+]
 
 # pyiceberg's catalog exceptions do not share a base class; these are the ones its REST calls raise.
 PYICEBERG_CATALOG_ERRORS: tuple[type[Exception], ...] = (
@@ -149,6 +158,11 @@ def translate_error(exc: Exception, what: str) -> CatalogError:
     one (pyiceberg decided on its own), the exception class stands in for the ErrorModel type.
     """
     cause = exc.__cause__
+    if isinstance(exc, CommitStateUnknownException):  # pyiceberg's name for a commit's 500, 502 or 504
+        response = cause.response if isinstance(cause, requests.HTTPError) else None
+        status = response.status_code if response is not None else None
+        detail = first_line(exc)
+        return commit_state_unknown(what, f"HTTP {status}: {detail}" if status else detail, status)
     if isinstance(cause, requests.HTTPError) and cause.response is not None:
         return error_for_status(cause.response, what)
     message = first_line(exc)
@@ -156,6 +170,15 @@ def translate_error(exc: Exception, what: str) -> CatalogError:
         if isinstance(exc, kinds):
             return catalog_error(status, error_type, message, what)
     return CatalogError(f"catalog error for {what}: {message}")
+
+
+def commit_state_unknown(what: str, detail: str, status: int | None = None) -> CommitStateUnknownError:
+    """A commit whose outcome no answer told: ``what`` names it, ``detail`` is what happened instead."""
+    return CommitStateUnknownError(
+        f"outcome of {what} unknown ({detail}): it may have landed; check the table's snapshots before running "
+        "the statement again",
+        status,
+    )
 
 
 def _error_model(response: requests.Response) -> tuple[str | None, str]:

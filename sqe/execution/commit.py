@@ -15,14 +15,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import requests
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.table import TableProperties
 from pyiceberg.utils.properties import property_as_bool
 
 from sqe._text import first_line
-from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
-from sqe.errors import CommitConflictError, QueryError, SQEError
+from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, commit_state_unknown, translate_error
+from sqe.errors import CommitConflictError, CommitStateUnknownError, QueryError, SQEError
 from sqe.execution.write_target import WriteTable, writable_table
 
 if TYPE_CHECKING:
@@ -103,17 +104,27 @@ def _committing(loaded: LoadedTable) -> Iterator[_Commit]:
         refused = isinstance(exc, (CommitFailedException, ValidationException))
         if commit is not None and (refused or not commit.table.commit_sent):
             commit.delete_written()
-        typed = _typed(exc, loaded)
+        typed = _typed(exc, loaded, sent=commit is not None and commit.table.commit_sent)
         if typed is exc:
             raise
         raise typed from None
 
 
-def _typed(exc: BaseException, loaded: LoadedTable) -> BaseException:
+def _typed(exc: BaseException, loaded: LoadedTable, *, sent: bool) -> BaseException:
     if isinstance(exc, SQEError) or not isinstance(exc, Exception):  # ours, or a cancellation or interrupt
         return exc
+    what = f"commit to {loaded.ident}"
     if isinstance(exc, PYICEBERG_CATALOG_ERRORS):  # 409 on a concurrent commit: CommitConflictError
-        return translate_error(exc, f"commit to {loaded.ident}")
+        error = translate_error(exc, what)
+        if sent and (error.status or 0) >= 500:  # a 503 too (as Iceberg's Java client): the commit may have run
+            return (
+                error
+                if isinstance(error, CommitStateUnknownError)
+                else commit_state_unknown(what, str(error), error.status)
+            )
+        return error
+    if sent and isinstance(exc, requests.RequestException):  # no answer (a timeout, a dropped connection)
+        return commit_state_unknown(what, f"{type(exc).__name__}: {first_line(exc)}")
     if isinstance(exc, ValidationException):
         # pyiceberg's message lists the conflicting file with its column bounds: raw values, never shown
         return CommitConflictError(

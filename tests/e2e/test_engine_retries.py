@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ import pytest
 
 import sqe.api
 from sqe.catalog.base import LoadedTable
-from sqe.errors import CatalogUnavailableError, IntegrityError
+from sqe.errors import CatalogUnavailableError, CommitStateUnknownError, IntegrityError
 from sqe.session import Session
 from sqe.vocabulary import S3_ENDPOINT
 from tests.conftest import pyiceberg_catalog, write_sqe_config
@@ -110,9 +111,10 @@ def test_load_table_gives_up_after_max_retries_with_a_typed_error(
 
 
 def test_commit_503_without_retry_after_is_not_retried(proxy: FaultProxy, session: Session, table: str) -> None:
+    """Sent once, answered 503: whether it landed is unknown (this one did not), and the error says so."""
     before = row_count(session, table)
     proxy.inject("POST", table_path(table), 503, 1)
-    with pytest.raises(CatalogUnavailableError, match="503") as caught:
+    with pytest.raises(CommitStateUnknownError, match=r"503.*it may have landed") as caught:
         session.sql(f"INSERT INTO {table} VALUES (100)")
     assert proxy.count("POST", table_path(table)) == 1  # a commit is not idempotent: one attempt only
     assert caught.value.status == 503
@@ -275,9 +277,30 @@ def test_optimize_keeps_its_files_when_the_answer_to_its_landed_commit_was_lost(
     # The table's current snapshot then named deleted files.
     statements = ("CREATE TABLE {t} AS SELECT * FROM (VALUES (1), (2)) v(n)", "INSERT INTO {t} VALUES (3)")
     name, direct = _fresh_table(catalog_server, writer, table, tmp_path, *statements)
+    # A 502 is pyiceberg's CommitStateUnknownException; the 429 is the last answer to a resent commit
+    unknown = CommitStateUnknownError if resent is None else CatalogUnavailableError
     with (
         _losing_a_commit_answer(catalog_server, writer, tmp_path, name, answer, resent=resent) as session,
-        pytest.raises(CatalogUnavailableError, match=str(resent or answer)),
+        pytest.raises(unknown, match=str(resent or answer)),
     ):
         session.sql(f"OPTIMIZE {name}")
     assert _rows(direct, name) == [(1,), (2,), (3,)]  # the commit landed: its files are the table's
+
+
+def test_a_commit_without_an_answer_is_of_unknown_outcome(
+    proxy: FaultProxy, catalog_server: CatalogServer, writer: CatalogPrincipal, table: str, tmp_path: Path
+) -> None:
+    """The commit reached the catalog and its answer did not come in time: it may have landed (here it did)."""
+    path = write_sqe_config(
+        tmp_path / "sqe.toml", proxy.url, writer, catalog_server.moto, catalog={"request_timeout_seconds": 1.0}
+    )
+    with sqe.api.connect(path) as session:
+        before = row_count(session, table)
+        proxy.inject("POST", table_path(table), 0, 1, delay=3.0)  # forwarded after 3 s: the client gave up at 1 s
+        with pytest.raises(CommitStateUnknownError, match=r"Timeout.*it may have landed"):
+            session.sql(f"INSERT INTO {table} VALUES (400)")
+        proxy.reset()
+        deadline = time.monotonic() + 30
+        while row_count(session, table) == before and time.monotonic() < deadline:
+            time.sleep(0.1)  # the delayed commit reaches the catalog after the client gave up
+        assert row_count(session, table) == before + 1

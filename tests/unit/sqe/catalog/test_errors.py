@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.exceptions import NoSuchNamespaceError as PyNoSuchNamespaceError
 
 import sqe_catalog.errors as catalog
@@ -20,6 +20,7 @@ from sqe.errors import (
     CatalogError,
     CatalogUnavailableError,
     CommitConflictError,
+    CommitStateUnknownError,
     IntegrityError,
     NoSuchNamespaceError,
     NoSuchTableError,
@@ -114,13 +115,27 @@ def test_pyiceberg_exceptions_without_an_answer_map_by_class() -> None:
     assert type(conflict) is CommitConflictError and conflict.status == 409 and "trace" not in str(conflict)
 
 
-def test_pyiceberg_exceptions_with_an_answer_map_by_its_type(server: tuple[str, type[_Answer]]) -> None:
-    response = catalog_answer(server, catalog.NoSuchNamespaceError("namespace ns does not exist"))
+def translated_from(response: requests.Response, raised: Exception, what: str) -> CatalogError:
+    """``raised`` as pyiceberg raises it (from the HTTPError of ``response``), translated."""
     try:
         response.raise_for_status()
     except requests.HTTPError as http_error:
-        try:
-            raise PyNoSuchNamespaceError("pyiceberg's wording") from http_error
-        except PyNoSuchNamespaceError as exc:
-            mapped = translate_error(exc, "table wh.ns.t")
+        raised.__cause__ = http_error
+    return translate_error(raised, what)
+
+
+def test_pyiceberg_exceptions_with_an_answer_map_by_its_type(server: tuple[str, type[_Answer]]) -> None:
+    response = catalog_answer(server, catalog.NoSuchNamespaceError("namespace ns does not exist"))
+    mapped = translated_from(response, PyNoSuchNamespaceError("pyiceberg's wording"), "table wh.ns.t")
     assert type(mapped) is NoSuchNamespaceError and "namespace ns does not exist" in str(mapped)
+
+
+def test_a_commit_of_unknown_outcome_is_never_a_plain_unavailable_error(server: tuple[str, type[_Answer]]) -> None:
+    """A 500/502/504 to a commit (pyiceberg's CommitStateUnknownException) may have landed: not retryable."""
+    body = json.dumps({"error": {"message": "upstream reset", "type": "BadGateway", "code": 502}}).encode()
+    response = answer(server, 502, body, "application/json")
+    mapped = translated_from(response, CommitStateUnknownException("BadGateway: upstream reset"), "commit to wh.ns.t")
+    assert type(mapped) is CommitStateUnknownError and not isinstance(mapped, CatalogUnavailableError)
+    assert mapped.status == 502 and "it may have landed" in str(mapped) and "HTTP 502" in str(mapped)
+    unanswered = translate_error(CommitStateUnknownException("commit outcome unknown: timed out"), "commit to wh.ns.t")
+    assert type(unanswered) is CommitStateUnknownError and unanswered.status is None
