@@ -21,6 +21,8 @@ from sqe.server.sessions import Engine
 CATALOGS_SCHEMA = pa.schema([pa.field("catalog_name", pa.utf8(), nullable=False)])
 DB_SCHEMAS_SCHEMA = pa.schema([("catalog_name", pa.utf8()), pa.field("db_schema_name", pa.utf8(), nullable=False)])
 MAX_PATTERN_CHARS = 1024  # of a GetDbSchemas/GetTables filter pattern
+SEARCH_STRING_ESCAPE = "\\"  # JDBC's getSearchStringEscape: makes a pattern's next % or _ literal
+_ANY_RUN, _ANY_ONE = ("%", True), ("_", True)
 TABLE_TYPES_SCHEMA = pa.schema([pa.field("table_type", pa.utf8(), nullable=False)])
 _TABLES_FIELDS = [
     ("catalog_name", pa.utf8()),
@@ -60,6 +62,7 @@ _SQL_INFO: dict[int, str | bool | int] = {
     504: '"',  # SQL_IDENTIFIER_QUOTE_CHAR
     505: 3,  # SQL_QUOTED_IDENTIFIER_CASE
     506: True,  # SQL_ALL_TABLES_ARE_SELECTABLE
+    513: SEARCH_STRING_ESCAPE,  # SQL_SEARCH_STRING_ESCAPE
     529: "namespace",  # SQL_SCHEMA_TERM
     531: "warehouse",  # SQL_CATALOG_TERM
     532: True,  # SQL_CATALOG_AT_START
@@ -88,34 +91,55 @@ def sql_info(requested: Iterable[int]) -> pa.Table:
 
 
 def like(pattern: str | None) -> Callable[[str], bool] | None:
-    """A Flight SQL filter pattern (``%`` any run, ``_`` one character; no escape); None matches everything.
+    """A Flight SQL filter pattern (``%`` any run, ``_`` one character, ``\\`` makes the next character literal, as
+    advertised by SQL_SEARCH_STRING_ESCAPE); None matches everything.
 
     Matching costs up to len(pattern) * len(name) steps per name, so a pattern is bounded."""
-    if pattern is not None and len(pattern) > MAX_PATTERN_CHARS:
+    if pattern is None:
+        return None
+    if len(pattern) > MAX_PATTERN_CHARS:
         raise QueryError(f"a filter pattern may be at most {MAX_PATTERN_CHARS} characters")
-    return None if pattern is None else functools.partial(_like, pattern)
+    return functools.partial(_like, _tokens(pattern))
 
 
 def _matches(selected: Callable[[str], bool] | None, value: str) -> bool:
     return selected is None or selected(value)
 
 
-def _like(pattern: str, value: str) -> bool:
-    """Whether ``value`` matches ``pattern``, in O(len(pattern) * len(value)): a backtracking regex (``%`` as
-    ``.*``) takes exponential time on ``%%%…%x`` while holding the GIL, freezing the server for every user."""
+def _tokens(pattern: str) -> list[tuple[str, bool]]:
+    """(character, is_wildcard) per position of ``pattern``: an escaped ``%``/``_`` is a literal, so a name such
+    as ``a_b`` can be asked for exactly (``a\\_b``) rather than also matching ``axb``."""
+    tokens: list[tuple[str, bool]] = []
+    escaped = False
+    for char in pattern:
+        if escaped:
+            tokens.append((char, False))
+            escaped = False
+        elif char == SEARCH_STRING_ESCAPE:
+            escaped = True
+        else:
+            tokens.append((char, char in "%_"))
+    if escaped:
+        raise QueryError(f"the filter pattern {pattern[:60]!r} ends with the escape character; write \\\\ for one")
+    return tokens
+
+
+def _like(tokens: list[tuple[str, bool]], value: str) -> bool:
+    """Whether ``value`` matches the pattern ``tokens``, in O(len(tokens) * len(value)): a backtracking regex (``%``
+    as ``.*``) takes exponential time on ``%%%…%x`` while holding the GIL, freezing the server for every user."""
     p = v = 0
     star, resume = -1, 0  # the last ``%`` seen and where in ``value`` its run ends so far
     while v < len(value):
-        if p < len(pattern) and pattern[p] == "%":
+        if p < len(tokens) and tokens[p] == _ANY_RUN:
             star, resume, p = p, v, p + 1
-        elif p < len(pattern) and (pattern[p] == "_" or pattern[p] == value[v]):
+        elif p < len(tokens) and (tokens[p] == _ANY_ONE or tokens[p][0] == value[v]):
             p, v = p + 1, v + 1
         elif star >= 0:  # let the last ``%`` take one more character; earlier ones never need to
             resume += 1
             p, v = star + 1, resume
         else:
             return False
-    return pattern[p:].strip("%") == ""
+    return all(token == _ANY_RUN for token in tokens[p:])
 
 
 def catalogs(warehouses: Iterable[str]) -> pa.Table:

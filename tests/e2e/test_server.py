@@ -391,6 +391,49 @@ def test_adbc_metadata_browse(served: Served) -> None:
     assert types == ["TABLE"]
 
 
+def _sql_info(served: Served, who: str) -> dict[int, Any]:
+    client = served.flight_client()
+    options = _bearer(served.token(who))
+    info = client.get_flight_info(_command(sql_pb.CommandGetSqlInfo()), options)
+    rows = client.do_get(info.endpoints[0].ticket, options).read_all().to_pylist()
+    return {row["info_name"]: row["value"] for row in rows}
+
+
+def test_metadata_patterns_honour_the_escape_the_server_advertises(served: Served) -> None:
+    """Found by review: GetDbSchemas/GetTables knew no escape, so ``_`` always matched any character: a client
+    could not ask for the table ``a_b`` without also getting ``axb`` (and no SQL_SEARCH_STRING_ESCAPE told it
+    otherwise); ``a\\_b``, JDBC's escaped form, matched nothing at all."""
+    from tests.conftest import pyiceberg_catalog
+
+    suffix = uuid.uuid4().hex[:6]
+    exact, lookalike = f"pat_{suffix}", f"patx{suffix}"
+    catalog = pyiceberg_catalog(served.catalog, served.users["writer"])
+    for namespace in (exact, lookalike):
+        catalog.create_namespace(namespace)
+        for table in ("a_b", "axb"):
+            catalog.create_table((namespace, table), schema=pa.schema([("id", pa.int64())]))
+    escape = _sql_info(served, "carol")[513]  # SQL_SEARCH_STRING_ESCAPE
+    assert escape == "\\"
+
+    def listed(schema_filter: str, table_filter: str) -> list[tuple[str, list[str]]]:
+        with served.adbc("carol") as conn:
+            objects = conn.adbc_get_objects(
+                depth="tables", db_schema_filter=schema_filter, table_name_filter=table_filter
+            ).read_all()
+        [warehouse] = [o for o in objects.to_pylist() if o["catalog_name"] == served.catalog.warehouse]
+        schemas = warehouse["catalog_db_schemas"] or []
+        return [(s["db_schema_name"], sorted(t["table_name"] for t in s["db_schema_tables"])) for s in schemas]
+
+    assert listed(f"pat{escape}_{suffix}", f"a{escape}_b") == [(exact, ["a_b"])]
+    assert listed(f"pat_{suffix}", "a_b") == [(exact, ["a_b", "axb"]), (lookalike, ["a_b", "axb"])]
+    client = served.flight_client()
+    trailing = _command(sql_pb.CommandGetTables(table_name_filter_pattern=f"a{escape}"))
+    error = served.expect_error(
+        lambda: client.get_flight_info(trailing, _bearer(served.token("carol"))), flight.FlightServerError
+    )
+    assert "ends with the escape character" in str(error)
+
+
 def test_adbc_insert_then_read_back(served: Served) -> None:
     with served.adbc("writer") as conn, conn.cursor() as cur:
         cur.execute(f"INSERT INTO {served.namespace}.sink VALUES (1, 'one'), (2, 'two')")

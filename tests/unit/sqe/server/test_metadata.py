@@ -47,3 +47,15 @@ def test_a_pathological_pattern_is_matched_quickly() -> None:
     assert time.monotonic() - started < 1.0
     with pytest.raises(QueryError, match="at most 1024 characters"):
         metadata.like("%" * 1025)
+
+
+def test_an_escaped_wildcard_matches_only_itself() -> None:
+    """Found by review: no escape existed, so ``a_b`` could not be asked for without also matching ``axb``."""
+    assert _matches(r"a\_b", "a_b") and not _matches(r"a\_b", "axb")
+    assert _matches(r"100\%", "100%") and not _matches(r"100\%", "1000")
+    assert _matches(r"a\\b", "a\\b") and not _matches(r"a\\b", "ab")
+    assert _matches(r"\a%", "abc")  # an escaped ordinary character is that character
+    assert _matches(r"%\_%", "x_y") and not _matches(r"%\_%", "xy")
+    assert metadata.sql_info([513]).column("value").to_pylist() == ["\\"]  # advertised as SQL_SEARCH_STRING_ESCAPE
+    with pytest.raises(QueryError, match="ends with the escape character"):
+        metadata.like("a\\")
