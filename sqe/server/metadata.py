@@ -55,13 +55,15 @@ _SQL_INFO: dict[int, str | bool | int] = {
     5: False,  # FLIGHT_SQL_SERVER_SUBSTRAIT
     8: 0,  # FLIGHT_SQL_SERVER_TRANSACTION: none
     9: True,  # FLIGHT_SQL_SERVER_CANCEL
-    500: False,  # SQL_DDL_CATALOG
-    501: False,  # SQL_DDL_SCHEMA
-    502: False,  # SQL_DDL_TABLE (CREATE TABLE AS only)
-    503: 3,  # SQL_IDENTIFIER_CASE: case-insensitive (DuckDB)
+    500: False,  # SQL_DDL_CATALOG: warehouses are made in the catalog, not by SQL
+    501: True,  # SQL_DDL_SCHEMA: CREATE/DROP SCHEMA run at the catalog as the user
+    502: True,  # SQL_DDL_TABLE: CREATE TABLE [AS] / DROP TABLE likewise
+    # SQL_IDENTIFIER_CASE / SQL_QUOTED_IDENTIFIER_CASE: UNKNOWN, the only value that fits. Names are kept as
+    # written and the catalog looks them up case-sensitively, so neither "insensitive" nor "stored lower case".
+    503: 0,
     504: '"',  # SQL_IDENTIFIER_QUOTE_CHAR
-    505: 3,  # SQL_QUOTED_IDENTIFIER_CASE
-    506: True,  # SQL_ALL_TABLES_ARE_SELECTABLE
+    505: 0,
+    506: False,  # SQL_ALL_TABLES_ARE_SELECTABLE: TABLE_LIST lists tables the user may not read
     513: SEARCH_STRING_ESCAPE,  # SQL_SEARCH_STRING_ESCAPE
     529: "namespace",  # SQL_SCHEMA_TERM
     531: "warehouse",  # SQL_CATALOG_TERM

@@ -76,9 +76,12 @@ class Served:
         return self.catalog.token(self.users[who])
 
     def adbc(self, who: str, **options: str) -> Any:
+        return self.adbc_as(self.users[who], **options)
+
+    def adbc_as(self, principal: CatalogPrincipal, **options: str) -> Any:
         import adbc_driver_flightsql.dbapi as dbapi
 
-        headers = {"adbc.flight.sql.authorization_header": f"Bearer {self.token(who)}"}
+        headers = {"adbc.flight.sql.authorization_header": f"Bearer {self.catalog.token(principal)}"}
         return dbapi.connect(self.url, db_kwargs={**headers, **options}, autocommit=True)
 
     def flight_client(self) -> flight.FlightClient:
@@ -432,6 +435,48 @@ def test_metadata_patterns_honour_the_escape_the_server_advertises(served: Serve
         lambda: client.get_flight_info(trailing, _bearer(served.token("carol"))), flight.FlightServerError
     )
     assert "ends with the escape character" in str(error)
+
+
+def test_sql_info_tells_what_the_server_does(served: Served) -> None:
+    """Found by review: GetSqlInfo said CREATE/DROP of schemas and tables were unsupported (both run), that names
+    are stored in lower case (``MixedCase`` keeps its case and ``mixedcase`` does not find it) and that every
+    listed table is selectable (TABLE_LIST lists tables a user may not read)."""
+    import adbc_driver_flightsql.dbapi as dbapi
+
+    info = _sql_info(served, "carol")
+    assert (info[0], info[3], info[8]) == ("sqe", False, 0)  # name, read-write, no Flight SQL transactions
+    suffix = uuid.uuid4().hex[:6]
+    schema = f"ddl_{suffix}"
+    grants = ["NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_DROP", "TABLE_LIST", "TABLE_READ_DATA"]
+    owner = _principal(served.catalog, f"srv_ddl_{suffix}", [(grant, None) for grant in grants])
+    with served.adbc_as(owner) as conn, conn.cursor() as cur:
+
+        def run(sql: str) -> list[tuple[Any, ...]]:
+            cur.execute(sql)
+            return list(cur.fetchall())  # read: an unread result holds a query slot
+
+        run(f"CREATE SCHEMA {schema}")
+        run(f"CREATE TABLE {schema}.MixedCase (id BIGINT)")
+        objects = conn.adbc_get_objects(depth="tables", db_schema_filter=schema).read_all().to_pylist()
+        [listed] = [s for o in objects for s in o["catalog_db_schemas"] or [] if s["db_schema_name"] == schema]
+        assert [t["table_name"] for t in listed["db_schema_tables"]] == ["MixedCase"]
+        assert run(f"SELECT * FROM {schema}.MixedCase") == []
+        error = served.expect_error(lambda: cur.execute(f"SELECT * FROM {schema}.mixedcase"), dbapi.Error)
+        assert "NoSuchTableError" in str(error)
+        run(f"DROP TABLE {schema}.MixedCase")
+        run(f"DROP SCHEMA {schema}")
+    assert (info[500], info[501], info[502]) == (False, True, True)
+    assert info[503] == info[505] == 0  # SQL_CASE_SENSITIVITY_UNKNOWN, not LOWERCASE (3)
+    lister = _principal(served.catalog, f"srv_lister_{suffix}", [("NAMESPACE_LIST", None), ("TABLE_LIST", None)])
+    with served.adbc_as(lister) as conn, conn.cursor() as cur:
+        objects = conn.adbc_get_objects(depth="tables", db_schema_filter=served.namespace).read_all().to_pylist()
+        [listed] = [
+            s for o in objects for s in o["catalog_db_schemas"] or [] if s["db_schema_name"] == served.namespace
+        ]
+        assert "people" in {t["table_name"] for t in listed["db_schema_tables"]}
+        error = served.expect_error(lambda: cur.execute(f"SELECT * FROM {served.namespace}.people"), dbapi.Error)
+        assert "PermissionDeniedError" in str(error)
+    assert info[506] is False
 
 
 def test_adbc_insert_then_read_back(served: Served) -> None:
