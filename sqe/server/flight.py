@@ -461,15 +461,17 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             if schema is None:
                 raise QueryError("this statement returns no result set")
             return flight.SchemaResult(schema)
+        if name == "CommandGetTables":
+            include_schema = _message(wrapper, sql_pb.CommandGetTables).include_schema
+            return flight.SchemaResult(metadata.tables_schema(include_schema))
         schemas = {
             "CommandGetCatalogs": metadata.CATALOGS_SCHEMA,
             "CommandGetDbSchemas": metadata.DB_SCHEMAS_SCHEMA,
             "CommandGetTableTypes": metadata.TABLE_TYPES_SCHEMA,
             "CommandGetSqlInfo": metadata.SQL_INFO_SCHEMA,
-            "CommandGetTables": metadata.TABLES_SCHEMA,
         }
         if name not in schemas:
-            raise QueryError(f"GetSchema is not supported for {name}; use GetFlightInfo")
+            raise QueryError(f"GetSchema is not supported for {name or 'this command'}; use GetFlightInfo")
         return flight.SchemaResult(schemas[name])
 
     def _metadata(self, user: User, session: ClientSession, name: str, wrapper: any_pb2.Any) -> pa.Table:

@@ -173,6 +173,11 @@ def db_schemas(engine: Engine, warehouses: Iterable[str], catalog: str | None, p
     return pa.Table.from_pylist(rows, schema=DB_SCHEMAS_SCHEMA)
 
 
+def tables_schema(include_schema: bool) -> pa.Schema:
+    """The schema of a GetTables answer: with ``include_schema`` its rows carry each table's schema as well."""
+    return TABLES_WITH_SCHEMA_SCHEMA if include_schema else TABLES_SCHEMA
+
+
 def tables(
     engine: Engine,
     warehouses: Iterable[str],
@@ -183,7 +188,7 @@ def tables(
     include_schema: bool,
 ) -> pa.Table:
     if table_types and "TABLE" not in table_types:
-        return (TABLES_WITH_SCHEMA_SCHEMA if include_schema else TABLES_SCHEMA).empty_table()
+        return tables_schema(include_schema).empty_table()
     schema_like, table_like = like(schema_pattern), like(table_pattern)
     rows: list[dict[str, object]] = []
     for warehouse in _selected(warehouses, catalog):
@@ -205,7 +210,7 @@ def tables(
                         continue
                     row["table_schema"] = schema.serialize().to_pybytes()
                 rows.append(row)
-    return pa.Table.from_pylist(rows, schema=TABLES_WITH_SCHEMA_SCHEMA if include_schema else TABLES_SCHEMA)
+    return pa.Table.from_pylist(rows, schema=tables_schema(include_schema))
 
 
 def table_types() -> pa.Table:

@@ -479,6 +479,23 @@ def test_sql_info_tells_what_the_server_does(served: Served) -> None:
     assert info[506] is False
 
 
+def test_get_schema_of_get_tables_is_the_schema_its_rows_come_in(served: Served) -> None:
+    """Found by review: GetSchema of CommandGetTables answered the schema without ``table_schema`` even with
+    ``include_schema``, so a client that reads the schema first saw a column fewer than the rows it then got."""
+    client = served.flight_client()
+    options = _bearer(served.token("carol"))
+    for include_schema in (True, False):
+        command = _command(
+            sql_pb.CommandGetTables(db_schema_filter_pattern=served.namespace, include_schema=include_schema)
+        )
+        announced = client.get_schema(command, options).schema
+        info = client.get_flight_info(command, options)
+        rows = client.do_get(info.endpoints[0].ticket, options).read_all()
+        assert announced == info.schema == rows.schema
+        assert ("table_schema" in announced.names) is include_schema
+        assert "people" in rows.column("table_name").to_pylist()
+
+
 def test_adbc_insert_then_read_back(served: Served) -> None:
     with served.adbc("writer") as conn, conn.cursor() as cur:
         cur.execute(f"INSERT INTO {served.namespace}.sink VALUES (1, 'one'), (2, 'two')")
