@@ -1,10 +1,10 @@
 """Who is calling, and which catalog token their engine session uses: the server's ``IdentityBroker``.
 
 Every Flight call carries the end user's catalog credentials: a bearer token the catalog issued to them, or HTTP
-Basic with their catalog client id and secret (exchanged here for a token by ``client_credentials`` and never
-stored). :meth:`IdentityBroker.authenticate` checks the token **at the catalog** on every call (``GET
-/v1/config``; ``auth_cache_seconds`` may cache a success briefly), so an expired, revoked or foreign token is
-refused on the very next call.
+Basic with their catalog client id and secret (exchanged here for a token by ``client_credentials``, which the same
+credentials get again while it is fresh; the secret is never stored). :meth:`IdentityBroker.authenticate` checks
+the token **at the catalog** on every call (``GET /v1/config``; ``auth_cache_seconds`` may cache a success
+briefly), so an expired, revoked or foreign token is refused on the very next call.
 
 Delegation (RFC 8693, the trusted-readers issue): with ``reader_client_id`` configured, the server holds a reader
 identity; it obtains its own reader token by ``client_credentials`` and exchanges, per user, ``subject_token`` =
@@ -21,11 +21,13 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import json
 import logging
+import secrets
 import threading
 import time
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 import requests
@@ -100,6 +102,9 @@ class IdentityBroker(Unpicklable):
     _delegated: dict[str, _Cached] = field(default_factory=dict, init=False)
     # user token fingerprint -> accepted until
     _checked: dict[str, float] = field(default_factory=dict, init=False)
+    # keyed digest of Basic credentials -> the token they were exchanged for (never the secret itself)
+    _basic: dict[str, _Cached] = field(default_factory=dict, init=False)
+    _basic_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), init=False)
 
     _pickle_refusal = "the identity broker holds the reader secret and cannot be pickled"
 
@@ -136,12 +141,39 @@ class IdentityBroker(Unpicklable):
         return User(self._user_key(token), token)
 
     def authenticate_basic(self, client_id: str, client_secret: str) -> User:
-        """Exchange the user's catalog client credentials for their token (the secret is not kept)."""
+        """The user's token for their catalog client credentials (the secret is not kept).
+
+        A client that sends Basic on every call gets the token its credentials were last exchanged for while that
+        token is in the first 80 % of its life and the catalog still accepts it (checked as a bearer token, so a
+        rotated secret or revoked principal is refused on the next call): exchanging again would cost the catalog a
+        password hash per call and mint a new token, hence a new delegated token, every second.
+        """
+        key = self._credentials_key(client_id, client_secret)
+        cached = self._cached_basic(key)
+        if cached is not None:
+            try:
+                return replace(self.authenticate_bearer(cached), issued_token=True)
+            except AuthenticationError:
+                with self._lock:
+                    self._basic.pop(key, None)
         body = self._token_request(
             client_credentials_form(client_id, client_secret, self.scope), f"the catalog rejected client {client_id!r}"
         )
         token = str(body["access_token"])
+        now = time.time()
+        with self._lock:
+            self._basic = {k: v for k, v in self._basic.items() if v.refresh_at > now}
+            self._basic[key] = _Cached(token, _lifetime(body, now))
         return User(self._user_key(token), token, issued_token=True)
+
+    def _credentials_key(self, client_id: str, client_secret: str) -> str:
+        """A keyed digest of the credentials: cache lookups never hold the secret, and the key dies with the process."""
+        return hmac.new(self._basic_key, f"{client_id}\0{client_secret}".encode(), hashlib.sha256).hexdigest()
+
+    def _cached_basic(self, key: str) -> str | None:
+        with self._lock:
+            cached = self._basic.get(key)
+        return cached.value if cached is not None and time.time() < cached.refresh_at else None
 
     def _user_key(self, token: str) -> str:
         subject = _subject_of(token)

@@ -769,6 +769,42 @@ def test_basic_login_returns_a_bearer_token_that_works(served: Served) -> None:
     assert table.column("catalog_name").to_pylist() == [served.catalog.warehouse]
 
 
+def _token_requests(served: Served) -> int:
+    time.sleep(0.2)  # the catalog logs a request as it answers it
+    return served.catalog.log_text().count("POST /v1/oauth/tokens")
+
+
+def test_basic_on_every_call_reuses_its_token_until_the_secret_is_rotated(served: Served) -> None:
+    """Found by review: every call with Basic credentials exchanged them at the catalog again (a password hash
+    there per call) and minted a new token, so also a new delegated token each second."""
+    name = f"srv_basic_{uuid.uuid4().hex[:6]}"
+    user = _principal(served.catalog, name, [("NAMESPACE_LIST", None), ("TABLE_READ_DATA", None)])
+    client = served.flight_client()
+    basic = base64.b64encode(f"{user.client_id}:{user.client_secret}".encode()).decode()
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Basic {basic}".encode())])
+    first = client.authenticate_basic_token(user.client_id, user.client_secret)
+    served.catalog.secrets.add(first[1].decode().removeprefix("Bearer "))
+    before = _token_requests(served)
+    time.sleep(1.1)  # a token minted now would differ from the first (issued-at is in seconds)
+    for _ in range(3):
+        info = client.get_flight_info(_command(sql_pb.CommandGetTableTypes()), options)
+        assert client.do_get(info.endpoints[0].ticket, options).read_all().num_rows == 1
+    same_token = client.authenticate_basic_token(user.client_id, user.client_secret) == first
+    assert same_token, "a new token for the same credentials"  # (a token must not reach the test output)
+    assert _token_requests(served) == before  # six calls and a login, no exchange
+    served.catalog.admin_cli("rotate-secret", name)
+    served.expect_error(
+        lambda: client.get_flight_info(_command(sql_pb.CommandGetTableTypes()), options),
+        flight.FlightUnauthenticatedError,
+    )
+    served.expect_error(
+        lambda: client.get_flight_info(
+            _command(sql_pb.CommandGetTableTypes()), flight.FlightCallOptions(headers=[first])
+        ),
+        flight.FlightUnauthenticatedError,
+    )
+
+
 def test_a_token_of_another_catalog_is_unauthenticated(served: Served, tmp_path: Path) -> None:
     from tests.conftest import CatalogPrincipal, catalog_variant
 
