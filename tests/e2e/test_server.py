@@ -805,6 +805,23 @@ def test_basic_on_every_call_reuses_its_token_until_the_secret_is_rotated(served
     )
 
 
+def test_adbc_username_password_logs_in_once_then_sends_the_bearer_token(served: Served) -> None:
+    """The README's ADBC login: the driver's Handshake exchanges the credentials once; its queries then carry the
+    bearer token the server answered with, so none of them is another exchange at the catalog."""
+    import adbc_driver_flightsql.dbapi as dbapi
+
+    carol = served.users["carol"]
+    login = {"username": carol.client_id, "password": carol.client_secret}
+    with dbapi.connect(served.url, db_kwargs=login, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {served.namespace}.people")
+        assert cur.fetchall() == [(6,)]
+        before = _token_requests(served)
+        for _ in range(3):
+            cur.execute(f"SELECT count(*) FROM {served.namespace}.people")
+            assert cur.fetchall() == [(6,)]
+    assert _token_requests(served) == before
+
+
 def test_a_token_of_another_catalog_is_unauthenticated(served: Served, tmp_path: Path) -> None:
     from tests.conftest import CatalogPrincipal, catalog_variant
 
