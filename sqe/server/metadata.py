@@ -1,4 +1,5 @@
-"""Flight SQL metadata results: catalogs (warehouses), DB schemas (namespaces), tables, table types, SQL info.
+"""Flight SQL metadata results: catalogs (warehouses), DB schemas (namespaces), tables and views, table types,
+SQL info.
 
 Everything listed comes from the catalog as the calling user (their token), so a user sees the warehouses,
 namespaces and tables the catalog lets them list. A table's schema (``include_schema``) is the one its queries
@@ -24,6 +25,7 @@ MAX_PATTERN_CHARS = 1024  # of a GetDbSchemas/GetTables filter pattern
 SEARCH_STRING_ESCAPE = "\\"  # JDBC's getSearchStringEscape: makes a pattern's next % or _ literal
 _ANY_RUN, _ANY_ONE = ("%", True), ("_", True)
 TABLE_TYPES_SCHEMA = pa.schema([pa.field("table_type", pa.utf8(), nullable=False)])
+TABLE_TYPES = ("TABLE", "VIEW")  # as SHOW TABLES marks them (``kind``)
 _TABLES_FIELDS = [
     ("catalog_name", pa.utf8()),
     ("db_schema_name", pa.utf8()),
@@ -187,22 +189,21 @@ def tables(
     table_types: list[str],
     include_schema: bool,
 ) -> pa.Table:
-    if table_types and "TABLE" not in table_types:
-        return tables_schema(include_schema).empty_table()
+    wanted = set(table_types) & set(TABLE_TYPES) if table_types else set(TABLE_TYPES)
     schema_like, table_like = like(schema_pattern), like(table_pattern)
     rows: list[dict[str, object]] = []
-    for warehouse in _selected(warehouses, catalog):
+    for warehouse in _selected(warehouses, catalog) if wanted else []:
         for namespace in _namespaces(engine, warehouse):
             if not _matches(schema_like, namespace):
                 continue
-            for name in _table_names(engine, warehouse, namespace):
-                if not _matches(table_like, name):
+            for name, kind in _relations(engine, warehouse, namespace):
+                if kind not in wanted or not _matches(table_like, name):
                     continue
                 row: dict[str, object] = {
                     "catalog_name": warehouse,
                     "db_schema_name": namespace,
                     "table_name": name,
-                    "table_type": "TABLE",
+                    "table_type": kind,
                 }
                 if include_schema:
                     schema = _query_schema(engine, warehouse, namespace, name)
@@ -214,15 +215,17 @@ def tables(
 
 
 def table_types() -> pa.Table:
-    return pa.Table.from_pylist([{"table_type": "TABLE"}], schema=TABLE_TYPES_SCHEMA)
+    return pa.Table.from_pylist([{"table_type": t} for t in TABLE_TYPES], schema=TABLE_TYPES_SCHEMA)
 
 
-def _table_names(engine: Engine, warehouse: str, namespace: str) -> list[str]:
+def _relations(engine: Engine, warehouse: str, namespace: str) -> list[tuple[str, str]]:
+    """(name, ``TABLE`` or ``VIEW``) of what the namespace holds that this user may list, by name."""
     try:
         listed = engine.session.list_tables(f"{warehouse}.{namespace}")
     except NoSuchNamespaceError:
         return []
-    return sorted(str(name) for name in listed.column("table").to_pylist())
+    names, kinds = listed.column("table").to_pylist(), listed.column("kind").to_pylist()
+    return sorted((str(name), str(kind)) for name, kind in zip(names, kinds, strict=True))
 
 
 def _query_schema(engine: Engine, warehouse: str, namespace: str, name: str) -> pa.Schema | None:

@@ -391,7 +391,7 @@ def test_adbc_metadata_browse(served: Served) -> None:
     assert namespace["db_schema_name"] == served.namespace
     assert {t["table_name"] for t in namespace["db_schema_tables"]} == {"people", "numbers", "sink", "hammer"}
     assert schema.names == ["id", "name", "region", "ssn"]
-    assert types == ["TABLE"]
+    assert types == ["TABLE", "VIEW"]
 
 
 def _sql_info(served: Served, who: str) -> dict[int, Any]:
@@ -494,6 +494,39 @@ def test_get_schema_of_get_tables_is_the_schema_its_rows_come_in(served: Served)
         assert announced == info.schema == rows.schema
         assert ("table_schema" in announced.names) is include_schema
         assert "people" in rows.column("table_name").to_pylist()
+
+
+def test_views_are_listed_as_views(served: Served) -> None:
+    """Found by review: GetTables listed a namespace's views (SHOW TABLES holds them) with table_type TABLE, a
+    ``table_types=["VIEW"]`` filter found nothing, and GetTableTypes did not name VIEW."""
+    suffix = uuid.uuid4().hex[:6]
+    schema = f"views_{suffix}"
+    grants = ["NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_LIST", "TABLE_READ_DATA", "TABLE_WRITE_DATA"]
+    grants += ["VIEW_CREATE", "VIEW_LIST", "VIEW_READ_PROPERTIES"]
+    owner = _principal(served.catalog, f"srv_views_{suffix}", [(grant, None) for grant in grants])
+    with served.adbc_as(owner) as conn, conn.cursor() as cur:
+        for sql in [
+            f"CREATE SCHEMA {schema}",
+            f"CREATE TABLE {schema}.base (id BIGINT, note VARCHAR)",
+            f"INSERT INTO {schema}.base VALUES (1, 'one')",
+            f"CREATE VIEW {schema}.ids AS SELECT id FROM {schema}.base",
+        ]:
+            cur.execute(sql)
+            cur.fetchall()  # an unread result holds a query slot
+
+        def listed(**filters: Any) -> dict[str, str]:
+            objects = conn.adbc_get_objects(depth="tables", db_schema_filter=schema, **filters).read_all()
+            found = [s for o in objects.to_pylist() for s in o["catalog_db_schemas"] or []]
+            return {t["table_name"]: t["table_type"] for s in found for t in s["db_schema_tables"]}
+
+        assert listed() == {"base": "TABLE", "ids": "VIEW"}
+        assert listed(table_types_filter=["VIEW"]) == {"ids": "VIEW"}
+        assert listed(table_types_filter=["TABLE"]) == {"base": "TABLE"}
+        assert conn.adbc_get_table_types() == ["TABLE", "VIEW"]
+        view_schema = conn.adbc_get_table_schema(
+            "ids", catalog_filter=served.catalog.warehouse, db_schema_filter=schema
+        )
+        assert view_schema.names == ["id"]
 
 
 def test_adbc_insert_then_read_back(served: Served) -> None:
@@ -788,7 +821,8 @@ def test_basic_on_every_call_reuses_its_token_until_the_secret_is_rotated(served
     time.sleep(1.1)  # a token minted now would differ from the first (issued-at is in seconds)
     for _ in range(3):
         info = client.get_flight_info(_command(sql_pb.CommandGetTableTypes()), options)
-        assert client.do_get(info.endpoints[0].ticket, options).read_all().num_rows == 1
+        types = client.do_get(info.endpoints[0].ticket, options).read_all().column(0).to_pylist()
+        assert types == ["TABLE", "VIEW"]
     same_token = client.authenticate_basic_token(user.client_id, user.client_secret) == first
     assert same_token, "a new token for the same credentials"  # (a token must not reach the test output)
     assert _token_requests(served) == before  # six calls and a login, no exchange
@@ -844,7 +878,8 @@ def test_a_revoked_token_is_refused_on_the_next_call(served: Served) -> None:
     token = catalog.token(temp)
     client = served.flight_client()
     info = client.get_flight_info(_command(sql_pb.CommandGetTableTypes()), _bearer(token))
-    assert client.do_get(info.endpoints[0].ticket, _bearer(token)).read_all().num_rows == 1
+    types = client.do_get(info.endpoints[0].ticket, _bearer(token)).read_all().column(0).to_pylist()
+    assert types == ["TABLE", "VIEW"]
     catalog.admin_cli("rotate-secret", name)
     served.expect_error(
         lambda: client.get_flight_info(_command(sql_pb.CommandGetTableTypes()), _bearer(token)),
