@@ -122,6 +122,8 @@ def run_statements(session: Session, text: str, fmt: str, output: str | None, de
         if table is not None:
             try:
                 write_result(table, fmt, output)
+            except SQEError as exc:  # a result the format cannot hold
+                return report_error(exc, debug)
             except OSError as exc:
                 if not output:
                     raise  # stdout: a closed pipe, which main handles

@@ -1,14 +1,23 @@
-"""Rendering Arrow results as an aligned text table, CSV or JSON lines."""
+"""Rendering Arrow results as an aligned text table, CSV or JSON lines.
+
+The table is for a terminal: control characters (escape sequences, carriage returns, bidi overrides) in names
+and values are shown escaped, so data cannot rewrite the user's screen. CSV and JSON keep every value exact.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import unicodedata
+from collections.abc import Iterator
 from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any, TextIO
 
 import pyarrow as pa
+
+from sqe._text import escape_unprintable
+from sqe.errors import QueryError
 
 MAX_CELL = 60
 
@@ -25,11 +34,11 @@ def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
 
 def render_table(table: pa.Table) -> str:
     table = _readable(table)
-    names = list(table.column_names)
-    rows = [[_cell(v) for v in row.values()] for row in table.to_pylist()]
-    widths = [len(n) for n in names]
+    names = [escape_unprintable(name) for name in table.column_names]
+    rows = [[_cell(v) for v in row] for row in _rows(table)]
+    widths = [_width(n) for n in names]
     for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+        widths = [max(w, _width(c)) for w, c in zip(widths, row, strict=True)]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     out = [line, _row(names, widths), line]
     out += [_row(r, widths) for r in rows]
@@ -59,28 +68,58 @@ def _bignum(blob: bytes) -> int:
     return -value if negative else value
 
 
+def _rows(table: pa.Table) -> Iterator[tuple[Any, ...]]:
+    """Rows by position: a result may name two columns alike (``SELECT 1 AS a, 2 AS a``)."""
+    return zip(*(column.to_pylist() for column in table.columns), strict=True)
+
+
 def _row(cells: list[str], widths: list[int]) -> str:
-    return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+    return "| " + " | ".join(c + " " * (w - _width(c)) for c, w in zip(cells, widths, strict=True)) + " |"
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return "NULL"
-    text = value.hex() if isinstance(value, bytes) else str(value)
-    text = text.replace("\n", "\\n")
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+    text = escape_unprintable(value.hex() if isinstance(value, bytes) else str(value))
+    return text if _width(text) <= MAX_CELL else _cut(text, MAX_CELL - 1) + "…"
+
+
+def _char_width(char: str) -> int:
+    """Terminal columns of one printable character: East Asian wide ones take two, combining marks none."""
+    if unicodedata.category(char) in ("Mn", "Me"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def _width(text: str) -> int:
+    return sum(_char_width(char) for char in text)
+
+
+def _cut(text: str, width: int) -> str:
+    """The longest start of ``text`` that fits in ``width`` terminal columns."""
+    used = 0
+    for i, char in enumerate(text):
+        used += _char_width(char)
+        if used > width:
+            return text[:i]
+    return text
 
 
 def _write_csv(table: pa.Table, out: TextIO) -> None:
     writer = csv.writer(out)
     writer.writerow(table.column_names)
-    for row in table.to_pylist():
-        writer.writerow(["" if v is None else _plain(v) for v in row.values()])
+    for row in _rows(table):
+        writer.writerow(["" if v is None else _plain(v) for v in row])
 
 
 def _write_json(table: pa.Table, out: TextIO) -> None:
-    for row in table.to_pylist():
-        out.write(json.dumps({k: _jsonable(v) for k, v in row.items()}, ensure_ascii=False) + "\n")
+    names = table.column_names
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        shown = ", ".join(repr(name) for name in repeated)
+        raise QueryError(f"JSON output needs distinct column names; give {shown} an alias in the query")
+    for row in _rows(table):
+        out.write(json.dumps({k: _jsonable(v) for k, v in zip(names, row, strict=True)}, ensure_ascii=False) + "\n")
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,79 @@
+"""What the ``sqe`` program prints: the table format is safe on a terminal and aligned; CSV and JSON stay exact.
+
+Each case runs the real program (``python -m sqe.cli``) in a subprocess on literal SQL: the config names a
+catalog on a closed port, and no statement here reads a table.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.unit.sqe.test_cli_exit_paths import _sqe, config
+
+__all__ = ["config"]  # the fixture, shared with the exit-path tests
+
+# ESC [31m (colour), CR (back to column 0), CSI as one C1 byte, a right-to-left override, a NUL-free BEL.
+HOSTILE = "a\x1b[31mred\rX\x9b2J\u202eabc\x07"
+HOSTILE_SQL = "'a' || chr(27) || '[31mred' || chr(13) || 'X' || chr(155) || '2J' || chr(8238) || 'abc' || chr(7)"
+CONTROLS = ("\x1b", "\r", "\x9b", "\u202e", "\x07")
+
+
+def _stdout(tmp_path: Path, *argv: str) -> str:
+    """The program's stdout exactly as written (no newline translation: a carriage return stays one)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sqe.cli", *argv], capture_output=True, timeout=60, cwd=tmp_path, check=True
+    )
+    return done.stdout.decode()
+
+
+def test_control_characters_in_a_value_or_a_name_are_escaped_in_the_table(tmp_path: Path, config: Path) -> None:
+    statement = f'SELECT {HOSTILE_SQL} AS v, 1 AS "x{HOSTILE}"'
+    out = _stdout(tmp_path, "-c", str(config), "-e", statement)
+    assert not any(control in out for control in CONTROLS)
+    assert "| a\\x1b[31mred\\rX\\x9b2J\\u202eabc\\x07 |" in out
+    assert "| xa\\x1b[31mred\\rX\\x9b2J\\u202eabc\\x07 |" in out
+
+
+def test_csv_and_json_keep_control_characters_exact(tmp_path: Path, config: Path) -> None:
+    statement = f"SELECT {HOSTILE_SQL} AS v"
+    as_csv = _stdout(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert list(csv.reader(io.StringIO(as_csv, newline=""))) == [["v"], [HOSTILE]]
+    as_json = _stdout(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
+    assert json.loads(as_json) == {"v": HOSTILE}
+
+
+def test_wide_and_combining_characters_keep_the_columns_aligned(tmp_path: Path, config: Path) -> None:
+    statement = "SELECT '日本語' AS w, 'e' || chr(769) AS c UNION ALL SELECT 'abcdefgh', 'xy'"
+    done = _sqe(tmp_path, "-c", str(config), "-e", statement)
+    assert done.stdout.splitlines()[:5] == [
+        "+----------+----+",
+        "| w        | c  |",
+        "+----------+----+",
+        "| 日本語   | e\u0301  |",
+        "| abcdefgh | xy |",
+    ]
+
+
+def test_a_long_wide_value_is_cut_to_the_cell_width(tmp_path: Path, config: Path) -> None:
+    done = _sqe(tmp_path, "-c", str(config), "-e", "SELECT repeat('漢', 40) AS long")
+    row = done.stdout.splitlines()[3]
+    assert row == "| " + "漢" * 29 + "… |"  # 58 columns of 漢 and the ellipsis: the 60-column cell
+    assert done.stdout.splitlines()[0] == "+" + "-" * 61 + "+"
+
+
+def test_columns_sharing_a_name_keep_their_own_values(tmp_path: Path, config: Path) -> None:
+    statement = "SELECT 1 AS a, 2 AS a, 3 AS b"
+    table = _sqe(tmp_path, "-c", str(config), "-e", statement)
+    assert table.returncode == 0 and "Traceback" not in table.stderr
+    assert "| 1 | 2 | 3 |" in table.stdout
+    as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert as_csv.stdout.splitlines() == ["a,a,b", "1,2,3"]
+    as_json = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
+    assert as_json.returncode == 1 and as_json.stdout == ""
+    expected = "sqe: error: JSON output needs distinct column names; give 'a' an alias in the query"
+    assert as_json.stderr.strip() == expected
