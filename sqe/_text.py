@@ -17,6 +17,12 @@ def first_line(value: BaseException | str, *, limit: int | None = None) -> str:
     return line if limit is None else line[:limit]
 
 
+def terminal_line(value: BaseException | str) -> str:
+    """:func:`first_line` with control characters escaped: for a terminal, where an error echoing a table name
+    or a catalog's message must not move the cursor, recolour or rewrite the screen."""
+    return escape_unprintable(first_line(value))
+
+
 def iso_utc(epoch_seconds: float | None, *, zulu: bool = False) -> str | None:
     """Epoch seconds as an ISO-8601 UTC timestamp to the second; None stays None. ``zulu`` writes the zone as
     ``Z`` (as Java's ``Instant`` does, for Gravitino-shaped answers) instead of ``+00:00``."""

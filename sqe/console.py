@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from sqe._text import first_line
+from sqe._text import terminal_line
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -102,5 +102,5 @@ def write_result(table: pa.Table, fmt: str, output: str | None) -> None:
 def report_error(exc: BaseException, debug: bool) -> int:
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
-    print(f"sqe: error: {first_line(exc)}", file=sys.stderr)
+    print(f"sqe: error: {terminal_line(exc)}", file=sys.stderr)
     return 1

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqe._text import first_line
+from sqe._text import terminal_line
 from sqe.console import run_with_progress, write_result
 from sqe.errors import SQEError
 from sqe.sqltext import is_complete, split_statements
@@ -71,7 +71,7 @@ class Shell:
             print("query cancelled", file=sys.stderr)
             return
         except SQEError as exc:
-            print(f"error: {first_line(exc)}", file=sys.stderr)
+            print(f"error: {terminal_line(exc)}", file=sys.stderr)
             return
         if table is not None:
             write_result(table, "table", None)
@@ -98,7 +98,7 @@ class Shell:
             else:
                 print(HELP, file=sys.stderr)
         except SQEError as exc:
-            print(f"error: {first_line(exc)}", file=sys.stderr)
+            print(f"error: {terminal_line(exc)}", file=sys.stderr)
         return None
 
     def _setup_readline(self) -> None:

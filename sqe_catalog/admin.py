@@ -52,7 +52,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from sqe._text import first_line
+from sqe._text import terminal_line
 from sqe_catalog.auth import AuthStore, Principal, create_engine_for
 from sqe_catalog.config import CatalogServerConfig
 from sqe_catalog.errors import (
@@ -218,7 +218,7 @@ def _open_restriction_store(config: CatalogServerConfig) -> Iterator[tuple[Restr
 
 
 def _fail(message: str) -> int:
-    print(f"sqe-catalog admin: {first_line(message) or 'failed'}", file=sys.stderr)
+    print(f"sqe-catalog admin: {terminal_line(message) or 'failed'}", file=sys.stderr)
     return 1
 
 

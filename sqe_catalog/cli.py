@@ -7,6 +7,7 @@ import sys
 from typing import NoReturn
 
 from sqe._process import Started, nothing, run_program
+from sqe._text import terminal_line
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None, *, started: Started = nothing) -> int:
         started()
         return run_admin_command(config, args)
     except (ConfigError, CatalogError) as exc:
-        print(f"sqe-catalog: {exc}", file=sys.stderr)
+        print(f"sqe-catalog: {terminal_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

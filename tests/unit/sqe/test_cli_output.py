@@ -77,3 +77,16 @@ def test_columns_sharing_a_name_keep_their_own_values(tmp_path: Path, config: Pa
     assert as_json.returncode == 1 and as_json.stdout == ""
     expected = "sqe: error: JSON output needs distinct column names; give 'a' an alias in the query"
     assert as_json.stderr.strip() == expected
+
+
+def test_an_error_echoing_a_name_with_control_characters_is_escaped(tmp_path: Path, config: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sqe.cli", "-c", str(config), "-e", 'SELECT * FROM "a\x1b[31mb\rc"'],
+        capture_output=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 1
+    [line] = done.stderr.decode().splitlines()
+    assert line.startswith("sqe: error: ") and "a\\x1b[31mb" in line and "\x1b" not in line

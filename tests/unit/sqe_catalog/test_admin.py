@@ -255,3 +255,13 @@ def test_console_script(config_path: Path) -> None:
     created = json.loads(result.stdout)
     assert created["name"] == "bob" and len(created["client_secret"]) >= 32
     assert created["client_secret"] not in result.stderr
+
+
+def test_an_error_echoing_a_name_with_control_characters_is_escaped(admin: Admin) -> None:
+    err = admin.fails("delete-principal", "zz\x1b[31mb")
+    assert err == "sqe-catalog admin: principal zz\\x1b[31mb does not exist\n"
+
+
+def test_a_config_error_is_one_escaped_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["admin", "--config", str(tmp_path / "x\x1b[2J.toml"), "list-principals"]) == 2
+    assert capsys.readouterr().err == f"sqe-catalog: config file not found: {tmp_path}/x\\x1b[2J.toml\n"
