@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from sqe._text import terminal_line
 from sqe.console import run_with_progress, write_result
@@ -24,6 +24,9 @@ HELP = """\
   \\q                quit
 Statements end with ';'. Ctrl-C cancels the running query; Ctrl-D quits."""
 
+# What one input did: the shell quits, a statement failed, or neither.
+Outcome = Literal["quit", "failed"] | None
+
 
 class Shell:
     def __init__(self, session: Session, *, debug: bool = False) -> None:
@@ -33,14 +36,22 @@ class Shell:
         self.history = Path(os.environ.get("SQE_HISTORY", Path.home() / ".sqe_history"))
 
     def run(self) -> int:
+        """Read statements until EOF or ``\\q``. Statements piped in (stdin not a terminal) run as a script: no
+        prompts on stdout, a last statement without ';' still runs, and the first error ends it with status 1."""
+        interactive = sys.stdin.isatty()
         self._setup_readline()
-        print("sqe shell. \\? for help, \\q to quit.", file=sys.stderr)
+        if interactive:
+            print("sqe shell. \\? for help, \\q to quit.", file=sys.stderr)
         buffer: list[str] = []
-        while True:
+        outcome: Outcome = None
+        while outcome != "quit" and (interactive or outcome != "failed"):
             try:
-                line = input("sqe> " if not buffer else "...> ")
+                line = input(("sqe> " if not buffer else "...> ") if interactive else "")
             except EOFError:
-                print(file=sys.stderr)
+                if interactive:
+                    print(file=sys.stderr)
+                elif "".join(buffer).strip():
+                    outcome = self.handle("\n".join(buffer).strip())
                 break
             except KeyboardInterrupt:
                 buffer = []
@@ -48,37 +59,37 @@ class Shell:
                 continue
             buffer.append(line)
             text = "\n".join(buffer)
-            if not is_complete(text):
-                continue
-            buffer = []
-            if self.handle(text.strip()) == "quit":
-                break
+            if is_complete(text):
+                buffer = []
+                outcome = self.handle(text.strip())
         self._save_history()
-        return 0
+        return 1 if outcome == "failed" and not interactive else 0
 
-    def handle(self, text: str) -> str | None:
+    def handle(self, text: str) -> Outcome:
         if text.startswith("\\"):
             return self.command(text)
         for statement in split_statements(text):
-            self.run_statement(statement)
+            if self.run_statement(statement) == "failed":
+                return "failed"
         return None
 
-    def run_statement(self, statement: str) -> None:
+    def run_statement(self, statement: str) -> Outcome:
         started = time.monotonic()
         try:
             table = run_with_progress(self.session, statement)
         except KeyboardInterrupt:
             print("query cancelled", file=sys.stderr)
-            return
+            return "failed"
         except SQEError as exc:
             print(f"error: {terminal_line(exc)}", file=sys.stderr)
-            return
+            return "failed"
         if table is not None:
             write_result(table, "table", None)
         if self.timing:
             print(f"Time: {(time.monotonic() - started) * 1000:.1f} ms", file=sys.stderr)
+        return None
 
-    def command(self, text: str) -> str | None:
+    def command(self, text: str) -> Outcome:
         parts = text.rstrip(";").split()
         name, args = parts[0], parts[1:]
         try:
@@ -99,6 +110,7 @@ class Shell:
                 print(HELP, file=sys.stderr)
         except SQEError as exc:
             print(f"error: {terminal_line(exc)}", file=sys.stderr)
+            return "failed"
         return None
 
     def _setup_readline(self) -> None:

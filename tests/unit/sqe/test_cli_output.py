@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,31 @@ def test_an_error_echoing_a_name_with_control_characters_is_escaped(tmp_path: Pa
     assert done.returncode == 1
     [line] = done.stderr.decode().splitlines()
     assert line.startswith("sqe: error: ") and "a\\x1b[31mb" in line and "\x1b" not in line
+
+
+def _piped(tmp_path: Path, config: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """The shell with ``script`` on stdin (a pipe, not a terminal), as ``sqe -c config < script.sql`` runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "sqe.cli", "-c", str(config)],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
+        env={**os.environ, "SQE_HISTORY": str(tmp_path / "history")},
+    )
+
+
+def test_a_piped_script_stops_at_its_first_error_with_status_1(tmp_path: Path, config: Path) -> None:
+    done = _piped(tmp_path, config, "SELECT 1 AS a;\nSELECT nosuch;\nSELECT 2 AS b;\n")
+    assert done.returncode == 1
+    assert done.stdout == "+---+\n| a |\n+---+\n| 1 |\n+---+\n(1 row)\n"  # no prompts, nothing after the error
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: Binder Error: ") and "nosuch" in line
+
+
+def test_a_piped_script_runs_a_last_statement_without_semicolon(tmp_path: Path, config: Path) -> None:
+    done = _piped(tmp_path, config, "SELECT 1 AS a;\nSELECT 2\n  AS b")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.count("(1 row)") == 2 and "| b |" in done.stdout and "sqe>" not in done.stdout
