@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,10 @@ HELP = """\
   \\timing           toggle timing of statements
   \\q                quit
 Statements end with ';'. Ctrl-C cancels the running query; Ctrl-D quits."""
+
+# A statement naming one of these may carry a key in clear (CREATE EXTERNAL TABLE ... WITH (secret_access_key =
+# '...'), CREATE SECRET, a password or token): the history file, which outlives the session, never keeps it.
+SECRET_WORDS = re.compile(r"secret|password|token", re.IGNORECASE)
 
 # What one input did: the shell quits, a statement failed, or neither.
 Outcome = Literal["quit", "failed"] | None
@@ -48,18 +53,21 @@ class Shell:
             try:
                 line = input(("sqe> " if not buffer else "...> ") if interactive else "")
             except EOFError:
+                _keep_out_of_history(buffer)
                 if interactive:
                     print(file=sys.stderr)
                 elif "".join(buffer).strip():
                     outcome = self.handle("\n".join(buffer).strip())
                 break
             except KeyboardInterrupt:
+                _keep_out_of_history(buffer)
                 buffer = []
                 print("^C", file=sys.stderr)
                 continue
             buffer.append(line)
             text = "\n".join(buffer)
             if is_complete(text):
+                _keep_out_of_history(buffer)
                 buffer = []
                 outcome = self.handle(text.strip())
         self._save_history()
@@ -123,9 +131,27 @@ class Shell:
         readline.set_history_length(1000)
 
     def _save_history(self) -> None:
+        """Only the user may read the history file, even one made before with wider permissions."""
         try:
             import readline
 
+            os.close(os.open(self.history, os.O_WRONLY | os.O_CREAT, 0o600))
+            os.chmod(self.history, 0o600)
             readline.write_history_file(self.history)
         except (ImportError, OSError):
             pass
+
+
+def _keep_out_of_history(lines: list[str]) -> None:
+    """Take a statement naming a secret back out of the readline history, newest line first. Readline added each
+    non-empty line unless it repeated the entry before it, so a line not found at the end was never added."""
+    if not SECRET_WORDS.search("\n".join(lines)):
+        return
+    try:
+        import readline
+    except ImportError:  # pragma: no cover - platform without readline
+        return
+    for line in reversed(lines):
+        newest = readline.get_current_history_length()
+        if newest and readline.get_history_item(newest) == line:
+            readline.remove_history_item(newest - 1)

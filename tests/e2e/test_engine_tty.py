@@ -213,3 +213,28 @@ def test_progress_shows_on_a_tty_only(setup: Setup, tmp_path: Path, terminals: l
     assert off_tty.exit_code(timeout=CANCEL_WITHIN + 5) == 130
     assert stderr_path.read_text() == "sqe: query cancelled\n"  # the only line: no progress frame before it
     assert b"\r[" not in off_tty.seen
+
+
+def test_history_keeps_no_statement_naming_a_secret(setup: Setup, tmp_path: Path, terminals: list[Terminal]) -> None:
+    """A statement with keys in clear, typed over two lines, stays out of the history file; the file is the
+    user's only, even when it existed before with wider permissions."""
+    history = tmp_path / "history"
+    history.write_text("SELECT 'older' AS kept;\n")
+    history.chmod(0o644)
+    shell = spawn(setup, tmp_path)
+    terminals.append(shell)
+    shell.wait_for(PROMPT, timeout=30)
+    shell.type(f"SELECT count(*) AS n FROM {setup.table} WHERE x < 3;\r")
+    shell.wait_for(PROMPT, timeout=20)
+    shell.type("CREATE EXTERNAL TABLE ext.leak (id BIGINT) STORED AS PARQUET LOCATION 's3://nowhere/leak'\r")
+    shell.wait_for(b"...> ", timeout=10)
+    shell.type("  WITH (access_key_id = 'AKIDLEAK', secret_access_key = 'HUSH-HUSH-KEY');\r")
+    shell.wait_for(PROMPT, timeout=20)
+    shell.type("SET password_of_mine = 'HUSH-HUSH-PASSWORD';\r")
+    shell.wait_for(PROMPT, timeout=20)
+    shell.type("\\q\r")
+    assert shell.exit_code(timeout=15) == 0, shell.text
+    kept = history.read_text()
+    assert "SELECT 'older' AS kept;" in kept and f"FROM {setup.table} WHERE x < 3;" in kept
+    assert "HUSH-HUSH" not in kept and "AKIDLEAK" not in kept and "ext.leak" not in kept
+    assert history.stat().st_mode & 0o777 == 0o600
