@@ -54,6 +54,15 @@ def main(argv: list[str] | None = None, *, started: Started = nothing, whole_pro
 
         return serve_main(argv[1:], started=started)
     args = _parser().parse_args(argv)
+    try:
+        return _run_sql(args, started, whole_process)
+    except KeyboardInterrupt:  # while starting up or writing a result: the query's own Ctrl-C is handled below
+        print("sqe: cancelled", file=sys.stderr)
+        return 130
+
+
+def _run_sql(args: argparse.Namespace, started: Started, whole_process: bool) -> int:
+    """``-e`` or the interactive shell, on a session made from ``--config`` (or on ``--server``)."""
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr)
     if args.format == "parquet" and not args.output:
         print("sqe: --format parquet needs --output PATH", file=sys.stderr)

@@ -92,7 +92,11 @@ class Shell:
             print(f"error: {terminal_line(exc)}", file=sys.stderr)
             return "failed"
         if table is not None:
-            write_result(table, "table", None)
+            try:
+                write_result(table, "table", None)
+            except KeyboardInterrupt:  # a long result scrolling by: stop it, keep the shell
+                print("\noutput cancelled", file=sys.stderr)
+                return "failed"
         if self.timing:
             print(f"Time: {(time.monotonic() - started) * 1000:.1f} ms", file=sys.stderr)
         return None

@@ -238,3 +238,21 @@ def test_history_keeps_no_statement_naming_a_secret(setup: Setup, tmp_path: Path
     assert "SELECT 'older' AS kept;" in kept and f"FROM {setup.table} WHERE x < 3;" in kept
     assert "HUSH-HUSH" not in kept and "AKIDLEAK" not in kept and "ext.leak" not in kept
     assert history.stat().st_mode & 0o777 == 0o600
+
+
+def test_ctrl_c_while_a_result_is_written_stops_it_not_the_shell(
+    setup: Setup, tmp_path: Path, terminals: list[Terminal]
+) -> None:
+    shell = spawn(setup, tmp_path)
+    terminals.append(shell)
+    shell.wait_for(PROMPT, timeout=30)
+    shell.type("SELECT range AS n FROM range(2000000);\r")
+    shell.wait_for(re.compile(rb"\| 1\d{4} +\|"), timeout=60)  # the rows are scrolling by (the query is done)
+    shell.type("\x03")
+    shell.wait_for(b"output cancelled", timeout=CANCEL_WITHIN)
+    shell.wait_for(PROMPT, timeout=10)
+    shell.type("SELECT 7 AS seven;\r")
+    shell.wait_for(re.compile(rb"\| 7 +\|"), timeout=20)
+    shell.type("\\q\r")
+    assert shell.exit_code(timeout=15) == 0, shell.text[-2000:]
+    assert "Traceback" not in shell.text

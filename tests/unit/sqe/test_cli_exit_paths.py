@@ -6,8 +6,10 @@ port: the statements read no table, so no catalog call is made.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,27 @@ def test_a_reader_that_goes_away_ends_the_program_quietly(tmp_path: Path, config
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert stderr == ""
+
+
+def _in_main(pid: int) -> bool:
+    """The program's ``main`` runs: its first import of the engine (DuckDB, opened ahead) is mapped."""
+    return "duckdb" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_ctrl_c_while_starting_up_is_one_line_not_a_traceback(tmp_path: Path, config: Path) -> None:
+    """The Ctrl-C lands while the program still imports the engine (should it land in the query, that is
+    handled too)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sqe.cli", "-c", str(config), "-e", "SELECT count(*) FROM range(10000000000)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 30
+    while not _in_main(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr in ("sqe: cancelled\n", "sqe: query cancelled\n"), stderr
