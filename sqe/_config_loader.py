@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 import re
 import tomllib
 import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn, Self, TypeVar
+from typing import Annotated, Any, Literal, NoReturn, Self, TypeGuard, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
 
 from sqe._text import escape_unprintable
+
+_log = logging.getLogger("sqe.config")
 
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound="ConfigSection")
@@ -143,7 +147,7 @@ def _tuple_item(tp: Any) -> Any | None:
     return typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
 
 
-def is_section(tp: Any) -> bool:
+def is_section(tp: Any) -> TypeGuard[type[ConfigSection]]:
     return isinstance(tp, type) and issubclass(tp, ConfigSection)
 
 
@@ -249,10 +253,13 @@ def build(
         _raise_validation_error(exc, model, origins, reasons or {})
 
 
-def read_toml(path: str | Path, error: type[Exception]) -> dict[str, Any]:
+def read_toml(path: str | Path, error: type[Exception], model: type[ConfigSection] | None = None) -> dict[str, Any]:
+    """The file's TOML tree. With ``model``, a file holding one of its secrets that other users may read is
+    warned about (as ssh and psql do for key and password files): the secret is as good as theirs."""
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            tree = tomllib.load(fh)
+            mode = os.fstat(fh.fileno()).st_mode
     except FileNotFoundError:
         raise error(f"config file not found: {path}") from None
     except IsADirectoryError:
@@ -263,6 +270,35 @@ def read_toml(path: str | Path, error: type[Exception]) -> dict[str, Any]:
         raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except (OSError, ValueError) as exc:  # permissions, a name too long, a NUL in the path
         raise error(f"cannot read config file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    secrets = secret_keys(model, tree) if model is not None and mode & 0o077 else []
+    if secrets:
+        _log.warning(
+            "%s holds %s but other users may read it (mode %o): chmod 600 %s",
+            escape_unprintable(str(path)),
+            ", ".join(secrets),
+            mode & 0o777,
+            escape_unprintable(str(path)),
+        )
+    return tree
+
+
+def secret_keys(model: type[ConfigSection], tree: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted names of the secrets (``SecretStr`` fields) set in ``tree``, a file's tree for ``model``."""
+    found: list[str] = []
+    for name, value in tree.items():
+        field = model.model_fields.get(name)
+        if field is None or value is None or value == "":
+            continue
+        tp = _non_none(field.annotation) if _is_optional(field.annotation) else field.annotation
+        item = _tuple_item(tp)
+        if tp is SecretStr:
+            found.append(prefix + name)
+        elif is_section(tp) and isinstance(value, Mapping):
+            found += secret_keys(tp, value, f"{prefix}{name}.")
+        elif is_section(item) and isinstance(value, list):
+            for entry in value:
+                found += secret_keys(item, entry, f"{prefix}{name}.") if isinstance(entry, Mapping) else []
+    return sorted(set(found))
 
 
 # ------------------------------------------------------------------------------------ env and overrides

@@ -395,7 +395,7 @@ def load_config(
     ``env`` defaults to ``os.environ``; pass ``{}`` to ignore the environment. ``overrides`` take dotted keys
     (``{"catalog.uri": ...}``) or whole sections (``{"catalog": {"uri": ...}}``) with native values.
     """
-    tree = read_toml(path, ConfigError) if path is not None else {}
+    tree = read_toml(path, ConfigError, SQEConfig) if path is not None else {}
     origins = Origins(ConfigError)
     apply_env(tree, os.environ if env is None else env, ENV_PREFIX, SQEConfig, origins)
     apply_overrides(tree, overrides or {}, origins)

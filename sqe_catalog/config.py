@@ -197,4 +197,4 @@ def parse_config(raw: Mapping[str, Any]) -> CatalogServerConfig:
 
 
 def load_config(path: str | Path) -> CatalogServerConfig:
-    return parse_config(read_toml(path, ConfigError))
+    return parse_config(read_toml(path, ConfigError, CatalogServerConfig))

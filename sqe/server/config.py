@@ -118,7 +118,7 @@ def load_server_config(path: str | Path, *, env: Mapping[str, str] | None = None
     ``env`` defaults to ``os.environ``; pass ``{}`` to ignore the environment.
     """
     source = Path(path)
-    tree = read_toml(source, ConfigError)
+    tree = read_toml(source, ConfigError, ServerFile)
     origins = Origins(ConfigError)
     for name in sorted(set(tree) - set(ServerFile.model_fields)):
         origins.fail(name, f"unknown section in {source.name} (engine settings go in {SECTION}.engine_config)")

@@ -19,6 +19,7 @@ import pytest
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "config.toml"
     path.write_text('[catalog]\nuri = "http://127.0.0.1:9"\nwarehouse = "wh"\nclient_id = "u"\nclient_secret = "s"\n')
+    path.chmod(0o600)  # it holds a secret: readable by others, it would be warned about
     return path
 
 
@@ -76,3 +77,14 @@ def test_ctrl_c_while_starting_up_is_one_line_not_a_traceback(tmp_path: Path, co
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert stderr in ("sqe: cancelled\n", "sqe: query cancelled\n"), stderr
+
+
+def test_a_config_holding_a_secret_that_others_may_read_is_warned_about(tmp_path: Path, config: Path) -> None:
+    config.write_text(config.read_text().replace('"s"', '"TOP-SECRET-VALUE"'))
+    assert _sqe(tmp_path, "-c", str(config), "-e", "SELECT 1 AS one").stderr == ""  # 0600: nothing to say
+    config.chmod(0o644)
+    done = _sqe(tmp_path, "-c", str(config), "-e", "SELECT 1 AS one")
+    assert done.returncode == 0 and "| 1   |" in done.stdout
+    [line] = done.stderr.splitlines()
+    assert f"{config} holds catalog.client_secret but other users may read it (mode 644): chmod 600" in line
+    assert "TOP-SECRET-VALUE" not in line

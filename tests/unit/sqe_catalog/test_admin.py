@@ -265,3 +265,18 @@ def test_an_error_echoing_a_name_with_control_characters_is_escaped(admin: Admin
 def test_a_config_error_is_one_escaped_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["admin", "--config", str(tmp_path / "x\x1b[2J.toml"), "list-principals"]) == 2
     assert capsys.readouterr().err == f"sqe-catalog: config file not found: {tmp_path}/x\\x1b[2J.toml\n"
+
+
+def test_a_catalog_config_holding_a_secret_that_others_may_read_is_warned_about(
+    admin: Admin, config_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config_path.write_text(config_path.read_text().replace("[server]\n", '[server]\ntoken_signing_key = "K"\n', 1))
+    config_path.chmod(0o640)
+    assert admin.ok("list-principals") == []
+    assert [r.getMessage() for r in caplog.records if r.name == "sqe.config"] == [
+        f"{config_path} holds server.token_signing_key but other users may read it (mode 640): chmod 600 {config_path}"
+    ]
+    caplog.clear()
+    config_path.chmod(0o600)
+    assert admin.ok("list-principals") == []
+    assert not [r for r in caplog.records if r.name == "sqe.config"]
