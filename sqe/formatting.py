@@ -6,8 +6,8 @@ and values are shown escaped, so data cannot rewrite the user's screen. CSV and 
 
 from __future__ import annotations
 
-import csv
 import json
+import math
 import unicodedata
 from collections.abc import Iterator
 from datetime import date, datetime, time
@@ -20,6 +20,7 @@ from sqe._text import escape_unprintable
 from sqe.errors import QueryError
 
 MAX_CELL = 60
+_CSV_SPECIAL = frozenset(',"\r\n')
 
 
 def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
@@ -106,10 +107,16 @@ def _cut(text: str, width: int) -> str:
 
 
 def _write_csv(table: pa.Table, out: TextIO) -> None:
-    writer = csv.writer(out)
-    writer.writerow(table.column_names)
+    """RFC 4180 lines; NULL is an empty field and an empty string a quoted one (``""``), as DuckDB writes them."""
+    out.write(",".join(_csv_field(name) for name in table.column_names) + "\r\n")
     for row in _rows(table):
-        writer.writerow(["" if v is None else _plain(v) for v in row])
+        out.write(",".join("" if v is None else _csv_field(str(_plain(v))) for v in row) + "\r\n")
+
+
+def _csv_field(text: str) -> str:
+    if text and not any(char in text for char in _CSV_SPECIAL):
+        return text
+    return '"' + text.replace('"', '""') + '"'
 
 
 def _write_json(table: pa.Table, out: TextIO) -> None:
@@ -119,7 +126,8 @@ def _write_json(table: pa.Table, out: TextIO) -> None:
         shown = ", ".join(repr(name) for name in repeated)
         raise QueryError(f"JSON output needs distinct column names; give {shown} an alias in the query")
     for row in _rows(table):
-        out.write(json.dumps({k: _jsonable(v) for k, v in zip(names, row, strict=True)}, ensure_ascii=False) + "\n")
+        record = {k: _jsonable(v) for k, v in zip(names, row, strict=True)}
+        out.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def _plain(value: Any) -> Any:
@@ -127,6 +135,8 @@ def _plain(value: Any) -> Any:
 
 
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value).replace("nan", "NaN").replace("inf", "Infinity")  # JSON has no such numbers
     if isinstance(value, datetime | date | time):
         return value.isoformat()
     if isinstance(value, Decimal):

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
+
 from tests.unit.sqe.test_cli_exit_paths import _sqe, config
 
 __all__ = ["config"]  # the fixture, shared with the exit-path tests
@@ -119,3 +121,30 @@ def test_a_piped_script_runs_a_last_statement_without_semicolon(tmp_path: Path, 
     done = _piped(tmp_path, config, "SELECT 1 AS a;\nSELECT 2\n  AS b")
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.count("(1 row)") == 2 and "| b |" in done.stdout and "sqe>" not in done.stdout
+
+
+def test_csv_tells_a_null_from_an_empty_string(tmp_path: Path, config: Path) -> None:
+    out = tmp_path / "out.csv"
+    statement = "SELECT NULL::VARCHAR AS n, '' AS e, 'x,\"y\"' AS q UNION ALL SELECT '', NULL, 'z'"
+    done = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == b'n,e,q\r\n,"","x,""y"""\r\n"",,z\r\n'
+    read_back = duckdb.sql(
+        f"SELECT * FROM read_csv('{out}', header = true, all_varchar = true, allow_quoted_nulls = false)"
+    ).fetchall()
+    assert read_back == [(None, "", 'x,"y"'), ("", None, "z")]
+
+
+def _no_constants(name: str) -> None:
+    raise AssertionError(f"not JSON: {name}")
+
+
+def test_json_output_is_strict_json_for_non_finite_floats(tmp_path: Path, config: Path) -> None:
+    statement = "SELECT 'nan'::DOUBLE AS f, 'inf'::DOUBLE AS i, [1.5, '-inf'::DOUBLE] AS l"
+    done = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout, parse_constant=_no_constants) == {
+        "f": "NaN",
+        "i": "Infinity",
+        "l": [1.5, "-Infinity"],
+    }
