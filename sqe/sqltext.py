@@ -1,49 +1,96 @@
-"""Splitting SQL text into statements (quotes, identifiers and comments respected)."""
+"""Splitting SQL text into statements (strings, quoted identifiers, dollar-quoted strings and comments respected)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from typing import Literal
+
+# $$...$$ or $tag$...$tag$ (DuckDB's dollar-quoted strings); `$1` (a parameter) is not one.
+_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$")
+
+Kind = Literal["code", "literal", "comment"]
+
 
 def split_statements(text: str) -> list[str]:
-    """Split on top-level semicolons; empty statements are dropped."""
+    """Split on top-level semicolons; comments and empty statements are dropped."""
     statements: list[str] = []
     current: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch in ("'", '"'):
-            end = _closing_quote(text, i)
-            current.append(text[i:end])
-            i = end
+    for kind, start, end, _closed in _scan(text):
+        if kind == "comment":
+            current.append(" ")  # `1/*x*/AS a` stays two words
             continue
-        if text.startswith("--", i):
-            end = text.find("\n", i)
-            i = n if end < 0 else end
-            continue
-        if text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            i = n if end < 0 else end + 2
-            continue
-        if ch == ";":
+        if kind == "code" and text[start] == ";":
             _flush(current, statements)
             current = []
         else:
-            current.append(ch)
-        i += 1
+            current.append(text[start:end])
     _flush(current, statements)
     return statements
 
 
 def is_complete(text: str) -> bool:
-    """True when the text ends a statement (for the interactive shell's multi-line input)."""
-    stripped = _strip_trailing_comments(text).rstrip()
-    if not stripped:
+    """True when the text ends a statement (for the interactive shell's multi-line input): its last character
+    outside comments is a top-level ';' and no string or comment is left open; or it is a backslash command."""
+    significant: list[str] = []  # code characters other than white space, and "literal" for each string
+    all_closed = True
+    for kind, start, _end, closed in _scan(text):
+        all_closed = all_closed and closed
+        if kind == "literal":
+            significant.append("literal")
+        elif kind == "code" and not text[start].isspace():
+            significant.append(text[start])
+    if not significant:
         return False
-    if stripped.startswith("\\"):
-        return True
-    return stripped.endswith(";") and _quotes_balanced(stripped)
+    return significant[0] == "\\" or (all_closed and significant[-1] == ";")
 
 
-def _closing_quote(text: str, start: int) -> int:
+def _scan(text: str) -> Iterator[tuple[Kind, int, int, bool]]:
+    """The text as pieces: one code character, or a whole literal or comment, with whether it is closed."""
+    i, n = 0, len(text)
+    while i < n:
+        if text.startswith("--", i):
+            end = text.find("\n", i)
+            yield "comment", i, n if end < 0 else end, True
+            i = n if end < 0 else end
+            continue
+        if text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            yield "comment", i, n if end < 0 else end + 2, end >= 0
+            i = n if end < 0 else end + 2
+            continue
+        literal = _literal_end(text, i)
+        if literal is not None:
+            end, closed = literal
+            yield "literal", i, end, closed
+            i = end
+            continue
+        yield "code", i, i + 1, True
+        i += 1
+
+
+def _literal_end(text: str, start: int) -> tuple[int, bool] | None:
+    """Where the string, quoted identifier or dollar-quoted string at ``start`` ends, and whether it is closed;
+    None if none starts there."""
+    ch = text[start]
+    after_word = start > 0 and (text[start - 1].isalnum() or text[start - 1] in "_$")
+    if ch == "'" and after_word and text[start - 1] in "eE" and not _word_before(text, start - 1):
+        return _escaped_end(text, start)  # E'it\'s': a backslash escapes the next character
+    if ch in ("'", '"'):
+        return _closing_quote(text, start)
+    if ch == "$" and not after_word:
+        match = _DOLLAR.match(text, start)
+        if match:
+            end = text.find(match.group(0), match.end())
+            return (len(text), False) if end < 0 else (end + len(match.group(0)), True)
+    return None
+
+
+def _word_before(text: str, at: int) -> bool:
+    return at > 0 and (text[at - 1].isalnum() or text[at - 1] in "_$")
+
+
+def _closing_quote(text: str, start: int) -> tuple[int, bool]:
     quote = text[start]
     i = start + 1
     while i < len(text):
@@ -51,30 +98,27 @@ def _closing_quote(text: str, start: int) -> int:
             if i + 1 < len(text) and text[i + 1] == quote:  # doubled quote escapes itself
                 i += 2
                 continue
-            return i + 1
+            return i + 1, True
         i += 1
-    return len(text)
+    return len(text), False
+
+
+def _escaped_end(text: str, start: int) -> tuple[int, bool]:
+    i = start + 1
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == "'":
+            if i + 1 < len(text) and text[i + 1] == "'":
+                i += 2
+                continue
+            return i + 1, True
+        i += 1
+    return len(text), False
 
 
 def _flush(current: list[str], statements: list[str]) -> None:
     statement = "".join(current).strip()
     if statement:
         statements.append(statement)
-
-
-def _quotes_balanced(text: str) -> bool:
-    i = 0
-    while i < len(text):
-        if text[i] in ("'", '"'):
-            end = _closing_quote(text, i)
-            if end >= len(text) and (end - 1 == i or text[end - 1] != text[i]):
-                return False
-            i = end
-            continue
-        i += 1
-    return True
-
-
-def _strip_trailing_comments(text: str) -> str:
-    lines = [line for line in text.splitlines() if not line.strip().startswith("--")]
-    return "\n".join(lines)

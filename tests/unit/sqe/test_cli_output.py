@@ -148,3 +148,19 @@ def test_json_output_is_strict_json_for_non_finite_floats(tmp_path: Path, config
         "i": "Infinity",
         "l": [1.5, "-Infinity"],
     }
+
+
+def test_semicolons_inside_dollar_quoted_and_escaped_strings_do_not_split_statements(
+    tmp_path: Path, config: Path
+) -> None:
+    statement = "SELECT $$a;b$$ AS x, $t$c';d$t$ AS y, E'it\\'s; fine' AS z; SELECT 2 AS two"
+    done = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == ["x,y,z", "a;b,c';d,it's; fine", "two", "2"]
+
+
+def test_a_quote_inside_a_comment_does_not_hold_the_shell_waiting(tmp_path: Path, config: Path) -> None:
+    """The statement ends at its ';' although the comment before it has a lone quote: ``\\q`` then quits."""
+    done = _piped(tmp_path, config, "SELECT 1 AS a -- don't\n;\n\\q\nSELECT 2 AS b;\n")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == "+---+\n| a |\n+---+\n| 1 |\n+---+\n(1 row)\n"
