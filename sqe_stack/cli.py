@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sqe._text import terminal_line
 from sqe_stack import STORES, ExternalStore, StackError, StackInfo, stack_status, start_stack, stop_stack
 from sqe_stack.external import external_store
 
@@ -153,7 +154,7 @@ def main(argv: list[str]) -> int:
     try:
         return handlers[args.command](args)
     except StackError as exc:
-        print(f"sqe stack {args.command}: {exc}", file=sys.stderr)
+        print(f"sqe stack {args.command}: {terminal_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"sqe stack {args.command}: interrupted", file=sys.stderr)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from sqe._process import Started, nothing, run_program
+from sqe._text import terminal_line
 from sqe.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None, *, started: Started = nothing) -> int:
         started()
         return serve(options, port_file=args.port_file)
     except ConfigError as exc:
-        print(f"sqe-worker: error: {exc}", file=sys.stderr)
+        print(f"sqe-worker: error: {terminal_line(exc)}", file=sys.stderr)
         return 2
 
 

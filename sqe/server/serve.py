@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sqe._process import Started, nothing
-from sqe._text import first_line
+from sqe._text import first_line, terminal_line
 from sqe.config import load_config
 from sqe.errors import SQEError
 from sqe.server.config import ServerConfig, load_server_config
@@ -73,7 +73,7 @@ def main(argv: list[str], *, started: Started = nothing) -> int:
     try:
         return _serve(args.config, args.port_file, started)
     except SQEError as exc:
-        print(f"sqe serve: error: {first_line(exc)}", file=sys.stderr)
+        print(f"sqe serve: error: {terminal_line(exc)}", file=sys.stderr)
         return 1
 
 

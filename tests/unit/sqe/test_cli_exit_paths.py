@@ -88,3 +88,19 @@ def test_a_config_holding_a_secret_that_others_may_read_is_warned_about(tmp_path
     [line] = done.stderr.splitlines()
     assert f"{config} holds catalog.client_secret but other users may read it (mode 644): chmod 600" in line
     assert "TOP-SECRET-VALUE" not in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["serve", "--config", "x\x1b[2J.toml"], "sqe serve: error: config file not found: x\\x1b[2J.toml"),
+        (
+            ["stack", "status", "--dir", "x\x1b[2J"],
+            "sqe stack status: no stack in {tmp}/x\\x1b[2J (stack.json not found)",
+        ),
+    ],
+)
+def test_subcommand_errors_escape_control_characters(tmp_path: Path, argv: list[str], expected: str) -> None:
+    done = _sqe(tmp_path, *argv)
+    assert done.returncode == 1
+    assert done.stderr == expected.format(tmp=tmp_path) + "\n"
