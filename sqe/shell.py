@@ -41,15 +41,17 @@ class Shell:
         self.history = Path(os.environ.get("SQE_HISTORY", Path.home() / ".sqe_history"))
 
     def run(self) -> int:
-        """Read statements until EOF or ``\\q``. Statements piped in (stdin not a terminal) run as a script: no
-        prompts on stdout, a last statement without ';' still runs, and the first error ends it with status 1."""
+        """Read statements until EOF or ``\\q``; a failed statement is reported and the shell carries on.
+        Statements piped in (stdin not a terminal) run as a script: no prompts on stdout, a last statement
+        without ';' still runs, and the status is 1 if any statement failed."""
         interactive = sys.stdin.isatty()
         self._setup_readline()
         if interactive:
             print("sqe shell. \\? for help, \\q to quit.", file=sys.stderr)
         buffer: list[str] = []
         outcome: Outcome = None
-        while outcome != "quit" and (interactive or outcome != "failed"):
+        failed = False
+        while outcome != "quit":
             try:
                 line = input(("sqe> " if not buffer else "...> ") if interactive else "")
             except EOFError:
@@ -57,7 +59,7 @@ class Shell:
                 if interactive:
                     print(file=sys.stderr)
                 elif "".join(buffer).strip():
-                    outcome = self.handle("\n".join(buffer).strip())
+                    failed = self.handle("\n".join(buffer).strip()) == "failed" or failed
                 break
             except KeyboardInterrupt:
                 _keep_out_of_history(buffer)
@@ -70,16 +72,15 @@ class Shell:
                 _keep_out_of_history(buffer)
                 buffer = []
                 outcome = self.handle(text.strip())
+                failed = outcome == "failed" or failed
         self._save_history()
-        return 1 if outcome == "failed" and not interactive else 0
+        return 1 if failed and not interactive else 0
 
     def handle(self, text: str) -> Outcome:
         if text.startswith("\\"):
             return self.command(text)
-        for statement in split_statements(text):
-            if self.run_statement(statement) == "failed":
-                return "failed"
-        return None
+        outcomes = [self.run_statement(statement) for statement in split_statements(text)]
+        return "failed" if "failed" in outcomes else None
 
     def run_statement(self, statement: str) -> Outcome:
         started = time.monotonic()
