@@ -79,10 +79,47 @@ def _row(cells: list[str], widths: list[int]) -> str:
 
 
 def _cell(value: Any) -> str:
+    text = escape_unprintable(_shown(value))
+    return text if _width(text) <= MAX_CELL else _cut(text, MAX_CELL - 1) + "…"
+
+
+def _shown(value: Any, *, nested: bool = False) -> str:
+    """A value as SQL shows it, never as a Python repr (``Decimal('1.50')``, ``datetime.date(...)``). Inside a
+    list, struct or map a string is quoted, so the string 'NULL' stays apart from NULL."""
     if value is None:
         return "NULL"
-    text = escape_unprintable(value.hex() if isinstance(value, bytes) else str(value))
-    return text if _width(text) <= MAX_CELL else _cut(text, MAX_CELL - 1) + "…"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'" if nested else value
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_shown(k, nested=True)}: {_shown(v, nested=True)}" for k, v in value.items()) + "}"
+    if isinstance(value, list) and value and all(isinstance(item, tuple) for item in value):  # a MAP's entries
+        return "{" + ", ".join(f"{_shown(k, nested=True)}={_shown(v, nested=True)}" for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_shown(item, nested=True) for item in value) + "]"
+    if isinstance(value, pa.MonthDayNano):
+        return _interval(value)
+    return str(value)
+
+
+def _interval(value: pa.MonthDayNano) -> str:
+    """``1 year 2 months 3 days 04:05:06.000007``, as DuckDB writes an INTERVAL."""
+    years, months = divmod(abs(value.months), 12)
+    sign = "-" if value.months < 0 else ""
+    parts = [f"{sign}{n} {unit}{'s' if n != 1 else ''}" for n, unit in ((years, "year"), (months, "month")) if n]
+    if value.days:
+        parts.append(f"{value.days} day{'s' if abs(value.days) != 1 else ''}")
+    if value.nanoseconds or not parts:
+        micros = abs(value.nanoseconds) // 1000
+        seconds, fraction = divmod(micros, 1_000_000)
+        minutes, second = divmod(seconds, 60)
+        hours, minute = divmod(minutes, 60)
+        clock = f"{'-' if value.nanoseconds < 0 else ''}{hours:02d}:{minute:02d}:{second:02d}"
+        parts.append(clock + (f".{fraction:06d}" if fraction else ""))
+    return " ".join(parts)
 
 
 def _char_width(char: str) -> int:
@@ -110,7 +147,7 @@ def _write_csv(table: pa.Table, out: TextIO) -> None:
     """RFC 4180 lines; NULL is an empty field and an empty string a quoted one (``""``), as DuckDB writes them."""
     out.write(",".join(_csv_field(name) for name in table.column_names) + "\r\n")
     for row in _rows(table):
-        out.write(",".join("" if v is None else _csv_field(str(_plain(v))) for v in row) + "\r\n")
+        out.write(",".join("" if v is None else _csv_field(_shown(v)) for v in row) + "\r\n")
 
 
 def _csv_field(text: str) -> str:
@@ -130,10 +167,6 @@ def _write_json(table: pa.Table, out: TextIO) -> None:
         out.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
 
 
-def _plain(value: Any) -> Any:
-    return value.hex() if isinstance(value, bytes) else value
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value).replace("nan", "NaN").replace("inf", "Infinity")  # JSON has no such numbers
@@ -143,6 +176,8 @@ def _jsonable(value: Any) -> Any:
         return str(value)
     if isinstance(value, bytes):
         return value.hex()
+    if isinstance(value, pa.MonthDayNano):
+        return _interval(value)
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list):

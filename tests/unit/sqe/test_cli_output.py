@@ -166,3 +166,32 @@ def test_a_quote_inside_a_comment_does_not_hold_the_shell_waiting(tmp_path: Path
     done = _piped(tmp_path, config, "SELECT 1 AS a -- don't\n;\n\\q\nSELECT 2 AS b;\n")
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == "+---+\n| a |\n+---+\n| 1 |\n+---+\n(1 row)\n"
+
+
+NESTED_SQL = (
+    "SELECT [TIMESTAMP '2024-01-01 10:00:00'] AS ts, [1.50::DECIMAL(4,2), NULL] AS d, "
+    "{'a': DATE '2024-01-02', 'b': 'x'} AS s, MAP {'k': 1} AS m, ['NULL', NULL] AS l, true AS b, "
+    "INTERVAL '14 months 3 days 04:05:06.000007' AS i"
+)
+NESTED_SHOWN = [
+    "[2024-01-01 10:00:00]",
+    "[1.50, NULL]",
+    "{'a': 2024-01-02, 'b': 'x'}",
+    "{'k'=1}",
+    "['NULL', NULL]",
+    "true",
+    "1 year 2 months 3 days 04:05:06.000007",
+]
+
+
+def test_nested_values_intervals_and_booleans_show_as_sql_not_python(tmp_path: Path, config: Path) -> None:
+    table = _sqe(tmp_path, "-c", str(config), "-e", NESTED_SQL)
+    assert [cell.strip() for cell in table.stdout.splitlines()[3].split(" | ")] == [
+        "| " + NESTED_SHOWN[0],
+        *NESTED_SHOWN[1:-1],
+        NESTED_SHOWN[-1] + " |",
+    ]
+    as_csv = _sqe(tmp_path, "-c", str(config), "-e", NESTED_SQL, "-f", "csv")
+    assert list(csv.reader(io.StringIO(as_csv.stdout)))[1] == NESTED_SHOWN
+    as_json = _sqe(tmp_path, "-c", str(config), "-e", NESTED_SQL, "-f", "json")
+    assert json.loads(as_json.stdout)["i"] == NESTED_SHOWN[-1]
