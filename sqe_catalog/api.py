@@ -693,8 +693,10 @@ def _register_table(call: _Call) -> Response:
     access = _data_access(call, namespace, name)
     tables = call.warehouse.tables
     # The gate first, on what the register would admit (as for a create): a refused caller leaves no table behind.
-    _restrictions(call, tables.pending_registration(namespace, name, metadata_location, overwrite), "register")
-    table = tables.register_table(namespace, name, metadata_location, call.principal.name, overwrite)
+    # The file is read once: the gate, the admission's checks, the pinned digest and the answer share that read.
+    registration = tables.pending_registration(namespace, name, metadata_location, overwrite)
+    _restrictions(call, registration.table, "register")
+    table = tables.register(registration, call.principal.name)
     restricted = _restrictions(call, table, "register")
     response = _table_response(call, table, _governed_access(access, restricted), restricted=restricted)
     _served(call, "register", table, restricted)

@@ -87,6 +87,7 @@ __all__ = [
     "LOCATION_PROPERTIES",
     "Namespace",
     "NamespaceNotEmptyError",
+    "Registration",
     "StoredTable",
     "TableCreate",
     "WarehouseTables",
@@ -206,6 +207,24 @@ class StoredTable:
     @property
     def key(self) -> str:
         return "/".join((*self.namespace, self.name))
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A register request's revision, read once (``WarehouseTables.pending_registration``): the gate, every
+    admission check, the pinned digest and the answer all use these bytes, never a second read of the file."""
+
+    namespace: Namespace
+    name: str
+    metadata_location: str
+    parsed: ParsedMetadata = field(repr=False)
+    overwrite: bool
+
+    @property
+    def table(self) -> StoredTable:
+        """The table the register would make, admitted nowhere (what the gate judges)."""
+        parsed = self.parsed
+        return StoredTable(self.namespace, self.name, self.metadata_location, parsed.metadata, parsed.document)
 
 
 class PendingTable:
@@ -687,14 +706,14 @@ class WarehouseTables:
 
     def pending_registration(
         self, namespace: Namespace, name: str, metadata_location: str, overwrite: bool = False
-    ) -> StoredTable:
-        """The table a register would admit, admitted nowhere: for checks that must pass before it is (the register
-        itself reads and checks the file again). A taken name is refused first, as the register does (409)."""
+    ) -> Registration:
+        """The revision a register would admit, read once and admitted nowhere: the caller's checks (the gate) run
+        on it, then ``register`` admits exactly it. A taken name is refused first, as the register does (409)."""
         self._require_namespace(namespace)
         if not (overwrite and self.table_exists(namespace, name)):
             self._require_absent(namespace, name)
         parsed = self._read_for_admission(metadata_location)
-        return StoredTable(namespace, name, metadata_location, parsed.metadata, parsed.document)
+        return Registration(namespace, name, metadata_location, parsed, overwrite)
 
     def stage_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
         """Metadata for a create-table transaction; nothing is written until the client commits it."""
@@ -745,21 +764,34 @@ class WarehouseTables:
     def register_table(
         self, namespace: Namespace, name: str, metadata_location: str, actor: str = "-", overwrite: bool = False
     ) -> StoredTable:
-        self._require_namespace(namespace)
-        if overwrite and self.table_exists(namespace, name):
-            return self._reregister(namespace, name, metadata_location, actor, "register-overwrite")
+        return self.register(self.pending_registration(namespace, name, metadata_location, overwrite), actor)
+
+    def register(self, registration: Registration, actor: str = "-") -> StoredTable:
+        """Admit the revision ``pending_registration`` read: the file is not read again, so the bytes checked
+        (and gated by the caller) are the bytes pinned and answered, whatever storage holds by now."""
+        namespace, name, parsed = registration.namespace, registration.name, registration.parsed
+        location = registration.metadata_location
+        if registration.overwrite and self.table_exists(namespace, name):
+            return self._reregister(namespace, name, location, parsed, actor, "register-overwrite")
         self._require_absent(namespace, name)
-        return self._admit(namespace, name, metadata_location, actor, "register")
+        return self._admit(namespace, name, location, parsed, actor, "register")
 
     def _admit(
-        self, namespace: Namespace, name: str, metadata_location: str, actor: str, action: str, stamp: Any = None
+        self,
+        namespace: Namespace,
+        name: str,
+        metadata_location: str,
+        parsed: ParsedMetadata,
+        actor: str,
+        action: str,
+        stamp: Any = None,
     ) -> StoredTable:
-        parsed = self._read_for_admission(metadata_location)
+        """Trust on first use of ``parsed`` (the one read of ``metadata_location``): checked, pinned, answered."""
         with self._location_lock:
             self._check_admitted_locations(parsed, (namespace, name), existing=False, logged_before=frozenset())
-            # Trust on first use of exactly the revision read here; row + pin + audit event in one transaction.
+            # Row + pin (of these bytes' digest) + audit event in one transaction.
             self.integrity.admit(_s(namespace), name, Admission(metadata_location, parsed, actor, action), stamp)
-        return self.load_table(namespace, name)
+        return StoredTable(namespace, name, metadata_location, parsed.metadata, parsed.document)
 
     def _read_for_admission(self, metadata_location: str) -> ParsedMetadata:
         """Read a revision to admit, fresh from storage, after checking it is inside the warehouse; its
@@ -779,10 +811,17 @@ class WarehouseTables:
         _check_metadata_log(parsed.metadata, own, logged_before)
 
     def _reregister(
-        self, namespace: Namespace, name: str, location: str, actor: str, action: str, stamp: Any = None
+        self,
+        namespace: Namespace,
+        name: str,
+        location: str,
+        parsed: ParsedMetadata,
+        actor: str,
+        action: str,
+        stamp: Any = None,
     ) -> StoredTable:
-        """Point an existing table at another revision (register overwrite, notification update)."""
-        parsed = self._read_for_admission(location)
+        """Point an existing table at ``parsed``, the one read of ``location`` (register overwrite, notification
+        update): checked, pinned and answered without reading the file again."""
         with self._location_lock:
             current = NoSuchTableError.unless_found(self._metadata_location(namespace, name), *namespace, name)
             previous = self._read_parsed(current).metadata
@@ -796,7 +835,7 @@ class WarehouseTables:
             displaced = _displaced(before, table_locations(parsed.metadata.location, parsed.metadata.properties))
             if displaced:
                 self.integrity.keep_displaced_locations(_s(namespace), name, displaced, self._credential_lifetime_ms)
-        return self.load_table(namespace, name)
+        return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
     def notify(self, namespace: Namespace, name: str, notification: Any, actor: str) -> None:
         """A Polaris-style table notification (``sqe_catalog.integrity.notifications`` parsed it)."""
@@ -817,9 +856,11 @@ class WarehouseTables:
             raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
         elif exists:
             self.integrity.require_notification_update(_s(namespace), name)
-            self._reregister(namespace, name, location, actor, "notification-update", stamp)
+            parsed = self._read_for_admission(location)
+            self._reregister(namespace, name, location, parsed, actor, "notification-update", stamp)
         else:
-            self._admit(namespace, name, location, actor, f"notification-{kind.lower()}", stamp)
+            parsed = self._read_for_admission(location)
+            self._admit(namespace, name, location, parsed, actor, f"notification-{kind.lower()}", stamp)
 
     def commit_table(self, namespace: Namespace, name: str, commit: CommitBody) -> StoredTable:
         """Apply requirements + updates atomically; a failed requirement or lost race: CommitFailedError."""

@@ -8,13 +8,19 @@ must refuse and delete nothing.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import requests
+
+from tests.conftest import catalog_variant
+from tests.helpers.fault_proxy import FaultProxy
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogServer
@@ -627,3 +633,85 @@ def test_purge_of_a_rewritten_plaintext_table_never_deletes_another_tables_files
     wait_for_cleaner(catalog_server, ns)
     assert objects(catalog_server, f"{catalog_server.warehouse}/{ns}/victim/") == victim_files
     assert api.load(ns, "victim").status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Admission reads the metadata file once: the store changing it between reads changes nothing admitted
+
+
+class SwappingStore(FaultProxy):
+    """The catalog's S3 endpoint: forwards to moto, and once the catalog has fetched ``key`` it overwrites that
+    object in moto with ``replacement`` before forwarding any later request for it (a writer racing the catalog
+    between two reads of one file)."""
+
+    def __init__(self, moto_url: str) -> None:
+        super().__init__(moto_url, keep_host=True)
+        self.key = ""
+        self.replacement: Any = None
+        self.swapped = threading.Event()
+
+    def arm(self, location: str, replacement: dict[str, Any], server: CatalogServer) -> None:
+        bucket, key = s3_key(location)
+        self.reset()  # reads before now do not count
+        self.key, self.swapped = f"/{bucket}/{key}", threading.Event()
+        self.replacement = lambda: server.moto.client("s3").put_object(
+            Bucket=bucket, Key=key, Body=json.dumps(replacement).encode()
+        )
+
+    def take_fault(self, method: str, path: str) -> Any:
+        if self._reads_again(path) and not self.swapped.is_set():
+            self.replacement()
+            self.swapped.set()
+        return super().take_fault(method, path)
+
+    def _reads_again(self, path: str) -> bool:
+        """A request for the file after the catalog has fetched it once."""
+        mine = bool(self.key) and path.split("?")[0] == self.key
+        return mine and self.count("GET", "^" + re.escape(self.key) + r"(\?|$)") > 0
+
+
+@pytest.fixture(scope="module")
+def swapping(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Any]]:
+    """A catalog whose S3 endpoint is a ``SwappingStore`` in front of the session's moto."""
+    store = SwappingStore(catalog_server.moto.url)
+    store.start()
+    try:
+        with catalog_variant(tmp_path_factory.mktemp("swapping"), catalog_server.moto, endpoint=store.url) as server:
+            yield Api(server), store
+    finally:
+        store.stop()
+
+
+def _encrypted_source(api: Api) -> tuple[str, str, str, dict[str, Any]]:
+    """A dropped (files kept) encrypted table's metadata: (namespace, location, its pinned digest, document)."""
+    ns = api.namespace()
+    location = api.create(ns, "src", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
+    row = trusted_row(api.server, ns, "src")
+    assert row and row[2]
+    assert api.request("DELETE", f"namespaces/{ns}/tables/src").status_code == 204
+    return ns, location, str(row[2]), read_stored(api.server, location)
+
+
+def test_register_pins_and_answers_the_bytes_it_checked(swapping: tuple[Api, SwappingStore]) -> None:
+    # The store rewrites the file (same key id, other properties) right after the catalog's first read of it.
+    api, store = swapping
+    ns, location, digest, document = _encrypted_source(api)
+    store.arm(location, {**document, "properties": {**document["properties"], "owner": "swapped"}}, api.server)
+    registered = _register(api, ns, "copy", location)
+    assert registered.status_code == 200, registered.text
+    assert "owner" not in registered.json()["metadata"]["properties"], "answered from a second read"
+    assert trusted_row(api.server, ns, "copy") == (location, "K1", digest, "sqe-canonical-json-sha256-v1")
+    if not store.swapped.is_set():  # the catalog read the file once: the rewrite comes after the register
+        store.replacement()
+    assert "does not match its trusted digest" in assert_integrity_error(api.load(ns, "copy"))
+
+
+def test_notification_admits_without_reading_the_file_again(swapping: tuple[Api, SwappingStore]) -> None:
+    # Before: the admitted revision was read again for an answer nobody gets, and a rewrite in between turned an
+    # admission that had already happened into a 422.
+    api, store = swapping
+    ns, location, digest, document = _encrypted_source(api)
+    store.arm(location, {**document, "properties": {**document["properties"], "owner": "swapped"}}, api.server)
+    assert api.notify(ns, "copy", "CREATE", location, int(time.time() * 1000)).status_code == 204
+    assert not store.swapped.is_set(), "the notification read the file more than once"
+    assert trusted_row(api.server, ns, "copy") == (location, "K1", digest, "sqe-canonical-json-sha256-v1")

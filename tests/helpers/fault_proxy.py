@@ -57,6 +57,8 @@ class FaultProxy:
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: ThreadingHTTPServer | None = None
     outcomes: Counter[str] = field(default_factory=Counter)  # injected-503, delayed, upstream-down, forwarded
+    # Forward the client's Host header (a store that checks SigV4 signatures, which cover it).
+    keep_host: bool = False
 
     @property
     def url(self) -> str:
@@ -147,7 +149,8 @@ class FaultProxy:
     def forward(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
         target = urlsplit(self.upstream)
         connection = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=60)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"host"}}
+        dropped = HOP_BY_HOP if self.keep_host else HOP_BY_HOP | {"host"}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in dropped}
         try:
             connection.request(request.command, request.path, body=body or None, headers=headers)
             response = connection.getresponse()
@@ -164,7 +167,9 @@ class FaultProxy:
         for name, value in response.getheaders():
             if name.lower() not in HOP_BY_HOP:
                 request.send_header(name, value)
-        request.send_header("Content-Length", str(len(data)))
+        # A HEAD's answer has no body but the length of the one a GET would get (S3 clients size files by it).
+        length = response.getheader("Content-Length") if request.command == "HEAD" else None
+        request.send_header("Content-Length", length or str(len(data)))
         request.end_headers()
         if request.command != "HEAD":
             request.wfile.write(data)
