@@ -262,10 +262,21 @@ class IntegrityGuard:
             except BadRequestError as exc:
                 raise MetadataIntegrityError(f"table {table}: {exc.message}") from None
             admission.verify_loaded(table, trusted, location, parsed)
+            self._check_recorded_locations(table, trusted, parsed.metadata)
         except MetadataIntegrityError as exc:
             log.error("integrity check failed: %s", exc.message)
             raise
         return parsed
+
+    def _check_recorded_locations(self, table: TableName, trusted: TrustedState, metadata: TableMetadata) -> None:
+        """The file must name the places the catalog recorded when it wrote or admitted it: a plaintext table's
+        has no digest, and credentials are vended, purges bounded and commits built on these places."""
+        if trusted.locations is None:
+            return  # recorded before the catalog kept them: nothing to compare with
+        if set(self._locations_of(metadata)) != set(trusted.locations):
+            raise MetadataIntegrityError(
+                f"table {table}: the metadata's locations do not match the ones the catalog recorded for it"
+            )
 
     # -- writes --------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyiceberg.catalog.sql import IcebergTables
@@ -178,6 +178,9 @@ class TrustedState:
     key_id: str | None
     digest: str | None
     digest_version: str | None
+    # The places the catalog recorded for this pointer, in the transaction that moved it (None: not read, or a
+    # table from before they were recorded). A function of the pointer, so no part of the pin's identity.
+    locations: tuple[str, ...] | None = field(default=None, compare=False)
 
     @property
     def protection(self) -> Protection:
@@ -200,12 +203,27 @@ def _where(ref: TableName) -> Any:
 
 
 def _row_to_state(row: Any) -> TrustedState:
-    return TrustedState(row.metadata_location, row.key_id, row.digest, row.digest_version)
+    return TrustedState(row.metadata_location, row.key_id, row.digest, row.digest_version, _recorded(row))
 
 
-# The table's pointer and its pin in one statement, so both come from one snapshot (a commit between two reads
-# would pair an old pointer with a new pin). Built once: the hot load path skips SQL construction.
-_POINTER_AND_STATE = (
+def _recorded(row: Any) -> tuple[str, ...] | None:
+    return tuple(json.loads(row.recorded_locations)) if row.recorded_locations is not None else None
+
+
+def _with_recorded_locations(pins: Any) -> Any:
+    """``pins`` (a select from the pin table) with the table's recorded locations, from the same snapshot."""
+    return pins.add_columns(_locations.c.locations.label("recorded_locations")).outerjoin(
+        _locations,
+        (_locations.c.warehouse == _pins.c.warehouse)
+        & (_locations.c.namespace == _pins.c.namespace)
+        & (_locations.c.table_name == _pins.c.table_name),
+    )
+
+
+# The table's pointer, its pin and its recorded locations in one statement, so all come from one snapshot (a
+# commit between two reads would pair an old pointer with a new pin). Built once: the hot load path skips SQL
+# construction.
+_POINTER_AND_STATE = _with_recorded_locations(
     select(IcebergTables.metadata_location, _pins.c.metadata_location.label("pinned_location"))
     .add_columns(_pins.c.key_id, _pins.c.digest, _pins.c.digest_version)
     .select_from(IcebergTables)
@@ -215,11 +233,10 @@ _POINTER_AND_STATE = (
         & (_pins.c.namespace == IcebergTables.table_namespace)
         & (_pins.c.table_name == IcebergTables.table_name),
     )
-    .where(
-        (IcebergTables.catalog_name == bindparam("warehouse"))
-        & (IcebergTables.table_namespace == bindparam("namespace"))
-        & (IcebergTables.table_name == bindparam("name"))
-    )
+).where(
+    (IcebergTables.catalog_name == bindparam("warehouse"))
+    & (IcebergTables.table_namespace == bindparam("namespace"))
+    & (IcebergTables.table_name == bindparam("name"))
 )
 
 
@@ -231,12 +248,13 @@ def pointer_and_state(conn: Connection, ref: TableName) -> tuple[str | None, Tru
         return None, None
     if row.pinned_location is None:
         return row.metadata_location, None
-    return row.metadata_location, TrustedState(row.pinned_location, row.key_id, row.digest, row.digest_version)
+    pinned = TrustedState(row.pinned_location, row.key_id, row.digest, row.digest_version, _recorded(row))
+    return row.metadata_location, pinned
 
 
 def load_state(conn: Connection, ref: TableName) -> TrustedState | None:
     """The table's trusted state, or None for a legacy table."""
-    row = conn.execute(select(_pins).where(_where(ref))).first()
+    row = conn.execute(_with_recorded_locations(select(_pins)).where(_where(ref))).first()
     return _row_to_state(row) if row is not None else None
 
 

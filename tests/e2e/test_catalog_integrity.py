@@ -616,7 +616,8 @@ def test_purge_of_a_rewritten_plaintext_table_never_deletes_another_tables_files
     api: Api, catalog_server: CatalogServer
 ) -> None:
     # A protected plaintext table has no digest, so storage can rewrite its file (same path) with another table's
-    # location and metadata log. The purge must stay inside the locations the catalog recorded for the table.
+    # location and metadata log. The purge's check refuses a file naming other places than the catalog recorded
+    # (and the cleaner would stay inside those recorded places anyway).
     ns = api.namespace()
     victim_location = api.create(ns, "victim", {**V3, "encryption.key-id": "K1"}).json()["metadata-location"]
     location = api.create(ns, "t", V3).json()["metadata-location"]
@@ -629,8 +630,9 @@ def test_purge_of_a_rewritten_plaintext_table_never_deletes_another_tables_files
     tamper(catalog_server, location, point_at_victim)
     victim_files = objects(catalog_server, f"{catalog_server.warehouse}/{ns}/victim/")
     assert victim_files
-    assert api.request("DELETE", f"namespaces/{ns}/tables/t", params={"purgeRequested": "true"}).status_code == 204
-    wait_for_cleaner(catalog_server, ns)
+    purge = api.request("DELETE", f"namespaces/{ns}/tables/t", params={"purgeRequested": "true"})
+    assert "recorded" in assert_integrity_error(purge)
+    assert cleanup_tasks(catalog_server, ns) == []
     assert objects(catalog_server, f"{catalog_server.warehouse}/{ns}/victim/") == victim_files
     assert api.load(ns, "victim").status_code == 200
 
@@ -715,3 +717,23 @@ def test_notification_admits_without_reading_the_file_again(swapping: tuple[Api,
     assert api.notify(ns, "copy", "CREATE", location, int(time.time() * 1000)).status_code == 204
     assert not store.swapped.is_set(), "the notification read the file more than once"
     assert trusted_row(api.server, ns, "copy") == (location, "K1", digest, "sqe-canonical-json-sha256-v1")
+
+
+def test_a_plaintext_file_rewritten_elsewhere_gets_neither_credentials_nor_commits(
+    api: Api, catalog_server: CatalogServer
+) -> None:
+    # A protected plaintext table has no digest, but the catalog recorded where it lives: a file rewritten in
+    # storage (by a holder of the table's write credentials) to name another table's place must not be vended
+    # credentials for that place, nor committed on so that the catalog records it there.
+    ns = api.namespace()
+    victim_location = api.create(ns, "victim", V3).json()["metadata-location"]
+    location = api.create(ns, "t", V3).json()["metadata-location"]
+    victim_root = read_stored(catalog_server, victim_location)["location"]
+    tamper(catalog_server, location, lambda d: d.__setitem__("location", victim_root))
+    vended = api.request(
+        "GET", f"namespaces/{ns}/tables/t", headers={"X-Iceberg-Access-Delegation": "vended-credentials"}
+    )
+    assert "recorded" in assert_integrity_error(vended)
+    assert "recorded" in assert_integrity_error(api.set_properties(ns, "t", owner="me"))
+    assert trusted_row(catalog_server, ns, "t") == (location, None, None, None)
+    assert api.load(ns, "victim").status_code == 200
