@@ -97,6 +97,7 @@ from sqe_catalog.tables import (
     WarehouseTables,
     catalog_io_properties,
     dropped_location_reuse,
+    namespace_area_claims,
     parse_commit_body,
     parse_create_body,
     validate_namespace,
@@ -1190,8 +1191,21 @@ def _authenticate(state: _State, request: Request) -> Principal:
 
 def _run(handler: Handler, call: _Call) -> Response:
     call.principal = _authenticate(call.state, call.request)
-    with dropped_location_reuse(lambda namespace, name: _check_dropped_claim(call, namespace, name)):
+    with (
+        dropped_location_reuse(lambda namespace, name: _check_dropped_claim(call, namespace, name)),
+        namespace_area_claims(lambda namespace: _check_area_claim(call, namespace)),
+    ):
         return handler(call)
+
+
+def _check_area_claim(call: _Call, namespace: Namespace) -> None:
+    """A table placed in another namespace's area (``<warehouse>/<ns>/...``) takes a place that namespace's
+    tables would get by default: it needs the right to create tables there."""
+    if not call.allowed(Privilege.TABLE_CREATE, namespace):
+        raise ForbiddenError(
+            f"table location is inside the area of namespace {'.'.join(namespace)}: placing a table there needs "
+            "TABLE_CREATE on that namespace"
+        )
 
 
 def _check_dropped_claim(call: _Call, namespace: Namespace, name: str) -> None:

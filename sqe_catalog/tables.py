@@ -7,7 +7,8 @@ that could steer that I/O is checked here first:
 - table locations (``location``, ``write.data.path``, ``write.metadata.path``) must lie inside the warehouse
   location and must not overlap another table's locations, because vended credentials are scoped by them; nor,
   unless the request may claim them (``dropped_location_reuse``), a dropped table's whose files are still there
-  (dropped without purge, or purged by a cleanup task not done yet) or one a commit moved a table away from;
+  (dropped without purge, or purged by a cleanup task not done yet) or one a commit moved a table away from; nor,
+  unless the request may create tables there (``namespace_area_claims``), another namespace's area;
 - table properties that make pyiceberg import a class (``py-io-impl``, ``write.py-location-provider.impl``)
   are refused, and table properties never reach the catalog's own FileIO;
 - a purge deletes only files under the table's own locations.
@@ -94,6 +95,7 @@ __all__ = [
     "catalog_io_properties",
     "client_parse_message",
     "dropped_location_reuse",
+    "namespace_area_claims",
     "validate_client_model",
     "validate_namespace",
     "validate_table_name",
@@ -138,6 +140,31 @@ def _check_dropped_claim(namespace: Namespace, name: str) -> None:
             "files are still in storage"
         )
     check(namespace, name)
+
+
+# Whether the current request may place a table in another namespace's area (``<warehouse>/<ns>/...``, where that
+# namespace's tables go by default); api.py sets it per request (TABLE_CREATE on that namespace). Unset means no.
+# The check gets the namespace whose area it is, and raises ForbiddenError to refuse.
+AreaClaimCheck = Callable[[Namespace], None]
+_namespace_area_claim: ContextVar[AreaClaimCheck | None] = ContextVar("namespace_area_claim", default=None)
+
+
+@contextmanager
+def namespace_area_claims(check: AreaClaimCheck) -> Iterator[None]:
+    """Within the block, ``check(namespace)`` decides whether a table of another namespace may be placed in that
+    namespace's area (it raises ForbiddenError to refuse)."""
+    token = _namespace_area_claim.set(check)
+    try:
+        yield
+    finally:
+        _namespace_area_claim.reset(token)
+
+
+def _check_area_claim(owner: Namespace) -> None:
+    check = _namespace_area_claim.get()
+    if check is None:
+        raise ForbiddenError(f"table location is inside the area of namespace {'.'.join(owner)}")
+    check(owner)
 
 
 @dataclass(frozen=True)
@@ -1001,6 +1028,25 @@ class WarehouseTables:
         new = [loc for loc in locations if not covered_by_any(loc, held)]
         self._check_dropped_locations(new)
         self._check_reserved_locations(new, claimant)
+        self._check_namespace_areas(new, claimant.namespace)
+
+    def _check_namespace_areas(self, locations: Sequence[str], namespace: Namespace) -> None:
+        """A place inside another namespace's area (where its tables go by default) is that namespace's to give
+        out: a table of ``namespace`` may take it only where the request may create tables there. Areas of
+        ``namespace`` itself and of namespaces nested in it are its own."""
+        for location in locations:
+            owner = self._area_owner(location)
+            if owner is not None and owner[: len(namespace)] != namespace:
+                _check_area_claim(owner)
+
+    def _area_owner(self, location: str) -> Namespace | None:
+        """The deepest existing namespace whose area (``<warehouse>/<level>/...``) holds ``location``."""
+        root_parts = _split_location(self.root)[1]
+        levels = _split_location(location)[1][len(root_parts) :]
+        for depth in range(len(levels), 0, -1):
+            if self.namespace_exists(tuple(levels[:depth])):
+                return tuple(levels[:depth])
+        return None
 
     def _check_reserved_locations(self, locations: Sequence[str], claimant: _Claimant) -> None:
         """Refuse a place reserved for another table: credentials vended for it may still be valid."""

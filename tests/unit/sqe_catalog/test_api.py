@@ -135,6 +135,35 @@ def test_only_a_content_manager_may_reuse_a_location_dropped_without_purge(
     assert call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=admin, body=claim).status == 200
 
 
+def test_a_table_is_placed_in_another_namespaces_area_only_with_create_rights_there(
+    app_and_token: tuple[Starlette, str], tmp_path: Path
+) -> None:
+    # Found by review: create rights in scratch let bob stage-create (and reserve, and be vended credentials for)
+    # the default place of a secure table not created yet.
+    app, root = app_and_token
+    store = AuthStore(create_engine_for(f"sqlite:///{tmp_path}/catalog.db"), b"k", 60, scrypt_n=2)
+    bob = {"authorization": f"Bearer {_token_for(app, store.create_principal('bob'))}"}
+    store.create_role("creators")
+    store.assign_role("bob", "creators")
+    store.grant("creators", "TABLE_CREATE", "wh", ["scratch"])
+    admin = {"authorization": f"Bearer {root}"}
+    for ns in ("secure", "scratch"):
+        assert call(app, "POST", "/v1/wh/namespaces", headers=admin, body=json.dumps({"namespace": [ns]}).encode())
+    schema = {"type": "struct", "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+    place = f"file://{tmp_path}/wh/secure/payroll"  # secure.payroll's default place
+    staged = json.dumps({"name": "x", "schema": schema, "location": place, "stage-create": True}).encode()
+    refused = call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=bob, body=staged)
+    assert refused.status == 403 and refused.json()["error"]["type"] == "ForbiddenException"
+    assert "area of namespace secure" in refused.json()["error"]["message"]
+    assert "TABLE_CREATE" in refused.json()["error"]["message"]
+    payroll = json.dumps({"name": "payroll", "schema": schema}).encode()
+    created = call(app, "POST", "/v1/wh/namespaces/secure/tables", headers=admin, body=payroll)
+    assert created.status == 200 and created.json()["metadata"]["location"] == place, "nothing reserved it"
+    store.grant("creators", "TABLE_CREATE", "wh", ["secure"])
+    elsewhere = json.dumps({"name": "y", "schema": schema, "location": f"{place}-2", "stage-create": True}).encode()
+    assert call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=bob, body=elsewhere).status == 200
+
+
 BAD_DECIMAL = {"id": 1, "name": "a", "type": "decimal(99,2)", "required": False}
 
 

@@ -22,6 +22,7 @@ from sqe_catalog.tables import (
     WarehouseTables,
     catalog_io_properties,
     dropped_location_reuse,
+    namespace_area_claims,
     parse_commit_body,
     validate_namespace,
     validate_table_name,
@@ -452,19 +453,56 @@ def test_a_staged_create_reserves_its_place_for_the_credential_lifetime(tables: 
     tables.create_namespace(("scratch",), {})
     tables.create_namespace(("secure",), {})
     target = tables.default_location(("secure",), "payroll")
-    tables.stage_table(("scratch",), dataclasses.replace(_create("x", target), stage_create=True))
-    with pytest.raises(ForbiddenError, match=r"credentials were vended for \(table scratch\.x\): it is reserved until"):
-        tables.create_table(("secure",), _create("other", target))
-    payroll = tables.create_table(("secure",), _create("payroll"))
-    assert payroll.location.startswith(f"{target}-")  # its default place is reserved: a fresh one beside it
-    # The staged table's own create transaction may claim it.
-    assert tables.commit_table(("scratch",), "x", _create_transaction(target)).location == target
-    elsewhere = f"{tables.root}/scratch/y"
-    tables.stage_table(("scratch",), dataclasses.replace(_create("y", elsewhere), stage_create=True))
-    with pytest.raises(ForbiddenError, match="reserved until"):
-        tables.create_table(("secure",), _create("z", elsewhere))
-    wait_out_reservations(tables)  # the credentials it may have vended have expired: the place is free
-    assert tables.create_table(("secure",), _create("z", elsewhere)).location == elsewhere
+    with namespace_area_claims(lambda namespace: None):  # a caller who may create tables in both namespaces
+        tables.stage_table(("scratch",), dataclasses.replace(_create("x", target), stage_create=True))
+        with pytest.raises(ForbiddenError, match=r"vended for \(table scratch\.x\): it is reserved until"):
+            tables.create_table(("secure",), _create("other", target))
+        payroll = tables.create_table(("secure",), _create("payroll"))
+        assert payroll.location.startswith(f"{target}-")  # its default place is reserved: a fresh one beside it
+        # The staged table's own create transaction may claim it.
+        assert tables.commit_table(("scratch",), "x", _create_transaction(target)).location == target
+        elsewhere = f"{tables.root}/scratch/y"
+        tables.stage_table(("scratch",), dataclasses.replace(_create("y", elsewhere), stage_create=True))
+        with pytest.raises(ForbiddenError, match="reserved until"):
+            tables.create_table(("secure",), _create("z", elsewhere))
+        wait_out_reservations(tables)  # the credentials it may have vended have expired: the place is free
+        assert tables.create_table(("secure",), _create("z", elsewhere)).location == elsewhere
+
+
+def _refuse_area(namespace: tuple[str, ...]) -> None:
+    raise ForbiddenError(f"no create rights in {'.'.join(namespace)}")
+
+
+def test_a_table_goes_into_another_namespaces_area_only_with_create_rights_there(tables: WarehouseTables) -> None:
+    # Found by review: a caller who may create tables in scratch only could create, or stage-create (and be
+    # vended credentials for), a table at the default place of a secure table not created yet, or squat all of
+    # secure's area so that no table could be created there at its default place.
+    for namespace in (("scratch",), ("secure",), ("secure", "inner")):
+        tables.create_namespace(namespace, {})
+    claims = [
+        lambda: tables.stage_table(
+            ("scratch",),
+            dataclasses.replace(_create("x", tables.default_location(("secure",), "payroll")), stage_create=True),
+        ),
+        lambda: tables.create_table(("scratch",), _create("y", f"{tables.root}/secure")),
+        lambda: tables.create_table(("scratch",), _create("z", **{"write.data.path": f"{tables.root}/secure/d"})),
+        lambda: tables.create_table(("secure", "inner"), _create("up", f"{tables.root}/secure/up")),  # the parent's
+    ]
+    for claim in claims:
+        with pytest.raises(ForbiddenError, match=r"inside the area of namespace secure$"):
+            claim()
+        with namespace_area_claims(_refuse_area), pytest.raises(ForbiddenError, match="no create rights in secure"):
+            claim()
+    assert tables.list_tables(("scratch",)) == [] and tables.list_tables(("secure", "inner")) == []
+    # Its own area and those of namespaces nested in it are the namespace's own; a place in no namespace's area
+    # is checked as before.
+    assert tables.create_table(("secure",), _create("down", f"{tables.root}/secure/inner/down")).location
+    assert tables.create_table(("scratch",), _create("raw", f"{tables.root}/raw/x")).location == f"{tables.root}/raw/x"
+    assert tables.create_table(("secure",), _create("payroll")).location == tables.default_location(
+        ("secure",), "payroll"
+    )
+    with namespace_area_claims(lambda namespace: None):  # a caller who may create tables in secure too
+        assert tables.create_table(("scratch",), _create("w", f"{tables.root}/secure/w")).location
 
 
 def test_a_dropped_table_registered_again_under_another_name_takes_back_its_reserved_place(
