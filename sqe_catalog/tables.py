@@ -81,7 +81,7 @@ from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
 from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
-from sqe_catalog.integrity.state import Reservation, now_ms
+from sqe_catalog.integrity.state import Reservation, TrustedState, now_ms
 
 __all__ = [
     "CLIENT_PARSE_ERRORS",
@@ -409,6 +409,13 @@ def _require_same_uuid(namespace: Namespace, name: str, previous: TableMetadata,
             f"table {'.'.join((*namespace, name))}: the new metadata has another table-uuid; "
             "a table keeps its UUID (drop and register it instead)"
         )
+
+
+def _recorded_or(trusted: TrustedState | None, metadata: TableMetadata) -> tuple[str, ...]:
+    """The places the catalog recorded for a protected table's current revision, else those ``metadata`` names."""
+    if trusted is not None and trusted.locations is not None:
+        return trusted.locations
+    return table_locations(metadata.location, metadata.properties)
 
 
 def _displaced(before: Sequence[str], after: Sequence[str]) -> tuple[str, ...]:
@@ -850,15 +857,18 @@ class WarehouseTables:
         """Point an existing table at ``parsed``, the one read of ``location`` (register overwrite, notification
         update): checked, pinned and answered without reading the file again."""
         with self._location_lock:
-            current = NoSuchTableError.unless_found(self._metadata_location(namespace, name), *namespace, name)
+            found, trusted = self.integrity.current(_s(namespace), name)
+            current = NoSuchTableError.unless_found(found, *namespace, name)
+            # Not verified: a re-admission may repair a current file that no longer matches its pin.
             previous = self._read_parsed(current).metadata
             _require_same_uuid(namespace, name, previous, parsed.metadata)
             logged = frozenset({current, *(entry.metadata_file for entry in previous.metadata_log)})
             self._check_admitted_locations(parsed, (namespace, name), existing=True, logged_before=logged)
             admitted = Admission(location, parsed, actor, action)
-            self.integrity.readmit(_s(namespace), name, current, admitted, stamp)
-            # Other metadata of the same table may move it away, as a commit may: the old places stay claimed.
-            before = table_locations(previous.location, previous.properties)
+            self.integrity.readmit(_s(namespace), name, (current, trusted), admitted, stamp)
+            # Other metadata of the same table may move it away, as a commit may: the old places stay claimed. They
+            # are the ones the catalog recorded, never what the (unverified) displaced file says now.
+            before = _recorded_or(trusted, previous)
             displaced = _displaced(before, table_locations(parsed.metadata.location, parsed.metadata.properties))
             if displaced:
                 self.integrity.keep_displaced_locations(_s(namespace), name, displaced, self._credential_lifetime_ms)

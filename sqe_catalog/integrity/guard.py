@@ -325,14 +325,15 @@ class IntegrityGuard:
         self,
         namespace: Namespace,
         name: str,
-        current: str,
+        displaced: tuple[str, TrustedState | None],
         admitted: Admission,
         stamp: NotificationStamp | None = None,
     ) -> None:
         """Register overwrite / notification update (``stamp`` given): re-admission if protected, a plain pointer
-        move if legacy."""
+        move if legacy. ``displaced``: the pointer and pin (from ``current``) the caller checked the admission
+        against; the swap compares against exactly those (409 if the table moved on meanwhile)."""
         table = self.ref(namespace, name)
-        trusted = self.trusted(namespace, name)
+        current, trusted = displaced
         if trusted is None:
             admission.replace_legacy_pointer(self._catalog, table, current, admitted.location, stamp)
             return

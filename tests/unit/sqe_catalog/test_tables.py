@@ -15,7 +15,12 @@ from pyiceberg.types import LongType, NestedField
 
 from sqe_catalog.auth import create_engine_for
 from sqe_catalog.config import ServerConfig, WarehouseConfig
-from sqe_catalog.errors import AlreadyExistsError, BadRequestError, ForbiddenError, NoSuchNamespaceError
+from sqe_catalog.errors import (
+    AlreadyExistsError,
+    BadRequestError,
+    ForbiddenError,
+    NoSuchNamespaceError,
+)
 from sqe_catalog.tables import (
     NamespaceNotEmptyError,
     TableCreate,
@@ -401,6 +406,25 @@ def test_a_readmission_may_not_add_files_of_other_or_dropped_tables_to_the_log(t
         Path(written.removeprefix("file://")).write_text(json.dumps(document))
         with pytest.raises(BadRequestError, match="metadata-log names a file that is not the table's own"):
             tables.register_table(("db",), "a", written, overwrite=True)
+
+
+def test_a_readmission_keeps_the_places_the_catalog_recorded(tmp_path: Path) -> None:
+    # Found by review: the places a re-admission moves the table away from were taken from the displaced file as
+    # storage holds it now (no metadata cache here): rewritten to name the new place, it left the recorded place
+    # unclaimed, for another table to take while credentials vended for it were still valid.
+    warehouse = WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh", metadata_cache_entries=0)
+    tables = WarehouseTables(warehouse, create_engine_for(f"sqlite:///{tmp_path}/catalog.db"))
+    tables.create_namespace(("db",), {})
+    a = tables.create_table(("db",), _create("a"))
+    current = Path(str(a.metadata_location).removeprefix("file://"))
+    document = {**json.loads(current.read_text()), "location": f"{a.location}-moved"}
+    written = f"{a.location}-moved/metadata/00001-client.metadata.json"
+    Path(written.removeprefix("file://")).parent.mkdir(parents=True)
+    Path(written.removeprefix("file://")).write_text(json.dumps(document))
+    current.write_text(json.dumps(document))  # storage rewrites the current file to name the new place too
+    assert tables.register_table(("db",), "a", written, overwrite=True).location == f"{a.location}-moved"
+    with pytest.raises(ForbiddenError, match=r"dropped or moved table db\.a"):
+        tables.create_table(("db",), _create("squat", a.location))
 
 
 def test_a_location_a_commit_moves_away_from_is_not_claimed_again(tables: WarehouseTables) -> None:
