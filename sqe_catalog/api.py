@@ -688,14 +688,16 @@ def _register_table(call: _Call) -> Response:
         raise BadRequestError("overwrite must be a boolean")
     call.require(Privilege.TABLE_CREATE, namespace)
     _refuse_view_name(call, namespace, name)
-    if overwrite and call.warehouse.tables.table_exists(namespace, name):
+    # Decided once: the register does what was authorized here, or fails if the table appeared or went meanwhile.
+    replaces = overwrite and call.warehouse.tables.table_exists(namespace, name)
+    if replaces:
         call.require(Privilege.TABLE_FULL_METADATA, namespace, name)  # re-admission (sqe_catalog.integrity)
         _refuse_restricted_change(call, namespace, name, "register-overwrite")
     access = _data_access(call, namespace, name)
     tables = call.warehouse.tables
     # The gate first, on what the register would admit (as for a create): a refused caller leaves no table behind.
     # The file is read once: the gate, the admission's checks, the pinned digest and the answer share that read.
-    registration = tables.pending_registration(namespace, name, metadata_location, overwrite)
+    registration = tables.pending_registration(namespace, name, metadata_location, replaces)
     _restrictions(call, registration.table, "register")
     table = tables.register(registration, call.principal.name)
     restricted = _restrictions(call, table, "register")

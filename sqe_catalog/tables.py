@@ -245,7 +245,9 @@ class Registration:
     name: str
     metadata_location: str
     parsed: ParsedMetadata = field(repr=False)
-    overwrite: bool
+    # Whether it replaces the table of that name (a re-admission), as decided when the request was authorized:
+    # a table appearing or going meanwhile fails the register (409, 404) rather than changing what it does.
+    replaces: bool
 
     @property
     def table(self) -> StoredTable:
@@ -739,15 +741,18 @@ class WarehouseTables:
         return StoredTable(namespace, create.name, None, metadata)
 
     def pending_registration(
-        self, namespace: Namespace, name: str, metadata_location: str, overwrite: bool = False
+        self, namespace: Namespace, name: str, metadata_location: str, replaces: bool = False
     ) -> Registration:
         """The revision a register would admit, read once and admitted nowhere: the caller's checks (the gate) run
-        on it, then ``register`` admits exactly it. A taken name is refused first, as the register does (409)."""
+        on it, then ``register`` admits exactly it. ``replaces``: a re-admission of the existing table (404 if
+        there is none); otherwise a taken name is refused first, as the register does (409)."""
         self._require_namespace(namespace)
-        if not (overwrite and self.table_exists(namespace, name)):
+        if replaces and not self.table_exists(namespace, name):
+            raise NoSuchTableError.named(*namespace, name)
+        if not replaces:
             self._require_absent(namespace, name)
         parsed = self._read_for_admission(metadata_location)
-        return Registration(namespace, name, metadata_location, parsed, overwrite)
+        return Registration(namespace, name, metadata_location, parsed, replaces)
 
     def stage_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
         """Metadata for a create-table transaction; nothing is written until the client commits it."""
@@ -798,14 +803,15 @@ class WarehouseTables:
     def register_table(
         self, namespace: Namespace, name: str, metadata_location: str, actor: str = "-", overwrite: bool = False
     ) -> StoredTable:
-        return self.register(self.pending_registration(namespace, name, metadata_location, overwrite), actor)
+        replaces = overwrite and self.table_exists(namespace, name)
+        return self.register(self.pending_registration(namespace, name, metadata_location, replaces), actor)
 
     def register(self, registration: Registration, actor: str = "-") -> StoredTable:
         """Admit the revision ``pending_registration`` read: the file is not read again, so the bytes checked
         (and gated by the caller) are the bytes pinned and answered, whatever storage holds by now."""
         namespace, name, parsed = registration.namespace, registration.name, registration.parsed
         location = registration.metadata_location
-        if registration.overwrite and self.table_exists(namespace, name):
+        if registration.replaces:  # 404 if the table went meanwhile
             return self._reregister(namespace, name, location, parsed, actor, "register-overwrite")
         self._require_absent(namespace, name)
         return self._admit(namespace, name, location, parsed, actor, "register")

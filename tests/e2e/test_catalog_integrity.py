@@ -642,34 +642,42 @@ def test_purge_of_a_rewritten_plaintext_table_never_deletes_another_tables_files
 
 
 class SwappingStore(FaultProxy):
-    """The catalog's S3 endpoint: forwards to moto, and once the catalog has fetched ``key`` it overwrites that
-    object in moto with ``replacement`` before forwarding any later request for it (a writer racing the catalog
-    between two reads of one file)."""
+    """The catalog's S3 endpoint: forwards to moto, and runs an armed ``action`` once, just before it forwards the
+    first request for one object after the catalog has fetched that object ``after_reads`` times (a writer or
+    another request racing the catalog between, or during, its reads of one file)."""
 
     def __init__(self, moto_url: str) -> None:
         super().__init__(moto_url, keep_host=True)
         self.key = ""
-        self.replacement: Any = None
+        self.after_reads = 0
+        self.action: Any = None
         self.swapped = threading.Event()
 
-    def arm(self, location: str, replacement: dict[str, Any], server: CatalogServer) -> None:
+    def arm(self, location: str, action: Any, after_reads: int = 1) -> None:
         bucket, key = s3_key(location)
         self.reset()  # reads before now do not count
-        self.key, self.swapped = f"/{bucket}/{key}", threading.Event()
-        self.replacement = lambda: server.moto.client("s3").put_object(
-            Bucket=bucket, Key=key, Body=json.dumps(replacement).encode()
+        self.key, self.after_reads, self.action, self.swapped = (
+            f"/{bucket}/{key}",
+            after_reads,
+            action,
+            threading.Event(),
         )
 
     def take_fault(self, method: str, path: str) -> Any:
-        if self._reads_again(path) and not self.swapped.is_set():
-            self.replacement()
+        if self._due(path) and not self.swapped.is_set():
             self.swapped.set()
+            self.action()
         return super().take_fault(method, path)
 
-    def _reads_again(self, path: str) -> bool:
-        """A request for the file after the catalog has fetched it once."""
+    def _due(self, path: str) -> bool:
         mine = bool(self.key) and path.split("?")[0] == self.key
-        return mine and self.count("GET", "^" + re.escape(self.key) + r"(\?|$)") > 0
+        return mine and self.count("GET", "^" + re.escape(self.key) + r"(\?|$)") >= self.after_reads
+
+
+def overwrite(server: CatalogServer, location: str, document: dict[str, Any]) -> Any:
+    """An action for ``SwappingStore.arm``: rewrite the object at ``location`` in moto."""
+    bucket, key = s3_key(location)
+    return lambda: server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(document).encode())
 
 
 @pytest.fixture(scope="module")
@@ -698,13 +706,14 @@ def test_register_pins_and_answers_the_bytes_it_checked(swapping: tuple[Api, Swa
     # The store rewrites the file (same key id, other properties) right after the catalog's first read of it.
     api, store = swapping
     ns, location, digest, document = _encrypted_source(api)
-    store.arm(location, {**document, "properties": {**document["properties"], "owner": "swapped"}}, api.server)
+    swapped = {**document, "properties": {**document["properties"], "owner": "swapped"}}
+    store.arm(location, overwrite(api.server, location, swapped))
     registered = _register(api, ns, "copy", location)
     assert registered.status_code == 200, registered.text
     assert "owner" not in registered.json()["metadata"]["properties"], "answered from a second read"
     assert trusted_row(api.server, ns, "copy") == (location, "K1", digest, "sqe-canonical-json-sha256-v1")
     if not store.swapped.is_set():  # the catalog read the file once: the rewrite comes after the register
-        store.replacement()
+        store.action()
     assert "does not match its trusted digest" in assert_integrity_error(api.load(ns, "copy"))
 
 
@@ -713,7 +722,8 @@ def test_notification_admits_without_reading_the_file_again(swapping: tuple[Api,
     # admission that had already happened into a 422.
     api, store = swapping
     ns, location, digest, document = _encrypted_source(api)
-    store.arm(location, {**document, "properties": {**document["properties"], "owner": "swapped"}}, api.server)
+    swapped = {**document, "properties": {**document["properties"], "owner": "swapped"}}
+    store.arm(location, overwrite(api.server, location, swapped))
     assert api.notify(ns, "copy", "CREATE", location, int(time.time() * 1000)).status_code == 204
     assert not store.swapped.is_set(), "the notification read the file more than once"
     assert trusted_row(api.server, ns, "copy") == (location, "K1", digest, "sqe-canonical-json-sha256-v1")
@@ -737,3 +747,22 @@ def test_a_plaintext_file_rewritten_elsewhere_gets_neither_credentials_nor_commi
     assert "recorded" in assert_integrity_error(api.set_properties(ns, "t", owner="me"))
     assert trusted_row(catalog_server, ns, "t") == (location, None, None, None)
     assert api.load(ns, "victim").status_code == 200
+
+
+def test_a_register_does_what_was_authorized_when_the_name_is_taken_meanwhile(
+    swapping: tuple[Api, SwappingStore],
+) -> None:
+    # Before: a register with overwrite of a name no table held was authorized as a new table (TABLE_CREATE only),
+    # but decided again after reading the file; a table of that name registered meanwhile was then re-admitted by
+    # a caller without TABLE_FULL_METADATA and past the gate for changes of restricted tables.
+    api, store = swapping
+    ns, location, _digest, _document = _encrypted_source(api)
+    creator = api.server.principal_with_grants(f"creator_{uuid.uuid4().hex[:6]}", [("TABLE_CREATE", ns, None)])
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {api.server.token(creator)}"
+    store.arm(location, lambda: _register(api, ns, "t", location), after_reads=0)  # the admin registers t first
+    body = {"name": "t", "metadata-location": location, "overwrite": True}
+    raced = session.post(f"{api.server.url}/v1/{api.server.warehouse}/namespaces/{ns}/register", json=body)
+    assert store.swapped.is_set() and api.load(ns, "t").status_code == 200
+    assert raced.status_code == 409, raced.text
+    assert [e["actor"] for e in _events(api.server, ns) if e["table_name"] == "t"] == ["admin"]
