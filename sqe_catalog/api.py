@@ -827,13 +827,15 @@ def _notify_table(call: _Call) -> Response:
     if not may_change:
         # Checked before the table is looked up: a caller with neither privilege learns nothing of its existence.
         call.require(Privilege.TABLE_CREATE, namespace)
-    if changes_existing and call.warehouse.tables.table_exists(namespace, name):
+    # Decided once: the notification does what was authorized here, or fails if the table appeared or went since.
+    exists = changes_existing and call.warehouse.tables.table_exists(namespace, name)
+    if exists:
         call.require(Privilege.TABLE_FULL_METADATA, namespace, name)
         # A DROP is gated like DELETE (see _drop_table), an UPDATE like a commit.
         _refuse_restricted_change(call, namespace, name, f"notification-{notification.kind.lower()}")
     elif may_change:
         call.require(Privilege.TABLE_CREATE, namespace)  # an UPDATE of a missing table creates it
-    call.warehouse.tables.notify(namespace, name, notification, call.principal.name)
+    call.warehouse.tables.notify(namespace, name, notification, call.principal.name, authorized_for=exists)
     return _no_content()
 
 

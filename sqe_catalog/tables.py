@@ -880,8 +880,14 @@ class WarehouseTables:
                 self.integrity.keep_displaced_locations(_s(namespace), name, displaced, self._credential_lifetime_ms)
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
-    def notify(self, namespace: Namespace, name: str, notification: Any, actor: str) -> None:
-        """A Polaris-style table notification (``sqe_catalog.integrity.notifications`` parsed it)."""
+    def notify(
+        self, namespace: Namespace, name: str, notification: Any, actor: str, authorized_for: bool | None = None
+    ) -> None:
+        """A Polaris-style table notification (``sqe_catalog.integrity.notifications`` parsed it).
+
+        ``authorized_for``: whether the caller was authorized for an existing table (True) or a missing one (False)
+        (None: whatever is there now); a table that appeared or went since is refused (409, 404), so the
+        notification never does more than was authorized."""
         self._require_namespace(namespace)
         kind, location = notification.kind, notification.metadata_location
         if kind == "VALIDATE":  # changes nothing, so it neither checks nor records a timestamp
@@ -890,6 +896,10 @@ class WarehouseTables:
         # Stale -> 409 now; the timestamp is recorded only in the transaction that carries the notification out.
         stamp = self.integrity.notification_stamp(_s(namespace), name, notification.timestamp_ms)
         exists = self.table_exists(namespace, name)
+        if authorized_for is not None and exists != authorized_for:
+            if exists:
+                raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
+            raise NoSuchTableError.named(*namespace, name)
         if kind == "DROP":
             if not exists:
                 raise NoSuchTableError.named(*namespace, name)

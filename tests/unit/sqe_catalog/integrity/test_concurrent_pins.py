@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from sqe_catalog.errors import CommitFailedError, MetadataIntegrityError
+from sqe_catalog.errors import AlreadyExistsError, CommitFailedError, MetadataIntegrityError, NoSuchTableError
 from sqe_catalog.integrity.notifications import Notification
+from sqe_catalog.integrity.state import list_events
 from sqe_catalog.tables import WarehouseTables, parse_commit_body
 from tests.unit.sqe_catalog.integrity.test_guard_cache import ENCRYPTED, NS, create, rewrite, warehouse_tables
 
@@ -112,3 +113,20 @@ def test_a_notification_update_never_replaces_an_encrypted_tables_digest_even_ra
         tables.notify(NS, "t", Notification("UPDATE", 1, admitted), actor="notifier")
     pinned = tables.integrity.trusted(NS, "t")
     assert pinned is not None and pinned.metadata_location != admitted
+
+
+def test_a_notification_does_only_what_was_authorized_when_the_table_appears_or_goes(tmp_path: Path) -> None:
+    # Found by review: the API authorized an UPDATE or DROP of a missing table with TABLE_CREATE only, and the
+    # notification then decided again whether the table existed: one created in between was re-admitted or dropped
+    # by a caller without TABLE_FULL_METADATA (and an UPDATE authorized for an existing table created a new one).
+    tables: WarehouseTables = warehouse_tables(tmp_path)
+    location = create(tables, PLAINTEXT)  # appeared after the caller was authorized for a missing table
+    for kind in ("UPDATE", "DROP"):
+        with pytest.raises(AlreadyExistsError):
+            tables.notify(NS, "t", Notification(kind, 1, location), actor="creator", authorized_for=False)
+    assert tables.integrity.current(NS, "t")[0] == location
+    assert list_events(tables._catalog.engine) == []  # nothing re-admitted
+    tables.drop_table(NS, "t", purge=False)  # went after the caller was authorized for an existing table
+    with pytest.raises(NoSuchTableError):
+        tables.notify(NS, "t", Notification("UPDATE", 2, location), actor="manager", authorized_for=True)
+    assert not tables.table_exists(NS, "t")
