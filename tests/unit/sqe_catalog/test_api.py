@@ -101,32 +101,41 @@ def _token_for(app: Starlette, client: tuple[str, str]) -> str:
     return str(reply.json()["access_token"])
 
 
-def test_only_a_content_manager_may_reuse_a_location_dropped_without_purge(
-    app_and_token: tuple[Starlette, str], tmp_path: Path
-) -> None:
-    app, root = app_and_token
+ONE_COLUMN = {"type": "struct", "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+
+
+def _scratch_creator(
+    app: Starlette, root: str, tmp_path: Path, other: str
+) -> tuple[AuthStore, dict[str, str], dict[str, str]]:
+    """Namespaces ``scratch`` and ``other``, and bob, whose role may create tables in scratch only: the auth store
+    and the headers of bob and of the admin."""
     store = AuthStore(create_engine_for(f"sqlite:///{tmp_path}/catalog.db"), b"k", 60, scrypt_n=2)
-    bob = _token_for(app, store.create_principal("bob"))
+    bob = {"authorization": f"Bearer {_token_for(app, store.create_principal('bob'))}"}
     store.create_role("creators")
     store.assign_role("bob", "creators")
     store.grant("creators", "TABLE_CREATE", "wh", ["scratch"])
     admin = {"authorization": f"Bearer {root}"}
-    for ns in ("sales", "scratch"):
+    for ns in (other, "scratch"):
         assert call(app, "POST", "/v1/wh/namespaces", headers=admin, body=json.dumps({"namespace": [ns]}).encode())
-    schema = {"type": "struct", "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+    return store, bob, admin
+
+
+def test_only_a_content_manager_may_reuse_a_location_dropped_without_purge(
+    app_and_token: tuple[Starlette, str], tmp_path: Path
+) -> None:
+    app, root = app_and_token
+    _store, bob, admin = _scratch_creator(app, root, tmp_path, "sales")
     created = call(
         app,
         "POST",
         "/v1/wh/namespaces/sales/tables",
         headers=admin,
-        body=json.dumps({"name": "t", "schema": schema}).encode(),
+        body=json.dumps({"name": "t", "schema": ONE_COLUMN}).encode(),
     )
     location = created.json()["metadata"]["location"]
     assert call(app, "DELETE", "/v1/wh/namespaces/sales/tables/t", headers=admin).status == 204  # files stay
-    claim = json.dumps({"name": "mine", "schema": schema, "location": location}).encode()
-    refused = call(
-        app, "POST", "/v1/wh/namespaces/scratch/tables", headers={"authorization": f"Bearer {bob}"}, body=claim
-    )
+    claim = json.dumps({"name": "mine", "schema": ONE_COLUMN, "location": location}).encode()
+    refused = call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=bob, body=claim)
     assert refused.status == 403 and refused.json()["error"]["type"] == "ForbiddenException"
     assert "CATALOG_MANAGE_CONTENT" in refused.json()["error"]["message"]
     early = call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=admin, body=claim)
@@ -141,26 +150,18 @@ def test_a_table_is_placed_in_another_namespaces_area_only_with_create_rights_th
     # Found by review: create rights in scratch let bob stage-create (and reserve, and be vended credentials for)
     # the default place of a secure table not created yet.
     app, root = app_and_token
-    store = AuthStore(create_engine_for(f"sqlite:///{tmp_path}/catalog.db"), b"k", 60, scrypt_n=2)
-    bob = {"authorization": f"Bearer {_token_for(app, store.create_principal('bob'))}"}
-    store.create_role("creators")
-    store.assign_role("bob", "creators")
-    store.grant("creators", "TABLE_CREATE", "wh", ["scratch"])
-    admin = {"authorization": f"Bearer {root}"}
-    for ns in ("secure", "scratch"):
-        assert call(app, "POST", "/v1/wh/namespaces", headers=admin, body=json.dumps({"namespace": [ns]}).encode())
-    schema = {"type": "struct", "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+    store, bob, admin = _scratch_creator(app, root, tmp_path, "secure")
     place = f"file://{tmp_path}/wh/secure/payroll"  # secure.payroll's default place
-    staged = json.dumps({"name": "x", "schema": schema, "location": place, "stage-create": True}).encode()
+    staged = json.dumps({"name": "x", "schema": ONE_COLUMN, "location": place, "stage-create": True}).encode()
     refused = call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=bob, body=staged)
     assert refused.status == 403 and refused.json()["error"]["type"] == "ForbiddenException"
     assert "area of namespace secure" in refused.json()["error"]["message"]
     assert "TABLE_CREATE" in refused.json()["error"]["message"]
-    payroll = json.dumps({"name": "payroll", "schema": schema}).encode()
+    payroll = json.dumps({"name": "payroll", "schema": ONE_COLUMN}).encode()
     created = call(app, "POST", "/v1/wh/namespaces/secure/tables", headers=admin, body=payroll)
     assert created.status == 200 and created.json()["metadata"]["location"] == place, "nothing reserved it"
     store.grant("creators", "TABLE_CREATE", "wh", ["secure"])
-    elsewhere = json.dumps({"name": "y", "schema": schema, "location": f"{place}-2", "stage-create": True}).encode()
+    elsewhere = json.dumps({"name": "y", "schema": ONE_COLUMN, "location": f"{place}-2", "stage-create": True}).encode()
     assert call(app, "POST", "/v1/wh/namespaces/scratch/tables", headers=bob, body=elsewhere).status == 200
 
 
@@ -231,8 +232,7 @@ def test_malformed_bodies_are_400_error_models(
     app, token = app_and_token
     auth = {"authorization": f"Bearer {token}"}
     assert call(app, "POST", "/v1/wh/namespaces", headers=auth, body=b'{"namespace": ["db"]}').status == 200
-    schema = {"type": "struct", "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
-    table = json.dumps({"name": "t", "schema": schema}).encode()
+    table = json.dumps({"name": "t", "schema": ONE_COLUMN}).encode()
     assert call(app, "POST", "/v1/wh/namespaces/db/tables", headers=auth, body=table).status == 200
     with caplog.at_level(logging.ERROR, logger="sqe_catalog"):
         reply = call(app, "POST", path, headers=auth, body=body)
