@@ -24,6 +24,7 @@ from pyiceberg.utils.properties import property_as_bool
 from sqe._text import first_line
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, commit_state_unknown, translate_error
 from sqe.errors import CommitConflictError, CommitStateUnknownError, QueryError, SQEError
+from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
 from sqe.execution.write_target import WriteTable, writable_table
 
 if TYPE_CHECKING:

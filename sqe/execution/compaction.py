@@ -39,6 +39,7 @@ from pyiceberg.typedef import EMPTY_DICT
 from sqe._text import first_line
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.errors import CompactionConflictError, QueryError, SQEError
+from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
 from sqe.execution.write_target import writable_table
 from sqe.planning.planner import restrictions_of
 

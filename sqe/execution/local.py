@@ -40,6 +40,7 @@ from pyiceberg.types import BinaryType, IcebergType, StringType
 
 from sqe._counters import Counters
 from sqe.errors import QueryError
+from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
 from sqe.execution.cache import parquet_fragment
 from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
 from sqe.execution.decoded_cache import DECODED
