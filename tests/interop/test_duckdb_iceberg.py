@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.table.snapshots import Operation
-from pyiceberg.types import LongType, NestedField, StringType
+from pyiceberg.types import ListType, LongType, MapType, NestedField, StringType, StructType
 from pyiceberg.view.metadata import SQLViewRepresentation, ViewVersion
 
 import sqe.api
@@ -213,6 +213,41 @@ def test_duckdb_reads_what_pyiceberg_wrote_including_history(
         catalog_server, duck_writer, f"{namespace}.from_pyiceberg", snapshot_id=first.snapshot_id
     )
     assert [r["id"] for r in before] == [1, 2, 3]
+
+
+def test_nested_nulls_sqe_writes_read_back_by_duckdb(
+    duck: DuckPeer, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """A NULL struct whose fields are required, and a NULL list or map of structs, as SQE writes them: DuckDB's own
+    reader (another process, no pyiceberg) reads them NULL, as SQE does (an empty list or map stays empty)."""
+    item = StructType(NestedField(10, "k", StringType()))
+    point = StructType(
+        NestedField(3, "x", LongType(), required=True),
+        NestedField(4, "l", ListType(5, LongType(), element_required=True), required=True),
+        NestedField(6, "m", MapType(7, StringType(), 8, item, value_required=True)),
+    )
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "p", point),
+        NestedField(11, "tags", ListType(12, item)),
+    )
+    name = f"{namespace}.nested_nulls"
+    pyiceberg_catalog(catalog_server, duck_writer).create_table(name, schema)
+    config = write_sqe_config(tmp_path / "sqe.toml", catalog_server.url, duck_writer, catalog_server.moto)
+    with sqe.api.connect(config) as session:
+        session.sql(
+            f"INSERT INTO {name} VALUES (1, {{'x': 5, 'l': [1, 2], 'm': MAP {{'a': {{'k': 'b'}}}}}}, [{{'k': 'c'}}]), "
+            "(2, NULL, NULL), (3, {'x': 6, 'l': [], 'm': NULL}, []), (4, {'x': 7, 'l': [3], 'm': MAP {}}, NULL)"
+        )
+        written = session.sql(f"SELECT * FROM {name} ORDER BY id").arrow().to_pylist()
+    assert [(r["p"], r["tags"]) for r in written] == [
+        ({"x": 5, "l": [1, 2], "m": [("a", {"k": "b"})]}, [{"k": "c"}]),
+        (None, None),
+        ({"x": 6, "l": [], "m": None}, []),
+        ({"x": 7, "l": [3], "m": []}, None),
+    ]
+    assert duck_rows(duck, f"SELECT * FROM lake.{name} ORDER BY id") == written
+    assert duck_rows(duck, f"SELECT id FROM lake.{name} WHERE p.x IS NULL") == [{"id": 2}]
 
 
 def test_nested_namespaces_and_drops_through_duckdb(
