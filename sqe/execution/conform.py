@@ -77,7 +77,7 @@ def _children(arrow_type: pa.DataType) -> list[pa.Field]:
     if pa.types.is_struct(arrow_type):
         return list(arrow_type)
     if pa.types.is_map(arrow_type):
-        return [arrow_type.item_field]  # keys are required and never nested under a NULL: Arrow's cast checks them
+        return [arrow_type.key_field, arrow_type.item_field]
     if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
         return [arrow_type.value_field]
     return []
@@ -92,7 +92,8 @@ def _relaxed(arrow_type: pa.DataType) -> pa.DataType:
     if pa.types.is_struct(arrow_type):
         return pa.struct([_relaxed_field(f) for f in arrow_type])
     if pa.types.is_map(arrow_type):
-        return pa.map_(arrow_type.key_field, _relaxed_field(arrow_type.item_field))
+        key = arrow_type.key_field  # never NULL itself (Arrow's map refuses it), but what it nests may be
+        return pa.map_(key.with_type(_relaxed(key.type)), _relaxed_field(arrow_type.item_field))
     if pa.types.is_large_list(arrow_type):
         return pa.large_list(_relaxed_field(arrow_type.value_field))
     if pa.types.is_list(arrow_type):
@@ -174,9 +175,8 @@ def _nested_list(mapped: pa.Array, target: pa.DataType, path: str, present: pa.A
     parents = pc.list_parent_indices(pa.LargeListArray.from_arrays(offsets.cast(pa.int64()), entries))
     entry_present = pc.is_valid(parents) if present is None else pc.take(present, parents)
     if pa.types.is_map(target):
+        keys = _child(entries.field(0), target.key_field, path, entry_present)
         items = _child(entries.field(1), target.item_field, path, entry_present)
-        return pa.MapArray.from_arrays(
-            offsets.cast(pa.int32()), entries.field(0), items, type=target, mask=_null_mask(array)
-        )
+        return pa.MapArray.from_arrays(offsets.cast(pa.int32()), keys, items, type=target, mask=_null_mask(array))
     values = _child(entries, target.value_field, path, entry_present)
     return type(array).from_arrays(offsets, values, type=target, mask=_null_mask(array))

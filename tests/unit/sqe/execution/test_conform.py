@@ -97,6 +97,22 @@ def test_a_null_list_hiding_entries_reads_as_null() -> None:
     assert table.column("c").to_pylist() == [None, [5]]
 
 
+@pytest.mark.parametrize(
+    ("key_type", "key_arrow", "key", "path"),
+    [
+        (ListType(13, LongType(), element_required=True), pa.list_(pa.int64()), [1, None], "c.key.element"),
+        (POINT, pa.struct([("x", pa.int64()), ("y", pa.string())]), {"x": None, "y": "a"}, "c.key.x"),
+    ],
+)
+def test_a_null_inside_a_map_key_is_refused_by_path(key_type: Any, key_arrow: pa.DataType, key: Any, path: str) -> None:
+    """Arrow's cast checks neither a list's elements nor, through a map's key, what the key nests: a NULL there
+    passed (a list's) or failed with Arrow's own message (a struct's)."""
+    schema = Schema(NestedField(1, "c", MapType(11, key_type, 12, LongType(), value_required=False), required=False))
+    rows = pa.table({"c": pa.array([[(key, 1)]], pa.map_(key_arrow, pa.int64()))})
+    with pytest.raises(QueryError, match=rf"NULL value in required field '{path}' of wh\.ns\.t"):
+        conform_for_write(rows, schema, IDENT)
+
+
 def test_a_null_in_a_required_column_is_refused() -> None:
     schema = Schema(NestedField(1, "c", LongType(), required=True))
     with pytest.raises(QueryError, match=r"NULL value in required column 'c' of wh\.ns\.t"):
