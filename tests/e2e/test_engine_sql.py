@@ -24,6 +24,7 @@ from sqe.execution.commit import append_rows
 from sqe.planning.planner import plan_scan
 from sqe.session import Session, explain_sections
 from tests.conftest import pyiceberg_catalog, write_sqe_config
+from tests.helpers.fault_proxy import running_proxy
 from tests.helpers.orphans import data_objects, parquet_rows, referenced
 from tests.unit.sqe.iceberg_local import add_positional_deletes
 
@@ -221,6 +222,33 @@ def test_a_concurrent_commit_is_a_conflict_that_leaves_nothing_behind(
         assert rows(session, f"SELECT x FROM {namespace}.o") == [(1,), (2,), (3,)]
     objects = data_objects(catalog_server, other)
     assert len(objects) == 3 and objects == referenced(other), sorted(objects - referenced(other))
+
+
+@pytest.mark.parametrize("retries", ["0", "4"])
+def test_a_commit_whose_answer_was_lost_keeps_its_files_when_the_resend_gets_a_409(
+    namespace: str, catalog_server: CatalogServer, owner: CatalogPrincipal, tmp_path: Path, retries: str
+) -> None:
+    """The commit lands and a proxy loses its answer (a 503 with Retry-After): the resent commit is refused (409),
+    the table has the statement's snapshot, so it landed. Deleting its files then would break the table. (With
+    retries pyiceberg finds the snapshot itself; without, only the table's own check does.)"""
+    commit = rf"/namespaces/{namespace}/tables/lost$"
+    with running_proxy(catalog_server.url) as proxy:
+        config = write_sqe_config(tmp_path / "sqe.toml", proxy.url, owner, catalog_server.moto)
+        with sqe.api.connect(config) as session:
+            session.sql(f"CREATE TABLE {namespace}.lost (x BIGINT)")
+            with pyiceberg_catalog(catalog_server, owner).load_table(f"{namespace}.lost").transaction() as change:
+                change.set_properties({"commit.retry.num-retries": retries})
+            proxy.inject("POST", commit, 503, 1, retry_after="0", lose_answer=True)
+            assert session.sql(f"INSERT INTO {namespace}.lost VALUES (1), (2)").fetchall() == [(2,)]
+            proxy.inject("POST", commit, 503, 1, retry_after="0", lose_answer=True)
+            assert session.sql(f"UPDATE {namespace}.lost SET x = 3 WHERE x = 2").fetchall() == [(1,)]
+            assert rows(session, f"SELECT x FROM {namespace}.lost") == [(1,), (3,)]
+        assert proxy.count("POST", commit) == 4  # each commit sent twice: its answer lost, then the 409
+    table = pyiceberg_catalog(catalog_server, owner).load_table(f"{namespace}.lost")
+    assert len(table.snapshots()) == 2
+    assert sorted(table.scan().to_arrow().column("x").to_pylist()) == [1, 3]
+    objects = data_objects(catalog_server, table)
+    assert objects == referenced(table) and len(objects) == 2
 
 
 def test_a_conflicting_delete_is_reported_without_the_file_statistics(

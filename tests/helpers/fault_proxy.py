@@ -1,7 +1,9 @@
 """A fault-injecting HTTP reverse proxy on loopback, in-process (``FaultProxy``) or as its own process.
 
 It answers the first N requests matching a (method, path regex) rule itself (a status such as 503 or 429, with an
-optional ``Retry-After``), or delays them before forwarding (a slow catalog), and forwards everything else to the
+optional ``Retry-After``), or delays them before forwarding (a slow catalog), or forwards them and answers its own
+status instead of the upstream's (``lose_answer``: the request took effect, its answer was lost on the way back),
+and forwards everything else to the
 upstream, counting every request by method and path. An unreachable upstream (a catalog being restarted) gets
 a 502 with an ErrorModel body, as a real reverse proxy would answer.
 
@@ -44,6 +46,7 @@ class Fault:
     remaining: int
     retry_after: str | None = None
     delay: float = 0.0
+    lose_answer: bool = False  # forwarded first: the upstream acted, its answer is replaced by ``status``
 
 
 @dataclass
@@ -66,10 +69,18 @@ class FaultProxy:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def inject(
-        self, method: str, path: str, status: int, times: int, retry_after: str | None = None, delay: float = 0.0
+        self,
+        method: str,
+        path: str,
+        status: int,
+        times: int,
+        retry_after: str | None = None,
+        delay: float = 0.0,
+        *,
+        lose_answer: bool = False,
     ) -> None:
         with self.lock:
-            self.faults.append(Fault(method, re.compile(path), status, times, retry_after, delay))
+            self.faults.append(Fault(method, re.compile(path), status, times, retry_after, delay, lose_answer))
 
     def count(self, method: str, path: str) -> int:
         pattern = re.compile(path)
@@ -121,6 +132,8 @@ class FaultProxy:
         fault = self.take_fault(request.command, request.path)
         if fault is not None and fault.delay:
             time.sleep(fault.delay)
+        if fault is not None and fault.lose_answer:
+            self._upstream(request, body)  # its answer never reaches the client
         if fault is not None and fault.status:
             self._tally(f"injected-{fault.status}")
             self.answer(request, fault.status, f"injected {fault.status}", "InjectedFault", fault.retry_after)
@@ -146,7 +159,8 @@ class FaultProxy:
         request.end_headers()
         request.wfile.write(data)
 
-    def forward(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
+    def _upstream(self, request: BaseHTTPRequestHandler, body: bytes) -> tuple[http.client.HTTPResponse, bytes] | None:
+        """The upstream's answer to ``request`` and its body; None when the upstream is not reachable."""
         target = urlsplit(self.upstream)
         connection = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=60)
         dropped = HOP_BY_HOP if self.keep_host else HOP_BY_HOP | {"host"}
@@ -154,13 +168,19 @@ class FaultProxy:
         try:
             connection.request(request.command, request.path, body=body or None, headers=headers)
             response = connection.getresponse()
-            data = response.read()
+            return response, response.read()
         except OSError:
+            return None
+        finally:
+            connection.close()
+
+    def forward(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
+        answered = self._upstream(request, body)
+        if answered is None:
             self._tally("upstream-down")
             self.answer(request, 502, "bad gateway: the catalog is not reachable", "ServiceUnavailableException")
             return
-        finally:
-            connection.close()
+        response, data = answered
         if self.rewrite is not None and data and "json" in (response.getheader("Content-Type") or ""):
             data = json.dumps(self.rewrite(request.command, request.path, json.loads(data))).encode()
         request.send_response(response.status)
