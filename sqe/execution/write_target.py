@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+import requests
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    ServerError,
+    ServiceUnavailableError,
+)
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.update import AddSnapshotUpdate
@@ -37,6 +43,9 @@ if TYPE_CHECKING:
     from sqe.catalog.base import LoadedTable, TableIdent
 
 __all__ = ["WriteTable", "check_data_path", "data_path", "writable_table"]
+
+# What a commit request can end in without the catalog's verdict: pyiceberg's 5xx answers, or no answer at all.
+_OUTCOME_UNKNOWN = (CommitStateUnknownException, ServerError, ServiceUnavailableError, requests.RequestException)
 
 # Properties that name a class pyiceberg would import (the FileIO one is never used by SQE: dropped all the same).
 _CLASS_PROPERTIES = frozenset({TableProperties.WRITE_PY_LOCATION_PROVIDER_IMPL, "py-io-impl"})
@@ -81,6 +90,16 @@ class WriteTable(Table):
             # A 409 may answer a resend of a commit that landed (its first answer lost): then the caller must
             # not delete what it wrote for it (pyiceberg its manifests, SQE its data files).
             landed = self._landed(updates)
+            if landed is None:
+                raise
+            metadata, location = landed.metadata, landed.metadata_location
+        except _OUTCOME_UNKNOWN:
+            # No answer, or a 5xx: the commit may have landed. When the table shows it did, the statement
+            # succeeded (reported failed, it would be run again and write its rows twice); else it stays unknown.
+            try:
+                landed = self._landed(updates)
+            except CommitStateUnknownException:
+                landed = None
             if landed is None:
                 raise
             metadata, location = landed.metadata, landed.metadata_location

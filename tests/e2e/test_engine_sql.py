@@ -18,7 +18,7 @@ from pyiceberg.types import ListType, LongType, MapType, NestedField, StringType
 
 import sqe.api
 from sqe.catalog.base import TableIdent
-from sqe.errors import CommitConflictError, NoSuchNamespaceError, NoSuchTableError, QueryError
+from sqe.errors import CommitConflictError, NoSuchNamespaceError, NoSuchTableError, QueryError, SQEError
 from sqe.execution import dml
 from sqe.execution.commit import append_rows
 from sqe.planning.planner import plan_scan
@@ -249,6 +249,31 @@ def test_a_commit_whose_answer_was_lost_keeps_its_files_when_the_resend_gets_a_4
     assert sorted(table.scan().to_arrow().column("x").to_pylist()) == [1, 3]
     objects = data_objects(catalog_server, table)
     assert objects == referenced(table) and len(objects) == 2
+
+
+def test_a_commit_whose_answer_was_lost_to_a_5xx_succeeds_when_the_table_has_it(
+    namespace: str, catalog_server: CatalogServer, owner: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """A gateway's 502 after the catalog committed: the table has the statement's snapshot, so the statement
+    succeeded (reported failed, it would be run again and write its rows twice). A 502 that never reached the
+    catalog still fails the statement."""
+    commit = rf"/namespaces/{namespace}/tables/gateway$"
+    with running_proxy(catalog_server.url) as proxy:
+        config = write_sqe_config(tmp_path / "sqe.toml", proxy.url, owner, catalog_server.moto)
+        with sqe.api.connect(config) as session:
+            session.sql(f"CREATE TABLE {namespace}.gateway (x BIGINT)")
+            proxy.inject("POST", commit, 502, 1)
+            with pytest.raises(SQEError, match="502"):
+                session.sql(f"INSERT INTO {namespace}.gateway VALUES (0)")
+            proxy.inject("POST", commit, 502, 1, lose_answer=True)
+            assert session.sql(f"INSERT INTO {namespace}.gateway VALUES (1), (2)").fetchall() == [(2,)]
+            proxy.inject("POST", commit, 502, 1, lose_answer=True)
+            assert session.sql(f"DELETE FROM {namespace}.gateway WHERE x = 2").fetchall() == [(1,)]
+            assert rows(session, f"SELECT x FROM {namespace}.gateway") == [(1,)]
+    table = pyiceberg_catalog(catalog_server, owner).load_table(f"{namespace}.gateway")
+    assert len(table.snapshots()) == 2
+    # the refused 502's file stays (its commit's outcome was unknown); the landed ones are referenced
+    assert referenced(table) < data_objects(catalog_server, table)
 
 
 def test_a_conflicting_delete_is_reported_without_the_file_statistics(
