@@ -17,13 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import requests
-from pyiceberg.exceptions import (
-    CommitFailedException,
-    CommitStateUnknownException,
-    ServerError,
-    ServiceUnavailableError,
-)
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.update import AddSnapshotUpdate
@@ -43,9 +37,6 @@ if TYPE_CHECKING:
     from sqe.catalog.base import LoadedTable, TableIdent
 
 __all__ = ["WriteTable", "check_data_path", "data_path", "writable_table"]
-
-# What a commit request can end in without the catalog's verdict: pyiceberg's 5xx answers, or no answer at all.
-_OUTCOME_UNKNOWN = (CommitStateUnknownException, ServerError, ServiceUnavailableError, requests.RequestException)
 
 # Properties that name a class pyiceberg would import (the FileIO one is never used by SQE: dropped all the same).
 _CLASS_PROPERTIES = frozenset({TableProperties.WRITE_PY_LOCATION_PROVIDER_IMPL, "py-io-impl"})
@@ -93,9 +84,10 @@ class WriteTable(Table):
             if landed is None:
                 raise
             metadata, location = landed.metadata, landed.metadata_location
-        except _OUTCOME_UNKNOWN:
-            # No answer, or a 5xx: the commit may have landed. When the table shows it did, the statement
-            # succeeded (reported failed, it would be run again and write its rows twice); else it stays unknown.
+        except Exception:
+            # No answer, a 5xx, or any answer to a resend (the transport resends on a 503 with Retry-After or a
+            # 429): the commit may have landed. When the table shows it did, the statement succeeded (reported
+            # failed, it would be run again and write its rows twice); else the error stands.
             try:
                 landed = self._landed(updates)
             except CommitStateUnknownException:

@@ -274,15 +274,11 @@ def test_optimize_keeps_its_files_when_the_answer_to_its_landed_commit_was_lost(
     # Found by review: OPTIMIZE deleted its new files on any catalog error, whose commit may well have landed: a
     # 502 (a proxy's answer to a commit the catalog applied), or once the transport has sent the commit again (a
     # 503 with Retry-After), a 429 from a rate limiter, since the last answer says nothing about the first send.
-    # The table's current snapshot then named deleted files.
+    # The table's current snapshot then named deleted files. Since the table's snapshot shows the commit landed,
+    # OPTIMIZE also reports success (it was reported failed).
     statements = ("CREATE TABLE {t} AS SELECT * FROM (VALUES (1), (2)) v(n)", "INSERT INTO {t} VALUES (3)")
     name, direct = _fresh_table(catalog_server, writer, table, tmp_path, *statements)
-    # A 502 is pyiceberg's CommitStateUnknownException; the 429 is the last answer to a resent commit
-    unknown = CommitStateUnknownError if resent is None else CatalogUnavailableError
-    with (
-        _losing_a_commit_answer(catalog_server, writer, tmp_path, name, answer, resent=resent) as session,
-        pytest.raises(unknown, match=str(resent or answer)),
-    ):
+    with _losing_a_commit_answer(catalog_server, writer, tmp_path, name, answer, resent=resent) as session:
         session.sql(f"OPTIMIZE {name}")
     assert _rows(direct, name) == [(1,), (2,), (3,)]  # the commit landed: its files are the table's
 
