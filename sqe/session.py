@@ -1187,7 +1187,7 @@ class Session:
         start, end = statement.target_span
         rewritten = statement.text[:start] + f"temp.main.{quote_ident(staging)}" + statement.text[end:]
         try:
-            self._con.register(shape, arrow_schema.empty_table())
+            self._con.register(shape, pa.Table.from_batches([], arrow_schema))
             self._con.execute(f"CREATE TEMP TABLE {quote_ident(staging)} AS SELECT * FROM {quote_ident(shape)}")
             self._con.unregister(shape)
             self.last_execution_path = "duckdb"

@@ -52,25 +52,22 @@ class _RequiredFieldNull(Exception):
 
 
 def _conform_column(column: pa.ChunkedArray, target: pa.Field) -> pa.ChunkedArray:
-    if isinstance(target.type, pa.UuidType) and pa.types.is_string(column.type):
-        return _uuid_column(column, target.type)
     if column.type == target.type:
         return column
-    if not _nests_required(target.type):
+    if not _rebuilt(target.type):
         return column.cast(target.type)
     relaxed = column.cast(_relaxed(target.type))
     chunks = [_with_required(chunk, target.type, target.name, None) for chunk in relaxed.chunks]
     return pa.chunked_array(chunks, type=target.type)
 
 
-def _uuid_column(column: pa.ChunkedArray, uuid_type: pa.UuidType) -> pa.ChunkedArray:
+def _uuids(texts: pa.Array, uuid_type: pa.UuidType) -> pa.Array:
     """DuckDB hands a UUID back as its text, and Arrow casts no text to Iceberg's 16-byte uuid: parsed here."""
     try:
-        values = [None if text is None else uuid.UUID(text).bytes for text in column.to_pylist()]
+        values = [None if text is None else uuid.UUID(text).bytes for text in texts.to_pylist()]
     except ValueError as exc:
         raise pa.ArrowInvalid(f"not a UUID: {exc}") from None
-    storage = pa.array(values, uuid_type.storage_type)
-    return pa.chunked_array([pa.ExtensionArray.from_storage(uuid_type, storage)], uuid_type)
+    return pa.ExtensionArray.from_storage(uuid_type, pa.array(values, uuid_type.storage_type))
 
 
 def _children(arrow_type: pa.DataType) -> list[pa.Field]:
@@ -83,12 +80,17 @@ def _children(arrow_type: pa.DataType) -> list[pa.Field]:
     return []
 
 
-def _nests_required(arrow_type: pa.DataType) -> bool:
-    return any(not f.nullable or _nests_required(f.type) for f in _children(arrow_type))
+def _rebuilt(arrow_type: pa.DataType) -> bool:
+    """Whether a cast cannot reach ``arrow_type``: a required field nested in it, or a uuid anywhere."""
+    if isinstance(arrow_type, pa.UuidType):
+        return True
+    return any(not f.nullable or _rebuilt(f.type) for f in _children(arrow_type))
 
 
 def _relaxed(arrow_type: pa.DataType) -> pa.DataType:
-    """``arrow_type`` with every nested field nullable: what a cast of DuckDB's rows can always reach."""
+    """``arrow_type`` with every nested field nullable and uuids as text: what a cast of DuckDB's rows can reach."""
+    if isinstance(arrow_type, pa.UuidType):
+        return pa.string()
     if pa.types.is_struct(arrow_type):
         return pa.struct([_relaxed_field(f) for f in arrow_type])
     if pa.types.is_map(arrow_type):
@@ -114,6 +116,8 @@ def _with_required(array: pa.Array, target: pa.DataType, path: str, present: pa.
         return pa.StructArray.from_arrays(children, fields=list(target), mask=_null_mask(array))
     if pa.types.is_map(target) or pa.types.is_list(target) or pa.types.is_large_list(target):
         return _nested_list(array, target, path, present)
+    if isinstance(target, pa.UuidType):
+        return _uuids(array, target)
     return array
 
 
@@ -128,11 +132,12 @@ def _null_mask(array: pa.Array) -> pa.Array | None:
 def _child(child: pa.Array, f: pa.Field, path: str, present: pa.Array) -> pa.Array:
     """A child at the slots of its parent (``present``: where its ancestors all hold a value), in its target type."""
     name = f"{path}.{f.name}"
-    if not f.nullable and child.null_count:
-        if pc.any(pc.and_(child.is_null(), present)).as_py():
-            raise _RequiredFieldNull(name)
-        child = _without_nulls(child)  # NULL only where an ancestor is: never read
-    return _with_required(child, f.type, name, present)
+    if not f.nullable and child.null_count and pc.any(pc.and_(child.is_null(), present)).as_py():
+        raise _RequiredFieldNull(name)
+    conformed = _with_required(child, f.type, name, present)
+    if f.nullable or not conformed.null_count:
+        return conformed
+    return _without_nulls(conformed)  # NULL only where an ancestor is: never read
 
 
 def _without_nulls(array: pa.Array) -> pa.Array:
@@ -143,7 +148,10 @@ def _without_nulls(array: pa.Array) -> pa.Array:
     if pa.types.is_map(array.type):
         listed = _as_list(array)
         entries = pc.list_flatten(listed)
-        return pa.MapArray.from_arrays(_offsets(listed).cast(pa.int32()), entries.field(0), entries.field(1))
+        offsets = _offsets(listed).cast(pa.int32())
+        return pa.MapArray.from_arrays(offsets, entries.field(0), entries.field(1), type=array.type)
+    if isinstance(array, pa.ExtensionArray):
+        return pa.ExtensionArray.from_storage(array.type, _without_nulls(array.storage))
     if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
         return type(array).from_arrays(_offsets(array), pc.list_flatten(array), type=array.type)
     return pa.Array.from_buffers(

@@ -65,7 +65,7 @@ def stage_target(
     schema = schema_to_pyarrow(plan.loaded.table.schema(), include_field_ids=False)
     offsets = [0]
     shape = f"{name}_shape"
-    con.register(shape, schema.empty_table())
+    con.register(shape, pa.Table.from_batches([], schema))
     try:
         con.execute(f"CREATE TEMP TABLE {quote_ident(name)} AS SELECT * FROM {quote_ident(shape)}")
     finally:

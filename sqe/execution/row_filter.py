@@ -49,7 +49,8 @@ def compile_row_filter(bound: BooleanExpression, file_schema: Schema, physical_s
     columns, or None when Acero must evaluate it (see the module docstring)."""
     try:
         mask = visit(bound, _MaskBuilder(file_schema, physical_schema))
-        mask(physical_schema.empty_table())  # the compute functions accept these types (an empty row group)
+        # the compute functions accept these types (an empty row group; from_batches: a nested uuid has no empty_table)
+        mask(pa.Table.from_batches([], physical_schema))
     except (_Unsupported, pa.ArrowException, ValueError, TypeError):
         return None
     return mask

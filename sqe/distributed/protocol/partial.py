@@ -108,7 +108,7 @@ def partial_types(spec: PartialAggregate, schema: pa.Schema) -> tuple[pa.Schema,
     if found is None:
         con = _connect()
         try:
-            con.register(_SOURCE, schema.empty_table())
+            con.register(_SOURCE, pa.Table.from_batches([], schema))
             relation = con.sql(spec.sql()[0])
             found = relation.to_arrow_table().schema, tuple(str(t) for t in relation.types)
         finally:

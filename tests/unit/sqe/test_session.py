@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -1152,3 +1153,42 @@ def test_for_timestamp_as_of_reads_a_timestamp_without_zone_as_utc(
     )  # DuckDB's TimeZone defaults to it: UTC+9, read there the moment precedes the table
     session = session_factory(write_provider)
     assert session.sql(f"SELECT id FROM ns.zoned FOR TIMESTAMP AS OF TIMESTAMP '{naive}'").fetchall() == [(1,)]
+
+
+def test_uuids_nested_in_structs_and_lists_are_read_written_and_rewritten(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import ListType, LongType, NestedField, StructType, UUIDType
+
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "s", StructType(NestedField(3, "u", UUIDType(), required=True)), required=False),
+        NestedField(4, "l", ListType(5, UUIDType(), element_required=False), required=False),
+    )
+    table = write_provider.catalogs["wh"].create_table(("ns", "nested_uuids"), schema=schema)
+    first, second = uuid.UUID(int=1), uuid.UUID(int=2)
+    arrow = schema_to_pyarrow(schema, include_field_ids=False)
+    uuid_type = arrow.field("s").type.field("u").type
+    stored = pa.ExtensionArray.from_storage(uuid_type, pa.array([first.bytes, second.bytes], pa.binary(16)))
+    structs = pa.StructArray.from_arrays(
+        [stored], fields=[arrow.field("s").type.field("u")], mask=pa.array([False, True])
+    )
+    lists = pa.LargeListArray.from_arrays(pa.array([0, 2, 2], pa.int64()), stored, type=arrow.field("l").type)
+    table.append(pa.Table.from_arrays([pa.array([1, 2], pa.int64()), structs, lists], schema=arrow))
+
+    assert writer.sql("SELECT id, s.u, l FROM ns.nested_uuids ORDER BY id").fetchall() == [
+        (1, str(first), [str(first), str(second)]),
+        (2, None, []),
+    ]
+    writer.sql(f"INSERT INTO ns.nested_uuids VALUES (3, {{'u': '{second}'}}, ['{first}', NULL])")
+    writer.sql(f"UPDATE ns.nested_uuids SET s = {{'u': '{first}'}} WHERE id = 2")
+    read = table.refresh().scan().to_arrow().sort_by("id").to_pylist()
+    assert [(r["s"], r["l"]) for r in read] == [
+        ({"u": first}, [first, second]),
+        ({"u": first}, []),
+        ({"u": second}, [first, None]),
+    ]
+    with pytest.raises(QueryError, match=r"NULL value in required field 's\.u'"):
+        writer.sql("INSERT INTO ns.nested_uuids VALUES (4, {'u': NULL}, NULL)")
