@@ -353,17 +353,33 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         middleware = context.get_middleware("sqe") if context is not None else None
         return [middleware.user.token] if middleware is not None else []
 
-    def _with_engine(self, user: User, session: ClientSession, work: Callable[[Engine], _T]) -> _T:
-        engine = session.acquire_engine(self.broker.catalog_token(user))
-        try:
-            return work(engine)
-        finally:
-            session.release_engine(engine)
+    def _with_engine(self, user: User, session: ClientSession, work: Callable[[Engine], _T], context: Any) -> _T:
+        """``work`` (preparing, describing, browsing metadata) under the same limits as a query: a query slot,
+        ``query_timeout_seconds``, and a cancel when the client leaves. Planning alone can run long (DuckDB folds
+        constant expressions, metadata calls list the catalog), so none of it may bypass the limits."""
+        query, engine = self._planning_query(user, session)
+        done = self._plan_within_limits(query, session, context, lambda: work(engine))
+        timed_out = query.cancelled == "timeout"  # the deadline passed while a step that ignores interrupts ran
+        query.finish()
+        session.open.pop(query.handle, None)
+        if timed_out:
+            raise self._timeout()
+        return done
 
     def _open_query(
         self, user: User, session: ClientSession, run: Callable[[Engine], Result], context: Any
     ) -> OpenQuery:
         """Run a statement under the limits on an engine of its own; the OpenQuery holds its stream."""
+        query, engine = self._planning_query(user, session)
+        batch_rows = self.server_config.batch_rows
+        reader = self._plan_within_limits(query, session, context, lambda: run(engine).reader(batch_rows))
+        query.schema, query.batches, query.close_stream = reader.schema, iter(reader), reader.close
+        del reader  # the query holds the only reference: finishing it frees the DuckDB stream at once
+        query.planned()
+        return query
+
+    def _planning_query(self, user: User, session: ClientSession) -> tuple[OpenQuery, Engine]:
+        """A query slot (or ``server busy``), an engine of its own, and the query the watchdog times out."""
         self.limits.acquire(user.key)
         try:
             engine = session.acquire_engine(self.broker.catalog_token(user))
@@ -386,9 +402,14 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             fetch_seconds=self.server_config.unfetched_result_seconds,
         )
         session.open[query.handle] = query  # the watchdog sees it (timeout) while it plans
+        return query, engine
+
+    def _plan_within_limits(self, query: OpenQuery, session: ClientSession, context: Any, work: Callable[[], _T]) -> _T:
+        """``work`` on ``query``'s engine; a failure finishes the query (slot and engine back) and a timeout
+        says so."""
         try:
             with query.serving(context):  # a client that gives up while we plan cancels the statement
-                reader = run(engine).reader(self.server_config.batch_rows)
+                return work()
         except BaseException as exc:
             query.failed = True
             query.finish()
@@ -396,10 +417,6 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             if query.cancelled == "timeout":
                 raise self._timeout() from exc
             raise
-        query.schema, query.batches, query.close_stream = reader.schema, iter(reader), reader.close
-        del reader  # the query holds the only reference: finishing it frees the DuckDB stream at once
-        query.planned()
-        return query
 
     def _table_query(self, session: ClientSession, table: pa.Table) -> OpenQuery:
         """A small, already computed result (metadata) waiting for its DoGet; holds no engine and no slot."""
@@ -443,7 +460,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 raise QueryError(f"a prepared query runs with one parameter set, {len(rows)} were bound")
             query = self._open_query(user, session, lambda e: self._execute(e, prepared, rows[0]), context)
         else:
-            query = self._table_query(session, self._metadata(user, session, name, wrapper))
+            query = self._table_query(session, self._metadata(user, session, name, wrapper, context))
         return self._info(descriptor, query)
 
     @_handler
@@ -457,7 +474,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             else:
                 handle = _message(wrapper, sql_pb.CommandPreparedStatementQuery).prepared_statement_handle
                 sql = self._prepared(session, handle).sql
-            schema = self._with_engine(user, session, lambda e: _result_schema(e, sql))
+            schema = self._with_engine(user, session, lambda e: _result_schema(e, sql), context)
             if schema is None:
                 raise QueryError("this statement returns no result set")
             return flight.SchemaResult(schema)
@@ -474,7 +491,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             raise QueryError(f"GetSchema is not supported for {name or 'this command'}; use GetFlightInfo")
         return flight.SchemaResult(schemas[name])
 
-    def _metadata(self, user: User, session: ClientSession, name: str, wrapper: any_pb2.Any) -> pa.Table:
+    def _metadata(self, user: User, session: ClientSession, name: str, wrapper: any_pb2.Any, context: Any) -> pa.Table:
         warehouses = self.engine_config.catalog.warehouse_names
         if name == "CommandGetCatalogs":
             return metadata.catalogs(warehouses)
@@ -486,7 +503,9 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             request = _message(wrapper, sql_pb.CommandGetDbSchemas)
             catalog = request.catalog if request.HasField("catalog") else None
             pattern = request.db_schema_filter_pattern if request.HasField("db_schema_filter_pattern") else None
-            return self._with_engine(user, session, lambda e: metadata.db_schemas(e, warehouses, catalog, pattern))
+            return self._with_engine(
+                user, session, lambda e: metadata.db_schemas(e, warehouses, catalog, pattern), context
+            )
         if name == "CommandGetTables":
             t = _message(wrapper, sql_pb.CommandGetTables)
             args = (
@@ -496,7 +515,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 list(t.table_types),
                 t.include_schema,
             )
-            return self._with_engine(user, session, lambda e: metadata.tables(e, warehouses, *args))
+            return self._with_engine(user, session, lambda e: metadata.tables(e, warehouses, *args), context)
         raise QueryError(f"{name or 'this command'} is not supported by sqe serve")
 
     # -- DoGet ------------------------------------------------------------------------------------------
@@ -635,7 +654,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         body = action.body.to_pybytes() if action.body is not None else b""
         if action.type == "CreatePreparedStatement":
             sql = _message(_unpack_any(body), sql_pb.ActionCreatePreparedStatementRequest).query
-            return [flight.Result(pa.py_buffer(self._create_prepared(user, session, sql)))]
+            return [flight.Result(pa.py_buffer(self._create_prepared(user, session, sql, context)))]
         if action.type == "ClosePreparedStatement":
             handle = _message(_unpack_any(body), sql_pb.ActionClosePreparedStatementRequest).prepared_statement_handle
             session.close_prepared(handle)
@@ -644,7 +663,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             return [flight.Result(pa.py_buffer(self._cancel(session, body)))]
         raise QueryError(f"unknown action {action.type[:60]!r}")
 
-    def _create_prepared(self, user: User, session: ClientSession, sql: str) -> bytes:
+    def _create_prepared(self, user: User, session: ClientSession, sql: str, context: Any) -> bytes:
         prepared = Prepared(sql)
 
         def plan(engine: Engine) -> None:
@@ -658,7 +677,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             plan(engine)
             return _result_schema(engine, sql)
 
-        schema = self._with_engine(user, session, plan_and_describe)
+        schema = self._with_engine(user, session, plan_and_describe, context)
         handle = session.new_handle()
         session.add_prepared(handle, prepared)
         result = sql_pb.ActionCreatePreparedStatementResult(prepared_statement_handle=handle)

@@ -1120,6 +1120,51 @@ def test_a_query_past_its_timeout_ends_with_deadline_exceeded(served_tls: TlsSer
     assert TIMEOUT_SECONDS - 1 <= elapsed < TIMEOUT_SECONDS + 20, elapsed
 
 
+def test_preparing_describing_and_browsing_take_a_query_slot(served_tls: TlsServed) -> None:
+    """CreatePreparedStatement, GetSchema and the metadata commands plan on an engine (DuckDB folds constants,
+    metadata calls list the catalog): past the per-user limit they are refused like a query, not run beside it."""
+    world, client = served_tls.world, served_tls.client()
+    options = _bearer(world.token("carol"))
+    people = f"SELECT name FROM {world.namespace}.people"
+    info = client.get_flight_info(
+        _command(sql_pb.CommandStatementQuery(query=f"SELECT n, label FROM {world.namespace}.numbers")), options
+    )
+    held = client.do_get(info.endpoints[0].ticket, options)
+    held.read_chunk()  # carol's one slot (max_concurrent_queries_per_user = 1), held open by flow control
+    # pyarrow's server sends every GetSchema error as UNKNOWN (it drops the Flight status), so only the message
+    # tells there that the slot refused it; the other calls carry UNAVAILABLE.
+    calls: dict[str, tuple[Any, type[BaseException]]] = {
+        "CreatePreparedStatement": (lambda: _create_prepared(client, people, options), flight.FlightUnavailableError),
+        "GetSchema": (
+            lambda: client.get_schema(_command(sql_pb.CommandStatementQuery(query=people)), options),
+            pa.ArrowException,
+        ),
+        "GetTables": (
+            lambda: client.get_flight_info(_command(sql_pb.CommandGetTables()), options),
+            flight.FlightUnavailableError,
+        ),
+        "GetDbSchemas": (
+            lambda: client.get_flight_info(_command(sql_pb.CommandGetDbSchemas()), options),
+            flight.FlightUnavailableError,
+        ),
+    }
+    for name, (call, expected) in calls.items():
+        error = world.expect_error(call, expected)
+        assert "server busy" in str(error) and "max_concurrent_queries_per_user" in str(error), name
+    held.cancel()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # the dropped stream frees the slot: preparing works again
+        try:
+            created = _create_prepared(client, people, options)
+            break
+        except flight.FlightUnavailableError:
+            time.sleep(0.2)
+    else:
+        pytest.fail("the dropped stream never released its slot")
+    assert pa.ipc.read_schema(pa.py_buffer(created.dataset_schema)).names == ["name"]
+    assert client.get_schema(_command(sql_pb.CommandStatementQuery(query=people)), options).schema.names == ["name"]
+
+
 # ------------------------------------------------------------------------------------- prepared schemas
 
 
