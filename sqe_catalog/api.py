@@ -112,6 +112,9 @@ log = logging.getLogger("sqe_catalog")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_PAGE_SIZE = 1000
+# Table and view commits apply their updates one by one, each over the metadata built so far: the cost grows with
+# the square of their count (16,000 updates held a core for close to a minute), so one commit carries at most this.
+MAX_COMMIT_UPDATES = 1000
 POLARIS_BASE_PATH = "/api/catalog"  # Polaris mode: where Polaris serves the Iceberg REST API
 _JSON = "application/json"
 
@@ -283,6 +286,18 @@ def _rename_endpoints(call: _Call, kind: _ObjectKind) -> tuple[tuple[Namespace, 
     call.require(kind.drop, *source)
     call.require(kind.create, target[0])
     return source, target
+
+
+def _commit_json(call: _Call, what: str) -> dict[str, Any]:
+    """A commit body whose ``updates`` list is within ``MAX_COMMIT_UPDATES``, checked before anything parses it."""
+    body = call.json()
+    updates = body.get("updates")
+    if isinstance(updates, list) and len(updates) > MAX_COMMIT_UPDATES:
+        raise BadRequestError(
+            f"a {what} commit carries at most {MAX_COMMIT_UPDATES} updates, this one has {len(updates)}; "
+            "split it into several commits"
+        )
+    return body
 
 
 def _bool_query(call: _Call, name: str) -> bool:
@@ -751,7 +766,7 @@ def _table_exists(call: _Call) -> Response:
 
 def _commit_table(call: _Call) -> Response:
     namespace, name = call.namespace, call.table
-    commit = parse_commit_body(call.json())
+    commit = parse_commit_body(_commit_json(call, "table"))
     if commit.identifier is not None:
         claimed = _identifier(commit.identifier, "identifier", _TABLE_KIND)
         if claimed != (namespace, name):
@@ -906,7 +921,7 @@ def _view_exists(call: _Call) -> Response:
 
 def _replace_view(call: _Call) -> Response:
     namespace, name = call.namespace, _view_name(call)
-    body = call.json()
+    body = _commit_json(call, "view")
     call.require(Privilege.VIEW_WRITE_PROPERTIES, namespace, name)
     return _view_response(call.warehouse.views.replace_view(namespace, name, body))
 

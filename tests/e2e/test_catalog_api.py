@@ -269,6 +269,41 @@ def test_malformed_json_and_bad_identifiers_are_400(db: str, admin: Api) -> None
     assert_error(admin.request("POST", f"namespaces/{db}/tables/t", json={"updates": updates}), 400)
 
 
+VIEW_VERSION = {
+    "version-id": 1,
+    "schema-id": 0,
+    "timestamp-ms": 1,
+    "summary": {},
+    "representations": [{"type": "sql", "sql": "SELECT 1 AS id", "dialect": "spark"}],
+    "default-namespace": [],
+}
+
+
+def test_a_commit_with_more_updates_than_the_limit_is_refused_before_it_runs(admin: Api) -> None:
+    """Updates apply one over another (quadratic in their count): past MAX_COMMIT_UPDATES the commit is a 400
+    and nothing of it is applied; at the limit it commits."""
+    from sqe_catalog.api import MAX_COMMIT_UPDATES
+
+    namespace = unique("commits")
+    admin.create_namespace(namespace)
+    assert admin.create_table(namespace, "t").status_code == 200
+    view = {"name": "v", "schema": SCHEMA, "view-version": {**VIEW_VERSION, "default-namespace": [namespace]}}
+    assert admin.request("POST", f"namespaces/{namespace}/views", json=view).status_code == 200
+
+    def properties(count: int) -> list[dict[str, Any]]:
+        return [{"action": "set-properties", "updates": {f"k{i}": "v"}} for i in range(count)]
+
+    for path, kind in ((f"namespaces/{namespace}/tables/t", "table"), (f"namespaces/{namespace}/views/v", "view")):
+        refused = admin.request("POST", path, json={"requirements": [], "updates": properties(MAX_COMMIT_UPDATES + 1)})
+        error = assert_error(refused, 400, "BadRequestException")
+        assert f"a {kind} commit carries at most {MAX_COMMIT_UPDATES} updates" in error["message"]
+        loaded = admin.request("GET", path).json()["metadata"]["properties"]
+        assert "k0" not in loaded  # nothing of the refused commit was applied
+        accepted = admin.request("POST", path, json={"requirements": [], "updates": properties(MAX_COMMIT_UPDATES)})
+        assert accepted.status_code == 200, accepted.text
+        assert accepted.json()["metadata"]["properties"][f"k{MAX_COMMIT_UPDATES - 1}"] == "v"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Namespaces
 
