@@ -28,7 +28,9 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import io
 import json
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,10 +39,11 @@ from pyiceberg.io import FileIO
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 
 from sqe.vocabulary import ENCRYPTION_KEYS
-from sqe_catalog.errors import MetadataIntegrityError
+from sqe_catalog.errors import BadRequestError, MetadataIntegrityError
 
 __all__ = [
     "DIGEST_VERSION",
+    "MAX_METADATA_FILE_BYTES",
     "ParsedMetadata",
     "canonical_bytes",
     "digest_document",
@@ -54,6 +57,11 @@ __all__ = [
 DIGEST_VERSION = "sqe-canonical-json-sha256-v1"
 SUPPORTED_DIGEST_VERSIONS = frozenset({DIGEST_VERSION})
 _GZIP_MAGIC = b"\x1f\x8b"
+# The largest metadata file, as stored and once decompressed, that the catalog reads or writes. A file is parsed
+# whole in memory (its JSON takes several times its size as Python objects), and a table's writer can point a
+# register or a notification at any file under its location: a 1 MiB gzip of 1 GiB of blanks raised the
+# catalog's memory by 2 GiB for one request. Past this the file is refused before it is decompressed or parsed.
+MAX_METADATA_FILE_BYTES = 128 * 1024 * 1024
 # Top-level fields pyiceberg's models drop that a commit must carry from the base revision to the next one.
 CARRIED_TOP_LEVEL_FIELDS = (ENCRYPTION_KEYS,)
 
@@ -78,10 +86,30 @@ def _refuse_constant(text: str) -> Any:
     raise ValueError(f"non-finite number {text!r} in table metadata")
 
 
+def _too_large(what: str) -> ValueError:
+    return ValueError(f"the metadata file {what} more than {MAX_METADATA_FILE_BYTES} bytes (MAX_METADATA_FILE_BYTES)")
+
+
+def _decompressed(data: bytes) -> bytes:
+    """``data``, gunzipped when it is gzip, never more than ``MAX_METADATA_FILE_BYTES`` of it (ValueError)."""
+    if len(data) > MAX_METADATA_FILE_BYTES:
+        raise _too_large("holds")
+    if data[:2] != _GZIP_MAGIC:
+        return data
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            plain = stream.read(MAX_METADATA_FILE_BYTES + 1)
+    except (OSError, EOFError, zlib.error):  # a truncated or corrupt gzip stream is not metadata
+        raise ValueError("the metadata file is not a valid gzip stream") from None
+    if len(plain) > MAX_METADATA_FILE_BYTES:
+        raise _too_large("decompresses to")
+    return plain
+
+
 def parse_metadata_bytes(data: bytes) -> ParsedMetadata:
-    """Parse a (possibly gzip-compressed) metadata file; ValueError when it is not valid Iceberg metadata."""
-    if data[:2] == _GZIP_MAGIC:
-        data = gzip.decompress(data)
+    """Parse a (possibly gzip-compressed) metadata file; ValueError when it is not valid Iceberg metadata or is
+    larger than ``MAX_METADATA_FILE_BYTES``."""
+    data = _decompressed(data)
     raw = json.loads(data.decode("utf-8"), parse_float=_refuse_float, parse_constant=_refuse_constant)
     if not isinstance(raw, dict):
         raise ValueError("table metadata must be a JSON object")
@@ -92,10 +120,10 @@ def parse_metadata_bytes(data: bytes) -> ParsedMetadata:
     return ParsedMetadata(model, _complete(model_document(model), raw, top_level=None))
 
 
-def read_metadata_file(io: FileIO, location: str) -> ParsedMetadata:
+def read_metadata_file(file_io: FileIO, location: str) -> ParsedMetadata:
     """Read and parse a metadata file; FileNotFoundError when missing, ValueError when not valid metadata."""
-    with io.new_input(location).open() as stream:
-        data = stream.read()
+    with file_io.new_input(location).open() as stream:
+        data = stream.read(MAX_METADATA_FILE_BYTES + 1)  # one byte past the limit tells a larger file
     return parse_metadata_bytes(data)
 
 
@@ -134,11 +162,16 @@ def serialize_document(document: Mapping[str, Any]) -> bytes:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def write_metadata_file(io: FileIO, location: str, document: Mapping[str, Any]) -> ParsedMetadata:
+def write_metadata_file(file_io: FileIO, location: str, document: Mapping[str, Any]) -> ParsedMetadata:
     """Write a new metadata file (never overwriting one) and return it as a reader will parse it."""
     data = serialize_document(document)
+    if len(data) > MAX_METADATA_FILE_BYTES:  # no reader would load it back
+        raise BadRequestError(
+            f"the new metadata file would hold {len(data)} bytes, more than {MAX_METADATA_FILE_BYTES} "
+            "(MAX_METADATA_FILE_BYTES): expire snapshots or remove unused schemas and specs first"
+        )
     parsed = parse_metadata_bytes(data)  # what we digest is what a later load will read back
-    with io.new_output(location).create(overwrite=False) as stream:
+    with file_io.new_output(location).create(overwrite=False) as stream:
         stream.write(data)
     return parsed
 

@@ -13,6 +13,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -288,6 +289,36 @@ def test_register_new_is_trust_on_first_use_with_an_audit_event(api: Api, catalo
     (event,) = _events(catalog_server, ns)
     assert event["action"] == "register" and event["actor"] == "admin"
     assert (event["displaced_location"], event["new_location"], event["new_digest"]) == (None, source, row[2])
+
+
+def _gzip_of_blanks(size: int) -> bytes:
+    """A gzip stream of a JSON object padded with ``size`` blanks: about a thousandth of that, compressed."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: a gzip header and trailer
+    blanks = b" " * (1 << 20)
+    parts = [packer.compress(b"{")]
+    parts += [packer.compress(blanks) for _ in range(size // len(blanks))]
+    return b"".join([*parts, packer.compress(b"}"), packer.flush()])
+
+
+def test_a_metadata_file_that_decompresses_past_the_limit_is_refused_unread(
+    api: Api, catalog_server: CatalogServer
+) -> None:
+    """A table's writer can put any file under its location and register it: a small gzip that inflates to more
+    than MAX_METADATA_FILE_BYTES is a 400 naming the limit, refused before it is inflated and parsed."""
+    from sqe_catalog.integrity.canonical import MAX_METADATA_FILE_BYTES
+
+    ns = api.namespace()
+    source = api.create(ns, "src", {}).json()["metadata-location"]
+    bomb = source.rsplit("/", 1)[0] + f"/99999-{uuid.uuid4()}.metadata.json"
+    bucket, key = s3_key(bomb)
+    data = _gzip_of_blanks(MAX_METADATA_FILE_BYTES + (1 << 20))
+    assert len(data) < MAX_METADATA_FILE_BYTES // 256
+    catalog_server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=data)
+    refused = _register(api, ns, "bomb", bomb)
+    assert refused.status_code == 400, refused.text
+    assert f"decompresses to more than {MAX_METADATA_FILE_BYTES} bytes" in refused.json()["error"]["message"]
+    assert api.load(ns, "bomb").status_code == 404
+    assert api.load(ns, "src").status_code == 200  # the catalog serves on
 
 
 def test_register_overwrite_readmits_with_the_pinned_key_only(api: Api, catalog_server: CatalogServer) -> None:
