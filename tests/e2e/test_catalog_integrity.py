@@ -319,6 +319,13 @@ def test_a_metadata_file_that_decompresses_past_the_limit_is_refused_unread(
     assert f"decompresses to more than {MAX_METADATA_FILE_BYTES} bytes" in refused.json()["error"]["message"]
     assert api.load(ns, "bomb").status_code == 404
     assert api.load(ns, "src").status_code == 200  # the catalog serves on
+    truncated = bomb.replace("99999-", "99998-")
+    catalog_server.moto.client("s3").put_object(
+        Bucket=bucket, Key=s3_key(truncated)[1], Body=_gzip_of_blanks(1 << 20)[:-6]
+    )
+    refused = _register(api, ns, "truncated", truncated)  # a gzip stream cut short: the client's file, not a 500
+    assert refused.status_code == 400, refused.text
+    assert "not a valid gzip stream" in refused.json()["error"]["message"]
 
 
 def test_register_overwrite_readmits_with_the_pinned_key_only(api: Api, catalog_server: CatalogServer) -> None:
