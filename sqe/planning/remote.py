@@ -34,13 +34,13 @@ from pyiceberg.catalog.rest.scan_planning import (
     PlanTableScanRequest,
     ScanTasks,
 )
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, BoundSetPredicate, Not, Or, SetPredicate
 from pyiceberg.table import FileScanTask
 
 from sqe._text import first_line
 from sqe.catalog.errors import typed_catalog_error
 from sqe.errors import CatalogError, RemotePlanningError
-from sqe.vocabulary import STORAGE_CREDENTIALS
+from sqe.vocabulary import MAX_PLAN_FILTER_VALUES, STORAGE_CREDENTIALS
 
 if TYPE_CHECKING:
     from sqe.catalog.base import LoadedTable, ScanPlanningClient, TableIdent, TableProvider
@@ -68,11 +68,27 @@ def plan_request(row_filter: BooleanExpression, selected: Sequence[str], snapsho
     fields: dict[str, Any] = {"select": list(selected), "case-sensitive": True}
     if snapshot_id is not None:
         fields["snapshot-id"] = snapshot_id
-    if row_filter != AlwaysTrue():
+    # A filter only prunes (the rows are filtered again after the scan): one the catalog would refuse as too long
+    # is left out rather than failing the query.
+    if row_filter != AlwaysTrue() and _set_literals(row_filter) <= MAX_PLAN_FILTER_VALUES:
         fields["filter"] = row_filter
     request = PlanTableScanRequest.model_validate(fields)
     body: dict[str, Any] = json.loads(request.model_dump_json(by_alias=True, exclude_none=True))
     return body
+
+
+def _set_literals(expression: BooleanExpression) -> int:
+    """How many values the in/not-in predicates of ``expression`` list."""
+    count, pending = 0, [expression]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, And | Or):
+            pending += [node.left, node.right]
+        elif isinstance(node, Not):
+            pending.append(node.child)
+        elif isinstance(node, SetPredicate | BoundSetPredicate):
+            count += len(node.literals)
+    return count
 
 
 def collect_tasks(

@@ -62,6 +62,30 @@ def test_unrestricted_plan_prunes_with_the_callers_filter(
     assert us[0].file.value_counts, "an unrestricted caller gets the column statistics"
 
 
+def test_a_filter_listing_more_values_than_the_limit_is_refused_before_it_is_parsed(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    """Each in/not-in value costs the catalog microseconds to parse and bind: past MAX_PLAN_FILTER_VALUES the
+    plan is a 400 naming the limit; at the limit it plans."""
+    from sqe.vocabulary import MAX_PLAN_FILTER_VALUES
+
+    ns, files = _table(catalog_server, engine_writer)
+    url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales/plan"
+    headers = {"Authorization": f"Bearer {catalog_server.token(engine_writer)}"}
+    regions = ["US", *(f"r{i}" for i in range(MAX_PLAN_FILTER_VALUES - 1))]
+    at_limit = {"filter": {"type": "in", "term": "region", "values": regions}}
+    planned = requests.post(url, json=at_limit, headers=headers, timeout=60)
+    assert planned.status_code == 200, planned.text
+    # pyiceberg prunes by statistics only with sets of at most 200 values: both files may match
+    assert {t["data-file"]["file-path"] for t in planned.json()["file-scan-tasks"]} <= set(files)
+    past = {"filter": {"type": "not", "child": {"type": "in", "term": "region", "values": [*regions, "EU"]}}}
+    refused = requests.post(url, json=past, headers=headers, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["type"] == "BadRequestException" and "Traceback" not in refused.text
+    assert f"list {MAX_PLAN_FILTER_VALUES + 1} values, more than {MAX_PLAN_FILTER_VALUES}" in error["message"]
+
+
 def _table_and_analyst(
     catalog_server: CatalogServer, engine_writer: CatalogPrincipal, prefix: str
 ) -> tuple[str, CatalogPrincipal]:

@@ -7,11 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from pyiceberg.expressions import AlwaysTrue, EqualTo
+from pyiceberg.expressions import AlwaysTrue, And, EqualTo, In, Not, NotIn, Or
 
 from sqe.catalog.base import TableIdent
 from sqe.errors import NoSuchTableError, PermissionDeniedError, RemotePlanningError
 from sqe.planning.remote import RemotePlanner, collect_tasks, plan_request
+from sqe.vocabulary import MAX_PLAN_FILTER_VALUES
 from tests.unit.sqe.iceberg_local import LocalProvider
 
 IDENT = TableIdent("wh", ("ns",), "t")
@@ -140,6 +141,17 @@ def test_the_request_carries_snapshot_columns_and_filter() -> None:
     assert "filter" not in plan_request(AlwaysTrue(), ["id"], None) and "snapshot-id" not in plan_request(
         AlwaysTrue(), [], None
     )
+
+
+def test_a_filter_listing_more_values_than_the_catalog_takes_is_left_out() -> None:
+    """The catalog refuses a plan filter whose in/not-in predicates list more than MAX_PLAN_FILTER_VALUES values;
+    a filter only prunes, so the engine plans without it rather than failing the query."""
+    half = MAX_PLAN_FILTER_VALUES // 2
+    within = And(In("id", set(range(half))), Or(EqualTo("region", "EU"), Not(NotIn("id", set(range(-half, 0))))))
+    assert plan_request(within, ["id"], None)["filter"]["type"] == "and"
+    past = And(EqualTo("region", "EU"), Not(In("id", set(range(MAX_PLAN_FILTER_VALUES + 1)))))
+    body = plan_request(past, ["id", "region"], 7)
+    assert "filter" not in body and body["select"] == ["id", "region"] and body["snapshot-id"] == 7
 
 
 def test_switched_on_without_the_endpoints_never_falls_back(provider: LocalProvider) -> None:
