@@ -1505,7 +1505,7 @@ def create_app(config: CatalogServerConfig) -> Starlette:
     restrictions = RestrictionStore(engine, policies)
     restrictions.create_schema()
     warehouses = {w.name: _new_warehouse(w, engine) for w in config.warehouses}
-    plans = PlanStore(config.server.plan_lifetime_seconds)
+    plans = PlanStore(config.server.plan_lifetime_seconds, config.server.max_plan_tasks_per_caller)
     state = _State(
         engine,
         auth,

@@ -62,6 +62,9 @@ class ServerConfig(ConfigSection):
     # Server-side scan planning (POST .../plan): plans are kept this long for GET/DELETE .../plan/{id}.
     scan_planning: bool = True
     plan_lifetime_seconds: int = 600
+    # File tasks one caller's stored plans hold in all; a new plan drops the caller's oldest past it (64 plans of a
+    # table with 100,000 files would otherwise keep 6.4 million tasks, about 3 KiB each: 20 GiB for one caller).
+    max_plan_tasks_per_caller: int = 100_000
     # -- end sql-catalog ---------------------------------------------------------------------------------
     # Tag-based row-filter and column-mask policies (sqe_catalog.policies): off by default, as the design says.
     read_restriction_policies: bool = False
@@ -174,6 +177,8 @@ def _validate(config: CatalogServerConfig, origins: Origins) -> None:
         origins.fail("server.cleanup_interval_seconds", "must be >= 0 (0 turns the background cleaner off)")
     if config.server.plan_lifetime_seconds <= 0:
         origins.fail("server.plan_lifetime_seconds", "must be positive")
+    if config.server.max_plan_tasks_per_caller <= 0:
+        origins.fail("server.max_plan_tasks_per_caller", "must be positive")
     cost = config.server.secret_hash_scrypt_n
     if not MIN_SECRET_HASH_SCRYPT_N <= cost <= MAX_SECRET_HASH_SCRYPT_N or cost & (cost - 1):
         allowed = f"a power of two from {MIN_SECRET_HASH_SCRYPT_N} to {MAX_SECRET_HASH_SCRYPT_N}"

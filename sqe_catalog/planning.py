@@ -35,7 +35,14 @@ from sqe.vocabulary import MAX_PLAN_FILTER_VALUES
 from sqe_catalog.errors import BadRequestError, NotFoundError, UnprocessableEntityError
 from sqe_catalog.tables import StoredTable, validate_client_model
 
-__all__ = ["MAX_PLANS_PER_CALLER", "TASKS_PER_RESPONSE", "PlanOwner", "PlanStore", "parse_plan_request", "plan_files"]
+__all__ = [
+    "MAX_PLANS_PER_CALLER",
+    "TASKS_PER_RESPONSE",
+    "PlanOwner",
+    "PlanStore",
+    "parse_plan_request",
+    "plan_files",
+]
 
 TASKS_PER_RESPONSE = 100
 # Plans one caller holds at once: its oldest makes room for a new one, so no caller fills the catalog's memory.
@@ -188,12 +195,22 @@ class _Plan:
     chunks: list[list[dict[str, Any]]]
     expires_at: float
 
+    @property
+    def tasks(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks)
+
 
 class PlanStore:
-    """Completed plans by id, per owner, for a bounded time. Thread-safe."""
+    """Completed plans by id, per owner, for a bounded time. Thread-safe.
 
-    def __init__(self, lifetime_seconds: int) -> None:
+    A caller holds at most ``MAX_PLANS_PER_CALLER`` plans and ``max_tasks_per_caller`` file tasks in all (each task
+    keeps a data file's path, partition and statistics in memory): a new plan drops the caller's oldest until both
+    hold, so repeating the plan of a table with many files cannot fill the catalog's memory. A single plan larger
+    than the task bound is kept alone."""
+
+    def __init__(self, lifetime_seconds: int, max_tasks_per_caller: int) -> None:
         self._lifetime = lifetime_seconds
+        self._max_tasks = max_tasks_per_caller
         self._lock = threading.Lock()
         self._plans: dict[str, _Plan] = {}
 
@@ -207,8 +224,9 @@ class PlanStore:
         with self._lock:
             self._plans = {k: p for k, p in self._plans.items() if p.expires_at > now}
             mine = [k for k, p in self._plans.items() if p.owner[:2] == owner[:2]]  # oldest first
-            for old in mine[: max(0, len(mine) - MAX_PLANS_PER_CALLER + 1)]:
-                del self._plans[old]
+            held = sum(self._plans[k].tasks for k in mine)
+            while mine and (len(mine) >= MAX_PLANS_PER_CALLER or held + len(tasks) > self._max_tasks):
+                held -= self._plans.pop(mine.pop(0)).tasks
             self._plans[plan_id] = _Plan(owner, table, chunks, now + self._lifetime)
         return plan_id, chunks[0], [f"{plan_id}.{i}" for i in range(1, len(chunks))]
 

@@ -19,7 +19,7 @@ from pyiceberg.expressions import EqualTo
 from tests.conftest import pyiceberg_catalog
 
 if TYPE_CHECKING:
-    from tests.conftest import CatalogPrincipal, CatalogServer
+    from tests.conftest import CatalogPrincipal, CatalogServer, MotoServer
 
 pytestmark = pytest.mark.e2e
 
@@ -84,6 +84,28 @@ def test_a_filter_listing_more_values_than_the_limit_is_refused_before_it_is_par
     error = refused.json()["error"]
     assert error["type"] == "BadRequestException" and "Traceback" not in refused.text
     assert f"list {MAX_PLAN_FILTER_VALUES + 1} values, more than {MAX_PLAN_FILTER_VALUES}" in error["message"]
+
+
+def test_a_callers_plans_hold_at_most_max_plan_tasks_per_caller_tasks(tmp_path: Path, moto_server: MotoServer) -> None:
+    """Stored plans keep every file task in memory: a new plan drops the caller's oldest plans once their tasks
+    pass ``[server] max_plan_tasks_per_caller``, so repeated plans of a large table cannot fill the catalog."""
+    from tests.conftest import restartable_catalog
+
+    with restartable_catalog(tmp_path, moto_server, {}, max_plan_tasks_per_caller=3) as (server, _restart):
+        ns, files = _table(server, server.admin)
+        base = f"{server.url}/v1/{server.warehouse}/namespaces/{ns}/tables/sales/plan"
+        headers = {"Authorization": f"Bearer {server.token(server.admin)}"}
+
+        def plan() -> str:
+            made = requests.post(base, json={}, headers=headers, timeout=60)
+            assert made.status_code == 200 and len(made.json()["file-scan-tasks"]) == len(files), made.text
+            return str(made.json()["plan-id"])
+
+        first, second = plan(), plan()  # 2 + 2 tasks: past 3, the first plan makes room for the second
+        gone = requests.get(f"{base}/{first}", headers=headers, timeout=60)
+        assert gone.status_code == 404 and gone.json()["error"]["type"] == "NoSuchPlanIdException"
+        kept = requests.get(f"{base}/{second}", headers=headers, timeout=60)
+        assert kept.status_code == 200 and len(kept.json()["file-scan-tasks"]) == len(files)
 
 
 def _table_and_analyst(

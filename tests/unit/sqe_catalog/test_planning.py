@@ -141,7 +141,7 @@ def test_planning_refuses_manifests_outside_the_table(tables: WarehouseTables, t
 
 
 def test_one_caller_cannot_fill_the_plan_store() -> None:
-    store = PlanStore(lifetime_seconds=600)
+    store = PlanStore(lifetime_seconds=600, max_tasks_per_caller=10_000)
     key = ("wh", ("db",), "t")
     other: PlanOwner = ("bob", "", "")
     kept, _, _ = store.add(other, key, [])
@@ -158,7 +158,7 @@ def test_one_caller_cannot_fill_the_plan_store() -> None:
 @pytest.mark.parametrize("index", ["9" * 5000, "\u0661", "0", "-1", "x"])
 def test_a_malformed_plan_task_index_is_no_such_plan_task(index: str) -> None:
     """Never a ValueError (a 500): an index too long for int(), or digits int() reads but no token has."""
-    store = PlanStore(lifetime_seconds=600)
+    store = PlanStore(lifetime_seconds=600, max_tasks_per_caller=10_000)
     owner: PlanOwner = ("alice", "", "")
     key = ("wh", ("db",), "t")
     task = {"data-file": {"file-path": "s3://b/t/data/f.parquet"}, "delete-files": []}
