@@ -115,6 +115,10 @@ MAX_PAGE_SIZE = 1000
 # Table and view commits apply their updates one by one, each over the metadata built so far: the cost grows with
 # the square of their count (16,000 updates held a core for close to a minute), so one commit carries at most this.
 MAX_COMMIT_UPDATES = 1000
+# Namespace properties are rows of the catalog's database, written in one transaction: 150,000 of them in one
+# request held the (SQLite) write lock for 25 s, and every other caller's write failed meanwhile. One request sets,
+# or removes, at most this many.
+MAX_NAMESPACE_PROPERTIES = 1000
 POLARIS_BASE_PATH = "/api/catalog"  # Polaris mode: where Polaris serves the Iceberg REST API
 _JSON = "application/json"
 
@@ -241,20 +245,30 @@ def _new_request_id() -> str:
 # Parsing helpers
 
 
-def _string_map(value: object, what: str) -> dict[str, str]:
+def _property_map(value: object, what: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise BadRequestError(f"{what} must be an object of string values")
+    _check_property_count(len(value), what)
     return dict(value)
 
 
-def _string_list(value: object, what: str) -> list[str]:
+def _property_list(value: object, what: str) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise BadRequestError(f"{what} must be a list of strings")
+    _check_property_count(len(value), what)
     return list(value)
+
+
+def _check_property_count(count: int, what: str) -> None:
+    if count > MAX_NAMESPACE_PROPERTIES:
+        raise BadRequestError(
+            f"{what} holds {count} namespace properties, more than {MAX_NAMESPACE_PROPERTIES} in one request "
+            "(MAX_NAMESPACE_PROPERTIES); send them in several"
+        )
 
 
 @dataclass(frozen=True)
@@ -388,7 +402,7 @@ def _list_namespaces(call: _Call) -> Response:
 def _create_namespace(call: _Call) -> Response:
     body = call.json()
     namespace = validate_namespace(body.get("namespace"))
-    properties = _string_map(body.get("properties"), "properties")
+    properties = _property_map(body.get("properties"), "properties")
     call.require(Privilege.NAMESPACE_CREATE, namespace[:-1] or None)
     stored = call.warehouse.tables.create_namespace(namespace, properties)
     return _json({"namespace": list(namespace), "properties": stored})
@@ -418,8 +432,8 @@ def _drop_namespace(call: _Call) -> Response:
 def _update_namespace_properties(call: _Call) -> Response:
     namespace = call.namespace
     body = call.json()
-    removals = _string_list(body.get("removals"), "removals")
-    updates = _string_map(body.get("updates"), "updates")
+    removals = _property_list(body.get("removals"), "removals")
+    updates = _property_map(body.get("updates"), "updates")
     call.require(Privilege.NAMESPACE_WRITE_PROPERTIES, namespace)
     both = sorted(set(removals) & set(updates))
     if both:

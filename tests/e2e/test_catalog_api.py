@@ -304,6 +304,34 @@ def test_a_commit_with_more_updates_than_the_limit_is_refused_before_it_runs(adm
         assert accepted.json()["metadata"]["properties"][f"k{MAX_COMMIT_UPDATES - 1}"] == "v"
 
 
+def test_namespace_properties_past_the_per_request_limit_are_refused(admin: Api) -> None:
+    """Namespace properties are database rows written in one transaction: a request with more than
+    MAX_NAMESPACE_PROPERTIES of them (to create, set or remove) is a 400 and writes nothing, at the limit it works."""
+    from sqe_catalog.api import MAX_NAMESPACE_PROPERTIES
+
+    def keys(count: int) -> dict[str, str]:
+        return {f"k{i}": "v" for i in range(count)}
+
+    top = unique("props")
+    created = admin.request(
+        "POST", "namespaces", json={"namespace": [top], "properties": keys(MAX_NAMESPACE_PROPERTIES + 1)}
+    )
+    error = assert_error(created, 400, "BadRequestException")
+    assert f"more than {MAX_NAMESPACE_PROPERTIES} in one request" in error["message"]
+    assert admin.request("HEAD", f"namespaces/{top}").status_code == 404
+    admin.create_namespace(top)
+    path = f"namespaces/{top}/properties"
+    for body in (
+        {"updates": keys(MAX_NAMESPACE_PROPERTIES + 1)},
+        {"removals": list(keys(MAX_NAMESPACE_PROPERTIES + 1))},
+    ):
+        error = assert_error(admin.request("POST", path, json=body), 400, "BadRequestException")
+        assert "(MAX_NAMESPACE_PROPERTIES)" in error["message"]
+    assert "k0" not in admin.request("GET", f"namespaces/{top}").json()["properties"]
+    summary = admin.request("POST", path, json={"updates": keys(MAX_NAMESPACE_PROPERTIES)}).json()
+    assert len(summary["updated"]) == MAX_NAMESPACE_PROPERTIES
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Namespaces
 
