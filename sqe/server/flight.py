@@ -429,7 +429,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             release=lambda: None,
             fetch_seconds=self.server_config.unfetched_result_seconds,
         )
-        session.open[query.handle] = query
+        session.hold_result(query)
         return query
 
     def _timeout(self) -> QueryTimeoutError:

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 PEER_KEY_PREFIX = "peer:"  # a client session keyed by its connection (the client sends no session cookie)
 MAX_OFFERED_COOKIES = 4  # session cookies a client session keeps valid: the ones offered last
 MAX_PREPARED_STATEMENTS = 1024  # open prepared statements per client session (each holds plans and credentials)
+# computed metadata results (catalogs, namespaces, tables, SQL info) a client session holds until their DoGet: they
+# take no query slot, so without a bound a client that never fetches would pile them up for unfetched_result_seconds
+MAX_WAITING_RESULTS = 64
 # client sessions per user (each session id they send makes one, and each keeps an idle engine: a DuckDB database
 # with its threads); past it their least recently used idle session is closed
 MAX_CLIENT_SESSIONS_PER_USER = 64
@@ -391,6 +394,17 @@ class ClientSession:
                 prepared.plans.pop(serial, None)
         for engine in engines:
             engine.close()
+
+    def hold_result(self, query: OpenQuery) -> None:
+        """Keep a computed result for its DoGet; refused (``server busy``) past ``MAX_WAITING_RESULTS`` unfetched."""
+        with self._lock:
+            waiting = sum(1 for held in self.open.values() if held.state == _WAITING and not held.done)
+            if waiting >= MAX_WAITING_RESULTS:
+                raise ServerBusyError(
+                    f"server busy: this client session holds {waiting} results not fetched yet (at most "
+                    f"{MAX_WAITING_RESULTS}); read them with DoGet, or wait for unfetched_result_seconds to drop them"
+                )
+            self.open[query.handle] = query
 
     def add_prepared(self, handle: bytes, prepared: Prepared) -> None:
         with self._lock:

@@ -1165,6 +1165,22 @@ def test_preparing_describing_and_browsing_take_a_query_slot(served_tls: TlsServ
     assert client.get_schema(_command(sql_pb.CommandStatementQuery(query=people)), options).schema.names == ["name"]
 
 
+def test_metadata_results_left_unfetched_are_bounded_per_client_session(served: Served) -> None:
+    """A metadata result takes no query slot and waits for its DoGet: past MAX_WAITING_RESULTS unfetched ones in a
+    client session the next is refused (UNAVAILABLE, server busy), and reading one makes room again."""
+    from sqe.server.sessions import MAX_WAITING_RESULTS
+
+    client = served.flight_client()
+    options = _session_options(served.token("carol"), f"unfetched-{uuid.uuid4().hex[:8]}")
+    catalogs = _command(sql_pb.CommandGetCatalogs())
+    waiting = [client.get_flight_info(catalogs, options) for _ in range(MAX_WAITING_RESULTS)]
+    error = served.expect_error(lambda: client.get_flight_info(catalogs, options), flight.FlightUnavailableError)
+    assert "server busy" in str(error) and f"at most {MAX_WAITING_RESULTS}" in str(error)
+    fetched = client.do_get(waiting[0].endpoints[0].ticket, options).read_all()
+    assert fetched.column("catalog_name").to_pylist() == [served.catalog.warehouse]
+    assert client.get_flight_info(catalogs, options).endpoints  # one fetched: room for one more
+
+
 # ------------------------------------------------------------------------------------- prepared schemas
 
 
