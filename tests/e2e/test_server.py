@@ -1165,6 +1165,32 @@ def test_preparing_describing_and_browsing_take_a_query_slot(served_tls: TlsServ
     assert client.get_schema(_command(sql_pb.CommandStatementQuery(query=people)), options).schema.names == ["name"]
 
 
+def test_preparing_and_describing_past_the_query_timeout_end_with_deadline_exceeded(
+    served: Served, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """Planning alone can run long (DuckDB folds a constant list_reduce over millions of values while it plans):
+    CreatePreparedStatement and GetSchema stop at query_timeout_seconds like a query, and the session goes on."""
+    from tests.helpers.processes import stop_child
+
+    config = _write_configs(tmp_path, served.catalog, query_timeout_seconds=1, **_reader_settings(catalog_reader))
+    proc, port = start_server(tmp_path, config)
+    try:
+        client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
+        options = _bearer(served.token("carol"))
+        slow = "SELECT list_reduce(range(3000000), lambda a, b: a + b) AS total"
+        started = time.monotonic()
+        error = served.expect_error(lambda: _create_prepared(client, slow, options), flight.FlightTimedOutError)
+        assert "query_timeout_seconds (1 s)" in str(error) and time.monotonic() - started < 30
+        described = _command(sql_pb.CommandStatementQuery(query=slow))
+        # pyarrow's server sends every GetSchema error as UNKNOWN: the message names the timeout
+        error = served.expect_error(lambda: client.get_schema(described, options), pa.ArrowException)
+        assert "QueryTimeoutError" in str(error) and "query_timeout_seconds" in str(error)
+        created = _create_prepared(client, "SELECT 1 AS x", options)  # the slot and the session are free again
+        assert pa.ipc.read_schema(pa.py_buffer(created.dataset_schema)).names == ["x"]
+    finally:
+        stop_child(proc)
+
+
 def test_metadata_results_left_unfetched_are_bounded_per_client_session(served: Served) -> None:
     """A metadata result takes no query slot and waits for its DoGet: past MAX_WAITING_RESULTS unfetched ones in a
     client session the next is refused (UNAVAILABLE, server busy), and reading one makes room again."""
