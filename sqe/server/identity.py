@@ -98,13 +98,14 @@ class IdentityBroker(Unpicklable):
     _http: requests.Session = field(default_factory=requests.Session, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _reader_token: _Cached | None = field(default=None, init=False)
-    # user token fingerprint -> delegated token
+    # keyed digest of the user's token (``_token_key``) -> delegated token
     _delegated: dict[str, _Cached] = field(default_factory=dict, init=False)
-    # user token fingerprint -> accepted until
+    # keyed digest of the user's token -> accepted until
     _checked: dict[str, float] = field(default_factory=dict, init=False)
     # keyed digest of Basic credentials -> the token they were exchanged for (never the secret itself)
     _basic: dict[str, _Cached] = field(default_factory=dict, init=False)
-    _basic_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), init=False)
+    # Keys every cache lookup above; dies with the process.
+    _cache_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), init=False)
 
     _pickle_refusal = "the identity broker holds the reader secret and cannot be pickled"
 
@@ -128,7 +129,7 @@ class IdentityBroker(Unpicklable):
         """The user behind ``token``, checked at the catalog now (or within ``auth_cache_seconds``)."""
         if not token:
             raise AuthenticationError("empty bearer token")
-        key = fingerprint(token)
+        key = self._token_key(token)
         now = time.monotonic()
         with self._lock:
             accepted_until = self._checked.get(key, 0.0)
@@ -168,7 +169,16 @@ class IdentityBroker(Unpicklable):
 
     def _credentials_key(self, client_id: str, client_secret: str) -> str:
         """A keyed digest of the credentials: cache lookups never hold the secret, and the key dies with the process."""
-        return hmac.new(self._basic_key, f"{client_id}\0{client_secret}".encode(), hashlib.sha256).hexdigest()
+        return self._keyed(f"basic\0{client_id}\0{client_secret}")
+
+    def _token_key(self, token: str) -> str:
+        """What an acceptance or a delegated token is cached under. Not :func:`fingerprint`: that names users in
+        logs and is 64 bits, so a forged token matching a cached fingerprint would skip the catalog's check (with
+        ``auth_cache_seconds``) and be handed that user's delegated token. A full keyed digest is unforgeable."""
+        return self._keyed(f"token\0{token}")
+
+    def _keyed(self, text: str) -> str:
+        return hmac.new(self._cache_secret, text.encode(), hashlib.sha256).hexdigest()
 
     def _cached_basic(self, key: str) -> str | None:
         with self._lock:
@@ -208,7 +218,7 @@ class IdentityBroker(Unpicklable):
         """The delegated token for ``user`` (cached, re-exchanged before expiry), or their own token."""
         if not self.delegates:
             return user.token
-        key = fingerprint(user.token)
+        key = self._token_key(user.token)
         now = time.time()
         with self._lock:
             cached = self._delegated.get(key)
@@ -223,7 +233,7 @@ class IdentityBroker(Unpicklable):
 
     def forget(self, user: User) -> None:
         """Drop what is cached for ``user``'s token (their session ended)."""
-        key = fingerprint(user.token)
+        key = self._token_key(user.token)
         with self._lock:
             self._delegated.pop(key, None)
             self._checked.pop(key, None)

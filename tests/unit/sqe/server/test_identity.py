@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sqe.errors import AuthenticationError, CatalogUnavailableError
-from sqe.server.identity import IdentityBroker
+from sqe.server.identity import IdentityBroker, fingerprint
 
 FORGED = base64.urlsafe_b64encode(json.dumps({"sub": "alice"}).encode()).decode().rstrip("=") + ".forged"
 
@@ -86,3 +86,16 @@ def test_accepted_tokens_past_their_cache_time_are_forgotten() -> None:
         time.sleep(0.6)  # every acceptance is past its (real, short) cache time
         broker.authenticate_bearer(FORGED)
         assert len(broker._checked) == 1
+
+
+def test_a_cached_acceptance_is_keyed_by_a_full_keyed_digest_not_the_logged_fingerprint() -> None:
+    # Found by review: acceptances and delegated tokens were cached under the token's 64-bit fingerprint, the one
+    # user keys and log lines show; a forged token hashing to it would skip the catalog's check within
+    # auth_cache_seconds and get that user's delegated token. The key is now a 256-bit HMAC under a process key.
+    with _catalog_answering(200, b"{}") as uri:
+        brokers = [IdentityBroker(uri, "wh", auth_cache_seconds=60) for _ in range(2)]
+        for broker in brokers:
+            broker.authenticate_bearer(FORGED)
+    [first], [second] = (list(broker._checked) for broker in brokers)
+    assert fingerprint(FORGED) not in first and len(bytes.fromhex(first)) == 32
+    assert first != second, "keyed per process (per broker): nothing outside it can compute the key"
