@@ -1,0 +1,164 @@
+"""The engine's caches inside one ``sqe serve`` process never carry one user's view of a table to another user,
+nor a user's old view past a policy or grant change.
+
+The world is the governed one of ``test_policies_e2e`` (reused by import): alice is an auditor (EU rows,
+``show-last-4`` masks), bob is not (his own rows, ``replace-with-null`` masks). One server process serves them
+all, so the footer, data-range, decoded-column and manifest caches, the FileIO pool and the identity broker are
+shared; alice warms them first, then bob (and a principal without grants) query the same table.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from tests.e2e import test_policies_e2e as policies
+from tests.e2e import test_policies_server as served_policies
+from tests.e2e import test_server as server_tests
+from tests.e2e.test_server import Served
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+world = policies.world
+enabled = policies.enabled
+policy_served = served_policies.policy_served
+served = server_tests.served
+
+BOB_ROWS = [
+    {"id": 2, "owner": None, "region": "EU", "phone": None},
+    {"id": 3, "owner": None, "region": "US", "phone": None},
+]
+
+
+def _query(conn: Any, sql: str) -> list[dict[str, Any]]:
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        return list(cur.fetch_arrow_table().to_pylist())
+
+
+def _rows(conn: Any, at: Served) -> list[dict[str, Any]]:
+    return _query(conn, f"SELECT id, owner, region, phone FROM {at.namespace}.orders ORDER BY id")
+
+
+def _count(conn: Any, at: Served, where: str = "") -> int:
+    [row] = _query(conn, f"SELECT count(*) AS n FROM {at.namespace}.orders {where}".strip())
+    return int(row["n"])
+
+
+@contextmanager
+def _policy(world: policies.World, kind: str, *, on: bool) -> Iterator[None]:
+    """The world's ``rows_``/``mask_`` policy switched ``on`` or off for the block, enabled again afterwards."""
+    name = f"{kind}_{world.namespace[4:]}"
+    world.api("PUT", f"/policies/{name}", {"enabled": on})
+    try:
+        yield
+    finally:
+        world.api("PUT", f"/policies/{name}", {"enabled": True})
+
+
+def test_an_auditor_warms_the_caches_and_bob_still_gets_only_his_rows_and_counts(
+    policy_served: Served, enabled: policies.World
+) -> None:
+    with policy_served.adbc("alice") as alice:
+        for _ in range(2):  # the second run is served from the warmed caches
+            assert [r["id"] for r in _rows(alice, policy_served)] == [1, 2, 4]
+        assert _count(alice, policy_served) == 3
+        assert _count(alice, policy_served, "WHERE phone LIKE '%0104'") == 1
+    with policy_served.adbc("bob") as bob:
+        for _ in range(2):
+            assert _rows(bob, policy_served) == BOB_ROWS
+        assert _count(bob, policy_served) == 2, "a bare count of a restricted table never comes from statistics"
+        assert _count(bob, policy_served, "WHERE phone IS NOT NULL") == 0, "his predicates see masked values"
+        assert _count(bob, policy_served, "WHERE region = 'EU'") == 1
+        assert _query(bob, f"SELECT max(id) AS m FROM {policy_served.namespace}.orders") == [{"m": 3}]
+
+
+def test_a_principal_without_grants_gets_nothing_from_the_warmed_caches(
+    policy_served: Served, enabled: policies.World
+) -> None:
+    with policy_served.adbc("alice") as alice:
+        assert _count(alice, policy_served) == 3
+    stranger = enabled.server.create_principal(f"nogrant_{uuid.uuid4().hex[:6]}")
+    with policy_served.adbc_as(stranger) as conn, pytest.raises(Exception) as err:
+        _rows(conn, policy_served)
+    assert "orders" in str(err.value) or "denied" in str(err.value).lower() or "403" in str(err.value)
+
+
+def test_a_row_filter_enabled_between_two_queries_of_one_session_applies_to_the_second(
+    policy_served: Served, enabled: policies.World
+) -> None:
+    with policy_served.adbc("bob") as bob:
+        with _policy(enabled, "rows", on=False):
+            assert [r["id"] for r in _rows(bob, policy_served)] == [1, 2, 3, 4, 5]
+            assert _count(bob, policy_served) == 5
+            assert _count(bob, policy_served) == 5  # now the count and tasks are cached for this session
+        assert _rows(bob, policy_served) == BOB_ROWS, "the filter enabled meanwhile applies"
+        assert _count(bob, policy_served) == 2, "no count or task list kept from the unfiltered plan"
+
+
+def test_a_mask_enabled_between_two_queries_of_one_session_applies_to_the_second(
+    policy_served: Served, enabled: policies.World
+) -> None:
+    with policy_served.adbc("bob") as bob:
+        with _policy(enabled, "mask", on=False):
+            phones = {r["phone"] for r in _rows(bob, policy_served)}
+            assert phones == {"+44 20 7946 0002", "+1 555 0103"}
+            assert _count(bob, policy_served, "WHERE phone LIKE '+44%'") == 1
+        assert _rows(bob, policy_served) == BOB_ROWS, "the mask enabled meanwhile applies"
+        assert _count(bob, policy_served, "WHERE phone LIKE '+44%'") == 0, "the predicate sees masked values"
+
+
+def test_a_grant_revoked_between_two_queries_of_one_session_refuses_the_second(
+    policy_served: Served, enabled: policies.World
+) -> None:
+    name = f"revokee_{uuid.uuid4().hex[:6]}"
+    revokee = enabled.server.principal_with_grants(name, [("TABLE_READ_DATA", None, None)])
+    with policy_served.adbc_as(revokee) as conn:
+        assert _rows(conn, policy_served) == [], "his own rows: none are his"
+        enabled.server.admin_cli("revoke", f"{name}_role", "TABLE_READ_DATA", "--warehouse", enabled.server.warehouse)
+        with pytest.raises(Exception) as err:
+            _rows(conn, policy_served)
+    assert "Traceback" not in str(err.value)
+
+
+def test_a_user_whose_data_grant_became_metadata_only_gets_no_count_from_the_kept_plan(served: Served) -> None:
+    """A bare count answered from the session's kept tasks or manifest-list counts needs data access in this
+    query: once the catalog vends no credential for the table, nothing read from its manifests is served."""
+    catalog = served.catalog
+    name = f"downgraded_{uuid.uuid4().hex[:6]}"
+    user = catalog.principal_with_grants(name, [("NAMESPACE_LIST", None, None), ("TABLE_READ_DATA", None, None)])
+    sql = f"SELECT count(*) AS n FROM {served.namespace}.numbers"
+    with served.adbc_as(user) as conn:
+        first = _query(conn, sql)
+        assert first == _query(conn, sql) and first[0]["n"] > 0  # planned once, then from the kept plan
+        _query(conn, f"SELECT count(*) AS n FROM {served.namespace}.numbers WHERE n >= 0")  # tasks kept too
+        catalog.admin_cli("grant", f"{name}_role", "TABLE_READ_PROPERTIES", "--warehouse", catalog.warehouse)
+        catalog.admin_cli("revoke", f"{name}_role", "TABLE_READ_DATA", "--warehouse", catalog.warehouse)
+        for counted in (sql, f"SELECT count(*) AS n FROM {served.namespace}.numbers WHERE n >= 0"):
+            with pytest.raises(Exception) as err:
+                rows = _query(conn, counted)
+                pytest.fail(f"{counted!r} answered {rows} without data access")
+            assert "TABLE_READ_DATA" in str(err.value) or "credential" in str(err.value).lower(), str(err.value)
+
+
+def test_a_statement_prepared_before_a_row_filter_was_enabled_runs_filtered(
+    policy_served: Served, enabled: policies.World
+) -> None:
+    """Flight SQL prepared statements (ADBC binds parameters through one) and SQL ``PREPARE``/``EXECUTE``."""
+    sql = f"SELECT id FROM {policy_served.namespace}.orders WHERE id > ? ORDER BY id"
+    with policy_served.adbc("bob") as bob, bob.cursor() as cur:
+        with _policy(enabled, "rows", on=False):
+            cur.execute(sql, parameters=(0,))
+            assert [r["id"] for r in cur.fetch_arrow_table().to_pylist()] == [1, 2, 3, 4, 5]
+            cur.execute(f"PREPARE kept AS SELECT id FROM {policy_served.namespace}.orders ORDER BY id")
+            cur.fetch_arrow_table()
+            cur.execute("EXECUTE kept")
+            assert [r["id"] for r in cur.fetch_arrow_table().to_pylist()] == [1, 2, 3, 4, 5]
+        cur.execute(sql, parameters=(0,))
+        assert [r["id"] for r in cur.fetch_arrow_table().to_pylist()] == [2, 3], "the same prepared statement"
+        cur.execute("EXECUTE kept")
+        assert [r["id"] for r in cur.fetch_arrow_table().to_pylist()] == [2, 3]
