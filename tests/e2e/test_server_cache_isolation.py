@@ -9,6 +9,7 @@ shared; alice warms them first, then bob (and a principal without grants) query 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,8 @@ world = policies.world
 enabled = policies.enabled
 policy_served = served_policies.policy_served
 served = server_tests.served
+served_distributed = server_tests.served_distributed
+any_mode = server_tests.any_mode
 
 BOB_ROWS = [
     {"id": 2, "owner": None, "region": "EU", "phone": None},
@@ -162,3 +165,48 @@ def test_a_statement_prepared_before_a_row_filter_was_enabled_runs_filtered(
         assert [r["id"] for r in cur.fetch_arrow_table().to_pylist()] == [2, 3], "the same prepared statement"
         cur.execute("EXECUTE kept")
         assert [r["id"] for r in cur.fetch_arrow_table().to_pylist()] == [2, 3]
+
+
+def test_restrictions_set_between_two_queries_apply_locally_and_on_the_workers(any_mode: Served) -> None:
+    """An unrestricted user warms the coordinator's and the workers' caches; restrictions the catalog attaches to
+    them next (``set-restrictions``) apply to their very next query, and lifting them restores the full view."""
+    catalog, namespace = any_mode.catalog, any_mode.namespace
+    name = f"switched_{uuid.uuid4().hex[:6]}"
+    user = catalog.principal_with_grants(name, [("TABLE_READ_DATA", None, None)])
+    target = ["--warehouse", catalog.warehouse, "--namespace", namespace, "--table", "people", "--principal", name]
+    document = any_mode.workdir / f"{name}.json"
+    document.write_text(json.dumps(server_tests.BOB), encoding="utf-8")
+    sql = f"SELECT id, region, ssn FROM {namespace}.people ORDER BY id"
+    everything = server_tests.PEOPLE.select(["id", "region", "ssn"]).to_pylist()
+    count = f"SELECT count(*) AS n FROM {namespace}.people"
+    with any_mode.adbc_as(user) as conn:
+        for _ in range(2):
+            assert _query(conn, sql) == everything
+            assert _query(conn, count) == [{"n": 6}]
+        catalog.admin_cli("set-restrictions", *target, "--file", str(document))
+        try:
+            assert _query(conn, sql) == server_tests.BOB_ROWS, "restricted from the next query on"
+            assert _query(conn, count) == [{"n": 3}], "never the unrestricted count kept from before"
+            assert _query(conn, f"SELECT count(*) AS n FROM {namespace}.people WHERE ssn IS NOT NULL") == [{"n": 0}]
+        finally:
+            catalog.admin_cli("clear-restrictions", *target)
+        assert _query(conn, sql) == everything
+
+
+def test_an_unrestricted_user_warms_the_caches_and_a_restricted_one_gets_only_their_view(any_mode: Served) -> None:
+    """carol reads ``people`` unrestricted (raw ssn, every row, counts from the manifests); bob, next, through the
+    same process and workers, gets his rows, his masks and counts of them only."""
+    namespace = any_mode.namespace
+    sql = f"SELECT id, region, ssn FROM {namespace}.people ORDER BY id"
+    count = f"SELECT count(*) AS n FROM {namespace}.people"
+    raw_ssn = f"SELECT count(*) AS n FROM {namespace}.people WHERE ssn LIKE '2%'"
+    with any_mode.adbc("carol") as carol:
+        for _ in range(2):
+            assert _query(carol, sql) == server_tests.PEOPLE.select(["id", "region", "ssn"]).to_pylist()
+            assert _query(carol, count) == [{"n": 6}]
+            assert _query(carol, raw_ssn) == [{"n": 1}]
+    with any_mode.adbc("bob") as bob:
+        assert _query(bob, sql) == server_tests.BOB_ROWS
+        assert _query(bob, count) == [{"n": 3}]
+        assert _query(bob, raw_ssn) == [{"n": 0}], "his predicate sees the masked ssn, never the kept raw one"
+        assert _query(bob, f"SELECT max(id) AS m FROM {namespace}.people") == [{"m": 5}]
