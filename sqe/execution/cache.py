@@ -121,6 +121,10 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
     Kept per (path, size, credential identity): the fragment reads through the filesystem of that very
     credential set, so a kept one is only ever used by a read the catalog has just vended that set for.
     """
+    # Asked before opening and again after: a credential refresh in between (sets only move forward) must not
+    # key one set's reads, or its ranges, to the next set.
+    identity = scope_key(io, path)
+    vended = vended_credentials(io, path) if DATA_RANGES.enabled else None
     input_file = io.new_input(path)
     if not isinstance(input_file, PyArrowFile):
         # Not pyarrow's filesystem: the fragment reads a buffer of the whole file (a stream would close on return).
@@ -132,14 +136,14 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
         fragment = file_format.make_fragment(input_file._path, filesystem=input_file._filesystem)
         fragment.ensure_complete_metadata()
         return fragment
-    identity = scope_key(io, path)
+    if scope_key(io, path) != identity:  # refreshed meanwhile: which set this file reads with is not known
+        identity = None
     key = (path, size, identity) if identity is not None else None
     cached = FRAGMENTS.get(key) if key is not None else None
     if cached is not None:
         return cached
     # pyiceberg keeps the filesystem and the scheme-less path of a PyArrowFile in these two attributes.
     fragment = file_format.make_fragment(input_file._path, filesystem=input_file._filesystem, file_size=size)
-    vended = vended_credentials(io, path) if key is not None and DATA_RANGES.enabled else None
     if key is not None and vended is not None:
         # The same file, its byte ranges kept under the same scope (a catalog-vended one only); misses are
         # signed ranged GETs under that set with the manifest's size (no HEAD) where signed reads handle it.

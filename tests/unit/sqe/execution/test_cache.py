@@ -4,14 +4,19 @@ warehouse."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+import pytest
+from pyiceberg.io import InputFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from sqe._lru import LRUCache
+from sqe.credentials.model import StorageSettings
+from sqe.credentials.scope import ResolvedCredentials
 from sqe.execution.cache import FRAGMENTS, clear_process_caches, footer_weight, parquet_fragment
 
 
@@ -50,3 +55,36 @@ def test_kept_footers_are_bounded_by_their_size_not_their_count(tmp_path: Path) 
         kept.put(index, fragment)
     assert len(kept) == 3 and kept.weight <= kept.bound
     assert FRAGMENTS.bound == 64 * 1024 * 1024
+
+
+class _RefreshedWhileOpening(PyArrowFileIO):
+    """A FileIO naming a vended credential set; with ``refreshing``, a newer set replaces it as a file is opened, as
+    a refresh on another thread may do between the cache's look at the set and the open."""
+
+    def __init__(self, *, refreshing: bool) -> None:
+        super().__init__()
+        self.generation = 0
+        self.refreshing = refreshing
+
+    def resolve(self, location: str) -> ResolvedCredentials:
+        properties = MappingProxyType({"s3.access-key-id": f"key-{self.generation}"})
+        return ResolvedCredentials(properties, "vended", "file://", None, StorageSettings())
+
+    def new_input(self, location: str) -> InputFile:
+        self.generation += self.refreshing
+        return super().new_input(location)
+
+
+@pytest.mark.parametrize("refreshing", [False, True])
+def test_a_file_opened_while_its_credentials_were_refreshed_is_not_kept_under_either_set(
+    tmp_path: Path, refreshing: bool
+) -> None:
+    path = tmp_path / "f.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 3]}), path)
+    clear_process_caches()
+    io = _RefreshedWhileOpening(refreshing=refreshing)
+    fragment = parquet_fragment(io, f"file://{path}", path.stat().st_size, ds.ParquetFileFormat())
+    assert fragment.to_table().column("id").to_pylist() == [1, 2, 3]
+    # read with the older set, it must not serve reads made under the newer one; with one set, it is kept
+    assert len(FRAGMENTS) == (0 if refreshing else 1)
+    clear_process_caches()
