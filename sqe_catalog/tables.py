@@ -82,6 +82,7 @@ from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
 from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
 from sqe_catalog.integrity.state import Reservation, TrustedState, now_ms
+from sqe_catalog.update_ids import assigned_ids
 
 __all__ = [
     "CLIENT_PARSE_ERRORS",
@@ -496,6 +497,7 @@ class _WarehouseSqlCatalog(SqlCatalog):
         # pyiceberg creates v3 metadata but refuses that update, so it is held back and applied after the others.
         version = _created_format_version(current_table, updates)
         staged_updates = updates if version is None else _without_format_upgrades(updates)
+        staged_updates = assigned_ids(current_table.metadata if current_table else None, staged_updates)
         staged = super()._update_and_stage_table(current_table, table_identifier, requirements, staged_updates)
         if version is not None:
             staged = self._with_format_version(staged, version)
