@@ -70,6 +70,7 @@ from sqe_catalog.errors import (
     NoSuchNamespaceError,
     NoSuchTableError,
 )
+from sqe_catalog.history import check_history
 from sqe_catalog.identifiers import (
     Namespace,
     from_storage_namespace,
@@ -499,6 +500,7 @@ class _WarehouseSqlCatalog(SqlCatalog):
         staged_updates = updates if version is None else _without_format_upgrades(updates)
         staged_updates = assigned_ids(current_table.metadata if current_table else None, staged_updates)
         staged = super()._update_and_stage_table(current_table, table_identifier, requirements, staged_updates)
+        check_history(current_table.metadata if current_table else None, staged.metadata, staged_updates)
         if version is not None:
             staged = self._with_format_version(staged, version)
         _check_added_manifest_lists(staged.metadata, updates)

@@ -7,6 +7,7 @@ The catalog reads no manifest list on commit, so the snapshots here name one tha
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -53,8 +54,8 @@ class Tables:
         metadata = self.metadata(name)
         snapshot = {
             "snapshot-id": snapshot_id,
-            "sequence-number": len(metadata.get("snapshots", [])) + 1,
-            "timestamp-ms": 1_700_000_000_000,
+            "sequence-number": metadata.get("last-sequence-number", 0) + 1,
+            "timestamp-ms": int(time.time() * 1000),  # the catalog refuses a commit far older than the table
             # never read here; it must lie under the table's location, as every added snapshot's must
             "manifest-list": f"{metadata['location']}/metadata/snap-{snapshot_id}.avro",
             "summary": {"operation": "append"},

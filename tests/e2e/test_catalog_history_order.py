@@ -1,0 +1,55 @@
+"""A commit keeps a table's history in order (``sqe_catalog.history``): a snapshot's sequence number must rise on
+v2 and v3 tables alike, and a snapshot stamped more than a minute before the table's last update is refused (400),
+since Iceberg's Java reader refuses metadata whose logs run backwards."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.e2e.test_catalog_row_lineage import Tables
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogServer
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def tables(catalog_server: CatalogServer) -> Tables:
+    return Tables(catalog_server)
+
+
+def refused(status: int, message: str, words: str) -> None:
+    assert status == 400, message
+    assert words in message and "Traceback" not in message
+
+
+@pytest.mark.parametrize("format_version", ["2", "3"])
+def test_a_snapshot_whose_sequence_number_does_not_rise_is_refused(tables: Tables, format_version: str) -> None:
+    name = f"seq_v{format_version}"
+    tables.create(name, format_version)
+    lineage = {"first_row_id": 1, "added_rows": 1} if format_version == "3" else {}
+    assert (
+        tables.append(name, **{key: 0 if key == "first_row_id" else v for key, v in lineage.items()}).status_code == 200
+    )
+    stale = tables.append(name, sequence_number=1, **lineage)
+    refused(stale.status_code, stale.text, "sequence-number 1")
+    metadata = tables.metadata(name)
+    assert [s["sequence-number"] for s in metadata["snapshots"]] == [1] and metadata["last-sequence-number"] == 1
+
+
+def test_a_snapshot_from_the_past_is_refused_and_the_logs_stay_ordered(tables: Tables) -> None:
+    tables.create("clock", "2")
+    assert tables.append("clock").status_code == 200
+    ten_minutes_ago = int(time.time() * 1000) - 600_000
+    old = tables.append("clock", timestamp_ms=ten_minutes_ago)
+    refused(old.status_code, old.text, "more than a minute before")
+    assert tables.append("clock", timestamp_ms=int(time.time() * 1000) - 5_000).status_code == 200  # skew < 1 min
+    metadata = tables.metadata("clock")
+    logged = [e["timestamp-ms"] for e in metadata["snapshot-log"]] + [metadata["last-updated-ms"]]
+    assert len(metadata["snapshots"]) == 2
+    assert all(later >= earlier - 60_000 for earlier, later in itertools.pairwise(logged))
