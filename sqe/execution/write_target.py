@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = ["WriteTable", "check_data_path", "data_path", "writable_table"]
 
+# The newest table format SQE's writer (pyiceberg 0.12's manifest writer) produces.
+MAX_WRITE_FORMAT_VERSION = 2
 # Properties that name a class pyiceberg would import (the FileIO one is never used by SQE: dropped all the same).
 _CLASS_PROPERTIES = frozenset({TableProperties.WRITE_PY_LOCATION_PROVIDER_IMPL, "py-io-impl"})
 
@@ -57,7 +59,8 @@ class WriteTable(Table):
         super().__init__(table.name(), metadata, table.metadata_location, table.io, table.catalog, table.config)
         self._ident = loaded.ident
         self.commit_sent = False  # whether a commit request may have reached the catalog
-        _check_paths(self._ident, metadata, self.io)  # before any file is written
+        _check_format_version(self._ident, metadata)  # before any file is written
+        _check_paths(self._ident, metadata, self.io)
 
     def location_provider(self) -> LocationProvider:
         metadata = _without_class_properties(self.metadata)
@@ -118,6 +121,15 @@ def _without_class_properties(metadata: TableMetadata) -> TableMetadata:
     if len(kept) == len(metadata.properties):
         return metadata
     return metadata.model_copy(update={"properties": kept})
+
+
+def _check_format_version(ident: TableIdent, metadata: TableMetadata) -> None:
+    """pyiceberg writes v1/v2 manifests only: a v3 table's write would fail at its commit, its files written."""
+    if metadata.format_version > MAX_WRITE_FORMAT_VERSION:
+        raise QueryError(
+            f"cannot write to {ident}: it is an Iceberg format-version {metadata.format_version} table, and SQE "
+            f"writes format-version {MAX_WRITE_FORMAT_VERSION} at most (reading it works)"
+        )
 
 
 def _check_paths(ident: TableIdent, metadata: TableMetadata, io: FileIO) -> None:
