@@ -6,19 +6,28 @@ that time in ``metadata-log``, after the newer one before it, and an added snaps
 behind the current one: Iceberg's Java reader refuses metadata whose logs go back more than a minute (its
 tolerance for clocks of different machines), so such a table could no longer be read by Spark or Trino. The
 catalog refuses the commit instead (400), with the same minute's tolerance.
+
+pyiceberg also drops just the entries of removed snapshots from ``snapshot-log``: with ``s2`` of ``s1, s2, s3``
+expired, the log said ``s1`` was current until ``s3`` was, and time travel to a moment in between read ``s1``. As
+Iceberg's reference implementation does, a removed snapshot's entry now ends the history: every entry before it
+goes. A snapshot a commit made current and then replaced in the same commit (an intermediate one) was never
+current, so its entry goes too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeGuard
 
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV1
-from pyiceberg.table.update import AddSnapshotUpdate, TableUpdate
+from pyiceberg.table.snapshots import SnapshotLogEntry
+from pyiceberg.table.update import AddSnapshotUpdate, RemoveSnapshotsUpdate, SetSnapshotRefUpdate, TableUpdate
 
 from sqe_catalog.errors import BadRequestError
 
-__all__ = ["check_history"]
+__all__ = ["check_history", "with_snapshot_log"]
 
+_MAIN = "main"
 CLOCK_SKEW_MS = 60_000  # what Iceberg's Java metadata parser tolerates between log entries
 
 
@@ -48,3 +57,39 @@ def _check_sequence_numbers(base: TableMetadata, updates: Sequence[TableUpdate])
                 f"{snapshot.sequence_number}, not above the table's last-sequence-number {last}"
             )
         last = snapshot.sequence_number
+
+
+def with_snapshot_log(
+    base: TableMetadata | None, staged: TableMetadata, updates: Sequence[TableUpdate]
+) -> TableMetadata:
+    """``staged`` with the snapshot-log a reader may time-travel by: no gap left by a removed snapshot, and no
+    entry for a snapshot that was current only within this commit."""
+    removed = any(isinstance(update, RemoveSnapshotsUpdate) for update in updates)
+    intermediate = _intermediate_snapshots(updates, staged.current_snapshot_id)
+    if not removed and not intermediate:
+        return staged
+    before = list(base.snapshot_log) if base else []
+    logged = before + [entry for entry in staged.snapshot_log if entry not in before]
+    existing = {snapshot.snapshot_id for snapshot in staged.snapshots}
+    history: list[SnapshotLogEntry] = []
+    for entry in logged:
+        if entry.snapshot_id not in existing:
+            history.clear()  # what came before a removed snapshot can no longer be told apart from it
+        elif entry.snapshot_id not in intermediate:
+            history.append(entry)
+    return staged.model_copy(update={"snapshot_log": history})
+
+
+def _intermediate_snapshots(updates: Sequence[TableUpdate], current: int | None) -> set[int]:
+    added: set[int] = set()
+    intermediate: set[int] = set()
+    for update in updates:
+        if isinstance(update, AddSnapshotUpdate):
+            added.add(update.snapshot.snapshot_id)
+        elif _sets_main(update) and update.snapshot_id in added and update.snapshot_id != current:
+            intermediate.add(update.snapshot_id)
+    return intermediate
+
+
+def _sets_main(update: TableUpdate) -> TypeGuard[SetSnapshotRefUpdate]:
+    return isinstance(update, SetSnapshotRefUpdate) and update.ref_name == _MAIN

@@ -70,7 +70,7 @@ from sqe_catalog.errors import (
     NoSuchNamespaceError,
     NoSuchTableError,
 )
-from sqe_catalog.history import check_history
+from sqe_catalog.history import check_history, with_snapshot_log
 from sqe_catalog.identifiers import (
     Namespace,
     from_storage_namespace,
@@ -496,21 +496,25 @@ class _WarehouseSqlCatalog(SqlCatalog):
         # Every commit path stages here (plain, protected, create transaction): the one place to check the result.
         # A create transaction may ask for format v3 (``upgrade-format-version``, as DuckDB's CREATE TABLE does);
         # pyiceberg creates v3 metadata but refuses that update, so it is held back and applied after the others.
+        base = current_table.metadata if current_table else None
         version = _created_format_version(current_table, updates)
         staged_updates = updates if version is None else _without_format_upgrades(updates)
-        staged_updates = assigned_ids(current_table.metadata if current_table else None, staged_updates)
+        staged_updates = assigned_ids(base, staged_updates)
         staged = super()._update_and_stage_table(current_table, table_identifier, requirements, staged_updates)
-        check_history(current_table.metadata if current_table else None, staged.metadata, staged_updates)
+        check_history(base, staged.metadata, staged_updates)
+        metadata = with_snapshot_log(base, staged.metadata, staged_updates)
         if version is not None:
-            staged = self._with_format_version(staged, version)
+            document = {**metadata.model_dump(by_alias=True), "format-version": version}
+            metadata = TableMetadataUtil.parse_obj(document)
+        if metadata is not staged.metadata:
+            staged = self._with_metadata(staged, metadata)
         _check_added_manifest_lists(staged.metadata, updates)
         return staged
 
-    def _with_format_version(self, staged: StagedTable, version: int) -> StagedTable:
-        document = {**staged.metadata.model_dump(by_alias=True), "format-version": version}
+    def _with_metadata(self, staged: StagedTable, metadata: TableMetadata) -> StagedTable:
         return StagedTable(
             identifier=staged.name(),
-            metadata=TableMetadataUtil.parse_obj(document),
+            metadata=metadata,
             metadata_location=staged.metadata_location,
             io=staged.io,
             catalog=self,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import TYPE_CHECKING
+import uuid
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -53,3 +54,51 @@ def test_a_snapshot_from_the_past_is_refused_and_the_logs_stay_ordered(tables: T
     logged = [e["timestamp-ms"] for e in metadata["snapshot-log"]] + [metadata["last-updated-ms"]]
     assert len(metadata["snapshots"]) == 2
     assert all(later >= earlier - 60_000 for earlier, later in itertools.pairwise(logged))
+
+
+def snapshot_body(tables: Tables, name: str, sequence_number: int, parent: int | None) -> dict[str, Any]:
+    snapshot_id = uuid.uuid4().int >> 65
+    location = tables.metadata(name)["location"]
+    return {
+        "snapshot-id": snapshot_id,
+        "parent-snapshot-id": parent,
+        "sequence-number": sequence_number,
+        "timestamp-ms": int(time.time() * 1000),
+        "manifest-list": f"{location}/metadata/snap-{snapshot_id}.avro",
+        "summary": {"operation": "append"},
+        "schema-id": 0,
+    }
+
+
+def set_main(snapshot_id: int) -> dict[str, Any]:
+    return {"action": "set-snapshot-ref", "ref-name": "main", "type": "branch", "snapshot-id": snapshot_id}
+
+
+def test_a_removed_snapshot_ends_the_history_before_it(tables: Tables) -> None:
+    tables.create("expired", "2")
+    for _ in range(3):
+        assert tables.append("expired").status_code == 200
+        time.sleep(0.01)
+    s1, s2, s3 = tables.metadata("expired")["snapshot-log"]
+    removed = tables.commit("expired", {"action": "remove-snapshots", "snapshot-ids": [s2["snapshot-id"]]})
+    assert removed.status_code == 200, removed.text
+    # s1 was not current from s2's time to s3's: its entry would send time travel to that moment to s1
+    assert tables.metadata("expired")["snapshot-log"] == [s3]
+    assert s1["snapshot-id"] in {s["snapshot-id"] for s in tables.metadata("expired")["snapshots"]}
+
+
+def test_a_snapshot_replaced_within_its_commit_is_not_logged(tables: Tables) -> None:
+    tables.create("intermediate", "2")
+    first = snapshot_body(tables, "intermediate", 1, None)
+    second = snapshot_body(tables, "intermediate", 2, first["snapshot-id"])
+    response = tables.commit(
+        "intermediate",
+        {"action": "add-snapshot", "snapshot": first},
+        set_main(first["snapshot-id"]),
+        {"action": "add-snapshot", "snapshot": second},
+        set_main(second["snapshot-id"]),
+    )
+    assert response.status_code == 200, response.text
+    metadata = tables.metadata("intermediate")
+    assert [e["snapshot-id"] for e in metadata["snapshot-log"]] == [second["snapshot-id"]]
+    assert metadata["current-snapshot-id"] == second["snapshot-id"] and len(metadata["snapshots"]) == 2
