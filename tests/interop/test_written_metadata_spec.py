@@ -156,6 +156,16 @@ def test_evolved_partitioning_and_format_v1_stay_valid(
     table = assert_valid_and_read_alike(catalog_server, engine_writer, s, duck, evolved)
     assert {spec.spec_id for spec in table.specs().values()} == {0, 1}
 
+    merged = f"{namespace}.merged"  # INSERT's merge-append: manifests merged as snapshots are added
+    merge = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "2"}
+    catalog.create_table(merged, schema, properties=merge)
+    for start in range(0, 40, 10):
+        s.sql(f"INSERT INTO {merged} SELECT range, NULL FROM range({start}, {start + 10})")
+    s.sql(f"DELETE FROM {merged} WHERE id < 5")
+    s.sql(f"INSERT INTO {merged} VALUES (100, DATE '2024-01-01')")
+    table = assert_valid_and_read_alike(catalog_server, engine_writer, s, duck, merged)
+    assert len(table.current_snapshot().manifests(table.io)) < 6
+
     v1 = f"{namespace}.v1"
     catalog.create_table(v1, schema, properties={"format-version": "1"})
     s.sql(f"INSERT INTO {v1} VALUES (1, DATE '2024-01-01'), (2, NULL)")
