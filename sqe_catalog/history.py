@@ -11,7 +11,8 @@ pyiceberg also drops just the entries of removed snapshots from ``snapshot-log``
 expired, the log said ``s1`` was current until ``s3`` was, and time travel to a moment in between read ``s1``. As
 Iceberg's reference implementation does, a removed snapshot's entry now ends the history: every entry before it
 goes. A snapshot a commit made current and then replaced in the same commit (an intermediate one) was never
-current, so its entry goes too.
+current, so its entry goes too. And a removed snapshot's partition statistics go with it, as its table
+statistics already did (pyiceberg kept them, naming a snapshot the table no longer has).
 """
 
 from __future__ import annotations
@@ -62,22 +63,23 @@ def _check_sequence_numbers(base: TableMetadata, updates: Sequence[TableUpdate])
 def with_snapshot_log(
     base: TableMetadata | None, staged: TableMetadata, updates: Sequence[TableUpdate]
 ) -> TableMetadata:
-    """``staged`` with the snapshot-log a reader may time-travel by: no gap left by a removed snapshot, and no
-    entry for a snapshot that was current only within this commit."""
+    """``staged`` with the snapshot-log a reader may time-travel by (no gap left by a removed snapshot, and no
+    entry for a snapshot that was current only within this commit), and no removed snapshot's statistics."""
     removed = any(isinstance(update, RemoveSnapshotsUpdate) for update in updates)
     intermediate = _intermediate_snapshots(updates, staged.current_snapshot_id)
     if not removed and not intermediate:
         return staged
+    existing = {snapshot.snapshot_id for snapshot in staged.snapshots}
+    partition_statistics = [s for s in staged.partition_statistics if s.snapshot_id in existing or not removed]
     before = list(base.snapshot_log) if base else []
     logged = before + [entry for entry in staged.snapshot_log if entry not in before]
-    existing = {snapshot.snapshot_id for snapshot in staged.snapshots}
     history: list[SnapshotLogEntry] = []
     for entry in logged:
         if entry.snapshot_id not in existing:
             history.clear()  # what came before a removed snapshot can no longer be told apart from it
         elif entry.snapshot_id not in intermediate:
             history.append(entry)
-    return staged.model_copy(update={"snapshot_log": history})
+    return staged.model_copy(update={"snapshot_log": history, "partition_statistics": partition_statistics})
 
 
 def _intermediate_snapshots(updates: Sequence[TableUpdate], current: int | None) -> set[int]:

@@ -102,3 +102,20 @@ def test_a_snapshot_replaced_within_its_commit_is_not_logged(tables: Tables) -> 
     metadata = tables.metadata("intermediate")
     assert [e["snapshot-id"] for e in metadata["snapshot-log"]] == [second["snapshot-id"]]
     assert metadata["current-snapshot-id"] == second["snapshot-id"] and len(metadata["snapshots"]) == 2
+
+
+def test_a_removed_snapshots_statistics_go_with_it(tables: Tables) -> None:
+    tables.create("stats", "2")
+    for _ in range(2):
+        assert tables.append("stats").status_code == 200
+    old, new = (s["snapshot-id"] for s in tables.metadata("stats")["snapshots"])
+    location = tables.metadata("stats")["location"]
+
+    def statistics(snapshot_id: int) -> dict[str, Any]:
+        path = f"{location}/metadata/stats-{snapshot_id}.parquet"
+        return {"snapshot-id": snapshot_id, "statistics-path": path, "file-size-in-bytes": 1}
+
+    set_stats = [{"action": "set-partition-statistics", "partition-statistics": statistics(i)} for i in (old, new)]
+    assert tables.commit("stats", *set_stats).status_code == 200
+    assert tables.commit("stats", {"action": "remove-snapshots", "snapshot-ids": [old]}).status_code == 200
+    assert [s["snapshot-id"] for s in tables.metadata("stats")["partition-statistics"]] == [new]
