@@ -1,5 +1,8 @@
 """A commit keeps the table's history in order: sequence numbers rise, and time does not run backwards.
 
+It also keeps ``main`` a branch, as the spec defines it: pyiceberg let a commit make it a tag, which no writer
+can commit to.
+
 pyiceberg's update code checks a new snapshot's sequence number on format-version 2 only (a v3 table took any),
 and takes an added snapshot's ``timestamp-ms`` as ``last-updated-ms`` however old it is. The next revision logs
 that time in ``metadata-log``, after the newer one before it, and an added snapshot's ``snapshot-log`` entry lands
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 from typing import TypeGuard
 
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV1
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import SnapshotLogEntry
 from pyiceberg.table.update import AddSnapshotUpdate, RemoveSnapshotsUpdate, SetSnapshotRefUpdate, TableUpdate
 
@@ -34,6 +38,7 @@ CLOCK_SKEW_MS = 60_000  # what Iceberg's Java metadata parser tolerates between 
 
 def check_history(base: TableMetadata | None, staged: TableMetadata, updates: Sequence[TableUpdate]) -> None:
     """Refuse ``updates`` (applied to ``base``, giving ``staged``) when they break the order of the history."""
+    _check_main_is_a_branch(updates)
     if base is None:
         return  # a create: no history yet
     _check_sequence_numbers(base, updates)
@@ -42,6 +47,13 @@ def check_history(base: TableMetadata | None, staged: TableMetadata, updates: Se
             f"invalid table update: the commit's time {staged.last_updated_ms} (a snapshot's timestamp-ms) is more "
             f"than a minute before the table's last update at {base.last_updated_ms}"
         )
+
+
+def _check_main_is_a_branch(updates: Sequence[TableUpdate]) -> None:
+    """The spec's ``main`` is the branch at the current snapshot; a tag there would stop every writer."""
+    for update in updates:
+        if _sets_main(update) and update.type != SnapshotRefType.BRANCH:
+            raise BadRequestError("invalid table update: the main ref must be a branch, not a tag")
 
 
 def _check_sequence_numbers(base: TableMetadata, updates: Sequence[TableUpdate]) -> None:

@@ -119,3 +119,12 @@ def test_a_removed_snapshots_statistics_go_with_it(tables: Tables) -> None:
     assert tables.commit("stats", *set_stats).status_code == 200
     assert tables.commit("stats", {"action": "remove-snapshots", "snapshot-ids": [old]}).status_code == 200
     assert [s["snapshot-id"] for s in tables.metadata("stats")["partition-statistics"]] == [new]
+
+
+def test_main_cannot_become_a_tag(tables: Tables) -> None:
+    tables.create("tagged", "2")
+    assert tables.append("tagged").status_code == 200
+    current = tables.metadata("tagged")["current-snapshot-id"]
+    response = tables.commit("tagged", {**set_main(current), "type": "tag"})
+    refused(response.status_code, response.text, "main ref must be a branch")
+    assert tables.metadata("tagged")["refs"]["main"]["type"] == "branch"
