@@ -55,15 +55,6 @@ def known_gap(test: Callable[..., None]) -> Callable[..., None]:
     return pytest.mark.xfail(strict=True, raises=DuckDBError, reason=f"{gap['client']}: {gap['reason']}")(test)
 
 
-@pytest.fixture(autouse=True)
-def peer_environment() -> Path:
-    """Every test fails (never skips) when the peer environment was not built."""
-    try:
-        return peer_dir()
-    except PeerEnvironmentMissing as missing:
-        pytest.fail(str(missing), pytrace=False)
-
-
 DUCK_WRITER_GRANTS: list[tuple[str, str | None, str | None]] = [
     ("NAMESPACE_FULL_METADATA", None, None),
     ("TABLE_CREATE", None, None),

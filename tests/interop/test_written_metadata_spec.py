@@ -22,21 +22,13 @@ import sqe.api
 from sqe.errors import QueryError
 from sqe.session import Session
 from tests.conftest import pyiceberg_catalog, write_sqe_config
-from tests.interop.duckdb_client import DuckPeer, PeerEnvironmentMissing, catalog_attach, offline_duckdb, peer_dir
+from tests.interop.duckdb_client import DuckPeer, catalog_attach, offline_duckdb
 from tests.interop.spec_check import metadata_problems
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(autouse=True)
-def peer_environment() -> Path:
-    try:
-        return peer_dir()
-    except PeerEnvironmentMissing as missing:
-        pytest.fail(str(missing), pytrace=False)
 
 
 @pytest.fixture()
