@@ -332,6 +332,11 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self.engine_config = engine_config
         self.broker = broker
         self.limits = Limits(server_config.max_concurrent_queries, server_config.max_concurrent_queries_per_user)
+        # Preparing, describing and browsing count apart from queries, under the same bounds: a client reading a
+        # result (its slot held until the stream ends) can still prepare its next statement or list tables.
+        self.planning_limits = Limits(
+            server_config.max_concurrent_queries, server_config.max_concurrent_queries_per_user, "planning calls"
+        )
         self.registry = SessionRegistry(engine_config, broker, self.limits, server_config.batch_rows)
         self.parameter_budget = ParameterBudget(self.registry, server_config.max_parameter_bytes)
         self.watchdog = Watchdog(self.registry, server_config.idle_session_seconds)
@@ -354,10 +359,11 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         return [middleware.user.token] if middleware is not None else []
 
     def _with_engine(self, user: User, session: ClientSession, work: Callable[[Engine], _T], context: Any) -> _T:
-        """``work`` (preparing, describing, browsing metadata) under the same limits as a query: a query slot,
-        ``query_timeout_seconds``, and a cancel when the client leaves. Planning alone can run long (DuckDB folds
-        constant expressions, metadata calls list the catalog), so none of it may bypass the limits."""
-        query, engine = self._planning_query(user, session)
+        """``work`` (preparing, describing, browsing metadata) under limits like a query's: a planning slot (the
+        same bounds, counted apart from queries), ``query_timeout_seconds``, and a cancel when the client leaves.
+        Planning alone can run long (DuckDB folds constant expressions, metadata calls list the catalog), so none
+        of it may bypass the limits."""
+        query, engine = self._planning_query(user, session, self.planning_limits)
         done = self._plan_within_limits(query, session, context, lambda: work(engine))
         timed_out = query.cancelled == "timeout"  # the deadline passed while a step that ignores interrupts ran
         query.finish()
@@ -370,7 +376,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self, user: User, session: ClientSession, run: Callable[[Engine], Result], context: Any
     ) -> OpenQuery:
         """Run a statement under the limits on an engine of its own; the OpenQuery holds its stream."""
-        query, engine = self._planning_query(user, session)
+        query, engine = self._planning_query(user, session, self.limits)
         batch_rows = self.server_config.batch_rows
         reader = self._plan_within_limits(query, session, context, lambda: run(engine).reader(batch_rows))
         query.schema, query.batches, query.close_stream = reader.schema, iter(reader), reader.close
@@ -378,19 +384,19 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         query.planned()
         return query
 
-    def _planning_query(self, user: User, session: ClientSession) -> tuple[OpenQuery, Engine]:
-        """A query slot (or ``server busy``), an engine of its own, and the query the watchdog times out."""
-        self.limits.acquire(user.key)
+    def _planning_query(self, user: User, session: ClientSession, limits: Limits) -> tuple[OpenQuery, Engine]:
+        """A slot of ``limits`` (or ``server busy``), an engine of its own, and the query the watchdog times out."""
+        limits.acquire(user.key)
         try:
             engine = session.acquire_engine(self.broker.catalog_token(user))
         except BaseException:
-            self.limits.release(user.key)
+            limits.release(user.key)
             raise
 
         def release() -> None:
             # an interrupted or failed DuckDB connection is not reused: a fresh one costs little
             session.release_engine(engine, discard=query.cancelled is not None or query.failed)
-            self.limits.release(user.key)
+            limits.release(user.key)
 
         query = OpenQuery.for_planning(
             handle=session.new_handle(),

@@ -104,11 +104,13 @@ def _user_external_tables(base: SQEConfig, user_key: str) -> ExternalTablesConfi
 
 
 class Limits:
-    """Running-query counters: at most ``total`` queries, at most ``per_user`` for one user."""
+    """Running-query counters: at most ``total`` queries, at most ``per_user`` for one user. ``what`` names the
+    calls counted in a refusal (queries, or planning calls, which have counters of their own)."""
 
-    def __init__(self, total: int, per_user: int) -> None:
+    def __init__(self, total: int, per_user: int, what: str = "queries") -> None:
         self.total = total
         self.per_user = per_user
+        self.what = what
         self._lock = threading.Lock()
         self._running = 0
         self._by_user: dict[str, int] = {}
@@ -118,12 +120,12 @@ class Limits:
             mine = self._by_user.get(user_key, 0)
             if mine >= self.per_user:
                 raise ServerBusyError(
-                    f"server busy: {mine} queries of this user are running (max_concurrent_queries_per_user = "
+                    f"server busy: {mine} {self.what} of this user are running (max_concurrent_queries_per_user = "
                     f"{self.per_user}); retry when one finishes"
                 )
             if self._running >= self.total:
                 raise ServerBusyError(
-                    f"server busy: {self._running} queries are running (max_concurrent_queries = {self.total}); "
+                    f"server busy: {self._running} {self.what} are running (max_concurrent_queries = {self.total}); "
                     "retry later"
                 )
             self._running += 1

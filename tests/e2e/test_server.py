@@ -1120,9 +1120,13 @@ def test_a_query_past_its_timeout_ends_with_deadline_exceeded(served_tls: TlsSer
     assert TIMEOUT_SECONDS - 1 <= elapsed < TIMEOUT_SECONDS + 20, elapsed
 
 
-def test_preparing_describing_and_browsing_take_a_query_slot(served_tls: TlsServed) -> None:
-    """CreatePreparedStatement, GetSchema and the metadata commands plan on an engine (DuckDB folds constants,
-    metadata calls list the catalog): past the per-user limit they are refused like a query, not run beside it."""
+def test_preparing_describing_and_browsing_run_beside_a_held_query_and_take_a_planning_slot(
+    served_tls: TlsServed,
+) -> None:
+    """A client reading a result holds its query slot until the stream ends; it can still prepare its next statement,
+    describe one and browse the catalog (ADBC's get_objects while a cursor is open). Those calls plan on an engine
+    (DuckDB folds constants, metadata calls list the catalog), so they are bounded by planning slots of their own:
+    past max_concurrent_queries_per_user of them at once the next is refused, not run beside them."""
     world, client = served_tls.world, served_tls.client()
     options = _bearer(world.token("carol"))
     people = f"SELECT name FROM {world.namespace}.people"
@@ -1130,39 +1134,47 @@ def test_preparing_describing_and_browsing_take_a_query_slot(served_tls: TlsServ
         _command(sql_pb.CommandStatementQuery(query=f"SELECT n, label FROM {world.namespace}.numbers")), options
     )
     held = client.do_get(info.endpoints[0].ticket, options)
-    held.read_chunk()  # carol's one slot (max_concurrent_queries_per_user = 1), held open by flow control
-    # pyarrow's server sends every GetSchema error as UNKNOWN (it drops the Flight status), so only the message
-    # tells there that the slot refused it; the other calls carry UNAVAILABLE.
-    calls: dict[str, tuple[Any, type[BaseException]]] = {
-        "CreatePreparedStatement": (lambda: _create_prepared(client, people, options), flight.FlightUnavailableError),
-        "GetSchema": (
-            lambda: client.get_schema(_command(sql_pb.CommandStatementQuery(query=people)), options),
-            pa.ArrowException,
-        ),
-        "GetTables": (
-            lambda: client.get_flight_info(_command(sql_pb.CommandGetTables()), options),
-            flight.FlightUnavailableError,
-        ),
-        "GetDbSchemas": (
-            lambda: client.get_flight_info(_command(sql_pb.CommandGetDbSchemas()), options),
-            flight.FlightUnavailableError,
-        ),
-    }
-    for name, (call, expected) in calls.items():
-        error = world.expect_error(call, expected)
-        assert "server busy" in str(error) and "max_concurrent_queries_per_user" in str(error), name
-    held.cancel()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:  # the dropped stream frees the slot: preparing works again
-        try:
-            created = _create_prepared(client, people, options)
-            break
-        except flight.FlightUnavailableError:
-            time.sleep(0.2)
-    else:
-        pytest.fail("the dropped stream never released its slot")
+    held.read_chunk()  # carol's one query slot (max_concurrent_queries_per_user = 1), held open by flow control
+    created = _create_prepared(client, people, options)
     assert pa.ipc.read_schema(pa.py_buffer(created.dataset_schema)).names == ["name"]
     assert client.get_schema(_command(sql_pb.CommandStatementQuery(query=people)), options).schema.names == ["name"]
+    tables = client.get_flight_info(_command(sql_pb.CommandGetTables(table_name_filter_pattern="people")), options)
+    assert client.do_get(tables.endpoints[0].ticket, options).read_all().column("table_name").to_pylist() == ["people"]
+    held.cancel()
+
+    slow = "SELECT list_reduce(range(3000000), lambda a, b: a + b) AS total"  # plans for seconds
+    outcome: list[BaseException] = []
+
+    def prepare_slowly() -> None:
+        own = served_tls.client()
+        for _ in range(50):
+            try:
+                _create_prepared(own, slow, options)
+                return
+            except flight.FlightUnavailableError:  # a poll below held the one planning slot: try again
+                time.sleep(0.05)
+            except BaseException as exc:  # checked below: at most the timeout, no other failure
+                outcome.append(exc)
+                return
+
+    planning = threading.Thread(target=prepare_slowly)
+    planning.start()
+    try:
+        deadline = time.monotonic() + TIMEOUT_SECONDS - 1
+        refused = None
+        while refused is None and time.monotonic() < deadline:  # until the slow prepare holds the planning slot
+            try:
+                listed = client.get_flight_info(_command(sql_pb.CommandGetDbSchemas()), options)
+                client.do_get(listed.endpoints[0].ticket, options).read_all()
+                time.sleep(0.3)
+            except flight.FlightUnavailableError as exc:
+                refused = exc
+        assert refused is not None, ("a second planning call ran beside the first past the per-user limit", outcome)
+        assert "server busy" in str(refused) and "planning calls" in str(refused)
+        assert "max_concurrent_queries_per_user" in str(refused)
+    finally:
+        planning.join()
+    assert all(isinstance(exc, flight.FlightTimedOutError) for exc in outcome), outcome  # done, or stopped in time
 
 
 def test_preparing_and_describing_past_the_query_timeout_end_with_deadline_exceeded(
