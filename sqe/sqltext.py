@@ -55,9 +55,9 @@ def _scan(text: str) -> Iterator[tuple[Kind, int, int, bool]]:
             i = n if end < 0 else end
             continue
         if text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            yield "comment", i, n if end < 0 else end + 2, end >= 0
-            i = n if end < 0 else end + 2
+            end, closed = _block_comment_end(text, i)
+            yield "comment", i, end, closed
+            i = end
             continue
         literal = _literal_end(text, i)
         if literal is not None:
@@ -67,6 +67,21 @@ def _scan(text: str) -> Iterator[tuple[Kind, int, int, bool]]:
             continue
         yield "code", i, i + 1, True
         i += 1
+
+
+def _block_comment_end(text: str, start: int) -> tuple[int, bool]:
+    """Where the ``/* */`` comment at ``start`` ends: comments nest, as in DuckDB (``/* a /* b */ ; */`` is one)."""
+    depth, i = 0, start
+    while i < len(text):
+        if text.startswith("/*", i):
+            depth, i = depth + 1, i + 2
+        elif text.startswith("*/", i):
+            depth, i = depth - 1, i + 2
+            if depth == 0:
+                return i, True
+        else:
+            i += 1
+    return len(text), False
 
 
 def _literal_end(text: str, start: int) -> tuple[int, bool] | None:

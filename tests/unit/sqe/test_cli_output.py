@@ -195,3 +195,14 @@ def test_nested_values_intervals_and_booleans_show_as_sql_not_python(tmp_path: P
     assert list(csv.reader(io.StringIO(as_csv.stdout)))[1] == NESTED_SHOWN
     as_json = _sqe(tmp_path, "-c", str(config), "-e", NESTED_SQL, "-f", "json")
     assert json.loads(as_json.stdout)["i"] == NESTED_SHOWN[-1]
+
+
+def test_a_semicolon_inside_a_nested_block_comment_does_not_split_the_statement(tmp_path: Path, config: Path) -> None:
+    """DuckDB nests ``/* */`` comments: the ';' after the inner ``*/`` is still commented out."""
+    statement = "SELECT 1 AS a /* outer /* inner */ ; still a comment */; SELECT 2 AS b"
+    done = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == ["a", "1", "b", "2"]
+    piped = _piped(tmp_path, config, "SELECT 3 AS c /* /* */ ; */\n;\n")  # the shell waits for the real ';'
+    assert (piped.returncode, piped.stderr) == (0, "")
+    assert piped.stdout == "+---+\n| c |\n+---+\n| 3 |\n+---+\n(1 row)\n"
