@@ -27,7 +27,7 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import KW_ONLY, dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import requests
@@ -145,15 +145,17 @@ class IdentityBroker(Unpicklable):
         """The user's token for their catalog client credentials (the secret is not kept).
 
         A client that sends Basic on every call gets the token its credentials were last exchanged for while that
-        token is in the first 80 % of its life and the catalog still accepts it (checked as a bearer token, so a
-        rotated secret or revoked principal is refused on the next call): exchanging again would cost the catalog a
-        password hash per call and mint a new token, hence a new delegated token, every second.
+        token is in the first 80 % of its life and the catalog still accepts it (checked at the catalog on every
+        call, never from ``auth_cache_seconds``, so a rotated secret or revoked principal is refused on the next
+        call as it was when every call exchanged): exchanging again would cost the catalog a password hash per call
+        and mint a new token, hence a new delegated token, every second.
         """
         key = self._credentials_key(client_id, client_secret)
         cached = self._cached_basic(key)
         if cached is not None:
             try:
-                return replace(self.authenticate_bearer(cached), issued_token=True)
+                self._check_at_catalog(cached)
+                return User(self._user_key(cached), cached, issued_token=True)
             except AuthenticationError:
                 with self._lock:
                     self._basic.pop(key, None)

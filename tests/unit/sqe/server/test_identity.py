@@ -99,3 +99,50 @@ def test_a_cached_acceptance_is_keyed_by_a_full_keyed_digest_not_the_logged_fing
     [first], [second] = (list(broker._checked) for broker in brokers)
     assert fingerprint(FORGED) not in first and len(bytes.fromhex(first)) == 32
     assert first != second, "keyed per process (per broker): nothing outside it can compute the key"
+
+
+class _RotatingCatalog(BaseHTTPRequestHandler):
+    """A catalog with one principal: its secret exchanges for ``token``, and ``rotated`` revokes both."""
+
+    rotated = False
+    exchanges = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        type(self).exchanges += 1
+        if type(self).rotated:
+            self._answer(401, json.dumps({"error": "invalid_client"}).encode())
+        else:
+            self._answer(200, json.dumps({"access_token": FORGED, "expires_in": 3600}).encode())
+
+    def do_GET(self) -> None:
+        self._answer(401, _error_model(401)) if type(self).rotated else self._answer(200, b"{}")
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_basic_credentials_whose_secret_was_rotated_are_refused_on_the_next_call_despite_auth_cache() -> None:
+    # Found by review: Basic credentials reuse their token while it is fresh, and that token's acceptance was
+    # taken from the auth_cache_seconds cache, so the old secret kept working for that long after a rotation
+    # (before the reuse every call exchanged the secret and was refused at once).
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RotatingCatalog)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    try:
+        broker = IdentityBroker(f"http://127.0.0.1:{server.server_port}", "wh", auth_cache_seconds=60)
+        assert broker.authenticate_basic("alice-id", "old-secret").key == "user:alice"
+        assert broker.authenticate_basic("alice-id", "old-secret").key == "user:alice"
+        assert _RotatingCatalog.exchanges == 1  # the second call reused the token
+        _RotatingCatalog.rotated = True
+        with pytest.raises(AuthenticationError, match="rejected client 'alice-id'"):
+            broker.authenticate_basic("alice-id", "old-secret")
+    finally:
+        server.shutdown()
+        server.server_close()
