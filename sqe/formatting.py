@@ -96,13 +96,18 @@ def _shown(value: Any, *, nested: bool = False) -> str:
         return "'" + value.replace("'", "''") + "'" if nested else value
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_shown(k, nested=True)}: {_shown(v, nested=True)}" for k, v in value.items()) + "}"
-    if isinstance(value, list) and value and all(isinstance(item, tuple) for item in value):  # a MAP's entries
+    if isinstance(value, list) and value and all(_is_entry(item) for item in value):  # a MAP's entries
         return "{" + ", ".join(f"{_shown(k, nested=True)}={_shown(v, nested=True)}" for k, v in value) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(_shown(item, nested=True) for item in value) + "]"
     if isinstance(value, pa.MonthDayNano):
         return _interval(value)
     return str(value)
+
+
+def _is_entry(item: Any) -> bool:
+    """A MAP entry as Arrow gives it: a (key, value) tuple. An INTERVAL is a tuple too (months, days, ns)."""
+    return isinstance(item, tuple) and not isinstance(item, pa.MonthDayNano)
 
 
 def _interval(value: pa.MonthDayNano) -> str:
@@ -180,6 +185,6 @@ def _jsonable(value: Any) -> Any:
         return _interval(value)
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):  # a tuple: a MAP entry, written as [key, value]
         return [_jsonable(v) for v in value]
     return value

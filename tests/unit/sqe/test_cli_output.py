@@ -206,3 +206,17 @@ def test_a_semicolon_inside_a_nested_block_comment_does_not_split_the_statement(
     piped = _piped(tmp_path, config, "SELECT 3 AS c /* /* */ ; */\n;\n")  # the shell waits for the real ';'
     assert (piped.returncode, piped.stderr) == (0, "")
     assert piped.stdout == "+---+\n| c |\n+---+\n| 3 |\n+---+\n(1 row)\n"
+
+
+def test_lists_of_intervals_and_maps_of_dates_render_in_every_format(tmp_path: Path, config: Path) -> None:
+    """An INTERVAL is a tuple in Python, as a MAP entry is: a list of intervals was taken for a map and failed with
+    an untyped ValueError in table and CSV output; JSON failed on a date or interval inside a map."""
+    statement = "SELECT [INTERVAL 1 DAY, INTERVAL 2 HOUR] AS l, MAP {DATE '2024-01-02': INTERVAL 3 MONTH} AS m"
+    table = _sqe(tmp_path, "-c", str(config), "-e", statement)
+    assert (table.returncode, table.stderr) == (0, "")
+    assert table.stdout.splitlines()[3] == "| [1 day, 02:00:00] | {2024-01-02=3 months} |"
+    as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert as_csv.stdout.splitlines() == ["l,m", '"[1 day, 02:00:00]",{2024-01-02=3 months}']
+    as_json = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == {"l": ["1 day", "02:00:00"], "m": [["2024-01-02", "3 months"]]}
