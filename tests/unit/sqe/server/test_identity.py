@@ -23,15 +23,19 @@ from sqe.server.identity import IdentityBroker, fingerprint
 FORGED = base64.urlsafe_b64encode(json.dumps({"sub": "alice"}).encode()).decode().rstrip("=") + ".forged"
 
 
+def _send(handler: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 @contextlib.contextmanager
 def _catalog_answering(status: int, body: bytes) -> Iterator[str]:
     class Answer(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _send(self, status, body)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -111,19 +115,12 @@ class _RotatingCatalog(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         type(self).exchanges += 1
         if type(self).rotated:
-            self._answer(401, json.dumps({"error": "invalid_client"}).encode())
+            _send(self, 401, json.dumps({"error": "invalid_client"}).encode())
         else:
-            self._answer(200, json.dumps({"access_token": FORGED, "expires_in": 3600}).encode())
+            _send(self, 200, json.dumps({"access_token": FORGED, "expires_in": 3600}).encode())
 
     def do_GET(self) -> None:
-        self._answer(401, _error_model(401)) if type(self).rotated else self._answer(200, b"{}")
-
-    def _answer(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _send(self, 401, _error_model(401)) if type(self).rotated else _send(self, 200, b"{}")
 
     def log_message(self, *args: object) -> None:
         pass
