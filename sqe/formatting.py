@@ -36,7 +36,8 @@ def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
 def render_table(table: pa.Table) -> str:
     table = _readable(table)
     names = [escape_unprintable(name) for name in table.column_names]
-    rows = [[_cell(v) for v in row] for row in _rows(table)]
+    kinds = table.schema.types
+    rows = [[_cell(v, kind) for v, kind in zip(row, kinds, strict=True)] for row in _rows(table)]
     widths = [_width(n) for n in names]
     for row in rows:
         widths = [max(w, _width(c)) for w, c in zip(widths, row, strict=True)]
@@ -78,36 +79,35 @@ def _row(cells: list[str], widths: list[int]) -> str:
     return "| " + " | ".join(c + " " * (w - _width(c)) for c, w in zip(cells, widths, strict=True)) + " |"
 
 
-def _cell(value: Any) -> str:
-    text = escape_unprintable(_shown(value))
+def _cell(value: Any, kind: pa.DataType) -> str:
+    text = escape_unprintable(_shown(value, kind))
     return text if _width(text) <= MAX_CELL else _cut(text, MAX_CELL - 1) + "…"
 
 
-def _shown(value: Any, *, nested: bool = False) -> str:
-    """A value as SQL shows it, never as a Python repr (``Decimal('1.50')``, ``datetime.date(...)``). Inside a
-    list, struct or map a string is quoted, so the string 'NULL' stays apart from NULL."""
+def _shown(value: Any, kind: pa.DataType, *, nested: bool = False) -> str:
+    """A value of Arrow type ``kind`` as SQL shows it, never as a Python repr (``Decimal('1.50')``,
+    ``datetime.date(...)``). Inside a list, struct or map a string is quoted, so the string 'NULL' stays apart from
+    NULL. The type, not the Python value, tells a MAP (a list of tuples, or an empty list) from a LIST."""
     if value is None:
         return "NULL"
+    if isinstance(kind, pa.MapType):
+        key, item = kind.key_type, kind.item_type
+        return "{" + ", ".join(f"{_shown(k, key, nested=True)}={_shown(v, item, nested=True)}" for k, v in value) + "}"
+    if isinstance(kind, pa.StructType):
+        types = {field.name: field.type for field in kind}
+        shown = (f"{_shown(k, pa.string(), nested=True)}: {_shown(v, types[k], nested=True)}" for k, v in value.items())
+        return "{" + ", ".join(shown) + "}"
+    if isinstance(kind, pa.ListType | pa.LargeListType | pa.FixedSizeListType | pa.ListViewType | pa.LargeListViewType):
+        return "[" + ", ".join(_shown(item, kind.value_type, nested=True) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'" if nested else value
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_shown(k, nested=True)}: {_shown(v, nested=True)}" for k, v in value.items()) + "}"
-    if isinstance(value, list) and value and all(_is_entry(item) for item in value):  # a MAP's entries
-        return "{" + ", ".join(f"{_shown(k, nested=True)}={_shown(v, nested=True)}" for k, v in value) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_shown(item, nested=True) for item in value) + "]"
     if isinstance(value, pa.MonthDayNano):
         return _interval(value)
     return str(value)
-
-
-def _is_entry(item: Any) -> bool:
-    """A MAP entry as Arrow gives it: a (key, value) tuple. An INTERVAL is a tuple too (months, days, ns)."""
-    return isinstance(item, tuple) and not isinstance(item, pa.MonthDayNano)
 
 
 def _interval(value: pa.MonthDayNano) -> str:
@@ -151,8 +151,10 @@ def _cut(text: str, width: int) -> str:
 def _write_csv(table: pa.Table, out: TextIO) -> None:
     """RFC 4180 lines; NULL is an empty field and an empty string a quoted one (``""``), as DuckDB writes them."""
     out.write(",".join(_csv_field(name) for name in table.column_names) + "\r\n")
+    kinds = table.schema.types
     for row in _rows(table):
-        out.write(",".join("" if v is None else _csv_field(_shown(v)) for v in row) + "\r\n")
+        fields = ("" if v is None else _csv_field(_shown(v, kind)) for v, kind in zip(row, kinds, strict=True))
+        out.write(",".join(fields) + "\r\n")
 
 
 def _csv_field(text: str) -> str:

@@ -220,3 +220,12 @@ def test_lists_of_intervals_and_maps_of_dates_render_in_every_format(tmp_path: P
     as_json = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout) == {"l": ["1 day", "02:00:00"], "m": [["2024-01-02", "3 months"]]}
+
+
+def test_an_empty_map_shows_as_a_map_not_as_a_list(tmp_path: Path, config: Path) -> None:
+    """A MAP's Python value is a list of entries, so an empty one looked like an empty LIST: the type tells them."""
+    statement = "SELECT MAP {}::MAP(INT, INT) AS m, []::INT[] AS l, [MAP {}::MAP(INT, INT)] AS lm"
+    table = _sqe(tmp_path, "-c", str(config), "-e", statement)
+    assert table.stdout.splitlines()[3] == "| {} | [] | [{}] |"
+    as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert as_csv.stdout.splitlines() == ["m,l,lm", "{},[],[{}]"]
