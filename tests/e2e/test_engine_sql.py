@@ -17,7 +17,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import ListType, LongType, MapType, NestedField, StringType, StructType
 
 import sqe.api
-from sqe.catalog.base import TableIdent
+from sqe.catalog.base import LoadedTable, TableIdent
 from sqe.errors import CommitConflictError, NoSuchNamespaceError, NoSuchTableError, QueryError, SQEError
 from sqe.execution import dml
 from sqe.execution.commit import append_rows
@@ -199,15 +199,26 @@ def _by_id(row: dict[str, Any]) -> Any:
     return row["id"]
 
 
+def _created_then_loaded_twice(
+    session: Session, server: CatalogServer, owner: CatalogPrincipal, name: str, columns: str
+) -> tuple[TableIdent, LoadedTable, Any]:
+    """A table made by CREATE TABLE AS SELECT ``columns``: its name, SQE's loaded copy (soon stale) and pyiceberg's."""
+    session.sql(f"CREATE TABLE {name} AS SELECT {columns}")
+    namespace, table = name.split(".")
+    ident = TableIdent(server.warehouse, (namespace,), table)
+    return (
+        ident,
+        session._provider.load_table(ident, bypass_cache=True),
+        pyiceberg_catalog(server, owner).load_table(name),
+    )
+
+
 def test_a_concurrent_commit_is_a_conflict_that_leaves_nothing_behind(
     config: Path, namespace: str, catalog_server: CatalogServer, owner: CatalogPrincipal
 ) -> None:
     """Nothing half-applied, and no data file left: pyiceberg deletes a refused commit's manifests, SQE its files."""
     with sqe.api.connect(config) as session:
-        session.sql(f"CREATE TABLE {namespace}.o AS SELECT 1 AS x")
-        ident = TableIdent(catalog_server.warehouse, (namespace,), "o")
-        stale = session._provider.load_table(ident, bypass_cache=True)
-        other = pyiceberg_catalog(catalog_server, owner).load_table(f"{namespace}.o")
+        ident, stale, other = _created_then_loaded_twice(session, catalog_server, owner, f"{namespace}.o", "1 AS x")
         other.append(pa.table({"x": pa.array([2], pa.int32())}))  # someone else commits in between
         plan = plan_scan(stale, columns=None)
         rewrite = dml.Rewrite((0,), pa.table({"x": pa.array([7, 8], pa.int32())}))
@@ -282,10 +293,9 @@ def test_a_conflicting_delete_is_reported_without_the_file_statistics(
     # Found by review: pyiceberg's validation message, passed through, listed the conflicting data file with its
     # column bounds (raw values).
     with sqe.api.connect(config) as session:
-        session.sql(f"CREATE TABLE {namespace}.cd AS SELECT 1 AS x, 'bound-value-7f3a' AS s")
-        ident = TableIdent(catalog_server.warehouse, (namespace,), "cd")
-        stale = session._provider.load_table(ident, bypass_cache=True)
-        add_positional_deletes(pyiceberg_catalog(catalog_server, owner).load_table(f"{namespace}.cd"), (0,))
+        columns = "1 AS x, 'bound-value-7f3a' AS s"
+        ident, stale, other = _created_then_loaded_twice(session, catalog_server, owner, f"{namespace}.cd", columns)
+        add_positional_deletes(other, (0,))
         plan = plan_scan(stale, columns=None)
         rewrite = dml.Rewrite((0,), pa.table({"x": pa.array([], pa.int32()), "s": pa.array([], pa.string())}))
         with pytest.raises(CommitConflictError) as raised:
