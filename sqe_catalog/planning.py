@@ -31,7 +31,7 @@ from pyiceberg.table import FileScanTask, Table
 from sqe._text import first_line
 from sqe.credentials.paths import covered_by_any
 from sqe.restrictions import parse_restrictions
-from sqe.vocabulary import MAX_PLAN_FILTER_VALUES
+from sqe.vocabulary import MAX_PLAN_FILTER_PREDICATES, MAX_PLAN_FILTER_VALUES
 from sqe_catalog.errors import BadRequestError, NotFoundError, UnprocessableEntityError
 from sqe_catalog.tables import StoredTable, validate_client_model
 
@@ -50,11 +50,18 @@ MAX_PLANS_PER_CALLER = 64
 
 
 def parse_plan_request(body: dict[str, Any]) -> PlanTableScanRequest:
-    listed = _set_literals(body.get("filter"))
-    if listed > MAX_PLAN_FILTER_VALUES:  # counted before pyiceberg parses and binds every one of them
+    # Counted before pyiceberg parses and binds every value and predicate of the filter.
+    listed, predicates = _filter_size(body.get("filter"))
+    if listed > MAX_PLAN_FILTER_VALUES:
         raise BadRequestError(
             f"the filter's in/not-in predicates list {listed} values, more than {MAX_PLAN_FILTER_VALUES} "
             "(MAX_PLAN_FILTER_VALUES); send a shorter filter or none (the filter only prunes)"
+        )
+    if predicates > MAX_PLAN_FILTER_PREDICATES:
+        raise BadRequestError(
+            f"the filter holds {predicates} predicates (and/or/not included), more than "
+            f"{MAX_PLAN_FILTER_PREDICATES} (MAX_PLAN_FILTER_PREDICATES); send a shorter filter or none "
+            "(the filter only prunes)"
         )
     request = validate_client_model(PlanTableScanRequest, body)
     if request.start_snapshot_id is not None:
@@ -62,18 +69,20 @@ def parse_plan_request(body: dict[str, Any]) -> PlanTableScanRequest:
     return request
 
 
-def _set_literals(node: object) -> int:
-    """How many values the ``values`` lists of a filter's JSON hold, walked without recursion."""
-    count, pending = 0, [node]
+def _filter_size(node: object) -> tuple[int, int]:
+    """How many values the ``values`` lists of a filter's JSON hold, and how many objects (predicates, and/or/not)
+    it has, walked without recursion."""
+    count, objects, pending = 0, 0, [node]
     while pending:
         item = pending.pop()
         if isinstance(item, dict):
+            objects += 1
             values = item.get("values")
             count += len(values) if isinstance(values, list) else 0
             pending.extend(value for key, value in item.items() if key != "values")
         elif isinstance(item, list):
             pending.extend(item)
-    return count
+    return count, objects
 
 
 def plan_files(

@@ -40,7 +40,7 @@ from pyiceberg.table import FileScanTask
 from sqe._text import first_line
 from sqe.catalog.errors import typed_catalog_error
 from sqe.errors import CatalogError, RemotePlanningError
-from sqe.vocabulary import MAX_PLAN_FILTER_VALUES, STORAGE_CREDENTIALS
+from sqe.vocabulary import MAX_PLAN_FILTER_PREDICATES, MAX_PLAN_FILTER_VALUES, STORAGE_CREDENTIALS
 
 if TYPE_CHECKING:
     from sqe.catalog.base import LoadedTable, ScanPlanningClient, TableIdent, TableProvider
@@ -70,25 +70,27 @@ def plan_request(row_filter: BooleanExpression, selected: Sequence[str], snapsho
         fields["snapshot-id"] = snapshot_id
     # A filter only prunes (the rows are filtered again after the scan): one the catalog would refuse as too long
     # is left out rather than failing the query.
-    if row_filter != AlwaysTrue() and _set_literals(row_filter) <= MAX_PLAN_FILTER_VALUES:
+    if row_filter != AlwaysTrue() and _within_plan_limits(row_filter):
         fields["filter"] = row_filter
     request = PlanTableScanRequest.model_validate(fields)
     body: dict[str, Any] = json.loads(request.model_dump_json(by_alias=True, exclude_none=True))
     return body
 
 
-def _set_literals(expression: BooleanExpression) -> int:
-    """How many values the in/not-in predicates of ``expression`` list."""
-    count, pending = 0, [expression]
+def _within_plan_limits(expression: BooleanExpression) -> bool:
+    """Whether the catalog takes ``expression`` as a plan filter: at most MAX_PLAN_FILTER_VALUES in/not-in values
+    and MAX_PLAN_FILTER_PREDICATES nodes (each node serialises to one JSON object, the ones the catalog counts)."""
+    values, nodes, pending = 0, 0, [expression]
     while pending:
         node = pending.pop()
+        nodes += 1
         if isinstance(node, And | Or):
             pending += [node.left, node.right]
         elif isinstance(node, Not):
             pending.append(node.child)
         elif isinstance(node, SetPredicate | BoundSetPredicate):
-            count += len(node.literals)
-    return count
+            values += len(node.literals)
+    return values <= MAX_PLAN_FILTER_VALUES and nodes <= MAX_PLAN_FILTER_PREDICATES
 
 
 def collect_tasks(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
@@ -84,6 +84,38 @@ def test_a_filter_listing_more_values_than_the_limit_is_refused_before_it_is_par
     error = refused.json()["error"]
     assert error["type"] == "BadRequestException" and "Traceback" not in refused.text
     assert f"list {MAX_PLAN_FILTER_VALUES + 1} values, more than {MAX_PLAN_FILTER_VALUES}" in error["message"]
+
+
+def _or_of_equalities(values: list[str]) -> dict[str, Any]:
+    """A balanced or-tree of ``region = value`` predicates: 2 * len(values) - 1 JSON objects."""
+    if len(values) == 1:
+        return {"type": "eq", "term": "region", "value": values[0]}
+    half = len(values) // 2
+    return {"type": "or", "left": _or_of_equalities(values[:half]), "right": _or_of_equalities(values[half:])}
+
+
+def test_a_filter_with_more_predicates_than_the_limit_is_refused_before_it_is_parsed(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    """Found by review: an or-tree of equalities listed no in/not-in value, so it passed MAX_PLAN_FILTER_VALUES,
+    yet each predicate costs far more to parse than a listed value (200,000 of them held a core for 34 s). Past
+    MAX_PLAN_FILTER_PREDICATES objects the plan is a 400 naming the limit; within it, it plans."""
+    from sqe.vocabulary import MAX_PLAN_FILTER_PREDICATES
+
+    ns, files = _table(catalog_server, engine_writer)
+    url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales/plan"
+    headers = {"Authorization": f"Bearer {catalog_server.token(engine_writer)}"}
+    leaves = (MAX_PLAN_FILTER_PREDICATES + 1) // 2  # 2 * leaves - 1 objects: the limit (or one under it)
+    regions = ["US", *(f"r{i}" for i in range(leaves - 1))]
+    planned = requests.post(url, json={"filter": _or_of_equalities(regions)}, headers=headers, timeout=60)
+    assert planned.status_code == 200, planned.text
+    assert {t["data-file"]["file-path"] for t in planned.json()["file-scan-tasks"]} <= set(files)
+    past = {"filter": _or_of_equalities([*regions, "EU"])}
+    refused = requests.post(url, json=past, headers=headers, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["type"] == "BadRequestException" and "Traceback" not in refused.text
+    assert f"more than {MAX_PLAN_FILTER_PREDICATES} (MAX_PLAN_FILTER_PREDICATES)" in error["message"]
 
 
 def test_a_callers_plans_hold_at_most_max_plan_tasks_per_caller_tasks(tmp_path: Path, moto_server: MotoServer) -> None:
