@@ -72,6 +72,7 @@ from sqe_catalog.errors import (
 )
 from sqe_catalog.history import check_history, with_snapshot_log
 from sqe_catalog.identifiers import (
+    MAX_NAMESPACE_DEPTH,
     Namespace,
     from_storage_namespace,
     storage_namespace,
@@ -1076,7 +1077,9 @@ class WarehouseTables:
     def _area_owner(self, location: str) -> Namespace | None:
         """The deepest existing namespace whose area (``<warehouse>/<level>/...``) holds ``location``."""
         root_parts = _split_location(self.root)[1]
-        levels = _split_location(location)[1][len(root_parts) :]
+        # No namespace is deeper than MAX_NAMESPACE_DEPTH: a location thousands of levels deep costs no more
+        # lookups (one per level, under the location lock) than one at that depth.
+        levels = _split_location(location)[1][len(root_parts) :][:MAX_NAMESPACE_DEPTH]
         for depth in range(len(levels), 0, -1):
             if self.namespace_exists(tuple(levels[:depth])):
                 return tuple(levels[:depth])
