@@ -63,6 +63,11 @@ class RemoteTasks:
     storage_credentials: list[Any] | None  # raw ``storage-credentials`` JSON of the completed plan
 
 
+# Conjuncts join left-deep (one level each): pydantic cannot serialise a filter some 250 levels deep, and the
+# catalog's parser refuses one about 140 deep. A deeper filter is left out (it only prunes).
+_MAX_FILTER_DEPTH = 64
+
+
 def plan_request(row_filter: BooleanExpression, selected: Sequence[str], snapshot_id: int | None) -> dict[str, Any]:
     """The ``PlanTableScanRequest`` JSON for one scan (pyiceberg's model serialises the filter)."""
     fields: dict[str, Any] = {"select": list(selected), "case-sensitive": True}
@@ -78,19 +83,21 @@ def plan_request(row_filter: BooleanExpression, selected: Sequence[str], snapsho
 
 
 def _within_plan_limits(expression: BooleanExpression) -> bool:
-    """Whether the catalog takes ``expression`` as a plan filter: at most MAX_PLAN_FILTER_VALUES in/not-in values
-    and MAX_PLAN_FILTER_PREDICATES nodes (each node serialises to one JSON object, the ones the catalog counts)."""
-    values, nodes, pending = 0, 0, [expression]
+    """Whether the catalog takes ``expression`` as a plan filter: at most MAX_PLAN_FILTER_VALUES in/not-in values,
+    MAX_PLAN_FILTER_PREDICATES nodes (each node serialises to one JSON object, the ones the catalog counts) and
+    _MAX_FILTER_DEPTH levels."""
+    values, nodes, deepest, pending = 0, 0, 0, [(expression, 1)]
     while pending:
-        node = pending.pop()
-        nodes += 1
+        node, depth = pending.pop()
+        nodes, deepest = nodes + 1, max(deepest, depth)
         if isinstance(node, And | Or):
-            pending += [node.left, node.right]
+            pending += [(node.left, depth + 1), (node.right, depth + 1)]
         elif isinstance(node, Not):
-            pending.append(node.child)
+            pending.append((node.child, depth + 1))
         elif isinstance(node, SetPredicate | BoundSetPredicate):
             values += len(node.literals)
-    return values <= MAX_PLAN_FILTER_VALUES and nodes <= MAX_PLAN_FILTER_PREDICATES
+    within_depth = deepest <= _MAX_FILTER_DEPTH
+    return values <= MAX_PLAN_FILTER_VALUES and nodes <= MAX_PLAN_FILTER_PREDICATES and within_depth
 
 
 def collect_tasks(

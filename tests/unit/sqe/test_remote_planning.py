@@ -7,10 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In, Not, NotIn, Or
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In, Not, NotEqualTo, NotIn, Or
 
 from sqe.catalog.base import TableIdent
 from sqe.errors import NoSuchTableError, PermissionDeniedError, RemotePlanningError
+from sqe.planning.planner import join_conjuncts
 from sqe.planning.remote import RemotePlanner, collect_tasks, plan_request
 from sqe.vocabulary import MAX_PLAN_FILTER_PREDICATES, MAX_PLAN_FILTER_VALUES
 from tests.unit.sqe.iceberg_local import LocalProvider
@@ -170,6 +171,18 @@ def test_a_filter_with_more_predicates_than_the_catalog_takes_is_left_out() -> N
     past = And(EqualTo("region", "EU"), within)
     body = plan_request(past, ["id", "region"], 7)
     assert "filter" not in body and body["select"] == ["id", "region"] and body["snapshot-id"] == 7
+
+
+def test_a_filter_nested_deeper_than_the_catalog_takes_is_left_out() -> None:
+    """Found by review: conjuncts join left-deep, one level each. A filter of 300 conjuncts made pydantic fail to
+    serialise the plan request (an untyped error), and one of 150 the catalog refuses as nested too deeply; a
+    filter only prunes, so the engine plans without such a filter."""
+    for count in (150, 300):
+        deep = join_conjuncts([NotEqualTo("id", i) for i in range(count)])
+        body = plan_request(deep, ["id"], 7)
+        assert "filter" not in body and body["select"] == ["id"] and body["snapshot-id"] == 7
+    shallow = join_conjuncts([NotEqualTo("id", i) for i in range(32)])
+    assert plan_request(shallow, ["id"], None)["filter"]["type"] == "and"
 
 
 def test_switched_on_without_the_endpoints_never_falls_back(provider: LocalProvider) -> None:
