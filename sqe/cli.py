@@ -120,6 +120,7 @@ def _connect_remote(config_path: str | None, server: str) -> Session:
 def run_statements(session: Session, text: str, fmt: str, output: str | None, debug: bool) -> int:
     from sqe.sqltext import split_statements
 
+    results = 0
     for statement in split_statements(text):
         try:
             table = run_with_progress(session, statement)
@@ -130,7 +131,8 @@ def run_statements(session: Session, text: str, fmt: str, output: str | None, de
             return 130
         if table is not None:
             try:
-                write_result(table, fmt, output)
+                write_result(table, fmt, output, after_another=results > 0)
+                results += 1
             except SQEError as exc:  # a result the format cannot hold
                 return report_error(exc, debug)
             except OSError as exc:

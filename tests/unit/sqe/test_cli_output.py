@@ -229,3 +229,21 @@ def test_an_empty_map_shows_as_a_map_not_as_a_list(tmp_path: Path, config: Path)
     assert table.stdout.splitlines()[3] == "| {} | [] | [{}] |"
     as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
     assert as_csv.stdout.splitlines() == ["m,l,lm", "{},[],[{}]"]
+
+
+def test_results_of_several_statements_all_reach_the_output_file_as_on_stdout(tmp_path: Path, config: Path) -> None:
+    statements = "SELECT 1 AS a; SELECT 'two' AS b"
+    out = tmp_path / "out.csv"
+    _stdout(tmp_path, "-c", str(config), "-e", statements, "-f", "csv", "-o", str(out))
+    written = out.read_bytes().decode()
+    assert written == _stdout(tmp_path, "-c", str(config), "-e", statements, "-f", "csv")
+    assert list(csv.reader(io.StringIO(written, newline=""))) == [["a"], ["1"], ["b"], ["two"]]
+    _stdout(tmp_path, "-c", str(config), "-e", "SELECT 3 AS c", "-f", "csv", "-o", str(out))
+    assert list(csv.reader(io.StringIO(out.read_bytes().decode(), newline=""))) == [["c"], ["3"]]  # a new run
+
+
+def test_a_parquet_file_holds_one_result_and_a_second_is_refused(tmp_path: Path, config: Path) -> None:
+    out = tmp_path / "out.parquet"
+    done = _sqe(tmp_path, "-c", str(config), "-e", "SELECT 1 AS a; SELECT 2 AS b", "-f", "parquet", "-o", str(out))
+    assert done.returncode == 1 and "--format parquet writes one result" in done.stderr
+    assert duckdb.sql(f"SELECT * FROM '{out}'").fetchall() == [(1,)]  # the first result, whole
