@@ -1485,7 +1485,7 @@ def _signing_key(config: CatalogServerConfig) -> bytes:
 
 def _new_warehouse(w: WarehouseConfig, engine: Engine) -> _Warehouse:
     tables = WarehouseTables(w, engine)
-    views = ViewStore(w, engine, tables.namespace_exists, tables.table_exists)
+    views = ViewStore(w, engine, tables)
     views.create_schema()
     return _Warehouse(w, tables, CredentialVendor(w), views, load_file_io(catalog_io_properties(w)))
 

@@ -14,7 +14,15 @@ from sqlalchemy import Column, Engine, MetaData, String, Table, Text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import SchemaItem
 
-__all__ = ["METADATA", "create_tables", "object_key", "trusted_state_columns", "warehouse_key", "warehouse_table"]
+__all__ = [
+    "METADATA",
+    "VIEW_POINTERS",
+    "create_tables",
+    "object_key",
+    "trusted_state_columns",
+    "warehouse_key",
+    "warehouse_table",
+]
 
 METADATA = MetaData()
 
@@ -42,6 +50,16 @@ def object_key(name_column: str = "table_name", *, primary_key: bool = True) -> 
         Column("namespace", String(NAMESPACE_LENGTH), primary_key=primary_key, nullable=False),
         Column(name_column, String(NAME_LENGTH), primary_key=primary_key, nullable=False),
     )
+
+
+# Each view's pointer: the metadata file its current version is in. Declared here, not in ``views``, because the
+# tables' location check reads it too (a table must not overlap a view's location) and ``views`` imports ``tables``.
+VIEW_POINTERS = Table(
+    "sqe_catalog_views",
+    METADATA,
+    *object_key("view_name"),
+    Column("metadata_location", String(2048), nullable=False),
+)
 
 
 def trusted_state_columns() -> tuple[Column[str], ...]:

@@ -5,7 +5,8 @@ catalog reads and writes metadata files with the warehouse's own static key, so 
 that could steer that I/O is checked here first:
 
 - table locations (``location``, ``write.data.path``, ``write.metadata.path``) must lie inside the warehouse
-  location and must not overlap another table's locations, because vended credentials are scoped by them; nor,
+  location and must not overlap another table's locations, because vended credentials are scoped by them, nor a
+  view's (a table's writers could rewrite the view's SQL, which runs in every invoker's session); nor,
   unless the request may claim them (``dropped_location_reuse``), a dropped table's whose files are still there
   (dropped without purge, or purged by a cleanup task not done yet) or one a commit moved a table away from; nor,
   unless the request may create tables there (``namespace_area_claims``), another namespace's area;
@@ -84,6 +85,7 @@ from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
 from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
 from sqe_catalog.integrity.state import Reservation, TrustedState, now_ms
+from sqe_catalog.schema import VIEW_POINTERS, create_tables
 from sqe_catalog.update_ids import assigned_ids
 
 __all__ = [
@@ -99,6 +101,7 @@ __all__ = [
     "client_parse_message",
     "dropped_location_reuse",
     "namespace_area_claims",
+    "pointer_directory",
     "validate_client_model",
     "validate_namespace",
     "validate_table_name",
@@ -604,6 +607,7 @@ class WarehouseTables:
         self._catalog = _WarehouseSqlCatalog(warehouse.name, engine, catalog_io_properties(warehouse), entries)
         # Serialises "check locations, then create/relocate": two requests cannot claim overlapping prefixes.
         self._location_lock = threading.Lock()
+        create_tables(engine, [VIEW_POINTERS])  # read by every location check, whether or not views are served
         # pins, digests; verified revisions cached like the plain ones
         fingerprint, recheck = storage_fingerprint(warehouse), warehouse.metadata_recheck_seconds
         self.integrity = IntegrityGuard(
@@ -1050,20 +1054,60 @@ class WarehouseTables:
         claimant's current ones, for a table that exists), a dropped or moved table's, or a reservation."""
         for location in locations:
             self._check_inside_warehouse(location, "table location")
-        held: tuple[str, ...] = ()  # the excluded table's own current locations
-        for (other_ns, other_name), other_locations in self._all_table_locations():
-            if exclude == (other_ns, other_name):
-                held = other_locations
-                continue
-            if any(_overlaps(mine, theirs) for mine in locations for theirs in other_locations):
-                raise BadRequestError(
-                    f"table location overlaps the location of table {'.'.join(other_ns)}.{other_name}"
-                )
+        held = self._check_table_overlaps(locations, exclude, "table location")
+        self._check_view_overlaps(locations, None, "table location")
         # A location inside one the table already holds reaches no file its credentials did not already reach.
         new = [loc for loc in locations if not covered_by_any(loc, held)]
         self._check_dropped_locations(new)
         self._check_reserved_locations(new, claimant)
         self._check_namespace_areas(new, claimant.namespace)
+
+    def _check_table_overlaps(
+        self, locations: Sequence[str], exclude: tuple[Namespace, str] | None, what: str
+    ) -> tuple[str, ...]:
+        """Refuse ``locations`` overlapping a table's other than ``exclude``; returns ``exclude``'s locations."""
+        held: tuple[str, ...] = ()
+        for (other_ns, other_name), other_locations in self._all_table_locations():
+            if exclude == (other_ns, other_name):
+                held = other_locations
+                continue
+            if any(_overlaps(mine, theirs) for mine in locations for theirs in other_locations):
+                raise BadRequestError(f"{what} overlaps the location of table {'.'.join((*other_ns, other_name))}")
+        return held
+
+    def _check_view_overlaps(self, locations: Sequence[str], exclude: tuple[Namespace, str] | None, what: str) -> None:
+        """Refuse ``locations`` overlapping the location of a view other than ``exclude``."""
+        for (view_ns, view_name), view_location in self._all_view_locations():
+            if exclude != (view_ns, view_name) and any(_overlaps(mine, view_location) for mine in locations):
+                raise BadRequestError(f"{what} overlaps the location of view {'.'.join((*view_ns, view_name))}")
+
+    def _all_view_locations(self) -> Iterator[tuple[tuple[Namespace, str], str]]:
+        """Each view's location: the directory its pointer's metadata file is in (``<location>/metadata/``), the
+        catalog's own record, never what a (rewritable) metadata file says."""
+        v = VIEW_POINTERS.c
+        stmt = select(v.namespace, v.view_name, v.metadata_location).where(v.warehouse == self.warehouse.name)
+        with self._catalog.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        for namespace, name, metadata_location in rows:
+            levels = tuple(str(namespace).split(vocabulary.NAMESPACE_SEPARATOR))
+            yield (levels, str(name)), pointer_directory(str(metadata_location))
+
+    @contextmanager
+    def view_location_claimed(self, namespace: Namespace, name: str, location: str) -> Iterator[None]:
+        """Run a view create at ``location`` under the location lock, after checking the location overlaps no
+        table's, no other view's and no place credentials may still be valid for (a table's writers there could
+        rewrite the view's SQL)."""
+        what = "view location"
+        with self._location_lock:
+            self._check_inside_warehouse(location, what)
+            self._check_table_overlaps((location,), None, what)
+            self._check_view_overlaps((location,), (namespace, name), what)
+            self._check_reserved_locations((location,), None, what)
+            yield
+
+    def new_view_location(self, namespace: Namespace, name: str) -> str:
+        """Where a new view goes: as a new table of that name would (beside a dropped or reserved place)."""
+        return self._new_table_location(namespace, name)
 
     def _check_namespace_areas(self, locations: Sequence[str], namespace: Namespace) -> None:
         """A place inside another namespace's area (where its tables go by default) is that namespace's to give
@@ -1085,18 +1129,21 @@ class WarehouseTables:
                 return tuple(levels[:depth])
         return None
 
-    def _check_reserved_locations(self, locations: Sequence[str], claimant: _Claimant) -> None:
-        """Refuse a place reserved for another table: credentials vended for it may still be valid."""
+    def _check_reserved_locations(
+        self, locations: Sequence[str], claimant: _Claimant | None, what: str = "table location"
+    ) -> None:
+        """Refuse a place reserved for another table (for a table ``claimant``; None: a view, which holds no
+        reservation): credentials vended for it may still be valid."""
         if not locations:
             return
         for reserved in self.integrity.reserved_locations():
-            if claimant.holds(reserved):
+            if claimant is not None and claimant.holds(reserved):
                 continue
             owner = (*from_storage_namespace(reserved.namespace), reserved.name)
             if any(_overlaps(mine, theirs) for mine in locations for theirs in reserved.locations):
                 until = iso_utc(reserved.until_ms / 1000, zulu=True)
                 raise ForbiddenError(
-                    f"table location overlaps a place credentials were vended for (table {'.'.join(owner)}): it is "
+                    f"{what} overlaps a place credentials were vended for (table {'.'.join(owner)}): it is "
                     f"reserved until {until}, while they may still be valid"
                 )
 
@@ -1132,7 +1179,7 @@ class WarehouseTables:
             log.warning(
                 "table %s.%s has unreadable metadata; claiming its metadata directory", ".".join(key[0]), key[1]
             )
-            return (_pointer_directory(metadata_location),)
+            return (pointer_directory(metadata_location),)
         return table_locations(metadata.location, metadata.properties)
 
     @staticmethod
@@ -1218,7 +1265,7 @@ class WarehouseTables:
         return files
 
 
-def _pointer_directory(metadata_location: str) -> str:
+def pointer_directory(metadata_location: str) -> str:
     """``<table>/metadata/00001-x.metadata.json`` -> ``<table>``; any other layout -> the file's directory."""
     directory = metadata_location.rsplit("/", 1)[0]
     return directory.removesuffix("/metadata") if directory.endswith("/metadata") else directory

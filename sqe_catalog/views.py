@@ -1,10 +1,15 @@
 """Iceberg views of one warehouse: metadata JSON files in the warehouse, pointers in the catalog database.
 
-A view's metadata file is written with the warehouse's own FileIO to
-``<warehouse>/<namespace levels>/<view>/metadata/<n>-<uuid>.metadata.json`` (names are validated by
-``sqe_catalog.identifiers`` before they get here). The pointer row lives in ``sqe_catalog_views``; a replace
-moves it with a compare-and-swap on the previous location, so a lost race is a 409 and never a lost update.
-The document is validated by pyiceberg's ``ViewMetadata`` model before it is written.
+A view's location is where a new table of its name would go (``<warehouse>/<namespace levels>/<view>``, or beside
+it where a dropped table's files or vended credentials still hold that place); the catalog writes its metadata
+files with the warehouse's own FileIO only under it, to ``<location>/metadata/<n>-<uuid>.metadata.json``, so the
+directory of the pointer's file is the location, whatever a metadata file says. A view's location overlaps no
+table's and no other view's (``WarehouseTables.view_location_claimed``, under the tables' location lock): vended
+table credentials never reach a view's metadata, whose SQL runs in every invoker's session.
+
+The pointer row lives in ``sqe_catalog_views``; a replace moves it with a compare-and-swap on the previous
+location, so a lost race is a 409 and never a lost update. The document is validated by pyiceberg's
+``ViewMetadata`` model before it is written.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 import pydantic
 from pyiceberg.io import load_file_io
 from pyiceberg.view.metadata import ViewMetadata
-from sqlalchemy import Column, ColumnElement, Engine, String, Table, delete, insert, select, update
+from sqlalchemy import ColumnElement, Engine, delete, insert, select, update
 
 from sqe import vocabulary
 from sqe_catalog.config import WarehouseConfig
@@ -31,17 +36,18 @@ from sqe_catalog.errors import (
     NotFoundError,
 )
 from sqe_catalog.identifiers import Namespace, validate_name
-from sqe_catalog.schema import METADATA, create_tables, object_key
-from sqe_catalog.tables import CLIENT_PARSE_ERRORS, catalog_io_properties, client_parse_message
+from sqe_catalog.schema import VIEW_POINTERS, create_tables
+from sqe_catalog.tables import (
+    CLIENT_PARSE_ERRORS,
+    WarehouseTables,
+    catalog_io_properties,
+    client_parse_message,
+    pointer_directory,
+)
 
 __all__ = ["NoSuchViewError", "StoredView", "ViewStore", "validate_view_name"]
 
-_views = Table(
-    "sqe_catalog_views",
-    METADATA,
-    *object_key("view_name"),
-    Column("metadata_location", String(2048), nullable=False),
-)
+_views = VIEW_POINTERS
 
 
 class NoSuchViewError(NotFoundError, error_type=vocabulary.ERROR_NO_SUCH_VIEW):
@@ -82,22 +88,39 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class ViewStore:
-    """Views of one warehouse. ``namespace_exists`` and ``table_exists`` come from the warehouse's tables."""
+def _new_document(location: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A new view's first metadata, at ``location``."""
+    schema, version = body.get("schema"), body.get("view-version")
+    if not isinstance(schema, dict) or not isinstance(version, dict):
+        raise BadRequestError("a view needs a schema and a view-version object")
+    properties = body.get("properties") or {}
+    if not isinstance(properties, dict):
+        raise BadRequestError("properties must be an object of string values")
+    schema_id = int(schema.get("schema-id", 0))
+    version = {**version, "version-id": 1, "schema-id": schema_id}
+    version.setdefault("timestamp-ms", _now_ms())
+    return {
+        "view-uuid": str(uuid.uuid4()),
+        "format-version": 1,
+        "location": location,  # client locations are not accepted
+        "schemas": [{**schema, "schema-id": schema_id}],
+        "current-version-id": 1,
+        "versions": [version],
+        "version-log": [{"timestamp-ms": version["timestamp-ms"], "version-id": 1}],
+        "properties": dict(properties),
+    }
 
-    def __init__(
-        self,
-        warehouse: WarehouseConfig,
-        engine: Engine,
-        namespace_exists: Callable[[Namespace], bool],
-        table_exists: Callable[[Namespace, str], bool],
-    ) -> None:
+
+class ViewStore:
+    """Views of one warehouse; ``tables`` (the warehouse's) has its namespaces, and the location rule and lock."""
+
+    def __init__(self, warehouse: WarehouseConfig, engine: Engine, tables: WarehouseTables) -> None:
         self._warehouse = warehouse.name
-        self._root = warehouse.location.rstrip("/")
         self._engine = engine
         self._io = load_file_io(catalog_io_properties(warehouse))
-        self._namespace_exists = namespace_exists
-        self._table_exists = table_exists
+        self._tables = tables
+        self._namespace_exists: Callable[[Namespace], bool] = tables.namespace_exists
+        self._table_exists: Callable[[Namespace, str], bool] = tables.table_exists
 
     def create_schema(self) -> None:
         create_tables(self._engine, [_views])
@@ -140,8 +163,15 @@ class ViewStore:
             raise AlreadyExistsError(f"a table of that name exists: {'.'.join((*namespace, name))}")
         if self.view_exists(namespace, name):
             raise AlreadyExistsError(f"view already exists: {'.'.join((*namespace, name))}")
-        document = _checked(self._new_document(namespace, name, body))
-        location = self._write(document, 0)
+        view_location = self._tables.new_view_location(namespace, name)
+        document = _checked(_new_document(view_location, body))
+        # Checked, written and recorded under the location lock: no table or view claims the place meanwhile.
+        with self._tables.view_location_claimed(namespace, name, view_location):
+            location = self._write(document, view_location, 0)
+            self._insert(namespace, name, location)
+        return StoredView(namespace, name, location, document)
+
+    def _insert(self, namespace: Namespace, name: str, metadata_location: str) -> None:
         with self._engine.begin() as conn:
             try:
                 conn.execute(
@@ -149,36 +179,16 @@ class ViewStore:
                         warehouse=self._warehouse,
                         namespace=_encode(namespace),
                         view_name=name,
-                        metadata_location=location,
+                        metadata_location=metadata_location,
                     )
                 )
             except Exception:
                 raise AlreadyExistsError(f"view already exists: {'.'.join((*namespace, name))}") from None
-        return StoredView(namespace, name, location, document)
 
-    def _new_document(self, namespace: Namespace, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        schema, version = body.get("schema"), body.get("view-version")
-        if not isinstance(schema, dict) or not isinstance(version, dict):
-            raise BadRequestError("a view needs a schema and a view-version object")
-        properties = body.get("properties") or {}
-        if not isinstance(properties, dict):
-            raise BadRequestError("properties must be an object of string values")
-        schema_id = int(schema.get("schema-id", 0))
-        version = {**version, "version-id": 1, "schema-id": schema_id}
-        version.setdefault("timestamp-ms", _now_ms())
-        return {
-            "view-uuid": str(uuid.uuid4()),
-            "format-version": 1,
-            "location": "/".join((self._root, *namespace, name)),  # client locations are not accepted
-            "schemas": [{**schema, "schema-id": schema_id}],
-            "current-version-id": 1,
-            "versions": [version],
-            "version-log": [{"timestamp-ms": version["timestamp-ms"], "version-id": 1}],
-            "properties": dict(properties),
-        }
-
-    def _write(self, document: dict[str, Any], sequence: int) -> str:
-        location = f"{document['location']}/metadata/{sequence:05d}-{uuid.uuid4()}.metadata.json"
+    def _write(self, document: dict[str, Any], view_location: str, sequence: int) -> str:
+        """Write ``document`` under the view's location (its ``location`` field set to it, whatever it said)."""
+        document["location"] = view_location
+        location = f"{view_location}/metadata/{sequence:05d}-{uuid.uuid4()}.metadata.json"
         with self._io.new_output(location).create(overwrite=False) as stream:
             stream.write(json.dumps(document, separators=(",", ":")).encode("utf-8"))
         return location
@@ -195,16 +205,25 @@ class ViewStore:
         document.pop("_last_added_version", None)
         _checked(document)
         sequence = len(document.get("version-log", []))
-        location = self._write(document, sequence)
+        # The location the catalog recorded (where the current file is), not the file's field: files stay under it.
+        view_location = pointer_directory(current.metadata_location)
+        # A view recorded before table and view locations were kept apart may overlap a table: its new SQL is not
+        # written where that table's writers could rewrite it.
+        with self._tables.view_location_claimed(namespace, name, view_location):
+            location = self._write(document, view_location, sequence)
+            self._swap(namespace, name, current.metadata_location, location)
+        return StoredView(namespace, name, location, document)
+
+    def _swap(self, namespace: Namespace, name: str, previous: str, metadata_location: str) -> None:
+        """Move the pointer from ``previous`` to ``metadata_location``; 409 if it is no longer at ``previous``."""
         stmt = (
             update(_views)
-            .where(*self._row(namespace, name), _views.c.metadata_location == current.metadata_location)
-            .values(metadata_location=location)
+            .where(*self._row(namespace, name), _views.c.metadata_location == previous)
+            .values(metadata_location=metadata_location)
         )
         with self._engine.begin() as conn:
             if conn.execute(stmt).rowcount != 1:
                 raise CommitFailedError(f"view {'.'.join((*namespace, name))} changed concurrently; retry")
-        return StoredView(namespace, name, location, document)
 
     def drop_view(self, namespace: Namespace, name: str) -> None:
         stmt = delete(_views).where(*self._row(namespace, name))
