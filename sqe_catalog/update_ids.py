@@ -8,6 +8,13 @@ equal to one the table has reuses that id (the update is dropped), one whose id 
 a following ``set-current-schema`` / ``set-default-spec`` / ``set-default-sort-order`` naming the added one (or -1,
 "the last added") names the id it ended up with. An ``assign-uuid`` may not change an existing table's UUID:
 clients refuse metadata whose UUID changed, and the catalog matches column tags by it.
+
+A partition field id names the partition tuple's field in every manifest written with its spec, so one id must mean
+one source column and transform across all of a table's specs. A spec is new when no spec the table has has the
+same source columns, transforms and names (field ids aside). In format v2 and later, a new spec's field with the
+same source column and transform as a field of an earlier spec takes that field's id, and any other field a fresh
+one above ``last-partition-id``: the ids the client sent are not kept. In v1, ids were not tracked but given by
+position (1000, 1001, ...): a v1 spec with other ids is refused, as Iceberg's reference catalog does.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyiceberg.partitioning import PARTITION_FIELD_ID_START, PartitionField, PartitionSpec
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import (
     AddPartitionSpecUpdate,
@@ -26,6 +34,7 @@ from pyiceberg.table.update import (
     SetDefaultSortOrderUpdate,
     SetDefaultSpecUpdate,
     TableUpdate,
+    UpgradeFormatVersionUpdate,
 )
 
 from sqe_catalog.errors import BadRequestError
@@ -70,13 +79,80 @@ def _same_fields(a: Any, b: Any) -> bool:
     return bool(a.fields == b.fields)
 
 
+def _same_spec(a: Any, b: Any) -> bool:
+    # Field ids aside: the catalog gives an added spec's fields their ids.
+    return bool(a.compatible_with(b))
+
+
+_FieldKey = tuple[int, str]  # a partition field's source column id and transform
+
+
+@dataclass
+class _PartitionFieldIds:
+    """The partition field ids a table's specs use, the last one assigned, and the table's format version."""
+
+    by_key: dict[_FieldKey, int]
+    last: int
+    format_version: int
+
+    @classmethod
+    def of(cls, base: TableMetadata | None) -> _PartitionFieldIds:
+        if base is None:  # a create starts from empty v1 metadata; its upgrade-format-version comes first
+            return cls({}, PARTITION_FIELD_ID_START - 1, 1)
+        ids = cls({}, base.last_partition_id or PARTITION_FIELD_ID_START - 1, base.format_version)
+        for spec in base.partition_specs:
+            ids.record(spec)
+        return ids
+
+    def record(self, spec: PartitionSpec) -> None:
+        for spec_field in spec.fields:
+            key = _key(spec_field)
+            self.by_key[key] = max(spec_field.field_id, self.by_key.get(key, spec_field.field_id))
+            self.last = max(self.last, spec_field.field_id)
+
+    def assign(self, spec: PartitionSpec) -> PartitionSpec:
+        """``spec`` with the field ids the table's specs give its fields (recorded for the specs after it)."""
+        if self.format_version == 1:
+            _check_positional_ids(spec)
+            assigned = spec
+        else:
+            assigned = PartitionSpec(*self._reused_or_fresh(spec.fields), spec_id=spec.spec_id)
+        self.record(assigned)
+        return assigned
+
+    def _reused_or_fresh(self, fields: Iterable[PartitionField]) -> Iterable[PartitionField]:
+        taken: set[int] = set()
+        for spec_field in fields:
+            field_id = self.by_key.get(_key(spec_field))
+            if field_id is None or field_id in taken:  # a field repeated within the spec gets an id of its own
+                self.last += 1
+                field_id = self.last
+            taken.add(field_id)
+            yield spec_field.model_copy(update={"field_id": field_id})
+
+
+def _key(spec_field: PartitionField) -> _FieldKey:
+    return spec_field.source_id, str(spec_field.transform)
+
+
+def _check_positional_ids(spec: PartitionSpec) -> None:
+    for position, spec_field in enumerate(spec.fields):
+        expected = PARTITION_FIELD_ID_START + position
+        if spec_field.field_id != expected:
+            raise BadRequestError(
+                f"invalid table update: add-spec: a format v1 table's partition field ids follow their position "
+                f"from {PARTITION_FIELD_ID_START}; field {spec_field.name!r} has field-id {spec_field.field_id}, "
+                f"expected {expected}"
+            )
+
+
 def assigned_ids(base: TableMetadata | None, updates: Sequence[TableUpdate]) -> tuple[TableUpdate, ...]:
     """``updates`` with unique schema, spec and sort-order ids (``base``: the table's metadata, None on create)."""
     _check_uuid(base, updates)
     schemas = _Ids({s.schema_id: s for s in base.schemas} if base else {}, _same_schema)
-    specs = _Ids({s.spec_id: s for s in base.partition_specs} if base else {}, _same_fields)
+    specs = _Ids({s.spec_id: s for s in base.partition_specs} if base else {}, _same_spec)
     orders = _Ids({s.order_id: s for s in base.sort_orders} if base else {}, _same_fields)
-    return tuple(_assigned(updates, schemas, specs, orders))
+    return tuple(_assigned(updates, schemas, specs, _PartitionFieldIds.of(base), orders))
 
 
 def _check_uuid(base: TableMetadata | None, updates: Iterable[TableUpdate]) -> None:
@@ -87,12 +163,18 @@ def _check_uuid(base: TableMetadata | None, updates: Iterable[TableUpdate]) -> N
             raise BadRequestError("invalid table update: assign-uuid cannot change an existing table's table-uuid")
 
 
-def _assigned(updates: Iterable[TableUpdate], schemas: _Ids, specs: _Ids, orders: _Ids) -> Iterable[TableUpdate]:
+def _assigned(
+    updates: Iterable[TableUpdate], schemas: _Ids, specs: _Ids, field_ids: _PartitionFieldIds, orders: _Ids
+) -> Iterable[TableUpdate]:
     for update in updates:
         if isinstance(update, AddSchemaUpdate):
             yield from _added(update, "schema_", "schema_id", schemas)
         elif isinstance(update, AddPartitionSpecUpdate):
-            yield from _added(update, "spec", "spec_id", specs)
+            yield from _added_spec(update, specs, field_ids)
+        elif isinstance(update, UpgradeFormatVersionUpdate):
+            # a downgrade is left for pyiceberg to refuse
+            field_ids.format_version = max(field_ids.format_version, update.format_version)
+            yield update
         elif isinstance(update, AddSortOrderUpdate):
             yield from _added(update, "sort_order", "order_id", orders)
         elif isinstance(update, SetCurrentSchemaUpdate):
@@ -111,3 +193,11 @@ def _added(update: TableUpdate, attribute: str, id_attribute: str, ids: _Ids) ->
     new_id = ids.add(item, getattr(item, id_attribute))
     if new_id is not None:
         yield update.model_copy(update={attribute: item.model_copy(update={id_attribute: new_id})})
+
+
+def _added_spec(update: AddPartitionSpecUpdate, specs: _Ids, field_ids: _PartitionFieldIds) -> Iterable[TableUpdate]:
+    """The add-spec update with its spec's id and field ids; nothing when the table already has the spec."""
+    spec_id = specs.add(update.spec, update.spec.spec_id)
+    if spec_id is not None:
+        spec = field_ids.assign(update.spec).model_copy(update={"spec_id": spec_id})
+        yield update.model_copy(update={"spec": spec})

@@ -21,7 +21,7 @@ from pyiceberg.table.update import (
     SetDefaultSpecUpdate,
     TableUpdate,
 )
-from pyiceberg.transforms import IdentityTransform
+from pyiceberg.transforms import BucketTransform, IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
 from tests.conftest import pyiceberg_catalog
@@ -35,11 +35,16 @@ SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2,
 BY_NAME = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="name"))
 
 
-def new_table(server: CatalogServer, principal: CatalogPrincipal) -> tuple[Any, str]:
+def new_namespace(server: CatalogServer, principal: CatalogPrincipal) -> tuple[Any, str]:
     catalog = pyiceberg_catalog(server, principal)
     namespace = f"ids_{uuid.uuid4().hex[:6]}"
     catalog.create_namespace(namespace)
-    catalog.create_table(f"{namespace}.t", SCHEMA, partition_spec=BY_NAME)
+    return catalog, namespace
+
+
+def new_table(server: CatalogServer, principal: CatalogPrincipal, **properties: str) -> tuple[Any, str]:
+    catalog, namespace = new_namespace(server, principal)
+    catalog.create_table(f"{namespace}.t", SCHEMA, partition_spec=BY_NAME, properties=properties)
     return catalog, f"{namespace}.t"
 
 
@@ -93,3 +98,79 @@ def test_a_commit_cannot_change_the_table_uuid(catalog_server: CatalogServer, en
         commit(catalog, name, AssignUUIDUpdate(uuid=uuid.uuid4()))
     assert catalog.load_table(name).metadata.table_uuid == before
     assert commit(catalog, name, AssignUUIDUpdate(uuid=before)).table_uuid == before  # the same UUID is a no-op
+
+
+BY_ID = PartitionField(source_id=1, field_id=1001, transform=IdentityTransform(), name="id")
+
+
+def spec_of(*fields: tuple[int, int, Any, str]) -> PartitionSpec:
+    return PartitionSpec(*(PartitionField(source_id=s, field_id=f, transform=t, name=n) for s, f, t, n in fields))
+
+
+def field_ids(spec: PartitionSpec) -> list[tuple[str, int]]:
+    return [(f.name, f.field_id) for f in spec.fields]
+
+
+def test_a_new_partition_field_gets_a_fresh_id_whatever_the_client_sent(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    catalog, name = new_table(catalog_server, engine_writer)
+    # 1000 already names identity(name) in spec 0; 5000 would leave ids unassigned below it
+    sent = spec_of((1, 1000, IdentityTransform(), "id"), (2, 5000, BucketTransform(16), "name_bucket"))
+    metadata = commit(catalog, name, AddPartitionSpecUpdate(spec=sent), SetDefaultSpecUpdate(spec_id=-1))
+    assert metadata.default_spec_id == 1 and field_ids(metadata.spec()) == [("id", 1001), ("name_bucket", 1002)]
+    assert metadata.last_partition_id == 1002
+    assert field_ids(metadata.specs()[0]) == [("name", 1000)]  # the original spec is untouched
+
+    # a field repeated within one spec (as a client may send) still gets an id of its own
+    twice = spec_of((2, 1000, IdentityTransform(), "name"), (2, 1000, IdentityTransform(), "name_again"))
+    metadata = commit(catalog, name, AddPartitionSpecUpdate(spec=twice), SetDefaultSpecUpdate(spec_id=-1))
+    assert field_ids(metadata.spec()) == [("name", 1000), ("name_again", 1003)] and metadata.last_partition_id == 1003
+
+
+def test_a_spec_re_adding_an_earlier_field_keeps_its_id(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    catalog, name = new_table(catalog_server, engine_writer)
+    commit(catalog, name, AddPartitionSpecUpdate(spec=PartitionSpec(BY_ID)), SetDefaultSpecUpdate(spec_id=-1))
+    # identity(name) (spec 0) and identity(id) (spec 1) come back under other ids: they keep their own
+    sent = spec_of((1, 1003, IdentityTransform(), "id"), (2, 1004, IdentityTransform(), "name"))
+    metadata = commit(catalog, name, AddPartitionSpecUpdate(spec=sent), SetDefaultSpecUpdate(spec_id=-1))
+    assert metadata.default_spec_id == 2 and field_ids(metadata.spec()) == [("id", 1001), ("name", 1000)]
+    assert metadata.last_partition_id == 1001
+
+
+def test_a_spec_the_table_has_under_other_field_ids_is_not_added_again(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    catalog, name = new_table(catalog_server, engine_writer)
+    same = spec_of((2, 1007, IdentityTransform(), "name"))
+    metadata = commit(catalog, name, AddPartitionSpecUpdate(spec=same), SetDefaultSpecUpdate(spec_id=-1))
+    assert [s.spec_id for s in metadata.partition_specs] == [0] and metadata.default_spec_id == 0
+    assert metadata.last_partition_id == 1000
+
+
+def test_a_v3_table_gets_its_dropped_field_back_under_its_id(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    catalog, name = new_table(catalog_server, engine_writer, **{"format-version": "3"})
+    table = catalog.load_table(name)
+    with table.update_spec() as update:
+        update.remove_field("name").add_identity("id")
+    with table.update_spec() as update:  # pyiceberg recycles ids in v2 only: it sends 1002 here
+        update.add_identity("name")
+    metadata = catalog.load_table(name).metadata
+    assert metadata.format_version == 3 and metadata.default_spec_id == 2
+    assert field_ids(metadata.spec()) == [("id", 1001), ("name", 1000)] and metadata.last_partition_id == 1001
+
+
+def test_a_v1_spec_keeps_positional_field_ids(catalog_server: CatalogServer, engine_writer: CatalogPrincipal) -> None:
+    catalog, name = new_table(catalog_server, engine_writer, **{"format-version": "1"})
+    skipping = spec_of((2, 1000, IdentityTransform(), "name"), (1, 1005, IdentityTransform(), "id"))
+    with pytest.raises(BadRequestError, match=r"v1 .*'id' has field-id 1005, expected 1001"):
+        commit(catalog, name, AddPartitionSpecUpdate(spec=skipping))
+    table = catalog.load_table(name)
+    with table.update_spec() as update:
+        update.add_identity("id")
+    metadata = catalog.load_table(name).metadata
+    assert field_ids(metadata.spec()) == [("name", 1000), ("id", 1001)] and metadata.last_partition_id == 1001
