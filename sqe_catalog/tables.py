@@ -502,8 +502,9 @@ class _WarehouseSqlCatalog(SqlCatalog):
         # pyiceberg creates v3 metadata but refuses that update, so it is held back and applied after the others.
         base = current_table.metadata if current_table else None
         version = _created_format_version(current_table, updates)
-        staged_updates = updates if version is None else _without_format_upgrades(updates)
-        staged_updates = assigned_ids(base, staged_updates)
+        # ids first: a spec's partition field ids follow the format version its upgrade-format-version sets
+        staged_updates = assigned_ids(base, updates)
+        staged_updates = staged_updates if version is None else _without_format_upgrades(staged_updates)
         staged = super()._update_and_stage_table(current_table, table_identifier, requirements, staged_updates)
         check_history(base, staged.metadata, staged_updates)
         metadata = with_snapshot_log(base, staged.metadata, staged_updates)

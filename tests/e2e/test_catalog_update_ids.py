@@ -8,18 +8,24 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from pyiceberg.exceptions import BadRequestError
-from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.io import load_file_io
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table.sorting import SortField, SortOrder
+from pyiceberg.table import StagedTable
+from pyiceberg.table.metadata import new_table_metadata
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortField, SortOrder
 from pyiceberg.table.update import (
     AddPartitionSpecUpdate,
     AddSchemaUpdate,
     AddSortOrderUpdate,
+    AssertCreate,
     AssignUUIDUpdate,
     SetCurrentSchemaUpdate,
     SetDefaultSortOrderUpdate,
     SetDefaultSpecUpdate,
+    SetLocationUpdate,
     TableUpdate,
+    UpgradeFormatVersionUpdate,
 )
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
@@ -174,3 +180,28 @@ def test_a_v1_spec_keeps_positional_field_ids(catalog_server: CatalogServer, eng
         update.add_identity("id")
     metadata = catalog.load_table(name).metadata
     assert field_ids(metadata.spec()) == [("name", 1000), ("id", 1001)] and metadata.last_partition_id == 1001
+
+
+def test_a_create_transaction_to_v3_assigns_v3_partition_field_ids(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    catalog, namespace = new_namespace(catalog_server, engine_writer)
+    location = f"{catalog_server.warehouse_location}/{namespace}/t"
+    metadata = new_table_metadata(SCHEMA, UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, location, {})
+    # the spec follows upgrade-format-version: 3, so its field gets a fresh id (v1 would refuse 1005)
+    updates = (
+        AssignUUIDUpdate(uuid=metadata.table_uuid),
+        UpgradeFormatVersionUpdate(format_version=3),
+        AddSchemaUpdate(schema=SCHEMA),
+        SetCurrentSchemaUpdate(schema_id=-1),
+        AddPartitionSpecUpdate(spec=spec_of((2, 1005, IdentityTransform(), "name"))),
+        SetDefaultSpecUpdate(spec_id=-1),
+        AddSortOrderUpdate(sort_order=UNSORTED_SORT_ORDER),
+        SetDefaultSortOrderUpdate(sort_order_id=-1),
+        SetLocationUpdate(location=location),
+    )
+    staged = StagedTable((namespace, "t"), metadata, f"{location}/metadata/staged.json", load_file_io(), catalog)
+    catalog.commit_table(staged, (AssertCreate(),), updates)
+    created = catalog.load_table(f"{namespace}.t").metadata
+    assert created.format_version == 3 and field_ids(created.spec()) == [("name", 1000)]
+    assert created.last_partition_id == 1000
