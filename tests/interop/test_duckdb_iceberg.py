@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.update import AddPartitionSpecUpdate, SetDefaultSpecUpdate
+from pyiceberg.transforms import BucketTransform, IdentityTransform
 from pyiceberg.types import ListType, LongType, MapType, NestedField, StringType, StructType
 from pyiceberg.view.metadata import SQLViewRepresentation, ViewVersion
 
@@ -204,6 +207,53 @@ def test_duckdb_reads_what_pyiceberg_wrote_including_history(
         catalog_server, duck_writer, f"{namespace}.from_pyiceberg", snapshot_id=first.snapshot_id
     )
     assert [r["id"] for r in before] == [1, 2, 3]
+
+
+def _commit_spec(catalog: Any, name: str, *fields: PartitionField) -> PartitionSpec:
+    """Make a spec with the field ids a careless client chose the default; the spec the catalog stored."""
+    table = catalog.load_table(name)
+    catalog.commit_table(table, (), (AddPartitionSpecUpdate(spec=PartitionSpec(*fields)), SetDefaultSpecUpdate()))
+    return catalog.load_table(name).spec()
+
+
+def _append(catalog: Any, name: str, ids: list[int], names: list[str]) -> None:
+    catalog.load_table(name).append(pa.table({"id": pa.array(ids, pa.int64()), "name": names}))
+
+
+def test_every_reader_reads_a_table_after_partition_evolution(
+    duck: DuckPeer, namespace: str, catalog_server: CatalogServer, duck_writer: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """Data files under three specs, the later ones sent with field ids that clash with earlier fields: the catalog
+    gives each field its own id, and DuckDB, pyiceberg and SQE read (and prune) every file alike."""
+    catalog = pyiceberg_catalog(catalog_server, duck_writer)
+    name = f"{namespace}.evolved"
+    by_name = PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="name")
+    catalog.create_table(name, SCHEMA, partition_spec=PartitionSpec(by_name))
+    _append(catalog, name, [1, 2], ["a", "b"])
+    # 1000 is identity(name)'s: identity(id) gets a fresh id
+    by_id = _commit_spec(catalog, name, PartitionField(1, 1000, IdentityTransform(), "id"))
+    assert [(f.name, f.field_id) for f in by_id.fields] == [("id", 1001)]
+    _append(catalog, name, [3, 4], ["a", "c"])
+    # identity(name) comes back under its own id, bucket(id) is new: the ids sent are swapped and taken
+    both = _commit_spec(
+        catalog,
+        name,
+        PartitionField(2, 1001, IdentityTransform(), "name"),
+        PartitionField(1, 1000, BucketTransform(4), "b"),
+    )
+    assert [(f.name, f.field_id) for f in both.fields] == [("name", 1000), ("b", 1002)]
+    assert catalog.load_table(name).metadata.last_partition_id == 1002
+    _append(catalog, name, [5, 6], ["a", "d"])
+
+    every = [{"id": i, "name": n} for i, n in zip(range(1, 7), "abacad", strict=True)]
+    assert duck_rows(duck, f"SELECT * FROM lake.{name} ORDER BY id") == every
+    assert pyiceberg_rows(catalog_server, duck_writer, name) == every
+    assert sqe_rows(tmp_path, catalog_server, duck_writer, f"SELECT * FROM {name} ORDER BY id") == every
+    named_a = [row for row in every if row["name"] == "a"]
+    assert duck_rows(duck, f"SELECT * FROM lake.{name} WHERE name = 'a' ORDER BY id") == named_a
+    assert pyiceberg_rows(catalog_server, duck_writer, name, row_filter="name = 'a'") == named_a
+    assert duck_rows(duck, f"SELECT * FROM lake.{name} WHERE id = 3") == [every[2]]
+    assert pyiceberg_rows(catalog_server, duck_writer, name, row_filter="id = 3") == [every[2]]
 
 
 def test_nested_nulls_sqe_writes_read_back_by_duckdb(
