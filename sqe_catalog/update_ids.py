@@ -42,6 +42,7 @@ from sqe_catalog.errors import BadRequestError
 __all__ = ["assigned_ids"]
 
 _LAST_ADDED = -1
+_MAX_FIELD_ID = 2**31 - 1  # Iceberg ids are 32-bit signed ints: Java's readers fail on a larger one
 
 
 @dataclass
@@ -125,10 +126,17 @@ class _PartitionFieldIds:
         for spec_field in fields:
             field_id = self.by_key.get(_key(spec_field))
             if field_id is None or field_id in taken:  # a field repeated within the spec gets an id of its own
-                self.last += 1
-                field_id = self.last
+                field_id = self._fresh()
             taken.add(field_id)
             yield spec_field.model_copy(update={"field_id": field_id})
+
+    def _fresh(self) -> int:
+        if self.last >= _MAX_FIELD_ID:
+            raise BadRequestError(
+                f"invalid table update: add-spec: no partition field id is left above last-partition-id {self.last}"
+            )
+        self.last += 1
+        return self.last
 
 
 def _key(spec_field: PartitionField) -> _FieldKey:

@@ -3,6 +3,7 @@ client's commit carries (pyiceberg's RestCatalog against the real catalog server
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -205,3 +206,22 @@ def test_a_create_transaction_to_v3_assigns_v3_partition_field_ids(
     created = catalog.load_table(f"{namespace}.t").metadata
     assert created.format_version == 3 and field_ids(created.spec()) == [("name", 1000)]
     assert created.last_partition_id == 1000
+
+
+def test_a_spec_needing_an_id_past_the_largest_is_refused(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    catalog, name = new_table(catalog_server, engine_writer)
+    location = catalog.load_table(name).metadata_location
+    # a table whose metadata (written elsewhere) spent the last 32-bit partition field id
+    bucket, _, key = location.removeprefix("s3://").partition("/")
+    s3 = catalog_server.moto.client("s3")
+    document = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    document["partition-specs"][0]["fields"][0]["field-id"] = document["last-partition-id"] = 2**31 - 1
+    s3.put_object(Bucket=bucket, Key=key.replace(".metadata.json", "-spent.metadata.json"), Body=json.dumps(document))
+    admin = pyiceberg_catalog(catalog_server, catalog_server.admin)
+    admin.drop_table(name)
+    admin.register_table(name, location.replace(".metadata.json", "-spent.metadata.json"))
+    with pytest.raises(BadRequestError, match="no partition field id is left above last-partition-id 2147483647"):
+        commit(catalog, name, AddPartitionSpecUpdate(spec=PartitionSpec(BY_ID)))
+    assert catalog.load_table(name).metadata.last_partition_id == 2**31 - 1
