@@ -247,3 +247,14 @@ def test_a_parquet_file_holds_one_result_and_a_second_is_refused(tmp_path: Path,
     done = _sqe(tmp_path, "-c", str(config), "-e", "SELECT 1 AS a; SELECT 2 AS b", "-f", "parquet", "-o", str(out))
     assert done.returncode == 1 and "--format parquet writes one result" in done.stderr
     assert duckdb.sql(f"SELECT * FROM '{out}'").fetchall() == [(1,)]  # the first result, whole
+
+
+def test_nested_values_inside_a_union_show_as_sql_not_python(tmp_path: Path, config: Path) -> None:
+    """Found by review: nested values are rendered by their Arrow type, and a UNION's type does not say which member
+    a row holds, so a list or struct in one came out as a Python repr (``[datetime.date(2020, 1, 1), None]``)."""
+    statement = "SELECT union_value(a := [DATE '2020-01-01', NULL]) AS u, [union_value(s := {'k': MAP {1: 'x'}})] AS lu"
+    table = _sqe(tmp_path, "-c", str(config), "-e", statement)
+    assert (table.returncode, table.stderr) == (0, "")
+    assert table.stdout.splitlines()[3] == "| [2020-01-01, NULL] | [{'k': {1='x'}}] |"
+    as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert list(csv.reader(io.StringIO(as_csv.stdout))) == [["u", "lu"], ["[2020-01-01, NULL]", "[{'k': {1='x'}}]"]]
