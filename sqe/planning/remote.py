@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,8 +64,9 @@ class RemoteTasks:
     storage_credentials: list[Any] | None  # raw ``storage-credentials`` JSON of the completed plan
 
 
-# Conjuncts join left-deep (one level each): pydantic cannot serialise a filter some 250 levels deep, and the
-# catalog's parser refuses one about 140 deep. A deeper filter is left out (it only prunes).
+# Conjuncts join left-deep (one level each), so a chain of and (or of or) is sent as a balanced tree: pydantic cannot
+# serialise a filter some 250 levels deep, and the catalog's parser refuses one about 140 deep. A filter still
+# deeper than this (and/or/not alternating) is left out (it only prunes).
 _MAX_FILTER_DEPTH = 64
 
 
@@ -73,19 +75,37 @@ def plan_request(row_filter: BooleanExpression, selected: Sequence[str], snapsho
     fields: dict[str, Any] = {"select": list(selected), "case-sensitive": True}
     if snapshot_id is not None:
         fields["snapshot-id"] = snapshot_id
-    # A filter only prunes (the rows are filtered again after the scan): one the catalog would refuse as too long
-    # is left out rather than failing the query.
-    if row_filter != AlwaysTrue() and _within_plan_limits(row_filter):
-        fields["filter"] = row_filter
+    sent = _sendable(row_filter)
+    if sent is not None:
+        fields["filter"] = sent
     request = PlanTableScanRequest.model_validate(fields)
     body: dict[str, Any] = json.loads(request.model_dump_json(by_alias=True, exclude_none=True))
     return body
+
+
+def _sendable(row_filter: BooleanExpression) -> BooleanExpression | None:
+    """``row_filter`` as sent to the catalog, or None: a filter only prunes (the rows are filtered again after the
+    scan), so one the catalog would refuse is left out rather than failing the query."""
+    if row_filter == AlwaysTrue():
+        return None
+    values, nodes, _ = _size(row_filter)
+    if values > MAX_PLAN_FILTER_VALUES or nodes > MAX_PLAN_FILTER_PREDICATES:  # no balancing of a filter too long
+        return None
+    balanced = _balanced(row_filter, 1)
+    return balanced if balanced is not None and _within_plan_limits(balanced) else None
 
 
 def _within_plan_limits(expression: BooleanExpression) -> bool:
     """Whether the catalog takes ``expression`` as a plan filter: at most MAX_PLAN_FILTER_VALUES in/not-in values,
     MAX_PLAN_FILTER_PREDICATES nodes (each node serialises to one JSON object, the ones the catalog counts) and
     _MAX_FILTER_DEPTH levels."""
+    values, nodes, deepest = _size(expression)
+    within_depth = deepest <= _MAX_FILTER_DEPTH
+    return values <= MAX_PLAN_FILTER_VALUES and nodes <= MAX_PLAN_FILTER_PREDICATES and within_depth
+
+
+def _size(expression: BooleanExpression) -> tuple[int, int, int]:
+    """The in/not-in values, the nodes and the levels of ``expression``, walked without recursion."""
     values, nodes, deepest, pending = 0, 0, 0, [(expression, 1)]
     while pending:
         node, depth = pending.pop()
@@ -96,8 +116,45 @@ def _within_plan_limits(expression: BooleanExpression) -> bool:
             pending.append((node.child, depth + 1))
         elif isinstance(node, SetPredicate | BoundSetPredicate):
             values += len(node.literals)
-    within_depth = deepest <= _MAX_FILTER_DEPTH
-    return values <= MAX_PLAN_FILTER_VALUES and nodes <= MAX_PLAN_FILTER_PREDICATES and within_depth
+    return values, nodes, deepest
+
+
+def _balanced(expression: BooleanExpression, depth: int) -> BooleanExpression | None:
+    """``expression`` (its root at level ``depth``) with each chain of and (or of or) joined as a balanced tree, or
+    None if it would still nest deeper than _MAX_FILTER_DEPTH (recursion stops there)."""
+    if depth > _MAX_FILTER_DEPTH:
+        return None
+    if isinstance(expression, Not):
+        child = _balanced(expression.child, depth + 1)
+        return None if child is None else Not(child)
+    if not isinstance(expression, And | Or):
+        return expression
+    kind = type(expression)
+    chain = _chain(expression, kind)
+    below = depth + math.ceil(math.log2(len(chain)))  # the deepest level an operand lands on
+    operands = [_balanced(operand, below) for operand in chain]
+    kept = [operand for operand in operands if operand is not None]
+    return _joined(kind, kept) if len(kept) == len(operands) else None
+
+
+def _chain(expression: BooleanExpression, kind: type[And] | type[Or]) -> list[BooleanExpression]:
+    """The operands of ``expression``'s run of ``kind`` nodes, in order, walked without recursion."""
+    operands: list[BooleanExpression] = []
+    pending = [expression]
+    while pending:
+        node = pending.pop()
+        if type(node) is kind:
+            pending += [node.right, node.left]
+        else:
+            operands.append(node)
+    return operands
+
+
+def _joined(kind: type[And] | type[Or], operands: list[BooleanExpression]) -> BooleanExpression:
+    if len(operands) == 1:
+        return operands[0]
+    half = len(operands) // 2
+    return kind(_joined(kind, operands[:half]), _joined(kind, operands[half:]))
 
 
 def collect_tasks(

@@ -14,7 +14,7 @@ import pytest
 import requests
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.rest.scan_planning import PlanTableScanRequest
-from pyiceberg.expressions import EqualTo
+from pyiceberg.expressions import EqualTo, NotEqualTo
 
 from tests.conftest import pyiceberg_catalog
 
@@ -116,6 +116,26 @@ def test_a_filter_with_more_predicates_than_the_limit_is_refused_before_it_is_pa
     error = refused.json()["error"]
     assert error["type"] == "BadRequestException" and "Traceback" not in refused.text
     assert f"more than {MAX_PLAN_FILTER_PREDICATES} (MAX_PLAN_FILTER_PREDICATES)" in error["message"]
+
+
+def test_the_engines_plan_request_for_a_long_chain_of_conjuncts_plans_and_prunes(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    """Found by review: the engine left out a filter of more than 64 conjuncts (joined left-deep, one level each),
+    so such a query planned every file. Balanced, 500 conjuncts (999 predicates, just under the limit the catalog
+    counts) nest 10 levels: the catalog takes the engine's request and prunes with it."""
+    from sqe.planning.planner import join_conjuncts
+    from sqe.planning.remote import plan_request
+
+    ns, files = _table(catalog_server, engine_writer)
+    url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales/plan"
+    headers = {"Authorization": f"Bearer {catalog_server.token(engine_writer)}"}
+    conjuncts = [EqualTo("region", "US"), *(NotEqualTo("region", f"r{i}") for i in range(499))]
+    body = plan_request(join_conjuncts(conjuncts), ["id", "region"], None)
+    planned = requests.post(url, json=body, headers=headers, timeout=60)
+    assert planned.status_code == 200, planned.text
+    tasks = planned.json()["file-scan-tasks"]
+    assert len(tasks) == 1 and tasks[0]["data-file"]["file-path"] in files
 
 
 def test_a_callers_plans_hold_at_most_max_plan_tasks_per_caller_tasks(tmp_path: Path, moto_server: MotoServer) -> None:

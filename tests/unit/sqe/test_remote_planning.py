@@ -3,6 +3,7 @@ tasks) against a scripted catalog speaking the REST spec's JSON, and the switch-
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -174,15 +175,32 @@ def test_a_filter_with_more_predicates_than_the_catalog_takes_is_left_out() -> N
 
 
 def test_a_filter_nested_deeper_than_the_catalog_takes_is_left_out() -> None:
-    """Found by review: conjuncts join left-deep, one level each. A filter of 300 conjuncts made pydantic fail to
-    serialise the plan request (an untyped error), and one of 150 the catalog refuses as nested too deeply; a
-    filter only prunes, so the engine plans without such a filter."""
+    """Found by review: pydantic cannot serialise a filter some 250 levels deep and the catalog refuses one about
+    140 deep; a filter only prunes, so the engine plans without one that is still deeper than 64 levels once its
+    chains of and/or are balanced (here and and or alternate, so no chain is longer than two)."""
     for count in (150, 300):
-        deep = join_conjuncts([NotEqualTo("id", i) for i in range(count)])
+        deep: BooleanExpression = EqualTo("id", 0)
+        for i in range(1, count):
+            deep = And(deep, NotEqualTo("id", i)) if i % 2 else Or(deep, EqualTo("id", i))
         body = plan_request(deep, ["id"], 7)
         assert "filter" not in body and body["select"] == ["id"] and body["snapshot-id"] == 7
-    shallow = join_conjuncts([NotEqualTo("id", i) for i in range(32)])
-    assert plan_request(shallow, ["id"], None)["filter"]["type"] == "and"
+
+
+def test_a_long_chain_of_conjuncts_is_sent_as_a_balanced_tree() -> None:
+    """Found by review: conjuncts join left-deep, one level each, so a filter of 65 or more conjuncts was left out
+    (no pruning at all) though the same conjuncts joined as a balanced tree nest 7 levels deep."""
+    for count in (32, 150, 499):
+        body = plan_request(join_conjuncts([NotEqualTo("id", i) for i in range(count)]), ["id"], None)
+        assert body["filter"]["type"] == "and"
+        leaves, deepest, pending = [], 0, [(body["filter"], 1)]
+        while pending:
+            node, depth = pending.pop()
+            deepest = max(deepest, depth)
+            if node["type"] == "and":
+                pending += [(node["left"], depth + 1), (node["right"], depth + 1)]
+            else:
+                leaves.append(node["value"])
+        assert sorted(leaves) == list(range(count)) and deepest == 1 + math.ceil(math.log2(count))
 
 
 def test_switched_on_without_the_endpoints_never_falls_back(provider: LocalProvider) -> None:
