@@ -90,8 +90,6 @@ def _shown(value: Any, kind: pa.DataType, *, nested: bool = False) -> str:
     NULL. The type, not the Python value, tells a MAP (a list of tuples, or an empty list) from a LIST."""
     if value is None:
         return "NULL"
-    if isinstance(kind, pa.UnionType):  # the Python value of a UNION does not say which member type it holds
-        return _shown_by_value(value, nested=nested)
     if isinstance(kind, pa.MapType):
         key, item = kind.key_type, kind.item_type
         return "{" + ", ".join(f"{_shown(k, key, nested=True)}={_shown(v, item, nested=True)}" for k, v in value) + "}"
@@ -109,23 +107,23 @@ def _shown(value: Any, kind: pa.DataType, *, nested: bool = False) -> str:
         return "'" + value.replace("'", "''") + "'" if nested else value
     if isinstance(value, pa.MonthDayNano):
         return _interval(value)
+    if isinstance(value, dict | list):  # a type that does not say it nests (a UNION's members, an extension type)
+        return _shown_by_value(value, nested=nested)
     return str(value)
 
 
-# A type that is no help: its values are shown by what they are (inside a UNION).
-_UNTYPED = pa.sparse_union([])
+# A type that is no help: its values are shown by what they are.
+_UNTYPED = pa.sparse_union([])  # no member: any value it holds falls to _shown_by_value
 
 
-def _shown_by_value(value: Any, *, nested: bool) -> str:
-    """A value whose type is not known, as :func:`_shown` shows it: a dict is a struct, a non-empty list of
+def _shown_by_value(value: dict[Any, Any] | list[Any], *, nested: bool) -> str:
+    """A nested value whose type is not known, as :func:`_shown` shows it: a dict is a struct, a non-empty list of
     (key, value) tuples a map (an INTERVAL is a tuple too, never an entry), any other list a list."""
     if isinstance(value, dict):
         return _shown(value, pa.struct([pa.field(str(k), _UNTYPED) for k in value]), nested=nested)
     if isinstance(value, list) and value and all(_is_entry(item) for item in value):
         return _shown(value, pa.map_(_UNTYPED, _UNTYPED), nested=nested)
-    if isinstance(value, list):
-        return _shown(value, pa.list_(_UNTYPED), nested=nested)
-    return _shown(value, pa.null(), nested=nested)
+    return _shown(value, pa.list_(_UNTYPED), nested=nested)
 
 
 def _is_entry(item: Any) -> bool:
