@@ -112,8 +112,8 @@ def _shown(value: Any, kind: pa.DataType, *, nested: bool = False) -> str:
     return str(value)
 
 
-# A type that is no help: its values are shown by what they are.
-_UNTYPED = pa.sparse_union([])  # no member: any value it holds falls to _shown_by_value
+# A type that says nothing of its values (a union of no member): they are shown by what they are.
+_UNTYPED = pa.sparse_union([])
 
 
 def _shown_by_value(value: dict[Any, Any] | list[Any], *, nested: bool) -> str:
