@@ -20,6 +20,7 @@ from sqe._text import escape_unprintable
 from sqe.errors import QueryError
 
 MAX_CELL = 60
+_LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType, pa.ListViewType, pa.LargeListViewType)
 _CSV_SPECIAL = frozenset(',"\r\n')
 
 
@@ -53,12 +54,15 @@ def _readable(table: pa.Table) -> pa.Table:
     """DuckDB exports a BIGNUM (an integer literal beyond HUGEINT, say) as an opaque blob of its storage bytes:
     shown as hex it would be a wrong number, so it becomes the number's decimal text."""
     for i, field in enumerate(table.schema):
-        kind = field.type
-        if isinstance(kind, pa.OpaqueType) and (kind.vendor_name, kind.type_name) == ("DuckDB", "bignum"):
+        if _is_bignum(field.type):
             blobs = [blob for chunk in table.column(i).chunks for blob in chunk.storage.to_pylist()]
             values = [None if blob is None else str(_bignum(blob)) for blob in blobs]
             table = table.set_column(i, pa.field(field.name, pa.string()), pa.array(values, pa.string()))
     return table
+
+
+def _is_bignum(kind: pa.DataType) -> bool:
+    return isinstance(kind, pa.OpaqueType) and (kind.vendor_name, kind.type_name) == ("DuckDB", "bignum")
 
 
 def _bignum(blob: bytes) -> int:
@@ -97,12 +101,12 @@ def _shown(value: Any, kind: pa.DataType, *, nested: bool = False) -> str:
         types = {field.name: field.type for field in kind}
         shown = (f"{_shown(k, pa.string(), nested=True)}: {_shown(v, types[k], nested=True)}" for k, v in value.items())
         return "{" + ", ".join(shown) + "}"
-    if isinstance(kind, pa.ListType | pa.LargeListType | pa.FixedSizeListType | pa.ListViewType | pa.LargeListViewType):
+    if isinstance(kind, _LIST_TYPES):
         return "[" + ", ".join(_shown(item, kind.value_type, nested=True) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, bytes):
-        return value.hex()
+        return str(_bignum(value)) if _is_bignum(kind) else value.hex()
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'" if nested else value
     if isinstance(value, pa.MonthDayNano):
@@ -190,11 +194,21 @@ def _write_json(table: pa.Table, out: TextIO) -> None:
         shown = ", ".join(repr(name) for name in repeated)
         raise QueryError(f"JSON output needs distinct column names; give {shown} an alias in the query")
     for row in _rows(table):
-        record = {k: _jsonable(v) for k, v in zip(names, row, strict=True)}
+        record = {k: _jsonable(v, kind) for k, v, kind in zip(names, row, table.schema.types, strict=True)}
         out.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: Any, kind: pa.DataType) -> Any:
+    """A value of Arrow type ``kind`` as JSON; the type tells a BIGNUM nested in a list, struct or map from a BLOB."""
+    if value is None:
+        return None
+    if isinstance(kind, pa.MapType):  # entries written as [key, value]
+        return [[_jsonable(k, kind.key_type), _jsonable(v, kind.item_type)] for k, v in value]
+    if isinstance(kind, pa.StructType):
+        types = {field.name: field.type for field in kind}
+        return {str(k): _jsonable(v, types[k]) for k, v in value.items()}
+    if isinstance(kind, _LIST_TYPES):
+        return [_jsonable(v, kind.value_type) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value).replace("nan", "NaN").replace("inf", "Infinity")  # JSON has no such numbers
     if isinstance(value, datetime | date | time):
@@ -202,11 +216,11 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, bytes):
-        return value.hex()
+        return str(_bignum(value)) if _is_bignum(kind) else value.hex()
     if isinstance(value, pa.MonthDayNano):
         return _interval(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, dict):  # a type that does not say it nests (a UNION's members, an extension type)
+        return {str(k): _jsonable(v, _UNTYPED) for k, v in value.items()}
     if isinstance(value, list | tuple):  # a tuple: a MAP entry, written as [key, value]
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, _UNTYPED) for v in value]
     return value

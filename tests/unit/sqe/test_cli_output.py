@@ -258,3 +258,15 @@ def test_nested_values_inside_a_union_show_as_sql_not_python(tmp_path: Path, con
     assert table.stdout.splitlines()[3] == "| [2020-01-01, NULL] | [{'k': {1='x'}}] |"
     as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
     assert list(csv.reader(io.StringIO(as_csv.stdout))) == [["u", "lu"], ["[2020-01-01, NULL]", "[{'k': {1='x'}}]"]]
+
+
+def test_a_bignum_nested_in_a_list_struct_or_map_is_its_number_in_every_format(tmp_path: Path, config: Path) -> None:
+    """Found by review: only a top-level BIGNUM column became its number; one inside a list, struct or map came
+    out as the hex of DuckDB's storage bytes (a wrong value) in table, CSV and JSON output alike."""
+    big = "123456789012345678901234567890123456789012345678901"
+    statement = f"SELECT [-{big}] AS l, {{'x': MAP {{'k': {big}}}}} AS s"
+    table = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert (table.returncode, table.stderr) == (0, "")
+    assert list(csv.reader(io.StringIO(table.stdout))) == [["l", "s"], [f"[-{big}]", f"{{'x': {{'k'={big}}}}}"]]
+    as_json = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
+    assert json.loads(as_json.stdout) == {"l": [f"-{big}"], "s": {"x": [["k", big]]}}
