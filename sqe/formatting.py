@@ -111,6 +111,8 @@ def _shown(value: Any, kind: pa.DataType, *, nested: bool = False) -> str:
         return "'" + value.replace("'", "''") + "'" if nested else value
     if isinstance(value, pa.MonthDayNano):
         return _interval(value)
+    if isinstance(value, Decimal):
+        return format(value, "f")  # every digit of its scale, as DuckDB writes it (str() gives 0E-10 for 0)
     if isinstance(value, dict | list):  # a type that does not say it nests (a UNION's members, an extension type)
         return _shown_by_value(value, nested=nested)
     return str(value)
@@ -214,7 +216,7 @@ def _jsonable(value: Any, kind: pa.DataType) -> Any:
     if isinstance(value, datetime | date | time):
         return value.isoformat()
     if isinstance(value, Decimal):
-        return str(value)
+        return format(value, "f")
     if isinstance(value, bytes):
         return str(_bignum(value)) if _is_bignum(kind) else value.hex()
     if isinstance(value, pa.MonthDayNano):

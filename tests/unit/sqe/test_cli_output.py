@@ -270,3 +270,14 @@ def test_a_bignum_nested_in_a_list_struct_or_map_is_its_number_in_every_format(t
     assert list(csv.reader(io.StringIO(table.stdout))) == [["l", "s"], [f"[-{big}]", f"{{'x': {{'k'={big}}}}}"]]
     as_json = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
     assert json.loads(as_json.stdout) == {"l": [f"-{big}"], "s": {"x": [["k", big]]}}
+
+
+def test_a_small_decimal_is_written_with_its_digits_not_in_exponent_notation(tmp_path: Path, config: Path) -> None:
+    """Found by review: a DECIMAL went through str(), so zero at scale 10 came out as 0E-10 and 0.0000001 as
+    1.000E-7 in table, CSV and JSON output; DuckDB writes every digit of the scale (0.0000000000)."""
+    statement = "SELECT 0::DECIMAL(18,10) AS z, 0.0000001::DECIMAL(18,10) AS s, [0::DECIMAL(9,3)] AS l"
+    as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert (as_csv.returncode, as_csv.stderr) == (0, "")
+    assert as_csv.stdout.splitlines() == ["z,s,l", "0.0000000000,0.0000001000,[0.000]"]
+    as_json = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
+    assert json.loads(as_json.stdout) == {"z": "0.0000000000", "s": "0.0000001000", "l": ["0.000"]}
