@@ -25,7 +25,6 @@ _CSV_SPECIAL = frozenset(',"\r\n')
 
 
 def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
-    table = _readable(table)
     if fmt == "csv":
         _write_csv(table, out)
     elif fmt == "json":
@@ -35,9 +34,8 @@ def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
 
 
 def render_table(table: pa.Table) -> str:
-    table = _readable(table)
+    kinds, table = table.schema.types, _readable(table)
     names = [escape_unprintable(name) for name in table.column_names]
-    kinds = table.schema.types
     rows = [[_cell(v, kind) for v, kind in zip(row, kinds, strict=True)] for row in _rows(table)]
     widths = [_width(n) for n in names]
     for row in rows:
@@ -52,13 +50,36 @@ def render_table(table: pa.Table) -> str:
 
 def _readable(table: pa.Table) -> pa.Table:
     """DuckDB exports a BIGNUM (an integer literal beyond HUGEINT, say) as an opaque blob of its storage bytes:
-    shown as hex it would be a wrong number, so it becomes the number's decimal text."""
+    shown as hex it would be a wrong number, so it becomes the number's decimal text. A nanosecond timestamp or
+    time, at any depth, becomes Arrow's text of it: Python's datetime holds microseconds, and pyarrow refuses to
+    hand over one whose nanoseconds are not zero."""
     for i, field in enumerate(table.schema):
         if _is_bignum(field.type):
             blobs = [blob for chunk in table.column(i).chunks for blob in chunk.storage.to_pylist()]
             values = [None if blob is None else str(_bignum(blob)) for blob in blobs]
             table = table.set_column(i, pa.field(field.name, pa.string()), pa.array(values, pa.string()))
+            continue
+        exact = _nanoseconds_as_text(field.type)
+        if exact != field.type:
+            table = table.set_column(i, pa.field(field.name, exact), table.column(i).cast(exact))
     return table
+
+
+def _nanoseconds_as_text(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with every nanosecond timestamp or time in it as text."""
+    if isinstance(kind, pa.TimestampType | pa.Time64Type) and kind.unit == "ns":
+        return pa.string()
+    if isinstance(kind, pa.StructType):
+        return pa.struct([f.with_type(_nanoseconds_as_text(f.type)) for f in kind])
+    if isinstance(kind, pa.MapType):
+        key, item = kind.key_field, kind.item_field
+        return pa.map_(key.with_type(_nanoseconds_as_text(key.type)), item.with_type(_nanoseconds_as_text(item.type)))
+    if isinstance(kind, pa.ListType | pa.LargeListType | pa.FixedSizeListType):
+        value = kind.value_field.with_type(_nanoseconds_as_text(kind.value_type))
+        if isinstance(kind, pa.FixedSizeListType):
+            return pa.list_(value, kind.list_size)
+        return pa.large_list(value) if isinstance(kind, pa.LargeListType) else pa.list_(value)
+    return kind
 
 
 def _is_bignum(kind: pa.DataType) -> bool:
@@ -107,8 +128,9 @@ def _shown(value: Any, kind: pa.DataType, *, nested: bool = False) -> str:
         return "true" if value else "false"
     if isinstance(value, bytes):
         return str(_bignum(value)) if _is_bignum(kind) else value.hex()
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'" if nested else value
+    if isinstance(value, str):  # or a value _readable made text: shown as its type is, unquoted
+        quoted = nested and not isinstance(kind, pa.TimestampType | pa.Time64Type)
+        return "'" + value.replace("'", "''") + "'" if quoted else value
     if isinstance(value, pa.MonthDayNano):
         return _interval(value)
     if isinstance(value, Decimal):
@@ -177,7 +199,7 @@ def _cut(text: str, width: int) -> str:
 def _write_csv(table: pa.Table, out: TextIO) -> None:
     """RFC 4180 lines; NULL is an empty field and an empty string a quoted one (``""``), as DuckDB writes them."""
     out.write(",".join(_csv_field(name) for name in table.column_names) + "\r\n")
-    kinds = table.schema.types
+    kinds, table = table.schema.types, _readable(table)
     for row in _rows(table):
         fields = ("" if v is None else _csv_field(_shown(v, kind)) for v, kind in zip(row, kinds, strict=True))
         out.write(",".join(fields) + "\r\n")
@@ -195,8 +217,9 @@ def _write_json(table: pa.Table, out: TextIO) -> None:
     if repeated:
         shown = ", ".join(repr(name) for name in repeated)
         raise QueryError(f"JSON output needs distinct column names; give {shown} an alias in the query")
+    kinds, table = table.schema.types, _readable(table)
     for row in _rows(table):
-        record = {k: _jsonable(v, kind) for k, v, kind in zip(names, row, table.schema.types, strict=True)}
+        record = {k: _jsonable(v, kind) for k, v, kind in zip(names, row, kinds, strict=True)}
         out.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
 
 
@@ -211,6 +234,8 @@ def _jsonable(value: Any, kind: pa.DataType) -> Any:
         return {str(k): _jsonable(v, types[k]) for k, v in value.items()}
     if isinstance(kind, _LIST_TYPES):
         return [_jsonable(v, kind.value_type) for v in value]
+    if isinstance(kind, pa.TimestampType) and isinstance(value, str):  # nanoseconds, made text by _readable
+        return value.replace(" ", "T", 1)  # as isoformat() writes the others
     if isinstance(value, float) and not math.isfinite(value):
         return str(value).replace("nan", "NaN").replace("inf", "Infinity")  # JSON has no such numbers
     if isinstance(value, datetime | date | time):

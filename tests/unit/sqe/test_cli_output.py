@@ -281,3 +281,22 @@ def test_a_small_decimal_is_written_with_its_digits_not_in_exponent_notation(tmp
     assert as_csv.stdout.splitlines() == ["z,s,l", "0.0000000000,0.0000001000,[0.000]"]
     as_json = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
     assert json.loads(as_json.stdout) == {"z": "0.0000000000", "s": "0.0000001000", "l": ["0.000"]}
+
+
+def test_nanosecond_timestamps_are_written_exactly_in_every_format(tmp_path: Path, config: Path) -> None:
+    """Found by review: pyarrow refuses to hand over a nanosecond timestamp whose nanoseconds are not zero as a
+    Python datetime, so table, CSV and JSON output of one (top level or nested) ended in a ValueError traceback."""
+    statement = (
+        "SELECT '2020-01-01 00:00:00.123456789'::TIMESTAMP_NS AS t,"
+        " {'k': ['2020-01-01 00:00:00.000000001'::TIMESTAMP_NS]} AS s"
+    )
+    table = _sqe(tmp_path, "-c", str(config), "-e", statement)
+    assert (table.returncode, table.stderr) == (0, "")
+    assert table.stdout.splitlines()[3] == "| 2020-01-01 00:00:00.123456789 | {'k': [2020-01-01 00:00:00.000000001]} |"
+    as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert as_csv.stdout.splitlines()[1] == "2020-01-01 00:00:00.123456789,{'k': [2020-01-01 00:00:00.000000001]}"
+    as_json = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
+    assert json.loads(as_json.stdout) == {
+        "t": "2020-01-01T00:00:00.123456789",
+        "s": {"k": ["2020-01-01T00:00:00.000000001"]},
+    }
