@@ -15,6 +15,11 @@ same source columns, transforms and names (field ids aside). In format v2 and la
 same source column and transform as a field of an earlier spec takes that field's id, and any other field a fresh
 one above ``last-partition-id``: the ids the client sent are not kept. In v1, ids were not tracked but given by
 position (1000, 1001, ...): a v1 spec with other ids is refused, as Iceberg's reference catalog does.
+
+A commit that also adds a snapshot wrote its manifests (spec id, partition field ids) and named its schema before
+the catalog saw it: there an id the catalog would change is refused instead of changed, since the snapshot would
+then point at another schema or spec than the one it was written with. Clients that assign ids as above (pyiceberg
+and Java's) send the ids the catalog keeps.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import (
     AddPartitionSpecUpdate,
     AddSchemaUpdate,
+    AddSnapshotUpdate,
     AddSortOrderUpdate,
     AssignUUIDUpdate,
     SetCurrentSchemaUpdate,
@@ -95,6 +101,7 @@ class _PartitionFieldIds:
     by_key: dict[_FieldKey, int]
     last: int
     format_version: int
+    moved: list[str] = field(default_factory=list)  # the sent field ids the catalog changed, as "name: sent -> id"
 
     @classmethod
     def of(cls, base: TableMetadata | None) -> _PartitionFieldIds:
@@ -118,6 +125,9 @@ class _PartitionFieldIds:
             assigned = spec
         else:
             assigned = PartitionSpec(*self._reused_or_fresh(spec.fields), spec_id=spec.spec_id)
+            for sent, kept in zip(spec.fields, assigned.fields, strict=True):
+                if sent.field_id != kept.field_id:
+                    self.moved.append(f"partition field {sent.name!r}: {sent.field_id} -> {kept.field_id}")
         self.record(assigned)
         return assigned
 
@@ -160,7 +170,24 @@ def assigned_ids(base: TableMetadata | None, updates: Sequence[TableUpdate]) -> 
     schemas = _Ids({s.schema_id: s for s in base.schemas} if base else {}, _same_schema)
     specs = _Ids({s.spec_id: s for s in base.partition_specs} if base else {}, _same_spec)
     orders = _Ids({s.order_id: s for s in base.sort_orders} if base else {}, _same_fields)
-    return tuple(_assigned(updates, schemas, specs, _PartitionFieldIds.of(base), orders))
+    field_ids = _PartitionFieldIds.of(base)
+    assigned = tuple(_assigned(updates, schemas, specs, field_ids, orders))
+    if any(isinstance(update, AddSnapshotUpdate) for update in updates):
+        _refuse_moved_ids(schemas, specs, field_ids)
+    return assigned
+
+
+def _refuse_moved_ids(schemas: _Ids, specs: _Ids, field_ids: _PartitionFieldIds) -> None:
+    """A snapshot added in the same commit names its schema, and its manifests their spec and partition field ids,
+    as the client sent them: an id the catalog would change is refused rather than left pointing elsewhere."""
+    moved = [f"schema {sent} -> {kept}" for sent, kept in schemas.added.items() if sent != kept]
+    moved += [f"partition spec {sent} -> {kept}" for sent, kept in specs.added.items() if sent != kept]
+    moved += field_ids.moved
+    if moved:
+        raise BadRequestError(
+            "invalid table update: this commit adds a snapshot written with ids the catalog assigns otherwise "
+            f"({', '.join(moved)}): add the schema or spec in a commit of its own, or with these ids"
+        )
 
 
 def _check_uuid(base: TableMetadata | None, updates: Iterable[TableUpdate]) -> None:

@@ -7,6 +7,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pytest
 from pyiceberg.exceptions import BadRequestError
 from pyiceberg.io import load_file_io
@@ -14,10 +15,12 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField,
 from pyiceberg.schema import Schema
 from pyiceberg.table import StagedTable
 from pyiceberg.table.metadata import new_table_metadata
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortField, SortOrder
 from pyiceberg.table.update import (
     AddPartitionSpecUpdate,
     AddSchemaUpdate,
+    AddSnapshotUpdate,
     AddSortOrderUpdate,
     AssertCreate,
     AssignUUIDUpdate,
@@ -225,3 +228,33 @@ def test_a_spec_needing_an_id_past_the_largest_is_refused(
     with pytest.raises(BadRequestError, match="no partition field id is left above last-partition-id 2147483647"):
         commit(catalog, name, AddPartitionSpecUpdate(spec=PartitionSpec(BY_ID)))
     assert catalog.load_table(name).metadata.last_partition_id == 2**31 - 1
+
+
+def test_a_commit_adding_a_snapshot_keeps_the_ids_it_was_written_with_or_is_refused(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    """A snapshot's manifests name their spec and partition field ids, and the snapshot its schema: in a commit that
+    adds one, an id the catalog would change is refused, never changed under it."""
+    catalog, name = new_table(catalog_server, engine_writer)
+    table = catalog.load_table(name)
+    with table.transaction() as transaction:  # pyiceberg: a new spec and data written with it, in one commit
+        with transaction.update_spec() as update:
+            update.add_identity("id")
+        transaction.append(pa.table({"id": pa.array([1], pa.int64()), "name": pa.array(["a"])}))
+    evolved = catalog.load_table(name)
+    assert [f.field_id for f in evolved.spec().fields] == [1000, 1001]
+    assert evolved.scan().to_arrow().to_pylist() == [{"id": 1, "name": "a"}]
+
+    wider = Schema(*SCHEMA.fields, NestedField(3, "extra", LongType(), required=False), schema_id=0)  # id taken
+    snapshot = Snapshot(
+        snapshot_id=4242,
+        parent_snapshot_id=evolved.metadata.current_snapshot_id,
+        sequence_number=evolved.metadata.last_sequence_number + 1,
+        timestamp_ms=evolved.metadata.last_updated_ms + 1,
+        manifest_list=f"{evolved.location()}/metadata/snap-4242.avro",
+        summary=Summary(Operation.APPEND),
+        schema_id=0,
+    )
+    with pytest.raises(BadRequestError, match=r"ids the catalog assigns otherwise \(schema 0 -> 1\)"):
+        commit(catalog, name, AddSchemaUpdate(schema=wider), AddSnapshotUpdate(snapshot=snapshot))
+    assert catalog.load_table(name).metadata.current_snapshot_id == evolved.metadata.current_snapshot_id
