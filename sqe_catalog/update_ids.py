@@ -17,9 +17,10 @@ one above ``last-partition-id``: the ids the client sent are not kept. In v1, id
 position (1000, 1001, ...): a v1 spec with other ids is refused, as Iceberg's reference catalog does.
 
 A commit that also adds a snapshot wrote its manifests (spec id, partition field ids) and named its schema before
-the catalog saw it: there an id the catalog would change is refused instead of changed, since the snapshot would
-then point at another schema or spec than the one it was written with. Clients that assign ids as above (pyiceberg
-and Java's) send the ids the catalog keeps.
+the catalog saw it: there a sent partition field id that clashes with nothing (unused, or naming the same source
+column and transform already) is kept, and an id the catalog would still change is refused instead of changed,
+since the snapshot would then point at another schema or spec than the one it was written with. pyiceberg, which
+recycles a field's id only in v2 and under the same name, and Java send ids that are kept.
 """
 
 from __future__ import annotations
@@ -101,13 +102,15 @@ class _PartitionFieldIds:
     by_key: dict[_FieldKey, int]
     last: int
     format_version: int
+    keep_sent: bool = False  # the commit adds a snapshot: its manifests were written with the sent ids
+    by_id: dict[int, _FieldKey] = field(default_factory=dict)
     moved: list[str] = field(default_factory=list)  # the sent field ids the catalog changed, as "name: sent -> id"
 
     @classmethod
-    def of(cls, base: TableMetadata | None) -> _PartitionFieldIds:
+    def of(cls, base: TableMetadata | None, keep_sent: bool) -> _PartitionFieldIds:
         if base is None:  # a create starts from empty v1 metadata; its upgrade-format-version comes first
-            return cls({}, PARTITION_FIELD_ID_START - 1, 1)
-        ids = cls({}, base.last_partition_id or PARTITION_FIELD_ID_START - 1, base.format_version)
+            return cls({}, PARTITION_FIELD_ID_START - 1, 1, keep_sent)
+        ids = cls({}, base.last_partition_id or PARTITION_FIELD_ID_START - 1, base.format_version, keep_sent)
         for spec in base.partition_specs:
             ids.record(spec)
         return ids
@@ -116,6 +119,7 @@ class _PartitionFieldIds:
         for spec_field in spec.fields:
             key = _key(spec_field)
             self.by_key[key] = max(spec_field.field_id, self.by_key.get(key, spec_field.field_id))
+            self.by_id[spec_field.field_id] = key
             self.last = max(self.last, spec_field.field_id)
 
     def assign(self, spec: PartitionSpec) -> PartitionSpec:
@@ -134,11 +138,21 @@ class _PartitionFieldIds:
     def _reused_or_fresh(self, fields: Iterable[PartitionField]) -> Iterable[PartitionField]:
         taken: set[int] = set()
         for spec_field in fields:
-            field_id = self.by_key.get(_key(spec_field))
+            field_id: int | None = self.by_key.get(_key(spec_field))
+            if self.keep_sent and self._may_keep(spec_field, taken):
+                field_id = spec_field.field_id
+                self.last = max(self.last, field_id)
             if field_id is None or field_id in taken:  # a field repeated within the spec gets an id of its own
                 field_id = self._fresh()
             taken.add(field_id)
             yield spec_field.model_copy(update={"field_id": field_id})
+
+    def _may_keep(self, spec_field: PartitionField, taken: set[int]) -> bool:
+        """Whether a sent id means only this field: unused, or used by the same source column and transform.
+        (A fresh id for a field an earlier spec had, as pyiceberg sends in v3, is valid Iceberg.)"""
+        field_id = spec_field.field_id
+        unused_or_same = self.by_id.get(field_id, _key(spec_field)) == _key(spec_field)
+        return PARTITION_FIELD_ID_START <= field_id <= _MAX_FIELD_ID and field_id not in taken and unused_or_same
 
     def _fresh(self) -> int:
         if self.last >= _MAX_FIELD_ID:
@@ -170,9 +184,10 @@ def assigned_ids(base: TableMetadata | None, updates: Sequence[TableUpdate]) -> 
     schemas = _Ids({s.schema_id: s for s in base.schemas} if base else {}, _same_schema)
     specs = _Ids({s.spec_id: s for s in base.partition_specs} if base else {}, _same_spec)
     orders = _Ids({s.order_id: s for s in base.sort_orders} if base else {}, _same_fields)
-    field_ids = _PartitionFieldIds.of(base)
+    adds_snapshot = any(isinstance(update, AddSnapshotUpdate) for update in updates)
+    field_ids = _PartitionFieldIds.of(base, keep_sent=adds_snapshot)
     assigned = tuple(_assigned(updates, schemas, specs, field_ids, orders))
-    if any(isinstance(update, AddSnapshotUpdate) for update in updates):
+    if adds_snapshot:
         _refuse_moved_ids(schemas, specs, field_ids)
     return assigned
 

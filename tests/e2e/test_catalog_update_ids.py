@@ -258,3 +258,43 @@ def test_a_commit_adding_a_snapshot_keeps_the_ids_it_was_written_with_or_is_refu
     with pytest.raises(BadRequestError, match=r"ids the catalog assigns otherwise \(schema 0 -> 1\)"):
         commit(catalog, name, AddSchemaUpdate(schema=wider), AddSnapshotUpdate(snapshot=snapshot))
     assert catalog.load_table(name).metadata.current_snapshot_id == evolved.metadata.current_snapshot_id
+
+
+def test_a_pyiceberg_transaction_adding_a_spec_and_data_keeps_the_ids_it_wrote(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    """pyiceberg recycles a partition field id only for a field of the same name: a spec re-adding a dropped field
+    under another name, and data written with it, in one commit, keep pyiceberg's fresh id (it clashes with
+    nothing) instead of the commit being refused."""
+    catalog, name = new_table(catalog_server, engine_writer)
+    table = catalog.load_table(name)
+    with table.update_spec() as update:
+        update.remove_field("name").add_identity("id")
+    with table.transaction() as transaction:
+        with transaction.update_spec() as update:
+            update.add_field("name", IdentityTransform(), "by_name")
+        transaction.append(pa.table({"id": pa.array([1, 2], pa.int64()), "name": pa.array(["a", "b"])}))
+    metadata = catalog.load_table(name).metadata
+    assert field_ids(metadata.spec()) == [("id", 1001), ("by_name", 1002)] and metadata.last_partition_id == 1002
+    scan = catalog.load_table(name).scan(row_filter="name = 'b'")
+    assert [task.file.partition[1] for task in scan.plan_files()] == ["b"]
+    assert scan.to_arrow().to_pylist() == [{"id": 2, "name": "b"}]
+
+
+def test_a_commit_adding_a_snapshot_with_a_clashing_partition_field_id_is_refused(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    catalog, name = new_table(catalog_server, engine_writer)
+    before = catalog.load_table(name).metadata
+    snapshot = Snapshot(
+        snapshot_id=4343,
+        sequence_number=before.last_sequence_number + 1,
+        timestamp_ms=before.last_updated_ms + 1,
+        manifest_list=f"{before.location}/metadata/snap-4343.avro",
+        summary=Summary(Operation.APPEND),
+        schema_id=0,
+    )
+    clashing = spec_of((1, 1000, IdentityTransform(), "id"))  # 1000 names identity(name) in spec 0
+    with pytest.raises(BadRequestError, match=r"partition field 'id': 1000 -> 1001"):
+        commit(catalog, name, AddPartitionSpecUpdate(spec=clashing), AddSnapshotUpdate(snapshot=snapshot))
+    assert catalog.load_table(name).metadata.partition_specs == before.partition_specs
