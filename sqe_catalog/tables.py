@@ -732,10 +732,13 @@ class WarehouseTables:
 
     def _new_table_location(self, namespace: Namespace, name: str) -> str:
         """The default location, or when a table dropped without purge still holds it, a fresh one beside it: so
-        dropping a table and creating it again under its name works without reaching the old files."""
+        dropping a table and creating it again under its name works without reaching the old files. So too when
+        a live table or view renamed away from the name still holds it (renames do not move files)."""
         default = location = self.default_location(namespace, name)
         dropped = [theirs for _table, held in self.integrity.dropped_locations() for theirs in held]
         dropped += [theirs for reserved in self.integrity.reserved_locations() for theirs in reserved.locations]
+        dropped += [theirs for _table, held in self._all_table_locations() for theirs in held]
+        dropped += [theirs for _view, theirs in self._all_view_locations()]
         for _attempt in range(_FRESH_LOCATION_ATTEMPTS):
             if not any(_overlaps(location, theirs) for theirs in dropped):
                 return location

@@ -105,11 +105,13 @@ def test_a_view_at_inside_or_around_a_table_location_is_refused(api: Api) -> Non
     ns = api.namespace()
     area = api.area(ns)
     assert api.create_table(ns, "at", f"{area}/v1").status_code == 200
-    assert_overlap(api.create_view(ns, "v1"), "table", f"{ns}.at")  # the view's place is the table's
     assert api.create_table(ns, "under", f"{area}/v2/data").status_code == 200
-    assert_overlap(api.create_view(ns, "v2"), "table", f"{ns}.under")  # a table inside the view's place
     assert api.create_table(ns, "paths", f"{area}/p", **{"write.data.path": f"{area}/v3"}).status_code == 200
-    assert_overlap(api.create_view(ns, "v3"), "table", f"{ns}.paths")  # a data path is the table's too
+    # the view's default place is a table's, holds one, or is a table's data path: the view goes beside it
+    for view in ("v1", "v2", "v3"):
+        created = api.create_view(ns, view)
+        assert created.status_code == 200, created.text
+        assert created.json()["metadata"]["location"].startswith(f"{area}/{view}-")
 
     whole = api.namespace()  # a table holding its whole namespace's area: every view there is inside it
     assert api.create_table(whole, "all", api.area(whole)).status_code == 200
@@ -162,7 +164,7 @@ def test_registering_a_table_at_a_view_location_is_refused(api: Api, catalog_ser
 
 
 def test_concurrent_table_and_view_creates_never_both_take_a_place(api: Api) -> None:
-    """Check and create run under one lock: of a table and a view racing for one place, exactly one gets it."""
+    """Check and create run under one lock: of a table and a view racing for one place, only the table gets it."""
     ns = api.namespace()
     area = api.area(ns)
     names = [f"p{i}" for i in range(8)]
@@ -170,4 +172,28 @@ def test_concurrent_table_and_view_creates_never_both_take_a_place(api: Api) -> 
         tables = [pool.submit(api.create_table, ns, f"t_{name}", f"{area}/{name}") for name in names]
         views = [pool.submit(api.create_view, ns, name) for name in names]
         outcomes = [(t.result().status_code, v.result().status_code) for t, v in zip(tables, views, strict=True)]
-    assert all(sorted(pair) == [200, 400] for pair in outcomes), outcomes
+    assert all(table == 200 and view in (200, 400) for table, view in outcomes), outcomes
+    # a view that saw the table's place taken went beside it; one that lost the race under the lock was refused
+    views_made = [v.result().json()["metadata"]["location"] for v in views if v.result().status_code == 200]
+    assert not set(views_made) & {f"{area}/{name}" for name in names}, views_made
+
+
+def test_a_name_renamed_away_can_be_used_again(api: Api) -> None:
+    """Renames move no files: a new view or table under the old name of a renamed view or table goes beside the
+    place the renamed one still holds, as beside a dropped table's."""
+    ns = api.namespace()
+    area = api.area(ns)
+    assert api.create_view(ns, "v").status_code == 200
+    assert api.create_view(ns, "u").status_code == 200
+    assert api.create_table(ns, "t").status_code == 200
+    for kind, old in (("views", "v"), ("views", "u"), ("tables", "t")):
+        source, target = {"namespace": [ns], "name": old}, {"namespace": [ns], "name": f"{old}_renamed"}
+        assert api.post(f"{kind}/rename", {"source": source, "destination": target}).status_code == 204
+
+    view = api.create_view(ns, "v")  # a view where a renamed view was
+    assert view.status_code == 200, view.text
+    assert view.json()["metadata"]["location"].startswith(f"{area}/v-")
+    for name in ("u", "t"):  # a table where a renamed view, or a renamed table, was
+        table = api.create_table(ns, name)
+        assert table.status_code == 200, table.text
+        assert table.json()["metadata"]["location"].startswith(f"{area}/{name}-")
