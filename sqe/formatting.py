@@ -59,10 +59,28 @@ def _readable(table: pa.Table) -> pa.Table:
             values = [None if blob is None else str(_bignum(blob)) for blob in blobs]
             table = table.set_column(i, pa.field(field.name, pa.string()), pa.array(values, pa.string()))
             continue
+        if isinstance(field.type, pa.UnionType):  # Arrow casts no union: its members are cast one by one
+            chunks = [_union_members_as_text(chunk) for chunk in table.column(i).chunks]
+            if chunks and chunks[0].type != field.type:
+                table = table.set_column(i, pa.field(field.name, chunks[0].type), pa.chunked_array(chunks))
+            continue
         exact = _nanoseconds_as_text(field.type)
         if exact != field.type:
             table = table.set_column(i, pa.field(field.name, exact), table.column(i).cast(exact))
     return table
+
+
+def _union_members_as_text(chunk: pa.UnionArray) -> pa.Array:
+    """``chunk`` with every nanosecond timestamp or time in its members as text."""
+    kind = chunk.type
+    members = [chunk.field(i) for i in range(kind.num_fields)]
+    exact = [member.cast(_nanoseconds_as_text(member.type)) for member in members]
+    if [member.type for member in exact] == [member.type for member in members]:
+        return chunk
+    names, codes = [f.name for f in kind], list(kind.type_codes)
+    if kind.mode == "sparse":
+        return pa.UnionArray.from_sparse(chunk.type_codes, exact, names, codes)
+    return pa.UnionArray.from_dense(chunk.type_codes, chunk.offsets, exact, names, codes)
 
 
 def _nanoseconds_as_text(kind: pa.DataType) -> pa.DataType:

@@ -300,3 +300,17 @@ def test_nanosecond_timestamps_are_written_exactly_in_every_format(tmp_path: Pat
         "t": "2020-01-01T00:00:00.123456789",
         "s": {"k": ["2020-01-01T00:00:00.000000001"]},
     }
+
+
+def test_nanosecond_timestamps_inside_a_union_are_written_exactly(tmp_path: Path, config: Path) -> None:
+    """Found by review: Arrow casts no UNION, so a nanosecond member was left to pyarrow's datetime conversion and
+    the output ended in a ValueError traceback."""
+    statement = (
+        "SELECT union_value(t := '2020-01-01 00:00:00.123456789'::TIMESTAMP_NS)::UNION(t TIMESTAMP_NS, n INT) AS u"
+        " UNION ALL SELECT union_value(n := 7)"
+    )
+    table = _sqe(tmp_path, "-c", str(config), "-e", statement)
+    assert (table.returncode, table.stderr) == (0, "")
+    assert table.stdout.splitlines()[3:5] == ["| 2020-01-01 00:00:00.123456789 |", "| 7                             |"]
+    as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert as_csv.stdout.splitlines() == ["u", "2020-01-01 00:00:00.123456789", "7"]
