@@ -72,7 +72,7 @@ def _readable(table: pa.Table) -> pa.Table:
 
 def _union_members_as_text(chunk: pa.UnionArray) -> pa.Array:
     """``chunk`` with every nanosecond timestamp or time in its members as text."""
-    kind = chunk.type
+    kind, chunk = chunk.type, pa.concat_arrays([chunk])  # a copy at offset 0: from_sparse/dense ignore a slice's
     members = [chunk.field(i) for i in range(kind.num_fields)]
     exact = [member.cast(_nanoseconds_as_text(member.type)) for member in members]
     if [member.type for member in exact] == [member.type for member in members]:

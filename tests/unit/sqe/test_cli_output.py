@@ -16,6 +16,7 @@ from pathlib import Path
 
 import duckdb
 
+from sqe.formatting import render_table
 from tests.unit.sqe.test_cli_exit_paths import _sqe, config
 
 __all__ = ["config"]  # the fixture, shared with the exit-path tests
@@ -314,3 +315,17 @@ def test_nanosecond_timestamps_inside_a_union_are_written_exactly(tmp_path: Path
     assert table.stdout.splitlines()[3:5] == ["| 2020-01-01 00:00:00.123456789 |", "| 7                             |"]
     as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
     assert as_csv.stdout.splitlines() == ["u", "2020-01-01 00:00:00.123456789", "7"]
+
+
+def test_a_sliced_union_column_keeps_its_values() -> None:
+    """A union rebuilt from a slice's type codes and members must keep the slice's rows (pyarrow's constructors
+    read a slice's buffers from their start)."""
+    statement = (
+        "SELECT CASE WHEN i % 2 = 0 THEN union_value(t := make_timestamp_ns(i))::UNION(t TIMESTAMP_NS, n INT)"
+        " ELSE union_value(n := i::INT) END AS u FROM range(4) r(i)"
+    )
+    sliced = duckdb.sql(statement).to_arrow_table().slice(1, 2)
+    assert render_table(sliced).splitlines()[3:5] == [
+        "| 1                             |",
+        "| 1970-01-01 00:00:00.000000002 |",
+    ]
