@@ -1058,8 +1058,11 @@ class WarehouseTables:
         claimant's current ones, for a table that exists), a dropped or moved table's, or a reservation."""
         for location in locations:
             self._check_inside_warehouse(location, "table location")
+        views = dict(self._all_view_locations())
+        if (claimant.namespace, claimant.name) in views:  # a view created since the name was checked
+            raise AlreadyExistsError(f"a view of that name exists: {'.'.join((*claimant.namespace, claimant.name))}")
         held = self._check_table_overlaps(locations, exclude, "table location")
-        self._check_view_overlaps(locations, None, "table location")
+        self._check_view_overlaps(locations, None, "table location", views)
         # A location inside one the table already holds reaches no file its credentials did not already reach.
         new = [loc for loc in locations if not covered_by_any(loc, held)]
         self._check_dropped_locations(new)
@@ -1079,9 +1082,16 @@ class WarehouseTables:
                 raise BadRequestError(f"{what} overlaps the location of table {'.'.join((*other_ns, other_name))}")
         return held
 
-    def _check_view_overlaps(self, locations: Sequence[str], exclude: tuple[Namespace, str] | None, what: str) -> None:
-        """Refuse ``locations`` overlapping the location of a view other than ``exclude``."""
-        for (view_ns, view_name), view_location in self._all_view_locations():
+    def _check_view_overlaps(
+        self,
+        locations: Sequence[str],
+        exclude: tuple[Namespace, str] | None,
+        what: str,
+        views: dict[tuple[Namespace, str], str] | None = None,
+    ) -> None:
+        """Refuse ``locations`` overlapping the location of a view other than ``exclude`` (``views``: all views'
+        locations, when already read)."""
+        for (view_ns, view_name), view_location in (views or dict(self._all_view_locations())).items():
             if exclude != (view_ns, view_name) and any(_overlaps(mine, view_location) for mine in locations):
                 raise BadRequestError(f"{what} overlaps the location of view {'.'.join((*view_ns, view_name))}")
 
@@ -1103,6 +1113,8 @@ class WarehouseTables:
         rewrite the view's SQL)."""
         what = "view location"
         with self._location_lock:
+            if self.table_exists(namespace, name):  # a table created since the name was checked
+                raise AlreadyExistsError(f"a table of that name exists: {'.'.join((*namespace, name))}")
             self._check_inside_warehouse(location, what)
             self._check_table_overlaps((location,), None, what)
             self._check_view_overlaps((location,), (namespace, name), what)

@@ -197,3 +197,15 @@ def test_a_name_renamed_away_can_be_used_again(api: Api) -> None:
         table = api.create_table(ns, name)
         assert table.status_code == 200, table.text
         assert table.json()["metadata"]["location"].startswith(f"{area}/{name}-")
+
+
+def test_a_table_and_a_view_racing_for_one_name_never_both_get_it(api: Api) -> None:
+    """A create without a location goes beside a place another holds, so the name is checked again under the
+    location lock: of a table and a view created at once under one name, exactly one is made."""
+    ns = api.namespace()
+    names = [f"n{i}" for i in range(12)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        tables = [pool.submit(api.create_table, ns, name) for name in names]
+        views = [pool.submit(api.create_view, ns, name) for name in names]
+        outcomes = [(t.result().status_code, v.result().status_code) for t, v in zip(tables, views, strict=True)]
+    assert all(sorted(pair) == [200, 409] for pair in outcomes), outcomes
