@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from sqe._text import terminal_line
-from sqe.errors import QueryError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -86,17 +85,13 @@ class _Progress:
 
 def write_result(table: pa.Table, fmt: str, output: str | None, *, after_another: bool = False) -> None:
     """``table`` to ``output`` (else stdout). ``after_another``: an earlier statement's result is already there;
-    text formats add this one after it, as on stdout, and a Parquet file, which holds one table, refuses it."""
+    text formats add this one after it, as on stdout; a Parquet file holds one table: the last statement's (so
+    ``INSERT ...; SELECT ...`` keeps the rows, not the insert's count)."""
     from sqe.formatting import write_table
 
     if output:
         path = Path(output)
         if fmt == "parquet":
-            if after_another:
-                raise QueryError(
-                    f"--format parquet writes one result to {output}, which holds the first: run the statement "
-                    "that returned another one separately"
-                )
             import pyarrow.parquet as pq
 
             pq.write_table(table, path)
