@@ -221,7 +221,7 @@ def table_types() -> pa.Table:
 def _relations(engine: Engine, warehouse: str, namespace: str) -> list[tuple[str, str]]:
     """(name, ``TABLE`` or ``VIEW``) of what the namespace holds that this user may list, by name."""
     try:
-        listed = engine.session.list_tables(f"{warehouse}.{namespace}")
+        listed = engine.session.list_tables(quote_qualified(warehouse, namespace))  # a name may hold '.' or '-'
     except NoSuchNamespaceError:
         return []
     names, kinds = listed.column("table").to_pylist(), listed.column("kind").to_pylist()

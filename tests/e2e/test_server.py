@@ -437,6 +437,24 @@ def test_metadata_patterns_honour_the_escape_the_server_advertises(served: Serve
     assert "ends with the escape character" in str(error)
 
 
+def test_tables_are_listed_whatever_characters_their_namespace_holds(served: Served) -> None:
+    """A namespace named ``v1.2-…`` (legal in Iceberg) made GetTables fail for every caller: the name was handed on
+    unquoted and parsed as SQL."""
+    from tests.conftest import pyiceberg_catalog
+
+    namespace = f"v1.2-{uuid.uuid4().hex[:6]}"
+    catalog = pyiceberg_catalog(served.catalog, served.users["writer"])
+    catalog.create_namespace((namespace,))  # one level whose name holds a dot
+    catalog.create_table((namespace, "t"), schema=pa.schema([("id", pa.int64())]))
+    client, options = served.flight_client(), _bearer(served.token("carol"))
+    listing = _command(sql_pb.CommandGetTables(db_schema_filter_pattern="v1.2-%", include_schema=True))
+    info = client.get_flight_info(listing, options)
+    rows = client.do_get(info.endpoints[0].ticket, options).read_all().to_pylist()
+    assert [(r["db_schema_name"], r["table_name"]) for r in rows if r["db_schema_name"] == namespace] == [
+        (namespace, "t")
+    ]
+
+
 def test_sql_info_tells_what_the_server_does(served: Served) -> None:
     """Found by review: GetSqlInfo said CREATE/DROP of schemas and tables were unsupported (both run), that names
     are stored in lower case (``MixedCase`` keeps its case and ``mixedcase`` does not find it) and that every
