@@ -1156,7 +1156,8 @@ def test_preparing_describing_and_browsing_run_beside_a_held_query_and_take_a_pl
     created = _create_prepared(client, people, options)
     assert pa.ipc.read_schema(pa.py_buffer(created.dataset_schema)).names == ["name"]
     assert client.get_schema(_command(sql_pb.CommandStatementQuery(query=people)), options).schema.names == ["name"]
-    tables = client.get_flight_info(_command(sql_pb.CommandGetTables(table_name_filter_pattern="people")), options)
+    listing = sql_pb.CommandGetTables(db_schema_filter_pattern=world.namespace, table_name_filter_pattern="people")
+    tables = client.get_flight_info(_command(listing), options)  # this world's namespace: others have `people` too
     assert client.do_get(tables.endpoints[0].ticket, options).read_all().column("table_name").to_pylist() == ["people"]
     held.cancel()
 
