@@ -124,7 +124,7 @@ def parquet_fragment(io: FileIO, path: str, size: int, file_format: ds.ParquetFi
     # Asked before opening and again after: a credential refresh in between (sets only move forward) must not
     # key one set's reads, or its ranges, to the next set.
     identity = scope_key(io, path)
-    vended = vended_credentials(io, path) if DATA_RANGES.enabled else None
+    vended = vended_credentials(io, path) if identity is not None and DATA_RANGES.enabled else None
     input_file = io.new_input(path)
     if not isinstance(input_file, PyArrowFile):
         # Not pyarrow's filesystem: the fragment reads a buffer of the whole file (a stream would close on return).

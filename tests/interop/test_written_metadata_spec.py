@@ -22,6 +22,7 @@ import sqe.api
 from sqe.errors import QueryError
 from sqe.session import Session
 from tests.conftest import pyiceberg_catalog, write_sqe_config
+from tests.helpers.orphans import data_objects
 from tests.interop.duckdb_client import DuckPeer, catalog_attach, offline_duckdb
 from tests.interop.spec_check import metadata_problems
 
@@ -200,7 +201,7 @@ def test_a_format_v3_table_is_refused_before_any_file_is_written(
     env.duck.execute(f"INSERT INTO lake.{name} VALUES (1, 'a')")
     env.duck.execute(f"INSERT INTO lake.{name} VALUES (3, 'c')")  # two files: OPTIMIZE has something to compact
     before = env.catalog().load_table(name)
-    files_before = data_files(env.server, before.location())
+    files_before = data_objects(env.server, before)
     for statement in (
         f"INSERT INTO {name} VALUES (2, 'b')",
         f"DELETE FROM {name} WHERE id = 1",
@@ -210,19 +211,13 @@ def test_a_format_v3_table_is_refused_before_any_file_is_written(
             env.sqe.sql(statement)
     after = env.catalog().load_table(name)
     assert after.metadata_location == before.metadata_location
-    assert data_files(env.server, after.location()) == files_before
+    assert data_objects(env.server, after) == files_before
     rows = env.sqe.sql(f"SELECT * FROM {name} ORDER BY id").arrow().to_pylist()
     assert rows == [{"id": 1, "name": "a"}, {"id": 3, "name": "c"}]
     env.sqe.sql(f"ALTER TABLE {name} ADD COLUMN extra BIGINT")  # metadata only: works on v3
     assert env.duck.rows(f"SELECT * FROM lake.{name} ORDER BY id")[0] == {"id": 1, "name": "a", "extra": None}
     metadata = env.catalog().load_table(name)
     assert metadata_problems(storage_io(env.server), metadata.metadata_location) == []
-
-
-def data_files(server: CatalogServer, location: str) -> list[str]:
-    bucket, _, prefix = location.removeprefix("s3://").partition("/")
-    listing = server.moto.client("s3").list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/data/")
-    return sorted(item["Key"] for item in listing.get("Contents", []))
 
 
 def test_sqe_rewrites_over_duckdb_delete_files_stay_valid(
