@@ -10,9 +10,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from sqe.session import Session
+from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
 
 TAGS = pa.array([f"tag-{i:03d}" for i in range(100)])
 
@@ -45,3 +50,19 @@ def store_stack(root: Path, store: str = "moto") -> Iterator[Any]:
         yield info
     finally:
         stop_stack(root / "stack")
+
+
+def vended_filesystem(session: Session, path: str, endpoint: str, region: str) -> pafs.S3FileSystem:
+    """An S3 filesystem holding the very keys SQE's FileIO resolved for ``path``."""
+    [stream] = session.last_streams
+    properties = stream.plan.loaded.io.resolve(path).properties  # type: ignore[attr-defined]
+    parts = urlsplit(endpoint)
+    return pafs.S3FileSystem(
+        access_key=properties[S3_ACCESS_KEY_ID],
+        secret_key=properties[S3_SECRET_ACCESS_KEY],
+        session_token=properties.get(S3_SESSION_TOKEN),
+        endpoint_override=parts.netloc,
+        scheme=parts.scheme,
+        region=region,
+        force_virtual_addressing=False,
+    )

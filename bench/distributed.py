@@ -57,12 +57,17 @@ QUERY = "SELECT region, count(*) AS n, sum(amount) AS total, max(note) AS last F
 _REQUEST = re.compile(r"GET /v1/[^ ]+/namespaces/bench/tables/events(/credentials)? -> (\d+)")
 
 
-def write_table(info: StackInfo, files: int, rows: int) -> None:
+def writer_catalog(info: StackInfo) -> RestCatalog:
+    """pyiceberg's REST catalog as the stack's ``writer`` principal, with vended credentials."""
     writer = info.principal_credentials("writer")
-    catalog = RestCatalog(
+    return RestCatalog(
         "bench", uri=info.catalog_uri, warehouse=info.warehouse, credential=writer.credential,
         scope="PRINCIPAL_ROLE:ALL", **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
     )  # fmt: skip
+
+
+def write_table(info: StackInfo, files: int, rows: int) -> None:
+    catalog = writer_catalog(info)
     catalog.create_namespace("bench")
     schema = pa.schema([("id", pa.int64()), ("region", pa.string()), ("amount", pa.int64()), ("note", pa.string())])
     catalog.create_table("bench.events", schema=schema)
@@ -251,11 +256,7 @@ EFF_QUERIES = {
 
 def write_efficiency_table(info: StackInfo, files: int, rows: int) -> None:
     """``files`` appends of ``rows / files`` rows: id, x (int64), y (double), tag (one of 100 strings)."""
-    writer = info.principal_credentials("writer")
-    catalog = RestCatalog(
-        "bench", uri=info.catalog_uri, warehouse=info.warehouse, credential=writer.credential,
-        scope="PRINCIPAL_ROLE:ALL", **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
-    )  # fmt: skip
+    catalog = writer_catalog(info)
     catalog.create_namespace("bench")
     tags = pa.array([f"tag-{i:03d}" for i in range(100)])
     per_file = rows // files

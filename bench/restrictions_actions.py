@@ -97,20 +97,17 @@ def best_seconds(run: Callable[[], object], repeat: int) -> tuple[float, float]:
     return min(wall for wall, _ in runs), min(cpu for _, cpu in runs)
 
 
-RATIO_CASES: list[tuple[str, str]] = [
-    ("mask-alphanum", "string ascii"),
-    ("mask-alphanum", "string mixed"),
-    ("show-first-4", "string ascii"),
-    ("show-first-4", "string mixed"),
-    ("show-last-4", "string ascii"),
-    ("show-last-4", "string mixed"),
-    ("truncate-to-month", "timestamptz"),
-    ("truncate-to-year", "date"),
-    ("sha-256-global", "string ascii"),
-    ("sha-256-query-local", "int"),
-    ("sha-256-query-local", "long"),
-    ("sha-256-query-local", "binary 16B"),
-]
+# Timed, but left out of the masked/unmasked ratios (the goals name the other actions and columns).
+_TIMED_ONLY = {
+    ("mask-to-fixed-value", "string ascii"),
+    ("mask-to-fixed-value", "long"),
+    ("replace-with-null", "string ascii"),
+    ("truncate-to-year", "timestamp_ns"),
+    ("sha-256-query-local", "string ascii"),
+    ("sha-256-query-local", "string 100 distinct"),
+    ("sha-256-global", "int"),
+}
+RATIO_CASES = [case for case in CASES if case not in _TIMED_ONLY]
 
 
 def parquet_bytes(array: pa.Array) -> bytes:

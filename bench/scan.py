@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from _tables import chunk, store_stack  # bench/_tables.py, beside this script
+from _tables import chunk, store_stack, vended_filesystem  # bench/_tables.py, beside this script
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -47,7 +47,6 @@ from sqe.catalog.rest import RestTableProvider
 from sqe.config import load_config
 from sqe.errors import NoSuchTableError
 from sqe.session import Session
-from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
 
 NAMESPACE = "bench"
 TABLE = "events"
@@ -214,22 +213,6 @@ def rest_catalog(config_path: Path) -> RestCatalog:
         credential=f"{settings['client_id']}:{settings['client_secret']}",
         scope=settings["scope"],
         **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
-    )
-
-
-def vended_filesystem(session: Session, path: str, endpoint: str, region: str) -> pafs.S3FileSystem:
-    """An S3 filesystem holding the very keys SQE's FileIO resolved for ``path``."""
-    [stream] = session.last_streams
-    properties = stream.plan.loaded.io.resolve(path).properties  # type: ignore[attr-defined]
-    parts = urlsplit(endpoint)
-    return pafs.S3FileSystem(
-        access_key=properties[S3_ACCESS_KEY_ID],
-        secret_key=properties[S3_SECRET_ACCESS_KEY],
-        session_token=properties.get(S3_SESSION_TOKEN),
-        endpoint_override=parts.netloc,
-        scheme=parts.scheme,
-        region=region,
-        force_virtual_addressing=False,
     )
 
 

@@ -46,13 +46,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from _tables import chunk, store_stack  # bench/_tables.py, beside this script
+from _tables import chunk, store_stack, vended_filesystem  # bench/_tables.py, beside this script
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
@@ -61,7 +60,6 @@ from sqe.catalog.rest import RestTableProvider
 from sqe.config import SQEConfig, load_config
 from sqe.execution.cache import clear_process_caches
 from sqe.session import Session
-from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
 from sqe_stack.ceph import RGW_NAME
 
 NAMESPACE = "bench"
@@ -186,17 +184,7 @@ class SQEEngine(Engine):
         self._session.sql(f"SELECT count(id) FROM {NAMESPACE}.{table}").arrow()  # scans: count(*) need not
         [stream] = self._session.last_streams
         paths = [task.file.file_path for task in stream.plan.tasks]
-        properties = stream.plan.loaded.io.resolve(paths[0]).properties  # type: ignore[attr-defined]
-        parts = urlsplit(endpoint)
-        filesystem = pafs.S3FileSystem(
-            access_key=properties[S3_ACCESS_KEY_ID],
-            secret_key=properties[S3_SECRET_ACCESS_KEY],
-            session_token=properties.get(S3_SESSION_TOKEN),
-            endpoint_override=parts.netloc,
-            scheme=parts.scheme,
-            region=region,
-            force_virtual_addressing=False,
-        )
+        filesystem = vended_filesystem(self._session, paths[0], endpoint, region)
         return paths, filesystem
 
     def close(self) -> None:

@@ -53,7 +53,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from sqe._text import terminal_line
-from sqe_catalog.auth import AuthStore, Principal, create_engine_for
+from sqe_catalog.auth import AuthStore, Grant, Principal, Privilege, create_engine_for
 from sqe_catalog.config import CatalogServerConfig
 from sqe_catalog.errors import (
     BadRequestError,
@@ -269,7 +269,8 @@ def _grant(store: AuthStore, config: CatalogServerConfig, args: argparse.Namespa
 
 def _revoke(store: AuthStore, _c: CatalogServerConfig, args: argparse.Namespace) -> _Output:
     # No warehouse check: revoking what a since-removed warehouse left behind must stay possible.
-    store.revoke(args.role, args.privilege, args.warehouse, _namespace(args.namespace), args.table)
+    grant = Grant(args.role, Privilege.parse(args.privilege), args.warehouse, _namespace(args.namespace), args.table)
+    store.revoke(grant)
     return None
 
 

@@ -149,6 +149,15 @@ class Privilege(enum.StrEnum):
     VIEW_DROP = "VIEW_DROP"
     VIEW_FULL_METADATA = "VIEW_FULL_METADATA"
 
+    @classmethod
+    def parse(cls, value: str) -> Privilege:
+        """The privilege named ``value``; BadRequestError naming the known ones when there is none."""
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(p.value for p in cls)
+            raise BadRequestError(f"unknown privilege {str(value)[:80]!r}; expected one of {names}") from None
+
 
 _P = Privilege
 _DIRECT_IMPLICATIONS: dict[Privilege, frozenset[Privilege]] = {
@@ -644,14 +653,6 @@ def describe_securable(warehouse: str, namespace: Sequence[str] | None, table: s
     return ".".join([warehouse, *(namespace or ()), *([table] if table is not None else [])])
 
 
-def _parse_privilege(value: str) -> Privilege:
-    try:
-        return Privilege(value)
-    except ValueError:
-        names = ", ".join(p.value for p in Privilege)
-        raise BadRequestError(f"unknown privilege {str(value)[:80]!r}; expected one of {names}") from None
-
-
 def _grant_covers(
     grant_privilege: str,
     grant_namespace: str,
@@ -927,6 +928,7 @@ class AuthStore:
         self._create_named(_ROLE, role)
 
     def delete_role(self, role: str) -> None:
+        """Delete the role with its grants and every principal's and group's hold of it."""
         self._delete_named(_ROLE, role)
 
     def assign_role(self, principal: str, role: str) -> None:
@@ -934,26 +936,33 @@ class AuthStore:
         self._link(_ROLE_ASSIGNMENT, principal, role)
 
     def unassign_role(self, principal: str, role: str) -> None:
+        """Take the role from ``principal``; NotFoundError when it does not hold it directly."""
         self._unlink(_ROLE_ASSIGNMENT, principal, role)
 
     # --- groups -----------------------------------------------------------------------------------
 
     def create_group(self, group: str) -> None:
+        """Add an empty group (no members, no roles); AlreadyExistsError when it is there."""
         self._create_named(_GROUP, group)
 
     def delete_group(self, group: str) -> None:
+        """Delete the group: its members lose the roles they held only through it."""
         self._delete_named(_GROUP, group)
 
     def add_to_group(self, principal: str, group: str) -> None:
+        """Make ``principal`` a member (a no-op when it is one); its next request holds the group's roles."""
         self._link(_MEMBERSHIP, principal, group)
 
     def remove_from_group(self, principal: str, group: str) -> None:
+        """End a membership; NotFoundError when ``principal`` is not a member."""
         self._unlink(_MEMBERSHIP, principal, group)
 
     def assign_group_role(self, group: str, role: str) -> None:
+        """Give every member of ``group`` the role (a no-op when the group has it)."""
         self._link(_GROUP_ROLE, group, role)
 
     def unassign_group_role(self, group: str, role: str) -> None:
+        """Take the role from the group; NotFoundError when the group does not have it."""
         self._unlink(_GROUP_ROLE, group, role)
 
     # --- grants -----------------------------------------------------------------------------------
@@ -975,20 +984,15 @@ class AuthStore:
 
         self._write(run)
 
-    def revoke(
-        self,
-        role: str,
-        privilege: Privilege | str,
-        warehouse: str,
-        namespace: Sequence[str] | None = None,
-        table: str | None = None,
-    ) -> None:
-        row = self._grant_row(role, privilege, warehouse, namespace, table)
+    def revoke(self, grant: Grant) -> None:
+        """Remove ``grant`` (as ``list_grants`` gives it); NotFoundError when the role has no such grant."""
+        role, table = grant.role, grant.table
+        row = self._grant_row(role, grant.privilege, grant.warehouse, grant.namespace, table)
         with self._engine.begin() as conn:
             _ROLE.require(conn, role)
             stmt = delete(_grants).where(*(_grants.c[key] == value for key, value in row.items()))
             if conn.execute(stmt).rowcount == 0:
-                target = describe_securable(warehouse, _decode_namespace(row["namespace"]), table)
+                target = describe_securable(grant.warehouse, _decode_namespace(row["namespace"]), table)
                 raise NotFoundError(f"principal role {role} has no grant of {row['privilege']} on {target}")
 
     def list_grants(self, role: str | None = None) -> list[Grant]:
@@ -1021,7 +1025,7 @@ class AuthStore:
         namespace: Sequence[str] | None,
         table: str | None,
     ) -> dict[str, str]:
-        parsed = _parse_privilege(privilege)
+        parsed = Privilege.parse(privilege)
         ns = _normalize_target(namespace, table)
         _validate_securable(warehouse, ns, table)
         _check_grant_level(parsed, ns, table)

@@ -325,7 +325,7 @@ def test_one_grant_set_answers_every_check_of_a_request(store: AuthStore, analys
     assert not grants.covers(P.CATALOG_MANAGE_POLICIES, None)
     with pytest.raises(ForbiddenError, match=r"^principal analyst lacks TABLE_DROP on "):
         grants.require(P.TABLE_DROP, ("sales",), "orders")
-    store.revoke("readers", P.TABLE_WRITE_DATA, "demo", ("sales",), "orders")
+    store.revoke(Grant("readers", P.TABLE_WRITE_DATA, "demo", ("sales",), "orders"))
     assert not store.grants(analyst, "demo").covers(P.TABLE_READ_DATA, ("sales",), "orders"), "the next request"
     assert store.grants(analyst, "prod").rows == ()
 
@@ -365,7 +365,7 @@ def test_revoke_stops_the_next_check_for_the_same_token(store: AuthStore) -> Non
     token, _ = store.issue_token(client_id, secret, "PRINCIPAL_ROLE:ALL")
     store.grant("readers", P.TABLE_WRITE_DATA, "demo", ("sales",), "orders")
     store.require(store.principal_for_token(token), P.TABLE_WRITE_DATA, "demo", ("sales",), "orders")
-    store.revoke("readers", P.TABLE_WRITE_DATA, "demo", ("sales",), "orders")
+    store.revoke(Grant("readers", P.TABLE_WRITE_DATA, "demo", ("sales",), "orders"))
     with pytest.raises(ForbiddenError):
         store.require(store.principal_for_token(token), P.TABLE_WRITE_DATA, "demo", ("sales",), "orders")
 
@@ -462,7 +462,7 @@ def test_unknown_names_are_not_found(store: AuthStore) -> None:
     with pytest.raises(NotFoundError, match="principal role ghost"):
         store.list_grants("ghost")
     with pytest.raises(NotFoundError, match=re.escape("has no grant of TABLE_READ_DATA on demo.a.t")):
-        store.revoke("readers", P.TABLE_READ_DATA, "demo", ("a",), "t")
+        store.revoke(Grant("readers", P.TABLE_READ_DATA, "demo", ("a",), "t"))
     with pytest.raises(NotFoundError, match="does not hold role readers"):
         store.unassign_role("analyst", "readers")
 

@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 import pytest
 
 from sqe.vocabulary import ACCESS_TOKEN_TYPE, TOKEN_EXCHANGE_GRANT
+from sqe_catalog.auth import Grant, Privilege
 from tests.unit.sqe_catalog.test_api import Reply, call
 from tests.unit.sqe_catalog.test_restrictions import DECLARED, MASK_EMAIL, SCHEMA, TABLE, Catalog
 
@@ -187,7 +188,7 @@ def test_delegated_tokens_follow_revocations_on_the_next_call(catalog: Catalog, 
     assert catalog.restrict(tmp_path, MASK_EMAIL, "--principal", "alice") == 0
     catalog.tokens["delegated"] = exchange(catalog, "alice", "engine").json()["access_token"]
     assert catalog.request("delegated", "GET", TABLE, headers=DECLARED).status == 200
-    catalog.store.revoke("alice_role", "TABLE_READ_DATA", "wh")
+    catalog.store.revoke(Grant("alice_role", Privilege.TABLE_READ_DATA, "wh"))
     assert catalog.request("delegated", "GET", TABLE, headers=DECLARED).status == 403, "grant revoked"
     catalog.store.grant("alice_role", "TABLE_READ_DATA", "wh")
     assert catalog.admin("set-trusted-reader", "engine", "false") == 0
