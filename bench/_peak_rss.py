@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
-from vs_duckdb import NAMESPACE, principal_settings, rest_catalog  # the bench's folder is first on sys.path
+from _tables import principal_settings, rest_catalog  # the bench's folder is first on sys.path
+from vs_duckdb import NAMESPACE
 
 import sqe.api
 

@@ -6,6 +6,7 @@ Imported by the scripts beside it (``python bench/<script>.py`` puts this folder
 from __future__ import annotations
 
 import time
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
+from pyiceberg.catalog.rest import RestCatalog
 
 from sqe.session import Session
 from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
@@ -65,4 +67,20 @@ def vended_filesystem(session: Session, path: str, endpoint: str, region: str) -
         scheme=parts.scheme,
         region=region,
         force_virtual_addressing=False,
+    )
+
+
+def principal_settings(config_path: Path) -> dict[str, Any]:
+    with config_path.open("rb") as fh:
+        return dict(tomllib.load(fh)["catalog"])
+
+
+def rest_catalog(settings: dict[str, Any]) -> RestCatalog:
+    return RestCatalog(
+        "bench",
+        uri=settings["uri"],
+        warehouse=settings["warehouse"],
+        credential=f"{settings['client_id']}:{settings['client_secret']}",
+        scope=settings["scope"],
+        **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
     )

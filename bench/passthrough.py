@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from vs_duckdb import NAMESPACE, principal_settings, rest_catalog, store_stack, write_table  # the bench's folder
+from _tables import principal_settings, rest_catalog, store_stack  # the bench's folder
+from vs_duckdb import NAMESPACE, write_table
 
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import load_config

@@ -26,7 +26,6 @@ import argparse
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +35,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from _tables import chunk, store_stack, vended_filesystem  # bench/_tables.py, beside this script
+from _tables import (  # bench/_tables.py, beside this script
+    chunk,
+    principal_settings,
+    rest_catalog,
+    store_stack,
+    vended_filesystem,
+)
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
@@ -202,27 +206,13 @@ def run_local(root: Path, rows: int, files: int, repeat: int) -> list[Measured]:
 # ------------------------------------------------------------------------------------------- moto store
 
 
-def rest_catalog(config_path: Path) -> RestCatalog:
-    """pyiceberg's own RestCatalog as the principal of an SQE config, with vended credentials."""
-    with config_path.open("rb") as fh:
-        settings = tomllib.load(fh)["catalog"]
-    return RestCatalog(
-        "bench",
-        uri=settings["uri"],
-        warehouse=settings["warehouse"],
-        credential=f"{settings['client_id']}:{settings['client_secret']}",
-        scope=settings["scope"],
-        **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
-    )
-
-
 def run_moto(root: Path, rows: int, files: int, repeat: int) -> list[Measured]:
     with store_stack(root) as info:
         started = time.perf_counter()
-        write_table(rest_catalog(info.principal_config("writer")), rows, files)
+        write_table(rest_catalog(principal_settings(info.principal_config("writer"))), rows, files)
         print(f"moto: wrote {rows:,} rows in {files} files in {time.perf_counter() - started:.1f} s", flush=True)
         analyst = info.principal_config("analyst")
-        table = rest_catalog(analyst).load_table(f"{NAMESPACE}.{TABLE}")
+        table = rest_catalog(principal_settings(analyst)).load_table(f"{NAMESPACE}.{TABLE}")
         config = load_config(analyst, env={})
         with Session(RestTableProvider(config), config) as session:
             sqe_aggregate(session)

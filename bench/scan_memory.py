@@ -31,8 +31,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _tables import store_stack  # bench/_tables.py, beside this script
-from vs_duckdb import STORES, principal_settings, rest_catalog, write_table
+from _tables import (
+    principal_settings,
+    rest_catalog,
+    store_stack,  # bench/_tables.py, beside this script
+)
+from vs_duckdb import STORES, write_table
 
 ENGINES = ("sqe", "sqe-no-cache", "pyiceberg-batches", "pyiceberg")
 CHILD = Path(__file__).with_name("_peak_rss.py")

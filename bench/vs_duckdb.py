@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +50,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from _tables import chunk, store_stack, vended_filesystem  # bench/_tables.py, beside this script
+from _tables import (  # bench/_tables.py, beside this script
+    chunk,
+    principal_settings,
+    rest_catalog,
+    store_stack,
+    vended_filesystem,
+)
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
@@ -416,22 +421,6 @@ def request_log_path(stack_dir: Path, store: str) -> Path:
     if store == "moto":
         return stack_dir / "logs" / "moto.log"
     return stack_dir / "ceph" / "log" / f"{RGW_NAME}.log"
-
-
-def principal_settings(config_path: Path) -> dict[str, Any]:
-    with config_path.open("rb") as fh:
-        return dict(tomllib.load(fh)["catalog"])
-
-
-def rest_catalog(settings: dict[str, Any]) -> RestCatalog:
-    return RestCatalog(
-        "bench",
-        uri=settings["uri"],
-        warehouse=settings["warehouse"],
-        credential=f"{settings['client_id']}:{settings['client_secret']}",
-        scope=settings["scope"],
-        **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
-    )
 
 
 def run(args: argparse.Namespace) -> list[str]:
