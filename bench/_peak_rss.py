@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
-from _tables import principal_settings, rest_catalog  # the bench's folder is first on sys.path
+from _tables import principal_catalog  # the bench's folder is first on sys.path
 from vs_duckdb import NAMESPACE
 
 import sqe.api
@@ -51,7 +51,7 @@ def scan_of(engine: str, config: Path, table: str) -> Callable[[], Iterator[pa.R
         session = sqe.api.connect(config, **({"cache": _NO_CACHES} if engine == "sqe-no-cache" else {}))
         session.sql("SELECT 1").fetchall()  # DuckDB's connection and the session's first statement
         return lambda: iter(session.sql(f"SELECT * FROM {name}").reader())
-    catalog = rest_catalog(principal_settings(config))
+    catalog = principal_catalog(config)
     catalog.load_table(name)  # the token and the client's first request
     if engine == "pyiceberg-batches":
         return lambda: iter(catalog.load_table(name).scan().to_arrow_batch_reader())

@@ -84,3 +84,8 @@ def rest_catalog(settings: dict[str, Any]) -> RestCatalog:
         scope=settings["scope"],
         **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
     )
+
+
+def principal_catalog(config_path: Path) -> RestCatalog:
+    """``rest_catalog`` as the principal of an SQE config file."""
+    return rest_catalog(principal_settings(config_path))

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from _tables import principal_settings, rest_catalog, store_stack  # the bench's folder
+from _tables import principal_catalog, store_stack  # the bench's folder
 from vs_duckdb import NAMESPACE, write_table
 
 from sqe.catalog.rest import RestTableProvider
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.files < 1 or args.rows < args.files or args.rounds < 1:
         parser.error("--files and --rounds must be positive and --files at most --rows")
     with tempfile.TemporaryDirectory(prefix="sqe-bench-passthrough-") as tmp, store_stack(Path(tmp)) as info:
-        write_table(rest_catalog(principal_settings(info.principal_config("writer"))), "events", args.rows, args.files)
+        write_table(principal_catalog(info.principal_config("writer")), "events", args.rows, args.files)
         config = load_config(info.principal_config("analyst"), env={})
         with Session(RestTableProvider(config), config) as session:
             lines = report(measure(session, "events", args.rounds))

@@ -35,13 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from _tables import (  # bench/_tables.py, beside this script
-    chunk,
-    principal_settings,
-    rest_catalog,
-    store_stack,
-    vended_filesystem,
-)
+from _tables import chunk, principal_catalog, store_stack, vended_filesystem  # bench/_tables.py, beside this script
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
@@ -209,10 +203,10 @@ def run_local(root: Path, rows: int, files: int, repeat: int) -> list[Measured]:
 def run_moto(root: Path, rows: int, files: int, repeat: int) -> list[Measured]:
     with store_stack(root) as info:
         started = time.perf_counter()
-        write_table(rest_catalog(principal_settings(info.principal_config("writer"))), rows, files)
+        write_table(principal_catalog(info.principal_config("writer")), rows, files)
         print(f"moto: wrote {rows:,} rows in {files} files in {time.perf_counter() - started:.1f} s", flush=True)
         analyst = info.principal_config("analyst")
-        table = rest_catalog(principal_settings(analyst)).load_table(f"{NAMESPACE}.{TABLE}")
+        table = principal_catalog(analyst).load_table(f"{NAMESPACE}.{TABLE}")
         config = load_config(analyst, env={})
         with Session(RestTableProvider(config), config) as session:
             sqe_aggregate(session)

@@ -31,11 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _tables import (
-    principal_settings,
-    rest_catalog,
-    store_stack,  # bench/_tables.py, beside this script
-)
+from _tables import principal_catalog, store_stack  # bench/_tables.py, beside this script
 from vs_duckdb import STORES, write_table
 
 ENGINES = ("sqe", "sqe-no-cache", "pyiceberg-batches", "pyiceberg")
@@ -59,7 +55,7 @@ def peak_growth_mib(engine: str, config: Path, table: str, rows: int) -> tuple[f
 def run(args: argparse.Namespace) -> list[str]:
     growth: dict[tuple[int, str], tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="sqe-bench-memory-") as tmp, store_stack(Path(tmp), args.store) as info:
-        writer = rest_catalog(principal_settings(info.principal_config("writer")))
+        writer = principal_catalog(info.principal_config("writer"))
         for rows in args.rows:
             started = time.perf_counter()
             write_table(writer, f"m_{rows}", rows, files_of(rows, args.rows_per_file))

@@ -52,6 +52,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from _tables import (  # bench/_tables.py, beside this script
     chunk,
+    principal_catalog,
     principal_settings,
     rest_catalog,
     store_stack,
@@ -428,7 +429,7 @@ def run(args: argparse.Namespace) -> list[str]:
     extensions = extension_files(python)
     engines: list[Engine] = []
     with tempfile.TemporaryDirectory(prefix="sqe-bench-duckdb-") as tmp, store_stack(Path(tmp), args.store) as info:
-        writer = rest_catalog(principal_settings(info.principal_config("writer")))
+        writer = principal_catalog(info.principal_config("writer"))
         tables = {files: f"events_{files}" for files in args.files}
         for files, name in tables.items():
             started = time.perf_counter()

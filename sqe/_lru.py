@@ -93,6 +93,7 @@ class LRUCache(Generic[K, V]):
         return len(keys)
 
     def clear(self) -> None:
+        """Remove every entry; unlike ``drop_where`` and the size bound, not counted as evictions."""
         with self._lock:
             gone = list(self._entries)
             self._entries.clear()

@@ -101,12 +101,14 @@ class CatalogConnection(CatalogAuth):
 
 
 class CatalogConfig(CatalogAuth):
-    uri: str
-    warehouse: str
-    scope: str = "PRINCIPAL_ROLE:ALL"
-    access_delegation: AccessDelegation = "none"
+    uri: str  # the REST catalog's base URL, e.g. http://127.0.0.1:8181/api/catalog
+    warehouse: str  # asked for in GET /v1/config (Polaris: the catalog's name)
+    scope: str = "PRINCIPAL_ROLE:ALL"  # the OAuth scope of the client-credentials token
+    access_delegation: AccessDelegation = "none"  # "vended-credentials": ask for table-scoped keys
+    # Refuse a file no vended credential covers: the static pair and the SDK's ambient chain are never used.
     require_vended_credentials: bool = False
-    tvf_prefixes: Array[str] = ()
+    tvf_prefixes: Array[str] = ()  # object-store prefixes the file table functions may read with these keys
+    # A vended set with no expiry is trusted this long, then the table is loaded again (see StoragePolicy).
     credential_max_age_seconds: int = 900
     request_timeout_seconds: float = 30.0
     max_retries: int = 5
@@ -154,7 +156,7 @@ class TvfConfig(ConfigSection):
 
 
 class StorageConfig(ConfigSection):
-    endpoint: Unset[str] = None
+    endpoint: Unset[str] = None  # S3 endpoint URL, over the catalog's; None: the catalog's, else AWS
     # None: the catalog's region if it sends one, else DEFAULT_REGION (see effective_region).
     region: Unset[str] = None
     # None: pyarrow's default (path style with a custom endpoint, virtual hosts on AWS).

@@ -927,10 +927,6 @@ class AuthStore:
             raise BadRequestError("ALL is reserved (scope PRINCIPAL_ROLE:ALL) and cannot name a role")
         self._create_named(_ROLE, role)
 
-    def delete_role(self, role: str) -> None:
-        """Delete the role with its grants and every principal's and group's hold of it."""
-        self._delete_named(_ROLE, role)
-
     def assign_role(self, principal: str, role: str) -> None:
         """Give ``principal`` the role; assigning a role it already holds is a no-op."""
         self._link(_ROLE_ASSIGNMENT, principal, role)
@@ -938,6 +934,10 @@ class AuthStore:
     def unassign_role(self, principal: str, role: str) -> None:
         """Take the role from ``principal``; NotFoundError when it does not hold it directly."""
         self._unlink(_ROLE_ASSIGNMENT, principal, role)
+
+    def delete_role(self, role: str) -> None:
+        """Delete the role with its grants and every principal's and group's hold of it."""
+        self._delete_named(_ROLE, role)
 
     # --- groups -----------------------------------------------------------------------------------
 

@@ -64,7 +64,7 @@ class StoredView:
 
     namespace: Namespace
     name: str
-    metadata_location: str
+    metadata_location: str  # the pointer row's: the catalog's own record, not the document's word
     document: dict[str, Any]
 
 

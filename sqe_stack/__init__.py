@@ -90,7 +90,7 @@ CATALOG_DB_FILES = tuple(CATALOG_DB + suffix for suffix in ("", "-journal", "-wa
 class PrincipalInfo:
     """A demo principal: its ready SQE config (0600, holding the secret) and its client id."""
 
-    config: Path
+    config: Path  # mode 0600: it holds the client secret
     client_id: str
 
 

@@ -62,12 +62,12 @@ class FragmentFileIO(FileIO):
     ) -> None:
         super().__init__(properties={})
         self._storage = storage
+        self._lock = threading.Lock()  # guards the installed sets: pushes replace them while readers open files
         self._cancel = cancel
         self._pace_seconds = pace_seconds
         self._allow_local = allow_local
         self._clock = clock
         self._on_open = on_open
-        self._lock = threading.Lock()
         self._credentials: tuple[CredentialSet, ...] = ()
         self._secrets: set[str] = set()
         self._scoped = self._install(credentials)

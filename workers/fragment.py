@@ -61,17 +61,17 @@ class WorkerStats(Counters):
 
     fragments_started: int = 0
     fragments_completed: int = 0
-    fragments_failed: int = 0
-    fragments_cancelled: int = 0
+    fragments_failed: int = 0  # ended by an error (credential_expired_failures counts one kind of them)
+    fragments_cancelled: int = 0  # by the coordinator, its client or the RPC's end
     batches_sent: int = 0
     rows_sent: int = 0
-    ipc_bytes_sent: int = 0
+    ipc_bytes_sent: int = 0  # Arrow IPC bytes of the batches sent
     files_read: int = 0
     file_bytes_read: int = 0
-    refreshes_accepted: int = 0
+    refreshes_accepted: int = 0  # credential pushes taken by at least one running fragment
     refreshes_refused: int = 0
     credential_expired_failures: int = 0
-    rewrites_started: int = 0
+    rewrites_started: int = 0  # compaction rewrites (the Rewrite RPC)
     rewrites_completed: int = 0
     rewrite_files_written: int = 0
     _key_digests: set[str] = field(default_factory=set, repr=False)

@@ -160,11 +160,10 @@ class FileIOPool:
         return len(released)
 
     def clear(self) -> None:
+        """Release every entry now (a process dropping its caches, tests)."""
         with self._lock:
-            released = list(self._entries)
-            self._entries.clear()
-            self._next_expiry = None
-            self._wake.notify()
+            released, self._entries, self._next_expiry = list(self._entries), OrderedDict(), None
+            self._wake.notify()  # the releaser has nothing left to wait for
         self._notify(released)
 
     @property

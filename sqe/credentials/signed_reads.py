@@ -73,7 +73,7 @@ _ERROR_MESSAGE = re.compile(rb"<Message>([^<]{1,300})</Message>")
 class S3Address:
     """Where one object is read from: the URL a request goes to, and the bucket and key for messages."""
 
-    url: str
+    url: str  # path style or virtual host, as pyarrow would address the object with the same settings
     bucket: str
     key: str
 

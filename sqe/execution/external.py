@@ -102,12 +102,12 @@ class ExternalSources:
         self._remote_scanner = remote_scanner
         self._remote_rewriter = remote_rewriter
         self._provider = provider
+        warehouses = config.catalog.warehouse_names if config is not None else (provider.default_warehouse(),)
+        self.governed = GovernedLocations(provider, tuple(warehouses))
         self._parser = parser
         self._con = con
         self._resolve_name = resolve_name
         self.policy = TvfPolicy.from_config(config)
-        warehouses = config.catalog.warehouse_names if config is not None else (provider.default_warehouse(),)
-        self.governed = GovernedLocations(provider, tuple(warehouses))
         self.store = (
             ExternalTableStore(config.external_tables.path or "", config.external_tables.key_env)
             if config is not None and config.external_tables.path

@@ -587,15 +587,15 @@ class QueryCancelledError(QueryError):
 class ScanMetrics(Counters):
     """Counters of one or more scans, safe to read from another thread (progress bars, tests)."""
 
-    files_total: int = 0
+    files_total: int = 0  # data files planned
     files_done: int = 0
-    bytes_done: int = 0
+    bytes_done: int = 0  # data-file bytes read (the sizes the manifests give)
     rows_produced: int = 0
     batches_produced: int = 0
     batches_in_flight: int = 0  # produced by a reader thread, not yet handed to the consumer
     max_batches_in_flight: int = 0
     max_files_in_flight: int = 0
-    files_open: int = 0
+    files_open: int = 0  # opened by a reader thread, not yet read to the end
     scans_opened: int = 0
 
     def _after_add(self) -> None:

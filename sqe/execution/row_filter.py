@@ -19,6 +19,7 @@ file's empty schema (Acero then raises its own error for it, as before).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partialmethod
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -81,7 +82,8 @@ class _MaskBuilder(BoundBooleanExpressionVisitor[RowMask]):
             raise _Unsupported
         return lambda table: table.column(name)
 
-    def _compare(self, function: str, term: BoundTerm, literal: Literal[Any]) -> RowMask:
+    def compare(self, function: str, term: BoundTerm, literal: Literal[Any]) -> RowMask:
+        """``function`` (a compute function's name) of the term's column and the literal."""
         column, value = self._column(term), _scalar(literal.value, term.ref().field.field_type)
         call = getattr(pc, function)
         return lambda table: call(column(table), value)
@@ -114,23 +116,13 @@ class _MaskBuilder(BoundBooleanExpressionVisitor[RowMask]):
         column = self._column(term)
         return lambda table: pc.is_valid(column(table))
 
-    def visit_equal(self, term: BoundTerm, literal: Literal[Any]) -> RowMask:
-        return self._compare("equal", term, literal)
-
-    def visit_not_equal(self, term: BoundTerm, literal: Literal[Any]) -> RowMask:
-        return self._compare("not_equal", term, literal)
-
-    def visit_greater_than_or_equal(self, term: BoundTerm, literal: Literal[Any]) -> RowMask:
-        return self._compare("greater_equal", term, literal)
-
-    def visit_greater_than(self, term: BoundTerm, literal: Literal[Any]) -> RowMask:
-        return self._compare("greater", term, literal)
-
-    def visit_less_than(self, term: BoundTerm, literal: Literal[Any]) -> RowMask:
-        return self._compare("less", term, literal)
-
-    def visit_less_than_or_equal(self, term: BoundTerm, literal: Literal[Any]) -> RowMask:
-        return self._compare("less_equal", term, literal)
+    # The six comparisons differ only in the compute function they call.
+    visit_equal = partialmethod(compare, "equal")
+    visit_not_equal = partialmethod(compare, "not_equal")
+    visit_greater_than_or_equal = partialmethod(compare, "greater_equal")
+    visit_greater_than = partialmethod(compare, "greater")
+    visit_less_than = partialmethod(compare, "less")
+    visit_less_than_or_equal = partialmethod(compare, "less_equal")
 
     def visit_starts_with(self, term: BoundTerm, literal: Literal[Any]) -> RowMask:
         column, prefix = self._column(term), literal.value

@@ -221,9 +221,9 @@ class Admission:
     """A revision read to be admitted as a table's current one, and who asked for it through which action."""
 
     location: str
-    parsed: ParsedMetadata
-    actor: str
-    action: str
+    parsed: ParsedMetadata  # the bytes of the one read of ``location`` (never read again to admit them)
+    actor: str  # the principal, as the audit log names it
+    action: str  # "register", "notification-create", ... (the audit log's action)
 
 
 def admit_new(catalog: SqlCatalog, table: TableName, admission: Admission, also: AlsoInTransaction = _no_more) -> None:

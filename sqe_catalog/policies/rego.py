@@ -87,7 +87,7 @@ _WHITESPACE = frozenset(" \t\r\n")
 class Col:
     """``col("name")``: the value of a column of the row."""
 
-    name: str
+    name: str  # as written; bound to the table's schema when the policy is applied to a load
     pos: int
 
 
@@ -102,7 +102,7 @@ class SessionUser:
 class GroupMember:
     """``is_group_member("group")``: whether that end user is in the group."""
 
-    group: str
+    group: str  # folded to true or false for the end user of each load
     pos: int
 
 
@@ -146,7 +146,7 @@ class Junction:
 class Negation:
     """``not child``."""
 
-    child: Expr
+    child: Expr  # pushed down to the leaves when lowered (``not (a and b)`` is ``not a or not b``)
     pos: int
 
 
@@ -154,7 +154,7 @@ class Negation:
 class Action:
     """``action("name")``: a mask rule's result, naming one of the restriction actions."""
 
-    name: str
+    name: str  # checked against the known actions by the save-time type check
     pos: int
 
 

@@ -56,10 +56,10 @@ class CoordinatorStats(Counters):
     fragments_started: int = 0
     fragments_completed: int = 0
     fragments_retried: int = 0
-    pushes_sent: int = 0
-    pushes_refused: int = 0
-    credential_endpoint_calls: int = 0
-    table_reloads: int = 0
+    pushes_sent: int = 0  # RefreshCredentials calls a worker answered
+    pushes_refused: int = 0  # ... and refused (other than for having no fragment of the scope running)
+    credential_endpoint_calls: int = 0  # refreshes answered by the table's /credentials endpoint
+    table_reloads: int = 0  # refreshes by a full load-table (no /credentials endpoint advertised)
     fragments_resumed: int = 0  # retries of fragments that had already forwarded rows (those rows skipped)
     batches_forwarded: int = 0  # batches handed to the consumer as they arrived
     rows_forwarded: int = 0
