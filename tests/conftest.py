@@ -159,13 +159,14 @@ class CatalogServer:
         """A principal holding role ``<name>_role`` with ``(privilege, dotted namespace, table)`` grants."""
         return self.create_principal(name, role=f"{name}_role", grants=grants)
 
-    def token(self, principal: CatalogPrincipal) -> str:
+    def token(self, principal: CatalogPrincipal, scope: str = "PRINCIPAL_ROLE:ALL") -> str:
+        """A client-credentials token of ``principal``; ``scope`` may name some of its roles only."""
         form = urllib.parse.urlencode(
             {
                 "grant_type": "client_credentials",
                 "client_id": principal.client_id,
                 "client_secret": principal.client_secret,
-                "scope": "PRINCIPAL_ROLE:ALL",
+                "scope": scope,
             }
         ).encode()
         request = urllib.request.Request(f"{self.url}/v1/oauth/tokens", data=form, method="POST")

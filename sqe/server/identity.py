@@ -42,11 +42,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class User(Unpicklable):
-    """An authenticated end user. ``key`` names them for sessions and limits; ``token`` is never shown."""
+    """An authenticated end user. ``key`` names them for sessions and limits; ``token`` is never shown.
+
+    ``authority`` names what this token lets them do (:func:`authority_of`): two tokens of one principal with
+    other role scopes differ in it, so a client session made under one is never used under the other.
+    """
 
     key: str
     token: str = field(repr=False)
     issued_token: bool = False  # True when the server obtained the token from Basic credentials
+    authority: str = field(default="", repr=False)
 
     _pickle_refusal = "users carry a token and cannot be pickled"
 
@@ -62,8 +67,15 @@ def fingerprint(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
-def _subject_of(token: str) -> str | None:
-    """The ``sub`` claim of a JWT-like token, read only after the catalog accepted the token."""
+# Claims that only say when a token was issued or which issue it is: tokens differing in these alone carry the
+# same authority (a refreshed token keeps its client session). Every other claim (roles, scope, actor, audience,
+# the principal's secret generation, and any claim unknown here) must match.
+_ISSUANCE_CLAIMS = frozenset({"iat", "exp", "nbf", "jti", "auth_time"})
+
+
+def _claims_of(token: str) -> dict[str, Any] | None:
+    """The claims of a JWT-like token (``payload.signature`` or ``header.payload.signature``), read only after the
+    catalog accepted the token; None for an opaque one."""
     payload = token.split(".")[0] if "." in token else ""
     if token.count(".") == 2:  # a JWT: header.payload.signature
         payload = token.split(".")[1]
@@ -71,8 +83,23 @@ def _subject_of(token: str) -> str | None:
         claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     except (ValueError, binascii.Error):
         return None
-    sub = claims.get("sub") if isinstance(claims, dict) else None
+    return claims if isinstance(claims, dict) else None
+
+
+def _subject_of(token: str) -> str | None:
+    """The ``sub`` claim of a JWT-like token, read only after the catalog accepted the token."""
+    sub = (_claims_of(token) or {}).get("sub")
     return sub if isinstance(sub, str) and sub else None
+
+
+def authority_of(token: str) -> str:
+    """A digest of what ``token`` authorizes: its claims but the issuance ones, or the whole token when it is
+    opaque (the catalog alone knows its scope). Full SHA-256: one token's state must never serve another's."""
+    claims = _claims_of(token)
+    if claims is None:
+        return hashlib.sha256(f"token\0{token}".encode()).hexdigest()
+    kept = {name: value for name, value in claims.items() if name not in _ISSUANCE_CLAIMS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
 def _lifetime(body: dict[str, Any], now: float) -> float:
@@ -139,7 +166,7 @@ class IdentityBroker(Unpicklable):
                 with self._lock:
                     self._checked[key] = now + self.auth_cache_seconds
                     self._forget_unchecked(now)
-        return User(self._user_key(token), token)
+        return self._user(token)
 
     def authenticate_basic(self, client_id: str, client_secret: str) -> User:
         """The user's token for their catalog client credentials (the secret is not kept).
@@ -155,7 +182,7 @@ class IdentityBroker(Unpicklable):
         if cached is not None:
             try:
                 self._check_at_catalog(cached)
-                return User(self._user_key(cached), cached, issued_token=True)
+                return self._user(cached, issued_token=True)
             except AuthenticationError:
                 with self._lock:
                     self._basic.pop(key, None)
@@ -167,7 +194,7 @@ class IdentityBroker(Unpicklable):
         with self._lock:
             self._basic = {k: v for k, v in self._basic.items() if v.refresh_at > now}
             self._basic[key] = _Cached(token, _lifetime(body, now))
-        return User(self._user_key(token), token, issued_token=True)
+        return self._user(token, issued_token=True)
 
     def _credentials_key(self, client_id: str, client_secret: str) -> str:
         """A keyed digest of the credentials: cache lookups never hold the secret, and the key dies with the process."""
@@ -186,6 +213,9 @@ class IdentityBroker(Unpicklable):
         with self._lock:
             cached = self._basic.get(key)
         return cached.value if cached is not None and time.time() < cached.refresh_at else None
+
+    def _user(self, token: str, *, issued_token: bool = False) -> User:
+        return User(self._user_key(token), token, issued_token, authority_of(token))
 
     def _user_key(self, token: str) -> str:
         subject = _subject_of(token)

@@ -1,8 +1,10 @@
 """Client sessions of ``sqe serve``: per (user, client session) engine sessions, open queries and limits.
 
-A client session belongs to exactly one authenticated user (its key includes the user), so nothing in it —
-engine sessions with their DuckDB connections, metadata caches and credential leases, prepared statements,
-open results — is reachable by anyone else, even with its session id. Each open query runs on an engine
+A client session belongs to exactly one authenticated user under one authority (its key includes the user and
+what their token authorizes: another token of the same principal with other roles gets a session of its own),
+so nothing in it — engine sessions with their DuckDB connections, metadata caches and credential leases,
+prepared statements, open results — is reachable by anyone else, or under other roles, even with its session
+id. Each open query runs on an engine
 ``Session`` of its own from the client session's small pool (a DuckDB connection runs one statement at a time),
 so concurrent statements of one client never invalidate each other. Engine sessions are built by
 :func:`_user_config` over the user's catalog token (delegated or their own) and replaced when that token changes.
@@ -25,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 from pydantic import SecretStr
@@ -51,6 +53,14 @@ MAX_WAITING_RESULTS = 64
 # client sessions per user (each session id they send makes one, and each keeps an idle engine: a DuckDB database
 # with its threads); past it their least recently used idle session is closed
 MAX_CLIENT_SESSIONS_PER_USER = 64
+
+
+class SessionKey(NamedTuple):
+    """What a client session is found by: limits and budgets count per ``user``, state never crosses ``authority``."""
+
+    user: str  # the principal (``User.key``)
+    authority: str  # what the caller's token authorizes (``User.authority``): its roles, scope, actor
+    tag: str  # the client's session id, or ``peer:<address>`` for a client without cookies
 
 
 class ServerBusyError(SQEError):
@@ -311,7 +321,7 @@ def _nothing() -> None:
 class ClientSession:
     """Everything one (user, client session) owns. Engines are created on demand over the current token."""
 
-    def __init__(self, key: tuple[str, str], base: SQEConfig, batch_rows: int) -> None:
+    def __init__(self, key: SessionKey, base: SQEConfig, batch_rows: int) -> None:
         self.key = key
         self._base = base
         self._batch_rows = batch_rows
@@ -327,7 +337,7 @@ class ClientSession:
 
     @property
     def user_key(self) -> str:
-        return self.key[0]
+        return self.key.user
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -524,7 +534,7 @@ class ParameterBudget:
 
 
 class SessionRegistry:
-    """Client sessions by (user key, session id); session-id aliases map a cookie to a peer-keyed session."""
+    """Client sessions by :class:`SessionKey`; session-id aliases map a cookie to a peer-keyed session."""
 
     def __init__(self, base: SQEConfig, broker: IdentityBroker, limits: Limits, batch_rows: int) -> None:
         self.base = base
@@ -532,9 +542,9 @@ class SessionRegistry:
         self.limits = limits
         self.batch_rows = batch_rows
         self._lock = threading.Lock()
-        self._sessions: dict[tuple[str, str], ClientSession] = {}
-        self._aliases: dict[tuple[str, str], tuple[str, str]] = {}
-        self._offered: dict[tuple[str, str], collections.deque[tuple[str, str]]] = {}  # session key -> its aliases
+        self._sessions: dict[SessionKey, ClientSession] = {}
+        self._aliases: dict[SessionKey, SessionKey] = {}
+        self._offered: dict[SessionKey, collections.deque[SessionKey]] = {}  # session key -> its aliases
 
     def resolve(self, user: User, session_id: str | None, peer: str, new_cookie: str | None) -> ClientSession:
         """The caller's client session: by its session id when it sent one, else by its connection (peer).
@@ -558,16 +568,17 @@ class SessionRegistry:
     ) -> ClientSession:
         with self._lock:
             if session_id is not None:
-                key = self._aliases.get((user.key, session_id), (user.key, session_id))
+                named = SessionKey(user.key, user.authority, session_id)
+                key = self._aliases.get(named, named)
             else:
-                key = (user.key, f"{PEER_KEY_PREFIX}{peer}")
+                key = SessionKey(user.key, user.authority, f"{PEER_KEY_PREFIX}{peer}")
             session = self._sessions.get(key)
             evicted = None
             if session is None:
                 evicted = self._make_room(user.key)
                 session = self._sessions[key] = ClientSession(key, self.base, self.batch_rows)
             if new_cookie is not None:
-                self._offer(key, (user.key, new_cookie))
+                self._offer(key, SessionKey(user.key, user.authority, new_cookie))
             session.touch()
             if entering:
                 session.calls += 1
@@ -597,7 +608,7 @@ class SessionRegistry:
         for alias in self._offered.pop(session.key, ()):
             self._aliases.pop(alias, None)
 
-    def _offer(self, key: tuple[str, str], alias: tuple[str, str]) -> None:
+    def _offer(self, key: SessionKey, alias: SessionKey) -> None:
         """Map the cookie offered now to ``key``; a client without cookies gets one per call, so only the last
         few offered stay valid (the one it may start sending), not one more per call for the session's life."""
         offered = self._offered.setdefault(key, collections.deque())
@@ -704,7 +715,7 @@ class Watchdog:
 
 def _connection_closed(session: ClientSession, connected: set[Endpoint]) -> bool:
     """Whether ``session`` is keyed by a client connection that is no longer open."""
-    tag = session.key[1]
+    tag = session.key.tag
     if not tag.startswith(PEER_KEY_PREFIX):
         return False
     endpoint = parse_peer(tag[len(PEER_KEY_PREFIX) :])

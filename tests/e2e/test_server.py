@@ -785,6 +785,50 @@ def test_a_ticket_of_another_user_is_unknown_to_them(served: Served) -> None:
     assert client.do_get(info.endpoints[0].ticket, _bearer(served.token("carol"))).read_all().num_rows == 6
 
 
+def _two_scopes(served: Served) -> tuple[str, str]:
+    """Two tokens of ONE principal: every role (reads people), and its list-only role (reads no table)."""
+    name = f"srv_dual_{uuid.uuid4().hex[:6]}"
+    grants = [("NAMESPACE_LIST", None, None), ("TABLE_READ_DATA", None, None)]
+    principal = served.catalog.create_principal(name, role=f"{name}_read", grants=grants)
+    narrow = f"{name}_list"
+    served.catalog.admin_cli("create-role", narrow)
+    served.catalog.admin_cli("assign-role", name, narrow)
+    served.catalog.admin_cli("grant", narrow, "NAMESPACE_LIST", "--warehouse", served.catalog.warehouse)
+    return served.catalog.token(principal), served.catalog.token(principal, f"PRINCIPAL_ROLE:{narrow}")
+
+
+def test_a_narrower_token_of_the_same_principal_never_uses_the_wider_tokens_session_state(served: Served) -> None:
+    """One principal, two role scopes, one session cookie: what the wider token opened (a prepared statement, a
+    result waiting for its DoGet) is unknown to the narrower one, which reads nothing its roles do not grant."""
+    wide_token, narrow_token = _two_scopes(served)
+    client, cookie = served.flight_client(), uuid.uuid4().hex
+    wide, narrow = _session_options(wide_token, cookie), _session_options(narrow_token, cookie)
+    sql = f"SELECT id FROM {served.namespace}.people ORDER BY id"
+    handle = _create_prepared(client, sql, wide).prepared_statement_handle
+    prepared = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+    waiting = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), wide)
+
+    error = served.expect_error(
+        lambda: client.do_get(waiting.endpoints[0].ticket, narrow).read_all(), flight.FlightError
+    )
+    assert "unknown or already used ticket" in str(error)
+    error = served.expect_error(lambda: client.get_flight_info(prepared, narrow), flight.FlightError)
+    assert "unknown prepared statement handle" in str(error)
+    statement = _command(sql_pb.CommandStatementQuery(query=sql))
+    served.expect_error(lambda: client.get_flight_info(statement, narrow), flight.FlightError)
+    request = cancel_pb.CancelFlightInfoRequest(info=waiting.serialize())
+    [result] = client.do_action(flight.Action("CancelFlightInfo", request.SerializeToString()), narrow)
+    assert cancel_pb.CancelFlightInfoResult.FromString(result.body.to_pybytes()).status == (
+        cancel_pb.CANCEL_STATUS_NOT_CANCELLABLE
+    )
+
+    # the wider token's state is intact, and still its own
+    everyone = [1, 2, 3, 4, 5, 6]
+    assert client.do_get(waiting.endpoints[0].ticket, wide).read_all().column("id").to_pylist() == everyone
+    info = client.get_flight_info(prepared, wide)
+    assert client.do_get(info.endpoints[0].ticket, wide).read_all().column("id").to_pylist() == everyone
+
+
 def test_sql_errors_are_one_typed_line(served: Served) -> None:
     client = served.flight_client()
     command = _command(sql_pb.CommandStatementQuery(query=f"SELECT * FROM {served.namespace}.nope"))

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sqe.errors import AuthenticationError, CatalogUnavailableError
-from sqe.server.identity import IdentityBroker, fingerprint
+from sqe.server.identity import IdentityBroker, authority_of, fingerprint
 
 FORGED = base64.urlsafe_b64encode(json.dumps({"sub": "alice"}).encode()).decode().rstrip("=") + ".forged"
 
@@ -143,3 +143,17 @@ def test_basic_credentials_whose_secret_was_rotated_are_refused_on_the_next_call
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _claims_token(**claims: object) -> str:
+    return base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=") + ".signature"
+
+
+def test_the_authority_of_a_token_is_its_claims_but_when_it_was_issued() -> None:
+    """A refreshed token keeps its client session; another role scope, actor or an opaque token does not."""
+    wide = authority_of(_claims_token(sub="alice", roles=None, iat=1, exp=2))
+    assert authority_of(_claims_token(sub="alice", roles=None, iat=5, exp=9, jti="x")) == wide
+    assert authority_of(_claims_token(sub="alice", roles=["reader"], iat=1, exp=2)) != wide
+    assert authority_of(_claims_token(sub="alice", roles=None, act={"sub": "reader"}, iat=1, exp=2)) != wide
+    assert authority_of(_claims_token(sub="alice", roles=None, gen=2, iat=1, exp=2)) != wide
+    assert authority_of("opaque-one") != authority_of("opaque-two")

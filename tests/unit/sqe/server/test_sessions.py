@@ -19,6 +19,7 @@ from sqe.server.sessions import (
     ParameterBudget,
     Prepared,
     ServerBusyError,
+    SessionKey,
     SessionRegistry,
     _user_config,
 )
@@ -103,7 +104,7 @@ def test_a_users_config_carries_their_token_only_and_no_sibling_on_another_catal
 def test_a_discarded_engine_leaves_no_plan_behind_in_any_prepared_statement() -> None:
     """A failed query discards its engine and the next one is new: each prepared statement kept the old
     engine's plan (its session, tables and vended credentials) for as long as the statement stayed open."""
-    session = ClientSession(("user:alice", "s"), _load({}), 1024)
+    session = ClientSession(SessionKey("user:alice", "", "s"), _load({}), 1024)
     prepared = Prepared("SELECT 1")
     session.add_prepared(b"h", prepared)
     for _ in range(3):
@@ -120,7 +121,7 @@ def test_a_discarded_engine_leaves_no_plan_behind_in_any_prepared_statement() ->
 
 
 def test_open_prepared_statements_per_client_session_are_bounded() -> None:
-    session = ClientSession(("user:alice", "s"), _load({}), 1024)
+    session = ClientSession(SessionKey("user:alice", "", "s"), _load({}), 1024)
     for index in range(MAX_PREPARED_STATEMENTS):
         session.add_prepared(index.to_bytes(4, "big"), Prepared("SELECT 1"))
     with pytest.raises(QueryError, match="open prepared statements: close some first"):
@@ -139,11 +140,24 @@ def test_a_client_without_cookies_does_not_add_an_alias_per_call() -> None:
     assert registry._aliases == {}
 
 
+def test_one_cookie_under_two_authorities_of_one_user_is_two_client_sessions() -> None:
+    """Two tokens of one principal with other roles never share prepared statements or results, whatever cookie
+    they send; the user's limits still count both."""
+    registry = SessionRegistry(_load({}), None, Limits(4, 2), 1024)  # type: ignore[arg-type]
+    wide, narrow = User("user:alice", "A", authority="all roles"), User("user:alice", "B", authority="one role")
+    first = registry.resolve(wide, None, "ipv4:127.0.0.1:5000", "cookie")
+    assert registry.resolve(wide, "cookie", "ipv4:127.0.0.1:5000", None) is first
+    other = registry.resolve(narrow, "cookie", "ipv4:127.0.0.1:5000", None)
+    assert other is not first and other.user_key == first.user_key == "user:alice"
+    assert registry.resolve(narrow, None, "ipv4:127.0.0.1:5000", None) is not first
+    registry.close()
+
+
 def test_an_engine_that_sat_out_another_engines_statements_forgets_its_cached_tables() -> None:
     """Found by review: with metadata_revalidate_seconds > 0 each engine trusts its own load cache for a while,
     and a write through another engine of the same client invalidated only that engine's: the client could miss
     its own write. An engine chosen again after others ran starts with an empty load cache."""
-    session = ClientSession(("user:alice", "s"), _load({}), 1024)
+    session = ClientSession(SessionKey("user:alice", "", "s"), _load({}), 1024)
     reader = session.acquire_engine("TOKEN")
     reader.provider._cache[("alice", "demo", "ns.t")] = object()  # type: ignore[assignment]  # a cached load
     writer = session.acquire_engine("TOKEN")  # the first is busy: a second engine
