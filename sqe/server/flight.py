@@ -10,9 +10,9 @@ Surface: ``CommandStatementQuery`` and ``CommandPreparedStatementQuery`` by GetF
 streams batch by batch; gRPC flow control blocks the producer, so memory stays bounded whatever the result size),
 ``CommandStatementUpdate`` / ``CommandPreparedStatementUpdate`` by DoPut (a prepared update's parameter rows in
 its own stream, all of them one commit), parameter binding by DoPut of ``CommandPreparedStatementQuery``, the
-``CreatePreparedStatement`` / ``ClosePreparedStatement`` / ``CancelFlightInfo`` actions, and the metadata commands
-(catalogs = warehouses, DB schemas = namespaces, tables with schemas, table types, SQL info). A DoGet stream the
-client drops cancels its query.
+``CreatePreparedStatement`` / ``ClosePreparedStatement`` / ``CancelFlightInfo`` / ``CancelQuery`` actions, and
+the metadata commands (catalogs = warehouses, DB schemas = namespaces, tables with schemas, table types, SQL
+info). A DoGet stream the client drops cancels its query.
 """
 
 from __future__ import annotations
@@ -210,6 +210,23 @@ def _result_schema(engine: Engine, sql: str) -> pa.Schema | None:
         return engine.session.sql(wrapped, [None] * count or None).arrow().schema
     except QueryError:
         return None  # e.g. a statement the wrapper cannot hold; the client learns the schema at GetFlightInfo
+
+
+def _cancel_query_request(body: bytes) -> sql_pb.ActionCancelQueryRequest:
+    request = sql_pb.ActionCancelQueryRequest()
+    if not any_pb2.Any.FromString(body).Unpack(request):
+        raise DecodeError("not an ActionCancelQueryRequest")
+    return request
+
+
+def _cancelled_handle(action: str, info_of: Callable[[], bytes]) -> bytes:
+    """The statement handle in the FlightInfo a cancel action names (``info_of`` reads it from the request)."""
+    try:
+        info = flight.FlightInfo.deserialize(info_of())
+        ticket = info.endpoints[0].ticket.ticket
+        return bytes(_message(_unpack_any(ticket), sql_pb.TicketStatementQuery).statement_handle)
+    except (DecodeError, IndexError, pa.ArrowException, QueryError):
+        raise QueryError(f"{action} needs the FlightInfo of a query of this server") from None
 
 
 def _count_of(result: Result) -> int:
@@ -652,6 +669,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             ("CreatePreparedStatement", "prepare a SQL statement"),
             ("ClosePreparedStatement", "close a prepared statement"),
             ("CancelFlightInfo", "cancel a running query"),
+            ("CancelQuery", "cancel a running query (Flight SQL's older action)"),
         ]
 
     @_handler
@@ -666,7 +684,9 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             session.close_prepared(handle)
             return []
         if action.type == "CancelFlightInfo":
-            return [flight.Result(pa.py_buffer(self._cancel(session, body)))]
+            return [flight.Result(pa.py_buffer(self._cancel_flight_info(session, body)))]
+        if action.type == "CancelQuery":
+            return [flight.Result(pa.py_buffer(self._cancel_query(session, body)))]
         raise QueryError(f"unknown action {action.type[:60]!r}")
 
     def _create_prepared(self, user: User, session: ClientSession, sql: str, context: Any) -> bytes:
@@ -693,21 +713,29 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             result.parameter_schema = pa.schema([]).serialize().to_pybytes()
         return _pack(result)
 
-    def _cancel(self, session: ClientSession, body: bytes) -> bytes:
-        try:
-            request = cancel_pb.CancelFlightInfoRequest.FromString(body)
-            info = flight.FlightInfo.deserialize(request.info)
-            ticket = info.endpoints[0].ticket.ticket
-            handle = _message(_unpack_any(ticket), sql_pb.TicketStatementQuery).statement_handle
-        except (DecodeError, IndexError, pa.ArrowException):
-            raise QueryError("CancelFlightInfo needs the FlightInfo of a query of this server") from None
-        query = session.open.get(handle)
-        status = cancel_pb.CANCEL_STATUS_NOT_CANCELLABLE
-        if query is not None and query.cancel("cancel"):
-            if query.finish_if_waiting():  # not streaming yet: nothing will read it any more
-                session.open.pop(handle, None)
-            status = cancel_pb.CANCEL_STATUS_CANCELLED
+    def _cancel_flight_info(self, session: ClientSession, body: bytes) -> bytes:
+        handle = _cancelled_handle("CancelFlightInfo", lambda: cancel_pb.CancelFlightInfoRequest.FromString(body).info)
+        cancelled = self._cancel(session, handle)
+        status = cancel_pb.CANCEL_STATUS_CANCELLED if cancelled else cancel_pb.CANCEL_STATUS_NOT_CANCELLABLE
         return bytes(cancel_pb.CancelFlightInfoResult(status=status).SerializeToString())
+
+    def _cancel_query(self, session: ClientSession, body: bytes) -> bytes:
+        """Flight SQL's deprecated CancelQuery: an Any-packed request and result around the same cancel."""
+        handle = _cancelled_handle("CancelQuery", lambda: _cancel_query_request(body).info)
+        codes = sql_pb.ActionCancelQueryResult
+        cancelled = self._cancel(session, handle)
+        result = codes.CANCEL_RESULT_CANCELLED if cancelled else codes.CANCEL_RESULT_NOT_CANCELLABLE
+        return _pack(sql_pb.ActionCancelQueryResult(result=result))
+
+    @staticmethod
+    def _cancel(session: ClientSession, handle: bytes) -> bool:
+        """Cancel this session's query ``handle``; False when it holds no such query still running."""
+        query = session.open.get(handle)
+        if query is None or not query.cancel("cancel"):
+            return False
+        if query.finish_if_waiting():  # not streaming yet: nothing will read it any more
+            session.open.pop(handle, None)
+        return True
 
     # -- lifecycle --------------------------------------------------------------------------------------
 

@@ -774,6 +774,34 @@ def test_pyarrow_flight_client_query_and_cancel_flight_info(served: Served) -> N
     served.expect_error(lambda: client.do_get(info.endpoints[0].ticket, options).read_all(), flight.FlightError)
 
 
+def _cancel_query(client: flight.FlightClient, info: flight.FlightInfo, options: flight.FlightCallOptions) -> int:
+    wrapper = any_pb2.Any()
+    wrapper.Pack(sql_pb.ActionCancelQueryRequest(info=info.serialize()))
+    [result] = client.do_action(flight.Action("CancelQuery", wrapper.SerializeToString()), options)
+    answer = sql_pb.ActionCancelQueryResult()
+    assert any_pb2.Any.FromString(result.body.to_pybytes()).Unpack(answer)
+    return int(answer.result)
+
+
+def test_the_cancel_query_action_the_sql_info_advertises_cancels(served: Served) -> None:
+    """SqlInfo FLIGHT_SQL_SERVER_CANCEL says the CancelQuery action works: older clients send it (Any-packed
+    ActionCancelQueryRequest with the query's FlightInfo) rather than CancelFlightInfo."""
+    assert _sql_info(served, "carol")[9] is True
+    client = served.flight_client()
+    options = _session_options(served.token("carol"), uuid.uuid4().hex)
+    assert "CancelQuery" in {action.type for action in client.list_actions(options)}
+    sql = f"SELECT id FROM {served.namespace}.people"
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+    result = sql_pb.ActionCancelQueryResult
+    assert _cancel_query(client, info, options) == result.CANCEL_RESULT_CANCELLED
+    error = served.expect_error(lambda: client.do_get(info.endpoints[0].ticket, options).read_all(), flight.FlightError)
+    assert "unknown or already used ticket" in str(error)
+    assert _cancel_query(client, info, options) == result.CANCEL_RESULT_NOT_CANCELLABLE
+    garbage = flight.Action("CancelQuery", b"not a request")
+    error = served.expect_error(lambda: list(client.do_action(garbage, options)), flight.FlightError)
+    assert "CancelQuery needs the FlightInfo of a query of this server" in str(error)
+
+
 def test_a_ticket_of_another_user_is_unknown_to_them(served: Served) -> None:
     client = served.flight_client()
     sql = f"SELECT id FROM {served.namespace}.people"
