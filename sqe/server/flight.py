@@ -188,13 +188,30 @@ def _parameter_rows(table: pa.Table | None) -> list[list[Any]]:
     return [list(row.values()) for row in table.to_pylist()]
 
 
-def _parameter_count(sql: str) -> int | None:
-    """How many parameters ``sql`` takes (DuckDB's parser), or None when it does not parse as one statement."""
+def _parameter_names(sql: str) -> list[str] | None:
+    """The parameters ``sql`` takes, in binding order (``?`` and ``$n`` by number, then ``$name`` by name), or
+    None when it does not parse as one statement (DuckDB's parser)."""
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error:
         return None
-    return len(statements[0].named_parameters) if len(statements) == 1 else None
+    if len(statements) != 1:
+        return None
+    names = statements[0].named_parameters
+    return sorted(names, key=lambda name: (0, int(name), "") if name.isdigit() else (1, 0, name))
+
+
+def _parameter_count(sql: str) -> int | None:
+    """How many parameters ``sql`` takes, or None when it does not parse as one statement."""
+    names = _parameter_names(sql)
+    return None if names is None else len(names)
+
+
+def _parameter_schema(sql: str) -> pa.Schema | None:
+    """A prepared statement's ``parameter_schema``: a nullable field per parameter. DuckDB infers a parameter's
+    type only when values are bound, so each is null-typed (unknown), as DuckDB's own ADBC driver reports it."""
+    names = _parameter_names(sql)
+    return None if names is None else pa.schema([pa.field(name, pa.null()) for name in names])
 
 
 def _result_schema(engine: Engine, sql: str) -> pa.Schema | None:
@@ -709,8 +726,9 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         result = sql_pb.ActionCreatePreparedStatementResult(prepared_statement_handle=handle)
         if schema is not None:
             result.dataset_schema = schema.serialize().to_pybytes()
-        if _parameter_count(sql) == 0:  # a statement without parameters: its (empty) parameter schema is known
-            result.parameter_schema = pa.schema([]).serialize().to_pybytes()
+        parameters = _parameter_schema(sql)
+        if parameters is not None:
+            result.parameter_schema = parameters.serialize().to_pybytes()
         return _pack(result)
 
     def _cancel_flight_info(self, session: ClientSession, body: bytes) -> bytes:

@@ -1341,6 +1341,31 @@ def test_prepared_statements_carry_their_dataset_and_parameter_schemas(served: S
         assert cur.fetchall() == [(3, "nnn-nn-5555"), (6, None)]
 
 
+def test_a_prepared_statement_with_parameters_describes_them(served: Served) -> None:
+    """Its parameter_schema has one nullable field per parameter, in binding order, named as DuckDB numbers or
+    names them; DuckDB infers their types only when it executes, so each is null-typed (as DuckDB's own ADBC driver
+    reports an unknown parameter), which a Flight SQL client binds any value to."""
+    client = served.flight_client()
+    options = _bearer(served.token("carol"))
+    table = f"{served.namespace}.people"
+
+    def parameters(sql: str) -> pa.Schema:
+        created = _create_prepared(client, sql, options)
+        return pa.ipc.read_schema(pa.py_buffer(created.parameter_schema))
+
+    unknown = [pa.field("1", pa.null()), pa.field("2", pa.null())]
+    assert parameters(f"SELECT id FROM {table} WHERE id = ? AND region = ?") == pa.schema(unknown)
+    assert parameters(f"SELECT id FROM {table} WHERE id = $2 OR id = $1") == pa.schema(unknown)
+    assert parameters(f"SELECT id FROM {table} WHERE name = $who") == pa.schema([pa.field("who", pa.null())])
+    assert all(field.nullable for field in parameters(f"SELECT id FROM {table} WHERE id IN (?, ?)"))
+    sql = f"SELECT id, name FROM {table} WHERE id > ? AND region = ? ORDER BY id"
+    with served.adbc("carol") as conn, conn.cursor() as cur:
+        described = cur.adbc_prepare(sql)
+        assert described is not None and described.names == ["1", "2"]
+        cur.execute(sql, parameters=(2, "EU"))
+        assert cur.fetchall() == [(3, "linus"), (6, "tim")]
+
+
 def test_a_prepared_statement_follows_restrictions_set_after_it_was_prepared(served: Served, tmp_path: Path) -> None:
     """Each execution asks the catalog again as the user: restrictions set after CreatePreparedStatement apply to
     the next CommandPreparedStatementQuery, as to a plain statement (never the raw rows of prepare time)."""
