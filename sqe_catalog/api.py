@@ -791,9 +791,12 @@ def _commit_table(call: _Call) -> Response:
     else:
         call.require(Privilege.TABLE_WRITE_PROPERTIES, namespace, name)
     tables = call.warehouse.tables
-    if tables.table_exists(namespace, name):
-        _restrictions(call, tables.load_table(namespace, name), "commit")  # refused before committing
-    table = tables.commit_table(namespace, name, commit)
+    gated_uuid: uuid.UUID | None = None
+    if not creating:  # a create has no table yet; its assert-create refuses one that appears meanwhile
+        gated = tables.load_table(namespace, name)  # 404 for a missing table, 422 for an untrusted one
+        _restrictions(call, gated, "commit")  # refused before committing
+        gated_uuid = gated.metadata.table_uuid  # the commit goes to this table or to none (409)
+    table = tables.commit_table(namespace, name, commit, gated_uuid)
     location = json.dumps(table.metadata_location)
     body = f'{{"{vocabulary.METADATA_LOCATION}":{location},"metadata":{_metadata_json(table, "all")}}}'
     etag = _etag_for(call, table, "all", None, _commit_digest(call, table))

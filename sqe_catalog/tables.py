@@ -45,6 +45,7 @@ from pyiceberg.table.update import (
     AddSchemaUpdate,
     AddSnapshotUpdate,
     AssertCreate,
+    AssertTableUUID,
     RemovePropertiesUpdate,
     SetLocationUpdate,
     SetPropertiesUpdate,
@@ -932,8 +933,16 @@ class WarehouseTables:
             parsed = self._read_for_admission(location)
             self._admit(namespace, name, location, parsed, actor, f"notification-{kind.lower()}", stamp)
 
-    def commit_table(self, namespace: Namespace, name: str, commit: CommitBody) -> StoredTable:
-        """Apply requirements + updates atomically; a failed requirement or lost race: CommitFailedError."""
+    def commit_table(
+        self, namespace: Namespace, name: str, commit: CommitBody, gated_uuid: uuid.UUID | None = None
+    ) -> StoredTable:
+        """Apply requirements + updates atomically; a failed requirement or lost race: CommitFailedError.
+
+        ``gated_uuid``: the table the caller authorized the commit on; checked against the base the commit is
+        applied to, so another table created under the name since is refused (409), never committed ungated."""
+        if gated_uuid is not None:  # an implicit assert-table-uuid
+            same_table = AssertTableUUID(uuid=gated_uuid)
+            commit = commit.model_copy(update={"requirements": (*commit.requirements, same_table)})
         creating = any(isinstance(r, AssertCreate) for r in commit.requirements)
         if creating:
             self._require_namespace(namespace)
