@@ -82,7 +82,7 @@ from sqe_catalog.identifiers import (
     validate_namespace,
 )
 from sqe_catalog.integrity.admission import Admission
-from sqe_catalog.integrity.canonical import ParsedMetadata, read_metadata_file
+from sqe_catalog.integrity.canonical import ParsedMetadata, check_new_metadata_size, read_metadata_file
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
 from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
 from sqe_catalog.integrity.state import Reservation, TrustedState, now_ms
@@ -525,6 +525,12 @@ class _WarehouseSqlCatalog(SqlCatalog):
             io=staged.io,
             catalog=self,
         )
+
+    @staticmethod
+    def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
+        # pyiceberg writes a legacy table's commits: bounded as the catalog's own writes, or no load reads it back.
+        check_new_metadata_size(len(metadata.model_dump_json(exclude_none=True).encode("utf-8")))
+        SqlCatalog._write_metadata(metadata, io, metadata_path)
 
     def _convert_orm_to_iceberg(self, orm_table: IcebergTables) -> Table:
         if not (metadata_location := orm_table.metadata_location):

@@ -36,6 +36,7 @@ from sqe_catalog.errors import (
     NotFoundError,
 )
 from sqe_catalog.identifiers import Namespace, validate_name
+from sqe_catalog.integrity.canonical import check_new_metadata_size, read_metadata_bytes
 from sqe_catalog.schema import VIEW_POINTERS, create_tables
 from sqe_catalog.tables import (
     CLIENT_PARSE_ERRORS,
@@ -48,6 +49,8 @@ from sqe_catalog.tables import (
 __all__ = ["NoSuchViewError", "StoredView", "ViewStore", "validate_view_name"]
 
 _views = VIEW_POINTERS
+# Versions pile up in a view's file: replacing it with a smaller one (a new view) is the way out.
+_VIEW_SIZE_ADVICE = "drop the view and create it again"
 
 
 class NoSuchViewError(NotFoundError, error_type=vocabulary.ERROR_NO_SUCH_VIEW):
@@ -149,8 +152,10 @@ class ViewStore:
         return found
 
     def _read(self, location: str) -> dict[str, Any]:
-        with self._io.new_input(location).open() as stream:
-            document = json.loads(stream.read())
+        try:  # bounded as a table's: a writer of the store could put a huge (or gzip-bomb) file there
+            document = json.loads(read_metadata_bytes(self._io, location).decode("utf-8"))
+        except ValueError as exc:  # too large, not gzip, not UTF-8 or not JSON
+            raise BadRequestError(f"view metadata file is not valid: {exc}") from None
         if not isinstance(document, dict):
             raise BadRequestError("view metadata file is not a JSON object")
         return document
@@ -189,8 +194,10 @@ class ViewStore:
         """Write ``document`` under the view's location (its ``location`` field set to it, whatever it said)."""
         document["location"] = view_location
         location = f"{view_location}/metadata/{sequence:05d}-{uuid.uuid4()}.metadata.json"
+        data = json.dumps(document, separators=(",", ":")).encode("utf-8")
+        check_new_metadata_size(len(data), _VIEW_SIZE_ADVICE)  # no load would read it back
         with self._io.new_output(location).create(overwrite=False) as stream:
-            stream.write(json.dumps(document, separators=(",", ":")).encode("utf-8"))
+            stream.write(data)
         return location
 
     def replace_view(self, namespace: Namespace, name: str, body: dict[str, Any]) -> StoredView:

@@ -46,9 +46,11 @@ __all__ = [
     "MAX_METADATA_FILE_BYTES",
     "ParsedMetadata",
     "canonical_bytes",
+    "check_new_metadata_size",
     "digest_document",
     "document_for_write",
     "parse_metadata_bytes",
+    "read_metadata_bytes",
     "read_metadata_file",
     "serialize_document",
     "write_metadata_file",
@@ -120,11 +122,17 @@ def parse_metadata_bytes(data: bytes) -> ParsedMetadata:
     return ParsedMetadata(model, _complete(model_document(model), raw, top_level=None))
 
 
-def read_metadata_file(file_io: FileIO, location: str) -> ParsedMetadata:
-    """Read and parse a metadata file; FileNotFoundError when missing, ValueError when not valid metadata."""
+def read_metadata_bytes(file_io: FileIO, location: str) -> bytes:
+    """A table's or a view's metadata file, gunzipped; FileNotFoundError when missing, ValueError when it holds
+    or decompresses to more than ``MAX_METADATA_FILE_BYTES``."""
     with file_io.new_input(location).open() as stream:
         data = stream.read(MAX_METADATA_FILE_BYTES + 1)  # one byte past the limit tells a larger file
-    return parse_metadata_bytes(data)
+    return _decompressed(data)
+
+
+def read_metadata_file(file_io: FileIO, location: str) -> ParsedMetadata:
+    """Read and parse a metadata file; FileNotFoundError when missing, ValueError when not valid metadata."""
+    return parse_metadata_bytes(read_metadata_bytes(file_io, location))
 
 
 def model_document(model: TableMetadata) -> dict[str, Any]:
@@ -162,14 +170,22 @@ def serialize_document(document: Mapping[str, Any]) -> bytes:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
+_TABLE_SIZE_ADVICE = "expire snapshots or remove unused schemas and specs first"
+
+
+def check_new_metadata_size(size: int, advice: str = _TABLE_SIZE_ADVICE) -> None:
+    """A new metadata file of ``size`` bytes (uncompressed) must stay loadable: 400 past the read limit."""
+    if size > MAX_METADATA_FILE_BYTES:
+        raise BadRequestError(
+            f"the new metadata file would hold {size} bytes, more than {MAX_METADATA_FILE_BYTES} bytes "
+            f"(MAX_METADATA_FILE_BYTES): {advice}"
+        )
+
+
 def write_metadata_file(file_io: FileIO, location: str, document: Mapping[str, Any]) -> ParsedMetadata:
     """Write a new metadata file (never overwriting one) and return it as a reader will parse it."""
     data = serialize_document(document)
-    if len(data) > MAX_METADATA_FILE_BYTES:  # no reader would load it back
-        raise BadRequestError(
-            f"the new metadata file would hold {len(data)} bytes, more than {MAX_METADATA_FILE_BYTES} "
-            "(MAX_METADATA_FILE_BYTES): expire snapshots or remove unused schemas and specs first"
-        )
+    check_new_metadata_size(len(data))  # no reader would load it back
     parsed = parse_metadata_bytes(data)  # what we digest is what a later load will read back
     with file_io.new_output(location).create(overwrite=False) as stream:
         stream.write(data)

@@ -7,6 +7,7 @@ must refuse and delete nothing.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import sqlite3
@@ -840,3 +841,28 @@ def test_a_commit_to_a_missing_table_is_refused_at_the_gate(api: Api) -> None:
     missing = api.set_properties(ns, "absent", owner="me")
     assert missing.status_code == 404, missing.text
     assert missing.json()["error"]["type"] == "NoSuchTableException"
+
+
+def test_a_legacy_commit_past_the_metadata_limit_is_refused_unwritten(api: Api, catalog_server: CatalogServer) -> None:
+    # Before: pyiceberg wrote a legacy table's new metadata file whatever its size (a protected table's is bounded),
+    # so the commit succeeded and every later load of the table was a 400.
+    from sqe_catalog.integrity.canonical import MAX_METADATA_FILE_BYTES
+
+    ns = api.namespace()
+    first = legacy_table(catalog_server, ns, "old", {"write.metadata.compression-codec": "gzip"})
+    document = read_stored(catalog_server, first)
+    pad = MAX_METADATA_FILE_BYTES - len(json.dumps(document)) - 4096
+    document["properties"]["pad"] = "x" * pad
+    near_limit = first.rsplit("/", 1)[0] + f"/00001-{uuid.uuid4()}.gz.metadata.json"
+    bucket, key = s3_key(near_limit)
+    catalog_server.moto.client("s3").put_object(
+        Bucket=bucket, Key=key, Body=gzip.compress(json.dumps(document).encode(), 1)
+    )
+    assert _register(api, ns, "old", near_limit, overwrite=True).status_code == 200  # the legacy pointer moves
+    refused = api.set_properties(ns, "old", more="y" * 65536)
+    assert refused.status_code == 400, refused.text[:500]
+    message = refused.json()["error"]["message"]
+    assert f"more than {MAX_METADATA_FILE_BYTES} bytes (MAX_METADATA_FILE_BYTES)" in message
+    loaded = api.load(ns, "old")
+    assert loaded.status_code == 200 and loaded.json()["metadata-location"] == near_limit, "nothing committed"
+    assert trusted_row(catalog_server, ns, "old") is None, "still legacy"
