@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -237,3 +238,62 @@ def test_a_plan_made_before_a_restriction_is_not_served_after_it(
     later = requests.get(f"{base}/plan/{plan['plan-id']}", headers=headers, timeout=30)
     assert later.status_code == 404, later.text
     assert later.json()["error"]["type"] == "NoSuchPlanIdException"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Manifest lists and manifests planning reads are bounded, stored and inflated (sqe_catalog.avro_limits)
+
+
+def _zigzag(value: int) -> bytes:
+    """An Avro long."""
+    encoded, out = (value << 1) ^ (value >> 63), bytearray()
+    while encoded > 0x7F:
+        out.append((encoded & 0x7F) | 0x80)
+        encoded >>= 7
+    return bytes([*out, encoded])
+
+
+def _deflate_bomb(real: bytes, inflated: int) -> bytes:
+    """The Avro file ``real`` (its header: schema, deflate codec, sync marker) with one block that inflates past
+    ``inflated`` bytes instead of its own: a few hundred KiB stored."""
+    sync = real[-16:]  # every block ends with the header's sync marker
+    header = real[: real.index(sync) + len(sync)]
+    assert b"deflate" in header
+    packer = zlib.compressobj(1, zlib.DEFLATED, -15)  # raw deflate, as Avro's deflate codec
+    chunk = b"a" * (1 << 20)
+    block = b"".join([*(packer.compress(chunk) for _ in range(inflated // len(chunk) + 1)), packer.flush()])
+    return header + _zigzag(1) + _zigzag(len(block)) + block + sync
+
+
+def _oversized_or_bomb(case: str, real: bytes) -> tuple[bytes, str]:
+    """The file's new content and how the refusal names the limit it passes."""
+    from sqe_catalog.avro_limits import MAX_MANIFEST_BYTES, MAX_MANIFEST_DECOMPRESSED_BYTES
+
+    if case == "stored":
+        return b"\0" * (MAX_MANIFEST_BYTES + 1), f"holds more than {MAX_MANIFEST_BYTES} bytes (MAX_MANIFEST_BYTES)"
+    limit = MAX_MANIFEST_DECOMPRESSED_BYTES
+    return _deflate_bomb(real, limit), f"inflates to more than {limit} bytes (MAX_MANIFEST_DECOMPRESSED_BYTES)"
+
+
+@pytest.mark.parametrize("case", ["stored", "inflated"])
+@pytest.mark.parametrize("kind", ["manifest list", "manifest"])
+def test_planning_refuses_manifests_past_the_limits_unread(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, kind: str, case: str
+) -> None:
+    # Before: pyiceberg read a manifest list or manifest whole, and inflated each block whole, whatever its size.
+    ns, _files = _table(catalog_server, engine_writer)
+    table = pyiceberg_catalog(catalog_server, engine_writer).load_table((ns, "sales"))
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    target = snapshot.manifest_list if kind == "manifest list" else snapshot.manifests(table.io)[0].manifest_path
+    bucket, _, key = target.removeprefix("s3://").partition("/")
+    s3 = catalog_server.moto.client("s3")
+    data, limit = _oversized_or_bomb(case, s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    s3.put_object(Bucket=bucket, Key=key, Body=data)
+    url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales/plan"
+    headers = {"Authorization": f"Bearer {catalog_server.token(engine_writer)}"}
+    refused = requests.post(url, json={}, headers=headers, timeout=120)
+    assert refused.status_code == 422, refused.text[:500]
+    error = refused.json()["error"]
+    assert error["type"] == "UnprocessableEntityException", error
+    assert error["message"] == f"cannot plan this scan: a {kind} of the table {limit}"

@@ -1,0 +1,68 @@
+"""The Avro container walk that sizes a manifest before planning reads it (``sqe_catalog.avro_limits``)."""
+
+from __future__ import annotations
+
+import bz2
+import zlib
+
+import pytest
+import zstandard
+
+from sqe_catalog.avro_limits import MalformedAvroError, inflated_size
+
+SYNC = bytes(range(16))
+PLAIN = b"x" * 300_000
+
+
+def _long(value: int) -> bytes:
+    encoded, out = (value << 1) ^ (value >> 63), bytearray()
+    while encoded > 0x7F:
+        out.append((encoded & 0x7F) | 0x80)
+        encoded >>= 7
+    return bytes([*out, encoded])
+
+
+def _container(codec: bytes, *blocks: bytes) -> bytes:
+    meta = _long(1) + _long(10) + b"avro.codec" + _long(len(codec)) + codec + _long(0)
+    return b"Obj\x01" + meta + SYNC + b"".join(_long(1) + _long(len(b)) + b + SYNC for b in blocks)
+
+
+def _deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(6, zlib.DEFLATED, -15)
+    return packer.compress(data) + packer.flush()
+
+
+@pytest.mark.parametrize(
+    ("codec", "compress"),
+    [
+        (b"null", lambda d: d),
+        (b"deflate", _deflate),
+        (b"bzip2", bz2.compress),
+        (b"zstandard", lambda d: zstandard.ZstdCompressor().compress(d)),
+    ],
+)
+def test_each_codec_counts_its_inflated_blocks_and_stops_past_the_budget(codec: bytes, compress: object) -> None:
+    assert callable(compress)
+    data = _container(codec, compress(PLAIN), compress(PLAIN[:1000]))
+    assert inflated_size(data, 10 * len(PLAIN)) == len(PLAIN) + 1000
+    assert len(PLAIN) // 2 < inflated_size(data, len(PLAIN) // 2) <= len(PLAIN) + 1000  # past it: stops counting
+
+
+def test_snappy_is_sized_by_the_length_it_states() -> None:
+    # a snappy block starts with its inflated length (an unsigned varint) and Avro adds a CRC-32 after it
+    block = bytes([0x80, 0x80, 0x80, 0x80, 0x01]) + b"\0" * 8
+    assert inflated_size(_container(b"snappy", block), 1) == 1 << 28
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"PAR1",  # not Avro
+        _container(b"deflate", _deflate(PLAIN))[:-20],  # a block cut short
+        _container(b"deflate", b"\xff" * 64),  # a corrupt deflate stream
+        b"Obj\x01" + _long(1) + _long(1000),  # a header cut short
+    ],
+)
+def test_a_file_that_is_not_an_avro_container_is_malformed(data: bytes) -> None:
+    with pytest.raises(MalformedAvroError):
+        inflated_size(data, 1 << 30)
