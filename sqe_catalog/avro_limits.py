@@ -13,7 +13,7 @@ import io
 import zlib
 from collections.abc import Callable
 
-from pyiceberg.io import InputFile, InputStream
+from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
 from sqe_catalog.errors import UnprocessableEntityError
 
@@ -21,6 +21,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_MANIFEST_DECOMPRESSED_BYTES",
     "BoundedManifestFile",
+    "BoundedManifestIO",
     "MalformedAvroError",
     "ManifestLimitError",
     "inflated_size",
@@ -48,11 +49,12 @@ class MalformedAvroError(ValueError):
 
 
 class BoundedManifestFile(InputFile):
-    """``inner``, opened as its bytes once they are known to stay within the limits (``kind`` names it)."""
+    """``inner``, opened as its bytes once they are known to stay within the limits (``kind`` names it, and
+    ``refused`` what a refusal stops)."""
 
-    def __init__(self, inner: InputFile, kind: str) -> None:
+    def __init__(self, inner: InputFile, kind: str, refused: str = "cannot plan this scan") -> None:
         super().__init__(inner.location)
-        self._inner, self._kind = inner, kind
+        self._inner, self._kind, self._refused = inner, kind, refused
 
     def __len__(self) -> int:
         return len(self._inner)
@@ -75,7 +77,24 @@ class BoundedManifestFile(InputFile):
         return io.BytesIO(data)
 
     def _refusal(self, what: str) -> ManifestLimitError:
-        return ManifestLimitError(f"cannot plan this scan: a {self._kind} of the table {what}")
+        return ManifestLimitError(f"{self._refused}: a {self._kind} of the table {what}")
+
+
+class BoundedManifestIO(FileIO):
+    """``io`` for reading a table's manifest lists and manifests only, each as a ``BoundedManifestFile``."""
+
+    def __init__(self, io: FileIO, refused: str) -> None:
+        super().__init__(io.properties)
+        self._io, self._refused = io, refused
+
+    def new_input(self, location: str) -> InputFile:
+        return BoundedManifestFile(self._io.new_input(location), "manifest list or manifest", self._refused)
+
+    def new_output(self, location: str) -> OutputFile:
+        raise NotImplementedError("reading manifests never writes")
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        raise NotImplementedError("reading manifests never deletes")
 
 
 def inflated_size(data: bytes, budget: int) -> int:

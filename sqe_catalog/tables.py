@@ -62,6 +62,7 @@ from sqe import vocabulary
 from sqe._lru import LRUCache
 from sqe._text import first_line, iso_utc
 from sqe.credentials.paths import covered_by_any, prefix_matches
+from sqe_catalog.avro_limits import BoundedManifestIO, ManifestLimitError
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.errors import (
     AlreadyExistsError,
@@ -1278,6 +1279,8 @@ class WarehouseTables:
     def _referenced_files(self, table: StoredTable, own: Callable[[str], bool]) -> set[str]:
         """Metadata files, manifest lists, manifests and data files; lists outside the table (``own``) are not
         read."""
+        # A table's writer decides what they hold: read no further than planning reads them.
+        io = BoundedManifestIO(self._catalog.io, "files it names are not purged")
         files = {entry.metadata_file for entry in table.metadata.metadata_log}
         if table.metadata_location:
             files.add(table.metadata_location)
@@ -1286,13 +1289,14 @@ class WarehouseTables:
             if not own(snapshot.manifest_list):
                 continue
             try:
-                for manifest in snapshot.manifests(self._catalog.io):
+                for manifest in snapshot.manifests(io):
                     files.add(manifest.manifest_path)
                     if own(manifest.manifest_path):
-                        entries = manifest.fetch_manifest_entry(self._catalog.io, discard_deleted=False)
+                        entries = manifest.fetch_manifest_entry(io, discard_deleted=False)
                         files.update(entry.data_file.file_path for entry in entries)
             except Exception as exc:  # a missing or corrupt file must not stop the rest of the purge
-                log.warning("purge of %s could not read a manifest: %s", table.key, type(exc).__name__)
+                why = exc.message if isinstance(exc, ManifestLimitError) else type(exc).__name__  # names no path
+                log.warning("purge of %s could not read a manifest: %s", table.key, why)
         return files
 
 

@@ -5,6 +5,7 @@ file that only hidden rows match is ever planned for it."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 import zlib
 from pathlib import Path
@@ -297,3 +298,39 @@ def test_planning_refuses_manifests_past_the_limits_unread(
     error = refused.json()["error"]
     assert error["type"] == "UnprocessableEntityException", error
     assert error["message"] == f"cannot plan this scan: a {kind} of the table {limit}"
+
+
+def _cleanup_tasks(server: CatalogServer) -> list[dict[str, Any]]:
+    tasks: list[dict[str, Any]] = json.loads(server.admin_cli("list-cleanup-tasks"))
+    return tasks
+
+
+def test_a_purge_reads_manifests_no_further_than_planning(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    # Before: the catalog's cleaner read and inflated a manifest of any size to list the files it deletes.
+    ns, files = _table(catalog_server, engine_writer)
+    table = pyiceberg_catalog(catalog_server, engine_writer).load_table((ns, "sales"))
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    manifests = [m.manifest_path for m in snapshot.manifests(table.io)]
+    bucket, _, key = manifests[0].removeprefix("s3://").partition("/")
+    s3 = catalog_server.moto.client("s3")
+    bomb, limit = _oversized_or_bomb("inflated", s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    s3.put_object(Bucket=bucket, Key=key, Body=bomb)
+    url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales"
+    headers = {"Authorization": f"Bearer {catalog_server.token(catalog_server.admin)}"}
+    dropped = requests.delete(url, params={"purgeRequested": "true"}, headers=headers, timeout=60)
+    assert dropped.status_code == 204, dropped.text
+    deadline = time.monotonic() + 60
+    while any(t["namespace"] == ns and t["status"] in ("pending", "running") for t in _cleanup_tasks(catalog_server)):
+        assert time.monotonic() < deadline, "the cleaner did not finish the purge"
+        time.sleep(0.25)
+    expected = (
+        f"could not read a manifest: files it names are not purged: a manifest list or manifest of the table {limit}"
+    )
+    assert expected in catalog_server.log_path.read_text()
+    remaining = s3.list_objects_v2(Bucket=bucket, Prefix=key.rsplit("/metadata/", 1)[0])
+    # the other manifest's data file is deleted; the refused one's is left, never the purge's failure
+    left = {f"s3://{bucket}/{o['Key']}" for o in remaining.get("Contents", [])}
+    assert len(left & set(files)) == 1
