@@ -19,6 +19,7 @@ from pyiceberg.catalog.rest.scan_planning import PlanTableScanRequest
 from pyiceberg.expressions import EqualTo, NotEqualTo
 
 from tests.conftest import pyiceberg_catalog
+from tests.helpers.avro import avro_long
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, MotoServer
@@ -245,15 +246,6 @@ def test_a_plan_made_before_a_restriction_is_not_served_after_it(
 # Manifest lists and manifests planning reads are bounded, stored and inflated (sqe_catalog.avro_limits)
 
 
-def _zigzag(value: int) -> bytes:
-    """An Avro long."""
-    encoded, out = (value << 1) ^ (value >> 63), bytearray()
-    while encoded > 0x7F:
-        out.append((encoded & 0x7F) | 0x80)
-        encoded >>= 7
-    return bytes([*out, encoded])
-
-
 def _deflate_bomb(real: bytes, inflated: int) -> bytes:
     """The Avro file ``real`` (its header: schema, deflate codec, sync marker) with one block that inflates past
     ``inflated`` bytes instead of its own: a few hundred KiB stored."""
@@ -263,7 +255,7 @@ def _deflate_bomb(real: bytes, inflated: int) -> bytes:
     packer = zlib.compressobj(1, zlib.DEFLATED, -15)  # raw deflate, as Avro's deflate codec
     chunk = b"a" * (1 << 20)
     block = b"".join([*(packer.compress(chunk) for _ in range(inflated // len(chunk) + 1)), packer.flush()])
-    return header + _zigzag(1) + _zigzag(len(block)) + block + sync
+    return header + avro_long(1) + avro_long(len(block)) + block + sync
 
 
 def _oversized_or_bomb(case: str, real: bytes) -> tuple[bytes, str]:

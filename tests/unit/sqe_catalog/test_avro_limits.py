@@ -9,22 +9,15 @@ import pytest
 import zstandard
 
 from sqe_catalog.avro_limits import MalformedAvroError, inflated_size
+from tests.helpers.avro import avro_long
 
 SYNC = bytes(range(16))
 PLAIN = b"x" * 300_000
 
 
-def _long(value: int) -> bytes:
-    encoded, out = (value << 1) ^ (value >> 63), bytearray()
-    while encoded > 0x7F:
-        out.append((encoded & 0x7F) | 0x80)
-        encoded >>= 7
-    return bytes([*out, encoded])
-
-
 def _container(codec: bytes, *blocks: bytes) -> bytes:
-    meta = _long(1) + _long(10) + b"avro.codec" + _long(len(codec)) + codec + _long(0)
-    return b"Obj\x01" + meta + SYNC + b"".join(_long(1) + _long(len(b)) + b + SYNC for b in blocks)
+    meta = avro_long(1) + avro_long(10) + b"avro.codec" + avro_long(len(codec)) + codec + avro_long(0)
+    return b"Obj\x01" + meta + SYNC + b"".join(avro_long(1) + avro_long(len(b)) + b + SYNC for b in blocks)
 
 
 def _deflate(data: bytes) -> bytes:
@@ -60,7 +53,7 @@ def test_snappy_is_sized_by_the_length_it_states() -> None:
         b"PAR1",  # not Avro
         _container(b"deflate", _deflate(PLAIN))[:-20],  # a block cut short
         _container(b"deflate", b"\xff" * 64),  # a corrupt deflate stream
-        b"Obj\x01" + _long(1) + _long(1000),  # a header cut short
+        b"Obj\x01" + avro_long(1) + avro_long(1000),  # a header cut short
     ],
 )
 def test_a_file_that_is_not_an_avro_container_is_malformed(data: bytes) -> None:
