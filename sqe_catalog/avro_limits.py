@@ -13,6 +13,7 @@ import io
 import zlib
 from collections.abc import Callable
 
+import zstandard
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
 from sqe_catalog.errors import UnprocessableEntityError
@@ -195,10 +196,6 @@ def _bzip2(block: bytes, budget: int) -> int:
 
 
 def _zstandard(block: bytes, budget: int) -> int:
-    try:
-        import zstandard
-    except ImportError:  # pyiceberg cannot read it either
-        return 0
     total = 0
     try:
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(block)) as reader:
