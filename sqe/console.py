@@ -13,7 +13,8 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from sqe._text import terminal_line
+from sqe._text import first_line, terminal_line
+from sqe.errors import QueryError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -92,14 +93,38 @@ def write_result(table: pa.Table, fmt: str, output: str | None, *, after_another
     if output:
         path = Path(output)
         if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            pq.write_table(table, path)
+            _write_parquet(table, path)
             return
         with path.open("a" if after_another else "w", encoding="utf-8", newline="") as fh:
             write_table(table, fmt, fh)
         return
     write_table(table, fmt, sys.stdout)
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    """``table`` as a Parquet file; a column of a type Parquet cannot hold (a UNION) is a :class:`QueryError`
+    naming it, not a traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pq.write_table(table, path)
+    except pa.ArrowNotImplementedError as exc:
+        column = next((field for field in table.schema if not _parquet_holds(field)), None)
+        what = f"column {column.name!r} of type {column.type}" if column else "this result"
+        raise QueryError(f"--format parquet cannot hold {what}: {first_line(exc)}") from None
+
+
+def _parquet_holds(field: pa.Field) -> bool:
+    """Whether Parquet has a type for ``field``: tried on an empty column, so nothing is written but a footer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pq.write_table(pa.schema([field]).empty_table(), pa.BufferOutputStream())
+    except pa.ArrowNotImplementedError:
+        return False
+    return True
 
 
 def report_error(exc: BaseException, debug: bool) -> int:

@@ -1,5 +1,9 @@
 """Rendering Arrow results as an aligned text table, CSV or JSON lines.
 
+Every value goes one way: :func:`_nodes` walks an Arrow array by its type, at any depth, into plain nodes (a
+leaf's SQL text and JSON value, a list, a struct, a map), and each format writes those nodes. The walk never
+raises: a value Python cannot hold (a nanosecond timestamp, a date past year 9999) is shown by Arrow's text of it.
+
 The table is for a terminal: control characters (escape sequences, carriage returns, bidi overrides) in names
 and values are shown escaped, so data cannot rewrite the user's screen. CSV and JSON keep every value exact.
 """
@@ -9,19 +13,50 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeAlias
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sqe._text import escape_unprintable
 from sqe.errors import QueryError
 
 MAX_CELL = 60
-_LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType, pa.ListViewType, pa.LargeListViewType)
 _CSV_SPECIAL = frozenset(',"\r\n')
+# What pyarrow raises for a value it cannot hand over or a cast it lacks: the walk then falls back to text.
+_UNREADABLE = (pa.ArrowException, ValueError, TypeError, OverflowError, ArithmeticError)
+# Digits of a second's fraction each Arrow time unit holds.
+_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+
+
+@dataclass(frozen=True, slots=True)
+class _Leaf:
+    text: str  # as SQL shows it
+    json: Any  # as JSON holds it
+    quoted: bool = False  # a string: quoted inside a list, struct or map, so 'NULL' stays apart from NULL
+
+
+@dataclass(frozen=True, slots=True)
+class _List:
+    items: list[_Node]
+
+
+@dataclass(frozen=True, slots=True)
+class _Struct:
+    fields: list[tuple[str, _Node]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Map:
+    entries: list[tuple[_Node, _Node]]
+
+
+_Node: TypeAlias = "_Leaf | _List | _Struct | _Map | None"
 
 
 def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
@@ -34,9 +69,8 @@ def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
 
 
 def render_table(table: pa.Table) -> str:
-    kinds, table = table.schema.types, _readable(table)
     names = [escape_unprintable(name) for name in table.column_names]
-    rows = [[_cell(v, kind) for v, kind in zip(row, kinds, strict=True)] for row in _rows(table)]
+    rows = [[_cell(node) for node in row] for row in _rows(table)]
     widths = [_width(n) for n in names]
     for row in rows:
         widths = [max(w, _width(c)) for w, c in zip(widths, row, strict=True)]
@@ -48,60 +82,87 @@ def render_table(table: pa.Table) -> str:
     return "\n".join(out) + "\n"
 
 
-def _readable(table: pa.Table) -> pa.Table:
-    """DuckDB exports a BIGNUM (an integer literal beyond HUGEINT, say) as an opaque blob of its storage bytes:
-    shown as hex it would be a wrong number, so it becomes the number's decimal text. A nanosecond timestamp or
-    time, at any depth, becomes Arrow's text of it: Python's datetime holds microseconds, and pyarrow refuses to
-    hand over one whose nanoseconds are not zero."""
-    for i, field in enumerate(table.schema):
-        if _is_bignum(field.type):
-            blobs = [blob for chunk in table.column(i).chunks for blob in chunk.storage.to_pylist()]
-            values = [None if blob is None else str(_bignum(blob)) for blob in blobs]
-            table = table.set_column(i, pa.field(field.name, pa.string()), pa.array(values, pa.string()))
-            continue
-        if isinstance(field.type, pa.UnionType):  # Arrow casts no union: its members are cast one by one
-            chunks = [_union_members_as_text(chunk) for chunk in table.column(i).chunks]
-            if chunks and chunks[0].type != field.type:
-                table = table.set_column(i, pa.field(field.name, chunks[0].type), pa.chunked_array(chunks))
-            continue
-        exact = _nanoseconds_as_text(field.type)
-        if exact != field.type:
-            table = table.set_column(i, pa.field(field.name, exact), table.column(i).cast(exact))
-    return table
+def _rows(table: pa.Table) -> Iterator[tuple[_Node, ...]]:
+    """Rows by position: a result may name two columns alike (``SELECT 1 AS a, 2 AS a``)."""
+    columns = ([node for chunk in column.chunks for node in _nodes(chunk)] for column in table.columns)
+    return zip(*columns, strict=True)
 
 
-def _union_members_as_text(chunk: pa.UnionArray) -> pa.Array:
-    """``chunk`` with every nanosecond timestamp or time in its members as text."""
-    kind, chunk = chunk.type, pa.concat_arrays([chunk])  # a copy at offset 0: from_sparse/dense ignore a slice's
-    members = [chunk.field(i) for i in range(kind.num_fields)]
-    exact = [member.cast(_nanoseconds_as_text(member.type)) for member in members]
-    if [member.type for member in exact] == [member.type for member in members]:
-        return chunk
-    names, codes = [f.name for f in kind], list(kind.type_codes)
-    if kind.mode == "sparse":
-        return pa.UnionArray.from_sparse(chunk.type_codes, exact, names, codes)
-    return pa.UnionArray.from_dense(chunk.type_codes, chunk.offsets, exact, names, codes)
+def _nodes(array: pa.Array) -> list[_Node]:
+    """One node per value of ``array``, whatever its type and depth; never raises."""
+    try:
+        return _walk(array)
+    except _UNREADABLE:  # a layout this walk did not foresee: Arrow's own text of each value
+        return _arrow_text(array)
 
 
-def _nanoseconds_as_text(kind: pa.DataType) -> pa.DataType:
-    """``kind`` with every nanosecond timestamp or time in it as text."""
-    if isinstance(kind, pa.TimestampType | pa.Time64Type) and kind.unit == "ns":
-        return pa.string()
+def _walk(array: pa.Array) -> list[_Node]:
+    kind = array.type
+    if isinstance(kind, pa.DictionaryType):
+        values = _nodes(array.dictionary)
+        return [None if i is None else values[i] for i in array.indices.to_pylist()]
+    if isinstance(kind, pa.RunEndEncodedType):
+        return _nodes(pc.run_end_decode(array))
+    if isinstance(kind, pa.BaseExtensionType):
+        return _extension(array)
+    if isinstance(kind, pa.UnionType):
+        return _union(array)
     if isinstance(kind, pa.StructType):
-        return pa.struct([f.with_type(_nanoseconds_as_text(f.type)) for f in kind])
-    if isinstance(kind, pa.MapType):
-        key, item = kind.key_field, kind.item_field
-        return pa.map_(key.with_type(_nanoseconds_as_text(key.type)), item.with_type(_nanoseconds_as_text(item.type)))
-    if isinstance(kind, pa.ListType | pa.LargeListType | pa.FixedSizeListType):
-        value = kind.value_field.with_type(_nanoseconds_as_text(kind.value_type))
-        if isinstance(kind, pa.FixedSizeListType):
-            return pa.list_(value, kind.list_size)
-        return pa.large_list(value) if isinstance(kind, pa.LargeListType) else pa.list_(value)
-    return kind
+        fields = [(kind.field(i).name, _nodes(array.field(i))) for i in range(kind.num_fields)]
+        return [_Struct([(name, nodes[r]) for name, nodes in fields]) if ok else None for r, ok in _valid(array)]
+    if isinstance(kind, pa.MapType | pa.ListType | pa.LargeListType | pa.ListViewType | pa.LargeListViewType):
+        return _lists(array)
+    if isinstance(kind, pa.FixedSizeListType):
+        size = kind.list_size
+        items = _nodes(array.values.slice(array.offset * size, len(array) * size))
+        return [_List(items[r * size : (r + 1) * size]) if ok else None for r, ok in _valid(array)]
+    return _leaves(array)
 
 
-def _is_bignum(kind: pa.DataType) -> bool:
-    return isinstance(kind, pa.OpaqueType) and (kind.vendor_name, kind.type_name) == ("DuckDB", "bignum")
+def _valid(array: pa.Array) -> Iterator[tuple[int, bool]]:
+    return enumerate(array.is_valid().to_pylist())
+
+
+def _lists(array: pa.ListArray | pa.MapArray) -> list[_Node]:
+    """Lists, list views and maps: each row's items are a range of the child array."""
+    starts = array.offsets.to_pylist()
+    if isinstance(array.type, pa.ListViewType | pa.LargeListViewType):
+        child, ends = array.values, [s + n for s, n in zip(starts, array.sizes.to_pylist(), strict=True)]
+    else:  # offsets hold one more entry than rows; only the rows' range of the child is read
+        first, ends, starts = starts[0], starts[1:], starts[:-1]
+        child = array.values.slice(first, ends[-1] - first if ends else 0)
+        starts, ends = [s - first for s in starts], [e - first for e in ends]
+    if isinstance(array.type, pa.MapType):
+        keys, items = _nodes(child.field(0)), _nodes(child.field(1))
+        return [
+            _Map(list(zip(keys[s:e], items[s:e], strict=True))) if ok else None
+            for (_, ok), s, e in zip(_valid(array), starts, ends, strict=True)
+        ]
+    nodes = _nodes(child)
+    return [_List(nodes[s:e]) if ok else None for (_, ok), s, e in zip(_valid(array), starts, ends, strict=True)]
+
+
+def _union(array: pa.UnionArray) -> list[_Node]:
+    """A union's value is its member's: the type codes say which member each row holds."""
+    kind = array.type
+    if array.offset:  # pyarrow reads a slice's type codes (and dense offsets) from their buffers' start
+        array = pa.concat_arrays([array])
+    members = [_nodes(array.field(i)) for i in range(kind.num_fields)]
+    member_of = {code: i for i, code in enumerate(kind.type_codes)}
+    codes = array.type_codes.to_pylist()
+    rows = array.offsets.to_pylist() if kind.mode == "dense" else range(len(array))
+    return [members[member_of[code]][row] for code, row in zip(codes, rows, strict=True)]
+
+
+def _extension(array: pa.ExtensionArray) -> list[_Node]:
+    """A DuckDB BIGNUM is an opaque blob of its storage bytes, shown as its number (its hex would be a wrong one);
+    a UUID as its canonical text; any other extension type as its storage."""
+    kind, storage = array.type, array.storage
+    if isinstance(kind, pa.OpaqueType) and (kind.vendor_name, kind.type_name) == ("DuckDB", "bignum"):
+        return [None if blob is None else _text_leaf(str(_bignum(blob))) for blob in storage.to_pylist()]
+    if isinstance(kind, pa.UuidType):
+        return [None if raw is None else _text_leaf(str(uuid.UUID(bytes=raw))) for raw in storage.to_pylist()]
+    return _nodes(storage)
 
 
 def _bignum(blob: bytes) -> int:
@@ -113,67 +174,60 @@ def _bignum(blob: bytes) -> int:
     return -value if negative else value
 
 
-def _rows(table: pa.Table) -> Iterator[tuple[Any, ...]]:
-    """Rows by position: a result may name two columns alike (``SELECT 1 AS a, 2 AS a``)."""
-    return zip(*(column.to_pylist() for column in table.columns), strict=True)
+def _leaves(array: pa.Array) -> list[_Node]:
+    """Values of a type that does not nest. Nanosecond timestamps and times are Arrow's text of them (Python's
+    datetime holds microseconds); a duration is a clock, as DuckDB shows an INTERVAL."""
+    kind = array.type
+    if isinstance(kind, pa.DurationType):
+        counts = pc.cast(array, pa.int64()).to_pylist()
+        return [None if n is None else _text_leaf(_clock(n, _DIGITS[kind.unit])) for n in counts]
+    if isinstance(kind, pa.TimestampType | pa.Time64Type) and kind.unit == "ns":
+        return _arrow_text(array)
+    return [None if value is None else _leaf(value) for value in array.to_pylist()]
 
 
-def _row(cells: list[str], widths: list[int]) -> str:
-    return "| " + " | ".join(c + " " * (w - _width(c)) for c, w in zip(cells, widths, strict=True)) + " |"
+def _arrow_text(array: pa.Array) -> list[_Node]:
+    """Arrow's text of each value: for a value Python cannot hold. A timestamp's JSON is ISO 8601, as
+    ``isoformat()`` writes the others."""
+    try:
+        texts = pc.cast(array, pa.string()).to_pylist()
+    except _UNREADABLE:
+        texts = [None if valid is False else f"<{array.type}>" for valid in _validity(array)]
+    iso = isinstance(array.type, pa.TimestampType)
+    return [None if t is None else _Leaf(t, t.replace(" ", "T", 1) if iso else t) for t in texts]
 
 
-def _cell(value: Any, kind: pa.DataType) -> str:
-    text = escape_unprintable(_shown(value, kind))
-    return text if _width(text) <= MAX_CELL else _cut(text, MAX_CELL - 1) + "…"
+def _validity(array: pa.Array) -> list[bool | None]:
+    try:
+        return list(array.is_valid().to_pylist())
+    except _UNREADABLE:  # a type with no validity of its own: every value is shown
+        return [True] * len(array)
 
 
-def _shown(value: Any, kind: pa.DataType, *, nested: bool = False) -> str:
-    """A value of Arrow type ``kind`` as SQL shows it, never as a Python repr (``Decimal('1.50')``,
-    ``datetime.date(...)``). Inside a list, struct or map a string is quoted, so the string 'NULL' stays apart from
-    NULL. The type, not the Python value, tells a MAP (a list of tuples, or an empty list) from a LIST."""
-    if value is None:
-        return "NULL"
-    if isinstance(kind, pa.MapType):
-        key, item = kind.key_type, kind.item_type
-        return "{" + ", ".join(f"{_shown(k, key, nested=True)}={_shown(v, item, nested=True)}" for k, v in value) + "}"
-    if isinstance(kind, pa.StructType):
-        types = {field.name: field.type for field in kind}
-        shown = (f"{_shown(k, pa.string(), nested=True)}: {_shown(v, types[k], nested=True)}" for k, v in value.items())
-        return "{" + ", ".join(shown) + "}"
-    if isinstance(kind, _LIST_TYPES):
-        return "[" + ", ".join(_shown(item, kind.value_type, nested=True) for item in value) + "]"
+def _leaf(value: Any) -> _Leaf:
+    """A Python value of a type that does not nest as a leaf: as SQL shows it, never as a Python repr
+    (``Decimal('1.50')``, ``datetime.date(...)``)."""
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return _Leaf("true" if value else "false", value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return _Leaf(str(value), str(value).replace("nan", "NaN").replace("inf", "Infinity"))  # JSON has no such
+    if isinstance(value, int | float):
+        return _Leaf(str(value), value)
+    if isinstance(value, str):
+        return _Leaf(value, value, quoted=True)
     if isinstance(value, bytes):
-        return str(_bignum(value)) if _is_bignum(kind) else value.hex()
-    if isinstance(value, str):  # or a value _readable made text: shown as its type is, unquoted
-        quoted = nested and not isinstance(kind, pa.TimestampType | pa.Time64Type)
-        return "'" + value.replace("'", "''") + "'" if quoted else value
-    if isinstance(value, pa.MonthDayNano):
-        return _interval(value)
+        return _text_leaf(value.hex())
     if isinstance(value, Decimal):
-        return format(value, "f")  # every digit of its scale, as DuckDB writes it (str() gives 0E-10 for 0)
-    if isinstance(value, dict | list):  # a type that does not say it nests (a UNION's members, an extension type)
-        return _shown_by_value(value, nested=nested)
-    return str(value)
+        return _text_leaf(format(value, "f"))  # every digit of its scale, as DuckDB writes it (not 0E-10)
+    if isinstance(value, pa.MonthDayNano):
+        return _text_leaf(_interval(value))
+    if isinstance(value, datetime | date | time):
+        return _Leaf(str(value), value.isoformat())
+    return _text_leaf(str(value))
 
 
-# A type that says nothing of its values (a union of no member): they are shown by what they are.
-_UNTYPED = pa.sparse_union([])
-
-
-def _shown_by_value(value: dict[Any, Any] | list[Any], *, nested: bool) -> str:
-    """A nested value whose type is not known, as :func:`_shown` shows it: a dict is a struct, a non-empty list of
-    (key, value) tuples a map (an INTERVAL is a tuple too, never an entry), any other list a list."""
-    if isinstance(value, dict):
-        return _shown(value, pa.struct([pa.field(str(k), _UNTYPED) for k in value]), nested=nested)
-    if isinstance(value, list) and value and all(_is_entry(item) for item in value):
-        return _shown(value, pa.map_(_UNTYPED, _UNTYPED), nested=nested)
-    return _shown(value, pa.list_(_UNTYPED), nested=nested)
-
-
-def _is_entry(item: Any) -> bool:
-    return isinstance(item, tuple) and not isinstance(item, pa.MonthDayNano)
+def _text_leaf(text: str) -> _Leaf:
+    return _Leaf(text, text)
 
 
 def _interval(value: pa.MonthDayNano) -> str:
@@ -185,12 +239,56 @@ def _interval(value: pa.MonthDayNano) -> str:
         parts.append(f"{value.days} day{'s' if abs(value.days) != 1 else ''}")
     if value.nanoseconds or not parts:
         micros = abs(value.nanoseconds) // 1000
-        seconds, fraction = divmod(micros, 1_000_000)
-        minutes, second = divmod(seconds, 60)
-        hours, minute = divmod(minutes, 60)
-        clock = f"{'-' if value.nanoseconds < 0 else ''}{hours:02d}:{minute:02d}:{second:02d}"
-        parts.append(clock + (f".{fraction:06d}" if fraction else ""))
+        parts.append(_clock(-micros if value.nanoseconds < 0 else micros, 6))
     return " ".join(parts)
+
+
+def _clock(count: int, digits: int) -> str:
+    """``count`` units of 10**-digits seconds as ``[-]HH:MM:SS[.fraction]``; the fraction only when not zero."""
+    seconds, fraction = divmod(abs(count), 10**digits)
+    minutes, second = divmod(seconds, 60)
+    hours, minute = divmod(minutes, 60)
+    clock = f"{'-' if count < 0 else ''}{hours:02d}:{minute:02d}:{second:02d}"
+    return clock + (f".{fraction:0{digits}d}" if fraction else "")
+
+
+def _shown(node: _Node, *, nested: bool = False) -> str:
+    """A node as SQL shows it: ``[1.50, NULL]``, ``{'a': 'x'}``, ``{'k'=1}``."""
+    if node is None:
+        return "NULL"
+    if isinstance(node, _Leaf):
+        return _quote(node.text) if nested and node.quoted else node.text
+    if isinstance(node, _List):
+        return "[" + ", ".join(_shown(item, nested=True) for item in node.items) + "]"
+    if isinstance(node, _Struct):
+        return "{" + ", ".join(f"{_quote(name)}: {_shown(v, nested=True)}" for name, v in node.fields) + "}"
+    return "{" + ", ".join(f"{_shown(k, nested=True)}={_shown(v, nested=True)}" for k, v in node.entries) + "}"
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _jsonable(node: _Node) -> Any:
+    """A node as JSON: a map's entries are written as ``[key, value]`` (a key need not be a string)."""
+    if node is None:
+        return None
+    if isinstance(node, _Leaf):
+        return node.json
+    if isinstance(node, _List):
+        return [_jsonable(item) for item in node.items]
+    if isinstance(node, _Struct):
+        return {name: _jsonable(v) for name, v in node.fields}
+    return [[_jsonable(k), _jsonable(v)] for k, v in node.entries]
+
+
+def _row(cells: Sequence[str], widths: list[int]) -> str:
+    return "| " + " | ".join(c + " " * (w - _width(c)) for c, w in zip(cells, widths, strict=True)) + " |"
+
+
+def _cell(node: _Node) -> str:
+    text = escape_unprintable(_shown(node))
+    return text if _width(text) <= MAX_CELL else _cut(text, MAX_CELL - 1) + "…"
 
 
 def _char_width(char: str) -> int:
@@ -217,10 +315,8 @@ def _cut(text: str, width: int) -> str:
 def _write_csv(table: pa.Table, out: TextIO) -> None:
     """RFC 4180 lines; NULL is an empty field and an empty string a quoted one (``""``), as DuckDB writes them."""
     out.write(",".join(_csv_field(name) for name in table.column_names) + "\r\n")
-    kinds, table = table.schema.types, _readable(table)
     for row in _rows(table):
-        fields = ("" if v is None else _csv_field(_shown(v, kind)) for v, kind in zip(row, kinds, strict=True))
-        out.write(",".join(fields) + "\r\n")
+        out.write(",".join("" if node is None else _csv_field(_shown(node)) for node in row) + "\r\n")
 
 
 def _csv_field(text: str) -> str:
@@ -235,37 +331,6 @@ def _write_json(table: pa.Table, out: TextIO) -> None:
     if repeated:
         shown = ", ".join(repr(name) for name in repeated)
         raise QueryError(f"JSON output needs distinct column names; give {shown} an alias in the query")
-    kinds, table = table.schema.types, _readable(table)
     for row in _rows(table):
-        record = {k: _jsonable(v, kind) for k, v, kind in zip(names, row, kinds, strict=True)}
+        record = {name: _jsonable(node) for name, node in zip(names, row, strict=True)}
         out.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-
-
-def _jsonable(value: Any, kind: pa.DataType) -> Any:
-    """A value of Arrow type ``kind`` as JSON; the type tells a BIGNUM nested in a list, struct or map from a BLOB."""
-    if value is None:
-        return None
-    if isinstance(kind, pa.MapType):  # entries written as [key, value]
-        return [[_jsonable(k, kind.key_type), _jsonable(v, kind.item_type)] for k, v in value]
-    if isinstance(kind, pa.StructType):
-        types = {field.name: field.type for field in kind}
-        return {str(k): _jsonable(v, types[k]) for k, v in value.items()}
-    if isinstance(kind, _LIST_TYPES):
-        return [_jsonable(v, kind.value_type) for v in value]
-    if isinstance(kind, pa.TimestampType) and isinstance(value, str):  # nanoseconds, made text by _readable
-        return value.replace(" ", "T", 1)  # as isoformat() writes the others
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value).replace("nan", "NaN").replace("inf", "Infinity")  # JSON has no such numbers
-    if isinstance(value, datetime | date | time):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return format(value, "f")
-    if isinstance(value, bytes):
-        return str(_bignum(value)) if _is_bignum(kind) else value.hex()
-    if isinstance(value, pa.MonthDayNano):
-        return _interval(value)
-    if isinstance(value, dict):  # a type that does not say it nests (a UNION's members, an extension type)
-        return {str(k): _jsonable(v, _UNTYPED) for k, v in value.items()}
-    if isinstance(value, list | tuple):  # a tuple: a MAP entry, written as [key, value]
-        return [_jsonable(v, _UNTYPED) for v in value]
-    return value
