@@ -23,6 +23,14 @@ def terminal_line(value: BaseException | str) -> str:
     return escape_unprintable(first_line(value))
 
 
+def escape_for_terminal(text: str) -> str:
+    """:func:`escape_unprintable` with a backslash doubled, so the text ``\\x1b`` never reads as an escaped ESC.
+
+    For values and names shown on a terminal (the table format), where the escaping must be unambiguous.
+    """
+    return escape_unprintable(text.replace("\\", "\\\\"))
+
+
 def iso_utc(epoch_seconds: float | None, *, zulu: bool = False) -> str | None:
     """Epoch seconds as an ISO-8601 UTC timestamp to the second; None stays None. ``zulu`` writes the zone as
     ``Z`` (as Java's ``Instant`` does, for Gravitino-shaped answers) instead of ``+00:00``."""

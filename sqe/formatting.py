@@ -5,7 +5,8 @@ leaf's SQL text and JSON value, a list, a struct, a map), and each format writes
 raises: a value Python cannot hold (a nanosecond timestamp, a date past year 9999) is shown by Arrow's text of it.
 
 The table is for a terminal: control characters (escape sequences, carriage returns, bidi overrides) in names
-and values are shown escaped, so data cannot rewrite the user's screen. CSV and JSON keep every value exact.
+and values are shown escaped, and a backslash doubled, so data cannot rewrite the user's screen and escaped text
+never reads as a control character. CSV and JSON keep every value exact.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, TextIO, TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sqe._text import escape_unprintable
+from sqe._text import escape_for_terminal
 from sqe.errors import QueryError
 
 MAX_CELL = 60
@@ -69,7 +70,7 @@ def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
 
 
 def render_table(table: pa.Table) -> str:
-    names = [escape_unprintable(name) for name in table.column_names]
+    names = [escape_for_terminal(name) for name in table.column_names]
     rows = [[_cell(node) for node in row] for row in _rows(table)]
     widths = [_width(n) for n in names]
     for row in rows:
@@ -287,7 +288,7 @@ def _row(cells: Sequence[str], widths: list[int]) -> str:
 
 
 def _cell(node: _Node) -> str:
-    text = escape_unprintable(_shown(node))
+    text = escape_for_terminal(_shown(node))
     return text if _width(text) <= MAX_CELL else _cut(text, MAX_CELL - 1) + "…"
 
 

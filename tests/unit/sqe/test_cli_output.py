@@ -338,6 +338,19 @@ def test_a_sliced_union_column_keeps_its_values() -> None:
     ]
 
 
+def test_a_backslash_is_escaped_so_escaped_text_never_reads_as_a_control_character(
+    tmp_path: Path, config: Path
+) -> None:
+    """Found by review: the four characters ``\\x1b`` and one ESC were shown alike in the table format. A backslash
+    is now doubled wherever control characters are escaped (values and names); CSV and JSON stay exact."""
+    statement = "SELECT '\\x1b' AS \"t\\\", chr(27) AS e, 'a\\b' AS p"
+    out = _stdout(tmp_path, "-c", str(config), "-e", statement)
+    assert out.splitlines()[1] == "| t\\\\   | e    | p    |"
+    assert out.splitlines()[3] == "| \\\\x1b | \\x1b | a\\\\b |"
+    as_csv = _stdout(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert list(csv.reader(io.StringIO(as_csv, newline=""))) == [["t\\", "e", "p"], ["\\x1b", "\x1b", "a\\b"]]
+
+
 NS = 1_577_836_800_123_456_789  # 2020-01-01 00:00:00.123456789: no Python datetime holds it
 NS_TEXT = "2020-01-01 00:00:00.123456789"
 
