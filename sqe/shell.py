@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 from sqe._text import terminal_line
 from sqe.console import run_with_progress, write_result
 from sqe.errors import SQEError
-from sqe.sqltext import is_complete, split_statements
+from sqe.sqltext import code_and_pieces, is_complete, split_statements
 
 if TYPE_CHECKING:
     from sqe.session import Session
@@ -25,9 +25,22 @@ HELP = """\
   \\q                quit
 Statements end with ';'. Ctrl-C cancels the running query; Ctrl-D quits."""
 
-# A statement naming one of these may carry a key in clear (CREATE EXTERNAL TABLE ... WITH (secret_access_key =
-# '...'), CREATE SECRET, a password or token): the history file, which outlives the session, never keeps it.
-SECRET_WORDS = re.compile(r"secret|password|token", re.IGNORECASE)
+# A word holding one of these names a credential, in any case: s3_secret_access_key, CREATE SECRET, mypassword,
+# motherduck_token, X-Amz-Signature in a presigned URL, an Authorization: Bearer header, AccountKey= in Azure's
+# connection string.
+SECRET_STEMS = ("secret", "password", "passwd", "token", "credential", "signature", "bearer", "authoriz", "apikey")
+# Too short to find inside a word: a whole part of one (passwd=... pwd=..., Azure's sig=..., a SAS token).
+SECRET_PARTS = frozenset({"pwd", "sig", "sas"})
+_WORD = re.compile(r"[A-Za-z0-9_]+")
+_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key; KEY_ID: KEY, ID
+# A string that is a credential by its shape: a URL with a password (scheme://user:pass@), an AWS key id, a JWT.
+_SECRET_SHAPES = (
+    re.compile(r"://[^/@\s:]+:[^/@\s]+@"),
+    re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
+    re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+"),
+)
+# A long run of letters and digits, an API token's shape when it mixes both cases and digits (a path has slashes).
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9+=_-]{32,}")
 
 # What one input did: the shell quits, a statement failed, or neither.
 Outcome = Literal["quit", "failed"] | None
@@ -150,7 +163,7 @@ class Shell:
 def _keep_out_of_history(lines: list[str]) -> None:
     """Take a statement naming a secret back out of the readline history, newest line first. Readline added each
     non-empty line unless it repeated the entry before it, so a line not found at the end was never added."""
-    if not SECRET_WORDS.search("\n".join(lines)):
+    if not holds_secret("\n".join(lines)):
         return
     try:
         import readline
@@ -160,3 +173,36 @@ def _keep_out_of_history(lines: list[str]) -> None:
         newest = readline.get_current_history_length()
         if newest and readline.get_history_item(newest) == line:
             readline.remove_history_item(newest - 1)
+
+
+def holds_secret(text: str) -> bool:
+    """Whether SQL text may carry a credential in clear: a word of its code names one (a comment between words
+    separates them, as in DuckDB), or a string, quoted identifier, dollar-quoted string or comment names one or has
+    a credential's shape. The history file, which outlives the session, never keeps such a statement."""
+    code, pieces = code_and_pieces(text)
+    if any(_names_secret(word) for word in _WORD.findall(code)):
+        return True
+    return any(_holds_secret_text(piece) for piece in pieces)
+
+
+def _holds_secret_text(piece: str) -> bool:
+    if any(_names_secret(word) for word in _WORD.findall(piece)):
+        return True
+    return _token_like(piece) or any(shape.search(piece) for shape in _SECRET_SHAPES)
+
+
+def _names_secret(word: str) -> bool:
+    """``word`` holds a credential's name, or is a key's other than the bare word KEY (PRIMARY KEY, a map's 'key'):
+    access_key_id, KEY_ID, AccountKey."""
+    lowered = word.lower()
+    if any(stem in lowered for stem in SECRET_STEMS):
+        return True
+    parts = {*lowered.split("_"), *(part.lower() for part in _PART.findall(word))}
+    return bool(SECRET_PARTS & parts) or ("key" in parts and lowered != "key")
+
+
+def _token_like(literal: str) -> bool:
+    return any(
+        any(c.islower() for c in run) and any(c.isupper() for c in run) and any(c.isdigit() for c in run)
+        for run in _TOKEN_RUN.findall(literal)
+    )

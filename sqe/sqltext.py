@@ -45,6 +45,21 @@ def is_complete(text: str) -> bool:
     return significant[0] == "\\" or (all_closed and significant[-1] == ";")
 
 
+def code_and_pieces(text: str) -> tuple[str, list[str]]:
+    """The text outside strings and comments (each string and comment replaced by a space, so a comment between
+    two words still separates them, as in DuckDB), and the text of each string, quoted identifier, dollar-quoted
+    string and comment, quotes and comment marks included."""
+    code: list[str] = []
+    pieces: list[str] = []
+    for kind, start, end, _closed in _scan(text):
+        if kind == "code":
+            code.append(text[start:end])
+        else:
+            code.append(" ")
+            pieces.append(text[start:end])
+    return "".join(code), pieces
+
+
 def _scan(text: str) -> Iterator[tuple[Kind, int, int, bool]]:
     """The text as pieces: one code character, or a whole literal or comment, with whether it is closed."""
     i, n = 0, len(text)

@@ -24,6 +24,7 @@ from sqe.cli import FORMATS
 from sqe.console import write_result
 from sqe.errors import QueryError
 from sqe.formatting import render_table
+from tests.e2e.test_engine_tty import PROMPT, Setup, spawn
 from tests.unit.sqe.test_cli_exit_paths import _sqe, config
 
 __all__ = ["config"]  # the fixture, shared with the exit-path tests
@@ -464,3 +465,43 @@ def test_a_sliced_nested_column_renders_its_own_rows() -> None:
     table = _nested_table().slice(1, 1)
     row = render_table(table).splitlines()[3]
     assert [cell.strip() for cell in row[1:-1].split(" | ")] == [cell or "NULL" for cell in NESTED_ROWS[1]]
+
+
+# Statements carrying a credential in forms the shell's old keyword rule (secret|password|token) let into the
+# history file; each holds a marker (LEAK...) that must not reach it.
+LEAKING = (
+    "SET s3_access_key_id = 'AKIALEAK000000000001';",
+    "SET azure_storage_connection_string = 'AccountName=a;AccountKey=LEAK2';",
+    "ATTACH 'host=127.0.0.1 user=root passwd=LEAK3' AS m (TYPE mysql);",
+    "ATTACH 'Driver=x;Uid=u;Pwd=LEAK4' AS o;",
+    "SELECT * FROM read_csv('http://alice:LEAK5@127.0.0.1:9/x.csv');",
+    "SELECT * FROM read_parquet('s3://b/k.parquet?X-Amz-Credential=x&X-Amz-Signature=LEAK6');",
+    "SELECT http_get('http://127.0.0.1:9', headers := MAP {'Authorization': 'Bearer LEAK7'});",
+    "SELECT upper('eyJhbGciOiJIUzI1NiJ9.eyJLEAK8IjoxfQ.x') AS j;",
+    "SELECT upper('ghp_LEAK9e42F292c6912E7710c838347Ae178B4a') AS t;",
+)
+# Statements the old rule did keep out, in forms a rule on words outside strings and comments must still catch.
+CAUGHT_BEFORE = (
+    "SELECT 1 AS one -- s3 key LEAK10 is my PassWord\r;",
+    "CrEaTe /* LEAK11 */ SeCrEt s (TYPE s3, KEY_ID 'x');",
+)
+
+
+def test_the_shell_keeps_statements_with_credentials_out_of_its_history(tmp_path: Path, config: Path) -> None:
+    """Found by review: the history filter looked for the words secret, password and token anywhere, so a key id,
+    a MySQL passwd=, an Azure AccountKey=, a URL's user:password@, a presigned URL's signature, a Bearer header or a
+    bare token given to a function reached the history file. Statements without one are kept."""
+    shell = spawn(Setup(config, table="unused"), tmp_path)
+    try:
+        shell.wait_for(PROMPT, timeout=30)
+        kept = ("SELECT 'EU' AS region, 1 AS key;", "SELECT map_keys(MAP {'k': 1}) AS primary_keys;")
+        for statement in (kept[0], *LEAKING, *CAUGHT_BEFORE, kept[1]):
+            shell.type(statement + "\r")
+            shell.wait_for(PROMPT, timeout=30)
+        shell.type("\\q\r")
+        assert shell.exit_code(timeout=15) == 0, shell.text
+    finally:
+        shell.close()
+    history = (tmp_path / "history").read_text()
+    assert all(statement in history for statement in kept), history
+    assert "LEAK" not in history, history
