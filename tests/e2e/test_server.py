@@ -33,6 +33,7 @@ from google.protobuf import any_pb2
 
 from sqe.server._proto import flight_cancel_pb2 as cancel_pb
 from sqe.server._proto import flight_sql_pb2 as sql_pb
+from tests.helpers.flight import CallOptions, bearer
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, WorkerFactory
@@ -224,7 +225,7 @@ def _command(message: Any) -> flight.FlightDescriptor:
 
 
 def _bearer(token: str) -> flight.FlightCallOptions:
-    return flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())])
+    return bearer(token)  # its repr hides the token, which a failure's traceback would print
 
 
 # ------------------------------------------------------------------------------------------ ADBC client
@@ -810,7 +811,9 @@ def test_a_ticket_of_another_user_is_unknown_to_them(served: Served) -> None:
         lambda: client.do_get(info.endpoints[0].ticket, _bearer(served.token("alice"))).read_all(), flight.FlightError
     )
     assert "unknown or already used ticket" in str(error)
-    assert client.do_get(info.endpoints[0].ticket, _bearer(served.token("carol"))).read_all().num_rows == 6
+    # The call is made before the assert: pytest would show its arguments, the token among them.
+    rows = client.do_get(info.endpoints[0].ticket, _bearer(served.token("carol"))).read_all().num_rows
+    assert rows == 6
 
 
 def _two_scopes(served: Served) -> tuple[str, str]:
@@ -887,8 +890,8 @@ def test_basic_login_returns_a_bearer_token_that_works(served: Served) -> None:
     carol = served.users["carol"]
     header = client.authenticate_basic_token(carol.client_id, carol.client_secret)
     served.catalog.secrets.add(header[1].decode().removeprefix("Bearer "))
-    info = client.get_flight_info(_command(sql_pb.CommandGetCatalogs()), flight.FlightCallOptions(headers=[header]))
-    table = client.do_get(info.endpoints[0].ticket, flight.FlightCallOptions(headers=[header])).read_all()
+    info = client.get_flight_info(_command(sql_pb.CommandGetCatalogs()), CallOptions(headers=[header]))
+    table = client.do_get(info.endpoints[0].ticket, CallOptions(headers=[header])).read_all()
     assert table.column("catalog_name").to_pylist() == [served.catalog.warehouse]
 
 
@@ -904,7 +907,7 @@ def test_basic_on_every_call_reuses_its_token_until_the_secret_is_rotated(served
     user = _principal(served.catalog, name, [("NAMESPACE_LIST", None), ("TABLE_READ_DATA", None)])
     client = served.flight_client()
     basic = base64.b64encode(f"{user.client_id}:{user.client_secret}".encode()).decode()
-    options = flight.FlightCallOptions(headers=[(b"authorization", f"Basic {basic}".encode())])
+    options = CallOptions(headers=[(b"authorization", f"Basic {basic}".encode())])
     first = client.authenticate_basic_token(user.client_id, user.client_secret)
     served.catalog.secrets.add(first[1].decode().removeprefix("Bearer "))
     before = _token_requests(served)
@@ -922,9 +925,7 @@ def test_basic_on_every_call_reuses_its_token_until_the_secret_is_rotated(served
         flight.FlightUnauthenticatedError,
     )
     served.expect_error(
-        lambda: client.get_flight_info(
-            _command(sql_pb.CommandGetTableTypes()), flight.FlightCallOptions(headers=[first])
-        ),
+        lambda: client.get_flight_info(_command(sql_pb.CommandGetTableTypes()), CallOptions(headers=[first])),
         flight.FlightUnauthenticatedError,
     )
 
@@ -1191,7 +1192,8 @@ def test_the_query_past_the_total_limit_is_refused(served_tls: TlsServed) -> Non
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
-            assert _query(client, "SELECT 1 AS x", _bearer(world.token("carol"))).num_rows == 1
+            rows = _query(client, "SELECT 1 AS x", _bearer(world.token("carol"))).num_rows
+            assert rows == 1
             break
         except flight.FlightUnavailableError:
             time.sleep(0.2)
@@ -1400,8 +1402,7 @@ RACE_SLOTS = 6
 
 
 def _session_options(token: str, session_id: str, timeout: float | None = None) -> flight.FlightCallOptions:
-    headers = [(b"authorization", f"Bearer {token}".encode()), (b"x-sqe-session", session_id.encode())]
-    return flight.FlightCallOptions(headers=headers, timeout=timeout)
+    return bearer(token, (b"x-sqe-session", session_id.encode()), timeout=timeout)
 
 
 def _create_prepared(
@@ -1642,18 +1643,21 @@ def test_delegated_tokens_are_cached_per_user_re_exchanged_before_expiry_and_exp
             issued = time.monotonic()
             token = catalog.token(alice)
             for _ in range(3):  # one exchange serves every call of this token
-                assert _query(client, sql, _bearer(token)).to_pylist() == ALICE_ROWS
+                got = _query(client, sql, _bearer(token)).to_pylist()
+                assert got == ALICE_ROWS
             assert _exchanges(log_path.read_text(), "alice") == 1
             # the delegated token lives no longer than alice's; past 80 % of its life the next call re-exchanges
             time.sleep(max(0.0, issued + TOKEN_LIFETIME * 0.88 - time.monotonic()))
-            assert _query(client, sql, _bearer(token)).to_pylist() == ALICE_ROWS
+            got = _query(client, sql, _bearer(token)).to_pylist()
+            assert got == ALICE_ROWS
             assert _exchanges(log_path.read_text(), "alice") == 2
             time.sleep(max(0.0, issued + TOKEN_LIFETIME + 1 - time.monotonic()))
             with pytest.raises(flight.FlightUnauthenticatedError) as expired:  # the very next call
                 _query(client, sql, _bearer(token))
             assert "Traceback" not in str(expired.value)
             fresh = catalog.token(alice)  # a new token of the same user works again
-            assert _query(client, sql, _bearer(fresh)).to_pylist() == ALICE_ROWS
+            got = _query(client, sql, _bearer(fresh)).to_pylist()
+            assert got == ALICE_ROWS
         finally:
             stop_child(proc)
         log = log_path.read_text(errors="replace")
@@ -1728,18 +1732,22 @@ def test_queries_succeed_again_after_the_catalog_restarts_under_a_running_server
         sql = "SELECT id, region, ssn FROM restart.people ORDER BY id"
         token = catalog.token(alice)
         try:
-            assert _query(client, sql, _bearer(token)).to_pylist() == ALICE_ROWS
+            got = _query(client, sql, _bearer(token)).to_pylist()
+            assert got == ALICE_ROWS
             restart()
             # the very next calls, on the same connection and session, with the token issued before the restart
             for _ in range(3):
-                assert _query(client, sql, _bearer(token)).to_pylist() == ALICE_ROWS
-            assert _query(client, sql, _bearer(catalog.token(alice))).to_pylist() == ALICE_ROWS
+                got = _query(client, sql, _bearer(token)).to_pylist()
+                assert got == ALICE_ROWS
+            got = _query(client, sql, _bearer(catalog.token(alice))).to_pylist()
+            assert got == ALICE_ROWS
             # another signing key: tokens of before are refused (fail closed), and the server's cached reader
             # token with them; a user's fresh token works at once, so the server fetched a new reader token
             restart(new_signing_key=True)
             with pytest.raises(flight.FlightUnauthenticatedError):
                 _query(client, sql, _bearer(token))
-            assert _query(client, sql, _bearer(catalog.token(alice))).to_pylist() == ALICE_ROWS
+            got = _query(client, sql, _bearer(catalog.token(alice))).to_pylist()
+            assert got == ALICE_ROWS
         finally:
             client.close()
             stop_child(proc)

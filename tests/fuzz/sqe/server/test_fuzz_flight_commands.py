@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from sqe.server._proto import flight_sql_pb2 as sql_pb
 from tests.e2e.test_server import _principal, _reader_settings, _write_configs, start_server
 from tests.fuzz.checks import assert_one_line
+from tests.helpers.flight import bearer
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
@@ -82,7 +83,7 @@ def server(
     workdir = tmp_path_factory.mktemp("fuzz-serve")
     proc, port = start_server(workdir, _write_configs(workdir, catalog_server, **_reader_settings(catalog_reader)))
     token = catalog_server.token(user)
-    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())], timeout=20)
+    options = bearer(token, timeout=20)
     client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
     world = FuzzServer(client, options, workdir / "server.log")
     try:
