@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 import uuid
 from collections.abc import Iterator, Sequence
@@ -31,6 +32,8 @@ MAX_CELL = 60
 _CSV_SPECIAL = frozenset(',"\r\n')
 # What pyarrow raises for a value it cannot hand over or a cast it lacks: the walk then falls back to text.
 _UNREADABLE = (pa.ArrowException, ValueError, TypeError, OverflowError, ArithmeticError)
+# The space between a timestamp's date and time in Arrow's text of it (not in its "<value out of range: ...>").
+_ISO_SEPARATOR = re.compile(r"^(-?\d+-\d\d-\d\d) ")
 # Digits of a second's fraction each Arrow time unit holds.
 _DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 
@@ -179,12 +182,27 @@ def _leaves(array: pa.Array) -> list[_Node]:
     """Values of a type that does not nest. Nanosecond timestamps and times are Arrow's text of them (Python's
     datetime holds microseconds); a duration is a clock, as DuckDB shows an INTERVAL."""
     kind = array.type
+    infinite = _infinities(array)
+    if infinite is not None:  # the finite values as usual, each infinity by its name
+        finite = pc.if_else(pa.array([name is not None for name in infinite]), pa.scalar(None, kind), array)
+        return [node if name is None else _text_leaf(name) for name, node in zip(infinite, _nodes(finite), strict=True)]
     if isinstance(kind, pa.DurationType):
         counts = pc.cast(array, pa.int64()).to_pylist()
         return [None if n is None else _text_leaf(_clock(n, _DIGITS[kind.unit])) for n in counts]
     if isinstance(kind, pa.TimestampType | pa.Time64Type) and kind.unit == "ns":
         return _arrow_text(array)
     return [None if value is None else _leaf(value) for value in array.to_pylist()]
+
+
+def _infinities(array: pa.Array) -> list[str | None] | None:
+    """DuckDB writes an infinite timestamp or date as the largest value of its storage (minus it for -infinity):
+    the name of each infinity in ``array``, None for every other value; None if it holds none."""
+    if not (isinstance(array.type, pa.TimestampType) or pa.types.is_date32(array.type)):
+        return None
+    storage, top = (pa.int64(), 2**63 - 1) if isinstance(array.type, pa.TimestampType) else (pa.int32(), 2**31 - 1)
+    raw = array.view(storage).to_pylist()
+    names = ["infinity" if value == top else "-infinity" if value == -top else None for value in raw]
+    return names if any(names) else None
 
 
 def _arrow_text(array: pa.Array) -> list[_Node]:
@@ -195,7 +213,7 @@ def _arrow_text(array: pa.Array) -> list[_Node]:
     except _UNREADABLE:
         texts = [None if valid is False else f"<{array.type}>" for valid in _validity(array)]
     iso = isinstance(array.type, pa.TimestampType)
-    return [None if t is None else _Leaf(t, t.replace(" ", "T", 1) if iso else t) for t in texts]
+    return [None if t is None else _Leaf(t, _ISO_SEPARATOR.sub(r"\1T", t) if iso else t) for t in texts]
 
 
 def _validity(array: pa.Array) -> list[bool | None]:

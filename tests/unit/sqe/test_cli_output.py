@@ -505,3 +505,33 @@ def test_the_shell_keeps_statements_with_credentials_out_of_its_history(tmp_path
     history = (tmp_path / "history").read_text()
     assert all(statement in history for statement in kept), history
     assert "LEAK" not in history, history
+
+
+def test_infinite_and_far_timestamps_and_dates_render_in_every_format(tmp_path: Path, config: Path) -> None:
+    """Found by review: DuckDB's infinite timestamps and dates, and a date past year 9999, ended in an
+    OverflowError traceback; an infinity is now named as DuckDB names it, and JSON keeps Arrow's text of a value
+    out of its range as it is (its space is not a date's)."""
+    statement = (
+        "SELECT 'infinity'::TIMESTAMP AS t, ['-infinity'::DATE, DATE '2020-01-02'] AS d,"
+        " 'infinity'::TIMESTAMPTZ AS tz, '-infinity'::TIMESTAMP_NS AS ns, '294000-01-01'::TIMESTAMP AS far,"
+        " DATE '10000-01-01' AS y"
+    )
+    as_csv = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "csv")
+    assert (as_csv.returncode, as_csv.stderr) == (0, "")
+    far = "<value out of range: 9215576668800000000>"
+    assert list(csv.reader(io.StringIO(as_csv.stdout))) == [
+        ["t", "d", "tz", "ns", "far", "y"],
+        ["infinity", "[-infinity, 2020-01-02]", "infinity", "-infinity", far, "10000-01-01"],
+    ]
+    as_json = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "json")
+    assert json.loads(as_json.stdout) == {
+        "t": "infinity",
+        "d": ["-infinity", "2020-01-02"],
+        "tz": "infinity",
+        "ns": "-infinity",
+        "far": far,
+        "y": "10000-01-01",
+    }
+    table = _sqe(tmp_path, "-c", str(config), "-e", statement)
+    assert (table.returncode, table.stderr) == (0, "")
+    assert "| infinity | [-infinity, 2020-01-02] | infinity | -infinity |" in table.stdout
