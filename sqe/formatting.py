@@ -38,24 +38,24 @@ _ISO_SEPARATOR = re.compile(r"^(-?\d+-\d\d-\d\d) ")
 _DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Leaf:
     text: str  # as SQL shows it
     json: Any  # as JSON holds it
     quoted: bool = False  # a string: quoted inside a list, struct or map, so 'NULL' stays apart from NULL
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _List:
     items: list[_Node]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Struct:
     fields: list[tuple[str, _Node]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Map:
     entries: list[tuple[_Node, _Node]]
 
@@ -191,7 +191,12 @@ def _leaves(array: pa.Array) -> list[_Node]:
         return [None if n is None else _text_leaf(_clock(n, _DIGITS[kind.unit])) for n in counts]
     if isinstance(kind, pa.TimestampType | pa.Time64Type) and kind.unit == "ns":
         return _arrow_text(array)
-    return [None if value is None else _leaf(value) for value in array.to_pylist()]
+    values = array.to_pylist()
+    if pa.types.is_integer(kind):  # the commonest columns, made without _leaf's tests
+        return [None if value is None else _Leaf(str(value), value) for value in values]
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return [None if value is None else _Leaf(value, value, quoted=True) for value in values]
+    return [None if value is None else _leaf(value) for value in values]
 
 
 def _infinities(array: pa.Array) -> list[str | None] | None:
@@ -200,9 +205,10 @@ def _infinities(array: pa.Array) -> list[str | None] | None:
     if not (isinstance(array.type, pa.TimestampType) or pa.types.is_date32(array.type)):
         return None
     storage, top = (pa.int64(), 2**63 - 1) if isinstance(array.type, pa.TimestampType) else (pa.int32(), 2**31 - 1)
-    raw = array.view(storage).to_pylist()
-    names = ["infinity" if value == top else "-infinity" if value == -top else None for value in raw]
-    return names if any(names) else None
+    raw = array.view(storage)
+    if not pc.any(pc.is_in(raw, value_set=pa.array([top, -top], storage))).as_py():
+        return None
+    return ["infinity" if value == top else "-infinity" if value == -top else None for value in raw.to_pylist()]
 
 
 def _arrow_text(array: pa.Array) -> list[_Node]:
