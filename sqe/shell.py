@@ -29,7 +29,7 @@ Statements end with ';'. Ctrl-C cancels the running query; Ctrl-D quits."""
 # motherduck_token, X-Amz-Signature in a presigned URL, an Authorization: Bearer header, AccountKey= in Azure's
 # connection string.
 SECRET_STEMS = ("secret", "password", "passwd", "token", "credential", "signature", "bearer", "authoriz", "apikey")
-# Too short to find inside a word: a whole part of one (passwd=... pwd=..., Azure's sig=..., a SAS token).
+# Too short to find inside a word: a whole part of one (ODBC's Pwd=..., Azure's sig=..., a SAS token).
 SECRET_PARTS = frozenset({"pwd", "sig", "sas"})
 _WORD = re.compile(r"[A-Za-z0-9_]+")
 _PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key; KEY_ID: KEY, ID
