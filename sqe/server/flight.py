@@ -197,8 +197,14 @@ def _parameter_names(sql: str) -> list[str] | None:
         return None
     if len(statements) != 1:
         return None
-    names = statements[0].named_parameters
-    return sorted(names, key=lambda name: (0, int(name), "") if name.isdigit() else (1, 0, name))
+    return sorted(statements[0].named_parameters, key=_binding_order)
+
+
+def _binding_order(name: str) -> tuple[int, int, str]:
+    """Numbered parameters by number, then named ones by name. ASCII digits only: DuckDB names ``$²`` or ``$٣``
+    as it names ``$x``, and int() refuses some of what str.isdigit accepts."""
+    numbered = name.isascii() and name.isdigit()
+    return (0, int(name), "") if numbered else (1, 0, name)
 
 
 def _parameter_count(sql: str) -> int | None:

@@ -1368,6 +1368,15 @@ def test_a_prepared_statement_with_parameters_describes_them(served: Served) -> 
         assert cur.fetchall() == [(3, "linus"), (6, "tim")]
 
 
+def test_a_parameter_named_by_a_non_decimal_digit_is_described_by_its_name(served: Served) -> None:
+    """DuckDB takes ``$²`` as a named parameter; ordering the names must not read it as a number (str.isdigit is
+    true for it, int() refuses it), which failed CreatePreparedStatement with an internal error."""
+    client = served.flight_client()
+    options = _bearer(served.token("carol"))
+    created = _create_prepared(client, f"SELECT id FROM {served.namespace}.people WHERE name = $\u00b2", options)
+    assert pa.ipc.read_schema(pa.py_buffer(created.parameter_schema)) == pa.schema([pa.field("\u00b2", pa.null())])
+
+
 def test_a_prepared_statement_follows_restrictions_set_after_it_was_prepared(served: Served, tmp_path: Path) -> None:
     """Each execution asks the catalog again as the user: restrictions set after CreatePreparedStatement apply to
     the next CommandPreparedStatementQuery, as to a plain statement (never the raw rows of prepare time)."""
