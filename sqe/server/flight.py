@@ -53,7 +53,7 @@ from sqe.server.sessions import (
     UnknownHandleError,
     Watchdog,
 )
-from sqe.session import PreparedStatement, Result
+from sqe.session import Params, PreparedStatement, Result
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,22 @@ def _parameter_rows(table: pa.Table | None) -> list[list[Any]]:
     if table is None or table.num_columns == 0:
         return [[]]
     return [list(row.values()) for row in table.to_pylist()]
+
+
+def _parameter_sets(sql: str, table: pa.Table | None) -> list[Params]:
+    """The parameter sets ``table`` binds to ``sql``: value lists for ``?`` / ``$n``; for ``$name`` parameters
+    (DuckDB binds those only by name) dicts, by the column names when they are the parameters' names, else in
+    the order ``parameter_schema`` describes them (how a client binding positionally sends them)."""
+    rows = _parameter_rows(table)
+    names = _parameter_names(sql) or []
+    if not names or _binding_order(names[0])[0] == 0:  # DuckDB refuses statements mixing the two kinds
+        return list(rows)
+    columns = table.column_names if table is not None else []
+    keys = columns if sorted(columns) == names else names
+    if rows and len(rows[0]) != len(names):
+        expected = ", ".join(f"${name}" for name in names)
+        raise QueryError(f"the statement takes {len(names)} parameters ({expected}), {len(rows[0])} were bound")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
 def _parameter_names(sql: str) -> list[str] | None:
@@ -501,7 +517,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         elif name == "CommandPreparedStatementQuery":
             handle = _message(wrapper, sql_pb.CommandPreparedStatementQuery).prepared_statement_handle
             prepared = self._prepared(session, handle)
-            rows = _parameter_rows(prepared.parameters)
+            rows = _parameter_sets(prepared.sql, prepared.parameters)
             if len(rows) != 1:
                 raise QueryError(f"a prepared query runs with one parameter set, {len(rows)} were bound")
             query = self._open_query(user, session, lambda e: self._execute(e, prepared, rows[0]), context)
@@ -607,7 +623,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             try:
                 # The update's own stream carries its parameter rows (ADBC executemany); only a stream without rows
                 # runs with those a CommandPreparedStatementQuery DoPut bound before, as Arrow's reference servers do.
-                rows = _parameter_rows(sent if sent.num_rows else prepared.parameters)
+                rows = _parameter_sets(prepared.sql, sent if sent.num_rows else prepared.parameters)
                 count = self._update(
                     user, session, lambda e: _count_of(self._execute_batch(e, prepared, rows)), context
                 )
@@ -668,14 +684,14 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         return plan
 
     @classmethod
-    def _execute(cls, engine: Engine, prepared: Prepared, params: list[Any]) -> Result:
+    def _execute(cls, engine: Engine, prepared: Prepared, params: Params) -> Result:
         plan = cls._plan(engine, prepared)
         if plan is None:
             return engine.session.sql(prepared.sql, params or None)
         return plan.execute(params or None)
 
     @classmethod
-    def _execute_batch(cls, engine: Engine, prepared: Prepared, rows: list[list[Any]]) -> Result:
+    def _execute_batch(cls, engine: Engine, prepared: Prepared, rows: list[Params]) -> Result:
         """Every parameter row in one commit, all or nothing: a failing row must not leave earlier rows written
         while the client, told of the failure, retries them."""
         if len(rows) == 1:

@@ -1377,6 +1377,27 @@ def test_a_parameter_named_by_a_non_decimal_digit_is_described_by_its_name(serve
     assert pa.ipc.read_schema(pa.py_buffer(created.parameter_schema)) == pa.schema([pa.field("\u00b2", pa.null())])
 
 
+def test_named_parameters_bind_as_their_parameter_schema_describes_them(served: Served) -> None:
+    """A statement with ``$name`` parameters runs with the values a client binds: by the column names when they
+    are the parameters' names, else in the parameter_schema's order (ADBC binds positionally). They were bound as
+    a list, which DuckDB refuses for named parameters ("Mixing named and positional parameters")."""
+    sql = f"SELECT id, name FROM {served.namespace}.people WHERE region = $region AND id > $low ORDER BY id"
+    with served.adbc("carol") as conn, conn.cursor() as cur:
+        described = cur.adbc_prepare(sql)
+        assert described is not None and described.names == ["low", "region"]
+        cur.execute(sql, parameters=(2, "EU"))
+        assert cur.fetchall() == [(3, "linus"), (6, "tim")]
+    client, options = served.flight_client(), _session_options(served.token("carol"), uuid.uuid4().hex)
+    handle = bytes(_create_prepared(client, sql, options).prepared_statement_handle)
+    _bind(client, handle, pa.table({"region": ["EU"], "low": [2]}), options)  # named, in another order
+    query = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+    info = client.get_flight_info(query, options)
+    assert client.do_get(info.endpoints[0].ticket, options).read_all().column("id").to_pylist() == [3, 6]
+    _bind(client, handle, pa.table({"region": ["EU"]}), options)  # one value short: a typed error naming them
+    error = served.expect_error(lambda: client.get_flight_info(query, options), flight.FlightServerError)
+    assert "$low, $region" in str(error) and "1 were bound" in str(error)
+
+
 def test_a_prepared_statement_follows_restrictions_set_after_it_was_prepared(served: Served, tmp_path: Path) -> None:
     """Each execution asks the catalog again as the user: restrictions set after CreatePreparedStatement apply to
     the next CommandPreparedStatementQuery, as to a plain statement (never the raw rows of prepare time)."""
