@@ -1248,7 +1248,8 @@ class Session:
         numbers: list[int] = []
         for value in values[0]:
             identifier = str(value.get("identifier", ""))
-            if value.get("class") != "PARAMETER" or not identifier.isdigit():
+            # ASCII digits only: DuckDB names ``$²`` as it names ``$x``, and int() refuses it
+            if value.get("class") != "PARAMETER" or not (identifier.isascii() and identifier.isdigit()):
                 return None  # an expression, a constant, DEFAULT, a named parameter
             numbers.append(int(identifier))
         return numbers if numbers and set(numbers) == set(range(1, max(numbers) + 1)) else None

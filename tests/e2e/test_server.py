@@ -624,6 +624,22 @@ def test_a_prepared_insert_batch_commits_all_its_rows_or_none(served: Served) ->
     assert state() == (2, 1)
 
 
+def test_a_prepared_insert_batch_with_named_parameters_writes_every_row(served: Served) -> None:
+    """A batch for ``INSERT ... VALUES ($², $name)`` (DuckDB names both; ``²`` is a digit to str.isdigit, not to
+    int()) is one commit of every row; reading ``$²`` as a number failed the batch with an internal error."""
+    table, state = _fresh_table(served, "named_rows")
+    client, options = served.flight_client(), _session_options(served.token("writer"), uuid.uuid4().hex)
+    sql = f"INSERT INTO {table} VALUES ($\u00b2, $name)"
+    handle = bytes(_create_prepared(client, sql, options).prepared_statement_handle)
+    rows = pa.table({"name": ["a", "b"], "\u00b2": [1, 2]})
+    assert _put_update(client, handle, rows, options) == 2
+    assert _query(client, f"SELECT id, name FROM {table} ORDER BY id", options).to_pylist() == [
+        {"id": 1, "name": "a"},
+        {"id": 2, "name": "b"},
+    ]
+    assert state() == (2, 1)
+
+
 def _bind(client: flight.FlightClient, handle: bytes, rows: pa.Table, options: Any) -> None:
     """DoPut of CommandPreparedStatementQuery: binds ``rows`` to the prepared statement."""
     command = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
