@@ -348,7 +348,7 @@ def _check_plaintext_workers(workers: tuple[str, ...], o: Origins) -> None:
 def _validate_coordinator(c: CoordinatorConfig, require_vended: bool, o: Origins) -> None:
     for i, worker in enumerate(c.workers):
         host, sep, port = worker.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             o.fail(f"coordinator.workers[{i}]", 'must be "host:port"')
     if c.workers and not c.token:
         o.fail(

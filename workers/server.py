@@ -64,7 +64,8 @@ class ServerOptions:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together")
         port = self.listen.rpartition(":")[2]
-        if port.isdigit() and int(port) > 65535:  # gRPC would wrap it into another port without a word
+        # gRPC would wrap a port past 65535 into another without a word; int() refuses digits such as "²"
+        if port.isdigit() and not (port.isascii() and int(port) <= 65535):
             raise ConfigError(f"--listen {self.listen!r}: port must be from 0 to 65535")
         # The coordinator's token and every ticket's keys arrive on this port: plaintext only on loopback.
         if self.tls_cert is None and not is_loopback(address_host(self.listen)):

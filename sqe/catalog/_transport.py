@@ -63,7 +63,7 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # str.isdigit alone takes "²", which float() refuses
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

@@ -88,7 +88,7 @@ def _check_pair(first: object, second: object, names: tuple[str, str], o: Origin
 def _check_listen(s: ServerConfig, o: Origins) -> None:
     """``host:port`` must parse; plaintext is refused anywhere but loopback."""
     host, sep, port = s.listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536:
         o.fail(f"{SECTION}.listen", f'must be "host:port", got {short(s.listen)}')
     if not s.tls and not is_loopback(s.host):
         o.fail(

@@ -271,6 +271,7 @@ class TestRejections:
                 "storage.tvf.allowed_object_store_prefixes[0]",
             ),
             ({"coordinator.workers": ["host"], "coordinator.token": SECRETS[4]}, "coordinator.workers[0]"),
+            ({"coordinator.workers": ["host:\u00b2"], "coordinator.token": SECRETS[4]}, "coordinator.workers[0]"),
             (
                 {"coordinator.workers": ["host:70000"], "coordinator.token": SECRETS[4]},
                 "coordinator.workers[0]",

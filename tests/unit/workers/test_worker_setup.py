@@ -150,7 +150,7 @@ def test_the_cli_refuses_plaintext_off_loopback_on_one_line(
     )
 
 
-@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:65536", "[::1]:70000"])
+@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:65536", "[::1]:70000", "127.0.0.1:\u00b2"])
 def test_a_port_out_of_range_is_refused_not_wrapped(listen: str) -> None:
     """gRPC would bind 127.0.0.1:99999 as port 34463 (99999 - 65536) without a word."""
     with pytest.raises(ConfigError, match=r"port must be from 0 to 65535"):

@@ -131,6 +131,7 @@ def test_retry_after_parsing_and_backoff() -> None:
     assert retry_after_seconds("3") == 3.0
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412480.0 - 10) == pytest.approx(10.0)
     assert retry_after_seconds("garbage") is None
+    assert retry_after_seconds("\u00b2") is None  # a digit to str.isdigit, not a number to float()
     policy = RetryPolicy(base_delay=1.0, max_delay=64.0)
     assert backoff_delay(1, policy, 7.0) == 7.0  # Retry-After wins
     for attempt, base in [(1, 1.0), (2, 2.0), (3, 4.0), (10, 64.0)]:

@@ -116,6 +116,7 @@ def test_variables_of_other_loaders_are_left_alone(tmp_path: Path) -> None:
             "server.max_concurrent_queries_per_user: must not exceed server.max_concurrent_queries (4)",
         ),
         ('listen = "8815"\n', {}, 'server.listen: must be "host:port", got "8815"'),
+        ('listen = "127.0.0.1:\u00b2"\n', {}, 'server.listen: must be "host:port", got "127.0.0.1:\\u00b2"'),
         (
             "",
             {"SQE_SERVER_LISTEN": "0.0.0.0:8815"},
