@@ -876,6 +876,25 @@ def test_a_narrower_token_of_the_same_principal_never_uses_the_wider_tokens_sess
     assert client.do_get(info.endpoints[0].ticket, wide).read_all().column("id").to_pylist() == everyone
 
 
+def test_a_reissued_token_of_the_same_roles_keeps_its_client_session(served: Served) -> None:
+    """A token issued again (another iat and exp, the same roles) is the same authority: a client that refreshes
+    its token keeps the prepared statements and results it opened under the cookie."""
+    client, cookie = served.flight_client(), uuid.uuid4().hex
+    first = served.token("carol")
+    time.sleep(1.1)  # iat counts whole seconds: the next token differs from the first
+    second = served.token("carol")
+    assert first != second
+    sql = f"SELECT id FROM {served.namespace}.people ORDER BY id"
+    handle = _create_prepared(client, sql, _session_options(first, cookie)).prepared_statement_handle
+    waiting = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), _session_options(first, cookie))
+    refreshed = _session_options(second, cookie)
+    assert client.do_get(waiting.endpoints[0].ticket, refreshed).read_all().num_rows == 6
+    info = client.get_flight_info(
+        _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle)), refreshed
+    )
+    assert client.do_get(info.endpoints[0].ticket, refreshed).read_all().num_rows == 6
+
+
 def test_sql_errors_are_one_typed_line(served: Served) -> None:
     client = served.flight_client()
     command = _command(sql_pb.CommandStatementQuery(query=f"SELECT * FROM {served.namespace}.nope"))
