@@ -194,7 +194,7 @@ def _parameter_sets(sql: str, table: pa.Table | None) -> list[Params]:
     the order ``parameter_schema`` describes them (how a client binding positionally sends them)."""
     rows = _parameter_rows(table)
     names = _parameter_names(sql) or []
-    if not names or _binding_order(names[0])[0] == 0:  # DuckDB refuses statements mixing the two kinds
+    if _numbered(names):
         return list(rows)
     columns = table.column_names if table is not None else []
     keys = columns if sorted(columns) == names else names
@@ -223,10 +223,10 @@ def _binding_order(name: str) -> tuple[int, int, str]:
     return (0, int(name), "") if numbered else (1, 0, name)
 
 
-def _parameter_count(sql: str) -> int | None:
-    """How many parameters ``sql`` takes, or None when it does not parse as one statement."""
-    names = _parameter_names(sql)
-    return None if names is None else len(names)
+def _numbered(names: list[str]) -> bool:
+    """Whether ``names`` are ``?`` / ``$n`` parameters, bound as a list (DuckDB refuses a statement mixing them
+    with ``$name`` ones, which it binds by name only)."""
+    return not names or _binding_order(names[0])[0] == 0
 
 
 def _parameter_schema(sql: str) -> pa.Schema | None:
@@ -241,12 +241,13 @@ def _result_schema(engine: Engine, sql: str) -> pa.Schema | None:
 
     Parameters are bound as NULL: the schema of a parameterised query is known before its values are.
     """
-    count = _parameter_count(sql)
-    if count is None or duckdb.extract_statements(sql)[0].type != duckdb.StatementType.SELECT:
+    names = _parameter_names(sql)
+    if names is None or duckdb.extract_statements(sql)[0].type != duckdb.StatementType.SELECT:
         return None
     wrapped = f"SELECT * FROM ({sql.strip().rstrip(';')}) AS __sqe_schema LIMIT 0"
+    nulls: Params = [None] * len(names) if _numbered(names) else dict.fromkeys(names)
     try:
-        return engine.session.sql(wrapped, [None] * count or None).arrow().schema
+        return engine.session.sql(wrapped, nulls or None).arrow().schema
     except QueryError:
         return None  # e.g. a statement the wrapper cannot hold; the client learns the schema at GetFlightInfo
 

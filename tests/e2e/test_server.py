@@ -1433,6 +1433,17 @@ def test_named_parameters_bind_as_their_parameter_schema_describes_them(served: 
     assert "$low, $region" in str(error) and "1 were bound" in str(error)
 
 
+def test_a_statement_with_named_parameters_describes_its_result_schema(served: Served) -> None:
+    """Its dataset_schema is planned with every parameter NULL, as for ``?``: the names were bound as a list of
+    NULLs, which DuckDB refuses for named parameters, so no dataset_schema came back."""
+    client, options = served.flight_client(), _bearer(served.token("carol"))
+    sql = f"SELECT id, name FROM {served.namespace}.people WHERE region = $region"
+    created = _create_prepared(client, sql, options)
+    assert pa.ipc.read_schema(pa.py_buffer(created.dataset_schema)).names == ["id", "name"]
+    described = client.get_schema(_command(sql_pb.CommandStatementQuery(query=sql)), options).schema
+    assert described.names == ["id", "name"]
+
+
 def test_a_prepared_statement_follows_restrictions_set_after_it_was_prepared(served: Served, tmp_path: Path) -> None:
     """Each execution asks the catalog again as the user: restrictions set after CreatePreparedStatement apply to
     the next CommandPreparedStatementQuery, as to a plain statement (never the raw rows of prepare time)."""
