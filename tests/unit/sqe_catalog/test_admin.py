@@ -220,6 +220,14 @@ def test_errors_are_one_line_on_stderr(admin: Admin) -> None:
         "grant", "readers", "TABLE_READ_DATA", "--warehouse", "demo", "--namespace", "a..b"
     )
     assert "has no grant" in admin.fails("revoke", "readers", "TABLE_READ_DATA", "--warehouse", "demo")
+    # revoke builds its Grant from the command line: the same typed errors as grant
+    assert "unknown privilege 'READ'" in admin.fails("revoke", "readers", "READ", "--warehouse", "demo")
+    assert "invalid namespace 'a..b'" in admin.fails(
+        "revoke", "readers", "TABLE_READ_DATA", "--warehouse", "demo", "--namespace", "a..b"
+    )
+    assert "principal role ghost does not exist" in admin.fails(
+        "revoke", "ghost", "TABLE_READ_DATA", "--warehouse", "demo"
+    )
     assert "principal ghost does not exist" in admin.fails("rotate-secret", "ghost")
 
 
