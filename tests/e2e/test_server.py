@@ -1396,11 +1396,16 @@ def test_a_prepared_statement_with_parameters_describes_them(served: Served) -> 
     assert parameters(f"SELECT id FROM {table} WHERE name = $who") == pa.schema([pa.field("who", pa.null())])
     assert all(field.nullable for field in parameters(f"SELECT id FROM {table} WHERE id IN (?, ?)"))
     sql = f"SELECT id, name FROM {table} WHERE id > ? AND region = ? ORDER BY id"
+    assert _adbc_prepared(served, sql, (2, "EU")) == (["1", "2"], [(3, "linus"), (6, "tim")])
+
+
+def _adbc_prepared(served: Served, sql: str, parameters: tuple[Any, ...]) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """As carol through ADBC: the parameter names ``sql`` is described with, and its rows for ``parameters``."""
     with served.adbc("carol") as conn, conn.cursor() as cur:
         described = cur.adbc_prepare(sql)
-        assert described is not None and described.names == ["1", "2"]
-        cur.execute(sql, parameters=(2, "EU"))
-        assert cur.fetchall() == [(3, "linus"), (6, "tim")]
+        assert described is not None
+        cur.execute(sql, parameters=parameters)
+        return described.names, cur.fetchall()
 
 
 def test_a_parameter_named_by_a_non_decimal_digit_is_described_by_its_name(served: Served) -> None:
@@ -1417,11 +1422,7 @@ def test_named_parameters_bind_as_their_parameter_schema_describes_them(served: 
     are the parameters' names, else in the parameter_schema's order (ADBC binds positionally). They were bound as
     a list, which DuckDB refuses for named parameters ("Mixing named and positional parameters")."""
     sql = f"SELECT id, name FROM {served.namespace}.people WHERE region = $region AND id > $low ORDER BY id"
-    with served.adbc("carol") as conn, conn.cursor() as cur:
-        described = cur.adbc_prepare(sql)
-        assert described is not None and described.names == ["low", "region"]
-        cur.execute(sql, parameters=(2, "EU"))
-        assert cur.fetchall() == [(3, "linus"), (6, "tim")]
+    assert _adbc_prepared(served, sql, (2, "EU")) == (["low", "region"], [(3, "linus"), (6, "tim")])
     client, options = served.flight_client(), _session_options(served.token("carol"), uuid.uuid4().hex)
     handle = bytes(_create_prepared(client, sql, options).prepared_statement_handle)
     _bind(client, handle, pa.table({"region": ["EU"], "low": [2]}), options)  # named, in another order
