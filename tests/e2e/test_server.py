@@ -814,9 +814,20 @@ def test_the_cancel_query_action_the_sql_info_advertises_cancels(served: Served)
     error = served.expect_error(lambda: client.do_get(info.endpoints[0].ticket, options).read_all(), flight.FlightError)
     assert "unknown or already used ticket" in str(error)
     assert _cancel_query(client, info, options) == result.CANCEL_RESULT_NOT_CANCELLABLE
-    garbage = flight.Action("CancelQuery", b"not a request")
-    error = served.expect_error(lambda: list(client.do_action(garbage, options)), flight.FlightError)
-    assert "CancelQuery needs the FlightInfo of a query of this server" in str(error)
+    no_endpoint = flight.FlightInfo(info.schema, info.descriptor, [], -1, -1)
+    other_ticket = flight.FlightInfo(info.schema, info.descriptor, [flight.FlightEndpoint(b"\xff", [])], -1, -1)
+    wrong_type, empty_info = any_pb2.Any(), any_pb2.Any()
+    wrong_type.Pack(sql_pb.CommandStatementQuery(query=sql))
+    empty_info.Pack(sql_pb.ActionCancelQueryRequest())
+    for body in [b"not a request", b"", wrong_type.SerializeToString(), empty_info.SerializeToString()]:
+        error = served.expect_error(
+            lambda body=body: list(client.do_action(flight.Action("CancelQuery", body), options)),
+            flight.FlightServerError,
+        )
+        assert "CancelQuery needs the FlightInfo of a query of this server" in str(error)
+    for odd in [no_endpoint, other_ticket]:
+        error = served.expect_error(lambda odd=odd: _cancel_query(client, odd, options), flight.FlightServerError)
+        assert "CancelQuery needs the FlightInfo of a query of this server" in str(error)
 
 
 def test_a_ticket_of_another_user_is_unknown_to_them(served: Served) -> None:
@@ -868,6 +879,8 @@ def test_a_narrower_token_of_the_same_principal_never_uses_the_wider_tokens_sess
     assert cancel_pb.CancelFlightInfoResult.FromString(result.body.to_pybytes()).status == (
         cancel_pb.CANCEL_STATUS_NOT_CANCELLABLE
     )
+    cancelled = _cancel_query(client, waiting, narrow)
+    assert cancelled == sql_pb.ActionCancelQueryResult.CANCEL_RESULT_NOT_CANCELLABLE
 
     # the wider token's state is intact, and still its own
     everyone = [1, 2, 3, 4, 5, 6]
