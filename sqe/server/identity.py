@@ -51,7 +51,7 @@ class User(Unpicklable):
     key: str
     token: str = field(repr=False)
     issued_token: bool = False  # True when the server obtained the token from Basic credentials
-    authority: str = field(default="", repr=False)
+    authority: str = field(repr=False, kw_only=True)  # no default: every user is made with its own
 
     _pickle_refusal = "users carry a token and cannot be pickled"
 
@@ -215,7 +215,7 @@ class IdentityBroker(Unpicklable):
         return cached.value if cached is not None and time.time() < cached.refresh_at else None
 
     def _user(self, token: str, *, issued_token: bool = False) -> User:
-        return User(self._user_key(token), token, issued_token, authority_of(token))
+        return User(self._user_key(token), token, issued_token, authority=authority_of(token))
 
     def _user_key(self, token: str) -> str:
         subject = _subject_of(token)

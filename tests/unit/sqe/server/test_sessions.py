@@ -130,7 +130,7 @@ def test_open_prepared_statements_per_client_session_are_bounded() -> None:
 
 def test_a_client_without_cookies_does_not_add_an_alias_per_call() -> None:
     registry = SessionRegistry(_load({}), None, Limits(4, 2), 1024)  # type: ignore[arg-type]
-    alice = User("user:alice", "TOKEN")
+    alice = User("user:alice", "TOKEN", authority="roles")
     cookies = [f"cookie-{i}" for i in range(200)]
     sessions = {registry.resolve(alice, None, "ipv4:127.0.0.1:5000", cookie).key for cookie in cookies}
     assert len(sessions) == 1 and len(registry._aliases) == MAX_OFFERED_COOKIES
@@ -179,7 +179,7 @@ def test_parameter_rows_count_against_one_budget_per_user() -> None:
     and a user's many session ids each had a whole limit of their own."""
     registry = SessionRegistry(_load({}), None, Limits(4, 2), 1024)  # type: ignore[arg-type]
     budget = ParameterBudget(registry, limit=1000)
-    alice, bob = User("user:alice", "A"), User("user:bob", "B")
+    alice, bob = User("user:alice", "A", authority="a"), User("user:bob", "B", authority="b")
     first = registry.resolve(alice, "one", "ipv4:127.0.0.1:1", None)
     second = registry.resolve(alice, "two", "ipv4:127.0.0.1:2", None)
     budget.reserve(first, b"p1", 600, replacing=True)  # a call still receiving its rows
@@ -209,7 +209,7 @@ def test_a_users_client_sessions_are_bounded_and_the_least_recently_used_idle_on
     keeping an idle engine (a DuckDB database with its threads, ~4 MB) for ``idle_session_seconds``: 200 cheap
     metadata calls of one user held 1,800 threads. A user holds at most MAX_CLIENT_SESSIONS_PER_USER."""
     registry = SessionRegistry(_load({}), None, Limits(4, 2), 1024)  # type: ignore[arg-type]
-    alice, bob = User("user:alice", "A"), User("user:bob", "B")
+    alice, bob = User("user:alice", "A", authority="a"), User("user:bob", "B", authority="b")
     bobs = registry.resolve(bob, "s", "ipv4:127.0.0.1:1", None)
     first = registry.resolve(alice, "s-0", "ipv4:127.0.0.1:2", None)
     first.open[b"q"] = _planning(60.0, [])  # a query in progress: never evicted
