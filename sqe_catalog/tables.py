@@ -86,7 +86,7 @@ from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, check_new_metadata_size, read_metadata_file
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
 from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
-from sqe_catalog.integrity.state import Reservation, TrustedState, now_ms
+from sqe_catalog.integrity.state import Reservation, TableName, TrustedState, now_ms
 from sqe_catalog.schema import VIEW_POINTERS, create_tables
 from sqe_catalog.update_ids import assigned_ids
 
@@ -1035,8 +1035,11 @@ class WarehouseTables:
         """Run this warehouse's pending cleanup tasks (background cleaner, ``sqe-catalog admin run-cleanup``)."""
         return self.integrity.run_pending_cleanup(self._delete_files, persisted_before_ms)
 
-    def _delete_files(self, metadata: TableMetadata, metadata_location: str, recorded: tuple[str, ...] | None) -> str:
-        return self._purge_files(StoredTable((), "", metadata_location, metadata), recorded)
+    def _delete_files(
+        self, table: TableName, metadata: TableMetadata, metadata_location: str, recorded: tuple[str, ...] | None
+    ) -> str:
+        dropped = StoredTable(from_storage_namespace(table.namespace), table.name, metadata_location, metadata)
+        return self._purge_files(dropped, recorded, str(table))
 
     def rename_table(self, source: tuple[Namespace, str], target: tuple[Namespace, str]) -> None:
         (src_ns, src_name), (dst_ns, dst_name) = source, target
@@ -1251,15 +1254,15 @@ class WarehouseTables:
 
     # -- purge -------------------------------------------------------------------------------------------
 
-    def _purge_files(self, table: StoredTable, recorded: tuple[str, ...] | None) -> str:
+    def _purge_files(self, table: StoredTable, recorded: tuple[str, ...] | None, shown: str) -> str:
         """Delete the table's files, but only those under its own locations (metadata is client-written) and, when
         the catalog recorded the table's locations at the drop, under those too (the file may have been rewritten
-        in storage since: a protected plaintext table's has no digest)."""
+        in storage since: a protected plaintext table's has no digest). ``shown``: the table, as logs name it."""
 
         def own(path: str) -> bool:
             return covered_by_any(path, table.locations) and (recorded is None or covered_by_any(path, recorded))
 
-        files = self._referenced_files(table, own)
+        files = self._referenced_files(table, own, shown)
         inside = sorted(path for path in files if own(path))
         deleted, refused = 0, 0
         for path in inside:
@@ -1276,7 +1279,7 @@ class WarehouseTables:
         log.info("purged table at %s: %s", table.location, summary)
         return summary
 
-    def _referenced_files(self, table: StoredTable, own: Callable[[str], bool]) -> set[str]:
+    def _referenced_files(self, table: StoredTable, own: Callable[[str], bool], shown: str) -> set[str]:
         """Metadata files, manifest lists, manifests and data files; lists outside the table (``own``) are not
         read."""
         # A table's writer decides what they hold: read no further than planning reads them.
@@ -1296,7 +1299,7 @@ class WarehouseTables:
                         files.update(entry.data_file.file_path for entry in entries)
             except Exception as exc:  # a missing or corrupt file must not stop the rest of the purge
                 why = exc.message if isinstance(exc, ManifestLimitError) else type(exc).__name__  # names no path
-                log.warning("purge of %s could not read a manifest: %s", table.key, why)
+                log.warning("purge of %s could not read a manifest: %s", shown, why)
         return files
 
 

@@ -26,15 +26,16 @@ from sqe_catalog.errors import MetadataIntegrityError
 from sqe_catalog.integrity import state as st
 from sqe_catalog.integrity.admission import verify_loaded
 from sqe_catalog.integrity.canonical import read_metadata_file
-from sqe_catalog.integrity.state import CleanupTask
+from sqe_catalog.integrity.state import CleanupTask, TableName
 
 __all__ = ["DeleteFiles", "run_cleanup_task", "run_pending_tasks"]
 
 log = logging.getLogger("sqe_catalog.integrity.purge")
 
-# Deletes a dropped table's files given its verified metadata, metadata location and the locations the catalog
-# recorded for it at the drop (None: no record, the metadata's own locations bound it); returns a summary line.
-DeleteFiles = Callable[[TableMetadata, str, tuple[str, ...] | None], str]
+# Deletes a dropped table's files given the table (for its log lines), its verified metadata, metadata location
+# and the locations the catalog recorded for it at the drop (None: no record, the metadata's own locations bound
+# it); returns a summary line.
+DeleteFiles = Callable[[TableName, TableMetadata, str, tuple[str, ...] | None], str]
 
 DONE, FAILED, SKIPPED = st.DONE, st.FAILED, "claimed-elsewhere"
 
@@ -58,7 +59,8 @@ def run_cleanup_task(engine: Engine, io: FileIO, task: CleanupTask, delete_files
         st.finish_task(engine, task.id, FAILED, reason)
         return FAILED
     try:
-        summary = delete_files(parsed.metadata, task.metadata_location, st.task_locations(engine, task.id))
+        recorded = st.task_locations(engine, task.id)
+        summary = delete_files(task.table, parsed.metadata, task.metadata_location, recorded)
     except Exception as exc:  # a claimed task must never stay "running": record why it stopped
         reason = f"cleanup stopped: {type(exc).__name__}: {first_line(exc)}"
         log.error("cleanup task %d of %s: %s", task.id, task.table, reason)

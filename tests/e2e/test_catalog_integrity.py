@@ -644,6 +644,31 @@ def test_cleaner_second_check_failure_is_terminal_and_deletes_nothing(
     assert cleanup_tasks(catalog_server, ns) == [task]
 
 
+def test_a_purge_that_cannot_read_a_manifest_names_the_table_in_its_warning(
+    api: Api, catalog_server: CatalogServer
+) -> None:
+    # Before: the cleaner's warning named no table ("purge of  could not read a manifest").
+    ns = api.namespace()
+    metadata = api.create(ns, "t", {}).json()["metadata"]
+    snapshot = {
+        "snapshot-id": 7,
+        "sequence-number": 1,
+        "timestamp-ms": int(time.time() * 1000),
+        "manifest-list": f"{metadata['location']}/metadata/snap-7-missing.avro",  # never written
+        "summary": {"operation": "append"},
+        "schema-id": 0,
+    }
+    updates = [
+        {"action": "add-snapshot", "snapshot": snapshot},
+        {"action": "set-snapshot-ref", "ref-name": "main", "type": "branch", "snapshot-id": 7},
+    ]
+    committed = api.request("POST", f"namespaces/{ns}/tables/t", json={"updates": updates})
+    assert committed.status_code == 200, committed.text
+    assert api.request("DELETE", f"namespaces/{ns}/tables/t", params={"purgeRequested": "true"}).status_code == 204
+    assert [t["status"] for t in wait_for_cleaner(catalog_server, ns)] == ["done"]
+    assert f"purge of {catalog_server.warehouse}.{ns}.t could not read a manifest" in catalog_server.log_text()
+
+
 def test_integrity_errors_are_logged_without_secrets(catalog_server: CatalogServer) -> None:
     log = catalog_server.log_text()
     assert "integrity check failed" in log
