@@ -572,16 +572,6 @@ def _without_format_upgrades(updates: tuple[TableUpdate, ...]) -> tuple[TableUpd
     return tuple(u for u in updates if not isinstance(u, UpgradeFormatVersionUpdate))
 
 
-class _NamedTable:
-    """Stands in for a ``Table`` where SqlCatalog.commit_table only needs ``name()`` (creates via commit)."""
-
-    def __init__(self, identifier: Identifier) -> None:
-        self._identifier = identifier
-
-    def name(self) -> Identifier:
-        return self._identifier
-
-
 @contextmanager
 def _translated(namespace: Namespace, table: str | None = None) -> Iterator[None]:
     """pyiceberg's exceptions -> the catalog's typed errors, with messages naming the identifier."""
@@ -960,13 +950,14 @@ class WarehouseTables:
         elif not self.table_exists(namespace, name):
             raise NoSuchTableError.named(*namespace, name)
         self._check_commit_properties(commit.updates)
-        if not creating and self.integrity.is_protected(_s(namespace), name):
-            return self._commit_protected(namespace, name, commit, creating=False)
-        with self._locations_claimed(namespace, name, commit.updates, creating):
-            response = self._commit(namespace, name, commit)
-        if isinstance(response, StoredTable):
-            return response
-        return StoredTable(namespace, name, response.metadata_location, response.metadata)
+        requirements, updates = commit.requirements, commit.updates
+        claimed = self._locations_claimed(namespace, name, updates, creating)
+        with claimed, _translated(namespace, name), _client_value_errors():
+            if creating:
+                committed = self.integrity.commit_create(_s(namespace), name, requirements, updates)
+            else:  # legacy or protected: decided with the pointer swap (IntegrityGuard.commit)
+                committed = self.integrity.commit(_s(namespace), name, requirements, updates)
+        return self._as_loaded(namespace, name, committed)
 
     @contextmanager
     def _locations_claimed(
@@ -985,31 +976,12 @@ class WarehouseTables:
                 # dropped table's, or a new table there would be vended credentials for those files.
                 self.integrity.keep_displaced_locations(_s(namespace), name, displaced, self._credential_lifetime_ms)
 
-    def _commit(self, namespace: Namespace, name: str, commit: CommitBody) -> Any:
-        if any(isinstance(r, AssertCreate) for r in commit.requirements):
-            return self._commit_protected(namespace, name, commit, creating=True)
-        target: Any = _NamedTable((*_s(namespace), name))
-        with _translated(namespace, name), _client_value_errors():
-            return self._catalog.commit_table(target, commit.requirements, commit.updates)
-
     def _check_commit_properties(self, updates: Sequence[TableUpdate]) -> None:
         for update in updates:
             if isinstance(update, SetPropertiesUpdate):
                 self._check_properties(update.updates)
             elif isinstance(update, AddSchemaUpdate):
                 _check_schema_ids(update.schema_)
-
-    def _commit_protected(self, namespace: Namespace, name: str, commit: CommitBody, creating: bool) -> StoredTable:
-        """Create-transaction commits and every commit to a protected table (pointer + pin move together)."""
-        requirements, updates = commit.requirements, commit.updates
-        with _translated(namespace, name), _client_value_errors():
-            if creating:
-                committed = self.integrity.commit_create(_s(namespace), name, requirements, updates)
-                return self._as_loaded(namespace, name, committed)
-            with self._locations_claimed(namespace, name, updates, creating):
-                return self._as_loaded(
-                    namespace, name, self.integrity.commit(_s(namespace), name, requirements, updates)
-                )
 
     @staticmethod
     def _as_loaded(namespace: Namespace, name: str, committed: tuple[str, ParsedMetadata]) -> StoredTable:

@@ -257,10 +257,14 @@ def replace_legacy_pointer(
     location: str,
     also: Callable[[Connection], None] | None = None,
 ) -> None:
-    """Legacy register overwrite / notification update: the pointer moves, no pin and no digest are created
-    (``also`` runs in the same transaction: a notification's timestamp)."""
+    """Legacy commit, register overwrite, notification update: the pointer moves, no pin and no digest are
+    created (``also`` runs in the same transaction: a notification's timestamp). The caller read no pin; checked
+    again after the swap took the row, in its transaction: a table dropped and registered again under the name
+    meanwhile is protected, and its pointer must not move without its pin."""
     with catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, expected, location)
+        if st.load_state(conn, table) is not None:  # raising rolls the swap back
+            raise CommitFailedError(f"table {table} was dropped and registered again as a protected table meanwhile")
         if also is not None:
             also(conn)
 

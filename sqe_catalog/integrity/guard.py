@@ -45,7 +45,7 @@ from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataInteg
 from sqe_catalog.integrity import admission
 from sqe_catalog.integrity import state as st
 from sqe_catalog.integrity.admission import Admission
-from sqe_catalog.integrity.canonical import ParsedMetadata
+from sqe_catalog.integrity.canonical import ParsedMetadata, model_document
 from sqe_catalog.integrity.fingerprint import Fingerprint
 from sqe_catalog.integrity.lineage import check_snapshot_lineage, with_next_row_id
 from sqe_catalog.integrity.purge import DeleteFiles, run_pending_tasks
@@ -292,11 +292,15 @@ class IntegrityGuard:
         return admission.write_new_table(self._catalog, table, with_next_row_id(staged.metadata), self._also(table))
 
     def commit(self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates) -> Written:
-        """Commit to a protected table: verify the base, apply, check the pin, swap pointer + pin together."""
+        """Commit to a table, legacy or protected as the pin read with its pointer says. A protected table's base
+        is verified, the pin checked, and pointer + pin swapped together; a legacy table's swap is refused (409)
+        if a pin appeared meanwhile (the name dropped and registered again), so no pointer moves without its pin."""
         table = self.ref(namespace, name)
-        trusted = self.trusted(namespace, name)
-        if trusted is None:
+        location, trusted = self.current(namespace, name)
+        if location is None:
             raise NoSuchTableError(f"table does not exist: {table}")
+        if trusted is None:
+            return self._commit_legacy(table, location, requirements, updates)
         base = self._verified(table, trusted, trusted.metadata_location)
         # A v3 revision written before the catalog completed next-row-id gets it here, so adding a snapshot
         # advances it (pyiceberg's update keeps an unset one unset).
@@ -314,6 +318,18 @@ class IntegrityGuard:
         if metadata == lineage_base:
             return trusted.metadata_location, base  # nothing changed: no new revision
         return admission.commit_revision(self._catalog, table, trusted, base, metadata, self._also(table))
+
+    def _commit_legacy(self, table: TableName, location: str, requirements: Requirements, updates: Updates) -> Written:
+        """pyiceberg's commit of a legacy table (no verification, no pin), its swap refusing a pin."""
+        identifier = (*table.namespace, table.name)
+        base = self._read(location)
+        current = Table(identifier, base.metadata, location, admission.catalog_io(self._catalog), self._catalog)
+        staged = self._catalog._update_and_stage_table(current, identifier, requirements, updates)
+        if staged.metadata == base.metadata:
+            return location, base  # nothing changed: no new revision
+        self._catalog._write_metadata(staged.metadata, staged.io, staged.metadata_location)
+        admission.replace_legacy_pointer(self._catalog, table, location, staged.metadata_location)
+        return staged.metadata_location, ParsedMetadata(staged.metadata, model_document(staged.metadata))
 
     def admit(
         self, namespace: Namespace, name: str, admitted: Admission, stamp: NotificationStamp | None = None

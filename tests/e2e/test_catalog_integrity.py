@@ -716,6 +716,15 @@ class SwappingStore(FaultProxy):
         self.after_reads = 0
         self.action: Any = None
         self.swapped = threading.Event()
+        self.write_prefix = ""  # arm_write: the directory whose first write runs the action
+
+    def arm_write(self, directory: str, action: Any) -> None:
+        """Run ``action`` once, just before the first write of an object under ``directory`` is forwarded (a
+        commit's new metadata file: after the commit decided how to commit, before it swaps the pointer)."""
+        bucket, key = s3_key(directory.rstrip("/"))
+        self.reset()
+        self.key, self.action, self.swapped = "", action, threading.Event()
+        self.write_prefix = f"/{bucket}/{key}/"
 
     def arm(self, location: str, action: Any, after_reads: int = 1) -> None:
         bucket, key = s3_key(location)
@@ -726,9 +735,11 @@ class SwappingStore(FaultProxy):
             action,
             threading.Event(),
         )
+        self.write_prefix = ""
 
     def take_fault(self, method: str, path: str) -> Any:
-        if self._due(path) and not self.swapped.is_set():
+        writes = bool(self.write_prefix) and method in ("PUT", "POST") and path.startswith(self.write_prefix)
+        if (writes or self._due(path)) and not self.swapped.is_set():
             self.swapped.set()
             self.action()
         return super().take_fault(method, path)
@@ -859,6 +870,34 @@ def test_a_commit_goes_to_the_table_it_was_gated_on(swapping: tuple[Api, Swappin
     assert error["type"] == "CommitFailedException" and gated_uuid in error["message"]
     replaced = api.load(ns, "t").json()["metadata"]
     assert replaced["table-uuid"] != gated_uuid and "owner" not in replaced["properties"]
+
+
+def test_a_legacy_commit_never_moves_the_pointer_of_a_table_registered_again_meanwhile(
+    swapping: tuple[Api, SwappingStore],
+) -> None:
+    # Before: the commit decided "legacy" before pyiceberg's commit ran; the table dropped and registered again
+    # from the same file (the same UUID, now protected) in between took the legacy pointer swap, which moved the
+    # pointer without its pin: every later load was a 422.
+    api, store = swapping
+    ns = api.namespace()
+    location = legacy_table(api.server, ns, "t")
+
+    def register_again() -> None:
+        assert api.request("DELETE", f"namespaces/{ns}/tables/t").status_code == 204
+        assert _register(api, ns, "t", location).status_code == 200
+
+    store.arm_write(location.rsplit("/", 1)[0], register_again)  # once the commit writes its new metadata file
+    raced = api.set_properties(ns, "t", owner="me")
+    assert store.swapped.is_set()
+    assert raced.status_code == 409, raced.text
+    assert raced.json()["error"]["type"] == "CommitFailedException"
+    loaded = api.load(ns, "t")
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.json()["metadata-location"] == location and "owner" not in loaded.json()["metadata"]["properties"]
+    assert trusted_row(api.server, ns, "t") == (location, None, None, None)
+    retried = api.set_properties(ns, "t", owner="me")  # the retry commits to the protected table
+    assert retried.status_code == 200, retried.text
+    assert trusted_row(api.server, ns, "t") == (retried.json()["metadata-location"], None, None, None)
 
 
 def test_a_commit_to_a_missing_table_is_refused_at_the_gate(api: Api) -> None:
