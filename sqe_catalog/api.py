@@ -91,12 +91,14 @@ from sqe_catalog.restrictions import (
     require_capability,
 )
 from sqe_catalog.tables import (
+    CommitBody,
     Namespace,
     PendingTable,
     StoredTable,
     WarehouseTables,
     catalog_io_properties,
     dropped_location_reuse,
+    is_create_transaction,
     namespace_area_claims,
     parse_commit_body,
     parse_create_body,
@@ -695,14 +697,23 @@ def _create_table(call: _Call) -> Response:
     create = dataclasses.replace(create, properties={**defaults, **create.properties})
     access = _data_access(call, namespace, create.name)
     tables = call.warehouse.tables
-    # The gate first, on what the create would write: a refused caller must not leave a table (or a staged
-    # create's reservation) behind.
-    _restrictions(call, tables.pending_table(namespace, create), "create")
-    table = tables.stage_table(namespace, create) if create.stage_create else tables.create_table(namespace, create)
-    restricted = _restrictions(call, table, "create")
+    make = tables.stage_table if create.stage_create else tables.create_table
+    table, restricted = _gated(call, "create", tables.pending_table(namespace, create), lambda: make(namespace, create))
     response = _table_response(call, table, _governed_access(access, restricted), restricted=restricted)
     _served(call, "create", table, restricted)
     return response
+
+
+def _gated(
+    call: _Call, operation: str, pending: StoredTable, make: Callable[[], StoredTable]
+) -> tuple[StoredTable, ResolvedRestrictions | None]:
+    """A new table (create, stage-create, create transaction, register) made by ``make`` and its restrictions.
+
+    The gate runs first on ``pending``, what the operation would write: a refused caller must not leave a table
+    (or a staged create's reservation) behind; then again on the table made, whose restrictions are answered."""
+    _restrictions(call, pending, operation)
+    table = make()
+    return table, _restrictions(call, table, operation)
 
 
 def _register_table(call: _Call) -> Response:
@@ -727,9 +738,9 @@ def _register_table(call: _Call) -> Response:
     # The gate first, on what the register would admit (as for a create): a refused caller leaves no table behind.
     # The file is read once: the gate, the admission's checks, the pinned digest and the answer share that read.
     registration = tables.pending_registration(namespace, name, metadata_location, replaces)
-    _restrictions(call, registration.table, "register")
-    table = tables.register(registration, call.principal.name)
-    restricted = _restrictions(call, table, "register")
+    table, restricted = _gated(
+        call, "register", registration.table, lambda: tables.register(registration, call.principal.name)
+    )
     response = _table_response(call, table, _governed_access(access, restricted), restricted=restricted)
     _served(call, "register", table, restricted)
     return response
@@ -785,21 +796,34 @@ def _commit_table(call: _Call) -> Response:
         claimed = _identifier(commit.identifier, "identifier", _TABLE_KIND)
         if claimed != (namespace, name):
             raise BadRequestError("identifier in the body does not match the table in the path")
-    creating = any(getattr(r, "type", None) == "assert-create" for r in commit.requirements)
-    if creating:
-        call.require(Privilege.TABLE_CREATE, namespace)
-    else:
-        call.require(Privilege.TABLE_WRITE_PROPERTIES, namespace, name)
+    if is_create_transaction(commit):
+        return _commit_create(call, namespace, name, commit)
+    call.require(Privilege.TABLE_WRITE_PROPERTIES, namespace, name)
     tables = call.warehouse.tables
-    gated_uuid: uuid.UUID | None = None
-    if not creating:  # a create has no table yet; its assert-create refuses one that appears meanwhile
-        gated = tables.load_table(namespace, name)  # 404 for a missing table, 422 for an untrusted one
-        _restrictions(call, gated, "commit")  # refused before committing
-        gated_uuid = gated.metadata.table_uuid  # the commit goes to this table or to none (409)
-    table = tables.commit_table(namespace, name, commit, gated_uuid)
+    gated = tables.load_table(namespace, name)  # 404 for a missing table, 422 for an untrusted one
+    _restrictions(call, gated, "commit")  # refused before committing
+    # The commit goes to this table or to none (409).
+    table = tables.commit_table(namespace, name, commit, gated.metadata.table_uuid)
+    return _commit_response(call, table, _commit_digest(call, table))
+
+
+def _commit_create(call: _Call, namespace: Namespace, name: str, commit: CommitBody) -> Response:
+    """A create transaction's commit makes a table as a create does, and is gated as one (``_create_table``)."""
+    call.require(Privilege.TABLE_CREATE, namespace)
+    _refuse_view_name(call, namespace, name)
+    tables = call.warehouse.tables
+    pending = tables.pending_commit_create(namespace, name, commit)
+    # Its assert-create refuses a table that appears meanwhile.
+    table, restricted = _gated(call, "create", pending, lambda: tables.commit_table(namespace, name, commit))
+    response = _commit_response(call, table, restricted.digest if restricted is not None else "")
+    _served(call, "create", table, restricted)
+    return response
+
+
+def _commit_response(call: _Call, table: StoredTable, restrictions_digest: str) -> Response:
     location = json.dumps(table.metadata_location)
     body = f'{{"{vocabulary.METADATA_LOCATION}":{location},"metadata":{_metadata_json(table, "all")}}}'
-    etag = _etag_for(call, table, "all", None, _commit_digest(call, table))
+    etag = _etag_for(call, table, "all", None, restrictions_digest)
     return Response(body, 200, {"ETag": etag}, media_type=_JSON)
 
 

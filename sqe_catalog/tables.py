@@ -93,6 +93,7 @@ from sqe_catalog.update_ids import assigned_ids
 __all__ = [
     "CLIENT_PARSE_ERRORS",
     "LOCATION_PROPERTIES",
+    "CommitBody",
     "Namespace",
     "NamespaceNotEmptyError",
     "Registration",
@@ -102,6 +103,7 @@ __all__ = [
     "catalog_io_properties",
     "client_parse_message",
     "dropped_location_reuse",
+    "is_create_transaction",
     "namespace_area_claims",
     "pointer_directory",
     "validate_client_model",
@@ -572,6 +574,11 @@ def _without_format_upgrades(updates: tuple[TableUpdate, ...]) -> tuple[TableUpd
     return tuple(u for u in updates if not isinstance(u, UpgradeFormatVersionUpdate))
 
 
+def is_create_transaction(commit: CommitBody) -> bool:
+    """Whether the commit is a create transaction's (its requirements assert that no table exists)."""
+    return any(isinstance(r, AssertCreate) for r in commit.requirements)
+
+
 @contextmanager
 def _translated(namespace: Namespace, table: str | None = None) -> Iterator[None]:
     """pyiceberg's exceptions -> the catalog's typed errors, with messages naming the identifier."""
@@ -940,13 +947,9 @@ class WarehouseTables:
         if gated_uuid is not None:  # an implicit assert-table-uuid
             same_table = AssertTableUUID(uuid=gated_uuid)
             commit = commit.model_copy(update={"requirements": (*commit.requirements, same_table)})
-        creating = any(isinstance(r, AssertCreate) for r in commit.requirements)
+        creating = is_create_transaction(commit)
         if creating:
-            self._require_namespace(namespace)
-            self._require_absent(namespace, name)
-            if not any(isinstance(u, SetLocationUpdate) for u in commit.updates):
-                located = (SetLocationUpdate(location=self._new_table_location(namespace, name)), *commit.updates)
-                commit = commit.model_copy(update={"updates": located})
+            commit = self._prepare_create_commit(namespace, name, commit)
         elif not self.table_exists(namespace, name):
             raise NoSuchTableError.named(*namespace, name)
         self._check_commit_properties(commit.updates)
@@ -958,6 +961,24 @@ class WarehouseTables:
             else:  # legacy or protected: decided with the pointer swap (IntegrityGuard.commit)
                 committed = self.integrity.commit(_s(namespace), name, requirements, updates)
         return self._as_loaded(namespace, name, committed)
+
+    def pending_commit_create(self, namespace: Namespace, name: str, commit: CommitBody) -> StoredTable:
+        """What a create transaction's commit would write, written and reserved nowhere: for checks that must pass
+        before anything is created (as ``pending_table`` for a create; the commit checks the locations)."""
+        commit = self._prepare_create_commit(namespace, name, commit)
+        self._check_commit_properties(commit.updates)
+        with _translated(namespace, name), _client_value_errors():
+            metadata = self.integrity.staged_create(_s(namespace), name, commit.requirements, commit.updates)
+        return StoredTable(namespace, name, None, metadata)
+
+    def _prepare_create_commit(self, namespace: Namespace, name: str, commit: CommitBody) -> CommitBody:
+        """Checks shared by a create transaction's gate and commit; the commit placed where a create would be."""
+        self._require_namespace(namespace)
+        self._require_absent(namespace, name)
+        if any(isinstance(u, SetLocationUpdate) for u in commit.updates):
+            return commit
+        located = (SetLocationUpdate(location=self._new_table_location(namespace, name)), *commit.updates)
+        return commit.model_copy(update={"updates": located})
 
     @contextmanager
     def _locations_claimed(

@@ -284,12 +284,19 @@ class IntegrityGuard:
         table = self.ref(namespace, name)
         return admission.write_new_table(self._catalog, table, with_next_row_id(metadata), self._also(table))
 
-    def commit_create(self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates) -> Written:
-        """A create transaction's commit: the new table starts protected."""
+    def staged_create(
+        self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates
+    ) -> TableMetadata:
+        """The first revision a create transaction's commit makes, written nowhere (what its gate judges)."""
         staged = self._catalog._update_and_stage_table(None, (*namespace, name), requirements, updates)
         check_snapshot_lineage(staged.metadata.format_version, updates)
+        return with_next_row_id(staged.metadata)
+
+    def commit_create(self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates) -> Written:
+        """A create transaction's commit: the new table starts protected."""
+        metadata = self.staged_create(namespace, name, requirements, updates)
         table = self.ref(namespace, name)
-        return admission.write_new_table(self._catalog, table, with_next_row_id(staged.metadata), self._also(table))
+        return admission.write_new_table(self._catalog, table, metadata, self._also(table))
 
     def commit(self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates) -> Written:
         """Commit to a table, legacy or protected as the pin read with its pointer says. A protected table's base

@@ -1,0 +1,201 @@
+"""Create transactions (a commit whose requirements hold ``assert-create``) against the real ``sqe-catalog`` on moto.
+
+A create transaction makes a table just as ``POST .../tables`` does, so it must pass every check a create passes:
+the read-restrictions gate on the table it would make, the location rules (inside the warehouse, no overlap
+with a table, a dropped table's files, a reserved place, another namespace's area) and the pin a new table
+starts with. Each test sends the raw commit of a create transaction (what pyiceberg's
+``create_table_transaction`` sends once its stage-create returned), so no stage-create gates it first. Only the
+gate was missing; the location checks and the pin already held for create transactions and are pinned down here.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import requests
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
+
+from tests.conftest import pyiceberg_catalog
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogPrincipal, CatalogServer
+
+pytestmark = pytest.mark.e2e
+
+SCHEMA = {
+    "type": "struct",
+    "schema-id": 0,
+    "fields": [
+        {"id": 1, "name": "id", "type": "long", "required": False},
+        {"id": 2, "name": "region", "type": "string", "required": False},
+    ],
+}
+DECLARED = {"X-Gravitino-Client-Capabilities": "read-restrictions.v1"}
+
+
+class Client:
+    """Raw REST calls of one bearer token in the session's warehouse."""
+
+    def __init__(self, server: CatalogServer, token: str) -> None:
+        self.server = server
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        return self.session.request(
+            method, f"{self.server.url}/v1/{self.server.warehouse}/{path}", timeout=60, **kwargs
+        )
+
+    def create_transaction(
+        self, ns: str, name: str, location: str | None = None, headers: dict[str, str] | None = None, **props: str
+    ) -> requests.Response:
+        """The commit of a create transaction (assert-create), as pyiceberg sends it, without its stage-create."""
+        updates: list[dict[str, Any]] = [
+            {"action": "assign-uuid", "uuid": str(uuid.uuid4())},
+            {"action": "upgrade-format-version", "format-version": 2},
+            {"action": "add-schema", "schema": SCHEMA, "last-column-id": 2},
+            {"action": "set-current-schema", "schema-id": -1},
+            {"action": "add-spec", "spec": {"spec-id": 0, "fields": []}},
+            {"action": "set-default-spec", "spec-id": -1},
+            {"action": "add-sort-order", "sort-order": {"order-id": 0, "fields": []}},
+            {"action": "set-default-sort-order", "sort-order-id": -1},
+        ]
+        if location is not None:
+            updates.append({"action": "set-location", "location": location})
+        if props:
+            updates.append({"action": "set-properties", "updates": props})
+        body = {"requirements": [{"type": "assert-create"}], "updates": updates}
+        return self.request("POST", f"namespaces/{ns}/tables/{name}", json=body, headers=headers)
+
+    def exists(self, ns: str, name: str) -> bool:
+        return self.request("HEAD", f"namespaces/{ns}/tables/{name}").status_code == 204
+
+
+def error_of(response: requests.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and "Traceback" not in response.text
+    return f"{error['type']}: {error['message']}"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def admin(catalog_server: CatalogServer) -> Client:
+    return Client(catalog_server, catalog_server.token(catalog_server.admin))
+
+
+def namespace(admin: Client) -> str:
+    ns = unique("ctx")
+    assert admin.request("POST", "namespaces", json={"namespace": [ns]}).status_code == 200
+    return ns
+
+
+def creator(server: CatalogServer, *namespaces: str) -> CatalogPrincipal:
+    """A principal that may create tables (and read their data) in ``namespaces`` only."""
+    grants = [(privilege, ns, None) for ns in namespaces for privilege in ("TABLE_CREATE", "TABLE_READ_DATA")]
+    return server.principal_with_grants(unique("creator"), grants)
+
+
+def restrict_new_tables(admin: Client, ns: str) -> None:
+    """An enabled row-filter policy selected by a tag on ``ns``: every table made there is restricted."""
+    tag, policy = unique("sensitivity"), unique("rf")
+    body = {
+        "name": policy,
+        "policyType": "system_row_filter",
+        "content": {"expression": 'filter := col("region") == "EU"'},
+    }
+    assert admin.request("POST", "policies", json=body).status_code == 200
+    selector = {"tag": tag, "selector": "ALL_VALUES"}
+    assert admin.request("POST", f"policies/{policy}/tags", json=selector).status_code == 200
+    assert admin.request("PUT", f"policies/{policy}", json={"enabled": True}).status_code == 200
+    assigned = admin.request("POST", "tags", json={"object": {"namespace": [ns]}, "tag": tag})
+    assert assigned.status_code == 204, assigned.text
+
+
+def test_a_create_transaction_is_gated_like_a_create(
+    admin: Client, catalog_server: CatalogServer, catalog_reader: CatalogPrincipal
+) -> None:
+    # Before: the gate ran on POST .../tables only; a create transaction's commit made a table its restrictions
+    # say the caller may only be served through a trusted reader, and answered with its metadata.
+    ns = namespace(admin)
+    restrict_new_tables(admin, ns)
+    user = creator(catalog_server, ns)
+    own = Client(catalog_server, catalog_server.token(user))
+    assert "trusted reader" in error_of(
+        own.request("POST", f"namespaces/{ns}/tables", json={"name": "a", "schema": SCHEMA}, headers=DECLARED), 403
+    )
+    assert "trusted reader" in error_of(own.create_transaction(ns, "t", headers=DECLARED), 403)
+    assert not admin.exists(ns, "t"), "a refused create leaves no table"
+    error_of(own.create_transaction(ns, "t"), 406)  # the capability is not declared
+    assert not admin.exists(ns, "t")
+    via_reader = Client(catalog_server, catalog_server.delegated_token(user, catalog_reader))
+    served = via_reader.create_transaction(ns, "t", headers=DECLARED)
+    assert served.status_code == 200, served.text
+    loaded = via_reader.request("GET", f"namespaces/{ns}/tables/t", headers=DECLARED)
+    assert loaded.status_code == 200 and loaded.json()["read-restrictions"], loaded.text
+
+
+def test_a_create_transaction_may_not_take_another_namespaces_area(
+    admin: Client, catalog_server: CatalogServer
+) -> None:
+    ns, other = namespace(admin), namespace(admin)
+    own = Client(catalog_server, catalog_server.token(creator(catalog_server, ns)))
+    inside_other = f"{catalog_server.warehouse_location}/{other}/mine"
+    refused = error_of(own.create_transaction(ns, "t", location=inside_other), 403)
+    assert f"area of namespace {other}" in refused and "TABLE_CREATE" in refused
+    assert not admin.exists(ns, "t")
+    assert admin.create_transaction(ns, "t", location=inside_other).status_code == 200  # may create there
+
+
+def test_a_create_transaction_stays_inside_the_warehouse_and_off_other_tables(
+    admin: Client, catalog_server: CatalogServer
+) -> None:
+    ns = namespace(admin)
+    outside = error_of(admin.create_transaction(ns, "t", location="s3://elsewhere/t"), 400)
+    assert "inside the warehouse location" in outside
+    taken = admin.create_transaction(ns, "first")
+    assert taken.status_code == 200, taken.text
+    inner = f"{taken.json()['metadata']['location']}/inner"
+    assert "overlaps the location of table" in error_of(admin.create_transaction(ns, "t", location=inner), 400)
+    data_path = {"write.data.path": inner}
+    assert "overlaps the location of table" in error_of(admin.create_transaction(ns, "t", **data_path), 400)
+    assert "py-io-impl" in error_of(admin.create_transaction(ns, "t", **{"py-io-impl": "x.Y"}), 400)
+    assert not admin.exists(ns, "t")
+
+
+def test_a_create_transaction_claims_no_dropped_or_reserved_place(admin: Client, catalog_server: CatalogServer) -> None:
+    ns = namespace(admin)
+    own = Client(catalog_server, catalog_server.token(creator(catalog_server, ns)))
+    dropped = admin.create_transaction(ns, "gone").json()["metadata"]["location"]
+    assert admin.request("DELETE", f"namespaces/{ns}/tables/gone").status_code == 204  # files kept
+    refused = error_of(own.create_transaction(ns, "t", location=dropped), 403)
+    assert "dropped or moved table" in refused and "CATALOG_MANAGE_CONTENT" in refused
+    staged = admin.request(
+        "POST", f"namespaces/{ns}/tables", json={"name": "s", "schema": SCHEMA, "stage-create": True}
+    )
+    assert staged.status_code == 200, staged.text
+    place = staged.json()["metadata"]["location"]
+    assert "reserved until" in error_of(admin.create_transaction(ns, "other", location=place), 403)
+    assert admin.create_transaction(ns, "s", location=place).status_code == 200  # the staged table's own place
+
+
+def test_a_create_transaction_pins_the_new_table(catalog_server: CatalogServer, admin: Client) -> None:
+    ns = namespace(admin)
+    catalog = pyiceberg_catalog(catalog_server, catalog_server.admin)
+    schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "region", StringType()))
+    for name, properties in (("plain", {}), ("enc", {"format-version": "3", "encryption.key-id": "K1"})):
+        transaction = catalog.create_table_transaction(f"{ns}.{name}", schema, properties=properties)
+        table = transaction.commit_transaction()
+        with sqlite3.connect(catalog_server.workdir / "catalog.db") as db:
+            pin = db.execute(
+                "SELECT metadata_location, key_id FROM sqe_table_integrity WHERE namespace = ? AND table_name = ?",
+                (ns, name),
+            ).fetchone()
+        assert pin == (table.metadata_location, properties.get("encryption.key-id")), name
