@@ -20,20 +20,13 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
 from tests.conftest import pyiceberg_catalog
+from tests.unit.sqe_catalog.test_restrictions import SCHEMA  # id, email, region
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
 
 pytestmark = pytest.mark.e2e
 
-SCHEMA = {
-    "type": "struct",
-    "schema-id": 0,
-    "fields": [
-        {"id": 1, "name": "id", "type": "long", "required": False},
-        {"id": 2, "name": "region", "type": "string", "required": False},
-    ],
-}
 DECLARED = {"X-Gravitino-Client-Capabilities": "read-restrictions.v1"}
 
 
@@ -51,13 +44,18 @@ class Client:
         )
 
     def create_transaction(
-        self, ns: str, name: str, location: str | None = None, headers: dict[str, str] | None = None, **props: str
+        self,
+        ns: str,
+        name: str,
+        location: str | None = None,
+        headers: dict[str, str] | None = None,
+        properties: dict[str, str] | None = None,
     ) -> requests.Response:
         """The commit of a create transaction (assert-create), as pyiceberg sends it, without its stage-create."""
         updates: list[dict[str, Any]] = [
             {"action": "assign-uuid", "uuid": str(uuid.uuid4())},
             {"action": "upgrade-format-version", "format-version": 2},
-            {"action": "add-schema", "schema": SCHEMA, "last-column-id": 2},
+            {"action": "add-schema", "schema": SCHEMA, "last-column-id": 3},
             {"action": "set-current-schema", "schema-id": -1},
             {"action": "add-spec", "spec": {"spec-id": 0, "fields": []}},
             {"action": "set-default-spec", "spec-id": -1},
@@ -66,8 +64,8 @@ class Client:
         ]
         if location is not None:
             updates.append({"action": "set-location", "location": location})
-        if props:
-            updates.append({"action": "set-properties", "updates": props})
+        if properties:
+            updates.append({"action": "set-properties", "updates": properties})
         body = {"requirements": [{"type": "assert-create"}], "updates": updates}
         return self.request("POST", f"namespaces/{ns}/tables/{name}", json=body, headers=headers)
 
@@ -165,8 +163,8 @@ def test_a_create_transaction_stays_inside_the_warehouse_and_off_other_tables(
     inner = f"{taken.json()['metadata']['location']}/inner"
     assert "overlaps the location of table" in error_of(admin.create_transaction(ns, "t", location=inner), 400)
     data_path = {"write.data.path": inner}
-    assert "overlaps the location of table" in error_of(admin.create_transaction(ns, "t", **data_path), 400)
-    assert "py-io-impl" in error_of(admin.create_transaction(ns, "t", **{"py-io-impl": "x.Y"}), 400)
+    assert "overlaps the location of table" in error_of(admin.create_transaction(ns, "t", properties=data_path), 400)
+    assert "py-io-impl" in error_of(admin.create_transaction(ns, "t", properties={"py-io-impl": "x.Y"}), 400)
     assert not admin.exists(ns, "t")
 
 
