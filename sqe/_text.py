@@ -1,8 +1,25 @@
-"""Small text helpers shared by every package: one-line error text and UTC timestamps for messages."""
+"""Small text helpers shared by every package: one-line error text, credentials taken out of locations, and
+UTC timestamps for messages."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
+from urllib.parse import unquote
+
+# A word holding one of these names a credential, in any case: s3_secret_access_key, CREATE SECRET, mypassword,
+# motherduck_token, X-Amz-Signature in a presigned URL, an Authorization: Bearer header, AccountKey= in Azure's
+# connection string.
+SECRET_STEMS = ("secret", "password", "passwd", "token", "credential", "signature", "bearer", "authoriz", "apikey")
+# Too short to find inside a word: a whole part of one (ODBC's Pwd=..., Azure's sig=..., a SAS token).
+SECRET_PARTS = frozenset({"pwd", "sig", "sas"})
+_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key; KEY_ID: KEY, ID
+REDACTED = "***"
+# ``scheme://user:password@``: the password runs to the last ``@`` before a blank or a quote (an unescaped ``@``
+# or ``/`` in a password must not leave its tail); the user part has no ``/``, so a path's ``@`` is not userinfo.
+_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s'\"`:]*:)[^\s'\"`]*@")
+# ``?name=value`` or ``&name=value`` (``;`` too): a query parameter, wherever a message quotes a URL.
+_QUERY_PARAMETER = re.compile(r"(?P<head>[?&;](?P<name>[^=&;#?\s'\"`]+)=)[^&;#\s'\"`]*")
 
 
 def first_line(value: BaseException | str, *, limit: int | None = None) -> str:
@@ -48,3 +65,34 @@ def escape_unprintable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
+def names_secret(word: str) -> bool:
+    """``word`` holds a credential's name, or is a key's other than the bare word KEY (PRIMARY KEY, a map's 'key'):
+    access_key_id, KEY_ID, AccountKey, X-Amz-Signature, sig."""
+    lowered = word.lower()
+    if any(stem in lowered for stem in SECRET_STEMS):
+        return True
+    parts = {*re.split(r"[_-]", lowered), *(part.lower() for part in _PART.findall(word))}
+    return bool(SECRET_PARTS & parts) or ("key" in parts and lowered != "key")
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``: a userinfo password
+    (``http://alice:***@host``) and the value of a query parameter naming a credential (``X-Amz-Signature``,
+    ``X-Amz-Credential``, ``X-Amz-Security-Token``, ``sig``, ``token``, ``key``...). The location itself stays,
+    so a message still says which one it means.
+
+    For any text quoting a location a user or a catalog supplied (errors, logs, EXPLAIN): such a location may be
+    a presigned URL or carry a password."""
+    if "://" in text:
+        text = _USERINFO.sub(lambda m: m["head"] + REDACTED + "@", text)
+    if "=" in text:
+        text = _QUERY_PARAMETER.sub(_redacted_parameter, text)
+    return text
+
+
+def _redacted_parameter(match: re.Match[str]) -> str:
+    name = unquote(match["name"])
+    secret = names_secret(name) or name.lower() == "key"  # ?key=...: an API key in a URL
+    return match["head"] + REDACTED if secret else match[0]

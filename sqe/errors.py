@@ -28,9 +28,18 @@ SQEError
 
 from __future__ import annotations
 
+from sqe._text import redact_credentials
+
 
 class SQEError(Exception):
-    """Base class of every error SQE raises on purpose."""
+    """Base class of every error SQE raises on purpose.
+
+    A message may quote a location a user or a catalog named (a table function's URL, DuckDB's own error text
+    about one), which may carry a password or a presigned signature: every string argument is taken through
+    :func:`redact_credentials` here, once for every error, so ``str``, ``repr`` and pickles never hold one."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact_credentials(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 class ConfigError(SQEError):

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from sqe._text import terminal_line
+from sqe._text import names_secret, terminal_line
 from sqe.console import run_with_progress, write_result
 from sqe.errors import SQEError
 from sqe.sqltext import code_and_pieces, is_complete, split_statements
@@ -25,14 +25,7 @@ HELP = """\
   \\q                quit
 Statements end with ';'. Ctrl-C cancels the running query; Ctrl-D quits."""
 
-# A word holding one of these names a credential, in any case: s3_secret_access_key, CREATE SECRET, mypassword,
-# motherduck_token, X-Amz-Signature in a presigned URL, an Authorization: Bearer header, AccountKey= in Azure's
-# connection string.
-SECRET_STEMS = ("secret", "password", "passwd", "token", "credential", "signature", "bearer", "authoriz", "apikey")
-# Too short to find inside a word: a whole part of one (ODBC's Pwd=..., Azure's sig=..., a SAS token).
-SECRET_PARTS = frozenset({"pwd", "sig", "sas"})
 _WORD = re.compile(r"[A-Za-z0-9_]+")
-_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key; KEY_ID: KEY, ID
 # A string that is a credential by its shape: a URL with a password (scheme://user:pass@), an AWS key id, a JWT.
 _SECRET_SHAPES = (
     re.compile(r"://[^/@\s:]+:[^/@\s]+@"),
@@ -180,25 +173,15 @@ def holds_secret(text: str) -> bool:
     separates them, as in DuckDB), or a string, quoted identifier, dollar-quoted string or comment names one or has
     a credential's shape. The history file, which outlives the session, never keeps such a statement."""
     code, pieces = code_and_pieces(text)
-    if any(_names_secret(word) for word in _WORD.findall(code)):
+    if any(names_secret(word) for word in _WORD.findall(code)):
         return True
     return any(_holds_secret_text(piece) for piece in pieces)
 
 
 def _holds_secret_text(piece: str) -> bool:
-    if any(_names_secret(word) for word in _WORD.findall(piece)):
+    if any(names_secret(word) for word in _WORD.findall(piece)):
         return True
     return _token_like(piece) or any(shape.search(piece) for shape in _SECRET_SHAPES)
-
-
-def _names_secret(word: str) -> bool:
-    """``word`` holds a credential's name, or is a key's other than the bare word KEY (PRIMARY KEY, a map's 'key'):
-    access_key_id, KEY_ID, AccountKey."""
-    lowered = word.lower()
-    if any(stem in lowered for stem in SECRET_STEMS):
-        return True
-    parts = {*lowered.split("_"), *(part.lower() for part in _PART.findall(word))}
-    return bool(SECRET_PARTS & parts) or ("key" in parts and lowered != "key")
 
 
 def _token_like(literal: str) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 from dataclasses import dataclass
 
 from sqe._counters import Counters
 from sqe._net import is_loopback
-from sqe._text import first_line, iso_utc
+from sqe._text import first_line, iso_utc, redact_credentials
+from sqe.errors import CatalogError, QueryError
 
 
 def test_first_line_cuts_multiline_and_names_empty_exceptions() -> None:
@@ -20,6 +22,31 @@ def test_first_line_cuts_multiline_and_names_empty_exceptions() -> None:
 def test_is_loopback_accepts_only_this_machine() -> None:
     assert all(is_loopback(host) for host in ("localhost", "127.0.0.1", "127.8.9.10", "::1"))
     assert not any(is_loopback(host) for host in ("0.0.0.0", "10.0.0.1", "::", "example.internal", ""))
+
+
+def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> None:
+    assert redact_credentials("read http://alice:pw@h:1/x.csv now") == "read http://alice:***@h:1/x.csv now"
+    # an unescaped '@' or '/' in the password leaves no tail; quotes end the URL
+    assert redact_credentials("'postgresql://u:p@s/s@db:5432/x'") == "'postgresql://u:***@db:5432/x'"
+    presigned = "https://b.s3/k?X-Amz-Credential=AKIA1%2Fx&X-Amz-Date=1&X-Amz-Security-Token=T&X-Amz-Signature=S"
+    assert redact_credentials(presigned) == (
+        "https://b.s3/k?X-Amz-Credential=***&X-Amz-Date=1&X-Amz-Security-Token=***&X-Amz-Signature=***"
+    )
+    sas = '"https://a.blob/c?sv=2020&sig=abc%3D;token=t&key=k&AWSAccessKeyId=A&Signature=s#frag"'
+    assert (
+        redact_credentials(sas)
+        == '"https://a.blob/c?sv=2020&sig=***;token=***&key=***&AWSAccessKeyId=***&Signature=***#frag"'
+    )
+    # nothing to take out: a path's '@', a port, ordinary parameters, plain text
+    for kept in ("s3://b/a@b/c", "http://h:8080/x?v=1&part=2", "WHERE key = 1 AND token > 2", "no url here"):
+        assert redact_credentials(kept) == kept
+
+
+def test_sqe_errors_never_hold_a_url_credential() -> None:
+    error = QueryError("cannot read http://alice:hunter22@h/x?sig=abc")
+    for text in (str(error), repr(error), str(pickle.loads(pickle.dumps(error)))):
+        assert "hunter22" not in text and "abc" not in text and "http://alice:***@h/x?sig=***" in text
+    assert CatalogError("at http://u:hunter22@h", status=500).args == ("at http://u:***@h",)
 
 
 def test_iso_utc() -> None:

@@ -1,0 +1,129 @@
+"""A location the user (or a catalog) names may carry a credential: a URL's password (``http://u:PASS@host``), a
+presigned URL's signature, a SAS ``sig=``. Whatever SQE or DuckDB says about such a location, through the Python
+API and the ``sqe`` CLI, names the location with the credential replaced, never the credential.
+
+Real engine against the shared moto + sqe-catalog; the only URLs outside them are on 127.0.0.1 at a closed port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import sqe.api
+from sqe.errors import SQEError
+from sqe.session import Session
+from tests.conftest import BOGUS_AWS_ENV, free_loopback_port, write_sqe_config
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogPrincipal, CatalogServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
+
+SQE = Path(sys.executable).parent / "sqe"
+PASSWORD = "Pw9userinfoSECRET"
+SIGNATURE = "f00dSig4ture0123456789abcdef"
+CREDENTIAL = "AKIAQUERYCREDENTIAL1"
+SESSION_TOKEN = "FwoGZXIvYXdzSessionTokenSECRET"
+SAS = "sasSIGsecretXYZ%3D"
+BEARER = "tokParamSECRET42"
+SECRETS = (PASSWORD, SIGNATURE, CREDENTIAL, SESSION_TOKEN, SAS, BEARER)
+
+
+def locations(port: int) -> dict[str, str]:
+    """One location per credential form, each at a closed loopback port."""
+    host = f"127.0.0.1:{port}"
+    presigned = (
+        f"https://{host}/bucket/k.parquet?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={CREDENTIAL}%2F20260101"
+        f"%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Security-Token={SESSION_TOKEN}&X-Amz-Signature={SIGNATURE}"
+    )
+    return {
+        "userinfo": f"http://alice:{PASSWORD}@{host}/x.csv",
+        "presigned": presigned,
+        "sas": f"https://{host}/container/x.json?sv=2020-08-04&sig={SAS}",
+        "token": f"http://{host}/x.parquet?token={BEARER}",
+    }
+
+
+@pytest.fixture(scope="module")
+def config(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    moto = catalog_server.moto
+    return write_sqe_config(
+        tmp_path_factory.mktemp("secrets") / "sqe.toml",
+        catalog_server.url,
+        engine_writer,
+        moto,
+        catalog={"require_vended_credentials": False},
+        storage={"access_key_id": moto.access_key_id, "secret_access_key": moto.secret_access_key},
+    )
+
+
+def assert_no_secret(text: str) -> None:
+    leaked = [secret for secret in SECRETS if secret in text]
+    assert leaked == [], text
+
+
+def failure(session: Session, sql: str) -> str:
+    with pytest.raises(SQEError) as caught:
+        session.sql(sql).arrow()
+    return f"{caught.value} {caught.value!r} {caught.value.args!r}"
+
+
+STATEMENTS = {
+    "read_csv": "SELECT * FROM read_csv('{url}')",
+    "read_parquet": "SELECT * FROM read_parquet(['{url}'])",
+    "read_json": "SELECT * FROM read_json('{url}')",
+    "explain": "EXPLAIN SELECT * FROM read_parquet('{url}')",
+    "iceberg_scan": "SELECT * FROM iceberg_scan('{url}')",
+    "glob": "SELECT * FROM glob('{url}')",
+    "attach": "ATTACH '{url}' AS remote",
+    "copy": "COPY (SELECT 1) TO '{url}'",
+    "from-string": "SELECT * FROM '{url}'",
+    "syntax": "SELEC * FROM read_csv('{url}')",
+    "external-table": "CREATE EXTERNAL TABLE ext_secret.t (id BIGINT) STORED AS PARQUET LOCATION '{url}'",
+}
+
+
+# The statements whose error quotes the location (SQE's own check, or DuckDB's refusal passed through).
+QUOTING = ("read_csv", "read_parquet", "read_json", "explain", "glob", "from-string")
+
+
+@pytest.mark.parametrize("form", ["userinfo", "presigned", "sas", "token"])
+@pytest.mark.parametrize("statement", list(STATEMENTS))
+def test_errors_name_a_location_without_its_credential(
+    config: Path, caplog: pytest.LogCaptureFixture, form: str, statement: str
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = locations(free_loopback_port())[form]
+    with sqe.api.connect(config) as session:
+        text = failure(session, STATEMENTS[statement].format(url=url))
+    assert_no_secret(text)
+    assert_no_secret(caplog.text)
+    if statement in QUOTING:  # the location is still named, so the error says which one it means
+        assert "127.0.0.1" in text and "***" in text, text
+
+
+def test_cli_error_line_hides_the_credential(config: Path) -> None:
+    url = locations(free_loopback_port())["userinfo"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SQE_", "AWS_"))}
+    env.update(BOGUS_AWS_ENV)
+    for debug in ((), ("--debug",)):
+        done = subprocess.run(
+            [str(SQE), "--config", str(config), *debug, "-e", f"SELECT * FROM read_csv('{url}')"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=False,
+        )
+        assert done.returncode != 0
+        assert "sqe: error: " in done.stderr and "http://alice:***@127.0.0.1" in done.stderr, done.stderr
+        assert_no_secret(done.stdout + done.stderr)
