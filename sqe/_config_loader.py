@@ -23,13 +23,13 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, Self, TypeGuard, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationError
 
-from sqe._text import escape_unprintable
+from sqe._text import escape_unprintable, redact_credentials
 
 _log = logging.getLogger("sqe.config")
 
@@ -64,6 +64,11 @@ class ConfigSection(BaseModel):
     def __delattr__(self, name: str) -> NoReturn:
         raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # A URL setting (a catalog uri, an endpoint) may carry a password or a token parameter: shown without.
+        for name, value in super().__repr_args__():
+            yield name, _redacted(value)
+
     def __reduce__(self) -> NoReturn:
         # A pickle would carry the secrets to wherever the bytes go (caches, queues, crash dumps).
         raise TypeError(f"{type(self).__name__} holds secrets and cannot be pickled")
@@ -80,6 +85,14 @@ class ConfigSection(BaseModel):
         data = {name: getattr(self, name) for name in type(self).model_fields}
         data.update(update or {})
         return type(self).model_validate(data)
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_credentials(value)
+    if isinstance(value, tuple):
+        return tuple(_redacted(item) for item in value)
+    return value
 
 
 def reveal(secret: SecretStr | None) -> str | None:

@@ -127,3 +127,23 @@ def test_cli_error_line_hides_the_credential(config: Path) -> None:
         assert done.returncode != 0
         assert "sqe: error: " in done.stderr and "http://alice:***@127.0.0.1" in done.stderr, done.stderr
         assert_no_secret(done.stdout + done.stderr)
+
+
+def test_catalog_uri_with_userinfo_stays_out_of_errors_reprs_and_logs(
+    tmp_path: Path, engine_writer: CatalogPrincipal, catalog_server: CatalogServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    uri = f"http://alice:{PASSWORD}@127.0.0.1:{free_loopback_port()}/api/catalog?token={BEARER}"
+    config = write_sqe_config(tmp_path / "sqe.toml", uri, engine_writer, catalog_server.moto)
+    with sqe.api.connect(config) as session:
+        shown = f"{session.config!r} {session.config} {session.config.catalog.connection()!r}"
+        error = failure(session, "SELECT * FROM ns.t")
+    assert "CatalogUnavailableError" in error and "http://alice:***@127.0.0.1" in error, error
+    assert "uri='http://alice:***@127.0.0.1" in shown and "?token=***" in shown, shown
+    for text in (shown, error, caplog.text):
+        assert_no_secret(text)
+    bad = write_sqe_config(tmp_path / "bad.toml", uri.replace("http", "ftp", 1), engine_writer, catalog_server.moto)
+    with pytest.raises(SQEError) as caught:
+        sqe.api.connect(bad)
+    assert "catalog.uri" in str(caught.value)
+    assert_no_secret(f"{caught.value!r}")
