@@ -147,3 +147,30 @@ def test_catalog_uri_with_userinfo_stays_out_of_errors_reprs_and_logs(
         sqe.api.connect(bad)
     assert "catalog.uri" in str(caught.value)
     assert_no_secret(f"{caught.value!r}")
+
+
+def test_flight_server_errors_and_log_hide_the_credential(
+    catalog_server: CatalogServer, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    import adbc_driver_flightsql.dbapi as dbapi
+
+    from tests.e2e.test_server import _reader_settings, _write_configs, start_server
+    from tests.helpers.processes import stop_child
+
+    user = catalog_server.principal_with_grants(f"loc_secret_{tmp_path.name[-6:]}", [])
+    config = _write_configs(tmp_path, catalog_server, **_reader_settings(catalog_reader))
+    proc, port = start_server(tmp_path, config)
+    errors = []
+    try:
+        headers = {"adbc.flight.sql.authorization_header": f"Bearer {catalog_server.token(user)}"}
+        with dbapi.connect(f"grpc://127.0.0.1:{port}", db_kwargs=headers, autocommit=True) as conn:
+            for url in locations(free_loopback_port()).values():
+                for sql in (f"SELECT * FROM read_csv('{url}')", f"SELECT * FROM glob('{url}')"):
+                    with conn.cursor() as cur, pytest.raises(dbapi.Error) as caught:
+                        cur.execute(sql)
+                    errors.append(str(caught.value))
+    finally:
+        stop_child(proc)
+    assert len(errors) == 8 and all("127.0.0.1" in e and "***" in e for e in errors), errors
+    assert "DEBUG" in (tmp_path / "server.log").read_text()
+    assert_no_secret(" ".join(errors) + (tmp_path / "server.log").read_text())
