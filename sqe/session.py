@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import duckdb
 import pyarrow as pa
 
-from sqe._text import first_line
+from sqe._text import first_line, redact_credentials
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.base import LoadedTable, TableIdent, TableProvider, ViewDefinition
 from sqe.duckdb_connection import connect_locked_down, quote_ident, quote_qualified
@@ -1145,7 +1145,8 @@ class Session:
         except duckdb.BinderException as exc:
             if not planned.narrowed:
                 raise self._translate(exc, context) from None
-            log.debug("re-planning with every column after a binder error: %s", exc)
+            # DuckDB's text quotes the statement's names, which may be a URL with a password.
+            log.debug("re-planning with every column after a binder error: %s", redact_credentials(first_line(exc)))
         except duckdb.Error as exc:
             raise self._translate(exc, context) from None
         # A narrowed projection missed something DuckDB needs: read every column instead (correctness first).

@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -174,3 +175,17 @@ def test_flight_server_errors_and_log_hide_the_credential(
     assert len(errors) == 8 and all("127.0.0.1" in e and "***" in e for e in errors), errors
     assert "DEBUG" in (tmp_path / "server.log").read_text()
     assert_no_secret(" ".join(errors) + (tmp_path / "server.log").read_text())
+
+
+def test_duckdb_error_text_in_debug_log_hides_the_credential(config: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A binder error on a narrowed scan is logged before SQE plans again; its text quotes the statement."""
+    caplog.set_level(logging.DEBUG)
+    namespace = f"loc_{uuid.uuid4().hex[:6]}"
+    url = locations(free_loopback_port())["userinfo"]
+    with sqe.api.connect(config) as session:
+        session.sql(f"CREATE SCHEMA {namespace}")
+        session.sql(f"CREATE TABLE {namespace}.t AS SELECT 1 AS id, 'a' AS name")
+        error = failure(session, f'SELECT "{url}" FROM {namespace}.t')
+    assert "Binder Error" in error and "http://alice:***@127.0.0.1" in error, error
+    assert "re-planning with every column" in caplog.text and "http://alice:***@127.0.0.1" in caplog.text
+    assert_no_secret(error + caplog.text)
