@@ -319,6 +319,9 @@ def _validate_catalog(c: CatalogConfig, o: Origins) -> None:
 
 def _validate_storage(s: StorageConfig, o: Origins) -> None:
     _check_http_url(s.endpoint, "storage.endpoint", o)
+    if s.endpoint and "@" in urlsplit(s.endpoint).netloc:
+        # Never used (requests are signed with the key pair), it would only be carried into every FileIO's settings.
+        o.fail("storage.endpoint", "must not hold a user name or password (S3 requests are signed with the keys)")
     if s.access_key_id and not s.secret_access_key:
         o.fail("storage.secret_access_key", "required when storage.access_key_id is set")
     if s.secret_access_key and not s.access_key_id:

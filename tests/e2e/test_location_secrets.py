@@ -189,3 +189,19 @@ def test_duckdb_error_text_in_debug_log_hides_the_credential(config: Path, caplo
     assert "Binder Error" in error and "http://alice:***@127.0.0.1" in error, error
     assert "re-planning with every column" in caplog.text and "http://alice:***@127.0.0.1" in caplog.text
     assert_no_secret(error + caplog.text)
+
+
+def test_storage_endpoint_with_userinfo_is_refused_without_echo(
+    tmp_path: Path, engine_writer: CatalogPrincipal, catalog_server: CatalogServer
+) -> None:
+    """S3 requests are signed with the key pair, so a password in the endpoint is never used: it would only be
+    carried into the credential policy and every FileIO's settings (and their reprs)."""
+    endpoint = f"http://bob:{PASSWORD}@127.0.0.1:{free_loopback_port()}"
+    moto = catalog_server.moto
+    config = write_sqe_config(
+        tmp_path / "sqe.toml", catalog_server.url, engine_writer, moto, storage={"endpoint": endpoint}
+    )
+    with pytest.raises(SQEError) as caught:
+        sqe.api.connect(config)
+    assert "storage.endpoint" in str(caught.value) and "password" in str(caught.value), caught.value
+    assert_no_secret(f"{caught.value!r}")
