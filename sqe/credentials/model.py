@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sqe._text import redact_credentials
 from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import is_expired
 from sqe.credentials.paths import canonical_prefix
@@ -77,6 +78,11 @@ class StorageSettings:
             f.name: getattr(other, f.name) for f in dataclasses.fields(other) if getattr(other, f.name) is not None
         }
         return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        # The endpoint may be the catalog's, as sent: a password or token parameter in it is not shown.
+        shown = (f"{f.name}={redact_credentials(repr(getattr(self, f.name)))}" for f in dataclasses.fields(self))
+        return f"StorageSettings({', '.join(shown)})"
 
     def to_properties(self) -> dict[str, str]:
         """As FileIO properties, in the spelling pyarrow reads (path style as ``s3.force-virtual-addressing``)."""

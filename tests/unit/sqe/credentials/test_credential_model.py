@@ -104,3 +104,12 @@ def test_an_expiry_in_seconds_or_not_positive_is_a_protocol_error(value: str) ->
     with pytest.raises(CatalogProtocolError, match="epoch milliseconds") as info:
         _one(**{"s3.session-token-expires-at-ms": value})
     assert value not in str(info.value)
+
+
+def test_a_catalog_sent_endpoint_is_shown_without_its_password() -> None:
+    """The catalog's ``s3.endpoint`` is used as sent (unless the config sets one); a password in it never shows."""
+    found = _one(**{"s3.endpoint": "http://user:endpoint-pw-77c@127.0.0.1:9?token=endpoint-tok-31"})
+    shown = f"{found!r} {found.settings!r}"
+    assert "http://user:***@127.0.0.1:9?token=***" in shown and "region=" in shown, shown
+    assert "endpoint-pw-77c" not in shown and "endpoint-tok-31" not in shown
+    assert found.settings.endpoint == "http://user:endpoint-pw-77c@127.0.0.1:9?token=endpoint-tok-31"  # used as sent
