@@ -18,6 +18,9 @@ REDACTED = "***"
 # ``scheme://user:password@``: the password runs to the last ``@`` before a blank or a quote (an unescaped ``@``
 # or ``/`` in a password must not leave its tail); the user part has no ``/``, so a path's ``@`` is not userinfo.
 _USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s'\"`:]*:)[^\s'\"`]*@")
+# ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password has
+# no ``@`` or ``/`` here, and a name follows the ``@``.
+_BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/@:]+@(?=[\w\[])")
 # ``?name=value`` or ``&name=value`` (``;`` too): a query parameter, wherever a message quotes a URL.
 _QUERY_PARAMETER = re.compile(r"(?P<head>[?&;](?P<name>[^=&;#?\s'\"`]+)=)[^&;#\s'\"`]*")
 
@@ -85,11 +88,16 @@ def redact_credentials(text: str) -> str:
 
     For any text quoting a location a user or a catalog supplied (errors, logs, EXPLAIN): such a location may be
     a presigned URL or carry a password."""
-    if "://" in text:
-        text = _USERINFO.sub(lambda m: m["head"] + REDACTED + "@", text)
+    if "@" in text:
+        text = _USERINFO.sub(_redacted_userinfo, text)
+        text = _BARE_USERINFO.sub(_redacted_userinfo, text)
     if "=" in text:
         text = _QUERY_PARAMETER.sub(_redacted_parameter, text)
     return text
+
+
+def _redacted_userinfo(match: re.Match[str]) -> str:
+    return match["head"] + REDACTED + "@"
 
 
 def _redacted_parameter(match: re.Match[str]) -> str:

@@ -37,8 +37,16 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         redact_credentials(sas)
         == '"https://a.blob/c?sv=2020&sig=***;token=***&key=***&AWSAccessKeyId=***&Signature=***#frag"'
     )
+    # an authority quoted without its scheme (DuckDB's "file:// scheme only supports localhost authority, got: ...")
+    assert redact_credentials("got: alice:pw@127.0.0.1:9") == "got: alice:***@127.0.0.1:9"
     # nothing to take out: a path's '@', a port, ordinary parameters, plain text
-    for kept in ("s3://b/a@b/c", "http://h:8080/x?v=1&part=2", "WHERE key = 1 AND token > 2", "no url here"):
+    for kept in (
+        "s3://b/a@b/c",
+        "http://h:8080/x?v=1&part=2",
+        "WHERE key = 1 AND token > 2",
+        "no url here",
+        "bob@example.com",
+    ):
         assert redact_credentials(kept) == kept
 
 
