@@ -73,8 +73,8 @@ class TvfPolicy:
         _refuse_dot_segments(function, pattern)
         if is_object_store(pattern):
             self._check_object_store_pattern(function, pattern)
-        elif is_local(pattern):
-            self._check_local(function, _local_path(pattern), _strip_glob(_local_path(pattern)))
+        elif is_local(pattern):  # named as written: a file:// pattern's authority may hold a password
+            self._check_local(function, pattern, _strip_glob(_local_path(pattern)))
         else:
             raise ExternalAccessError(
                 f"{function}: scheme {scheme_of(pattern)!r} of {pattern} is not supported (s3:// or a local path)"
