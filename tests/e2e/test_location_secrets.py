@@ -140,6 +140,7 @@ def test_catalog_uri_with_userinfo_stays_out_of_errors_reprs_and_logs(
     uri = f"http://alice:{PASSWORD}@127.0.0.1:{free_loopback_port()}/api/catalog?token={BEARER}"
     config = write_sqe_config(tmp_path / "sqe.toml", uri, engine_writer, catalog_server.moto)
     with sqe.api.connect(config) as session:
+        assert session.config is not None
         shown = f"{session.config!r} {session.config} {session.config.catalog.connection()!r}"
         error = failure(session, "SELECT * FROM ns.t")
     assert "CatalogUnavailableError" in error and "http://alice:***@127.0.0.1" in error, error
@@ -162,7 +163,7 @@ def test_flight_server_errors_and_log_hide_the_credential(
     from tests.helpers.processes import stop_child
 
     user = catalog_server.principal_with_grants(f"loc_secret_{tmp_path.name[-6:]}", [])
-    config = _write_configs(tmp_path, catalog_server, **_reader_settings(catalog_reader))
+    config = _write_configs(tmp_path, catalog_server, coordinator=None, **_reader_settings(catalog_reader))
     proc, port = start_server(tmp_path, config)
     errors = []
     try:
