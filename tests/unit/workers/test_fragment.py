@@ -148,6 +148,17 @@ def test_each_file_uses_its_longest_prefix_and_uncovered_paths_fail() -> None:
         io.new_input("file:///etc/passwd")  # local paths only with allow_local (unit tests)
 
 
+def test_a_path_with_a_password_is_refused_without_it() -> None:
+    """A ticket's paths come from the catalog's manifests: the worker's refusal names one without its password."""
+    io = file_io(cred("s3://b/wh", "WIDE"))
+    for path in ("http://alice:manifest-pw-4d2@127.0.0.1:9/x.parquet", "https://h/x.parquet?X-Amz-Signature=sig-8e1"):
+        with pytest.raises(MissingCredentialsError) as caught:
+            io.new_input(path)
+        text = f"{caught.value} {caught.value!r}"
+        assert "127.0.0.1" in text or "https://h/x.parquet" in text, text
+        assert "manifest-pw-4d2" not in text and "sig-8e1" not in text, text
+
+
 def test_an_expired_set_fails_before_the_file_is_opened() -> None:
     io = file_io(cred("s3://b/t", "OLD", expires_in=-1))
     expected = r"credentials for s3://b/t expired at .* and no refreshed set arrived"
