@@ -34,7 +34,7 @@ import logging
 import os
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import quote
 
@@ -73,7 +73,7 @@ _ERROR_MESSAGE = re.compile(rb"<Message>([^<]{1,300})</Message>")
 class S3Address:
     """Where one object is read from: the URL a request goes to, and the bucket and key for messages."""
 
-    url: str  # path style or virtual host, as pyarrow would address the object with the same settings
+    url: str = field(repr=False)  # path style or virtual host, as pyarrow addresses it; its endpoint may hold a user
     bucket: str
     key: str
 

@@ -170,3 +170,9 @@ def test_store_answers_map_to_the_os_error_classes_of_the_pyarrow_path(
         found._raise_for(status, body)
     assert type(failure.value) is error_class
     assert str(failure.value) == f"When reading from key 't/f.parquet' in bucket 'b': HTTP {status} {code}: told you"
+
+
+def test_an_address_shows_no_password_of_a_catalog_sent_endpoint() -> None:
+    # The catalog chooses the endpoint; one holding a user and password must not reach a repr through the URL.
+    address = s3_address("s3://b/t/f", resolved({**MOTO, S3_ENDPOINT: "http://alice:PW-123@127.0.0.1:5000"}).settings)
+    assert address is not None and "PW-123" not in repr(address) and "t/f" in repr(address)
