@@ -22,6 +22,7 @@ SQEError
 ├── QueryError                        SQL the engine cannot run (syntax, unknown table, ...)
 │   ├── EncryptedTableError           Iceberg table encryption (encryption.key-id / encryption-keys)
 │   ├── RestrictedTableError          DML or metadata tables on a table the caller reads with restrictions
+│   ├── ManifestLimitError            a manifest list or manifest past a read limit (sqe.planning.avro_limits)
 │   └── UnsupportedViewDialectError   a view with no SQL representation SQE can run
 └── WorkerError                       distributed execution failures
 """
@@ -119,6 +120,11 @@ class EncryptedTableError(QueryError):
 
 class RestrictedTableError(QueryError):
     """The caller reads the table through read-restrictions, so SQE refuses to write it or show its metadata."""
+
+
+class ManifestLimitError(QueryError):
+    """A table's manifest list or manifest that planning will not read: larger than a limit stored or inflated,
+    or not an Avro container file. The table's own files: no retry changes that."""
 
 
 class ExternalAccessError(QueryError):

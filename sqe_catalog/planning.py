@@ -8,7 +8,7 @@ The catalog plans with pyiceberg over the table it holds, per caller, so a clien
 - planning reads the manifest list and manifests with the catalog's key, so only files under the table's own
   locations: a snapshot whose manifests lie elsewhere (another table's) is refused (422), never planned;
 - a manifest list or manifest is read only up to ``MAX_MANIFEST_BYTES`` and inflated only up to
-  ``MAX_MANIFEST_DECOMPRESSED_BYTES`` (``sqe_catalog.avro_limits``): a larger one is refused (422);
+  ``MAX_MANIFEST_DECOMPRESSED_BYTES`` (``sqe.planning.avro_limits``): a larger one is refused (422);
 - plans are kept in memory for ``plan_lifetime_seconds`` and belong to the principal (and actor) that made
   them, under the read-restrictions it had then: another caller's plan id, or one made before the caller's
   restrictions changed, is a 404, never someone else's (or an unrestricted caller's) files.
@@ -32,9 +32,10 @@ from pyiceberg.table import FileScanTask, Table
 
 from sqe._text import first_line
 from sqe.credentials.paths import covered_by_any
+from sqe.planning.avro_limits import BoundedManifestFile
 from sqe.restrictions import parse_restrictions
 from sqe.vocabulary import MAX_PLAN_FILTER_PREDICATES, MAX_PLAN_FILTER_VALUES
-from sqe_catalog.avro_limits import BoundedManifestFile
+from sqe_catalog.avro_limits import CatalogManifestBounds
 from sqe_catalog.errors import BadRequestError, NotFoundError, UnprocessableEntityError
 from sqe_catalog.tables import StoredTable, validate_client_model
 
@@ -122,13 +123,13 @@ class _TableFilesIO(FileIO):
 
     def __init__(self, io: FileIO, locations: tuple[str, ...], manifest_lists: frozenset[str]) -> None:
         super().__init__(io.properties)
-        self._io, self._locations, self._manifest_lists = io, locations, manifest_lists
+        self._io, self._locations = io, locations
+        self._bounds = CatalogManifestBounds(manifest_lists=manifest_lists)  # names a refused file's kind
 
     def new_input(self, location: str) -> InputFile:
         if not covered_by_any(location, self._locations):
             raise _ForeignManifest("cannot plan this scan: the snapshot reads manifests outside the table's locations")
-        kind = "manifest list" if location in self._manifest_lists else "manifest"
-        return BoundedManifestFile(self._io.new_input(location), kind)  # sized before pyiceberg reads it whole
+        return BoundedManifestFile(self._io.new_input(location), self._bounds)  # sized before pyiceberg reads it
 
     def new_output(self, location: str) -> OutputFile:
         raise NotImplementedError("planning never writes")

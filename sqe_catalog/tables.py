@@ -62,7 +62,8 @@ from sqe import vocabulary
 from sqe._lru import LRUCache
 from sqe._text import first_line, iso_utc
 from sqe.credentials.paths import covered_by_any, prefix_matches
-from sqe_catalog.avro_limits import BoundedManifestIO, ManifestLimitError
+from sqe.planning.avro_limits import BoundedManifestIO
+from sqe_catalog.avro_limits import CatalogManifestBounds, ManifestLimitError
 from sqe_catalog.config import WarehouseConfig
 from sqe_catalog.errors import (
     AlreadyExistsError,
@@ -1276,7 +1277,7 @@ class WarehouseTables:
         """Metadata files, manifest lists, manifests and data files; lists outside the table (``own``) are not
         read."""
         # A table's writer decides what they hold: read no further than planning reads them.
-        io = BoundedManifestIO(self._catalog.io, "files it names are not purged")
+        io = BoundedManifestIO(self._catalog.io, CatalogManifestBounds("files it names are not purged"))
         files = {entry.metadata_file for entry in table.metadata.metadata_log}
         if table.metadata_location:
             files.add(table.metadata_location)

@@ -149,9 +149,9 @@ class SignedObject:
         self._connect_timeout = _timeout(settings.connect_timeout, DEFAULT_CONNECT_TIMEOUT)
         self._read_timeout = _timeout(settings.request_timeout, DEFAULT_READ_TIMEOUT)
 
-    def read_all(self) -> bytes:
-        """The whole object, in one GET."""
-        return self._get({}, expected=200, length=None)
+    def read_all(self, limit: int | None = None) -> bytes:
+        """The whole object, in one GET; with ``limit``, at most its first ``limit`` bytes (the rest unread)."""
+        return self._get({}, expected=200, length=None, limit=limit)
 
     def read_at(self, length: int, offset: int) -> bytes:
         """``length`` bytes at ``offset`` in one ranged GET (pyarrow's ``NativeFile.read_at`` argument order)."""
@@ -163,7 +163,7 @@ class SignedObject:
     def close(self) -> None:
         """Nothing to release: connections belong to the process's pool."""
 
-    def _get(self, headers: dict[str, str], *, expected: int, length: int | None) -> bytes:
+    def _get(self, headers: dict[str, str], *, expected: int, length: int | None, limit: int | None = None) -> bytes:
         import urllib3
 
         signed = self._signed_headers(headers)
@@ -176,14 +176,14 @@ class SignedObject:
                 retries=_retry_policy(),
                 timeout=timeout,
                 pool_timeout=self._read_timeout,
-                preload_content=True,
+                preload_content=limit is None,
                 decode_content=False,  # the stored bytes exactly, as pyarrow reads them
             )
+            data = response.data if limit is None else _read_at_most(response, limit)
         except urllib3.exceptions.HTTPError as exc:
             raise self._failure(OSError, f"request failed after retries ({_cause(exc)})") from None
         if response.status != expected:
-            self._raise_for(response.status, response.data)
-        data: bytes = response.data
+            self._raise_for(response.status, data)
         if length is not None and len(data) != length:
             raise self._failure(OSError, f"expected {length} bytes, the store sent {len(data)}")
         return data
@@ -223,6 +223,18 @@ class SignedObject:
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("a SignedObject holds credentials and cannot be pickled")
+
+
+def _read_at_most(response: urllib3.BaseHTTPResponse, limit: int) -> bytes:
+    """At most ``limit`` bytes of a streamed body. A body read to its end returns its connection to the pool; one
+    cut short closes it (the rest is never read)."""
+    try:
+        data: bytes = response.read(limit, decode_content=False)
+        if response.read(1, decode_content=False):
+            response.close()
+        return data
+    finally:
+        response.release_conn()
 
 
 def signed_object(location: str, credentials: ResolvedCredentials) -> SignedObject | None:

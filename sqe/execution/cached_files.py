@@ -16,7 +16,8 @@ never reaches a lookup at all.
   leaves to pyarrow opens the file through pyarrow, which costs one HEAD per file.
 - **Manifests.** Planning reads the manifest list and manifests through :class:`MetadataCachingFileIO`, which
   keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`; a miss is one signed GET of the
-  whole object (pyarrow's open would add a HEAD).
+  whole object (pyarrow's open would add a HEAD), read no further than ``MAX_MANIFEST_BYTES`` and checked
+  against the inflated limit (:mod:`sqe.planning.avro_limits`) before it is kept, so a hit is never checked again.
 
 The kept bytes are raw file content; the restriction order (row filter, masks, then the user's predicates)
 runs on the decoded batches exactly as without the cache. Nothing here logs, and no repr shows content.
@@ -37,6 +38,7 @@ from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
 from sqe.credentials.signed_reads import SignedObject, signed_object
 from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, vended_credentials
+from sqe.planning.avro_limits import MAX_MANIFEST_BYTES, BoundedManifestFile, ManifestBounds, read_bounded
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -247,10 +249,13 @@ class _CachedInputFile(InputFile):
     """A manifest list or manifest, read whole once per credential scope and then served from memory. A miss is
     one signed GET when there is a signed reader (pyarrow's open adds a HEAD), else read through ``inner``."""
 
-    def __init__(self, inner: InputFile, key: tuple[str, str], direct: SignedObject | None = None) -> None:
+    def __init__(
+        self, inner: InputFile, key: tuple[str, str], bounds: ManifestBounds, direct: SignedObject | None = None
+    ) -> None:
         super().__init__(inner.location)
         self._inner = inner
         self._key = key
+        self._bounds = bounds
         self._direct = direct
 
     def __len__(self) -> int:
@@ -268,10 +273,10 @@ class _CachedInputFile(InputFile):
 
     def _fetch(self) -> bytes:
         if self._direct is not None:
-            kept = self._direct.read_all()
+            read = self._direct.read_all(limit=MAX_MANIFEST_BYTES + 1)  # one byte past the limit tells a larger file
         else:
-            with self._inner.open(seekable=False) as stream:
-                kept = stream.read()
+            read = read_bounded(self._inner)
+        kept = self._bounds.checked(self.location, read)  # only checked bytes are kept
         MANIFESTS.put(self._key, kept)
         return kept
 
@@ -279,19 +284,25 @@ class _CachedInputFile(InputFile):
 class MetadataCachingFileIO(FileIO):
     """Planning's view of a table's ScopedFileIO: reads of immutable metadata files go through the manifest
     cache, keyed by path and the path's credential scope. Writes and deletes are refused (planning only
-    reads). Like the FileIO it wraps, it is never pickled."""
+    reads). Every file is read within the manifest limits of ``bounds`` (:mod:`sqe.planning.avro_limits`), kept
+    or not. Like the FileIO it wraps, it is never pickled."""
 
-    def __init__(self, inner: FileIO) -> None:
+    def __init__(self, inner: FileIO, bounds: ManifestBounds | None = None) -> None:
         super().__init__(properties={})
         self._inner = inner
+        self._bounds = bounds or ManifestBounds()
+
+    def bounded(self, bounds: ManifestBounds) -> MetadataCachingFileIO:
+        """The same reads, refused in the words of ``bounds``."""
+        return MetadataCachingFileIO(self._inner, bounds)
 
     def new_input(self, location: str) -> InputFile:
         inner = self._inner.new_input(location)  # the inner FileIO's own checks (expiry, coverage) run first
         resolved = vended_credentials(self._inner, location)  # after them: the set a refresh there put in place
         if resolved is None or not MANIFESTS.enabled:
-            return inner
+            return BoundedManifestFile(inner, self._bounds)
         direct = signed_object(location, resolved)
-        return _CachedInputFile(inner, (location, resolved.identity), direct)
+        return _CachedInputFile(inner, (location, resolved.identity), self._bounds, direct)
 
     def new_output(self, location: str) -> OutputFile:
         raise OSError("planning reads metadata only; it never writes")

@@ -40,6 +40,7 @@ from sqe import vocabulary
 from sqe._lru import LRUCache
 from sqe._text import first_line, iso_utc
 from sqe.errors import EncryptedTableError, QueryError, SQEError
+from sqe.planning.avro_limits import ManifestBounds, bounded_io
 from sqe.planning.manifests import planning_manifests
 from sqe.restrictions import RestrictionPlan, apply, parse_restrictions, required_columns
 from sqe.vocabulary import ENCRYPTION_KEY_ID, ENCRYPTION_KEYS
@@ -304,11 +305,13 @@ def _listed_key(loaded: LoadedTable, scan: DataScan) -> Hashable | None:
 def _local_tasks(
     loaded: LoadedTable, scan: DataScan, row_filter: BooleanExpression, cache: TaskCache | None
 ) -> PlannedTasks:
+    io = loaded.io
     if cache is not None and cache.metadata_io is not None:
-        # Manifest list and manifests read through the wrapped (still SQE's) FileIO; pyiceberg builds its
-        # manifest planner from scan.io on first use, so it must not have been built yet.
-        scan.__dict__.pop("_manifest_planner", None)
-        scan.io = cache.metadata_io(loaded.io)
+        io = cache.metadata_io(loaded.io)  # manifest list and manifests read through the wrapped (still SQE's) FileIO
+    # Within the manifest limits, always; pyiceberg builds its manifest planner from scan.io on first use, so it
+    # must not have been built yet.
+    scan.__dict__.pop("_manifest_planner", None)
+    scan.io = bounded_io(io, _manifest_bounds(loaded, scan))
     key = None if cache is None else _task_key(loaded, scan, row_filter)
 
     def plan() -> tuple[FileScanTask, ...]:
@@ -325,6 +328,13 @@ def _local_tasks(
             return cache.listed_rows(_listed_key(loaded, scan), lambda: listed_row_count(scan))
 
     return PlannedTasks(plan, kept=kept, listed_rows=listed_rows)
+
+
+def _manifest_bounds(loaded: LoadedTable, scan: DataScan) -> ManifestBounds:
+    """A refusal naming the table, and the scan snapshot's manifest list by its kind."""
+    snapshot = scan.snapshot()
+    lists = frozenset() if snapshot is None else frozenset({snapshot.manifest_list})
+    return ManifestBounds(f"cannot plan a scan of {loaded.ident}", lists)
 
 
 def _plan_locally(scan: DataScan) -> tuple[FileScanTask, ...]:

@@ -243,7 +243,7 @@ def test_a_plan_made_before_a_restriction_is_not_served_after_it(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Manifest lists and manifests planning reads are bounded, stored and inflated (sqe_catalog.avro_limits)
+# Manifest lists and manifests planning reads are bounded, stored and inflated (sqe.planning.avro_limits)
 
 
 def _deflate_bomb(real: bytes, inflated: int) -> bytes:
@@ -260,7 +260,7 @@ def _deflate_bomb(real: bytes, inflated: int) -> bytes:
 
 def _oversized_or_bomb(case: str, real: bytes) -> tuple[bytes, str]:
     """The file's new content and how the refusal names the limit it passes."""
-    from sqe_catalog.avro_limits import MAX_MANIFEST_BYTES, MAX_MANIFEST_DECOMPRESSED_BYTES
+    from sqe.planning.avro_limits import MAX_MANIFEST_BYTES, MAX_MANIFEST_DECOMPRESSED_BYTES
 
     if case == "stored":
         return b"\0" * (MAX_MANIFEST_BYTES + 1), f"holds more than {MAX_MANIFEST_BYTES} bytes (MAX_MANIFEST_BYTES)"

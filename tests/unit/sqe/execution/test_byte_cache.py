@@ -20,6 +20,7 @@ from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, ByteBoundedCache, R
 from sqe.execution.cache import FRAGMENTS, clear_process_caches, configure_process_caches, parquet_fragment
 from sqe.execution.cached_files import MetadataCachingFileIO
 from sqe.execution.local import DirectProjection
+from tests.helpers.avro import avro_container
 
 FORMAT = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
 FILE = ("s3://b/t/data/f.parquet", 1000, "scope-a")
@@ -149,19 +150,23 @@ def test_the_caching_file_system_cannot_be_pickled(tmp_path: Path) -> None:
         pickle.dumps(fragment.filesystem)
 
 
+MANIFEST = avro_container(b"null", b"avro bytes")
+CHANGED = avro_container(b"null", b"changed")
+
+
 def test_manifests_are_read_once_per_scope_then_served_from_memory(tmp_path: Path) -> None:
     path = tmp_path / "m.avro"
-    path.write_bytes(b"avro bytes")
+    path.write_bytes(MANIFEST)
     io = MetadataCachingFileIO(scoped_io(tmp_path, "AKIA-ALICE"))
     hits = MANIFESTS.stats.hits  # the counters are the process's, never reset
     with io.new_input(f"file://{path}").open() as stream:
-        assert stream.read() == b"avro bytes"
-    path.write_bytes(b"changed")  # never happens to an Iceberg manifest: proves the second read is the kept one
+        assert stream.read() == MANIFEST
+    path.write_bytes(CHANGED)  # never happens to an Iceberg manifest: proves the second read is the kept one
     with io.new_input(f"file://{path}").open() as stream:
-        assert stream.read() == b"avro bytes"
+        assert stream.read() == MANIFEST
     other = MetadataCachingFileIO(scoped_io(tmp_path, "AKIA-BOB"))
     with other.new_input(f"file://{path}").open() as stream:
-        assert stream.read() == b"changed"  # another credential set reads for itself
+        assert stream.read() == CHANGED  # another credential set reads for itself
     assert MANIFESTS.stats.hits == hits + 1 and len(MANIFESTS) == 2
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(io)
@@ -169,9 +174,9 @@ def test_manifests_are_read_once_per_scope_then_served_from_memory(tmp_path: Pat
 
 def test_a_plain_fileio_has_no_scope_so_manifests_pass_through(tmp_path: Path) -> None:
     path = tmp_path / "m.avro"
-    path.write_bytes(b"avro bytes")
+    path.write_bytes(MANIFEST)
     with MetadataCachingFileIO(PyArrowFileIO()).new_input(f"file://{path}").open() as stream:
-        assert stream.read() == b"avro bytes"
+        assert stream.read() == MANIFEST
     assert len(MANIFESTS) == 0
 
 
@@ -183,8 +188,10 @@ def test_only_catalog_vended_sets_are_cached_never_a_static_key(tmp_path: Path) 
     )
     io = ScopedFileIO([static], StoragePolicy())
     assert scan(parquet_fragment(io, f"file://{path}", size, FORMAT)).num_rows == 40_000
-    with MetadataCachingFileIO(io).new_input(f"file://{path}").open() as stream:
-        assert len(stream.read()) == size
+    manifest = tmp_path / "m.avro"
+    manifest.write_bytes(MANIFEST)
+    with MetadataCachingFileIO(io).new_input(f"file://{manifest}").open() as stream:
+        assert stream.read() == MANIFEST
     assert len(DATA_RANGES) == 0 and len(MANIFESTS) == 0
 
 

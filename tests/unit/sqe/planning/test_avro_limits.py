@@ -1,4 +1,4 @@
-"""The Avro container walk that sizes a manifest before planning reads it (``sqe_catalog.avro_limits``)."""
+"""The Avro container walk that sizes a manifest before planning reads it (``sqe.planning.avro_limits``)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,10 @@ import zlib
 import pytest
 import zstandard
 
-from sqe_catalog.avro_limits import MalformedAvroError, inflated_size
-from tests.helpers.avro import avro_long
+from sqe.planning.avro_limits import MalformedAvroError, inflated_size
+from tests.helpers.avro import avro_container, avro_long
 
-SYNC = bytes(range(16))
 PLAIN = b"x" * 300_000
-
-
-def _container(codec: bytes, *blocks: bytes) -> bytes:
-    meta = avro_long(1) + avro_long(10) + b"avro.codec" + avro_long(len(codec)) + codec + avro_long(0)
-    return b"Obj\x01" + meta + SYNC + b"".join(avro_long(1) + avro_long(len(b)) + b + SYNC for b in blocks)
 
 
 def _deflate(data: bytes) -> bytes:
@@ -36,7 +30,7 @@ def _deflate(data: bytes) -> bytes:
 )
 def test_each_codec_counts_its_inflated_blocks_and_stops_past_the_budget(codec: bytes, compress: object) -> None:
     assert callable(compress)
-    data = _container(codec, compress(PLAIN), compress(PLAIN[:1000]))
+    data = avro_container(codec, compress(PLAIN), compress(PLAIN[:1000]))
     assert inflated_size(data, 10 * len(PLAIN)) == len(PLAIN) + 1000
     assert len(PLAIN) // 2 < inflated_size(data, len(PLAIN) // 2) <= len(PLAIN) + 1000  # past it: stops counting
 
@@ -44,15 +38,15 @@ def test_each_codec_counts_its_inflated_blocks_and_stops_past_the_budget(codec: 
 def test_snappy_is_sized_by_the_length_it_states() -> None:
     # a snappy block starts with its inflated length (an unsigned varint) and Avro adds a CRC-32 after it
     block = bytes([0x80, 0x80, 0x80, 0x80, 0x01]) + b"\0" * 8
-    assert inflated_size(_container(b"snappy", block), 1) == 1 << 28
+    assert inflated_size(avro_container(b"snappy", block), 1) == 1 << 28
 
 
 @pytest.mark.parametrize(
     "data",
     [
         b"PAR1",  # not Avro
-        _container(b"deflate", _deflate(PLAIN))[:-20],  # a block cut short
-        _container(b"deflate", b"\xff" * 64),  # a corrupt deflate stream
+        avro_container(b"deflate", _deflate(PLAIN))[:-20],  # a block cut short
+        avro_container(b"deflate", b"\xff" * 64),  # a corrupt deflate stream
         b"Obj\x01" + avro_long(1) + avro_long(1000),  # a header cut short
     ],
 )

@@ -1,0 +1,255 @@
+"""Bounded reads of a table's manifest lists and manifests, for the engine's planning and the catalog's.
+
+pyiceberg reads such a file whole and inflates each of its blocks whole, and a writer of the table decides what
+they hold: a deflate block inflates about a thousandfold, so one small file could make one plan hold gigabytes.
+A file is read at most ``MAX_MANIFEST_BYTES`` far, and its blocks are inflated once here, counted and dropped a
+chunk at a time, before pyiceberg decodes it: past ``MAX_MANIFEST_DECOMPRESSED_BYTES`` it is refused. The
+engine checks a file once, when it is read from the store (its manifest cache keeps only checked bytes).
+
+:class:`ManifestBounds` words the refusal and picks its error type: the engine's
+:class:`sqe.errors.ManifestLimitError`, or the catalog's own 422 (``sqe_catalog.avro_limits``).
+"""
+
+from __future__ import annotations
+
+import bz2
+import io
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import zstandard
+from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
+
+from sqe.errors import ManifestLimitError
+
+__all__ = [
+    "MAX_MANIFEST_BYTES",
+    "MAX_MANIFEST_DECOMPRESSED_BYTES",
+    "BoundedManifestFile",
+    "BoundedManifestIO",
+    "MalformedAvroError",
+    "ManifestBounds",
+    "bounded_io",
+    "inflated_size",
+    "read_bounded",
+]
+
+# Iceberg writers aim at 8 MiB manifests (commit.manifest.target-size-bytes); a manifest list holds a few hundred
+# bytes per manifest. Eight and 32 times that target leave room for any table, while one plan's decoded entries
+# (several times the inflated bytes as Python objects) stay within a process's memory.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_MANIFEST_DECOMPRESSED_BYTES = 256 * 1024 * 1024
+
+_MAGIC = b"Obj\x01"
+_SYNC_SIZE = 16
+_CHUNK = 1 << 20
+_SNAPPY_CRC_SIZE = 4
+
+
+class MalformedAvroError(ValueError):
+    """Not an Avro container file (or a block that does not decompress)."""
+
+
+@dataclass(frozen=True)
+class ManifestBounds:
+    """How a refusal reads: ``refused`` says what it stops; a location in ``manifest_lists`` is named a manifest
+    list, any other a manifest (with no lists given, either). ``error`` is the refusal's type."""
+
+    error: ClassVar[type[Exception]] = ManifestLimitError
+
+    refused: str = "cannot plan this scan"
+    manifest_lists: frozenset[str] = frozenset()
+
+    def kind(self, location: str) -> str:
+        if not self.manifest_lists:
+            return "manifest list or manifest"
+        return "manifest list" if location in self.manifest_lists else "manifest"
+
+    def checked(self, location: str, data: bytes) -> bytes:
+        """``data`` (read at most ``MAX_MANIFEST_BYTES + 1`` far) once it is known to stay within the limits."""
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise self.refusal(location, f"holds more than {MAX_MANIFEST_BYTES} bytes (MAX_MANIFEST_BYTES)")
+        try:
+            inflated = inflated_size(data, MAX_MANIFEST_DECOMPRESSED_BYTES)
+        except MalformedAvroError:
+            raise self.refusal(location, "is not an Avro container file") from None
+        if inflated > MAX_MANIFEST_DECOMPRESSED_BYTES:
+            limit = MAX_MANIFEST_DECOMPRESSED_BYTES
+            raise self.refusal(location, f"inflates to more than {limit} bytes (MAX_MANIFEST_DECOMPRESSED_BYTES)")
+        return data
+
+    def refusal(self, location: str, what: str) -> Exception:
+        """The error for a file past a limit; the message names no path (a writer's text)."""
+        return self.error(f"{self.refused}: a {self.kind(location)} of the table {what}")
+
+
+def read_bounded(inner: InputFile) -> bytes:
+    """At most ``MAX_MANIFEST_BYTES + 1`` bytes of ``inner``: one byte past the limit tells a larger file."""
+    with inner.open(seekable=False) as stream:
+        return stream.read(MAX_MANIFEST_BYTES + 1)
+
+
+class BoundedManifestFile(InputFile):
+    """``inner``, opened as its bytes once they are known to stay within the limits."""
+
+    def __init__(self, inner: InputFile, bounds: ManifestBounds) -> None:
+        super().__init__(inner.location)
+        self._inner, self._bounds = inner, bounds
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def exists(self) -> bool:
+        return self._inner.exists()
+
+    def open(self, seekable: bool = True) -> InputStream:
+        return io.BytesIO(self._bounds.checked(self.location, read_bounded(self._inner)))
+
+
+class BoundedManifestIO(FileIO):
+    """``io`` for reading a table's manifest lists and manifests only, each as a ``BoundedManifestFile``."""
+
+    def __init__(self, io: FileIO, bounds: ManifestBounds) -> None:
+        super().__init__(io.properties)
+        self._io, self._bounds = io, bounds
+
+    def new_input(self, location: str) -> InputFile:
+        return BoundedManifestFile(self._io.new_input(location), self._bounds)
+
+    def new_output(self, location: str) -> OutputFile:
+        raise NotImplementedError("reading manifests never writes")
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        raise NotImplementedError("reading manifests never deletes")
+
+
+def bounded_io(io: FileIO, bounds: ManifestBounds) -> FileIO:
+    """``io`` reading within the limits: its own ``bounded(bounds)`` when it has one (a manifest cache checks a
+    file once, before keeping it), else wrapped in a :class:`BoundedManifestIO`."""
+    bounded = getattr(io, "bounded", None)
+    return bounded(bounds) if callable(bounded) else BoundedManifestIO(io, bounds)
+
+
+def inflated_size(data: bytes, budget: int) -> int:
+    """The bytes the Avro container ``data``'s blocks hold once decompressed; past ``budget``, some count past it
+    (nothing more is inflated). An unknown codec counts nothing: pyiceberg refuses to read it."""
+    codec, pos = _header(data)
+    inflate = _INFLATERS.get(codec)
+    total = 0
+    while pos < len(data) and inflate is not None and total <= budget:
+        _count, pos = _long(data, pos)
+        size, pos = _long(data, pos)
+        if size < 0 or pos + size + _SYNC_SIZE > len(data):
+            raise MalformedAvroError
+        total += inflate(data[pos : pos + size], budget - total)
+        pos += size + _SYNC_SIZE
+    return total
+
+
+def _long(data: bytes, pos: int) -> tuple[int, int]:
+    """An Avro (zigzag varint) long at ``pos``, and the position after it."""
+    value, pos = _varint(data, pos)
+    return (value >> 1) ^ -(value & 1), pos
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise MalformedAvroError
+        byte = data[pos]
+        value, pos, shift = value | (byte & 0x7F) << shift, pos + 1, shift + 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _header(data: bytes) -> tuple[bytes, int]:
+    """The codec the header names and the position of the first block."""
+    if not data.startswith(_MAGIC):
+        raise MalformedAvroError
+    meta: dict[bytes, bytes] = {}
+    pos = len(_MAGIC)
+    while True:
+        count, pos = _long(data, pos)
+        if count == 0:
+            break
+        if count < 0:  # a block with its size in bytes
+            count = -count
+            _size, pos = _long(data, pos)
+        for _ in range(count):
+            key, pos = _bytes(data, pos)
+            meta[key], pos = _bytes(data, pos)
+    return meta.get(b"avro.codec", b"null"), pos + _SYNC_SIZE
+
+
+def _bytes(data: bytes, pos: int) -> tuple[bytes, int]:
+    size, pos = _long(data, pos)
+    if size < 0 or pos + size > len(data):
+        raise MalformedAvroError
+    return data[pos : pos + size], pos + size
+
+
+def _inflated_by(feed: Callable[[bytes, int], bytes], block: bytes, budget: int) -> int:
+    """Bytes a streaming decompressor (``feed(input, max_length)``) yields for ``block``, at most budget + 1."""
+    total, pending = 0, block
+    while total <= budget:
+        out = feed(pending, _CHUNK)
+        pending = b""
+        total += len(out)
+        if not out:
+            return total
+    return total
+
+
+def _deflated(block: bytes, budget: int) -> int:
+    decompressor = zlib.decompressobj(-15)  # Avro's deflate: raw, no zlib header
+
+    def feed(data: bytes, limit: int) -> bytes:
+        try:
+            return decompressor.decompress(decompressor.unconsumed_tail + data, limit)
+        except zlib.error:
+            raise MalformedAvroError from None
+
+    return _inflated_by(feed, block, budget)
+
+
+def _bzip2(block: bytes, budget: int) -> int:
+    decompressor = bz2.BZ2Decompressor()
+
+    def feed(data: bytes, limit: int) -> bytes:
+        if decompressor.eof:
+            return b""
+        try:
+            return decompressor.decompress(data, limit)
+        except (OSError, EOFError):
+            raise MalformedAvroError from None
+
+    return _inflated_by(feed, block, budget)
+
+
+def _zstandard(block: bytes, budget: int) -> int:
+    total = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(block)) as reader:
+            while total <= budget and (chunk := reader.read(_CHUNK)):
+                total += len(chunk)
+    except zstandard.ZstdError:
+        raise MalformedAvroError from None
+    return total
+
+
+def _snappy(block: bytes, budget: int) -> int:
+    """Snappy states the inflated length up front (an unsigned varint), and Avro adds a CRC-32 after the data."""
+    length, _pos = _varint(block[:-_SNAPPY_CRC_SIZE], 0)
+    return length
+
+
+_INFLATERS: dict[bytes, Callable[[bytes, int], int]] = {
+    b"null": lambda block, _budget: len(block),
+    b"deflate": _deflated,
+    b"bzip2": _bzip2,
+    b"zstandard": _zstandard,
+    b"snappy": _snappy,
+}
