@@ -23,6 +23,7 @@ SQEError
 │   ├── EncryptedTableError           Iceberg table encryption (encryption.key-id / encryption-keys)
 │   ├── RestrictedTableError          DML or metadata tables on a table the caller reads with restrictions
 │   ├── ManifestLimitError            a manifest list or manifest past a read limit (sqe.planning.avro_limits)
+│   ├── DeleteFileLimitError          a position delete file past a read limit (sqe.execution.delete_limits)
 │   └── UnsupportedViewDialectError   a view with no SQL representation SQE can run
 └── WorkerError                       distributed execution failures
 """
@@ -125,6 +126,10 @@ class RestrictedTableError(QueryError):
 class ManifestLimitError(QueryError):
     """A table's manifest list or manifest that planning will not read: larger than a limit stored or inflated,
     or not an Avro container file. The table's own files: no retry changes that."""
+
+
+class DeleteFileLimitError(QueryError):
+    """A table's position delete file that a scan will not read whole: more rows or bytes than a limit."""
 
 
 class ExternalAccessError(QueryError):

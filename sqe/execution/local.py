@@ -44,6 +44,7 @@ from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection k
 from sqe.execution.cache import parquet_fragment
 from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
 from sqe.execution.decoded_cache import DECODED
+from sqe.execution.delete_limits import check_position_deletes
 from sqe.execution.row_filter import RowMask, compile_row_filter, filter_rows
 
 if TYPE_CHECKING:
@@ -796,5 +797,6 @@ class _DeleteCache:
             path_lock = self._path_locks.setdefault(path, threading.Lock())
         with path_lock:  # single flight: concurrent readers of the same delete file wait for the first
             if path not in self._contents:
+                check_position_deletes(self._io, delete_file)  # read whole next: its footer first
                 self._contents[path] = _read_deletes(self._io, delete_file)
             return self._contents[path]
