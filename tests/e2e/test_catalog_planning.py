@@ -268,6 +268,20 @@ def _oversized_or_bomb(case: str, real: bytes) -> tuple[bytes, str]:
     return _deflate_bomb(real, limit), f"inflates to more than {limit} bytes (MAX_MANIFEST_DECOMPRESSED_BYTES)"
 
 
+def swap_manifest(server: CatalogServer, writer: CatalogPrincipal, table: tuple[str, str], kind: str, case: str) -> str:
+    """Overwrite the table's manifest list or first manifest (a plain S3 write, as its writer could); the text
+    naming the limit it passes."""
+    loaded = pyiceberg_catalog(server, writer).load_table(table)
+    snapshot = loaded.current_snapshot()
+    assert snapshot is not None
+    target = snapshot.manifest_list if kind == "manifest list" else snapshot.manifests(loaded.io)[0].manifest_path
+    bucket, _, key = target.removeprefix("s3://").partition("/")
+    s3 = server.moto.client("s3")
+    data, limit = _oversized_or_bomb(case, s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    s3.put_object(Bucket=bucket, Key=key, Body=data)
+    return limit
+
+
 @pytest.mark.parametrize("case", ["stored", "inflated"])
 @pytest.mark.parametrize("kind", ["manifest list", "manifest"])
 def test_planning_refuses_manifests_past_the_limits_unread(
@@ -275,14 +289,7 @@ def test_planning_refuses_manifests_past_the_limits_unread(
 ) -> None:
     # Before: pyiceberg read a manifest list or manifest whole, and inflated each block whole, whatever its size.
     ns, _files = _table(catalog_server, engine_writer)
-    table = pyiceberg_catalog(catalog_server, engine_writer).load_table((ns, "sales"))
-    snapshot = table.current_snapshot()
-    assert snapshot is not None
-    target = snapshot.manifest_list if kind == "manifest list" else snapshot.manifests(table.io)[0].manifest_path
-    bucket, _, key = target.removeprefix("s3://").partition("/")
-    s3 = catalog_server.moto.client("s3")
-    data, limit = _oversized_or_bomb(case, s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    s3.put_object(Bucket=bucket, Key=key, Body=data)
+    limit = swap_manifest(catalog_server, engine_writer, (ns, "sales"), kind, case)
     url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales/plan"
     headers = {"Authorization": f"Bearer {catalog_server.token(engine_writer)}"}
     refused = requests.post(url, json={}, headers=headers, timeout=120)

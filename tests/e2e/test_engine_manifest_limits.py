@@ -17,7 +17,7 @@ import pytest
 from sqe.errors import DeleteFileLimitError, ManifestLimitError, SQEError
 from sqe.execution.cache import clear_process_caches
 from tests.conftest import pyiceberg_catalog
-from tests.e2e.test_catalog_planning import _oversized_or_bomb
+from tests.e2e.test_catalog_planning import swap_manifest
 from tests.e2e.test_engine_range_cache import session_for
 
 if TYPE_CHECKING:
@@ -39,20 +39,6 @@ def _table(workdir: Path, server: CatalogServer) -> str:
     return f"{ns}.events"
 
 
-def _swap(server: CatalogServer, table: str, kind: str, case: str) -> str:
-    """Overwrite the table's manifest list or first manifest; the limit's text the refusal names."""
-    ns, name = table.split(".")
-    loaded = pyiceberg_catalog(server, server.admin).load_table((ns, name))
-    snapshot = loaded.current_snapshot()
-    assert snapshot is not None
-    target = snapshot.manifest_list if kind == "manifest list" else snapshot.manifests(loaded.io)[0].manifest_path
-    bucket, _, key = target.removeprefix("s3://").partition("/")
-    s3 = server.moto.client("s3")
-    data, limit = _oversized_or_bomb(case, s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    s3.put_object(Bucket=bucket, Key=key, Body=data)
-    return limit
-
-
 def test_a_normal_table_plans_and_reads_as_before(catalog_server: CatalogServer, tmp_path: Path) -> None:
     table = _table(tmp_path, catalog_server)
     clear_process_caches()
@@ -72,7 +58,8 @@ def test_the_engine_refuses_manifests_past_the_limits(
 ) -> None:
     # Before: the engine read the file whole (any size) and pyiceberg inflated each block whole.
     table = _table(tmp_path, catalog_server)
-    limit = _swap(catalog_server, table, kind, case)
+    ns, name = table.split(".")
+    limit = swap_manifest(catalog_server, catalog_server.admin, (ns, name), kind, case)
     clear_process_caches()
     cache = None if cached else {"manifest_bytes": 0}
     queries = [f"SELECT sum(id) FROM {table} WHERE id >= 0"]
