@@ -125,3 +125,19 @@ def test_a_position_delete_file_within_the_limit_still_deletes(catalog_server: C
     clear_process_caches()
     with session_for(tmp_path, catalog_server, catalog_server.admin) as session:
         assert session.sql(f"SELECT count(*) FROM {table} WHERE id >= 0").fetchall() == [(2 * ROWS - 1,)]
+
+
+@pytest.mark.parametrize("which", ["files", "manifests"])
+def test_metadata_tables_read_manifests_within_the_limits(
+    catalog_server: CatalogServer, tmp_path: Path, which: str
+) -> None:
+    # Before: t$files and t$manifests read the manifest list and manifests through pyiceberg, unbounded.
+    table = _table(tmp_path, catalog_server)
+    ns, name = table.split(".")
+    kind = "manifest list" if which == "manifests" else "manifest"
+    limit = swap_manifest(catalog_server, catalog_server.admin, (ns, name), kind, "inflated")
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(SQEError) as raised:
+        session.sql(f'SELECT count(*) FROM {ns}."{name}${which}"').fetchall()
+    assert type(raised.value) is ManifestLimitError, raised.value
+    where = f"{catalog_server.warehouse}.{table}${which}"
+    assert str(raised.value) == f"cannot read {where}: a {kind} of the table {limit}"
