@@ -26,6 +26,7 @@ from sqe.credentials import CredentialSet, StorageSettings, normalize_location
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.rewrite import DecodedRewrite, encode_file_stats
 from sqe.errors import WorkerError
+from sqe.execution.delete_limits import check_task_deletes
 from sqe.execution.local import QueryCancelledError
 from workers.fileio import FragmentFileIO, OpenCallback
 from workers.fragment import RunningCall
@@ -84,6 +85,7 @@ class RunningRewrite(RunningCall[DecodedRewrite, RewriteFileIO]):
     def run(self, stats: WorkerStats) -> pb.RewriteResponse:
         ticket = self.ticket
         metadata = ticket.metadata
+        check_task_deletes(self.io, ticket.tasks)  # ArrowScan reads each delete file whole
         rows = ArrowScan(metadata, self.io, metadata.schema(), AlwaysTrue()).to_table(ticket.tasks)
         if self.cancel.is_set():
             raise QueryCancelledError()

@@ -40,6 +40,7 @@ from sqe._text import first_line
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.errors import CompactionConflictError, QueryError, SQEError
 from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
+from sqe.execution.delete_limits import check_task_deletes
 from sqe.execution.write_target import writable_table
 from sqe.planning.planner import restrictions_of
 
@@ -200,6 +201,7 @@ def _rewrite_locally(ident: TableIdent, table: Table, bins: list[list[FileScanTa
 def rewrite_bin(table: Table, tasks: list[FileScanTask], target: int) -> list[DataFile]:
     """Read the bin (deletes applied) and write it back as new data files; nothing is committed here."""
     metadata = table.metadata
+    check_task_deletes(table.io, tasks)  # ArrowScan reads each delete file whole
     scan = ArrowScan(metadata, table.io, table.schema(), AlwaysTrue())
     rows = scan.to_table(tasks)
     if rows.num_rows == 0:

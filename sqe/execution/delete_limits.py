@@ -9,6 +9,7 @@ past ``MAX_POSITION_DELETE_ROWS`` or ``MAX_POSITION_DELETE_BYTES`` the scan fail
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
@@ -19,8 +20,9 @@ from sqe.errors import DeleteFileLimitError
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
     from pyiceberg.manifest import DataFile
+    from pyiceberg.table import FileScanTask
 
-__all__ = ["MAX_POSITION_DELETE_BYTES", "MAX_POSITION_DELETE_ROWS", "check_position_deletes"]
+__all__ = ["MAX_POSITION_DELETE_BYTES", "MAX_POSITION_DELETE_ROWS", "check_position_deletes", "check_task_deletes"]
 
 # 32 Mi deleted positions (a quarter GiB as Arrow arrays): far more than one data file's rows at Iceberg's
 # 512 MiB target file size, so only a file no writer needs is refused.
@@ -39,6 +41,17 @@ def check_position_deletes(io: FileIO, delete_file: DataFile) -> None:
     stated = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
     if stated > MAX_POSITION_DELETE_BYTES:
         raise _refusal(f"holds more than {MAX_POSITION_DELETE_BYTES} bytes uncompressed (MAX_POSITION_DELETE_BYTES)")
+
+
+def check_task_deletes(io: FileIO, tasks: Iterable[FileScanTask]) -> None:
+    """:func:`check_position_deletes` for each delete file of ``tasks`` once, before pyiceberg's ``ArrowScan``
+    (compaction) reads them all whole."""
+    seen: set[str] = set()
+    for task in tasks:
+        for delete_file in task.delete_files:
+            if delete_file.file_path not in seen:
+                seen.add(delete_file.file_path)
+                check_position_deletes(io, delete_file)
 
 
 def _refusal(what: str) -> DeleteFileLimitError:

@@ -141,3 +141,15 @@ def test_metadata_tables_read_manifests_within_the_limits(
     assert type(raised.value) is ManifestLimitError, raised.value
     where = f"{catalog_server.warehouse}.{table}${which}"
     assert str(raised.value) == f"cannot read {where}: a {kind} of the table {limit}"
+
+
+def test_optimize_refuses_a_position_delete_file_past_the_row_limit(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    # Before: OPTIMIZE read the bin with pyiceberg's ArrowScan, which read every delete file whole.
+    from sqe.execution.delete_limits import MAX_POSITION_DELETE_ROWS
+
+    table = _position_delete_bomb(tmp_path, catalog_server, MAX_POSITION_DELETE_ROWS + 1)
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(SQEError) as raised:
+        session.sql(f"OPTIMIZE {table}").fetchall()
+    assert type(raised.value) is DeleteFileLimitError, raised.value
