@@ -13,6 +13,25 @@ from urllib.parse import unquote
 SECRET_STEMS = ("secret", "password", "passwd", "token", "credential", "signature", "bearer", "authoriz", "apikey")
 # Too short to find inside a word: a whole part of one (ODBC's Pwd=..., Azure's sig=..., a SAS token).
 SECRET_PARTS = frozenset({"pwd", "sig", "sas"})
+# A key is a credential's name only with one of these (access_key_id, KEY_ID, AccountKey, api_key, ENCRYPTION_KEY):
+# sort_key, partition_key, primary_key or information_schema.key_column_usage name schema, not credentials.
+KEY_QUALIFIERS = frozenset(
+    [
+        "access",
+        "account",
+        "api",
+        "client",
+        "encryption",
+        "hmac",
+        "id",
+        "master",
+        "private",
+        "secret",
+        "shared",
+        "signing",
+        "storage",
+    ]
+)
 _PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key; KEY_ID: KEY, ID
 REDACTED = "***"
 # ``scheme://user:password@``: the password runs to the last ``@`` before a blank or a quote (an unescaped ``@``
@@ -71,13 +90,16 @@ def escape_unprintable(text: str) -> str:
 
 
 def names_secret(word: str) -> bool:
-    """``word`` holds a credential's name, or is a key's other than the bare word KEY (PRIMARY KEY, a map's 'key'):
-    access_key_id, KEY_ID, AccountKey, X-Amz-Signature, sig."""
+    """``word`` holds a credential's name (X-Amz-Signature, sig, mypassword), or a credential key's (access_key_id,
+    KEY_ID, AccountKey, accesskey), not any key's (PRIMARY KEY, sort_key, a map's 'key')."""
     lowered = word.lower()
     if any(stem in lowered for stem in SECRET_STEMS):
         return True
     parts = {*re.split(r"[_-]", lowered), *(part.lower() for part in _PART.findall(word))}
-    return bool(SECRET_PARTS & parts) or ("key" in parts and lowered != "key")
+    if SECRET_PARTS & parts:
+        return True
+    keyed = "key" in parts and bool(KEY_QUALIFIERS & parts)
+    return keyed or any(f"{qualifier}key" in parts for qualifier in KEY_QUALIFIERS)
 
 
 def redact_credentials(text: str) -> str:

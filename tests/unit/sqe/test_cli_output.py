@@ -24,6 +24,7 @@ from sqe.cli import FORMATS
 from sqe.console import write_result
 from sqe.errors import QueryError
 from sqe.formatting import render_table
+from sqe.shell import holds_secret
 from tests.e2e.test_engine_tty import PROMPT, Setup, spawn
 from tests.unit.sqe.test_cli_exit_paths import _sqe, config
 
@@ -535,3 +536,42 @@ def test_infinite_and_far_timestamps_and_dates_render_in_every_format(tmp_path: 
     table = _sqe(tmp_path, "-c", str(config), "-e", statement)
     assert (table.returncode, table.stderr) == (0, "")
     assert "| infinity | [-infinity, 2020-01-02] | infinity | -infinity |" in table.stdout
+
+
+# Key-named words that name a credential (each a real option or connection-string field), and ordinary schema words
+# holding "key" that name none: a statement with one of the latter stays in the history.
+CREDENTIAL_KEYS = (
+    "s3_access_key_id",
+    "KEY_ID",
+    "AccountKey",
+    "SharedAccessKey",
+    "api_key",
+    "private_key",
+    "ENCRYPTION_KEY",
+    "client_key",
+    "hmac_key",
+    "secret_key",
+    "accesskey",
+    "x_api_key",
+)
+SCHEMA_KEYS = (
+    "sort_key",
+    "partition_key",
+    "primary_key",
+    "foreign_key",
+    "lookup_key",
+    "customer_key",
+    "KeyName",
+    "information_schema.key_column_usage",
+    "key",
+    "primary_keys",
+)
+
+
+def test_a_key_named_column_is_not_taken_for_a_credential() -> None:
+    """Found by review: every word with a part "key" but KEY itself counted as a credential's name, so ordinary
+    queries on sort, partition or primary keys (or information_schema.key_column_usage) never reached the history."""
+    assert all(holds_secret(f"SET {name} = 'x'") for name in CREDENTIAL_KEYS)
+    assert all(holds_secret(f"SELECT 1 AS {name.split('.')[-1]}") for name in CREDENTIAL_KEYS)
+    kept = [name for name in SCHEMA_KEYS if holds_secret(f"SELECT {name} FROM t WHERE region = 'eu'")]
+    assert kept == []
