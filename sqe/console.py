@@ -102,14 +102,15 @@ def write_result(table: pa.Table, fmt: str, output: str | None, *, after_another
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
-    """``table`` as a Parquet file; a column of a type Parquet cannot hold (a UNION) is a :class:`QueryError`
-    naming it, not a traceback."""
+    """``table`` as a Parquet file; a column of a type Parquet cannot hold (a UNION, a map of DuckDB's NULL type) or
+    a value it cannot (a seconds timestamp past its milliseconds' range) is a :class:`QueryError`, naming the column
+    when its type is the cause, not a traceback (pyarrow removes the file it began)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         pq.write_table(table, path)
-    except pa.ArrowNotImplementedError as exc:
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
         column = next((field for field in table.schema if not _parquet_holds(field)), None)
         what = f"column {column.name!r} of type {column.type}" if column else "this result"
         raise QueryError(f"--format parquet cannot hold {what}: {first_line(exc)}") from None
@@ -122,7 +123,7 @@ def _parquet_holds(field: pa.Field) -> bool:
 
     try:
         pq.write_table(pa.schema([field]).empty_table(), pa.BufferOutputStream())
-    except pa.ArrowNotImplementedError:
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         return False
     return True
 

@@ -575,3 +575,24 @@ def test_a_key_named_column_is_not_taken_for_a_credential() -> None:
     assert all(holds_secret(f"SELECT 1 AS {name.split('.')[-1]}") for name in CREDENTIAL_KEYS)
     kept = [name for name in SCHEMA_KEYS if holds_secret(f"SELECT {name} FROM t WHERE region = 'eu'")]
     assert kept == []
+
+
+@pytest.mark.parametrize(
+    ("statement", "named"),
+    [
+        ("SELECT 1 AS ok, [MAP {}] AS m", "column 'm' of type list<"),  # a map of DuckDB's NULL type
+        ("SELECT 1 AS ok, '-infinity'::TIMESTAMP_S AS t", "this result"),  # seconds past Parquet's milliseconds
+    ],
+)
+def test_a_result_parquet_cannot_hold_is_one_error_line(
+    tmp_path: Path, config: Path, statement: str, named: str
+) -> None:
+    """Found by review: Parquet output turned only ArrowNotImplementedError into an error naming the column; an
+    empty map's null-typed key or a seconds timestamp out of Parquet's range ended in an ArrowInvalid traceback."""
+    out = tmp_path / "out.parquet"
+    done = _sqe(tmp_path, "-c", str(config), "-e", statement, "-f", "parquet", "-o", str(out))
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"sqe: error: --format parquet cannot hold {named}"), line
+    assert not out.exists()  # no file Parquet readers would reject
