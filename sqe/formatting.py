@@ -246,8 +246,11 @@ def _leaf(value: Any) -> _Leaf:
         return _text_leaf(format(value, "f"))  # every digit of its scale, as DuckDB writes it (not 0E-10)
     if isinstance(value, pa.MonthDayNano):
         return _text_leaf(_interval(value))
-    if isinstance(value, datetime | date | time):
-        return _Leaf(str(value), value.isoformat())
+    if isinstance(value, datetime):  # isoformat() is str() with a T: one formatting, not two
+        text = str(value)
+        return _Leaf(text, text.replace(" ", "T", 1))
+    if isinstance(value, date | time):
+        return _text_leaf(value.isoformat())
     return _text_leaf(str(value))
 
 
