@@ -36,6 +36,17 @@ _UNREADABLE = (pa.ArrowException, ValueError, TypeError, OverflowError, Arithmet
 _ISO_SEPARATOR = re.compile(r"^(-?\d+-\d\d-\d\d) ")
 # Digits of a second's fraction each Arrow time unit holds.
 _DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+# Python's datetime range, years 1 to 9999, in days since the epoch; a zone's shift may take a day more.
+_PYTHON_DAYS = (-719162, 2932896)
+
+
+def _python_range(unit: str, zoned: bool) -> tuple[int, int]:
+    """The first and last value of Arrow time ``unit`` ("day" or a timestamp's) Python's datetime holds."""
+    first, last = (_PYTHON_DAYS[0] + 1, _PYTHON_DAYS[1] - 1) if zoned else _PYTHON_DAYS
+    if unit == "day":
+        return first, last
+    per_day = 86400 * 10 ** _DIGITS[unit]
+    return first * per_day, (last + 1) * per_day - 1
 
 
 @dataclass(slots=True)
@@ -182,10 +193,10 @@ def _leaves(array: pa.Array) -> list[_Node]:
     """Values of a type that does not nest. Nanosecond timestamps and times are Arrow's text of them (Python's
     datetime holds microseconds); a duration is a clock, as DuckDB shows an INTERVAL."""
     kind = array.type
-    infinite = _infinities(array)
-    if infinite is not None:  # the finite values as usual, each infinity by its name
-        finite = pc.if_else(pa.array([name is not None for name in infinite]), pa.scalar(None, kind), array)
-        return [node if name is None else _text_leaf(name) for name, node in zip(infinite, _nodes(finite), strict=True)]
+    special = _beyond_python(array)
+    if special is not None:  # the other values as usual, each of these by its name or Arrow's text
+        usual = pc.if_else(pa.array([leaf is not None for leaf in special]), pa.scalar(None, kind), array)
+        return [node if leaf is None else leaf for leaf, node in zip(special, _nodes(usual), strict=True)]
     if isinstance(kind, pa.DurationType):
         counts = pc.cast(array, pa.int64()).to_pylist()
         return [None if n is None else _text_leaf(_clock(n, _DIGITS[kind.unit])) for n in counts]
@@ -199,16 +210,24 @@ def _leaves(array: pa.Array) -> list[_Node]:
     return [None if value is None else _leaf(value) for value in values]
 
 
-def _infinities(array: pa.Array) -> list[str | None] | None:
-    """DuckDB writes an infinite timestamp or date as the largest value of its storage (minus it for -infinity):
-    the name of each infinity in ``array``, None for every other value; None if it holds none."""
-    if not (isinstance(array.type, pa.TimestampType) or pa.types.is_date32(array.type)):
+def _beyond_python(array: pa.Array) -> list[_Node] | None:
+    """The timestamps and dates of ``array`` Python cannot hold, each as a leaf (None for every other value); None
+    if it holds none. DuckDB writes an infinity as the largest value of its storage (minus it for -infinity), shown
+    by its name; a value past Python's years 1 to 9999 is Arrow's text of it: it alone, not its whole column."""
+    kind = array.type
+    if isinstance(kind, pa.TimestampType):  # a nanosecond one is Arrow's text anyway: only infinities count
+        storage, top = pa.int64(), 2**63 - 1
+        low, high = (1 - top, top - 1) if kind.unit == "ns" else _python_range(kind.unit, kind.tz is not None)
+    elif pa.types.is_date32(kind):
+        storage, top, (low, high) = pa.int32(), 2**31 - 1, _python_range("day", zoned=False)
+    else:
         return None
-    storage, top = (pa.int64(), 2**63 - 1) if isinstance(array.type, pa.TimestampType) else (pa.int32(), 2**31 - 1)
     raw = array.view(storage)
-    if not pc.any(pc.is_in(raw, value_set=pa.array([top, -top], storage))).as_py():
+    if not pc.any(pc.or_(pc.less(raw, low), pc.greater(raw, high))).as_py():
         return None
-    return ["infinity" if value == top else "-infinity" if value == -top else None for value in raw.to_pylist()]
+    texts = _arrow_text(array)
+    names = {top: _text_leaf("infinity"), -top: _text_leaf("-infinity")}
+    return [None if n is None or low <= n <= high else names.get(n, texts[i]) for i, n in enumerate(raw.to_pylist())]
 
 
 def _arrow_text(array: pa.Array) -> list[_Node]:

@@ -596,3 +596,19 @@ def test_a_result_parquet_cannot_hold_is_one_error_line(
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"sqe: error: --format parquet cannot hold {named}"), line
     assert not out.exists()  # no file Parquet readers would reject
+
+
+def test_a_far_date_leaves_the_other_values_of_its_column_as_they_are(tmp_path: Path, config: Path) -> None:
+    """Found by review: one value Python cannot hold (a date past year 9999) made its whole column Arrow's text,
+    so a neighbour row's timestamp gained six zeros and its time zone lost its colon (+0000) in every format."""
+    near = "(TIMESTAMP '2024-01-01 01:02:03', DATE '2024-01-01', TIMESTAMPTZ '2024-01-01 00:00:00+00')"
+    far = "(TIMESTAMP '12000-01-01', DATE '12000-01-01', TIMESTAMPTZ '12000-01-01 00:00:00+00')"
+    for fmt in ("csv", "json", "table"):
+        rows = {}
+        for values in (near, f"{near}, {far}"):  # one VALUES list: one Arrow array per column
+            done = _sqe(tmp_path, "-c", str(config), "-e", f"SELECT * FROM (VALUES {values}) v(t, d, z)", "-f", fmt)
+            assert done.returncode == 0, done.stderr
+            rows[values] = [" ".join(line.split()) for line in done.stdout.splitlines()]  # table: padding aside
+        first = {"csv": 1, "json": 0, "table": 3}[fmt]
+        assert rows[f"{near}, {far}"][first] == rows[near][first]
+        assert "12000-01-01" in rows[f"{near}, {far}"][first + 1]
