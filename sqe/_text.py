@@ -36,7 +36,10 @@ _PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key;
 REDACTED = "***"
 # ``scheme://user:password@``: the password runs to the last ``@`` before a blank or a quote (an unescaped ``@``
 # or ``/`` in a password must not leave its tail); the user part has no ``/``, so a path's ``@`` is not userinfo.
-_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s'\"`:]*:)[^\s'\"`]*@")
+# Linear time on any text: a scheme starts only where a run of letters and digits does (after a ``+``,
+# ``.`` or ``-`` of ``svn+ssh``, which is left as it was), and the text up to the blank is taken whole, its last
+# ``@`` found by :func:`_redacted_userinfo` (searching for it from every start takes quadratic time).
+_USERINFO = re.compile(r"(?P<head>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*://[^/?#@\s'\"`:]*:)(?P<tail>[^\s'\"`]*)")
 # ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password has
 # no ``@`` or ``/`` here, and a name follows the ``@``.
 _BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/@:]+@(?=[\w\[])")
@@ -112,13 +115,19 @@ def redact_credentials(text: str) -> str:
     a presigned URL or carry a password."""
     if "@" in text:
         text = _USERINFO.sub(_redacted_userinfo, text)
-        text = _BARE_USERINFO.sub(_redacted_userinfo, text)
+        text = _BARE_USERINFO.sub(_redacted_bare_userinfo, text)
     if "=" in text:
         text = _QUERY_PARAMETER.sub(_redacted_parameter, text)
     return text
 
 
 def _redacted_userinfo(match: re.Match[str]) -> str:
+    tail = match["tail"]
+    at = tail.rfind("@")
+    return match[0] if at < 0 else match["head"] + REDACTED + tail[at:]
+
+
+def _redacted_bare_userinfo(match: re.Match[str]) -> str:
     return match["head"] + REDACTED + "@"
 
 
