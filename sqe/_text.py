@@ -35,14 +35,17 @@ KEY_QUALIFIERS = frozenset(
 _PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key; KEY_ID: KEY, ID
 REDACTED = "***"
 # ``scheme://user:password@``: the password runs to the last ``@`` before a blank or a quote (an unescaped ``@``
-# or ``/`` in a password must not leave its tail); the user part has no ``/``, so a path's ``@`` is not userinfo.
-# Linear time on any text: a scheme starts only where a run of letters and digits does (after a ``+``,
+# or ``/`` in a password must not leave its tail); the user part has no ``/``, so a path's ``@`` is not userinfo,
+# nor ``[``, so an IPv6 host is no user; digits then ``/``, ``?`` or ``#`` are a port (as every URL parser reads
+# them). Linear time on any text: a scheme starts only where a run of letters and digits does (after a ``+``,
 # ``.`` or ``-`` of ``svn+ssh``, which is left as it was), and the text up to the blank is taken whole, its last
 # ``@`` found by :func:`_redacted_userinfo` (searching for it from every start takes quadratic time).
-_USERINFO = re.compile(r"(?P<head>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*://[^/?#@\s'\"`:]*:)(?P<tail>[^\s'\"`]*)")
+_USERINFO = re.compile(
+    r"(?P<head>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*://[^/?#@\s'\"`:\[\]]*:)(?![0-9]+[/?#])(?P<tail>[^\s'\"`]*)"
+)
 # ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password has
-# no ``@`` or ``/`` here, and a name follows the ``@``.
-_BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/@:]+@(?=[\w\[])")
+# no ``@``, ``/`` or backslash here (``C:\dir\a@b`` is a path), and a name follows the ``@``.
+_BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\@:]+@(?=[\w\[])")
 # ``?name=value`` or ``&name=value`` (``;`` too): a query parameter, wherever a message quotes a URL.
 _QUERY_PARAMETER = re.compile(r"(?P<head>[?&;](?P<name>[^=&;#?\s'\"`]+)=)[^&;#\s'\"`]*")
 

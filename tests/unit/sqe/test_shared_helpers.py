@@ -61,6 +61,20 @@ def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> 
     assert len(redact_credentials(text)) <= len(text)
 
 
+def test_redact_credentials_keeps_ports_ipv6_hosts_and_windows_paths() -> None:
+    for kept in (
+        "http://[::1]:8181/x@y.csv",  # an IPv6 host is no user
+        "cannot read http://127.0.0.1:9000/bucket/a@b.parquet",  # a port, then a path with an '@'
+        "https://h:443?v=a@b",
+        r"IO Error: Cannot open file C:\Users\me\a@b.csv",  # a drive letter is no user
+    ):
+        assert redact_credentials(kept) == kept
+    assert redact_credentials("http://u:pw@[::1]:8181/x") == "http://u:***@[::1]:8181/x"
+    assert redact_credentials("http://u:1234@h/x") == "http://u:***@h/x"  # all digits, then '@': a password
+    # a URL with a port does not hide a later URL's password, and that one is all that is taken out
+    assert redact_credentials("http://h:80/go?to=http://a:pw@x/y") == "http://h:80/go?to=http://a:***@x/y"
+
+
 def test_sqe_errors_never_hold_a_url_credential() -> None:
     error = QueryError("cannot read http://alice:hunter22@h/x?sig=abc")
     for text in (str(error), repr(error), str(pickle.loads(pickle.dumps(error)))):
