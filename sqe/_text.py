@@ -45,9 +45,18 @@ _USERINFO = re.compile(
 )
 # ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password has
 # no ``@``, ``/`` or backslash here (``C:\dir\a@b`` is a path), and a name follows the ``@``.
-_BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\@:]+@(?=[\w\[])")
-# ``?name=value`` or ``&name=value`` (``;`` too): a query parameter, wherever a message quotes a URL.
-_QUERY_PARAMETER = re.compile(r"(?P<head>[?&;](?P<name>[^=&;#?\s'\"`]+)=)[^&;#\s'\"`]*")
+_BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\@:]+(?=@[\w\[])")
+# ``?name=value`` or ``&name=value`` (``;`` too, and ``#``: an OAuth fragment's ``#access_token=``): a query
+# parameter, wherever a message quotes a URL.
+_QUERY_PARAMETER = re.compile(r"(?P<head>[?&;#](?P<name>[^=&;#?\s'\"`]+)=)[^&;#\s'\"`]*")
+# An Authorization header's value after its scheme, to the line's end or a quote, as a header line, a dict's or a
+# tuple's repr shows it (AWS's holds the credential and the signature, comma-separated). Only with a scheme named:
+# "authorization: principal lacks ..." is a message.
+_AUTHORIZATION = re.compile(
+    r"(?P<head>\b(?:proxy-)?authorization\w*['\"]?\s*[:=,]\s*b?['\"]?"
+    r"(?:bearer|basic|digest|negotiate|ntlm|token|oauth|sharedkey|aws4-hmac-sha256)\s+)[^\r\n'\"`]+",
+    re.IGNORECASE,
+)
 
 
 def first_line(value: BaseException | str, *, limit: int | None = None) -> str:
@@ -112,16 +121,16 @@ def redact_credentials(text: str) -> str:
     """``text`` with the credentials of every URL in it replaced by ``***``: a userinfo password
     (``http://alice:***@host``) and the value of a query parameter naming a credential (``X-Amz-Signature``,
     ``X-Amz-Credential``, ``X-Amz-Security-Token``, ``sig``, ``token``, ``key``...). The location itself stays,
-    so a message still says which one it means.
+    so a message still says which one it means. An ``Authorization: Bearer ***`` header's value goes too.
 
     For any text quoting a location a user or a catalog supplied (errors, logs, EXPLAIN): such a location may be
     a presigned URL or carry a password."""
     if "@" in text:
         text = _USERINFO.sub(_redacted_userinfo, text)
-        text = _BARE_USERINFO.sub(_redacted_bare_userinfo, text)
+        text = _BARE_USERINFO.sub(_redacted_value, text)
     if "=" in text:
         text = _QUERY_PARAMETER.sub(_redacted_parameter, text)
-    return text
+    return _AUTHORIZATION.sub(_redacted_value, text)
 
 
 def _redacted_userinfo(match: re.Match[str]) -> str:
@@ -130,8 +139,8 @@ def _redacted_userinfo(match: re.Match[str]) -> str:
     return match[0] if at < 0 else match["head"] + REDACTED + tail[at:]
 
 
-def _redacted_bare_userinfo(match: re.Match[str]) -> str:
-    return match["head"] + REDACTED + "@"
+def _redacted_value(match: re.Match[str]) -> str:
+    return match["head"] + REDACTED
 
 
 def _redacted_parameter(match: re.Match[str]) -> str:

@@ -55,7 +55,10 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
 # Quadratic before: every scheme-like start scanned to the end of the text for an '@' (about ten minutes for one
 # of these). A user controls such text: a huge SQL literal DuckDB echoes in its error.
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("unit", ["a.", "a://:", "a://", "(a:", "?a", "&a=", "@:/?=", "a:/@?=&"])
+@pytest.mark.parametrize(
+    "unit",
+    ["a.", "a://:", "a://", "(a:", "?a", "&a=", "@:/?=", "a:/@?=&", "#a=", "authorization: ", "Authorization=Bearer "],
+)
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
     text = "@ " + unit * (1_000_000 // len(unit)) + " x"
     assert len(redact_credentials(text)) <= len(text)
@@ -73,6 +76,30 @@ def test_redact_credentials_keeps_ports_ipv6_hosts_and_windows_paths() -> None:
     assert redact_credentials("http://u:1234@h/x") == "http://u:***@h/x"  # all digits, then '@': a password
     # a URL with a port does not hide a later URL's password, and that one is all that is taken out
     assert redact_credentials("http://h:80/go?to=http://a:pw@x/y") == "http://h:80/go?to=http://a:***@x/y"
+
+
+def test_redact_credentials_drops_an_authorization_header_value() -> None:
+    assert redact_credentials("Authorization: Bearer eyJhbGci.e30.c2ln") == "Authorization: Bearer ***"
+    assert redact_credentials("{'Authorization': 'Basic dXNlcjpwYXNz', 'Accept': '*/*'}") == (
+        "{'Authorization': 'Basic ***', 'Accept': '*/*'}"
+    )
+    assert redact_credentials("[(b'authorization', b'Bearer tok-123')]") == "[(b'authorization', b'Bearer ***')]"
+    assert redact_credentials('{"adbc.flight.sql.authorization_header": "bearer t0k"}') == (
+        '{"adbc.flight.sql.authorization_header": "bearer ***"}'
+    )
+    # AWS's header: every part after the scheme (the credential and the signature) goes
+    aws = "Authorization: AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20260101/us-east-1/s3/aws4_request, Signature=5d6"
+    assert redact_credentials(aws) == "Authorization: AWS4-HMAC-SHA256 ***"
+    for kept in (
+        "unsupported authorization scheme 'Digest'; use Bearer or Basic",
+        "authorization: principal lacks TABLE_READ_DATA on ns.t",
+        "Authorization failed for bob@example.com",
+    ):
+        assert redact_credentials(kept) == kept
+
+
+def test_redact_credentials_drops_a_credential_in_a_url_fragment() -> None:
+    assert redact_credentials("https://h/cb#access_token=T0K&state=s1") == "https://h/cb#access_token=***&state=s1"
 
 
 def test_sqe_errors_never_hold_a_url_credential() -> None:
