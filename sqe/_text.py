@@ -62,13 +62,14 @@ _AUTHORIZATION = re.compile(
 def first_line(value: BaseException | str, *, limit: int | None = None) -> str:
     """The first non-empty line of an exception's (or a string's) text; the exception's type name if empty.
 
-    Errors are shown to users on one line, so multi-line library messages are cut here, never re-wrapped.
+    Errors are shown to users on one line, so multi-line library messages are cut here, never re-wrapped. A
+    ``limit`` cuts after :func:`redact_credentials`: cut inside a URL's password, the rest would not show it as one.
     """
     text = str(value).strip()
     if not text:
         return type(value).__name__ if isinstance(value, BaseException) else ""
     line = text.splitlines()[0].strip()
-    return line if limit is None else line[:limit]
+    return line if limit is None else redact_credentials(line)[:limit]
 
 
 def terminal_line(value: BaseException | str) -> str:

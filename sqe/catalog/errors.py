@@ -186,7 +186,7 @@ def _error_model(response: requests.Response) -> tuple[str | None, str]:
     try:
         body: Any = response.json()
         error = body["error"]
-        message = str(error["message"])[:500]
+        message = first_line(str(error["message"]), limit=500)
     except (ValueError, KeyError, TypeError):
         text = response.text or response.reason
         return None, first_line(text, limit=200) if text and text.strip() else "no details"

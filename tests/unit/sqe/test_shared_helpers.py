@@ -19,6 +19,8 @@ def test_first_line_cuts_multiline_and_names_empty_exceptions() -> None:
     assert first_line(ValueError()) == "ValueError"
     assert first_line("") == ""
     assert first_line("abcdef", limit=3) == "abc"
+    # cut after the credentials are out: a cut inside a password leaves no '@' to show it is one
+    assert first_line("see http://alice:" + "p" * 300 + "@h/x", limit=30) == "see http://alice:***@h/x"
 
 
 def test_is_loopback_accepts_only_this_machine() -> None:

@@ -104,6 +104,20 @@ def test_an_untyped_answer_maps_by_status(server: tuple[str, type[_Answer]]) -> 
     assert "<html>bad gateway" in str(mapped) and "proxy details" not in str(mapped)
 
 
+# The two cuts: an ErrorModel's message at 500 characters, a body that is none at 200.
+@pytest.mark.parametrize(("content_type", "cut"), [("application/json", 500), ("text/plain", 200)])
+def test_a_long_message_is_cut_after_its_credentials_are_taken_out(
+    server: tuple[str, type[_Answer]], content_type: str, cut: int
+) -> None:
+    """Cut first, a message would end inside a URL's password, with no '@' left to show it is one."""
+    head = " http://alice:PwSECRET"
+    message = "x" * (cut - len(head) + 2) + head + "password0123@127.0.0.1:1/warehouse"
+    body = json.dumps({"error": {"message": message, "code": 400}}) if content_type == "application/json" else message
+    mapped = error_for_status(answer(server, 400, body.encode(), content_type), "table wh.ns.t")
+    assert type(mapped) is CatalogError and "http://alice:***" in str(mapped), str(mapped)
+    assert "PwSE" not in f"{mapped} {mapped!r}"  # before: the password up to the cut
+
+
 def test_an_unknown_type_falls_back_to_the_status() -> None:
     assert type(catalog_error(403, "SomeVendorException", "no", "t")) is PermissionDeniedError
     assert type(catalog_error(418, "SomeVendorException", "no", "t")) is CatalogError
