@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from sqe._text import first_line
+from sqe._text import first_line, redact_credentials
 from sqe._unpicklable import Unpicklable
 from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavailableError
 
@@ -63,7 +63,7 @@ class BearerAuth(Unpicklable, requests.auth.AuthBase):
             self._token = Token(static_token, None, None)
 
     def __repr__(self) -> str:
-        return f"BearerAuth(token_url={self.token_url!r}, client_id={self.client_id!r})"
+        return f"BearerAuth(token_url={redact_credentials(repr(self.token_url))}, client_id={self.client_id!r})"
 
     @property
     def uses_client_credentials(self) -> bool:

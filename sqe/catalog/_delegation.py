@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import requests
 
+from sqe._text import redact_credentials
 from sqe.catalog._auth import (
     BearerAuth,
     Token,
@@ -64,7 +65,7 @@ class DelegatedAuth(BearerAuth):
 
     def __repr__(self) -> str:
         who = f"end_user={self._end_user_name!r}, reader={self._reader_name!r}"
-        return f"DelegatedAuth(token_url={self.token_url!r}, {who})"
+        return f"DelegatedAuth(token_url={redact_credentials(repr(self.token_url))}, {who})"
 
     @property
     def uses_client_credentials(self) -> bool:

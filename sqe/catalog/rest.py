@@ -33,7 +33,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.view.metadata import ViewMetadata
 
 from sqe import vocabulary
-from sqe._text import first_line
+from sqe._text import first_line, redact_credentials
 from sqe._unpicklable import Unpicklable
 from sqe.catalog._delegation import catalog_auth
 from sqe.catalog._early_token import EarlyToken
@@ -114,7 +114,8 @@ class SQERestCatalog(Unpicklable, RestCatalog):
             raise CatalogUnavailableError(f"cannot reach catalog {uri}: {type(exc).__name__}") from None
 
     def __repr__(self) -> str:
-        return f"SQERestCatalog(uri={self._endpoint.uri!r}, warehouse={self._endpoint.warehouse!r})"
+        uri = redact_credentials(repr(self._endpoint.uri))  # a password or a token parameter is not shown
+        return f"SQERestCatalog(uri={uri}, warehouse={self._endpoint.warehouse!r})"
 
     def close(self) -> None:
         """Close both HTTP connection pools (catalog calls and token requests); a long-lived server needs this."""

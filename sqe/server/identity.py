@@ -32,6 +32,7 @@ from typing import Any
 
 import requests
 
+from sqe._text import redact_credentials
 from sqe._unpicklable import Unpicklable
 from sqe.catalog._auth import client_credentials_form, expires_in_of, oauth_error, refresh_point
 from sqe.catalog._delegation import token_exchange_form
@@ -140,7 +141,7 @@ class IdentityBroker(Unpicklable):
         self.catalog_uri = self.catalog_uri.rstrip("/")
 
     def __repr__(self) -> str:
-        return f"IdentityBroker(uri={self.catalog_uri!r}, reader={self.reader_client_id!r})"
+        return f"IdentityBroker(uri={redact_credentials(repr(self.catalog_uri))}, reader={self.reader_client_id!r})"
 
     @property
     def token_url(self) -> str:

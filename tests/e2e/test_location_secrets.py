@@ -209,3 +209,23 @@ def test_storage_endpoint_with_userinfo_is_refused_without_echo(
         sqe.api.connect(config)
     assert "storage.endpoint" in str(caught.value) and "password" in str(caught.value), caught.value
     assert_no_secret(f"{caught.value!r}")
+
+
+def test_a_catalog_client_repr_names_its_uri_without_the_password(
+    engine_writer: CatalogPrincipal, catalog_server: CatalogServer
+) -> None:
+    """A catalog client connected through a uri with a user and password: its repr hides the password. (With a
+    static token: a token request through such a uri would also send the user as HTTP Basic credentials.)"""
+    from sqe.catalog.rest import RestTableProvider
+    from sqe.config import load_config
+
+    uri = catalog_server.url.replace("://", f"://alice:{PASSWORD}@", 1)
+    settings = {"uri": uri, "warehouse": catalog_server.warehouse, "token": catalog_server.token(engine_writer)}
+    config = load_config(None, overrides={f"catalog.{key}": value for key, value in settings.items()})
+    provider = RestTableProvider(config)
+    try:
+        shown = repr(provider.catalog(config.catalog.warehouse))
+    finally:
+        provider.close()
+    assert "SQERestCatalog(uri='http://alice:***@127.0.0.1" in shown, shown
+    assert_no_secret(shown)

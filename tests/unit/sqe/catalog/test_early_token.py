@@ -101,3 +101,25 @@ def test_a_first_call_for_a_sibling_warehouse_never_contacts_the_primary_catalog
         provider.close()
     finally:
         primary.close()
+
+
+@pytest.mark.parametrize("reader", [False, True])
+def test_its_repr_names_the_catalog_without_a_password_in_its_uri(reader: bool) -> None:
+    """The end user's auth, or the delegated one when a reader is configured: both name the token URL."""
+    readers = {"catalog.reader_client_id": "engine", "catalog.reader_client_secret": "r-secret"} if reader else {}
+    config = load_config(
+        None,
+        overrides={
+            "catalog.uri": f"http://alice:{SECRET}@127.0.0.1:9/api/catalog",
+            "catalog.warehouse": "wh",
+            "catalog.client_id": "u",
+            "catalog.client_secret": "other",
+            "catalog.max_retries": 0,
+            **readers,
+        },
+    )
+    early = EarlyToken.start(config)
+    assert SECRET not in repr(early) and "http://alice:***@127.0.0.1:9/api/catalog" in repr(early), repr(early)
+    with pytest.raises(CatalogUnavailableError):
+        early.wait()
+    early.session.close()

@@ -157,3 +157,9 @@ def test_the_authority_of_a_token_is_its_claims_but_when_it_was_issued() -> None
     assert authority_of(_claims_token(sub="alice", roles=None, act={"sub": "reader"}, iat=1, exp=2)) != wide
     assert authority_of(_claims_token(sub="alice", roles=None, gen=2, iat=1, exp=2)) != wide
     assert authority_of("opaque-one") != authority_of("opaque-two")
+
+
+def test_its_repr_names_the_catalog_without_a_password_in_its_uri() -> None:
+    broker = IdentityBroker("http://alice:Pw9SECRET@127.0.0.1:9/api/catalog?token=T0kSECRET", "wh")
+    assert "Pw9SECRET" not in repr(broker) and "T0kSECRET" not in repr(broker)
+    assert "http://alice:***@127.0.0.1:9/api/catalog?token=***" in repr(broker), repr(broker)
