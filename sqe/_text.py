@@ -47,8 +47,12 @@ _USERINFO = re.compile(
 # no ``@``, ``/`` or backslash here (``C:\dir\a@b`` is a path), and a name follows the ``@``.
 _BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\@:]+(?=@[\w\[])")
 # ``?name=value`` or ``&name=value`` (``;`` too, and ``#``: an OAuth fragment's ``#access_token=``): a query
-# parameter, wherever a message quotes a URL.
-_QUERY_PARAMETER = re.compile(r"(?P<head>[?&;#](?P<name>[^=&;#?\s'\"`]+)=)[^&;#\s'\"`]*")
+# parameter, wherever a message quotes a URL; or ``name=value`` starting a word or a quoted string, as connection
+# strings write them (``password=...``, Azure's ``AccountKey=...``); a quoted value goes whole. A name never
+# holds a blank or a quote, so each start's name is its own: linear time.
+_QUERY_PARAMETER = re.compile(
+    r"(?P<head>(?P<mark>[?&;#]|(?<![^\s'\"`]))(?P<name>[^=&;#?\s'\"`]+)=)(?:'[^'\n]*'|\"[^\"\n]*\"|[^&;#\s'\"`]*)"
+)
 # An Authorization header's value after its scheme, to the line's end or a quote, as a header line, a dict's or a
 # tuple's repr shows it (AWS's holds the credential and the signature, comma-separated). Only with a scheme named:
 # "authorization: principal lacks ..." is a message.
@@ -129,9 +133,10 @@ def redact_credentials(text: str) -> str:
     if "@" in text:
         text = _USERINFO.sub(_redacted_userinfo, text)
         text = _BARE_USERINFO.sub(_redacted_value, text)
+    text = _AUTHORIZATION.sub(_redacted_value, text)  # first: its value follows the scheme, after a blank
     if "=" in text:
         text = _QUERY_PARAMETER.sub(_redacted_parameter, text)
-    return _AUTHORIZATION.sub(_redacted_value, text)
+    return text
 
 
 def _redacted_userinfo(match: re.Match[str]) -> str:
@@ -146,5 +151,6 @@ def _redacted_value(match: re.Match[str]) -> str:
 
 def _redacted_parameter(match: re.Match[str]) -> str:
     name = unquote(match["name"])
-    secret = names_secret(name) or name.lower() == "key"  # ?key=...: an API key in a URL
+    # ?key=...: an API key in a URL; a word key=1 is no credential
+    secret = names_secret(name) or (name.lower() == "key" and bool(match["mark"]))
     return match["head"] + REDACTED if secret else match[0]
