@@ -23,7 +23,7 @@ SQEError
 │   ├── EncryptedTableError           Iceberg table encryption (encryption.key-id / encryption-keys)
 │   ├── RestrictedTableError          DML or metadata tables on a table the caller reads with restrictions
 │   ├── ManifestLimitError            a manifest list or manifest past a read limit (sqe.planning.avro_limits)
-│   ├── DeleteFileLimitError          a position delete file past a read limit (sqe.execution.delete_limits)
+│   ├── DeleteFileLimitError          a position delete file or deletion vector past a read limit (delete_limits)
 │   └── UnsupportedViewDialectError   a view with no SQL representation SQE can run
 └── WorkerError                       distributed execution failures
 """
@@ -129,7 +129,8 @@ class ManifestLimitError(QueryError):
 
 
 class DeleteFileLimitError(QueryError):
-    """A table's position delete file that a scan will not read whole: more rows or bytes than a limit."""
+    """A table's position delete file or deletion vector that a scan will not read whole: more rows or bytes
+    than a limit, a vector naming a row past its data file, or a Puffin file that holds no deletion vectors."""
 
 
 class ExternalAccessError(QueryError):

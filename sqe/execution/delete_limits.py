@@ -4,16 +4,27 @@ A writer of the table decides what a delete file holds: positions repeat and run
 few KiB can hold hundreds of millions of rows, and every reader of the table would decode them all. Before a
 Parquet delete file is read, its footer's row count and its row groups' stated uncompressed size are checked;
 past ``MAX_POSITION_DELETE_ROWS`` or ``MAX_POSITION_DELETE_BYTES`` the scan fails with
-:class:`sqe.errors.DeleteFileLimitError`.
+:class:`sqe.errors.DeleteFileLimitError`. An ORC delete file's footer row count is checked the same way.
+
+A deletion vector (format v3) is a roaring bitmap in a Puffin file, which pyiceberg reads whole and expands into
+one position a row (and one empty bitmap for every unused high key below the last): a bitmap of a few KiB names
+2^32 positions. The file is read at most ``MAX_DELETION_VECTOR_BYTES`` far and its bitmaps deserialized (run
+containers stay runs) before that: a vector naming a position past its data file's ``record_count`` deletes rows
+that file does not hold, and is refused; so is one past ``MAX_DELETED_POSITION`` or a file holding more than
+``MAX_POSITION_DELETE_ROWS`` positions in all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+import pyarrow.orc as orc
 import pyarrow.parquet as pq
+import zstandard
 from pyiceberg.manifest import FileFormat
+from pyroaring import BitMap
 
 from sqe.errors import DeleteFileLimitError
 
@@ -22,19 +33,52 @@ if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import FileScanTask
 
-__all__ = ["MAX_POSITION_DELETE_BYTES", "MAX_POSITION_DELETE_ROWS", "check_position_deletes", "check_task_deletes"]
+__all__ = [
+    "MAX_DELETED_POSITION",
+    "MAX_DELETION_VECTOR_BYTES",
+    "MAX_POSITION_DELETE_BYTES",
+    "MAX_POSITION_DELETE_ROWS",
+    "check_position_deletes",
+    "check_task_deletes",
+    "record_counts",
+]
 
 # 32 Mi deleted positions (a quarter GiB as Arrow arrays): far more than one data file's rows at Iceberg's
 # 512 MiB target file size, so only a file no writer needs is refused.
 MAX_POSITION_DELETE_ROWS = 1 << 25
 MAX_POSITION_DELETE_BYTES = 1 << 30  # the row groups' stated uncompressed size: long paths, not many rows
+# A Puffin file may hold the vectors of many data files; a bitmap takes at most about 2 bytes a position.
+MAX_DELETION_VECTOR_BYTES = 1 << 28
+# A position's high 32 bits are the bitmap's key, and pyiceberg lists a bitmap for every key up to the last:
+# 2^40 rows is far past any data file, and 256 keys cost nothing.
+MAX_DELETED_POSITION = (1 << 40) - 1
+
+_PUFFIN_MAGIC = b"PFA1"
+_VECTOR_MAGIC = b"\xd1\xd3\x39\x64"
+_FOOTER_TAIL = 12  # payload size (4), flags (4), magic (4)
 
 
-def check_position_deletes(io: FileIO, delete_file: DataFile) -> None:
-    """Refuse a Parquet position delete file whose footer states more than the limits (reads the footer only)."""
-    if delete_file.file_format != FileFormat.PARQUET:
-        return  # ORC and Puffin deletion vectors are not sized here
-    with io.new_input(delete_file.file_path).open() as stream:
+def record_counts(tasks: Iterable[FileScanTask]) -> dict[str, int]:
+    """Each data file of ``tasks`` and its stated row count: a deletion vector names no row past it."""
+    return {task.file.file_path: task.file.record_count for task in tasks}
+
+
+def check_position_deletes(io: FileIO, delete_file: DataFile, rows: Mapping[str, int]) -> None:
+    """Refuse a position delete file or deletion vector past the limits before it is read whole (a Parquet or
+    ORC file's footer is read; a Puffin file at most ``MAX_DELETION_VECTOR_BYTES`` far). ``rows``: the stated
+    row count of each data file the scan reads."""
+    if delete_file.file_format == FileFormat.PUFFIN:
+        _check_deletion_vectors(io, delete_file.file_path, rows)
+    elif delete_file.file_format == FileFormat.ORC:
+        with io.new_input(delete_file.file_path).open() as stream:
+            if orc.ORCFile(stream).nrows > MAX_POSITION_DELETE_ROWS:
+                raise _refusal(f"holds more than {MAX_POSITION_DELETE_ROWS} rows (MAX_POSITION_DELETE_ROWS)")
+    elif delete_file.file_format == FileFormat.PARQUET:
+        _check_parquet_deletes(io, delete_file.file_path)
+
+
+def _check_parquet_deletes(io: FileIO, path: str) -> None:
+    with io.new_input(path).open() as stream:
         metadata = pq.read_metadata(stream)
     if metadata.num_rows > MAX_POSITION_DELETE_ROWS:
         raise _refusal(f"holds more than {MAX_POSITION_DELETE_ROWS} rows (MAX_POSITION_DELETE_ROWS)")
@@ -43,16 +87,96 @@ def check_position_deletes(io: FileIO, delete_file: DataFile) -> None:
         raise _refusal(f"holds more than {MAX_POSITION_DELETE_BYTES} bytes uncompressed (MAX_POSITION_DELETE_BYTES)")
 
 
-def check_task_deletes(io: FileIO, tasks: Iterable[FileScanTask]) -> None:
+def check_task_deletes(io: FileIO, tasks: Sequence[FileScanTask]) -> None:
     """:func:`check_position_deletes` for each delete file of ``tasks`` once, before pyiceberg's ``ArrowScan``
     (compaction) reads them all whole."""
     seen: set[str] = set()
+    rows = record_counts(tasks)
     for task in tasks:
         for delete_file in task.delete_files:
             if delete_file.file_path not in seen:
                 seen.add(delete_file.file_path)
-                check_position_deletes(io, delete_file)
+                check_position_deletes(io, delete_file, rows)
 
 
-def _refusal(what: str) -> DeleteFileLimitError:
-    return DeleteFileLimitError(f"cannot apply the scan's deletes: a position delete file of the table {what}")
+def _check_deletion_vectors(io: FileIO, path: str, rows: Mapping[str, int]) -> None:
+    with io.new_input(path).open(seekable=False) as stream:
+        data = stream.read(MAX_DELETION_VECTOR_BYTES + 1)
+    if len(data) > MAX_DELETION_VECTOR_BYTES:
+        limit = MAX_DELETION_VECTOR_BYTES
+        raise _refusal(f"holds more than {limit} bytes (MAX_DELETION_VECTOR_BYTES)", "deletion vector file")
+    total = 0
+    for referenced, vector in _vectors(data):
+        last = -1
+        for key, bitmap in _bitmaps(vector):
+            total += len(bitmap)
+            last = (key << 32) | bitmap.max() if bitmap else last
+        if referenced in rows and last >= rows[referenced]:
+            raise _refusal(f"names a position past its data file's {rows[referenced]} rows", "deletion vector")
+        if last > MAX_DELETED_POSITION:
+            raise _refusal(f"names a position past {MAX_DELETED_POSITION} (MAX_DELETED_POSITION)", "deletion vector")
+    if total > MAX_POSITION_DELETE_ROWS:
+        limit = MAX_POSITION_DELETE_ROWS
+        raise _refusal(f"holds more than {limit} positions (MAX_POSITION_DELETE_ROWS)", "deletion vector file")
+
+
+def _vectors(data: bytes) -> Iterator[tuple[str, bytes]]:
+    """Each blob of the Puffin file ``data``: the data file it names and its serialized 64-bit bitmap."""
+    if data[:4] != _PUFFIN_MAGIC or data[-4:] != _PUFFIN_MAGIC or len(data) < 4 + _FOOTER_TAIL:
+        raise _malformed()
+    if data[-8] & 1:
+        raise _malformed()  # a compressed footer: pyiceberg reads none
+    size = int.from_bytes(data[-_FOOTER_TAIL:-8], "little")
+    start = len(data) - _FOOTER_TAIL - size
+    if start < 8 or data[start - 4 : start] != _PUFFIN_MAGIC:
+        raise _malformed()
+    try:
+        blobs = json.loads(data[start : len(data) - _FOOTER_TAIL])["blobs"]
+        for blob in blobs:
+            yield _blob(data, blob)
+    except (ValueError, KeyError, TypeError, zstandard.ZstdError):
+        raise _malformed() from None
+
+
+def _blob(data: bytes, blob: dict[str, Any]) -> tuple[str, bytes]:
+    offset, length = int(blob["offset"]), int(blob["length"])
+    if offset < 0 or length < 12 or offset + length > len(data):
+        raise ValueError("outside the file")
+    raw, codec = data[offset : offset + length], blob.get("compression-codec")
+    if codec == "zstd":  # pyiceberg inflates it whole, to the size its frame header states
+        stated = zstandard.frame_content_size(raw)
+        if not 0 <= stated <= MAX_DELETION_VECTOR_BYTES:
+            raise ValueError("no stated size, or too large")
+        raw = zstandard.ZstdDecompressor().decompress(raw)
+    elif codec is not None:
+        raise ValueError("unknown codec")
+    framed = int.from_bytes(raw[:4], "big")
+    if raw[4:8] != _VECTOR_MAGIC or framed + 8 > len(raw):
+        raise ValueError("not a deletion vector")
+    return str(blob["properties"]["referenced-data-file"]), raw[8 : 4 + framed]
+
+
+def _bitmaps(vector: bytes) -> Iterator[tuple[int, BitMap]]:
+    """The keys and 32-bit bitmaps of a serialized 64-bit roaring bitmap, each bitmap deserialized as stored
+    (run containers stay runs: its length and maximum cost nothing)."""
+    count, pos, last_key = int.from_bytes(vector[:8], "little"), 8, -1
+    for _ in range(count):
+        key = int.from_bytes(vector[pos : pos + 4], "little")
+        if pos + 4 > len(vector) or key <= last_key:
+            raise _malformed()
+        try:
+            bitmap = BitMap.deserialize(vector[pos + 4 :])
+        except ValueError:
+            raise _malformed() from None
+        pos, last_key = pos + 4 + len(bitmap.serialize()), key
+        yield key, bitmap
+    if pos != len(vector):
+        raise _malformed()
+
+
+def _malformed() -> DeleteFileLimitError:
+    return _refusal("is not a Puffin file of deletion vectors", "deletion vector file")
+
+
+def _refusal(what: str, kind: str = "position delete file") -> DeleteFileLimitError:
+    return DeleteFileLimitError(f"cannot apply the scan's deletes: a {kind} of the table {what}")

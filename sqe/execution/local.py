@@ -44,7 +44,7 @@ from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection k
 from sqe.execution.cache import parquet_fragment
 from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
 from sqe.execution.decoded_cache import DECODED
-from sqe.execution.delete_limits import check_position_deletes
+from sqe.execution.delete_limits import check_position_deletes, record_counts
 from sqe.execution.row_filter import RowMask, compile_row_filter, filter_rows
 
 if TYPE_CHECKING:
@@ -777,6 +777,7 @@ class _DeleteCache:
 
     def __init__(self, plan: FileScanSource) -> None:
         self._io = plan.read.io
+        self._rows = record_counts(plan.tasks)  # a deletion vector names no row past its data file's count
         self._lock = threading.Lock()
         self._path_locks: dict[str, threading.Lock] = {}
         self._contents: dict[str, dict[str, Any]] = {}
@@ -797,6 +798,6 @@ class _DeleteCache:
             path_lock = self._path_locks.setdefault(path, threading.Lock())
         with path_lock:  # single flight: concurrent readers of the same delete file wait for the first
             if path not in self._contents:
-                check_position_deletes(self._io, delete_file)  # read whole next: its footer first
+                check_position_deletes(self._io, delete_file, self._rows)  # read whole next: its footer first
                 self._contents[path] = _read_deletes(self._io, delete_file)
             return self._contents[path]

@@ -13,6 +13,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 import pytest
+from pyroaring import BitMap
 
 from sqe.errors import DeleteFileLimitError, ManifestLimitError, SQEError
 from sqe.execution.cache import clear_process_caches
@@ -153,3 +154,84 @@ def test_optimize_refuses_a_position_delete_file_past_the_row_limit(
     with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(SQEError) as raised:
         session.sql(f"OPTIMIZE {table}").fetchall()
     assert type(raised.value) is DeleteFileLimitError, raised.value
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Deletion vectors (format v3): pyiceberg reads the Puffin file whole and expands each bitmap into one position a
+# row; a bitmap of a few KiB can name 2^32 positions. It may never name a row its data file does not hold.
+
+
+def _deletion_vector_table(workdir: Path, server: CatalogServer, bitmaps: dict[int, BitMap]) -> str:
+    """A format-version 3 table whose first data file (``ROWS`` rows) has the deletion vector ``bitmaps``: a
+    table's files, committed with its own credentials, registered again through the catalog as v3 metadata
+    (the catalog upgrades no table to v3, and pyiceberg writes no v3 snapshot): dropped unpurged, then
+    registered again at v3 metadata naming the same snapshots."""
+    import json
+
+    import requests
+
+    from tests.unit.sqe.iceberg_local import add_deletion_vector
+
+    table = _table(workdir, server)
+    ns, name = table.split(".")
+    catalog = pyiceberg_catalog(server, server.admin)
+    loaded = catalog.load_table((ns, name))
+    add_deletion_vector(loaded, bitmaps)
+    loaded.refresh()
+    metadata = json.loads(loaded.io.new_input(loaded.metadata_location).open().read())
+    metadata["format-version"], next_row_id = 3, 0
+    for snapshot in metadata["snapshots"]:
+        added = int(snapshot["summary"].get("added-records", 0))
+        snapshot["first-row-id"], snapshot["added-rows"], next_row_id = next_row_id, added, next_row_id + added
+    metadata["next-row-id"] = next_row_id
+    location = f"{loaded.location()}/metadata/{uuid.uuid4()}-v3.metadata.json"
+    with loaded.io.new_output(location).create() as out:
+        out.write(json.dumps(metadata).encode())
+    catalog.drop_table((ns, name))  # its files stay
+    url = f"{server.url}/v1/{server.warehouse}/namespaces/{ns}/register"
+    headers = {"Authorization": f"Bearer {server.token(server.admin)}"}
+    body = {"name": name, "metadata-location": location}
+    registered = requests.post(url, json=body, headers=headers, timeout=60)
+    assert registered.status_code == 200, registered.text
+    assert registered.json()["metadata"]["format-version"] == 3
+    return table
+
+
+def _bitmap(start: int, stop: int) -> BitMap:
+    bitmap = BitMap()
+    bitmap.add_range(start, stop)
+    bitmap.run_optimize()  # one run container per 65536 positions: 2^32 positions serialize to under 1 MiB
+    return bitmap
+
+
+def test_a_deletion_vector_within_its_data_file_still_deletes(catalog_server: CatalogServer, tmp_path: Path) -> None:
+    table = _deletion_vector_table(tmp_path, catalog_server, {0: BitMap([0, 5, ROWS - 1])})
+    clear_process_caches()
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session:
+        assert session.sql(f"SELECT count(*) FROM {table} WHERE id >= 0").fetchall() == [(2 * ROWS - 3,)]
+
+
+DV_CASES = {
+    "one-past-the-last-row": {0: _bitmap(0, ROWS + 1)},
+    "2^32-positions": {0: _bitmap(0, 1 << 32)},
+    "a-far-key": {(1 << 31) - 1: BitMap([0])},  # pyiceberg lists an empty bitmap for every key below it
+}
+
+
+@pytest.mark.parametrize("case", list(DV_CASES))
+def test_the_engine_refuses_a_deletion_vector_past_its_data_file(
+    catalog_server: CatalogServer, tmp_path: Path, case: str
+) -> None:
+    # Before: pyiceberg expanded the bitmap whole (2^32 Python ints; 2^31 empty bitmaps for a far key), and
+    # a vector naming rows past its data file's end was applied as if it were sound. (OPTIMIZE refuses a v3
+    # table before it reads one; it checks its bins' delete files with the same function.)
+    table = _deletion_vector_table(tmp_path, catalog_server, DV_CASES[case])
+    clear_process_caches()
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session:
+        for sql in (f"SELECT sum(id) FROM {table}", f"SELECT count(*) FROM {table} WHERE id >= 0"):
+            with pytest.raises(SQEError) as raised:
+                session.sql(sql).fetchall()
+            assert type(raised.value) is DeleteFileLimitError, raised.value
+            assert str(raised.value).endswith(
+                f"a deletion vector of the table names a position past its data file's {ROWS} rows"
+            ), raised.value

@@ -7,8 +7,11 @@ committed through pyiceberg's snapshot producer) positional delete files. Each w
 from __future__ import annotations
 
 import datetime as dt
+import json
+import struct
 import time
 import uuid
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType
+from pyroaring import BitMap
 
 from sqe.catalog.base import CacheOutcome, LoadedTable, TableIdent, ViewDefinition
 from sqe.errors import CatalogError, NoSuchNamespaceError, NoSuchTableError, NoSuchViewError
@@ -256,6 +260,48 @@ def add_positional_deletes(table: Table, positions: tuple[int, ...] = DELETED_PO
     return target
 
 
+def deletion_vector_puffin(referenced: str, bitmaps: Mapping[int, BitMap]) -> tuple[bytes, int, int]:
+    """A Puffin file holding one ``deletion-vector-v1`` blob for ``referenced`` (each 64-bit position's high half
+    a key of ``bitmaps``, as the spec frames it); the file, the blob's offset and length. Written from the spec."""
+    vector = struct.pack("<Q", len(bitmaps))
+    for key in sorted(bitmaps):
+        vector += struct.pack("<I", key) + bitmaps[key].serialize()
+    body = b"\xd1\xd3\x39\x64" + vector
+    blob = struct.pack(">I", len(body)) + body + struct.pack(">I", zlib.crc32(body))
+    cardinality = sum(len(b) for b in bitmaps.values())
+    meta = {"type": "deletion-vector-v1", "fields": [2147483645], "snapshot-id": -1, "sequence-number": -1}
+    meta |= {"offset": 4, "length": len(blob)}
+    meta["properties"] = {"referenced-data-file": referenced, "cardinality": str(cardinality)}
+    footer = json.dumps({"blobs": [meta]}).encode()
+    puffin = b"PFA1" + blob + b"PFA1" + footer + struct.pack("<I", len(footer)) + b"\0\0\0\0" + b"PFA1"
+    return puffin, 4, len(blob)
+
+
+def add_deletion_vector(table: Table, bitmaps: Mapping[int, BitMap]) -> str:
+    """Delete rows of the table's first data file with a deletion vector (a Puffin file, committed in a v3 delete
+    manifest); returns that file's path."""
+    target = next(iter(table.scan().plan_files())).file.file_path
+    path = f"{table.location()}/data/dv-{uuid.uuid4()}.puffin"
+    written, offset, length = deletion_vector_puffin(target, bitmaps)
+    with table.io.new_output(path).create() as out:
+        out.write(written)
+    delete_file = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=path,
+        file_format=FileFormat.PUFFIN,
+        partition=Record(),
+        record_count=sum(len(b) for b in bitmaps.values()),
+        file_size_in_bytes=len(written),
+        referenced_data_file=target,
+        content_offset=offset,
+        content_size_in_bytes=length,
+    )
+    delete_file.spec_id = table.spec().spec_id
+    with table.transaction() as tx:
+        _AddPositionDeletes(tx, table, [delete_file], _DeletionVectorManifestWriter).commit()
+    return target
+
+
 _DELETE_SCHEMA = pa.schema(
     [
         pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": b"2147483546"}),
@@ -273,15 +319,29 @@ class _DeleteManifestWriter(ManifestWriterV2):
         return {**super()._meta, "content": "deletes"}
 
 
+class _DeletionVectorManifestWriter(_DeleteManifestWriter):
+    """A v3 delete manifest: its entries keep ``content_offset`` and ``content_size_in_bytes``."""
+
+    @property
+    def version(self) -> Any:
+        return 3
+
+
 class _AddPositionDeletes(_FastAppendFiles):
     """pyiceberg writes no delete files itself; this adds a delete manifest to an otherwise empty append."""
 
-    def __init__(self, tx: Transaction, table: Table, delete_files: list[DataFile]) -> None:
+    def __init__(
+        self,
+        tx: Transaction,
+        table: Table,
+        delete_files: list[DataFile],
+        writer: type[_DeleteManifestWriter] = _DeleteManifestWriter,
+    ) -> None:
         super().__init__(Operation.OVERWRITE, tx, table.io)
-        self._delete_files = delete_files
+        self._delete_files, self._writer = delete_files, writer
 
     def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
-        writer = _DeleteManifestWriter(
+        writer = self._writer(
             self._transaction.table_metadata.spec(),
             self.schema(),
             self.new_manifest_output(),
