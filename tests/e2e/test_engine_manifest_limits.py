@@ -79,38 +79,48 @@ def test_the_engine_refuses_manifests_past_the_limits(
 # Position delete files are read whole into memory: a small file of many rows is refused from its footer
 
 
-def _position_delete_bomb(workdir: Path, server: CatalogServer, rows: int) -> str:
+def _position_delete_bomb(workdir: Path, server: CatalogServer, rows: int, file_format: str = "parquet") -> str:
     """A table whose one data file has a position delete file of ``rows`` rows (all position 0: a few KiB
-    stored, dictionary- and run-length encoded), written with the table's own credentials."""
+    stored, dictionary- and run-length encoded), written with the table's own credentials; Parquet, or ORC
+    (the delete manifest entry then says ORC)."""
     import pyarrow as pa
+    import pyarrow.orc as orc
     import pyarrow.parquet as pq
 
-    from tests.unit.sqe.iceberg_local import add_positional_deletes
+    from tests.unit.sqe.iceberg_local import POSITION_DELETE_SCHEMA, add_positional_deletes
 
     table = _table(workdir, server)
     ns, name = table.split(".")
     loaded = pyiceberg_catalog(server, server.admin).load_table((ns, name))
-    target = add_positional_deletes(loaded, (0,))  # a real delete file, then swapped for the bomb
+    target = add_positional_deletes(loaded, (0,), file_format)  # a real delete file, then swapped for the bomb
     loaded = pyiceberg_catalog(server, server.admin).load_table((ns, name))
     [delete_path] = {d.file_path for task in loaded.scan().plan_files() for d in task.delete_files}
-    schema = pq.read_schema(loaded.io.new_input(delete_path).open())
+    schema = POSITION_DELETE_SCHEMA
     batch = pa.table({"file_path": [target] * (1 << 20), "pos": pa.array([0] * (1 << 20), pa.int64())}, schema=schema)
     sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+    if file_format == "orc":
+        orc_writer = orc.ORCWriter(sink, compression="zstd")
         for _ in range(rows // batch.num_rows + 1):
-            writer.write_table(batch, row_group_size=batch.num_rows)
+            orc_writer.write(batch)
+        orc_writer.close()
+    else:
+        with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+            for _ in range(rows // batch.num_rows + 1):
+                writer.write_table(batch, row_group_size=batch.num_rows)
     bucket, _, key = delete_path.removeprefix("s3://").partition("/")
     server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=sink.getvalue().to_pybytes())
     return table
 
 
+@pytest.mark.parametrize("file_format", ["parquet", "orc"])
 def test_the_engine_refuses_a_position_delete_file_past_the_row_limit(
-    catalog_server: CatalogServer, tmp_path: Path
+    catalog_server: CatalogServer, tmp_path: Path, file_format: str
 ) -> None:
-    # Before: pyiceberg read the delete file into one Arrow table, every row, whatever its footer said.
+    # Before: pyiceberg read the delete file into one Arrow table, every row, whatever its footer said (ORC
+    # files, 3.5 GB of repeated paths here, were not checked at all).
     from sqe.execution.delete_limits import MAX_POSITION_DELETE_ROWS
 
-    table = _position_delete_bomb(tmp_path, catalog_server, MAX_POSITION_DELETE_ROWS + 1)
+    table = _position_delete_bomb(tmp_path, catalog_server, MAX_POSITION_DELETE_ROWS + 1, file_format)
     clear_process_caches()
     with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(SQEError) as raised:
         session.sql(f"SELECT sum(id) FROM {table}").fetchall()
@@ -121,8 +131,11 @@ def test_the_engine_refuses_a_position_delete_file_past_the_row_limit(
     )
 
 
-def test_a_position_delete_file_within_the_limit_still_deletes(catalog_server: CatalogServer, tmp_path: Path) -> None:
-    table = _position_delete_bomb(tmp_path, catalog_server, 3 << 20)  # every row deletes position 0 only
+@pytest.mark.parametrize("file_format", ["parquet", "orc"])
+def test_a_position_delete_file_within_the_limit_still_deletes(
+    catalog_server: CatalogServer, tmp_path: Path, file_format: str
+) -> None:
+    table = _position_delete_bomb(tmp_path, catalog_server, 3 << 20, file_format)  # every row deletes position 0 only
     clear_process_caches()
     with session_for(tmp_path, catalog_server, catalog_server.admin) as session:
         assert session.sql(f"SELECT count(*) FROM {table} WHERE id >= 0").fetchall() == [(2 * ROWS - 1,)]

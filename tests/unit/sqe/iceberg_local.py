@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.orc as orc
 import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
@@ -232,24 +233,27 @@ def build_events(catalog: SqlCatalog) -> Table:
     return table
 
 
-def add_positional_deletes(table: Table, positions: tuple[int, ...] = DELETED_POSITIONS) -> str:
-    """Delete rows of the table's first data file by position; returns that file's path."""
+def add_positional_deletes(
+    table: Table, positions: tuple[int, ...] = DELETED_POSITIONS, file_format: str = "parquet"
+) -> str:
+    """Delete rows of the table's first data file by position (a Parquet or ORC file); returns that file's path."""
     target = next(iter(table.scan().plan_files())).file.file_path
-    path = f"{table.location()}/data/pos-del-{uuid.uuid4()}.parquet"
+    path = f"{table.location()}/data/pos-del-{uuid.uuid4()}.{file_format}"
     buffer = pa.BufferOutputStream()
-    pq.write_table(
-        pa.table(
-            {"file_path": [target] * len(positions), "pos": pa.array(positions, pa.int64())}, schema=_DELETE_SCHEMA
-        ),
-        buffer,
+    rows = pa.table(
+        {"file_path": [target] * len(positions), "pos": pa.array(positions, pa.int64())}, schema=POSITION_DELETE_SCHEMA
     )
+    if file_format == "orc":
+        orc.write_table(rows, buffer)
+    else:
+        pq.write_table(rows, buffer)
     written = buffer.getvalue().to_pybytes()
     with table.io.new_output(path).create() as out:  # the table's own FileIO: a local path or an object store
         out.write(written)
     delete_file = DataFile.from_args(
         content=DataFileContent.POSITION_DELETES,
         file_path=path,
-        file_format=FileFormat.PARQUET,
+        file_format=FileFormat(file_format.upper()),
         partition=Record(),
         record_count=len(positions),
         file_size_in_bytes=len(written),
@@ -302,7 +306,7 @@ def add_deletion_vector(table: Table, bitmaps: Mapping[int, BitMap]) -> str:
     return target
 
 
-_DELETE_SCHEMA = pa.schema(
+POSITION_DELETE_SCHEMA = pa.schema(
     [
         pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": b"2147483546"}),
         pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
