@@ -80,7 +80,7 @@ class _Commit:
         if not data.num_rows:
             return
         metadata = transaction.table_metadata
-        for data_file in _dataframe_to_data_files(metadata, data, self.table.io, write_uuid=uuid.uuid4()):
+        for data_file in _dataframe_to_data_files(metadata, data, self.table.files_io, write_uuid=uuid.uuid4()):
             self.written.append(data_file)
             yield data_file
 
@@ -88,7 +88,7 @@ class _Commit:
         """The data files of a commit that did not land: referenced by nothing."""
         for data_file in self.written:
             try:
-                self.table.io.delete(data_file.file_path)
+                self.table.files_io.delete(data_file.file_path)
             except Exception as exc:  # best effort: the file is referenced by nothing either way
                 log.warning("could not delete unreferenced data file %s: %s", data_file.file_path, first_line(exc))
 

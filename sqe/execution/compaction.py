@@ -41,7 +41,8 @@ from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.errors import CompactionConflictError, QueryError, SQEError
 from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
 from sqe.execution.delete_limits import check_task_deletes
-from sqe.execution.write_target import writable_table
+from sqe.execution.write_target import WriteTable, writable_table
+from sqe.planning.avro_limits import bounded_table
 from sqe.planning.planner import restrictions_of
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def optimize(
     _refuse_restricted(loaded)
     target = _target_size(statement.options)
     row_filter = _partition_filter(loaded.table, statement.where, ident)
-    bins = list(plan_bins(loaded.table, row_filter, target))
+    bins = list(plan_bins(bounded_table(loaded.table, f"cannot plan OPTIMIZE of {ident}"), row_filter, target))
     if not bins:
         return _result(0, 0, None)
     table = writable_table(loaded)  # its paths checked before any rewrite, local or on workers
@@ -179,7 +180,9 @@ def _worth_rewriting(tasks: list[FileScanTask]) -> Iterator[list[FileScanTask]]:
         yield tasks
 
 
-def _rewrite_locally(ident: TableIdent, table: Table, bins: list[list[FileScanTask]], target: int) -> list[DataFile]:
+def _rewrite_locally(
+    ident: TableIdent, table: WriteTable, bins: list[list[FileScanTask]], target: int
+) -> list[DataFile]:
     """Every bin rewritten here; if one fails, the files the earlier ones wrote are deleted (as on workers), and a
     storage or Arrow failure is a QueryError naming the table (as a scan's is)."""
     outputs: list[DataFile] = []
@@ -198,17 +201,17 @@ def _rewrite_locally(ident: TableIdent, table: Table, bins: list[list[FileScanTa
     return outputs
 
 
-def rewrite_bin(table: Table, tasks: list[FileScanTask], target: int) -> list[DataFile]:
+def rewrite_bin(table: WriteTable, tasks: list[FileScanTask], target: int) -> list[DataFile]:
     """Read the bin (deletes applied) and write it back as new data files; nothing is committed here."""
     metadata = table.metadata
-    check_task_deletes(table.io, tasks)  # ArrowScan reads each delete file whole
-    scan = ArrowScan(metadata, table.io, table.schema(), AlwaysTrue())
+    check_task_deletes(table.files_io, tasks)  # ArrowScan reads each delete file whole
+    scan = ArrowScan(metadata, table.files_io, table.schema(), AlwaysTrue())
     rows = scan.to_table(tasks)
     if rows.num_rows == 0:
         return []
     properties = {**metadata.properties, "write.target-file-size-bytes": str(target)}
     sized = metadata.model_copy(update={"properties": properties})
-    return list(_dataframe_to_data_files(sized, rows, table.io, write_uuid=uuid.uuid4()))
+    return list(_dataframe_to_data_files(sized, rows, table.files_io, write_uuid=uuid.uuid4()))
 
 
 def commit_replace(
@@ -227,7 +230,7 @@ def commit_replace(
             log.info("OPTIMIZE %s: commit conflict (%s); re-checking the inputs", loaded.ident, type(exc).__name__)
             current = provider.load_table(loaded.ident, bypass_cache=True)
             table = current.table
-            conflict = _input_conflict(table, inputs)
+            conflict = _input_conflict(bounded_table(table, f"cannot plan OPTIMIZE of {loaded.ident}"), inputs)
             if conflict:
                 _delete_outputs(table, outputs)
                 raise CompactionConflictError(

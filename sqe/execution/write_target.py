@@ -10,7 +10,9 @@ vended for this table covers it (the catalog's scope then decides); with SQE's o
 
 pyiceberg refreshes the table and writes its manifests again when a commit conflicts, so the table a write
 uses is a :class:`WriteTable`: it applies both rules again to every metadata it holds, refreshed ones included.
-It also never deletes the old metadata files a table property asks pyiceberg to delete after a commit.
+It also never deletes the old metadata files a table property asks pyiceberg to delete after a commit, and its
+``io`` reads the previous manifest list and manifests within the planning limits (a writer of the table decides
+what they hold); ``files_io`` is the table's own FileIO, for data files.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pyiceberg.table.update import AddSnapshotUpdate
 from sqe._text import first_line
 from sqe.credentials import prefix_matches
 from sqe.errors import QueryError
+from sqe.planning.avro_limits import CommitIO, table_bounds
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -60,17 +63,23 @@ class WriteTable(Table):
         self._ident = loaded.ident
         self.commit_sent = False  # whether a commit request may have reached the catalog
         _check_format_version(self._ident, metadata)  # before any file is written
-        _check_paths(self._ident, metadata, self.io)
+        _check_paths(self._ident, metadata, table.io)
+        self.files_io: FileIO = table.io
+        self.io = self._commit_io()
 
     def location_provider(self) -> LocationProvider:
         metadata = _without_class_properties(self.metadata)
-        _check_paths(self._ident, metadata, self.io)
+        _check_paths(self._ident, metadata, self.files_io)
         return load_location_provider(table_location=metadata.location, table_properties=metadata.properties)
 
     def refresh(self) -> Table:
-        super().refresh()
+        super().refresh()  # the catalog's FileIO for the refreshed table replaces ours
         self.metadata = _without_class_properties(self.metadata)
+        self.files_io, self.io = self.io, self._commit_io()
         return self
+
+    def _commit_io(self) -> CommitIO:
+        return CommitIO(self.files_io, table_bounds(f"cannot commit to {self._ident}", self.metadata))
 
     def _do_commit(self, updates: tuple[TableUpdate, ...], requirements: tuple[TableRequirement, ...]) -> None:
         """pyiceberg's commit without its clean-up: with ``write.metadata.delete-after-commit.enabled`` it deletes

@@ -13,27 +13,35 @@ engine checks a file once, when it is read from the store (its manifest cache ke
 from __future__ import annotations
 
 import bz2
+import copy
 import io
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import zstandard
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
 from sqe.errors import ManifestLimitError
 
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyiceberg.table.metadata import TableMetadata
+
 __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_MANIFEST_DECOMPRESSED_BYTES",
     "BoundedManifestFile",
     "BoundedManifestIO",
+    "CommitIO",
     "MalformedAvroError",
     "ManifestBounds",
     "bounded_io",
+    "bounded_table",
     "inflated_size",
     "read_bounded",
+    "table_bounds",
 ]
 
 # Iceberg writers aim at 8 MiB manifests (commit.manifest.target-size-bytes); a manifest list holds a few hundred
@@ -130,6 +138,38 @@ def bounded_io(io: FileIO, bounds: ManifestBounds) -> FileIO:
     file once, before keeping it), else wrapped in a :class:`BoundedManifestIO`."""
     bounded = getattr(io, "bounded", None)
     return bounded(bounds) if callable(bounded) else BoundedManifestIO(io, bounds)
+
+
+class CommitIO(FileIO):
+    """``io`` for pyiceberg's commit path, which reads the previous manifest list and manifests and writes the new
+    ones through one FileIO: each read is a manifest list or manifest, within the limits; writes and deletes go to
+    ``io`` itself."""
+
+    def __init__(self, io: FileIO, bounds: ManifestBounds) -> None:
+        super().__init__(io.properties)
+        self._io, self._reads = io, bounded_io(io, bounds)
+
+    def new_input(self, location: str) -> InputFile:
+        return self._reads.new_input(location)
+
+    def new_output(self, location: str) -> OutputFile:
+        return self._io.new_output(location)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        self._io.delete(location)
+
+
+def table_bounds(refused: str, metadata: TableMetadata) -> ManifestBounds:
+    """A refusal saying ``refused``, naming each of ``metadata``'s snapshots' manifest lists by its kind."""
+    return ManifestBounds(refused, frozenset(snapshot.manifest_list for snapshot in metadata.snapshots))
+
+
+def bounded_table(table: Table, refused: str) -> Table:
+    """``table`` (a shallow copy: the same metadata, another FileIO) reading its manifest lists and manifests
+    within the limits; a refusal says ``refused``."""
+    bounded = copy.copy(table)
+    bounded.io = bounded_io(table.io, table_bounds(refused, table.metadata))
+    return bounded
 
 
 def inflated_size(data: bytes, budget: int) -> int:

@@ -11,7 +11,6 @@ to a caller who reads the table without any restriction, and refused with a type
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 from typing import TYPE_CHECKING
 
@@ -20,11 +19,9 @@ import pyarrow as pa
 
 from sqe._text import first_line
 from sqe.errors import QueryError, RestrictedTableError
-from sqe.planning.avro_limits import ManifestBounds, bounded_io
+from sqe.planning.avro_limits import bounded_table
 
 if TYPE_CHECKING:
-    from pyiceberg.table import Table
-
     from sqe.catalog.base import LoadedTable
     from sqe.planning.statements import TimeTravel
     from sqe.restrictions import RestrictionPlan
@@ -72,7 +69,7 @@ def metadata_table(loaded: LoadedTable, which: str, restrictions: RestrictionPla
         raise RestrictedTableError(
             f"{loaded.ident}${which}: metadata tables are only available on tables you read without restrictions"
         )
-    inspect = _bounded_table(loaded, f"cannot read {loaded.ident}${which}").inspect
+    inspect = bounded_table(loaded.table, f"cannot read {loaded.ident}${which}").inspect
     try:
         if which == "snapshots":
             return inspect.snapshots()
@@ -87,14 +84,6 @@ def metadata_table(loaded: LoadedTable, which: str, restrictions: RestrictionPla
         return inspect.manifests()
     except OSError as exc:
         raise QueryError(f"cannot read the metadata of {loaded.ident}: {first_line(exc)}") from None
-
-
-def _bounded_table(loaded: LoadedTable, refused: str) -> Table:
-    """The loaded table, reading its manifest lists and manifests within the limits planning reads them in."""
-    lists = frozenset(snapshot.manifest_list for snapshot in loaded.table.metadata.snapshots)
-    table = copy.copy(loaded.table)  # shallow: the same metadata, another FileIO
-    table.io = bounded_io(table.io, ManifestBounds(refused, lists))
-    return table
 
 
 def _evaluate(parser: duckdb.DuckDBPyConnection, travel: TimeTravel) -> object:

@@ -17,6 +17,7 @@ from pyiceberg.expressions import AlwaysTrue, EqualTo
 import sqe.api
 from sqe.errors import CompactionConflictError, QueryError
 from sqe.execution.compaction import commit_replace, plan_bins, rewrite_bin
+from sqe.execution.write_target import writable_table
 from sqe.session import Session
 from tests.conftest import pyiceberg_catalog, write_sqe_config
 from tests.unit.sqe.iceberg_local import add_positional_deletes
@@ -67,7 +68,8 @@ def rewritten_uncommitted(session: Session, name: str) -> tuple[LoadedTable, lis
     """OPTIMIZE's steps up to its commit: the table as loaded, the tasks read and the new files written."""
     loaded = session._provider.load_table(session.resolve_name(tuple(name.split("."))), bypass_cache=True)
     bins = list(plan_bins(loaded.table, AlwaysTrue(), 64 * 1024 * 1024))
-    outputs = [f for group in bins for f in rewrite_bin(loaded.table, group, 64 * 1024 * 1024)]
+    table = writable_table(loaded)  # as OPTIMIZE rewrites: data files through the table's own FileIO
+    outputs = [f for group in bins for f in rewrite_bin(table, group, 64 * 1024 * 1024)]
     return loaded, [task for group in bins for task in group], outputs
 
 

@@ -248,3 +248,36 @@ def test_the_engine_refuses_a_deletion_vector_past_its_data_file(
             assert str(raised.value).endswith(
                 f"a deletion vector of the table names a position past its data file's {ROWS} rows"
             ), raised.value
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Writes: pyiceberg's commit reads the previous manifest list (and, overwriting, its manifests) through the
+# table's own FileIO; that read is bounded as planning's is, and the refused write leaves no data file.
+
+
+@pytest.mark.parametrize(
+    ("statement", "kind"),
+    [
+        ("INSERT INTO {table} VALUES (1000)", "manifest list"),  # a fast append reads the manifest list only
+        ("OPTIMIZE {table}", "manifest"),
+    ],
+    ids=["insert", "optimize"],
+)
+def test_a_write_refuses_a_manifest_past_the_limits(
+    catalog_server: CatalogServer, tmp_path: Path, statement: str, kind: str
+) -> None:
+    # Before: the commit (and OPTIMIZE's planning) read it whole and inflated each block whole.
+    from tests.helpers.orphans import data_objects
+
+    table = _table(tmp_path, catalog_server)
+    ns, name = table.split(".")
+    loaded = pyiceberg_catalog(catalog_server, catalog_server.admin).load_table((ns, name))
+    files, snapshot = data_objects(catalog_server, loaded), loaded.metadata.current_snapshot_id
+    limit = swap_manifest(catalog_server, catalog_server.admin, (ns, name), kind, "inflated")
+    clear_process_caches()
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(SQEError) as raised:
+        session.sql(statement.format(table=table)).fetchall()
+    assert type(raised.value) is ManifestLimitError, raised.value
+    assert str(raised.value).endswith(f"{catalog_server.warehouse}.{table}: a {kind} of the table {limit}")
+    assert data_objects(catalog_server, loaded) == files  # the refused INSERT's data file is deleted
+    assert loaded.refresh().metadata.current_snapshot_id == snapshot
