@@ -10,6 +10,7 @@ S3 write.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -281,3 +282,33 @@ def test_a_write_refuses_a_manifest_past_the_limits(
     assert str(raised.value).endswith(f"{catalog_server.warehouse}.{table}: a {kind} of the table {limit}")
     assert data_objects(catalog_server, loaded) == files  # the refused INSERT's data file is deleted
     assert loaded.refresh().metadata.current_snapshot_id == snapshot
+
+
+def _swap_deletion_vector(server: CatalogServer, table: str, change: Callable[[bytes], bytes]) -> None:
+    ns, name = table.split(".")
+    loaded = pyiceberg_catalog(server, server.admin).load_table((ns, name))
+    [path] = {d.file_path for task in loaded.scan().plan_files() for d in task.delete_files}
+    bucket, _, key = path.removeprefix("s3://").partition("/")
+    s3 = server.moto.client("s3")
+    s3.put_object(Bucket=bucket, Key=key, Body=change(s3.get_object(Bucket=bucket, Key=key)["Body"].read()))
+
+
+MALFORMED_DVS: dict[str, Callable[[bytes], bytes]] = {
+    "truncated": lambda puffin: puffin[: len(puffin) // 2],
+    "no-referenced-data-file": lambda puffin: puffin.replace(b'"referenced-data-file"', b'"referenced-data-fil_"'),
+    "compressed-footer": lambda puffin: puffin[:-8] + b"\1" + puffin[-7:],
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_DVS))
+def test_the_engine_refuses_a_malformed_deletion_vector_file(
+    catalog_server: CatalogServer, tmp_path: Path, case: str
+) -> None:
+    # Before: pyiceberg's own error surfaced (a KeyError naming the property, a ValueError on the magic).
+    table = _deletion_vector_table(tmp_path, catalog_server, {0: BitMap([0])})
+    _swap_deletion_vector(catalog_server, table, MALFORMED_DVS[case])
+    clear_process_caches()
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(SQEError) as raised:
+        session.sql(f"SELECT sum(id) FROM {table}").fetchall()
+    assert type(raised.value) is DeleteFileLimitError, raised.value
+    assert str(raised.value).endswith("a deletion vector file of the table is not a Puffin file of deletion vectors")
