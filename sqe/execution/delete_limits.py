@@ -107,21 +107,27 @@ def _check_deletion_vectors(io: FileIO, path: str, rows: Mapping[str, int]) -> N
         raise _refusal(f"holds more than {limit} bytes (MAX_DELETION_VECTOR_BYTES)", "deletion vector file")
     total = 0
     for referenced, vector in _vectors(data):
-        last = -1
         for key, bitmap in _bitmaps(vector):
+            # pyiceberg lists an empty bitmap for each key below this one: the key itself is a position here
+            _check_last_position((key << 32) | (bitmap.max() if bitmap else 0), rows.get(referenced))
             total += len(bitmap)
-            last = (key << 32) | bitmap.max() if bitmap else last
-        if referenced in rows and last >= rows[referenced]:
-            raise _refusal(f"names a position past its data file's {rows[referenced]} rows", "deletion vector")
-        if last > MAX_DELETED_POSITION:
-            raise _refusal(f"names a position past {MAX_DELETED_POSITION} (MAX_DELETED_POSITION)", "deletion vector")
     if total > MAX_POSITION_DELETE_ROWS:
         limit = MAX_POSITION_DELETE_ROWS
         raise _refusal(f"holds more than {limit} positions (MAX_POSITION_DELETE_ROWS)", "deletion vector file")
 
 
-def _vectors(data: bytes) -> Iterator[tuple[str, bytes]]:
-    """Each blob of the Puffin file ``data``: the data file it names and its serialized 64-bit bitmap."""
+def _check_last_position(last: int, stated_rows: int | None) -> None:
+    """A deletion vector names no row its data file does not hold (the data file's ``record_count``, when the
+    scan reads it), and none past ``MAX_DELETED_POSITION`` in any case."""
+    if stated_rows is not None and last >= stated_rows:
+        raise _refusal(f"names a position past its data file's {stated_rows} rows", "deletion vector")
+    if last > MAX_DELETED_POSITION:
+        raise _refusal(f"names a position past {MAX_DELETED_POSITION} (MAX_DELETED_POSITION)", "deletion vector")
+
+
+def _vectors(data: bytes) -> Iterator[tuple[str, memoryview]]:
+    """Each blob of the Puffin file ``data``: the data file it names and its serialized 64-bit bitmap. Blobs
+    may not overlap, and together inflate to at most ``MAX_DELETION_VECTOR_BYTES``: each is read once."""
     if data[:4] != _PUFFIN_MAGIC or data[-4:] != _PUFFIN_MAGIC or len(data) < 4 + _FOOTER_TAIL:
         raise _malformed()
     if data[-8] & 1:
@@ -130,11 +136,17 @@ def _vectors(data: bytes) -> Iterator[tuple[str, bytes]]:
     start = len(data) - _FOOTER_TAIL - size
     if start < 8 or data[start - 4 : start] != _PUFFIN_MAGIC:
         raise _malformed()
+    stored = inflated = 0
     try:
-        blobs = json.loads(data[start : len(data) - _FOOTER_TAIL])["blobs"]
-        for blob in blobs:
-            yield _blob(data, blob)
-    except (ValueError, KeyError, TypeError, zstandard.ZstdError):
+        for blob in json.loads(data[start : len(data) - _FOOTER_TAIL])["blobs"]:
+            referenced, raw = _blob(data, blob)
+            stored += len(raw)
+            payload = _inflated(raw, blob.get("compression-codec"))
+            inflated += len(payload)
+            if stored > start or inflated > MAX_DELETION_VECTOR_BYTES:
+                raise ValueError("overlapping blobs")
+            yield referenced, _vector(payload)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, zstandard.ZstdError):
         raise _malformed() from None
 
 
@@ -142,21 +154,29 @@ def _blob(data: bytes, blob: dict[str, Any]) -> tuple[str, bytes]:
     offset, length = int(blob["offset"]), int(blob["length"])
     if offset < 0 or length < 12 or offset + length > len(data):
         raise ValueError("outside the file")
-    raw, codec = data[offset : offset + length], blob.get("compression-codec")
-    if codec == "zstd":  # pyiceberg inflates it whole, to the size its frame header states
-        stated = zstandard.frame_content_size(raw)
-        if not 0 <= stated <= MAX_DELETION_VECTOR_BYTES:
-            raise ValueError("no stated size, or too large")
-        raw = zstandard.ZstdDecompressor().decompress(raw)
-    elif codec is not None:
+    return str(blob["properties"]["referenced-data-file"]), data[offset : offset + length]
+
+
+def _inflated(raw: bytes, codec: object) -> bytes:
+    if codec is None:
+        return raw
+    if codec != "zstd":
         raise ValueError("unknown codec")
-    framed = int.from_bytes(raw[:4], "big")
-    if raw[4:8] != _VECTOR_MAGIC or framed + 8 > len(raw):
+    stated = zstandard.frame_content_size(raw)  # pyiceberg inflates the blob whole, to this size
+    if not 0 <= stated <= MAX_DELETION_VECTOR_BYTES:
+        raise ValueError("no stated size, or too large")
+    return bytes(zstandard.ZstdDecompressor().decompress(raw))
+
+
+def _vector(payload: bytes) -> memoryview:
+    """The serialized bitmap in a ``deletion-vector-v1`` blob: length (4, big-endian), magic, bitmap, CRC."""
+    framed = int.from_bytes(payload[:4], "big")
+    if payload[4:8] != _VECTOR_MAGIC or framed + 8 > len(payload):
         raise ValueError("not a deletion vector")
-    return str(blob["properties"]["referenced-data-file"]), raw[8 : 4 + framed]
+    return memoryview(payload)[8 : 4 + framed]
 
 
-def _bitmaps(vector: bytes) -> Iterator[tuple[int, BitMap]]:
+def _bitmaps(vector: memoryview) -> Iterator[tuple[int, BitMap]]:
     """The keys and 32-bit bitmaps of a serialized 64-bit roaring bitmap, each bitmap deserialized as stored
     (run containers stay runs: its length and maximum cost nothing)."""
     count, pos, last_key = int.from_bytes(vector[:8], "little"), 8, -1
@@ -165,7 +185,8 @@ def _bitmaps(vector: bytes) -> Iterator[tuple[int, BitMap]]:
         if pos + 4 > len(vector) or key <= last_key:
             raise _malformed()
         try:
-            bitmap = BitMap.deserialize(vector[pos + 4 :])
+            # a view, not a copy of the rest: the stubs say bytes, the C reader takes any buffer
+            bitmap = BitMap.deserialize(vector[pos + 4 :])  # type: ignore[arg-type]
         except ValueError:
             raise _malformed() from None
         pos, last_key = pos + 4 + len(bitmap.serialize()), key

@@ -229,6 +229,7 @@ DV_CASES = {
     "one-past-the-last-row": {0: _bitmap(0, ROWS + 1)},
     "2^32-positions": {0: _bitmap(0, 1 << 32)},
     "a-far-key": {(1 << 31) - 1: BitMap([0])},  # pyiceberg lists an empty bitmap for every key below it
+    "an-empty-far-key": {0: BitMap([0]), (1 << 31) - 1: BitMap()},  # and for an empty one too
 }
 
 
@@ -293,7 +294,21 @@ def _swap_deletion_vector(server: CatalogServer, table: str, change: Callable[[b
     s3.put_object(Bucket=bucket, Key=key, Body=change(s3.get_object(Bucket=bucket, Key=key)["Body"].read()))
 
 
+def _blob_twice(puffin: bytes) -> bytes:
+    """``puffin`` with its one blob listed twice in the footer (blobs may not overlap)."""
+    import json
+    import struct
+
+    size = struct.unpack("<I", puffin[-12:-8])[0]
+    start = len(puffin) - 12 - size
+    footer = json.loads(puffin[start:-12])
+    footer["blobs"] *= 2
+    encoded = json.dumps(footer).encode()
+    return puffin[:start] + encoded + struct.pack("<I", len(encoded)) + puffin[-8:]
+
+
 MALFORMED_DVS: dict[str, Callable[[bytes], bytes]] = {
+    "overlapping-blobs": _blob_twice,
     "truncated": lambda puffin: puffin[: len(puffin) // 2],
     "no-referenced-data-file": lambda puffin: puffin.replace(b'"referenced-data-file"', b'"referenced-data-fil_"'),
     "compressed-footer": lambda puffin: puffin[:-8] + b"\1" + puffin[-7:],
