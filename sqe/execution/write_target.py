@@ -75,7 +75,8 @@ class WriteTable(Table):
     def refresh(self) -> Table:
         super().refresh()  # the catalog's FileIO for the refreshed table replaces ours
         self.metadata = _without_class_properties(self.metadata)
-        self.files_io, self.io = self.io, self._commit_io()
+        self.files_io = self.io
+        self.io = self._commit_io()  # around the new FileIO, naming the refreshed snapshots' manifest lists
         return self
 
     def _commit_io(self) -> CommitIO:

@@ -210,3 +210,23 @@ def test_a_local_optimize_whose_later_bin_fails_deletes_what_the_earlier_bins_wr
         session.sql("OPTIMIZE ns.p")  # typed, as a scan's storage failure is (it was a raw FileNotFoundError)
     after = {p for p in Path(table.location().removeprefix("file://")).rglob("*.parquet")}
     assert after <= before  # nothing the first bin wrote is left behind
+
+
+def test_a_write_reads_manifest_lists_within_the_limits_after_a_refresh(write_provider: LocalProvider) -> None:
+    # pyiceberg refreshes the table on a commit conflict and reads the new snapshot's manifest list: through the
+    # refreshed table's FileIO, still within the limits, and named as a manifest list.
+    from sqe.errors import ManifestLimitError
+
+    table = _table(write_provider, "ns.refreshed")
+    writer = writable_table(write_provider.load_table(TableIdent("wh", ("ns",), "refreshed")))
+    table.append(pa.table({"id": [1]}, schema=SCHEMA))  # another writer commits meanwhile
+    writer.refresh()
+    snapshot = writer.current_snapshot()
+    assert snapshot is not None
+    assert [m.added_files_count for m in snapshot.manifests(writer.io)] == [1]
+    Path(snapshot.manifest_list.removeprefix("file://")).write_bytes(b"not an Avro file")
+    with pytest.raises(ManifestLimitError) as raised:
+        snapshot.manifests(writer.io)
+    assert str(raised.value) == (
+        "cannot commit to wh.ns.refreshed: a manifest list of the table is not an Avro container file"
+    )
