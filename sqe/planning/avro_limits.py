@@ -256,17 +256,32 @@ def _deflated(block: bytes, budget: int) -> int:
 
 
 def _bzip2(block: bytes, budget: int) -> int:
+    """Every stream in the block, as pyiceberg's codec (``bz2.decompress``) inflates them all; bytes after the
+    first stream that start no stream are ignored there too."""
+    total, pending = _bzip2_stream(block, budget)
+    while pending and total <= budget:
+        try:
+            size, pending = _bzip2_stream(pending, budget - total)
+        except MalformedAvroError:
+            break
+        total += size
+    return total
+
+
+def _bzip2_stream(data: bytes, budget: int) -> tuple[int, bytes]:
+    """The bytes one stream at the start of ``data`` inflates to (at most budget + 1) and the bytes after it."""
     decompressor = bz2.BZ2Decompressor()
 
-    def feed(data: bytes, limit: int) -> bytes:
+    def feed(chunk: bytes, limit: int) -> bytes:
         if decompressor.eof:
             return b""
         try:
-            return decompressor.decompress(data, limit)
+            return decompressor.decompress(chunk, limit)
         except (OSError, EOFError):
             raise MalformedAvroError from None
 
-    return _inflated_by(feed, block, budget)
+    size = _inflated_by(feed, data, budget)
+    return size, decompressor.unused_data if decompressor.eof else b""
 
 
 def _zstandard(block: bytes, budget: int) -> int:

@@ -53,3 +53,11 @@ def test_snappy_is_sized_by_the_length_it_states() -> None:
 def test_a_file_that_is_not_an_avro_container_is_malformed(data: bytes) -> None:
     with pytest.raises(MalformedAvroError):
         inflated_size(data, 1 << 30)
+
+
+def test_a_bzip2_block_of_several_streams_counts_them_all() -> None:
+    # Before: the walk stopped at the first stream's end, but pyiceberg's bzip2 codec (bz2.decompress) inflates
+    # every stream of a block: a tiny first stream hid any size after it.
+    block = bz2.compress(b"x") + bz2.compress(PLAIN) + b"\0\0"  # trailing bytes that are no stream are ignored
+    assert inflated_size(avro_container(b"bzip2", block), 10 * len(PLAIN)) == 1 + len(PLAIN)
+    assert inflated_size(avro_container(b"bzip2", block), len(PLAIN) // 2) > len(PLAIN) // 2
