@@ -31,6 +31,7 @@ from pyiceberg import exceptions as ice
 from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.manifest import ManifestFile
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import StagedTable, Table
@@ -1285,16 +1286,28 @@ class WarehouseTables:
             files.add(snapshot.manifest_list)
             if not own(snapshot.manifest_list):
                 continue
-            try:
-                for manifest in snapshot.manifests(io):
-                    files.add(manifest.manifest_path)
-                    if own(manifest.manifest_path):
+            manifests: list[ManifestFile] = []
+            with _unread_logged(shown):
+                manifests = snapshot.manifests(io)
+            for manifest in manifests:
+                files.add(manifest.manifest_path)
+                if own(manifest.manifest_path):
+                    # One refused manifest leaves only the files it names: the list's next manifests are read.
+                    with _unread_logged(shown):
                         entries = manifest.fetch_manifest_entry(io, discard_deleted=False)
                         files.update(entry.data_file.file_path for entry in entries)
-            except Exception as exc:  # a missing or corrupt file must not stop the rest of the purge
-                why = exc.message if isinstance(exc, ManifestLimitError) else type(exc).__name__  # names no path
-                log.warning("purge of %s could not read a manifest: %s", shown, why)
         return files
+
+
+@contextmanager
+def _unread_logged(shown: str) -> Iterator[None]:
+    """A purge's read of a manifest list or manifest: a missing, corrupt or refused file is logged (naming the
+    table ``shown``, never the file's path) and must not stop the rest of the purge."""
+    try:
+        yield
+    except Exception as exc:
+        why = exc.message if isinstance(exc, ManifestLimitError) else type(exc).__name__
+        log.warning("purge of %s could not read a manifest: %s", shown, why)
 
 
 def pointer_directory(metadata_location: str) -> str:
