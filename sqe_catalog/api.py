@@ -104,6 +104,7 @@ from sqe_catalog.tables import (
     parse_create_body,
     validate_namespace,
     validate_table_name,
+    with_default_properties,
 )
 from sqe_catalog.vending import CredentialVendor
 from sqe_catalog.views import StoredView, ViewStore, validate_view_name
@@ -812,6 +813,7 @@ def _commit_create(call: _Call, namespace: Namespace, name: str, commit: CommitB
     call.require(Privilege.TABLE_CREATE, namespace)
     _refuse_view_name(call, namespace, name)
     tables = call.warehouse.tables
+    commit = with_default_properties(commit, call.state.config.server.default_table_properties)
     pending = tables.pending_commit_create(namespace, name, commit)
     # Its assert-create refuses a table that appears meanwhile.
     table, restricted = _gated(call, "create", pending, lambda: tables.commit_table(namespace, name, commit))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -111,6 +111,7 @@ __all__ = [
     "validate_client_model",
     "validate_namespace",
     "validate_table_name",
+    "with_default_properties",
 ]
 
 log = logging.getLogger("sqe_catalog.tables")
@@ -579,6 +580,14 @@ def _without_format_upgrades(updates: tuple[TableUpdate, ...]) -> tuple[TableUpd
 def is_create_transaction(commit: CommitBody) -> bool:
     """Whether the commit is a create transaction's (its requirements assert that no table exists)."""
     return any(isinstance(r, AssertCreate) for r in commit.requirements)
+
+
+def with_default_properties(commit: CommitBody, defaults: Mapping[str, str]) -> CommitBody:
+    """A create transaction's commit with the server's default table properties set first, as a create merges
+    them under its own: the commit's own set-properties, applied after, win."""
+    if not defaults:
+        return commit
+    return commit.model_copy(update={"updates": (SetPropertiesUpdate(updates=dict(defaults)), *commit.updates)})
 
 
 @contextmanager

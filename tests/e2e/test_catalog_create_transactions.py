@@ -197,3 +197,17 @@ def test_a_create_transaction_pins_the_new_table(catalog_server: CatalogServer, 
                 (ns, name),
             ).fetchone()
         assert pin == (table.metadata_location, properties.get("encryption.key-id")), name
+
+
+def test_a_create_transaction_gets_the_default_table_properties_as_a_create_does(admin: Client) -> None:
+    # Before: the server's default_table_properties were merged only into POST .../tables; a create transaction
+    # sent without a stage-create (whose answer carries them) made a table without them.
+    ns = namespace(admin)
+    created = admin.create_transaction(ns, "plain")
+    assert created.status_code == 200, created.text
+    assert created.json()["metadata"]["properties"]["write.parquet.compression-codec"] == "zstd"
+    own = admin.create_transaction(ns, "own", properties={"write.parquet.compression-codec": "snappy"})
+    assert own.status_code == 200, own.text
+    assert own.json()["metadata"]["properties"]["write.parquet.compression-codec"] == "snappy", "the commit's wins"
+    loaded = admin.request("GET", f"namespaces/{ns}/tables/plain").json()["metadata"]["properties"]
+    assert loaded["write.parquet.compression-codec"] == "zstd"
