@@ -304,6 +304,25 @@ def _cleanup_tasks(server: CatalogServer) -> list[dict[str, Any]]:
     return tasks
 
 
+def _bomb_and_purge(server: CatalogServer, ns: str, manifest: str) -> tuple[str, set[str]]:
+    """Turn ``manifest`` into an inflation bomb, drop the table with purge and wait for the cleaner: the limit
+    the refusal names and the objects left under the table."""
+    bucket, _, key = manifest.removeprefix("s3://").partition("/")
+    s3 = server.moto.client("s3")
+    bomb, limit = _oversized_or_bomb("inflated", s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    s3.put_object(Bucket=bucket, Key=key, Body=bomb)
+    url = f"{server.url}/v1/{server.warehouse}/namespaces/{ns}/tables/sales"
+    headers = {"Authorization": f"Bearer {server.token(server.admin)}"}
+    dropped = requests.delete(url, params={"purgeRequested": "true"}, headers=headers, timeout=60)
+    assert dropped.status_code == 204, dropped.text
+    deadline = time.monotonic() + 60
+    while any(t["namespace"] == ns and t["status"] in ("pending", "running") for t in _cleanup_tasks(server)):
+        assert time.monotonic() < deadline, "the cleaner did not finish the purge"
+        time.sleep(0.25)
+    remaining = s3.list_objects_v2(Bucket=bucket, Prefix=key.rsplit("/metadata/", 1)[0])
+    return limit, {f"s3://{bucket}/{o['Key']}" for o in remaining.get("Contents", [])}
+
+
 def test_a_purge_reads_manifests_no_further_than_planning(
     catalog_server: CatalogServer, engine_writer: CatalogPrincipal
 ) -> None:
@@ -313,25 +332,12 @@ def test_a_purge_reads_manifests_no_further_than_planning(
     snapshot = table.current_snapshot()
     assert snapshot is not None
     manifests = [m.manifest_path for m in snapshot.manifests(table.io)]
-    bucket, _, key = manifests[0].removeprefix("s3://").partition("/")
-    s3 = catalog_server.moto.client("s3")
-    bomb, limit = _oversized_or_bomb("inflated", s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    s3.put_object(Bucket=bucket, Key=key, Body=bomb)
-    url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales"
-    headers = {"Authorization": f"Bearer {catalog_server.token(catalog_server.admin)}"}
-    dropped = requests.delete(url, params={"purgeRequested": "true"}, headers=headers, timeout=60)
-    assert dropped.status_code == 204, dropped.text
-    deadline = time.monotonic() + 60
-    while any(t["namespace"] == ns and t["status"] in ("pending", "running") for t in _cleanup_tasks(catalog_server)):
-        assert time.monotonic() < deadline, "the cleaner did not finish the purge"
-        time.sleep(0.25)
+    limit, left = _bomb_and_purge(catalog_server, ns, manifests[0])
     expected = (
         f"could not read a manifest: files it names are not purged: a manifest list or manifest of the table {limit}"
     )
     assert expected in catalog_server.log_path.read_text()
-    remaining = s3.list_objects_v2(Bucket=bucket, Prefix=key.rsplit("/metadata/", 1)[0])
     # the other manifest's data file is deleted; the refused one's is left, never the purge's failure
-    left = {f"s3://{bucket}/{o['Key']}" for o in remaining.get("Contents", [])}
     assert len(left & set(files)) == 1
 
 
@@ -345,26 +351,9 @@ def test_a_purge_refusing_one_manifest_still_deletes_the_files_the_next_manifest
     current = table.current_snapshot()
     assert current is not None
     table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in table.snapshots() if s != current]).commit()
-    table = pyiceberg_catalog(catalog_server, engine_writer).load_table((ns, "sales"))
-    assert len(table.snapshots()) == 1
-    refused, kept = [m.manifest_path for m in current.manifests(table.io)]
-    bucket, _, key = refused.removeprefix("s3://").partition("/")
-    s3 = catalog_server.moto.client("s3")
-    bomb, _limit = _oversized_or_bomb("inflated", s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    kept_files = {
-        e.data_file.file_path
-        for e in next(m for m in current.manifests(table.io) if m.manifest_path == kept).fetch_manifest_entry(table.io)
-    }
-    s3.put_object(Bucket=bucket, Key=key, Body=bomb)
-    url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/sales"
-    headers = {"Authorization": f"Bearer {catalog_server.token(catalog_server.admin)}"}
-    dropped = requests.delete(url, params={"purgeRequested": "true"}, headers=headers, timeout=60)
-    assert dropped.status_code == 204, dropped.text
-    deadline = time.monotonic() + 60
-    while any(t["namespace"] == ns and t["status"] in ("pending", "running") for t in _cleanup_tasks(catalog_server)):
-        assert time.monotonic() < deadline, "the cleaner did not finish the purge"
-        time.sleep(0.25)
-    remaining = s3.list_objects_v2(Bucket=bucket, Prefix=key.rsplit("/metadata/", 1)[0])
-    left = {f"s3://{bucket}/{o['Key']}" for o in remaining.get("Contents", [])}
+    assert len(pyiceberg_catalog(catalog_server, engine_writer).load_table((ns, "sales")).snapshots()) == 1
+    refused, kept = current.manifests(table.io)
+    kept_files = {entry.data_file.file_path for entry in kept.fetch_manifest_entry(table.io)}
+    _limit, left = _bomb_and_purge(catalog_server, ns, refused.manifest_path)
     assert kept_files and not kept_files & left, "the next manifest's data file is deleted"
     assert len(left & set(files)) == 1, "only the refused manifest's data file is left"
