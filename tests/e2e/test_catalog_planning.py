@@ -22,6 +22,9 @@ from tests.conftest import pyiceberg_catalog
 from tests.helpers.avro import avro_long
 
 if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyiceberg.table.snapshots import Snapshot
+
     from tests.conftest import CatalogPrincipal, CatalogServer, MotoServer
 
 pytestmark = pytest.mark.e2e
@@ -304,6 +307,15 @@ def _cleanup_tasks(server: CatalogServer) -> list[dict[str, Any]]:
     return tasks
 
 
+def _two_appends(server: CatalogServer, writer: CatalogPrincipal) -> tuple[str, list[str], Table, Snapshot]:
+    """``_table``'s table as pyiceberg loads it, and its current snapshot."""
+    ns, files = _table(server, writer)
+    table = pyiceberg_catalog(server, writer).load_table((ns, "sales"))
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    return ns, files, table, snapshot
+
+
 def _bomb_and_purge(server: CatalogServer, ns: str, manifest: str) -> tuple[str, set[str]]:
     """Turn ``manifest`` into an inflation bomb, drop the table with purge and wait for the cleaner: the limit
     the refusal names and the objects left under the table."""
@@ -327,10 +339,7 @@ def test_a_purge_reads_manifests_no_further_than_planning(
     catalog_server: CatalogServer, engine_writer: CatalogPrincipal
 ) -> None:
     # Before: the catalog's cleaner read and inflated a manifest of any size to list the files it deletes.
-    ns, files = _table(catalog_server, engine_writer)
-    table = pyiceberg_catalog(catalog_server, engine_writer).load_table((ns, "sales"))
-    snapshot = table.current_snapshot()
-    assert snapshot is not None
+    ns, files, table, snapshot = _two_appends(catalog_server, engine_writer)
     manifests = [m.manifest_path for m in snapshot.manifests(table.io)]
     limit, left = _bomb_and_purge(catalog_server, ns, manifests[0])
     expected = (
@@ -346,10 +355,7 @@ def test_a_purge_refusing_one_manifest_still_deletes_the_files_the_next_manifest
 ) -> None:
     # Before: a refused manifest stopped the reading of its whole manifest list, so the files the manifests listed
     # after it named were left too (here no older snapshot lists them again: it was expired).
-    ns, files = _table(catalog_server, engine_writer)
-    table = pyiceberg_catalog(catalog_server, engine_writer).load_table((ns, "sales"))
-    current = table.current_snapshot()
-    assert current is not None
+    ns, files, table, current = _two_appends(catalog_server, engine_writer)
     table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in table.snapshots() if s != current]).commit()
     assert len(pyiceberg_catalog(catalog_server, engine_writer).load_table((ns, "sales")).snapshots()) == 1
     refused, kept = current.manifests(table.io)
