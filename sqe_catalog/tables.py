@@ -1334,3 +1334,7 @@ def _client_value_errors() -> Iterator[None]:
         raise BadRequestError(f"invalid table update: {exc}") from None
     except KeyError as exc:  # e.g. remove-properties naming a property the table does not have
         raise BadRequestError(f"invalid table update: no such key {exc}") from None
+    except StopIteration:  # pyiceberg's next() over the schemas or specs: a create transaction added none
+        raise BadRequestError(
+            "invalid table update: the table would have no current schema or default partition spec"
+        ) from None

@@ -211,3 +211,23 @@ def test_a_create_transaction_gets_the_default_table_properties_as_a_create_does
     assert own.json()["metadata"]["properties"]["write.parquet.compression-codec"] == "snappy", "the commit's wins"
     loaded = admin.request("GET", f"namespaces/{ns}/tables/plain").json()["metadata"]["properties"]
     assert loaded["write.parquet.compression-codec"] == "zstd"
+
+
+@pytest.mark.parametrize("missing", ["everything", "add-spec", "add-schema", "add-sort-order"])
+def test_a_create_transaction_missing_a_schema_spec_or_sort_order_is_a_400(admin: Client, missing: str) -> None:
+    # Before: pyiceberg looked the new table's default schema, spec or sort order up with next() over an empty
+    # list; the StopIteration surfaced as a 500.
+    ns = namespace(admin)
+    updates: list[dict[str, Any]] = [
+        {"action": "add-schema", "schema": SCHEMA, "last-column-id": 3},
+        {"action": "set-current-schema", "schema-id": -1},
+        {"action": "add-spec", "spec": {"spec-id": 0, "fields": []}},
+        {"action": "set-default-spec", "spec-id": -1},
+        {"action": "add-sort-order", "sort-order": {"order-id": 0, "fields": []}},
+        {"action": "set-default-sort-order", "sort-order-id": -1},
+    ]
+    kept = [] if missing == "everything" else [u for u in updates if u["action"] != missing]
+    body = {"requirements": [{"type": "assert-create"}], "updates": kept}
+    refused = admin.request("POST", f"namespaces/{ns}/tables/t", json=body)
+    assert "BadRequestException: invalid table update" in error_of(refused, 400)
+    assert not admin.exists(ns, "t")
