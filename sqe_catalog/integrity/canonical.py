@@ -30,6 +30,7 @@ import gzip
 import hashlib
 import io
 import json
+import uuid
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -116,10 +117,23 @@ def parse_metadata_bytes(data: bytes) -> ParsedMetadata:
     if not isinstance(raw, dict):
         raise ValueError("table metadata must be a JSON object")
     try:
-        model = TableMetadataUtil.parse_obj(raw)
+        model = TableMetadataUtil.parse_obj(_with_table_uuid(raw))
     except Exception as exc:  # pyiceberg raises its own ValidationError or pydantic's
         raise ValueError(f"invalid table metadata: {type(exc).__name__}") from None
     return ParsedMetadata(model, _complete(model_document(model), raw, top_level=None))
+
+
+# A v1 file may name no table-uuid: the one it gets is derived from its location.
+_V1_TABLE_UUIDS = uuid.UUID("5a1e0c7e-1d3b-4f6e-9c51-3b2a7d9e8f10")
+
+
+def _with_table_uuid(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with a table-uuid: pyiceberg draws a random one for a (v1) file that names none, so every read
+    of the file would name another table, and no commit could assert the one its gate saw."""
+    location = raw.get("location")
+    if "table-uuid" in raw or not isinstance(location, str):
+        return raw
+    return {**raw, "table-uuid": str(uuid.uuid5(_V1_TABLE_UUIDS, location))}
 
 
 def read_metadata_bytes(file_io: FileIO, location: str) -> bytes:

@@ -930,3 +930,25 @@ def test_a_legacy_commit_past_the_metadata_limit_is_refused_unwritten(api: Api, 
     loaded = api.load(ns, "old")
     assert loaded.status_code == 200 and loaded.json()["metadata-location"] == near_limit, "nothing committed"
     assert trusted_row(catalog_server, ns, "old") is None, "still legacy"
+
+
+def test_a_v1_table_whose_metadata_names_no_uuid_takes_commits(api: Api, catalog_server: CatalogServer) -> None:
+    # Before: table-uuid is optional in v1 and pyiceberg drew a random one at every parse, so the gate's uuid never
+    # matched the one the commit read: every commit to such a table was a 409 (and every load named another uuid).
+    ns = api.namespace()
+    created = api.create(ns, "src", {"format-version": "1"})
+    assert created.status_code == 200, created.text
+    document = read_stored(catalog_server, created.json()["metadata-location"])
+    assert document["format-version"] == 1
+    del document["table-uuid"]
+    assert api.request("DELETE", f"namespaces/{ns}/tables/src").status_code == 204
+    location = created.json()["metadata-location"].rsplit("/", 1)[0] + f"/00001-{uuid.uuid4()}.metadata.json"
+    bucket, key = s3_key(location)
+    catalog_server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(document).encode())
+    assert _register(api, ns, "src", location).status_code == 200
+    first, again = (api.load(ns, "src").json()["metadata"]["table-uuid"] for _ in range(2))
+    assert first == again, "one uuid for the table, load after load"
+    committed = api.set_properties(ns, "src", owner="me")
+    assert committed.status_code == 200, committed.text
+    assert read_stored(catalog_server, committed.json()["metadata-location"])["table-uuid"] == first
+    assert api.set_properties(ns, "src", owner="you").status_code == 200
