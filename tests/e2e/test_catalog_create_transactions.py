@@ -30,6 +30,18 @@ pytestmark = pytest.mark.e2e
 DECLARED = {"X-Gravitino-Client-Capabilities": "read-restrictions.v1"}
 
 
+def table_updates() -> list[dict[str, Any]]:
+    """A create transaction's schema, unpartitioned spec and unsorted order, each added and made the default."""
+    return [
+        {"action": "add-schema", "schema": SCHEMA, "last-column-id": 3},
+        {"action": "set-current-schema", "schema-id": -1},
+        {"action": "add-spec", "spec": {"spec-id": 0, "fields": []}},
+        {"action": "set-default-spec", "spec-id": -1},
+        {"action": "add-sort-order", "sort-order": {"order-id": 0, "fields": []}},
+        {"action": "set-default-sort-order", "sort-order-id": -1},
+    ]
+
+
 class Client:
     """Raw REST calls of one bearer token in the session's warehouse."""
 
@@ -55,12 +67,7 @@ class Client:
         updates: list[dict[str, Any]] = [
             {"action": "assign-uuid", "uuid": str(uuid.uuid4())},
             {"action": "upgrade-format-version", "format-version": 2},
-            {"action": "add-schema", "schema": SCHEMA, "last-column-id": 3},
-            {"action": "set-current-schema", "schema-id": -1},
-            {"action": "add-spec", "spec": {"spec-id": 0, "fields": []}},
-            {"action": "set-default-spec", "spec-id": -1},
-            {"action": "add-sort-order", "sort-order": {"order-id": 0, "fields": []}},
-            {"action": "set-default-sort-order", "sort-order-id": -1},
+            *table_updates(),
         ]
         if location is not None:
             updates.append({"action": "set-location", "location": location})
@@ -218,15 +225,7 @@ def test_a_create_transaction_missing_a_schema_spec_or_sort_order_is_a_400(admin
     # Before: pyiceberg looked the new table's default schema, spec or sort order up with next() over an empty
     # list; the StopIteration surfaced as a 500.
     ns = namespace(admin)
-    updates: list[dict[str, Any]] = [
-        {"action": "add-schema", "schema": SCHEMA, "last-column-id": 3},
-        {"action": "set-current-schema", "schema-id": -1},
-        {"action": "add-spec", "spec": {"spec-id": 0, "fields": []}},
-        {"action": "set-default-spec", "spec-id": -1},
-        {"action": "add-sort-order", "sort-order": {"order-id": 0, "fields": []}},
-        {"action": "set-default-sort-order", "sort-order-id": -1},
-    ]
-    kept = [] if missing == "everything" else [u for u in updates if u["action"] != missing]
+    kept = [] if missing == "everything" else [u for u in table_updates() if u["action"] != missing]
     body = {"requirements": [{"type": "assert-create"}], "updates": kept}
     refused = admin.request("POST", f"namespaces/{ns}/tables/t", json=body)
     assert "BadRequestException: invalid table update" in error_of(refused, 400)
