@@ -653,7 +653,7 @@ def _table_response(
     parts.append(f'"metadata":{_metadata_json(table, snapshots)}')
     config = _client_config(call, table) if access is not None else {}
     credentials = _storage_credentials(call, table, access) if access is not None else []
-    if credentials and call.state.polaris_compat:  # Polaris also copies the vended keys into config
+    if credentials and _credential_in_config(call, table):
         config.update(credentials[0]["config"])
     parts.append(f'"config":{json.dumps(config)}')
     if access is not None:
@@ -664,6 +664,14 @@ def _table_response(
     if table.metadata_location is not None:
         headers["ETag"] = _etag_for(call, table, snapshots, access, restricted.digest if restricted else "")
     return Response("{" + ",".join(parts) + "}", 200, headers, media_type=_JSON)
+
+
+def _credential_in_config(call: _Call, table: StoredTable) -> bool:
+    """Whether the vended keys go into ``config`` too: always in Polaris mode (Polaris copies them into every
+    LoadTableResult), else for a staged table only. pyiceberg picks a ``storage-credentials`` entry by the answer's
+    metadata-location, which a staged table lacks: without the copy, a create transaction's appends write without
+    keys. The copy is the entry's own credential (same caller, scope and expiry): nobody gains a key by it."""
+    return call.state.polaris_compat or table.metadata_location is None
 
 
 def _etag_for(

@@ -6,20 +6,25 @@ with a table, a dropped table's files, a reserved place, another namespace's are
 starts with. Each test sends the raw commit of a create transaction (what pyiceberg's
 ``create_table_transaction`` sends once its stage-create returned), so no stage-create gates it first. Only the
 gate was missing; the location checks and the pin already held for create transactions and are pinned down here.
+The stage-create tests at the end check what pyiceberg's own create transaction needs from the stage-create
+answer: its vended credential in ``config`` too, for exactly the callers it goes to in ``storage-credentials``.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pytest
 import requests
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from tests.conftest import pyiceberg_catalog
+import sqe.api
+from tests.conftest import pyiceberg_catalog, write_sqe_config
 from tests.unit.sqe_catalog.test_restrictions import SCHEMA  # id, email, region
 
 if TYPE_CHECKING:
@@ -28,6 +33,8 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.e2e
 
 DECLARED = {"X-Gravitino-Client-Capabilities": "read-restrictions.v1"}
+VENDED = {"X-Iceberg-Access-Delegation": "vended-credentials"}
+CREDENTIAL_KEYS = ("s3.access-key-id", "s3.secret-access-key", "s3.session-token", "s3.session-token-expires-at-ms")
 
 
 def table_updates() -> list[dict[str, Any]]:
@@ -230,3 +237,78 @@ def test_a_create_transaction_missing_a_schema_spec_or_sort_order_is_a_400(admin
     refused = admin.request("POST", f"namespaces/{ns}/tables/t", json=body)
     assert "BadRequestException: invalid table update" in error_of(refused, 400)
     assert not admin.exists(ns, "t")
+
+
+def stage_create(client: Client, server: CatalogServer, ns: str, name: str, headers: dict[str, str]) -> dict[str, Any]:
+    """A stage-create's answer (200 asserted); its vended secrets join ``server.secrets``."""
+    body = {"name": name, "schema": SCHEMA, "stage-create": True}
+    staged = client.request("POST", f"namespaces/{ns}/tables", json=body, headers=headers)
+    assert staged.status_code == 200, staged.text
+    answer: dict[str, Any] = staged.json()
+    for config in [answer["config"], *(c["config"] for c in answer.get("storage-credentials", []))]:
+        server.secrets.update(config[key] for key in ("s3.secret-access-key", "s3.session-token") if key in config)
+    return answer
+
+
+def vended_keys(config: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in config.items() if key in CREDENTIAL_KEYS}
+
+
+@pytest.mark.usefixtures("bogus_aws_env")
+def test_a_pyiceberg_create_transaction_appends_with_the_staged_tables_credential(
+    admin: Client, catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path
+) -> None:
+    # Before: the stage-create answer carried its vended credential in storage-credentials only; pyiceberg picks
+    # an entry there by the answer's metadata-location, which a staged table has none of, so the append wrote
+    # with the (bogus) ambient keys and failed. Now the credential is in config too, as Polaris sends it.
+    ns = namespace(admin)
+    catalog = pyiceberg_catalog(catalog_server, engine_writer)
+    schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "region", StringType()))
+    rows = pa.table({"id": pa.array([1, 2], pa.int64()), "region": ["EU", "US"]})
+    transaction = catalog.create_table_transaction(f"{ns}.orders", schema)
+    transaction.append(rows)
+    transaction.commit_transaction()
+    read = catalog.load_table(f"{ns}.orders").scan().to_arrow().sort_by("id")
+    assert read.to_pylist() == [{"id": 1, "region": "EU"}, {"id": 2, "region": "US"}]
+    config = write_sqe_config(tmp_path / "sqe.toml", catalog_server.url, engine_writer, catalog_server.moto)
+    with sqe.api.connect(config) as session:
+        assert session.sql(f"SELECT id, region FROM {ns}.orders ORDER BY id").fetchall() == [(1, "EU"), (2, "US")]
+
+
+def test_a_stage_create_puts_its_storage_credential_in_config_too(
+    admin: Client, catalog_server: CatalogServer, engine_writer: CatalogPrincipal
+) -> None:
+    ns = namespace(admin)
+    writer = Client(catalog_server, catalog_server.token(engine_writer))
+    staged = stage_create(writer, catalog_server, ns, "t", VENDED)
+    [entry] = staged["storage-credentials"]
+    assert entry["prefix"] == staged["metadata"]["location"]
+    assert vended_keys(staged["config"]) == entry["config"], "the same credential, with its expiry"
+    assert set(entry["config"]) == set(CREDENTIAL_KEYS)
+    assert "s3.endpoint" in staged["config"], "the client settings stay"
+    undelegated = stage_create(writer, catalog_server, ns, "u", {})
+    assert not vended_keys(undelegated["config"]) and "storage-credentials" not in undelegated
+
+
+def test_a_stage_create_vends_into_config_only_to_whom_storage_credentials_go(
+    admin: Client, catalog_server: CatalogServer, catalog_reader: CatalogPrincipal
+) -> None:
+    ns = namespace(admin)
+    create_only = catalog_server.principal_with_grants(unique("create_only"), [("TABLE_CREATE", ns, None)])
+    no_data = Client(catalog_server, catalog_server.token(create_only))
+    body = {"name": "t", "schema": SCHEMA, "stage-create": True}
+    refused = no_data.request("POST", f"namespaces/{ns}/tables", json=body, headers=VENDED)
+    assert "TABLE_READ_DATA" in error_of(refused, 403), "no data grant: no credential, in either place"
+    assert not vended_keys(stage_create(no_data, catalog_server, ns, "t", {})["config"])
+    restricted = namespace(admin)
+    restrict_new_tables(admin, restricted)
+    user = creator(catalog_server, restricted)
+    own = Client(catalog_server, catalog_server.token(user))
+    path = f"namespaces/{restricted}/tables"
+    assert "trusted reader" in error_of(own.request("POST", path, json=body, headers={**VENDED, **DECLARED}), 403)
+    error_of(own.request("POST", path, json=body, headers=VENDED), 406)
+    via_reader = Client(catalog_server, catalog_server.delegated_token(user, catalog_reader))
+    served = stage_create(via_reader, catalog_server, restricted, "t", {**VENDED, **DECLARED})
+    [entry] = served["storage-credentials"]
+    assert served["read-restrictions"], "served through the trusted reader, restrictions attached"
+    assert vended_keys(served["config"]) == entry["config"], "the reader's own (read-only) credential, nothing more"

@@ -21,6 +21,7 @@ from sqe.credentials import (
     vended_sets,
 )
 from sqe.credentials.model import has_key_pair
+from sqe.distributed.coordinator.credentials import ticket_sets
 from sqe.errors import CatalogProtocolError, NoVendedCredentialsError
 
 STATIC_KEY, STATIC_SECRET, STATIC_TOKEN = "AKIASTATIC", "static-secret-4b1", "static-token-8c2"
@@ -275,6 +276,19 @@ class TestMergeOrder:
         resolved = _resolve("s3://b/t1/x", config, [cred], _config())
         assert "s3.session-token" not in resolved.properties
         assert resolved.expires_at_ms is None and resolved.prefix == "s3://b/t1"
+
+    @pytest.mark.parametrize("static", [False, True])
+    def test_one_credential_sent_in_config_and_storage_credentials_stays_vended_and_whole(self, static: bool) -> None:
+        # A stage-create answer (and every Polaris answer) carries its one credential in both places: the same
+        # keys twice, neither mixed with SQE's static pair nor dropped as a conflict.
+        config = {"s3.endpoint": "http://config:1", **T1["config"]}
+        resolved = _resolve("s3://b/t1/x", config, [T1], _static_config() if static else _config())
+        assert (resolved.source, resolved.prefix, resolved.expires_at_ms) == ("vended", "s3://b/t1", int(EXPIRES_MS))
+        credential = {k: v for k, v in resolved.properties.items() if k in _keys("k", "s", "t")}
+        assert credential == _keys("V1", V1_SECRET, V1_TOKEN)
+        policy = StoragePolicy.from_config(_config())
+        tickets = ticket_sets(_parsed(config, [T1]).sets, "s3://b/t1", policy, 0.0, "load-table")
+        assert [c.prefix for c in tickets.credentials] == ["s3://b/t1"] and not tickets.dropped
 
     def test_step3_sqe_settings_win(self) -> None:
         config = {"s3.endpoint": "http://config:1", "s3.region": "eu-west-1", "s3.path-style-access": "false"}
