@@ -62,6 +62,20 @@ _AUTHORIZATION = re.compile(
     re.IGNORECASE,
 )
 
+# A bearer token without its header's name (a catalog's "Invalid token Bearer eyJ..."): a word with a digit or
+# one past the length of an English one, so "use Bearer or Basic" stays.
+_BEARER = re.compile(r"(?P<head>\bbearer\s+)(?P<token>[\w.~+/-]+=*)", re.IGNORECASE)
+_BEARER_WORD = re.compile(r"[A-Za-z]{1,19}[.,;:]?")
+# A JSON Web Token anywhere (a quoted string DuckDB echoes, a catalog's message): its base64url header starts
+# ``eyJ``. A token starts only where a run of its characters does, so each run is looked at once.
+_JWT = re.compile(r"(?<![\w-])eyJ[\w-]*\.[\w-]+\.[\w-]*")
+# ``"name": "value"`` in JSON or ``'name': 'value'`` in a dict's repr (an OAuth answer, a client's options quoted
+# in an error); an escaped quote stays in the value. Each value runs to its own closing quote: linear time.
+_QUOTED_MEMBER = re.compile(
+    r"(?P<head>(?P<quote>['\"])(?P<name>[\w.-]+)(?P=quote)\s*:\s*b?)"
+    r"(?P<value>\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*')"
+)
+
 
 def first_line(value: BaseException | str, *, limit: int | None = None) -> str:
     """The first non-empty line of an exception's (or a string's) text; the exception's type name if empty.
@@ -134,6 +148,11 @@ def redact_credentials(text: str) -> str:
         text = _USERINFO.sub(_redacted_userinfo, text)
         text = _BARE_USERINFO.sub(_redacted_value, text)
     text = _AUTHORIZATION.sub(_redacted_value, text)  # first: its value follows the scheme, after a blank
+    text = _BEARER.sub(_redacted_bearer, text)
+    if "eyJ" in text:
+        text = _JWT.sub(REDACTED, text)
+    if ":" in text:
+        text = _QUOTED_MEMBER.sub(_redacted_member, text)
     if "=" in text:
         text = _QUERY_PARAMETER.sub(_redacted_parameter, text)
     return text
@@ -147,6 +166,18 @@ def _redacted_userinfo(match: re.Match[str]) -> str:
 
 def _redacted_value(match: re.Match[str]) -> str:
     return match["head"] + REDACTED
+
+
+def _redacted_bearer(match: re.Match[str]) -> str:
+    return match[0] if _BEARER_WORD.fullmatch(match["token"]) else match["head"] + REDACTED
+
+
+def _redacted_member(match: re.Match[str]) -> str:
+    value = match["value"]
+    # an Authorization value's scheme was kept by its own rule
+    if REDACTED in value or not names_secret(match["name"]):
+        return match[0]
+    return match["head"] + value[0] + REDACTED + value[0]
 
 
 def _redacted_parameter(match: re.Match[str]) -> str:

@@ -195,6 +195,27 @@ def test_duckdb_error_text_in_debug_log_hides_the_credential(config: Path, caplo
     assert_no_secret(error + caplog.text)
 
 
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.jwtSIGsecret42"
+
+
+TOKEN_STATEMENTS = [
+    f"SELECT CAST('Bearer {JWT}' AS INTEGER)",  # Conversion Error
+    f"SELECT 'Authorization: Bearer {JWT}'::DATE",
+    f"SELECT CAST('{JWT}' AS INTEGER)",
+    f'SELECT "Bearer {JWT}"',  # Binder Error: the identifier quoted
+    f"""SELECT CAST('{{"access_token": "{JWT}", "token_type": "bearer"}}' AS INTEGER)""",
+]
+
+
+@pytest.mark.parametrize("sql", TOKEN_STATEMENTS)
+def test_duckdb_errors_quoting_a_token_in_a_string_hide_it(config: Path, sql: str) -> None:
+    """DuckDB's Conversion and Binder errors echo a string whole: a bearer token or a JWT in it is taken out."""
+    with sqe.api.connect(config) as session:
+        text = failure(session, sql)
+    assert "Error" in text and "***" in text, text
+    assert "jwtSIGsecret42" not in text and "eyJzdWIi" not in text, text
+
+
 def test_storage_endpoint_with_userinfo_is_refused_without_echo(
     tmp_path: Path, engine_writer: CatalogPrincipal, catalog_server: CatalogServer
 ) -> None:

@@ -73,6 +73,15 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         " token=",
         "authorization: ",
         "Authorization=Bearer ",
+        "bearer ",
+        "Bearer 1",
+        "eyJa.",
+        "eyJ",
+        "eyJa.b",
+        "'a': '",
+        '"a":"',
+        '"token": "\\',
+        "'token':'",
     ],
 )
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
@@ -130,6 +139,40 @@ def test_redact_credentials_drops_a_connection_string_credential() -> None:
     assert redact_credentials("secret_access_key='s k'; region='eu'") == "secret_access_key=***; region='eu'"
     assert "T0K" not in redact_credentials("header Authorization=Bearer T0K")
     for kept in ("SELECT 1 AS key, 2 AS token", "WHERE key=1", "'key=value'", "region=eu-west-1 keys=3"):
+        assert redact_credentials(kept) == kept
+
+
+def test_redact_credentials_drops_a_bearer_token_and_a_jwt_anywhere() -> None:
+    """A catalog's ErrorModel message or a DuckDB error quoting a string may hold a token with no header name."""
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"
+    assert redact_credentials(f'{{"error": {{"message": "Invalid token Bearer {jwt}", "code": 401}}}}') == (
+        '{"error": {"message": "Invalid token Bearer ***", "code": 401}}'
+    )
+    assert redact_credentials("Malformed Authorization header: bearer tok-123") == (
+        "Malformed Authorization header: bearer ***"
+    )
+    assert redact_credentials(f"invalid bearer token '{jwt}' (expired)") == "invalid bearer token '***' (expired)"
+    assert redact_credentials(f"principal from {jwt}.") == "principal from ***."
+    assert redact_credentials("Bearer abcdefghijklmnopqrstuvwxyz") == "Bearer ***"  # long: a token, no word
+    for kept in (
+        "unsupported authorization scheme 'Digest'; use Bearer or Basic",
+        "send a Bearer token in the Authorization header",
+        "Bearer authentication failed.",
+        "eyJ is no token",
+    ):
+        assert redact_credentials(kept) == kept
+
+
+def test_redact_credentials_drops_a_credential_member_of_json_or_a_dict_repr() -> None:
+    """An OAuth answer, a catalog's config or a client's options quoted in an error as JSON or a dict's repr."""
+    body = '{"access_token": "abc123", "expires_in": 3600, "client_secret":"s\\"x"}'
+    assert redact_credentials(body) == '{"access_token": "***", "expires_in": 3600, "client_secret":"***"}'
+    assert redact_credentials("input {'s3.secret-access-key': 'wJal/K7', 's3.region': 'eu'}") == (
+        "input {'s3.secret-access-key': '***', 's3.region': 'eu'}"
+    )
+    # a header's scheme stays, as the Authorization rule leaves it
+    assert redact_credentials("{'Authorization': 'Basic dXNlcjpwYXNz'}") == "{'Authorization': 'Basic ***'}"
+    for kept in ('{"key": "k1", "type": "NotFound"}', "{'name': 'token', 'code': 404}"):
         assert redact_credentials(kept) == kept
 
 

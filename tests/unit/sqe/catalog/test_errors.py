@@ -153,3 +153,23 @@ def test_a_commit_of_unknown_outcome_is_never_a_plain_unavailable_error(server: 
     assert mapped.status == 502 and "it may have landed" in str(mapped) and "HTTP 502" in str(mapped)
     unanswered = translate_error(CommitStateUnknownException("commit outcome unknown: timed out"), "commit to wh.ns.t")
     assert type(unanswered) is CommitStateUnknownError and unanswered.status is None
+
+
+_JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJib2IifQ.catalogSIGsecret9"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Polaris's and Lakekeeper's ErrorModel, the token named by its scheme or quoted bare
+        {"error": {"message": f"Invalid token Bearer {_JWT}", "type": "NotAuthorizedException", "code": 401}},
+        {"error": {"message": f"token '{_JWT}' is expired", "type": "UnauthorizedException", "code": 401}},
+        # Gravitino's shape has no "error" member: the body's own first line is quoted
+        {"code": 1002, "type": "UnauthorizedException", "message": f"Bearer {_JWT} rejected", "stack": []},
+        {"code": 1002, "message": "bad request", "request": {"access_token": "opaqueTOKEN123secret"}},
+    ],
+)
+def test_a_catalog_answer_quoting_a_token_never_shows_it(server: tuple[str, type[_Answer]], body: object) -> None:
+    mapped = error_for_status(answer(server, 401, json.dumps(body).encode(), "application/json"), "table wh.ns.t")
+    shown = f"{mapped} {mapped!r}"
+    assert "***" in shown and "catalogSIGsecret9" not in shown and "opaqueTOKEN123secret" not in shown, shown
