@@ -133,7 +133,9 @@ def names_secret(word: str) -> bool:
     if SECRET_PARTS & parts:
         return True
     keyed = "key" in parts and bool(KEY_QUALIFIERS & parts)
-    return keyed or any(f"{qualifier}key" in parts for qualifier in KEY_QUALIFIERS)
+    # all one word in one case (awsaccesskeyid, ACCOUNTKEY) has no parts to split; "idkey" is too short to look for
+    joined = any(f"{qualifier}key" in lowered for qualifier in KEY_QUALIFIERS if len(qualifier) > 2)
+    return keyed or joined or any(f"{qualifier}key" in parts for qualifier in KEY_QUALIFIERS)
 
 
 def redact_credentials(text: str) -> str:

@@ -176,6 +176,14 @@ def test_redact_credentials_drops_a_credential_member_of_json_or_a_dict_repr() -
         assert redact_credentials(kept) == kept
 
 
+def test_redact_credentials_reads_a_credential_key_name_in_any_case() -> None:
+    """A lower-cased URL (a proxy's log, a case-folding message) names SigV2's AWSAccessKeyId all in one word."""
+    presigned = "https://b.s3/k?awsaccesskeyid=AKIA1&expires=1&signature=s"
+    assert redact_credentials(presigned) == "https://b.s3/k?awsaccesskeyid=***&expires=1&signature=***"
+    assert redact_credentials("'ACCOUNTKEY=k3y;accountname=a'") == "'ACCOUNTKEY=***;accountname=a'"
+    assert redact_credentials("'sortkey=a primarykey=b keyid=c'") == "'sortkey=a primarykey=b keyid=c'"
+
+
 def test_sqe_errors_never_hold_a_url_credential() -> None:
     error = QueryError("cannot read http://alice:hunter22@h/x?sig=abc")
     for text in (str(error), repr(error), str(pickle.loads(pickle.dumps(error)))):
