@@ -43,9 +43,9 @@ REDACTED = "***"
 _USERINFO = re.compile(
     r"(?P<head>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*://[^/?#@\s'\"`:\[\]]*:)(?![0-9]+[/?#])(?P<tail>[^\s'\"`]*)"
 )
-# ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password has
-# no ``@``, ``/`` or backslash here (``C:\dir\a@b`` is a path), and a name follows the ``@``.
-_BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\@:]+(?=@[\w\[])")
+# ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password runs
+# to the last ``@`` before a ``:``, ``/``, backslash (``C:\dir\a@b`` is a path) or blank, and a name follows it.
+_BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\:]+(?=@[\w\[])")
 # ``?name=value`` or ``&name=value`` (``;`` too, and ``#``: an OAuth fragment's ``#access_token=``): a query
 # parameter, wherever a message quotes a URL; or ``name=value`` starting a word or a quoted string, as connection
 # strings write them (``password=...``, Azure's ``AccountKey=...``); a quoted value goes whole. A name never
@@ -58,7 +58,8 @@ _QUERY_PARAMETER = re.compile(
 # "authorization: principal lacks ..." is a message.
 _AUTHORIZATION = re.compile(
     r"(?P<head>\b(?:proxy-)?authorization\w*['\"]?\s*[:=,]\s*b?['\"]?"
-    r"(?:bearer|basic|digest|negotiate|ntlm|token|oauth|sharedkey|aws4-hmac-sha256)\s+)[^\r\n'\"`]+",
+    r"(?:bearer|basic|digest|negotiate|ntlm|token|oauth|sharedkey(?:lite)?|aws4-hmac-sha256|goog4-(?:hmac|rsa)-sha256"
+    r"|aws(?=\s+[\w-]+:))\s+)[^\r\n'\"`]+",
     re.IGNORECASE,
 )
 

@@ -184,6 +184,19 @@ def test_redact_credentials_reads_a_credential_key_name_in_any_case() -> None:
     assert redact_credentials("'sortkey=a primarykey=b keyid=c'") == "'sortkey=a primarykey=b keyid=c'"
 
 
+def test_redact_credentials_drops_signed_authorization_schemes_and_a_bare_password_with_an_at() -> None:
+    """SigV2's ``AWS id:signature``, GCS's HMAC and Azure's SharedKeyLite headers; DuckDB's file:// authority error
+    quoting a password that holds an '@'."""
+    for header, scheme in (
+        ("Authorization: AWS AKIAIOSFODNN7EXAMPLE:frJIUN8DYpKDtOLCwo//yllqDzg=", "AWS"),
+        ("Authorization: GOOG4-HMAC-SHA256 Credential=GOOG1E/x, Signature=abc", "GOOG4-HMAC-SHA256"),
+        ("Authorization: SharedKeyLite acct:c2lnbmF0dXJl", "SharedKeyLite"),
+    ):
+        assert redact_credentials(header) == f"Authorization: {scheme} ***"
+    assert redact_credentials("authorization: AWS credentials missing") == "authorization: AWS credentials missing"
+    assert redact_credentials("got: alice:p@ss@127.0.0.1:9") == "got: alice:***@127.0.0.1:9"
+
+
 def test_sqe_errors_never_hold_a_url_credential() -> None:
     error = QueryError("cannot read http://alice:hunter22@h/x?sig=abc")
     for text in (str(error), repr(error), str(pickle.loads(pickle.dumps(error)))):
