@@ -35,13 +35,15 @@ KEY_QUALIFIERS = frozenset(
 _PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key; KEY_ID: KEY, ID
 REDACTED = "***"
 # ``scheme://user:password@``: the password runs to the last ``@`` before a blank or a quote (an unescaped ``@``
-# or ``/`` in a password must not leave its tail); the user part has no ``/``, so a path's ``@`` is not userinfo,
+# or ``/`` in a password must not leave its tail; a ``'`` followed by more of the word is the password's, as RFC
+# 3986 allows and DuckDB echoes a literal's ``''``); the user part has no ``/``, so a path's ``@`` is not userinfo,
 # nor ``[``, so an IPv6 host is no user; digits then ``/``, ``?`` or ``#`` are a port (as every URL parser reads
 # them). Linear time on any text: a scheme starts only where a run of letters and digits does (after a ``+``,
 # ``.`` or ``-`` of ``svn+ssh``, which is left as it was), and the text up to the blank is taken whole, its last
 # ``@`` found by :func:`_redacted_userinfo` (searching for it from every start takes quadratic time).
 _USERINFO = re.compile(
-    r"(?P<head>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*://[^/?#@\s'\"`:\[\]]*:)(?![0-9]+[/?#])(?P<tail>[^\s'\"`]*)"
+    r"(?P<head>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*://[^/?#@\s'\"`:\[\]]*:)(?![0-9]+[/?#])"
+    r"(?P<tail>[^\s'\"`]*(?:'[^\s'\"`]+)*)"
 )
 # ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password runs
 # to the last ``@`` before a ``:``, ``/``, backslash (``C:\dir\a@b`` is a path) or blank, and a name follows it.

@@ -201,6 +201,7 @@ JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.jwtSIGsecret42"
 TOKEN_STATEMENTS = [
     f"SELECT CAST('Bearer {JWT}' AS INTEGER)",  # Conversion Error
     f"SELECT 'Authorization: Bearer {JWT}'::DATE",
+    "SELECT CAST('http://alice:jwtSIG''secret42@127.0.0.1/x' AS INTEGER)",  # a password with a quote, echoed
     f"SELECT CAST('{JWT}' AS INTEGER)",
     f'SELECT "Bearer {JWT}"',  # Binder Error: the identifier quoted
     f"""SELECT CAST('{{"access_token": "{JWT}", "token_type": "bearer"}}' AS INTEGER)""",
@@ -209,11 +210,12 @@ TOKEN_STATEMENTS = [
 
 @pytest.mark.parametrize("sql", TOKEN_STATEMENTS)
 def test_duckdb_errors_quoting_a_token_in_a_string_hide_it(config: Path, sql: str) -> None:
-    """DuckDB's Conversion and Binder errors echo a string whole: a bearer token or a JWT in it is taken out."""
+    """DuckDB's Conversion and Binder errors echo a string whole: a bearer token, a JWT or a URL's password in it
+    is taken out."""
     with sqe.api.connect(config) as session:
         text = failure(session, sql)
     assert "Error" in text and "***" in text, text
-    assert "jwtSIGsecret42" not in text and "eyJzdWIi" not in text, text
+    assert "jwtSIG" not in text and "secret42" not in text and "eyJzdWIi" not in text, text
 
 
 def test_storage_endpoint_with_userinfo_is_refused_without_echo(

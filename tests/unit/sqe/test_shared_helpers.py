@@ -82,6 +82,7 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         '"a":"',
         '"token": "\\',
         "'token':'",
+        "a://u:'x",
     ],
 )
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
@@ -195,6 +196,14 @@ def test_redact_credentials_drops_signed_authorization_schemes_and_a_bare_passwo
         assert redact_credentials(header) == f"Authorization: {scheme} ***"
     assert redact_credentials("authorization: AWS credentials missing") == "authorization: AWS credentials missing"
     assert redact_credentials("got: alice:p@ss@127.0.0.1:9") == "got: alice:***@127.0.0.1:9"
+
+
+def test_redact_credentials_drops_a_password_holding_a_single_quote() -> None:
+    """RFC 3986 allows ``'`` in a password unescaped, and DuckDB echoes a string literal's ``''`` as one ``'``."""
+    assert redact_credentials("string 'http://u:pa'ss@h/x' to INT32") == "string 'http://u:***@h/x' to INT32"
+    assert redact_credentials("read_csv('mysql://root:it's@db/x')") == "read_csv('mysql://root:***@db/x')"
+    # a quote ending the URL is no part of it: the next quoted string's '@' is not the URL's
+    assert redact_credentials("'http://u:pw@h/x' or 'a@b'") == "'http://u:***@h/x' or 'a@b'"
 
 
 def test_sqe_errors_never_hold_a_url_credential() -> None:
