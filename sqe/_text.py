@@ -178,9 +178,9 @@ def _redacted_bearer(match: re.Match[str]) -> str:
 
 
 def _redacted_member(match: re.Match[str]) -> str:
-    value = match["value"]
-    # an Authorization value's scheme was kept by its own rule
-    if REDACTED in value or not names_secret(match["name"]):
+    value, name = match["value"], match["name"]
+    # an Authorization value's scheme was kept by its own rule; any other value holding *** is still a credential
+    if not names_secret(name) or ("authoriz" in name.lower() and REDACTED in value):
         return match[0]
     return match["head"] + value[0] + REDACTED + value[0]
 

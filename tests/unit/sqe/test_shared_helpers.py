@@ -173,6 +173,7 @@ def test_redact_credentials_drops_a_credential_member_of_json_or_a_dict_repr() -
     )
     # a header's scheme stays, as the Authorization rule leaves it
     assert redact_credentials("{'Authorization': 'Basic dXNlcjpwYXNz'}") == "{'Authorization': 'Basic ***'}"
+    assert redact_credentials('{"password": "pa***ss"}') == '{"password": "***"}'  # only a header's scheme stays
     for kept in ('{"key": "k1", "type": "NotFound"}', "{'name': 'token', 'code': 404}"):
         assert redact_credentials(kept) == kept
 
