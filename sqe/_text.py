@@ -55,6 +55,12 @@ _BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\:]+
 _QUERY_PARAMETER = re.compile(
     r"(?P<head>(?P<mark>[?&;#]|(?<![^\s'\"`]))(?P<name>[^=&;#?\s'\"`]+)=)(?:'[^'\n]*'|\"[^\"\n]*\"|[^&;#\s'\"`]*)"
 )
+# ``password = value`` with blanks around the ``=`` (libpq reads it as ``password=value``): only a password's name,
+# as SQL's ``token = 5`` is a comparison. A word's start is tried once, its name found in one pass: linear time.
+_SPACED_PASSWORD = re.compile(
+    r"(?P<head>\b(?:\w*pass(?:wor)?d\w*|pwd)(?:\s+=\s*|\s*=\s+))(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"`;&]+)",
+    re.IGNORECASE,
+)
 # An Authorization header's value after its scheme, to the line's end or a quote, as a header line, a dict's or a
 # tuple's repr shows it (AWS's holds the credential and the signature, comma-separated). Only with a scheme named:
 # "authorization: principal lacks ..." is a message.
@@ -160,6 +166,7 @@ def redact_credentials(text: str) -> str:
         text = _QUOTED_MEMBER.sub(_redacted_member, text)
     if "=" in text:
         text = _QUERY_PARAMETER.sub(_redacted_parameter, text)
+        text = _SPACED_PASSWORD.sub(_redacted_value, text)
     return text
 
 

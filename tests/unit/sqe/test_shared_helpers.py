@@ -83,6 +83,9 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         '"token": "\\',
         "'token':'",
         "a://u:'x",
+        "password =",
+        "passpass",
+        " pwd = '",
     ],
 )
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
@@ -205,6 +208,16 @@ def test_redact_credentials_drops_a_password_holding_a_single_quote() -> None:
     assert redact_credentials("read_csv('mysql://root:it's@db/x')") == "read_csv('mysql://root:***@db/x')"
     # a quote ending the URL is no part of it: the next quoted string's '@' is not the URL's
     assert redact_credentials("'http://u:pw@h/x' or 'a@b'") == "'http://u:***@h/x' or 'a@b'"
+
+
+def test_redact_credentials_drops_a_password_written_with_blanks_around_its_equals_sign() -> None:
+    """libpq reads ``password = pw`` as ``password=pw``; DuckDB's postgres extension quotes the string it failed
+    with."""
+    assert redact_credentials('Unable to connect to Postgres at "host=h password = s3cret dbname=d"') == (
+        'Unable to connect to Postgres at "host=h password = *** dbname=d"'
+    )
+    assert redact_credentials("\"host=h PWD = 'p w' port=5\"") == '"host=h PWD = *** port=5"'
+    assert redact_credentials("WHERE token = 5 AND key = 1") == "WHERE token = 5 AND key = 1"
 
 
 def test_sqe_errors_never_hold_a_url_credential() -> None:
