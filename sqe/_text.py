@@ -85,6 +85,10 @@ _QUOTED_MEMBER = re.compile(
     r"(?P<value>\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*')"
 )
 
+# ``<SignatureProvided>value</SignatureProvided>`` in an XML error body (S3's SignatureDoesNotMatch). A value holds
+# no ``<``, so each runs to its own next tag: linear time.
+_XML_ELEMENT = re.compile(r"(?P<head><(?P<name>[\w.-]+)>)[^<\n]*(?=</(?P=name)>)")
+
 
 def first_line(value: BaseException | str, *, limit: int | None = None) -> str:
     """The first non-empty line of an exception's (or a string's) text; the exception's type name if empty.
@@ -164,6 +168,8 @@ def redact_credentials(text: str) -> str:
         text = _JWT.sub(REDACTED, text)
     if ":" in text:
         text = _QUOTED_MEMBER.sub(_redacted_member, text)
+    if "</" in text:
+        text = _XML_ELEMENT.sub(_redacted_element, text)
     if "=" in text:
         text = _QUERY_PARAMETER.sub(_redacted_parameter, text)
         text = _SPACED_PASSWORD.sub(_redacted_value, text)
@@ -190,6 +196,10 @@ def _redacted_member(match: re.Match[str]) -> str:
     if not names_secret(name) or ("authoriz" in name.lower() and REDACTED in value):
         return match[0]
     return match["head"] + value[0] + REDACTED + value[0]
+
+
+def _redacted_element(match: re.Match[str]) -> str:
+    return match["head"] + REDACTED if names_secret(match["name"]) else match[0]
 
 
 def _redacted_parameter(match: re.Match[str]) -> str:

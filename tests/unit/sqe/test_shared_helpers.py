@@ -86,6 +86,8 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         "password =",
         "passpass",
         " pwd = '",
+        "<a>",
+        "<token>x<",
     ],
 )
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
@@ -218,6 +220,18 @@ def test_redact_credentials_drops_a_password_written_with_blanks_around_its_equa
     )
     assert redact_credentials("\"host=h PWD = 'p w' port=5\"") == '"host=h PWD = *** port=5"'
     assert redact_credentials("WHERE token = 5 AND key = 1") == "WHERE token = 5 AND key = 1"
+
+
+def test_redact_credentials_drops_a_credential_element_of_an_xml_error_body() -> None:
+    """S3's SignatureDoesNotMatch answer names the signature sent and the access key; its StringToSign is no secret."""
+    body = (
+        "<Error><Code>SignatureDoesNotMatch</Code><AWSAccessKeyId>AKIAX1</AWSAccessKeyId>"
+        "<StringToSign>AWS4-HMAC-SHA256</StringToSign><SignatureProvided>5d6f</SignatureProvided><Key>a/b</Key></Error>"
+    )
+    assert redact_credentials(body) == (
+        "<Error><Code>SignatureDoesNotMatch</Code><AWSAccessKeyId>***</AWSAccessKeyId>"
+        "<StringToSign>AWS4-HMAC-SHA256</StringToSign><SignatureProvided>***</SignatureProvided><Key>a/b</Key></Error>"
+    )
 
 
 def test_sqe_errors_never_hold_a_url_credential() -> None:
