@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bz2
 import copy
+import importlib.util
 import io
 import zlib
 from collections.abc import Callable
@@ -37,6 +38,7 @@ __all__ = [
     "CommitIO",
     "MalformedAvroError",
     "ManifestBounds",
+    "UnreadableCodecError",
     "bounded_io",
     "bounded_table",
     "inflated_size",
@@ -60,6 +62,10 @@ class MalformedAvroError(ValueError):
     """Not an Avro container file (or a block that does not decompress)."""
 
 
+class UnreadableCodecError(MalformedAvroError):
+    """An Avro container in a codec pyiceberg cannot inflate in this process."""
+
+
 @dataclass(frozen=True)
 class ManifestBounds:
     """How a refusal reads: ``refused`` says what it stops; a location in ``manifest_lists`` is named a manifest
@@ -81,6 +87,11 @@ class ManifestBounds:
             raise self.refusal(location, f"holds more than {MAX_MANIFEST_BYTES} bytes (MAX_MANIFEST_BYTES)")
         try:
             inflated = inflated_size(data, MAX_MANIFEST_DECOMPRESSED_BYTES)
+        except UnreadableCodecError:
+            readable = ", ".join(codec.decode() for codec in _INFLATERS)
+            raise self.refusal(
+                location, f"is written with an Avro codec SQE cannot read (it reads {readable})"
+            ) from None
         except MalformedAvroError:
             raise self.refusal(location, "is not an Avro container file") from None
         if inflated > MAX_MANIFEST_DECOMPRESSED_BYTES:
@@ -174,11 +185,13 @@ def bounded_table(table: Table, refused: str) -> Table:
 
 def inflated_size(data: bytes, budget: int) -> int:
     """The bytes the Avro container ``data``'s blocks hold once decompressed; past ``budget``, some count past it
-    (nothing more is inflated). An unknown codec counts nothing: pyiceberg refuses to read it."""
+    (nothing more is inflated). A codec pyiceberg cannot inflate here is :class:`UnreadableCodecError`."""
     codec, pos = _header(data)
     inflate = _INFLATERS.get(codec)
+    if inflate is None:  # pyiceberg would fail untyped: a ValueError, or snappy's ImportError
+        raise UnreadableCodecError
     total = 0
-    while pos < len(data) and inflate is not None and total <= budget:
+    while pos < len(data) and total <= budget:
         _count, pos = _long(data, pos)
         size, pos = _long(data, pos)
         if size < 0 or pos + size + _SYNC_SIZE > len(data):
@@ -306,5 +319,6 @@ _INFLATERS: dict[bytes, Callable[[bytes, int], int]] = {
     b"deflate": _deflated,
     b"bzip2": _bzip2,
     b"zstandard": _zstandard,
-    b"snappy": _snappy,
 }
+if importlib.util.find_spec("snappy") is not None:  # pyiceberg's snappy codec needs python-snappy
+    _INFLATERS[b"snappy"] = _snappy

@@ -327,3 +327,57 @@ def test_the_engine_refuses_a_malformed_deletion_vector_file(
         session.sql(f"SELECT sum(id) FROM {table}").fetchall()
     assert type(raised.value) is DeleteFileLimitError, raised.value
     assert str(raised.value).endswith("a deletion vector file of the table is not a Puffin file of deletion vectors")
+
+
+def _recode_manifests(server: CatalogServer, table: str, codec: bytes) -> None:
+    """The table's current manifest list and manifests, rewritten in ``codec`` (a plain S3 write)."""
+    from tests.helpers.avro import recoded, snappy_block
+
+    ns, name = table.split(".")
+    loaded = pyiceberg_catalog(server, server.admin).load_table((ns, name))
+    snapshot = loaded.current_snapshot()
+    assert snapshot is not None
+    s3 = server.moto.client("s3")
+    for path in [snapshot.manifest_list, *(m.manifest_path for m in snapshot.manifests(loaded.io))]:
+        bucket, _, key = path.removeprefix("s3://").partition("/")
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        s3.put_object(Bucket=bucket, Key=key, Body=recoded(body, codec, snappy_block))
+
+
+def _null_codec_table(workdir: Path, server: CatalogServer) -> str:
+    ns = f"mcod_{uuid.uuid4().hex[:6]}"
+    catalog = pyiceberg_catalog(server, server.admin)
+    catalog.create_namespace(ns)
+    import pyarrow as pa
+
+    created = catalog.create_table(
+        (ns, "events"), schema=pa.schema([("id", pa.int64())]), properties={"write.avro.compression-codec": "null"}
+    )
+    created.append(pa.table({"id": pa.array(range(ROWS), pa.int64())}))
+    return f"{ns}.events"
+
+
+@pytest.mark.parametrize("codec", [b"snappy", b"brotli"])
+def test_a_manifest_codec_this_install_cannot_read_is_a_typed_error(
+    catalog_server: CatalogServer, tmp_path: Path, codec: bytes
+) -> None:
+    # Before: pyiceberg's ImportError (snappy without python-snappy) or ValueError (an unknown codec, on the
+    # metadata tables) reached the caller untyped.
+    import importlib.util
+
+    table = _null_codec_table(tmp_path, catalog_server)
+    _recode_manifests(catalog_server, table, codec)
+    ns, name = table.split(".")
+    queries = [f"SELECT sum(id) FROM {table}", f'SELECT count(*) FROM {ns}."{name}$files"']
+    clear_process_caches()
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session:
+        if codec == b"snappy" and importlib.util.find_spec("snappy") is not None:
+            assert session.sql(queries[0]).fetchall() == [(sum(range(ROWS)),)]  # readable here: read as usual
+            return
+        for sql in queries:
+            with pytest.raises(SQEError) as raised:
+                session.sql(sql).fetchall()
+            assert type(raised.value) is ManifestLimitError, raised.value
+            assert "is written with an Avro codec SQE cannot read (it reads null, deflate, bzip2, zstandard)" in str(
+                raised.value
+            )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Callable
+
 
 def avro_long(value: int) -> bytes:
     """An Avro long: zigzag, then a little-endian base-128 varint."""
@@ -20,3 +23,47 @@ def avro_container(codec: bytes, *blocks: bytes) -> bytes:
     meta = avro_long(1) + avro_long(10) + b"avro.codec" + avro_long(len(codec)) + codec + avro_long(0)
     framed = (avro_long(1) + avro_long(len(b)) + b + AVRO_SYNC for b in blocks)
     return b"Obj\x01" + meta + AVRO_SYNC + b"".join(framed)
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    return bytes([*out, value])
+
+
+def snappy_block(data: bytes) -> bytes:
+    """``data`` as an Avro snappy block, in literals only (any snappy decoder reads it), then its CRC-32."""
+    out = bytearray(_uvarint(len(data)))
+    for start in range(0, len(data), 1 << 16):
+        chunk = data[start : start + (1 << 16)]
+        out += bytes([62 << 2]) + (len(chunk) - 1).to_bytes(3, "little") + chunk  # tag 62: a 3-byte length
+    return bytes(out) + zlib.crc32(data).to_bytes(4, "big")
+
+
+def recoded(avro: bytes, codec: bytes, encode: Callable[[bytes], bytes]) -> bytes:
+    """The null-codec container ``avro`` with its header naming ``codec`` and each block passed to ``encode``."""
+    from sqe.planning.avro_limits import _bytes, _long
+
+    pos, meta = 4, {}
+    while (count := _long(avro, pos))[0]:
+        pos = count[1]
+        for _ in range(count[0]):
+            key, pos = _bytes(avro, pos)
+            meta[key], pos = _bytes(avro, pos)
+    pos = count[1]
+    assert meta.get(b"avro.codec", b"null") == b"null", meta.get(b"avro.codec")
+    sync, pos = avro[pos : pos + 16], pos + 16
+    meta[b"avro.codec"] = codec
+    out = bytearray(b"Obj\x01" + avro_long(len(meta)))
+    for key, value in meta.items():
+        out += avro_long(len(key)) + key + avro_long(len(value)) + value
+    out += avro_long(0) + sync
+    while pos < len(avro):
+        records, pos = _long(avro, pos)
+        size, pos = _long(avro, pos)
+        block = encode(avro[pos : pos + size])
+        out += avro_long(records) + avro_long(len(block)) + block + sync
+        pos += size + 16
+    return bytes(out)

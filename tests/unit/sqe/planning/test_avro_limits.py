@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import bz2
+import importlib.util
 import zlib
 
 import pytest
 import zstandard
 
-from sqe.planning.avro_limits import MalformedAvroError, inflated_size
+from sqe.errors import ManifestLimitError
+from sqe.planning.avro_limits import MalformedAvroError, ManifestBounds, UnreadableCodecError, inflated_size
 from tests.helpers.avro import avro_container, avro_long
 
 PLAIN = b"x" * 300_000
@@ -35,10 +37,26 @@ def test_each_codec_counts_its_inflated_blocks_and_stops_past_the_budget(codec: 
     assert len(PLAIN) // 2 < inflated_size(data, len(PLAIN) // 2) <= len(PLAIN) + 1000  # past it: stops counting
 
 
-def test_snappy_is_sized_by_the_length_it_states() -> None:
+def test_snappy_is_sized_by_the_length_it_states_when_pyiceberg_can_read_it() -> None:
     # a snappy block starts with its inflated length (an unsigned varint) and Avro adds a CRC-32 after it
     block = bytes([0x80, 0x80, 0x80, 0x80, 0x01]) + b"\0" * 8
-    assert inflated_size(avro_container(b"snappy", block), 1) == 1 << 28
+    if importlib.util.find_spec("snappy") is None:  # pyiceberg's snappy codec would raise ImportError
+        with pytest.raises(UnreadableCodecError):
+            inflated_size(avro_container(b"snappy", block), 1)
+    else:
+        assert inflated_size(avro_container(b"snappy", block), 1) == 1 << 28
+
+
+def test_a_codec_pyiceberg_cannot_read_is_refused_naming_the_readable_ones() -> None:
+    # Before: it counted nothing, and pyiceberg then failed with an untyped ValueError.
+    with pytest.raises(ManifestLimitError) as raised:
+        ManifestBounds().checked("s3://b/m.avro", avro_container(b"brotli", b"x" * 10))
+    assert str(raised.value) == (
+        "cannot plan this scan: a manifest list or manifest of the table is written with an Avro codec SQE cannot "
+        "read (it reads null, deflate, bzip2, zstandard"
+        + (", snappy" if importlib.util.find_spec("snappy") else "")
+        + ")"
+    )
 
 
 @pytest.mark.parametrize(
