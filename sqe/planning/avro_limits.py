@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_MANIFEST_DECOMPRESSED_BYTES",
+    "UNDECODABLE",
+    "UNDECODED",
     "BoundedManifestFile",
     "BoundedManifestIO",
     "CommitIO",
@@ -56,6 +58,12 @@ _MAGIC = b"Obj\x01"
 _SYNC_SIZE = 16
 _CHUNK = 1 << 20
 _SNAPPY_CRC_SIZE = 4
+
+
+# What pyiceberg's decoder raises, besides ValueError, for records that do not decode: EOFError for a block
+# that ends early, SystemError from its compiled decoder for a negative length.
+UNDECODABLE: tuple[type[Exception], ...] = (EOFError, SystemError)
+UNDECODED = "a manifest list or manifest of the table does not decode"
 
 
 class MalformedAvroError(ValueError):

@@ -40,7 +40,7 @@ from sqe import vocabulary
 from sqe._lru import LRUCache
 from sqe._text import first_line, iso_utc
 from sqe.errors import EncryptedTableError, QueryError, SQEError
-from sqe.planning.avro_limits import ManifestBounds, bounded_io
+from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, ManifestBounds, bounded_io
 from sqe.planning.manifests import planning_manifests
 from sqe.restrictions import RestrictionPlan, apply, parse_restrictions, required_columns
 from sqe.vocabulary import ENCRYPTION_KEY_ID, ENCRYPTION_KEYS
@@ -439,6 +439,8 @@ def _planning_errors(ident: TableIdent) -> Iterator[None]:
         raise
     except ValueError as exc:  # equality deletes, unknown snapshot, unbindable filter
         raise QueryError(f"cannot plan a scan of {ident}: {first_line(exc)}") from None
+    except UNDECODABLE as exc:  # a manifest list or manifest within the limits whose records do not decode
+        raise QueryError(f"cannot plan a scan of {ident}: {UNDECODED}: {first_line(exc)}") from None
     except OSError as exc:
         raise QueryError(f"cannot read the metadata of {ident}: {first_line(exc)}") from None
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from sqe._text import first_line
 from sqe.errors import QueryError, RestrictedTableError
-from sqe.planning.avro_limits import bounded_table
+from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, bounded_table
 
 if TYPE_CHECKING:
     from sqe.catalog.base import LoadedTable
@@ -84,6 +84,10 @@ def metadata_table(loaded: LoadedTable, which: str, restrictions: RestrictionPla
         return inspect.manifests()
     except OSError as exc:
         raise QueryError(f"cannot read the metadata of {loaded.ident}: {first_line(exc)}") from None
+    except ValueError as exc:  # pyiceberg's, for records that do not decode (a value outside an enum, ...)
+        raise QueryError(f"cannot read {loaded.ident}${which}: {first_line(exc)}") from None
+    except UNDECODABLE as exc:
+        raise QueryError(f"cannot read {loaded.ident}${which}: {UNDECODED}: {first_line(exc)}") from None
 
 
 def _evaluate(parser: duckdb.DuckDBPyConnection, travel: TimeTravel) -> object:
