@@ -352,3 +352,71 @@ def test_kept_connections_close_once_the_last_credential_set_is_released(moto_se
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _LimitStore(BaseHTTPRequestHandler):
+    """Serves the body the path names (``/b/<size>-<framing>``): ``length`` with a Content-Length, ``chunked``
+    in 7-byte chunks, ``close`` delimited by closing the connection. Records each new connection."""
+
+    protocol_version = "HTTP/1.1"
+    connections: list[int] = []
+
+    def setup(self) -> None:
+        super().setup()
+        type(self).connections.append(id(self))
+
+    def do_GET(self) -> None:
+        size, framing = self.path.rsplit("/", 1)[1].split("-")
+        body = bytes(i % 251 for i in range(int(size)))
+        self.send_response(200)
+        if framing == "length":
+            self.send_header("Content-Length", str(len(body)))
+        elif framing == "chunked":
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if framing == "chunked":
+            for start in range(0, len(body), 7):
+                chunk = body[start : start + 7]
+                self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.wfile.write(body)
+        if framing == "close":
+            self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture()
+def limit_store() -> Iterator[str]:
+    _LimitStore.connections = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _LimitStore)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "close"])
+def test_a_limited_read_returns_at_most_the_limit_and_reuses_only_a_fully_read_connection(
+    moto_server: MotoServer, limit_store: str, framing: str
+) -> None:
+    from sqe.credentials.signed_reads import close_pool
+
+    close_pool()  # a fresh pool: connections are counted from here
+    props = properties(moto_server, **{S3_ENDPOINT: limit_store})
+    limit = 1000
+    full = bytes(i % 251 for i in range(limit + 1))
+    assert reader(f"s3://b/{limit}-{framing}", props).read_all(limit=limit) == full[:limit]  # exactly the limit
+    assert reader(f"s3://b/{limit - 1}-{framing}", props).read_all(limit=limit) == full[: limit - 1]
+    reused = 1 if framing != "close" else 2  # read to its end: the same connection serves the next request
+    assert len(_LimitStore.connections) == reused
+    for size in (limit + 1, 100 * limit):  # one byte more, then much more
+        assert reader(f"s3://b/{size}-{framing}", props).read_all(limit=limit) == full[:limit]  # cut short
+        assert reader(f"s3://b/{limit}-{framing}", props).read_all(limit=limit) == full[:limit]  # not a leftover
+    assert len(_LimitStore.connections) >= reused + (1 if framing != "close" else 4)  # a cut one is closed
+    assert reader(f"s3://b/0-{framing}", props).read_all(limit=limit) == b""
+    close_pool()
