@@ -815,7 +815,7 @@ class Session:
             from sqe.planning.planner import restrictions_of
 
             loaded = self._load(dataclasses.replace(ident, name=base))
-            tables[ident] = metadata_table(loaded, which, restrictions_of(loaded))
+            tables[ident] = metadata_table(loaded, which, restrictions_of(loaded), self._task_cache.metadata_io)
         return tables
 
     def _group_refs(self, refs: list[TableRef]) -> dict[TableIdent, list[TableRef]]:

@@ -11,6 +11,7 @@ to a caller who reads the table without any restriction, and refused with a type
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,11 @@ from sqe.errors import QueryError, RestrictedTableError
 from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, bounded_table
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pyiceberg.io import FileIO
+    from pyiceberg.table import Table
+
     from sqe.catalog.base import LoadedTable
     from sqe.planning.statements import TimeTravel
     from sqe.restrictions import RestrictionPlan
@@ -63,13 +69,19 @@ def resolve_snapshot(loaded: LoadedTable, travel: TimeTravel, parser: duckdb.Duc
     raise QueryError(f"{loaded.ident} has no snapshot at or before {dt.datetime.fromtimestamp(millis / 1000, dt.UTC)}")
 
 
-def metadata_table(loaded: LoadedTable, which: str, restrictions: RestrictionPlan) -> pa.Table:
-    """``t$snapshots`` and friends, read through the table's own (SQE) FileIO; refused on restricted tables."""
+def metadata_table(
+    loaded: LoadedTable,
+    which: str,
+    restrictions: RestrictionPlan,
+    metadata_io: Callable[[FileIO], FileIO] | None = None,
+) -> pa.Table:
+    """``t$snapshots`` and friends, read through the table's own (SQE) FileIO, wrapped by ``metadata_io`` (the
+    session's manifest cache, as its plans read them); refused on restricted tables."""
     if restrictions.is_restricted:
         raise RestrictedTableError(
             f"{loaded.ident}${which}: metadata tables are only available on tables you read without restrictions"
         )
-    inspect = bounded_table(loaded.table, f"cannot read {loaded.ident}${which}").inspect
+    inspect = bounded_table(_read_through(loaded, metadata_io), f"cannot read {loaded.ident}${which}").inspect
     try:
         if which == "snapshots":
             return inspect.snapshots()
@@ -88,6 +100,16 @@ def metadata_table(loaded: LoadedTable, which: str, restrictions: RestrictionPla
         raise QueryError(f"cannot read {loaded.ident}${which}: {first_line(exc)}") from None
     except UNDECODABLE as exc:
         raise QueryError(f"cannot read {loaded.ident}${which}: {UNDECODED}: {first_line(exc)}") from None
+
+
+def _read_through(loaded: LoadedTable, metadata_io: Callable[[FileIO], FileIO] | None) -> Table:
+    """The loaded table reading through ``metadata_io`` (a shallow copy: the same metadata, another FileIO); a
+    cache keeps only checked files, as the bounded IO on top of it checks them once."""
+    if metadata_io is None:
+        return loaded.table
+    table = copy.copy(loaded.table)
+    table.io = metadata_io(loaded.io)
+    return table
 
 
 def _evaluate(parser: duckdb.DuckDBPyConnection, travel: TimeTravel) -> object:

@@ -412,3 +412,26 @@ def test_a_manifest_that_does_not_decode_is_a_typed_error(
             except SQEError as exc:
                 assert isinstance(exc, QueryError) and str(exc).startswith("cannot "), (sql, exc)
             # (a manifest's records are not read by a count the manifest list answers, or by t$manifests)
+
+
+def test_a_repeated_metadata_table_reads_its_manifests_from_the_manifest_cache(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    # Before: t$files read the manifest list and manifests from the store on every query, and each read was
+    # inflated twice (sized, then decoded by pyiceberg); through the manifest cache a repeat reads (and sizes)
+    # nothing, as planning's repeats do.
+    from tests.e2e.test_engine_footer_cache import MotoLog
+    from tests.e2e.test_engine_range_cache import file_requests
+
+    table = _table(tmp_path, catalog_server)
+    ns, name = table.split(".")
+    clear_process_caches()
+    log = MotoLog(catalog_server.moto.pid)
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session:
+        sql = f'SELECT count(*) FROM {ns}."{name}$files"'
+        assert session.sql(sql).fetchall() == [(2,)]
+        log.mark()
+        assert session.sql(sql).fetchall() == [(2,)]
+        assert file_requests(log)["manifest"] == 0
+        assert session.sql(f"SELECT sum(id) FROM {table} WHERE id >= 0").fetchall() == [(sum(range(2 * ROWS)),)]
+        assert file_requests(log)["manifest"] == 0  # planning finds them kept too
