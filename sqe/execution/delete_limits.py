@@ -80,9 +80,11 @@ def check_position_deletes(io: FileIO, delete_file: DataFile, rows: Mapping[str,
 def _check_parquet_deletes(io: FileIO, path: str) -> None:
     with io.new_input(path).open() as stream:
         metadata = pq.read_metadata(stream)
-    if metadata.num_rows > MAX_POSITION_DELETE_ROWS:
+    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+    # A reader reads what the row groups state; the file-level count is only the writer's sum of them.
+    if max(metadata.num_rows, sum(group.num_rows for group in groups)) > MAX_POSITION_DELETE_ROWS:
         raise _refusal(f"holds more than {MAX_POSITION_DELETE_ROWS} rows (MAX_POSITION_DELETE_ROWS)")
-    stated = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    stated = sum(group.total_byte_size for group in groups)
     if stated > MAX_POSITION_DELETE_BYTES:
         raise _refusal(f"holds more than {MAX_POSITION_DELETE_BYTES} bytes uncompressed (MAX_POSITION_DELETE_BYTES)")
 

@@ -21,6 +21,7 @@ from sqe.execution.cache import clear_process_caches
 from tests.conftest import pyiceberg_catalog
 from tests.e2e.test_catalog_planning import swap_manifest
 from tests.e2e.test_engine_range_cache import session_for
+from tests.helpers.avro import avro_long
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -80,7 +81,19 @@ def test_the_engine_refuses_manifests_past_the_limits(
 # Position delete files are read whole into memory: a small file of many rows is refused from its footer
 
 
-def _position_delete_bomb(workdir: Path, server: CatalogServer, rows: int, file_format: str = "parquet") -> str:
+def _understated(parquet: bytes, rows: int) -> bytes:
+    """``parquet`` with its footer's file-level row count (the first num_rows field, before the row groups')
+    rewritten to say 1, in as many bytes (a non-minimal varint): the row groups still hold ``rows``."""
+    footer_start = len(parquet) - 8 - int.from_bytes(parquet[-8:-4], "little")
+    stated = b"\x16" + avro_long(rows)  # field 3, i64, compact protocol: the same zigzag varint as Avro's long
+    at = parquet.index(stated, footer_start)
+    one = bytes([0x82, *[0x80] * (len(stated) - 3), 0x00])
+    return parquet[: at + 1] + one + parquet[at + len(stated) :]
+
+
+def _position_delete_bomb(
+    workdir: Path, server: CatalogServer, rows: int, file_format: str = "parquet", understated: bool = False
+) -> str:
     """A table whose one data file has a position delete file of ``rows`` rows (all position 0: a few KiB
     stored, dictionary- and run-length encoded), written with the table's own credentials; Parquet, or ORC
     (the delete manifest entry then says ORC)."""
@@ -109,7 +122,9 @@ def _position_delete_bomb(workdir: Path, server: CatalogServer, rows: int, file_
             for _ in range(rows // batch.num_rows + 1):
                 writer.write_table(batch, row_group_size=batch.num_rows)
     bucket, _, key = delete_path.removeprefix("s3://").partition("/")
-    server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=sink.getvalue().to_pybytes())
+    body = sink.getvalue().to_pybytes()
+    total = (rows // batch.num_rows + 1) * batch.num_rows
+    server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=_understated(body, total) if understated else body)
     return table
 
 
@@ -130,6 +145,20 @@ def test_the_engine_refuses_a_position_delete_file_past_the_row_limit(
         f"a position delete file of the table holds more than {MAX_POSITION_DELETE_ROWS} rows "
         "(MAX_POSITION_DELETE_ROWS)"
     )
+
+
+def test_a_footer_understating_its_rows_is_refused_by_its_row_groups(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    # Before: only the footer's file-level row count was checked; one rewritten to say 1 passed, and pyarrow
+    # read every row of the row groups.
+    from sqe.execution.delete_limits import MAX_POSITION_DELETE_ROWS
+
+    table = _position_delete_bomb(tmp_path, catalog_server, MAX_POSITION_DELETE_ROWS + 1, understated=True)
+    clear_process_caches()
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(SQEError) as raised:
+        session.sql(f"SELECT sum(id) FROM {table}").fetchall()
+    assert type(raised.value) is DeleteFileLimitError, raised.value
 
 
 @pytest.mark.parametrize("file_format", ["parquet", "orc"])
