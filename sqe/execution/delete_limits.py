@@ -16,14 +16,14 @@ that file does not hold, and is refused; so is one past ``MAX_DELETED_POSITION``
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 import zstandard
 from pyiceberg.manifest import FileFormat
+from pyiceberg.table.puffin import Footer, PuffinBlobMetadata
 from pyroaring import BitMap
 
 from sqe.errors import DeleteFileLimitError
@@ -132,31 +132,32 @@ def _vectors(data: bytes) -> Iterator[tuple[str, memoryview]]:
     may not overlap, and together inflate to at most ``MAX_DELETION_VECTOR_BYTES``: each is read once."""
     if data[:4] != _PUFFIN_MAGIC or data[-4:] != _PUFFIN_MAGIC or len(data) < 4 + _FOOTER_TAIL:
         raise _malformed()
-    if data[-8] & 1:
-        raise _malformed()  # a compressed footer: pyiceberg reads none
+    if data[-8]:
+        raise _malformed()  # a compressed footer or a reserved flag: pyiceberg reads neither
     size = int.from_bytes(data[-_FOOTER_TAIL:-8], "little")
     start = len(data) - _FOOTER_TAIL - size
     if start < 8 or data[start - 4 : start] != _PUFFIN_MAGIC:
         raise _malformed()
     stored = inflated = 0
     try:
-        for blob in json.loads(data[start : len(data) - _FOOTER_TAIL])["blobs"]:
+        # pyiceberg's own model: the blobs checked are the blobs it reads (a field by its Python name too)
+        for blob in Footer.model_validate_json(data[start : len(data) - _FOOTER_TAIL]).blobs:
             referenced, raw = _blob(data, blob)
             stored += len(raw)
-            payload = _inflated(raw, blob.get("compression-codec"))
+            payload = _inflated(raw, blob.compression_codec)
             inflated += len(payload)
             if stored > start or inflated > MAX_DELETION_VECTOR_BYTES:
                 raise ValueError("overlapping blobs")
             yield referenced, _vector(payload)
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, zstandard.ZstdError):
+    except (ValueError, KeyError, RecursionError, zstandard.ZstdError):
         raise _malformed() from None
 
 
-def _blob(data: bytes, blob: dict[str, Any]) -> tuple[str, bytes]:
-    offset, length = int(blob["offset"]), int(blob["length"])
+def _blob(data: bytes, blob: PuffinBlobMetadata) -> tuple[str, bytes]:
+    offset, length = blob.offset, blob.length
     if offset < 0 or length < 12 or offset + length > len(data):
         raise ValueError("outside the file")
-    return str(blob["properties"]["referenced-data-file"]), data[offset : offset + length]
+    return blob.properties["referenced-data-file"], data[offset : offset + length]
 
 
 def _inflated(raw: bytes, codec: object) -> bytes:

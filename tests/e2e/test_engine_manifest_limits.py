@@ -9,9 +9,11 @@ S3 write.
 
 from __future__ import annotations
 
+import json
+import struct
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pyroaring import BitMap
@@ -209,8 +211,6 @@ def _deletion_vector_table(workdir: Path, server: CatalogServer, bitmaps: dict[i
     table's files, committed with its own credentials, registered again through the catalog as v3 metadata
     (the catalog upgrades no table to v3, and pyiceberg writes no v3 snapshot): dropped unpurged, then
     registered again at v3 metadata naming the same snapshots."""
-    import json
-
     import requests
 
     from tests.unit.sqe.iceberg_local import add_deletion_vector
@@ -323,24 +323,40 @@ def _swap_deletion_vector(server: CatalogServer, table: str, change: Callable[[b
     s3.put_object(Bucket=bucket, Key=key, Body=change(s3.get_object(Bucket=bucket, Key=key)["Body"].read()))
 
 
-def _blob_twice(puffin: bytes) -> bytes:
-    """``puffin`` with its one blob listed twice in the footer (blobs may not overlap)."""
-    import json
-    import struct
+def _with_footer(change: Callable[[dict[str, Any]], None]) -> Callable[[bytes], bytes]:
+    """A Puffin file's swap that rewrites its footer's JSON with ``change``."""
 
-    size = struct.unpack("<I", puffin[-12:-8])[0]
-    start = len(puffin) - 12 - size
-    footer = json.loads(puffin[start:-12])
-    footer["blobs"] *= 2
-    encoded = json.dumps(footer).encode()
-    return puffin[:start] + encoded + struct.pack("<I", len(encoded)) + puffin[-8:]
+    def swap(puffin: bytes) -> bytes:
+        size = struct.unpack("<I", puffin[-12:-8])[0]
+        start = len(puffin) - 12 - size
+        footer = json.loads(puffin[start:-12])
+        change(footer)
+        encoded = json.dumps(footer).encode()
+        return puffin[:start] + encoded + struct.pack("<I", len(encoded)) + puffin[-8:]
+
+    return swap
+
+
+def _blob_twice(footer: dict[str, Any]) -> None:
+    footer["blobs"] *= 2  # blobs may not overlap
+
+
+def _blob_update(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda footer: footer["blobs"][0].update(fields)
 
 
 MALFORMED_DVS: dict[str, Callable[[bytes], bytes]] = {
-    "overlapping-blobs": _blob_twice,
+    "overlapping-blobs": _with_footer(_blob_twice),
     "truncated": lambda puffin: puffin[: len(puffin) // 2],
     "no-referenced-data-file": lambda puffin: puffin.replace(b'"referenced-data-file"', b'"referenced-data-fil_"'),
     "compressed-footer": lambda puffin: puffin[:-8] + b"\1" + puffin[-7:],
+    # pyiceberg refuses each of these with its own error (a reserved flag as a compressed footer, the footer's
+    # pydantic model, a codec named by the model's Python field name)
+    "reserved-footer-flag": lambda puffin: puffin[:-8] + b"\2" + puffin[-7:],
+    "no-snapshot-id": lambda puffin: puffin.replace(b'"snapshot-id"', b'"snapshot-i_"'),
+    "a-numeric-property": _with_footer(lambda footer: footer["blobs"][0]["properties"].update(cardinality=1)),
+    "a-fractional-offset": _with_footer(_blob_update(offset=4.5)),
+    "a-codec-by-field-name": _with_footer(_blob_update(compression_codec="lz4")),
 }
 
 
