@@ -1,7 +1,7 @@
 """Writing rows as new data files and committing them in one snapshot (INSERT, CREATE TABLE AS, DML).
 
 pyiceberg deletes the manifests of a commit that failed, never its data files. A commit the catalog refused (a
-409, pyiceberg's validation after its own retries) did not land, so the files written for it are deleted here
+409, pyiceberg's validation after its own retries, a manifest past the limits) did not land, so the files written for it are deleted here
 (Spark's abort does the same); after any other failure (a 5xx, a lost answer) the commit may have landed and the
 files stay. ``WriteTable`` already turns a 409 that answers a resent, landed commit into success. A failure before
 any commit request was sent (writing a file, building manifests) leaves nothing referenced: its files go too.
@@ -23,7 +23,7 @@ from pyiceberg.utils.properties import property_as_bool
 
 from sqe._text import first_line
 from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, commit_state_unknown, translate_error
-from sqe.errors import CommitConflictError, CommitStateUnknownError, QueryError, SQEError
+from sqe.errors import CommitConflictError, CommitStateUnknownError, ManifestLimitError, QueryError, SQEError
 from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
 from sqe.execution.write_target import WriteTable, writable_table
 
@@ -101,8 +101,9 @@ def _committing(loaded: LoadedTable) -> Iterator[_Commit]:
         commit = _Commit(writable_table(loaded))
         yield commit
     except BaseException as exc:
-        # a refusal (409; pyiceberg's validation after its retries) or a failure before anything was sent
-        refused = isinstance(exc, (CommitFailedException, ValidationException))
+        # a refusal (409; pyiceberg's validation after its retries) or a failure before anything was sent; a
+        # manifest past the limits is read only before a commit is sent or on a retry after a 409: none landed
+        refused = isinstance(exc, (CommitFailedException, ValidationException, ManifestLimitError))
         if commit is not None and (refused or not commit.table.commit_sent):
             commit.delete_written()
         typed = _typed(exc, loaded, sent=commit is not None and commit.table.commit_sent)

@@ -230,3 +230,26 @@ def test_a_write_reads_manifest_lists_within_the_limits_after_a_refresh(write_pr
     assert str(raised.value) == (
         "cannot commit to wh.ns.refreshed: a manifest list of the table is not an Avro container file"
     )
+
+
+def test_a_write_refused_on_its_retry_by_a_manifest_past_the_limits_deletes_its_data_files(
+    write_provider: LocalProvider,
+) -> None:
+    # Found by review: after a conflict pyiceberg refreshes and reads the new head's manifest list; refused there,
+    # the commit had not landed (the conflict said so) but its data file stayed, referenced by nothing.
+    from sqe.errors import ManifestLimitError
+    from sqe.execution.commit import append_rows
+
+    table = _table(write_provider, "ns.retried")
+    loaded = write_provider.load_table(TableIdent("wh", ("ns",), "retried"))
+    table.append(pa.table({"id": [1]}, schema=SCHEMA))  # a concurrent commit: the engine's first attempt conflicts
+    concurrent = table.refresh().current_snapshot()
+    assert concurrent is not None
+    Path(concurrent.manifest_list.removeprefix("file://")).write_bytes(b"not an Avro file")
+    data = Path(table.location().removeprefix("file://")) / "data"
+    before = set(data.rglob("*.parquet"))
+    refusal = r"cannot commit to wh\.ns\.retried: a .* of the table is not an Avro container file"
+    with pytest.raises(ManifestLimitError, match=refusal):
+        append_rows(loaded, pa.table({"id": [2]}, schema=SCHEMA))
+    assert set(data.rglob("*.parquet")) == before
+    assert table.refresh().current_snapshot() == concurrent
