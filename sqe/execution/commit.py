@@ -1,10 +1,11 @@
 """Writing rows as new data files and committing them in one snapshot (INSERT, CREATE TABLE AS, DML).
 
 pyiceberg deletes the manifests of a commit that failed, never its data files. A commit the catalog refused (a
-409, pyiceberg's validation after its own retries, a manifest past the limits) did not land, so the files written for it are deleted here
-(Spark's abort does the same); after any other failure (a 5xx, a lost answer) the commit may have landed and the
-files stay. ``WriteTable`` already turns a 409 that answers a resent, landed commit into success. A failure before
-any commit request was sent (writing a file, building manifests) leaves nothing referenced: its files go too.
+409, pyiceberg's validation after its own retries, a manifest past the limits) did not land, so the files written
+for it are deleted here (Spark's abort does the same); after any other failure (a 5xx, a lost answer) the commit
+may have landed and the files stay. ``WriteTable`` already turns a 409 that answers a resent, landed commit into
+success. A failure before any commit request was sent (writing a file, building manifests) leaves nothing
+referenced: its files go too.
 """
 
 from __future__ import annotations
