@@ -63,18 +63,20 @@ def record_counts(tasks: Iterable[FileScanTask]) -> dict[str, int]:
     return {task.file.file_path: task.file.record_count for task in tasks}
 
 
-def check_position_deletes(io: FileIO, delete_file: DataFile, rows: Mapping[str, int]) -> None:
+def check_position_deletes(io: FileIO, delete_file: DataFile, rows: Mapping[str, int]) -> bytes | None:
     """Refuse a position delete file or deletion vector past the limits before it is read whole (a Parquet or
     ORC file's footer is read; a Puffin file at most ``MAX_DELETION_VECTOR_BYTES`` far). ``rows``: the stated
-    row count of each data file the scan reads."""
+    row count of each data file the scan reads. A Puffin file's checked bytes are returned: decode those, never
+    a second read (a writer may have replaced the object meanwhile)."""
     if delete_file.file_format == FileFormat.PUFFIN:
-        _check_deletion_vectors(io, delete_file.file_path, rows)
-    elif delete_file.file_format == FileFormat.ORC:
+        return _check_deletion_vectors(io, delete_file.file_path, rows)
+    if delete_file.file_format == FileFormat.ORC:
         with io.new_input(delete_file.file_path).open() as stream:
             if orc.ORCFile(stream).nrows > MAX_POSITION_DELETE_ROWS:
                 raise _refusal(f"holds more than {MAX_POSITION_DELETE_ROWS} rows (MAX_POSITION_DELETE_ROWS)")
     elif delete_file.file_format == FileFormat.PARQUET:
         _check_parquet_deletes(io, delete_file.file_path)
+    return None
 
 
 def _check_parquet_deletes(io: FileIO, path: str) -> None:
@@ -101,7 +103,7 @@ def check_task_deletes(io: FileIO, tasks: Sequence[FileScanTask]) -> None:
                 check_position_deletes(io, delete_file, rows)
 
 
-def _check_deletion_vectors(io: FileIO, path: str, rows: Mapping[str, int]) -> None:
+def _check_deletion_vectors(io: FileIO, path: str, rows: Mapping[str, int]) -> bytes:
     with io.new_input(path).open(seekable=False) as stream:
         data = stream.read(MAX_DELETION_VECTOR_BYTES + 1)
     if len(data) > MAX_DELETION_VECTOR_BYTES:
@@ -116,6 +118,7 @@ def _check_deletion_vectors(io: FileIO, path: str, rows: Mapping[str, int]) -> N
     if total > MAX_POSITION_DELETE_ROWS:
         limit = MAX_POSITION_DELETE_ROWS
         raise _refusal(f"holds more than {limit} positions (MAX_POSITION_DELETE_ROWS)", "deletion vector file")
+    return data
 
 
 def _check_last_position(last: int, stated_rows: int | None) -> None:

@@ -36,6 +36,8 @@ from pyiceberg.expressions.visitors import bind, extract_field_ids, translate_co
 from pyiceberg.io import pyarrow as _pyiceberg_arrow
 from pyiceberg.io.pyarrow import expression_to_pyarrow, pyarrow_to_schema, schema_to_pyarrow
 from pyiceberg.manifest import FileFormat
+from pyiceberg.table.deletion_vector import deletion_vectors_from_puffin_file
+from pyiceberg.table.puffin import PuffinFile
 from pyiceberg.types import BinaryType, IcebergType, StringType
 
 from sqe._counters import Counters
@@ -772,6 +774,12 @@ class _ScanRun:
             raise QueryCancelledError()
 
 
+def _vectors(puffin: bytes) -> dict[str, pa.ChunkedArray]:
+    """The positions of each deletion vector of the Puffin file ``puffin``, as pyiceberg's ``_read_deletes``
+    decodes them: from the bytes that were checked."""
+    return {dv.referenced_data_file: dv.to_vector() for dv in deletion_vectors_from_puffin_file(PuffinFile(puffin))}
+
+
 class _DeleteCache:
     """Positional delete files, each read once per scan run however many data files it covers."""
 
@@ -798,6 +806,6 @@ class _DeleteCache:
             path_lock = self._path_locks.setdefault(path, threading.Lock())
         with path_lock:  # single flight: concurrent readers of the same delete file wait for the first
             if path not in self._contents:
-                check_position_deletes(self._io, delete_file, self._rows)  # read whole next: its footer first
-                self._contents[path] = _read_deletes(self._io, delete_file)
+                checked = check_position_deletes(self._io, delete_file, self._rows)  # read whole next: footer first
+                self._contents[path] = _read_deletes(self._io, delete_file) if checked is None else _vectors(checked)
             return self._contents[path]
