@@ -27,7 +27,7 @@ from pyiceberg.table.update import AddSnapshotUpdate
 from sqe._text import first_line
 from sqe.credentials import prefix_matches
 from sqe.errors import QueryError
-from sqe.planning.avro_limits import CommitIO, table_bounds
+from sqe.planning.avro_limits import CommitIO, ManifestBounds, table_bounds
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -65,7 +65,8 @@ class WriteTable(Table):
         _check_format_version(self._ident, metadata)  # before any file is written
         _check_paths(self._ident, metadata, table.io)
         self.files_io: FileIO = table.io
-        self.io = self._commit_io()
+        self._commit_io = CommitIO(self.files_io, self._bounds())
+        self.io = self._commit_io
 
     def location_provider(self) -> LocationProvider:
         metadata = _without_class_properties(self.metadata)
@@ -76,11 +77,14 @@ class WriteTable(Table):
         super().refresh()  # the catalog's FileIO for the refreshed table replaces ours
         self.metadata = _without_class_properties(self.metadata)
         self.files_io = self.io
-        self.io = self._commit_io()  # around the new FileIO, naming the refreshed snapshots' manifest lists
+        # the same CommitIO, which the producers of a retried commit hold: around the new FileIO, naming the
+        # refreshed snapshots' manifest lists
+        self._commit_io.rebind(self.files_io, self._bounds())
+        self.io = self._commit_io
         return self
 
-    def _commit_io(self) -> CommitIO:
-        return CommitIO(self.files_io, table_bounds(f"cannot commit to {self._ident}", self.metadata))
+    def _bounds(self) -> ManifestBounds:
+        return table_bounds(f"cannot commit to {self._ident}", self.metadata)
 
     def _do_commit(self, updates: tuple[TableUpdate, ...], requirements: tuple[TableRequirement, ...]) -> None:
         """pyiceberg's commit without its clean-up: with ``write.metadata.delete-after-commit.enabled`` it deletes

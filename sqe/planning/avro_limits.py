@@ -168,6 +168,12 @@ class CommitIO(FileIO):
         super().__init__(io.properties)
         self._io, self._reads = io, bounded_io(io, bounds)
 
+    def rebind(self, io: FileIO, bounds: ManifestBounds) -> None:
+        """Go through ``io`` within ``bounds`` from now on (a refreshed table's): pyiceberg's snapshot producers
+        keep the FileIO they were built with when they commit again after a conflict."""
+        self.properties = io.properties
+        self._io, self._reads = io, bounded_io(io, bounds)
+
     def new_input(self, location: str) -> InputFile:
         return self._reads.new_input(location)
 
