@@ -20,7 +20,6 @@ import pyarrow as pa
 
 from sqe._text import first_line
 from sqe.errors import QueryError, RestrictedTableError
-from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, bounded_table
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -81,6 +80,9 @@ def metadata_table(
         raise RestrictedTableError(
             f"{loaded.ident}${which}: metadata tables are only available on tables you read without restrictions"
         )
+    # Imported here: this module is on the start-up path of every statement, the bounded reader imports pyiceberg.
+    from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, bounded_table
+
     inspect = bounded_table(_read_through(loaded, metadata_io), f"cannot read {loaded.ident}${which}").inspect
     try:
         if which == "snapshots":
