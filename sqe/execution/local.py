@@ -25,6 +25,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
@@ -785,10 +786,16 @@ class _DeleteCache:
 
     def __init__(self, plan: FileScanSource) -> None:
         self._io = plan.read.io
-        self._rows = record_counts(plan.tasks)  # a deletion vector names no row past its data file's count
+        self._tasks = plan.tasks
         self._lock = threading.Lock()
         self._path_locks: dict[str, threading.Lock] = {}
         self._contents: dict[str, dict[str, Any]] = {}
+
+    @cached_property
+    def _rows(self) -> dict[str, int]:
+        """A deletion vector names no row past its data file's count; built on the first delete file only (two
+        threads may both build it: the same dict)."""
+        return record_counts(self._tasks)
 
     def for_file(self, task: FileScanTask) -> list[pa.ChunkedArray] | None:
         if not task.delete_files:
