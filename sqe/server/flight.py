@@ -189,15 +189,16 @@ def _parameter_rows(table: pa.Table | None) -> list[list[Any]]:
 
 
 def _parameter_sets(sql: str, table: pa.Table | None) -> list[Params]:
-    """The parameter sets ``table`` binds to ``sql``: value lists for ``?`` / ``$n``; for ``$name`` parameters
-    (DuckDB binds those only by name) dicts, by the column names when they are the parameters' names, else in
-    the order ``parameter_schema`` describes them (how a client binding positionally sends them)."""
+    """The parameter sets ``table`` binds to ``sql``: value lists for ``?`` / ``$n`` numbered 1..n; else (``$name``
+    parameters, or numbers with a gap: DuckDB binds either only by name) dicts, by the column names when they are
+    the parameters' names, else in the order ``parameter_schema`` describes them (how a client binding
+    positionally sends them)."""
     rows = _parameter_rows(table)
     names = _parameter_names(sql) or []
-    if _numbered(names):
+    if _binds_as_list(names):
         return list(rows)
     columns = table.column_names if table is not None else []
-    keys = columns if sorted(columns) == names else names
+    keys = columns if sorted(columns, key=_binding_order) == names else names
     if rows and len(rows[0]) != len(names):
         expected = ", ".join(f"${name}" for name in names)
         raise QueryError(f"the statement takes {len(names)} parameters ({expected}), {len(rows[0])} were bound")
@@ -223,10 +224,11 @@ def _binding_order(name: str) -> tuple[int, int, str]:
     return (0, int(name), "") if numbered else (1, 0, name)
 
 
-def _numbered(names: list[str]) -> bool:
-    """Whether ``names`` are ``?`` / ``$n`` parameters, bound as a list (DuckDB refuses a statement mixing them
-    with ``$name`` ones, which it binds by name only)."""
-    return not names or _binding_order(names[0])[0] == 0
+def _binds_as_list(names: list[str]) -> bool:
+    """Whether ``names`` are ``?`` / ``$n`` parameters numbered 1..n, bound as a list. DuckDB binds a list's k-th
+    value to ``$k`` and refuses a value for a number the statement does not use, so a statement with a gap
+    (``SELECT $2``: one value, for ``$2``) binds by number, as ``$name`` ones bind by name."""
+    return names == [str(number) for number in range(1, len(names) + 1)]
 
 
 def _parameter_schema(sql: str) -> pa.Schema | None:
@@ -245,7 +247,7 @@ def _result_schema(engine: Engine, sql: str) -> pa.Schema | None:
     if names is None or duckdb.extract_statements(sql)[0].type != duckdb.StatementType.SELECT:
         return None
     wrapped = f"SELECT * FROM ({sql.strip().rstrip(';')}) AS __sqe_schema LIMIT 0"
-    nulls: Params = [None] * len(names) if _numbered(names) else dict.fromkeys(names)
+    nulls: Params = [None] * len(names) if _binds_as_list(names) else dict.fromkeys(names)
     try:
         return engine.session.sql(wrapped, nulls or None).arrow().schema
     except QueryError:

@@ -640,6 +640,18 @@ def test_a_prepared_insert_batch_with_named_parameters_writes_every_row(served: 
     assert state() == (2, 1)
 
 
+def test_a_prepared_insert_batch_with_a_gap_in_its_numbers_writes_every_row(served: Served) -> None:
+    """ADBC executemany of ``INSERT ... VALUES ($2, $3)``: two values a row, bound to ``$2`` and ``$3`` (as a
+    list DuckDB took the first for ``$1``, which the statement does not use), one commit."""
+    table, state = _fresh_table(served, "gap_rows")
+    with served.adbc("writer") as conn, conn.cursor() as cur:
+        cur.executemany(f"INSERT INTO {table} VALUES ($2, $3)", [(1, "a"), (2, "b")])
+        assert cur.rowcount == 2
+        cur.execute(f"SELECT id, name FROM {table} ORDER BY id")
+        assert cur.fetchall() == [(1, "a"), (2, "b")]
+    assert state() == (2, 1)
+
+
 def _bind(client: flight.FlightClient, handle: bytes, rows: pa.Table, options: Any) -> None:
     """DoPut of CommandPreparedStatementQuery: binds ``rows`` to the prepared statement."""
     command = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
@@ -1445,6 +1457,27 @@ def test_named_parameters_bind_as_their_parameter_schema_describes_them(served: 
     _bind(client, handle, pa.table({"region": ["EU"]}), options)  # one value short: a typed error naming them
     error = served.expect_error(lambda: client.get_flight_info(query, options), flight.FlightServerError)
     assert "$low, $region" in str(error) and "1 were bound" in str(error)
+
+
+def test_numbered_parameters_with_gaps_are_described_and_bound_as_duckdb_requires(served: Served) -> None:
+    """DuckDB (2.0.1) takes values for exactly the numbers a statement uses: ``$2`` alone takes one value (a value
+    for ``$1`` too is refused as excess), ``$1`` and ``$3`` take two. They were bound as a list, whose k-th value
+    DuckDB binds to ``$k``, so no client could run such a statement, nor get its dataset_schema."""
+    table = f"{served.namespace}.people"
+    only_second = f"SELECT id, name FROM {table} WHERE id > $2 ORDER BY id"
+    assert _adbc_prepared(served, only_second, (4,)) == (["2"], [(5, "alan"), (6, "tim")])
+    first_and_third = f"SELECT id, name FROM {table} WHERE id > $1 AND region = $3 ORDER BY id"
+    assert _adbc_prepared(served, first_and_third, (2, "EU")) == (["1", "3"], [(3, "linus"), (6, "tim")])
+    mixed = f"SELECT id FROM {table} WHERE id > $3 AND region = ? ORDER BY id"  # ``?`` after ``$3`` is ``$4``
+    assert _adbc_prepared(served, mixed, (2, "EU")) == (["3", "4"], [(3,), (6,)])
+    client, options = served.flight_client(), _session_options(served.token("carol"), uuid.uuid4().hex)
+    created = _create_prepared(client, only_second, options)
+    assert pa.ipc.read_schema(pa.py_buffer(created.dataset_schema)).names == ["id", "name"]
+    handle = bytes(created.prepared_statement_handle)
+    _bind(client, handle, pa.table({"a": [1], "b": [2]}), options)  # a value too many: a typed error naming them
+    query = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+    error = served.expect_error(lambda: client.get_flight_info(query, options), flight.FlightServerError)
+    assert "takes 1 parameters ($2), 2 were bound" in str(error)
 
 
 def test_a_statement_with_named_parameters_describes_its_result_schema(served: Served) -> None:
