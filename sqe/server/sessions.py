@@ -27,11 +27,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pydantic import SecretStr
 
+from sqe._unpicklable import Unpicklable
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import ExternalTablesConfig, SQEConfig
 from sqe.errors import QueryError, SQEError
@@ -55,12 +56,27 @@ MAX_WAITING_RESULTS = 64
 MAX_CLIENT_SESSIONS_PER_USER = 64
 
 
-class SessionKey(NamedTuple):
-    """What a client session is found by: limits and budgets count per ``user``, state never crosses ``authority``."""
+@dataclass(frozen=True, slots=True, repr=False)
+class SessionKey(Unpicklable):
+    """What a client session is found by: limits and budgets count per ``user``, state never crosses ``authority``.
+
+    Its repr names the user and a short tag only: the authority digest (of an opaque token, the token's SHA-256)
+    and the client's session id stay out of logs and reprs, and out of pickles, which it refuses.
+    """
 
     user: str  # the principal (``User.key``)
     authority: str  # what the caller's token authorizes (``User.authority``): its roles, scope, actor
     tag: str  # the client's session id, or ``peer:<address>`` for a client without cookies
+
+    _pickle_refusal = "session keys carry the authority digest and session id, and cannot be pickled"
+
+    def __repr__(self) -> str:
+        return f"SessionKey(user={self.user!r}, tag={self.short_tag!r})"
+
+    @property
+    def short_tag(self) -> str:
+        """The peer address of a connection-keyed session, else a fingerprint of its session id."""
+        return self.tag if self.tag.startswith(PEER_KEY_PREFIX) else f"session:{fingerprint(self.tag)[:8]}"
 
 
 class ServerBusyError(SQEError):

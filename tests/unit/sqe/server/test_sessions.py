@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import time
 
 import pyarrow as pa
@@ -151,6 +153,22 @@ def test_one_cookie_under_two_authorities_of_one_user_is_two_client_sessions() -
     assert other is not first and other.user_key == first.user_key == "user:alice"
     assert registry.resolve(narrow, None, "ipv4:127.0.0.1:5000", None) is not first
     registry.close()
+
+
+def test_a_session_keys_repr_shows_its_user_and_a_short_tag_and_it_is_never_pickled() -> None:
+    """Found by review: as a NamedTuple its repr (and str, and pickle) carried the authority digest (for an opaque
+    token, the SHA-256 of the token) and the client's whole session id."""
+    authority, cookie, peer = "9f" * 32, "c00kie-" + "x" * 25, "peer:ipv4:1.2.3.4:5"
+    for key in (SessionKey("user:alice", authority, cookie), SessionKey("user:alice", authority, peer)):
+        for shown in (repr(key), str(key), f"{key}", repr({key: 1})):
+            assert "user:alice" in shown and authority[:12] not in shown and cookie[:8] not in shown, shown
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            pickle.dumps(key)
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            copy.deepcopy(key)
+    assert peer in repr(SessionKey("user:alice", authority, peer))
+    assert SessionKey("u", "a", "t") == SessionKey("u", "a", "t") != SessionKey("u", "b", "t")
+    assert len({SessionKey("u", "a", "t"), SessionKey("u", "a", "t")}) == 1
 
 
 def test_an_engine_that_sat_out_another_engines_statements_forgets_its_cached_tables() -> None:
