@@ -91,7 +91,7 @@ class UnknownHandleError(QueryError):
     """A ticket or prepared-statement handle this client session does not hold."""
 
 
-def _user_config(base: SQEConfig, token: str, user_key: str) -> SQEConfig:
+def _user_config(base: SQEConfig, token: str, owner: SessionKey) -> SQEConfig:
     """The server's engine config as ``token``'s holder: that catalog token only, no other credential.
 
     The one place that builds a user's config. Sibling warehouses of the same catalog lose their own credentials
@@ -112,17 +112,23 @@ def _user_config(base: SQEConfig, token: str, user_key: str) -> SQEConfig:
     )
     # The token is already the user's own or a delegated one (IdentityBroker): the engine must not exchange again.
     catalog = base.catalog.model_copy(update={**no_auth, "token": SecretStr(token), "warehouses": siblings})
-    return base.model_copy(update={"catalog": catalog, "external_tables": _user_external_tables(base, user_key)})
+    return base.model_copy(update={"catalog": catalog, "external_tables": _user_external_tables(base, owner)})
 
 
-def _user_external_tables(base: SQEConfig, user_key: str) -> ExternalTablesConfig:
-    """Each user's own store of external tables (one user's mounts are never listed, read, dropped or able to
-    shadow a table for another), each mount with keys of its own: never the server's environment or [storage]."""
+def _user_external_tables(base: SQEConfig, owner: SessionKey) -> ExternalTablesConfig:
+    """A store of external tables per user and authority, each mount with keys of its own: never the server's
+    environment or [storage].
+
+    Keyed like client sessions, by the authority too: one user's mounts are never listed, read, dropped or able to
+    shadow a table for another, nor for a token of the same user with other roles (a narrower token would read
+    with keys sealed under a wider one, and its mount would replace a same-named table for the wider one).
+    """
     section = base.external_tables
     path = section.path
     if path:
         where = Path(path)
-        path = str(where.with_name(f"{where.stem}.{fingerprint(user_key)}{where.suffix}"))
+        owner_key = fingerprint(f"{owner.user}\0{owner.authority}")
+        path = str(where.with_name(f"{where.stem}.{owner_key}{where.suffix}"))
     return section.model_copy(update={"path": path, "environment_keys": False, "storage_keys": False})
 
 
@@ -384,7 +390,7 @@ class ClientSession:
             if others_ran:  # their writes invalidated their own load caches only: a session reads its writes
                 chosen.provider.forget_cached_tables()
             return chosen
-        config = _user_config(self._base, catalog_token, self.user_key)
+        config = _user_config(self._base, catalog_token, self.key)
         provider = RestTableProvider(config)
         engine = Engine(Session(provider, config), provider, wanted, busy=True, acquired_at=self._releases)
         with self._lock:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from cryptography.fernet import Fernet
 
 from sqe.server._proto import flight_sql_pb2 as sql_pb
 from tests.conftest import CatalogPrincipal, pyiceberg_catalog
-from tests.e2e.test_server import Served, _bearer, _command, _reader_settings, served, start_server
+from tests.e2e.test_server import Served, _bearer, _command, _reader_settings, _two_scopes, served, start_server
 
 __all__ = ["served"]  # the module fixture of test_server, shared (the second server joins its users)
 
@@ -76,8 +77,12 @@ def world(
 
 
 def _sql(world: World, who: str, sql: str) -> pa.Table:
+    return _sql_as(world, world.served.token(who), sql)
+
+
+def _sql_as(world: World, token: str, sql: str) -> pa.Table:
     client = flight.FlightClient(world.url)
-    options = _bearer(world.served.token(who))
+    options = _bearer(token)
     info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
     return client.do_get(info.endpoints[0].ticket, options).read_all()
 
@@ -93,9 +98,14 @@ def _put_parquet(world: World, table: pa.Table) -> str:
 
 def _mount(world: World, who: str, table_and_columns: str, location: str) -> None:
     """``who`` mounts ``location`` with the mount's own keys (sealed by the server)."""
+    _mount_as(world, world.served.token(who), table_and_columns, location)
+
+
+def _mount_as(world: World, token: str, table_and_columns: str, location: str) -> None:
     moto = world.served.catalog.moto
     keys = f"access_key_id = '{moto.access_key_id}', secret_access_key = '{moto.secret_access_key}'"
-    _sql(world, who, f"CREATE EXTERNAL TABLE {table_and_columns} STORED AS PARQUET LOCATION '{location}' WITH ({keys})")
+    create = f"CREATE EXTERNAL TABLE {table_and_columns} STORED AS PARQUET LOCATION '{location}' WITH ({keys})"
+    _sql_as(world, token, create)
 
 
 def test_a_mount_never_reads_with_the_servers_keys(world: World) -> None:
@@ -141,3 +151,30 @@ def test_a_mount_never_shadows_an_iceberg_table_for_another_user(world: World) -
     writer = pyiceberg_catalog(world.served.catalog, world.served.users["writer"])
     writer.create_table((namespace, "orders"), schema=real.schema).append(real)
     assert _sql(world, "alice", f"SELECT * FROM {namespace}.orders").to_pylist() == [{"id": 1, "name": "real order"}]
+
+
+def test_a_mount_belongs_to_the_authority_it_was_created_under(world: World) -> None:
+    """Found by review: mounts were kept per principal, so a token of the same principal scoped to fewer roles
+    listed, read (with the keys sealed under the wider token) and dropped the wider token's mounts, and a mount
+    it made would have replaced a same-named table for the wider one. A token issued again with the same roles
+    is the same authority and keeps them."""
+    namespace = world.served.namespace
+    wide, narrow = _two_scopes(world.served)
+    location = _put_parquet(world, pa.table({"note": ["under every role"]}))
+    name = f"{namespace}.wide_{uuid.uuid4().hex[:6]}"
+    _mount_as(world, wide, f"{name} (note VARCHAR)", location)
+
+    assert not [r for r in _sql_as(world, narrow, "SHOW EXTERNAL TABLES").to_pylist() if r["table"].endswith(name)]
+    with pytest.raises(flight.FlightError) as refused:
+        _sql_as(world, narrow, f"SELECT note FROM {name}")
+    assert "under every role" not in str(refused.value)
+    assert _sql_as(world, narrow, f"DROP EXTERNAL TABLE IF EXISTS {name}").to_pylist() == [{"dropped": False}]
+    assert _sql_as(world, wide, f"SELECT note FROM {name}").to_pylist() == [{"note": "under every role"}]
+    assert [r for r in _sql_as(world, wide, "SHOW EXTERNAL TABLES").to_pylist() if r["table"].endswith(name)]
+
+    first = world.served.token("carol")
+    _mount_as(world, first, f"{name}_kept (note VARCHAR)", location)
+    time.sleep(1.1)  # iat counts whole seconds: the next token differs from the first
+    second = world.served.token("carol")
+    assert first != second
+    assert _sql_as(world, second, f"SELECT note FROM {name}_kept").to_pylist() == [{"note": "under every role"}]

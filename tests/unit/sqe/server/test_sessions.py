@@ -91,13 +91,29 @@ def test_a_users_config_carries_their_token_only_and_no_sibling_on_another_catal
     identity = {"catalog.client_id": "server", "catalog.client_secret": "SERVER-SECRET"}
     reader = {"catalog.reader_client_id": "reader", "catalog.reader_client_secret": "READER-SECRET"}
     base = _load({**identity, **reader, "catalog.warehouses": siblings})
-    config = _user_config(base, "USER-TOKEN", "user:alice")
+    config = _user_config(base, "USER-TOKEN", SessionKey("user:alice", "roles", "s"))
     assert config.catalog.warehouse_names == ("demo", "same", "inherited")
     for name in config.catalog.warehouse_names:
         connection = config.catalog.connection(name)
         assert connection.uri.rstrip("/") == "http://127.0.0.1:8181"
         assert connection.token is not None and connection.token.get_secret_value() == "USER-TOKEN"
         assert connection.reader_client_id is None and connection.client_id is None
+
+
+def test_external_tables_are_stored_per_user_and_authority() -> None:
+    """Found by review: one store per principal, whatever roles its token named. Not per session id: mounts
+    persist across a user's client sessions."""
+    base = _load({"external_tables.path": "/srv/sqe/external.db"})
+
+    def store(user: str, authority: str, tag: str = "s") -> str | None:
+        section = _user_config(base, "USER-TOKEN", SessionKey(user, authority, tag)).external_tables
+        assert not section.storage_keys and not section.environment_keys
+        return section.path
+
+    wide = store("user:alice", "all roles")
+    assert wide is not None and wide.startswith("/srv/sqe/external.") and wide.endswith(".db")
+    assert store("user:alice", "all roles", "another session") == wide
+    assert len({wide, store("user:alice", "one role"), store("user:bob", "all roles")}) == 3
 
 
 # ------------------------------------------------------------------------------- growth (found by review)
