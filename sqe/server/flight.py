@@ -232,8 +232,9 @@ def _binds_as_list(names: list[str]) -> bool:
 
 
 def _parameter_schema(sql: str) -> pa.Schema | None:
-    """A prepared statement's ``parameter_schema``: a nullable field per parameter. DuckDB infers a parameter's
-    type only when values are bound, so each is null-typed (unknown), as DuckDB's own ADBC driver reports it."""
+    """A prepared statement's ``parameter_schema``: a nullable field per parameter, null-typed (unknown). DuckDB's
+    public Python API exposes no parameter types (``duckdb_prepared_statements()`` lists them as UNKNOWN), and
+    DuckDB's own ADBC driver reports them null too."""
     names = _parameter_names(sql)
     return None if names is None else pa.schema([pa.field(name, pa.null()) for name in names])
 
