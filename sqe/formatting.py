@@ -2,7 +2,8 @@
 
 Every value goes one way: :func:`_nodes` walks an Arrow array by its type, at any depth, into plain nodes (a
 leaf's SQL text and JSON value, a list, a struct, a map), and each format writes those nodes. The walk never
-raises: a value Python cannot hold (a nanosecond timestamp, a date past year 9999) is shown by Arrow's text of it.
+raises. A date or timestamp Python's datetime cannot hold (a nanosecond one, one before year 1 or after 9999) is
+written from its integer here, as DuckDB writes it: ``0045-03-15 (BC)``, ``294247-01-10 04:00:54.775806``.
 
 The table is for a terminal: control characters (escape sequences, carriage returns, bidi overrides) in names
 and values are shown escaped, and a backslash doubled, so data cannot rewrite the user's screen and escaped text
@@ -38,13 +39,20 @@ _ISO_SEPARATOR = re.compile(r"^(-?\d+-\d\d-\d\d) ")
 _DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 # Python's datetime range, years 1 to 9999, in days since the epoch; a zone's shift may take a day more.
 _PYTHON_DAYS = (-719162, 2932896)
+# The proleptic Gregorian calendar repeats every 400 years, in days; and 0000-03-01 in days since the epoch.
+_CYCLE_DAYS = 146097
+_MARCH_OF_YEAR_0 = -719468
+_MICROS_PER_DAY = 86400 * 10**6
 
 
 def _python_range(unit: str, zoned: bool) -> tuple[int, int]:
-    """The first and last value of Arrow time ``unit`` ("day" or a timestamp's) Python's datetime holds."""
+    """The first and last value of Arrow time ``unit`` ("day" or a timestamp's) Python's datetime holds; none of
+    a nanosecond one (it holds microseconds): the range is empty."""
     first, last = (_PYTHON_DAYS[0] + 1, _PYTHON_DAYS[1] - 1) if zoned else _PYTHON_DAYS
     if unit == "day":
         return first, last
+    if unit == "ns":
+        return 1, 0
     per_day = 86400 * 10 ** _DIGITS[unit]
     return first * per_day, (last + 1) * per_day - 1
 
@@ -200,7 +208,7 @@ def _leaves(array: pa.Array) -> list[_Node]:
     if isinstance(kind, pa.DurationType):
         counts = pc.cast(array, pa.int64()).to_pylist()
         return [None if n is None else _text_leaf(_clock(n, _DIGITS[kind.unit])) for n in counts]
-    if isinstance(kind, pa.TimestampType | pa.Time64Type) and kind.unit == "ns":
+    if isinstance(kind, pa.Time64Type) and kind.unit == "ns":
         return _arrow_text(array)
     values = array.to_pylist()
     if pa.types.is_integer(kind):  # the commonest columns, made without _leaf's tests
@@ -213,21 +221,91 @@ def _leaves(array: pa.Array) -> list[_Node]:
 def _beyond_python(array: pa.Array) -> list[_Node] | None:
     """The timestamps and dates of ``array`` Python cannot hold, each as a leaf (None for every other value); None
     if it holds none. DuckDB writes an infinity as the largest value of its storage (minus it for -infinity), shown
-    by its name; a value past Python's years 1 to 9999 is Arrow's text of it: it alone, not its whole column."""
+    by its name; any other is written from its integer (:func:`_temporal`): it alone, not its whole column."""
     kind = array.type
-    if isinstance(kind, pa.TimestampType):  # a nanosecond one is Arrow's text anyway: only infinities count
-        storage, top = pa.int64(), 2**63 - 1
-        low, high = (1 - top, top - 1) if kind.unit == "ns" else _python_range(kind.unit, kind.tz is not None)
+    if isinstance(kind, pa.TimestampType):
+        storage, top, unit, zone = pa.int64(), 2**63 - 1, kind.unit, kind.tz
     elif pa.types.is_date32(kind):
-        storage, top, (low, high) = pa.int32(), 2**31 - 1, _python_range("day", zoned=False)
+        storage, top, unit, zone = pa.int32(), 2**31 - 1, "day", None
     else:
         return None
+    low, high = _python_range(unit, zone is not None)
     raw = array.view(storage)
     if not pc.any(pc.or_(pc.less(raw, low), pc.greater(raw, high))).as_py():
         return None
-    texts = _arrow_text(array)
+    counts = raw.to_pylist()
+    beyond = [None if n is None or low <= n <= high or abs(n) == top else n for n in counts]
     names = {top: _text_leaf("infinity"), -top: _text_leaf("-infinity")}
-    return [None if n is None or low <= n <= high else names.get(n, texts[i]) for i, n in enumerate(raw.to_pylist())]
+    leaves = _temporal(beyond, unit, zone)
+    return [names[n] if n is not None and abs(n) == top else leaf for n, leaf in zip(counts, leaves, strict=True)]
+
+
+def _temporal(counts: list[int | None], unit: str, zone: str | None) -> list[_Node]:
+    """Dates (``unit`` "day") or timestamps of ``counts`` units since the epoch, each written from its integer; a
+    zoned one in ``zone`` with its offset, as Python writes one it holds (``+00:00``)."""
+    offsets = _zone_offsets(counts, unit, zone) if zone else [None] * len(counts)
+    return [None if n is None else _temporal_leaf(n, unit, off) for n, off in zip(counts, offsets, strict=True)]
+
+
+def _temporal_leaf(count: int, unit: str, offset: int | None) -> _Leaf:
+    """As DuckDB writes it (``0045-03-15 (BC) 10:00:00``) for SQL; as ISO 8601 for JSON, in astronomical years
+    (year 0 is 1 BC: ``-0044-03-15T10:00:00``). A second's fraction shows as Python shows it: 6 digits, 9 for a
+    nanosecond timestamp, only when not zero."""
+    if unit == "day":
+        day, clock = count, ""
+    else:
+        digits = _DIGITS[unit]
+        shown = max(digits, 6)
+        local = count + (offset or 0) * 10**digits
+        day, rest = divmod(local, 86400 * 10**digits)
+        clock = _clock(rest * 10 ** (shown - digits), shown) + ("" if offset is None else _offset_text(offset))
+    year, month, mday = _calendar(day)
+    month_day = f"-{month:02d}-{mday:02d}"
+    sql = f"{year:04d}{month_day}" if year > 0 else f"{1 - year:04d}{month_day} (BC)"
+    iso = f"{'-' if year < 0 else ''}{abs(year):04d}{month_day}"
+    return _Leaf(f"{sql} {clock}", f"{iso}T{clock}") if clock else _Leaf(sql, iso)
+
+
+def _calendar(days: int) -> tuple[int, int, int]:
+    """(year, month, day) of ``days`` since 1970-01-01 in the proleptic Gregorian calendar, exact for any integer.
+    Years are counted from 1 March, so a leap day ends its year and each month's start follows one formula."""
+    cycle, day = divmod(days - _MARCH_OF_YEAR_0, _CYCLE_DAYS)
+    # Years into the cycle: every 4th year, but not the 100th unless the 400th, has a leap day.
+    year = (day - day // 1460 + day // 36524 - day // (_CYCLE_DAYS - 1)) // 365
+    day -= 365 * year + year // 4 - year // 100
+    march_month = (5 * day + 2) // 153  # 0 is March, 11 February: month lengths repeat 31, 30, 31, 30, 31
+    mday = day - (153 * march_month + 2) // 5 + 1
+    month = march_month + 3 if march_month < 10 else march_month - 9
+    return 400 * cycle + year + (month <= 2), month, mday
+
+
+def _zone_offsets(counts: list[int | None], unit: str, zone: str) -> list[int | None]:
+    """Each timestamp's offset from UTC in ``zone``, in seconds, as pyarrow's conversion to Python gives it.
+    A moment Python cannot hold is moved by whole 400-year cycles into its years first: a zone keeps its first
+    offset before its first change and repeats its yearly rule after its last, both the same a cycle away."""
+    scale = 10 ** (6 - _DIGITS[unit])  # to microseconds; a nanosecond count's fraction plays no part
+    micros = [None if n is None else _in_python_years(n * scale if scale >= 1 else n // 1000) for n in counts]
+    moments = pa.array(micros, pa.timestamp("us", zone)).to_pylist()
+    offsets = [None if moment is None else moment.utcoffset() for moment in moments]
+    return [None if offset is None else int(offset.total_seconds()) for offset in offsets]
+
+
+def _in_python_years(micros: int) -> int:
+    """``micros`` since the epoch moved by whole 400-year cycles to between years 2 and 9998."""
+    cycle = _CYCLE_DAYS * _MICROS_PER_DAY
+    low, high = (_PYTHON_DAYS[0] + 366) * _MICROS_PER_DAY, (_PYTHON_DAYS[1] - 366) * _MICROS_PER_DAY
+    if micros < low:
+        return micros + -((micros - low) // cycle) * cycle
+    if micros > high:
+        return micros - -((high - micros) // cycle) * cycle
+    return micros
+
+
+def _offset_text(seconds: int) -> str:
+    """``+HH:MM``, and ``:SS`` when not zero, as Python writes a UTC offset."""
+    minutes, second = divmod(abs(seconds), 60)
+    hour, minute = divmod(minutes, 60)
+    return f"{'-' if seconds < 0 else '+'}{hour:02d}:{minute:02d}" + (f":{second:02d}" if second else "")
 
 
 def _arrow_text(array: pa.Array) -> list[_Node]:

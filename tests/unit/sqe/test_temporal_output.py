@@ -1,0 +1,181 @@
+"""Dates and timestamps in the CLI's output: written as DuckDB writes them at any value DuckDB holds, BC and past
+Python's years 1 to 9999 included, with the session zone's offset for a zoned one.
+
+The wide checks compare SQE's rendering of DuckDB's own Arrow results with DuckDB's text of the same values; the
+rest run the real program (``python -m sqe.cli``) on literal SQL, as tests/unit/sqe/test_cli_output.py does.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from sqe.formatting import write_table
+from tests.unit.sqe.test_cli_exit_paths import config
+
+__all__ = ["config"]  # the fixture, shared with the exit-path tests
+
+TOP = 2**63 - 1  # DuckDB's infinity; the largest finite timestamp is one less
+DAY = 86_400_000_000
+CYCLE = 146_097 * DAY  # 400 years
+
+
+def _micros() -> list[int]:
+    """Timestamps (microseconds since the epoch) over DuckDB's whole range: its ends, Python's ends, leap days
+    and 400-year cycle edges, and a seeded spread."""
+    rng = random.Random(20261207)
+    edges = [-TOP + 1, TOP - 1, 0, -1, 1, -62135596800000000, -62135596800000001, 253402300800000000]
+    edges += [253402300799999999, 951782400000000 - 1, 951782400000000 + DAY, -62162035200000000]  # 2000-02-29
+    edges += [k * CYCLE + d for k in (-5, -1, 1, 700) for d in (-DAY, -1, 0, 1, DAY)]
+    spread = [rng.randint(-TOP + 1, TOP - 1) for _ in range(3000)]
+    return edges + spread + [rng.randint(-(10**15), 10**15) for _ in range(500)]
+
+
+def _duckdb_text(text: str) -> str:
+    """DuckDB's text with a second's fraction at 6 digits (it drops trailing zeros; Python, and so SQE, keeps
+    them) and a whole-hour offset as ``+HH:MM`` (DuckDB writes ``+HH``)."""
+    text = re.sub(r"\.(\d+)", lambda m: "." + m.group(1).ljust(6, "0"), text)
+    return re.sub(r"(:\d\d(?:\.\d+)?[+-]\d\d)$", r"\1:00", text)
+
+
+def _iso(sql_text: str) -> str:
+    """The ISO 8601 form SQE's JSON holds for DuckDB's text of a date or timestamp: astronomical years (year 0 is
+    1 BC, -1 is 2 BC), a ``T`` between date and time."""
+    match = re.fullmatch(r"(\d+)(-\d\d-\d\d)( \(BC\))?(?: (.*))?", sql_text)
+    assert match, sql_text
+    year = int(match.group(1))
+    year = 1 - year if match.group(3) else year
+    date = f"{'-' if year < 0 else ''}{abs(year):04d}{match.group(2)}"
+    return date if match.group(4) is None else f"{date}T{match.group(4)}"
+
+
+def _rendered(table: pa.Table, fmt: str) -> list[list[str]]:
+    out = io.StringIO()
+    write_table(table, fmt, out)
+    if fmt == "json":
+        return [list(json.loads(line).values()) for line in out.getvalue().splitlines()]
+    return list(csv.reader(io.StringIO(out.getvalue(), newline="")))[1:]
+
+
+def _compare(statement: str, values: list[int], zone: str = "UTC") -> None:
+    """``statement`` selects a value ``v`` and DuckDB's text of it ``s`` for each ``x`` of ``values``: SQE's CSV
+    (the table's text) is DuckDB's text, and its JSON that text in ISO form."""
+    with duckdb.connect() as con:
+        con.execute(f"SET TimeZone = '{zone}'")
+        table = con.sql(statement, params=[values]).to_arrow_table()
+    expected = [_duckdb_text(text) for text in table.column("s").to_pylist()]
+    shown = [row[0] for row in _rendered(table.select(["v"]), "csv")]
+    wrong = [(x, got, want) for x, got, want in zip(values, shown, expected, strict=True) if got != want]
+    assert wrong == [], wrong[:5]
+    as_json = [row[0] for row in _rendered(table.select(["v"]), "json")]
+    wrong = [(x, got, want) for x, got, want in zip(values, as_json, expected, strict=True) if got != _iso(want)]
+    assert wrong == [], wrong[:5]
+
+
+def test_a_timestamp_at_any_value_duckdb_holds_is_written_as_duckdb_writes_it() -> None:
+    """Found by review: a timestamp past Python's years (from year 294247 down to 290309 BC) was Arrow's
+    ``<value out of range: N>``, and one BC was written as Arrow's negative year (``-0043-03-15 10:00:00.000000``
+    for 44 BC); each is now computed from its integer, as DuckDB writes it."""
+    statement = "SELECT make_timestamp(x) AS v, make_timestamp(x)::VARCHAR AS s FROM unnest($1::BIGINT[]) u(x)"
+    _compare(statement, _micros())
+
+
+def test_a_date_at_any_value_duckdb_holds_is_written_as_duckdb_writes_it() -> None:
+    """Found by review: a BC date was written ``-0044-03-15`` (Arrow's year), not DuckDB's ``0045-03-15 (BC)``."""
+    rng = random.Random(7)
+    days = [-(2**31) + 2, 2**31 - 2, -719162, -719163, -719528, -719529, 2932896, 2932897, 0, -1]
+    days += [rng.randint(-(2**31) + 2, 2**31 - 2) for _ in range(3000)]
+    statement = "SELECT DATE '1970-01-01' + x AS v, (DATE '1970-01-01' + x)::VARCHAR AS s FROM unnest($1::INT[]) u(x)"
+    _compare(statement, days)
+
+
+def test_a_zoned_timestamp_has_its_zones_offset_at_any_value() -> None:
+    """Found by review: a zoned timestamp past Python's years was Arrow's text in UTC with the wrong offset
+    (``12000-06-30T19:00:00.000000-0500`` in New York, where July keeps daylight time, -04:00) and a colon-less
+    ``+0000`` where SQE writes ``+00:00``. Its offset is now the session zone's, as DuckDB computes it, both for
+    the zone's first (local mean time) offset long ago and for its yearly rule far ahead."""
+    statement = (
+        "SELECT make_timestamp(x)::TIMESTAMPTZ AS v, make_timestamp(x)::TIMESTAMPTZ::VARCHAR AS s"
+        " FROM unnest($1::BIGINT[]) u(x)"
+    )
+    inner = [x for x in _micros() if abs(x) < TOP - 2 * DAY]  # the zone's shift must not pass DuckDB's ends
+    _compare(statement, inner, zone="America/New_York")
+    _compare(statement, inner[:200], zone="Asia/Kolkata")
+
+
+def _sqe(tmp_path: Path, config: Path, statement: str, fmt: str, zone: str = "UTC") -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "sqe.cli", "-c", str(config), "-e", statement, "-f", fmt],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
+        env={**os.environ, "TZ": zone},
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    return done.stdout
+
+
+BC_AND_FAR = (
+    "SELECT DATE '-0044-03-15' AS d, TIMESTAMP '0044-03-15 (BC) 10:00:00' AS t,"
+    " TIMESTAMPTZ '0044-03-15 (BC) 10:00:00+00' AS z, make_timestamp(9223372036854775806) AS far,"
+    " [make_timestamp(-9223372036854775806)] AS l, TIMESTAMP_MS '100000-01-01 00:00:00.5' AS ms,"
+    " TIMESTAMP_S '5000-01-01 (BC) 00:00:01' AS s"
+)
+BC_AND_FAR_TEXT = [
+    "0045-03-15 (BC)",
+    "0044-03-15 (BC) 10:00:00",
+    "0044-03-15 (BC) 10:00:00+00:00",
+    "294247-01-10 04:00:54.775806",
+    "[290309-12-21 (BC) 19:59:05.224194]",
+    "100000-01-01 00:00:00.500000",
+    "5000-01-01 (BC) 00:00:01",
+]
+
+
+def test_bc_and_far_dates_and_timestamps_in_every_text_format(tmp_path: Path, config: Path) -> None:
+    """The program's table and CSV show a BC or far value as DuckDB does; JSON keeps ISO 8601's astronomical
+    years (``-0044`` is 45 BC) with a ``T``, as it writes every other timestamp."""
+    as_csv = _sqe(tmp_path, config, BC_AND_FAR, "csv")
+    assert list(csv.reader(io.StringIO(as_csv, newline="")))[1] == BC_AND_FAR_TEXT
+    table = _sqe(tmp_path, config, BC_AND_FAR, "table")
+    assert [cell.strip() for cell in table.splitlines()[3][1:-1].split(" | ")] == BC_AND_FAR_TEXT
+    assert json.loads(_sqe(tmp_path, config, BC_AND_FAR, "json")) == {
+        "d": "-0044-03-15",
+        "t": "-0043-03-15T10:00:00",
+        "z": "-0043-03-15T10:00:00+00:00",
+        "far": "294247-01-10T04:00:54.775806",
+        "l": ["-290308-12-21T19:59:05.224194"],
+        "ms": "100000-01-01T00:00:00.500000",
+        "s": "-4999-01-01T00:00:01",
+    }
+
+
+def test_a_far_zoned_timestamp_in_json_has_the_session_zones_offset(tmp_path: Path, config: Path) -> None:
+    """Found by review: the program wrote ``12000-06-30T19:00:00.000000-0500`` in New York for an instant DuckDB
+    shows as ``12000-06-30 20:00:00-04`` (July is daylight time), and a nanosecond one ``+0000``."""
+    statement = (
+        "SELECT TIMESTAMPTZ '12000-07-01 00:00:00+00' AS far, TIMESTAMPTZ '2024-07-01 00:00:00+00' AS near,"
+        " '2024-07-01 00:00:00.5+00'::TIMESTAMPTZ_NS AS ns"
+    )
+    assert json.loads(_sqe(tmp_path, config, statement, "json", zone="America/New_York")) == {
+        "far": "12000-06-30T20:00:00-04:00",
+        "near": "2024-06-30T20:00:00-04:00",
+        "ns": "2024-06-30T20:00:00.500000000-04:00",
+    }
+    assert json.loads(_sqe(tmp_path, config, statement, "json")) == {
+        "far": "12000-07-01T00:00:00+00:00",
+        "near": "2024-07-01T00:00:00+00:00",
+        "ns": "2024-07-01T00:00:00.500000000+00:00",
+    }
