@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-e", "--execute", metavar="SQL", help="run these statements and exit")
     parser.add_argument("--format", "-f", choices=FORMATS, default="table")
     parser.add_argument("--output", "-o", help="write results to this file instead of stdout")
+    parser.add_argument(
+        "--null", metavar="TEXT", help="show NULL as TEXT in the table format (default NULL; grey on a terminal)"
+    )
     parser.add_argument("--debug", action="store_true", help="show details (tracebacks) on errors")
     parser.add_argument("--server", metavar="URL", help="run against an `sqe serve` server (grpc:// or grpc+tls://)")
     return parser
@@ -67,6 +70,9 @@ def _run_sql(args: argparse.Namespace, started: Started, whole_process: bool) ->
     if args.format == "parquet" and not args.output:
         print("sqe: --format parquet needs --output PATH", file=sys.stderr)
         return 2
+    if args.null is not None and args.execute is not None and args.format != "table":
+        print(f"sqe: --null applies to the table format, not --format {args.format}", file=sys.stderr)
+        return 2
     if whole_process and not args.server:
         from sqe.duckdb_connection import open_ahead
 
@@ -78,10 +84,10 @@ def _run_sql(args: argparse.Namespace, started: Started, whole_process: bool) ->
     started()
     try:
         if args.execute is not None:
-            return run_statements(session, args.execute, args.format, args.output, args.debug)
+            return run_statements(session, args.execute, args.format, args.output, args.debug, null=args.null)
         from sqe.shell import Shell
 
-        return Shell(session, debug=args.debug).run()
+        return Shell(session, debug=args.debug, null=args.null).run()
     except BrokenPipeError:
         # The reader went away (`sqe -e ... | head`): stop quietly, with SIGPIPE's status. stdout now points at
         # /dev/null, so the interpreter's last flush of it does not fail again.
@@ -117,7 +123,9 @@ def _connect_remote(config_path: str | None, server: str) -> Session:
     return cast("Session", RemoteSession(server, load_config(config_path)))
 
 
-def run_statements(session: Session, text: str, fmt: str, output: str | None, debug: bool) -> int:
+def run_statements(
+    session: Session, text: str, fmt: str, output: str | None, debug: bool, *, null: str | None = None
+) -> int:
     from sqe.sqltext import split_statements
 
     results = 0
@@ -131,7 +139,7 @@ def run_statements(session: Session, text: str, fmt: str, output: str | None, de
             return 130
         if table is not None:
             try:
-                write_result(table, fmt, output, after_another=results > 0)
+                write_result(table, fmt, output, after_another=results > 0, null=null)
                 results += 1
             except SQEError as exc:  # a result the format cannot hold
                 return report_error(exc, debug)

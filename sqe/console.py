@@ -6,6 +6,7 @@ line and Ctrl-C, write a result, report an error on one line.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -84,10 +85,13 @@ class _Progress:
             self._stream.flush()
 
 
-def write_result(table: pa.Table, fmt: str, output: str | None, *, after_another: bool = False) -> None:
+def write_result(
+    table: pa.Table, fmt: str, output: str | None, *, after_another: bool = False, null: str | None = None
+) -> None:
     """``table`` to ``output`` (else stdout). ``after_another``: an earlier statement's result is already there;
     text formats add this one after it, as on stdout; a Parquet file holds one table: the last statement's (so
-    ``INSERT ...; SELECT ...`` keeps the rows, not the insert's count)."""
+    ``INSERT ...; SELECT ...`` keeps the rows, not the insert's count). ``null``: the table format's NULL text
+    (``--null``); on a colour terminal a NULL is grey too."""
     from sqe.formatting import write_table
 
     if output:
@@ -96,9 +100,15 @@ def write_result(table: pa.Table, fmt: str, output: str | None, *, after_another
             _write_parquet(table, path)
             return
         with path.open("a" if after_another else "w", encoding="utf-8", newline="") as fh:
-            write_table(table, fmt, fh)
+            write_table(table, fmt, fh, null=null)
         return
-    write_table(table, fmt, sys.stdout)
+    write_table(table, fmt, sys.stdout, null=null, grey_null=_colour_terminal(sys.stdout))
+
+
+def _colour_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal that takes colours: not when NO_COLOR is set (no-color.org) or TERM is
+    dumb."""
+    return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:

@@ -30,6 +30,9 @@ from sqe._text import escape_for_terminal
 from sqe.errors import QueryError
 
 MAX_CELL = 60
+NULL_TEXT = "NULL"  # the table format's NULL unless --null names another, as DuckDB's CLI has .nullvalue
+# Select Graphic Rendition: bright black (grey), as DuckDB's CLI shows a NULL; then back to the default.
+_GREY, _PLAIN = "\x1b[90m", "\x1b[0m"
 _CSV_SPECIAL = frozenset(',"\r\n')
 # What pyarrow raises for a value it cannot hand over or a cast it lacks: the walk then falls back to text.
 _UNREADABLE = (pa.ArrowException, ValueError, TypeError, OverflowError, ArithmeticError)
@@ -82,24 +85,32 @@ class _Map:
 _Node: TypeAlias = "_Leaf | _List | _Struct | _Map | None"
 
 
-def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
+def write_table(table: pa.Table, fmt: str, out: TextIO, *, null: str | None = None, grey_null: bool = False) -> None:
+    """``null`` and ``grey_null``: the table format's top-level NULL, see :func:`render_table`."""
     if fmt == "csv":
         _write_csv(table, out)
     elif fmt == "json":
         _write_json(table, out)
     else:
-        out.write(render_table(table))
+        out.write(render_table(table, null=null, grey_null=grey_null))
 
 
-def render_table(table: pa.Table) -> str:
+def render_table(table: pa.Table, *, null: str | None = None, grey_null: bool = False) -> str:
+    """A top-level NULL is ``null`` (``NULL`` unless given; escaped and cut like a value), and with ``grey_null``
+    (a colour terminal) it is grey: as DuckDB's CLI shows its ``.nullvalue``, so NULL and the string 'NULL'
+    differ at a glance."""
     names = [escape_for_terminal(name) for name in table.column_names]
-    rows = [[_cell(node) for node in row] for row in _rows(table)]
+    nodes = list(_rows(table))
+    shown_null = _fit(escape_for_terminal(NULL_TEXT if null is None else null))
+    rows = [[shown_null if node is None else _cell(node) for node in row] for row in nodes]
     widths = [_width(n) for n in names]
     for row in rows:
         widths = [max(w, _width(c)) for w, c in zip(widths, row, strict=True)]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     out = [line, _row(names, widths), line]
-    out += [_row(r, widths) for r in rows]
+    out += [
+        _row(r, widths, [n is None for n in row] if grey_null else None) for r, row in zip(rows, nodes, strict=True)
+    ]
     out.append(line)
     out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
     return "\n".join(out) + "\n"
@@ -407,12 +418,18 @@ def _jsonable(node: _Node) -> Any:
     return [[_jsonable(k), _jsonable(v)] for k, v in node.entries]
 
 
-def _row(cells: Sequence[str], widths: list[int]) -> str:
-    return "| " + " | ".join(c + " " * (w - _width(c)) for c, w in zip(cells, widths, strict=True)) + " |"
+def _row(cells: Sequence[str], widths: list[int], grey: Sequence[bool] | None = None) -> str:
+    """Cells padded to ``widths``; each ``grey`` one wrapped in the terminal's grey (which takes no column)."""
+    painted = [f"{_GREY}{c}{_PLAIN}" if grey and grey[i] else c for i, c in enumerate(cells)]
+    padded = (p + " " * (w - _width(c)) for p, c, w in zip(painted, cells, widths, strict=True))
+    return "| " + " | ".join(padded) + " |"
 
 
 def _cell(node: _Node) -> str:
-    text = escape_for_terminal(_shown(node))
+    return _fit(escape_for_terminal(_shown(node)))
+
+
+def _fit(text: str) -> str:
     return text if _width(text) <= MAX_CELL else _cut(text, MAX_CELL - 1) + "…"
 
 

@@ -40,9 +40,10 @@ Outcome = Literal["quit", "failed"] | None
 
 
 class Shell:
-    def __init__(self, session: Session, *, debug: bool = False) -> None:
+    def __init__(self, session: Session, *, debug: bool = False, null: str | None = None) -> None:
         self.session = session
         self.debug = debug
+        self.null = null  # the table format's NULL text (--null)
         self.timing = False
         self.history = Path(os.environ.get("SQE_HISTORY", Path.home() / ".sqe_history"))
 
@@ -100,7 +101,7 @@ class Shell:
             return "failed"
         if table is not None:
             try:
-                write_result(table, "table", None)
+                write_result(table, "table", None, null=self.null)
             except KeyboardInterrupt:  # a long result scrolling by: stop it, keep the shell
                 print("\noutput cancelled", file=sys.stderr)
                 return "failed"

@@ -10,6 +10,8 @@ import csv
 import io
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
 import uuid
@@ -145,6 +147,74 @@ def test_csv_tells_a_null_from_an_empty_string(tmp_path: Path, config: Path) -> 
             f"SELECT * FROM read_csv('{out}', header = true, all_varchar = true, allow_quoted_nulls = false)"
         ).fetchall()
     assert read_back == [(None, "", 'x,"y"'), ("", None, "z")]
+
+
+NULL_AND_STRING = "SELECT NULL AS n, 'NULL' AS s, [NULL, 'NULL'] AS l"
+
+
+def _on_a_terminal(tmp_path: Path, *argv: str, **env: str) -> bytes:
+    """The program's stdout when it is a terminal (a pty's end), as it writes it: ``env`` added to its own."""
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "sqe.cli", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            timeout=60,
+            cwd=tmp_path,
+            check=False,
+            env={**{k: v for k, v in os.environ.items() if k != "NO_COLOR"}, "TERM": "xterm", **env},
+        )
+    finally:
+        os.close(follower)
+    assert (done.returncode, done.stderr) == (0, b""), done.stderr
+    written = b""
+    while select.select([leader], [], [], 1)[0]:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal's other end is closed: all is read
+            break
+        if not chunk:
+            break
+        written += chunk
+    os.close(leader)
+    return written.replace(b"\r\n", b"\n")
+
+
+def test_null_and_the_string_null_differ_on_a_colour_terminal(tmp_path: Path, config: Path) -> None:
+    """Found by review: NULL and the string 'NULL' were shown alike at the top level of the table. On a terminal
+    a NULL is now grey, as DuckDB's CLI shows it (a string inside a list is quoted already); NO_COLOR, TERM=dumb
+    and a pipe keep plain text, so a script's output is the same as before."""
+    shown = _on_a_terminal(tmp_path, "-c", str(config), "-e", NULL_AND_STRING)
+    assert shown.splitlines()[3] == b"| \x1b[90mNULL\x1b[0m | NULL | [NULL, 'NULL'] |"
+    plain = b"| NULL | NULL | [NULL, 'NULL'] |"
+    assert _on_a_terminal(tmp_path, "-c", str(config), "-e", NULL_AND_STRING, NO_COLOR="1").splitlines()[3] == plain
+    assert _on_a_terminal(tmp_path, "-c", str(config), "-e", NULL_AND_STRING, TERM="dumb").splitlines()[3] == plain
+    assert _stdout(tmp_path, "-c", str(config), "-e", NULL_AND_STRING).splitlines()[3] == plain.decode()
+
+
+def test_null_shows_as_the_text_given_by_the_null_option(tmp_path: Path, config: Path) -> None:
+    """``--null TEXT`` (DuckDB's CLI ``.nullvalue``) names the table format's NULL, so the two differ in a pipe
+    too, in ``-e`` and in the shell; the text is escaped like a value, and the option is refused for a format that
+    has its own NULL (CSV's empty field, JSON's null)."""
+    out = _stdout(tmp_path, "-c", str(config), "-e", NULL_AND_STRING, "--null", "∅")
+    assert out.splitlines()[3] == "| ∅ | NULL | [NULL, 'NULL'] |"
+    out = _stdout(tmp_path, "-c", str(config), "-e", NULL_AND_STRING, "--null", "\x1b[2J")
+    assert out.splitlines()[3] == "| \\x1b[2J | NULL | [NULL, 'NULL'] |"
+    shell = subprocess.run(  # the shell (here a piped script) takes it too
+        [sys.executable, "-m", "sqe.cli", "-c", str(config), "--null", "(null)"],
+        input=NULL_AND_STRING + ";",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert shell.stdout.splitlines()[3] == "| (null) | NULL | [NULL, 'NULL'] |", shell.stderr
+    refused = _sqe(tmp_path, "-c", str(config), "-e", NULL_AND_STRING, "--null", "-", "-f", "csv")
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr == "sqe: --null applies to the table format, not --format csv\n"
 
 
 def _no_constants(name: str) -> None:
