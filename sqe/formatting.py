@@ -294,11 +294,17 @@ def _zone_offsets(counts: list[int | None], unit: str, zone: str) -> list[int | 
     """Each timestamp's offset from UTC in ``zone``, in seconds, as pyarrow's conversion to Python gives it.
     A moment Python cannot hold is moved by whole 400-year cycles into its years first: a zone keeps its first
     offset before its first change and repeats its yearly rule after its last, both the same a cycle away."""
-    scale = 10 ** (6 - _DIGITS[unit])  # to microseconds; a nanosecond count's fraction plays no part
-    micros = [None if n is None else _in_python_years(n * scale if scale >= 1 else n // 1000) for n in counts]
+    digits = _DIGITS[unit]  # to microseconds: a nanosecond count's fraction plays no part in its offset
+    micros = [None if n is None else _in_python_years(_micros(n, digits)) for n in counts]
     moments = pa.array(micros, pa.timestamp("us", zone)).to_pylist()
     offsets = [None if moment is None else moment.utcoffset() for moment in moments]
     return [None if offset is None else int(offset.total_seconds()) for offset in offsets]
+
+
+def _micros(count: int, digits: int) -> int:
+    """``count`` units of 10**-digits seconds in whole microseconds, rounded down."""
+    scale: int = 10 ** abs(6 - digits)
+    return count * scale if digits <= 6 else count // scale
 
 
 def _in_python_years(micros: int) -> int:
