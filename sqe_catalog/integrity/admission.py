@@ -259,12 +259,16 @@ def replace_legacy_pointer(
 ) -> None:
     """Legacy commit, register overwrite, notification update: the pointer moves, no pin and no digest are
     created (``also`` runs in the same transaction: a notification's timestamp). The caller read no pin; checked
-    again after the swap took the row, in its transaction: a table dropped and registered again under the name
-    meanwhile is protected, and its pointer must not move without its pin."""
+    again after the swap took the row, in its transaction: a table that took the name meanwhile at the same
+    metadata location (dropped, then admitted again by a register or a notification) is protected, and its pointer
+    must not move without its pin."""
     with catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, expected, location)
         if st.load_state(conn, table) is not None:  # raising rolls the swap back
-            raise CommitFailedError(f"table {table} was dropped and registered again as a protected table meanwhile")
+            raise CommitFailedError(
+                f"table {table} is a protected table now: its metadata location was admitted again meanwhile "
+                "(after a drop, by a register or a notification); nothing was changed, retry on the protected table"
+            )
         if also is not None:
             also(conn)
 

@@ -301,7 +301,7 @@ class IntegrityGuard:
     def commit(self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates) -> Written:
         """Commit to a table, legacy or protected as the pin read with its pointer says. A protected table's base
         is verified, the pin checked, and pointer + pin swapped together; a legacy table's swap is refused (409)
-        if a pin appeared meanwhile (the name dropped and registered again), so no pointer moves without its pin."""
+        if a pin appeared meanwhile (the table dropped and admitted again), so no pointer moves without its pin."""
         table = self.ref(namespace, name)
         location, trusted = self.current(namespace, name)
         if location is None:

@@ -900,6 +900,31 @@ def test_a_legacy_commit_never_moves_the_pointer_of_a_table_registered_again_mea
     assert trusted_row(api.server, ns, "t") == (retried.json()["metadata-location"], None, None, None)
 
 
+def test_a_legacy_commit_refused_for_a_pin_says_what_happened_whoever_admitted_it(
+    swapping: tuple[Api, SwappingStore],
+) -> None:
+    # Before: the 409 said the table "was dropped and registered again", also when a notification dropped it and
+    # admitted the same file again (no register at all). Now the message holds for a register and a notification.
+    api, store = swapping
+    ns = api.namespace()
+    location = legacy_table(api.server, ns, "t")
+
+    def admitted_again_by_notifications() -> None:
+        stamp = int(time.time() * 1000)
+        assert api.notify(ns, "t", "DROP", "", stamp).status_code == 204
+        assert api.notify(ns, "t", "CREATE", location, stamp + 1).status_code == 204
+
+    store.arm_write(location.rsplit("/", 1)[0], admitted_again_by_notifications)
+    raced = api.set_properties(ns, "t", owner="me")
+    assert store.swapped.is_set()
+    assert raced.status_code == 409, raced.text
+    message = raced.json()["error"]["message"]
+    assert "is a protected table now" in message and "a register or a notification" in message
+    assert "registered again" not in message
+    assert trusted_row(api.server, ns, "t") == (location, None, None, None)
+    assert "owner" not in api.load(ns, "t").json()["metadata"]["properties"]
+
+
 def test_a_commit_to_a_missing_table_is_refused_at_the_gate(api: Api) -> None:
     ns = api.namespace()
     missing = api.set_properties(ns, "absent", owner="me")
