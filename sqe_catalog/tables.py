@@ -635,6 +635,7 @@ class WarehouseTables:
             fingerprint,
             recheck,
             legacy_locations=self._legacy_locations,
+            credential_lifetime_ms=self._credential_lifetime_ms,
         )
 
     # -- namespaces --------------------------------------------------------------------------------------
@@ -903,14 +904,12 @@ class WarehouseTables:
             _require_same_uuid(namespace, name, previous, parsed.metadata)
             logged = frozenset({current, *(entry.metadata_file for entry in previous.metadata_log)})
             self._check_admitted_locations(parsed, (namespace, name), existing=True, logged_before=logged)
-            admitted = Admission(location, parsed, actor, action)
-            self.integrity.readmit(_s(namespace), name, (current, trusted), admitted, stamp)
             # Other metadata of the same table may move it away, as a commit may: the old places stay claimed. They
             # are the ones the catalog recorded, never what the (unverified) displaced file says now.
             before = _recorded_or(trusted, previous)
-            displaced = _displaced(before, table_locations(parsed.metadata.location, parsed.metadata.properties))
-            if displaced:
-                self.integrity.keep_displaced_locations(_s(namespace), name, displaced, self._credential_lifetime_ms)
+            left = _displaced(before, table_locations(parsed.metadata.location, parsed.metadata.properties))
+            admitted = Admission(location, parsed, actor, action)
+            self.integrity.readmit(_s(namespace), name, (current, trusted), admitted, stamp, left)
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
     def notify(
@@ -966,11 +965,11 @@ class WarehouseTables:
         self._check_commit_properties(commit.updates)
         requirements, updates = commit.requirements, commit.updates
         claimed = self._locations_claimed(namespace, name, updates, creating)
-        with claimed, _translated(namespace, name), _client_value_errors():
+        with claimed as left, _translated(namespace, name), _client_value_errors():
             if creating:
                 committed = self.integrity.commit_create(_s(namespace), name, requirements, updates)
             else:  # legacy or protected: decided with the pointer swap (IntegrityGuard.commit)
-                committed = self.integrity.commit(_s(namespace), name, requirements, updates)
+                committed = self.integrity.commit(_s(namespace), name, requirements, updates, left)
         return self._as_loaded(namespace, name, committed)
 
     def pending_commit_create(self, namespace: Namespace, name: str, commit: CommitBody) -> StoredTable:
@@ -994,19 +993,16 @@ class WarehouseTables:
     @contextmanager
     def _locations_claimed(
         self, namespace: Namespace, name: str, updates: Sequence[TableUpdate], creating: bool
-    ) -> Iterator[None]:
+    ) -> Iterator[tuple[str, ...]]:
         """Run a commit that claims locations (a create, a location or path update) under the location lock,
-        after checking they overlap no other table's; any other commit runs without the lock."""
+        after checking they overlap no other table's; any other commit runs without the lock. Yields the places
+        the commit moves the table away from: the table's snapshots still name its files there, so the commit
+        keeps them claimed like a dropped table's, or a new table there would be vended credentials for them."""
         if not (creating or self._changes_locations(updates)):
-            yield
+            yield ()
             return
         with self._location_lock:
-            displaced = self._check_commit_locations(namespace, name, updates, creating)
-            yield
-            if displaced:
-                # The table's snapshots still name its files at the places it left: they stay claimed like a
-                # dropped table's, or a new table there would be vended credentials for those files.
-                self.integrity.keep_displaced_locations(_s(namespace), name, displaced, self._credential_lifetime_ms)
+            yield self._check_commit_locations(namespace, name, updates, creating)
 
     def _check_commit_properties(self, updates: Sequence[TableUpdate]) -> None:
         for update in updates:

@@ -118,8 +118,11 @@ class IntegrityGuard:
         fingerprint: Fingerprint | None = None,
         recheck_seconds: float = 0.0,
         legacy_locations: LegacyLocations | None = None,
+        *,
+        credential_lifetime_ms: int,
     ) -> None:
         self._catalog = catalog
+        self._credential_lifetime_ms = credential_lifetime_ms  # what STS is asked for
         self._read = read
         self._locations_of = locations_of
         self._legacy_locations = legacy_locations or (lambda _table, location: locations_of(read(location).metadata))
@@ -131,15 +134,41 @@ class IntegrityGuard:
         self.verified: LRUCache[TableName, VerifiedRevision] = LRUCache(verified_entries)
         st.create_integrity_schema(catalog.engine)
 
-    def _also(self, table: TableName, stamp: NotificationStamp | None = None) -> admission.AlsoInTransaction:
+    def _also(
+        self, table: TableName, stamp: NotificationStamp | None = None, left: tuple[str, ...] = ()
+    ) -> admission.AlsoInTransaction:
         """What every pointer move of a protected table records in its own transaction."""
+        legacy = self._also_legacy(table, stamp, left)
 
         def also(conn: Connection, metadata: TableMetadata) -> None:
             st.store_locations(conn, table, self._locations_of(metadata))
+            legacy(conn)
+
+        return also
+
+    def _also_legacy(
+        self, table: TableName, stamp: NotificationStamp | None, left: tuple[str, ...]
+    ) -> Callable[[Connection], None]:
+        """What a pointer move of any table records in its own transaction: the places it leaves (``left``) and
+        a notification's timestamp."""
+
+        def also(conn: Connection) -> None:
+            self._keep_left_places(conn, table, left)
             if stamp is not None:
                 stamp(conn)
 
         return also
+
+    def _keep_left_places(self, conn: Connection, table: TableName, left: tuple[str, ...]) -> None:
+        """Keep the places a pointer move leaves as a tombstone, reserved as a drop's are: the table's snapshots
+        still name the files there. In the move's transaction, so neither is ever kept without the other. Only a
+        purge's own tombstone goes with its task, so this one stays."""
+        if not left:
+            return
+        moved_ms = st.now_ms()
+        st.record_dropped(conn, table, left, moved_ms)
+        # No UUID needed: the table still holds its name, and no other can hold its UUID while it exists.
+        st.record_reserved(conn, table, None, left, moved_ms + self._credential_lifetime_ms)
 
     def stored_locations(self) -> dict[tuple[Namespace, str], tuple[str, ...]]:
         """The locations the catalog recorded for its protected tables (legacy tables have none)."""
@@ -298,16 +327,24 @@ class IntegrityGuard:
         table = self.ref(namespace, name)
         return admission.write_new_table(self._catalog, table, metadata, self._also(table))
 
-    def commit(self, namespace: Namespace, name: str, requirements: Requirements, updates: Updates) -> Written:
+    def commit(
+        self,
+        namespace: Namespace,
+        name: str,
+        requirements: Requirements,
+        updates: Updates,
+        left: tuple[str, ...] = (),
+    ) -> Written:
         """Commit to a table, legacy or protected as the pin read with its pointer says. A protected table's base
         is verified, the pin checked, and pointer + pin swapped together; a legacy table's swap is refused (409)
-        if a pin appeared meanwhile (the table dropped and admitted again), so no pointer moves without its pin."""
+        if a pin appeared meanwhile (the table dropped and admitted again), so no pointer moves without its pin.
+        ``left``: the places the commit moves the table away from, kept in the swap's transaction."""
         table = self.ref(namespace, name)
         location, trusted = self.current(namespace, name)
         if location is None:
             raise NoSuchTableError(f"table does not exist: {table}")
         if trusted is None:
-            return self._commit_legacy(table, location, requirements, updates)
+            return self._commit_legacy(table, location, requirements, updates, left)
         base = self._verified(table, trusted, trusted.metadata_location)
         # A v3 revision written before the catalog completed next-row-id gets it here, so adding a snapshot
         # advances it (pyiceberg's update keeps an unset one unset).
@@ -324,9 +361,11 @@ class IntegrityGuard:
         metadata = with_next_row_id(staged.metadata)  # an upgrade to v3 starts row ids at 0
         if metadata == lineage_base:
             return trusted.metadata_location, base  # nothing changed: no new revision
-        return admission.commit_revision(self._catalog, table, trusted, base, metadata, self._also(table))
+        return admission.commit_revision(self._catalog, table, trusted, base, metadata, self._also(table, left=left))
 
-    def _commit_legacy(self, table: TableName, location: str, requirements: Requirements, updates: Updates) -> Written:
+    def _commit_legacy(
+        self, table: TableName, location: str, requirements: Requirements, updates: Updates, left: tuple[str, ...]
+    ) -> Written:
         """pyiceberg's commit of a legacy table (no verification, no pin), its swap refusing a pin."""
         identifier = (*table.namespace, table.name)
         base = self._read(location)
@@ -335,7 +374,8 @@ class IntegrityGuard:
         if staged.metadata == base.metadata:
             return location, base  # nothing changed: no new revision
         self._catalog._write_metadata(staged.metadata, staged.io, staged.metadata_location)
-        admission.replace_legacy_pointer(self._catalog, table, location, staged.metadata_location)
+        also = self._also_legacy(table, None, left)
+        admission.replace_legacy_pointer(self._catalog, table, location, staged.metadata_location, also)
         return staged.metadata_location, ParsedMetadata(staged.metadata, model_document(staged.metadata))
 
     def admit(
@@ -351,19 +391,22 @@ class IntegrityGuard:
         displaced: tuple[str, TrustedState | None],
         admitted: Admission,
         stamp: NotificationStamp | None = None,
+        left: tuple[str, ...] = (),
     ) -> None:
         """Register overwrite / notification update (``stamp`` given): re-admission if protected, a plain pointer
         move if legacy. ``displaced``: the pointer and pin (from ``current``) the caller checked the admission
-        against; the swap compares against exactly those (409 if the table moved on meanwhile)."""
+        against; the swap compares against exactly those (409 if the table moved on meanwhile). ``left``: the
+        places the new revision moves the table away from, kept in the swap's transaction."""
         table = self.ref(namespace, name)
         current, trusted = displaced
         if trusted is None:
-            admission.replace_legacy_pointer(self._catalog, table, current, admitted.location, stamp)
+            also = self._also_legacy(table, stamp, left)
+            admission.replace_legacy_pointer(self._catalog, table, current, admitted.location, also)
             return
         if stamp is not None:
             # Checked again on the pin the swap compares against: the name may hold another table by now.
             _refuse_notification_update(table, trusted.protection)
-        admission.readmit(self._catalog, table, trusted, admitted, self._also(table, stamp))
+        admission.readmit(self._catalog, table, trusted, admitted, self._also(table, stamp, left))
 
     def notification_stamp(self, namespace: Namespace, name: str, timestamp_ms: int) -> NotificationStamp:
         """Refuse a stale notification now (409 before anything is read); the returned stamp records its
@@ -421,18 +464,6 @@ class IntegrityGuard:
             if stamp is not None:
                 stamp(conn)
         return task_id
-
-    def keep_displaced_locations(
-        self, namespace: Namespace, name: str, locations: tuple[str, ...], credential_lifetime_ms: int
-    ) -> None:
-        """Keep the places a commit moved the live table away from as a tombstone: its snapshots still name the
-        files there. Only a purge's own tombstone goes with its task, so this one stays. The places are reserved
-        too, as a drop's are."""
-        moved_ms = st.now_ms()
-        with self._catalog.engine.begin() as conn:
-            st.record_dropped(conn, self.ref(namespace, name), locations, moved_ms)
-            # No UUID needed: the table still holds its name, and no other can hold its UUID while it exists.
-            st.record_reserved(conn, self.ref(namespace, name), None, locations, moved_ms + credential_lifetime_ms)
 
     def _claimed_locations(self, conn: Connection, table: TableName) -> tuple[str, ...] | None:
         """The locations the table claims, read in the drop's transaction (None: no such table)."""

@@ -7,6 +7,7 @@ must refuse and delete nothing.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import re
@@ -977,3 +978,69 @@ def test_a_v1_table_whose_metadata_names_no_uuid_takes_commits(api: Api, catalog
     assert committed.status_code == 200, committed.text
     assert read_stored(catalog_server, committed.json()["metadata-location"])["table-uuid"] == first
     assert api.set_properties(ns, "src", owner="you").status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Places a move leaves
+
+
+@contextlib.contextmanager
+def tombstones_refused(server: CatalogServer, ns: str) -> Iterator[None]:
+    """The catalog's database refuses every record of a place left in ``ns`` (as a full disk or a lost database
+    would refuse the write), for as long as the block runs; other namespaces are not touched."""
+    with sqlite3.connect(server.workdir / "catalog.db") as db:
+        db.execute(
+            "CREATE TRIGGER refuse_tombstones BEFORE INSERT ON sqe_dropped_table_locations"
+            f" WHEN NEW.namespace = '{ns}' BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+        )
+    try:
+        yield
+    finally:
+        with sqlite3.connect(server.workdir / "catalog.db") as db:
+            db.execute("DROP TRIGGER refuse_tombstones")
+
+
+def _moved_copy(server: CatalogServer, location: str, place: str) -> str:
+    """A metadata file of the same table (same UUID) whose location is ``place``, written under it."""
+    document = {**read_stored(server, location), "location": place}
+    written = f"{place}/metadata/00009-{uuid.uuid4()}.metadata.json"
+    bucket, key = s3_key(written)
+    server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(document).encode())
+    return written
+
+
+@pytest.mark.parametrize("kind", ["protected", "legacy"])
+@pytest.mark.parametrize("move", ["commit", "register-overwrite"])
+def test_a_move_whose_record_of_the_place_left_fails_does_not_happen(
+    api: Api, catalog_server: CatalogServer, kind: str, move: str
+) -> None:
+    # Before: the move committed first and recorded the place it left in a transaction of its own. When that
+    # write failed, the table had moved and its old place, still named by its snapshots, was free for any new
+    # table (and its credentials) to claim. Now both are one transaction: the move fails with it.
+    ns = api.namespace()
+    if kind == "protected":
+        location = api.create(ns, "t", V3).json()["metadata-location"]
+    else:
+        location = legacy_table(catalog_server, ns, "t")
+    place = read_stored(catalog_server, location)["location"]
+    moved = f"{place}-moved"
+
+    def move_away() -> requests.Response:
+        if move == "commit":
+            body = {"updates": [{"action": "set-location", "location": moved}]}
+            return api.request("POST", f"namespaces/{ns}/tables/t", json=body)
+        return _register(api, ns, "t", _moved_copy(catalog_server, location, moved), overwrite=True)
+
+    with tombstones_refused(catalog_server, ns):
+        failed = move_away()
+    assert failed.status_code == 500, failed.text
+    assert "refused by the test" not in failed.text and "Traceback" not in failed.text
+    loaded = api.load(ns, "t").json()
+    assert loaded["metadata-location"] == location and loaded["metadata"]["location"] == place
+    squat = {"name": "squat", "schema": SCHEMA, "location": place}
+    held = api.request("POST", f"namespaces/{ns}/tables", json=squat)  # the table holds it still
+    assert held.status_code == 400 and "overlaps the location of table" in held.json()["error"]["message"]
+    assert move_away().status_code == 200  # the store accepts the record again: the move and its record happen
+    assert api.load(ns, "t").json()["metadata"]["location"] == moved
+    refused = api.request("POST", f"namespaces/{ns}/tables", json=squat)
+    assert refused.status_code == 403 and f"{ns}.t" in refused.json()["error"]["message"]  # reserved for t
