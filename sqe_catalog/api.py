@@ -1524,7 +1524,8 @@ def _new_warehouse(w: WarehouseConfig, engine: Engine) -> _Warehouse:
     tables = WarehouseTables(w, engine)
     views = ViewStore(w, engine, tables)
     views.create_schema()
-    return _Warehouse(w, tables, CredentialVendor(w), views, load_file_io(catalog_io_properties(w)))
+    vendor = CredentialVendor(w, record_expiry=tables.integrity.record_vended_expiry)
+    return _Warehouse(w, tables, vendor, views, load_file_io(catalog_io_properties(w)))
 
 
 def _sandbox_principal(config: CatalogServerConfig) -> str | None:

@@ -637,6 +637,8 @@ class WarehouseTables:
             legacy_locations=self._legacy_locations,
             credential_lifetime_ms=self._credential_lifetime_ms,
         )
+        if warehouse.vend_credentials and not warehouse.sts_unavailable:
+            self.integrity.cover_unrecorded_credentials()
 
     # -- namespaces --------------------------------------------------------------------------------------
 
@@ -741,7 +743,8 @@ class WarehouseTables:
 
     @property
     def _credential_lifetime_ms(self) -> int:
-        """How long credentials vended for this warehouse's tables may stay valid (what STS is asked for)."""
+        """How long credentials vended for this warehouse's tables may stay valid as asked of STS (a drop or move
+        reserves places until the expiry STS answered, recorded by the vendor)."""
         return self.warehouse.credential_lifetime_seconds * 1000
 
     def default_location(self, namespace: Namespace, name: str) -> str:
@@ -935,8 +938,7 @@ class WarehouseTables:
         if kind == "DROP":
             if not exists:
                 raise NoSuchTableError.named(*namespace, name)
-            reservation = (self._uuid_if_readable(namespace, name), self._credential_lifetime_ms)
-            self.integrity.drop(_s(namespace), name, None, reservation, stamp)
+            self.integrity.drop(_s(namespace), name, None, self._uuid_if_readable(namespace, name), stamp)
         elif exists and kind == "CREATE":
             raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
         elif exists:
@@ -1022,7 +1024,7 @@ class WarehouseTables:
         table = self.load_table(namespace, name) if purge else None
         purge_location = table.metadata_location if table else None
         uuid = str(table.metadata.table_uuid) if table else self._uuid_if_readable(namespace, name)
-        self.integrity.drop(_s(namespace), name, purge_location, (uuid, self._credential_lifetime_ms))
+        self.integrity.drop(_s(namespace), name, purge_location, uuid)
 
     def _uuid_if_readable(self, namespace: Namespace, name: str) -> str | None:
         """The table's UUID, or None when its metadata cannot be read (a drop without purge still goes ahead)."""

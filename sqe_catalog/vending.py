@@ -6,12 +6,14 @@ Public contract used by ``sqe_catalog.api``:
 - ``VendedCredential``: frozen dataclass (access_key_id, secret_access_key, session_token | None,
   expires_at_ms | None); ``.to_config()`` gives the Iceberg REST ``s3.*`` keys. Secrets stay out of its repr,
   and it refuses to be pickled.
-- ``CredentialVendor(warehouse, *, clock=time.time)``
+- ``CredentialVendor(warehouse, *, clock=time.time, record_expiry=None)``
     ``.vend(principal, table_key, locations, write, reader=None) -> VendedCredential``: STS AssumeRole scoped to
     the locations, cached per (principal, table_key, write, locations, reader) while more than half its lifetime
     remains. The role session name names the end user and, for a delegated token, the reader acting for it
     (``role_session_name``), so store-side logs (CloudTrail, Ceph ops log) attribute every credential.
-    STS failures raise ``ServiceUnavailableError`` (503) without any secret in the message.
+    STS failures raise ``ServiceUnavailableError`` (503) without any secret in the message. Each new
+    credential's expiry (the ``Expiration`` STS answered) goes to ``record_expiry`` before the credential is
+    handed out: reservations of places last until the credentials vended for them have expired.
     ``.assume_role_calls``: how many AssumeRole requests were made (benchmarks and tests).
 
 A warehouse configured ``sts_unavailable = true`` gets no STS call at all: ``vend`` returns the warehouse's
@@ -204,7 +206,8 @@ class CredentialVendor:
     """Vends per-table STS credentials for one warehouse; thread-safe, one AssumeRole per key in flight.
 
     ``clock`` returns epoch seconds; it must agree with the STS server's clock because the cache compares it
-    with the ``Expiration`` STS returns. ``sts_client`` replaces the boto3 client (tests only).
+    with the ``Expiration`` STS returns. ``sts_client`` replaces the boto3 client (tests only). ``record_expiry``
+    gets each new credential's expiry (epoch ms) before it is handed out; an exception from it fails the vend.
     """
 
     def __init__(
@@ -213,9 +216,11 @@ class CredentialVendor:
         *,
         clock: Callable[[], float] = time.time,
         sts_client: STSClient | None = None,
+        record_expiry: Callable[[int], None] | None = None,
     ) -> None:
         self._warehouse = warehouse
         self._clock = clock
+        self._record_expiry = record_expiry
         self._lock = threading.Lock()
         self._cache: dict[_CacheKey, _CacheEntry] = {}
         self._in_flight: dict[_CacheKey, Future[VendedCredential]] = {}
@@ -299,6 +304,8 @@ class CredentialVendor:
         try:
             issued_at = self._clock()
             credential = self._assume_role(principal, locations, write, reader)
+            if self._record_expiry is not None and credential.expires_at_ms is not None:
+                self._record_expiry(credential.expires_at_ms)
             entry = _CacheEntry(credential, self._reuse_until(issued_at, credential))
             with self._lock:
                 self._drop_stale_entries()

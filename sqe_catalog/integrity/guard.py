@@ -39,6 +39,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from sqlalchemy import Connection, delete, select, update
+from sqlalchemy.exc import IntegrityError
 
 from sqe._lru import LRUCache
 from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataIntegrityError, NoSuchTableError
@@ -168,7 +169,33 @@ class IntegrityGuard:
         moved_ms = st.now_ms()
         st.record_dropped(conn, table, left, moved_ms)
         # No UUID needed: the table still holds its name, and no other can hold its UUID while it exists.
-        st.record_reserved(conn, table, None, left, moved_ms + self._credential_lifetime_ms)
+        st.record_reserved(conn, table, None, left, self._vended_until(conn, moved_ms))
+
+    def _vended_until(self, conn: Connection, at_ms: int) -> int:
+        """Until when credentials vended for the warehouse's places before ``at_ms`` may be valid: the latest
+        expiry STS answered for any of them; with none recorded, ``at_ms`` plus the lifetime the catalog asks for."""
+        recorded = st.vended_credentials_until(conn, self._catalog.name)
+        return at_ms + self._credential_lifetime_ms if recorded is None else recorded
+
+    def record_vended_expiry(self, until_ms: int) -> None:
+        """Record a vended credential's expiry (before it is handed out): reservations last until then."""
+        for attempt in range(2):
+            try:
+                with self._catalog.engine.begin() as conn:
+                    st.record_vended_expiry(conn, self._catalog.name, until_ms)
+                return
+            except IntegrityError:  # another process recorded the warehouse's first expiry meanwhile: raise it
+                if attempt:
+                    raise
+
+    def cover_unrecorded_credentials(self) -> None:
+        """At start-up, with no expiry recorded but tables in the warehouse: a catalog that recorded none (an
+        earlier version) may have vended credentials for them, valid at most the lifetime it asked for."""
+        with self._catalog.engine.begin() as conn:
+            if st.vended_credentials_until(conn, self._catalog.name) is not None:
+                return
+            if conn.execute(select(IcebergTables.table_name).where(self._in_warehouse()).limit(1)).first():
+                st.record_vended_expiry(conn, self._catalog.name, st.now_ms() + self._credential_lifetime_ms)
 
     def stored_locations(self) -> dict[tuple[Namespace, str], tuple[str, ...]]:
         """The locations the catalog recorded for its protected tables (legacy tables have none)."""
@@ -432,13 +459,12 @@ class IntegrityGuard:
         namespace: Namespace,
         name: str,
         purge_location: str | None,
-        reservation: tuple[str | None, int],
+        uuid: str | None,
         stamp: NotificationStamp | None = None,
     ) -> int | None:
         """Drop row and pin, keep the table's locations as a tombstone and, for a purge, persist a cleanup task
-        (whose success removes the tombstone), in one transaction; returns the task id. ``reservation``: the
-        table's UUID if known, and the credential lifetime in ms, for which the locations are also reserved
-        (credentials vended before the drop may be valid that long).
+        (whose success removes the tombstone), in one transaction; returns the task id. The locations are also
+        reserved, for the table's UUID if known (``uuid``), until the credentials vended before the drop expire.
 
         The files are deleted later, by the background cleaner or ``admin run-cleanup``, after a second check."""
         table = self.ref(namespace, name)
@@ -458,8 +484,7 @@ class IntegrityGuard:
             dropped_ms = st.now_ms()
             if kept is not None:
                 st.record_dropped(conn, table, kept, dropped_ms)
-                uuid, lifetime_ms = reservation
-                st.record_reserved(conn, table, uuid, kept, dropped_ms + lifetime_ms)
+                st.record_reserved(conn, table, uuid, kept, self._vended_until(conn, dropped_ms))
             task_id = st.insert_task(conn, table, purge_location, trusted, dropped_ms) if purge_location else None
             if stamp is not None:
                 stamp(conn)
@@ -493,9 +518,12 @@ class IntegrityGuard:
                 raise NoSuchTableError(f"table does not exist: {src.dotted_namespace}.{src.name}")
             st.rename_state(conn, src, dst)
 
+    def _in_warehouse(self) -> Any:
+        return IcebergTables.catalog_name == self._catalog.name
+
     def _row(self, table: TableName) -> Any:
         return (
-            (IcebergTables.catalog_name == self._catalog.name)
+            self._in_warehouse()
             & (IcebergTables.table_namespace == table.dotted_namespace)
             & (IcebergTables.table_name == table.name)
         )

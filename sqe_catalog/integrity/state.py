@@ -42,7 +42,7 @@ from sqlalchemy import (
 )
 
 from sqe_catalog.errors import CommitFailedError, MetadataIntegrityError
-from sqe_catalog.schema import METADATA, create_tables, object_key, trusted_state_columns
+from sqe_catalog.schema import METADATA, create_tables, object_key, trusted_state_columns, warehouse_key
 
 __all__ = [
     "AdmissionEvent",
@@ -132,7 +132,12 @@ _tasks = Table(
     Column("status", String(16), nullable=False),  # pending | running | done | failed
     Column("detail", Text, nullable=True),
 )
-_TABLES = (_pins, _events, _notification_times, _locations, _dropped, _reserved, _tasks)
+# The latest expiry (the ``Expiration`` STS answered) of any credential the catalog vended for a place of the
+# warehouse, written before the credential is handed out and only ever raised, by every catalog process on the
+# database: a drop or move reserves the places it leaves until then, since no credential vended before it is valid
+# longer. No row: nothing recorded (static keys, or no STS credential yet); see ``vended_credentials_until``.
+_vended = Table("sqe_vended_credentials", METADATA, warehouse_key(), Column("until_ms", BigInteger, nullable=False))
+_TABLES = (_pins, _events, _notification_times, _locations, _dropped, _reserved, _tasks, _vended)
 
 
 def create_integrity_schema(engine: Engine) -> None:
@@ -381,6 +386,20 @@ def record_reserved(
     """Reserve the table's places until ``until_ms``; reservations already over are removed."""
     conn.execute(delete(_reserved).where(_reserved.c.warehouse == ref.warehouse, _reserved.c.until_ms <= now_ms()))
     _insert_locations(conn, _reserved, ref, locations, until_ms=until_ms, table_uuid=uuid)
+
+
+def record_vended_expiry(conn: Connection, warehouse: str, until_ms: int) -> None:
+    """Raise the warehouse's latest vended expiry to ``until_ms`` (a later one recorded already stays)."""
+    where = _vended.c.warehouse == warehouse
+    if conn.execute(select(_vended.c.until_ms).where(where)).first() is None:
+        conn.execute(insert(_vended).values(warehouse=warehouse, until_ms=until_ms))
+    else:
+        conn.execute(update(_vended).where(where & (_vended.c.until_ms < until_ms)).values(until_ms=until_ms))
+
+
+def vended_credentials_until(conn: Connection, warehouse: str) -> int | None:
+    """The latest expiry of the credentials vended for the warehouse's places (None: none recorded)."""
+    return conn.execute(select(_vended.c.until_ms).where(_vended.c.warehouse == warehouse)).scalar()
 
 
 @dataclass(frozen=True)

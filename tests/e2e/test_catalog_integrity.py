@@ -8,6 +8,7 @@ must refuse and delete nothing.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gzip
 import json
 import re
@@ -1044,3 +1045,64 @@ def test_a_move_whose_record_of_the_place_left_fails_does_not_happen(
     assert api.load(ns, "t").json()["metadata"]["location"] == moved
     refused = api.request("POST", f"namespaces/{ns}/tables", json=squat)
     assert refused.status_code == 403 and f"{ns}.t" in refused.json()["error"]["message"]  # reserved for t
+
+
+class ShortSts(FaultProxy):
+    """moto's STS behind a proxy that answers every AssumeRole with an earlier ``Expiration`` (``seconds`` from
+    now), as an STS that caps the session (a role's maximum session duration, role chaining) does."""
+
+    def __init__(self, moto_url: str, seconds: int) -> None:
+        super().__init__(moto_url, keep_host=True)  # moto checks the signature, which covers the Host header
+        self.seconds = seconds
+
+    def _upstream(self, request: Any, body: bytes) -> tuple[Any, bytes] | None:
+        answered = super()._upstream(request, body)
+        if answered is None or b"<AssumeRoleResponse" not in answered[1]:
+            return answered
+        expiry = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.seconds)
+        shortened = f"<Expiration>{expiry:%Y-%m-%dT%H:%M:%SZ}</Expiration>".encode()
+        return answered[0], re.sub(rb"<Expiration>[^<]*</Expiration>", shortened, answered[1])
+
+
+def test_places_left_are_reserved_until_the_expiry_sts_answered(
+    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Before: a drop or a move reserved the places it left for the configured credential lifetime (900 s here)
+    # from its own time, whatever STS answered: with credentials that expired after 5 s, the places stayed held
+    # for 15 minutes. Now they are held until the latest expiry STS answered for a credential vended for them.
+    sts = ShortSts(catalog_server.moto.url, seconds=5)
+    sts.start()
+    try:
+        with catalog_variant(tmp_path_factory.mktemp("short_sts"), catalog_server.moto, sts_endpoint=sts.url) as server:
+            api = Api(server)
+            ns = api.namespace()
+            places, expiries = {}, []
+            for name in ("dropped", "moved"):
+                assert api.create(ns, name, V3).status_code == 200
+                loaded = api.request(
+                    "GET",
+                    f"namespaces/{ns}/tables/{name}",
+                    headers={"X-Iceberg-Access-Delegation": "vended-credentials"},
+                )
+                assert loaded.status_code == 200, loaded.text
+                places[name] = loaded.json()["metadata"]["location"]
+                config = loaded.json()["storage-credentials"][0]["config"]
+                expiries.append(int(config["s3.session-token-expires-at-ms"]))
+            assert max(expiries) <= time.time() * 1000 + 5_000, "STS answered the short expiry"
+            assert api.request("DELETE", f"namespaces/{ns}/tables/dropped").status_code == 204
+            away = {"updates": [{"action": "set-location", "location": f"{places['moved']}-moved"}]}
+            assert api.request("POST", f"namespaces/{ns}/tables/moved", json=away).status_code == 200
+
+            def claim(name: str) -> requests.Response:
+                body = {"name": f"{name}_again", "schema": SCHEMA, "location": places[name]}
+                return api.request("POST", f"namespaces/{ns}/tables", json=body)
+
+            for name in places:  # the credentials vended for the places are still valid
+                refused = claim(name)
+                assert refused.status_code == 403 and "reserved until" in refused.json()["error"]["message"]
+            time.sleep(max(0.0, max(expiries) / 1000 - time.time()) + 0.5)
+            for name in places:  # they have expired: an admin (CATALOG_MANAGE_CONTENT) may claim the places
+                claimed = claim(name)
+                assert claimed.status_code == 200, claimed.text
+    finally:
+        sts.stop()

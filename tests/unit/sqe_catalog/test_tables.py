@@ -625,3 +625,34 @@ def test_a_rename_takes_the_records_of_places_left_under_its_name_but_not_a_pend
     tables.rename_table((("db",), "f"), (("db",), "g"))
     with pytest.raises(ForbiddenError, match=r"dropped or moved table db\.g"):
         tables.create_table(("db",), _create("claim2", failed.location))
+
+
+def _reserved_until(tables: WarehouseTables, name: str) -> list[int]:
+    return [r.until_ms for r in tables.integrity.reserved_locations() if r.name == name]
+
+
+def test_a_drop_reserves_until_the_latest_vended_expiry_or_the_lifetime_when_none_is_known(tmp_path: Path) -> None:
+    # The vendor records each STS credential's expiry before handing it out; a drop reserves until the latest one.
+    # A database whose tables may hold credentials no process recorded (an earlier version's) gets the lifetime
+    # asked for, from the start of the first process that records expiries.
+    warehouse = WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh", credential_lifetime_seconds=600)
+    engine = create_engine_for(f"sqlite:///{tmp_path}/catalog.db")
+    first = WarehouseTables(warehouse, engine)
+    first.create_namespace(("db",), {})
+    for name in ("a", "b", "c"):
+        first.create_table(("db",), _create(name))
+    before = time.time() * 1000
+    first.drop_table(("db",), "a", purge=False)  # nothing recorded, no tables at start: the lifetime
+    assert before + 600_000 <= _reserved_until(first, "a")[0] <= time.time() * 1000 + 600_000
+    restarted = WarehouseTables(warehouse, engine)  # tables, no recorded expiry: covered for the lifetime
+    soon = int(time.time() * 1000) + 5_000
+    restarted.integrity.record_vended_expiry(soon)  # a shorter expiry does not lower the cover
+    restarted.drop_table(("db",), "b", purge=False)
+    assert _reserved_until(restarted, "b")[0] >= before + 600_000
+    fresh = WarehouseTables(warehouse, create_engine_for(f"sqlite:///{tmp_path}/fresh.db"))
+    fresh.create_namespace(("db",), {})
+    fresh.create_table(("db",), _create("c"))
+    fresh.integrity.record_vended_expiry(soon)
+    fresh.integrity.record_vended_expiry(soon - 1_000)  # an earlier expiry keeps the later one
+    fresh.drop_table(("db",), "c", purge=False)
+    assert _reserved_until(fresh, "c") == [soon]
