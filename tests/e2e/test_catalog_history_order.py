@@ -128,3 +128,29 @@ def test_main_cannot_become_a_tag(tables: Tables) -> None:
     response = tables.commit("tagged", {**set_main(current), "type": "tag"})
     refused(response.status_code, response.text, "main ref must be a branch")
     assert tables.metadata("tagged")["refs"]["main"]["type"] == "branch"
+
+
+def test_a_pyiceberg_overwrite_logs_only_the_snapshot_it_leaves_current(catalog_server: CatalogServer) -> None:
+    # pyiceberg's overwrite commits a delete snapshot and an append snapshot in one request, each with its own
+    # set-snapshot-ref main. Iceberg's Java TableMetadata.Builder logs both as main moves, then drops the delete's
+    # entry (an intermediate snapshot: added and replaced as current in the same commit, so never current): time
+    # travel to any moment never reads the empty table between the two. The catalog keeps the same log.
+    import pyarrow as pa
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    from tests.conftest import pyiceberg_catalog
+
+    catalog = pyiceberg_catalog(catalog_server, catalog_server.admin)
+    ns = f"overwrite_{uuid.uuid4().hex[:8]}"
+    catalog.create_namespace(ns)
+    table = catalog.create_table(f"{ns}.t", Schema(NestedField(1, "id", LongType(), required=False)))
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64())}))
+    table.overwrite(pa.table({"id": pa.array([3], pa.int64())}))
+    metadata = catalog.load_table(f"{ns}.t").metadata
+    operations = {s.snapshot_id: s.summary.operation.value for s in metadata.snapshots if s.summary is not None}
+    appended, deleted, overwritten = (s.snapshot_id for s in metadata.snapshots)
+    assert [operations[appended], operations[deleted], operations[overwritten]] == ["append", "delete", "append"]
+    assert [entry.snapshot_id for entry in metadata.snapshot_log] == [appended, overwritten]
+    assert metadata.current_snapshot_id == overwritten
+    assert catalog.load_table(f"{ns}.t").scan().to_arrow()["id"].to_pylist() == [3]
