@@ -112,12 +112,18 @@ def read_stored(server: CatalogServer, location: str) -> dict[str, Any]:
     return document
 
 
+def put_stored(server: CatalogServer, location: str, document: dict[str, Any], indent: int | None = None) -> str:
+    """Write ``document`` at ``location`` in the bucket, behind the catalog's back; returns ``location``."""
+    bucket, key = s3_key(location)
+    server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(document, indent=indent).encode())
+    return location
+
+
 def tamper(server: CatalogServer, location: str, change: Any) -> None:
     """Rewrite the metadata file in the bucket, behind the catalog's back."""
     document = read_stored(server, location)
     change(document)
-    bucket, key = s3_key(location)
-    server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(document, indent=2).encode())
+    put_stored(server, location, document, indent=2)
 
 
 def variant(server: CatalogServer, location: str, **properties: str) -> str:
@@ -125,10 +131,7 @@ def variant(server: CatalogServer, location: str, **properties: str) -> str:
     admitted by the catalog; re-admission tests point the table at it."""
     document = read_stored(server, location)
     document["properties"] = {**document.get("properties", {}), **properties}
-    new = location.rsplit("/", 1)[0] + f"/99999-{uuid.uuid4()}.metadata.json"
-    bucket, key = s3_key(new)
-    server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(document).encode())
-    return new
+    return put_stored(server, location.rsplit("/", 1)[0] + f"/99999-{uuid.uuid4()}.metadata.json", document)
 
 
 def objects(server: CatalogServer, prefix: str) -> list[str]:
@@ -874,25 +877,36 @@ def test_a_commit_goes_to_the_table_it_was_gated_on(swapping: tuple[Api, Swappin
     assert replaced["table-uuid"] != gated_uuid and "owner" not in replaced["properties"]
 
 
-def test_a_legacy_commit_never_moves_the_pointer_of_a_table_registered_again_meanwhile(
-    swapping: tuple[Api, SwappingStore],
+def _registered_again(api: Api, ns: str, location: str) -> None:
+    assert api.request("DELETE", f"namespaces/{ns}/tables/t").status_code == 204
+    assert _register(api, ns, "t", location).status_code == 200
+
+
+def _notified_again(api: Api, ns: str, location: str) -> None:
+    stamp = int(time.time() * 1000)
+    assert api.notify(ns, "t", "DROP", "", stamp).status_code == 204
+    assert api.notify(ns, "t", "CREATE", location, stamp + 1).status_code == 204
+
+
+@pytest.mark.parametrize("admit_again", [_registered_again, _notified_again], ids=["register", "notification"])
+def test_a_legacy_commit_never_moves_the_pointer_of_a_table_admitted_again_meanwhile(
+    swapping: tuple[Api, SwappingStore], admit_again: Any
 ) -> None:
     # Before: the commit decided "legacy" before pyiceberg's commit ran; the table dropped and registered again
     # from the same file (the same UUID, now protected) in between took the legacy pointer swap, which moved the
-    # pointer without its pin: every later load was a 422.
+    # pointer without its pin: every later load was a 422. And the 409 that fixed it said the table "was dropped
+    # and registered again", also when notifications had dropped it and admitted the file again.
     api, store = swapping
     ns = api.namespace()
     location = legacy_table(api.server, ns, "t")
-
-    def register_again() -> None:
-        assert api.request("DELETE", f"namespaces/{ns}/tables/t").status_code == 204
-        assert _register(api, ns, "t", location).status_code == 200
-
-    store.arm_write(location.rsplit("/", 1)[0], register_again)  # once the commit writes its new metadata file
+    # once the commit writes its new metadata file: after it decided how to commit, before it swaps the pointer
+    store.arm_write(location.rsplit("/", 1)[0], lambda: admit_again(api, ns, location))
     raced = api.set_properties(ns, "t", owner="me")
     assert store.swapped.is_set()
     assert raced.status_code == 409, raced.text
-    assert raced.json()["error"]["type"] == "CommitFailedException"
+    error = raced.json()["error"]
+    assert error["type"] == "CommitFailedException" and "is a protected table now" in error["message"]
+    assert "by a register or a notification" in error["message"] and "registered again" not in error["message"]
     loaded = api.load(ns, "t")
     assert loaded.status_code == 200, loaded.text
     assert loaded.json()["metadata-location"] == location and "owner" not in loaded.json()["metadata"]["properties"]
@@ -900,31 +914,6 @@ def test_a_legacy_commit_never_moves_the_pointer_of_a_table_registered_again_mea
     retried = api.set_properties(ns, "t", owner="me")  # the retry commits to the protected table
     assert retried.status_code == 200, retried.text
     assert trusted_row(api.server, ns, "t") == (retried.json()["metadata-location"], None, None, None)
-
-
-def test_a_legacy_commit_refused_for_a_pin_says_what_happened_whoever_admitted_it(
-    swapping: tuple[Api, SwappingStore],
-) -> None:
-    # Before: the 409 said the table "was dropped and registered again", also when a notification dropped it and
-    # admitted the same file again (no register at all). Now the message holds for a register and a notification.
-    api, store = swapping
-    ns = api.namespace()
-    location = legacy_table(api.server, ns, "t")
-
-    def admitted_again_by_notifications() -> None:
-        stamp = int(time.time() * 1000)
-        assert api.notify(ns, "t", "DROP", "", stamp).status_code == 204
-        assert api.notify(ns, "t", "CREATE", location, stamp + 1).status_code == 204
-
-    store.arm_write(location.rsplit("/", 1)[0], admitted_again_by_notifications)
-    raced = api.set_properties(ns, "t", owner="me")
-    assert store.swapped.is_set()
-    assert raced.status_code == 409, raced.text
-    message = raced.json()["error"]["message"]
-    assert "is a protected table now" in message and "a register or a notification" in message
-    assert "registered again" not in message
-    assert trusted_row(api.server, ns, "t") == (location, None, None, None)
-    assert "owner" not in api.load(ns, "t").json()["metadata"]["properties"]
 
 
 def test_a_commit_to_a_missing_table_is_refused_at_the_gate(api: Api) -> None:
@@ -1004,10 +993,7 @@ def tombstones_refused(server: CatalogServer, ns: str) -> Iterator[None]:
 def _moved_copy(server: CatalogServer, location: str, place: str) -> str:
     """A metadata file of the same table (same UUID) whose location is ``place``, written under it."""
     document = {**read_stored(server, location), "location": place}
-    written = f"{place}/metadata/00009-{uuid.uuid4()}.metadata.json"
-    bucket, key = s3_key(written)
-    server.moto.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(document).encode())
-    return written
+    return put_stored(server, f"{place}/metadata/00009-{uuid.uuid4()}.metadata.json", document)
 
 
 @pytest.mark.parametrize("kind", ["protected", "legacy"])
