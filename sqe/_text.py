@@ -34,17 +34,51 @@ KEY_QUALIFIERS = frozenset(
 )
 _PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key; KEY_ID: KEY, ID
 REDACTED = "***"
-# ``scheme://user:password@``: the password runs to the last ``@`` before a blank or a quote (an unescaped ``@``
-# or ``/`` in a password must not leave its tail; a ``'`` followed by more of the word is the password's, as RFC
-# 3986 allows and DuckDB echoes a literal's ``''``); the user part has no ``/``, so a path's ``@`` is not userinfo,
-# nor ``[``, so an IPv6 host is no user; digits then ``/``, ``?`` or ``#`` are a port (as every URL parser reads
-# them). Linear time on any text: a scheme starts only where a run of letters and digits does (after a ``+``,
-# ``.`` or ``-`` of ``svn+ssh``, which is left as it was), and the text up to the blank is taken whole, its last
-# ``@`` found by :func:`_redacted_userinfo` (searching for it from every start takes quadratic time).
-_USERINFO = re.compile(
-    r"(?P<head>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*://[^/?#@\s'\"`:\[\]]*:)(?![0-9]+[/?#])"
-    r"(?P<tail>[^\s'\"`]*(?:'[^\s'\"`]+)*)"
+# A scheme and its ``//`` (JSON writes them ``:\/\/``). A scheme starts only where a run of letters and digits
+# does (after a ``+``, ``.`` or ``-`` of ``svn+ssh``, which is left as it was), so each start is tried once.
+_SCHEME = r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*:(?://|\\/\\/)"
+# The user part has no ``/``, so a path's ``@`` is not userinfo, nor ``[``, so an IPv6 host is no user.
+_USER = r"[^/?#@\s'\"`:\[\]]*"
+# ``scheme://user:`` and the rest of the URL, to a blank or a quote (a ``'`` followed by more of the word is the
+# password's, as RFC 3986 allows and DuckDB echoes a literal's ``''``): :func:`_without_passwords` finds where each
+# password ends in one pass over it (searching for an ``@`` from every start takes quadratic time).
+_USERINFO = re.compile(rf"(?P<head>{_SCHEME}{_USER}:)(?P<tail>[^\s'\"`]*(?:'[^\s'\"`]+)*)")
+_USERINFO_HEAD = re.compile(rf"{_SCHEME}{_USER}:")
+# Digits then ``?``, ``#`` or a ``/`` whose next segment holds no ``@`` are a port, as every URL parser reads
+# them. Digits, ``/`` and an ``@`` before any other ``/`` (``u:12345/@h``) are taken for a password: parsers
+# would read a port there, but a password is the worse thing to show.
+_PORT = re.compile(r"[0-9]+(?:[?#]|\\?/(?![^/@]*@))")
+# What follows a password's ``@`` when it is a host: an IP literal, a name with a dot or a port, or localhost,
+# then the URL's end, path, query or fragment. A one-label name without a port (``s/s@db``) may be the password's.
+_HOST = re.compile(
+    r"(?:\[[0-9A-Fa-f:.]+\](?::[0-9]+)?|[\w%-]+(?:\.[\w%-]+)+(?::[0-9]+)?|[\w%-]+:[0-9]+|localhost)"
+    r"(?=\\?/|[?#')]|$)"
 )
+# ``scheme://name@``: a user name alone, or a token used as the whole userinfo (``https://ghp_x1@host``).
+_USER_ONLY = re.compile(rf"(?P<scheme>{_SCHEME})(?P<user>[^/?#@\s'\"`:\[\]]+)(?=@)")
+# A user name kept as it is: words of letters (``git``, ``first.last``); anything else may be a token.
+_USER_NAME = re.compile(r"[A-Za-z]{1,19}(?:[._-][A-Za-z]{1,19}){0,3}")
+# Schemes whose userinfo names a container, never a credential (``abfss://container@account.dfs...``).
+_CONTAINER_SCHEMES = frozenset({"abfs", "abfss", "wasb", "wasbs"})
+# ``scheme%3A%2F%2Fuser%3Apassword%40host``: a URL percent-encoded whole (a redirect's ``?next=``); the password
+# runs to the last ``%40`` before a blank, a quote or an ``&`` (which the encoding would have escaped).
+_ENCODED_USERINFO = re.compile(
+    r"(?P<head>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*%3A%2F%2F"
+    r"[^\s'\"`%/?#&@:]*(?:%(?!3A|2F|40)[0-9A-F]{2}[^\s'\"`%/?#&@:]*)*%3A)(?P<tail>[^\s'\"`&]*)",
+    re.IGNORECASE,
+)
+# A header's name in free text: a hyphenated word (``X-Amz-Security-Token:``, ``x-api-key=``) or Authorization. A
+# name starts only where a run of its characters does, and each match ends at its separator: linear time.
+_HEADER_NAME = re.compile(
+    r"(?<![\w/@.:%-])(?P<name>[A-Za-z][\w.]*-[\w.-]*|authorization)[ \t]*(?P<sep>[:=])[ \t]*", re.IGNORECASE
+)
+# A header line's value runs to the line's end; a ``name=value`` one to the next ``&``, ``;``, ``,`` or blank.
+_HEADER_VALUES = {
+    ":": re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|[^\r\n'\"`]+"),
+    "=": re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|[^&;,)\s'\"`]+"),
+}
+# A value's first word, no longer than a plain word may be: a line may hold many names, each read this far only.
+_FIRST_WORD = re.compile(r"[^\s'\"`]{1,21}")
 # ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password runs
 # to the last ``@`` before a ``:``, ``/``, backslash (``C:\dir\a@b`` is a path) or blank, and a name follows it.
 _BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\:]+(?=@[\w\[])")
@@ -64,12 +98,13 @@ _SPACED_PASSWORD = re.compile(
 # An Authorization header's value after its scheme, to the line's end or a quote, as a header line, a dict's or a
 # tuple's repr shows it (AWS's holds the credential and the signature, comma-separated). Only with a scheme named:
 # "authorization: principal lacks ..." is a message.
-_AUTHORIZATION = re.compile(
-    r"(?P<head>\b(?:proxy-)?authorization\w*['\"]?\s*[:=,]\s*b?['\"]?"
+_AUTHORIZATION_HEAD = (
+    r"\b(?:proxy-)?authorization\w*['\"]?\s*[:=,]\s*b?['\"]?"
     r"(?:bearer|basic|digest|negotiate|ntlm|token|oauth|sharedkey(?:lite)?|aws4-hmac-sha256|goog4-(?:hmac|rsa)-sha256"
-    r"|aws(?=\s+[\w-]+:))\s+)[^\r\n'\"`]+",
-    re.IGNORECASE,
+    r"|aws(?=\s+[\w-]+:))\s+"
 )
+_AUTHORIZATION = re.compile(rf"(?P<head>{_AUTHORIZATION_HEAD})[^\r\n'\"`]+", re.IGNORECASE)
+_AUTHORIZATION_SCHEME = re.compile(_AUTHORIZATION_HEAD, re.IGNORECASE)
 
 # A bearer token without its header's name (a catalog's "Invalid token Bearer eyJ..."): a word with a digit or
 # one past the length of an English one, so "use Bearer or Basic" stays.
@@ -161,7 +196,12 @@ def redact_credentials(text: str) -> str:
     a presigned URL or carry a password."""
     if "@" in text:
         text = _USERINFO.sub(_redacted_userinfo, text)
+        text = _USER_ONLY.sub(_redacted_user, text)
         text = _BARE_USERINFO.sub(_redacted_value, text)
+    if "%" in text:
+        text = _ENCODED_USERINFO.sub(_redacted_encoded_userinfo, text)
+    if ":" in text or "=" in text:
+        text = _without_header_values(text)
     text = _AUTHORIZATION.sub(_redacted_value, text)  # first: its value follows the scheme, after a blank
     text = _BEARER.sub(_redacted_bearer, text)
     if "eyJ" in text:
@@ -177,9 +217,77 @@ def redact_credentials(text: str) -> str:
 
 
 def _redacted_userinfo(match: re.Match[str]) -> str:
+    return match["head"] + _without_passwords(match["tail"])
+
+
+def _without_passwords(tail: str) -> str:
+    """A URL's ``tail`` after ``user:`` with that password and those of URLs nested in it replaced. Each password's
+    ``@`` is looked for from where the one before ended, so every character is looked at a bounded number of times."""
+    last = tail.rfind("@")
+    parts: list[str] = []
+    copied = start = 0
+    while 0 <= start <= last:
+        end = _password_end(tail, start, last)
+        if end >= 0:
+            parts += [tail[copied:start], REDACTED]
+            copied = start = end
+        nested = _USERINFO_HEAD.search(tail, start)
+        if nested is None:
+            break
+        start = nested.end()
+    parts.append(tail[copied:])
+    return "".join(parts)
+
+
+def _password_end(tail: str, start: int, last: int) -> int:
+    """Where the password starting at ``start`` ends: the first ``@`` that a plausible host follows, else the last
+    one (an unescaped ``@`` or ``/`` in a password must not leave its tail); -1 for a port."""
+    if _PORT.match(tail, start):
+        return -1
+    at = tail.find("@", start)
+    while 0 <= at < last and not _HOST.match(tail, at + 1):
+        at = tail.find("@", at + 1)
+    return at
+
+
+def _redacted_user(match: re.Match[str]) -> str:
+    scheme, user = match["scheme"], match["user"]
+    if _USER_NAME.fullmatch(user) or scheme[: scheme.index(":")].lower() in _CONTAINER_SCHEMES:
+        return match[0]
+    return scheme + REDACTED
+
+
+def _redacted_encoded_userinfo(match: re.Match[str]) -> str:
     tail = match["tail"]
-    at = tail.rfind("@")
+    at = tail.upper().rfind("%40")
     return match[0] if at < 0 else match["head"] + REDACTED + tail[at:]
+
+
+def _without_header_values(text: str) -> str:
+    """``text`` with the value of every header naming a credential replaced (``X-Amz-Security-Token: ***``).
+    Authorization keeps a scheme for its own rule and a plain word: "authorization: principal lacks ..."."""
+    parts: list[str] = []
+    copied = 0
+    for name in _HEADER_NAME.finditer(text):
+        if name.start() < copied or not names_secret(name["name"]):
+            continue
+        if "authoriz" in name["name"].lower() and _scheme_or_word_follows(text, name):
+            continue
+        value = _HEADER_VALUES[name["sep"]].match(text, name.end())
+        if value is None:
+            continue
+        parts += [text[copied : name.end()], REDACTED]
+        copied = value.end()
+    parts.append(text[copied:])
+    return "".join(parts)
+
+
+def _scheme_or_word_follows(text: str, name: re.Match[str]) -> bool:
+    """An Authorization name is followed by a scheme (whose rule keeps it) or a plain word (a message's prose)."""
+    if _AUTHORIZATION_SCHEME.match(text, name.start()):
+        return True
+    word = _FIRST_WORD.match(text, name.end())
+    return word is not None and _BEARER_WORD.fullmatch(word[0]) is not None
 
 
 def _redacted_value(match: re.Match[str]) -> str:

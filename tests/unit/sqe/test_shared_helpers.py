@@ -88,6 +88,13 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         " pwd = '",
         "<a>",
         "<token>x<",
+        "a://u:p@h.c:1/a://u:",
+        "a://u:1/@",
+        "a://t1@",
+        "a%3A%2F%2Fu%3A",
+        "X-Token:X-Token:",
+        "x-token=a,",
+        "authorization:x'",
     ],
 )
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
@@ -107,6 +114,54 @@ def test_redact_credentials_keeps_ports_ipv6_hosts_and_windows_paths() -> None:
     assert redact_credentials("http://u:1234@h/x") == "http://u:***@h/x"  # all digits, then '@': a password
     # a URL with a port does not hide a later URL's password, and that one is all that is taken out
     assert redact_credentials("http://h:80/go?to=http://a:pw@x/y") == "http://h:80/go?to=http://a:***@x/y"
+
+
+def test_redact_credentials_drops_a_password_of_a_url_json_escaped_or_percent_encoded() -> None:
+    """JSON may write ``/`` as ``\\/`` (a catalog's config echoed in an error); a redirect's parameter carries a
+    whole URL percent-encoded."""
+    assert redact_credentials('{"uri": "http:\\/\\/user:pw@host\\/x"}') == '{"uri": "http:\\/\\/user:***@host\\/x"}'
+    assert redact_credentials("go?next=https%3A%2F%2Fu%3Apw%40host%2Fx&a=1") == (
+        "go?next=https%3A%2F%2Fu%3A***%40host%2Fx&a=1"
+    )
+    assert redact_credentials("https%3a%2f%2fu%3ap%40ss%40h") == "https%3a%2f%2fu%3a***%40h"
+    assert redact_credentials("https%3A%2F%2Fh%3A443%2Fx") == "https%3A%2F%2Fh%3A443%2Fx"  # a port: no '%40'
+
+
+def test_redact_credentials_drops_a_token_used_as_the_whole_userinfo() -> None:
+    assert redact_credentials("clone https://ghp_abc123@host/repo failed") == "clone https://***@host/repo failed"
+    assert redact_credentials("https://" + "a" * 40 + "@h/x") == "https://***@h/x"  # too long for a name
+    for kept in ("ssh://git@github.com/x", "https://first.last@h/x", "abfss://c1@acct.dfs.core.windows.net/x"):
+        assert redact_credentials(kept) == kept
+
+
+def test_redact_credentials_drops_an_all_digit_password_followed_by_a_slash() -> None:
+    """``u:12345/`` reads as a port to a URL parser; with an ``@`` before the next ``/`` it goes as a password."""
+    assert redact_credentials("https://u:12345/@host/x") == "https://u:***@host/x"
+    assert redact_credentials("https://u:123/45@host") == "https://u:***@host"
+    assert redact_credentials("http://127.0.0.1:9000/bucket/a@b.parquet") == "http://127.0.0.1:9000/bucket/a@b.parquet"
+
+
+def test_redact_credentials_keeps_the_host_and_path_after_a_password() -> None:
+    """The password ends at the first ``@`` a plausible host follows; a one-label host may be a password's tail."""
+    assert redact_credentials("https://u:pw@h:443/a@b") == "https://u:***@h:443/a@b"
+    assert redact_credentials("https://u:p@ss@db.local/a@b x") == "https://u:***@db.local/a@b x"
+    assert redact_credentials("http://u:pw@[::1]/a@b") == "http://u:***@[::1]/a@b"
+    # the path may quote a URL of its own: its password goes too
+    assert redact_credentials("http://u:pw@h:80/go?to=http://a:pw2@x/y") == "http://u:***@h:80/go?to=http://a:***@x/y"
+    assert redact_credentials("'postgresql://u:p@s/s@db:5432/x'") == "'postgresql://u:***@db:5432/x'"
+
+
+def test_redact_credentials_drops_a_credential_header_in_free_text() -> None:
+    assert redact_credentials("sent X-Amz-Security-Token: FQoGZXIvYXdz/x==") == "sent X-Amz-Security-Token: ***"
+    assert redact_credentials("Host: h X-Amz-Security-Token: tok X-Amz-Date: 1") == "Host: h X-Amz-Security-Token: ***"
+    assert redact_credentials("got a=b,x-amz-security-token=FQo x-api-key:k1") == (
+        "got a=b,x-amz-security-token=*** x-api-key:***"
+    )
+    assert redact_credentials("x-api-key = 'k 1'\nnext") == "x-api-key = ***\nnext"
+    assert redact_credentials("Authorization: ghp_abc123\nAccept: */*") == "Authorization: ***\nAccept: */*"
+    assert redact_credentials("Proxy-Authorization: Basic dXNlcjpwYXNz") == "Proxy-Authorization: Basic ***"
+    for kept in ("X-Amz-Date: 20260101", "Content-Type: text/plain", "authorization: principal lacks TABLE_READ"):
+        assert redact_credentials(kept) == kept
 
 
 def test_redact_credentials_drops_an_authorization_header_value() -> None:
