@@ -10,7 +10,18 @@ from urllib.parse import unquote
 # A word holding one of these names a credential, in any case: s3_secret_access_key, CREATE SECRET, mypassword,
 # motherduck_token, X-Amz-Signature in a presigned URL, an Authorization: Bearer header, AccountKey= in Azure's
 # connection string.
-SECRET_STEMS = ("secret", "password", "passwd", "token", "credential", "signature", "bearer", "authoriz", "apikey")
+SECRET_STEMS = (
+    "secret",
+    "password",
+    "passwd",
+    "passphrase",
+    "token",
+    "credential",
+    "signature",
+    "bearer",
+    "authoriz",
+    "apikey",
+)
 # Too short to find inside a word: a whole part of one (ODBC's Pwd=..., Azure's sig=..., a SAS token).
 SECRET_PARTS = frozenset({"pwd", "sig", "sas"})
 # A key is a credential's name only with one of these (access_key_id, KEY_ID, AccountKey, api_key, ENCRYPTION_KEY):
@@ -113,6 +124,16 @@ _BEARER_WORD = re.compile(r"[A-Za-z]{1,19}[.,;:]?")
 # A JSON Web Token anywhere (a quoted string DuckDB echoes, a catalog's message): its base64url header starts
 # ``eyJ``. A token starts only where a run of its characters does, so each run is looked at once.
 _JWT = re.compile(r"(?<![\w-])eyJ[\w-]*\.[\w-]+\.[\w-]*")
+# Credential shapes for text kept on disk (the shell's history), looser than the rules above as leaving a statement
+# out costs nothing: ``://user:password@`` after any scheme or none, an AWS access key id (which errors may show), a
+# JWT's header and payload anywhere, and a long run of letters and digits mixing both cases and digits, an API
+# token's shape (a path has slashes).
+_CREDENTIAL_SHAPES = (
+    re.compile(r"://[^/@\s:]+:[^/@\s]+@"),
+    re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
+    re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+"),
+)
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9+=_-]{32,}")
 # ``"name": "value"`` in JSON or ``'name': 'value'`` in a dict's repr (an OAuth answer, a client's options quoted
 # in an error); an escaped quote stays in the value. Each value runs to its own closing quote: linear time.
 _QUOTED_MEMBER = re.compile(
@@ -184,6 +205,22 @@ def names_secret(word: str) -> bool:
     # all one word in one case (awsaccesskeyid, ACCOUNTKEY) has no parts to split; "idkey" is too short to look for
     joined = any(f"{qualifier}key" in lowered for qualifier in KEY_QUALIFIERS if len(qualifier) > 2)
     return keyed or joined or any(f"{qualifier}key" in parts for qualifier in KEY_QUALIFIERS)
+
+
+def has_credential_shape(text: str) -> bool:
+    """Whether ``text`` holds something :func:`redact_credentials` would take out (a URL's password, a token, a
+    credential parameter or header) or a credential's shape (an AWS access key id, an API token's). For text kept on
+    disk (the shell's history), where erring towards leaving it out costs nothing."""
+    if _token_like(text) or any(shape.search(text) for shape in _CREDENTIAL_SHAPES):
+        return True
+    return redact_credentials(text) != text
+
+
+def _token_like(text: str) -> bool:
+    return any(
+        any(c.islower() for c in run) and any(c.isupper() for c in run) and any(c.isdigit() for c in run)
+        for run in _TOKEN_RUN.findall(text)
+    )
 
 
 def redact_credentials(text: str) -> str:

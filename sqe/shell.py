@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from sqe._text import names_secret, terminal_line
+from sqe._text import has_credential_shape, names_secret, terminal_line
 from sqe.console import run_with_progress, write_result
 from sqe.errors import SQEError
 from sqe.sqltext import code_and_pieces, is_complete, split_statements
@@ -26,14 +26,6 @@ HELP = """\
 Statements end with ';'. Ctrl-C cancels the running query; Ctrl-D quits."""
 
 _WORD = re.compile(r"[A-Za-z0-9_]+")
-# A string that is a credential by its shape: a URL with a password (scheme://user:pass@), an AWS key id, a JWT.
-_SECRET_SHAPES = (
-    re.compile(r"://[^/@\s:]+:[^/@\s]+@"),
-    re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
-    re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+"),
-)
-# A long run of letters and digits, an API token's shape when it mixes both cases and digits (a path has slashes).
-_TOKEN_RUN = re.compile(r"[A-Za-z0-9+=_-]{32,}")
 
 # What one input did: the shell quits, a statement failed, or neither.
 Outcome = Literal["quit", "failed"] | None
@@ -180,13 +172,4 @@ def holds_secret(text: str) -> bool:
 
 
 def _holds_secret_text(piece: str) -> bool:
-    if any(names_secret(word) for word in _WORD.findall(piece)):
-        return True
-    return _token_like(piece) or any(shape.search(piece) for shape in _SECRET_SHAPES)
-
-
-def _token_like(literal: str) -> bool:
-    return any(
-        any(c.islower() for c in run) and any(c.isupper() for c in run) and any(c.isdigit() for c in run)
-        for run in _TOKEN_RUN.findall(literal)
-    )
+    return any(names_secret(word) for word in _WORD.findall(piece)) or has_credential_shape(piece)

@@ -647,6 +647,23 @@ def test_a_key_named_column_is_not_taken_for_a_credential() -> None:
     assert kept == []
 
 
+def test_the_history_leaves_out_every_credential_shape_redaction_knows_and_a_passphrase() -> None:
+    """Found by review: the shell kept its own copy of three credential shapes, so a token used as a URL's whole
+    userinfo, a credential header or a passphrase reached the history file although errors hid them."""
+    for statement in (
+        "SELECT * FROM read_csv('https://ghp_abc123@git.example/r.csv')",
+        "SELECT 'X-Amz-Security-Token: FQoGZXIvYXdz'",
+        "SET pgp_passphrase = 'correct horse'",
+        "SELECT 'go?next=https%3A%2F%2Fu%3Apw%40host'",
+        # the shapes the shell had before stay
+        "SELECT 'x://u:p@h', 1",
+        "SELECT 'AKIAABCDEFGHIJKLMNOP'",
+        "SELECT 'x-eyJhbGci.eyJzdWIi'",
+    ):
+        assert holds_secret(statement), statement
+    assert not holds_secret("SELECT * FROM read_csv('https://git.example/r.csv') WHERE phrase = 'pass'")
+
+
 @pytest.mark.parametrize(
     ("statement", "named"),
     [

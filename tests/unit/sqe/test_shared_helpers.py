@@ -151,6 +151,11 @@ def test_redact_credentials_keeps_the_host_and_path_after_a_password() -> None:
     assert redact_credentials("'postgresql://u:p@s/s@db:5432/x'") == "'postgresql://u:***@db:5432/x'"
 
 
+def test_redact_credentials_drops_a_passphrase() -> None:
+    assert redact_credentials("'host=h sslpassphrase=s3cr3t'") == "'host=h sslpassphrase=***'"
+    assert redact_credentials('{"key_passphrase": "pp"}') == '{"key_passphrase": "***"}'
+
+
 def test_redact_credentials_drops_a_credential_header_in_free_text() -> None:
     assert redact_credentials("sent X-Amz-Security-Token: FQoGZXIvYXdz/x==") == "sent X-Amz-Security-Token: ***"
     assert redact_credentials("Host: h X-Amz-Security-Token: tok X-Amz-Date: 1") == "Host: h X-Amz-Security-Token: ***"
