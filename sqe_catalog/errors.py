@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Self, TypeVar
 
 from sqe import vocabulary
-from sqe._text import escape_unprintable, first_line
+from sqe._text import escape_unprintable, first_line, redact_credentials
 from sqe.vocabulary import ERROR_METADATA_INTEGRITY
 
 _Found = TypeVar("_Found")
@@ -44,6 +44,9 @@ class CatalogError(Exception):
             cls.error_type = error_type
 
     def __init__(self, message: str) -> None:
+        # A message may quote a location or header a client sent: the password goes here, once, so ``message``,
+        # ``str``, the ErrorModel and any log line all show the same redacted text.
+        message = redact_credentials(message)
         super().__init__(message)
         self.message = message
 
@@ -123,6 +126,9 @@ class ServiceUnavailableError(CatalogError, status=503, error_type=vocabulary.ER
 
 class ConfigError(Exception):
     """Invalid catalog configuration file; raised at start-up, names the offending key."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact_credentials(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 def describe_database_error(exc: Exception) -> str:

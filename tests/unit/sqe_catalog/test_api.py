@@ -15,6 +15,8 @@ from starlette.applications import Starlette
 from sqe_catalog.api import create_app
 from sqe_catalog.auth import AuthStore, create_engine_for
 from sqe_catalog.config import CatalogServerConfig, ServerConfig, WarehouseConfig
+from sqe_catalog.errors import CatalogError
+from sqe_catalog.errors import ConfigError as CatalogConfigError
 from sqe_catalog.tables import WarehouseTables
 from tests.helpers.asgi import Reply, asgi_call
 
@@ -251,3 +253,15 @@ def test_an_oversized_token_form_field_is_an_oauth_invalid_request(app_and_token
         reply = call(app, "POST", "/v1/oauth/tokens", headers=form, body=body)
         assert reply.status == 400, reply.body[:200]
         assert reply.json()["error"] == "invalid_request" and reply.headers["cache-control"] == "no-store"
+
+
+def test_an_error_quoting_a_url_keeps_its_password_out_of_the_message(app_and_token: tuple[Starlette, str]) -> None:
+    """Found by review: the catalog's errors kept the text they were given as ``message``, which the ErrorModel
+    and log lines show: a namespace named after an authority with a password came back with the password."""
+    app, token = app_and_token
+    reply = call(app, "GET", "/v1/wh/namespaces/u:hunter22@h.example", headers={"authorization": f"Bearer {token}"})
+    assert reply.status == 404
+    assert "hunter22" not in reply.body.decode()
+    assert reply.json()["error"]["message"] == "namespace does not exist: u:***@h.example"
+    assert CatalogError("at http://u:hunter22@h").message == "at http://u:***@h"
+    assert str(CatalogConfigError("catalog.uri: http://u:hunter22@h")) == "catalog.uri: http://u:***@h"
