@@ -253,6 +253,12 @@ def _check_http_url(value: str | None, key: str, origins: Origins) -> None:
         origins.fail(key, "must be an http:// or https:// URL")
 
 
+def _check_no_userinfo(value: str | None, key: str, origins: Origins, why: str) -> None:
+    """A URL setting with ``user:password@``: refused, naming the key only (the value would show the password)."""
+    if value and "@" in urlsplit(value).netloc:
+        origins.fail(key, f"must not hold a user name or password ({why})")
+
+
 def _check_auth(
     client_id: str | None, secret: SecretStr | None, token: SecretStr | None, where: str, o: Origins
 ) -> None:
@@ -290,6 +296,8 @@ def _check_object_store_prefixes(prefixes: tuple[str, ...], key: str, origins: O
 
 def _validate_catalog(c: CatalogConfig, o: Origins) -> None:
     _check_http_url(c.uri, "catalog.uri", o)
+    # Never sent as credentials (the catalog authenticates with OAuth), it would be carried into logs and reprs.
+    _check_no_userinfo(c.uri, "catalog.uri", o, "set catalog.client_id/client_secret or catalog.token")
     if not c.warehouse:
         o.fail("catalog.warehouse", "must not be empty")
     _check_auth(c.client_id, c.client_secret, c.token, "catalog", o)
@@ -312,6 +320,7 @@ def _validate_catalog(c: CatalogConfig, o: Origins) -> None:
             o.fail(f"{where}.name", f"duplicate warehouse name {short(w.name)}")
         seen.add(w.name)
         _check_http_url(w.uri, f"{where}.uri", o)
+        _check_no_userinfo(w.uri, f"{where}.uri", o, f"set {where}.client_id/client_secret or {where}.token")
         _check_auth(w.client_id, w.client_secret, w.token, where, o)
         # A sibling with its own reader must name its own end user too (own credentials are never mixed).
         _check_reader(w.reader_client_id, w.reader_client_secret, bool(w.client_id or w.token), where, o)
@@ -319,9 +328,8 @@ def _validate_catalog(c: CatalogConfig, o: Origins) -> None:
 
 def _validate_storage(s: StorageConfig, o: Origins) -> None:
     _check_http_url(s.endpoint, "storage.endpoint", o)
-    if s.endpoint and "@" in urlsplit(s.endpoint).netloc:
-        # Never used (requests are signed with the key pair), it would only be carried into every FileIO's settings.
-        o.fail("storage.endpoint", "must not hold a user name or password (S3 requests are signed with the keys)")
+    # Never used (requests are signed with the key pair), it would only be carried into every FileIO's settings.
+    _check_no_userinfo(s.endpoint, "storage.endpoint", o, "S3 requests are signed with the keys")
     if s.access_key_id and not s.secret_access_key:
         o.fail("storage.secret_access_key", "required when storage.access_key_id is set")
     if s.secret_access_key and not s.access_key_id:

@@ -300,6 +300,23 @@ class TestRejections:
         for secret in SECRETS:
             assert secret not in message
 
+    def test_a_catalog_uri_with_a_user_name_or_password_is_refused_without_showing_it(self, tmp_path: Path) -> None:
+        """Found by review: ``storage.endpoint`` refused userinfo, the catalog's URIs did not, and their password
+        went on into the REST client's settings and every repr and log line quoting the URI."""
+        path = _write(tmp_path, '[catalog]\nuri = "http://user:hunter22@127.0.0.1:8181/"\nwarehouse = "w"\n')
+        message = _error(path=path, env={})
+        assert message == (
+            "catalog.uri: must not hold a user name or password (set catalog.client_id/client_secret or catalog.token)"
+        )
+        env = {"SQE_CATALOG__URI": "http://user:hunter22@127.0.0.1:8181/"}
+        assert "hunter22" not in _error(env={**env, "SQE_CATALOG__WAREHOUSE": "w"})
+        sibling = {"catalog.warehouses": [{"name": "b", "uri": "https://tok3n@catalog.example/"}]}
+        message = _error(env={}, overrides={**MINIMAL, **sibling})
+        assert message.startswith("catalog.warehouses[0].uri (set by override") and "tok3n" not in message
+        endpoint = _error(env={}, overrides={**MINIMAL, "storage.endpoint": "http://k:hunter22@127.0.0.1:9000"})
+        assert "storage.endpoint (set by override 'storage.endpoint'): must not hold" in endpoint
+        assert "hunter22" not in endpoint
+
     def test_unknown_key_is_reported_before_the_key_it_misspells(self, tmp_path: Path) -> None:
         path = _write(tmp_path, '[catalog]\nurii = "http://x"\nwarehouse = "w"\n')
         assert _error(path=path, env={}) == "catalog.urii: unknown key"
