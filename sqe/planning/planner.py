@@ -590,34 +590,43 @@ def describe_io(io: object) -> str:
 _OPERATORS = {"eq": "=", "not-eq": "<>", "lt": "<", "lt-eq": "<=", "gt": ">", "gt-eq": ">="}
 
 
-def format_filter(expr: BooleanExpression) -> str:
-    """A short SQL-like rendering of an unbound pyiceberg filter, for EXPLAIN."""
+def format_filter(expr: BooleanExpression, *, values: bool = True) -> str:
+    """A short SQL-like rendering of an unbound pyiceberg filter, for EXPLAIN. Without ``values`` each literal is
+    ``?``: the filter's shape (columns and operators), for a log, where a WHERE's literal (an email, an account
+    number a user searched for) must not go."""
     if expr == AlwaysTrue():
         return ""
     if isinstance(expr, And):
-        return f"{_format_nested(expr.left)} AND {_format_nested(expr.right)}"
+        return f"{_format_nested(expr.left, values)} AND {_format_nested(expr.right, values)}"
     if isinstance(expr, Or):
-        return f"{_format_nested(expr.left)} OR {_format_nested(expr.right)}"
+        return f"{_format_nested(expr.left, values)} OR {_format_nested(expr.right, values)}"
     if isinstance(expr, Not):
-        return f"NOT {_format_nested(expr.child)}"
+        return f"NOT {_format_nested(expr.child, values)}"
     data = json.loads(expr.model_dump_json())
     kind, term = data.get("type"), data.get("term")
+    literal = _sql_literal if values else _placeholder
     if kind in _OPERATORS:
-        return f"{term} {_OPERATORS[kind]} {_sql_literal(data.get('value'))}"
+        return f"{term} {_OPERATORS[kind]} {literal(data.get('value'))}"
     if kind in ("in", "not-in"):
-        values = ", ".join(_sql_literal(v) for v in sorted(data.get("values", []), key=str))
-        return f"{term} {'IN' if kind == 'in' else 'NOT IN'} ({values})"
+        listed = ", ".join(literal(v) for v in sorted(data.get("values", []), key=str))
+        return f"{term} {'IN' if kind == 'in' else 'NOT IN'} ({listed})"
     if kind in ("is-null", "not-null"):
         return f"{term} IS {'NULL' if kind == 'is-null' else 'NOT NULL'}"
-    return str(expr)
+    if values:
+        return str(expr)
+    return f"{term} {kind} ?" if term is not None else type(expr).__name__  # starts-with and the like
 
 
 def _sql_literal(value: Any) -> str:
     return "'" + value.replace("'", "''") + "'" if isinstance(value, str) else json.dumps(value)
 
 
-def _format_nested(expr: BooleanExpression) -> str:
-    text = format_filter(expr)
+def _placeholder(value: Any) -> str:
+    return "?"
+
+
+def _format_nested(expr: BooleanExpression, values: bool) -> str:
+    text = format_filter(expr, values=values)
     return f"({text})" if isinstance(expr, Or) else text
 
 
@@ -645,7 +654,8 @@ def _safe_pushdown(
         try:
             field_ids = extract_field_ids(bind(schema, conjunct, case_sensitive=True))
         except (ValueError, TypeError) as exc:
-            log.debug("not pushing %s: %s", conjunct, first_line(exc))
+            # the shape only: the conjunct's literal and the error quoting it come from the user's WHERE
+            log.debug("not pushing %s: %s", format_filter(conjunct, values=False), type(exc).__name__)
             continue
         if field_ids & masked_field_ids:
             continue

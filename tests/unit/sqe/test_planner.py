@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -13,16 +14,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In, StartsWith
 from pyiceberg.expressions.parser import parse
 from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
 
 from sqe.catalog.base import TableIdent
 from sqe.duckdb_connection import connect_locked_down
 from sqe.errors import QueryError, RestrictionError
 from sqe.execution import LocalExecutor, QueryCancelledError, ScanMetrics
 from sqe.planning import plan_scan
-from sqe.planning.planner import format_filter
+from sqe.planning.planner import _safe_pushdown, format_filter
 from sqe.planning.sql_analysis import (
     column_usage,
     columns_to_read,
@@ -148,6 +150,19 @@ def test_describe_has_credentials_and_cache_but_no_secret(provider: LocalProvide
     assert datetime.fromisoformat(row["credential_expires_at"]).timestamp() == pytest.approx(loaded.expires_at)
     assert row["pushed_filter"] == "grp = 1"
     assert "SECRETKEY" not in repr(row)
+
+
+def test_a_conjunct_not_pushed_down_is_logged_by_its_shape_without_literals(caplog: pytest.LogCaptureFixture) -> None:
+    """Found by review: the debug line named the conjunct and pyiceberg's error, both quoting the WHERE's literal."""
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False), NestedField(2, "email", StringType(), required=False)
+    )
+    where = And(EqualTo("id", "alice@corp.example"), In("nosuch", {"x9secret", "y8secret"}))
+    with caplog.at_level(logging.DEBUG, logger="sqe.planning.planner"):
+        assert _safe_pushdown(schema, where, masked_field_ids=frozenset()) == AlwaysTrue()
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == ["not pushing id = ?: ValueError", "not pushing nosuch IN (?, ?): ValueError"]
+    assert format_filter(StartsWith("email", "alice"), values=False) == "email starts-with ?"
 
 
 def test_format_filter_renders_sql_like_text() -> None:
