@@ -7,6 +7,8 @@ where the error goes to an administrator: the load path replaces it with a gener
 
 from __future__ import annotations
 
+from sqe._text import redact_credentials
+
 __all__ = ["PolicyError", "RegoError"]
 
 
@@ -14,6 +16,7 @@ class PolicyError(Exception):
     """A policy, tag or binding problem with a stable machine-readable code."""
 
     def __init__(self, code: str, message: str) -> None:
+        message = redact_credentials(message)  # as every catalog error: a name quoting a URL keeps no password
         super().__init__(f"[{code}] {message}")
         self.code = code
         self.message = message
