@@ -770,7 +770,7 @@ class Session:
         for ident, view in found_views.items():
             if depth >= views.MAX_VIEW_DEPTH:
                 raise QueryError(f"view {ident}: views nest deeper than {views.MAX_VIEW_DEPTH} (a cycle?)")
-            view_sql = views.runnable_sql(view, self._parser)
+            view_sql = views.qualified_sql(view, views.runnable_sql(view, self._parser), self._parser)
             inner = self._plan_query(view_sql, all_columns=all_columns, depth=depth + 1, defer_tasks=defer_tasks)
             self._merge_scans(scans, inner[0])
             narrowed = narrowed or inner[1]
@@ -1427,7 +1427,11 @@ class Session:
             raise QueryError("a view is defined by one query: CREATE VIEW ns.v AS SELECT ...")
         if statement.if_not_exists and self._view_exists(ident):
             return _status(f"view {ident} exists")
-        schema = self._query_schema(self._plan(query))
+        # Planned as every later reader runs it: its names resolve in the view's warehouse and namespace.
+        as_stored = ViewDefinition(ident, (), ident.namespace, 0, ident.warehouse)
+        schema = self._query_schema(
+            self._plan(classify(self._parser, views.qualified_sql(as_stored, query.text, self._parser)))
+        )
         self._provider_call(
             f"creating view {ident}",
             lambda: self._provider.create_view(

@@ -60,6 +60,7 @@ class ViewDefinition:
     representations: tuple[tuple[str, str], ...]  # (dialect, sql) of the current version, in catalog order
     default_namespace: tuple[str, ...]
     version_id: int
+    default_catalog: str | None = None  # unset: the warehouse the view is stored in (Iceberg view spec)
 
 
 class ScanPlanningClient(Protocol):

@@ -321,15 +321,17 @@ def _view_schema_json(schema: pa.Schema) -> dict[str, Any]:
     return fresh.model_dump(by_alias=True, exclude_none=True)
 
 
-def _view_version_json(sql: str, dialect: str, namespace: tuple[str, ...], schema_id: int) -> dict[str, Any]:
-    """A ViewVersion of the REST spec with one SQL representation (``schema_id`` -1: the schema just added)."""
+def _view_version_json(sql: str, dialect: str, ident: TableIdent, schema_id: int) -> dict[str, Any]:
+    """A ViewVersion of the REST spec with one SQL representation (``schema_id`` -1: the schema just added).
+    SQE resolves a view's names in the view's own warehouse and namespace, and records them as its defaults."""
     return {
         "version-id": 1,
         "schema-id": schema_id,
         "timestamp-ms": int(time.time() * 1000),
         "summary": {"engine-name": "sqe"},
         "representations": [{"type": "sql", "sql": sql, "dialect": dialect}],
-        "default-namespace": list(namespace),
+        "default-catalog": ident.warehouse,
+        "default-namespace": list(ident.namespace),
     }
 
 
@@ -343,7 +345,9 @@ def view_definition(ident: TableIdent, raw: Mapping[str, Any]) -> ViewDefinition
     if current is None:
         raise CatalogProtocolError(f"view {ident} has no current version {metadata.current_version_id}")
     representations = tuple((r.root.dialect, r.root.sql) for r in current.representations if r.root.type == "sql")
-    return ViewDefinition(ident, representations, tuple(current.default_namespace), current.version_id)
+    return ViewDefinition(
+        ident, representations, tuple(current.default_namespace), current.version_id, current.default_catalog or None
+    )
 
 
 class _RestScanPlanning:
@@ -581,7 +585,7 @@ class RestTableProvider:
         body = {
             "name": ident.name,
             "schema": {**_view_schema_json(schema), "schema-id": 0},
-            "view-version": _view_version_json(sql, dialect, ident.namespace, 0),
+            "view-version": _view_version_json(sql, dialect, ident, 0),
             "properties": {},
         }
         catalog.request_json("POST", f"{catalog.namespace_path(ident.namespace)}/views", f"view {ident}", body)
@@ -602,7 +606,7 @@ class RestTableProvider:
             "requirements": [{"type": "assert-view-uuid", "uuid": metadata.get("view-uuid")}],
             "updates": [
                 {"action": "add-schema", "schema": _view_schema_json(schema)},
-                {"action": "add-view-version", "view-version": _view_version_json(sql, dialect, ident.namespace, -1)},
+                {"action": "add-view-version", "view-version": _view_version_json(sql, dialect, ident, -1)},
                 {"action": "set-current-view-version", "view-version-id": -1},
             ],
         }

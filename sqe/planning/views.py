@@ -6,7 +6,11 @@ otherwise fails with a typed error naming the dialects the view has. The SQL is 
 session (``sqe.session``): every table it reads is loaded with the invoker's own credentials and
 read-restrictions, never the definer's, so a view is never a way around a row filter or a mask.
 
-Table names in a view's SQL are two- or three-part (``ns.t``, ``wh.ns.t``), like every SQE query.
+Names in a view's SQL resolve from the view's own defaults, never the invoker's (Iceberg view spec): a
+two-part ``ns.t`` is in the view version's ``default-catalog`` (when unset, the warehouse the view is stored in),
+and a one-part ``t`` that is not a CTE name is ``default-catalog.default-namespace.t``. ``qualified_sql`` writes
+every such name out in full before the invoker's session plans and runs the view, so DuckDB and the planner
+read the same tables whatever the invoker's default warehouse.
 """
 
 from __future__ import annotations
@@ -17,10 +21,22 @@ import duckdb
 import pyarrow as pa
 
 from sqe.catalog.base import TableIdent, ViewDefinition
+from sqe.duckdb_connection import quote_qualified
 from sqe.errors import QueryError, UnsupportedViewDialectError
+from sqe.planning.sql_analysis import Node, parse_select, walk
 from sqe.planning.statements import classify
+from sqe.planning.tokens import sql_tokens
 
-__all__ = ["MAX_VIEW_DEPTH", "RUNNABLE_DIALECTS", "SQE_DIALECT", "relation_listing", "runnable_sql", "view_listing"]
+__all__ = [
+    "MAX_VIEW_DEPTH",
+    "RUNNABLE_DIALECTS",
+    "SQE_DIALECT",
+    "default_catalog",
+    "qualified_sql",
+    "relation_listing",
+    "runnable_sql",
+    "view_listing",
+]
 
 SQE_DIALECT = "duckdb"  # what CREATE VIEW in SQE writes
 RUNNABLE_DIALECTS = (SQE_DIALECT, "spark", "trino")  # in order of preference
@@ -50,6 +66,54 @@ def runnable_sql(view: ViewDefinition, parser: duckdb.DuckDBPyConnection) -> str
         f"view {view.ident} has no SQL SQE can run: dialects {have} (SQE runs duckdb, or spark/trino SQL that "
         "DuckDB parses)"
     )
+
+
+def default_catalog(view: ViewDefinition) -> str:
+    """The warehouse a name without one resolves in: ``default-catalog``, else the view's own (spec)."""
+    return view.default_catalog or view.ident.warehouse
+
+
+def qualified_sql(view: ViewDefinition, sql: str, parser: duckdb.DuckDBPyConnection) -> str:
+    """``sql`` (the view's runnable SQL) with each one- and two-part table name written as
+    ``warehouse.namespace.table`` from the view's defaults; other text is kept as it is."""
+    tree = parse_select(parser, sql)
+    ctes = _cte_names(tree)
+    catalog = default_catalog(view)
+    namespace = view.default_namespace
+    encoded = sql.encode()
+    tokens = sql_tokens(sql)
+    starts = {start: i for i, (start, _) in enumerate(tokens)}
+    edits: list[tuple[int, int, str]] = []
+    for node in walk(tree):
+        if node.get("type") != "BASE_TABLE" or "class" in node:
+            continue
+        path = [str(p) for p in (node.get("qualified_name") or {}).get("path") or [node.get("table_name")]]
+        if len(path) == 2:
+            full = (catalog, *path)
+        elif len(path) == 1 and path[0].lower() not in ctes and len(namespace) == 1:
+            full = (catalog, namespace[0], path[0])
+        else:
+            continue  # three-part, a CTE, or a namespace SQL cannot name: left to the usual checks
+        start = len(encoded[: int(node["query_location"])].decode())
+        first = starts.get(start)
+        if first is None:
+            raise QueryError(f"view {view.ident}: cannot find the table name {'.'.join(path)} in its SQL")
+        after = first + 2 * len(path) - 1  # identifiers and the dots between them
+        end = tokens[after][0] if after < len(tokens) else len(sql)
+        edits.append((start, start + len(sql[start:end].rstrip()), quote_qualified(*full)))
+    for start, end, name in sorted(edits, reverse=True):
+        sql = sql[:start] + name + sql[end:]
+    return sql
+
+
+def _cte_names(tree: Node) -> frozenset[str]:
+    """Lower-case names of every CTE of the query (anywhere in it): a one-part name that is one is no table."""
+    names: set[str] = set()
+    for node in walk(tree):
+        cte_map = node.get("cte_map")
+        if isinstance(cte_map, dict):
+            names.update(str(entry.get("key", "")).lower() for entry in cte_map.get("map", []))
+    return frozenset(names)
 
 
 _LISTING = pa.schema(

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.schema import Schema
+from pyiceberg.types import NestedField, StringType
+from pyiceberg.view.metadata import SQLViewRepresentation, ViewVersion
 
 import sqe.api
 from sqe.config import CatalogConfig, SiblingWarehouseConfig, SQEConfig, StorageConfig
@@ -33,14 +36,13 @@ def _principal(server: CatalogServer, warehouse: str, name: str) -> CatalogPrinc
     role = f"{name}_role"
     server.admin_cli("create-role", role)
     server.admin_cli("assign-role", name, role)
-    for privilege in ("NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA"):
+    for privilege in ("NAMESPACE_FULL_METADATA", "TABLE_CREATE", "TABLE_WRITE_DATA", "VIEW_FULL_METADATA"):
         server.admin_cli("grant", role, privilege, "--warehouse", warehouse)
     return principal
 
 
-def _create(server: CatalogServer, principal: CatalogPrincipal, warehouse: str, ns: str, rows: list[int]) -> None:
-    """pyiceberg (no S3 key of its own) creates ``ns.t`` in ``warehouse`` and appends ``rows``."""
-    catalog = RestCatalog(
+def _pyiceberg(server: CatalogServer, principal: CatalogPrincipal, warehouse: str) -> RestCatalog:
+    return RestCatalog(
         f"mw-{warehouse}",
         uri=server.url,
         warehouse=warehouse,
@@ -48,6 +50,11 @@ def _create(server: CatalogServer, principal: CatalogPrincipal, warehouse: str, 
         scope="PRINCIPAL_ROLE:ALL",
         **{"header.X-Iceberg-Access-Delegation": "vended-credentials"},
     )
+
+
+def _create(server: CatalogServer, principal: CatalogPrincipal, warehouse: str, ns: str, rows: list[int]) -> None:
+    """pyiceberg (no S3 key of its own) creates ``ns.t`` in ``warehouse`` and appends ``rows``."""
+    catalog = _pyiceberg(server, principal, warehouse)
     catalog.create_namespace(ns)
     schema = pa.schema([("id", pa.int64()), ("tag", pa.string())])
     table = catalog.create_table((ns, "t"), schema=schema)
@@ -66,24 +73,7 @@ def test_sibling_warehouse_on_another_catalog_is_joined_through_vended_credentia
         _create(sibling, sibling_user, SIBLING, ns, [2, 3, 4])
         for name, value in BOGUS_AWS_ENV.items():
             monkeypatch.setenv(name, value)
-        config = SQEConfig(
-            catalog=CatalogConfig(
-                uri=catalog_server.url,
-                warehouse=catalog_server.warehouse,
-                client_id=main_user.client_id,
-                client_secret=main_user.client_secret,
-                require_vended_credentials=True,
-                warehouses=(
-                    SiblingWarehouseConfig(
-                        name=SIBLING,
-                        uri=sibling.url,
-                        client_id=sibling_user.client_id,
-                        client_secret=sibling_user.client_secret,
-                    ),
-                ),
-            ),
-            storage=StorageConfig(endpoint=moto.url, region=moto.region, path_style=True),
-        )
+        config = _config(catalog_server, main_user, sibling, sibling_user)
         query = (
             f"SELECT a.id, a.tag AS main_tag, b.tag AS sibling_tag FROM {catalog_server.warehouse}.{ns}.t a "
             f"JOIN {SIBLING}.{ns}.t b ON a.id = b.id ORDER BY a.id"
@@ -101,3 +91,65 @@ def test_sibling_warehouse_on_another_catalog_is_joined_through_vended_credentia
         [f"{catalog_server.warehouse}.{ns}.t", f"{SIBLING}.{ns}.t"]
     )
     assert {row["credential_source"] for row in explain} == {"vended"}
+
+
+def _config(
+    main: CatalogServer, main_user: CatalogPrincipal, sibling: CatalogServer, sibling_user: CatalogPrincipal
+) -> SQEConfig:
+    """A session whose default warehouse is ``main``'s, with ``sibling``'s warehouse as ``SIBLING``."""
+    moto = main.moto
+    return SQEConfig(
+        catalog=CatalogConfig(
+            uri=main.url,
+            warehouse=main.warehouse,
+            client_id=main_user.client_id,
+            client_secret=main_user.client_secret,
+            require_vended_credentials=True,
+            warehouses=(
+                SiblingWarehouseConfig(
+                    name=SIBLING,
+                    uri=sibling.url,
+                    client_id=sibling_user.client_id,
+                    client_secret=sibling_user.client_secret,
+                ),
+            ),
+        ),
+        storage=StorageConfig(endpoint=moto.url, region=moto.region, path_style=True),
+    )
+
+
+def test_names_in_a_view_resolve_in_the_views_warehouse_not_the_invokers(
+    catalog_server: CatalogServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both warehouses hold ``ns.t``; a view stored in the sibling reads the sibling's, from a session whose
+    default warehouse is the main one: SQE's own view (``ns.t``), and pyiceberg's (one-part ``t``, no
+    default-catalog: the spec's fallback is the warehouse the view is stored in)."""
+    moto = catalog_server.moto
+    ns = f"mwv_{uuid.uuid4().hex[:6]}"
+    main_user = _principal(catalog_server, catalog_server.warehouse, f"mwv_main_{ns}")
+    _create(catalog_server, main_user, catalog_server.warehouse, ns, [1, 2, 3])
+    with catalog_variant(tmp_path, moto, name=SIBLING, location=f"s3://{moto.bucket}/{SIBLING}") as sibling:
+        sibling_user = _principal(sibling, SIBLING, f"mwv_sibling_{ns}")
+        _create(sibling, sibling_user, SIBLING, ns, [7, 8])
+        schema = Schema(NestedField(1, "tag", StringType(), required=False))
+        version = ViewVersion(
+            version_id=1,
+            schema_id=0,
+            representations=[SQLViewRepresentation(type="sql", sql="SELECT tag FROM t", dialect="spark")],
+            default_namespace=(ns,),
+        )
+        _pyiceberg(sibling, sibling_user, SIBLING).create_view((ns, "third_party"), schema, version)
+        for name, value in BOGUS_AWS_ENV.items():
+            monkeypatch.setenv(name, value)
+        with sqe.api.connect(_config(catalog_server, main_user, sibling, sibling_user)) as session:
+            session.sql(f"CREATE VIEW {SIBLING}.{ns}.own AS SELECT tag FROM {ns}.t")
+            own = session.sql(f"SELECT tag FROM {SIBLING}.{ns}.own ORDER BY tag").arrow().column("tag").to_pylist()
+            third = session.sql(f"SELECT * FROM {SIBLING}.{ns}.third_party ORDER BY 1").arrow().column(0).to_pylist()
+            joined = session.sql(
+                f"SELECT count(*) AS n FROM {ns}.t a JOIN {SIBLING}.{ns}.own b ON a.tag = b.tag"
+            ).arrow()
+        stored = _pyiceberg(sibling, sibling_user, SIBLING).load_view((ns, "own")).metadata
+    assert own == third == [f"{SIBLING}-7", f"{SIBLING}-8"]
+    assert joined.column("n").to_pylist() == [0]  # the outer ns.t is still the invoker's default warehouse's
+    current = next(v for v in stored.versions if v.version_id == stored.current_version_id)
+    assert (current.default_catalog, tuple(current.default_namespace)) == (SIBLING, (ns,))
