@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -49,10 +51,13 @@ from sqe.errors import (
     NoSuchTableError,
     NoSuchViewError,
     RestrictionError,
+    SQEError,
 )
 from sqe.restrictions import strict_json_loads
 
+log = logging.getLogger("sqe.catalog")
 _T = TypeVar("_T")
+CREATE_ID = "sqe.create-id"  # a table property set at create: tells a create that landed from another's table
 _TableT = TypeVar("_TableT", bound=Table)
 
 __all__ = [
@@ -306,6 +311,13 @@ class SQERestCatalog(Unpicklable, RestCatalog):
         return f"{self.namespace_path(namespace)}/tables/{quote(name, safe='')}"
 
 
+def _may_have_landed(error: SQEError) -> bool:
+    """A create failure that does not say the catalog refused it: no answer, a 5xx or 429, or a 409 (which may
+    answer a resend of a create that landed)."""
+    status = error.status if isinstance(error, CatalogError) else None
+    return status is None or status in (409, 429) or status >= 500
+
+
 def _json_object(response: requests.Response) -> dict[str, Any] | None:
     """The response body when it is a JSON object; None for anything else (the caller names the failure)."""
     try:
@@ -520,15 +532,35 @@ class RestTableProvider:
         )
 
     def create_table(self, ident: TableIdent, schema: pa.Schema) -> LoadedTable:
-        """Create through the catalog, then load it afresh (vended write credentials, raw JSON kept)."""
+        """Create through the catalog, then load it afresh (vended write credentials, raw JSON kept).
+
+        The table carries a fresh ``sqe.create-id``: when the create fails without a clear answer (no answer, a
+        5xx, or a 409 to the transport's resend of a create that landed), a table of that name with this id is
+        the one this call created, and is returned as created; one without it is someone else's (the error
+        stands)."""
         catalog = self.catalog(ident.warehouse)
+        create_id = uuid.uuid4().hex
         try:
-            catalog.create_table((*ident.namespace, ident.name), schema=schema)
+            catalog.create_table((*ident.namespace, ident.name), schema=schema, properties={CREATE_ID: create_id})
         except PYICEBERG_CATALOG_ERRORS as exc:
-            raise translate_error(exc, f"table {ident}") from None
+            error: SQEError = translate_error(exc, f"table {ident}")
         except requests.RequestException as exc:
-            raise CatalogUnavailableError(f"cannot create table {ident}: {type(exc).__name__}") from None
-        return self.load_table(ident, bypass_cache=True)
+            error = CatalogUnavailableError(f"cannot create table {ident}: {type(exc).__name__}")
+        else:
+            return self.load_table(ident, bypass_cache=True)
+        created = self._created_by(ident, create_id) if _may_have_landed(error) else None
+        if created is None:
+            raise error
+        log.info("the create of %s landed though its answer was lost (%s)", ident, first_line(error))
+        return created
+
+    def _created_by(self, ident: TableIdent, create_id: str) -> LoadedTable | None:
+        """The table ``ident`` when its ``sqe.create-id`` is ``create_id``, else None (absent, or unknowable)."""
+        try:
+            loaded = self.load_table(ident, bypass_cache=True)
+        except SQEError:
+            return None
+        return loaded if loaded.table.metadata.properties.get(CREATE_ID) == create_id else None
 
     # -- catalog DDL (additive: namespaces and drop) ---------------------------------------------------------
     def drop_table(self, ident: TableIdent) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 import sqe.api
 from sqe.catalog.base import LoadedTable
-from sqe.errors import CatalogUnavailableError, CommitStateUnknownError, IntegrityError
+from sqe.errors import CatalogUnavailableError, CommitConflictError, CommitStateUnknownError, IntegrityError
 from sqe.session import Session
 from sqe.vocabulary import S3_ENDPOINT
 from tests.conftest import pyiceberg_catalog, write_sqe_config
@@ -207,11 +207,11 @@ def _losing_a_commit_answer(
     catalog_server: CatalogServer,
     writer: CatalogPrincipal,
     tmp_path: Path,
-    table_name: str,
+    lose: str,
     status: int,
     resent: int | None = None,
 ) -> Iterator[Session]:
-    """A session whose next commit to ``table_name`` lands in the catalog and has its answer replaced by
+    """A session whose next POST to the path pattern ``lose`` lands in the catalog and has its answer replaced by
     ``status`` (and every resend of it by ``resent``, when given); checks on leaving that it did."""
     proxy = _LosesACommitAnswer(catalog_server.url, status=status)
     proxy.start()
@@ -219,8 +219,8 @@ def _losing_a_commit_answer(
         path = write_sqe_config(tmp_path / "sqe.toml", proxy.url, writer, catalog_server.moto)
         with sqe.api.connect(path) as session:
             if resent is not None:
-                proxy.inject("POST", table_path(table_name), resent, 100, retry_after="0")
-            proxy.lose = table_path(table_name)
+                proxy.inject("POST", lose, resent, 100, retry_after="0")
+            proxy.lose = lose
             yield session
             assert not proxy.lose  # the commit went through the proxy, and its answer was lost
     finally:
@@ -257,7 +257,7 @@ def test_a_dml_commit_that_landed_keeps_its_files_when_its_answer_was_lost(
     namespace, short = name.split(".")
     with pyiceberg_catalog(catalog_server, writer).load_table((namespace, short)).transaction() as transaction:
         transaction.set_properties({"commit.retry.num-retries": "0"})
-    with _losing_a_commit_answer(catalog_server, writer, tmp_path, name, 503) as session:
+    with _losing_a_commit_answer(catalog_server, writer, tmp_path, table_path(name), 503) as session:
         session.sql(f"DELETE FROM {name} WHERE n = 1")
     assert _rows(direct, name) == [(2,), (3,)]
 
@@ -278,9 +278,36 @@ def test_optimize_keeps_its_files_when_the_answer_to_its_landed_commit_was_lost(
     # OPTIMIZE also reports success (it was reported failed).
     statements = ("CREATE TABLE {t} AS SELECT * FROM (VALUES (1), (2)) v(n)", "INSERT INTO {t} VALUES (3)")
     name, direct = _fresh_table(catalog_server, writer, table, tmp_path, *statements)
-    with _losing_a_commit_answer(catalog_server, writer, tmp_path, name, answer, resent=resent) as session:
+    with _losing_a_commit_answer(catalog_server, writer, tmp_path, table_path(name), answer, resent=resent) as session:
         session.sql(f"OPTIMIZE {name}")
     assert _rows(direct, name) == [(1,), (2,), (3,)]  # the commit landed: its files are the table's
+
+
+@pytest.mark.parametrize("answer", [502, 503], ids=["5xx", "resent-then-409"])
+def test_a_create_table_as_whose_create_answer_was_lost_writes_its_rows(
+    catalog_server: CatalogServer, writer: CatalogPrincipal, table: str, tmp_path: Path, answer: int
+) -> None:
+    # Found by review: the catalog created the table and its answer was lost (a 502; or a 503 the transport
+    # resends, answered 409 "already exists"): CTAS failed and left an empty table behind under its name.
+    namespace = table.split(".")[0]
+    name = f"{namespace}.ctas_{uuid.uuid4().hex[:6]}"
+    creates = rf"^/v1/wh/namespaces/{namespace}/tables(\?|$)"
+    with _losing_a_commit_answer(catalog_server, writer, tmp_path, creates, answer) as session:
+        counted = session.sql(f"CREATE TABLE {name} AS SELECT * FROM (VALUES (1), (2)) v(n)").fetchall()
+    assert counted == [(2,)]
+    direct = write_sqe_config(tmp_path / "direct.toml", catalog_server.url, writer, catalog_server.moto)
+    assert _rows(direct, name) == [(1,), (2,)]
+
+
+def test_a_create_table_as_over_anothers_table_still_fails_and_leaves_it(
+    catalog_server: CatalogServer, writer: CatalogPrincipal, table: str, tmp_path: Path
+) -> None:
+    """The name was taken before the statement: a 409 is the answer, and the other table is left as it was."""
+    create = "CREATE TABLE {t} AS SELECT * FROM (VALUES (5)) v(n)"
+    name, direct = _fresh_table(catalog_server, writer, table, tmp_path, create)
+    with sqe.api.connect(direct) as session, pytest.raises(CommitConflictError, match=name.split(".")[1]):
+        session.sql(f"CREATE TABLE {name} AS SELECT * FROM (VALUES (6)) v(n)")
+    assert _rows(direct, name) == [(5,)]
 
 
 def test_a_commit_without_an_answer_is_of_unknown_outcome(
