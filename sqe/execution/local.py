@@ -37,6 +37,7 @@ from pyiceberg.expressions.visitors import bind, extract_field_ids, translate_co
 from pyiceberg.io import pyarrow as _pyiceberg_arrow
 from pyiceberg.io.pyarrow import expression_to_pyarrow, pyarrow_to_schema, schema_to_pyarrow
 from pyiceberg.manifest import FileFormat
+from pyiceberg.schema import Schema
 from pyiceberg.table.deletion_vector import deletion_vectors_from_puffin_file
 from pyiceberg.table.puffin import PuffinFile
 from pyiceberg.types import BinaryType, IcebergType, StringType
@@ -53,7 +54,6 @@ from sqe.execution.row_filter import RowMask, compile_row_filter, filter_rows
 if TYPE_CHECKING:
     import pyarrow.compute as pc
     from pyiceberg.expressions import BooleanExpression
-    from pyiceberg.schema import Schema
     from pyiceberg.table import FileScanTask
 
     from sqe.execution.byte_cache import FileKey
@@ -137,11 +137,24 @@ def _task_to_record_batches(
             size = task.file.file_size_in_bytes
             yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode, file_size=size)
             return
-    yield from _pyiceberg_task_batches(
+    if read.promoted_filter_ids:
+        yield from _promoted_then_filtered(read, task, positional_deletes)
+        return
+    yield from _pyiceberg_batches(read, task, positional_deletes, read.bound_row_filter, read.projected_schema)
+
+
+def _pyiceberg_batches(
+    read: ReadSpec,
+    task: FileScanTask,
+    positional_deletes: list[pa.ChunkedArray] | None,
+    row_filter: BooleanExpression,
+    projected: Schema,
+) -> Iterator[pa.RecordBatch]:
+    return _pyiceberg_task_batches(  # type: ignore[no-any-return]
         read.io,
         task,
-        read.bound_row_filter,
-        read.projected_schema,
+        row_filter,
+        projected,
         read.table_schema,
         set(read.projected_field_ids),
         positional_deletes,
@@ -150,6 +163,30 @@ def _task_to_record_batches(
         read.specs.get(task.file.spec_id),
         read.format_version,
     )
+
+
+def _promoted_then_filtered(
+    read: ReadSpec, task: FileScanTask, positional_deletes: list[pa.ChunkedArray] | None
+) -> Iterator[pa.RecordBatch]:
+    """A file of a table whose filter reads a promoted column. pyiceberg binds the filter to the file's own types,
+    so ``x > 0.1`` on a file written while ``x`` was a float compares with 0.1 rounded to a float (0.1f > 0.1f:
+    the row is dropped). Iceberg's rule (the Java reader) compares the promoted value with the table's literal
+    (0.1f as a double is above 0.1): the file is read unfiltered in the table's types, then filtered."""
+    extra = [
+        read.table_schema.find_field(field_id)
+        for field_id in sorted(extract_field_ids(read.bound_row_filter))
+        if field_id not in read.projected_schema.field_ids
+    ]
+    names = {f.name.lower() for f in read.projected_schema.fields}
+    if any(f.name.lower() in names for f in extra):
+        raise QueryError("cannot filter a promoted column whose name an older column of the scan holds")
+    widened = Schema(*read.projected_schema.fields, *extra) if extra else read.projected_schema
+    translated = translate_column_names(read.bound_row_filter, widened, case_sensitive=read.case_sensitive)
+    condition = expression_to_pyarrow(bind(widened, translated, case_sensitive=read.case_sensitive), widened)
+    kept = [f.name for f in read.projected_schema.fields]
+    for batch in _pyiceberg_batches(read, task, positional_deletes, AlwaysTrue(), widened):
+        filtered = pa.Table.from_batches([batch]).filter(condition).select(kept)
+        yield from filtered.to_batches()
 
 
 class ProjectionMemo:
@@ -480,6 +517,8 @@ def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProje
         )
     except ValueError:  # no field ids and no name mapping: pyiceberg reports it
         return None
+    if _holds_promoted_filter_column(read, file_schema):
+        return None  # filtered after promotion (_promoted_then_filtered)
     columns: list[str] = []
     fields: list[pa.Field] = []
     for wanted in read.projected_schema.columns:
@@ -504,6 +543,14 @@ def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProje
         expression_to_pyarrow(bound_filter, file_schema),
         _filter_columns(read, file_schema, physical_schema, columns),
         compile_row_filter(bound_filter, file_schema, physical_schema),
+    )
+
+
+def _holds_promoted_filter_column(read: ReadSpec, file_schema: Schema) -> bool:
+    """Whether the file holds a column the row filter reads in a type narrower than the table's."""
+    return any(
+        field_id in file_schema.field_ids and file_schema.find_type(field_id) != read.table_schema.find_type(field_id)
+        for field_id in read.promoted_filter_ids
     )
 
 

@@ -79,6 +79,9 @@ class ReadSpec:
     specs: Mapping[int, PartitionSpec]
     format_version: int
     case_sensitive: bool = True
+    # Fields the row filter reads that an older schema of the table held in a narrower type (int, float, a
+    # smaller decimal): a file written then is filtered after its values are promoted (``sqe.execution.local``).
+    promoted_filter_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -684,7 +687,19 @@ def build_read_spec(metadata: TableMetadata, io: FileIO, projected: Schema, row_
         name_mapping=metadata.name_mapping(),
         specs=metadata.specs(),
         format_version=metadata.format_version,
+        promoted_filter_ids=_promoted_ids(metadata, extract_field_ids(bound)),
     )
+
+
+def _promoted_ids(metadata: TableMetadata, field_ids: set[int]) -> frozenset[int]:
+    """The fields of ``field_ids`` whose type in some schema of the table differs from the current one."""
+    current = metadata.schema()
+    promoted: set[int] = set()
+    for schema in metadata.schemas:
+        for field_id in field_ids - promoted:
+            if field_id in schema.field_ids and schema.find_type(field_id) != current.find_type(field_id):
+                promoted.add(field_id)
+    return frozenset(promoted)
 
 
 def _schema_for(loaded: LoadedTable, snapshot_id: int | None) -> Schema:

@@ -88,3 +88,34 @@ def test_time_travel_before_a_type_promotion_masks_in_the_promoted_type(
     old = session.sql(f"SELECT x FROM ns.hashed FOR VERSION AS OF {before}").arrow()
     assert old.schema.field("x").type == pa.int64()
     assert old.column("x").to_pylist() == current.column("x").to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("row_filter", "shown"),
+    [
+        # 0.1f is 0.10000000149 as a double: above 0.1 (Iceberg compares the promoted value with the double);
+        # bound to the older files' float type the literal became 0.1f, and 0.1f > 0.1f dropped the row
+        ({"type": "gt", "term": "x", "value": 0.1}, [1, 3]),
+        # ... and 0.1f = 0.1f showed a row the filter hides (0.10000000149 is not 0.1)
+        ({"type": "eq", "term": "x", "value": 0.1}, []),
+        ({"type": "lt-eq", "term": "x", "value": 0.1}, [2]),
+    ],
+)
+def test_a_row_filter_on_a_float_promoted_to_double_compares_doubles(
+    write_provider: LocalProvider, session_factory: Any, row_filter: dict[str, Any], shown: list[int]
+) -> None:
+    catalog = write_provider.catalogs["wh"]
+    table = catalog.create_table("ns.floats", schema=pa.schema([("id", pa.int64()), ("x", pa.float32())]))
+    # one file whose bounds (0.0 and 0.1f, compared as doubles) keep it for every filter: the rows decide
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64()), "x": pa.array([0.1, 0.0], pa.float32())}))
+    before = table.current_snapshot().snapshot_id
+    with table.update_schema() as update:
+        update.update_column("x", DoubleType())
+    table = catalog.load_table("ns.floats")
+    table.append(pa.table({"id": pa.array([3], pa.int64()), "x": pa.array([0.5], pa.float64())}))
+    write_provider.restrictions["wh.ns.floats"] = {"required-row-filter": row_filter}
+    session = session_factory(write_provider)
+    current = [r[0] for r in session.sql("SELECT id FROM ns.floats ORDER BY id").fetchall()]
+    old = [r[0] for r in session.sql(f"SELECT id FROM ns.floats FOR VERSION AS OF {before} ORDER BY id").fetchall()]
+    assert current == shown
+    assert old == [i for i in shown if i != 3]
