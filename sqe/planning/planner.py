@@ -96,6 +96,7 @@ class ScanPlan:
     user_filter: BooleanExpression  # the user's part of row_filter (EXPLAIN shows only this part)
     snapshot_id: int | None
     planned_at: float
+    schema: Schema  # the schema the query reads (a time-travel read: the snapshot's), whose names it uses
 
     @property
     def ident(self) -> TableIdent:
@@ -166,7 +167,7 @@ class ScanPlan:
             "credential_usable_until": iso_utc(loaded.usable_until) or "",
             "cache": loaded.cache_outcome.value,
             "storage": describe_io(loaded.io),
-            **describe_restrictions(self.restrictions),
+            **describe_restrictions(self.restrictions, self.schema),
         }
 
 
@@ -430,6 +431,7 @@ def plan_scan(
         user_filter=user_filter,
         snapshot_id=snapshot_id if snapshot_id is not None else _current_snapshot_id(loaded),
         planned_at=time.time(),
+        schema=schema,
     )
 
 
@@ -551,9 +553,13 @@ def restrictions_of(loaded: LoadedTable) -> RestrictionPlan:
     return parse_restrictions(raw, metadata.schema(), all_schemas=metadata.schemas)
 
 
-def describe_restrictions(restrictions: RestrictionPlan) -> dict[str, str]:
-    """EXPLAIN's view: masked columns with their actions and whether a row filter applies (never its values)."""
-    masked = ", ".join(f"{m.name} ({m.action})" for m in restrictions.column_masks)
+def describe_restrictions(restrictions: RestrictionPlan, schema: Schema) -> dict[str, str]:
+    """EXPLAIN's view: masked columns with their actions and whether a row filter applies (never its values).
+    A mask follows its field id: it is named as ``schema`` (what the query reads) names that field, which at an
+    older snapshot may be a name the column had before a rename; a field the schema lacks keeps today's name."""
+    masked = ", ".join(
+        f"{schema.find_column_name(m.field_id) or m.name} ({m.action})" for m in restrictions.column_masks
+    )
     if restrictions.always_false:
         row_filter = "always false (no rows)"
     else:
