@@ -87,14 +87,17 @@ def qualified_sql(view: ViewDefinition, sql: str, parser: duckdb.DuckDBPyConnect
     for node in walk(tree):
         if node.get("type") != "BASE_TABLE" or "class" in node:
             continue
-        path = [str(p) for p in (node.get("qualified_name") or {}).get("path") or [node.get("table_name")]]
+        names = (node.get("qualified_name") or {}).get("path")  # keeps every part of a.b.c.d
+        names = names or (node.get("catalog_name"), node.get("schema_name"), node.get("table_name"))
+        path = [str(p) for p in names if p]
         if len(path) == 2:
             full = (catalog, *path)
         elif len(path) == 1 and path[0].lower() not in ctes and len(namespace) == 1:
             full = (catalog, namespace[0], path[0])
         else:
             continue  # three-part, a CTE, or a namespace SQL cannot name: left to the usual checks
-        start = len(encoded[: int(node["query_location"])].decode())
+        location = node.get("query_location")
+        start = len(encoded[:location].decode()) if isinstance(location, int) else -1
         first = starts.get(start)
         if first is None:
             raise QueryError(f"view {view.ident}: cannot find the table name {'.'.join(path)} in its SQL")
