@@ -8,6 +8,8 @@ carries bogus AWS keys that moto (IAM auth on) rejects.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -61,16 +63,31 @@ def _create(server: CatalogServer, principal: CatalogPrincipal, warehouse: str, 
     table.append(pa.table({"id": rows, "tag": [f"{warehouse}-{i}" for i in rows]}, schema=schema))
 
 
+@contextmanager
+def _two_warehouses(
+    main: CatalogServer, tmp_path: Path, prefix: str, main_rows: list[int], sibling_rows: list[int]
+) -> Iterator[tuple[str, CatalogPrincipal, CatalogServer, CatalogPrincipal]]:
+    """``ns.t`` in the main warehouse and in ``SIBLING`` (another catalog process), each with its own principal:
+    (ns, main principal, sibling catalog, sibling principal)."""
+    moto = main.moto
+    ns = f"{prefix}_{uuid.uuid4().hex[:6]}"
+    main_user = _principal(main, main.warehouse, f"{prefix}_main_{ns}")
+    _create(main, main_user, main.warehouse, ns, main_rows)
+    with catalog_variant(tmp_path, moto, name=SIBLING, location=f"s3://{moto.bucket}/{SIBLING}") as sibling:
+        sibling_user = _principal(sibling, SIBLING, f"{prefix}_sibling_{ns}")
+        _create(sibling, sibling_user, SIBLING, ns, sibling_rows)
+        yield ns, main_user, sibling, sibling_user
+
+
 def test_sibling_warehouse_on_another_catalog_is_joined_through_vended_credentials(
     catalog_server: CatalogServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    moto = catalog_server.moto
-    ns = f"mw_{uuid.uuid4().hex[:6]}"
-    main_user = _principal(catalog_server, catalog_server.warehouse, f"mw_main_{ns}")
-    _create(catalog_server, main_user, catalog_server.warehouse, ns, [1, 2, 3])
-    with catalog_variant(tmp_path, moto, name=SIBLING, location=f"s3://{moto.bucket}/{SIBLING}") as sibling:
-        sibling_user = _principal(sibling, SIBLING, f"mw_sibling_{ns}")
-        _create(sibling, sibling_user, SIBLING, ns, [2, 3, 4])
+    with _two_warehouses(catalog_server, tmp_path, "mw", [1, 2, 3], [2, 3, 4]) as (
+        ns,
+        main_user,
+        sibling,
+        sibling_user,
+    ):
         for name, value in BOGUS_AWS_ENV.items():
             monkeypatch.setenv(name, value)
         config = _config(catalog_server, main_user, sibling, sibling_user)
@@ -124,13 +141,7 @@ def test_names_in_a_view_resolve_in_the_views_warehouse_not_the_invokers(
     """Both warehouses hold ``ns.t``; a view stored in the sibling reads the sibling's, from a session whose
     default warehouse is the main one: SQE's own view (``ns.t``), and pyiceberg's (one-part ``t``, no
     default-catalog: the spec's fallback is the warehouse the view is stored in)."""
-    moto = catalog_server.moto
-    ns = f"mwv_{uuid.uuid4().hex[:6]}"
-    main_user = _principal(catalog_server, catalog_server.warehouse, f"mwv_main_{ns}")
-    _create(catalog_server, main_user, catalog_server.warehouse, ns, [1, 2, 3])
-    with catalog_variant(tmp_path, moto, name=SIBLING, location=f"s3://{moto.bucket}/{SIBLING}") as sibling:
-        sibling_user = _principal(sibling, SIBLING, f"mwv_sibling_{ns}")
-        _create(sibling, sibling_user, SIBLING, ns, [7, 8])
+    with _two_warehouses(catalog_server, tmp_path, "mwv", [1, 2, 3], [7, 8]) as (ns, main_user, sibling, sibling_user):
         schema = Schema(NestedField(1, "tag", StringType(), required=False))
         version = ViewVersion(
             version_id=1,

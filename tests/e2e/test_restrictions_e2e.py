@@ -37,6 +37,8 @@ from sqe.session import WITHHELD, Session, explain_sections
 from sqe_catalog.cli import main as catalog_cli
 
 if TYPE_CHECKING:
+    from pyiceberg.table.snapshots import Snapshot
+
     from tests.conftest import CatalogPrincipal, CatalogServer
 
 pytestmark = pytest.mark.e2e
@@ -340,15 +342,21 @@ def test_metadata_tables_serve_an_unrestricted_reader(world: World) -> None:
         session.sql(f'SELECT * FROM {world.namespace}."people$history"')
 
 
-def test_time_travel_applies_current_restrictions_by_field_id_after_a_rename(world: World) -> None:
+def _renamed_since_a_snapshot(world: World, name: str) -> Snapshot:
+    """A copy of ``people`` whose ``email`` is ``contact`` since its one snapshot (returned); alice restricted."""
     writer = _pyiceberg(world.server, world.principals["writer"])
-    table = writer.create_table((world.namespace, "renamed"), schema=PEOPLE.schema)
+    table = writer.create_table((world.namespace, name), schema=PEOPLE.schema)
     table.append(PEOPLE)
     before = table.current_snapshot()
     assert before is not None
     with table.update_schema() as update:
         update.rename_column("email", "contact")
-    world.restrict("alice", ALICE, table="renamed")
+    world.restrict("alice", ALICE, table=name)
+    return before
+
+
+def test_time_travel_applies_current_restrictions_by_field_id_after_a_rename(world: World) -> None:
+    before = _renamed_since_a_snapshot(world, "renamed")
     with world.session("alice") as session:
         old = (
             session.sql(
@@ -367,14 +375,7 @@ def test_time_travel_applies_current_restrictions_by_field_id_after_a_rename(wor
 def test_explain_names_a_masked_column_as_the_snapshot_read_names_it(world: World) -> None:
     # Found by review: the mask follows the field id, so the old snapshot's ``email`` is masked, but EXPLAIN
     # labelled the mask with today's name ``contact``, a column the time-travel query does not have.
-    writer = _pyiceberg(world.server, world.principals["writer"])
-    table = writer.create_table((world.namespace, "renamed_explained"), schema=PEOPLE.schema)
-    table.append(PEOPLE)
-    before = table.current_snapshot()
-    assert before is not None
-    with table.update_schema() as update:
-        update.rename_column("email", "contact")
-    world.restrict("alice", ALICE, table="renamed_explained")
+    before = _renamed_since_a_snapshot(world, "renamed_explained")
     name = f"{world.namespace}.renamed_explained"
     with world.session("alice") as session:
         old = session.sql(f"EXPLAIN SELECT id, email FROM {name} FOR VERSION AS OF {before.snapshot_id}").arrow()
