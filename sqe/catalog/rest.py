@@ -335,14 +335,15 @@ def _view_schema_json(schema: pa.Schema) -> dict[str, Any]:
 
 def _view_version_json(sql: str, dialect: str, ident: TableIdent, schema_id: int) -> dict[str, Any]:
     """A ViewVersion of the REST spec with one SQL representation (``schema_id`` -1: the schema just added).
-    SQE resolves a view's names in the view's own warehouse and namespace, and records them as its defaults."""
+    SQE resolves a view's names in the view's own warehouse and namespace: ``default-namespace`` is the view's,
+    and ``default-catalog`` is left unset, which means the view's catalog (spec) in every engine, whatever name
+    that engine gives the catalog (SQE's warehouse name may not be one)."""
     return {
         "version-id": 1,
         "schema-id": schema_id,
         "timestamp-ms": int(time.time() * 1000),
         "summary": {"engine-name": "sqe"},
         "representations": [{"type": "sql", "sql": sql, "dialect": dialect}],
-        "default-catalog": ident.warehouse,
         "default-namespace": list(ident.namespace),
     }
 
