@@ -18,6 +18,8 @@ never reaches a lookup at all.
   keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`; a miss is one signed GET of the
   whole object (pyarrow's open would add a HEAD), read no further than ``MAX_MANIFEST_BYTES`` and checked
   against the inflated limit (:mod:`sqe.planning.avro_limits`) before it is kept, so a hit is never checked again.
+  The check inflates each block once and the miss is decoded from those inflated blocks; a hit's stored bytes
+  are inflated by pyiceberg, once.
 
 The kept bytes are raw file content; the restriction order (row filter, masks, then the user's predicates)
 runs on the decoded batches exactly as without the cache. Nothing here logs, and no repr shows content.
@@ -261,7 +263,7 @@ class _CachedInputFile(InputFile):
     def __len__(self) -> int:
         kept = MANIFESTS.get(self._key)
         if kept is None and self._direct is not None:
-            kept = self._fetch()  # it is about to be read whole anyway: one GET instead of a HEAD and a GET
+            kept = self._fetch()[0]  # it is about to be read whole anyway: one GET instead of a HEAD and a GET
         return len(kept) if kept is not None else len(self._inner)
 
     def exists(self) -> bool:
@@ -269,16 +271,18 @@ class _CachedInputFile(InputFile):
 
     def open(self, seekable: bool = True) -> InputStream:
         kept = MANIFESTS.get(self._key)
-        return io.BytesIO(kept if kept is not None else self._fetch())
+        return io.BytesIO(kept if kept is not None else self._fetch()[1])
 
-    def _fetch(self) -> bytes:
+    def _fetch(self) -> tuple[bytes, bytes]:
+        """The file's bytes, kept once checked, and the check's inflated form for this read: pyiceberg inflates
+        a miss's blocks no second time (a hit's once). The kept bytes stay as stored: smaller than inflated."""
         if self._direct is not None:
             read = self._direct.read_all(limit=MAX_MANIFEST_BYTES + 1)  # one byte past the limit tells a larger file
         else:
             read = read_bounded(self._inner)
-        kept = self._bounds.checked(self.location, read)  # only checked bytes are kept
-        MANIFESTS.put(self._key, kept)
-        return kept
+        readable = self._bounds.checked(self.location, read)  # only checked bytes are kept
+        MANIFESTS.put(self._key, read)
+        return read, readable
 
 
 class MetadataCachingFileIO(FileIO):

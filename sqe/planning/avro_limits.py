@@ -2,9 +2,11 @@
 
 pyiceberg reads such a file whole and inflates each of its blocks whole, and a writer of the table decides what
 they hold: a deflate block inflates about a thousandfold, so one small file could make one plan hold gigabytes.
-A file is read at most ``MAX_MANIFEST_BYTES`` far, and its blocks are inflated once here, counted and dropped a
-chunk at a time, before pyiceberg decodes it: past ``MAX_MANIFEST_DECOMPRESSED_BYTES`` it is refused. The
-engine checks a file once, when it is read from the store (its manifest cache keeps only checked bytes).
+A file is read at most ``MAX_MANIFEST_BYTES`` far, and its blocks are inflated here, counted a chunk at a time,
+before pyiceberg decodes it: past ``MAX_MANIFEST_DECOMPRESSED_BYTES`` (nothing more is inflated) it is refused.
+Within it, pyiceberg decodes the blocks inflated here, stored in a container of the null codec, and inflates
+none again. The engine checks a file once, when it is read from the store (its manifest cache keeps only checked
+bytes, as stored; pyiceberg inflates a hit's blocks).
 
 :class:`ManifestBounds` words the refusal and picks its error type: the engine's
 :class:`sqe.errors.ManifestLimitError`, or the catalog's own 422 (``sqe_catalog.avro_limits``).
@@ -16,8 +18,9 @@ import bz2
 import copy
 import importlib.util
 import io
+import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -38,11 +41,13 @@ __all__ = [
     "BoundedManifestFile",
     "BoundedManifestIO",
     "CommitIO",
+    "Inflated",
     "MalformedAvroError",
     "ManifestBounds",
     "UnreadableCodecError",
     "bounded_io",
     "bounded_table",
+    "inflated",
     "inflated_size",
     "read_bounded",
     "table_bounds",
@@ -55,6 +60,7 @@ MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_MANIFEST_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 
 _MAGIC = b"Obj\x01"
+_CODEC_KEY = b"avro.codec"
 _SYNC_SIZE = 16
 _CHUNK = 1 << 20
 _SNAPPY_CRC_SIZE = 4
@@ -90,22 +96,22 @@ class ManifestBounds:
         return "manifest list" if location in self.manifest_lists else "manifest"
 
     def checked(self, location: str, data: bytes) -> bytes:
-        """``data`` (read at most ``MAX_MANIFEST_BYTES + 1`` far) once it is known to stay within the limits."""
+        """``data`` (read at most ``MAX_MANIFEST_BYTES + 1`` far) once it is known to stay within the limits, as
+        pyiceberg is to read it: its blocks inflated once, here (see :func:`inflated`)."""
         if len(data) > MAX_MANIFEST_BYTES:
             raise self.refusal(location, f"holds more than {MAX_MANIFEST_BYTES} bytes (MAX_MANIFEST_BYTES)")
         try:
-            inflated = inflated_size(data, MAX_MANIFEST_DECOMPRESSED_BYTES)
+            checked = inflated(data, MAX_MANIFEST_DECOMPRESSED_BYTES)
         except UnreadableCodecError:
-            readable = ", ".join(codec.decode() for codec in _INFLATERS)
             raise self.refusal(
-                location, f"is written with an Avro codec SQE cannot read (it reads {readable})"
+                location, f"is written with an Avro codec SQE cannot read (it reads {_READABLE})"
             ) from None
         except MalformedAvroError:
             raise self.refusal(location, "is not an Avro container file") from None
-        if inflated > MAX_MANIFEST_DECOMPRESSED_BYTES:
+        if checked.size > MAX_MANIFEST_DECOMPRESSED_BYTES:
             limit = MAX_MANIFEST_DECOMPRESSED_BYTES
             raise self.refusal(location, f"inflates to more than {limit} bytes (MAX_MANIFEST_DECOMPRESSED_BYTES)")
-        return data
+        return checked.readable
 
     def refusal(self, location: str, what: str) -> Exception:
         """The error for a file past a limit; the message names no path (a writer's text)."""
@@ -113,9 +119,15 @@ class ManifestBounds:
 
 
 def read_bounded(inner: InputFile) -> bytes:
-    """At most ``MAX_MANIFEST_BYTES + 1`` bytes of ``inner``: one byte past the limit tells a larger file."""
+    """At most ``MAX_MANIFEST_BYTES + 1`` bytes of ``inner``: one byte past the limit tells a larger file. Read a
+    chunk at a time: pyarrow allocates what one read asks for, whatever the file holds."""
+    chunks: list[bytes] = []
+    left = MAX_MANIFEST_BYTES + 1
     with inner.open(seekable=False) as stream:
-        return stream.read(MAX_MANIFEST_BYTES + 1)
+        while left > 0 and (chunk := stream.read(min(left, _CHUNK))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    return b"".join(chunks)
 
 
 class BoundedManifestFile(InputFile):
@@ -200,19 +212,80 @@ def bounded_table(table: Table, refused: str) -> Table:
 def inflated_size(data: bytes, budget: int) -> int:
     """The bytes the Avro container ``data``'s blocks hold once decompressed; past ``budget``, some count past it
     (nothing more is inflated). A codec pyiceberg cannot inflate here is :class:`UnreadableCodecError`."""
-    codec, pos = _header(data)
+    return inflated(data, budget).size
+
+
+@dataclass(frozen=True)
+class Inflated:
+    """An Avro container's inflated size, and the container as pyiceberg is to read it (``readable``)."""
+
+    size: int
+    readable: bytes
+
+
+def inflated(data: bytes, budget: int) -> Inflated:
+    """The Avro container ``data`` with each of its blocks inflated once, here: ``readable`` is the same container
+    with those blocks stored inflated (codec null), so that pyiceberg decodes them without inflating them again;
+    it is ``data`` itself for blocks pyiceberg inflates (snappy's, sized by the length they state) or never
+    has to (null). Past ``budget``, ``size`` is some count past it, ``readable`` empty, and nothing more is
+    inflated. A codec pyiceberg cannot inflate here is :class:`UnreadableCodecError`."""
+    meta, sync, pos = _header(data)
+    codec = meta.get(_CODEC_KEY, b"null")
+    sized = _SIZED.get(codec)
+    if sized is not None:
+        total = 0
+        for _records, block, _sync in _blocks(data, pos):
+            total += sized(block)
+            if total > budget:
+                break
+        return Inflated(total, data)
     inflate = _INFLATERS.get(codec)
     if inflate is None:  # pyiceberg would fail untyped: a ValueError, or snappy's ImportError
         raise UnreadableCodecError
+    parts = [_null_codec_header(meta, sync)]
     total = 0
-    while pos < len(data) and total <= budget:
+    for records, block, block_sync in _blocks(data, pos):
+        chunks = inflate(block, budget - total)
+        size = sum(len(chunk) for chunk in chunks)
+        total += size
+        if total > budget:
+            return Inflated(total, b"")
+        # the count and sync marker as written: pyiceberg acts on the count and compares the marker with the header's
+        parts += [records, _encoded_long(size), *chunks, block_sync]
+    return Inflated(total, b"".join(parts))
+
+
+def _null_codec_header(meta: dict[bytes, bytes], sync: bytes) -> bytes:
+    """The header of a container holding ``meta`` but for its codec, null."""
+    meta = {**meta, _CODEC_KEY: b"null"}
+    entries = (_encoded_long(len(part)) + part for entry in meta.items() for part in entry)
+    return b"".join([_MAGIC, _encoded_long(len(meta)), *entries, _encoded_long(0), sync])
+
+
+def _encoded_long(value: int) -> bytes:
+    """``value`` as an Avro long: zigzag, then a little-endian base-128 varint."""
+    encoded, out = (value << 1) ^ (value >> 63), bytearray()
+    while encoded > 0x7F:
+        out.append(encoded & 0x7F | 0x80)
+        encoded >>= 7
+    out.append(encoded)
+    return bytes(out)
+
+
+def _blocks(data: bytes, pos: int) -> Iterator[tuple[bytes, bytes, bytes]]:
+    """Each block of the container ``data`` from ``pos`` on: its record count as encoded, its bytes and the sync
+    marker after it. Every
+    length is checked against ``data`` here: pyiceberg's decoder reads past its buffer's end."""
+    while pos < len(data):
+        start = pos
         _count, pos = _long(data, pos)
+        records = data[start:pos]
         size, pos = _long(data, pos)
         if size < 0 or pos + size + _SYNC_SIZE > len(data):
             raise MalformedAvroError
-        total += inflate(data[pos : pos + size], budget - total)
-        pos += size + _SYNC_SIZE
-    return total
+        end = pos + size
+        yield records, data[pos:end], data[end : end + _SYNC_SIZE]
+        pos = end + _SYNC_SIZE
 
 
 def _long(data: bytes, pos: int) -> tuple[int, int]:
@@ -232,8 +305,10 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             return value, pos
 
 
-def _header(data: bytes) -> tuple[bytes, int]:
-    """The codec the header names and the position of the first block."""
+def _header(data: bytes) -> tuple[dict[bytes, bytes], bytes, int]:
+    """The header's metadata, its sync marker and the position of the first block. Walked here, each length
+    checked against ``data``: pyiceberg's header reader reads past its buffer's end (and allocates any length a
+    file states) before it fails."""
     if not data.startswith(_MAGIC):
         raise MalformedAvroError
     meta: dict[bytes, bytes] = {}
@@ -248,7 +323,9 @@ def _header(data: bytes) -> tuple[bytes, int]:
         for _ in range(count):
             key, pos = _bytes(data, pos)
             meta[key], pos = _bytes(data, pos)
-    return meta.get(b"avro.codec", b"null"), pos + _SYNC_SIZE
+    if pos + _SYNC_SIZE > len(data):
+        raise MalformedAvroError
+    return meta, data[pos : pos + _SYNC_SIZE], pos + _SYNC_SIZE
 
 
 def _bytes(data: bytes, pos: int) -> tuple[bytes, int]:
@@ -258,19 +335,25 @@ def _bytes(data: bytes, pos: int) -> tuple[bytes, int]:
     return data[pos : pos + size], pos + size
 
 
-def _inflated_by(feed: Callable[[bytes, int], bytes], block: bytes, budget: int) -> int:
-    """Bytes a streaming decompressor (``feed(input, max_length)``) yields for ``block``, at most budget + 1."""
-    total, pending = 0, block
+def _inflated_by(feed: Callable[[bytes, int], bytes], block: bytes, budget: int) -> list[bytes]:
+    """What a streaming decompressor (``feed(input, max_length)``) yields for ``block``, a chunk at a time, until
+    it yields nothing or past ``budget``."""
+    chunks, total, pending = [], 0, block
     while total <= budget:
         out = feed(pending, _CHUNK)
         pending = b""
-        total += len(out)
         if not out:
-            return total
-    return total
+            break
+        chunks.append(out)
+        total += len(out)
+    return chunks
 
 
-def _deflated(block: bytes, budget: int) -> int:
+def _within(chunks: list[bytes], budget: int) -> bool:
+    return sum(len(chunk) for chunk in chunks) <= budget
+
+
+def _deflated(block: bytes, budget: int) -> list[bytes]:
     decompressor = zlib.decompressobj(-15)  # Avro's deflate: raw, no zlib header
 
     def feed(data: bytes, limit: int) -> bytes:
@@ -279,24 +362,31 @@ def _deflated(block: bytes, budget: int) -> int:
         except zlib.error:
             raise MalformedAvroError from None
 
-    return _inflated_by(feed, block, budget)
+    chunks = _inflated_by(feed, block, budget)
+    if not decompressor.eof and _within(chunks, budget):  # cut short: pyiceberg's codec raised zlib.error
+        raise MalformedAvroError
+    return chunks
 
 
-def _bzip2(block: bytes, budget: int) -> int:
+def _bzip2(block: bytes, budget: int) -> list[bytes]:
     """Every stream in the block, as pyiceberg's codec (``bz2.decompress``) inflates them all; bytes after the
-    first stream that start no stream are ignored there too."""
-    total, pending = _bzip2_stream(block, budget)
-    while pending and total <= budget:
+    first stream that start no stream are ignored there too, and a stream cut short is an error."""
+    chunks, pending = _bzip2_stream(block, budget)
+    while pending and _within(chunks, budget):
         try:
-            size, pending = _bzip2_stream(pending, budget - total)
-        except MalformedAvroError:
+            more, pending = _bzip2_stream(pending, budget - sum(len(chunk) for chunk in chunks))
+        except _NotAStream:
             break
-        total += size
-    return total
+        chunks += more
+    return chunks
 
 
-def _bzip2_stream(data: bytes, budget: int) -> tuple[int, bytes]:
-    """The bytes one stream at the start of ``data`` inflates to (at most budget + 1) and the bytes after it."""
+class _NotAStream(MalformedAvroError):
+    """Bytes that start no bzip2 stream."""
+
+
+def _bzip2_stream(data: bytes, budget: int) -> tuple[list[bytes], bytes]:
+    """What one stream at the start of ``data`` inflates to (up to past ``budget``) and the bytes after it."""
     decompressor = bz2.BZ2Decompressor()
 
     def feed(chunk: bytes, limit: int) -> bytes:
@@ -305,34 +395,54 @@ def _bzip2_stream(data: bytes, budget: int) -> tuple[int, bytes]:
         try:
             return decompressor.decompress(chunk, limit)
         except (OSError, EOFError):
-            raise MalformedAvroError from None
+            raise _NotAStream from None
 
-    size = _inflated_by(feed, data, budget)
-    return size, decompressor.unused_data if decompressor.eof else b""
+    chunks = _inflated_by(feed, data, budget)
+    if not _within(chunks, budget):
+        return chunks, b""
+    if not decompressor.eof:  # cut short: pyiceberg's codec raised ValueError
+        raise MalformedAvroError
+    return chunks, decompressor.unused_data
 
 
-def _zstandard(block: bytes, budget: int) -> int:
-    total = 0
+def _zstandard(block: bytes, budget: int) -> list[bytes]:
+    """The block's first frame, read as pyiceberg's codec reads it (``stream_reader``, until it yields nothing)."""
+    chunks: list[bytes] = []
     try:
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(block)) as reader:
-            while total <= budget and (chunk := reader.read(_CHUNK)):
-                total += len(chunk)
+        with _zstd_decompressor().stream_reader(io.BytesIO(block)) as reader:
+            while _within(chunks, budget) and (chunk := reader.read(_CHUNK)):
+                chunks.append(chunk)
     except zstandard.ZstdError:
         raise MalformedAvroError from None
-    return total
+    return chunks
 
 
-def _snappy(block: bytes, budget: int) -> int:
+_THREAD = threading.local()
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's decompressor, reused: building one costs more than inflating a small block, and one is not
+    to be used by two threads at once (each read resets it)."""
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_THREAD, "zstd", None)
+    if decompressor is None:
+        decompressor = _THREAD.zstd = zstandard.ZstdDecompressor()
+    return decompressor
+
+
+def _snappy(block: bytes) -> int:
     """Snappy states the inflated length up front (an unsigned varint), and Avro adds a CRC-32 after the data."""
     length, _pos = _varint(block[:-_SNAPPY_CRC_SIZE], 0)
     return length
 
 
-_INFLATERS: dict[bytes, Callable[[bytes, int], int]] = {
-    b"null": lambda block, _budget: len(block),
+# Codecs whose blocks are inflated here, each chunk counted against the budget as it comes.
+_INFLATERS: dict[bytes, Callable[[bytes, int], list[bytes]]] = {
     b"deflate": _deflated,
     b"bzip2": _bzip2,
     b"zstandard": _zstandard,
 }
+# Codecs whose blocks are sized without inflating them: pyiceberg reads such a file as it is.
+_SIZED: dict[bytes, Callable[[bytes], int]] = {b"null": len}
 if importlib.util.find_spec("snappy") is not None:  # pyiceberg's snappy codec needs python-snappy
-    _INFLATERS[b"snappy"] = _snappy
+    _SIZED[b"snappy"] = _snappy
+_READABLE = ", ".join(codec.decode() for codec in dict.fromkeys([b"null", *_INFLATERS, *_SIZED]))

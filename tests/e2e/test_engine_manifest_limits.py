@@ -480,3 +480,21 @@ def test_a_repeated_metadata_table_reads_its_manifests_from_the_manifest_cache(
         assert file_requests(log)["manifest"] == 0
         assert session.sql(f"SELECT sum(id) FROM {table} WHERE id >= 0").fetchall() == [(sum(range(2 * ROWS)),)]
         assert file_requests(log)["manifest"] == 0  # planning finds them kept too
+
+
+def test_a_manifest_cache_miss_inflates_each_block_once(
+    catalog_server: CatalogServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: a miss inflated each deflate block twice, once to size it and once more by pyiceberg's codec.
+    from tests.helpers.avro import Inflations
+
+    table = _table(tmp_path, catalog_server)  # pyiceberg's default manifest codec: deflate
+    clear_process_caches()
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session:
+        inflations = Inflations(monkeypatch)
+        assert session.sql(f"SELECT sum(id) FROM {table} WHERE id >= 0").fetchall() == [(sum(range(2 * ROWS)),)]
+        cold = inflations.calls
+        assert cold.keys() == {"zlib.decompressobj"} and cold["zlib.decompressobj"] >= 3  # the list, 2 manifests
+        inflations.calls = {}
+        assert session.sql(f"SELECT count(*) FROM {table} WHERE id < 10").fetchall() == [(10,)]
+        assert set(inflations.calls) <= {"zlib.decompress"}  # a hit is not checked again: pyiceberg inflates it

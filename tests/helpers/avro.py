@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import bz2
+import threading
 import zlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
 
 
 def avro_long(value: int) -> bytes:
@@ -67,3 +73,25 @@ def recoded(avro: bytes, codec: bytes, encode: Callable[[bytes], bytes]) -> byte
         out += avro_long(records) + avro_long(len(block)) + block + sync
         pos += size + 16
     return bytes(out)
+
+
+class Inflations:
+    """Calls of the standard library's decompressors for Avro's deflate (raw) and bzip2 blocks, counted as they
+    pass through to the real ones (pyiceberg's codecs and the manifest limit check both inflate through them)
+    while ``monkeypatch`` is in force: ``calls`` maps ``zlib.decompress`` and the like to a count."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()  # planning reads manifests on several threads
+        for module, name in ((zlib, "decompress"), (zlib, "decompressobj"), (bz2, "decompress")):
+            monkeypatch.setattr(module, name, self._counted(f"{module.__name__}.{name}", getattr(module, name)))
+        monkeypatch.setattr(bz2, "BZ2Decompressor", self._counted("bz2.BZ2Decompressor", bz2.BZ2Decompressor))
+
+    def _counted(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if not name.startswith("zlib") or -15 in args:  # Avro's raw deflate only, no HTTP body's gzip
+                with self._lock:
+                    self.calls[name] = self.calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        return call

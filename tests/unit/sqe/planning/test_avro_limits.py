@@ -4,16 +4,30 @@ from __future__ import annotations
 
 import bz2
 import importlib.util
+import random
 import zlib
+from typing import TYPE_CHECKING
 
 import pytest
 import zstandard
+from pyiceberg.manifest import clear_manifest_cache
 
 from sqe.errors import ManifestLimitError
-from sqe.planning.avro_limits import MalformedAvroError, ManifestBounds, UnreadableCodecError, inflated_size
-from tests.helpers.avro import avro_container, avro_long
+from sqe.planning.avro_limits import (
+    MalformedAvroError,
+    ManifestBounds,
+    UnreadableCodecError,
+    bounded_table,
+    inflated_size,
+)
+from tests.helpers.avro import Inflations, avro_container, avro_long
+from tests.unit.sqe.iceberg_local import NUMBERS_SCHEMA, local_catalog, numbers_batch
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PLAIN = b"x" * 300_000
+NOISE = random.Random(0).randbytes(100_000)  # compresses to about its size
 
 
 def _deflate(data: bytes) -> bytes:
@@ -79,3 +93,42 @@ def test_a_bzip2_block_of_several_streams_counts_them_all() -> None:
     block = bz2.compress(b"x") + bz2.compress(PLAIN) + b"\0\0"  # trailing bytes that are no stream are ignored
     assert inflated_size(avro_container(b"bzip2", block), 10 * len(PLAIN)) == 1 + len(PLAIN)
     assert inflated_size(avro_container(b"bzip2", block), len(PLAIN) // 2) > len(PLAIN) // 2
+
+
+@pytest.mark.parametrize(
+    ("codec", "block"),
+    [
+        (b"deflate", _deflate(PLAIN)[:-100]),
+        (b"bzip2", bz2.compress(NOISE)[:-100]),
+        (b"bzip2", bz2.compress(b"x") + bz2.compress(NOISE)[:-100]),  # a later stream cut short
+    ],
+    ids=["deflate", "bzip2", "bzip2-second-stream"],
+)
+def test_a_block_cut_short_within_its_frame_is_refused(codec: bytes, block: bytes) -> None:
+    # Before: the walk counted what the stream held so far and passed it; pyiceberg's codec then raised
+    # zlib.error (no ValueError or OSError: planning failed untyped) or bzip2's ValueError.
+    with pytest.raises(ManifestLimitError) as raised:
+        ManifestBounds().checked("s3://b/m.avro", avro_container(codec, block))
+    assert str(raised.value).endswith("a manifest list or manifest of the table is not an Avro container file")
+
+
+@pytest.mark.parametrize(("codec", "check"), [("deflate", "zlib.decompressobj"), ("bzip2", "bz2.BZ2Decompressor")])
+def test_a_bounded_read_inflates_each_block_once_and_decodes_the_same_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str, check: str
+) -> None:
+    # Before: each block was inflated twice, once to count it and once more by pyiceberg's codec.
+    catalog = local_catalog(tmp_path, "wh")
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.t", schema=NUMBERS_SCHEMA, properties={"write.avro.compression-codec": codec})
+    for start in range(0, 30, 10):
+        table.append(numbers_batch(start, 10))
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    files = 1 + len(snapshot.manifests(table.io))  # the manifest list, then each manifest: one block each here
+    expected = sorted(task.file.file_path for task in table.scan().plan_files())
+
+    inflations = Inflations(monkeypatch)
+    clear_manifest_cache()
+    planned = sorted(task.file.file_path for task in bounded_table(table, "cannot plan").scan().plan_files())
+    assert planned == expected and len(planned) == 3
+    assert inflations.calls == {check: files}  # the check's inflation only: pyiceberg decodes its blocks
