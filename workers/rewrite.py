@@ -85,8 +85,8 @@ class RunningRewrite(RunningCall[DecodedRewrite, RewriteFileIO]):
     def run(self, stats: WorkerStats) -> pb.RewriteResponse:
         ticket = self.ticket
         metadata = ticket.metadata
-        check_task_deletes(self.io, ticket.tasks)  # ArrowScan reads each delete file whole
-        rows = ArrowScan(metadata, self.io, metadata.schema(), AlwaysTrue()).to_table(ticket.tasks)
+        checked = check_task_deletes(self.io, ticket.tasks)  # ArrowScan reads each delete file whole
+        rows = ArrowScan(metadata, checked, metadata.schema(), AlwaysTrue()).to_table(ticket.tasks)
         if self.cancel.is_set():
             raise QueryCancelledError()
         written = [

@@ -204,8 +204,8 @@ def _rewrite_locally(
 def rewrite_bin(table: WriteTable, tasks: list[FileScanTask], target: int) -> list[DataFile]:
     """Read the bin (deletes applied) and write it back as new data files; nothing is committed here."""
     metadata = table.metadata
-    check_task_deletes(table.files_io, tasks)  # ArrowScan reads each delete file whole
-    scan = ArrowScan(metadata, table.files_io, table.schema(), AlwaysTrue())
+    checked = check_task_deletes(table.files_io, tasks)  # ArrowScan reads each delete file whole
+    scan = ArrowScan(metadata, checked, table.schema(), AlwaysTrue())
     rows = scan.to_table(tasks)
     if rows.num_rows == 0:
         return []

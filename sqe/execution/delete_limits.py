@@ -17,11 +17,13 @@ that file does not hold, and is refused; so is one past ``MAX_DELETED_POSITION``
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from io import BytesIO
 from typing import TYPE_CHECKING
 
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 import zstandard
+from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 from pyiceberg.manifest import FileFormat
 from pyiceberg.table.puffin import Footer, PuffinBlobMetadata
 from pyroaring import BitMap
@@ -29,7 +31,6 @@ from pyroaring import BitMap
 from sqe.errors import DeleteFileLimitError
 
 if TYPE_CHECKING:
-    from pyiceberg.io import FileIO
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import FileScanTask
 
@@ -91,16 +92,51 @@ def _check_parquet_deletes(io: FileIO, path: str) -> None:
         raise _refusal(f"holds more than {MAX_POSITION_DELETE_BYTES} bytes uncompressed (MAX_POSITION_DELETE_BYTES)")
 
 
-def check_task_deletes(io: FileIO, tasks: Sequence[FileScanTask]) -> None:
+def check_task_deletes(io: FileIO, tasks: Sequence[FileScanTask]) -> FileIO:
     """:func:`check_position_deletes` for each delete file of ``tasks`` once, before pyiceberg's ``ArrowScan``
-    (compaction) reads them all whole."""
-    seen: set[str] = set()
+    (compaction) reads them all whole; the FileIO that scan is to read through: ``io``, but a Puffin file is
+    read from the bytes checked (one read, and never a file a writer replaced after its check)."""
+    checked: dict[str, bytes | None] = {}
     rows = record_counts(tasks)
     for task in tasks:
         for delete_file in task.delete_files:
-            if delete_file.file_path not in seen:
-                seen.add(delete_file.file_path)
-                check_position_deletes(io, delete_file, rows)
+            if delete_file.file_path not in checked:
+                checked[delete_file.file_path] = check_position_deletes(io, delete_file, rows)
+    puffins = {path: data for path, data in checked.items() if data is not None}
+    return _CheckedPuffinIO(io, puffins) if puffins else io
+
+
+class _CheckedPuffinIO(FileIO):
+    """``io``, reading each Puffin file of ``puffins`` from the bytes its check read."""
+
+    def __init__(self, io: FileIO, puffins: dict[str, bytes]) -> None:
+        super().__init__(io.properties)
+        self._io, self._puffins = io, puffins
+
+    def new_input(self, location: str) -> InputFile:
+        data = self._puffins.get(location)
+        return self._io.new_input(location) if data is None else _CheckedFile(location, data)
+
+    def new_output(self, location: str) -> OutputFile:
+        return self._io.new_output(location)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        self._io.delete(location)
+
+
+class _CheckedFile(InputFile):
+    def __init__(self, location: str, data: bytes) -> None:
+        super().__init__(location)
+        self._data = data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def exists(self) -> bool:
+        return True
+
+    def open(self, seekable: bool = True) -> InputStream:
+        return BytesIO(self._data)
 
 
 def _check_deletion_vectors(io: FileIO, path: str, rows: Mapping[str, int]) -> bytes:

@@ -1,4 +1,5 @@
-"""A scan decodes a deletion vector from the bytes its check read (``sqe.execution.local``).
+"""A scan or rewrite decodes a deletion vector from the bytes its check read (``sqe.execution.local``,
+``sqe.execution.delete_limits``).
 
 The Puffin file is checked, then decoded: read again from the store, a writer could have replaced the object in
 between with one the check never saw. Local files; the replacement is what a concurrent writer would do."""
@@ -8,12 +9,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
+from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO, _read_all_delete_files
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import FileScanTask
 from pyiceberg.typedef import Record
 from pyroaring import BitMap
 
+from sqe.execution.delete_limits import check_task_deletes
 from sqe.execution.local import _DeleteCache
 from tests.unit.sqe.iceberg_local import deletion_vector_puffin
 
@@ -28,12 +30,12 @@ class _ReplacedOnSecondRead(PyArrowFileIO):
 
     def __init__(self, path: Path, replacement: bytes) -> None:
         super().__init__()
-        self._path, self._replacement, self._asked = path, replacement, 0
+        self._path, self._replacement, self.asked = path, replacement, 0
 
     def new_input(self, location: str) -> PyArrowFile:
         if location == str(self._path):
-            self._asked += 1
-            if self._asked == 2:
+            self.asked += 1
+            if self.asked == 2:
                 self._path.write_bytes(self._replacement)
         return super().new_input(location)
 
@@ -49,9 +51,9 @@ def _data_file(path: str, content: DataFileContent, file_format: FileFormat, row
     )
 
 
-def test_a_deletion_vector_replaced_after_its_check_is_never_read(tmp_path: Path) -> None:
-    # Found by review: the check read the Puffin file, then pyiceberg read it again from the store, so a file
-    # replaced in between (here naming rows past its data file) was expanded unchecked.
+def _replaced_vector(tmp_path: Path) -> tuple[FileScanTask, _ReplacedOnSecondRead]:
+    """A task whose data file's deletion vector deletes positions 0 and 5, and local files where a writer
+    replaces that Puffin file, once it was read, with one deleting rows past the data file's end."""
     data = str(tmp_path / "data.parquet")
     checked, _, _ = deletion_vector_puffin(data, {0: BitMap([0, 5])})
     replaced, _, _ = deletion_vector_puffin(data, {0: BitMap(range(ROWS + 50))})
@@ -59,7 +61,23 @@ def test_a_deletion_vector_replaced_after_its_check_is_never_read(tmp_path: Path
     puffin.write_bytes(checked)
     vector = _data_file(str(puffin), DataFileContent.POSITION_DELETES, FileFormat.PUFFIN, 2, len(checked))
     task = FileScanTask(_data_file(data, DataFileContent.DATA, FileFormat.PARQUET, ROWS, 1), delete_files={vector})
-    plan = SimpleNamespace(tasks=(task,), read=SimpleNamespace(io=_ReplacedOnSecondRead(puffin, replaced)))
+    return task, _ReplacedOnSecondRead(puffin, replaced)
+
+
+def test_a_deletion_vector_replaced_after_its_check_is_never_read(tmp_path: Path) -> None:
+    # Found by review: the check read the Puffin file, then pyiceberg read it again from the store, so a file
+    # replaced in between (here naming rows past its data file) was expanded unchecked.
+    task, io = _replaced_vector(tmp_path)
+    plan = SimpleNamespace(tasks=(task,), read=SimpleNamespace(io=io))
     positions = _DeleteCache(plan).for_file(task)  # type: ignore[arg-type]
     assert positions is not None
     assert [p for chunk in positions for p in chunk.to_pylist()] == [0, 5]
+
+
+def test_a_rewrite_reads_each_deletion_vector_once_from_the_bytes_its_check_read(tmp_path: Path) -> None:
+    # Before: compaction and a worker's rewrite checked each Puffin file, then pyiceberg's ArrowScan read it
+    # again from the store: a second read, and a file replaced in between was expanded unchecked.
+    task, io = _replaced_vector(tmp_path)
+    deletes = _read_all_delete_files(check_task_deletes(io, [task]), [task])  # how ArrowScan reads them
+    assert [p for chunk in deletes[task.file.file_path] for p in chunk.to_pylist()] == [0, 5]
+    assert io.asked == 1
