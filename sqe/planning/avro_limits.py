@@ -242,7 +242,8 @@ def inflated(data: bytes, budget: int) -> Inflated:
     inflate = _INFLATERS.get(codec)
     if inflate is None:  # pyiceberg would fail untyped: a ValueError, or snappy's ImportError
         raise UnreadableCodecError
-    parts = [_null_codec_header(meta, sync)]
+    out = io.BytesIO(_null_codec_header(meta, sync))  # written a block at a time: one copy of what it inflates
+    out.seek(0, io.SEEK_END)
     total = 0
     for records, block, block_sync in _blocks(data, pos):
         chunks = inflate(block, budget - total)
@@ -251,8 +252,8 @@ def inflated(data: bytes, budget: int) -> Inflated:
         if total > budget:
             return Inflated(total, b"")
         # the count and sync marker as written: pyiceberg acts on the count and compares the marker with the header's
-        parts += [records, _encoded_long(size), *chunks, block_sync]
-    return Inflated(total, b"".join(parts))
+        out.writelines([records, _encoded_long(size), *chunks, block_sync])
+    return Inflated(total, out.getvalue())
 
 
 def _null_codec_header(meta: dict[bytes, bytes], sync: bytes) -> bytes:
