@@ -227,8 +227,8 @@ def inflated(data: bytes, budget: int) -> Inflated:
     """The Avro container ``data`` with each of its blocks inflated once, here: ``readable`` is the same container
     with those blocks stored inflated (codec null), so that pyiceberg decodes them without inflating them again;
     it is ``data`` itself for blocks pyiceberg inflates (snappy's, sized by the length they state) or never
-    has to (null). Past ``budget``, ``size`` is some count past it, ``readable`` empty, and nothing more is
-    inflated. A codec pyiceberg cannot inflate here is :class:`UnreadableCodecError`."""
+    has to (null). Past ``budget``, ``size`` is some count past it, nothing more is inflated, and ``readable`` is
+    not to be read. A codec pyiceberg cannot inflate here is :class:`UnreadableCodecError`."""
     meta, sync, pos = _header(data)
     codec = meta.get(_CODEC_KEY, b"null")
     sized = _SIZED.get(codec)
@@ -275,8 +275,8 @@ def _encoded_long(value: int) -> bytes:
 
 def _blocks(data: bytes, pos: int) -> Iterator[tuple[bytes, bytes, bytes]]:
     """Each block of the container ``data`` from ``pos`` on: its record count as encoded, its bytes and the sync
-    marker after it. Every
-    length is checked against ``data`` here: pyiceberg's decoder reads past its buffer's end."""
+    marker after it. Every length is checked against ``data`` here: pyiceberg's decoder reads past its buffer's
+    end."""
     while pos < len(data):
         start = pos
         _count, pos = _long(data, pos)

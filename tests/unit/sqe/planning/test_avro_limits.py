@@ -80,6 +80,7 @@ def test_a_codec_pyiceberg_cannot_read_is_refused_naming_the_readable_ones() -> 
         avro_container(b"deflate", _deflate(PLAIN))[:-20],  # a block cut short
         avro_container(b"deflate", b"\xff" * 64),  # a corrupt deflate stream
         b"Obj\x01" + avro_long(1) + avro_long(1000),  # a header cut short
+        b"Obj\x01" + avro_long(0) + b"\0" * 8,  # a sync marker cut short (pyiceberg read past the buffer's end)
     ],
 )
 def test_a_file_that_is_not_an_avro_container_is_malformed(data: bytes) -> None:
