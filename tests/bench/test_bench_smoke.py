@@ -51,6 +51,17 @@ CASES = [
         ),
     ),
     Case(
+        "restrictions.py",
+        ("--rows", "200", "--repeat", "1", "--files", "1"),
+        (
+            r"== SQE scan, 200 rows in 1 files: masked vs unmasked \(best of 1\)",
+            rf"sha-256-query-local\s+email(\s+{F}){{3}}",
+            r"== each action alone on 200 values, one core \(best of 1\)",
+            r"action\s+column\s+values/s\s+values/s/core",
+            rf"sha-256-global\s+string ascii\s+{N}\s+{N}",
+        ),
+    ),
+    Case(
         "execute_many.py",
         ("--rows", "5", "--runs", "1"),
         (r"\s*rows\s+old rows/s\s+new rows/s\s+speed-up", rf"\s*5\s+{N}\s+{N}\s+{F}x"),
