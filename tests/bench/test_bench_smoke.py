@@ -32,7 +32,7 @@ N = r"[\d,]+"  # a count or a rate with thousands separators
 @dataclass(frozen=True)
 class Case:
     script: str
-    args: tuple[str, ...]
+    args: str  # split on spaces
     lines: tuple[str, ...]  # regular expressions, each matching one whole line of the output (stderr for errors)
     exit_code: int = 0
     stack: bool = False  # starts the embedded stack (moto + sqe-catalog): an e2e run
@@ -41,7 +41,7 @@ class Case:
 CASES = [
     Case(
         "restrictions_actions.py",
-        ("--rows", "200", "--repeat", "1"),
+        "--rows 200 --repeat 1",
         (
             r"action\s+column\s+values/s\s+values/s/core",
             rf"sha-256-global\s+string ascii\s+{N}\s+{N}",
@@ -52,7 +52,7 @@ CASES = [
     ),
     Case(
         "restrictions.py",
-        ("--rows", "200", "--repeat", "1", "--files", "1"),
+        "--rows 200 --repeat 1 --files 1",
         (
             r"== SQE scan, 200 rows in 1 files: masked vs unmasked \(best of 1\)",
             rf"sha-256-query-local\s+email(\s+{F}){{3}}",
@@ -63,34 +63,34 @@ CASES = [
     ),
     Case(
         "execute_many.py",
-        ("--rows", "5", "--runs", "1"),
+        "--rows 5 --runs 1",
         (r"\s*rows\s+old rows/s\s+new rows/s\s+speed-up", rf"\s*5\s+{N}\s+{N}\s+{F}x"),
     ),
     Case(
         "glob_match.py",  # HEAD as the reference: any checkout has it
-        ("--paths", "20", "--budget", "0.001", "--ref", "HEAD"),
+        "--paths 20 --budget 0.001 --ref HEAD",
         (
             r"21 paths; µs per path \(HEAD / working tree / plain re, adversarial re skipped\)",
             rf"typical\s+bucket/exports/\*\.parquet(\s+{F}){{3}}",
             rf"adversarial\s+bucket/exports/\S+(\s+{F}){{2}}\s+-",
         ),
     ),
-    Case("vs_duckdb.py", ("--files", "1,x"), (r".*error: --files takes comma-separated integers",), exit_code=2),
-    Case("scan_memory.py", ("--rows", "5"), (r".*error: --rows needs two or more positive sizes.*",), exit_code=2),
-    Case("soak.py", ("--help",), (r"usage: soak\.py .*", r"\s*--queries QUERIES")),
+    Case("vs_duckdb.py", "--files 1,x", (r".*error: --files takes comma-separated integers",), exit_code=2),
+    Case("scan_memory.py", "--rows 5", (r".*error: --rows needs two or more positive sizes.*",), exit_code=2),
+    Case("soak.py", "--help", (r"usage: soak\.py .*", r"\s*--queries QUERIES")),
 ]
 
 
 def _run(case: Case, cwd: Path) -> subprocess.CompletedProcess[str]:
     # A user's shell has no AWS keys; this session may hold bogus ones or the Ceph client's settings.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    command = [sys.executable, str(BENCH / case.script), *case.args]
+    command = [sys.executable, str(BENCH / case.script), *case.args.split()]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=150, check=False)
 
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, id=f"{c.script} {' '.join(c.args)}", marks=[pytest.mark.e2e] if c.stack else []) for c in CASES],
+    [pytest.param(c, id=f"{c.script} {c.args}", marks=[pytest.mark.e2e] if c.stack else []) for c in CASES],
 )
 def test_bench_script_runs_on_tiny_inputs(case: Case, tmp_path: Path) -> None:
     done = _run(case, tmp_path)
