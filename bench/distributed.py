@@ -424,8 +424,13 @@ def print_efficiency(
         local_rate, worker_rate = rows / lo["seconds"], rows / di["seconds"]  # one core each
         local_cpu, worker_cpu, coord_cpu = lo["cpu"] / scanned, di["worker_cpu"] / scanned, di["cpu"] / scanned
         print(f"  {name:10s} {local_rate:17,.0f} {worker_rate:18,.0f} {worker_rate / local_rate:10.2f} "
-              f"{local_cpu / worker_cpu:9.2f} {local_cpu:19.3f} {worker_cpu:6.3f} {coord_cpu:6.3f} "
-              f"{worker_cpu / coord_cpu:18.1f}")  # fmt: skip
+              f"{_ratio(local_cpu, worker_cpu, 9, 2)} {local_cpu:19.3f} {worker_cpu:6.3f} {coord_cpu:6.3f} "
+              f"{_ratio(worker_cpu, coord_cpu, 18, 1)}")  # fmt: skip
+
+
+def _ratio(numerator: float, denominator: float, width: int, digits: int) -> str:
+    """``numerator / denominator``, or ``-`` when a small table's run took less CPU than one clock tick."""
+    return f"{numerator / denominator:{width}.{digits}f}" if denominator > 0 else "-".rjust(width)
 
 
 if __name__ == "__main__":

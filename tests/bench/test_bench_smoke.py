@@ -75,6 +75,17 @@ CASES = [
             rf"adversarial\s+bucket/exports/\S+(\s+{F}){{2}}\s+-",
         ),
     ),
+    Case(
+        "distributed.py",  # "off": the mode with branches of its own; tiny, a query may cost the worker 0 CPU ticks
+        "--efficiency --eff-rows 2 --eff-files 2 --runs 1 --eff-caches off --compare-partial",
+        (
+            r"efficiency, data caches off \(every run reads the store\): 2 rows in 2 files \(moto\).*",
+            r"\s*query\s+local rows/s/core\s+worker rows/s/core\s+wall ratio\s+CPU ratio.*",
+            rf"\s*agg\+NOT\s+{N}\s+{N}\s+{F}\s+({F}|-)\s+{F}\s+{F}\s+{F}\s+({F}|-)",
+            r"same stack and worker, \[coordinator\] partial_aggregation = false \(workers ship every row\):",
+        ),
+        stack=True,
+    ),
     Case("vs_duckdb.py", "--files 1,x", (r".*error: --files takes comma-separated integers",), exit_code=2),
     Case("scan_memory.py", "--rows 5", (r".*error: --rows needs two or more positive sizes.*",), exit_code=2),
     Case("soak.py", "--help", (r"usage: soak\.py .*", r"\s*--queries QUERIES")),
