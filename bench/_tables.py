@@ -41,12 +41,13 @@ def chunk(start: int, rows: int) -> pa.Table:
 @contextmanager
 def store_stack(root: Path, store: str = "moto") -> Iterator[Any]:
     """The embedded stack under ``root/stack``, stopped on exit: on moto, or with ``store="ceph"`` on Ceph RGW
-    (a real object store, whose ranged GETs cost by the range, where moto's read the whole object)."""
+    (a real object store, whose ranged GETs cost by the range, where moto's read the whole object). Its
+    ``sqe serve`` is not started: these benchmarks query through sessions of their own."""
     from sqe_stack import apply_client_env, start_stack, stop_stack
 
     apply_client_env(store)  # before this process's first pyarrow S3 filesystem (the writer's)
     started = time.perf_counter()
-    info = start_stack(root / "stack", store=store)
+    info = start_stack(root / "stack", store=store, serve=False)
     print(f"{store}: stack up in {time.perf_counter() - started:.1f} s", flush=True)
     try:
         yield info

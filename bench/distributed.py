@@ -164,7 +164,7 @@ def main() -> int:
     token = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="sqe-bench-dist-") as tmp:
         workdir = Path(tmp)
-        info = start_stack(workdir / "stack", store=args.store, credential_lifetime=args.lifetime)
+        info = start_stack(workdir / "stack", store=args.store, credential_lifetime=args.lifetime, serve=False)
         catalog_daemon, workers = None, []
         try:
             write_table(info, args.files, args.rows)
