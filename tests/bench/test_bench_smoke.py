@@ -15,18 +15,23 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+TIMEOUT = 150  # seconds a script may run; its tiny run takes a tenth of that on an idle machine
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 F = r"\d+\.\d+"  # a printed figure: its value is never checked
 N = r"[\d,]+"  # a count or a rate with thousands separators
+PYTHON = "{python}"  # this interpreter, as the "other checkout" of the scripts that compare two
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,85 @@ CASES = [
         ),
     ),
     Case(
+        "catalog_load.py",
+        f"--calls 2 --rounds 1 --baseline-python {PYTHON}",
+        (
+            r"median ms of 2 calls in 1 interleaved rounds \(moto store\)",
+            r"\s+default\s+recheck-30s\s+credential-cache-off\s+metadata-cache-off\s+baseline",
+            rf"\s+304 vended\s+{F}(\s+{F} \({F}x\)){{4}}",
+            rf"\s+sqe count\(\*\)\s+{F}(\s+{F} \({F}x\)){{4}}",
+        ),
+        stack=True,
+    ),
+    Case(
+        "process_start.py",
+        f"--rounds 1 --baseline-python {PYTHON}",
+        (
+            r"whole processes, medians of 1 \(wall\)",
+            *(
+                rf"\s+{name}\s+ready\s+\d+ ms\s+gone after SIGTERM\s+\d+ ms\s+baseline \d+ / \d+ ms; "
+                rf"baseline/this: ready {F}x, gone {F}x"
+                for name in ("sqe-catalog", "sqe-worker")
+            ),
+        ),
+        stack=True,
+    ),
+    Case(
+        "query_overhead.py",
+        f"--runs 1 --cold-runs 1 --baseline-python {PYTHON}",
+        (
+            r"cold start \(whole process, median of 1; wall, then CPU\)",
+            rf"\s+sqe -e 'SELECT 1'\s+{F} ms\s+cpu \d+ ms; baseline wall \d+ ms, cpu \d+ ms; "
+            rf"baseline/this: wall {F}x cpu {F}x",
+            rf"\s+tiny scan, metadata_revalidate_seconds = 30\s+{F} ms\s+vs 0: {F}x",
+            rf"ratios: sqe-strict/duckdb={F}x sqe-revalidate-30/duckdb={F}x select-1/duckdb={F}x",
+        ),
+        stack=True,
+    ),
+    Case(
+        "passthrough.py",
+        "--rows 400 --files 1 --rounds 1",
+        (
+            r"400 rows in 1 file\(s\), medians of 1 interleaved rounds",
+            r"query\s+time\s+pass-through\s+duckdb\s+scan only\s+duckdb/pass",
+            rf"not/like cpu(\s+{F}s){{3}}\s+{F}x",
+        ),
+        stack=True,
+    ),
+    Case(
+        "scan.py",
+        "--rows 400 --files 1 --repeat 1",
+        (
+            r"store\s+query\s+engine\s+rows\s+seconds\s+Mrows/s\s+SQE/pyarrow\s+SQE/pyiceberg",
+            *(rf"{store}\s+full-row scan\s+sqe\s+400(\s+{F}){{2}}(\s+{F}x){{2}}" for store in ("local", "moto")),
+            r"ratios: SQE's rows/s divided by the baseline's.*",
+        ),
+        stack=True,
+    ),
+    Case(
+        "server.py",
+        "--rows 400 --repeat 1",
+        (
+            rf"full scan\s+rows=\s+400\s+flight\s+{N} rows/s\s+embedded\s+{N} rows/s\s+flight/embedded {F}",
+            rf"tiny query flight\s+median {F} ms \(50 runs\)",
+        ),
+        stack=True,
+    ),
+    Case(
+        "distributed.py",  # paced scans of 1 lifetime of 1 s, 6 files: the pace spreads one file over each slot
+        "--files 6 --rows 50 --runs 1 --lifetime 1 --lifetimes 1",
+        (
+            r"6 files x 50 rows \(moto store\), median of 1 runs:",
+            rf"\s+ratio distributed / local: {F}x\s+\({F} M rows/s\)",
+            *(
+                rf"paced scan: {F} s = {F} credential lifetimes of 1 s, 6 files in \d+ fragments, {n} running at a time"
+                for n in (2, 6)
+            ),
+            rf"\s+AssumeRole calls\s+\d+\s+\({F} per lifetime\)",
+        ),
+        stack=True,
+    ),
+    Case(
         "distributed.py",  # "off": the mode with branches of its own; tiny, a query may cost the worker 0 CPU ticks
         "--efficiency --eff-rows 2 --eff-files 2 --runs 1 --eff-caches off --compare-partial",
         (
@@ -92,11 +176,38 @@ CASES = [
 ]
 
 
-def _run(case: Case, cwd: Path) -> subprocess.CompletedProcess[str]:
-    # A user's shell has no AWS keys; this session may hold bogus ones or the Ceph client's settings.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    command = [sys.executable, str(BENCH / case.script), *case.args.split()]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=150, check=False)
+def _run(case: Case, cwd: Path) -> tuple[int, str, str]:
+    # A user's shell has no AWS keys; this session may hold bogus ones or the Ceph client's settings. TMPDIR
+    # marks every process the script starts (see _left_running).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {"TMPDIR": str(cwd)}
+    args = [sys.executable if arg == PYTHON else arg for arg in case.args.split()]
+    command = [sys.executable, str(BENCH / case.script), *args]
+    with subprocess.Popen(command, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)  # KeyboardInterrupt: the script's own finally stops its stack
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            pytest.fail(f"{case.script} ran longer than {TIMEOUT} s; output:\n{out}\n{err[-3000:]}")
+    return proc.returncode, out, err
+
+
+def _left_running(tmpdir: Path) -> list[str]:
+    """Processes still running with the script's TMPDIR in their environment (killed: they are the test's)."""
+    marker = f"TMPDIR={tmpdir}\0".encode()
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "environ").read_bytes():
+                left.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return left
 
 
 @pytest.mark.parametrize(
@@ -104,9 +215,10 @@ def _run(case: Case, cwd: Path) -> subprocess.CompletedProcess[str]:
     [pytest.param(c, id=f"{c.script} {c.args}", marks=[pytest.mark.e2e] if c.stack else []) for c in CASES],
 )
 def test_bench_script_runs_on_tiny_inputs(case: Case, tmp_path: Path) -> None:
-    done = _run(case, tmp_path)
-    assert done.returncode == case.exit_code, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    output = done.stdout + done.stderr
+    code, out, err = _run(case, tmp_path)
+    assert _left_running(tmp_path) == []
+    assert code == case.exit_code, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    output = out + err
     for line in case.lines:
         assert re.search(rf"^{line}$", output, re.MULTILINE), f"no line matching {line!r} in:\n{output}"
