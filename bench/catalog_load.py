@@ -34,7 +34,7 @@ import sqe.api
 from sqe.session import Session
 from sqe_stack import StackInfo, start_stack, stop_stack
 from sqe_stack.catalog import catalog_log_path, spawn_catalog, wait_for_catalog
-from sqe_stack.provision import Daemon, free_port, spawn, stop_daemon
+from sqe_stack.provision import Daemon, StackError, free_port, spawn, stop_daemon
 
 PATH = "/v1/demo/namespaces/bench/tables/t"
 COUNT = "SELECT count(*) FROM bench.t WHERE true"  # WHERE true: a real scan, not the manifest-count answer
@@ -87,11 +87,11 @@ def variant_config(stack_dir: Path, source: Path, name: str, warehouse_keys: str
 
 
 def start_variants(
-    stack_dir: Path, info: StackInfo, baseline_python: str | None
-) -> tuple[dict[str, str], list[Daemon]]:
-    """Catalog URI per variant name (the stack's own is ``default``) and the extra processes started."""
+    stack_dir: Path, info: StackInfo, baseline_python: str | None, daemons: list[Daemon]
+) -> dict[str, str]:
+    """Catalog URI per variant name (the stack's own is ``default``); each process goes into ``daemons`` as it
+    starts, so that the caller stops those already running when a later one fails."""
     uris = {"default": info.catalog_uri}
-    daemons: list[Daemon] = []
     source = Path(info.catalog_config)
     variants = {
         "recheck-30s": "metadata_recheck_seconds = 30",
@@ -113,7 +113,7 @@ def start_variants(
         log = catalog_log_path(work)
         daemons.append(spawn("catalog-baseline", argv, log, argv[2:], {"PYTHONUNBUFFERED": "1"}, scrub_aws_env=True))
         uris["baseline"] = wait_for_catalog(work, port, daemons[-1])
-    return uris, daemons
+    return uris
 
 
 def median_ms(samples: list[float]) -> float:
@@ -143,7 +143,7 @@ def main() -> int:
             catalog.create_namespace("bench")
             schema = pa.schema([("id", pa.int64())])
             catalog.create_table("bench.t", schema=schema).append(pa.table({"id": [1, 2, 3]}, schema=schema))
-            uris, daemons = start_variants(stack_dir, info, args.baseline_python)
+            uris = start_variants(stack_dir, info, args.baseline_python, daemons)
 
             analyst = info.principal_credentials("analyst")
             http = requests.Session()
@@ -186,4 +186,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except StackError as exc:  # a catalog that would not start (e.g. a broken --baseline-python): say which
+        sys.exit(f"bench/catalog_load.py: {exc}")

@@ -91,6 +91,13 @@ CASES = [
         ),
         stack=True,
     ),
+    Case(  # a baseline that will not start: the variant catalogs already running are stopped all the same
+        "catalog_load.py",
+        "--calls 2 --rounds 1 --baseline-python /bin/false",
+        (r"bench/catalog_load\.py: catalog-baseline exited during start-up .*",),
+        exit_code=1,
+        stack=True,
+    ),
     Case(
         "process_start.py",
         f"--rounds 1 --baseline-python {PYTHON}",
