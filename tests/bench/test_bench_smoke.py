@@ -5,10 +5,11 @@ after a helper's return type changed). A case passes when the script exits as ex
 prints its tables: each pattern must match a whole line of its output. Timings are printed by the scripts and never
 checked; only the shape of a line (a number where a number belongs) is.
 
-The scripts that start the embedded stack (moto + sqe-catalog, their own: a child process cannot share this
-session's) take 5-12 s of CPU each on these inputs. Too slow even when tiny, so only their argument parsing and
-imports are run: ``vs_duckdb.py`` (builds a DuckDB 1.5.5 virtualenv on first use), ``scan_memory.py`` (a fresh
-process per engine and table size) and ``soak.py`` (Ceph; ``tests/soak`` runs its code under faults).
+The scripts that start the embedded stack (moto + sqe-catalog of their own: a child process cannot share this
+session's) take 5-11 s of CPU each on these inputs; no process they start may outlive them. Too slow even when
+tiny, so only their imports and argument parsing run: ``vs_duckdb.py`` (builds a DuckDB 1.5.5 virtualenv on first
+use), ``scan_memory.py`` (a fresh process per engine and table size: 20 s of CPU) and ``soak.py`` (Ceph;
+``tests/soak`` runs its code under faults). No ``--store ceph`` run is made here.
 """
 
 from __future__ import annotations
@@ -222,8 +223,11 @@ def _left_running(tmpdir: Path) -> list[str]:
     [pytest.param(c, id=f"{c.script} {c.args}", marks=[pytest.mark.e2e] if c.stack else []) for c in CASES],
 )
 def test_bench_script_runs_on_tiny_inputs(case: Case, tmp_path: Path) -> None:
-    code, out, err = _run(case, tmp_path)
-    assert _left_running(tmp_path) == []
+    try:
+        code, out, err = _run(case, tmp_path)
+    finally:
+        left = _left_running(tmp_path)
+    assert left == [], "processes outlived the script"
     assert code == case.exit_code, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     output = out + err
