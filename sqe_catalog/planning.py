@@ -32,10 +32,10 @@ from pyiceberg.table import FileScanTask, Table
 
 from sqe._text import first_line
 from sqe.credentials.paths import covered_by_any
-from sqe.planning.avro_limits import BoundedManifestFile
+from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, BoundedManifestFile
 from sqe.restrictions import parse_restrictions
 from sqe.vocabulary import MAX_PLAN_FILTER_PREDICATES, MAX_PLAN_FILTER_VALUES
-from sqe_catalog.avro_limits import CatalogManifestBounds
+from sqe_catalog.avro_limits import CatalogManifestBounds, ManifestLimitError
 from sqe_catalog.errors import BadRequestError, NotFoundError, UnprocessableEntityError
 from sqe_catalog.tables import StoredTable, validate_client_model
 
@@ -111,6 +111,8 @@ def plan_files(
         tasks = list(scan.plan_files())
     except ValueError as exc:  # unknown snapshot, unbindable filter
         raise BadRequestError(f"cannot plan this scan: {first_line(str(exc)) or 'invalid'}") from None
+    except UNDECODABLE as exc:  # the table's own files are at fault: a 422, as for one past the read limits
+        raise ManifestLimitError(f"cannot plan this scan: {UNDECODED}: {first_line(exc)}") from None
     with_stats = restrictions_wire is None
     return [_task_json(task, with_stats) for task in tasks]
 

@@ -6,7 +6,8 @@ A file is read at most ``MAX_MANIFEST_BYTES`` far, and its blocks are inflated h
 before pyiceberg decodes it: past ``MAX_MANIFEST_DECOMPRESSED_BYTES`` (nothing more is inflated) it is refused.
 Within it, pyiceberg decodes the blocks inflated here, stored in a container of the null codec, and inflates
 none again. The engine checks a file once, when it is read from the store (its manifest cache keeps only checked
-bytes, as stored; pyiceberg inflates a hit's blocks).
+bytes, as stored; pyiceberg inflates a hit's blocks). Inside the blocks, every value pyiceberg decodes is
+checked against its block's end by ``sqe.planning.avro_decoder``, installed here, where manifests are read.
 
 :class:`ManifestBounds` words the refusal and picks its error type: the engine's
 :class:`sqe.errors.ManifestLimitError`, or the catalog's own 422 (``sqe_catalog.avro_limits``).
@@ -28,6 +29,7 @@ import zstandard
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
 from sqe.errors import ManifestLimitError
+from sqe.planning import avro_decoder
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -52,6 +54,8 @@ __all__ = [
     "read_bounded",
     "table_bounds",
 ]
+
+avro_decoder.install()  # before any manifest of this process is decoded: every reader of one imports this module
 
 # Iceberg writers aim at 8 MiB manifests (commit.manifest.target-size-bytes); a manifest list holds a few hundred
 # bytes per manifest. Eight and 32 times that target leave room for any table, while one plan's decoded entries

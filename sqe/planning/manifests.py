@@ -5,8 +5,8 @@ entry: parsing the Avro header's schema JSON, converting it to an Iceberg schema
 against pyiceberg's manifest-entry read schema. Every manifest a writer produces with the same table schema
 and partition spec carries the same schema text, so SQE resolves that reader once per distinct schema text and
 reuses it (readers are immutable and hold no per-read state, so threads share them). Decoding itself is
-pyiceberg's compiled decoder, unchanged: the entries, their order and every field are exactly what
-``ManifestFile.fetch_manifest_entry`` returns.
+pyiceberg's compiled decoder, each read checked against its buffer's end (``sqe.planning.avro_decoder``): the
+entries, their order and every field are exactly what ``ManifestFile.fetch_manifest_entry`` returns.
 
 The manifests handed to pyiceberg's planner are :class:`PlanningManifest` copies of the manifest-list records,
 so pyiceberg's partition, metrics and sequence-number pruning and its delete-file matching run as before.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyiceberg.avro.decoder import new_decoder
 from pyiceberg.avro.file import META_SCHEMA, AvroFile, AvroFileHeader
 from pyiceberg.avro.resolver import construct_reader, resolve_reader
 from pyiceberg.manifest import (
@@ -32,6 +31,7 @@ from pyiceberg.manifest import (
 )
 
 from sqe._lru import LRUCache
+from sqe.planning.avro_decoder import bounded_decoder
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -72,7 +72,7 @@ class _ManifestAvroFile(AvroFile[ManifestEntry]):
 
     def __enter__(self) -> _ManifestAvroFile:
         with self.input_file.open() as stream:
-            self.decoder = new_decoder(stream.read())
+            self.decoder = bounded_decoder(stream.read())
         self.header = _HEADER_READER.read(self.decoder)
         self.read_schema = _ENTRY_READ_SCHEMA
         self.reader = _entry_reader(self.header)

@@ -428,6 +428,23 @@ def test_a_manifest_codec_this_install_cannot_read_is_a_typed_error(
             )
 
 
+def _swap_blocks(server: CatalogServer, table: str, kind: str, block: bytes) -> None:
+    """Every block of the table's manifest list, or of its first manifest, replaced by ``block`` (a plain S3
+    write of a null-codec container, as its writer could); the process caches cleared."""
+    from tests.helpers.avro import recoded
+
+    ns, name = table.split(".")
+    loaded = pyiceberg_catalog(server, server.admin).load_table((ns, name))
+    snapshot = loaded.current_snapshot()
+    assert snapshot is not None
+    path = snapshot.manifest_list if kind == "manifest list" else snapshot.manifests(loaded.io)[0].manifest_path
+    bucket, _, key = path.removeprefix("s3://").partition("/")
+    s3 = server.moto.client("s3")
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    s3.put_object(Bucket=bucket, Key=key, Body=recoded(body, b"null", lambda _block: block))
+    clear_process_caches()
+
+
 @pytest.mark.parametrize("block", [b"\x00" * 3, b"\xff" * 50, b"\x02" * 50], ids=["eof", "negative-size", "enum"])
 @pytest.mark.parametrize("kind", ["manifest list", "manifest"])
 def test_a_manifest_that_does_not_decode_is_a_typed_error(
@@ -435,19 +452,9 @@ def test_a_manifest_that_does_not_decode_is_a_typed_error(
 ) -> None:
     # Before: a container within the limits whose records do not decode failed planning with pyiceberg's
     # EOFError or SystemError, and the metadata tables with its ValueError, untyped.
-    from tests.helpers.avro import recoded
-
     table = _null_codec_table(tmp_path, catalog_server)
     ns, name = table.split(".")
-    loaded = pyiceberg_catalog(catalog_server, catalog_server.admin).load_table((ns, name))
-    snapshot = loaded.current_snapshot()
-    assert snapshot is not None
-    path = snapshot.manifest_list if kind == "manifest list" else snapshot.manifests(loaded.io)[0].manifest_path
-    bucket, _, key = path.removeprefix("s3://").partition("/")
-    s3 = catalog_server.moto.client("s3")
-    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    s3.put_object(Bucket=bucket, Key=key, Body=recoded(body, b"null", lambda _block: block))
-    clear_process_caches()
+    _swap_blocks(catalog_server, table, kind, block)
     queries = [f"SELECT sum(id) FROM {table}", f"SELECT count(*) FROM {table}"]
     queries += [f'SELECT count(*) FROM {ns}."{name}${which}"' for which in ("files", "partitions", "manifests")]
     with session_for(tmp_path, catalog_server, catalog_server.admin) as session:
@@ -498,3 +505,34 @@ def test_a_manifest_cache_miss_inflates_each_block_once(
         inflations.calls = {}
         assert session.sql(f"SELECT count(*) FROM {table} WHERE id < 10").fetchall() == [(10,)]
         assert set(inflations.calls) <= {"zlib.decompress"}  # a hit is not checked again: pyiceberg inflates it
+
+
+# A block whose first string (a manifest list's manifest path; a v2 manifest entry's data file path, after its
+# status, three null snapshot fields and its content) states 4,000 bytes where 5 follow.
+OVERRUNS = {
+    "manifest list": avro_long(4000) + b"s3://",
+    "manifest": avro_long(1) + b"\x00\x00\x00" + avro_long(0) + avro_long(4000) + b"s3://",
+}
+
+
+@pytest.mark.parametrize("kind", list(OVERRUNS))
+def test_a_value_running_past_its_block_is_refused_never_read_from_memory(
+    catalog_server: CatalogServer, tmp_path: Path, kind: str
+) -> None:
+    # Before: pyiceberg's compiled decoder copied the 4,000 bytes that lay past the block in memory into the path
+    # (a UnicodeDecodeError here, or a path carrying the process's memory to the store); the catalog's planning
+    # ended in a 500.
+    import requests
+
+    table = _null_codec_table(tmp_path, catalog_server)
+    ns, name = table.split(".")
+    _swap_blocks(catalog_server, table, kind, OVERRUNS[kind])
+    undecoded = "a manifest list or manifest of the table does not decode: an Avro value runs past the end of its block"
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(QueryError) as raised:
+        session.sql(f"SELECT sum(id) FROM {table}").fetchall()
+    assert str(raised.value) == f"cannot plan a scan of {catalog_server.warehouse}.{table}: {undecoded}"
+    url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/{name}/plan"
+    headers = {"Authorization": f"Bearer {catalog_server.token(catalog_server.admin)}"}
+    planned = requests.post(url, json={}, headers=headers, timeout=120)
+    assert planned.status_code == 422, planned.text[:500]
+    assert planned.json()["error"]["message"] == f"cannot plan this scan: {undecoded}"

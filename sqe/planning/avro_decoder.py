@@ -1,0 +1,158 @@
+"""A bounds-checked Avro decoder for every Avro file pyiceberg decodes in an SQE process.
+
+pyiceberg's compiled decoder (``CythonBinaryDecoder``, pyiceberg 0.12) trusts the lengths and counts a file
+states: a string or bytes value whose length runs past its block is copied from the memory beyond the buffer (or
+asks for a buffer of any size), and a count read from the file drives loops that read on past the end. A table's
+writer chooses those bytes, so any writer could make a reader's process copy its own memory (tokens, keys) into a
+decoded file path or bound, which then goes out in a request or a result. ``avro_limits`` checks each container's
+framing and sizes before pyiceberg sees it; this checks every read inside the blocks.
+
+:class:`BoundedDecoder` runs the compiled decoder over a copy of its bytes followed by zero bytes and checks each
+read against the real end: a length-prefixed read before it copies anything, a fixed-size one (a varint of at most
+10 bytes, a float, a double, a boolean) by where it starts. So reads never leave the copy: at worst the last
+varint of a block ends in the zeros, and the next read is refused. A read past the end raises ``EOFError``, which
+planning reports as a manifest that does not decode (``avro_limits.UNDECODABLE``).
+
+:func:`install` puts it in place of ``pyiceberg.avro.file.new_decoder``, for the whole process: every Avro file
+pyiceberg reads in SQE's processes (manifest lists and manifests, in the engine and in ``sqe-catalog``) was
+written by some table writer. pyiceberg's pure-Python fallback reads through ``io.BytesIO`` and is bounded already.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from pyiceberg.avro.decoder import BinaryDecoder, StreamingBinaryDecoder
+
+__all__ = ["BoundedDecoder", "bounded_decoder", "install"]
+
+_MAX_VARINT_BYTES = 10
+_PADDING = bytes(16)  # more than a varint started before the end can take past it
+_COMPILED = importlib.util.find_spec("pyiceberg.avro.decoder_fast") is not None
+
+
+def _past_the_end() -> EOFError:
+    return EOFError("an Avro value runs past the end of its block")
+
+
+class BoundedDecoder(BinaryDecoder):
+    """pyiceberg's compiled decoder over ``data``, refusing any read past its end (see the module docstring).
+
+    The hot methods are the compiled decoder's bound methods behind one position check each, written inline:
+    decoding a manifest of 400 entries takes about 1.4 times as long as unchecked (a few ms), measured.
+    """
+
+    __slots__ = ("_decoder", "_end", "_read", "_read_int", "_tell")
+
+    def __init__(self, data: bytes) -> None:
+        from pyiceberg.avro.decoder_fast import CythonBinaryDecoder
+
+        self._decoder = CythonBinaryDecoder(bytes(data) + _PADDING)
+        self._end = len(data)
+        self._tell = self._decoder.tell
+        self._read = self._decoder.read
+        self._read_int = self._decoder.read_int
+
+    def tell(self) -> int:
+        return self._tell()
+
+    def _room(self, size: int) -> None:
+        if size < 0 or self._tell() + size > self._end:
+            raise _past_the_end()
+
+    def _started(self) -> None:
+        """A varint may start anywhere before the end (it ends at its first byte below 0x80; the zeros stop it)."""
+        if self._tell() >= self._end:
+            raise _past_the_end()
+
+    def read(self, n: int) -> bytes:
+        self._room(n)
+        return self._read(n)
+
+    def skip(self, n: int) -> None:
+        self._room(n)
+        self._decoder.skip(n)
+
+    def read_boolean(self) -> bool:
+        self._room(1)
+        return self._decoder.read_boolean()
+
+    def skip_boolean(self) -> None:
+        self._room(1)
+        self._decoder.skip_boolean()
+
+    def read_float(self) -> float:
+        self._room(4)
+        return self._decoder.read_float()
+
+    def skip_float(self) -> None:
+        self._room(4)
+        self._decoder.skip_float()
+
+    def read_double(self) -> float:
+        self._room(8)
+        return self._decoder.read_double()
+
+    def skip_double(self) -> None:
+        self._room(8)
+        self._decoder.skip_double()
+
+    def read_int(self) -> int:
+        if self._tell() >= self._end:  # inline, not _started(): the hottest read
+            raise _past_the_end()
+        return self._read_int()
+
+    def skip_int(self) -> None:
+        self._started()
+        self._read_int()
+
+    def read_ints(self, n: int) -> tuple[int, ...]:
+        if n >= 0 and self._tell() + _MAX_VARINT_BYTES * n <= self._end:  # none of them can reach the end
+            return self._decoder.read_ints(n)
+        return tuple([self.read_int() for _ in range(n)])  # near the end: each checked (a count is a writer's)
+
+    def read_bytes(self) -> bytes:
+        tell, end = self._tell, self._end
+        if tell() >= end:
+            raise _past_the_end()
+        size = self._read_int()
+        if size < 0 or tell() + size > end:
+            raise _past_the_end()
+        return self._read(size)
+
+    def skip_bytes(self) -> None:
+        self.skip(self.read_int())
+
+    def read_utf8(self) -> str:
+        return self.read_bytes().decode("utf-8")
+
+    def skip_utf8(self) -> None:
+        self.skip_bytes()
+
+    def read_int_bytes_dict(self, n: int, dest: dict[int, bytes]) -> None:
+        tell, end, read_int, read = self._tell, self._end, self._read_int, self._read
+        for _ in range(n):  # a map of column ids to bounds: each length checked before its value is copied
+            if tell() >= end:
+                raise _past_the_end()
+            key = read_int()
+            if tell() >= end:
+                raise _past_the_end()
+            size = read_int()
+            if size < 0 or tell() + size > end:
+                raise _past_the_end()
+            dest[key] = read(size)
+
+
+def bounded_decoder(data: bytes) -> BinaryDecoder:
+    """A decoder of ``data`` that never reads past its end: :class:`BoundedDecoder` over pyiceberg's compiled one,
+    or where pyiceberg was built without it, its pure-Python one (which reads through ``io.BytesIO``)."""
+    return BoundedDecoder(data) if _COMPILED else StreamingBinaryDecoder(data)
+
+
+def install() -> None:
+    """Make pyiceberg decode every Avro file of this process with :func:`bounded_decoder` (idempotent)."""
+    import pyiceberg.avro.file as avro_file
+
+    if not hasattr(avro_file, "new_decoder"):  # pyiceberg changed how it makes decoders: refuse to read unchecked
+        raise ImportError("pyiceberg.avro.file no longer has new_decoder: SQE cannot bound its Avro reads")
+    avro_file.new_decoder = bounded_decoder
