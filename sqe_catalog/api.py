@@ -474,6 +474,7 @@ def _storage_credentials(call: _Call, table: StoredTable, access: _DataAccess) -
         return []  # vending switched off, or local files that need no credential
     principal = call.principal
     credential = warehouse.vendor.vend(principal.name, table.key, table.locations, access.write, reader=principal.actor)
+    warehouse.tables.require_holding(table)  # a drop or move since the table was read: its place may be free
     return [{"prefix": table.location, "config": credential.to_config()}]
 
 

@@ -74,6 +74,7 @@ from sqe_catalog.errors import (
     ForbiddenError,
     NoSuchNamespaceError,
     NoSuchTableError,
+    ServiceUnavailableError,
 )
 from sqe_catalog.history import check_history, with_snapshot_log
 from sqe_catalog.identifiers import (
@@ -708,6 +709,23 @@ class WarehouseTables:
         # protected tables: verified before returned
         parsed = self.integrity.load(_s(namespace), name, location, trusted, reuse_verified)
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
+
+    def require_holding(self, table: StoredTable) -> None:
+        """Raise unless ``table`` still holds the places credentials were just vended for (its ``locations``).
+
+        Called after the vendor recorded their expiry: a drop or move that committed before that record
+        reserved the places only until the expiry recorded earlier, so the credential must not be handed out
+        (404 for a dropped table, 503 for a moved one: load it again). One that commits after it reserves them
+        until this expiry: its read of it waits for the record (``state.vended_credentials_until``)."""
+        if table.metadata_location is None:
+            return  # a staged create: its place is reserved for the lifetime asked for
+        location, trusted = self.integrity.current(_s(table.namespace), table.name)
+        location = NoSuchTableError.unless_found(location, *table.namespace, table.name)
+        if location == table.metadata_location:
+            return
+        if _displaced(table.locations, _recorded_or(trusted, self._read_metadata(location))):
+            shown = ".".join((*table.namespace, table.name))
+            raise ServiceUnavailableError(f"table {shown} moved while credentials were vended for it: load it again")
 
     def load_table_pending(self, namespace: Namespace, name: str) -> PendingTable:
         """``load_table(reuse_verified=True)`` whose storage fingerprint runs while the caller prepares its answer

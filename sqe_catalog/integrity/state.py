@@ -398,8 +398,12 @@ def record_vended_expiry(conn: Connection, warehouse: str, until_ms: int) -> Non
 
 
 def vended_credentials_until(conn: Connection, warehouse: str) -> int | None:
-    """The latest expiry of the credentials vended for the warehouse's places (None: none recorded)."""
-    return conn.execute(select(_vended.c.until_ms).where(_vended.c.warehouse == warehouse)).scalar()
+    """The latest expiry of the credentials vended for the warehouse's places (None: none recorded). Read for a
+    drop or move with the row locked where the database can (FOR UPDATE), so a vend recording meanwhile waits
+    for the drop's commit and then sees the table gone (``WarehouseTables.require_holding``); SQLite's single
+    writer orders them anyway."""
+    stmt = select(_vended.c.until_ms).where(_vended.c.warehouse == warehouse).with_for_update()
+    return conn.execute(stmt).scalar()
 
 
 @dataclass(frozen=True)

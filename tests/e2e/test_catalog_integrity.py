@@ -1037,13 +1037,13 @@ class ShortSts(FaultProxy):
     """moto's STS behind a proxy that answers every AssumeRole with an earlier ``Expiration`` (``seconds`` from
     now), as an STS that caps the session (a role's maximum session duration, role chaining) does."""
 
-    def __init__(self, moto_url: str, seconds: int) -> None:
+    def __init__(self, moto_url: str, seconds: int | None) -> None:
         super().__init__(moto_url, keep_host=True)  # moto checks the signature, which covers the Host header
-        self.seconds = seconds
+        self.seconds = seconds  # None: moto's own answer (the lifetime asked for)
 
     def _upstream(self, request: Any, body: bytes) -> tuple[Any, bytes] | None:
         answered = super()._upstream(request, body)
-        if answered is None or b"<AssumeRoleResponse" not in answered[1]:
+        if answered is None or self.seconds is None or b"<AssumeRoleResponse" not in answered[1]:
             return answered
         expiry = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.seconds)
         shortened = f"<Expiration>{expiry:%Y-%m-%dT%H:%M:%SZ}</Expiration>".encode()
@@ -1090,5 +1090,51 @@ def test_places_left_are_reserved_until_the_expiry_sts_answered(
             for name in places:  # they have expired: an admin (CATALOG_MANAGE_CONTENT) may claim the places
                 claimed = claim(name)
                 assert claimed.status_code == 200, claimed.text
+    finally:
+        sts.stop()
+
+
+def _vended_load(api: Api, ns: str, name: str) -> requests.Response:
+    headers = {"X-Iceberg-Access-Delegation": "vended-credentials"}
+    return api.request("GET", f"namespaces/{ns}/tables/{name}", headers=headers)
+
+
+@pytest.mark.parametrize("change", ["drop", "move"])
+def test_a_credential_vended_while_its_table_leaves_the_place_is_not_handed_out(
+    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory, change: str
+) -> None:
+    # Before: a load read the table, STS answered, and a drop or move committed in between reserved the place only
+    # until the latest expiry recorded before it (1 s here), so the place was free to claim while the credential
+    # handed out for it stayed valid for 15 minutes. Now the load hands out nothing for a place the table left.
+    sts = ShortSts(catalog_server.moto.url, seconds=1)
+    sts.start()
+    try:
+        with catalog_variant(tmp_path_factory.mktemp("race_sts"), catalog_server.moto, sts_endpoint=sts.url) as server:
+            api = Api(server)
+            ns = api.namespace()
+            for name in ("other", "t"):
+                assert api.create(ns, name, V3).status_code == 200
+            assert _vended_load(api, ns, "other").status_code == 200  # records an expiry 1 s away
+            place = api.load(ns, "t").json()["metadata"]["location"]
+            sts.seconds = None  # STS answers the lifetime asked for (900 s) from now on
+            sts.inject("POST", "/", 0, 1, delay=3.0)  # and takes 3 s for the next AssumeRole
+            asked = sts.count("POST", "/")
+            answers: list[requests.Response] = []
+            loading = threading.Thread(target=lambda: answers.append(_vended_load(Api(server), ns, "t")))
+            loading.start()
+            deadline = time.monotonic() + 20
+            while sts.count("POST", "/") == asked and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if change == "drop":
+                assert api.request("DELETE", f"namespaces/{ns}/tables/t").status_code == 204
+            else:
+                away = {"updates": [{"action": "set-location", "location": f"{place}-moved"}]}
+                assert api.request("POST", f"namespaces/{ns}/tables/t", json=away).status_code == 200
+            loading.join(timeout=30)
+            (loaded,) = answers
+            assert "storage-credentials" not in loaded.text
+            expected = (404, "NoSuchTableException") if change == "drop" else (503, "ServiceUnavailableException")
+            assert (loaded.status_code, loaded.json()["error"]["type"]) == expected, loaded.text
+            assert f"{ns}.t" in loaded.json()["error"]["message"]
     finally:
         sts.stop()
