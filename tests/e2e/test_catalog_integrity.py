@@ -1138,3 +1138,32 @@ def test_a_credential_vended_while_its_table_leaves_the_place_is_not_handed_out(
             assert f"{ns}.t" in loaded.json()["error"]["message"]
     finally:
         sts.stop()
+
+
+def test_a_credential_whose_expiry_cannot_be_recorded_is_not_handed_out(
+    api: Api, catalog_server: CatalogServer
+) -> None:
+    # The expiry is recorded before the credential is handed out: when the database refuses the record, the load
+    # fails with a 500 naming a request id (the log has the database's line, no traceback) and vends nothing.
+    ns = api.namespace()
+    assert api.create(ns, "t", V3).status_code == 200
+    refuse = "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+    with sqlite3.connect(catalog_server.workdir / "catalog.db") as db:
+        for event in ("INSERT", "UPDATE"):
+            db.execute(f"CREATE TRIGGER refuse_vended_{event} BEFORE {event} ON sqe_vended_credentials {refuse}")
+    logged = catalog_server.log_path.stat().st_size
+    time.sleep(1.1)  # STS answers whole seconds: this expiry is later than any recorded, so the record writes
+    try:
+        failed = _vended_load(api, ns, "t")
+    finally:
+        with sqlite3.connect(catalog_server.workdir / "catalog.db") as db:
+            for event in ("INSERT", "UPDATE"):
+                db.execute(f"DROP TRIGGER refuse_vended_{event}")
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == 500, failed.text
+    assert "storage-credentials" not in failed.text and "refused by the test" not in failed.text
+    with catalog_server.log_path.open() as log:
+        log.seek(logged)
+        written = log.read()
+    assert "database error" in written and "Traceback" not in written
+    loaded = _vended_load(api, ns, "t")  # recorded again: the credential is handed out
+    assert loaded.status_code == 200 and loaded.json()["storage-credentials"], loaded.text
