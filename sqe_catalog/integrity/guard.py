@@ -179,23 +179,30 @@ class IntegrityGuard:
 
     def record_vended_expiry(self, until_ms: int) -> None:
         """Record a vended credential's expiry (before it is handed out): reservations last until then."""
-        for attempt in range(2):
-            try:
-                with self._catalog.engine.begin() as conn:
-                    st.record_vended_expiry(conn, self._catalog.name, until_ms)
-                return
-            except IntegrityError:  # another process recorded the warehouse's first expiry meanwhile: raise it
-                if attempt:
-                    raise
+        self._record_expiry(lambda conn: st.record_vended_expiry(conn, self._catalog.name, until_ms))
 
     def cover_unrecorded_credentials(self) -> None:
         """At start-up, with no expiry recorded but tables in the warehouse: a catalog that recorded none (an
         earlier version) may have vended credentials for them, valid at most the lifetime it asked for."""
-        with self._catalog.engine.begin() as conn:
-            if st.vended_credentials_until(conn, self._catalog.name) is not None:
+        self._record_expiry(self._cover_unrecorded)
+
+    def _cover_unrecorded(self, conn: Connection) -> None:
+        if st.vended_credentials_until(conn, self._catalog.name) is not None:
+            return
+        if conn.execute(select(IcebergTables.table_name).where(self._in_warehouse()).limit(1)).first():
+            st.record_vended_expiry(conn, self._catalog.name, st.now_ms() + self._credential_lifetime_ms)
+
+    def _record_expiry(self, write: Callable[[Connection], None]) -> None:
+        """Run ``write`` in a transaction; once more when another process recorded the warehouse's first expiry
+        meanwhile (the insert's unique key refused): the second run finds that one and raises or keeps it."""
+        for attempt in range(2):
+            try:
+                with self._catalog.engine.begin() as conn:
+                    write(conn)
                 return
-            if conn.execute(select(IcebergTables.table_name).where(self._in_warehouse()).limit(1)).first():
-                st.record_vended_expiry(conn, self._catalog.name, st.now_ms() + self._credential_lifetime_ms)
+            except IntegrityError:
+                if attempt:
+                    raise
 
     def stored_locations(self) -> dict[tuple[Namespace, str], tuple[str, ...]]:
         """The locations the catalog recorded for its protected tables (legacy tables have none)."""

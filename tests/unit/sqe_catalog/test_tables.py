@@ -656,3 +656,31 @@ def test_a_drop_reserves_until_the_latest_vended_expiry_or_the_lifetime_when_non
     fresh.integrity.record_vended_expiry(soon - 1_000)  # an earlier expiry keeps the later one
     fresh.drop_table(("db",), "c", purge=False)
     assert _reserved_until(fresh, "c") == [soon]
+
+
+def test_a_start_up_cover_yields_to_an_expiry_another_process_records_meanwhile(tmp_path: Path) -> None:
+    # Before: the start-up cover read no recorded expiry and inserted one; when another process (a serving catalog
+    # vending, or a second start: `admin run-cleanup` from cron) recorded the warehouse's first expiry in between,
+    # the insert's unique-key failure escaped and the process failed to start. Now the cover looks again and
+    # keeps the later of the two.
+    warehouse = WarehouseConfig(name="wh", location=f"file://{tmp_path}/wh", credential_lifetime_seconds=600)
+    url = f"sqlite:///{tmp_path}/catalog.db"
+    first = WarehouseTables(warehouse, create_engine_for(url))
+    first.create_namespace(("db",), {})
+    first.create_table(("db",), _create("t"))  # a table, and no expiry recorded: the next start covers it
+    other = create_engine_for(url)
+    engine = create_engine_for(url)
+    later = int(time.time() * 1000) + 3_600_000
+    raced: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def another_process_records_first(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.startswith("INSERT INTO sqe_vended_credentials") and not raced:
+            raced.append(statement)
+            with other.begin() as conn:
+                conn.exec_driver_sql(f"INSERT INTO sqe_vended_credentials VALUES ('wh', {later})")
+
+    restarted = WarehouseTables(warehouse, engine)
+    assert raced, "the cover inserted"
+    restarted.drop_table(("db",), "t", purge=False)
+    assert _reserved_until(restarted, "t") == [later]
