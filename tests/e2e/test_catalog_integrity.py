@@ -1050,46 +1050,16 @@ class ShortSts(FaultProxy):
         return answered[0], re.sub(rb"<Expiration>[^<]*</Expiration>", shortened, answered[1])
 
 
-def test_places_left_are_reserved_until_the_expiry_sts_answered(
-    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    # Before: a drop or a move reserved the places it left for the configured credential lifetime (900 s here)
-    # from its own time, whatever STS answered: with credentials that expired after 5 s, the places stayed held
-    # for 15 minutes. Now they are held until the latest expiry STS answered for a credential vended for them.
-    sts = ShortSts(catalog_server.moto.url, seconds=5)
+@contextlib.contextmanager
+def behind_short_sts(
+    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory, seconds: int
+) -> Iterator[tuple[CatalogServer, ShortSts]]:
+    """A catalog of its own on the session's moto whose STS answers through ``ShortSts``; stopped on exit."""
+    sts = ShortSts(catalog_server.moto.url, seconds=seconds)
     sts.start()
     try:
         with catalog_variant(tmp_path_factory.mktemp("short_sts"), catalog_server.moto, sts_endpoint=sts.url) as server:
-            api = Api(server)
-            ns = api.namespace()
-            places, expiries = {}, []
-            for name in ("dropped", "moved"):
-                assert api.create(ns, name, V3).status_code == 200
-                loaded = api.request(
-                    "GET",
-                    f"namespaces/{ns}/tables/{name}",
-                    headers={"X-Iceberg-Access-Delegation": "vended-credentials"},
-                )
-                assert loaded.status_code == 200, loaded.text
-                places[name] = loaded.json()["metadata"]["location"]
-                config = loaded.json()["storage-credentials"][0]["config"]
-                expiries.append(int(config["s3.session-token-expires-at-ms"]))
-            assert max(expiries) <= time.time() * 1000 + 5_000, "STS answered the short expiry"
-            assert api.request("DELETE", f"namespaces/{ns}/tables/dropped").status_code == 204
-            away = {"updates": [{"action": "set-location", "location": f"{places['moved']}-moved"}]}
-            assert api.request("POST", f"namespaces/{ns}/tables/moved", json=away).status_code == 200
-
-            def claim(name: str) -> requests.Response:
-                body = {"name": f"{name}_again", "schema": SCHEMA, "location": places[name]}
-                return api.request("POST", f"namespaces/{ns}/tables", json=body)
-
-            for name in places:  # the credentials vended for the places are still valid
-                refused = claim(name)
-                assert refused.status_code == 403 and "reserved until" in refused.json()["error"]["message"]
-            time.sleep(max(0.0, max(expiries) / 1000 - time.time()) + 0.5)
-            for name in places:  # they have expired: an admin (CATALOG_MANAGE_CONTENT) may claim the places
-                claimed = claim(name)
-                assert claimed.status_code == 200, claimed.text
+            yield server, sts
     finally:
         sts.stop()
 
@@ -1099,6 +1069,41 @@ def _vended_load(api: Api, ns: str, name: str) -> requests.Response:
     return api.request("GET", f"namespaces/{ns}/tables/{name}", headers=headers)
 
 
+def test_places_left_are_reserved_until_the_expiry_sts_answered(
+    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Before: a drop or a move reserved the places it left for the configured credential lifetime (900 s here)
+    # from its own time, whatever STS answered: with credentials that expired after 5 s, the places stayed held
+    # for 15 minutes. Now they are held until the latest expiry STS answered for a credential vended for them.
+    with behind_short_sts(catalog_server, tmp_path_factory, seconds=5) as (server, _sts):
+        api = Api(server)
+        ns = api.namespace()
+        places, expiries = {}, []
+        for name in ("dropped", "moved"):
+            assert api.create(ns, name, V3).status_code == 200
+            loaded = _vended_load(api, ns, name)
+            assert loaded.status_code == 200, loaded.text
+            places[name] = loaded.json()["metadata"]["location"]
+            config = loaded.json()["storage-credentials"][0]["config"]
+            expiries.append(int(config["s3.session-token-expires-at-ms"]))
+        assert max(expiries) <= time.time() * 1000 + 5_000, "STS answered the short expiry"
+        assert api.request("DELETE", f"namespaces/{ns}/tables/dropped").status_code == 204
+        away = {"updates": [{"action": "set-location", "location": f"{places['moved']}-moved"}]}
+        assert api.request("POST", f"namespaces/{ns}/tables/moved", json=away).status_code == 200
+
+        def claim(name: str) -> requests.Response:
+            body = {"name": f"{name}_again", "schema": SCHEMA, "location": places[name]}
+            return api.request("POST", f"namespaces/{ns}/tables", json=body)
+
+        for name in places:  # the credentials vended for the places are still valid
+            refused = claim(name)
+            assert refused.status_code == 403 and "reserved until" in refused.json()["error"]["message"]
+        time.sleep(max(0.0, max(expiries) / 1000 - time.time()) + 0.5)
+        for name in places:  # they have expired: an admin (CATALOG_MANAGE_CONTENT) may claim the places
+            claimed = claim(name)
+            assert claimed.status_code == 200, claimed.text
+
+
 @pytest.mark.parametrize("change", ["drop", "move"])
 def test_a_credential_vended_while_its_table_leaves_the_place_is_not_handed_out(
     catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory, change: str
@@ -1106,38 +1111,33 @@ def test_a_credential_vended_while_its_table_leaves_the_place_is_not_handed_out(
     # Before: a load read the table, STS answered, and a drop or move committed in between reserved the place only
     # until the latest expiry recorded before it (1 s here), so the place was free to claim while the credential
     # handed out for it stayed valid for 15 minutes. Now the load hands out nothing for a place the table left.
-    sts = ShortSts(catalog_server.moto.url, seconds=1)
-    sts.start()
-    try:
-        with catalog_variant(tmp_path_factory.mktemp("race_sts"), catalog_server.moto, sts_endpoint=sts.url) as server:
-            api = Api(server)
-            ns = api.namespace()
-            for name in ("other", "t"):
-                assert api.create(ns, name, V3).status_code == 200
-            assert _vended_load(api, ns, "other").status_code == 200  # records an expiry 1 s away
-            place = api.load(ns, "t").json()["metadata"]["location"]
-            sts.seconds = None  # STS answers the lifetime asked for (900 s) from now on
-            sts.inject("POST", "/", 0, 1, delay=3.0)  # and takes 3 s for the next AssumeRole
-            asked = sts.count("POST", "/")
-            answers: list[requests.Response] = []
-            loading = threading.Thread(target=lambda: answers.append(_vended_load(Api(server), ns, "t")))
-            loading.start()
-            deadline = time.monotonic() + 20
-            while sts.count("POST", "/") == asked and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if change == "drop":
-                assert api.request("DELETE", f"namespaces/{ns}/tables/t").status_code == 204
-            else:
-                away = {"updates": [{"action": "set-location", "location": f"{place}-moved"}]}
-                assert api.request("POST", f"namespaces/{ns}/tables/t", json=away).status_code == 200
-            loading.join(timeout=30)
-            (loaded,) = answers
-            assert "storage-credentials" not in loaded.text
-            expected = (404, "NoSuchTableException") if change == "drop" else (503, "ServiceUnavailableException")
-            assert (loaded.status_code, loaded.json()["error"]["type"]) == expected, loaded.text
-            assert f"{ns}.t" in loaded.json()["error"]["message"]
-    finally:
-        sts.stop()
+    with behind_short_sts(catalog_server, tmp_path_factory, seconds=1) as (server, sts):
+        api = Api(server)
+        ns = api.namespace()
+        for name in ("other", "t"):
+            assert api.create(ns, name, V3).status_code == 200
+        assert _vended_load(api, ns, "other").status_code == 200  # records an expiry 1 s away
+        place = api.load(ns, "t").json()["metadata"]["location"]
+        sts.seconds = None  # STS answers the lifetime asked for (900 s) from now on
+        sts.inject("POST", "/", 0, 1, delay=3.0)  # and takes 3 s for the next AssumeRole
+        asked = sts.count("POST", "/")
+        answers: list[requests.Response] = []
+        loading = threading.Thread(target=lambda: answers.append(_vended_load(Api(server), ns, "t")))
+        loading.start()
+        deadline = time.monotonic() + 20
+        while sts.count("POST", "/") == asked and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if change == "drop":
+            assert api.request("DELETE", f"namespaces/{ns}/tables/t").status_code == 204
+        else:
+            away = {"updates": [{"action": "set-location", "location": f"{place}-moved"}]}
+            assert api.request("POST", f"namespaces/{ns}/tables/t", json=away).status_code == 200
+        loading.join(timeout=30)
+        (loaded,) = answers
+        assert "storage-credentials" not in loaded.text
+        expected = (404, "NoSuchTableException") if change == "drop" else (503, "ServiceUnavailableException")
+        assert (loaded.status_code, loaded.json()["error"]["type"]) == expected, loaded.text
+        assert f"{ns}.t" in loaded.json()["error"]["message"]
 
 
 def test_a_credential_whose_expiry_cannot_be_recorded_is_not_handed_out(
