@@ -2,8 +2,9 @@
 
 Every value goes one way: :func:`_nodes` walks an Arrow array by its type, at any depth, into plain nodes (a
 leaf's SQL text and JSON value, a list, a struct, a map), and each format writes those nodes. The walk never
-raises. A date or timestamp Python's datetime cannot hold (a nanosecond one, one before year 1 or after 9999) is
-written from its integer here, as DuckDB writes it: ``0045-03-15 (BC)``, ``294247-01-10 04:00:54.775806``.
+raises. A date or timestamp Python's datetime cannot hold (one before year 1 or after 9999) is written from its
+integer here, as DuckDB writes it: ``0045-03-15 (BC)``, ``294247-01-10 04:00:54.775806``; a nanosecond one by
+Arrow's kernels, column by column, in the same form.
 
 The table is for a terminal: control characters (escape sequences, carriage returns, bidi overrides) in names
 and values are shown escaped, and a backslash doubled, so data cannot rewrite the user's screen and escaped text
@@ -46,16 +47,18 @@ _PYTHON_DAYS = (-719162, 2932896)
 _CYCLE_DAYS = 146097
 _MARCH_OF_YEAR_0 = -719468
 _MICROS_PER_DAY = 86400 * 10**6
+_NANOS_PER_DAY, _NANOS_PER_HOUR = 86400 * 10**9, 3600 * 10**9
 
 
 def _python_range(unit: str, zoned: bool) -> tuple[int, int]:
-    """The first and last value of Arrow time ``unit`` ("day" or a timestamp's) Python's datetime holds; none of
-    a nanosecond one (it holds microseconds): the range is empty."""
+    """The first and last value of Arrow time ``unit`` ("day" or a timestamp's) Python's datetime holds. For a
+    nanosecond one (years 1677 to 2262), those :func:`_nanosecond_leaves` writes: all but the last day at either
+    end of int64, where a zone's shift would overflow."""
     first, last = (_PYTHON_DAYS[0] + 1, _PYTHON_DAYS[1] - 1) if zoned else _PYTHON_DAYS
     if unit == "day":
         return first, last
     if unit == "ns":
-        return 1, 0
+        return -(2**63) + _NANOS_PER_DAY, 2**63 - 1 - _NANOS_PER_DAY
     per_day = 86400 * 10 ** _DIGITS[unit]
     return first * per_day, (last + 1) * per_day - 1
 
@@ -209,8 +212,9 @@ def _bignum(blob: bytes) -> int:
 
 
 def _leaves(array: pa.Array) -> list[_Node]:
-    """Values of a type that does not nest. Nanosecond timestamps and times are Arrow's text of them (Python's
-    datetime holds microseconds); a duration is a clock, as DuckDB shows an INTERVAL."""
+    """Values of a type that does not nest. Nanosecond timestamps are written by Arrow's kernels and nanosecond
+    times are Arrow's text of them (Python's datetime holds microseconds); a duration is a clock, as DuckDB shows
+    an INTERVAL."""
     kind = array.type
     special = _beyond_python(array)
     if special is not None:  # the other values as usual, each of these by its name or Arrow's text
@@ -219,6 +223,8 @@ def _leaves(array: pa.Array) -> list[_Node]:
     if isinstance(kind, pa.DurationType):
         counts = pc.cast(array, pa.int64()).to_pylist()
         return [None if n is None else _text_leaf(_clock(n, _DIGITS[kind.unit])) for n in counts]
+    if isinstance(kind, pa.TimestampType) and kind.unit == "ns":
+        return _nanosecond_leaves(array)
     if isinstance(kind, pa.Time64Type) and kind.unit == "ns":
         return _arrow_text(array)
     values = array.to_pylist()
@@ -299,6 +305,41 @@ def _zone_offsets(counts: list[int | None], unit: str, zone: str) -> list[int | 
     moments = pa.array(micros, pa.timestamp("us", zone)).to_pylist()
     offsets = [None if moment is None else moment.utcoffset() for moment in moments]
     return [None if offset is None else int(offset.total_seconds()) for offset in offsets]
+
+
+def _nanosecond_leaves(array: pa.TimestampArray) -> list[_Node]:
+    """Nanosecond timestamps (none in int64's last day at either end), as :func:`_temporal_leaf` writes them but
+    by Arrow's kernels, column-wise: a million of them print as fast as microsecond ones."""
+    raw = array.view(pa.int64())
+    local, zone = raw, array.type.tz
+    if zone:
+        offsets = _hourly_zone_offsets(array, zone)
+        local = pc.add(raw, pc.multiply(offsets, 10**9))
+    texts = pc.strftime(local.view(pa.timestamp("ns")), format="%Y-%m-%d %H:%M:%S")
+    texts = pc.replace_substring(texts, ".000000000", "")  # the fraction only when not zero
+    if zone:
+        distinct = pc.unique(offsets)
+        names = pa.array([None if n is None else _offset_text(n) for n in distinct.to_pylist()], pa.string())
+        texts = pc.binary_join_element_wise(texts, pc.take(names, pc.index_in(offsets, distinct)), "")
+    return [None if t is None else _Leaf(t, t.replace(" ", "T", 1)) for t in texts.to_pylist()]
+
+
+def _hourly_zone_offsets(array: pa.TimestampArray, zone: str) -> pa.Array:
+    """:func:`_zone_offsets` of nanosecond timestamps, asked once per hour they fall in where ``zone``'s offset
+    is the same at that hour's start and end (no zone changes its offset twice within an hour), else per value
+    in that hour.
+    Arrow's own zone kernels are not asked: they keep the last offset after 2037, where DST rules go on."""
+    starts = pc.floor_temporal(array.view(pa.timestamp("ns")), unit="hour").view(pa.int64())
+    hours = pc.unique(starts).drop_null().to_pylist()
+    first = _zone_offsets(hours, "ns", zone)
+    last = _zone_offsets([h + _NANOS_PER_HOUR - 1 for h in hours], "ns", zone)
+    steady = pa.array([a if a == b else None for a, b in zip(first, last, strict=True)], pa.int64())
+    offsets = pc.take(steady, pc.index_in(starts, pa.array(hours, pa.int64())))
+    uneven = pc.and_(pc.is_null(offsets), array.is_valid())
+    if not pc.any(uneven).as_py():
+        return offsets
+    each = _zone_offsets(pc.filter(array.view(pa.int64()), uneven).to_pylist(), "ns", zone)
+    return pc.replace_with_mask(offsets, uneven, pa.array(each, pa.int64()))
 
 
 def _micros(count: int, digits: int) -> int:
