@@ -327,10 +327,12 @@ def _nanosecond_leaves(array: pa.TimestampArray) -> list[_Node]:
 def _hourly_zone_offsets(array: pa.TimestampArray, zone: str) -> pa.Array:
     """:func:`_zone_offsets` of nanosecond timestamps, asked once per hour they fall in where ``zone``'s offset
     is the same at that hour's start and end (no zone changes its offset twice within an hour), else per value
-    in that hour.
+    in that hour; per value throughout when they fall in hours of their own.
     Arrow's own zone kernels are not asked: they keep the last offset after 2037, where DST rules go on."""
     starts = pc.floor_temporal(array.view(pa.timestamp("ns")), unit="hour").view(pa.int64())
     hours = pc.unique(starts).drop_null().to_pylist()
+    if 2 * len(hours) >= len(array) - array.null_count:  # sparse: asking per value is less work
+        return pa.array(_zone_offsets(array.view(pa.int64()).to_pylist(), "ns", zone), pa.int64())
     first = _zone_offsets(hours, "ns", zone)
     last = _zone_offsets([h + _NANOS_PER_HOUR - 1 for h in hours], "ns", zone)
     steady = pa.array([a if a == b else None for a, b in zip(first, last, strict=True)], pa.int64())

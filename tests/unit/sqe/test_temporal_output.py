@@ -115,29 +115,31 @@ def test_a_zoned_timestamp_has_its_zones_offset_at_any_value() -> None:
     _compare(statement, inner[:200], zone="Asia/Kolkata")
 
 
-def _nanos() -> list[int]:
+def _nanos() -> tuple[list[int], list[int]]:
     """Nanosecond timestamps over DuckDB's range for them, but its last two days at either end (the session zone's
-    shift must not pass them): around zone changes (New York's local mean time ending in 1883, Kathmandu's
-    +05:30 to +05:45 in 1986 at a half hour, daylight time in 2024 and in 2100, past the zone files' last listed
-    change) to the nanosecond, and a seeded spread."""
+    shift must not pass them): many close together around zone changes (New York's local mean time ending in
+    1883, Kathmandu's +05:30 to +05:45 in 1986 at a half hour, daylight time in 2024 and in 2100, past the zone
+    files' last listed change) to the nanosecond; and a seeded spread, each in an hour of its own."""
     rng = random.Random(20261208)
     hour = 3600 * 10**9
     changes = [-2717650800, 504901800, 1710054000, 1730613600, 4108690800, 4129250400]  # seconds since the epoch
     near = [s * 10**9 + d for s in changes for d in (-hour, -(10**9), -1, 0, 1, 10**9 - 1, hour - 1, hour)]
     near += [s * 10**9 + rng.randint(-2 * hour, 2 * hour) for s in changes for _ in range(50)]
     end = TOP - 2 * 86_400 * 10**9
-    return near + [0, -1, 1, -end, end] + [rng.randint(-end, end) for _ in range(2000)]
+    return near, [0, -1, 1, -end, end] + [rng.randint(-end, end) for _ in range(2000)]
 
 
 def test_a_zoned_nanosecond_timestamp_is_written_as_duckdb_writes_it() -> None:
     """A nanosecond TIMESTAMPTZ (DuckDB's TIMESTAMPTZ_NS, Iceberg's timestamptz_ns) is written with all 9
-    digits and its zone's offset at that instant, in zones that change at a half hour or by odd minutes too."""
+    digits and its zone's offset at that instant, in zones that change at a half hour or by odd minutes too:
+    whether its zone's offset is asked once an hour (values close together) or per value (far apart)."""
     statement = (
         "SELECT make_timestamp_ns(x)::TIMESTAMPTZ_NS AS v, make_timestamp_ns(x)::TIMESTAMPTZ_NS::VARCHAR AS s"
         " FROM unnest($1::BIGINT[]) u(x)"
     )
-    for zone in ("America/New_York", "Asia/Kathmandu", "Australia/Lord_Howe", "UTC"):
-        _compare(statement, _nanos(), zone=zone, digits=9)
+    for values in _nanos():
+        for zone in ("America/New_York", "Asia/Kathmandu", "Australia/Lord_Howe", "UTC"):
+            _compare(statement, values, zone=zone, digits=9)
 
 
 def _csv_seconds(column: pa.Array) -> float:
