@@ -15,12 +15,10 @@ import random
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sqe.formatting import write_table
 from tests.unit.sqe.test_cli_exit_paths import config
@@ -140,28 +138,6 @@ def test_a_zoned_nanosecond_timestamp_is_written_as_duckdb_writes_it() -> None:
     for values in _nanos():
         for zone in ("America/New_York", "Asia/Kathmandu", "Australia/Lord_Howe", "UTC"):
             _compare(statement, values, zone=zone, digits=9)
-
-
-def _csv_seconds(column: pa.Array) -> float:
-    """The least of 3 runs' seconds writing ``column`` as CSV."""
-    table = pa.table({"t": column})
-    runs = []
-    for _ in range(3):
-        started = time.perf_counter()
-        write_table(table, "csv", io.StringIO())
-        runs.append(time.perf_counter() - started)
-    return min(runs)
-
-
-def test_nanosecond_timestamps_print_about_as_fast_as_microsecond_ones() -> None:
-    """Found by review: nanosecond timestamps went through Python value by value (the calendar from the integer,
-    a zone's offset by a datetime each): 1M zoned ones as CSV took 2.5 times as long as before, 3 times as long as
-    microsecond ones (twice as long on 50,000). They are now written column-wise, the zone asked once an hour."""
-    counts = pa.array(range(1_700_000_000 * 10**9, 1_700_000_000 * 10**9 + 50_000 * 123_456_789, 123_456_789))
-    micros = _csv_seconds(pc.divide(counts, 1000).cast(pa.timestamp("us")))
-    for zone in (None, "America/New_York"):
-        nanos = _csv_seconds(counts.cast(pa.timestamp("ns", zone)))
-        assert nanos < 1.6 * micros, (zone, nanos, micros)
 
 
 def _sqe(tmp_path: Path, config: Path, statement: str, fmt: str, zone: str = "UTC") -> str:
