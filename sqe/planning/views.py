@@ -8,14 +8,16 @@ read-restrictions, never the definer's, so a view is never a way around a row fi
 
 Names in a view's SQL resolve from the view's own defaults, never the invoker's (Iceberg view spec): a
 two-part ``ns.t`` is in the view version's ``default-catalog`` (when unset, the warehouse the view is stored in),
-and a one-part ``t`` that is not a CTE name is ``default-catalog.default-namespace.t``. ``qualified_sql`` writes
+and a one-part ``t`` that is not a CTE name where it stands (DuckDB's scoping) is
+``default-catalog.default-namespace.t``. ``qualified_sql`` writes
 every such name out in full before the invoker's session plans and runs the view, so DuckDB and the planner
 read the same tables whatever the invoker's default warehouse.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -23,7 +25,7 @@ import pyarrow as pa
 from sqe.catalog.base import TableIdent, ViewDefinition
 from sqe.duckdb_connection import quote_qualified
 from sqe.errors import QueryError, UnsupportedViewDialectError
-from sqe.planning.sql_analysis import Node, parse_select, walk
+from sqe.planning.sql_analysis import Node, parse_select
 from sqe.planning.statements import classify
 from sqe.planning.tokens import sql_tokens
 
@@ -77,46 +79,76 @@ def qualified_sql(view: ViewDefinition, sql: str, parser: duckdb.DuckDBPyConnect
     """``sql`` (the view's runnable SQL) with each one- and two-part table name written as
     ``warehouse.namespace.table`` from the view's defaults; other text is kept as it is."""
     tree = parse_select(parser, sql)
-    ctes = _cte_names(tree)
     catalog = default_catalog(view)
     namespace = view.default_namespace
     encoded = sql.encode()
     tokens = sql_tokens(sql)
     starts = {start: i for i, (start, _) in enumerate(tokens)}
     edits: list[tuple[int, int, str]] = []
-    for node in walk(tree):
-        if node.get("type") != "BASE_TABLE" or "class" in node:
-            continue
+    for node, ctes in _base_tables(tree):
         names = (node.get("qualified_name") or {}).get("path")  # keeps every part of a.b.c.d
         names = names or (node.get("catalog_name"), node.get("schema_name"), node.get("table_name"))
         path = [str(p) for p in names if p]
         if len(path) == 2:
             full = (catalog, *path)
-        elif len(path) == 1 and path[0].lower() not in ctes and len(namespace) == 1:
+        elif len(path) == 1 and path[0].lower() not in ctes:
+            if len(namespace) != 1:  # left as it is, DuckDB would look in the view's own namespace
+                shown = ".".join(namespace) or "(none)"
+                raise QueryError(
+                    f"view {view.ident}: {path[0]} has no namespace, and default-namespace {shown} "
+                    "cannot be named in SQL"
+                )
             full = (catalog, namespace[0], path[0])
         else:
-            continue  # three-part, a CTE, or a namespace SQL cannot name: left to the usual checks
+            continue  # three-part or a CTE: left to the usual checks
         location = node.get("query_location")
         start = len(encoded[:location].decode()) if isinstance(location, int) else -1
         first = starts.get(start)
         if first is None:
             raise QueryError(f"view {view.ident}: cannot find the table name {'.'.join(path)} in its SQL")
-        after = first + 2 * len(path) - 1  # identifiers and the dots between them
-        end = tokens[after][0] if after < len(tokens) else len(sql)
-        edits.append((start, start + len(sql[start:end].rstrip()), quote_qualified(*full)))
+        end = _name_end(sql, tokens, first, len(path))
+        edits.append((start, end, quote_qualified(*full)))
     for start, end, name in sorted(edits, reverse=True):
         sql = sql[:start] + name + sql[end:]
     return sql
 
 
-def _cte_names(tree: Node) -> frozenset[str]:
-    """Lower-case names of every CTE of the query (anywhere in it): a one-part name that is one is no table."""
-    names: set[str] = set()
-    for node in walk(tree):
-        cte_map = node.get("cte_map")
+def _name_end(sql: str, tokens: list[tuple[int, str]], first: int, parts: int) -> int:
+    """Where a name of ``parts`` parts whose first token is ``tokens[first]`` ends. A comment between its
+    parts is no part (it goes with the name); one after it stays."""
+    remaining = 2 * parts - 1  # identifiers and the dots between them
+    index = first
+    while index < len(tokens) and remaining > 0:
+        remaining -= tokens[index][1] != "comment"
+        index += 1
+    end = tokens[index][0] if index < len(tokens) else len(sql)
+    return tokens[index - 1][0] + len(sql[tokens[index - 1][0] : end].rstrip())
+
+
+def _base_tables(tree: Node) -> Iterator[tuple[Node, frozenset[str]]]:
+    """Every base-table node with the lower-case CTE names in scope where it stands, as DuckDB binds them: a
+    WITH's names are seen by its query and by the CTEs after each one; a CTE's own body sees its name only in a
+    recursive CTE's recursive part (elsewhere that name is a table)."""
+    stack: list[tuple[Any, frozenset[str]]] = [(tree, frozenset())]
+    while stack:
+        item, ctes = stack.pop()
+        if isinstance(item, list):
+            stack.extend((child, ctes) for child in item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "BASE_TABLE" and "class" not in item:
+            yield item, ctes
+        cte_map = item.get("cte_map")
         if isinstance(cte_map, dict):
-            names.update(str(entry.get("key", "")).lower() for entry in cte_map.get("map", []))
-    return frozenset(names)
+            for entry in cte_map.get("map") or []:
+                stack.append((entry.get("value"), ctes))
+                ctes = ctes | {str(entry.get("key", "")).lower()}
+        recursive = str(item.get("cte_name", "")).lower() if item.get("type") == "RECURSIVE_CTE_NODE" else None
+        for key, child in item.items():
+            if key == "cte_map":
+                continue
+            stack.append((child, ctes | {recursive} if recursive is not None and key == "right" else ctes))
 
 
 _LISTING = pa.schema(

@@ -160,6 +160,22 @@ def test_views_made_by_pyiceberg_run_in_sqe_by_dialect(views_setup: Setup) -> No
         assert "spark_ok" in {r["view"] for r in analyst.sql(f"SHOW VIEWS FROM {ns}").arrow().to_pylist()}
 
 
+def test_a_cte_named_like_a_table_hides_it_only_where_duckdb_sees_the_cte(views_setup: Setup) -> None:
+    """A one-part ``people`` outside the subquery whose CTE has that name, and the one in a CTE's own body, are
+    the table (in the view's default namespace), read with the invoker's restrictions like any other."""
+    ns = views_setup.namespace
+    outer = "SELECT id, email FROM people WHERE id IN (WITH people AS (SELECT 3 AS id) SELECT id FROM people)"
+    _third_party_view(views_setup, "cte_outer", "spark", outer)
+    body = "WITH people AS (SELECT * FROM people WHERE id > 2) SELECT id, email FROM people"
+    _third_party_view(views_setup, "cte_body", "spark", body)
+    with sqe.api.connect(views_setup.analyst) as analyst:
+        assert len(_rows(analyst, f"SELECT id FROM {ns}.people")) == 3  # the table's view stays in DuckDB
+        outer_rows = _rows(analyst, f"SELECT id, email FROM {ns}.cte_outer")
+        body_rows = _rows(analyst, f"SELECT id, email FROM {ns}.cte_body")
+    assert [r[0] for r in outer_rows] == [3] and all(_masked(r[1]) for r in outer_rows), outer_rows
+    assert [r[0] for r in body_rows] == [3, 4] and all(_masked(r[1]) for r in body_rows), body_rows
+
+
 def test_views_made_by_sqe_are_read_by_pyiceberg(views_setup: Setup) -> None:
     ns = views_setup.namespace
     with sqe.api.connect(views_setup.definer) as session:
