@@ -770,7 +770,9 @@ class Session:
         for ident, view in found_views.items():
             if depth >= views.MAX_VIEW_DEPTH:
                 raise QueryError(f"view {ident}: views nest deeper than {views.MAX_VIEW_DEPTH} (a cycle?)")
-            view_sql = views.qualified_sql(view, views.runnable_sql(view, self._parser), self._parser)
+            view_sql = views.qualified_sql(
+                view, views.runnable_sql(view, self._parser), self._parser, self._known_warehouses()
+            )
             inner = self._plan_query(view_sql, all_columns=all_columns, depth=depth + 1, defer_tasks=defer_tasks)
             self._merge_scans(scans, inner[0])
             narrowed = narrowed or inner[1]
@@ -1439,6 +1441,10 @@ class Session:
             ),
         )
         return _status(f"created view {ident}")
+
+    def _known_warehouses(self) -> tuple[str, ...] | None:
+        """The warehouses a view's ``default-catalog`` may name (None without a config: any)."""
+        return self.config.catalog.warehouse_names if self.config is not None else None
 
     def _view_exists(self, ident: TableIdent) -> bool:
         return _loads(self._provider.load_view, ident)

@@ -7,7 +7,8 @@ session (``sqe.session``): every table it reads is loaded with the invoker's own
 read-restrictions, never the definer's, so a view is never a way around a row filter or a mask.
 
 Names in a view's SQL resolve from the view's own defaults, never the invoker's (Iceberg view spec): a
-two-part ``ns.t`` is in the view version's ``default-catalog`` (when unset, the warehouse the view is stored in),
+two-part ``ns.t`` is in the view version's ``default-catalog`` (when unset, or naming no warehouse SQE knows,
+such as another engine's name for its catalog: the warehouse the view is stored in),
 and a one-part ``t`` that is not a CTE name where it stands (DuckDB's scoping) is
 ``default-catalog.default-namespace.t``. ``qualified_sql`` writes
 every such name out in full before the invoker's session plans and runs the view, so DuckDB and the planner
@@ -16,7 +17,7 @@ read the same tables whatever the invoker's default warehouse.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import duckdb
@@ -70,16 +71,25 @@ def runnable_sql(view: ViewDefinition, parser: duckdb.DuckDBPyConnection) -> str
     )
 
 
-def default_catalog(view: ViewDefinition) -> str:
-    """The warehouse a name without one resolves in: ``default-catalog``, else the view's own (spec)."""
-    return view.default_catalog or view.ident.warehouse
+def default_catalog(view: ViewDefinition, known: Collection[str] | None = None) -> str:
+    """The warehouse a name without one resolves in: ``default-catalog`` when it names a warehouse SQE knows
+    (one of ``known``; None: any), else the view's own. The spec's rule for an unset one, and what another
+    engine's name for its catalog means here: Spark writes its session's catalog name (``demo``), which names
+    the catalog the view is stored in, not a warehouse of SQE's."""
+    named = view.default_catalog
+    if named and (known is None or named in known):
+        return named
+    return view.ident.warehouse
 
 
-def qualified_sql(view: ViewDefinition, sql: str, parser: duckdb.DuckDBPyConnection) -> str:
+def qualified_sql(
+    view: ViewDefinition, sql: str, parser: duckdb.DuckDBPyConnection, known: Collection[str] | None = None
+) -> str:
     """``sql`` (the view's runnable SQL) with each one- and two-part table name written as
-    ``warehouse.namespace.table`` from the view's defaults; other text is kept as it is."""
+    ``warehouse.namespace.table`` from the view's defaults (``known``: see :func:`default_catalog`); other
+    text is kept as it is."""
     tree = parse_select(parser, sql)
-    catalog = default_catalog(view)
+    catalog = default_catalog(view, known)
     namespace = view.default_namespace
     encoded = sql.encode()
     tokens = sql_tokens(sql)

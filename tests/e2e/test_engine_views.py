@@ -133,13 +133,14 @@ def test_create_replace_show_and_drop_views(views_setup: Setup) -> None:
     ]
 
 
-def _third_party_view(setup: Setup, name: str, dialect: str, sql: str) -> None:
+def _third_party_view(setup: Setup, name: str, dialect: str, sql: str, default_catalog: str | None = None) -> None:
     schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "email", StringType()))
     version = ViewVersion(
         version_id=1,
         schema_id=0,
         representations=[SQLViewRepresentation(type="sql", sql=sql, dialect=dialect)],
         default_namespace=(setup.namespace,),
+        default_catalog=default_catalog,
     )
     setup.pyiceberg.create_view((setup.namespace, name), schema, version)
 
@@ -149,9 +150,12 @@ def test_views_made_by_pyiceberg_run_in_sqe_by_dialect(views_setup: Setup) -> No
     _third_party_view(views_setup, "spark_ok", "spark", f"SELECT id, email FROM {ns}.people WHERE id > 2")
     _third_party_view(views_setup, "spark_ticks", "spark", f"SELECT id FROM {ns}.people DISTRIBUTE BY id")
     _third_party_view(views_setup, "hive_only", "hive", f"SELECT id FROM {ns}.people")
+    # Spark records its session's catalog name, which names no warehouse here: the view's own warehouse is meant
+    _third_party_view(views_setup, "spark_demo", "spark", f"SELECT id, email FROM {ns}.people WHERE id > 2", "demo")
     with sqe.api.connect(views_setup.analyst) as analyst:
-        rows = _rows(analyst, f"SELECT id, email FROM {ns}.spark_ok")
-        assert [r[0] for r in rows] == [3, 4] and all(_masked(r[1]) for r in rows)
+        for view in ("spark_ok", "spark_demo"):
+            rows = _rows(analyst, f"SELECT id, email FROM {ns}.{view}")
+            assert [r[0] for r in rows] == [3, 4] and all(_masked(r[1]) for r in rows)
         with pytest.raises(UnsupportedViewDialectError, match="spark") as ticks:
             analyst.sql(f"SELECT * FROM {ns}.spark_ticks")
         assert "\n" not in str(ticks.value)

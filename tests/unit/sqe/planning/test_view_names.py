@@ -73,3 +73,16 @@ def test_a_one_part_name_without_a_nameable_default_namespace_is_refused(namespa
     with pytest.raises(QueryError, match=r"view wh2\.sales\.v: t has no namespace"):
         qualified_sql(view, "SELECT * FROM t", connect_locked_down())
     assert qualified_sql(view, "SELECT * FROM ns.t", connect_locked_down()) == 'SELECT * FROM "wh2"."ns"."t"'
+
+
+@pytest.mark.parametrize(
+    ("default_catalog", "warehouse"),
+    [("wh", "wh"), ("demo", "wh2"), (None, "wh2")],  # a known one; another engine's catalog name; unset
+)
+def test_a_default_catalog_naming_no_known_warehouse_means_the_views_own(
+    default_catalog: str | None, warehouse: str
+) -> None:
+    view = ViewDefinition(VIEW, (), ("sales",), 1, default_catalog)
+    assert qualified_sql(view, "SELECT * FROM t", connect_locked_down(), ("wh", "wh2")) == (
+        f'SELECT * FROM "{warehouse}"."sales"."t"'
+    )
