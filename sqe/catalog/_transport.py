@@ -215,8 +215,16 @@ class EnvironmentSnapshotSession(requests.Session):
             return found
 
 
-def make_session(policy: RetryPolicy) -> requests.Session:
-    session = EnvironmentSnapshotSession()
+class KeptSession(EnvironmentSnapshotSession):
+    """A session that a ``with`` block leaves open: only its owner's ``close()`` closes it (and its pool)."""
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+def make_session(policy: RetryPolicy, *, kept: bool = False) -> requests.Session:
+    """A session with the retry policy; ``kept``: a :class:`KeptSession`."""
+    session = KeptSession() if kept else EnvironmentSnapshotSession()
     adapter = RetryingAdapter(policy)
     session.mount("http://", adapter)
     session.mount("https://", adapter)

@@ -93,6 +93,7 @@ class SQERestCatalog(Unpicklable, RestCatalog):
         self._endpoint = endpoint
         policy = RetryPolicy.of(config)
         self._retry_policy = policy
+        self._catalog_session: requests.Session | None = None  # made by pyiceberg's first _create_session call
         if early is not None:
             self._token_session, self._bearer = early.session, early.auth
         else:
@@ -139,13 +140,20 @@ class SQERestCatalog(Unpicklable, RestCatalog):
 
     # -- pyiceberg hooks ---------------------------------------------------------------------------------
     def _create_session(self) -> requests.Session:
-        session = make_session(self._retry_policy)
+        """One session for pyiceberg's ``/v1/config`` request and every later call. pyiceberg asks for one to
+        fetch the config in a ``with`` block that closes it, then for another: the connection the config opened
+        was gone before the first table load, which opened a new one (a TCP handshake on each new client's
+        first query). A kept session outlives that block; :meth:`close` closes it."""
+        if self._catalog_session is not None:
+            return self._catalog_session
+        session = make_session(self._retry_policy, kept=True)
         self._config_headers(session)
         if self._sqe_config.catalog.effective_access_delegation == "none":
             # pyiceberg defaults the header to vended-credentials; "none" means: do not ask at all.
             session.headers.pop(vocabulary.ACCESS_DELEGATION_HEADER, None)
         session.auth = self._bearer
         self._auth_manager = None
+        self._catalog_session = session
         return session
 
     def _refresh_token(self) -> None:

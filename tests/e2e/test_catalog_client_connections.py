@@ -1,0 +1,55 @@
+"""A new catalog client's first table load goes over the connection its ``/v1/config`` request opened.
+
+pyiceberg fetches the config through a session it closes at once and makes another for every later call, so
+the first load of each new client (each new SQE session, each ``sqe -e``) paid a TCP handshake of its own.
+Real sqe-catalog; the connections are counted by the client's own connection pool.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pytest
+
+from sqe.catalog.rest import RestTableProvider
+from sqe.config import load_config
+from tests.conftest import pyiceberg_catalog, write_sqe_config
+
+if TYPE_CHECKING:
+    from urllib3 import HTTPConnectionPool
+
+    from sqe.catalog.rest import SQERestCatalog
+    from tests.conftest import CatalogPrincipal, CatalogServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
+
+
+def _pool(catalog: SQERestCatalog, url: str) -> HTTPConnectionPool:
+    """The client's one connection pool, for the catalog's host (the one its requests went through)."""
+    pools = catalog._session.get_adapter(url).poolmanager.pools
+    [pool] = [pools[key] for key in pools.keys()]  # noqa: SIM118 (urllib3's container refuses iteration)
+    assert (pool.host, pool.port) == (urlsplit(url).hostname, urlsplit(url).port)
+    return pool
+
+
+def test_the_first_table_load_reuses_the_connection_of_the_config_request(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path
+) -> None:
+    pyiceberg_catalog(catalog_server, engine_writer).create_namespace("conn_reuse")
+    pyiceberg_catalog(catalog_server, engine_writer).create_table(
+        ("conn_reuse", "t"), schema=pa.schema([("id", pa.int64())])
+    )
+    config = load_config(write_sqe_config(tmp_path / "c.toml", catalog_server.url, engine_writer, catalog_server.moto))
+    provider = RestTableProvider(config)
+    try:
+        catalog = provider.catalog(config.catalog.warehouse)  # GET /v1/config
+        pool = _pool(catalog, catalog_server.url)
+        assert (pool.num_connections, pool.num_requests) == (1, 1)
+        status, raw, _etag = catalog.get_table_raw(("conn_reuse",), "t", None)
+        assert status == 200 and raw is not None
+        assert (pool.num_connections, pool.num_requests) == (1, 2)  # the same connection served the load
+    finally:
+        provider.close()
