@@ -95,11 +95,11 @@ _FIRST_WORD = re.compile(r"[^\s'\"`]{1,21}")
 _BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\:]+(?=@[\w\[])")
 # ``?name=value`` or ``&name=value`` (``;`` too, and ``#``: an OAuth fragment's ``#access_token=``): a query
 # parameter, wherever a message quotes a URL; or ``name=value`` starting a word or a quoted string, as connection
-# strings write them (``password=...``, Azure's ``AccountKey=...``); a quoted value goes whole. A name never
+# strings write them (``password=...``, Azure's ``AccountKey=...``); a quoted value goes whole. Only a credential's
+# value is read: another's may quote a URL whose parameters follow (``url=https://h/x?sig=...``). A name never
 # holds a blank or a quote, so each start's name is its own: linear time.
-_QUERY_PARAMETER = re.compile(
-    r"(?P<head>(?P<mark>[?&;#]|(?<![^\s'\"`]))(?P<name>[^=&;#?\s'\"`]+)=)(?:'[^'\n]*'|\"[^\"\n]*\"|[^&;#\s'\"`]*)"
-)
+_PARAMETER_NAME = re.compile(r"(?P<mark>[?&;#]|(?<![^\s'\"`]))(?P<name>[^=&;#?\s'\"`]+)=")
+_PARAMETER_VALUE = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|[^&;#\s'\"`]*")
 # ``password = value`` with blanks around the ``=`` (libpq reads it as ``password=value``): only a password's name,
 # as SQL's ``token = 5`` is a comparison. A word's start is tried once, its name found in one pass: linear time.
 _SPACED_PASSWORD = re.compile(
@@ -251,7 +251,7 @@ def redact_credentials(text: str) -> str:
     if "</" in text:
         text = _XML_ELEMENT.sub(_redacted_element, text)
     if "=" in text:
-        text = _QUERY_PARAMETER.sub(_redacted_parameter, text)
+        text = _without_parameter_values(text)
         text = _SPACED_PASSWORD.sub(_redacted_value, text)
     return text
 
@@ -350,8 +350,21 @@ def _redacted_element(match: re.Match[str]) -> str:
     return match["head"] + REDACTED if names_secret(match["name"]) else match[0]
 
 
-def _redacted_parameter(match: re.Match[str]) -> str:
-    name = unquote(match["name"])
+def _without_parameter_values(text: str) -> str:
+    """``text`` with the value of every query or connection-string parameter naming a credential replaced."""
+    parts: list[str] = []
+    copied = 0
+    for head in _PARAMETER_NAME.finditer(text):
+        if head.start() < copied or not _names_parameter_secret(head):
+            continue
+        value = _PARAMETER_VALUE.match(text, head.end())
+        parts += [text[copied : head.end()], REDACTED]
+        copied = head.end() if value is None else value.end()
+    parts.append(text[copied:])
+    return "".join(parts)
+
+
+def _names_parameter_secret(head: re.Match[str]) -> bool:
+    name = unquote(head["name"])
     # ?key=...: an API key in a URL; a word key=1 is no credential
-    secret = names_secret(name) or (name.lower() == "key" and bool(match["mark"]))
-    return match["head"] + REDACTED if secret else match[0]
+    return names_secret(name) or (name.lower() == "key" and bool(head["mark"]))

@@ -95,6 +95,8 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         "X-Token:X-Token:",
         "x-token=a,",
         "authorization:x'",
+        "a=b?",
+        "a=?token=",
     ],
 )
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
@@ -206,6 +208,15 @@ def test_redact_credentials_drops_a_connection_string_credential() -> None:
     assert "T0K" not in redact_credentials("header Authorization=Bearer T0K")
     for kept in ("SELECT 1 AS key, 2 AS token", "WHERE key=1", "'key=value'", "region=eu-west-1 keys=3"):
         assert redact_credentials(kept) == kept
+
+
+def test_redact_credentials_drops_a_query_credential_of_a_url_a_word_parameter_holds() -> None:
+    """Found by review: ``name=value`` starting a word took its whole value, so a URL in it kept its ``?sig=``,
+    ``&password=`` or ``?token=`` (``location=s3://b/x?sig=...``), which were never looked at."""
+    assert redact_credentials("read location=s3://b/x?sig=s1g&v=2") == "read location=s3://b/x?sig=***&v=2"
+    assert redact_credentials('"url=https://h/x?a=1&password=pw9"') == '"url=https://h/x?a=1&password=***"'
+    assert redact_credentials("--uri=https://h/x?token=t0k") == "--uri=https://h/x?token=***"
+    assert redact_credentials("x='a ?api_key=k3y'") == "x='a ?api_key=***'"
 
 
 def test_redact_credentials_drops_a_bearer_token_and_a_jwt_anywhere() -> None:
