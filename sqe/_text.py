@@ -72,12 +72,16 @@ _USER_NAME = re.compile(r"[A-Za-z]{1,19}(?:[._-][A-Za-z]{1,19}){0,3}")
 # Schemes whose userinfo names a container, never a credential (``abfss://container@account.dfs...``).
 _CONTAINER_SCHEMES = frozenset({"abfs", "abfss", "wasb", "wasbs"})
 # ``scheme%3A%2F%2Fuser%3Apassword%40host``: a URL percent-encoded whole (a redirect's ``?next=``); the password
-# runs to the last ``%40`` before a blank, a quote or an ``&`` (which the encoding would have escaped).
+# runs to the last ``%40`` before a blank, a quote or an ``&`` (which the encoding would have escaped). A scheme
+# starts after an escape too (``mongodb%2Bsrv%3A``, ``jdbc%3Amysql%3A``), as ``_SCHEME`` does after ``+`` or ``:``.
+_ENCODED_SCHEME = r"(?:(?<![A-Za-z0-9])|(?<=%[0-9A-F]{2}))[A-Za-z][A-Za-z0-9]*%3A%2F%2F"
+_ENCODED_USER = r"[^\s'\"`%/?#&@:]*(?:%(?!3A|2F|40)[0-9A-F]{2}[^\s'\"`%/?#&@:]*)*"
 _ENCODED_USERINFO = re.compile(
-    r"(?P<head>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*%3A%2F%2F"
-    r"[^\s'\"`%/?#&@:]*(?:%(?!3A|2F|40)[0-9A-F]{2}[^\s'\"`%/?#&@:]*)*%3A)(?P<tail>[^\s'\"`&]*)",
+    rf"(?P<head>{_ENCODED_SCHEME}{_ENCODED_USER}%3A)(?P<tail>[^\s'\"`&]*)",
     re.IGNORECASE,
 )
+# ``scheme%3A%2F%2Ftoken%40host``: :data:`_USER_ONLY` percent-encoded.
+_ENCODED_USER_ONLY = re.compile(rf"(?P<scheme>{_ENCODED_SCHEME})(?P<user>{_ENCODED_USER})(?=%40)", re.IGNORECASE)
 # A header's name in free text: a hyphenated word (``X-Amz-Security-Token:``, ``x-api-key=``) or Authorization. A
 # name starts only where a run of its characters does, and each match ends at its separator: linear time.
 _HEADER_NAME = re.compile(
@@ -240,6 +244,7 @@ def redact_credentials(text: str) -> str:
         text = _BARE_USERINFO.sub(_redacted_value, text)
     if "%" in text:
         text = _ENCODED_USERINFO.sub(_redacted_encoded_userinfo, text)
+        text = _ENCODED_USER_ONLY.sub(_redacted_user, text)
     if ":" in text or "=" in text:
         text = _without_header_values(text)
     text = _AUTHORIZATION.sub(_redacted_value, text)  # first: its value follows the scheme, after a blank
@@ -291,10 +296,10 @@ def _password_end(tail: str, start: int, last: int) -> int:
 
 
 def _redacted_user(match: re.Match[str]) -> str:
-    scheme, user = match["scheme"], match["user"]
+    scheme, user = unquote(match["scheme"]), unquote(match["user"])
     if _USER_NAME.fullmatch(user) or scheme[: scheme.index(":")].lower() in _CONTAINER_SCHEMES:
         return match[0]
-    return scheme + REDACTED
+    return match["scheme"] + REDACTED
 
 
 def _redacted_encoded_userinfo(match: re.Match[str]) -> str:

@@ -95,6 +95,9 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         "X-Token:X-Token:",
         "x-token=a,",
         "authorization:x'",
+        "a%2Ba%3A%2F%2F",
+        "%2Ba%3A%2F%2Fb",
+        "a%3A%2F%2Fb%2B",
         "a=b?",
         "a=?token=",
     ],
@@ -127,6 +130,26 @@ def test_redact_credentials_drops_a_password_of_a_url_json_escaped_or_percent_en
     )
     assert redact_credentials("https%3a%2f%2fu%3ap%40ss%40h") == "https%3a%2f%2fu%3a***%40h"
     assert redact_credentials("https%3A%2F%2Fh%3A443%2Fx") == "https%3A%2F%2Fh%3A443%2Fx"  # a port: no '%40'
+
+
+def test_redact_credentials_drops_a_percent_encoded_password_after_a_compound_scheme() -> None:
+    """Found by review: an encoded scheme had to start after a letter-less character, so ``mongodb%2Bsrv%3A`` and
+    ``jdbc%3Amysql%3A`` (whose ``srv`` and ``mysql`` follow an escape's hex digit) showed their password."""
+    assert redact_credentials("next=mongodb%2Bsrv%3A%2F%2Fu%3Apw9x%40db%2F&a=1") == (
+        "next=mongodb%2Bsrv%3A%2F%2Fu%3A***%40db%2F&a=1"
+    )
+    assert redact_credentials("next=jdbc%3Amysql%3A%2F%2Fu%3Apw9x%40h.c%3A3306") == (
+        "next=jdbc%3Amysql%3A%2F%2Fu%3A***%40h.c%3A3306"
+    )
+
+
+def test_redact_credentials_drops_a_percent_encoded_token_used_as_the_whole_userinfo() -> None:
+    """Found by review: ``https://***@host`` was done for a plain or JSON-escaped URL, not a percent-encoded one."""
+    assert redact_credentials("next=https%3A%2F%2Fghp_abc123%40git.example%2Fr") == (
+        "next=https%3A%2F%2F***%40git.example%2Fr"
+    )
+    for kept in ("next=ssh%3A%2F%2Fgit%40github.com%2Fx", "https%3A%2F%2Fh.c%2Fa%40b", "abfss%3A%2F%2Fc1%40a.dfs%2Fx"):
+        assert redact_credentials(kept) == kept
 
 
 def test_redact_credentials_drops_a_token_used_as_the_whole_userinfo() -> None:
