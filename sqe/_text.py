@@ -104,6 +104,13 @@ _BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\:]+
 # holds a blank or a quote, so each start's name is its own: linear time.
 _PARAMETER_NAME = re.compile(r"(?P<mark>[?&;#]|(?<![^\s'\"`]))(?P<name>[^=&;#?\s'\"`]+)=")
 _PARAMETER_VALUE = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|[^&;#\s'\"`]*")
+# The same in a URL percent-encoded whole (``%3Fsig%3D...%26``, a presigned URL as a redirect's ``?next=``): a
+# name or value never holds an encoded mark, so each start's name is its own: linear time.
+_ENCODED_PARAMETER_NAME = re.compile(
+    r"(?P<mark>%(?:3F|26|3B|23))(?P<name>[^\s'\"`%=&;#?]+(?:%(?!3F|26|3B|23|3D)[0-9A-F]{2}[^\s'\"`%=&;#?]*)*)%3D",
+    re.IGNORECASE,
+)
+_ENCODED_PARAMETER_VALUE = re.compile(r"[^\s'\"`%&]*(?:%(?!26|3B|23)[0-9A-F]{2}[^\s'\"`%&]*)*", re.IGNORECASE)
 # ``password = value`` with blanks around the ``=`` (libpq reads it as ``password=value``): only a password's name,
 # as SQL's ``token = 5`` is a comparison. A word's start is tried once, its name found in one pass: linear time.
 _SPACED_PASSWORD = re.compile(
@@ -256,8 +263,10 @@ def redact_credentials(text: str) -> str:
     if "</" in text:
         text = _XML_ELEMENT.sub(_redacted_element, text)
     if "=" in text:
-        text = _without_parameter_values(text)
+        text = _without_parameter_values(text, _PARAMETER_NAME, _PARAMETER_VALUE)
         text = _SPACED_PASSWORD.sub(_redacted_value, text)
+    if "%3D" in text or "%3d" in text:
+        text = _without_parameter_values(text, _ENCODED_PARAMETER_NAME, _ENCODED_PARAMETER_VALUE)
     return text
 
 
@@ -355,14 +364,14 @@ def _redacted_element(match: re.Match[str]) -> str:
     return match["head"] + REDACTED if names_secret(match["name"]) else match[0]
 
 
-def _without_parameter_values(text: str) -> str:
+def _without_parameter_values(text: str, names: re.Pattern[str], values: re.Pattern[str]) -> str:
     """``text`` with the value of every query or connection-string parameter naming a credential replaced."""
     parts: list[str] = []
     copied = 0
-    for head in _PARAMETER_NAME.finditer(text):
+    for head in names.finditer(text):
         if head.start() < copied or not _names_parameter_secret(head):
             continue
-        value = _PARAMETER_VALUE.match(text, head.end())
+        value = values.match(text, head.end())
         parts += [text[copied : head.end()], REDACTED]
         copied = head.end() if value is None else value.end()
     parts.append(text[copied:])

@@ -100,6 +100,9 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         "a%3A%2F%2Fb%2B",
         "a=b?",
         "a=?token=",
+        "%3Fa%3D",
+        "%26token%3D%25",
+        "%3Fa%2F",
     ],
 )
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
@@ -141,6 +144,19 @@ def test_redact_credentials_drops_a_percent_encoded_password_after_a_compound_sc
     assert redact_credentials("next=jdbc%3Amysql%3A%2F%2Fu%3Apw9x%40h.c%3A3306") == (
         "next=jdbc%3Amysql%3A%2F%2Fu%3A***%40h.c%3A3306"
     )
+
+
+def test_redact_credentials_drops_a_credential_parameter_of_a_percent_encoded_url() -> None:
+    """Found by review: a presigned URL percent-encoded whole (a redirect's ``?next=``) kept its signature."""
+    assert redact_credentials(
+        "go?next=https%3A%2F%2Fh%2Fp%3Fv%3D1%26X-Amz-Signature%3Dab%252Bc%26sig%3Ds1%23f&a=1"
+    ) == ("go?next=https%3A%2F%2Fh%2Fp%3Fv%3D1%26X-Amz-Signature%3D***%26sig%3D***%23f&a=1")
+    assert (
+        redact_credentials("next=https%3a%2f%2fh%2fp%23access_token%3dt0k")
+        == "next=https%3a%2f%2fh%2fp%23access_token%3d***"
+    )
+    for kept in ("next=https%3A%2F%2Fh%2Fp%3Fv%3D1%26region%3Deu", "discount%3D10%25"):
+        assert redact_credentials(kept) == kept
 
 
 def test_redact_credentials_drops_a_percent_encoded_token_used_as_the_whole_userinfo() -> None:
