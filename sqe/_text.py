@@ -51,9 +51,10 @@ _SCHEME = r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*:(?://|\\/\\/)"
 # The user part has no ``/``, so a path's ``@`` is not userinfo, nor ``[``, so an IPv6 host is no user.
 _USER = r"[^/?#@\s'\"`:\[\]]*"
 # ``scheme://user:`` and the rest of the URL, to a blank or a quote (a ``'`` followed by more of the word is the
-# password's, as RFC 3986 allows and DuckDB echoes a literal's ``''``): :func:`_without_passwords` finds where each
-# password ends in one pass over it (searching for an ``@`` from every start takes quadratic time).
-_USERINFO = re.compile(rf"(?P<head>{_SCHEME}{_USER}:)(?P<tail>[^\s'\"`]*(?:'[^\s'\"`]+)*)")
+# password's, as RFC 3986 allows and DuckDB echoes a literal's ``''``; so is SQL text's ``''`` itself):
+# :func:`_without_passwords` finds where each password ends in one pass over it (searching for an ``@`` from every
+# start takes quadratic time).
+_USERINFO = re.compile(rf"(?P<head>{_SCHEME}{_USER}:)(?P<tail>[^\s'\"`]*(?:'+[^\s'\"`]+)*)")
 _USERINFO_HEAD = re.compile(rf"{_SCHEME}{_USER}:")
 # Digits then ``?``, ``#`` or a ``/`` whose next segment holds no ``@`` are a port, as every URL parser reads
 # them. Digits, ``/`` and an ``@`` before any other ``/`` (``u:12345/@h``) are taken for a password: parsers

@@ -103,6 +103,8 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         "%3Fa%3D",
         "%26token%3D%25",
         "%3Fa%2F",
+        "a://u:''",
+        "''a",
     ],
 )
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
@@ -320,6 +322,9 @@ def test_redact_credentials_drops_a_password_holding_a_single_quote() -> None:
     assert redact_credentials("read_csv('mysql://root:it's@db/x')") == "read_csv('mysql://root:***@db/x')"
     # a quote ending the URL is no part of it: the next quoted string's '@' is not the URL's
     assert redact_credentials("'http://u:pw@h/x' or 'a@b'") == "'http://u:***@h/x' or 'a@b'"
+    # found by review: SQL text (a parser error's LINE 1, EXPLAIN) writes the quote doubled, and kept the password
+    assert redact_credentials("LINE 1: read_csv('http://u:it''s@h.c/x')") == "LINE 1: read_csv('http://u:***@h.c/x')"
+    assert redact_credentials("'postgresql://a:pw&''@[::1]/db', x") == "'postgresql://a:***@[::1]/db', x"
 
 
 def test_redact_credentials_drops_a_password_written_with_blanks_around_its_equals_sign() -> None:
