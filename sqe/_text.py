@@ -210,6 +210,8 @@ def names_secret(word: str) -> bool:
     lowered = word.lower()
     if any(stem in lowered for stem in SECRET_STEMS):
         return True
+    if "key" not in lowered and not any(part in lowered for part in SECRET_PARTS):
+        return False  # nothing below can hold: a hostile text's many names are each rejected at this cost
     parts = {*re.split(r"[_-]", lowered), *(part.lower() for part in _PART.findall(word))}
     if SECRET_PARTS & parts:
         return True
