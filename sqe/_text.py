@@ -241,7 +241,8 @@ def redact_credentials(text: str) -> str:
     """``text`` with the credentials of every URL in it replaced by ``***``: a userinfo password
     (``http://alice:***@host``, also JSON-escaped or percent-encoded whole), a token used as the whole userinfo
     (``https://***@host``) and the value of a query parameter naming a credential (``X-Amz-Signature``,
-    ``X-Amz-Credential``, ``X-Amz-Security-Token``, ``sig``, ``token``, ``key``...). The location itself stays,
+    ``X-Amz-Credential``, ``X-Amz-Security-Token``, ``sig``, ``token``, ``key``...), each also in a URL
+    percent-encoded whole. The location itself stays,
     so a message still says which one it means. An ``Authorization: Bearer ***`` header's value goes too, and so
     does that of a header naming a credential (``X-Amz-Security-Token: ***``). Never showing a credential comes
     before keeping the rest readable: where a password's end is unsure, more goes.
