@@ -143,8 +143,11 @@ _JWT = re.compile(r"(?<![\w-])eyJ[\w-]*\.[\w-]+\.[\w-]*")
 _CREDENTIAL_SHAPES = (
     re.compile(r"://[^/@\s:]+:[^/@\s]+@"),
     re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
-    re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+"),
 )
+# A JWT's header and payload: a base64url run holding ``eyJ`` at a word's start, then ``.`` and more. Each run is
+# read once, from its start: trying every ``eyJ`` of a long run (``x-eyJx-eyJ...``) to its end took quadratic time.
+_BASE64URL_RUN = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]+(?=\.[A-Za-z0-9_-])")
+_JWT_HEADER_START = re.compile(r"\beyJ(?=[A-Za-z0-9_-])")
 _TOKEN_RUN = re.compile(r"[A-Za-z0-9+=_-]{32,}")
 # ``"name": "value"`` in JSON or ``'name': 'value'`` in a dict's repr (an OAuth answer, a client's options quoted
 # in an error); an escaped quote stays in the value. Each value runs to its own closing quote: linear time.
@@ -225,9 +228,13 @@ def has_credential_shape(text: str) -> bool:
     """Whether ``text`` holds something :func:`redact_credentials` would take out (a URL's password, a token, a
     credential parameter or header) or a credential's shape (an AWS access key id, an API token's). For text kept on
     disk (the shell's history), where erring towards leaving it out costs nothing."""
-    if _token_like(text) or any(shape.search(text) for shape in _CREDENTIAL_SHAPES):
+    if _token_like(text) or _jwt_like(text) or any(shape.search(text) for shape in _CREDENTIAL_SHAPES):
         return True
     return redact_credentials(text) != text
+
+
+def _jwt_like(text: str) -> bool:
+    return any(_JWT_HEADER_START.search(text, run.start(), run.end()) for run in _BASE64URL_RUN.finditer(text))
 
 
 def _token_like(text: str) -> bool:

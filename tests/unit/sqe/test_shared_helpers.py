@@ -10,7 +10,7 @@ import pytest
 
 from sqe._counters import Counters
 from sqe._net import is_loopback
-from sqe._text import first_line, iso_utc, redact_credentials
+from sqe._text import first_line, has_credential_shape, iso_utc, redact_credentials
 from sqe.errors import CatalogError, QueryError
 
 
@@ -110,6 +110,16 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
     text = "@ " + unit * (1_000_000 // len(unit)) + " x"
     assert redact_credentials(text).startswith("@ ")
+
+
+# Found by review: the history filter's JWT shape tried every ``eyJ`` of a long base64url run to the run's end (about
+# three minutes for the first of these); a statement pasted into the shell is such text.
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("unit", "end", "shaped"), [("x-eyJ", "", False), ("x-eyJ", ".p", True), ("-eyJa", " ", False)]
+)
+def test_has_credential_shape_takes_linear_time_on_adversarial_text(unit: str, end: str, shaped: bool) -> None:
+    assert has_credential_shape(unit * (1_000_000 // len(unit)) + end) is shaped
 
 
 def test_redact_credentials_keeps_ports_ipv6_hosts_and_windows_paths() -> None:
