@@ -81,8 +81,13 @@ _ENCODED_USERINFO = re.compile(
     rf"(?P<head>{_ENCODED_SCHEME}{_ENCODED_USER}%3A)(?P<tail>[^\s'\"`&]*)",
     re.IGNORECASE,
 )
-# ``scheme%3A%2F%2Ftoken%40host``: :data:`_USER_ONLY` percent-encoded.
-_ENCODED_USER_ONLY = re.compile(rf"(?P<scheme>{_ENCODED_SCHEME})(?P<user>{_ENCODED_USER})(?=%40)", re.IGNORECASE)
+# ``scheme%3A%2F%2Ftoken%40host``: :data:`_USER_ONLY` percent-encoded; its user has no ``%3F`` or ``%23`` either, so
+# an ``@`` in a query or fragment (``%3Femail%3Da%40b.com``) is no userinfo's.
+_ENCODED_USER_ONLY = re.compile(
+    rf"(?P<scheme>{_ENCODED_SCHEME})(?P<user>[^\s'\"`%/?#&@:]*(?:%(?!3A|2F|40|3F|23)[0-9A-F]{{2}}[^\s'\"`%/?#&@:]*)*)"
+    r"(?=%40)",
+    re.IGNORECASE,
+)
 # A header's name in free text: a hyphenated word (``X-Amz-Security-Token:``, ``x-api-key=``) or Authorization. A
 # name starts only where a run of its characters does, and each match ends at its separator: linear time.
 _HEADER_NAME = re.compile(

@@ -178,6 +178,9 @@ def test_redact_credentials_drops_a_percent_encoded_token_used_as_the_whole_user
     )
     for kept in ("next=ssh%3A%2F%2Fgit%40github.com%2Fx", "https%3A%2F%2Fh.c%2Fa%40b", "abfss%3A%2F%2Fc1%40a.dfs%2Fx"):
         assert redact_credentials(kept) == kept
+    # an '@' in the query or fragment is no userinfo's, as in a plain URL
+    for kept in ("next=https%3A%2F%2Fh.c%3Femail%3Da1%40b.com", "next=https%3A%2F%2Fh.c%23a1%40b.com"):
+        assert redact_credentials(kept) == kept
 
 
 def test_redact_credentials_drops_a_token_used_as_the_whole_userinfo() -> None:
