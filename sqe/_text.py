@@ -249,6 +249,24 @@ def _token_like(text: str) -> bool:
     )
 
 
+MAX_MESSAGE_CHARS = 8192  # an error message's length as shown; far past any message SQE words itself
+_BLANKS = re.compile(r"\s")
+
+
+def redacted_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """An error message as shown: :func:`redact_credentials` of at most ``limit`` characters of ``text``.
+
+    Cut before redacting: redaction is linear but costs up to about a microsecond a character on dense text, and
+    a message may quote whatever a client or a catalog sent (megabytes). The cut goes back to the last blank
+    before the limit, so no credential is cut in two (half a password is not seen as one): a location holds no
+    blank."""
+    if len(text) <= limit:
+        return redact_credentials(text)
+    blanks = [match.start() for match in _BLANKS.finditer(text, 0, limit)]
+    kept = text[: blanks[-1]] if blanks else ""
+    return f"{redact_credentials(kept)} … ({len(text) - len(kept)} more characters)".lstrip()
+
+
 def redact_credentials(text: str) -> str:
     """``text`` with the credentials of every URL in it replaced by ``***``: a userinfo password
     (``http://alice:***@host``, also JSON-escaped or percent-encoded whole), a token used as the whole userinfo

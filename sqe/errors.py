@@ -30,7 +30,7 @@ SQEError
 
 from __future__ import annotations
 
-from sqe._text import redact_credentials
+from sqe._text import redacted_message
 
 
 class SQEError(Exception):
@@ -38,10 +38,11 @@ class SQEError(Exception):
 
     A message may quote a location a user or a catalog named (a table function's URL, DuckDB's own error text
     about one), which may carry a password or a presigned signature: every string argument is taken through
-    :func:`redact_credentials` here, once for every error, so ``str``, ``repr`` and pickles never hold one."""
+    :func:`redacted_message` here, once for every error, so ``str``, ``repr`` and pickles never hold one (and a
+    message quoting megabytes is cut to ``MAX_MESSAGE_CHARS`` first, so building it costs a bounded time)."""
 
     def __init__(self, *args: object) -> None:
-        super().__init__(*(redact_credentials(arg) if isinstance(arg, str) else arg for arg in args))
+        super().__init__(*(redacted_message(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 class ConfigError(SQEError):

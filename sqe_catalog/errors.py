@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Self, TypeVar
 
 from sqe import vocabulary
-from sqe._text import escape_unprintable, first_line, redact_credentials
+from sqe._text import escape_unprintable, first_line, redacted_message
 from sqe.vocabulary import ERROR_METADATA_INTEGRITY
 
 _Found = TypeVar("_Found")
@@ -45,8 +45,9 @@ class CatalogError(Exception):
 
     def __init__(self, message: str) -> None:
         # A message may quote a location or header a client sent: the password goes here, once, so ``message``,
-        # ``str``, the ErrorModel and any log line all show the same redacted text.
-        message = redact_credentials(message)
+        # ``str``, the ErrorModel and any log line all show the same redacted text, cut to MAX_MESSAGE_CHARS
+        # first (a message may quote a client's megabytes: redacting them all cost seconds of CPU).
+        message = redacted_message(message)
         super().__init__(message)
         self.message = message
 
@@ -128,7 +129,7 @@ class ConfigError(Exception):
     """Invalid catalog configuration file; raised at start-up, names the offending key."""
 
     def __init__(self, *args: object) -> None:
-        super().__init__(*(redact_credentials(arg) if isinstance(arg, str) else arg for arg in args))
+        super().__init__(*(redacted_message(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 def describe_database_error(exc: Exception) -> str:

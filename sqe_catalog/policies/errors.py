@@ -7,7 +7,7 @@ where the error goes to an administrator: the load path replaces it with a gener
 
 from __future__ import annotations
 
-from sqe._text import redact_credentials
+from sqe._text import redacted_message
 
 __all__ = ["PolicyError", "RegoError"]
 
@@ -16,7 +16,7 @@ class PolicyError(Exception):
     """A policy, tag or binding problem with a stable machine-readable code."""
 
     def __init__(self, code: str, message: str) -> None:
-        message = redact_credentials(message)  # as every catalog error: a name quoting a URL keeps no password
+        message = redacted_message(message)  # as every catalog error: a name quoting a URL keeps no password
         super().__init__(f"[{code}] {message}")
         self.code = code
         self.message = message

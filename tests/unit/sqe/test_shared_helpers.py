@@ -10,8 +10,9 @@ import pytest
 
 from sqe._counters import Counters
 from sqe._net import is_loopback
-from sqe._text import first_line, has_credential_shape, iso_utc, redact_credentials
+from sqe._text import MAX_MESSAGE_CHARS, first_line, has_credential_shape, iso_utc, redact_credentials, redacted_message
 from sqe.errors import CatalogError, QueryError
+from sqe_catalog.errors import CatalogError as CatalogServerError
 
 
 def test_first_line_cuts_multiline_and_names_empty_exceptions() -> None:
@@ -397,3 +398,24 @@ def test_counters_are_atomic_and_snapshots_hide_private_fields() -> None:
     stats.raise_to("peak", 5)
     stats.raise_to("peak", 3)
     assert stats.snapshot() == {"done": 4000, "peak": 5}
+
+
+def test_a_message_past_the_limit_is_cut_at_a_blank_before_it_is_redacted() -> None:
+    short = "at http://u:pw@h/x"
+    assert redacted_message(short) == "at http://u:***@h/x"
+    # a password straddling the limit: cut back to the blank before its URL, never shown in part
+    head = "x " * 20
+    text = head + "http://user:secret-password@host/path and more text"
+    cut = redacted_message(text, limit=len(head) + 20)
+    assert cut == f"{head[:-1]} … ({len(text) - len(head) + 1} more characters)"
+    assert "secret" not in cut and "sec" not in cut
+    assert redacted_message("y" * 100, limit=10) == "… (100 more characters)"  # no blank: nothing kept
+
+
+def test_an_error_quoting_megabytes_keeps_a_bounded_message() -> None:
+    """Found by review: a catalog error quoting a client's 8 MB property key was redacted whole (seconds of CPU
+    per request); so was an engine error quoting a catalog's answer."""
+    quoted = "key=" + "a=1;" * 2_000_000
+    for error in (CatalogError(quoted), QueryError(quoted), CatalogServerError(quoted)):
+        shown = str(error)
+        assert len(shown) < MAX_MESSAGE_CHARS + 50 and shown.endswith("more characters)"), len(shown)
