@@ -93,10 +93,11 @@ _ENCODED_USER_ONLY = re.compile(
 _HEADER_NAME = re.compile(
     r"(?<![\w/@.:%-])(?P<name>[A-Za-z][\w.]*-[\w.-]*|authorization)[ \t]*(?P<sep>[:=])[ \t]*", re.IGNORECASE
 )
-# A header line's value runs to the line's end; a ``name=value`` one to the next ``&``, ``;``, ``,`` or blank.
+# A header line's value runs to the line's end; a ``name=value`` one to the next ``&``, ``;``, ``,`` or blank. A
+# quoted value missing its closing quote (a message cut inside it) runs to the line's end, as every quoted one here.
 _HEADER_VALUES = {
-    ":": re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|[^\r\n'\"`]+"),
-    "=": re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|[^&;,)\s'\"`]+"),
+    ":": re.compile(r"'[^'\n]*'?|\"[^\"\n]*\"?|[^\r\n'\"`]+"),
+    "=": re.compile(r"'[^'\n]*'?|\"[^\"\n]*\"?|[^&;,)\s'\"`]+"),
 }
 # A value's first word, no longer than a plain word may be: a line may hold many names, each read this far only.
 _FIRST_WORD = re.compile(r"[^\s'\"`]{1,21}")
@@ -109,7 +110,7 @@ _BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\:]+
 # value is read: another's may quote a URL whose parameters follow (``url=https://h/x?sig=...``). A name never
 # holds a blank or a quote, so each start's name is its own: linear time.
 _PARAMETER_NAME = re.compile(r"(?P<mark>[?&;#]|(?<![^\s'\"`]))(?P<name>[^=&;#?\s'\"`]+)=")
-_PARAMETER_VALUE = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|[^&;#\s'\"`]*")
+_PARAMETER_VALUE = re.compile(r"'[^'\n]*'?|\"[^\"\n]*\"?|[^&;#\s'\"`]*")
 # The same in a URL percent-encoded whole (``%3Fsig%3D...%26``, a presigned URL as a redirect's ``?next=``): a
 # name or value never holds an encoded mark, so each start's name is its own: linear time.
 _ENCODED_PARAMETER_NAME = re.compile(
@@ -120,7 +121,7 @@ _ENCODED_PARAMETER_VALUE = re.compile(r"[^\s'\"`%&]*(?:%(?!26|3B|23)[0-9A-F]{2}[
 # ``password = value`` with blanks around the ``=`` (libpq reads it as ``password=value``): only a password's name,
 # as SQL's ``token = 5`` is a comparison. A word's start is tried once, its name found in one pass: linear time.
 _SPACED_PASSWORD = re.compile(
-    r"(?P<head>\b(?:\w*pass(?:wor)?d\w*|pwd)(?:\s+=\s*|\s*=\s+))(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"`;&]+)",
+    r"(?P<head>\b(?:\w*pass(?:wor)?d\w*|pwd)(?:\s+=\s*|\s*=\s+))(?:'[^'\n]*'?|\"[^\"\n]*\"?|[^\s'\"`;&]+)",
     re.IGNORECASE,
 )
 # An Authorization header's value after its scheme, to the line's end or a quote, as a header line, a dict's or a
@@ -158,7 +159,7 @@ _TOKEN_RUN = re.compile(r"[A-Za-z0-9+=_-]{32,}")
 # in an error); an escaped quote stays in the value. Each value runs to its own closing quote: linear time.
 _QUOTED_MEMBER = re.compile(
     r"(?P<head>(?P<quote>['\"])(?P<name>[\w.-]+)(?P=quote)\s*:\s*b?)"
-    r"(?P<value>\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*')"
+    r"(?P<value>\"(?:[^\"\\\n]|\\.)*\"?|'(?:[^'\\\n]|\\.)*'?)"
 )
 
 # ``<SignatureProvided>value</SignatureProvided>`` in an XML error body (S3's SignatureDoesNotMatch). A value holds
@@ -259,7 +260,7 @@ def redacted_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     Cut before redacting: redaction is linear but costs up to about a microsecond a character on dense text, and
     a message may quote whatever a client or a catalog sent (megabytes). The cut goes back to the last blank
     before the limit, so no credential is cut in two (half a password is not seen as one): a location holds no
-    blank."""
+    blank, and a quoted value cut there lost its closing quote, so runs to the kept text's end and goes whole."""
     if len(text) <= limit:
         return redact_credentials(text)
     blanks = [match.start() for match in _BLANKS.finditer(text, 0, limit)]

@@ -419,3 +419,27 @@ def test_an_error_quoting_megabytes_keeps_a_bounded_message() -> None:
     for error in (CatalogError(quoted), QueryError(quoted), CatalogServerError(quoted)):
         shown = str(error)
         assert len(shown) < MAX_MESSAGE_CHARS + 50 and shown.endswith("more characters)"), len(shown)
+
+
+@pytest.mark.parametrize(
+    "quoted",
+    [
+        "password='correct horse battery staple'",
+        'password="correct horse battery staple"',
+        'password = "correct horse battery staple"',
+        '{"password": "correct horse battery staple"}',
+        "{'client_secret': 'correct horse battery staple'}",
+        'x-api-key: "correct horse battery staple"',
+    ],
+)
+def test_a_quoted_credential_cut_in_the_middle_shows_none_of_its_words(quoted: str) -> None:
+    """Found by review: the cut at a blank fell inside a quoted value holding blanks; its closing quote cut away,
+    the value was not seen as one and its first words were shown (``password=***'correct horse … ``)."""
+    text = f"error: {quoted} was refused"
+    assert "correct" not in redact_credentials(text)
+    for limit in range(len("error: "), len(text)):
+        shown = redacted_message(text, limit=limit)
+        assert not any(word in shown for word in ("correct", "horse", "battery")), (limit, shown)
+    # an unterminated quoted credential runs to its line's end, as a value whose end is unsure goes whole
+    assert "horse" not in redact_credentials(f"error: {quoted[:-12]}\nnext line")
+    assert redact_credentials(f"error: {quoted[:-12]}\nnext line").endswith("\nnext line")
