@@ -8,10 +8,11 @@ decoded file path or bound, which then goes out in a request or a result. ``avro
 framing and sizes before pyiceberg sees it; this checks every read inside the blocks.
 
 :class:`BoundedDecoder` runs the compiled decoder over a copy of its bytes followed by zero bytes and checks each
-read against the real end: a length-prefixed read before it copies anything, a fixed-size one (a varint of at most
-10 bytes, a float, a double, a boolean) by where it starts. So reads never leave the copy: at worst the last
-varint of a block ends in the zeros, and the next read is refused. A read past the end raises ``EOFError``, which
-planning reports as a manifest that does not decode (``avro_limits.UNDECODABLE``).
+read against the real end: a length-prefixed read before it copies anything, a float, a double or a boolean by
+where it starts, a varint by where it starts too (of any length, it ends at its first byte below 0x80: at worst
+the first zero), and many ints read at once only where each ends within ten bytes. So reads never leave the copy:
+at worst the last varint of a block ends in the zeros, and the next read is refused. A read past the end raises
+``EOFError``, which planning reports as a manifest that does not decode (``avro_limits.UNDECODABLE``).
 
 :func:`install` puts it in place of ``pyiceberg.avro.file.new_decoder``, for the whole process: every Avro file
 pyiceberg reads in SQE's processes (manifest lists and manifests, in the engine and in ``sqe-catalog``) was
@@ -21,6 +22,7 @@ written by some table writer. pyiceberg's pure-Python fallback reads through ``i
 from __future__ import annotations
 
 import importlib.util
+import re
 
 from pyiceberg.avro.decoder import BinaryDecoder, StreamingBinaryDecoder
 
@@ -28,6 +30,9 @@ __all__ = ["BoundedDecoder", "bounded_decoder", "install"]
 
 _MAX_VARINT_BYTES = 10
 _PADDING = bytes(16)  # more than a varint started before the end can take past it
+# A varint has no length cap in the compiled decoder (it runs to its first byte below 0x80): ints are read at once
+# only where no ten bytes in a row of 0x80 and above lie within ten bytes an int, so each ends within its ten.
+_LONG_VARINT = re.compile(rb"[\x80-\xff]{%d}" % _MAX_VARINT_BYTES)
 _COMPILED = importlib.util.find_spec("pyiceberg.avro.decoder_fast") is not None
 
 
@@ -42,12 +47,13 @@ class BoundedDecoder(BinaryDecoder):
     decoding a manifest of 400 entries takes about 1.4 times as long as unchecked (a few ms), measured.
     """
 
-    __slots__ = ("_decoder", "_end", "_read", "_read_int", "_tell")
+    __slots__ = ("_data", "_decoder", "_end", "_read", "_read_int", "_tell")
 
     def __init__(self, data: bytes) -> None:
         from pyiceberg.avro.decoder_fast import CythonBinaryDecoder
 
-        self._decoder = CythonBinaryDecoder(bytes(data) + _PADDING)
+        self._data = bytes(data) + _PADDING
+        self._decoder = CythonBinaryDecoder(self._data)
         self._end = len(data)
         self._tell = self._decoder.tell
         self._read = self._decoder.read
@@ -107,8 +113,10 @@ class BoundedDecoder(BinaryDecoder):
         self._read_int()
 
     def read_ints(self, n: int) -> tuple[int, ...]:
-        if n >= 0 and self._tell() + _MAX_VARINT_BYTES * n <= self._end:  # none of them can reach the end
-            return self._decoder.read_ints(n)
+        start = self._tell()
+        stop = start + _MAX_VARINT_BYTES * n
+        if n >= 0 and stop <= self._end and _LONG_VARINT.search(self._data, start, stop) is None:
+            return self._decoder.read_ints(n)  # none of them can reach the end
         return tuple([self.read_int() for _ in range(n)])  # near the end: each checked (a count is a writer's)
 
     def read_bytes(self) -> bytes:

@@ -152,3 +152,25 @@ def test_many_ints_far_from_the_end_are_read_at_once_as_the_compiled_decoder_rea
     assert _plain(bounded.read_ints(50)) == _plain(compiled.read_ints(50)) == tuple(range(50))
     assert _plain(bounded.read_ints(150)) == _plain(compiled.read_ints(150)) == tuple(range(50, 200))
     assert bounded.tell() == compiled.tell() == len(data)
+
+
+def test_ints_read_at_once_whose_first_varint_runs_to_the_end_are_refused() -> None:
+    """Found by review: ``read_ints`` read at once when ten bytes an int fit before the end, but a varint has no
+    length cap: one of continuation bytes running to the end left the others to be read from the padding and the
+    memory past it (40 counted from 400 bytes read 24 bytes past the padded copy)."""
+    data = b"\x80" * 400  # one varint of 400 bytes; the count says 40
+    decoder = BoundedDecoder(data)
+    with pytest.raises(EOFError, match="runs past the end of its block"):
+        decoder.read_ints(40)
+    assert decoder.tell() <= len(data) + 1  # nothing read past the zeros after the block
+
+
+def test_ints_read_at_once_with_long_runs_elsewhere_decode_as_the_compiled_decoder_decodes_them() -> None:
+    # ten bytes of 0x80 and above in a row (a non-ASCII bound) within ten bytes an int after the ints: read one by
+    # one, the same values
+    data = b"".join(avro_long(i) for i in range(30)) + avro_long(12) + "日本語の".encode() + bytes(300)
+    compiled, bounded = CythonBinaryDecoder(data), BoundedDecoder(data)
+    assert _plain(bounded.read_ints(30)) == _plain(compiled.read_ints(30)) == tuple(range(30))
+    assert bounded.read_utf8() == compiled.read_utf8() == "日本語の"
+    assert bounded.read(300) == compiled.read(300)
+    assert bounded.tell() == compiled.tell() == len(data)
