@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from array import array
 
 from pyiceberg.avro.decoder import BinaryDecoder, StreamingBinaryDecoder
 
 __all__ = ["BoundedDecoder", "bounded_decoder", "install"]
 
 _MAX_VARINT_BYTES = 10
+_UNSIGNED = 2**64 - 1  # the compiled decoder's read_ints holds unsigned 64-bit ints: -1 is 2**64 - 1
 _PADDING = bytes(16)  # more than a varint started before the end can take past it
 # A varint has no length cap in the compiled decoder (it runs to its first byte below 0x80): ints are read at once
 # only where no ten bytes in a row of 0x80 and above lie within ten bytes an int, so each ends within its ten.
@@ -117,7 +119,8 @@ class BoundedDecoder(BinaryDecoder):
         stop = start + _MAX_VARINT_BYTES * n
         if n >= 0 and stop <= self._end and _LONG_VARINT.search(self._data, start, stop) is None:
             return self._decoder.read_ints(n)  # none of them can reach the end
-        return tuple([self.read_int() for _ in range(n)])  # near the end: each checked (a count is a writer's)
+        # near the end: each checked (a count is a writer's), given as the compiled decoder gives them (unsigned)
+        return array("Q", [self.read_int() & _UNSIGNED for _ in range(n)])  # type: ignore[return-value]
 
     def read_bytes(self) -> bytes:
         tell, end = self._tell, self._end

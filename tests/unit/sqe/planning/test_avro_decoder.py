@@ -57,7 +57,7 @@ READS: list[Callable[[Any], Any]] = [
 
 
 def _plain(value: Any) -> Any:
-    """The compiled decoder's ``read_ints`` gives an ``array``; near a block's end the bounded one a tuple."""
+    """``read_ints`` gives an ``array`` of unsigned 64-bit ints; a tuple compares with it."""
     return tuple(value) if isinstance(value, array) else value
 
 
@@ -174,3 +174,12 @@ def test_ints_read_at_once_with_long_runs_elsewhere_decode_as_the_compiled_decod
     assert bounded.read_utf8() == compiled.read_utf8() == "日本語の"
     assert bounded.read(300) == compiled.read(300)
     assert bounded.tell() == compiled.tell() == len(data)
+
+
+def test_negative_ints_read_at_once_decode_alike_near_the_end_and_far_from_it() -> None:
+    """Found by review: the compiled decoder gives ints read at once as unsigned 64-bit (-1 as 2**64 - 1); read one
+    by one near a block's end they came out signed, so a value depended on where its block ended."""
+    near, far = avro_long(-1) + avro_long(5), avro_long(-1) + avro_long(5) + bytes(40)
+    expected = _plain(CythonBinaryDecoder(far).read_ints(2))
+    assert expected == (2**64 - 1, 5)
+    assert _plain(BoundedDecoder(far).read_ints(2)) == _plain(BoundedDecoder(near).read_ints(2)) == expected
