@@ -10,8 +10,9 @@ framing and sizes before pyiceberg sees it; this checks every read inside the bl
 :class:`BoundedDecoder` runs the compiled decoder over a copy of its bytes followed by zero bytes and checks each
 read against the real end: a length-prefixed read before it copies anything, a float, a double or a boolean by
 where it starts, a varint by where it starts too (of any length, it ends at its first byte below 0x80: at worst
-the first zero), and many ints read at once only where each ends within ten bytes. So reads never leave the copy:
-at worst the last varint of a block ends in the zeros, and the next read is refused. A read past the end raises
+the first zero), and many ints read at once (at most one a ten bytes left) by where they end, the zeros being a
+tenth of the bytes. So reads never leave the copy: at worst the last varints of a block end in the zeros, and the
+read is refused. A read past the end raises
 ``EOFError``, which planning reports as a manifest that does not decode (``avro_limits.UNDECODABLE``).
 
 :func:`install` puts it in place of ``pyiceberg.avro.file.new_decoder``, for the whole process: every Avro file
@@ -22,7 +23,6 @@ written by some table writer. pyiceberg's pure-Python fallback reads through ``i
 from __future__ import annotations
 
 import importlib.util
-import re
 from array import array
 
 from pyiceberg.avro.decoder import BinaryDecoder, StreamingBinaryDecoder
@@ -31,11 +31,15 @@ __all__ = ["BoundedDecoder", "bounded_decoder", "install"]
 
 _MAX_VARINT_BYTES = 10
 _UNSIGNED = 2**64 - 1  # the compiled decoder's read_ints holds unsigned 64-bit ints: -1 is 2**64 - 1
-_PADDING = bytes(16)  # more than a varint started before the end can take past it
-# A varint has no length cap in the compiled decoder (it runs to its first byte below 0x80): ints are read at once
-# only where no ten bytes in a row of 0x80 and above lie within ten bytes an int, so each ends within its ten.
-_LONG_VARINT = re.compile(rb"[\x80-\xff]{%d}" % _MAX_VARINT_BYTES)
+_PADDING_BYTES = 16  # more than a varint started before the end can take past it
 _COMPILED = importlib.util.find_spec("pyiceberg.avro.decoder_fast") is not None
+
+
+def _padding(size: int) -> bytes:
+    """The zeros after a block of ``size`` bytes: a varint has no length cap (it runs to its first byte below
+    0x80), so ints read at once may run to the end in one and read the rest from the zeros, one byte each; at most
+    a tenth of the block's bytes are read so (``read_ints``)."""
+    return bytes(size // _MAX_VARINT_BYTES + _PADDING_BYTES)
 
 
 def _past_the_end() -> EOFError:
@@ -49,13 +53,12 @@ class BoundedDecoder(BinaryDecoder):
     decoding a manifest of 400 entries takes about 1.4 times as long as unchecked (a few ms), measured.
     """
 
-    __slots__ = ("_data", "_decoder", "_end", "_read", "_read_int", "_tell")
+    __slots__ = ("_decoder", "_end", "_read", "_read_int", "_tell")
 
     def __init__(self, data: bytes) -> None:
         from pyiceberg.avro.decoder_fast import CythonBinaryDecoder
 
-        self._data = bytes(data) + _PADDING
-        self._decoder = CythonBinaryDecoder(self._data)
+        self._decoder = CythonBinaryDecoder(bytes(data) + _padding(len(data)))
         self._end = len(data)
         self._tell = self._decoder.tell
         self._read = self._decoder.read
@@ -115,10 +118,11 @@ class BoundedDecoder(BinaryDecoder):
         self._read_int()
 
     def read_ints(self, n: int) -> tuple[int, ...]:
-        start = self._tell()
-        stop = start + _MAX_VARINT_BYTES * n
-        if n >= 0 and stop <= self._end and _LONG_VARINT.search(self._data, start, stop) is None:
-            return self._decoder.read_ints(n)  # none of them can reach the end
+        if n >= 0 and self._tell() + _MAX_VARINT_BYTES * n <= self._end:  # n is at most a tenth of the bytes
+            ints = self._decoder.read_ints(n)  # the zeros after the block take what runs past it (see _padding)
+            if self._tell() > self._end:
+                raise _past_the_end()
+            return ints
         # near the end: each checked (a count is a writer's), given as the compiled decoder gives them (unsigned)
         return array("Q", [self.read_int() & _UNSIGNED for _ in range(n)])  # type: ignore[return-value]
 
