@@ -10,10 +10,10 @@ framing and sizes before pyiceberg sees it; this checks every read inside the bl
 :class:`BoundedDecoder` runs the compiled decoder over a copy of its bytes followed by zero bytes and checks each
 read against the real end: a length-prefixed read before it copies anything, a float, a double or a boolean by
 where it starts, a varint by where it starts too (of any length, it ends at its first byte below 0x80: at worst
-the first zero), and many ints read at once (at most one a ten bytes left) by where they end, the zeros being a
-tenth of the bytes. So reads never leave the copy: at worst the last varints of a block end in the zeros, and the
-read is refused. A read past the end raises
-``EOFError``, which planning reports as a manifest that does not decode (``avro_limits.UNDECODABLE``).
+the first zero), and ints read at once (no more than a tenth of the bytes left) by where they end, the zeros
+being a tenth of the block's size. So reads never leave the copy: at worst the last varints of a block end in the
+zeros, and the read is refused. A read past the end raises ``EOFError``, which planning reports as a manifest
+that does not decode (``avro_limits.UNDECODABLE``).
 
 :func:`install` puts it in place of ``pyiceberg.avro.file.new_decoder``, for the whole process: every Avro file
 pyiceberg reads in SQE's processes (manifest lists and manifests, in the engine and in ``sqe-catalog``) was

@@ -167,8 +167,7 @@ def test_ints_read_at_once_whose_first_varint_runs_to_the_end_are_refused() -> N
 
 
 def test_ints_read_at_once_with_long_runs_elsewhere_decode_as_the_compiled_decoder_decodes_them() -> None:
-    # ten bytes of 0x80 and above in a row (a non-ASCII bound) within ten bytes an int after the ints: read one by
-    # one, the same values
+    # ten bytes of 0x80 and above in a row (a non-ASCII bound) right after the ints: the same values as compiled
     data = b"".join(avro_long(i) for i in range(30)) + avro_long(12) + "日本語の".encode() + bytes(300)
     compiled, bounded = CythonBinaryDecoder(data), BoundedDecoder(data)
     assert _plain(bounded.read_ints(30)) == _plain(compiled.read_ints(30)) == tuple(range(30))
