@@ -39,7 +39,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -302,10 +302,14 @@ class Session:
         clock: Callable[[], float] = time.time,
         distributed: DistributedOptions | None = None,
         on_close: Callable[[], None] | None = None,
+        view_warehouses: Collection[str] = (),
     ) -> None:
         """Scans run in-process unless ``[coordinator] workers`` is set; ``distributed`` tunes worker scans.
-        ``on_close`` runs when the session closes (``sqe.api.connect``: close the catalog client it made)."""
+        ``on_close`` runs when the session closes (``sqe.api.connect``: close the catalog client it made).
+        ``view_warehouses``: warehouse names a view's ``default-catalog`` means as such besides ``config``'s (``sqe
+        serve``: the server's, of which a user's config keeps only those on the primary catalog)."""
         self.config = config
+        self._view_warehouses = tuple(view_warehouses)
         self._provider = provider
         self._on_close = on_close
         self._clock = clock
@@ -1443,8 +1447,11 @@ class Session:
         return _status(f"created view {ident}")
 
     def _known_warehouses(self) -> tuple[str, ...] | None:
-        """The warehouses a view's ``default-catalog`` may name (None without a config: any)."""
-        return self.config.catalog.warehouse_names if self.config is not None else None
+        """The warehouses a view's ``default-catalog`` may name (None without a config: any). One withheld from
+        this session (``view_warehouses``) is named as such, so fails as unknown: it never means the view's own."""
+        if self.config is None:
+            return None
+        return (*self.config.catalog.warehouse_names, *self._view_warehouses)
 
     def _view_exists(self, ident: TableIdent) -> bool:
         return _loads(self._provider.load_view, ident)

@@ -392,7 +392,8 @@ class ClientSession:
             return chosen
         config = _user_config(self._base, catalog_token, self.key)
         provider = RestTableProvider(config)
-        engine = Engine(Session(provider, config), provider, wanted, busy=True, acquired_at=self._releases)
+        session = Session(provider, config, view_warehouses=self._base.catalog.warehouse_names)
+        engine = Engine(session, provider, wanted, busy=True, acquired_at=self._releases)
         with self._lock:
             self._engines.append(engine)
         return engine
