@@ -143,10 +143,10 @@ class SQERestCatalog(Unpicklable, RestCatalog):
         """One session for pyiceberg's ``/v1/config`` request and every later call. pyiceberg asks for one to
         fetch the config in a ``with`` block that closes it, then for another: the connection the config opened
         was gone before the first table load, which opened a new one (a TCP handshake on each new client's
-        first query). A kept session outlives that block; :meth:`close` closes it."""
-        if self._catalog_session is not None:
-            return self._catalog_session
-        session = make_session(self._retry_policy, kept=True)
+        first query). A kept session outlives that block; :meth:`close` closes it. Its headers are set again on
+        each call: the second comes after the config's defaults and overrides joined the properties, and their
+        ``header.*`` entries become headers, as on pyiceberg's own second session."""
+        session = self._catalog_session or make_session(self._retry_policy, kept=True)
         self._config_headers(session)
         if self._sqe_config.catalog.effective_access_delegation == "none":
             # pyiceberg defaults the header to vended-credentials; "none" means: do not ask at all.

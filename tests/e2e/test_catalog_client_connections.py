@@ -8,7 +8,7 @@ Real sqe-catalog; the connections are counted by the client's own connection poo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -17,6 +17,7 @@ import pytest
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import load_config
 from tests.conftest import pyiceberg_catalog, write_sqe_config
+from tests.helpers.fault_proxy import FaultProxy
 
 if TYPE_CHECKING:
     from urllib3 import HTTPConnectionPool
@@ -53,3 +54,47 @@ def test_the_first_table_load_reuses_the_connection_of_the_config_request(
         assert (pool.num_connections, pool.num_requests) == (1, 2)  # the same connection served the load
     finally:
         provider.close()
+
+
+class _HeaderRecorder(FaultProxy):
+    """The catalog behind a proxy that records each request's headers, and whose ``/v1/config`` answer names a
+    header override (``header.X-Config-Named``) as a catalog's config may."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream, rewrite=self._with_header_override)
+        self.headers: list[tuple[str, dict[str, str]]] = []
+
+    @staticmethod
+    def _with_header_override(method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path.startswith("/v1/config"):
+            body.setdefault("overrides", {})["header.X-Config-Named"] = "from-config"
+        return body
+
+    def _upstream(self, request: Any, body: bytes) -> Any:
+        with self.lock:
+            self.headers.append((request.path, dict(request.headers.items())))
+        return super()._upstream(request, body)
+
+
+def test_header_overrides_of_the_config_answer_go_on_every_later_request(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, tmp_path: Path
+) -> None:
+    # A review of the connection reuse: the kept session got its headers before the config's overrides joined the
+    # properties, so their header.* entries (which pyiceberg's own second session carried) were dropped.
+    writer = pyiceberg_catalog(catalog_server, engine_writer)
+    writer.create_namespace("conn_headers")
+    writer.create_table(("conn_headers", "t"), schema=pa.schema([("id", pa.int64())]))
+    proxy = _HeaderRecorder(catalog_server.url)
+    proxy.start()
+    try:
+        config_path = write_sqe_config(tmp_path / "c.toml", proxy.url, engine_writer, catalog_server.moto)
+        provider = RestTableProvider(load_config(config_path))
+        try:
+            catalog = provider.catalog(provider.default_warehouse())
+            catalog.get_table_raw(("conn_headers",), "t", None)
+        finally:
+            provider.close()
+    finally:
+        proxy.stop()
+    [(_path, loaded)] = [(path, headers) for path, headers in proxy.headers if "/tables/t" in path]
+    assert loaded.get("X-Config-Named") == "from-config", loaded
