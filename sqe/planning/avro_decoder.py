@@ -23,6 +23,7 @@ written by some table writer. pyiceberg's pure-Python fallback reads through ``i
 from __future__ import annotations
 
 import importlib.util
+import struct
 from array import array
 
 from pyiceberg.avro.decoder import BinaryDecoder, StreamingBinaryDecoder
@@ -30,6 +31,7 @@ from pyiceberg.avro.decoder import BinaryDecoder, StreamingBinaryDecoder
 __all__ = ["BoundedDecoder", "bounded_decoder", "install"]
 
 _MAX_VARINT_BYTES = 10
+_FLOAT, _DOUBLE = struct.Struct("<f"), struct.Struct("<d")
 _UNSIGNED = 2**64 - 1  # the compiled decoder's read_ints holds unsigned 64-bit ints: -1 is 2**64 - 1
 _PADDING_BYTES = 16  # more than a varint started before the end can take past it
 _COMPILED = importlib.util.find_spec("pyiceberg.avro.decoder_fast") is not None
@@ -89,24 +91,19 @@ class BoundedDecoder(BinaryDecoder):
         return self._decoder.read_boolean()
 
     def skip_boolean(self) -> None:
-        self._room(1)
-        self._decoder.skip_boolean()
+        self.skip(1)
 
     def read_float(self) -> float:
-        self._room(4)
-        return self._decoder.read_float()
+        return float(_FLOAT.unpack(self.read(4))[0])  # Avro's little-endian IEEE 754, as the compiled one reads
 
     def skip_float(self) -> None:
-        self._room(4)
-        self._decoder.skip_float()
+        self.skip(4)
 
     def read_double(self) -> float:
-        self._room(8)
-        return self._decoder.read_double()
+        return float(_DOUBLE.unpack(self.read(8))[0])
 
     def skip_double(self) -> None:
-        self._room(8)
-        self._decoder.skip_double()
+        self.skip(8)
 
     def read_int(self) -> int:
         if self._tell() >= self._end:  # inline, not _started(): the hottest read

@@ -183,3 +183,12 @@ def test_negative_ints_read_at_once_decode_alike_near_the_end_and_far_from_it() 
     expected = _plain(CythonBinaryDecoder(far).read_ints(2))
     assert expected == (2**64 - 1, 5)
     assert _plain(BoundedDecoder(far).read_ints(2)) == _plain(BoundedDecoder(near).read_ints(2)) == expected
+
+
+def test_a_double_is_read_as_a_64_bit_float() -> None:
+    # Found while removing copy-paste: pyiceberg's compiled read_double gives a 32-bit float (0.1 came back as
+    # 0.10000000149011612), so a double partition value was shown and compared wrong.
+    encoded = struct.pack("<d", 0.1) + struct.pack("<f", 0.1)
+    decoder = BoundedDecoder(encoded)
+    assert decoder.read_double() == 0.1
+    assert decoder.read_float() == struct.unpack("<f", struct.pack("<f", 0.1))[0]
