@@ -150,11 +150,13 @@ _CREDENTIAL_SHAPES = (
     re.compile(r"://[^/@\s:]+:[^/@\s]+@"),
     re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
 )
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9+=_-]{32,}")
 # A JWT's header and payload: a base64url run holding ``eyJ`` at a word's start, then ``.`` and more. Each run is
 # read once, from its start: trying every ``eyJ`` of a long run (``x-eyJx-eyJ...``) to its end took quadratic time.
-_BASE64URL_RUN = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]+(?=\.[A-Za-z0-9_-])")
-_JWT_HEADER_START = re.compile(r"\beyJ(?=[A-Za-z0-9_-])")
-_TOKEN_RUN = re.compile(r"[A-Za-z0-9+=_-]{32,}")
+_BASE64URL_RUN, _JWT_HEADER_START = (
+    re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]+(?=\.[A-Za-z0-9_-])"),
+    re.compile(r"\beyJ(?=[A-Za-z0-9_-])"),
+)
 # ``"name": "value"`` in JSON or ``'name': 'value'`` in a dict's repr (an OAuth answer, a client's options quoted
 # in an error); an escaped quote stays in the value. Each value runs to its own closing quote: linear time.
 _QUOTED_MEMBER = re.compile(
