@@ -99,22 +99,26 @@ def debug_catalog(info: StackInfo, workdir: Path) -> tuple[Any, str, Path]:
     return daemon, wait_for_catalog(workdir, port, daemon), workdir / "logs" / "catalog.log"
 
 
-def start_workers(workdir: Path, token: str, count: int) -> list[tuple[subprocess.Popen[bytes], str]]:
+def start_workers(
+    workdir: Path, token: str, count: int, started: list[tuple[subprocess.Popen[bytes], str]]
+) -> list[tuple[subprocess.Popen[bytes], str]]:
+    """``count`` workers, each added to ``started`` as it starts (the caller stops them even when a later one
+    fails to start)."""
     token_file = workdir / "worker-token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
-    started = []
     for n in range(count):
         port_file = workdir / f"worker-{n}.port"
         command = [sys.executable, "-m", "workers.cli", "--listen", "127.0.0.1:0", "--token-file", str(token_file)]
         command += ["--port-file", str(port_file), "--max-files-in-flight", "1"]
         with open(workdir / f"worker-{n}.log", "wb") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        started.append((proc, ""))
         while not port_file.exists():
             if proc.poll() is not None:
                 raise RuntimeError(f"sqe-worker {n} did not start")
             time.sleep(0.05)
-        started.append((proc, f"127.0.0.1:{port_file.read_text().strip()}"))
+        started[-1] = (proc, f"127.0.0.1:{port_file.read_text().strip()}")
     return started
 
 
@@ -165,11 +169,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sqe-bench-dist-") as tmp:
         workdir = Path(tmp)
         info = start_stack(workdir / "stack", store=args.store, credential_lifetime=args.lifetime, serve=False)
-        catalog_daemon, workers = None, []
+        catalog_daemon, workers = None, list[tuple[subprocess.Popen[bytes], str]]()
         try:
             write_table(info, args.files, args.rows)
             catalog_daemon, uri, log = debug_catalog(info, workdir)
-            workers = start_workers(workdir, token, 2)
+            start_workers(workdir, token, 2, workers)
             overrides: dict[str, Any] = {"catalog": {"uri": uri}}
             local_config = load_config(info.principal_config("analyst"), env={}, overrides=overrides)
             addresses = [address for _, address in workers]

@@ -2,7 +2,7 @@
 
 Starts the embedded stack (moto S3+STS, sqe-catalog; no server), creates a 3-row table, then measures:
 
-- cold start: whole processes (``python -m sqe.cli``, which is what the ``sqe`` script runs) for ``--version``,
+- cold start: whole processes (``python -m sqe.cli``, which is what the ``sqe`` script runs) for ``--help``,
   ``-e "SELECT 1"`` and ``-e "<tiny table query>"``, median of ``--cold-runs``; with ``--baseline-python`` the
   same commands under another interpreter (e.g. a checkout of main) and the ratios baseline / this;
 - warm tiny query in one session (``--runs`` repetitions after a warm-up, median): ``SELECT 1``, then

@@ -103,8 +103,10 @@ class SQERestCatalog(Unpicklable, RestCatalog):
         properties.update(self._header_properties(config))
         try:
             self._connect(name, properties, early)
-        except BaseException:  # no client: its token session (and its pooled connections) goes now
+        except BaseException:  # no client: its sessions (and their pooled connections) go now
             self._token_session.close()
+            if self._catalog_session is not None:
+                self._catalog_session.close()
             raise
 
     def _connect(self, name: str, properties: dict[str, str], early: EarlyToken | None) -> None:
