@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import bz2
 import copy
+import hashlib
 import importlib.util
 import io
+import json
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -27,7 +29,26 @@ from typing import TYPE_CHECKING, ClassVar
 
 import zstandard
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
+from pyiceberg.types import (
+    BinaryType,
+    DateType,
+    FixedType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    StructType,
+    TimestampNanoType,
+    TimestampType,
+    TimestamptzNanoType,
+    TimestamptzType,
+    TimeType,
+    UnknownType,
+)
+from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
+from sqe._lru import LRUCache
 from sqe.errors import ManifestLimitError
 from sqe.planning import avro_decoder
 
@@ -47,6 +68,7 @@ __all__ = [
     "MalformedAvroError",
     "ManifestBounds",
     "UnreadableCodecError",
+    "UnreadableSchemaError",
     "bounded_io",
     "bounded_table",
     "inflated",
@@ -65,6 +87,7 @@ MAX_MANIFEST_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 
 _MAGIC = b"Obj\x01"
 _CODEC_KEY = b"avro.codec"
+_SCHEMA_KEY = b"avro.schema"
 _SYNC_SIZE = 16
 _CHUNK = 1 << 20
 _SNAPPY_CRC_SIZE = 4
@@ -82,6 +105,14 @@ class MalformedAvroError(ValueError):
 
 class UnreadableCodecError(MalformedAvroError):
     """An Avro container in a codec pyiceberg cannot inflate in this process."""
+
+
+class UnreadableSchemaError(MalformedAvroError):
+    """An Avro container whose header's schema pyiceberg cannot read safely; ``why`` says how (no writer text)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -110,6 +141,8 @@ class ManifestBounds:
             raise self.refusal(
                 location, f"is written with an Avro codec SQE cannot read (it reads {_READABLE})"
             ) from None
+        except UnreadableSchemaError as exc:
+            raise self.refusal(location, exc.why) from None
         except MalformedAvroError:
             raise self.refusal(location, "is not an Avro container file") from None
         if checked.size > MAX_MANIFEST_DECOMPRESSED_BYTES:
@@ -232,8 +265,10 @@ def inflated(data: bytes, budget: int) -> Inflated:
     with those blocks stored inflated (codec null), so that pyiceberg decodes them without inflating them again;
     it is ``data`` itself for blocks pyiceberg inflates (snappy's, sized by the length they state) or never
     has to (null). Past ``budget``, ``size`` is some count past it, nothing more is inflated, and ``readable`` is
-    not to be read. A codec pyiceberg cannot inflate here is :class:`UnreadableCodecError`."""
+    not to be read. A codec pyiceberg cannot inflate here is :class:`UnreadableCodecError`, a schema it cannot
+    read safely :class:`UnreadableSchemaError`."""
     meta, sync, pos = _header(data)
+    _check_schema(meta.get(_SCHEMA_KEY))
     codec = meta.get(_CODEC_KEY, b"null")
     sized = _SIZED.get(codec)
     if sized is not None:
@@ -258,6 +293,77 @@ def inflated(data: bytes, budget: int) -> Inflated:
         # the count and sync marker as written: pyiceberg acts on the count and compares the marker with the header's
         out.writelines([records, _encoded_long(size), *chunks, block_sync])
     return Inflated(total, out.getvalue())
+
+
+# The header's schema drives pyiceberg's decoding, and a writer chooses it. Files of one table share a few schema
+# texts: each text's verdict is kept, by digest (a header may be as large as the file).
+_SCHEMA_VERDICTS: LRUCache[bytes, str] = LRUCache(64)
+_SCHEMA_OK = ""
+_NOT_ICEBERG = "states an Avro schema that is not an Iceberg schema"
+_EMPTY_ITEMS = "states a list or map whose items take no bytes (a stated count of them is read without end)"
+_INT_KEYED_MAP = (
+    "states a map of integer keys to values other than required integers or bytes (pyiceberg cannot read it)"
+)
+# Types pyiceberg reads with an IntegerReader: a map keyed by one reads its values as integers or bytes only.
+_INTEGER_TYPES = (
+    IntegerType,
+    LongType,
+    DateType,
+    TimeType,
+    TimestampType,
+    TimestamptzType,
+    TimestampNanoType,
+    TimestamptzNanoType,
+)
+
+
+def _check_schema(text: bytes | None) -> None:
+    """Refuse a header schema pyiceberg cannot read, or reads into an endless loop: a list or map of items that
+    take no bytes (null, fixed(0), records of only those) reads as many as the writer states, each from nothing.
+    No Iceberg manifest list or manifest has one. (A file without a schema fails in pyiceberg, typed.)"""
+    if text is None:
+        return
+    key = hashlib.blake2b(text, digest_size=16).digest()
+    verdict = _SCHEMA_VERDICTS.get(key)
+    if verdict is None:
+        verdict = _schema_verdict(text)
+        _SCHEMA_VERDICTS.put(key, verdict)
+    if verdict:
+        raise UnreadableSchemaError(verdict)
+
+
+def _schema_verdict(text: bytes) -> str:
+    """Why pyiceberg cannot read a container of the schema ``text`` safely, or ``_SCHEMA_OK``."""
+    try:  # as pyiceberg converts it: UTF-8 JSON; any failure there (KeyError, TypeError, ...) is the writer's
+        schema = AvroSchemaConversion().avro_to_iceberg(json.loads(text.decode("utf-8")))
+    except Exception:
+        return _NOT_ICEBERG
+    pending: list[IcebergType] = [schema.as_struct()]
+    while pending:
+        kind = pending.pop()
+        if isinstance(kind, StructType):
+            pending.extend(field.field_type for field in kind.fields)
+        elif isinstance(kind, ListType):
+            if kind.element_required and _takes_no_bytes(kind.element_type):
+                return _EMPTY_ITEMS
+            pending.append(kind.element_type)
+        elif isinstance(kind, MapType):
+            value_empty = kind.value_required and _takes_no_bytes(kind.value_type)
+            if _takes_no_bytes(kind.key_type) and value_empty:
+                return _EMPTY_ITEMS
+            if isinstance(kind.key_type, _INTEGER_TYPES) and not (
+                kind.value_required and isinstance(kind.value_type, (*_INTEGER_TYPES, BinaryType))
+            ):
+                return _INT_KEYED_MAP
+            pending.extend([kind.key_type, kind.value_type])
+    return _SCHEMA_OK
+
+
+def _takes_no_bytes(kind: IcebergType) -> bool:
+    """Whether a value of ``kind`` may be encoded in no bytes at all (an optional one takes its union index)."""
+    if isinstance(kind, StructType):
+        return all(field.required and _takes_no_bytes(field.field_type) for field in kind.fields)
+    return isinstance(kind, UnknownType) or (isinstance(kind, FixedType) and len(kind) == 0)
 
 
 def _null_codec_header(meta: dict[bytes, bytes], sync: bytes) -> bytes:

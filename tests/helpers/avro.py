@@ -24,9 +24,12 @@ def avro_long(value: int) -> bytes:
 AVRO_SYNC = bytes(range(16))
 
 
-def avro_container(codec: bytes, *blocks: bytes) -> bytes:
-    """An Avro container file naming ``codec``, with each of ``blocks`` (already compressed) as one block."""
-    meta = avro_long(1) + avro_long(10) + b"avro.codec" + avro_long(len(codec)) + codec + avro_long(0)
+def avro_container(codec: bytes, *blocks: bytes, schema: bytes | None = None) -> bytes:
+    """An Avro container file naming ``codec`` (and ``schema``, when given), with each of ``blocks`` (already
+    compressed) as one block of one record."""
+    entries = {b"avro.codec": codec} if schema is None else {b"avro.codec": codec, b"avro.schema": schema}
+    pairs = (avro_long(len(part)) + part for entry in entries.items() for part in entry)
+    meta = avro_long(len(entries)) + b"".join(pairs) + avro_long(0)
     framed = (avro_long(1) + avro_long(len(b)) + b + AVRO_SYNC for b in blocks)
     return b"Obj\x01" + meta + AVRO_SYNC + b"".join(framed)
 
