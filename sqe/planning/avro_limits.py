@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import zstandard
+from pyiceberg.exceptions import ResolveError
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 from pyiceberg.types import (
     BinaryType,
@@ -94,8 +95,9 @@ _SNAPPY_CRC_SIZE = 4
 
 
 # What pyiceberg's decoder raises, besides ValueError, for records that do not decode: EOFError for a block
-# that ends early, SystemError from its compiled decoder for a negative length.
-UNDECODABLE: tuple[type[Exception], ...] = (EOFError, SystemError)
+# that ends early, SystemError from its compiled decoder for a negative length, and ResolveError for a header
+# schema whose fields do not promote to the ones it reads (a manifest path stated as a boolean).
+UNDECODABLE: tuple[type[Exception], ...] = (EOFError, SystemError, ResolveError)
 UNDECODED = "a manifest list or manifest of the table does not decode"
 
 

@@ -428,9 +428,12 @@ def test_a_manifest_codec_this_install_cannot_read_is_a_typed_error(
             )
 
 
-def _swap_blocks(server: CatalogServer, table: str, kind: str, block: bytes) -> None:
-    """Every block of the table's manifest list, or of its first manifest, replaced by ``block`` (a plain S3
-    write of a null-codec container, as its writer could); the process caches cleared."""
+def _swap_blocks(
+    server: CatalogServer, table: str, kind: str, block: bytes | None, schema: Callable[[Any], None] | None = None
+) -> None:
+    """Every block of the table's manifest list, or of its first manifest, replaced by ``block`` (None: kept)
+    and its header's schema changed by ``schema`` (a plain S3 write of a null-codec container, as its writer
+    could); the process caches cleared."""
     from tests.helpers.avro import recoded
 
     ns, name = table.split(".")
@@ -441,7 +444,8 @@ def _swap_blocks(server: CatalogServer, table: str, kind: str, block: bytes) -> 
     bucket, _, key = path.removeprefix("s3://").partition("/")
     s3 = server.moto.client("s3")
     body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    s3.put_object(Bucket=bucket, Key=key, Body=recoded(body, b"null", lambda _block: block))
+    swapped = recoded(body, b"null", lambda kept: kept if block is None else block, schema)
+    s3.put_object(Bucket=bucket, Key=key, Body=swapped)
     clear_process_caches()
 
 
@@ -464,6 +468,32 @@ def test_a_manifest_that_does_not_decode_is_a_typed_error(
             except SQEError as exc:
                 assert isinstance(exc, QueryError) and str(exc).startswith("cannot "), (sql, exc)
             # (a manifest's records are not read by a count the manifest list answers, or by t$manifests)
+
+
+def _retyped(name: str, avro_type: str) -> Callable[[Any], None]:
+    """A header schema change: the top-level field ``name`` stated as ``avro_type``."""
+
+    def change(schema: Any) -> None:
+        next(field for field in schema["fields"] if field["name"] == name)["type"] = avro_type
+
+    return change
+
+
+@pytest.mark.parametrize(("kind", "field"), [("manifest list", "manifest_path"), ("manifest", "status")])
+def test_a_manifest_whose_schema_does_not_resolve_is_a_typed_error(
+    catalog_server: CatalogServer, tmp_path: Path, kind: str, field: str
+) -> None:
+    # Found by fuzzing: a header schema stating a field in a type pyiceberg cannot promote to the one it reads
+    # (a manifest path as a boolean) failed planning and the metadata tables with its ResolveError, untyped.
+    table = _null_codec_table(tmp_path, catalog_server)
+    ns, name = table.split(".")
+    _swap_blocks(catalog_server, table, kind, None, _retyped(field, "boolean"))
+    queries = [f"SELECT sum(id) FROM {table}"]
+    queries += [f'SELECT count(*) FROM {ns}."{name}${which}"' for which in ("files", "manifests")]
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session:
+        for sql in queries[: 2 if kind == "manifest" else 3]:  # t$manifests reads no manifest
+            with pytest.raises(QueryError, match="does not decode: Cannot promote boolean to "):
+                session.sql(sql).fetchall()
 
 
 def test_a_repeated_metadata_table_reads_its_manifests_from_the_manifest_cache(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import json
 import threading
 import zlib
 from collections.abc import Callable
@@ -51,8 +52,11 @@ def snappy_block(data: bytes) -> bytes:
     return bytes(out) + zlib.crc32(data).to_bytes(4, "big")
 
 
-def recoded(avro: bytes, codec: bytes, encode: Callable[[bytes], bytes]) -> bytes:
-    """The null-codec container ``avro`` with its header naming ``codec`` and each block passed to ``encode``."""
+def recoded(
+    avro: bytes, codec: bytes, encode: Callable[[bytes], bytes], schema: Callable[[Any], None] | None = None
+) -> bytes:
+    """The null-codec container ``avro`` with its header naming ``codec`` and each block passed to ``encode``;
+    its header's schema (JSON) changed in place by ``schema``, when given."""
     from sqe.planning.avro_limits import _bytes, _long
 
     pos, meta = 4, {}
@@ -65,6 +69,10 @@ def recoded(avro: bytes, codec: bytes, encode: Callable[[bytes], bytes]) -> byte
     assert meta.get(b"avro.codec", b"null") == b"null", meta.get(b"avro.codec")
     sync, pos = avro[pos : pos + 16], pos + 16
     meta[b"avro.codec"] = codec
+    if schema is not None:
+        changed = json.loads(meta[b"avro.schema"])
+        schema(changed)
+        meta[b"avro.schema"] = json.dumps(changed).encode()
     out = bytearray(b"Obj\x01" + avro_long(len(meta)))
     for key, value in meta.items():
         out += avro_long(len(key)) + key + avro_long(len(value)) + value
