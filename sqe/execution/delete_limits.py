@@ -229,7 +229,7 @@ def _bitmaps(vector: memoryview) -> Iterator[tuple[int, BitMap]]:
         try:
             # a view, not a copy of the rest: the stubs say bytes, the C reader takes any buffer
             bitmap = BitMap.deserialize(vector[pos + 4 :])  # type: ignore[arg-type]
-        except ValueError:
+        except (ValueError, IndexError):  # IndexError: pyroaring's for no bytes left at all
             raise _malformed() from None
         pos, last_key = pos + 4 + len(bitmap.serialize()), key
         yield key, bitmap

@@ -270,9 +270,13 @@ def deletion_vector_puffin(referenced: str, bitmaps: Mapping[int, BitMap]) -> tu
     vector = struct.pack("<Q", len(bitmaps))
     for key in sorted(bitmaps):
         vector += struct.pack("<I", key) + bitmaps[key].serialize()
+    return vector_puffin(referenced, vector, sum(len(b) for b in bitmaps.values()))
+
+
+def vector_puffin(referenced: str, vector: bytes, cardinality: int) -> tuple[bytes, int, int]:
+    """:func:`deletion_vector_puffin` of a serialized 64-bit bitmap ``vector`` as given (well-formed or not)."""
     body = b"\xd1\xd3\x39\x64" + vector
     blob = struct.pack(">I", len(body)) + body + struct.pack(">I", zlib.crc32(body))
-    cardinality = sum(len(b) for b in bitmaps.values())
     meta = {"type": "deletion-vector-v1", "fields": [2147483645], "snapshot-id": -1, "sequence-number": -1}
     meta |= {"offset": 4, "length": len(blob)}
     meta["properties"] = {"referenced-data-file": referenced, "cardinality": str(cardinality)}

@@ -6,18 +6,21 @@ between with one the check never saw. Local files; the replacement is what a con
 
 from __future__ import annotations
 
+import struct
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+import pytest
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO, _read_all_delete_files
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import FileScanTask
 from pyiceberg.typedef import Record
 from pyroaring import BitMap
 
-from sqe.execution.delete_limits import check_task_deletes
+from sqe.errors import DeleteFileLimitError
+from sqe.execution.delete_limits import check_position_deletes, check_task_deletes
 from sqe.execution.local import _DeleteCache
-from tests.unit.sqe.iceberg_local import deletion_vector_puffin
+from tests.unit.sqe.iceberg_local import deletion_vector_puffin, vector_puffin
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -81,3 +84,24 @@ def test_a_rewrite_reads_each_deletion_vector_once_from_the_bytes_its_check_read
     deletes = _read_all_delete_files(check_task_deletes(io, [task]), [task])  # how ArrowScan reads them
     assert [p for chunk in deletes[task.file.file_path] for p in chunk.to_pylist()] == [0, 5]
     assert io.asked == 1
+
+
+@pytest.mark.parametrize(
+    "vector",
+    [
+        struct.pack("<QI", 1, 0),  # one key, then no bitmap at all
+        struct.pack("<QI", 2, 0) + BitMap([3]).serialize() + struct.pack("<I", 1),  # the second bitmap missing
+    ],
+    ids=["no-bitmap", "second-bitmap-missing"],
+)
+def test_a_vector_whose_bitmap_is_missing_is_a_typed_refusal(tmp_path: Path, vector: bytes) -> None:
+    # Found by fuzzing: pyroaring raises IndexError (not ValueError) for an empty buffer, and the check let it
+    # through: the scan failed untyped.
+    data = str(tmp_path / "data.parquet")
+    puffin, _, _ = vector_puffin(data, vector, 1)
+    path = tmp_path / "dv.puffin"
+    path.write_bytes(puffin)
+    vector_file = _data_file(str(path), DataFileContent.POSITION_DELETES, FileFormat.PUFFIN, 1, len(puffin))
+    with pytest.raises(DeleteFileLimitError) as raised:
+        check_position_deletes(PyArrowFileIO(), vector_file, {data: ROWS})
+    assert str(raised.value).endswith("a deletion vector file of the table is not a Puffin file of deletion vectors")
