@@ -302,7 +302,7 @@ def inflated(data: bytes, budget: int) -> Inflated:
 _SCHEMA_VERDICTS: LRUCache[bytes, str] = LRUCache(64)
 _SCHEMA_OK = ""
 _NOT_ICEBERG = "states an Avro schema that is not an Iceberg schema"
-_EMPTY_ITEMS = "states a list or map whose items take no bytes (a stated count of them is read without end)"
+_EMPTY_ITEMS = "states records, or list or map items, that take no bytes (a stated count of them is read without end)"
 _INT_KEYED_MAP = (
     "states a map of integer keys to values other than required integers or bytes (pyiceberg cannot read it)"
 )
@@ -320,9 +320,10 @@ _INTEGER_TYPES = (
 
 
 def _check_schema(text: bytes | None) -> None:
-    """Refuse a header schema pyiceberg cannot read, or reads into an endless loop: a list or map of items that
-    take no bytes (null, fixed(0), records of only those) reads as many as the writer states, each from nothing.
-    No Iceberg manifest list or manifest has one. (A file without a schema fails in pyiceberg, typed.)"""
+    """Refuse a header schema pyiceberg cannot read, or reads into an endless loop: records, or a list or map of
+    items, that take no bytes (null, fixed(0), records of only those) are read as many as the writer states, each
+    from nothing. No Iceberg manifest list or manifest has them. (A file without a schema fails in pyiceberg,
+    typed.)"""
     if text is None:
         return
     key = hashlib.blake2b(text, digest_size=16).digest()
@@ -340,6 +341,8 @@ def _schema_verdict(text: bytes) -> str:
         schema = AvroSchemaConversion().avro_to_iceberg(json.loads(text.decode("utf-8")))
     except Exception:
         return _NOT_ICEBERG
+    if _takes_no_bytes(schema.as_struct()):  # a block states how many records it holds
+        return _EMPTY_ITEMS
     pending: list[IcebergType] = [schema.as_struct()]
     while pending:
         kind = pending.pop()
