@@ -28,25 +28,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import zstandard
+from pyiceberg import types
 from pyiceberg.exceptions import ResolveError
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
-from pyiceberg.types import (
-    BinaryType,
-    DateType,
-    FixedType,
-    IcebergType,
-    IntegerType,
-    ListType,
-    LongType,
-    MapType,
-    StructType,
-    TimestampNanoType,
-    TimestampType,
-    TimestamptzNanoType,
-    TimestamptzType,
-    TimeType,
-    UnknownType,
-)
+from pyiceberg.types import BinaryType, FixedType, IcebergType, ListType, MapType, StructType, UnknownType
 from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
 from sqe._lru import LRUCache
@@ -307,16 +292,8 @@ _INT_KEYED_MAP = (
     "states a map of integer keys to values other than required integers or bytes (pyiceberg cannot read it)"
 )
 # Types pyiceberg reads with an IntegerReader: a map keyed by one reads its values as integers or bytes only.
-_INTEGER_TYPES = (
-    IntegerType,
-    LongType,
-    DateType,
-    TimeType,
-    TimestampType,
-    TimestamptzType,
-    TimestampNanoType,
-    TimestamptzNanoType,
-)
+_INTEGER_TYPES: tuple[type[IcebergType], ...] = (types.IntegerType, types.LongType, types.DateType, types.TimeType)
+_INTEGER_TYPES += (types.TimestampType, types.TimestamptzType, types.TimestampNanoType, types.TimestamptzNanoType)
 
 
 def _check_schema(text: bytes | None) -> None:

@@ -11,7 +11,6 @@ within its data file's rows, at most ``MAX_POSITION_DELETE_ROWS``), ``roaring-re
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import random
@@ -23,7 +22,6 @@ from typing import Any
 
 import pyarrow.compute as pc
 import zstandard
-from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.typedef import Record
 from pyroaring import BitMap, BitMap64
@@ -31,6 +29,7 @@ from pyroaring import BitMap, BitMap64
 from sqe.errors import DeleteFileLimitError
 from sqe.execution.delete_limits import MAX_POSITION_DELETE_ROWS, check_position_deletes
 from sqe.execution.local import _vectors
+from tests.fuzz.memory_io import BytesIO
 from tests.fuzz.subprocess_cases import report, starting
 
 DATA = "s3://b/data.parquet"
@@ -136,43 +135,13 @@ def roaring_outcome(rng: random.Random, bitmaps: dict[int, BitMap]) -> str:
     return "roaring-read"
 
 
-class _BytesFile(InputFile):
-    def __init__(self, location: str, data: bytes) -> None:
-        super().__init__(location)
-        self._data = data
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def exists(self) -> bool:
-        return True
-
-    def open(self, seekable: bool = True) -> InputStream:
-        return io.BytesIO(self._data)
-
-
-class _BytesIO(FileIO):
-    def __init__(self, data: bytes) -> None:
-        super().__init__({})
-        self._data = data
-
-    def new_input(self, location: str) -> InputFile:
-        return _BytesFile(location, self._data)
-
-    def new_output(self, location: str) -> OutputFile:
-        raise NotImplementedError
-
-    def delete(self, location: str | InputFile | OutputFile) -> None:
-        raise NotImplementedError
-
-
 def scan_outcome(data: bytes, rows: int) -> str:
     delete_file = DataFile.from_args(
         content=DataFileContent.POSITION_DELETES, file_path="s3://b/dv.puffin", file_format=FileFormat.PUFFIN,
         partition=Record(), record_count=1, file_size_in_bytes=len(data),
     )  # fmt: skip
     try:
-        checked = check_position_deletes(_BytesIO(data), delete_file, {DATA: rows})
+        checked = check_position_deletes(BytesIO(data), delete_file, {DATA: rows})
     except DeleteFileLimitError:
         return "refused"
     assert checked is not None

@@ -12,7 +12,6 @@ string and bytes value must lie in the checked file (one read from outside it is
 from __future__ import annotations
 
 import enum
-import io
 import random
 import sys
 import zlib
@@ -21,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import zstandard
-from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 from pyiceberg.manifest import ManifestFile, read_manifest_list
 from pyiceberg.typedef import Record
 
 from sqe.errors import ManifestLimitError
 from sqe.planning.avro_limits import UNDECODABLE, ManifestBounds, _bytes, _long
 from sqe.planning.manifests import PlanningManifest
+from tests.fuzz.memory_io import BytesFile, BytesIO
 from tests.fuzz.subprocess_cases import report, starting
 from tests.helpers.avro import avro_long
 
@@ -81,9 +80,10 @@ def _deflate(codec: bytes, block: bytes) -> bytes:
 
 
 def _changed_bytes(rng: random.Random, data: bytes) -> bytes:
-    """``data`` with one change: bit flips, a long written over or into it, a span cut or doubled."""
+    """``data`` with one change: bit flips, a long written over or into it, a span cut or doubled, or a run of
+    varint continuation bytes (pyiceberg's compiled decoder reads any number of them)."""
     out, at = bytearray(data), rng.randrange(max(1, len(data)))
-    how = rng.randrange(5)
+    how = rng.randrange(6)
     if how == 0:
         for _ in range(rng.randint(1, 4)):
             out[rng.randrange(len(out))] ^= 1 << rng.randrange(8)
@@ -92,8 +92,10 @@ def _changed_bytes(rng: random.Random, data: bytes) -> bytes:
         out[at : at + (len(value) if how == 1 else 0)] = value
     elif how == 3:
         del out[at : at + rng.randint(1, 8)]
-    else:
+    elif how == 4:
         out[at:at] = out[at : at + rng.randint(1, 64)]
+    else:
+        out[at:at] = b"\x80" * rng.choice([9, 10, 11, 64, 300])
     return bytes(out)
 
 
@@ -134,38 +136,6 @@ def mutated(data: bytes, rng: random.Random) -> bytes:
     return container.encoded()
 
 
-class _BytesFile(InputFile):
-    def __init__(self, location: str, data: bytes) -> None:
-        super().__init__(location)
-        self._data = data
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def exists(self) -> bool:
-        return True
-
-    def open(self, seekable: bool = True) -> InputStream:
-        return io.BytesIO(self._data)
-
-
-class _BytesIO(FileIO):
-    """Every path reads ``data``."""
-
-    def __init__(self, data: bytes) -> None:
-        super().__init__({})
-        self._data = data
-
-    def new_input(self, location: str) -> InputFile:
-        return _BytesFile(location, self._data)
-
-    def new_output(self, location: str) -> OutputFile:
-        raise NotImplementedError
-
-    def delete(self, location: str | InputFile | OutputFile) -> None:
-        raise NotImplementedError
-
-
 def _values(found: Any) -> Iterator[bytes]:
     """Every string (UTF-8) and bytes value decoded into ``found``; an enum's name is pyiceberg's, not the file's."""
     if isinstance(found, enum.Enum):
@@ -188,9 +158,9 @@ def _values(found: Any) -> Iterator[bytes]:
 
 def _decoded(data: bytes, manifest: ManifestFile | None) -> list[Any]:
     if manifest is None:
-        return list(read_manifest_list(_BytesFile("s3://b/snap.avro", data)))
-    entries = manifest.fetch_manifest_entry(_BytesIO(data), discard_deleted=False)
-    planned = PlanningManifest(*manifest._data).fetch_manifest_entry(_BytesIO(data), discard_deleted=False)
+        return list(read_manifest_list(BytesFile("s3://b/snap.avro", data)))
+    entries = manifest.fetch_manifest_entry(BytesIO(data), discard_deleted=False)
+    planned = PlanningManifest(*manifest._data).fetch_manifest_entry(BytesIO(data), discard_deleted=False)
     if [entry.data_file.file_path for entry in entries] != [entry.data_file.file_path for entry in planned]:
         raise AssertionError("planning's manifest reader decoded other entries than pyiceberg's")
     return entries
@@ -214,7 +184,7 @@ def main(directory: Path, count: int) -> None:
     lists = sorted(directory.glob("*.list.avro"))
     files: list[tuple[bytes, ManifestFile | None]] = [(path.read_bytes(), None) for path in lists]
     for path in lists:  # each manifest with its record in the (unchanged) manifest list
-        for manifest in read_manifest_list(_BytesFile(str(path), path.read_bytes())):
+        for manifest in read_manifest_list(BytesFile(str(path), path.read_bytes())):
             files.append((Path(manifest.manifest_path.removeprefix("file://")).read_bytes(), manifest))
     for case in range(count):
         starting(case)
