@@ -39,6 +39,7 @@ __all__ = [
     "MAX_DELETION_VECTOR_BYTES",
     "MAX_POSITION_DELETE_BYTES",
     "MAX_POSITION_DELETE_ROWS",
+    "MAX_PUFFIN_FOOTER_BYTES",
     "check_position_deletes",
     "check_task_deletes",
     "record_counts",
@@ -53,6 +54,9 @@ MAX_DELETION_VECTOR_BYTES = 1 << 28
 # A position's high 32 bits are the bitmap's key, and pyiceberg lists a bitmap for every key up to the last:
 # 2^40 rows is far past any data file, and 256 keys cost nothing.
 MAX_DELETED_POSITION = (1 << 40) - 1
+# A footer's JSON is parsed whole into objects about ten times its size; a blob's entry takes about 200 bytes,
+# so 16 MiB lists some 80,000 data files' vectors.
+MAX_PUFFIN_FOOTER_BYTES = 1 << 24
 
 _PUFFIN_MAGIC = b"PFA1"
 _VECTOR_MAGIC = b"\xd1\xd3\x39\x64"
@@ -174,6 +178,9 @@ def _vectors(data: bytes) -> Iterator[tuple[str, memoryview]]:
     if data[-8]:
         raise _malformed()  # a compressed footer or a reserved flag: pyiceberg reads neither
     size = int.from_bytes(data[-_FOOTER_TAIL:-8], "little")
+    if size > MAX_PUFFIN_FOOTER_BYTES:
+        limit = MAX_PUFFIN_FOOTER_BYTES
+        raise _refusal(f"has a footer of more than {limit} bytes (MAX_PUFFIN_FOOTER_BYTES)", "deletion vector file")
     start = len(data) - _FOOTER_TAIL - size
     if start < 8 or data[start - 4 : start] != _PUFFIN_MAGIC:
         raise _malformed()

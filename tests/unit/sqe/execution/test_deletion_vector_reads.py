@@ -6,6 +6,7 @@ between with one the check never saw. Local files; the replacement is what a con
 
 from __future__ import annotations
 
+import json
 import struct
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -18,7 +19,7 @@ from pyiceberg.typedef import Record
 from pyroaring import BitMap
 
 from sqe.errors import DeleteFileLimitError
-from sqe.execution.delete_limits import check_position_deletes, check_task_deletes
+from sqe.execution.delete_limits import MAX_PUFFIN_FOOTER_BYTES, check_position_deletes, check_task_deletes
 from sqe.execution.local import _DeleteCache
 from tests.unit.sqe.iceberg_local import deletion_vector_puffin, vector_puffin
 
@@ -105,3 +106,24 @@ def test_a_vector_whose_bitmap_is_missing_is_a_typed_refusal(tmp_path: Path, vec
     with pytest.raises(DeleteFileLimitError) as raised:
         check_position_deletes(PyArrowFileIO(), vector_file, {data: ROWS})
     assert str(raised.value).endswith("a deletion vector file of the table is not a Puffin file of deletion vectors")
+
+
+def test_a_puffin_footer_past_its_limit_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    # Found while fuzzing: the footer's JSON was parsed whole (pyiceberg's model) before any check, and it takes
+    # about ten times its size as objects (measured: 37 MB of blob entries took 388 MB and 1.2 s): a 256 MiB
+    # file (MAX_DELETION_VECTOR_BYTES) of one footer would take gigabytes, per file a scan reads.
+    data = str(tmp_path / "data.parquet")
+    puffin, _, _ = deletion_vector_puffin(data, {0: BitMap([1])})
+    size = int.from_bytes(puffin[-12:-8], "little")
+    footer = json.loads(puffin[-12 - size : -12])
+    footer["properties"] = {"padding": "x" * MAX_PUFFIN_FOOTER_BYTES}
+    encoded = json.dumps(footer).encode()
+    path = tmp_path / "dv.puffin"
+    path.write_bytes(puffin[: -12 - size] + encoded + struct.pack("<I", len(encoded)) + puffin[-8:])
+    vector_file = _data_file(str(path), DataFileContent.POSITION_DELETES, FileFormat.PUFFIN, 1, 0)
+    with pytest.raises(DeleteFileLimitError) as raised:
+        check_position_deletes(PyArrowFileIO(), vector_file, {data: ROWS})
+    assert str(raised.value) == (
+        "cannot apply the scan's deletes: a deletion vector file of the table has a footer of more than "
+        f"{MAX_PUFFIN_FOOTER_BYTES} bytes (MAX_PUFFIN_FOOTER_BYTES)"
+    )
