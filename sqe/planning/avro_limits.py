@@ -25,13 +25,23 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import zstandard
 from pyiceberg import types
 from pyiceberg.exceptions import ResolveError
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
-from pyiceberg.types import BinaryType, FixedType, IcebergType, ListType, MapType, StructType, UnknownType
+from pyiceberg.types import (
+    BinaryType,
+    FixedType,
+    IcebergType,
+    ListType,
+    MapType,
+    StructType,
+    TimestampNanoType,
+    TimestamptzNanoType,
+    UnknownType,
+)
 from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
 from sqe._lru import LRUCache
@@ -65,6 +75,19 @@ __all__ = [
 ]
 
 avro_decoder.install()  # before any manifest of this process is decoded: every reader of one imports this module
+_CONVERT_LOGICAL = AvroSchemaConversion._convert_logical_type
+
+
+def _logical_type(self: AvroSchemaConversion, avro_logical_type: dict[str, Any]) -> IcebergType:
+    """pyiceberg's conversion of an Avro logical type, knowing ``timestamp-nanos`` too: Iceberg writes its
+    timestamp_ns and timestamptz_ns so (format v3; pyiceberg too), and pyiceberg 0.12 reads neither back, so a
+    manifest partitioned by one such column did not plan."""
+    if avro_logical_type.get("logicalType") == "timestamp-nanos" and avro_logical_type.get("type") == "long":
+        return TimestamptzNanoType() if avro_logical_type.get("adjust-to-utc") is True else TimestampNanoType()
+    return _CONVERT_LOGICAL(self, avro_logical_type)
+
+
+AvroSchemaConversion._convert_logical_type = _logical_type  # type: ignore[method-assign]
 
 # Iceberg writers aim at 8 MiB manifests (commit.manifest.target-size-bytes); a manifest list holds a few hundred
 # bytes per manifest. Eight and 32 times that target leave room for any table, while one plan's decoded entries

@@ -7,14 +7,32 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from pyiceberg.manifest import MANIFEST_ENTRY_SCHEMAS, MANIFEST_LIST_FILE_SCHEMAS
+from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.manifest import (
+    MANIFEST_ENTRY_SCHEMAS,
+    MANIFEST_LIST_FILE_SCHEMAS,
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestEntry,
+    ManifestEntryStatus,
+    write_manifest,
+)
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.typedef import Record
+from pyiceberg.types import LongType, NestedField, TimestampNanoType, TimestamptzNanoType
 from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
 from sqe.errors import ManifestLimitError
-from sqe.planning.avro_limits import MAX_AVRO_SCHEMA_BYTES, ManifestBounds
+from sqe.planning.avro_limits import MAX_AVRO_SCHEMA_BYTES, BoundedManifestIO, ManifestBounds
+
+if TYPE_CHECKING:
+    from pathlib import Path
 from tests.helpers.avro import avro_container, avro_long
 
 
@@ -141,3 +159,35 @@ def test_a_schema_past_its_limit_is_refused_before_it_is_parsed() -> None:
     assert str(raised.value).endswith(
         f"states an Avro schema of more than {MAX_AVRO_SCHEMA_BYTES} bytes (MAX_AVRO_SCHEMA_BYTES)"
     )
+
+
+def test_a_manifest_partitioned_by_nanosecond_timestamps_is_read(tmp_path: Path) -> None:
+    # Found by review: Iceberg writes timestamp_ns and timestamptz_ns partition values as Avro longs of logical
+    # type timestamp-nanos (format v3; Java, and pyiceberg's own manifest writer), which pyiceberg 0.12 did not
+    # convert back: such a table was refused as "not an Iceberg schema".
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False),
+        NestedField(2, "ts", TimestampNanoType(), required=False),
+        NestedField(3, "tz", TimestamptzNanoType(), required=False),
+    )
+    spec = PartitionSpec(
+        PartitionField(2, 1000, IdentityTransform(), "ts"), PartitionField(3, 1001, IdentityTransform(), "tz")
+    )
+    io = PyArrowFileIO()
+    output = io.new_output(str(tmp_path / "m.avro"))
+    with write_manifest(
+        format_version=2, spec=spec, schema=schema, output_file=output, snapshot_id=1, avro_compression="deflate"
+    ) as writer:
+        data_file = DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path="s3://b/t/data/x.parquet",
+            file_format=FileFormat.PARQUET,
+            partition=Record(1_700_000_000_000_000_123, -5),
+            record_count=1,
+            file_size_in_bytes=10,
+        )
+        data_file.spec_id = 0
+        writer.add_entry(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=1, data_file=data_file))
+    manifest = writer.to_manifest_file()
+    entries = manifest.fetch_manifest_entry(BoundedManifestIO(io, ManifestBounds()))
+    assert [entry.data_file.partition for entry in entries] == [Record(1_700_000_000_000_000_123, -5)]
