@@ -186,14 +186,19 @@ def main(directory: Path, count: int) -> None:
     for path in lists:  # each manifest with its record in the (unchanged) manifest list
         for manifest in read_manifest_list(BytesFile(str(path), path.read_bytes())):
             files.append((Path(manifest.manifest_path.removeprefix("file://")).read_bytes(), manifest))
+    current = directory / "current-case.avro"  # a crash leaves the input that crashed here
     for case in range(count):
         starting(case)
         rng = random.Random(case)
         data, manifest = files[case % len(files)]
+        changed = mutated(data, rng)
+        current.write_bytes(changed)
         try:
-            result = outcome(mutated(data, rng), manifest)
+            result = outcome(changed, manifest)
         except Exception as exc:  # anything but the typed errors above is a defect to report
             result = f"bad: {type(exc).__name__}: {exc}"[:300]
+        if result.startswith("bad"):
+            (directory / f"case-{case}.avro").write_bytes(changed)  # kept: the files differ per run
         report(case, result)
 
 

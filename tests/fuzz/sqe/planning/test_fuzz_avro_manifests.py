@@ -3,8 +3,11 @@
 
 pyiceberg's compiled Avro decoder reads past its buffer when a file states a length past it; SQE checks each
 container's framing and schema and bounds every read. Every mutated file must be refused, fail as a manifest
-that does not decode, or decode values that all lie in the file: never crash, hang or read outside it. The cases
-are fixed (seeded), so a run is reproducible; ``SQE_FUZZ_CASES`` runs more locally.
+that does not decode, or decode values that all lie in the file: never crash, hang or read outside it. The
+mutations are seeded, but the files pyiceberg writes differ per run (sync markers, snapshot ids, paths), so case N
+mutates other bytes each run: the input of the case running is kept as ``current-case.avro`` in the written
+directory (a crash leaves it there), and each with a bad outcome as ``case-N.avro``. ``SQE_FUZZ_CASES`` runs more
+locally.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_mutated_manifests_are_refused_undecodable_or_decoded_from_the_file(written: Path) -> None:
-    outcomes = run_cases("tests.fuzz.sqe.planning.avro_cases", str(written), str(CASES))
+    outcomes = run_cases("tests.fuzz.sqe.planning.avro_cases", str(written), str(CASES))  # inputs kept in written
     assert len(outcomes) == CASES
     seen = Counter(outcomes.values())
     assert {"refused", "undecodable", "decoded"} <= set(seen), seen  # the cases reach every outcome
