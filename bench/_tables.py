@@ -18,8 +18,57 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyiceberg.catalog.rest import RestCatalog
 
+from sqe.catalog.base import TableIdent, ViewDefinition
+from sqe.errors import NoSuchTableError, NoSuchViewError
 from sqe.session import Session
 from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
+
+
+class ReadOnlyProvider:
+    """The parts of SQE's ``TableProvider`` a benchmark over a local catalog never uses: every change, and
+    listing, is refused with the engine's typed error. Subclasses give ``default_warehouse`` and ``load_table``."""
+
+    def create_table(self, ident: TableIdent, schema: pa.Schema) -> Any:
+        raise NoSuchTableError("the benchmark provider is read-only")
+
+    def drop_table(self, ident: TableIdent) -> None:
+        raise NoSuchTableError("the benchmark provider is read-only")
+
+    def list_tables(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
+        raise NoSuchTableError("the benchmark provider lists nothing")
+
+    def list_namespaces(self, warehouse: str, parent: tuple[str, ...] | None = None) -> list[tuple[str, ...]]:
+        raise NoSuchTableError("the benchmark provider lists nothing")
+
+    def create_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
+        raise NoSuchTableError("the benchmark provider is read-only")
+
+    def drop_namespace(self, warehouse: str, namespace: tuple[str, ...]) -> None:
+        raise NoSuchTableError("the benchmark provider is read-only")
+
+    def invalidate(self, ident: TableIdent) -> None:
+        """Nothing is cached here: every load reads the local catalog."""
+
+    def load_view(self, ident: TableIdent) -> ViewDefinition:
+        raise NoSuchViewError(f"view {ident} does not exist")
+
+    def create_view(
+        self, ident: TableIdent, schema: pa.Schema, sql: str, dialect: str, *, replace: bool = False
+    ) -> None:
+        raise NoSuchTableError("the benchmark provider is read-only")
+
+    def drop_view(self, ident: TableIdent) -> None:
+        raise NoSuchViewError(f"view {ident} does not exist")
+
+    def list_views(self, warehouse: str, namespace: tuple[str, ...] | None) -> list[TableIdent]:
+        return []
+
+    def scan_planning(self, warehouse: str) -> None:
+        return None  # planned locally
+
+    def load_table_credentials(self, ident: TableIdent) -> None:
+        return None  # a local catalog vends nothing
+
 
 TAGS = pa.array([f"tag-{i:03d}" for i in range(100)])
 

@@ -33,6 +33,7 @@ from sqe.session import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import restrictions_actions  # the per-action benchmark next to this file
+from _tables import ReadOnlyProvider  # bench/_tables.py, beside this script
 
 # (action, column): the string actions first; then one of each other kind.
 SCAN_CASES: tuple[tuple[str, str], ...] = (
@@ -52,7 +53,7 @@ SCAN_CASES: tuple[tuple[str, str], ...] = (
 STRING_ACTIONS = ("mask-alphanum", "show-first-4", "show-last-4", "mask-to-fixed-value", "replace-with-null")
 
 
-class BenchProvider:
+class BenchProvider(ReadOnlyProvider):
     """SQE's TableProvider seam over one local SqlCatalog; every load carries the current restrictions."""
 
     def __init__(self, catalog: SqlCatalog) -> None:
@@ -77,9 +78,6 @@ class BenchProvider:
             cache_outcome=CacheOutcome.RELOADED,
             raw=raw,
         )
-
-    def create_table(self, ident: TableIdent, schema: pa.Schema) -> LoadedTable:
-        raise NotImplementedError("the benchmark only reads")
 
 
 def build_table(root: Path, rows: int, files: int) -> tuple[SqlCatalog, Table]:

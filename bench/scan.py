@@ -31,11 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from _tables import chunk, principal_catalog, store_stack, vended_filesystem  # bench/_tables.py, beside this script
+from _tables import (  # bench/_tables.py, beside this script
+    ReadOnlyProvider,
+    chunk,
+    principal_catalog,
+    store_stack,
+    vended_filesystem,
+)
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
@@ -162,7 +167,7 @@ def planned_files(session: Session) -> list[str]:
 # ------------------------------------------------------------------------------------------ local store
 
 
-class LocalProvider:
+class LocalProvider(ReadOnlyProvider):
     """A TableProvider over a pyiceberg SqlCatalog with a file:// warehouse (no credentials involved)."""
 
     def __init__(self, catalog: SqlCatalog, warehouse: str = "local") -> None:
@@ -178,9 +183,6 @@ class LocalProvider:
         except Exception:
             raise NoSuchTableError(f"table {ident} does not exist", status=404) from None
         return LoadedTable(ident, table, table.io, "none", None, None, CacheOutcome.RELOADED, raw={})
-
-    def create_table(self, ident: TableIdent, schema: pa.Schema) -> LoadedTable:
-        raise NoSuchTableError("the benchmark provider is read-only")
 
 
 def run_local(root: Path, rows: int, files: int, repeat: int) -> list[Measured]:

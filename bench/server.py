@@ -16,6 +16,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flightsql
@@ -23,6 +24,7 @@ import pyarrow as pa
 from pyiceberg.catalog.rest import RestCatalog
 
 import sqe.api
+from sqe.session import Session
 from sqe_stack import apply_client_env, start_stack, stop_stack
 
 SCANS = {
@@ -46,6 +48,10 @@ def _write_table(info: object, rows: int) -> None:
         }
     )
     catalog.create_table("bench.events", schema=data.schema).append(data)
+
+
+def embedded(session: Session, sql: str) -> int:
+    return int(session.sql(sql).arrow().num_rows)
 
 
 def _best(run: Callable[[], int], repeat: int) -> tuple[float, int]:
@@ -81,8 +87,8 @@ def main() -> None:
                 return int(cur.fetch_arrow_table().num_rows)
 
             for name, sql in SCANS.items():
-                flight_s, rows = _best(lambda sql=sql: remote(sql), args.repeat)
-                local_s, _ = _best(lambda sql=sql: session.sql(sql).arrow().num_rows, args.repeat)
+                flight_s, rows = _best(partial(remote, sql), args.repeat)
+                local_s, _ = _best(partial(embedded, session, sql), args.repeat)
                 print(
                     f"{name:10s} rows={rows:>9,d}  flight {args.rows / flight_s:>12,.0f} rows/s   embedded "
                     f"{args.rows / local_s:>12,.0f} rows/s   flight/embedded {local_s / flight_s:.2f}"

@@ -223,9 +223,10 @@ class World:
 
     def kill_worker(self, index: int) -> None:
         os.kill(self.workers[index].pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            assert self.workers[index].process is not None
-            self.workers[index].process.wait(10)
+        process = self.workers[index].process
+        if process is not None:
+            with contextlib.suppress(Exception):
+                process.wait(10)
 
     def start_worker(self, index: int) -> None:
         listen = f"127.0.0.1:{self.worker_ports[index]}"
@@ -475,6 +476,11 @@ def _key(row: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(sorted((k, str(v)) for k, v in row.items()))
 
 
+def _differing(expected: Counter[tuple[Any, ...]], got: Counter[tuple[Any, ...]]) -> int:
+    """Rows in one multiset and not the other (missing plus extra)."""
+    return sum((expected - got).values()) + sum((got - expected).values())
+
+
 def judge(
     actual: list[dict[str, Any]], acceptable: list[list[dict[str, Any]]], forbidden: list[dict[str, Any]]
 ) -> tuple[int, int, int]:
@@ -488,8 +494,8 @@ def judge(
     forbidden_keys = {_key(r) for r in forbidden} - set(allowed)
     unrestricted = sum(n for k, n in got.items() if k in forbidden_keys)
     duplicated = sum(n - allowed[k] for k, n in got.items() if k in allowed and n > allowed[k])
-    best = min(acceptable, key=lambda e: sum(((Counter(_key(r) for r in e)) ^ got).values()) if e or got else 0)
-    wrong = sum((Counter(_key(r) for r in best) ^ got).values())
+    best = min(acceptable, key=lambda e: _differing(Counter(_key(r) for r in e), got))
+    wrong = _differing(Counter(_key(r) for r in best), got)
     return wrong, unrestricted, duplicated
 
 

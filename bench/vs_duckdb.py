@@ -59,7 +59,6 @@ from _tables import (  # bench/_tables.py, beside this script
     vended_filesystem,
 )
 from pyiceberg.catalog.rest import RestCatalog
-from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
 
 from sqe.catalog.rest import RestTableProvider
@@ -255,7 +254,7 @@ class PyIcebergEngine(Engine):
             scan = loaded.scan(selected_fields=("x", "y"))
         elif query == "filter":
             low = filter_low
-            row_filter = And(GreaterThanOrEqual("id", low), LessThan("id", low + FILTER_ROWS))
+            row_filter = f"id >= {low} and id < {low + FILTER_ROWS}"
             scan = loaded.scan(row_filter=row_filter, selected_fields=("id", "x"))
         else:
             scan = loaded.scan()

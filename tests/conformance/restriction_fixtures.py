@@ -227,7 +227,7 @@ def encode_value(arrow_type: pa.DataType, value: Any) -> Any:
 
 
 def _is_nano_timestamp(arrow_type: pa.DataType) -> bool:
-    return pa.types.is_timestamp(arrow_type) and arrow_type.unit == "ns"
+    return bool(pa.types.is_timestamp(arrow_type) and arrow_type.unit == "ns")
 
 
 def result_rows(table: pa.Table) -> list[dict[str, Any]]:

@@ -9,20 +9,17 @@ no growth of the server's file descriptors or threads beyond a small bound once 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.helpers.bench_scripts import load_bench_script
 
 if TYPE_CHECKING:
     from sqe_stack import StackInfo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ceph, pytest.mark.timeout(600)]
 
-SOAK_PATH = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 # After the settle period the server may hold a few more descriptors and threads than after the warm-up
 # (gRPC pollers, a channel per worker restarted); more than this is a leak. Before the FileIO pool (issue 17) the
 # server ended ~580 up (~390 eventfds, ~190 sockets to the store: one filesystem per credential set, kept by the
@@ -40,19 +37,10 @@ STORE_SOCKETS_BOUND = 8
 THREAD_GROWTH_BOUND = 16
 
 
-def _load_soak() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sqe_bench_soak", SOAK_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory, ceph_stack: StackInfo) -> Any:
     """The soak on the session's Ceph RGW (Ceph starts once per test session), with its own catalog and location."""
-    soak = _load_soak()
+    soak = load_bench_script("soak")
     config = soak.SoakConfig(queries=150, seed=17, clients_per_user=2, time_budget=110.0, fault_interval=3.0)
     config.dir = tmp_path_factory.mktemp("soak")
     config.running_store = ceph_stack.running_store()
