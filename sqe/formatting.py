@@ -2,9 +2,11 @@
 
 Every value goes one way: :func:`_nodes` walks an Arrow array by its type, at any depth, into plain nodes (a
 leaf's SQL text and JSON value, a list, a struct, a map), and each format writes those nodes. The walk never
-raises. A date or timestamp Python's datetime cannot hold (one before year 1 or after 9999) is written from its
-integer here, as DuckDB writes it: ``0045-03-15 (BC)``, ``294247-01-10 04:00:54.775806``; a nanosecond one by
-Arrow's kernels, column by column, in the same form.
+raises. Dates, times and timestamps are written by Arrow's kernels, column by column, as DuckDB's VARCHAR cast
+writes them: a second's fraction without trailing zeros (``12:00:00.5``), a zone's offset as ``+00``, ``+05:30``
+or ``-04:56:02``. One Python's datetime cannot hold (before year 1 or after 9999) is written from its integer here,
+in the same form: ``0045-03-15 (BC)``, ``294247-01-10 04:00:54.775806``. JSON holds them in ISO 8601 instead: a
+fraction of 6 digits (9 for nanoseconds) when not zero, an offset as ``+HH:MM``.
 
 The table is for a terminal: control characters (escape sequences, carriage returns, bidi overrides) in names
 and values are shown escaped, and a backslash doubled, so data cannot rewrite the user's screen and escaped text
@@ -18,9 +20,8 @@ import math
 import re
 import unicodedata
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any, TextIO, TypeAlias
 
@@ -39,6 +40,8 @@ _CSV_SPECIAL = frozenset(',"\r\n')
 _UNREADABLE = (pa.ArrowException, ValueError, TypeError, OverflowError, ArithmeticError)
 # The space between a timestamp's date and time in Arrow's text of it (not in its "<value out of range: ...>").
 _ISO_SEPARATOR = re.compile(r"^(-?\d+-\d\d-\d\d) ")
+# The strftime format of a date and time: Arrow adds the fraction's digits of the timestamp's unit to %S.
+_DATE_TIME = "%Y-%m-%d %H:%M:%S"
 # Digits of a second's fraction each Arrow time unit holds.
 _DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 # Python's datetime range, years 1 to 9999, in days since the epoch; a zone's shift may take a day more.
@@ -46,13 +49,14 @@ _PYTHON_DAYS = (-719162, 2932896)
 # The proleptic Gregorian calendar repeats every 400 years, in days; and 0000-03-01 in days since the epoch.
 _CYCLE_DAYS = 146097
 _MARCH_OF_YEAR_0 = -719468
-_MICROS_PER_DAY = 86400 * 10**6
-_NANOS_PER_DAY, _NANOS_PER_HOUR = 86400 * 10**9, 3600 * 10**9
+_MICROS_PER_DAY, _MILLIS_PER_DAY = 86400 * 10**6, 86400 * 10**3
+_NANOS_PER_DAY = 86400 * 10**9
+_INT32 = (-(2**31), 2**31 - 1)
 
 
 def _python_range(unit: str, zoned: bool) -> tuple[int, int]:
     """The first and last value of Arrow time ``unit`` ("day" or a timestamp's) Python's datetime holds. For a
-    nanosecond one (years 1677 to 2262), those :func:`_nanosecond_leaves` writes: all but the last day at either
+    nanosecond one (years 1677 to 2262), those :func:`_timestamp_leaves` writes: all but the last day at either
     end of int64, where a zone's shift would overflow."""
     first, last = (_PYTHON_DAYS[0] + 1, _PYTHON_DAYS[1] - 1) if zoned else _PYTHON_DAYS
     if unit == "day":
@@ -212,21 +216,24 @@ def _bignum(blob: bytes) -> int:
 
 
 def _leaves(array: pa.Array) -> list[_Node]:
-    """Values of a type that does not nest. Nanosecond timestamps are written by Arrow's kernels and nanosecond
-    times are Arrow's text of them (Python's datetime holds microseconds); a duration is a clock, as DuckDB shows
-    an INTERVAL."""
+    """Values of a type that does not nest. Dates, times and timestamps are written by Arrow's kernels, column by
+    column; a duration is a clock, as DuckDB shows an INTERVAL."""
     kind = array.type
+    if pa.types.is_date64(kind):
+        return _date64_leaves(array)
     special = _beyond_python(array)
     if special is not None:  # the other values as usual, each of these by its name or Arrow's text
         usual = pc.if_else(pa.array([leaf is not None for leaf in special]), pa.scalar(None, kind), array)
         return [node if leaf is None else leaf for leaf, node in zip(special, _nodes(usual), strict=True)]
     if isinstance(kind, pa.DurationType):
         counts = pc.cast(array, pa.int64()).to_pylist()
-        return [None if n is None else _text_leaf(_clock(n, _DIGITS[kind.unit])) for n in counts]
-    if isinstance(kind, pa.TimestampType) and kind.unit == "ns":
-        return _nanosecond_leaves(array)
-    if isinstance(kind, pa.Time64Type) and kind.unit == "ns":
-        return _arrow_text(array)
+        return [None if n is None else _clock_leaf(n, _DIGITS[kind.unit]) for n in counts]
+    if isinstance(kind, pa.TimestampType):
+        return _timestamp_leaves(array)
+    if pa.types.is_date32(kind):
+        return [None if t is None else _text_leaf(t) for t in pc.cast(array, pa.string()).to_pylist()]
+    if pa.types.is_time(kind):
+        return _time_leaves(array)
     values = array.to_pylist()
     if pa.types.is_integer(kind):  # the commonest columns, made without _leaf's tests
         return [None if value is None else _Leaf(str(value), value) for value in values]
@@ -259,15 +266,15 @@ def _beyond_python(array: pa.Array) -> list[_Node] | None:
 
 def _temporal(counts: list[int | None], unit: str, zone: str | None) -> list[_Node]:
     """Dates (``unit`` "day") or timestamps of ``counts`` units since the epoch, each written from its integer; a
-    zoned one in ``zone`` with its offset, as Python writes one it holds (``+00:00``)."""
+    zoned one in ``zone`` with its offset there."""
     offsets = _zone_offsets(counts, unit, zone) if zone else [None] * len(counts)
     return [None if n is None else _temporal_leaf(n, unit, off) for n, off in zip(counts, offsets, strict=True)]
 
 
 def _temporal_leaf(count: int, unit: str, offset: int | None) -> _Leaf:
-    """As DuckDB writes it (``0045-03-15 (BC) 10:00:00``) for SQL; as ISO 8601 for JSON, in astronomical years
-    (year 0 is 1 BC: ``-0044-03-15T10:00:00``). A second's fraction shows as Python shows it: 6 digits, 9 for a
-    nanosecond timestamp, only when not zero."""
+    """As DuckDB writes it (``0045-03-15 (BC) 10:00:00.5+00``) for SQL; as ISO 8601 for JSON, in astronomical
+    years (year 0 is 1 BC: ``-0044-03-15T10:00:00.500000+00:00``), a second's fraction of 6 digits (9 for a
+    nanosecond timestamp) when not zero, as Python writes one it holds."""
     if unit == "day":
         day, clock = count, ""
     else:
@@ -275,12 +282,15 @@ def _temporal_leaf(count: int, unit: str, offset: int | None) -> _Leaf:
         shown = max(digits, 6)
         local = count + (offset or 0) * 10**digits
         day, rest = divmod(local, 86400 * 10**digits)
-        clock = _clock(rest * 10 ** (shown - digits), shown) + ("" if offset is None else _offset_text(offset))
+        clock = _clock(rest * 10 ** (shown - digits), shown)
     year, month, mday = _calendar(day)
     month_day = f"-{month:02d}-{mday:02d}"
     sql = f"{year:04d}{month_day}" if year > 0 else f"{1 - year:04d}{month_day} (BC)"
     iso = f"{'-' if year < 0 else ''}{abs(year):04d}{month_day}"
-    return _Leaf(f"{sql} {clock}", f"{iso}T{clock}") if clock else _Leaf(sql, iso)
+    if not clock:
+        return _Leaf(sql, iso)
+    sql_zone, iso_zone = ("", "") if offset is None else (_duckdb_offset_text(offset), _offset_text(offset))
+    return _Leaf(f"{sql} {_trimmed(clock)}{sql_zone}", f"{iso}T{clock}{iso_zone}")
 
 
 def _calendar(days: int) -> tuple[int, int, int]:
@@ -307,40 +317,109 @@ def _zone_offsets(counts: list[int | None], unit: str, zone: str) -> list[int | 
     return [None if offset is None else int(offset.total_seconds()) for offset in offsets]
 
 
-def _nanosecond_leaves(array: pa.TimestampArray) -> list[_Node]:
-    """Nanosecond timestamps (none in int64's last day at either end), as :func:`_temporal_leaf` writes them but
-    by Arrow's kernels, column-wise: a million of them print as fast as microsecond ones."""
-    raw = array.view(pa.int64())
-    local, zone = raw, array.type.tz
+def _timestamp_leaves(array: pa.TimestampArray) -> list[_Node]:
+    """Timestamps Python's datetime holds (for nanoseconds, all but int64's last day at either end), written as
+    :func:`_temporal_leaf` writes them but by Arrow's kernels, column-wise: a million print in a second or two."""
+    kind = array.type
+    digits, zone = _DIGITS[kind.unit], kind.tz
+    local = array.view(pa.int64())
     if zone:
         offsets = _hourly_zone_offsets(array, zone)
-        local = pc.add(raw, pc.multiply(offsets, 10**9))
-    texts = pc.strftime(local.view(pa.timestamp("ns")), format="%Y-%m-%d %H:%M:%S")
-    texts = pc.replace_substring(texts, ".000000000", "")  # the fraction only when not zero
+        local = pc.add(local, pc.multiply(offsets, 10**digits))
+    if digits < 6:  # Python's 6 digits for JSON; no overflow: Python's years fit in int64 microseconds
+        local = pc.multiply(local, 10 ** (6 - digits))
+    shown_unit = "ns" if digits == 9 else "us"
+    texts = pc.strftime(local.view(pa.timestamp(shown_unit)), format=_DATE_TIME)  # always with a fraction
+    sql = _trimmed_texts(texts)
+    iso = pc.replace_substring(texts, "." + "0" * _DIGITS[shown_unit], "")  # the fraction only when not zero
+    iso = pc.replace_substring(iso, " ", "T", max_replacements=1)
     if zone:
-        distinct = pc.unique(offsets)
-        names = pa.array([None if n is None else _offset_text(n) for n in distinct.to_pylist()], pa.string())
-        texts = pc.binary_join_element_wise(texts, pc.take(names, pc.index_in(offsets, distinct)), "")
-    return [None if t is None else _Leaf(t, t.replace(" ", "T", 1)) for t in texts.to_pylist()]
+        sql = _with_offsets(sql, offsets, _duckdb_offset_text)
+        iso = _with_offsets(iso, offsets, _offset_text)
+    return _paired_leaves(sql, iso)
+
+
+def _with_offsets(texts: pa.Array, offsets: pa.Array, written: Callable[[int], str]) -> pa.Array:
+    """Each of ``texts`` followed by its offset (seconds) as ``written`` writes it: once per distinct offset."""
+    distinct = pc.unique(offsets)
+    names = pa.array([None if n is None else written(n) for n in distinct.to_pylist()], pa.string())
+    return pc.binary_join_element_wise(texts, pc.take(names, pc.index_in(offsets, distinct)), "")
+
+
+def _trimmed_texts(texts: pa.Array) -> pa.Array:
+    """Clocks that all have a fraction, without its trailing zeros (and its point when it is zero), as DuckDB
+    writes a second's fraction: ``12:00:00.5``, ``12:00:00``."""
+    return pc.utf8_rtrim(pc.utf8_rtrim(texts, characters="0"), characters=".")
+
+
+def _trimmed(clock: str) -> str:
+    """:func:`_trimmed_texts` of one clock, which may have no fraction."""
+    return clock.rstrip("0").rstrip(".") if "." in clock else clock
+
+
+def _paired_leaves(sql: pa.Array, iso: pa.Array) -> list[_Node]:
+    return [None if s is None else _Leaf(s, j) for s, j in zip(sql.to_pylist(), iso.to_pylist(), strict=True)]
+
+
+def _time_leaves(array: pa.Array) -> list[_Node]:
+    """Times of day, column-wise, as DuckDB writes them (``12:00:00.5``, and ``24:00:00``, its last one, which
+    Python's time cannot hold); JSON as ``isoformat()`` writes them, 6 digits when not zero, and a nanosecond time
+    with all 9 digits always, as Arrow writes it."""
+    digits = _DIGITS[array.type.unit]
+    storage = pa.int32() if pa.types.is_time32(array.type) else pa.int64()
+    counts = pc.cast(array.view(storage), pa.int64())
+    shown = 9 if digits == 9 else 6
+    texts = _clock_texts(pc.multiply(counts, 10 ** (shown - digits)), shown)
+    iso = texts if shown == 9 else pc.replace_substring(texts, ".000000", "")
+    return _paired_leaves(_trimmed_texts(texts), iso)
+
+
+def _clock_texts(counts: pa.Array, digits: int) -> pa.Array:
+    """:func:`_clock` of int64 ``counts`` of 10**-digits seconds (6 or 9 digits), column-wise, each with all
+    ``digits`` of its fraction; hours past 23 too (``24:00:00``). Checked arithmetic: a count too large fails
+    the column over to Arrow's text (:func:`_nodes`) rather than wrap."""
+    per_hour = 3600 * 10**digits
+    magnitude = pc.abs_checked(counts)
+    hours = pc.divide(magnitude, per_hour)
+    within_hour = pc.subtract(magnitude, pc.multiply(hours, per_hour))
+    minutes = pc.strftime(within_hour.view(pa.timestamp("ns" if digits == 9 else "us")), format="%M:%S")
+    sign = pc.if_else(pc.less(counts, 0), "-", "")
+    hours_text = pc.binary_join_element_wise(sign, pc.utf8_lpad(pc.cast(hours, pa.string()), 2, "0"), "")
+    return pc.binary_join_element_wise(hours_text, minutes, ":")
+
+
+def _date64_leaves(array: pa.Array) -> list[_Node]:
+    """DuckDB reads a date64 as its milliseconds' whole days (divided toward zero) in a date32, written as that
+    date32 is; a day count no date32 holds (past year 5 million) from its integer, in the same form."""
+    days = pc.divide(array.view(pa.int64()), _MILLIS_PER_DAY)
+    beyond = pc.or_(pc.less(days, _INT32[0]), pc.greater(days, _INT32[1]))
+    as_date32 = pc.if_else(beyond, pa.scalar(None, pa.int64()), days).cast(pa.int32()).view(pa.date32())
+    nodes = _nodes(as_date32)
+    if not pc.any(beyond).as_py():
+        return nodes
+    far = _temporal(pc.if_else(beyond, days, pa.scalar(None, pa.int64())).to_pylist(), "day", None)
+    return [node if leaf is None else leaf for node, leaf in zip(nodes, far, strict=True)]
 
 
 def _hourly_zone_offsets(array: pa.TimestampArray, zone: str) -> pa.Array:
-    """:func:`_zone_offsets` of nanosecond timestamps, asked once per hour they fall in where ``zone``'s offset
-    is the same at that hour's start and end (no zone changes its offset twice within an hour), else per value
-    in that hour; per value throughout when they fall in hours of their own.
+    """:func:`_zone_offsets` of timestamps, asked once per hour they fall in where ``zone``'s offset is the same
+    at that hour's start and end (no zone changes its offset twice within an hour), else per value in that hour;
+    per value throughout when they fall in hours of their own.
     Arrow's own zone kernels are not asked: they keep the last offset after 2037, where DST rules go on."""
-    starts = pc.floor_temporal(array.view(pa.timestamp("ns")), unit="hour").view(pa.int64())
+    unit = array.type.unit
+    raw = array.view(pa.int64())
+    starts = pc.floor_temporal(array.view(pa.timestamp(unit)), unit="hour").view(pa.int64())
     hours = pc.unique(starts).drop_null().to_pylist()
     if 2 * len(hours) >= len(array) - array.null_count:  # sparse: asking per value is less work
-        return pa.array(_zone_offsets(array.view(pa.int64()).to_pylist(), "ns", zone), pa.int64())
-    first = _zone_offsets(hours, "ns", zone)
-    last = _zone_offsets([h + _NANOS_PER_HOUR - 1 for h in hours], "ns", zone)
+        return pa.array(_zone_offsets(raw.to_pylist(), unit, zone), pa.int64())
+    first = _zone_offsets(hours, unit, zone)
+    last = _zone_offsets([h + 3600 * 10 ** _DIGITS[unit] - 1 for h in hours], unit, zone)
     steady = pa.array([a if a == b else None for a, b in zip(first, last, strict=True)], pa.int64())
     offsets = pc.take(steady, pc.index_in(starts, pa.array(hours, pa.int64())))
     uneven = pc.and_(pc.is_null(offsets), array.is_valid())
     if not pc.any(uneven).as_py():
         return offsets
-    each = _zone_offsets(pc.filter(array.view(pa.int64()), uneven).to_pylist(), "ns", zone)
+    each = _zone_offsets(pc.filter(raw, uneven).to_pylist(), unit, zone)
     return pc.replace_with_mask(offsets, uneven, pa.array(each, pa.int64()))
 
 
@@ -362,10 +441,17 @@ def _in_python_years(micros: int) -> int:
 
 
 def _offset_text(seconds: int) -> str:
-    """``+HH:MM``, and ``:SS`` when not zero, as Python writes a UTC offset."""
+    """``+HH:MM``, and ``:SS`` when not zero, as Python (and so JSON) writes a UTC offset."""
     minutes, second = divmod(abs(seconds), 60)
     hour, minute = divmod(minutes, 60)
     return f"{'-' if seconds < 0 else '+'}{hour:02d}:{minute:02d}" + (f":{second:02d}" if second else "")
+
+
+def _duckdb_offset_text(seconds: int) -> str:
+    """``+HH``, with ``:MM`` and ``:SS`` only as far as needed, as DuckDB writes a UTC offset (``+00``,
+    ``+05:30``, ``-04:56:02``)."""
+    text = _offset_text(seconds)
+    return text[:3] if seconds % 3600 == 0 else text
 
 
 def _arrow_text(array: pa.Array) -> list[_Node]:
@@ -388,7 +474,7 @@ def _validity(array: pa.Array) -> list[bool | None]:
 
 def _leaf(value: Any) -> _Leaf:
     """A Python value of a type that does not nest as a leaf: as SQL shows it, never as a Python repr
-    (``Decimal('1.50')``, ``datetime.date(...)``)."""
+    (``Decimal('1.50')``). Dates, times and timestamps never come here: :func:`_leaves` writes them column-wise."""
     if isinstance(value, bool):
         return _Leaf("true" if value else "false", value)
     if isinstance(value, float) and not math.isfinite(value):
@@ -401,13 +487,9 @@ def _leaf(value: Any) -> _Leaf:
         return _text_leaf(value.hex())
     if isinstance(value, Decimal):
         return _text_leaf(format(value, "f"))  # every digit of its scale, as DuckDB writes it (not 0E-10)
-    if isinstance(value, pa.MonthDayNano):
-        return _text_leaf(_interval(value))
-    if isinstance(value, datetime):  # isoformat() is str() with a T: one formatting, not two
-        text = str(value)
-        return _Leaf(text, text.replace(" ", "T", 1))
-    if isinstance(value, date | time):
-        return _text_leaf(value.isoformat())
+    if isinstance(value, pa.MonthDayNano):  # its clock, last, trimmed as DuckDB writes it; JSON keeps 6 digits
+        text = _interval(value)
+        return _Leaf(_trimmed(text), text)
     return _text_leaf(str(value))
 
 
@@ -435,6 +517,13 @@ def _clock(count: int, digits: int) -> str:
     hours, minute = divmod(minutes, 60)
     clock = f"{'-' if count < 0 else ''}{hours:02d}:{minute:02d}:{second:02d}"
     return clock + (f".{fraction:0{digits}d}" if fraction else "")
+
+
+def _clock_leaf(count: int, digits: int) -> _Leaf:
+    """A duration or an interval's time: trimmed as DuckDB writes an INTERVAL (``00:00:01.5``); JSON keeps every
+    digit of its unit."""
+    clock = _clock(count, digits)
+    return _Leaf(_trimmed(clock), clock)
 
 
 def _shown(node: _Node, *, nested: bool = False) -> str:

@@ -41,9 +41,9 @@ def _micros() -> list[int]:
     return edges + spread + [rng.randint(-(10**15), 10**15) for _ in range(500)]
 
 
-def _duckdb_text(text: str, digits: int = 6) -> str:
-    """DuckDB's text with a second's fraction at 6 ``digits`` (9 for nanoseconds; it drops trailing zeros, Python,
-    and so SQE, keeps them) and a whole-hour offset as ``+HH:MM`` (DuckDB writes ``+HH``)."""
+def _python_text(text: str, digits: int = 6) -> str:
+    """DuckDB's text with a second's fraction at 6 ``digits`` (9 for nanoseconds; DuckDB drops trailing zeros,
+    Python, and so SQE's JSON, keeps them) and a whole-hour offset as ``+HH:MM`` (DuckDB writes ``+HH``)."""
     text = re.sub(r"\.(\d+)", lambda m: "." + m.group(1).ljust(digits, "0"), text)
     return re.sub(r"(:\d\d(?:\.\d+)?[+-]\d\d)$", r"\1:00", text)
 
@@ -69,16 +69,17 @@ def _rendered(table: pa.Table, fmt: str) -> list[list[str]]:
 
 def _compare(statement: str, values: list[int], zone: str = "UTC", digits: int = 6) -> None:
     """``statement`` selects a value ``v`` and DuckDB's text of it ``s`` for each ``x`` of ``values``: SQE's CSV
-    (the table's text) is DuckDB's text, and its JSON that text in ISO form."""
+    (the table's text) is DuckDB's text exactly, and its JSON that text in ISO form, as Python writes it."""
     with duckdb.connect() as con:
         con.execute(f"SET TimeZone = '{zone}'")
         table = con.sql(statement, params=[values]).to_arrow_table()
-    expected = [_duckdb_text(text, digits) for text in table.column("s").to_pylist()]
+    expected = table.column("s").to_pylist()
     shown = [row[0] for row in _rendered(table.select(["v"]), "csv")]
     wrong = [(x, got, want) for x, got, want in zip(values, shown, expected, strict=True) if got != want]
     assert wrong == [], wrong[:5]
     as_json = [row[0] for row in _rendered(table.select(["v"]), "json")]
-    wrong = [(x, got, want) for x, got, want in zip(values, as_json, expected, strict=True) if got != _iso(want)]
+    iso = [_iso(_python_text(text, digits)) for text in expected]
+    wrong = [(x, got, want) for x, got, want in zip(values, as_json, iso, strict=True) if got != want]
     assert wrong == [], wrong[:5]
 
 
@@ -163,10 +164,10 @@ BC_AND_FAR = (
 BC_AND_FAR_TEXT = [
     "0045-03-15 (BC)",
     "0044-03-15 (BC) 10:00:00",
-    "0044-03-15 (BC) 10:00:00+00:00",
+    "0044-03-15 (BC) 10:00:00+00",
     "294247-01-10 04:00:54.775806",
     "[290309-12-21 (BC) 19:59:05.224194]",
-    "100000-01-01 00:00:00.500000",
+    "100000-01-01 00:00:00.5",
     "5000-01-01 (BC) 00:00:01",
 ]
 
@@ -205,4 +206,105 @@ def test_a_far_zoned_timestamp_in_json_has_the_session_zones_offset(tmp_path: Pa
         "far": "12000-07-01T00:00:00+00:00",
         "near": "2024-07-01T00:00:00+00:00",
         "ns": "2024-07-01T00:00:00.500000000+00:00",
+    }
+
+
+def _round_micros() -> list[int]:
+    """Microsecond timestamps over Python's years whose second's fraction ends in every count of zeros, from
+    none (``.123457``) to all (a whole second), and whole hours, minutes and days."""
+    rng = random.Random(20261209)
+    first, last = -62135596800000000 + 2 * DAY, 253402300799999999 - 2 * DAY  # a zone's shift stays in them
+    values = [rng.randint(first, last) // 10**z * 10**z for z in range(7) for _ in range(300)]
+    return [*values, 0, 500_000, 120_000, 1, 10, 3_600_000_000, 60_000_000, DAY, -500_000, -DAY]
+
+
+def test_a_seconds_fraction_is_written_without_trailing_zeros_as_duckdb_writes_it() -> None:
+    """Found by review: SQE wrote a second's fraction with all 6 digits (9 for nanoseconds) where DuckDB drops
+    its trailing zeros (``12:00:00.500000`` for ``12:00:00.5``) and a whole-hour offset as ``+00:00`` where
+    DuckDB writes ``+00``. Now the table's and CSV's text is DuckDB's, for a timestamp of every unit, in zones
+    whose offset has half hours or seconds; JSON keeps ISO 8601 as Python writes it."""
+    values = _round_micros()
+    for cast in ("TIMESTAMP", "TIMESTAMP_MS", "TIMESTAMP_S"):
+        statement = f"SELECT make_timestamp(x)::{cast} AS v, make_timestamp(x)::{cast}::VARCHAR AS s"
+        _compare(statement + " FROM unnest($1::BIGINT[]) u(x)", values)
+    zoned = (
+        "SELECT make_timestamp(x)::TIMESTAMPTZ AS v, make_timestamp(x)::TIMESTAMPTZ::VARCHAR AS s"
+        " FROM unnest($1::BIGINT[]) u(x)"
+    )
+    for zone in ("UTC", "Asia/Kolkata", "America/New_York", "Asia/Kathmandu"):
+        _compare(zoned, values, zone=zone)
+    nanos = [x * 1000 + z for x in values if abs(x) < 9 * 10**15 for z in (0, 100, 120, 5)]
+    statement = "SELECT make_timestamp_ns(x) AS v, make_timestamp_ns(x)::VARCHAR AS s FROM unnest($1::BIGINT[]) u(x)"
+    _compare(statement, nanos, digits=9)
+
+
+def test_a_time_and_an_interval_are_written_as_duckdb_writes_them() -> None:
+    """Found by review: a TIME or INTERVAL's fraction kept its trailing zeros (``12:00:00.500000``), and DuckDB's
+    last time of day, ``24:00:00``, came out as ``00:00:00`` (Python's time holds no 24th hour) in every format.
+    The table's and CSV's text is now DuckDB's; JSON keeps a time's 6 digits (all 9 for a nanosecond one)."""
+    day = [x % DAY for x in _round_micros()] + [DAY]
+    with duckdb.connect() as con:
+        table = con.sql(
+            "SELECT v, v::VARCHAR AS s, v::TIME_NS AS n, v::TIME_NS::VARCHAR AS ns, i, i::VARCHAR AS si FROM ("
+            f" SELECT CASE x WHEN {DAY} THEN TIME '24:00:00' ELSE TIME '00:00:00' + to_microseconds(x) END AS v,"
+            " to_microseconds(x * 37 - 5 * x) AS i FROM unnest($1::BIGINT[]) u(x))",
+            params=[day],
+        ).to_arrow_table()
+    assert table.column("s").to_pylist()[-1] == "24:00:00"  # DuckDB's Arrow time holds it: 86,400 s
+    shown = _rendered(table.select(["v", "n", "i"]), "csv")
+    expected = [list(row) for row in zip(*(table.column(c).to_pylist() for c in ("s", "ns", "si")), strict=True)]
+    wrong = [(got, want) for got, want in zip(shown, expected, strict=True) if got != want]
+    assert wrong == [], wrong[:5]
+    as_json = _rendered(pa.table({"v": table.column("v").slice(len(day) - 1)}), "json")
+    assert as_json == [["24:00:00"]]
+    literal = pa.table({"t": pa.array([500_000, 0], pa.time64("us")), "n": pa.array([5 * 10**8, 0], pa.time64("ns"))})
+    assert _rendered(literal, "json") == [["00:00:00.500000", "00:00:00.500000000"], ["00:00:00", "00:00:00.000000000"]]
+    assert _rendered(literal, "csv") == [["00:00:00.5", "00:00:00.5"], ["00:00:00", "00:00:00"]]
+
+
+def test_a_date64_at_any_value_is_written_as_duckdb_writes_the_date() -> None:
+    """Found by review: an Arrow date64 past Python's years was Arrow's ``<value out of range: ...>`` text, in
+    every format. It is now the date DuckDB reads (the milliseconds' whole days, divided toward zero), written as
+    DuckDB writes it (``0045-03-15 (BC)``; JSON in ISO 8601's astronomical years), and past any date DuckDB holds
+    (2**31 days) the date itself, in the same form."""
+    rng = random.Random(20261210)
+    ms_per_day = 86_400_000
+    days = [rng.randint(-(2**31) + 2, 2**31 - 2) for _ in range(2000)] + [-719162, -719163, 2932896, 2932897, 0, -1]
+    millis = [d * ms_per_day for d in days] + [5, -5, -ms_per_day - 5, 3 * ms_per_day + 7]
+    millis += [rng.randint(-(2**31) * ms_per_day, 2**31 * ms_per_day) for _ in range(500)]
+    arrow = pa.table({"v": pa.array(millis, pa.int64()).view(pa.date64())})
+    with duckdb.connect() as con:
+        expected = [text for (text,) in con.sql("SELECT v::VARCHAR FROM arrow").fetchall()]
+    assert [row[0] for row in _rendered(arrow, "csv")] == expected
+    assert [row[0] for row in _rendered(arrow, "json")] == [_iso(text) for text in expected]
+    # DuckDB writes 2**31 - 2 days from 1970-01-01 as 5881580-07-10, and as many before as 5877642-06-25 (BC):
+    # two days further, and (before) five 400-year cycles more.
+    far = [2**31 * ms_per_day, -(2**31 + 146_097 * 5) * ms_per_day]
+    beyond = pa.table({"v": pa.array(far, pa.int64()).view(pa.date64())})
+    assert _rendered(beyond, "csv") == [["5881580-07-12"], ["5879642-06-23 (BC)"]]
+
+
+NEAR = (
+    "SELECT TIMESTAMP '2024-01-01 12:00:00.5' AS t, TIMESTAMPTZ '2024-01-01 12:00:00.25+00' AS z,"
+    " TIME '24:00:00' AS c, '2024-01-01 12:00:00.1'::TIMESTAMP_NS AS ns, INTERVAL '1.5 seconds' AS i,"
+    " [TIMESTAMP '2024-01-01 00:00:00.120'] AS l"
+)
+
+
+def test_the_program_writes_fractions_and_offsets_as_duckdb_in_table_and_csv(tmp_path: Path, config: Path) -> None:
+    """Found by review: ``sqe -e`` wrote ``2024-01-01 12:00:00.500000`` and ``+00:00`` where DuckDB writes
+    ``2024-01-01 12:00:00.5`` and ``+00``, and ``00:00:00`` for ``24:00:00``; JSON keeps ISO 8601."""
+    utc = ["2024-01-01 12:00:00.5", "2024-01-01 12:00:00.25+00", "24:00:00", "2024-01-01 12:00:00.1", "00:00:01.5"]
+    utc.append("[2024-01-01 00:00:00.12]")
+    assert list(csv.reader(io.StringIO(_sqe(tmp_path, config, NEAR, "csv"), newline="")))[1] == utc
+    table = _sqe(tmp_path, config, NEAR, "table", zone="Asia/Kolkata")
+    kolkata = [*utc[:1], "2024-01-01 17:30:00.25+05:30", *utc[2:]]
+    assert [cell.strip() for cell in table.splitlines()[3][1:-1].split(" | ")] == kolkata
+    assert json.loads(_sqe(tmp_path, config, NEAR, "json")) == {
+        "t": "2024-01-01T12:00:00.500000",
+        "z": "2024-01-01T12:00:00.250000+00:00",
+        "c": "24:00:00",
+        "ns": "2024-01-01T12:00:00.100000000",
+        "i": "00:00:01.500000",
+        "l": ["2024-01-01T00:00:00.120000"],
     }
