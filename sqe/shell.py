@@ -110,14 +110,10 @@ class Shell:
             if name == "\\timing":
                 self.timing = not self.timing
                 print(f"Timing is {'on' if self.timing else 'off'}.", file=sys.stderr)
-            elif name == "\\dt":
-                from sqe.formatting import render_table
-
-                sys.stdout.write(render_table(self.session.list_tables(args[0] if args else None)))
+            elif name == "\\dt":  # written as a query's result is: --null, grey on a colour terminal
+                write_result(self.session.list_tables(args[0] if args else None), "table", None, null=self.null)
             elif name == "\\d" and args:
-                from sqe.formatting import render_table
-
-                sys.stdout.write(render_table(self.session.describe_table(args[0])))
+                write_result(self.session.describe_table(args[0]), "table", None, null=self.null)
             else:
                 print(HELP, file=sys.stderr)
         except SQEError as exc:

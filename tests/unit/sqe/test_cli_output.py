@@ -26,8 +26,10 @@ from sqe.cli import FORMATS
 from sqe.console import write_result
 from sqe.errors import QueryError
 from sqe.formatting import render_table
-from sqe.shell import holds_secret
+from sqe.session import Session
+from sqe.shell import Shell, holds_secret
 from tests.e2e.test_engine_tty import PROMPT, Setup, spawn
+from tests.unit.sqe.iceberg_local import LocalProvider
 from tests.unit.sqe.test_cli_exit_paths import _sqe, config
 
 __all__ = ["config"]  # the fixture, shared with the exit-path tests
@@ -699,3 +701,35 @@ def test_a_far_date_leaves_the_other_values_of_its_column_as_they_are(tmp_path: 
         first = {"csv": 1, "json": 0, "table": 3}[fmt]
         assert rows[f"{near}, {far}"][first] == rows[near][first]
         assert "12000-01-01" in rows[f"{near}, {far}"][first + 1]
+
+
+class _ListingsWithNulls(Session):
+    """A real session over the local catalog whose listings gain a column of NULLs: no listing holds one today (a
+    column without a mask is ``''``), so only with one does it show whether ``\\dt`` and ``\\d`` honour --null."""
+
+    def list_tables(self, namespace: str | None = None) -> pa.Table:
+        listed = super().list_tables(namespace)
+        return listed.append_column("comment", pa.nulls(listed.num_rows, pa.string()))
+
+    def describe_table(self, name: str) -> pa.Table:
+        described = super().describe_table(name)
+        return described.append_column("comment", pa.nulls(described.num_rows, pa.string()))
+
+
+def test_the_shells_listings_show_null_as_the_null_option_says(
+    provider: LocalProvider, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by review: ``\\dt`` and ``\\d`` wrote their listings with the table format's own ``NULL``, ignoring
+    ``--null`` (and the grey NULL of a colour terminal); they are now written as a query's result is."""
+    session = _ListingsWithNulls(provider)
+    try:
+        shell = Shell(session, null="∅")
+        assert shell.command("\\dt ns") is None
+        listed = capsys.readouterr().out.splitlines()
+        assert "| wh        | ns        | numbers      | TABLE | ∅       |" in listed, listed
+        assert shell.command("\\d ns.numbers") is None
+        described = capsys.readouterr().out.splitlines()
+        assert described[3].startswith("| id ") and described[3].endswith(" | ∅       |"), described
+        assert not any("NULL" in line for line in listed + described)
+    finally:
+        session.close()
