@@ -196,6 +196,12 @@ def escape_for_terminal(text: str) -> str:
     return escape_unprintable(text.replace("\\", "\\\\"))
 
 
+def counted(count: int, singular: str, plural: str | None = None) -> str:
+    """``count`` and the noun it takes: ``1 parameter``, ``2 parameters``; ``plural`` for irregular nouns
+    (``counted(n, "query", "queries")``)."""
+    return f"{count} {singular if count == 1 else plural or singular + 's'}"
+
+
 def iso_utc(epoch_seconds: float | None, *, zulu: bool = False) -> str | None:
     """Epoch seconds as an ISO-8601 UTC timestamp to the second; None stays None. ``zulu`` writes the zone as
     ``Z`` (as Java's ``Instant`` does, for Gravitino-shaped answers) instead of ``+00:00``."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sqe._text import first_line
+from sqe._text import counted, first_line
 from sqe.errors import QueryError
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def conform_for_write(rows: pa.Table, schema: Schema, ident: TableIdent) -> pa.T
 
     target = schema_to_pyarrow(schema, include_field_ids=False)
     if rows.num_columns != len(target):
-        raise QueryError(f"{ident} has {len(target)} columns, the statement produced {rows.num_columns}")
+        raise QueryError(f"{ident} has {counted(len(target), 'column')}, the statement produced {rows.num_columns}")
     columns = []
     for column, f in zip(rows.columns, target, strict=True):
         if not f.nullable and column.null_count:

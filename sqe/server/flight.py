@@ -33,6 +33,7 @@ import pyarrow.flight as flight
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
+from sqe._text import counted
 from sqe.config import SQEConfig
 from sqe.errors import AuthenticationError, QueryError, SQEError
 from sqe.server import metadata
@@ -201,7 +202,8 @@ def _parameter_sets(sql: str, table: pa.Table | None) -> list[Params]:
     keys = columns if sorted(columns, key=_binding_order) == names else names
     if rows and len(rows[0]) != len(names):
         expected = ", ".join(f"${name}" for name in names)
-        raise QueryError(f"the statement takes {len(names)} parameters ({expected}), {len(rows[0])} were bound")
+        takes, bound = counted(len(names), "parameter"), counted(len(rows[0]), "value")
+        raise QueryError(f"the statement takes {takes} ({expected}), {bound} bound")
     return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
@@ -395,7 +397,9 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         # Preparing, describing and browsing count apart from queries, under the same bounds: a client reading a
         # result (its slot held until the stream ends) can still prepare its next statement or list tables.
         self.planning_limits = Limits(
-            server_config.max_concurrent_queries, server_config.max_concurrent_queries_per_user, "planning calls"
+            server_config.max_concurrent_queries,
+            server_config.max_concurrent_queries_per_user,
+            ("planning call", "planning calls"),
         )
         self.registry = SessionRegistry(engine_config, broker, self.limits, server_config.batch_rows)
         self.parameter_budget = ParameterBudget(self.registry, server_config.max_parameter_bytes)

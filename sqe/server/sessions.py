@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pydantic import SecretStr
 
+from sqe._text import counted
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import ExternalTablesConfig, SQEConfig
@@ -137,9 +138,9 @@ def _user_external_tables(base: SQEConfig, owner: SessionKey) -> ExternalTablesC
 
 class Limits:
     """Running-query counters: at most ``total`` queries, at most ``per_user`` for one user. ``what`` names the
-    calls counted in a refusal (queries, or planning calls, which have counters of their own)."""
+    calls counted in a refusal, one and many (queries, or planning calls, which have counters of their own)."""
 
-    def __init__(self, total: int, per_user: int, what: str = "queries") -> None:
+    def __init__(self, total: int, per_user: int, what: tuple[str, str] = ("query", "queries")) -> None:
         self.total = total
         self.per_user = per_user
         self.what = what
@@ -152,13 +153,13 @@ class Limits:
             mine = self._by_user.get(user_key, 0)
             if mine >= self.per_user:
                 raise ServerBusyError(
-                    f"server busy: {mine} {self.what} of this user are running (max_concurrent_queries_per_user = "
-                    f"{self.per_user}); retry when one finishes"
+                    f"server busy: {counted(mine, *self.what)} of this user {_are(mine)} running "
+                    f"(max_concurrent_queries_per_user = {self.per_user}); retry when one finishes"
                 )
             if self._running >= self.total:
                 raise ServerBusyError(
-                    f"server busy: {self._running} {self.what} are running (max_concurrent_queries = {self.total}); "
-                    "retry later"
+                    f"server busy: {counted(self._running, *self.what)} {_are(self._running)} running "
+                    f"(max_concurrent_queries = {self.total}); retry later"
                 )
             self._running += 1
             self._by_user[user_key] = mine + 1
@@ -175,6 +176,10 @@ class Limits:
     def running(self) -> int:
         with self._lock:
             return self._running
+
+
+def _are(count: int) -> str:
+    return "is" if count == 1 else "are"
 
 
 # ----------------------------------------------------------------------------------------- engine pool

@@ -1456,7 +1456,7 @@ def test_named_parameters_bind_as_their_parameter_schema_describes_them(served: 
     assert client.do_get(info.endpoints[0].ticket, options).read_all().column("id").to_pylist() == [3, 6]
     _bind(client, handle, pa.table({"region": ["EU"]}), options)  # one value short: a typed error naming them
     error = served.expect_error(lambda: client.get_flight_info(query, options), flight.FlightServerError)
-    assert "$low, $region" in str(error) and "1 were bound" in str(error)
+    assert "takes 2 parameters ($low, $region), 1 value bound" in str(error)
 
 
 def test_numbered_parameters_with_gaps_are_described_and_bound_as_duckdb_requires(served: Served) -> None:
@@ -1477,7 +1477,7 @@ def test_numbered_parameters_with_gaps_are_described_and_bound_as_duckdb_require
     _bind(client, handle, pa.table({"a": [1], "b": [2]}), options)  # a value too many: a typed error naming them
     query = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
     error = served.expect_error(lambda: client.get_flight_info(query, options), flight.FlightServerError)
-    assert "takes 1 parameters ($2), 2 were bound" in str(error)
+    assert "takes 1 parameter ($2), 2 values bound" in str(error)  # found by review: "takes 1 parameters"
 
 
 def test_a_statement_with_named_parameters_describes_its_result_schema(served: Served) -> None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import pyarrow as pa
 
-from sqe._text import first_line
+from sqe._text import counted, first_line
 from sqe.credentials import StorageSettings
 from sqe.distributed.coordinator.client import WorkerClient
 from sqe.distributed.coordinator.credentials import TableCredentials, wire_table_id
@@ -314,7 +314,9 @@ class ScanRun:
         if complete is None:
             return AttemptFailure(f"{where}: stream ended early")
         if complete.rows != attempt.rows_received:
-            return AttemptFailure(f"{where}: worker reported {complete.rows} rows, sent {attempt.rows_received}")
+            return AttemptFailure(
+                f"{where}: worker reported {counted(complete.rows, 'row')}, sent {attempt.rows_received}"
+            )
         return self._check_repeatable(state, attempt, where)
 
     def _check_repeatable(self, state: _FragmentState, attempt: _Attempt, where: str) -> AttemptFailure | None:
@@ -324,9 +326,9 @@ class ScanRun:
             sent = attempt.received.get(index, 0)
             if sent < forwarded:
                 message = (
-                    f"{where}: task {index} gave {sent} rows on attempt {state.attempts} after {forwarded} "
-                    "were already forwarded; the fragment's output is not repeatable, failing the query rather "
-                    "than returning wrong rows"
+                    f"{where}: task {index} gave {counted(sent, 'row')} on attempt {state.attempts}, fewer than the "
+                    f"{forwarded} already forwarded; the fragment's output is not repeatable, failing the query "
+                    "rather than returning wrong rows"
                 )
                 return AttemptFailure(message, fatal=WorkerError(message))
         return None
@@ -540,9 +542,9 @@ class ScanRun:
         if state.unpositioned:
             self._fail(
                 WorkerError(
-                    f"a fragment of {self._plan.ident} failed after {state.forwarded_rows} rows were streamed from "
-                    "a worker that sends no row positions; failing rather than duplicating rows "
-                    f"(last: {failure.message})"
+                    f"a fragment of {self._plan.ident} failed after streaming "
+                    f"{counted(state.forwarded_rows, 'row')} from a worker that sends no row positions; failing "
+                    f"rather than duplicating rows (last: {failure.message})"
                 )
             )
             return False
@@ -555,7 +557,7 @@ class ScanRun:
             if state.attempts >= self._options.max_attempts:
                 self._fail_locked(
                     WorkerError(
-                        f"a fragment of {self._plan.ident} failed {state.attempts} times, giving up "
+                        f"a fragment of {self._plan.ident} failed {counted(state.attempts, 'time')}, giving up "
                         f"(last: {failure.message})"
                     )
                 )

@@ -10,7 +10,15 @@ import pytest
 
 from sqe._counters import Counters
 from sqe._net import is_loopback
-from sqe._text import MAX_MESSAGE_CHARS, first_line, has_credential_shape, iso_utc, redact_credentials, redacted_message
+from sqe._text import (
+    MAX_MESSAGE_CHARS,
+    counted,
+    first_line,
+    has_credential_shape,
+    iso_utc,
+    redact_credentials,
+    redacted_message,
+)
 from sqe.errors import CatalogError, QueryError
 from sqe_catalog.errors import CatalogError as CatalogServerError
 
@@ -443,3 +451,9 @@ def test_a_quoted_credential_cut_in_the_middle_shows_none_of_its_words(quoted: s
     # an unterminated quoted credential runs to its line's end, as a value whose end is unsure goes whole
     assert "horse" not in redact_credentials(f"error: {quoted[:-12]}\nnext line")
     assert redact_credentials(f"error: {quoted[:-12]}\nnext line").endswith("\nnext line")
+
+
+def test_counted_agrees_the_noun_with_its_number() -> None:
+    """Found by review: messages said "takes 1 parameters" and "1 queries of this user are running"."""
+    assert counted(1, "parameter") == "1 parameter"
+    assert [counted(n, "query", "queries") for n in (0, 1, 2)] == ["0 queries", "1 query", "2 queries"]

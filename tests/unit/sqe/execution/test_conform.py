@@ -117,3 +117,10 @@ def test_a_null_in_a_required_column_is_refused() -> None:
     schema = Schema(NestedField(1, "c", LongType(), required=True))
     with pytest.raises(QueryError, match=r"NULL value in required column 'c' of wh\.ns\.t"):
         conform_for_write(pa.table({"c": pa.array([1, None])}), schema, IDENT)
+
+
+def test_a_column_count_mismatch_names_the_counts_in_good_grammar() -> None:
+    """Found by review: a one-column table was said to have "1 columns"."""
+    schema = Schema(NestedField(1, "c", LongType(), required=False))
+    with pytest.raises(QueryError, match=r"^wh\.ns\.t has 1 column, the statement produced 2$"):
+        conform_for_write(pa.table({"a": [1], "b": [2]}), schema, IDENT)

@@ -51,10 +51,11 @@ def test_plaintext_is_refused_off_loopback(tmp_path: Path) -> None:
 def test_limits_refuse_past_the_user_and_total_bounds() -> None:
     limits = Limits(total=2, per_user=1)
     limits.acquire("a")
-    with pytest.raises(ServerBusyError, match="max_concurrent_queries_per_user = 1"):
+    # Found by review: the refusal said "1 queries of this user are running".
+    with pytest.raises(ServerBusyError, match=r"1 query of this user is running \(max_concurrent_queries_per_user = 1"):
         limits.acquire("a")
     limits.acquire("b")
-    with pytest.raises(ServerBusyError, match="max_concurrent_queries = 2"):
+    with pytest.raises(ServerBusyError, match=r"2 queries are running \(max_concurrent_queries = 2"):
         limits.acquire("c")
     limits.release("a")
     limits.acquire("c")
