@@ -202,6 +202,16 @@ def counted(count: int, singular: str, plural: str | None = None) -> str:
     return f"{count} {singular if count == 1 else plural or singular + 's'}"
 
 
+_TOKEN_KEY_DIGEST = re.compile(r"\btoken:([0-9a-f]{16})[0-9a-f]+")
+
+
+def short_identity(key: str) -> str:
+    """An identity key as logs and reprs show it: the digest of a ``token:<hex>`` key (a user or principal known
+    only by an opaque token) cut to its first 16 hex digits. Keys are compared whole (collisions of 64 bits are
+    within reach); a log line only needs to tell users apart for a reader, and shows less of the token's digest."""
+    return _TOKEN_KEY_DIGEST.sub(r"token:\1", key)
+
+
 def iso_utc(epoch_seconds: float | None, *, zulu: bool = False) -> str | None:
     """Epoch seconds as an ISO-8601 UTC timestamp to the second; None stays None. ``zulu`` writes the zone as
     ``Z`` (as Java's ``Instant`` does, for Gravitino-shaped answers) instead of ``+00:00``."""

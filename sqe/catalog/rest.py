@@ -71,11 +71,15 @@ __all__ = [
 
 
 def principal_key(connection: CatalogConnection) -> str:
-    """Identifies the principal (and the reader acting for it) for cache keys without revealing a secret."""
+    """Identifies the principal (and the reader acting for it) for cache keys without revealing a secret.
+
+    A principal known only by its token is keyed by the token's whole SHA-256: a short digest could be shared by
+    two tokens, which would then share cached tables and credential leases. Logs show it through
+    :func:`sqe._text.short_identity`."""
     if connection.client_id:
         user = f"client:{connection.client_id}"
     else:
-        user = "token:" + hashlib.sha256((connection.token_value() or "").encode()).hexdigest()[:16]
+        user = "token:" + hashlib.sha256((connection.token_value() or "").encode()).hexdigest()
     return f"{user}+reader:{connection.reader_client_id}" if connection.delegates else user
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import requests
 
-from sqe._text import redact_credentials
+from sqe._text import redact_credentials, short_identity
 from sqe._unpicklable import Unpicklable
 from sqe.catalog._auth import client_credentials_form, expires_in_of, oauth_error, refresh_point
 from sqe.catalog._delegation import token_exchange_form
@@ -41,9 +41,10 @@ from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavail
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class User(Unpicklable):
-    """An authenticated end user. ``key`` names them for sessions and limits; ``token`` is never shown.
+    """An authenticated end user. ``key`` names them for sessions and limits (shown shortened); ``token`` and
+    ``authority`` are never shown.
 
     ``authority`` names what this token lets them do (:func:`authority_of`): two tokens of one principal with
     other role scopes differ in it, so a client session made under one is never used under the other.
@@ -56,6 +57,9 @@ class User(Unpicklable):
 
     _pickle_refusal = "users carry a token and cannot be pickled"
 
+    def __repr__(self) -> str:
+        return f"User(key={short_identity(self.key)!r}, issued_token={self.issued_token!r})"
+
 
 @dataclass
 class _Cached:
@@ -64,8 +68,15 @@ class _Cached:
 
 
 def fingerprint(token: str) -> str:
-    """A short non-reversible name for a token (cache keys, logs)."""
-    return hashlib.sha256(token.encode()).hexdigest()[:16]
+    """A short non-reversible tag for a token, for display only (logs, reprs). Never a key: two tokens share
+    one of 64 bits after some 2**32 tokens, so whatever is keyed by it would be shared between them."""
+    return identity_digest(token)[:16]
+
+
+def identity_digest(text: str) -> str:
+    """The non-reversible digest anything that tells users, tokens or authorities apart is keyed by (user keys,
+    engine reuse, mount store names): the whole SHA-256, so no two of them ever share state by a collision."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # Claims that only say when a token was issued or which issue it is: tokens differing in these alone carry the
@@ -220,7 +231,8 @@ class IdentityBroker(Unpicklable):
 
     def _user_key(self, token: str) -> str:
         subject = _subject_of(token)
-        return f"user:{subject}" if subject else f"token:{fingerprint(token)}"
+        # the whole digest (not a short fingerprint): two users who present opaque tokens never share a key
+        return f"user:{subject}" if subject else f"token:{identity_digest(token)}"
 
     def _check_at_catalog(self, token: str) -> None:
         url = f"{self.catalog_uri}/v1/config"
@@ -258,7 +270,7 @@ class IdentityBroker(Unpicklable):
         if cached is not None and now < cached.refresh_at:
             return cached.value
         delegated = self._exchange(user.token)
-        log.info("delegated token for %s exchanged as reader %r", user.key, self.reader_client_id)
+        log.info("delegated token for %s exchanged as reader %r", short_identity(user.key), self.reader_client_id)
         with self._lock:
             self._delegated[key] = delegated
             self._forget_stale(now)

@@ -2,6 +2,10 @@
 
 ``--port-file PATH`` writes the bound port (useful with ``listen = "127.0.0.1:0"``). SIGTERM and SIGINT stop the
 server: open queries are cancelled and every engine session is closed.
+
+``--list-external-stores`` and ``--prune-external-stores DAYS`` look after the per-user mount stores instead of
+serving (:mod:`sqe.server.mount_stores`): a store of an authority that is gone (a rotated secret, an opaque token
+issued again) is never read again, and nothing else removes it.
 """
 
 from __future__ import annotations
@@ -12,16 +16,19 @@ import logging
 import signal
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from sqe._process import Started, nothing
-from sqe._text import first_line, terminal_line
-from sqe.config import load_config
+from sqe._text import counted, first_line, terminal_line
+from sqe.config import SQEConfig, load_config
 from sqe.errors import SQEError
+from sqe.server import mount_stores
 from sqe.server.config import ServerConfig, load_server_config
 from sqe.server.identity import IdentityBroker
+from sqe.server.mount_stores import MIN_PRUNE_DAYS
 
 log = logging.getLogger("sqe.server")
 
@@ -31,6 +38,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", "-c", required=True, help="server.toml (see config.toml.example, [server])")
     parser.add_argument("--port-file", help="write the bound port to this file once listening")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    upkeep = parser.add_mutually_exclusive_group()
+    upkeep.add_argument(
+        "--list-external-stores",
+        action="store_true",
+        help="list the per-user external-table stores with when each was last used, then exit",
+    )
+    upkeep.add_argument(
+        "--prune-external-stores",
+        type=float,
+        metavar="DAYS",
+        help=f"delete the per-user external-table stores unused for DAYS days (at least {MIN_PRUNE_DAYS:g}), then exit",
+    )
     return parser
 
 
@@ -71,10 +90,56 @@ def main(argv: list[str], *, started: Started = nothing) -> int:
     handler.setFormatter(_FullTracebackFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
+        if args.list_external_stores or args.prune_external_stores is not None:
+            return _look_after_stores(args.config, args.prune_external_stores)
         return _serve(args.config, args.port_file, started)
     except SQEError as exc:
         print(f"sqe serve: error: {terminal_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _look_after_stores(config_path: str, prune_days: float | None) -> int:
+    """List the mount stores, or delete those unused for ``prune_days``; one line each on stdout."""
+    base = _stores_base(load_config(load_server_config(config_path).engine_config))
+    if base is None:
+        print("no [external_tables] path: no external-table stores")
+        return 0
+    now = time.time()
+    if prune_days is None:
+        listed = mount_stores.stores(base)
+        print(f"{counted(len(listed), 'external-table store')} beside {base}, least recently used first")
+        for info in listed:
+            print(mount_stores.describe(info, now))
+        return 0
+    removed = mount_stores.prune_stores(base, prune_days)
+    print(f"removed {counted(len(removed), 'external-table store')} not used for {prune_days:g} days or more")
+    for info in removed:
+        print(mount_stores.describe(info, now))
+    return 0
+
+
+def _stores_base(engine_config: SQEConfig) -> str | None:
+    return engine_config.external_tables.path or None
+
+
+_STALE_DAYS = 30.0  # what the start-up line counts as long unused
+
+
+def _log_stores(engine_config: SQEConfig) -> None:
+    """One line at start: how many mount stores there are and how many went unused for a month (file counts only)."""
+    base = _stores_base(engine_config)
+    listed = mount_stores.stores(base) if base else []
+    if not listed:
+        return
+    stale = sum(1 for info in listed if info.last_used <= time.time() - _STALE_DAYS * 86400)
+    log.info(
+        "%s beside %s, %d not used for %g days or more (sqe serve --list-external-stores lists them, "
+        "--prune-external-stores DAYS deletes those unused for DAYS days)",
+        counted(len(listed), "external-table store"),
+        base,
+        stale,
+        _STALE_DAYS,
+    )
 
 
 def _serve(config_path: str, port_file: str | None, started: Started) -> int:
@@ -84,6 +149,7 @@ def _serve(config_path: str, port_file: str | None, started: Started) -> int:
 
     server_config = load_server_config(config_path)
     engine_config = load_config(server_config.engine_config)
+    _log_stores(engine_config)
     broker = IdentityBroker(
         engine_config.catalog.uri,
         engine_config.catalog.warehouse,

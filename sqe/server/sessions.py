@@ -26,18 +26,18 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pydantic import SecretStr
 
-from sqe._text import counted
+from sqe._text import counted, short_identity
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import ExternalTablesConfig, SQEConfig
 from sqe.errors import QueryError, SQEError
-from sqe.server.identity import IdentityBroker, User, fingerprint
+from sqe.server.identity import IdentityBroker, User, fingerprint, identity_digest
+from sqe.server.mount_stores import MARK_INTERVAL_SECONDS, claim_store, store_path
 from sqe.server.peers import Endpoint, connected_peers, parse_peer
 from sqe.session import PreparedStatement, Session
 
@@ -72,7 +72,7 @@ class SessionKey(Unpicklable):
     _pickle_refusal = "session keys carry the authority digest and session id, and cannot be pickled"
 
     def __repr__(self) -> str:
-        return f"SessionKey(user={self.user!r}, tag={self.short_tag!r})"
+        return f"SessionKey(user={short_identity(self.user)!r}, tag={self.short_tag!r})"
 
     @property
     def short_tag(self) -> str:
@@ -125,11 +125,7 @@ def _user_external_tables(base: SQEConfig, owner: SessionKey) -> ExternalTablesC
     with keys sealed under a wider one, and its mount would replace a same-named table for the wider one).
     """
     section = base.external_tables
-    path = section.path
-    if path:
-        where = Path(path)
-        owner_key = fingerprint(f"{owner.user}\0{owner.authority}")
-        path = str(where.with_name(f"{where.stem}.{owner_key}{where.suffix}"))
+    path = str(store_path(section.path, owner.user, owner.authority)) if section.path else section.path
     return section.model_copy(update={"path": path, "environment_keys": False, "storage_keys": False})
 
 
@@ -194,7 +190,7 @@ class Engine:
 
     session: Session
     provider: RestTableProvider
-    token_key: str  # fingerprint of the catalog token it was built with
+    token_key: str = field(repr=False)  # digest of the catalog token it was built with (whole: never shared)
     busy: bool = False
     serial: int = field(default_factory=lambda: next(_ENGINE_SERIALS))
     last_used: float = field(default_factory=time.monotonic)
@@ -361,6 +357,7 @@ class ClientSession:
         self.last_used = time.monotonic()
         self.calls = 0  # calls running on it (``SessionRegistry.enter`` / ``leave``, under the registry's lock)
         self._closed = False
+        self._store_marked_at = -math.inf  # when its mount store was last claimed and marked as used
 
     @property
     def user_key(self) -> str:
@@ -371,7 +368,8 @@ class ClientSession:
 
     def acquire_engine(self, catalog_token: str) -> Engine:
         """An idle engine built over ``catalog_token`` (stale-token idle engines are closed), marked busy."""
-        wanted = fingerprint(catalog_token)
+        self._claim_mount_store()
+        wanted = identity_digest(catalog_token)
         stale: list[Engine] = []
         with self._lock:
             for engine in list(self._engines):
@@ -402,6 +400,16 @@ class ClientSession:
         with self._lock:
             self._engines.append(engine)
         return engine
+
+    def _claim_mount_store(self) -> None:
+        """Before its first engine: move the user's mount store from its earlier name; then mark it as used at
+        most hourly, so an operator pruning stores unused for a day or more never removes one in use."""
+        now = time.monotonic()
+        base = self._base.external_tables.path
+        if not base or now - self._store_marked_at < MARK_INTERVAL_SECONDS:
+            return
+        claim_store(base, self.key.user, self.key.authority)  # raises (the call fails) rather than lose the mounts
+        self._store_marked_at = now
 
     def release_engine(self, engine: Engine, *, discard: bool = False) -> None:
         """Back to the pool; ``discard`` (after a cancelled or failed query) closes it instead.

@@ -10,12 +10,20 @@ mounts. Then:
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 import io
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -24,6 +32,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from sqe.server._proto import flight_sql_pb2 as sql_pb
+from sqe.server.identity import authority_of
 from tests.conftest import CatalogPrincipal, pyiceberg_catalog
 from tests.e2e.test_server import Served, _bearer, _command, _reader_settings, _two_scopes, served, start_server
 
@@ -46,8 +55,18 @@ def world(
 ) -> Iterator[World]:
     from tests.helpers.processes import stop_child
 
-    catalog = served.catalog
     workdir = tmp_path_factory.mktemp("external_served")
+    config, env = _server_files(workdir, served, catalog_reader)
+    proc, port = start_server(workdir, config, env)
+    try:
+        yield World(served, f"grpc://127.0.0.1:{port}")
+    finally:
+        stop_child(proc)
+
+
+def _server_files(workdir: Path, served: Served, catalog_reader: CatalogPrincipal) -> tuple[Path, dict[str, str]]:
+    """A server config in ``workdir`` (mount stores beside its engine config) and the environment it runs with."""
+    catalog = served.catalog
     engine = [
         "[catalog]",
         f'uri = "{catalog.url}"',
@@ -69,11 +88,7 @@ def world(
         "SQE_STORAGE__SECRET_ACCESS_KEY": catalog.moto.secret_access_key,
         "SQE_EXTERNAL_TABLES_KEY": Fernet.generate_key().decode(),
     }
-    proc, port = start_server(workdir, config, env)
-    try:
-        yield World(served, f"grpc://127.0.0.1:{port}")
-    finally:
-        stop_child(proc)
+    return config, env
 
 
 def _sql(world: World, who: str, sql: str) -> pa.Table:
@@ -178,3 +193,96 @@ def test_a_mount_belongs_to_the_authority_it_was_created_under(world: World) -> 
     second = world.served.token("carol")
     assert first != second
     assert _sql_as(world, second, f"SELECT note FROM {name}_kept").to_pylist() == [{"note": "under every role"}]
+
+
+# ----------------------------------------------------------------- mount stores across versions (found by review)
+
+
+@contextlib.contextmanager
+def _serving(workdir: Path, config: Path, env: dict[str, str], served: Served) -> Iterator[World]:
+    from tests.helpers.processes import stop_child
+
+    (workdir / "port").unlink(missing_ok=True)  # a restart: the last server's port file would name its port
+    proc, port = start_server(workdir, config, env)
+    try:
+        yield World(served, f"grpc://127.0.0.1:{port}")
+    finally:
+        stop_child(proc)
+
+
+def _subject(token: str) -> str:
+    payload = token.split(".")[-2]
+    return str(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["sub"])
+
+
+def _per_user_stores(workdir: Path) -> list[Path]:
+    return sorted(workdir.glob("sqe-external-tables.*.db"))
+
+
+def _stores_cli(config: Path, *options: str) -> str:
+    """``sqe serve --config ... OPTIONS`` as an operator runs it beside the server; its standard output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SQE_"))}
+    command = [sys.executable, "-m", "sqe.cli", "serve", "--config", str(config), *options]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_a_mount_store_of_an_earlier_version_is_moved_to_its_new_name_across_a_restart(
+    served: Served, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """Found by review: stores were named by 16 hex digits of SHA-256 (64 bits: two owners could share one, and
+    read, drop and shadow each other's mounts). Now by the whole digest; a store a server of an earlier version
+    wrote under its 64-bit name moves to the new name when its owner comes back, rather than being left behind
+    (the user would have found no mounts after the upgrade)."""
+    config, env = _server_files(tmp_path, served, catalog_reader)
+    namespace = served.namespace
+    location = _put_parquet(World(served, ""), pa.table({"note": ["mounted before the upgrade"]}))
+    token = served.token("carol")
+    with _serving(tmp_path, config, env, served) as before:
+        _mount_as(before, token, f"{namespace}.upgraded (note VARCHAR)", location)
+    [store] = _per_user_stores(tmp_path)
+    assert len(bytes.fromhex(store.name.split(".")[1])) == 32  # the whole SHA-256, not 8 bytes of it
+    # what an earlier version left: that store under its 64-bit name (the old formula, written out)
+    owner = f"user:{_subject(token)}\0{authority_of(token)}"
+    legacy = tmp_path / f"sqe-external-tables.{hashlib.sha256(owner.encode()).hexdigest()[:16]}.db"
+    store.rename(legacy)
+
+    with _serving(tmp_path, config, env, served) as after:
+        rows = _sql_as(after, served.token("carol"), f"SELECT note FROM {namespace}.upgraded").to_pylist()
+        assert rows == [{"note": "mounted before the upgrade"}]
+        assert _per_user_stores(tmp_path) == [store]  # moved, once: no copy left under the old name
+        assert _sql_as(after, token, f"DROP EXTERNAL TABLE {namespace}.upgraded").to_pylist() == [{"dropped": True}]
+    log = (tmp_path / "server.log").read_text(encoding="utf-8")
+    assert "1 external-table store beside" in log  # the second start counted the store the first one made
+    assert token not in log and authority_of(token) not in log and _subject(token) in log  # sub is no secret
+
+
+def test_stores_unused_for_days_are_listed_and_pruned_but_never_one_in_use(
+    served: Served, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """Found by review: the store of an authority that is gone (a rotated secret, an opaque token issued again) was
+    never read again nor removed by anything. ``sqe serve --list-external-stores`` names each store with its last
+    use; ``--prune-external-stores DAYS`` deletes those unused for DAYS days, while the server runs too: a store a
+    client session uses is marked as used, so it is kept."""
+    config, env = _server_files(tmp_path, served, catalog_reader)
+    namespace = served.namespace
+    location = _put_parquet(World(served, ""), pa.table({"note": ["in use"]}))
+    with _serving(tmp_path, config, env, served) as world:
+        _mount_as(world, served.token("carol"), f"{namespace}.in_use (note VARCHAR)", location)
+        [store] = _per_user_stores(tmp_path)
+        gone = tmp_path / f"sqe-external-tables.{hashlib.sha256(b'an authority that is gone').hexdigest()}.db"
+        shutil.copy(store, gone)
+        long_ago = time.time() - 40 * 86400
+        for path in (store, gone):
+            os.utime(path, (long_ago, long_ago))
+        listed = _stores_cli(config, "--list-external-stores")
+        assert "2 external-table stores" in listed and listed.count("1 mount,") + listed.count("1 mount\n") == 2
+        assert listed.count("days ago") == 2
+
+        # carol comes back (a new connection: a new client session), which marks her store as used
+        assert _sql_as(world, served.token("carol"), f"SELECT note FROM {namespace}.in_use").num_rows == 1
+        pruned = _stores_cli(config, "--prune-external-stores", "30")
+        assert "removed 1 external-table store" in pruned and gone.name in pruned and store.name not in pruned
+        assert _per_user_stores(tmp_path) == [store]
+        assert _sql_as(world, served.token("carol"), f"SELECT note FROM {namespace}.in_use").num_rows == 1

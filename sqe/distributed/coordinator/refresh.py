@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqe._counters import Counters
+from sqe._text import short_identity
 from sqe.errors import SQEError
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class TableLease:
 
     def __repr__(self) -> str:
         state = f"stopped: {self.stopped}" if self.stopped else "active"
-        return f"TableLease({self.ident}, user={self.user!r}, generation={self.generation}, {state})"
+        return f"TableLease({self.ident}, user={short_identity(self.user)!r}, generation={self.generation}, {state})"
 
     def due_at(self) -> float | None:
         """When to refresh: None while nobody reads, after a stop, or for sets without a usable limit."""
@@ -295,7 +296,7 @@ class CredentialRefresher:
         log.info(
             "refreshed credentials of %s for %s via %s: generation %d, %d set(s) pushed to %d fragment(s)",
             lease.ident,
-            lease.user,
+            short_identity(lease.user),
             result.source,
             lease.generation,
             len(credentials),
@@ -318,7 +319,7 @@ class CredentialRefresher:
             "credential refresh of %s for %s stopped, nothing pushed (running fragments keep their current "
             "keys until they expire): %s",
             lease.ident,
-            lease.user,
+            short_identity(lease.user),
             reason,
         )
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 
 import pytest
 
+from sqe._text import short_identity
 from sqe.catalog.rest import principal_key
-from sqe.config import load_config
+from sqe.config import CatalogConnection, SQEConfig, load_config
 from sqe.errors import ConfigError
 
 BASE = {"catalog.uri": "http://127.0.0.1:1", "catalog.warehouse": "demo"}
@@ -88,3 +90,19 @@ def test_sibling_reader_needs_its_own_end_user() -> None:
         )
     assert str(caught.value).startswith("catalog.warehouses[0].reader_client_id")
     assert "a reader acts for an end user" in str(caught.value)
+
+
+def test_a_principal_known_only_by_its_token_is_keyed_by_the_tokens_whole_digest() -> None:
+    """Found by review: it was keyed by 16 hex digits (64 bits), so two tokens sharing them would have shared cached
+    tables and credential leases. Logs show the key through ``short_identity``: 16 hex digits, never the token."""
+    token = "opaque-catalog-token-51c2"
+    key = principal_key(_connection(token))
+    assert key == "token:" + hashlib.sha256(token.encode()).hexdigest()
+    assert short_identity(key) == "token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
+    assert principal_key(_connection(token + "x")) != key
+
+
+def _connection(token: str) -> CatalogConnection:
+    config = load_config(env={}, overrides={**BASE, "catalog.token": token})
+    assert isinstance(config, SQEConfig)
+    return config.catalog.connection()

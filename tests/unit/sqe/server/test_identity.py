@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import threading
 import time
@@ -163,3 +164,18 @@ def test_its_repr_names_the_catalog_without_a_password_in_its_uri() -> None:
     broker = IdentityBroker("http://alice:Pw9SECRET@127.0.0.1:9/api/catalog?token=T0kSECRET", "wh")
     assert "Pw9SECRET" not in repr(broker) and "T0kSECRET" not in repr(broker)
     assert "http://alice:***@127.0.0.1:9/api/catalog?token=***" in repr(broker), repr(broker)
+
+
+OPAQUE = "opaque-token-without-claims-7f3a"
+
+
+def test_a_user_known_only_by_an_opaque_token_is_keyed_by_its_whole_digest() -> None:
+    """Found by review: such a user was keyed ``token:<16 hex>`` (64 bits of the token's SHA-256): two users whose
+    tokens shared those 64 bits would have shared client sessions, limits and mount stores. The key now holds the
+    whole digest; logs and reprs show 16 hex digits of it, never the token."""
+    with _catalog_answering(200, b"{}") as uri:
+        user = IdentityBroker(uri, "wh").authenticate_bearer(OPAQUE)
+    assert user.key == f"token:{hashlib.sha256(OPAQUE.encode()).hexdigest()}"
+    assert len(bytes.fromhex(user.key.removeprefix("token:"))) >= 16
+    assert repr(user) == f"User(key='token:{fingerprint(OPAQUE)}', issued_token=False)"
+    assert OPAQUE not in repr(user) and user.authority not in repr(user)

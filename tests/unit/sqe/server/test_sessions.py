@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import pickle
 import time
 
@@ -112,6 +113,8 @@ def test_external_tables_are_stored_per_user_and_authority() -> None:
 
     wide = store("user:alice", "all roles")
     assert wide is not None and wide.startswith("/srv/sqe/external.") and wide.endswith(".db")
+    # found by review: named by 16 hex digits (64 bits), which two owners' stores could share; now the whole SHA-256
+    assert wide == "/srv/sqe/external." + hashlib.sha256(b"user:alice\0all roles").hexdigest() + ".db"
     assert store("user:alice", "all roles", "another session") == wide
     assert len({wide, store("user:alice", "one role"), store("user:bob", "all roles")}) == 3
 
@@ -262,3 +265,22 @@ def test_a_users_client_sessions_are_bounded_and_the_least_recently_used_idle_on
     for session in registry.sessions():
         session.open.clear()
     registry.close()
+
+
+def test_an_engine_is_reused_by_its_tokens_whole_digest_which_its_repr_never_shows() -> None:
+    """Found by review: engines were matched to the catalog token by 16 hex digits (64 bits): a token sharing them
+    with another would have been served an engine built over the other token."""
+    session = ClientSession(SessionKey("user:alice", "", "s"), _load({}), 1024)
+    engine = session.acquire_engine("TOKEN")
+    try:
+        assert engine.token_key == hashlib.sha256(b"TOKEN").hexdigest()
+        assert engine.token_key not in repr(engine)
+    finally:
+        session.release_engine(engine, discard=True)
+
+
+def test_a_session_keys_repr_shows_a_token_users_key_shortened() -> None:
+    digest = hashlib.sha256(b"opaque").hexdigest()
+    key = SessionKey(f"token:{digest}", "AUTHORITY-DIGEST", "cookie-value")
+    assert repr(key) == f"SessionKey(user='token:{digest[:16]}', tag='{key.short_tag}')"
+    assert "AUTHORITY-DIGEST" not in repr(key) and "cookie-value" not in repr(key)
