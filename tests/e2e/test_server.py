@@ -1327,7 +1327,7 @@ def test_preparing_describing_and_browsing_run_beside_a_held_query_and_take_a_pl
             except flight.FlightUnavailableError as exc:
                 refused = exc
         assert refused is not None, ("a second planning call ran beside the first past the per-user limit", outcome)
-        assert "server busy" in str(refused) and "planning calls" in str(refused)
+        assert "server busy" in str(refused) and "1 planning call of this user is running" in str(refused)
         assert "max_concurrent_queries_per_user" in str(refused)
     finally:
         polled.set()
