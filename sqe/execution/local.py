@@ -49,6 +49,7 @@ from sqe.execution.cache import parquet_fragment
 from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
 from sqe.execution.decoded_cache import DECODED
 from sqe.execution.delete_limits import check_position_deletes, record_counts
+from sqe.execution.promoted import narrowed_fields, narrowed_filter
 from sqe.execution.row_filter import RowMask, compile_row_filter, filter_rows
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ def _task_to_record_batches(
     ``parallel_decode`` decodes a file's columns on pyarrow's thread pool; when enough files are read at once to
     keep every core busy, decoding each in its reader thread saves the pool's hand-offs. ``projections`` keeps
     the direct projections of one scan (same ReadSpec) by file schema: the files of a table mostly share one."""
+    fragment: ds.ParquetFileFragment | None = None
     if not positional_deletes and task.file.file_format == FileFormat.PARQUET:
         # The table's FileIO: per-file credentials; the manifest's size: no HEAD; a kept footer: no footer GET.
         fragment = parquet_fragment(read.io, task.file.file_path, task.file.file_size_in_bytes, _PARQUET)
@@ -138,7 +140,7 @@ def _task_to_record_batches(
             yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode, file_size=size)
             return
     if read.promoted_filter_ids:
-        yield from _promoted_then_filtered(read, task, positional_deletes)
+        yield from _promoted_then_filtered(read, task, positional_deletes, fragment)
         return
     yield from _pyiceberg_batches(read, task, positional_deletes, read.bound_row_filter, read.projected_schema)
 
@@ -166,12 +168,19 @@ def _pyiceberg_batches(
 
 
 def _promoted_then_filtered(
-    read: ReadSpec, task: FileScanTask, positional_deletes: list[pa.ChunkedArray] | None
+    read: ReadSpec,
+    task: FileScanTask,
+    positional_deletes: list[pa.ChunkedArray] | None,
+    fragment: ds.ParquetFileFragment | None,
 ) -> Iterator[pa.RecordBatch]:
     """A file of a table whose filter reads a promoted column. pyiceberg binds the filter to the file's own types,
     so ``x > 0.1`` on a file written while ``x`` was a float compares with 0.1 rounded to a float (0.1f > 0.1f:
     the row is dropped). Iceberg's rule (the Java reader) compares the promoted value with the table's literal
-    (0.1f as a double is above 0.1): the file is read unfiltered in the table's types, then filtered."""
+    (0.1f as a double is above 0.1): the file is read in the table's types, then filtered exactly.
+
+    ``fragment`` (a Parquet file without positional deletes, its footer loaded) is read with the filter narrowed
+    to its own types (``sqe.execution.promoted``: never stronger than the exact one), so its row groups are
+    pruned by their statistics as any other file's; one whose row groups all fail it is not opened at all."""
     extra = [
         read.table_schema.find_field(field_id)
         for field_id in sorted(extract_field_ids(read.bound_row_filter))
@@ -184,9 +193,55 @@ def _promoted_then_filtered(
     translated = translate_column_names(read.bound_row_filter, widened, case_sensitive=read.case_sensitive)
     condition = expression_to_pyarrow(bind(widened, translated, case_sensitive=read.case_sensitive), widened)
     kept = [f.name for f in read.projected_schema.fields]
-    for batch in _pyiceberg_batches(read, task, positional_deletes, AlwaysTrue(), widened):
+    file_schema = _file_schema(read, fragment.physical_schema) if fragment is not None else None
+    # Without the file's schema (no fragment: positional deletes or not Parquet) the file is read unfiltered.
+    pushed = _narrowed_file_filter(read, file_schema) if file_schema is not None else AlwaysTrue()
+    if (
+        fragment is not None
+        and file_schema is not None
+        and not _row_groups_may_match(read, fragment, file_schema, pushed)
+    ):
+        return
+    for batch in _pyiceberg_batches(read, task, positional_deletes, pushed, widened):
         filtered = pa.Table.from_batches([batch]).filter(condition).select(kept)
         yield from filtered.to_batches()
+
+
+def _narrowed_file_filter(read: ReadSpec, file_schema: Schema) -> BooleanExpression:
+    """The row filter, bound to the table's schema, with its leaves on columns this file holds in a narrower
+    type narrowed to that type."""
+    narrowed = narrowed_fields(read.bound_row_filter, read.table_schema, file_schema)
+    return narrowed_filter(read.bound_row_filter, narrowed)
+
+
+def _row_groups_may_match(
+    read: ReadSpec, fragment: ds.ParquetFileFragment, file_schema: Schema, pushed: BooleanExpression
+) -> bool:
+    """Whether any row group of the file may hold a row ``pushed`` keeps, by the groups' statistics. Only asked
+    when the file holds every column the filter reads, at the top level: pyiceberg fills a column a file lacks
+    from its partition or default value, which the statistics know nothing of (then: it may)."""
+    if isinstance(pushed, AlwaysTrue):
+        return True
+    top_level = {field.field_id for field in file_schema.fields}
+    if not extract_field_ids(pushed) <= top_level:
+        return True
+    translated = translate_column_names(pushed, file_schema, case_sensitive=read.case_sensitive)
+    condition = expression_to_pyarrow(bind(file_schema, translated, case_sensitive=read.case_sensitive), file_schema)
+    kept = fragment.subset(filter=condition, schema=fragment.physical_schema)
+    return kept is None or bool(kept.row_groups)
+
+
+def _file_schema(read: ReadSpec, physical_schema: pa.Schema) -> Schema | None:
+    """The Iceberg schema of a Parquet file as pyiceberg reads it, or None (no field ids and no name mapping)."""
+    try:
+        return pyarrow_to_schema(
+            physical_schema,
+            read.name_mapping,
+            downcast_ns_timestamp_to_us=read.format_version <= 2,
+            format_version=read.format_version,  # type: ignore[arg-type]  # a TableVersion, read from metadata
+        )
+    except ValueError:
+        return None
 
 
 class ProjectionMemo:
@@ -508,14 +563,8 @@ def _decode_by_scanner(
 def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:
     """The direct scan of a file with this schema, or None when pyiceberg's projection would change anything
     (renamed-only columns are fine; missing, promoted, re-typed or nested columns are not)."""
-    try:
-        file_schema = pyarrow_to_schema(
-            physical_schema,
-            read.name_mapping,
-            downcast_ns_timestamp_to_us=read.format_version <= 2,
-            format_version=read.format_version,  # type: ignore[arg-type]  # a TableVersion, read from metadata
-        )
-    except ValueError:  # no field ids and no name mapping: pyiceberg reports it
+    file_schema = _file_schema(read, physical_schema)
+    if file_schema is None:  # no field ids and no name mapping: pyiceberg reports it
         return None
     if _holds_promoted_filter_column(read, file_schema):
         return None  # filtered after promotion (_promoted_then_filtered)
