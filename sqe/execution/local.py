@@ -49,8 +49,8 @@ from sqe.execution.cache import parquet_fragment
 from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
 from sqe.execution.decoded_cache import DECODED
 from sqe.execution.delete_limits import check_position_deletes, record_counts
-from sqe.execution.promoted import narrowed_fields, narrowed_filter
 from sqe.execution.row_filter import RowMask, compile_row_filter, filter_rows
+from sqe.planning.read_filters import narrowed_fields, narrowed_filter
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
@@ -179,7 +179,7 @@ def _promoted_then_filtered(
     (0.1f as a double is above 0.1): the file is read in the table's types, then filtered exactly.
 
     ``fragment`` (a Parquet file without positional deletes, its footer loaded) is read with the filter narrowed
-    to its own types (``sqe.execution.promoted``: never stronger than the exact one), so its row groups are
+    to its own types (``sqe.planning.read_filters``: never stronger than the exact one), so its row groups are
     pruned by their statistics as any other file's; one whose row groups all fail it is not opened at all."""
     extra = [
         read.table_schema.find_field(field_id)

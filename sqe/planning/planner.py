@@ -42,6 +42,7 @@ from sqe._text import first_line, iso_utc
 from sqe.errors import EncryptedTableError, QueryError, SQEError
 from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, ManifestBounds, bounded_io
 from sqe.planning.manifests import planning_manifests
+from sqe.planning.read_filters import nan_safe_filter
 from sqe.restrictions import RestrictionPlan, apply, parse_restrictions, required_columns
 from sqe.vocabulary import ENCRYPTION_KEY_ID, ENCRYPTION_KEYS
 
@@ -686,7 +687,8 @@ def build_read_spec(metadata: TableMetadata, io: FileIO, projected: Schema, row_
     } | extract_field_ids(bound)
     return ReadSpec(
         io=io,
-        bound_row_filter=bound,
+        # pyarrow's row-group pruning loses NaN rows of some float filters: files are read without those parts.
+        bound_row_filter=nan_safe_filter(bound),
         projected_schema=projected,
         table_schema=table_schema,
         projected_field_ids=frozenset(projected_ids),

@@ -8,8 +8,11 @@ stronger than the exact one), so its row groups are pruned by their statistics; 
 is not opened at all. Every row is still decided by the exact filter in the table's types (a float ``0.1f`` is
 above the double ``0.1``), so each result is compared with pyarrow's filter over every row of the table.
 
-Real sqe-catalog (restrictions set with its admin command), moto, and a table written by pyiceberg with two
-rows per row group.
+A filter true on NaN (``is_nan``, ``<>``) is not used to prune row groups: pyarrow's statistics leave NaN out, so
+it skipped a group holding NaN rows the filter keeps (``doubles``, a column never promoted).
+
+Real sqe-catalog (restrictions set with its admin command), moto, and tables written by pyiceberg with two rows
+per row group.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ AFTER = {
     "new": _rows([15, 16], [25.5, 26.5], [25, 26], ["25.00", "26.00"]),
     "wide": _rows([17, 18], [0.1, 1e300], [2**40, 5], ["1234567.89", "5.00"]),
 }
+# Never promoted: its second row group (20.5 and NaN) has statistics [20.5, 20.5], which leave the NaN out.
+DOUBLES = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "x": pa.array([1.0, 2.0, 20.5, NAN], pa.float64())})
 OLD_TYPES = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("n", pa.int32()), ("d", pa.decimal128(5, 2))])
 NEW_TYPES = pa.schema([("id", pa.int64()), ("x", pa.float64()), ("n", pa.int64()), ("d", pa.decimal128(9, 2))])
 
@@ -98,6 +103,10 @@ def world(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactor
         table = writer.load_table((namespace, "people"))
         for rows in AFTER.values():
             table.append(pa.table(rows, schema=NEW_TYPES))
+        doubles = writer.create_table(
+            (namespace, "doubles"), schema=DOUBLES.schema, properties={"write.parquet.row-group-limit": "2"}
+        )
+        doubles.append(DOUBLES)
         reader_principal = catalog_server.create_principal(f"prengine_{suffix}", reader=True)
         yield World(catalog_server, namespace, tmp_path_factory.mktemp("promoted"), principals, reader_principal)
 
@@ -237,3 +246,26 @@ def test_a_where_on_a_promoted_int_column_prunes_files(world: World) -> None:
             section = next(iter(explain_sections(session.sql(f"EXPLAIN {sql}").arrow()).values()))
             assert section["files_planned"] == str(planned), where
             assert section["pushed_filter"].startswith("n "), where
+
+
+@pytest.mark.parametrize(
+    ("row_filter", "exact"),
+    [
+        ({"type": "is-nan", "term": _ref(X)}, lambda t: pc.is_nan(t["x"])),
+        (_cmp("not-eq", X, 20.5), lambda t: pc.not_equal(t["x"], 20.5)),  # NaN <> 20.5 holds (no nulls here)
+        ({"type": "not", "child": _cmp("lt", X, 2.0)}, lambda t: pc.invert(pc.less(t["x"], 2.0))),
+    ],
+    ids=["is-nan", "not-eq", "not-lt"],
+)
+def test_a_row_filter_true_on_nan_keeps_the_nan_rows_of_a_double_column(
+    world: World, row_filter: dict[str, Any], exact: Any
+) -> None:
+    """pyarrow prunes a row group by statistics that leave NaN out: read with ``is_nan(x)`` (or ``x <> 20.5``,
+    which the planner pushes as ``x <> 20.5 OR x IS NULL OR is_nan(x)``), the group of 20.5 and NaN was skipped
+    and alice saw no NaN row. Files are now read without those parts of the filter; it still runs on every row."""
+    clear_process_caches()
+    world.restrict("alice", {"required-row-filter": row_filter}, table="doubles")
+    with open_session(world, "alice") as session:
+        ids = [row[0] for row in session.sql(f"SELECT id FROM {world.namespace}.doubles ORDER BY id").fetchall()]
+    assert ids == sorted(DOUBLES.filter(exact(DOUBLES)).column("id").to_pylist())
+    assert 4 in ids  # the NaN row

@@ -38,9 +38,16 @@ from pyiceberg.io.pyarrow import expression_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, NestedField, StringType
 
-from sqe.execution.promoted import float32_at_least, float32_at_most, narrowed_fields, narrowed_filter
+from sqe.planning.read_filters import (
+    float32_at_least,
+    float32_at_most,
+    nan_safe_filter,
+    narrowed_fields,
+    narrowed_filter,
+)
 
 FLOAT32_MAX = 3.4028234663852886e38
+NAN = float("nan")
 
 
 def f32(value: float) -> float:
@@ -190,11 +197,66 @@ def test_the_shapes_given_up() -> None:
         return narrowed_filter(bound, narrowed_fields(bound, table_schema, file_schema))
 
     assert narrowed(Not(LessThan("x", 0.5))) == AlwaysTrue()  # a NOT over a narrowed leaf
-    assert narrowed(IsNaN("x")) == AlwaysTrue()  # pyarrow's statistics leave NaN out
-    assert narrowed(NotEqualTo("x", 0.5)) == AlwaysTrue()
+    assert narrowed(IsNaN("x")) == bind(table_schema, IsNaN("x"), case_sensitive=True)  # the same in every type
+    assert narrowed(NotEqualTo("x", 0.5)) == bind(table_schema, NotEqualTo("x", 0.5), case_sensitive=True)
+    assert narrowed(NotEqualTo("x", 0.1)) == AlwaysTrue()
     assert narrowed(GreaterThan("x", 1e39)) == AlwaysTrue()  # beyond float's range
     assert narrowed(EqualTo("x", 0.1)) == AlwaysTrue()  # a float holds no 0.1
     kept_as_is = bind(table_schema, Not(EqualTo("s", "b")), case_sensitive=True)
     assert narrowed(Not(EqualTo("s", "b"))) == kept_as_is  # no narrowed column below it
     same_schema = bind(table_schema, GreaterThan("x", 0.1), case_sensitive=True)
     assert narrowed_filter(same_schema, narrowed_fields(same_schema, table_schema, table_schema)) is same_schema
+
+
+def test_nan_safe_filters_drop_what_is_true_on_nan_over_float_columns_only() -> None:
+    """pyarrow prunes a row group by a min and max that leave NaN out (a group of 20.5 and NaN is skipped for
+    ``is_nan(x)``), so a file is read without the parts of its filter that are true on NaN."""
+    schema = Schema(
+        NestedField(1, "x", DoubleType(), required=False),
+        NestedField(2, "f", FloatType(), required=False),
+        NestedField(3, "s", StringType(), required=False),
+    )
+
+    def safe(expr: BooleanExpression) -> BooleanExpression:
+        return nan_safe_filter(bind(schema, expr, case_sensitive=True))
+
+    def same(expr: BooleanExpression) -> bool:
+        bound = bind(schema, expr, case_sensitive=True)
+        return nan_safe_filter(bound) == bound
+
+    assert safe(IsNaN("x")) == AlwaysTrue()
+    assert safe(IsNaN("f")) == AlwaysTrue()
+    assert safe(Or(NotEqualTo("x", 20.5), Or(IsNull("x"), IsNaN("x")))) == AlwaysTrue()
+    assert safe(NotIn("f", {0.5, 1.5})) == AlwaysTrue()
+    assert safe(Not(LessThan("x", 0.5))) == AlwaysTrue()  # NaN: x < 0.5 is false, so NOT of it is true
+    assert safe(And(IsNaN("x"), EqualTo("s", "a"))) == bind(schema, EqualTo("s", "a"), case_sensitive=True)
+    for kept_as_is in (
+        GreaterThan("x", 0.5),
+        And(LessThanOrEqual("f", 1.5), NotNaN("x")),
+        In("x", {0.5}),
+        IsNull("x"),
+        NotEqualTo("s", "a"),
+        Not(EqualTo("s", "b")),
+    ):
+        assert same(kept_as_is), kept_as_is
+
+
+def test_nan_safe_filters_keep_every_nan_row_in_a_real_parquet_file(tmp_path: Any) -> None:
+    """The filters through pyarrow's scanner on a real file whose second row group (20.5 and NaN) has statistics
+    [20.5, 20.5]: read with the safe filter, then filtered exactly, every row the exact filter keeps is there."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    schema = Schema(NestedField(1, "x", DoubleType(), required=False))
+    table = pa.table({"x": pa.array([1.0, 2.0, 20.5, NAN], pa.float64())})
+    path = str(tmp_path / "nan.parquet")
+    pq.write_table(table, path, row_group_size=2)
+    fragment = next(iter(ds.dataset(path).get_fragments()))
+    for expr in (IsNaN("x"), Or(NotEqualTo("x", 20.5), Or(IsNull("x"), IsNaN("x"))), Not(LessThan("x", 30.0))):
+        bound = bind(schema, expr, case_sensitive=True)
+        exact = expression_to_pyarrow(bound, schema)
+        expected = table.filter(exact).num_rows  # row by row, no statistics
+        safe = nan_safe_filter(bound)
+        pushed = None if isinstance(safe, AlwaysTrue) else expression_to_pyarrow(safe, schema)
+        read = ds.Scanner.from_fragment(fragment, filter=pushed).to_table()
+        assert expected >= 1 and read.filter(exact).num_rows == expected, expr

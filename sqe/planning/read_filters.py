@@ -1,4 +1,7 @@
-"""The row filter of a table with a promoted column, in a form a file written before the promotion can be read with.
+"""What data files are read with: the scan's row filter, weakened (never strengthened) where pyarrow would get it wrong.
+
+Only these filters go to the Parquet reader; the read-restrictions' exact filter and the user's WHERE (DuckDB)
+run on the rows after, so a weaker filter costs only pruning.
 
 Iceberg promotes int to long, float to double and decimal(P, S) to decimal(P', S) (P' > P). A file written
 before the promotion holds the narrower type, and Iceberg's rule (the Java reader) compares the promoted value
@@ -20,10 +23,11 @@ narrowed column gets a literal the file's type holds exactly:
 - ``=``, ``<>``, ``IN`` and ``NOT IN``: kept when the narrower type holds every literal exactly, else given up.
 
 A leaf given up becomes AlwaysTrue, which only weakens the filter as long as no NOT is above it: a NOT over a
-narrowed leaf gives up its whole subtree. Null checks and NOT NaN do not depend on the type and stay. A leaf true
-on NaN (``is_nan``, ``<>``, ``NOT IN``) on a narrowed float is given up: pyarrow prunes row groups by a min and
-max that leave NaN out, so it would skip a group whose NaN rows the filter keeps. Any other pair of types (one
-this module does not know) gives up the leaf too.
+narrowed leaf gives up its whole subtree. Null and NaN checks do not depend on the type and stay. Any other pair
+of types (one this module does not know) gives up the leaf too.
+
+:func:`nan_safe_filter` weakens every scan's filter the same way for a flaw of pyarrow's row-group pruning with
+NaN (see there); the planner applies it to what files are read with (``sqe.planning.planner.build_read_spec``).
 """
 
 from __future__ import annotations
@@ -63,15 +67,14 @@ if TYPE_CHECKING:
     from pyiceberg.schema import Schema
     from pyiceberg.types import IcebergType
 
-__all__ = ["narrowed_fields", "narrowed_filter"]
+__all__ = ["nan_safe_filter", "narrowed_fields", "narrowed_filter"]
 
 _FLOAT32_MAX = 3.4028234663852886e38
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _ALWAYS_TRUE: BooleanExpression = AlwaysTrue()
 _LOWER_BOUNDS = (BoundGreaterThan, BoundGreaterThanOrEqual)
 _UPPER_BOUNDS = (BoundLessThan, BoundLessThanOrEqual)
-# True on a NaN value. pyarrow (26) prunes a row group by its min and max, which leave NaN out: a group of 20.5 and
-# NaN is pruned for ``is_nan(x)`` and for ``x != 20.5`` though a row of it holds. Given up on a narrowed float.
+# Leaves true on a NaN value (see nan_safe_filter).
 _TRUE_ON_NAN = (BoundIsNaN, BoundNotEqualTo, BoundNotIn)
 
 
@@ -93,32 +96,62 @@ def narrowed_filter(bound_filter: BooleanExpression, narrowed: dict[int, Iceberg
     literal of the file's type exactly, or given up; never stronger than ``bound_filter``."""
     if not narrowed:
         return bound_filter
-    return _narrow(bound_filter, narrowed)
+    return _weakened(bound_filter, set(narrowed), lambda leaf: _narrow_leaf(leaf, narrowed[_field_id(leaf)]))
 
 
-def _narrow(expr: BooleanExpression, narrowed: dict[int, IcebergType]) -> BooleanExpression:
-    if isinstance(expr, And):
-        return _and(_narrow(expr.left, narrowed), _narrow(expr.right, narrowed))
-    if isinstance(expr, Or):
-        return _or(_narrow(expr.left, narrowed), _narrow(expr.right, narrowed))
+def nan_safe_filter(bound_filter: BooleanExpression) -> BooleanExpression:
+    """``bound_filter`` without the leaves on float and double columns that are true on NaN (``is_nan``, ``<>``,
+    ``NOT IN``, and a NOT above any leaf on such a column); never stronger than ``bound_filter``.
+
+    pyarrow (26) prunes a row group by its statistics, whose min and max leave NaN out, as if the group held no
+    NaN: a group of 20.5 and NaN is skipped for ``is_nan(x)`` and for ``x <> 20.5 OR is_nan(x)``, and its NaN
+    row, which the filter keeps, is lost. Comparisons are false on NaN, so pruning them is right."""
+    floating = _floating_ids(bound_filter)
+    if not floating:
+        return bound_filter
+    return _weakened(bound_filter, floating, lambda leaf: _ALWAYS_TRUE if isinstance(leaf, _TRUE_ON_NAN) else leaf)
+
+
+def _floating_ids(expr: BooleanExpression) -> set[int]:
+    """The field ids of the float and double columns the bound filter's leaves read."""
+    if isinstance(expr, And | Or):
+        return _floating_ids(expr.left) | _floating_ids(expr.right)
     if isinstance(expr, Not):
-        # Weakening below a NOT would strengthen the whole: only a subtree without narrowed leaves stays.
-        return expr if not _reads_narrowed(expr.child, narrowed) else _ALWAYS_TRUE
+        return _floating_ids(expr.child)
+    if isinstance(expr, BoundPredicate) and isinstance(expr.term.ref().field.field_type, FloatType | DoubleType):
+        return {_field_id(expr)}
+    return set()
+
+
+def _field_id(leaf: BoundPredicate) -> int:
+    return leaf.term.ref().field.field_id
+
+
+def _weakened(
+    expr: BooleanExpression, touched: set[int], rewrite: Callable[[BoundPredicate], BooleanExpression]
+) -> BooleanExpression:
+    """``expr`` with each leaf on a ``touched`` field replaced by ``rewrite(leaf)``, which must be no stronger."""
+    if isinstance(expr, And):
+        return _and(_weakened(expr.left, touched, rewrite), _weakened(expr.right, touched, rewrite))
+    if isinstance(expr, Or):
+        return _or(_weakened(expr.left, touched, rewrite), _weakened(expr.right, touched, rewrite))
+    if isinstance(expr, Not):
+        # Weakening below a NOT would strengthen the whole: only a subtree without touched leaves stays.
+        return expr if not _reads(expr.child, touched) else _ALWAYS_TRUE
     if isinstance(expr, BoundPredicate):
-        file_type = narrowed.get(expr.term.ref().field.field_id)
-        return expr if file_type is None else _narrow_leaf(expr, file_type)
+        return rewrite(expr) if _field_id(expr) in touched else expr
     if isinstance(expr, AlwaysTrue | AlwaysFalse):
         return expr
     return _ALWAYS_TRUE  # an expression kind not known here: pruning with less is safe
 
 
-def _reads_narrowed(expr: BooleanExpression, narrowed: dict[int, IcebergType]) -> bool:
+def _reads(expr: BooleanExpression, touched: set[int]) -> bool:
     if isinstance(expr, And | Or):
-        return _reads_narrowed(expr.left, narrowed) or _reads_narrowed(expr.right, narrowed)
+        return _reads(expr.left, touched) or _reads(expr.right, touched)
     if isinstance(expr, Not):
-        return _reads_narrowed(expr.child, narrowed)
+        return _reads(expr.child, touched)
     if isinstance(expr, BoundPredicate):
-        return expr.term.ref().field.field_id in narrowed
+        return _field_id(expr) in touched
     return not isinstance(expr, AlwaysTrue | AlwaysFalse)  # unknown: treated as reading one
 
 
@@ -133,10 +166,8 @@ def _or(left: BooleanExpression, right: BooleanExpression) -> BooleanExpression:
 
 
 def _narrow_leaf(leaf: BoundPredicate, file_type: IcebergType) -> BooleanExpression:
-    if isinstance(file_type, FloatType) and isinstance(leaf, _TRUE_ON_NAN):
-        return _ALWAYS_TRUE  # pyarrow's row-group statistics leave NaN out, and prune such a group wrongly
     if isinstance(leaf, BoundUnaryPredicate):
-        return leaf  # null checks and NOT NaN: the same in every type
+        return leaf  # null and NaN checks: the same in every type
     table_type = leaf.term.ref().field.field_type
     holds = _holder(file_type, table_type)
     if holds is None:
