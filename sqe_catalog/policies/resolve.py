@@ -129,7 +129,7 @@ def resolve(
                 candidates,
                 report,
                 include_disabled,
-                _dropped_names(schema, all_schemas),
+                _former_names(schema, all_schemas),
             )
         for entry in entries:
             _entry_candidates(entry, schema, all_schemas, candidates, report)
@@ -162,13 +162,15 @@ def _columns_of_every_schema(schema: Schema, all_schemas: Sequence[Schema]) -> d
     return columns
 
 
-def _dropped_names(schema: Schema, all_schemas: Sequence[Schema]) -> dict[int, set[str]]:
-    """Every name each dropped top-level column had: older snapshots show it under the one of their schema."""
-    current = {f.field_id for f in schema.fields}
+def _former_names(schema: Schema, all_schemas: Sequence[Schema]) -> dict[int, set[str]]:
+    """Every other name each top-level column had in an older schema. A dropped column's older snapshots show it
+    under those; and a column renamed since keeps a tag that matched it by name only (the tag of a re-created
+    table, whose field ids differ): without them, a rename shed that tag and its mask."""
+    current = {f.field_id: f.name for f in schema.fields}
     names: dict[int, set[str]] = {}
     for old in all_schemas:
         for column in old.fields:
-            if column.field_id not in current:
+            if current.get(column.field_id) != column.name:
                 names.setdefault(column.field_id, set()).add(column.name)
     return names
 

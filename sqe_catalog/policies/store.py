@@ -4,8 +4,8 @@ Tags
     A tag is a key with an optional value, assigned to the warehouse, a namespace, a table or a top-level column.
     Effective tags of an object are its own plus every ancestor's; for one key the nearest assignment wins
     (column over table over deeper namespace over shallower over warehouse), value included. Table tags match the
-    table by UUID or by current name, column tags by field id or by name, so neither a rename nor a drop and
-    re-create sheds a tag (a restriction is never lost by renaming).
+    table by UUID or by current name, column tags by field id or by any name the field has had, so neither a
+    rename nor a drop and re-create (nor both) sheds a tag (a restriction is never lost by renaming).
 
 Policies
     ``system_row_filter`` or ``system_column_mask`` with content of exactly one of ``expression`` (restricted
@@ -633,8 +633,8 @@ class GovernanceSnapshot:
 
         A column tag matches the field with its field id in the same table (a renamed column keeps it) and any
         field with its name (a dropped and re-added column, or a re-created table, keeps it too). ``former_names``
-        are more names a field answers to (a dropped column's names in older schemas, under which older
-        snapshots show it)."""
+        are more names a field answers to: the names it had in older schemas (older snapshots show a dropped
+        column under them, and a column renamed since keeps a tag that matched it by name only)."""
         former = former_names or {}
         table_level = self.table_tags(namespace)
         result: dict[int, dict[str, tuple[str | None, str]]] = {}
