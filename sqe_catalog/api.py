@@ -862,7 +862,7 @@ def _rename_table(call: _Call) -> Response:
     source, target = _rename_endpoints(call, _TABLE_KIND)
     _refuse_view_name(call, *target)
     _refuse_restricted_change(call, *source, "rename")
-    _refuse_inherited_tag_change(call, source[0], target[0])
+    _refuse_tag_change(call, source, target)
     call.warehouse.tables.rename_table(source, target)
     call.state.restrictions.renamed(call.prefix, source, target)
     if call.state.policies is not None:  # policies: table and column tags follow the rename
@@ -870,16 +870,26 @@ def _rename_table(call: _Call) -> Response:
     return _no_content()
 
 
-def _refuse_inherited_tag_change(call: _Call, source: Namespace, target: Namespace) -> None:
-    """A table moved to another namespace leaves the tags it inherited there behind (its own tags follow it):
-    since tags decide read-restrictions, only a policy manager may move it where they differ."""
+def _refuse_tag_change(call: _Call, source: tuple[Namespace, str], target: tuple[Namespace, str]) -> None:
+    """A rename must not change the tags that decide a table's read-restrictions, unless a policy manager does it.
+
+    A table moved to another namespace leaves the tags it inherited there behind (its own tags follow it); and a
+    name a dropped table had still carries that table's tags, which a table renamed onto it would take on (a
+    ``public`` value there would override its namespace's ``restricted``)."""
     policies = call.state.policies
-    if policies is None or source == target or call.allowed(Privilege.CATALOG_MANAGE_POLICIES):
+    if policies is None or call.allowed(Privilege.CATALOG_MANAGE_POLICIES):
         return
-    if policies.inherited_tags(call.prefix, source) != policies.inherited_tags(call.prefix, target):
+    if source[0] != target[0] and policies.inherited_tags(call.prefix, source[0]) != policies.inherited_tags(
+        call.prefix, target[0]
+    ):
         raise ForbiddenError(
-            f"renaming into namespace {'.'.join(target)} changes the tags the table inherits from its namespace, "
+            f"renaming into namespace {'.'.join(target[0])} changes the tags the table inherits from its namespace, "
             "which decide its read-restrictions: that needs CATALOG_MANAGE_POLICIES"
+        )
+    if policies.tags_on_name(call.prefix, *target):
+        raise ForbiddenError(
+            "the new name still carries the tags of a dropped table, which would decide this table's "
+            "read-restrictions: renaming onto it needs CATALOG_MANAGE_POLICIES"
         )
 
 

@@ -501,16 +501,27 @@ class PolicyStore:
             return [_assignment(row) for row in conn.execute(query)]
 
     def renamed(self, warehouse: str, source: tuple[tuple[str, ...], str], target: tuple[tuple[str, ...], str]) -> None:
-        """Keep table and column tags' names current after a table rename (UUID matching does not need it)."""
+        """Keep table and column tags' names current after a table rename (UUID matching does not need it).
+
+        Tags a dropped table left on the target name stay, except where the renamed table has its own assignment
+        of the same key on the same object: that one replaces it (both cannot be kept under one name)."""
         t = _tags.c
-        stmt = (
-            update(_tags)
-            .where(t.warehouse == warehouse, t.namespace == _ns(source[0]), t.table_name == source[1])
-            .values(namespace=_ns(target[0]), table_name=target[1])
-        )
+        at_source = (t.warehouse == warehouse, t.namespace == _ns(source[0]), t.table_name == source[1])
+        at_target = (t.warehouse == warehouse, t.namespace == _ns(target[0]), t.table_name == target[1])
         with self._engine.begin() as conn:
-            conn.execute(stmt)
+            moving = conn.execute(select(t.object_kind, t.column_name, t.tag).where(*at_source)).all()
+            for kind, column, tag in moving:
+                same_key = (t.object_kind == kind, t.column_name == column, t.tag == tag)
+                conn.execute(delete(_tags).where(*at_target, *same_key))
+            conn.execute(update(_tags).where(*at_source).values(namespace=_ns(target[0]), table_name=target[1]))
             self._bump(conn, warehouse)
+
+    def tags_on_name(self, warehouse: str, namespace: tuple[str, ...], table: str) -> list[TagAssignment]:
+        """The table and column tags assigned under the name ``namespace.table`` (a dropped table's stay there)."""
+        t = _tags.c
+        query = select(_tags).where(t.warehouse == warehouse, t.namespace == _ns(namespace), t.table_name == table)
+        with self._engine.connect() as conn:
+            return [_assignment(row) for row in conn.execute(query)]
 
     # --- resolution inputs ------------------------------------------------------------------------------
 
@@ -658,9 +669,17 @@ class GovernanceSnapshot:
 
 
 def _nearest(ranked: list[tuple[int, TagAssignment]]) -> dict[str, tuple[str | None, str]]:
+    """Per key, the nearest assignment's value. Two equally near ones with different values (the table's own,
+    matched by UUID, and another under its current name) have no nearest: which one wins would decide the
+    restrictions by the order of names, so it is an error (the load fails closed)."""
     effective: dict[str, tuple[int, str | None, str]] = {}
     for rank, a in sorted(ranked, key=lambda item: (item[0], item[1].target.describe())):
         previous = effective.get(a.tag)
+        if previous is not None and rank == previous[0] and a.value != previous[1]:
+            raise PolicyError(
+                "resolve-tag-conflict",
+                f"tag {a.tag} has different values on {previous[2]} and {a.target.describe()}, both the table's",
+            )
         if previous is None or rank >= previous[0]:
             effective[a.tag] = (rank, a.value, a.target.describe())
     return {tag: (value, origin) for tag, (_rank, value, origin) in effective.items()}

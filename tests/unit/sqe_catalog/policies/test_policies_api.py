@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from sqe_catalog.policies.errors import PolicyError
+from sqe_catalog.policies.store import GovernanceSnapshot, ObjectKind, TagAssignment, TagTarget
 from tests.unit.sqe_catalog.test_restrictions import (
     ALICE,
     BOB,
@@ -452,3 +454,66 @@ def test_a_column_matched_by_name_only_keeps_its_mask_when_renamed(catalog: Cata
     _evolve(catalog, _schema(1, contact, {"id": 3, "name": "region", "type": "string", "required": False}))
     _enable(catalog, "m")
     assert _restrictions(catalog) == {"required-column-projections": [{"field-id": 2, "action": "mask-alphanum"}]}
+
+
+def _stewards_see_all(catalog: Catalog, tag: str) -> None:
+    """Row filter EU on ``tag=restricted``, lifted for stewards: root and bob, who may drop and create tables (the
+    gate lets their changes through), bob without CATALOG_MANAGE_POLICIES."""
+    catalog.store.create_group("stewards")
+    for steward in ("root", "bob"):
+        catalog.store.add_to_group(steward, "stewards")
+    for privilege in ("TABLE_DROP", "TABLE_CREATE"):
+        catalog.store.grant("bob_role", privilege, "wh")
+    steward_sees_all = 'filter := true if is_group_member("stewards") else := col("region") == "EU"'
+    _policy(catalog, "rf", "system_row_filter", steward_sees_all, tag, "restricted")
+    _enable(catalog, "rf")
+
+
+def _rename(catalog: Catalog, who: str, source: str, target: str) -> Any:
+    body = {"source": {"namespace": ["db"], "name": source}, "destination": {"namespace": ["db"], "name": target}}
+    return catalog.request(who, "POST", "/v1/wh/tables/rename", **body)
+
+
+def _dropped_table_tagged(catalog: Catalog, name: str, tag: str, value: str) -> None:
+    assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name=name, schema=SCHEMA).status == 200
+    _tag(catalog, tag, value, namespace=["db"], table=name)
+    assert catalog.request("root", "DELETE", f"/v1/wh/namespaces/db/tables/{name}").status == 204
+
+
+def test_renaming_onto_a_dropped_tables_tagged_name_needs_catalog_manage_policies(catalog: Catalog) -> None:
+    # Found by review: a dropped table's tags stay on its name (a table re-created there keeps them), and a
+    # table renamed onto that name took them on: its namespace's sensitivity=restricted was overridden by the
+    # dropped table's sensitivity=public, and every user read it unrestricted, with their own tokens too.
+    _tag(catalog, "sensitivity", "restricted", namespace=["db"])
+    _stewards_see_all(catalog, "sensitivity")
+    _dropped_table_tagged(catalog, "z", "sensitivity", "public")
+    refused = error_of(_rename(catalog, "bob", "t", "z"), 403)
+    assert "needs CATALOG_MANAGE_POLICIES" in refused and "sensitivity" not in refused
+    assert _restrictions(catalog) == {"required-row-filter": EU}, "still db.t, still filtered"
+    assert _rename(catalog, "bob", "t", "t2").status == 204, "a name without tags: no change"
+
+
+def test_a_policy_managers_rename_onto_a_tagged_name_keeps_the_tables_own_tags(catalog: Catalog) -> None:
+    # Found by review: the tags of the renamed table and of a dropped table under the new name collided (one key
+    # per object and name): the rename failed with a 500 after the table had moved, its tags stayed under the old
+    # name, and the dropped table's access=public won the tie.
+    _tag(catalog, "access", "restricted", namespace=["db"], table="t")
+    _stewards_see_all(catalog, "access")
+    _dropped_table_tagged(catalog, "z", "access", "public")
+    assert _rename(catalog, "root", "t", "z").status == 204, "root manages policies"
+    moved = catalog.request(ALICE, "GET", "/v1/wh/namespaces/db/tables/z", headers=DECLARED)
+    assert moved.status == 200, moved.body
+    assert moved.json()["read-restrictions"] == {"required-row-filter": EU}, "the table's own tag replaced it"
+
+
+def test_two_equally_near_values_of_a_tag_fail_the_load_closed() -> None:
+    # Found by review: of a table's own tag (matched by UUID) and one under its current name, the one whose
+    # object sorted last won, so the names decided whether a value like public lifted a restriction.
+    own = TagAssignment(TagTarget(ObjectKind.TABLE, ("db",), "a", table_uuid="u1"), "access", "restricted")
+    named = TagAssignment(TagTarget(ObjectKind.TABLE, ("db",), "z", table_uuid="u2"), "access", "public")
+    snapshot = GovernanceSnapshot((own, named), (), 1)
+    with pytest.raises(PolicyError) as err:
+        snapshot.table_tags(("db",))
+    assert err.value.code == "resolve-tag-conflict"
+    same = TagAssignment(TagTarget(ObjectKind.TABLE, ("db",), "z", table_uuid="u2"), "access", "restricted")
+    assert GovernanceSnapshot((own, same), (), 1).table_tags(("db",))["access"][0] == "restricted"
