@@ -474,7 +474,8 @@ def _storage_credentials(call: _Call, table: StoredTable, access: _DataAccess) -
         return []  # vending switched off, or local files that need no credential
     principal = call.principal
     credential = warehouse.vendor.vend(principal.name, table.key, table.locations, access.write, reader=principal.actor)
-    warehouse.tables.require_holding(table)  # a drop or move since the table was read: its place may be free
+    # A drop or move since the table was read: its place may be free; a staged place: reserved until this expiry.
+    warehouse.tables.require_holding(table, credential.expires_at_ms)
     return [{"prefix": table.location, "config": credential.to_config()}]
 
 

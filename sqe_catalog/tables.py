@@ -710,15 +710,23 @@ class WarehouseTables:
         parsed = self.integrity.load(_s(namespace), name, location, trusted, reuse_verified)
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
-    def require_holding(self, table: StoredTable) -> None:
-        """Raise unless ``table`` still holds the places credentials were just vended for (its ``locations``).
+    def require_holding(self, table: StoredTable, expires_at_ms: int | None) -> None:
+        """Raise unless ``table`` still holds the places credentials were just vended for (its ``locations``);
+        ``expires_at_ms``: when that credential expires (None: static keys, no expiry).
 
         Called after the vendor recorded their expiry: a drop or move that committed before that record
         reserved the places only until the expiry recorded earlier, so the credential must not be handed out
         (404 for a dropped table, 503 for a moved one: load it again). One that commits after it reserves them
-        until this expiry: its read of it waits for the record (``state.vended_credentials_until``)."""
+        until this expiry: its read of it waits for the record (``state.vended_credentials_until``).
+
+        A staged create holds its places by a reservation made before the credential was vended, for the
+        configured lifetime: it is set to end when this credential expires, which STS decided (later when the
+        AssumeRole took a while or STS's clock runs ahead, earlier when STS caps the session)."""
         if table.metadata_location is None:
-            return  # a staged create: its place is reserved for the lifetime asked for
+            if expires_at_ms is not None:
+                uuid = str(table.metadata.table_uuid)
+                self.integrity.settle_staged(_s(table.namespace), table.name, uuid, expires_at_ms)
+            return
         location, trusted = self.integrity.current(_s(table.namespace), table.name)
         location = NoSuchTableError.unless_found(location, *table.namespace, table.name)
         if location == table.metadata_location:
@@ -818,7 +826,8 @@ class WarehouseTables:
             with _client_value_errors():
                 metadata = self._new_metadata(create, location)
             # Nothing is written, yet the response may carry credentials for the place: no other table may claim
-            # it while they can be valid (the staged table's own create transaction may).
+            # it while they can be valid (the staged table's own create transaction may). For the lifetime asked
+            # of STS until the credential is vended; then until the expiry it answered (``require_holding``).
             until = now_ms() + self._credential_lifetime_ms
             self.integrity.reserve(_s(namespace), create.name, str(metadata.table_uuid), tuple(locations), until)
         return StoredTable(namespace, create.name, None, metadata)

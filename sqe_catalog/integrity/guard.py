@@ -42,7 +42,13 @@ from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from sqe._lru import LRUCache
-from sqe_catalog.errors import BadRequestError, CommitFailedError, MetadataIntegrityError, NoSuchTableError
+from sqe_catalog.errors import (
+    BadRequestError,
+    CommitFailedError,
+    MetadataIntegrityError,
+    NoSuchTableError,
+    ServiceUnavailableError,
+)
 from sqe_catalog.integrity import admission
 from sqe_catalog.integrity import state as st
 from sqe_catalog.integrity.admission import Admission
@@ -221,6 +227,16 @@ class IntegrityGuard:
     ) -> None:
         with self._catalog.engine.begin() as conn:
             st.record_reserved(conn, self.ref(namespace, name), uuid, locations, until_ms)
+
+    def settle_staged(self, namespace: Namespace, name: str, uuid: str, until_ms: int) -> None:
+        """End the staged table's reservation when the credential its answer carries expires (STS answered that
+        expiry after the reservation was made). Raises ServiceUnavailableError when the reservation is over
+        already: the place may have been claimed since, so the credential must not be handed out."""
+        with self._catalog.engine.begin() as conn:
+            if not st.settle_staged_reservation(conn, self.ref(namespace, name), uuid, until_ms):
+                raise ServiceUnavailableError(
+                    f"the place staged for table {'.'.join((*namespace, name))} is no longer reserved: stage it again"
+                )
 
     def ref(self, namespace: Namespace, name: str) -> TableName:
         return TableName(self._catalog.name, tuple(namespace), name)

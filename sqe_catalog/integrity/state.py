@@ -114,9 +114,10 @@ def _place_records(name: str, time_column: str, *extra: Column[Any]) -> Table:
 _dropped = _place_records("sqe_dropped_table_locations", "dropped_ms")
 # Reservations: places whose credentials the catalog may have vended to a table that no longer holds them
 # (dropped, moved away) or never did (a staged create), kept until those credentials have expired (``until_ms``:
-# the drop, move or staging time plus the warehouse's credential lifetime). Until then no other table may claim
-# the place, a content manager's neither: whoever holds the keys would read the new table's files. Expired rows
-# are removed when a new one is written.
+# for a drop or move, the latest expiry vended for the warehouse (``_vended``); for a staged create, the expiry of
+# the credential its answer carried, or the warehouse's credential lifetime when none went out). Until then no
+# other table may claim the place, a content manager's neither: whoever holds the keys would read the new table's
+# files. Expired rows are removed when a new one is written.
 # table_uuid None: not known (a drop of unreadable metadata)
 _reserved = _place_records("sqe_reserved_table_locations", "until_ms", Column("table_uuid", String(36), nullable=True))
 _tasks = Table(
@@ -386,6 +387,13 @@ def record_reserved(
     """Reserve the table's places until ``until_ms``; reservations already over are removed."""
     conn.execute(delete(_reserved).where(_reserved.c.warehouse == ref.warehouse, _reserved.c.until_ms <= now_ms()))
     _insert_locations(conn, _reserved, ref, locations, until_ms=until_ms, table_uuid=uuid)
+
+
+def settle_staged_reservation(conn: Connection, ref: TableName, uuid: str, until_ms: int) -> bool:
+    """Set the reservation of the staged table ``uuid`` to end at ``until_ms`` (the expiry of the credential its
+    answer carries); False when it is over already (the place may have been claimed since: nothing to settle)."""
+    named = _named(_reserved, ref) & (_reserved.c.table_uuid == uuid) & (_reserved.c.until_ms > now_ms())
+    return bool(conn.execute(update(_reserved).where(named).values(until_ms=until_ms)).rowcount)
 
 
 def record_vended_expiry(conn: Connection, warehouse: str, until_ms: int) -> None:

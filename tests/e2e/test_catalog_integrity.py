@@ -1167,3 +1167,64 @@ def test_a_credential_whose_expiry_cannot_be_recorded_is_not_handed_out(
     assert "database error" in written and "Traceback" not in written
     loaded = _vended_load(api, ns, "t")  # recorded again: the credential is handed out
     assert loaded.status_code == 200 and loaded.json()["storage-credentials"], loaded.text
+
+
+def _staged_with_credentials(api: Api, ns: str, name: str) -> tuple[str, str, int]:
+    """Stage-create ``name`` asking for vended credentials: (its place, its table UUID, the credential's expiry)."""
+    body = {"name": name, "schema": SCHEMA, "stage-create": True, "properties": V3}
+    headers = {"X-Iceberg-Access-Delegation": "vended-credentials"}
+    staged = api.request("POST", f"namespaces/{ns}/tables", json=body, headers=headers)
+    assert staged.status_code == 200, staged.text
+    answer = staged.json()
+    config = answer["storage-credentials"][0]["config"]
+    expiry = int(config["s3.session-token-expires-at-ms"])
+    return answer["metadata"]["location"], answer["metadata"]["table-uuid"], expiry
+
+
+def _reservation_ends(server: CatalogServer, table_uuid: str) -> list[int]:
+    with sqlite3.connect(server.workdir / "catalog.db") as db:
+        rows = db.execute("SELECT until_ms FROM sqe_reserved_table_locations WHERE table_uuid = ?", (table_uuid,))
+        return [int(until) for (until,) in rows]
+
+
+def test_a_staged_place_stays_reserved_while_the_credential_its_answer_carried_is_valid(
+    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Before: a stage-create reserved its place until the configured lifetime from the reservation, and vended its
+    # credential after that: STS, taking 3 s to answer here, made it valid 3 s longer than the reservation, so the
+    # place was free to claim while the credential could still write there. Now the reservation ends when the
+    # credential it handed out expires.
+    with behind_short_sts(catalog_server, tmp_path_factory, seconds=0) as (server, sts):
+        sts.seconds = None  # moto's own answer: the lifetime asked for (900 s), from when it answers
+        sts.inject("POST", "/", 0, 1, delay=3.0)
+        api = Api(server)
+        ns = api.namespace()
+        place, table_uuid, expiry = _staged_with_credentials(api, ns, "t")
+        (until,) = _reservation_ends(server, table_uuid)
+        assert until >= expiry, "the reservation ends before the credential handed out for the place"
+        body = {"name": "u", "schema": SCHEMA, "location": place}
+        squat = api.request("POST", f"namespaces/{ns}/tables", json=body)
+        assert squat.status_code == 403 and "reserved until" in squat.json()["error"]["message"], squat.text
+
+
+def test_a_staged_place_is_free_once_the_credential_its_answer_carried_expired(
+    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Before: the staged place stayed reserved for the configured lifetime (900 s) whatever STS answered; with a
+    # credential that expired after 5 s, nobody could create a table there for 15 minutes. Now the reservation
+    # reflects the expiry STS answered for the credential the answer carried.
+    with behind_short_sts(catalog_server, tmp_path_factory, seconds=5) as (server, _sts):
+        api = Api(server)
+        ns = api.namespace()
+        place, table_uuid, expiry = _staged_with_credentials(api, ns, "t")
+        assert _reservation_ends(server, table_uuid) == [expiry]
+
+        def claim() -> requests.Response:
+            body = {"name": "u", "schema": SCHEMA, "location": place}
+            return api.request("POST", f"namespaces/{ns}/tables", json=body)
+
+        refused = claim()  # the credential is still valid
+        assert refused.status_code == 403 and f"{ns}.t" in refused.json()["error"]["message"], refused.text
+        time.sleep(max(0.0, expiry / 1000 - time.time()) + 0.5)
+        claimed = claim()
+        assert claimed.status_code == 200, claimed.text
