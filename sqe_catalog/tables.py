@@ -17,6 +17,7 @@ that could steer that I/O is checked here first:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -88,7 +89,7 @@ from sqe_catalog.identifiers import (
 from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, check_new_metadata_size, read_metadata_file
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
-from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
+from sqe_catalog.integrity.guard import ClaimRaced, IntegrityGuard, PendingRead
 from sqe_catalog.integrity.state import Reservation, TableName, TrustedState, now_ms
 from sqe_catalog.schema import VIEW_POINTERS, create_tables
 from sqe_catalog.update_ids import assigned_ids
@@ -124,6 +125,10 @@ LOCATION_PROPERTIES = (WRITE_DATA_PATH, WRITE_METADATA_PATH)
 FORBIDDEN_TABLE_PROPERTIES = frozenset({"py-io-impl", "write.py-location-provider.impl"})
 # The newest format a create transaction may ask for (creates write v3 metadata themselves).
 _MAX_CREATE_FORMAT_VERSION = 3
+# How often a claim of places is made in all when other catalog processes' claims keep committing behind its
+# checks (each attempt is checked afresh; the last one lost is a 503).
+_CLAIM_ATTEMPTS = 5
+_T = TypeVar("_T")
 
 
 # Whether the current request may claim a location of a dropped table whose files are still there; api.py sets it
@@ -623,7 +628,8 @@ class WarehouseTables:
         self.root = warehouse.location.rstrip("/")
         entries = warehouse.metadata_cache_entries
         self._catalog = _WarehouseSqlCatalog(warehouse.name, engine, catalog_io_properties(warehouse), entries)
-        # Serialises "check locations, then create/relocate": two requests cannot claim overlapping prefixes.
+        # Serialises "check locations, then create/relocate" in this process (``_claimed``: across processes too):
+        # two requests cannot claim overlapping prefixes.
         self._location_lock = threading.Lock()
         create_tables(engine, [VIEW_POINTERS])  # read by every location check, whether or not views are served
         # pins, digests; verified revisions cached like the plain ones
@@ -821,7 +827,8 @@ class WarehouseTables:
         """Metadata for a create-table transaction; nothing is written until the client commits it."""
         location = self._prepare_create(namespace, create)
         locations = table_locations(location, create.properties)
-        with self._location_lock:
+
+        def claim() -> TableMetadata:
             self._check_new_locations(locations, exclude=None, claimant=_Claimant(namespace, create.name))
             with _client_value_errors():
                 metadata = self._new_metadata(create, location)
@@ -830,7 +837,9 @@ class WarehouseTables:
             # of STS until the credential is vended; then until the expiry it answered (``require_holding``).
             until = now_ms() + self._credential_lifetime_ms
             self.integrity.reserve(_s(namespace), create.name, str(metadata.table_uuid), tuple(locations), until)
-        return StoredTable(namespace, create.name, None, metadata)
+            return metadata
+
+        return StoredTable(namespace, create.name, None, self._claimed(claim))
 
     def _new_metadata(self, create: TableCreate, location: str) -> TableMetadata:
         """A new table's first metadata, carrying the integrity properties a new table starts with."""
@@ -856,12 +865,15 @@ class WarehouseTables:
 
     def create_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
         location = self._prepare_create(namespace, create)
-        with self._location_lock:
-            locations = table_locations(location, create.properties)
+        locations = table_locations(location, create.properties)
+
+        def claim() -> None:
             self._check_new_locations(locations, exclude=None, claimant=_Claimant(namespace, create.name))
             with _translated(namespace, create.name), _client_value_errors():
                 metadata = self._new_metadata(create, location)
             self.integrity.create(_s(namespace), create.name, metadata)  # row + pin in one transaction
+
+        self._claimed(claim)
         return self.load_table(namespace, create.name)
 
     def register_table(
@@ -891,10 +903,13 @@ class WarehouseTables:
         stamp: Any = None,
     ) -> StoredTable:
         """Trust on first use of ``parsed`` (the one read of ``metadata_location``): checked, pinned, answered."""
-        with self._location_lock:
+
+        def claim() -> None:
             self._check_admitted_locations(parsed, (namespace, name), existing=False, logged_before=frozenset())
             # Row + pin (of these bytes' digest) + audit event in one transaction.
             self.integrity.admit(_s(namespace), name, Admission(metadata_location, parsed, actor, action), stamp)
+
+        self._claimed(claim)
         return StoredTable(namespace, name, metadata_location, parsed.metadata, parsed.document)
 
     def _read_for_admission(self, metadata_location: str) -> ParsedMetadata:
@@ -926,7 +941,8 @@ class WarehouseTables:
     ) -> StoredTable:
         """Point an existing table at ``parsed``, the one read of ``location`` (register overwrite, notification
         update): checked, pinned and answered without reading the file again."""
-        with self._location_lock:
+
+        def claim() -> None:
             found, trusted = self.integrity.current(_s(namespace), name)
             current = NoSuchTableError.unless_found(found, *namespace, name)
             # Not verified: a re-admission may repair a current file that no longer matches its pin.
@@ -940,6 +956,8 @@ class WarehouseTables:
             left = _displaced(before, table_locations(parsed.metadata.location, parsed.metadata.properties))
             admitted = Admission(location, parsed, actor, action)
             self.integrity.readmit(_s(namespace), name, (current, trusted), admitted, stamp, left)
+
+        self._claimed(claim)
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
     def notify(
@@ -993,13 +1011,24 @@ class WarehouseTables:
             raise NoSuchTableError.named(*namespace, name)
         self._check_commit_properties(commit.updates)
         requirements, updates = commit.requirements, commit.updates
-        claimed = self._locations_claimed(namespace, name, updates, creating)
-        with claimed as left, _translated(namespace, name), _client_value_errors():
-            if creating:
-                committed = self.integrity.commit_create(_s(namespace), name, requirements, updates)
-            else:  # legacy or protected: decided with the pointer swap (IntegrityGuard.commit)
-                committed = self.integrity.commit(_s(namespace), name, requirements, updates, left)
-        return self._as_loaded(namespace, name, committed)
+
+        def apply(left: tuple[str, ...]) -> tuple[str, ParsedMetadata]:
+            with _translated(namespace, name), _client_value_errors():
+                if creating:
+                    return self.integrity.commit_create(_s(namespace), name, requirements, updates)
+                # legacy or protected: decided with the pointer swap (IntegrityGuard.commit)
+                return self.integrity.commit(_s(namespace), name, requirements, updates, left)
+
+        if not (creating or self._changes_locations(updates)):
+            return self._as_loaded(namespace, name, apply(()))  # claims no place: no claim section
+
+        # Claims places (a create, a location or path update): checked, then committed, in a claim section. The
+        # places it moves the table away from stay claimed as a dropped table's: the table's snapshots still name
+        # its files there, and a new table there would be vended credentials for them.
+        def claim() -> tuple[str, ParsedMetadata]:
+            return apply(self._check_commit_locations(namespace, name, updates, creating))
+
+        return self._as_loaded(namespace, name, self._claimed(claim))
 
     def pending_commit_create(self, namespace: Namespace, name: str, commit: CommitBody) -> StoredTable:
         """What a create transaction's commit would write, written and reserved nowhere: for checks that must pass
@@ -1019,19 +1048,21 @@ class WarehouseTables:
         located = (SetLocationUpdate(location=self._new_table_location(namespace, name)), *commit.updates)
         return commit.model_copy(update={"updates": located})
 
-    @contextmanager
-    def _locations_claimed(
-        self, namespace: Namespace, name: str, updates: Sequence[TableUpdate], creating: bool
-    ) -> Iterator[tuple[str, ...]]:
-        """Run a commit that claims locations (a create, a location or path update) under the location lock,
-        after checking they overlap no other table's; any other commit runs without the lock. Yields the places
-        the commit moves the table away from: the table's snapshots still name its files there, so the commit
-        keeps them claimed like a dropped table's, or a new table there would be vended credentials for them."""
-        if not (creating or self._changes_locations(updates)):
-            yield ()
-            return
-        with self._location_lock:
-            yield self._check_commit_locations(namespace, name, updates, creating)
+    def _claimed(self, claim: Callable[[], _T]) -> _T:
+        """Run ``claim`` (the checks of the places it claims, then the transaction recording the claim) as one
+        critical section: against this process's other requests (the location lock) and against every other
+        catalog process on the database (``IntegrityGuard.claiming``). When another process's claim committed
+        behind its checks, nothing was written and it runs again, checked afresh."""
+        for _attempt in range(_CLAIM_ATTEMPTS - 1):
+            with contextlib.suppress(ClaimRaced), self._location_lock, self.integrity.claiming():
+                return claim()
+        try:
+            with self._location_lock, self.integrity.claiming():
+                return claim()
+        except ClaimRaced:
+            raise ServiceUnavailableError(
+                "places of this warehouse are being claimed concurrently by other catalog processes; retry"
+            ) from None
 
     def _check_commit_properties(self, updates: Sequence[TableUpdate]) -> None:
         for update in updates:
@@ -1154,20 +1185,22 @@ class WarehouseTables:
             levels = tuple(str(namespace).split(vocabulary.NAMESPACE_SEPARATOR))
             yield (levels, str(name)), pointer_directory(str(metadata_location))
 
-    @contextmanager
-    def view_location_claimed(self, namespace: Namespace, name: str, location: str) -> Iterator[None]:
-        """Run a view create at ``location`` under the location lock, after checking the location overlaps no
-        table's, no other view's and no place credentials may still be valid for (a table's writers there could
-        rewrite the view's SQL)."""
+    def view_location_claimed(self, namespace: Namespace, name: str, location: str, write: Callable[[], _T]) -> _T:
+        """Run ``write`` (a view create or replace at ``location``, whose transaction calls ``integrity.fence``) in
+        a claim section, after checking the location overlaps no table's, no other view's and no place credentials
+        may still be valid for (a table's writers there could rewrite the view's SQL)."""
         what = "view location"
-        with self._location_lock:
+
+        def claim() -> _T:
             if self.table_exists(namespace, name):  # a table created since the name was checked
                 raise AlreadyExistsError(f"a table of that name exists: {'.'.join((*namespace, name))}")
             self._check_inside_warehouse(location, what)
             self._check_table_overlaps((location,), None, what)
             self._check_view_overlaps((location,), (namespace, name), what)
             self._check_reserved_locations((location,), None, what)
-            yield
+            return write()
+
+        return self._claimed(claim)
 
     def new_view_location(self, namespace: Namespace, name: str) -> str:
         """Where a new view goes: as a new table of that name would (beside a dropped or reserved place)."""

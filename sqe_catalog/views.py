@@ -4,7 +4,7 @@ A view's location is where a new table of its name would go (``<warehouse>/<name
 it where a dropped table's files or vended credentials still hold that place); the catalog writes its metadata
 files with the warehouse's own FileIO only under it, to ``<location>/metadata/<n>-<uuid>.metadata.json``, so the
 directory of the pointer's file is the location, whatever a metadata file says. A view's location overlaps no
-table's and no other view's (``WarehouseTables.view_location_claimed``, under the tables' location lock): vended
+table's and no other view's (``WarehouseTables.view_location_claimed``, in the tables' claim section): vended
 table credentials never reach a view's metadata, whose SQL runs in every invoker's session.
 
 The pointer row lives in ``sqe_catalog_views``; a replace moves it with a compare-and-swap on the previous
@@ -170,10 +170,14 @@ class ViewStore:
             raise AlreadyExistsError(f"view already exists: {'.'.join((*namespace, name))}")
         view_location = self._tables.new_view_location(namespace, name)
         document = _checked(_new_document(view_location, body))
-        # Checked, written and recorded under the location lock: no table or view claims the place meanwhile.
-        with self._tables.view_location_claimed(namespace, name, view_location):
+
+        # Checked, written and recorded in a claim section: no table or view claims the place meanwhile.
+        def write() -> str:
             location = self._write(document, view_location, 0)
             self._insert(namespace, name, location)
+            return location
+
+        location = self._tables.view_location_claimed(namespace, name, view_location, write)
         return StoredView(namespace, name, location, document)
 
     def _insert(self, namespace: Namespace, name: str, metadata_location: str) -> None:
@@ -189,6 +193,7 @@ class ViewStore:
                 )
             except Exception:
                 raise AlreadyExistsError(f"view already exists: {'.'.join((*namespace, name))}") from None
+            self._tables.integrity.fence(conn)  # the claim section's record: rolled back if another claim won
 
     def _write(self, document: dict[str, Any], view_location: str, sequence: int) -> str:
         """Write ``document`` under the view's location (its ``location`` field set to it, whatever it said)."""
@@ -214,11 +219,15 @@ class ViewStore:
         sequence = len(document.get("version-log", []))
         # The location the catalog recorded (where the current file is), not the file's field: files stay under it.
         view_location = pointer_directory(current.metadata_location)
+
         # A view recorded before table and view locations were kept apart may overlap a table: its new SQL is not
         # written where that table's writers could rewrite it.
-        with self._tables.view_location_claimed(namespace, name, view_location):
+        def write() -> str:
             location = self._write(document, view_location, sequence)
             self._swap(namespace, name, current.metadata_location, location)
+            return location
+
+        location = self._tables.view_location_claimed(namespace, name, view_location, write)
         return StoredView(namespace, name, location, document)
 
     def _swap(self, namespace: Namespace, name: str, previous: str, metadata_location: str) -> None:
@@ -231,6 +240,7 @@ class ViewStore:
         with self._engine.begin() as conn:
             if conn.execute(stmt).rowcount != 1:
                 raise CommitFailedError(f"view {'.'.join((*namespace, name))} changed concurrently; retry")
+            self._tables.integrity.fence(conn)  # the claim section's record: rolled back if another claim won
 
     def drop_view(self, namespace: Namespace, name: str) -> None:
         stmt = delete(_views).where(*self._row(namespace, name))

@@ -25,12 +25,14 @@ on is exactly the one that is answered, or the work is redone on the re-verified
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from typing import Any
 
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
@@ -58,7 +60,7 @@ from sqe_catalog.integrity.lineage import check_snapshot_lineage, with_next_row_
 from sqe_catalog.integrity.purge import DeleteFiles, run_pending_tasks
 from sqe_catalog.integrity.state import Protection, TableName, TrustedState
 
-__all__ = ["IntegrityGuard", "PendingRead"]
+__all__ = ["ClaimRaced", "IntegrityGuard", "PendingRead"]
 
 log = logging.getLogger("sqe_catalog.integrity")
 
@@ -72,6 +74,22 @@ LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revi
 LegacyLocations = Callable[[tuple[Namespace, str], str], tuple[str, ...]]
 # Records a notification's timestamp inside the transaction that carries it out (raises when it is stale).
 NotificationStamp = Callable[[Connection], None]
+
+
+class ClaimRaced(CommitFailedError):
+    """A claim of places whose checks another catalog process's claim committed behind: nothing was written, and
+    the claim is checked and made again (``WarehouseTables``)."""
+
+
+@dataclasses.dataclass
+class _ClaimSection:
+    """The claim section running in this thread: its warehouse, and the claim counter its checks go with."""
+
+    warehouse: str
+    epoch: int
+
+
+_claim_section: ContextVar[_ClaimSection | None] = ContextVar("claim_section", default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +178,7 @@ class IntegrityGuard:
         a notification's timestamp."""
 
         def also(conn: Connection) -> None:
+            self.fence(conn)
             self._keep_left_places(conn, table, left)
             if stamp is not None:
                 stamp(conn)
@@ -227,6 +246,42 @@ class IntegrityGuard:
     ) -> None:
         with self._catalog.engine.begin() as conn:
             st.record_reserved(conn, self.ref(namespace, name), uuid, locations, until_ms)
+            self.fence(conn)
+
+    # -- claims across processes ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[None]:
+        """A claim section: the checks of the places claimed, then the transaction recording the claim, which
+        ``fence`` rolls back (``ClaimRaced``) when another claim committed after the section began, in this
+        process or another on the database. So the section holds across processes without holding a database
+        lock while it reads metadata files and writes a new one (SQLite would stop every other writer meanwhile)."""
+        token = _claim_section.set(_ClaimSection(self._catalog.name, self._claims_epoch()))
+        try:
+            yield
+        finally:
+            _claim_section.reset(token)
+
+    def fence(self, conn: Connection) -> None:
+        """In the transaction recording a claim (none outside a claim section): raise ``ClaimRaced`` when another
+        claim committed since this section's checks began, so the transaction rolls back."""
+        section = _claim_section.get()
+        if section is None or section.warehouse != self._catalog.name:
+            return
+        if not st.advance_claims_epoch(conn, section.warehouse, section.epoch):
+            raise ClaimRaced(f"places of warehouse {section.warehouse} were claimed concurrently; retry")
+        section.epoch += 1  # a second record in the same section goes with this one's checks
+
+    def _claims_epoch(self) -> int:
+        """The warehouse's claim counter, read before a section's checks (its row inserted on first use)."""
+        for _attempt in range(2):
+            with self._catalog.engine.connect() as conn:
+                epoch = st.claims_epoch(conn, self._catalog.name)
+            if epoch is not None:
+                return epoch
+            with contextlib.suppress(IntegrityError), self._catalog.engine.begin() as conn:
+                st.start_claims_epoch(conn, self._catalog.name)  # another process may have inserted it meanwhile
+        raise ServiceUnavailableError(f"the claim counter of warehouse {self._catalog.name} cannot be read")
 
     def settle_staged(self, namespace: Namespace, name: str, uuid: str, until_ms: int) -> None:
         """End the staged table's reservation when the credential its answer carries expires (STS answered that

@@ -138,7 +138,12 @@ _tasks = Table(
 # database: a drop or move reserves the places it leaves until then, since no credential vended before it is valid
 # longer. No row: nothing recorded (static keys, or no STS credential yet); see ``vended_credentials_until``.
 _vended = Table("sqe_vended_credentials", METADATA, warehouse_key(), Column("until_ms", BigInteger, nullable=False))
-_TABLES = (_pins, _events, _notification_times, _locations, _dropped, _reserved, _tasks, _vended)
+# A counter per warehouse that every claim of places (a create, stage-create, admission, move, view create or
+# replace) raises in the transaction that records it, from the value read before its checks: a claim whose checks
+# another catalog process's claim committed behind (the value moved on) rolls back, so checks and record act as
+# one critical section across all processes on the database (see ``IntegrityGuard.claiming``).
+_claims = Table("sqe_location_claims", METADATA, warehouse_key(), Column("epoch", BigInteger, nullable=False))
+_TABLES = (_pins, _events, _notification_times, _locations, _dropped, _reserved, _tasks, _vended, _claims)
 
 
 def create_integrity_schema(engine: Engine) -> None:
@@ -403,6 +408,23 @@ def record_vended_expiry(conn: Connection, warehouse: str, until_ms: int) -> Non
         conn.execute(insert(_vended).values(warehouse=warehouse, until_ms=until_ms))
     else:
         conn.execute(update(_vended).where(where & (_vended.c.until_ms < until_ms)).values(until_ms=until_ms))
+
+
+def claims_epoch(conn: Connection, warehouse: str) -> int | None:
+    """The warehouse's claim counter (None: no row yet, see ``start_claims_epoch``)."""
+    return conn.execute(select(_claims.c.epoch).where(_claims.c.warehouse == warehouse)).scalar()
+
+
+def start_claims_epoch(conn: Connection, warehouse: str) -> None:
+    """The warehouse's claim counter, at 0 (raises IntegrityError when another process inserted it meanwhile)."""
+    conn.execute(insert(_claims).values(warehouse=warehouse, epoch=0))
+
+
+def advance_claims_epoch(conn: Connection, warehouse: str, read: int) -> bool:
+    """Raise the claim counter past ``read`` (in the claim's transaction); False when another claim moved it on
+    since it was read: that claim's record committed after this one's checks read, so they may not reflect it."""
+    where = (_claims.c.warehouse == warehouse) & (_claims.c.epoch == read)
+    return bool(conn.execute(update(_claims).where(where).values(epoch=read + 1)).rowcount)
 
 
 def vended_credentials_until(conn: Connection, warehouse: str) -> int | None:

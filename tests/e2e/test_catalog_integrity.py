@@ -8,6 +8,7 @@ must refuse and delete nothing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import gzip
 import json
@@ -23,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import requests
 
-from tests.conftest import catalog_variant
+from tests.conftest import (
+    catalog_variant,
+    free_loopback_port,
+    start_catalog_process,
+    stop_process,
+    write_catalog_config,
+)
 from tests.helpers.fault_proxy import FaultProxy
 
 if TYPE_CHECKING:
@@ -1228,3 +1235,128 @@ def test_a_staged_place_is_free_once_the_credential_its_answer_carried_expired(
         time.sleep(max(0.0, expiry / 1000 - time.time()) + 0.5)
         claimed = claim()
         assert claimed.status_code == 200, claimed.text
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Claims of places across catalog processes on one database
+
+
+@dataclasses.dataclass
+class TwoProcesses:
+    """Two catalog processes serving one SQLite database; ``slow``'s storage goes through ``store`` (a proxy
+    that can hold its requests), ``fast``'s straight to moto."""
+
+    slow: Api
+    fast: Api
+    store: FaultProxy
+
+
+@pytest.fixture(scope="module")
+def two_processes(catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoProcesses]:
+    moto = catalog_server.moto
+    store = FaultProxy(moto.url, keep_host=True)  # moto checks the signature, which covers the Host header
+    store.start()
+    try:
+        with catalog_variant(tmp_path_factory.mktemp("claims_slow"), moto, endpoint=store.url) as slow:
+            workdir = tmp_path_factory.mktemp("claims_fast")
+            port = free_loopback_port()
+            config = write_catalog_config(workdir, moto, port, database=f"sqlite:///{slow.workdir / 'catalog.db'}")
+            process = start_catalog_process(config, workdir, port)
+            try:  # the same database, so the same principals: the slow one's admin signs in here too
+                fast = dataclasses.replace(slow, url=f"http://127.0.0.1:{port}", port=port, pid=process.pid)
+                yield TwoProcesses(Api(slow), Api(fast), store)
+            finally:
+                stop_process(process)
+    finally:
+        store.stop()
+
+
+def _requests_to(store: FaultProxy, method: str, path: str) -> int:
+    pattern = re.compile(path)
+    with store.lock:
+        return sum(1 for seen in store.received if method in ("*", seen[0]) and pattern.search(seen[1]))
+
+
+def _held_until_reached(store: FaultProxy, method: str, path: str, action: Any, passed: int = 0) -> threading.Thread:
+    """Start ``action`` on a thread with its ``method`` request (``*``: any) to ``path`` (a regex) held 3 s at
+    ``store``, after ``passed`` such requests went through; returns once the held one has reached the store (the
+    action is inside it), the thread still running."""
+    before = _requests_to(store, method, path)
+    if passed:
+        store.inject(method, path, 0, passed)  # no delay, no answer of its own: forwarded as they come
+    store.inject(method, path, 0, 1, delay=3.0)
+    thread = threading.Thread(target=action)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while _requests_to(store, method, path) <= before + passed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _requests_to(store, method, path) > before + passed, "the held request never reached the store"
+    return thread
+
+
+def _move(api: Api, ns: str, name: str, location: str) -> requests.Response:
+    body = {"updates": [{"action": "set-location", "location": location}]}
+    return api.request("POST", f"namespaces/{ns}/tables/{name}", json=body)
+
+
+def _overlap(a: str, b: str) -> bool:
+    return a == b or a.startswith(f"{b}/") or b.startswith(f"{a}/")
+
+
+def test_a_move_in_one_process_and_a_claim_of_its_target_in_another_never_both_hold_the_place(
+    two_processes: TwoProcesses,
+) -> None:
+    # Before: claims were serialised by a lock of each process only. A move of t to M in one process checked M
+    # free, then wrote its metadata (held here); meanwhile another process created u at M; then the move committed
+    # too: t and u both held M, and each one's writers were vended credentials for the other's files. Now the move
+    # sees the claim that committed behind its checks, checks again and is refused.
+    slow, fast, store = two_processes.slow, two_processes.fast, two_processes.store
+    ns = slow.namespace()
+    place = slow.create(ns, "t", V3).json()["metadata"]["location"]
+    target = f"{place}-target"
+    moved: list[requests.Response] = []
+    # The move's first write of a metadata file under the target: its checks have passed by then.
+    moving = _held_until_reached(
+        store,
+        "*",
+        re.escape(target.removeprefix("s3://")) + "/metadata/",
+        lambda: moved.append(_move(slow, ns, "t", target)),
+    )
+    created = fast.request("POST", f"namespaces/{ns}/tables", json={"name": "u", "schema": SCHEMA, "location": target})
+    moving.join(timeout=60)
+    (move,) = moved
+    assert created.status_code == 200, created.text
+    assert move.status_code == 400 and f"overlaps the location of table {ns}.u" in move.json()["error"]["message"]
+    t_place = slow.load(ns, "t").json()["metadata"]["location"]
+    u_place = slow.load(ns, "u").json()["metadata"]["location"]
+    assert not _overlap(t_place, u_place), (t_place, u_place)
+
+
+def test_the_places_a_move_leaves_are_those_of_the_revision_it_moves_from_when_another_process_moved_it(
+    two_processes: TwoProcesses,
+) -> None:
+    # Before: a move in one process read the table's places (held here, reading its metadata) while another
+    # process moved the table from P to N; the first move then committed on that newer revision and recorded as
+    # left the places it had read (P), not N: N was neither reserved nor recorded, and a new table could claim it
+    # at once while credentials vended for t at N stayed valid. Now the first move sees the other's claim,
+    # computes what it leaves again (N), and N stays reserved for t.
+    slow, fast, store = two_processes.slow, two_processes.fast, two_processes.store
+    ns = slow.namespace()
+    created = slow.create(ns, "t", V3).json()
+    place, metadata_location = created["metadata"]["location"], created["metadata-location"]
+    moved: list[requests.Response] = []
+    # The move reads the table's metadata file for its gate, then to find the places the table holds: that read
+    # is held, after the table's pointer was read.
+    metadata_file = re.escape(metadata_location.removeprefix("s3://"))
+    moving = _held_until_reached(
+        store, "GET", metadata_file, lambda: moved.append(_move(slow, ns, "t", f"{place}-m")), passed=1
+    )
+    assert _move(fast, ns, "t", f"{place}-n").status_code == 200
+    moving.join(timeout=60)
+    (move,) = moved
+    assert move.status_code == 200, move.text
+    assert slow.load(ns, "t").json()["metadata"]["location"] == f"{place}-m"
+    for left in (place, f"{place}-n"):  # both places t left while credentials for them may be valid
+        body = {"name": f"squat_{uuid.uuid4().hex[:6]}", "schema": SCHEMA, "location": left}
+        squat = fast.request("POST", f"namespaces/{ns}/tables", json=body)
+        assert squat.status_code == 403 and f"{ns}.t" in squat.json()["error"]["message"], (left, squat.text)
