@@ -1534,6 +1534,7 @@ def _signing_key(config: CatalogServerConfig) -> bytes:
 
 def _new_warehouse(w: WarehouseConfig, engine: Engine) -> _Warehouse:
     tables = WarehouseTables(w, engine)
+    tables.cover_unrecorded_credentials()  # this process serves: older ones may have vended unrecorded
     views = ViewStore(w, engine, tables)
     views.create_schema()
     vendor = CredentialVendor(w, record_expiry=tables.integrity.record_vended_expiry)

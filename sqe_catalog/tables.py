@@ -644,7 +644,12 @@ class WarehouseTables:
             legacy_locations=self._legacy_locations,
             credential_lifetime_ms=self._credential_lifetime_ms,
         )
-        if warehouse.vend_credentials and not warehouse.sts_unavailable:
+
+    def cover_unrecorded_credentials(self) -> None:
+        """Called when a serving process starts (not by admin commands, which vend nothing and may run often):
+        drops and moves reserve places for at least the credential lifetime from now, since processes of an
+        earlier version may have vended credentials without recording their expiry (see the guard's method)."""
+        if self.warehouse.vend_credentials and not self.warehouse.sts_unavailable:
             self.integrity.cover_unrecorded_credentials()
 
     # -- namespaces --------------------------------------------------------------------------------------

@@ -207,13 +207,13 @@ class IntegrityGuard:
         self._record_expiry(lambda conn: st.record_vended_expiry(conn, self._catalog.name, until_ms))
 
     def cover_unrecorded_credentials(self) -> None:
-        """At start-up, with no expiry recorded but tables in the warehouse: a catalog that recorded none (an
-        earlier version) may have vended credentials for them, valid at most the lifetime it asked for."""
+        """At a serving process's start, with tables in the warehouse: raise the recorded expiry to the lifetime
+        asked for from now. A process of an earlier version, which records nothing, may have vended credentials
+        for them until just now (a rolling upgrade stops it, then starts this one), valid at most that long; an
+        expiry recorded already tells nothing about those."""
         self._record_expiry(self._cover_unrecorded)
 
     def _cover_unrecorded(self, conn: Connection) -> None:
-        if st.vended_credentials_until(conn, self._catalog.name) is not None:
-            return
         if conn.execute(select(IcebergTables.table_name).where(self._in_warehouse()).limit(1)).first():
             st.record_vended_expiry(conn, self._catalog.name, st.now_ms() + self._credential_lifetime_ms)
 

@@ -27,6 +27,7 @@ import requests
 from tests.conftest import (
     catalog_variant,
     free_loopback_port,
+    restartable_catalog,
     start_catalog_process,
     stop_process,
     write_catalog_config,
@@ -1109,6 +1110,44 @@ def test_places_left_are_reserved_until_the_expiry_sts_answered(
         for name in places:  # they have expired: an admin (CATALOG_MANAGE_CONTENT) may claim the places
             claimed = claim(name)
             assert claimed.status_code == 200, claimed.text
+
+
+def test_a_start_covers_credentials_an_older_version_vended_without_recording_them(
+    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # A rolling upgrade: a process of an earlier version, which records no expiry, vends on the same database
+    # while a newer one records a 5 s expiry; the older one stops and a newer one starts in its place. Before: that
+    # start saw an expiry recorded and covered nothing, so a drop reserved the place only until the 5 s expiry,
+    # while the older version's credential stayed valid for 15 minutes. Now every start of a serving process
+    # raises the record to the lifetime asked for, from then: it cannot tell what older processes vended.
+    moto = catalog_server.moto
+    sts = ShortSts(moto.url, seconds=5)
+    sts.start()
+    try:
+        workdir = tmp_path_factory.mktemp("rolling")
+        with restartable_catalog(workdir, moto, {"sts_endpoint": sts.url}) as (server, restart):
+            api = Api(server)
+            ns = api.namespace()
+            assert api.create(ns, "t", V3).status_code == 200
+            loaded = _vended_load(api, ns, "t")  # the newer version records an expiry 5 s away
+            assert loaded.status_code == 200, loaded.text
+            place = loaded.json()["metadata"]["location"]
+            recorded = int(loaded.json()["storage-credentials"][0]["config"]["s3.session-token-expires-at-ms"])
+            # The older version's credential for the place: STS answered it, nothing recorded it.
+            older = moto.client("sts").assume_role(
+                RoleArn=moto.role_arn, RoleSessionName="sqe-older-version", DurationSeconds=900
+            )
+            older_expiry = older["Credentials"]["Expiration"].timestamp() * 1000
+            restart()  # the older process is gone, a newer one takes its place
+            api = Api(server)
+            assert api.request("DELETE", f"namespaces/{ns}/tables/t").status_code == 204
+            time.sleep(max(0.0, recorded / 1000 - time.time()) + 0.5)
+            body = {"name": "u", "schema": SCHEMA, "location": place}
+            claimed = api.request("POST", f"namespaces/{ns}/tables", json=body)
+            assert time.time() * 1000 < older_expiry, "the older version's credential is still valid"
+            assert claimed.status_code == 403 and f"{ns}.t" in claimed.json()["error"]["message"], claimed.text
+    finally:
+        sts.stop()
 
 
 @pytest.mark.parametrize("change", ["drop", "move"])

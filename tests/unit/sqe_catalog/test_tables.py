@@ -644,7 +644,8 @@ def test_a_drop_reserves_until_the_latest_vended_expiry_or_the_lifetime_when_non
     before = time.time() * 1000
     first.drop_table(("db",), "a", purge=False)  # nothing recorded, no tables at start: the lifetime
     assert before + 600_000 <= _reserved_until(first, "a")[0] <= time.time() * 1000 + 600_000
-    restarted = WarehouseTables(warehouse, engine)  # tables, no recorded expiry: covered for the lifetime
+    restarted = WarehouseTables(warehouse, engine)  # a serving start, with tables: covered for the lifetime
+    restarted.cover_unrecorded_credentials()
     soon = int(time.time() * 1000) + 5_000
     restarted.integrity.record_vended_expiry(soon)  # a shorter expiry does not lower the cover
     restarted.drop_table(("db",), "b", purge=False)
@@ -681,6 +682,7 @@ def test_a_start_up_cover_yields_to_an_expiry_another_process_records_meanwhile(
                 conn.exec_driver_sql(f"INSERT INTO sqe_vended_credentials VALUES ('wh', {later})")
 
     restarted = WarehouseTables(warehouse, engine)
+    restarted.cover_unrecorded_credentials()  # as a serving process's start does
     assert raced, "the cover inserted"
     restarted.drop_table(("db",), "t", purge=False)
     assert _reserved_until(restarted, "t") == [later]
