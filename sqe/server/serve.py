@@ -111,9 +111,11 @@ def _look_after_stores(config_path: str, prune_days: float | None) -> int:
         for info in listed:
             print(mount_stores.describe(info, now))
         return 0
-    removed = mount_stores.prune_stores(base, prune_days)
-    print(f"removed {counted(len(removed), 'external-table store')} not used for {prune_days:g} days or more")
-    for info in removed:
+    pruned = mount_stores.prune_stores(base, prune_days)
+    print(f"removed {counted(len(pruned.removed), 'external-table store')} not used for {prune_days:g} days or more")
+    if pruned.in_use:
+        print(f"kept {counted(pruned.in_use, 'store')} a running server's client session holds")
+    for info in pruned.removed:
         print(mount_stores.describe(info, now))
     return 0
 

@@ -37,7 +37,7 @@ from sqe.catalog.rest import RestTableProvider
 from sqe.config import ExternalTablesConfig, SQEConfig
 from sqe.errors import QueryError, SQEError
 from sqe.server.identity import IdentityBroker, User, fingerprint, identity_digest
-from sqe.server.mount_stores import MARK_INTERVAL_SECONDS, claim_store, store_path
+from sqe.server.mount_stores import MARK_INTERVAL_SECONDS, StoreHold, claim_store, store_path
 from sqe.server.peers import Endpoint, connected_peers, parse_peer
 from sqe.session import PreparedStatement, Session
 
@@ -357,7 +357,9 @@ class ClientSession:
         self.last_used = time.monotonic()
         self.calls = 0  # calls running on it (``SessionRegistry.enter`` / ``leave``, under the registry's lock)
         self._closed = False
-        self._store_marked_at = -math.inf  # when its mount store was last claimed and marked as used
+        self._store_lock = threading.Lock()
+        self._store_hold: StoreHold | None = None  # its mount store, held while it may use it (prunes skip it)
+        self._store_marked_at = -math.inf  # when its mount store was last marked as used
 
     @property
     def user_key(self) -> str:
@@ -402,14 +404,33 @@ class ClientSession:
         return engine
 
     def _claim_mount_store(self) -> None:
-        """Before its first engine: move the user's mount store from its earlier name; then mark it as used at
-        most hourly, so an operator pruning stores unused for a day or more never removes one in use."""
-        now = time.monotonic()
+        """Before each engine: hold the user's mount store (moved from its earlier name first) while this session
+        lives, so a prune never deletes it under the session; mark it as used at most hourly. A user without a
+        store yet is claimed again on the next call (the store their CREATE EXTERNAL TABLE made is held then)."""
         base = self._base.external_tables.path
-        if not base or now - self._store_marked_at < MARK_INTERVAL_SECONDS:
+        if not base or self._closed:
             return
-        claim_store(base, self.key.user, self.key.authority)  # raises (the call fails) rather than lose the mounts
-        self._store_marked_at = now
+        now = time.monotonic()
+        with self._store_lock:
+            if self._store_hold is None:
+                # raises (the call fails) rather than lose the mounts
+                self._store_hold = claim_store(base, self.key.user, self.key.authority)
+                self._store_marked_at = now
+            elif now - self._store_marked_at >= MARK_INTERVAL_SECONDS:
+                self._store_hold.mark_used()
+                self._store_marked_at = now
+
+    def _let_go_of_store_when_done(self) -> None:
+        """Once closed and its last engine is closed, let go of the mount store (not before: a busy engine still
+        reads or writes it, and SQLite's locks must not lose the file under it)."""
+        with self._lock:
+            done = self._closed and not self._engines
+        if not done:
+            return
+        with self._store_lock:
+            hold, self._store_hold = self._store_hold, None
+        if hold is not None:
+            hold.release()
 
     def release_engine(self, engine: Engine, *, discard: bool = False) -> None:
         """Back to the pool; ``discard`` (after a cancelled or failed query) closes it instead.
@@ -432,6 +453,7 @@ class ClientSession:
                 for e in extra:
                     self._engines.remove(e)
         self._close_engines(extra)
+        self._let_go_of_store_when_done()
 
     def _close_engines(self, engines: list[Engine]) -> None:
         """Close them and drop their plans from every prepared statement: a plan holds its engine's session,
@@ -506,6 +528,7 @@ class ClientSession:
         with self._lock:
             self.prepared.clear()
             self._bound_bytes = 0
+        self._let_go_of_store_when_done()
 
 
 def _parameter_bytes(prepared: Prepared) -> int:

@@ -117,10 +117,14 @@ def _mount(world: World, who: str, table_and_columns: str, location: str) -> Non
 
 
 def _mount_as(world: World, token: str, table_and_columns: str, location: str) -> None:
-    moto = world.served.catalog.moto
-    keys = f"access_key_id = '{moto.access_key_id}', secret_access_key = '{moto.secret_access_key}'"
+    keys = _mount_keys(world.served)
     create = f"CREATE EXTERNAL TABLE {table_and_columns} STORED AS PARQUET LOCATION '{location}' WITH ({keys})"
     _sql_as(world, token, create)
+
+
+def _mount_keys(served: Served) -> str:
+    moto = served.catalog.moto
+    return f"access_key_id = '{moto.access_key_id}', secret_access_key = '{moto.secret_access_key}'"
 
 
 def test_a_mount_never_reads_with_the_servers_keys(world: World) -> None:
@@ -286,3 +290,45 @@ def test_stores_unused_for_days_are_listed_and_pruned_but_never_one_in_use(
         assert "removed 1 external-table store" in pruned and gone.name in pruned and store.name not in pruned
         assert _per_user_stores(tmp_path) == [store]
         assert _sql_as(world, served.token("carol"), f"SELECT note FROM {namespace}.in_use").num_rows == 1
+
+
+def _sql_on(client: flight.FlightClient, token: str, sql: str) -> pa.Table:
+    """``sql`` on ``client``'s own connection: a client without cookies keeps one client session per connection."""
+    options = _bearer(token)
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
+    return client.do_get(info.endpoints[0].ticket, options).read_all()
+
+
+def test_a_store_a_client_session_holds_is_never_pruned_however_old(
+    served: Served, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """Found by review: the prune read a store's age, then deleted it, and a session used a store without any hold
+    on it; an owner coming back between the two (her session marks the store and reads it) lost every mount. Here
+    her session uses the store while its time says 40 days (what a prune read the instant before her mark): the
+    prune run beside the server must keep it. A session now holds a shared lock on its store; a prune deletes only
+    what it locks exclusively, re-reading the age under that lock."""
+    config, env = _server_files(tmp_path, served, catalog_reader)
+    namespace = served.namespace
+    location = _put_parquet(World(served, ""), pa.table({"note": ["still mine"]}))
+    token = served.token("carol")
+    with _serving(tmp_path, config, env, served) as world:
+        client = flight.FlightClient(world.url)
+        try:
+            _sql_on(
+                client,
+                token,
+                f"CREATE EXTERNAL TABLE {namespace}.held (note VARCHAR) STORED AS PARQUET "
+                f"LOCATION '{location}' WITH ({_mount_keys(served)})",
+            )
+            assert _sql_on(client, token, f"SELECT note FROM {namespace}.held").num_rows == 1
+            [store] = _per_user_stores(tmp_path)
+            long_ago = time.time() - 40 * 86400
+            os.utime(store, (long_ago, long_ago))
+
+            pruned = _stores_cli(config, "--prune-external-stores", "30")
+            assert "removed 0 external-table stores" in pruned and "kept 1 store" in pruned
+            assert store.exists()
+            rows = _sql_on(client, token, f"SELECT note FROM {namespace}.held").to_pylist()
+            assert rows == [{"note": "still mine"}]
+        finally:
+            client.close()

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import pickle
+import sqlite3
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from sqe.errors import QueryError
 from sqe.server.identity import User
+from sqe.server.mount_stores import prune_stores, store_path
 from sqe.server.sessions import (
     MAX_CLIENT_SESSIONS_PER_USER,
     MAX_OFFERED_COOKIES,
@@ -284,3 +288,28 @@ def test_a_session_keys_repr_shows_a_token_users_key_shortened() -> None:
     key = SessionKey(f"token:{digest}", "AUTHORITY-DIGEST", "cookie-value")
     assert repr(key) == f"SessionKey(user='token:{digest[:16]}', tag='{key.short_tag}')"
     assert "AUTHORITY-DIGEST" not in repr(key) and "cookie-value" not in repr(key)
+
+
+def test_a_client_session_holds_its_mount_store_until_closed_and_its_last_engine_gone(tmp_path: Path) -> None:
+    """Found by review: a prune run beside the server could delete a store a session was using (its age was read
+    before the session marked it). The session holds its store from its first call on one with a store, and lets
+    go only once closed and its last engine (which may still read or write the store) is closed."""
+    base = tmp_path / "external.db"
+    key = SessionKey("user:alice", "roles", "s")
+    store = store_path(base, key.user, key.authority)
+    session = ClientSession(key, _load({"external_tables.path": str(base)}), 1024)
+    first = session.acquire_engine("TOKEN")  # no store yet: nothing to hold
+    session.release_engine(first)
+    sqlite3.connect(store).close()  # what her CREATE EXTERNAL TABLE makes
+    busy = session.acquire_engine("TOKEN")  # the next call takes hold of it
+    _age(store)
+    assert prune_stores(base, 30).in_use == 1
+    session.close()  # closed while a query of hers still runs on ``busy``
+    assert prune_stores(base, 30).in_use == 1 and store.exists()
+    session.release_engine(busy)
+    assert [info.path for info in prune_stores(base, 30).removed] == [store]
+
+
+def _age(path: Path) -> None:
+    then = time.time() - 40 * 86400
+    os.utime(path, (then, then))
