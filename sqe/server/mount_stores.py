@@ -239,10 +239,7 @@ class StoreInfo:
     path: Path
     last_used: float
     mounts: int | None  # None: the file does not read as a store
-
-    @property
-    def legacy(self) -> bool:
-        return len(self.path.stem.rsplit(".", 1)[-1]) == _LEGACY_DIGITS
+    legacy: bool = False  # named by 16 hex digits, as versions before whole digests named stores
 
 
 def stores(base: str | Path) -> list[StoreInfo]:
@@ -259,7 +256,7 @@ def stores(base: str | Path) -> list[StoreInfo]:
         except FileNotFoundError:
             continue
         if stat.S_ISREG(status.st_mode):
-            found.append(StoreInfo(path, status.st_mtime, _mounts(path)))
+            found.append(StoreInfo(path, status.st_mtime, _mounts(path), legacy=len(digest) == _LEGACY_DIGITS))
     return sorted(found, key=lambda info: (info.last_used, info.path.name))
 
 

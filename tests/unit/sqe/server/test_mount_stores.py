@@ -17,6 +17,7 @@ from sqe.errors import SQEError
 from sqe.server.mount_stores import (
     StoreHold,
     claim_store,
+    describe,
     legacy_store_path,
     prune_stores,
     stale_stores,
@@ -191,3 +192,16 @@ def test_listing_and_pruning_touch_only_regular_files_named_exactly_as_stores(tm
     assert [info.path for info in prune_stores(base, 30).removed] == [stale]
     assert not stale.exists()
     assert between.exists() and linked.is_symlink() and directory.is_dir() and elsewhere.exists()
+
+
+def test_a_store_under_its_64_bit_name_is_listed_as_such_whatever_the_base_name(tmp_path: Path) -> None:
+    """Found by review: the listing told a 64-bit name by the last dotted part of the file's stem, which for a base
+    path without a suffix (``stores``) is the base name itself: no store was ever shown as an earlier version's."""
+    now = time.time()
+    for base in (tmp_path / "plain" / "stores", tmp_path / "dotted" / "sqe-external-tables.db"):
+        base.parent.mkdir()
+        _store(legacy_store_path(base, "user:bob", "roles"), mounts=1)
+        _store(store_path(base, "user:bob", "roles"), mounts=1)
+        listed = {info.path.name: describe(info, now) for info in stores(base)}
+        assert sum("64-bit name of an earlier version" in line for line in listed.values()) == 1
+        assert "earlier version" in listed[legacy_store_path(base, "user:bob", "roles").name]
