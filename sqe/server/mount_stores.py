@@ -139,7 +139,12 @@ def _hold_shared(path: Path, legacy: Path) -> int | None:
             if path.exists():
                 continue  # made or moved here meanwhile: lock it
             return None
-        if _moved(fd, legacy, path):
+        try:
+            moved = _moved(fd, legacy, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        if moved:
             return fd
         os.close(fd)  # not moved by us (moved or made by another process): lock it under its new name
     raise SQEError("cannot take hold of an external-table store: it keeps being moved or removed meanwhile")

@@ -3,6 +3,7 @@ earlier versions, and the operator's listing and pruning by last use (file times
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sqlite3
@@ -205,3 +206,25 @@ def test_a_store_under_its_64_bit_name_is_listed_as_such_whatever_the_base_name(
         listed = {info.path.name: describe(info, now) for info in stores(base)}
         assert sum("64-bit name of an earlier version" in line for line in listed.values()) == 1
         assert "earlier version" in listed[legacy_store_path(base, "user:bob", "roles").name]
+
+
+def test_a_legacy_file_that_is_no_store_is_not_moved_and_the_call_fails_cleanly(tmp_path: Path) -> None:
+    """A file under the 64-bit name that SQLite cannot read is left where it is (a typed error, no traceback), and
+    no descriptor is left open on it (one per failed call would run the server out of them)."""
+    base = tmp_path / "sqe-external-tables.db"
+    legacy = legacy_store_path(base, "user:alice", "roles")
+    legacy.write_bytes(b"not a database, but long enough to be read as a header by SQLite" * 64)
+    for _ in range(3):
+        with pytest.raises(SQEError, match="cannot move an external-table store to its new name"):
+            claim_store(base, "user:alice", "roles")
+    assert legacy.exists() and not store_path(base, "user:alice", "roles").exists()
+    assert str(legacy) not in _open_files()
+
+
+def _open_files() -> set[str]:
+    """What this process has open (Linux), by path."""
+    opened = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the directory listing's own descriptor, closed since
+            opened.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return opened
