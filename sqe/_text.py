@@ -3,6 +3,7 @@ UTC timestamps for messages."""
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 from urllib.parse import unquote
@@ -21,6 +22,7 @@ SECRET_STEMS = (
     "bearer",
     "authoriz",
     "apikey",
+    "cookie",  # Cookie and Set-Cookie headers carry session tokens
 )
 # Too short to find inside a word: a whole part of one (ODBC's Pwd=..., Azure's sig=..., a SAS token).
 SECRET_PARTS = frozenset({"pwd", "sig", "sas"})
@@ -43,6 +45,11 @@ KEY_QUALIFIERS = frozenset(
         "storage",
     ]
 )
+# A name whose last part is one of these measures a credential, never holds one (token_count, passwordLength,
+# token_type: OAuth's "bearer").
+MEASURE_PARTS = frozenset(
+    ["count", "counts", "num", "len", "length", "size", "limit", "ttl", "type", "expiry", "expires", "expiration"]
+)
 _PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key; KEY_ID: KEY, ID
 REDACTED = "***"
 # A scheme and its ``//`` (JSON writes them ``:\/\/``). A scheme starts only where a run of letters and digits
@@ -56,10 +63,18 @@ _USER = r"[^/?#@\s'\"`:\[\]]*"
 # start takes quadratic time).
 _USERINFO = re.compile(rf"(?P<head>{_SCHEME}{_USER}:)(?P<tail>[^\s'\"`]*(?:'+[^\s'\"`]+)*)")
 _USERINFO_HEAD = re.compile(rf"{_SCHEME}{_USER}:")
-# Digits then ``?``, ``#`` or a ``/`` whose next segment holds no ``@`` are a port, as every URL parser reads
-# them. Digits, ``/`` and an ``@`` before any other ``/`` (``u:12345/@h``) are taken for a password: parsers
-# would read a port there, but a password is the worse thing to show.
-_PORT = re.compile(r"[0-9]+(?:[?#]|\\?/(?![^/@]*@))")
+# Digits then a ``/`` whose next segment holds no ``@`` are a port, as every URL parser reads them. Digits, ``/``
+# and an ``@`` before any other ``/`` (``u:12345/@h``) are taken for a password: parsers would read a port there,
+# but a password is the worse thing to show.
+_PORT = re.compile(r"[0-9]+\\?/(?![^/@]*@)")
+# Digits then ``?`` or ``#``: a port and a query only when the query has a ``name=`` before its ``@`` and no
+# plausible host follows that (``h:443?v=a@b``); else a password holding them (``u:6?pw@db``), which parsers would
+# cut there. Read to the next ``:`` at most (a nested URL's), so no part of the text is read twice.
+_PORT_THEN_QUERY = re.compile(r"[0-9]+[?#][^@=:]*=[^@:]*@")
+# Between a password's ``@`` and a last ``@`` that no plausible host follows: a lower-case one-label host and its
+# path (``u:pw@minio/bucket/a@b``), as a scheme's URL reads after a ``/``. A generated password's rest (mixed case,
+# symbols) is not shaped so, and then the password runs to the last ``@``.
+_ONE_LABEL_HOST_PATH = re.compile(r"[a-z0-9-]+/[a-z0-9._~/-]*")
 # What follows a password's ``@`` when it is a host: an IP literal, a name with a dot or a port, or localhost,
 # then the URL's end, path, query or fragment. A one-label name without a port (``s/s@db``) may be the password's.
 _HOST = re.compile(
@@ -88,11 +103,24 @@ _ENCODED_USER_ONLY = re.compile(
     r"(?=%40)",
     re.IGNORECASE,
 )
-# A header's name in free text: a hyphenated word (``X-Amz-Security-Token:``, ``x-api-key=``) or Authorization. A
-# name starts only where a run of its characters does, and each match ends at its separator: linear time.
+# A header's name in free text: a hyphenated word (``X-Amz-Security-Token:``, ``x-api-key=``) or Authorization; or
+# any word before a colon, as YAML or a config dump writes a key (``s3_secret_access_key: ...``). A name starts only
+# where a run of its characters does, and each match ends at its separator: linear time.
 _HEADER_NAME = re.compile(
-    r"(?<![\w/@.:%-])(?P<name>[A-Za-z][\w.]*-[\w.-]*|authorization)[ \t]*(?P<sep>[:=])[ \t]*", re.IGNORECASE
+    r"(?<![\w/@.:%-])(?P<name>[A-Za-z][\w.]*-[\w.-]*|authorization|[A-Za-z][\w.]*(?=[ \t]*:))"
+    r"[ \t]*(?P<sep>[:=])[ \t]*",
+    re.IGNORECASE,
 )
+# A ``key:``'s value that reads as prose (``no credentials: send a ...``, S3's ``ExpiredToken: The provided ...``,
+# SQE's ``catalog.client_secret: expected a string``): two words, the first one a dictionary word's shape, which no
+# generated credential has; or one word saying the value is absent or wrong (``coordinator.token: required``).
+_PROSE = re.compile(r"[A-Za-z][a-z]{0,18}[,;.]?[ \t]+[A-Za-z]")
+_DIAGNOSTIC = re.compile(
+    r"(?:required|missing|expected|invalid|unknown|unset|empty|expired|revoked|denied|none|null|not)(?![^\s,;.)])",
+    re.IGNORECASE,
+)
+# Names whose value may be a phrase (a passphrase) or a cookie's pairs: only a diagnostic word is kept.
+_ALWAYS_SECRET = re.compile(r"pass|pwd|cookie", re.IGNORECASE)
 # A header line's value runs to the line's end; a ``name=value`` one to the next ``&``, ``;``, ``,`` or blank. A
 # quoted value missing its closing quote (a message cut inside it) runs to the line's end, as every quoted one here.
 _HEADER_VALUES = {
@@ -102,8 +130,13 @@ _HEADER_VALUES = {
 # A value's first word, no longer than a plain word may be: a line may hold many names, each read this far only.
 _FIRST_WORD = re.compile(r"[^\s'\"`]{1,21}")
 # ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password runs
-# to the last ``@`` before a ``:``, ``/``, backslash (``C:\dir\a@b`` is a path) or blank, and a name follows it.
-_BARE_USERINFO = re.compile(r"(?P<head>(?<![\w/:@.%+-])[\w.%+-]+:)[^\s'\"`/\\:]+(?=@[\w\[])")
+# to the last ``@`` before a ``:``, backslash (``C:\dir\a@b`` is a path) or blank, and a name follows it. An
+# authority alone has no path, so a ``/`` after an ``@`` is the password's (``u:p@ss.x/y@h``); one before any
+# ``@`` is a scheme's or a path's (``s3://b/a@b``, ``C:/a@b``); it may start with an ``@`` (``u:@x@h``), not be
+# empty. ``mailto:bob@h`` names a mailbox, no password.
+_BARE_USERINFO = re.compile(
+    r"(?P<head>(?<![\w/:@.%+-])(?!(?i:mailto):)[\w.%+-]+:)[^\s'\"`/\\:@]*(?:@[^\s'\"`\\:@]*)*(?<!:)(?=@[\w\[])"
+)
 # ``?name=value`` or ``&name=value`` (``;`` too, and ``#``: an OAuth fragment's ``#access_token=``): a query
 # parameter, wherever a message quotes a URL; or ``name=value`` starting a word or a quoted string, as connection
 # strings write them (``password=...``, Azure's ``AccountKey=...``); a quoted value goes whole. Only a credential's
@@ -162,6 +195,13 @@ _BASE64URL_RUN, _JWT_HEADER_START = (
 _QUOTED_MEMBER = re.compile(
     r"(?P<head>(?P<quote>['\"])(?P<name>[\w.-]+)(?P=quote)\s*:\s*b?)"
     r"(?P<value>\"(?:[^\"\\\n]|\\.)*\"?|'(?:[^'\\\n]|\\.)*'?)"
+)
+
+# The same member in JSON quoted inside a string, its quotes escaped by one run of backslashes or more
+# (``{\\"secret_access_key\\": \\"...\\"}`` in a log line's message); a run starts only where backslashes do, and
+# its value ends at the first quote after exactly as many (a quote escaped deeper has more): linear time.
+_ESCAPED_MEMBER = re.compile(
+    r"(?<!\\)(?P<head>(?P<escape>\\+)(?P<quote>['\"])(?P<name>[\w.-]+)(?P=escape)(?P=quote)\s*:\s*(?P=escape)(?P=quote))"
 )
 
 # ``<SignatureProvided>value</SignatureProvided>`` in an XML error body (S3's SignatureDoesNotMatch). A value holds
@@ -236,7 +276,7 @@ def names_secret(word: str) -> bool:
     KEY_ID, AccountKey, accesskey), not any key's (PRIMARY KEY, sort_key, a map's 'key')."""
     lowered = word.lower()
     if any(stem in lowered for stem in SECRET_STEMS):
-        return True
+        return not _names_a_measure(word)
     if "key" not in lowered and not any(part in lowered for part in SECRET_PARTS):
         return False  # nothing below can hold: a hostile text's many names are each rejected at this cost
     parts = {*re.split(r"[_-]", lowered), *(part.lower() for part in _PART.findall(word))}
@@ -245,7 +285,14 @@ def names_secret(word: str) -> bool:
     keyed = "key" in parts and bool(KEY_QUALIFIERS & parts)
     # all one word in one case (awsaccesskeyid, ACCOUNTKEY) has no parts to split; "idkey" is too short to look for
     joined = any(f"{qualifier}key" in lowered for qualifier in KEY_QUALIFIERS if len(qualifier) > 2)
-    return keyed or joined or any(f"{qualifier}key" in parts for qualifier in KEY_QUALIFIERS)
+    named = keyed or joined or any(f"{qualifier}key" in parts for qualifier in KEY_QUALIFIERS)
+    return named and not _names_a_measure(word)
+
+
+def _names_a_measure(word: str) -> bool:
+    """``word``'s last part measures what it names (token_count, maxTokenCount, token_type): no credential."""
+    words = _PART.findall(word)
+    return bool(words) and words[-1].lower() in MEASURE_PARTS
 
 
 def has_credential_shape(text: str) -> bool:
@@ -293,8 +340,9 @@ def redact_credentials(text: str) -> str:
     ``X-Amz-Credential``, ``X-Amz-Security-Token``, ``sig``, ``token``, ``key``...), each also in a URL
     percent-encoded whole. The location itself stays,
     so a message still says which one it means. An ``Authorization: Bearer ***`` header's value goes too, and so
-    does that of a header naming a credential (``X-Amz-Security-Token: ***``). Never showing a credential comes
-    before keeping the rest readable: where a password's end is unsure, more goes.
+    does that of a header or a ``key:`` naming a credential (``X-Amz-Security-Token: ***``, ``Set-Cookie: ***``,
+    ``s3_secret_access_key: ***``) and of a JSON member naming one, escaped inside a string too. Never showing a
+    credential comes before keeping the rest readable: where a password's end is unsure, more goes.
 
     For any text quoting a location a user or a catalog supplied (errors, logs, EXPLAIN): such a location may be
     a presigned URL or carry a password."""
@@ -313,6 +361,8 @@ def redact_credentials(text: str) -> str:
         text = _JWT.sub(REDACTED, text)
     if ":" in text:
         text = _QUOTED_MEMBER.sub(_redacted_member, text)
+        if "\\" in text:
+            text = _without_escaped_member_values(text)
     if "</" in text:
         text = _XML_ELEMENT.sub(_redacted_element, text)
     if "=" in text:
@@ -347,14 +397,21 @@ def _without_passwords(tail: str) -> str:
 
 
 def _password_end(tail: str, start: int, last: int) -> int:
-    """Where the password starting at ``start`` ends: the first ``@`` that a plausible host follows, else the last
-    one (an unescaped ``@`` or ``/`` in a password must not leave its tail); -1 for a port."""
+    """Where the password starting at ``start`` ends: the first ``@`` that a plausible host follows, else one before
+    a one-label host and its path, else the last one (an unescaped ``@`` or ``/`` in a password must not leave its
+    tail); -1 for a port."""
     if _PORT.match(tail, start):
+        return -1
+    query = _PORT_THEN_QUERY.match(tail, start)
+    if query is not None and not _HOST.match(tail, query.end()):
         return -1
     at = tail.find("@", start)
     while 0 <= at < last and not _HOST.match(tail, at + 1):
         at = tail.find("@", at + 1)
-    return at
+    if at != last or _HOST.match(tail, last + 1):
+        return at
+    before = tail.rfind("@", start, last)
+    return before if before >= 0 and _ONE_LABEL_HOST_PATH.fullmatch(tail, before + 1, last) else last
 
 
 def _redacted_user(match: re.Match[str]) -> str:
@@ -371,14 +428,13 @@ def _redacted_encoded_userinfo(match: re.Match[str]) -> str:
 
 
 def _without_header_values(text: str) -> str:
-    """``text`` with the value of every header naming a credential replaced (``X-Amz-Security-Token: ***``).
-    Authorization keeps a scheme for its own rule and a plain word: "authorization: principal lacks ..."."""
+    """``text`` with the value of every header or ``key:`` naming a credential replaced (``X-Amz-Security-Token:
+    ***``, ``s3_secret_access_key: ***``). Authorization keeps a scheme for its own rule and a plain word:
+    "authorization: principal lacks ..."."""
     parts: list[str] = []
     copied = 0
     for name in _HEADER_NAME.finditer(text):
-        if name.start() < copied or not names_secret(name["name"]):
-            continue
-        if "authoriz" in name["name"].lower() and _scheme_or_word_follows(text, name):
+        if name.start() < copied or not names_secret(name["name"]) or _header_value_kept(text, name):
             continue
         value = _HEADER_VALUES[name["sep"]].match(text, name.end())
         if value is None:
@@ -387,6 +443,24 @@ def _without_header_values(text: str) -> str:
         copied = value.end()
     parts.append(text[copied:])
     return "".join(parts)
+
+
+def _header_value_kept(text: str, name: re.Match[str]) -> bool:
+    """A credential-named header's or key's value that is no credential: an Authorization scheme or prose word, a
+    status (``Unauthorized:``), an IAM action (``secretsmanager:GetSecretValue``), a message's prose or diagnosis
+    (``catalog.client_secret: required``). A hyphenated header's and a ``name=``'s value always goes, as before."""
+    word = name["name"]
+    plain = word.isascii() and word.isalpha()
+    if "authoriz" in word.lower():
+        return (plain and word.lower() != "authorization") or _scheme_or_word_follows(text, name)
+    if name["sep"] == "=" or "-" in word:
+        return False
+    if text[name.end() - 1] not in " \t":
+        # YAML's key takes a blank after its colon: secretsmanager:GetSecretValue is an action, x_token://h a URL
+        return plain or text.startswith("//", name.end())
+    if _DIAGNOSTIC.match(text, name.end()):
+        return True
+    return not _ALWAYS_SECRET.search(word) and _PROSE.match(text, name.end()) is not None
 
 
 def _scheme_or_word_follows(text: str, name: re.Match[str]) -> bool:
@@ -413,6 +487,30 @@ def _redacted_member(match: re.Match[str]) -> str:
     return match["head"] + value[0] + REDACTED + value[0]
 
 
+def _without_escaped_member_values(text: str) -> str:
+    """``text`` with the value of every credential-named member of escaped JSON replaced (``\\"token\\":
+    \\"***\\"``): the value ends at the first quote after exactly its opening's backslashes, or at the line's end."""
+    parts: list[str] = []
+    copied = 0
+    for member in _ESCAPED_MEMBER.finditer(text):
+        if member.start() < copied or not names_secret(member["name"]):
+            continue
+        closing = member["escape"] + member["quote"]
+        end = _escaped_closing(closing).search(text, member.end())
+        parts += [text[copied : member.end()], REDACTED, closing]
+        copied = len(text) if end is None else end.end()
+        if end is not None and end[0] == "\n":
+            copied -= 1  # no closing quote on its line: the line's break stays
+    parts.append(text[copied:])
+    return "".join(parts)
+
+
+@functools.lru_cache(maxsize=32)
+def _escaped_closing(closing: str) -> re.Pattern[str]:
+    # a run of exactly this many backslashes (one more is a deeper escape's) and the quote, or the line's end
+    return re.compile(rf"(?<!\\){re.escape(closing)}|\n")
+
+
 def _redacted_element(match: re.Match[str]) -> str:
     return match["head"] + REDACTED if names_secret(match["name"]) else match[0]
 
@@ -426,9 +524,19 @@ def _without_parameter_values(text: str, names: re.Pattern[str], values: re.Patt
             continue
         value = values.match(text, head.end())
         parts += [text[copied : head.end()], REDACTED]
-        copied = head.end() if value is None else value.end()
+        copied = head.end() if value is None else _before_closing_parenthesis(text, head, value.end())
     parts.append(text[copied:])
     return "".join(parts)
+
+
+def _before_closing_parenthesis(text: str, head: re.Match[str], end: int) -> int:
+    """A value's ``end`` before a ``)`` (and a ``,``, ``;`` or ``.`` after it) closing a ``(`` its name opened:
+    ``connect(password=x)``. Only one, only then: a password's own ``)`` goes with it."""
+    name = head["name"]
+    if name.count("(") <= name.count(")"):
+        return end
+    closing = end - 1 if end - 1 > head.end() and text[end - 1] in ",;." else end
+    return closing - 1 if closing - 1 > head.end() and text[closing - 1] == ")" else end
 
 
 def _names_parameter_secret(head: re.Match[str]) -> bool:

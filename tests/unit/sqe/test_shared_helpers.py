@@ -114,6 +114,16 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         "%3Fa%2F",
         "a://u:''",
         "''a",
+        "a://u:1?x=",
+        "a://u:1?x=a@",
+        "a://u:p@h/",
+        "u:p@s/",
+        '\\"token\\": \\"',
+        '\\\\"token\\\\"',
+        "secret: the ",
+        "token: ",
+        "f(password=x)",
+        "mailto:a@",
     ],
 )
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
@@ -457,3 +467,152 @@ def test_counted_agrees_the_noun_with_its_number() -> None:
     """Found by review: messages said "takes 1 parameters" and "1 queries of this user are running"."""
     assert counted(1, "parameter") == "1 parameter"
     assert [counted(n, "query", "queries") for n in (0, 1, 2)] == ["0 queries", "1 query", "2 queries"]
+
+
+def test_redact_credentials_drops_a_password_holding_a_question_mark_or_hash_after_digits() -> None:
+    """Found by review: digits then ``?`` or ``#`` were read as a port and a query, so ``6?pw`` was shown."""
+    assert redact_credentials("https://u:6?pw@db/") == "https://u:***@db/"
+    assert redact_credentials("https://u:6#pw@db/x") == "https://u:***@db/x"
+    assert redact_credentials("https://u:6?pw@db.local/x") == "https://u:***@db.local/x"
+    assert redact_credentials("mysql://u:42?x=y@db.local:3306/d") == "mysql://u:***@db.local:3306/d"
+    assert redact_credentials("'https://u:6?a@b@h'") == "'https://u:***@h'"
+    # a port then a query's name=value holding an '@' is no password (no plausible host follows it)
+    for kept in ("https://h:443?v=a@b", "http://h:80?to=a@b&x=1", "http://h:80#a=b@c"):
+        assert redact_credentials(kept) == kept
+    # unsure which: the password's side (a plausible host follows the '@', or the query has no name=value)
+    assert redact_credentials("https://h:443?e=a@b.com") == "https://h:***@b.com"
+    assert redact_credentials("http://h:80?x@y") == "http://h:***@y"
+
+
+def test_redact_credentials_keeps_the_path_after_a_one_label_host() -> None:
+    """Found by review: a one-label host without a port was never taken for the host, so the password ran to the
+    path's ``@`` and the host and path before it went too (``http://u:***@b``)."""
+    assert redact_credentials("http://u:pw@h/a@b") == "http://u:***@h/a@b"
+    assert redact_credentials("read http://u:pw@minio/warehouse/t/x@1 now") == (
+        "read http://u:***@minio/warehouse/t/x@1 now"
+    )
+    assert redact_credentials("http://u:p@ss@db/a@b") == "http://u:***@db/a@b"
+    # never less than before: a later plausible host still ends the password, and a stretch not shaped like a
+    # lower-case host and path (a generated password's mixed case) is still taken for the password's
+    assert redact_credentials("'postgresql://u:p@s/s@db:5432/x'") == "'postgresql://u:***@db:5432/x'"
+    assert redact_credentials("http://u:Xk@9q/Lm@db/x") == "http://u:***@db/x"
+    assert redact_credentials("http://u:p@ss?w@db") == "http://u:***@db"
+
+
+def test_redact_credentials_drops_all_of_a_bare_password_holding_an_at_and_a_slash() -> None:
+    """Found by review: an authority quoted without its scheme showed the part of its password after an ``@`` and
+    before a ``/`` (``u:***@ss.x/y@h``); an authority alone has no path, so its password runs to the last ``@``."""
+    assert redact_credentials("u:p@ss.x/y@h") == "u:***@h"
+    assert redact_credentials("got: alice:p@s/s@127.0.0.1:9") == "got: alice:***@127.0.0.1:9"
+    for kept in ("s3://b/a@b/c", r"C:\Users\me\a@b.csv", "C:/Users/me/a@b.csv", "bob@example.com"):
+        assert redact_credentials(kept) == kept
+
+
+@pytest.mark.parametrize("escape", ["\\", "\\\\", "\\\\\\", "\\\\\\\\\\\\\\"])
+def test_redact_credentials_drops_a_credential_member_of_json_escaped_in_a_string(escape: str) -> None:
+    """Found by review: JSON quoted inside a JSON string (a log line's message holding a request body) escapes its
+    quotes, and its credential members were not seen."""
+    q = escape + '"'
+    inner = escape * 2 + "\\" + '"'  # a quote inside the value, escaped once more
+    body = f"{{{q}secret_access_key{q}: {q}wJal{inner}rX{q}, {q}region{q}: {q}eu{q}}}"
+    shown = redact_credentials(f'{{"msg": "{body}"}}')
+    assert shown == f'{{"msg": "{{{q}secret_access_key{q}: {q}***{q}, {q}region{q}: {q}eu{q}}}"}}'
+    # missing its closing quote (a message cut inside it): the value runs to its line's end
+    assert redact_credentials(f"{q}password{q}: {q}correct horse\nnext") == f"{q}password{q}: {q}***{q}\nnext"
+
+
+@pytest.mark.parametrize(
+    "name", ["s3_secret_access_key", "password", "client_secret", "token", "aws.session_token", "secretAccessKey"]
+)
+@pytest.mark.parametrize("value", ["wJalrXUt/K7MDENG", "'wJalrXUt K7MDENG'", '"wJalrXUt K7MDENG"', "abc"])
+def test_redact_credentials_drops_a_colon_separated_credential_value(name: str, value: str) -> None:
+    """Found by review: a credential written ``name: value`` (YAML, a config dump, a log line) was shown."""
+    assert redact_credentials(f"config:\n  {name}: {value}\n  region: eu") == f"config:\n  {name}: ***\n  region: eu"
+
+
+def test_redact_credentials_keeps_prose_after_a_credential_word_and_a_colon() -> None:
+    for kept in (
+        "no credentials: send a catalog bearer token or Basic client_id:client_secret",
+        "ExpiredToken: The provided token has expired.",
+        "Unauthorized: 401 Client Error",
+        "not authorized to perform: secretsmanager:GetSecretValue on resource",
+        "tls_key: cannot read key.pem",
+        "KeyError: 'region'",
+    ):
+        assert redact_credentials(kept) == kept
+
+
+def test_redact_credentials_drops_cookie_header_values() -> None:
+    """Found by review: ``Set-Cookie``/``Cookie`` headers carry session tokens and were shown."""
+    assert redact_credentials("Set-Cookie: session=abc123; Path=/; HttpOnly\nVary: x") == "Set-Cookie: ***\nVary: x"
+    assert redact_credentials("sent Cookie: sid=s3ss10n; theme=dark") == "sent Cookie: ***"
+    assert redact_credentials("{'Set-Cookie': 'sid=abc; Path=/'}") == "{'Set-Cookie': '***'}"
+    assert redact_credentials('{"cookie": "sid=abc"}') == '{"cookie": "***"}'
+
+
+def test_redact_credentials_keeps_a_mailto_user_a_count_and_a_closing_parenthesis() -> None:
+    """Found by review: small over-redactions: a ``mailto:`` address's user, a count named after tokens, and the
+    ``)`` closing a call around ``password=...``."""
+    for kept in ("write to mailto:bob@example.com", "token_count=3", "'maxTokenCount=3 password_length=12'"):
+        assert redact_credentials(kept) == kept
+    assert redact_credentials('{"token_type": "bearer", "access_token": "t0k"}') == (
+        '{"token_type": "bearer", "access_token": "***"}'
+    )
+    assert redact_credentials("connect(password=x) failed") == "connect(password=***) failed"
+    assert redact_credentials("f(password=x), y") == "f(password=***), y"
+    assert redact_credentials("(password=x)) y") == "(password=***) y"  # a password's own ')' goes with it
+    assert redact_credentials("password=ab)cd y") == "password=*** y"  # no '(' opened before: all of it
+    assert redact_credentials("token_count=3 token=abc") == "token_count=3 token=***"
+
+
+# Each rule added by review on adversarial text as long as a message may be: it completes and reads the text right
+# (the million-character runs above are what would catch a quadratic rule).
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("head", "unit", "tail", "expected"),
+    [
+        ("", "a://u:1?x=", "a@b.c x", "@ a://u:***@b.c x"),  # no name=value before a nested URL's ':'
+        ("", "a://u:1?x=a@", "b x", "@ <run>b x"),  # each a port and a query holding an '@'
+        ("", "a://u:p@h/", "a@b x", "@ a://u:***@h/a@b x"),
+        ("u:", "p@s/", "s@h x", "@ u:***@h x"),
+        ("", "(a:", "b@c x", "@ <run>***@c x"),
+        ('\\"token\\": \\"', "\\\\", "\n x", '@ \\"token\\": \\"***\\"\n x'),
+        ("", '\\"token\\": \\"x\\", ', "x", "@ <***>x"),
+        ("", "\\\\", '"token" x', '@ <run>"token" x'),
+        ("", "token: ", "x", "@ token: ***"),
+        ("", "secret: the ", "end", "@ <run>end"),
+        ("", "f(password=x)", " x", "@ f(password=***) x"),
+        ("", "mailto:a@", "b x", "@ <run>b x"),
+        ("", "token_count=1 ", "x", "@ <run>x"),
+        ("", "Set-Cookie: a=b; ", "x", "@ Set-Cookie: ***"),
+    ],
+)
+def test_review_redaction_rules_read_adversarial_messages_right(head: str, unit: str, tail: str, expected: str) -> None:
+    run = unit * ((MAX_MESSAGE_CHARS - 100) // len(unit))
+    text = f"@ {head}{run}{tail}"
+    assert len(text) <= MAX_MESSAGE_CHARS  # redacted whole, not cut
+    expected = expected.replace("<run>", run).replace("<***>", run.replace('\\"x\\"', '\\"***\\"'))
+    assert redacted_message(text) == expected
+
+
+def test_redact_credentials_keeps_a_diagnosis_after_a_credential_key() -> None:
+    """SQE's own config errors name a secret's key and what is wrong with it: that stays readable."""
+    for kept in (
+        "catalog.client_secret: expected a string, got a list",
+        "coordinator.token: required",
+        "storage.secret_access_key: required",
+        "catalog.client_secret: required when catalog.client_id is set",
+        "password: missing",
+    ):
+        assert redact_credentials(kept) == kept
+    assert redact_credentials("password: correct horse battery") == "password: ***"  # a passphrase, not prose
+
+
+def test_redact_credentials_drops_a_bare_password_starting_with_an_at() -> None:
+    """Found by comparing with the old rules: a schemeless password may start with its ``@``."""
+    assert redact_credentials("got: u:@bc@h") == "got: u:***@h"
+    assert redact_credentials("got: u:@@h") == "got: u:***@h"
+    assert redact_credentials("got: u:@h") == "got: u:@h"  # nothing between: no password to hide
+    # a credential key's colon without a blank: a value (a config dump's), or a URL's scheme
+    assert redact_credentials("s3_secret:x") == "s3_secret:***"
+    assert redact_credentials("key_token://h/x") == "key_token://h/x"
