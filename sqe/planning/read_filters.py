@@ -26,8 +26,9 @@ A leaf given up becomes AlwaysTrue, which only weakens the filter as long as no 
 narrowed leaf gives up its whole subtree. Null and NaN checks do not depend on the type and stay. Any other pair
 of types (one this module does not know) gives up the leaf too.
 
-:func:`nan_safe_filter` weakens every scan's filter the same way for a flaw of pyarrow's row-group pruning with
-NaN (see there); the planner applies it to what files are read with (``sqe.planning.planner.build_read_spec``).
+:func:`nan_safe_filter` weakens every scan's filter the same way for flaws of pyarrow's row-group pruning with
+NaN and with -0.0 (see there); the planner applies it to what files are read with
+(``sqe.planning.planner.build_read_spec``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from pyiceberg.expressions import (
     BooleanExpression,
     BoundGreaterThan,
     BoundGreaterThanOrEqual,
+    BoundIn,
     BoundIsNaN,
     BoundLessThan,
     BoundLessThanOrEqual,
@@ -74,8 +76,8 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _ALWAYS_TRUE: BooleanExpression = AlwaysTrue()
 _LOWER_BOUNDS = (BoundGreaterThan, BoundGreaterThanOrEqual)
 _UPPER_BOUNDS = (BoundLessThan, BoundLessThanOrEqual)
-# Leaves true on a NaN value (see nan_safe_filter).
-_TRUE_ON_NAN = (BoundIsNaN, BoundNotEqualTo, BoundNotIn)
+# Leaves pyarrow gets wrong on a float or double column (see nan_safe_filter): those true on a NaN value, and IN.
+_WRONG_ON_FLOATS = (BoundIsNaN, BoundNotEqualTo, BoundNotIn, BoundIn)
 
 
 def narrowed_fields(
@@ -101,15 +103,18 @@ def narrowed_filter(bound_filter: BooleanExpression, narrowed: dict[int, Iceberg
 
 def nan_safe_filter(bound_filter: BooleanExpression) -> BooleanExpression:
     """``bound_filter`` without the leaves on float and double columns that are true on NaN (``is_nan``, ``<>``,
-    ``NOT IN``, and a NOT above any leaf on such a column); never stronger than ``bound_filter``.
+    ``NOT IN``, and a NOT above any leaf on such a column) and without their ``IN``; never stronger than
+    ``bound_filter``.
 
     pyarrow (26) prunes a row group by its statistics, whose min and max leave NaN out, as if the group held no
     NaN: a group of 20.5 and NaN is skipped for ``is_nan(x)`` and for ``x <> 20.5 OR is_nan(x)``, and its NaN
-    row, which the filter keeps, is lost. Comparisons are false on NaN, so pruning them is right."""
+    row, which the filter keeps, is lost. Comparisons are false on NaN, so pruning them is right. Arrow's
+    ``is_in`` compares bits, so ``-0.0`` is not in ``(0.0)``, and a group of zeros (statistics [-0.0, 0.0]) is
+    skipped for ``x IN (0.0, 5.0)``; ``=`` compares as IEEE does and stays."""
     floating = _floating_ids(bound_filter)
     if not floating:
         return bound_filter
-    return _weakened(bound_filter, floating, lambda leaf: _ALWAYS_TRUE if isinstance(leaf, _TRUE_ON_NAN) else leaf)
+    return _weakened(bound_filter, floating, lambda leaf: _ALWAYS_TRUE if isinstance(leaf, _WRONG_ON_FLOATS) else leaf)
 
 
 def _floating_ids(expr: BooleanExpression) -> set[int]:
