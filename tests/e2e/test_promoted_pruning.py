@@ -30,13 +30,23 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, NestedField
 
 import sqe.api
-from sqe.config import CacheConfig, CatalogConfig, SQEConfig, StorageConfig
+from sqe.config import CacheConfig, CatalogConfig, SQEConfig, StorageConfig, load_config
 from sqe.execution.cache import clear_process_caches
 from sqe.session import explain_sections
+from tests.conftest import write_sqe_config
+from tests.e2e.test_distributed import (
+    TicketLog,
+    WorkerPools,
+    coordinator_overrides,
+    distributed_session,
+    worker_factory,  # noqa: F401  (the module-scoped pool fixture)
+)
 from tests.e2e.test_engine_footer_cache import MotoLog
 from tests.e2e.test_restrictions_e2e import World, _principal, _pyiceberg
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from sqe.session import Session
     from tests.conftest import CatalogServer
 
@@ -269,3 +279,40 @@ def test_a_row_filter_true_on_nan_keeps_the_nan_rows_of_a_double_column(
         ids = [row[0] for row in session.sql(f"SELECT id FROM {world.namespace}.doubles ORDER BY id").fetchall()]
     assert ids == sorted(DOUBLES.filter(exact(DOUBLES)).column("id").to_pylist())
     assert 4 in ids  # the NaN row
+
+
+@pytest.mark.parametrize(
+    ("table", "row_filter", "exact"),
+    [
+        ("people", _cmp("gt", X, 0.1), lambda t: pc.greater(t["x"], 0.1)),
+        ("people", _cmp("lt-eq", X, 0.1), lambda t: pc.less_equal(t["x"], 0.1)),
+        ("people", _cmp("gt", N, 2**31 - 1), lambda t: pc.greater(t["n"], 2**31 - 1)),
+        ("people", {"type": "is-nan", "term": _ref(X)}, lambda t: pc.is_nan(t["x"])),
+        ("doubles", _cmp("not-eq", X, 20.5), lambda t: pc.not_equal(t["x"], 20.5)),
+    ],
+    ids=["float-above-0.1", "float-at-most-0.1", "int-above-int32-max", "promoted-is-nan", "doubles-not-eq"],
+)
+def test_scan_workers_read_promoted_and_nan_rows_as_the_local_scan_does(
+    world: World,
+    worker_factory: WorkerPools,  # noqa: F811
+    tmp_path: Path,
+    table: str,
+    row_filter: dict[str, Any],
+    exact: Any,
+) -> None:
+    """Scan workers build their ReadSpec with the planner's build_read_spec from the ticket's metadata (every
+    schema kept): an old file is read with the narrowed filter and NaN rows are not pruned away there either."""
+    clear_process_caches()
+    world.restrict("alice", {"required-row-filter": row_filter}, table=table)
+    keys = {"reader_client_id": world.reader.client_id, "reader_client_secret": world.reader.client_secret}
+    principal, moto = world.principals["alice"], world.server.moto
+    path = write_sqe_config(tmp_path / "alice.toml", world.server.url, principal, moto, catalog=keys)
+    config = load_config(path, env={}, overrides=coordinator_overrides(worker_factory.pool(2)))
+    with distributed_session(config) as session:
+        log = TicketLog().attach(session)
+        sql = f"SELECT id FROM {world.namespace}.{table} ORDER BY id"
+        ids = [row[0] for row in session.sql(sql).fetchall()]
+    assert log.tickets, "the scan ran on the workers"
+    rows = everything() if table == "people" else DOUBLES
+    expected = sorted(rows.filter(exact(rows)).column("id").to_pylist())
+    assert expected and ids == expected
