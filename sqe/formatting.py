@@ -504,8 +504,10 @@ def _interval(value: pa.MonthDayNano) -> str:
     parts = [f"{sign}{n} {unit}{'s' if n != 1 else ''}" for n, unit in ((years, "year"), (months, "month")) if n]
     if value.days:
         parts.append(f"{value.days} day{'s' if abs(value.days) != 1 else ''}")
-    if value.nanoseconds or not parts:
-        micros = abs(value.nanoseconds) // 1000
+    # DuckDB's INTERVAL holds microseconds: it drops a sub-microsecond rest (toward zero), and with it a clock
+    # that is then zero (``1 month``, not ``1 month 00:00:00``).
+    micros = abs(value.nanoseconds) // 1000
+    if micros or not parts:
         parts.append(_clock(-micros if value.nanoseconds < 0 else micros, 6))
     return " ".join(parts)
 

@@ -262,6 +262,22 @@ def test_a_time_and_an_interval_are_written_as_duckdb_writes_them() -> None:
     assert _rendered(literal, "csv") == [["00:00:00.5", "00:00:00.5"], ["00:00:00", "00:00:00"]]
 
 
+def test_an_intervals_sub_microsecond_rest_is_dropped_as_duckdb_drops_it() -> None:
+    """Found by review: an Arrow month_day_nano interval whose nanoseconds are less than a microsecond (but not
+    zero) was written ``1 month 2 days 00:00:00`` where DuckDB, whose INTERVAL holds microseconds, writes
+    ``1 month 2 days``; in JSON alike. The rest is dropped toward zero, as DuckDB drops it."""
+    rng = random.Random(20261211)
+    parts = [(1, 2, 3), (-1, -2, -3), (0, 5, 999), (13, 0, -999), (0, 0, 999), (0, 0, -999), (2, 0, 1_999)]
+    parts += [(0, 1, -1_000_001), (-14, 3, 86_400 * 10**9 + 500)]
+    parts += [(rng.randint(-30, 30), rng.randint(-30, 30), rng.randint(-(10**6), 10**6)) for _ in range(500)]
+    arrow = pa.table({"v": pa.array([pa.MonthDayNano(list(p)) for p in parts], pa.month_day_nano_interval())})
+    with duckdb.connect() as con:
+        expected = [text for (text,) in con.sql("SELECT v::VARCHAR FROM arrow").fetchall()]
+    assert expected[:2] == ["1 month 2 days", "-1 month -2 days"]
+    assert [row[0] for row in _rendered(arrow, "csv")] == expected
+    assert [row[0] for row in _rendered(arrow.slice(0, 2), "json")] == expected[:2]
+
+
 def test_a_date64_at_any_value_is_written_as_duckdb_writes_the_date() -> None:
     """Found by review: an Arrow date64 past Python's years was Arrow's ``<value out of range: ...>`` text, in
     every format. It is now the date DuckDB reads (the milliseconds' whole days, divided toward zero), written as
