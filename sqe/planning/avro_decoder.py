@@ -15,9 +15,12 @@ being a tenth of the block's size. So reads never leave the copy: at worst the l
 zeros, and the read is refused. A read past the end raises ``EOFError``, which planning reports as a manifest
 that does not decode (``avro_limits.UNDECODABLE``).
 
-:func:`install` puts it in place of ``pyiceberg.avro.file.new_decoder``, for the whole process: every Avro file
-pyiceberg reads in SQE's processes (manifest lists and manifests, in the engine and in ``sqe-catalog``) was
-written by some table writer. pyiceberg's pure-Python fallback reads through ``io.BytesIO`` and is bounded already.
+``sqe.planning.pyiceberg_patches.install`` puts :func:`bounded_decoder` in place of
+``pyiceberg.avro.file.new_decoder``, for the whole process: every Avro file pyiceberg reads in SQE's processes
+(manifest lists and manifests, in the engine and in ``sqe-catalog``) was written by some table writer. pyiceberg's
+pure-Python fallback reads through ``io.BytesIO`` and is bounded already. Either decoder knows its end
+(:func:`unread_bytes`): Avro has no end marker, so a block stating fewer records than it holds is only told by
+the bytes its records leave unread.
 """
 
 from __future__ import annotations
@@ -28,13 +31,20 @@ from array import array
 
 from pyiceberg.avro.decoder import BinaryDecoder, StreamingBinaryDecoder
 
-__all__ = ["BoundedDecoder", "bounded_decoder", "install"]
+__all__ = ["BoundedDecoder", "MisstatedAvroError", "bounded_decoder", "unread_bytes"]
 
 _MAX_VARINT_BYTES = 10
 _FLOAT, _DOUBLE = struct.Struct("<f"), struct.Struct("<d")
 _UNSIGNED = 2**64 - 1  # the compiled decoder's read_ints holds unsigned 64-bit ints: -1 is 2**64 - 1
 _PADDING_BYTES = 16  # more than a varint started before the end can take past it
 _COMPILED = importlib.util.find_spec("pyiceberg.avro.decoder_fast") is not None
+
+
+class MisstatedAvroError(Exception):
+    """An Avro file (or a manifest) whose stated counts disagree with what it holds: a block whose records leave
+    bytes unread, a manifest whose entries are not those its manifest-list entry counts. Avro has no end
+    marker: a file cut at a block boundary, or a block stating fewer records, decodes fewer records silently.
+    Not a ValueError: planning reports it as a file that does not decode (``avro_limits.UNDECODABLE``)."""
 
 
 def _padding(size: int) -> bytes:
@@ -68,6 +78,10 @@ class BoundedDecoder(BinaryDecoder):
 
     def tell(self) -> int:
         return self._tell()
+
+    def unread(self) -> int:
+        """The bytes of the block after the position read to."""
+        return self._end - self._tell()
 
     def _room(self, size: int) -> None:
         if size < 0 or self._tell() + size > self._end:
@@ -155,16 +169,28 @@ class BoundedDecoder(BinaryDecoder):
             dest[key] = read(size)
 
 
+class _SizedStreamingDecoder(StreamingBinaryDecoder):
+    """pyiceberg's pure-Python decoder, knowing where its bytes end."""
+
+    __slots__ = ("_end",)
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self._end = len(data)
+
+    def unread(self) -> int:
+        return self._end - self.tell()
+
+
 def bounded_decoder(data: bytes) -> BinaryDecoder:
     """A decoder of ``data`` that never reads past its end: :class:`BoundedDecoder` over pyiceberg's compiled one,
     or where pyiceberg was built without it, its pure-Python one (which reads through ``io.BytesIO``)."""
-    return BoundedDecoder(data) if _COMPILED else StreamingBinaryDecoder(data)
+    return BoundedDecoder(data) if _COMPILED else _SizedStreamingDecoder(data)
 
 
-def install() -> None:
-    """Make pyiceberg decode every Avro file of this process with :func:`bounded_decoder` (idempotent)."""
-    import pyiceberg.avro.file as avro_file
-
-    if not hasattr(avro_file, "new_decoder"):  # pyiceberg changed how it makes decoders: refuse to read unchecked
-        raise ImportError("pyiceberg.avro.file no longer has new_decoder: SQE cannot bound its Avro reads")
-    avro_file.new_decoder = bounded_decoder
+def unread_bytes(decoder: BinaryDecoder) -> int:
+    """The bytes after ``decoder``'s position, for a decoder :func:`bounded_decoder` made (any other decoder is
+    refused: its end is unknown, and a check that cannot run must not pass)."""
+    if not isinstance(decoder, (BoundedDecoder, _SizedStreamingDecoder)):
+        raise MisstatedAvroError("an Avro block was decoded by a decoder SQE did not make; its end is unknown")
+    return decoder.unread()

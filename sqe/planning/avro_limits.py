@@ -7,7 +7,10 @@ before pyiceberg decodes it: past ``MAX_MANIFEST_DECOMPRESSED_BYTES`` (nothing m
 Within it, pyiceberg decodes the blocks inflated here, stored in a container of the null codec, and inflates
 none again. The engine checks a file once, when it is read from the store (its manifest cache keeps only checked
 bytes, as stored; pyiceberg inflates a hit's blocks). Inside the blocks, every value pyiceberg decodes is
-checked against its block's end by ``sqe.planning.avro_decoder``, installed here, where manifests are read.
+checked against its block's end by ``sqe.planning.avro_decoder``, and each block's records must take all of its
+bytes (``sqe.planning.pyiceberg_patches``, installed here, where manifests are read). A block stating a negative
+count, or none but holding bytes, or none before another block, is refused here: pyiceberg stops reading at such
+a block, and would drop the records after it without error.
 
 :class:`ManifestBounds` words the refusal and picks its error type: the engine's
 :class:`sqe.errors.ManifestLimitError`, or the catalog's own 422 (``sqe_catalog.avro_limits``).
@@ -25,7 +28,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import zstandard
 from pyiceberg import types
@@ -38,15 +41,14 @@ from pyiceberg.types import (
     ListType,
     MapType,
     StructType,
-    TimestampNanoType,
-    TimestamptzNanoType,
     UnknownType,
 )
 from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
 from sqe._lru import LRUCache
 from sqe.errors import ManifestLimitError
-from sqe.planning import avro_decoder
+from sqe.planning import pyiceberg_patches
+from sqe.planning.avro_decoder import MisstatedAvroError
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -74,20 +76,7 @@ __all__ = [
     "table_bounds",
 ]
 
-avro_decoder.install()  # before any manifest of this process is decoded: every reader of one imports this module
-_CONVERT_LOGICAL = AvroSchemaConversion._convert_logical_type
-
-
-def _logical_type(self: AvroSchemaConversion, avro_logical_type: dict[str, Any]) -> IcebergType:
-    """pyiceberg's conversion of an Avro logical type, knowing ``timestamp-nanos`` too: Iceberg writes its
-    timestamp_ns and timestamptz_ns so (format v3; pyiceberg too), and pyiceberg 0.12 reads neither back, so a
-    manifest partitioned by one such column did not plan."""
-    if avro_logical_type.get("logicalType") == "timestamp-nanos" and avro_logical_type.get("type") == "long":
-        return TimestamptzNanoType() if avro_logical_type.get("adjust-to-utc") is True else TimestampNanoType()
-    return _CONVERT_LOGICAL(self, avro_logical_type)
-
-
-AvroSchemaConversion._convert_logical_type = _logical_type  # type: ignore[method-assign]
+pyiceberg_patches.install()  # before any manifest of this process is decoded: every reader of one imports this module
 
 # Iceberg writers aim at 8 MiB manifests (commit.manifest.target-size-bytes); a manifest list holds a few hundred
 # bytes per manifest. Eight and 32 times that target leave room for any table, while one plan's decoded entries
@@ -108,8 +97,10 @@ _SNAPPY_CRC_SIZE = 4
 
 # What pyiceberg's decoder raises, besides ValueError, for records that do not decode: EOFError for a block
 # that ends early, SystemError from its compiled decoder for a negative length, and ResolveError for a header
-# schema whose fields do not promote to the ones it reads (a manifest path stated as a boolean).
-UNDECODABLE: tuple[type[Exception], ...] = (EOFError, SystemError, ResolveError)
+# schema whose fields do not promote to the ones it reads (a manifest path stated as a boolean); and SQE's
+# MisstatedAvroError, for a block whose records leave bytes unread, or a manifest whose entries are not those
+# its manifest list counts.
+UNDECODABLE: tuple[type[Exception], ...] = (EOFError, SystemError, ResolveError, MisstatedAvroError)
 UNDECODED = "a manifest list or manifest of the table does not decode"
 
 
@@ -287,8 +278,10 @@ def inflated(data: bytes, budget: int) -> Inflated:
     sized = _SIZED.get(codec)
     if sized is not None:
         total = 0
-        for _records, block, _sync in _blocks(data, pos):
-            total += sized(block)
+        for count, _records, block, _sync in _blocks(data, pos):
+            size = sized(block)
+            _check_count(count, size)
+            total += size
             if total > budget:
                 break
         return Inflated(total, data)
@@ -298,12 +291,13 @@ def inflated(data: bytes, budget: int) -> Inflated:
     out = io.BytesIO(_null_codec_header(meta, sync))  # written a block at a time: one copy of what it inflates
     out.seek(0, io.SEEK_END)
     total = 0
-    for records, block, block_sync in _blocks(data, pos):
+    for count, records, block, block_sync in _blocks(data, pos):
         chunks = inflate(block, budget - total)
         size = sum(len(chunk) for chunk in chunks)
         total += size
         if total > budget:
             return Inflated(total, b"")
+        _check_count(count, size)
         # the count and sync marker as written: pyiceberg acts on the count and compares the marker with the header's
         out.writelines([records, _encoded_long(size), *chunks, block_sync])
     return Inflated(total, out.getvalue())
@@ -396,19 +390,28 @@ def _encoded_long(value: int) -> bytes:
     return bytes(out)
 
 
-def _blocks(data: bytes, pos: int) -> Iterator[tuple[bytes, bytes, bytes]]:
-    """Each block of the container ``data`` from ``pos`` on: its record count as encoded, its bytes and the sync
-    marker after it. Every length is checked against ``data`` here: pyiceberg's decoder reads past its buffer's
-    end."""
+def _check_count(count: int, inflated_size: int) -> None:
+    """Refuse a block pyiceberg would read as the container's end (it stops at a count below one), unless it
+    is one: no bytes of records. A block of no records is the last (see :func:`_blocks`)."""
+    if count < 0 or (count == 0 and inflated_size > 0):
+        raise MalformedAvroError
+
+
+def _blocks(data: bytes, pos: int) -> Iterator[tuple[int, bytes, bytes, bytes]]:
+    """Each block of the container ``data`` from ``pos`` on: its record count, as read and as encoded, its bytes
+    and the sync marker after it. Every length is checked against ``data`` here: pyiceberg's decoder reads past
+    its buffer's end. A block stating no records must be the last: pyiceberg stops reading there."""
     while pos < len(data):
         start = pos
-        _count, pos = _long(data, pos)
+        count, pos = _long(data, pos)
         records = data[start:pos]
         size, pos = _long(data, pos)
         if size < 0 or pos + size + _SYNC_SIZE > len(data):
             raise MalformedAvroError
         end = pos + size
-        yield records, data[pos:end], data[end : end + _SYNC_SIZE]
+        if count <= 0 and end + _SYNC_SIZE < len(data):
+            raise MalformedAvroError
+        yield count, records, data[pos:end], data[end : end + _SYNC_SIZE]
         pos = end + _SYNC_SIZE
 
 

@@ -10,6 +10,12 @@ entries, their order and every field are exactly what ``ManifestFile.fetch_manif
 
 The manifests handed to pyiceberg's planner are :class:`PlanningManifest` copies of the manifest-list records,
 so pyiceberg's partition, metrics and sequence-number pruning and its delete-file matching run as before.
+
+Avro has no end marker: a manifest cut at a block boundary decodes fewer entries, without error. Its
+manifest-list entry counts them, though (the files and rows of each status; optional in format v1, required
+since v2): :func:`counted_entries` refuses a manifest whose entries are not those counts, with
+:class:`sqe.planning.avro_decoder.MisstatedAvroError` (planning's "does not decode"). Counts a manifest list
+lacks are not checked.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from pyiceberg.manifest import (
 )
 
 from sqe._lru import LRUCache
-from sqe.planning.avro_decoder import bounded_decoder
+from sqe.planning.avro_decoder import MisstatedAvroError, bounded_decoder
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -41,7 +47,7 @@ if TYPE_CHECKING:
     from pyiceberg.io import FileIO
     from pyiceberg.typedef import StructProtocol
 
-__all__ = ["PlanningManifest", "planning_manifests"]
+__all__ = ["PlanningManifest", "check_entry_counts", "counted_entries", "planning_manifests"]
 
 _SCHEMA_KEY = "avro.schema"
 _ENTRY_READ_SCHEMA = MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION]
@@ -79,16 +85,49 @@ class _ManifestAvroFile(AvroFile[ManifestEntry]):
         return self
 
 
+def _stated_counts(manifest: ManifestFile) -> dict[ManifestEntryStatus, tuple[int | None, int | None]]:
+    """The files and rows the manifest-list entry states for each entry status (None: not stated)."""
+    return {
+        ManifestEntryStatus.ADDED: (manifest.added_files_count, manifest.added_rows_count),
+        ManifestEntryStatus.EXISTING: (manifest.existing_files_count, manifest.existing_rows_count),
+        ManifestEntryStatus.DELETED: (manifest.deleted_files_count, manifest.deleted_rows_count),
+    }
+
+
+def check_entry_counts(manifest: ManifestFile, entries: list[ManifestEntry]) -> None:
+    """Refuse ``entries`` (all of the manifest's, deleted ones too) unless each status has as many entries, and
+    as many rows in them, as ``manifest`` (its manifest-list entry) states; a count not stated is not checked."""
+    files = dict.fromkeys(ManifestEntryStatus, 0)
+    rows = dict.fromkeys(ManifestEntryStatus, 0)
+    for entry in entries:
+        files[entry.status] += 1
+        rows[entry.status] += entry.data_file.record_count
+    for status, (stated_files, stated_rows) in _stated_counts(manifest).items():
+        if stated_files is not None and stated_files != files[status]:
+            raise _miscounted(f"{files[status]} {status.name} entries", stated_files)
+        if stated_rows is not None and stated_rows != rows[status]:
+            raise _miscounted(f"{rows[status]} rows in its {status.name} entries", stated_rows)
+
+
+def _miscounted(held: str, stated: int) -> MisstatedAvroError:
+    return MisstatedAvroError(f"a manifest holds {held}, its manifest list states {stated}")
+
+
+def counted_entries(manifest: ManifestFile, entries: list[ManifestEntry], discard_deleted: bool) -> list[ManifestEntry]:
+    """``entries`` (all of the manifest's) once :func:`check_entry_counts` passes them; without the deleted ones
+    when ``discard_deleted``."""
+    check_entry_counts(manifest, entries)
+    if not discard_deleted:
+        return entries
+    return [entry for entry in entries if entry.status != ManifestEntryStatus.DELETED]
+
+
 class PlanningManifest(ManifestFile):
     """A manifest-list record whose entries are read with a kept reader; otherwise pyiceberg's ManifestFile."""
 
     def fetch_manifest_entry(self, io: FileIO, discard_deleted: bool = True) -> list[ManifestEntry]:
         with _ManifestAvroFile(io.new_input(self.manifest_path)) as entries:
-            return [
-                _inherit_from_manifest(entry, self)
-                for entry in entries
-                if not discard_deleted or entry.status != ManifestEntryStatus.DELETED
-            ]
+            return counted_entries(self, [_inherit_from_manifest(entry, self) for entry in entries], discard_deleted)
 
 
 def planning_manifests(manifests: Iterable[ManifestFile]) -> list[ManifestFile]:

@@ -1,0 +1,213 @@
+"""Avro has no end marker: what a manifest list or manifest states about its own records is checked.
+
+A manifest cut at a block boundary, or a block stating fewer records than it holds, used to decode fewer records
+without any error: a plan then silently missed data files (or delete files). Now a block's records must take
+all of its bytes (``sqe.planning.pyiceberg_patches.EndCheckedBlock``), a block of no records must hold nothing
+and be the last (``sqe.planning.avro_limits``), and a manifest's entries must be those its manifest-list entry
+counts, when it counts them (``sqe.planning.manifests.check_entry_counts``). Real files written by pyiceberg,
+then corrupted on disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyiceberg.avro.file as avro_file
+import pytest
+from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.manifest import ManifestFile, read_manifest_list
+from pyiceberg.utils.schema_conversion import AvroSchemaConversion
+
+from sqe.errors import ManifestLimitError
+from sqe.planning import pyiceberg_patches
+from sqe.planning.avro_decoder import MisstatedAvroError, bounded_decoder
+from sqe.planning.avro_limits import UNDECODABLE, BoundedManifestIO, ManifestBounds, bounded_table
+from sqe.planning.manifests import PlanningManifest
+from tests.helpers.avro import avro_long
+from tests.unit.sqe.iceberg_local import NUMBERS_SCHEMA, local_catalog, numbers_batch
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+FILES = 3  # one data file per row (a 1-byte target size): one manifest of three entries, one block each
+
+
+def _table(tmp_path: Path, appends: int = 1) -> Table:
+    catalog = local_catalog(tmp_path, "wh")
+    catalog.create_namespace("ns")
+    properties = {"write.avro.compression-codec": "null", "write.target-file-size-bytes": "1"}
+    table = catalog.create_table("ns.t", schema=NUMBERS_SCHEMA, properties=properties)
+    for start in range(0, appends * FILES, FILES):
+        table.append(pa.Table.from_batches(numbers_batch(start, FILES).to_batches(max_chunksize=1)))
+    return table
+
+
+def _local(location: str) -> Path:
+    return Path(location.removeprefix("file://"))
+
+
+def _blocks(avro: bytes) -> tuple[bytes, list[tuple[int, bytes]]]:
+    """A null-codec container's header (with its sync marker) and its blocks: (record count, bytes)."""
+    from sqe.planning.avro_limits import _header, _long
+
+    _meta, sync, pos = _header(avro)
+    header, blocks = avro[:pos], []
+    while pos < len(avro):
+        count, pos = _long(avro, pos)
+        size, pos = _long(avro, pos)
+        blocks.append((count, avro[pos : pos + size]))
+        pos += size + len(sync)
+    return header, blocks
+
+
+def _container(header: bytes, blocks: list[tuple[int, bytes]]) -> bytes:
+    sync = header[-16:]
+    return header + b"".join(avro_long(count) + avro_long(len(data)) + data + sync for count, data in blocks)
+
+
+def _manifest(table: Table) -> ManifestFile:
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    [manifest] = snapshot.manifests(table.io)
+    return manifest
+
+
+def _rewrite(location: str, change: object) -> None:
+    path = _local(location)
+    header, blocks = _blocks(path.read_bytes())
+    path.write_bytes(_container(header, change(blocks)))  # type: ignore[operator]
+
+
+def _reads(manifest: ManifestFile) -> dict[str, object]:
+    """Each way SQE reads a manifest's entries: pyiceberg's (the catalog's planning, commits, metadata tables)
+    and planning's kept reader."""
+    io = BoundedManifestIO(PyArrowFileIO(), ManifestBounds())
+    return {
+        "pyiceberg": lambda: manifest.fetch_manifest_entry(io),
+        "planning": lambda: PlanningManifest(*manifest._data).fetch_manifest_entry(io),
+    }
+
+
+@pytest.mark.parametrize("reader", ["pyiceberg", "planning"])
+def test_a_manifest_cut_at_a_block_boundary_is_refused(tmp_path: Path, reader: str) -> None:
+    # Before: the two entries left decoded without error, and the plan missed the third data file.
+    table = _table(tmp_path)
+    manifest = _manifest(table)
+    assert manifest.added_files_count == FILES and len(_reads(manifest)[reader]()) == FILES  # type: ignore[operator]
+    _rewrite(manifest.manifest_path, lambda blocks: blocks[:-1])
+    with pytest.raises(MisstatedAvroError) as raised:
+        _reads(manifest)[reader]()  # type: ignore[operator]
+    assert str(raised.value) == f"a manifest holds {FILES - 1} ADDED entries, its manifest list states {FILES}"
+    assert isinstance(raised.value, UNDECODABLE)  # planning's "does not decode" (engine QueryError, catalog 422)
+
+
+def test_a_plan_of_a_table_whose_manifest_lost_a_block_is_refused(tmp_path: Path) -> None:
+    table = _table(tmp_path)
+    assert len(list(bounded_table(table, "cannot plan").scan().plan_files())) == FILES
+    _rewrite(_manifest(table).manifest_path, lambda blocks: blocks[1:])
+    with pytest.raises(MisstatedAvroError):
+        list(bounded_table(table, "cannot plan").scan().plan_files())
+
+
+@pytest.mark.parametrize(
+    ("field", "stated"),
+    [(7, "files"), (8, "files"), (9, "files"), (10, "rows"), (11, "rows"), (12, "rows")],
+    ids=["added-files", "existing-files", "deleted-files", "added-rows", "existing-rows", "deleted-rows"],
+)
+def test_each_status_count_of_the_manifest_list_is_checked(tmp_path: Path, field: int, stated: str) -> None:
+    manifest = _manifest(_table(tmp_path))
+    miscounted = ManifestFile(*manifest._data)
+    miscounted._data[field] += 1  # the manifest list's count, one off
+    for read in _reads(miscounted).values():
+        with pytest.raises(MisstatedAvroError, match=f"its manifest list states {manifest._data[field] + 1}$"):
+            read()  # type: ignore[operator]
+
+
+def test_a_manifest_list_without_counts_is_not_checked(tmp_path: Path) -> None:
+    # Format v1 manifest lists may omit the counts: then only what decodes can be read (fail-safe when stated).
+    table = _table(tmp_path)
+    manifest = _manifest(table)
+    _rewrite(manifest.manifest_path, lambda blocks: blocks[:-1])
+    uncounted = ManifestFile(*manifest._data)
+    for field in range(7, 13):
+        uncounted._data[field] = None
+    for read in _reads(uncounted).values():
+        assert len(read()) == FILES - 1  # type: ignore[operator,arg-type]
+
+
+def test_a_block_stating_fewer_records_than_it_holds_is_refused(tmp_path: Path) -> None:
+    # Before: a manifest list of two manifests whose one block said 1 read as one manifest, and the plan missed
+    # the other's data files; nothing counts a manifest list's records.
+    table = _table(tmp_path, appends=2)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    io = BoundedManifestIO(PyArrowFileIO(), ManifestBounds())
+    assert len(list(read_manifest_list(io.new_input(snapshot.manifest_list)))) == 2
+    _rewrite(snapshot.manifest_list, lambda blocks: [(1, data) for _count, data in blocks])
+    with pytest.raises(MisstatedAvroError, match="an Avro block holds more bytes than its stated records take"):
+        list(read_manifest_list(io.new_input(snapshot.manifest_list)))
+
+
+EMPTY_BLOCKS = {
+    # pyiceberg stops reading at a block of no records (or fewer): the blocks after it were dropped
+    "no-records-then-more": lambda blocks: [(0, b""), *blocks],
+    "negative-then-more": lambda blocks: [(-1, b""), *blocks],
+    "negative-last": lambda blocks: [*blocks, (-1, b"")],
+    # and never decodes its bytes
+    "no-records-holding-bytes": lambda blocks: [*blocks[:-1], (0, blocks[-1][1])],
+}
+
+
+@pytest.mark.parametrize("case", list(EMPTY_BLOCKS))
+def test_a_block_of_no_records_holding_bytes_or_before_others_is_refused(tmp_path: Path, case: str) -> None:
+    table = _table(tmp_path)
+    manifest = _manifest(table)
+    _rewrite(manifest.manifest_path, EMPTY_BLOCKS[case])
+    with pytest.raises(ManifestLimitError) as raised:
+        ManifestBounds().checked("s3://b/m.avro", _local(manifest.manifest_path).read_bytes())
+    assert str(raised.value).endswith("a manifest list or manifest of the table is not an Avro container file")
+
+
+def test_a_last_block_of_no_records_and_no_bytes_still_reads(tmp_path: Path) -> None:
+    # pyiceberg writes one for a snapshot of no manifests (a manifest list block of no records).
+    table = _table(tmp_path)
+    manifest = _manifest(table)
+    _rewrite(manifest.manifest_path, lambda blocks: [*blocks, (0, b"")])
+    for read in _reads(manifest).values():
+        assert len(read()) == FILES  # type: ignore[operator,arg-type]
+
+
+def test_install_puts_every_patch_in_place_once() -> None:
+    pyiceberg_patches.install()
+    patched = (avro_file.new_decoder, avro_file.Block, AvroSchemaConversion._convert_logical_type)
+    fetch = ManifestFile.fetch_manifest_entry
+    pyiceberg_patches.install()  # again: nothing changes, nothing is wrapped twice
+    assert (avro_file.new_decoder, avro_file.Block, AvroSchemaConversion._convert_logical_type) == patched
+    assert ManifestFile.fetch_manifest_entry is fetch
+    assert avro_file.new_decoder is bounded_decoder and avro_file.Block is pyiceberg_patches.EndCheckedBlock
+    assert pyiceberg_patches.installed()
+
+
+@pytest.mark.parametrize(
+    ("owner", "name"),
+    [
+        (avro_file, "new_decoder"),
+        (avro_file, "Block"),
+        (AvroSchemaConversion, "_convert_logical_type"),
+        (ManifestFile, "fetch_manifest_entry"),
+    ],
+)
+def test_install_refuses_a_pyiceberg_without_an_internal_it_patches(
+    monkeypatch: pytest.MonkeyPatch, owner: object, name: str
+) -> None:
+    # pyiceberg's internals, as a release that moved one would have them (monkeypatch restores them after).
+    from pyiceberg.avro.decoder import new_decoder
+
+    monkeypatch.setattr(avro_file, "new_decoder", new_decoder)  # pyiceberg's own: nothing installed yet
+    monkeypatch.delattr(owner, name)
+    with pytest.raises(ImportError, match="SQE cannot check its Avro reads"):
+        pyiceberg_patches.install()
+    if name != "new_decoder":
+        assert avro_file.new_decoder is new_decoder  # checked before anything is changed
