@@ -106,3 +106,30 @@ class Inflations:
             return real(*args, **kwargs)
 
         return call
+
+
+def avro_blocks(avro: bytes) -> tuple[bytes, list[tuple[int, bytes]]]:
+    """An Avro container's header (up to and with its sync marker) and its blocks, each as (record count, bytes
+    as stored); any codec: blocks are split by their framing, not inflated."""
+    from sqe.planning.avro_limits import _header, _long
+
+    _meta, sync, pos = _header(avro)
+    header, blocks = avro[:pos], []
+    while pos < len(avro):
+        count, pos = _long(avro, pos)
+        size, pos = _long(avro, pos)
+        blocks.append((count, avro[pos : pos + size]))
+        pos += size + len(sync)
+    return header, blocks
+
+
+def avro_with_blocks(header: bytes, blocks: list[tuple[int, bytes]]) -> bytes:
+    """The container of ``header`` (from :func:`avro_blocks`) and ``blocks``, each followed by its sync marker."""
+    sync = header[-16:]
+    return header + b"".join(avro_long(count) + avro_long(len(data)) + data + sync for count, data in blocks)
+
+
+def reblocked(avro: bytes, change: Callable[[list[tuple[int, bytes]]], list[tuple[int, bytes]]]) -> bytes:
+    """The container ``avro`` with its blocks (record count, bytes as stored) replaced by ``change(blocks)``."""
+    header, blocks = avro_blocks(avro)
+    return avro_with_blocks(header, change(blocks))

@@ -25,10 +25,12 @@ from sqe.planning import pyiceberg_patches
 from sqe.planning.avro_decoder import MisstatedAvroError, bounded_decoder
 from sqe.planning.avro_limits import UNDECODABLE, BoundedManifestIO, ManifestBounds, bounded_table
 from sqe.planning.manifests import PlanningManifest
-from tests.helpers.avro import avro_long
+from tests.helpers.avro import reblocked
 from tests.unit.sqe.iceberg_local import NUMBERS_SCHEMA, local_catalog, numbers_batch
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyiceberg.table import Table
 
 FILES = 3  # one data file per row (a 1-byte target size): one manifest of three entries, one block each
@@ -48,25 +50,6 @@ def _local(location: str) -> Path:
     return Path(location.removeprefix("file://"))
 
 
-def _blocks(avro: bytes) -> tuple[bytes, list[tuple[int, bytes]]]:
-    """A null-codec container's header (with its sync marker) and its blocks: (record count, bytes)."""
-    from sqe.planning.avro_limits import _header, _long
-
-    _meta, sync, pos = _header(avro)
-    header, blocks = avro[:pos], []
-    while pos < len(avro):
-        count, pos = _long(avro, pos)
-        size, pos = _long(avro, pos)
-        blocks.append((count, avro[pos : pos + size]))
-        pos += size + len(sync)
-    return header, blocks
-
-
-def _container(header: bytes, blocks: list[tuple[int, bytes]]) -> bytes:
-    sync = header[-16:]
-    return header + b"".join(avro_long(count) + avro_long(len(data)) + data + sync for count, data in blocks)
-
-
 def _manifest(table: Table) -> ManifestFile:
     snapshot = table.current_snapshot()
     assert snapshot is not None
@@ -74,10 +57,9 @@ def _manifest(table: Table) -> ManifestFile:
     return manifest
 
 
-def _rewrite(location: str, change: object) -> None:
+def _rewrite(location: str, change: Callable[[list[tuple[int, bytes]]], list[tuple[int, bytes]]]) -> None:
     path = _local(location)
-    header, blocks = _blocks(path.read_bytes())
-    path.write_bytes(_container(header, change(blocks)))  # type: ignore[operator]
+    path.write_bytes(reblocked(path.read_bytes(), change))
 
 
 def _reads(manifest: ManifestFile) -> dict[str, object]:
