@@ -566,3 +566,46 @@ def test_a_value_running_past_its_block_is_refused_never_read_from_memory(
     planned = requests.post(url, json={}, headers=headers, timeout=120)
     assert planned.status_code == 422, planned.text[:500]
     assert planned.json()["error"]["message"] == f"cannot plan this scan: {undecoded}"
+
+
+# Avro has no end marker: a manifest cut at a block boundary (its one entry's block dropped), or a manifest list
+# whose one block states one of the two manifests it holds, decoded fewer records without error.
+MISSTATED: dict[str, tuple[Callable[[list[tuple[int, bytes]]], list[tuple[int, bytes]]], str]] = {
+    "manifest": (lambda blocks: blocks[:-1], "a manifest holds 0 ADDED entries, its manifest list states 1"),
+    "manifest list": (
+        lambda blocks: [(1, data) for _count, data in blocks],
+        "an Avro block holds more bytes than its stated records take",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(MISSTATED))
+def test_a_manifest_missing_records_is_refused_not_planned_short(
+    catalog_server: CatalogServer, tmp_path: Path, kind: str
+) -> None:
+    # Before: the engine's plan (and the catalog's) left out one append's data file, and sum(id) answered the
+    # other append's rows only, without error.
+    import requests
+
+    from tests.helpers.avro import reblocked
+
+    table = _table(tmp_path, catalog_server)  # two appends: two manifests of one entry each (deflate)
+    ns, name = table.split(".")
+    loaded = pyiceberg_catalog(catalog_server, catalog_server.admin).load_table((ns, name))
+    snapshot = loaded.current_snapshot()
+    assert snapshot is not None
+    path = snapshot.manifest_list if kind == "manifest list" else snapshot.manifests(loaded.io)[0].manifest_path
+    bucket, _, key = path.removeprefix("s3://").partition("/")
+    s3 = catalog_server.moto.client("s3")
+    change, why = MISSTATED[kind]
+    s3.put_object(Bucket=bucket, Key=key, Body=reblocked(s3.get_object(Bucket=bucket, Key=key)["Body"].read(), change))
+    clear_process_caches()
+    undecoded = f"a manifest list or manifest of the table does not decode: {why}"
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(QueryError) as raised:
+        session.sql(f"SELECT sum(id) FROM {table}").fetchall()
+    assert str(raised.value) == f"cannot plan a scan of {catalog_server.warehouse}.{table}: {undecoded}"
+    url = f"{catalog_server.url}/v1/{catalog_server.warehouse}/namespaces/{ns}/tables/{name}/plan"
+    headers = {"Authorization": f"Bearer {catalog_server.token(catalog_server.admin)}"}
+    planned = requests.post(url, json={}, headers=headers, timeout=120)
+    assert planned.status_code == 422, planned.text[:500]
+    assert planned.json()["error"]["message"] == f"cannot plan this scan: {undecoded}"
