@@ -4,7 +4,9 @@ A writer of the table decides what a delete file holds: positions repeat and run
 few KiB can hold hundreds of millions of rows, and every reader of the table would decode them all. Before a
 Parquet delete file is read, its footer's row count and its row groups' stated uncompressed size are checked;
 past ``MAX_POSITION_DELETE_ROWS`` or ``MAX_POSITION_DELETE_BYTES`` the scan fails with
-:class:`sqe.errors.DeleteFileLimitError`. An ORC delete file's footer row count is checked the same way.
+:class:`sqe.errors.DeleteFileLimitError`. An ORC delete file is checked the same way, by its footer's (and its
+stripes') row count and the size its values decode to, as its column statistics state it
+(``sqe.execution.orc_footer``): pyiceberg decodes its paths one string a row.
 
 A deletion vector (format v3) is a roaring bitmap in a Puffin file, which pyiceberg reads whole and expands into
 one position a row (and one empty bitmap for every unused high key below the last): a bitmap of a few KiB names
@@ -29,6 +31,7 @@ from pyiceberg.table.puffin import Footer, PuffinBlobMetadata
 from pyroaring import BitMap
 
 from sqe.errors import DeleteFileLimitError
+from sqe.execution import orc_footer
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
@@ -76,12 +79,29 @@ def check_position_deletes(io: FileIO, delete_file: DataFile, rows: Mapping[str,
     if delete_file.file_format == FileFormat.PUFFIN:
         return _check_deletion_vectors(io, delete_file.file_path, rows)
     if delete_file.file_format == FileFormat.ORC:
-        with io.new_input(delete_file.file_path).open() as stream:
-            if orc.ORCFile(stream).nrows > MAX_POSITION_DELETE_ROWS:
-                raise _refusal(f"holds more than {MAX_POSITION_DELETE_ROWS} rows (MAX_POSITION_DELETE_ROWS)")
+        _check_orc_deletes(io, delete_file.file_path)
     elif delete_file.file_format == FileFormat.PARQUET:
         _check_parquet_deletes(io, delete_file.file_path)
     return None
+
+
+def _check_orc_deletes(io: FileIO, path: str) -> None:
+    """An ORC file's rows and decoded size as its footer states them (``sqe.execution.orc_footer``): pyiceberg
+    decodes it whole, each ``file_path`` string once a row (not dictionary-encoded)."""
+    with io.new_input(path).open() as stream:
+        tail = orc.ORCFile(stream).reader.serialized_file_tail()
+    try:
+        footer = orc_footer.stated(tail)
+    except ValueError:
+        raise _refusal("is not an ORC file whose footer states its rows and their sizes") from None
+    _check_size(footer.rows, footer.decoded_bytes, "decoded")
+
+
+def _check_size(rows: int, stated_bytes: int, how: str) -> None:
+    if rows > MAX_POSITION_DELETE_ROWS:
+        raise _refusal(f"holds more than {MAX_POSITION_DELETE_ROWS} rows (MAX_POSITION_DELETE_ROWS)")
+    if stated_bytes > MAX_POSITION_DELETE_BYTES:
+        raise _refusal(f"holds more than {MAX_POSITION_DELETE_BYTES} bytes {how} (MAX_POSITION_DELETE_BYTES)")
 
 
 def _check_parquet_deletes(io: FileIO, path: str) -> None:
@@ -89,11 +109,8 @@ def _check_parquet_deletes(io: FileIO, path: str) -> None:
         metadata = pq.read_metadata(stream)
     groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
     # A reader reads what the row groups state; the file-level count is only the writer's sum of them.
-    if max(metadata.num_rows, sum(group.num_rows for group in groups)) > MAX_POSITION_DELETE_ROWS:
-        raise _refusal(f"holds more than {MAX_POSITION_DELETE_ROWS} rows (MAX_POSITION_DELETE_ROWS)")
-    stated = sum(group.total_byte_size for group in groups)
-    if stated > MAX_POSITION_DELETE_BYTES:
-        raise _refusal(f"holds more than {MAX_POSITION_DELETE_BYTES} bytes uncompressed (MAX_POSITION_DELETE_BYTES)")
+    rows = max(metadata.num_rows, sum(group.num_rows for group in groups))
+    _check_size(rows, sum(group.total_byte_size for group in groups), "uncompressed")
 
 
 def check_task_deletes(io: FileIO, tasks: Sequence[FileScanTask]) -> FileIO:

@@ -94,11 +94,17 @@ def _understated(parquet: bytes, rows: int) -> bytes:
 
 
 def _position_delete_bomb(
-    workdir: Path, server: CatalogServer, rows: int, file_format: str = "parquet", understated: bool = False
+    workdir: Path,
+    server: CatalogServer,
+    rows: int,
+    file_format: str = "parquet",
+    understated: bool = False,
+    long_paths: bool = False,
 ) -> str:
     """A table whose one data file has a position delete file of ``rows`` rows (all position 0: a few KiB
     stored, dictionary- and run-length encoded), written with the table's own credentials; Parquet, or ORC
-    (the delete manifest entry then says ORC)."""
+    (the delete manifest entry then says ORC). ``long_paths``: each row names a path of 64 KiB (another file),
+    written 1,024 rows at a time."""
     import pyarrow as pa
     import pyarrow.orc as orc
     import pyarrow.parquet as pq
@@ -112,7 +118,8 @@ def _position_delete_bomb(
     loaded = pyiceberg_catalog(server, server.admin).load_table((ns, name))
     [delete_path] = {d.file_path for task in loaded.scan().plan_files() for d in task.delete_files}
     schema = POSITION_DELETE_SCHEMA
-    batch = pa.table({"file_path": [target] * (1 << 20), "pos": pa.array([0] * (1 << 20), pa.int64())}, schema=schema)
+    size, path = (1 << 10, "s3://b/" + "x" * (1 << 16)) if long_paths else (1 << 20, target)
+    batch = pa.table({"file_path": [path] * size, "pos": pa.array([0] * size, pa.int64())}, schema=schema)
     sink = pa.BufferOutputStream()
     if file_format == "orc":
         orc_writer = orc.ORCWriter(sink, compression="zstd")
@@ -161,6 +168,25 @@ def test_a_footer_understating_its_rows_is_refused_by_its_row_groups(
     with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(SQEError) as raised:
         session.sql(f"SELECT sum(id) FROM {table}").fetchall()
     assert type(raised.value) is DeleteFileLimitError, raised.value
+
+
+def test_the_engine_refuses_an_orc_delete_file_decoding_past_the_byte_limit(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    # Before: only the ORC file's rows were checked; 17,408 rows of 64 KiB paths (600 KB stored) passed, and
+    # pyiceberg decoded their 1.1 GB of paths whole, one string a row.
+    from sqe.execution.delete_limits import MAX_POSITION_DELETE_BYTES
+
+    rows = MAX_POSITION_DELETE_BYTES // (1 << 16) + 1024
+    table = _position_delete_bomb(tmp_path, catalog_server, rows, "orc", long_paths=True)
+    clear_process_caches()
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(SQEError) as raised:
+        session.sql(f"SELECT sum(id) FROM {table}").fetchall()
+    assert type(raised.value) is DeleteFileLimitError, raised.value
+    assert str(raised.value).endswith(
+        f"a position delete file of the table holds more than {MAX_POSITION_DELETE_BYTES} bytes decoded "
+        "(MAX_POSITION_DELETE_BYTES)"
+    )
 
 
 @pytest.mark.parametrize("file_format", ["parquet", "orc"])
