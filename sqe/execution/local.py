@@ -48,7 +48,7 @@ from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection k
 from sqe.execution.cache import parquet_fragment
 from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
 from sqe.execution.decoded_cache import DECODED
-from sqe.execution.delete_limits import check_position_deletes, record_counts
+from sqe.execution.delete_limits import VectorEntry, check_position_deletes, record_counts, task_vector_entries
 from sqe.execution.row_filter import RowMask, compile_row_filter, filter_rows
 from sqe.planning.read_filters import narrowed_fields, narrowed_filter
 
@@ -893,6 +893,11 @@ class _DeleteCache:
         threads may both build it: the same dict)."""
         return record_counts(self._tasks)
 
+    @cached_property
+    def _entries(self) -> dict[str, dict[str, VectorEntry]]:
+        """What the scan's deletion vector entries state of their blobs (built as ``_rows`` is)."""
+        return task_vector_entries(self._tasks)
+
     def for_file(self, task: FileScanTask) -> list[pa.ChunkedArray] | None:
         if not task.delete_files:
             return None
@@ -909,6 +914,7 @@ class _DeleteCache:
             path_lock = self._path_locks.setdefault(path, threading.Lock())
         with path_lock:  # single flight: concurrent readers of the same delete file wait for the first
             if path not in self._contents:
-                checked = check_position_deletes(self._io, delete_file, self._rows)  # read whole next: footer first
+                # read whole next: its footer first (a Puffin file's blobs: each held to its manifest entry)
+                checked = check_position_deletes(self._io, delete_file, self._rows, self._entries)
                 self._contents[path] = _read_deletes(self._io, delete_file) if checked is None else _vectors(checked)
             return self._contents[path]

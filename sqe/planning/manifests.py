@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 from pyiceberg.avro.file import META_SCHEMA, AvroFile, AvroFileHeader
 from pyiceberg.avro.resolver import construct_reader, resolve_reader
 from pyiceberg.manifest import (
-    DEFAULT_READ_VERSION,
     MANIFEST_ENTRY_SCHEMAS,
     DataFile,
     DataFileContent,
@@ -50,7 +49,9 @@ if TYPE_CHECKING:
 __all__ = ["PlanningManifest", "check_entry_counts", "counted_entries", "planning_manifests"]
 
 _SCHEMA_KEY = "avro.schema"
-_ENTRY_READ_SCHEMA = MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION]
+# pyiceberg reads entries as format v2's (DEFAULT_READ_VERSION); v3's adds a deletion vector's referenced data
+# file, content offset and size (all optional, after v2's fields), by which its blob is checked when read.
+_ENTRY_READ_SCHEMA = MANIFEST_ENTRY_SCHEMAS[3]
 # The same record classes and enums pyiceberg reads manifest entries into.
 _ENTRY_TYPES: dict[int, Callable[..., StructProtocol]] = {-1: ManifestEntry, 2: DataFile}
 _ENTRY_ENUMS: dict[int, Callable[..., Enum]] = {0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent}

@@ -400,6 +400,34 @@ def test_the_engine_refuses_a_malformed_deletion_vector_file(
     assert str(raised.value).endswith("a deletion vector file of the table is not a Puffin file of deletion vectors")
 
 
+def _blob_moved(puffin: bytes) -> bytes:
+    """The Puffin file with 8 bytes before its one blob, the footer's offset moved with it: a sound file, but its
+    blob is no longer where the manifest's delete-file entry says (content_offset)."""
+    size = struct.unpack("<I", puffin[-12:-8])[0]
+    start = len(puffin) - 12 - size
+    footer = json.loads(puffin[start:-12])
+    footer["blobs"][0]["offset"] += 8
+    encoded = json.dumps(footer).encode()
+    return puffin[:4] + bytes(8) + puffin[4:start] + encoded + struct.pack("<I", len(encoded)) + puffin[-8:]
+
+
+def test_the_engine_refuses_a_deletion_vector_not_where_its_manifest_entry_says(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    # Before: planning read delete-file entries without their v3 fields, and the blob was read wherever the
+    # Puffin footer put it, whatever the manifest stated.
+    table = _deletion_vector_table(tmp_path, catalog_server, {0: BitMap([0, 5, ROWS - 1])})
+    _swap_deletion_vector(catalog_server, table, _blob_moved)
+    clear_process_caches()
+    with session_for(tmp_path, catalog_server, catalog_server.admin) as session, pytest.raises(SQEError) as raised:
+        session.sql(f"SELECT sum(id) FROM {table}").fetchall()
+    assert type(raised.value) is DeleteFileLimitError, raised.value
+    assert str(raised.value).endswith(
+        "a deletion vector of the table is not the blob its delete-file entry states "
+        "(content_offset, content_size_in_bytes)"
+    )
+
+
 def _recode_manifests(server: CatalogServer, table: str, codec: bytes) -> None:
     """The table's current manifest list and manifests, rewritten in ``codec`` (a plain S3 write)."""
     from tests.helpers.avro import recoded, snappy_block

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
+from pyiceberg.avro.file import AvroOutputFile
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
 from pyiceberg.exceptions import NoSuchNamespaceError as IcebergNoSuchNamespace
@@ -294,6 +295,7 @@ def add_deletion_vector(table: Table, bitmaps: Mapping[int, BitMap]) -> str:
     with table.io.new_output(path).create() as out:
         out.write(written)
     delete_file = DataFile.from_args(
+        3,  # a v3 record: a v2 one drops the referenced data file, content offset and size
         content=DataFileContent.POSITION_DELETES,
         file_path=path,
         file_format=FileFormat.PUFFIN,
@@ -328,11 +330,22 @@ class _DeleteManifestWriter(ManifestWriterV2):
 
 
 class _DeletionVectorManifestWriter(_DeleteManifestWriter):
-    """A v3 delete manifest: its entries keep ``content_offset`` and ``content_size_in_bytes``."""
+    """A v3 delete manifest: its entries keep ``content_offset`` and ``content_size_in_bytes`` (written from v3
+    records: pyiceberg's writer writes v2 ones, dropping them)."""
 
     @property
     def version(self) -> Any:
         return 3
+
+    def new_writer(self) -> AvroOutputFile[ManifestEntry]:
+        schema = self._with_partition(3)
+        return AvroOutputFile[ManifestEntry](
+            output_file=self._output_file,
+            file_schema=schema,
+            record_schema=schema,
+            schema_name="manifest_entry",
+            metadata=self._meta,
+        )
 
 
 class _AddPositionDeletes(_FastAppendFiles):
