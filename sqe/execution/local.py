@@ -136,6 +136,7 @@ def _task_to_record_batches(
         fragment = parquet_fragment(read.io, task.file.file_path, task.file.file_size_in_bytes, _PARQUET)
         direct = _projection_for(read, fragment.physical_schema, projections)
         if direct is not None:
+            check_row_group_rows(fragment.metadata)
             size = task.file.file_size_in_bytes
             yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode, file_size=size)
             return
@@ -462,9 +463,13 @@ class DirectProjection:
                     batches = parquet.iter_batches(
                         batch_size=rows, row_groups=[index], columns=columns, use_threads=threads
                     )
+                read_rows = 0
                 for batch in batches:
+                    read_rows += batch.num_rows
+                    _check_group_rows(index, group_rows, read_rows, done=False)
                     if batch.num_rows:
                         yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+                _check_group_rows(index, group_rows, read_rows, done=True)
 
 
 # A piece of a row group's missing columns: (row group, offset of its first row, the piece, whether it is the last).
@@ -525,14 +530,18 @@ def _decode_whole(
         for index in groups:
             group_rows = metadata.row_group(index).num_rows
             if group_rows <= rows:
-                yield index, 0, parquet.read_row_group(index, columns=columns, use_threads=threads), True
+                whole = parquet.read_row_group(index, columns=columns, use_threads=threads)
+                _check_group_rows(index, group_rows, whole.num_rows, done=True)
+                yield index, 0, whole, True
                 continue
             offset = 0
             for batch in parquet.iter_batches(
                 batch_size=rows, row_groups=[index], columns=columns, use_threads=threads
             ):
+                _check_group_rows(index, group_rows, offset + batch.num_rows, done=False)
                 yield index, offset, pa.Table.from_batches([batch]), offset + batch.num_rows == group_rows
                 offset += batch.num_rows
+            _check_group_rows(index, group_rows, offset, done=True)
 
 
 def _decode_by_scanner(
@@ -553,11 +562,43 @@ def _decode_by_scanner(
     position = offset = 0
     for batch in scanner.to_batches():
         while batch.num_rows:
+            if position == len(groups):  # rows past the last group's stated count
+                _check_group_rows(groups[-1], sizes[-1], sizes[-1] + batch.num_rows, done=False)
             take = min(batch.num_rows, sizes[position] - offset)
             last = offset + take == sizes[position]
             yield groups[position], offset, pa.Table.from_batches([batch.slice(0, take)]), last
             batch = batch.slice(take)
             position, offset = (position + 1, 0) if last else (position, offset + take)
+    if position < len(groups):  # a group's pages held fewer rows than it states
+        _check_group_rows(groups[position], sizes[position], offset, done=True)
+
+
+def check_row_group_rows(metadata: pq.FileMetaData) -> None:
+    """Refuse a file whose row group states other rows than its column chunks' values. pyarrow reads no more rows
+    than a row group states, and no more than its pages hold: a row group understating its pages' rows (or
+    overstating them) read as fewer rows without error, and the scan's bounds (whole-group reads, batch sizes,
+    the decoded-column cache's) trust the stated count. A column chunk of a column that repeats nothing holds
+    one value (or null) a row."""
+    flat = [i for i in range(metadata.num_columns) if metadata.schema.column(i).max_repetition_level == 0]
+    for index in range(metadata.num_row_groups):
+        group = metadata.row_group(index)
+        stated = group.num_rows
+        for column in flat:
+            values = group.column(column).num_values
+            if values != stated:
+                raise QueryError(
+                    f"cannot read a data file of the table: its row group {index} states {stated} rows, "
+                    f"its column chunk {column} {values} values"
+                )
+
+
+def _check_group_rows(index: int, stated: int, read_rows: int, *, done: bool) -> None:
+    """Refuse a row group read past the rows it states, or ending short of them (``done``)."""
+    if read_rows > stated or (done and read_rows != stated):
+        raise QueryError(
+            f"cannot read a data file of the table: its row group {index} states {stated} rows, its pages held "
+            f"{'more' if read_rows > stated else read_rows}"
+        )
 
 
 def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:

@@ -663,3 +663,33 @@ def test_a_manifest_missing_records_is_refused_not_planned_short(
     planned = requests.post(url, json={}, headers=headers, timeout=120)
     assert planned.status_code == 422, planned.text[:500]
     assert planned.json()["error"]["message"] == f"cannot plan this scan: {undecoded}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A data file's row group is read as exactly the rows it states: pyarrow reads no more than a row group's
+# num_rows, so one understating its pages' rows read short without error.
+
+
+@pytest.mark.parametrize("decoded", [True, False], ids=["decoded-cache", "no-decoded-cache"])
+def test_the_engine_refuses_a_row_group_understating_its_rows(
+    catalog_server: CatalogServer, tmp_path: Path, decoded: bool
+) -> None:
+    # Before: the row group said 1 row where its pages held 100, and sum(id) summed the one row read.
+    from tests.unit.sqe.execution.test_row_group_rows import restated
+
+    table = _table(tmp_path, catalog_server)
+    ns, name = table.split(".")
+    loaded = pyiceberg_catalog(catalog_server, catalog_server.admin).load_table((ns, name))
+    path = next(iter(loaded.scan().plan_files())).file.file_path
+    bucket, _, key = path.removeprefix("s3://").partition("/")
+    s3 = catalog_server.moto.client("s3")
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    s3.put_object(Bucket=bucket, Key=key, Body=restated(body, ROWS, "group", 1))
+    clear_process_caches()
+    cache = None if decoded else {"decoded_bytes": 0}
+    with (
+        session_for(tmp_path, catalog_server, catalog_server.admin, cache) as session,
+        pytest.raises(QueryError) as raised,
+    ):
+        session.sql(f"SELECT sum(id) FROM {table}").fetchall()
+    assert str(raised.value).endswith("its row group 0 states 1 rows, its column chunk 0 100 values"), raised.value
