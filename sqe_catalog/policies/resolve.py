@@ -52,6 +52,7 @@ __all__ = ["RawEntry", "Resolution", "ResolutionError", "resolve"]
 
 _FILTER = "required-row-filter"
 _PROJECTIONS = "required-column-projections"
+_ColumnTags = dict[str, list[tuple[str | None, str]]]  # key -> every (value, origin) that applies to the column
 
 
 class ResolutionError(PolicyError):
@@ -197,7 +198,7 @@ def _policy_candidates(
     names = _shown_names(columns, schema)
     report["tags"] = {
         "table": _tags_json(table_tags),
-        "columns": {names[fid]: _tags_json(tags) for fid, tags in column_tags.items() if tags},
+        "columns": {names[fid]: _column_tags_json(tags) for fid, tags in column_tags.items() if tags},
     }
     selection = _Selection(table_tags, column_tags, schema, columns, names, subject, candidates, include_disabled)
     for policy in sorted(snapshot.policies, key=lambda p: p.name):
@@ -216,6 +217,23 @@ def _policy_candidates(
 
 def _tags_json(tags: dict[str, tuple[str | None, str]]) -> dict[str, Any]:
     return {tag: {"value": value, "from": origin} for tag, (value, origin) in sorted(tags.items())}
+
+
+def _column_tags_json(tags: _ColumnTags) -> dict[str, Any]:
+    """As ``_tags_json``; a key with several values (names add theirs) lists each."""
+    shown = [(tag, [{"value": value, "from": origin} for value, origin in values]) for tag, values in tags.items()]
+    return {tag: values[0] if len(values) == 1 else values for tag, values in sorted(shown)}
+
+
+def _column_matching(policy: Policy, tags: _ColumnTags) -> list[dict[str, Any]]:
+    """The policy's selectors that any of a column's values of their key matches (each with the first)."""
+    matched = []
+    for s in policy.selectors:
+        for value, origin in tags.get(s.tag, ()):
+            if s.matches({s.tag: value}):
+                matched.append({**s.to_json(), "effective-value": value, "from": origin})
+                break
+    return matched
 
 
 def _matching(policy: Policy, tags: dict[str, tuple[str | None, str]]) -> list[dict[str, Any]]:
@@ -248,7 +266,7 @@ class _Selection:
     """What every policy of one table is selected, bound and recorded against."""
 
     table_tags: dict[str, tuple[str | None, str]]
-    column_tags: dict[int, dict[str, tuple[str | None, str]]]
+    column_tags: dict[int, _ColumnTags]
     schema: Schema  # the current one: row filters bind to it
     columns: dict[int, NestedField]  # current and dropped top-level columns: masks select among them
     names: dict[int, str]  # as the report shows them
@@ -263,7 +281,7 @@ def _row_filter_policy(policy: Policy, selection: _Selection, entry: dict[str, A
     matched = _matching(policy, selection.table_tags)
     entry["matched-tags"] = matched
     if not matched:
-        on_columns = any(_matching(policy, tags) for tags in column_tags.values())
+        on_columns = any(_column_matching(policy, tags) for tags in column_tags.values())
         entry["status"] = "not-selected"
         entry["reason"] = (
             "selected only by column tags: row filters are selected by the table's effective tags"
@@ -299,7 +317,7 @@ def _chosen(branches: tuple[str, ...]) -> int | str | None:
 def _mask_policy(policy: Policy, selection: _Selection, entry: dict[str, Any]) -> None:
     column_tags, fields, subject = selection.column_tags, selection.columns, selection.subject
     candidates, include_disabled = selection.candidates, selection.include_disabled
-    targets = {fid: _matching(policy, tags) for fid, tags in column_tags.items()}
+    targets = {fid: _column_matching(policy, tags) for fid, tags in column_tags.items()}
     targets = {fid: matched for fid, matched in targets.items() if matched}
     entry["matched-tags"] = {selection.names[fid]: matched for fid, matched in sorted(targets.items())}
     if not targets:

@@ -5,7 +5,9 @@ Tags
     Effective tags of an object are its own plus every ancestor's; for one key the nearest assignment wins
     (column over table over deeper namespace over shallower over warehouse), value included. Table tags match the
     table by UUID or by current name, column tags by field id or by any name the field has had, so neither a
-    rename nor a drop and re-create (nor both) sheds a tag (a restriction is never lost by renaming).
+    rename nor a drop and re-create (nor both) sheds a tag (a restriction is never lost by renaming). A renamed
+    column's tags matched by name only add their values to its own (a column has every value so found): a rename
+    never replaces a value, so a rename onto a name tagged ``pii=none`` exempts nothing.
 
 Policies
     ``system_row_filter`` or ``system_column_mask`` with content of exactly one of ``expression`` (restricted
@@ -639,33 +641,53 @@ class GovernanceSnapshot:
         columns: Sequence[NestedField],
         table_uuid: str,
         former_names: Mapping[int, Collection[str]] | None = None,
-    ) -> dict[int, dict[str, tuple[str | None, str]]]:
-        """Effective tags of the given top-level columns (field id -> key -> (value, origin)).
+    ) -> dict[int, dict[str, list[tuple[str | None, str]]]]:
+        """Effective tags of the given top-level columns: field id -> key -> every (value, origin) that applies.
 
         A column tag matches the field with its field id in the same table (a renamed column keeps it) and any
         field with its name (a dropped and re-added column, or a re-created table, keeps it too). ``former_names``
         are more names a field answers to: the names it had in older schemas (older snapshots show a dropped
-        column under them, and a column renamed since keeps a tag that matched it by name only)."""
+        column under them, and a column renamed since keeps a tag that matched it by name only).
+
+        A tag matched by its field id, or by the name of a column that never had another, replaces the value the
+        column inherits, as the nearest assignment; a renamed column's tags matched by a name only add their values
+        to its own (or inherited) one. Names are what anyone who may change the schema chooses: renaming a column
+        onto a name tagged ``pii=none`` must not exempt it, nor out of a tagged name and back make a stale value
+        the one that counts. Policies select on any value."""
         former = former_names or {}
         table_level = self.table_tags(namespace)
-        result: dict[int, dict[str, tuple[str | None, str]]] = {}
+        result: dict[int, dict[str, list[tuple[str | None, str]]]] = {}
         for field in columns:
-            own = [
-                a
-                for a in self.assignments
-                if a.target.kind is ObjectKind.COLUMN
-                and (
-                    (a.target.field_id == field.field_id and a.target.table_uuid == table_uuid)
-                    or a.target.column == field.name
-                    or a.target.column in former.get(field.field_id, ())
-                )
-            ]
-            own_by_tag: dict[str, tuple[str | None, str]] = {}
-            for a in sorted(own, key=lambda a: (a.target.field_id != field.field_id, a.tag)):
-                own_by_tag.setdefault(a.tag, (a.value, a.target.describe()))  # by field id beats by name
-            merged = {**table_level, **own_by_tag}
-            result[field.field_id] = merged
+            names = {field.name, *former.get(field.field_id, ())}
+            own: list[TagAssignment] = []
+            named: list[TagAssignment] = []
+            for a in self.assignments:
+                if a.target.kind is not ObjectKind.COLUMN:
+                    continue
+                if a.target.field_id == field.field_id and a.target.table_uuid == table_uuid:
+                    own.append(a)
+                elif a.target.column in names:
+                    # A column that only ever had this name (re-added, or of a re-created table) is what it names.
+                    (named if len(names) > 1 else own).append(a)
+            result[field.field_id] = _column_values(table_level, own, named)
         return result
+
+
+def _column_values(
+    table_level: dict[str, tuple[str | None, str]], own: list[TagAssignment], named: list[TagAssignment]
+) -> dict[str, list[tuple[str | None, str]]]:
+    """Per key, the column's own values (else the inherited one), then each other value a name adds."""
+    values = {tag: [value] for tag, value in table_level.items()}
+    for tag in {a.tag for a in own}:
+        values[tag] = []  # the nearest assignment: the inherited value no longer applies
+    for a in [*sorted(own, key=_described), *sorted(named, key=_described)]:
+        if all(value != a.value for value, _origin in values.setdefault(a.tag, [])):
+            values[a.tag].append((a.value, a.target.describe()))
+    return values
+
+
+def _described(a: TagAssignment) -> tuple[str, str]:
+    return a.tag, a.target.describe()
 
 
 def _nearest(ranked: list[tuple[int, TagAssignment]]) -> dict[str, tuple[str | None, str]]:

@@ -28,7 +28,7 @@ import requests
 import sqe.api
 from sqe.config import CatalogConfig, SQEConfig, StorageConfig
 from sqe.errors import PermissionDeniedError
-from sqe.restrictions.string_masks import show_last_4
+from sqe.restrictions.string_masks import mask_alphanum, show_last_4
 from sqe.session import Session
 from sqe.vocabulary import CAPABILITIES_HEADER, READ_RESTRICTIONS_V1
 from tests.conftest import CatalogPrincipal, pyiceberg_catalog
@@ -114,7 +114,7 @@ def world(catalog_server: CatalogServer, engine_writer: CatalogPrincipal) -> Ite
             env.delenv(name, raising=False)
         writer = pyiceberg_catalog(catalog_server, engine_writer)
         writer.create_namespace(namespace)
-        for table in ("orders", "public_orders", "drift"):
+        for table in ("orders", "public_orders", "drift", "swap"):
             writer.create_table((namespace, table), schema=orders.schema).append(orders)
     world = World(
         catalog_server,
@@ -249,6 +249,51 @@ def test_a_renamed_column_fails_the_inherited_filter_closed(enabled: World) -> N
     with enabled.session("bob") as session, pytest.raises(PermissionDeniedError) as err:
         session.sql(f"SELECT id FROM {enabled.namespace}.drift").arrow()
     assert "[bind-unknown-column]" in str(err.value), "never an unrestricted answer"
+
+
+def _evolve_as_writer(world: World, table_name: str, change: Any) -> None:
+    """``change(update)`` on ``table_name``'s schema by the writer, an end user (the row filter is off for it)."""
+    rows_policy = f"rows_{world.namespace[4:]}"
+    world.api("PUT", f"/policies/{rows_policy}", {"enabled": False})
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+                env.delenv(name, raising=False)
+            table = pyiceberg_catalog(world.server, world.writer).load_table((world.namespace, table_name))
+            with table.update_schema() as update:
+                change(update)
+    finally:
+        world.api("PUT", f"/policies/{rows_policy}", {"enabled": True})
+
+
+def test_a_column_renamed_onto_an_exempt_columns_name_stays_masked(enabled: World) -> None:
+    """Found by review: in ``swap`` (``class=secret``: masked, but for columns that exempt themselves with
+    ``class=none``), ``phone`` renamed onto the name of the dropped, exempt ``region`` took its exemption by name:
+    bob read the phone numbers raw."""
+    sfx = enabled.namespace[4:]
+    name, tag = f"secret_{sfx}", f"class_{sfx}"
+    content = {"expression": 'mask := action("mask-alphanum")'}
+    enabled.api("POST", "/policies", {"name": name, "policyType": "system_column_mask", "content": content})
+    enabled.api("POST", f"/policies/{name}/tags", {"tag": tag, "selector": "TAG_VALUE", "value": "secret"})
+    table = {"namespace": [enabled.namespace], "table": "swap"}
+    enabled.api("POST", "/tags", {"object": table, "tag": tag, "value": "secret"})
+    for column in ("id", "owner", "region"):
+        enabled.api("POST", "/tags", {"object": {**table, "column": column}, "tag": tag, "value": "none"})
+    try:
+
+        def phone_onto_region(update: Any) -> None:
+            update.delete_column("region")
+            update.rename_column("phone", "region")
+
+        _evolve_as_writer(enabled, "swap", phone_onto_region)
+        enabled.api("PUT", f"/policies/{name}", {"enabled": True})
+        with enabled.session("bob") as session:
+            sql = f"SELECT id, region FROM {enabled.namespace}.swap ORDER BY id"
+            rows = session.sql(sql).arrow().to_pylist()
+    finally:
+        enabled.api("DELETE", f"/policies/{name}")
+    masked = mask_alphanum(pa.array(["+44 20 7946 0002", "+1 555 0103"], pa.string())).to_pylist()
+    assert rows == [{"id": 2, "region": masked[0]}, {"id": 3, "region": masked[1]}], "bob's rows, masked"
 
 
 def test_the_catalog_log_holds_no_secret(enabled: World) -> None:
