@@ -549,8 +549,15 @@ _REGION = {"id": 3, "name": "region", "type": "string", "required": False}
             (_schema(1, {"id": 2, "name": "region", "type": "string", "required": False}),),
             [2],
         ),
+        # Found by review: email and region swapping names in one schema update: region (now email, where writers
+        # put emails) kept its own exempt value by field id and was served raw.
+        (
+            {"column": "email"},
+            (_schema(1, {**_REGION, "id": 2}, {**_REGION, "name": "email"}),),
+            [2, 3],
+        ),
     ],
-    ids=["onto-a-dropped-restricted-name", "onto-a-dropped-exempt-name"],
+    ids=["onto-a-dropped-restricted-name", "onto-a-dropped-exempt-name", "two-names-swapped"],
 )
 def test_a_column_renamed_onto_a_tagged_name_is_never_less_masked(
     catalog: Catalog, secret: dict[str, Any], schemas: tuple[dict[str, Any], ...], masked: list[int]
