@@ -584,6 +584,12 @@ def _tag_target(tables: WarehouseTables, a: argparse.Namespace) -> Any:
     return tag_target(tables, _namespace(a.namespace), a.table, a.column)
 
 
+def _removal_target(a: argparse.Namespace) -> Any:
+    from sqe_catalog.policies.service import removal_target
+
+    return removal_target(_namespace(a.namespace), a.table, a.column)
+
+
 def _preview(
     store: Any, engine: Engine, tables: WarehouseTables, config: CatalogServerConfig, a: argparse.Namespace
 ) -> _Output:
@@ -606,7 +612,7 @@ _POLICY_HANDLERS: dict[str, Callable[..., _Output]] = {
     "attach-policy": lambda s, _e, _t, _c, a: s.attach(a.warehouse, a.name, _policy_selector(a)),
     "detach-policy": lambda s, _e, _t, _c, a: s.detach(a.warehouse, a.name, _policy_selector(a)),
     "set-tag": lambda s, _e, t, _c, a: s.set_tag(a.warehouse, _tag_target(t, a), a.tag, a.value),
-    "remove-tag": lambda s, _e, t, _c, a: s.remove_tag(a.warehouse, _tag_target(t, a), a.tag),
+    "remove-tag": lambda s, _e, _t, _c, a: s.remove_tag(a.warehouse, _removal_target(a), a.tag),
     "list-tags": lambda s, _e, _t, _c, a: [t.to_json() for t in s.tags(a.warehouse)],
     "preview-restrictions": _preview,
 }

@@ -1151,7 +1151,7 @@ def _set_tag(call: _Call) -> Response:
 
 def _remove_tag(call: _Call) -> Response:
     store, body = _tag_body(call)
-    target = target_from_json(call.warehouse.tables, body.get("object", {}))
+    target = target_from_json(call.warehouse.tables, body.get("object", {}), removal=True)
     store.remove_tag(call.prefix, target, body["tag"])
     return _no_content()
 

@@ -14,7 +14,7 @@ from sqe_catalog.policies.errors import PolicyError
 from sqe_catalog.policies.store import ObjectKind, Selector, TagTarget
 from sqe_catalog.tables import WarehouseTables, validate_namespace, validate_table_name
 
-__all__ = ["policy_errors", "selector_from_json", "tag_target", "target_from_json"]
+__all__ = ["policy_errors", "removal_target", "selector_from_json", "tag_target", "target_from_json"]
 
 _T = TypeVar("_T")
 
@@ -51,8 +51,28 @@ def tag_target(
     return TagTarget(ObjectKind.COLUMN, namespace, loaded.name, column, uuid, matches[0].field_id)
 
 
-def target_from_json(tables: WarehouseTables, body: object) -> TagTarget:
-    """``{"namespace": [...]?, "table": T?, "column": C?}`` (nothing: the warehouse)."""
+def removal_target(namespace: tuple[str, ...] | None, table: str | None, column: str | None) -> TagTarget:
+    """The object a tag is removed from, by its names alone. Tags stay on a dropped table's name and column tags
+    on every name a column has had, selecting policies by name: a policy manager must be able to remove such a
+    tag although no table or column has the name now (the store removes by names only)."""
+    if namespace is None:
+        if table is not None or column is not None:
+            raise BadRequestError("a table or column tag needs a namespace")
+        return TagTarget(ObjectKind.WAREHOUSE)
+    namespace = validate_namespace(list(namespace))
+    if table is None:
+        if column is not None:
+            raise BadRequestError("a column tag needs a table")
+        return TagTarget(ObjectKind.NAMESPACE, namespace)
+    table = validate_table_name(table)
+    if column is None:
+        return TagTarget(ObjectKind.TABLE, namespace, table)
+    return TagTarget(ObjectKind.COLUMN, namespace, table, column)
+
+
+def target_from_json(tables: WarehouseTables, body: object, *, removal: bool = False) -> TagTarget:
+    """``{"namespace": [...]?, "table": T?, "column": C?}`` (nothing: the warehouse); for a ``removal`` by names
+    alone (``removal_target``)."""
     if not isinstance(body, dict) or set(body) - {"namespace", "table", "column"}:
         raise BadRequestError("object must be {namespace?, table?, column?}")
     namespace = body.get("namespace")
@@ -61,7 +81,8 @@ def target_from_json(tables: WarehouseTables, body: object) -> TagTarget:
         raise BadRequestError("object.namespace must be a list of strings")
     if (table is not None and not isinstance(table, str)) or (column is not None and not isinstance(column, str)):
         raise BadRequestError("object.table and object.column must be strings")
-    return tag_target(tables, tuple(namespace) if namespace is not None else None, table, column)
+    names = tuple(namespace) if namespace is not None else None
+    return removal_target(names, table, column) if removal else tag_target(tables, names, table, column)
 
 
 def selector_from_json(body: object) -> Selector:
