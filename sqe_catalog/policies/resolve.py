@@ -46,13 +46,13 @@ from sqe_catalog.policies.lower import (
     signature,
     to_wire,
 )
-from sqe_catalog.policies.store import GovernanceSnapshot, Policy, PolicyType
+from sqe_catalog.policies.store import ColumnTagValue, GovernanceSnapshot, Policy, PolicyType
 
 __all__ = ["RawEntry", "Resolution", "ResolutionError", "resolve"]
 
 _FILTER = "required-row-filter"
 _PROJECTIONS = "required-column-projections"
-_ColumnTags = dict[str, list[tuple[str | None, str]]]  # key -> every (value, origin) that applies to the column
+_ColumnTags = dict[str, list[ColumnTagValue]]  # key -> every value that applies to the column
 
 
 class ResolutionError(PolicyError):
@@ -221,7 +221,7 @@ def _tags_json(tags: dict[str, tuple[str | None, str]]) -> dict[str, Any]:
 
 def _column_tags_json(tags: _ColumnTags) -> dict[str, Any]:
     """As ``_tags_json``; a key with several values (names add theirs) lists each."""
-    shown = [(tag, [{"value": value, "from": origin} for value, origin in values]) for tag, values in tags.items()]
+    shown = [(tag, [{"value": v.value, "from": v.origin} for v in values]) for tag, values in tags.items()]
     return {tag: values[0] if len(values) == 1 else values for tag, values in sorted(shown)}
 
 
@@ -229,9 +229,10 @@ def _column_matching(policy: Policy, tags: _ColumnTags) -> list[dict[str, Any]]:
     """The policy's selectors that any of a column's values of their key matches (each with the first)."""
     matched = []
     for s in policy.selectors:
-        for value, origin in tags.get(s.tag, ()):
-            if s.matches({s.tag: value}):
-                matched.append({**s.to_json(), "effective-value": value, "from": origin})
+        for v in tags.get(s.tag, ()):
+            if s.matches({s.tag: v.value}):
+                former = {"by-former-name": True} if v.by_former_name else {}
+                matched.append({**s.to_json(), "effective-value": v.value, "from": v.origin, **former})
                 break
     return matched
 
@@ -332,14 +333,16 @@ def _mask_policy(policy: Policy, selection: _Selection, entry: dict[str, Any]) -
     entry["action"] = action
     entry["signatures"] = {}
     # Every action the rule can produce, fallback included, must apply to every selected column: whether a
-    # column can be masked never depends on who asks.
+    # column can be masked never depends on who asks. A column selected only by names it no longer has is masked
+    # as a dropped one (a stand-in where the action does not fit): renaming a column through a tagged name and
+    # back must not make the table unreadable for good, which no policy manager could undo but by lifting the tag.
     actions = [value.name for value, _ in rule.branches if isinstance(value, rego.Action)]
     actions.append(rule.fallback.name if isinstance(rule.fallback, rego.Action) else action)
     current = {f.field_id for f in selection.schema.fields}
     for fid, matched in sorted(targets.items()):
         column = fields[fid]
         applied = action
-        if fid in current:
+        if fid in current and not all(m.get("by-former-name") for m in matched):
             for candidate in dict.fromkeys(actions):
                 try:
                     check_applicable(candidate, column)
@@ -358,8 +361,9 @@ def _mask_policy(policy: Policy, selection: _Selection, entry: dict[str, Any]) -
 
 
 def _dropped_column_action(action: str, column: NestedField, shown: str, policy: str) -> str:
-    """The mask of a dropped column: the policy's own where it applies to the column's old type, else
-    replace-with-null (or a fixed value for a required column), so an old column never makes the table unreadable."""
+    """The mask of a dropped column (or one selected only by a former name): the policy's own where it applies to
+    the column's type, else replace-with-null (or a fixed value for a required column), so an old column or name
+    never makes the table unreadable."""
     for candidate in (action, REPLACE_WITH_NULL, MASK_TO_FIXED_VALUE):
         try:
             check_applicable(candidate, column)

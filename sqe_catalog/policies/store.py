@@ -31,7 +31,7 @@ import re
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyiceberg.types import NestedField
 from sqlalchemy import (
@@ -58,6 +58,7 @@ from sqe_catalog.policies.errors import PolicyError
 from sqe_catalog.schema import create_tables, warehouse_table
 
 __all__ = [
+    "ColumnTagValue",
     "ObjectKind",
     "Policy",
     "PolicyStore",
@@ -616,6 +617,15 @@ class PolicyStore:
         )
 
 
+class ColumnTagValue(NamedTuple):
+    """One value of a column's tag key and where it came from; ``by_former_name``: found only by a name the
+    column no longer has (it carried the name once; older snapshots show it under that name)."""
+
+    value: str | None
+    origin: str
+    by_former_name: bool = False
+
+
 @dataclass(frozen=True)
 class GovernanceSnapshot:
     assignments: tuple[TagAssignment, ...]
@@ -641,7 +651,7 @@ class GovernanceSnapshot:
         columns: Sequence[NestedField],
         table_uuid: str,
         former_names: Mapping[int, Collection[str]] | None = None,
-    ) -> dict[int, dict[str, list[tuple[str | None, str]]]]:
+    ) -> dict[int, dict[str, list[ColumnTagValue]]]:
         """Effective tags of the given top-level columns: field id -> key -> every (value, origin) that applies.
 
         A column tag matches the field with its field id in the same table (a renamed column keeps it) and any
@@ -656,7 +666,7 @@ class GovernanceSnapshot:
         the one that counts. Policies select on any value."""
         former = former_names or {}
         table_level = self.table_tags(namespace)
-        result: dict[int, dict[str, list[tuple[str | None, str]]]] = {}
+        result: dict[int, dict[str, list[ColumnTagValue]]] = {}
         for field in columns:
             names = {field.name, *former.get(field.field_id, ())}
             own: list[TagAssignment] = []
@@ -669,20 +679,21 @@ class GovernanceSnapshot:
                 elif a.target.column in names:
                     # A column that only ever had this name (re-added, or of a re-created table) is what it names.
                     (named if len(names) > 1 else own).append(a)
-            result[field.field_id] = _column_values(table_level, own, named)
+            result[field.field_id] = _column_values(table_level, own, named, field.name)
         return result
 
 
 def _column_values(
-    table_level: dict[str, tuple[str | None, str]], own: list[TagAssignment], named: list[TagAssignment]
-) -> dict[str, list[tuple[str | None, str]]]:
+    table_level: dict[str, tuple[str | None, str]], own: list[TagAssignment], named: list[TagAssignment], name: str
+) -> dict[str, list[ColumnTagValue]]:
     """Per key, the column's own values (else the inherited one), then each other value a name adds."""
-    values = {tag: [value] for tag, value in table_level.items()}
+    values = {tag: [ColumnTagValue(*value)] for tag, value in table_level.items()}
     for tag in {a.tag for a in own}:
         values[tag] = []  # the nearest assignment: the inherited value no longer applies
     for a in [*sorted(own, key=_described), *sorted(named, key=_described)]:
-        if all(value != a.value for value, _origin in values.setdefault(a.tag, [])):
-            values[a.tag].append((a.value, a.target.describe()))
+        if all(v.value != a.value for v in values.setdefault(a.tag, [])):
+            by_former_name = a in named and a.target.column != name
+            values[a.tag].append(ColumnTagValue(a.value, a.target.describe(), by_former_name))
     return values
 
 
