@@ -887,6 +887,8 @@ def _refuse_tag_change(call: _Call, source: tuple[Namespace, str], target: tuple
             f"renaming into namespace {'.'.join(target[0])} changes the tags the table inherits from its namespace, "
             "which decide its read-restrictions: that needs CATALOG_MANAGE_POLICIES"
         )
+    if call.warehouse.tables.table_exists(*target):  # its tags are a live table's: the rename's own 409, not ours
+        raise AlreadyExistsError(f"table already exists: {'.'.join(target[0])}.{target[1]}")
     if policies.tags_on_name(call.prefix, *target):
         raise ForbiddenError(
             "the new name still carries the tags of a dropped table, which would decide this table's "

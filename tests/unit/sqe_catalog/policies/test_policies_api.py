@@ -657,3 +657,13 @@ def test_a_column_renamed_through_a_tagged_name_and_back_gets_a_stand_in_not_an_
     (policy,) = report["policies"]
     assert policy["stand-ins"] == {"n": "replace-with-null"}
     assert policy["matched-tags"]["n"][0]["by-former-name"] is True
+
+
+def test_renaming_onto_a_live_tagged_table_is_409_not_a_dropped_tables_tags(catalog: Catalog) -> None:
+    # Found by review: the check for a dropped table's tags on the new name ran first, so renaming onto a live
+    # table that has tags answered 403 "still carries the tags of a dropped table" (wrong, and telling the caller
+    # the table is tagged) where an untagged one answers 409.
+    _stewards_see_all(catalog, "sensitivity")
+    assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="u", schema=SCHEMA).status == 200
+    _tag(catalog, "sensitivity", "public", namespace=["db"], table="u")
+    assert error_of(_rename(catalog, "bob", "t", "u"), 409) == "AlreadyExistsException: table already exists: db.u"
