@@ -40,6 +40,7 @@ from sqe import vocabulary
 from sqe._lru import LRUCache
 from sqe._text import first_line, iso_utc
 from sqe.errors import EncryptedTableError, QueryError, SQEError
+from sqe.planning.absent_filter_fields import with_absent_filter_fields
 from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, ManifestBounds, bounded_io
 from sqe.planning.manifests import planning_manifests
 from sqe.planning.read_filters import nan_safe_filter
@@ -421,6 +422,8 @@ def plan_scan(
         )
     if snapshot_id is not None:
         projected = in_current_types(projected, table.metadata.schema())
+        # the filter's columns newer than the snapshot: read as Iceberg reads a column a file lacks
+        projected = with_absent_filter_fields(projected, restrictions, table.metadata.schema())
     return ScanPlan(
         loaded=loaded,
         task_source=source,
