@@ -6,7 +6,8 @@ or dropped and added again under a new field id) holds no value of that field id
 data being read"); now the filter is evaluated on that value, with the expressions spec's two-valued logic. The
 reference (``reference_keeps``, plain Python, none of SQE's code) evaluates every filter over the raw rows with
 the absent field set to null or its default; SQE's rows and ``count(*)`` must equal it, in local and distributed
-mode. The old snapshot's column of the same name (the dropped field id) must never stand in for the filter's.
+mode and with the catalog planning the files. The old snapshot's column of the same name (the dropped field id)
+must never stand in for the filter's.
 """
 
 from __future__ import annotations
@@ -112,16 +113,20 @@ class Travel:
         assert code == 0, err.getvalue()
 
     @contextlib.contextmanager
-    def sessions(self) -> Iterator[tuple[Session, Session, TicketLog]]:
-        """A local session and a distributed one (every scan on the workers), both as the restricted reader."""
+    def sessions(self) -> Iterator[tuple[dict[str, Session], TicketLog]]:
+        """The restricted reader's sessions by mode: local, distributed (every scan on the workers) and local with
+        the catalog planning the files (server-side planning)."""
         reader = {"reader_client_id": self.engine.client_id, "reader_client_secret": self.engine.client_secret}
-        path = write_sqe_config(
-            self.workdir / "reader.toml", self.server.url, self.reader, self.server.moto, catalog=reader
-        )
+        moto = self.server.moto
+        path = write_sqe_config(self.workdir / "reader.toml", self.server.url, self.reader, moto, catalog=reader)
+        remote = reader | {"server_side_planning": True}
+        remote_path = write_sqe_config(self.workdir / "remote.toml", self.server.url, self.reader, moto, catalog=remote)
         local = sqe.api.connect(load_config(path, env={}))
         distributed = distributed_session(load_config(path, env={}, overrides=coordinator_overrides(self.pool)))
-        with local, distributed:
-            yield local, distributed, TicketLog().attach(distributed)
+        planned = sqe.api.connect(load_config(remote_path, env={}))
+        with local, distributed, planned:
+            modes = {"local": local, "distributed": distributed, "server-side planning": planned}
+            yield modes, TicketLog().attach(distributed)
 
 
 @pytest.fixture(scope="module")
@@ -197,13 +202,13 @@ def test_a_filter_on_a_column_newer_than_the_snapshot_reads_it_as_null(travel: T
     current_reference = [{"id": row["id"], "new_region": None} for row in OLD_ROWS]
     current_reference += [{"id": row["id"], "new_region": row["region"]} for row in NEW_ROWS]
     mismatches: list[tuple[str, Node, Any, Any]] = []
-    with travel.sessions() as (local, distributed, log):
+    with travel.sessions() as (modes, log):
         for row_filter in filters_on(NEW_REGION):
             travel.restrict("readded", {"required-row-filter": row_filter})
             kept = [row for row in old_reference if reference_keeps(row_filter, row, names)]
             expected_old = (sorted((row["id"], row["region"]) for row in kept), len(kept))
             expected_now = sorted(r["id"] for r in current_reference if reference_keeps(row_filter, r, names))
-            for mode, session in (("local", local), ("distributed", distributed)):
+            for mode, session in modes.items():
                 got_old = _answers(session, old_source)
                 if got_old != expected_old:
                     mismatches.append((mode, row_filter, got_old, expected_old))
@@ -233,11 +238,11 @@ def test_a_newer_filter_column_at_a_timestamp_and_with_a_mask(travel: Travel) ->
     names = {1: "id", NEW_REGION: "new_region"}
     kept = [row for row in OLD_ROWS if reference_keeps(row_filter, {**row, "new_region": None}, names)]
     expected_old = sorted((row["id"], row["region"]) for row in kept)
-    with travel.sessions() as (local, distributed, log):
-        for session in (local, distributed):
+    with travel.sessions() as (modes, log):
+        for mode, session in modes.items():
             for clause in (f"FOR VERSION AS OF {before}", f"FOR TIMESTAMP AS OF TIMESTAMPTZ '{at}'"):
                 assert _answers(session, f"{table} {clause}") == (expected_old, len(expected_old))
-            if session is distributed:
+            if mode == "distributed":
                 assert log.tickets  # the old snapshot's scans ran on the workers
             now = sorted(session.sql(f"SELECT id, region FROM {table} WHERE id >= 5").fetchall())
             assert now == [(5, "xx"), (7, None)]
@@ -258,12 +263,12 @@ def test_a_filter_on_a_column_added_with_an_initial_default(travel: Travel) -> N
     rows = [{"id": i, "tier": "gold"} for i in range(3)] + [{"id": 3, "tier": "silver"}, {"id": 4, "tier": None}]
     names = {1: "id", tier: "tier"}
     mismatches: list[tuple[str, Node, Any, Any]] = []
-    with travel.sessions() as (local, distributed, _log):
+    with travel.sessions() as (modes, _log):
         for row_filter in filters_on(tier):
             travel.restrict("defaulted", {"required-row-filter": row_filter})
             expected_old = sorted(r["id"] for r in rows[:3] if reference_keeps(row_filter, r, names))
             expected_now = sorted(r["id"] for r in rows if reference_keeps(row_filter, r, names))
-            for mode, session in (("local", local), ("distributed", distributed)):
+            for mode, session in modes.items():
                 source = f"{travel.namespace}.defaulted"
                 got = (
                     _ids(session, f"SELECT id FROM {source} FOR VERSION AS OF {before}"),

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, StructType
 
-from sqe.errors import RestrictionApplyError
+from sqe.errors import RestrictionApplyError, SQEError
+from sqe.planning.absent_filter_fields import HIDDEN_PREFIX
 from tests.unit.sqe.iceberg_local import LocalProvider
 
 
@@ -107,6 +108,8 @@ def test_time_travel_to_a_snapshot_without_the_filter_column_reads_it_as_null(
     assert session.sql(f"SELECT id FROM {old} WHERE id = 1").fetchall() == ([(1,)] if null_passes else [])
     # the snapshot's own columns (its ``region`` is field id 2), never the hidden filter column
     assert session.sql(f"SELECT * FROM {old}").arrow().schema.names == ["id", "region"]
+    with pytest.raises(SQEError):
+        session.sql(f"SELECT {HIDDEN_PREFIX}3 FROM {old}").fetchall()
 
 
 def test_a_filter_on_a_newer_column_combines_with_the_snapshots_columns(
