@@ -89,6 +89,9 @@ class _ClaimSection:
     epoch: int
 
 
+# How often a drop reads the table again when commits keep moving its pointer between its read and its delete.
+_DROP_ATTEMPTS = 5
+
 _claim_section: ContextVar[_ClaimSection | None] = ContextVar("claim_section", default=None)
 
 
@@ -546,34 +549,53 @@ class IntegrityGuard:
 
         The files are deleted later, by the background cleaner or ``admin run-cleanup``, after a second check."""
         table = self.ref(namespace, name)
-        with self._catalog.engine.begin() as conn:
-            trusted = st.load_state(conn, table)
-            kept = self._claimed_locations(conn, table)  # a purge's files remain until its task is done
-            row = self._row(table)
-            if purge_location is not None:
-                # The purge verified (and its task will delete) this revision: a commit since then loses nothing.
-                row = row & (IcebergTables.metadata_location == purge_location)
-            result = conn.execute(delete(IcebergTables).where(row))
-            if result.rowcount != 1:
-                if purge_location is not None and kept is not None:
+        for _attempt in range(_DROP_ATTEMPTS):
+            with self._catalog.engine.begin() as conn:
+                found = conn.execute(select(IcebergTables.metadata_location).where(self._row(table))).first()
+                if found is None:
+                    raise NoSuchTableError(f"table does not exist: {table.dotted_namespace}.{table.name}")
+                if purge_location is not None and found[0] != purge_location:
+                    # The purge verified (and its task will delete) that revision: a commit since would be lost.
                     raise CommitFailedError(f"table {table} was changed concurrently")
-                raise NoSuchTableError(f"table does not exist: {table.dotted_namespace}.{table.name}")
-            st.delete_state(conn, table)
-            dropped_ms = st.now_ms()
-            if kept is not None:
-                st.record_dropped(conn, table, kept, dropped_ms)
-                st.record_reserved(conn, table, uuid, kept, self._vended_until(conn, dropped_ms))
-            task_id = st.insert_task(conn, table, purge_location, trusted, dropped_ms) if purge_location else None
-            if stamp is not None:
-                stamp(conn)
+                pointer: str | None = found[0]
+                trusted = st.load_state(conn, table)
+                kept = self._claimed_locations(conn, table, pointer)  # a purge's files remain until its task is done
+                # Removed only at the revision its places were read with (the reads may run outside the write
+                # transaction): a commit that moved the table meanwhile recorded others, which must be kept.
+                at_pointer = self._row(table) & (IcebergTables.metadata_location == pointer)
+                if pointer is None:  # a row without a pointer (never written by the catalog) holds no file
+                    at_pointer = self._row(table) & IcebergTables.metadata_location.is_(None)
+                if conn.execute(delete(IcebergTables).where(at_pointer)).rowcount == 1:
+                    return self._record_drop(conn, table, trusted, kept, purge_location, uuid, stamp)
+            # A commit (or a drop) went first: read the table again.
+        raise CommitFailedError(f"table {table} was changed concurrently; retry")
+
+    def _record_drop(
+        self,
+        conn: Connection,
+        table: TableName,
+        trusted: TrustedState | None,
+        kept: tuple[str, ...],
+        purge_location: str | None,
+        uuid: str | None,
+        stamp: NotificationStamp | None,
+    ) -> int | None:
+        """In the drop's transaction, after its row went: pin, tombstone, reservation, purge task, timestamp."""
+        st.delete_state(conn, table)
+        dropped_ms = st.now_ms()
+        if kept:
+            st.record_dropped(conn, table, kept, dropped_ms)
+            st.record_reserved(conn, table, uuid, kept, self._vended_until(conn, dropped_ms))
+        task_id = st.insert_task(conn, table, purge_location, trusted, dropped_ms) if purge_location else None
+        if stamp is not None:
+            stamp(conn)
         return task_id
 
-    def _claimed_locations(self, conn: Connection, table: TableName) -> tuple[str, ...] | None:
-        """The locations the table claims, read in the drop's transaction (None: no such table)."""
+    def _claimed_locations(self, conn: Connection, table: TableName, pointer: str | None) -> tuple[str, ...]:
+        """The locations the table at ``pointer`` claims: recorded, or a legacy table's from its metadata file."""
         if (recorded := st.recorded_locations(conn, table)) is not None:
             return recorded
-        location = conn.execute(select(IcebergTables.metadata_location).where(self._row(table))).scalar()
-        return self._legacy_locations((table.namespace, table.name), location) if location else None
+        return self._legacy_locations((table.namespace, table.name), pointer) if pointer else ()
 
     def run_pending_cleanup(self, delete_files: DeleteFiles, persisted_before_ms: int | None = None) -> dict[int, str]:
         return run_pending_tasks(

@@ -1399,3 +1399,58 @@ def test_the_places_a_move_leaves_are_those_of_the_revision_it_moves_from_when_a
         body = {"name": f"squat_{uuid.uuid4().hex[:6]}", "schema": SCHEMA, "location": left}
         squat = fast.request("POST", f"namespaces/{ns}/tables", json=body)
         assert squat.status_code == 403 and f"{ns}.t" in squat.json()["error"]["message"], (left, squat.text)
+
+
+@pytest.fixture(scope="module")
+def uncached_behind_store(
+    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Api, FaultProxy]]:
+    """A catalog whose storage goes through a proxy that can hold its requests, caching no metadata file (so every
+    read of one reaches the proxy)."""
+    moto = catalog_server.moto
+    store = FaultProxy(moto.url, keep_host=True)
+    store.start()
+    try:
+        workdir = tmp_path_factory.mktemp("drop_race")
+        with catalog_variant(workdir, moto, endpoint=store.url, metadata_cache_entries=0) as server:
+            yield Api(server), store
+    finally:
+        store.stop()
+
+
+def test_a_drop_keeps_the_places_of_the_revision_it_drops_when_the_table_moved_meanwhile(
+    uncached_behind_store: tuple[Api, FaultProxy],
+) -> None:
+    # Before: a drop read the table's places (here a legacy table's, from its metadata file: that read is held),
+    # then deleted the row by name. A move from P to N committing in between recorded P as left; the drop then
+    # removed the moved table and recorded as dropped the places it had read (P): N was neither reserved nor
+    # recorded, and a new table could claim it at once while credentials vended for t at N stayed valid. Now the
+    # drop removes the row only at the pointer it read the places from, and reads them again when it moved.
+    api, store = uncached_behind_store
+    ns = api.namespace()
+    metadata_file = legacy_table(api.server, ns, "probe")  # how many reads of its file a drop makes
+    pattern = re.escape(metadata_file.removeprefix("s3://"))
+    before = _requests_to(store, "GET", pattern)
+    assert api.request("DELETE", f"namespaces/{ns}/tables/probe").status_code == 204
+    reads = _requests_to(store, "GET", pattern) - before
+    assert reads >= 1
+
+    metadata_file = legacy_table(api.server, ns, "t")
+    place = metadata_file.rsplit("/metadata/", 1)[0]
+    dropped: list[requests.Response] = []
+    dropping = _held_until_reached(
+        store,
+        "GET",
+        re.escape(metadata_file.removeprefix("s3://")),
+        lambda: dropped.append(api.request("DELETE", f"namespaces/{ns}/tables/t")),
+        passed=reads - 1,  # the drop's last read of the file: the places it records
+    )
+    assert _move(api, ns, "t", f"{place}-n").status_code == 200
+    dropping.join(timeout=60)
+    (drop,) = dropped
+    assert drop.status_code == 204, drop.text
+    assert api.load(ns, "t").status_code == 404
+    for left in (place, f"{place}-n"):  # both places t held while credentials for them may be valid
+        body = {"name": f"squat_{uuid.uuid4().hex[:6]}", "schema": SCHEMA, "location": left}
+        squat = api.request("POST", f"namespaces/{ns}/tables", json=body)
+        assert squat.status_code == 403 and f"{ns}.t" in squat.json()["error"]["message"], (left, squat.text)
