@@ -111,6 +111,11 @@ class CommitFailedError(CatalogError, status=409, error_type=vocabulary.ERROR_CO
     """Optimistic-concurrency loss or a failed commit requirement."""
 
 
+class ClaimRaced(CommitFailedError):
+    """A claim of places whose checks another catalog process's claim committed behind: its transaction rolled
+    back, nothing was recorded, and the claim is checked and made again (``WarehouseTables``)."""
+
+
 class UnprocessableEntityError(CatalogError, status=422, error_type=vocabulary.ERROR_UNPROCESSABLE):
     pass
 

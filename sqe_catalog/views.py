@@ -36,6 +36,7 @@ from sqe_catalog.errors import (
     NotFoundError,
 )
 from sqe_catalog.identifiers import Namespace, validate_name
+from sqe_catalog.integrity.admission import removed_if_raced
 from sqe_catalog.integrity.canonical import check_new_metadata_size, read_metadata_bytes
 from sqe_catalog.schema import VIEW_POINTERS, create_tables
 from sqe_catalog.tables import (
@@ -174,7 +175,8 @@ class ViewStore:
         # Checked, written and recorded in a claim section: no table or view claims the place meanwhile.
         def write() -> str:
             location = self._write(document, view_location, 0)
-            self._insert(namespace, name, location)
+            with removed_if_raced(self._io, location):  # another process's claim won: checked and written again
+                self._insert(namespace, name, location)
             return location
 
         location = self._tables.view_location_claimed(namespace, name, view_location, write)
@@ -224,7 +226,8 @@ class ViewStore:
         # written where that table's writers could rewrite it.
         def write() -> str:
             location = self._write(document, view_location, sequence)
-            self._swap(namespace, name, current.metadata_location, location)
+            with removed_if_raced(self._io, location):
+                self._swap(namespace, name, current.metadata_location, location)
             return location
 
         location = self._tables.view_location_claimed(namespace, name, view_location, write)

@@ -18,7 +18,9 @@ Legacy tables (no pin) never pass through here except to be left alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,7 @@ from sqlalchemy import Connection, insert, update
 from sqlalchemy.exc import IntegrityError
 
 from sqe.vocabulary import ENCRYPTION_KEY_ID, ENCRYPTION_PROPERTY_PREFIX
-from sqe_catalog.errors import AlreadyExistsError, CommitFailedError, MetadataIntegrityError
+from sqe_catalog.errors import AlreadyExistsError, ClaimRaced, CommitFailedError, MetadataIntegrityError
 from sqe_catalog.integrity import state as st
 from sqe_catalog.integrity.canonical import (
     DIGEST_VERSION,
@@ -41,6 +43,8 @@ from sqe_catalog.integrity.canonical import (
     write_metadata_file,
 )
 from sqe_catalog.integrity.state import AdmissionEvent, TableName, TrustedState
+
+log = logging.getLogger("sqe_catalog.integrity")
 
 __all__ = [
     "candidate_state",
@@ -156,8 +160,25 @@ def write_new_table(
     location = new_metadata_location(metadata, 0)
     check_candidate(table, metadata, None)
     parsed = write_metadata_file(catalog_io(catalog), location, document_for_write(metadata, None))
-    _insert_protected(catalog, table, candidate_state(table, location, parsed, None), parsed, None, also)
+    with removed_if_raced(catalog_io(catalog), location):
+        _insert_protected(catalog, table, candidate_state(table, location, parsed, None), parsed, None, also)
     return location, parsed
+
+
+@contextmanager
+def removed_if_raced(io: FileIO, location: str) -> Iterator[None]:
+    """Delete the metadata file just written at ``location`` when the transaction recording it lost to another
+    catalog process's claim (``ClaimRaced``, raised before the commit: rolled back, so nothing names the file). It
+    may lie in a place that claim took, readable with the credentials vended there, and each attempt writes one.
+    Only then: after any other failure the outcome may be unknown, and a file a pointer names must never go."""
+    try:
+        yield
+    except ClaimRaced:
+        try:
+            io.delete(location)
+        except OSError as exc:  # best effort: the claim is retried whatever happens to the file
+            log.warning("could not delete unused metadata file %s: %s", location, type(exc).__name__)
+        raise
 
 
 def _insert_protected(
@@ -194,7 +215,7 @@ def commit_revision(
     location = new_metadata_location(metadata, catalog._parse_metadata_version(trusted.metadata_location) + 1)
     parsed = write_metadata_file(catalog_io(catalog), location, document_for_write(metadata, base.document))
     new_state = candidate_state(table, location, parsed, trusted)
-    with catalog.engine.begin() as conn:
+    with removed_if_raced(catalog_io(catalog), location), catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, trusted.metadata_location, location)
         st.replace_state(conn, table, trusted, new_state)
         also(conn, parsed.metadata)

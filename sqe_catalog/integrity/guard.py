@@ -46,6 +46,7 @@ from sqlalchemy.exc import IntegrityError
 from sqe._lru import LRUCache
 from sqe_catalog.errors import (
     BadRequestError,
+    ClaimRaced,
     CommitFailedError,
     MetadataIntegrityError,
     NoSuchTableError,
@@ -74,11 +75,6 @@ LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revi
 LegacyLocations = Callable[[tuple[Namespace, str], str], tuple[str, ...]]
 # Records a notification's timestamp inside the transaction that carries it out (raises when it is stale).
 NotificationStamp = Callable[[Connection], None]
-
-
-class ClaimRaced(CommitFailedError):
-    """A claim of places whose checks another catalog process's claim committed behind: nothing was written, and
-    the claim is checked and made again (``WarehouseTables``)."""
 
 
 @dataclasses.dataclass
@@ -483,7 +479,8 @@ class IntegrityGuard:
             return location, base  # nothing changed: no new revision
         self._catalog._write_metadata(staged.metadata, staged.io, staged.metadata_location)
         also = self._also_legacy(table, None, left)
-        admission.replace_legacy_pointer(self._catalog, table, location, staged.metadata_location, also)
+        with admission.removed_if_raced(admission.catalog_io(self._catalog), staged.metadata_location):
+            admission.replace_legacy_pointer(self._catalog, table, location, staged.metadata_location, also)
         return staged.metadata_location, ParsedMetadata(staged.metadata, model_document(staged.metadata))
 
     def admit(

@@ -1454,3 +1454,63 @@ def test_a_drop_keeps_the_places_of_the_revision_it_drops_when_the_table_moved_m
         body = {"name": f"squat_{uuid.uuid4().hex[:6]}", "schema": SCHEMA, "location": left}
         squat = api.request("POST", f"namespaces/{ns}/tables", json=body)
         assert squat.status_code == 403 and f"{ns}.t" in squat.json()["error"]["message"], (left, squat.text)
+
+
+def test_a_move_that_lost_its_target_to_another_process_leaves_no_metadata_file_there(
+    two_processes: TwoProcesses,
+) -> None:
+    # Before: a move wrote its new metadata file under the target, then found in its transaction that another
+    # process had claimed places meanwhile and was refused on its second check; the file it had written stayed
+    # under the other table's place, t's schema, snapshots and properties readable with credentials vended for u.
+    # Now a claim whose record lost to another process's removes the file it wrote before trying again.
+    slow, fast, store = two_processes.slow, two_processes.fast, two_processes.store
+    ns = slow.namespace()
+    place = slow.create(ns, "t", V3).json()["metadata"]["location"]
+    target = f"{place}-target"
+    moved: list[requests.Response] = []
+    moving = _held_until_reached(
+        store,
+        "*",
+        re.escape(target.removeprefix("s3://")) + "/metadata/",
+        lambda: moved.append(_move(slow, ns, "t", target)),
+    )
+    created = fast.request("POST", f"namespaces/{ns}/tables", json={"name": "u", "schema": SCHEMA, "location": target})
+    moving.join(timeout=60)
+    (move,) = moved
+    assert created.status_code == 200, created.text
+    assert move.status_code == 400, move.text
+    u_file = s3_key(created.json()["metadata-location"])[1]
+    assert objects(slow.server, s3_key(target)[1] + "/") == [u_file]
+
+
+def test_a_view_create_that_lost_its_place_to_another_process_leaves_no_metadata_file_there(
+    two_processes: TwoProcesses,
+) -> None:
+    # Before: as a move's, a view create's metadata file written before its record lost to another process's
+    # claim of the place stayed there, under the table that took it. Now it is deleted before the next attempt.
+    slow, fast, store = two_processes.slow, two_processes.fast, two_processes.store
+    ns = slow.namespace()
+    place = f"{slow.server.warehouse_location}/{ns}/v"  # where a new view v goes
+    version = {
+        "version-id": 1,
+        "schema-id": 0,
+        "timestamp-ms": 1,
+        "summary": {"operation": "create"},
+        "representations": [{"type": "sql", "sql": "SELECT 1 AS id", "dialect": "duckdb"}],
+        "default-namespace": [ns],
+    }
+    created_view: list[requests.Response] = []
+    body = {"name": "v", "schema": SCHEMA, "view-version": version}
+    creating = _held_until_reached(
+        store,
+        "*",
+        re.escape(place.removeprefix("s3://")) + "/metadata/",
+        lambda: created_view.append(slow.request("POST", f"namespaces/{ns}/views", json=body)),
+    )
+    created = fast.request("POST", f"namespaces/{ns}/tables", json={"name": "u", "schema": SCHEMA, "location": place})
+    creating.join(timeout=60)
+    (view,) = created_view
+    assert created.status_code == 200, created.text
+    assert view.status_code == 400 and f"overlaps the location of table {ns}.u" in view.text, view.text
+    u_file = s3_key(created.json()["metadata-location"])[1]
+    assert objects(slow.server, s3_key(place)[1] + "/") == [u_file]
