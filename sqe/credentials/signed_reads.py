@@ -12,7 +12,8 @@ out of the properties). It addresses what pyarrow's ``S3FileSystem`` addresses f
 endpoint (its scheme, else https), the region, path style unless the settings turn it off (pyarrow then gets
 ``s3.force-virtual-addressing`` true; virtual hosts when no endpoint is set: AWS itself), the session token in
 the signed headers. Anything else (another scheme, no key pair, no region, a location with a query or fragment,
-a dotted bucket on an AWS virtual host) gets no :class:`SignedObject`, and the caller keeps the pyarrow path.
+a dotted bucket on an AWS virtual host, a bucket or region that is no S3 name where it would be part of a host
+name) gets no :class:`SignedObject`, and the caller keeps the pyarrow path.
 
 **Errors** are the ``OSError`` classes the pyarrow path raises for the same answer, so every caller classifies
 them as today: 404 → ``FileNotFoundError``, 403 → ``PermissionError``, anything else (400 ``ExpiredToken``,
@@ -64,6 +65,12 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 60.0
 _ERROR_CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
 _ERROR_MESSAGE = re.compile(rb"<Message>([^<]{1,300})</Message>")
+# What may become part of a host name. A bucket in a virtual host, or a region in AWS's, is the writer's or the
+# catalog's text: ``@``, ``:`` or ``\`` there would make urllib3 send the signed request (key id, session token)
+# to another host (``s3://evil.example:9000\/k`` -> ``http://evil.example:9000\.store/k``).
+# S3 bucket names (one character too, as test stores allow):
+_DNS_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?")
+_REGION = re.compile(r"[a-z0-9-]{1,64}")
 
 
 # ------------------------------------------------------------------------------------------- addressing
@@ -97,6 +104,8 @@ def s3_address(location: str, settings: StorageSettings) -> S3Address | None:
         return _endpoint_address(settings.endpoint, bucket, key, quoted, virtual=settings.path_style is False)
     if "." in bucket or region.startswith("cn-"):
         return None  # a dotted bucket fails TLS on a virtual host; China regions have their own domain
+    if not _DNS_BUCKET.fullmatch(bucket) or not _REGION.fullmatch(region):
+        return None  # not a host name part (see _DNS_BUCKET)
     return S3Address(f"https://{bucket}.s3.{region}.amazonaws.com/{quoted}", bucket, key)
 
 
@@ -111,6 +120,8 @@ def _endpoint_address(endpoint: str, bucket: str, key: str, quoted: str, virtual
         return None  # an endpoint with a path of its own: leave it to pyarrow
     host = host.rstrip("/")
     if virtual:
+        if not _DNS_BUCKET.fullmatch(bucket):
+            return None  # not a host name part (see _DNS_BUCKET)
         return S3Address(f"{url_scheme}://{bucket}.{host}/{quoted}", bucket, key)
     return S3Address(f"{url_scheme}://{host}/{quote(bucket, safe='')}/{quoted}", bucket, key)
 

@@ -106,6 +106,33 @@ def test_cases_it_does_not_handle_keep_the_pyarrow_path(location: str, settings:
     assert signed_object(location, resolved({**MOTO, **settings})) is None
 
 
+VIRTUAL = {S3_FORCE_VIRTUAL_ADDRESSING: "true"}
+AWS = {S3_ENDPOINT: "", S3_REGION: "eu-west-1"}
+
+
+@pytest.mark.parametrize(
+    ("location", "settings"),
+    [
+        # A bucket (a manifest writer's text) or a region (the catalog's) is put into a host name: characters
+        # urllib3 reads as the end of the host or as a user name would send the signed request elsewhere.
+        ("s3://evil.example:9000\\/k", VIRTUAL),
+        ("s3://u@evil.example:9000\\b/k", VIRTUAL),
+        ("s3://evil:80\\/k", AWS),
+        ("s3://2130706433:80\\/k", AWS),
+        ("s3://b/k", {**AWS, S3_REGION: "x@evil.example\\"}),
+        ("s3://B/k", VIRTUAL),  # no S3 bucket: a host name would fold it into another bucket's
+    ],
+)
+def test_no_host_is_made_from_what_is_not_a_bucket_or_region_name(location: str, settings: dict[str, str]) -> None:
+    assert s3_address(location, resolved({**MOTO, **settings}).settings) is None
+    assert signed_object(location, resolved({**MOTO, **settings})) is None
+
+
+def test_path_style_quotes_any_bucket_into_the_path() -> None:
+    address = s3_address("s3://evil.example:9000\\/k", resolved(MOTO).settings)
+    assert address is not None and address.url == "http://127.0.0.1:5000/evil.example%3A9000%5C/k"
+
+
 @pytest.mark.parametrize("missing", [S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY])
 def test_no_key_pair_no_signed_reader(missing: str) -> None:
     assert signed_object("s3://b/t/f", resolved({k: v for k, v in MOTO.items() if k != missing})) is None
