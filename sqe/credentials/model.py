@@ -53,6 +53,8 @@ FILEIO_ALLOWLIST = frozenset(CREDENTIAL_KEYS + SETTING_KEYS)
 
 _BOOLEAN_TEXT = {"true": True, "false": False}
 _EARLIEST_EXPIRY_MS = 10**11  # March 1973: any smaller expiry is epoch seconds (or nonsense), not milliseconds
+# The last millisecond of year 9999: later is no date Python (EXPLAIN, logs) can show, nor an int64 a ticket can carry.
+_LATEST_EXPIRY_MS = 253_402_300_799_999
 
 # The completeness rule, as the parts it names: a vended set needs all four, a static set the first two.
 VENDED_PARTS = ("access key id", "secret access key", "session token", "expiry")
@@ -304,11 +306,15 @@ def _parse_expiry(raw: Mapping[str, str], where: str, what: str) -> int | None:
     text = raw.get(S3_SESSION_TOKEN_EXPIRES_AT_MS)
     if not text:
         return None
-    try:
-        value = int(text)
-    except ValueError:
+    digits = text.strip().removeprefix("-")
+    # ASCII digits only: int() would also take "1_800_000_000_000" or other scripts' digits.
+    if not (digits.isascii() and digits.isdigit()):
         message = f"{what}: {where} {S3_SESSION_TOKEN_EXPIRES_AT_MS} must be an integer"
-        raise CatalogProtocolError(message) from None
+        raise CatalogProtocolError(message)
+    value = int(text)
+    if value > _LATEST_EXPIRY_MS:
+        message = f"{what}: {where} {S3_SESSION_TOKEN_EXPIRES_AT_MS} must be epoch milliseconds before year 10000"
+        raise CatalogProtocolError(message)
     if value < _EARLIEST_EXPIRY_MS:
         # Epoch seconds read as milliseconds land in 1970: "already expired" would hide the catalog's mistake.
         message = f"{what}: {where} {S3_SESSION_TOKEN_EXPIRES_AT_MS} must be epoch milliseconds (seconds sent?)"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sqe.credentials import CredentialSet, StorageSettings, parse_catalog_credentials
+from sqe.credentials import CredentialSet, ScopedFileIO, StoragePolicy, StorageSettings, parse_catalog_credentials
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.ticket import credentials_from_proto, credentials_to_proto
 from sqe.errors import CatalogProtocolError
@@ -104,6 +104,24 @@ def test_an_expiry_in_seconds_or_not_positive_is_a_protocol_error(value: str) ->
     with pytest.raises(CatalogProtocolError, match="epoch milliseconds") as info:
         _one(**{"s3.session-token-expires-at-ms": value})
     assert value not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["253402300800000", "99999999999999999999", "1_800_000_000_000", "+1800000000000", "\uff11\uff18" + "\uff10" * 11],
+)
+def test_an_expiry_no_date_or_no_plain_integer_is_a_protocol_error(value: str) -> None:
+    # Year 10000 and later crashed EXPLAIN and the FileIO's repr (datetime's range); past int64, a ticket too.
+    with pytest.raises(CatalogProtocolError, match=r"s3\.session-token-expires-at-ms must be") as info:
+        _one(**{"s3.session-token-expires-at-ms": value})
+    assert value not in str(info.value)
+
+
+def test_the_latest_expiry_a_date_can_show_is_taken_and_shown() -> None:
+    found = _one(**{"s3.session-token-expires-at-ms": "253402300799999"})
+    assert found.expires_at_ms == 253402300799999
+    file_io = ScopedFileIO([found], StoragePolicy(), location=PREFIX)
+    assert "9999-12-31T23:54:59" in repr(file_io) and file_io.describe()[0]["expires_at"].startswith("9999-12-31")
 
 
 def test_a_catalog_sent_endpoint_is_shown_without_its_password() -> None:
