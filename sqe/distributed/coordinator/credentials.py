@@ -22,6 +22,7 @@ from sqe.credentials import (
     usable_until,
 )
 from sqe.credentials.paths import prefix_length
+from sqe.credentials.policy import STATIC_PREFIX as EVERY_S3_PATH
 from sqe.distributed.coordinator.refresh import IncompleteSet, RefreshedSets, TableLease
 from sqe.distributed.protocol.ticket import WireTableId
 from sqe.errors import CredentialError, NoVendedCredentialsError
@@ -40,18 +41,20 @@ def ticket_sets(
 
     A set equal to SQE's static pair is never treated as vended. An incomplete set (``missing_parts``) is
     dropped and recorded with what it lacks: an unknown expiry is never replaced by a made-up one.
-    Config-level sets are scoped to the table ``location``; SQE's own storage settings win over the catalog's.
-    As on the local path, a config-level set is a fallback for what no ``storage-credentials`` entry covers: it
-    is dropped when an entry covers the whole location (Polaris sends its one entry in both places).
+    SQE's own storage settings win over the catalog's. As on the local path (``build_properties``), the
+    config-level set is the fallback for every S3 path no ``storage-credentials`` entry covers, inside the table
+    ``location`` or not, so it travels as the ``s3://`` set: scoped to the location, a file outside it (a
+    migrated table's, a delete file written elsewhere) got the ``[storage]`` pair on a worker where the local path
+    used the catalog's keys. Only an entry for ``s3://`` itself shadows it everywhere; then it is dropped.
     """
     vended = [c for c in found if c.source == "vended" and not policy.is_static_pair(c)]
-    location_covered = covered_by_any(location, (c.prefix or "" for c in vended))
+    shadowed = covered_by_any(EVERY_S3_PATH, (c.prefix for c in vended if c.prefix is not None))
     complete: list[CredentialSet] = []
     dropped: list[IncompleteSet] = []
     for candidate in vended:
-        if candidate.prefix is None and location_covered:
+        if candidate.prefix is None and shadowed:
             continue
-        scoped = candidate if candidate.prefix is not None else candidate.with_prefix(location)
+        scoped = candidate if candidate.prefix is not None else candidate.with_prefix(EVERY_S3_PATH)
         missing = candidate.missing_parts()
         if missing:
             dropped.append(IncompleteSet(scoped.prefix or location, tuple(missing)))
@@ -93,8 +96,15 @@ class TableCredentials:
 
 
 def _uncovered(task: FileScanTask, vended: Sequence[CredentialSet]) -> bool:
-    path = task.file.file_path
-    return is_object_store(path) and not covered_by_any(path, (c.prefix or "" for c in vended))
+    return _uncovered_path(task, vended) is not None
+
+
+def _uncovered_path(task: FileScanTask, vended: Sequence[CredentialSet]) -> str | None:
+    """The first object-store file of ``task`` (its data file, then its delete files: a worker opens each) that no
+    vended set covers, or None."""
+    prefixes = [c.prefix or "" for c in vended]
+    paths = [task.file.file_path, *sorted(d.file_path for d in task.delete_files)]
+    return next((p for p in paths if is_object_store(p) and not covered_by_any(p, prefixes)), None)
 
 
 def check_coverage(
@@ -109,9 +119,9 @@ def check_coverage(
     if fallback is not None:
         return
     for task in tasks:
-        if not _uncovered(task, vended.credentials):
+        path = _uncovered_path(task, vended.credentials)
+        if path is None:
             continue
-        path = task.file.file_path
         if mode == "vended":
             raise NoVendedCredentialsError(
                 f'{ident}: coordinator.distributed_credentials = "vended" but {_vended_gap(path, vended.dropped)}'

@@ -75,7 +75,7 @@ def settings_from_proto(message: pb.StorageSettings) -> StorageSettings:
 
 
 def credentials_to_proto(credentials: CredentialSet) -> pb.CredentialSet:
-    """A set with a prefix (a config-level set is scoped to the table location before it travels)."""
+    """A set with a prefix (a config-level set travels as the set for ``s3://``)."""
     source = pb.CREDENTIAL_SOURCE_STATIC if credentials.source == "static" else pb.CREDENTIAL_SOURCE_VENDED
     return pb.CredentialSet(
         prefix=credentials.prefix or "",

@@ -288,7 +288,9 @@ class TestMergeOrder:
         assert credential == _keys("V1", V1_SECRET, V1_TOKEN)
         policy = StoragePolicy.from_config(_config())
         tickets = ticket_sets(_parsed(config, [T1]).sets, "s3://b/t1", policy, 0.0, "load-table")
-        assert [c.prefix for c in tickets.credentials] == ["s3://b/t1"] and not tickets.dropped
+        # Both travel (as locally, config's keys serve what the entry does not cover): same keys, two prefixes.
+        assert [c.prefix for c in tickets.credentials] == ["s3://", "s3://b/t1"] and not tickets.dropped
+        assert {c.access_key_id for c in tickets.credentials} == {"V1"}
 
     def test_step3_sqe_settings_win(self) -> None:
         config = {"s3.endpoint": "http://config:1", "s3.region": "eu-west-1", "s3.path-style-access": "false"}

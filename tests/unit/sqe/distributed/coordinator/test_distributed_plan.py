@@ -6,13 +6,20 @@ from typing import Any
 
 import grpc
 import pytest
-from pyiceberg.manifest import DataFile, FileFormat
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import FileScanTask
 from pyiceberg.typedef import Record
 
 from sqe.catalog.base import TableIdent
 from sqe.config import CatalogConfig, SQEConfig, StorageConfig
-from sqe.credentials import CredentialSet, StoragePolicy, StorageSettings, parse_catalog_credentials
+from sqe.credentials import (
+    CredentialSet,
+    ScopedFileIO,
+    StoragePolicy,
+    StorageSettings,
+    parse_catalog_credentials,
+    select_credential,
+)
 from sqe.distributed.coordinator import Fragment, TableCredentials, plan_fragments, ticket_sets
 from sqe.distributed.coordinator import static_set as policy_static_set
 from sqe.distributed.coordinator.credentials import check_coverage
@@ -107,18 +114,63 @@ def test_vended_sets_drop_the_static_pair_and_sets_without_expiry() -> None:
 @pytest.mark.parametrize(
     ("entry_prefix", "kept"),
     [
-        (LOCATION, [LOCATION]),  # Polaris: its one entry, copied into config too
-        ("s3://bucket/wh", ["s3://bucket/wh"]),  # an entry covering the whole location
-        (f"{LOCATION}/data", [f"{LOCATION}/data", LOCATION]),  # part of it: config stays the fallback
-        ("s3://bucket/wh/ns/t1", ["s3://bucket/wh/ns/t1", LOCATION]),  # a neighbour, not a cover
+        (LOCATION, [LOCATION, "s3://"]),  # Polaris: its one entry, copied into config too
+        ("s3://bucket/wh", ["s3://bucket/wh", "s3://"]),  # an entry covering the whole location
+        (f"{LOCATION}/data", [f"{LOCATION}/data", "s3://"]),  # part of it
+        ("s3://bucket/wh/ns/t1", ["s3://bucket/wh/ns/t1", "s3://"]),  # a neighbour, not a cover
+        ("s3a://", ["s3a://"]),  # an entry for every S3 path: the config copy would be a second set for it
     ],
 )
 def test_config_level_keys_are_a_fallback_for_what_no_entry_covers(entry_prefix: str, kept: list[str]) -> None:
     entry = vended(entry_prefix)
     raw = {"config": {**entry["config"]}, "storage-credentials": [entry]}
     found = vended_sets_from_response(raw, LOCATION, config(), 0.0, "load-table")
-    # a worker refuses a ticket with two sets for one prefix, so the config copy must not become a second one
+    # As on the local path, config's keys serve every S3 path no entry covers, inside the location or not; a
+    # worker refuses a ticket with two sets for one prefix, so the config copy never becomes a second "s3://" one.
     assert sorted(c.prefix or "" for c in found.credentials) == sorted(kept)
+
+
+@pytest.mark.parametrize("mode", ["auto", "vended"])
+def test_a_worker_reads_each_file_with_the_set_the_local_path_uses(mode: str) -> None:
+    # Polaris-shaped: a config-level set and a location entry (other keys). A file outside the table location (a
+    # migrated table's, another bucket) is read locally with config's keys; a worker took the [storage] pair in
+    # "auto" and failed in "vended".
+    cfg = config(access_key_id="AKIASTATIC", secret_access_key="static-secret")
+    policy = StoragePolicy.from_config(cfg)
+    raw = {"config": vended("unused", key="AKIACONFIG")["config"], "storage-credentials": [vended(LOCATION)]}
+    local = ScopedFileIO.from_response(raw, policy, location=LOCATION)
+    found = vended_sets_from_response(raw, LOCATION, cfg, 0.0, "load-table")
+    static = policy_static_set(policy) if mode == "auto" else None
+    paths = [f"{LOCATION}/data/a.parquet", "s3://bucket/wh/ns/t10/b.parquet", "s3a://other/x/c.parquet"]
+    tasks = [task(path, 1) for path in paths]
+    check_coverage(IDENT, tasks, found, static, mode, False)
+    sets = TableCredentials(IDENT, None, found.credentials, static).for_tasks(tasks, found.credentials)
+    assert all(s.source == "vended" for s in sets)
+    for path in paths:
+        chosen = select_credential(path, sets)
+        assert chosen is not None
+        assert chosen.access_key_id == local.resolve(path).properties["s3.access-key-id"]
+    assert select_credential(paths[1], sets).access_key_id == "AKIACONFIG"  # type: ignore[union-attr]
+
+
+def test_a_delete_file_no_vended_set_covers_is_seen_before_the_worker_opens_it() -> None:
+    # The data file is inside the table's entry, its position-delete file is not (written by another engine
+    # under another prefix): "auto" must give the ticket the [storage] pair, "vended" must fail naming it.
+    deletes = "s3://bucket/elsewhere/deletes.parquet"
+    deleted = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=deletes,
+        file_format=FileFormat.PARQUET,
+        partition=Record(),
+        record_count=1,
+        file_size_in_bytes=1,
+    )
+    scan = FileScanTask(task(f"{LOCATION}/data/a.parquet", 1).file, delete_files={deleted})
+    sets = vended_sets_from_response({"storage-credentials": [vended(LOCATION)]}, LOCATION, config(), 0.0, "x")
+    static = static_set(config(access_key_id="AKIASTATIC", secret_access_key="static-secret"))
+    assert TableCredentials(IDENT, None, sets.credentials, static).for_tasks([scan], sets.credentials)[-1] is static
+    with pytest.raises(NoVendedCredentialsError, match=f"covering {deletes}"):
+        check_coverage(IDENT, [scan], sets, None, "vended", True)
 
 
 def test_a_vended_set_without_session_token_is_incomplete() -> None:
@@ -141,8 +193,11 @@ def test_the_vended_mode_error_names_the_parts_the_completeness_rule_reports(whe
     outside = "s3://bucket/elsewhere/b.parquet"
     with pytest.raises(NoVendedCredentialsError) as raised:
         check_coverage(IDENT, [task(outside, 1)], found, None, "vended", True)
-    rule = "access key id, secret access key, session token, expiry"
-    assert f"no complete credential set ({rule}) covering {outside}" in str(raised.value)
+    if where == "config":  # config's keys cover every S3 path no entry covers, as on the local path
+        assert f"vended for {outside} is incomplete (missing expiry)" in str(raised.value)
+    else:
+        rule = "access key id, secret access key, session token, expiry"
+        assert f"no complete credential set ({rule}) covering {outside}" in str(raised.value)
 
 
 def test_the_static_set_goes_only_to_fragments_with_uncovered_files() -> None:
