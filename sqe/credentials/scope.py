@@ -8,7 +8,7 @@ For one data file path the properties are built in a fixed order, from an allowl
 3. SQE's own settings (:class:`~sqe.credentials.policy.StoragePolicy`): endpoint, region (always set), path
    style, and in static mode the ``[storage]`` pair;
 4. if a set applies, exactly its keys go on top and every local credential key is removed, so static and
-   vended keys never mix.
+   vended keys never mix; if none does, the catalog's endpoint is dropped (SQE's key goes only to SQE's).
 
 Table metadata properties are not an input at all: a table cannot choose the endpoint, a FileIO class or a
 retry class. The key set is taken whole from one source (the matched set, else the ``config`` one), so keys
@@ -17,6 +17,7 @@ from two sets never mix either. A catalog set equal to SQE's static pair is trea
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import secrets
 from collections.abc import Iterable, Mapping
@@ -98,6 +99,10 @@ def build_properties(path: str, catalog: CatalogCredentials, policy: StoragePoli
     settings = policy.local_settings(
         catalog.settings if matched is None else catalog.settings.overlay(matched.settings)
     )
+    if applied is None:
+        # SQE's own key (the [storage] pair, or the AWS SDK's chain) is sent only where SQE's config says: a
+        # catalog-named endpoint would receive requests signed by the engine (its key id, its session token).
+        settings = dataclasses.replace(settings, endpoint=policy.endpoint)
     properties = settings.to_properties()
     if policy.static is not None:
         properties.update(policy.static.keys())

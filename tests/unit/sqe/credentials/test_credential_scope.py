@@ -320,6 +320,22 @@ class TestMergeOrder:
         }
         assert (resolved.source, resolved.expires_at_ms) == ("static", None)
 
+    @pytest.mark.parametrize("static", [True, False])
+    def test_sqe_own_key_never_goes_to_a_catalog_named_endpoint(self, static: bool) -> None:
+        # No [storage] endpoint (AWS): a catalog's s3.endpoint (config or an entry's) must not receive requests
+        # signed with the [storage] pair, nor with the SDK's own chain when SQE has no pair.
+        config = {"s3.endpoint": "http://catalog-chosen:1", "s3.region": "eu-west-1"}
+        entry = _cred("s3://b/t2", **{"s3.endpoint": "http://entry-chosen:2", **_keys(STATIC_KEY, STATIC_SECRET)})
+        sqe = _static_config() if static else _config()
+        paths = ["s3://b/t3/x", "s3://b/t2/x"] if static else ["s3://b/t3/x"]  # no entry; one holding SQE's pair
+        for path in paths:
+            resolved = _resolve(path, config, [T1, entry], sqe)
+            assert resolved.source == ("static" if static else "none")
+            assert "s3.endpoint" not in resolved.properties and resolved.settings.endpoint is None
+            assert resolved.properties["s3.region"] == "eu-west-1"  # where the bucket is: harmless to take
+        # The catalog's own keys still go where the catalog says.
+        assert _props("s3://b/t1/x", config, [T1], sqe)["s3.endpoint"] == "http://catalog-chosen:1"
+
     def test_step4_vended_keys_on_top_and_static_token_removed(self) -> None:
         cred = _cred("s3://b/t1", **_keys("V1", V1_SECRET))  # no session token (R2/MinIO style)
         resolved = _resolve("s3://b/t1/x", {}, [cred], _static_config())
