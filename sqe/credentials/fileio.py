@@ -23,7 +23,7 @@ from sqe._unpicklable import Unpicklable
 from sqe.credentials.expiry import CredentialSource, is_expired, usable_until
 from sqe.credentials.model import CatalogCredentials, CredentialSet, StorageSettings, parse_catalog_credentials
 from sqe.credentials.paths import covered_by_any, has_dot_segment
-from sqe.credentials.policy import StoragePolicy
+from sqe.credentials.policy import STATIC_PREFIX, StoragePolicy
 from sqe.credentials.pool import FILE_IOS, PooledFileIO
 from sqe.credentials.scope import ResolvedCredentials, build_properties, config_set, select_credential, vended_sets
 from sqe.errors import CredentialError, CredentialExpiredError
@@ -63,6 +63,8 @@ class ScopedFileIO(Unpicklable, FileIO):
         self._lock = threading.Lock()
         self._resolved: dict[tuple[int, bool], ResolvedCredentials] = {}
         self._identities: set[str] = set()  # of the pooled FileIOs used so far (inspection only)
+        # What earlier (since refreshed) vended sets covered; a config-level set covered every S3 path.
+        self._once_vended: tuple[str, ...] = ()
         if location is not None:
             self.resolve(location)
 
@@ -116,17 +118,23 @@ class ScopedFileIO(Unpicklable, FileIO):
         # One snapshot of the sets and their resolutions: a refresh swaps both, and an index into one catalog's
         # sets must never key a resolution built from another's.
         with self._lock:
-            catalog, resolutions = self._catalog, self._resolved
+            catalog, resolutions, once_vended = self._catalog, self._resolved, self._once_vended
         matched = select_credential(location, catalog.sets)
         index = next((i for i, found in enumerate(catalog.sets) if found is matched), -1)
         key = (index, object_store)
         with self._lock:
-            cached = resolutions.get(key)
-        if cached is not None:
-            return cached
-        resolved = build_properties(location, catalog, self._policy)
-        with self._lock:
-            return resolutions.setdefault(key, resolved)
+            resolved = resolutions.get(key)
+        if resolved is None:
+            resolved = build_properties(location, catalog, self._policy)
+            with self._lock:
+                resolved = resolutions.setdefault(key, resolved)
+        if object_store and resolved.source != "vended" and covered_by_any(location, once_vended):
+            # A refresh dropped the vended set this path was read with: never go on with other keys.
+            raise CredentialError(
+                f"the credential refresh returned no credentials for {location}, which the table's earlier "
+                "credentials covered"
+            )
+        return resolved
 
     def _file_io_for(self, location: str) -> PooledFileIO:
         resolved = self._usable_resolution(location)
@@ -176,8 +184,10 @@ class ScopedFileIO(Unpicklable, FileIO):
                     f"the credential refresh returned no credentials for {where or 'the table'}, which the "
                     "table's earlier credentials covered"
                 )
+        earlier = tuple(old.prefix if old.prefix is not None else STATIC_PREFIX for old in self._vended)
         with self._lock:
             self._catalog, self._vended, self.received_at = catalog, fresh, received_at
+            self._once_vended = tuple(dict.fromkeys((*self._once_vended, *earlier)))
             self._resolved = {}  # a new map: a resolve still working on the old sets fills the old one
 
     def pooled_file_ios(self) -> list[PooledFileIO]:

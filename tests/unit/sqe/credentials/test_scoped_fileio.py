@@ -17,7 +17,7 @@ from pyiceberg.table import Table
 
 from sqe._text import iso_utc
 from sqe.config import SQEConfig, load_config
-from sqe.credentials import ScopedFileIO, StoragePolicy
+from sqe.credentials import CatalogCredentials, ScopedFileIO, StoragePolicy, parse_catalog_credentials
 from sqe.errors import CatalogProtocolError, CredentialError, CredentialExpiredError, NoVendedCredentialsError
 
 STATIC_KEY, STATIC_SECRET = "AKIASTATIC", "static-secret-51f"
@@ -321,6 +321,32 @@ class TestExpiredSetsNeverOpen:
             io.new_input("s3://b/t1/x.parquet")
         assert not any(secret in str(raised.value) for secret in SECRETS)
         io.new_input("s3://b/other/x.parquet")  # a path the expired set does not cover is unaffected
+
+
+class TestRefreshNeverSwitchesKeys:
+    @pytest.mark.parametrize("static", [True, False])
+    def test_paths_only_the_dropped_config_keys_covered_fail_after_a_refresh(self, static: bool) -> None:
+        # Polaris-shaped: load-table sends its keys in config and in an entry for the location; the credentials
+        # endpoint answers with the entry only. Files outside the location (a migrated table's) were read with
+        # config's keys; after the refresh they fell to the [storage] pair (or the SDK's chain) silently.
+        expired = RECEIVED - 60
+        config = _entry("unused", "V0", "config-secret-0c1", "config-token-0c2", expired)["config"]
+        loaded = [_entry("s3://b/t1", "V0", "config-secret-0c1", "config-token-0c2", expired)]
+        answer = {"storage-credentials": [_entry("s3://b/t1", "V1", V1_SECRET, V1_TOKEN, T1_EXPIRES)]}
+        refreshes: list[int] = []
+
+        def refresh() -> CatalogCredentials:
+            refreshes.append(1)
+            return parse_catalog_credentials(answer, "credentials response")
+
+        sqe = _static_config() if static else _config()
+        io = _scoped(config, loaded, sqe, location="s3://b/t1", refresher=refresh)
+        assert _signing_options(io.new_input("s3://b/t1/data/a.parquet"))["access_key"] == "V1"
+        assert refreshes == [1]
+        with pytest.raises(CredentialError, match="earlier credentials covered") as raised:
+            io.new_input("s3://b/t2/data/b.parquet")
+        assert not any(secret in str(raised.value) for secret in SECRETS)
+        assert _signing_options(io.new_input("s3://b/t1/data/c.parquet"))["access_key"] == "V1"  # still read
 
 
 class TestLocalPathsOfObjectStoreTables:
