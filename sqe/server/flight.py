@@ -184,9 +184,25 @@ def _command_name(wrapper: any_pb2.Any) -> str:
 
 
 def _parameter_rows(table: pa.Table | None) -> list[list[Any]]:
+    """The parameter rows of ``table``, each its values in column order. Column by column, not through
+    ``Table.to_pylist``: its rows are dicts by column name, so columns sharing a name would bind one value."""
     if table is None or table.num_columns == 0:
         return [[]]
-    return [list(row.values()) for row in table.to_pylist()]
+    columns = [_parameter_values(field, table.column(i)) for i, field in enumerate(table.schema)]
+    return [list(row) for row in zip(*columns, strict=True)]
+
+
+def _parameter_values(field: pa.Field, column: pa.ChunkedArray) -> list[Any]:
+    """The column's values as the Python objects DuckDB binds. Arrow holds values Python's types cannot (a time
+    or timestamp with nanoseconds, a date past year 9999, a time zone the server does not know): the client sent
+    them, so the call fails as a bad request naming the column, not as an internal error."""
+    try:
+        return list(column.to_pylist())
+    except (ValueError, OverflowError, pa.ArrowException):
+        raise QueryError(
+            f"parameter column {field.name[:60]!r} of type {str(field.type)[:80]} holds a value that cannot be bound "
+            "(nanoseconds, a date outside years 1-9999, or an unknown time zone)"
+        ) from None
 
 
 def _parameter_sets(sql: str, table: pa.Table | None) -> list[Params]:

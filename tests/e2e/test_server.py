@@ -694,6 +694,53 @@ def test_parameter_rows_past_the_limit_are_refused_before_anything_runs(served: 
     assert _put_update(client, handle, big.slice(0, 2), options) == 2
 
 
+# Arrow values Python's types cannot hold: the server turns parameter rows into Python objects to bind them.
+UNBINDABLE = {
+    "time_with_nanoseconds": pa.array([1], pa.time64("ns")),
+    "timestamp_with_nanoseconds": pa.array([1], pa.timestamp("ns")),
+    "timestamp_in_an_unknown_zone": pa.array([1], pa.timestamp("us", "Mars/Phobos")),
+    "timestamp_past_year_9999": pa.array([2**62], pa.timestamp("us")),
+    "date_past_year_9999": pa.array([2**31 - 1], pa.date32()),
+    "duration_with_nanoseconds": pa.array([1], pa.duration("ns")),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNBINDABLE))
+def test_a_parameter_value_python_cannot_hold_is_a_bad_request_naming_its_column(served: Served, kind: str) -> None:
+    """Found by review: binding such a value (a DoPut of a raw Flight client) ended as INTERNAL "internal error in
+    sqe serve" at the GetFlightInfo or update that converted it. It is the client's bad input: a typed one-line
+    error naming the column, and the statement runs again with a value that binds."""
+    client, options = served.flight_client(), _bearer(served.token("carol"))
+    handle = bytes(_create_prepared(client, "SELECT ? AS x", options).prepared_statement_handle)
+    query = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+    bad = pa.table({"when": UNBINDABLE[kind]})
+    _bind(client, handle, bad, options)
+    for call in (lambda: client.get_flight_info(query, options), lambda: _put_update(client, handle, bad, options)):
+        error = served.expect_error(call, flight.FlightError)
+        assert type(error) is flight.FlightServerError, f"{type(error).__name__}: {error}"
+        assert "parameter column 'when'" in str(error) and "cannot be bound" in str(error)
+    _bind(client, handle, pa.table({"when": [7]}), options)
+    assert _prepared_rows(client, query, options) == [{"x": 7}]
+
+
+def _prepared_rows(client: flight.FlightClient, query: flight.FlightDescriptor, options: Any) -> list[dict[str, Any]]:
+    info = client.get_flight_info(query, options)
+    return list(client.do_get(info.endpoints[0].ticket, options).read_all().to_pylist())
+
+
+def test_parameter_columns_sharing_a_name_each_bind_their_own_value(served: Served) -> None:
+    """Found by review: the rows were read as dicts by column name, so columns sharing a name (a positional
+    client's) bound one value: two of three values bound where the statement took two, without an error."""
+    client, options = served.flight_client(), _bearer(served.token("carol"))
+    handle = bytes(_create_prepared(client, "SELECT ? AS a, ? AS b", options).prepared_statement_handle)
+    query = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+    _bind(client, handle, pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["p", "p"]), options)
+    assert _prepared_rows(client, query, options) == [{"a": 1, "b": 2}]
+    _bind(client, handle, pa.Table.from_arrays([pa.array([1]), pa.array([2]), pa.array([3])], ["p", "p", "q"]), options)
+    error = served.expect_error(lambda: client.get_flight_info(query, options), flight.FlightServerError)
+    assert "mismatch" in str(error)
+
+
 def test_parameter_rows_bound_across_prepared_statements_share_the_limit(served: Served) -> None:
     """Found by review: the limit was per call, so 1,024 prepared statements of one session could each hold
     max_parameter_bytes of bound rows. Rows a user has bound, in any of their sessions, count against one limit."""
