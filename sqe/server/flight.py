@@ -637,7 +637,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             handle = _message(wrapper, sql_pb.CommandPreparedStatementQuery).prepared_statement_handle
             prepared = self._prepared(session, handle)
             rows, reserved = self._parameters(reader, session, handle, replacing=True)
-            self.parameter_budget.bind(session, prepared, rows, reserved)
+            self.parameter_budget.bind(session, handle, prepared, rows, reserved)
             result = sql_pb.DoPutPreparedStatementResult(prepared_statement_handle=handle)
             writer.write(pa.py_buffer(result.SerializeToString()))
         elif name == "CommandPreparedStatementUpdate":

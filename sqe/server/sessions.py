@@ -492,8 +492,12 @@ class ClientSession:
             own = self.prepared.get(excluding) if excluding is not None else None
             return self._bound_bytes - (_parameter_bytes(own) if own is not None else 0)
 
-    def bind_parameters(self, prepared: Prepared, rows: pa.Table) -> None:
+    def bind_parameters(self, handle: bytes, prepared: Prepared, rows: pa.Table) -> None:
+        """Bind ``rows`` to the statement ``handle`` still names. A statement closed while its DoPut received the
+        rows (or whose session closed) is refused: bound to it, they would count as held for the session's life."""
         with self._lock:
+            if self.prepared.get(handle) is not prepared:
+                raise UnknownHandleError("the prepared statement was closed while its parameter rows arrived")
             self._bound_bytes += rows.nbytes - _parameter_bytes(prepared)
             prepared.parameters = rows
 
@@ -567,11 +571,14 @@ class ParameterBudget:
                 )
             self._receiving[user] = self._receiving.get(user, 0) + size
 
-    def bind(self, session: ClientSession, prepared: Prepared, rows: pa.Table, reserved: int) -> None:
-        """Bind ``rows`` to ``prepared`` and turn their reservation into bound bytes in one step."""
+    def bind(self, session: ClientSession, handle: bytes, prepared: Prepared, rows: pa.Table, reserved: int) -> None:
+        """Bind ``rows`` to ``prepared`` and turn their reservation into bound bytes in one step (released as
+        well when the statement is gone)."""
         with self._lock:
-            session.bind_parameters(prepared, rows)
-            self._release(session.user_key, reserved)
+            try:
+                session.bind_parameters(handle, prepared, rows)
+            finally:
+                self._release(session.user_key, reserved)
 
     def release(self, session: ClientSession, reserved: int) -> None:
         with self._lock:

@@ -762,6 +762,54 @@ def test_parameter_rows_bound_across_prepared_statements_share_the_limit(served:
     _bind(client, bytes(_create_prepared(client, sql, carol).prepared_statement_handle), most, carol)
 
 
+def _wait_until_the_server_holds_rows(client: flight.FlightClient, handle: bytes, options: Any) -> None:
+    """Until rows of a DoPut still being sent are received (so its handler runs): a bind larger than the whole
+    limit is refused either way, "counting" the bytes the user holds only once there are some."""
+    too_big = pa.table({"v": ["x" * 1000] * (PARAMETER_BYTES // 1000 + 10)})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        error = _error_of(lambda: _bind(client, handle, too_big, options))
+        if "bytes you already hold" in error:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the server never received the DoPut's rows")
+
+
+def _error_of(call: Any) -> str:
+    with pytest.raises(flight.FlightServerError) as err:
+        call()
+    return str(err.value)
+
+
+def test_rows_bound_to_a_statement_closed_while_they_arrived_are_not_held_against_the_limit(served: Served) -> None:
+    """Found by review: a DoPut binding rows to a statement that ClosePreparedStatement closed while the rows still
+    arrived bound them anyway, to the closed statement: the session counted them as held until it closed, so the
+    user's max_parameter_bytes shrank for good (each such call a little more)."""
+    user = _principal(served.catalog, f"srv_closer_{uuid.uuid4().hex[:6]}", [("NAMESPACE_LIST", None)])
+    client = served.flight_client()
+    options = _session_options(served.catalog.token(user), f"closer-{uuid.uuid4().hex}")
+    first, second = (
+        bytes(_create_prepared(client, "SELECT ? AS a, ? AS b", options).prepared_statement_handle) for _ in range(2)
+    )
+    rows = (PARAMETER_BYTES * 6 // 10) // 1000
+    most = pa.table({"a": pa.array(range(rows), pa.int64()), "b": ["x" * 1000] * rows})
+    command = _command(sql_pb.CommandPreparedStatementQuery(prepared_statement_handle=first))
+    writer, reader = client.do_put(command, most.schema, options)
+    writer.write_table(most)
+    _wait_until_the_server_holds_rows(client, second, options)
+    close = sql_pb.ActionClosePreparedStatementRequest(prepared_statement_handle=first)
+    list(client.do_action(flight.Action("ClosePreparedStatement", _command(close).command), options))
+    writer.done_writing()  # the server binds only once the stream ends: after the close
+    try:
+        reader.read()
+        writer.close()
+        outcome = "bound"
+    except flight.FlightServerError as exc:
+        outcome = str(exc)
+    _bind(client, second, most, options)  # the closed statement's rows hold nothing of the limit
+    assert "closed while its parameter rows arrived" in outcome
+
+
 def test_the_session_cap_never_evicts_a_session_whose_call_is_still_running(served: Served) -> None:
     """Found by review: a user's new client session past the cap closed their least recently used session idle
     for a second, judged by its engines and results only: a session whose DoPut was still receiving its parameter

@@ -28,6 +28,7 @@ from sqe.server.sessions import (
     ServerBusyError,
     SessionKey,
     SessionRegistry,
+    UnknownHandleError,
     _user_config,
 )
 from tests.unit.sqe.test_config import _load
@@ -231,7 +232,7 @@ def test_parameter_rows_count_against_one_budget_per_user() -> None:
     rows = pa.table({"v": pa.array(range(50), pa.int64())})  # 400 bytes
     prepared = Prepared("SELECT $1")
     first.add_prepared(b"p1", prepared)
-    budget.bind(first, prepared, rows, 600)  # the reservation becomes the rows bound
+    budget.bind(first, b"p1", prepared, rows, 600)  # the reservation becomes the rows bound
     budget.reserve(second, b"p2", 600, replacing=True)  # 400 bound + 600
     with pytest.raises(QueryError, match="max_parameter_bytes"):
         budget.reserve(second, b"p2", 1, replacing=True)
@@ -313,3 +314,21 @@ def test_a_client_session_holds_its_mount_store_until_closed_and_its_last_engine
 def _age(path: Path) -> None:
     then = time.time() - 40 * 86400
     os.utime(path, (then, then))
+
+
+def test_rows_bound_to_a_statement_closed_meanwhile_are_refused_and_hold_nothing() -> None:
+    """Found by review: a DoPut's rows bound to a statement ClosePreparedStatement closed while they arrived
+    counted as held for the session's life, shrinking the user's max_parameter_bytes for good."""
+    registry = SessionRegistry(_load({}), None, Limits(4, 2), 1024)  # type: ignore[arg-type]
+    budget = ParameterBudget(registry, limit=1000)
+    session = registry.resolve(User("user:alice", "A", authority="a"), "one", "ipv4:127.0.0.1:1", None)
+    prepared = Prepared("SELECT $1")
+    session.add_prepared(b"p1", prepared)
+    budget.reserve(session, b"p1", 600, replacing=True)  # the DoPut receives its rows ...
+    session.close_prepared(b"p1")  # ... while another call closes the statement
+    rows = pa.table({"v": pa.array(range(50), pa.int64())})
+    with pytest.raises(UnknownHandleError, match="closed while its parameter rows arrived"):
+        budget.bind(session, b"p1", prepared, rows, 600)
+    assert session.bound_parameter_bytes() == 0 and prepared.parameters is None
+    budget.reserve(session, b"p2", 1000, replacing=True)  # the whole limit is the user's again
+    registry.close()
