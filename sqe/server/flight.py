@@ -735,6 +735,13 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             ("CancelQuery", "cancel a running query (Flight SQL's older action)"),
         ]
 
+    # Flight calls outside Flight SQL: pyarrow's defaults refuse them as UNIMPLEMENTED with an empty message.
+    def list_flights(self, context: Any, criteria: bytes) -> list[flight.FlightInfo]:
+        raise NotImplementedError("ListFlights is not served by sqe serve: send Flight SQL commands to GetFlightInfo")
+
+    def do_exchange(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
+        raise NotImplementedError("DoExchange is not served by sqe serve: send Flight SQL commands")
+
     @_handler
     def do_action(self, context: Any, action: flight.Action) -> list[flight.Result]:
         user, session = self._caller(context)

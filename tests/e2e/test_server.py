@@ -1024,6 +1024,20 @@ def test_sql_errors_are_one_typed_line(served: Served) -> None:
     assert "NoSuchTableError" in str(error) and "Traceback" not in str(error)
 
 
+def test_flight_calls_outside_flight_sql_are_unimplemented_naming_the_call(served: Served) -> None:
+    """Found by review: ListFlights and DoExchange (pyarrow's defaults) ended as UNIMPLEMENTED with an empty
+    message. They are refused naming the call and what to send instead; without credentials, as unauthenticated."""
+    client, options = served.flight_client(), _bearer(served.token("carol"))
+    listed = served.expect_error(lambda: list(client.list_flights(options=options)), pa.ArrowNotImplementedError)
+    assert "ListFlights is not served by sqe serve" in str(listed)
+    descriptor = flight.FlightDescriptor.for_command(b"x")
+    exchanged = served.expect_error(
+        lambda: client.do_exchange(descriptor, options)[1].read_all(), pa.ArrowNotImplementedError
+    )
+    assert "DoExchange is not served by sqe serve" in str(exchanged)
+    served.expect_error(lambda: list(client.list_flights()), flight.FlightUnauthenticatedError)
+
+
 # ------------------------------------------------------------------------------------------------ auth
 
 
