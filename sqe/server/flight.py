@@ -42,6 +42,7 @@ from sqe.server._proto import flight_sql_pb2 as sql_pb
 from sqe.server.config import ServerConfig
 from sqe.server.errors import to_flight
 from sqe.server.identity import IdentityBroker, User
+from sqe.server.parameter_sizes import batch_bytes
 from sqe.server.sessions import (
     ClientSession,
     Engine,
@@ -667,8 +668,9 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             for chunk in reader:
                 if chunk.data is None:
                     continue
-                self.parameter_budget.reserve(session, handle, chunk.data.nbytes, replacing=replacing)
-                reserved += chunk.data.nbytes
+                size = batch_bytes(chunk.data)  # decoded: a few bytes of some encodings hold millions of values
+                self.parameter_budget.reserve(session, handle, size, replacing=replacing)
+                reserved += size
                 batches.append(chunk.data)
             return pa.Table.from_batches(batches, schema=reader.schema), reserved
         except BaseException:

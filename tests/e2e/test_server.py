@@ -762,6 +762,39 @@ def test_parameter_rows_bound_across_prepared_statements_share_the_limit(served:
     _bind(client, bytes(_create_prepared(client, sql, carol).prepared_statement_handle), most, carol)
 
 
+# A few bytes on the wire, many values once bound: each decodes past the shared server's max_parameter_bytes.
+AMPLIFIED = {
+    "null_column": lambda: pa.nulls(PARAMETER_BYTES // 4),  # no buffer at all
+    "dictionary": lambda: pa.DictionaryArray.from_arrays(pa.array([0] * 40, pa.int8()), ["x" * 50_000]),
+    "run_end_encoded": lambda: pa.RunEndEncodedArray.from_arrays([PARAMETER_BYTES // 4], ["x"]),
+    "lists_of_nulls": lambda: pa.array([[None] * 1000] * (PARAMETER_BYTES // 4000), pa.list_(pa.null())),
+}
+
+
+@pytest.mark.parametrize("encoding", sorted(AMPLIFIED))
+def test_parameter_rows_count_against_the_limit_as_the_values_they_decode_to(served: Served, encoding: str) -> None:
+    """Found by review: the limit counted the rows' Arrow buffers, which some encodings keep tiny: 224 bytes of a
+    null-typed column held fifty million rows, each turned into Python values when bound (a dictionary or a run
+    repeats one large value as often). Rows now count as what they decode to, at least 8 bytes a value."""
+    column = AMPLIFIED[encoding]()
+    assert column.nbytes < PARAMETER_BYTES // 10  # what the old count saw
+    client, options = served.flight_client(), _bearer(served.token("bob"))
+    handle = bytes(_create_prepared(client, "SELECT ? AS x", options).prepared_statement_handle)
+    error = served.expect_error(lambda: _bind(client, handle, pa.table({"x": column}), options), flight.FlightError)
+    assert f"max_parameter_bytes ({PARAMETER_BYTES} bytes" in str(error)
+    _bind(client, handle, pa.table({"x": column.slice(0, 1)}), options)  # one such value binds
+
+
+def test_a_parameter_column_that_may_repeat_a_value_without_bound_is_refused(served: Served) -> None:
+    """A dense union (or a list view) may point any number of rows at one child value: its size is not its
+    buffers', so it is refused naming the column."""
+    client, options = served.flight_client(), _bearer(served.token("bob"))
+    handle = bytes(_create_prepared(client, "SELECT ? AS x", options).prepared_statement_handle)
+    dense = pa.UnionArray.from_dense(pa.array([0] * 3, pa.int8()), pa.array([0] * 3, pa.int32()), [pa.array(["x"])])
+    error = served.expect_error(lambda: _bind(client, handle, pa.table({"x": dense}), options), flight.FlightError)
+    assert "parameter column 'x' of type dense_union" in str(error) and "not supported" in str(error)
+
+
 def _wait_until_the_server_holds_rows(client: flight.FlightClient, handle: bytes, options: Any) -> None:
     """Until rows of a DoPut still being sent are received (so its handler runs): a bind larger than the whole
     limit is refused either way, "counting" the bytes the user holds only once there are some."""
