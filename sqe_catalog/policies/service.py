@@ -31,24 +31,20 @@ def tag_target(
     tables: WarehouseTables, namespace: tuple[str, ...] | None, table: str | None, column: str | None
 ) -> TagTarget:
     """The object a tag goes on; a table or column must exist (its UUID and the column's field id are kept)."""
-    if namespace is None:
-        if table is not None or column is not None:
-            raise BadRequestError("a table or column tag needs a namespace")
-        return TagTarget(ObjectKind.WAREHOUSE)
-    namespace = validate_namespace(list(namespace))
-    if table is None:
-        if column is not None:
-            raise BadRequestError("a column tag needs a table")
-        tables.load_namespace(namespace)  # NoSuchNamespaceError when missing
-        return TagTarget(ObjectKind.NAMESPACE, namespace)
-    loaded = tables.load_table(namespace, validate_table_name(table))
+    named = removal_target(namespace, table, column)
+    if named.kind is ObjectKind.WAREHOUSE:
+        return named
+    if named.kind is ObjectKind.NAMESPACE:
+        tables.load_namespace(named.namespace)  # NoSuchNamespaceError when missing
+        return named
+    loaded = tables.load_table(named.namespace, named.table)
     uuid = str(loaded.metadata.table_uuid)
-    if column is None:
-        return TagTarget(ObjectKind.TABLE, namespace, loaded.name, table_uuid=uuid)
-    matches = [f for f in loaded.metadata.schema().fields if f.name == column]
+    if named.kind is ObjectKind.TABLE:
+        return TagTarget(ObjectKind.TABLE, named.namespace, loaded.name, table_uuid=uuid)
+    matches = [f for f in loaded.metadata.schema().fields if f.name == named.column]
     if len(matches) != 1:
-        raise BadRequestError(f"the table has no top-level column {column!r} (only top-level columns are tagged)")
-    return TagTarget(ObjectKind.COLUMN, namespace, loaded.name, column, uuid, matches[0].field_id)
+        raise BadRequestError(f"the table has no top-level column {named.column!r} (only top-level columns are tagged)")
+    return TagTarget(ObjectKind.COLUMN, named.namespace, loaded.name, named.column, uuid, matches[0].field_id)
 
 
 def removal_target(namespace: tuple[str, ...] | None, table: str | None, column: str | None) -> TagTarget:
