@@ -42,6 +42,7 @@ from sqe._text import first_line, iso_utc
 from sqe.errors import EncryptedTableError, QueryError, SQEError
 from sqe.planning.absent_filter_fields import with_absent_filter_fields
 from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, ManifestBounds, bounded_io
+from sqe.planning.filter_defaults import with_internal_defaults
 from sqe.planning.manifests import planning_manifests
 from sqe.planning.read_filters import nan_safe_filter
 from sqe.restrictions import RestrictionPlan, apply, parse_restrictions, required_columns
@@ -683,7 +684,8 @@ def _read_spec(loaded: LoadedTable, projected: Schema, row_filter: BooleanExpres
 def build_read_spec(metadata: TableMetadata, io: FileIO, projected: Schema, row_filter: BooleanExpression) -> ReadSpec:
     """What a reader needs besides the file tasks (shared by local scans and scan workers)."""
     table_schema = metadata.schema()
-    bound = bind(table_schema, row_filter, case_sensitive=True)
+    # pyiceberg decides a file lacking a filter column by its initial-default: bound in the literals' representation
+    bound = bind(with_internal_defaults(table_schema), row_filter, case_sensitive=True)
     # Same rule as pyiceberg's ArrowScan: nested list/map ids are not projected by id; filter columns are read.
     projected_ids = {
         fid for fid in projected.field_ids if not isinstance(projected.find_type(fid), (MapType, ListType))
