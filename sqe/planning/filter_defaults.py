@@ -2,23 +2,31 @@
 
 A data file written before a column was added lacks it; Iceberg reads the column's ``initial-default`` there.
 pyiceberg's reader (``translate_column_names``) decides such a file's rows by evaluating each leaf of the filter
-on the bound field's ``initial_default``. pyiceberg keeps a date, time or timestamp default as a Python
-``date``/``time``/``datetime``, but the leaf's literal as Iceberg's internal number (days, microseconds,
-nanoseconds), so ``v = DATE '2024-01-02'`` compared ``date(2024, 1, 2)`` with ``19724``: false, and every row of
-every such file was dropped (a user's WHERE as well as the read-restrictions' filter). Binding the reader's filter
-to a schema whose temporal defaults are already internal numbers makes that comparison Iceberg's. Only binding uses
-this schema: the reader fills the column itself from the projected schema, which keeps pyiceberg's own values.
+on the bound field's ``initial_default``, compared with the leaf's literal as pyiceberg holds it:
+
+- a date, time or timestamp default is a Python ``date``/``time``/``datetime``, the literal Iceberg's internal
+  number (days, microseconds, nanoseconds): ``v = DATE '2024-01-02'`` compared ``date(2024, 1, 2)`` with
+  ``19724``, never equal;
+- a float default is a Python float (a double), the literal rounded to a float: ``v = 0.1`` compared ``0.1``
+  with ``0.1f``, never equal, though the rows the reader fills hold ``0.1f``.
+
+Either way every row of every such file was dropped (a user's WHERE as well as the read-restrictions' filter).
+Binding the reader's filter to a schema whose defaults are already in the literals' representation makes that
+comparison Iceberg's. Only binding uses this schema: the reader fills the column itself from the projected
+schema, which keeps pyiceberg's own values.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import struct
 from collections.abc import Callable
 from typing import Any
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     DateType,
+    FloatType,
     IcebergType,
     NestedField,
     StructType,
@@ -30,8 +38,19 @@ from pyiceberg.types import (
 )
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros, datetime_to_nanos, time_to_micros
 
-# Iceberg type -> (the Python type pyiceberg reads its default as, the internal number of that value)
-_INTERNAL: dict[type[IcebergType], tuple[type, Callable[[Any], int]]] = {
+
+def _float32(value: float) -> float:
+    """The float (single precision) nearest ``value``, as a Python float: what a float column holds. One beyond
+    a float's range (not a float column's default) stays as it is: it equals no float literal either way."""
+    try:
+        return float(struct.unpack("<f", struct.pack("<f", value))[0])
+    except OverflowError:
+        return value
+
+
+# Iceberg type -> (the Python type pyiceberg reads its default as, that value as the literals hold it)
+_INTERNAL: dict[type[IcebergType], tuple[type, Callable[[Any], Any]]] = {
+    FloatType: (float, _float32),
     DateType: (dt.date, date_to_days),
     TimeType: (dt.time, time_to_micros),
     TimestampType: (dt.datetime, datetime_to_micros),
@@ -42,7 +61,7 @@ _INTERNAL: dict[type[IcebergType], tuple[type, Callable[[Any], int]]] = {
 
 
 def with_internal_defaults(schema: Schema) -> Schema:
-    """``schema`` with every temporal ``initial-default`` (nested ones too) as Iceberg's internal number."""
+    """``schema`` with every temporal or float ``initial-default`` (nested ones too) as the literals hold it."""
     fields = [_converted(field) for field in schema.fields]
     if all(new is old for new, old in zip(fields, schema.fields, strict=True)):
         return schema

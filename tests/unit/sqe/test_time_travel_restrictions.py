@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyiceberg.types import DoubleType, LongType, NestedField, StringType, StructType
+from pyiceberg.types import DoubleType, FloatType, LongType, NestedField, StringType, StructType
 
 from sqe.errors import RestrictionApplyError, SQEError
 from sqe.planning.absent_filter_fields import HIDDEN_PREFIX
@@ -141,6 +141,30 @@ def test_time_travel_reads_a_newer_filter_column_as_its_initial_default(
         # the current snapshot reads the same file with the same default
         assert session.sql("SELECT id FROM ns.defaulted ORDER BY id").fetchall() == session_rows[op]
     assert session_rows == {"eq": [(1,), (2,)], "not-eq": []}
+
+
+@pytest.mark.parametrize("op", ["eq", "gt-eq", "lt-eq", "not-eq"])
+def test_a_filter_on_a_float_initial_default_keeps_the_rows_of_files_older_than_the_column(
+    write_provider: LocalProvider, session_factory: Any, op: str
+) -> None:
+    # The older file's rows hold the default 0.1 as a float (0.1f), exactly as the newer row written with 0.1.
+    # Before, the current read dropped them for eq and gt-eq: pyiceberg's reader compared the default as a double
+    # (0.1) with the literal rounded to a float (0.1f) and ruled the whole file out; time travel (the column read
+    # as a hidden filter column, not pushed) kept them, so the two reads of the same file disagreed.
+    catalog = write_provider.catalogs["wh"]
+    table = catalog.create_table("ns.floats", schema=pa.schema([("id", pa.int64())]))
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64())}))
+    before = table.current_snapshot().snapshot_id
+    with table.update_schema() as update:
+        update.add_column("v", FloatType(), default_value=0.1)
+    table = catalog.load_table("ns.floats")
+    table.append(pa.Table.from_pylist([{"id": 3, "v": 0.1}], schema=table.schema().as_arrow()))
+    write_provider.restrictions["wh.ns.floats"] = {"required-row-filter": {"type": op, "term": "v", "value": 0.1}}
+    session = session_factory(write_provider)
+    old = session.sql(f"SELECT id FROM ns.floats FOR VERSION AS OF {before} ORDER BY id").fetchall()
+    now = session.sql("SELECT id FROM ns.floats ORDER BY id").fetchall()
+    kept = op != "not-eq"  # 0.1f compared with the float literal 0.1f
+    assert (old, now) == (([(1,), (2,)], [(1,), (2,), (3,)]) if kept else ([], []))
 
 
 def test_time_travel_before_a_required_filter_column_without_default_fails_closed(
