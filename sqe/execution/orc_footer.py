@@ -9,7 +9,8 @@ protobuf message; only the few fields needed here are read, with a minimal proto
 - the decoded size: each string, varchar, char or binary column's stated total length of its values (its column
   statistics' ``sum``), and a fixed width for each value of every column (8 bytes; 16 for decimals), covering
   Arrow's offsets and fixed-width values. A string or binary column without a stated total cannot be sized and
-  is refused (ORC's writers state it).
+  is refused (ORC's writers state it), unless it states no values at all (null in every row): ORC's Java writer
+  then states no total, and there are no bytes to size.
 
 Malformed bytes are :class:`ValueError`.
 """
@@ -63,9 +64,10 @@ def stated(tail: bytes) -> OrcStated:
 def _column_bytes(kind: int, statistics: bytes, rows: int) -> int:
     """A column's decoded size: its values at a fixed width (at least one per row), and its stated total length
     for a string or binary column."""
-    values = max(rows, _int(_first(statistics, _VALUES, 0)))
+    stated_values = _first(statistics, _VALUES, None)
+    values = max(rows, _int(stated_values or 0))
     size = values * (_DECIMAL_BYTES if kind == _DECIMAL else _VALUE_BYTES)
-    if kind in _VARIABLE_WIDTH:
+    if kind in _VARIABLE_WIDTH and stated_values != 0:  # none (all null): ORC's Java writer states no total then
         which, field = (_BINARY_STATISTICS, _BINARY_SUM) if kind == _BINARY else (_STRING_STATISTICS, _STRING_SUM)
         nested = _first(statistics, which, None)
         total = None if nested is None else _first(_bytes(nested), field, None)

@@ -145,3 +145,26 @@ def test_a_tail_cut_inside_its_footer_is_malformed(kept: float) -> None:
     tail = _tail(_orc(10))
     with pytest.raises(ValueError, match="runs past its message"):
         stated(tail[: int(len(tail) * kept)])
+
+
+def test_a_string_column_of_no_values_needs_no_total_length() -> None:
+    # Found by review: ORC's Java writer (Spark's, Trino's) states a string column's total length only when the
+    # column has values (StringStatisticsImpl.serialize), so a delete file whose optional ``row`` struct holds a
+    # string column that is null in every row was refused as "states no total length". Its values: none, 0 bytes.
+    rows = 10
+    chunk = pa.table(
+        {
+            "file_path": pa.array([PATH] * rows, pa.string()),
+            "pos": pa.array(range(rows), pa.int64()),
+            "row": pa.array([None] * rows, pa.struct([("s", pa.string())])),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    orc.write_table(chunk, sink)
+    tail = _tail(bytes(sink.getvalue().to_pybytes()))
+    # columns: the root struct, file_path, pos, row, row.s (id 4): its statistics as Java's writer states them
+    java_like = _changed(tail, [(2, 0), (7, 4), (4, 0)], _without(3))
+    assert stated(java_like) == stated(tail) == OrcStated(rows, rows * (5 * 8 + len(PATH)))
+    # a column of values without a total length is still refused: its size cannot be known
+    with pytest.raises(ValueError, match="states no total length"):
+        stated(_changed(tail, [(2, 0), (7, 1), (4, 0)], _without(3)))
