@@ -23,6 +23,7 @@ import copy
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -42,7 +43,7 @@ from sqe.errors import CompactionConflictError, QueryError, SQEError
 from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
 from sqe.execution.delete_limits import check_task_deletes
 from sqe.execution.write_target import WriteTable, writable_table
-from sqe.planning.avro_limits import bounded_table
+from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, bounded_table
 from sqe.planning.planner import restrictions_of
 
 if TYPE_CHECKING:
@@ -80,7 +81,8 @@ def optimize(
     _refuse_restricted(loaded)
     target = _target_size(statement.options)
     row_filter = _partition_filter(loaded.table, statement.where, ident)
-    bins = list(plan_bins(bounded_table(loaded.table, f"cannot plan OPTIMIZE of {ident}"), row_filter, target))
+    with _undecodable_refused(ident):
+        bins = list(plan_bins(bounded_table(loaded.table, f"cannot plan OPTIMIZE of {ident}"), row_filter, target))
     if not bins:
         return _result(0, 0, None)
     table = writable_table(loaded)  # its paths checked before any rewrite, local or on workers
@@ -91,6 +93,16 @@ def optimize(
     finally:
         provider.invalidate(ident)  # as every write: committed or not, the table may have moved on meanwhile
     return _result(len(inputs), len(outputs), snapshot_id)
+
+
+@contextmanager
+def _undecodable_refused(ident: TableIdent, doing: str = "plan") -> Iterator[None]:
+    """A manifest list or manifest that does not decode (or disagrees with its stated counts) as the scan's typed
+    refusal: OPTIMIZE plans, and pyiceberg commits, with pyiceberg's own readers, outside the scan's translation."""
+    try:
+        yield
+    except UNDECODABLE as exc:
+        raise QueryError(f"cannot {doing} OPTIMIZE of {ident}: {UNDECODED}: {first_line(exc)}") from None
 
 
 def _result(rewritten: int, added: int, snapshot_id: int | None) -> pa.Table:
@@ -225,12 +237,13 @@ def commit_replace(
     for _attempt in range(_MAX_COMMIT_ATTEMPTS):
         try:
             table = writable_table(current)  # the paths of the state committed to are checked too
-            return _commit_once(table, [task.file for task in inputs], outputs)
+            with _undecodable_refused(loaded.ident, "commit"):  # pyiceberg's commit reads the current manifests
+                return _commit_once(table, [task.file for task in inputs], outputs)
         except (CommitFailedException, ValidationException) as exc:
             log.info("OPTIMIZE %s: commit conflict (%s); re-checking the inputs", loaded.ident, type(exc).__name__)
             current = provider.load_table(loaded.ident, bypass_cache=True)
             table = current.table
-            conflict = _input_conflict(bounded_table(table, f"cannot plan OPTIMIZE of {loaded.ident}"), inputs)
+            conflict = _checked_input_conflict(loaded.ident, table, inputs, outputs)
             if conflict:
                 _delete_outputs(table, outputs)
                 raise CompactionConflictError(
@@ -280,6 +293,19 @@ def _without_internal_retries(table: Table) -> Table:
     once = copy.copy(table)  # keeps its class: a WriteTable's location rules hold for this commit too
     once.metadata = table.metadata.model_copy(update={"properties": properties})
     return once
+
+
+def _checked_input_conflict(
+    ident: TableIdent, table: Table, inputs: Sequence[FileScanTask], outputs: list[DataFile]
+) -> str | None:
+    """:func:`_input_conflict` on the table's new state; a manifest of it that does not decode is refused, and
+    the outputs deleted (raised in an ``except`` clause, it would pass the commit loop's own cleanup)."""
+    try:
+        with _undecodable_refused(ident):
+            return _input_conflict(bounded_table(table, f"cannot plan OPTIMIZE of {ident}"), inputs)
+    except SQEError:
+        _delete_outputs(table, outputs)
+        raise
 
 
 def _input_conflict(table: Table, inputs: Sequence[FileScanTask]) -> str | None:
