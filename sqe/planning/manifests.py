@@ -13,9 +13,10 @@ so pyiceberg's partition, metrics and sequence-number pruning and its delete-fil
 
 Avro has no end marker: a manifest cut at a block boundary decodes fewer entries, without error. Its
 manifest-list entry counts them, though (the files and rows of each status; optional in format v1, required
-since v2): :func:`counted_entries` refuses a manifest whose entries are not those counts, with
-:class:`sqe.planning.avro_decoder.MisstatedAvroError` (planning's "does not decode"). Counts a manifest list
-lacks are not checked.
+since v2): :func:`counted_entries` refuses a manifest whose live (added or existing) entries are not those counts,
+with :class:`sqe.planning.avro_decoder.MisstatedAvroError` (planning's "does not decode"). Counts a manifest list
+lacks are not checked, nor are its DELETED counts: no plan reads those entries, and real writers misstate them
+(iceberg-rust adds each rewrite's removals to the counts it was handed, writing no DELETED entries).
 """
 
 from __future__ import annotations
@@ -87,17 +88,19 @@ class _ManifestAvroFile(AvroFile[ManifestEntry]):
 
 
 def _stated_counts(manifest: ManifestFile) -> dict[ManifestEntryStatus, tuple[int | None, int | None]]:
-    """The files and rows the manifest-list entry states for each entry status (None: not stated)."""
+    """The files and rows the manifest-list entry states for each live entry status (None: not stated). Not the
+    DELETED ones: no plan reads those entries, and writers misstate their counts (iceberg-rust's rewrites keep
+    adding to them), which Spark, Trino and pyiceberg never check."""
     return {
         ManifestEntryStatus.ADDED: (manifest.added_files_count, manifest.added_rows_count),
         ManifestEntryStatus.EXISTING: (manifest.existing_files_count, manifest.existing_rows_count),
-        ManifestEntryStatus.DELETED: (manifest.deleted_files_count, manifest.deleted_rows_count),
     }
 
 
 def check_entry_counts(manifest: ManifestFile, entries: list[ManifestEntry]) -> None:
-    """Refuse ``entries`` (all of the manifest's, deleted ones too) unless each status has as many entries, and
-    as many rows in them, as ``manifest`` (its manifest-list entry) states; a count not stated is not checked."""
+    """Refuse ``entries`` (all of the manifest's, deleted ones too) unless each live status has as many entries,
+    and as many rows in them, as ``manifest`` (its manifest-list entry) states; a count not stated is not
+    checked."""
     files = dict.fromkeys(ManifestEntryStatus, 0)
     rows = dict.fromkeys(ManifestEntryStatus, 0)
     for entry in entries:

@@ -115,8 +115,8 @@ def test_optimize_of_a_table_whose_manifest_lost_a_block_is_a_query_error(
 
 @pytest.mark.parametrize(
     ("field", "stated"),
-    [(7, "files"), (8, "files"), (9, "files"), (10, "rows"), (11, "rows"), (12, "rows")],
-    ids=["added-files", "existing-files", "deleted-files", "added-rows", "existing-rows", "deleted-rows"],
+    [(7, "files"), (8, "files"), (10, "rows"), (11, "rows")],
+    ids=["added-files", "existing-files", "added-rows", "existing-rows"],
 )
 def test_each_status_count_of_the_manifest_list_is_checked(tmp_path: Path, field: int, stated: str) -> None:
     manifest = _manifest(_table(tmp_path))
@@ -125,6 +125,20 @@ def test_each_status_count_of_the_manifest_list_is_checked(tmp_path: Path, field
     for read in _reads(miscounted).values():
         with pytest.raises(MisstatedAvroError, match=f"its manifest list states {manifest._data[field] + 1}$"):
             read()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("field", [9, 12], ids=["deleted-files", "deleted-rows"])
+def test_the_deleted_counts_of_the_manifest_list_are_not_held_against_the_manifest(tmp_path: Path, field: int) -> None:
+    # Found by review: a manifest whose manifest-list entry overstated its DELETED entries was refused, though a
+    # plan reads none of them. Real writers state such counts: iceberg-rust (JanKaul/iceberg-rust#409) adds each
+    # rewrite's removals to the deleted counts it was handed and writes no DELETED entries (a live table: two
+    # entries, "deleted=62"); Spark, Trino and pyiceberg read those tables. A manifest cut at a block boundary
+    # still fails on the live entries it lost (the tests above).
+    manifest = _manifest(_table(tmp_path))
+    overstated = ManifestFile(*manifest._data)
+    overstated._data[field] = manifest._data[field] + 62
+    for read in _reads(overstated).values():
+        assert len(read()) == FILES  # type: ignore[operator,arg-type]
 
 
 def test_a_manifest_list_without_counts_is_not_checked(tmp_path: Path) -> None:
