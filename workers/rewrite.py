@@ -27,7 +27,7 @@ from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.rewrite import DecodedRewrite, encode_file_stats
 from sqe.errors import WorkerError
 from sqe.execution.delete_limits import check_task_deletes
-from sqe.execution.local import QueryCancelledError
+from sqe.execution.local import QueryCancelledError, check_task_row_groups
 from workers.fileio import FragmentFileIO, OpenCallback
 from workers.fragment import RunningCall
 
@@ -86,6 +86,7 @@ class RunningRewrite(RunningCall[DecodedRewrite, RewriteFileIO]):
         ticket = self.ticket
         metadata = ticket.metadata
         checked = check_task_deletes(self.io, ticket.tasks)  # ArrowScan reads each delete file whole
+        check_task_row_groups(self.io, ticket.tasks)  # and reads no more rows than a row group states
         rows = ArrowScan(metadata, checked, metadata.schema(), AlwaysTrue()).to_table(ticket.tasks)
         if self.cancel.is_set():
             raise QueryCancelledError()

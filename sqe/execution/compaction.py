@@ -42,6 +42,7 @@ from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.errors import CompactionConflictError, QueryError, SQEError
 from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
 from sqe.execution.delete_limits import check_task_deletes
+from sqe.execution.local import check_task_row_groups
 from sqe.execution.write_target import WriteTable, writable_table
 from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, bounded_table
 from sqe.planning.planner import restrictions_of
@@ -217,6 +218,7 @@ def rewrite_bin(table: WriteTable, tasks: list[FileScanTask], target: int) -> li
     """Read the bin (deletes applied) and write it back as new data files; nothing is committed here."""
     metadata = table.metadata
     checked = check_task_deletes(table.files_io, tasks)  # ArrowScan reads each delete file whole
+    check_task_row_groups(table.files_io, tasks)  # and reads no more rows than a row group states
     scan = ArrowScan(metadata, checked, table.schema(), AlwaysTrue())
     rows = scan.to_table(tasks)
     if rows.num_rows == 0:

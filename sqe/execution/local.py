@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
@@ -55,6 +55,7 @@ from sqe.planning.read_filters import narrowed_fields, narrowed_filter
 if TYPE_CHECKING:
     import pyarrow.compute as pc
     from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.io import FileIO
     from pyiceberg.table import FileScanTask
 
     from sqe.execution.byte_cache import FileKey
@@ -590,6 +591,16 @@ def check_row_group_rows(metadata: pq.FileMetaData) -> None:
                     f"cannot read a data file of the table: its row group {index} states {stated} rows, "
                     f"its column chunk {column} {values} values"
                 )
+
+
+def check_task_row_groups(io: FileIO, tasks: Iterable[FileScanTask]) -> None:
+    """:func:`check_row_group_rows` of each Parquet data file of ``tasks``, by its footer, for the readers that
+    decode them through pyiceberg's ``ArrowScan`` (OPTIMIZE's rewrite, local or on workers): a row group
+    understating its rows would be rewritten short and the loss committed as the table's new files."""
+    for task in tasks:
+        if task.file.file_format == FileFormat.PARQUET:
+            with io.new_input(task.file.file_path).open() as stream:
+                check_row_group_rows(pq.read_metadata(stream))
 
 
 def _check_group_rows(index: int, stated: int, read_rows: int, *, done: bool) -> None:

@@ -23,6 +23,9 @@ from tests.helpers.avro import avro_long
 from tests.unit.sqe.iceberg_local import NUMBERS_SCHEMA, numbers_batch
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sqe.session import Session
     from tests.unit.sqe.iceberg_local import LocalProvider
 
 ROWS = 1000
@@ -104,3 +107,27 @@ def test_a_row_group_whose_pages_hold_fewer_rows_than_stated_is_refused(write_pr
     assert str(raised.value) == (
         f"cannot read a data file of the table: its row group 0 states {ROWS + 5} rows, its pages held {ROWS}"
     )
+
+
+def test_optimize_refuses_a_row_group_understating_its_rows(
+    write_provider: LocalProvider, session_factory: Callable[..., Session]
+) -> None:
+    # Found by review: OPTIMIZE reads its bins through pyiceberg's ArrowScan, not the direct read that checks row
+    # groups, so a file whose row group stated 10 of its 1,000 rows was rewritten as 10 rows and the replace
+    # committed: the table lost 990 rows (count 2000 before, 1010 after), without error.
+    table = write_provider.catalogs["wh"].create_table("ns.rows", schema=NUMBERS_SCHEMA)
+    table.append(numbers_batch(0, ROWS))
+    table.append(numbers_batch(ROWS, ROWS))
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    first = sorted(task.file.file_path for task in table.scan().plan_files())[0]
+    path = Path(first.removeprefix("file://"))
+    path.write_bytes(restated(path.read_bytes(), ROWS, "group", 10))
+    session = session_factory(write_provider)
+    with pytest.raises(QueryError) as raised:
+        session.sql("OPTIMIZE wh.ns.rows")
+    assert str(raised.value) == (
+        "cannot read a data file of the table: its row group 0 states 10 rows, its column chunk 0 1000 values"
+    )
+    current = write_provider.catalogs["wh"].load_table("ns.rows").current_snapshot()
+    assert current is not None and current.snapshot_id == snapshot.snapshot_id  # nothing committed
