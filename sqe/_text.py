@@ -71,12 +71,8 @@ _PORT = re.compile(r"[0-9]+\\?/(?![^/@]*@)")
 # plausible host follows that (``h:443?v=a@b``); else a password holding them (``u:6?pw@db``), which parsers would
 # cut there. Read to the next ``:`` at most (a nested URL's), so no part of the text is read twice.
 _PORT_THEN_QUERY = re.compile(r"[0-9]+[?#][^@=:]*=[^@:]*@")
-# Between a password's ``@`` and a last ``@`` that no plausible host follows: a lower-case one-label host and its
-# path (``u:pw@minio/bucket/a@b``), as a scheme's URL reads after a ``/``. A generated password's rest (mixed case,
-# symbols) is not shaped so, and then the password runs to the last ``@``.
-_ONE_LABEL_HOST_PATH = re.compile(r"[a-z0-9-]+/[a-z0-9._~/-]*")
-# What follows a password's ``@`` when it is a host: an IP literal, a name with a dot or a port, or localhost,
-# then the URL's end, path, query or fragment. A one-label name without a port (``s/s@db``) may be the password's.
+# What follows an ``@`` when it is a host: an IP literal, a name with a dot or a port, or localhost, then the URL's
+# end, path, query or fragment. Only tells a port's query holding an ``@`` (``h:443?e=a@b.com``) from a password.
 _HOST = re.compile(
     r"(?:\[[0-9A-Fa-f:.]+\](?::[0-9]+)?|[\w%-]+(?:\.[\w%-]+)+(?::[0-9]+)?|[\w%-]+:[0-9]+|localhost)"
     r"(?=\\?/|[?#')]|$)"
@@ -111,16 +107,29 @@ _HEADER_NAME = re.compile(
     r"[ \t]*(?P<sep>[:=])[ \t]*",
     re.IGNORECASE,
 )
-# A ``key:``'s value that reads as prose (``no credentials: send a ...``, S3's ``ExpiredToken: The provided ...``,
-# SQE's ``catalog.client_secret: expected a string``): two words, the first one a dictionary word's shape, which no
-# generated credential has; or one word saying the value is absent or wrong (``coordinator.token: required``).
-_PROSE = re.compile(r"[A-Za-z][a-z]{0,18}[,;.]?[ \t]+[A-Za-z]")
-_DIAGNOSTIC = re.compile(
-    r"(?:required|missing|expected|invalid|unknown|unset|empty|expired|revoked|denied|none|null|not)(?![^\s,;.)])",
-    re.IGNORECASE,
+# A ``key:``'s value that is SQE's own diagnosis of a credential's key, never a value: a word saying it is absent
+# or wrong, alone (``coordinator.token: required``), or a phrase SQE's config errors start with (``required when``,
+# ``expected a``) or pydantic's (``Input should be``). Lower-case words otherwise are a passphrase's shape
+# (``secret: correct horse``): they go.
+_DIAGNOSIS = re.compile(
+    r"(?:(?i:required|missing|invalid|unknown|unset|empty|expired|revoked|denied|none|null|not set)"
+    r"(?=[ \t]*(?:[\r\n,;)]|[.](?!\S)|\Z))"
+    r"|(?:required when|requires|expected (?:a|an|one of)|must (?:be|not|have)|set either|unknown key)[ \t]"
+    r"|(?:Input|String|Value|Field) (?:should|error|required))"
 )
-# Names whose value may be a phrase (a passphrase) or a cookie's pairs: only a diagnostic word is kept.
-_ALWAYS_SECRET = re.compile(r"pass|pwd|cookie", re.IGNORECASE)
+# An error code naming a credential (S3's ``ExpiredToken``, STS's ``InvalidClientTokenId``, botocore's
+# ``NoCredentialsError``) followed by a capitalised sentence (``The provided token has expired.``): prose. A config
+# key is never shaped so, and only these words mark one.
+_ERROR_CODE_PARTS = frozenset(
+    {"expired", "invalid", "missing", "malformed", "unrecognized", "incomplete", "bad", "no", "partial", "denied"}
+    | {"required", "match", "exception", "error", "failed", "failure", "unauthorized"}
+)
+_ERROR_CODE = re.compile(r"(?:[A-Z][a-z]+){2,}")
+_SENTENCE = re.compile(r"[A-Z][a-z]*[ \t]+[a-z]")
+# ``name:value`` without a blank is a value (``password:hunter2``) unless a URL (``x_token://h``) or an IAM action
+# of a service whose name holds a credential's word (``secretsmanager:GetSecretValue``).
+_IAM_SERVICES = frozenset({"secretsmanager"})
+_IAM_ACTION = re.compile(r"(?:[A-Z][a-z]+)+\*?(?![^\s,;.)'\"])|\*")
 # A header line's value runs to the line's end; a ``name=value`` one to the next ``&``, ``;``, ``,`` or blank. A
 # quoted value missing its closing quote (a message cut inside it) runs to the line's end, as every quoted one here.
 _HEADER_VALUES = {
@@ -397,21 +406,18 @@ def _without_passwords(tail: str) -> str:
 
 
 def _password_end(tail: str, start: int, last: int) -> int:
-    """Where the password starting at ``start`` ends: the first ``@`` that a plausible host follows, else one before
-    a one-label host and its path, else the last one (an unescaped ``@`` or ``/`` in a password must not leave its
-    tail); -1 for a port."""
+    """Where the password starting at ``start`` ends: the last ``@`` of its URL; -1 for a port.
+
+    A password may hold ``@``, ``/``, ``:``, ``?`` and ``#`` unescaped (a generated one does), so no ``@`` before the
+    last is surely the end: ``http://u:p@h.x:1/w@db`` may be user ``u``, password ``p@h.x:1/w``. Any earlier end
+    would show the rest of such a password; a host and path holding an ``@`` (``http://u:***@b`` for
+    ``http://u:pw@h/a@b``) go with it instead."""
     if _PORT.match(tail, start):
         return -1
     query = _PORT_THEN_QUERY.match(tail, start)
     if query is not None and not _HOST.match(tail, query.end()):
         return -1
-    at = tail.find("@", start)
-    while 0 <= at < last and not _HOST.match(tail, at + 1):
-        at = tail.find("@", at + 1)
-    if at != last or _HOST.match(tail, last + 1):
-        return at
-    before = tail.rfind("@", start, last)
-    return before if before >= 0 and _ONE_LABEL_HOST_PATH.fullmatch(tail, before + 1, last) else last
+    return last
 
 
 def _redacted_user(match: re.Match[str]) -> str:
@@ -447,8 +453,8 @@ def _without_header_values(text: str) -> str:
 
 def _header_value_kept(text: str, name: re.Match[str]) -> bool:
     """A credential-named header's or key's value that is no credential: an Authorization scheme or prose word, a
-    status (``Unauthorized:``), an IAM action (``secretsmanager:GetSecretValue``), a message's prose or diagnosis
-    (``catalog.client_secret: required``). A hyphenated header's and a ``name=``'s value always goes, as before."""
+    status (``Unauthorized:``), an IAM action (``secretsmanager:GetSecretValue``), an error code's sentence or SQE's
+    diagnosis (``catalog.client_secret: required``). A hyphenated header's and a ``name=``'s value always goes."""
     word = name["name"]
     plain = word.isascii() and word.isalpha()
     if "authoriz" in word.lower():
@@ -456,11 +462,19 @@ def _header_value_kept(text: str, name: re.Match[str]) -> bool:
     if name["sep"] == "=" or "-" in word:
         return False
     if text[name.end() - 1] not in " \t":
-        # YAML's key takes a blank after its colon: secretsmanager:GetSecretValue is an action, x_token://h a URL
-        return plain or text.startswith("//", name.end())
-    if _DIAGNOSTIC.match(text, name.end()):
+        # YAML's key takes a blank after its colon: x_token://h is a URL, secretsmanager:GetSecretValue an action
+        action = word.lower() in _IAM_SERVICES and _IAM_ACTION.match(text, name.end()) is not None
+        return action or text.startswith("//", name.end())
+    if _DIAGNOSIS.match(text, name.end()):
         return True
-    return not _ALWAYS_SECRET.search(word) and _PROSE.match(text, name.end()) is not None
+    return _names_an_error(word) and _SENTENCE.match(text, name.end()) is not None
+
+
+def _names_an_error(word: str) -> bool:
+    """``word`` is an error code's shape (``ExpiredToken``, ``InvalidClientTokenId``), not a config key's."""
+    if not (word.isascii() and _ERROR_CODE.fullmatch(word)):
+        return False
+    return any(part.lower() in _ERROR_CODE_PARTS for part in _PART.findall(word))
 
 
 def _scheme_or_word_follows(text: str, name: re.Match[str]) -> bool:

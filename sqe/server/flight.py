@@ -107,7 +107,9 @@ class AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[mis
     def _authenticate(self, headers: dict[str, list[str]]) -> User:
         values = _header(headers, "authorization")
         if not values:
-            raise AuthenticationError("no credentials: send a catalog bearer token or Basic client_id:client_secret")
+            raise AuthenticationError(
+                "no credentials in the call: send a catalog bearer token or Basic client_id:client_secret"
+            )
         scheme, _, credential = values[0].partition(" ")
         if scheme.lower() == "bearer":
             return self._broker.authenticate_bearer(credential.strip())

@@ -216,14 +216,16 @@ def test_redact_credentials_drops_an_all_digit_password_followed_by_a_slash() ->
     assert redact_credentials("http://127.0.0.1:9000/bucket/a@b.parquet") == "http://127.0.0.1:9000/bucket/a@b.parquet"
 
 
-def test_redact_credentials_keeps_the_host_and_path_after_a_password() -> None:
-    """The password ends at the first ``@`` a plausible host follows; a one-label host may be a password's tail."""
-    assert redact_credentials("https://u:pw@h:443/a@b") == "https://u:***@h:443/a@b"
-    assert redact_credentials("https://u:p@ss@db.local/a@b x") == "https://u:***@db.local/a@b x"
-    assert redact_credentials("http://u:pw@[::1]/a@b") == "http://u:***@[::1]/a@b"
-    # the path may quote a URL of its own: its password goes too
-    assert redact_credentials("http://u:pw@h:80/go?to=http://a:pw2@x/y") == "http://u:***@h:80/go?to=http://a:***@x/y"
+def test_redact_credentials_hides_all_to_the_last_at_of_a_url() -> None:
+    """A password may hold ``@``, ``/`` and ``:`` unescaped, so what follows an earlier ``@`` may be its rest: all to
+    the last ``@`` goes, the host and path before it too (over-redaction, never a password's tail)."""
+    assert redact_credentials("https://u:pw@h:443/a@b") == "https://u:***@b"
+    assert redact_credentials("https://u:p@ss@db.local/a@b x") == "https://u:***@b x"
+    assert redact_credentials("http://u:pw@[::1]/a@b") == "http://u:***@b"
+    # the path may quote a URL of its own: all of it goes with the outer password
+    assert redact_credentials("http://u:pw@h:80/go?to=http://a:pw2@x/y") == "http://u:***@x/y"
     assert redact_credentials("'postgresql://u:p@s/s@db:5432/x'") == "'postgresql://u:***@db:5432/x'"
+    assert redact_credentials("http://u:pw@h/x") == "http://u:***@h/x"  # one '@': host and path stay
 
 
 def test_redact_credentials_drops_a_passphrase() -> None:
@@ -484,19 +486,15 @@ def test_redact_credentials_drops_a_password_holding_a_question_mark_or_hash_aft
     assert redact_credentials("http://h:80?x@y") == "http://h:***@y"
 
 
-def test_redact_credentials_keeps_the_path_after_a_one_label_host() -> None:
-    """Found by review: a one-label host without a port was never taken for the host, so the password ran to the
-    path's ``@`` and the host and path before it went too (``http://u:***@b``)."""
-    assert redact_credentials("http://u:pw@h/a@b") == "http://u:***@h/a@b"
-    assert redact_credentials("read http://u:pw@minio/warehouse/t/x@1 now") == (
-        "read http://u:***@minio/warehouse/t/x@1 now"
-    )
-    assert redact_credentials("http://u:p@ss@db/a@b") == "http://u:***@db/a@b"
-    # never less than before: a later plausible host still ends the password, and a stretch not shaped like a
-    # lower-case host and path (a generated password's mixed case) is still taken for the password's
-    assert redact_credentials("'postgresql://u:p@s/s@db:5432/x'") == "'postgresql://u:***@db:5432/x'"
-    assert redact_credentials("http://u:Xk@9q/Lm@db/x") == "http://u:***@db/x"
-    assert redact_credentials("http://u:p@ss?w@db") == "http://u:***@db"
+def test_redact_credentials_never_shows_the_rest_of_a_password_after_an_at() -> None:
+    """Found by review: a lower-case one-label host and path after a password's ``@`` were kept, so
+    ``http://u:p@ss/w@db`` showed ``ss/w``, part of the password ``p@ss/w``; and a dotted name or a port after an
+    ``@`` (``p@h.io/x@db``, ``p@h:1/x@db``) was taken for the host. A password's end is unsure there: all to the last
+    ``@`` goes, and ``http://u:pw@h/a@b`` loses its host and path instead."""
+    for password in ("p@ss/w", "p@h.io/x", "p@h:1/x", "Xk@9q/Lm", "p@ss?w", "a@minio/bucket/x"):
+        assert redact_credentials(f"read http://u:{password}@db/t now") == "read http://u:***@db/t now"
+    assert redact_credentials("http://u:pw@h/a@b") == "http://u:***@b"
+    assert redact_credentials("read http://u:pw@minio/warehouse/t/x@1 now") == "read http://u:***@1 now"
 
 
 def test_redact_credentials_drops_all_of_a_bare_password_holding_an_at_and_a_slash() -> None:
@@ -532,12 +530,43 @@ def test_redact_credentials_drops_a_colon_separated_credential_value(name: str, 
 
 def test_redact_credentials_keeps_prose_after_a_credential_word_and_a_colon() -> None:
     for kept in (
-        "no credentials: send a catalog bearer token or Basic client_id:client_secret",
+        "no credentials in the call: send a catalog bearer token or Basic client_id:client_secret",
         "ExpiredToken: The provided token has expired.",
+        "InvalidClientTokenId: The security token included in the request is invalid.",
+        "NoCredentialsError: Unable to locate credentials",
         "Unauthorized: 401 Client Error",
         "not authorized to perform: secretsmanager:GetSecretValue on resource",
         "tls_key: cannot read key.pem",
         "KeyError: 'region'",
+    ):
+        assert redact_credentials(kept) == kept
+
+
+@pytest.mark.parametrize("name", ["secret", "client_secret", "token", "s3_secret_access_key", "api_key", "AccountKey"])
+@pytest.mark.parametrize("value", ["correct horse", "correct horse battery staple", "has river", "Correct horse"])
+def test_redact_credentials_drops_a_passphrase_of_words_after_a_credential_key(name: str, value: str) -> None:
+    """Found by review: two or more lower-case words after a credential key that names no password were taken for
+    prose (``secret: correct horse`` stayed), so a passphrase was shown. Only SQE's diagnosis and an error code's
+    capitalised sentence stay (the test above and ..._keeps_a_diagnosis_...)."""
+    assert redact_credentials(f"config:\n  {name}: {value}\n  region: eu") == f"config:\n  {name}: ***\n  region: eu"
+    assert redact_credentials(f"loaded {name}: {value}") == f"loaded {name}: ***"
+
+
+@pytest.mark.parametrize("value", ["required horse", "none.of.it", "not a secret", "expected", "Input"])
+def test_redact_credentials_keeps_a_diagnosis_word_only_as_a_diagnosis(value: str) -> None:
+    """A passphrase starting with a diagnosis word is no diagnosis: only the word alone or SQE's phrase stays."""
+    assert redact_credentials(f"password: {value}") == "password: ***"
+
+
+def test_redact_credentials_drops_a_value_after_a_colon_without_a_blank() -> None:
+    """Found by review: ``password:hunter2`` (a log line's) was kept as a plain name's IAM action; only a URL or
+    ``secretsmanager:`` and an action's shape stay now."""
+    assert redact_credentials("got password:hunter2 from env") == "got password:***"  # to the line's end
+    assert redact_credentials("token:CorrectHorse") == "token:***"
+    for kept in (
+        "not authorized to perform: secretsmanager:GetSecretValue on x",
+        "secretsmanager:*",
+        "key_token://h/x",
     ):
         assert redact_credentials(kept) == kept
 
@@ -573,14 +602,15 @@ def test_redact_credentials_keeps_a_mailto_user_a_count_and_a_closing_parenthesi
     [
         ("", "a://u:1?x=", "a@b.c x", "@ a://u:***@b.c x"),  # no name=value before a nested URL's ':'
         ("", "a://u:1?x=a@", "b x", "@ <run>b x"),  # each a port and a query holding an '@'
-        ("", "a://u:p@h/", "a@b x", "@ a://u:***@h/a@b x"),
+        ("", "a://u:p@h/", "a@b x", "@ a://u:***@b x"),
         ("u:", "p@s/", "s@h x", "@ u:***@h x"),
         ("", "(a:", "b@c x", "@ <run>***@c x"),
         ('\\"token\\": \\"', "\\\\", "\n x", '@ \\"token\\": \\"***\\"\n x'),
         ("", '\\"token\\": \\"x\\", ', "x", "@ <***>x"),
         ("", "\\\\", '"token" x', '@ <run>"token" x'),
         ("", "token: ", "x", "@ token: ***"),
-        ("", "secret: the ", "end", "@ <run>end"),
+        ("", "secret: the ", "end", "@ secret: ***"),
+        ("", "ExpiredToken: The x. ", "end", "@ <run>end"),
         ("", "f(password=x)", " x", "@ f(password=***) x"),
         ("", "mailto:a@", "b x", "@ <run>b x"),
         ("", "token_count=1 ", "x", "@ <run>x"),
