@@ -79,8 +79,10 @@ _HOST = re.compile(
 )
 # ``scheme://name@``: a user name alone, or a token used as the whole userinfo (``https://ghp_x1@host``).
 _USER_ONLY = re.compile(rf"(?P<scheme>{_SCHEME})(?P<user>[^/?#@\s'\"`:\[\]]+)(?=@)")
-# A user name kept as it is: words of letters (``git``, ``first.last``); anything else may be a token.
-_USER_NAME = re.compile(r"[A-Za-z]{1,19}(?:[._-][A-Za-z]{1,19}){0,3}")
+# A user name kept as it is: words of letters, each lower-case, capitalised or a short acronym (``git``,
+# ``first.last``, ``Alice``, ``CI``); anything else may be a token (``kfPKQiBFiO``: a generated one mixes cases).
+_NAME_WORD = r"(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})"
+_USER_NAME = re.compile(rf"{_NAME_WORD}(?:[._-]{_NAME_WORD}){{0,3}}")
 # Schemes whose userinfo names a container, never a credential (``abfss://container@account.dfs...``).
 _CONTAINER_SCHEMES = frozenset({"abfs", "abfss", "wasb", "wasbs"})
 # ``scheme%3A%2F%2Fuser%3Apassword%40host``: a URL percent-encoded whole (a redirect's ``?next=``); the password
@@ -130,29 +132,44 @@ _SENTENCE = re.compile(r"[A-Z][a-z]*[ \t]+[a-z]")
 # of a service whose name holds a credential's word (``secretsmanager:GetSecretValue``).
 _IAM_SERVICES = frozenset({"secretsmanager"})
 _IAM_ACTION = re.compile(r"(?:[A-Z][a-z]+)+\*?(?![^\s,;.)'\"])|\*")
-# A header line's value runs to the line's end; a ``name=value`` one to the next ``&``, ``;``, ``,`` or blank. A
-# quoted value missing its closing quote (a message cut inside it) runs to the line's end, as every quoted one here.
+# An unquoted ``name=value``'s value: to the next ``&``, ``;`` or blank, and on past a quote that more of the word
+# follows (``pw=ab'cd``: a password may hold one, as a URL's does; ``'pw=x', 'y'`` ends at the first quote).
+_UNQUOTED_WORD = r"[^&;\s'\"`]*(?:['\"`]+[^&;\s'\"`,)\]}:][^&;\s'\"`]*)*"
+# A quoted value: to its closing quote when a delimiter follows that, or to the line's end when it has none (a
+# message cut inside it); else (``""ab``, ``'a'b``) the quote is the value's own, read as an unquoted one's.
+_QUOTED = r"'[^'\n]*(?:'(?=[\s&;,)\]}]|\Z)|(?=\n|\Z))|\"[^\"\n]*(?:\"(?=[\s&;,)\]}]|\Z)|(?=\n|\Z))"
+# A header line's value runs to the line's end, quotes and all (``secret: ab'cd``); a ``name=value`` one to the next
+# ``&``, ``;``, ``,`` or blank. A quoted value missing its closing quote (a message cut inside it) runs to the line's
+# end, as every quoted one here.
 _HEADER_VALUES = {
-    ":": re.compile(r"'[^'\n]*'?|\"[^\"\n]*\"?|[^\r\n'\"`]+"),
-    "=": re.compile(r"'[^'\n]*'?|\"[^\"\n]*\"?|[^&;,)\s'\"`]+"),
+    ":": re.compile(rf"{_QUOTED}|[^\r\n]+"),
+    "=": re.compile(rf"{_QUOTED}|[^&;,)\s'\"`]*(?:['\"`]+[^&;,)\s'\"`\]}}:][^&;,)\s'\"`]*)*"),
 }
-# A value's first word, no longer than a plain word may be: a line may hold many names, each read this far only.
-_FIRST_WORD = re.compile(r"[^\s'\"`]{1,21}")
+# An Authorization value that is prose: two words of a word's shape (``principal lacks``); a token is not shaped
+# so. Each is read this far only, as a line may hold many names.
+_TWO_WORDS = re.compile(r"(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})[.,;:]?[ \t]+(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})(?![^\s.,;:])")
 # ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password runs
-# to the last ``@`` before a ``:``, backslash (``C:\dir\a@b`` is a path) or blank, and a name follows it. An
-# authority alone has no path, so a ``/`` after an ``@`` is the password's (``u:p@ss.x/y@h``); one before any
-# ``@`` is a scheme's or a path's (``s3://b/a@b``, ``C:/a@b``); it may start with an ``@`` (``u:@x@h``), not be
-# empty. ``mailto:bob@h`` names a mailbox, no password.
-_BARE_USERINFO = re.compile(
-    r"(?P<head>(?<![\w/:@.%+-])(?!(?i:mailto):)[\w.%+-]+:)[^\s'\"`/\\:@]*(?:@[^\s'\"`\\:@]*)*(?<!:)(?=@[\w\[])"
+# to the last ``@`` of its word (to a blank, a quote or a backslash: ``C:\dir\a@b`` is a path) that a name follows.
+# An authority alone has no path, so a ``/`` or ``:`` after its user is the password's (``u:p@ss.x/y@h``,
+# ``u:a:b@h``, ``u:/x@h``); it may start with an ``@`` (``u:@x@h``), not be empty. A ``//`` after the ``:`` is a
+# scheme's, a ``/`` after a drive letter a path's (``s3://b/a@b``, ``C:/a@b``); ``mailto:bob@h`` names a mailbox
+# and an ARN's ``@`` (``arn:aws:sts::1:assumed-role/r/bob@example.com``) a user name, no password.
+# :func:`_without_bare_passwords` reads each word once.
+_BARE_HEAD = re.compile(
+    r"(?<![\w/:@.%+-])(?!(?i:mailto|arn|urn):)(?:[\w.%+-]{2,}:(?!//)|[\w.%+-]:(?!/))(?=[^\s'\"`\\])"
 )
+_BARE_WORD = re.compile(r"[^\s'\"`\\]*")
+_NAME_START = re.compile(r"[\w\[]")
 # ``?name=value`` or ``&name=value`` (``;`` too, and ``#``: an OAuth fragment's ``#access_token=``): a query
 # parameter, wherever a message quotes a URL; or ``name=value`` starting a word or a quoted string, as connection
 # strings write them (``password=...``, Azure's ``AccountKey=...``); a quoted value goes whole. Only a credential's
 # value is read: another's may quote a URL whose parameters follow (``url=https://h/x?sig=...``). A name never
 # holds a blank or a quote, so each start's name is its own: linear time.
 _PARAMETER_NAME = re.compile(r"(?P<mark>[?&;#]|(?<![^\s'\"`]))(?P<name>[^=&;#?\s'\"`]+)=")
-_PARAMETER_VALUE = re.compile(r"'[^'\n]*'?|\"[^\"\n]*\"?|[^&;#\s'\"`]*")
+# An unquoted value runs past a ``#`` (a connection string's password may hold one; a URL's fragment goes with it)
+# and on over blanks to a ``;`` that ends it (``Password=correct horse;``, ADO.NET's and ODBC's), unless a
+# ``name=`` comes first.
+_PARAMETER_VALUE = re.compile(rf"{_QUOTED}|{_UNQUOTED_WORD}(?:(?:[ \t]+[^&;=\s'\"`]+)+(?=[ \t]*;))?")
 # The same in a URL percent-encoded whole (``%3Fsig%3D...%26``, a presigned URL as a redirect's ``?next=``): a
 # name or value never holds an encoded mark, so each start's name is its own: linear time.
 _ENCODED_PARAMETER_NAME = re.compile(
@@ -160,12 +177,11 @@ _ENCODED_PARAMETER_NAME = re.compile(
     re.IGNORECASE,
 )
 _ENCODED_PARAMETER_VALUE = re.compile(r"[^\s'\"`%&]*(?:%(?!26|3B|23)[0-9A-F]{2}[^\s'\"`%&]*)*", re.IGNORECASE)
-# ``password = value`` with blanks around the ``=`` (libpq reads it as ``password=value``): only a password's name,
-# as SQL's ``token = 5`` is a comparison. A word's start is tried once, its name found in one pass: linear time.
-_SPACED_PASSWORD = re.compile(
-    r"(?P<head>\b(?:\w*pass(?:wor)?d\w*|pwd)(?:\s+=\s*|\s*=\s+))(?:'[^'\n]*'?|\"[^\"\n]*\"?|[^\s'\"`;&]+)",
-    re.IGNORECASE,
-)
+# ``name = value`` with blanks around the ``=`` (libpq reads ``password = x`` as ``password=x``; a config dump or
+# SQL's ``WITH (secret_access_key = '...')``): any credential's name, so SQL's ``token = 5`` goes too. A name never
+# holds a blank and each match ends at its ``=``: linear time.
+_SPACED_NAME = re.compile(r"(?<![\w.-])(?P<name>[A-Za-z_][\w.-]*)(?:[ \t]+=[ \t]*|[ \t]*=[ \t]+)")
+_SPACED_VALUE = re.compile(rf"{_QUOTED}|{_UNQUOTED_WORD}")
 # An Authorization header's value after its scheme, to the line's end or a quote, as a header line, a dict's or a
 # tuple's repr shows it (AWS's holds the credential and the signature, comma-separated). Only with a scheme named:
 # "authorization: principal lacks ..." is a message.
@@ -176,11 +192,12 @@ _AUTHORIZATION_HEAD = (
 )
 _AUTHORIZATION = re.compile(rf"(?P<head>{_AUTHORIZATION_HEAD})[^\r\n'\"`]+", re.IGNORECASE)
 _AUTHORIZATION_SCHEME = re.compile(_AUTHORIZATION_HEAD, re.IGNORECASE)
+_SCHEME_KEPT = re.compile(r"[\w-]+[ \t]+\*\*\*(?![^\s,])")  # its rule ran first: ``AWS ***``
 
-# A bearer token without its header's name (a catalog's "Invalid token Bearer eyJ..."): a word with a digit or
-# one past the length of an English one, so "use Bearer or Basic" stays.
+# A bearer token without its header's name (a catalog's "Invalid token Bearer eyJ..."): anything but a word's
+# shape (lower-case, capitalised or a short acronym, no longer than an English word), so "use Bearer or Basic" stays.
 _BEARER = re.compile(r"(?P<head>\bbearer\s+)(?P<token>[\w.~+/-]+=*)", re.IGNORECASE)
-_BEARER_WORD = re.compile(r"[A-Za-z]{1,19}[.,;:]?")
+_BEARER_WORD = re.compile(r"(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})[.,;:]?")
 # A JSON Web Token anywhere (a quoted string DuckDB echoes, a catalog's message): its base64url header starts
 # ``eyJ``. A token starts only where a run of its characters does, so each run is looked at once.
 _JWT = re.compile(r"(?<![\w-])eyJ[\w-]*\.[\w-]+\.[\w-]*")
@@ -358,25 +375,27 @@ def redact_credentials(text: str) -> str:
     if "@" in text:
         text = _USERINFO.sub(_redacted_userinfo, text)
         text = _USER_ONLY.sub(_redacted_user, text)
-        text = _BARE_USERINFO.sub(_redacted_value, text)
+        text = _without_bare_passwords(text)
     if "%" in text:
         text = _ENCODED_USERINFO.sub(_redacted_encoded_userinfo, text)
         text = _ENCODED_USER_ONLY.sub(_redacted_user, text)
-    if ":" in text or "=" in text:
-        text = _without_header_values(text)
     text = _AUTHORIZATION.sub(_redacted_value, text)  # first: its value follows the scheme, after a blank
     text = _BEARER.sub(_redacted_bearer, text)
     if "eyJ" in text:
         text = _JWT.sub(REDACTED, text)
+    # a value with its own end (a JSON member's, an XML element's) goes whole before a rule reading lines or words
+    # could end inside it (``<Pwd>ab.Sig:cd</Pwd>`` held a ``Sig:`` header that ate the closing tag)
     if ":" in text:
         text = _QUOTED_MEMBER.sub(_redacted_member, text)
         if "\\" in text:
             text = _without_escaped_member_values(text)
     if "</" in text:
         text = _XML_ELEMENT.sub(_redacted_element, text)
+    if ":" in text or "=" in text:
+        text = _without_header_values(text)
     if "=" in text:
         text = _without_parameter_values(text, _PARAMETER_NAME, _PARAMETER_VALUE)
-        text = _SPACED_PASSWORD.sub(_redacted_value, text)
+        text = _without_spaced_values(text)
     if "%3D" in text or "%3d" in text:
         text = _without_parameter_values(text, _ENCODED_PARAMETER_NAME, _ENCODED_PARAMETER_VALUE)
     return text
@@ -418,6 +437,49 @@ def _password_end(tail: str, start: int, last: int) -> int:
     if query is not None and not _HOST.match(tail, query.end()):
         return -1
     return last
+
+
+def _without_bare_passwords(text: str) -> str:
+    """``text`` with the password of every ``user:password@host`` quoted without its scheme replaced: to the last
+    ``@`` of its word a name follows. A word's last ``@`` is looked for once, whatever the heads in it."""
+    parts: list[str] = []
+    copied = word_end = last_at = 0
+    for head in _BARE_HEAD.finditer(text):
+        start = head.end()
+        if head.start() < copied:
+            continue
+        if start >= word_end:  # a new word: no head holds a blank, so one before word_end shares its word
+            word_end = _BARE_WORD.match(text, start).end()  # type: ignore[union-attr]
+            last_at = _last_named_at(text, start, word_end)
+        if last_at > start:
+            parts += [text[copied:start], REDACTED]
+            copied = last_at
+    parts.append(text[copied:])
+    return "".join(parts)
+
+
+def _last_named_at(text: str, start: int, end: int) -> int:
+    """The last ``@`` in ``text[start:end]`` that a name or an IP literal's ``[`` follows; -1 for none."""
+    at = text.rfind("@", start, end)
+    while at >= 0 and not _NAME_START.match(text, at + 1, end):
+        at = text.rfind("@", start, at)
+    return at
+
+
+def _without_spaced_values(text: str) -> str:
+    """``text`` with the value of every ``name = value`` naming a credential replaced."""
+    parts: list[str] = []
+    copied = 0
+    for name in _SPACED_NAME.finditer(text):
+        if name.start() < copied or not names_secret(name["name"]):
+            continue
+        value = _SPACED_VALUE.match(text, name.end())
+        if value is None or value.end() == name.end():
+            continue
+        parts += [text[copied : name.end()], REDACTED]
+        copied = value.end()
+    parts.append(text[copied:])
+    return "".join(parts)
 
 
 def _redacted_user(match: re.Match[str]) -> str:
@@ -479,10 +541,9 @@ def _names_an_error(word: str) -> bool:
 
 def _scheme_or_word_follows(text: str, name: re.Match[str]) -> bool:
     """An Authorization name is followed by a scheme (whose rule keeps it) or a plain word (a message's prose)."""
-    if _AUTHORIZATION_SCHEME.match(text, name.start()):
+    if _AUTHORIZATION_SCHEME.match(text, name.start()) or _SCHEME_KEPT.match(text, name.end()):
         return True
-    word = _FIRST_WORD.match(text, name.end())
-    return word is not None and _BEARER_WORD.fullmatch(word[0]) is not None
+    return _TWO_WORDS.match(text, name.end()) is not None
 
 
 def _redacted_value(match: re.Match[str]) -> str:
