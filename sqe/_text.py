@@ -58,25 +58,9 @@ _SCHEME = r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*:(?://|\\/\\/)"
 # The user part has no ``/``, so a path's ``@`` is not userinfo, nor ``[``, so an IPv6 host is no user.
 _USER = r"[^/?#@\s'\"`:\[\]]*"
 # ``scheme://user:`` and the rest of the URL, to a blank or a quote (a ``'`` followed by more of the word is the
-# password's, as RFC 3986 allows and DuckDB echoes a literal's ``''``; so is SQL text's ``''`` itself):
-# :func:`_without_passwords` finds where each password ends in one pass over it (searching for an ``@`` from every
-# start takes quadratic time).
+# password's, as RFC 3986 allows and DuckDB echoes a literal's ``''``; so is SQL text's ``''`` itself): the
+# password runs to its last ``@`` (:func:`_without_passwords`).
 _USERINFO = re.compile(rf"(?P<head>{_SCHEME}{_USER}:)(?P<tail>[^\s'\"`]*(?:'+[^\s'\"`]+)*)")
-_USERINFO_HEAD = re.compile(rf"{_SCHEME}{_USER}:")
-# Digits then a ``/`` whose next segment holds no ``@`` are a port, as every URL parser reads them. Digits, ``/``
-# and an ``@`` before any other ``/`` (``u:12345/@h``) are taken for a password: parsers would read a port there,
-# but a password is the worse thing to show.
-_PORT = re.compile(r"[0-9]+\\?/(?![^/@]*@)")
-# Digits then ``?`` or ``#``: a port and a query only when the query has a ``name=`` before its ``@`` and no
-# plausible host follows that (``h:443?v=a@b``); else a password holding them (``u:6?pw@db``), which parsers would
-# cut there. Read to the next ``:`` at most (a nested URL's), so no part of the text is read twice.
-_PORT_THEN_QUERY = re.compile(r"[0-9]+[?#][^@=:]*=[^@:]*@")
-# What follows an ``@`` when it is a host: an IP literal, a name with a dot or a port, or localhost, then the URL's
-# end, path, query or fragment. Only tells a port's query holding an ``@`` (``h:443?e=a@b.com``) from a password.
-_HOST = re.compile(
-    r"(?:\[[0-9A-Fa-f:.]+\](?::[0-9]+)?|[\w%-]+(?:\.[\w%-]+)+(?::[0-9]+)?|[\w%-]+:[0-9]+|localhost)"
-    r"(?=\\?/|[?#')]|$)"
-)
 # ``scheme://name@``: a user name alone, or a token used as the whole userinfo (``https://ghp_x1@host``).
 _USER_ONLY = re.compile(rf"(?P<scheme>{_SCHEME})(?P<user>[^/?#@\s'\"`:\[\]]+)(?=@)")
 # A user name kept as it is: words of letters, each lower-case, capitalised or a short acronym (``git``,
@@ -406,37 +390,16 @@ def _redacted_userinfo(match: re.Match[str]) -> str:
 
 
 def _without_passwords(tail: str) -> str:
-    """A URL's ``tail`` after ``user:`` with that password and those of URLs nested in it replaced. Each password's
-    ``@`` is looked for from where the one before ended, so every character is looked at a bounded number of times."""
-    last = tail.rfind("@")
-    parts: list[str] = []
-    copied = start = 0
-    while 0 <= start <= last:
-        end = _password_end(tail, start, last)
-        if end >= 0:
-            parts += [tail[copied:start], REDACTED]
-            copied = start = end
-        nested = _USERINFO_HEAD.search(tail, start)
-        if nested is None:
-            break
-        start = nested.end()
-    parts.append(tail[copied:])
-    return "".join(parts)
-
-
-def _password_end(tail: str, start: int, last: int) -> int:
-    """Where the password starting at ``start`` ends: the last ``@`` of its URL; -1 for a port.
+    """A URL's ``tail`` after ``user:`` with all before its last ``@`` replaced: the password, and a port, host and
+    path that an ``@`` follows.
 
     A password may hold ``@``, ``/``, ``:``, ``?`` and ``#`` unescaped (a generated one does), so no ``@`` before the
-    last is surely the end: ``http://u:p@h.x:1/w@db`` may be user ``u``, password ``p@h.x:1/w``. Any earlier end
-    would show the rest of such a password; a host and path holding an ``@`` (``http://u:***@b`` for
-    ``http://u:pw@h/a@b``) go with it instead."""
-    if _PORT.match(tail, start):
-        return -1
-    query = _PORT_THEN_QUERY.match(tail, start)
-    if query is not None and not _HOST.match(tail, query.end()):
-        return -1
-    return last
+    last is surely its end, and digits then ``/``, ``?`` or ``#`` are no sure port: ``http://u:p@h.x:1/w@db`` may be
+    user ``u`` and password ``p@h.x:1/w``, ``http://h:12/x/y@db`` user ``h`` and password ``12/x/y``. Any earlier end
+    would show all or the rest of such a password; ``http://h:***@b.csv`` for ``http://h:9000/a@b.csv`` is the
+    lesser harm. One ``rfind``: linear time."""
+    last = tail.rfind("@")
+    return tail if last < 0 else REDACTED + tail[last:]
 
 
 def _without_bare_passwords(text: str) -> str:

@@ -155,15 +155,14 @@ def test_has_credential_shape_takes_linear_time_on_adversarial_text(unit: str, e
 def test_redact_credentials_keeps_ports_ipv6_hosts_and_windows_paths() -> None:
     for kept in (
         "http://[::1]:8181/x@y.csv",  # an IPv6 host is no user
-        "cannot read http://127.0.0.1:9000/bucket/a@b.parquet",  # a port, then a path with an '@'
-        "https://h:443?v=a@b",
+        "cannot read http://127.0.0.1:9000/bucket/a.parquet",  # a port with no '@' after it
         r"IO Error: Cannot open file C:\Users\me\a@b.csv",  # a drive letter is no user
     ):
         assert redact_credentials(kept) == kept
     assert redact_credentials("http://u:pw@[::1]:8181/x") == "http://u:***@[::1]:8181/x"
     assert redact_credentials("http://u:1234@h/x") == "http://u:***@h/x"  # all digits, then '@': a password
-    # a URL with a port does not hide a later URL's password, and that one is all that is taken out
-    assert redact_credentials("http://h:80/go?to=http://a:pw@x/y") == "http://h:80/go?to=http://a:***@x/y"
+    # a port then an '@' may be a password's digits (test_..._drops_a_password_starting_with_digits_then_a_slash...)
+    assert redact_credentials("http://h:80/go?to=http://a:pw@x/y") == "http://h:***@x/y"
 
 
 def test_redact_credentials_drops_a_password_of_a_url_json_escaped_or_percent_encoded() -> None:
@@ -224,7 +223,7 @@ def test_redact_credentials_drops_an_all_digit_password_followed_by_a_slash() ->
     """``u:12345/`` reads as a port to a URL parser; with an ``@`` before the next ``/`` it goes as a password."""
     assert redact_credentials("https://u:12345/@host/x") == "https://u:***@host/x"
     assert redact_credentials("https://u:123/45@host") == "https://u:***@host"
-    assert redact_credentials("http://127.0.0.1:9000/bucket/a@b.parquet") == "http://127.0.0.1:9000/bucket/a@b.parquet"
+    assert redact_credentials("http://127.0.0.1:9000/bucket/a@b.parquet") == "http://127.0.0.1:***@b.parquet"
 
 
 def test_redact_credentials_hides_all_to_the_last_at_of_a_url() -> None:
@@ -575,12 +574,21 @@ def test_redact_credentials_drops_a_password_holding_a_question_mark_or_hash_aft
     assert redact_credentials("https://u:6?pw@db.local/x") == "https://u:***@db.local/x"
     assert redact_credentials("mysql://u:42?x=y@db.local:3306/d") == "mysql://u:***@db.local:3306/d"
     assert redact_credentials("'https://u:6?a@b@h'") == "'https://u:***@h'"
-    # a port then a query's name=value holding an '@' is no password (no plausible host follows it)
-    for kept in ("https://h:443?v=a@b", "http://h:80?to=a@b&x=1", "http://h:80#a=b@c"):
-        assert redact_credentials(kept) == kept
-    # unsure which: the password's side (a plausible host follows the '@', or the query has no name=value)
+    # a port then a query's name=value holding an '@' may be a password too: all to the '@' goes
+    assert redact_credentials("https://h:443?v=a@b") == "https://h:***@b"
+    assert redact_credentials("http://h:80#a=b@c") == "http://h:***@c"
     assert redact_credentials("https://h:443?e=a@b.com") == "https://h:***@b.com"
     assert redact_credentials("http://h:80?x@y") == "http://h:***@y"
+
+
+@pytest.mark.parametrize("password", ["12/x/y", "6?a=b", "6#k=v/w", "8080/p/q=", "1/"])
+def test_redact_credentials_drops_a_password_starting_with_digits_then_a_slash_or_a_query(password: str) -> None:
+    """Found by review: digits then ``/`` (with another ``/`` before the ``@``) or ``?``/``#`` and a ``name=`` were
+    taken for a port, so the whole password was shown (``http://u:12/x/y@db``, ``http://u:6?a=b@db``). A port then
+    an ``@`` is unsure: all to the ``@`` goes (``http://h:***@b.csv`` for ``http://h:9000/a@b.csv``)."""
+    assert redact_credentials(f"read http://u:{password}@db/t now") == "read http://u:***@db/t now"
+    assert redact_credentials(f"'s3://u:{password}@minio:9000/b'") == "'s3://u:***@minio:9000/b'"
+    assert redact_credentials("http://h:9000/b/a.csv") == "http://h:9000/b/a.csv"  # no '@': a port
 
 
 def test_redact_credentials_never_shows_the_rest_of_a_password_after_an_at() -> None:
@@ -698,7 +706,7 @@ def test_redact_credentials_keeps_a_mailto_user_a_count_and_a_closing_parenthesi
     ("head", "unit", "tail", "expected"),
     [
         ("", "a://u:1?x=", "a@b.c x", "@ a://u:***@b.c x"),  # no name=value before a nested URL's ':'
-        ("", "a://u:1?x=a@", "b x", "@ <run>b x"),  # each a port and a query holding an '@'
+        ("", "a://u:1?x=a@", "b x", "@ a://u:***@b x"),  # a port's digits may be a password's
         ("", "a://u:p@h/", "a@b x", "@ a://u:***@b x"),
         ("u:", "p@s/", "s@h x", "@ u:***@h x"),
         ("", "(a:", "b@c x", "@ (a:***@c x"),
