@@ -118,7 +118,10 @@ _IAM_SERVICES = frozenset({"secretsmanager"})
 _IAM_ACTION = re.compile(r"(?:[A-Z][a-z]+)+\*?(?![^\s,;.)'\"])|\*")
 # An unquoted ``name=value``'s value: to the next ``&``, ``;`` or blank, and on past a quote that more of the word
 # follows (``pw=ab'cd``: a password may hold one, as a URL's does; ``'pw=x', 'y'`` ends at the first quote).
-_UNQUOTED_WORD = r"[^&;\s'\"`]*(?:['\"`]+[^&;\s'\"`,)\]}:][^&;\s'\"`]*)*"
+# A quote is the value's own unless only closing marks and a blank, a delimiter or the end follow it
+# (``'pw=x', 'y'``, ``('pw=x')``).
+_OWN_QUOTE = r"['\"`]+(?![,)\]}:]*(?:[\s&;]|\Z))"
+_UNQUOTED_WORD = rf"[^&;\s'\"`]*(?:{_OWN_QUOTE}[^&;\s'\"`]+)*"
 # A quoted value: to its closing quote when a delimiter follows that, or to the line's end when it has none (a
 # message cut inside it); else (``""ab``, ``'a'b``) the quote is the value's own, read as an unquoted one's.
 _QUOTED = r"'[^'\n]*(?:'(?=[\s&;,)\]}]|\Z)|(?=\n|\Z))|\"[^\"\n]*(?:\"(?=[\s&;,)\]}]|\Z)|(?=\n|\Z))"
@@ -127,11 +130,11 @@ _QUOTED = r"'[^'\n]*(?:'(?=[\s&;,)\]}]|\Z)|(?=\n|\Z))|\"[^\"\n]*(?:\"(?=[\s&;,)\
 # end, as every quoted one here.
 _HEADER_VALUES = {
     ":": re.compile(rf"{_QUOTED}|[^\r\n]+"),
-    "=": re.compile(rf"{_QUOTED}|[^&;,)\s'\"`]*(?:['\"`]+[^&;,)\s'\"`\]}}:][^&;,)\s'\"`]*)*"),
+    "=": re.compile(rf"{_QUOTED}|[^&;,)\s'\"`]*(?:{_OWN_QUOTE}[^&;,)\s'\"`]+)*"),
 }
 # An Authorization value that is prose: two words of a word's shape (``principal lacks``); a token is not shaped
 # so. Each is read this far only, as a line may hold many names.
-_TWO_WORDS = re.compile(r"(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})[.,;:]?[ \t]+(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})(?![^\s.,;:])")
+_TWO_WORDS = re.compile(r"(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})[.,;:]?[ \t]+(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})[.,;]?(?=\s|\Z)")
 # ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password runs
 # to the last ``@`` of its word (to a blank, a quote or a backslash: ``C:\dir\a@b`` is a path) that a name follows.
 # An authority alone has no path, so a ``/`` or ``:`` after its user is the password's (``u:p@ss.x/y@h``,
@@ -152,8 +155,12 @@ _NAME_START = re.compile(r"[\w\[]")
 _PARAMETER_NAME = re.compile(r"(?P<mark>[?&;#]|(?<![^\s'\"`]))(?P<name>[^=&;#?\s'\"`]+)=")
 # An unquoted value runs past a ``#`` (a connection string's password may hold one; a URL's fragment goes with it)
 # and on over blanks to a ``;`` that ends it (``Password=correct horse;``, ADO.NET's and ODBC's), unless a
-# ``name=`` comes first.
-_PARAMETER_VALUE = re.compile(rf"{_QUOTED}|{_UNQUOTED_WORD}(?:(?:[ \t]+[^&;=\s'\"`]+)+(?=[ \t]*;))?")
+# ``name=`` comes first; after a ``;`` (``Server=h;Password=a b``), to its line's or quoted string's end too. Each
+# further word starts with a character of its own, so blanks split one way only: linear time.
+_MORE_WORDS = rf"(?:['\"`]*[ \t]+(?:[^&;=\s'\"`]|{_OWN_QUOTE}[^&;=\s'\"`])[^&;=\s'\"`]*(?:{_OWN_QUOTE}[^&;=\s'\"`]+)*)+"
+_PARAMETER_VALUE = re.compile(rf"{_QUOTED}|{_UNQUOTED_WORD}(?:{_MORE_WORDS}(?=['\"`]*[ \t]*;))?")
+_LISTED_END = r"['\"`]*[ \t]*;|[ \t]*(?:\r?\n|\Z)|['\"`][ \t]*(?:[,)\]}\r\n]|\Z)"
+_LISTED_VALUE = re.compile(rf"{_QUOTED}|{_UNQUOTED_WORD}(?:{_MORE_WORDS}(?={_LISTED_END}))?")
 # The same in a URL percent-encoded whole (``%3Fsig%3D...%26``, a presigned URL as a redirect's ``?next=``): a
 # name or value never holds an encoded mark, so each start's name is its own: linear time.
 _ENCODED_PARAMETER_NAME = re.compile(
@@ -180,7 +187,9 @@ _SCHEME_KEPT = re.compile(r"[\w-]+[ \t]+\*\*\*(?![^\s,])")  # its rule ran first
 
 # A bearer token without its header's name (a catalog's "Invalid token Bearer eyJ..."): anything but a word's
 # shape (lower-case, capitalised or a short acronym, no longer than an English word), so "use Bearer or Basic" stays.
-_BEARER = re.compile(r"(?P<head>\bbearer\s+)(?P<token>[\w.~+/-]+=*)", re.IGNORECASE)
+# A token runs past an ``=`` inside it (``3Fr=uOx``: none but padding in RFC 6750, but one that breaks it is still a
+# token); a word and one ``=`` (``Bearer realm="x"``) is a challenge's parameter.
+_BEARER = re.compile(r"(?P<head>\bbearer\s+)(?P<token>[\w.~+/-]+(?:=+[\w.~+/-]+)*=*)", re.IGNORECASE)
 _BEARER_WORD = re.compile(r"(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})[.,;:]?")
 # A JSON Web Token anywhere (a quoted string DuckDB echoes, a catalog's message): its base64url header starts
 # ``eyJ``. A token starts only where a run of its characters does, so each run is looked at once.
@@ -378,7 +387,7 @@ def redact_credentials(text: str) -> str:
     if ":" in text or "=" in text:
         text = _without_header_values(text)
     if "=" in text:
-        text = _without_parameter_values(text, _PARAMETER_NAME, _PARAMETER_VALUE)
+        text = _without_parameter_values(text, _PARAMETER_NAME, _PARAMETER_VALUE, _LISTED_VALUE)
         text = _without_spaced_values(text)
     if "%3D" in text or "%3d" in text:
         text = _without_parameter_values(text, _ENCODED_PARAMETER_NAME, _ENCODED_PARAMETER_VALUE)
@@ -514,7 +523,8 @@ def _redacted_value(match: re.Match[str]) -> str:
 
 
 def _redacted_bearer(match: re.Match[str]) -> str:
-    return match[0] if _BEARER_WORD.fullmatch(match["token"]) else match["head"] + REDACTED
+    token = match["token"]
+    return match[0] if _BEARER_WORD.fullmatch(token.removesuffix("=")) else match["head"] + REDACTED
 
 
 def _redacted_member(match: re.Match[str]) -> str:
@@ -553,14 +563,17 @@ def _redacted_element(match: re.Match[str]) -> str:
     return match["head"] + REDACTED if names_secret(match["name"]) else match[0]
 
 
-def _without_parameter_values(text: str, names: re.Pattern[str], values: re.Pattern[str]) -> str:
-    """``text`` with the value of every query or connection-string parameter naming a credential replaced."""
+def _without_parameter_values(
+    text: str, names: re.Pattern[str], values: re.Pattern[str], listed: re.Pattern[str] | None = None
+) -> str:
+    """``text`` with the value of every query or connection-string parameter naming a credential replaced; ``listed``
+    reads a value after a ``;``."""
     parts: list[str] = []
     copied = 0
     for head in names.finditer(text):
         if head.start() < copied or not _names_parameter_secret(head):
             continue
-        value = values.match(text, head.end())
+        value = (listed if listed is not None and head["mark"] == ";" else values).match(text, head.end())
         parts += [text[copied : head.end()], REDACTED]
         copied = head.end() if value is None else _before_closing_parenthesis(text, head, value.end())
     parts.append(text[copied:])
