@@ -98,9 +98,9 @@ _HEADER_NAME = re.compile(
 # ``expected a``) or pydantic's (``Input should be``). Lower-case words otherwise are a passphrase's shape
 # (``secret: correct horse``): they go.
 _DIAGNOSIS = re.compile(
-    r"(?:(?i:required|missing|invalid|unknown|unset|empty|expired|revoked|denied|none|null|not set)"
+    r"(?:(?i:required|missing|invalid|unknown(?: key)?|unset|empty|expired|revoked|denied|none|null|not set)"
     r"(?=[ \t]*(?:[\r\n,;)]|[.](?!\S)|\Z))"
-    r"|(?:required when|requires|expected (?:a|an|one of)|must (?:be|not|have)|set either|unknown key)[ \t]"
+    r"|(?:required when|requires|expected (?:a|an|one of)|must (?:be|not|have)|set either)[ \t]"
     r"|(?:Input|String|Value|Field) (?:should|error|required))"
 )
 # An error code naming a credential (S3's ``ExpiredToken``, STS's ``InvalidClientTokenId``, botocore's

@@ -748,6 +748,10 @@ def test_redact_credentials_keeps_a_diagnosis_after_a_credential_key() -> None:
         "storage.secret_access_key: required",
         "catalog.client_secret: required when catalog.client_id is set",
         "password: missing",
+        "catalog.token: unknown key",
+        "catalog.token: must not be empty",
+        "catalog.token (set by SQE_CATALOG__TOKEN): expected a string",
+        "catalog.token: String should have at least 1 character",
     ):
         assert redact_credentials(kept) == kept
     assert redact_credentials("password: correct horse battery") == "password: ***"  # a passphrase, not prose
