@@ -61,8 +61,9 @@ _USER = r"[^/?#@\s'\"`:\[\]]*"
 # password's, as RFC 3986 allows and DuckDB echoes a literal's ``''``; so is SQL text's ``''`` itself): the
 # password runs to its last ``@`` (:func:`_without_passwords`).
 _USERINFO = re.compile(rf"(?P<head>{_SCHEME}{_USER}:)(?P<tail>[^\s'\"`]*(?:'+[^\s'\"`]+)*)")
-# ``scheme://name@``: a user name alone, or a token used as the whole userinfo (``https://ghp_x1@host``).
-_USER_ONLY = re.compile(rf"(?P<scheme>{_SCHEME})(?P<user>[^/?#@\s'\"`:\[\]]+)(?=@)")
+# ``scheme://name@``: a user name alone, or a token used as the whole userinfo (``https://ghp_x1@host``), to the
+# last ``@`` before the path (a token may hold one: ``https://rY@Lb@h`` showed ``Lb``).
+_USER_ONLY = re.compile(rf"(?P<scheme>{_SCHEME})(?P<user>[^/?#@\s'\"`:\[\]]+(?:@[^/?#@\s'\"`:\[\]]+)*)(?=@)")
 # A user name kept as it is: words of letters, each lower-case, capitalised or a short acronym (``git``,
 # ``first.last``, ``Alice``, ``CI``); anything else may be a token (``kfPKQiBFiO``: a generated one mixes cases).
 _NAME_WORD = r"(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})"
@@ -124,17 +125,22 @@ _OWN_QUOTE = r"['\"`]+(?![,)\]}:]*(?:[\s&;]|\Z))"
 _UNQUOTED_WORD = rf"[^&;\s'\"`]*(?:{_OWN_QUOTE}[^&;\s'\"`]+)*"
 # A quoted value: to its closing quote when a delimiter follows that, or to the line's end when it has none (a
 # message cut inside it); else (``""ab``, ``'a'b``) the quote is the value's own, read as an unquoted one's.
-_QUOTED = r"'[^'\n]*(?:'(?=[\s&;,)\]}]|\Z)|(?=\n|\Z))|\"[^\"\n]*(?:\"(?=[\s&;,)\]}]|\Z)|(?=\n|\Z))"
+_QUOTE_CLOSED = r"(?=[,)\]}]*(?:[\s&;]|\Z))"
+# On a ``key:`` line, a quoted value ends at its quote only before the line's end or a flow mapping's ``,`` or ``}``.
+_LINE_QUOTED = (
+    r"'[^'\n]*(?:'(?=[ \t]*(?:[,}\]]|\r?\n|\Z))|(?=\n|\Z))|\"[^\"\n]*(?:\"(?=[ \t]*(?:[,}\]]|\r?\n|\Z))|(?=\n|\Z))"
+)
+_QUOTED = rf"'[^'\n]*(?:'{_QUOTE_CLOSED}|(?=\n|\Z))|\"[^\"\n]*(?:\"{_QUOTE_CLOSED}|(?=\n|\Z))"
 # A header line's value runs to the line's end, quotes and all (``secret: ab'cd``); a ``name=value`` one to the next
 # ``&``, ``;``, ``,`` or blank. A quoted value missing its closing quote (a message cut inside it) runs to the line's
 # end, as every quoted one here.
 _HEADER_VALUES = {
-    ":": re.compile(rf"{_QUOTED}|[^\r\n]+"),
+    ":": re.compile(rf"{_LINE_QUOTED}|[^\r\n]+"),
     "=": re.compile(rf"{_QUOTED}|[^&;,)\s'\"`]*(?:{_OWN_QUOTE}[^&;,)\s'\"`]+)*"),
 }
 # An Authorization value that is prose: two words of a word's shape (``principal lacks``); a token is not shaped
 # so. Each is read this far only, as a line may hold many names.
-_TWO_WORDS = re.compile(r"(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})[.,;:]?[ \t]+(?:[A-Z]?[a-z]{1,18}|[A-Z]{1,4})[.,;]?(?=\s|\Z)")
+_TWO_WORDS = re.compile(r"(?:[A-Z]?[a-z]{2,18}|[A-Z]{2,4})[.,;:]?[ \t]+[A-Z]?[a-z]{2,18}[.,;]?(?=\s|\Z)")
 # ``user:password@host`` with no scheme before it (DuckDB quotes a file:// URL's authority alone): the password runs
 # to the last ``@`` of its word (to a blank, a quote or a backslash: ``C:\dir\a@b`` is a path) that a name follows.
 # An authority alone has no path, so a ``/`` or ``:`` after its user is the password's (``u:p@ss.x/y@h``,
@@ -157,10 +163,17 @@ _PARAMETER_NAME = re.compile(r"(?P<mark>[?&;#]|(?<![^\s'\"`]))(?P<name>[^=&;#?\s
 # and on over blanks to a ``;`` that ends it (``Password=correct horse;``, ADO.NET's and ODBC's), unless a
 # ``name=`` comes first; after a ``;`` (``Server=h;Password=a b``), to its line's or quoted string's end too. Each
 # further word starts with a character of its own, so blanks split one way only: linear time.
-_MORE_WORDS = rf"(?:['\"`]*[ \t]+(?:[^&;=\s'\"`]|{_OWN_QUOTE}[^&;=\s'\"`])[^&;=\s'\"`]*(?:{_OWN_QUOTE}[^&;=\s'\"`]+)*)+"
-_PARAMETER_VALUE = re.compile(rf"{_QUOTED}|{_UNQUOTED_WORD}(?:{_MORE_WORDS}(?=['\"`]*[ \t]*;))?")
-_LISTED_END = r"['\"`]*[ \t]*;|[ \t]*(?:\r?\n|\Z)|['\"`][ \t]*(?:[,)\]}\r\n]|\Z)"
-_LISTED_VALUE = re.compile(rf"{_QUOTED}|{_UNQUOTED_WORD}(?:{_MORE_WORDS}(?={_LISTED_END}))?")
+_WORD_AFTER = rf"(?:[^&;=\s'\"`]|{_OWN_QUOTE}[^&;=\s'\"`])[^&;=\s'\"`]*(?:{_OWN_QUOTE}[^&;=\s'\"`]+)*"
+_MORE_WORDS = rf"(?:['\"`]*[ \t]+{_WORD_AFTER})+"
+# Before a ``;`` that ends the value, a quote and closing marks between words are the value's too (``ab\") cd;``);
+# only after a quote, so a word and its separator never share a character: linear time.
+_MORE_WORDS_TO_SEMICOLON = rf"(?:(?:['\"`]+[,)\]}}:]*)?[ \t]+{_WORD_AFTER})+(?=['\"`]*[,)\]}}:]*[ \t]*;)"
+_PARAMETER_VALUE = re.compile(rf"(?:{_QUOTED}|{_UNQUOTED_WORD})(?:{_MORE_WORDS_TO_SEMICOLON})?")
+_LISTED_END = r"[ \t]*(?:\r?\n|\Z)|['\"`][ \t]*(?:[,)\]}\r\n]|\Z)"
+_LISTED_VALUE = re.compile(
+    rf"(?:{_QUOTED})(?:{_MORE_WORDS_TO_SEMICOLON})?"
+    rf"|{_UNQUOTED_WORD}(?:{_MORE_WORDS_TO_SEMICOLON}|{_MORE_WORDS}(?={_LISTED_END}))?"
+)
 # The same in a URL percent-encoded whole (``%3Fsig%3D...%26``, a presigned URL as a redirect's ``?next=``): a
 # name or value never holds an encoded mark, so each start's name is its own: linear time.
 _ENCODED_PARAMETER_NAME = re.compile(

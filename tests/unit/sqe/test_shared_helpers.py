@@ -782,6 +782,16 @@ def test_redact_credentials_drops_generated_secrets_the_property_test_found() ->
     assert redact_credentials("sent Bearer 3Fr=uOxA3p5zoj\nnext") == "sent Bearer ***\nnext"
     assert redact_credentials('WWW-Authenticate: Bearer realm="x"') == 'WWW-Authenticate: Bearer realm="x"'
     assert redact_credentials("Authorization: swrx Bj:=wO171Oa") == "Authorization: ***"
+    assert redact_credentials("Authorization: V V tRdRT0lmY") == "Authorization: ***"
+    assert redact_credentials("conn: host=h passphrase = 'BR')S6wZ port=1") == "conn: host=h passphrase = *** port=1"
+    assert redact_credentials('Server=h;SharedAccessSignature=2CL") 5yJBRu;Db=x') == (
+        "Server=h;SharedAccessSignature=***;Db=x"
+    )
+    assert redact_credentials('Server=h;client_secret="FS4Vn" tGdMwbO59;Db=x') == "Server=h;client_secret=***;Db=x"
+    assert redact_credentials("Server=h;Pwd=jGiF !xg'tCZm':;Db=x") == "Server=h;Pwd=***':;Db=x"
+    assert redact_credentials('config:\n  api_key: "G" 0evt!l2s\n  x: 1') == "config:\n  api_key: ***\n  x: 1"
+    # a token used as the whole userinfo may hold an '@': all to the last one before the path goes
+    assert redact_credentials("see alice://rY@LbhRaCqJD@localhost/p now") == "see alice://***@localhost/p now"
     # a closing quote and mark stay: ('pw=x'), ATTACH '...password=x';
     assert redact_credentials("f('password=abc'), g") == "f('password=***'), g"
     assert redact_credentials("ATTACH 'host=h password=x';") == "ATTACH 'host=h password=***';"
