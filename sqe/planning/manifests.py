@@ -13,7 +13,8 @@ so pyiceberg's partition, metrics and sequence-number pruning and its delete-fil
 
 Avro has no end marker: a manifest cut at a block boundary decodes fewer entries, without error. Its
 manifest-list entry counts them, though (the files and rows of each status; optional in format v1, required
-since v2): :func:`counted_entries` refuses a manifest whose live (added or existing) entries are not those counts,
+since v2): :func:`counted_entries` refuses a manifest written since v2 (a sequence number above 0) whose live
+(added or existing) entries are not those counts,
 with :class:`sqe.planning.avro_decoder.MisstatedAvroError` (planning's "does not decode"). Counts a manifest list
 lacks are not checked, nor are its DELETED counts: no plan reads those entries, and real writers misstate them
 (iceberg-rust adds each rewrite's removals to the counts it was handed, writing no DELETED entries).
@@ -100,7 +101,11 @@ def _stated_counts(manifest: ManifestFile) -> dict[ManifestEntryStatus, tuple[in
 def check_entry_counts(manifest: ManifestFile, entries: list[ManifestEntry]) -> None:
     """Refuse ``entries`` (all of the manifest's, deleted ones too) unless each live status has as many entries,
     and as many rows in them, as ``manifest`` (its manifest-list entry) states; a count not stated is not
-    checked."""
+    checked, nor are the counts of a manifest written under format v1 (its sequence number is 0): v1 makes them
+    optional, and v1 writers misstate them (ClickHouse writes the table's total as every manifest's existing
+    count), which other engines never check."""
+    if not manifest.sequence_number:
+        return  # written under format v1 (sequence number 0), whose counts are optional and misstated in the wild
     files = dict.fromkeys(ManifestEntryStatus, 0)
     rows = dict.fromkeys(ManifestEntryStatus, 0)
     for entry in entries:
