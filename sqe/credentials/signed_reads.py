@@ -70,7 +70,10 @@ _ERROR_MESSAGE = re.compile(rb"<Message>([^<]{1,300})</Message>")
 # to another host (``s3://evil.example:9000\/k`` -> ``http://evil.example:9000\.store/k``).
 # S3 bucket names (one character too, as test stores allow):
 _DNS_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?")
-_REGION = re.compile(r"[a-z0-9-]{1,64}")
+# Regions whose S3 hosts are under amazonaws.com: AWS's own partition and GovCloud (the partitions' region
+# patterns). China (amazonaws.com.cn), the ISO partitions (c2s.ic.gov, sc2s.sgov.gov, ...), the European
+# Sovereign Cloud (amazonaws.eu) and any region not known here keep the pyarrow path, which knows their domains.
+_AMAZONAWS_COM_REGION = re.compile(r"(?:(?:us|eu|ap|sa|ca|me|af|il|mx)-[a-z]+|us-gov-[a-z]+)-[0-9]{1,2}")
 
 
 # ------------------------------------------------------------------------------------------- addressing
@@ -102,10 +105,10 @@ def s3_address(location: str, settings: StorageSettings) -> S3Address | None:
     if settings.endpoint:
         # Virtual hosts only when path style is turned off: pyarrow's default for an endpoint is path style.
         return _endpoint_address(settings.endpoint, bucket, key, quoted, virtual=settings.path_style is False)
-    if "." in bucket or region.startswith("cn-"):
-        return None  # a dotted bucket fails TLS on a virtual host; China regions have their own domain
-    if not _DNS_BUCKET.fullmatch(bucket) or not _REGION.fullmatch(region):
-        return None  # not a host name part (see _DNS_BUCKET)
+    if "." in bucket:
+        return None  # a dotted bucket fails TLS on a virtual host
+    if not _DNS_BUCKET.fullmatch(bucket) or not _AMAZONAWS_COM_REGION.fullmatch(region):
+        return None  # not a host name part (see _DNS_BUCKET), or a region with a domain of its own
     return S3Address(f"https://{bucket}.s3.{region}.amazonaws.com/{quoted}", bucket, key)
 
 

@@ -58,6 +58,8 @@ def resolved(properties: Mapping[str, str], settings: StorageSettings | None = N
         ("s3://b/a b/ä+c&d~e=f.avro", {}, "http://127.0.0.1:5000/b/a%20b/%C3%A4%2Bc%26d~e%3Df.avro"),
         # No endpoint: AWS itself, virtual hosts in the set's region.
         ("s3://b/t/f", {S3_ENDPOINT: "", S3_REGION: "eu-west-1"}, "https://b.s3.eu-west-1.amazonaws.com/t/f"),
+        ("s3://b/t/f", {S3_ENDPOINT: "", S3_REGION: "us-gov-west-1"}, "https://b.s3.us-gov-west-1.amazonaws.com/t/f"),
+        ("s3://b/t/f", {S3_ENDPOINT: "", S3_REGION: "ap-southeast-5"}, "https://b.s3.ap-southeast-5.amazonaws.com/t/f"),
     ],
 )
 def test_addresses_what_pyarrow_addresses(location: str, settings: dict[str, str], url: str) -> None:
@@ -99,6 +101,13 @@ def test_path_style_is_the_one_parsed_by_the_credential_model(
         ("s3://b/t/f", {S3_ENDPOINT: "ftp://store.example"}),
         ("s3://my.bucket/f", {S3_ENDPOINT: "", S3_REGION: "eu-west-1"}),  # dotted bucket on an AWS virtual host
         ("s3://b/f", {S3_ENDPOINT: "", S3_REGION: "cn-north-1"}),  # another domain
+        # Other partitions' domains too (c2s.ic.gov, sc2s.sgov.gov, cloud.adc-e.uk, csp.hci.ic.gov, amazonaws.eu):
+        # an amazonaws.com host there does not exist, where pyarrow reads.
+        ("s3://b/f", {S3_ENDPOINT: "", S3_REGION: "us-iso-east-1"}),
+        ("s3://b/f", {S3_ENDPOINT: "", S3_REGION: "us-isob-east-1"}),
+        ("s3://b/f", {S3_ENDPOINT: "", S3_REGION: "eu-isoe-west-1"}),
+        ("s3://b/f", {S3_ENDPOINT: "", S3_REGION: "us-isof-south-1"}),
+        ("s3://b/f", {S3_ENDPOINT: "", S3_REGION: "eusc-de-east-1"}),
     ],
 )
 def test_cases_it_does_not_handle_keep_the_pyarrow_path(location: str, settings: dict[str, str]) -> None:
