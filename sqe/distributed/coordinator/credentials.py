@@ -91,20 +91,34 @@ class TableCredentials:
         return self.for_tasks(fragment.tasks, vended)
 
     def for_tasks(self, tasks: Sequence[FileScanTask], vended: Sequence[CredentialSet]) -> list[CredentialSet]:
-        needs_static = self.static is not None and any(_uncovered(task, vended) for task in tasks)
+        uncovered = [path for task in tasks for path in _uncovered_paths(task, vended)]
+        self._refuse_dropped(uncovered)
+        needs_static = self.static is not None and bool(uncovered)
         return [*vended, *([self.static] if needs_static and self.static is not None else [])]
 
+    def _refuse_dropped(self, uncovered: Sequence[str]) -> None:
+        """A file only a set a refresh dropped covered (Polaris's credentials endpoint leaves out load-table's
+        ``config`` keys, which served files outside the table location) is never read with other keys."""
+        dropped = self.lease.dropped_prefixes if self.lease is not None else ()
+        path = next((p for p in uncovered if covered_by_any(p, dropped)), None)
+        if path is not None:
+            raise CredentialError(
+                f"{self.ident}: the credential refresh returned no credentials for {path}, which the table's "
+                "earlier credentials covered"
+            )
 
-def _uncovered(task: FileScanTask, vended: Sequence[CredentialSet]) -> bool:
-    return _uncovered_path(task, vended) is not None
+
+def _uncovered_paths(task: FileScanTask, vended: Sequence[CredentialSet]) -> list[str]:
+    """The object-store files of ``task`` (its data file, then its delete files: a worker opens each) that no
+    vended set covers."""
+    prefixes = [c.prefix or "" for c in vended]
+    paths = [task.file.file_path, *sorted(d.file_path for d in task.delete_files)]
+    return [p for p in paths if is_object_store(p) and not covered_by_any(p, prefixes)]
 
 
 def _uncovered_path(task: FileScanTask, vended: Sequence[CredentialSet]) -> str | None:
-    """The first object-store file of ``task`` (its data file, then its delete files: a worker opens each) that no
-    vended set covers, or None."""
-    prefixes = [c.prefix or "" for c in vended]
-    paths = [task.file.file_path, *sorted(d.file_path for d in task.delete_files)]
-    return next((p for p in paths if is_object_store(p) and not covered_by_any(p, prefixes)), None)
+    """The first of :func:`_uncovered_paths`, or None."""
+    return next(iter(_uncovered_paths(task, vended)), None)
 
 
 def check_coverage(

@@ -130,6 +130,9 @@ class TableLease:
     holders: dict[str, Holder] = field(default_factory=dict)
     refreshing: bool = False
     stopped: str | None = None  # why refreshing stopped (never a secret)
+    # Prefixes of sets a refresh dropped since the last load was adopted: a file only they covered must not go
+    # on with other keys (the [storage] pair) on a later ticket, as on the local path (ScopedFileIO).
+    dropped_prefixes: tuple[str, ...] = ()
     stats: LeaseStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -186,6 +189,7 @@ class CredentialRefresher:
                 # A newer load (a later query): its sets win, and a stopped lease starts again.
                 self._adopt(lease, tuple(credentials), usable_until, now)
                 lease.stopped = None
+                lease.dropped_prefixes = ()  # the catalog's current answer for new queries
             lease.reloader = reloader
             return lease
 
@@ -289,6 +293,7 @@ class CredentialRefresher:
                 lease.stats.add(unchanged=1)
                 lease.usable_until, lease.obtained_at = result.usable_until, now
                 return
+            _remember_dropped(lease, result.credentials)
             self._adopt(lease, result.credentials, result.usable_until, now)
             lease.stats.add(pushes=1)
             holders = list(lease.holders.values())
@@ -322,6 +327,13 @@ class CredentialRefresher:
             short_identity(lease.user),
             reason,
         )
+
+
+def _remember_dropped(lease: TableLease, fresh: Sequence[CredentialSet]) -> None:
+    """Add the prefixes of ``lease``'s sets that ``fresh`` no longer has (call with the refresher's lock held)."""
+    kept = {c.prefix for c in fresh}
+    gone = (c.prefix for c in lease.credentials if c.prefix is not None and c.prefix not in kept)
+    lease.dropped_prefixes = tuple(dict.fromkeys((*lease.dropped_prefixes, *gone)))
 
 
 def _is_due(lease: TableLease, now: float) -> bool:

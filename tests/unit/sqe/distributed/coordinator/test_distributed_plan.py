@@ -24,8 +24,8 @@ from sqe.distributed.coordinator import Fragment, TableCredentials, plan_fragmen
 from sqe.distributed.coordinator import static_set as policy_static_set
 from sqe.distributed.coordinator.credentials import check_coverage
 from sqe.distributed.coordinator.failures import classify_rpc_error
-from sqe.distributed.coordinator.refresh import RefreshedSets
-from sqe.errors import CredentialExpiredError, NoVendedCredentialsError, RestrictionError, WorkerError
+from sqe.distributed.coordinator.refresh import CredentialRefresher, Holder, RefreshedSets
+from sqe.errors import CredentialError, CredentialExpiredError, NoVendedCredentialsError, RestrictionError, WorkerError
 
 IDENT = TableIdent("wh", ("ns",), "t")
 LOCATION = "s3://bucket/wh/ns/t"
@@ -151,6 +151,44 @@ def test_a_worker_reads_each_file_with_the_set_the_local_path_uses(mode: str) ->
         assert chosen is not None
         assert chosen.access_key_id == local.resolve(path).properties["s3.access-key-id"]
     assert select_credential(paths[1], sets).access_key_id == "AKIACONFIG"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("static_pair", [True, False])
+def test_after_a_refresh_without_config_keys_a_file_only_they_covered_never_takes_other_keys(
+    static_pair: bool,
+) -> None:
+    # Polaris-shaped: load-table sends config keys (every S3 path) and a location entry; its credentials endpoint
+    # answers with the entry only. A later ticket for a file outside the location got the [storage] pair (auto)
+    # where the local path fails the read (ScopedFileIO): it must fail the same way, never switch keys.
+    storage = {"access_key_id": "AKIASTATIC", "secret_access_key": "static-secret"} if static_pair else {}
+    cfg = config(**storage)
+    policy = StoragePolicy.from_config(cfg)
+    raw = {"config": vended("unused", key="AKIACONFIG")["config"], "storage-credentials": [vended(LOCATION)]}
+    loaded = vended_sets_from_response(raw, LOCATION, cfg, 0.0, "load-table")
+    answer = {"storage-credentials": [vended(LOCATION, key="AKIAFRESH", expires_at_ms=2_000_000_100_000)]}
+
+    def reload() -> RefreshedSets:
+        return vended_sets_from_response(answer, LOCATION, cfg, 0.0, "credentials-endpoint")
+
+    refresher = CredentialRefresher(lambda *_: None, background=False)
+    lease = refresher.lease("client:u", IDENT, loaded.credentials, loaded.usable_until, reload)
+    table = TableCredentials(IDENT, lease, (), policy_static_set(policy))
+    outside, inside = task("s3://bucket/elsewhere/a.parquet", 1), task(f"{LOCATION}/data/b.parquet", 1)
+    holder = Holder("127.0.0.1:1", "q", "q.1.f0.a1")
+    before, _ = refresher.register(lease, holder)
+    assert [s.access_key_id for s in table.for_tasks([outside], before)] == ["AKIACONFIG", "AKIAVENDED"]
+    refresher.refresh_now(lease)
+    after, generation = refresher.register(lease, holder)
+    assert generation == 1 and [s.access_key_id for s in after] == ["AKIAFRESH"]
+    assert [s.access_key_id for s in table.for_tasks([inside], after)] == ["AKIAFRESH"]  # still read
+    with pytest.raises(CredentialError, match="earlier credentials covered") as raised:
+        table.for_tasks([inside, outside], after)
+    assert "s3://bucket/elsewhere/a.parquet" in str(raised.value) and "secret" not in str(raised.value)
+    # A newer load (a later query) is the catalog's current answer again: its config keys serve the file.
+    newer = vended_sets_from_response(raw, LOCATION, cfg, 0.0, "load-table")
+    refresher.lease("client:u", IDENT, newer.credentials, (lease.usable_until or 0) + 1, reload)
+    again, _ = refresher.register(lease, holder)
+    assert "AKIACONFIG" in [s.access_key_id for s in table.for_tasks([outside], again)]
 
 
 def test_a_delete_file_no_vended_set_covers_is_seen_before_the_worker_opens_it() -> None:
