@@ -306,12 +306,16 @@ def _parse_expiry(raw: Mapping[str, str], where: str, what: str) -> int | None:
     text = raw.get(S3_SESSION_TOKEN_EXPIRES_AT_MS)
     if not text:
         return None
-    digits = text.strip().removeprefix("-")
+    signed = text.strip()
+    digits = signed.removeprefix("-")
     # ASCII digits only: int() would also take "1_800_000_000_000" or other scripts' digits.
     if not (digits.isascii() and digits.isdigit()):
         message = f"{what}: {where} {S3_SESSION_TOKEN_EXPIRES_AT_MS} must be an integer"
         raise CatalogProtocolError(message)
-    value = int(text)
+    # Compared as text first: int() raises ValueError for over 4300 digits (leading zeros count too).
+    significant = digits.lstrip("0") or "0"
+    magnitude = int(significant) if len(significant) <= len(str(_LATEST_EXPIRY_MS)) else _LATEST_EXPIRY_MS + 1
+    value = -magnitude if signed.startswith("-") else magnitude
     if value > _LATEST_EXPIRY_MS:
         message = f"{what}: {where} {S3_SESSION_TOKEN_EXPIRES_AT_MS} must be epoch milliseconds before year 10000"
         raise CatalogProtocolError(message)

@@ -108,13 +108,26 @@ def test_an_expiry_in_seconds_or_not_positive_is_a_protocol_error(value: str) ->
 
 @pytest.mark.parametrize(
     "value",
-    ["253402300800000", "99999999999999999999", "1_800_000_000_000", "+1800000000000", "\uff11\uff18" + "\uff10" * 11],
+    [
+        "253402300800000",
+        "99999999999999999999",
+        "1_800_000_000_000",
+        "+1800000000000",
+        "\uff11\uff18" + "\uff10" * 11,
+        "1" * 5000,  # past int()'s 4300-digit limit: its ValueError escaped, untyped
+        "-" + "1" * 5000,
+    ],
 )
 def test_an_expiry_no_date_or_no_plain_integer_is_a_protocol_error(value: str) -> None:
     # Year 10000 and later crashed EXPLAIN and the FileIO's repr (datetime's range); past int64, a ticket too.
     with pytest.raises(CatalogProtocolError, match=r"s3\.session-token-expires-at-ms must be") as info:
         _one(**{"s3.session-token-expires-at-ms": value})
     assert value not in str(info.value)
+
+
+@pytest.mark.parametrize("zeros", [1, 5000])
+def test_leading_zeros_of_an_expiry_are_read_past_ints_digit_limit(zeros: int) -> None:
+    assert _one(**{"s3.session-token-expires-at-ms": "0" * zeros + "1800000000000"}).expires_at_ms == 1800000000000
 
 
 def test_the_latest_expiry_a_date_can_show_is_taken_and_shown() -> None:
