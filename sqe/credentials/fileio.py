@@ -90,6 +90,12 @@ class ScopedFileIO(Unpicklable, FileIO):
         )
 
     @property
+    def settings(self) -> StorageSettings:
+        """The response-wide (load-table ``config``) storage settings every set's own go on top of. No secret."""
+        with self._lock:
+            return self._catalog.settings
+
+    @property
     def credential_sets(self) -> tuple[CredentialSet, ...]:
         """The sets this FileIO reads with, minus any that are SQE's own static pair (config's first)."""
         return self._vended

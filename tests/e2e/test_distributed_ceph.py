@@ -136,6 +136,31 @@ def test_pushed_credentials_carry_a_scan_past_their_lifetime(
     assert log.secrets() and not [s for s in log.secrets() if s in text]
 
 
+def test_pushed_sets_keep_the_load_tables_endpoint_when_sqe_names_none(
+    ceph_stack: StackInfo, namespace: str, workers: WorkerPool
+) -> None:
+    # The catalog sends its store's endpoint in load-table's config; its credentials endpoint answers with keys
+    # only. Without a [storage] endpoint, sets pushed from that answer went to AWS's hosts on the workers (the
+    # local path keeps the load's settings under a refresh), and the scan failed once the first set expired.
+    config = load_config(
+        ceph_stack.principal_config("analyst"),
+        env={},
+        overrides={
+            "coordinator": {"workers": workers.addresses, "token": workers.token},
+            "storage": {"endpoint": ""},
+        },
+    )
+    assert not config.storage.endpoint
+    with distributed_session(config, **SCAN) as session:
+        log = TicketLog().attach(session)
+        assert _count(session, namespace) == EXPECTED
+        executor = session.distributed_executor
+        assert executor is not None
+        [lease] = executor.refresher.leases()
+    assert lease.stopped is None and lease.stats.pushes >= 1 and log.pushes
+    assert executor.stats.credential_endpoint_calls >= 1
+
+
 def test_without_pushing_the_same_scan_fails_with_expired_credentials(
     ceph_stack: StackInfo, namespace: str, workers: WorkerPool
 ) -> None:

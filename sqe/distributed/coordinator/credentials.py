@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 
 from sqe.credentials import (
     VENDED_PARTS,
+    CatalogCredentials,
     CredentialSet,
     StoragePolicy,
+    StorageSettings,
     covered_by_any,
     is_object_store,
     prefix_matches,
@@ -63,6 +65,14 @@ def ticket_sets(
     limits = [usable_until(c.expires_at_ms, received_at, max_age_seconds=policy.max_age_seconds) for c in complete]
     until = min((limit for limit in limits if limit is not None), default=None)
     return RefreshedSets(tuple(complete), until, source, tuple(dropped))
+
+
+def under_settings(found: CatalogCredentials, loaded: StorageSettings) -> CatalogCredentials:
+    """A credentials-endpoint answer with the load-table answer's settings under its own, as the local path's
+    refresh keeps them (``ScopedFileIO``): such an answer often holds keys only, and its sets would otherwise go to
+    SQE's endpoint (AWS when none is set) rather than the store the catalog named."""
+    sets = tuple(s.with_settings(loaded.overlay(s.settings)) for s in found.sets)
+    return CatalogCredentials(loaded.overlay(found.settings), sets)
 
 
 def static_set(policy: StoragePolicy) -> CredentialSet | None:

@@ -24,11 +24,18 @@ from sqe.credentials import (
     CredentialSet,
     ScopedFileIO,
     StoragePolicy,
+    StorageSettings,
     is_object_store,
     parse_catalog_credentials,
 )
 from sqe.distributed.coordinator.client import WorkerClient
-from sqe.distributed.coordinator.credentials import TableCredentials, check_coverage, static_set, ticket_sets
+from sqe.distributed.coordinator.credentials import (
+    TableCredentials,
+    check_coverage,
+    static_set,
+    ticket_sets,
+    under_settings,
+)
 from sqe.distributed.coordinator.external import ExternalScanPlan
 from sqe.distributed.coordinator.job import ScanJob
 from sqe.distributed.coordinator.options import DistributedOptions
@@ -153,9 +160,8 @@ class DistributedExecutor:
         if not vended.credentials or not self.config.coordinator.push_credentials:
             return TableCredentials(ident, None, vended.credentials, fallback)
         user = principal_key(self.config.catalog.connection(ident.warehouse))
-        lease = self.refresher.lease(
-            user, ident, vended.credentials, vended.usable_until, self._reloader(ident, location)
-        )
+        reloader = self._reloader(ident, location, self._loaded_settings(loaded))
+        lease = self.refresher.lease(user, ident, vended.credentials, vended.usable_until, reloader)
         return TableCredentials(ident, lease, (), fallback)
 
     def _loaded_sets(self, loaded: LoadedTable) -> tuple[tuple[CredentialSet, ...], float]:
@@ -164,11 +170,20 @@ class DistributedExecutor:
             return loaded.io.credential_sets, loaded.io.received_at
         return parse_catalog_credentials(loaded.raw).sets, self._clock()
 
-    def _reloader(self, ident: TableIdent, location: str) -> Callable[[], RefreshedSets]:
+    def _loaded_settings(self, loaded: LoadedTable) -> StorageSettings:
+        """The load-table answer's response-wide settings (its ``config``: endpoint, region, path style)."""
+        if isinstance(loaded.io, ScopedFileIO):
+            return loaded.io.settings
+        return parse_catalog_credentials(loaded.raw).settings
+
+    def _reloader(self, ident: TableIdent, location: str, loaded: StorageSettings) -> Callable[[], RefreshedSets]:
         def reload() -> RefreshedSets:
             found = self._credentials_endpoint(ident)
             source = "credentials-endpoint"
-            if found is None:
+            if found is not None:
+                # Keys only, often: the load's endpoint, region and path style stay under them, as locally.
+                found = under_settings(found, loaded)
+            else:
                 found = parse_catalog_credentials(self._provider.load_table(ident, bypass_cache=True).raw)
                 source = "load-table"
                 self.stats.add(table_reloads=1)
