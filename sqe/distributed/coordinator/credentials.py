@@ -148,7 +148,7 @@ def check_coverage(
             continue
         if mode == "vended":
             raise NoVendedCredentialsError(
-                f'{ident}: coordinator.distributed_credentials = "vended" but {_vended_gap(path, vended.dropped)}'
+                f'{ident}: coordinator.distributed_credentials is "vended" but {_vended_gap(path, vended.dropped)}'
             )
         why = (
             "catalog.require_vended_credentials forbids the [storage] pair"

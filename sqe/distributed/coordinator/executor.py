@@ -147,7 +147,7 @@ class DistributedExecutor:
             static = static_set(self.policy)
             if static is None and any(is_object_store(task.file.file_path) for task in tasks):
                 raise CredentialError(
-                    f'{ident}: coordinator.distributed_credentials = "static" but [storage] has no '
+                    f'{ident}: coordinator.distributed_credentials is "static" but [storage] has no '
                     "access_key_id/secret_access_key pair to give the workers"
                 )
             return TableCredentials(ident, None, (), static)
