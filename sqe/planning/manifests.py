@@ -11,6 +11,13 @@ entries, their order and every field are exactly what ``ManifestFile.fetch_manif
 The manifests handed to pyiceberg's planner are :class:`PlanningManifest` copies of the manifest-list records,
 so pyiceberg's partition, metrics and sequence-number pruning and its delete-file matching run as before.
 
+Deletion vectors (format v3) of several data files share one Puffin file, each at its own offset. pyiceberg
+tells files apart by path alone, so its delete-file matching kept one of them (the first read) for every data
+file of the partition: the others' entries (offset, size, cardinality) were lost to the checks that hold a blob
+to its entry. Entries are read as :class:`PlanningDataFile` (told apart by path and content offset), and
+:func:`plan_tasks` keeps on each task only the delete files that may apply to its data file: one naming
+another data file (``referenced_data_file``, which the spec says all its deletes reference) does not.
+
 Avro has no end marker: a manifest cut at a block boundary decodes fewer entries, without error. Its
 manifest-list entry counts them, though (the files and rows of each status; optional in format v1, required
 since v2): :func:`counted_entries` refuses a manifest written since v2 (a sequence number above 0) whose live
@@ -27,6 +34,7 @@ from typing import TYPE_CHECKING
 from pyiceberg.avro.file import META_SCHEMA, AvroFile, AvroFileHeader
 from pyiceberg.avro.resolver import construct_reader, resolve_reader
 from pyiceberg.manifest import (
+    DATA_FILE_TYPE,
     MANIFEST_ENTRY_SCHEMAS,
     DataFile,
     DataFileContent,
@@ -36,6 +44,7 @@ from pyiceberg.manifest import (
     ManifestFile,
     _inherit_from_manifest,
 )
+from pyiceberg.table import FileScanTask
 
 from sqe._lru import LRUCache
 from sqe.planning.avro_decoder import MisstatedAvroError, bounded_decoder
@@ -46,16 +55,70 @@ if TYPE_CHECKING:
 
     from pyiceberg.avro.reader import Reader
     from pyiceberg.io import FileIO
+    from pyiceberg.table import DataScan
     from pyiceberg.typedef import StructProtocol
 
-__all__ = ["PlanningManifest", "check_entry_counts", "counted_entries", "planning_manifests"]
+__all__ = [
+    "PlanningDataFile",
+    "PlanningManifest",
+    "check_entry_counts",
+    "content_offset",
+    "content_size",
+    "counted_entries",
+    "own_deletes",
+    "plan_tasks",
+    "planning_manifests",
+    "referenced_data_file",
+]
 
 _SCHEMA_KEY = "avro.schema"
 # pyiceberg reads entries as format v2's (DEFAULT_READ_VERSION); v3's adds a deletion vector's referenced data
 # file, content offset and size (all optional, after v2's fields), by which its blob is checked when read.
 _ENTRY_READ_SCHEMA = MANIFEST_ENTRY_SCHEMAS[3]
-# The same record classes and enums pyiceberg reads manifest entries into.
-_ENTRY_TYPES: dict[int, Callable[..., StructProtocol]] = {-1: ManifestEntry, 2: DataFile}
+_V3_FIELDS = tuple(field.name for field in DATA_FILE_TYPE[3].fields)
+_REFERENCED, _OFFSET, _SIZE = (
+    _V3_FIELDS.index(name) for name in ("referenced_data_file", "content_offset", "content_size_in_bytes")
+)
+
+
+class PlanningDataFile(DataFile):
+    """pyiceberg's DataFile, told apart by its path and (a deletion vector's) content offset, not its path alone:
+    the deletion vectors of several data files lie in one Puffin file, and a set keyed by path kept one."""
+
+    __slots__ = ()
+
+    def _identity(self) -> tuple[str, int | None]:
+        return self.file_path, content_offset(self)
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DataFile):
+            return False
+        return (other.file_path, content_offset(other)) == self._identity()
+
+
+def content_offset(file: DataFile) -> int | None:
+    """A v3 delete-file entry's ``content_offset`` (None when read without the v3 fields, or not stated)."""
+    offset = file[_OFFSET] if len(file) == len(_V3_FIELDS) else None
+    return offset if isinstance(offset, int) else None
+
+
+def content_size(file: DataFile) -> int | None:
+    """A v3 delete-file entry's ``content_size_in_bytes`` (None when read without the v3 fields, or not stated)."""
+    size = file[_SIZE] if len(file) == len(_V3_FIELDS) else None
+    return size if isinstance(size, int) else None
+
+
+def referenced_data_file(file: DataFile) -> str | None:
+    """A v3 delete-file entry's ``referenced_data_file``: the one data file all its deletes reference."""
+    referenced = file[_REFERENCED] if len(file) == len(_V3_FIELDS) else None
+    return referenced if isinstance(referenced, str) else None
+
+
+# The same record classes (the data file's told apart by content offset too) and enums pyiceberg reads entries into.
+_ENTRY_TYPES: dict[int, Callable[..., StructProtocol]] = {-1: ManifestEntry, 2: PlanningDataFile}
 _ENTRY_ENUMS: dict[int, Callable[..., Enum]] = {0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent}
 _HEADER_READER = construct_reader(META_SCHEMA, {-1: AvroFileHeader})
 MAX_KEPT_READERS = 64  # distinct (schema, spec) texts; one table usually has a handful
@@ -142,3 +205,23 @@ class PlanningManifest(ManifestFile):
 def planning_manifests(manifests: Iterable[ManifestFile]) -> list[ManifestFile]:
     """The same manifest-list records as :class:`PlanningManifest` (same fields, same order)."""
     return [PlanningManifest(*manifest._data) for manifest in manifests]
+
+
+def own_deletes(task: FileScanTask) -> FileScanTask:
+    """``task`` without the delete files naming another data file (``referenced_data_file``): pyiceberg matches a
+    delete file without path bounds to every data file of its partition."""
+    path = task.file.file_path
+    kept = {d for d in task.delete_files if referenced_data_file(d) in (None, path)}
+    if len(kept) == len(task.delete_files):
+        return task
+    return FileScanTask(task.file, delete_files=kept, residual=task.residual)
+
+
+def plan_tasks(scan: DataScan) -> tuple[FileScanTask, ...]:
+    """pyiceberg's local planning of ``scan`` with manifests read as :func:`planning_manifests` (v3 entries, each
+    deletion vector its own delete file), each task holding only the delete files that may apply to it."""
+    snapshot = scan.snapshot()
+    if snapshot is None:
+        return ()
+    manifests = planning_manifests(snapshot.manifests(scan.io))
+    return tuple(own_deletes(task) for task in scan._manifest_planner.plan_files(manifests))

@@ -12,6 +12,10 @@ Switched on, it never falls back: a catalog that does not advertise the endpoint
 a plan still pending at the deadline, or plan tasks still coming at it (or one named twice) is a
 ``RemotePlanningError`` (a failed plan whose ErrorModel type the catalog error translator knows is that typed
 error).
+
+A deletion vector's delete file keeps what the plan states of its blob (``referenced-data-file``,
+``content-offset``, ``content-size-in-bytes``, and its ``record-count``): the read holds the blob to them
+(``sqe.execution.delete_limits``), as it does for a locally planned one.
 """
 
 from __future__ import annotations
@@ -33,14 +37,20 @@ from pyiceberg.catalog.rest.scan_planning import (
     PlanningResponse,
     PlanSubmitted,
     PlanTableScanRequest,
+    RESTDeleteFile,
+    RESTFileScanTask,
+    RESTPositionDeleteFile,
     ScanTasks,
 )
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, BoundSetPredicate, Not, Or, SetPredicate
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import FileScanTask
+from pyiceberg.typedef import Record
 
 from sqe._text import first_line
 from sqe.catalog.errors import typed_catalog_error
 from sqe.errors import CatalogError, RemotePlanningError
+from sqe.planning.manifests import PlanningDataFile, own_deletes
 from sqe.vocabulary import MAX_PLAN_FILTER_PREDICATES, MAX_PLAN_FILTER_VALUES, STORAGE_CREDENTIALS
 
 if TYPE_CHECKING:
@@ -232,9 +242,45 @@ def _scan_tasks(answer: Mapping[str, Any], ident: TableIdent) -> ScanTasks:
 
 def _tasks_of(batch: ScanTasks, ident: TableIdent) -> list[FileScanTask]:
     try:
-        return [FileScanTask.from_rest_response(task, batch.delete_files) for task in batch.file_scan_tasks]
+        return [_task_of(task, batch.delete_files) for task in batch.file_scan_tasks]
     except NotImplementedError as exc:  # equality deletes: pyiceberg cannot apply them
         raise RemotePlanningError(f"cannot read the plan of {ident}: {first_line(exc)}") from None
+
+
+def _task_of(task: RESTFileScanTask, delete_files: list[RESTDeleteFile]) -> FileScanTask:
+    """pyiceberg's task of ``task``, its delete files read as v3 entries: pyiceberg's own conversion drops a
+    deletion vector's ``referenced-data-file``, ``content-offset`` and ``content-size-in-bytes`` (by which the read
+    holds its blob to what the plan states) and keeps one delete file per path (deletion vectors share one)."""
+    # pyiceberg's model checked each reference is in range; its conversion gives the data file and the residual
+    # (and refuses equality deletes)
+    converted = FileScanTask.from_rest_response(task, delete_files)
+    deletes = {_delete_file(delete_files[ref]) for ref in task.delete_file_references or []}
+    return own_deletes(FileScanTask(converted.file, delete_files=deletes, residual=converted.residual))
+
+
+def _delete_file(rest: RESTDeleteFile) -> DataFile:
+    """A position delete file of a plan as a v3 delete-file entry (what a v3 manifest states of it)."""
+    vector: dict[str, Any] = {}
+    if isinstance(rest, RESTPositionDeleteFile):
+        vector = {
+            "referenced_data_file": rest.referenced_data_file,
+            "content_offset": rest.content_offset,
+            "content_size_in_bytes": rest.content_size_in_bytes,
+        }
+    delete_file = PlanningDataFile.from_args(
+        3,
+        content=DataFileContent.from_rest_type(rest.content),
+        file_path=rest.file_path,
+        file_format=rest.file_format,
+        partition=Record(*rest.partition) if rest.partition else Record(),
+        record_count=rest.record_count,
+        file_size_in_bytes=rest.file_size_in_bytes,
+        split_offsets=rest.split_offsets,
+        sort_order_id=rest.sort_order_id,
+        **vector,
+    )
+    delete_file.spec_id = rest.spec_id
+    return delete_file
 
 
 def _cancel_quietly(client: ScanPlanningClient, ident: TableIdent, plan_id: str) -> None:

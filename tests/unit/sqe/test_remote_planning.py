@@ -230,3 +230,37 @@ def test_plan_tasks_that_never_end_are_refused(same: bool) -> None:
     deadline = 60 if same else 0  # the chain: every plan task is fetched past a deadline already reached
     with pytest.raises(RemotePlanningError, match="plan tasks"):
         collect_tasks(_EndlessTasks(same=same), IDENT, {}, deadline_seconds=deadline, sleep=lambda _s: None)
+
+
+def _vector(referenced: str, offset: int, size: int, positions: int) -> dict[str, Any]:
+    return {
+        **_file("s3://b/dv.puffin"),
+        "content": "position-deletes",
+        "file-format": "puffin",
+        "record-count": positions,
+        "referenced-data-file": referenced,
+        "content-offset": offset,
+        "content-size-in-bytes": size,
+    }
+
+
+def _completed(tasks: list[dict[str, Any]], deletes: list[dict[str, Any]]) -> ScriptedCatalog:
+    body = {"status": "completed", "plan-id": "p", "file-scan-tasks": tasks, "delete-files": deletes}
+    return ScriptedCatalog(body, [], {})
+
+
+def test_deletion_vectors_of_a_plan_keep_their_offsets_sizes_and_data_files() -> None:
+    # Before: pyiceberg's conversion read delete files as v2 records (no referenced data file, offset or size)
+    # and kept one per path: the read held no blob to what the plan stated.
+    from sqe.execution.delete_limits import VectorEntry, task_vector_entries
+
+    deletes = [_vector("s3://b/1", 4, 40, 2), _vector("s3://b/2", 44, 50, 3)]
+    tasks = [
+        {"data-file": _file("s3://b/1"), "delete-file-references": [0, 1]},  # the other file's vector is dropped
+        {"data-file": _file("s3://b/2"), "delete-file-references": [1]},
+    ]
+    planned = collect_tasks(_completed(tasks, deletes), IDENT, {}, deadline_seconds=5, sleep=lambda _s: None)
+    assert [len(task.delete_files) for task in planned.tasks] == [1, 1]
+    assert task_vector_entries(planned.tasks) == {
+        "s3://b/dv.puffin": {"s3://b/1": VectorEntry(4, 40, 2), "s3://b/2": VectorEntry(44, 50, 3)}
+    }
