@@ -9,6 +9,10 @@ The catalog plans with pyiceberg over the table it holds, per caller, so a clien
   locations: a snapshot whose manifests lie elsewhere (another table's) is refused (422), never planned;
 - a manifest list or manifest is read only up to ``MAX_MANIFEST_BYTES`` and inflated only up to
   ``MAX_MANIFEST_DECOMPRESSED_BYTES`` (``sqe.planning.avro_limits``): a larger one is refused (422);
+- manifests are read as the engine's own planner reads them (``sqe.planning.manifests``): as format v3 entries,
+  so a deletion vector's ``referenced-data-file``, ``content-offset`` and ``content-size-in-bytes`` are planned
+  and sent, each deletion vector its own delete file (several share one Puffin file, at different offsets), on
+  the task of the data file it names only;
 - plans are kept in memory for ``plan_lifetime_seconds`` and belong to the principal (and actor) that made
   them, under the read-restrictions it had then: another caller's plan id, or one made before the caller's
   restrictions changed, is a 404, never someone else's (or an unrestricted caller's) files.
@@ -18,6 +22,7 @@ Planning completes synchronously; tasks beyond ``TASKS_PER_RESPONSE`` are handed
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -33,6 +38,7 @@ from pyiceberg.table import FileScanTask, Table
 from sqe._text import first_line
 from sqe.credentials.paths import covered_by_any
 from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, BoundedManifestFile
+from sqe.planning.manifests import content_offset, content_size, plan_tasks, referenced_data_file
 from sqe.restrictions import parse_restrictions
 from sqe.vocabulary import MAX_PLAN_FILTER_PREDICATES, MAX_PLAN_FILTER_VALUES
 from sqe_catalog.avro_limits import CatalogManifestBounds, ManifestLimitError
@@ -108,7 +114,7 @@ def plan_files(
             snapshot_id=request.snapshot_id,
             case_sensitive=request.case_sensitive,
         )
-        tasks = list(scan.plan_files())
+        tasks = plan_tasks(scan)
     except ValueError as exc:  # unknown snapshot, unbindable filter
         raise BadRequestError(f"cannot plan this scan: {first_line(str(exc)) or 'invalid'}") from None
     except UNDECODABLE as exc:  # the table's own files are at fault: a 422, as for one past the read limits
@@ -168,6 +174,8 @@ def _file_json(file: DataFile, with_stats: bool) -> dict[str, Any]:
     }
     if file.content == DataFileContent.EQUALITY_DELETES and file.equality_ids:
         body["equality-ids"] = list(file.equality_ids)
+    if file.content == DataFileContent.POSITION_DELETES:
+        body |= _vector_fields(file)
     if with_stats:
         for key, values in (
             ("column-sizes", file.column_sizes),
@@ -179,6 +187,22 @@ def _file_json(file: DataFile, with_stats: bool) -> dict[str, Any]:
     return body
 
 
+def _vector_fields(file: DataFile) -> dict[str, Any]:
+    """A v3 position delete file's ``referenced-data-file``, ``content-offset`` and ``content-size-in-bytes``
+    (a deletion vector's blob in its Puffin file), as far as its entry states them."""
+    stated = {
+        "referenced-data-file": referenced_data_file(file),
+        "content-offset": content_offset(file),
+        "content-size-in-bytes": content_size(file),
+    }
+    return {key: value for key, value in stated.items() if value is not None}
+
+
+def _delete_identity(delete: dict[str, Any]) -> str:
+    """A delete file's whole JSON: deletion vectors share their Puffin file's path, so the path alone merges them."""
+    return json.dumps(delete, sort_keys=True)
+
+
 def response_tasks(tasks: list[dict[str, Any]]) -> dict[str, Any]:
     """``file-scan-tasks`` plus the shared ``delete-files`` list they reference by index."""
     delete_files: list[dict[str, Any]] = []
@@ -187,11 +211,11 @@ def response_tasks(tasks: list[dict[str, Any]]) -> dict[str, Any]:
     for task in tasks:
         refs = []
         for delete in task["delete-files"]:
-            path = delete["file-path"]
-            if path not in index:
-                index[path] = len(delete_files)
+            identity = _delete_identity(delete)
+            if identity not in index:
+                index[identity] = len(delete_files)
                 delete_files.append(delete)
-            refs.append(index[path])
+            refs.append(index[identity])
         entry: dict[str, Any] = {"data-file": task["data-file"]}
         if refs:
             entry["delete-file-references"] = refs

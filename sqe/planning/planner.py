@@ -43,7 +43,7 @@ from sqe.errors import EncryptedTableError, QueryError, SQEError
 from sqe.planning.absent_filter_fields import with_absent_filter_fields
 from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, ManifestBounds, bounded_io
 from sqe.planning.filter_defaults import with_internal_defaults
-from sqe.planning.manifests import planning_manifests
+from sqe.planning.manifests import plan_tasks
 from sqe.planning.read_filters import nan_safe_filter
 from sqe.restrictions import RestrictionPlan, apply, parse_restrictions, required_columns
 from sqe.vocabulary import ENCRYPTION_KEY_ID, ENCRYPTION_KEYS
@@ -347,11 +347,7 @@ def _manifest_bounds(loaded: LoadedTable, scan: DataScan) -> ManifestBounds:
 def _plan_locally(scan: DataScan) -> tuple[FileScanTask, ...]:
     """pyiceberg's local planning (always local: planning must go through SQE's FileIO), with manifests read by
     :mod:`sqe.planning.manifests` (one reader setup per manifest schema instead of one per manifest file)."""
-    snapshot = scan.snapshot()
-    if snapshot is None:
-        return ()
-    manifests = planning_manifests(snapshot.manifests(scan.io))
-    return tuple(scan._manifest_planner.plan_files(manifests))
+    return plan_tasks(scan)
 
 
 def listed_row_count(scan: DataScan) -> int | None:

@@ -28,6 +28,8 @@ from tests.helpers.avro import avro_long
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from pyiceberg.table import Table
+
     from tests.conftest import CatalogServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
@@ -233,19 +235,26 @@ def test_optimize_refuses_a_position_delete_file_past_the_row_limit(
 
 
 def _deletion_vector_table(workdir: Path, server: CatalogServer, bitmaps: dict[int, BitMap]) -> str:
-    """A format-version 3 table whose first data file (``ROWS`` rows) has the deletion vector ``bitmaps``: a
-    table's files, committed with its own credentials, registered again through the catalog as v3 metadata
-    (the catalog upgrades no table to v3, and pyiceberg writes no v3 snapshot): dropped unpurged, then
-    registered again at v3 metadata naming the same snapshots."""
-    import requests
-
+    """A format-version 3 table whose first data file (``ROWS`` rows) has the deletion vector ``bitmaps``
+    (:func:`register_at_v3`)."""
     from tests.unit.sqe.iceberg_local import add_deletion_vector
 
     table = _table(workdir, server)
     ns, name = table.split(".")
-    catalog = pyiceberg_catalog(server, server.admin)
-    loaded = catalog.load_table((ns, name))
+    loaded = pyiceberg_catalog(server, server.admin).load_table((ns, name))
     add_deletion_vector(loaded, bitmaps)
+    register_at_v3(server, loaded)
+    return table
+
+
+def register_at_v3(server: CatalogServer, loaded: Table) -> None:
+    """Register the pyiceberg table ``loaded`` (its files, committed with its own credentials) again through the
+    catalog as v3 metadata (the catalog upgrades no table to v3, and pyiceberg writes no v3 snapshot): dropped
+    unpurged, then registered again at v3 metadata naming the same snapshots."""
+    import requests
+
+    ns, name = loaded.name()[-2:]
+    catalog = pyiceberg_catalog(server, server.admin)
     loaded.refresh()
     metadata = json.loads(loaded.io.new_input(loaded.metadata_location).open().read())
     metadata["format-version"], next_row_id = 3, 0
@@ -263,7 +272,6 @@ def _deletion_vector_table(workdir: Path, server: CatalogServer, bitmaps: dict[i
     registered = requests.post(url, json=body, headers=headers, timeout=60)
     assert registered.status_code == 200, registered.text
     assert registered.json()["metadata"]["format-version"] == 3
-    return table
 
 
 def _bitmap(start: int, stop: int) -> BitMap:

@@ -290,26 +290,56 @@ def add_deletion_vector(table: Table, bitmaps: Mapping[int, BitMap]) -> str:
     """Delete rows of the table's first data file with a deletion vector (a Puffin file, committed in a v3 delete
     manifest); returns that file's path."""
     target = next(iter(table.scan().plan_files())).file.file_path
+    add_deletion_vectors(table, {target: bitmaps})
+    return target
+
+
+def add_deletion_vectors(
+    table: Table, vectors: Mapping[str, Mapping[int, BitMap]], stated_positions: Mapping[str, int] | None = None
+) -> tuple[str, dict[str, tuple[int, int]]]:
+    """Delete rows of several data files with deletion vectors in ONE Puffin file (one blob each, in the order
+    given), committed in a v3 delete manifest, one entry each; ``stated_positions`` misstates an entry's
+    cardinality (its ``record_count``). Returns the Puffin file's path and each data file's (offset, length)."""
     path = f"{table.location()}/data/dv-{uuid.uuid4()}.puffin"
-    written, offset, length = deletion_vector_puffin(target, bitmaps)
+    written, places = vectors_puffin(vectors)
     with table.io.new_output(path).create() as out:
         out.write(written)
-    delete_file = DataFile.from_args(
-        3,  # a v3 record: a v2 one drops the referenced data file, content offset and size
-        content=DataFileContent.POSITION_DELETES,
-        file_path=path,
-        file_format=FileFormat.PUFFIN,
-        partition=Record(),
-        record_count=sum(len(b) for b in bitmaps.values()),
-        file_size_in_bytes=len(written),
-        referenced_data_file=target,
-        content_offset=offset,
-        content_size_in_bytes=length,
-    )
-    delete_file.spec_id = table.spec().spec_id
+    delete_files = []
+    for referenced, bitmaps in vectors.items():
+        offset, length = places[referenced]
+        positions = sum(len(b) for b in bitmaps.values())
+        delete_file = DataFile.from_args(
+            3,  # a v3 record: a v2 one drops the referenced data file, content offset and size
+            content=DataFileContent.POSITION_DELETES,
+            file_path=path,
+            file_format=FileFormat.PUFFIN,
+            partition=Record(),
+            record_count=(stated_positions or {}).get(referenced, positions),
+            file_size_in_bytes=len(written),
+            referenced_data_file=referenced,
+            content_offset=offset,
+            content_size_in_bytes=length,
+        )
+        delete_file.spec_id = table.spec().spec_id
+        delete_files.append(delete_file)
     with table.transaction() as tx:
-        _AddPositionDeletes(tx, table, [delete_file], _DeletionVectorManifestWriter).commit()
-    return target
+        _AddPositionDeletes(tx, table, delete_files, _DeletionVectorManifestWriter).commit()
+    return path, places
+
+
+def vectors_puffin(vectors: Mapping[str, Mapping[int, BitMap]]) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """A Puffin file of one ``deletion-vector-v1`` blob per data file of ``vectors``, in order; the file and each
+    data file's blob (offset, length)."""
+    out, metas, places = bytearray(b"PFA1"), [], {}
+    for referenced, bitmaps in vectors.items():
+        single, offset, length = deletion_vector_puffin(referenced, bitmaps)
+        size = int.from_bytes(single[-12:-8], "little")
+        [meta] = json.loads(single[-12 - size : -12])["blobs"]
+        meta["offset"], places[referenced] = len(out), (len(out), length)
+        out += single[offset : offset + length]
+        metas.append(meta)
+    footer = json.dumps({"blobs": metas}).encode()
+    return bytes(out + b"PFA1" + footer + struct.pack("<I", len(footer)) + b"\0\0\0\0PFA1"), places
 
 
 POSITION_DELETE_SCHEMA = pa.schema(
