@@ -87,16 +87,15 @@ class PlanningDataFile(DataFile):
 
     __slots__ = ()
 
-    def _identity(self) -> tuple[str, int | None]:
-        return self.file_path, content_offset(self)
-
     def __hash__(self) -> int:
-        return hash(self._identity())
+        # pyiceberg's own (the path's): sets mixing these and pyiceberg's records (a commit's) still find them
+        return hash(self.file_path)
 
     def __eq__(self, other: object) -> bool:
+        # Python asks the subclass first, so ``DataFile == PlanningDataFile`` is this too
         if not isinstance(other, DataFile):
             return False
-        return (other.file_path, content_offset(other)) == self._identity()
+        return (other.file_path, content_offset(other)) == (self.file_path, content_offset(self))
 
 
 def content_offset(file: DataFile) -> int | None:
