@@ -104,6 +104,22 @@ _DIAGNOSIS = re.compile(
     r"|(?:required when|requires|expected (?:a|an|one of)|must (?:be|not|have)|set either)[ \t]"
     r"|(?:Input|String|Value|Field) (?:should|error|required))"
 )
+# OAuth's error codes (RFC 6749 5.2, RFC 6750 3.1, RFC 8693 2.2.2): a catalog's error answer writes one before its
+# ``error_description`` (``unauthorized_client: principal x is not a reader``), which is prose, never a credential.
+_OAUTH_ERROR_CODES = frozenset(
+    {
+        "invalid_request",
+        "invalid_client",
+        "invalid_grant",
+        "unauthorized_client",
+        "unsupported_grant_type",
+        "invalid_scope",
+        "invalid_target",
+        "invalid_token",
+        "insufficient_scope",
+        "access_denied",
+    }
+)
 # An error code naming a credential (S3's ``ExpiredToken``, STS's ``InvalidClientTokenId``, botocore's
 # ``NoCredentialsError``) followed by a capitalised sentence (``The provided token has expired.``): prose. A config
 # key is never shaped so, and only these words mark one.
@@ -504,6 +520,8 @@ def _header_value_kept(text: str, name: re.Match[str]) -> bool:
     diagnosis (``catalog.client_secret: required``). A hyphenated header's and a ``name=``'s value always goes."""
     word = name["name"]
     plain = word.isascii() and word.isalpha()
+    if word.lower() in _OAUTH_ERROR_CODES and name["sep"] == ":":
+        return True  # its error_description follows
     if "authoriz" in word.lower():
         return (plain and word.lower() != "authorization") or _scheme_or_word_follows(text, name)
     if name["sep"] == "=" or "-" in word:

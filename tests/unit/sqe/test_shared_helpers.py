@@ -910,3 +910,12 @@ def test_redact_credentials_never_shows_part_of_a_generated_secret_in_any_form()
             if any(part in redacted and part not in around and part.strip() for part in stretches):
                 shown.append((text, redacted))
     assert not shown, shown[:5]
+
+
+def test_an_oauth_error_codes_description_stays_readable() -> None:
+    """Found by CI: the ``key: value`` rule read ``unauthorized_client`` (it holds "auth") as a credential's key
+    and hid the catalog's description, so the engine's delegation error no longer said why it was refused."""
+    message = "catalog refused to delegate (HTTP 400 unauthorized_client: principal impostor_x is not a reader)"
+    assert redact_credentials(message) == message
+    assert redact_credentials("invalid_grant: token tok_abc expired") == "invalid_grant: token tok_abc expired"
+    assert redact_credentials("client_secret: impostor_x1") == "client_secret: ***"
