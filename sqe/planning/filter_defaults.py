@@ -19,7 +19,6 @@ schema, which keeps pyiceberg's own values.
 from __future__ import annotations
 
 import datetime as dt
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -38,12 +37,14 @@ from pyiceberg.types import (
 )
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros, datetime_to_nanos, time_to_micros
 
+from sqe.planning.read_filters import nearest_float32
+
 
 def _float32(value: float) -> float:
     """The float (single precision) nearest ``value``, as a Python float: what a float column holds. One beyond
     a float's range (not a float column's default) stays as it is: it equals no float literal either way."""
     try:
-        return float(struct.unpack("<f", struct.pack("<f", value))[0])
+        return nearest_float32(value)
     except OverflowError:
         return value
 

@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from pyiceberg.schema import Schema
     from pyiceberg.types import IcebergType
 
-__all__ = ["nan_safe_filter", "narrowed_fields", "narrowed_filter"]
+__all__ = ["nan_safe_filter", "narrowed_fields", "narrowed_filter", "nearest_float32"]
 
 _FLOAT32_MAX = 3.4028234663852886e38
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -211,7 +211,7 @@ def _holds_int(value: object) -> bool:
 
 
 def _holds_float(value: object) -> bool:
-    return isinstance(value, float) and _within_float(value) and _float32(value) == value
+    return isinstance(value, float) and _within_float(value) and nearest_float32(value) == value
 
 
 def _within_float(value: float) -> bool:
@@ -239,7 +239,7 @@ def _double(value: float) -> Literal[float]:
     return DoubleLiteral(value)
 
 
-def _float32(value: float) -> float:
+def nearest_float32(value: float) -> float:
     """``value`` rounded to the nearest float (32 bits); ``value`` must be within float's finite range."""
     result: float = struct.unpack("<f", struct.pack("<f", value))[0]
     return result
@@ -247,13 +247,13 @@ def _float32(value: float) -> float:
 
 def float32_at_most(value: float) -> float:
     """The largest float (32 bits) that is at most ``value`` (finite, within float's range)."""
-    rounded = _float32(value)
+    rounded = nearest_float32(value)
     return rounded if rounded <= value else _float32_step_down(rounded)
 
 
 def float32_at_least(value: float) -> float:
     """The smallest float (32 bits) that is at least ``value`` (finite, within float's range)."""
-    rounded = _float32(value)
+    rounded = nearest_float32(value)
     return rounded if rounded >= value else -_float32_step_down(-rounded)
 
 
