@@ -202,6 +202,10 @@ _ENCODED_PARAMETER_VALUE = re.compile(r"[^\s'\"`%&]*(?:%(?!26|3B|23)[0-9A-F]{2}[
 # holds a blank and each match ends at its ``=``: linear time.
 _SPACED_NAME = re.compile(r"(?<![\w.-])(?P<name>[A-Za-z_][\w.-]*)(?:[ \t]+=[ \t]*|[ \t]*=[ \t]+)")
 _SPACED_VALUE = re.compile(rf"{_QUOTED}|{_UNQUOTED_WORD}")
+# An option of DuckDB's ``CREATE SECRET (TYPE s3, KEY_ID '...', SECRET '...')``: a name, blanks, then a quoted value,
+# first in a parenthesised list or after a comma (so prose such as "near SECRET 'x'" keeps its quote).
+_OPTION_NAME = re.compile(r"(?<=[(,])[ \t]*(?P<name>[A-Za-z_]\w*)[ \t]+(?=['\"])")
+_OPTION_VALUE = re.compile(_QUOTED)
 # An Authorization header's value after its scheme, to the line's end or a quote, as a header line, a dict's or a
 # tuple's repr shows it (AWS's holds the credential and the signature, comma-separated). Only with a scheme named:
 # "authorization: principal lacks ..." is a message.
@@ -417,7 +421,9 @@ def redact_credentials(text: str) -> str:
         text = _without_header_values(text)
     if "=" in text:
         text = _without_parameter_values(text, _PARAMETER_NAME, _PARAMETER_VALUE, _LISTED_VALUE)
-        text = _without_spaced_values(text)
+        text = _without_spaced_values(text, _SPACED_NAME, _SPACED_VALUE)
+    if "(" in text:
+        text = _without_spaced_values(text, _OPTION_NAME, _OPTION_VALUE)
     if "%3D" in text or "%3d" in text:
         text = _without_parameter_values(text, _ENCODED_PARAMETER_NAME, _ENCODED_PARAMETER_VALUE)
     return text
@@ -467,14 +473,15 @@ def _last_named_at(text: str, start: int, end: int) -> int:
     return at
 
 
-def _without_spaced_values(text: str) -> str:
-    """``text`` with the value of every ``name = value`` naming a credential replaced."""
+def _without_spaced_values(text: str, names: re.Pattern[str], values: re.Pattern[str]) -> str:
+    """``text`` with the value of every ``name = value`` (or SQL option ``NAME 'value'``) naming a credential
+    replaced: ``names`` finds a name and ends where its value starts, ``values`` reads the value."""
     parts: list[str] = []
     copied = 0
-    for name in _SPACED_NAME.finditer(text):
+    for name in names.finditer(text):
         if name.start() < copied or not names_secret(name["name"]):
             continue
-        value = _SPACED_VALUE.match(text, name.end())
+        value = values.match(text, name.end())
         if value is None or value.end() == name.end():
             continue
         parts += [text[copied : name.end()], REDACTED]

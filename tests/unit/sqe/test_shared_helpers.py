@@ -145,6 +145,8 @@ def test_redact_credentials_keeps_the_location_and_drops_its_credentials() -> No
         "Bearer a=",
         "Authorization: a b ",
         "secretsmanager:",
+        "(secret 'a",
+        ",token \t",
     ],
 )
 def test_redact_credentials_takes_linear_time_on_adversarial_text(unit: str) -> None:
@@ -399,6 +401,18 @@ def test_redact_credentials_drops_any_credential_written_with_blanks_around_its_
     assert redact_credentials(f"conn: host=h {name} = s3Cr#t/x@1 port=1") == f"conn: host=h {name} = *** port=1"
     assert redact_credentials(f"WITH ({name} = 'a b', region = 'eu')") == f"WITH ({name} = ***, region = 'eu')"
     assert redact_credentials("token_count = 3, key = 1") == "token_count = 3, key = 1"
+
+
+def test_redact_credentials_drops_the_secret_options_of_duckdbs_create_secret() -> None:
+    """DuckDB's ``CREATE SECRET`` writes an option as ``NAME 'value'`` (no ``=``): a statement echoed in an error or
+    a log showed its keys. Prose quoting a value after such a word keeps it."""
+    statement = "CREATE SECRET s (TYPE s3, KEY_ID 'AKIAX', SECRET 'wJalr/K7+x', SESSION_TOKEN \"Fw o\", REGION 'eu')"
+    assert redact_credentials(statement) == (
+        "CREATE SECRET s (TYPE s3, KEY_ID ***, SECRET ***, SESSION_TOKEN ***, REGION 'eu')"
+    )
+    assert redact_credentials("create secret (secret\t'a b', type s3)") == "create secret (secret\t***, type s3)"
+    assert redact_credentials("Binder Error: near SECRET 'x'") == "Binder Error: near SECRET 'x'"
+    assert redact_credentials("(TYPE 's3', PROVIDER 'config')") == "(TYPE 's3', PROVIDER 'config')"
 
 
 def test_redact_credentials_drops_all_of_a_connection_string_value_holding_a_hash_a_quote_or_blanks() -> None:
