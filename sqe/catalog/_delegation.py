@@ -129,8 +129,9 @@ def token_exchange_form(subject_token: str, actor_token: str) -> dict[str, str]:
     }
 
 
-# Every role of the reader principal (it needs none for data; a role-narrowed scope would be refused).
-_READER_SCOPE = "PRINCIPAL_ROLE:ALL"
+# Every role of the reader principal (it needs none for data; a role-narrowed scope would be refused). The user's
+# scope never applies to the reader: it names the user's roles, which the reader does not hold.
+READER_SCOPE = "PRINCIPAL_ROLE:ALL"
 
 
 def catalog_auth(session: requests.Session, endpoint: CatalogConnection) -> BearerAuth:
@@ -152,7 +153,7 @@ def catalog_auth(session: requests.Session, endpoint: CatalogConnection) -> Bear
         client_id=endpoint.reader_client_id or "",
         client_secret=endpoint.reader_client_secret_value() or "",
         # The reader holds no data roles: the user's scope narrows the user's token, never the reader's.
-        scope=_READER_SCOPE,
+        scope=READER_SCOPE,
     )
     return DelegatedAuth(
         session,

@@ -35,7 +35,7 @@ import requests
 from sqe._text import redact_credentials, short_identity
 from sqe._unpicklable import Unpicklable
 from sqe.catalog._auth import client_credentials_form, expires_in_of, oauth_error, refresh_point
-from sqe.catalog._delegation import token_exchange_form
+from sqe.catalog._delegation import READER_SCOPE, token_exchange_form
 from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavailableError
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class IdentityBroker(Unpicklable):
     catalog_uri: str
     warehouse: str
     _: KW_ONLY
-    scope: str = "PRINCIPAL_ROLE:ALL"
+    scope: str = "PRINCIPAL_ROLE:ALL"  # of users' Basic logins only; the reader always asks for all its roles
     reader_client_id: str | None = None
     reader_client_secret: str | None = None
     timeout: float = 30.0
@@ -321,7 +321,8 @@ class IdentityBroker(Unpicklable):
             cached = None if force else self._reader_token
         if cached is not None and now < cached.refresh_at:
             return cached.value, False
-        form = client_credentials_form(self.reader_client_id or "", self.reader_client_secret or "", self.scope)
+        # Never ``self.scope``: that narrows users' tokens to their roles, which the reader does not hold.
+        form = client_credentials_form(self.reader_client_id or "", self.reader_client_secret or "", READER_SCOPE)
         refused = f"the catalog rejected the server's reader identity {self.reader_client_id!r}"
         body = self._token_request(form, refused)
         fresh = _Cached(str(body["access_token"]), _lifetime(body, now))
