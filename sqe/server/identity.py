@@ -34,7 +34,7 @@ import requests
 
 from sqe._text import redact_credentials, short_identity
 from sqe._unpicklable import Unpicklable
-from sqe.catalog._auth import client_credentials_form, expires_in_of, oauth_error, refresh_point
+from sqe.catalog._auth import client_credentials_form, expires_in_of, oauth_error, oauth_error_code, refresh_point
 from sqe.catalog._delegation import READER_SCOPE, token_exchange_form
 from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavailableError
 
@@ -248,7 +248,9 @@ class IdentityBroker(Unpicklable):
             raise CatalogUnavailableError(f"cannot reach the catalog at {self.catalog_uri}: {reason}") from None
         status = response.status_code
         if status == 401:
-            raise AuthenticationError(f"the catalog rejected the bearer token ({_oauth_error(response)})", status=401)
+            raise AuthenticationError(
+                f"the catalog rejected the bearer token ({_oauth_error(response, token)})", status=401
+            )
         if status == 429 or status >= 500:
             raise CatalogUnavailableError(f"the catalog answered HTTP {status}", status=503)
         if 200 <= status < 300 or (status in (403, 404) and _is_catalog_error(response, status)):
@@ -293,7 +295,8 @@ class IdentityBroker(Unpicklable):
             del self._delegated[key]
 
     def _exchange(self, subject_token: str) -> _Cached:
-        """Exchange as the reader; a refusal of a *cached* reader token re-fetches it once and retries.
+        """Exchange as the reader; a refusal of a *cached* reader token (``invalid_client``) re-fetches it once and
+        retries.
 
         The catalog may have been restarted with another signing key, or revoked the reader's token: a cached
         reader token would otherwise be refused for every user until it expired.
@@ -301,8 +304,9 @@ class IdentityBroker(Unpicklable):
         actor, fresh = self._reader()
         try:
             return self._exchange_as(subject_token, actor)
-        except AuthenticationError:
-            if fresh:
+        except _Refused as refusal:
+            # Only the actor token's refusal: a refused subject would log in as the reader again on every call.
+            if fresh or refusal.code != _ACTOR_REFUSED:
                 raise
             log.info("the catalog refused the cached reader token of %r; fetching a new one", self.reader_client_id)
             actor, _ = self._reader(force=True)
@@ -336,7 +340,9 @@ class IdentityBroker(Unpicklable):
         except requests.RequestException as exc:
             raise CatalogUnavailableError(f"cannot reach {self.token_url}: {type(exc).__name__}") from None
         if response.status_code in (400, 401, 403):
-            raise AuthenticationError(f"{refused} ({_oauth_error(response)})", status=401)
+            # The user sees this message: blank out whatever was sent (the reader's token or secret among it).
+            described = _oauth_error(response, *(form.get(name, "") for name in _SENT_SECRETS))
+            raise _Refused(f"{refused} ({described})", oauth_error_code(response))
         if response.status_code != 200:
             raise CatalogUnavailableError(
                 f"{self.token_url} answered HTTP {response.status_code}", status=response.status_code
@@ -363,6 +369,21 @@ def _is_catalog_error(response: requests.Response, status: int) -> bool:
     return isinstance(error, dict) and error.get("code") == status and isinstance(error.get("type"), str)
 
 
-def _oauth_error(response: requests.Response) -> str:
-    """The OAuth/ErrorModel error text of a refusal, one line (an error JSON never carries a token)."""
-    return oauth_error(response, fallback=f"HTTP {response.status_code}", limit=200)
+def _oauth_error(response: requests.Response, *sent: str) -> str:
+    """The OAuth/ErrorModel error text of a refusal, one line, with the ``sent`` tokens and secrets blanked out: a
+    catalog or proxy may quote its request, and the text goes to the Flight client."""
+    return oauth_error(response, *sent, fallback=f"HTTP {response.status_code}", limit=200)
+
+
+# The token request fields that hold a secret or a token (client credentials, RFC 8693 exchange).
+_SENT_SECRETS = ("client_secret", "subject_token", "actor_token")
+# RFC 6749 error sqe-catalog answers for an actor token it does not take (invalid, expired, foreign or revoked).
+_ACTOR_REFUSED = "invalid_client"
+
+
+class _Refused(AuthenticationError):
+    """A refusal at the token endpoint, with its OAuth ``error`` code ("" when it has none)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message, status=401)
+        self.code = code

@@ -13,7 +13,8 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -179,3 +180,121 @@ def test_a_user_known_only_by_an_opaque_token_is_keyed_by_its_whole_digest() -> 
     assert len(bytes.fromhex(user.key.removeprefix("token:"))) >= 16
     assert repr(user) == f"User(key='token:{fingerprint(OPAQUE)}', issued_token=False)"
     assert OPAQUE not in repr(user) and user.authority not in repr(user)
+
+
+READER_ID, READER_SECRET = "reader-id", "reader-Secret-6cd1"
+
+
+class _EchoingCatalog(BaseHTTPRequestHandler):
+    """A catalog (or a proxy in front of it) whose refusals quote what it was sent: secrets and tokens included.
+
+    The reader's client credentials get ``reader-token-<n>`` (n counts the reader's logins); any other client is
+    refused. An exchange whose actor token is not in ``accepted_actors`` is refused ``invalid_client``, one whose
+    subject token ends in ``refused`` ``invalid_grant``; a bearer token ending in ``revoked`` gets a 401."""
+
+    reader_logins = 0
+    exchanges = 0
+    accepted_actors: tuple[str, ...] = ()
+
+    def do_POST(self) -> None:
+        sent = urllib.parse.parse_qs(self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode())
+        form = {key: values[0] for key, values in sent.items()}
+        cls = type(self)
+        if form.get("grant_type") == "client_credentials":
+            if form.get("client_id") == READER_ID and form.get("client_secret") == READER_SECRET:
+                cls.reader_logins += 1
+                _send(self, 200, _json({"access_token": f"reader-token-{cls.reader_logins}"}))
+            else:
+                described = f"no client {form.get('client_id')} with {form.get('client_secret')}"
+                _send(self, 401, _json({"error": "invalid_client", "error_description": described}))
+            return
+        cls.exchanges += 1
+        subject, actor = form.get("subject_token", ""), form.get("actor_token", "")
+        error = "invalid_client" if actor not in cls.accepted_actors else "invalid_grant"
+        if error == "invalid_grant" and not subject.endswith("refused"):
+            _send(self, 200, _json({"access_token": f"delegated-{subject}", "expires_in": 3600}))
+            return
+        _send(self, 400, _json({"error": error, "error_description": f"cannot exchange {subject} with {actor}"}))
+
+    def do_GET(self) -> None:
+        token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+        if token.endswith("revoked"):
+            _send(self, 401, _json({"error": {"message": f"no token {token}", "type": "NotAuthorized", "code": 401}}))
+        else:
+            _send(self, 200, b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _json(body: object) -> bytes:
+    return json.dumps(body).encode()
+
+
+@contextlib.contextmanager
+def _echoing_catalog(*accepted_actors: str) -> Iterator[tuple[str, type[_EchoingCatalog]]]:
+    """The catalog's URI and its handler class (a fresh one per catalog: its counters and settings)."""
+    handler = type("Echoing", (_EchoingCatalog,), {"accepted_actors": accepted_actors})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _delegating(uri: str, secret: str = READER_SECRET) -> IdentityBroker:
+    return IdentityBroker(uri, "wh", reader_client_id=READER_ID, reader_client_secret=secret)
+
+
+def _refusal(call: Callable[[], object]) -> str:
+    with pytest.raises(AuthenticationError) as refused:
+        call()
+    return str(refused.value)
+
+
+def test_a_refusal_quoting_what_the_broker_sent_never_shows_a_secret_or_token_to_the_user() -> None:
+    """Found by review: the broker put the catalog's error text into the error the Flight client gets, unredacted
+    (only the embedded exchange blanked out what it sent). A catalog or proxy quoting its request handed the user
+    the reader's token (with it, the user's own token exchanges for raw credentials of their restricted tables),
+    the reader's secret, or a secret or token of their own in a message meant for logs and terminals."""
+    user_secret, revoked = "alice-Secret-91f0", f"{FORGED}revoked"
+    with _echoing_catalog() as (uri, _catalog):
+        broker = _delegating(uri)
+        user = broker.authenticate_bearer(FORGED)
+        shown = [
+            _refusal(lambda: broker.catalog_token(user)),  # the exchange: the subject and the reader's token
+            _refusal(lambda: _delegating(uri, "reader-Wrong-Secret-1a2b").catalog_token(user)),  # reader's login
+            _refusal(lambda: broker.authenticate_basic("alice-id", user_secret)),
+            _refusal(lambda: broker.authenticate_bearer(revoked)),
+        ]
+    assert "cannot exchange" in shown[0] and "rejected client 'alice-id'" in shown[2], shown
+    for sent in (FORGED, "reader-token-1", "reader-Wrong-Secret-1a2b", user_secret, revoked):
+        assert not [text for text in shown if sent in text], f"{sent!r} shown in {shown}"
+
+
+def test_a_refused_subject_does_not_make_the_broker_log_in_as_the_reader_again() -> None:
+    """Found by review: any refused exchange with a cached reader token fetched a new reader token and exchanged
+    once more, so a user the catalog will not delegate for (their principal is a reader, say) cost the catalog a
+    client-credentials login (a password hash) and a second exchange on every call. Only a refused actor token
+    (``invalid_client``) is a reason to log in again."""
+    with _echoing_catalog("reader-token-1") as (uri, catalog):
+        broker = _delegating(uri)
+        assert broker.catalog_token(broker.authenticate_bearer(FORGED)) == f"delegated-{FORGED}"
+        refused = broker.authenticate_bearer(f"{FORGED}refused")
+        for _ in range(3):
+            with pytest.raises(AuthenticationError, match="refused to delegate"):
+                broker.catalog_token(refused)
+    assert (catalog.reader_logins, catalog.exchanges) == (1, 4)
+
+
+def test_a_refused_reader_token_is_fetched_again_once_and_the_exchange_retried() -> None:
+    """The catalog restarted with another signing key, or revoked the reader's token: one new login, one retry."""
+    with _echoing_catalog("reader-token-1") as (uri, catalog):
+        broker = _delegating(uri)
+        broker.catalog_token(broker.authenticate_bearer(FORGED))
+        catalog.accepted_actors = ("reader-token-2",)  # reader-token-1 is no longer taken
+        other = f"{FORGED}other"
+        assert broker.catalog_token(broker.authenticate_bearer(other)) == f"delegated-{other}"
+    assert (catalog.reader_logins, catalog.exchanges) == (2, 3)
