@@ -324,6 +324,20 @@ def _validate_catalog(c: CatalogConfig, o: Origins) -> None:
         _check_auth(w.client_id, w.client_secret, w.token, where, o)
         # A sibling with its own reader must name its own end user too (own credentials are never mixed).
         _check_reader(w.reader_client_id, w.reader_client_secret, bool(w.client_id or w.token), where, o)
+        _check_reader_stays_home(c, w, where, o)
+
+
+def _check_reader_stays_home(c: CatalogConfig, w: SiblingWarehouseConfig, where: str, o: Origins) -> None:
+    """A sibling on another catalog must not inherit ``[catalog]``'s reader: it would be sent the reader's secret,
+    and whoever runs that catalog could then exchange users' tokens for raw credentials of restricted tables."""
+    inherits_reader = c.reader_client_id is not None and not w.sets_auth
+    if inherits_reader and w.uri and w.uri.rstrip("/") != c.uri.rstrip("/"):
+        o.fail(
+            f"{where}.uri",
+            "is another catalog than catalog.uri, which would receive the reader's secret "
+            f"(catalog.reader_client_secret) from this warehouse; set {where}.client_id/client_secret or {where}.token "
+            f"(and {where}.reader_client_id with its secret for a reader there)",
+        )
 
 
 def _validate_storage(s: StorageConfig, o: Origins) -> None:

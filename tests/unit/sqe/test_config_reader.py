@@ -106,3 +106,22 @@ def _connection(token: str) -> CatalogConnection:
     config = load_config(env={}, overrides={**BASE, "catalog.token": token})
     assert isinstance(config, SQEConfig)
     return config.catalog.connection()
+
+
+def test_a_sibling_on_another_catalog_never_inherits_the_reader() -> None:
+    """Found by review: a sibling warehouse with its own ``uri`` and no identity of its own inherited all of
+    ``[catalog]``'s, the reader's client secret included, and sent it to that other catalog's token endpoint:
+    whoever runs it could then exchange any user's token it also sees for raw credentials of restricted tables."""
+    reader = {"catalog.client_id": "analyst", "catalog.client_secret": "s"}
+    reader |= {"catalog.reader_client_id": "sqe-engine", "catalog.reader_client_secret": "r"}
+    other = {"name": "other", "uri": "http://127.0.0.1:2"}
+    with pytest.raises(ConfigError) as caught:
+        _load(**reader, **{"catalog.warehouses": [{"name": "same", "uri": "http://127.0.0.1:1/"}, other]})
+    assert str(caught.value).startswith("catalog.warehouses[1].uri")
+    assert "is another catalog than catalog.uri, which would receive the reader's secret" in str(caught.value)
+    # Its own identity (a reader of that catalog too, when it needs one) is fine; so is [catalog] without a reader.
+    own = {**other, "client_id": "bob", "client_secret": "b", "reader_client_id": "e2", "reader_client_secret": "x"}
+    config = load_config(env={}, overrides={**BASE, **reader, "catalog.warehouses": [own]})
+    assert isinstance(config, SQEConfig) and config.catalog.connection("other").reader_client_id == "e2"
+    plain = load_config(env={}, overrides={**BASE, "catalog.token": "t", "catalog.warehouses": [other]})
+    assert isinstance(plain, SQEConfig) and not plain.catalog.connection("other").delegates
