@@ -26,7 +26,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError as PyNoSuchNamespaceError
 from pyiceberg.exceptions import NoSuchTableError as PyNoSuchTableError
 
 from sqe import vocabulary
-from sqe._text import first_line
+from sqe._text import REDACTED, first_line
 from sqe.errors import (
     AuthenticationError,
     CatalogError,
@@ -132,7 +132,8 @@ def typed_catalog_error(status: int, error_type: str | None, detail: str, what: 
 
 
 def error_for_status(response: requests.Response, what: str) -> CatalogError:
-    """Map an HTTP error answer to SQE's typed errors (clear messages, no secrets)."""
+    """Map an HTTP error answer to SQE's typed errors (clear messages, no secrets: not even the bearer token the
+    request carried, should the catalog or a proxy quote it)."""
     error_type, detail = _error_model(response)
     return catalog_error(response.status_code, error_type, detail, what)
 
@@ -183,12 +184,28 @@ def commit_state_unknown(what: str, detail: str, status: int | None = None) -> C
 
 def _error_model(response: requests.Response) -> tuple[str | None, str]:
     """(ErrorModel ``type`` or None, one-line message) of an error answer; the body's first line otherwise."""
+    sent = _bearer_token_sent(response)
     try:
         body: Any = response.json()
         error = body["error"]
-        message = first_line(str(error["message"]), limit=500)
+        message = first_line(_without(str(error["message"]), sent), limit=500)
     except (ValueError, KeyError, TypeError):
-        text = response.text or response.reason
+        text = _without(response.text or response.reason, sent)
         return None, first_line(text, limit=200) if text and text.strip() else "no details"
     error_type = error.get("type") if isinstance(error, dict) else None
     return (error_type if isinstance(error_type, str) else None), message
+
+
+def _bearer_token_sent(response: requests.Response) -> str:
+    """The bearer token of the request ``response`` answers ("" without one). In ``sqe serve`` it is a delegated
+    token: a user who read it in an error could take it to the catalog and get raw credentials of tables that
+    carry read-restrictions for them, bypassing the server that enforces them."""
+    request = getattr(response, "request", None)
+    header = request.headers.get("Authorization", "") if request is not None else ""
+    scheme, _, token = str(header).partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _without(text: str, secret: str) -> str:
+    """``text`` with ``secret`` blanked out, before any cut (a cut could leave part of it)."""
+    return text.replace(secret, REDACTED) if secret else text

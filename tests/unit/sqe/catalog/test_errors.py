@@ -56,10 +56,12 @@ def server() -> Iterator[tuple[str, type[_Answer]]]:
     httpd.server_close()
 
 
-def answer(server: tuple[str, type[_Answer]], status: int, body: bytes, content_type: str) -> requests.Response:
+def answer(
+    server: tuple[str, type[_Answer]], status: int, body: bytes, content_type: str, token: str = ""
+) -> requests.Response:
     url, state = server
     state.status, state.body, state.content_type = status, body, content_type
-    return requests.get(url, timeout=5)
+    return requests.get(url, timeout=5, headers={"Authorization": f"Bearer {token}"} if token else {})
 
 
 def catalog_answer(server: tuple[str, type[_Answer]], error: catalog.CatalogError) -> requests.Response:
@@ -173,3 +175,26 @@ def test_a_catalog_answer_quoting_a_token_never_shows_it(server: tuple[str, type
     mapped = error_for_status(answer(server, 401, json.dumps(body).encode(), "application/json"), "table wh.ns.t")
     shown = f"{mapped} {mapped!r}"
     assert "***" in shown and "catalogSIGsecret9" not in shown and "opaqueTOKEN123secret" not in shown, shown
+
+
+# A delegated token as sqe-catalog issues them: base64url JSON, a dot, a base64url HMAC.
+DELEGATED = "eyJhY3QiOnsic3ViIjoic3FlLWVuZ2luZSJ9LCJzdWIiOiJhbmFseXN0In0.c2lnbmF0dXJlLW9mLXRoZS1jYXRhbG9n"
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/plain"])
+def test_the_bearer_token_the_request_carried_never_reaches_the_message(
+    server: tuple[str, type[_Answer]], content_type: str
+) -> None:
+    """Found by review: a catalog or proxy quoting the token it was sent put it into the error, which ``sqe serve``
+    hands to the Flight client. There the token is a delegated one: with it the user could load their restricted
+    tables at the catalog directly, raw credentials included. It is blanked out before the message is cut."""
+    quoted = f"token {DELEGATED} is not valid for this warehouse"
+    body = json.dumps({"error": {"message": quoted, "type": "NotAuthorizedException", "code": 401}})
+    sent = body if content_type == "application/json" else quoted
+    mapped = error_for_status(answer(server, 401, sent.encode(), content_type, DELEGATED), "table wh.ns.t")
+    assert isinstance(mapped, AuthenticationError if content_type == "application/json" else CatalogError)
+    assert "is not valid for this warehouse" in str(mapped), str(mapped)
+    assert DELEGATED not in f"{mapped} {mapped!r}" and DELEGATED[:40] not in str(mapped)
+    cut = "x" * (480 - len("token ")) + f" token {DELEGATED}"  # the 500-character cut falls inside the token
+    long = json.dumps({"error": {"message": cut, "code": 400}}).encode()
+    assert DELEGATED[:10] not in str(error_for_status(answer(server, 400, long, "application/json", DELEGATED), "t"))
