@@ -229,8 +229,7 @@ def _no_content() -> Response:
 
 
 def _error(exc: CatalogError) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, NotAuthorizedError) else None
-    return _json(exc.to_json(), exc.status, headers)
+    return _json(exc.to_json(), exc.status, exc.headers() or None)
 
 
 def _internal_error(request_id: str) -> Response:

@@ -14,6 +14,7 @@
     ├── UnprocessableEntityError (422)
     │   └── MetadataIntegrityError     key-ID pin or metadata digest does not hold (never retried)
     └── ServiceUnavailableError (503)  e.g. the STS endpoint cannot be reached
+        └── ClaimContendedError        a create that kept losing its claim of places (``Retry-After``)
 
 Messages are written for the client: they never contain secrets or stack traces.
 """
@@ -56,6 +57,10 @@ class CatalogError(Exception):
         message = escape_unprintable(self.message)
         return {"error": {"message": message, "type": self.error_type, "code": self.status}}
 
+    def headers(self) -> dict[str, str]:
+        """HTTP headers the response carrying this error adds (none unless a subclass says)."""
+        return {}
+
 
 class BadRequestError(CatalogError, status=400, error_type=vocabulary.ERROR_BAD_REQUEST):
     """Malformed JSON, bad identifiers, invalid arguments."""
@@ -63,6 +68,9 @@ class BadRequestError(CatalogError, status=400, error_type=vocabulary.ERROR_BAD_
 
 class NotAuthorizedError(CatalogError, status=401, error_type=vocabulary.ERROR_NOT_AUTHORIZED):
     """A missing, expired or invalid bearer token, or a bad client secret."""
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
 
 
 class ForbiddenError(CatalogError, status=403, error_type=vocabulary.ERROR_FORBIDDEN):
@@ -128,6 +136,18 @@ class MetadataIntegrityError(UnprocessableEntityError, error_type=ERROR_METADATA
 
 class ServiceUnavailableError(CatalogError, status=503, error_type=vocabulary.ERROR_SERVICE_UNAVAILABLE):
     """E.g. the STS endpoint cannot be reached."""
+
+
+class ClaimContendedError(ServiceUnavailableError):
+    """A create (create, stage-create, register, view create, notification) whose claim of places kept losing to
+    other catalog processes' claims: nothing was written. 503 with ``Retry-After``, not 409: on those routes the
+    Iceberg REST clients read 409 as "already exists". Iceberg's Java HTTP client retries a 503 by itself (after
+    ``Retry-After``). Commits answer ``CommitFailedError`` instead: a 5xx there reads as "commit state unknown"."""
+
+    RETRY_AFTER_SECONDS: ClassVar[int] = 1
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.RETRY_AFTER_SECONDS)}
 
 
 class ConfigError(Exception):

@@ -17,7 +17,6 @@ that could steer that I/O is checked here first:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import uuid
@@ -67,10 +66,12 @@ from sqe.credentials.paths import covered_by_any, prefix_matches
 from sqe.planning.avro_limits import BoundedManifestIO
 from sqe_catalog.avro_limits import CatalogManifestBounds, ManifestLimitError
 from sqe_catalog.config import WarehouseConfig
+from sqe_catalog.contention import retried_claim
 from sqe_catalog.errors import (
     AlreadyExistsError,
     BadRequestError,
     CatalogError,
+    ClaimContendedError,
     CommitFailedError,
     ForbiddenError,
     NoSuchNamespaceError,
@@ -89,7 +90,7 @@ from sqe_catalog.identifiers import (
 from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, check_new_metadata_size, read_metadata_file
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
-from sqe_catalog.integrity.guard import ClaimRaced, IntegrityGuard, PendingRead
+from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
 from sqe_catalog.integrity.state import Reservation, TableName, TrustedState, now_ms
 from sqe_catalog.schema import VIEW_POINTERS, create_tables
 from sqe_catalog.update_ids import assigned_ids
@@ -125,9 +126,6 @@ LOCATION_PROPERTIES = (WRITE_DATA_PATH, WRITE_METADATA_PATH)
 FORBIDDEN_TABLE_PROPERTIES = frozenset({"py-io-impl", "write.py-location-provider.impl"})
 # The newest format a create transaction may ask for (creates write v3 metadata themselves).
 _MAX_CREATE_FORMAT_VERSION = 3
-# How often a claim of places is made in all when other catalog processes' claims keep committing behind its
-# checks (each attempt is checked afresh; the last one lost is a 503).
-_CLAIM_ATTEMPTS = 5
 _T = TypeVar("_T")
 
 
@@ -844,7 +842,8 @@ class WarehouseTables:
             self.integrity.reserve(_s(namespace), create.name, str(metadata.table_uuid), tuple(locations), until)
             return metadata
 
-        return StoredTable(namespace, create.name, None, self._claimed(claim))
+        metadata = self._claimed(claim, _shown("stage-create of table", namespace, create.name))
+        return StoredTable(namespace, create.name, None, metadata)
 
     def _new_metadata(self, create: TableCreate, location: str) -> TableMetadata:
         """A new table's first metadata, carrying the integrity properties a new table starts with."""
@@ -878,7 +877,7 @@ class WarehouseTables:
                 metadata = self._new_metadata(create, location)
             self.integrity.create(_s(namespace), create.name, metadata)  # row + pin in one transaction
 
-        self._claimed(claim)
+        self._claimed(claim, _shown("create of table", namespace, create.name))
         return self.load_table(namespace, create.name)
 
     def register_table(
@@ -914,7 +913,7 @@ class WarehouseTables:
             # Row + pin (of these bytes' digest) + audit event in one transaction.
             self.integrity.admit(_s(namespace), name, Admission(metadata_location, parsed, actor, action), stamp)
 
-        self._claimed(claim)
+        self._claimed(claim, _shown(f"{action} of table", namespace, name))
         return StoredTable(namespace, name, metadata_location, parsed.metadata, parsed.document)
 
     def _read_for_admission(self, metadata_location: str) -> ParsedMetadata:
@@ -962,7 +961,7 @@ class WarehouseTables:
             admitted = Admission(location, parsed, actor, action)
             self.integrity.readmit(_s(namespace), name, (current, trusted), admitted, stamp, left)
 
-        self._claimed(claim)
+        self._claimed(claim, _shown(f"{action} of table", namespace, name))
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
     def notify(
@@ -1033,7 +1032,10 @@ class WarehouseTables:
         def claim() -> tuple[str, ParsedMetadata]:
             return apply(self._check_commit_locations(namespace, name, updates, creating))
 
-        return self._as_loaded(namespace, name, self._claimed(claim))
+        # Given up: 409 CommitFailedException, which clients retry on a fresh base (a 5xx on a commit they must
+        # read as "state unknown": neither retried nor cleaned up), also for a create transaction.
+        shown = _shown("commit of table", namespace, name)
+        return self._as_loaded(namespace, name, self._claimed(claim, shown, CommitFailedError))
 
     def pending_commit_create(self, namespace: Namespace, name: str, commit: CommitBody) -> StoredTable:
         """What a create transaction's commit would write, written and reserved nowhere: for checks that must pass
@@ -1053,21 +1055,25 @@ class WarehouseTables:
         located = (SetLocationUpdate(location=self._new_table_location(namespace, name)), *commit.updates)
         return commit.model_copy(update={"updates": located})
 
-    def _claimed(self, claim: Callable[[], _T]) -> _T:
+    def _claimed(self, claim: Callable[[], _T], what: str, gave_up: type[CatalogError] = ClaimContendedError) -> _T:
         """Run ``claim`` (the checks of the places it claims, then the transaction recording the claim) as one
         critical section: against this process's other requests (the location lock) and against every other
         catalog process on the database (``IntegrityGuard.claiming``). When another process's claim committed
-        behind its checks, nothing was written and it runs again, checked afresh."""
-        for _attempt in range(_CLAIM_ATTEMPTS - 1):
-            with contextlib.suppress(ClaimRaced), self._location_lock, self.integrity.claiming():
-                return claim()
-        try:
+        behind its checks, nothing was written and it runs again, checked afresh, after a jittered pause
+        (``sqe_catalog.contention``). When it keeps losing: ``gave_up`` naming ``what``, nothing written. The
+        default, a 503 with ``Retry-After``, is for creates, where clients read a 409 as "already exists"."""
+
+        def attempt() -> _T:
             with self._location_lock, self.integrity.claiming():
                 return claim()
-        except ClaimRaced:
-            raise ServiceUnavailableError(
-                "places of this warehouse are being claimed concurrently by other catalog processes; retry"
-            ) from None
+
+        def contended(attempts: int) -> CatalogError:
+            return gave_up(
+                f"{what} not applied: places of warehouse {self.warehouse.name} kept being claimed concurrently by"
+                f" other catalog processes ({attempts} attempts); nothing was committed, retry"
+            )
+
+        return retried_claim(attempt, contended)
 
     def _check_commit_properties(self, updates: Sequence[TableUpdate]) -> None:
         for update in updates:
@@ -1190,10 +1196,13 @@ class WarehouseTables:
             levels = tuple(str(namespace).split(vocabulary.NAMESPACE_SEPARATOR))
             yield (levels, str(name)), pointer_directory(str(metadata_location))
 
-    def view_location_claimed(self, namespace: Namespace, name: str, location: str, write: Callable[[], _T]) -> _T:
-        """Run ``write`` (a view create or replace at ``location``, whose transaction calls ``integrity.fence``) in
-        a claim section, after checking the location overlaps no table's, no other view's and no place credentials
-        may still be valid for (a table's writers there could rewrite the view's SQL)."""
+    def view_location_claimed(
+        self, namespace: Namespace, name: str, location: str, write: Callable[[], _T], replace: bool = False
+    ) -> _T:
+        """Run ``write`` (a view create, or with ``replace`` a replace, at ``location``, whose transaction calls
+        ``integrity.fence``) in a claim section, after checking the location overlaps no table's, no other view's
+        and no place credentials may still be valid for (a table's writers there could rewrite the view's SQL).
+        Kept losing the claim: a replace (a commit) is 409 CommitFailedException, a create 503 (as a table's)."""
         what = "view location"
 
         def claim() -> _T:
@@ -1205,7 +1214,9 @@ class WarehouseTables:
             self._check_reserved_locations((location,), None, what)
             return write()
 
-        return self._claimed(claim)
+        if replace:
+            return self._claimed(claim, _shown("replace of view", namespace, name), CommitFailedError)
+        return self._claimed(claim, _shown("create of view", namespace, name))
 
     def new_view_location(self, namespace: Namespace, name: str) -> str:
         """Where a new view goes: as a new table of that name would (beside a dropped or reserved place)."""
@@ -1380,6 +1391,11 @@ def _unread_logged(shown: str) -> Iterator[None]:
     except Exception as exc:
         why = exc.message if isinstance(exc, ManifestLimitError) else type(exc).__name__
         log.warning("purge of %s could not read a manifest: %s", shown, why)
+
+
+def _shown(what: str, namespace: Namespace, name: str) -> str:
+    """``what`` and the object's dotted name, for a message (``create of table ns.t``)."""
+    return f"{what} {'.'.join((*namespace, name))}"
 
 
 def pointer_directory(metadata_location: str) -> str:

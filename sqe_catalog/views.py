@@ -230,7 +230,7 @@ class ViewStore:
                 self._swap(namespace, name, current.metadata_location, location)
             return location
 
-        location = self._tables.view_location_claimed(namespace, name, view_location, write)
+        location = self._tables.view_location_claimed(namespace, name, view_location, write, replace=True)
         return StoredView(namespace, name, location, document)
 
     def _swap(self, namespace: Namespace, name: str, previous: str, metadata_location: str) -> None:

@@ -90,6 +90,7 @@ def test_routing_errors_and_head_replies(app_and_token: tuple[Starlette, str]) -
     assert call(app, "PATCH", "/v1/wh/namespaces", headers=auth).json()["error"]["code"] == 405
     head = call(app, "HEAD", "/v1/wh/namespaces/db")
     assert head.status == 401 and head.body == b""
+    assert head.headers.get("www-authenticate") == "Bearer"  # the challenge a 401 carries (RFC 6750)
     assert call(app, "HEAD", "/v1/wh/namespaces/db", headers=auth).status == 404
     bad_json = call(app, "POST", "/v1/wh/namespaces", headers=auth, body=b"{nope")
     assert bad_json.status == 400 and bad_json.json()["error"]["type"] == "BadRequestException"

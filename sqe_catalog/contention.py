@@ -1,0 +1,62 @@
+"""How a claim of places is tried again while other catalog processes' claims keep committing behind its checks.
+
+A claim (``WarehouseTables._claimed``) checks its places, then records them in a transaction that rolls back with
+``ClaimRaced`` when another process's claim committed meanwhile: nothing was recorded, and the metadata file the
+attempt wrote is gone (``removed_if_raced``). So it is simply made again, checked afresh, after a short random
+pause (jittered exponential backoff: processes that collided once do not collide again in step). It gives up
+after a few attempts and a bounded time, whichever comes later of ``MIN_ATTEMPTS`` and ``PATIENCE_SECONDS``
+(never more than ``MAX_ATTEMPTS``): the request's client waits meanwhile. What it answers then is the caller's
+choice (``GaveUp``): the Iceberg REST clients read the same status differently per route.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from sqe_catalog.errors import CatalogError, ClaimRaced
+
+__all__ = ["MAX_ATTEMPTS", "MIN_ATTEMPTS", "PATIENCE_SECONDS", "GaveUp", "retried_claim"]
+
+log = logging.getLogger("sqe_catalog.contention")
+
+# Attempts in all: at least MIN_ATTEMPTS (a slow store must not make the first loss final), then until
+# PATIENCE_SECONDS have passed since the first began, at most MAX_ATTEMPTS.
+MIN_ATTEMPTS = 3
+MAX_ATTEMPTS = 8
+PATIENCE_SECONDS = 3.0
+# The pause before attempt n+1 is uniform in [0, min(BACKOFF_BASE_SECONDS * 2**(n-1), BACKOFF_CAP_SECONDS)].
+BACKOFF_BASE_SECONDS = 0.05
+BACKOFF_CAP_SECONDS = 1.0
+
+_T = TypeVar("_T")
+# The error a claim that gave up raises, given how many attempts it made.
+GaveUp = Callable[[int], CatalogError]
+
+
+def retried_claim(attempt: Callable[[], _T], gave_up: GaveUp) -> _T:
+    """``attempt()`` (one claim section), made again after each ``ClaimRaced``; ``gave_up(attempts)`` raised when
+    the attempts are spent. Any other error ends it at once, as it is."""
+
+    def give_up(state: RetryCallState) -> _T:
+        log.warning("a claim of places lost to other catalog processes' claims %d times; gave up", state.attempt_number)
+        raise gave_up(state.attempt_number) from None
+
+    retrying = Retrying(
+        retry=retry_if_exception_type(ClaimRaced),
+        stop=stop_after_attempt(MAX_ATTEMPTS) | (stop_after_attempt(MIN_ATTEMPTS) & stop_after_delay(PATIENCE_SECONDS)),
+        wait=wait_random_exponential(multiplier=BACKOFF_BASE_SECONDS, max=BACKOFF_CAP_SECONDS),
+        retry_error_callback=give_up,
+    )
+    result: _T = retrying(attempt)
+    return result

@@ -1,0 +1,279 @@
+"""A claim of places that keeps losing to other catalog processes' claims, against the real ``sqe-catalog``.
+
+Every claim (create, stage-create, register, a commit that moves a table, a view create or replace) records its
+places in a transaction that also advances the warehouse's claim counter from the value it read before its
+checks; another process's claim committing meanwhile makes it roll back (``ClaimRaced``) and try again. Here that
+rival is made certain, not timed: SQLite triggers on the catalog's database advance the counter whenever a claim
+writes its record (``rival_claims``), as another process's claim committing right then would. So every attempt
+loses, and what the catalog answers once it gives up is what is tested:
+
+- on a commit (table commit, create transaction, view replace) 409 ``CommitFailedException``: nothing was
+  committed, and Iceberg clients retry that on a fresh base; a 5xx there means "commit state unknown" to them
+  (neither retried nor cleaned up);
+- on a create (table create, stage-create, register, view create), where clients read 409 as "already exists",
+  503 ``ServiceUnavailableException`` with ``Retry-After`` (Iceberg's Java client retries it by itself).
+
+Either way nothing is left behind: no table, no metadata file, no place kept, and the same call succeeds once the
+rival is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import requests
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
+
+from sqe_catalog.contention import MIN_ATTEMPTS
+from tests.conftest import pyiceberg_catalog
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogServer
+
+pytestmark = pytest.mark.e2e
+
+SCHEMA = {"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "type": "long", "required": False}]}
+CONTENTION = "kept being claimed concurrently by other catalog processes"
+ATTEMPTS = re.compile(r"\((\d+) attempts\)")
+# Where each kind of claim writes its record (then advances the claim counter, in the same transaction).
+CLAIM_RECORDS = ("iceberg_tables", "sqe_catalog_views", "sqe_reserved_table_locations")
+
+
+@contextlib.contextmanager
+def rival_claims(server: CatalogServer) -> Iterator[None]:
+    """While inside: every record of a claim finds the claim counter advanced past the value its claim read, as
+    when another catalog process's claim committed behind its checks (the trigger's update rolls back with the
+    refused record, so each attempt loses afresh)."""
+    names = [f"rival_{table}_{event.lower()}" for table in CLAIM_RECORDS for event in ("INSERT", "UPDATE")]
+    with _database(server) as db:
+        for table in CLAIM_RECORDS:
+            for event in ("INSERT", "UPDATE"):
+                db.execute(
+                    f"CREATE TRIGGER rival_{table}_{event.lower()} AFTER {event} ON {table} "
+                    "BEGIN UPDATE sqe_location_claims SET epoch = epoch + 1; END"
+                )
+    try:
+        yield
+    finally:
+        with _database(server) as db:
+            for name in names:
+                db.execute(f"DROP TRIGGER IF EXISTS {name}")
+
+
+@contextlib.contextmanager
+def _database(server: CatalogServer) -> Iterator[sqlite3.Connection]:
+    db = sqlite3.connect(server.workdir / "catalog.db", timeout=30)
+    try:
+        with db:  # one transaction, committed
+            yield db
+    finally:
+        db.close()
+
+
+class Api:
+    def __init__(self, server: CatalogServer) -> None:
+        self.server = server
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {server.token(server.admin)}"
+
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        url = f"{self.server.url}/v1/{self.server.warehouse}/{path}"
+        return self.session.request(method, url, timeout=60, **kwargs)
+
+    def namespace(self) -> str:
+        ns = f"contended_{uuid.uuid4().hex[:8]}"
+        assert self.request("POST", "namespaces", json={"namespace": [ns]}).status_code == 200
+        return ns
+
+    def create(self, ns: str, name: str, **body: Any) -> requests.Response:
+        return self.request("POST", f"namespaces/{ns}/tables", json={"name": name, "schema": SCHEMA, **body})
+
+    def commit(self, ns: str, name: str, updates: list[dict[str, Any]], **body: Any) -> requests.Response:
+        return self.request("POST", f"namespaces/{ns}/tables/{name}", json={"updates": updates, **body})
+
+    def load(self, ns: str, name: str) -> requests.Response:
+        return self.request("GET", f"namespaces/{ns}/tables/{name}")
+
+    def objects(self, location: str) -> list[str]:
+        """The objects stored under ``location`` (a place a claim asked for)."""
+        prefix = location.removeprefix(f"s3://{self.server.moto.bucket}/") + "/"
+        listing = self.server.moto.client("s3").list_objects_v2(Bucket=self.server.moto.bucket, Prefix=prefix)
+        return sorted(o["Key"] for o in listing.get("Contents", []) if not o["Key"].endswith("/"))
+
+
+@pytest.fixture(scope="module")
+def api(own_catalog: CatalogServer) -> Api:
+    # A catalog of this module's own: the triggers are on its database alone.
+    return Api(own_catalog)
+
+
+def commit_failed(response: requests.Response) -> str:
+    """The message of a 409 CommitFailedException, which names the contention."""
+    assert response.status_code == 409, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("CommitFailedException", 409), error
+    assert CONTENTION in error["message"], error
+    return _tried_again(str(error["message"]))
+
+
+def retry_later(response: requests.Response) -> str:
+    """The message of a 503 ServiceUnavailableException with Retry-After, which names the contention."""
+    assert response.status_code == 503, response.text
+    assert int(response.headers["Retry-After"]) > 0, response.headers
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("ServiceUnavailableException", 503), error
+    assert CONTENTION in error["message"], error
+    return _tried_again(str(error["message"]))
+
+
+def _tried_again(message: str) -> str:
+    """``message``, once it says the claim was made at least ``MIN_ATTEMPTS`` times before the catalog gave up."""
+    attempts = ATTEMPTS.search(message)
+    assert attempts is not None and int(attempts.group(1)) >= MIN_ATTEMPTS, message
+    return message
+
+
+def view_body(ns: str, name: str) -> dict[str, Any]:
+    version = {
+        "version-id": 1,
+        "schema-id": 0,
+        "timestamp-ms": 1,
+        "summary": {"operation": "create"},
+        "representations": [{"type": "sql", "sql": "SELECT 1 AS id", "dialect": "duckdb"}],
+        "default-namespace": [ns],
+    }
+    return {"name": name, "schema": SCHEMA, "view-version": version}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Commits: 409 CommitFailedException (before: 503, "commit state unknown" to Iceberg's clients)
+
+
+def test_a_move_that_keeps_losing_its_claim_is_a_commit_failure_and_leaves_nothing(api: Api) -> None:
+    ns = api.namespace()
+    created = api.create(ns, "t").json()
+    place, current = created["metadata"]["location"], created["metadata-location"]
+    target = f"{place}-moved"
+    move = [{"action": "set-location", "location": target}]
+    with rival_claims(api.server):
+        refused = api.commit(ns, "t", move)
+    assert f"commit of table {ns}.t" in commit_failed(refused)
+    assert api.load(ns, "t").json()["metadata-location"] == current  # nothing committed
+    assert api.objects(target) == []  # each attempt's metadata file was removed
+    moved = api.commit(ns, "t", move)  # nothing kept the target claimed
+    assert moved.status_code == 200, moved.text
+    assert moved.json()["metadata"]["location"] == target
+
+
+def test_pyiceberg_sees_a_create_transaction_that_keeps_losing_its_claim_as_a_commit_failure(api: Api) -> None:
+    # pyiceberg's own create transaction: its stage-create, then the commit (assert-create) that claims the place.
+    ns = api.namespace()
+    catalog = pyiceberg_catalog(api.server, api.server.admin)
+    transaction = catalog.create_table_transaction(f"{ns}.t", Schema(NestedField(1, "id", LongType())))
+    with rival_claims(api.server), pytest.raises(CommitFailedException, match=CONTENTION):
+        transaction.commit_transaction()
+    assert not catalog.table_exists(f"{ns}.t")
+
+
+def test_a_create_transaction_that_keeps_losing_its_claim_is_a_commit_failure_and_leaves_nothing(api: Api) -> None:
+    ns = api.namespace()
+    place = f"{api.server.warehouse_location}/{ns}/t"
+    updates = [
+        {"action": "assign-uuid", "uuid": str(uuid.uuid4())},
+        {"action": "upgrade-format-version", "format-version": 2},
+        {"action": "add-schema", "schema": SCHEMA, "last-column-id": 1},
+        {"action": "set-current-schema", "schema-id": -1},
+        {"action": "add-spec", "spec": {"spec-id": 0, "fields": []}},
+        {"action": "set-default-spec", "spec-id": -1},
+        {"action": "add-sort-order", "sort-order": {"order-id": 0, "fields": []}},
+        {"action": "set-default-sort-order", "sort-order-id": -1},
+    ]
+    create = {"requirements": [{"type": "assert-create"}]}
+    with rival_claims(api.server):
+        refused = api.commit(ns, "t", updates, **create)
+    assert f"commit of table {ns}.t" in commit_failed(refused)
+    assert api.load(ns, "t").status_code == 404
+    assert api.objects(place) == []
+    created = api.commit(ns, "t", updates, **create)
+    assert created.status_code == 200, created.text
+    assert created.json()["metadata"]["location"] == place  # the default place: nothing kept it
+
+
+def test_a_view_replace_that_keeps_losing_its_claim_is_a_commit_failure_and_leaves_nothing(api: Api) -> None:
+    ns = api.namespace()
+    created = api.request("POST", f"namespaces/{ns}/views", json=view_body(ns, "v")).json()
+    current = created["metadata-location"]
+    replace = {
+        "requirements": [{"type": "assert-view-uuid", "uuid": created["metadata"]["view-uuid"]}],
+        "updates": [{"action": "set-properties", "updates": {"owner": "me"}}],
+    }
+    with rival_claims(api.server):
+        refused = api.request("POST", f"namespaces/{ns}/views/v", json=replace)
+    assert f"replace of view {ns}.v" in commit_failed(refused)
+    assert api.request("GET", f"namespaces/{ns}/views/v").json()["metadata-location"] == current
+    assert api.objects(current.rsplit("/metadata/", 1)[0]) == [current.split("/", 3)[3]]
+    replaced = api.request("POST", f"namespaces/{ns}/views/v", json=replace)
+    assert replaced.status_code == 200, replaced.text
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Creates: 503 with Retry-After (before: 503 without it; a 409 would read as "already exists")
+
+
+def test_a_create_that_keeps_losing_its_claim_is_retryable_unavailability_and_leaves_nothing(api: Api) -> None:
+    ns = api.namespace()
+    place = f"{api.server.warehouse_location}/{ns}/t"
+    with rival_claims(api.server):
+        refused = api.create(ns, "t")
+    assert f"create of table {ns}.t" in retry_later(refused)
+    assert api.load(ns, "t").status_code == 404
+    assert api.objects(place) == []
+    created = api.create(ns, "t")
+    assert created.status_code == 200, created.text
+    assert created.json()["metadata"]["location"] == place  # the default place: nothing kept it
+
+
+def test_a_stage_create_that_keeps_losing_its_claim_is_retryable_unavailability_and_reserves_nothing(
+    api: Api,
+) -> None:
+    ns = api.namespace()
+    place = f"{api.server.warehouse_location}/{ns}/t"
+    with rival_claims(api.server):
+        refused = api.create(ns, "t", **{"stage-create": True})
+    assert f"stage-create of table {ns}.t" in retry_later(refused)
+    # No reservation was left: another table may take the place at once.
+    squatter = api.create(ns, "u", location=place)
+    assert squatter.status_code == 200, squatter.text
+
+
+def test_a_register_that_keeps_losing_its_claim_is_retryable_unavailability_and_changes_nothing(api: Api) -> None:
+    ns = api.namespace()
+    current = api.create(ns, "t").json()["metadata-location"]
+    body = {"name": "t", "metadata-location": current, "overwrite": True}
+    with rival_claims(api.server):
+        refused = api.request("POST", f"namespaces/{ns}/register", json=body)
+    assert f"register-overwrite of table {ns}.t" in retry_later(refused)
+    assert api.load(ns, "t").json()["metadata-location"] == current
+    registered = api.request("POST", f"namespaces/{ns}/register", json=body)
+    assert registered.status_code == 200, registered.text
+
+
+def test_a_view_create_that_keeps_losing_its_claim_is_retryable_unavailability_and_leaves_nothing(api: Api) -> None:
+    ns = api.namespace()
+    place = f"{api.server.warehouse_location}/{ns}/v"
+    with rival_claims(api.server):
+        refused = api.request("POST", f"namespaces/{ns}/views", json=view_body(ns, "v"))
+    assert f"create of view {ns}.v" in retry_later(refused)
+    assert api.request("GET", f"namespaces/{ns}/views/v").status_code == 404
+    assert api.objects(place) == []
+    created = api.request("POST", f"namespaces/{ns}/views", json=view_body(ns, "v"))
+    assert created.status_code == 200, created.text
+    assert created.json()["metadata-location"].startswith(f"{place}/metadata/")
