@@ -43,6 +43,7 @@ from typing import Any
 from urllib.parse import quote
 
 from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.table.metadata import TableMetadata
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from starlette.applications import Starlette
@@ -77,6 +78,7 @@ from sqe_catalog.errors import (
 from sqe_catalog.etag import if_none_match_matches, table_etag
 from sqe_catalog.identifiers import parse_namespace_path
 from sqe_catalog.integrity.cleaner import BackgroundCleaner
+from sqe_catalog.integrity.guard import Judge
 from sqe_catalog.integrity.notifications import metadata_response_json, parse_notification
 from sqe_catalog.planning import PlanOwner, PlanStore, parse_plan_request, plan_files, response_tasks
 from sqe_catalog.policies.service import policy_errors, selector_from_json, target_from_json
@@ -513,7 +515,8 @@ _WRITE_OPERATIONS = frozenset(
 _DROPS = frozenset({"drop", "notification-drop"})
 
 
-def _refuse_restricted_change(call: _Call, namespace: Namespace, name: str, operation: str) -> None:
+def _refuse_restricted_change(call: _Call, namespace: Namespace, name: str, operation: str) -> StoredTable | None:
+    """The table the operation changes (None: a drop of one whose metadata cannot be read), after the gate."""
     try:
         table = call.warehouse.tables.load_table(namespace, name)
     except (BadRequestError, UnprocessableEntityError):  # its metadata file is missing, invalid or not trusted
@@ -523,8 +526,9 @@ def _refuse_restricted_change(call: _Call, namespace: Namespace, name: str, oper
         governance = call.state.restrictions.dropped_table_governance(call.prefix, namespace, name)
         if operation not in _DROPS or governance is not None:
             raise
-        return
+        return None
     _restrictions(call, table, operation)
+    return table
 
 
 def _restrictions(
@@ -715,13 +719,24 @@ def _create_table(call: _Call) -> Response:
 
 
 def _gated(
-    call: _Call, operation: str, pending: StoredTable, make: Callable[[], StoredTable]
+    call: _Call,
+    operation: str,
+    pending: StoredTable,
+    make: Callable[[], StoredTable],
+    replaced: StoredTable | None = None,
 ) -> tuple[StoredTable, ResolvedRestrictions | None]:
     """A new table (create, stage-create, create transaction, register) made by ``make`` and its restrictions.
 
     The gate runs first on ``pending``, what the operation would write: a refused caller must not leave a table
-    (or a staged create's reservation) behind; then again on the table made, whose restrictions are answered."""
+    (or a staged create's reservation) behind; then again on the table made, whose restrictions are answered.
+    Its schema must leave every reader's restrictions resolvable (as a commit's), where ``replaced`` (the table a
+    register overwrites) did: judged first then, as a commit's; after the gate for a new table, whose gate already
+    refuses what fails for every reader (a failure with no table before is no schema change's doing)."""
+    if replaced is not None:
+        _refuse_breaking_schema(call, replaced, pending)
     _restrictions(call, pending, operation)
+    if replaced is None:
+        _refuse_breaking_schema(call, None, pending)
     table = make()
     return table, _restrictions(call, table, operation)
 
@@ -740,16 +755,17 @@ def _register_table(call: _Call) -> Response:
     _refuse_view_name(call, namespace, name)
     # Decided once: the register does what was authorized here, or fails if the table appeared or went meanwhile.
     replaces = overwrite and call.warehouse.tables.table_exists(namespace, name)
+    replaced = None
     if replaces:
         call.require(Privilege.TABLE_FULL_METADATA, namespace, name)  # re-admission (sqe_catalog.integrity)
-        _refuse_restricted_change(call, namespace, name, "register-overwrite")
+        replaced = _refuse_restricted_change(call, namespace, name, "register-overwrite")
     access = _data_access(call, namespace, name)
     tables = call.warehouse.tables
     # The gate first, on what the register would admit (as for a create): a refused caller leaves no table behind.
     # The file is read once: the gate, the admission's checks, the pinned digest and the answer share that read.
     registration = tables.pending_registration(namespace, name, metadata_location, replaces)
     table, restricted = _gated(
-        call, "register", registration.table, lambda: tables.register(registration, call.principal.name)
+        call, "register", registration.table, lambda: tables.register(registration, call.principal.name), replaced
     )
     response = _table_response(call, table, _governed_access(access, restricted), restricted=restricted)
     _served(call, "register", table, restricted)
@@ -812,9 +828,29 @@ def _commit_table(call: _Call) -> Response:
     tables = call.warehouse.tables
     gated = tables.load_table(namespace, name)  # 404 for a missing table, 422 for an untrusted one
     _restrictions(call, gated, "commit")  # refused before committing
-    # The commit goes to this table or to none (409).
-    table = tables.commit_table(namespace, name, commit, gated.metadata.table_uuid)
+    # The commit goes to this table or to none (409); a schema change is judged on the base it applies to.
+    judge = _schema_judge(call, namespace, name)
+    table = tables.commit_table(namespace, name, commit, gated.metadata.table_uuid, judge)
     return _commit_response(call, table, _commit_digest(call, table))
+
+
+def _schema_judge(call: _Call, namespace: Namespace, name: str) -> Judge | None:
+    """Refuses a commit whose schema change would make the table's read-restrictions unresolvable for a reader
+    (a writer could otherwise fail every governed load of it), unless a policy manager makes it."""
+    if call.allowed(Privilege.CATALOG_MANAGE_POLICIES):
+        return None
+
+    def judge(before: TableMetadata, after: TableMetadata) -> None:
+        base, new = StoredTable(namespace, name, None, before), StoredTable(namespace, name, None, after)
+        call.state.restrictions.refuse_breaking_schema_change(call.prefix, base, new)
+
+    return judge
+
+
+def _refuse_breaking_schema(call: _Call, before: StoredTable | None, after: StoredTable) -> None:
+    """``_schema_judge`` for a new table (``before`` None) or a re-admitted one."""
+    if not call.allowed(Privilege.CATALOG_MANAGE_POLICIES):
+        call.state.restrictions.refuse_breaking_schema_change(call.prefix, before, after)
 
 
 def _commit_create(call: _Call, namespace: Namespace, name: str, commit: CommitBody) -> Response:
@@ -914,7 +950,8 @@ def _notify_table(call: _Call) -> Response:
         _refuse_restricted_change(call, namespace, name, f"notification-{notification.kind.lower()}")
     elif may_change:
         call.require(Privilege.TABLE_CREATE, namespace)  # an UPDATE of a missing table creates it
-    call.warehouse.tables.notify(namespace, name, notification, call.principal.name, authorized_for=exists)
+    judge = _schema_judge(call, namespace, name) if exists else None  # an UPDATE may change the schema too
+    call.warehouse.tables.notify(namespace, name, notification, call.principal.name, authorized_for=exists, judge=judge)
     return _no_content()
 
 

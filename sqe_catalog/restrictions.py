@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from pyiceberg.table.metadata import TableMetadata
 from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError
 
@@ -66,12 +67,19 @@ from sqe import vocabulary
 from sqe.errors import RestrictionError
 from sqe.restrictions import parse_restrictions, strict_json_loads
 from sqe_catalog.auth import _group_members, _groups, _principals  # AuthStore's tables, read-only here
-from sqe_catalog.errors import BadRequestError, ForbiddenError, NotAcceptableError, NotFoundError
+from sqe_catalog.errors import (
+    BadRequestError,
+    ForbiddenError,
+    NotAcceptableError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 from sqe_catalog.etag import governed_digest
 from sqe_catalog.policies.bind import Subject as PolicySubject
 from sqe_catalog.policies.lower import signature
 from sqe_catalog.policies.resolve import RawEntry, Resolution, ResolutionError
 from sqe_catalog.policies.resolve import resolve as resolve_policies
+from sqe_catalog.policies.schema_change import explain_refusal, mentions_of, reader_classes
 from sqe_catalog.policies.store import GovernanceSnapshot, PolicyStore
 from sqe_catalog.schema import create_tables, warehouse_table
 from sqe_catalog.tables import Namespace, StoredTable
@@ -84,6 +92,7 @@ __all__ = [
     "ResolvedRestrictions",
     "RestrictionEntry",
     "RestrictionStore",
+    "SchemaChangeRefusedError",
     "Subject",
     "SubjectKind",
     "declared_capabilities",
@@ -167,6 +176,11 @@ class ResolvedRestrictions:
     digest: str
     signature: str = ""
     report: dict[str, Any] | None = None
+
+
+class SchemaChangeRefusedError(ForbiddenError):
+    """A schema change that would make the table's read-restrictions fail to resolve for some reader, by a
+    principal without ``CATALOG_MANAGE_POLICIES`` (``sqe_catalog.policies.schema_change``); nothing was written."""
 
 
 class GovernedLoadError(ForbiddenError):
@@ -434,6 +448,86 @@ class RestrictionStore:
         )
         return ResolvedRestrictions(resolution.wire, digest, resolution.signature, resolution.report)
 
+    def refuse_breaking_schema_change(self, warehouse: str, before: StoredTable | None, after: StoredTable) -> None:
+        """SchemaChangeRefusedError when ``after`` (a commit's result, or a new table) leaves a reader's
+        restrictions unresolvable where ``before`` (None: a new table) resolves them. The caller skips this for a
+        policy manager. Every class of reader is resolved (``schema_change``); a failure ``before`` already had
+        for that reader is not the change's doing."""
+        if before is not None and _same_schemas(before.metadata, after.metadata):
+            return
+        what = ".".join([warehouse, *after.namespace, after.name])
+        try:
+            readers, entries, snapshot = self._governed_readers(warehouse, after)
+        except DBAPIError:
+            log.warning("schema change of %s: the restrictions it affects could not be read", what)
+            raise ServiceUnavailableError(
+                f"the read-restrictions a schema change of {what} affects cannot be checked now; try again"
+            ) from None
+        for reader in readers:
+            applying = _subjects_of(reader.user, reader.groups)
+            raw = [RawEntry(str(e.subject), e.restrictions) for e in entries if e.subject in applying]
+            failure = self._new_failure(before, after, reader, snapshot, raw)
+            if failure is not None:
+                names = {f.field_id: f.name for s in after.metadata.schemas for f in s.fields}
+                names.update({f.field_id: f.name for f in after.metadata.schema().fields})
+                detail = explain_refusal(failure.code, failure.message, failure.report, names)
+                log.warning("schema change of %s refused: code=%s", what, failure.code)
+                raise SchemaChangeRefusedError(
+                    f"this schema change would make the read-restrictions of {what} fail to resolve, and so every "
+                    f"governed load of it, for some readers: {detail} [{failure.code}]; only a principal with "
+                    "CATALOG_MANAGE_POLICIES may make it"
+                )
+
+    def _governed_readers(
+        self, warehouse: str, table: StoredTable
+    ) -> tuple[list[PolicySubject], list[RestrictionEntry], GovernanceSnapshot | None]:
+        """The reader classes to check ``table`` for, its checked entries and its policy snapshot; no reader when
+        nothing governs the table."""
+        snapshot = None
+        if self._policies is not None:
+            uuid = str(table.metadata.table_uuid)
+            snapshot = self._policies.snapshot(warehouse, table.namespace, table.name, uuid)
+        enabled = [p for p in snapshot.policies if p.enabled] if snapshot is not None else []
+        with self._engine.connect() as conn:
+            entries = [e for e in self._table_entries(conn, warehouse, table) if e.checked]
+            if not enabled and not entries:
+                return [], [], snapshot
+            principals: list[str] = list(conn.execute(select(_principals.c.name)).scalars())
+            memberships: dict[str, set[str]] = {name: set() for name in principals}
+            m = _group_members.c
+            for row in conn.execute(select(m.principal_name, m.group_name)):
+                memberships.setdefault(str(row.principal_name), set()).add(str(row.group_name))
+            known: frozenset[str] = frozenset(conn.execute(_ALL_GROUPS).scalars())
+        mentions = mentions_of(
+            enabled,
+            [e.subject.name for e in entries if e.subject.kind is SubjectKind.PRINCIPAL],
+            [e.subject.name for e in entries if e.subject.kind is SubjectKind.GROUP],
+        )
+        frozen = {name: frozenset(groups) for name, groups in memberships.items()}
+        return reader_classes(frozen, known, mentions), entries, snapshot
+
+    def _new_failure(
+        self,
+        before: StoredTable | None,
+        after: StoredTable,
+        reader: PolicySubject,
+        snapshot: GovernanceSnapshot | None,
+        entries: list[RawEntry],
+    ) -> ResolutionError | None:
+        """The reader's resolution failure on ``after``, unless ``before`` failed for the reader too."""
+        try:
+            self._run(after, reader, snapshot, entries)
+            return None
+        except ResolutionError as exc:
+            failure = exc
+        if before is None:
+            return failure
+        try:
+            self._run(before, reader, snapshot, entries)
+        except ResolutionError:
+            return None  # already unresolvable for this reader: not the change's doing
+        return failure
+
     def preview(self, warehouse: str, loaded: StoredTable, principal: str, *, include_disabled: bool) -> dict[str, Any]:
         """The explain report of resolving ``loaded`` for ``principal`` (nothing is enabled or stored)."""
         subject, entries = self._subject_and_entries(warehouse, loaded, principal)
@@ -576,6 +670,13 @@ class RestrictionStore:
         names = _principals if subject.kind is SubjectKind.PRINCIPAL else _groups
         if conn.execute(select(names.c.name).where(names.c.name == subject.name)).first() is None:
             raise NotFoundError(f"{subject} does not exist")
+
+
+def _same_schemas(before: TableMetadata, after: TableMetadata) -> bool:
+    """Whether two revisions give resolution the same schemas (the current one, and every one by id)."""
+    if before.current_schema_id != after.current_schema_id:
+        return False
+    return [(s.schema_id, s) for s in before.schemas] == [(s.schema_id, s) for s in after.schemas]
 
 
 def _subjects_of(principal: str, groups: Iterable[str]) -> frozenset[Subject]:

@@ -90,7 +90,7 @@ from sqe_catalog.identifiers import (
 from sqe_catalog.integrity.admission import Admission
 from sqe_catalog.integrity.canonical import ParsedMetadata, check_new_metadata_size, read_metadata_file
 from sqe_catalog.integrity.fingerprint import storage_fingerprint
-from sqe_catalog.integrity.guard import IntegrityGuard, PendingRead
+from sqe_catalog.integrity.guard import IntegrityGuard, Judge, PendingRead
 from sqe_catalog.integrity.state import Reservation, TableName, TrustedState, now_ms
 from sqe_catalog.schema import VIEW_POINTERS, create_tables
 from sqe_catalog.update_ids import assigned_ids
@@ -942,9 +942,10 @@ class WarehouseTables:
         actor: str,
         action: str,
         stamp: Any = None,
+        judge: Judge | None = None,
     ) -> StoredTable:
         """Point an existing table at ``parsed``, the one read of ``location`` (register overwrite, notification
-        update): checked, pinned and answered without reading the file again."""
+        update): checked, pinned and answered without reading the file again; ``judge`` as for a commit."""
 
         def claim() -> None:
             found, trusted = self.integrity.current(_s(namespace), name)
@@ -952,6 +953,8 @@ class WarehouseTables:
             # Not verified: a re-admission may repair a current file that no longer matches its pin.
             previous = self._read_parsed(current).metadata
             _require_same_uuid(namespace, name, previous, parsed.metadata)
+            if judge is not None:
+                judge(previous, parsed.metadata)
             logged = frozenset({current, *(entry.metadata_file for entry in previous.metadata_log)})
             self._check_admitted_locations(parsed, (namespace, name), existing=True, logged_before=logged)
             # Other metadata of the same table may move it away, as a commit may: the old places stay claimed. They
@@ -965,13 +968,20 @@ class WarehouseTables:
         return StoredTable(namespace, name, location, parsed.metadata, parsed.document)
 
     def notify(
-        self, namespace: Namespace, name: str, notification: Any, actor: str, authorized_for: bool | None = None
+        self,
+        namespace: Namespace,
+        name: str,
+        notification: Any,
+        actor: str,
+        authorized_for: bool | None = None,
+        judge: Judge | None = None,
     ) -> None:
         """A Polaris-style table notification (``sqe_catalog.integrity.notifications`` parsed it).
 
         ``authorized_for``: whether the caller was authorized for an existing table (True) or a missing one (False)
         (None: whatever is there now); a table that appeared or went since is refused (409, 404), so the
-        notification never does more than was authorized."""
+        notification never does more than was authorized. ``judge``: sees (current, new metadata) of an UPDATE
+        before anything is written."""
         self._require_namespace(namespace)
         kind, location = notification.kind, notification.metadata_location
         if kind == "VALIDATE":  # changes nothing, so it neither checks nor records a timestamp
@@ -993,18 +1003,24 @@ class WarehouseTables:
         elif exists:
             self.integrity.require_notification_update(_s(namespace), name)
             parsed = self._read_for_admission(location)
-            self._reregister(namespace, name, location, parsed, actor, "notification-update", stamp)
+            self._reregister(namespace, name, location, parsed, actor, "notification-update", stamp, judge)
         else:
             parsed = self._read_for_admission(location)
             self._admit(namespace, name, location, parsed, actor, f"notification-{kind.lower()}", stamp)
 
     def commit_table(
-        self, namespace: Namespace, name: str, commit: CommitBody, gated_uuid: uuid.UUID | None = None
+        self,
+        namespace: Namespace,
+        name: str,
+        commit: CommitBody,
+        gated_uuid: uuid.UUID | None = None,
+        judge: Judge | None = None,
     ) -> StoredTable:
         """Apply requirements + updates atomically; a failed requirement or lost race: CommitFailedError.
 
         ``gated_uuid``: the table the caller authorized the commit on; checked against the base the commit is
-        applied to, so another table created under the name since is refused (409), never committed ungated."""
+        applied to, so another table created under the name since is refused (409), never committed ungated.
+        ``judge``: sees (base, new metadata) of a commit to an existing table before anything is written."""
         if gated_uuid is not None:  # an implicit assert-table-uuid
             same_table = AssertTableUUID(uuid=gated_uuid)
             commit = commit.model_copy(update={"requirements": (*commit.requirements, same_table)})
@@ -1021,7 +1037,7 @@ class WarehouseTables:
                 if creating:
                     return self.integrity.commit_create(_s(namespace), name, requirements, updates)
                 # legacy or protected: decided with the pointer swap (IntegrityGuard.commit)
-                return self.integrity.commit(_s(namespace), name, requirements, updates, left)
+                return self.integrity.commit(_s(namespace), name, requirements, updates, left, judge)
 
         if not (creating or self._changes_locations(updates)):
             return self._as_loaded(namespace, name, apply(()))  # claims no place: no claim section

@@ -69,6 +69,7 @@ Namespace = tuple[str, ...]
 Requirements = tuple[TableRequirement, ...]
 Updates = tuple[TableUpdate, ...]
 Written = tuple[str, ParsedMetadata]  # (new metadata location, the revision written there)
+Judge = Callable[[TableMetadata, TableMetadata], None]  # (base, new): raises to refuse a commit before its write
 ReadParsed = Callable[..., ParsedMetadata]  # (location, fresh=False) -> ParsedMetadata, errors translated
 LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revision claims
 # A legacy table's locations from (its (namespace, name), its metadata location).
@@ -438,17 +439,20 @@ class IntegrityGuard:
         requirements: Requirements,
         updates: Updates,
         left: tuple[str, ...] = (),
+        judge: Judge | None = None,
     ) -> Written:
         """Commit to a table, legacy or protected as the pin read with its pointer says. A protected table's base
         is verified, the pin checked, and pointer + pin swapped together; a legacy table's swap is refused (409)
         if a pin appeared meanwhile (the table dropped and admitted again), so no pointer moves without its pin.
-        ``left``: the places the commit moves the table away from, kept in the swap's transaction."""
+        ``left``: the places the commit moves the table away from, kept in the swap's transaction. ``judge``
+        sees (base, new metadata) of a commit that changes something, before anything is written, and may refuse
+        it by raising: it judges the base the swap compares against (a commit in between fails the swap, 409)."""
         table = self.ref(namespace, name)
         location, trusted = self.current(namespace, name)
         if location is None:
             raise NoSuchTableError(f"table does not exist: {table}")
         if trusted is None:
-            return self._commit_legacy(table, location, requirements, updates, left)
+            return self._commit_legacy(table, location, requirements, updates, left, judge)
         base = self._verified(table, trusted, trusted.metadata_location)
         # A v3 revision written before the catalog completed next-row-id gets it here, so adding a snapshot
         # advances it (pyiceberg's update keeps an unset one unset).
@@ -465,10 +469,18 @@ class IntegrityGuard:
         metadata = with_next_row_id(staged.metadata)  # an upgrade to v3 starts row ids at 0
         if metadata == lineage_base:
             return trusted.metadata_location, base  # nothing changed: no new revision
+        if judge is not None:
+            judge(base.metadata, metadata)
         return admission.commit_revision(self._catalog, table, trusted, base, metadata, self._also(table, left=left))
 
     def _commit_legacy(
-        self, table: TableName, location: str, requirements: Requirements, updates: Updates, left: tuple[str, ...]
+        self,
+        table: TableName,
+        location: str,
+        requirements: Requirements,
+        updates: Updates,
+        left: tuple[str, ...],
+        judge: Judge | None,
     ) -> Written:
         """pyiceberg's commit of a legacy table (no verification, no pin), its swap refusing a pin."""
         identifier = (*table.namespace, table.name)
@@ -477,6 +489,8 @@ class IntegrityGuard:
         staged = self._catalog._update_and_stage_table(current, identifier, requirements, updates)
         if staged.metadata == base.metadata:
             return location, base  # nothing changed: no new revision
+        if judge is not None:
+            judge(base.metadata, staged.metadata)
         self._catalog._write_metadata(staged.metadata, staged.io, staged.metadata_location)
         also = self._also_legacy(table, None, left)
         with admission.removed_if_raced(admission.catalog_io(self._catalog), staged.metadata_location):

@@ -33,6 +33,7 @@ from sqe import vocabulary
 from sqe.errors import RestrictionError
 from sqe.restrictions import check_applicable, parse_restrictions
 from sqe.restrictions.actions import MASK_TO_FIXED_VALUE, REPLACE_WITH_NULL
+from sqe.restrictions.literals import type_name
 from sqe.restrictions.schema_index import SchemaIndex
 from sqe_catalog.policies import rego
 from sqe_catalog.policies.bind import Subject, bind_column
@@ -209,10 +210,14 @@ def _policy_candidates(
             "revision": policy.revision,
         }
         report["policies"].append(entry)
-        if policy.policy_type is PolicyType.ROW_FILTER:
-            _row_filter_policy(policy, selection, entry)
-        else:
-            _mask_policy(policy, selection, entry)
+        try:
+            if policy.policy_type is PolicyType.ROW_FILTER:
+                _row_filter_policy(policy, selection, entry)
+            else:
+                _mask_policy(policy, selection, entry)
+        except PolicyError as exc:
+            entry["error"] = {"code": exc.code, "message": exc.message}  # which policy failed (the schema guard)
+            raise
 
 
 def _tags_json(tags: dict[str, tuple[str | None, str]]) -> dict[str, Any]:
@@ -347,6 +352,7 @@ def _mask_policy(policy: Policy, selection: _Selection, entry: dict[str, Any]) -
                 try:
                     check_applicable(candidate, column)
                 except RestrictionError:
+                    entry["not-applicable"] = _not_applicable(column, candidate, matched)
                     raise PolicyError(
                         "bind-action-not-applicable",
                         f"mask {candidate} of policy {policy.name} does not apply to column {column.name!r}",
@@ -358,6 +364,16 @@ def _mask_policy(policy: Policy, selection: _Selection, entry: dict[str, Any]) -
         provenance = {"policy": policy.name, "tags": [m["tag"] for m in matched]}
         entry["signatures"][selection.names[fid]] = candidates.add_mask(fid, applied, provenance)
     entry["status"] = "applied"
+
+
+def _not_applicable(column: NestedField, action: str, matched: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a mask that does not fit its column is recorded as: the column, its type, the action, the tags."""
+    return {
+        "column": column.name,
+        "type": type_name(column.field_type),
+        "action": action,
+        "tags": [{"tag": m["tag"], "value": m["effective-value"]} for m in matched],
+    }
 
 
 def _dropped_column_action(action: str, column: NestedField, shown: str, policy: str) -> str:

@@ -386,6 +386,20 @@ def test_recreated_table_under_the_old_name_stays_restricted(catalog: Catalog, t
     assert catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == MASK_EMAIL
 
 
+def test_a_writers_schema_change_an_entry_would_no_longer_fit_is_refused(catalog: Catalog, tmp_path: Path) -> None:
+    # Found by review: bob, a writer without restrictions of his own, dropped region, which alice's entry filters
+    # on: the commit went through and every load of alice's failed [entry-no-longer-fits].
+    assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
+    catalog.store.grant("bob_role", "TABLE_WRITE_PROPERTIES", "wh")
+    without_region = {**SCHEMA, "schema-id": 1, "fields": SCHEMA["fields"][:2]}  # type: ignore[index]
+    updates = [{"action": "add-schema", "schema": without_region}, {"action": "set-current-schema", "schema-id": -1}]
+    refused = error_of(catalog.request("bob", "POST", TABLE, updates=updates, requirements=[]), 403)
+    assert "a read-restrictions entry of the table would no longer fit its schema [entry-no-longer-fits]" in refused
+    assert catalog.request(ALICE, "GET", TABLE, headers=DECLARED).json()["read-restrictions"] == ONLY_EU
+    assert catalog.request("root", "POST", TABLE, updates=updates, requirements=[]).status == 200, "root may"
+    assert "[entry-no-longer-fits]" in error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
+
+
 def test_stored_restrictions_that_stop_fitting_the_schema_refuse_the_load(catalog: Catalog, tmp_path: Path) -> None:
     assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
     assert catalog.request("root", "DELETE", TABLE).status == 204

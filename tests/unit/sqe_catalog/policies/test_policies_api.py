@@ -667,3 +667,162 @@ def test_renaming_onto_a_live_tagged_table_is_409_not_a_dropped_tables_tags(cata
     assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="u", schema=SCHEMA).status == 200
     _tag(catalog, "sensitivity", "public", namespace=["db"], table="u")
     assert error_of(_rename(catalog, "bob", "t", "u"), 409) == "AlreadyExistsException: table already exists: db.u"
+
+
+# -- the schema guard: a writer's schema change must not make governed loads fail ---------------------------
+
+
+_N = {"id": 4, "name": "n", "type": "long", "required": False}
+_AREA = {**_REGION, "name": "area"}
+
+
+def _writer_commit(catalog: Catalog, who: str, *schemas: dict[str, Any]) -> Any:
+    """One commit by ``who`` adding ``schemas`` and making the last one current."""
+    updates: list[dict[str, Any]] = [{"action": "add-schema", "schema": schema} for schema in schemas]
+    updates.append({"action": "set-current-schema", "schema-id": -1})
+    return catalog.request(who, "POST", TABLE, updates=updates, requirements=[])
+
+
+def _current_columns(catalog: Catalog) -> list[str]:
+    metadata = catalog.request("root", "GET", TABLE).json()["metadata"]
+    (schema,) = [s for s in metadata["schemas"] if s["schema-id"] == metadata["current-schema-id"]]
+    return [f["name"] for f in schema["fields"]]
+
+
+def _phone_tagged_by_name(catalog: Catalog, expression: str, *more: str) -> None:
+    """db.t re-created with a long ``n`` and no ``phone``, while db.t's name keeps ``phone`` tagged ``pii`` (a
+    dropped table's column): masks on pii select nothing now, so bob, a writer, is unrestricted."""
+    _evolve(catalog, _schema(1, {"id": 2, "name": "phone", "type": "string", "required": False}))
+    _tag(catalog, "pii", namespace=["db"], table="t", column="phone")
+    assert catalog.request("root", "DELETE", TABLE + "?purgeRequested=true").status == 204
+    recreated = _schema(0, _REGION, _N)
+    assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="t", schema=recreated).status == 200
+    for i, policy in enumerate((expression, *more)):
+        _policy(catalog, f"m{i}", "system_column_mask", policy, "pii")
+        _enable(catalog, f"m{i}")
+    catalog.store.grant("bob_role", "TABLE_WRITE_PROPERTIES", "wh")
+    assert _restrictions(catalog) is None and catalog.request("bob", "GET", TABLE).status == 200
+
+
+def test_a_writers_rename_onto_a_name_whose_mask_it_cannot_take_is_refused(catalog: Catalog) -> None:
+    # Found by review: bob (a writer, not a policy manager) renamed the long n onto phone, tagged pii (mask
+    # show-last-4, strings only): the commit went through and every governed load failed
+    # [bind-action-not-applicable] until a policy manager stepped in.
+    _phone_tagged_by_name(catalog, 'mask := action("show-last-4")')
+    refused = error_of(_writer_commit(catalog, "bob", _schema(1, _REGION, {**_N, "name": "phone"})), 403)
+    assert refused.startswith("ForbiddenException: this schema change would make the read-restrictions of wh.db.t")
+    assert "column 'phone' (long) would be masked with show-last-4, selected by its tag pii" in refused
+    assert "[bind-action-not-applicable]" in refused and "CATALOG_MANAGE_POLICIES" in refused
+    assert "m0" not in refused.split(), "no policy name: bob does not manage policies"
+    assert _current_columns(catalog) == ["id", "region", "n"], "nothing was written"
+    assert _restrictions(catalog) is None, "governed loads still work"
+    # A harmless rename (onto a name no tag selects) goes through.
+    assert _writer_commit(catalog, "bob", _schema(1, _REGION, {**_N, "name": "count"})).status == 200
+    assert _current_columns(catalog) == ["id", "region", "count"] and _restrictions(catalog) is None
+
+
+def test_a_policy_managers_breaking_rename_goes_through_and_loads_fail_closed(catalog: Catalog) -> None:
+    _phone_tagged_by_name(catalog, 'mask := action("show-last-4")')
+    catalog.store.grant("bob_role", "CATALOG_MANAGE_POLICIES", "wh")
+    assert _writer_commit(catalog, "bob", _schema(1, _REGION, {**_N, "name": "phone"})).status == 200
+    # The resolution's own fail-closed behaviour then applies: every load fails, root's too, until it is fixed.
+    assert "[bind-action-not-applicable]" in error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
+
+
+def test_a_writers_rename_that_makes_masks_conflict_for_some_readers_only_is_refused(catalog: Catalog) -> None:
+    # Two masks on pii that agree for bob (null) but not for alice, an analyst (show-last-4 and null): bob's own
+    # resolution of the renamed table succeeds, alice's fails. Checked for every class of reader, not the writer.
+    by_group = 'mask := action("show-last-4") if is_group_member("analysts") else := action("replace-with-null")'
+    _phone_tagged_by_name(catalog, by_group, 'mask := action("replace-with-null")')
+    string_n = {**_N, "type": "string"}
+    assert _writer_commit(catalog, "root", _schema(1, _REGION, string_n)).status == 200  # n is a string now
+    refused = error_of(_writer_commit(catalog, "bob", _schema(2, _REGION, {**string_n, "name": "phone"})), 403)
+    assert "column 'phone' would get different masks for some readers" in refused
+    assert "replace-with-null (tag pii)" in refused and "show-last-4 (tag pii)" in refused
+    assert "[resolve-mask-conflict]" in refused and "analysts" not in refused
+    assert _restrictions(catalog) is None and _restrictions(catalog, BOB) is None
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        (_schema(1, {**_REGION, "name": "area"}), "the table has no top-level column 'region'"),
+        (_schema(1, {"id": 2, "name": "email", "type": "string", "required": False}), "no top-level column 'region'"),
+        (_schema(1, {**_REGION, "id": 4, "type": "long"}), "[bind-literal-type]"),
+    ],
+    ids=["filter-column-renamed", "filter-column-dropped", "filter-column-retyped"],
+)
+def test_a_writers_change_of_the_row_filters_column_is_refused(
+    catalog: Catalog, schema: dict[str, Any], why: str
+) -> None:
+    # Found by review: bob, a steward the filter lets see every row (so his commits pass the gate), renamed,
+    # dropped or re-typed region: the filter no longer bound, and every governed load failed, bob's own too.
+    _tag(catalog, "sensitivity", "restricted", namespace=["db"], table="t")
+    _stewards_see_all(catalog, "sensitivity")
+    catalog.store.grant("bob_role", "TABLE_WRITE_PROPERTIES", "wh")
+    refused = error_of(_writer_commit(catalog, "bob", schema), 403)
+    assert "the row filter selected by the table's tag sensitivity=restricted would no longer apply" in refused
+    assert why in refused and "CATALOG_MANAGE_POLICIES" in refused
+    assert "rf" not in refused.split() and "stewards" not in refused
+    assert _current_columns(catalog) == ["id", "email", "region"]
+    assert _restrictions(catalog) == {"required-row-filter": EU}
+    added = {"id": 4, "name": "note", "type": "string", "required": False}
+    assert _writer_commit(catalog, "bob", _schema(1, *SCHEMA["fields"][1:], added)).status == 200  # type: ignore[index]
+    assert _restrictions(catalog) == {"required-row-filter": EU}
+
+
+def _create_transaction(schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "requirements": [{"type": "assert-create"}],
+        "updates": [
+            {"action": "add-schema", "schema": schema},
+            {"action": "set-current-schema", "schema-id": -1},
+            {"action": "add-spec", "spec": {"spec-id": 0, "fields": []}},
+            {"action": "set-default-spec", "spec-id": -1},
+            {"action": "add-sort-order", "sort-order": {"order-id": 0, "fields": []}},
+            {"action": "set-default-sort-order", "sort-order-id": -1},
+        ],
+    }
+
+
+def test_a_create_transaction_that_makes_masks_conflict_for_some_readers_is_refused(catalog: Catalog) -> None:
+    # The same through a create transaction: bob re-creates db.t with a string phone, which its name's pii tag
+    # selects for both masks; bob's own restrictions resolve (he creates through the reader), alice's conflict.
+    by_group = 'mask := action("show-last-4") if is_group_member("analysts") else := action("replace-with-null")'
+    _phone_tagged_by_name(catalog, by_group, 'mask := action("replace-with-null")')
+    catalog.store.grant("bob_role", "TABLE_CREATE", "wh")
+    catalog.store.grant("bob_role", "TABLE_DROP", "wh")
+    assert catalog.request("bob", "DELETE", TABLE).status == 204
+    phone = {"id": 2, "name": "phone", "type": "string", "required": False}
+    create = _create_transaction(_schema(0, phone))
+    refused = error_of(catalog.request(BOB, "POST", TABLE, headers=DECLARED, **create), 403)
+    assert "column 'phone' would get different masks for some readers" in refused
+    assert "[resolve-mask-conflict]" in refused
+    assert catalog.request("root", "HEAD", TABLE).status == 404, "nothing was created"
+    catalog.store.grant("bob_role", "CATALOG_MANAGE_POLICIES", "wh")
+    assert catalog.request(BOB, "POST", TABLE, headers=DECLARED, **create).status == 200, "a policy manager may"
+    assert "[resolve-mask-conflict]" in error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
+
+
+def test_a_writers_readmission_with_the_row_filters_column_renamed_is_refused(catalog: Catalog) -> None:
+    # The same through a register overwrite and a notification UPDATE: other metadata of the same table, in which
+    # region is renamed to area, re-admitted by bob (a steward the filter lets through, not a policy manager).
+    _tag(catalog, "sensitivity", "restricted", namespace=["db"], table="t")
+    _stewards_see_all(catalog, "sensitivity")
+    catalog.store.grant("bob_role", "TABLE_FULL_METADATA", "wh")
+    current = Path(catalog.request("root", "GET", TABLE).json()["metadata-location"].removeprefix("file://"))
+    document = json.loads(current.read_text())
+    document["schemas"].append(_schema(1, {"id": 2, "name": "email", "type": "string", "required": False}, _AREA))
+    document["current-schema-id"] = 1
+    renamed = current.with_name("00099-renamed.metadata.json")
+    renamed.write_text(json.dumps(document))
+    register = {"name": "t", "metadata-location": f"file://{renamed}", "overwrite": True}
+    payload = {"table-name": "t", "timestamp": 10**12, "table-uuid": "x", "metadata-location": f"file://{renamed}"}
+    notification = {"notification-type": "UPDATE", "payload": payload}
+    for path, body in ((f"{TABLE}/notifications", notification), ("/v1/wh/namespaces/db/register", register)):
+        refused = error_of(catalog.request("bob", "POST", path, **body), 403)
+        assert "no top-level column 'region'" in refused and "CATALOG_MANAGE_POLICIES" in refused
+        assert _current_columns(catalog) == ["id", "email", "region"]
+    catalog.store.grant("bob_role", "CATALOG_MANAGE_POLICIES", "wh")
+    assert catalog.request("bob", "POST", f"{TABLE}/notifications", **notification).status == 204
+    assert "[bind-unknown-column]" in error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)

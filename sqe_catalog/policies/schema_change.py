@@ -1,0 +1,154 @@
+"""The schema guard: which readers a schema change must be checked for, and why a change is refused.
+
+A schema change (a commit's ``add-schema``/``set-current-schema``, a create transaction, a register) decides what
+a table's policies bind to: the columns a row filter reads, the names (and so the tags) and types of the columns
+a mask selects. Anyone allowed to change the schema could otherwise make every governed load of the table fail
+(a long column renamed onto a name tagged with a string-only mask, a row filter's column dropped or retyped): a
+denial of service by a writer, silent until someone reads. So such a change, by a principal without
+``CATALOG_MANAGE_POLICIES``, is refused before anything is written when the table's restrictions would not
+resolve for a reader for whom they resolve now.
+
+Which readers: resolution binds every branch of every selected policy eagerly, whoever asks (columns, literal
+types, whether each of a mask's actions fits its column), so those failures are the same for every reader. What
+depends on the reader is only which branches hold (``session_user()``, ``is_group_member``) and which raw entries
+apply: a mask conflict or a too-deep filter may show for some readers only. Readers are therefore checked by
+class: principals whose names no selected policy mentions and who have no entry of their own, and whose groups
+agree on the groups policies and entries name, resolve alike; one of each class is resolved, and one more that
+stands for a principal of no group and no mention (one created later, say).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqe_catalog.policies import rego
+from sqe_catalog.policies.bind import Subject
+from sqe_catalog.policies.errors import PolicyError
+from sqe_catalog.policies.store import Policy
+
+__all__ = ["Mentions", "explain_refusal", "mentions_of", "reader_classes"]
+
+# Stands for every principal of no group that no policy or entry names: a name no principal can have.
+_ANYONE = ""
+
+
+@dataclass(frozen=True)
+class Mentions:
+    """The user names and groups whose presence can change what a table's restrictions resolve to."""
+
+    users: frozenset[str]
+    groups: frozenset[str]
+
+
+def mentions_of(policies: Iterable[Policy], entry_users: Iterable[str], entry_groups: Iterable[str]) -> Mentions:
+    """Every string literal and group a policy's expression names (a user name can only be compared as one), and
+    the principals and groups that have entries."""
+    strings: set[str] = set(entry_users)
+    groups: set[str] = set(entry_groups)
+    for policy in policies:
+        rule = _rule_of(policy)
+        if rule is None:
+            continue  # unparseable: it fails for every reader, whatever the schema
+        for value, condition in rule.branches:
+            _collect(value, strings, groups)
+            _collect(condition, strings, groups)
+        _collect(rule.fallback, strings, groups)
+    return Mentions(frozenset(strings), frozenset(groups))
+
+
+def _rule_of(policy: Policy) -> rego.Rule | None:
+    expression = policy.content.get("expression")
+    if not isinstance(expression, str):
+        return None
+    try:
+        return rego.parse(expression, policy.policy_type.rule_kind)
+    except PolicyError:
+        return None
+
+
+def _collect(expr: object, strings: set[str], groups: set[str]) -> None:
+    if isinstance(expr, rego.GroupMember):
+        groups.add(expr.group)
+    elif isinstance(expr, rego.Literal_) and isinstance(expr.value, str):
+        strings.add(expr.value)
+    elif isinstance(expr, rego.Array | rego.Junction):
+        for item in expr.items:
+            _collect(item, strings, groups)
+    elif isinstance(expr, rego.Compare):
+        _collect(expr.left, strings, groups)
+        _collect(expr.right, strings, groups)
+    elif isinstance(expr, rego.Negation):
+        _collect(expr.child, strings, groups)
+
+
+def reader_classes(
+    memberships: Mapping[str, frozenset[str]], known_groups: frozenset[str], mentions: Mentions
+) -> list[Subject]:
+    """One subject per class of principals that resolve alike (module docstring), plus one for anyone else."""
+    representatives: dict[tuple[str, frozenset[str]], Subject] = {}
+    for principal in sorted(memberships):
+        groups = memberships[principal]
+        key = (principal if principal in mentions.users else _ANYONE, groups & mentions.groups)
+        representatives.setdefault(key, Subject(principal, groups, known_groups))
+    representatives.setdefault((_ANYONE, frozenset()), Subject(_ANYONE, frozenset(), known_groups))
+    return list(representatives.values())
+
+
+# ----------------------------------------------------------------------------------------------------
+# The refusal's message: the column, the tag and the mask; never a policy, group or literal
+
+
+def explain_refusal(code: str, message: str, report: dict[str, Any], column_names: Mapping[int, str]) -> str:
+    """Why resolution would fail, in terms of what the writer changed (columns) and what governs them (tags,
+    masks). Policy names, groups and literal values stay out: the writer need not be a policy manager."""
+    for entry in report.get("policies", ()):
+        if "not-applicable" in entry:
+            return _not_applicable_text(entry["not-applicable"])
+        if "error" in entry:
+            return _policy_error_text(entry, code, message)
+    if report.get("conflicts"):
+        return _conflict_text(report["conflicts"][-1], column_names)
+    if code == "entry-no-longer-fits":
+        return "a read-restrictions entry of the table would no longer fit its schema"
+    return "the table's read-restrictions would no longer resolve"
+
+
+def _not_applicable_text(culprit: dict[str, Any]) -> str:
+    return (
+        f"column {culprit['column']!r} ({culprit['type']}) would be masked with {culprit['action']}, selected by "
+        f"its {_tags_text(culprit['tags'])}, and that mask does not apply to it"
+    )
+
+
+def _policy_error_text(entry: dict[str, Any], code: str, message: str) -> str:
+    if code.startswith("bind-") and code not in ("bind-unknown-group", "bind-action-not-applicable"):
+        detail = message  # a binding message names the column and its type, never a literal value
+    else:
+        detail = f"it would fail with [{code}]"
+    matched = entry.get("matched-tags")
+    if entry.get("policyType") == "system_row_filter" and isinstance(matched, list):
+        tags = [{"tag": m["tag"], "value": m["effective-value"]} for m in matched]
+        return f"the row filter selected by the table's {_tags_text(tags)} would no longer apply: {detail}"
+    return f"a column mask would no longer apply: {detail}"
+
+
+def _conflict_text(conflict: dict[str, Any], column_names: Mapping[int, str]) -> str:
+    if conflict.get("kind") == "column-mask":
+        options = [f"{c['action']} ({_provenance_text(c['provenance'])})" for c in conflict["candidates"]]
+        column = column_names.get(conflict["field-id"], f"field {conflict['field-id']}")
+        return f"column {column!r} would get different masks for some readers: {', '.join(options)}"
+    return "different row filters would apply to some readers"
+
+
+def _provenance_text(provenance: list[dict[str, Any]]) -> str:
+    parts = []
+    for p in provenance:
+        parts.append(f"tag {', '.join(p['tags'])}" if "policy" in p else "a read-restrictions entry")
+    return " and ".join(dict.fromkeys(parts))
+
+
+def _tags_text(tags: list[dict[str, Any]]) -> str:
+    shown = [t["tag"] if t["value"] is None else f"{t['tag']}={t['value']}" for t in tags]
+    return ("tag " if len(shown) == 1 else "tags ") + ", ".join(dict.fromkeys(shown))
