@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pytest
 import requests
+from pyiceberg.exceptions import ForbiddenError
 
 import sqe.api
 from sqe.config import CatalogConfig, SQEConfig, StorageConfig
@@ -294,6 +295,44 @@ def test_a_column_renamed_onto_an_exempt_columns_name_stays_masked(enabled: Worl
         enabled.api("DELETE", f"/policies/{name}")
     masked = mask_alphanum(pa.array(["+44 20 7946 0002", "+1 555 0103"], pa.string())).to_pylist()
     assert rows == [{"id": 2, "region": masked[0]}, {"id": 3, "region": masked[1]}], "bob's rows, masked"
+
+
+def test_a_writers_transaction_that_would_unbind_the_row_filter_is_refused(enabled: World) -> None:
+    """Found by review: a writer the row filter exempts (so its commits pass the gate), not a policy manager,
+    renamed the filter's column in a pyiceberg transaction: the commit went through and every governed query of
+    the table failed [bind-unknown-column]. Now the catalog refuses the commit and nothing changes."""
+    sfx = enabled.namespace[4:]
+    namespace, writers, tag, policy = f"guard_{sfx}", f"writers_{sfx}", f"guarded_{sfx}", f"guard_rows_{sfx}"
+    rows = pa.table({"id": pa.array([1, 2], pa.int64()), "region": ["EU", "US"]})
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            env.delenv(name, raising=False)
+        writer = pyiceberg_catalog(enabled.server, enabled.writer)
+        writer.create_namespace(namespace)
+        writer.create_table((namespace, "t"), schema=rows.schema).append(rows)
+        enabled.server.admin_cli("create-group", writers)
+        enabled.server.admin_cli("add-to-group", enabled.writer.name, writers)
+        enabled.api("POST", "/tags", {"object": {"namespace": [namespace], "table": "t"}, "tag": tag})
+        expression = f'filter := true if is_group_member("{writers}") else := col("region") == "EU"'
+        content = {"expression": expression}
+        enabled.api("POST", "/policies", {"name": policy, "policyType": "system_row_filter", "content": content})
+        enabled.api("POST", f"/policies/{policy}/tags", {"tag": tag, "selector": "ALL_VALUES"})
+        enabled.api("PUT", f"/policies/{policy}", {"enabled": True})
+        try:
+            table = writer.load_table((namespace, "t"))
+            transaction = table.transaction()
+            with pytest.raises(ForbiddenError) as err, transaction, transaction.update_schema() as update:
+                update.rename_column("region", "area")
+            message = str(err.value)
+            assert "the row filter selected by the table's tag" in message and tag in message
+            assert "no top-level column 'region'" in message and "CATALOG_MANAGE_POLICIES" in message
+            assert policy not in message and writers not in message
+            assert [f.name for f in writer.load_table((namespace, "t")).schema().fields] == ["id", "region"]
+            with enabled.session("bob") as session:
+                served = session.sql(f"SELECT id, region FROM {namespace}.t ORDER BY id").arrow().to_pylist()
+            assert served == [{"id": 1, "region": "EU"}], "bob's query still works, filtered"
+        finally:
+            enabled.api("DELETE", f"/policies/{policy}")
 
 
 def test_the_catalog_log_holds_no_secret(enabled: World) -> None:
