@@ -24,7 +24,9 @@ answers 406 to a client that did not declare ``read-restrictions.v1`` and 403 to
 whose actor is a trusted reader (``sqe_catalog.delegation``); a load then returns them as ``read-restrictions``,
 with read-only credentials. Commits by a restricted end user are refused. This happens before the ETag
 comparison; the ETag of a restricted response digests the principal and its restrictions, and every ETag
-digests the actor. Each governed response leaves one ``sqe_catalog.audit`` line.
+digests the actor. Each governed response leaves one ``sqe_catalog.audit`` line. A schema change (commit, create,
+create transaction, register overwrite, notification UPDATE) that would leave some reader's restrictions
+unresolvable needs ``CATALOG_MANAGE_POLICIES`` (``sqe_catalog.policies.schema_change``).
 """
 
 from __future__ import annotations
@@ -730,8 +732,8 @@ def _gated(
     The gate runs first on ``pending``, what the operation would write: a refused caller must not leave a table
     (or a staged create's reservation) behind; then again on the table made, whose restrictions are answered.
     Its schema must leave every reader's restrictions resolvable (as a commit's), where ``replaced`` (the table a
-    register overwrites) did: judged first then, as a commit's; after the gate for a new table, whose gate already
-    refuses what fails for every reader (a failure with no table before is no schema change's doing)."""
+    register overwrites) did: judged first then, as a commit's; after the gate for a new table, so what fails for
+    every reader, the creator included, is still the gate's refusal."""
     if replaced is not None:
         _refuse_breaking_schema(call, replaced, pending)
     _restrictions(call, pending, operation)

@@ -473,8 +473,8 @@ class RestrictionStore:
                 detail = explain_refusal(failure.code, failure.message, failure.report, names)
                 log.warning("schema change of %s refused: code=%s", what, failure.code)
                 raise SchemaChangeRefusedError(
-                    f"this schema change would make the read-restrictions of {what} fail to resolve, and so every "
-                    f"governed load of it, for some readers: {detail} [{failure.code}]; only a principal with "
+                    f"this schema change would make every governed load of {what} fail for some readers, whose "
+                    f"read-restrictions would no longer resolve: {detail} [{failure.code}]; only a principal with "
                     "CATALOG_MANAGE_POLICIES may make it"
                 )
 

@@ -710,7 +710,7 @@ def test_a_writers_rename_onto_a_name_whose_mask_it_cannot_take_is_refused(catal
     # [bind-action-not-applicable] until a policy manager stepped in.
     _phone_tagged_by_name(catalog, 'mask := action("show-last-4")')
     refused = error_of(_writer_commit(catalog, "bob", _schema(1, _REGION, {**_N, "name": "phone"})), 403)
-    assert refused.startswith("ForbiddenException: this schema change would make the read-restrictions of wh.db.t")
+    assert refused.startswith("ForbiddenException: this schema change would make every governed load of wh.db.t")
     assert "column 'phone' (long) would be masked with show-last-4, selected by its tag pii" in refused
     assert "[bind-action-not-applicable]" in refused and "CATALOG_MANAGE_POLICIES" in refused
     assert "m0" not in refused.split(), "no policy name: bob does not manage policies"
