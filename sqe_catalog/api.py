@@ -766,9 +766,13 @@ def _register_table(call: _Call) -> Response:
     # The gate first, on what the register would admit (as for a create): a refused caller leaves no table behind.
     # The file is read once: the gate, the admission's checks, the pinned digest and the answer share that read.
     registration = tables.pending_registration(namespace, name, metadata_location, replaces)
-    table, restricted = _gated(
-        call, "register", registration.table, lambda: tables.register(registration, call.principal.name), replaced
-    )
+    # An overwrite's schema is judged before the gate (a clear refusal) and again on the table it replaces.
+    judge = _schema_judge(call, namespace, name) if replaces else None
+
+    def register() -> StoredTable:
+        return tables.register(registration, call.principal.name, judge)
+
+    table, restricted = _gated(call, "register", registration.table, register, replaced)
     response = _table_response(call, table, _governed_access(access, restricted), restricted=restricted)
     _served(call, "register", table, restricted)
     return response

@@ -886,13 +886,14 @@ class WarehouseTables:
         replaces = overwrite and self.table_exists(namespace, name)
         return self.register(self.pending_registration(namespace, name, metadata_location, replaces), actor)
 
-    def register(self, registration: Registration, actor: str = "-") -> StoredTable:
+    def register(self, registration: Registration, actor: str = "-", judge: Judge | None = None) -> StoredTable:
         """Admit the revision ``pending_registration`` read: the file is not read again, so the bytes checked
-        (and gated by the caller) are the bytes pinned and answered, whatever storage holds by now."""
+        (and gated by the caller) are the bytes pinned and answered, whatever storage holds by now. ``judge``: sees
+        (current, new metadata) of an overwrite before anything is written, as for a commit."""
         namespace, name, parsed = registration.namespace, registration.name, registration.parsed
         location = registration.metadata_location
         if registration.replaces:  # 404 if the table went meanwhile
-            return self._reregister(namespace, name, location, parsed, actor, "register-overwrite")
+            return self._reregister(namespace, name, location, parsed, actor, "register-overwrite", judge=judge)
         self._require_absent(namespace, name)
         return self._admit(namespace, name, location, parsed, actor, "register")
 
