@@ -43,8 +43,10 @@ Delivery (the Gravitino "tag-based read restrictions" design, "Delivery" and "Tr
     the actor (never shared across principals or between a reader and the user's own token).
 
 Stored restrictions that no longer fit the table (a schema change dropped a filtered column, say) refuse the
-load with 403 rather than serve something unenforceable. ``--unchecked`` stores an object without validation;
-it exists to exercise readers' fail-closed paths (conformance tests) and is served verbatim, and alone.
+load with 403 rather than serve something unenforceable. Such a schema change, like one that makes policies
+unresolvable, needs ``CATALOG_MANAGE_POLICIES`` (``refuse_breaking_schema_change``). ``--unchecked`` stores an
+object without validation; it exists to exercise readers' fail-closed paths (conformance tests) and is served
+verbatim, and alone.
 """
 
 from __future__ import annotations
