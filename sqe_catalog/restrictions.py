@@ -470,15 +470,8 @@ class RestrictionStore:
             raw = [RawEntry(str(e.subject), e.restrictions) for e in entries if e.subject in applying]
             failure = self._new_failure(before, after, reader, snapshot, raw)
             if failure is not None:
-                names = {f.field_id: f.name for s in after.metadata.schemas for f in s.fields}
-                names.update({f.field_id: f.name for f in after.metadata.schema().fields})
-                detail = explain_refusal(failure.code, failure.message, failure.report, names)
                 log.warning("schema change of %s refused: code=%s", what, failure.code)
-                raise SchemaChangeRefusedError(
-                    f"this schema change would make every governed load of {what} fail for some readers, whose "
-                    f"read-restrictions would no longer resolve: {detail} [{failure.code}]; only a principal with "
-                    "CATALOG_MANAGE_POLICIES may make it"
-                )
+                raise _schema_change_refused(what, failure, after)
 
     def _governed_readers(
         self, warehouse: str, table: StoredTable
@@ -672,6 +665,17 @@ class RestrictionStore:
         names = _principals if subject.kind is SubjectKind.PRINCIPAL else _groups
         if conn.execute(select(names.c.name).where(names.c.name == subject.name)).first() is None:
             raise NotFoundError(f"{subject} does not exist")
+
+
+def _schema_change_refused(what: str, failure: ResolutionError, after: StoredTable) -> SchemaChangeRefusedError:
+    names = {f.field_id: f.name for s in after.metadata.schemas for f in s.fields}
+    names.update({f.field_id: f.name for f in after.metadata.schema().fields})  # current names win
+    detail = explain_refusal(failure.code, failure.message, failure.report, names)
+    return SchemaChangeRefusedError(
+        f"this schema change would make every governed load of {what} fail for some readers, whose "
+        f"read-restrictions would no longer resolve: {detail} [{failure.code}]; only a principal with "
+        "CATALOG_MANAGE_POLICIES may make it"
+    )
 
 
 def _same_schemas(before: TableMetadata, after: TableMetadata) -> bool:
