@@ -2,6 +2,9 @@
 
 No file system or network access, no extension installs or auto-loading, no replacement scans of Python
 variables, and the configuration locked so no statement can undo any of it. Registered Arrow objects still work.
+Each database spills into a directory of its own (:func:`_spill_directory`): DuckDB lets SQL read its temporary
+directory whatever ``enable_external_access`` says (``read_blob``, ``glob``), so a shared one (DuckDB's default
+``.tmp`` in the working directory) handed every ``sqe serve`` user the spilled rows of every other user's query.
 Used by SQL sessions and by the restriction kernels' private hashing connection, so it sits below both
 (``sqe.restrictions`` must not import ``sqe.execution``).
 """
@@ -10,7 +13,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -56,7 +62,35 @@ def _open_into(opening: Future[duckdb.DuckDBPyConnection]) -> None:
 
 
 def _open() -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(":memory:", config=LOCKDOWN_CONFIG)
+    return duckdb.connect(":memory:", config={**LOCKDOWN_CONFIG, "temp_directory": _spill_directory()})
+
+
+_spill_lock = threading.Lock()
+_spill_root: tuple[int, str] | None = None  # (pid that made it, the process's private directory of spill dirs)
+_spill_ids = itertools.count(1)
+
+
+def _spill_directory() -> str:
+    """A spill directory for one database alone: DuckDB creates it on the first spill and removes it when the
+    database closes. It lies in a private (0700) directory of this process in the system temporary directory,
+    removed at exit, so no other account reads it and no other database of the process is allowed it. DuckDB does
+    not create missing parents: were the private directory removed while a database lives (a temporary-file
+    cleaner), that database's spill fails instead of recreating it readable by all; the next database gets a new
+    one. A forked child makes its own."""
+    global _spill_root
+    with _spill_lock:
+        if _spill_root is None or _spill_root[0] != os.getpid() or not os.path.isdir(_spill_root[1]):
+            root = tempfile.mkdtemp(prefix="sqe-duckdb-")
+            _spill_root = (os.getpid(), root)
+            atexit.register(_remove_spill_root, os.getpid(), root)
+        return os.path.join(_spill_root[1], f"db-{next(_spill_ids)}")
+
+
+def _remove_spill_root(pid: int, root: str) -> None:
+    """At exit, after the databases closed at exit (``atexit`` runs handlers last registered first): what a
+    database still open (not closed by its holder) left behind goes too."""
+    if os.getpid() == pid:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _opened_ahead_or_now() -> duckdb.DuckDBPyConnection:
@@ -70,7 +104,7 @@ def _opened_ahead_or_now() -> duckdb.DuckDBPyConnection:
 
 def close_at_exit(connection: duckdb.DuckDBPyConnection) -> None:
     """Close ``connection`` when this process exits (an ``atexit`` handler), for a database or cursor a module keeps
-    for the process's lifetime. DuckDB removes its spill directory (``.tmp`` in the working directory) only when its
+    for the process's lifetime. DuckDB removes its spill directory (see :func:`_spill_directory`) only when its
     database closes, and a program's exit finalizes nothing a module holds (``sqe._process``). A forked child
     inherits the handler but not the connection: only the registering process closes it."""
     pid = os.getpid()

@@ -13,6 +13,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -210,3 +211,28 @@ def test_an_unrestricted_user_warms_the_caches_and_a_restricted_one_gets_only_th
         assert _query(bob, count) == [{"n": 3}]
         assert _query(bob, raw_ssn) == [{"n": 0}], "his predicate sees the masked ssn, never the kept raw one"
         assert _query(bob, f"SELECT max(id) AS m FROM {namespace}.people") == [{"m": 5}]
+
+
+def test_a_user_cannot_read_what_another_users_queries_spill(policy_served: Served) -> None:
+    """Found by review: every client session's DuckDB database spilled into the server's working directory's
+    ``.tmp``, which DuckDB lets SQL read whatever ``enable_external_access`` says: bob's ``read_blob('.tmp/*')``
+    read the blocks alice's queries spilled (her rows, as her restrictions left them). Each database now spills
+    into a directory of its own, which only its own SQL may read."""
+    setting = "SELECT current_setting('temp_directory') AS d"
+    with policy_served.adbc("alice") as alice, policy_served.adbc("bob") as bob:
+        [hers], [his] = _query(alice, setting), _query(bob, setting)
+        assert hers["d"] != his["d"], "each user's database spills into a directory of its own"
+        spill = Path(hers["d"])
+        assert spill.is_absolute() and spill.parent != Path.cwd()
+        spill.mkdir(exist_ok=True)  # DuckDB makes it on the first spill; the block below stands in for one
+        block = spill / "duckdb_temp_storage_DEFAULT-0.tmp"
+        block.write_bytes(b"alice's spilled rows")
+        try:
+            listing = f"SELECT count(*) AS n FROM glob('{spill}/*')"
+            assert _query(alice, listing) == [{"n": 1}], "the probe is real: alice's own SQL lists her spill"
+            for probe in (listing, f"SELECT content FROM read_blob('{spill}/*')", "SELECT * FROM glob('.tmp/*')"):
+                with pytest.raises(Exception, match="Permission Error"):
+                    _query(bob, probe)
+        finally:
+            block.unlink()
+            spill.rmdir()

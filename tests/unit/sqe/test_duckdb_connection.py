@@ -3,6 +3,9 @@ aggregates run on cursors of one shared database)."""
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 import duckdb
 import pyarrow as pa
 import pytest
@@ -85,3 +88,37 @@ def test_a_failure_to_open_ahead_reaches_the_caller_that_takes_it(monkeypatch: p
     with pytest.raises(duckdb.Error, match="no_such_duckdb_setting"):
         connect_locked_down()
     assert duckdb_connection._ahead is None
+
+
+def _small(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("SET memory_limit = '20MB'")
+    con.execute("SET threads = 1")
+
+
+def _spill_directory(con: duckdb.DuckDBPyConnection) -> str:
+    return str(con.execute("SELECT current_setting('temp_directory')").fetchone()[0])  # type: ignore[index]
+
+
+def test_a_database_cannot_read_what_another_database_spilled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: DuckDB lets SQL read its temporary directory whatever ``enable_external_access`` says
+    (``read_blob``, ``glob``), and every database spilled into the working directory's ``.tmp``: one ``sqe serve``
+    user read the blocks another user's query spilled. Now each database has a directory of its own, in a private
+    directory of the process."""
+    monkeypatch.chdir(tmp_path)  # where DuckDB's default spill directory, .tmp, would be
+    spilling, spying = connect_locked_down(_small), connect_locked_down()
+    try:
+        spilling.execute("SELECT count(*) FROM (SELECT * FROM range(3000000) t(x) ORDER BY x DESC)").fetchall()
+        spill = Path(_spill_directory(spilling))
+        assert spill.is_absolute() and spill != Path(_spill_directory(spying))
+        assert any(spill.iterdir()), "the query spilled into its database's own directory"
+        assert stat.S_IMODE(spill.parent.stat().st_mode) == 0o700, "no other account lists it"
+        assert not (tmp_path / ".tmp").exists()
+        pattern = f"SELECT count(*) FROM glob('{spill}/*')"
+        assert spilling.execute(pattern).fetchone()[0] > 0  # type: ignore[index]
+        for probe in (pattern, f"SELECT content FROM read_blob('{spill}/*')"):
+            with pytest.raises(duckdb.PermissionException):
+                spying.execute(probe).fetchall()
+    finally:
+        spilling.close()
+        spying.close()
+    assert not spill.exists(), "DuckDB removes a database's spill directory when it closes"
