@@ -23,7 +23,17 @@ from concurrent.futures import Future
 
 import duckdb
 
-__all__ = ["LOCKDOWN_CONFIG", "close_at_exit", "connect_locked_down", "open_ahead", "quote_ident", "quote_qualified"]
+from sqe.errors import QueryError
+
+__all__ = [
+    "LOCKDOWN_CONFIG",
+    "close_at_exit",
+    "connect_locked_down",
+    "fold_row",
+    "open_ahead",
+    "quote_ident",
+    "quote_qualified",
+]
 
 LOCKDOWN_CONFIG: dict[str, str | bool | int | float | list[str]] = {
     "enable_external_access": False,
@@ -135,6 +145,18 @@ def connect_locked_down(
         con.close()
         raise
     return con
+
+
+def fold_row(con: duckdb.DuckDBPyConnection, expression: str, what: str) -> tuple[object, ...] | None:
+    """The row ``SELECT expression`` gives on ``con``, for a user's constant that no parse of their whole statement
+    checked (a time-travel value, an option of SQE's own statements, EXECUTE arguments). DuckDB's ``execute`` runs
+    every statement a text holds, so ``1; CREATE MACRO ...; SELECT 2`` would run statements SQE refuses: anything
+    but one SELECT is a QueryError naming ``what``, before any of it runs. DuckDB's own errors are raised as is."""
+    text = f"SELECT {expression}"
+    statements = con.extract_statements(text)
+    if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+        raise QueryError(f"{what}: expected one expression, found several statements")
+    return con.execute(text).fetchone()
 
 
 def quote_ident(name: str) -> str:

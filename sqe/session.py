@@ -49,7 +49,7 @@ import pyarrow as pa
 from sqe._text import first_line, redact_credentials
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.base import LoadedTable, TableIdent, TableProvider, ViewDefinition
-from sqe.duckdb_connection import connect_locked_down, quote_ident, quote_qualified
+from sqe.duckdb_connection import connect_locked_down, fold_row, quote_ident, quote_qualified
 from sqe.errors import (
     CatalogError,
     CredentialExpiredError,
@@ -1590,7 +1590,7 @@ class Session:
     def _evaluate_arguments(self, args: str) -> list[Any]:
         """EXECUTE arguments are constant expressions; fold them on the table-less parser connection."""
         try:
-            row = self._parser.execute(f"SELECT {args}").fetchone()
+            row = fold_row(self._parser, args, "EXECUTE")
         except duckdb.Error as exc:
             raise QueryError(f"bad EXECUTE arguments: {_duck_message(exc)}") from None
         return list(row) if row is not None else []

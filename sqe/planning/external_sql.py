@@ -18,6 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from sqe._text import first_line
+from sqe.duckdb_connection import fold_row
 from sqe.errors import QueryError
 from sqe.planning.sql_analysis import Node, walk
 from sqe.planning.tokens import sql_tokens
@@ -167,7 +168,7 @@ def _span(expr: Node, text: str) -> str:
 def fold(con: duckdb.DuckDBPyConnection, expression: str, what: str) -> Any:
     """A constant expression's value, computed by the locked-down, table-less parser connection."""
     try:
-        row = con.execute(f"SELECT {expression}").fetchone()
+        row = fold_row(con, expression, what)
     except duckdb.Error as exc:
         raise QueryError(f"{what}: arguments must be constants: {first_line(exc)}") from None
     return row[0] if row else None

@@ -19,6 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from sqe._text import first_line
+from sqe.duckdb_connection import fold_row
 from sqe.errors import QueryError, RestrictedTableError
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def _read_through(loaded: LoadedTable, metadata_io: Callable[[FileIO], FileIO] |
 def _evaluate(parser: duckdb.DuckDBPyConnection, travel: TimeTravel) -> object:
     """The clause's value, folded on the table-less parser connection."""
     try:
-        row = parser.execute(f"SELECT {travel.value}").fetchone()
+        row = fold_row(parser, travel.value, "time travel")
     except duckdb.Error as exc:
         raise QueryError(f"bad time-travel value {travel.value!r}: {first_line(exc)}") from None
     if row is None or row[0] is None:

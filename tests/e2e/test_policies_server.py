@@ -133,3 +133,22 @@ def test_the_users_own_token_with_the_capability_header_is_refused(
     with pytest.raises(ForbiddenError, match="trusted reader"):
         bypass.load_table((enabled.namespace, "orders"))
     assert _adbc_rows(policy_served, "bob") == _expected_rows(enabled)["bob"], "through the server: his rows"
+
+
+def test_through_the_server_a_time_travel_value_smuggles_no_statement_in(policy_served: Served) -> None:
+    """Found by review: the value of ``AT (VERSION => ...)`` was folded with DuckDB's multi-statement ``execute``,
+    so bob ran statements SQE refuses (here a macro) in his engine, at prepare time already."""
+    table = f"{policy_served.namespace}.orders"
+    with policy_served.adbc("bob") as conn, conn.cursor() as cur:
+        cur.execute(f"EXPLAIN SELECT id FROM {table}")
+        explained = cur.fetch_arrow_table().to_pylist()
+        [snapshot] = [r["value"] for r in explained if r["property"] == "snapshot_id"]
+        cur.execute(f"SELECT id FROM {table} AT (VERSION => {snapshot}) ORDER BY id")
+        assert cur.fetch_arrow_table().to_pylist() == [{"id": 2}, {"id": 3}], "one value still travels"
+        smuggling = (
+            f"SELECT id FROM {table} AT (VERSION => {snapshot}; CREATE MACRO smuggled(x) AS x; SELECT {snapshot})"
+        )
+        with pytest.raises(Exception, match="expected one expression, found several statements"):
+            cur.execute(smuggling)
+        cur.execute("SELECT count(*) AS n FROM duckdb_functions() WHERE function_name = 'smuggled'")
+        assert cur.fetch_arrow_table().to_pylist() == [{"n": 0}]

@@ -1192,3 +1192,26 @@ def test_uuids_nested_in_structs_and_lists_are_read_written_and_rewritten(
     ]
     with pytest.raises(QueryError, match=r"NULL value in required field 's\.u'"):
         writer.sql("INSERT INTO ns.nested_uuids VALUES (4, {'u': NULL}, NULL)")
+
+
+def test_a_constant_of_a_statement_smuggles_no_other_statement_in(
+    writer: Session, write_provider: LocalProvider
+) -> None:
+    """Found by review: a time-travel value and the options of OPTIMIZE and CREATE EXTERNAL TABLE are text SQE
+    takes out of the statement before DuckDB parses it, then folds with ``execute("SELECT " + value)``, which runs
+    every statement the text holds: ``AT (VERSION => 1; CREATE MACRO ...; SELECT 1)`` ran a statement SQE refuses
+    (any DuckDB statement the lockdown leaves: macros, views, ATTACH ':memory:', DETACH, SET VARIABLE)."""
+    writer.sql("CREATE TABLE ns.smuggle AS SELECT range AS id FROM range(3)")
+    first = write_provider.catalogs["wh"].load_table(("ns", "smuggle")).metadata.current_snapshot_id
+    smuggled = "CREATE MACRO smuggled(x) AS x"
+    for statement in (
+        f"SELECT count(*) FROM ns.smuggle AT (VERSION => {first}; {smuggled}; SELECT {first})",
+        f"SELECT count(*) FROM ns.smuggle AT (TIMESTAMP => now(); {smuggled}; SELECT now())",
+        f"OPTIMIZE ns.smuggle WITH (target_file_size = 1; {smuggled}; SELECT 1)",
+        f"CREATE EXTERNAL TABLE ns.ext (a VARCHAR) STORED AS CSV LOCATION 's3://b/p' WITH (delim = ','; {smuggled}; "
+        "SELECT ',')",
+    ):
+        with pytest.raises(QueryError, match="expected one expression, found several statements"):
+            writer.sql(statement)
+        assert one(writer, "SELECT count(*) FROM duckdb_functions() WHERE function_name = 'smuggled'") == 0
+    assert one(writer, f"SELECT count(*) FROM ns.smuggle AT (VERSION => {first})") == 3  # one value still folds
