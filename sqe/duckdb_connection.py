@@ -82,18 +82,27 @@ _spill_ids = itertools.count(1)
 
 def _spill_directory() -> str:
     """A spill directory for one database alone: DuckDB creates it on the first spill and removes it when the
-    database closes. It lies in a private (0700) directory of this process in the system temporary directory,
-    removed at exit, so no other account reads it and no other database of the process is allowed it. DuckDB does
-    not create missing parents: were the private directory removed while a database lives (a temporary-file
-    cleaner), that database's spill fails instead of recreating it readable by all; the next database gets a new
-    one. A forked child makes its own."""
+    database closes. It lies in a private (0700) directory of this process (:func:`_new_spill_root`), removed at
+    exit, so no other account reads it and no other database of the process is allowed it. DuckDB does not create
+    missing parents: were the private directory removed while a database lives, that database's spill fails
+    instead of recreating it readable by all; the next database gets a new one. A forked child makes its own."""
     global _spill_root
     with _spill_lock:
         if _spill_root is None or _spill_root[0] != os.getpid() or not os.path.isdir(_spill_root[1]):
-            root = tempfile.mkdtemp(prefix="sqe-duckdb-")
+            root = _new_spill_root()
             _spill_root = (os.getpid(), root)
             atexit.register(_remove_spill_root, os.getpid(), root)
         return os.path.join(_spill_root[1], f"db-{next(_spill_ids)}")
+
+
+def _new_spill_root() -> str:
+    """In the working directory, where DuckDB's own default (``.tmp``) spilled: on the disk it spilled to before,
+    where the system temporary directory may be held in memory. In the system temporary directory (``TMPDIR``)
+    when the working directory takes no new directory."""
+    try:
+        return tempfile.mkdtemp(prefix=".sqe-spill-", dir=os.getcwd())
+    except OSError:
+        return tempfile.mkdtemp(prefix="sqe-spill-")
 
 
 def _remove_spill_root(pid: int, root: str) -> None:
