@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from pyiceberg.types import LongType, NestedField
 
 from sqe_catalog.contention import MIN_ATTEMPTS
 from tests.conftest import pyiceberg_catalog
+from tests.e2e.test_catalog_integrity import legacy_table
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogServer
@@ -53,14 +55,14 @@ def rival_claims(server: CatalogServer) -> Iterator[None]:
     when another catalog process's claim committed behind its checks (the trigger's update rolls back with the
     refused record, so each attempt loses afresh)."""
     names = [f"rival_{table}_{event.lower()}" for table in CLAIM_RECORDS for event in ("INSERT", "UPDATE")]
-    with _database(server) as db:
-        for table in CLAIM_RECORDS:
-            for event in ("INSERT", "UPDATE"):
-                db.execute(
-                    f"CREATE TRIGGER rival_{table}_{event.lower()} AFTER {event} ON {table} "
-                    "BEGIN UPDATE sqe_location_claims SET epoch = epoch + 1; END"
-                )
-    try:
+    try:  # also when one fails to be created: those made before it must not outlive this block
+        with _database(server) as db:
+            for table in CLAIM_RECORDS:
+                for event in ("INSERT", "UPDATE"):
+                    db.execute(
+                        f"CREATE TRIGGER rival_{table}_{event.lower()} AFTER {event} ON {table} "
+                        "BEGIN UPDATE sqe_location_claims SET epoch = epoch + 1; END"
+                    )
         yield
     finally:
         with _database(server) as db:
@@ -101,6 +103,11 @@ class Api:
 
     def load(self, ns: str, name: str) -> requests.Response:
         return self.request("GET", f"namespaces/{ns}/tables/{name}")
+
+    def notify(self, ns: str, name: str, kind: str, location: str, timestamp: int) -> requests.Response:
+        payload = {"table-name": name, "timestamp": timestamp, "metadata-location": location}
+        body = {"notification-type": kind, "payload": payload}
+        return self.request("POST", f"namespaces/{ns}/tables/{name}/notifications", json=body)
 
     def objects(self, location: str) -> list[str]:
         """The objects stored under ``location`` (a place a claim asked for)."""
@@ -169,6 +176,23 @@ def test_a_move_that_keeps_losing_its_claim_is_a_commit_failure_and_leaves_nothi
     assert api.load(ns, "t").json()["metadata-location"] == current  # nothing committed
     assert api.objects(target) == []  # each attempt's metadata file was removed
     moved = api.commit(ns, "t", move)  # nothing kept the target claimed
+    assert moved.status_code == 200, moved.text
+    assert moved.json()["metadata"]["location"] == target
+
+
+def test_a_legacy_tables_move_that_keeps_losing_its_claim_is_a_commit_failure_and_leaves_nothing(api: Api) -> None:
+    # A table without a pin (made before the catalog kept them) commits on its own path (IntegrityGuard's legacy
+    # commit), which writes its metadata file with pyiceberg's catalog: removed all the same.
+    ns = api.namespace()
+    current = legacy_table(api.server, ns, "old")
+    place, target = f"{api.server.warehouse_location}/{ns}/old", f"{api.server.warehouse_location}/{ns}/old-moved"
+    move = [{"action": "set-location", "location": target}]
+    with rival_claims(api.server):
+        refused = api.commit(ns, "old", move)
+    assert f"commit of table {ns}.old" in commit_failed(refused)
+    assert api.load(ns, "old").json()["metadata-location"] == current
+    assert api.objects(target) == [] and api.objects(place) == [current.split("/", 3)[3]]  # nothing new anywhere
+    moved = api.commit(ns, "old", move)
     assert moved.status_code == 200, moved.text
     assert moved.json()["metadata"]["location"] == target
 
@@ -264,6 +288,24 @@ def test_a_register_that_keeps_losing_its_claim_is_retryable_unavailability_and_
     assert api.load(ns, "t").json()["metadata-location"] == current
     registered = api.request("POST", f"namespaces/{ns}/register", json=body)
     assert registered.status_code == 200, registered.text
+
+
+def test_a_notification_that_keeps_losing_its_claim_is_retryable_unavailability_and_uses_up_nothing(
+    api: Api,
+) -> None:
+    # A Polaris-style notification of a missing table admits its metadata as a register does. Its timestamp is
+    # recorded only with the admission: refused here, the same notification is still not stale afterwards.
+    ns = api.namespace()
+    source = api.create(ns, "src").json()["metadata-location"]
+    assert api.request("DELETE", f"namespaces/{ns}/tables/src").status_code == 204
+    stamp = int(time.time() * 1000)
+    with rival_claims(api.server):
+        refused = api.notify(ns, "t", "CREATE", source, stamp)
+    assert f"notification-create of table {ns}.t" in retry_later(refused)
+    assert api.load(ns, "t").status_code == 404
+    notified = api.notify(ns, "t", "CREATE", source, stamp)
+    assert notified.status_code == 204, notified.text
+    assert api.load(ns, "t").json()["metadata-location"] == source
 
 
 def test_a_view_create_that_keeps_losing_its_claim_is_retryable_unavailability_and_leaves_nothing(api: Api) -> None:
