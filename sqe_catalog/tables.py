@@ -1049,8 +1049,9 @@ class WarehouseTables:
         def claim() -> tuple[str, ParsedMetadata]:
             return apply(self._check_commit_locations(namespace, name, updates, creating))
 
-        # Given up: 409 CommitFailedException, which clients retry on a fresh base (a 5xx on a commit they must
-        # read as "state unknown": neither retried nor cleaned up), also for a create transaction.
+        # Given up: 409 CommitFailedException, "not applied": clients retry a table commit on a fresh base, and fail a
+        # create transaction cleanly (Java deletes its uncommitted files; it never retries one). A 5xx on a commit
+        # they must read as "state unknown": neither retried nor cleaned up.
         shown = _shown("commit of table", namespace, name)
         return self._as_loaded(namespace, name, self._claimed(claim, shown, CommitFailedError))
 
