@@ -12,6 +12,7 @@ choice (``GaveUp``): the Iceberg REST clients read the same status differently p
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -46,9 +47,10 @@ _T = TypeVar("_T")
 GaveUp = Callable[[int], CatalogError]
 
 
-def retried_claim(attempt: Callable[[], _T], gave_up: GaveUp) -> _T:
+def retried_claim(attempt: Callable[[], _T], gave_up: GaveUp, *, sleep: Callable[[float], None] = time.sleep) -> _T:
     """``attempt()`` (one claim section), made again after each ``ClaimRaced``; ``gave_up(attempts)`` raised when
-    the attempts are spent. Any other error ends it at once, as it is."""
+    the attempts are spent. Any other error ends it at once, as it is. ``sleep`` pauses between attempts (unit
+    tests of the attempt count pass one that returns at once)."""
 
     def give_up(state: RetryCallState) -> _T:
         log.warning("a claim of places lost to other catalog processes' claims %d times; gave up", state.attempt_number)
@@ -59,6 +61,7 @@ def retried_claim(attempt: Callable[[], _T], gave_up: GaveUp) -> _T:
         stop=stop_after_attempt(MAX_ATTEMPTS) | (stop_after_attempt(MIN_ATTEMPTS) & stop_after_delay(PATIENCE_SECONDS)),
         wait=wait_random_exponential(multiplier=BACKOFF_BASE_SECONDS, max=BACKOFF_CAP_SECONDS),
         retry_error_callback=give_up,
+        sleep=sleep,
     )
     result: _T = retrying(attempt)
     return result
