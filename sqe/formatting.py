@@ -99,7 +99,18 @@ def write_table(table: pa.Table, fmt: str, out: TextIO, *, null: str | None = No
     elif fmt == "json":
         _write_json(table, out)
     else:
-        out.write(render_table(table, null=null, grey_null=grey_null))
+        _write_in_pieces(out, render_table(table, null=null, grey_null=grey_null))
+
+
+_WRITE_PIECE_CHARS = 4096  # below a BufferedWriter's buffer: it then reports a closed pipe instead of a short write
+
+
+def _write_in_pieces(out: TextIO, text: str) -> None:
+    """Write ``text`` a piece at a time. CPython writes one text larger than its buffer straight to the file, and
+    when the reader goes away during that write (``sqe -e ... | head``) it returns the short count without an
+    error, which TextIOWrapper drops: the rest was lost and ``sqe`` ended with status 0, not SIGPIPE's 141."""
+    for start in range(0, len(text), _WRITE_PIECE_CHARS):
+        out.write(text[start : start + _WRITE_PIECE_CHARS])
 
 
 def render_table(table: pa.Table, *, null: str | None = None, grey_null: bool = False) -> str:

@@ -39,16 +39,22 @@ def test_an_output_file_that_cannot_be_written_is_one_error_line(tmp_path: Path,
         assert line.startswith(f"sqe: error: cannot write {target}: ")
 
 
-def test_a_reader_that_goes_away_ends_the_program_quietly(tmp_path: Path, config: Path) -> None:
-    """``sqe -e ... | head -1``: the closed pipe stops the program as SIGPIPE would, with nothing on stderr."""
+@pytest.mark.parametrize(
+    ("fmt", "first_line"), [("csv", b"range"), ("json", b'{"range": 0}'), ("table", b"+--------+")]
+)
+def test_a_reader_that_goes_away_ends_the_program_quietly(
+    tmp_path: Path, config: Path, fmt: str, first_line: bytes
+) -> None:
+    """``sqe -e ... | head -1``: the closed pipe stops the program as SIGPIPE would, with nothing on stderr. The
+    table format is one text of megabytes here, written while the reader goes away."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sqe.cli", "-c", str(config), "-e", "SELECT * FROM range(300000)", "-f", "csv"],
+        [sys.executable, "-m", "sqe.cli", "-c", str(config), "-e", "SELECT * FROM range(300000)", "-f", fmt],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=tmp_path,
     )
     assert proc.stdout is not None and proc.stderr is not None
-    assert proc.stdout.readline().rstrip() == b"range"
+    assert proc.stdout.readline().rstrip() == first_line
     proc.stdout.close()
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
