@@ -145,9 +145,13 @@ def test_status_reports_alive(stack: StackInfo, capsys: pytest.CaptureFixture[st
     assert stack.s3_endpoint in out and stack.catalog_uri in out
 
 
-def test_the_server_serves_the_restricted_analyst_whom_the_catalog_refuses_directly(stack: StackInfo) -> None:
-    """The stack's sqe serve (reader sqe-engine, one worker) gives the analyst filtered, masked rows; the analyst's
-    own pyiceberg load is refused; the analyst's own config keeps working for an unrestricted table."""
+def test_the_server_serves_the_restricted_analyst_whom_the_catalog_refuses_directly(
+    stack: StackInfo, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make demo``'s steps: pyiceberg and SQE write and read as two users, EXPLAIN shows the credential source
+    (one ``table property value`` line each); then the stack's sqe serve (reader sqe-engine, one worker) gives the
+    analyst filtered, masked rows; the analyst's own pyiceberg load is refused; the analyst's own config keeps
+    working for an unrestricted table."""
     from pyiceberg.exceptions import ForbiddenError
 
     import sqe.api
@@ -156,11 +160,17 @@ def test_the_server_serves_the_restricted_analyst_whom_the_catalog_refuses_direc
     from sqe_catalog.admin import open_auth_store
     from sqe_stack import service
     from sqe_stack.catalog import load_catalog_config
-    from sqe_stack.demo import _client_props, pyiceberg_round_trip, restrict_analyst
+    from sqe_stack.demo import _client_props, pyiceberg_round_trip, restrict_analyst, sqe_queries
 
     with open_auth_store(load_catalog_config(stack.catalog_config)) as store:
         assert service.READER in [p.name for p in store.list_principals() if p.is_reader]
     pyiceberg_round_trip(stack.principal_config("writer"), stack.principal_config("analyst"))
+    sqe_queries(stack.principal_config("writer"), stack.principal_config("analyst"))
+    shown = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in shown if "credential_source" in line] == [
+        ["demo.sales.orders", "credential_source", "vended"]
+    ]
+    assert not any("duckdb plan" in line for line in shown)  # the demo shows the tables' sections only
     restrict_analyst(stack.catalog_config)
     analyst = load_config(stack.principal_config("analyst"))
     remote = RemoteSession(stack.server_url, analyst)
@@ -168,7 +178,7 @@ def test_the_server_serves_the_restricted_analyst_whom_the_catalog_refuses_direc
         rows = remote.sql("SELECT id, customer, amount FROM demo.sales.orders ORDER BY id").arrow().to_pylist()
     finally:
         remote.close()
-    assert rows == [{"id": 1, "customer": "ada", "amount": None}]
+    assert rows == [{"id": 1, "customer": "ada", "amount": None}, {"id": 4, "customer": "margaret", "amount": None}]
     worker_log = (stack.dir / "logs" / "worker-1.log").read_text(errors="replace")
     assert "fragment" in worker_log.lower(), "the server's scan did not run on its worker"
     from pyiceberg.catalog.rest import RestCatalog
