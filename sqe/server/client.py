@@ -58,6 +58,7 @@ class _RemoteResult:
 
 
 _PLAINTEXT_SCHEMES = ("grpc", "grpc+tcp")
+_REACHABLE_TIMEOUT_SECONDS = 10.0
 
 
 def _refuse_plaintext_off_loopback(location: str) -> None:
@@ -83,6 +84,7 @@ class RemoteSession:
             self._client = flight.FlightClient(location, **kwargs)
         except pa.ArrowException as exc:  # no scheme, a port out of range, a transport Flight lacks
             raise ConfigError(f"server URL {location!r}: {first_line(exc)}") from None
+        self._location = location
         self._lock = threading.Lock()
         self._running: flight.FlightInfo | None = None
         self._reader: Any = None
@@ -101,8 +103,22 @@ class RemoteSession:
                 name, value = self._client.authenticate_basic_token(catalog.client_id, secret)
                 return [(name, value)]
         except flight.FlightError as exc:
-            raise _error(exc) from None
+            raise self._login_error(exc) from None
         raise AuthenticationError("the config names no catalog.token or catalog.client_id/client_secret to log in")
+
+    def _login_error(self, exc: flight.FlightError) -> SQEError:
+        """pyarrow's Basic handshake with an address nothing answers fails as an internal error, "Could not finish
+        writing before closing"; one plain call then tells an unreachable server (UNAVAILABLE) apart."""
+        if isinstance(exc, flight.FlightInternalError):
+            try:
+                self._client.list_actions(flight.FlightCallOptions(timeout=_REACHABLE_TIMEOUT_SECONDS))
+            except flight.FlightUnavailableError as unreachable:
+                return CatalogUnavailableError(
+                    f"cannot reach the SQE server at {self._location}: {_error(unreachable)}"
+                )
+            except flight.FlightError:
+                pass  # it answers: the handshake's own error stands
+        return _error(exc)
 
     def _options(self) -> flight.FlightCallOptions:
         return flight.FlightCallOptions(headers=self._headers)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sqe.errors import ConfigError
+from sqe.errors import CatalogUnavailableError, ConfigError
 from sqe.server.client import RemoteSession, _refuse_plaintext_off_loopback
+from tests.conftest import free_loopback_port
 from tests.unit.sqe.test_config import _load
 
 SECRET = "CLIENT-SECRET-never-on-the-wire"
@@ -38,3 +39,12 @@ def test_a_server_url_flight_cannot_use_is_a_config_error(location: str, reason:
     config = _load({"catalog.client_id": "analyst", "catalog.client_secret": SECRET})
     with pytest.raises(ConfigError, match=f"server URL {location!r}: .*{reason}"):
         RemoteSession(location, config)
+
+
+def test_a_server_nothing_answers_at_is_one_unavailable_error() -> None:
+    """A login by client id and secret (a Basic handshake) said only "Could not finish writing before closing"."""
+    location = f"grpc://127.0.0.1:{free_loopback_port()}"
+    config = _load({"catalog.client_id": "analyst", "catalog.client_secret": SECRET})
+    with pytest.raises(CatalogUnavailableError, match=f"^cannot reach the SQE server at {location}: ") as refused:
+        RemoteSession(location, config)
+    assert "Connection refused" in str(refused.value) and SECRET not in str(refused.value)
