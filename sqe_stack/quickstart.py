@@ -229,8 +229,12 @@ def _polaris_root_token(base: str, client_id: str, client_secret: str) -> str:
         raise StackError("Polaris: the root principal could not get a token") from None
 
 
-def polaris_bootstrap(base: str, root_id: str, root_secret: str, out: Path) -> dict[str, Path]:
-    """The demo catalog, principals ``analyst``/``writer`` with roles and grants; their engine configs."""
+def polaris_bootstrap(
+    base: str, root_id: str, root_secret: str, out: Path, scenario: Scenario = POLARIS
+) -> dict[str, Path]:
+    """The bucket on the store (Polaris creates none: the writer's first file needs it), the demo catalog,
+    principals ``analyst``/``writer`` with roles and grants; their engine configs."""
+    create_bucket(_store(scenario), BUCKET, REGION)
     token = _polaris_root_token(base, root_id, root_secret)
     catalog = polaris_catalog_name()
     _polaris_call(base, "POST", "/catalogs", token, polaris_catalog_request())
@@ -252,7 +256,7 @@ def polaris_bootstrap(base: str, root_id: str, root_secret: str, out: Path) -> d
             _polaris_call(base, "PUT", f"/catalogs/{catalog}/catalog-roles/{demo.role}/grants", token, grant)
         if creds:
             principals.append(PrincipalCredentials(demo.name, str(creds["clientId"]), str(creds["clientSecret"])))
-    return write_engine_configs(out, principals, POLARIS.catalog_uri, POLARIS.s3_endpoint)
+    return write_engine_configs(out, principals, scenario.catalog_uri, scenario.s3_endpoint)
 
 
 def run_demo(state: Path) -> None:
