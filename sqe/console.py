@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
 
 def run_with_progress(session: Session, statement: str) -> pa.Table | None:
-    """Run one statement; Ctrl-C interrupts the query. A progress line shows on a TTY after one second."""
+    """Run one statement; Ctrl-C interrupts the query. A progress line shows on a TTY after one second. None: the
+    statement has no result to show (PREPARE and DEALLOCATE answer a table without columns, which the table
+    format drew as an empty box, CSV as a blank line, and a Parquet ``--output`` kept instead of the rows)."""
     result: dict[str, object] = {}
     # Not Thread.join/is_alive: on Python 3.11 a Ctrl-C arriving inside join() marks the thread stopped while it
     # still runs, and the caller would then close the session under the query.
@@ -53,7 +55,8 @@ def run_with_progress(session: Session, statement: str) -> pa.Table | None:
     progress.clear()
     if "error" in result:
         raise result["error"]  # type: ignore[misc]
-    return result.get("table")  # type: ignore[return-value]
+    table: pa.Table | None = result.get("table")  # type: ignore[assignment]
+    return table if table is not None and table.num_columns > 0 else None
 
 
 class _Progress:

@@ -733,3 +733,24 @@ def test_the_shells_listings_show_null_as_the_null_option_says(
         assert not any("NULL" in line for line in listed + described)
     finally:
         session.close()
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json", "parquet"])
+def test_prepare_and_deallocate_show_nothing(tmp_path: Path, config: Path, fmt: str) -> None:
+    """PREPARE and DEALLOCATE have no result: the table format drew an empty box for each, CSV wrote a blank line
+    before the header, and a Parquet file held DEALLOCATE's empty table instead of EXECUTE's rows."""
+    sql = "PREPARE p AS SELECT 42 AS answer; EXECUTE p; DEALLOCATE p"
+    out = tmp_path / "out.parquet"
+    done = _sqe(tmp_path, "-c", str(config), "-e", sql, "-f", fmt, *(["-o", str(out)] if fmt == "parquet" else []))
+    assert done.returncode == 0, done.stderr
+    if fmt == "parquet":
+        assert pq.read_table(out).to_pylist() == [{"answer": 42}]
+    else:
+        assert (
+            done.stdout
+            == {
+                "table": "+--------+\n| answer |\n+--------+\n| 42     |\n+--------+\n(1 row)\n",
+                "csv": "answer\n42\n",  # CRLF, read back as text
+                "json": '{"answer": 42}\n',
+            }[fmt]
+        )
