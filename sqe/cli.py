@@ -117,6 +117,10 @@ def _connect_remote(config_path: str | None, server: str) -> Session:
     """A session on an `sqe serve` server, logged in with the config's own catalog credentials."""
     from typing import cast
 
+    # gRPC logs a failed TLS handshake (an untrusted certificate, a server that speaks no TLS) at INFO on stderr,
+    # two lines ahead of our own one-line error; an operator's GRPC_VERBOSITY still wins. Read at gRPC's start.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
     from sqe.config import load_config
     from sqe.server.client import RemoteSession
 

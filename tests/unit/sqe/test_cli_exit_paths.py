@@ -6,10 +6,14 @@ port: the statements read no table, so no catalog call is made.
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -110,3 +114,44 @@ def test_subcommand_errors_escape_control_characters(tmp_path: Path, argv: list[
     done = _sqe(tmp_path, *argv)
     assert done.returncode == 1
     assert done.stderr == expected.format(tmp=tmp_path) + "\n"
+
+
+@pytest.fixture
+def not_tls_port() -> Iterator[int]:
+    """A loopback port whose listener answers every connection in plain text, so a TLS handshake fails there."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def test_a_failed_tls_handshake_with_the_server_is_one_error_line(
+    tmp_path: Path, config: Path, not_tls_port: int
+) -> None:
+    """gRPC logged the handshake's failure at INFO on stderr (two lines) ahead of sqe's own error."""
+    env = {name: value for name, value in os.environ.items() if name != "GRPC_VERBOSITY"}
+    location = f"grpc+tls://127.0.0.1:{not_tls_port}"
+    done = subprocess.run(
+        [sys.executable, "-m", "sqe.cli", "--server", location, "-c", str(config), "-e", "SELECT 1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"sqe: error: cannot reach the SQE server at {location}: ")
