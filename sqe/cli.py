@@ -67,6 +67,10 @@ def main(argv: list[str] | None = None, *, started: Started = nothing, whole_pro
 def _run_sql(args: argparse.Namespace, started: Started, whole_process: bool) -> int:
     """``-e`` or the interactive shell, on a session made from ``--config`` (or on ``--server``)."""
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr)
+    # gRPC (the --server client's, the scan workers' channels) logs a failed TLS handshake (an untrusted
+    # certificate, a peer that speaks no TLS) at INFO on stderr, two lines ahead of our own one-line error; an
+    # operator's GRPC_VERBOSITY still wins. gRPC reads it when it starts, after this.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     if args.format == "parquet" and not args.output:
         print("sqe: --format parquet needs --output PATH", file=sys.stderr)
         return 2
@@ -116,10 +120,6 @@ def _connect(config_path: str | None) -> Session:
 def _connect_remote(config_path: str | None, server: str) -> Session:
     """A session on an `sqe serve` server, logged in with the config's own catalog credentials."""
     from typing import cast
-
-    # gRPC logs a failed TLS handshake (an untrusted certificate, a server that speaks no TLS) at INFO on stderr,
-    # two lines ahead of our own one-line error; an operator's GRPC_VERBOSITY still wins. Read at gRPC's start.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
     from sqe.config import load_config
     from sqe.server.client import RemoteSession
