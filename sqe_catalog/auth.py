@@ -729,14 +729,22 @@ class AuthStore:
         with self._engine.connect() as conn:
             row = self._authenticate(conn, client_id, client_secret)
             if requested is not None:
-                held = self._standing(conn, row.name).roles
-                missing = sorted(requested - held)
-                if missing:
-                    raise BadRequestError(f"invalid_scope: principal does not hold role {missing[0]}")
+                self._require_held(conn, row.name, requested)
         issued_at = int(self._clock())
         subject = _Binding(row.name, row.client_id, row.secret_generation)
         claims = _TokenClaims(subject, requested, issued_at, issued_at + self._token_lifetime_seconds)
         return _encode_token(self._signing_key, claims), self._token_lifetime_seconds
+
+    def require_roles_held(self, name: str, roles: frozenset[str]) -> None:
+        """``invalid_scope`` (BadRequestError) unless principal ``name`` holds every one of ``roles`` now: a scope
+        asks only for roles held, whichever grant asks (client credentials or a token exchange)."""
+        with self._engine.connect() as conn:
+            self._require_held(conn, name, roles)
+
+    def _require_held(self, conn: Connection, name: str, roles: frozenset[str]) -> None:
+        missing = sorted(roles - self._standing(conn, name).roles)
+        if missing:
+            raise BadRequestError(f"invalid_scope: principal does not hold role {missing[0]}")
 
     def _authenticate(self, conn: Connection, client_id: str, client_secret: str) -> Row[Any]:
         """The principal's row; one message for unknown ids and wrong secrets, and the same scrypt cost."""

@@ -22,7 +22,7 @@ a field missing, a ``*_token_type`` other than access_token            ``invalid
 actor token invalid, expired, foreign or revoked                       ``invalid_client``      401
 actor token itself delegated, or its principal not a reader            ``unauthorized_client`` 400
 subject token invalid, expired, foreign, revoked, delegated or a reader ``invalid_grant``       400
-scope malformed or wider than the subject token's                      ``invalid_scope``       400
+scope malformed, wider than the subject token's, or a role not held    ``invalid_scope``       400
 =====================================================================  ======================  ======
 
 A delegated token is re-checked on every call (``AuthStore.principal_for_token``): deleting or rotating either
@@ -66,7 +66,7 @@ def exchange_token(auth: AuthStore, form: Mapping[str, str]) -> DelegatedToken:
     _refuse_targets(form)
     actor = _verified_actor(auth, actor_token)
     subject = _verified_subject(auth, subject_token, actor)
-    roles = _delegated_roles(subject, form.get("scope"))
+    roles = _delegated_roles(auth, subject, form.get("scope"))
     try:
         token, expires_in = auth.issue_delegated_token(subject, actor, roles)
     except NotAuthorizedError:
@@ -118,17 +118,19 @@ def _verified_subject(auth: AuthStore, token: str, actor: VerifiedToken) -> Veri
     return subject
 
 
-def _delegated_roles(subject: VerifiedToken, scope: str | None) -> frozenset[str] | None:
-    """The subject token's roles, narrowed by ``scope`` when given; never wider."""
+def _delegated_roles(auth: AuthStore, subject: VerifiedToken, scope: str | None) -> frozenset[str] | None:
+    """The subject token's roles, narrowed by ``scope`` when given; never wider, and only roles the subject holds
+    now (as ``client_credentials`` requires: a token for all roles does not make a role named in a scope held)."""
     if not scope:
         return subject.roles
     try:
         requested = parse_scope(scope)
+        if requested is None:
+            return subject.roles
+        if subject.roles is not None and not requested <= subject.roles:
+            extra = sorted(requested - subject.roles)[0]
+            raise TokenExchangeError("invalid_scope", f"role {extra} is not active in the subject token")
+        auth.require_roles_held(subject.name, requested)
     except BadRequestError as exc:
         raise TokenExchangeError("invalid_scope", exc.message.removeprefix("invalid_scope: ")) from None
-    if requested is None:
-        return subject.roles
-    if subject.roles is not None and not requested <= subject.roles:
-        extra = sorted(requested - subject.roles)[0]
-        raise TokenExchangeError("invalid_scope", f"role {extra} is not active in the subject token")
     return requested

@@ -102,6 +102,30 @@ def test_scope_can_only_narrow_the_subject_tokens_roles(catalog: Catalog) -> Non
     oauth_error(exchange(catalog, "carol", "engine", scope="ROLE:x"), 400, "invalid_scope")
 
 
+def test_a_scope_naming_a_role_the_subject_does_not_hold_is_refused_like_client_credentials(
+    catalog: Catalog,
+) -> None:
+    """Found by review: an exchange of an all-roles subject token took ``scope=PRINCIPAL_ROLE:<a role the subject
+    does not hold>`` and minted a token naming it, while ``client_credentials`` refuses that scope. Both now give
+    the same ``invalid_scope`` answer; a role the subject does hold is still accepted."""
+    client_id, client_secret = catalog.store.create_principal("dave")
+    catalog.store.create_role("held")
+    catalog.store.assign_role("dave", "held")
+    catalog.store.create_role("foreign")  # exists, but dave does not hold it
+    form = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": client_secret}
+    catalog.tokens["dave"] = catalog._token({**form, "scope": "PRINCIPAL_ROLE:ALL"})
+    for scope in ("PRINCIPAL_ROLE:foreign", "PRINCIPAL_ROLE:held PRINCIPAL_ROLE:foreign", "PRINCIPAL_ROLE:nosuch"):
+        login = call(
+            catalog.app, "POST", "/v1/oauth/tokens", headers=FORM, body=urlencode({**form, "scope": scope}).encode()
+        )
+        exchanged = exchange(catalog, "dave", "engine", scope=scope)
+        described = oauth_error(exchanged, 400, "invalid_scope")
+        assert described == oauth_error(login, 400, "invalid_scope"), scope
+        assert described.startswith("principal does not hold role "), described
+    held = exchange(catalog, "dave", "engine", scope="PRINCIPAL_ROLE:held")
+    assert held.status == 200 and payload(held.json()["access_token"])["roles"] == ["held"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Refusals
 
