@@ -162,7 +162,9 @@ def translate_error(exc: Exception, what: str) -> CatalogError:
     if isinstance(exc, CommitStateUnknownException):  # pyiceberg's name for a commit's 500, 502 or 504
         response = cause.response if isinstance(cause, requests.HTTPError) else None
         status = response.status_code if response is not None else None
-        detail = first_line(exc)
+        # pyiceberg's message quotes the answer (its ErrorModel message, or a non-JSON body whole): the token the
+        # request carried is blanked out as error_for_status does.
+        detail = first_line(_without(str(exc), _bearer_token_sent(response)) if response is not None else exc)
         return commit_state_unknown(what, f"HTTP {status}: {detail}" if status else detail, status)
     if isinstance(cause, requests.HTTPError) and cause.response is not None:
         return error_for_status(cause.response, what)

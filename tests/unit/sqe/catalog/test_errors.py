@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
+from pyiceberg.catalog.rest.response import _handle_non_200_response
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.exceptions import NoSuchNamespaceError as PyNoSuchNamespaceError
 
@@ -198,3 +199,24 @@ def test_the_bearer_token_the_request_carried_never_reaches_the_message(
     cut = "x" * (480 - len("token ")) + f" token {DELEGATED}"  # the 500-character cut falls inside the token
     long = json.dumps({"error": {"message": cut, "code": 400}}).encode()
     assert DELEGATED[:10] not in str(error_for_status(answer(server, 400, long, "application/json", DELEGATED), "t"))
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/plain"])
+def test_a_commit_of_unknown_outcome_never_quotes_the_bearer_token(
+    server: tuple[str, type[_Answer]], content_type: str
+) -> None:
+    """Found by review: a commit's 500/502/504 (pyiceberg's CommitStateUnknownException) took its detail from
+    pyiceberg's message, which quotes the answer (the ErrorModel message, or a non-JSON body whole), without the
+    bearer-token blanking of ``error_for_status``: a catalog or proxy quoting the delegated token showed it."""
+    quoted = f"upstream reset while checking token {DELEGATED}"
+    body = json.dumps({"error": {"message": quoted, "type": "BadGateway", "code": 502}})
+    response = answer(
+        server, 502, (body if content_type == "application/json" else quoted).encode(), content_type, DELEGATED
+    )
+    with pytest.raises(requests.HTTPError) as failed:
+        response.raise_for_status()
+    with pytest.raises(CommitStateUnknownException) as raised:  # pyiceberg's own translation, as in commit_table
+        _handle_non_200_response(failed.value, {502: CommitStateUnknownException})
+    mapped = translate_error(raised.value, "commit to wh.ns.t")
+    assert type(mapped) is CommitStateUnknownError and "upstream reset while checking token" in str(mapped), mapped
+    assert DELEGATED not in f"{mapped} {mapped!r}" and DELEGATED[:40] not in str(mapped), str(mapped)
