@@ -198,6 +198,15 @@ def _error_model(response: requests.Response) -> tuple[str | None, str]:
     return (error_type if isinstance(error_type, str) else None), message
 
 
+def without_bearer_token_sent(answer: dict[str, Any], response: requests.Response) -> dict[str, Any]:
+    """A successful ``answer`` whose ErrorModel (a failed scan plan) has the request's bearer token blanked out of
+    its message, as an error answer's is: the message becomes an error the user sees."""
+    error = answer.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        error["message"] = _without(error["message"], _bearer_token_sent(response))
+    return answer
+
+
 def _bearer_token_sent(response: requests.Response) -> str:
     """The bearer token of the request ``response`` answers ("" without one). In ``sqe serve`` it is a delegated
     token: a user who read it in an error could take it to the catalog and get raw credentials of tables that

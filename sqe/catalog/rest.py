@@ -41,7 +41,12 @@ from sqe.catalog._delegation import catalog_auth
 from sqe.catalog._early_token import EarlyToken
 from sqe.catalog._transport import RetryPolicy, make_session
 from sqe.catalog.base import CacheOutcome, LoadedTable, ScanPlanningClient, TableIdent, ViewDefinition
-from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, error_for_status, translate_error
+from sqe.catalog.errors import (
+    PYICEBERG_CATALOG_ERRORS,
+    error_for_status,
+    translate_error,
+    without_bearer_token_sent,
+)
 from sqe.config import CatalogConnection, SQEConfig
 from sqe.credentials import CatalogCredentials, ScopedFileIO, StoragePolicy, parse_catalog_credentials
 from sqe.errors import (
@@ -313,7 +318,7 @@ class SQERestCatalog(Unpicklable, RestCatalog):
         answer = _json_object(response)
         if answer is None:
             raise CatalogProtocolError(f"the catalog's answer for {what} is not a JSON object")
-        return answer
+        return without_bearer_token_sent(answer, response)  # a failed plan's ErrorModel is shown as an error
 
     def namespace_path(self, namespace: Sequence[str]) -> str:
         return "namespaces/" + self._encode_namespace_path(tuple(namespace))

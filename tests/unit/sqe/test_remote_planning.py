@@ -3,14 +3,19 @@ tasks) against a scripted catalog speaking the REST spec's JSON, and the switch-
 
 from __future__ import annotations
 
+import json
 import math
+import threading
 from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In, Not, NotEqualTo, NotIn, Or
 
 from sqe.catalog.base import TableIdent
+from sqe.catalog.rest import RestTableProvider
+from sqe.config import SQEConfig, load_config
 from sqe.errors import NoSuchTableError, PermissionDeniedError, RemotePlanningError
 from sqe.planning.planner import join_conjuncts
 from sqe.planning.remote import RemotePlanner, collect_tasks, plan_request
@@ -264,3 +269,58 @@ def test_deletion_vectors_of_a_plan_keep_their_offsets_sizes_and_data_files() ->
     assert task_vector_entries(planned.tasks) == {
         "s3://b/dv.puffin": {"s3://b/1": VectorEntry(4, 40, 2), "s3://b/2": VectorEntry(44, 50, 3)}
     }
+
+
+class _FailingPlanCatalog(BaseHTTPRequestHandler):
+    """A catalog whose failed scan plan (a 200 answer with an ErrorModel) quotes the bearer token it was sent."""
+
+    def do_GET(self) -> None:  # /v1/config
+        endpoints = [
+            f"POST /v1/{{prefix}}/namespaces/{{namespace}}/tables/{{table}}/{tail}" for tail in ("plan", "tasks")
+        ]
+        self._send({"defaults": {}, "overrides": {"prefix": "wh"}, "endpoints": endpoints})
+
+    def do_POST(self) -> None:  # .../plan
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+        error = {"message": f"cannot plan for token {token}", "type": "ServiceFailureException", "code": 500}
+        self._send({"status": "failed", "error": error})
+
+    def _send(self, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+# A delegated token as sqe-catalog issues them: base64url JSON, a dot, a base64url HMAC.
+DELEGATED = "eyJhY3QiOnsic3ViIjoic3FlLWVuZ2luZSJ9LCJzdWIiOiJhbmFseXN0In0.c2lnbmF0dXJlLW9mLXRoZS1jYXRhbG9n"
+
+
+def test_a_failed_plan_never_quotes_the_bearer_token_the_request_carried() -> None:
+    """Found by review: error answers have the request's bearer token blanked out (``error_for_status``), but a
+    failed scan plan is a 200 answer whose ErrorModel message went into the error as the catalog wrote it. In
+    ``sqe serve`` the token is the user's delegated one: with it they could load their restricted tables at the
+    catalog directly, raw credentials included."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FailingPlanCatalog)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    overrides = {"catalog.uri": f"http://127.0.0.1:{server.server_port}", "catalog.warehouse": "wh"}
+    config = load_config(env={}, overrides={**overrides, "catalog.token": DELEGATED, "catalog.max_retries": 0})
+    assert isinstance(config, SQEConfig)
+    provider = RestTableProvider(config)
+    try:
+        planning = provider.scan_planning("wh")
+        assert planning is not None
+        with pytest.raises(RemotePlanningError) as failed:
+            collect_tasks(planning, IDENT, {}, deadline_seconds=5, sleep=lambda _s: None)
+    finally:
+        provider.close()
+        server.shutdown()
+        server.server_close()
+    shown = f"{failed.value} {failed.value!r}"
+    assert "cannot plan for token" in shown and DELEGATED not in shown and DELEGATED[:40] not in shown, shown
