@@ -331,13 +331,34 @@ def _check_reader_stays_home(c: CatalogConfig, w: SiblingWarehouseConfig, where:
     """A sibling on another catalog must not inherit ``[catalog]``'s reader: it would be sent the reader's secret,
     and whoever runs that catalog could then exchange users' tokens for raw credentials of restricted tables."""
     inherits_reader = c.reader_client_id is not None and not w.sets_auth
-    if inherits_reader and w.uri and w.uri.rstrip("/") != c.uri.rstrip("/"):
+    if inherits_reader and w.uri and not same_catalog(w.uri, c.uri):
         o.fail(
             f"{where}.uri",
             "is another catalog than catalog.uri, which would receive the reader's secret "
             f"(catalog.reader_client_secret) from this warehouse; set {where}.client_id/client_secret or {where}.token "
             f"(and {where}.reader_client_id with its secret for a reader there)",
         )
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def same_catalog(uri: str, other: str) -> bool:
+    """Whether two catalog URIs name one catalog as HTTP reads them: scheme and host in any case, the default port
+    written or not, trailing slashes aside. Any other difference (host, port, path) is another catalog."""
+    endpoint = _catalog_endpoint(uri)
+    return endpoint is not None and endpoint == _catalog_endpoint(other)
+
+
+def _catalog_endpoint(uri: str) -> tuple[str, str, int, str, str, str] | None:
+    parts = urlsplit(uri)
+    try:
+        port = parts.port
+    except ValueError:  # not a port: no endpoint, so never the same catalog as another
+        return None
+    scheme = parts.scheme  # urlsplit reads it in lower case; hostname too
+    default = _DEFAULT_PORTS.get(scheme, 0)
+    return scheme, parts.hostname or "", port or default, parts.path.rstrip("/"), parts.query, parts.fragment
 
 
 def _validate_storage(s: StorageConfig, o: Origins) -> None:

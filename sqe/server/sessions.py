@@ -34,7 +34,7 @@ from pydantic import SecretStr
 from sqe._text import counted, short_identity
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.rest import RestTableProvider
-from sqe.config import ExternalTablesConfig, SQEConfig
+from sqe.config import ExternalTablesConfig, SQEConfig, same_catalog
 from sqe.errors import QueryError, SQEError
 from sqe.server.identity import IdentityBroker, User, fingerprint, identity_digest
 from sqe.server.mount_stores import MARK_INTERVAL_SECONDS, StoreHold, claim_store, store_path
@@ -107,9 +107,9 @@ def _user_config(base: SQEConfig, token: str, owner: SessionKey) -> SQEConfig:
     }
     # The token is the primary catalog's: a sibling on another catalog would receive it (and could replay it at
     # the primary as this user), so such a sibling is not served to a user at all.
-    primary = base.catalog.uri.rstrip("/")
+    primary = base.catalog.uri
     siblings = tuple(
-        w.model_copy(update=no_auth) for w in base.catalog.warehouses if not w.uri or w.uri.rstrip("/") == primary
+        w.model_copy(update=no_auth) for w in base.catalog.warehouses if not w.uri or same_catalog(w.uri, primary)
     )
     # The token is already the user's own or a delegated one (IdentityBroker): the engine must not exchange again.
     catalog = base.catalog.model_copy(update={**no_auth, "token": SecretStr(token), "warehouses": siblings})

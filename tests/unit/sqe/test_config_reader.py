@@ -125,3 +125,23 @@ def test_a_sibling_on_another_catalog_never_inherits_the_reader() -> None:
     assert isinstance(config, SQEConfig) and config.catalog.connection("other").reader_client_id == "e2"
     plain = load_config(env={}, overrides={**BASE, "catalog.token": "t", "catalog.warehouses": [other]})
     assert isinstance(plain, SQEConfig) and not plain.catalog.connection("other").delegates
+
+
+def test_a_sibling_naming_the_same_catalog_in_other_spelling_keeps_the_reader() -> None:
+    """Found by review: the check compared the URIs as written, trailing slashes aside, so a sibling naming the
+    primary catalog with its scheme or host in other case, or its default port written out, was refused as
+    "another catalog" (and left out of sqe serve's user sessions), though HTTP reads both as one endpoint. Another
+    port, host or path is still another catalog."""
+    reader = {"catalog.client_id": "analyst", "catalog.client_secret": "s"}
+    reader |= {"catalog.reader_client_id": "sqe-engine", "catalog.reader_client_secret": "r"}
+    primary = {"catalog.uri": "http://catalog.example:80/api/catalog"}
+    same = ["HTTP://Catalog.Example/api/catalog/", "http://CATALOG.example:80/api/catalog//"]
+    siblings = [{"name": f"same{i}", "uri": uri} for i, uri in enumerate(same)]
+    config = load_config(env={}, overrides={**BASE, **primary, **reader, "catalog.warehouses": siblings})
+    assert isinstance(config, SQEConfig)
+    assert all(config.catalog.connection(f"same{i}").reader_client_id == "sqe-engine" for i in range(len(same)))
+    others = ["http://catalog.example:8080/api/catalog", "http://catalog2.example/api/catalog"]
+    others += ["http://catalog.example/api/Catalog", "https://catalog.example/api/catalog"]
+    for uri in others:
+        with pytest.raises(ConfigError, match=r"^catalog\.warehouses\[0\]\.uri"):
+            _load(**primary, **reader, **{"catalog.warehouses": [{"name": "other", "uri": uri}]})

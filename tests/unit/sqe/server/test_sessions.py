@@ -91,6 +91,7 @@ def test_a_users_config_carries_their_token_only_and_no_sibling_on_another_catal
     receive it, and could replay it at the primary as that user, so it is left out of the user's config."""
     siblings = [
         {"name": "same", "uri": "http://127.0.0.1:8181/"},
+        {"name": "same spelt otherwise", "uri": "HTTP://127.0.0.1:8181"},
         {"name": "inherited"},
         {"name": "elsewhere", "uri": "http://127.0.0.1:9999", "client_id": "x", "client_secret": "y"},
     ]
@@ -98,10 +99,10 @@ def test_a_users_config_carries_their_token_only_and_no_sibling_on_another_catal
     reader = {"catalog.reader_client_id": "reader", "catalog.reader_client_secret": "READER-SECRET"}
     base = _load({**identity, **reader, "catalog.warehouses": siblings})
     config = _user_config(base, "USER-TOKEN", SessionKey("user:alice", "roles", "s"))
-    assert config.catalog.warehouse_names == ("demo", "same", "inherited")
+    assert config.catalog.warehouse_names == ("demo", "same", "same spelt otherwise", "inherited")
     for name in config.catalog.warehouse_names:
         connection = config.catalog.connection(name)
-        assert connection.uri.rstrip("/") == "http://127.0.0.1:8181"
+        assert connection.uri.rstrip("/").lower() == "http://127.0.0.1:8181"
         assert connection.token is not None and connection.token.get_secret_value() == "USER-TOKEN"
         assert connection.reader_client_id is None and connection.client_id is None
 
