@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from urllib.parse import unquote
 
@@ -365,6 +366,48 @@ def _token_like(text: str) -> bool:
         any(c.islower() for c in run) and any(c.isupper() for c in run) and any(c.isdigit() for c in run)
         for run in _TOKEN_RUN.findall(text)
     )
+
+
+# A piece this long of a secret SQE sent is blanked out too (:func:`without_secrets`): 96 bits and more of a token,
+# far past any chance match of prose, and what a quote cut short leaves unshown is then too much to guess.
+SECRET_PIECE_CHARS = 16
+
+
+def without_secrets(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every one of ``secrets`` (tokens, client secrets SQE sent) replaced by ``***``, and every piece
+    of one of at least :data:`SECRET_PIECE_CHARS` characters too: a catalog or proxy may quote a token cut short,
+    and all of a token's signature but its last characters is as good as the token to whoever can try those.
+
+    For the text of an answer to a request that carried ``secrets``, before it is cut (a cut could leave a piece)."""
+    known = [secret for secret in secrets if secret]
+    for secret in sorted(known, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    pieces = {
+        secret[i : i + SECRET_PIECE_CHARS] for secret in known for i in range(len(secret) - SECRET_PIECE_CHARS + 1)
+    }
+    return _without_pieces(text, pieces) if pieces else text
+
+
+def _without_pieces(text: str, pieces: set[str]) -> str:
+    """``text`` with every run covered by ``pieces`` (all :data:`SECRET_PIECE_CHARS` long) replaced by ``***``."""
+    covered_to = -1  # the end of the run being blanked
+    runs: list[tuple[int, int]] = []
+    for start in range(len(text) - SECRET_PIECE_CHARS + 1):
+        if text[start : start + SECRET_PIECE_CHARS] not in pieces:
+            continue
+        end = start + SECRET_PIECE_CHARS
+        if runs and start <= covered_to:
+            runs[-1] = (runs[-1][0], end)
+        else:
+            runs.append((start, end))
+        covered_to = end
+    parts: list[str] = []
+    copied = 0
+    for start, end in runs:
+        parts += [text[copied:start], REDACTED]
+        copied = end
+    parts.append(text[copied:])
+    return "".join(parts)
 
 
 MAX_MESSAGE_CHARS = 8192  # an error message's length as shown; far past any message SQE words itself

@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from sqe._text import first_line, redact_credentials
+from sqe._text import MAX_MESSAGE_CHARS, first_line, redact_credentials, without_secrets
 from sqe._unpicklable import Unpicklable
 from sqe.errors import AuthenticationError, CatalogProtocolError, CatalogUnavailableError
 
@@ -173,7 +173,8 @@ def oauth_error_code(response: requests.Response) -> str:
 
 def oauth_error(response: requests.Response, *sent: str, fallback: str = "no details", limit: int | None = None) -> str:
     """The refusal's description (OAuth ``error`` or ErrorModel ``message``; ``fallback`` when it has none) as one
-    line of at most ``limit`` characters, with any of the ``sent`` secrets or tokens blanked out."""
+    line of at most ``limit`` characters, with any of the ``sent`` secrets or tokens, or a long piece of one (a
+    quote cut short), blanked out."""
     try:
         body = response.json()
     except ValueError:
@@ -184,7 +185,5 @@ def oauth_error(response: requests.Response, *sent: str, fallback: str = "no det
             text = str(body.get("error_description") or body["error"])
         elif isinstance(body.get("error"), dict):
             text = str(body["error"].get("message") or fallback)
-    for value in sent:
-        if value:
-            text = text.replace(value, "***")
-    return first_line(text, limit=limit)
+    # Text past what any message shows goes first: the search for pieces of a secret reads every character.
+    return first_line(without_secrets(text[:MAX_MESSAGE_CHARS], sent), limit=limit)

@@ -26,7 +26,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError as PyNoSuchNamespaceError
 from pyiceberg.exceptions import NoSuchTableError as PyNoSuchTableError
 
 from sqe import vocabulary
-from sqe._text import REDACTED, first_line
+from sqe._text import MAX_MESSAGE_CHARS, first_line, without_secrets
 from sqe.errors import (
     AuthenticationError,
     CatalogError,
@@ -218,5 +218,7 @@ def _bearer_token_sent(response: requests.Response) -> str:
 
 
 def _without(text: str, secret: str) -> str:
-    """``text`` with ``secret`` blanked out, before any cut (a cut could leave part of it)."""
-    return text.replace(secret, REDACTED) if secret else text
+    """``text`` with ``secret`` and any long piece of it blanked out (a catalog may quote it cut short), before any
+    cut of ours (a cut could leave part of it). Text past what any message shows goes first: the search for pieces
+    reads every character."""
+    return without_secrets(text[:MAX_MESSAGE_CHARS], [secret]) if secret else text

@@ -23,6 +23,7 @@ from sqe._text import (
     iso_utc,
     redact_credentials,
     redacted_message,
+    without_secrets,
 )
 from sqe.errors import CatalogError, QueryError
 from sqe_catalog.errors import CatalogError as CatalogServerError
@@ -933,3 +934,11 @@ def test_an_oauth_error_codes_description_stays_readable() -> None:
     assert redact_credentials(message) == message
     assert redact_credentials("invalid_grant: token tok_abc expired") == "invalid_grant: token tok_abc expired"
     assert redact_credentials("client_secret: impostor_x1") == "client_secret: ***"
+
+
+def test_without_secrets_blanks_pieces_of_a_sent_token_and_keeps_the_prose() -> None:
+    token = "eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJlLW9mLWFsaWNlcy10b2tlbg"
+    text = f"token {token[:-4]} rejected; {token[-20:]} too; {token[:15]} is short; secret p4ss unknown"
+    expected = f"token *** rejected; *** too; {token[:15]} is short; secret *** unknown"
+    assert without_secrets(text, [token, "p4ss", ""]) == expected, "a piece under 16 characters is no token's"
+    assert without_secrets("nothing sent", []) == "nothing sent"

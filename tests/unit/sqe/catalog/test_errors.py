@@ -220,3 +220,17 @@ def test_a_commit_of_unknown_outcome_never_quotes_the_bearer_token(
     mapped = translate_error(raised.value, "commit to wh.ns.t")
     assert type(mapped) is CommitStateUnknownError and "upstream reset while checking token" in str(mapped), mapped
     assert DELEGATED not in f"{mapped} {mapped!r}" and DELEGATED[:40] not in str(mapped), str(mapped)
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/plain"])
+def test_the_bearer_token_quoted_cut_short_never_reaches_the_message(
+    server: tuple[str, type[_Answer]], content_type: str
+) -> None:
+    """Found by review: only the whole token was blanked out, so a catalog or proxy quoting it cut short (its own
+    limit on a message) showed all of it but its last characters, which whoever reads the message can try at the
+    catalog. Any piece of 16 characters or more of it is blanked out; the rest of the message stays."""
+    quoted = f"token {DELEGATED[:-3]}... is not valid; token ...{DELEGATED[30:]} neither"
+    body = json.dumps({"error": {"message": quoted, "type": "NotAuthorizedException", "code": 401}})
+    sent = body if content_type == "application/json" else quoted
+    shown = str(error_for_status(answer(server, 401, sent.encode(), content_type, DELEGATED), "table wh.ns.t"))
+    assert "token ***... is not valid; token ...*** neither" in shown, shown

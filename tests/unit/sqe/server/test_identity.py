@@ -195,6 +195,12 @@ class _EchoingCatalog(BaseHTTPRequestHandler):
     reader_logins = 0
     exchanges = 0
     accepted_actors: tuple[str, ...] = ()
+    reader_token = "reader-token-"  # the reader's n-th token: this and n
+    cut = 0  # quote each value without its last ``cut`` characters (a catalog cutting its quotes short)
+
+    @classmethod
+    def quoted(cls, value: str | None) -> str:
+        return (value or "")[: len(value or "") - cls.cut]
 
     def do_POST(self) -> None:
         sent = urllib.parse.parse_qs(self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode())
@@ -203,9 +209,9 @@ class _EchoingCatalog(BaseHTTPRequestHandler):
         if form.get("grant_type") == "client_credentials":
             if form.get("client_id") == READER_ID and form.get("client_secret") == READER_SECRET:
                 cls.reader_logins += 1
-                _send(self, 200, _json({"access_token": f"reader-token-{cls.reader_logins}"}))
+                _send(self, 200, _json({"access_token": f"{cls.reader_token}{cls.reader_logins}"}))
             else:
-                described = f"no client {form.get('client_id')} with {form.get('client_secret')}"
+                described = f"no client {form.get('client_id')} with {cls.quoted(form.get('client_secret'))}"
                 _send(self, 401, _json({"error": "invalid_client", "error_description": described}))
             return
         cls.exchanges += 1
@@ -214,12 +220,14 @@ class _EchoingCatalog(BaseHTTPRequestHandler):
         if error == "invalid_grant" and not subject.endswith("refused"):
             _send(self, 200, _json({"access_token": f"delegated-{subject}", "expires_in": 3600}))
             return
-        _send(self, 400, _json({"error": error, "error_description": f"cannot exchange {subject} with {actor}"}))
+        described = f"cannot exchange {cls.quoted(subject)} with {cls.quoted(actor)}"
+        _send(self, 400, _json({"error": error, "error_description": described}))
 
     def do_GET(self) -> None:
         token = self.headers.get("Authorization", "").removeprefix("Bearer ")
         if token.endswith("revoked"):
-            _send(self, 401, _json({"error": {"message": f"no token {token}", "type": "NotAuthorized", "code": 401}}))
+            message = f"no token {type(self).quoted(token)}"
+            _send(self, 401, _json({"error": {"message": message, "type": "NotAuthorized", "code": 401}}))
         else:
             _send(self, 200, b"{}")
 
@@ -298,3 +306,27 @@ def test_a_refused_reader_token_is_fetched_again_once_and_the_exchange_retried()
         other = f"{FORGED}other"
         assert broker.catalog_token(broker.authenticate_bearer(other)) == f"delegated-{other}"
     assert (catalog.reader_logins, catalog.exchanges) == (2, 3)
+
+
+# Shaped like sqe-catalog's tokens: base64url claims, a dot, a base64url signature.
+SIGNED_READER = "eyJjaWQiOiJyZWFkZXItaWQiLCJzdWIiOiJzcWUtZW5naW5lIn0.c2lnbmF0dXJlLW9mLXRoZS1yZWFkZXJz-"
+SIGNED_USER = "eyJjaWQiOiJhbGljZS1pZCIsInN1YiI6ImFsaWNlIn0.c2lnbmF0dXJlLW9mLWFsaWNlcy10b2tlbg"
+
+
+def test_a_refusal_quoting_a_token_cut_short_never_shows_most_of_it() -> None:
+    """Found by review: only whole tokens and secrets were blanked out, so a catalog or proxy quoting them cut
+    short (its own limit on a message) showed all of a token but its last characters: whoever reads the message
+    can try the few left at the catalog. Any piece of 16 characters or more of what was sent is blanked out."""
+    reader_secret = "reader-Wrong-Secret-1a2b3c4d5e6f"
+    with _echoing_catalog() as (uri, catalog):
+        catalog.reader_token, catalog.cut = SIGNED_READER, 2
+        broker = _delegating(uri)
+        user = broker.authenticate_bearer(SIGNED_USER)
+        shown = [
+            _refusal(lambda: broker.catalog_token(user)),  # the exchange: the user's and the reader's token
+            _refusal(lambda: _delegating(uri, reader_secret).catalog_token(user)),  # the reader's login
+            _refusal(lambda: broker.authenticate_bearer(f"{SIGNED_USER}revoked")),
+        ]
+    assert all(text.count("***") >= 1 for text in shown) and "cannot exchange *** with ***" in shown[0], shown
+    for sent in (SIGNED_USER, f"{SIGNED_READER}1", reader_secret):
+        assert not [text for text in shown if sent[:16] in text], f"a piece of {sent!r} shown in {shown}"
