@@ -137,6 +137,8 @@ class IdentityBroker(Unpicklable):
     _http: requests.Session = field(default_factory=requests.Session, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _reader_token: _Cached | None = field(default=None, init=False)
+    # One reader login at a time: calls needing a new reader token together share one (see ``_reader``).
+    _reader_login: threading.Lock = field(default_factory=threading.Lock, init=False)
     # keyed digest of the user's token (``_token_key``) -> delegated token
     _delegated: dict[str, _Cached] = field(default_factory=dict, init=False)
     # keyed digest of the user's token -> accepted until
@@ -309,7 +311,7 @@ class IdentityBroker(Unpicklable):
             if fresh or refusal.code != _ACTOR_REFUSED:
                 raise
             log.info("the catalog refused the cached reader token of %r; fetching a new one", self.reader_client_id)
-            actor, _ = self._reader(force=True)
+            actor, _ = self._reader(refused=actor)
             return self._exchange_as(subject_token, actor)
 
     def _exchange_as(self, subject_token: str, actor_token: str) -> _Cached:
@@ -318,13 +320,35 @@ class IdentityBroker(Unpicklable):
         )
         return _Cached(str(body["access_token"]), _lifetime(body, time.time()))
 
-    def _reader(self, *, force: bool = False) -> tuple[str, bool]:
-        """The server's own reader token (client_credentials), refreshed before it expires; True if just fetched."""
-        now = time.time()
+    def _reader(self, *, refused: str | None = None) -> tuple[str, bool]:
+        """The server's own reader token (client_credentials), fetched anew before it expires or once the catalog
+        refused it (``refused``); True if this call fetched it.
+
+        Calls that need a new one at once (its refresh point, a catalog restarted with another signing key) wait
+        for one login and share its token: each logging in would cost the catalog a password hash. A login that
+        does not end within ``timeout`` no longer holds the others back (each then logs in as before)."""
+        cached = self._usable_reader_token(refused)
+        if cached is not None:
+            return cached, False
+        waited = self._reader_login.acquire(timeout=self.timeout)
+        try:
+            cached = self._usable_reader_token(refused)  # another call logged in while this one waited
+            if cached is not None:
+                return cached, False
+            return self._reader_login_now(), True
+        finally:
+            if waited:
+                self._reader_login.release()
+
+    def _usable_reader_token(self, refused: str | None) -> str | None:
         with self._lock:
-            cached = None if force else self._reader_token
-        if cached is not None and now < cached.refresh_at:
-            return cached.value, False
+            cached = self._reader_token
+        if cached is None or time.time() >= cached.refresh_at or cached.value == refused:
+            return None
+        return cached.value
+
+    def _reader_login_now(self) -> str:
+        now = time.time()
         # Never ``self.scope``: that narrows users' tokens to their roles, which the reader does not hold.
         form = client_credentials_form(self.reader_client_id or "", self.reader_client_secret or "", READER_SCOPE)
         refused = f"the catalog rejected the server's reader identity {self.reader_client_id!r}"
@@ -332,7 +356,7 @@ class IdentityBroker(Unpicklable):
         fresh = _Cached(str(body["access_token"]), _lifetime(body, now))
         with self._lock:
             self._reader_token = fresh
-        return fresh.value, True
+        return fresh.value
 
     def _token_request(self, form: dict[str, str], refused: str) -> dict[str, Any]:
         try:

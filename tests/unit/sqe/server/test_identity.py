@@ -8,6 +8,7 @@ subject. A real loopback HTTP server plays the catalog (or the proxy in front of
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -197,6 +198,7 @@ class _EchoingCatalog(BaseHTTPRequestHandler):
     accepted_actors: tuple[str, ...] = ()
     reader_token = "reader-token-"  # the reader's n-th token: this and n
     cut = 0  # quote each value without its last ``cut`` characters (a catalog cutting its quotes short)
+    refusals_together: threading.Barrier | None = None  # refused actors are answered only once all are in
 
     @classmethod
     def quoted(cls, value: str | None) -> str:
@@ -220,6 +222,8 @@ class _EchoingCatalog(BaseHTTPRequestHandler):
         if error == "invalid_grant" and not subject.endswith("refused"):
             _send(self, 200, _json({"access_token": f"delegated-{subject}", "expires_in": 3600}))
             return
+        if error == "invalid_client" and cls.refusals_together is not None:
+            cls.refusals_together.wait(timeout=60)  # a guard against a hang only: the test asserts no time
         described = f"cannot exchange {cls.quoted(subject)} with {cls.quoted(actor)}"
         _send(self, 400, _json({"error": error, "error_description": described}))
 
@@ -306,6 +310,24 @@ def test_a_refused_reader_token_is_fetched_again_once_and_the_exchange_retried()
         other = f"{FORGED}other"
         assert broker.catalog_token(broker.authenticate_bearer(other)) == f"delegated-{other}"
     assert (catalog.reader_logins, catalog.exchanges) == (2, 3)
+
+
+def test_calls_refused_together_for_a_stale_reader_token_share_one_new_login() -> None:
+    """Found by review: every call whose exchange the catalog refused for the cached reader token (a catalog
+    restarted with another signing key) logged in as the reader itself, so a busy server cost the catalog a
+    password hash per call in flight. They now wait for one login and share its token."""
+    calls = 4
+    with _echoing_catalog("reader-token-1") as (uri, catalog):
+        broker = _delegating(uri)
+        broker.catalog_token(broker.authenticate_bearer(FORGED))
+        # The catalog no longer takes reader-token-1; it takes any later one (however many logins there are).
+        catalog.accepted_actors = tuple(f"reader-token-{n}" for n in range(2, calls + 2))
+        catalog.refusals_together = threading.Barrier(calls)  # every call is refused before any logs in again
+        users = [broker.authenticate_bearer(f"{FORGED}{i}") for i in range(calls)]
+        with concurrent.futures.ThreadPoolExecutor(calls) as pool:
+            delegated = list(pool.map(broker.catalog_token, users))
+    assert delegated == [f"delegated-{user.token}" for user in users]
+    assert catalog.reader_logins == 2, "one login for the first token, one shared new one"
 
 
 # Shaped like sqe-catalog's tokens: base64url claims, a dot, a base64url signature.
