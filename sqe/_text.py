@@ -7,7 +7,7 @@ import functools
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from urllib.parse import unquote
+from urllib.parse import quote, quote_plus, unquote
 
 # A word holding one of these names a credential, in any case: s3_secret_access_key, CREATE SECRET, mypassword,
 # motherduck_token, X-Amz-Signature in a presigned URL, an Authorization: Bearer header, AccountKey= in Azure's
@@ -374,12 +374,15 @@ SECRET_PIECE_CHARS = 16
 
 
 def without_secrets(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every one of ``secrets`` (tokens, client secrets SQE sent) replaced by ``***``, and every piece
-    of one of at least :data:`SECRET_PIECE_CHARS` characters too: a catalog or proxy may quote a token cut short,
-    and all of a token's signature but its last characters is as good as the token to whoever can try those.
+    """``text`` with every one of ``secrets`` (tokens, client secrets SQE sent) replaced by ``***``, also as a form
+    body percent-encodes it, and every piece of one of at least :data:`SECRET_PIECE_CHARS` characters too: a
+    catalog or proxy may quote a token cut short, and all of a token's signature but its last characters is as good
+    as the token to whoever can try those.
 
     For the text of an answer to a request that carried ``secrets``, before it is cut (a cut could leave a piece)."""
-    known = [secret for secret in secrets if secret]
+    given = [secret for secret in secrets if secret]
+    # as sent in a form body (a catalog or proxy may quote that): a secret's reserved characters percent-encoded
+    known = list(dict.fromkeys([*given, *(quote(s, safe="") for s in given), *(quote_plus(s) for s in given)]))
     for secret in sorted(known, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     pieces = {

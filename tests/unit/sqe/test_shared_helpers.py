@@ -942,3 +942,5 @@ def test_without_secrets_blanks_pieces_of_a_sent_token_and_keeps_the_prose() -> 
     expected = f"token *** rejected; *** too; {token[:15]} is short; secret *** unknown"
     assert without_secrets(text, [token, "p4ss", ""]) == expected, "a piece under 16 characters is no token's"
     assert without_secrets("nothing sent", []) == "nothing sent"
+    encoded = "percent-encoded: a%20b%2Bc%40d%3D1, as a form body has it: a+b%2Bc%40d%3D1"
+    assert without_secrets(encoded, ["a b+c@d=1"]) == "percent-encoded: ***, as a form body has it: ***"

@@ -200,9 +200,12 @@ class _EchoingCatalog(BaseHTTPRequestHandler):
     cut = 0  # quote each value without its last ``cut`` characters (a catalog cutting its quotes short)
     refusals_together: threading.Barrier | None = None  # refused actors are answered only once all are in
 
+    percent_encoded = False  # quote each value as its form body had it
+
     @classmethod
     def quoted(cls, value: str | None) -> str:
-        return (value or "")[: len(value or "") - cls.cut]
+        kept = (value or "")[: len(value or "") - cls.cut]
+        return urllib.parse.quote_plus(kept) if cls.percent_encoded else kept
 
     def do_POST(self) -> None:
         sent = urllib.parse.parse_qs(self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode())
@@ -352,3 +355,22 @@ def test_a_refusal_quoting_a_token_cut_short_never_shows_most_of_it() -> None:
     assert all(text.count("***") >= 1 for text in shown) and "cannot exchange *** with ***" in shown[0], shown
     for sent in (SIGNED_USER, f"{SIGNED_READER}1", reader_secret):
         assert not [text for text in shown if sent[:16] in text], f"a piece of {sent!r} shown in {shown}"
+
+
+def test_a_refusal_quoting_a_secret_as_its_form_body_had_it_never_shows_it() -> None:
+    """Found by review: only the secrets as given were blanked out, so a catalog or proxy quoting the form body it
+    received showed a secret with reserved characters percent-encoded (``p%40ss%2Bword``): the user's password, or
+    the reader's secret, in a message meant for logs and terminals."""
+    user_secret, reader_secret = "alice+Secret/91f0@x", "reader Wrong&Secret=1a2b"
+    with _echoing_catalog() as (uri, catalog):
+        catalog.percent_encoded = True
+        shown = [
+            _refusal(
+                lambda: _delegating(uri, reader_secret).catalog_token(_delegating(uri).authenticate_bearer(FORGED))
+            ),
+            _refusal(lambda: _delegating(uri).authenticate_basic("alice-id", user_secret)),
+        ]
+    assert "rejected client 'alice-id' (no client alice-id with ***)" in shown[1], shown
+    for sent in (user_secret, reader_secret):
+        encoded = {urllib.parse.quote_plus(sent), urllib.parse.quote(sent, safe="")}
+        assert not [text for text in shown for form in encoded if form in text], f"{sent!r} shown in {shown}"
