@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from concurrent.futures import Future
 
 import duckdb
 
-from sqe.errors import QueryError
+from sqe.errors import QueryError, SQEError
 
 __all__ = [
     "LOCKDOWN_CONFIG",
@@ -85,24 +86,49 @@ def _spill_directory() -> str:
     database closes. It lies in a private (0700) directory of this process (:func:`_new_spill_root`), removed at
     exit, so no other account reads it and no other database of the process is allowed it. DuckDB does not create
     missing parents: were the private directory removed while a database lives, that database's spill fails
-    instead of recreating it readable by all; the next database gets a new one. A forked child makes its own."""
+    instead of recreating it readable by all; the next database gets a new one, as it does when the name now
+    holds anything but the directory this process made (another account's directory, or a symlink, planted after
+    a removal). A forked child makes its own."""
     global _spill_root
     with _spill_lock:
-        if _spill_root is None or _spill_root[0] != os.getpid() or not os.path.isdir(_spill_root[1]):
+        if _spill_root is None or _spill_root[0] != os.getpid() or not _is_private_directory(_spill_root[1]):
             root = _new_spill_root()
             _spill_root = (os.getpid(), root)
             atexit.register(_remove_spill_root, os.getpid(), root)
         return os.path.join(_spill_root[1], f"db-{next(_spill_ids)}")
 
 
+def _is_private_directory(path: str) -> bool:
+    """A directory itself (not a symlink to one), of this account, that no other account may enter."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+
+
 def _new_spill_root() -> str:
     """In the working directory, where DuckDB's own default (``.tmp``) spilled: on the disk it spilled to before,
     where the system temporary directory may be held in memory. In the system temporary directory (``TMPDIR``)
-    when the working directory takes no new directory."""
-    try:
-        return tempfile.mkdtemp(prefix=".sqe-spill-", dir=os.getcwd())
-    except OSError:
-        return tempfile.mkdtemp(prefix="sqe-spill-")
+    when the working directory takes no new directory, or when another account could rename the private
+    directory away and put its own (or a symlink) under its name, where DuckDB would spill."""
+    for parent in (os.getcwd, tempfile.gettempdir):
+        with contextlib.suppress(OSError):
+            place = parent()
+            if _others_cannot_replace_entries(place):
+                return tempfile.mkdtemp(prefix=".sqe-spill-" if parent is os.getcwd else "sqe-spill-", dir=place)
+    raise SQEError(
+        "no directory to spill into: neither the working directory nor the temporary directory (TMPDIR) takes a "
+        "private directory that no other account can replace (writable by others without the sticky bit)"
+    )
+
+
+def _others_cannot_replace_entries(directory: str) -> bool:
+    """No other account may rename or delete what this one makes in ``directory``: it is writable by no other
+    account (a group other than the process's own counts as others), or sticky (``/tmp``)."""
+    info = os.stat(directory)
+    others_write = info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and info.st_gid != os.getegid())
+    return not others_write or bool(info.st_mode & stat.S_ISVTX)
 
 
 def _remove_spill_root(pid: int, root: str) -> None:

@@ -3,6 +3,7 @@ aggregates run on cursors of one shared database)."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -122,3 +123,53 @@ def test_a_database_cannot_read_what_another_database_spilled(tmp_path: Path, mo
         spilling.close()
         spying.close()
     assert not spill.exists(), "DuckDB removes a database's spill directory when it closes"
+
+
+def _fresh_spill_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next database makes the process's private directory anew (where the working directory now is)."""
+    monkeypatch.setattr(duckdb_connection, "_spill_root", None)
+
+
+@pytest.mark.parametrize("planted", ["symlink", "directory of another account", "directory others may enter"])
+def test_a_spill_directory_planted_where_the_private_one_was_is_never_used(
+    planted: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: once the private directory was gone (a temporary-file cleaner, ``git clean``), anything
+    put under its name passed the check that only asked for a directory (``os.path.isdir`` follows a symlink),
+    and every later database spilled into it: another account's directory, where it reads the rows spilled.
+    Now only a real directory of this account that no other may enter is used; else a new one is made."""
+    work, theirs = tmp_path / "work", tmp_path / "theirs"
+    work.mkdir()
+    theirs.mkdir(mode=0o777)
+    monkeypatch.chdir(work)
+    _fresh_spill_root(monkeypatch)
+    root = Path(duckdb_connection._spill_directory()).parent
+    root.rmdir()
+    if planted == "symlink":
+        root.symlink_to(theirs, target_is_directory=True)
+    else:
+        root.mkdir(mode=0o755 if planted == "directory others may enter" else 0o700)
+        root.chmod(0o755 if planted == "directory others may enter" else 0o700)
+        if planted == "directory of another account":
+            os.chown(root, 65534, 65534)  # the tests run as root: nobody's
+    spill = Path(duckdb_connection._spill_directory())
+    assert spill.parent != root and not spill.is_relative_to(theirs)
+    assert stat.S_IMODE(os.lstat(spill.parent).st_mode) == 0o700 and not spill.parent.is_symlink()
+
+
+def test_a_working_directory_whose_entries_others_may_replace_takes_no_spill_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: in a working directory any account may write to (and without the sticky bit), another
+    account may rename the private directory away and put its own under the name DuckDB spills to. Such a
+    directory is passed over for the temporary directory; a sticky one (``/tmp``) is used."""
+    shared, sticky = tmp_path / "shared", tmp_path / "sticky"
+    for directory, mode in ((shared, 0o777), (sticky, 0o1777)):
+        directory.mkdir()
+        directory.chmod(mode)
+    monkeypatch.chdir(shared)
+    _fresh_spill_root(monkeypatch)
+    assert not Path(duckdb_connection._spill_directory()).is_relative_to(shared)
+    monkeypatch.chdir(sticky)
+    _fresh_spill_root(monkeypatch)
+    assert Path(duckdb_connection._spill_directory()).parent.parent == sticky
