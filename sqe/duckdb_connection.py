@@ -28,6 +28,7 @@ from sqe.errors import QueryError, SQEError
 
 __all__ = [
     "LOCKDOWN_CONFIG",
+    "NO_DIRECTORY",
     "close_at_exit",
     "connect_locked_down",
     "fold_row",
@@ -73,7 +74,28 @@ def _open_into(opening: Future[duckdb.DuckDBPyConnection]) -> None:
 
 
 def _open() -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(":memory:", config={**LOCKDOWN_CONFIG, "temp_directory": _spill_directory()})
+    # external access is turned off after opening, not by the opening's config: opened with it off, DuckDB allows
+    # (and shows every user in ``allowed_paths``) the files ``<working directory>/:memory:*``
+    opening = {k: v for k, v in LOCKDOWN_CONFIG.items() if k != "enable_external_access"}
+    con = duckdb.connect(":memory:", config={**opening, "temp_directory": _spill_directory()})
+    try:
+        _hide_the_process_directories(con)
+        con.execute("SET GLOBAL enable_external_access = false")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+# Where DuckDB would keep what the lockdown never lets it use (extensions, persistent secrets), instead of under
+# the home directory: ``duckdb_settings()``, ``current_setting()`` and DuckDB's errors show a ``sqe serve`` user
+# no path of the server's account ($HOME).
+NO_DIRECTORY = "/nonexistent"
+
+
+def _hide_the_process_directories(con: duckdb.DuckDBPyConnection) -> None:
+    for setting in ("home_directory", "secret_directory", "extension_directory"):
+        con.execute(f"SET GLOBAL {setting} = '{NO_DIRECTORY}'")
 
 
 _spill_lock = threading.Lock()

@@ -173,3 +173,33 @@ def test_a_working_directory_whose_entries_others_may_replace_takes_no_spill_dir
     monkeypatch.chdir(sticky)
     _fresh_spill_root(monkeypatch)
     assert Path(duckdb_connection._spill_directory()).parent.parent == sticky
+
+
+def _all_settings(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    rows = con.execute("SELECT name, value FROM duckdb_settings()").fetchall()
+    return {str(name): str(value) for name, value in rows}
+
+
+def test_settings_and_errors_show_no_directory_of_the_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: ``duckdb_settings()`` and ``current_setting()`` showed every ``sqe serve`` user the
+    server's home directory (``secret_directory``, and ``duckdb_extensions()``'s error the extension directory)
+    and its working directory (``allowed_paths``: DuckDB allowed ``<working directory>/:memory:`` files). Only the
+    database's own spill directory (``temp_directory``, ``allowed_directories``) still names a place."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    con = connect_locked_down()
+    try:
+        shown = _all_settings(con)
+        for name in ("home_directory", "secret_directory", "extension_directory"):
+            assert con.execute(f"SELECT current_setting('{name}')").fetchone() == (duckdb_connection.NO_DIRECTORY,)
+        telling = {n: v for n, v in shown.items() if str(tmp_path) in v}
+        assert set(telling) <= {"temp_directory", "allowed_directories"}, telling
+        with pytest.raises(duckdb.Error) as refused:
+            con.execute("SELECT * FROM duckdb_extensions()").fetchall()
+        assert str(tmp_path) not in str(refused.value)
+        with pytest.raises(duckdb.PermissionException):  # external access is off all the same
+            con.execute(f"SELECT * FROM read_text('{work}/:memory:')").fetchall()
+    finally:
+        con.close()
