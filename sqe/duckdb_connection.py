@@ -21,6 +21,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import duckdb
 
@@ -29,12 +30,14 @@ from sqe.errors import QueryError, SQEError
 __all__ = [
     "LOCKDOWN_CONFIG",
     "NO_DIRECTORY",
+    "DatabaseLimits",
     "close_at_exit",
     "connect_locked_down",
     "fold_row",
     "open_ahead",
     "quote_ident",
     "quote_qualified",
+    "spill_disk_free_bytes",
 ]
 
 LOCKDOWN_CONFIG: dict[str, str | bool | int | float | list[str]] = {
@@ -202,6 +205,27 @@ def connect_locked_down(
         con.close()
         raise
     return con
+
+
+@dataclass(frozen=True)
+class DatabaseLimits:
+    """What one database may take of the machine (``sqe serve``: each user engine's), set before the configuration
+    is locked, so no statement raises them. DuckDB's own defaults are 80% of the memory, every core and 90% of the
+    spill disk's free space for each database: one user's query could take the whole server's."""
+
+    memory_bytes: int  # DuckDB's memory_limit: its buffers (sorts, joins, aggregates); past it, it spills
+    threads: int
+    spill_bytes: int  # max_temp_directory_size: what the database may spill; 0: nothing
+
+    def apply(self, con: duckdb.DuckDBPyConnection) -> None:
+        con.execute(f"SET GLOBAL memory_limit = '{int(self.memory_bytes)}B'")
+        con.execute(f"SET GLOBAL threads = {int(self.threads)}")
+        con.execute(f"SET GLOBAL max_temp_directory_size = '{int(self.spill_bytes)}B'")
+
+
+def spill_disk_free_bytes() -> int:
+    """Free space of the file system the databases of this process spill to."""
+    return shutil.disk_usage(os.path.dirname(_spill_directory())).free
 
 
 def fold_row(con: duckdb.DuckDBPyConnection, expression: str, what: str) -> tuple[object, ...] | None:

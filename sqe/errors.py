@@ -24,6 +24,7 @@ SQEError
 │   ├── RestrictedTableError          DML or metadata tables on a table the caller reads with restrictions
 │   ├── ManifestLimitError            a manifest list or manifest past a read limit (sqe.planning.avro_limits)
 │   ├── DeleteFileLimitError          a position delete file or deletion vector past a read limit (delete_limits)
+│   ├── QueryResourceError            the query needs more memory or spill space than its database may take
 │   └── UnsupportedViewDialectError   a view with no SQL representation SQE can run
 └── WorkerError                       distributed execution failures
 """
@@ -132,6 +133,11 @@ class ManifestLimitError(QueryError):
 class DeleteFileLimitError(QueryError):
     """A table's position delete file or deletion vector that a scan will not read whole: more rows or bytes
     than a limit, a vector naming a row past its data file, or a Puffin file that holds no deletion vectors."""
+
+
+class QueryResourceError(QueryError):
+    """DuckDB ran out of the memory or spill space its database may take (``sqe serve``: ``[server]
+    engine_memory_bytes`` / ``engine_spill_bytes``): the same query fails again under the same limits."""
 
 
 class ExternalAccessError(QueryError):

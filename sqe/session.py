@@ -49,7 +49,7 @@ import pyarrow as pa
 from sqe._text import first_line, redact_credentials
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.base import LoadedTable, TableIdent, TableProvider, ViewDefinition
-from sqe.duckdb_connection import connect_locked_down, fold_row, quote_ident, quote_qualified
+from sqe.duckdb_connection import DatabaseLimits, connect_locked_down, fold_row, quote_ident, quote_qualified
 from sqe.errors import (
     CatalogError,
     CredentialExpiredError,
@@ -58,6 +58,7 @@ from sqe.errors import (
     NoSuchViewError,
     PermissionDeniedError,
     QueryError,
+    QueryResourceError,
     RestrictedTableError,
     SQEError,
 )
@@ -303,12 +304,16 @@ class Session:
         distributed: DistributedOptions | None = None,
         on_close: Callable[[], None] | None = None,
         view_warehouses: Collection[str] = (),
+        database_limits: DatabaseLimits | None = None,
     ) -> None:
         """Scans run in-process unless ``[coordinator] workers`` is set; ``distributed`` tunes worker scans.
         ``on_close`` runs when the session closes (``sqe.api.connect``: close the catalog client it made).
         ``view_warehouses``: warehouse names a view's ``default-catalog`` means as such besides ``config``'s (``sqe
-        serve``: the server's, of which a user's config keeps only those on the primary catalog)."""
+        serve``: the server's, of which a user's config keeps only those on the primary catalog).
+        ``database_limits``: the memory, threads and spill space of the session's DuckDB database (``sqe serve``:
+        each user engine's); None leaves DuckDB's defaults."""
         self.config = config
+        self._database_limits = database_limits
         self._view_warehouses = tuple(view_warehouses)
         self._provider = provider
         self._on_close = on_close
@@ -326,7 +331,7 @@ class Session:
             self._distributed = DistributedExecutor(config, provider, distributed)
         self._default_warehouse = provider.default_warehouse()
         self._check_catalog_name(self._default_warehouse)
-        self._con = connect_locked_down(self._use_default_warehouse)
+        self._con = connect_locked_down(self._before_lock)
         # Parsing and constant folding only. A cursor of the same database rather than a second database (which
         # costs DuckDB ~30 ms and its own threads): its temporary schema is its own, so none of the scans this
         # session registers, and so no row, is visible to it.
@@ -1604,7 +1609,14 @@ class Session:
             from sqe.execution.local import QueryCancelledError
 
             return QueryCancelledError()
+        if _out_of_memory(exc):
+            return QueryResourceError(f"{_duck_message(exc)} (the query needs more than its engine's limits)")
         return QueryError(_duck_message(exc))
+
+    def _before_lock(self, con: duckdb.DuckDBPyConnection) -> None:
+        if self._database_limits is not None:
+            self._database_limits.apply(con)
+        self._use_default_warehouse(con)
 
     def _use_default_warehouse(self, con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {quote_ident(self._default_warehouse)}")
@@ -1819,6 +1831,12 @@ def _writable_schema(schema: pa.Schema) -> pa.Schema:
             f = f.with_type(pa.binary())
         fields.append(f)
     return pa.schema(fields)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """DuckDB ran out of memory or of spill space; after a result's first batch its error reaches SQE through
+    Arrow's stream, which keeps only its text."""
+    return isinstance(exc, duckdb.OutOfMemoryException) or "Out of Memory Error" in first_line(exc)
 
 
 def _duck_message(exc: BaseException) -> str:

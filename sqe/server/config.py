@@ -46,6 +46,11 @@ class ServerConfig(ConfigSection):
     batch_rows: int = Field(default=65_536, ge=1)
     # parameter rows a client sends by DoPut are held in memory before a query slot is taken: bounded per call
     max_parameter_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    # What each engine (a client session's DuckDB database) may take; unset: its share of the machine
+    # (sqe.server.sessions.engine_limits). Set before the engine's configuration is locked: no user's SQL raises them.
+    engine_memory_bytes: Unset[int] = None
+    engine_threads: Unset[int] = None
+    engine_spill_bytes: Unset[int] = None
 
     @property
     def host(self) -> str:
@@ -107,6 +112,19 @@ def _validate(s: ServerConfig, o: Origins) -> None:
             f"must not exceed {SECTION}.max_concurrent_queries ({s.max_concurrent_queries})",
         )
     _check_listen(s, o)
+    _check_engine_limits(s, o)
+
+
+MIN_ENGINE_MEMORY_BYTES = 16 << 20  # DuckDB's own structures take a few MiB before any row
+
+
+def _check_engine_limits(s: ServerConfig, o: Origins) -> None:
+    if s.engine_memory_bytes is not None and s.engine_memory_bytes < MIN_ENGINE_MEMORY_BYTES:
+        o.fail(f"{SECTION}.engine_memory_bytes", f"must be at least {MIN_ENGINE_MEMORY_BYTES} (16 MiB)")
+    if s.engine_threads is not None and s.engine_threads < 1:
+        o.fail(f"{SECTION}.engine_threads", "must be at least 1")
+    if s.engine_spill_bytes is not None and s.engine_spill_bytes < 0:
+        o.fail(f"{SECTION}.engine_spill_bytes", "must not be negative (0: an engine never spills)")
 
 
 # ---------------------------------------------------------------------------------------------- loading

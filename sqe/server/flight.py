@@ -54,6 +54,7 @@ from sqe.server.sessions import (
     SessionRegistry,
     UnknownHandleError,
     Watchdog,
+    engine_limits,
 )
 from sqe.session import Params, PreparedStatement, Result
 
@@ -420,7 +421,9 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             server_config.max_concurrent_queries_per_user,
             ("planning call", "planning calls"),
         )
-        self.registry = SessionRegistry(engine_config, broker, self.limits, server_config.batch_rows)
+        self.registry = SessionRegistry(
+            engine_config, broker, self.limits, server_config.batch_rows, engine_limits(server_config)
+        )
         self.parameter_budget = ParameterBudget(self.registry, server_config.max_parameter_bytes)
         self.watchdog = Watchdog(self.registry, server_config.idle_session_seconds)
         self.watchdog.start()

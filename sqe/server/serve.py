@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqe._process import Started, nothing
 from sqe._text import counted, first_line, terminal_line
@@ -29,6 +29,9 @@ from sqe.server import mount_stores
 from sqe.server.config import ServerConfig, load_server_config
 from sqe.server.identity import IdentityBroker
 from sqe.server.mount_stores import MIN_PRUNE_DAYS
+
+if TYPE_CHECKING:
+    from sqe.duckdb_connection import DatabaseLimits
 
 log = logging.getLogger("sqe.server")
 
@@ -144,6 +147,17 @@ def _log_stores(engine_config: SQEConfig) -> None:
     )
 
 
+def _log_engine_limits(limits: DatabaseLimits | None) -> None:
+    if limits is not None:
+        log.info(
+            "each engine may take %d bytes of memory, %d threads and %d bytes of spill space "
+            "([server] engine_memory_bytes, engine_threads, engine_spill_bytes)",
+            limits.memory_bytes,
+            limits.threads,
+            limits.spill_bytes,
+        )
+
+
 def _serve(config_path: str, port_file: str | None, started: Started) -> int:
     from pyarrow import ArrowException
 
@@ -172,6 +186,7 @@ def _serve(config_path: str, port_file: str | None, started: Started) -> int:
     scheme = "grpc+tls" if server_config.tls else "grpc"
     mode = f"delegating as reader {server_config.reader_client_id!r}" if broker.delegates else "user tokens"
     log.info("listening on %s://%s:%d (%s)", scheme, server_config.host, server.port, mode)
+    _log_engine_limits(server.registry.database_limits)
     try:
         if port_file:
             try:

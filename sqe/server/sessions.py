@@ -20,6 +20,7 @@ import collections
 import itertools
 import logging
 import math
+import os
 import secrets
 import threading
 import time
@@ -35,7 +36,9 @@ from sqe._text import counted, short_identity
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import ExternalTablesConfig, SQEConfig, same_catalog
+from sqe.duckdb_connection import DatabaseLimits, spill_disk_free_bytes
 from sqe.errors import QueryError, SQEError
+from sqe.server.config import MIN_ENGINE_MEMORY_BYTES
 from sqe.server.identity import IdentityBroker, User, fingerprint, identity_digest
 from sqe.server.mount_stores import MARK_INTERVAL_SECONDS, StoreHold, claim_store, store_path
 from sqe.server.peers import Endpoint, connected_peers, parse_peer
@@ -43,6 +46,8 @@ from sqe.session import PreparedStatement, Session
 
 if TYPE_CHECKING:
     import pyarrow.flight as flight
+
+    from sqe.server.config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +184,43 @@ def _are(count: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------- engine pool
+
+MACHINE_SHARE = 0.5  # of the memory, and of the spill disk's free space, that running engines share by default
+DEFAULT_ENGINE_THREADS = 4
+
+
+def engine_limits(server: ServerConfig) -> DatabaseLimits:
+    """Each engine's DuckDB limits: the ``[server]`` ones set, else its share of the machine. Every running query
+    has an engine of its own, so ``max_concurrent_queries`` engines at their limits together take at most half the
+    memory, or of a container's limit when less (DuckDB's buffers; Arrow scans and SQE's caches come on top), and
+    half the spill disk's free space at start; a user (``max_concurrent_queries_per_user``) a part of that."""
+    queries = server.max_concurrent_queries
+    memory = server.engine_memory_bytes
+    if memory is None:
+        memory = max(MIN_ENGINE_MEMORY_BYTES, int(_physical_memory_bytes() * MACHINE_SHARE) // queries)
+    threads = server.engine_threads or min(DEFAULT_ENGINE_THREADS, os.cpu_count() or 1)
+    spill = server.engine_spill_bytes
+    if spill is None:
+        spill = int(spill_disk_free_bytes() * MACHINE_SHARE) // queries
+    return DatabaseLimits(memory_bytes=memory, threads=threads, spill_bytes=spill)
+
+
+# a container's memory limit (cgroup v2, then v1): the machine's memory is not what the server may take there
+_CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def _physical_memory_bytes() -> int:
+    """The machine's memory, or the container's limit when that is less."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in _CGROUP_MEMORY_LIMITS:
+        try:
+            with open(path, encoding="ascii") as limit:
+                text = limit.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            memory = min(memory, int(text))
+    return memory
 
 
 _ENGINE_SERIALS = itertools.count(1)
@@ -344,9 +386,12 @@ def _nothing() -> None:
 class ClientSession:
     """Everything one (user, client session) owns. Engines are created on demand over the current token."""
 
-    def __init__(self, key: SessionKey, base: SQEConfig, batch_rows: int) -> None:
+    def __init__(
+        self, key: SessionKey, base: SQEConfig, batch_rows: int, database_limits: DatabaseLimits | None = None
+    ) -> None:
         self.key = key
         self._base = base
+        self._database_limits = database_limits
         self._batch_rows = batch_rows
         self._lock = threading.Lock()
         self._engines: list[Engine] = []
@@ -397,7 +442,12 @@ class ClientSession:
             return chosen
         config = _user_config(self._base, catalog_token, self.key)
         provider = RestTableProvider(config)
-        session = Session(provider, config, view_warehouses=self._base.catalog.warehouse_names)
+        session = Session(
+            provider,
+            config,
+            view_warehouses=self._base.catalog.warehouse_names,
+            database_limits=self._database_limits,
+        )
         engine = Engine(session, provider, wanted, busy=True, acquired_at=self._releases)
         with self._lock:
             self._engines.append(engine)
@@ -602,11 +652,19 @@ class ParameterBudget:
 class SessionRegistry:
     """Client sessions by :class:`SessionKey`; session-id aliases map a cookie to a peer-keyed session."""
 
-    def __init__(self, base: SQEConfig, broker: IdentityBroker, limits: Limits, batch_rows: int) -> None:
+    def __init__(
+        self,
+        base: SQEConfig,
+        broker: IdentityBroker,
+        limits: Limits,
+        batch_rows: int,
+        database_limits: DatabaseLimits | None = None,
+    ) -> None:
         self.base = base
         self.broker = broker
         self.limits = limits
         self.batch_rows = batch_rows
+        self.database_limits = database_limits  # of each engine (each user's DuckDB database); None: DuckDB's
         self._lock = threading.Lock()
         self._sessions: dict[SessionKey, ClientSession] = {}
         self._aliases: dict[SessionKey, SessionKey] = {}
@@ -642,7 +700,7 @@ class SessionRegistry:
             evicted = None
             if session is None:
                 evicted = self._make_room(user.key)
-                session = self._sessions[key] = ClientSession(key, self.base, self.batch_rows)
+                session = self._sessions[key] = ClientSession(key, self.base, self.batch_rows, self.database_limits)
             if new_cookie is not None:
                 self._offer(key, SessionKey(user.key, user.authority, new_cookie))
             session.touch()

@@ -203,3 +203,21 @@ def test_settings_and_errors_show_no_directory_of_the_process(tmp_path: Path, mo
             con.execute(f"SELECT * FROM read_text('{work}/:memory:')").fetchall()
     finally:
         con.close()
+
+
+def test_database_limits_hold_and_no_statement_raises_them() -> None:
+    limits = duckdb_connection.DatabaseLimits(memory_bytes=32 << 20, threads=1, spill_bytes=0)
+    con = connect_locked_down(limits.apply)
+    try:
+        shown = _all_settings(con)
+        limits_shown = (shown["memory_limit"], shown["threads"], shown["max_temp_directory_size"])
+        assert limits_shown == ("32.0 MiB", "1", "0 bytes")
+        for change in ("SET memory_limit = '10GB'", "RESET threads", "SET GLOBAL max_temp_directory_size = '1TB'"):
+            with pytest.raises(duckdb.InvalidInputException, match="locked"):
+                con.execute(change)
+        with pytest.raises(duckdb.OutOfMemoryException):
+            con.execute(
+                "SELECT count(*) FROM (SELECT md5(x::VARCHAR) s FROM range(3000000) t(x) ORDER BY s)"
+            ).fetchall()
+    finally:
+        con.close()

@@ -18,7 +18,15 @@ import pyarrow as pa
 import pytest
 
 from sqe.catalog.base import TableIdent
-from sqe.errors import CatalogError, NoSuchTableError, QueryError, RestrictedTableError, RestrictionError
+from sqe.duckdb_connection import DatabaseLimits
+from sqe.errors import (
+    CatalogError,
+    NoSuchTableError,
+    QueryError,
+    QueryResourceError,
+    RestrictedTableError,
+    RestrictionError,
+)
 from sqe.execution import QueryCancelledError
 from sqe.execution import local as local_execution
 from sqe.planning import planner
@@ -1215,3 +1223,23 @@ def test_a_constant_of_a_statement_smuggles_no_other_statement_in(
             writer.sql(statement)
         assert one(writer, "SELECT count(*) FROM duckdb_functions() WHERE function_name = 'smuggled'") == 0
     assert one(writer, f"SELECT count(*) FROM ns.smuggle AT (VERSION => {first})") == 3  # one value still folds
+
+
+SPILLING_SORT = "SELECT count(*) FROM (SELECT md5(x::VARCHAR) AS s FROM range(2000000) t(x) ORDER BY s)"
+
+
+def test_a_query_past_its_databases_limits_is_a_typed_error_and_other_sessions_run_it(
+    provider: LocalProvider, session_factory: MakeSession
+) -> None:
+    """``sqe serve`` gives each user engine DatabaseLimits: before, every session's DuckDB took 80% of the memory,
+    every core and 90% of the free disk. A query needing more than its limits is a QueryResourceError (not a
+    plain QueryError), and a session with room for it still runs it."""
+    small = session_factory(provider, database_limits=DatabaseLimits(memory_bytes=32 << 20, threads=1, spill_bytes=0))
+    roomy = session_factory(provider, database_limits=DatabaseLimits(memory_bytes=1 << 30, threads=1, spill_bytes=0))
+    assert one(small, "SELECT current_setting('memory_limit')") == "32.0 MiB"
+    with pytest.raises(QueryResourceError, match=r"Out of Memory Error.*engine's limits"):
+        small.sql(SPILLING_SORT).fetchall()
+    assert one(roomy, SPILLING_SORT) == 2000000
+    with pytest.raises(QueryError):  # SQE refuses SET whatever DuckDB would say; DuckDB's lock is tested apart
+        small.sql("SET memory_limit = '10GB'")
+    assert one(small, "SELECT count(*) FROM range(10)") == 10, "the session still runs what fits"

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 from pathlib import Path
 
 import pytest
 
+from sqe.duckdb_connection import DatabaseLimits, spill_disk_free_bytes
 from sqe.errors import ConfigError
 from sqe.server.config import ServerConfig, load_server_config
-from sqe.server.sessions import Limits, ServerBusyError
+from sqe.server.sessions import Limits, ServerBusyError, engine_limits
 
 
 def _write(tmp_path: Path, body: str) -> Path:
@@ -124,6 +126,13 @@ def test_variables_of_other_loaders_are_left_alone(tmp_path: Path) -> None:
             'server.listen (set by SQE_SERVER_LISTEN): "0.0.0.0:8815" is not a loopback address',
         ),
         ("[catalog]\n", {}, "catalog: unknown section in server.toml (engine settings go in server.engine_config)"),
+        ("engine_memory_bytes = 1024\n", {}, "server.engine_memory_bytes: must be at least 16777216 (16 MiB)"),
+        (
+            "",
+            {"SQE_SERVER_ENGINE_THREADS": "0"},
+            "server.engine_threads (set by SQE_SERVER_ENGINE_THREADS): must be at least 1",
+        ),
+        ("engine_spill_bytes = -1\n", {}, "server.engine_spill_bytes: must not be negative"),
     ],
 )
 def test_one_line_errors_name_the_key_and_the_variable(
@@ -181,3 +190,18 @@ def test_the_example_documents_every_server_key() -> None:
     section = text[text.index("# [server]\n") :]
     for name in ServerConfig.model_fields:
         assert f"\n# {name} = " in section, f"server.{name} undocumented"
+
+
+def test_each_engine_takes_its_share_of_the_machine_unless_the_limits_are_set(tmp_path: Path) -> None:
+    """Found by review: every user engine kept DuckDB's defaults (80% of the memory, every core, 90% of the free
+    disk), so one user's query could take all of the server's. Unset, the running engines together get half of
+    the memory and half of the spill disk's free space."""
+    shared = load_server_config(_write(tmp_path, "max_concurrent_queries = 8\n"), env={})
+    limits = engine_limits(shared)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 16 << 20 <= limits.memory_bytes <= max(16 << 20, physical // 2 // 8)
+    assert 1 <= limits.threads <= min(4, os.cpu_count() or 1)
+    free = spill_disk_free_bytes()
+    assert 0 < limits.spill_bytes <= free // 2 // 8 * 1.01
+    body = "engine_memory_bytes = 33554432\nengine_threads = 3\nengine_spill_bytes = 0\n"
+    assert engine_limits(load_server_config(_write(tmp_path, body), env={})) == DatabaseLimits(32 << 20, 3, 0)
