@@ -158,8 +158,9 @@ def _others_cannot_replace_entries(directory: str) -> bool:
 
 def _remove_spill_root(pid: int, root: str) -> None:
     """At exit, after the databases closed at exit (``atexit`` runs handlers last registered first): what a
-    database still open (not closed by its holder) left behind goes too."""
-    if os.getpid() == pid:
+    database still open (not closed by its holder) left behind goes too. Only while the name still holds a private
+    directory of this account: what another account put there after a removal is not this process's to delete."""
+    if os.getpid() == pid and _is_private_directory(root):
         shutil.rmtree(root, ignore_errors=True)
 
 

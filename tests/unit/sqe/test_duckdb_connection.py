@@ -157,6 +157,26 @@ def test_a_spill_directory_planted_where_the_private_one_was_is_never_used(
     assert stat.S_IMODE(os.lstat(spill.parent).st_mode) == 0o700 and not spill.parent.is_symlink()
 
 
+def test_at_exit_a_directory_another_account_put_under_the_private_ones_name_is_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: the exit handler removed whatever the private directory's name held by then, so a
+    directory another account made there after a removal lost its files to this process (run as root: anyone's)."""
+    monkeypatch.chdir(tmp_path)
+    _fresh_spill_root(monkeypatch)
+    root = Path(duckdb_connection._spill_directory()).parent
+    root.rmdir()
+    root.mkdir()
+    (root / "theirs.txt").write_text("another account's file")
+    os.chown(root, 65534, 65534)
+    duckdb_connection._remove_spill_root(os.getpid(), str(root))
+    assert (root / "theirs.txt").read_text() == "another account's file"
+    os.chown(root, os.geteuid(), os.getegid())
+    root.chmod(0o700)
+    duckdb_connection._remove_spill_root(os.getpid(), str(root))
+    assert not root.exists(), "the process's own private directory goes"
+
+
 def test_a_working_directory_whose_entries_others_may_replace_takes_no_spill_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
