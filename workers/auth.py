@@ -56,12 +56,10 @@ def _deny(request: Any, context: grpc.ServicerContext) -> NoReturn:
 
 
 def _denying_handler(real: Any) -> Any:
-    """A handler of the same shape as the real one (unknown methods too) that only aborts; the request bytes are
-    never deserialised."""
-    if real is not None and real.response_streaming and not real.request_streaming:
-        return grpc.unary_stream_rpc_method_handler(_deny)
-    if real is not None and real.request_streaming and real.response_streaming:
+    """A handler that only aborts, declared request-streaming whatever the real method is: gRPC then calls it at
+    once, with an iterator it never reads, so the request bytes are never deserialised, and no server thread waits
+    for a request message. A unary handler would hold a server thread until the client sends its message, so a
+    few unauthenticated calls that never send one would starve every RPC (control calls included)."""
+    if real is not None and real.response_streaming:
         return grpc.stream_stream_rpc_method_handler(_deny)
-    if real is not None and real.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(_deny)
-    return grpc.unary_unary_rpc_method_handler(_deny)
+    return grpc.stream_unary_rpc_method_handler(_deny)
