@@ -37,7 +37,7 @@ from sqe.distributed.protocol.filters import filter_from_proto, filter_to_proto
 from sqe.distributed.protocol.partial import PartialAggregate
 from sqe.errors import RestrictionError
 from sqe.planning.user_filter import UserFilter
-from sqe.restrictions import EMPTY_PLAN, MIN_SALT_BYTES, RestrictionPlan
+from sqe.restrictions import EMPTY_PLAN, MIN_SALT_BYTES, RestrictionPlan, check_applicable
 
 # Names and ids end up in log lines: keep them to a safe alphabet (no newlines, no control characters).
 _ID_PATTERN = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
@@ -533,7 +533,29 @@ def _restrictions(data: bytes, read_schema: Schema, salt: bytes) -> RestrictionP
         raise InvalidTicketError(f"the restriction row filter reads field ids {sorted(missing)} the ticket does not")
     if "sha-256-query-local" in plan.masks.values() and len(salt) < MIN_SALT_BYTES:
         raise InvalidTicketError(f"sha-256-query-local needs a salt of at least {MIN_SALT_BYTES} bytes")
+    _check_masks(plan, read_schema)
     return plan
+
+
+def _check_masks(plan: RestrictionPlan, read_schema: Schema) -> None:
+    """Every mask must be one the worker applies: the worker masks top-level columns only, so a mask of a field
+    nested inside a column read would be skipped and the column sent unmasked; refuse it (fail closed), and a
+    mask whose action does not apply to its column's type, before any file is read. A mask of a column the ticket
+    does not read has nothing to mask (the table's plan covers every column, a ticket reads a few)."""
+    top_level = {f.field_id: f for f in read_schema.columns}
+    for mask in plan.column_masks:
+        column = top_level.get(mask.field_id)
+        if column is None:
+            if mask.field_id in read_schema.field_ids:
+                raise InvalidTicketError(
+                    f"restriction_plan_json masks field id {mask.field_id}, nested inside a column read: a worker "
+                    "masks top-level columns only"
+                )
+            continue
+        try:
+            check_applicable(mask.action, column)
+        except RestrictionError as exc:
+            raise InvalidTicketError(f"restriction_plan_json: {exc}") from None
 
 
 def _restriction_pushdown(restrictions: RestrictionPlan, metadata: TableMetadata) -> BooleanExpression:

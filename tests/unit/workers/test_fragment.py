@@ -8,17 +8,21 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.types import LongType, NestedField, StringType, StructType
 
 from sqe.credentials import CredentialSet, StorageSettings
 from sqe.distributed.protocol._proto import worker_pb2 as pb
-from sqe.distributed.protocol.errors import MissingCredentialsError
+from sqe.distributed.protocol.errors import InvalidTicketError, MissingCredentialsError
 from sqe.distributed.protocol.ipc import decode_batch, decode_schema, plain_offsets
 from sqe.distributed.protocol.ticket import decode_ticket
 from sqe.errors import CredentialExpiredError, WorkerError
 from sqe.execution.cache import FRAGMENTS
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from sqe.restrictions import EMPTY_PLAN, RestrictionPlan, apply
+from sqe.restrictions.plan import ColumnMask
+from tests.unit.sqe.iceberg_local import local_catalog
 from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, sorted_rows, ticket_for, wire
 from workers.fileio import FragmentFileIO
 from workers.fragment import RunningFragment, WorkerStats
@@ -101,6 +105,42 @@ def test_restrictions_are_applied_like_the_local_path(local_tables: LocalTables)
     assert result.num_rows == 1200  # groups 0, 1 and 2
     assert sorted_rows(result) == sorted_rows(expected)
     assert result.schema.field("label").nullable  # masked columns are declared nullable, as locally
+
+
+@pytest.fixture(scope="module")
+def people(tmp_path_factory: pytest.TempPathFactory) -> Table:
+    """ns.people: an id and a struct column ``person`` holding a string ``ssn`` (field id 3)."""
+    catalog = local_catalog(tmp_path_factory.mktemp("people"), "wh")
+    catalog.create_namespace("ns")
+    person = StructType(NestedField(3, "ssn", StringType(), required=False))
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "person", person, required=False))
+    table = catalog.create_table("ns.people", schema=schema)
+    rows = {"id": [1, 2], "person": [{"ssn": "123-45-6789"}, {"ssn": "987-65-4321"}]}
+    table.append(pa.Table.from_pydict(rows, schema=table.schema().as_arrow()))
+    return catalog.load_table("ns.people")
+
+
+@pytest.mark.parametrize(
+    ("mask", "problem"),
+    [
+        # The worker masks top-level columns: a mask of a nested field was skipped and the struct sent unmasked.
+        (ColumnMask(3, "mask-alphanum", "person.ssn", "string"), "nested inside a column read"),
+        # An action the column's type does not take fails before any file is read (it failed at the first row).
+        (ColumnMask(1, "show-first-4", "id", "long"), "the action does not apply to this type"),
+    ],
+)
+def test_a_mask_the_worker_cannot_apply_is_refused_never_skipped(people: Table, mask: ColumnMask, problem: str) -> None:
+    """A ticket's restriction plan comes off the wire (``RestrictionPlan.from_json`` checks its shape only): every
+    mask on a column the ticket reads must be one the worker applies, else the ticket is refused (fail closed)."""
+    plan = RestrictionPlan(column_masks=(mask,))
+    with pytest.raises(InvalidTicketError, match=problem):
+        run(ticket_for(people, plan=plan))
+
+
+def test_a_mask_of_a_column_the_ticket_does_not_read_is_no_problem(people: Table) -> None:
+    plan = RestrictionPlan(column_masks=(ColumnMask(3, "mask-alphanum", "person.ssn", "string"),))
+    result, _ = run(ticket_for(people, plan=plan, output=["id"]))
+    assert result.column("id").to_pylist() == [1, 2]
 
 
 def test_batches_are_sliced_to_fit_the_message_limit(local_tables: LocalTables) -> None:
