@@ -1,19 +1,41 @@
-"""``sqe.worker.v1`` as a wire protocol under attack, over loopback gRPC.
+"""``sqe.worker.v1`` as a wire protocol under attack, both ways, over loopback gRPC.
 
-As a stranger: calls that never send their request must not tie up the worker's server threads.
+As a stranger: calls that never send their request must not tie up the worker's server threads. As the
+coordinator reading a hostile or buggy worker (a real ``WorkerService`` behind a wrapper that misbehaves): a
+worker's error text never carries the coordinator's keys or token into its errors and logs.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from sqe.config import load_config
+from sqe.distributed.coordinator.client import WorkerClient
+from sqe.distributed.coordinator.executor import CoordinatorStats
+from sqe.distributed.coordinator.push import CredentialPusher
 from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol._proto import worker_pb2_grpc
+from sqe.errors import WorkerError
 from tests.conftest import WorkerFactory
+from tests.e2e.test_distributed import (
+    Tables,
+    TicketLog,
+    WorkerPools,
+    distributed_session,
+    reader_config,  # noqa: F401  (the reader's config fixture)
+    tables,  # noqa: F401  (the module's tables)
+    worker_factory,  # noqa: F401  (the module-scoped pool fixture)
+)
+from workers.auth import BearerTokenInterceptor
+from workers.service import WorkerService
 
 pytestmark = pytest.mark.e2e
 
@@ -52,3 +74,100 @@ def test_calls_that_never_send_their_request_do_not_starve_the_worker(worker_pro
         for call in held:
             call.cancel()
         worker.stop()
+
+
+# ------------------------------------------------------------------------- hostile or buggy workers
+
+
+class _MisbehavingWorker:
+    """A real ``WorkerService`` behind a worker that misbehaves in one way (``mode``)."""
+
+    def __init__(self, mode: str) -> None:
+        self._service = WorkerService()
+        self._mode = mode
+        self.quoted: list[str] = []  # the secrets it quoted back
+
+    def Execute(self, request: pb.ScanTicket, context: Any) -> Iterator[pb.ExecuteResponse]:
+        if self._mode == "quotes-the-ticket":
+            keys = request.credentials[0]
+            self.quoted += [keys.secret_access_key, keys.session_token]
+            context.abort(grpc.StatusCode.INTERNAL, f"cannot read {keys.secret_access_key} {keys.session_token}")
+        for message in self._service.Execute(request, context):
+            response = (
+                message if isinstance(message, pb.ExecuteResponse) else pb.ExecuteResponse.FromString(message.data)
+            )
+            kind = response.WhichOneof("payload")
+            if kind == "complete":  # consistent with what it sent: twice the rows
+                response.complete.rows *= 2
+            yield response
+            if kind == "batch":  # every batch again, positioned right after itself
+                again = pb.ExecuteResponse()
+                again.CopyFrom(response)
+                again.batch.row_offset += response.batch.num_rows
+                yield again
+
+    def RefreshCredentials(self, request: pb.RefreshRequest, context: Any) -> pb.RefreshResponse:
+        keys = request.credentials[0]
+        return pb.RefreshResponse(accepted=False, reason=f"refusing {keys.secret_access_key} {keys.session_token}")
+
+    def __getattr__(self, name: str) -> Any:  # Cancel, Health, Stats, Rewrite: as they are
+        return getattr(self._service, name)
+
+
+def _serve(service: _MisbehavingWorker, token: str) -> tuple[grpc.Server, str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[BearerTokenInterceptor(token)])
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    return server, address
+
+
+def test_a_worker_quoting_the_tickets_keys_never_gets_them_into_errors_or_logs(
+    reader_config: Path,  # noqa: F811
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    worker = _MisbehavingWorker("quotes-the-ticket")
+    server, address = _serve(worker, worker_factory.token)
+    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
+    config = load_config(reader_config, env={}, overrides=overrides)
+    try:
+        with distributed_session(config) as session, pytest.raises(WorkerError) as failed:
+            log = TicketLog().attach(session)
+            session.sql(f"SELECT id FROM {tables.namespace}.events").fetchall()
+    finally:
+        server.stop(grace=None)
+    secrets = log.secrets()
+    assert worker.quoted and set(worker.quoted) <= secrets  # it did quote them
+    text = f"{failed.value}\n{caplog.text}"
+    assert "cannot read [redacted] [redacted]" in text  # the worker's message, without them
+    assert not [s for s in secrets | {worker_factory.token} if s in text]
+
+
+def test_a_refusal_quoting_the_pushed_keys_is_logged_without_them(
+    worker_factory: WorkerPools,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server, address = _serve(_MisbehavingWorker("refuses-quoting"), worker_factory.token)
+    client = WorkerClient(address, worker_factory.token, tls_ca=None, max_message_bytes=1 << 20)
+    pushed = pb.CredentialSet(
+        prefix="s3://bucket/t",
+        access_key_id="AKIAPUSHEDKEY0001",
+        secret_access_key="pushed-secret-value-0123456789",
+        session_token="pushed-session-token-0123456789",
+        expires_at_ms=1,
+    )
+    stats = CoordinatorStats()
+    caplog.set_level(logging.DEBUG)
+    try:
+        CredentialPusher({address: client}, stats, 5.0).send(
+            address, pb.RefreshRequest(fragment_id="f-1", credentials=[pushed])
+        )
+    finally:
+        client.close()
+        server.stop(grace=None)
+    assert stats.pushes_refused == 1
+    assert "refused pushed credentials: refusing [redacted] [redacted]" in caplog.text
+    assert pushed.secret_access_key not in caplog.text and pushed.session_token not in caplog.text

@@ -33,6 +33,7 @@ class WorkerClient:
     def __init__(self, address: str, token: str, *, tls_ca: str | None, max_message_bytes: int) -> None:
         refuse_plaintext_off_loopback(address, tls_ca)
         self.address = address
+        self._token = token
         self._metadata = (("authorization", f"Bearer {token}"),)
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -57,6 +58,10 @@ class WorkerClient:
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("worker clients hold the coordinator's token and cannot be pickled")
+
+    def secret_values(self) -> frozenset[str]:
+        """The bearer token, to scrub from what this worker says (never to log)."""
+        return frozenset({self._token})
 
     def execute(self, ticket: pb.ScanTicket) -> Any:
         """The streaming call (iterable of ``ExecuteResponse`` or, for batches, ``ReceivedBatch``; ``cancel()``

@@ -25,6 +25,7 @@ from sqe.credentials import (
 )
 from sqe.credentials.paths import prefix_length
 from sqe.credentials.policy import STATIC_PREFIX as EVERY_S3_PATH
+from sqe.distributed.coordinator.failures import secret_values
 from sqe.distributed.coordinator.refresh import IncompleteSet, RefreshedSets, TableLease
 from sqe.distributed.protocol.ticket import WireTableId
 from sqe.errors import CredentialError, NoVendedCredentialsError
@@ -96,6 +97,12 @@ class TableCredentials:
     lease: TableLease | None  # None: nothing to refresh (no vended sets, or pushing disabled)
     vended: tuple[CredentialSet, ...] = field(repr=False)  # the vended sets when there is no lease
     static: CredentialSet | None = field(repr=False)
+
+    def secret_values(self) -> frozenset[str]:
+        """Every key id, secret and token a ticket or push of this table may carry now (to scrub, never to log)."""
+        current = self.lease.credentials if self.lease is not None else ()
+        static = (self.static,) if self.static is not None else ()
+        return secret_values((*self.vended, *current, *static))
 
     def for_fragment(self, fragment: Fragment, vended: Sequence[CredentialSet]) -> list[CredentialSet]:
         return self.for_tasks(fragment.tasks, vended)

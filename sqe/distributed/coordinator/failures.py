@@ -6,8 +6,9 @@ other worker could fix (expired or missing credentials, restriction errors, bad 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import grpc
 
@@ -45,13 +46,44 @@ class AttemptFailure:
     busy: bool = False
 
 
-def classify_rpc_error(error: grpc.RpcError, worker: str, fragment_id: str, timed_out: bool) -> AttemptFailure:
-    """What a failed ``Execute`` call means for its fragment and its worker."""
+class _KeySet(Protocol):
+    """A credential set, as the coordinator holds it (``sqe.credentials.CredentialSet``) or sends it (protobuf)."""
+
+    @property
+    def access_key_id(self) -> str: ...
+
+    @property
+    def secret_access_key(self) -> str: ...
+
+    @property
+    def session_token(self) -> str | None: ...
+
+
+def secret_values(sets: Iterable[_KeySet]) -> frozenset[str]:
+    """Every key id, secret and session token of ``sets``: what a worker's text must never carry on."""
+    return frozenset(v for s in sets for v in (s.access_key_id, s.secret_access_key, s.session_token) if v)
+
+
+def worker_text(text: str, secrets: Iterable[str]) -> str:
+    """A worker's error message or refusal reason as the coordinator repeats it (errors, logs): one line, cut to
+    MESSAGE_LIMIT, with every secret the coordinator sent that worker (ticket and pushed keys, its bearer token)
+    replaced. A worker's text is not trusted to be clean (a buggy or hostile worker may quote a ticket); the
+    secrets go before the cut, longest first, so no head of one survives."""
+    for value in sorted(set(secrets), key=len, reverse=True):
+        if value:
+            text = text.replace(value, "[redacted]")
+    return first_line(text, limit=MESSAGE_LIMIT)
+
+
+def classify_rpc_error(
+    error: grpc.RpcError, worker: str, fragment_id: str, timed_out: bool, secrets: Iterable[str] = ()
+) -> AttemptFailure:
+    """What a failed ``Execute`` call means for its fragment and its worker (``secrets``: see ``worker_text``)."""
     call = cast(Any, error)
     code = call.code()
     kinds = {k: v for k, v in (call.trailing_metadata() or ()) if isinstance(v, str)}
     kind = kinds.get(ERROR_KIND_KEY)
-    details = first_line(call.details() or "", limit=MESSAGE_LIMIT)
+    details = worker_text(call.details() or "", secrets)
     where = f"worker {worker}, fragment {fragment_id}"
     if timed_out:
         return AttemptFailure(f"{where}: the worker stopped answering", worker_dead=True)

@@ -17,10 +17,10 @@ import grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from sqe._counters import Counters
-from sqe._text import first_line
 from sqe.credentials import CredentialSet
 from sqe.distributed.coordinator.client import WorkerClient
 from sqe.distributed.coordinator.credentials import wire_table_id
+from sqe.distributed.coordinator.failures import secret_values, worker_text
 from sqe.distributed.coordinator.refresh import Holder
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.ticket import credentials_to_proto
@@ -95,7 +95,9 @@ class CredentialPusher:
         self._stats.add(pushes_sent=1)
         if response.accepted:
             return
-        reason = first_line(response.reason, limit=300)
+        # The reason is the worker's text: it never repeats the keys just pushed nor the token, whatever it says.
+        sent = secret_values(request.credentials) | self._clients[worker].secret_values()
+        reason = worker_text(response.reason, sent)
         if NOTHING_RUNNING in reason:  # the fragments ended (or have not started) there: nothing to update
             log.debug("worker %s had no fragment for pushed credentials: %s", worker, reason)
             return

@@ -114,7 +114,9 @@ class _CompactionRun:
                 job.outputs = self._attempt(client, job, attempt, paths)
                 return
             except grpc.RpcError as exc:
-                failure = classify_rpc_error(exc, client.address, f"{self._query_id}/{job.index}", timed_out=False)
+                secrets = client.secret_values() | self._credentials_secrets()
+                where = f"{self._query_id}/{job.index}"
+                failure = classify_rpc_error(exc, client.address, where, timed_out=False, secrets=secrets)
                 self._delete(paths)  # nothing of a failed attempt may survive it, before anything is retried
                 if failure.fatal is not None:
                     self._failed.set()
@@ -129,6 +131,10 @@ class _CompactionRun:
                 log.warning("OPTIMIZE %s: bin %d attempt %d failed: %s", self._loaded.ident, job.index, attempt, last)
         self._failed.set()
         raise WorkerError(f"OPTIMIZE {self._loaded.ident}: bin {job.index} could not be rewritten: {last}")
+
+    def _credentials_secrets(self) -> frozenset[str]:
+        """The table's keys a rewrite ticket carries (or a push brought): never repeated from a worker's error."""
+        return self._credentials.secret_values() if self._credentials is not None else frozenset()
 
     def _pick(self, start: int) -> WorkerClient | None:
         clients = self._executor.clients

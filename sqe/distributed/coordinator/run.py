@@ -38,7 +38,7 @@ from sqe.credentials import StorageSettings
 from sqe.distributed.coordinator.client import WorkerClient
 from sqe.distributed.coordinator.credentials import TableCredentials, wire_table_id
 from sqe.distributed.coordinator.external import ExternalScanPlan
-from sqe.distributed.coordinator.failures import AttemptFailure, classify_rpc_error
+from sqe.distributed.coordinator.failures import AttemptFailure, classify_rpc_error, secret_values
 from sqe.distributed.coordinator.fragments import Fragment, plan_fragments
 from sqe.distributed.coordinator.job import ScanJob
 from sqe.distributed.coordinator.refresh import Holder
@@ -304,7 +304,8 @@ class ScanRun:
         except grpc.RpcError as exc:
             if self._stop.is_set():
                 return AttemptFailure("cancelled")
-            return classify_rpc_error(exc, client.address, attempt.fragment_id, attempt.timed_out)
+            secrets = self._secrets_sent(client, ticket)
+            return classify_rpc_error(exc, client.address, attempt.fragment_id, attempt.timed_out, secrets)
         except _StreamBroken as exc:
             attempt.call.cancel()
             return AttemptFailure(f"{where}: {exc}")
@@ -318,6 +319,12 @@ class ScanRun:
                 f"{where}: worker reported {counted(complete.rows, 'row')}, sent {attempt.rows_received}"
             )
         return self._check_repeatable(state, attempt, where)
+
+    def _secrets_sent(self, client: WorkerClient, ticket: pb.ScanTicket) -> frozenset[str]:
+        """What this worker was given and must not quote back: the ticket's keys, the table's current (pushed)
+        keys and the coordinator's token."""
+        table = self._credentials.secret_values() if self._credentials is not None else frozenset()
+        return secret_values(ticket.credentials) | table | client.secret_values()
 
     def _check_repeatable(self, state: _FragmentState, attempt: _Attempt, where: str) -> AttemptFailure | None:
         """A retry must reproduce at least every row it skipped: otherwise its output differs from the first
