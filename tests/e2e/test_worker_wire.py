@@ -2,7 +2,8 @@
 
 As a stranger: calls that never send their request must not tie up the worker's server threads. As the
 coordinator reading a hostile or buggy worker (a real ``WorkerService`` behind a wrapper that misbehaves): a
-worker's error text never carries the coordinator's keys or token into its errors and logs.
+worker's error text never carries the coordinator's keys or token into its errors and logs, and a worker that
+sends more rows for a file than the file holds never gets them into the answer.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sqe.distributed.protocol._proto import worker_pb2_grpc
 from sqe.errors import WorkerError
 from tests.conftest import WorkerFactory
 from tests.e2e.test_distributed import (
+    ROWS_PER_FILE,
     Tables,
     TicketLog,
     WorkerPools,
@@ -171,3 +173,23 @@ def test_a_refusal_quoting_the_pushed_keys_is_logged_without_them(
     assert stats.pushes_refused == 1
     assert "refused pushed credentials: refusing [redacted] [redacted]" in caplog.text
     assert pushed.secret_access_key not in caplog.text and pushed.session_token not in caplog.text
+
+
+def test_a_worker_sending_more_rows_than_a_file_holds_never_gets_them_into_the_answer(
+    reader_config: Path,  # noqa: F811
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+) -> None:
+    """It sends every batch twice with consecutive positions and a ``complete`` that counts them all: nothing in
+    its own stream contradicts itself, but each file's rows run past the file's record count."""
+    server, address = _serve(_MisbehavingWorker("sends-rows-twice"), worker_factory.token)
+    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
+    config = load_config(reader_config, env={}, overrides=overrides)
+    got: list[tuple[Any, ...]] = []
+    try:
+        with distributed_session(config) as session, pytest.raises(WorkerError) as failed:
+            got = session.sql(f"SELECT id FROM {tables.namespace}.events").fetchall()
+    finally:
+        server.stop(grace=None)
+    assert got == []  # before: twice the table's rows, every one twice, and no error
+    assert f"past the {ROWS_PER_FILE} records of its file" in str(failed.value)

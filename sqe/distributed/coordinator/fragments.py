@@ -26,6 +26,11 @@ class Fragment:
         return sum(task.file.file_size_in_bytes for task in self.tasks)
 
     @property
+    def records(self) -> int:
+        """Rows of its data files: the most a worker can send for it (deletes and filters only drop rows)."""
+        return sum(task.file.record_count for task in self.tasks)
+
+    @property
     def files(self) -> int:
         return len(self.tasks)
 

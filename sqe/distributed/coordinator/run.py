@@ -8,7 +8,8 @@
   offset). A failure before the first batch is a plain retry. A stream without positions (a worker that does
   not send them) that fails after forwarding rows fails the query with a ``WorkerError``, as do a retry without
   positions after rows were forwarded and a retry that yields fewer rows for a task than were already
-  forwarded: never a duplicated or lost row.
+  forwarded: never a duplicated or lost row. A stream that sends more rows for a task than its data file's
+  record count (the row filter, masks and deletes only drop rows) is broken before that batch is forwarded.
 - **Partial aggregation.** With a ``PartialAggregatePlan`` the tickets carry ``partial_aggregate`` and the
   workers send partial rows without positions: an attempt's batches are held until its ``complete`` arrives
   and only then forwarded, so a failed attempt forwarded nothing and its retry is a plain retry. A stream whose
@@ -418,6 +419,9 @@ class ScanRun:
         if offset != attempt.received.get(index, 0):
             raise _StreamBroken(f"task {index}: a batch at row {offset} after {attempt.received.get(index, 0)} rows")
         end = offset + batch.num_rows
+        records = state.fragment.tasks[index].file.record_count
+        if end > records:  # row filters, masks and deletes only ever drop rows: these are not the task's rows
+            raise _StreamBroken(f"task {index}: a batch ends at row {end}, past the {records} records of its file")
         attempt.received[index] = end
         attempt.rows_received += batch.num_rows
         skip = min(batch.num_rows, max(0, state.forwarded.get(index, 0) - offset))
@@ -432,6 +436,9 @@ class ScanRun:
         return True
 
     def _forward_unpositioned(self, state: _FragmentState, attempt: _Attempt, batch: pa.RecordBatch) -> bool:
+        records, rows = state.fragment.records, attempt.rows_received + batch.num_rows
+        if rows > records:  # as in _forward_positioned, for the whole fragment
+            raise _StreamBroken(f"{rows} rows, past the {records} records of its files")
         attempt.rows_received += batch.num_rows
         state.unpositioned = True  # set first: a failure during the put must not be retried
         if not self._put(attempt, batch):
