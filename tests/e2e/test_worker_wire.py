@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pyarrow as pa
 import pytest
 
 from sqe.config import load_config
@@ -24,6 +25,7 @@ from sqe.distributed.coordinator.executor import CoordinatorStats
 from sqe.distributed.coordinator.push import CredentialPusher
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol._proto import worker_pb2_grpc
+from sqe.distributed.protocol.ipc import decode_schema
 from sqe.errors import WorkerError
 from tests.conftest import WorkerFactory
 from tests.e2e.test_distributed import (
@@ -94,15 +96,20 @@ class _MisbehavingWorker:
             keys = request.credentials[0]
             self.quoted += [keys.secret_access_key, keys.session_token]
             context.abort(grpc.StatusCode.INTERNAL, f"cannot read {keys.secret_access_key} {keys.session_token}")
+        schema = pa.schema([])
         for message in self._service.Execute(request, context):
             response = (
                 message if isinstance(message, pb.ExecuteResponse) else pb.ExecuteResponse.FromString(message.data)
             )
             kind = response.WhichOneof("payload")
-            if kind == "complete":  # consistent with what it sent: twice the rows
+            if kind == "schema":
+                schema = decode_schema(response.schema.ipc)
+            if self._mode == "crosses-offsets" and kind == "batch":
+                response.batch.ipc = _note_offsets_crossed(response.batch.ipc, schema)
+            if self._mode == "sends-rows-twice" and kind == "complete":  # consistent with what it sent
                 response.complete.rows *= 2
             yield response
-            if kind == "batch":  # every batch again, positioned right after itself
+            if self._mode == "sends-rows-twice" and kind == "batch":  # each batch again, right after itself
                 again = pb.ExecuteResponse()
                 again.CopyFrom(response)
                 again.batch.row_offset += response.batch.num_rows
@@ -114,6 +121,20 @@ class _MisbehavingWorker:
 
     def __getattr__(self, name: str) -> Any:  # Cancel, Health, Stats, Rewrite: as they are
         return getattr(self._service, name)
+
+
+def _note_offsets_crossed(ipc: bytes, schema: pa.Schema) -> bytes:
+    """The batch message with its ``note`` column's second offset one past its third: the first value runs into
+    the second's bytes and the second has length -1. The offsets' span is unchanged, so only a check of every
+    offset sees it."""
+    base = pa.py_buffer(ipc)
+    column = pa.ipc.read_record_batch(base, schema).column("note")
+    width = 8 if pa.types.is_large_string(column.type) else 4
+    start = column.buffers()[1].address - base.address + column.offset * width
+    data = bytearray(ipc)
+    second = int.from_bytes(data[start + 2 * width : start + 3 * width], "little", signed=True)
+    data[start + width : start + 2 * width] = (second + 1).to_bytes(width, "little", signed=True)
+    return bytes(data)
 
 
 def _serve(service: _MisbehavingWorker, token: str) -> tuple[grpc.Server, str]:
@@ -193,3 +214,24 @@ def test_a_worker_sending_more_rows_than_a_file_holds_never_gets_them_into_the_a
         server.stop(grace=None)
     assert got == []  # before: twice the table's rows, every one twice, and no error
     assert f"past the {ROWS_PER_FILE} records of its file" in str(failed.value)
+
+
+def test_a_batch_whose_offsets_cross_is_never_read(
+    reader_config: Path,  # noqa: F811
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+) -> None:
+    """Before, the coordinator handed such a batch on as it came, and the query returned it (a value of negative
+    length; offsets further off have Arrow or DuckDB read outside the message: a crash, or another query's
+    bytes in a result)."""
+    server, address = _serve(_MisbehavingWorker("crosses-offsets"), worker_factory.token)
+    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
+    config = load_config(reader_config, env={}, overrides=overrides)
+    got: Any = None
+    try:
+        with distributed_session(config) as session, pytest.raises(WorkerError) as failed:
+            got = session.sql(f"SELECT * FROM {tables.namespace}.events").arrow()  # a pass-through read
+    finally:
+        server.stop(grace=None)
+    assert got is None
+    assert "a batch's buffers do not hold its values" in str(failed.value)

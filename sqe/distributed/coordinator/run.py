@@ -44,6 +44,7 @@ from sqe.distributed.coordinator.fragments import Fragment, plan_fragments
 from sqe.distributed.coordinator.job import ScanJob
 from sqe.distributed.coordinator.refresh import Holder
 from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol.errors import InvalidBatchError
 from sqe.distributed.protocol.ipc import ReceivedBatch, decode_batch, decode_schema, plain_offsets
 from sqe.distributed.protocol.ticket import build_ticket, trim_metadata
 from sqe.errors import QueryError, SQEError, WorkerError
@@ -307,7 +308,7 @@ class ScanRun:
                 return AttemptFailure("cancelled")
             secrets = self._secrets_sent(client, ticket)
             return classify_rpc_error(exc, client.address, attempt.fragment_id, attempt.timed_out, secrets)
-        except _StreamBroken as exc:
+        except (_StreamBroken, InvalidBatchError) as exc:  # nothing of the bad message was forwarded
             attempt.call.cancel()
             return AttemptFailure(f"{where}: {exc}")
         except (_WrongPartialSchema, _CannotResume) as exc:

@@ -34,6 +34,10 @@ class WorkerBusyError(WorkerError):
     """The worker already runs its maximum number of fragments."""
 
 
+class InvalidBatchError(WorkerError):
+    """A batch message that is not a well-formed Arrow batch of its stream's schema (never read further)."""
+
+
 class MessageTooLargeError(WorkerError):
     """A single row does not fit in one gRPC message."""
 

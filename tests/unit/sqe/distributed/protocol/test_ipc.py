@@ -3,12 +3,14 @@ with the IPC body aligned."""
 
 from __future__ import annotations
 
+import struct
+
 import pyarrow as pa
 import pytest
 from google.protobuf.message import DecodeError
 
 from sqe.distributed.protocol._proto import worker_pb2 as pb
-from sqe.distributed.protocol.errors import MessageTooLargeError
+from sqe.distributed.protocol.errors import InvalidBatchError, MessageTooLargeError
 from sqe.distributed.protocol.ipc import (
     ALIGNMENT,
     ReceivedBatch,
@@ -152,3 +154,61 @@ def test_plain_offsets_narrow_only_top_level_large_strings_and_binaries() -> Non
     assert narrow.names == wide.names and narrow.metadata == wide.metadata
     assert narrow.field("s").metadata == wide.field("s").metadata and not narrow.field("s").nullable
     assert plain_offsets(narrow) == narrow
+
+
+def _with_offsets(batch: pa.RecordBatch, old: tuple[int, ...], new: tuple[int, ...]) -> bytes:
+    """``batch`` serialised, with the first 32-bit offsets run ``old`` written as ``new``."""
+    data = bytearray(batch.serialize().to_pybytes())
+    at = data.index(struct.pack(f"<{len(old)}i", *old))
+    data[at : at + 4 * len(new)] = struct.pack(f"<{len(new)}i", *new)
+    return bytes(data)
+
+
+NESTED = pa.schema(
+    [
+        ("s", pa.string()),
+        ("l", pa.list_(pa.string())),
+        ("m", pa.map_(pa.string(), pa.large_string())),
+        ("t", pa.struct([("b", pa.binary()), ("d", pa.string())])),
+    ]
+)
+
+
+def test_well_formed_batches_of_every_shape_decode() -> None:
+    batch = pa.record_batch(
+        [
+            pa.array(["ab", None, "cdé"]),
+            pa.array([["x", "y"], [], None], pa.list_(pa.string())),
+            pa.array([[("k", "v")], None, []], pa.map_(pa.string(), pa.large_string())),
+            pa.array([{"b": b"\x00", "d": "z"}, None, {"b": None, "d": "w"}], NESTED.field("t").type),
+        ],
+        schema=NESTED,
+    )
+    assert decode_batch(batch.serialize().to_pybytes(), NESTED).equals(batch)
+
+
+@pytest.mark.parametrize(
+    "crossed",
+    [
+        (0, 5, 4, 6),  # the first value runs into the second, which has length -1
+        (0, 2, -50_000_000, 6),  # a value 50 MB before the column's data, within the offsets' span
+        (0, 2, 4, 100_000),  # the last value past the data
+    ],
+)
+def test_a_batch_whose_offsets_leave_its_data_is_refused_before_anything_reads_it(crossed: tuple[int, ...]) -> None:
+    batch = pa.record_batch([pa.array(["ab", "cd", "ef"])], names=["s"])
+    data = _with_offsets(batch, (0, 2, 4, 6), crossed)
+    with pytest.raises(InvalidBatchError, match="do not hold its values"):
+        decode_batch(data, batch.schema)
+
+
+def test_nested_strings_are_checked_too() -> None:
+    schema = pa.schema([("l", pa.list_(pa.string()))])
+    batch = pa.record_batch([pa.array([["ab", "cd", "ef"]], pa.list_(pa.string()))], schema=schema)
+    with pytest.raises(InvalidBatchError, match="do not hold its values"):
+        decode_batch(_with_offsets(batch, (0, 2, 4, 6), (0, 5, 4, 6)), schema)
+
+
+def test_bytes_that_are_no_batch_of_the_schema_are_refused_typed() -> None:
+    with pytest.raises(InvalidBatchError, match="not Arrow IPC"):
+        decode_batch(b"\x00" * 64, pa.schema([("s", pa.string())]))
