@@ -92,6 +92,9 @@ class _MisbehavingWorker:
         self.quoted: list[str] = []  # the secrets it quoted back
 
     def Execute(self, request: pb.ScanTicket, context: Any) -> Iterator[pb.ExecuteResponse]:
+        if self._mode == "completes-at-once":  # "done", without a schema or a row
+            yield pb.ExecuteResponse(complete=pb.Complete())
+            return
         if self._mode == "quotes-the-ticket":
             keys = request.credentials[0]
             self.quoted += [keys.secret_access_key, keys.session_token]
@@ -108,6 +111,10 @@ class _MisbehavingWorker:
                 response.batch.ipc = _note_offsets_crossed(response.batch.ipc, schema)
             if self._mode == "sends-rows-twice" and kind == "complete":  # consistent with what it sent
                 response.complete.rows *= 2
+            if self._mode == "drops-partial-rows" and kind in ("batch", "complete"):
+                if kind == "batch":
+                    continue  # a partial row never sent, and a complete that agrees
+                response.complete.rows = 0
             yield response
             if self._mode == "sends-rows-twice" and kind == "batch":  # each batch again, right after itself
                 again = pb.ExecuteResponse()
@@ -235,3 +242,45 @@ def test_a_batch_whose_offsets_cross_is_never_read(
         server.stop(grace=None)
     assert got is None
     assert "a batch's buffers do not hold its values" in str(failed.value)
+
+
+def test_a_stream_that_completes_without_its_schema_is_not_taken_for_an_empty_fragment(
+    reader_config: Path,  # noqa: F811
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+) -> None:
+    """Before, a bare ``complete`` (no schema, no batch, zero rows) committed the fragment: its rows were lost and
+    the query answered without them, without an error."""
+    server, address = _serve(_MisbehavingWorker("completes-at-once"), worker_factory.token)
+    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
+    config = load_config(reader_config, env={}, overrides=overrides)
+    got: list[tuple[Any, ...]] | None = None
+    try:
+        with distributed_session(config) as session, pytest.raises(WorkerError) as failed:
+            got = session.sql(f"SELECT count(*) FROM {tables.namespace}.events WHERE id >= 0").fetchall()
+    finally:
+        server.stop(grace=None)
+    assert got is None
+    assert "completed without sending its schema" in str(failed.value)
+
+
+def test_an_aggregate_without_group_by_needs_exactly_one_partial_row_per_fragment(
+    reader_config: Path,  # noqa: F811
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+) -> None:
+    """Before, a worker that sent no partial row (and a ``complete`` counting none) had its fragments drop out of
+    the merged count without an error."""
+    server, address = _serve(_MisbehavingWorker("drops-partial-rows"), worker_factory.token)
+    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
+    config = load_config(reader_config, env={}, overrides=overrides)
+    got: list[tuple[Any, ...]] | None = None
+    try:
+        with distributed_session(config) as session, pytest.raises(WorkerError) as failed:
+            log = TicketLog().attach(session)
+            got = session.sql(f"SELECT count(*) FROM {tables.namespace}.events WHERE id >= 0").fetchall()
+    finally:
+        server.stop(grace=None)
+    assert log.tickets and all(t.HasField("partial_aggregate") for _, t in log.tickets)  # aggregated on workers
+    assert got is None
+    assert "0 partial rows for an aggregate of one" in str(failed.value)

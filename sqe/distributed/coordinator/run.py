@@ -13,7 +13,8 @@
 - **Partial aggregation.** With a ``PartialAggregatePlan`` the tickets carry ``partial_aggregate`` and the
   workers send partial rows without positions: an attempt's batches are held until its ``complete`` arrives
   and only then forwarded, so a failed attempt forwarded nothing and its retry is a plain retry. A stream whose
-  schema is not the partial schema the coordinator computed fails the query (``WorkerError``).
+  schema is not the partial schema the coordinator computed fails the query (``WorkerError``); an attempt of an
+  aggregate without GROUP BY that sends other than exactly one partial row failed (it is retried).
 - **Credentials.** Each running fragment is registered with the table's lease (``refresh``), which reloads the
   table as the querying user before the usable point and pushes the new set to the workers.
 - **Cancel and progress.** Cancelling the query cancels its calls and sends ``Cancel``; per-fragment ``progress``
@@ -320,6 +321,10 @@ class ScanRun:
             return AttemptFailure(
                 f"{where}: worker reported {counted(complete.rows, 'row')}, sent {attempt.rows_received}"
             )
+        if self._partial is not None and not self._partial.spec.group_by and attempt.rows_received != 1:
+            # Without GROUP BY a fragment's partial is exactly one row (count 0 over no rows): none would drop the
+            # fragment from the merged answer, two would count it twice.
+            return AttemptFailure(f"{where}: {counted(attempt.rows_received, 'partial row')} for an aggregate of one")
         return self._check_repeatable(state, attempt, where)
 
     def _secrets_sent(self, client: WorkerClient, ticket: pb.ScanTicket) -> frozenset[str]:
@@ -378,6 +383,8 @@ class ScanRun:
             elif kind == "progress":
                 self._count(attempt, message.progress.files_done, message.progress.bytes_done)
             elif kind == "complete":
+                if schema is None:  # a stream always starts with its schema: this one read nothing at all
+                    raise _StreamBroken("the stream completed without sending its schema")
                 complete: pb.Complete = message.complete
                 self._count(attempt, complete.files, complete.bytes)
                 return complete
