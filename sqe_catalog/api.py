@@ -25,7 +25,7 @@ whose actor is a trusted reader (``sqe_catalog.delegation``); a load then return
 with read-only credentials. Commits by a restricted end user are refused. This happens before the ETag
 comparison; the ETag of a restricted response digests the principal and its restrictions, and every ETag
 digests the actor. Each governed response leaves one ``sqe_catalog.audit`` line. A schema change (commit, create,
-create transaction, register overwrite, notification UPDATE) that would leave some reader's restrictions
+create transaction, register, notification UPDATE or CREATE) that would leave some reader's restrictions
 unresolvable needs ``CATALOG_MANAGE_POLICIES`` (``sqe_catalog.policies.schema_change``).
 """
 
@@ -842,12 +842,14 @@ def _commit_table(call: _Call) -> Response:
 
 def _schema_judge(call: _Call, namespace: Namespace, name: str) -> Judge | None:
     """Refuses a commit whose schema change would make the table's read-restrictions unresolvable for a reader
-    (a writer could otherwise fail every governed load of it), unless a policy manager makes it."""
+    (a writer could otherwise fail every governed load of it), or an admission of a new table whose restrictions
+    would not resolve, unless a policy manager makes it."""
     if call.allowed(Privilege.CATALOG_MANAGE_POLICIES):
         return None
 
-    def judge(before: TableMetadata, after: TableMetadata) -> None:
-        base, new = StoredTable(namespace, name, None, before), StoredTable(namespace, name, None, after)
+    def judge(before: TableMetadata | None, after: TableMetadata) -> None:
+        base = StoredTable(namespace, name, None, before) if before is not None else None
+        new = StoredTable(namespace, name, None, after)
         call.state.restrictions.refuse_breaking_schema_change(call.prefix, base, new)
 
     return judge
@@ -956,7 +958,9 @@ def _notify_table(call: _Call) -> Response:
         _refuse_restricted_change(call, namespace, name, f"notification-{notification.kind.lower()}")
     elif may_change:
         call.require(Privilege.TABLE_CREATE, namespace)  # an UPDATE of a missing table creates it
-    judge = _schema_judge(call, namespace, name) if exists else None  # an UPDATE may change the schema too
+    # An UPDATE may change the schema as a commit does; a CREATE (or an UPDATE of a missing table) makes a table,
+    # judged as a create is.
+    judge = _schema_judge(call, namespace, name)
     call.warehouse.tables.notify(namespace, name, notification, call.principal.name, authorized_for=exists, judge=judge)
     return _no_content()
 

@@ -906,10 +906,14 @@ class WarehouseTables:
         actor: str,
         action: str,
         stamp: Any = None,
+        judge: Judge | None = None,
     ) -> StoredTable:
-        """Trust on first use of ``parsed`` (the one read of ``metadata_location``): checked, pinned, answered."""
+        """Trust on first use of ``parsed`` (the one read of ``metadata_location``): checked, pinned, answered;
+        ``judge`` sees (None, its metadata) before anything is written."""
 
         def claim() -> None:
+            if judge is not None:
+                judge(None, parsed.metadata)
             self._check_admitted_locations(parsed, (namespace, name), existing=False, logged_before=frozenset())
             # Row + pin (of these bytes' digest) + audit event in one transaction.
             self.integrity.admit(_s(namespace), name, Admission(metadata_location, parsed, actor, action), stamp)
@@ -981,8 +985,8 @@ class WarehouseTables:
 
         ``authorized_for``: whether the caller was authorized for an existing table (True) or a missing one (False)
         (None: whatever is there now); a table that appeared or went since is refused (409, 404), so the
-        notification never does more than was authorized. ``judge``: sees (current, new metadata) of an UPDATE
-        before anything is written."""
+        notification never does more than was authorized. ``judge``: sees (current, new metadata) of an UPDATE,
+        (None, new metadata) of a CREATE or of an UPDATE that creates the table, before anything is written."""
         self._require_namespace(namespace)
         kind, location = notification.kind, notification.metadata_location
         if kind == "VALIDATE":  # changes nothing, so it neither checks nor records a timestamp
@@ -1007,7 +1011,7 @@ class WarehouseTables:
             self._reregister(namespace, name, location, parsed, actor, "notification-update", stamp, judge)
         else:
             parsed = self._read_for_admission(location)
-            self._admit(namespace, name, location, parsed, actor, f"notification-{kind.lower()}", stamp)
+            self._admit(namespace, name, location, parsed, actor, f"notification-{kind.lower()}", stamp, judge)
 
     def commit_table(
         self,

@@ -69,7 +69,8 @@ Namespace = tuple[str, ...]
 Requirements = tuple[TableRequirement, ...]
 Updates = tuple[TableUpdate, ...]
 Written = tuple[str, ParsedMetadata]  # (new metadata location, the revision written there)
-Judge = Callable[[TableMetadata, TableMetadata], None]  # (base, new): raises to refuse a commit before its write
+# (base, new; base None: a new table): raises to refuse a commit or an admission before its write
+Judge = Callable[[TableMetadata | None, TableMetadata], None]
 ReadParsed = Callable[..., ParsedMetadata]  # (location, fresh=False) -> ParsedMetadata, errors translated
 LocationsOf = Callable[[TableMetadata], tuple[str, ...]]  # the locations a revision claims
 # A legacy table's locations from (its (namespace, name), its metadata location).

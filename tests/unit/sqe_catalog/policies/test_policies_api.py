@@ -826,3 +826,33 @@ def test_a_writers_readmission_with_the_row_filters_column_renamed_is_refused(ca
     catalog.store.grant("bob_role", "CATALOG_MANAGE_POLICIES", "wh")
     assert catalog.request("bob", "POST", f"{TABLE}/notifications", **notification).status == 204
     assert "[bind-unknown-column]" in error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
+
+
+def test_a_writers_notification_creating_a_table_its_names_masks_cannot_take_is_refused(catalog: Catalog) -> None:
+    # Found by review: a create, create transaction or register of a table whose restrictions would not resolve
+    # was refused, but a notification CREATE (or an UPDATE of a missing table, which creates it) admitted one
+    # unjudged: bob re-created db.u with a long phone, which the pii tag left on the name masks with
+    # show-last-4 (strings only), and every governed load of db.u failed [bind-action-not-applicable].
+    phone = {"id": 2, "name": "phone", "type": "string", "required": False}
+    assert (
+        catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="u", schema=_schema(0, phone)).status == 200
+    )
+    _tag(catalog, "pii", namespace=["db"], table="u", column="phone")
+    assert catalog.request("root", "DELETE", "/v1/wh/namespaces/db/tables/u?purgeRequested=true").status == 204
+    _policy(catalog, "m", "system_column_mask", 'mask := action("show-last-4")', "pii")
+    _enable(catalog, "m")
+    document = catalog.request("root", "GET", TABLE).json()["metadata"]
+    fresh = f"{document['location']}-notified"
+    long_phone = _schema(0, {**phone, "type": "long"})
+    document = {**document, "location": fresh, "table-uuid": str(uuid.uuid4()), "metadata-log": []}
+    document.update({"schemas": [long_phone], "current-schema-id": 0})
+    written = Path(fresh.removeprefix("file://"), "metadata", "00000-notified.metadata.json")
+    written.parent.mkdir(parents=True)
+    written.write_text(json.dumps(document))
+    catalog.store.grant("bob_role", "TABLE_CREATE", "wh")
+    path = "/v1/wh/namespaces/db/tables/u/notifications"
+    for kind in ("CREATE", "UPDATE"):
+        payload = {"table-name": "u", "timestamp": 10**12, "table-uuid": "x", "metadata-location": f"file://{written}"}
+        refused = error_of(catalog.request("bob", "POST", path, **{"notification-type": kind, "payload": payload}), 403)
+        assert "[bind-action-not-applicable]" in refused and "CATALOG_MANAGE_POLICIES" in refused, kind
+        assert catalog.request("root", "HEAD", "/v1/wh/namespaces/db/tables/u").status == 404, "nothing was admitted"
