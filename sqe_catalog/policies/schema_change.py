@@ -12,9 +12,10 @@ Which readers: resolution binds every branch of every selected policy eagerly, w
 types, whether each of a mask's actions fits its column), so those failures are the same for every reader. What
 depends on the reader is only which branches hold (``session_user()``, ``is_group_member``) and which raw entries
 apply: a mask conflict or a too-deep filter may show for some readers only. Readers are therefore checked by
-class: principals whose names no selected policy mentions and who have no entry of their own, and whose groups
-agree on the groups policies and entries name, resolve alike; one of each class is resolved, and one more that
-stands for a principal of no group and no mention (one created later, say).
+class: principals whose names no policy or entry mentions (``mentions_of``), and whose groups agree on the groups
+policies and entries name, resolve alike; one of each class is resolved, one for each mentioned name no principal
+has yet (a principal created later under it resolves as that name does), and one more that stands for a
+principal of no group and no mention.
 """
 
 from __future__ import annotations
@@ -43,19 +44,29 @@ class Mentions:
 
 
 def mentions_of(policies: Iterable[Policy], entry_users: Iterable[str], entry_groups: Iterable[str]) -> Mentions:
-    """Every string literal and group a policy's expression names (a user name can only be compared as one), and
-    the principals and groups that have entries."""
-    strings: set[str] = set(entry_users)
-    groups: set[str] = set(entry_groups)
+    """The user names and groups that can tell readers apart: the principals and groups that have entries, every
+    group a policy's expression names and every string ``session_user()`` is compared with; and, where a policy
+    compares a column with ``session_user()`` (so a user's name becomes a value of the filter), every string any
+    policy holds: a name equal to another filter's literal may resolve unlike the others."""
+    found = _Found(set(entry_users), set(entry_groups), set(), user_as_value=False)
     for policy in policies:
         rule = _rule_of(policy)
         if rule is None:
             continue  # unparseable: it fails for every reader, whatever the schema
         for value, condition in rule.branches:
-            _collect(value, strings, groups)
-            _collect(condition, strings, groups)
-        _collect(rule.fallback, strings, groups)
-    return Mentions(frozenset(strings), frozenset(groups))
+            _collect(value, found)
+            _collect(condition, found)
+        _collect(rule.fallback, found)
+    users = found.users | found.strings if found.user_as_value else found.users
+    return Mentions(frozenset(users), frozenset(found.groups))
+
+
+@dataclass
+class _Found:
+    users: set[str]  # compared with session_user(), or with entries
+    groups: set[str]
+    strings: set[str]  # every string literal
+    user_as_value: bool  # session_user() compared with a column
 
 
 def _rule_of(policy: Policy) -> rego.Rule | None:
@@ -68,30 +79,36 @@ def _rule_of(policy: Policy) -> rego.Rule | None:
         return None
 
 
-def _collect(expr: object, strings: set[str], groups: set[str]) -> None:
+def _collect(expr: object, found: _Found) -> None:
     if isinstance(expr, rego.GroupMember):
-        groups.add(expr.group)
-    elif isinstance(expr, rego.Literal_) and isinstance(expr.value, str):
-        strings.add(expr.value)
-    elif isinstance(expr, rego.Array | rego.Junction):
+        found.groups.add(expr.group)
+    elif isinstance(expr, rego.Junction):
         for item in expr.items:
-            _collect(item, strings, groups)
-    elif isinstance(expr, rego.Compare):
-        _collect(expr.left, strings, groups)
-        _collect(expr.right, strings, groups)
+            _collect(item, found)
     elif isinstance(expr, rego.Negation):
-        _collect(expr.child, strings, groups)
+        _collect(expr.child, found)
+    elif isinstance(expr, rego.Compare):
+        sides = (expr.left, expr.right)
+        literals = [item for side in sides for item in (side.items if isinstance(side, rego.Array) else (side,))]
+        strings = [item.value for item in literals if isinstance(item, rego.Literal_) and isinstance(item.value, str)]
+        found.strings.update(strings)
+        if any(isinstance(side, rego.SessionUser) for side in sides):
+            found.users.update(strings)
+            found.user_as_value |= any(isinstance(side, rego.Col) for side in sides)
 
 
 def reader_classes(
     memberships: Mapping[str, frozenset[str]], known_groups: frozenset[str], mentions: Mentions
 ) -> list[Subject]:
-    """One subject per class of principals that resolve alike (module docstring), plus one for anyone else."""
+    """One subject per class of principals that resolve alike (module docstring), one per mentioned name no
+    principal has yet, and one for anyone else."""
     representatives: dict[tuple[str, frozenset[str]], Subject] = {}
     for principal in sorted(memberships):
         groups = memberships[principal]
         key = (principal if principal in mentions.users else _ANYONE, groups & mentions.groups)
         representatives.setdefault(key, Subject(principal, groups, known_groups))
+    for later in sorted(mentions.users - memberships.keys()):  # of no group until a manager adds one
+        representatives.setdefault((later, frozenset()), Subject(later, frozenset(), known_groups))
     representatives.setdefault((_ANYONE, frozenset()), Subject(_ANYONE, frozenset(), known_groups))
     return list(representatives.values())
 

@@ -20,8 +20,11 @@ def test_mentions_are_the_groups_and_strings_of_policies_and_the_subjects_of_ent
         _policy(PolicyType.ROW_FILTER, "filter := x"),  # unparseable: fails for everyone, mentions nothing
     ]
     mentions = mentions_of(policies, ["dave"], ["entry-group"])
-    assert mentions.users == {"carol", "EU", "dave"}
+    assert mentions.users == {"carol", "dave"}, "EU is compared with a column: no user name is"
     assert mentions.groups == {"a", "entry-group"}
+    # A user's name as a filter's value: a name equal to any literal (another filter's, say) may resolve apart.
+    as_value = _policy(PolicyType.ROW_FILTER, 'filter := col("owner") == session_user()')
+    assert mentions_of([*policies, as_value], [], []).users == {"carol", "EU"}
 
 
 def test_one_reader_per_class_and_one_for_anyone_else() -> None:
@@ -41,4 +44,8 @@ def test_one_reader_per_class_and_one_for_anyone_else() -> None:
     ]
     assert all(r.known_groups == {"a", "x"} for r in readers)
     alone = reader_classes({"alice": frozenset({"a"})}, frozenset({"a"}), mentions)
-    assert [(r.user, r.groups) for r in alone] == [("alice", frozenset({"a"})), ("", frozenset())]
+    assert [(r.user, r.groups) for r in alone] == [
+        ("alice", frozenset({"a"})),
+        ("carol", frozenset()),
+        ("", frozenset()),
+    ]
