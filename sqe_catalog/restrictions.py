@@ -470,7 +470,6 @@ class RestrictionStore:
             raw = [RawEntry(str(e.subject), e.restrictions) for e in entries if e.subject in applying]
             failure = self._new_failure(before, after, reader, snapshot, raw)
             if failure is not None:
-                log.warning("schema change of %s refused: code=%s", what, failure.code)
                 raise _schema_change_refused(what, failure, after)
 
     def _governed_readers(
@@ -668,8 +667,12 @@ class RestrictionStore:
 
 
 def _schema_change_refused(what: str, failure: ResolutionError, after: StoredTable) -> SchemaChangeRefusedError:
+    """The refusal (the column and the code: a writer need not manage policies); the catalog log also names the
+    tags and masks, for the policy manager who is asked to make the change or fix what it runs into."""
     names = {f.field_id: f.name for s in after.metadata.schemas for f in s.fields}
     names.update({f.field_id: f.name for f in after.metadata.schema().fields})  # current names win
+    explained = explain_refusal(failure.code, failure.message, failure.report, names, governance=True)
+    log.warning("schema change of %s refused: code=%s: %s", what, failure.code, explained)
     detail = explain_refusal(failure.code, failure.message, failure.report, names)
     return SchemaChangeRefusedError(
         f"this schema change would make every governed load of {what} fail for some readers, whose "

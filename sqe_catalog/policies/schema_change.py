@@ -114,48 +114,59 @@ def reader_classes(
 
 
 # ----------------------------------------------------------------------------------------------------
-# The refusal's message: the column, the tag and the mask; never a policy, group or literal
+# The refusal's message: the column and what would fail; the tags and masks only in the catalog log
 
 
-def explain_refusal(code: str, message: str, report: dict[str, Any], column_names: Mapping[int, str]) -> str:
-    """Why resolution would fail, in terms of what the writer changed (columns) and what governs them (tags,
-    masks). Policy names, groups and literal values stay out: the writer need not be a policy manager."""
+def explain_refusal(
+    code: str, message: str, report: dict[str, Any], column_names: Mapping[int, str], *, governance: bool = False
+) -> str:
+    """Why resolution would fail, in terms of what the writer changed (columns). With ``governance`` (for the
+    catalog log) also the tags and masks involved: a writer need not manage policies, and tag names and values and
+    mask actions are shown only to those who do, as a failed load's detail is. Policy names, groups and literal
+    values never appear."""
     for entry in report.get("policies", ()):
         if "not-applicable" in entry:
-            return _not_applicable_text(entry["not-applicable"])
+            return _not_applicable_text(entry["not-applicable"], governance)
         if "error" in entry:
-            return _policy_error_text(entry, code, message)
+            return _policy_error_text(entry, code, message, governance)
     if report.get("conflicts"):
-        return _conflict_text(report["conflicts"][-1], column_names)
+        return _conflict_text(report["conflicts"][-1], column_names, governance)
     if code == "entry-no-longer-fits":
         return "a read-restrictions entry of the table would no longer fit its schema"
     return "the table's read-restrictions would no longer resolve"
 
 
-def _not_applicable_text(culprit: dict[str, Any]) -> str:
+def _not_applicable_text(culprit: dict[str, Any], governance: bool) -> str:
+    if not governance:
+        return f"column {culprit['column']!r} ({culprit['type']}) would be masked with a mask its type cannot take"
     return (
         f"column {culprit['column']!r} ({culprit['type']}) would be masked with {culprit['action']}, selected by "
         f"its {_tags_text(culprit['tags'])}, and that mask does not apply to it"
     )
 
 
-def _policy_error_text(entry: dict[str, Any], code: str, message: str) -> str:
+def _policy_error_text(entry: dict[str, Any], code: str, message: str, governance: bool) -> str:
     if code.startswith("bind-") and code not in ("bind-unknown-group", "bind-action-not-applicable"):
         detail = message  # a binding message names the column and its type, never a literal value
     else:
         detail = f"it would fail with [{code}]"
     matched = entry.get("matched-tags")
     if entry.get("policyType") == "system_row_filter" and isinstance(matched, list):
+        if not governance:
+            return f"the table's row filter would no longer apply: {detail}"
         tags = [{"tag": m["tag"], "value": m["effective-value"]} for m in matched]
         return f"the row filter selected by the table's {_tags_text(tags)} would no longer apply: {detail}"
     return f"a column mask would no longer apply: {detail}"
 
 
-def _conflict_text(conflict: dict[str, Any], column_names: Mapping[int, str]) -> str:
+def _conflict_text(conflict: dict[str, Any], column_names: Mapping[int, str], governance: bool) -> str:
     if conflict.get("kind") == "column-mask":
-        options = [f"{c['action']} ({_provenance_text(c['provenance'])})" for c in conflict["candidates"]]
         column = column_names.get(conflict["field-id"], f"field {conflict['field-id']}")
-        return f"column {column!r} would get different masks for some readers: {', '.join(options)}"
+        text = f"column {column!r} would get different masks for some readers"
+        if not governance:
+            return text
+        options = [f"{c['action']} ({_provenance_text(c['provenance'])})" for c in conflict["candidates"]]
+        return f"{text}: {', '.join(options)}"
     return "different row filters would apply to some readers"
 
 
