@@ -907,6 +907,7 @@ def _rename_table(call: _Call) -> Response:
     _refuse_view_name(call, *target)
     _refuse_restricted_change(call, *source, "rename")
     _refuse_tag_change(call, source, target)
+    _refuse_dropped_entries(call, target)
     call.warehouse.tables.rename_table(source, target)
     call.state.restrictions.renamed(call.prefix, source, target)
     if call.state.policies is not None:  # policies: table and column tags follow the rename
@@ -936,6 +937,20 @@ def _refuse_tag_change(call: _Call, source: tuple[Namespace, str], target: tuple
         raise ForbiddenError(
             "the new name still carries the tags of a dropped table, which would decide this table's "
             "read-restrictions: renaming onto it needs CATALOG_MANAGE_POLICIES"
+        )
+
+
+def _refuse_dropped_entries(call: _Call, target: tuple[Namespace, str]) -> None:
+    """A rename onto a name a dropped table's read-restriction entries still hold (entries match a table by its
+    name too, so a re-created table stays restricted) gives the table those entries: written for another schema,
+    they may not fit it and fail every load of theirs, as a schema change may; unless a policy manager does it."""
+    if call.allowed(Privilege.CATALOG_MANAGE_POLICIES) or call.warehouse.tables.table_exists(*target):
+        return  # a live table there: the rename's own 409
+    if call.state.restrictions.dropped_table_governance(call.prefix, *target) is DroppedGovernance.ENTRIES:
+        raise ForbiddenError(
+            "the new name still carries read-restrictions of a dropped table, which would apply to this table: "
+            "renaming onto it needs CATALOG_MANAGE_POLICIES (an operator clears them with sqe-catalog admin "
+            "clear-restrictions)"
         )
 
 

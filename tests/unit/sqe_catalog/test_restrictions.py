@@ -400,6 +400,31 @@ def test_a_writers_schema_change_an_entry_would_no_longer_fit_is_refused(catalog
     assert "[entry-no-longer-fits]" in error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
 
 
+def test_a_writers_rename_onto_a_name_a_dropped_tables_entries_still_hold_is_refused(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    # Found by review: entries match a table by its name too (a re-created table stays restricted), and a drop
+    # keeps them; bob, a writer, renamed db.t onto db.u, whose dropped table's entry filtered alice on its field
+    # 4: the rename went through, the entry applied to db.t's schema, which has no field 4, and every load of
+    # alice's failed [entry-no-longer-fits]. A schema change doing that is refused; so is this rename now.
+    country = {"id": 4, "name": "country", "type": "string", "required": False}
+    schema = {**SCHEMA, "fields": [*SCHEMA["fields"], country]}  # type: ignore[list-item]
+    assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="u", schema=schema).status == 200
+    only_fr = {"required-row-filter": {"type": "eq", "left": {"type": "reference", "id": 4}, "right": "FR"}}
+    assert catalog.restrict(tmp_path, only_fr, "--principal", "alice", table="u") == 0
+    assert catalog.request("root", "DELETE", "/v1/wh/namespaces/db/tables/u").status == 204
+    for privilege in ("TABLE_DROP", "TABLE_CREATE"):
+        catalog.store.grant("bob_role", privilege, "wh")
+    rename = {"source": {"namespace": ["db"], "name": "t"}, "destination": {"namespace": ["db"], "name": "u"}}
+    refused = error_of(catalog.request("bob", "POST", "/v1/wh/tables/rename", **rename), 403)
+    assert "read-restrictions of a dropped table" in refused and "CATALOG_MANAGE_POLICIES" in refused
+    assert "alice" not in refused and "FR" not in refused
+    assert catalog.request(ALICE, "GET", TABLE, headers=DECLARED).status == 200, "db.t stayed, alice reads it"
+    assert catalog.request("root", "POST", "/v1/wh/tables/rename", **rename).status == 204, "root may"
+    path = "/v1/wh/namespaces/db/tables/u"
+    assert "[entry-no-longer-fits]" in error_of(catalog.request(ALICE, "GET", path, headers=DECLARED), 403)
+
+
 def test_stored_restrictions_that_stop_fitting_the_schema_refuse_the_load(catalog: Catalog, tmp_path: Path) -> None:
     assert catalog.restrict(tmp_path, ONLY_EU, "--principal", "alice") == 0
     assert catalog.request("root", "DELETE", TABLE).status == 204
