@@ -475,16 +475,19 @@ class RestrictionStore:
     def _governed_readers(
         self, warehouse: str, table: StoredTable
     ) -> tuple[list[PolicySubject], list[RestrictionEntry], GovernanceSnapshot | None]:
-        """The reader classes to check ``table`` for, its checked entries and its policy snapshot; no reader when
-        nothing governs the table."""
+        """The reader classes to check ``table`` for, its checked entries and its policy snapshot; no reader (and no
+        read of principals) when no entry names the table and no enabled policy has a tag the table carries."""
         snapshot = None
         if self._policies is not None:
             uuid = str(table.metadata.table_uuid)
             snapshot = self._policies.snapshot(warehouse, table.namespace, table.name, uuid)
+        # Only a policy one of whose tags the table or a column of it (under any name) carries can be selected.
+        tagged = {a.tag for a in snapshot.assignments} if snapshot is not None else set()
         enabled = [p for p in snapshot.policies if p.enabled] if snapshot is not None else []
+        selectable = [p for p in enabled if any(s.tag in tagged for s in p.selectors)]
         with self._engine.connect() as conn:
             entries = [e for e in self._table_entries(conn, warehouse, table) if e.checked]
-            if not enabled and not entries:
+            if not selectable and not entries:
                 return [], [], snapshot
             principals: list[str] = list(conn.execute(select(_principals.c.name)).scalars())
             memberships: dict[str, set[str]] = {name: set() for name in principals}
@@ -493,9 +496,10 @@ class RestrictionStore:
                 memberships.setdefault(str(row.principal_name), set()).add(str(row.group_name))
             known: frozenset[str] = frozenset(conn.execute(_ALL_GROUPS).scalars())
         mentions = mentions_of(
-            enabled,
+            selectable,
             [e.subject.name for e in entries if e.subject.kind is SubjectKind.PRINCIPAL],
             [e.subject.name for e in entries if e.subject.kind is SubjectKind.GROUP],
+            [e.restrictions for e in entries],
         )
         frozen = {name: frozenset(groups) for name, groups in memberships.items()}
         return reader_classes(frozen, known, mentions), entries, snapshot

@@ -22,6 +22,7 @@ run produces the explain report (``Resolution.report``) used by the preview endp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,7 +257,12 @@ def _parsed(policy: Policy) -> rego.Rule:
     if set(content) != {"expression"}:
         code = "policy-function-unsupported" if "function" in content else "policy-invalid-content"
         raise PolicyError(code, f"policy {policy.name} has no usable expression")
-    return rego.parse(str(content["expression"]), policy.policy_type.rule_kind)
+    return _parse(str(content["expression"]), policy.policy_type.rule_kind)
+
+
+# A rule is immutable, and one expression is resolved again for every load (and, on a schema change, for every
+# class of reader): parsing a long one costs more than the rest of its resolution. A failure is not remembered.
+_parse = functools.lru_cache(maxsize=256)(rego.parse)
 
 
 def _selected(policy: Policy, entry: dict[str, Any], include_disabled: bool) -> bool:
