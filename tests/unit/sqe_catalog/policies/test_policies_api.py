@@ -880,3 +880,26 @@ def test_a_writers_rename_breaking_resolution_for_a_principal_not_created_yet_is
     catalog.store.assign_role("carol", "carol_role")
     catalog.store.grant("carol_role", "TABLE_READ_DATA", "wh")
     assert _restrictions(catalog, catalog.delegate("carol", "engine")) is None, "carol's loads work"
+
+
+def test_a_writers_harmless_change_to_a_table_that_already_fails_for_some_readers_goes_through(
+    catalog: Catalog,
+) -> None:
+    # A failure a class of readers already had is not the change's doing: two row filters already conflict for
+    # analysts (alice), so bob (a steward both let through) adding a column is not refused for it; a change that
+    # breaks the filter for the readers it still works for is.
+    _tag(catalog, "sensitivity", "restricted", namespace=["db"], table="t")
+    _stewards_see_all(catalog, "sensitivity")
+    catalog.store.grant("bob_role", "TABLE_WRITE_PROPERTIES", "wh")
+    analysts_us = 'filter := col("region") == "US" if is_group_member("analysts") else := true'
+    _policy(catalog, "rf_us", "system_row_filter", analysts_us, "sensitivity")
+    _enable(catalog, "rf_us")
+    assert "[resolve-row-filter-conflict]" in error_of(catalog.request(ALICE, "GET", TABLE, headers=DECLARED), 403)
+    note = {"id": 4, "name": "note", "type": "long", "required": False}
+    assert _writer_commit(catalog, "bob", _schema(1, *SCHEMA["fields"][1:], note)).status == 200  # type: ignore[index]
+    assert _current_columns(catalog) == ["id", "email", "region", "note"]
+    assert _restrictions(catalog, BOB) is None
+    renamed = _writer_commit(
+        catalog, "bob", _schema(2, {"id": 2, "name": "email", "type": "string", "required": False}, _AREA, note)
+    )
+    assert "no top-level column 'region'" in error_of(renamed, 403)
