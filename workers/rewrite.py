@@ -1,6 +1,7 @@
 """The worker half of distributed compaction: read one bin (deletes applied) and write it to the given paths.
 
-The bin is read with the engine's own ``ArrowScan`` through a :class:`RewriteFileIO`: the fragment FileIO (the
+The bin is read as pyiceberg's ``ArrowScan`` reads it, each data file's rows counted
+(:func:`sqe.execution.projected_read.rewrite_rows`), through a :class:`RewriteFileIO`: the fragment FileIO (the
 ticket's credential sets only, expiry checked per file, pushed sets swapped in between files) that may also
 write, but ONLY the exact output paths the ticket names, each at most once, and never deletes anything: any
 other write fails closed. Files are written like pyiceberg writes data files (the table schema with field ids,
@@ -15,10 +16,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import InputFile, OutputFile
 from pyiceberg.io.fileformat import FileFormatFactory
-from pyiceberg.io.pyarrow import ArrowScan, _to_requested_schema, bin_pack_arrow_table
+from pyiceberg.io.pyarrow import _to_requested_schema, bin_pack_arrow_table
 from pyiceberg.manifest import FileFormat
 from pyiceberg.schema import sanitize_column_names
 
@@ -27,7 +27,8 @@ from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.rewrite import DecodedRewrite, encode_file_stats
 from sqe.errors import WorkerError
 from sqe.execution.delete_limits import check_task_deletes
-from sqe.execution.local import QueryCancelledError, check_task_row_groups
+from sqe.execution.local import QueryCancelledError
+from sqe.execution.projected_read import rewrite_rows
 from workers.fileio import FragmentFileIO, OpenCallback
 from workers.fragment import RunningCall
 
@@ -85,9 +86,8 @@ class RunningRewrite(RunningCall[DecodedRewrite, RewriteFileIO]):
     def run(self, stats: WorkerStats) -> pb.RewriteResponse:
         ticket = self.ticket
         metadata = ticket.metadata
-        checked = check_task_deletes(self.io, ticket.tasks)  # ArrowScan reads each delete file whole
-        check_task_row_groups(self.io, ticket.tasks)  # and reads no more rows than a row group states
-        rows = ArrowScan(metadata, checked, metadata.schema(), AlwaysTrue()).to_table(ticket.tasks)
+        checked = check_task_deletes(self.io, ticket.tasks)  # each delete file is read whole
+        rows = rewrite_rows(metadata, self.io, checked, ticket.tasks)  # each data file's rows counted
         if self.cancel.is_set():
             raise QueryCancelledError()
         written = [

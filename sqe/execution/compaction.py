@@ -30,7 +30,7 @@ import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, Not, Or
 from pyiceberg.expressions.parser import parse as parse_expression
-from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
@@ -42,7 +42,7 @@ from sqe.catalog.errors import PYICEBERG_CATALOG_ERRORS, translate_error
 from sqe.errors import CompactionConflictError, QueryError, SQEError
 from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
 from sqe.execution.delete_limits import check_task_deletes
-from sqe.execution.local import check_task_row_groups
+from sqe.execution.projected_read import rewrite_rows
 from sqe.execution.write_target import WriteTable, writable_table
 from sqe.planning.avro_limits import UNDECODABLE, UNDECODED, bounded_table
 from sqe.planning.planner import restrictions_of
@@ -217,10 +217,8 @@ def _rewrite_locally(
 def rewrite_bin(table: WriteTable, tasks: list[FileScanTask], target: int) -> list[DataFile]:
     """Read the bin (deletes applied) and write it back as new data files; nothing is committed here."""
     metadata = table.metadata
-    checked = check_task_deletes(table.files_io, tasks)  # ArrowScan reads each delete file whole
-    check_task_row_groups(table.files_io, tasks)  # and reads no more rows than a row group states
-    scan = ArrowScan(metadata, checked, table.schema(), AlwaysTrue())
-    rows = scan.to_table(tasks)
+    checked = check_task_deletes(table.files_io, tasks)  # each delete file is read whole
+    rows = rewrite_rows(metadata, table.files_io, checked, tasks)  # each data file's rows counted
     if rows.num_rows == 0:
         return []
     properties = {**metadata.properties, "write.target-file-size-bytes": str(target)}

@@ -65,6 +65,12 @@ class DecodedColumnCache(MemoryBoundedCache[ColumnKey, pa.ChunkedArray]):
     def put_column(self, file: FileKey, row_group: int, name: str, column: pa.ChunkedArray) -> bool:
         return self.put(_key(file, row_group, name), column)
 
+    def drop_columns(self, file: FileKey, columns: Iterable[tuple[int, str]]) -> None:
+        """Drop the (row group, column) entries of ``file``: what a read that was refused kept."""
+        doomed = {_key(file, row_group, name) for row_group, name in columns}
+        if doomed:
+            self.drop_where(doomed.__contains__)
+
 
 def _key(file: FileKey, row_group: int, name: str) -> ColumnKey:
     path, size, identity = file

@@ -6,12 +6,14 @@ all present, primitive) is read directly with pyarrow, in batches of about ``tar
 Parquet reader over the kept footer when its reads stay native (a local file, or a range-cached file kept whole),
 else by a dataset scanner (a row filter applies; an object store without the range cache, where only the scanner
 opens a file without a HEAD; a range-cached file read range by range, whose row groups the scanner decodes in
-parallel). Any other file goes through pyiceberg's private generator ``_task_to_record_batches``, which handles
-deletes, schema evolution and missing columns. Both yield the same batches; the direct path only skips pyiceberg's
-per-batch re-projection and its small default batch size. A direct read of a range-cached file goes through the
-decoded-column cache (:mod:`sqe.execution.decoded_cache`, ``[cache] decoded_bytes``): each row group's kept
-columns are reused, only missing ones are decoded (by the same two readers), and the filter runs on the assembled
-rows, so a repeat scan pays no Parquet decode.
+parallel). Any other Parquet file goes through :mod:`sqe.execution.projected_read`, pyiceberg's reader step for
+step (deletes, schema evolution and missing columns) with its rows counted; any other format through pyiceberg's
+private generator ``_task_to_record_batches``. They yield the same batches; the direct path only skips pyiceberg's
+per-batch re-projection and its small default batch size. Every Parquet read is held to the rows the footer and
+the manifest entry state, row group by row group (:mod:`sqe.execution.file_rows`). A direct read of a
+range-cached file goes through the decoded-column cache (:mod:`sqe.execution.decoded_cache`, ``[cache]
+decoded_bytes``): each row group's kept columns are reused, only missing ones are decoded (by the same two
+readers), and the filter runs on the assembled rows, so a repeat scan pays no Parquet decode.
 
 At most ``max_files_in_flight`` files are open and at most ``max_queued_batches`` batches wait in the queue, so
 memory stays bounded whatever the table size. The consumer polls a cancel event, so an interrupted query stops
@@ -23,7 +25,7 @@ from __future__ import annotations
 import inspect
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
@@ -49,13 +51,14 @@ from sqe.execution.cache import parquet_fragment
 from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
 from sqe.execution.decoded_cache import DECODED
 from sqe.execution.delete_limits import VectorEntry, check_position_deletes, record_counts, task_vector_entries
+from sqe.execution.file_rows import check_file_rows, check_group_rows, filtered, group_batches, scan_columns
+from sqe.execution.projected_read import PARQUET, parquet_task_batches
 from sqe.execution.row_filter import RowMask, compile_row_filter, filter_rows
 from sqe.planning.read_filters import narrowed_fields, narrowed_filter
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
     from pyiceberg.expressions import BooleanExpression
-    from pyiceberg.io import FileIO
     from pyiceberg.table import FileScanTask
 
     from sqe.execution.byte_cache import FileKey
@@ -100,8 +103,7 @@ _read_deletes: Callable[..., dict[str, pa.ChunkedArray]] = _pyiceberg_arrow._rea
 DEFAULT_TARGET_BATCH_BYTES = 8 << 20
 _MIN_BATCH_ROWS = 8_192
 _MAX_BATCH_ROWS = 1 << 20
-# What pyiceberg opens Parquet files with: coalesced reads of a row group's column chunks, buffered streams.
-_PARQUET = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
+_PARQUET = PARQUET  # what pyiceberg opens Parquet files with
 # pyarrow's Fragment.open() opens by path, which costs an object store a HEAD; the scanner opens with the manifest's
 # size. Opening by path is free on a local file system and on the range-cached one (pyarrow names a Python file
 # system "py::" + its handler's type name), which opens upstream only on a miss.
@@ -137,14 +139,16 @@ def _task_to_record_batches(
         fragment = parquet_fragment(read.io, task.file.file_path, task.file.file_size_in_bytes, _PARQUET)
         direct = _projection_for(read, fragment.physical_schema, projections)
         if direct is not None:
-            check_row_group_rows(fragment.metadata)
+            check_file_rows(fragment.metadata, task.file.record_count)
             size = task.file.file_size_in_bytes
             yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode, file_size=size)
             return
     if read.promoted_filter_ids:
         yield from _promoted_then_filtered(read, task, positional_deletes, fragment)
         return
-    yield from _pyiceberg_batches(read, task, positional_deletes, read.bound_row_filter, read.projected_schema)
+    yield from _pyiceberg_batches(
+        read, task, positional_deletes, read.bound_row_filter, read.projected_schema, fragment
+    )
 
 
 def _pyiceberg_batches(
@@ -153,8 +157,11 @@ def _pyiceberg_batches(
     positional_deletes: list[pa.ChunkedArray] | None,
     row_filter: BooleanExpression,
     projected: Schema,
+    fragment: ds.ParquetFileFragment | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    return _pyiceberg_task_batches(  # type: ignore[no-any-return]
+    """pyiceberg's reader of the file; a Parquet file's (``fragment``: when already opened) with its rows counted
+    (:mod:`sqe.execution.projected_read`)."""
+    arguments = (
         read.io,
         task,
         row_filter,
@@ -167,6 +174,9 @@ def _pyiceberg_batches(
         read.specs.get(task.file.spec_id),
         read.format_version,
     )
+    if task.file.file_format == FileFormat.PARQUET:
+        return parquet_task_batches(*arguments, fragment=fragment)
+    return _pyiceberg_task_batches(*arguments)
 
 
 def _promoted_then_filtered(
@@ -204,7 +214,7 @@ def _promoted_then_filtered(
         and not _row_groups_may_match(read, fragment, file_schema, pushed)
     ):
         return
-    for batch in _pyiceberg_batches(read, task, positional_deletes, pushed, widened):
+    for batch in _pyiceberg_batches(read, task, positional_deletes, pushed, widened, fragment):
         filtered = pa.Table.from_batches([batch]).filter(condition).select(kept)
         yield from filtered.to_batches()
 
@@ -307,17 +317,16 @@ class DirectProjection:
         if self.reads_plainly(fragment, file_size):
             yield from self._read_batches(fragment, rows, parallel_decode)
             return
-        scanner = ds.Scanner.from_fragment(
-            fragment,
-            schema=fragment.physical_schema,
-            columns=list(self.file_columns),
-            filter=self.arrow_filter,
-            batch_size=rows,
-            use_threads=True,
-        )
-        for batch in scanner.to_batches():
-            if batch.num_rows:  # like pyiceberg: a filter may leave nothing of a batch
-                yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+        yield from self._scanned_batches(fragment, rows)
+
+    def _scanned_batches(self, fragment: ds.ParquetFileFragment, rows: int) -> Iterator[pa.RecordBatch]:
+        """The file's batches by the dataset scanner over the row groups the filter's statistics keep, each
+        group's rows counted before the filter (which the scanner evaluates as a column) drops any."""
+        columns, mask = scan_columns(self.file_columns, self.arrow_filter, fragment.physical_schema)
+        for _, batch in group_batches(fragment, self._row_groups(fragment), columns, rows):
+            kept = filtered(batch, mask, self.schema)
+            if kept.num_rows:  # like pyiceberg: a filter may leave nothing of a batch
+                yield kept
 
     def reads_plainly(self, fragment: ds.ParquetFileFragment, file_size: int) -> bool:
         """Whether pyarrow's Parquet reader reads the file (no row filter, opening it by path is free, and its reads
@@ -373,6 +382,7 @@ class DirectProjection:
         decode = _decode_whole if whole else _decode_by_scanner
         share = DECODED.max_bytes // _DECODED_GROUP_SHARE
         pieces = decode(fragment, incomplete, missing, rows, threads) if incomplete else iter(())
+        put: list[tuple[int, str]] = []  # what this read kept, dropped again if the file is refused
         try:
             for index in groups:
                 names = [name for name in wanted if name not in missing] if index in incomplete else list(wanted)
@@ -380,7 +390,10 @@ class DirectProjection:
                 if index not in incomplete:
                     yield from self._piece_batches(kept, rows)
                 else:
-                    yield from self._decoding_group(key, index, kept, missing, pieces, rows, share)
+                    yield from self._decoding_group(key, index, kept, missing, pieces, rows, share, put)
+        except QueryError:  # a row group that yielded other rows than it states: nothing of this file stays kept
+            DECODED.drop_columns(key, put)
+            raise
         finally:
             close = getattr(pieces, "close", None)
             if close is not None:  # stops the decoder (and closes its file) when the consumer leaves early
@@ -395,9 +408,10 @@ class DirectProjection:
         pieces: Iterator[_Piece],
         rows: int,
         share: int,
+        put: list[tuple[int, str]],
     ) -> Iterator[pa.RecordBatch]:
         """One row group's batches: its ``kept`` columns with the ``missing`` ones as they are decoded, which are
-        kept once the group is complete unless they decoded to more than ``share`` bytes."""
+        kept once the group is complete unless they decoded to more than ``share`` bytes (listed in ``put``)."""
         chunks: dict[str, list[pa.Array]] | None = {name: [] for name in missing}
         held, seen = 0, set[int]()
         last = False
@@ -419,7 +433,8 @@ class DirectProjection:
                     chunks[name].extend(piece.column(name).chunks)
             yield from self._piece_batches(view, rows)
         for name, decoded in (chunks or {}).items():
-            DECODED.put_column(key, index, name, pa.chunked_array(decoded, piece.schema.field(name).type))
+            if DECODED.put_column(key, index, name, pa.chunked_array(decoded, piece.schema.field(name).type)):
+                put.append((index, name))
 
     def _piece_batches(self, columns: dict[str, pa.ChunkedArray], rows: int) -> Iterator[pa.RecordBatch]:
         """Batches of consecutive rows of one row group, filtered, with the projection's schema."""
@@ -467,10 +482,10 @@ class DirectProjection:
                 read_rows = 0
                 for batch in batches:
                     read_rows += batch.num_rows
-                    _check_group_rows(index, group_rows, read_rows, done=False)
+                    check_group_rows(index, group_rows, read_rows, done=False)
                     if batch.num_rows:
                         yield pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
-                _check_group_rows(index, group_rows, read_rows, done=True)
+                check_group_rows(index, group_rows, read_rows, done=True)
 
 
 # A piece of a row group's missing columns: (row group, offset of its first row, the piece, whether it is the last).
@@ -532,84 +547,33 @@ def _decode_whole(
             group_rows = metadata.row_group(index).num_rows
             if group_rows <= rows:
                 whole = parquet.read_row_group(index, columns=columns, use_threads=threads)
-                _check_group_rows(index, group_rows, whole.num_rows, done=True)
+                check_group_rows(index, group_rows, whole.num_rows, done=True)
                 yield index, 0, whole, True
                 continue
             offset = 0
             for batch in parquet.iter_batches(
                 batch_size=rows, row_groups=[index], columns=columns, use_threads=threads
             ):
-                _check_group_rows(index, group_rows, offset + batch.num_rows, done=False)
+                check_group_rows(index, group_rows, offset + batch.num_rows, done=False)
                 yield index, offset, pa.Table.from_batches([batch]), offset + batch.num_rows == group_rows
                 offset += batch.num_rows
-            _check_group_rows(index, group_rows, offset, done=True)
+            check_group_rows(index, group_rows, offset, done=True)
 
 
 def _decode_by_scanner(
     fragment: ds.ParquetFileFragment, groups: list[int], columns: list[str], rows: int, _threads: bool
 ) -> Iterator[_Piece]:
     """Each row group's ``columns``, decoded by the dataset scanner over just those groups (in parallel, in file
-    order) in batches of at most ``rows`` rows. The scanner never joins two row groups into a batch; batches are
-    cut at the groups' row counts all the same, so a group's pieces are exactly its rows."""
+    order) in batches of at most ``rows`` rows. Each batch is known to be of its group (:func:`group_batches`),
+    and a group's last piece comes only once it yielded exactly the rows it states: a group whose pages hold
+    fewer is refused, never completed (and kept) with the next group's rows."""
     metadata = fragment.metadata
-    sizes = [metadata.row_group(index).num_rows for index in groups]
-    scanner = ds.Scanner.from_fragment(
-        fragment.subset(row_group_ids=groups),
-        schema=fragment.physical_schema,
-        columns=columns,
-        batch_size=rows,
-        use_threads=True,
-    )
-    position = offset = 0
-    for batch in scanner.to_batches():
-        while batch.num_rows:
-            if position == len(groups):  # rows past the last group's stated count
-                _check_group_rows(groups[-1], sizes[-1], sizes[-1] + batch.num_rows, done=False)
-            take = min(batch.num_rows, sizes[position] - offset)
-            last = offset + take == sizes[position]
-            yield groups[position], offset, pa.Table.from_batches([batch.slice(0, take)]), last
-            batch = batch.slice(take)
-            position, offset = (position + 1, 0) if last else (position, offset + take)
-    if position < len(groups):  # a group's pages held fewer rows than it states
-        _check_group_rows(groups[position], sizes[position], offset, done=True)
-
-
-def check_row_group_rows(metadata: pq.FileMetaData) -> None:
-    """Refuse a file whose row group states other rows than its column chunks' values. pyarrow reads no more rows
-    than a row group states, and no more than its pages hold: a row group understating its pages' rows (or
-    overstating them) read as fewer rows without error, and the scan's bounds (whole-group reads, batch sizes,
-    the decoded-column cache's) trust the stated count. A column chunk of a column that repeats nothing holds
-    one value (or null) a row."""
-    flat = [i for i in range(metadata.num_columns) if metadata.schema.column(i).max_repetition_level == 0]
-    for index in range(metadata.num_row_groups):
-        group = metadata.row_group(index)
-        stated = group.num_rows
-        for column in flat:
-            values = group.column(column).num_values
-            if values != stated:
-                raise QueryError(
-                    f"cannot read a data file of the table: its row group {index} states {stated} rows, "
-                    f"its column chunk {column} {values} values"
-                )
-
-
-def check_task_row_groups(io: FileIO, tasks: Iterable[FileScanTask]) -> None:
-    """:func:`check_row_group_rows` of each Parquet data file of ``tasks``, by its footer, for the readers that
-    decode them through pyiceberg's ``ArrowScan`` (OPTIMIZE's rewrite, local or on workers): a row group
-    understating its rows would be rewritten short and the loss committed as the table's new files."""
-    for task in tasks:
-        if task.file.file_format == FileFormat.PARQUET:
-            with io.new_input(task.file.file_path).open() as stream:
-                check_row_group_rows(pq.read_metadata(stream))
-
-
-def _check_group_rows(index: int, stated: int, read_rows: int, *, done: bool) -> None:
-    """Refuse a row group read past the rows it states, or ending short of them (``done``)."""
-    if read_rows > stated or (done and read_rows != stated):
-        raise QueryError(
-            f"cannot read a data file of the table: its row group {index} states {stated} rows, its pages held "
-            f"{'more' if read_rows > stated else read_rows}"
-        )
+    index, offset = -1, 0
+    for group, batch in group_batches(fragment, groups, columns, rows):
+        offset = offset if group == index else 0
+        index, end = group, offset + batch.num_rows
+        yield group, offset, pa.Table.from_batches([batch]), end == metadata.row_group(group).num_rows
+        offset = end
 
 
 def direct_projection(read: ReadSpec, physical_schema: pa.Schema) -> DirectProjection | None:

@@ -22,11 +22,14 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
 from sqe.credentials import CredentialSet, StoragePolicy
 from sqe.credentials.fileio import ScopedFileIO
+from sqe.errors import QueryError
 from sqe.execution.cache import FRAGMENTS, clear_process_caches, configure_process_caches, parquet_fragment
 from sqe.execution.cached_files import cached_file_key, kept_whole
 from sqe.execution.decoded_cache import DECODED, DEFAULT_DECODED_BYTES, DecodedColumnCache
 from sqe.execution.local import DirectProjection
 from sqe.execution.row_filter import compile_row_filter
+from tests.unit.sqe.execution.test_row_group_rows import restated_counts
+from tests.unit.sqe.iceberg_local import numbers_batch
 
 FORMAT = ds.ParquetFileFormat(pre_buffer=True, buffer_size=8 << 20)
 FILE = ("s3://b/t/data/f.parquet", 1000, "identity-a")
@@ -430,3 +433,31 @@ def test_a_row_group_read_in_slices_of_one_decoded_buffer_weighs_that_buffer_onc
     assert pa.Table.from_batches(read(direct, fragment, size, batch_bytes=8192 * 8)).equals(
         scanner_rows(fragment, ("id",))
     )
+
+
+@pytest.mark.parametrize("decoded", [True, False], ids=["decoded-cache", "no-decoded-cache"])
+def test_a_row_group_short_of_its_stated_rows_read_by_ranges_is_refused_and_nothing_of_it_is_kept(
+    tmp_path: Path, decoded: bool
+) -> None:
+    # Two row groups of 1,000 rows whose footer says 1,005 and 995 (every count agreeing: 2,000). Before, read in
+    # ranges: with the cache, the scanner's batches were cut at the stated counts, so group 0 was completed with
+    # the first 5 rows of group 1 and kept before the read was refused; the next scan took that entry (1,005 rows,
+    # as stated) and read group 1's 995, without error: ids 1000-1004 twice, 1995-1999 never. Without the cache
+    # the scanner read 1,995 rows, without error.
+    buffer = pa.BufferOutputStream()
+    pq.write_table(numbers_batch(0, 2000), buffer, row_group_size=1000)
+    data = restated_counts(buffer.getvalue().to_pybytes(), 1000, {0: 1005, 1: 995})
+    path = tmp_path / "short.parquet"
+    path.write_bytes(data)
+    size = len(data)
+    configure_process_caches(data_bytes=8 * size, manifest_bytes=8 << 20, decoded_bytes=(64 << 20) if decoded else 0)
+    fragment = parquet_fragment(scoped_io(tmp_path, "AKIA-ALICE"), f"file://{path}", size, FORMAT)
+    assert not kept_whole(size) and cached_file_key(fragment) is not None
+    direct = projection(fragment, ("id", "name"))
+    for _ in range(2):
+        with pytest.raises(QueryError) as raised:
+            read(direct, fragment, size)
+        assert len(DECODED) == 0  # nothing of a refused read is kept
+        assert str(raised.value) == (
+            "cannot read a data file of the table: its row group 0 states 1005 rows, its pages held 1000"
+        )
