@@ -25,6 +25,7 @@ SQEError
 │   ├── ManifestLimitError            a manifest list or manifest past a read limit (sqe.planning.avro_limits)
 │   ├── DeleteFileLimitError          a position delete file or deletion vector past a read limit (delete_limits)
 │   ├── QueryResourceError            the query needs more memory or spill space than its database may take
+│   ├── DataFileError                 a data file yielding other rows than its footer or manifest entry states
 │   └── UnsupportedViewDialectError   a view with no SQL representation SQE can run
 └── WorkerError                       distributed execution failures
 """
@@ -138,6 +139,12 @@ class DeleteFileLimitError(QueryError):
 class QueryResourceError(QueryError):
     """DuckDB ran out of the memory or spill space its database may take (``sqe serve``: ``[server]
     engine_memory_bytes`` / ``engine_spill_bytes``): the same query fails again under the same limits."""
+
+
+class DataFileError(QueryError):
+    """A table's Parquet data file whose footer disagrees with itself or with its manifest entry, or whose row
+    group yields other rows than it states (``sqe.execution.file_rows``). The table's own file: no retry, on this
+    worker or another, changes that."""
 
 
 class ExternalAccessError(QueryError):

@@ -25,6 +25,7 @@ from sqe.distributed.protocol.errors import (
     KIND_BUSY,
     KIND_CANCELLED,
     KIND_CREDENTIAL_EXPIRED,
+    KIND_DATA_FILE,
     KIND_DUPLICATE_FRAGMENT,
     KIND_INTERNAL,
     KIND_INVALID_TICKET,
@@ -41,7 +42,7 @@ from sqe.distributed.protocol.errors import (
 from sqe.distributed.protocol.ipc import BatchFrame
 from sqe.distributed.protocol.rewrite import decode_rewrite_ticket
 from sqe.distributed.protocol.ticket import WireTableId, credentials_from_proto, decode_ticket
-from sqe.errors import CredentialError, CredentialExpiredError, RestrictionError
+from sqe.errors import CredentialError, CredentialExpiredError, DataFileError, RestrictionError
 from sqe.execution.local import LocalExecutor, QueryCancelledError
 from workers.environment import ambient_credentials_disabled
 from workers.fileio import FragmentFileIO, OpenCallback
@@ -299,6 +300,7 @@ _SIMPLE_FAILURES: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] =
     (CredentialExpiredError, grpc.StatusCode.FAILED_PRECONDITION, KIND_CREDENTIAL_EXPIRED),
     (CredentialError, grpc.StatusCode.FAILED_PRECONDITION, KIND_NO_CREDENTIALS),
     (RestrictionError, grpc.StatusCode.FAILED_PRECONDITION, KIND_RESTRICTION),
+    (DataFileError, grpc.StatusCode.FAILED_PRECONDITION, KIND_DATA_FILE),  # its message: counts, no values
 )
 
 

@@ -6,7 +6,7 @@ pyarrow reads no more rows than a row group's footer states, and no more than it
 file (the direct scan, the decoded-column cache's decoders, the Iceberg projection of files with deletes or
 evolved columns, OPTIMIZE's rewrite) first holds the footer to itself and to the manifest entry
 (:func:`check_file_rows`), then counts the rows each row group yields (:func:`group_batches`): a file that
-disagrees fails the query with ``QueryError``. Counting costs one comparison a batch.
+disagrees fails the query with ``DataFileError`` (a ``QueryError``). Counting costs one comparison a batch.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from sqe.errors import QueryError
+from sqe.errors import DataFileError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -35,9 +35,10 @@ def check_file_rows(metadata: pq.FileMetaData, record_count: int | None) -> None
     check_row_group_rows(metadata)
     stated = sum(metadata.row_group(index).num_rows for index in range(metadata.num_row_groups))
     if metadata.num_rows != stated:
-        raise QueryError(f"{_REFUSED}: its footer states {metadata.num_rows} rows, its row groups {stated}")
+        raise DataFileError(f"{_REFUSED}: its footer states {metadata.num_rows} rows, its row groups {stated}")
     if record_count is not None and record_count != metadata.num_rows:
-        raise QueryError(f"{_REFUSED}: its manifest entry states {record_count} rows, its footer {metadata.num_rows}")
+        footer = metadata.num_rows
+        raise DataFileError(f"{_REFUSED}: its manifest entry states {record_count} rows, its footer {footer}")
 
 
 def check_row_group_rows(metadata: pq.FileMetaData) -> None:
@@ -50,7 +51,7 @@ def check_row_group_rows(metadata: pq.FileMetaData) -> None:
         for column in flat:
             values = group.column(column).num_values
             if values != stated:
-                raise QueryError(
+                raise DataFileError(
                     f"{_REFUSED}: its row group {index} states {stated} rows, its column chunk {column} {values} values"
                 )
 
@@ -58,7 +59,7 @@ def check_row_group_rows(metadata: pq.FileMetaData) -> None:
 def check_group_rows(index: int, stated: int, read_rows: int, *, done: bool) -> None:
     """Refuse a row group read past the rows it states, or ending short of them (``done``)."""
     if read_rows > stated or (done and read_rows != stated):
-        raise QueryError(
+        raise DataFileError(
             f"{_REFUSED}: its row group {index} states {stated} rows, its pages held "
             f"{'more' if read_rows > stated else read_rows}"
         )

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.expressions import EqualTo
 
@@ -19,7 +20,7 @@ from sqe.catalog.rest import RestTableProvider
 from sqe.config import load_config
 from sqe.distributed.coordinator import DistributedOptions
 from sqe.distributed.protocol._proto import worker_pb2 as pb
-from sqe.errors import CompactionConflictError
+from sqe.errors import CompactionConflictError, DataFileError
 from sqe.session import Session
 from tests.conftest import write_sqe_config
 from tests.e2e.test_compaction import SCHEMA, fingerprint, small_files_table
@@ -148,3 +149,47 @@ def test_concurrent_append_survives_a_distributed_compaction(
         after = fingerprint(s, name)[0]
         assert after[0] == before[0] + 1 and after[1] == before[1] + 1000
         assert s.sql(f"SELECT name FROM {name} WHERE id = 1000").fetchall() == [("late",)]
+
+
+def _add_short_group_file(server: CatalogServer, table: Any) -> None:
+    """Add a file of two row groups of 1,000 rows whose footer says 1,005 and 995 (every count agreeing: 2,000):
+    pyarrow reads 1,000 of the first group and 995 of the second, without error."""
+    from tests.unit.sqe.execution.test_row_group_rows import restated_counts
+
+    moto = server.moto
+    ids = list(range(1000, 3000))
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": ids, "name": [f"n{v}" for v in ids]}, schema=SCHEMA), buffer, row_group_size=1000)
+    data = restated_counts(buffer.getvalue().to_pybytes(), 1000, {0: 1005, 1: 995})
+    bucket, _, prefix = table.location().removeprefix("s3://").partition("/")
+    key = f"{prefix}/data/short-groups.parquet"
+    moto.client("s3").put_object(Bucket=bucket, Key=key, Body=data)
+    table.add_files([f"s3://{bucket}/{key}"])
+
+
+def test_workers_refuse_a_row_group_short_of_its_stated_rows_in_scans_and_rewrites(
+    catalog_server: CatalogServer, engine_writer: CatalogPrincipal, worker_factory: WorkerPools, tmp_path: Path
+) -> None:
+    # Before: a worker's rewrite (pyiceberg's ArrowScan) read 1,995 of the file's 2,000 rows without error and the
+    # coordinator committed them (count(*) 2,006 before, 2,001 after). A worker's scan refused the file (its
+    # decoded-cache reader counts) but as "internal error (QueryError)", retried on every worker, then a
+    # WorkerError. Now the worker's reason reaches the query as a DataFileError, not retried.
+    pool = worker_factory.pool(2)
+    name, table = small_files_table(catalog_server, engine_writer, 3)
+    _add_short_group_file(catalog_server, table)
+    table.refresh()
+    snapshot = table.current_snapshot().snapshot_id
+    refused = "cannot read a data file of the table: its row group 0 states 1005 rows, its pages held 1000"
+    with session_on(pool, catalog_server, engine_writer, tmp_path) as s:
+        rewrites = sum(stats(w).rewrites_started for w in pool.workers)
+        with pytest.raises(DataFileError) as raised:
+            s.sql(f"OPTIMIZE {name} WITH (target_file_size = {TARGET})")
+        assert refused in str(raised.value)
+        assert sum(stats(w).rewrites_started for w in pool.workers) > rewrites  # rewritten by the workers
+        started = sum(stats(w).fragments_started for w in pool.workers)
+        with pytest.raises(DataFileError) as raised:
+            s.sql(f"SELECT sum(id) FROM {name} WHERE id >= 0").fetchall()
+        assert refused in str(raised.value)
+        assert sum(stats(w).fragments_started for w in pool.workers) > started  # read by the workers
+    table.refresh()
+    assert table.current_snapshot().snapshot_id == snapshot  # nothing committed

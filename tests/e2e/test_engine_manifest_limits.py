@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pyroaring import BitMap
 
-from sqe.errors import DeleteFileLimitError, ManifestLimitError, QueryError, SQEError
+from sqe.errors import DataFileError, DeleteFileLimitError, ManifestLimitError, QueryError, SQEError
 from sqe.execution.cache import clear_process_caches
 from tests.conftest import pyiceberg_catalog
 from tests.e2e.test_catalog_planning import swap_manifest
@@ -701,3 +701,35 @@ def test_the_engine_refuses_a_row_group_understating_its_rows(
     ):
         session.sql(f"SELECT sum(id) FROM {table}").fetchall()
     assert str(raised.value).endswith("its row group 0 states 1 rows, its column chunk 0 100 values"), raised.value
+
+
+def test_the_engine_refuses_a_row_group_whose_pages_hold_fewer_rows_read_without_the_range_cache(
+    catalog_server: CatalogServer, tmp_path: Path
+) -> None:
+    # Two row groups of 1,000 rows whose footer says 1,005 and 995 (every count agreeing with the manifest's 2,000).
+    # Before: without the range cache the dataset scanner read the file from the store, 1,995 rows, without error.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.unit.sqe.execution.test_row_group_rows import restated_counts
+
+    ns = f"mlim_{uuid.uuid4().hex[:6]}"
+    catalog = pyiceberg_catalog(catalog_server, catalog_server.admin)
+    catalog.create_namespace(ns)
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    table = catalog.create_table(f"{ns}.events", schema)
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": list(range(2000))}, schema=schema), buffer, row_group_size=1000)
+    data = restated_counts(buffer.getvalue().to_pybytes(), 1000, {0: 1005, 1: 995})
+    bucket, _, prefix = table.location().removeprefix("s3://").partition("/")
+    catalog_server.moto.client("s3").put_object(Bucket=bucket, Key=f"{prefix}/data/short.parquet", Body=data)
+    table.add_files([f"s3://{bucket}/{prefix}/data/short.parquet"])
+    clear_process_caches()
+    with (
+        session_for(tmp_path, catalog_server, catalog_server.admin, {"data_bytes": 0}) as session,
+        pytest.raises(DataFileError) as raised,
+    ):
+        session.sql(f"SELECT sum(id) FROM {ns}.events").fetchall()
+    assert str(raised.value) == (
+        "cannot read a data file of the table: its row group 0 states 1005 rows, its pages held 1000"
+    )

@@ -1,7 +1,8 @@
 """How the coordinator reads a failed ``Execute`` call: fatal for the query, retry elsewhere, or worker busy.
 
 Workers report a machine-readable kind in trailing metadata (``sqe.distributed.protocol.errors``); kinds that no
-other worker could fix (expired or missing credentials, restriction errors, bad tickets) fail the query.
+other worker could fix (expired or missing credentials, restriction errors, bad tickets, a data file that
+disagrees with its footer or manifest entry) fail the query.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqe.distributed.protocol.errors import (
     ERROR_KIND_KEY,
     KIND_BUSY,
     KIND_CREDENTIAL_EXPIRED,
+    KIND_DATA_FILE,
     KIND_DUPLICATE_FRAGMENT,
     KIND_INVALID_TICKET,
     KIND_MESSAGE_TOO_LARGE,
@@ -24,7 +26,14 @@ from sqe.distributed.protocol.errors import (
     KIND_READ_FAILED,
     KIND_RESTRICTION,
 )
-from sqe.errors import CredentialError, CredentialExpiredError, RestrictionError, SQEError, WorkerError
+from sqe.errors import (
+    CredentialError,
+    CredentialExpiredError,
+    DataFileError,
+    RestrictionError,
+    SQEError,
+    WorkerError,
+)
 
 _FATAL_KINDS: dict[str, type[SQEError]] = {
     KIND_CREDENTIAL_EXPIRED: CredentialExpiredError,
@@ -32,6 +41,7 @@ _FATAL_KINDS: dict[str, type[SQEError]] = {
     KIND_RESTRICTION: RestrictionError,
     KIND_INVALID_TICKET: WorkerError,
     KIND_MESSAGE_TOO_LARGE: WorkerError,
+    KIND_DATA_FILE: DataFileError,
 }
 MESSAGE_LIMIT = 300  # characters of a worker's message kept in the coordinator's errors
 

@@ -19,6 +19,7 @@ KIND_READ_FAILED = "read-failed"
 KIND_MESSAGE_TOO_LARGE = "message-too-large"
 KIND_BUSY = "busy"
 KIND_INTERNAL = "internal"
+KIND_DATA_FILE = "data-file"  # a data file disagreeing with its footer or manifest entry: no retry changes it
 KIND_OUTPUT_NOT_ALLOWED = "output-not-allowed"  # a rewrite tried to write a path its ticket does not name
 
 
