@@ -102,8 +102,10 @@ def filtered(batch: pa.RecordBatch, mask: str | None, schema: pa.Schema) -> pa.R
     """The batch's rows whose ``mask`` column (its last) is true, a null dropping the row as a scanner's filter
     does, as ``schema`` (its columns before the mask; a projected column loses its field's metadata)."""
     if mask is not None:
-        batch = batch.filter(batch.column(mask))
-    return pa.RecordBatch.from_arrays(batch.columns[: len(schema)], schema=schema)
+        batch = batch.filter(batch.column(mask)).drop_columns([mask])
+    if not schema:  # no column (a row count): built from no arrays, a batch would hold no rows
+        return batch.select([])
+    return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
 
 
 def scan_columns(

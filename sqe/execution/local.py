@@ -103,7 +103,6 @@ _read_deletes: Callable[..., dict[str, pa.ChunkedArray]] = _pyiceberg_arrow._rea
 DEFAULT_TARGET_BATCH_BYTES = 8 << 20
 _MIN_BATCH_ROWS = 8_192
 _MAX_BATCH_ROWS = 1 << 20
-_PARQUET = PARQUET  # what pyiceberg opens Parquet files with
 # pyarrow's Fragment.open() opens by path, which costs an object store a HEAD; the scanner opens with the manifest's
 # size. Opening by path is free on a local file system and on the range-cached one (pyarrow names a Python file
 # system "py::" + its handler's type name), which opens upstream only on a miss.
@@ -136,7 +135,7 @@ def _task_to_record_batches(
     fragment: ds.ParquetFileFragment | None = None
     if not positional_deletes and task.file.file_format == FileFormat.PARQUET:
         # The table's FileIO: per-file credentials; the manifest's size: no HEAD; a kept footer: no footer GET.
-        fragment = parquet_fragment(read.io, task.file.file_path, task.file.file_size_in_bytes, _PARQUET)
+        fragment = parquet_fragment(read.io, task.file.file_path, task.file.file_size_in_bytes, PARQUET)
         direct = _projection_for(read, fragment.physical_schema, projections)
         if direct is not None:
             check_file_rows(fragment.metadata, task.file.record_count)
@@ -462,7 +461,7 @@ class DirectProjection:
         it never joins row groups into one batch."""
         metadata = fragment.metadata
         columns = list(self.file_columns)
-        # Called only where opening by path sends no request. The options are the scanner's (_PARQUET's).
+        # Called only where opening by path sends no request. The options are the scanner's (PARQUET's).
         with fragment.open() as source:
             parquet = pq.ParquetFile(
                 source, metadata=metadata, pre_buffer=True, buffer_size=0, arrow_extensions_enabled=False

@@ -25,6 +25,7 @@ from pyiceberg.io.pyarrow import expression_to_pyarrow, pyarrow_to_schema, schem
 from pyiceberg.manifest import FileFormat
 from pyiceberg.schema import prune_columns
 from pyiceberg.types import ListType, MapType
+from pyiceberg.utils.concurrent import ExecutorFactory
 
 from sqe.execution.cache import parquet_fragment
 from sqe.execution.file_rows import check_file_rows, filtered, group_batches, scan_columns
@@ -167,8 +168,9 @@ def rewrite_rows(metadata: TableMetadata, io: FileIO, deletes_io: FileIO, tasks:
     projected = {
         field_id for field_id in schema.field_ids if not isinstance(schema.find_type(field_id), (MapType, ListType))
     }  # ArrowScan's projected field ids, for a filter that reads nothing
-    batches: list[pa.RecordBatch] = []
-    for task in tasks:
+    name_mapping, specs = metadata.name_mapping(), metadata.specs()
+
+    def task_batches(task: FileScanTask) -> list[pa.RecordBatch]:
         arguments = (
             io,
             task,
@@ -178,14 +180,16 @@ def rewrite_rows(metadata: TableMetadata, io: FileIO, deletes_io: FileIO, tasks:
             projected,
             deletes.get(task.file.file_path),
             True,
-            metadata.name_mapping(),
-            metadata.specs().get(task.file.spec_id),
+            name_mapping,
+            specs.get(task.file.spec_id),
             metadata.format_version,
         )
         if task.file.file_format == FileFormat.PARQUET:
-            batches.extend(parquet_task_batches(*arguments))
-        else:
-            batches.extend(_pyiceberg_arrow._task_to_record_batches(*arguments))
+            return list(parquet_task_batches(*arguments))
+        return list(_pyiceberg_arrow._task_to_record_batches(*arguments))
+
+    # Files read in parallel, in task order, on pyiceberg's executor (as ArrowScan reads them).
+    batches = [batch for read in ExecutorFactory.get_or_create().map(task_batches, tasks) for batch in read]
     if not batches:
         return schema_to_pyarrow(schema, include_field_ids=False).empty_table()
     # As ArrowScan: batches may differ in their string types (large or not), so tables are concatenated.
