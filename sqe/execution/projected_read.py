@@ -41,10 +41,10 @@ if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
     from pyiceberg.table.name_mapping import NameMapping
 
-# Private pyiceberg functions this reader calls, with their leading parameters (verified against pyiceberg 0.12).
+# Private pyiceberg functions this reader calls, with their leading parameters (verified against pyiceberg 0.12);
+# _get_column_projection_values's from its second on (the first is the data file).
 _PINNED: dict[str, tuple[str, ...]] = {
     "_get_column_projection_values": (
-        "file",
         "projected_schema",
         "table_schema",
         "partition_spec",
@@ -67,7 +67,8 @@ _PINNED: dict[str, tuple[str, ...]] = {
 def _pinned(name: str) -> Callable[..., Any]:
     fn = getattr(_pyiceberg_arrow, name, None)
     params = tuple(inspect.signature(fn).parameters) if fn is not None else ()
-    if fn is None or params[: len(_PINNED[name])] != _PINNED[name]:
+    first = 1 if name == "_get_column_projection_values" else 0
+    if fn is None or params[first : first + len(_PINNED[name])] != _PINNED[name]:
         raise ImportError(
             f"pyiceberg {pyiceberg.__version__} changed pyiceberg.io.pyarrow.{name}; "
             "SQE's counted reader supports pyiceberg 0.12"
