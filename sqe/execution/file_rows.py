@@ -84,9 +84,12 @@ def group_batches(
     parts = [fragment.subset(row_group_ids=[index]) for index in groups]
     dataset = ds.FileSystemDataset(parts, fragment.physical_schema, fragment.format, fragment.filesystem)
     scanner = ds.Scanner.from_dataset(dataset, columns=columns, batch_size=rows, use_threads=True)
+    order = {index: position for position, index in enumerate(groups)}
     position, read_rows = 0, 0
     for tagged in scanner.scan_batches():
         index = tagged.fragment.row_groups[0].id
+        if order.get(index, -1) < position:  # never seen: the scanner keeps file order
+            raise DataFileError(f"{_REFUSED}: its row group {index} was read out of order")
         while groups[position] != index:  # the scan moved on: the group it left is complete, or refused
             check_group_rows(groups[position], metadata.row_group(groups[position]).num_rows, read_rows, done=True)
             position, read_rows = position + 1, 0
