@@ -64,7 +64,9 @@ def decode_batch(data: bytes | memoryview, schema: pa.Schema) -> pa.RecordBatch:
         buffer = pa.py_buffer(bytes(data))  # a new bytes object's data is aligned
     try:
         batch = pa.ipc.read_record_batch(buffer, schema)
-    except (pa.ArrowException, EOFError) as exc:  # EOFError: a message cut short
+    # OSError: Arrow reports most malformed messages (a column's length not the batch's, a body or metadata
+    # length past the message) as IOError, which pyarrow raises as a plain OSError; EOFError: a message cut short.
+    except (pa.ArrowException, OSError, EOFError) as exc:
         raise InvalidBatchError(f"a batch message is not Arrow IPC of the stream's schema ({exc})") from None
     check_layout(batch)
     return batch

@@ -212,3 +212,15 @@ def test_nested_strings_are_checked_too() -> None:
 def test_bytes_that_are_no_batch_of_the_schema_are_refused_typed() -> None:
     with pytest.raises(InvalidBatchError, match="not Arrow IPC"):
         decode_batch(b"\x00" * 64, pa.schema([("s", pa.string())]))
+
+
+def test_a_batch_whose_column_is_not_the_batchs_length_is_refused_typed() -> None:
+    """Arrow reports this (and a length past the message) as an IOError, a plain OSError in Python: before, it
+    escaped decode_batch untyped, so the scan took it for a coordinator bug and failed the query instead of
+    retrying the fragment elsewhere."""
+    batch = pa.record_batch([pa.array([10, 20, 30], pa.int64())], names=["n"])
+    data = bytearray(batch.serialize().to_pybytes())
+    at = data.index(struct.pack("<q", 3))  # the batch's length in its metadata (the values are 10, 20, 30)
+    data[at : at + 8] = struct.pack("<q", 1000)
+    with pytest.raises(InvalidBatchError, match="not Arrow IPC"):
+        decode_batch(bytes(data), batch.schema)
