@@ -19,10 +19,13 @@ import grpc
 import pyarrow as pa
 import pytest
 
+from sqe.catalog.base import TableIdent
 from sqe.config import load_config
+from sqe.credentials import CredentialSet
 from sqe.distributed.coordinator.client import WorkerClient
 from sqe.distributed.coordinator.executor import CoordinatorStats
 from sqe.distributed.coordinator.push import CredentialPusher
+from sqe.distributed.coordinator.refresh import Holder, RefreshedSets
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol._proto import worker_pb2_grpc
 from sqe.distributed.protocol.ipc import decode_schema
@@ -90,6 +93,7 @@ class _MisbehavingWorker:
         self._service = WorkerService()
         self._mode = mode
         self.quoted: list[str] = []  # the secrets it quoted back
+        self._received: list[pb.CredentialSet] = []  # the first set of each push, in order
 
     def Execute(self, request: pb.ScanTicket, context: Any) -> Iterator[pb.ExecuteResponse]:
         if self._mode == "completes-at-once":  # "done", without a schema or a row
@@ -123,7 +127,10 @@ class _MisbehavingWorker:
                 yield again
 
     def RefreshCredentials(self, request: pb.RefreshRequest, context: Any) -> pb.RefreshResponse:
-        keys = request.credentials[0]
+        self._received.append(request.credentials[0])
+        # refuses-quoting-the-first: the keys it got first (a ticket's, an earlier push's), not the ones refused
+        keys = self._received[0] if self._mode == "refuses-quoting-the-first" else request.credentials[0]
+        self.quoted += [keys.secret_access_key, keys.session_token]
         return pb.RefreshResponse(accepted=False, reason=f"refusing {keys.secret_access_key} {keys.session_token}")
 
     def __getattr__(self, name: str) -> Any:  # Cancel, Health, Stats, Rewrite: as they are
@@ -201,6 +208,43 @@ def test_a_refusal_quoting_the_pushed_keys_is_logged_without_them(
     assert stats.pushes_refused == 1
     assert "refused pushed credentials: refusing [redacted] [redacted]" in caplog.text
     assert pushed.secret_access_key not in caplog.text and pushed.session_token not in caplog.text
+
+
+def test_a_refusal_quoting_keys_the_worker_got_before_is_logged_without_them(
+    reader_config: Path,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two refreshes push two new sets; the worker refuses the second quoting the first. Before, a refusal was
+    scrubbed of the keys it refused only, so the first push's secret and token reached the coordinator's log (as
+    would a ticket's keys, quoted in a refusal of the first push)."""
+    worker = _MisbehavingWorker("refuses-quoting-the-first")
+    server, address = _serve(worker, worker_factory.token)
+    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
+    config = load_config(reader_config, env={}, overrides=overrides)
+    issued: list[CredentialSet] = []
+
+    def rotate() -> RefreshedSets:
+        n = len(issued)
+        issued.append(CredentialSet("s3://bucket/t", f"AKIAROT{n:04d}", f"secret-{n:04d}-x" * 3, f"token-{n:04d}" * 9))
+        return RefreshedSets((issued[-1],), None, "credentials-endpoint")
+
+    caplog.set_level(logging.DEBUG)
+    try:
+        with distributed_session(config) as session:
+            executor = session.distributed_executor
+            assert executor is not None
+            ident = TableIdent("wh", ("ns",), "t")
+            lease = executor.refresher.lease("client:u", ident, rotate().credentials, None, rotate)
+            executor.refresher.register(lease, Holder(address, "q", "q.f0"))
+            executor.refresher.refresh_now(lease)  # pushes the second set: refused, quoting it
+            executor.refresher.refresh_now(lease)  # pushes the third: refused, quoting the second
+    finally:
+        server.stop(grace=None)
+    assert executor.stats.pushes_refused == 2
+    assert worker.quoted == [issued[1].secret_access_key, issued[1].session_token] * 2  # it did quote them
+    assert caplog.text.count("refused pushed credentials: refusing [redacted] [redacted]") == 2
+    assert not [v for c in issued for v in (c.secret_access_key, c.session_token) if v and v in caplog.text]
 
 
 def test_a_worker_sending_more_rows_than_a_file_holds_never_gets_them_into_the_answer(

@@ -99,10 +99,12 @@ class TableCredentials:
     static: CredentialSet | None = field(repr=False)
 
     def secret_values(self) -> frozenset[str]:
-        """Every key id, secret and token a ticket or push of this table may carry now (to scrub, never to log)."""
-        current = self.lease.credentials if self.lease is not None else ()
+        """Every key id, secret and token a ticket or push of this table may have carried (to scrub, never to log):
+        with a lease, those of its recent generations too, as a running fragment's ticket or an earlier push may
+        hold keys a refresh has replaced since."""
+        held = self.lease.held_secrets() if self.lease is not None else frozenset()
         static = (self.static,) if self.static is not None else ()
-        return secret_values((*self.vended, *current, *static))
+        return secret_values((*self.vended, *static)) | held
 
     def for_fragment(self, fragment: Fragment, vended: Sequence[CredentialSet]) -> list[CredentialSet]:
         return self.for_tasks(fragment.tasks, vended)

@@ -108,6 +108,7 @@ class DistributedExecutor:
         self.stats = CoordinatorStats()
         self.pusher = CredentialPusher(self._by_address, self.stats, self.options.rpc_timeout_seconds)
         self.refresher = CredentialRefresher(self.pusher.push, clock=clock)
+        self.pusher.held_secrets = self.refresher.held_secrets  # a refusal never quotes a ticket's or older keys
         self.ticket_observers: list[TicketObserver] = []  # test hook: every ticket actually sent
         self.push_observers: list[PushObserver] = self.pusher.observers  # test hook: every push actually sent
         self.batch_observers: list[BatchObserver] = []  # test hook: every batch handed to the consumer

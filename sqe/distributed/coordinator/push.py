@@ -56,6 +56,9 @@ class CredentialPusher:
         self._clients = clients
         self._stats = stats
         self._timeout = rpc_timeout_seconds
+        # The keys a table's fragments may hold (their tickets', earlier pushes'): set by the executor to its
+        # refresher's; a refusal is scrubbed of them as well as of the keys it refuses.
+        self.held_secrets: Callable[[TableIdent], frozenset[str]] = _nothing_held
         self.observers: list[PushObserver] = []  # test hook: every RefreshRequest actually sent
 
     def push(self, ident: TableIdent, holders: Sequence[Holder], credentials: Sequence[CredentialSet]) -> None:
@@ -68,9 +71,10 @@ class CredentialPusher:
             for worker, query_id in targets
         ]
         # In parallel: a hung worker must not hold back the push to the healthy ones until its RPC times out.
+        held = self.held_secrets(ident)
         with ThreadPoolExecutor(max_workers=len(requests_by_worker) or 1, thread_name_prefix="sqe-push") as pool:
             for worker, request in requests_by_worker:
-                pool.submit(self.send, worker, request)
+                pool.submit(self.send, worker, request, held)
 
     def push_to_fragment(self, holder: Holder, ident: TableIdent, credentials: Sequence[CredentialSet]) -> None:
         """A catch-up push to one fragment whose ticket was built just before a refresh."""
@@ -80,10 +84,11 @@ class CredentialPusher:
             table=wire_table_id(ident).to_proto(),
             credentials=[credentials_to_proto(c) for c in credentials],
         )
-        self.send(holder.worker, request)
+        self.send(holder.worker, request, self.held_secrets(ident))
 
-    def send(self, worker: str, request: pb.RefreshRequest) -> None:
-        """One push (observers see it once, however many times it is sent); errors are logged, never raised."""
+    def send(self, worker: str, request: pb.RefreshRequest, held: frozenset[str] = frozenset()) -> None:
+        """One push (observers see it once, however many times it is sent); errors are logged, never raised.
+        ``held``: other keys the worker may hold for the table, scrubbed from a refusal too."""
         for observer in self.observers:
             observer(worker, request)
         try:
@@ -95,8 +100,9 @@ class CredentialPusher:
         self._stats.add(pushes_sent=1)
         if response.accepted:
             return
-        # The reason is the worker's text: it never repeats the keys just pushed nor the token, whatever it says.
-        sent = secret_values(request.credentials) | self._clients[worker].secret_values()
+        # The reason is the worker's text: it never repeats the keys just pushed, those it held before (its ticket's,
+        # earlier pushes') nor the token, whatever it says.
+        sent = secret_values(request.credentials) | held | self._clients[worker].secret_values()
         reason = worker_text(response.reason, sent)
         if NOTHING_RUNNING in reason:  # the fragments ended (or have not started) there: nothing to update
             log.debug("worker %s had no fragment for pushed credentials: %s", worker, reason)
@@ -122,3 +128,7 @@ class CredentialPusher:
         client = self._clients[worker]
         response: pb.RefreshResponse = retrying(client.refresh, request, timeout=self._timeout)
         return response
+
+
+def _nothing_held(ident: TableIdent) -> frozenset[str]:
+    return frozenset()

@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 LEAD_FRACTION = 0.25
 MIN_LEAD_SECONDS = 0.2
 MAX_LEAD_SECONDS = 60.0
+# Generations whose keys a lease remembers for scrubbing worker text: far more refreshes than one fragment lives
+# through (each is at least MIN_LEAD_SECONDS apart; a one-hour set refreshes hourly), yet bounded for a lease
+# that lives as long as the server.
+HELD_GENERATIONS = 64
 
 
 @dataclass(frozen=True)
@@ -134,10 +138,22 @@ class TableLease:
     # on with other keys (the [storage] pair) on a later ticket, as on the local path (ScopedFileIO).
     dropped_prefixes: tuple[str, ...] = ()
     stats: LeaseStats = field(init=False)
+    # The key ids, secrets and tokens of the lease's last HELD_GENERATIONS generations, newest last (never logged):
+    # a running fragment may hold any of them (its ticket's, every push since), so a worker's text is scrubbed of all.
+    _held: tuple[frozenset[str], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.stats = LeaseStats()
         self.stats.saw_keys(self.credentials)
+        self._held = (_secrets_of(self.credentials),)
+
+    def held(self, credentials: Sequence[CredentialSet]) -> None:
+        """Remember ``credentials`` (the lease's new current sets) among the keys its fragments may hold."""
+        self._held = (*self._held, _secrets_of(credentials))[-HELD_GENERATIONS:]
+
+    def held_secrets(self) -> frozenset[str]:
+        """Every key id, secret and token of the lease's recent generations (to scrub, never to log)."""
+        return frozenset().union(*self._held)
 
     def __repr__(self) -> str:
         state = f"stopped: {self.stopped}" if self.stopped else "active"
@@ -210,6 +226,12 @@ class CredentialRefresher:
     def current(self, lease: TableLease) -> tuple[tuple[CredentialSet, ...], int]:
         with self._cond:
             return lease.credentials, lease.generation
+
+    def held_secrets(self, ident: TableIdent) -> frozenset[str]:
+        """The keys every lease of ``ident`` (any user) held lately: what a push's refusal is scrubbed of."""
+        with self._cond:
+            leases = [lease for (_, leased), lease in self._leases.items() if leased == ident]
+        return frozenset().union(*(lease.held_secrets() for lease in leases))
 
     def leases(self) -> list[TableLease]:
         with self._cond:
@@ -316,6 +338,7 @@ class CredentialRefresher:
         lease.credentials, lease.usable_until, lease.obtained_at = credentials, usable_until, now
         lease.generation += 1
         lease.stats.saw_keys(credentials)
+        lease.held(credentials)
 
     def _stop(self, lease: TableLease, reason: str) -> None:
         with self._cond:
@@ -327,6 +350,10 @@ class CredentialRefresher:
             short_identity(lease.user),
             reason,
         )
+
+
+def _secrets_of(credentials: Sequence[CredentialSet]) -> frozenset[str]:
+    return frozenset(v for c in credentials for v in (c.access_key_id, c.secret_access_key, c.session_token) if v)
 
 
 def _remember_dropped(lease: TableLease, fresh: Sequence[CredentialSet]) -> None:

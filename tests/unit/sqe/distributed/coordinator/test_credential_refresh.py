@@ -12,6 +12,7 @@ import pytest
 from sqe._counters import Counters
 from sqe.catalog.base import TableIdent
 from sqe.credentials import CredentialSet, usable_until
+from sqe.distributed.coordinator.credentials import TableCredentials
 from sqe.distributed.coordinator.refresh import (
     CredentialRefresher,
     Holder,
@@ -231,3 +232,37 @@ def test_a_later_query_with_newer_credentials_restarts_a_stopped_lease() -> None
     clock.now += 2000
     again = leased(refresher, catalog)
     assert again is lease and lease.stopped is None and lease.generation == 1
+
+
+class RotatingCatalog:
+    """Vends a new key, secret and token on every load (generation ``n``: ``AKIAROT000n``, ...)."""
+
+    def __init__(self) -> None:
+        self.issued: list[CredentialSet] = []
+
+    def load(self) -> RefreshedSets:
+        n = len(self.issued)
+        key = CredentialSet(PREFIX, f"AKIAROT{n:04d}", f"rotating-secret-{n:04d}", f"rotating-token-{n:04d}", None)
+        self.issued.append(key)
+        return RefreshedSets((key,), None, "credentials-endpoint")
+
+    def secrets(self) -> set[str]:
+        return {v for c in self.issued for v in (c.access_key_id, c.secret_access_key, c.session_token) if v}
+
+
+def test_the_keys_scrubbed_from_a_worker_are_those_of_every_recent_generation() -> None:
+    """A running fragment holds its ticket's keys and every set pushed to it since. Before, a table's keys to scrub
+    were its lease's current set only: a rewrite's worker quoting its ticket after one refresh (a rewrite's ticket
+    is not scrubbed separately), a scan's after two, or a refusal quoting an earlier push had them repeated in the
+    coordinator's errors and log."""
+    refresher = CredentialRefresher(Pushes(), background=False)
+    catalog = RotatingCatalog()
+    lease = refresher.lease("client:u", IDENT, catalog.load().credentials, None, catalog.load)
+    refresher.register(lease, Holder("127.0.0.1:1", "q", "q.f0"))
+    refresher.refresh_now(lease)
+    refresher.refresh_now(lease)
+    assert lease.generation == 2 and len(catalog.issued) == 3
+    table = TableCredentials(IDENT, lease, (), None)
+    assert catalog.secrets() <= table.secret_values()
+    assert catalog.secrets() <= refresher.held_secrets(IDENT)  # what a push's refusal is scrubbed of
+    assert refresher.held_secrets(TableIdent("wh", ("ns",), "other")) == frozenset()
