@@ -28,7 +28,7 @@ from sqe.distributed.coordinator.push import CredentialPusher
 from sqe.distributed.coordinator.refresh import Holder, RefreshedSets
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol._proto import worker_pb2_grpc
-from sqe.distributed.protocol.ipc import decode_schema
+from sqe.distributed.protocol.ipc import decode_schema, encode_schema
 from sqe.errors import WorkerError
 from tests.conftest import WorkerFactory
 from tests.e2e.test_distributed import (
@@ -103,6 +103,12 @@ class _MisbehavingWorker:
             keys = request.credentials[0]
             self.quoted += [keys.secret_access_key, keys.session_token]
             context.abort(grpc.StatusCode.INTERNAL, f"cannot read {keys.secret_access_key} {keys.session_token}")
+        secret = request.credentials[0].secret_access_key if request.credentials else ""
+        if self._mode == "names-its-partial-schema-after-its-keys" and request.HasField("partial_aggregate"):
+            self.quoted.append(secret)
+            named = pa.schema([pa.field(secret, pa.int64())])
+            yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(named), row_positions=False))
+            return
         schema = pa.schema([])
         for message in self._service.Execute(request, context):
             response = (
@@ -111,6 +117,9 @@ class _MisbehavingWorker:
             kind = response.WhichOneof("payload")
             if kind == "schema":
                 schema = decode_schema(response.schema.ipc)
+            if self._mode == "types-a-column-with-its-keys" and kind in ("schema", "batch"):
+                self.quoted.append(secret)
+                _type_first_column_with(response, schema, secret)
             if self._mode == "crosses-offsets" and kind == "batch":
                 response.batch.ipc = _note_offsets_crossed(response.batch.ipc, schema)
             if self._mode == "sends-rows-twice" and kind == "complete":  # consistent with what it sent
@@ -135,6 +144,17 @@ class _MisbehavingWorker:
 
     def __getattr__(self, name: str) -> Any:  # Cancel, Health, Stats, Rewrite: as they are
         return getattr(self._service, name)
+
+
+def _type_first_column_with(response: pb.ExecuteResponse, schema: pa.Schema, name: str) -> None:
+    """The schema or batch message with its first column a struct whose one field is called ``name``."""
+    field = pa.field(schema.field(0).name, pa.struct([pa.field(name, pa.int64())]))
+    if response.WhichOneof("payload") == "schema":
+        response.schema.ipc = encode_schema(schema.set(0, field))
+        return
+    batch = pa.ipc.read_record_batch(pa.py_buffer(response.batch.ipc), schema)
+    column = pa.array([{name: 1}] * batch.num_rows, field.type)
+    response.batch.ipc = batch.set_column(0, field, column).serialize().to_pybytes()
 
 
 def _note_offsets_crossed(ipc: bytes, schema: pa.Schema) -> bytes:
@@ -328,3 +348,38 @@ def test_an_aggregate_without_group_by_needs_exactly_one_partial_row_per_fragmen
     assert log.tickets and all(t.HasField("partial_aggregate") for _, t in log.tickets)  # aggregated on workers
     assert got is None
     assert "0 partial rows for an aggregate of one" in str(failed.value)
+
+
+@pytest.mark.parametrize(
+    ("mode", "query"),
+    [
+        ("names-its-partial-schema-after-its-keys", "SELECT count(*) FROM {ns}.events WHERE id >= 0"),
+        ("types-a-column-with-its-keys", "SELECT id FROM {ns}.events"),
+    ],
+)
+def test_a_worker_putting_its_keys_into_its_schema_never_gets_them_into_errors_or_logs(
+    mode: str,
+    query: str,
+    reader_config: Path,  # noqa: F811
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker's schema is its text too: the names of a partial-aggregate schema that is not the expected one
+    were repeated in the query's error, and a column of a type that does not convert failed the query with Arrow's
+    message naming that type, a struct field called after the ticket's secret included."""
+    caplog.set_level(logging.DEBUG)
+    worker = _MisbehavingWorker(mode)
+    server, address = _serve(worker, worker_factory.token)
+    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
+    config = load_config(reader_config, env={}, overrides=overrides)
+    try:
+        with distributed_session(config) as session, pytest.raises(WorkerError) as failed:
+            log = TicketLog().attach(session)
+            session.sql(query.format(ns=tables.namespace)).fetchall()
+    finally:
+        server.stop(grace=None)
+    secrets = log.secrets()
+    assert worker.quoted and set(worker.quoted) <= secrets  # it did put them into its schema
+    text = f"{failed.value}\n{caplog.text}"
+    assert not [s for s in secrets if s in text]

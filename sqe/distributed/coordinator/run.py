@@ -40,7 +40,7 @@ from sqe.credentials import StorageSettings
 from sqe.distributed.coordinator.client import WorkerClient
 from sqe.distributed.coordinator.credentials import TableCredentials, wire_table_id
 from sqe.distributed.coordinator.external import ExternalScanPlan
-from sqe.distributed.coordinator.failures import AttemptFailure, classify_rpc_error, secret_values
+from sqe.distributed.coordinator.failures import AttemptFailure, classify_rpc_error, secret_values, worker_text
 from sqe.distributed.coordinator.fragments import Fragment, plan_fragments
 from sqe.distributed.coordinator.job import ScanJob
 from sqe.distributed.coordinator.refresh import Holder
@@ -311,10 +311,11 @@ class ScanRun:
             return classify_rpc_error(exc, client.address, attempt.fragment_id, attempt.timed_out, secrets)
         except (_StreamBroken, InvalidBatchError) as exc:  # nothing of the bad message was forwarded
             attempt.call.cancel()
-            return AttemptFailure(f"{where}: {exc}")
+            return AttemptFailure(self._worker_said(client, ticket, f"{where}: {exc}"))
         except (_WrongPartialSchema, _CannotResume) as exc:
             attempt.call.cancel()
-            return AttemptFailure(f"{where}: {exc}", fatal=WorkerError(f"{where}: {exc}"))
+            message = self._worker_said(client, ticket, f"{where}: {exc}")
+            return AttemptFailure(message, fatal=WorkerError(message))
         if complete is None:
             return AttemptFailure(f"{where}: stream ended early")
         if complete.rows != attempt.rows_received:
@@ -326,6 +327,11 @@ class ScanRun:
             # fragment from the merged answer, two would count it twice.
             return AttemptFailure(f"{where}: {counted(attempt.rows_received, 'partial row')} for an aggregate of one")
         return self._check_repeatable(state, attempt, where)
+
+    def _worker_said(self, client: WorkerClient, ticket: pb.ScanTicket, text: str) -> str:
+        """A failure's text that quotes what the worker sent (its schema's names and types, Arrow's message about
+        its batch), as errors and logs repeat it: scrubbed like the worker's own error text."""
+        return worker_text(text, self._secrets_sent(client, ticket))
 
     def _secrets_sent(self, client: WorkerClient, ticket: pb.ScanTicket) -> frozenset[str]:
         """What this worker was given and must not quote back: the ticket's keys, the table's current (pushed)
@@ -617,4 +623,8 @@ def conform_worker_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordB
         if missing:
             raise QueryError(f"a worker returned batches without the column(s) {', '.join(missing)}")
         batch = batch.select(schema.names)
-    return conform_batch(batch, schema)
+    try:
+        return conform_batch(batch, schema)
+    except (pa.ArrowException, ValueError):
+        # Arrow's message names the worker's types, and with them any struct field name it chose: not repeated.
+        raise InvalidBatchError("a worker's batch does not convert to the scan's schema") from None
