@@ -224,3 +224,17 @@ def test_a_batch_whose_column_is_not_the_batchs_length_is_refused_typed() -> Non
     data[at : at + 8] = struct.pack("<q", 1000)
     with pytest.raises(InvalidBatchError, match="not Arrow IPC"):
         decode_batch(bytes(data), batch.schema)
+
+
+@pytest.mark.parametrize("kind", [pa.string_view(), pa.binary_view()])
+def test_a_view_naming_a_data_buffer_the_batch_lacks_is_refused_typed(kind: pa.DataType) -> None:
+    """Arrow's full validation reports it as an ArrowIndexError: before, that escaped decode_batch untyped (the
+    query failed as a coordinator error instead of the fragment being retried)."""
+    value = "a-value-longer-than-twelve-bytes"
+    batch = pa.record_batch([pa.array([value], kind)], names=["v"])
+    data = bytearray(batch.serialize().to_pybytes())
+    view = struct.pack("<i4si", len(value), value[:4].encode(), 0)  # length, prefix, data buffer 0
+    at = data.index(view)
+    data[at : at + len(view)] = struct.pack("<i4si", len(value), value[:4].encode(), 7)  # buffer 7 of 1
+    with pytest.raises(InvalidBatchError, match="do not hold its values"):
+        decode_batch(bytes(data), batch.schema)
