@@ -50,7 +50,11 @@ def encode_schema(schema: pa.Schema) -> bytes:
 
 
 def decode_schema(data: bytes) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(data))
+    """The schema of one IPC schema message; InvalidBatchError if it is none (a broken stream, as for a batch)."""
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(data))
+    except (pa.ArrowException, OSError, EOFError) as exc:
+        raise InvalidBatchError(f"a schema message is not an Arrow IPC schema ({exc})") from None
 
 
 ALIGNMENT = 8  # bytes: Arrow's buffer alignment

@@ -18,6 +18,7 @@ from sqe.distributed.protocol.ipc import (
     _varint,
     batch_frames,
     decode_batch,
+    decode_schema,
     encode_batch,
     parse_execute_response,
     plain_offsets,
@@ -238,3 +239,11 @@ def test_a_view_naming_a_data_buffer_the_batch_lacks_is_refused_typed(kind: pa.D
     data[at : at + len(view)] = struct.pack("<i4si", len(value), value[:4].encode(), 7)  # buffer 7 of 1
     with pytest.raises(InvalidBatchError, match="do not hold its values"):
         decode_batch(bytes(data), batch.schema)
+
+
+@pytest.mark.parametrize("data", [b"", b"garbage", b"\x00" * 64])
+def test_bytes_that_are_no_schema_are_refused_typed(data: bytes) -> None:
+    """Before, Arrow's error escaped decode_schema untyped: the query failed as a coordinator error instead of the
+    fragment being retried, as for a bad batch."""
+    with pytest.raises(InvalidBatchError, match="not an Arrow IPC schema"):
+        decode_schema(data)
