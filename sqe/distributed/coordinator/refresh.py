@@ -42,8 +42,8 @@ LEAD_FRACTION = 0.25
 MIN_LEAD_SECONDS = 0.2
 MAX_LEAD_SECONDS = 60.0
 # Generations whose keys a lease remembers for scrubbing worker text: far more refreshes than one fragment lives
-# through (each is at least MIN_LEAD_SECONDS apart; a one-hour set refreshes hourly), yet bounded for a lease
-# that lives as long as the server.
+# through with any real credential lifetime (a one-hour set refreshes about hourly), yet bounded for a lease that
+# lives as long as the server.
 HELD_GENERATIONS = 64
 
 
