@@ -205,3 +205,40 @@ def test_each_engine_takes_its_share_of_the_machine_unless_the_limits_are_set(tm
     assert 0 < limits.spill_bytes <= free // 2 // 8 * 1.01
     body = "engine_memory_bytes = 33554432\nengine_threads = 3\nengine_spill_bytes = 0\n"
     assert engine_limits(load_server_config(_write(tmp_path, body), env={})) == DatabaseLimits(32 << 20, 3, 0)
+
+
+def _group(root: Path, path: str, file: str, value: str) -> None:
+    (root / path).mkdir(parents=True, exist_ok=True)
+    (root / path / file).write_text(value + "\n", encoding="ascii")
+
+
+def test_a_memory_limit_of_the_processs_own_control_group_or_its_parents_counts(tmp_path: Path) -> None:
+    """Found by review: only the hierarchy's root was read (``/sys/fs/cgroup/memory.max``), which is the process's
+    own group only in a container with its own cgroup namespace. A server run as a systemd unit with
+    ``MemoryMax=2G`` on a big machine (its group ``/system.slice/sqe.service``) got engines sized for the whole
+    machine's memory, together far past its limit. Real files laid out as cgroup v2 and v1 mount them."""
+    from sqe.server.sessions import cgroup_memory_limit
+
+    v2 = tmp_path / "v2"
+    _group(v2, "", "cgroup.controllers", "memory")  # the root group has no memory.max
+    _group(v2, "system.slice", "memory.max", "max")
+    _group(v2, "system.slice/sqe.service", "memory.max", str(2 << 30))
+    assert cgroup_memory_limit("0::/system.slice/sqe.service\n", v2) == 2 << 30
+    _group(v2, "system.slice", "memory.max", str(1 << 30))  # a parent's lower limit holds its children too
+    assert cgroup_memory_limit("0::/system.slice/sqe.service\n", v2) == 1 << 30
+    assert cgroup_memory_limit("0::/user.slice\n", v2) is None, "no group on the way limits it"
+
+    v1 = tmp_path / "v1"
+    unlimited = "9223372036854771712"
+    _group(v1 / "memory", "", "memory.limit_in_bytes", unlimited)
+    _group(v1 / "memory", "docker/abc", "memory.limit_in_bytes", str(512 << 20))
+    membership = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/docker/abc\n"
+    assert cgroup_memory_limit(membership, v1) == 512 << 20
+    assert cgroup_memory_limit("4:memory:/\n", v1) == int(unlimited)
+
+    # a group outside the process's namespace (shown as /../..) never leads outside the mount
+    _group(tmp_path, "escape", "memory.max", "1")
+    assert cgroup_memory_limit("0::/../escape\n", v2) is None
+    _group(v2, "bad", "memory.max", "lots")  # unreadable as a number: passed over
+    assert cgroup_memory_limit("0::/bad\n", v2) is None
+    assert cgroup_memory_limit("", tmp_path / "absent") is None
