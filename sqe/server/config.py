@@ -116,15 +116,23 @@ def _validate(s: ServerConfig, o: Origins) -> None:
 
 
 MIN_ENGINE_MEMORY_BYTES = 16 << 20  # DuckDB's own structures take a few MiB before any row
+# Past these DuckDB fails every engine's opening (a byte count past 64 bits: a parse error), or hangs in it
+# (100000 threads) or aborts the whole process (2**63 - 1 threads: C++'s length_error): a typo must stop the start.
+MAX_ENGINE_BYTES = 2**63 - 1
+MAX_ENGINE_THREADS = 1024
 
 
 def _check_engine_limits(s: ServerConfig, o: Origins) -> None:
     if s.engine_memory_bytes is not None and s.engine_memory_bytes < MIN_ENGINE_MEMORY_BYTES:
         o.fail(f"{SECTION}.engine_memory_bytes", f"must be at least {MIN_ENGINE_MEMORY_BYTES} (16 MiB)")
-    if s.engine_threads is not None and s.engine_threads < 1:
-        o.fail(f"{SECTION}.engine_threads", "must be at least 1")
+    if s.engine_threads is not None and not 1 <= s.engine_threads <= MAX_ENGINE_THREADS:
+        o.fail(f"{SECTION}.engine_threads", f"must be at least 1 and at most {MAX_ENGINE_THREADS}")
     if s.engine_spill_bytes is not None and s.engine_spill_bytes < 0:
         o.fail(f"{SECTION}.engine_spill_bytes", "must not be negative (0: an engine never spills)")
+    for key in ("engine_memory_bytes", "engine_spill_bytes"):
+        value = getattr(s, key)
+        if value is not None and value > MAX_ENGINE_BYTES:
+            o.fail(f"{SECTION}.{key}", f"must be at most {MAX_ENGINE_BYTES} (2**63 - 1)")
 
 
 # ---------------------------------------------------------------------------------------------- loading

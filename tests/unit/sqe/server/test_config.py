@@ -130,7 +130,7 @@ def test_variables_of_other_loaders_are_left_alone(tmp_path: Path) -> None:
         (
             "",
             {"SQE_SERVER_ENGINE_THREADS": "0"},
-            "server.engine_threads (set by SQE_SERVER_ENGINE_THREADS): must be at least 1",
+            "server.engine_threads (set by SQE_SERVER_ENGINE_THREADS): must be at least 1 and at most 1024",
         ),
         ("engine_spill_bytes = -1\n", {}, "server.engine_spill_bytes: must not be negative"),
     ],
@@ -242,3 +242,33 @@ def test_a_memory_limit_of_the_processs_own_control_group_or_its_parents_counts(
     _group(v2, "bad", "memory.max", "lots")  # unreadable as a number: passed over
     assert cgroup_memory_limit("0::/bad\n", v2) is None
     assert cgroup_memory_limit("", tmp_path / "absent") is None
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("engine_threads = 100000\n", "server.engine_threads: must be at least 1 and at most 1024"),
+        ("engine_threads = 9223372036854775807\n", "server.engine_threads: must be at least 1 and at most 1024"),
+        ("engine_memory_bytes = 18446744073709551621\n", "server.engine_memory_bytes: must be at most"),
+        ("engine_spill_bytes = 18446744073709551621\n", "server.engine_spill_bytes: must be at most"),
+    ],
+)
+def test_engine_limits_duckdb_cannot_open_a_database_with_stop_the_start(
+    tmp_path: Path, body: str, expected: str
+) -> None:
+    """Found by review: the keys had no upper bound, and DuckDB fails at each engine's opening, long after the
+    start: 100000 threads hung every user's first query, 2**63 - 1 aborted the whole server process (C++'s
+    length_error), and a byte count past 64 bits failed every engine with a parse error."""
+    assert _error(tmp_path, body, {}).startswith(expected)
+
+
+def test_the_largest_engine_limits_allowed_still_open_a_working_database() -> None:
+    from sqe.duckdb_connection import connect_locked_down
+    from sqe.server.config import MAX_ENGINE_BYTES, MAX_ENGINE_THREADS
+
+    con = connect_locked_down(DatabaseLimits(MAX_ENGINE_BYTES, MAX_ENGINE_THREADS, MAX_ENGINE_BYTES).apply)
+    try:
+        assert con.execute("SELECT sum(x) FROM range(100000) t(x)").fetchone() == (4999950000,)
+        assert con.execute("SELECT current_setting('threads')").fetchone() == (MAX_ENGINE_THREADS,)
+    finally:
+        con.close()
