@@ -102,25 +102,66 @@ def _hide_the_process_directories(con: duckdb.DuckDBPyConnection) -> None:
 
 
 _spill_lock = threading.Lock()
-_spill_root: tuple[int, str] | None = None  # (pid that made it, the process's private directory of spill dirs)
+
+
+@dataclass(frozen=True)
+class _SpillRoot:
+    """The process's private directory of spill directories."""
+
+    pid: int  # of the process that made it
+    path: str  # its name
+    fd: int | None  # the directory held open for the process's life, where the system names it by its descriptor
+    given: str  # what databases are given: ``/proc/self/fd/<fd>`` (the directory itself), else ``path``
+
+
+_spill_root: _SpillRoot | None = None
 _spill_ids = itertools.count(1)
 
 
 def _spill_directory() -> str:
     """A spill directory for one database alone: DuckDB creates it on the first spill and removes it when the
     database closes. It lies in a private (0700) directory of this process (:func:`_new_spill_root`), removed at
-    exit, so no other account reads it and no other database of the process is allowed it. DuckDB does not create
-    missing parents: were the private directory removed while a database lives, that database's spill fails
-    instead of recreating it readable by all; the next database gets a new one, as it does when the name now
-    holds anything but the directory this process made (another account's directory, or a symlink, planted after
-    a removal). A forked child makes its own."""
+    exit, so no other account reads it and no other database of the process is allowed it. Databases are given it
+    through its open descriptor (``/proc/self/fd/N``), not its name: were it removed while a database lives (a
+    temporary-file cleaner) and another account's directory or a symlink put under the name, that database's spill
+    fails instead of landing there (its name alone would lead into whatever the name holds then). The next database
+    gets a new one, as it does whenever the name holds anything but the directory this process made. A forked
+    child makes its own."""
     global _spill_root
     with _spill_lock:
-        if _spill_root is None or _spill_root[0] != os.getpid() or not _is_private_directory(_spill_root[1]):
-            root = _new_spill_root()
-            _spill_root = (os.getpid(), root)
-            atexit.register(_remove_spill_root, os.getpid(), root)
-        return os.path.join(_spill_root[1], f"db-{next(_spill_ids)}")
+        root = _spill_root
+        if root is None or root.pid != os.getpid() or not _still_the_private_directory(root):
+            path = _new_spill_root()
+            fd, given = _held_open(path)
+            root = _spill_root = _SpillRoot(os.getpid(), path, fd, given)
+            atexit.register(_remove_spill_root, os.getpid(), path)
+        return os.path.join(root.given, f"db-{next(_spill_ids)}")
+
+
+def _still_the_private_directory(root: _SpillRoot) -> bool:
+    if not _is_private_directory(root.path):
+        return False
+    return root.fd is None or os.path.samestat(os.lstat(root.path), os.fstat(root.fd))
+
+
+def _held_open(path: str) -> tuple[int | None, str]:
+    """The directory ``path`` open, and the name of it through the descriptor (Linux's ``/proc/self/fd``); where
+    the system has no such name, no descriptor and ``path``. The descriptor is never closed: a database opened
+    before keeps its name, which would lead to whatever file took the number next."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None, path
+    given = f"/proc/self/fd/{fd}"
+    try:
+        held = os.fstat(fd)
+        if os.path.samestat(os.stat(given), held) and os.path.samestat(os.lstat(path), held):
+            return fd, given
+    except OSError:
+        pass
+    os.close(fd)
+    return None, path
 
 
 def _is_private_directory(path: str) -> bool:

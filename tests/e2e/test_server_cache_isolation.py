@@ -10,6 +10,7 @@ shared; alice warms them first, then bob (and a principal without grants) query 
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -222,10 +223,12 @@ def test_a_user_cannot_read_what_another_users_queries_spill(policy_served: Serv
     with policy_served.adbc("alice") as alice, policy_served.adbc("bob") as bob:
         [hers], [his] = _query(alice, setting), _query(bob, setting)
         assert hers["d"] != his["d"], "each user's database spills into a directory of its own"
-        spill = Path(hers["d"])
-        assert spill.is_absolute() and spill.parent.name.startswith(".sqe-spill-")
-        spill.mkdir(exist_ok=True)  # DuckDB makes it on the first spill; the block below stands in for one
-        block = spill / "duckdb_temp_storage_DEFAULT-0.tmp"
+        spill = Path(hers["d"])  # the server's name: its descriptor of its private directory, /proc/self/fd/N
+        server_fd = spill.parent.as_posix().replace("/proc/self/", f"/proc/{policy_served.proc.pid}/", 1)
+        named = Path(os.path.realpath(server_fd)) / spill.name
+        assert spill.is_absolute() and named.parent.name.startswith(".sqe-spill-")
+        named.mkdir(exist_ok=True)  # DuckDB makes it on the first spill; the block below stands in for one
+        block = named / "duckdb_temp_storage_DEFAULT-0.tmp"
         block.write_bytes(b"alice's spilled rows")
         try:
             listing = f"SELECT count(*) AS n FROM glob('{spill}/*')"
@@ -235,4 +238,4 @@ def test_a_user_cannot_read_what_another_users_queries_spill(policy_served: Serv
                     _query(bob, probe)
         finally:
             block.unlink()
-            spill.rmdir()
+            named.rmdir()

@@ -4,6 +4,7 @@ aggregates run on cursors of one shared database)."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -130,6 +131,41 @@ def _fresh_spill_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(duckdb_connection, "_spill_root", None)
 
 
+def _named(spill: str) -> Path:
+    """A spill directory by the name of the private directory it lies in (databases are given that directory
+    through its descriptor, ``/proc/self/fd/N``)."""
+    return Path(os.path.realpath(spill))
+
+
+SPILLING = "SELECT count(*) FROM (SELECT * FROM range(3000000) t(x) ORDER BY x DESC)"
+
+
+def test_a_database_never_spills_into_a_directory_put_where_its_private_one_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: a database kept the private directory's name, so once the directory was removed (a
+    temporary-file cleaner) and another account put its own directory under that name, every later spill of a
+    database opened before went into that account's directory. Now databases are given the directory through its
+    open descriptor: the removed directory is the one they would spill into, and their spill fails."""
+    monkeypatch.chdir(tmp_path)
+    _fresh_spill_root(monkeypatch)
+    con = connect_locked_down(_small)
+    root = _named(_spill_directory(con)).parent
+    try:
+        shutil.rmtree(root)
+        root.mkdir()
+        root.chmod(0o777)
+        os.chown(root, 65534, 65534)  # the tests run as root: nobody's
+        with pytest.raises(duckdb.Error):
+            con.execute(SPILLING).fetchall()
+        assert not any(root.iterdir()), "nothing of the database is put in the other account's directory"
+        spill = _named(duckdb_connection._spill_directory())
+        assert spill.parent != root and stat.S_IMODE(spill.parent.stat().st_mode) == 0o700
+    finally:
+        con.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.parametrize("planted", ["symlink", "directory of another account", "directory others may enter"])
 def test_a_spill_directory_planted_where_the_private_one_was_is_never_used(
     planted: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -143,7 +179,7 @@ def test_a_spill_directory_planted_where_the_private_one_was_is_never_used(
     theirs.mkdir(mode=0o777)
     monkeypatch.chdir(work)
     _fresh_spill_root(monkeypatch)
-    root = Path(duckdb_connection._spill_directory()).parent
+    root = _named(duckdb_connection._spill_directory()).parent
     root.rmdir()
     if planted == "symlink":
         root.symlink_to(theirs, target_is_directory=True)
@@ -152,7 +188,7 @@ def test_a_spill_directory_planted_where_the_private_one_was_is_never_used(
         root.chmod(0o755 if planted == "directory others may enter" else 0o700)
         if planted == "directory of another account":
             os.chown(root, 65534, 65534)  # the tests run as root: nobody's
-    spill = Path(duckdb_connection._spill_directory())
+    spill = _named(duckdb_connection._spill_directory())
     assert spill.parent != root and not spill.is_relative_to(theirs)
     assert stat.S_IMODE(os.lstat(spill.parent).st_mode) == 0o700 and not spill.parent.is_symlink()
 
@@ -164,7 +200,7 @@ def test_at_exit_a_directory_another_account_put_under_the_private_ones_name_is_
     directory another account made there after a removal lost its files to this process (run as root: anyone's)."""
     monkeypatch.chdir(tmp_path)
     _fresh_spill_root(monkeypatch)
-    root = Path(duckdb_connection._spill_directory()).parent
+    root = _named(duckdb_connection._spill_directory()).parent
     root.rmdir()
     root.mkdir()
     (root / "theirs.txt").write_text("another account's file")
@@ -189,10 +225,10 @@ def test_a_working_directory_whose_entries_others_may_replace_takes_no_spill_dir
         directory.chmod(mode)
     monkeypatch.chdir(shared)
     _fresh_spill_root(monkeypatch)
-    assert not Path(duckdb_connection._spill_directory()).is_relative_to(shared)
+    assert not _named(duckdb_connection._spill_directory()).is_relative_to(shared.resolve())
     monkeypatch.chdir(sticky)
     _fresh_spill_root(monkeypatch)
-    assert Path(duckdb_connection._spill_directory()).parent.parent == sticky
+    assert _named(duckdb_connection._spill_directory()).parent.parent == sticky.resolve()
 
 
 def _all_settings(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
