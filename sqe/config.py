@@ -248,7 +248,10 @@ class SQEConfig(ConfigSection):
 def _check_http_url(value: str | None, key: str, origins: Origins) -> None:
     if value is None:
         return
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # "http://[x": an IPv6 host urlsplit cannot read
+        origins.fail(key, "must be an http:// or https:// URL")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         origins.fail(key, "must be an http:// or https:// URL")
 
@@ -351,10 +354,10 @@ def same_catalog(uri: str, other: str) -> bool:
 
 
 def _catalog_endpoint(uri: str) -> tuple[str, str, int, str, str, str] | None:
-    parts = urlsplit(uri)
     try:
+        parts = urlsplit(uri)
         port = parts.port
-    except ValueError:  # not a port: no endpoint, so never the same catalog as another
+    except ValueError:  # not a host or port urlsplit reads: no endpoint, so never the same catalog as another
         return None
     scheme = parts.scheme  # urlsplit reads it in lower case; hostname too
     default = _DEFAULT_PORTS.get(scheme, 0)

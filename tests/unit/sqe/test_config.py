@@ -258,6 +258,13 @@ class TestRejections:
             ({"catalog.warehouses": [{"name": "demo"}]}, "catalog.warehouses[0].name"),
             ({"catalog.warehouses": [{"name": "a"}, {"name": "a"}]}, "catalog.warehouses[1].name"),
             ({"catalog.warehouses": [{"name": "a", "uri": "nope"}]}, "catalog.warehouses[0].uri"),
+            # found by review: an IPv6 host urlsplit cannot read raised its ValueError out of load_config
+            ({"catalog.uri": "http://[::1"}, "catalog.uri (set by override 'catalog.uri'): must be an http://"),
+            (
+                {"catalog.warehouses": [{"name": "a", "uri": "http://[x]/"}]},
+                "catalog.warehouses[0].uri (set by override 'catalog.warehouses'): must",
+            ),
+            ({"storage.endpoint": "http://[::1"}, "storage.endpoint (set by override 'storage.endpoint'): must be"),
             (
                 {"catalog.warehouses": [{"name": "a", "client_id": "x"}]},
                 "catalog.warehouses[0].client_secret",
