@@ -12,6 +12,7 @@ objects refuse to be pickled. ``config.toml.example`` documents every key.
 from __future__ import annotations
 
 import os
+import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -85,6 +86,9 @@ class SiblingWarehouseConfig(CatalogAuth):
 
     name: str
     uri: Unset[str] = None
+    # Opt-in for a sibling on another catalog (its uri) with no identity of its own to use [catalog]'s end-user
+    # credentials: they are then sent to that other host. A sibling on the same catalog inherits them without it.
+    inherit_credentials: bool = False
 
 
 class CatalogConnection(CatalogAuth):
@@ -129,18 +133,28 @@ class CatalogConfig(CatalogAuth):
     def warehouse_names(self) -> tuple[str, ...]:
         return (self.warehouse, *(w.name for w in self.warehouses))
 
+    def connections(self) -> dict[str, CatalogConnection]:
+        """Every warehouse's connection settings by name; a :class:`ConfigError` when one is refused."""
+        return {name: self.connection(name) for name in self.warehouse_names}
+
     def connection(self, warehouse: str | None = None) -> CatalogConnection:
         """Connection settings for ``warehouse`` (default: the primary one).
 
         A sibling that sets any of client_id/client_secret/token/reader_* uses only its own credentials, so two
-        principals' credentials are never mixed; otherwise it inherits all of ``[catalog]``'s.
+        principals' credentials are never mixed; otherwise it inherits all of ``[catalog]``'s, on another catalog
+        only when it opts in (``inherit_credentials``) and ``[catalog]`` has no reader. That rule is checked here
+        too, not only by :func:`load_config`: a config built in code reaches every catalog client through here.
         """
         name = self.warehouse if warehouse is None else warehouse
         if name == self.warehouse:
             return CatalogConnection(warehouse=name, uri=self.uri, scope=self.scope, **self.auth_settings())
-        sibling = next((w for w in self.warehouses if w.name == name), None)
-        if sibling is None:
+        index = next((i for i, w in enumerate(self.warehouses) if w.name == name), None)
+        if index is None:
             raise ConfigError(f"unknown warehouse {name!r}; configured: {', '.join(self.warehouse_names)}")
+        refusal = sibling_credentials_refusal(self, index)
+        if refusal is not None:
+            raise ConfigError(": ".join(refusal))
+        sibling = self.warehouses[index]
         source: CatalogAuth = sibling if sibling.sets_auth else self
         return CatalogConnection(
             warehouse=name, uri=sibling.uri or self.uri, scope=self.scope, **source.auth_settings()
@@ -327,20 +341,53 @@ def _validate_catalog(c: CatalogConfig, o: Origins) -> None:
         _check_auth(w.client_id, w.client_secret, w.token, where, o)
         # A sibling with its own reader must name its own end user too (own credentials are never mixed).
         _check_reader(w.reader_client_id, w.reader_client_secret, bool(w.client_id or w.token), where, o)
-        _check_reader_stays_home(c, w, where, o)
+        refusal = sibling_credentials_refusal(c, i)
+        if refusal is not None:
+            o.fail(*refusal)
 
 
-def _check_reader_stays_home(c: CatalogConfig, w: SiblingWarehouseConfig, where: str, o: Origins) -> None:
-    """A sibling on another catalog must not inherit ``[catalog]``'s reader: it would be sent the reader's secret,
-    and whoever runs that catalog could then exchange users' tokens for raw credentials of restricted tables."""
-    inherits_reader = c.reader_client_id is not None and not w.sets_auth
-    if inherits_reader and w.uri and not same_catalog(w.uri, c.uri):
-        o.fail(
+def sibling_credentials_refusal(c: CatalogConfig, index: int) -> tuple[str, str] | None:
+    """Why sibling ``index`` may not have the credentials it would get, as (key, message); None when it may.
+
+    A sibling on another catalog that inherited ``[catalog]``'s credentials would send them to that catalog's
+    host, whose operator could replay them at the primary catalog as this user (a browser or curl never sends
+    credentials to another origin on a redirect either). So it inherits only on an explicit
+    ``inherit_credentials = true``, and never the reader's: with the reader's secret that operator could exchange
+    any user's token it also sees for raw credentials of their restricted tables."""
+    w, where = c.warehouses[index], f"catalog.warehouses[{index}]"
+    if w.inherit_credentials and w.sets_auth:
+        return (
+            f"{where}.inherit_credentials",
+            f"set either {where}.inherit_credentials or its own credentials, not both",
+        )
+    on_another_catalog = w.uri is not None and not same_catalog(w.uri, c.uri)
+    if w.sets_auth or not c.sets_auth or not on_another_catalog:
+        return None  # its own credentials, nothing to inherit, or the same catalog
+    if c.reader_client_id is not None:
+        return (
             f"{where}.uri",
             "is another catalog than catalog.uri, which would receive the reader's secret "
             f"(catalog.reader_client_secret) from this warehouse; set {where}.client_id/client_secret or {where}.token "
-            f"(and {where}.reader_client_id with its secret for a reader there)",
+            f"(and {where}.reader_client_id with its secret for a reader there); {where}.inherit_credentials never "
+            "sends the reader's",
         )
+    if w.inherit_credentials:
+        return None
+    sent = "catalog.client_secret" if c.client_secret is not None else "catalog.token"
+    return (
+        f"{where}.uri",
+        f"{short(_origin(w.uri or ''))} is another catalog than catalog.uri and would receive [catalog]'s credentials "
+        f"({sent}); set {where}.client_id/client_secret or {where}.token, or {where}.inherit_credentials = true "
+        "to send [catalog]'s to that host",
+    )
+
+
+def _origin(uri: str) -> str:
+    """``scheme://host:port`` of ``uri``: what an error may show of it (never a user name, password or query).
+    Read by hand: a config built in code may hold a uri urlsplit refuses (``http://[x``)."""
+    scheme, _, rest = uri.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    return f"{scheme}://{authority.rpartition('@')[2]}"
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}

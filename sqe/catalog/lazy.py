@@ -54,6 +54,9 @@ class LazyRestTableProvider(Unpicklable):
     def _build(self, warehouse: str | None) -> RestTableProvider:
         from sqe.catalog._early_token import EarlyToken
 
+        # A warehouse refused its connection (a sibling on another catalog that would inherit [catalog]'s
+        # credentials) fails the client before any token request, the primary's own included.
+        self._config.catalog.connections()
         known = warehouse is not None and warehouse in self._config.catalog.warehouse_names
         early = EarlyToken.start(self._config, warehouse) if known else None
         try:

@@ -432,7 +432,7 @@ class RestTableProvider:
     def __init__(self, config: SQEConfig, *, early: EarlyToken | None = None) -> None:
         """``early``: a warehouse's first token, already requested (``LazyRestTableProvider``); used once."""
         self._config = config
-        self._endpoints = {name: config.catalog.connection(name) for name in config.catalog.warehouse_names}
+        self._endpoints = config.catalog.connections()
         self._early = early
         self._catalogs: dict[str, SQERestCatalog] = {}
         self._cache: dict[tuple[str, str, str], _CacheEntry] = {}

@@ -367,7 +367,8 @@ class TestEnvironment:
             "SQE_STORAGE__PATH_STYLE": "0",
             "SQE_STORAGE__TVF__ALLOWED_OBJECT_STORE_PREFIXES": '["s3://lake/raw"]',
             "SQE_COORDINATOR__WORKERS": "h1:1,h2:2",
-            "SQE_CATALOG__WAREHOUSES": '[{"name": "sales", "uri": "http://127.0.0.1:1"}]',
+            # another catalog: [catalog]'s credentials go there only when the sibling says so
+            "SQE_CATALOG__WAREHOUSES": '[{"name": "sales", "uri": "http://127.0.0.1:1", "inherit_credentials": true}]',
         }
         config = load_config(_write(tmp_path, FULL_TOML), env=env)
         catalog = config.catalog
@@ -381,7 +382,9 @@ class TestEnvironment:
         assert config.storage.region == "ap-south-1" and config.storage.path_style is False
         assert config.storage.tvf.allowed_object_store_prefixes == ("s3://lake/raw",)
         assert config.coordinator.workers == ("h1:1", "h2:2")
-        assert catalog.warehouses == (SiblingWarehouseConfig(name="sales", uri="http://127.0.0.1:1"),)
+        assert catalog.warehouses == (
+            SiblingWarehouseConfig(name="sales", uri="http://127.0.0.1:1", inherit_credentials=True),
+        )
         assert catalog.uri == "https://catalog.example:8181/api/catalog"  # untouched keys keep file values
 
     def test_env_alone_is_enough_and_empty_unsets_optional_keys(self, tmp_path: Path) -> None:

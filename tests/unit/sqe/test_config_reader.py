@@ -119,11 +119,16 @@ def test_a_sibling_on_another_catalog_never_inherits_the_reader() -> None:
         _load(**reader, **{"catalog.warehouses": [{"name": "same", "uri": "http://127.0.0.1:1/"}, other]})
     assert str(caught.value).startswith("catalog.warehouses[1].uri")
     assert "is another catalog than catalog.uri, which would receive the reader's secret" in str(caught.value)
-    # Its own identity (a reader of that catalog too, when it needs one) is fine; so is [catalog] without a reader.
+    # Opting in to inherit [catalog]'s credentials there never covers the reader's.
+    with pytest.raises(ConfigError, match=r"^catalog\.warehouses\[0\]\.uri .*never sends the reader's$"):
+        _load(**reader, **{"catalog.warehouses": [{**other, "inherit_credentials": True}]})
+    # Its own identity (a reader of that catalog too, when it needs one) is fine; so is [catalog] without a reader
+    # when the sibling opts in to its end-user credentials (see test_config_siblings.py).
     own = {**other, "client_id": "bob", "client_secret": "b", "reader_client_id": "e2", "reader_client_secret": "x"}
     config = load_config(env={}, overrides={**BASE, **reader, "catalog.warehouses": [own]})
     assert isinstance(config, SQEConfig) and config.catalog.connection("other").reader_client_id == "e2"
-    plain = load_config(env={}, overrides={**BASE, "catalog.token": "t", "catalog.warehouses": [other]})
+    opted_in = [{**other, "inherit_credentials": True}]
+    plain = load_config(env={}, overrides={**BASE, "catalog.token": "t", "catalog.warehouses": opted_in})
     assert isinstance(plain, SQEConfig) and not plain.catalog.connection("other").delegates
 
 
