@@ -7,11 +7,14 @@ carries bogus AWS keys that moto (IAM auth on) rejects.
 
 from __future__ import annotations
 
+import io
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs
 
 import pyarrow as pa
 import pytest
@@ -24,6 +27,7 @@ import sqe.api
 from sqe.config import CatalogConfig, SiblingWarehouseConfig, SQEConfig, StorageConfig
 from sqe.errors import NoSuchTableError
 from tests.conftest import BOGUS_AWS_ENV, catalog_variant
+from tests.helpers.fault_proxy import FaultProxy
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
@@ -111,13 +115,20 @@ def test_sibling_warehouse_on_another_catalog_is_joined_through_vended_credentia
 
 
 def _config(
-    main: CatalogServer, main_user: CatalogPrincipal, sibling: CatalogServer, sibling_user: CatalogPrincipal
+    main: CatalogServer,
+    main_user: CatalogPrincipal,
+    sibling: CatalogServer,
+    sibling_user: CatalogPrincipal,
+    *,
+    via: tuple[str, str] | None = None,
 ) -> SQEConfig:
-    """A session whose default warehouse is ``main``'s, with ``sibling``'s warehouse as ``SIBLING``."""
+    """A session whose default warehouse is ``main``'s, with ``sibling``'s warehouse as ``SIBLING``; ``via``: the
+    (main, sibling) catalog URIs to use instead of the servers' own (proxies in front of them)."""
     moto = main.moto
+    main_uri, sibling_uri = via or (main.url, sibling.url)
     return SQEConfig(
         catalog=CatalogConfig(
-            uri=main.url,
+            uri=main_uri,
             warehouse=main.warehouse,
             client_id=main_user.client_id,
             client_secret=main_user.client_secret,
@@ -125,7 +136,7 @@ def _config(
             warehouses=(
                 SiblingWarehouseConfig(
                     name=SIBLING,
-                    uri=sibling.url,
+                    uri=sibling_uri,
                     client_id=sibling_user.client_id,
                     client_secret=sibling_user.client_secret,
                 ),
@@ -165,3 +176,66 @@ def test_names_in_a_view_resolve_in_the_views_warehouse_not_the_invokers(
     current = next(v for v in stored.versions if v.version_id == stored.current_version_id)
     # no default-catalog: the spec's fallback (the view's own catalog) is what SQE means, in any engine
     assert (current.default_catalog, tuple(current.default_namespace)) == (None, (ns,))
+
+
+class _RecordingProxy(FaultProxy):
+    """A FaultProxy that also keeps, per request, the token form's ``client_id``/``client_secret`` (token
+    requests) and the bearer token sent (every other request), to tell whose credentials reached this address."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.token_forms: list[dict[str, list[str]]] = []
+        self.bearers: set[str] = set()
+        self.bodies: list[bytes] = []
+
+    def handle(self, request: BaseHTTPRequestHandler) -> None:
+        length = int(request.headers.get("Content-Length") or 0)
+        body = request.rfile.read(length) if length else b""
+        with self.lock:
+            self.bodies.append(body)
+            if request.path == "/v1/oauth/tokens":
+                self.token_forms.append(parse_qs(body.decode()))
+            elif request.headers.get("Authorization", "").startswith("Bearer "):
+                self.bearers.add(request.headers["Authorization"])
+        request.rfile = io.BytesIO(body)  # FaultProxy reads it again
+        super().handle(request)
+
+
+@contextmanager
+def _proxied(server: CatalogServer) -> Iterator[_RecordingProxy]:
+    proxy = _RecordingProxy(server.url)
+    proxy.start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def test_each_warehouses_tokens_are_fetched_and_refreshed_at_its_own_catalog_only(
+    catalog_server: CatalogServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each warehouse's client asks its own catalog for its principal's tokens, at the start and again when the
+    catalog no longer takes a token (a 401: a new one is fetched and the call sent again): no token request of the
+    primary reaches the sibling's address or the other way round, and no bearer token is sent to both."""
+    with _two_warehouses(catalog_server, tmp_path, "mwt", [1, 2], [2, 3]) as (ns, main_user, sibling, sibling_user):
+        for name, value in BOGUS_AWS_ENV.items():
+            monkeypatch.setenv(name, value)
+        with _proxied(catalog_server) as main_proxy, _proxied(sibling) as sibling_proxy:
+            config = _config(catalog_server, main_user, sibling, sibling_user, via=(main_proxy.url, sibling_proxy.url))
+            query = f"SELECT count(*) FROM {ns}.t a JOIN {SIBLING}.{ns}.t b ON a.id = b.id"
+            with sqe.api.connect(config) as session:
+                first = session.sql(query).fetchall()
+                for proxy in (main_proxy, sibling_proxy):  # the next table load of each is refused once
+                    proxy.inject("GET", rf"/namespaces/{ns}/tables/t$", 401, 1)
+                again = session.sql(query).fetchall()
+    assert first == again == [(1,)]
+    assert main_proxy.count("GET", rf"/namespaces/{ns}/tables/t$") >= 3  # refused once, then sent again
+    assert sibling_proxy.count("GET", rf"/namespaces/{ns}/tables/t$") >= 3
+    for proxy, user in ((main_proxy, main_user), (sibling_proxy, sibling_user)):
+        assert len(proxy.token_forms) >= 2, proxy.token_forms  # the first token, and the one after the 401
+        assert {(f["client_id"][0], f["client_secret"][0]) for f in proxy.token_forms} == {
+            (user.client_id, user.client_secret)
+        }
+    assert main_user.client_secret.encode() not in b"".join(sibling_proxy.bodies)
+    assert sibling_user.client_secret.encode() not in b"".join(main_proxy.bodies)
+    assert main_proxy.bearers and sibling_proxy.bearers and not main_proxy.bearers & sibling_proxy.bearers
