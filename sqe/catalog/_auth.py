@@ -117,9 +117,12 @@ def client_credentials_form(client_id: str, client_secret: str, scope: str) -> d
 
 
 def post_token_request(session: requests.Session, token_url: str, data: dict[str, str]) -> requests.Response:
-    """POST a form to the token endpoint; an unreachable endpoint -> CatalogUnavailableError (no form values)."""
+    """POST a form to the token endpoint; an unreachable endpoint -> CatalogUnavailableError (no form values).
+
+    A redirect is answered, never followed: requests resends a form to the host a 307 or 308 names, and the form
+    holds the client secret (or an exchange's tokens). A browser or curl sends no credential to another origin."""
     try:
-        return session.post(token_url, data=data)
+        return session.post(token_url, data=data, allow_redirects=False)
     except requests.RequestException as exc:
         raise CatalogUnavailableError(
             f"cannot reach the catalog token endpoint {token_url}: {type(exc).__name__}"
@@ -129,8 +132,9 @@ def post_token_request(session: requests.Session, token_url: str, data: dict[str
 def require_ok(response: requests.Response) -> None:
     """Any status but 200 left after the OAuth refusals is the catalog failing, not the caller."""
     if response.status_code != 200:
+        redirect = ", a redirect (not followed with credentials)" if response.is_redirect else ""
         raise CatalogUnavailableError(
-            f"catalog token endpoint answered HTTP {response.status_code}", status=response.status_code
+            f"catalog token endpoint answered HTTP {response.status_code}{redirect}", status=response.status_code
         )
 
 

@@ -360,7 +360,8 @@ class IdentityBroker(Unpicklable):
 
     def _token_request(self, form: dict[str, str], refused: str) -> dict[str, Any]:
         try:
-            response = self._http.post(self.token_url, data=form, timeout=self.timeout)
+            # Never following a redirect: requests would resend the form (a secret or tokens) to the host it names.
+            response = self._http.post(self.token_url, data=form, timeout=self.timeout, allow_redirects=False)
         except requests.RequestException as exc:
             raise CatalogUnavailableError(f"cannot reach {self.token_url}: {type(exc).__name__}") from None
         if response.status_code in (400, 401, 403):

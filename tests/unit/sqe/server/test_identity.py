@@ -21,7 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sqe.errors import AuthenticationError, CatalogUnavailableError
-from sqe.server.identity import IdentityBroker, authority_of, fingerprint
+from sqe.server.identity import IdentityBroker, User, authority_of, fingerprint
+from tests.unit.sqe.catalog.test_token_redirects import redirecting
 
 FORGED = base64.urlsafe_b64encode(json.dumps({"sub": "alice"}).encode()).decode().rstrip("=") + ".forged"
 
@@ -374,3 +375,17 @@ def test_a_refusal_quoting_a_secret_as_its_form_body_had_it_never_shows_it() -> 
     for sent in (user_secret, reader_secret):
         encoded = {urllib.parse.quote_plus(sent), urllib.parse.quote(sent, safe="")}
         assert not [text for text in shown for form in encoded if form in text], f"{sent!r} shown in {shown}"
+
+
+@pytest.mark.parametrize("status", [307, 308])
+def test_a_redirected_token_request_of_the_broker_is_not_followed(status: int) -> None:
+    """Found by review: the broker's token requests (a user's Basic secret, the reader's login, an exchange)
+    followed a 307 or 308 and resent their form, secret included, to the host it named."""
+    with redirecting(status) as (uri, received):
+        with pytest.raises(CatalogUnavailableError, match=rf"answered HTTP {status}") as basic:
+            IdentityBroker(uri, "wh").authenticate_basic("alice-id", "ALICE-SECRET")
+        with pytest.raises(CatalogUnavailableError, match=rf"answered HTTP {status}") as reader:
+            _delegating(uri).catalog_token(User("user:alice", "USER-TOKEN", authority="all roles"))
+    assert received == []
+    assert "ALICE-SECRET" not in str(basic.value)
+    assert READER_SECRET not in str(reader.value) and "USER-TOKEN" not in str(reader.value)
