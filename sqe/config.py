@@ -376,13 +376,13 @@ def sibling_credentials_refusal(c: CatalogConfig, index: int) -> tuple[str, str]
     sent = "catalog.client_secret" if c.client_secret is not None else "catalog.token"
     return (
         f"{where}.uri",
-        f"{short(_origin(w.uri or ''))} is another catalog than catalog.uri and would receive [catalog]'s credentials "
-        f"({sent}); set {where}.client_id/client_secret or {where}.token, or {where}.inherit_credentials = true "
-        "to send [catalog]'s to that host",
+        f"{short(origin_of(w.uri or ''))} is another catalog than catalog.uri and would receive [catalog]'s "
+        f"credentials ({sent}); set {where}.client_id/client_secret or {where}.token, or "
+        f"{where}.inherit_credentials = true to send [catalog]'s to that host",
     )
 
 
-def _origin(uri: str) -> str:
+def origin_of(uri: str) -> str:
     """``scheme://host:port`` of ``uri``: what an error may show of it (never a user name, password or query).
     Read by hand: a config built in code may hold a uri urlsplit refuses (``http://[x``)."""
     scheme, _, rest = uri.partition("://")
@@ -398,6 +398,13 @@ def same_catalog(uri: str, other: str) -> bool:
     written or not, trailing slashes aside. Any other difference (host, port, path) is another catalog."""
     endpoint = _catalog_endpoint(uri)
     return endpoint is not None and endpoint == _catalog_endpoint(other)
+
+
+def same_origin(uri: str, other: str) -> bool:
+    """Whether two URLs name one origin (scheme, host, port) as HTTP reads them: a browser or requests keeps
+    sending ``Authorization`` within it, and only within it. A URL urlsplit cannot read is no origin."""
+    endpoint = _catalog_endpoint(uri)
+    return endpoint is not None and endpoint[:3] == (_catalog_endpoint(other) or ())[:3]
 
 
 def _catalog_endpoint(uri: str) -> tuple[str, str, int, str, str, str] | None:

@@ -35,6 +35,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.view.metadata import ViewMetadata
 
 from sqe import vocabulary
+from sqe._config_loader import short
 from sqe._text import first_line, redact_credentials
 from sqe._unpicklable import Unpicklable
 from sqe.catalog._delegation import catalog_auth
@@ -47,7 +48,7 @@ from sqe.catalog.errors import (
     translate_error,
     without_bearer_token_sent,
 )
-from sqe.config import CatalogConnection, SQEConfig
+from sqe.config import CatalogConnection, SQEConfig, origin_of, same_origin
 from sqe.credentials import CatalogCredentials, ScopedFileIO, StoragePolicy, parse_catalog_credentials
 from sqe.errors import (
     CatalogError,
@@ -150,6 +151,20 @@ class SQERestCatalog(Unpicklable, RestCatalog):
         return headers
 
     # -- pyiceberg hooks ---------------------------------------------------------------------------------
+    def _fetch_config(self) -> None:
+        """pyiceberg's ``/v1/config``, whose ``overrides`` may move ``uri``: every later call, with this user's
+        bearer token, goes there. Within the configured origin that is the catalog's own choice (another path);
+        another origin is refused, as a redirect there would lose ``Authorization``: whoever answers /v1/config
+        (a proxy in front of the catalog too) would otherwise be sent the token. The token endpoint never moves
+        (``oauth2-server-uri`` is not read: see ``catalog_auth``)."""
+        super()._fetch_config()
+        if not same_origin(self.uri, self._endpoint.uri):
+            moved_to, configured = short(origin_of(self.uri)), short(origin_of(self._endpoint.uri))
+            raise CatalogProtocolError(
+                f"catalog {configured} answered /v1/config with overrides.uri on another host or port ({moved_to}); "
+                "SQE sends no token there. If that host is the catalog, configure its uri instead"
+            )
+
     def _create_session(self) -> requests.Session:
         """One session for pyiceberg's ``/v1/config`` request and every later call. pyiceberg asks for one to
         fetch the config in a ``with`` block that closes it, then for another: the connection the config opened

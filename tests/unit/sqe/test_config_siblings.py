@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sqe.config import CatalogConfig, SiblingWarehouseConfig, SQEConfig, load_config
+from sqe.config import CatalogConfig, SiblingWarehouseConfig, SQEConfig, load_config, same_origin
 from sqe.errors import ConfigError
 
 SECRET = "PRIMARY-SECRET-4d1"
@@ -132,3 +132,19 @@ def test_a_config_built_in_code_is_held_to_the_same_rule() -> None:
     )
     message = _refused(lambda: unreadable.connection("other"))
     assert message.startswith('catalog.warehouses[0].uri: "http://[x" is another catalog than catalog.uri')
+
+
+@pytest.mark.parametrize(
+    ("uri", "other", "same"),
+    [
+        ("http://cat:8181/api/catalog", "HTTP://CAT:8181/other/", True),  # another path on that origin
+        ("https://cat/api", "https://cat:443", True),  # the default port written out
+        ("http://cat:8181", "http://cat:8182", False),
+        ("http://cat:8181", "https://cat:8181", False),
+        ("http://cat", "http://cat.evil", False),
+        ("http://cat", "http://[::1", False),  # an override urlsplit cannot read is no origin
+    ],
+)
+def test_same_origin_is_scheme_host_and_port(uri: str, other: str, same: bool) -> None:
+    """The origin a catalog's ``/v1/config`` override of ``uri`` must keep (``SQERestCatalog._fetch_config``)."""
+    assert same_origin(uri, other) is same and same_origin(other, uri) is same
