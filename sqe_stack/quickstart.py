@@ -202,13 +202,25 @@ def bootstrap(config: Path, catalog_uri: str, s3_endpoint: str, out: Path) -> di
 # Polaris bootstrap through its management REST API (catalog, principals, principal and catalog roles, grants)
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as the HTTPError of its 3xx, never followed: urllib resends ``Authorization`` (the
+    root principal's token) to whatever host it names, and turns a POST into a GET without its body, which then
+    looks like success."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_POLARIS = urllib.request.build_opener(_NoRedirects)
+
+
 def _polaris_call(base: str, method: str, path: str, token: str, body: object | None = None) -> dict[str, Any]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(f"{base}/api/management/v1{path}", data=data, method=method)
     request.add_header("Authorization", f"Bearer {token}")
     request.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
+        with _POLARIS.open(request, timeout=30) as resp:
             raw = resp.read()
     except urllib.error.HTTPError as exc:
         if exc.code == 409:  # already there: the bootstrap may run again
@@ -223,7 +235,7 @@ def _polaris_root_token(base: str, client_id: str, client_secret: str) -> str:
         {"grant_type": "client_credentials", "client_id": client_id, "client_secret": client_secret, "scope": SCOPE}
     ).encode()
     try:
-        with urllib.request.urlopen(f"{base}/api/catalog/v1/oauth/tokens", data=form, timeout=30) as resp:
+        with _POLARIS.open(f"{base}/api/catalog/v1/oauth/tokens", data=form, timeout=30) as resp:
             return str(json.loads(resp.read())["access_token"])
     except (urllib.error.URLError, KeyError, ValueError):
         raise StackError("Polaris: the root principal could not get a token") from None
