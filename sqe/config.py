@@ -268,6 +268,8 @@ def _check_http_url(value: str | None, key: str, origins: Origins) -> None:
         origins.fail(key, "must be an http:// or https:// URL")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         origins.fail(key, "must be an http:// or https:// URL")
+    if "\\" in parts.netloc:  # requests (urllib3) would read another host than urlsplit: see _catalog_endpoint
+        origins.fail(key, "must not hold a backslash in its host part")
 
 
 def _check_no_userinfo(value: str | None, key: str, origins: Origins, why: str) -> None:
@@ -386,7 +388,7 @@ def origin_of(uri: str) -> str:
     """``scheme://host:port`` of ``uri``: what an error may show of it (never a user name, password or query).
     Read by hand: a config built in code may hold a uri urlsplit refuses (``http://[x``)."""
     scheme, _, rest = uri.partition("://")
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    authority = re.split(r"[/?#\\]", rest, maxsplit=1)[0]  # a backslash ends it for requests (urllib3)
     return f"{scheme}://{authority.rpartition('@')[2]}"
 
 
@@ -412,6 +414,9 @@ def _catalog_endpoint(uri: str) -> tuple[str, str, int, str, str, str] | None:
         parts = urlsplit(uri)
         port = parts.port
     except ValueError:  # not a host or port urlsplit reads: no endpoint, so never the same catalog as another
+        return None
+    if "\\" in parts.netloc:
+        # urlsplit reads http://evil\@cat:8181 as host cat, requests (urllib3) as host evil: no endpoint either
         return None
     scheme = parts.scheme  # urlsplit reads it in lower case; hostname too
     default = _DEFAULT_PORTS.get(scheme, 0)

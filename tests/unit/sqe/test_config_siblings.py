@@ -134,6 +134,25 @@ def test_a_config_built_in_code_is_held_to_the_same_rule() -> None:
     assert message.startswith('catalog.warehouses[0].uri: "http://[x" is another catalog than catalog.uri')
 
 
+def test_a_sibling_uri_requests_reads_as_another_host_is_another_catalog() -> None:
+    """Found by review: urlsplit reads ``http://evil\\@127.0.0.1:8181/...`` as host 127.0.0.1 (the primary's), while
+    requests (urllib3) sends it to host ``evil``: a sibling built in code with that uri and no identity inherited the
+    primary's client secret, and its token request went to ``evil``. Now a backslash in the host part is no
+    catalog endpoint (never the same catalog) and a ConfigError in a file."""
+    sneaky = "http://evil.example\\@127.0.0.1:8181/api/catalog"
+    catalog = CatalogConfig(
+        uri=PRIMARY,
+        warehouse="demo",
+        client_id="alice",
+        client_secret=SECRET,
+        warehouses=(SiblingWarehouseConfig(name="other", uri=sneaky),),
+    )
+    message = _refused(lambda: catalog.connection("other"))
+    assert message.startswith('catalog.warehouses[0].uri: "http://evil.example" is another catalog'), message
+    with pytest.raises(ConfigError, match=r"catalog\.warehouses\[0\]\.uri .*must not hold a backslash"):
+        _load(IDENTITIES["token"][0], [{"name": "other", "uri": "http://evil.example\\.127.0.0.1:8181/"}])
+
+
 @pytest.mark.parametrize(
     ("uri", "other", "same"),
     [
@@ -143,6 +162,7 @@ def test_a_config_built_in_code_is_held_to_the_same_rule() -> None:
         ("http://cat:8181", "https://cat:8181", False),
         ("http://cat", "http://cat.evil", False),
         ("http://cat", "http://[::1", False),  # an override urlsplit cannot read is no origin
+        ("http://127.0.0.1:8181", "http://evil\\@127.0.0.1:8181", False),  # requests' host: evil
     ],
 )
 def test_same_origin_is_scheme_host_and_port(uri: str, other: str, same: bool) -> None:
