@@ -233,6 +233,10 @@ class CacheConfig(ConfigSection):
     manifest_bytes: int = 32 << 20
     # Decoded Arrow columns of range-cached files' row groups, so a repeat scan skips the Parquet decode too.
     decoded_bytes: int = 256 << 20
+    # Fetch the column chunks a scan reads of a large (range-cached) data file in parallel, before pyarrow asks
+    # for a row group's one after another: faster on a store with per-request latency (a remote one) and large
+    # row groups, not on a loopback one. Needs data_bytes > 0 (the parts go into that cache). Per session.
+    prefetch: bool = False
 
 
 class MemoryConfig(ConfigSection):
@@ -476,6 +480,8 @@ def _validate_cache(c: CacheConfig, o: Origins) -> None:
     for key in ("data_bytes", "manifest_bytes", "decoded_bytes"):
         if getattr(c, key) < 0:
             o.fail(f"cache.{key}", "must not be negative (0 turns the cache off)")
+    if c.prefetch and c.data_bytes == 0:
+        o.fail("cache.prefetch", "needs cache.data_bytes above 0 (prefetched column chunks go into that cache)")
 
 
 def _validate_memory(m: MemoryConfig, o: Origins) -> None:

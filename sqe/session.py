@@ -378,11 +378,14 @@ class Session:
 
     @functools.cached_property
     def _executor(self) -> LocalExecutor:
-        """The bounded local reader, built by the first scan."""
+        """The bounded local reader, built by the first scan; it prefetches as ``[cache] prefetch`` says."""
         from sqe.execution.local import LocalExecutor
 
         max_files_in_flight, max_queued_batches = self._executor_limits
-        return LocalExecutor(max_files_in_flight=max_files_in_flight, max_queued_batches=max_queued_batches)
+        prefetch = self.config is not None and self.config.cache.prefetch
+        return LocalExecutor(
+            max_files_in_flight=max_files_in_flight, max_queued_batches=max_queued_batches, prefetch=prefetch
+        )
 
     @functools.cached_property
     def _task_cache(self) -> TaskCache:

@@ -3,8 +3,8 @@
 Fails closed: without a token file the worker refuses to start unless ``--insecure-no-token`` is given, and it
 serves plaintext on a loopback ``--listen`` address only (elsewhere ``--tls-cert``/``--tls-key`` are required).
 ``--data-cache-bytes`` / ``--decoded-cache-bytes`` bound the process's data-range and decoded-column caches
-(the engine's ``[cache] data_bytes`` / ``decoded_bytes``; 0 turns one off), and ``--keep-freed-bytes`` is the
-engine's ``[memory] keep_freed_bytes``.
+(the engine's ``[cache] data_bytes`` / ``decoded_bytes``; 0 turns one off), ``--prefetch`` is the engine's
+``[cache] prefetch`` and ``--keep-freed-bytes`` is the engine's ``[memory] keep_freed_bytes``.
 """
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
         "--decoded-cache-bytes", type=int, default=defaults.decoded_bytes, metavar="N",
         help=f"decoded Arrow columns of range-cached files (default {defaults.decoded_bytes}; 0: off)",
     )  # fmt: skip
+    parser.add_argument(
+        "--prefetch", action="store_true",
+        help="fetch a large data file's column chunks in parallel (a remote store; needs the data cache)",
+    )  # fmt: skip
     keep = MemoryConfig().keep_freed_bytes
     parser.add_argument(
         "--keep-freed-bytes", type=int, default=keep, metavar="N",
@@ -89,6 +93,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     for name in ("pace_ms_per_file", "data_cache_bytes", "decoded_cache_bytes", "keep_freed_bytes"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
+    if args.prefetch and args.data_cache_bytes == 0:
+        raise ConfigError("--prefetch needs --data-cache-bytes above 0 (prefetched column chunks go into that cache)")
     return ServerOptions(
         listen=args.listen,
         token=read_token_file(args.token_file) if args.token_file is not None else None,
@@ -99,6 +105,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             max_fragments=args.max_fragments,
             max_files_in_flight=args.max_files_in_flight,
             pace_seconds=args.pace_ms_per_file / 1000.0,
+            prefetch=args.prefetch,
         ),
         memory=ProcessMemory(args.data_cache_bytes, args.decoded_cache_bytes, args.keep_freed_bytes),
     )

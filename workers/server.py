@@ -170,8 +170,9 @@ def serve(options: ServerOptions, *, port_file: Path | None = None) -> int:
     log.info("listening on port %d (%s, %s); removed %d AWS_* variables", port, tls, auth, len(removed))
     memory = options.memory
     log.info(
-        "caches: data ranges %d bytes, decoded columns %d bytes; freed memory kept: %d bytes (%s)",
+        "caches: data ranges %d bytes, decoded columns %d bytes; freed memory kept: %d bytes (%s); prefetch %s",
         *(memory.data_bytes, memory.decoded_bytes, memory.keep_freed_bytes, tuning.value),
+        "on" if options.service.prefetch else "off",
     )
     if port_file is not None:
         try:

@@ -76,6 +76,7 @@ class ServiceSettings:
     max_fragments: int = 8
     max_files_in_flight: int = 2
     max_queued_batches: int = 4
+    prefetch: bool = False  # the engine's [cache] prefetch (sqe-worker --prefetch)
     pace_seconds: float = 0.0  # test only: the worker-wide default for tickets that set none
     allow_local_files: bool = False  # unit tests only: file:// paths need no credential set
 
@@ -99,6 +100,7 @@ class WorkerService:
         self._executor = LocalExecutor(
             max_files_in_flight=self.settings.max_files_in_flight,
             max_queued_batches=self.settings.max_queued_batches,
+            prefetch=self.settings.prefetch,
         )
 
     # ------------------------------------------------------------------------------------------- Execute

@@ -83,6 +83,33 @@ class RangeCache(ByteBoundedCache[RangeKey]):
             return None
         return memoryview(data)[offset - start : offset - start + length]
 
+    def holds(self, file: FileKey, offset: int, length: int) -> bool:
+        """Whether one kept range of ``file`` covers these bytes (asked before fetching: counts nothing)."""
+        with self._index_lock:
+            ranges = self._index.get(file, {})
+            return any(o <= offset and offset + length <= o + n for o, n in ranges.items())
+
+    def assembled(self, file: FileKey, offset: int, length: int) -> bytes | None:
+        """``length`` bytes at ``offset`` of ``file`` joined from kept ranges that follow one another without a
+        gap (a prefetch fetches a long read in parts), or None when they do not cover it all. A copy."""
+        with self._index_lock:
+            ranges = sorted(self._index.get(file, {}).items())
+        parts: list[memoryview] = []
+        position, end = offset, offset + length
+        for start, size in ranges:
+            if position >= end:
+                break
+            if start <= position < start + size:
+                data = self.get((file, start), counted=False)
+                if data is None:
+                    return None  # evicted since the index was read
+                parts.append(memoryview(data)[position - start : min(size, end - start)])
+                position = start + min(size, end - start)
+        if position < end:
+            return None
+        self.stats.add(hits=1)
+        return b"".join(parts)
+
     def put_range(self, file: FileKey, offset: int, data: bytes) -> None:
         with self._index_lock:
             kept = self._index.get(file, {}).get(offset, 0)

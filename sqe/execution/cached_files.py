@@ -14,6 +14,15 @@ never reaches a lookup at all.
   range covers it, else read from the object store and kept. A miss is one signed ranged GET
   (:mod:`sqe.credentials.signed_reads`; the file's size is the manifest's), so no HEAD; only a case that module
   leaves to pyarrow opens the file through pyarrow, which costs one HEAD per file.
+- **Prefetch** (opt-in: ``[cache] prefetch``, ``sqe-worker --prefetch``; off, no scan calls it). pyarrow reads
+  such a file through one Python file, whose reads are serialised, so a scan's GETs go one after another.
+  :func:`prefetched` sends the GETs of the column chunks the scan will read (its row
+  groups after statistics pruning, its projected and filter columns only) in parallel before pyarrow asks: the
+  ranges pyarrow's coalescing asks for, in parts of at most :data:`PREFETCH_PART_BYTES`, through the same signed
+  reader into the same cache entries. A read waits for its parts (a part's error is raised there) and is served
+  from them. At most :data:`PREFETCH_THREADS` GETs run at once in the process, a file's prefetch covers at most
+  :data:`PREFETCH_FILE_BYTES`, and all prefetches together at most half the range cache's bound; a scan that
+  ends stops its prefetch (parts not yet sent are never sent).
 - **Manifests.** Planning reads the manifest list and manifests through :class:`MetadataCachingFileIO`, which
   keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`; a miss is one signed GET of the
   whole object (pyarrow's open would add a HEAD), read no further than ``MAX_MANIFEST_BYTES`` and checked
@@ -31,8 +40,11 @@ as a ``pa.BufferReader`` over the kept bytes, so pyarrow decodes it without call
 from __future__ import annotations
 
 import io
+import os
 import threading
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from collections.abc import Iterator, Sequence
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -45,7 +57,7 @@ from sqe.planning.avro_limits import MAX_MANIFEST_BYTES, BoundedManifestFile, Ma
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
 
-__all__ = ["MetadataCachingFileIO", "cached_file_key", "caching_filesystem"]
+__all__ = ["MetadataCachingFileIO", "cached_file_key", "caching_filesystem", "prefetched"]
 
 
 class _RangeSource(Protocol):
@@ -145,6 +157,11 @@ class _RangeReader(io.RawIOBase):
         kept = DATA_RANGES.covering(self._key, offset, length)
         if kept is not None:
             return kept
+        # With no prefetch running in the process (the setting off) a miss adds only this unlocked emptiness check.
+        if _PREFETCHES.any_running() and _PREFETCHES.awaited(self._key, offset, length):
+            joined = DATA_RANGES.assembled(self._key, offset, length)
+            if joined is not None:
+                return memoryview(joined)
         if self._native is None:
             self._native, self._owned = self._upstream.open()
         if kept_whole(self._size):
@@ -176,10 +193,16 @@ class _RangeFileHandler(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarro
         self._key = key
         self._path = path
         self._upstream = _Upstream(upstream, direct)
+        self._direct = direct
 
     @property
     def key(self) -> FileKey:
         return self._key
+
+    @property
+    def direct(self) -> SignedObject | None:
+        """The signed reader misses go through, if any (prefetches read with the very same one)."""
+        return self._direct
 
     def open_input_file(self, path: str) -> pa.NativeFile:
         """A file kept whole is served as a native buffer: pyarrow decodes it without calling into Python (no
@@ -242,6 +265,230 @@ def cached_file_key(fragment: ds.ParquetFileFragment) -> FileKey | None:
     filesystem = fragment.filesystem
     handler = filesystem.handler if isinstance(filesystem, pafs.PyFileSystem) else None
     return handler.key if isinstance(handler, _RangeFileHandler) else None
+
+
+# ----------------------------------------------------------------------------------------------- prefetch
+
+# pyarrow reads a file through the one Python file above, which serialises reads: a scan of a large file sends
+# its ranged GETs one after another. A prefetch sends them in parallel before pyarrow asks, in parts of at most
+# PREFETCH_PART_BYTES, through the same signed reader and into the same cache entries (so under the same
+# credential set and scope key). A read of pyarrow's that parts in flight cover waits for them and is assembled
+# from the kept parts; one they do not cover is a miss as without a prefetch.
+# Measured (bench/prefetch.py): 4 MiB parts cost a store that reads the whole object per ranged GET (moto) far
+# more requests than they save; parts of 16 MiB leave most reads whole (the same GETs as without a prefetch).
+PREFETCH_PART_BYTES = 16 << 20
+PREFETCH_THREADS = 8  # at most this many prefetch GETs in flight in the process (so at most 8 parts' bytes)
+PREFETCH_FILE_BYTES = 64 << 20  # a file's prefetch covers at most this many bytes of its reads
+# Prefetched parts not yet read by their scan are at most this fraction of the range cache's bound in all, so one
+# scan's parts do not evict another's before they are read.
+_PREFETCH_CACHE_SHARE = 2
+# pyarrow's read coalescing (its default cache options): column chunks less than this apart are read as one ...
+_HOLE_BYTES = 8 << 10
+_COALESCED_BYTES = 32 << 20  # ... up to this size
+_Range = tuple[int, int]  # offset, length
+_T = TypeVar("_T")
+
+
+def _leaf_indices(schema: pa.Schema, names: set[str]) -> set[int]:
+    """The Parquet leaf columns of the named top-level fields (a nested field has several)."""
+
+    def leaves(data_type: pa.DataType) -> int:
+        if pa.types.is_struct(data_type):
+            return sum(leaves(data_type.field(i).type) for i in range(data_type.num_fields))
+        if pa.types.is_map(data_type):
+            return leaves(data_type.key_type) + leaves(data_type.item_type)
+        if pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_fixed_size_list(data_type):
+            return leaves(data_type.value_type)
+        return 1
+
+    indices: set[int] = set()
+    position = 0
+    for field in schema:
+        count = leaves(field.type)
+        if field.name in names:
+            indices.update(range(position, position + count))
+        position += count
+    return indices
+
+
+def coalesced_reads(metadata: Any, row_groups: list[int], leaves: set[int], file_size: int) -> list[_Range]:
+    """The byte ranges pyarrow's pre-buffering reads for these row groups' column chunks: each chunk's range
+    (its dictionary page on), chunks close together read as one, as pyarrow coalesces them."""
+    chunks: list[_Range] = []
+    for index in row_groups:
+        group = metadata.row_group(index)
+        for leaf in sorted(leaves):
+            column = group.column(leaf)
+            start = column.data_page_offset
+            dictionary = column.dictionary_page_offset
+            if column.has_dictionary_page and dictionary and 0 < dictionary < start:
+                start = dictionary
+            length = min(column.total_compressed_size, file_size - start)
+            if length > 0:
+                chunks.append((start, length))
+    reads: list[_Range] = []
+    for start, length in sorted(chunks):
+        if reads:
+            first, size = reads[-1]
+            end = max(first + size, start + length)
+            if start - (first + size) <= _HOLE_BYTES and end - first <= _COALESCED_BYTES:
+                reads[-1] = (first, end - first)
+                continue
+        reads.append((start, length))
+    return reads
+
+
+def _parts(read: _Range) -> list[_Range]:
+    """A read cut into near-equal parts of at most PREFETCH_PART_BYTES."""
+    offset, length = read
+    count = -(-length // PREFETCH_PART_BYTES)
+    size = -(-length // count)
+    return [(start, min(size, offset + length - start)) for start in range(offset, offset + length, size)]
+
+
+class _Prefetch:
+    """One scan's parallel fetch of one file's reads, in parts, into the range cache."""
+
+    def __init__(self, key: FileKey, source: SignedObject, reads: list[_Range], reserved: int) -> None:
+        self.key = key
+        self.reserved = reserved
+        self._source = source
+        self._stopped = threading.Event()
+        self._parts: list[tuple[int, int, Future[None]]] = []
+        self._reads = reads
+
+    def start(self, executor: ThreadPoolExecutor) -> None:
+        for read in self._reads:
+            for offset, length in _parts(read):
+                self._parts.append((offset, length, executor.submit(self._fetch, offset, length)))
+
+    def _fetch(self, offset: int, length: int) -> None:
+        if self._stopped.is_set():
+            return
+        data = self._source.read_at(length, offset)  # errors: the signed reader's OSError classes
+        if not self._stopped.is_set():
+            DATA_RANGES.put_range(self.key, offset, data)
+
+    def awaited(self, offset: int, length: int) -> bool:
+        """Wait for the parts overlapping these bytes; whether there were any and all were fetched. A failed
+        part's error is raised here, in the reading scan, as its own read's would be."""
+        overlapping = [f for o, n, f in self._parts if o < offset + length and offset < o + n]
+        try:
+            for future in overlapping:
+                future.result()
+        except CancelledError:
+            return False
+        return bool(overlapping) and not self._stopped.is_set()
+
+    def stop(self) -> None:
+        """Parts not yet started never start; running ones finish (each bounded) and are dropped."""
+        self._stopped.set()
+        for _, _, future in self._parts:
+            future.cancel()
+
+
+class _Prefetches:
+    """The process's running prefetches, one per file key, and the bytes they have reserved."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[FileKey, _Prefetch] = {}
+        self._reserved = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._pid = 0
+
+    def start(self, key: FileKey, source: SignedObject, reads: list[_Range]) -> _Prefetch | None:
+        with self._lock:
+            self._forget_after_fork()
+            if key in self._running:
+                return None  # another scan of the same file is prefetching it: its parts serve this one too
+            budget = min(PREFETCH_FILE_BYTES, DATA_RANGES.max_bytes // _PREFETCH_CACHE_SHARE - self._reserved)
+            taken: list[_Range] = []
+            for offset, length in reads:
+                if DATA_RANGES.holds(key, offset, length):
+                    continue
+                if length > budget:
+                    break  # the rest is read as pyarrow asks
+                taken.append((offset, length))
+                budget -= length
+            if len(taken) < 2 and sum(n for _, n in taken) <= PREFETCH_PART_BYTES:
+                return None  # one small read: nothing to overlap
+            prefetch = _Prefetch(key, source, taken, sum(n for _, n in taken))
+            self._running[key] = prefetch
+            self._reserved += prefetch.reserved
+            prefetch.start(self._pool())
+            return prefetch
+
+    def stop(self, prefetch: _Prefetch) -> None:
+        prefetch.stop()
+        with self._lock:
+            if self._running.get(prefetch.key) is prefetch:
+                del self._running[prefetch.key]
+                self._reserved -= prefetch.reserved
+
+    def awaited(self, key: FileKey, offset: int, length: int) -> bool:
+        with self._lock:
+            self._forget_after_fork()
+            prefetch = self._running.get(key)
+        return prefetch is not None and prefetch.awaited(offset, length)
+
+    def running(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def any_running(self) -> bool:
+        """Whether any prefetch may be running, without the lock (a dict's emptiness reads atomically): a read
+        that finds none skips the lookup, so a process with the setting off does no prefetch work at all."""
+        return bool(self._running)
+
+    def _forget_after_fork(self) -> None:
+        """A forked child inherits the parent's prefetches but not the threads running them: they would never
+        finish there, so the child forgets them (and makes threads of its own on its first prefetch)."""
+        if self._pid != os.getpid():
+            self._running.clear()
+            self._reserved = 0
+            self._executor = None
+            self._pid = os.getpid()
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(PREFETCH_THREADS, thread_name_prefix="sqe-prefetch")
+        return self._executor
+
+
+_PREFETCHES = _Prefetches()
+
+
+def prefetched(
+    fragment: ds.ParquetFileFragment, row_groups: list[int], columns: Sequence[str], batches: Iterator[_T]
+) -> Iterator[_T]:
+    """``batches`` (a scan of ``fragment``), while the column chunks of ``columns`` in ``row_groups`` (the ones the
+    scan reads: after statistics pruning, within its projection) are fetched in parallel into the range cache.
+    Only for a file read range by range through the cache with a signed reader; the prefetch starts with the
+    first batch asked for, and ending the scan (exhausted, closed, failed) stops what is not yet sent."""
+    prefetch = _start_prefetch(fragment, row_groups, tuple(columns))
+    try:
+        yield from batches
+    finally:
+        if prefetch is not None:
+            _PREFETCHES.stop(prefetch)
+
+
+def _start_prefetch(
+    fragment: ds.ParquetFileFragment, row_groups: list[int], columns: tuple[str, ...]
+) -> _Prefetch | None:
+    filesystem = fragment.filesystem
+    handler = filesystem.handler if isinstance(filesystem, pafs.PyFileSystem) else None
+    if not row_groups or not isinstance(handler, _RangeFileHandler) or handler.direct is None:
+        return None
+    size = handler.key[1]
+    if kept_whole(size):
+        return None  # fetched whole with its footer
+    leaves = _leaf_indices(fragment.physical_schema, set(columns))
+    if not leaves:
+        return None
+    reads = coalesced_reads(fragment.metadata, row_groups, leaves, size)
+    return _PREFETCHES.start(handler.key, handler.direct, reads)
 
 
 # ---------------------------------------------------------------------------------------------- manifests

@@ -27,7 +27,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
@@ -48,7 +48,7 @@ from sqe._counters import Counters
 from sqe.errors import QueryError
 from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
 from sqe.execution.cache import parquet_fragment
-from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole
+from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole, prefetched
 from sqe.execution.decoded_cache import DECODED
 from sqe.execution.delete_limits import VectorEntry, check_position_deletes, record_counts, task_vector_entries
 from sqe.execution.file_rows import check_file_rows, check_group_rows, filtered, group_batches, scan_columns
@@ -126,12 +126,15 @@ def _task_to_record_batches(
     target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
     parallel_decode: bool = True,
     projections: ProjectionMemo | None = None,
+    prefetch: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The batches of one file task: the direct pyarrow scan when it is exact, else pyiceberg's reader.
 
     ``parallel_decode`` decodes a file's columns on pyarrow's thread pool; when enough files are read at once to
     keep every core busy, decoding each in its reader thread saves the pool's hand-offs. ``projections`` keeps
-    the direct projections of one scan (same ReadSpec) by file schema: the files of a table mostly share one."""
+    the direct projections of one scan (same ReadSpec) by file schema: the files of a table mostly share one.
+    ``prefetch``: the direct scan of a file read range by range fetches its column chunks in parallel
+    (:func:`sqe.execution.cached_files.prefetched`; ``[cache] prefetch``)."""
     fragment: ds.ParquetFileFragment | None = None
     if not positional_deletes and task.file.file_format == FileFormat.PARQUET:
         # The table's FileIO: per-file credentials; the manifest's size: no HEAD; a kept footer: no footer GET.
@@ -140,7 +143,9 @@ def _task_to_record_batches(
         if direct is not None:
             check_file_rows(fragment.metadata, task.file.record_count)
             size = task.file.file_size_in_bytes
-            yield from direct.batches(fragment, target_batch_bytes, parallel_decode=parallel_decode, file_size=size)
+            yield from direct.batches(
+                fragment, target_batch_bytes, parallel_decode=parallel_decode, file_size=size, prefetch=prefetch
+            )
             return
     if read.promoted_filter_ids:
         yield from _promoted_then_filtered(read, task, positional_deletes, fragment)
@@ -305,24 +310,30 @@ class DirectProjection:
         *,
         parallel_decode: bool = True,
         file_size: int = 0,
+        prefetch: bool = False,
     ) -> Iterator[pa.RecordBatch]:
-        """``file_size``: the manifest's size of the file (0: unknown), which tells whether it is kept whole."""
+        """``file_size``: the manifest's size of the file (0: unknown), which tells whether it is kept whole.
+        ``prefetch``: a file the scanner reads range by range has its column chunks fetched in parallel."""
         rows = batch_rows(fragment, self.file_columns, target_batch_bytes)
         cached = self._decoded_cache_key(fragment)
         if cached is not None:
             whole = kept_whole(file_size)  # in memory: the Parquet reader; else the scanner
-            yield from self._cached_batches(fragment, cached, rows, parallel_decode, whole)
+            yield from self._cached_batches(fragment, cached, rows, parallel_decode, whole, prefetch)
             return
         if self.reads_plainly(fragment, file_size):
             yield from self._read_batches(fragment, rows, parallel_decode)
             return
-        yield from self._scanned_batches(fragment, rows)
+        yield from self._scanned_batches(fragment, rows, prefetch)
 
-    def _scanned_batches(self, fragment: ds.ParquetFileFragment, rows: int) -> Iterator[pa.RecordBatch]:
+    def _scanned_batches(self, fragment: ds.ParquetFileFragment, rows: int, prefetch: bool) -> Iterator[pa.RecordBatch]:
         """The file's batches by the dataset scanner over the row groups the filter's statistics keep, each
         group's rows counted before the filter (which the scanner evaluates as a column) drops any."""
         columns, mask = scan_columns(self.file_columns, self.arrow_filter, fragment.physical_schema)
-        for _, batch in group_batches(fragment, self._row_groups(fragment), columns, rows):
+        groups = self._row_groups(fragment)
+        batches = group_batches(fragment, groups, columns, rows)
+        if prefetch:  # the filter's columns too: the scanner reads them
+            batches = prefetched(fragment, groups, self._read_columns, batches)
+        for _, batch in batches:
             kept = filtered(batch, mask, self.schema)
             if kept.num_rows:  # like pyiceberg: a filter may leave nothing of a batch
                 yield kept
@@ -358,7 +369,7 @@ class DirectProjection:
         return self.file_columns + (self.filter_columns or ())
 
     def _cached_batches(
-        self, fragment: ds.ParquetFileFragment, key: FileKey, rows: int, threads: bool, whole: bool
+        self, fragment: ds.ParquetFileFragment, key: FileKey, rows: int, threads: bool, whole: bool, prefetch: bool
     ) -> Iterator[pa.RecordBatch]:
         """The file's batches assembled from decoded columns, decoding (and keeping) only the missing ones.
 
@@ -378,7 +389,9 @@ class DirectProjection:
         found = {index: set(DECODED.columns(key, index, wanted)) for index in groups}
         incomplete = [index for index in groups if len(found[index]) < len(wanted)]
         missing = [name for name in wanted if any(name not in found[index] for index in incomplete)]
-        decode = _decode_whole if whole else _decode_by_scanner
+        decode: _Decoder = _decode_whole if whole else _decode_by_scanner
+        if prefetch and not whole:
+            decode = partial(_decode_by_scanner, prefetch=True)
         share = DECODED.max_bytes // _DECODED_GROUP_SHARE
         pieces = decode(fragment, incomplete, missing, rows, threads) if incomplete else iter(())
         put: list[tuple[int, str]] = []  # what this read kept, dropped again if the file is refused
@@ -560,15 +573,25 @@ def _decode_whole(
 
 
 def _decode_by_scanner(
-    fragment: ds.ParquetFileFragment, groups: list[int], columns: list[str], rows: int, _threads: bool
+    fragment: ds.ParquetFileFragment,
+    groups: list[int],
+    columns: list[str],
+    rows: int,
+    _threads: bool,
+    *,
+    prefetch: bool = False,
 ) -> Iterator[_Piece]:
     """Each row group's ``columns``, decoded by the dataset scanner over just those groups (in parallel, in file
     order) in batches of at most ``rows`` rows. Each batch is known to be of its group (:func:`group_batches`),
     and a group's last piece comes only once it yielded exactly the rows it states: a group whose pages hold
-    fewer is refused, never completed (and kept) with the next group's rows."""
+    fewer is refused, never completed (and kept) with the next group's rows. ``prefetch``: the groups' column
+    chunks of ``columns`` are fetched in parallel meanwhile."""
     metadata = fragment.metadata
     index, offset = -1, 0
-    for group, batch in group_batches(fragment, groups, columns, rows):
+    batches = group_batches(fragment, groups, columns, rows)
+    if prefetch:
+        batches = prefetched(fragment, groups, columns, batches)
+    for group, batch in batches:
         offset = offset if group == index else 0
         index, end = group, offset + batch.num_rows
         yield group, offset, pa.Table.from_batches([batch]), end == metadata.row_group(group).num_rows
@@ -740,14 +763,18 @@ class LocalExecutor:
         max_queued_batches: int = 8,
         poll_seconds: float = 0.05,
         target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
+        prefetch: bool = False,
     ):
-        """Memory held by a scan is about (max_queued_batches + max_files_in_flight) x target_batch_bytes."""
+        """Memory held by a scan is about (max_queued_batches + max_files_in_flight) x target_batch_bytes.
+        ``prefetch``: fetch a range-cached file's column chunks in parallel (``[cache] prefetch``; off: each
+        range is fetched when pyarrow asks for it)."""
         if max_files_in_flight < 1 or max_queued_batches < 1 or target_batch_bytes < 1:
             raise ValueError("max_files_in_flight, max_queued_batches and target_batch_bytes must be at least 1")
         self.max_files_in_flight = max_files_in_flight
         self.max_queued_batches = max_queued_batches
         self.poll_seconds = poll_seconds
         self.target_batch_bytes = target_batch_bytes
+        self.prefetch = prefetch
 
     def record_batches(
         self,
@@ -845,6 +872,7 @@ class _ScanRun:
                 target_batch_bytes=self.executor.target_batch_bytes,
                 parallel_decode=self._parallel_decode,
                 projections=self._projections,
+                prefetch=self.executor.prefetch,
             )
             for batch in batches:
                 if self._stop.is_set():

@@ -72,4 +72,7 @@ def test_worker_cache_bounds_decide_whether_a_repeat_fragment_reads_the_store(
     )
     defaults = CacheConfig()
     assert f"data ranges {defaults.data_bytes} bytes, decoded columns {defaults.decoded_bytes} bytes" in cached_log
-    assert "data ranges 0 bytes, decoded columns 0 bytes; freed memory kept: 0 bytes (off)" in uncached_log
+    assert (
+        "data ranges 0 bytes, decoded columns 0 bytes; freed memory kept: 0 bytes (off); prefetch off" in uncached_log
+    )
+    assert "; prefetch off" in cached_log  # off unless --prefetch

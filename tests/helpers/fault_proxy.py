@@ -62,6 +62,10 @@ class FaultProxy:
     outcomes: Counter[str] = field(default_factory=Counter)  # injected-503, delayed, upstream-down, forwarded
     # Forward the client's Host header (a store that checks SigV4 signatures, which cover it).
     keep_host: bool = False
+    # The Range header of every ranged request, by path; and the most requests ever handled at once.
+    ranges: list[tuple[str, str]] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
 
     @property
     def url(self) -> str:
@@ -91,6 +95,8 @@ class FaultProxy:
         with self.lock:
             self.faults.clear()
             self.received.clear()
+            self.ranges.clear()
+            self.max_in_flight = 0
         self.rewrite = None
 
     def take_fault(self, method: str, path: str) -> Fault | None:
@@ -129,6 +135,18 @@ class FaultProxy:
         if request.path.startswith(CONTROL_PREFIX):
             self.control(request, body)
             return
+        with self.lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if request.headers.get("Range"):
+                self.ranges.append((request.path, request.headers["Range"]))
+        try:
+            self._handle(request, body)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _handle(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
         fault = self.take_fault(request.command, request.path)
         if fault is not None and fault.delay:
             time.sleep(fault.delay)

@@ -167,6 +167,22 @@ class TestParsing:
         with pytest.raises(ConfigError, match=r"cache\.decoded_bytes.*must not be negative"):
             _load({"cache.decoded_bytes": -1})
 
+    def test_prefetch_is_off_by_default_takes_env_and_toml_and_needs_the_range_cache(self, tmp_path: Path) -> None:
+        assert _load().cache.prefetch is False
+        assert _load(env={"SQE_CACHE__PREFETCH": "true"}).cache.prefetch is True
+        assert _load(env={"SQE_CACHE__PREFETCH": "false"}).cache.prefetch is False
+        toml = _write(
+            tmp_path, '[catalog]\nuri = "http://127.0.0.1:1/api"\nwarehouse = "w"\n[cache]\nprefetch = true\n'
+        )
+        assert load_config(toml, env={}).cache.prefetch is True
+        with pytest.raises(ConfigError, match=r"cache\.prefetch"):
+            _load({"cache.prefetch": "yes"})  # strict: a string is no boolean
+        with pytest.raises(ConfigError, match=r"cache\.prefetch"):
+            _load(env={"SQE_CACHE__PREFETCH": "maybe"})
+        with pytest.raises(ConfigError, match=r"cache\.prefetch.*needs cache\.data_bytes above 0"):
+            _load({"cache.prefetch": True, "cache.data_bytes": 0})
+        assert _load({"cache.prefetch": True, "cache.decoded_bytes": 0}).cache.prefetch is True
+
     def test_freed_memory_kept_defaults_to_a_gibibyte_takes_env_and_refuses_a_negative_amount(self) -> None:
         assert _load().memory.keep_freed_bytes == 1 << 30
         assert _load(env={"SQE_MEMORY__KEEP_FREED_BYTES": "0"}).memory.keep_freed_bytes == 0

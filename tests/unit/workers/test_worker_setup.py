@@ -23,7 +23,7 @@ from workers.environment import ambient_credentials_disabled, scrub_environment
 from workers.fileio import FragmentFileIO
 from workers.fragment import RunningFragment
 from workers.server import ProcessMemory, ServerOptions, create_server
-from workers.service import ServiceSettings, _refusal, fragment_failure
+from workers.service import ServiceSettings, WorkerService, _refusal, fragment_failure
 
 # ------------------------------------------------------------------------------------------- environment
 
@@ -75,6 +75,16 @@ def test_memory_flags_default_to_the_engines_and_refuse_negative_values() -> Non
     for flag in ("--data-cache-bytes", "--decoded-cache-bytes", "--keep-freed-bytes"):
         with pytest.raises(ConfigError, match=f"{flag} must not be negative"):
             args("--insecure-no-token", flag, "-1")
+
+
+def test_prefetch_is_off_unless_asked_reaches_the_scan_executor_and_needs_the_data_cache() -> None:
+    assert args("--insecure-no-token").service.prefetch is False
+    on = args("--insecure-no-token", "--prefetch")
+    assert on.service.prefetch is True
+    assert WorkerService(on.service)._executor.prefetch is True
+    assert WorkerService(args("--insecure-no-token").service)._executor.prefetch is False
+    with pytest.raises(ConfigError, match="--prefetch needs --data-cache-bytes above 0"):
+        args("--insecure-no-token", "--prefetch", "--data-cache-bytes", "0")
 
 
 def test_token_files_are_read_and_checked(tmp_path: Path) -> None:

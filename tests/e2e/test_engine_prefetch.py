@@ -1,0 +1,348 @@
+"""The parallel prefetch of a large data file's column chunks, against the real moto server.
+
+A file read range by range through the range cache is scanned by the engine's own direct reader
+(:class:`sqe.execution.local.DirectProjection`) over :func:`sqe.execution.cached_files.caching_filesystem` with a
+signed reader addressed at the fault proxy in front of moto (it forwards the client's Host, so signatures verify).
+The proxy counts the requests it handles at once and records every Range header; a delay on data GETs makes
+requests that are sent together overlap there (nothing here measures time).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import wait
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+import sqe.api
+import sqe.execution.cached_files as cached_files
+from sqe.config import load_config
+from sqe.execution.byte_cache import DEFAULT_DATA_BYTES, DEFAULT_MANIFEST_BYTES
+from sqe.execution.cache import clear_process_caches, configure_process_caches
+from sqe.execution.cached_files import _PREFETCHES, _start_prefetch, caching_filesystem, coalesced_reads, kept_whole
+from sqe.execution.decoded_cache import DEFAULT_DECODED_BYTES
+from sqe.execution.local import DirectProjection
+from sqe.execution.projected_read import PARQUET
+from sqe.vocabulary import S3_ENDPOINT
+from tests.conftest import pyiceberg_catalog, write_sqe_config
+from tests.e2e.test_engine_range_cache import session_for
+from tests.e2e.test_signed_reads import properties, reader
+from tests.helpers.fault_proxy import FaultProxy
+
+if TYPE_CHECKING:
+    from tests.conftest import CatalogServer, MotoServer
+
+pytestmark = [pytest.mark.e2e]
+
+ROWS = 400_000
+GROUP_ROWS = 100_000  # four row groups
+CACHE_BYTES = 32 << 20  # a file over 2 MiB is read range by range (kept_whole: at most 1/16 of the bound)
+DATA_GET = r"/prefetch/.*\.parquet"
+
+
+@pytest.fixture(scope="module")
+def stored(moto_server: MotoServer) -> tuple[str, int, pa.Table]:
+    """A Parquet file of four row groups and four columns in moto: its location, size and content."""
+    table = pa.table(
+        {
+            "id": pa.array(range(ROWS), pa.int64()),
+            "x": pc.cast(pc.floor(pc.multiply(pc.random(ROWS), 1000)), pa.int64()),
+            "y": pc.random(ROWS),
+            "tag": pa.array([f"tag-{i % 97:03d}-{i}" for i in range(ROWS)]),
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=GROUP_ROWS)
+    key = f"prefetch/{uuid.uuid4().hex}/data.parquet"
+    moto_server.client("s3").put_object(Bucket=moto_server.bucket, Key=key, Body=sink.getvalue())
+    return f"s3://{moto_server.bucket}/{key}", len(sink.getvalue()), table
+
+
+@pytest.fixture()
+def proxy(moto_server: MotoServer) -> Iterator[FaultProxy]:
+    running = FaultProxy(moto_server.url, keep_host=True)
+    running.start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(autouse=True)
+def caches() -> Iterator[None]:
+    configure_process_caches(data_bytes=CACHE_BYTES, manifest_bytes=DEFAULT_MANIFEST_BYTES)
+    clear_process_caches()
+    yield
+    configure_process_caches(
+        data_bytes=DEFAULT_DATA_BYTES, manifest_bytes=DEFAULT_MANIFEST_BYTES, decoded_bytes=DEFAULT_DECODED_BYTES
+    )
+    clear_process_caches()
+
+
+def fragment_through(
+    moto: MotoServer, proxy: FaultProxy, stored: tuple[str, int, pa.Table], scope: str
+) -> ds.ParquetFileFragment:
+    """The file as the engine opens a range-cached one (its footer read), misses signed GETs at the proxy."""
+    location, size, _ = stored
+    assert not kept_whole(size)
+    path = location.removeprefix("s3://")
+    direct = reader(location, properties(moto, **{S3_ENDPOINT: proxy.url}))
+    store = pafs.S3FileSystem(endpoint_override=proxy.url, region=moto.region, access_key="unused", secret_key="x")
+    upstream = PARQUET.make_fragment(path, filesystem=store, file_size=size)  # never opened: direct reads
+    filesystem = caching_filesystem((location, size, scope), path, upstream=upstream, direct=direct)
+    fragment = PARQUET.make_fragment(path, filesystem=filesystem, file_size=size)
+    fragment.ensure_complete_metadata()
+    return fragment
+
+
+def projection(
+    columns: tuple[str, ...], source: pa.Schema, arrow_filter: pc.Expression | None = None
+) -> DirectProjection:
+    schema = pa.schema([source.field(name) for name in columns])
+    filter_columns = ("id",) if arrow_filter is not None else ()
+    return DirectProjection(columns, schema, arrow_filter, filter_columns=filter_columns)
+
+
+def scanned(fragment: ds.ParquetFileFragment, direct: DirectProjection, size: int, *, prefetch: bool) -> pa.Table:
+    """The engine's direct scan of the file, with the executor's ``prefetch`` setting (``[cache] prefetch``)."""
+    batches = direct.batches(fragment, 8 << 20, file_size=size, prefetch=prefetch)
+    return pa.Table.from_batches(list(batches), schema=direct.schema)
+
+
+def requested_bytes(proxy: FaultProxy) -> list[tuple[int, int]]:
+    """(first, last) byte of every ranged request since the proxy's reset."""
+    found = []
+    for _, header in proxy.ranges:
+        first, _, last = header.removeprefix("bytes=").partition("-")
+        found.append((int(first), int(last)))
+    return found
+
+
+@pytest.mark.parametrize("decoded", [True, False], ids=["decoded-cache", "scanner"])
+def test_a_large_files_column_chunks_are_fetched_once_each_with_the_prefetch_on_or_off(
+    moto_server: MotoServer, proxy: FaultProxy, stored: tuple[str, int, pa.Table], decoded: bool
+) -> None:
+    """Both readers of a range-cached file (through the decoded-column cache, and the plain scanner) give the
+    file's rows with the setting on and off, and every byte is fetched once; on, the prefetch's GETs are sent
+    together (its four coalesced reads: x and y of each row group)."""
+    configure_process_caches(
+        data_bytes=CACHE_BYTES, manifest_bytes=DEFAULT_MANIFEST_BYTES, decoded_bytes=DEFAULT_DECODED_BYTES * decoded
+    )
+    _, size, table = stored
+    results = {}
+    for prefetch in (True, False):
+        clear_process_caches()
+        fragment = fragment_through(moto_server, proxy, stored, f"scope-{prefetch}")
+        proxy.reset()
+        proxy.inject("GET", DATA_GET, 0, 1000, delay=0.2)  # forwarded, a little late: overlapping GETs meet
+        direct = projection(("x", "y"), table.schema)
+        results[prefetch] = (
+            scanned(fragment, direct, size, prefetch=prefetch),
+            proxy.max_in_flight,
+            requested_bytes(proxy),
+        )
+    expected = table.select(["x", "y"])
+    on, off = results[True], results[False]
+    assert on[0].equals(expected) and off[0].equals(expected)
+    assert on[1] >= 3, on[1]
+    reads = coalesced_reads(fragment.metadata, [0, 1, 2, 3], {1, 2}, size)
+    for _, _, fetched in (on, off):
+        covered = sorted(fetched)
+        assert sum(last - first + 1 for first, last in covered) == sum(n for _, n in reads)  # nothing twice
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(covered))
+
+
+@pytest.mark.parametrize("decoded", [True, False], ids=["decoded-cache", "scanner"])
+def test_with_the_prefetch_off_a_scan_sends_only_its_own_reads_one_at_a_time(
+    moto_server: MotoServer,
+    proxy: FaultProxy,
+    stored: tuple[str, int, pa.Table],
+    decoded: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One row group is read (the filter's statistics rule out the others) through one open file, whose reads
+    pyarrow sends one after another. With the setting off that stays so: the GETs are exactly pyarrow's
+    coalesced reads, never two at once, and no prefetch runs while the scan does. On (small parts, so this
+    group's read is cut into several), the same bytes come from GETs sent together."""
+    monkeypatch.setattr(cached_files, "PREFETCH_PART_BYTES", 256 << 10)
+    configure_process_caches(
+        data_bytes=CACHE_BYTES, manifest_bytes=DEFAULT_MANIFEST_BYTES, decoded_bytes=DEFAULT_DECODED_BYTES * decoded
+    )
+    _, size, table = stored
+    kept = pc.field("id") < GROUP_ROWS - 10
+    seen = {}
+    for prefetch in (False, True):
+        clear_process_caches()
+        fragment = fragment_through(moto_server, proxy, stored, f"scope-one-group-{prefetch}")
+        proxy.reset()
+        proxy.inject("GET", DATA_GET, 0, 1000, delay=0.2)
+        direct = projection(("x", "y"), table.schema, kept)
+        batches = direct.batches(fragment, 8 << 20, file_size=size, prefetch=prefetch)
+        first = next(batches)
+        running = _PREFETCHES.running()  # mid-scan
+        rows = pa.Table.from_batches([first, *batches], schema=direct.schema)
+        assert rows.equals(table.filter(kept).select(["x", "y"]))
+        seen[prefetch] = (running, proxy.max_in_flight, sorted(requested_bytes(proxy)))
+    assert _PREFETCHES.running() == 0
+    reads = coalesced_reads(fragment.metadata, [0], {0, 1, 2}, size)  # id (the filter's), x, y of group 0
+    assert seen[False] == (0, 1, [(offset, offset + length - 1) for offset, length in reads])
+    running, in_flight, fetched = seen[True]
+    assert running == 1 and in_flight >= 2
+    assert len(fetched) > len(reads)  # in parts ...
+    assert _merged(fetched) == [(offset, offset + length - 1) for offset, length in reads]  # ... of the same bytes
+
+
+def test_pruned_row_groups_and_unprojected_columns_are_never_fetched(
+    moto_server: MotoServer, proxy: FaultProxy, stored: tuple[str, int, pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filter whose statistics rule out the last two row groups: the prefetch (small parts, so it runs even
+    for these small chunks) reads the first two groups' chunks of x, y and the filter's id only."""
+    monkeypatch.setattr(cached_files, "PREFETCH_PART_BYTES", 128 << 10)
+    _, size, table = stored
+    fragment = fragment_through(moto_server, proxy, stored, "scope-pruned")
+    proxy.reset()
+    proxy.inject("GET", DATA_GET, 0, 1000, delay=0.2)
+    direct = projection(("x", "y"), table.schema, pc.field("id") < 2 * GROUP_ROWS - 10)
+    result = scanned(fragment, direct, size, prefetch=True)
+    assert result.equals(table.filter(pc.field("id") < 2 * GROUP_ROWS - 10).select(["x", "y"]))
+    assert proxy.max_in_flight >= 2
+    metadata = fragment.metadata
+    allowed = []
+    for group in (0, 1):
+        for column in (0, 1, 2):  # id, x, y
+            chunk = metadata.row_group(group).column(column)
+            start = min(chunk.data_page_offset, chunk.dictionary_page_offset or chunk.data_page_offset)
+            allowed.append((start, start + chunk.total_compressed_size - 1))
+    fetched = requested_bytes(proxy)
+    assert fetched
+    for first, last in fetched:
+        assert any(low <= first and last <= high for low, high in _merged(allowed)), (first, last)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for low, high in sorted(spans):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(high, merged[-1][1]))
+        else:
+            merged.append((low, high))
+    return merged
+
+
+@pytest.mark.parametrize("decoded", [True, False], ids=["decoded-cache", "scanner"])
+def test_a_failing_prefetch_get_is_the_typed_error_a_failing_read_is(
+    moto_server: MotoServer, proxy: FaultProxy, stored: tuple[str, int, pa.Table], decoded: bool
+) -> None:
+    """A 403 on the data GETs ends the scan with the error the same read ends with when pyarrow asks for it."""
+    configure_process_caches(
+        data_bytes=CACHE_BYTES, manifest_bytes=DEFAULT_MANIFEST_BYTES, decoded_bytes=DEFAULT_DECODED_BYTES * decoded
+    )
+    _, size, table = stored
+    errors = {}
+    for prefetch in (True, False):
+        clear_process_caches()
+        proxy.reset()
+        fragment = fragment_through(moto_server, proxy, stored, f"scope-refused-{prefetch}")
+        proxy.reset()
+        proxy.inject("GET", DATA_GET, 403, 1000)
+        with pytest.raises(OSError) as raised:
+            scanned(fragment, projection(("x", "y"), table.schema), size, prefetch=prefetch)
+        errors[prefetch] = raised.value
+        assert _PREFETCHES.running() == 0
+    assert type(errors[True]) is type(errors[False]) is PermissionError
+    assert str(errors[True]) == str(errors[False])
+    assert "HTTP 403" in str(errors[True])
+
+
+def test_a_stopped_prefetch_sends_none_of_its_parts_not_yet_started(
+    moto_server: MotoServer, proxy: FaultProxy, stored: tuple[str, int, pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan that ends (its consumer left, its query was cancelled) stops its prefetch: parts already being
+    fetched finish, none other is sent."""
+    monkeypatch.setattr(cached_files, "PREFETCH_PART_BYTES", 64 << 10)
+    fragment = fragment_through(moto_server, proxy, stored, "scope-stopped")
+    proxy.reset()
+    proxy.inject("GET", DATA_GET, 0, 1000, delay=0.2)
+    prefetch = _start_prefetch(fragment, [0, 1, 2, 3], ("x", "y"))
+    assert prefetch is not None
+    parts = [future for _, _, future in prefetch._parts]
+    assert len(parts) > 2 * cached_files.PREFETCH_THREADS
+    _PREFETCHES.stop(prefetch)
+    wait(parts)
+    assert _PREFETCHES.running() == 0
+    assert proxy.count("GET", DATA_GET) <= cached_files.PREFETCH_THREADS
+
+
+def test_prefetches_hold_at_most_half_the_range_cache_in_all(
+    moto_server: MotoServer, proxy: FaultProxy, stored: tuple[str, int, pa.Table]
+) -> None:
+    """With a 6 MiB range cache, the prefetches of a process reserve at most 3 MiB together: a first file's takes
+    its reads in file order while they fit, a second one started meanwhile gets what is left (here: nothing);
+    the reads left out are fetched when pyarrow asks, and the rows are the file's all the same."""
+    bound = 6 << 20
+    configure_process_caches(data_bytes=bound, manifest_bytes=DEFAULT_MANIFEST_BYTES)
+    _, size, table = stored
+    first = fragment_through(moto_server, proxy, stored, "scope-first")
+    second = fragment_through(moto_server, proxy, stored, "scope-second")
+    reads = coalesced_reads(first.metadata, [0, 1, 2, 3], {1, 2}, size)
+    assert sum(n for _, n in reads) > bound // 2
+    running = _start_prefetch(first, [0, 1, 2, 3], ("x", "y"))
+    assert running is not None
+    try:
+        assert 0 < running.reserved <= bound // 2
+        assert running.reserved == sum(n for _, n in reads[: len(running._reads)])  # a prefix, in file order
+        assert _start_prefetch(second, [0, 1, 2, 3], ("x", "y")) is None
+    finally:
+        _PREFETCHES.stop(running)
+    assert scanned(first, projection(("x", "y"), table.schema), size, prefetch=True).equals(table.select(["x", "y"]))
+    assert _PREFETCHES.running() == 0
+
+
+def test_a_sessions_cache_prefetch_setting_reaches_its_scans(
+    catalog_server: CatalogServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bogus_aws_env: None
+) -> None:
+    """``[cache] prefetch`` of a session's config decides its scans': a cold query whose filter keeps one row
+    group of a file read range by range sends that group's read as one GET with the setting off (the default,
+    as before the setting existed), and in parts sent together with it on. Data GETs go through the proxy
+    (``[storage] endpoint``), which forwards the signed Host."""
+    monkeypatch.setattr(cached_files, "PREFETCH_PART_BYTES", 256 << 10)
+    owner = catalog_server.admin
+    namespace = f"prefetch_{uuid.uuid4().hex[:8]}"
+    pyiceberg_catalog(catalog_server, owner).create_namespace(namespace)
+    with session_for(tmp_path, catalog_server, owner) as writer:
+        writer.sql(f"CREATE TABLE {namespace}.big AS SELECT i AS id, random() AS y FROM range(0, {ROWS}) r(i)")
+        expected = writer.sql(f"SELECT count(*), sum(id), sum(y) FROM {namespace}.big WHERE id < 1000").fetchall()
+    s3 = FaultProxy(catalog_server.moto.url, keep_host=True)
+    s3.start()
+    seen = {}
+    try:
+        for prefetch in (None, False, True):  # None: the setting left at its default
+            clear_process_caches()
+            path = write_sqe_config(
+                tmp_path / f"reader-{prefetch}.toml", catalog_server.url, owner, catalog_server.moto,
+                storage={"endpoint": s3.url},
+            )  # fmt: skip
+            overrides: dict[str, Any] = {"cache.data_bytes": CACHE_BYTES}
+            if prefetch is not None:
+                overrides["cache.prefetch"] = prefetch
+            with sqe.api.connect(load_config(path, env={}, overrides=overrides)) as session:
+                plan = session.sql(f"SELECT count(*), sum(id), sum(y) FROM {namespace}.big WHERE id < 1000")
+                s3.reset()
+                s3.inject("GET", r"\.parquet", 0, 1000, delay=0.2)
+                assert plan.fetchall() == expected
+                seen[prefetch] = (s3.max_in_flight, s3.count("GET", r"\.parquet"))
+    finally:
+        s3.stop()
+    assert seen[None] == seen[False]
+    in_flight, gets = seen[False]
+    assert gets >= 1 and in_flight == 1, seen
+    in_flight, gets = seen[True]
+    assert in_flight >= 2 and gets > seen[False][1], seen
