@@ -4,7 +4,9 @@ Fails closed: without a token file the worker refuses to start unless ``--insecu
 serves plaintext on a loopback ``--listen`` address only (elsewhere ``--tls-cert``/``--tls-key`` are required).
 ``--data-cache-bytes`` / ``--decoded-cache-bytes`` bound the process's data-range and decoded-column caches
 (the engine's ``[cache] data_bytes`` / ``decoded_bytes``; 0 turns one off), ``--prefetch`` is the engine's
-``[cache] prefetch`` and ``--keep-freed-bytes`` is the engine's ``[memory] keep_freed_bytes``.
+``[cache] prefetch`` and ``--keep-freed-bytes`` is the engine's ``[memory] keep_freed_bytes``. ``--keepalive-ms`` /
+``--keepalive-timeout-ms``: how often the worker pings each coordinator connection and how long an answer may take
+before the connection (and its fragments, with their slots) is dropped.
 """
 
 from __future__ import annotations
@@ -63,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
         "--keep-freed-bytes", type=int, default=keep, metavar="N",
         help=f"freed memory the allocator keeps for reuse (glibc; default {keep}; 0: malloc's defaults)",
     )  # fmt: skip
+    parser.add_argument(
+        "--keepalive-ms", type=int, default=30_000, metavar="MS",
+        help="ping each coordinator connection this often (default 30000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--keepalive-timeout-ms", type=int, default=10_000, metavar="MS",
+        help="drop a connection whose ping goes unanswered this long, freeing its fragments (default 10000)",
+    )  # fmt: skip
     parser.add_argument("--pace-ms-per-file", type=int, default=0, help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -80,7 +90,7 @@ def _read_pem(path: Path | None, what: str) -> bytes | None:
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     from workers.auth import read_token_file
-    from workers.server import ProcessMemory, ServerOptions
+    from workers.server import Keepalive, ProcessMemory, ServerOptions
     from workers.service import ServiceSettings
 
     if args.token_file is None and not args.insecure_no_token:
@@ -108,6 +118,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             prefetch=args.prefetch,
         ),
         memory=ProcessMemory(args.data_cache_bytes, args.decoded_cache_bytes, args.keep_freed_bytes),
+        keepalive=Keepalive(args.keepalive_ms, args.keepalive_timeout_ms),
     )
 
 

@@ -145,6 +145,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
     def __init__(self, ticket: DecodedTicket, io: FragmentFileIO, cancel: threading.Event) -> None:
         super().__init__(ticket, io, cancel)
         self.metrics = ScanMetrics()
+        self.rows_sent = 0  # rows in the batches streamed so far (read by heartbeats, on another thread)
         try:
             self._read = build_read_spec(ticket.metadata, io, ticket.read_schema, ticket.row_filter)
         except (ValueError, TypeError) as exc:  # the row filter does not bind to the table schema
@@ -156,21 +157,24 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         self._where = None if ticket.user_filter is None else _compiled(ticket.user_filter, self._schema)
 
     def stream(
-        self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats
-    ) -> Iterator[pb.ExecuteResponse | BatchFrame]:
+        self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats, heartbeat_ms: int = 0
+    ) -> Generator[pb.ExecuteResponse | BatchFrame]:
         """Schema, then batches and progress, then ``complete``. Errors propagate to the caller. Batches come as
-        ready-serialised frames (the service's serializer sends them as they are)."""
+        ready-serialised frames (the service's serializer sends them as they are). ``heartbeat_ms``: the interval
+        the schema message announces (the caller sends the heartbeats, see ``workers.heartbeat``)."""
         ticket = self.ticket
         schema = self._schema
         transform = restriction_transform(ticket.restrictions, ticket.read_schema, ticket.output_field_ids, ticket.salt)
         if ticket.partial is not None:  # its DuckDB runs the WHERE (run_partial)
-            yield from self._partial_stream(ticket.partial, executor, transform, max_message_bytes, stats)
+            yield from self._partial_stream(ticket.partial, executor, transform, max_message_bytes, stats, heartbeat_ms)
             return
         if self._where is not None:  # before the batches are conformed: only the kept rows are converted
             transform = filtering(self._where, first=transform)
         if ticket.plain_offsets:
             schema = plain_offsets(schema)
-        yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(schema), row_positions=True))
+        yield pb.ExecuteResponse(
+            schema=pb.ArrowSchema(ipc=encode_schema(schema), row_positions=True, heartbeat_ms=heartbeat_ms)
+        )
         rows = batches = 0
         files_reported = 0
         task_rows = [0] * len(ticket.tasks)
@@ -180,6 +184,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
                 yield frame
                 task_rows[index] += frame.rows
                 rows += frame.rows
+                self.rows_sent = rows
                 batches += 1
                 stats.add(batches_sent=1, rows_sent=frame.rows, ipc_bytes_sent=frame.ipc_bytes)
             if self.metrics.files_done != files_reported:
@@ -198,12 +203,14 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         transform: BatchTransform | None,
         max_message_bytes: int,
         stats: WorkerStats,
+        heartbeat_ms: int,
     ) -> Iterator[pb.ExecuteResponse]:
         """Schema, the fragment's partial rows, ``complete``. The restricted batches (row filter, then masks, as
         in ``stream``) are streamed into DuckDB; the partial rows carry no positions (a retry starts over)."""
         partial_schema = self._partial_schema
         assert partial_schema is not None  # set in __init__ whenever the ticket has a partial aggregate
-        yield pb.ExecuteResponse(schema=pb.ArrowSchema(ipc=encode_schema(partial_schema), row_positions=False))
+        schema = pb.ArrowSchema(ipc=encode_schema(partial_schema), row_positions=False, heartbeat_ms=heartbeat_ms)
+        yield pb.ExecuteResponse(schema=schema)
         rows = batches = 0
         for batch in self._partial_batches(partial, executor, transform):
             if batch is None:  # a file finished while DuckDB aggregates
@@ -212,6 +219,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             for data, count in encode_batch(conform_batch(batch, partial_schema), max_message_bytes):
                 yield pb.ExecuteResponse(batch=pb.ArrowBatch(ipc=data, num_rows=count))
                 rows += count
+                self.rows_sent = rows
                 batches += 1
                 stats.add(batches_sent=1, rows_sent=count, ipc_bytes_sent=len(data))
         yield pb.ExecuteResponse(progress=self._progress(rows))
@@ -303,6 +311,14 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
                 close = getattr(run, "close", None)
                 if close is not None:
                     close()
+
+    def made_progress(self) -> object:
+        """What changes whenever the fragment makes progress: a file opened or finished, a batch read or sent."""
+        return (*self.metrics.snapshot().values(), self.rows_sent)
+
+    def heartbeat(self) -> pb.ExecuteResponse:
+        """A ``progress`` message sent because the fragment progressed without having anything else to send."""
+        return pb.ExecuteResponse(progress=self._progress(self.rows_sent))
 
     def _progress(self, rows: int) -> pb.Progress:
         done = self.metrics.snapshot()

@@ -50,6 +50,40 @@ class ProcessMemory:
         return keep_freed_memory(self.keep_freed_bytes)
 
 
+# The most often a worker lets a client ping it on a connection that sent it nothing (gRPC answers pings more
+# frequent than this with GOAWAY "too_many_pings"); the coordinator never pings more often (its minimum is 2 s).
+MIN_CLIENT_PING_MS = 1000
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    """HTTP/2 keepalive: the worker pings each connection every ``time_ms`` and closes one whose answer takes
+    longer than ``timeout_ms``, so a coordinator lost to a partition (or frozen) releases its fragment slots within
+    about their sum instead of the operating system's TCP timeouts (hours)."""
+
+    time_ms: int = 30_000
+    timeout_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        for name, value in (("--keepalive-ms", self.time_ms), ("--keepalive-timeout-ms", self.timeout_ms)):
+            if value < 100:
+                raise ConfigError(f"{name} must be at least 100")
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.keepalive_time_ms", self.time_ms),
+            ("grpc.keepalive_timeout_ms", self.timeout_ms),
+            # What gRPC (1.6x and later) actually waits for a ping's answer; its default is a minute.
+            ("grpc.http2.ping_timeout_ms", self.timeout_ms),
+            # Idle connections too: a dead one is dropped before a call finds it.
+            ("grpc.keepalive_permit_without_calls", 1),
+            # Keep pinging a stream that sends nothing for a while (gRPC's default stops after two pings).
+            ("grpc.http2.max_pings_without_data", 0),
+            # The coordinator's own keepalive pings (at most one per 2 s) must never count as abuse.
+            ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_MS),
+        ]
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     listen: str
@@ -58,6 +92,7 @@ class ServerOptions:
     tls_key: bytes | None = field(default=None, repr=False)
     service: ServiceSettings = field(default_factory=ServiceSettings)
     memory: ProcessMemory = field(default_factory=ProcessMemory)
+    keepalive: Keepalive = field(default_factory=Keepalive)
 
     def __post_init__(self) -> None:
         """Checked here, before anything binds: every ``ServerOptions`` (the CLI's or a test's) obeys it."""
@@ -98,6 +133,7 @@ def create_server(options: ServerOptions) -> tuple[grpc.Server, WorkerService, i
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            *options.keepalive.channel_options(),
         ],
     )
     _add_service(service, server)

@@ -47,6 +47,7 @@ from sqe.execution.local import LocalExecutor, QueryCancelledError
 from workers.environment import ambient_credentials_disabled
 from workers.fileio import FragmentFileIO, OpenCallback
 from workers.fragment import FragmentRegistry, Registered, RunningFragment, WorkerStats
+from workers.heartbeat import heartbeat_interval_ms, with_heartbeats
 from workers.rewrite import OutputNotAllowedError, RewriteFileIO, RunningRewrite
 
 log = logging.getLogger("sqe.worker")
@@ -111,7 +112,7 @@ class WorkerService:
         fragment = self._start(request, context)
         outcome = "failed"
         try:
-            yield from fragment.stream(self._executor, self.settings.max_message_bytes, self.stats)
+            yield from self._responses(fragment, heartbeat_interval_ms(request.heartbeat_ms))
             outcome = "completed"
         except GeneratorExit:  # the client went away: the stream is closed under us
             fragment.cancel.set()
@@ -125,6 +126,19 @@ class WorkerService:
             fragment.cancel.set()  # stops reader threads whatever happened
             self.registry.unregister(fragment)
             self._record_end(fragment, outcome)
+
+    def _responses(self, fragment: RunningFragment, heartbeat_ms: int) -> Iterator[pb.ExecuteResponse | BatchFrame]:
+        """The fragment's stream; with heartbeats asked for, with a progress message after each quiet interval."""
+        stream = fragment.stream(self._executor, self.settings.max_message_bytes, self.stats, heartbeat_ms)
+        if not heartbeat_ms:
+            return stream
+        return with_heartbeats(
+            stream,
+            interval_seconds=heartbeat_ms / 1000.0,
+            progress=fragment.made_progress,
+            beat=fragment.heartbeat,
+            cancel=fragment.cancel,
+        )
 
     def _start(self, request: pb.ScanTicket, context: grpc.ServicerContext) -> RunningFragment:
         fragment = self._admit(context, "fragment", lambda cancel: self._new_fragment(request, cancel))

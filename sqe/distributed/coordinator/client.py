@@ -30,14 +30,32 @@ def refuse_plaintext_off_loopback(address: str, tls_ca: str | None) -> None:
 class WorkerClient:
     """One worker's channel and stub; every call carries the coordinator's bearer token."""
 
-    def __init__(self, address: str, token: str, *, tls_ca: str | None, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        *,
+        tls_ca: str | None,
+        max_message_bytes: int,
+        keepalive: tuple[float, float] = (30.0, 10.0),
+    ) -> None:
+        """``keepalive``: (seconds between pings, seconds a ping may go unanswered before the connection drops)."""
         refuse_plaintext_off_loopback(address, tls_ca)
         self.address = address
         self._token = token
         self._metadata = (("authorization", f"Bearer {token}"),)
+        every, timeout = keepalive
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            # A worker behind a dead connection fails the calls on it (UNAVAILABLE) within about every + timeout,
+            # instead of after the operating system's TCP timeouts. Workers accept these pings (sqe-worker allows
+            # one a second, with or without calls and data), so they never answer GOAWAY too_many_pings.
+            ("grpc.keepalive_time_ms", int(every * 1000)),
+            ("grpc.keepalive_timeout_ms", int(timeout * 1000)),
+            ("grpc.http2.ping_timeout_ms", int(timeout * 1000)),  # what gRPC actually waits (default: a minute)
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
         ]
         if tls_ca:
             with open(tls_ca, "rb") as fh:

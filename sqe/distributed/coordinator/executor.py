@@ -101,6 +101,7 @@ class DistributedExecutor:
                 token,
                 tls_ca=coordinator.tls_ca,
                 max_message_bytes=self.options.max_message_bytes,
+                keepalive=(self.options.keepalive_seconds, self.options.keepalive_timeout_seconds),
             )
             for address in coordinator.workers
         ]

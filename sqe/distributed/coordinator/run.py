@@ -19,6 +19,11 @@
   table as the querying user before the usable point and pushes the new set to the workers.
 - **Cancel and progress.** Cancelling the query cancels its calls and sends ``Cancel``; per-fragment ``progress``
   messages feed the query's ``ScanMetrics`` (the CLI progress bar).
+- **Stalls.** Tickets ask for progress heartbeats (``heartbeat_seconds``); a worker that keeps them sends one after
+  each interval in which its fragment progressed with nothing else to send. Its stream, silent for
+  ``stall_heartbeats`` intervals, is stalled (a wedged read, a hung store): the call is cancelled and the fragment
+  retried elsewhere under the usual rules, the worker staying in the scan. Any stream silent for
+  ``idle_timeout_seconds`` also gets its worker health-checked (the only check of an older worker's streams).
 """
 
 from __future__ import annotations
@@ -93,6 +98,10 @@ class _Attempt:
     call: Any = None
     waiting_since: float | None = None  # set while the slot thread waits for the next message
     timed_out: bool = False
+    # With heartbeats (the worker confirmed them in its schema message): the silence after which it is stalled.
+    silence_limit: float | None = None
+    stalled: bool = False
+    health_checked: float = 0.0  # when a health check last found the worker answering during this silence
     files_done: int = 0
     bytes_done: int = 0
     received: dict[int, int] = field(default_factory=dict)  # task index -> rows this attempt sent
@@ -135,6 +144,7 @@ class ScanRun:
         self._output: queue.Queue[pa.RecordBatch | None] = queue.Queue(self._options.max_queued_batches)
         self._credentials: TableCredentials | None = None
         self._metadata_json = b""
+        self._watched_at = 0.0  # when the consumer last looked for silent streams
 
     def _table_metadata(self) -> TableMetadata:
         """An Iceberg table's loaded metadata, or an external table's synthesized one."""
@@ -178,6 +188,7 @@ class ScanRun:
                     return
                 self._watch_idle()
                 continue
+            self._watch_now_and_then()  # one stalled stream among busy ones is found too
             if batch is None:  # every fragment committed and every batch was taken
                 with self._cond:
                     if self._error is not None:
@@ -211,15 +222,27 @@ class ScanRun:
         with contextlib.suppress(grpc.RpcError):  # a dead worker has nothing left to cancel
             client.cancel(request, timeout=self._options.rpc_timeout_seconds)
 
+    def _watch_now_and_then(self) -> None:
+        if time.monotonic() - self._watched_at >= self._options.poll_seconds:
+            self._watch_idle()
+
     def _watch_idle(self) -> None:
-        """A stream silent for idle_timeout_seconds: health-check its worker; an unanswered check ends the call."""
-        now = time.monotonic()
+        """A heartbeat stream silent past its limit is stalled: its call ends. A stream silent for
+        idle_timeout_seconds: health-check its worker; an unanswered check ends the call."""
+        now = self._watched_at = time.monotonic()
         with self._cond:
-            silent = [
-                a
-                for a in self._running.values()
-                if a.waiting_since is not None and now - a.waiting_since > self._options.idle_timeout_seconds
-            ]
+            waiting = [a for a in self._running.values() if a.waiting_since is not None]
+        silent: list[_Attempt] = []
+        for attempt in waiting:
+            since = attempt.waiting_since
+            if since is None:  # a message arrived meanwhile
+                continue
+            if attempt.silence_limit is not None and now - since > attempt.silence_limit:
+                attempt.stalled = True
+                if attempt.call is not None:
+                    attempt.call.cancel()
+            elif now - max(since, attempt.health_checked) > self._options.idle_timeout_seconds:
+                silent.append(attempt)  # is the worker there at all?
         for attempt in silent:
             client = self._executor.client_for(attempt.worker)
             try:
@@ -229,7 +252,9 @@ class ScanRun:
                 if attempt.call is not None:
                     attempt.call.cancel()
                 continue
-            attempt.waiting_since = time.monotonic()  # alive, just slow (a slow store, a paced worker)
+            # Alive, just slow (a slow store, a paced worker): checked again after another idle_timeout_seconds.
+            # The silence itself goes on (waiting_since stays): it is what the stall limit measures.
+            attempt.health_checked = time.monotonic()
 
     # -- slot threads -------------------------------------------------------------------------------------
 
@@ -307,6 +332,9 @@ class ScanRun:
         except grpc.RpcError as exc:
             if self._stop.is_set():
                 return AttemptFailure("cancelled")
+            if attempt.stalled:
+                self._send_cancel(attempt)  # the call's end reaches the worker; say it again, explicitly
+                return AttemptFailure(f"{where}: stalled, no progress for {attempt.silence_limit:g} s")
             secrets = self._secrets_sent(client, ticket)
             return classify_rpc_error(exc, client.address, attempt.fragment_id, attempt.timed_out, secrets)
         except (_StreamBroken, InvalidBatchError) as exc:  # nothing of the bad message was forwarded
@@ -375,6 +403,8 @@ class ScanRun:
             if kind == "schema":
                 schema = decode_schema(message.schema.ipc)
                 positioned = message.schema.row_positions
+                if message.schema.heartbeat_ms:  # the worker keeps heartbeats: silence now means a stall
+                    attempt.silence_limit = message.schema.heartbeat_ms / 1000.0 * self._options.stall_heartbeats
                 self._check_partial_schema(schema)
                 if not positioned and self._partial is None and state.forwarded_rows:
                     # Checked before any batch: a check at the stream's end comes after its rows were forwarded.
@@ -514,6 +544,7 @@ class ScanRun:
             user_filter=self._job.user_filter,
             plain_offsets=self._plain_offsets,
         )
+        ticket.heartbeat_ms = round(self._options.heartbeat_seconds * 1000)
         return ticket, generation
 
     # -- outcomes -------------------------------------------------------------------------------------------

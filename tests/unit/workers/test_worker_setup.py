@@ -13,6 +13,7 @@ import pytest
 
 from sqe.config import CacheConfig, MemoryConfig
 from sqe.credentials import CredentialSet
+from sqe.distributed.coordinator.options import MIN_KEEPALIVE_SECONDS
 from sqe.distributed.protocol.errors import KIND_CREDENTIAL_EXPIRED, KIND_READ_FAILED, MessageTooLargeError
 from sqe.distributed.protocol.ipc import decode_batch, decode_schema, encode_batch, encode_schema
 from sqe.distributed.protocol.ticket import WireTableId, decode_ticket
@@ -22,7 +23,8 @@ from workers.cli import _parser, main, options_from_args
 from workers.environment import ambient_credentials_disabled, scrub_environment
 from workers.fileio import FragmentFileIO
 from workers.fragment import RunningFragment
-from workers.server import ProcessMemory, ServerOptions, create_server
+from workers.heartbeat import MAX_HEARTBEAT_MS, MIN_HEARTBEAT_MS, heartbeat_interval_ms
+from workers.server import Keepalive, ProcessMemory, ServerOptions, create_server
 from workers.service import ServiceSettings, WorkerService, _refusal, fragment_failure
 
 # ------------------------------------------------------------------------------------------- environment
@@ -85,6 +87,28 @@ def test_prefetch_is_off_unless_asked_reaches_the_scan_executor_and_needs_the_da
     assert WorkerService(args("--insecure-no-token").service)._executor.prefetch is False
     with pytest.raises(ConfigError, match="--prefetch needs --data-cache-bytes above 0"):
         args("--insecure-no-token", "--prefetch", "--data-cache-bytes", "0")
+
+
+def test_keepalive_flags_are_taken_and_checked() -> None:
+    assert args("--insecure-no-token").keepalive == Keepalive(30_000, 10_000)
+    assert args("--insecure-no-token", "--keepalive-ms", "500", "--keepalive-timeout-ms", "1000").keepalive == (
+        Keepalive(500, 1000)
+    )
+    for flag in ("--keepalive-ms", "--keepalive-timeout-ms"):
+        with pytest.raises(ConfigError, match=f"{flag} must be at least 100"):
+            args("--insecure-no-token", flag, "99")
+    # The worker lets clients ping as often as the coordinator's fastest keepalive allows, and keeps pinging a
+    # stream that sends nothing for a while: no GOAWAY too_many_pings, no keepalive that stops after two pings.
+    options = dict(Keepalive().channel_options())
+    assert options["grpc.http2.min_ping_interval_without_data_ms"] <= MIN_KEEPALIVE_SECONDS * 1000
+    assert options["grpc.keepalive_permit_without_calls"] == 1 and options["grpc.http2.max_pings_without_data"] == 0
+
+
+def test_heartbeat_intervals_are_bounded() -> None:
+    assert heartbeat_interval_ms(0) == 0  # not asked: none
+    assert heartbeat_interval_ms(1) == MIN_HEARTBEAT_MS
+    assert heartbeat_interval_ms(5000) == 5000
+    assert heartbeat_interval_ms(2**32 - 1) == MAX_HEARTBEAT_MS
 
 
 def test_token_files_are_read_and_checked(tmp_path: Path) -> None:

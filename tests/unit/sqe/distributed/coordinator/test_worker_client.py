@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from sqe.distributed.coordinator.client import WorkerClient
+from sqe.distributed.coordinator.options import DistributedOptions
 from sqe.errors import ConfigError
 
 TOKEN = "coordinator-token-" + "x" * 20
@@ -36,3 +37,19 @@ def test_with_a_ca_any_address_gets_a_tls_channel(tmp_path: Path) -> None:
     client = WorkerClient("192.0.2.10:7001", TOKEN, tls_ca=str(ca), max_message_bytes=1 << 20)
     assert client.address == "192.0.2.10:7001"
     client.close()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"keepalive_seconds": 1.0},  # workers allow one ping a second: the coordinator stays well clear of it
+        {"keepalive_timeout_seconds": 0.0},
+        {"heartbeat_seconds": 0.01},
+        {"heartbeat_seconds": 7200.0},
+        {"stall_heartbeats": 1},  # one late heartbeat must not read as a stall
+    ],
+)
+def test_liveness_settings_out_of_range_are_refused(settings: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="DistributedOptions"):
+        DistributedOptions(**settings)  # type: ignore[arg-type]
+    assert DistributedOptions(heartbeat_seconds=0).heartbeat_seconds == 0  # 0: no heartbeats asked for
