@@ -6,6 +6,8 @@
 - A worker whose fragment stalls (its object store hangs, through ``tests/helpers/fault_proxy.py``) while it keeps
   answering Health has the fragment retried on another worker, by the missing progress heartbeats.
 - A fragment that progresses without sending anything (a partial aggregate of a slowly read file) is not cut.
+- A frozen worker fails the coordinator's calls on its connection through the channel's keepalive, even with no
+  heartbeats and no idle health checks.
 
 Intervals are short and set per test; nothing asserts a duration beyond "eventually, within a generous bound".
 """
@@ -230,3 +232,38 @@ def test_a_long_fragment_that_progresses_silently_is_not_cut(
     assert answer == [(g, len(ids), sum(ids)) for g, ids in expected.items()]
     # It did outlast the stall limit several times over: far more slow reads than a few run at once in 3 s.
     assert proxy.outcomes["delayed"] >= 30
+
+
+def test_a_frozen_worker_fails_the_coordinators_calls_through_keepalive(
+    catalog_server: CatalogServer,
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No heartbeats and no idle health checks here: only the channel's keepalive notices the frozen worker."""
+    pool = worker_factory.pool(2, "--max-files-in-flight", "1")
+    path = write_sqe_config(tmp_path / "reader.toml", catalog_server.url, tables.reader, catalog_server.moto)
+    config = load_config(path, env={}, overrides=coordinator_overrides(pool))
+    options = {
+        "slots_per_worker": 1,
+        "pace_ms_per_file": 200,
+        "heartbeat_seconds": 0,
+        "idle_timeout_seconds": 600.0,
+        "keepalive_seconds": 2.0,
+        "keepalive_timeout_seconds": 1.0,
+    }
+    frozen = pool.workers[0]
+    caplog.set_level(logging.WARNING, logger="sqe.distributed")
+    with distributed_session(config, **options) as session:
+        thread, result = _query_in_thread(session, f"SELECT id FROM {tables.namespace}.events")
+        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30, what="files read")
+        os.kill(frozen.proc.pid, signal.SIGSTOP)  # its connections stay open; it answers nothing
+        try:
+            thread.join(60)
+        finally:
+            os.kill(frozen.proc.pid, signal.SIGCONT)
+        assert not thread.is_alive(), "the query waits on the frozen worker"
+        assert "error" not in result, result.get("error")
+    assert f"worker {frozen.address}" in caplog.text and "UNAVAILABLE" in caplog.text
+    assert sorted(result["table"].column("id").to_pylist()) == list(range(tables.rows))
