@@ -261,6 +261,17 @@ class IdentityBroker(Unpicklable):
         # token's unverified subject, so an answer that is not the catalog's must not authenticate it.
         raise AuthenticationError(f"the catalog did not confirm the bearer token (HTTP {status})", status=401)
 
+    def check_reader(self) -> None:
+        """Log in as the reader once (its token is kept for the first user's exchange), so that a wrong reader
+        secret fails ``sqe serve`` at start, naming the reader, rather than every user's first call. A catalog
+        that cannot be reached raises :class:`CatalogUnavailableError`; a refusal, :class:`AuthenticationError`."""
+        if not self.delegates:
+            return
+        try:
+            self._reader()
+        except _Refused as refusal:
+            raise AuthenticationError(str(refusal), status=401) from None  # the public type: the operator sees it
+
     # -- the token a user's engine session uses ---------------------------------------------------------
 
     def catalog_token(self, user: User) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sqe._process import Started, nothing
 from sqe._text import counted, first_line, terminal_line
 from sqe.config import SQEConfig, load_config
-from sqe.errors import SQEError
+from sqe.errors import CatalogError, CatalogUnavailableError, SQEError
 from sqe.server import mount_stores
 from sqe.server.config import ServerConfig, load_server_config
 from sqe.server.identity import IdentityBroker
@@ -97,7 +97,9 @@ def main(argv: list[str], *, started: Started = nothing) -> int:
             return _look_after_stores(args.config, args.prune_external_stores)
         return _serve(args.config, args.port_file, started)
     except SQEError as exc:
-        print(f"sqe serve: error: {terminal_line(exc)}", file=sys.stderr)
+        # A catalog's refusal (the reader identity at start) is typed, as the server's errors to clients are.
+        typed = f"{type(exc).__name__}: " if isinstance(exc, CatalogError) else ""
+        print(f"sqe serve: error: {typed}{terminal_line(exc)}", file=sys.stderr)
         return 1
 
 
@@ -158,6 +160,20 @@ def _log_engine_limits(limits: DatabaseLimits | None) -> None:
         )
 
 
+def _check_reader(broker: IdentityBroker) -> None:
+    """One reader login before listening: a refused reader identity (a wrong or rotated secret, a deleted
+    principal) ends the start with one line naming the reader. A catalog not reachable yet (started after the
+    server, or down for a moment) only warns: the reader logs in at the first user's call, as it retries anyway."""
+    try:
+        broker.check_reader()
+    except CatalogUnavailableError as exc:
+        log.warning(
+            "cannot check the reader identity %r at start (%s); it logs in at the first user's call",
+            broker.reader_client_id,
+            first_line(exc),
+        )
+
+
 def _serve(config_path: str, port_file: str | None, started: Started) -> int:
     from pyarrow import ArrowException
 
@@ -175,6 +191,7 @@ def _serve(config_path: str, port_file: str | None, started: Started) -> int:
         timeout=engine_config.catalog.request_timeout_seconds,
         auth_cache_seconds=server_config.auth_cache_seconds,
     )
+    _check_reader(broker)
     try:
         server = SQEFlightServer(server_config, engine_config, broker, tls_certificates=_tls(server_config))
     except (OSError, ArrowException) as exc:  # the port is taken, the TLS material is not a key pair, ...

@@ -1,0 +1,68 @@
+"""``sqe serve`` logs in as its reader identity once at start.
+
+Found by review: a server with a wrong reader secret started and listened, and every user's first call then failed
+with the catalog's refusal of the reader. Now a refused reader ends the start with one typed line naming the reader
+client id (never its secret); a catalog that cannot be reached at start only warns (the reader logs in at the first
+user's call). Real sqe-catalog, real ``sqe serve`` subprocess.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CatalogPrincipal, CatalogServer
+from tests.e2e.test_server import _write_configs, start_server
+
+pytestmark = [pytest.mark.e2e]
+
+WRONG_SECRET = "not-the-readers-secret-5c1e"
+
+
+def test_a_refused_reader_identity_fails_the_start_with_one_line_naming_the_reader(
+    catalog_server: CatalogServer, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    reader = {"reader_client_id": catalog_reader.client_id, "reader_client_secret": WRONG_SECRET}
+    config = _write_configs(tmp_path, catalog_server, **reader)
+    port_file = tmp_path / "port"
+    command = [sys.executable, "-m", "sqe.cli", "serve", "--config", str(config), "--port-file", str(port_file)]
+    # Before the fix the server ran on: the timeout ends that as a failure.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert not port_file.exists()  # it never listened
+    assert "Traceback" not in done.stderr
+    assert WRONG_SECRET not in done.stderr and catalog_reader.client_secret not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    expected = "sqe serve: error: AuthenticationError: the catalog rejected the server's reader identity "
+    assert line.startswith(f"{expected}{catalog_reader.client_id!r}"), line
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_catalog_unreachable_at_start_only_warns_that_the_reader_is_unchecked(
+    catalog_server: CatalogServer, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """The catalog may come up after the server (or be down for a moment): the server starts, says the reader is
+    unchecked, and the reader logs in at the first user's call."""
+    from tests.helpers.processes import stop_child
+
+    reader = {"reader_client_id": catalog_reader.client_id, "reader_client_secret": catalog_reader.client_secret}
+    config = _write_configs(tmp_path, catalog_server, **reader)
+    engine = tmp_path / "engine.toml"
+    unreachable = f"http://127.0.0.1:{_closed_port()}"
+    engine.write_text(engine.read_text(encoding="utf-8").replace(catalog_server.url, unreachable), encoding="utf-8")
+    proc, _ = start_server(tmp_path, config)
+    try:
+        log = (tmp_path / "server.log").read_text(encoding="utf-8")
+    finally:
+        stop_child(proc)
+    assert f"cannot check the reader identity {catalog_reader.client_id!r} at start" in log, log[-2000:]
+    assert catalog_reader.client_secret not in log
