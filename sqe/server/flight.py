@@ -55,6 +55,7 @@ from sqe.server.sessions import (
     UnknownHandleError,
     Watchdog,
     engine_limits,
+    served_warehouses,
 )
 from sqe.session import Params, PreparedStatement, Result
 
@@ -584,7 +585,8 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         return flight.SchemaResult(schemas[name])
 
     def _metadata(self, user: User, session: ClientSession, name: str, wrapper: any_pb2.Any, context: Any) -> pa.Table:
-        warehouses = self.engine_config.catalog.warehouse_names
+        # Only what the user's session can query: a sibling on another catalog is dropped from their config.
+        warehouses = served_warehouses(self.engine_config)
         if name == "CommandGetCatalogs":
             return metadata.catalogs(warehouses)
         if name == "CommandGetTableTypes":

@@ -36,7 +36,7 @@ from pydantic import SecretStr
 from sqe._text import counted, short_identity
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.rest import RestTableProvider
-from sqe.config import ExternalTablesConfig, SQEConfig, same_catalog
+from sqe.config import ExternalTablesConfig, SiblingWarehouseConfig, SQEConfig, same_catalog
 from sqe.duckdb_connection import DatabaseLimits, spill_disk_free_bytes
 from sqe.errors import QueryError, SQEError
 from sqe.server.config import MIN_ENGINE_MEMORY_BYTES
@@ -98,6 +98,20 @@ class UnknownHandleError(QueryError):
     """A ticket or prepared-statement handle this client session does not hold."""
 
 
+def _served_siblings(base: SQEConfig) -> list[SiblingWarehouseConfig]:
+    """The sibling warehouses served to users: those on the primary catalog. A user's token is the primary
+    catalog's: a sibling on another catalog would receive it (and could replay it at the primary as this user), so
+    such a sibling is not served to a user at all."""
+    primary = base.catalog.uri
+    return [w for w in base.catalog.warehouses if not w.uri or same_catalog(w.uri, primary)]
+
+
+def served_warehouses(base: SQEConfig) -> tuple[str, ...]:
+    """The warehouses a user's session can query (the primary, then its siblings on the same catalog): all that
+    the metadata listings may show or list at the catalog."""
+    return (base.catalog.warehouse, *(w.name for w in _served_siblings(base)))
+
+
 def _user_config(base: SQEConfig, token: str, owner: SessionKey) -> SQEConfig:
     """The server's engine config as ``token``'s holder: that catalog token only, no other credential.
 
@@ -111,12 +125,7 @@ def _user_config(base: SQEConfig, token: str, owner: SessionKey) -> SQEConfig:
         "reader_client_id": None,
         "reader_client_secret": None,
     }
-    # The token is the primary catalog's: a sibling on another catalog would receive it (and could replay it at
-    # the primary as this user), so such a sibling is not served to a user at all.
-    primary = base.catalog.uri
-    siblings = tuple(
-        w.model_copy(update=no_auth) for w in base.catalog.warehouses if not w.uri or same_catalog(w.uri, primary)
-    )
+    siblings = tuple(w.model_copy(update=no_auth) for w in _served_siblings(base))
     # The token is already the user's own or a delegated one (IdentityBroker): the engine must not exchange again.
     catalog = base.catalog.model_copy(update={**no_auth, "token": SecretStr(token), "warehouses": siblings})
     return base.model_copy(update={"catalog": catalog, "external_tables": _user_external_tables(base, owner)})

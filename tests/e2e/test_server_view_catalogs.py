@@ -8,8 +8,11 @@ Real sqe-catalog, real ``sqe serve`` subprocess, ADBC over Flight SQL.
 
 from __future__ import annotations
 
+import http.server
+import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
@@ -17,16 +20,61 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 from pyiceberg.view.metadata import SQLViewRepresentation, ViewVersion
 
+from sqe.server._proto import flight_sql_pb2 as sql_pb
 from tests.conftest import CatalogPrincipal, CatalogServer, pyiceberg_catalog
-from tests.e2e.test_server import Served, _principal, _reader_settings, _write_configs, start_server
+from tests.e2e.test_server import (
+    Served,
+    _bearer,
+    _command,
+    _principal,
+    _reader_settings,
+    _write_configs,
+    start_server,
+)
 
 pytestmark = [pytest.mark.e2e]
 
 ROWS = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
 
 
+@dataclass
+class RecordingCatalog:
+    """An HTTP listener standing for another catalog: it answers 503 and records every request it gets, so a
+    test sees whether the server (or a user's session) ever called it."""
+
+    url: str
+    requests: list[str]
+
+
+@pytest.fixture(scope="module")
+def sibling_catalog() -> Iterator[RecordingCatalog]:
+    seen: list[str] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def _refuse(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = do_HEAD = do_DELETE = _refuse
+
+        def log_message(self, format: str, *args: object) -> None:
+            return None
+
+    listener = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=listener.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield RecordingCatalog(f"http://127.0.0.1:{listener.server_port}", seen)
+    finally:
+        listener.shutdown()
+        listener.server_close()
+
+
 @pytest.fixture(scope="module")
 def served_with_sibling(
+    sibling_catalog: RecordingCatalog,
     catalog_server: CatalogServer,
     catalog_reader: CatalogPrincipal,
     tmp_path_factory: pytest.TempPathFactory,
@@ -54,7 +102,7 @@ def served_with_sibling(
         catalog.create_view((namespace, name), schema, version)
     workdir = tmp_path_factory.mktemp("viewcat")
     config = _write_configs(workdir, catalog_server, **_reader_settings(catalog_reader))
-    other = catalog_server.url.replace("127.0.0.1", "localhost")  # another catalog's address: withheld from users
+    other = sibling_catalog.url  # another catalog's address: withheld from users
     engine = workdir / "engine.toml"
     engine.write_text(
         engine.read_text() + f'\n[[catalog.warehouses]]\nname = "elsewhere"\nuri = "{other}"\n', encoding="utf-8"
@@ -88,3 +136,39 @@ def test_a_view_naming_a_sibling_withheld_from_users_fails_rather_than_reading_i
             _ids(conn, f"SELECT id FROM {ns}.v_elsewhere ORDER BY id")
     message = str(err.value)
     assert "unknown warehouse 'elsewhere'" in message and "Traceback" not in message, message
+
+
+def _listed(served: Served, command: object) -> list[dict[str, object]]:
+    client = served.flight_client()
+    options = _bearer(served.token("r"))
+    info = client.get_flight_info(_command(command), options)
+    rows = client.do_get(info.endpoints[0].ticket, options).read_all().to_pylist()
+    return [{k: v for k, v in row.items() if k != "table_schema"} for row in rows]
+
+
+def test_listings_show_only_the_warehouses_a_users_session_can_query(
+    served_with_sibling: Served, sibling_catalog: RecordingCatalog
+) -> None:
+    """Found by review: GetCatalogs listed the server's sibling on another catalog, which a user's config drops
+    (their session cannot query it), and GetDbSchemas / GetTables named with it asked a session that has no such
+    warehouse. Each listing now holds only the warehouses on the primary catalog, and the other catalog is never
+    called."""
+    served, ns = served_with_sibling, served_with_sibling.namespace
+    primary = served.catalog.warehouse
+    assert _listed(served, sql_pb.CommandGetCatalogs()) == [{"catalog_name": primary}]
+    with served.adbc("r") as conn:
+        catalogs = conn.adbc_get_objects(depth="catalogs").read_all().to_pylist()
+    assert [row["catalog_name"] for row in catalogs] == [primary]
+
+    schemas = _listed(served, sql_pb.CommandGetDbSchemas())
+    assert {"catalog_name": primary, "db_schema_name": ns} in schemas
+    assert {row["catalog_name"] for row in schemas} == {primary}
+    assert _listed(served, sql_pb.CommandGetDbSchemas(catalog="elsewhere")) == []
+
+    for include_schema in (False, True):
+        tables = _listed(served, sql_pb.CommandGetTables(db_schema_filter_pattern=ns, include_schema=include_schema))
+        assert {"catalog_name": primary, "db_schema_name": ns, "table_name": "people", "table_type": "TABLE"} in tables
+        assert {row["catalog_name"] for row in tables} == {primary}
+        elsewhere = sql_pb.CommandGetTables(catalog="elsewhere", include_schema=include_schema)
+        assert _listed(served, elsewhere) == []
+    assert sibling_catalog.requests == []
