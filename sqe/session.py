@@ -121,6 +121,7 @@ WITHHELD = "withheld (row filter)"
 # What Session.progress() shows of a statement reading a row-filtered table: every other counter (files, bytes,
 # files open, batches) follows the files read, which were pruned with statistics of the hidden rows too.
 SHOWN_WHEN_ROWS_HIDDEN = ("rows_produced",)
+_NOT_PREPARABLE = "only queries and INSERT can be prepared"
 _EXPLAIN_SCHEMA = pa.schema([("section", pa.string()), ("property", pa.string()), ("value", pa.string())])
 
 
@@ -487,10 +488,21 @@ class Session:
         _require_text(text)
         with self._lock:
             self._check_open()
-            statement = classify(self._parser, text)
-            if statement.kind not in ("select", "insert"):
-                raise QueryError("only queries and INSERT can be prepared")
+            statement = self._preparable(text)
             return PreparedStatement(self, statement, self._plan(statement, defer_tasks=True))
+
+    def _preparable(self, text: str) -> Statement:
+        """``text`` as a statement that can be prepared (a query or an INSERT), else a QueryError saying so.
+
+        SQE's own statements (CREATE / DROP EXTERNAL TABLE, SHOW EXTERNAL TABLES, OPTIMIZE) are recognised first,
+        as ``sql`` recognises them: DuckDB's parser knows none of them and would call one a syntax error. A client
+        that prepares every statement (ADBC, JDBC) then runs it as ``sql`` runs it."""
+        if self._external.parse(text) is not None:  # a malformed one raises its own error here, as ``sql`` does
+            raise QueryError(_NOT_PREPARABLE)
+        statement = classify(self._parser, text)
+        if statement.kind not in ("select", "insert"):
+            raise QueryError(_NOT_PREPARABLE)
+        return statement
 
     def explain(self, text: str, *, analyze: bool = False, travels: Sequence[TimeTravel] = ()) -> pa.Table:
         """DuckDB's plan, then per table what SQE planned (``explain_tables``), as (section, property, value).
@@ -1580,9 +1592,7 @@ class Session:
 
     def _sql_prepare(self, statement: Statement) -> Result:
         assert statement.name is not None and statement.body is not None
-        inner = classify(self._parser, statement.body)
-        if inner.kind not in ("select", "insert"):
-            raise QueryError("only queries and INSERT can be prepared")
+        inner = self._preparable(statement.body)
         if statement.travels:
             inner = dataclasses.replace(inner, travels=statement.travels)
         self._prepared[statement.name] = PreparedStatement(self, inner, self._plan(inner, defer_tasks=True))

@@ -298,7 +298,7 @@ class Engine:
 class Prepared:
     """A Flight SQL prepared statement: its SQL, the parameters bound last, and its plans per engine."""
 
-    sql: str
+    sql: str = field(repr=False)  # may hold keys (CREATE EXTERNAL TABLE ... WITH)
     parameters: pa.Table | None = None
     plans: dict[int, PreparedStatement] = field(default_factory=dict)  # engine serial -> its plan
 

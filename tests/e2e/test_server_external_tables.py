@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -332,3 +333,64 @@ def test_a_store_a_client_session_holds_is_never_pruned_however_old(
             assert rows == [{"note": "still mine"}]
         finally:
             client.close()
+
+
+# ------------------------------------------------- SQE's own statements through ADBC, which prepares every one
+
+
+def _adbc(world: World, token: str) -> Any:
+    import adbc_driver_flightsql.dbapi as dbapi
+
+    headers = {"adbc.flight.sql.authorization_header": f"Bearer {token}"}
+    return dbapi.connect(world.url, db_kwargs=headers, autocommit=True)
+
+
+def _adbc_rows(conn: Any, sql: str) -> list[dict[str, Any]]:
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        return list(cur.fetch_arrow_table().to_pylist())
+
+
+def test_adbc_runs_sqes_own_statements_as_the_statement_path_does(world: World) -> None:
+    """Found by review: ADBC prepares every statement, and preparing one of SQE's own statements (CREATE / DROP
+    EXTERNAL TABLE, SHOW EXTERNAL TABLES, OPTIMIZE) failed with DuckDB's "Parser Error: syntax error at or near
+    ...": none of them was usable from ADBC or JDBC clients. They now prepare and run as CommandStatementQuery runs
+    them, with the same answers and the same refusals."""
+    namespace = world.served.namespace
+    location = _put_parquet(world, pa.table({"note": ["mounted through ADBC"]}))
+    name = f"{namespace}.adbc_{uuid.uuid4().hex[:6]}"
+    create = (
+        f"CREATE EXTERNAL TABLE {name} (note VARCHAR) STORED AS PARQUET LOCATION '{location}' "
+        f"WITH ({_mount_keys(world.served)})"
+    )
+    with _adbc(world, world.served.token("carol")) as conn:
+        assert _adbc_rows(conn, create) == [{"created": True}]
+        assert _adbc_rows(conn, f"SELECT note FROM {name}") == [{"note": "mounted through ADBC"}]
+        assert [r for r in _adbc_rows(conn, "SHOW EXTERNAL TABLES") if r["table"].endswith(name)]
+        assert _adbc_rows(conn, f"EXPLAIN SELECT note FROM {name}")  # statements DuckDB parses prepared before too
+        assert "people" in [r["table"] for r in _adbc_rows(conn, f"SHOW TABLES FROM {namespace}")]
+        assert _adbc_rows(conn, f"DROP EXTERNAL TABLE {name}") == [{"dropped": True}]
+        assert not [r for r in _adbc_rows(conn, "SHOW EXTERNAL TABLES") if r["table"].endswith(name)]
+        with pytest.raises(Exception) as malformed:  # a malformed own statement: its own error, at prepare
+            _adbc_rows(conn, f"CREATE EXTERNAL TABLE {name} (note VARCHAR)")
+    assert "QueryError: CREATE EXTERNAL TABLE needs STORED AS" in str(malformed.value), str(malformed.value)
+
+    # OPTIMIZE: the writer compacts; a reader is refused as the statement path refuses them, nothing written
+    writer = pyiceberg_catalog(world.served.catalog, world.served.users["writer"])
+    rows = pa.table({"id": pa.array([1], pa.int64())})
+    table = writer.create_table((namespace, f"compact_{uuid.uuid4().hex[:6]}"), schema=rows.schema)
+    for _ in range(2):
+        table.append(rows)
+    target = f"{namespace}.{table.name()[-1]}"
+    with _adbc(world, world.served.token("carol")) as conn, pytest.raises(Exception) as refused:
+        _adbc_rows(conn, f"OPTIMIZE {target}")
+    with pytest.raises(flight.FlightError) as refused_as_statement:
+        _sql(world, "carol", f"OPTIMIZE {target}")
+    statement_error = str(refused_as_statement.value).split(". Detail:")[0].split("gRPC")[0].strip()
+    assert statement_error.startswith("PermissionDeniedError: "), statement_error
+    assert statement_error[:120] in str(refused.value), (str(refused.value), statement_error)
+    assert len(writer.load_table((namespace, table.name()[-1])).inspect.files()) == 2
+    with _adbc(world, world.served.token("writer")) as conn:
+        [optimized] = _adbc_rows(conn, f"OPTIMIZE {target}")
+        assert (optimized["rewritten_files"], optimized["added_files"]) == (2, 1)
+        assert _adbc_rows(conn, f"SELECT id FROM {target}") == [{"id": 1}, {"id": 1}]
