@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from sqe._text import first_line
 from sqe.errors import QueryError, SQEError
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "connect_locked_down",
     "fold_row",
     "open_ahead",
+    "out_of_memory",
     "quote_ident",
     "quote_qualified",
     "spill_disk_free_bytes",
@@ -263,6 +265,12 @@ class DatabaseLimits:
         con.execute(f"SET GLOBAL memory_limit = '{int(self.memory_bytes)}B'")
         con.execute(f"SET GLOBAL threads = {int(self.threads)}")
         con.execute(f"SET GLOBAL max_temp_directory_size = '{int(self.spill_bytes)}B'")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """DuckDB ran out of the memory or spill space its database may take; after a result's first batch its error
+    reaches Python through Arrow's stream, which keeps only its text."""
+    return isinstance(exc, duckdb.OutOfMemoryException) or "Out of Memory Error" in first_line(exc)
 
 
 def spill_disk_free_bytes() -> int:

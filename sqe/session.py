@@ -49,7 +49,14 @@ import pyarrow as pa
 from sqe._text import first_line, redact_credentials
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.base import LoadedTable, TableIdent, TableProvider, ViewDefinition
-from sqe.duckdb_connection import DatabaseLimits, connect_locked_down, fold_row, quote_ident, quote_qualified
+from sqe.duckdb_connection import (
+    DatabaseLimits,
+    connect_locked_down,
+    fold_row,
+    out_of_memory,
+    quote_ident,
+    quote_qualified,
+)
 from sqe.errors import (
     CatalogError,
     CredentialExpiredError,
@@ -1622,7 +1629,7 @@ class Session:
             from sqe.execution.local import QueryCancelledError
 
             return QueryCancelledError()
-        if _out_of_memory(exc):
+        if out_of_memory(exc):
             return QueryResourceError(f"{_duck_message(exc)} (the query needs more than its engine's limits)")
         return QueryError(_duck_message(exc))
 
@@ -1844,12 +1851,6 @@ def _writable_schema(schema: pa.Schema) -> pa.Schema:
             f = f.with_type(pa.binary())
         fields.append(f)
     return pa.schema(fields)
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """DuckDB ran out of memory or of spill space; after a result's first batch its error reaches SQE through
-    Arrow's stream, which keeps only its text."""
-    return isinstance(exc, duckdb.OutOfMemoryException) or "Out of Memory Error" in first_line(exc)
 
 
 def _duck_message(exc: BaseException) -> str:

@@ -6,7 +6,9 @@ serves plaintext on a loopback ``--listen`` address only (elsewhere ``--tls-cert
 (the engine's ``[cache] data_bytes`` / ``decoded_bytes``; 0 turns one off), ``--prefetch`` is the engine's
 ``[cache] prefetch`` and ``--keep-freed-bytes`` is the engine's ``[memory] keep_freed_bytes``. ``--keepalive-ms`` /
 ``--keepalive-timeout-ms``: how often the worker pings each coordinator connection and how long an answer may take
-before the connection (and its fragments, with their slots) is dropped.
+before the connection (and its fragments, with their slots) is dropped. ``--aggregate-memory-bytes`` /
+``--aggregate-threads`` / ``--aggregate-spill-bytes`` bound the DuckDB database each running fragment's partial
+aggregation gets (``workers.databases``; by default its ``--max-fragments`` share of half the memory and spill disk).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from sqe._machine import MAX_DATABASE_BYTES, MAX_DATABASE_THREADS, MIN_DATABASE_MEMORY_BYTES
 from sqe._process import Started, nothing, run_program
 from sqe._text import terminal_line
 from sqe.errors import ConfigError
@@ -73,6 +76,22 @@ def _parser() -> argparse.ArgumentParser:
         "--keepalive-timeout-ms", type=int, default=10_000, metavar="MS",
         help="drop a connection whose ping goes unanswered this long, freeing its fragments (default 10000)",
     )  # fmt: skip
+    parser.add_argument(
+        "--aggregate-memory-bytes", type=int, metavar="N",
+        help="DuckDB memory of each fragment's partial aggregation (default: half the memory, or of the control "
+        "group's limit, divided by --max-fragments; at least 16 MiB)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--aggregate-threads",
+        type=int,
+        metavar="N",
+        help="DuckDB threads of each fragment's partial aggregation (default 1)",
+    )
+    parser.add_argument(
+        "--aggregate-spill-bytes", type=int, metavar="N",
+        help="what each fragment's partial aggregation may spill to disk (default: half the spill disk's free "
+        "space divided by --max-fragments; 0: never spills)",
+    )  # fmt: skip
     parser.add_argument("--pace-ms-per-file", type=int, default=0, help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -90,6 +109,7 @@ def _read_pem(path: Path | None, what: str) -> bytes | None:
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     from workers.auth import read_token_file
+    from workers.databases import default_limits
     from workers.server import Keepalive, ProcessMemory, ServerOptions
     from workers.service import ServiceSettings
 
@@ -105,6 +125,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
     if args.prefetch and args.data_cache_bytes == 0:
         raise ConfigError("--prefetch needs --data-cache-bytes above 0 (prefetched column chunks go into that cache)")
+    _check_aggregate_limits(args)
     return ServerOptions(
         listen=args.listen,
         token=read_token_file(args.token_file) if args.token_file is not None else None,
@@ -116,10 +137,27 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             max_files_in_flight=args.max_files_in_flight,
             pace_seconds=args.pace_ms_per_file / 1000.0,
             prefetch=args.prefetch,
+            aggregate_limits=default_limits(
+                args.max_fragments, args.aggregate_memory_bytes, args.aggregate_threads, args.aggregate_spill_bytes
+            ),
         ),
         memory=ProcessMemory(args.data_cache_bytes, args.decoded_cache_bytes, args.keep_freed_bytes),
         keepalive=Keepalive(args.keepalive_ms, args.keepalive_timeout_ms),
     )
+
+
+def _check_aggregate_limits(args: argparse.Namespace) -> None:
+    """The bounds ``sqe serve`` checks its engines' limits against: past them DuckDB fails, hangs or aborts."""
+    memory, threads, spill = args.aggregate_memory_bytes, args.aggregate_threads, args.aggregate_spill_bytes
+    if memory is not None and not MIN_DATABASE_MEMORY_BYTES <= memory <= MAX_DATABASE_BYTES:
+        raise ConfigError(
+            f"--aggregate-memory-bytes must be at least {MIN_DATABASE_MEMORY_BYTES} (16 MiB) and at most "
+            f"{MAX_DATABASE_BYTES}"
+        )
+    if threads is not None and not 1 <= threads <= MAX_DATABASE_THREADS:
+        raise ConfigError(f"--aggregate-threads must be at least 1 and at most {MAX_DATABASE_THREADS}")
+    if spill is not None and not 0 <= spill <= MAX_DATABASE_BYTES:
+        raise ConfigError(f"--aggregate-spill-bytes must be at least 0 (never spill) and at most {MAX_DATABASE_BYTES}")
 
 
 def run() -> NoReturn:

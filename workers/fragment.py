@@ -41,6 +41,7 @@ from sqe.distributed.protocol.errors import DuplicateFragmentError, InvalidTicke
 from sqe.distributed.protocol.ipc import BatchFrame, batch_frames, encode_batch, encode_schema, plain_offsets
 from sqe.distributed.protocol.partial import PartialAggregate, checked_partial_schema, run_partial
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
+from sqe.errors import QueryResourceError
 from sqe.execution.local import BatchTransform, LocalExecutor, QueryCancelledError, ScanMetrics
 from sqe.execution.stream import conform_batch
 from sqe.planning.planner import build_read_spec, restricted_arrow_schema, restriction_transform
@@ -50,9 +51,11 @@ from workers.fileio import FragmentFileIO
 _PROGRESS_SECONDS = 0.25  # how often a partial-aggregate fragment looks for finished files to report
 
 if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection as Database
     from pyiceberg.table import FileScanTask
 
     from sqe.planning.planner import ReadSpec
+    from workers.databases import AggregateDatabases
 
 
 @dataclass
@@ -157,16 +160,24 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         self._where = None if ticket.user_filter is None else _compiled(ticket.user_filter, self._schema)
 
     def stream(
-        self, executor: LocalExecutor, max_message_bytes: int, stats: WorkerStats, heartbeat_ms: int = 0
+        self,
+        executor: LocalExecutor,
+        max_message_bytes: int,
+        stats: WorkerStats,
+        heartbeat_ms: int = 0,
+        databases: AggregateDatabases | None = None,
     ) -> Generator[pb.ExecuteResponse | BatchFrame]:
         """Schema, then batches and progress, then ``complete``. Errors propagate to the caller. Batches come as
         ready-serialised frames (the service's serializer sends them as they are). ``heartbeat_ms``: the interval
-        the schema message announces (the caller sends the heartbeats, see ``workers.heartbeat``)."""
+        the schema message announces (the caller sends the heartbeats, see ``workers.heartbeat``). A partial
+        aggregate runs in a database ``databases`` lends it (else the process's shared one)."""
         ticket = self.ticket
         schema = self._schema
         transform = restriction_transform(ticket.restrictions, ticket.read_schema, ticket.output_field_ids, ticket.salt)
         if ticket.partial is not None:  # its DuckDB runs the WHERE (run_partial)
-            yield from self._partial_stream(ticket.partial, executor, transform, max_message_bytes, stats, heartbeat_ms)
+            yield from self._partial_stream(
+                ticket.partial, executor, transform, max_message_bytes, stats, heartbeat_ms, databases
+            )
             return
         if self._where is not None:  # before the batches are conformed: only the kept rows are converted
             transform = filtering(self._where, first=transform)
@@ -204,6 +215,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         max_message_bytes: int,
         stats: WorkerStats,
         heartbeat_ms: int,
+        databases: AggregateDatabases | None,
     ) -> Iterator[pb.ExecuteResponse]:
         """Schema, the fragment's partial rows, ``complete``. The restricted batches (row filter, then masks, as
         in ``stream``) are streamed into DuckDB; the partial rows carry no positions (a retry starts over)."""
@@ -212,7 +224,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         schema = pb.ArrowSchema(ipc=encode_schema(partial_schema), row_positions=False, heartbeat_ms=heartbeat_ms)
         yield pb.ExecuteResponse(schema=schema)
         rows = batches = 0
-        for batch in self._partial_batches(partial, executor, transform):
+        for batch in self._partial_batches(partial, executor, transform, databases):
             if batch is None:  # a file finished while DuckDB aggregates
                 yield pb.ExecuteResponse(progress=self._progress(rows))
                 continue
@@ -229,7 +241,11 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         )
 
     def _partial_batches(
-        self, partial: PartialAggregate, executor: LocalExecutor, transform: BatchTransform | None
+        self,
+        partial: PartialAggregate,
+        executor: LocalExecutor,
+        transform: BatchTransform | None,
+        databases: AggregateDatabases | None,
     ) -> Iterator[pa.RecordBatch | None]:
         """The partial rows, with None each time files finished meanwhile. DuckDB pulls the restricted batches on
         a helper thread, so this (gRPC's) thread can report progress while it aggregates; when the call ends
@@ -244,10 +260,13 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
 
         def aggregate() -> None:
             try:
-                batches = self._restricted_batches(executor, transform)
-                for batch in run_partial(partial, self._schema, batches, self.ticket.user_filter):
-                    put(batch)
+                with self._database(databases) as database:  # given back only when DuckDB is done with it
+                    batches = self._restricted_batches(executor, transform)
+                    for batch in run_partial(partial, self._schema, batches, self.ticket.user_filter, database):
+                        put(batch)
                 put(None)  # done
+            except QueryResourceError as exc:
+                put(self._over_limits(exc, databases))
             except BaseException as exc:  # handed to the stream, which fails the fragment with its kind
                 put(exc)
 
@@ -273,6 +292,18 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         finally:
             self.cancel.set()  # the fragment is over either way: stop whatever still reads
             helper.join(timeout=10)
+
+    def _database(self, databases: AggregateDatabases | None) -> contextlib.AbstractContextManager[Database | None]:
+        return contextlib.nullcontext() if databases is None else databases.lent(self.cancel)
+
+    def _over_limits(self, exc: QueryResourceError, databases: AggregateDatabases | None) -> QueryResourceError:
+        """What the coordinator reports after its ``worker W, fragment F:`` (cut to a few hundred characters): the
+        limits and the flags that set them first, DuckDB's reason last."""
+        limits = "" if databases is None else f" ({databases.describe()})"
+        return QueryResourceError(
+            f"partial aggregation ran past its DuckDB limits{limits} on this worker (sqe-worker "
+            f"--aggregate-memory-bytes / --aggregate-spill-bytes): {exc}"
+        )
 
     def _restricted_batches(
         self, executor: LocalExecutor, transform: BatchTransform | None

@@ -210,6 +210,7 @@ def serve(options: ServerOptions, *, port_file: Path | None = None) -> int:
         *(memory.data_bytes, memory.decoded_bytes, memory.keep_freed_bytes, tuning.value),
         "on" if options.service.prefetch else "off",
     )
+    log.info("partial aggregation: each fragment's DuckDB takes at most %s", service.databases.describe())
     if port_file is not None:
         try:
             _write_port_file(port_file, port)

@@ -33,6 +33,7 @@ from sqe.distributed.protocol.errors import (
     KIND_NO_CREDENTIALS,
     KIND_OUTPUT_NOT_ALLOWED,
     KIND_READ_FAILED,
+    KIND_RESOURCE_LIMIT,
     KIND_RESTRICTION,
     DuplicateFragmentError,
     InvalidTicketError,
@@ -42,8 +43,10 @@ from sqe.distributed.protocol.errors import (
 from sqe.distributed.protocol.ipc import BatchFrame
 from sqe.distributed.protocol.rewrite import decode_rewrite_ticket
 from sqe.distributed.protocol.ticket import WireTableId, credentials_from_proto, decode_ticket
-from sqe.errors import CredentialError, CredentialExpiredError, DataFileError, RestrictionError
+from sqe.duckdb_connection import DatabaseLimits
+from sqe.errors import CredentialError, CredentialExpiredError, DataFileError, QueryResourceError, RestrictionError
 from sqe.execution.local import LocalExecutor, QueryCancelledError
+from workers.databases import AggregateDatabases, default_limits
 from workers.environment import ambient_credentials_disabled
 from workers.fileio import FragmentFileIO, OpenCallback
 from workers.fragment import FragmentRegistry, Registered, RunningFragment, WorkerStats
@@ -80,6 +83,7 @@ class ServiceSettings:
     prefetch: bool = False  # the engine's [cache] prefetch (sqe-worker --prefetch)
     pace_seconds: float = 0.0  # test only: the worker-wide default for tickets that set none
     allow_local_files: bool = False  # unit tests only: file:// paths need no credential set
+    aggregate_limits: DatabaseLimits | None = None  # each fragment's partial aggregation; None: default_limits
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class WorkerService:
         self.settings = settings or ServiceSettings()
         self.stats = WorkerStats()
         self.registry = FragmentRegistry(self.settings.max_fragments)
+        limits = self.settings.aggregate_limits or default_limits(self.settings.max_fragments)
+        self.databases = AggregateDatabases(limits, self.settings.max_fragments)
         self._executor = LocalExecutor(
             max_files_in_flight=self.settings.max_files_in_flight,
             max_queued_batches=self.settings.max_queued_batches,
@@ -129,7 +135,9 @@ class WorkerService:
 
     def _responses(self, fragment: RunningFragment, heartbeat_ms: int) -> Iterator[pb.ExecuteResponse | BatchFrame]:
         """The fragment's stream; with heartbeats asked for, with a progress message after each quiet interval."""
-        stream = fragment.stream(self._executor, self.settings.max_message_bytes, self.stats, heartbeat_ms)
+        stream = fragment.stream(
+            self._executor, self.settings.max_message_bytes, self.stats, heartbeat_ms, self.databases
+        )
         if not heartbeat_ms:
             return stream
         return with_heartbeats(
@@ -317,6 +325,7 @@ _SIMPLE_FAILURES: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] =
     (CredentialError, grpc.StatusCode.FAILED_PRECONDITION, KIND_NO_CREDENTIALS),
     (RestrictionError, grpc.StatusCode.FAILED_PRECONDITION, KIND_RESTRICTION),
     (DataFileError, grpc.StatusCode.FAILED_PRECONDITION, KIND_DATA_FILE),  # its message: counts, no values
+    (QueryResourceError, grpc.StatusCode.RESOURCE_EXHAUSTED, KIND_RESOURCE_LIMIT),  # DuckDB's sizes, no values
 )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 
 from sqe._config_loader import ConfigSection, Origins, Unset, apply_env, build, read_toml, reveal, short
+from sqe._machine import MAX_DATABASE_BYTES, MAX_DATABASE_THREADS, MIN_DATABASE_MEMORY_BYTES
 from sqe._net import is_loopback
 from sqe.errors import ConfigError
 
@@ -115,11 +116,9 @@ def _validate(s: ServerConfig, o: Origins) -> None:
     _check_engine_limits(s, o)
 
 
-MIN_ENGINE_MEMORY_BYTES = 16 << 20  # DuckDB's own structures take a few MiB before any row
-# Past these DuckDB fails every engine's opening (a byte count past 64 bits: a parse error), or hangs in it
-# (100000 threads) or aborts the whole process (2**63 - 1 threads: C++'s length_error): a typo must stop the start.
-MAX_ENGINE_BYTES = 2**63 - 1
-MAX_ENGINE_THREADS = 1024
+MIN_ENGINE_MEMORY_BYTES = MIN_DATABASE_MEMORY_BYTES
+MAX_ENGINE_BYTES = MAX_DATABASE_BYTES
+MAX_ENGINE_THREADS = MAX_DATABASE_THREADS
 
 
 def _check_engine_limits(s: ServerConfig, o: Origins) -> None:

@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pydantic import SecretStr
 
+from sqe._machine import MACHINE_SHARE, physical_memory_bytes
 from sqe._text import counted, short_identity
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.rest import RestTableProvider
@@ -195,7 +195,6 @@ def _are(count: int) -> str:
 
 # ----------------------------------------------------------------------------------------- engine pool
 
-MACHINE_SHARE = 0.5  # of the memory, and of the spill disk's free space, that running engines share by default
 DEFAULT_ENGINE_THREADS = 4
 
 
@@ -207,67 +206,12 @@ def engine_limits(server: ServerConfig) -> DatabaseLimits:
     queries = server.max_concurrent_queries
     memory = server.engine_memory_bytes
     if memory is None:
-        memory = max(MIN_ENGINE_MEMORY_BYTES, int(_physical_memory_bytes() * MACHINE_SHARE) // queries)
+        memory = max(MIN_ENGINE_MEMORY_BYTES, int(physical_memory_bytes() * MACHINE_SHARE) // queries)
     threads = server.engine_threads or min(DEFAULT_ENGINE_THREADS, os.cpu_count() or 1)
     spill = server.engine_spill_bytes
     if spill is None:
         spill = int(spill_disk_free_bytes() * MACHINE_SHARE) // queries
     return DatabaseLimits(memory_bytes=memory, threads=threads, spill_bytes=spill)
-
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")  # where cgroup v2 is mounted, and v1's memory controller under memory/
-
-
-def _physical_memory_bytes() -> int:
-    """The machine's memory, or the memory limit of the process's control group (a container's, a systemd
-    unit's ``MemoryMax``) when that is less."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        membership = Path("/proc/self/cgroup").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        membership = ""
-    limit = cgroup_memory_limit(membership, CGROUP_ROOT)
-    return memory if limit is None else min(memory, limit)
-
-
-def cgroup_memory_limit(membership: str, root: Path) -> int | None:
-    """The least memory limit of the control group ``membership`` (``/proc/self/cgroup``'s text) names and of its
-    ancestors: cgroup v2's ``memory.max``, v1's ``memory.limit_in_bytes``. Not only the hierarchy's root, which is
-    the process's own group only in a container with a cgroup namespace (or its group mounted there): a systemd
-    unit's limit, or a parent group's, is on the way up from the process's group. None when no limit is readable
-    (``max``, no such file, not Linux); whatever cannot be read is passed over."""
-    places = [(root, "memory.max", ""), (root / "memory", "memory.limit_in_bytes", "")]
-    for line in membership.splitlines():
-        _, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if controllers == "":  # cgroup v2
-            places.append((root, "memory.max", path))
-        elif "memory" in controllers.split(","):
-            places.append((root / "memory", "memory.limit_in_bytes", path))
-    limits = [
-        limit
-        for mount, name, path in places
-        for group in _group_and_ancestors(mount, path)
-        if (limit := _limit_in(group / name)) is not None
-    ]
-    return min(limits, default=None)
-
-
-def _group_and_ancestors(mount: Path, path: str) -> list[Path]:
-    """``mount/path`` and each directory above it up to ``mount``. A group outside the process's cgroup namespace
-    shows as ``/../..``: then only ``mount`` itself, never a directory outside it."""
-    parts = [part for part in path.split("/") if part]
-    if any(part in (".", "..") for part in parts):
-        parts = []
-    return [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
-
-
-def _limit_in(file: Path) -> int | None:
-    try:
-        text = file.read_text(encoding="ascii", errors="replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # "max" (v2): no limit; v1's "no limit" is a huge number
 
 
 _ENGINE_SERIALS = itertools.count(1)

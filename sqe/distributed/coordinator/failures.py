@@ -2,7 +2,7 @@
 
 Workers report a machine-readable kind in trailing metadata (``sqe.distributed.protocol.errors``); kinds that no
 other worker could fix (expired or missing credentials, restriction errors, bad tickets, a data file that
-disagrees with its footer or manifest entry) fail the query.
+disagrees with its footer or manifest entry, a partial aggregate past its worker's DuckDB limits) fail the query.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from sqe.distributed.protocol.errors import (
     KIND_MESSAGE_TOO_LARGE,
     KIND_NO_CREDENTIALS,
     KIND_READ_FAILED,
+    KIND_RESOURCE_LIMIT,
     KIND_RESTRICTION,
 )
 from sqe.errors import (
     CredentialError,
     CredentialExpiredError,
     DataFileError,
+    QueryResourceError,
     RestrictionError,
     SQEError,
     WorkerError,
@@ -42,6 +44,8 @@ _FATAL_KINDS: dict[str, type[SQEError]] = {
     KIND_INVALID_TICKET: WorkerError,
     KIND_MESSAGE_TOO_LARGE: WorkerError,
     KIND_DATA_FILE: DataFileError,
+    # every worker lends each fragment the same limits by default: another attempt fails again, after as long
+    KIND_RESOURCE_LIMIT: QueryResourceError,
 }
 MESSAGE_LIMIT = 300  # characters of a worker's message kept in the coordinator's errors
 

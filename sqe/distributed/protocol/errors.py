@@ -20,6 +20,8 @@ KIND_MESSAGE_TOO_LARGE = "message-too-large"
 KIND_BUSY = "busy"
 KIND_INTERNAL = "internal"
 KIND_DATA_FILE = "data-file"  # a data file disagreeing with its footer or manifest entry: no retry changes it
+# a partial aggregate past its database's memory or spill limits on the worker: QueryResourceError
+KIND_RESOURCE_LIMIT = "resource-limit"
 KIND_OUTPUT_NOT_ALLOWED = "output-not-allowed"  # a rewrite tried to write a path its ticket does not name
 
 

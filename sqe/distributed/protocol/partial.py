@@ -18,9 +18,11 @@ import duckdb
 import pyarrow as pa
 
 from sqe._lru import LRUCache
+from sqe._text import first_line
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
-from sqe.duckdb_connection import close_at_exit, connect_locked_down, quote_ident
+from sqe.duckdb_connection import DatabaseLimits, close_at_exit, connect_locked_down, out_of_memory, quote_ident
+from sqe.errors import QueryResourceError
 from sqe.planning.user_filter import UserFilter, Value
 
 Function = Literal["count_star", "count", "sum", "min", "max"]
@@ -130,14 +132,20 @@ def checked_partial_schema(spec: PartialAggregate, schema: pa.Schema) -> pa.Sche
 
 
 def run_partial(
-    spec: PartialAggregate, schema: pa.Schema, batches: Iterator[pa.RecordBatch], where: UserFilter | None = None
+    spec: PartialAggregate,
+    schema: pa.Schema,
+    batches: Iterator[pa.RecordBatch],
+    where: UserFilter | None = None,
+    database: duckdb.DuckDBPyConnection | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The partial rows of the restricted ``batches`` (streamed into DuckDB, never materialised first), of the
     rows ``where`` keeps: DuckDB runs it in the aggregation's own pipeline, measured cheaper than filtering the
     batches first (that copies every kept value once more).
 
     An error raised by ``batches`` (a read failure, cancellation, expired credentials) is re-raised as itself,
-    not as DuckDB's wrapping of it, so the fragment fails with its own kind."""
+    not as DuckDB's wrapping of it, so the fragment fails with its own kind. Running out of the memory or spill
+    space of the database (``database``, one of :func:`open_database`; else the process's shared one) is
+    QueryResourceError: the same fragment fails again under the same limits."""
     failure: list[BaseException] = []
 
     def guarded() -> Iterator[pa.RecordBatch]:
@@ -147,16 +155,18 @@ def run_partial(
             failure.append(exc)
             raise
 
-    con = _connect()
+    con = _connect() if database is None else database.cursor()
     try:
         con.register(_SOURCE, pa.RecordBatchReader.from_batches(schema, guarded()))
         try:
             text, parameters = spec.sql(where=where)
             reader = con.sql(text, params=parameters or None).to_arrow_reader(_PARTIAL_BATCH_ROWS)
             yield from reader
-        except (duckdb.Error, pa.ArrowException):
+        except (duckdb.Error, pa.ArrowException) as exc:
             if failure:
                 raise failure[0] from None
+            if out_of_memory(exc):  # its message: DuckDB's sizes, never a value
+                raise QueryResourceError(first_line(exc)) from None
             raise
     finally:
         close = getattr(batches, "close", None)
@@ -175,6 +185,18 @@ def _connect() -> duckdb.DuckDBPyConnection:
             _DATABASE = connect_locked_down(_configure)
             close_at_exit(_DATABASE)
         return _DATABASE.cursor()
+
+
+def open_database(limits: DatabaseLimits) -> duckdb.DuckDBPyConnection:
+    """A locked-down database of its own for partial aggregation, within ``limits`` (its own spill directory, as
+    every database's): a worker gives each running fragment one, so one fragment's large aggregate cannot take
+    the memory or spill space of the others (within one database, DuckDB's buffers go to whoever asks first)."""
+
+    def configure(con: duckdb.DuckDBPyConnection) -> None:
+        _configure(con)
+        limits.apply(con)
+
+    return connect_locked_down(configure)
 
 
 def _configure(con: duckdb.DuckDBPyConnection) -> None:

@@ -307,3 +307,54 @@ def test_a_secret_holding_another_is_scrubbed_whole(local_tables: LocalTables) -
     cred = pushed(access_key_id="AKID", session_token="TOKEN-HEAD-AKID-TOKEN-TAIL")
     failure = fragment_failure(OSError(f"denied for {cred.session_token}"), fragment_with(local_tables, cred))
     assert "TOKEN-HEAD" not in failure.message and "TOKEN-TAIL" not in failure.message
+
+
+def test_aggregate_limits_default_to_a_share_of_the_machine_and_are_checked() -> None:
+    """Each fragment's partial-aggregation database: its ``--max-fragments`` share of half the memory (or of the
+    control group's limit) and of half the spill disk's free space, one thread; given flags as given."""
+    from sqe._machine import MIN_DATABASE_MEMORY_BYTES, physical_memory_bytes
+    from sqe.duckdb_connection import DatabaseLimits, spill_disk_free_bytes
+
+    limits = args("--insecure-no-token", "--max-fragments", "4").service.aggregate_limits
+    assert limits is not None
+    assert limits.memory_bytes == max(MIN_DATABASE_MEMORY_BYTES, physical_memory_bytes() // 2 // 4)
+    assert limits.threads == 1 and 0 < limits.spill_bytes <= spill_disk_free_bytes() // 4  # free space moves
+    given = ("--aggregate-memory-bytes", str(64 << 20), "--aggregate-threads", "2", "--aggregate-spill-bytes", "0")
+    assert args("--insecure-no-token", *given).service.aggregate_limits == DatabaseLimits(64 << 20, 2, 0)
+    refused = {
+        ("--aggregate-memory-bytes", str((16 << 20) - 1)): "--aggregate-memory-bytes must be at least 16777216",
+        ("--aggregate-memory-bytes", str(2**63)): "--aggregate-memory-bytes must be at least",
+        ("--aggregate-threads", "0"): "--aggregate-threads must be at least 1 and at most 1024",
+        ("--aggregate-threads", "100000"): "--aggregate-threads must be at least 1 and at most 1024",
+        ("--aggregate-spill-bytes", "-1"): "--aggregate-spill-bytes must be at least 0",
+    }
+    for flag, message in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            args("--insecure-no-token", *flag)
+
+
+def test_the_cli_refuses_a_bad_aggregate_limit_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--listen", "127.0.0.1:0", "--insecure-no-token", "--aggregate-threads", "0"]) == 2
+    assert capsys.readouterr().err == "sqe-worker: error: --aggregate-threads must be at least 1 and at most 1024\n"
+
+
+def test_each_fragment_gets_a_database_of_its_own_within_its_limits() -> None:
+    """Two fragments at once get two databases, each with the limits and a spill directory of its own; a
+    database given back is lent again rather than a new one opened."""
+    from sqe.duckdb_connection import DatabaseLimits
+    from workers.databases import AggregateDatabases
+
+    databases = AggregateDatabases(DatabaseLimits(32 << 20, 1, 1 << 20), 2)
+    cancel = threading.Event()
+    settings = (
+        "SELECT current_setting('memory_limit'), current_setting('max_temp_directory_size'), "
+        "current_setting('temp_directory')"
+    )
+    with databases.lent(cancel) as first, databases.lent(cancel) as second:
+        assert first is not second
+        one, two = first.execute(settings).fetchone(), second.execute(settings).fetchone()
+        assert one is not None and two is not None
+        assert one[:2] == two[:2] == ("32.0 MiB", "1.0 MiB")
+        assert one[2] != two[2]
+    with databases.lent(cancel) as again:
+        assert again in (first, second)

@@ -217,7 +217,7 @@ def test_a_memory_limit_of_the_processs_own_control_group_or_its_parents_counts(
     own group only in a container with its own cgroup namespace. A server run as a systemd unit with
     ``MemoryMax=2G`` on a big machine (its group ``/system.slice/sqe.service``) got engines sized for the whole
     machine's memory, together far past its limit. Real files laid out as cgroup v2 and v1 mount them."""
-    from sqe.server.sessions import cgroup_memory_limit
+    from sqe._machine import cgroup_memory_limit
 
     v2 = tmp_path / "v2"
     _group(v2, "", "cgroup.controllers", "memory")  # the root group has no memory.max
