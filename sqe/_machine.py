@@ -18,6 +18,16 @@ MACHINE_SHARE = 0.5  # of the memory, and of the spill disk's free space, that a
 CGROUP_ROOT = Path("/sys/fs/cgroup")  # where cgroup v2 is mounted, and v1's memory controller under memory/
 
 
+def memory_share(parts: int) -> int:
+    """One of ``parts`` databases' share of half the memory (or of the control group's limit), at least 16 MiB."""
+    return max(MIN_DATABASE_MEMORY_BYTES, int(physical_memory_bytes() * MACHINE_SHARE) // parts)
+
+
+def spill_share(free_bytes: int, parts: int) -> int:
+    """One of ``parts`` databases' share of half the spill disk's ``free_bytes``."""
+    return int(free_bytes * MACHINE_SHARE) // parts
+
+
 def physical_memory_bytes() -> int:
     """The machine's memory, or the memory limit of the process's control group (a container's, a systemd
     unit's ``MemoryMax``) when that is less."""

@@ -11,12 +11,15 @@ the reader's config, never a secret.
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqe._machine import memory_share, spill_share
 from sqe_stack.catalog import (
     PrincipalCredentials,
     PrincipalSpec,
@@ -32,6 +35,7 @@ SERVER_CONFIG = "server.toml"
 SERVER_ENGINE_CONFIG = "server-engine.toml"
 WORKER_TOKEN = "worker.token"
 _START_TIMEOUT = 60.0
+WORKER_MAX_FRAGMENTS = 8  # sqe-worker's own default, passed so the limits below divide by what the workers run
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,21 @@ def service_env() -> dict[str, str]:
     return {"PYTHONUNBUFFERED": "1", **CEPH_CLIENT_ENV}
 
 
-def _spawn_worker(dir: Path, index: int, port: int, token_file: Path) -> Daemon:
+def worker_limit_flags(workers: int) -> list[str]:
+    """The workers share this one machine: each fragment's partial-aggregation database gets its share of all
+    ``workers`` x ``WORKER_MAX_FRAGMENTS`` (a worker's own default divides by its fragments only, so N workers
+    would together take N halves of the memory and of the spill disk, where the workers spill: this directory)."""
+    parts = max(1, workers) * WORKER_MAX_FRAGMENTS
+    return [
+        "--max-fragments", str(WORKER_MAX_FRAGMENTS),
+        "--aggregate-memory-bytes", str(memory_share(parts)),
+        "--aggregate-spill-bytes", str(spill_share(shutil.disk_usage(os.getcwd()).free, parts)),
+    ]  # fmt: skip
+
+
+def _spawn_worker(dir: Path, index: int, port: int, token_file: Path, limits: list[str]) -> Daemon:
     listen = f"{LOOPBACK}:{port}"
-    argv = [sys.executable, "-m", "workers.cli", "--listen", listen, "--token-file", str(token_file)]
+    argv = [sys.executable, "-m", "workers.cli", "--listen", listen, "--token-file", str(token_file), *limits]
     return spawn(
         f"worker-{index}",
         argv,
@@ -121,8 +137,9 @@ def start_service(
     addresses: list[str] = []
     if workers:
         write_private(token_file, secrets.token_urlsafe(32) + "\n")
+        limits = worker_limit_flags(workers)
         for index, port in enumerate(ports[1:], start=1):
-            started.append(_spawn_worker(dir, index, port, token_file))
+            started.append(_spawn_worker(dir, index, port, token_file, limits))
             addresses.append(f"{LOOPBACK}:{port}")
     write_private(
         dir / SERVER_ENGINE_CONFIG, server_engine_config_text(catalog_uri, s3_endpoint, addresses, token_file)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import duckdb
 
-from sqe._machine import MACHINE_SHARE, MIN_DATABASE_MEMORY_BYTES, physical_memory_bytes
+from sqe._machine import memory_share, spill_share
 from sqe.distributed.protocol.partial import DUCKDB_THREADS, open_database
 from sqe.duckdb_connection import DatabaseLimits, close_at_exit, spill_disk_free_bytes
 from sqe.execution.local import QueryCancelledError
@@ -33,9 +33,9 @@ def default_limits(
     memory (or of the control group's limit when less) and of half the spill disk's free space at start. One
     thread as measured (``DUCKDB_THREADS``): DuckDB's threads compete with the fragment's reader threads."""
     if memory_bytes is None:
-        memory_bytes = max(MIN_DATABASE_MEMORY_BYTES, int(physical_memory_bytes() * MACHINE_SHARE) // max_fragments)
+        memory_bytes = memory_share(max_fragments)
     if spill_bytes is None:
-        spill_bytes = int(spill_disk_free_bytes() * MACHINE_SHARE) // max_fragments
+        spill_bytes = spill_share(spill_disk_free_bytes(), max_fragments)
     return DatabaseLimits(memory_bytes=memory_bytes, threads=threads or DUCKDB_THREADS, spill_bytes=spill_bytes)
 
 

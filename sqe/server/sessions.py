@@ -32,14 +32,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pydantic import SecretStr
 
-from sqe._machine import MACHINE_SHARE, physical_memory_bytes
+from sqe._machine import memory_share, spill_share
 from sqe._text import counted, short_identity
 from sqe._unpicklable import Unpicklable
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import ExternalTablesConfig, SiblingWarehouseConfig, SQEConfig, same_catalog
 from sqe.duckdb_connection import DatabaseLimits, spill_disk_free_bytes
 from sqe.errors import QueryError, SQEError
-from sqe.server.config import MIN_ENGINE_MEMORY_BYTES
 from sqe.server.identity import IdentityBroker, User, fingerprint, identity_digest
 from sqe.server.mount_stores import MARK_INTERVAL_SECONDS, StoreHold, claim_store, store_path
 from sqe.server.peers import Endpoint, connected_peers, parse_peer
@@ -206,11 +205,11 @@ def engine_limits(server: ServerConfig) -> DatabaseLimits:
     queries = server.max_concurrent_queries
     memory = server.engine_memory_bytes
     if memory is None:
-        memory = max(MIN_ENGINE_MEMORY_BYTES, int(physical_memory_bytes() * MACHINE_SHARE) // queries)
+        memory = memory_share(queries)
     threads = server.engine_threads or min(DEFAULT_ENGINE_THREADS, os.cpu_count() or 1)
     spill = server.engine_spill_bytes
     if spill is None:
-        spill = int(spill_disk_free_bytes() * MACHINE_SHARE) // queries
+        spill = spill_share(spill_disk_free_bytes(), queries)
     return DatabaseLimits(memory_bytes=memory, threads=threads, spill_bytes=spill)
 
 

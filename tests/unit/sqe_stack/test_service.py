@@ -13,3 +13,19 @@ def test_server_and_workers_get_the_rgw_write_fix() -> None:
     assert env["AWS_REQUEST_CHECKSUM_CALCULATION"] == "WHEN_REQUIRED"
     assert CEPH_CLIENT_ENV.items() <= env.items()
     assert not any((k.startswith("AWS_") and "KEY" in k) or k == "AWS_SESSION_TOKEN" for k in env)
+
+
+def test_the_stacks_workers_share_the_machine_for_partial_aggregation() -> None:
+    """The stack's N workers run on one machine: each fragment's database gets a share of N workers' fragments,
+    not of one worker's (N workers' defaults would take N halves of the memory), and the worker accepts the flags."""
+    from sqe._machine import memory_share
+    from sqe_stack.service import WORKER_MAX_FRAGMENTS, worker_limit_flags
+    from workers.cli import _parser, options_from_args
+
+    flags = worker_limit_flags(3)
+    parsed = options_from_args(_parser().parse_args(["--listen", "127.0.0.1:0", "--insecure-no-token", *flags]))
+    limits = parsed.service.aggregate_limits
+    assert parsed.service.max_fragments == WORKER_MAX_FRAGMENTS
+    assert limits is not None and limits.memory_bytes == memory_share(3 * WORKER_MAX_FRAGMENTS)
+    assert limits.memory_bytes <= memory_share(WORKER_MAX_FRAGMENTS)
+    assert limits.spill_bytes == int(flags[flags.index("--aggregate-spill-bytes") + 1]) >= 0
