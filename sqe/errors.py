@@ -138,7 +138,8 @@ class DeleteFileLimitError(QueryError):
 
 class QueryResourceError(QueryError):
     """DuckDB ran out of the memory or spill space its database may take (``sqe serve``: ``[server]
-    engine_memory_bytes`` / ``engine_spill_bytes``): the same query fails again under the same limits."""
+    engine_memory_bytes`` / ``engine_spill_bytes``; a worker's partial aggregate: ``sqe-worker
+    --aggregate-memory-bytes`` / ``--aggregate-spill-bytes``): the same query fails again under the same limits."""
 
 
 class DataFileError(QueryError):

@@ -79,8 +79,8 @@ def reader_config(catalog_server: CatalogServer, reader: CatalogPrincipal, tmp_p
     return write_sqe_config(tmp_path / "reader.toml", catalog_server.url, reader, catalog_server.moto)
 
 
-def _fragments_running(session: Session) -> int:
-    return sum(int(stats.fragments_running) for stats in worker_stats(session).values())
+def _workers_running_a_fragment(session: Session) -> int:
+    return sum(1 for stats in worker_stats(session).values() if stats.fragments_running >= 1)
 
 
 def _fragments_failed(session: Session) -> int:
@@ -93,9 +93,11 @@ def test_a_fragment_past_its_limits_fails_typed_while_a_concurrent_small_one_suc
     config = load_config(reader_config, env={}, overrides=coordinator_overrides(limited))
     small_sql = f"SELECT grp, count(*) AS n FROM {namespace}.small GROUP BY grp ORDER BY grp"
     wide_sql = f"SELECT id, label, count(*) AS n FROM {namespace}.wide GROUP BY id, label"
-    # the small statement's workers sleep before each file, so its fragment still runs while the wide one fails
+    # the small statement's workers sleep before each file, so its fragments still run while the wide one fails;
+    # one file per fragment and one fragment per worker: each worker runs one of them when the wide one starts
+    small_options = {"pace_ms_per_file": 1500, "max_files_per_fragment": 1, "slots_per_worker": 1}
     with (
-        distributed_session(config, pace_ms_per_file=1500) as small_session,
+        distributed_session(config, **small_options) as small_session,
         distributed_session(config) as wide_session,
     ):
         outcome: dict[str, object] = {}
@@ -109,9 +111,9 @@ def test_a_fragment_past_its_limits_fails_typed_while_a_concurrent_small_one_suc
         thread = threading.Thread(target=run_small, daemon=True)
         thread.start()
         deadline = time.monotonic() + 30
-        while _fragments_running(small_session) < 1 and time.monotonic() < deadline:
+        while _workers_running_a_fragment(small_session) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert _fragments_running(small_session) >= 1, "the small statement's fragment never started"
+        assert _workers_running_a_fragment(small_session) == 2, "the small statement's fragments never started"
         failed_before = _fragments_failed(wide_session)
         log = TicketLog().attach(wide_session)
         with pytest.raises(QueryResourceError) as raised:

@@ -25,7 +25,14 @@ from sqe.distributed.coordinator import static_set as policy_static_set
 from sqe.distributed.coordinator.credentials import check_coverage
 from sqe.distributed.coordinator.failures import classify_rpc_error
 from sqe.distributed.coordinator.refresh import CredentialRefresher, Holder, RefreshedSets
-from sqe.errors import CredentialError, CredentialExpiredError, NoVendedCredentialsError, RestrictionError, WorkerError
+from sqe.errors import (
+    CredentialError,
+    CredentialExpiredError,
+    NoVendedCredentialsError,
+    QueryResourceError,
+    RestrictionError,
+    WorkerError,
+)
 
 IDENT = TableIdent("wh", ("ns",), "t")
 LOCATION = "s3://bucket/wh/ns/t"
@@ -284,6 +291,8 @@ class FakeRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no type h
         (grpc.StatusCode.DEADLINE_EXCEEDED, None, None, True),
         (grpc.StatusCode.UNAVAILABLE, "read-failed", None, False),  # the store failed: retry elsewhere
         (grpc.StatusCode.INTERNAL, "internal", None, False),
+        # past its DuckDB limits: every worker lends the same, so the query fails at once (not busy, not retried)
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "resource-limit", QueryResourceError, False),
     ],
 )
 def test_worker_errors_are_fatal_or_retryable(
