@@ -142,6 +142,12 @@ class QueryResourceError(QueryError):
     --aggregate-memory-bytes`` / ``--aggregate-spill-bytes``): the same query fails again under the same limits."""
 
 
+class StatementNotPreparableError(QueryError):
+    """Only a query or an INSERT can be prepared (``Session.prepare``, SQL ``PREPARE``). ``sqe serve``'s prepare
+    takes this type, never an error's text, for a statement it runs as a plain statement at execution: a client
+    that prepares every statement (ADBC, JDBC) runs DDL and SQE's own statements so."""
+
+
 class DataFileError(QueryError):
     """A table's Parquet data file whose footer disagrees with itself or with its manifest entry, or whose row
     group yields other rows than it states (``sqe.execution.file_rows``). The table's own file: no retry, on this

@@ -68,6 +68,7 @@ from sqe.errors import (
     QueryResourceError,
     RestrictedTableError,
     SQEError,
+    StatementNotPreparableError,
 )
 from sqe.execution.conform import conform_for_write
 from sqe.execution.external import ExternalSources
@@ -505,10 +506,10 @@ class Session:
         as ``sql`` recognises them: DuckDB's parser knows none of them and would call one a syntax error. A client
         that prepares every statement (ADBC, JDBC) then runs it as ``sql`` runs it."""
         if self._external.parse(text) is not None:  # a malformed one raises its own error here, as ``sql`` does
-            raise QueryError(_NOT_PREPARABLE)
+            raise StatementNotPreparableError(_NOT_PREPARABLE)
         statement = classify(self._parser, text)
         if statement.kind not in ("select", "insert"):
-            raise QueryError(_NOT_PREPARABLE)
+            raise StatementNotPreparableError(_NOT_PREPARABLE)
         return statement
 
     def explain(self, text: str, *, analyze: bool = False, travels: Sequence[TimeTravel] = ()) -> pa.Table:

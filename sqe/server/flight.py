@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import functools
 import logging
 import secrets
@@ -35,7 +36,7 @@ from google.protobuf.message import DecodeError, Message
 
 from sqe._text import counted
 from sqe.config import SQEConfig
-from sqe.errors import AuthenticationError, QueryError, SQEError
+from sqe.errors import AuthenticationError, QueryError, SQEError, StatementNotPreparableError
 from sqe.server import metadata
 from sqe.server._proto import flight_cancel_pb2 as cancel_pb
 from sqe.server._proto import flight_sql_pb2 as sql_pb
@@ -772,11 +773,9 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         prepared = Prepared(sql)
 
         def plan(engine: Engine) -> None:
-            try:
+            # Any other error is the statement's own (its text may say anything): the client is told now.
+            with contextlib.suppress(StatementNotPreparableError):  # run as a plain statement at execution
                 prepared.plans[engine.serial] = engine.session.prepare(sql)
-            except QueryError as exc:
-                if "can be prepared" not in str(exc):
-                    raise  # a real error in the statement: tell the client now
 
         def plan_and_describe(engine: Engine) -> pa.Schema | None:
             plan(engine)

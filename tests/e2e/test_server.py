@@ -2020,3 +2020,16 @@ def test_queries_succeed_again_after_the_catalog_restarts_under_a_running_server
         assert "Traceback" not in log
         for secret in catalog.secrets:
             assert secret not in log
+
+
+def test_a_statements_own_error_at_prepare_is_told_whatever_its_text_says(served: Served) -> None:
+    """Found by review: the server's prepare took any QueryError whose text held "can be prepared" for a statement
+    it runs plainly at execution, so a statement whose own error quoted those words (a syntax error at those words) was
+    answered with a handle instead of its error. The type (StatementNotPreparableError) decides now."""
+    client = served.flight_client()
+    options = _bearer(served.token("carol"))
+    malformed = f'SELECT id AS a "can be prepared" FROM {served.namespace}.people'
+    error = served.expect_error(lambda: _create_prepared(client, malformed, options), flight.FlightError)
+    assert str(error).startswith("QueryError: ") and "can be prepared" in str(error), str(error)
+    create = _create_prepared(client, "CREATE TABLE t_never AS SELECT 1", options)  # run plainly at execution
+    assert create.prepared_statement_handle
