@@ -66,3 +66,30 @@ def test_a_catalog_unreachable_at_start_only_warns_that_the_reader_is_unchecked(
         stop_child(proc)
     assert f"cannot check the reader identity {catalog_reader.client_id!r} at start" in log, log[-2000:]
     assert catalog_reader.client_secret not in log
+
+
+def test_a_catalog_that_never_answers_at_start_only_warns_after_its_request_timeout(
+    catalog_server: CatalogServer, catalog_reader: CatalogPrincipal, tmp_path: Path
+) -> None:
+    """A catalog that takes the connection and never answers (a hung catalog, packets dropped on the way back)
+    holds the start only for ``[catalog] request_timeout_seconds``: the server then starts and warns, as for an
+    unreachable one, and the secret is in no line it wrote."""
+    from tests.helpers.processes import stop_child
+
+    reader = {"reader_client_id": catalog_reader.client_id, "reader_client_secret": catalog_reader.client_secret}
+    config = _write_configs(tmp_path, catalog_server, **reader)
+    engine = tmp_path / "engine.toml"
+    with socket.socket() as silent:  # listens (the kernel completes connects into its backlog), never reads
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        hung = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        text = engine.read_text(encoding="utf-8").replace(catalog_server.url, hung)
+        engine.write_text(text.replace("[catalog]", "[catalog]\nrequest_timeout_seconds = 1", 1), encoding="utf-8")
+        proc, _ = start_server(tmp_path, config)
+        try:
+            log = (tmp_path / "server.log").read_text(encoding="utf-8")
+        finally:
+            stop_child(proc)
+    assert f"cannot check the reader identity {catalog_reader.client_id!r} at start" in log, log[-2000:]
+    assert "ReadTimeout" in log, log[-2000:]
+    assert catalog_reader.client_secret not in log
