@@ -12,6 +12,7 @@ database spills into a private directory of its own (``sqe.duckdb_connection``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,9 +59,22 @@ class AggregateDatabases:
         try:
             yield database
         finally:
-            with self._changed:
+            self._give_back(database)
+
+    def _give_back(self, database: duckdb.DuckDBPyConnection) -> None:
+        """Into the pool if it still answers; else closed, and a new one opened when next needed. A database that
+        DuckDB invalidated (a fatal error) or that was closed fails every later statement: lent again, it would
+        fail every fragment after the one that broke it."""
+        usable = _answers(database)
+        with self._changed:
+            if usable:
                 self._free.append(database)
-                self._changed.notify()
+            else:
+                self._opened -= 1
+            self._changed.notify()
+        if not usable:
+            with contextlib.suppress(duckdb.Error):
+                database.close()
 
     def _take(self, cancel: threading.Event) -> duckdb.DuckDBPyConnection:
         with self._changed:
@@ -84,3 +98,11 @@ class AggregateDatabases:
     def describe(self) -> str:
         limits = self.limits
         return f"memory {limits.memory_bytes} bytes, spill {limits.spill_bytes} bytes, {limits.threads} thread(s)"
+
+
+def _answers(database: duckdb.DuckDBPyConnection) -> bool:
+    try:
+        database.execute("SELECT 1").fetchall()
+    except duckdb.Error:
+        return False
+    return True

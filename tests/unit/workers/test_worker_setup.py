@@ -358,3 +358,50 @@ def test_each_fragment_gets_a_database_of_its_own_within_its_limits() -> None:
         assert one[2] != two[2]
     with databases.lent(cancel) as again:
         assert again in (first, second)
+
+
+def test_a_database_that_no_longer_answers_is_not_lent_again() -> None:
+    """Found by review: every database went back into the pool as it came out, so one a fragment left unusable
+    (DuckDB invalidates a database after a fatal error; here: closed) was lent to the next fragment, and to every
+    one after, each failing at once. It is closed and left out now; the next fragment gets a new database."""
+    from sqe.duckdb_connection import DatabaseLimits
+    from workers.databases import AggregateDatabases
+
+    databases = AggregateDatabases(DatabaseLimits(32 << 20, 1, 0), 1)
+    cancel = threading.Event()
+    with databases.lent(cancel) as broken:
+        broken.close()
+    with databases.lent(cancel) as next_one:
+        assert next_one is not broken
+        assert next_one.execute("SELECT 42").fetchall() == [(42,)]
+
+
+def test_a_fragment_waiting_for_a_database_stops_at_its_cancel_and_an_error_gives_it_back() -> None:
+    """With every database lent, a fragment waits; its cancel ends the wait (QueryCancelledError, nothing
+    lent), and a database whose fragment failed is given back and lent again."""
+    from sqe.duckdb_connection import DatabaseLimits
+    from sqe.execution.local import QueryCancelledError
+    from workers.databases import AggregateDatabases
+
+    databases = AggregateDatabases(DatabaseLimits(32 << 20, 1, 0), 1)
+    held, cancel = threading.Event(), threading.Event()
+    with databases.lent(held) as only:
+        failed: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                with databases.lent(cancel):
+                    pass
+            except BaseException as exc:
+                failed.append(exc)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        cancel.set()
+        waiter.join(timeout=30)
+        assert not waiter.is_alive() and len(failed) == 1 and isinstance(failed[0], QueryCancelledError)
+    with pytest.raises(ZeroDivisionError), databases.lent(held) as again:
+        assert again is only
+        _ = 1 // 0
+    with databases.lent(held) as after_error:
+        assert after_error is only
