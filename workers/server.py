@@ -23,7 +23,7 @@ from sqe.errors import ConfigError
 from sqe.execution.allocator import Tuning, keep_freed_memory
 from workers.auth import BearerTokenInterceptor
 from workers.environment import scrub_environment
-from workers.service import ServiceSettings, WorkerService
+from workers.service import MIN_CLIENT_PING_MS, ServiceSettings, WorkerService
 
 log = logging.getLogger("sqe.worker")
 
@@ -48,11 +48,6 @@ class ProcessMemory:
         manifests = CacheConfig().manifest_bytes  # workers plan nothing; the engine's default is harmless
         configure_process_caches(data_bytes=self.data_bytes, manifest_bytes=manifests, decoded_bytes=self.decoded_bytes)
         return keep_freed_memory(self.keep_freed_bytes)
-
-
-# The most often a worker lets a client ping it on a connection that sent it nothing (gRPC answers pings more
-# frequent than this with GOAWAY "too_many_pings"); the coordinator never pings more often (its minimum is 2 s).
-MIN_CLIENT_PING_MS = 1000
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,11 @@ from workers.rewrite import OutputNotAllowedError, RewriteFileIO, RunningRewrite
 
 log = logging.getLogger("sqe.worker")
 
+# The most often a worker lets a client ping it on a connection that sent it nothing (gRPC answers pings more
+# frequent than this with GOAWAY "too_many_pings"); the coordinator never pings more often (its minimum is 2 s).
+# Health announces it: a coordinator pings only workers that say so (a stock gRPC server allows one per 5 min).
+MIN_CLIENT_PING_MS = 1000
+
 CallT = TypeVar("CallT", bound=Registered)
 
 
@@ -296,6 +301,7 @@ class WorkerService:
             max_message_bytes=self.settings.max_message_bytes,
             running_fragments=len(self.registry),
             ambient_credentials_disabled=ambient_credentials_disabled(os.environ),
+            min_client_ping_ms=MIN_CLIENT_PING_MS,
         )
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NoReturn, cast
 
 import grpc
@@ -38,38 +39,75 @@ class WorkerClient:
         tls_ca: str | None,
         max_message_bytes: int,
         keepalive: tuple[float, float] = (30.0, 10.0),
+        probe_timeout: float = 5.0,
     ) -> None:
-        """``keepalive``: (seconds between pings, seconds a ping may go unanswered before the connection drops)."""
+        """``keepalive``: (seconds between pings, seconds a ping may go unanswered before the connection drops),
+        used once the worker's Health says it accepts such pings (``probe_timeout``: that Health call's)."""
         refuse_plaintext_off_loopback(address, tls_ca)
         self.address = address
         self._token = token
         self._metadata = (("authorization", f"Bearer {token}"),)
-        every, timeout = keepalive
-        options = [
+        self._every_ms, self._timeout_ms = (int(seconds * 1000) for seconds in keepalive)
+        self._probe_timeout = probe_timeout
+        self._options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-            # A worker behind a dead connection fails the calls on it (UNAVAILABLE) within about every + timeout,
-            # instead of after the operating system's TCP timeouts. Workers accept these pings (sqe-worker allows
-            # one a second, with or without calls and data), so they never answer GOAWAY too_many_pings.
-            ("grpc.keepalive_time_ms", int(every * 1000)),
-            ("grpc.keepalive_timeout_ms", int(timeout * 1000)),
-            ("grpc.http2.ping_timeout_ms", int(timeout * 1000)),  # what gRPC actually waits (default: a minute)
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.max_pings_without_data", 0),
         ]
+        self._credentials: grpc.ChannelCredentials | None = None
         if tls_ca:
             with open(tls_ca, "rb") as fh:
-                credentials = grpc.ssl_channel_credentials(root_certificates=fh.read())
-            self._channel = grpc.secure_channel(address, credentials, options=options)
+                self._credentials = grpc.ssl_channel_credentials(root_certificates=fh.read())
+        self._lock = threading.Lock()
+        self._keepalive_decided = False
+        self._retired: list[grpc.Channel] = []  # replaced channels: closed last, calls may still run on them
+        self._connect(keepalive=False)
+
+    def _connect(self, *, keepalive: bool) -> None:
+        options = self._options + (self._keepalive_options() if keepalive else [])
+        if self._credentials is not None:
+            channel = grpc.secure_channel(self.address, self._credentials, options=options)
         else:
-            self._channel = grpc.insecure_channel(address, options=options)
-        self._stub: Any = pb_grpc.WorkerStub(self._channel)
-        self._execute: Any = self._channel.unary_stream(
+            channel = grpc.insecure_channel(self.address, options=options)
+        self._stub: Any = pb_grpc.WorkerStub(channel)
+        self._execute: Any = channel.unary_stream(
             _EXECUTE,
             request_serializer=pb.ScanTicket.SerializeToString,
             response_deserializer=parse_execute_response,
             _registered_method=True,
         )
+        self._channel = channel
+
+    def _keepalive_options(self) -> list[tuple[str, int]]:
+        # A worker behind a dead connection fails the calls on it (UNAVAILABLE) within about every + timeout,
+        # instead of after the operating system's TCP timeouts.
+        return [
+            ("grpc.keepalive_time_ms", self._every_ms),
+            ("grpc.keepalive_timeout_ms", self._timeout_ms),
+            ("grpc.http2.ping_timeout_ms", self._timeout_ms),  # what gRPC actually waits (default: a minute)
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+
+    def _keepalive_if_welcome(self) -> None:
+        """Before the first long call: switch to a keepalive channel if the worker's Health accepts its pings.
+
+        A worker before v1.3 runs a stock gRPC server, which answers pings more often than every 5 minutes with
+        GOAWAY too_many_pings and fails every call on the connection (a silent stream dies after about three
+        pings): it gets none, and keeps only the coordinator's idle health checks. An unanswered Health decides
+        nothing (the call itself then fails as it would have); the next call asks again."""
+        if self._keepalive_decided:
+            return
+        with self._lock:
+            if self._keepalive_decided:
+                return
+            try:
+                accepted_ms = self.health(timeout=self._probe_timeout).min_client_ping_ms
+            except grpc.RpcError:
+                return
+            self._keepalive_decided = True
+            if 0 < accepted_ms <= self._every_ms:
+                self._retired.append(self._channel)
+                self._connect(keepalive=True)
 
     def __repr__(self) -> str:
         return f"WorkerClient({self.address!r})"
@@ -84,10 +122,12 @@ class WorkerClient:
     def execute(self, ticket: pb.ScanTicket) -> Any:
         """The streaming call (iterable of ``ExecuteResponse`` or, for batches, ``ReceivedBatch``; ``cancel()``
         ends it from another thread)."""
+        self._keepalive_if_welcome()
         return self._execute(ticket, metadata=self._metadata)
 
     def rewrite(self, ticket: pb.RewriteTicket, timeout: float) -> Any:
         """A compaction rewrite as a future (``result()`` blocks; ``cancel()`` ends it from another thread)."""
+        self._keepalive_if_welcome()
         return self._stub.Rewrite.future(ticket, metadata=self._metadata, timeout=timeout)
 
     def refresh(self, request: pb.RefreshRequest, timeout: float) -> pb.RefreshResponse:
@@ -105,4 +145,5 @@ class WorkerClient:
         return cast(pb.StatsResponse, self._stub.Stats(pb.StatsRequest(), metadata=self._metadata, timeout=timeout))
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in (*self._retired, self._channel):
+            channel.close()

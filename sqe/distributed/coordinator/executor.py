@@ -102,6 +102,7 @@ class DistributedExecutor:
                 tls_ca=coordinator.tls_ca,
                 max_message_bytes=self.options.max_message_bytes,
                 keepalive=(self.options.keepalive_seconds, self.options.keepalive_timeout_seconds),
+                probe_timeout=self.options.rpc_timeout_seconds,
             )
             for address in coordinator.workers
         ]

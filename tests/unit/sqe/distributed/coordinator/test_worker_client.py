@@ -1,13 +1,20 @@
-"""The coordinator's worker channel: plaintext only to loopback workers; no channel is made for the others."""
+"""The coordinator's worker channel: plaintext only to loopback workers; no channel is made for the others; no
+keepalive pings to a worker that does not say it accepts them."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 
 from sqe.distributed.coordinator.client import WorkerClient
 from sqe.distributed.coordinator.options import DistributedOptions
+from sqe.distributed.protocol._proto import worker_pb2 as pb
+from sqe.distributed.protocol._proto import worker_pb2_grpc as pb_grpc
 from sqe.errors import ConfigError
 
 TOKEN = "coordinator-token-" + "x" * 20
@@ -53,3 +60,42 @@ def test_liveness_settings_out_of_range_are_refused(settings: dict[str, float]) 
     with pytest.raises(ValueError, match="DistributedOptions"):
         DistributedOptions(**settings)  # type: ignore[arg-type]
     assert DistributedOptions(heartbeat_seconds=0).heartbeat_seconds == 0  # 0: no heartbeats asked for
+
+
+class _WorkerBeforeKeepalive(pb_grpc.WorkerServicer):
+    """A worker before v1.3: a stock gRPC server (gRPC's ping policy), a Health without ``min_client_ping_ms``,
+    and a fragment that sends nothing for a while (a partial aggregate of a large file)."""
+
+    def __init__(self, silent_seconds: float) -> None:
+        self.silent_seconds = silent_seconds
+
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
+        return pb.HealthResponse(status=pb.HealthResponse.SERVING, version="old")
+
+    def Execute(self, request: pb.ScanTicket, context: grpc.ServicerContext) -> Iterator[pb.ExecuteResponse]:
+        yield pb.ExecuteResponse(progress=pb.Progress(files_total=1))
+        time.sleep(self.silent_seconds)
+        yield pb.ExecuteResponse(complete=pb.Complete(files=1))
+
+
+@pytest.fixture
+def worker_before_keepalive() -> Iterator[str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.so_reuseport", 0)])
+    pb_grpc.add_WorkerServicer_to_server(_WorkerBeforeKeepalive(silent_seconds=5.0), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(grace=None)
+
+
+def test_a_worker_before_keepalive_gets_no_pings_that_would_end_its_silent_stream(
+    worker_before_keepalive: str,
+) -> None:
+    # Pings every second (gRPC's floor): a stock server takes the third within its 5 minutes as abuse (GOAWAY
+    # too_many_pings, the call fails UNAVAILABLE), as it takes the default 30 s ones on a stream silent for 2 min.
+    client = WorkerClient(worker_before_keepalive, TOKEN, tls_ca=None, max_message_bytes=1 << 20, keepalive=(1, 1))
+    try:
+        kinds = [message.WhichOneof("payload") for message in client.execute(pb.ScanTicket(fragment_id="f"))]
+    finally:
+        client.close()
+    assert kinds == ["progress", "complete"]
