@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -24,6 +25,7 @@ from sqe.execution.local import QueryCancelledError
 
 MIN_HEARTBEAT_MS = 50  # a smaller request is raised to this: heartbeats must not crowd out the batches
 MAX_HEARTBEAT_MS = 3_600_000
+STOP_WAIT_SECONDS = 10.0  # the longest a call's end waits for the helper (a read that ignores the cancel flag)
 
 ItemT = TypeVar("ItemT")
 BeatT = TypeVar("BeatT")
@@ -103,4 +105,14 @@ def with_heartbeats(
     finally:
         stop.set()  # over early (the call ended): the helper stops handing over and closes the fragment's stream
         cancel.set()  # ... and the fragment's readers stop, so the helper is not left waiting on a read
-        helper.join(timeout=10)
+        _let_go(helper, handover)
+
+
+def _let_go(helper: threading.Thread, handover: queue.Queue[ItemT | _Raised | _End]) -> None:
+    """Wait (at most ``STOP_WAIT_SECONDS``) for the helper to end, emptying the handover so that a helper blocked
+    on a full one (the call ended while the stream was behind) sees the stop at once, not after an interval."""
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while helper.is_alive() and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            handover.get_nowait()
+        helper.join(timeout=0.05)
