@@ -12,10 +12,12 @@ import grpc
 import pytest
 
 from sqe.distributed.coordinator.client import WorkerClient
-from sqe.distributed.coordinator.options import DistributedOptions
+from sqe.distributed.coordinator.options import MIN_KEEPALIVE_SECONDS, DistributedOptions
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol._proto import worker_pb2_grpc as pb_grpc
 from sqe.errors import ConfigError
+from workers.server import Keepalive
+from workers.service import MIN_CLIENT_PING_MS
 
 TOKEN = "coordinator-token-" + "x" * 20
 
@@ -78,24 +80,44 @@ class _WorkerBeforeKeepalive(pb_grpc.WorkerServicer):
         yield pb.ExecuteResponse(complete=pb.Complete(files=1))
 
 
-@pytest.fixture
-def worker_before_keepalive() -> Iterator[str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_WorkerServicer_to_server(_WorkerBeforeKeepalive(silent_seconds=5.0), server)
+class _WorkerWithKeepalive(_WorkerBeforeKeepalive):
+    """A v1.3 worker: says in Health how often it accepts pings (its server is set up with sqe-worker's options)."""
+
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
+        return pb.HealthResponse(status=pb.HealthResponse.SERVING, min_client_ping_ms=MIN_CLIENT_PING_MS)
+
+
+def _serve(servicer: pb_grpc.WorkerServicer, options: list[tuple[str, int]]) -> tuple[grpc.Server, str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.so_reuseport", 0), *options])
+    pb_grpc.add_WorkerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield f"127.0.0.1:{port}"
-    server.stop(grace=None)
+    return server, f"127.0.0.1:{port}"
 
 
-def test_a_worker_before_keepalive_gets_no_pings_that_would_end_its_silent_stream(
-    worker_before_keepalive: str,
-) -> None:
-    # Pings every second (gRPC's floor): a stock server takes the third within its 5 minutes as abuse (GOAWAY
-    # too_many_pings, the call fails UNAVAILABLE), as it takes the default 30 s ones on a stream silent for 2 min.
-    client = WorkerClient(worker_before_keepalive, TOKEN, tls_ca=None, max_message_bytes=1 << 20, keepalive=(1, 1))
+def _stream_kinds(address: str, keepalive: tuple[float, float]) -> list[str | None]:
+    client = WorkerClient(address, TOKEN, tls_ca=None, max_message_bytes=1 << 20, keepalive=keepalive)
     try:
-        kinds = [message.WhichOneof("payload") for message in client.execute(pb.ScanTicket(fragment_id="f"))]
+        return [message.WhichOneof("payload") for message in client.execute(pb.ScanTicket(fragment_id="f"))]
     finally:
         client.close()
-    assert kinds == ["progress", "complete"]
+
+
+def test_a_worker_before_keepalive_gets_no_pings_that_would_end_its_silent_stream() -> None:
+    # Pings every second (gRPC's floor): a stock server takes the third within its 5 minutes as abuse (GOAWAY
+    # too_many_pings, the call fails UNAVAILABLE), as it takes the default 30 s ones on a stream silent for 2 min.
+    server, address = _serve(_WorkerBeforeKeepalive(silent_seconds=5.0), [])
+    try:
+        assert _stream_kinds(address, keepalive=(1, 1)) == ["progress", "complete"]
+    finally:
+        server.stop(grace=None)
+
+
+def test_a_v1_3_worker_takes_the_pings_through_a_stream_silent_for_several_intervals() -> None:
+    """The worker's server options (sqe-worker's, here with gRPC's defaults otherwise) accept the coordinator's
+    fastest pings (every 2 s) on a stream that sends nothing for three and a half of them (a partial aggregate)."""
+    server, address = _serve(_WorkerWithKeepalive(silent_seconds=7.0), Keepalive().channel_options())
+    try:
+        assert _stream_kinds(address, keepalive=(MIN_KEEPALIVE_SECONDS, 1)) == ["progress", "complete"]
+    finally:
+        server.stop(grace=None)
