@@ -165,7 +165,7 @@ def test_a_stalled_fragment_is_retried_on_another_worker(
     victim = _one_data_file(catalog_server, tables)
     proxy.inject("GET", victim, 0, times=10_000, delay=600)
     # The worker answers its health checks all along (every 0.5 s of silence): they must not hide the stall.
-    options = {"heartbeat_seconds": 0.25, "stall_heartbeats": 8, "idle_timeout_seconds": 0.5, "max_attempts": 4}
+    options = {"heartbeat_seconds": 0.15, "stall_heartbeats": 8, "idle_timeout_seconds": 0.5, "max_attempts": 4}
     caplog.set_level(logging.WARNING, logger="sqe.distributed")
     with distributed_session(config, **options) as session:
         executor = session.distributed_executor
@@ -218,9 +218,9 @@ def test_a_long_fragment_that_progresses_silently_is_not_cut(
     path = _proxied_config(catalog_server, tables, proxy, tmp_path / "reader.toml")
     config = load_config(path, env={}, overrides=coordinator_overrides(pool))
     # Every read of the data file is slow (but answered): the partial aggregate sends nothing until its end,
-    # far longer than the stall limit (0.25 s x 12), while reading one row group after another.
-    proxy.inject("GET", r"/slow/data/.*\.parquet", 0, times=10_000, delay=0.8)
-    options = {"heartbeat_seconds": 0.25, "stall_heartbeats": 12, "idle_timeout_seconds": 600.0, "max_attempts": 1}
+    # far longer than the stall limit (0.15 s x 12), while reading one row group after another.
+    proxy.inject("GET", r"/slow/data/.*\.parquet", 0, times=10_000, delay=0.4)
+    options = {"heartbeat_seconds": 0.15, "stall_heartbeats": 12, "idle_timeout_seconds": 600.0, "max_attempts": 1}
     sql = f"SELECT grp, count(*) AS n, sum(amount) AS s FROM {slow_table} GROUP BY grp"
     with distributed_session(config, **options) as session:
         log = TicketLog().attach(session)
@@ -230,7 +230,7 @@ def test_a_long_fragment_that_progresses_silently_is_not_cut(
     assert all(ticket.HasField("partial_aggregate") for _, ticket in log.tickets)
     expected = {g: [i for i in range(SLOW_ROWS) if ("a", "b", "c")[i % 3] == g] for g in ("a", "b", "c")}
     assert answer == [(g, len(ids), sum(ids)) for g, ids in expected.items()]
-    # It did outlast the stall limit several times over: far more slow reads than a few run at once in 3 s.
+    # It did outlast the stall limit several times over: far more slow reads than a few run at once in 1.8 s.
     assert proxy.outcomes["delayed"] >= 30
 
 
