@@ -15,6 +15,9 @@ from sqe.errors import ConfigError
 
 # Execute is called with the coordinator's own deserializer: batch messages keep their IPC body as a view of the
 # received bytes instead of protobuf's copy.
+# Health probe outcomes that say nothing about the worker (it was not reached): the next call asks again.
+_UNREACHED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
 _EXECUTE = f"/{pb.DESCRIPTOR.services_by_name['Worker'].full_name}/Execute"
 
 
@@ -102,8 +105,10 @@ class WorkerClient:
                 return
             try:
                 accepted_ms = self.health(timeout=self._probe_timeout).min_client_ping_ms
-            except grpc.RpcError:
-                return
+            except grpc.RpcError as exc:
+                if exc.code() in _UNREACHED:  # asked again before the next call
+                    return
+                accepted_ms = 0  # it answered, but not with a Health that accepts pings
             self._keepalive_decided = True
             if 0 < accepted_ms <= self._every_ms:
                 self._retired.append(self._channel)
