@@ -26,9 +26,10 @@ class DistributedOptions:
     rewrite_timeout_seconds: float = 3600.0  # one compaction bin on one worker
     # Workers send a progress heartbeat after each such interval in which a fragment progressed but had nothing
     # to send (0: not asked); a stream of a worker that keeps them, silent for stall_heartbeats intervals, is
-    # stalled: it is cancelled and its fragment retried elsewhere.
+    # stalled: it is cancelled and its fragment retried elsewhere. Five minutes by default: progress counts per
+    # read, and one large column chunk on a slow link (128 MiB at 1 MB/s) is a read of over two minutes.
     heartbeat_seconds: float = 5.0
-    stall_heartbeats: int = 12
+    stall_heartbeats: int = 60
     # HTTP/2 keepalive of the worker channels: a ping this often, the connection dropped when its answer takes
     # longer than keepalive_timeout_seconds (a worker lost to a partition fails its calls instead of hanging).
     keepalive_seconds: float = 30.0
