@@ -201,11 +201,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             if self.metrics.files_done != files_reported:
                 files_reported = self.metrics.files_done
                 yield pb.ExecuteResponse(progress=self._progress(rows))
-        yield pb.ExecuteResponse(progress=self._progress(rows))
-        done = self.metrics.snapshot()
-        yield pb.ExecuteResponse(
-            complete=pb.Complete(rows=rows, batches=batches, files=done["files_done"], bytes=done["bytes_done"])
-        )
+        yield from self._closing(rows, batches)
 
     def _partial_stream(
         self,
@@ -234,6 +230,10 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
                 self.rows_sent = rows
                 batches += 1
                 stats.add(batches_sent=1, rows_sent=count, ipc_bytes_sent=len(data))
+        yield from self._closing(rows, batches)
+
+    def _closing(self, rows: int, batches: int) -> Iterator[pb.ExecuteResponse]:
+        """A stream's last progress message, then ``complete`` with what it sent and read."""
         yield pb.ExecuteResponse(progress=self._progress(rows))
         done = self.metrics.snapshot()
         yield pb.ExecuteResponse(
