@@ -68,6 +68,9 @@ class RangeCache(ByteBoundedCache[RangeKey]):
     def __init__(self, max_bytes: int) -> None:
         self._index_lock = threading.Lock()
         self._index: dict[FileKey, dict[int, int]] = {}  # file -> {offset: length} of its kept ranges
+        # Files some of whose kept ranges are a prefetch's parts of a longer read: a read of such a file is served
+        # by joining them (:meth:`assembled`), also on a repeat scan; other files never pay for that lookup.
+        self._parted: set[FileKey] = set()
         super().__init__(max_bytes)
 
     def covering(self, file: FileKey, offset: int, length: int) -> memoryview | None:
@@ -84,10 +87,16 @@ class RangeCache(ByteBoundedCache[RangeKey]):
         return memoryview(data)[offset - start : offset - start + length]
 
     def holds(self, file: FileKey, offset: int, length: int) -> bool:
-        """Whether one kept range of ``file`` covers these bytes (asked before fetching: counts nothing)."""
+        """Whether kept ranges of ``file`` that follow one another without a gap cover these bytes (asked before
+        fetching: counts nothing), so a repeat prefetch does not fetch again the parts an earlier one kept."""
         with self._index_lock:
-            ranges = self._index.get(file, {})
-            return any(o <= offset and offset + length <= o + n for o, n in ranges.items())
+            ranges = sorted(self._index.get(file, {}).items())
+        return _gapless_end(ranges, offset, offset + length) >= offset + length
+
+    def parted(self, file: FileKey) -> bool:
+        """Whether ``file`` has prefetched parts kept, without the lock (a set's membership reads atomically): a
+        read of a file without any skips :meth:`assembled`, so a process with the prefetch off never joins."""
+        return file in self._parted
 
     def assembled(self, file: FileKey, offset: int, length: int) -> bytes | None:
         """``length`` bytes at ``offset`` of ``file`` joined from kept ranges that follow one another without a
@@ -110,13 +119,16 @@ class RangeCache(ByteBoundedCache[RangeKey]):
         self.stats.add(hits=1)
         return b"".join(parts)
 
-    def put_range(self, file: FileKey, offset: int, data: bytes) -> None:
+    def put_range(self, file: FileKey, offset: int, data: bytes, *, part: bool = False) -> None:
+        """Keep ``data`` read at ``offset``; ``part``: a prefetch's part of a longer read (served joined)."""
         with self._index_lock:
             kept = self._index.get(file, {}).get(offset, 0)
         if not data or len(data) <= kept or not self.put((file, offset), data):
             return
         with self._index_lock:
             self._index.setdefault(file, {})[offset] = len(data)
+            if part:
+                self._parted.add(file)
         # The range may have been evicted by a concurrent put before it was indexed: drop a stale index entry.
         with self._lock:
             gone = (file, offset) not in self._entries
@@ -136,6 +148,17 @@ class RangeCache(ByteBoundedCache[RangeKey]):
                 ranges.pop(offset, None)
                 if not ranges:
                     del self._index[file]
+                    self._parted.discard(file)
+
+
+def _gapless_end(ranges: list[tuple[int, int]], position: int, end: int) -> int:
+    """How far from ``position`` the (offset-sorted) ranges reach without a gap, up to ``end``."""
+    for start, size in ranges:
+        if position >= end:
+            break
+        if start <= position < start + size:
+            position = start + size
+    return position
 
 
 DATA_RANGES = RangeCache(DEFAULT_DATA_BYTES)

@@ -157,8 +157,12 @@ class _RangeReader(io.RawIOBase):
         kept = DATA_RANGES.covering(self._key, offset, length)
         if kept is not None:
             return kept
-        # With no prefetch running in the process (the setting off) a miss adds only this unlocked emptiness check.
-        if _PREFETCHES.any_running() and _PREFETCHES.awaited(self._key, offset, length):
+        # With no prefetch running in the process and no prefetched parts kept (the setting off) a miss adds only
+        # these two unlocked checks. A prefetch's parts in flight are waited for (a failed one raises here); parts
+        # kept, by this scan's prefetch or an earlier one's, are joined (a repeat scan sends no GET).
+        if _PREFETCHES.any_running():
+            _PREFETCHES.awaited(self._key, offset, length)
+        if DATA_RANGES.parted(self._key):
             joined = DATA_RANGES.assembled(self._key, offset, length)
             if joined is not None:
                 return memoryview(joined)
@@ -367,7 +371,7 @@ class _Prefetch:
             return
         data = self._source.read_at(length, offset)  # errors: the signed reader's OSError classes
         if not self._stopped.is_set():
-            DATA_RANGES.put_range(self.key, offset, data)
+            DATA_RANGES.put_range(self.key, offset, data, part=True)
 
     def awaited(self, offset: int, length: int) -> bool:
         """Wait for the parts overlapping these bytes; whether there were any and all were fetched. A failed

@@ -346,3 +346,27 @@ def test_a_sessions_cache_prefetch_setting_reaches_its_scans(
     assert gets >= 1 and in_flight == 1, seen
     in_flight, gets = seen[True]
     assert in_flight >= 2 and gets > seen[False][1], seen
+
+
+@pytest.mark.parametrize("again", [True, False], ids=["prefetch-again", "prefetch-off-again"])
+def test_a_repeat_scan_of_a_prefetched_file_is_served_from_the_cache(
+    moto_server: MotoServer,
+    proxy: FaultProxy,
+    stored: tuple[str, int, pa.Table],
+    again: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read the prefetch fetched in parts is kept as those parts: a repeat scan of the file (with the setting
+    on again, or by a session with it off in the same process) is served from them and sends no GET, as a repeat
+    scan does with the setting off."""
+    monkeypatch.setattr(cached_files, "PREFETCH_PART_BYTES", 256 << 10)  # so each read is cut into parts
+    configure_process_caches(data_bytes=CACHE_BYTES, manifest_bytes=DEFAULT_MANIFEST_BYTES, decoded_bytes=0)
+    _, size, table = stored
+    fragment = fragment_through(moto_server, proxy, stored, "scope-repeat")
+    direct = projection(("x", "y"), table.schema)
+    proxy.reset()
+    assert scanned(fragment, direct, size, prefetch=True).equals(table.select(["x", "y"]))
+    assert len(requested_bytes(proxy)) > len(coalesced_reads(fragment.metadata, [0, 1, 2, 3], {1, 2}, size))
+    proxy.reset()
+    assert scanned(fragment, direct, size, prefetch=again).equals(table.select(["x", "y"]))
+    assert proxy.count("GET", DATA_GET) == 0, requested_bytes(proxy)
