@@ -39,6 +39,7 @@ as a ``pa.BufferReader`` over the kept bytes, so pyarrow decodes it without call
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
@@ -57,7 +58,7 @@ from sqe.planning.avro_limits import MAX_MANIFEST_BYTES, BoundedManifestFile, Ma
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
 
-__all__ = ["MetadataCachingFileIO", "cached_file_key", "caching_filesystem", "prefetched"]
+__all__ = ["MetadataCachingFileIO", "cached_file_key", "caching_filesystem", "prefetched", "stopping_prefetches"]
 
 
 class _RangeSource(Protocol):
@@ -353,11 +354,21 @@ def _parts(read: _Range) -> list[_Range]:
 class _Prefetch:
     """One scan's parallel fetch of one file's reads, in parts, into the range cache."""
 
-    def __init__(self, key: FileKey, source: SignedObject, reads: list[_Range], reserved: int) -> None:
+    def __init__(
+        self,
+        key: FileKey,
+        source: SignedObject,
+        reads: list[_Range],
+        reserved: int,
+        scan_stop: threading.Event | None = None,
+    ) -> None:
         self.key = key
         self.reserved = reserved
         self._source = source
         self._stopped = threading.Event()
+        # The scan's own stop (its consumer left: cancelled, a LIMIT met), set while its reader thread may still
+        # wait inside pyarrow for a read, before the scan's generators are closed.
+        self._scan_stop = scan_stop
         self._parts: list[tuple[int, int, Future[None]]] = []
         self._reads = reads
 
@@ -367,6 +378,8 @@ class _Prefetch:
                 self._parts.append((offset, length, executor.submit(self._fetch, offset, length)))
 
     def _fetch(self, offset: int, length: int) -> None:
+        if self._scan_stop is not None and self._scan_stop.is_set():
+            _PREFETCHES.stop(self)  # the scan is over: no part of it is sent any more, its reservation goes now
         if self._stopped.is_set():
             return
         data = self._source.read_at(length, offset)  # errors: the signed reader's OSError classes
@@ -401,7 +414,9 @@ class _Prefetches:
         self._executor: ThreadPoolExecutor | None = None
         self._pid = 0
 
-    def start(self, key: FileKey, source: SignedObject, reads: list[_Range]) -> _Prefetch | None:
+    def start(
+        self, key: FileKey, source: SignedObject, reads: list[_Range], scan_stop: threading.Event | None = None
+    ) -> _Prefetch | None:
         with self._lock:
             self._forget_after_fork()
             if key in self._running:
@@ -417,7 +432,7 @@ class _Prefetches:
                 budget -= length
             if len(taken) < 2 and sum(n for _, n in taken) <= PREFETCH_PART_BYTES:
                 return None  # one small read: nothing to overlap
-            prefetch = _Prefetch(key, source, taken, sum(n for _, n in taken))
+            prefetch = _Prefetch(key, source, taken, sum(n for _, n in taken), scan_stop)
             self._running[key] = prefetch
             self._reserved += prefetch.reserved
             prefetch.start(self._pool())
@@ -461,6 +476,19 @@ class _Prefetches:
 
 
 _PREFETCHES = _Prefetches()
+_scan = threading.local()  # .stop: the stop event of the scan whose reader this thread is (stopping_prefetches)
+
+
+@contextlib.contextmanager
+def stopping_prefetches(stop: threading.Event) -> Iterator[None]:
+    """Within this, prefetches this thread starts end once ``stop`` is set: a scan's reader thread passes the
+    scan's stop, so a cancelled query's prefetch sends no more parts even while the thread still waits in pyarrow
+    for a read (its generators, whose closing stops the prefetch too, are closed only after that read)."""
+    _scan.stop = stop
+    try:
+        yield
+    finally:
+        _scan.stop = None
 
 
 def prefetched(
@@ -492,7 +520,7 @@ def _start_prefetch(
     if not leaves:
         return None
     reads = coalesced_reads(fragment.metadata, row_groups, leaves, size)
-    return _PREFETCHES.start(handler.key, handler.direct, reads)
+    return _PREFETCHES.start(handler.key, handler.direct, reads, getattr(_scan, "stop", None))
 
 
 # ---------------------------------------------------------------------------------------------- manifests

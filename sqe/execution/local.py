@@ -48,7 +48,13 @@ from sqe._counters import Counters
 from sqe.errors import QueryError
 from sqe.execution import nested_nulls  # noqa: F401  # pyiceberg's projection keeps NULL lists/maps of structs
 from sqe.execution.cache import parquet_fragment
-from sqe.execution.cached_files import CACHED_RANGE_FS, cached_file_key, kept_whole, prefetched
+from sqe.execution.cached_files import (
+    CACHED_RANGE_FS,
+    cached_file_key,
+    kept_whole,
+    prefetched,
+    stopping_prefetches,
+)
 from sqe.execution.decoded_cache import DECODED
 from sqe.execution.delete_limits import VectorEntry, check_position_deletes, record_counts, task_vector_entries
 from sqe.execution.file_rows import check_file_rows, check_group_rows, filtered, group_batches, scan_columns
@@ -848,11 +854,12 @@ class _ScanRun:
 
     def _work(self) -> None:
         try:
-            while not self._stop.is_set():
-                task = self._next_task()
-                if task is None:
-                    break
-                self._read_file(task)
+            with stopping_prefetches(self._stop):  # a prefetch ends with the scan, not with its file's last read
+                while not self._stop.is_set():
+                    task = self._next_task()
+                    if task is None:
+                        break
+                    self._read_file(task)
         except BaseException as exc:  # handed to the consumer, which re-raises it in the query's thread
             self._put(_Failed(exc))
         finally:

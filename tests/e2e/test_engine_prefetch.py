@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import io
 import itertools
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import wait
@@ -31,7 +33,7 @@ from sqe.execution.byte_cache import DEFAULT_DATA_BYTES, DEFAULT_MANIFEST_BYTES
 from sqe.execution.cache import clear_process_caches, configure_process_caches
 from sqe.execution.cached_files import _PREFETCHES, _start_prefetch, caching_filesystem, coalesced_reads, kept_whole
 from sqe.execution.decoded_cache import DEFAULT_DECODED_BYTES
-from sqe.execution.local import DirectProjection
+from sqe.execution.local import DirectProjection, QueryCancelledError
 from sqe.execution.projected_read import PARQUET
 from sqe.vocabulary import S3_ENDPOINT
 from tests.conftest import pyiceberg_catalog, write_sqe_config
@@ -370,3 +372,68 @@ def test_a_repeat_scan_of_a_prefetched_file_is_served_from_the_cache(
     proxy.reset()
     assert scanned(fragment, direct, size, prefetch=again).equals(table.select(["x", "y"]))
     assert proxy.count("GET", DATA_GET) == 0, requested_bytes(proxy)
+
+
+def _part_gets(proxy: FaultProxy, part_bytes: int) -> int:
+    """The ranged GETs of at most ``part_bytes`` the proxy has seen (pyarrow's own reads here are larger)."""
+    return sum(1 for first, last in requested_bytes(proxy) if last - first + 1 <= part_bytes)
+
+
+def _wait_for(condition: Any, what: str) -> None:
+    """Wait (generously, asserting no time) until ``condition()`` holds."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_cancelled_querys_prefetch_sends_no_more_parts(
+    catalog_server: CatalogServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bogus_aws_env: None
+) -> None:
+    """A query interrupted while its prefetch is under way: the scan's reader thread may still wait inside
+    pyarrow for a read, but the prefetch ends with the scan, so at most the parts already being sent (and the few
+    a pool thread takes before it sees the stop) reach the store after the cancel; its reservation goes, and the
+    process is left with no prefetch, no scan thread and no more descriptors than before."""
+    part = 128 << 10
+    monkeypatch.setattr(cached_files, "PREFETCH_PART_BYTES", part)
+    owner = catalog_server.admin
+    namespace = f"prefetch_{uuid.uuid4().hex[:8]}"
+    pyiceberg_catalog(catalog_server, owner).create_namespace(namespace)
+    with session_for(tmp_path, catalog_server, owner) as writer:
+        writer.sql(
+            f"CREATE TABLE {namespace}.big AS SELECT i AS id, random() AS y, 'tag-' || i AS t"
+            " FROM range(0, 3000000) r(i)"
+        )
+    s3 = FaultProxy(catalog_server.moto.url, keep_host=True)
+    s3.start()
+    path = write_sqe_config(
+        tmp_path / "reader.toml", catalog_server.url, owner, catalog_server.moto, storage={"endpoint": s3.url}
+    )
+    overrides = {"cache.data_bytes": CACHE_BYTES, "cache.decoded_bytes": 0, "cache.prefetch": True}
+    try:
+        with sqe.api.connect(load_config(path, env={}, overrides=overrides)) as session:
+            session.sql(f"SELECT count(*) FROM {namespace}.big").fetchall()  # planning's reads out of the way
+            clear_process_caches()
+            descriptors = len(list(Path("/proc/self/fd").iterdir()))
+            s3.reset()
+            s3.inject("GET", r"\.parquet", 0, 10_000, delay=0.3)
+            started = 2 * cached_files.PREFETCH_THREADS
+
+            def interrupt_once_under_way() -> None:
+                _wait_for(lambda: _part_gets(s3, part) >= started, "the prefetch never got under way")
+                session.interrupt()
+
+            watcher = threading.Thread(target=interrupt_once_under_way)
+            watcher.start()
+            with pytest.raises(QueryCancelledError):
+                session.sql(f"SELECT sum(y), max(t) FROM {namespace}.big").fetchall()
+            watcher.join()
+            at_cancel = _part_gets(s3, part)
+            _wait_for(lambda: not any(t.name.startswith("sqe-scan-") for t in threading.enumerate()), "scan threads")
+            _wait_for(lambda: _PREFETCHES.running() == 0, "a prefetch still registered")
+            after = _part_gets(s3, part) - at_cancel
+            assert after <= 2 * cached_files.PREFETCH_THREADS, (at_cancel, after)
+            assert _PREFETCHES._reserved == 0
+            assert len(list(Path("/proc/self/fd").iterdir())) <= descriptors
+    finally:
+        s3.stop()
