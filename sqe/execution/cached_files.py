@@ -20,9 +20,10 @@ never reaches a lookup at all.
   groups after statistics pruning, its projected and filter columns only) in parallel before pyarrow asks: the
   ranges pyarrow's coalescing asks for, in parts of at most :data:`PREFETCH_PART_BYTES`, through the same signed
   reader into the same cache entries. A read waits for its parts (a part's error is raised there) and is served
-  from them. At most :data:`PREFETCH_THREADS` GETs run at once in the process, a file's prefetch covers at most
-  :data:`PREFETCH_FILE_BYTES`, and all prefetches together at most half the range cache's bound; a scan that
-  ends stops its prefetch (parts not yet sent are never sent).
+  from them, as a later read of the same bytes is while they stay kept. At most :data:`PREFETCH_THREADS` GETs run
+  at once in the process, a file's prefetch covers at most :data:`PREFETCH_FILE_BYTES`, and all prefetches
+  together at most half the range cache's bound; a scan that ends (or whose stop is set: a cancel, a LIMIT met)
+  stops its prefetch (parts not yet sent are never sent).
 - **Manifests.** Planning reads the manifest list and manifests through :class:`MetadataCachingFileIO`, which
   keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`; a miss is one signed GET of the
   whole object (pyarrow's open would add a HEAD), read no further than ``MAX_MANIFEST_BYTES`` and checked
