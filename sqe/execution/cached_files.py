@@ -413,13 +413,11 @@ class _Prefetches:
         self._running: dict[FileKey, _Prefetch] = {}
         self._reserved = 0
         self._executor: ThreadPoolExecutor | None = None
-        self._pid = 0
 
     def start(
         self, key: FileKey, source: SignedObject, reads: list[_Range], scan_stop: threading.Event | None = None
     ) -> _Prefetch | None:
         with self._lock:
-            self._forget_after_fork()
             if key in self._running:
                 return None  # another scan of the same file is prefetching it: its parts serve this one too
             budget = min(PREFETCH_FILE_BYTES, DATA_RANGES.max_bytes // _PREFETCH_CACHE_SHARE - self._reserved)
@@ -448,7 +446,6 @@ class _Prefetches:
 
     def awaited(self, key: FileKey, offset: int, length: int) -> bool:
         with self._lock:
-            self._forget_after_fork()
             prefetch = self._running.get(key)
         return prefetch is not None and prefetch.awaited(offset, length)
 
@@ -461,14 +458,14 @@ class _Prefetches:
         that finds none skips the lookup, so a process with the setting off does no prefetch work at all."""
         return bool(self._running)
 
-    def _forget_after_fork(self) -> None:
-        """A forked child inherits the parent's prefetches but not the threads running them: they would never
-        finish there, so the child forgets them (and makes threads of its own on its first prefetch)."""
-        if self._pid != os.getpid():
-            self._running.clear()
-            self._reserved = 0
-            self._executor = None
-            self._pid = os.getpid()
+    def forget_in_forked_child(self) -> None:
+        """A forked child inherits the parent's prefetches but not the threads running them (nor the owner of a
+        lock one of them held at the fork): they would never finish there, so the child starts afresh, with a
+        new lock, and makes threads of its own on its first prefetch."""
+        self._lock = threading.Lock()
+        self._running = {}
+        self._reserved = 0
+        self._executor = None
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -477,6 +474,7 @@ class _Prefetches:
 
 
 _PREFETCHES = _Prefetches()
+os.register_at_fork(after_in_child=_PREFETCHES.forget_in_forked_child)
 _scan = threading.local()  # .stop: the stop event of the scan whose reader this thread is (stopping_prefetches)
 
 
