@@ -36,6 +36,7 @@ from pyiceberg.types import LongType, NestedField
 from sqe_catalog.contention import MIN_ATTEMPTS
 from tests.conftest import pyiceberg_catalog
 from tests.e2e.test_catalog_integrity import legacy_table
+from tests.helpers.catalog_api import WarehouseApi
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogServer
@@ -80,34 +81,14 @@ def _database(server: CatalogServer) -> Iterator[sqlite3.Connection]:
         db.close()
 
 
-class Api:
-    def __init__(self, server: CatalogServer) -> None:
-        self.server = server
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {server.token(server.admin)}"
-
-    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        url = f"{self.server.url}/v1/{self.server.warehouse}/{path}"
-        return self.session.request(method, url, timeout=60, **kwargs)
-
-    def namespace(self) -> str:
-        ns = f"contended_{uuid.uuid4().hex[:8]}"
-        assert self.request("POST", "namespaces", json={"namespace": [ns]}).status_code == 200
-        return ns
+class Api(WarehouseApi):
+    NAMESPACE_PREFIX = "contended_"
 
     def create(self, ns: str, name: str, **body: Any) -> requests.Response:
         return self.request("POST", f"namespaces/{ns}/tables", json={"name": name, "schema": SCHEMA, **body})
 
     def commit(self, ns: str, name: str, updates: list[dict[str, Any]], **body: Any) -> requests.Response:
         return self.request("POST", f"namespaces/{ns}/tables/{name}", json={"updates": updates, **body})
-
-    def load(self, ns: str, name: str) -> requests.Response:
-        return self.request("GET", f"namespaces/{ns}/tables/{name}")
-
-    def notify(self, ns: str, name: str, kind: str, location: str, timestamp: int) -> requests.Response:
-        payload = {"table-name": name, "timestamp": timestamp, "metadata-location": location}
-        body = {"notification-type": kind, "payload": payload}
-        return self.request("POST", f"namespaces/{ns}/tables/{name}/notifications", json=body)
 
     def objects(self, location: str) -> list[str]:
         """The objects stored under ``location`` (a place a claim asked for)."""

@@ -32,6 +32,7 @@ from tests.conftest import (
     stop_process,
     write_catalog_config,
 )
+from tests.helpers.catalog_api import WarehouseApi
 from tests.helpers.fault_proxy import FaultProxy
 
 if TYPE_CHECKING:
@@ -48,27 +49,12 @@ V3 = {"format-version": "3"}
 INTEGRITY = "MetadataIntegrityException"
 
 
-class Api:
-    def __init__(self, server: CatalogServer) -> None:
-        self.server = server
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {server.token(server.admin)}"
-
-    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        url = f"{self.server.url}/v1/{self.server.warehouse}/{path}"
-        return self.session.request(method, url, timeout=60, **kwargs)
-
-    def namespace(self) -> str:
-        ns = f"integ_{uuid.uuid4().hex[:8]}"
-        assert self.request("POST", "namespaces", json={"namespace": [ns]}).status_code == 200
-        return ns
+class Api(WarehouseApi):
+    NAMESPACE_PREFIX = "integ_"
 
     def create(self, ns: str, name: str, properties: dict[str, str]) -> requests.Response:
         body = {"name": name, "schema": SCHEMA, "properties": properties}
         return self.request("POST", f"namespaces/{ns}/tables", json=body)
-
-    def load(self, ns: str, name: str) -> requests.Response:
-        return self.request("GET", f"namespaces/{ns}/tables/{name}")
 
     def set_properties(self, ns: str, name: str, **updates: str) -> requests.Response:
         body = {"updates": [{"action": "set-properties", "updates": updates}]}
@@ -77,11 +63,6 @@ class Api:
     def remove_properties(self, ns: str, name: str, *removals: str) -> requests.Response:
         body = {"updates": [{"action": "remove-properties", "removals": list(removals)}]}
         return self.request("POST", f"namespaces/{ns}/tables/{name}", json=body)
-
-    def notify(self, ns: str, name: str, kind: str, location: str, timestamp: int) -> requests.Response:
-        payload = {"table-name": name, "timestamp": timestamp, "metadata-location": location}
-        body = {"notification-type": kind, "payload": payload}
-        return self.request("POST", f"namespaces/{ns}/tables/{name}/notifications", json=body)
 
 
 @pytest.fixture(scope="module")
