@@ -8,6 +8,7 @@ sends more rows for a file than the file holds never gets them into the answer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol._proto import worker_pb2_grpc
 from sqe.distributed.protocol.ipc import decode_schema, encode_schema
 from sqe.errors import WorkerError
+from sqe.session import Session
 from tests.conftest import WorkerFactory
 from tests.e2e.test_distributed import (
     ROWS_PER_FILE,
@@ -179,6 +181,18 @@ def _serve(service: _MisbehavingWorker, token: str) -> tuple[grpc.Server, str]:
     return server, address
 
 
+@contextlib.contextmanager
+def _misbehaving_session(mode: str, config_path: Path, token: str) -> Iterator[Session]:
+    """A distributed session whose only worker is a ``_MisbehavingWorker`` in ``mode``, stopped afterwards."""
+    server, address = _serve(_MisbehavingWorker(mode), token)
+    config = load_config(config_path, env={}, overrides={"coordinator": {"workers": [address], "token": token}})
+    try:
+        with distributed_session(config) as session:
+            yield session
+    finally:
+        server.stop(grace=None)
+
+
 def test_a_worker_quoting_the_tickets_keys_never_gets_them_into_errors_or_logs(
     reader_config: Path,  # noqa: F811
     tables: Tables,  # noqa: F811
@@ -274,15 +288,12 @@ def test_a_worker_sending_more_rows_than_a_file_holds_never_gets_them_into_the_a
 ) -> None:
     """It sends every batch twice with consecutive positions and a ``complete`` that counts them all: nothing in
     its own stream contradicts itself, but each file's rows run past the file's record count."""
-    server, address = _serve(_MisbehavingWorker("sends-rows-twice"), worker_factory.token)
-    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
-    config = load_config(reader_config, env={}, overrides=overrides)
     got: list[tuple[Any, ...]] = []
-    try:
-        with distributed_session(config) as session, pytest.raises(WorkerError) as failed:
-            got = session.sql(f"SELECT id FROM {tables.namespace}.events").fetchall()
-    finally:
-        server.stop(grace=None)
+    with (
+        _misbehaving_session("sends-rows-twice", reader_config, worker_factory.token) as session,
+        pytest.raises(WorkerError) as failed,
+    ):
+        got = session.sql(f"SELECT id FROM {tables.namespace}.events").fetchall()
     assert got == []  # before: twice the table's rows, every one twice, and no error
     assert f"past the {ROWS_PER_FILE} records of its file" in str(failed.value)
 
@@ -295,15 +306,12 @@ def test_a_batch_whose_offsets_cross_is_never_read(
     """Before, the coordinator handed such a batch on as it came, and the query returned it (a value of negative
     length; offsets further off have Arrow or DuckDB read outside the message: a crash, or another query's
     bytes in a result)."""
-    server, address = _serve(_MisbehavingWorker("crosses-offsets"), worker_factory.token)
-    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
-    config = load_config(reader_config, env={}, overrides=overrides)
     got: Any = None
-    try:
-        with distributed_session(config) as session, pytest.raises(WorkerError) as failed:
-            got = session.sql(f"SELECT * FROM {tables.namespace}.events").arrow()  # a pass-through read
-    finally:
-        server.stop(grace=None)
+    with (
+        _misbehaving_session("crosses-offsets", reader_config, worker_factory.token) as session,
+        pytest.raises(WorkerError) as failed,
+    ):
+        got = session.sql(f"SELECT * FROM {tables.namespace}.events").arrow()  # a pass-through read
     assert got is None
     assert "a batch's buffers do not hold its values" in str(failed.value)
 
@@ -315,15 +323,12 @@ def test_a_stream_that_completes_without_its_schema_is_not_taken_for_an_empty_fr
 ) -> None:
     """Before, a bare ``complete`` (no schema, no batch, zero rows) committed the fragment: its rows were lost and
     the query answered without them, without an error."""
-    server, address = _serve(_MisbehavingWorker("completes-at-once"), worker_factory.token)
-    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
-    config = load_config(reader_config, env={}, overrides=overrides)
     got: list[tuple[Any, ...]] | None = None
-    try:
-        with distributed_session(config) as session, pytest.raises(WorkerError) as failed:
-            got = session.sql(f"SELECT count(*) FROM {tables.namespace}.events WHERE id >= 0").fetchall()
-    finally:
-        server.stop(grace=None)
+    with (
+        _misbehaving_session("completes-at-once", reader_config, worker_factory.token) as session,
+        pytest.raises(WorkerError) as failed,
+    ):
+        got = session.sql(f"SELECT count(*) FROM {tables.namespace}.events WHERE id >= 0").fetchall()
     assert got is None
     assert "completed without sending its schema" in str(failed.value)
 
@@ -335,16 +340,13 @@ def test_an_aggregate_without_group_by_needs_exactly_one_partial_row_per_fragmen
 ) -> None:
     """Before, a worker that sent no partial row (and a ``complete`` counting none) had its fragments drop out of
     the merged count without an error."""
-    server, address = _serve(_MisbehavingWorker("drops-partial-rows"), worker_factory.token)
-    overrides = {"coordinator": {"workers": [address], "token": worker_factory.token}}
-    config = load_config(reader_config, env={}, overrides=overrides)
     got: list[tuple[Any, ...]] | None = None
-    try:
-        with distributed_session(config) as session, pytest.raises(WorkerError) as failed:
-            log = TicketLog().attach(session)
-            got = session.sql(f"SELECT count(*) FROM {tables.namespace}.events WHERE id >= 0").fetchall()
-    finally:
-        server.stop(grace=None)
+    with (
+        _misbehaving_session("drops-partial-rows", reader_config, worker_factory.token) as session,
+        pytest.raises(WorkerError) as failed,
+    ):
+        log = TicketLog().attach(session)
+        got = session.sql(f"SELECT count(*) FROM {tables.namespace}.events WHERE id >= 0").fetchall()
     assert log.tickets and all(t.HasField("partial_aggregate") for _, t in log.tickets)  # aggregated on workers
     assert got is None
     assert "0 partial rows for an aggregate of one" in str(failed.value)
