@@ -41,6 +41,10 @@ class ServerConfig(ConfigSection):
     log_level: str = "info"
     # Seconds a pyiceberg commit may take before the server gives up on a lost race (retries are the client's).
     request_timeout_seconds: float = 30.0
+    # Seconds an idle client connection stays open. A client that sends on a kept connection just as the server
+    # closes it sees the connection reset (a POST is not resent), so this stays well above the pauses of common
+    # clients (uvicorn's own default, 5 s, is a pause a credential refresh or a user easily makes).
+    keep_alive_seconds: int = 75
     # --- Polaris mode (quickstart issue): answer exactly as Apache Polaris does on the points SQE depends on.
     # true: the REST API is served under /api/catalog (Polaris's base path) instead of the root, /v1/config
     # requires ?warehouse= (no single-warehouse default) and returns the warehouse location as the
@@ -175,6 +179,8 @@ def _validate(config: CatalogServerConfig, origins: Origins) -> None:
         origins.fail("server.token_lifetime_seconds", "must be positive")
     if config.server.cleanup_interval_seconds < 0:
         origins.fail("server.cleanup_interval_seconds", "must be >= 0 (0 turns the background cleaner off)")
+    if not 0 < config.server.keep_alive_seconds <= 3600:
+        origins.fail("server.keep_alive_seconds", "must be more than 0 and at most 3600")
     if config.server.plan_lifetime_seconds <= 0:
         origins.fail("server.plan_lifetime_seconds", "must be positive")
     if config.server.max_plan_tasks_per_caller <= 0:

@@ -75,6 +75,7 @@ def serve(config: CatalogServerConfig, *, started: Started = nothing) -> None:
         access_log=False,
         lifespan="on",
         server_header=False,
+        timeout_keep_alive=config.server.keep_alive_seconds,
         timeout_graceful_shutdown=int(config.server.request_timeout_seconds) or None,
     )
     logging.getLogger("sqe_catalog").info(

@@ -7,6 +7,10 @@ Real sqe-catalog; the connections are counted by the client's own connection poo
 
 from __future__ import annotations
 
+import http.client
+import select
+import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -16,7 +20,7 @@ import pytest
 
 from sqe.catalog.rest import RestTableProvider
 from sqe.config import load_config
-from tests.conftest import pyiceberg_catalog, write_sqe_config
+from tests.conftest import pyiceberg_catalog, restartable_catalog, write_sqe_config
 from tests.helpers.fault_proxy import FaultProxy
 
 if TYPE_CHECKING:
@@ -98,3 +102,37 @@ def test_header_overrides_of_the_config_answer_go_on_every_later_request(
         proxy.stop()
     [(_path, loaded)] = [(path, headers) for path, headers in proxy.headers if "/tables/t" in path]
     assert loaded.get("X-Config-Named") == "from-config", loaded
+
+
+def _idle_connection(url: str) -> http.client.HTTPConnection:
+    """A connection to the catalog that has answered one request in full and is now idle (kept alive)."""
+    connection = http.client.HTTPConnection(urlsplit(url).netloc, timeout=5)
+    connection.request("GET", "/v1/config")
+    connection.getresponse().read()
+    return connection
+
+
+def _closed_by_server(connection: http.client.HTTPConnection) -> bool:
+    assert connection.sock is not None
+    readable, _, _ = select.select([connection.sock], [], [], 0)
+    return bool(readable) and connection.sock.recv(1, socket.MSG_PEEK) == b""
+
+
+def test_an_idle_connection_is_kept_for_the_configured_seconds(
+    catalog_server: CatalogServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Before: uvicorn's 5 s. A client pausing about that long (a test waiting out a 5 s credential) sent its next
+    # POST just as the server closed the connection and got it reset ("Remote end closed connection without
+    # response"), which no client resends. The default is 75 s now; a short setting shows the key is applied.
+    workdir = tmp_path_factory.mktemp("keep_alive")
+    with restartable_catalog(workdir, catalog_server.moto, {}, keep_alive_seconds=1) as (short, _restart):
+        kept, dropped = _idle_connection(catalog_server.url), _idle_connection(short.url)
+        try:
+            time.sleep(2.2)
+            assert _closed_by_server(dropped)
+            assert not _closed_by_server(kept)
+            kept.request("GET", "/v1/config")
+            assert kept.getresponse().status in (200, 401)
+        finally:
+            kept.close()
+            dropped.close()

@@ -102,6 +102,8 @@ class TestErrorsNameTheKey:
             ({"warehouses": [{**WAREHOUSE, "path_style": "yes"}]}, "warehouses[0].path_style: expected a boolean"),
             ({"server": {"token_lifetime_seconds": 0}}, "server.token_lifetime_seconds: must be positive"),
             ({"server": {"port": 99999}}, "server.port: must be from 0 to 65535"),
+            ({"server": {"keep_alive_seconds": 0}}, "server.keep_alive_seconds: must be more than 0"),
+            ({"server": {"keep_alive_seconds": 3601}}, "server.keep_alive_seconds: must be more than 0"),
             ({"server": {"port": -1}}, "server.port: must be from 0 to 65535"),
             ({"server": {"secret_hash_scrypt_n": 512}}, "server.secret_hash_scrypt_n: must be a power of two from"),
             ({"server": {"secret_hash_scrypt_n": 3000}}, "server.secret_hash_scrypt_n: must be a power of two from"),
