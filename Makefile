@@ -9,6 +9,8 @@ PEER       := $(VENV)/duckdb-peer
 PEER_REQS  := tests/interop/duckdb_peer_requirements.txt
 PEER_STAMP := $(PEER)/.installed
 DEMO_DIR ?= .demo-stack
+# Test processes of `make test` (pytest-xdist; the suite mostly waits on servers, so more than the cores pays).
+TEST_PROCESSES ?= 3
 
 .PHONY: demo test test-unit lint bench clean ceph-deps quickstart-configs duckdb-peer
 
@@ -38,7 +40,7 @@ ceph-deps:
 	bash quickstart/ceph/install-deps.sh
 
 test: $(STAMP) $(PEER_STAMP) ceph-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from sqe_catalog.config import MIN_SECRET_HASH_SCRYPT_N
 from sqe_stack import StackInfo, client_env, start_stack, stop_stack
@@ -28,6 +29,45 @@ from sqe_stack import moto as moto_store
 from sqe_stack.catalog import catalog_log_path
 from sqe_stack.provision import Daemon, StackError, StoreHandle, create_bucket, free_port
 from tests.helpers.processes import stop_child
+
+# `make test` runs the suite on several processes (pytest-xdist): most of its time is spent waiting on servers.
+# Each module runs whole on one process, so its module-scoped servers start once, and the modules that use the
+# Ceph cluster all run on one process, so Ceph starts once per run. Listed here by path, since the scheduler sees
+# node ids only; collection refuses a test of another module that uses the cluster.
+CEPH_MODULES = frozenset(
+    {
+        "tests/e2e/test_catalog_integrity_ceph.py",
+        "tests/e2e/test_ceph_enforcement.py",
+        "tests/e2e/test_distributed_ceph.py",
+        "tests/e2e/test_external_tables_ceph.py",
+        "tests/soak/test_soak_short.py",
+    }
+)
+
+
+def _module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+class _ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no type information
+    """xdist's scope scheduling with a module (not a class) as the unit, and one unit for the Ceph modules."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = _module_of(nodeid)
+        return "ceph" if module in CEPH_MODULES else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> _ModuleScheduling:
+    return _ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    strays = sorted(
+        {_module_of(i.nodeid) for i in items if "ceph_stack" in getattr(i, "fixturenames", ())} - CEPH_MODULES
+    )
+    if strays:
+        raise pytest.UsageError(f"add {', '.join(strays)} to CEPH_MODULES in tests/conftest.py (Ceph starts once)")
+
 
 # Vended credentials in the Ceph tests live 5 s: long enough for one step, short enough to watch expire.
 CEPH_CREDENTIAL_LIFETIME = 5
