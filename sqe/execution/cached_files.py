@@ -14,16 +14,28 @@ never reaches a lookup at all.
   range covers it, else read from the object store and kept. A miss is one signed ranged GET
   (:mod:`sqe.credentials.signed_reads`; the file's size is the manifest's), so no HEAD; only a case that module
   leaves to pyarrow opens the file through pyarrow, which costs one HEAD per file.
-- **Prefetch** (opt-in: ``[cache] prefetch``, ``sqe-worker --prefetch``; off, no scan calls it). pyarrow reads
-  such a file through one Python file, whose reads are serialised, so a scan's GETs go one after another.
-  :func:`prefetched` sends the GETs of the column chunks the scan will read (its row
-  groups after statistics pruning, its projected and filter columns only) in parallel before pyarrow asks: the
-  ranges pyarrow's coalescing asks for, in parts of at most :data:`PREFETCH_PART_BYTES`, through the same signed
-  reader into the same cache entries. A read waits for its parts (a part's error is raised there) and is served
-  from them, as a later read of the same bytes is while they stay kept. At most :data:`PREFETCH_THREADS` GETs run
-  at once in the process, a file's prefetch covers at most :data:`PREFETCH_FILE_BYTES`, and all prefetches
-  together at most half the range cache's bound; a scan that ends (or whose stop is set: a cancel, a LIMIT met)
-  stops its prefetch (parts not yet sent are never sent).
+- **Merged reads** (always). pyarrow pre-buffers each row group's column chunks on its own (the scanner reads
+  each group as its own fragment), so a file of small row groups costs at least a GET per group.
+  :func:`prefetched` plans a scan's reads (its row groups after statistics pruning, its projected and filter
+  columns only) as pyarrow coalesces them, and joins consecutive ones at most :data:`MERGE_HOLE_BYTES` (1 MiB)
+  apart into merged reads of at most :func:`merged_part_bytes` (:data:`PREFETCH_PART_BYTES`, and 1/16 of the
+  range cache's bound so one is kept): a GET's first byte costs about what 1 MiB of transfer does, so a gap's
+  bytes are read rather than another request sent. A merged read that joins two or more of pyarrow's reads is
+  fetched, whole and once, when a read it holds misses (by that reader; a concurrent reader of the same part
+  waits for it), kept in :data:`sqe.execution.byte_cache.DATA_RANGES` and the read served from it. Nothing is
+  fetched ahead and nothing is reserved, so a file of any size is merged end to end; a read that joins none is
+  sent as pyarrow asks, as without merging. The cost: the gaps' bytes (other columns' chunks) are read too, and
+  a merged read is one connection's transfer where the scanner would have sent its groups' reads in parallel.
+- **Prefetch** (opt-in: ``[cache] prefetch``, ``sqe-worker --prefetch``). pyarrow reads such a file through one
+  Python file per row group, whose reads are serialised, so a group's GETs go one after another. With it,
+  :func:`prefetched` sends the GETs of the merged reads above (and of pyarrow's reads that join none) in parallel
+  before pyarrow asks, in parts of at most :data:`PREFETCH_PART_BYTES`, through the same signed reader into the
+  same cache entries. A read waits for its parts (a part's error is raised there) and is served from them, as a
+  later read of the same bytes is while they stay kept. At most :data:`PREFETCH_THREADS` GETs run at once in the
+  process, a file's prefetch covers at most :data:`PREFETCH_FILE_BYTES`, and all prefetches together at most
+  half the range cache's bound (merged reads past that are fetched as they are read, as above).
+- Either way a scan that ends (or whose stop is set: a cancel, a LIMIT met) stops its plan: parts not yet sent
+  are never sent, and a read after that is sent as pyarrow asks.
 - **Manifests.** Planning reads the manifest list and manifests through :class:`MetadataCachingFileIO`, which
   keeps each file's bytes whole in :data:`sqe.execution.byte_cache.MANIFESTS`; a miss is one signed GET of the
   whole object (pyarrow's open would add a HEAD), read no further than ``MAX_MANIFEST_BYTES`` and checked
@@ -44,7 +56,7 @@ import contextlib
 import io
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
@@ -159,11 +171,14 @@ class _RangeReader(io.RawIOBase):
         kept = DATA_RANGES.covering(self._key, offset, length)
         if kept is not None:
             return kept
-        # With no prefetch running in the process and no prefetched parts kept (the setting off) a miss adds only
-        # these two unlocked checks. A prefetch's parts in flight are waited for (a failed one raises here); parts
-        # kept, by this scan's prefetch or an earlier one's, are joined (a repeat scan sends no GET).
-        if _PREFETCHES.any_running():
-            _PREFETCHES.awaited(self._key, offset, length)
+        # With no prefetch running in the process and no prefetched parts kept a miss adds only these two unlocked
+        # checks. A prefetch's parts in flight are waited for, and a merged read holding this one is fetched now
+        # if no reader has yet (a failed part raises here); parts kept, by this scan's prefetch or an earlier
+        # one's, are joined (a repeat scan sends no GET).
+        if _PREFETCHES.any_running() and _PREFETCHES.awaited(self._key, offset, length):
+            kept = None if DATA_RANGES.parted(self._key) else DATA_RANGES.covering(self._key, offset, length)
+            if kept is not None:
+                return kept  # within a merged read, kept whole
         if DATA_RANGES.parted(self._key):
             joined = DATA_RANGES.assembled(self._key, offset, length)
             if joined is not None:
@@ -291,7 +306,11 @@ _PREFETCH_CACHE_SHARE = 2
 # pyarrow's read coalescing (its default cache options): column chunks less than this apart are read as one ...
 _HOLE_BYTES = 8 << 10
 _COALESCED_BYTES = 32 << 20  # ... up to this size
+# Merged reads (see prefetched): a scan's reads at most this far apart are fetched as one GET.
+MERGE_HOLE_BYTES = 1 << 20  # a GET's first byte costs what ~1 MiB of transfer does (20-50 ms at 50-100 MB/s)
+_MERGED_PART_SHARE = 16  # a merged read is at most this fraction of the range cache's bound
 _Range = tuple[int, int]  # offset, length
+_Merged = tuple[int, int, int]  # offset, length, how many of pyarrow's reads it joins
 _T = TypeVar("_T")
 
 
@@ -318,30 +337,68 @@ def _leaf_indices(schema: pa.Schema, names: set[str]) -> set[int]:
 
 
 def coalesced_reads(metadata: Any, row_groups: list[int], leaves: set[int], file_size: int) -> list[_Range]:
-    """The byte ranges pyarrow's pre-buffering reads for these row groups' column chunks: each chunk's range
-    (its dictionary page on), chunks close together read as one, as pyarrow coalesces them."""
-    chunks: list[_Range] = []
-    for index in row_groups:
-        group = metadata.row_group(index)
-        for leaf in sorted(leaves):
-            column = group.column(leaf)
-            start = column.data_page_offset
-            dictionary = column.dictionary_page_offset
-            if column.has_dictionary_page and dictionary and 0 < dictionary < start:
-                start = dictionary
-            length = min(column.total_compressed_size, file_size - start)
-            if length > 0:
-                chunks.append((start, length))
+    """The byte ranges pyarrow's pre-buffering reads for these row groups' column chunks, in file order: each
+    chunk's range (its dictionary page on), chunks of one row group close together read as one, as pyarrow
+    coalesces them (it pre-buffers each row group on its own, so two groups' chunks are never one read)."""
     reads: list[_Range] = []
-    for start, length in sorted(chunks):
-        if reads:
-            first, size = reads[-1]
+    for index in row_groups:
+        chunks = _chunk_ranges(metadata.row_group(index), leaves, file_size)
+        reads.extend(_joined(chunks, _HOLE_BYTES, _COALESCED_BYTES))
+    return sorted(reads)
+
+
+def merged_reads(
+    metadata: Any, row_groups: list[int], leaves: set[int], file_size: int, part_bytes: int
+) -> list[_Merged]:
+    """pyarrow's reads of these row groups' chunks (:func:`coalesced_reads`), consecutive ones at most
+    :data:`MERGE_HOLE_BYTES` apart joined into one read of at most ``part_bytes`` (one GET, the gap's bytes
+    read too): each as (offset, length, how many of pyarrow's reads it joins). A read larger than ``part_bytes``
+    is joined with none."""
+    merged: list[_Merged] = []
+    for start, length in coalesced_reads(metadata, row_groups, leaves, file_size):
+        if merged:
+            first, size, joined = merged[-1]
             end = max(first + size, start + length)
-            if start - (first + size) <= _HOLE_BYTES and end - first <= _COALESCED_BYTES:
-                reads[-1] = (first, end - first)
+            if start - (first + size) <= MERGE_HOLE_BYTES and end - first <= part_bytes:
+                merged[-1] = (first, end - first, joined + 1)
                 continue
-        reads.append((start, length))
-    return reads
+        merged.append((start, length, 1))
+    return merged
+
+
+def merged_part_bytes() -> int:
+    """The largest read :func:`merged_reads` joins: a prefetch part, and at most a 1/16 of the range cache (so a
+    merged read is kept, and the reads pyarrow's I/O threads (8) serve from parts at once hold at most half)."""
+    return max(1, min(PREFETCH_PART_BYTES, _COALESCED_BYTES, DATA_RANGES.max_bytes // _MERGED_PART_SHARE))
+
+
+def _chunk_ranges(group: Any, leaves: set[int], file_size: int) -> list[_Range]:
+    """The byte range of each of a row group's column chunks of these leaves (its dictionary page on)."""
+    chunks: list[_Range] = []
+    for leaf in sorted(leaves):
+        column = group.column(leaf)
+        start = column.data_page_offset
+        dictionary = column.dictionary_page_offset
+        if column.has_dictionary_page and dictionary and 0 < dictionary < start:
+            start = dictionary
+        length = min(column.total_compressed_size, file_size - start)
+        if length > 0:
+            chunks.append((start, length))
+    return chunks
+
+
+def _joined(ranges: list[_Range], hole: int, limit: int) -> list[_Range]:
+    """Ranges in offset order, those at most ``hole`` apart joined while the joined one is at most ``limit``."""
+    joined: list[_Range] = []
+    for start, length in sorted(ranges):
+        if joined:
+            first, size = joined[-1]
+            end = max(first + size, start + length)
+            if start - (first + size) <= hole and end - first <= limit:
+                joined[-1] = (first, end - first)
+                continue
+        joined.append((start, length))
+    return joined
 
 
 def _parts(read: _Range) -> list[_Range]:
@@ -353,7 +410,9 @@ def _parts(read: _Range) -> list[_Range]:
 
 
 class _Prefetch:
-    """One scan's parallel fetch of one file's reads, in parts, into the range cache."""
+    """One scan's fetch of one file's reads, in parts, into the range cache. Eager parts are sent in parallel at
+    once; lazy ones (merged reads) only when a read of pyarrow's needs one, by the first reader thread that does,
+    while a concurrent reader of the same part waits for it (so each part is one GET)."""
 
     def __init__(
         self,
@@ -362,21 +421,27 @@ class _Prefetch:
         reads: list[_Range],
         reserved: int,
         scan_stop: threading.Event | None = None,
+        lazy: Sequence[_Range] = (),
     ) -> None:
         self.key = key
-        self.reserved = reserved
+        self.reserved = reserved  # the eager reads' bytes (lazy parts are fetched as read: nothing held ahead)
         self._source = source
         self._stopped = threading.Event()
         # The scan's own stop (its consumer left: cancelled, a LIMIT met), set while its reader thread may still
         # wait inside pyarrow for a read, before the scan's generators are closed.
         self._scan_stop = scan_stop
-        self._parts: list[tuple[int, int, Future[None]]] = []
         self._reads = reads
+        self._parts: list[tuple[int, int, Future[None]]] = [(offset, length, Future()) for offset, length in lazy]
+        self._lazy = frozenset(future for _, _, future in self._parts)
+        self._claims = threading.Lock()
+        self._unclaimed = set(self._lazy)  # a reader takes a lazy part out of here to fetch it: one reader does
 
-    def start(self, executor: ThreadPoolExecutor) -> None:
+    def start(self, executor: Callable[[], ThreadPoolExecutor]) -> None:
+        """Send the eager reads' parts (to the pool ``executor`` gives, made only when there are any)."""
         for read in self._reads:
             for offset, length in _parts(read):
-                self._parts.append((offset, length, executor.submit(self._fetch, offset, length)))
+                self._parts.append((offset, length, executor().submit(self._fetch, offset, length)))
+        self._parts.sort(key=lambda part: part[0])
 
     def _fetch(self, offset: int, length: int) -> None:
         if self._scan_stop is not None and self._scan_stop.is_set():
@@ -388,21 +453,81 @@ class _Prefetch:
             DATA_RANGES.put_range(self.key, offset, data, part=True)
 
     def awaited(self, offset: int, length: int) -> bool:
-        """Wait for the parts overlapping these bytes; whether there were any and all were fetched. A failed
-        part's error is raised here, in the reading scan, as its own read's would be."""
-        overlapping = [f for o, n, f in self._parts if o < offset + length and offset < o + n]
+        """Wait for the parts overlapping these bytes, fetching lazy ones no reader has taken yet; whether there
+        were any and none was cancelled. A failed part's error is raised here, in the reading scan, as its own
+        read's would be. Lazy parts are fetched only for a read they hold whole (pyarrow's reads are what
+        :func:`merged_reads` joined; any other read is left to its own GET)."""
+        overlapping = [part for part in self._parts if part[0] < offset + length and offset < part[0] + part[1]]
+        if _gapless_end(overlapping, offset, offset + length) < offset + length:
+            overlapping = [part for part in overlapping if part[2] not in self._lazy]
         try:
-            for future in overlapping:
-                future.result()
+            for part_offset, part_length, future in overlapping:
+                if future in self._lazy and self._claimed(future):
+                    self._fetch_lazy(part_offset, part_length, future)
+                else:
+                    future.result()
         except CancelledError:
             return False
-        return bool(overlapping) and not self._stopped.is_set()
+        return bool(overlapping)
+
+    def _claimed(self, future: Future[None]) -> bool:
+        """Whether this reader takes a lazy part to fetch: False when another reader has (wait for it), or the
+        prefetch stopped (its parts are cancelled: none is sent any more)."""
+        if self._scan_stop is not None and self._scan_stop.is_set():
+            _PREFETCHES.stop(self)
+        with self._claims:
+            if future not in self._unclaimed:
+                return False
+            self._unclaimed.discard(future)
+        return future.set_running_or_notify_cancel()
+
+    def _fetch_lazy(self, offset: int, length: int, future: Future[None]) -> None:
+        """Fetch a claimed lazy part in this reader's thread and keep it, even if the scan stopped meanwhile (the
+        read that claimed it is served from it); its error goes to the readers waiting for it too."""
+        try:
+            data = self._source.read_at(length, offset)  # errors: the signed reader's OSError classes
+            DATA_RANGES.put_range(self.key, offset, data)
+        except BaseException as error:
+            future.set_exception(error)
+            raise
+        future.set_result(None)
 
     def stop(self) -> None:
-        """Parts not yet started never start; running ones finish (each bounded) and are dropped."""
+        """Parts not yet started never start (lazy ones: no reader claims them any more); running eager ones finish
+        (each bounded) and are dropped, a lazy one being fetched is kept for the read that claimed it."""
         self._stopped.set()
         for _, _, future in self._parts:
             future.cancel()
+
+
+def _gapless_end(parts: Sequence[tuple[int, int, Any]], position: int, end: int) -> int:
+    """How far from ``position`` the (offset-sorted) parts reach without a gap, up to ``end``."""
+    for start, size, _ in parts:
+        if position >= end:
+            break
+        if start <= position < start + size:
+            position = start + size
+    return position
+
+
+def _planned(key: FileKey, reads: list[_Merged], budget: int) -> tuple[list[_Merged], list[_Merged]]:
+    """The reads a prefetch sends at once (not kept yet, in file order while they fit ``budget``), and the merged
+    reads (joining two or more of pyarrow's) of the rest, fetched when a read needs one. A read of pyarrow's that
+    joins none is left to be sent as pyarrow asks, as without a prefetch."""
+    taken: list[_Merged] = []
+    rest: list[_Merged] = []
+    for read in reads:
+        offset, length, _ = read
+        if DATA_RANGES.holds(key, offset, length):
+            continue
+        if not rest and length <= budget:
+            taken.append(read)
+            budget -= length
+        else:
+            rest.append(read)  # from the first that does not fit on: read as pyarrow asks
+    if len(taken) < 2 and sum(length for _, length, _ in taken) <= PREFETCH_PART_BYTES:
+        taken, rest = [], taken + rest  # one small read: nothing to overlap
+    return taken, [read for read in rest if read[2] > 1]
 
 
 class _Prefetches:
@@ -415,26 +540,29 @@ class _Prefetches:
         self._executor: ThreadPoolExecutor | None = None
 
     def start(
-        self, key: FileKey, source: SignedObject, reads: list[_Range], scan_stop: threading.Event | None = None
+        self,
+        key: FileKey,
+        source: SignedObject,
+        reads: list[_Merged],
+        scan_stop: threading.Event | None = None,
+        *,
+        eager: bool = True,
     ) -> _Prefetch | None:
+        """A prefetch of the file's ``reads`` (:func:`merged_reads`), or None when there is nothing to do or one
+        runs for the file already. ``eager``: reads are sent at once within the budget (their bytes reserved), the
+        merged ones beyond it are fetched when read; else only merged reads are, all of them when read."""
         with self._lock:
             if key in self._running:
                 return None  # another scan of the same file is prefetching it: its parts serve this one too
             budget = min(PREFETCH_FILE_BYTES, DATA_RANGES.max_bytes // _PREFETCH_CACHE_SHARE - self._reserved)
-            taken: list[_Range] = []
-            for offset, length in reads:
-                if DATA_RANGES.holds(key, offset, length):
-                    continue
-                if length > budget:
-                    break  # the rest is read as pyarrow asks
-                taken.append((offset, length))
-                budget -= length
-            if len(taken) < 2 and sum(n for _, n in taken) <= PREFETCH_PART_BYTES:
-                return None  # one small read: nothing to overlap
-            prefetch = _Prefetch(key, source, taken, sum(n for _, n in taken), scan_stop)
+            taken, lazy = _planned(key, reads, budget if eager else 0)
+            if not taken and not lazy:
+                return None
+            sent = [(offset, length) for offset, length, _ in taken]
+            prefetch = _Prefetch(key, source, sent, sum(n for _, n in sent), scan_stop, [(o, n) for o, n, _ in lazy])
             self._running[key] = prefetch
             self._reserved += prefetch.reserved
-            prefetch.start(self._pool())
+            prefetch.start(self._pool)
             return prefetch
 
     def stop(self, prefetch: _Prefetch) -> None:
@@ -455,7 +583,8 @@ class _Prefetches:
 
     def any_running(self) -> bool:
         """Whether any prefetch may be running, without the lock (a dict's emptiness reads atomically): a read
-        that finds none skips the lookup, so a process with the setting off does no prefetch work at all."""
+        that finds none skips the lookup, so a process scanning no file whose reads merge (with the setting off)
+        does no prefetch work at all."""
         return bool(self._running)
 
     def forget_in_forked_child(self) -> None:
@@ -491,13 +620,20 @@ def stopping_prefetches(stop: threading.Event) -> Iterator[None]:
 
 
 def prefetched(
-    fragment: ds.ParquetFileFragment, row_groups: list[int], columns: Sequence[str], batches: Iterator[_T]
+    fragment: ds.ParquetFileFragment,
+    row_groups: list[int],
+    columns: Sequence[str],
+    batches: Iterator[_T],
+    *,
+    eager: bool,
 ) -> Iterator[_T]:
-    """``batches`` (a scan of ``fragment``), while the column chunks of ``columns`` in ``row_groups`` (the ones the
-    scan reads: after statistics pruning, within its projection) are fetched in parallel into the range cache.
-    Only for a file read range by range through the cache with a signed reader; the prefetch starts with the
-    first batch asked for, and ending the scan (exhausted, closed, failed) stops what is not yet sent."""
-    prefetch = _start_prefetch(fragment, row_groups, tuple(columns))
+    """``batches`` (a scan of ``fragment``), its reads of the column chunks of ``columns`` in ``row_groups`` (the
+    ones the scan reads: after statistics pruning, within its projection) planned ahead: reads of pyarrow's close
+    together are fetched as one (:func:`merged_reads`) when the first of them is read, and with ``eager`` (``[cache]
+    prefetch``) the reads are fetched in parallel before pyarrow asks. Only for a file read range by range through
+    the cache with a signed reader; the plan starts with the first batch asked for, and ending the scan
+    (exhausted, closed, failed) stops what is not yet sent."""
+    prefetch = _start_prefetch(fragment, row_groups, tuple(columns), eager=eager)
     try:
         yield from batches
     finally:
@@ -506,7 +642,7 @@ def prefetched(
 
 
 def _start_prefetch(
-    fragment: ds.ParquetFileFragment, row_groups: list[int], columns: tuple[str, ...]
+    fragment: ds.ParquetFileFragment, row_groups: list[int], columns: tuple[str, ...], *, eager: bool = True
 ) -> _Prefetch | None:
     filesystem = fragment.filesystem
     handler = filesystem.handler if isinstance(filesystem, pafs.PyFileSystem) else None
@@ -518,8 +654,8 @@ def _start_prefetch(
     leaves = _leaf_indices(fragment.physical_schema, set(columns))
     if not leaves:
         return None
-    reads = coalesced_reads(fragment.metadata, row_groups, leaves, size)
-    return _PREFETCHES.start(handler.key, handler.direct, reads, getattr(_scan, "stop", None))
+    reads = merged_reads(fragment.metadata, row_groups, leaves, size, merged_part_bytes())
+    return _PREFETCHES.start(handler.key, handler.direct, reads, getattr(_scan, "stop", None), eager=eager)
 
 
 # ---------------------------------------------------------------------------------------------- manifests

@@ -140,7 +140,8 @@ def _task_to_record_batches(
     keep every core busy, decoding each in its reader thread saves the pool's hand-offs. ``projections`` keeps
     the direct projections of one scan (same ReadSpec) by file schema: the files of a table mostly share one.
     ``prefetch``: the direct scan of a file read range by range fetches its column chunks in parallel
-    (:func:`sqe.execution.cached_files.prefetched`; ``[cache] prefetch``)."""
+    (:func:`sqe.execution.cached_files.prefetched`; ``[cache] prefetch``); on or off, its reads close together
+    are fetched as one."""
     fragment: ds.ParquetFileFragment | None = None
     if not positional_deletes and task.file.file_format == FileFormat.PARQUET:
         # The table's FileIO: per-file credentials; the manifest's size: no HEAD; a kept footer: no footer GET.
@@ -319,7 +320,8 @@ class DirectProjection:
         prefetch: bool = False,
     ) -> Iterator[pa.RecordBatch]:
         """``file_size``: the manifest's size of the file (0: unknown), which tells whether it is kept whole.
-        ``prefetch``: a file the scanner reads range by range has its column chunks fetched in parallel."""
+        ``prefetch``: a file the scanner reads range by range has its column chunks fetched in parallel (on or
+        off, its reads close together are fetched as one)."""
         rows = batch_rows(fragment, self.file_columns, target_batch_bytes)
         cached = self._decoded_cache_key(fragment)
         if cached is not None:
@@ -337,8 +339,9 @@ class DirectProjection:
         columns, mask = scan_columns(self.file_columns, self.arrow_filter, fragment.physical_schema)
         groups = self._row_groups(fragment)
         batches = group_batches(fragment, groups, columns, rows)
-        if prefetch:  # the filter's columns too: the scanner reads them
-            batches = prefetched(fragment, groups, self._read_columns, batches)
+        # The filter's columns too: the scanner reads them. Reads close together are fetched as one, and with the
+        # prefetch on all are fetched in parallel before the scanner asks.
+        batches = prefetched(fragment, groups, self._read_columns, batches, eager=prefetch)
         for _, batch in batches:
             kept = filtered(batch, mask, self.schema)
             if kept.num_rows:  # like pyiceberg: a filter may leave nothing of a batch
@@ -395,9 +398,7 @@ class DirectProjection:
         found = {index: set(DECODED.columns(key, index, wanted)) for index in groups}
         incomplete = [index for index in groups if len(found[index]) < len(wanted)]
         missing = [name for name in wanted if any(name not in found[index] for index in incomplete)]
-        decode: _Decoder = _decode_whole if whole else _decode_by_scanner
-        if prefetch and not whole:
-            decode = partial(_decode_by_scanner, prefetch=True)
+        decode: _Decoder = _decode_whole if whole else partial(_decode_by_scanner, prefetch=prefetch)
         share = DECODED.max_bytes // _DECODED_GROUP_SHARE
         pieces = decode(fragment, incomplete, missing, rows, threads) if incomplete else iter(())
         put: list[tuple[int, str]] = []  # what this read kept, dropped again if the file is refused
@@ -590,13 +591,11 @@ def _decode_by_scanner(
     """Each row group's ``columns``, decoded by the dataset scanner over just those groups (in parallel, in file
     order) in batches of at most ``rows`` rows. Each batch is known to be of its group (:func:`group_batches`),
     and a group's last piece comes only once it yielded exactly the rows it states: a group whose pages hold
-    fewer is refused, never completed (and kept) with the next group's rows. ``prefetch``: the groups' column
-    chunks of ``columns`` are fetched in parallel meanwhile."""
+    fewer is refused, never completed (and kept) with the next group's rows. Reads close together are fetched as
+    one; ``prefetch``: the groups' column chunks of ``columns`` are fetched in parallel meanwhile."""
     metadata = fragment.metadata
     index, offset = -1, 0
-    batches = group_batches(fragment, groups, columns, rows)
-    if prefetch:
-        batches = prefetched(fragment, groups, columns, batches)
+    batches = prefetched(fragment, groups, columns, group_batches(fragment, groups, columns, rows), eager=prefetch)
     for group, batch in batches:
         offset = offset if group == index else 0
         index, end = group, offset + batch.num_rows
@@ -773,7 +772,7 @@ class LocalExecutor:
     ):
         """Memory held by a scan is about (max_queued_batches + max_files_in_flight) x target_batch_bytes.
         ``prefetch``: fetch a range-cached file's column chunks in parallel (``[cache] prefetch``; off: each
-        range is fetched when pyarrow asks for it)."""
+        range is fetched when pyarrow asks for it, ranges close together as one)."""
         if max_files_in_flight < 1 or max_queued_batches < 1 or target_batch_bytes < 1:
             raise ValueError("max_files_in_flight, max_queued_batches and target_batch_bytes must be at least 1")
         self.max_files_in_flight = max_files_in_flight

@@ -29,9 +29,19 @@ import pytest
 import sqe.api
 import sqe.execution.cached_files as cached_files
 from sqe.config import load_config
+from sqe.errors import DataFileError
 from sqe.execution.byte_cache import DEFAULT_DATA_BYTES, DEFAULT_MANIFEST_BYTES
 from sqe.execution.cache import clear_process_caches, configure_process_caches
-from sqe.execution.cached_files import _PREFETCHES, _start_prefetch, caching_filesystem, coalesced_reads, kept_whole
+from sqe.execution.cached_files import (
+    _PREFETCHES,
+    MERGE_HOLE_BYTES,
+    _start_prefetch,
+    caching_filesystem,
+    coalesced_reads,
+    kept_whole,
+    merged_part_bytes,
+    merged_reads,
+)
 from sqe.execution.decoded_cache import DEFAULT_DECODED_BYTES
 from sqe.execution.local import DirectProjection, QueryCancelledError
 from sqe.execution.projected_read import PARQUET
@@ -40,6 +50,7 @@ from tests.conftest import pyiceberg_catalog, write_sqe_config
 from tests.e2e.test_engine_range_cache import session_for
 from tests.e2e.test_signed_reads import properties, reader
 from tests.helpers.fault_proxy import FaultProxy
+from tests.unit.sqe.execution.test_row_group_rows import restated_counts
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogServer, MotoServer
@@ -440,3 +451,216 @@ def test_a_cancelled_querys_prefetch_sends_no_more_parts(
             assert descriptors[-1] <= descriptors[0] + cached_files.PREFETCH_THREADS, descriptors
     finally:
         s3.stop()
+
+
+# ------------------------------------------------------------------------------- merged reads of small row groups
+
+MANY_GROUP_ROWS = 20_000  # twenty row groups, each column chunk far smaller than the merge hole
+
+
+@pytest.fixture(scope="module")
+def many_groups(moto_server: MotoServer) -> tuple[str, int, pa.Table]:
+    """A Parquet file of twenty small row groups (the same four columns) in moto: its location, size and content."""
+    table = pa.table(
+        {
+            "id": pa.array(range(ROWS), pa.int64()),
+            "x": pc.cast(pc.floor(pc.multiply(pc.random(ROWS), 1000)), pa.int64()),
+            "y": pc.random(ROWS),
+            "tag": pa.array([f"tag-{i % 97:03d}-{i}" for i in range(ROWS)]),
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=MANY_GROUP_ROWS)
+    key = f"prefetch/{uuid.uuid4().hex}/many.parquet"
+    moto_server.client("s3").put_object(Bucket=moto_server.bucket, Key=key, Body=sink.getvalue())
+    return f"s3://{moto_server.bucket}/{key}", len(sink.getvalue()), table
+
+
+def _content(moto: MotoServer, location: str) -> bytes:
+    key = location.removeprefix(f"s3://{moto.bucket}/")
+    body: bytes = moto.client("s3").get_object(Bucket=moto.bucket, Key=key)["Body"].read()
+    return body
+
+
+def _plan(fragment: ds.ParquetFileFragment, columns: tuple[str, ...], size: int) -> tuple[list[Any], list[Any]]:
+    """pyarrow's reads of these columns of every row group, and the merged reads (offset, length, joined) the
+    scan fetches instead."""
+    groups = list(range(fragment.metadata.num_row_groups))
+    leaves = {fragment.physical_schema.get_field_index(name) for name in columns}
+    reads = coalesced_reads(fragment.metadata, groups, leaves, size)
+    return reads, merged_reads(fragment.metadata, groups, leaves, size, merged_part_bytes())
+
+
+def _inside(reads: list[tuple[int, int]], merged: tuple[int, int, int]) -> list[tuple[int, int]]:
+    offset, length, _ = merged
+    return [(o, n) for o, n in reads if offset <= o and o + n <= offset + length]
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["prefetch-off", "prefetch-on"])
+@pytest.mark.parametrize("columns", [("x", "y"), ("id", "x", "y", "tag")], ids=["agg", "select-all"])
+@pytest.mark.parametrize("decoded", [True, False], ids=["decoded-cache", "scanner"])
+def test_reads_of_small_row_groups_close_together_are_fetched_as_one_get_each(
+    moto_server: MotoServer,
+    proxy: FaultProxy,
+    many_groups: tuple[str, int, pa.Table],
+    decoded: bool,
+    columns: tuple[str, ...],
+    prefetch: bool,
+) -> None:
+    """pyarrow reads each row group's chunks on its own: twenty reads, so twenty GETs. Reads less than the merge
+    hole apart are fetched as one GET of at most a merged part (the gaps' bytes too), each exactly once (the
+    scanner's readers of one merged read, reading groups in parallel, wait for the one GET), with the prefetch off
+    (as reads ask) and on (all at once); the rows are the file's and no GET reaches past the file."""
+    configure_process_caches(
+        data_bytes=CACHE_BYTES, manifest_bytes=DEFAULT_MANIFEST_BYTES, decoded_bytes=DEFAULT_DECODED_BYTES * decoded
+    )
+    _, size, table = many_groups
+    fragment = fragment_through(moto_server, proxy, many_groups, f"scope-merged-{decoded}-{len(columns)}-{prefetch}")
+    reads, merged = _plan(fragment, columns, size)
+    assert len(reads) == fragment.metadata.num_row_groups == ROWS // MANY_GROUP_ROWS
+    assert 1 < len(merged) <= len(reads) // 3 and all(joined > 1 for _, _, joined in merged)
+    proxy.reset()
+    proxy.inject("GET", DATA_GET, 0, 1000, delay=0.2)  # forwarded, a little late: readers of one part meet
+    result = scanned(fragment, projection(columns, table.schema), size, prefetch=prefetch)
+    assert result.equals(table.select(list(columns)))
+    fetched = sorted(requested_bytes(proxy))
+    assert fetched == [(offset, offset + length - 1) for offset, length, _ in merged]
+    assert all(0 <= first <= last < size for first, last in fetched)
+    if prefetch:
+        assert proxy.max_in_flight >= 2
+    assert _PREFETCHES.running() == 0
+
+
+def test_readers_of_one_merged_read_send_one_get_for_it(
+    moto_server: MotoServer, proxy: FaultProxy, many_groups: tuple[str, int, pa.Table]
+) -> None:
+    """Two reads of one merged read, the second asked while the first one's GET is still at the store: the
+    second waits for that GET instead of sending its own, and both are served from it. The other merged reads,
+    which nothing read, are never fetched (nothing is fetched ahead with the prefetch off)."""
+    location, size, _ = many_groups
+    content = _content(moto_server, location)
+    fragment = fragment_through(moto_server, proxy, many_groups, "scope-merged-concurrent")
+    reads, merged = _plan(fragment, ("x", "y"), size)
+    first, second = _inside(reads, merged[0])[:2]
+    prefetch = _start_prefetch(fragment, list(range(fragment.metadata.num_row_groups)), ("x", "y"), eager=False)
+    assert prefetch is not None and prefetch.reserved == 0
+    proxy.reset()
+    proxy.inject("GET", DATA_GET, 0, 1000, delay=1.0)
+    served: dict[int, bytes] = {}
+
+    def read(offset: int, length: int) -> None:
+        with fragment.filesystem.open_input_file(fragment.path) as file:
+            served[offset] = file.read_at(length, offset)
+
+    try:
+        readers = [threading.Thread(target=read, args=first)]
+        readers[0].start()
+        _wait_for(lambda: proxy.in_flight == 1, "the first read's GET never reached the store")
+        readers.append(threading.Thread(target=read, args=second))
+        readers[1].start()
+        for reader_thread in readers:
+            reader_thread.join()
+    finally:
+        _PREFETCHES.stop(prefetch)
+    assert served == {offset: content[offset : offset + length] for offset, length in (first, second)}
+    offset, length, _ = merged[0]
+    assert requested_bytes(proxy) == [(offset, offset + length - 1)]
+    assert proxy.max_in_flight == 1
+
+
+def test_reads_further_apart_than_the_merge_hole_are_each_their_own_get(
+    moto_server: MotoServer, proxy: FaultProxy, stored: tuple[str, int, pa.Table]
+) -> None:
+    """The four-group file's x and y chunks of one group are more than the merge hole from the next group's: with
+    the prefetch off a scan sends exactly pyarrow's reads, and no prefetch is registered for it."""
+    _, size, table = stored
+    fragment = fragment_through(moto_server, proxy, stored, "scope-apart")
+    reads, merged = _plan(fragment, ("x", "y"), size)
+    assert min(b[0] - (a[0] + a[1]) for a, b in itertools.pairwise(reads)) > MERGE_HOLE_BYTES
+    assert [(offset, length) for offset, length, _ in merged] == reads
+    assert _start_prefetch(fragment, [0, 1, 2, 3], ("x", "y"), eager=False) is None
+    proxy.reset()
+    assert scanned(fragment, projection(("x", "y"), table.schema), size, prefetch=False).equals(
+        table.select(["x", "y"])
+    )
+    assert sorted(requested_bytes(proxy)) == [(offset, offset + length - 1) for offset, length in reads]
+
+
+@pytest.mark.parametrize("how", ["scan-stopped", "scan-ended"])
+def test_a_stopped_scans_merged_reads_are_fetched_no_more(
+    moto_server: MotoServer, proxy: FaultProxy, many_groups: tuple[str, int, pa.Table], how: str
+) -> None:
+    """Once the scan is stopped (its stop set: a cancel, a LIMIT met) or ended (its generators closed), a read
+    within a merged read not yet fetched sends only its own GET, as without merging: the merged read is never
+    fetched."""
+    location, size, _ = many_groups
+    content = _content(moto_server, location)
+    fragment = fragment_through(moto_server, proxy, many_groups, f"scope-merged-{how}")
+    reads, merged = _plan(fragment, ("x", "y"), size)
+    stop = threading.Event()
+    with cached_files.stopping_prefetches(stop):  # as a scan's reader thread starts it
+        prefetch = _start_prefetch(fragment, list(range(fragment.metadata.num_row_groups)), ("x", "y"), eager=False)
+    assert prefetch is not None
+    proxy.reset()
+    first, second = _inside(reads, merged[0])[0], _inside(reads, merged[1])[0]
+    try:
+        with fragment.filesystem.open_input_file(fragment.path) as file:
+            assert file.read_at(first[1], first[0]) == content[first[0] : first[0] + first[1]]
+            if how == "scan-stopped":
+                stop.set()
+            else:
+                _PREFETCHES.stop(prefetch)
+            assert file.read_at(second[1], second[0]) == content[second[0] : second[0] + second[1]]
+        assert _PREFETCHES.running() == 0
+    finally:
+        _PREFETCHES.stop(prefetch)
+    fetched = requested_bytes(proxy)
+    assert fetched == [(merged[0][0], merged[0][0] + merged[0][1] - 1), (second[0], second[0] + second[1] - 1)]
+
+
+@pytest.mark.parametrize("decoded", [True, False], ids=["decoded-cache", "scanner"])
+def test_a_failing_merged_get_is_the_typed_error_a_failing_read_is(
+    moto_server: MotoServer, proxy: FaultProxy, many_groups: tuple[str, int, pa.Table], decoded: bool
+) -> None:
+    """A 403 on the data GETs: a scan whose reads are merged fails with the error a plain read of the file fails
+    with (its readers waiting for the failed merged read too), and the GETs it sent were merged reads."""
+    configure_process_caches(
+        data_bytes=CACHE_BYTES, manifest_bytes=DEFAULT_MANIFEST_BYTES, decoded_bytes=DEFAULT_DECODED_BYTES * decoded
+    )
+    _, size, table = many_groups
+    fragment = fragment_through(moto_server, proxy, many_groups, f"scope-merged-refused-{decoded}")
+    reads, merged = _plan(fragment, ("x", "y"), size)
+    proxy.reset()
+    proxy.inject("GET", DATA_GET, 403, 1000)
+    with pytest.raises(OSError) as scanning:
+        scanned(fragment, projection(("x", "y"), table.schema), size, prefetch=False)
+    assert _PREFETCHES.running() == 0
+    sent = set(requested_bytes(proxy))
+    assert sent and sent <= {(offset, offset + length - 1) for offset, length, _ in merged}
+    with pytest.raises(OSError) as reading, fragment.filesystem.open_input_file(fragment.path) as file:
+        file.read_at(reads[0][1], reads[0][0])  # no prefetch registered: a plain miss
+    assert type(scanning.value) is type(reading.value) is PermissionError
+    assert str(scanning.value) == str(reading.value) and "HTTP 403" in str(reading.value)
+
+
+@pytest.mark.parametrize("decoded", [True, False], ids=["decoded-cache", "scanner"])
+def test_a_row_group_read_short_through_merged_reads_is_refused(
+    moto_server: MotoServer, proxy: FaultProxy, many_groups: tuple[str, int, pa.Table], decoded: bool
+) -> None:
+    """A file whose sixth row group states one row more than its pages hold, read through merged reads: the scan
+    is refused (DataFileError) as it is read range by range, never completed with the next group's rows."""
+    configure_process_caches(
+        data_bytes=CACHE_BYTES, manifest_bytes=DEFAULT_MANIFEST_BYTES, decoded_bytes=DEFAULT_DECODED_BYTES * decoded
+    )
+    location, size, table = many_groups
+    data = restated_counts(_content(moto_server, location), MANY_GROUP_ROWS, {5: MANY_GROUP_ROWS + 1})
+    key = f"prefetch/{uuid.uuid4().hex}/short.parquet"
+    moto_server.client("s3").put_object(Bucket=moto_server.bucket, Key=key, Body=data)
+    short = (f"s3://{moto_server.bucket}/{key}", len(data), table)
+    fragment = fragment_through(moto_server, proxy, short, f"scope-merged-short-{decoded}")
+    _, merged = _plan(fragment, ("x", "y"), size)
+    assert all(joined > 1 for _, _, joined in merged)
+    proxy.reset()
+    with pytest.raises(DataFileError, match="row group 5 states 20001 rows"):
+        scanned(fragment, projection(("x", "y"), table.schema), len(data), prefetch=False)
+    assert set(requested_bytes(proxy)) <= {(offset, offset + length - 1) for offset, length, _ in merged}
