@@ -4,8 +4,8 @@ The stack (``--store moto`` or ``ceph``; ``sqe_stack``) holds a table of ``--row
 ``--files`` data files; each is larger than the range cache keeps whole, so it is read range by range. Each round
 runs ``agg`` (``sum(x), avg(y)``) and ``select*`` cold (new session, every process cache emptied) once per
 variant, in rotating order: ``--parts 0,16`` is the prefetch off (each range fetched when pyarrow asks, one after
-another as pyarrow asks) and on (``[cache] prefetch = true``) with parts of at most 16 MiB (the default; another N
-sets the module's part size, for tuning only). Printed: each median and
+another as pyarrow asks; reads close together as one merged read) and on (``[cache] prefetch = true``) with parts
+of at most 16 MiB (the default; another N sets the module's part size, for tuning only). Printed: each median and
 off / variant (> 1: faster than without the prefetch), the ratio of the medians and the median of each round's
 own ratio (runs of one round are back to back, so that one cancels slow drifts in the machine's load). Answers
 are cross-checked.
