@@ -25,7 +25,8 @@ never reaches a lookup at all.
   waits for it), kept in :data:`sqe.execution.byte_cache.DATA_RANGES` and the read served from it. Nothing is
   fetched ahead and nothing is reserved, so a file of any size is merged end to end; a read that joins none is
   sent as pyarrow asks, as without merging. The cost: the gaps' bytes (other columns' chunks) are read too, and
-  a merged read is one connection's transfer where the scanner would have sent its groups' reads in parallel.
+  a merged read is one connection's transfer where the scanner would have sent its groups' reads in parallel:
+  so without the prefetch a read joins only while it and its gap are small (:data:`MERGE_SMALL_BYTES`).
 - **Prefetch** (opt-in: ``[cache] prefetch``, ``sqe-worker --prefetch``). pyarrow reads such a file through one
   Python file per row group, whose reads are serialised, so a group's GETs go one after another. With it,
   :func:`prefetched` sends the GETs of the merged reads above (and of pyarrow's reads that join none) in parallel
@@ -308,6 +309,12 @@ _HOLE_BYTES = 8 << 10
 _COALESCED_BYTES = 32 << 20  # ... up to this size
 # Merged reads (see prefetched): a scan's reads at most this far apart are fetched as one GET.
 MERGE_HOLE_BYTES = 1 << 20  # a GET's first byte costs what ~1 MiB of transfer does (20-50 ms at 50-100 MB/s)
+# Without the prefetch, a read joins the one before it only while it and the gap before it are at most this many
+# bytes together. The scanner reads four row groups at once, each on its own connection, while a merged read is
+# one connection's transfer: joining saves a first byte (20-50 ms) but moves the read's and the gap's bytes onto
+# that one connection. It pays while those take at most about a quarter of a first byte to transfer (0.5 MB at
+# 100 MB/s and 20 ms); measured behind a 20 ms / 100 MB/s relay, joining reads of 1.3 MB ran 2x slower.
+MERGE_SMALL_BYTES = 512 << 10
 _MERGED_PART_SHARE = 16  # a merged read is at most this fraction of the range cache's bound
 _Range = tuple[int, int]  # offset, length
 _Merged = tuple[int, int, int]  # offset, length, how many of pyarrow's reads it joins
@@ -348,18 +355,21 @@ def coalesced_reads(metadata: Any, row_groups: list[int], leaves: set[int], file
 
 
 def merged_reads(
-    metadata: Any, row_groups: list[int], leaves: set[int], file_size: int, part_bytes: int
+    metadata: Any, row_groups: list[int], leaves: set[int], file_size: int, part_bytes: int, *, eager: bool
 ) -> list[_Merged]:
     """pyarrow's reads of these row groups' chunks (:func:`coalesced_reads`), consecutive ones at most
     :data:`MERGE_HOLE_BYTES` apart joined into one read of at most ``part_bytes`` (one GET, the gap's bytes
     read too): each as (offset, length, how many of pyarrow's reads it joins). A read larger than ``part_bytes``
-    is joined with none."""
+    is joined with none. Without ``eager`` (the prefetch off) a read joins only while it and its gap are at most
+    :data:`MERGE_SMALL_BYTES` together."""
     merged: list[_Merged] = []
     for start, length in coalesced_reads(metadata, row_groups, leaves, file_size):
         if merged:
             first, size, joined = merged[-1]
             end = max(first + size, start + length)
-            if start - (first + size) <= MERGE_HOLE_BYTES and end - first <= part_bytes:
+            gap = start - (first + size)
+            small = eager or gap + length <= MERGE_SMALL_BYTES
+            if gap <= MERGE_HOLE_BYTES and small and end - first <= part_bytes:
                 merged[-1] = (first, end - first, joined + 1)
                 continue
         merged.append((start, length, 1))
@@ -654,7 +664,7 @@ def _start_prefetch(
     leaves = _leaf_indices(fragment.physical_schema, set(columns))
     if not leaves:
         return None
-    reads = merged_reads(fragment.metadata, row_groups, leaves, size, merged_part_bytes())
+    reads = merged_reads(fragment.metadata, row_groups, leaves, size, merged_part_bytes(), eager=eager)
     return _PREFETCHES.start(handler.key, handler.direct, reads, getattr(_scan, "stop", None), eager=eager)
 
 

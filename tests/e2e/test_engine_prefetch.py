@@ -482,13 +482,15 @@ def _content(moto: MotoServer, location: str) -> bytes:
     return body
 
 
-def _plan(fragment: ds.ParquetFileFragment, columns: tuple[str, ...], size: int) -> tuple[list[Any], list[Any]]:
+def _plan(
+    fragment: ds.ParquetFileFragment, columns: tuple[str, ...], size: int, *, eager: bool = False
+) -> tuple[list[Any], list[Any]]:
     """pyarrow's reads of these columns of every row group, and the merged reads (offset, length, joined) the
     scan fetches instead."""
     groups = list(range(fragment.metadata.num_row_groups))
     leaves = {fragment.physical_schema.get_field_index(name) for name in columns}
     reads = coalesced_reads(fragment.metadata, groups, leaves, size)
-    return reads, merged_reads(fragment.metadata, groups, leaves, size, merged_part_bytes())
+    return reads, merged_reads(fragment.metadata, groups, leaves, size, merged_part_bytes(), eager=eager)
 
 
 def _inside(reads: list[tuple[int, int]], merged: tuple[int, int, int]) -> list[tuple[int, int]]:
@@ -516,7 +518,7 @@ def test_reads_of_small_row_groups_close_together_are_fetched_as_one_get_each(
     )
     _, size, table = many_groups
     fragment = fragment_through(moto_server, proxy, many_groups, f"scope-merged-{decoded}-{len(columns)}-{prefetch}")
-    reads, merged = _plan(fragment, columns, size)
+    reads, merged = _plan(fragment, columns, size, eager=prefetch)
     assert len(reads) == fragment.metadata.num_row_groups == ROWS // MANY_GROUP_ROWS
     assert 1 < len(merged) <= len(reads) // 3 and all(joined > 1 for _, _, joined in merged)
     proxy.reset()
