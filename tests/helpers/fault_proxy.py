@@ -49,6 +49,15 @@ class Fault:
     lose_answer: bool = False  # forwarded first: the upstream acted, its answer is replaced by ``status``
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client closing a kept connection between requests is normal for a proxy (the engine's pools do): not a
+    traceback on stderr, which test processes outside pytest's capture would print into the run's output."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @dataclass
 class FaultProxy:
     """A threading HTTP reverse proxy: injects queued faults, forwards the rest, counts every request."""
@@ -120,7 +129,7 @@ class FaultProxy:
 
             do_POST = do_DELETE = do_HEAD = do_PUT = do_GET
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = _QuietServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True).start()
 
