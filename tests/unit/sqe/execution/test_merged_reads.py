@@ -5,6 +5,7 @@ Footers of real Parquet files written in memory: the rule decides from the colum
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 from typing import Any
@@ -21,6 +22,7 @@ PART = 16 << 20
 AGG = {1, 2}  # the leaves of x and y: the id chunk lies before x, the tag chunk after y (the gaps)
 
 
+@functools.cache  # written once per size: the rule reads only the footer
 def _footer(group_rows: int) -> tuple[Any, int]:
     table = pa.table(
         {
