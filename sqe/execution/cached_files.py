@@ -383,7 +383,9 @@ def merged_part_bytes() -> int:
 
 
 def _chunk_ranges(group: Any, leaves: set[int], file_size: int) -> list[_Range]:
-    """The byte range of each of a row group's column chunks of these leaves (its dictionary page on)."""
+    """The byte range of each of a row group's column chunks of these leaves (its dictionary page on), within the
+    file: a chunk a corrupt footer places before its start is left out (pyarrow refuses it, reading nothing; planned,
+    it would send a GET of a range that is no range and pull the next groups' reads into it)."""
     chunks: list[_Range] = []
     for leaf in sorted(leaves):
         column = group.column(leaf)
@@ -392,7 +394,7 @@ def _chunk_ranges(group: Any, leaves: set[int], file_size: int) -> list[_Range]:
         if column.has_dictionary_page and dictionary and 0 < dictionary < start:
             start = dictionary
         length = min(column.total_compressed_size, file_size - start)
-        if length > 0:
+        if start >= 0 and length > 0:
             chunks.append((start, length))
     return chunks
 

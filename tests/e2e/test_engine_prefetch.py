@@ -50,6 +50,7 @@ from tests.conftest import pyiceberg_catalog, write_sqe_config
 from tests.e2e.test_engine_range_cache import session_for
 from tests.e2e.test_signed_reads import properties, reader
 from tests.helpers.fault_proxy import FaultProxy
+from tests.unit.sqe.execution.test_merged_reads import with_data_page_offset
 from tests.unit.sqe.execution.test_row_group_rows import restated_counts
 
 if TYPE_CHECKING:
@@ -666,3 +667,24 @@ def test_a_row_group_read_short_through_merged_reads_is_refused(
     with pytest.raises(DataFileError, match="row group 5 states 20001 rows"):
         scanned(fragment, projection(("x", "y"), table.schema), len(data), prefetch=False)
     assert set(requested_bytes(proxy)) <= {(offset, offset + length - 1) for offset, length, _ in merged}
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["prefetch-off", "prefetch-on"])
+def test_a_chunk_a_corrupt_footer_places_before_the_file_sends_no_get_of_it(
+    moto_server: MotoServer, proxy: FaultProxy, many_groups: tuple[str, int, pa.Table], prefetch: bool
+) -> None:
+    """Row group 0's x chunk stated at offset -1000: pyarrow refuses the file (reading nothing of that chunk), and
+    no GET reaches outside the file. Before, the chunk was planned as a read at -1000 that the next groups' reads
+    joined: the prefetch sent a GET of "bytes=-1000-1819392" (and, off, the first of those reads could)."""
+    location, _, table = many_groups
+    data = with_data_page_offset(_content(moto_server, location), 0, 1, -1000)
+    key = f"prefetch/{uuid.uuid4().hex}/before-start.parquet"
+    moto_server.client("s3").put_object(Bucket=moto_server.bucket, Key=key, Body=data)
+    corrupt = (f"s3://{moto_server.bucket}/{key}", len(data), table)
+    fragment = fragment_through(moto_server, proxy, corrupt, f"scope-before-start-{prefetch}")
+    proxy.reset()
+    with pytest.raises(OSError, match="corrupt file"):
+        scanned(fragment, projection(("x", "y"), table.schema), len(data), prefetch=prefetch)
+    assert all(header.startswith("bytes=") and header[6:7].isdigit() for _, header in proxy.ranges), proxy.ranges
+    assert all(0 <= first <= last < len(data) for first, last in requested_bytes(proxy))
+    assert _PREFETCHES.running() == 0

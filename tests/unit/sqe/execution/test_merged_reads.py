@@ -5,6 +5,7 @@ Footers of real Parquet files written in memory: the rule decides from the colum
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import itertools
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sqe.execution.cached_files import MERGE_HOLE_BYTES, MERGE_SMALL_BYTES, coalesced_reads, merged_reads
+from tests.helpers.avro import avro_long
 
 ROWS = 240_000
 PART = 16 << 20
@@ -72,3 +74,46 @@ def test_no_merged_read_passes_its_part_size() -> None:
     merged = merged_reads(metadata, groups, AGG, size, part, eager=True)
     assert len(merged) > 1 and all(length <= part or joined == 1 for _, length, joined in merged)
     assert sum(joined for _, _, joined in merged) == len(coalesced_reads(metadata, groups, AGG, size))
+
+
+def _zigzag(value: int, width: int) -> bytes:
+    """``value`` (negative too) as a thrift compact i64, a zigzag varint, in ``width`` bytes."""
+    zigzag, out = (value << 1) ^ (value >> 63), bytearray()
+    for position in range(width):
+        out.append(zigzag & 0x7F | (0x80 if position < width - 1 else 0))
+        zigzag >>= 7
+    assert not zigzag
+    return bytes(out)
+
+
+def with_data_page_offset(data: bytes, group: int, leaf: int, offset: int) -> bytes:
+    """The Parquet file ``data`` with row group ``group``'s column chunk ``leaf`` stating ``offset`` as its data
+    page offset (pages untouched): each i64 in the footer holding the stated offset is tried, and kept when it
+    changed that chunk's."""
+    stated = avro_long(pq.ParquetFile(pa.BufferReader(data)).metadata.row_group(group).column(leaf).data_page_offset)
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    for at in range(footer, len(data) - 8):
+        if data[at - 1] & 0x0F != 6 or not data.startswith(stated, at):  # 6: a compact i64 field
+            continue
+        attempt = data[:at] + _zigzag(offset, len(stated)) + data[at + len(stated) :]
+        with contextlib.suppress(OSError):  # an i64 that was not a field: the footer no longer parses
+            chunk = pq.ParquetFile(pa.BufferReader(attempt)).metadata.row_group(group).column(leaf)
+            if chunk.data_page_offset == offset:
+                return attempt
+    raise AssertionError("the chunk's data page offset is not in the footer")
+
+
+def test_a_chunk_a_corrupt_footer_places_before_the_file_is_planned_as_no_read() -> None:
+    # Before: group 0's x chunk at -1000 was planned as the read (-1000, ...) and the next groups' reads joined it,
+    # so their first read sent a GET of "bytes=-1000-..." (pyarrow itself refuses the chunk, reading nothing).
+    sink = io.BytesIO()
+    table = pa.table({"x": pa.array(range(ROWS), pa.int64()), "y": pc.random(ROWS)})
+    pq.write_table(table, sink, row_group_size=2_000)
+    data = with_data_page_offset(sink.getvalue(), 0, 0, -1000)
+    metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+    groups = list(range(metadata.num_row_groups))
+    for eager in (False, True):
+        merged = merged_reads(metadata, groups, {0, 1}, len(data), PART, eager=eager)
+        assert merged and all(offset >= 0 and offset + length <= len(data) for offset, length, _ in merged)
+        y = metadata.row_group(0).column(1)
+        assert merged[0][0] == (y.dictionary_page_offset if y.has_dictionary_page else y.data_page_offset)
