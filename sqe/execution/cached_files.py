@@ -455,8 +455,13 @@ class _Prefetch:
                 self._parts.append((offset, length, executor().submit(self._fetch, offset, length)))
         self._parts.sort(key=lambda part: part[0])
 
+    def scan_stopped(self) -> bool:
+        """Whether the scan that started this prefetch has stopped (cancelled, a LIMIT met), its generators
+        perhaps not closed yet: nothing of it is sent any more."""
+        return self._scan_stop is not None and self._scan_stop.is_set()
+
     def _fetch(self, offset: int, length: int) -> None:
-        if self._scan_stop is not None and self._scan_stop.is_set():
+        if self.scan_stopped():
             _PREFETCHES.stop(self)  # the scan is over: no part of it is sent any more, its reservation goes now
         if self._stopped.is_set():
             return
@@ -485,7 +490,7 @@ class _Prefetch:
     def _claimed(self, future: Future[None]) -> bool:
         """Whether this reader takes a lazy part to fetch: False when another reader has (wait for it), or the
         prefetch stopped (its parts are cancelled: none is sent any more)."""
-        if self._scan_stop is not None and self._scan_stop.is_set():
+        if self.scan_stopped():
             _PREFETCHES.stop(self)
         with self._claims:
             if future not in self._unclaimed:
@@ -564,8 +569,12 @@ class _Prefetches:
         runs for the file already. ``eager``: reads are sent at once within the budget (their bytes reserved), the
         merged ones beyond it are fetched when read; else only merged reads are, all of them when read."""
         with self._lock:
-            if key in self._running:
+            held = self._running.get(key)
+            if held is not None and not held.scan_stopped():
                 return None  # another scan of the same file is prefetching it: its parts serve this one too
+            if held is not None:  # a stopped scan's, not yet closed: it serves nothing more, so it yields the key
+                held.stop()
+                self._forget(held)
             budget = min(PREFETCH_FILE_BYTES, DATA_RANGES.max_bytes // _PREFETCH_CACHE_SHARE - self._reserved)
             taken, lazy = _planned(key, reads, budget if eager else 0)
             if not taken and not lazy:
@@ -580,9 +589,13 @@ class _Prefetches:
     def stop(self, prefetch: _Prefetch) -> None:
         prefetch.stop()
         with self._lock:
-            if self._running.get(prefetch.key) is prefetch:
-                del self._running[prefetch.key]
-                self._reserved -= prefetch.reserved
+            self._forget(prefetch)
+
+    def _forget(self, prefetch: _Prefetch) -> None:
+        """Unregister a stopped prefetch and free its reservation, once (the caller holds the lock)."""
+        if self._running.get(prefetch.key) is prefetch:
+            del self._running[prefetch.key]
+            self._reserved -= prefetch.reserved
 
     def awaited(self, key: FileKey, offset: int, length: int) -> bool:
         with self._lock:

@@ -688,3 +688,29 @@ def test_a_chunk_a_corrupt_footer_places_before_the_file_sends_no_get_of_it(
     assert all(header.startswith("bytes=") and header[6:7].isdigit() for _, header in proxy.ranges), proxy.ranges
     assert all(0 <= first <= last < len(data) for first, last in requested_bytes(proxy))
     assert _PREFETCHES.running() == 0
+
+
+def test_a_stopped_scans_plan_not_yet_closed_leaves_a_new_scan_its_own_merged_reads(
+    moto_server: MotoServer, proxy: FaultProxy, many_groups: tuple[str, int, pa.Table]
+) -> None:
+    """A scan of the file is stopped (cancelled, a LIMIT met) while its reader still waits inside pyarrow, so its
+    plan is still registered for the file. A new scan of the same file plans and fetches its own merged reads,
+    each once (before: the stopped plan held the file's one slot and served nothing, so the new scan sent each of
+    pyarrow's twenty reads as its own GET), and gives the file's rows."""
+    _, size, table = many_groups
+    fragment = fragment_through(moto_server, proxy, many_groups, "scope-merged-stale")
+    _, merged = _plan(fragment, ("x", "y"), size)
+    stop = threading.Event()
+    with cached_files.stopping_prefetches(stop):  # as the first scan's reader thread starts it
+        stale = _start_prefetch(fragment, list(range(fragment.metadata.num_row_groups)), ("x", "y"), eager=False)
+    assert stale is not None
+    stop.set()  # the first scan is cancelled; its generators are not closed yet
+    proxy.reset()
+    try:
+        result = scanned(fragment, projection(("x", "y"), table.schema), size, prefetch=False)
+        assert _PREFETCHES.running() == 0
+    finally:
+        _PREFETCHES.stop(stale)  # its generators closed at last: nothing left to stop, no reservation to return
+    assert result.equals(table.select(["x", "y"]))
+    assert sorted(requested_bytes(proxy)) == [(offset, offset + length - 1) for offset, length, _ in merged]
+    assert _PREFETCHES.running() == 0 and _PREFETCHES._reserved == 0
