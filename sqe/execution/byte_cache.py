@@ -82,8 +82,8 @@ class RangeCache(ByteBoundedCache[RangeKey]):
             self.stats.add(misses=1)
             return None
         data = self.get((file, start))  # counts the hit, or a miss when evicted since the index was read
-        if data is None:
-            return None
+        if data is None or len(data) < offset - start + length:
+            return None  # (shorter: two puts at one offset interleaved; a miss, never a short read)
         return memoryview(data)[offset - start : offset - start + length]
 
     def holds(self, file: FileKey, offset: int, length: int) -> bool:
@@ -110,8 +110,8 @@ class RangeCache(ByteBoundedCache[RangeKey]):
                 break
             if start <= position < start + size:
                 data = self.get((file, start), counted=False)
-                if data is None:
-                    return None  # evicted since the index was read
+                if data is None or len(data) < min(size, end - start):
+                    return None  # evicted since the index was read, or shorter than it says (as in covering)
                 parts.append(memoryview(data)[position - start : min(size, end - start)])
                 position = start + min(size, end - start)
         if position < end:

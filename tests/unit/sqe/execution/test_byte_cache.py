@@ -58,6 +58,19 @@ def test_a_kept_range_serves_every_read_inside_it_and_only_under_its_own_scope()
     assert cache.covering(("s3://b/t/data/f.parquet", 1000, "scope-b"), 150, 20) is None
 
 
+def test_an_index_longer_than_the_kept_bytes_is_a_miss_never_a_short_read() -> None:
+    # Two put_range calls at one offset store their bytes and then index them, each under its own lock: the
+    # shorter one's bytes stored last and the longer one's length indexed last left the index promising bytes the
+    # entry does not hold. Emulated here in that order; before, covering and assembled returned short buffers.
+    cache = RangeCache(1 << 20)
+    cache.put_range(FILE, 0, bytes(1000), part=True)
+    cache.put((FILE, 0), bytes(10))  # the other put's bytes, stored after the longer one was indexed
+    assert cache.covering(FILE, 500, 100) is None
+    assert cache.assembled(FILE, 500, 100) is None
+    kept = cache.covering(FILE, 0, 10)
+    assert kept is not None and len(kept) == 10  # what the entry does hold is still served
+
+
 def test_evicted_ranges_leave_the_index_so_the_bound_holds() -> None:
     cache = RangeCache(300)
     for offset in range(0, 1000, 100):
