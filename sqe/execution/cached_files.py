@@ -450,10 +450,13 @@ class _Prefetch:
 
     def start(self, executor: Callable[[], ThreadPoolExecutor]) -> None:
         """Send the eager reads' parts (to the pool ``executor`` gives, made only when there are any)."""
-        for read in self._reads:
-            for offset, length in _parts(read):
-                self._parts.append((offset, length, executor().submit(self._fetch, offset, length)))
-        self._parts.sort(key=lambda part: part[0])
+        sent = [
+            (offset, length, executor().submit(self._fetch, offset, length))
+            for read in self._reads
+            for offset, length in _parts(read)
+        ]
+        # One assignment: a reader may be walking the list meanwhile (an in-place sort empties it while sorting).
+        self._parts = sorted(self._parts + sent, key=lambda part: part[0])
 
     def scan_stopped(self) -> bool:
         """Whether the scan that started this prefetch has stopped (cancelled, a LIMIT met), its generators
