@@ -64,9 +64,9 @@ CACHE_BYTES = 32 << 20  # a file over 2 MiB is read range by range (kept_whole: 
 DATA_GET = r"/prefetch/.*\.parquet"
 
 
-@pytest.fixture(scope="module")
-def stored(moto_server: MotoServer) -> tuple[str, int, pa.Table]:
-    """A Parquet file of four row groups and four columns in moto: its location, size and content."""
+def _put_file(moto: MotoServer, group_rows: int, name: str) -> tuple[str, int, pa.Table]:
+    """A Parquet file of ROWS rows in row groups of ``group_rows`` and four columns, put in moto: its location,
+    size and content."""
     table = pa.table(
         {
             "id": pa.array(range(ROWS), pa.int64()),
@@ -76,10 +76,16 @@ def stored(moto_server: MotoServer) -> tuple[str, int, pa.Table]:
         }
     )
     sink = io.BytesIO()
-    pq.write_table(table, sink, row_group_size=GROUP_ROWS)
-    key = f"prefetch/{uuid.uuid4().hex}/data.parquet"
-    moto_server.client("s3").put_object(Bucket=moto_server.bucket, Key=key, Body=sink.getvalue())
-    return f"s3://{moto_server.bucket}/{key}", len(sink.getvalue()), table
+    pq.write_table(table, sink, row_group_size=group_rows)
+    key = f"prefetch/{uuid.uuid4().hex}/{name}.parquet"
+    moto.client("s3").put_object(Bucket=moto.bucket, Key=key, Body=sink.getvalue())
+    return f"s3://{moto.bucket}/{key}", len(sink.getvalue()), table
+
+
+@pytest.fixture(scope="module")
+def stored(moto_server: MotoServer) -> tuple[str, int, pa.Table]:
+    """A file of four row groups in moto."""
+    return _put_file(moto_server, GROUP_ROWS, "data")
 
 
 @pytest.fixture()
@@ -461,20 +467,8 @@ MANY_GROUP_ROWS = 20_000  # twenty row groups, each column chunk far smaller tha
 
 @pytest.fixture(scope="module")
 def many_groups(moto_server: MotoServer) -> tuple[str, int, pa.Table]:
-    """A Parquet file of twenty small row groups (the same four columns) in moto: its location, size and content."""
-    table = pa.table(
-        {
-            "id": pa.array(range(ROWS), pa.int64()),
-            "x": pc.cast(pc.floor(pc.multiply(pc.random(ROWS), 1000)), pa.int64()),
-            "y": pc.random(ROWS),
-            "tag": pa.array([f"tag-{i % 97:03d}-{i}" for i in range(ROWS)]),
-        }
-    )
-    sink = io.BytesIO()
-    pq.write_table(table, sink, row_group_size=MANY_GROUP_ROWS)
-    key = f"prefetch/{uuid.uuid4().hex}/many.parquet"
-    moto_server.client("s3").put_object(Bucket=moto_server.bucket, Key=key, Body=sink.getvalue())
-    return f"s3://{moto_server.bucket}/{key}", len(sink.getvalue()), table
+    """A file of twenty small row groups (the same four columns) in moto."""
+    return _put_file(moto_server, MANY_GROUP_ROWS, "many")
 
 
 def _content(moto: MotoServer, location: str) -> bytes:
