@@ -15,7 +15,7 @@ content in process memory only: no repr, log line or counter shows any of it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from sqe._lru import LRUCache
@@ -91,7 +91,7 @@ class RangeCache(ByteBoundedCache[RangeKey]):
         fetching: counts nothing), so a repeat prefetch does not fetch again the parts an earlier one kept."""
         with self._index_lock:
             ranges = sorted(self._index.get(file, {}).items())
-        return _gapless_end(ranges, offset, offset + length) >= offset + length
+        return gapless_end(ranges, offset, offset + length) >= offset + length
 
     def parted(self, file: FileKey) -> bool:
         """Whether ``file`` has prefetched parts kept, without the lock (a set's membership reads atomically): a
@@ -151,7 +151,7 @@ class RangeCache(ByteBoundedCache[RangeKey]):
                     self._parted.discard(file)
 
 
-def _gapless_end(ranges: list[tuple[int, int]], position: int, end: int) -> int:
+def gapless_end(ranges: Iterable[tuple[int, int]], position: int, end: int) -> int:
     """How far from ``position`` the (offset-sorted) ranges reach without a gap, up to ``end``."""
     for start, size in ranges:
         if position >= end:

@@ -66,7 +66,7 @@ import pyarrow.fs as pafs
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
 from sqe.credentials.signed_reads import SignedObject, signed_object
-from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, vended_credentials
+from sqe.execution.byte_cache import DATA_RANGES, MANIFESTS, FileKey, gapless_end, vended_credentials
 from sqe.planning.avro_limits import MAX_MANIFEST_BYTES, BoundedManifestFile, ManifestBounds, read_bounded
 
 if TYPE_CHECKING:
@@ -478,7 +478,7 @@ class _Prefetch:
         read's would be. Lazy parts are fetched only for a read they hold whole (pyarrow's reads are what
         :func:`merged_reads` joined; any other read is left to its own GET)."""
         overlapping = [part for part in self._parts if part[0] < offset + length and offset < part[0] + part[1]]
-        if _gapless_end(overlapping, offset, offset + length) < offset + length:
+        if gapless_end([(o, n) for o, n, _ in overlapping], offset, offset + length) < offset + length:
             overlapping = [part for part in overlapping if part[2] not in self._lazy]
         try:
             for part_offset, part_length, future in overlapping:
@@ -518,16 +518,6 @@ class _Prefetch:
         self._stopped.set()
         for _, _, future in self._parts:
             future.cancel()
-
-
-def _gapless_end(parts: Sequence[tuple[int, int, Any]], position: int, end: int) -> int:
-    """How far from ``position`` the (offset-sorted) parts reach without a gap, up to ``end``."""
-    for start, size, _ in parts:
-        if position >= end:
-            break
-        if start <= position < start + size:
-            position = start + size
-    return position
 
 
 def _planned(key: FileKey, reads: list[_Merged], budget: int) -> tuple[list[_Merged], list[_Merged]]:
