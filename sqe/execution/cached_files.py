@@ -350,7 +350,8 @@ def coalesced_reads(metadata: Any, row_groups: list[int], leaves: set[int], file
     reads: list[_Range] = []
     for index in row_groups:
         chunks = _chunk_ranges(metadata.row_group(index), leaves, file_size)
-        reads.extend(_joined(chunks, _HOLE_BYTES, _COALESCED_BYTES))
+        joined = _joined(chunks, _COALESCED_BYTES, lambda gap, _length: gap <= _HOLE_BYTES)
+        reads.extend((offset, length) for offset, length, _ in joined)
     return sorted(reads)
 
 
@@ -362,18 +363,11 @@ def merged_reads(
     read too): each as (offset, length, how many of pyarrow's reads it joins). A read larger than ``part_bytes``
     is joined with none. Without ``eager`` (the prefetch off) a read joins only while it and its gap are at most
     :data:`MERGE_SMALL_BYTES` together."""
-    merged: list[_Merged] = []
-    for start, length in coalesced_reads(metadata, row_groups, leaves, file_size):
-        if merged:
-            first, size, joined = merged[-1]
-            end = max(first + size, start + length)
-            gap = start - (first + size)
-            small = eager or gap + length <= MERGE_SMALL_BYTES
-            if gap <= MERGE_HOLE_BYTES and small and end - first <= part_bytes:
-                merged[-1] = (first, end - first, joined + 1)
-                continue
-        merged.append((start, length, 1))
-    return merged
+
+    def joins(gap: int, length: int) -> bool:
+        return gap <= MERGE_HOLE_BYTES and (eager or gap + length <= MERGE_SMALL_BYTES)
+
+    return _joined(coalesced_reads(metadata, row_groups, leaves, file_size), part_bytes, joins)
 
 
 def merged_part_bytes() -> int:
@@ -399,17 +393,18 @@ def _chunk_ranges(group: Any, leaves: set[int], file_size: int) -> list[_Range]:
     return chunks
 
 
-def _joined(ranges: list[_Range], hole: int, limit: int) -> list[_Range]:
-    """Ranges in offset order, those at most ``hole`` apart joined while the joined one is at most ``limit``."""
-    joined: list[_Range] = []
+def _joined(ranges: list[_Range], limit: int, joins: Callable[[int, int], bool]) -> list[_Merged]:
+    """Ranges in offset order, each joined to the one before it when ``joins(gap, its length)`` and the joined one
+    stays at most ``limit``: as (offset, length, how many ranges it joins)."""
+    joined: list[_Merged] = []
     for start, length in sorted(ranges):
         if joined:
-            first, size = joined[-1]
+            first, size, count = joined[-1]
             end = max(first + size, start + length)
-            if start - (first + size) <= hole and end - first <= limit:
-                joined[-1] = (first, end - first)
+            if joins(start - (first + size), length) and end - first <= limit:
+                joined[-1] = (first, end - first, count + 1)
                 continue
-        joined.append((start, length))
+        joined.append((start, length, 1))
     return joined
 
 
