@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import CatalogPrincipal, CatalogServer
 from tests.e2e.test_server import _write_configs, start_server
+from tests.helpers.processes import stop_child
 
 pytestmark = [pytest.mark.e2e]
 
@@ -47,23 +48,31 @@ def _closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _log_of_a_start_against(
+    catalog_uri: str, catalog_server: CatalogServer, reader: CatalogPrincipal, tmp_path: Path, **catalog: str
+) -> str:
+    """The log of a server with the right reader whose engine config names ``catalog_uri`` (plus ``catalog`` keys),
+    started (it waits for the port) and stopped again."""
+    secret = {"reader_client_id": reader.client_id, "reader_client_secret": reader.client_secret}
+    config = _write_configs(tmp_path, catalog_server, **secret)
+    engine = tmp_path / "engine.toml"
+    text = engine.read_text(encoding="utf-8").replace(catalog_server.url, catalog_uri)
+    extra = "".join(f"\n{key} = {value}" for key, value in catalog.items())
+    engine.write_text(text.replace("[catalog]", f"[catalog]{extra}", 1), encoding="utf-8")
+    proc, _ = start_server(tmp_path, config)
+    try:
+        return (tmp_path / "server.log").read_text(encoding="utf-8")
+    finally:
+        stop_child(proc)
+
+
 def test_a_catalog_unreachable_at_start_only_warns_that_the_reader_is_unchecked(
     catalog_server: CatalogServer, catalog_reader: CatalogPrincipal, tmp_path: Path
 ) -> None:
     """The catalog may come up after the server (or be down for a moment): the server starts, says the reader is
     unchecked, and the reader logs in at the first user's call."""
-    from tests.helpers.processes import stop_child
-
-    reader = {"reader_client_id": catalog_reader.client_id, "reader_client_secret": catalog_reader.client_secret}
-    config = _write_configs(tmp_path, catalog_server, **reader)
-    engine = tmp_path / "engine.toml"
     unreachable = f"http://127.0.0.1:{_closed_port()}"
-    engine.write_text(engine.read_text(encoding="utf-8").replace(catalog_server.url, unreachable), encoding="utf-8")
-    proc, _ = start_server(tmp_path, config)
-    try:
-        log = (tmp_path / "server.log").read_text(encoding="utf-8")
-    finally:
-        stop_child(proc)
+    log = _log_of_a_start_against(unreachable, catalog_server, catalog_reader, tmp_path)
     assert f"cannot check the reader identity {catalog_reader.client_id!r} at start" in log, log[-2000:]
     assert catalog_reader.client_secret not in log
 
@@ -74,22 +83,11 @@ def test_a_catalog_that_never_answers_at_start_only_warns_after_its_request_time
     """A catalog that takes the connection and never answers (a hung catalog, packets dropped on the way back)
     holds the start only for ``[catalog] request_timeout_seconds``: the server then starts and warns, as for an
     unreachable one, and the secret is in no line it wrote."""
-    from tests.helpers.processes import stop_child
-
-    reader = {"reader_client_id": catalog_reader.client_id, "reader_client_secret": catalog_reader.client_secret}
-    config = _write_configs(tmp_path, catalog_server, **reader)
-    engine = tmp_path / "engine.toml"
     with socket.socket() as silent:  # listens (the kernel completes connects into its backlog), never reads
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         hung = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        text = engine.read_text(encoding="utf-8").replace(catalog_server.url, hung)
-        engine.write_text(text.replace("[catalog]", "[catalog]\nrequest_timeout_seconds = 1", 1), encoding="utf-8")
-        proc, _ = start_server(tmp_path, config)
-        try:
-            log = (tmp_path / "server.log").read_text(encoding="utf-8")
-        finally:
-            stop_child(proc)
+        log = _log_of_a_start_against(hung, catalog_server, catalog_reader, tmp_path, request_timeout_seconds="1")
     assert f"cannot check the reader identity {catalog_reader.client_id!r} at start" in log, log[-2000:]
     assert "ReadTimeout" in log, log[-2000:]
     assert catalog_reader.client_secret not in log
