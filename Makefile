@@ -12,9 +12,10 @@ DEMO_DIR ?= .demo-stack
 # Test processes of `make test` (pytest-xdist; the suite mostly waits on servers, so more than the cores pays).
 TEST_PROCESSES ?= 3
 
-.PHONY: demo test test-unit lint bench clean ceph-deps quickstart-configs duckdb-peer
+.PHONY: demo test test-unit lint bench clean ceph-deps cc-deps quickstart-configs duckdb-peer
 
-$(STAMP): pyproject.toml
+# setup.py and the C source: a changed kernel is rebuilt in place (pip install -e builds it into sqe/restrictions/)
+$(STAMP): pyproject.toml setup.py sqe/restrictions/_masks.c | cc-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,stack]'
@@ -34,6 +35,18 @@ demo: $(STAMP)
 # The configs the Docker quickstarts mount, regenerated from the local stack's own code (sqe_stack/quickstart.py).
 quickstart-configs: $(STAMP)
 	$(BIN)/python -m sqe_stack.quickstart write --root quickstart/compose
+
+# The string masks' C kernels (setup.py) need a C compiler and Python's headers: installed from Debian's packages
+# when missing (root or sudo). Without them the install goes on, the masks run as slower Arrow kernels, and
+# `make test` fails on tests/unit/sqe/restrictions/test_string_mask_kernels.py::test_the_c_kernels_were_built.
+cc-deps:
+	@headers=$$($(PYTHON) -c 'import os, sysconfig; print(os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'); \
+	if command -v gcc >/dev/null 2>&1 && [ "$$headers" = True ]; then exit 0; fi; \
+	sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	echo "installing gcc and Python's headers for the C string masks" >&2; \
+	{ $$sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends \
+		gcc libc6-dev $$([ "$$headers" = True ] || echo python3-dev); } \
+	|| echo "no C compiler: the string masks will run as Arrow kernels" >&2
 
 # The Ceph RGW enforcement tests need Debian packages: installed here when missing (root or sudo).
 ceph-deps:

@@ -1,5 +1,5 @@
-"""Build hook: compile ``proto/`` (worker contract -> ``sqe/distributed/protocol/_proto``, Flight SQL messages ->
-``sqe/server/_proto``) before packaging.
+"""Build hooks: compile ``proto/`` (worker contract -> ``sqe/distributed/protocol/_proto``, Flight SQL messages ->
+``sqe/server/_proto``) before packaging, and the C string masks (optional).
 
 Everything else about the package is declared in ``pyproject.toml``. The generated modules are never committed;
 the generator, ``sqe/_protogen.py``, also regenerates them on first import in a source checkout (editable installs).
@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from setuptools import setup  # type: ignore[import-untyped]
+from setuptools import Extension, setup  # type: ignore[import-untyped]
 from setuptools.command.build_py import build_py  # type: ignore[import-untyped]
 
 ROOT = Path(__file__).resolve().parent
@@ -37,4 +37,13 @@ def _load(path: Path, name: str) -> object:
     return module
 
 
-setup(cmdclass={"build_py": BuildPyWithProto})
+# The string masks in C (sqe/restrictions/_masks.c). Optional: without a C compiler the build goes on and
+# sqe/restrictions/string_masks.py runs the same masks with Arrow kernels (slower; `make test` checks it was built).
+MASKS = Extension(
+    "sqe.restrictions._masks",
+    ["sqe/restrictions/_masks.c"],
+    optional=True,
+    extra_compile_args=[] if sys.platform == "win32" else ["-O3"],
+)
+
+setup(cmdclass={"build_py": BuildPyWithProto}, ext_modules=[MASKS])

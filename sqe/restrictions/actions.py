@@ -108,7 +108,8 @@ def apply_action(action: str, array: pa.Array, *, salt: bytes) -> pa.Array:
         return pa.DictionaryArray.from_arrays(array.indices, values, ordered=array.type.ordered)
     try:
         result = _KERNELS[action](array, salt)
-    except (TypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+    # ValueError: pa.ArrowInvalid, and the C string masks' refusal of a malformed array
+    except (TypeError, ValueError, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise RestrictionApplyError(f"{action} cannot be applied to Arrow {array.type}: {exc}") from None
     if result.type != array.type:
         raise RestrictionApplyError(f"{action} produced Arrow {result.type} for a {array.type} column")

@@ -1,0 +1,335 @@
+/*
+ * The string masks (mask-alphanum, show-first-4, show-last-4) in one pass over an Arrow string array's buffers.
+ *
+ * The rules are those of string_masks.py: per code point, ASCII digits become 'n', the bytes ( ) , . - @ stay,
+ * every other code point becomes 'x'; a kept code point (one of the first `keep_first` or last `keep_last` of a
+ * valid value) is copied as its original bytes. A code point starts at every byte that is not a UTF-8
+ * continuation byte (10xxxxxx), which is how Arrow's utf8_length counts them; continuation bytes before a value's
+ * first code point (invalid UTF-8) are dropped, as mask-alphanum's Arrow kernel drops them. Null slots are masked
+ * whole.
+ *
+ * The caller (string_masks.py) allocates the output: a data buffer as long as the input's values span (the output
+ * is never longer: one byte per masked code point, the original bytes per kept one) and length + 1 offsets of the
+ * input's width. Every input offset is checked against its buffers before a byte is read, so a malformed array is
+ * a ValueError, never a read outside a buffer. The loops run without the GIL: scans mask on several threads.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+static unsigned char mask_table[256]; /* filled by the module's init from mask_byte */
+
+static unsigned char mask_byte(unsigned char byte) {
+    unsigned char digit = (unsigned char)(byte - '0') <= 9;
+    unsigned char kept = byte == '(' || byte == ')' || byte == ',' || byte == '.' || byte == '-' || byte == '@';
+    return digit ? 'n' : (kept ? byte : 'x');
+}
+
+/* mask_byte over a span, 16 bytes at a time where SSE2 is there (gcc does not vectorise the compares itself). */
+static void mask_span(const unsigned char *in, unsigned char *out, Py_ssize_t size) {
+    Py_ssize_t i = 0;
+#if defined(__SSE2__)
+    const __m128i top = _mm_set1_epi8((char)0x80), zero = _mm_set1_epi8('0'), ten = _mm_set1_epi8((char)(10 ^ 0x80));
+    const __m128i n = _mm_set1_epi8('n'), x = _mm_set1_epi8('x');
+    for (; i + 16 <= size; i += 16) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(in + i));
+        /* unsigned b - '0' < 10, as a signed compare with the top bits flipped */
+        __m128i digit = _mm_cmplt_epi8(_mm_xor_si128(_mm_sub_epi8(b, zero), top), ten);
+        __m128i brackets = _mm_or_si128(_mm_cmpeq_epi8(b, _mm_set1_epi8('(')), _mm_cmpeq_epi8(b, _mm_set1_epi8(')')));
+        __m128i marks = _mm_or_si128(_mm_cmpeq_epi8(b, _mm_set1_epi8(',')), _mm_cmpeq_epi8(b, _mm_set1_epi8('.')));
+        __m128i others = _mm_or_si128(_mm_cmpeq_epi8(b, _mm_set1_epi8('-')), _mm_cmpeq_epi8(b, _mm_set1_epi8('@')));
+        __m128i kept = _mm_or_si128(brackets, _mm_or_si128(marks, others));
+        __m128i result = _mm_or_si128(_mm_and_si128(kept, b), _mm_andnot_si128(kept, x));
+        result = _mm_or_si128(_mm_and_si128(digit, n), _mm_andnot_si128(digit, result));
+        _mm_storeu_si128((__m128i *)(out + i), result);
+    }
+#endif
+    for (; i < size; i++) {
+        out[i] = mask_table[in[i]];
+    }
+}
+
+static int is_continuation(unsigned char byte) { return (byte & 0xC0) == 0x80; }
+
+typedef struct {
+    const unsigned char *data;
+    const unsigned char *offsets; /* the input's offsets buffer, from its first used entry */
+    const unsigned char *validity; /* NULL when every slot is valid */
+    Py_ssize_t validity_bit;      /* bit of the first slot in `validity` */
+    int width;                    /* 4 (string) or 8 (large_string) */
+    Py_ssize_t length;
+    Py_ssize_t keep_first;
+    Py_ssize_t keep_last;
+    unsigned char *out;
+    unsigned char *out_offsets;
+} Masking;
+
+static int64_t offset_at(const unsigned char *offsets, int width, Py_ssize_t index) {
+    if (width == 4) {
+        int32_t value;
+        memcpy(&value, offsets + (size_t)index * 4, 4);
+        return value;
+    }
+    int64_t value;
+    memcpy(&value, offsets + (size_t)index * 8, 8);
+    return value;
+}
+
+static void set_offset(unsigned char *offsets, int width, Py_ssize_t index, int64_t value) {
+    if (width == 4) {
+        int32_t narrow = (int32_t)value;
+        memcpy(offsets + (size_t)index * 4, &narrow, 4);
+    } else {
+        memcpy(offsets + (size_t)index * 8, &value, 8);
+    }
+}
+
+static int is_valid(const Masking *m, Py_ssize_t index) {
+    if (m->validity == NULL) {
+        return 1;
+    }
+    Py_ssize_t bit = m->validity_bit + index;
+    return (m->validity[bit >> 3] >> (bit & 7)) & 1;
+}
+
+/* 0 when the offsets rise from at least 0 to at most data_size, -1 otherwise. */
+static int check_offsets(const Masking *m, Py_ssize_t data_size) {
+    int64_t previous = offset_at(m->offsets, m->width, 0);
+    if (previous < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = 1; i <= m->length; i++) {
+        int64_t next = offset_at(m->offsets, m->width, i);
+        if (next < previous) {
+            return -1;
+        }
+        previous = next;
+    }
+    return previous <= data_size ? 0 : -1;
+}
+
+static int all_ascii(const unsigned char *bytes, Py_ssize_t size) {
+    unsigned char seen = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        seen |= bytes[i];
+    }
+    return seen < 0x80;
+}
+
+/* ASCII only: one output byte per input byte, so the offsets only move to start at 0. */
+static void copy_kept(unsigned char *out, const unsigned char *in, int64_t size, Py_ssize_t keep) {
+    if (size >= 4 && keep == 4) {
+        memcpy(out, in, 4); /* the usual case, as one 4-byte move */
+        return;
+    }
+    for (int64_t i = 0; i < size && i < keep; i++) {
+        out[i] = in[i];
+    }
+}
+
+/* ASCII only: one output byte per input byte, so the offsets only move to start at 0. */
+static Py_ssize_t mask_ascii(const Masking *m, int64_t start, int64_t end) {
+    const unsigned char *in = m->data + start;
+    Py_ssize_t size = (Py_ssize_t)(end - start);
+    mask_span(in, m->out, size);
+    for (Py_ssize_t i = 0; i <= m->length; i++) {
+        set_offset(m->out_offsets, m->width, i, offset_at(m->offsets, m->width, i) - start);
+    }
+    if (m->keep_first == 0 && m->keep_last == 0) {
+        return size;
+    }
+    for (Py_ssize_t i = 0; i < m->length; i++) {
+        if (!is_valid(m, i)) {
+            continue;
+        }
+        int64_t value_start = offset_at(m->offsets, m->width, i) - start;
+        int64_t value_size = offset_at(m->offsets, m->width, i + 1) - start - value_start;
+        if (m->keep_first > 0) {
+            copy_kept(m->out + value_start, in + value_start, value_size, m->keep_first);
+        }
+        if (m->keep_last > 0) {
+            int64_t last = value_size < m->keep_last ? value_size : m->keep_last;
+            int64_t from = value_start + value_size - last;
+            copy_kept(m->out + from, in + from, last, m->keep_last);
+        }
+    }
+    return size;
+}
+
+/* The masked bytes of `in`: one per code point, continuation bytes dropped. Returns the bytes written, never more
+ * than `size`. Every byte is written but only a code point's first byte moves on, so the loop has no branch; a
+ * dropped byte's write is overwritten by the next one and never lands past the bytes read so far. */
+static inline Py_ssize_t mask_compress(const unsigned char *in, Py_ssize_t size, unsigned char *out) {
+    Py_ssize_t i = 0, written = 0;
+#if defined(__SSE2__)
+    for (; i + 16 <= size; i += 16) {
+        if (_mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(in + i))) == 0) {
+            mask_span(in + i, out + written, 16); /* an ASCII chunk: a byte each */
+            written += 16;
+            continue;
+        }
+        for (Py_ssize_t j = i; j < i + 16; j++) {
+            out[written] = mask_table[in[j]];
+            written += !is_continuation(in[j]);
+        }
+    }
+#endif
+    for (; i < size; i++) {
+        out[written] = mask_table[in[i]];
+        written += !is_continuation(in[i]);
+    }
+    return written;
+}
+
+static inline int64_t copy_bytes(unsigned char *out, const unsigned char *in, int64_t size) {
+    for (int64_t i = 0; i < size; i++) { /* a few bytes at most: a call to memcpy costs more */
+        out[i] = in[i];
+    }
+    return size;
+}
+
+/* Where the kept prefix of a value ends: after its first `keep` code points (the value's end if it has fewer). */
+static int64_t prefix_end(const unsigned char *in, int64_t size, int64_t from, Py_ssize_t keep) {
+    int64_t b = from;
+    for (Py_ssize_t seen = 0; b < size; b++) {
+        if (!is_continuation(in[b]) && seen++ == keep) {
+            break;
+        }
+    }
+    return b;
+}
+
+/* Where the kept suffix of a value starts: at its `keep`-th code point from the end (`from` if it has fewer). */
+static int64_t suffix_start(const unsigned char *in, int64_t size, int64_t from, Py_ssize_t keep) {
+    int64_t b = size;
+    for (Py_ssize_t seen = 0; seen < keep && b > from;) {
+        b--;
+        seen += !is_continuation(in[b]);
+    }
+    return b;
+}
+
+/* Some multi-byte code points: each value is a kept prefix, a masked middle and a kept suffix, copied or masked
+ * in turn; the offsets are rebuilt. Continuation bytes before a value's first code point belong to none. */
+static Py_ssize_t mask_multibyte(const Masking *m) {
+    Py_ssize_t written = 0;
+    set_offset(m->out_offsets, m->width, 0, 0);
+    for (Py_ssize_t i = 0; i < m->length; i++) {
+        int64_t value_start = offset_at(m->offsets, m->width, i);
+        int64_t size = offset_at(m->offsets, m->width, i + 1) - value_start;
+        const unsigned char *in = m->data + value_start;
+        int64_t first = 0;
+        while (first < size && is_continuation(in[first])) {
+            first++;
+        }
+        int64_t middle = first, last = size; /* masked: [middle, last) */
+        if (is_valid(m, i)) {
+            middle = m->keep_first > 0 ? prefix_end(in, size, first, m->keep_first) : first;
+            last = m->keep_last > 0 ? suffix_start(in, size, middle, m->keep_last) : size;
+        }
+        written += copy_bytes(m->out + written, in + first, middle - first);
+        written += mask_compress(in + middle, last - middle, m->out + written);
+        written += copy_bytes(m->out + written, in + last, size - last);
+        set_offset(m->out_offsets, m->width, i + 1, written);
+    }
+    return written;
+}
+
+static int take_buffer(PyObject *object, Py_buffer *view, int writable, const char *name) {
+    if (object == Py_None) {
+        view->buf = NULL;
+        view->obj = NULL;
+        view->len = 0;
+        return 0;
+    }
+    if (PyObject_GetBuffer(object, view, writable ? (PyBUF_SIMPLE | PyBUF_WRITABLE) : PyBUF_SIMPLE) != 0) {
+        PyErr_Format(PyExc_TypeError, "%s is not a%s buffer", name, writable ? " writable" : "");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *mask_strings(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *data_object, *offsets_object, *validity_object, *out_object, *out_offsets_object;
+    int width;
+    Py_ssize_t first, length, validity_bit, keep_first, keep_last;
+    if (!PyArg_ParseTuple(args, "OOinnOnnnOO", &data_object, &offsets_object, &width, &first, &length,
+                          &validity_object, &validity_bit, &keep_first, &keep_last, &out_object,
+                          &out_offsets_object)) {
+        return NULL;
+    }
+    if ((width != 4 && width != 8) || first < 0 || length < 0 || validity_bit < 0 || keep_first < 0 ||
+        keep_last < 0 || first > PY_SSIZE_T_MAX - length - 1 || validity_bit > PY_SSIZE_T_MAX - length - 7) {
+        PyErr_SetString(PyExc_ValueError, "mask_strings: a width of 4 or 8 and counts of at least 0");
+        return NULL;
+    }
+    Py_buffer data = {0}, offsets = {0}, validity = {0}, out = {0}, out_offsets = {0};
+    PyObject *result = NULL;
+    if (take_buffer(data_object, &data, 0, "data") || take_buffer(offsets_object, &offsets, 0, "offsets") ||
+        take_buffer(validity_object, &validity, 0, "validity") || take_buffer(out_object, &out, 1, "out") ||
+        take_buffer(out_offsets_object, &out_offsets, 1, "out_offsets")) {
+        goto done;
+    }
+    if (offsets.len / width < first + length + 1 || out_offsets.len / width < length + 1 ||
+        (validity.buf != NULL && validity.len < (validity_bit + length + 7) / 8)) {
+        PyErr_SetString(PyExc_ValueError, "string offsets or validity shorter than the array");
+        goto done;
+    }
+    Masking m = {
+        .data = data.buf,
+        .offsets = (const unsigned char *)offsets.buf + (size_t)first * width,
+        .validity = validity.buf,
+        .validity_bit = validity_bit,
+        .width = width,
+        .length = length,
+        .keep_first = keep_first,
+        .keep_last = keep_last,
+        .out = out.buf,
+        .out_offsets = out_offsets.buf,
+    };
+    Py_ssize_t written = -1;
+    int64_t start = 0, end = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (check_offsets(&m, data.len) == 0) {
+        start = offset_at(m.offsets, width, 0);
+        end = offset_at(m.offsets, width, length);
+        if (end - start <= out.len) {
+            written = all_ascii(m.data + start, end - start) ? mask_ascii(&m, start, end) : mask_multibyte(&m);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (written < 0) {
+        PyErr_SetString(PyExc_ValueError, "string offsets outside the data buffer, or the output is too short");
+        goto done;
+    }
+    result = PyLong_FromSsize_t(written);
+done:
+    if (data.obj) PyBuffer_Release(&data);
+    if (offsets.obj) PyBuffer_Release(&offsets);
+    if (validity.obj) PyBuffer_Release(&validity);
+    if (out.obj) PyBuffer_Release(&out);
+    if (out_offsets.obj) PyBuffer_Release(&out_offsets);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"mask_strings", mask_strings, METH_VARARGS,
+     "mask_strings(data, offsets, width, first, length, validity, validity_bit, keep_first, keep_last, out, "
+     "out_offsets) -> bytes written to out"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_masks", NULL, 0, methods};
+
+PyMODINIT_FUNC PyInit__masks(void) {
+    for (int byte = 0; byte < 256; byte++) {
+        mask_table[byte] = mask_byte((unsigned char)byte);
+    }
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,17 @@
+# The C string masks (_masks.c); string_masks.py is their only caller.
+from typing_extensions import Buffer
+
+def mask_strings(
+    data: Buffer,
+    offsets: Buffer,
+    width: int,
+    first: int,
+    length: int,
+    validity: Buffer | None,
+    validity_bit: int,
+    keep_first: int,
+    keep_last: int,
+    out: Buffer,
+    out_offsets: Buffer,
+    /,
+) -> int: ...
