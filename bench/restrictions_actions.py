@@ -8,6 +8,9 @@ time (every kernel here runs on one thread, so the CPU column is values per seco
 when other jobs share the cores). Same-run baselines put the numbers in context: a plain Arrow string kernel
 (utf8_upper) over the same strings, and a copy of the array.
 
+The string masks run in C where the package was built with a compiler; their Arrow kernels (the fallback) are
+timed beside them, with the ratio Arrow time / C time.
+
 Part 2 (masked / unmasked): the column is written to an in-memory Parquet file (zstd, as pyiceberg writes);
 "unmasked" reads it back, "masked" reads it back and applies the action. The two alternate for R rounds and
 the medians are compared (aim: at most 1.15). Single-threaded reads, so the figure is per core. The last column
@@ -28,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sqe.restrictions import apply_action, new_query_salt
+from sqe.restrictions import apply_action, new_query_salt, string_masks
 
 SALT = new_query_salt()
 
@@ -142,6 +145,27 @@ def masked_ratios(data: dict[str, pa.Array], rounds: int) -> None:
         print(f"{action:<22} {column:<22} {p * 1000:>8.1f} {m * 1000:>10.1f} {m / p:>16.2f} {m_cpu / p_cpu:>10.2f}")
 
 
+STRING_MASKS: dict[str, Callable[..., pa.Array]] = {
+    "mask-alphanum": string_masks.mask_alphanum,
+    "show-first-4": string_masks.show_first_4,
+    "show-last-4": string_masks.show_last_4,
+}
+
+
+def string_kernels(data: dict[str, pa.Array], rows: int, repeat: int) -> None:
+    """The string masks' C kernels against their Arrow kernels, values per second per core and the ratio."""
+    if not string_masks.NATIVE:
+        print("string masks: the C kernels were not built (no C compiler at install); only the Arrow kernels run")
+        return
+    print(f"{'string mask':<22} {'column':<22} {'C values/s/core':>16} {'Arrow values/s/core':>20} {'Arrow/C':>8}")
+    for action, mask in STRING_MASKS.items():
+        for column in ("string ascii", "string mixed"):
+            _, c_cpu = best_seconds(partial(mask, data[column], native=True), repeat)
+            _, arrow_cpu = best_seconds(partial(mask, data[column], native=False), repeat)
+            c_rate, arrow_rate = rows / max(c_cpu, 1e-9), rows / max(arrow_cpu, 1e-9)
+            print(f"{action:<22} {column:<22} {c_rate:>16,.0f} {arrow_rate:>20,.0f} {arrow_cpu / c_cpu:>8.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -160,6 +184,8 @@ def main() -> None:
     for name, run in baselines:
         wall, cpu = best_seconds(run, args.repeat)
         print(f"{name:<22} {'string ascii':<22} {args.rows / wall:>14,.0f} {args.rows / max(cpu, 1e-9):>14,.0f}")
+    print()
+    string_kernels(data, args.rows, args.repeat)
     print()
     masked_ratios(data, max(args.repeat, 5))
 
