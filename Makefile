@@ -67,4 +67,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/catalog_load.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) build *.egg-info
+	rm -rf $(VENV) $(DEMO_DIR) build *.egg-info sqe/restrictions/_masks*.so
