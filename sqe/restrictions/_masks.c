@@ -30,23 +30,27 @@ static unsigned char mask_byte(unsigned char byte) {
     return digit ? 'n' : (kept ? byte : 'x');
 }
 
-/* mask_byte over a span, 16 bytes at a time where SSE2 is there (gcc does not vectorise the compares itself). */
+#if defined(__SSE2__)
+/* mask_byte on 16 bytes (gcc does not vectorise the compares itself) */
+static inline __m128i mask16(__m128i b) {
+    const __m128i top = _mm_set1_epi8((char)0x80), zero = _mm_set1_epi8('0'), ten = _mm_set1_epi8((char)(10 ^ 0x80));
+    /* unsigned b - '0' < 10, as a signed compare with the top bits flipped */
+    __m128i digit = _mm_cmplt_epi8(_mm_xor_si128(_mm_sub_epi8(b, zero), top), ten);
+    __m128i brackets = _mm_or_si128(_mm_cmpeq_epi8(b, _mm_set1_epi8('(')), _mm_cmpeq_epi8(b, _mm_set1_epi8(')')));
+    __m128i marks = _mm_or_si128(_mm_cmpeq_epi8(b, _mm_set1_epi8(',')), _mm_cmpeq_epi8(b, _mm_set1_epi8('.')));
+    __m128i others = _mm_or_si128(_mm_cmpeq_epi8(b, _mm_set1_epi8('-')), _mm_cmpeq_epi8(b, _mm_set1_epi8('@')));
+    __m128i kept = _mm_or_si128(brackets, _mm_or_si128(marks, others));
+    __m128i result = _mm_or_si128(_mm_and_si128(kept, b), _mm_andnot_si128(kept, _mm_set1_epi8('x')));
+    return _mm_or_si128(_mm_and_si128(digit, _mm_set1_epi8('n')), _mm_andnot_si128(digit, result));
+}
+#endif
+
+/* mask_byte over a span, 16 bytes at a time where SSE2 is there. */
 static void mask_span(const unsigned char *in, unsigned char *out, Py_ssize_t size) {
     Py_ssize_t i = 0;
 #if defined(__SSE2__)
-    const __m128i top = _mm_set1_epi8((char)0x80), zero = _mm_set1_epi8('0'), ten = _mm_set1_epi8((char)(10 ^ 0x80));
-    const __m128i n = _mm_set1_epi8('n'), x = _mm_set1_epi8('x');
     for (; i + 16 <= size; i += 16) {
-        __m128i b = _mm_loadu_si128((const __m128i *)(in + i));
-        /* unsigned b - '0' < 10, as a signed compare with the top bits flipped */
-        __m128i digit = _mm_cmplt_epi8(_mm_xor_si128(_mm_sub_epi8(b, zero), top), ten);
-        __m128i brackets = _mm_or_si128(_mm_cmpeq_epi8(b, _mm_set1_epi8('(')), _mm_cmpeq_epi8(b, _mm_set1_epi8(')')));
-        __m128i marks = _mm_or_si128(_mm_cmpeq_epi8(b, _mm_set1_epi8(',')), _mm_cmpeq_epi8(b, _mm_set1_epi8('.')));
-        __m128i others = _mm_or_si128(_mm_cmpeq_epi8(b, _mm_set1_epi8('-')), _mm_cmpeq_epi8(b, _mm_set1_epi8('@')));
-        __m128i kept = _mm_or_si128(brackets, _mm_or_si128(marks, others));
-        __m128i result = _mm_or_si128(_mm_and_si128(kept, b), _mm_andnot_si128(kept, x));
-        result = _mm_or_si128(_mm_and_si128(digit, n), _mm_andnot_si128(digit, result));
-        _mm_storeu_si128((__m128i *)(out + i), result);
+        _mm_storeu_si128((__m128i *)(out + i), mask16(_mm_loadu_si128((const __m128i *)(in + i))));
     }
 #endif
     for (; i < size; i++) {
@@ -214,9 +218,119 @@ static int64_t suffix_start(const unsigned char *in, int64_t size, int64_t from,
     return b;
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <tmmintrin.h>
+#define HAVE_COMPACTING 1
+
+/* Whether this CPU has SSSE3 and POPCNT (set at module init); tests turn it off to check the per-value path. */
+static int compacting_enabled;
+static unsigned char packed_positions[256][8]; /* for each 8-bit mask of kept bytes: their positions, packed */
+static unsigned char kept_count[256];
+
+static void fill_compacting_tables(void) {
+    for (int kept = 0; kept < 256; kept++) {
+        int count = 0;
+        for (int bit = 0; bit < 8; bit++) {
+            if (kept & (1 << bit)) {
+                packed_positions[kept][count++] = (unsigned char)bit;
+            }
+        }
+        kept_count[kept] = (unsigned char)count;
+        for (int rest = count; rest < 8; rest++) {
+            packed_positions[kept][rest] = 0x80; /* pshufb writes a zero, overwritten by the next store */
+        }
+    }
+}
+
+/* The continuation bytes of a span, one bit each in words of 64 bytes, and how many come before each word. */
+typedef struct {
+    uint64_t *bits;
+    int64_t *before;
+} Continuations;
+
+/* Every code point of a span masked to one byte, 16 bytes at a time: mask16 masks them all, then each half's code
+ * point starts are packed to the front with pshufb and stored 8 bytes at a time (the next store overwrites what
+ * is past the kept ones; no store reaches past the bytes read so far). Returns the bytes written to `target`. */
+__attribute__((target("ssse3,popcnt"))) static Py_ssize_t compact_span(const unsigned char *in, Py_ssize_t size,
+                                                                        unsigned char *target,
+                                                                        const Continuations *found) {
+    const __m128i high_bits = _mm_set1_epi8((char)0xC0), continuation = _mm_set1_epi8((char)0x80);
+    const __m128i upper_half = _mm_set1_epi8(8);
+    Py_ssize_t i = 0, written = 0;
+    int64_t dropped = 0;
+    for (; i + 16 <= size; i += 16) {
+        if ((i & 63) == 0) {
+            found->before[i >> 6] = dropped;
+        }
+        __m128i b = _mm_loadu_si128((const __m128i *)(in + i));
+        unsigned dropped_bits =
+            (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_and_si128(b, high_bits), continuation));
+        found->bits[i >> 6] |= (uint64_t)dropped_bits << (i & 63);
+        dropped += __builtin_popcount(dropped_bits);
+        __m128i masked = mask16(b);
+        unsigned kept_low = ~dropped_bits & 0xFF, kept_high = (~dropped_bits >> 8) & 0xFF;
+        __m128i low = _mm_loadl_epi64((const __m128i *)packed_positions[kept_low]);
+        __m128i high = _mm_add_epi8(_mm_loadl_epi64((const __m128i *)packed_positions[kept_high]), upper_half);
+        _mm_storel_epi64((__m128i *)(target + written), _mm_shuffle_epi8(masked, low));
+        written += kept_count[kept_low];
+        _mm_storel_epi64((__m128i *)(target + written), _mm_shuffle_epi8(masked, high));
+        written += kept_count[kept_high];
+    }
+    for (; i < size; i++) {
+        if ((i & 63) == 0) {
+            found->before[i >> 6] = dropped;
+        }
+        int dropped_byte = is_continuation(in[i]);
+        found->bits[i >> 6] |= (uint64_t)dropped_byte << (i & 63);
+        dropped += dropped_byte;
+        target[written] = mask_table[in[i]];
+        written += !dropped_byte;
+    }
+    if ((size & 63) == 0) {
+        found->before[size >> 6] = dropped; /* the end's own word, when the span fills its last word exactly */
+    }
+    return written;
+}
+
+/* Where the compacted text has the code point at byte `at` of the span: the bytes before it that are not
+ * continuation bytes. */
+__attribute__((target("popcnt"))) static inline int64_t compacted_at(const Continuations *found, int64_t at) {
+    uint64_t below = found->bits[at >> 6] & ((1ULL << (at & 63)) - 1);
+    return at - found->before[at >> 6] - __builtin_popcountll(below);
+}
+
+/* mask-alphanum of a span with multi-byte code points, on a CPU with SSSE3: the span is compacted into the output
+ * in one pass and each value's offset comes from the continuation bitmap, without walking the value. (Kept
+ * prefixes and suffixes gain nothing from it, measured: walking them costs what walking the whole value does.)
+ * Returns the bytes written, or -2 when memory ran out. */
+__attribute__((target("ssse3,popcnt"))) static Py_ssize_t mask_compacting(const Masking *m, int64_t start,
+                                                                           int64_t end) {
+    Py_ssize_t size = (Py_ssize_t)(end - start), words = size / 64 + 1;
+    Continuations found = {PyMem_RawCalloc((size_t)words, sizeof(uint64_t)),
+                           PyMem_RawMalloc((size_t)words * sizeof(int64_t))};
+    Py_ssize_t written = -2;
+    if (found.bits != NULL && found.before != NULL) {
+        written = compact_span(m->data + start, size, m->out, &found);
+        for (Py_ssize_t v = 0; v <= m->length; v++) {
+            set_offset(m->out_offsets, m->width, v, compacted_at(&found, offset_at(m->offsets, m->width, v) - start));
+        }
+    }
+    PyMem_RawFree(found.bits);
+    PyMem_RawFree(found.before);
+    return written;
+}
+#endif
+
 /* Some multi-byte code points: each value is a kept prefix, a masked middle and a kept suffix, copied or masked
  * in turn; the offsets are rebuilt. Continuation bytes before a value's first code point belong to none. */
-static Py_ssize_t mask_multibyte(const Masking *m) {
+static Py_ssize_t mask_multibyte(const Masking *m, int64_t start, int64_t end) {
+#if defined(HAVE_COMPACTING)
+    if (compacting_enabled && m->keep_first == 0 && m->keep_last == 0) {
+        return mask_compacting(m, start, end);
+    }
+#endif
+    (void)start;
+    (void)end;
     Py_ssize_t written = 0;
     set_offset(m->out_offsets, m->width, 0, 0);
     for (Py_ssize_t i = 0; i < m->length; i++) {
@@ -300,10 +414,14 @@ static PyObject *mask_strings(PyObject *self, PyObject *args) {
         start = offset_at(m.offsets, width, 0);
         end = offset_at(m.offsets, width, length);
         if (end - start <= out.len) {
-            written = all_ascii(m.data + start, end - start) ? mask_ascii(&m, start, end) : mask_multibyte(&m);
+            written = all_ascii(m.data + start, end - start) ? mask_ascii(&m, start, end) : mask_multibyte(&m, start, end);
         }
     }
     Py_END_ALLOW_THREADS
+    if (written == -2) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (written < 0) {
         PyErr_SetString(PyExc_ValueError, "string offsets outside the data buffer, or the output is too short");
         goto done;
@@ -318,7 +436,32 @@ done:
     return result;
 }
 
+static int cpu_can_compact(void) {
+#if defined(HAVE_COMPACTING)
+    return __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("popcnt");
+#else
+    return 0;
+#endif
+}
+
+/* For the tests: run mask-alphanum on multi-byte text by the per-value walk (False) or, where the CPU can, the
+ * compacting path (True). Returns whether the compacting path is now on. */
+static PyObject *set_compacting(PyObject *self, PyObject *enabled) {
+    (void)self;
+    int wanted = PyObject_IsTrue(enabled);
+    if (wanted < 0) {
+        return NULL;
+    }
+#if defined(HAVE_COMPACTING)
+    compacting_enabled = wanted && cpu_can_compact();
+    return PyBool_FromLong(compacting_enabled);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"set_compacting", set_compacting, METH_O, "set_compacting(enabled) -> whether the compacting path is on"},
     {"mask_strings", mask_strings, METH_VARARGS,
      "mask_strings(data, offsets, width, first, length, validity, validity_bit, keep_first, keep_last, out, "
      "out_offsets) -> bytes written to out"},
@@ -331,5 +474,9 @@ PyMODINIT_FUNC PyInit__masks(void) {
     for (int byte = 0; byte < 256; byte++) {
         mask_table[byte] = mask_byte((unsigned char)byte);
     }
+#if defined(HAVE_COMPACTING)
+    fill_compacting_tables();
+    compacting_enabled = cpu_can_compact();
+#endif
     return PyModule_Create(&module);
 }

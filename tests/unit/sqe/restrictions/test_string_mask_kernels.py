@@ -3,7 +3,9 @@ per-code-point rules and each other, and the C kernels against malformed arrays.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import platform
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pyarrow as pa
 import pytest
@@ -45,9 +47,22 @@ def malformed(offsets: list[int], data: bytes, arrow_type: pa.DataType | None = 
     return pa.Array.from_buffers(arrow_type, len(offsets) - 1, buffers)
 
 
+@contextmanager
+def compacting_path(enabled: bool) -> Iterator[None]:
+    """mask-alphanum on multi-byte text by the SSSE3 compacting path (where the CPU has it) or the per-value walk."""
+    assert string_masks._masks is not None
+    string_masks._masks.set_compacting(enabled)
+    try:
+        yield
+    finally:
+        string_masks._masks.set_compacting(True)
+
+
 def test_the_c_kernels_were_built() -> None:
     # setup.py builds them as optional; a machine without a C compiler gets the slower Arrow kernels
     assert string_masks.NATIVE, "sqe/restrictions/_masks.c was not built: install a C compiler, then pip install -e ."
+    if platform.machine() in ("x86_64", "AMD64"):  # every x86-64 CPU of the last 15 years has SSSE3 and POPCNT
+        assert string_masks._masks is not None and string_masks._masks.set_compacting(True)
 
 
 @settings(max_examples=300, deadline=None)
@@ -62,10 +77,27 @@ def test_both_kernels_follow_the_per_code_point_rules(
 ) -> None:
     array = pa.array(texts, arrow_type).slice(min(cut, len(texts)))
     expected = [None if text is None else RULES[action](text) for text in texts[min(cut, len(texts)) :]]
-    for native in (True, False):
-        result = MASKS[action](array, native=native)
+    for native, compacting in ((True, True), (True, False), (False, False)):
+        with compacting_path(compacting):
+            result = MASKS[action](array, native=native)
         assert result.type == arrow_type
-        assert result.to_pylist() == expected, f"native={native}"
+        assert result.to_pylist() == expected, f"native={native} compacting={compacting}"
+
+
+@pytest.mark.parametrize("compacting", [True, False], ids=["compacting", "per-value"])
+@pytest.mark.parametrize("span", [63, 64, 65, 127, 128, 129, 1000])
+def test_mask_alphanum_on_multibyte_spans_around_the_64_byte_words(compacting: bool, span: int) -> None:
+    # the compacting path counts continuation bytes in 64-byte words: spans ending on, before and after one
+    text = ""
+    for char in "é1a😀-" * 200:
+        if len((text + char).encode()) > span:
+            break
+        text += char
+    text += "z" * (span - len(text.encode()))  # exactly `span` bytes
+    values = [text[at : at + 3] for at in range(0, len(text), 3)]
+    array = pa.array(values, pa.string())
+    with compacting_path(compacting):
+        assert mask_alphanum(array, native=True).to_pylist() == [rule_mask(v) for v in values]
 
 
 @pytest.mark.parametrize("native", KERNELS)
