@@ -12,6 +12,10 @@
  * is never longer: one byte per masked code point, the original bytes per kept one) and length + 1 offsets of the
  * input's width. Every input offset is checked against its buffers before a byte is read, so a malformed array is
  * a ValueError, never a read outside a buffer. The loops run without the GIL: scans mask on several threads.
+ *
+ * Three paths: ASCII-only data is masked 16 bytes at a time (SSE2) and keeps its offsets; text with multi-byte code
+ * points is compacted 16 bytes at a time with SSSE3 shuffles where the CPU has them (checked at import), each
+ * value's bounds read off a bitmap of continuation bytes; else each value is walked. The tests run all three.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -71,6 +75,8 @@ typedef struct {
     Py_ssize_t keep_last;
     unsigned char *out;
     unsigned char *out_offsets;
+    Py_ssize_t data_size; /* the whole data buffer's, for reads of 16 bytes */
+    Py_ssize_t out_size;
 } Masking;
 
 static int64_t offset_at(const unsigned char *offsets, int width, Py_ssize_t index) {
@@ -299,24 +305,130 @@ __attribute__((target("popcnt"))) static inline int64_t compacted_at(const Conti
     return at - found->before[at >> 6] - __builtin_popcountll(below);
 }
 
-/* mask-alphanum of a span with multi-byte code points, on a CPU with SSSE3: the span is compacted into the output
- * in one pass and each value's offset comes from the continuation bitmap, without walking the value. (Kept
- * prefixes and suffixes gain nothing from it, measured: walking them costs what walking the whole value does.)
+/* The lead (not continuation) bytes among the 64 bytes of the span from `at`, bit 0 for byte `at`. Bytes past the
+ * span's end read as leads (the bitmap has a zero word after the last); callers mask to the value. */
+static inline uint64_t leads_from(const Continuations *found, int64_t at) {
+    int64_t word = at >> 6, shift = at & 63;
+    uint64_t bits = found->bits[word] >> shift;
+    if (shift != 0) {
+        bits |= found->bits[word + 1] << (64 - shift);
+    }
+    return ~bits;
+}
+
+/* The leads among bytes [from, end) of a value, as at most the 64 bytes before `end`: bit 63 for byte end - 1. */
+static inline uint64_t leads_before(const Continuations *found, int64_t from, int64_t end) {
+    int64_t window = end - from < 64 ? end - from : 64;
+    if (window == 0) {
+        return 0;
+    }
+    return leads_from(found, end - window) << (64 - window);
+}
+
+/* A run of at most 16 bytes as one 16-byte move where both sides have the room (the bytes past the run land where
+ * the next run goes, or past the end, which is cleared), else memcpy. */
+static inline void copy_run(unsigned char *to, const unsigned char *to_end, const unsigned char *from,
+                            const unsigned char *from_end, int64_t size) {
+    if (size <= 16 && to_end - to >= 16 && from_end - from >= 16) {
+        _mm_storeu_si128((__m128i *)to, _mm_loadu_si128((const __m128i *)from));
+    } else if (size > 0) {
+        memcpy(to, from, (size_t)size);
+    }
+}
+
+/* The bounds of a value's masked part, from the leads bitmap instead of a walk: the kept prefix ends at the lead
+ * after its first `keep_first` code points, the kept suffix starts at the `keep_last`-th lead from the end (both
+ * within 64 bytes of valid UTF-8: at most 15 code points of 4 bytes are kept; runs of continuation bytes that push
+ * them out are walked instead). Continuation bytes before the first lead are skipped. Null slots keep nothing. */
+__attribute__((target("popcnt"))) static inline void masked_part(const Masking *m, const Continuations *found,
+                                                                 const unsigned char *in, Py_ssize_t v,
+                                                                 int64_t start, int64_t end, int64_t *first,
+                                                                 int64_t *middle, int64_t *last) {
+    uint64_t in_value = end - start >= 64 ? ~0ULL : (1ULL << (end - start)) - 1;
+    uint64_t leads = leads_from(found, start) & in_value;
+    *first = leads ? start + __builtin_ctzll(leads) : end;
+    *middle = *first;
+    *last = end;
+    if (!is_valid(m, v)) {
+        return;
+    }
+    if (m->keep_first > 0) {
+        uint64_t after = leads_from(found, *first) & (end - *first >= 64 ? ~0ULL : (1ULL << (end - *first)) - 1);
+        for (Py_ssize_t k = 0; k < m->keep_first; k++) {
+            after &= after - 1;
+        }
+        if (after) {
+            *middle = *first + __builtin_ctzll(after);
+        } else if (end - *first <= 64) {
+            *middle = end; /* the value has no more code points than are kept */
+        } else { /* runs of continuation bytes (invalid UTF-8) pushed the prefix's end out of the window */
+            *middle = prefix_end(in, end, *first, m->keep_first);
+        }
+    }
+    if (m->keep_last > 0) {
+        uint64_t tail = leads_before(found, *middle, end);
+        for (Py_ssize_t k = 1; k < m->keep_last && tail; k++) {
+            tail &= ~(1ULL << (63 - __builtin_clzll(tail)));
+        }
+        if (tail) {
+            *last = end - 1 - __builtin_clzll(tail);
+        } else if (end - *middle <= 64) {
+            *last = *middle;
+        } else {
+            *last = suffix_start(in, end, *middle, m->keep_last);
+        }
+    }
+}
+
+/* The masks of a span with multi-byte code points, on a CPU with SSSE3. The whole span is compacted once (into the
+ * output for mask-alphanum, else into a scratch buffer), each value's output offset comes from the continuation
+ * bitmap and its kept prefix and suffix from the leads around its ends, so no value is walked byte by byte.
  * Returns the bytes written, or -2 when memory ran out. */
 __attribute__((target("ssse3,popcnt"))) static Py_ssize_t mask_compacting(const Masking *m, int64_t start,
                                                                            int64_t end) {
-    Py_ssize_t size = (Py_ssize_t)(end - start), words = size / 64 + 1;
+    const unsigned char *in = m->data + start;
+    Py_ssize_t size = (Py_ssize_t)(end - start), words = size / 64 + 2; /* a zero word after the last */
+    int keeps = m->keep_first > 0 || m->keep_last > 0;
     Continuations found = {PyMem_RawCalloc((size_t)words, sizeof(uint64_t)),
                            PyMem_RawMalloc((size_t)words * sizeof(int64_t))};
+    unsigned char *compacted = keeps ? PyMem_RawMalloc((size_t)size + 1) : m->out;
     Py_ssize_t written = -2;
-    if (found.bits != NULL && found.before != NULL) {
-        written = compact_span(m->data + start, size, m->out, &found);
+    if (found.bits == NULL || found.before == NULL || compacted == NULL) {
+        goto done;
+    }
+    written = compact_span(in, size, compacted, &found);
+    if (!keeps) {
         for (Py_ssize_t v = 0; v <= m->length; v++) {
             set_offset(m->out_offsets, m->width, v, compacted_at(&found, offset_at(m->offsets, m->width, v) - start));
         }
+        goto done;
     }
+    const unsigned char *in_end = m->data + m->data_size, *compacted_end = compacted + written;
+    unsigned char *out_end = m->out + m->out_size;
+    written = 0;
+    set_offset(m->out_offsets, m->width, 0, 0);
+    int64_t value_start = 0;
+    for (Py_ssize_t v = 0; v < m->length; v++) {
+        int64_t value_end = offset_at(m->offsets, m->width, v + 1) - start, first, middle, last;
+        masked_part(m, &found, in, v, value_start, value_end, &first, &middle, &last);
+        int64_t hidden_from = compacted_at(&found, middle), hidden_to = compacted_at(&found, last);
+        copy_run(m->out + written, out_end, in + first, in_end, middle - first);
+        written += middle - first;
+        copy_run(m->out + written, out_end, compacted + hidden_from, compacted_end, hidden_to - hidden_from);
+        written += hidden_to - hidden_from;
+        copy_run(m->out + written, out_end, in + last, in_end, value_end - last);
+        written += value_end - last;
+        set_offset(m->out_offsets, m->width, v + 1, written);
+        value_start = value_end;
+    }
+    /* the 16-byte moves may have left original bytes past the end: never in the buffer handed on */
+    memset(m->out + written, 0, (size_t)(m->out_size - written < 16 ? m->out_size - written : 16));
+done:
     PyMem_RawFree(found.bits);
     PyMem_RawFree(found.before);
+    if (keeps) {
+        PyMem_RawFree(compacted);
+    }
     return written;
 }
 #endif
@@ -325,7 +437,7 @@ __attribute__((target("ssse3,popcnt"))) static Py_ssize_t mask_compacting(const 
  * in turn; the offsets are rebuilt. Continuation bytes before a value's first code point belong to none. */
 static Py_ssize_t mask_multibyte(const Masking *m, int64_t start, int64_t end) {
 #if defined(HAVE_COMPACTING)
-    if (compacting_enabled && m->keep_first == 0 && m->keep_last == 0) {
+    if (compacting_enabled && m->keep_first < 16 && m->keep_last < 16) {
         return mask_compacting(m, start, end);
     }
 #endif
@@ -406,6 +518,8 @@ static PyObject *mask_strings(PyObject *self, PyObject *args) {
         .keep_last = keep_last,
         .out = out.buf,
         .out_offsets = out_offsets.buf,
+        .data_size = data.len,
+        .out_size = out.len,
     };
     Py_ssize_t written = -1;
     int64_t start = 0, end = 0;

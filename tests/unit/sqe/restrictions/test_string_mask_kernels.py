@@ -100,6 +100,36 @@ def test_mask_alphanum_on_multibyte_spans_around_the_64_byte_words(compacting: b
         assert mask_alphanum(array, native=True).to_pylist() == [rule_mask(v) for v in values]
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(
+        st.none()
+        | st.binary(max_size=150)
+        | st.builds(lambda n, t: b"a" + b"\x80" * n + t, st.integers(0, 130), st.binary()),
+        max_size=12,
+    ),
+    action=st.sampled_from(sorted(MASKS)),
+)
+def test_the_compacting_path_agrees_with_the_walk_on_any_bytes(values: list[bytes | None], action: str) -> None:
+    # invalid UTF-8 too (a buffer-built array is never checked): long runs of continuation bytes push a value's
+    # kept code points past the compacting path's 64-byte window, where it must walk as the per-value path does
+    array = pa.array(values, pa.binary()).view(pa.string())
+    with compacting_path(True):
+        compacting = MASKS[action](array, native=True)
+    with compacting_path(False):
+        walked = MASKS[action](array, native=True)
+    assert compacting.view(pa.binary()).to_pylist() == walked.view(pa.binary()).to_pylist()
+
+
+def test_a_kept_prefix_pushed_out_of_the_window_is_still_found() -> None:
+    # "a" and 100 continuation bytes are one (invalid) code point: the prefix ends after "bcd", not at the end
+    array = pa.array([b"a" + b"\x80" * 100 + b"bcdef12345"], pa.binary()).view(pa.string())
+    for compacting in (True, False):
+        with compacting_path(compacting):
+            out = show_first_4(array, native=True).view(pa.binary()).to_pylist()
+        assert out == [b"a" + b"\x80" * 100 + b"bcdxxnnnnn"], f"compacting={compacting}"
+
+
 @pytest.mark.parametrize("native", KERNELS)
 @pytest.mark.parametrize("action", sorted(MASKS))
 def test_a_null_slots_stray_bytes_never_reach_the_output(action: str, native: bool) -> None:
