@@ -53,6 +53,7 @@ MEASURE_PARTS = frozenset(
 )
 _PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # AccountKey: Account, Key; KEY_ID: KEY, ID
 REDACTED = "***"
+SCRUBBED = "[redacted]"  # what S3 keys and tokens give way to in worker and store errors
 # A scheme and its ``//`` (JSON writes them ``:\/\/``). A scheme starts only where a run of letters and digits
 # does (after a ``+``, ``.`` or ``-`` of ``svn+ssh``, which is left as it was), so each start is tried once.
 _SCHEME = r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*:(?://|\\/\\/)"
@@ -373,26 +374,26 @@ def _token_like(text: str) -> bool:
 SECRET_PIECE_CHARS = 16
 
 
-def without_secrets(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every one of ``secrets`` (tokens, client secrets SQE sent) replaced by ``***``, also as a form
-    body percent-encodes it, and every piece of one of at least :data:`SECRET_PIECE_CHARS` characters too: a
-    catalog or proxy may quote a token cut short, and all of a token's signature but its last characters is as good
-    as the token to whoever can try those.
+def without_secrets(text: str, secrets: Iterable[str], *, marker: str = REDACTED) -> str:
+    """``text`` with every one of ``secrets`` (tokens, client secrets, S3 keys SQE sent) replaced by ``marker``,
+    also as a form body or a URL's query percent-encodes it, and every piece of one of at least
+    :data:`SECRET_PIECE_CHARS` characters too: a catalog, store or proxy may quote a token cut short, and all of a
+    token's signature but its last characters is as good as the token to whoever can try those.
 
     For the text of an answer to a request that carried ``secrets``, before it is cut (a cut could leave a piece)."""
     given = [secret for secret in secrets if secret]
     # as sent in a form body (a catalog or proxy may quote that): a secret's reserved characters percent-encoded
     known = list(dict.fromkeys([*given, *(quote(s, safe="") for s in given), *(quote_plus(s) for s in given)]))
     for secret in sorted(known, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
+        text = text.replace(secret, marker)
     pieces = {
         secret[i : i + SECRET_PIECE_CHARS] for secret in known for i in range(len(secret) - SECRET_PIECE_CHARS + 1)
     }
-    return _without_pieces(text, pieces) if pieces else text
+    return _without_pieces(text, pieces, marker) if pieces else text
 
 
-def _without_pieces(text: str, pieces: set[str]) -> str:
-    """``text`` with every run covered by ``pieces`` (all :data:`SECRET_PIECE_CHARS` long) replaced by ``***``."""
+def _without_pieces(text: str, pieces: set[str], marker: str) -> str:
+    """``text`` with every run covered by ``pieces`` (all :data:`SECRET_PIECE_CHARS` long) replaced by ``marker``."""
     covered_to = -1  # the end of the run being blanked
     runs: list[tuple[int, int]] = []
     for start in range(len(text) - SECRET_PIECE_CHARS + 1):
@@ -407,7 +408,7 @@ def _without_pieces(text: str, pieces: set[str]) -> str:
     parts: list[str] = []
     copied = 0
     for start, end in runs:
-        parts += [text[copied:start], REDACTED]
+        parts += [text[copied:start], marker]
         copied = end
     parts.append(text[copied:])
     return "".join(parts)

@@ -16,7 +16,7 @@ from typing import NoReturn, TypedDict, TypeVar
 
 import grpc
 
-from sqe._text import first_line
+from sqe._text import SCRUBBED, first_line, without_secrets
 from sqe.credentials import CredentialSet
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.credential_sets import credential_sets_problem
@@ -358,10 +358,7 @@ def _message(exc: BaseException) -> str:
 
 
 def _scrubbed(exc: BaseException, secrets: Iterable[str]) -> str:
-    """The exception's one-line message with every secret replaced. Replaced before the line is cut to its
-    limit (cut first, a secret straddling the limit would keep its head), longest first (a key id replaced inside
-    a token first would leave the rest of the token)."""
-    text = str(exc)
-    for value in sorted(secrets, key=len, reverse=True):
-        text = text.replace(value, "[redacted]")
-    return first_line(text, limit=1000) or type(exc).__name__
+    """The exception's one-line message with every secret replaced, also percent-encoded (a store quoting a
+    request's URL) or cut short. Replaced before the line is cut to its limit (cut first, a secret straddling the
+    limit would keep its head)."""
+    return first_line(without_secrets(str(exc), secrets, marker=SCRUBBED), limit=1000) or type(exc).__name__

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import quote
 
-from sqe._text import first_line
+from sqe._text import SCRUBBED, first_line, without_secrets
 from sqe.locations import normalize_location
 from sqe.vocabulary import S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
 
@@ -227,8 +227,7 @@ class SignedObject:
         raise self._failure(error_class, text)
 
     def _failure(self, error_class: type[OSError], detail: str) -> OSError:
-        for secret in self._secrets:
-            detail = detail.replace(secret, "[redacted]")
+        detail = without_secrets(detail, self._secrets, marker=SCRUBBED)  # also as a URL's query quotes it
         where = f"When reading from key '{self.address.key}' in bucket '{self.address.bucket}'"
         return error_class(f"{where}: {first_line(detail)}")
 

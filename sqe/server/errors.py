@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 import pyarrow.flight as flight
 
-from sqe._text import first_line
+from sqe._text import first_line, without_secrets
 from sqe.errors import (
     AuthenticationError,
     CatalogUnavailableError,
@@ -41,11 +41,9 @@ _MAX_MESSAGE = 500
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every known secret replaced (defence in depth: SQE's messages carry none)."""
-    for secret in secrets:
-        if secret and len(secret) >= 6:
-            text = text.replace(secret, "***")
-    return text
+    """``text`` with every known secret replaced, also encoded or cut short (defence in depth: SQE's messages carry
+    none). Secrets shorter than 6 characters are left: blanking them would blank ordinary words."""
+    return without_secrets(text, [secret for secret in secrets if len(secret) >= 6])
 
 
 def to_flight(exc: BaseException, secrets: Iterable[str] = ()) -> flight.FlightError:
@@ -55,7 +53,7 @@ def to_flight(exc: BaseException, secrets: Iterable[str] = ()) -> flight.FlightE
     if not isinstance(exc, SQEError):
         log.error("internal error: %s", type(exc).__name__)
         return flight.FlightInternalError("internal error in sqe serve (see the server log)")
-    message = redact(first_line(exc, limit=_MAX_MESSAGE), list(secrets))
+    message = first_line(redact(first_line(exc), list(secrets)), limit=_MAX_MESSAGE)  # cut after: no head left
     typed = f"{type(exc).__name__}: {message}"
     if isinstance(exc, AuthenticationError):
         return flight.FlightUnauthenticatedError(typed)

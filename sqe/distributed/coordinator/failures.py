@@ -13,7 +13,7 @@ from typing import Any, Protocol, cast
 
 import grpc
 
-from sqe._text import first_line
+from sqe._text import SCRUBBED, first_line, without_secrets
 from sqe.distributed.protocol.errors import (
     ERROR_KIND_KEY,
     KIND_BUSY,
@@ -81,12 +81,9 @@ def secret_values(sets: Iterable[_KeySet]) -> frozenset[str]:
 def worker_text(text: str, secrets: Iterable[str]) -> str:
     """A worker's error message or refusal reason as the coordinator repeats it (errors, logs): one line, cut to
     MESSAGE_LIMIT, with every secret the coordinator sent that worker (ticket and pushed keys, its bearer token)
-    replaced. A worker's text is not trusted to be clean (a buggy or hostile worker may quote a ticket); the
-    secrets go before the cut, longest first, so no head of one survives."""
-    for value in sorted(set(secrets), key=len, reverse=True):
-        if value:
-            text = text.replace(value, "[redacted]")
-    return first_line(text, limit=MESSAGE_LIMIT)
+    replaced, also percent-encoded or cut short (``without_secrets``). A worker's text is not trusted to be clean (a
+    buggy or hostile worker may quote a ticket); the secrets go before the cut, so no head of one survives."""
+    return first_line(without_secrets(text, secrets, marker=SCRUBBED), limit=MESSAGE_LIMIT)
 
 
 def classify_rpc_error(

@@ -6,6 +6,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import grpc
 import pyarrow as pa
@@ -277,6 +278,16 @@ def fragment_with(local_tables: LocalTables, cred: CredentialSet) -> RunningFrag
     ticket = decode_ticket(ticket_for(local_tables.numbers, credentials=[cred]))
     cancel = threading.Event()
     return RunningFragment(ticket, FragmentFileIO(ticket.credentials, ticket.storage, cancel=cancel), cancel)
+
+
+def test_read_errors_never_quote_a_secret_percent_encoded_or_cut_short(local_tables: LocalTables) -> None:
+    secret, token = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "FwoGZXIvYXdzEXAMPLE+session/token=="
+    error = OSError(f"403 for GET ?X-Amz-Security-Token={quote(token, safe='')} signed with {secret[:30]}")
+    failure = fragment_failure(
+        error, fragment_with(local_tables, pushed(secret_access_key=secret, session_token=token))
+    )
+    assert secret[:16] not in failure.message and quote(token, safe="")[:16] not in failure.message
+    assert "403 for GET ?X-Amz-Security-Token=*** signed with [redacted]" in failure.message
 
 
 def test_read_errors_name_expiry_when_the_keys_died_and_never_a_secret(local_tables: LocalTables) -> None:

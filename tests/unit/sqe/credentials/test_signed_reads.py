@@ -6,6 +6,7 @@ import dataclasses
 import pickle
 from collections.abc import Mapping
 from types import MappingProxyType
+from urllib.parse import quote
 
 import pytest
 
@@ -162,6 +163,17 @@ def test_error_text_is_scrubbed_and_one_line() -> None:
     error = found._failure(OSError, f"echoed {SECRET} and {TOKEN}\nsecond line")
     assert SECRET not in str(error) and TOKEN not in str(error) and "\n" not in str(error)
     assert str(error).startswith("When reading from key 't/f.parquet' in bucket 'b': echoed [redacted]")
+
+
+def test_error_text_quoting_the_keys_as_a_url_does_or_cut_short_shows_none_of_them() -> None:
+    # a store or proxy may echo the request's URL (keys percent-encoded) or a token cut to a length
+    found = signed_object("s3://b/t/f.parquet", resolved(MOTO))
+    assert found is not None
+    detail = f"GET /?X-Amz-Security-Token={quote(TOKEN, safe='')}&sig={quote(SECRET, safe='')} token {TOKEN[:-6]}..."
+    text = str(found._failure(OSError, detail))
+    for secret in (SECRET, TOKEN):
+        assert secret[:16] not in text and quote(secret, safe="")[:16] not in text
+    assert "X-Amz-Security-Token=[redacted]" in text and "token [redacted]" in text
 
 
 def test_timeouts_come_from_the_settings_and_fall_back_on_nonsense() -> None:

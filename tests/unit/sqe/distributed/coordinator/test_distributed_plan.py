@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 import pytest
@@ -23,7 +24,7 @@ from sqe.credentials import (
 from sqe.distributed.coordinator import Fragment, TableCredentials, plan_fragments, ticket_sets
 from sqe.distributed.coordinator import static_set as policy_static_set
 from sqe.distributed.coordinator.credentials import check_coverage
-from sqe.distributed.coordinator.failures import classify_rpc_error
+from sqe.distributed.coordinator.failures import classify_rpc_error, worker_text
 from sqe.distributed.coordinator.refresh import CredentialRefresher, Holder, RefreshedSets
 from sqe.errors import (
     CredentialError,
@@ -308,3 +309,12 @@ def test_a_silent_worker_counts_as_dead_and_busy_is_not_a_failure() -> None:
     assert silent.worker_dead and silent.fatal is None and "stopped answering" in silent.message
     busy = classify_rpc_error(FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy"), "w:1", "f", timed_out=False)
     assert busy.busy and busy.fatal is None and not busy.worker_dead
+
+
+def test_a_workers_text_is_repeated_without_the_secrets_it_was_sent_even_encoded_or_cut_short() -> None:
+    # a buggy or hostile worker may quote its ticket's keys as a URL carries them, or a token cut to a length
+    secret, token = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "FwoGZXIvYXdzEXAMPLE+session/token=="
+    said = f"refusing ?X-Amz-Security-Token={quote(token, safe='')} key {secret[:24]}"
+    text = worker_text(said, {secret, token})
+    assert secret[:16] not in text and quote(token, safe="")[:16] not in text
+    assert text == "refusing ?X-Amz-Security-Token=*** key [redacted]"  # first_line blanks that parameter too
