@@ -6,7 +6,8 @@
  * valid value) is copied as its original bytes. A code point starts at every byte that is not a UTF-8
  * continuation byte (10xxxxxx), which is how Arrow's utf8_length counts them; continuation bytes before a value's
  * first code point (invalid UTF-8) are dropped, as mask-alphanum's Arrow kernel drops them. Null slots are masked
- * whole.
+ * whole. A kept code point with more continuation bytes than its lead byte announces (invalid UTF-8) is a
+ * ValueError, as the Arrow kernels' Invalid UTF8 is: copied, the run would hand out raw bytes past the kept ones.
  *
  * The caller (string_masks.py) allocates the output: a data buffer as long as the input's values span (the output
  * is never longer: one byte per masked code point, the original bytes per kept one) and length + 1 offsets of the
@@ -224,6 +225,28 @@ static int64_t suffix_start(const unsigned char *in, int64_t size, int64_t from,
     return b;
 }
 
+/* How many continuation bytes a lead byte announces (UTF-8's longest form is a lead and 3). */
+static int continuations_announced(unsigned char lead) {
+    return lead >= 0xF8 ? 0 : lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
+}
+
+/* 1 when every kept code point in [from, to) is a lead byte and at most the continuation bytes it announces.
+ * Invalid UTF-8 can hang any number of continuation bytes (6 raw bits each) on a kept code point, which the
+ * copy would hand out raw; the Arrow kernels refuse such input too (utf8_slice_codeunits: Invalid UTF8). */
+static int kept_code_points_bounded(const unsigned char *in, int64_t from, int64_t to) {
+    int left = 0; /* a continuation byte with no lead before it in the span is refused as well */
+    for (int64_t b = from; b < to; b++) {
+        if (!is_continuation(in[b])) {
+            left = continuations_announced(in[b]);
+        } else if (left-- == 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+#define INVALID_KEPT_UTF8 (-3) /* mask_multibyte's return when kept_code_points_bounded refused a value */
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <tmmintrin.h>
 #define HAVE_COMPACTING 1
@@ -383,7 +406,7 @@ __attribute__((target("popcnt"))) static inline void masked_part(const Masking *
 /* The masks of a span with multi-byte code points, on a CPU with SSSE3. The whole span is compacted once (into the
  * output for mask-alphanum, else into a scratch buffer), each value's output offset comes from the continuation
  * bitmap and its kept prefix and suffix from the leads around its ends, so no value is walked byte by byte.
- * Returns the bytes written, or -2 when memory ran out. */
+ * Returns the bytes written, -2 when memory ran out, or INVALID_KEPT_UTF8. */
 __attribute__((target("ssse3,popcnt"))) static Py_ssize_t mask_compacting(const Masking *m, int64_t start,
                                                                            int64_t end) {
     const unsigned char *in = m->data + start;
@@ -411,6 +434,10 @@ __attribute__((target("ssse3,popcnt"))) static Py_ssize_t mask_compacting(const 
     for (Py_ssize_t v = 0; v < m->length; v++) {
         int64_t value_end = offset_at(m->offsets, m->width, v + 1) - start, first, middle, last;
         masked_part(m, &found, in, v, value_start, value_end, &first, &middle, &last);
+        if (!kept_code_points_bounded(in, first, middle) || !kept_code_points_bounded(in, last, value_end)) {
+            written = INVALID_KEPT_UTF8; /* a null slot keeps nothing: both spans are empty */
+            goto done;
+        }
         int64_t hidden_from = compacted_at(&found, middle), hidden_to = compacted_at(&found, last);
         copy_run(m->out + written, out_end, in + first, in_end, middle - first);
         written += middle - first;
@@ -457,6 +484,9 @@ static Py_ssize_t mask_multibyte(const Masking *m, int64_t start, int64_t end) {
         if (is_valid(m, i)) {
             middle = m->keep_first > 0 ? prefix_end(in, size, first, m->keep_first) : first;
             last = m->keep_last > 0 ? suffix_start(in, size, middle, m->keep_last) : size;
+            if (!kept_code_points_bounded(in, first, middle) || !kept_code_points_bounded(in, last, size)) {
+                return INVALID_KEPT_UTF8;
+            }
         }
         written += copy_bytes(m->out + written, in + first, middle - first);
         written += mask_compress(in + middle, last - middle, m->out + written);
@@ -534,6 +564,10 @@ static PyObject *mask_strings(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (written == -2) {
         PyErr_NoMemory();
+        goto done;
+    }
+    if (written == INVALID_KEPT_UTF8) {
+        PyErr_SetString(PyExc_ValueError, "invalid UTF-8: a kept code point has more continuation bytes than its lead");
         goto done;
     }
     if (written < 0) {

@@ -19,6 +19,7 @@ from sqe.restrictions.string_masks import mask_alphanum, show_first_4, show_last
 Mask = Callable[..., pa.Array]
 MASKS: dict[str, Mask] = {"mask-alphanum": mask_alphanum, "show-first-4": show_first_4, "show-last-4": show_last_4}
 KERNELS = [pytest.param(True, id="c"), pytest.param(False, id="arrow")]
+PATHS = ["c-compacting", "c-per-value", "arrow"]
 
 
 def rule_mask(text: str) -> str:
@@ -113,21 +114,34 @@ def test_mask_alphanum_on_multibyte_spans_around_the_64_byte_words(compacting: b
 def test_the_compacting_path_agrees_with_the_walk_on_any_bytes(values: list[bytes | None], action: str) -> None:
     # invalid UTF-8 too (a buffer-built array is never checked): long runs of continuation bytes push a value's
     # kept code points past the compacting path's 64-byte window, where it must walk as the per-value path does
+    # (or refuse it alike, where a kept code point carries more continuation bytes than its lead announces)
     array = pa.array(values, pa.binary()).view(pa.string())
     with compacting_path(True):
-        compacting = MASKS[action](array, native=True)
+        compacting = outcome(MASKS[action], array)
     with compacting_path(False):
-        walked = MASKS[action](array, native=True)
-    assert compacting.view(pa.binary()).to_pylist() == walked.view(pa.binary()).to_pylist()
+        walked = outcome(MASKS[action], array)
+    assert compacting == walked
 
 
-def test_a_kept_prefix_pushed_out_of_the_window_is_still_found() -> None:
-    # "a" and 100 continuation bytes are one (invalid) code point: the prefix ends after "bcd", not at the end
-    array = pa.array([b"a" + b"\x80" * 100 + b"bcdef12345"], pa.binary()).view(pa.string())
-    for compacting in (True, False):
-        with compacting_path(compacting):
-            out = show_first_4(array, native=True).view(pa.binary()).to_pylist()
-        assert out == [b"a" + b"\x80" * 100 + b"bcdxxnnnnn"], f"compacting={compacting}"
+def outcome(mask: Mask, array: pa.Array) -> list[bytes | None] | str:
+    """The C kernel's output bytes per value, or its refusal's message."""
+    try:
+        return mask(array, native=True).view(pa.binary()).to_pylist()  # type: ignore[no-any-return]
+    except ValueError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("compacting", [True, False], ids=["compacting", "per-value"])
+@pytest.mark.parametrize(
+    ("action", "value"),
+    [("show-first-4", b"a" + b"\x80" * 100 + b"bcdef12345"), ("show-last-4", b"12345678" + b"\x80" * 100)],
+)
+def test_a_kept_code_point_pushed_out_of_the_window_is_refused(action: str, value: bytes, compacting: bool) -> None:
+    # "a" and 100 continuation bytes would be one (invalid) kept code point: found past the 64-byte window by the
+    # walk, then refused, never copied out
+    array = pa.array([b"ok", value], pa.binary()).view(pa.string())
+    with compacting_path(compacting), pytest.raises(ValueError, match=INVALID_UTF8):
+        MASKS[action](array, native=True)
 
 
 @pytest.mark.parametrize("native", KERNELS)
@@ -151,6 +165,50 @@ def test_continuation_bytes_before_a_values_first_code_point_are_dropped(action:
     assert MASKS[action](array, native=True).to_pylist() == [RULES[action]("abcde12"), ""]
     if action == "mask-alphanum":  # the Arrow kernel drops them too
         assert MASKS[action](array, native=False).to_pylist() == [RULES[action]("abcde12"), ""]
+
+
+# Invalid UTF-8 that hangs 64 raw continuation bytes (6 free bits each) on the code point the mask keeps
+CARGO = bytes(range(0x80, 0xC0))
+INVALID_UTF8 = r"(?i:invalid UTF-?8)"  # the C kernels' message and Arrow's
+HIDDEN_BEHIND_A_KEPT_CODE_POINT = {"show-first-4": b"abcd" + CARGO + b"efgh1234", "show-last-4": b"12345678" + CARGO}
+
+
+@pytest.mark.parametrize(("native", "compacting"), [(True, True), (True, False), (False, False)], ids=PATHS)
+@pytest.mark.parametrize("action", sorted(HIDDEN_BEHIND_A_KEPT_CODE_POINT))
+def test_continuation_bytes_piled_on_a_kept_code_point_are_refused_not_copied(
+    action: str, native: bool, compacting: bool
+) -> None:
+    # a Parquet string column is not checked for UTF-8 on read, so such a value can reach the masks; a kept code
+    # point is its lead byte and at most 3 continuation bytes, never the run after it
+    array = malformed(
+        [0, 4, 4 + len(HIDDEN_BEHIND_A_KEPT_CODE_POINT[action])],
+        b"\xc3\xa9xy" + HIDDEN_BEHIND_A_KEPT_CODE_POINT[action],
+    )
+    with compacting_path(compacting), pytest.raises(ValueError, match=INVALID_UTF8):
+        MASKS[action](array, native=native)
+
+
+@pytest.mark.parametrize("action", sorted(HIDDEN_BEHIND_A_KEPT_CODE_POINT))
+def test_apply_action_refuses_a_kept_code_point_with_piled_continuation_bytes(action: str) -> None:
+    array = malformed([0, len(HIDDEN_BEHIND_A_KEPT_CODE_POINT[action])], HIDDEN_BEHIND_A_KEPT_CODE_POINT[action])
+    with pytest.raises(RestrictionApplyError, match=f"{action} cannot be applied to Arrow string: .*{INVALID_UTF8}"):
+        apply_action(action, array, salt=b"")
+
+
+@pytest.mark.parametrize("compacting", [True, False], ids=["compacting", "per-value"])
+@pytest.mark.parametrize("action", sorted(MASKS))
+def test_piled_continuation_bytes_outside_the_kept_code_points_are_dropped(action: str, compacting: bool) -> None:
+    # in the masked middle, or under a null, they belong to no kept code point: masked away as before
+    data = b"abcde" + CARGO + b"fgh1234" + b"wxyz" + CARGO
+    array = pa.Array.from_buffers(
+        pa.string(),
+        2,
+        [pa.array([True, False]).buffers()[1], pa.array([0, 76, 144], pa.int32()).buffers()[1], pa.py_buffer(data)],
+    )
+    with compacting_path(compacting):
+        result = MASKS[action](array, native=True)
+    assert result.to_pylist() == [RULES[action]("abcdefgh1234"), None]
+    assert not set(result.buffers()[2].to_pybytes()) & set(CARGO)
 
 
 @pytest.mark.parametrize("action", sorted(MASKS))
