@@ -6,6 +6,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from itertools import accumulate, pairwise
 
 import pyarrow as pa
 import pytest
@@ -209,6 +210,67 @@ def test_piled_continuation_bytes_outside_the_kept_code_points_are_dropped(actio
         result = MASKS[action](array, native=True)
     assert result.to_pylist() == [RULES[action]("abcdefgh1234"), None]
     assert not set(result.buffers()[2].to_pybytes()) & set(CARGO)
+
+
+KEPT_CODE_POINTS = {"mask-alphanum": (0, 0), "show-first-4": (4, 0), "show-last-4": (0, 4)}
+# any bytes, and runs of the pieces invalid UTF-8 is made of (stray and piled continuation bytes, cut sequences)
+ANY_BYTES = st.binary(max_size=40) | st.lists(
+    st.sampled_from([b"a", b"7", b"@", b"\x80", b"\xbf", b"\xc3\xa9", b"\xe2\x82", b"\xf0\x9f\x98\x80", b"\xff"]),
+    max_size=30,
+).map(b"".join)
+
+
+def byte_rule(value: bytes, action: str) -> bytes | None:
+    """The C kernels' rule on any bytes: a code point starts at every non-continuation byte (continuation bytes
+    before the first belong to none); None (refused) where a kept one has more continuation bytes than its lead
+    announces."""
+    points: list[bytes] = []
+    for byte in value:
+        if byte & 0xC0 != 0x80:
+            points.append(bytes([byte]))
+        elif points:
+            points[-1] += bytes([byte])
+    keep_first, keep_last = KEPT_CODE_POINTS[action]
+    head, rest = points[:keep_first], points[keep_first:]
+    tail = rest[max(0, len(rest) - keep_last) :] if keep_last else []
+    middle = rest[: len(rest) - len(tail)]
+    announced = {**dict.fromkeys(range(0xC0, 0xE0), 1), **dict.fromkeys(range(0xE0, 0xF0), 2)}
+    announced |= dict.fromkeys(range(0xF0, 0xF8), 3)
+    if any(len(point) - 1 > announced.get(point[0], 0) for point in head + tail):
+        return None
+    return b"".join(head) + bytes(string_masks._MASK_TABLE[point[0]] for point in middle) + b"".join(tail)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    slots=st.lists(st.tuples(ANY_BYTES, st.booleans()), min_size=1, max_size=20),
+    before=ANY_BYTES,
+    action=st.sampled_from(sorted(MASKS)),
+    arrow_type=st.sampled_from([pa.string(), pa.large_string()]),
+    cut=st.integers(0, 3),
+    compacting=st.booleans(),
+)
+def test_the_c_kernels_follow_the_byte_rule_on_invalid_utf8_and_under_nulls(
+    slots: list[tuple[bytes, bool]], before: bytes, action: str, arrow_type: pa.DataType, cut: int, compacting: bool
+) -> None:
+    # what a Parquet string column can hold: every output byte is a kept one or a mask byte, null slots masked whole
+    offset_type = pa.int64() if pa.types.is_large_string(arrow_type) else pa.int32()
+    offsets = pa.array(list(accumulate((len(value) for value, _ in slots), initial=len(before))), offset_type)
+    validity = pa.array([valid for _, valid in slots]).buffers()[1]
+    data = pa.py_buffer(before + b"".join(value for value, _ in slots))  # `before`: bytes no slot covers
+    cut = min(cut, len(slots) - 1)
+    array = pa.Array.from_buffers(arrow_type, len(slots), [validity, offsets.buffers()[1], data]).slice(cut)
+    expected = [byte_rule(value, action if valid else "mask-alphanum") for value, valid in slots[cut:]]
+    if None in expected:
+        with compacting_path(compacting), pytest.raises(ValueError, match=INVALID_UTF8):
+            MASKS[action](array, native=True)
+        return
+    with compacting_path(compacting):
+        result = MASKS[action](array, native=True)
+    out_offsets = pa.Array.from_buffers(offset_type, len(array) + 1, [None, result.buffers()[1]]).to_pylist()
+    out = result.buffers()[2].to_pybytes()
+    assert [out[a:b] for a, b in pairwise(out_offsets)] == expected
+    assert result.is_valid().to_pylist() == [valid for _, valid in slots[cut:]]
 
 
 @pytest.mark.parametrize("action", sorted(MASKS))
