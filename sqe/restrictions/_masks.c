@@ -370,6 +370,11 @@ __attribute__((target("popcnt"))) static inline void masked_part(const Masking *
     uint64_t in_value = end - start >= 64 ? ~0ULL : (1ULL << (end - start)) - 1;
     uint64_t leads = leads_from(found, start) & in_value;
     *first = leads ? start + __builtin_ctzll(leads) : end;
+    if (!leads && end - start > 64) { /* 64 or more leading continuation bytes (invalid UTF-8) hide the first lead */
+        for (*first = start; *first < end && is_continuation(in[*first]);) {
+            ++*first;
+        }
+    }
     *middle = *first;
     *last = end;
     if (!is_valid(m, v)) {

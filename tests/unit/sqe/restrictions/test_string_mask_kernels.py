@@ -133,6 +133,19 @@ def outcome(mask: Mask, array: pa.Array) -> list[bytes | None] | str:
 
 
 @pytest.mark.parametrize("compacting", [True, False], ids=["compacting", "per-value"])
+@pytest.mark.parametrize("action", sorted(MASKS))
+@pytest.mark.parametrize("run", [63, 64, 65, 130])
+def test_a_values_first_code_point_past_a_long_continuation_run_is_found(
+    action: str, run: int, compacting: bool
+) -> None:
+    # the compacting path looked for the first lead in the value's first 64 bytes only: past a run of 64 stray
+    # continuation bytes show-first-4 and show-last-4 returned "" instead of the masked value
+    array = pa.array([b"\x80" * run + "abc123é".encode(), b"ok"], pa.binary()).view(pa.string())
+    with compacting_path(compacting):
+        assert MASKS[action](array, native=True).to_pylist() == [RULES[action]("abc123é"), RULES[action]("ok")]
+
+
+@pytest.mark.parametrize("compacting", [True, False], ids=["compacting", "per-value"])
 @pytest.mark.parametrize(
     ("action", "value"),
     [("show-first-4", b"a" + b"\x80" * 100 + b"bcdef12345"), ("show-last-4", b"12345678" + b"\x80" * 100)],
@@ -214,7 +227,8 @@ def test_piled_continuation_bytes_outside_the_kept_code_points_are_dropped(actio
 
 KEPT_CODE_POINTS = {"mask-alphanum": (0, 0), "show-first-4": (4, 0), "show-last-4": (0, 4)}
 # any bytes, and runs of the pieces invalid UTF-8 is made of (stray and piled continuation bytes, cut sequences)
-ANY_BYTES = st.binary(max_size=40) | st.lists(
+ANY_BYTES = st.binary(max_size=40) | st.builds(lambda run, rest: b"\x80" * run + rest, st.integers(0, 130), st.binary())
+ANY_BYTES |= st.lists(
     st.sampled_from([b"a", b"7", b"@", b"\x80", b"\xbf", b"\xc3\xa9", b"\xe2\x82", b"\xf0\x9f\x98\x80", b"\xff"]),
     max_size=30,
 ).map(b"".join)
