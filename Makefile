@@ -15,9 +15,11 @@ TEST_PROCESSES ?= 3
 .PHONY: demo test test-unit lint bench clean ceph-deps cc-deps quickstart-configs duckdb-peer
 
 # setup.py and the C source: a changed kernel is rebuilt in place (pip install -e builds it into sqe/restrictions/)
+# The old build is removed first: the extension is optional, so a build that fails would leave it in place, stale.
 $(STAMP): pyproject.toml setup.py sqe/restrictions/_masks.c | cc-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	rm -f sqe/restrictions/_masks*.so
 	$(BIN)/python -m pip install --quiet -e '.[dev,stack]'
 	touch $(STAMP)
 

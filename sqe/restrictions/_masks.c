@@ -245,6 +245,16 @@ static int kept_code_points_bounded(const unsigned char *in, int64_t from, int64
     return 1;
 }
 
+/* Whether the continuation byte at `at` is announced (unannounced16's rule, one byte at a time). */
+static int announced_at(const unsigned char *in, int64_t at) {
+    for (int64_t back = 1; back <= 3 && back <= at; back++) {
+        if (!is_continuation(in[at - back])) {
+            return continuations_announced(in[at - back]) >= back;
+        }
+    }
+    return 0;
+}
+
 #define INVALID_KEPT_UTF8 (-3) /* mask_multibyte's return when kept_code_points_bounded refused a value */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -275,23 +285,64 @@ static void fill_compacting_tables(void) {
 typedef struct {
     uint64_t *bits;
     int64_t *before;
+    int unannounced; /* some continuation byte is more than its lead announced (or has none): see announced16 */
 } Continuations;
+
+/* The continuation bytes of 16 that their code point's lead did not announce (0xFF each), `previous` being the 16
+ * bytes before (zeros at the span's start). A continuation byte is announced when the nearest lead before it is at
+ * most as far as the continuation bytes it announces (1 for 0xC0-0xDF, 2 for 0xE0-0xEF, 3 for 0xF0-0xF7), every
+ * byte between being a continuation one. Valid UTF-8 has none; kept code points are checked one by one only when
+ * a span has some (kept_code_points_bounded). */
+__attribute__((target("ssse3"))) static inline __m128i unannounced16(__m128i b, __m128i previous) {
+    const __m128i zero = _mm_setzero_si128();
+    __m128i continuation = _mm_cmpeq_epi8(_mm_and_si128(b, _mm_set1_epi8((char)0xC0)), _mm_set1_epi8((char)0x80));
+    __m128i previous_continuation =
+        _mm_cmpeq_epi8(_mm_and_si128(previous, _mm_set1_epi8((char)0xC0)), _mm_set1_epi8((char)0x80));
+    /* unsigned compares by saturating subtraction: x > c exactly when x - c (saturated at 0) is not 0 */
+    __m128i below_f8 = _mm_cmpeq_epi8(_mm_subs_epu8(b, _mm_set1_epi8((char)0xF7)), zero);
+    __m128i one = _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(b, _mm_set1_epi8((char)0xBF)), zero), below_f8);
+    __m128i two = _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(b, _mm_set1_epi8((char)0xDF)), zero), below_f8);
+    __m128i three = _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(b, _mm_set1_epi8((char)0xEF)), zero), below_f8);
+    __m128i previous_below_f8 = _mm_cmpeq_epi8(_mm_subs_epu8(previous, _mm_set1_epi8((char)0xF7)), zero);
+    __m128i previous_one =
+        _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(previous, _mm_set1_epi8((char)0xBF)), zero), previous_below_f8);
+    __m128i previous_two =
+        _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(previous, _mm_set1_epi8((char)0xDF)), zero), previous_below_f8);
+    __m128i previous_three =
+        _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(previous, _mm_set1_epi8((char)0xEF)), zero), previous_below_f8);
+    /* x shifted by k bytes: byte p sees byte p - k (of `previous` below p = k) */
+    __m128i lead_1_back = _mm_alignr_epi8(one, previous_one, 15);
+    __m128i lead_2_back = _mm_alignr_epi8(two, previous_two, 14);
+    __m128i lead_3_back = _mm_alignr_epi8(three, previous_three, 13);
+    __m128i continuation_1_back = _mm_alignr_epi8(continuation, previous_continuation, 15);
+    __m128i continuation_2_back = _mm_alignr_epi8(continuation, previous_continuation, 14);
+    __m128i announced = _mm_or_si128(
+        lead_1_back,
+        _mm_and_si128(continuation_1_back,
+                      _mm_or_si128(lead_2_back, _mm_and_si128(continuation_2_back, lead_3_back))));
+    return _mm_andnot_si128(announced, continuation);
+}
 
 /* Every code point of a span masked to one byte, 16 bytes at a time: mask16 masks them all, then each half's code
  * point starts are packed to the front with pshufb and stored 8 bytes at a time (the next store overwrites what
  * is past the kept ones; no store reaches past the bytes read so far). Returns the bytes written to `target`. */
 __attribute__((target("ssse3,popcnt"))) static Py_ssize_t compact_span(const unsigned char *in, Py_ssize_t size,
-                                                                        unsigned char *target,
-                                                                        const Continuations *found) {
+                                                                        unsigned char *target, Continuations *found,
+                                                                        int check_announced) {
     const __m128i high_bits = _mm_set1_epi8((char)0xC0), continuation = _mm_set1_epi8((char)0x80);
     const __m128i upper_half = _mm_set1_epi8(8);
     Py_ssize_t i = 0, written = 0;
     int64_t dropped = 0;
+    __m128i previous = _mm_setzero_si128(), unannounced = _mm_setzero_si128();
     for (; i + 16 <= size; i += 16) {
         if ((i & 63) == 0) {
             found->before[i >> 6] = dropped;
         }
         __m128i b = _mm_loadu_si128((const __m128i *)(in + i));
+        if (check_announced) { /* only kept code points are copied raw; mask-alphanum keeps none */
+            unannounced = _mm_or_si128(unannounced, unannounced16(b, previous));
+            previous = b;
+        }
         unsigned dropped_bits =
             (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_and_si128(b, high_bits), continuation));
         found->bits[i >> 6] |= (uint64_t)dropped_bits << (i & 63);
@@ -310,6 +361,7 @@ __attribute__((target("ssse3,popcnt"))) static Py_ssize_t compact_span(const uns
             found->before[i >> 6] = dropped;
         }
         int dropped_byte = is_continuation(in[i]);
+        found->unannounced |= check_announced && dropped_byte && !announced_at(in, i);
         found->bits[i >> 6] |= (uint64_t)dropped_byte << (i & 63);
         dropped += dropped_byte;
         target[written] = mask_table[in[i]];
@@ -318,6 +370,7 @@ __attribute__((target("ssse3,popcnt"))) static Py_ssize_t compact_span(const uns
     if ((size & 63) == 0) {
         found->before[size >> 6] = dropped; /* the end's own word, when the span fills its last word exactly */
     }
+    found->unannounced |= _mm_movemask_epi8(unannounced) != 0;
     return written;
 }
 
@@ -418,13 +471,13 @@ __attribute__((target("ssse3,popcnt"))) static Py_ssize_t mask_compacting(const 
     Py_ssize_t size = (Py_ssize_t)(end - start), words = size / 64 + 2; /* a zero word after the last */
     int keeps = m->keep_first > 0 || m->keep_last > 0;
     Continuations found = {PyMem_RawCalloc((size_t)words, sizeof(uint64_t)),
-                           PyMem_RawMalloc((size_t)words * sizeof(int64_t))};
+                           PyMem_RawMalloc((size_t)words * sizeof(int64_t)), 0};
     unsigned char *compacted = keeps ? PyMem_RawMalloc((size_t)size + 1) : m->out;
     Py_ssize_t written = -2;
     if (found.bits == NULL || found.before == NULL || compacted == NULL) {
         goto done;
     }
-    written = compact_span(in, size, compacted, &found);
+    written = compact_span(in, size, compacted, &found, keeps);
     if (!keeps) {
         for (Py_ssize_t v = 0; v <= m->length; v++) {
             set_offset(m->out_offsets, m->width, v, compacted_at(&found, offset_at(m->offsets, m->width, v) - start));
@@ -439,7 +492,8 @@ __attribute__((target("ssse3,popcnt"))) static Py_ssize_t mask_compacting(const 
     for (Py_ssize_t v = 0; v < m->length; v++) {
         int64_t value_end = offset_at(m->offsets, m->width, v + 1) - start, first, middle, last;
         masked_part(m, &found, in, v, value_start, value_end, &first, &middle, &last);
-        if (!kept_code_points_bounded(in, first, middle) || !kept_code_points_bounded(in, last, value_end)) {
+        if (found.unannounced &&
+            (!kept_code_points_bounded(in, first, middle) || !kept_code_points_bounded(in, last, value_end))) {
             written = INVALID_KEPT_UTF8; /* a null slot keeps nothing: both spans are empty */
             goto done;
         }

@@ -3,6 +3,7 @@ per-code-point rules and each other, and the C kernels against malformed arrays.
 
 from __future__ import annotations
 
+import itertools
 import platform
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -200,6 +201,90 @@ def test_continuation_bytes_piled_on_a_kept_code_point_are_refused_not_copied(
     )
     with compacting_path(compacting), pytest.raises(ValueError, match=INVALID_UTF8):
         MASKS[action](array, native=native)
+
+
+@pytest.mark.parametrize("compacting", [True, False], ids=["compacting", "per-value"])
+@pytest.mark.parametrize(
+    ("action", "value", "valid"),
+    [  # one continuation byte too many: after a 2-byte lead, after ASCII (which announces none), after a full
+        # 4-byte code point, and after a 3-byte one in the kept suffix; each beside the same value without it
+        ("show-first-4", b"\xc3\xa9\x80abc1", b"\xc3\xa9abc1"),
+        ("show-first-4", b"a\x80bcd1", b"abcd1"),
+        ("show-first-4", b"\xf0\x9f\x98\x80\x80bc1", b"\xf0\x9f\x98\x80bc1"),
+        ("show-last-4", b"1234\xe2\x82\xac\x80", b"1234\xe2\x82\xac"),
+        ("show-first-4", b"\xc3a\x80bc1", b"\xc3\xa9abc1"),  # a cut 2-byte lead, then one after ASCII
+    ],
+)
+def test_one_unannounced_continuation_byte_in_a_kept_code_point_is_refused_wherever_it_falls(
+    action: str, value: bytes, valid: bytes, compacting: bool
+) -> None:
+    # the compacting path checks kept code points only in spans where 16-byte steps found such a byte: the value
+    # goes after ASCII padding of every length across those steps, then a valid value that must pass alone
+    for padding in range(40):
+        data = b"z" * padding + value
+        with compacting_path(compacting), pytest.raises(ValueError, match=INVALID_UTF8):
+            MASKS[action](malformed([0, padding, len(data)], data), native=True)
+    data = b"z" * 20 + valid
+    with compacting_path(compacting):
+        shown = MASKS[action](malformed([0, 20, len(data)], data), native=True).to_pylist()
+    assert shown == [
+        "z" * 4 + "x" * 16 if action == "show-first-4" else "x" * 16 + "z" * 4,
+        RULES[action](valid.decode()),
+    ]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(max_size=12),
+    extra=st.integers(0x80, 0xBF),
+    at=st.integers(0, 40),
+    padding=st.integers(0, 40),
+    action=st.sampled_from(["show-first-4", "show-last-4"]),
+)
+def test_the_compacting_path_refuses_exactly_what_the_walk_refuses_for_one_stray_continuation_byte(
+    text: str, extra: int, at: int, padding: int, action: str
+) -> None:
+    # valid UTF-8 but for one continuation byte put anywhere, after ASCII padding of any length: the compacting
+    # path, which checks kept code points only where its 16-byte steps saw such a byte, must refuse or pass
+    # exactly as the per-value walk, which checks every value
+    raw = text.encode()
+    raw = raw[: min(at, len(raw))] + bytes([extra]) + raw[min(at, len(raw)) :]
+    data = b"z" * padding + raw
+    array = malformed([0, padding, len(data)], data)
+    outcomes = []
+    for compacting in (True, False):
+        with compacting_path(compacting):
+            try:
+                outcomes.append(MASKS[action](array, native=True).view(pa.binary()).to_pylist())
+            except ValueError as refused:
+                outcomes.append(str(refused))
+    assert outcomes[0] == outcomes[1]
+
+
+# A byte of each kind the rule tells apart: ASCII, continuation, leads announcing 1, 2 and 3, and 0xF8-0xFF (none).
+BYTE_KINDS = [b"a", b"\x80", b"\xc3", b"\xe2", b"\xf0", b"\xf8"]
+
+
+@pytest.mark.parametrize("action", ["show-first-4", "show-last-4"])
+def test_the_compacting_path_refuses_what_the_walk_refuses_for_every_four_byte_pattern(action: str) -> None:
+    # every 4-byte sequence of those kinds and a continuation byte after it, alone in its array after ASCII
+    # padding that puts it across a 16-byte step at each place: the compacting path checks kept code points only
+    # in spans where its steps saw an unannounced continuation byte, so it must refuse exactly what the walk does
+    differ = []
+    for pattern in itertools.product(BYTE_KINDS, repeat=4):
+        value = b"".join(pattern) + b"\x80"
+        for padding in (11, 13, 15):
+            array = malformed([0, padding, padding + len(value)], b"z" * padding + value)
+            outcomes = []
+            for compacting in (True, False):
+                with compacting_path(compacting):
+                    try:
+                        outcomes.append(MASKS[action](array, native=True).view(pa.binary()).to_pylist())
+                    except ValueError:
+                        outcomes.append("refused")
+            if outcomes[0] != outcomes[1]:
+                differ.append((value, padding, outcomes))
+    assert differ == []
 
 
 @pytest.mark.parametrize("action", sorted(HIDDEN_BEHIND_A_KEPT_CODE_POINT))
