@@ -14,7 +14,7 @@ the kept part when the data is ASCII-only, else Arrow's code-point slicing (or, 
 all but them) gives it.
 
 Those are the Arrow kernels. Where the package was built with a C compiler, ``_masks.c`` does each mask in one
-pass over the buffers instead (measured 4-10x faster; ``bench/restrictions_actions.py``), to the same rules: the
+pass over the buffers instead (measured 2-7x faster; ``bench/restrictions_actions.py``), to the same rules: the
 tests run both on the same arrays. The two differ only in bytes no reader sees: a null slot keeps its stray bytes
 masked (C) or dropped (Arrow).
 """
