@@ -287,6 +287,32 @@ def test_the_compacting_path_refuses_what_the_walk_refuses_for_every_four_byte_p
     assert differ == []
 
 
+@pytest.mark.parametrize("action", ["show-first-4", "show-last-4"])
+def test_the_compacting_path_refuses_what_the_rule_refuses_across_two_full_16_byte_steps(action: str) -> None:
+    # the test above puts its bytes across a 16-byte step into the scalar tail: here the span is three full steps,
+    # so the check reads its look-back (up to 3 bytes) from the step before, as every long column does. The
+    # bytes around the value are each kind in turn, so a look-back read from the wrong step would see a lead
+    # there (e.g. a 0xF0 announcing 3) that lets a continuation byte too many through.
+    differ = []
+    with compacting_path(True):
+        for pattern, padding, filler in itertools.product(
+            itertools.product(BYTE_KINDS, repeat=4), range(12, 16), BYTE_KINDS
+        ):
+            values = [filler * padding, b"".join(pattern) + b"\x80", filler * (43 - padding)]  # 48 bytes
+            data = b"".join(values)
+            array = malformed(list(accumulate(map(len, values), initial=0)), data)
+            refused = any(byte_rule(value, action) is None for value in values)
+            try:
+                MASKS[action](array, native=True)
+            except ValueError:
+                if not refused:
+                    differ.append((data, "refused"))
+            else:
+                if refused:
+                    differ.append((data, "passed"))
+    assert differ == []
+
+
 @pytest.mark.parametrize("action", sorted(HIDDEN_BEHIND_A_KEPT_CODE_POINT))
 def test_apply_action_refuses_a_kept_code_point_with_piled_continuation_bytes(action: str) -> None:
     array = malformed([0, len(HIDDEN_BEHIND_A_KEPT_CODE_POINT[action])], HIDDEN_BEHIND_A_KEPT_CODE_POINT[action])
