@@ -132,7 +132,7 @@ static int all_ascii(const unsigned char *bytes, Py_ssize_t size) {
     return seen < 0x80;
 }
 
-/* ASCII only: one output byte per input byte, so the offsets only move to start at 0. */
+/* The first `keep` bytes of an ASCII value (a byte a code point), at most `size`; 4 as one 4-byte move. */
 static void copy_kept(unsigned char *out, const unsigned char *in, int64_t size, Py_ssize_t keep) {
     if (size >= 4 && keep == 4) {
         memcpy(out, in, 4); /* the usual case, as one 4-byte move */
@@ -245,16 +245,6 @@ static int kept_code_points_bounded(const unsigned char *in, int64_t from, int64
     return 1;
 }
 
-/* Whether the continuation byte at `at` is announced (unannounced16's rule, one byte at a time). */
-static int announced_at(const unsigned char *in, int64_t at) {
-    for (int64_t back = 1; back <= 3 && back <= at; back++) {
-        if (!is_continuation(in[at - back])) {
-            return continuations_announced(in[at - back]) >= back;
-        }
-    }
-    return 0;
-}
-
 #define INVALID_KEPT_UTF8 (-3) /* mask_multibyte's return when kept_code_points_bounded refused a value */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -281,11 +271,21 @@ static void fill_compacting_tables(void) {
     }
 }
 
+/* Whether the continuation byte at `at` is announced (unannounced16's rule, one byte at a time). */
+static int announced_at(const unsigned char *in, int64_t at) {
+    for (int64_t back = 1; back <= 3 && back <= at; back++) {
+        if (!is_continuation(in[at - back])) {
+            return continuations_announced(in[at - back]) >= back;
+        }
+    }
+    return 0;
+}
+
 /* The continuation bytes of a span, one bit each in words of 64 bytes, and how many come before each word. */
 typedef struct {
     uint64_t *bits;
     int64_t *before;
-    int unannounced; /* some continuation byte is more than its lead announced (or has none): see announced16 */
+    int unannounced; /* some continuation byte is more than its lead announced (or has none): see unannounced16 */
 } Continuations;
 
 /* The continuation bytes of 16 that their code point's lead did not announce (0xFF each), `previous` being the 16
@@ -617,7 +617,8 @@ static PyObject *mask_strings(PyObject *self, PyObject *args) {
         start = offset_at(m.offsets, width, 0);
         end = offset_at(m.offsets, width, length);
         if (end - start <= out.len) {
-            written = all_ascii(m.data + start, end - start) ? mask_ascii(&m, start, end) : mask_multibyte(&m, start, end);
+            int ascii = all_ascii(m.data + start, end - start);
+            written = ascii ? mask_ascii(&m, start, end) : mask_multibyte(&m, start, end);
         }
     }
     Py_END_ALLOW_THREADS
@@ -643,16 +644,12 @@ done:
     return result;
 }
 
-static int cpu_can_compact(void) {
 #if defined(HAVE_COMPACTING)
-    return __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("popcnt");
-#else
-    return 0;
+static int cpu_can_compact(void) { return __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("popcnt"); }
 #endif
-}
 
-/* For the tests: run mask-alphanum on multi-byte text by the per-value walk (False) or, where the CPU can, the
- * compacting path (True). Returns whether the compacting path is now on. */
+/* For the tests: mask multi-byte text by the per-value walk (False) or, where the CPU can, the compacting path
+ * (True). Returns whether the compacting path is now on. */
 static PyObject *set_compacting(PyObject *self, PyObject *enabled) {
     (void)self;
     int wanted = PyObject_IsTrue(enabled);
@@ -675,7 +672,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_masks", NULL, 0, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_masks", NULL, 0, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__masks(void) {
     for (int byte = 0; byte < 256; byte++) {
