@@ -293,27 +293,24 @@ typedef struct {
  * most as far as the continuation bytes it announces (1 for 0xC0-0xDF, 2 for 0xE0-0xEF, 3 for 0xF0-0xF7), every
  * byte between being a continuation one. Valid UTF-8 has none; kept code points are checked one by one only when
  * a span has some (kept_code_points_bounded). */
-__attribute__((target("ssse3"))) static inline __m128i unannounced16(__m128i b, __m128i previous) {
+static inline __m128i continuations16(__m128i x) {
+    return _mm_cmpeq_epi8(_mm_and_si128(x, _mm_set1_epi8((char)0xC0)), _mm_set1_epi8((char)0x80));
+}
+
+/* The bytes of x above `floor` and below 0xF8: with floor 0xBF, 0xDF, 0xEF the leads announcing 1, 2, 3 or more.
+ * Unsigned compares by saturating subtraction: x > c exactly when x - c (saturated at 0) is not 0. */
+static inline __m128i leads_above(__m128i x, unsigned char floor) {
     const __m128i zero = _mm_setzero_si128();
-    __m128i continuation = _mm_cmpeq_epi8(_mm_and_si128(b, _mm_set1_epi8((char)0xC0)), _mm_set1_epi8((char)0x80));
-    __m128i previous_continuation =
-        _mm_cmpeq_epi8(_mm_and_si128(previous, _mm_set1_epi8((char)0xC0)), _mm_set1_epi8((char)0x80));
-    /* unsigned compares by saturating subtraction: x > c exactly when x - c (saturated at 0) is not 0 */
-    __m128i below_f8 = _mm_cmpeq_epi8(_mm_subs_epu8(b, _mm_set1_epi8((char)0xF7)), zero);
-    __m128i one = _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(b, _mm_set1_epi8((char)0xBF)), zero), below_f8);
-    __m128i two = _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(b, _mm_set1_epi8((char)0xDF)), zero), below_f8);
-    __m128i three = _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(b, _mm_set1_epi8((char)0xEF)), zero), below_f8);
-    __m128i previous_below_f8 = _mm_cmpeq_epi8(_mm_subs_epu8(previous, _mm_set1_epi8((char)0xF7)), zero);
-    __m128i previous_one =
-        _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(previous, _mm_set1_epi8((char)0xBF)), zero), previous_below_f8);
-    __m128i previous_two =
-        _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(previous, _mm_set1_epi8((char)0xDF)), zero), previous_below_f8);
-    __m128i previous_three =
-        _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(previous, _mm_set1_epi8((char)0xEF)), zero), previous_below_f8);
-    /* x shifted by k bytes: byte p sees byte p - k (of `previous` below p = k) */
-    __m128i lead_1_back = _mm_alignr_epi8(one, previous_one, 15);
-    __m128i lead_2_back = _mm_alignr_epi8(two, previous_two, 14);
-    __m128i lead_3_back = _mm_alignr_epi8(three, previous_three, 13);
+    __m128i below_f8 = _mm_cmpeq_epi8(_mm_subs_epu8(x, _mm_set1_epi8((char)0xF7)), zero);
+    return _mm_andnot_si128(_mm_cmpeq_epi8(_mm_subs_epu8(x, _mm_set1_epi8((char)floor)), zero), below_f8);
+}
+
+__attribute__((target("ssse3"))) static inline __m128i unannounced16(__m128i b, __m128i previous) {
+    __m128i continuation = continuations16(b), previous_continuation = continuations16(previous);
+    /* each shifted by k bytes: byte p sees byte p - k (of `previous` below p = k) */
+    __m128i lead_1_back = _mm_alignr_epi8(leads_above(b, 0xBF), leads_above(previous, 0xBF), 15);
+    __m128i lead_2_back = _mm_alignr_epi8(leads_above(b, 0xDF), leads_above(previous, 0xDF), 14);
+    __m128i lead_3_back = _mm_alignr_epi8(leads_above(b, 0xEF), leads_above(previous, 0xEF), 13);
     __m128i continuation_1_back = _mm_alignr_epi8(continuation, previous_continuation, 15);
     __m128i continuation_2_back = _mm_alignr_epi8(continuation, previous_continuation, 14);
     __m128i announced = _mm_or_si128(
@@ -329,7 +326,6 @@ __attribute__((target("ssse3"))) static inline __m128i unannounced16(__m128i b, 
 __attribute__((target("ssse3,popcnt"))) static Py_ssize_t compact_span(const unsigned char *in, Py_ssize_t size,
                                                                         unsigned char *target, Continuations *found,
                                                                         int check_announced) {
-    const __m128i high_bits = _mm_set1_epi8((char)0xC0), continuation = _mm_set1_epi8((char)0x80);
     const __m128i upper_half = _mm_set1_epi8(8);
     Py_ssize_t i = 0, written = 0;
     int64_t dropped = 0;
@@ -343,8 +339,7 @@ __attribute__((target("ssse3,popcnt"))) static Py_ssize_t compact_span(const uns
             unannounced = _mm_or_si128(unannounced, unannounced16(b, previous));
             previous = b;
         }
-        unsigned dropped_bits =
-            (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_and_si128(b, high_bits), continuation));
+        unsigned dropped_bits = (unsigned)_mm_movemask_epi8(continuations16(b));
         found->bits[i >> 6] |= (uint64_t)dropped_bits << (i & 63);
         dropped += __builtin_popcount(dropped_bits);
         __m128i masked = mask16(b);
