@@ -15,8 +15,9 @@ all but them) gives it.
 
 Those are the Arrow kernels. Where the package was built with a C compiler, ``_masks.c`` does each mask in one
 pass over the buffers instead (measured 2-7x faster; ``bench/restrictions_actions.py``), to the same rules: the
-tests run both on the same arrays. The two differ only in bytes no reader sees: a null slot keeps its stray bytes
-masked (C) or dropped (Arrow).
+tests run both on the same arrays. They differ only on what no valid column holds: a null slot's stray bytes
+(masked by C, dropped by Arrow) and invalid UTF-8, which both refuse where a kept code point carries more bytes
+than its lead announces, and Arrow's code-point slicing refuses anywhere in the array.
 """
 
 from __future__ import annotations
