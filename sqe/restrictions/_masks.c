@@ -639,6 +639,78 @@ done:
     return result;
 }
 
+/* truncate-to-year/-month through a calendar table (temporal.py): each value's day, floored, indexes the table of
+ * the floors of CALENDAR_DAYS days. One pass where the Arrow kernels take four (cast, subtract, min/max, take).
+ * The divisor is a constant per unit, so the division is a multiply. Returns 0 when some value's day (a null
+ * slot's too) is outside the table: the caller then takes its other paths. */
+#define FLOOR_THROUGH_TABLE(NAME, T, PER_DAY)                                                                      \
+    static int NAME(const unsigned char *values, Py_ssize_t length, const unsigned char *table,                \
+                    Py_ssize_t table_length, int64_t table_first_day, unsigned char *out) {                     \
+        for (Py_ssize_t i = 0; i < length; i++) {                                                                \
+            T value;                                                                                             \
+            memcpy(&value, values + (size_t)i * sizeof(T), sizeof(T));                                           \
+            int64_t day = (int64_t)value / (PER_DAY);                                                            \
+            day -= (int64_t)value % (PER_DAY) < 0; /* C divides toward zero; days are floored */                 \
+            uint64_t index = (uint64_t)(day - table_first_day);                                                  \
+            if (index >= (uint64_t)table_length) {                                                               \
+                return 0;                                                                                        \
+            }                                                                                                    \
+            memcpy(out + (size_t)i * sizeof(T), table + index * sizeof(T), sizeof(T));                           \
+        }                                                                                                        \
+        return 1;                                                                                                \
+    }
+
+FLOOR_THROUGH_TABLE(floor_dates, int32_t, 1)
+FLOOR_THROUGH_TABLE(floor_seconds, int64_t, INT64_C(86400))
+FLOOR_THROUGH_TABLE(floor_millis, int64_t, INT64_C(86400000))
+FLOOR_THROUGH_TABLE(floor_micros, int64_t, INT64_C(86400000000))
+FLOOR_THROUGH_TABLE(floor_nanos, int64_t, INT64_C(86400000000000))
+
+static PyObject *floor_through_table(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *values_object, *table_object, *out_object;
+    Py_ssize_t first, length;
+    long long per_day, table_first_day;
+    if (!PyArg_ParseTuple(args, "OnnLOLO", &values_object, &first, &length, &per_day, &table_object,
+                          &table_first_day, &out_object)) {
+        return NULL;
+    }
+    int (*floor_values)(const unsigned char *, Py_ssize_t, const unsigned char *, Py_ssize_t, int64_t,
+                        unsigned char *) = per_day == 1                    ? floor_dates
+                                           : per_day == 86400LL            ? floor_seconds
+                                           : per_day == 86400000LL         ? floor_millis
+                                           : per_day == 86400000000LL      ? floor_micros
+                                           : per_day == 86400000000000LL   ? floor_nanos
+                                                                           : NULL;
+    Py_ssize_t width = per_day == 1 ? 4 : 8;
+    if (floor_values == NULL || first < 0 || length < 0 || first > PY_SSIZE_T_MAX / 8 - length) {
+        PyErr_SetString(PyExc_ValueError, "floor_through_table: units of a day of 1 (dates) or 86400 s in s, ms, us "
+                                          "or ns, and counts of at least 0");
+        return NULL;
+    }
+    Py_buffer values = {0}, table = {0}, out = {0};
+    PyObject *result = NULL;
+    if (take_buffer(values_object, &values, 0, "values") || take_buffer(table_object, &table, 0, "table") ||
+        take_buffer(out_object, &out, 1, "out")) {
+        goto done;
+    }
+    if (values.len / width < first + length || out.len / width < length) {
+        PyErr_SetString(PyExc_ValueError, "values or output shorter than the array");
+        goto done;
+    }
+    int floored;
+    Py_BEGIN_ALLOW_THREADS
+    floored = floor_values((const unsigned char *)values.buf + first * width, length, table.buf, table.len / width,
+                           (int64_t)table_first_day, out.buf);
+    Py_END_ALLOW_THREADS
+    result = PyBool_FromLong(floored);
+done:
+    if (values.obj) PyBuffer_Release(&values);
+    if (table.obj) PyBuffer_Release(&table);
+    if (out.obj) PyBuffer_Release(&out);
+    return result;
+}
+
 #if defined(HAVE_COMPACTING)
 static int cpu_can_compact(void) { return __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("popcnt"); }
 #endif
@@ -660,6 +732,9 @@ static PyObject *set_compacting(PyObject *self, PyObject *enabled) {
 }
 
 static PyMethodDef methods[] = {
+    {"floor_through_table", floor_through_table, METH_VARARGS,
+     "floor_through_table(values, first, length, per_day, table, table_first_day, out) -> whether every value's "
+     "day was in the table"},
     {"set_compacting", set_compacting, METH_O, "set_compacting(enabled) -> whether the compacting path is on"},
     {"mask_strings", mask_strings, METH_VARARGS,
      "mask_strings(data, offsets, width, first, length, validity, validity_bit, keep_first, keep_last, out, "

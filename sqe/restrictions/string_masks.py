@@ -27,16 +27,9 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sqe.restrictions._native import NATIVE as NATIVE  # the tests and bench ask here
+from sqe.restrictions._native import masks as _masks
 from sqe.restrictions.arrow_buffers import validity_bitmap
-
-try:  # the C kernels; setup.py builds them when a C compiler is there
-    # a module import, not `from sqe.restrictions import`: that reads as an import of the package's __init__,
-    # which imports this module back (.ci/check_imports.py sees no .py file for _masks)
-    import sqe.restrictions._masks as _masks
-except ImportError:  # no compiler at install time: the Arrow kernels below do the same
-    _masks = None  # type: ignore[assignment]
-
-NATIVE = _masks is not None
 
 _KEPT = b"(),.-@"
 _MASK_TABLE = bytes(ord("n") if 0x30 <= byte <= 0x39 else byte if byte in _KEPT else ord("x") for byte in range(256))

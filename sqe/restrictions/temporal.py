@@ -23,6 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sqe.errors import RestrictionApplyError
+from sqe.restrictions._native import NATIVE
+from sqe.restrictions._native import masks as _masks
 from sqe.restrictions.arrow_buffers import validity_bitmap
 
 _UNITS_PER_DAY = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}
@@ -32,11 +34,31 @@ CALENDAR_FIRST_DAY = -(1 << 16)  # 1790-07-27
 CALENDAR_DAYS = 1 << 17  # through 2149-06-06; inside the range of every Arrow timestamp unit, ns included
 
 
-def truncate_temporal(array: pa.Array, unit: str) -> pa.Array:
-    """Floor to the first instant of the year/month (``unit``); same type, nulls stay null."""
+def truncate_temporal(array: pa.Array, unit: str, *, native: bool = NATIVE) -> pa.Array:
+    """Floor to the first instant of the year/month (``unit``); same type, nulls stay null. ``native``: try the C
+    pass through the cached calendar first (the tests turn it off to check the Arrow paths)."""
     naive, physical, per_day = _layout(array.type)
+    if native and len(array) > 0:
+        floored = _through_calendar_in_c(array, unit, naive, per_day)
+        if floored is not None:
+            return floored
     fast = _truncate_by_day_table(array, unit, naive, physical, per_day)
     return fast if fast is not None else truncate_reference(array, unit)
+
+
+def _through_calendar_in_c(array: pa.Array, unit: str, naive: pa.DataType, per_day: int) -> pa.Array | None:
+    """The calendar-table path in one C pass (``_masks.floor_through_table``), or None when some slot's day is
+    outside the cached calendar."""
+    width = 4 if per_day == 1 else 8
+    table = _calendar_table(unit, naive)
+    out = pa.allocate_buffer(len(array) * width)
+    values = array.buffers()[1]
+    if values is None:  # no values buffer (Arrow allows it for all-null arrays): the Arrow paths know that case
+        return None
+    if not _masks.floor_through_table(values, array.offset, len(array), per_day, table.buffers()[1],
+                                      CALENDAR_FIRST_DAY, out):  # fmt: skip
+        return None
+    return pa.Array.from_buffers(array.type, len(array), [validity_bitmap(array), out])
 
 
 def truncate_reference(array: pa.Array, unit: str) -> pa.Array:

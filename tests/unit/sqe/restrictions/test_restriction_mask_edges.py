@@ -17,12 +17,13 @@ import pyarrow as pa
 import pytest
 
 from sqe.errors import RestrictionApplyError
-from sqe.restrictions import sha
+from sqe.restrictions import _native, sha
 from sqe.restrictions.sha import _DEDUPE_MIN_ROWS, VECTOR_MIN_ROWS, sha256_array
 from sqe.restrictions.temporal import (
     CALENDAR_DAYS,
     CALENDAR_FIRST_DAY,
     _layout,
+    _through_calendar_in_c,
     truncate_reference,
     truncate_temporal,
 )
@@ -111,15 +112,17 @@ def reference_or_error(array: pa.Array, unit: str) -> pa.Array | type[Exception]
 
 
 def assert_truncation_matches(array: pa.Array, unit: str) -> None:
+    """Both the C pass through the calendar (falling back where a day is outside it) and the Arrow paths."""
     expected = reference_or_error(array, unit)
-    if expected is RestrictionApplyError:
-        with pytest.raises(RestrictionApplyError):
-            truncate_temporal(array, unit)
-        return
-    assert isinstance(expected, pa.Array)
-    got = truncate_temporal(array, unit)
-    assert got.type == array.type
-    assert got.equals(expected), (array, got, expected)
+    for native in (True, False):
+        if expected is RestrictionApplyError:
+            with pytest.raises(RestrictionApplyError):
+                truncate_temporal(array, unit, native=native)
+            continue
+        assert isinstance(expected, pa.Array)
+        got = truncate_temporal(array, unit, native=native)
+        assert got.type == array.type
+        assert got.equals(expected), (native, array, got, expected)
 
 
 def edge_values(kind: pa.DataType) -> list[int]:
@@ -206,3 +209,32 @@ def test_sha256_of_null_slots_that_still_span_bytes(kind: pa.DataType, length: i
         assert sha256_array(window, salt).to_pylist() == [
             None if d is None else (d.hexdigest() if textual else d.digest()) for d in expected
         ]
+
+
+@pytest.mark.parametrize("kind", TEMPORAL_TYPES, ids=str)
+def test_the_c_pass_takes_arrays_inside_the_calendar_and_leaves_the_others(kind: pa.DataType) -> None:
+    # so that the edge tests above run it, not only the Arrow paths it falls back to
+    _, physical, per_day = _layout(kind)
+    naive = _layout(kind)[0]
+    inside = pa.array([0, -1, None, 5 * per_day], physical).view(kind)
+    taken = _through_calendar_in_c(inside, "month", naive, per_day)
+    assert taken is not None and taken.equals(truncate_reference(inside, "month"))
+    past = (CALENDAR_FIRST_DAY + CALENDAR_DAYS) * per_day
+    if past <= (1 << (physical.bit_width - 1)) - 1:  # a null slot holding a day past the calendar: left alone
+        assert _through_calendar_in_c(with_value_in_null_slot(past, [0], kind), "month", naive, per_day) is None
+
+
+def test_the_c_floor_entry_point_refuses_what_it_cannot_read_or_write() -> None:
+    assert _native.masks is not None
+    floor = _native.masks.floor_through_table
+    values, table = pa.array([0, 1], pa.int64()).buffers()[1], pa.array([0] * 4, pa.int64()).buffers()[1]
+    with pytest.raises(ValueError, match="units of a day"):
+        floor(values, 0, 2, 3600, table, 0, pa.allocate_buffer(16))  # an hour is no unit of a day
+    with pytest.raises(ValueError, match="values or output shorter than the array"):
+        floor(values, 1, 2, 86400, table, 0, pa.allocate_buffer(16))
+    with pytest.raises(ValueError, match="values or output shorter than the array"):
+        floor(values, 0, 2, 86400, table, 0, pa.allocate_buffer(8))
+    with pytest.raises(TypeError, match="out is not a writable buffer"):
+        floor(values, 0, 2, 86400, table, 0, b"\0" * 16)
+    assert floor(values, 0, 2, 86400, table, 0, pa.allocate_buffer(16)) is True
+    assert floor(values, 0, 2, 86400, table, 5, pa.allocate_buffer(16)) is False  # day 0 is before the table
