@@ -1,5 +1,6 @@
 /*
- * The string masks (mask-alphanum, show-first-4, show-last-4) in one pass over an Arrow string array's buffers.
+ * The column masks that pay for C: the string masks (mask-alphanum, show-first-4, show-last-4) in one pass over an
+ * Arrow string array's buffers, and truncation's pass through its calendar table (FLOOR_THROUGH_TABLE, below).
  *
  * The rules are those of string_masks.py: per code point, ASCII digits become 'n', the bytes ( ) , . - @ stay,
  * every other code point becomes 'x'; a kept code point (one of the first `keep_first` or last `keep_last` of a
