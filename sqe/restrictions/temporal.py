@@ -49,16 +49,13 @@ def truncate_temporal(array: pa.Array, unit: str, *, native: bool = NATIVE) -> p
 def _through_calendar_in_c(array: pa.Array, unit: str, naive: pa.DataType, per_day: int) -> pa.Array | None:
     """The calendar-table path in one C pass (``_masks.floor_through_table``), or None when some slot's day is
     outside the cached calendar."""
-    width = 4 if per_day == 1 else 8
-    table = _calendar_table(unit, naive)
-    out = pa.allocate_buffer(len(array) * width)
     values = array.buffers()[1]
     if values is None:  # no values buffer (Arrow allows it for all-null arrays): the Arrow paths know that case
         return None
-    if not _masks.floor_through_table(values, array.offset, len(array), per_day, table.buffers()[1],
-                                      CALENDAR_FIRST_DAY, out):  # fmt: skip
-        return None
-    return pa.Array.from_buffers(array.type, len(array), [validity_bitmap(array), out])
+    table = _calendar_table(unit, naive).buffers()[1]
+    out = pa.allocate_buffer(len(array) * (4 if per_day == 1 else 8))
+    covered = _masks.floor_through_table(values, array.offset, len(array), per_day, table, CALENDAR_FIRST_DAY, out)
+    return pa.Array.from_buffers(array.type, len(array), [validity_bitmap(array), out]) if covered else None
 
 
 def truncate_reference(array: pa.Array, unit: str) -> pa.Array:
