@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -109,3 +110,23 @@ def batch_of(schema: Schema, columns: dict[str, Any]) -> pa.RecordBatch:
 
 def simple_schema(*fields: NestedField) -> Schema:
     return Schema(*fields)
+
+
+# The string masks straight from the spec text, one code point at a time: every kernel must agree with these.
+def ref_mask(text: str) -> str:
+    return "".join("n" if "0" <= ch <= "9" else ch if ch in "(),.-@" else "x" for ch in text)
+
+
+def ref_first_4(text: str) -> str:
+    return text if len(text) <= 4 else text[:4] + ref_mask(text[4:])
+
+
+def ref_last_4(text: str) -> str:
+    return text if len(text) <= 4 else ref_mask(text[:-4]) + text[-4:]
+
+
+REFERENCE: dict[str, Callable[[str], str]] = {
+    "mask-alphanum": ref_mask,
+    "show-first-4": ref_first_4,
+    "show-last-4": ref_last_4,
+}

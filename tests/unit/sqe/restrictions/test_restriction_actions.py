@@ -15,29 +15,11 @@ import pytest
 from sqe.errors import RestrictionApplyError
 from sqe.restrictions import ACTIONS, apply_action
 from sqe.restrictions.sha import sha256_array
+from tests.unit.sqe.restrictions.restriction_fixtures import REFERENCE
 
 UTC = dt.UTC
 SALT = bytes(range(16))
 STRING_TYPES = [pa.string(), pa.large_string(), pa.string_view()]
-
-
-# ----------------------------------------------------------------------------------- reference code
-# Straight from the spec text, one code point at a time: the vectorised kernels must agree with these.
-
-
-def ref_mask(text: str) -> str:
-    return "".join("n" if "0" <= ch <= "9" else ch if ch in "(),.-@" else "x" for ch in text)
-
-
-def ref_first_4(text: str) -> str:
-    return text if len(text) <= 4 else text[:4] + ref_mask(text[4:])
-
-
-def ref_last_4(text: str) -> str:
-    return text if len(text) <= 4 else ref_mask(text[:-4]) + text[-4:]
-
-
-REFERENCE = {"mask-alphanum": ref_mask, "show-first-4": ref_first_4, "show-last-4": ref_last_4}
 
 
 def run(action: str, values: list[Any], arrow_type: pa.DataType, salt: bytes = SALT) -> list[Any]:

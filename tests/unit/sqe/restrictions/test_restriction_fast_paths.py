@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +27,7 @@ from sqe.restrictions.temporal import (
     truncate_reference,
     truncate_temporal,
 )
+from tests.unit.sqe.restrictions.restriction_fixtures import REFERENCE
 
 TEMPORAL_TYPES = [
     pa.date32(),
@@ -161,23 +161,6 @@ def test_a_take_skips_its_bounds_check_only_when_every_index_is_inside(indices: 
 # ------------------------------------------------------------------------------------- string masks
 
 
-def ref_mask(text: str) -> str:
-    return "".join("n" if "0" <= ch <= "9" else ch if ch in "(),.-@" else "x" for ch in text)
-
-
-def ref_first_4(text: str) -> str:
-    return text if len(text) <= 4 else text[:4] + ref_mask(text[4:])
-
-
-def ref_last_4(text: str) -> str:
-    return text if len(text) <= 4 else ref_mask(text[:-4]) + text[-4:]
-
-
-REFERENCE: dict[str, Callable[[str], str]] = {
-    "mask-alphanum": ref_mask,
-    "show-first-4": ref_first_4,
-    "show-last-4": ref_last_4,
-}
 ASCII_TEXT = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x7F), max_size=12)
 ANY_TEXT = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12)
 MOSTLY_ASCII = st.text(alphabet=st.sampled_from("ab9@.-( é٣😀\u0301"), max_size=12)

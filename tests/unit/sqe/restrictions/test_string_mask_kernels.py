@@ -17,22 +17,13 @@ from hypothesis import strategies as st
 from sqe.errors import RestrictionApplyError
 from sqe.restrictions import apply_action, string_masks
 from sqe.restrictions.string_masks import mask_alphanum, show_first_4, show_last_4
+from tests.unit.sqe.restrictions.restriction_fixtures import REFERENCE, ref_mask
 
 Mask = Callable[..., pa.Array]
 MASKS: dict[str, Mask] = {"mask-alphanum": mask_alphanum, "show-first-4": show_first_4, "show-last-4": show_last_4}
 KERNELS = [pytest.param(True, id="c"), pytest.param(False, id="arrow")]
 PATHS = ["c-compacting", "c-per-value", "arrow"]
 
-
-def rule_mask(text: str) -> str:
-    return "".join("n" if "0" <= ch <= "9" else ch if ch in "(),.-@" else "x" for ch in text)
-
-
-RULES: dict[str, Callable[[str], str]] = {
-    "mask-alphanum": rule_mask,
-    "show-first-4": lambda text: text[:4] + rule_mask(text[4:]),
-    "show-last-4": lambda text: text if len(text) <= 4 else rule_mask(text[:-4]) + text[-4:],
-}
 
 # Long enough for the C kernels' 16-byte steps, with ASCII runs between multi-byte code points.
 TEXT = st.one_of(
@@ -79,7 +70,7 @@ def test_both_kernels_follow_the_per_code_point_rules(
     texts: list[str | None], action: str, arrow_type: pa.DataType, cut: int
 ) -> None:
     array = pa.array(texts, arrow_type).slice(min(cut, len(texts)))
-    expected = [None if text is None else RULES[action](text) for text in texts[min(cut, len(texts)) :]]
+    expected = [None if text is None else REFERENCE[action](text) for text in texts[min(cut, len(texts)) :]]
     for native, compacting in ((True, True), (True, False), (False, False)):
         with compacting_path(compacting):
             result = MASKS[action](array, native=native)
@@ -100,7 +91,7 @@ def test_mask_alphanum_on_multibyte_spans_around_the_64_byte_words(compacting: b
     values = [text[at : at + 3] for at in range(0, len(text), 3)]
     array = pa.array(values, pa.string())
     with compacting_path(compacting):
-        assert mask_alphanum(array, native=True).to_pylist() == [rule_mask(v) for v in values]
+        assert mask_alphanum(array, native=True).to_pylist() == [ref_mask(v) for v in values]
 
 
 @settings(max_examples=300, deadline=None)
@@ -143,7 +134,7 @@ def test_a_values_first_code_point_past_a_long_continuation_run_is_found(
     # continuation bytes show-first-4 and show-last-4 returned "" instead of the masked value
     array = pa.array([b"\x80" * run + "abc123é".encode(), b"ok"], pa.binary()).view(pa.string())
     with compacting_path(compacting):
-        assert MASKS[action](array, native=True).to_pylist() == [RULES[action]("abc123é"), RULES[action]("ok")]
+        assert MASKS[action](array, native=True).to_pylist() == [REFERENCE[action]("abc123é"), REFERENCE[action]("ok")]
 
 
 @pytest.mark.parametrize("compacting", [True, False], ids=["compacting", "per-value"])
@@ -168,7 +159,7 @@ def test_a_null_slots_stray_bytes_never_reach_the_output(action: str, native: bo
     validity = pa.array([True, False, True]).buffers()[1]
     array = pa.Array.from_buffers(pa.string(), 3, [validity, offsets, pa.py_buffer(data)])
     result = MASKS[action](array, native=native)
-    assert result.to_pylist() == [RULES[action]("abcdef"), None, RULES[action]("ghij")]
+    assert result.to_pylist() == [REFERENCE[action]("abcdef"), None, REFERENCE[action]("ghij")]
     out = result.buffers()[2].to_pybytes()
     assert b"SECR" not in out and b"9999" not in out and b"ALUE" not in out
 
@@ -177,9 +168,9 @@ def test_a_null_slots_stray_bytes_never_reach_the_output(action: str, native: bo
 def test_continuation_bytes_before_a_values_first_code_point_are_dropped(action: str) -> None:
     # invalid UTF-8 (Arrow never checks it on a buffer-built array): the stray bytes belong to no code point
     array = malformed([0, 9, 11], b"\x80\xbfabcde12\x8f\x80")
-    assert MASKS[action](array, native=True).to_pylist() == [RULES[action]("abcde12"), ""]
+    assert MASKS[action](array, native=True).to_pylist() == [REFERENCE[action]("abcde12"), ""]
     if action == "mask-alphanum":  # the Arrow kernel drops them too
-        assert MASKS[action](array, native=False).to_pylist() == [RULES[action]("abcde12"), ""]
+        assert MASKS[action](array, native=False).to_pylist() == [REFERENCE[action]("abcde12"), ""]
 
 
 # Invalid UTF-8 that hangs 64 raw continuation bytes (6 free bits each) on the code point the mask keeps
@@ -229,7 +220,7 @@ def test_one_unannounced_continuation_byte_in_a_kept_code_point_is_refused_where
         shown = MASKS[action](malformed([0, 20, len(data)], data), native=True).to_pylist()
     assert shown == [
         "z" * 4 + "x" * 16 if action == "show-first-4" else "x" * 16 + "z" * 4,
-        RULES[action](valid.decode()),
+        REFERENCE[action](valid.decode()),
     ]
 
 
@@ -332,7 +323,7 @@ def test_piled_continuation_bytes_outside_the_kept_code_points_are_dropped(actio
     )
     with compacting_path(compacting):
         result = MASKS[action](array, native=True)
-    assert result.to_pylist() == [RULES[action]("abcdefgh1234"), None]
+    assert result.to_pylist() == [REFERENCE[action]("abcdefgh1234"), None]
     assert not set(result.buffers()[2].to_pybytes()) & set(CARGO)
 
 
@@ -452,5 +443,5 @@ def test_the_c_kernels_keep_a_sliced_arrays_nulls_and_values(action: str) -> Non
     array = pa.array(values, pa.large_string()).slice(3, 240)
     result = MASKS[action](array, native=True)
     assert result.offset == 0  # rebuilt from the slice's first value
-    assert result.to_pylist() == [None if v is None else RULES[action](v) for v in values[3:243]]
+    assert result.to_pylist() == [None if v is None else REFERENCE[action](v) for v in values[3:243]]
     assert result.null_count == array.null_count
