@@ -39,7 +39,12 @@ from sqe.credentials import CredentialSet
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import DuplicateFragmentError, InvalidTicketError, WorkerBusyError
 from sqe.distributed.protocol.ipc import BatchFrame, batch_frames, encode_batch, encode_schema, plain_offsets
-from sqe.distributed.protocol.partial import PartialAggregate, checked_partial_schema, run_partial
+from sqe.distributed.protocol.partial import (
+    PartialAggregate,
+    PartialInterrupt,
+    checked_partial_schema,
+    run_partial,
+)
 from sqe.distributed.protocol.ticket import DecodedTicket, WireTableId
 from sqe.errors import QueryResourceError
 from sqe.execution.local import BatchTransform, LocalExecutor, QueryCancelledError, ScanMetrics
@@ -248,9 +253,12 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         databases: AggregateDatabases | None,
     ) -> Iterator[pa.RecordBatch | None]:
         """The partial rows, with None each time files finished meanwhile. DuckDB pulls the restricted batches on
-        a helper thread, so this (gRPC's) thread can report progress while it aggregates; when the call ends
-        early the cancel flag stops the readers, which ends DuckDB's scan and the helper."""
+        a helper thread, so this (gRPC's) thread can report progress while it aggregates. When the call ends
+        early or is cancelled, the cancel flag stops the readers, which ends DuckDB's scan, and DuckDB is
+        interrupted: a large GROUP BY past its scan would otherwise finalise and produce every partial row for
+        no one, holding its database and a core."""
         out: queue.Queue[pa.RecordBatch | BaseException | None] = queue.Queue(maxsize=2)
+        interrupt = PartialInterrupt()
 
         def put(item: pa.RecordBatch | BaseException | None) -> None:
             while not self.cancel.is_set():
@@ -262,7 +270,8 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
             try:
                 with self._database(databases) as database:  # given back only when DuckDB is done with it
                     batches = self._restricted_batches(executor, transform)
-                    for batch in run_partial(partial, self._schema, batches, self.ticket.user_filter, database):
+                    where = self.ticket.user_filter
+                    for batch in run_partial(partial, self._schema, batches, where, database, interrupt):
                         put(batch)
                 put(None)  # done
             except QueryResourceError as exc:
@@ -275,6 +284,8 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
         reported = 0
         try:
             while True:
+                if self.cancel.is_set():  # the Cancel RPC: no more rows, even those already handed over
+                    raise QueryCancelledError()
                 try:
                     item = out.get(timeout=_PROGRESS_SECONDS)
                 except queue.Empty:
@@ -291,6 +302,7 @@ class RunningFragment(RunningCall[DecodedTicket, FragmentFileIO]):
                 yield item
         finally:
             self.cancel.set()  # the fragment is over either way: stop whatever still reads
+            interrupt.interrupt()  # and whatever DuckDB still computes
             helper.join(timeout=10)
 
     def _database(self, databases: AggregateDatabases | None) -> contextlib.AbstractContextManager[Database | None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,6 +24,7 @@ from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.duckdb_connection import DatabaseLimits, close_at_exit, connect_locked_down, out_of_memory, quote_ident
 from sqe.errors import QueryResourceError
+from sqe.execution.local import QueryCancelledError
 from sqe.planning.user_filter import UserFilter, Value
 
 Function = Literal["count_star", "count", "sum", "min", "max"]
@@ -131,12 +133,50 @@ def checked_partial_schema(spec: PartialAggregate, schema: pa.Schema) -> pa.Sche
         ) from None
 
 
+class PartialInterrupt:
+    """Stops one :func:`run_partial` while DuckDB works, from another thread.
+
+    Cancelling a fragment stops its readers, which ends DuckDB's scan; but a large GROUP BY then still finalises
+    its hash tables and produces every partial row. ``interrupt`` stops that at once (DuckDB's own interrupt, on
+    the connection the run uses); before the run starts or after it ends it does nothing."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._connection: duckdb.DuckDBPyConnection | None = None
+        self._interrupted = False
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted
+
+    def interrupt(self) -> None:
+        with self._lock:
+            self._interrupted = True
+            if self._connection is not None:
+                self._connection.interrupt()
+
+    @contextmanager
+    def running_on(self, connection: duckdb.DuckDBPyConnection) -> Iterator[None]:
+        """While the block runs, ``interrupt`` reaches ``connection``; one interrupted before it starts never
+        starts (QueryCancelledError)."""
+        with self._lock:
+            if self._interrupted:
+                raise QueryCancelledError()
+            self._connection = connection
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._connection = None
+
+
 def run_partial(
     spec: PartialAggregate,
     schema: pa.Schema,
     batches: Iterator[pa.RecordBatch],
     where: UserFilter | None = None,
     database: duckdb.DuckDBPyConnection | None = None,
+    interrupt: PartialInterrupt | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The partial rows of the restricted ``batches`` (streamed into DuckDB, never materialised first), of the
     rows ``where`` keeps: DuckDB runs it in the aggregation's own pipeline, measured cheaper than filtering the
@@ -145,7 +185,8 @@ def run_partial(
     An error raised by ``batches`` (a read failure, cancellation, expired credentials) is re-raised as itself,
     not as DuckDB's wrapping of it, so the fragment fails with its own kind. Running out of the memory or spill
     space of the database (``database``, one of :func:`open_database`; else the process's shared one) is
-    QueryResourceError: the same fragment fails again under the same limits."""
+    QueryResourceError: the same fragment fails again under the same limits. ``interrupt`` stops DuckDB from
+    another thread (QueryCancelledError)."""
     failure: list[BaseException] = []
 
     def guarded() -> Iterator[pa.RecordBatch]:
@@ -156,15 +197,19 @@ def run_partial(
             raise
 
     con = _connect() if database is None else database.cursor()
+    interrupt = interrupt or PartialInterrupt()
     try:
         con.register(_SOURCE, pa.RecordBatchReader.from_batches(schema, guarded()))
         try:
-            text, parameters = spec.sql(where=where)
-            reader = con.sql(text, params=parameters or None).to_arrow_reader(_PARTIAL_BATCH_ROWS)
-            yield from reader
-        except (duckdb.Error, pa.ArrowException) as exc:
+            with interrupt.running_on(con):
+                text, parameters = spec.sql(where=where)
+                reader = con.sql(text, params=parameters or None).to_arrow_reader(_PARTIAL_BATCH_ROWS)
+                yield from reader
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:
             if failure:
                 raise failure[0] from None
+            if interrupt.interrupted:  # DuckDB's "Interrupted!", in whichever wrapping its reader raises it
+                raise QueryCancelledError() from None
             if out_of_memory(exc):  # its message: DuckDB's sizes, never a value
                 raise QueryResourceError(first_line(exc)) from None
             raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Generator, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import duckdb
@@ -15,9 +16,17 @@ import pytest
 from sqe.distributed.protocol._proto import worker_pb2 as pb
 from sqe.distributed.protocol.errors import InvalidTicketError
 from sqe.distributed.protocol.ipc import decode_batch, decode_schema
-from sqe.distributed.protocol.partial import PartialAggregate, partial_types, run_partial
+from sqe.distributed.protocol.partial import (
+    PartialAggregate,
+    PartialInterrupt,
+    open_database,
+    partial_types,
+    run_partial,
+)
 from sqe.distributed.protocol.ticket import decode_ticket
+from sqe.duckdb_connection import DatabaseLimits
 from sqe.execution.local import LocalExecutor, QueryCancelledError
+from tests.unit.sqe.iceberg_local import local_catalog
 from tests.unit.workers.test_fragment import local_reference
 from tests.unit.workers.worker_fixtures import LocalTables, restriction_plan, ticket_for
 from workers.fileio import FragmentFileIO
@@ -248,3 +257,76 @@ def test_cancel_while_aggregating_ends_the_stream_as_cancelled(local_tables: Loc
     with pytest.raises(QueryCancelledError):
         list(stream)
     assert time.monotonic() - started < 5
+
+
+# ------------------------------------------------------------------------------- cancelling DuckDB's own work
+
+_MANY_GROUPS = 200_000  # GROUP BY id: about three partial batches of 64k rows, and more to come
+
+
+def _distinct_ids(count: int) -> pa.Table:
+    return pa.table({"id": pa.array(range(count), pa.int64())})
+
+
+def _grouped_by_id(interrupt: PartialInterrupt, database: duckdb.DuckDBPyConnection | None) -> Iterator[pa.RecordBatch]:
+    rows = _distinct_ids(_MANY_GROUPS)
+    spec = PartialAggregate(("id",), (("count_star", ""),))
+    return run_partial(spec, rows.schema, iter(rows.to_batches()), database=database, interrupt=interrupt)
+
+
+@pytest.mark.parametrize("own_database", [False, True], ids=["shared", "lent"])
+def test_an_interrupt_stops_duckdb_mid_result_and_leaves_its_database_usable(own_database: bool) -> None:
+    """DuckDB past its scan, producing partial rows: the interrupt ends the run as cancelled at the next batch."""
+    database = open_database(DatabaseLimits(memory_bytes=256 << 20, threads=1, spill_bytes=0)) if own_database else None
+    interrupt = PartialInterrupt()
+    run = _grouped_by_id(interrupt, database)
+    assert next(run).num_rows > 0
+    interrupt.interrupt()
+    with pytest.raises(QueryCancelledError):
+        next(run)
+    if database is not None:
+        assert database.execute("SELECT 41 + 1").fetchall() == [(42,)]
+        database.close()
+
+
+def test_a_run_interrupted_before_it_starts_never_reads_its_batches() -> None:
+    interrupt = PartialInterrupt()
+    interrupt.interrupt()
+    read: list[int] = []
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        read.append(1)
+        yield from _distinct_ids(10).to_batches()
+
+    spec = PartialAggregate((), (("count_star", ""),))
+    with pytest.raises(QueryCancelledError):
+        list(run_partial(spec, _distinct_ids(0).schema, batches(), interrupt=interrupt))
+    assert read == []
+
+
+def test_an_interrupt_after_the_run_ended_changes_nothing() -> None:
+    interrupt = PartialInterrupt()
+    rows = pa.Table.from_batches(list(_grouped_by_id(interrupt, None)))
+    interrupt.interrupt()
+    assert rows.num_rows == _MANY_GROUPS and sum(rows.column("a0").to_pylist()) == _MANY_GROUPS
+
+
+def test_a_cancelled_fragment_sends_none_of_the_partial_rows_it_had_already_computed(tmp_path: Path) -> None:
+    """The Cancel RPC arrives while DuckDB hands over partial rows faster than the client reads them: the next
+    message is the cancellation, not the rows waiting in the hand-over queue, and the aggregation thread ends."""
+    catalog = local_catalog(tmp_path, "wh")
+    catalog.create_namespace_if_not_exists("ns")
+    table = catalog.create_table("ns.ids", schema=_distinct_ids(0).schema)
+    table.append(_distinct_ids(_MANY_GROUPS))
+    ticket = _with_partial(ticket_for(table), PartialAggregate(("id",), (("count_star", ""),)).to_proto())
+    decoded = decode_ticket(ticket)
+    cancel = threading.Event()
+    io = FragmentFileIO(decoded.credentials, decoded.storage, cancel=cancel, allow_local=True)
+    stream = RunningFragment(decoded, io, cancel).stream(LocalExecutor(max_files_in_flight=1), 64 << 20, WorkerStats())
+    while next(stream).WhichOneof("payload") != "batch":
+        pass
+    time.sleep(0.5)  # DuckDB fills the hand-over queue (2 batches) within milliseconds
+    cancel.set()  # what the Cancel RPC does
+    with pytest.raises(QueryCancelledError):
+        next(stream)
+    assert not [t for t in threading.enumerate() if t.name.startswith("sqe-partial-")]
