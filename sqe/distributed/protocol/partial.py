@@ -138,7 +138,8 @@ class PartialInterrupt:
 
     Cancelling a fragment stops its readers, which ends DuckDB's scan; but a large GROUP BY then still finalises
     its hash tables and produces every partial row. ``interrupt`` stops that at once (DuckDB's own interrupt, on
-    the connection the run uses); before the run starts or after it ends it does nothing."""
+    the connection the run uses). One that comes before the run starts keeps it from starting; after it ended,
+    one changes nothing."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -204,6 +205,8 @@ def run_partial(
             with interrupt.running_on(con):
                 text, parameters = spec.sql(where=where)
                 reader = con.sql(text, params=parameters or None).to_arrow_reader(_PARTIAL_BATCH_ROWS)
+                if interrupt.interrupted:  # it came before the query began, which clears DuckDB's flag
+                    raise QueryCancelledError()
                 yield from reader
         except (duckdb.Error, pa.ArrowException, OSError) as exc:
             if failure:
