@@ -32,6 +32,7 @@ import pytest
 
 from sqe.config import load_config
 from sqe.distributed.coordinator.client import WorkerClient
+from sqe.execution.local import QueryCancelledError
 from sqe.session import Session
 from tests.conftest import pyiceberg_catalog, write_sqe_config
 from tests.e2e.test_distributed import (
@@ -266,4 +267,71 @@ def test_a_frozen_worker_fails_the_coordinators_calls_through_keepalive(
         assert not thread.is_alive(), "the query waits on the frozen worker"
         assert "error" not in result, result.get("error")
     assert f"worker {frozen.address}" in caplog.text and "UNAVAILABLE" in caplog.text
+    assert sorted(result["table"].column("id").to_pylist()) == list(range(tables.rows))
+
+
+def _frozen_worker_options(rpc_timeout: float) -> dict[str, Any]:
+    """No heartbeats and a keepalive too slow to matter here: only the idle health check notices a frozen
+    worker, after ``rpc_timeout`` of no answer."""
+    return {
+        "slots_per_worker": 1,
+        "pace_ms_per_file": 200,
+        "heartbeat_seconds": 0,
+        "idle_timeout_seconds": 0.3,
+        "rpc_timeout_seconds": rpc_timeout,
+        "keepalive_seconds": 600.0,
+    }
+
+
+def test_a_health_check_of_a_frozen_worker_never_holds_up_the_callers_thread(
+    catalog_server: CatalogServer,
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The caller's thread hands out batches and sees a cancel while the frozen worker's check waits its 30 s:
+    it used to wait with it, and then again for each Cancel call to that worker."""
+    pool = worker_factory.pool(2, "--max-files-in-flight", "1")
+    path = write_sqe_config(tmp_path / "reader.toml", catalog_server.url, tables.reader, catalog_server.moto)
+    config = load_config(path, env={}, overrides=coordinator_overrides(pool))
+    frozen = pool.workers[0]
+    with distributed_session(config, **_frozen_worker_options(rpc_timeout=30.0)) as session:
+        thread, result = _query_in_thread(session, f"SELECT id FROM {tables.namespace}.events")
+        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30, what="files read")
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(1.0)  # its stream is silent past the idle timeout: the health check is on its way
+            session.interrupt()
+            thread.join(10)
+            assert not thread.is_alive(), "the caller's thread waits on the frozen worker's health check"
+        finally:
+            os.kill(frozen.proc.pid, signal.SIGCONT)
+    assert isinstance(result.get("error"), QueryCancelledError), result
+
+
+def test_an_unanswered_health_check_moves_the_fragment_to_another_worker(
+    catalog_server: CatalogServer,
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = worker_factory.pool(2, "--max-files-in-flight", "1")
+    path = write_sqe_config(tmp_path / "reader.toml", catalog_server.url, tables.reader, catalog_server.moto)
+    config = load_config(path, env={}, overrides=coordinator_overrides(pool))
+    frozen = pool.workers[0]
+    caplog.set_level(logging.WARNING, logger="sqe.distributed")
+    with distributed_session(config, **_frozen_worker_options(rpc_timeout=1.0)) as session:
+        thread, result = _query_in_thread(session, f"SELECT id FROM {tables.namespace}.events")
+        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30, what="files read")
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        try:
+            thread.join(60)
+        finally:
+            os.kill(frozen.proc.pid, signal.SIGCONT)
+        assert not thread.is_alive(), "the query waits on the frozen worker"
+        assert "error" not in result, result.get("error")
+        executor = session.distributed_executor
+        assert executor is not None and executor.stats.fragments_retried >= 1
+    assert f"worker {frozen.address}" in caplog.text
     assert sorted(result["table"].column("id").to_pylist()) == list(range(tables.rows))

@@ -140,11 +140,16 @@ class WorkerClient:
             pb.RefreshResponse, self._stub.RefreshCredentials(request, metadata=self._metadata, timeout=timeout)
         )
 
-    def cancel(self, request: pb.CancelRequest, timeout: float) -> pb.CancelResponse:
-        return cast(pb.CancelResponse, self._stub.Cancel(request, metadata=self._metadata, timeout=timeout))
+    def cancel(self, request: pb.CancelRequest, timeout: float) -> Any:
+        """The Cancel call as a future: whoever sends it need not wait on a worker that may not answer."""
+        return self._stub.Cancel.future(request, metadata=self._metadata, timeout=timeout)
 
     def health(self, timeout: float) -> pb.HealthResponse:
         return cast(pb.HealthResponse, self._stub.Health(pb.HealthRequest(), metadata=self._metadata, timeout=timeout))
+
+    def health_future(self, timeout: float) -> Any:
+        """Health as a future (``add_done_callback``), for checks made from a thread that must not block."""
+        return self._stub.Health.future(pb.HealthRequest(), metadata=self._metadata, timeout=timeout)
 
     def stats(self, timeout: float) -> pb.StatsResponse:
         return cast(pb.StatsResponse, self._stub.Stats(pb.StatsRequest(), metadata=self._metadata, timeout=timeout))

@@ -64,6 +64,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long a run that ends waits for the workers' answers to its Cancel calls, all together: a live worker answers
+# in milliseconds; one that does not answer has its calls cancelled already and is not waited for.
+_CANCEL_WAIT_SECONDS = 1.0
+
 
 @dataclass
 class _FragmentState:
@@ -102,11 +106,29 @@ class _Attempt:
     silence_limit: float | None = None
     stalled: bool = False
     health_checked: float = 0.0  # when a health check last found the worker answering during this silence
+    health_pending: bool = False  # a health check is on its way (answered on a gRPC thread)
     files_done: int = 0
     bytes_done: int = 0
     received: dict[int, int] = field(default_factory=dict)  # task index -> rows this attempt sent
     rows_received: int = 0
     held: list[pa.RecordBatch] = field(default_factory=list)  # partial rows, forwarded once the attempt completes
+
+
+def _health_answered(attempt: _Attempt, check: Any) -> None:
+    """An idle health check's answer (on a gRPC thread). Unanswered: the call ends (and is retried elsewhere).
+    Answered: the worker is alive, just slow (a slow store, a paced worker), and is checked again after another
+    idle_timeout_seconds; the silence itself goes on (waiting_since stays): it is what the stall limit measures."""
+    try:
+        check.result()
+    except grpc.FutureCancelledError:
+        pass  # the run ended first
+    except grpc.RpcError:
+        attempt.timed_out = True
+        if attempt.call is not None:
+            attempt.call.cancel()
+    else:
+        attempt.health_checked = time.monotonic()
+    attempt.health_pending = False
 
 
 class ScanRun:
@@ -205,8 +227,13 @@ class ScanRun:
         for attempt in running:
             if attempt.call is not None:
                 attempt.call.cancel()
-        for attempt in running:  # the worker may not notice a cancelled call at once: say so explicitly
-            self._send_cancel(attempt)
+        # The worker may not notice a cancelled call at once: say so explicitly, to all at once, waiting a moment
+        # for the answers but never a worker's full RPC timeout (a frozen one would hold up the caller's thread).
+        sent = [self._send_cancel(attempt) for attempt in running]
+        deadline = time.monotonic() + min(_CANCEL_WAIT_SECONDS, self._options.rpc_timeout_seconds)
+        for future in sent:
+            with contextlib.suppress(grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
         while True:
             try:
                 if self._output.get_nowait() is not None:
@@ -216,11 +243,11 @@ class ScanRun:
         for thread in threads:
             thread.join(timeout=self._options.poll_seconds)
 
-    def _send_cancel(self, attempt: _Attempt) -> None:
+    def _send_cancel(self, attempt: _Attempt) -> Any:
+        """The Cancel call under way (a future); a dead worker has nothing left to cancel."""
         client = self._executor.client_for(attempt.worker)
         request = pb.CancelRequest(query_id=self._job.query_id, fragment_id=attempt.fragment_id)
-        with contextlib.suppress(grpc.RpcError):  # a dead worker has nothing left to cancel
-            client.cancel(request, timeout=self._options.rpc_timeout_seconds)
+        return client.cancel(request, timeout=self._options.rpc_timeout_seconds)
 
     def _watch_now_and_then(self) -> None:
         if time.monotonic() - self._watched_at >= self._options.poll_seconds:
@@ -228,7 +255,8 @@ class ScanRun:
 
     def _watch_idle(self) -> None:
         """A heartbeat stream silent past its limit is stalled: its call ends. A stream silent for
-        idle_timeout_seconds: health-check its worker; an unanswered check ends the call."""
+        idle_timeout_seconds: health-check its worker; an unanswered check ends the call. The check runs on
+        gRPC's threads: this (the caller's) thread goes on handing out batches and noticing a cancel meanwhile."""
         now = self._watched_at = time.monotonic()
         with self._cond:
             waiting = [a for a in self._running.values() if a.waiting_since is not None]
@@ -241,20 +269,16 @@ class ScanRun:
                 attempt.stalled = True
                 if attempt.call is not None:
                     attempt.call.cancel()
-            elif now - max(since, attempt.health_checked) > self._options.idle_timeout_seconds:
+            elif (
+                not attempt.health_pending
+                and now - max(since, attempt.health_checked) > self._options.idle_timeout_seconds
+            ):
                 silent.append(attempt)  # is the worker there at all?
         for attempt in silent:
+            attempt.health_pending = True
             client = self._executor.client_for(attempt.worker)
-            try:
-                client.health(timeout=self._options.rpc_timeout_seconds)
-            except grpc.RpcError:
-                attempt.timed_out = True
-                if attempt.call is not None:
-                    attempt.call.cancel()
-                continue
-            # Alive, just slow (a slow store, a paced worker): checked again after another idle_timeout_seconds.
-            # The silence itself goes on (waiting_since stays): it is what the stall limit measures.
-            attempt.health_checked = time.monotonic()
+            check = client.health_future(timeout=self._options.rpc_timeout_seconds)
+            check.add_done_callback(lambda answered, attempt=attempt: _health_answered(attempt, answered))
 
     # -- slot threads -------------------------------------------------------------------------------------
 
