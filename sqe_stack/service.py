@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqe._machine import memory_share, spill_share
+from sqe.server.config import ServerConfig
 from sqe_stack.catalog import (
     PrincipalCredentials,
     PrincipalSpec,
@@ -66,14 +67,23 @@ def server_engine_config_text(catalog_uri: str, s3_endpoint: str, workers: Seque
     return text
 
 
-def server_config_text(reader: PrincipalCredentials, port: int) -> str:
-    return f"""# `sqe serve` of the stack, written by `sqe stack up` (0600: holds the reader secret).
+def server_config_text(reader: PrincipalCredentials, port: int, workers: int = 0) -> str:
+    text = f"""# `sqe serve` of the stack, written by `sqe stack up` (0600: holds the reader secret).
 [server]
 engine_config = {toml_str(SERVER_ENGINE_CONFIG)}
 listen = {toml_str(f"{LOOPBACK}:{port}")}
 reader_client_id = {toml_str(reader.client_id)}
 reader_client_secret = {toml_str(reader.client_secret)}
 """
+    return text + (engine_limits_text() if workers else "")
+
+
+def engine_limits_text() -> str:
+    """The server's engines' side of the machine when workers run beside them (see ``_SIDES_WITH_WORKERS``):
+    each of ``max_concurrent_queries`` engines gets its share of the server's half."""
+    parts = ServerConfig.model_fields["max_concurrent_queries"].default * _SIDES_WITH_WORKERS
+    spill = spill_share(shutil.disk_usage(os.getcwd()).free, parts)
+    return f"engine_memory_bytes = {memory_share(parts)}\nengine_spill_bytes = {spill}\n"
 
 
 def service_env() -> dict[str, str]:
@@ -82,11 +92,18 @@ def service_env() -> dict[str, str]:
     return {"PYTHONUNBUFFERED": "1", **CEPH_CLIENT_ENV}
 
 
+# The stack's workers and ``sqe serve``'s engines run on this one machine: with workers, each side gets half of what
+# one process would take by default (half the memory and half the spill disk), so together they take that much.
+# Left to their defaults, the workers' databases and the server's engines would each take half the memory.
+_SIDES_WITH_WORKERS = 2
+
+
 def worker_limit_flags(workers: int) -> list[str]:
-    """The workers share this one machine: each fragment's partial-aggregation database gets its share of all
-    ``workers`` x ``WORKER_MAX_FRAGMENTS`` (a worker's own default divides by its fragments only, so N workers
-    would together take N halves of the memory and of the spill disk, where the workers spill: this directory)."""
-    parts = max(1, workers) * WORKER_MAX_FRAGMENTS
+    """The workers share this one machine with each other and with ``sqe serve``: each fragment's
+    partial-aggregation database gets its share of all ``workers`` x ``WORKER_MAX_FRAGMENTS`` of the workers' side
+    (a worker's own default divides the whole by its fragments only, so N workers would together take N halves of
+    the memory and of the spill disk, where the workers spill: this directory)."""
+    parts = max(1, workers) * WORKER_MAX_FRAGMENTS * _SIDES_WITH_WORKERS
     return [
         "--max-fragments", str(WORKER_MAX_FRAGMENTS),
         "--aggregate-memory-bytes", str(memory_share(parts)),
@@ -145,7 +162,7 @@ def start_service(
         dir / SERVER_ENGINE_CONFIG, server_engine_config_text(catalog_uri, s3_endpoint, addresses, token_file)
     )
     config = dir / SERVER_CONFIG
-    write_private(config, server_config_text(reader, ports[0]))
+    write_private(config, server_config_text(reader, ports[0], workers))
     port_file = dir / "server.port"
     port_file.unlink(missing_ok=True)
     started.append(_spawn_server(dir, config, port_file))
