@@ -89,6 +89,11 @@ class BearerAuth(Unpicklable, requests.auth.AuthBase):
                 token = self._token = self._fetch()
             return token.value
 
+    def issued_since(self, moment: float) -> bool:
+        """Whether the current token was fetched at or after ``moment`` (``time.time()``)."""
+        token = self._token
+        return token is not None and token.issued_at is not None and token.issued_at >= moment
+
     def invalidate(self) -> None:
         """Forget the current token (after a 401) so the next request fetches a new one."""
         if self.uses_client_credentials:

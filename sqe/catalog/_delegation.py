@@ -9,8 +9,10 @@ token and exchanges again before it expires. Neither the tokens nor the secrets 
 A delegated token never outlives its subject token, so exchanging again with an old subject token only yields
 an ever shorter delegated token: a re-exchange first fetches a new subject token when less than half of the
 current one's lifetime remains. A subject or actor token that expired on the catalog's clock before ours
-(``invalid_grant`` / ``invalid_client``) is fetched anew and the exchange tried once more. Any other refusal is
-an :class:`AuthenticationError` naming the end user and the reader, never a token or secret.
+(``invalid_grant`` / ``invalid_client``) is fetched anew and the exchange tried once more; one fetched for this
+very exchange is refused for another reason (a subject that may not be delegated, a reader that is none), so it
+is not: a retry would cost the catalog a login and an exchange for the same answer. Any other refusal is an
+:class:`AuthenticationError` naming the end user and the reader, never a token or secret.
 """
 
 from __future__ import annotations
@@ -78,10 +80,11 @@ class DelegatedAuth(BearerAuth):
         super().invalidate()
 
     def _fetch(self) -> Token:
+        began = time.time()
         subject, actor = self._input_tokens()
         sent_at = time.time()
         response = self._exchange(subject, actor)
-        stale = self._refreshable_input(response)
+        stale = self._refreshable_input(response, began)
         if stale is not None:
             stale.invalidate()  # expired on the catalog's clock before ours: fetch it anew, exchange once more
             subject, actor = self._input_tokens()
@@ -103,16 +106,16 @@ class DelegatedAuth(BearerAuth):
         """(subject, actor): the end user's token with enough lifetime left, and the reader's token."""
         return self._end_user.token_with_share(_SUBJECT_KEEP_SHARE), self._reader.current_token()
 
-    def _refreshable_input(self, response: requests.Response) -> BearerAuth | None:
-        """The input a refusal calls stale, when it can be fetched anew (a given token cannot)."""
+    def _refreshable_input(self, response: requests.Response, began: float) -> BearerAuth | None:
+        """The input a refusal calls stale, when it can be fetched anew (a given token cannot) and was not fetched
+        for this exchange (at or after ``began``): a token just issued is not stale."""
         if response.status_code not in (400, 401):
             return None
         code = oauth_error_code(response)
-        if code == _STALE_SUBJECT and self._end_user.uses_client_credentials:
-            return self._end_user
-        if code == _STALE_ACTOR:
-            return self._reader
-        return None
+        stale = {_STALE_SUBJECT: self._end_user, _STALE_ACTOR: self._reader}.get(code or "")
+        if stale is None or not stale.uses_client_credentials or stale.issued_since(began):
+            return None
+        return stale
 
     def _exchange(self, subject: str, actor: str) -> requests.Response:
         return post_token_request(self.session, self.token_url, token_exchange_form(subject, actor))

@@ -35,6 +35,7 @@ class Endpoint:
     issued: list[str] = field(default_factory=list)  # "cc:<client>" / "x:<subject>" in order
     refuse_next: list[tuple[int, str]] = field(default_factory=list)  # forced exchange refusals
     next_id: int = 0
+    refused: int = 0  # exchanges answered from refuse_next
 
     def mint(self, prefix: str, expires_at: float) -> str:
         self.next_id += 1
@@ -46,6 +47,7 @@ class Endpoint:
         now = time.time()
         if self.refuse_next and form.get("grant_type") == TOKEN_EXCHANGE_GRANT:
             status, error = self.refuse_next.pop(0)
+            self.refused += 1
             return status, {"error": error, "error_description": f"refused; sent {form.get('subject_token')}"}
         if form.get("grant_type") == "client_credentials":
             client = form.get("client_id", "")
@@ -117,11 +119,39 @@ def test_delegated_token_is_cached_then_exchanged_again_with_a_fresh_subject(end
     assert endpoint.expiry[second] > endpoint.expiry[first] + LIFETIME / 2
 
 
-def test_a_subject_expired_on_the_catalogs_clock_is_fetched_anew_once(endpoint: Endpoint) -> None:
+def _exchange_again_with_the_kept_inputs(auth: DelegatedAuth) -> None:
+    """Forget the delegated token alone (as its refresh point does), keeping the subject and actor tokens."""
+    BearerAuth.invalidate(auth)
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "client"), [(400, "invalid_grant", "analyst"), (401, "invalid_client", "engine")]
+)
+def test_an_input_token_expired_on_the_catalogs_clock_is_fetched_anew_once(
+    endpoint: Endpoint, status: int, code: str, client: str
+) -> None:
     auth = _delegated(endpoint)
-    endpoint.refuse_next.append((400, "invalid_grant"))
+    auth.current_token()
+    _exchange_again_with_the_kept_inputs(auth)
+    endpoint.refuse_next.append((status, code))
     assert auth.current_token().startswith("delegated-")
-    assert endpoint.issued.count("cc:analyst") == 2  # refetched after the refusal, exchanged once more
+    assert endpoint.issued.count(f"cc:{client}") == 2  # refetched after the refusal, exchanged once more
+    assert auth.exchanges == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "client"), [(400, "invalid_grant", "analyst"), (401, "invalid_client", "engine")]
+)
+def test_an_input_token_fetched_for_this_exchange_and_refused_is_not_fetched_again(
+    endpoint: Endpoint, status: int, code: str, client: str
+) -> None:
+    """A token issued a moment ago is not stale: the refusal has another reason (a subject that may not be
+    delegated, an actor that is no reader), and a retry would cost a login and an exchange for the same answer."""
+    auth = _delegated(endpoint)
+    endpoint.refuse_next.append((status, code))
+    with pytest.raises(AuthenticationError, match=code):
+        auth.current_token()
+    assert endpoint.issued.count(f"cc:{client}") == 1 and endpoint.refused == 1
 
 
 def test_refusal_is_one_typed_line_naming_user_and_reader_without_tokens(endpoint: Endpoint) -> None:
