@@ -181,6 +181,15 @@ def test_a_stalled_fragment_is_retried_on_another_worker(
     assert hung >= 1 and proxy.count("GET", victim) >= 1  # it hung, and was served once the store recovered
     assert "stalled, no progress" in caplog.text
     assert sorted(result["table"].column("id").to_pylist()) == list(range(tables.rows))
+    # The stalled worker was also told so explicitly (Cancel), not only by the end of its call.
+    lines = [line for line in caplog.text.splitlines() if "stalled, no progress" in line]
+    stalled = [w for w in pool.workers if any(f"worker {w.address}, fragment" in line for line in lines)]
+    assert stalled
+    _wait_until(
+        lambda: any(re.search(r"cancel: \d+ fragment", w.log_text()) for w in stalled),
+        timeout=30,
+        what="the stalled worker got the coordinator's Cancel call",
+    )
 
 
 SLOW_ROWS = 40_000

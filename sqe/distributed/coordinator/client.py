@@ -63,6 +63,8 @@ class WorkerClient:
         self._lock = threading.Lock()
         self._keepalive_decided = False
         self._retired: list[grpc.Channel] = []  # replaced channels: closed last, calls may still run on them
+        self._cancels: set[Any] = set()  # Cancel calls under way (see cancel), under their own lock: the other
+        self._cancels_lock = threading.Lock()  # is held through a Health probe
         self._connect(keepalive=False)
 
     def _connect(self, *, keepalive: bool) -> None:
@@ -141,8 +143,19 @@ class WorkerClient:
         )
 
     def cancel(self, request: pb.CancelRequest, timeout: float) -> Any:
-        """The Cancel call as a future: whoever sends it need not wait on a worker that may not answer."""
-        return self._stub.Cancel.future(request, metadata=self._metadata, timeout=timeout)
+        """The Cancel call as a future: whoever sends it need not wait on a worker that may not answer, nor keep
+        the future. gRPC cancels a call whose future is garbage-collected before it ends, so a Cancel sent and
+        dropped would never reach the worker: the client holds each one until it ends (answered, refused, past
+        ``timeout``, or its channel closed)."""
+        call = self._stub.Cancel.future(request, metadata=self._metadata, timeout=timeout)
+        with self._cancels_lock:
+            self._cancels.add(call)
+        call.add_done_callback(self._cancel_ended)
+        return call
+
+    def _cancel_ended(self, call: Any) -> None:
+        with self._cancels_lock:
+            self._cancels.discard(call)
 
     def health(self, timeout: float) -> pb.HealthResponse:
         return cast(pb.HealthResponse, self._stub.Health(pb.HealthRequest(), metadata=self._metadata, timeout=timeout))

@@ -121,3 +121,33 @@ def test_a_v1_3_worker_takes_the_pings_through_a_stream_silent_for_several_inter
         assert _stream_kinds(address, keepalive=(MIN_KEEPALIVE_SECONDS, 1)) == ["progress", "complete"]
     finally:
         server.stop(grace=None)
+
+
+class _CountingCancels(pb_grpc.WorkerServicer):
+    """A worker that only notes the fragments it is told to cancel."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+
+    def Cancel(self, request: pb.CancelRequest, context: grpc.ServicerContext) -> pb.CancelResponse:
+        self.cancelled.append(request.fragment_id)
+        return pb.CancelResponse(cancelled=1)
+
+
+def test_a_cancel_sent_without_keeping_its_future_still_reaches_the_worker() -> None:
+    """Whoever sends a Cancel need not wait for it, nor hold on to it: gRPC ends a call whose future is collected,
+    so a dropped one used to be cancelled before it left (the coordinator's Cancel of a stalled fragment)."""
+    worker = _CountingCancels()
+    server, address = _serve(worker, [])
+    client = WorkerClient(address, TOKEN, tls_ca=None, max_message_bytes=1 << 20)
+    try:
+        sent = [f"f{index}" for index in range(10)]
+        for fragment_id in sent:
+            client.cancel(pb.CancelRequest(query_id="q", fragment_id=fragment_id), timeout=30)
+        deadline = time.monotonic() + 30
+        while len(worker.cancelled) < len(sent) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(worker.cancelled) == sorted(sent)
+    finally:
+        client.close()
+        server.stop(grace=None)
