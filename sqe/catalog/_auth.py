@@ -55,6 +55,7 @@ class BearerAuth(Unpicklable, requests.auth.AuthBase):
     static_token: InitVar[str] = ""  # a fixed token instead of client credentials; kept only as ``_token``
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _token: Token | None = field(default=None, init=False)
+    _fetches: int = field(default=0, init=False)  # tokens fetched so far (see ``fetches``)
 
     _pickle_refusal = "catalog credentials cannot be pickled"
 
@@ -87,12 +88,15 @@ class BearerAuth(Unpicklable, requests.auth.AuthBase):
                 or (self.uses_client_credentials and token.remaining_share(now) < keep_share)
             ):
                 token = self._token = self._fetch()
+                self._fetches += 1
             return token.value
 
-    def issued_since(self, moment: float) -> bool:
-        """Whether the current token was fetched at or after ``moment`` (``time.time()``)."""
-        token = self._token
-        return token is not None and token.issued_at is not None and token.issued_at >= moment
+    @property
+    def fetches(self) -> int:
+        """How many tokens this auth has fetched: one that changed across a call fetched its token for that call.
+        A count, not a time: a token answered without ``expires_in`` has no issue time, and the wall clock may be
+        set back meanwhile."""
+        return self._fetches
 
     def invalidate(self) -> None:
         """Forget the current token (after a 401) so the next request fetches a new one."""

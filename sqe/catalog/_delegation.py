@@ -80,11 +80,11 @@ class DelegatedAuth(BearerAuth):
         super().invalidate()
 
     def _fetch(self) -> Token:
-        began = time.time()
+        before = {self._end_user: self._end_user.fetches, self._reader: self._reader.fetches}
         subject, actor = self._input_tokens()
         sent_at = time.time()
         response = self._exchange(subject, actor)
-        stale = self._refreshable_input(response, began)
+        stale = self._refreshable_input(response, before)
         if stale is not None:
             stale.invalidate()  # expired on the catalog's clock before ours: fetch it anew, exchange once more
             subject, actor = self._input_tokens()
@@ -106,14 +106,14 @@ class DelegatedAuth(BearerAuth):
         """(subject, actor): the end user's token with enough lifetime left, and the reader's token."""
         return self._end_user.token_with_share(_SUBJECT_KEEP_SHARE), self._reader.current_token()
 
-    def _refreshable_input(self, response: requests.Response, began: float) -> BearerAuth | None:
+    def _refreshable_input(self, response: requests.Response, before: dict[BearerAuth, int]) -> BearerAuth | None:
         """The input a refusal calls stale, when it can be fetched anew (a given token cannot) and was not fetched
-        for this exchange (at or after ``began``): a token just issued is not stale."""
+        for this exchange (its ``fetches`` moved from ``before``): a token just issued is not stale."""
         if response.status_code not in (400, 401):
             return None
         code = oauth_error_code(response)
         stale = {_STALE_SUBJECT: self._end_user, _STALE_ACTOR: self._reader}.get(code or "")
-        if stale is None or not stale.uses_client_credentials or stale.issued_since(began):
+        if stale is None or not stale.uses_client_credentials or stale.fetches != before[stale]:
             return None
         return stale
 

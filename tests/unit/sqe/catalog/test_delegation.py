@@ -36,6 +36,7 @@ class Endpoint:
     refuse_next: list[tuple[int, str]] = field(default_factory=list)  # forced exchange refusals
     next_id: int = 0
     refused: int = 0  # exchanges answered from refuse_next
+    input_lifetimes: bool = True  # False: client-credentials tokens come without expires_in (RFC 6749 allows it)
 
     def mint(self, prefix: str, expires_at: float) -> str:
         self.next_id += 1
@@ -54,6 +55,8 @@ class Endpoint:
             if SECRETS.get(client) != form.get("client_secret"):
                 return 401, {"error": "invalid_client", "error_description": "invalid client credentials"}
             self.issued.append(f"cc:{client}")
+            if not self.input_lifetimes:
+                return 200, {"access_token": self.mint(client, now + 3600)}
             return 200, {"access_token": self.mint(client, now + LIFETIME), "expires_in": LIFETIME}
         assert form["grant_type"] == TOKEN_EXCHANGE_GRANT
         assert form["subject_token_type"] == form["actor_token_type"] == ACCESS_TOKEN_TYPE
@@ -152,6 +155,36 @@ def test_an_input_token_fetched_for_this_exchange_and_refused_is_not_fetched_aga
     with pytest.raises(AuthenticationError, match=code):
         auth.current_token()
     assert endpoint.issued.count(f"cc:{client}") == 1 and endpoint.refused == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "client"), [(400, "invalid_grant", "analyst"), (401, "invalid_client", "engine")]
+)
+def test_an_input_token_without_a_lifetime_fetched_for_this_exchange_and_refused_is_not_fetched_again(
+    endpoint: Endpoint, status: int, code: str, client: str
+) -> None:
+    """A token answered without ``expires_in`` was fetched for this exchange all the same: not stale either."""
+    endpoint.input_lifetimes = False
+    auth = _delegated(endpoint)
+    endpoint.refuse_next.append((status, code))
+    with pytest.raises(AuthenticationError, match=code):
+        auth.current_token()
+    assert endpoint.issued.count(f"cc:{client}") == 1 and endpoint.refused == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "client"), [(400, "invalid_grant", "analyst"), (401, "invalid_client", "engine")]
+)
+def test_a_kept_input_token_without_a_lifetime_that_is_refused_is_fetched_anew_once(
+    endpoint: Endpoint, status: int, code: str, client: str
+) -> None:
+    endpoint.input_lifetimes = False
+    auth = _delegated(endpoint)
+    auth.current_token()
+    _exchange_again_with_the_kept_inputs(auth)
+    endpoint.refuse_next.append((status, code))
+    assert auth.current_token().startswith("delegated-")
+    assert endpoint.issued.count(f"cc:{client}") == 2 and auth.exchanges == 2
 
 
 def test_refusal_is_one_typed_line_naming_user_and_reader_without_tokens(endpoint: Endpoint) -> None:
