@@ -121,7 +121,7 @@ def _health_answered(attempt: _Attempt, check: Any) -> None:
     try:
         check.result()
     except grpc.FutureCancelledError:
-        pass  # the run ended first
+        pass  # a cancelled check says nothing of the worker
     except grpc.RpcError:
         attempt.timed_out = True
         if attempt.call is not None:
