@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -244,6 +245,27 @@ def test_a_long_fragment_that_progresses_silently_is_not_cut(
     assert proxy.outcomes["delayed"] >= 30
 
 
+@contextmanager
+def _a_worker_frozen_mid_query(
+    server: CatalogServer, source: Tables, workers: WorkerPools, tmp_path: Path, options: dict[str, Any]
+) -> Iterator[tuple[Session, threading.Thread, dict[str, Any], str]]:
+    """``SELECT id FROM events`` over two workers, the first frozen (SIGSTOP: its connections stay open, it answers
+    nothing) once files are being read, and thawed on exit: the session, the query's thread and result, and the
+    frozen worker's address."""
+    pool = workers.pool(2, "--max-files-in-flight", "1")
+    path = write_sqe_config(tmp_path / "reader.toml", server.url, source.reader, server.moto)
+    config = load_config(path, env={}, overrides=coordinator_overrides(pool))
+    frozen = pool.workers[0]
+    with distributed_session(config, **options) as session:
+        thread, result = _query_in_thread(session, f"SELECT id FROM {source.namespace}.events")
+        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30, what="files read")
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        try:
+            yield session, thread, result, frozen.address
+        finally:
+            os.kill(frozen.proc.pid, signal.SIGCONT)
+
+
 def test_a_frozen_worker_fails_the_coordinators_calls_through_keepalive(
     catalog_server: CatalogServer,
     tables: Tables,  # noqa: F811
@@ -252,9 +274,6 @@ def test_a_frozen_worker_fails_the_coordinators_calls_through_keepalive(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """No heartbeats and no idle health checks here: only the channel's keepalive notices the frozen worker."""
-    pool = worker_factory.pool(2, "--max-files-in-flight", "1")
-    path = write_sqe_config(tmp_path / "reader.toml", catalog_server.url, tables.reader, catalog_server.moto)
-    config = load_config(path, env={}, overrides=coordinator_overrides(pool))
     options = {
         "slots_per_worker": 1,
         "pace_ms_per_file": 200,
@@ -263,19 +282,13 @@ def test_a_frozen_worker_fails_the_coordinators_calls_through_keepalive(
         "keepalive_seconds": 2.0,
         "keepalive_timeout_seconds": 1.0,
     }
-    frozen = pool.workers[0]
     caplog.set_level(logging.WARNING, logger="sqe.distributed")
-    with distributed_session(config, **options) as session:
-        thread, result = _query_in_thread(session, f"SELECT id FROM {tables.namespace}.events")
-        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30, what="files read")
-        os.kill(frozen.proc.pid, signal.SIGSTOP)  # its connections stay open; it answers nothing
-        try:
-            thread.join(60)
-        finally:
-            os.kill(frozen.proc.pid, signal.SIGCONT)
+    with _a_worker_frozen_mid_query(catalog_server, tables, worker_factory, tmp_path, options) as running:
+        _, thread, result, frozen = running
+        thread.join(60)
         assert not thread.is_alive(), "the query waits on the frozen worker"
         assert "error" not in result, result.get("error")
-    assert f"worker {frozen.address}" in caplog.text and "UNAVAILABLE" in caplog.text
+    assert f"worker {frozen}" in caplog.text and "UNAVAILABLE" in caplog.text
     assert sorted(result["table"].column("id").to_pylist()) == list(range(tables.rows))
 
 
@@ -300,21 +313,13 @@ def test_a_health_check_of_a_frozen_worker_never_holds_up_the_callers_thread(
 ) -> None:
     """The caller's thread hands out batches and sees a cancel while the frozen worker's check waits its 30 s:
     it used to wait with it, and then again for each Cancel call to that worker."""
-    pool = worker_factory.pool(2, "--max-files-in-flight", "1")
-    path = write_sqe_config(tmp_path / "reader.toml", catalog_server.url, tables.reader, catalog_server.moto)
-    config = load_config(path, env={}, overrides=coordinator_overrides(pool))
-    frozen = pool.workers[0]
-    with distributed_session(config, **_frozen_worker_options(rpc_timeout=30.0)) as session:
-        thread, result = _query_in_thread(session, f"SELECT id FROM {tables.namespace}.events")
-        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30, what="files read")
-        os.kill(frozen.proc.pid, signal.SIGSTOP)
-        try:
-            time.sleep(1.0)  # its stream is silent past the idle timeout: the health check is on its way
-            session.interrupt()
-            thread.join(10)
-            assert not thread.is_alive(), "the caller's thread waits on the frozen worker's health check"
-        finally:
-            os.kill(frozen.proc.pid, signal.SIGCONT)
+    options = _frozen_worker_options(rpc_timeout=30.0)
+    with _a_worker_frozen_mid_query(catalog_server, tables, worker_factory, tmp_path, options) as running:
+        session, thread, result, _ = running
+        time.sleep(1.0)  # its stream is silent past the idle timeout: the health check is on its way
+        session.interrupt()
+        thread.join(10)
+        assert not thread.is_alive(), "the caller's thread waits on the frozen worker's health check"
     assert isinstance(result.get("error"), QueryCancelledError), result
 
 
@@ -325,22 +330,14 @@ def test_an_unanswered_health_check_moves_the_fragment_to_another_worker(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    pool = worker_factory.pool(2, "--max-files-in-flight", "1")
-    path = write_sqe_config(tmp_path / "reader.toml", catalog_server.url, tables.reader, catalog_server.moto)
-    config = load_config(path, env={}, overrides=coordinator_overrides(pool))
-    frozen = pool.workers[0]
     caplog.set_level(logging.WARNING, logger="sqe.distributed")
-    with distributed_session(config, **_frozen_worker_options(rpc_timeout=1.0)) as session:
-        thread, result = _query_in_thread(session, f"SELECT id FROM {tables.namespace}.events")
-        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30, what="files read")
-        os.kill(frozen.proc.pid, signal.SIGSTOP)
-        try:
-            thread.join(60)
-        finally:
-            os.kill(frozen.proc.pid, signal.SIGCONT)
+    options = _frozen_worker_options(rpc_timeout=1.0)
+    with _a_worker_frozen_mid_query(catalog_server, tables, worker_factory, tmp_path, options) as running:
+        session, thread, result, frozen = running
+        thread.join(60)
         assert not thread.is_alive(), "the query waits on the frozen worker"
         assert "error" not in result, result.get("error")
         executor = session.distributed_executor
         assert executor is not None and executor.stats.fragments_retried >= 1
-    assert f"worker {frozen.address}" in caplog.text
+    assert f"worker {frozen}" in caplog.text
     assert sorted(result["table"].column("id").to_pylist()) == list(range(tables.rows))

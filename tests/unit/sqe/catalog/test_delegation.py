@@ -127,64 +127,44 @@ def _exchange_again_with_the_kept_inputs(auth: DelegatedAuth) -> None:
     BearerAuth.invalidate(auth)
 
 
-@pytest.mark.parametrize(
-    ("status", "code", "client"), [(400, "invalid_grant", "analyst"), (401, "invalid_client", "engine")]
+# The refusal codes that call an input token stale, the input they name, and whether tokens come with a lifetime
+# (``expires_in`` is optional: a token without one has no issue time either).
+STALE_INPUTS = pytest.mark.parametrize(
+    ("status", "code", "client", "lifetimes"),
+    [
+        (status, code, client, lifetimes)
+        for status, code, client in ((400, "invalid_grant", "analyst"), (401, "invalid_client", "engine"))
+        for lifetimes in (True, False)
+    ],
 )
-def test_an_input_token_expired_on_the_catalogs_clock_is_fetched_anew_once(
-    endpoint: Endpoint, status: int, code: str, client: str
+
+
+@STALE_INPUTS
+def test_a_kept_input_token_the_catalog_calls_stale_is_fetched_anew_once(
+    endpoint: Endpoint, status: int, code: str, client: str, lifetimes: bool
 ) -> None:
-    auth = _delegated(endpoint)
-    auth.current_token()
-    _exchange_again_with_the_kept_inputs(auth)
-    endpoint.refuse_next.append((status, code))
-    assert auth.current_token().startswith("delegated-")
-    assert endpoint.issued.count(f"cc:{client}") == 2  # refetched after the refusal, exchanged once more
-    assert auth.exchanges == 2
-
-
-@pytest.mark.parametrize(
-    ("status", "code", "client"), [(400, "invalid_grant", "analyst"), (401, "invalid_client", "engine")]
-)
-def test_an_input_token_fetched_for_this_exchange_and_refused_is_not_fetched_again(
-    endpoint: Endpoint, status: int, code: str, client: str
-) -> None:
-    """A token issued a moment ago is not stale: the refusal has another reason (a subject that may not be
-    delegated, an actor that is no reader), and a retry would cost a login and an exchange for the same answer."""
-    auth = _delegated(endpoint)
-    endpoint.refuse_next.append((status, code))
-    with pytest.raises(AuthenticationError, match=code):
-        auth.current_token()
-    assert endpoint.issued.count(f"cc:{client}") == 1 and endpoint.refused == 1
-
-
-@pytest.mark.parametrize(
-    ("status", "code", "client"), [(400, "invalid_grant", "analyst"), (401, "invalid_client", "engine")]
-)
-def test_an_input_token_without_a_lifetime_fetched_for_this_exchange_and_refused_is_not_fetched_again(
-    endpoint: Endpoint, status: int, code: str, client: str
-) -> None:
-    """A token answered without ``expires_in`` was fetched for this exchange all the same: not stale either."""
-    endpoint.input_lifetimes = False
-    auth = _delegated(endpoint)
-    endpoint.refuse_next.append((status, code))
-    with pytest.raises(AuthenticationError, match=code):
-        auth.current_token()
-    assert endpoint.issued.count(f"cc:{client}") == 1 and endpoint.refused == 1
-
-
-@pytest.mark.parametrize(
-    ("status", "code", "client"), [(400, "invalid_grant", "analyst"), (401, "invalid_client", "engine")]
-)
-def test_a_kept_input_token_without_a_lifetime_that_is_refused_is_fetched_anew_once(
-    endpoint: Endpoint, status: int, code: str, client: str
-) -> None:
-    endpoint.input_lifetimes = False
+    """Expired on the catalog's clock before ours, or revoked: fetched again, and the exchange tried once more."""
+    endpoint.input_lifetimes = lifetimes
     auth = _delegated(endpoint)
     auth.current_token()
     _exchange_again_with_the_kept_inputs(auth)
     endpoint.refuse_next.append((status, code))
     assert auth.current_token().startswith("delegated-")
     assert endpoint.issued.count(f"cc:{client}") == 2 and auth.exchanges == 2
+
+
+@STALE_INPUTS
+def test_an_input_token_fetched_for_this_exchange_and_refused_is_not_fetched_again(
+    endpoint: Endpoint, status: int, code: str, client: str, lifetimes: bool
+) -> None:
+    """A token fetched a moment ago is not stale: the refusal has another reason (a subject that may not be
+    delegated, an actor that is no reader), and a retry would cost a login and an exchange for the same answer."""
+    endpoint.input_lifetimes = lifetimes
+    auth = _delegated(endpoint)
+    endpoint.refuse_next.append((status, code))
+    with pytest.raises(AuthenticationError, match=code):
+        auth.current_token()
+    assert endpoint.issued.count(f"cc:{client}") == 1 and endpoint.refused == 1
 
 
 def test_refusal_is_one_typed_line_naming_user_and_reader_without_tokens(endpoint: Endpoint) -> None:
