@@ -34,6 +34,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 import json
 import logging
 import secrets
@@ -44,6 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+import anyio
+import anyio.to_thread
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.table.metadata import TableMetadata
 from sqlalchemy import Engine
@@ -145,6 +148,26 @@ class _Warehouse:
     io: FileIO  # the catalog's own FileIO for server-side planning (manifests never leave the catalog)
 
 
+# Requests that change the catalog run on at most WRITE_THREADS threads at once, apart from the threads reads and
+# token requests take (Starlette's pool of 40). A claim that keeps losing to other catalog processes' claims waits
+# out its backoff in its thread (up to contention.PATIENCE_SECONDS): a burst of those took every thread, and loads,
+# listings and tokens queued behind them; now such writes queue behind each other only.
+WRITE_THREADS = 16
+_READS = frozenset({"GET", "HEAD"})
+
+
+class _WriteThreads:
+    """The writes' limiter, made on first use in the server's event loop (older anyio binds it on creation)."""
+
+    def __init__(self) -> None:
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    def limiter(self) -> anyio.CapacityLimiter:
+        if self._limiter is None:  # only the event loop's one thread gets here
+            self._limiter = anyio.CapacityLimiter(WRITE_THREADS)
+        return self._limiter
+
+
 @dataclass(frozen=True)
 class _State:
     """Everything the handlers share for the server's lifetime (the app's one state object)."""
@@ -158,6 +181,7 @@ class _State:
     anonymous_principal: str | None = None
     policies: PolicyStore | None = None  # None: [server] read_restriction_policies is off
     polaris_compat: bool = False  # Polaris mode (see ServerConfig.polaris_compat)
+    writes: _WriteThreads = field(default_factory=_WriteThreads)
 
 
 @dataclass
@@ -1411,7 +1435,10 @@ async def _dispatch(state: _State, op: _Op, request: Request) -> Response:
     request.scope["route_path"] = op.path
     try:
         body = await _read_body(request) if op.needs_body else None
-        return await run_in_threadpool(_run, op.handler, _Call(request, state, body))
+        call = _Call(request, state, body)
+        if op.method in _READS:
+            return await run_in_threadpool(_run, op.handler, call)
+        return await anyio.to_thread.run_sync(functools.partial(_run, op.handler, call), limiter=state.writes.limiter())
     except CatalogError as exc:
         return _error(exc)
     except Exception as exc:

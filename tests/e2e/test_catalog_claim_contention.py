@@ -25,6 +25,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -300,3 +301,28 @@ def test_a_view_create_that_keeps_losing_its_claim_is_retryable_unavailability_a
     created = api.request("POST", f"namespaces/{ns}/views", json=view_body(ns, "v"))
     assert created.status_code == 200, created.text
     assert created.json()["metadata-location"].startswith(f"{place}/metadata/")
+
+
+def test_a_burst_of_contended_writes_leaves_threads_for_reads_and_tokens(api: Api) -> None:
+    """More contended creates than Starlette's 40 threads, each waiting out its backoff in its thread: a load
+    and a token request are answered while every one of them still waits (they used to queue behind them)."""
+    ns = api.namespace()
+    headers = dict(api.session.headers)
+    url = f"{api.server.url}/v1/{api.server.warehouse}/namespaces/{ns}/tables"
+
+    def create(name: str) -> requests.Response:
+        body = {"name": name, "schema": SCHEMA}
+        return requests.post(url, json=body, headers=headers, timeout=120)  # a connection of its own
+
+    burst = 41  # one more than Starlette's threads (anyio's default limiter: 40)
+    with rival_claims(api.server), ThreadPoolExecutor(burst) as pool:
+        creates = [pool.submit(create, f"t{i}") for i in range(burst)]
+        time.sleep(0.5)  # every create is in flight: the first ones losing their claims, the rest queued
+        listed = api.request("GET", f"namespaces/{ns}/tables")
+        token = api.server.token(api.server.admin)
+        waiting = sum(not create.done() for create in creates)
+        refused = [create.result() for create in creates]
+    assert listed.status_code == 200 and listed.json()["identifiers"] == [] and token
+    assert waiting == burst, f"{burst - waiting} creates ended before the load and the token were answered"
+    for response in refused:
+        retry_later(response)
