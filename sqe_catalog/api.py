@@ -148,10 +148,11 @@ class _Warehouse:
     io: FileIO  # the catalog's own FileIO for server-side planning (manifests never leave the catalog)
 
 
-# Requests that change the catalog run on at most WRITE_THREADS threads at once, apart from the threads reads and
-# token requests take (Starlette's pool of 40). A claim that keeps losing to other catalog processes' claims waits
-# out its backoff in its thread (up to contention.PATIENCE_SECONDS): a burst of those took every thread, and loads,
-# listings and tokens queued behind them; now such writes queue behind each other only.
+# Requests that change the catalog (all but GET/HEAD and the few _Op.reads: scan planning, a restrictions preview)
+# run on at most WRITE_THREADS threads at once, apart from the threads reads and token requests take (Starlette's
+# pool of 40). A claim that keeps losing to other catalog processes' claims waits out its backoff in its thread (up
+# to contention.PATIENCE_SECONDS): a burst of those took every thread, and loads, listings and tokens queued behind
+# them; now such writes queue behind each other only.
 WRITE_THREADS = 16
 _READS = frozenset({"GET", "HEAD"})
 
@@ -1268,6 +1269,12 @@ class _Op:
     path: str
     handler: Handler
     needs_body: bool = False
+    reads: bool = False  # changes nothing though not a GET/HEAD (scan planning, a preview): the reads' threads
+
+    @property
+    def writes(self) -> bool:
+        """Whether it runs on the writes' threads (see WRITE_THREADS)."""
+        return self.method not in _READS and not self.reads
 
 
 def _object_operations(path: str, load: Handler, exists: Handler, commit: Handler, drop: Handler) -> tuple[_Op, ...]:
@@ -1305,10 +1312,11 @@ _OPERATIONS: tuple[_Op, ...] = (
     # -- end sql-catalog
 )
 _PLANNING_OPERATIONS: tuple[_Op, ...] = (
-    _Op("POST", _TABLE + "/plan", _plan_scan, needs_body=True),
+    # A reader's planning: never queued behind contended writes (the plans live in this process's memory).
+    _Op("POST", _TABLE + "/plan", _plan_scan, needs_body=True, reads=True),
     _Op("GET", _TABLE + "/plan/{plan_id}", _get_plan),
-    _Op("DELETE", _TABLE + "/plan/{plan_id}", _cancel_plan),
-    _Op("POST", _TABLE + "/tasks", _fetch_tasks, needs_body=True),
+    _Op("DELETE", _TABLE + "/plan/{plan_id}", _cancel_plan, reads=True),
+    _Op("POST", _TABLE + "/tasks", _fetch_tasks, needs_body=True, reads=True),
 )
 ENDPOINTS: tuple[str, ...] = tuple(f"{op.method} {op.path}" for op in (*_OPERATIONS, *_PLANNING_OPERATIONS))
 # policies: management routes, present only with [server] read_restriction_policies = true
@@ -1324,7 +1332,7 @@ _POLICY_OPERATIONS: tuple[_Op, ...] = (
     _Op("GET", "/v1/{prefix}/tags", _list_tags),
     _Op("POST", "/v1/{prefix}/tags", _set_tag, needs_body=True),
     _Op("POST", "/v1/{prefix}/tags/remove", _remove_tag, needs_body=True),
-    _Op("POST", "/v1/{prefix}/restrictions/preview", _preview_restrictions, needs_body=True),
+    _Op("POST", "/v1/{prefix}/restrictions/preview", _preview_restrictions, needs_body=True, reads=True),
 )
 
 
@@ -1436,7 +1444,7 @@ async def _dispatch(state: _State, op: _Op, request: Request) -> Response:
     try:
         body = await _read_body(request) if op.needs_body else None
         call = _Call(request, state, body)
-        if op.method in _READS:
+        if not op.writes:
             return await run_in_threadpool(_run, op.handler, call)
         return await anyio.to_thread.run_sync(functools.partial(_run, op.handler, call), limiter=state.writes.limiter())
     except CatalogError as exc:

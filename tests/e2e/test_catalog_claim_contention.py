@@ -326,3 +326,28 @@ def test_a_burst_of_contended_writes_leaves_threads_for_reads_and_tokens(api: Ap
     assert waiting == burst, f"{burst - waiting} creates ended before the load and the token were answered"
     for response in refused:
         retry_later(response)
+
+
+def test_a_burst_of_contended_writes_leaves_threads_for_scan_planning(api: Api) -> None:
+    """Planning a scan is a read that comes as a POST (``.../plan``, ``.../tasks``): a reader's planning is
+    answered while every contended create still waits, as a load is (it must not queue behind the writes)."""
+    ns = api.namespace()
+    assert api.create(ns, "planned").status_code == 200  # before the rival: a table to plan on
+    headers = dict(api.session.headers)
+    url = f"{api.server.url}/v1/{api.server.warehouse}/namespaces/{ns}/tables"
+
+    def create(name: str) -> requests.Response:
+        return requests.post(url, json={"name": name, "schema": SCHEMA}, headers=headers, timeout=120)
+
+    burst = 17  # one more than the writes' threads: the last one queues however fast the others lose
+    with rival_claims(api.server), ThreadPoolExecutor(burst) as pool:
+        creates = [pool.submit(create, f"t{i}") for i in range(burst)]
+        time.sleep(0.5)  # every create is in flight
+        planned = api.request("POST", f"namespaces/{ns}/tables/planned/plan", json={})
+        waiting = sum(not create.done() for create in creates)
+        refused = [create.result() for create in creates]
+    assert planned.status_code == 200, planned.text
+    assert planned.json()["status"] == "completed", planned.json()
+    assert waiting == burst, f"{burst - waiting} creates ended before the scan was planned"
+    for response in refused:
+        retry_later(response)

@@ -266,3 +266,22 @@ def test_an_error_quoting_a_url_keeps_its_password_out_of_the_message(app_and_to
     assert reply.json()["error"]["message"] == "namespace does not exist: u:***@h.example"
     assert CatalogError("at http://u:hunter22@h").message == "at http://u:***@h"
     assert str(CatalogConfigError("catalog.uri: http://u:hunter22@h")) == "catalog.uri: http://u:***@h"
+
+
+def test_reads_that_come_as_posts_run_on_the_reads_threads() -> None:
+    """Scan planning and a restrictions preview change nothing: they must not queue behind contended writes on
+    the writes' threads (WRITE_THREADS); every other POST, PUT and DELETE does."""
+    from sqe_catalog.api import _OPERATIONS, _PLANNING_OPERATIONS, _POLICY_OPERATIONS
+
+    ops = {
+        f"{op.method} {op.path.removeprefix('/v1/{prefix}')}": op
+        for op in (*_OPERATIONS, *_PLANNING_OPERATIONS, *_POLICY_OPERATIONS)
+    }
+    reads = {route for route, op in ops.items() if op.method not in ("GET", "HEAD") and not op.writes}
+    assert reads == {
+        "POST /namespaces/{namespace}/tables/{table}/plan",
+        "DELETE /namespaces/{namespace}/tables/{table}/plan/{plan_id}",
+        "POST /namespaces/{namespace}/tables/{table}/tasks",
+        "POST /restrictions/preview",
+    }
+    assert not any(op.writes for op in ops.values() if op.method in ("GET", "HEAD"))
