@@ -79,17 +79,10 @@ reader_client_secret = {toml_str(reader.client_secret)}
 
 
 def engine_limits_text() -> str:
-    """The server's engines' side of the machine when workers run beside them (see ``_SIDES_WITH_WORKERS``):
-    each of ``max_concurrent_queries`` engines gets its share of the server's half."""
-    parts = ServerConfig.model_fields["max_concurrent_queries"].default * _SIDES_WITH_WORKERS
-    spill = spill_share(shutil.disk_usage(os.getcwd()).free, parts)
-    return f"engine_memory_bytes = {memory_share(parts)}\nengine_spill_bytes = {spill}\n"
-
-
-def service_env() -> dict[str, str]:
-    """Environment of the server and its workers: unbuffered output, and the RGW write fix (pyarrow's S3 layer
-    reads it once, at start), so an INSERT through the server works on Ceph as on moto (moto accepts both)."""
-    return {"PYTHONUNBUFFERED": "1", **CEPH_CLIENT_ENV}
+    """The server's engines' side of the machine when workers run beside them: each of ``max_concurrent_queries``
+    engines gets its share of that side."""
+    memory, spill = _side_share(ServerConfig.model_fields["max_concurrent_queries"].default)
+    return f"engine_memory_bytes = {memory}\nengine_spill_bytes = {spill}\n"
 
 
 # The stack's workers and ``sqe serve``'s engines run on this one machine: with workers, each side gets half of what
@@ -98,17 +91,31 @@ def service_env() -> dict[str, str]:
 _SIDES_WITH_WORKERS = 2
 
 
+def _side_share(parts: int) -> tuple[int, int]:
+    """(memory, spill) bytes of one of ``parts`` databases on one side of the machine; the spill disk is the one
+    the stack's processes spill to (this directory)."""
+    parts *= _SIDES_WITH_WORKERS
+    return memory_share(parts), spill_share(shutil.disk_usage(os.getcwd()).free, parts)
+
+
+def service_env() -> dict[str, str]:
+    """Environment of the server and its workers: unbuffered output, and the RGW write fix (pyarrow's S3 layer
+    reads it once, at start), so an INSERT through the server works on Ceph as on moto (moto accepts both)."""
+    return {"PYTHONUNBUFFERED": "1", **CEPH_CLIENT_ENV}
+
+
 def worker_limit_flags(workers: int) -> list[str]:
     """The workers share this one machine with each other and with ``sqe serve``: each fragment's
     partial-aggregation database gets its share of all ``workers`` x ``WORKER_MAX_FRAGMENTS`` of the workers' side
     (a worker's own default divides the whole by its fragments only, so N workers would together take N halves of
-    the memory and of the spill disk, where the workers spill: this directory)."""
-    parts = max(1, workers) * WORKER_MAX_FRAGMENTS * _SIDES_WITH_WORKERS
-    return [
-        "--max-fragments", str(WORKER_MAX_FRAGMENTS),
-        "--aggregate-memory-bytes", str(memory_share(parts)),
-        "--aggregate-spill-bytes", str(spill_share(shutil.disk_usage(os.getcwd()).free, parts)),
-    ]  # fmt: skip
+    the memory and of the spill disk)."""
+    memory, spill = _side_share(max(1, workers) * WORKER_MAX_FRAGMENTS)
+    flags = {
+        "--max-fragments": WORKER_MAX_FRAGMENTS,
+        "--aggregate-memory-bytes": memory,
+        "--aggregate-spill-bytes": spill,
+    }
+    return [part for flag, value in flags.items() for part in (flag, str(value))]
 
 
 def _spawn_worker(dir: Path, index: int, port: int, token_file: Path, limits: list[str]) -> Daemon:

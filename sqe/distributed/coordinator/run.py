@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -278,7 +279,7 @@ class ScanRun:
             attempt.health_pending = True
             client = self._executor.client_for(attempt.worker)
             check = client.health_future(timeout=self._options.rpc_timeout_seconds)
-            check.add_done_callback(lambda answered, attempt=attempt: _health_answered(attempt, answered))
+            check.add_done_callback(functools.partial(_health_answered, attempt))
 
     # -- slot threads -------------------------------------------------------------------------------------
 
