@@ -71,10 +71,13 @@ class FaultProxy:
     outcomes: Counter[str] = field(default_factory=Counter)  # injected-503, delayed, upstream-down, forwarded
     # Forward the client's Host header (a store that checks SigV4 signatures, which cover it).
     keep_host: bool = False
-    # The Range header of every ranged request, by path; and the most requests ever handled at once.
+    # The Range header of every ranged request, by path; and the most requests handled at once since the last
+    # reset. A request received before a reset is not counted after it: its handler can still be finishing (its
+    # answer already with the client) when the test resets and sends the requests it counts.
     ranges: list[tuple[str, str]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    generation: int = 0
 
     @property
     def url(self) -> str:
@@ -105,6 +108,8 @@ class FaultProxy:
             self.faults.clear()
             self.received.clear()
             self.ranges.clear()
+            self.generation += 1
+            self.in_flight = 0
             self.max_in_flight = 0
         self.rewrite = None
 
@@ -145,6 +150,7 @@ class FaultProxy:
             self.control(request, body)
             return
         with self.lock:
+            generation = self.generation
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             if request.headers.get("Range"):
@@ -153,7 +159,8 @@ class FaultProxy:
             self._handle(request, body)
         finally:
             with self.lock:
-                self.in_flight -= 1
+                if generation == self.generation:
+                    self.in_flight -= 1
 
     def _handle(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
         fault = self.take_fault(request.command, request.path)
