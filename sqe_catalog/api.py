@@ -38,6 +38,7 @@ import functools
 import json
 import logging
 import secrets
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -67,6 +68,7 @@ from sqe.vocabulary import ACCESS_TOKEN_TYPE, NAMESPACE_SEPARATOR_PROPERTY, REQU
 from sqe_catalog import audit
 from sqe_catalog.auth import AuthStore, GrantSet, Principal, Privilege, create_engine_for
 from sqe_catalog.config import CatalogServerConfig, WarehouseConfig, overlap_message, overlapping_warehouses
+from sqe_catalog.contention import CLIENT_LEFT
 from sqe_catalog.delegation import TokenExchangeError, exchange_token
 from sqe_catalog.errors import (
     AlreadyExistsError,
@@ -1446,11 +1448,42 @@ async def _dispatch(state: _State, op: _Op, request: Request) -> Response:
         call = _Call(request, state, body)
         if not op.writes:
             return await run_in_threadpool(_run, op.handler, call)
-        return await anyio.to_thread.run_sync(functools.partial(_run, op.handler, call), limiter=state.writes.limiter())
+        return await _run_write(state, op, call)
     except CatalogError as exc:
         return _error(exc)
     except Exception as exc:
         return _internal_error(_log_unexpected(request, exc))
+
+
+async def _run_write(state: _State, op: _Op, call: _Call) -> Response:
+    """A write on the writes' threads, told when its client disconnects (``contention.CLIENT_LEFT``): a claim
+    losing to other processes then stops trying instead of holding its thread for an answer no one reads."""
+    left = threading.Event()
+    token = CLIENT_LEFT.set(left)  # the thread runs in a copy of this context
+    failure: Exception | None = None
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_watch_for_disconnect, call.request, left)
+            try:
+                response = await anyio.to_thread.run_sync(
+                    functools.partial(_run, op.handler, call), limiter=state.writes.limiter()
+                )
+            except Exception as exc:  # raised below, as it is: the task group would wrap it in an exception group
+                failure = exc
+            finally:
+                group.cancel_scope.cancel()
+    finally:
+        CLIENT_LEFT.reset(token)
+    if failure is not None:
+        raise failure
+    return response
+
+
+async def _watch_for_disconnect(request: Request, left: threading.Event) -> None:
+    """Set ``left`` once the server reports the client gone (the body, if any, was read before)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    left.set()
 
 
 class _MethodNotAllowed(CatalogError, status=405, error_type=vocabulary.ERROR_METHOD_NOT_ALLOWED):

@@ -7,13 +7,18 @@ pause (jittered exponential backoff: processes that collided once do not collide
 after a few attempts and a bounded time, whichever comes later of ``MIN_ATTEMPTS`` and ``PATIENCE_SECONDS``
 (never more than ``MAX_ATTEMPTS``): the request's client waits meanwhile. What it answers then is the caller's
 choice (``GaveUp``): the Iceberg REST clients read the same status differently per route.
+
+A claim whose request's client disconnected is not made again (``CLIENT_LEFT``): no one will read its answer,
+and its thread is one of the catalog's few for writes.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TypeVar
 
 from tenacity import (
@@ -27,7 +32,7 @@ from tenacity import (
 
 from sqe_catalog.errors import CatalogError, ClaimRaced
 
-__all__ = ["MAX_ATTEMPTS", "MIN_ATTEMPTS", "PATIENCE_SECONDS", "GaveUp", "retried_claim"]
+__all__ = ["CLIENT_LEFT", "MAX_ATTEMPTS", "MIN_ATTEMPTS", "PATIENCE_SECONDS", "GaveUp", "retried_claim"]
 
 log = logging.getLogger("sqe_catalog.contention")
 
@@ -45,12 +50,34 @@ BACKOFF_CAP_SECONDS = 0.5
 _T = TypeVar("_T")
 # The error a claim that gave up raises, given how many attempts it made.
 GaveUp = Callable[[int], CatalogError]
+# Set by the request's handler (sqe_catalog.api) when its client disconnects; None outside a request.
+CLIENT_LEFT: ContextVar[threading.Event | None] = ContextVar("sqe_catalog_client_left", default=None)
+
+
+class _ClientLeft(Exception):
+    pass
 
 
 def retried_claim(attempt: Callable[[], _T], gave_up: GaveUp, *, sleep: Callable[[float], None] = time.sleep) -> _T:
     """``attempt()`` (one claim section), made again after each ``ClaimRaced``; ``gave_up(attempts)`` raised when
-    the attempts are spent. Any other error ends it at once, as it is. ``sleep`` pauses between attempts (unit
-    tests of the attempt count pass one that returns at once)."""
+    the attempts are spent, or after a lost attempt once the request's client has left (``CLIENT_LEFT``; a pause
+    ends then too). Any other error ends it at once, as it is. ``sleep`` pauses between attempts outside a request
+    (unit tests of the attempt count pass one that returns at once)."""
+    left = CLIENT_LEFT.get()
+    attempts = 0
+
+    def attempt_while_awaited() -> _T:
+        nonlocal attempts
+        if attempts and left is not None and left.is_set():  # the first attempt is made whatever happens
+            raise _ClientLeft
+        attempts += 1
+        return attempt()
+
+    def pause(seconds: float) -> None:
+        if left is None:
+            sleep(seconds)
+        else:
+            left.wait(seconds)  # ends early when the client leaves
 
     def give_up(state: RetryCallState) -> _T:
         log.warning("a claim of places lost to other catalog processes' claims %d times; gave up", state.attempt_number)
@@ -61,7 +88,11 @@ def retried_claim(attempt: Callable[[], _T], gave_up: GaveUp, *, sleep: Callable
         stop=stop_after_attempt(MAX_ATTEMPTS) | (stop_after_attempt(MIN_ATTEMPTS) & stop_after_delay(PATIENCE_SECONDS)),
         wait=wait_random_exponential(multiplier=BACKOFF_BASE_SECONDS, max=BACKOFF_CAP_SECONDS),
         retry_error_callback=give_up,
-        sleep=sleep,
+        sleep=pause,
     )
-    result: _T = retrying(attempt)
+    try:
+        result: _T = retrying(attempt_while_awaited)
+    except _ClientLeft:
+        log.info("a claim of places lost to other catalog processes' claims %d times; its client left", attempts)
+        raise gave_up(attempts) from None
     return result

@@ -20,13 +20,16 @@ rival is gone.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
+import socket
 import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -34,7 +37,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
-from sqe_catalog.contention import MIN_ATTEMPTS
+from sqe_catalog.contention import MAX_ATTEMPTS, MIN_ATTEMPTS
 from tests.conftest import pyiceberg_catalog
 from tests.e2e.test_catalog_integrity import legacy_table
 from tests.helpers.catalog_api import WarehouseApi
@@ -351,3 +354,28 @@ def test_a_burst_of_contended_writes_leaves_threads_for_scan_planning(api: Api) 
     assert waiting == burst, f"{burst - waiting} creates ended before the scan was planned"
     for response in refused:
         retry_later(response)
+
+
+def test_a_contended_create_whose_client_left_is_not_claimed_again(api: Api) -> None:
+    """A create losing every claim whose client disconnects: the catalog stops making the claim again, where it
+    used to go on for its whole patience (its write thread held for an answer no one reads), and creates nothing."""
+    ns = api.namespace()
+    stopped = re.compile(r"claims (\d+) times; its client left")
+    seen = len(stopped.findall(api.server.log_path.read_text()))
+    address = urlsplit(api.server.url)
+    body = json.dumps({"name": "t", "schema": SCHEMA}).encode()
+    head = "".join(f"{name}: {value}\r\n" for name, value in api.session.headers.items() if name.lower() != "host")
+    request = (
+        f"POST /v1/{api.server.warehouse}/namespaces/{ns}/tables HTTP/1.1\r\nHost: {address.netloc}\r\n{head}"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with rival_claims(api.server):
+        with socket.create_connection((address.hostname, address.port), timeout=30) as client:
+            client.sendall(request)
+            time.sleep(0.5)  # the create has lost a claim or more by now; then the client leaves
+        deadline = time.monotonic() + 60
+        while len(found := stopped.findall(api.server.log_path.read_text())) == seen:
+            assert time.monotonic() < deadline, "the catalog never stopped claiming for the client that left"
+            time.sleep(0.05)
+    assert 1 <= int(found[-1]) < MAX_ATTEMPTS
+    assert api.load(ns, "t").status_code == 404

@@ -6,11 +6,12 @@ behaviour against the real catalog is in ``tests/e2e/test_catalog_claim_contenti
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
 
-from sqe_catalog.contention import MAX_ATTEMPTS, MIN_ATTEMPTS, retried_claim
+from sqe_catalog.contention import CLIENT_LEFT, MAX_ATTEMPTS, MIN_ATTEMPTS, retried_claim
 from sqe_catalog.errors import (
     CatalogError,
     ClaimContendedError,
@@ -80,3 +81,39 @@ def test_a_contended_create_asks_the_client_to_retry_later_and_a_401_carries_its
     assert int(contended.headers()["Retry-After"]) > 0
     assert NotAuthorizedError("expired").headers() == {"WWW-Authenticate": "Bearer"}
     assert CommitFailedError("lost").headers() == {}
+
+
+def test_a_claim_whose_client_left_is_not_made_again_after_it_lost() -> None:
+    left = threading.Event()
+    calls: list[int] = []
+    given_up: list[int] = []
+
+    def losing_while_the_client_leaves() -> str:
+        calls.append(1)
+        if len(calls) == 2:
+            left.set()  # the request's handler saw the client disconnect
+        raise ClaimRaced("claimed concurrently; retry")
+
+    def gave_up(attempts: int) -> CatalogError:
+        given_up.append(attempts)
+        return ClaimContendedError(f"gave up after {attempts} attempts")
+
+    token = CLIENT_LEFT.set(left)
+    try:
+        with pytest.raises(ClaimContendedError):
+            retried_claim(losing_while_the_client_leaves, gave_up)
+    finally:
+        CLIENT_LEFT.reset(token)
+    assert calls == [1, 1] and given_up == [2]
+
+
+def test_a_claim_whose_client_left_before_it_began_is_still_made_once() -> None:
+    left = threading.Event()
+    left.set()
+    calls: list[int] = []
+    token = CLIENT_LEFT.set(left)
+    try:
+        assert retried_claim(losing(0, calls), never_called) == "claimed"
+    finally:
+        CLIENT_LEFT.reset(token)
+    assert calls == [1]
