@@ -218,6 +218,19 @@ class CatalogServer:
     def log_text(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
+    def settled_log_text(self) -> str:
+        """The log with the line of every request the catalog answered before this call. It writes a request's
+        line just after sending the answer, in the same step of its one event loop: a request of our own sent now
+        is read only after that step, so once its line is in the log, so are theirs."""
+        barrier = f"/sqe-test-log-barrier/{secrets.token_hex(8)}"
+        with contextlib.suppress(urllib.error.HTTPError):  # its 404 (or 401) is logged like any answer
+            urllib.request.urlopen(self.url + barrier, timeout=30).close()
+        deadline = time.monotonic() + 30
+        while barrier not in (text := self.log_text()):
+            assert time.monotonic() < deadline, "the catalog never logged the barrier request"
+            time.sleep(0.02)
+        return text
+
     def delegated_token(self, user: CatalogPrincipal, reader: CatalogPrincipal) -> str:
         """``user``'s token exchanged (RFC 8693) with ``reader``'s: subject = the user, actor = the reader."""
         form = urllib.parse.urlencode(

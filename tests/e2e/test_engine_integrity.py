@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -95,22 +94,18 @@ def create_encrypted(setup: Setup, name: str) -> str:
     return str(response.json()["metadata-location"])
 
 
-def load_lines(server: CatalogServer, namespace: str, name: str, status: int | None = None) -> int:
+def load_lines(
+    server: CatalogServer, namespace: str, name: str, status: int | None = None, *, log: str | None = None
+) -> int:
     """How many load-table requests for the table the catalog logged (its one debug line per request)."""
     code = r"\d+" if status is None else str(status)
     pattern = re.compile(rf"GET /v1/{server.warehouse}/namespaces/{namespace}/tables/{name} -> {code} ")
-    return len(pattern.findall(server.log_text()))
+    return len(pattern.findall(server.log_text() if log is None else log))
 
 
 def settled_load_lines(server: CatalogServer, namespace: str, name: str, status: int | None = None) -> int:
     """``load_lines`` once the catalog has written the line of the last request (it logs after answering)."""
-    deadline = time.monotonic() + 5
-    count = load_lines(server, namespace, name, status)
-    while count == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        count = load_lines(server, namespace, name, status)
-    time.sleep(0.3)  # a retry would already be over (the error surfaces after the last attempt): just flush
-    return load_lines(server, namespace, name, status)
+    return load_lines(server, namespace, name, status, log=server.settled_log_text())
 
 
 def assert_no_secret(server: CatalogServer, principal: CatalogPrincipal, *texts: str) -> None:
