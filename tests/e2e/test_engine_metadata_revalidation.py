@@ -167,10 +167,14 @@ def test_interrupt_while_the_table_loads_cancels_the_statement(
             except BaseException as exc:
                 outcome["error"] = exc
 
+        asked = loads(proxy, table)
         worker = threading.Thread(target=run)
         worker.start()
-        time.sleep(0.5)  # inside the delayed load-table
-        session.interrupt()
+        deadline = time.monotonic() + 30  # not a fixed wait: the thread may get to the load late
+        while loads(proxy, table) == asked:
+            assert time.monotonic() < deadline, "the statement never asked for the table"
+            time.sleep(0.02)
+        session.interrupt()  # inside the delayed load-table
         worker.join(15)
         assert not worker.is_alive()
         assert isinstance(outcome.get("error"), QueryCancelledError)
