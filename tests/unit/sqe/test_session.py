@@ -531,16 +531,23 @@ def test_a_prepared_execution_is_a_statement_like_any_other(
     prepared = writer.prepare("SELECT count(*) FROM ns.slow WHERE x >= ?")
     real_load = write_provider.load_table
 
+    loading = threading.Event()
+
     def slow_load(ident: TableIdent, **options: Any) -> Any:
+        loading.set()
         time.sleep(0.5)  # a catalog slow to answer
         return real_load(ident, **options)
 
+    def interrupt_while_loading() -> None:
+        if loading.wait(30):  # not after a fixed time: a loaded machine may reach the load late
+            writer.interrupt()
+
     monkeypatch.setattr(write_provider, "load_table", slow_load)
-    timer = threading.Timer(0.2, writer.interrupt)
-    timer.start()
+    interrupter = threading.Thread(target=interrupt_while_loading)
+    interrupter.start()
     with pytest.raises(QueryCancelledError):
         prepared.execute([0]).fetchall()
-    timer.join()
+    interrupter.join()
     monkeypatch.undo()
     assert prepared.execute([0]).fetchall() == [(5,)]
     writer.close()
@@ -882,10 +889,26 @@ def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, An
     return thread, outcome
 
 
-def test_interrupt_cancels_a_running_query(session: Session) -> None:
+def scan_begun(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set when the session's scan opens a file: its statement is running by then. Tests interrupt on
+    it, not after a fixed time: an interrupt sent before a statement begins is dropped (as DuckDB's own is), and a
+    loaded machine may begin it late."""
+    begun = threading.Event()
+    real = local_execution._task_to_record_batches
+
+    def signalling(*args: Any, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+        begun.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local_execution, "_task_to_record_batches", signalling)
+    return begun
+
+
+def test_interrupt_cancels_a_running_query(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     heavy = "SELECT count(*) FROM ns.numbers a, ns.numbers b, ns.numbers c WHERE a.id + b.id + c.id = -1"
+    begun = scan_begun(monkeypatch)
     thread, outcome = run_in_thread(lambda: session.sql(heavy).arrow())
-    time.sleep(0.3)
+    assert begun.wait(30), "the query never began its scan"
     interrupted = time.monotonic()
     session.interrupt()
     thread.join(5)
@@ -894,13 +917,16 @@ def test_interrupt_cancels_a_running_query(session: Session) -> None:
     assert one(session, "SELECT count(*) FROM wh2.ns.numbers") == 10  # the session is usable afterwards
 
 
-def test_close_while_another_thread_runs_a_query_cancels_it_and_closes(provider: LocalProvider) -> None:
+def test_close_while_another_thread_runs_a_query_cancels_it_and_closes(
+    provider: LocalProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """DuckDB refuses to close a connection busy with a call: close() interrupts the query and closes once the
     query's thread has let go of it, never failing with DuckDB's ResourceInUse error."""
     session = Session(provider)
     heavy = "SELECT count(*) FROM ns.numbers a, ns.numbers b, ns.numbers c WHERE a.id + b.id + c.id = -1"
+    begun = scan_begun(monkeypatch)
     thread, outcome = run_in_thread(lambda: session.sql(heavy).arrow())
-    time.sleep(0.3)
+    assert begun.wait(30), "the query never began its scan"
     session.close()
     thread.join(5)
     assert isinstance(outcome.get("error"), QueryCancelledError)
@@ -912,15 +938,17 @@ def test_close_while_another_thread_runs_a_query_cancels_it_and_closes(provider:
 
 def test_interrupt_reaches_a_scan_whose_producer_is_blocked(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     real = local_execution._task_to_record_batches
+    begun = threading.Event()
 
     def slow(*args: Any, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+        begun.set()
         for batch in real(*args, **kwargs):
             time.sleep(2)  # an object store that stalls: DuckDB alone would notice only at the next batch
             yield batch
 
     monkeypatch.setattr(local_execution, "_task_to_record_batches", slow)
     thread, outcome = run_in_thread(lambda: session.sql("SELECT count(id) FROM ns.numbers").arrow())
-    time.sleep(0.3)
+    assert begun.wait(30), "the query never began its scan"
     interrupted = time.monotonic()
     session.interrupt()
     thread.join(5)
