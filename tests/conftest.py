@@ -29,6 +29,7 @@ from sqe_stack import moto as moto_store
 from sqe_stack.catalog import catalog_log_path
 from sqe_stack.provision import Daemon, StackError, StoreHandle, create_bucket, free_port
 from tests.helpers.processes import stop_child
+from tests.helpers.waiting import wait_until
 
 # `make test` runs the suite on several processes (pytest-xdist): most of its time is spent waiting on servers.
 # Each module runs whole on one process, so its module-scoped servers start once, and the modules that use the
@@ -225,11 +226,8 @@ class CatalogServer:
         barrier = f"/sqe-test-log-barrier/{secrets.token_hex(8)}"
         with contextlib.suppress(urllib.error.HTTPError):  # its 404 (or 401) is logged like any answer
             urllib.request.urlopen(self.url + barrier, timeout=30).close()
-        deadline = time.monotonic() + 30
-        while barrier not in (text := self.log_text()):
-            assert time.monotonic() < deadline, "the catalog never logged the barrier request"
-            time.sleep(0.02)
-        return text
+        wait_until(lambda: barrier in self.log_text(), "the catalog never logged the barrier request")
+        return self.log_text()
 
     def delegated_token(self, user: CatalogPrincipal, reader: CatalogPrincipal) -> str:
         """``user``'s token exchanged (RFC 8693) with ``reader``'s: subject = the user, actor = the reader."""

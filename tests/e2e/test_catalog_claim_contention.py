@@ -41,6 +41,7 @@ from sqe_catalog.contention import MAX_ATTEMPTS, MIN_ATTEMPTS
 from tests.conftest import pyiceberg_catalog
 from tests.e2e.test_catalog_integrity import legacy_table
 from tests.helpers.catalog_api import WarehouseApi
+from tests.helpers.waiting import wait_until
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogServer
@@ -373,9 +374,11 @@ def test_a_contended_create_whose_client_left_is_not_claimed_again(api: Api) -> 
         with socket.create_connection((address.hostname, address.port), timeout=30) as client:
             client.sendall(request)
             time.sleep(0.5)  # the create has lost a claim or more by now; then the client leaves
-        deadline = time.monotonic() + 60
-        while len(found := stopped.findall(api.server.log_path.read_text())) == seen:
-            assert time.monotonic() < deadline, "the catalog never stopped claiming for the client that left"
-            time.sleep(0.05)
+        wait_until(
+            lambda: len(stopped.findall(api.server.log_path.read_text())) > seen,
+            "the catalog never stopped claiming for the client that left",
+            timeout=60,
+        )
+    found = stopped.findall(api.server.log_path.read_text())
     assert 1 <= int(found[-1]) < MAX_ATTEMPTS
     assert api.load(ns, "t").status_code == 404

@@ -24,6 +24,7 @@ from sqe.execution.local import QueryCancelledError
 from sqe.session import Session
 from tests.conftest import catalog_variant, pyiceberg_catalog, write_sqe_config
 from tests.helpers.fault_proxy import FaultProxy, running_proxy
+from tests.helpers.waiting import wait_until
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, MotoServer
@@ -170,10 +171,8 @@ def test_interrupt_while_the_table_loads_cancels_the_statement(
         asked = loads(proxy, table)
         worker = threading.Thread(target=run)
         worker.start()
-        deadline = time.monotonic() + 30  # not a fixed wait: the thread may get to the load late
-        while loads(proxy, table) == asked:
-            assert time.monotonic() < deadline, "the statement never asked for the table"
-            time.sleep(0.02)
+        # Not a fixed wait: the thread may get to the load late.
+        wait_until(lambda: loads(proxy, table) != asked, "the statement never asked for the table")
         session.interrupt()  # inside the delayed load-table
         worker.join(15)
         assert not worker.is_alive()

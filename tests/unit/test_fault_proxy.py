@@ -4,7 +4,6 @@ must be only requests received since the last reset."""
 from __future__ import annotations
 
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.waiting import wait_until
 
 
 class _Ok(BaseHTTPRequestHandler):
@@ -47,18 +47,14 @@ def _get(proxy: FaultProxy, path: str) -> bytes:
 def _settles(proxy: FaultProxy) -> None:
     """Wait until no request is counted in flight: a handler lowers the count just after its answer is sent, so
     right after a client returns it may still be counted."""
-    deadline = time.monotonic() + 30
-    while proxy.in_flight != 0:
-        assert time.monotonic() < deadline, f"{proxy.in_flight} requests stay counted in flight"
-        time.sleep(0.01)
+    wait_until(lambda: proxy.in_flight == 0, "requests stay counted in flight (or the count went below zero)")
 
 
 def test_a_request_received_before_a_reset_is_not_counted_in_flight_after_it(proxy: FaultProxy) -> None:
     proxy.inject("GET", "^/slow$", 0, 1, delay=0.5)
     slow = threading.Thread(target=_get, args=(proxy, "/slow"))
     slow.start()
-    while proxy.in_flight == 0:
-        time.sleep(0.01)
+    wait_until(lambda: proxy.in_flight == 1, "the slow request never reached the proxy")
     proxy.reset()
     assert _get(proxy, "/fast") == b"ok"
     assert proxy.max_in_flight == 1
