@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from tests.conftest import write_sqe_config
 from tests.e2e.test_compaction import SCHEMA, fingerprint, small_files_table
 from tests.e2e.test_distributed import WorkerPool, WorkerPools, coordinator_overrides, worker_factory
 from tests.helpers.orphans import data_objects, referenced
+from tests.helpers.waiting import wait_until
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer, WorkerProcess
@@ -43,14 +43,6 @@ def session_on(pool: WorkerPool, server: CatalogServer, writer: CatalogPrincipal
 
 def stats(worker: WorkerProcess) -> Any:
     return worker.stub().Stats(pb.StatsRequest(), metadata=worker.metadata(), timeout=5)
-
-
-def wait_for(condition: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
 
 
 def test_workers_rewrite_and_the_coordinator_commits_one_replace(
@@ -82,7 +74,7 @@ def test_a_worker_killed_mid_rewrite_leaves_no_orphan(
     name, table = small_files_table(catalog_server, engine_writer, 3)
 
     def kill_after_first_output() -> None:
-        wait_for(lambda: stats(slow).rewrite_files_written >= 1)
+        wait_until(lambda: stats(slow).rewrite_files_written >= 1, "the slow worker wrote a file", timeout=60)
         slow.proc.send_signal(signal.SIGKILL)  # an output is written but not yet reported or committed
 
     killer = threading.Thread(target=kill_after_first_output, daemon=True)
@@ -123,7 +115,7 @@ def test_concurrent_delete_of_an_input_fails_and_removes_worker_outputs(
     with session_on(pool, catalog_server, engine_writer, tmp_path) as s:
         started = stats(pool.workers[0]).rewrites_started
         thread, errors, _ = _optimize_in_background(s, name)
-        wait_for(lambda: stats(pool.workers[0]).rewrites_started > started)
+        wait_until(lambda: stats(pool.workers[0]).rewrites_started > started, "a rewrite started", timeout=60)
         table.delete(EqualTo("id", 0))  # another writer removes small-0000 (its only row) meanwhile
         thread.join(timeout=120)
     assert len(errors) == 1 and isinstance(errors[0], CompactionConflictError)
@@ -142,7 +134,7 @@ def test_concurrent_append_survives_a_distributed_compaction(
         before = fingerprint(s, name)[0]
         started = stats(pool.workers[0]).rewrites_started
         thread, errors, results = _optimize_in_background(s, name)
-        wait_for(lambda: stats(pool.workers[0]).rewrites_started > started)
+        wait_until(lambda: stats(pool.workers[0]).rewrites_started > started, "a rewrite started", timeout=60)
         table.append(pa.table({"id": [1000], "name": ["late"]}, schema=SCHEMA))
         thread.join(timeout=120)
         assert not errors and results[0][0]["rewritten_files"] == 4

@@ -37,6 +37,7 @@ from sqe.errors import CredentialError, NoVendedCredentialsError, WorkerError
 from sqe.execution.local import QueryCancelledError
 from sqe.session import Session
 from tests.conftest import WorkerFactory, WorkerProcess, catalog_variant, pyiceberg_catalog, write_sqe_config
+from tests.helpers.waiting import wait_until
 from workers.auth import BearerTokenInterceptor
 from workers.service import WorkerService
 
@@ -335,7 +336,7 @@ def test_a_killed_worker_costs_no_rows_and_no_duplicates(
         result: dict[str, Any] = {}
         thread = threading.Thread(target=lambda: result.update(table=session.sql(sql).arrow()), daemon=True)
         thread.start()
-        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 2, timeout=30)
+        wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 2, "two files read")
         victim = pool.workers[0]
         os.kill(victim.proc.pid, signal.SIGKILL)
         thread.join(60)
@@ -496,7 +497,7 @@ def test_a_worker_killed_before_its_first_batch_is_retried_from_scratch(
         thread = threading.Thread(target=lambda: result.update(table=session.sql(sql).arrow()), daemon=True)
         thread.start()
         victim_client = executor.client_for(victim.address)
-        _wait_until(lambda: victim_client.stats(timeout=5).fragments_running >= 1, timeout=30)
+        wait_until(lambda: victim_client.stats(timeout=5).fragments_running >= 1, "a fragment running on the victim")
         os.kill(victim.proc.pid, signal.SIGKILL)  # it is sleeping before its first file (1.5 s pace)
         thread.join(60)
         stats = executor.stats.snapshot()
@@ -524,12 +525,12 @@ def test_cancelling_the_query_cancels_its_fragments(
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
-        _wait_until(lambda: _stat(session, "fragments_running") >= 1, timeout=30)
+        wait_until(lambda: _stat(session, "fragments_running") >= 1, "a fragment running")
         session.interrupt()
         thread.join(30)
         assert not thread.is_alive()
         assert len(errors) == 1 and isinstance(errors[0], QueryCancelledError)
-        _wait_until(lambda: _stat(session, "fragments_running") == 0, timeout=10)
+        wait_until(lambda: _stat(session, "fragments_running") == 0, "no fragment running", timeout=10)
         assert _stat(session, "fragments_cancelled") >= 1
         assert _stat(session, "fragments_completed") == 0
 
@@ -585,7 +586,7 @@ def test_a_worker_that_stops_answering_is_replaced(
         sql = f"SELECT id FROM {tables.namespace}.events"
         thread = threading.Thread(target=lambda: result.update(table=session.sql(sql).arrow()), daemon=True)
         thread.start()
-        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30)
+        wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, "a file read")
         os.kill(frozen.proc.pid, signal.SIGSTOP)
         try:
             thread.join(60)
@@ -629,14 +630,6 @@ def test_tls_workers_are_reached_through_the_configured_ca(
 
 def _stat(session: Session, name: str) -> int:
     return sum(int(getattr(stats, name)) for stats in worker_stats(session).values())
-
-
-def _wait_until(condition: Any, *, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
 
 
 def test_every_open_of_a_distributed_stream_is_a_run_of_its_own(

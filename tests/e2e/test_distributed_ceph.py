@@ -33,6 +33,7 @@ from sqe_stack import StackInfo
 from sqe_stack.catalog import Grant, PrincipalSpec, create_principal
 from tests.conftest import CEPH_CREDENTIAL_LIFETIME, WorkerFactory
 from tests.e2e.test_distributed import TicketLog, WorkerPool, WorkerPools, distributed_session
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ceph, pytest.mark.slow]
 
@@ -188,7 +189,7 @@ def test_a_revoked_grant_stops_the_refresh_and_the_scan_fails_at_expiry(
         errors: list[BaseException] = []
         thread = threading.Thread(target=lambda: _capture(errors, lambda: _count(session, namespace)), daemon=True)
         thread.start()
-        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30)
+        wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, "a file read")
         _admin(
             ceph_stack, "revoke", role, read.privilege, "--warehouse", ceph_stack.warehouse, "--namespace", namespace
         )
@@ -233,11 +234,3 @@ def _capture(errors: list[BaseException], call: Any) -> None:
         call()
     except BaseException as exc:
         errors.append(exc)
-
-
-def _wait_until(condition: Any, *, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)

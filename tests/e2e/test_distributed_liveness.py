@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from tests.e2e.test_distributed import (
     worker_factory,  # noqa: F401  (the module-scoped pool fixture)
 )
 from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.waiting import wait_until
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogServer
@@ -67,14 +68,6 @@ next(stream)
 print("running", flush=True)
 time.sleep(3600)
 """
-
-
-def _wait_until(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -134,7 +127,7 @@ def test_a_frozen_coordinators_fragment_slot_is_freed_on_the_worker(
         assert holder.stdout is not None and holder.stdout.readline().strip() == b"running"
         assert client.health(timeout=5).running_fragments == 1  # the slot is taken: the worker is at capacity
         os.kill(holder.pid, signal.SIGSTOP)  # the coordinator stops answering, its connection stays open
-        _wait_until(
+        wait_until(
             lambda: client.health(timeout=5).running_fragments == 0, timeout=40, what="the worker freed the slot"
         )
         assert client.stats(timeout=5).fragments_cancelled >= 1
@@ -173,7 +166,7 @@ def test_a_stalled_fragment_is_retried_on_another_worker(
         executor = session.distributed_executor
         assert executor is not None
         thread, result = _query_in_thread(session, f"SELECT id FROM {tables.namespace}.events")
-        _wait_until(lambda: executor.stats.fragments_retried >= 1, timeout=60, what="the fragment was moved")
+        wait_until(lambda: executor.stats.fragments_retried >= 1, timeout=60, what="the fragment was moved")
         hung = proxy.count("GET", victim)
         proxy.reset()
         thread.join(60)
@@ -186,7 +179,7 @@ def test_a_stalled_fragment_is_retried_on_another_worker(
     lines = [line for line in caplog.text.splitlines() if "stalled, no progress" in line]
     stalled = [w for w in pool.workers if any(f"worker {w.address}, fragment" in line for line in lines)]
     assert stalled
-    _wait_until(
+    wait_until(
         lambda: any(re.search(r"cancel: \d+ fragment", w.log_text()) for w in stalled),
         timeout=30,
         what="the stalled worker got the coordinator's Cancel call",
@@ -258,7 +251,7 @@ def _a_worker_frozen_mid_query(
     frozen = pool.workers[0]
     with distributed_session(config, **options) as session:
         thread, result = _query_in_thread(session, f"SELECT id FROM {source.namespace}.events")
-        _wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30, what="files read")
+        wait_until(lambda: (session.progress() or {}).get("files_done", 0) >= 1, timeout=30, what="files read")
         os.kill(frozen.proc.pid, signal.SIGSTOP)
         try:
             yield session, thread, result, frozen.address

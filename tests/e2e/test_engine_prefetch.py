@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import itertools
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import wait
@@ -50,6 +49,7 @@ from tests.conftest import pyiceberg_catalog, write_sqe_config
 from tests.e2e.test_engine_range_cache import session_for
 from tests.e2e.test_signed_reads import properties, reader
 from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.waiting import wait_until
 from tests.unit.sqe.execution.test_merged_reads import with_data_page_offset
 from tests.unit.sqe.execution.test_row_group_rows import restated_counts
 
@@ -397,14 +397,6 @@ def _part_gets(proxy: FaultProxy, part_bytes: int) -> int:
     return sum(1 for first, last in requested_bytes(proxy) if last - first + 1 <= part_bytes)
 
 
-def _wait_for(condition: Any, what: str) -> None:
-    """Wait (generously, asserting no time) until ``condition()`` holds."""
-    deadline = time.monotonic() + 60
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_a_cancelled_querys_prefetch_sends_no_more_parts(
     catalog_server: CatalogServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bogus_aws_env: None
 ) -> None:
@@ -439,7 +431,7 @@ def test_a_cancelled_querys_prefetch_sends_no_more_parts(
                 s3.inject("GET", r"\.parquet", 0, 10_000, delay=0.3)
 
                 def interrupt_once_under_way() -> None:
-                    _wait_for(lambda: _part_gets(s3, part) >= started, "the prefetch never got under way")
+                    wait_until(lambda: _part_gets(s3, part) >= started, "the prefetch never got under way", timeout=60)
                     session.interrupt()
 
                 watcher = threading.Thread(target=interrupt_once_under_way)
@@ -448,8 +440,10 @@ def test_a_cancelled_querys_prefetch_sends_no_more_parts(
                     session.sql(f"SELECT sum(y), max(t) FROM {namespace}.big").fetchall()
                 watcher.join()
                 at_cancel = _part_gets(s3, part)
-                _wait_for(lambda: not any(t.name.startswith("sqe-scan-") for t in threading.enumerate()), "scans")
-                _wait_for(lambda: _PREFETCHES.running() == 0, "a prefetch still registered")
+                wait_until(
+                    lambda: not any(t.name.startswith("sqe-scan-") for t in threading.enumerate()), "scans", timeout=60
+                )
+                wait_until(lambda: _PREFETCHES.running() == 0, "a prefetch still registered", timeout=60)
                 after = _part_gets(s3, part) - at_cancel
                 assert after <= 2 * cached_files.PREFETCH_THREADS, (at_cancel, after)
                 assert _PREFETCHES._reserved == 0
@@ -552,7 +546,7 @@ def test_readers_of_one_merged_read_send_one_get_for_it(
     try:
         readers = [threading.Thread(target=read, args=first)]
         readers[0].start()
-        _wait_for(lambda: proxy.in_flight == 1, "the first read's GET never reached the store")
+        wait_until(lambda: proxy.in_flight == 1, "the first read's GET never reached the store", timeout=60)
         readers.append(threading.Thread(target=read, args=second))
         readers[1].start()
         for reader_thread in readers:
