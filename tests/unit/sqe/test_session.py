@@ -488,12 +488,31 @@ def test_sql_execute_keeps_an_interrupt_asked_for_before_its_prepared_statement_
 def test_an_interrupt_stops_the_folding_of_file_table_function_arguments(writer: Session) -> None:
     # Found by review: arguments are folded on the parser connection, which interrupt() did not reach; a query
     # timeout in sqe serve fired and the fold ran on (a larger range holds a query slot and a core for hours).
-    slow = "(SELECT count(*) FROM range(3000000000) t(x) WHERE x % 7 = 3)::VARCHAR"
-    timer = threading.Timer(0.3, writer.interrupt)
-    timer.start()
-    with pytest.raises(QueryCancelledError):
-        writer.sql(f"SELECT * FROM read_parquet(concat('s3://bucket/', {slow}))").fetchall()
-    timer.join()
+    # The fold gives no signal that it has begun, and an interrupt before a statement begins is dropped: interrupt
+    # again every 0.3 s until the statement ends. The fold would take about half an hour: if interrupt() never
+    # reaches it, the test stops it itself after 60 s and fails (a hang, a pass once the fold ends, are both wrong).
+    slow = "(SELECT count(*) FROM range(300000000000) t(x) WHERE x % 7 = 3)::VARCHAR"
+    ended = threading.Event()
+    stopped_by_the_test: list[bool] = []
+
+    def interrupt_until_ended() -> None:
+        deadline = time.monotonic() + 60
+        while not ended.wait(0.3):
+            if time.monotonic() < deadline:
+                writer.interrupt()
+            else:
+                stopped_by_the_test.append(True)
+                writer._parser.interrupt()
+
+    interrupter = threading.Thread(target=interrupt_until_ended)
+    interrupter.start()
+    try:
+        with pytest.raises(QueryCancelledError):
+            writer.sql(f"SELECT * FROM read_parquet(concat('s3://bucket/', {slow}))").fetchall()
+    finally:
+        ended.set()
+        interrupter.join()
+    assert not stopped_by_the_test, "interrupt() did not stop the fold"
     assert writer.sql("SELECT 1").fetchall() == [(1,)]
 
 
