@@ -7,6 +7,10 @@ file (the direct scan, the decoded-column cache's decoders, the Iceberg projecti
 evolved columns, OPTIMIZE's rewrite) first holds the footer to itself and to the manifest entry
 (:func:`check_file_rows`), then counts the rows each row group yields (:func:`group_batches`): a file that
 disagrees fails the query with ``DataFileError`` (a ``QueryError``). Counting costs one comparison a batch.
+
+An ORC data file, read by pyiceberg's own reader, is held to its manifest entry by its footer alone
+(:func:`check_orc_file_rows`: the footer's count, its stripes' and the entry's agree); its stripes' rows are not
+counted as they are read.
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.orc as orc
 
 from sqe.errors import DataFileError
+from sqe.execution import orc_footer
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
     import pyarrow.parquet as pq
+    from pyiceberg.io import FileIO
 
 _REFUSED = "cannot read a data file of the table"
 
@@ -39,6 +46,21 @@ def check_file_rows(metadata: pq.FileMetaData, record_count: int | None) -> None
     if record_count is not None and record_count != metadata.num_rows:
         footer = metadata.num_rows
         raise DataFileError(f"{_REFUSED}: its manifest entry states {record_count} rows, its footer {footer}")
+
+
+def check_orc_file_rows(io: FileIO, path: str, record_count: int | None) -> None:
+    """Refuse an ORC data file whose footer's count, its stripes' (what pyarrow reads) and the manifest entry's
+    ``record_count`` (None: no entry) disagree, read from the file's tail before any stripe is decoded."""
+    try:
+        with io.new_input(path).open() as stream:
+            tail = orc.ORCFile(stream).reader.serialized_file_tail()
+        rows = orc_footer.stated_rows(tail)
+    except ValueError:  # a tail pyarrow took but the footer reader cannot (pyarrow's own refusals are OSErrors)
+        raise DataFileError(f"{_REFUSED}: it is not an ORC file whose footer states its rows") from None
+    if rows.footer != rows.stripes:
+        raise DataFileError(f"{_REFUSED}: its footer states {rows.footer} rows, its stripes {rows.stripes}")
+    if record_count is not None and record_count != rows.footer:
+        raise DataFileError(f"{_REFUSED}: its manifest entry states {record_count} rows, its footer {rows.footer}")
 
 
 def check_row_group_rows(metadata: pq.FileMetaData) -> None:

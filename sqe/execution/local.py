@@ -57,7 +57,14 @@ from sqe.execution.cached_files import (
 )
 from sqe.execution.decoded_cache import DECODED
 from sqe.execution.delete_limits import VectorEntry, check_position_deletes, record_counts, task_vector_entries
-from sqe.execution.file_rows import check_file_rows, check_group_rows, filtered, group_batches, scan_columns
+from sqe.execution.file_rows import (
+    check_file_rows,
+    check_group_rows,
+    check_orc_file_rows,
+    filtered,
+    group_batches,
+    scan_columns,
+)
 from sqe.execution.projected_read import PARQUET, parquet_task_batches
 from sqe.execution.row_filter import RowMask, compile_row_filter, filter_rows
 from sqe.planning.read_filters import narrowed_fields, narrowed_filter
@@ -171,7 +178,7 @@ def _pyiceberg_batches(
     fragment: ds.ParquetFileFragment | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """pyiceberg's reader of the file; a Parquet file's (``fragment``: when already opened) with its rows counted
-    (:mod:`sqe.execution.projected_read`)."""
+    (:mod:`sqe.execution.projected_read`), an ORC file's once its footer agrees with its manifest entry."""
     arguments = (
         read.io,
         task,
@@ -187,6 +194,8 @@ def _pyiceberg_batches(
     )
     if task.file.file_format == FileFormat.PARQUET:
         return parquet_task_batches(*arguments, fragment=fragment)
+    if task.file.file_format == FileFormat.ORC:
+        check_orc_file_rows(read.io, task.file.file_path, task.file.record_count)
     return _pyiceberg_task_batches(*arguments)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["OrcStated", "stated"]
+__all__ = ["OrcRows", "OrcStated", "stated", "stated_rows"]
 
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 # FileTail: 2 footer. Footer: 3 stripes, 4 types, 6 numberOfRows, 7 statistics. StripeInformation: 5 rows.
@@ -40,11 +40,39 @@ class OrcStated:
     decoded_bytes: int
 
 
+@dataclass(frozen=True)
+class OrcRows:
+    """The rows an ORC file's footer states, and the sum of the rows its stripes state (what a reader reads)."""
+
+    footer: int
+    stripes: int
+
+
 def stated(tail: bytes) -> OrcStated:
     """What the ORC file tail ``tail`` (pyarrow's ``serialized_file_tail``) states; ValueError if malformed."""
-    footer = _only(tail, _TAIL_FOOTER)
+    footer = _footer(tail)
+    rows = max(footer.rows.footer, footer.rows.stripes)
+    if len(footer.statistics) != len(footer.kinds):
+        raise ValueError("column statistics do not match the columns")
+    columns = zip(footer.kinds, footer.statistics, strict=True)
+    return OrcStated(rows, sum(_column_bytes(kind, statistics, rows) for kind, statistics in columns))
+
+
+def stated_rows(tail: bytes) -> OrcRows:
+    """The rows the ORC file tail ``tail`` states, in its footer and in its stripes; ValueError if malformed."""
+    return _footer(tail).rows
+
+
+@dataclass(frozen=True)
+class _Footer:
+    rows: OrcRows
+    kinds: list[int]
+    statistics: list[bytes]
+
+
+def _footer(tail: bytes) -> _Footer:
     rows, stripe_rows, kinds, statistics = 0, 0, [], []
-    for number, _wire, value in _fields(footer):
+    for number, _wire, value in _fields(_only(tail, _TAIL_FOOTER)):
         if number == _ROWS:
             rows = _int(value)
         elif number == _STRIPES:
@@ -53,12 +81,7 @@ def stated(tail: bytes) -> OrcStated:
             kinds.append(_int(_first(_bytes(value), _KIND, 0)))
         elif number == _STATISTICS:
             statistics.append(_bytes(value))
-    rows = max(rows, stripe_rows)
-    if len(statistics) != len(kinds):
-        raise ValueError("column statistics do not match the columns")
-    return OrcStated(
-        rows, sum(_column_bytes(kind, column, rows) for kind, column in zip(kinds, statistics, strict=True))
-    )
+    return _Footer(OrcRows(rows, stripe_rows), kinds, statistics)
 
 
 def _column_bytes(kind: int, statistics: bytes, rows: int) -> int:
