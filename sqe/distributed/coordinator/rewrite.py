@@ -23,18 +23,27 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.schema import sanitize_column_names
 
-from sqe._text import first_line
+from sqe._text import counted, first_line
 from sqe.distributed.coordinator.credentials import TableCredentials, wire_table_id
 from sqe.distributed.coordinator.failures import classify_rpc_error
 from sqe.distributed.coordinator.refresh import Holder
-from sqe.distributed.protocol.rewrite import MAX_OUTPUT_PATHS, build_rewrite_ticket, decode_file_stats
+from sqe.distributed.protocol.rewrite import MAX_OUTPUT_PATHS, build_rewrite_ticket
 from sqe.distributed.protocol.ticket import trim_metadata
 from sqe.errors import SQEError, WorkerError
 from sqe.execution.write_target import check_data_path, data_path
 
 if TYPE_CHECKING:
+    from pyiceberg.io.fileformat import DataFileStatistics
     from pyiceberg.table import FileScanTask
 
     from sqe.catalog.base import LoadedTable
@@ -172,27 +181,76 @@ class _CompactionRun:
         return self._data_files(job, response, paths)
 
     def _data_files(self, job: _Job, response: Any, paths: list[str]) -> list[DataFile]:
+        """The files the worker says it wrote, as committed: each one of this attempt's paths, at most once, and
+        described by its own footer in the store (row count, size, statistics), never by the worker's word; their
+        rows must be what the bin can give. Anything else is a ``WorkerError`` (the attempt's paths are deleted)."""
         allowed = set(paths)
+        reported = [written.file_path for written in response.files]
+        if not set(reported) <= allowed:  # never commit a file the coordinator did not ask for
+            raise WorkerError(f"OPTIMIZE {self._loaded.ident}: a worker reported an unexpected output file")
+        if len(set(reported)) != len(reported):  # one file twice would commit its rows twice
+            raise WorkerError(f"OPTIMIZE {self._loaded.ident}: a worker reported an output file twice")
         first = job.tasks[0].file
         files: list[DataFile] = []
         for written in response.files:
-            if written.file_path not in allowed:  # never commit a file the coordinator did not ask for
-                raise WorkerError(f"OPTIMIZE {self._loaded.ident}: a worker reported an unexpected output file")
+            statistics, size = self._stored(written.file_path)
+            if statistics.record_count != written.record_count or size != written.file_size_in_bytes:
+                raise WorkerError(
+                    f"OPTIMIZE {self._loaded.ident}: a worker reported an output of {written.record_count} rows and "
+                    f"{written.file_size_in_bytes} bytes; the store holds {statistics.record_count} rows and {size} "
+                    "bytes"
+                )
             data_file = DataFile.from_args(
                 self._loaded.table.metadata.format_version,
                 content=DataFileContent.DATA,
                 file_path=written.file_path,
                 file_format=FileFormat.PARQUET,
                 partition=first.partition,
-                file_size_in_bytes=written.file_size_in_bytes,
+                file_size_in_bytes=size,
                 sort_order_id=None,
                 equality_ids=None,
                 key_metadata=None,
-                **{**decode_file_stats(written.stats_json), "record_count": written.record_count},
+                **statistics.to_serialized_dict(),
             )
             data_file.spec_id = first.spec_id
             files.append(data_file)
+        self._check_rows(job, sum(f.record_count for f in files), response.rows)
         return files
+
+    def _stored(self, path: str) -> tuple[DataFileStatistics, int]:
+        """An output's statistics from its own Parquet footer (as the worker's writer computed them) and its size."""
+        metadata = self._loaded.table.metadata
+        file_schema = sanitize_column_names(metadata.schema())  # as the worker writes (workers.rewrite)
+        try:
+            stored = self._loaded.table.io.new_input(path)
+            with stored.open() as stream:
+                footer = pq.read_metadata(stream)
+            statistics = data_file_statistics_from_parquet_metadata(
+                parquet_metadata=footer,
+                stats_columns=compute_statistics_plan(file_schema, metadata.properties),
+                parquet_column_mapping=parquet_path_to_id_mapping(file_schema),
+            )
+            return statistics, len(stored)
+        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+            raise WorkerError(
+                f"OPTIMIZE {self._loaded.ident}: an output a worker reported cannot be read back as the table's "
+                f"Parquet ({type(exc).__name__})"
+            ) from None
+
+    def _check_rows(self, job: _Job, written: int, reported: int) -> None:
+        """The bin's rows after its deletes: all of its files' rows without deletes, never more than those, and
+        with position deletes only, at most as many fewer as those delete (equality deletes bound nothing)."""
+        records = sum(task.file.record_count for task in job.tasks)
+        deletes = {d.file_path: d for task in job.tasks for d in task.delete_files}.values()
+        if all(d.content == DataFileContent.POSITION_DELETES for d in deletes):
+            fewest = max(0, records - sum(d.record_count for d in deletes))
+        else:
+            fewest = 0
+        if written != reported or not fewest <= written <= records:
+            raise WorkerError(
+                f"OPTIMIZE {self._loaded.ident}: a worker wrote {counted(written, 'row')} (and reported {reported}) "
+                f"for a bin of {counted(records, 'row')} whose deletes leave {fewest} to {records}"
+            )
 
     # -- paths --------------------------------------------------------------------------------------------
 
