@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from sqe.catalog.base import TableIdent
@@ -124,6 +125,8 @@ class _MisbehavingWorker:
                 _type_first_column_with(response, schema, secret)
             if self._mode == "crosses-offsets" and kind == "batch":
                 response.batch.ipc = _note_offsets_crossed(response.batch.ipc, schema)
+            if self._mode == "inflates-partial-counts" and kind == "batch" and request.HasField("partial_aggregate"):
+                response.batch.ipc = _counts_times_a_thousand(response.batch.ipc, schema, request.partial_aggregate)
             if self._mode == "sends-rows-twice" and kind == "complete":  # consistent with what it sent
                 response.complete.rows *= 2
             if self._mode == "drops-partial-rows" and kind in ("batch", "complete"):
@@ -157,6 +160,17 @@ def _type_first_column_with(response: pb.ExecuteResponse, schema: pa.Schema, nam
     batch = pa.ipc.read_record_batch(pa.py_buffer(response.batch.ipc), schema)
     column = pa.array([{name: 1}] * batch.num_rows, field.type)
     response.batch.ipc = batch.set_column(0, field, column).serialize().to_pybytes()
+
+
+def _counts_times_a_thousand(ipc: bytes, schema: pa.Schema, spec: pb.PartialAggregate) -> bytes:
+    """The partial batch with every count column (``a<i>`` after the group-by columns) a thousand times larger."""
+    batch = pa.ipc.read_record_batch(pa.py_buffer(ipc), schema)
+    groups = len(spec.group_by)
+    for i, aggregate in enumerate(spec.aggregates):
+        if aggregate.function in (pb.AGGREGATE_FUNCTION_COUNT, pb.AGGREGATE_FUNCTION_COUNT_STAR):
+            column = pc.multiply(batch.column(groups + i), 1000)
+            batch = batch.set_column(groups + i, schema.field(groups + i), column)
+    return batch.serialize().to_pybytes()
 
 
 def _note_offsets_crossed(ipc: bytes, schema: pa.Schema) -> bytes:
@@ -350,6 +364,33 @@ def test_an_aggregate_without_group_by_needs_exactly_one_partial_row_per_fragmen
     assert log.tickets and all(t.HasField("partial_aggregate") for _, t in log.tickets)  # aggregated on workers
     assert got is None
     assert "0 partial rows for an aggregate of one" in str(failed.value)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT count(*) FROM {ns}.events WHERE id >= 0",
+        "SELECT region, count(*), count(note), sum(amount) FROM {ns}.events GROUP BY region",
+    ],
+)
+def test_partial_counts_past_a_fragments_records_never_reach_the_answer(
+    query: str,
+    reader_config: Path,  # noqa: F811
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+) -> None:
+    """A worker whose partial rows count a thousand times the rows it read: before, the merged counts were a
+    thousand times the table's, without an error. A fragment's counts can add up to its files' records at most."""
+    got: list[tuple[Any, ...]] | None = None
+    with (
+        _misbehaving_session("inflates-partial-counts", reader_config, worker_factory.token) as session,
+        pytest.raises(WorkerError) as failed,
+    ):
+        log = TicketLog().attach(session)
+        got = session.sql(query.format(ns=tables.namespace)).fetchall()
+    assert log.tickets and all(t.HasField("partial_aggregate") for _, t in log.tickets)  # aggregated on workers
+    assert got is None
+    assert "past the" in str(failed.value) and "records of its files" in str(failed.value)
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sqe._text import counted, first_line
 from sqe.credentials import StorageSettings
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
 
     from sqe.distributed.coordinator.executor import DistributedExecutor
+    from sqe.distributed.coordinator.job import PartialAggregatePlan
 
 log = logging.getLogger(__name__)
 
@@ -379,6 +381,10 @@ class ScanRun:
             # Without GROUP BY a fragment's partial is exactly one row (count 0 over no rows): none would drop the
             # fragment from the merged answer, two would count it twice.
             return AttemptFailure(f"{where}: {counted(attempt.rows_received, 'partial row')} for an aggregate of one")
+        if self._partial is not None:
+            overcount = _partial_overcount(self._partial, attempt.held, state.fragment.records)
+            if overcount:
+                return AttemptFailure(f"{where}: {overcount}")
         return self._check_repeatable(state, attempt, where)
 
     def _worker_said(self, client: WorkerClient, ticket: pb.ScanTicket, text: str) -> str:
@@ -666,6 +672,31 @@ class ScanRun:
         if self._error is None:
             self._error = error
         self._cond.notify_all()
+
+
+def _partial_overcount(partial: PartialAggregatePlan, held: Sequence[pa.RecordBatch], records: int) -> str:
+    """Why a fragment's partial rows count more rows than its files hold ("" when they do not): a group is at least
+    one row, and a count adds up to the fragment's rows at most (the row filter, masks, deletes and the WHERE only
+    drop rows), so more would inflate the merged answer. Without GROUP BY the one row over no rows is allowed."""
+    groups = len(partial.spec.group_by)
+    rows = sum(batch.num_rows for batch in held)
+    if groups and rows > records:
+        return f"{counted(rows, 'partial row')}, past the {records} records of its files"
+    for index, (function, _column) in enumerate(partial.spec.aggregates):
+        if function not in ("count_star", "count"):
+            continue
+        total = 0
+        for batch in held:
+            column = batch.column(groups + index)
+            if column.null_count == len(column):
+                continue
+            lowest = pc.min(column).as_py()
+            total += int(pc.sum(column.cast(pa.decimal128(38, 0))).as_py())  # exact, whatever the worker sent
+            if lowest is None or lowest < 0:
+                return f"a partial count below zero ({function} #{index})"
+        if total > records:
+            return f"partial counts of {total} rows ({function} #{index}), past the {records} records of its files"
+    return ""
 
 
 def _names_and_types(schema: pa.Schema) -> str:
