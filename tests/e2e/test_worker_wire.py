@@ -127,6 +127,8 @@ class _MisbehavingWorker:
                 response.batch.ipc = _note_offsets_crossed(response.batch.ipc, schema)
             if self._mode == "inflates-partial-counts" and kind == "batch" and request.HasField("partial_aggregate"):
                 response.batch.ipc = _counts_times_a_thousand(response.batch.ipc, schema, request.partial_aggregate)
+            if self._mode == "compresses-its-batches" and kind == "batch":
+                response.batch.ipc = _zstd(response.batch.ipc, schema)
             if self._mode == "sends-rows-twice" and kind == "complete":  # consistent with what it sent
                 response.complete.rows *= 2
             if self._mode == "drops-partial-rows" and kind in ("batch", "complete"):
@@ -171,6 +173,17 @@ def _counts_times_a_thousand(ipc: bytes, schema: pa.Schema, spec: pb.PartialAggr
             column = pc.multiply(batch.column(groups + i), 1000)
             batch = batch.set_column(groups + i, schema.field(groups + i), column)
     return batch.serialize().to_pybytes()
+
+
+def _zstd(ipc: bytes, schema: pa.Schema) -> bytes:
+    """The batch message written again with zstd body compression (the same rows)."""
+    batch = pa.ipc.read_record_batch(pa.py_buffer(ipc), schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_batch(batch)
+    reader = pa.ipc.MessageReader.open_stream(sink.getvalue())
+    reader.read_next_message()  # the schema
+    return bytes(reader.read_next_message().serialize().to_pybytes())
 
 
 def _note_offsets_crossed(ipc: bytes, schema: pa.Schema) -> bytes:
@@ -328,6 +341,23 @@ def test_a_batch_whose_offsets_cross_is_never_read(
         got = session.sql(f"SELECT * FROM {tables.namespace}.events").arrow()  # a pass-through read
     assert got is None
     assert "a batch's buffers do not hold its values" in str(failed.value)
+
+
+def test_a_compressed_batch_is_refused_not_inflated(
+    reader_config: Path,  # noqa: F811
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+) -> None:
+    """Workers never compress; a compressed batch could state any size (a few KB of zstd inflate to GiB, allocated
+    before its rows are counted). Before, the coordinator inflated and answered with it."""
+    got: Any = None
+    with (
+        _misbehaving_session("compresses-its-batches", reader_config, worker_factory.token) as session,
+        pytest.raises(WorkerError) as failed,
+    ):
+        got = session.sql(f"SELECT * FROM {tables.namespace}.events").arrow()
+    assert got is None
+    assert "a batch message is compressed" in str(failed.value)
 
 
 def test_a_stream_that_completes_without_its_schema_is_not_taken_for_an_empty_fragment(

@@ -67,6 +67,11 @@ def decode_batch(data: bytes | memoryview, schema: pa.Schema) -> pa.RecordBatch:
     if buffer.address % ALIGNMENT:
         buffer = pa.py_buffer(bytes(data))  # a new bytes object's data is aligned
     try:
+        if _body_compressed(pa.ipc.read_message(buffer).metadata):
+            # Arrow would inflate each buffer to the size it states: a 16 MiB message of zstd can state hundreds
+            # of GiB (zstd stores a run of one byte in 4 bytes), allocated before any row count is checked.
+            # Workers never compress (batch_frames).
+            raise InvalidBatchError("a batch message is compressed; workers send uncompressed Arrow IPC")
         batch = pa.ipc.read_record_batch(buffer, schema)
     # OSError: Arrow reports most malformed messages (a column's length not the batch's, a body or metadata
     # length past the message) as IOError, which pyarrow raises as a plain OSError; EOFError: a message cut short.
@@ -74,6 +79,48 @@ def decode_batch(data: bytes | memoryview, schema: pa.Schema) -> pa.RecordBatch:
         raise InvalidBatchError(f"a batch message is not Arrow IPC of the stream's schema ({exc})") from None
     check_layout(batch)
     return batch
+
+
+class _Malformed(Exception):
+    """A flatbuffer offset outside the message's metadata."""
+
+
+_HEADER_RECORD_BATCH = 3  # Message.fbs: union MessageHeader { Schema, DictionaryBatch, RecordBatch, ... }
+
+
+def _body_compressed(metadata: pa.Buffer) -> bool:
+    """Whether an IPC message's flatbuffer metadata is a ``RecordBatch`` with a ``compression`` field (Message.fbs:
+    ``Message`` fields version, header_type, header; ``RecordBatch`` fields length, nodes, buffers, compression).
+    Read before Arrow reads the message: Arrow decompresses as it reads. An offset outside the metadata is an
+    InvalidBatchError (Arrow's verifier would refuse it too)."""
+    fb = memoryview(metadata).cast("B")
+    try:
+        message = _uint(fb, 0, 4)
+        kind = _field(fb, message, 1)
+        if kind is None or _uint(fb, kind, 1) != _HEADER_RECORD_BATCH:
+            return False  # not a record batch: read_record_batch refuses it
+        header = _field(fb, message, 2)
+        if header is None:
+            return False
+        return _field(fb, header + _uint(fb, header, 4), 3) is not None
+    except _Malformed:
+        raise InvalidBatchError("a batch message's metadata is not an Arrow IPC message") from None
+
+
+def _uint(fb: memoryview, pos: int, size: int, *, signed: bool = False) -> int:
+    if pos < 0 or pos + size > len(fb):
+        raise _Malformed
+    return int.from_bytes(fb[pos : pos + size], "little", signed=signed)
+
+
+def _field(fb: memoryview, table: int, index: int) -> int | None:
+    """The position of field ``index`` of the flatbuffer table at ``table``; None when it is absent."""
+    vtable = table - _uint(fb, table, 4, signed=True)
+    slot = 4 + 2 * index
+    if slot + 2 > _uint(fb, vtable, 2):
+        return None
+    offset = _uint(fb, vtable + slot, 2)
+    return table + offset if offset else None
 
 
 def check_layout(batch: pa.RecordBatch) -> None:

@@ -247,3 +247,31 @@ def test_bytes_that_are_no_schema_are_refused_typed(data: bytes) -> None:
     fragment being retried, as for a bad batch."""
     with pytest.raises(InvalidBatchError, match="not an Arrow IPC schema"):
         decode_schema(data)
+
+
+def _batch_message(batch: pa.RecordBatch, compression: str | None) -> bytes:
+    """The record batch message of ``batch`` as an IPC stream writer with ``compression`` writes it."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
+        writer.write_batch(batch)
+    reader = pa.ipc.MessageReader.open_stream(sink.getvalue())
+    reader.read_next_message()  # the schema
+    return bytes(reader.read_next_message().serialize().to_pybytes())
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+def test_a_compressed_batch_is_refused_before_arrow_inflates_it(compression: str) -> None:
+    """Arrow inflates a compressed message's buffers to the sizes they state as it reads them, before any row count
+    is checked: 50 million int64 zeros (400 MB) take 12 KB of zstd, so a worker's 16 MiB message could have the
+    coordinator allocate hundreds of GiB. Before, decode_batch read it."""
+    zeros = pa.record_batch([pa.repeat(pa.scalar(0, pa.int64()), 1_000_000)], names=["id"])
+    data = _batch_message(zeros, compression)
+    assert len(data) < zeros.nbytes // 4
+    before = pa.total_allocated_bytes()
+    with pytest.raises(InvalidBatchError, match="compressed"):
+        decode_batch(data, zeros.schema)
+    assert pa.total_allocated_bytes() - before < zeros.nbytes // 4
+
+
+def test_an_uncompressed_stream_message_still_decodes() -> None:
+    assert decode_batch(_batch_message(BATCH, None), BATCH.schema).equals(BATCH)
