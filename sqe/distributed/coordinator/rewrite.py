@@ -241,7 +241,9 @@ class _CompactionRun:
         """The bin's rows after its deletes: all of its files' rows without deletes, never more than those, and
         with position deletes only, at most as many fewer as those delete (equality deletes bound nothing)."""
         records = sum(task.file.record_count for task in job.tasks)
-        deletes = {d.file_path: d for task in job.tasks for d in task.delete_files}.values()
+        # Counted per task: a delete file applying to several of them counts for each (a looser bound, never a
+        # tighter one; deletion vectors share one Puffin file's path).
+        deletes = [d for task in job.tasks for d in task.delete_files]
         if all(d.content == DataFileContent.POSITION_DELETES for d in deletes):
             fewest = max(0, records - sum(d.record_count for d in deletes))
         else:
