@@ -37,7 +37,12 @@ from sqe._text import counted, first_line
 from sqe.distributed.coordinator.credentials import TableCredentials, wire_table_id
 from sqe.distributed.coordinator.failures import classify_rpc_error
 from sqe.distributed.coordinator.refresh import Holder
-from sqe.distributed.protocol.rewrite import MAX_OUTPUT_PATHS, build_rewrite_ticket
+from sqe.distributed.protocol.rewrite import (
+    MAX_OUTPUT_PATHS,
+    build_rewrite_ticket,
+    decode_file_stats,
+    encode_file_stats,
+)
 from sqe.distributed.protocol.ticket import trim_metadata
 from sqe.errors import SQEError, WorkerError
 from sqe.execution.write_target import check_data_path, data_path
@@ -199,6 +204,13 @@ class _CompactionRun:
                     f"OPTIMIZE {self._loaded.ident}: a worker reported an output of {written.record_count} rows and "
                     f"{written.file_size_in_bytes} bytes; the store holds {statistics.record_count} rows and {size} "
                     "bytes"
+                )
+            # Both from pyiceberg's statistics of the same footer: any difference is a worker not saying what it wrote.
+            footer_stats = decode_file_stats(encode_file_stats(statistics.to_serialized_dict()))
+            if decode_file_stats(written.stats_json) != footer_stats:
+                raise WorkerError(
+                    f"OPTIMIZE {self._loaded.ident}: a worker reported other column statistics than its output's "
+                    "footer holds"
                 )
             data_file = DataFile.from_args(
                 self._loaded.table.metadata.format_version,

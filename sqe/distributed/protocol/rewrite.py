@@ -3,7 +3,8 @@
 The coordinator builds them with :func:`build_rewrite_ticket`; the worker validates them with
 :func:`decode_rewrite_ticket` (fail closed, :class:`InvalidTicketError` naming the problem, never a value). The
 files a worker wrote come back as ``WrittenFile`` messages whose column statistics travel as JSON
-(:func:`encode_file_stats` / :func:`decode_file_stats`), so the coordinator commits exactly what was written.
+(:func:`encode_file_stats` / :func:`decode_file_stats`); the coordinator commits the statistics of each file's own
+footer, and a report that differs from them fails the compaction.
 """
 
 from __future__ import annotations
