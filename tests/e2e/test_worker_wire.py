@@ -129,6 +129,10 @@ class _MisbehavingWorker:
                 response.batch.ipc = _counts_times_a_thousand(response.batch.ipc, schema, request.partial_aggregate)
             if self._mode == "compresses-its-batches" and kind == "batch":
                 response.batch.ipc = _zstd(response.batch.ipc, schema)
+            if self._mode == "sends-batches-before-its-schema" and kind == "schema":
+                continue
+            if self._mode == "repeats-its-first-column" and kind in ("schema", "batch"):
+                _repeat_first_column(response, schema)
             if self._mode == "sends-rows-twice" and kind == "complete":  # consistent with what it sent
                 response.complete.rows *= 2
             if self._mode == "drops-partial-rows" and kind in ("batch", "complete"):
@@ -162,6 +166,15 @@ def _type_first_column_with(response: pb.ExecuteResponse, schema: pa.Schema, nam
     batch = pa.ipc.read_record_batch(pa.py_buffer(response.batch.ipc), schema)
     column = pa.array([{name: 1}] * batch.num_rows, field.type)
     response.batch.ipc = batch.set_column(0, field, column).serialize().to_pybytes()
+
+
+def _repeat_first_column(response: pb.ExecuteResponse, schema: pa.Schema) -> None:
+    """The schema or batch message with its first column once more at the end, under the same name."""
+    if response.WhichOneof("payload") == "schema":
+        response.schema.ipc = encode_schema(schema.append(schema.field(0)))
+        return
+    batch = pa.ipc.read_record_batch(pa.py_buffer(response.batch.ipc), schema)
+    response.batch.ipc = batch.append_column(schema.field(0), batch.column(0)).serialize().to_pybytes()
 
 
 def _counts_times_a_thousand(ipc: bytes, schema: pa.Schema, spec: pb.PartialAggregate) -> bytes:
@@ -375,6 +388,39 @@ def test_a_stream_that_completes_without_its_schema_is_not_taken_for_an_empty_fr
         got = session.sql(f"SELECT count(*) FROM {tables.namespace}.events WHERE id >= 0").fetchall()
     assert got is None
     assert "completed without sending its schema" in str(failed.value)
+
+
+def test_a_batch_before_its_streams_schema_breaks_the_attempt_which_is_retried(
+    reader_config: Path,  # noqa: F811
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+) -> None:
+    """A broken stream like one completing without its schema: retried, never read. Before, the first such batch
+    failed the whole query at once."""
+    got: Any = None
+    with _misbehaving_session("sends-batches-before-its-schema", reader_config, worker_factory.token) as session:
+        with pytest.raises(WorkerError) as failed:
+            got = session.sql(f"SELECT * FROM {tables.namespace}.events").arrow()
+        executor = session.distributed_executor
+        assert executor is not None and executor.stats.fragments_retried >= 1
+    assert got is None
+    assert "a batch arrived before the schema" in str(failed.value)
+
+
+def test_a_batch_naming_a_column_twice_is_refused_as_such(
+    reader_config: Path,  # noqa: F811
+    tables: Tables,  # noqa: F811
+    worker_factory: WorkerPools,  # noqa: F811
+) -> None:
+    """Which of two same-named columns is the scan's cannot be told. Before: "coordinator error (KeyError)"."""
+    got: Any = None
+    with (
+        _misbehaving_session("repeats-its-first-column", reader_config, worker_factory.token) as session,
+        pytest.raises(WorkerError) as failed,
+    ):
+        got = session.sql(f"SELECT * FROM {tables.namespace}.events").arrow()
+    assert got is None
+    assert "a worker's batch names a column twice" in str(failed.value)
 
 
 def test_an_aggregate_without_group_by_needs_exactly_one_partial_row_per_fragment(

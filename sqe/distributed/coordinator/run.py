@@ -466,8 +466,8 @@ class ScanRun:
     ) -> bool:
         """Decode and forward one batch message (a partial aggregate's is held until ``complete``: it has no
         positions to skip by); False if the query is over."""
-        if schema is None:
-            raise WorkerError(f"fragment {attempt.fragment_id}: a batch arrived before the schema")
+        if schema is None:  # a broken stream, as one that completes without its schema: retried elsewhere
+            raise _StreamBroken("a batch arrived before the schema")
         batch = decode_batch(message.ipc, schema)
         if self._partial is not None:
             attempt.held.append(batch)
@@ -706,6 +706,8 @@ def _names_and_types(schema: pa.Schema) -> str:
 def conform_worker_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """Worker batches in the scan's Arrow schema (the same shape the local path hands DuckDB)."""
     if batch.schema.names != schema.names:
+        if len(set(batch.schema.names)) != batch.num_columns:  # which of two same-named columns is the scan's?
+            raise InvalidBatchError("a worker's batch names a column twice")
         missing = [name for name in schema.names if name not in batch.schema.names]
         if missing:
             raise QueryError(f"a worker returned batches without the column(s) {', '.join(missing)}")
