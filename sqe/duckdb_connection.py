@@ -40,6 +40,7 @@ __all__ = [
     "quote_ident",
     "quote_qualified",
     "spill_disk_free_bytes",
+    "statement_type",
 ]
 
 LOCKDOWN_CONFIG: dict[str, str | bool | int | float | list[str]] = {
@@ -278,6 +279,16 @@ def spill_disk_free_bytes() -> int:
     return shutil.disk_usage(os.path.dirname(_spill_directory())).free
 
 
+def statement_type(statement: duckdb.Statement) -> duckdb.StatementType | None:
+    """The type DuckDB's parser gave ``statement``, or None for a type DuckDB's Python API has no name for
+    (``UPDATE EXTENSIONS``: reading ``.type`` raises ValueError). Callers refuse None like any other type they do
+    not run, so such a statement is a typed error, never an untyped one."""
+    try:
+        return statement.type
+    except ValueError:
+        return None
+
+
 def fold_row(con: duckdb.DuckDBPyConnection, expression: str, what: str) -> tuple[object, ...] | None:
     """The row ``SELECT expression`` gives on ``con``, for a user's constant that no parse of their whole statement
     checked (a time-travel value, an option of SQE's own statements, EXECUTE arguments). DuckDB's ``execute`` runs
@@ -285,7 +296,7 @@ def fold_row(con: duckdb.DuckDBPyConnection, expression: str, what: str) -> tupl
     but one SELECT is a QueryError naming ``what``, before any of it runs. DuckDB's own errors are raised as is."""
     text = f"SELECT {expression}"
     statements = con.extract_statements(text)
-    if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+    if len(statements) != 1 or statement_type(statements[0]) != duckdb.StatementType.SELECT:
         raise QueryError(f"{what}: expected one expression, found several statements")
     return con.execute(text).fetchone()
 

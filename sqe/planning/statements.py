@@ -26,6 +26,7 @@ import duckdb
 
 from sqe._lru import LRUCache
 from sqe._text import first_line
+from sqe.duckdb_connection import statement_type
 from sqe.errors import QueryError
 from sqe.planning.tokens import sql_tokens
 
@@ -157,7 +158,9 @@ def _classify_parsed(con: duckdb.DuckDBPyConnection, text: str) -> Statement:
         raise QueryError(first_line(exc)) from None
     if len(statements) != 1:
         raise QueryError(f"expected one statement, got {len(statements)}; run statements one at a time")
-    kind = statements[0].type
+    kind = statement_type(statements[0])
+    if kind is None:
+        raise QueryError("this statement is not supported; see the SQL section of the README for what SQE runs")
     tokens = _tokens(text)
     if kind == duckdb.StatementType.SELECT:
         return Statement("select", text)

@@ -36,6 +36,7 @@ from google.protobuf.message import DecodeError, Message
 
 from sqe._text import counted
 from sqe.config import SQEConfig
+from sqe.duckdb_connection import statement_type
 from sqe.errors import AuthenticationError, QueryError, SQEError, StatementNotPreparableError
 from sqe.server import metadata
 from sqe.server._proto import flight_cancel_pb2 as cancel_pb
@@ -269,7 +270,7 @@ def _result_schema(engine: Engine, sql: str) -> pa.Schema | None:
     Parameters are bound as NULL: the schema of a parameterised query is known before its values are.
     """
     names = _parameter_names(sql)
-    if names is None or duckdb.extract_statements(sql)[0].type != duckdb.StatementType.SELECT:
+    if names is None or statement_type(duckdb.extract_statements(sql)[0]) != duckdb.StatementType.SELECT:
         return None
     wrapped = f"SELECT * FROM ({sql.strip().rstrip(';')}) AS __sqe_schema LIMIT 0"
     nulls: Params = [None] * len(names) if _binds_as_list(names) else dict.fromkeys(names)
