@@ -1055,6 +1055,12 @@ def test_sql_errors_are_one_typed_line(served: Served) -> None:
         lambda: client.get_flight_info(command, _bearer(served.token("carol"))), flight.FlightServerError
     )
     assert "NoSuchTableError" in str(error) and "Traceback" not in str(error)
+    # A statement type DuckDB's Python API cannot name (reading it raised ValueError: INTERNAL) is a typed refusal.
+    command = _command(sql_pb.CommandStatementQuery(query="UPDATE EXTENSIONS"))
+    error = served.expect_error(
+        lambda: client.get_flight_info(command, _bearer(served.token("carol"))), flight.FlightServerError
+    )
+    assert "QueryError" in str(error) and "not supported" in str(error)
 
 
 def test_flight_calls_outside_flight_sql_are_unimplemented_naming_the_call(served: Served) -> None:
