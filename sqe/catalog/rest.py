@@ -428,6 +428,10 @@ class _RestScanPlanning:
         return self._catalog.file_io_for(config if isinstance(config, Mapping) else {}, raw, time.time(), refresher)
 
 
+# (principal, warehouse, namespace levels, table name)
+_CacheKey = tuple[str, str, tuple[str, ...], str]
+
+
 @dataclass
 class _CacheEntry:
     etag: str | None
@@ -450,7 +454,7 @@ class RestTableProvider:
         self._endpoints = config.catalog.connections()
         self._early = early
         self._catalogs: dict[str, SQERestCatalog] = {}
-        self._cache: dict[tuple[str, str, str], _CacheEntry] = {}
+        self._cache: dict[_CacheKey, _CacheEntry] = {}
         self._lock = threading.RLock()
 
     def default_warehouse(self) -> str:
@@ -539,11 +543,13 @@ class RestTableProvider:
             raise CatalogUnavailableError(f"cannot list tables of {what}: {type(exc).__name__}") from None
         return [TableIdent(warehouse, tuple(identifier[:-1]), identifier[-1]) for identifier in identifiers]
 
-    def _cache_key(self, ident: TableIdent) -> tuple[str, str, str]:
+    def _cache_key(self, ident: TableIdent) -> _CacheKey:
+        """The levels and the name as they are, not joined: a level or a name may hold a dot, so ``"a.b".c`` and
+        ``a."b.c"`` joined alike and one table's entry (metadata, credentials, restrictions) answered the other."""
         endpoint = self._endpoints.get(ident.warehouse)
         if endpoint is None:
             raise NoSuchTableError(f"{ident}: unknown warehouse {ident.warehouse!r}")
-        return principal_key(endpoint), ident.warehouse, ".".join((*ident.namespace, ident.name))
+        return principal_key(endpoint), ident.warehouse, tuple(ident.namespace), ident.name
 
     def _build_loaded(self, catalog: SQERestCatalog, ident: TableIdent, raw: dict[str, Any], now: float) -> LoadedTable:
         try:

@@ -454,3 +454,22 @@ def test_cached_tables_pick_up_changed_restrictions_and_trust(world: World) -> N
         admin_ok(world.server, "set-trusted-reader", world.reader.name, "true")
         target = ["--warehouse", world.server.warehouse, "--namespace", world.namespace, "--table", "people"]
         admin_ok(world.server, "clear-restrictions", *target, "--principal", world.principals["carol"].name)
+
+
+def test_tables_whose_dotted_names_read_alike_never_share_a_cache_entry(world: World) -> None:
+    """Found by review: the metadata cache keyed a table by its namespace levels and name joined with dots, so
+    ``"<ns>.q".t`` and ``<ns>."q.t"`` (both legal: a level or a name may hold a dot) shared one entry. Within
+    ``metadata_revalidate_seconds`` the second table was answered with the first one's metadata, credentials and
+    read-restrictions: alice got the rows of the table she had read first, under the other one's name."""
+    writer = _pyiceberg(world.server, world.principals["writer"])
+    dotted_namespace = f"{world.namespace}.q"
+    writer.create_namespace((dotted_namespace,))
+    for namespace, name, ids in ((dotted_namespace, "t", [1, 2]), (world.namespace, "q.t", [10, 20, 30])):
+        rows = PEOPLE.slice(0, len(ids)).set_column(0, "id", pa.array(ids, pa.int64()))
+        writer.create_table((namespace, name), schema=PEOPLE.schema).append(rows)
+    world.restrict("alice", ALICE, table="q.t")  # only EU rows of the dotted name: id 10 (ada), not 20 (grace)
+    first, second = f'"{dotted_namespace}".t', f'{world.namespace}."q.t"'
+    with world.session("alice", metadata_revalidate_seconds=300) as session:
+        assert session.sql(f"SELECT id FROM {first} ORDER BY id").fetchall() == [(1,), (2,)]
+        assert session.sql(f"SELECT id, ssn FROM {second} ORDER BY id").fetchall() == [(10, None), (30, None)]
+        assert session.sql(f"SELECT id FROM {first} ORDER BY id").fetchall() == [(1,), (2,)]
