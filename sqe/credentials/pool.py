@@ -23,9 +23,10 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NoReturn
 
 from pyarrow.fs import FileSystem
-from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
 from sqe._counters import Counters
 from sqe._unpicklable import Unpicklable
@@ -75,6 +76,25 @@ class PooledFileIO(Unpicklable, PyArrowFileIO):
 
     def __repr__(self) -> str:
         return "PooledFileIO()"
+
+    def new_input(self, location: str) -> PyArrowFile:
+        return _held(super().new_input(location))
+
+    def new_output(self, location: str) -> PyArrowFile:
+        return _held(super().new_output(location))
+
+
+class HeldFile(PyArrowFile):
+    """pyiceberg's file object, refusing pickling (and copying by reduction) as :class:`Unpicklable` does: its
+    pyarrow filesystem pickles with the credential set's keys and token."""
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a file opened through a pooled FileIO holds credentials and cannot be pickled")
+
+
+def _held(file: PyArrowFile) -> PyArrowFile:
+    file.__class__ = HeldFile  # same layout (HeldFile adds no state): the object pyiceberg built, unpicklable
+    return file
 
 
 def _acyclic_cache(owner: weakref.ref[PooledFileIO]) -> Callable[[str, str | None], FileSystem]:

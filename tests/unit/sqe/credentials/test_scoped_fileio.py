@@ -369,3 +369,15 @@ class TestLocalPathsOfObjectStoreTables:
         local.write_bytes(b"local table bytes")
         io = _scoped({}, [], _config(), location=(tmp_path / "t").as_uri())
         assert io.new_input(local.as_uri()).open().read() == b"local table bytes"
+
+
+def test_files_it_opens_refuse_pickling() -> None:
+    """Found by review: pyiceberg's file objects pickled with their pyarrow S3 filesystem, whose state holds the
+    vended secret and session token; every other object holding a credential refuses (``Unpicklable``)."""
+    io = _scoped({}, _two_tables(), _config(), received_at=RECEIVED)
+    for file in (io.new_input("s3://b/t1/data/a.parquet"), io.new_output("s3://b/t10/data/b.parquet")):
+        assert file.location.startswith("s3://b/t1")
+        for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="holds credentials"):
+                attempt(file)
+        assert not any(secret in repr(file) for secret in SECRETS)
