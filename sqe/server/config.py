@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, SecretStr
 
@@ -22,6 +23,9 @@ from sqe._config_loader import ConfigSection, Origins, Unset, apply_env, build, 
 from sqe._machine import MAX_DATABASE_BYTES, MAX_DATABASE_THREADS, MIN_DATABASE_MEMORY_BYTES
 from sqe._net import is_loopback
 from sqe.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sqe.config import SQEConfig
 
 ENV_PREFIX = "SQE_SERVER_"
 SECTION = "server"
@@ -151,3 +155,17 @@ def load_server_config(path: str | Path, *, env: Mapping[str, str] | None = None
     config = build(ServerFile, tree, origins).server
     _validate(config, origins)
     return config.model_copy(update={"engine_config": str((source.parent / config.engine_config).resolve())})
+
+
+def check_serving_config(engine_config: SQEConfig) -> None:
+    """ConfigError unless the engine reads users' tables with vended credentials only. Without
+    ``require_vended_credentials`` a file a table's manifests name outside every prefix the catalog vended for that
+    table is read with the server's ``[storage]`` pair or the AWS SDK's ambient credentials; manifests are the
+    table writer's text, so a user who may commit to some table could point it at another table's data files and
+    have the server read them raw, past that table's restrictions or without a grant on it."""
+    if not engine_config.catalog.require_vended_credentials:
+        raise ConfigError(
+            "sqe serve reads for many users: its engine config must turn on [catalog] require_vended_credentials "
+            "(without it a file a table names outside what the catalog vended for it would be read with the "
+            "server's own key)"
+        )

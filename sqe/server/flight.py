@@ -41,7 +41,7 @@ from sqe.errors import AuthenticationError, QueryError, SQEError, StatementNotPr
 from sqe.server import metadata
 from sqe.server._proto import flight_cancel_pb2 as cancel_pb
 from sqe.server._proto import flight_sql_pb2 as sql_pb
-from sqe.server.config import ServerConfig
+from sqe.server.config import ServerConfig, check_serving_config
 from sqe.server.errors import to_flight
 from sqe.server.identity import IdentityBroker, User
 from sqe.server.parameter_sizes import batch_bytes
@@ -405,6 +405,7 @@ class SQEFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         *,
         tls_certificates: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
+        check_serving_config(engine_config)
         scheme = "grpc+tls" if tls_certificates else "grpc+tcp"
         location = f"{scheme}://{server_config.listen}"
         super().__init__(

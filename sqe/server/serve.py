@@ -26,7 +26,7 @@ from sqe._text import counted, first_line, terminal_line
 from sqe.config import SQEConfig, load_config
 from sqe.errors import CatalogError, CatalogUnavailableError, SQEError
 from sqe.server import mount_stores
-from sqe.server.config import ServerConfig, load_server_config
+from sqe.server.config import ServerConfig, check_serving_config, load_server_config
 from sqe.server.identity import IdentityBroker
 from sqe.server.mount_stores import MIN_PRUNE_DAYS
 
@@ -160,22 +160,6 @@ def _log_engine_limits(limits: DatabaseLimits | None) -> None:
         )
 
 
-def _warn_unvended_reads(engine_config: SQEConfig) -> None:
-    """One warning at start when users' tables may be read with the server's own credentials: without
-    ``require_vended_credentials``, a file a table's manifests name outside every prefix the catalog vended for
-    that table is read with the ``[storage]`` pair, or the AWS SDK's ambient chain (an instance or pod role), not
-    within the user's vended scope. Manifests are the table writer's text, so a user who may commit to any table
-    could point one at another table's data files (one restricted for them, or not granted at all) and read them
-    raw through the server."""
-    if not engine_config.catalog.require_vended_credentials:
-        log.warning(
-            "[catalog] require_vended_credentials is false: a file a table names outside what the catalog vended "
-            "for it is read with the server's [storage] key or ambient AWS credentials, so a user who may commit to "
-            "a table can have the server read files of tables they may not read (or read only restricted); set "
-            "require_vended_credentials = true to serve users"
-        )
-
-
 def _check_reader(broker: IdentityBroker) -> None:
     """One reader login before listening: a refused reader identity (a wrong or rotated secret, a deleted
     principal) ends the start with one line naming the reader. A catalog not reachable yet (started after the
@@ -197,6 +181,7 @@ def _serve(config_path: str, port_file: str | None, started: Started) -> int:
 
     server_config = load_server_config(config_path)
     engine_config = load_config(server_config.engine_config)
+    check_serving_config(engine_config)  # before anything is contacted
     _log_stores(engine_config)
     broker = IdentityBroker(
         engine_config.catalog.uri,
@@ -208,7 +193,6 @@ def _serve(config_path: str, port_file: str | None, started: Started) -> int:
         auth_cache_seconds=server_config.auth_cache_seconds,
     )
     _check_reader(broker)
-    _warn_unvended_reads(engine_config)
     try:
         server = SQEFlightServer(server_config, engine_config, broker, tls_certificates=_tls(server_config))
     except (OSError, ArrowException) as exc:  # the port is taken, the TLS material is not a key pair, ...

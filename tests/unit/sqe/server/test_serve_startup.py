@@ -5,21 +5,18 @@ The real program in a subprocess; the engine config names a catalog on a closed 
 
 from __future__ import annotations
 
-import logging
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
-from sqe.config import load_config
-from sqe.server import serve
-
-
-def _configs(tmp_path: Path, listen: str, extra: str = "") -> Path:
+def _configs(tmp_path: Path, listen: str, extra: str = "", *, own_key: bool = False) -> Path:
     engine = tmp_path / "engine.toml"
-    engine.write_text('[catalog]\nuri = "http://127.0.0.1:9"\nwarehouse = "wh"\nclient_id = "u"\nclient_secret = "s"\n')
+    engine.write_text(
+        '[catalog]\nuri = "http://127.0.0.1:9"\nwarehouse = "wh"\nclient_id = "u"\nclient_secret = "s"\n'
+        f"{'' if own_key else 'require_vended_credentials = true'}\n"
+    )
     server = tmp_path / "server.toml"
     server.write_text(f'[server]\nengine_config = "{engine}"\nlisten = "{listen}"\n{extra}')
     return server
@@ -60,14 +57,12 @@ def test_a_port_file_that_cannot_be_written_is_one_error_line(tmp_path: Path) ->
     assert line.startswith(f"sqe serve: error: cannot write the port file {port_file}: "), line
 
 
-def test_a_server_that_may_read_with_its_own_key_warns_at_start(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_server_that_may_read_with_its_own_key_does_not_start(tmp_path: Path) -> None:
     """Found by review: without require_vended_credentials a file a table's manifests name outside the catalog's
     vended prefixes is read with the server's [storage] key (or ambient AWS credentials), so a user who may commit
-    to some table can have the server read another table's files. The server says so at start."""
-    base = {"catalog.uri": "http://127.0.0.1:9", "catalog.warehouse": "wh"}
-    caplog.set_level(logging.WARNING, logger="sqe.server.serve")
-    serve._warn_unvended_reads(load_config(env={}, overrides=base))
-    assert "require_vended_credentials is false" in caplog.text and "[storage] key" in caplog.text
-    caplog.clear()
-    serve._warn_unvended_reads(load_config(env={}, overrides={**base, "catalog.require_vended_credentials": True}))
-    assert not caplog.records
+    to some table could have the server read another table's files raw. Refused before anything is contacted."""
+    line = _error_line(_serve("--config", str(_configs(tmp_path, "127.0.0.1:0", own_key=True))))
+    assert line.startswith(
+        "sqe serve: error: sqe serve reads for many users: its engine config must turn on [catalog] "
+        "require_vended_credentials (without it"
+    ), line
