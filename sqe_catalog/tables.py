@@ -420,10 +420,15 @@ def _check_schema_ids(schema: Schema) -> None:
         raise BadRequestError(f"invalid schema: ids must be integers from 0 to {_MAX_ID}")
 
 
-def _require_same_uuid(namespace: Namespace, name: str, previous: TableMetadata, new: TableMetadata) -> None:
+def _require_same_uuid(
+    namespace: Namespace, name: str, previous: TableMetadata, new: TableMetadata, trusted: TrustedState | None
+) -> None:
     """Re-admission keeps the table: another table's metadata (a new UUID) would also shed the column tags
-    matched by this table's UUID and field ids, and those decide read-restrictions."""
-    if new.table_uuid != previous.table_uuid:
+    matched by this table's UUID and field ids, and those decide read-restrictions. The UUID is the one the
+    catalog recorded with the current pointer, where it did: the current file may have been rewritten in storage
+    (a plaintext table's has no digest), and must not decide which UUID counts."""
+    recorded = trusted.table_uuid if trusted is not None else None
+    if str(new.table_uuid) != (recorded if recorded is not None else str(previous.table_uuid)):
         raise CommitFailedError(
             f"table {'.'.join((*namespace, name))}: the new metadata has another table-uuid; "
             "a table keeps its UUID (drop and register it instead)"
@@ -957,7 +962,7 @@ class WarehouseTables:
             current = NoSuchTableError.unless_found(found, *namespace, name)
             # Not verified: a re-admission may repair a current file that no longer matches its pin.
             previous = self._read_parsed(current).metadata
-            _require_same_uuid(namespace, name, previous, parsed.metadata)
+            _require_same_uuid(namespace, name, previous, parsed.metadata, trusted)
             if judge is not None:
                 judge(previous, parsed.metadata)
             logged = frozenset({current, *(entry.metadata_file for entry in previous.metadata_log)})

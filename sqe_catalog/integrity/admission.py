@@ -57,12 +57,13 @@ __all__ = [
 
 FORMAT_VERSION_PROPERTY = "format-version"
 
-# Runs inside the transaction that moves a protected table's pointer, with the metadata being pinned: records the
-# table's locations and, for a notification, its timestamp; raising rolls the whole transaction back.
-AlsoInTransaction = Callable[[Connection, TableMetadata], None]
+# Runs inside the transaction that moves a protected table's pointer, with the new pointer and the metadata being
+# pinned: records the table's locations and UUID and, for a notification, its timestamp; raising rolls the whole
+# transaction back.
+AlsoInTransaction = Callable[[Connection, str, TableMetadata], None]
 
 
-def _no_more(_conn: Connection, _metadata: TableMetadata) -> None:
+def _no_more(_conn: Connection, _location: str, _metadata: TableMetadata) -> None:
     return None
 
 
@@ -197,7 +198,7 @@ def _insert_protected(
             st.insert_state(conn, table, trusted)
             if event is not None:
                 st.record_event(conn, event)
-            also(conn, parsed.metadata)
+            also(conn, trusted.metadata_location, parsed.metadata)
     except IntegrityError:
         raise AlreadyExistsError(f"table already exists: {table.dotted_namespace}.{table.name}") from None
 
@@ -218,7 +219,7 @@ def commit_revision(
     with removed_if_raced(catalog_io(catalog), location), catalog.engine.begin() as conn:
         _swap_pointer(conn, catalog, table, trusted.metadata_location, location)
         st.replace_state(conn, table, trusted, new_state)
-        also(conn, parsed.metadata)
+        also(conn, location, parsed.metadata)
     return location, parsed
 
 
@@ -268,7 +269,7 @@ def readmit(
         _swap_pointer(conn, catalog, table, trusted.metadata_location, location)
         st.replace_state(conn, table, trusted, new_state)
         st.record_event(conn, _event(action, actor, table, trusted, new_state))
-        also(conn, parsed.metadata)
+        also(conn, location, parsed.metadata)
 
 
 def replace_legacy_pointer(

@@ -166,8 +166,9 @@ class IntegrityGuard:
         """What every pointer move of a protected table records in its own transaction."""
         legacy = self._also_legacy(table, stamp, left)
 
-        def also(conn: Connection, metadata: TableMetadata) -> None:
+        def also(conn: Connection, location: str, metadata: TableMetadata) -> None:
             st.store_locations(conn, table, self._locations_of(metadata))
+            st.store_table_uuid(conn, table, location, str(metadata.table_uuid))
             legacy(conn)
 
         return also
@@ -398,6 +399,7 @@ class IntegrityGuard:
                 raise MetadataIntegrityError(f"table {table}: {exc.message}") from None
             admission.verify_loaded(table, trusted, location, parsed)
             self._check_recorded_locations(table, trusted, parsed.metadata)
+            self._check_recorded_uuid(table, trusted, parsed.metadata)
         except MetadataIntegrityError as exc:
             log.error("integrity check failed: %s", exc.message)
             raise
@@ -411,6 +413,17 @@ class IntegrityGuard:
         if set(self._locations_of(metadata)) != set(trusted.locations):
             raise MetadataIntegrityError(
                 f"table {table}: the metadata's locations do not match the ones the catalog recorded for it"
+            )
+
+    @staticmethod
+    def _check_recorded_uuid(table: TableName, trusted: TrustedState, metadata: TableMetadata) -> None:
+        """The file must name the table-uuid the catalog recorded with its pointer: column tags (and so masks)
+        match a table by its UUID, and a plaintext table's file has no digest that would catch another one."""
+        if trusted.table_uuid is None:
+            return  # recorded before the catalog kept it: nothing to compare with
+        if str(metadata.table_uuid) != trusted.table_uuid:
+            raise MetadataIntegrityError(
+                f"table {table}: the metadata names another table-uuid than the catalog recorded for it"
             )
 
     # -- writes --------------------------------------------------------------------------------------------

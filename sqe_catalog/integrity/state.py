@@ -91,6 +91,18 @@ _locations = Table(
     *object_key(),
     Column("locations", Text, nullable=False),  # JSON array of strings
 )
+# The table-uuid of the revision each protected table's pointer names, recorded with that pointer (in the
+# transaction that moved it): a plaintext table's file has no digest, and the UUID decides which tags (and so which
+# masks) match the table. Keyed by the pointer too, so a row a process of an earlier version left behind (it moved
+# the pointer without one) never applies to another revision. Legacy tables, and protected ones not moved since
+# this table was created, have no row (nothing is compared, as before).
+_uuids = Table(
+    "sqe_table_uuids",
+    METADATA,
+    *object_key(),
+    Column("metadata_location", Text, nullable=False),
+    Column("table_uuid", String(36), nullable=False),
+)
 
 
 def _place_records(name: str, time_column: str, *extra: Column[Any]) -> Table:
@@ -143,7 +155,7 @@ _vended = Table("sqe_vended_credentials", METADATA, warehouse_key(), Column("unt
 # another catalog process's claim committed behind (the value moved on) rolls back, so checks and record act as
 # one critical section across all processes on the database (see ``IntegrityGuard.claiming``).
 _claims = Table("sqe_location_claims", METADATA, warehouse_key(), Column("epoch", BigInteger, nullable=False))
-_TABLES = (_pins, _events, _notification_times, _locations, _dropped, _reserved, _tasks, _vended, _claims)
+_TABLES = (_pins, _events, _notification_times, _locations, _uuids, _dropped, _reserved, _tasks, _vended, _claims)
 
 
 def create_integrity_schema(engine: Engine) -> None:
@@ -192,6 +204,8 @@ class TrustedState:
     # The places the catalog recorded for this pointer, in the transaction that moved it (None: not read, or a
     # table from before they were recorded). A function of the pointer, so no part of the pin's identity.
     locations: tuple[str, ...] | None = field(default=None, compare=False)
+    # The table-uuid recorded with this pointer (None: recorded before the catalog kept it). Likewise no identity.
+    table_uuid: str | None = field(default=None, compare=False)
 
     @property
     def protection(self) -> Protection:
@@ -214,7 +228,9 @@ def _where(ref: TableName) -> Any:
 
 
 def _row_to_state(row: Any) -> TrustedState:
-    return TrustedState(row.metadata_location, row.key_id, row.digest, row.digest_version, _recorded(row))
+    return TrustedState(
+        row.metadata_location, row.key_id, row.digest, row.digest_version, _recorded(row), row.recorded_uuid
+    )
 
 
 def _recorded(row: Any) -> tuple[str, ...] | None:
@@ -222,12 +238,20 @@ def _recorded(row: Any) -> tuple[str, ...] | None:
 
 
 def _with_recorded_locations(pins: Any) -> Any:
-    """``pins`` (a select from the pin table) with the table's recorded locations, from the same snapshot."""
-    return pins.add_columns(_locations.c.locations.label("recorded_locations")).outerjoin(
+    """``pins`` (a select from the pin table) with the table's recorded locations and the table-uuid recorded with
+    its pinned pointer, from the same snapshot."""
+    with_locations = pins.add_columns(_locations.c.locations.label("recorded_locations")).outerjoin(
         _locations,
         (_locations.c.warehouse == _pins.c.warehouse)
         & (_locations.c.namespace == _pins.c.namespace)
         & (_locations.c.table_name == _pins.c.table_name),
+    )
+    return with_locations.add_columns(_uuids.c.table_uuid.label("recorded_uuid")).outerjoin(
+        _uuids,
+        (_uuids.c.warehouse == _pins.c.warehouse)
+        & (_uuids.c.namespace == _pins.c.namespace)
+        & (_uuids.c.table_name == _pins.c.table_name)
+        & (_uuids.c.metadata_location == _pins.c.metadata_location),
     )
 
 
@@ -259,7 +283,9 @@ def pointer_and_state(conn: Connection, ref: TableName) -> tuple[str | None, Tru
         return None, None
     if row.pinned_location is None:
         return row.metadata_location, None
-    pinned = TrustedState(row.pinned_location, row.key_id, row.digest, row.digest_version, _recorded(row))
+    pinned = TrustedState(
+        row.pinned_location, row.key_id, row.digest, row.digest_version, _recorded(row), row.recorded_uuid
+    )
     return row.metadata_location, pinned
 
 
@@ -299,6 +325,7 @@ def replace_state(conn: Connection, ref: TableName, expected: TrustedState, stat
 def delete_state(conn: Connection, ref: TableName) -> None:
     conn.execute(delete(_pins).where(_where(ref)))
     conn.execute(delete(_locations).where(_where_locations(ref)))
+    conn.execute(delete(_uuids).where(_named(_uuids, ref)))
 
 
 def rename_state(conn: Connection, source: TableName, target: TableName) -> None:
@@ -307,6 +334,8 @@ def rename_state(conn: Connection, source: TableName, target: TableName) -> None
     conn.execute(delete(_locations).where(_where_locations(target)))
     renamed = {"namespace": target.dotted_namespace, "table_name": target.name}
     conn.execute(update(_locations).where(_where_locations(source)).values(**renamed))
+    conn.execute(delete(_uuids).where(_named(_uuids, target)))
+    conn.execute(update(_uuids).where(_named(_uuids, source)).values(**renamed))
     # Records of places left under the source name (its moves, or a dropped table of that name) follow it as the
     # restriction entries and tags found by that name do (the API renames them too): a claim there is checked
     # against the governance of the name they now carry. The tombstone of a purge still to run stays: its task
@@ -348,6 +377,20 @@ def store_locations(conn: Connection, ref: TableName, locations: tuple[str, ...]
             namespace=ref.dotted_namespace,
             table_name=ref.name,
             locations=json.dumps(list(locations)),
+        )
+    )
+
+
+def store_table_uuid(conn: Connection, ref: TableName, metadata_location: str, table_uuid: str) -> None:
+    """Record the table-uuid of the revision at ``metadata_location`` (same transaction as the pointer move)."""
+    conn.execute(delete(_uuids).where(_named(_uuids, ref)))
+    conn.execute(
+        insert(_uuids).values(
+            warehouse=ref.warehouse,
+            namespace=ref.dotted_namespace,
+            table_name=ref.name,
+            metadata_location=metadata_location,
+            table_uuid=table_uuid,
         )
     )
 

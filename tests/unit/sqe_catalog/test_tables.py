@@ -19,6 +19,7 @@ from sqe_catalog.config import ServerConfig, WarehouseConfig
 from sqe_catalog.errors import (
     AlreadyExistsError,
     BadRequestError,
+    CommitFailedError,
     ForbiddenError,
     NoSuchNamespaceError,
 )
@@ -686,3 +687,22 @@ def test_a_start_up_cover_yields_to_an_expiry_another_process_records_meanwhile(
     assert raced, "the cover inserted"
     restarted.drop_table(("db",), "t", purge=False)
     assert _reserved_until(restarted, "t") == [later]
+
+
+def test_a_reregister_keeps_the_recorded_table_uuid_not_the_one_of_the_stored_file(tables: WarehouseTables) -> None:
+    # Found by review: a re-admission had to keep the UUID of the current metadata file as read from storage (not
+    # verified: a re-admission may repair a broken one), so a plaintext file rewritten there with another UUID let
+    # a register overwrite admit and record it, shedding the column tags matched by the table's UUID. The UUID the
+    # catalog recorded with the pointer is the one kept.
+    tables.create_namespace(("db",), {})
+    a = tables.create_table(("db",), _create("a"))
+    stored = Path(str(a.metadata_location).removeprefix("file://"))
+    document = json.loads(stored.read_text())
+    other = {**document, "table-uuid": "00000000-0000-4000-8000-000000000001", "metadata-log": []}
+    stored.write_text(json.dumps(other))  # rewritten in storage (a holder of its write keys can)
+    written = f"{a.location}/metadata/00001-client.metadata.json"
+    Path(written.removeprefix("file://")).write_text(json.dumps(other))
+    with pytest.raises(CommitFailedError, match="another table-uuid"):
+        tables.register_table(("db",), "a", written, overwrite=True)
+    stored.write_text(json.dumps(document))
+    assert tables.load_table(("db",), "a").metadata.table_uuid == a.metadata.table_uuid

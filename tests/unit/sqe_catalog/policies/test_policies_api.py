@@ -456,6 +456,39 @@ def test_a_column_matched_by_name_only_keeps_its_mask_when_renamed(catalog: Cata
     assert _restrictions(catalog) == {"required-column-projections": [{"field-id": 2, "action": "mask-alphanum"}]}
 
 
+def _rewrite_in_storage(location: str, table_uuid: str) -> None:
+    """What a holder of db.t's vended write keys can do to its plaintext metadata file (no digest) with a plain
+    PutObject: give it another table-uuid and rename the tagged column, keeping its locations and key id."""
+    path = Path(location.removeprefix("file://"))
+    document = json.loads(path.read_text())
+    document["table-uuid"] = table_uuid
+    for schema in document["schemas"]:
+        for column in schema["fields"]:
+            if column["id"] == 2:
+                column["name"] = "contact"
+    path.write_text(json.dumps(document))
+
+
+def test_a_plaintext_metadata_file_rewritten_with_another_table_uuid_is_refused_not_served_unmasked(
+    catalog: Catalog,
+) -> None:
+    # Found by review: a plaintext table's metadata file has no digest, and only its locations and key id were
+    # checked against the catalog's record. Rewritten in storage with another table-uuid (and the tagged column
+    # renamed), it was served, and the column tag matched by the table's UUID and field id no longer applied: the
+    # mask was gone for every reader (assign-uuid and a re-admission with another UUID are refused for this very
+    # reason). The UUID is now recorded with each pointer and checked like the locations (422).
+    location = catalog.request("root", "GET", TABLE).json()["metadata-location"]
+    _mask_pii(catalog, "email")
+    assert _restrictions(catalog) == {"required-column-projections": [{"field-id": 2, "action": "mask-alphanum"}]}
+    _rewrite_in_storage(location, str(uuid.uuid4()))
+    refused = catalog.request(ALICE, "GET", TABLE, headers=DECLARED)
+    assert "another table-uuid than the catalog recorded" in error_of(refused, 422)
+    # Nor can a commit build on the rewritten file and so make its UUID the recorded one.
+    _enable(catalog, "m", False)
+    updates = [{"action": "set-properties", "updates": {"k": "v"}}]
+    assert catalog.request("root", "POST", TABLE, updates=updates, requirements=[]).status == 422
+
+
 def _stewards_see_all(catalog: Catalog, tag: str) -> None:
     """Row filter EU on ``tag=restricted``, lifted for stewards: root and bob, who may drop and create tables (the
     gate lets their changes through), bob without CATALOG_MANAGE_POLICIES."""
