@@ -26,7 +26,8 @@ with read-only credentials. Commits by a restricted end user are refused. This h
 comparison; the ETag of a restricted response digests the principal and its restrictions, and every ETag
 digests the actor. Each governed response leaves one ``sqe_catalog.audit`` line. A schema change (commit, create,
 create transaction, register, notification UPDATE or CREATE) that would leave some reader's restrictions
-unresolvable needs ``CATALOG_MANAGE_POLICIES`` (``sqe_catalog.policies.schema_change``).
+unresolvable, or make a reader's row filter read other columns, needs ``CATALOG_MANAGE_POLICIES``
+(``sqe_catalog.policies.schema_change``).
 """
 
 from __future__ import annotations

@@ -452,7 +452,8 @@ class RestrictionStore:
 
     def refuse_breaking_schema_change(self, warehouse: str, before: StoredTable | None, after: StoredTable) -> None:
         """SchemaChangeRefusedError when ``after`` (a commit's result, or a new table) leaves a reader's
-        restrictions unresolvable where ``before`` (None: a new table) resolves them. The caller skips this for a
+        restrictions unresolvable where ``before`` (None: a new table) resolves them, or makes a reader's row filter
+        read other columns than on ``before``. The caller skips this for a
         policy manager. Every class of reader is resolved (``schema_change``); a failure ``before`` already had
         for that reader is not the change's doing."""
         if before is not None and _same_schemas(before.metadata, after.metadata):
@@ -468,9 +469,7 @@ class RestrictionStore:
         for reader in readers:
             applying = _subjects_of(reader.user, reader.groups)
             raw = [RawEntry(str(e.subject), e.restrictions) for e in entries if e.subject in applying]
-            failure = self._new_failure(before, after, reader, snapshot, raw)
-            if failure is not None:
-                raise _schema_change_refused(what, failure, after)
+            self._judge_reader(what, before, after, reader, snapshot, raw)
 
     def _governed_readers(
         self, warehouse: str, table: StoredTable
@@ -504,27 +503,37 @@ class RestrictionStore:
         frozen = {name: frozenset(groups) for name, groups in memberships.items()}
         return reader_classes(frozen, known, mentions), entries, snapshot
 
-    def _new_failure(
+    def _judge_reader(
         self,
+        what: str,
         before: StoredTable | None,
         after: StoredTable,
         reader: PolicySubject,
         snapshot: GovernanceSnapshot | None,
         entries: list[RawEntry],
-    ) -> ResolutionError | None:
-        """The reader's resolution failure on ``after``, unless ``before`` failed for the reader too."""
+    ) -> None:
+        """SchemaChangeRefusedError when the reader's restrictions fail to resolve on ``after`` where they resolve on
+        ``before``, or resolve there to a row filter over other columns (a policy's ``col(name)`` binds by name:
+        a rename handing the name to another column would filter on that one instead)."""
         try:
-            self._run(after, reader, snapshot, entries)
-            return None
+            resolved = self._run(after, reader, snapshot, entries)
         except ResolutionError as exc:
-            failure = exc
+            failure: ResolutionError | None = exc
+        else:
+            failure = None
         if before is None:
-            return failure
+            if failure is not None:
+                raise _schema_change_refused(what, failure, after)
+            return
         try:
-            self._run(before, reader, snapshot, entries)
+            previous = self._run(before, reader, snapshot, entries)
         except ResolutionError:
-            return None  # already unresolvable for this reader: not the change's doing
-        return failure
+            return  # already unresolvable for this reader: not the change's doing
+        if failure is not None:
+            raise _schema_change_refused(what, failure, after)
+        read_before, read_after = _row_filter_fields(previous.wire), _row_filter_fields(resolved.wire)
+        if read_before != read_after:
+            raise _row_filter_rebound(what, (before, read_before), (after, read_after))
 
     def preview(self, warehouse: str, loaded: StoredTable, principal: str, *, include_disabled: bool) -> dict[str, Any]:
         """The explain report of resolving ``loaded`` for ``principal`` (nothing is enabled or stored)."""
@@ -682,6 +691,41 @@ def _schema_change_refused(what: str, failure: ResolutionError, after: StoredTab
         f"this schema change would make every governed load of {what} fail for some readers, whose "
         f"read-restrictions would no longer resolve: {detail} [{failure.code}]; only a principal with "
         "CATALOG_MANAGE_POLICIES may make it"
+    )
+
+
+_ROW_FILTER = "required-row-filter"
+
+
+def _row_filter_fields(wire: dict[str, Any] | None) -> frozenset[int]:
+    """The field ids a resolved row filter reads (its ``{"type": "reference", "id": N}`` nodes)."""
+    found: set[int] = set()
+    pending: list[Any] = [wire.get(_ROW_FILTER)] if wire is not None else []
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "reference" and isinstance(node.get("id"), int):
+                found.add(node["id"])
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return frozenset(found)
+
+
+def _row_filter_rebound(
+    what: str, before: tuple[StoredTable, frozenset[int]], after: tuple[StoredTable, frozenset[int]]
+) -> SchemaChangeRefusedError:
+    """The refusal of a change that leaves a reader's row filter resolvable, but over other columns."""
+
+    def shown(table: StoredTable, fields: frozenset[int]) -> str:
+        names = {f.field_id: f.name for f in table.metadata.schema().fields}
+        return ", ".join(f"{names.get(fid, '?')!r} (field {fid})" for fid in sorted(fields)) or "no column"
+
+    log.warning("schema change of %s refused: a row filter would bind other columns", what)
+    return SchemaChangeRefusedError(
+        f"this schema change would make a row filter of {what} read other columns than it does now (it reads "
+        f"{shown(*before)}, and would read {shown(*after)}): the row filter would bind another column, as its "
+        "policy names columns by name; only a principal with CATALOG_MANAGE_POLICIES may make it"
     )
 
 

@@ -489,6 +489,47 @@ def test_a_plaintext_metadata_file_rewritten_with_another_table_uuid_is_refused_
     assert catalog.request("root", "POST", TABLE, updates=updates, requirements=[]).status == 422
 
 
+def test_a_rename_handing_a_row_filters_column_name_to_another_column_is_refused(catalog: Catalog) -> None:
+    # Found by review: a row filter binds col("region") by name, and the schema guard refused only a change after
+    # which it would not resolve. Swapping the names of region and email in one schema change still resolved, to
+    # email: "region != US" then held for every row, and a principal with TABLE_WRITE_PROPERTIES alone (no data
+    # access, no CATALOG_MANAGE_POLICIES) lifted the row filter of every reader. Such a change is refused now.
+    catalog.store.create_group("stewards")
+    for steward in ("root", "bob"):  # the row filter lifted for them: their commits pass the gate
+        catalog.store.add_to_group(steward, "stewards")
+    catalog.store.grant("bob_role", "TABLE_WRITE_PROPERTIES", "wh")
+    _tag(catalog, "sensitivity", "restricted", namespace=["db"], table="t")
+    not_us = 'filter := true if is_group_member("stewards") else := col("region") != "US"'
+    _policy(catalog, "rf", "system_row_filter", not_us, "sensitivity", "restricted")
+    _enable(catalog, "rf")
+    before = _restrictions(catalog)
+    assert '"id": 3' in json.dumps(before) and '"id": 2' not in json.dumps(before)
+    email, region = (
+        {"id": 2, "name": "region", "type": "string", "required": False},
+        {"id": 3, "name": "email", "type": "string", "required": False},
+    )
+    updates = [
+        {"action": "add-schema", "schema": _schema(1, email, region)},
+        {"action": "set-current-schema", "schema-id": -1},
+    ]
+    refused = catalog.request("bob", "POST", TABLE, updates=updates, requirements=[])
+    message = error_of(refused, 403)
+    assert "row filter would bind another column" in message and "CATALOG_MANAGE_POLICIES" in message
+    assert _restrictions(catalog) == before
+    # A rename of another column, or one that leaves the name to no column (refused: unresolvable), is unchanged;
+    # a policy manager may make the swap.
+    renamed = [
+        {"action": "add-schema", "schema": _schema(1, {**email, "id": 2, "name": "mail"}, {**region, "name": "region"})}
+    ]
+    renamed.append({"action": "set-current-schema", "schema-id": -1})
+    assert catalog.request("bob", "POST", TABLE, updates=renamed, requirements=[]).status == 200
+    updates = [
+        {"action": "add-schema", "schema": _schema(2, email, region)},
+        {"action": "set-current-schema", "schema-id": -1},
+    ]
+    assert catalog.request("root", "POST", TABLE, updates=updates, requirements=[]).status == 200
+
+
 def _stewards_see_all(catalog: Catalog, tag: str) -> None:
     """Row filter EU on ``tag=restricted``, lifted for stewards: root and bob, who may drop and create tables (the
     gate lets their changes through), bob without CATALOG_MANAGE_POLICIES."""
