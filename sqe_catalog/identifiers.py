@@ -7,6 +7,8 @@ least as strict as Polaris's: a name is refused when it
 
 - is not a string, is empty, or is longer than ``MAX_NAME_LENGTH`` characters;
 - is ``.`` or ``..``, or contains ``/`` or ``\\`` (path separators and traversal forms);
+- contains ``#`` or ``?``: names become parts of locations, and pyiceberg's FileIO parses a location as a URI,
+  cutting it at a fragment or query (a table ``u#x``'s files went to ``<warehouse>/<ns>/u``, outside its location);
 - contains a control, format or invisible character (Unicode categories Cc, Cf, Cs = lone surrogates, Co, Cn,
   Zl, Zp), a space character other than U+0020, or U+FFFD (what the server makes of a byte that is not UTF-8);
 - is whitespace only, or starts or ends with whitespace (padded names look identical to unpadded ones).
@@ -41,11 +43,14 @@ MAX_NAME_LENGTH = 255
 MAX_NAMESPACE_DEPTH = 16
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 _PATH_CHARACTERS = frozenset("/\\")
+_URI_CHARACTERS = frozenset("#?")  # a URI's fragment and query: pyiceberg's FileIO cuts a location at them
 
 
 def _character_problem(ch: str) -> str | None:
     if ch in _PATH_CHARACTERS:
         return "a path separator"
+    if ch in _URI_CHARACTERS:
+        return "'#' or '?' (locations are parsed as URIs, which end their path there)"
     category = unicodedata.category(ch)
     if category in _REFUSED_CATEGORIES:
         return f"a control or invisible character (U+{ord(ch):04X})"

@@ -285,3 +285,27 @@ def test_reads_that_come_as_posts_run_on_the_reads_threads() -> None:
         "POST /restrictions/preview",
     }
     assert not any(op.writes for op in ops.values() if op.method in ("GET", "HEAD"))
+
+
+@pytest.mark.parametrize("name", ["u#x", "u?x"])
+def test_a_name_with_a_uri_fragment_or_query_character_is_refused(
+    app_and_token: tuple[Starlette, str], tmp_path: Path, name: str
+) -> None:
+    # Found by review: a table named "u#x" was created with its metadata file written to <warehouse>/db/u, outside
+    # its own location, because pyiceberg's FileIO parses a location as a URI and cut it at "#" (or "?"): every
+    # table "u#..." shared that one file, a second create was a 500, and data files went to the same wrong place.
+    app, token = app_and_token
+    auth = {"authorization": f"Bearer {token}"}
+    assert call(app, "POST", "/v1/wh/namespaces", headers=auth, body=b'{"namespace": ["db"]}').status == 200
+    schema = {"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "type": "long", "required": True}]}
+    for kind in ("tables", "views"):
+        body: dict[str, Any] = {"name": name, "schema": schema}
+        if kind == "views":
+            version = {"version-id": 1, "schema-id": 0, "timestamp-ms": 1, "summary": {}, "default-namespace": ["db"]}
+            body["view-version"] = {**version, "representations": [{"type": "sql", "sql": "select 1", "dialect": "x"}]}
+        reply = call(app, "POST", f"/v1/wh/namespaces/db/{kind}", headers=auth, body=json.dumps(body).encode())
+        assert reply.status == 400, reply.body
+        assert reply.json()["error"]["type"] == "BadRequestException"
+    assert not (tmp_path / "wh" / "db" / "u").exists()
+    namespace = json.dumps({"namespace": [f"db{name}"]}).encode()
+    assert call(app, "POST", "/v1/wh/namespaces", headers=auth, body=namespace).status == 400

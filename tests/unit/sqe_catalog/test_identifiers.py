@@ -32,6 +32,8 @@ ODD_NAMES = [
     "a\ud800b",  # lone surrogate (Cs)
     "a\u00a0b",  # no-break space
     "a\ufffd\ufffdb",  # a path segment "a%FF%FEb": the server decodes bytes that are not UTF-8 to U+FFFD
+    "a#b",  # a URI's fragment: pyiceberg's FileIO cut every path of such a table at it
+    "a?b",  # a URI's query: likewise
     " ",
     "\t",
     " padded",
