@@ -1162,7 +1162,8 @@ class WarehouseTables:
     def _check_inside_warehouse(self, location: str, what: str) -> None:
         scheme, parts = _split_location(location)
         root_scheme, root_parts = _split_location(self.root)
-        if any(part in ("", ".", "..") for part in parts) or any(ord(ch) < 0x20 for ch in location):
+        # "#" and "?": pyiceberg's FileIO parses a location as a URI and would cut its path there (another place).
+        if any(part in ("", ".", "..") for part in parts) or any(ord(ch) < 0x20 or ch in "#?" for ch in location):
             raise BadRequestError(f"{what} is not a normalised location")
         inside = scheme == root_scheme and len(parts) > len(root_parts) and parts[: len(root_parts)] == root_parts
         if not inside:

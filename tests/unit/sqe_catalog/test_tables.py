@@ -706,3 +706,15 @@ def test_a_reregister_keeps_the_recorded_table_uuid_not_the_one_of_the_stored_fi
         tables.register_table(("db",), "a", written, overwrite=True)
     stored.write_text(json.dumps(document))
     assert tables.load_table(("db",), "a").metadata.table_uuid == a.metadata.table_uuid
+
+
+def test_a_location_with_a_uri_fragment_or_query_character_is_refused(tables: WarehouseTables) -> None:
+    # Found by review: pyiceberg's FileIO parses a location as a URI, so a table placed at <root>/db/x#y (or with
+    # such a write.metadata.path) had its metadata file written to <root>/db/x, outside every place it claims.
+    tables.create_namespace(("db",), {})
+    for properties in ({}, {"write.metadata.path": f"{tables.root}/db/m?y"}, {"write.data.path": f"{tables.root}/d#"}):
+        location = f"{tables.root}/db/x#y" if not properties else None
+        with pytest.raises(BadRequestError, match="not a normalised location"):
+            tables.create_table(("db",), _create("x", location, **properties))
+    assert not Path(f"{tables.root}/db/x".removeprefix("file://")).exists()
+    assert not Path(f"{tables.root}/db/m".removeprefix("file://")).exists()
