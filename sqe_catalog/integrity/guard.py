@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import json
 import logging
 import threading
 import time
@@ -168,7 +170,7 @@ class IntegrityGuard:
 
         def also(conn: Connection, location: str, metadata: TableMetadata) -> None:
             st.store_locations(conn, table, self._locations_of(metadata))
-            st.store_table_uuid(conn, table, location, str(metadata.table_uuid))
+            st.store_table_uuid(conn, table, location, str(metadata.table_uuid), schemas_digest(metadata))
             legacy(conn)
 
         return also
@@ -399,7 +401,7 @@ class IntegrityGuard:
                 raise MetadataIntegrityError(f"table {table}: {exc.message}") from None
             admission.verify_loaded(table, trusted, location, parsed)
             self._check_recorded_locations(table, trusted, parsed.metadata)
-            self._check_recorded_uuid(table, trusted, parsed.metadata)
+            self._check_recorded_identity(table, trusted, parsed.metadata)
         except MetadataIntegrityError as exc:
             log.error("integrity check failed: %s", exc.message)
             raise
@@ -416,14 +418,18 @@ class IntegrityGuard:
             )
 
     @staticmethod
-    def _check_recorded_uuid(table: TableName, trusted: TrustedState, metadata: TableMetadata) -> None:
-        """The file must name the table-uuid the catalog recorded with its pointer: column tags (and so masks)
-        match a table by its UUID, and a plaintext table's file has no digest that would catch another one."""
-        if trusted.table_uuid is None:
-            return  # recorded before the catalog kept it: nothing to compare with
-        if str(metadata.table_uuid) != trusted.table_uuid:
+    def _check_recorded_identity(table: TableName, trusted: TrustedState, metadata: TableMetadata) -> None:
+        """The file must name the table-uuid and hold the schemas the catalog recorded with its pointer: column tags
+        (and so masks) match a table by its UUID, row filters and masks bind its columns by name, and a plaintext
+        table's file has no digest that would catch another UUID or renamed columns (recorded before the catalog
+        kept them: nothing to compare with)."""
+        if trusted.table_uuid is not None and str(metadata.table_uuid) != trusted.table_uuid:
             raise MetadataIntegrityError(
                 f"table {table}: the metadata names another table-uuid than the catalog recorded for it"
+            )
+        if trusted.schemas_digest is not None and schemas_digest(metadata) != trusted.schemas_digest:
+            raise MetadataIntegrityError(
+                f"table {table}: the metadata holds other schemas than the catalog recorded for it"
             )
 
     # -- writes --------------------------------------------------------------------------------------------
@@ -659,6 +665,13 @@ def _refuse_notification_update(table: TableName, protection: Protection) -> Non
         raise MetadataIntegrityError(
             f"table {table} is a protected encrypted table: a notification cannot replace its trusted metadata digest"
         )
+
+
+def schemas_digest(metadata: TableMetadata) -> str:
+    """SHA-256 of a revision's schemas (by id) and current schema id: what read-restrictions bind to."""
+    schemas = [schema.model_dump(mode="json") for schema in sorted(metadata.schemas, key=lambda s: s.schema_id)]
+    text = json.dumps([metadata.current_schema_id, schemas], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _no_fingerprint(_location: str) -> str | None:

@@ -91,17 +91,19 @@ _locations = Table(
     *object_key(),
     Column("locations", Text, nullable=False),  # JSON array of strings
 )
-# The table-uuid of the revision each protected table's pointer names, recorded with that pointer (in the
-# transaction that moved it): a plaintext table's file has no digest, and the UUID decides which tags (and so which
-# masks) match the table. Keyed by the pointer too, so a row a process of an earlier version left behind (it moved
-# the pointer without one) never applies to another revision. Legacy tables, and protected ones not moved since
-# this table was created, have no row (nothing is compared, as before).
+# The table-uuid and a digest of the schemas of the revision each protected table's pointer names, recorded with
+# that pointer (in the transaction that moved it): a plaintext table's file has no digest, and these decide what
+# read-restrictions bind to (tags, and so masks, match the table by its UUID; a row filter names its columns, and
+# masks select them, by name). Keyed by the pointer too, so a row a process of an earlier version left behind (it
+# moved the pointer without one) never applies to another revision. Legacy tables, and protected ones not moved
+# since this table was created, have no row (nothing is compared, as before).
 _uuids = Table(
     "sqe_table_uuids",
     METADATA,
     *object_key(),
     Column("metadata_location", Text, nullable=False),
     Column("table_uuid", String(36), nullable=False),
+    Column("schemas_digest", String(64), nullable=False),
 )
 
 
@@ -204,8 +206,10 @@ class TrustedState:
     # The places the catalog recorded for this pointer, in the transaction that moved it (None: not read, or a
     # table from before they were recorded). A function of the pointer, so no part of the pin's identity.
     locations: tuple[str, ...] | None = field(default=None, compare=False)
-    # The table-uuid recorded with this pointer (None: recorded before the catalog kept it). Likewise no identity.
+    # The table-uuid and schemas digest recorded with this pointer (None: recorded before the catalog kept them).
+    # Likewise no part of the pin's identity.
     table_uuid: str | None = field(default=None, compare=False)
+    schemas_digest: str | None = field(default=None, compare=False)
 
     @property
     def protection(self) -> Protection:
@@ -229,7 +233,13 @@ def _where(ref: TableName) -> Any:
 
 def _row_to_state(row: Any) -> TrustedState:
     return TrustedState(
-        row.metadata_location, row.key_id, row.digest, row.digest_version, _recorded(row), row.recorded_uuid
+        row.metadata_location,
+        row.key_id,
+        row.digest,
+        row.digest_version,
+        _recorded(row),
+        row.recorded_uuid,
+        row.recorded_schemas,
     )
 
 
@@ -246,7 +256,8 @@ def _with_recorded_locations(pins: Any) -> Any:
         & (_locations.c.namespace == _pins.c.namespace)
         & (_locations.c.table_name == _pins.c.table_name),
     )
-    return with_locations.add_columns(_uuids.c.table_uuid.label("recorded_uuid")).outerjoin(
+    recorded = (_uuids.c.table_uuid.label("recorded_uuid"), _uuids.c.schemas_digest.label("recorded_schemas"))
+    return with_locations.add_columns(*recorded).outerjoin(
         _uuids,
         (_uuids.c.warehouse == _pins.c.warehouse)
         & (_uuids.c.namespace == _pins.c.namespace)
@@ -284,7 +295,13 @@ def pointer_and_state(conn: Connection, ref: TableName) -> tuple[str | None, Tru
     if row.pinned_location is None:
         return row.metadata_location, None
     pinned = TrustedState(
-        row.pinned_location, row.key_id, row.digest, row.digest_version, _recorded(row), row.recorded_uuid
+        row.pinned_location,
+        row.key_id,
+        row.digest,
+        row.digest_version,
+        _recorded(row),
+        row.recorded_uuid,
+        row.recorded_schemas,
     )
     return row.metadata_location, pinned
 
@@ -381,8 +398,11 @@ def store_locations(conn: Connection, ref: TableName, locations: tuple[str, ...]
     )
 
 
-def store_table_uuid(conn: Connection, ref: TableName, metadata_location: str, table_uuid: str) -> None:
-    """Record the table-uuid of the revision at ``metadata_location`` (same transaction as the pointer move)."""
+def store_table_uuid(
+    conn: Connection, ref: TableName, metadata_location: str, table_uuid: str, schemas_digest: str
+) -> None:
+    """Record the table-uuid and schemas digest of the revision at ``metadata_location`` (same transaction as the
+    pointer move)."""
     conn.execute(delete(_uuids).where(_named(_uuids, ref)))
     conn.execute(
         insert(_uuids).values(
@@ -391,6 +411,7 @@ def store_table_uuid(conn: Connection, ref: TableName, metadata_location: str, t
             table_name=ref.name,
             metadata_location=metadata_location,
             table_uuid=table_uuid,
+            schemas_digest=schemas_digest,
         )
     )
 

@@ -530,6 +530,26 @@ def test_a_rename_handing_a_row_filters_column_name_to_another_column_is_refused
     assert catalog.request("root", "POST", TABLE, updates=updates, requirements=[]).status == 200
 
 
+def test_a_plaintext_metadata_file_rewritten_with_swapped_column_names_is_refused(catalog: Catalog) -> None:
+    # Found by review: what the schema guard refuses in a commit (a rename handing a row filter's column name to
+    # another column), a holder of the table's write keys could do to its plaintext metadata file in storage (no
+    # digest), keeping the UUID, locations and key id: the row filter then tested the emails. The schemas are
+    # recorded with the pointer and checked like the UUID (422).
+    location = catalog.request("root", "GET", TABLE).json()["metadata-location"]
+    _tag(catalog, "sensitivity", "restricted", namespace=["db"], table="t")
+    _policy(catalog, "rf", "system_row_filter", 'filter := col("region") != "US"', "sensitivity", "restricted")
+    _enable(catalog, "rf")
+    assert '"id": 3' in json.dumps(_restrictions(catalog))
+    path = Path(location.removeprefix("file://"))
+    document = json.loads(path.read_text())
+    for schema in document["schemas"]:
+        for column in schema["fields"]:
+            column["name"] = {"email": "region", "region": "email"}.get(column["name"], column["name"])
+    path.write_text(json.dumps(document))
+    refused = catalog.request(ALICE, "GET", TABLE, headers=DECLARED)
+    assert "other schemas than the catalog recorded" in error_of(refused, 422)
+
+
 def _stewards_see_all(catalog: Catalog, tag: str) -> None:
     """Row filter EU on ``tag=restricted``, lifted for stewards: root and bob, who may drop and create tables (the
     gate lets their changes through), bob without CATALOG_MANAGE_POLICIES."""
