@@ -108,6 +108,7 @@ from sqe_catalog.tables import (
     WarehouseTables,
     catalog_io_properties,
     dropped_location_reuse,
+    foreign_file_reads,
     is_create_transaction,
     namespace_area_claims,
     parse_commit_body,
@@ -1374,8 +1375,19 @@ def _run(handler: Handler, call: _Call) -> Response:
     with (
         dropped_location_reuse(lambda namespace, name: _check_dropped_claim(call, namespace, name)),
         namespace_area_claims(lambda namespace: _check_area_claim(call, namespace)),
+        foreign_file_reads(lambda namespace, name: _check_foreign_file(call, namespace, name)),
     ):
         return handler(call)
+
+
+def _check_foreign_file(call: _Call, namespace: Namespace, name: str) -> None:
+    """A register or notification reads its metadata file with the catalog's key: under another table's location
+    only for a caller who may write that table's files (and so could have put it there)."""
+    if not call.allowed(Privilege.TABLE_WRITE_DATA, namespace, name):
+        raise ForbiddenError(
+            f"{vocabulary.METADATA_LOCATION} lies inside the location of another table: reading it for an admission "
+            "needs TABLE_WRITE_DATA on that table"
+        )
 
 
 def _check_area_claim(call: _Call, namespace: Namespace) -> None:

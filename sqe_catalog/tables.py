@@ -184,6 +184,31 @@ def _check_area_claim(owner: Namespace) -> None:
     check(owner)
 
 
+# Whether the current request may have the catalog read, for an admission (register, notification), a file under
+# another table's location with the catalog's own key; api.py sets it per request (TABLE_WRITE_DATA on that table:
+# whoever may write its files). Unset means no. The check gets the table, and raises ForbiddenError to refuse.
+ForeignFileCheck = Callable[[Namespace, str], None]
+_foreign_file_read: ContextVar[ForeignFileCheck | None] = ContextVar("foreign_file_read", default=None)
+
+
+@contextmanager
+def foreign_file_reads(check: ForeignFileCheck) -> Iterator[None]:
+    """Within the block, ``check(namespace, name)`` decides whether an admission may read a file under that
+    table's location (it raises ForbiddenError to refuse)."""
+    token = _foreign_file_read.set(check)
+    try:
+        yield
+    finally:
+        _foreign_file_read.reset(token)
+
+
+def _check_foreign_file(namespace: Namespace, name: str) -> None:
+    check = _foreign_file_read.get()
+    if check is None:
+        raise ForbiddenError(f"{vocabulary.METADATA_LOCATION} lies inside the location of another table")
+    check(namespace, name)
+
+
 @dataclass(frozen=True)
 class _Claimant:
     """The table a location check is for: its name, and its UUID where a revision brings one (a dropped table
@@ -828,7 +853,7 @@ class WarehouseTables:
             raise NoSuchTableError.named(*namespace, name)
         if not replaces:
             self._require_absent(namespace, name)
-        parsed = self._read_for_admission(metadata_location)
+        parsed = self._read_for_admission(metadata_location, (namespace, name))
         return Registration(namespace, name, metadata_location, parsed, replaces)
 
     def stage_table(self, namespace: Namespace, create: TableCreate) -> StoredTable:
@@ -926,13 +951,23 @@ class WarehouseTables:
         self._claimed(claim, _shown(f"{action} of table", namespace, name))
         return StoredTable(namespace, name, metadata_location, parsed.metadata, parsed.document)
 
-    def _read_for_admission(self, metadata_location: str) -> ParsedMetadata:
-        """Read a revision to admit, fresh from storage, after checking it is inside the warehouse; its
-        properties must be ones a client may set."""
+    def _read_for_admission(self, metadata_location: str, table: tuple[Namespace, str]) -> ParsedMetadata:
+        """Read a revision to admit for ``table``, fresh from storage, after checking it is inside the warehouse and
+        not a file of another table the request may not write; its properties must be ones a client may set."""
         self._check_inside_warehouse(metadata_location, vocabulary.METADATA_LOCATION)
+        self._check_admitted_file_place(metadata_location, table)
         parsed = self._read_parsed(metadata_location, fresh=True)
         self._check_properties(parsed.metadata.properties)
         return parsed
+
+    def _check_admitted_file_place(self, metadata_location: str, table: tuple[Namespace, str]) -> None:
+        """Before reading, for an admission of ``table``, a file under another table's location with the catalog's
+        own key: the request must be allowed to (``foreign_file_reads``: it may write that table's files). A file
+        that is not table metadata is refused with details of what it holds (its bytes, a number in it), and
+        whether it exists."""
+        for other, locations in self._all_table_locations():
+            if other != table and covered_by_any(metadata_location, locations):
+                _check_foreign_file(*other)
 
     def _check_admitted_locations(
         self, parsed: ParsedMetadata, table: tuple[Namespace, str], *, existing: bool, logged_before: frozenset[str]
@@ -1012,10 +1047,10 @@ class WarehouseTables:
             raise AlreadyExistsError(f"table already exists: {'.'.join(namespace)}.{name}")
         elif exists:
             self.integrity.require_notification_update(_s(namespace), name)
-            parsed = self._read_for_admission(location)
+            parsed = self._read_for_admission(location, (namespace, name))
             self._reregister(namespace, name, location, parsed, actor, "notification-update", stamp, judge)
         else:
-            parsed = self._read_for_admission(location)
+            parsed = self._read_for_admission(location, (namespace, name))
             self._admit(namespace, name, location, parsed, actor, f"notification-{kind.lower()}", stamp, judge)
 
     def commit_table(

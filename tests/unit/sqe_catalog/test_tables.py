@@ -34,6 +34,8 @@ from sqe_catalog.tables import (
     validate_namespace,
     validate_table_name,
 )
+from tests.unit.sqe_catalog.test_restrictions import SCHEMA as API_SCHEMA
+from tests.unit.sqe_catalog.test_restrictions import Catalog
 
 REPO = Path(__file__).resolve().parents[3]
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
@@ -718,3 +720,39 @@ def test_a_location_with_a_uri_fragment_or_query_character_is_refused(tables: Wa
             tables.create_table(("db",), _create("x", location, **properties))
     assert not Path(f"{tables.root}/db/x".removeprefix("file://")).exists()
     assert not Path(f"{tables.root}/db/m".removeprefix("file://")).exists()
+
+
+def test_a_register_never_reads_another_tables_files_for_its_caller(tmp_path: Path) -> None:
+    # Found by review: a register (or notification) read any file inside the warehouse with the catalog's key, then
+    # refused one that was not table metadata with details of what it held, to a caller with no right to the
+    # table the file belonged to: TABLE_CREATE on a namespace of its own was enough to learn whether a file of
+    # another table exists, its first invalid byte and position, or a number in it. A file under another table's
+    # location is read now only for a caller who may write that table's files (and so could have put it there).
+    catalog = Catalog(tmp_path)
+    catalog.principal("root", admin=True)
+    for name in ("mallory", "writer"):
+        catalog.principal(name)
+        catalog.store.create_role(name)
+        catalog.store.assign_role(name, name)
+        assert catalog.admin("grant", name, "TABLE_CREATE", "--warehouse", "wh", "--namespace", "sandbox") == 0
+    for namespace in ("db", "sandbox"):
+        assert catalog.request("root", "POST", "/v1/wh/namespaces", namespace=[namespace]).status == 200
+    assert catalog.request("root", "POST", "/v1/wh/namespaces/db/tables", name="t", schema=API_SCHEMA).status == 200
+    grant = ["TABLE_WRITE_DATA", "--warehouse", "wh", "--namespace", "db", "--table", "t"]
+    assert catalog.admin("grant", "writer", *grant) == 0
+    data = tmp_path / "wh" / "db" / "t" / "data"
+    data.mkdir(parents=True)
+    (data / "a.json").write_text('{"salary": 123456.5}')
+    (data / "b.parquet").write_bytes(b"PAR1\x15\x00123-45-6789\xff")
+    answers = set()
+    for name in ("a.json", "b.parquet", "missing.json"):
+        body = {"name": "x", "metadata-location": f"file://{data / name}"}
+        reply = catalog.request("mallory", "POST", "/v1/wh/namespaces/sandbox/register", **body)
+        assert reply.status == 403, reply.body
+        answers.add(reply.json()["error"]["message"])
+    assert len(answers) == 1 and "TABLE_WRITE_DATA" in answers.pop(), "the same answer: nothing was read"
+    assert "salary" not in str(answers)
+    body = {"name": "x", "metadata-location": f"file://{data / 'a.json'}"}
+    reply = catalog.request("writer", "POST", "/v1/wh/namespaces/sandbox/register", **body)
+    assert reply.status == 400 and "floating-point number" in reply.json()["error"]["message"], "its own files"
+    assert catalog.request("root", "HEAD", "/v1/wh/namespaces/sandbox/tables/x").status == 404
