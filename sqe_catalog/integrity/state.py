@@ -231,9 +231,11 @@ def _where(ref: TableName) -> Any:
     )
 
 
-def _row_to_state(row: Any) -> TrustedState:
+def _row_to_state(row: Any, pinned_location: str | None = None) -> TrustedState:
+    """The state of a pin row (with its recorded columns); ``pinned_location`` where the row names the pointer
+    ``metadata_location`` and the pin's own apart."""
     return TrustedState(
-        row.metadata_location,
+        row.metadata_location if pinned_location is None else pinned_location,
         row.key_id,
         row.digest,
         row.digest_version,
@@ -294,16 +296,7 @@ def pointer_and_state(conn: Connection, ref: TableName) -> tuple[str | None, Tru
         return None, None
     if row.pinned_location is None:
         return row.metadata_location, None
-    pinned = TrustedState(
-        row.pinned_location,
-        row.key_id,
-        row.digest,
-        row.digest_version,
-        _recorded(row),
-        row.recorded_uuid,
-        row.recorded_schemas,
-    )
-    return row.metadata_location, pinned
+    return row.metadata_location, _row_to_state(row, row.pinned_location)
 
 
 def load_state(conn: Connection, ref: TableName) -> TrustedState | None:
