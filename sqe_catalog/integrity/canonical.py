@@ -81,12 +81,16 @@ class ParsedMetadata:
 # Parsing
 
 
-def _refuse_float(text: str) -> Any:
-    raise ValueError(f"floating-point number {text[:32]!r} in table metadata")
+# The messages quote nothing of the file: an admission reads a file the caller names with the catalog's key, and
+# its error answer must not show what the file holds (a number, a byte) to a caller who could not read it.
 
 
-def _refuse_constant(text: str) -> Any:
-    raise ValueError(f"non-finite number {text!r} in table metadata")
+def _refuse_float(_text: str) -> Any:
+    raise ValueError("a floating-point number in table metadata")
+
+
+def _refuse_constant(_text: str) -> Any:
+    raise ValueError("a non-finite number in table metadata")
 
 
 def _too_large(what: str) -> ValueError:
@@ -113,7 +117,11 @@ def parse_metadata_bytes(data: bytes) -> ParsedMetadata:
     """Parse a (possibly gzip-compressed) metadata file; ValueError when it is not valid Iceberg metadata or is
     larger than ``MAX_METADATA_FILE_BYTES``."""
     data = _decompressed(data)
-    raw = json.loads(data.decode("utf-8"), parse_float=_refuse_float, parse_constant=_refuse_constant)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:  # its message names the byte
+        raise ValueError("the metadata file is not UTF-8 text") from None
+    raw = json.loads(text, parse_float=_refuse_float, parse_constant=_refuse_constant)  # errors: positions only
     if not isinstance(raw, dict):
         raise ValueError("table metadata must be a JSON object")
     try:

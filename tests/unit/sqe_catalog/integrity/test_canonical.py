@@ -92,6 +92,18 @@ def test_floats_are_refused() -> None:
         parse_metadata_bytes(text.encode())
 
 
+@pytest.mark.parametrize(
+    ("data", "quoted"),
+    [(b'{"salary": 123456.5}', "123456"), (b'{"x": NaN}', "NaN"), (b'{"ssn": "123-45-6789\xff"}', "xff")],
+)
+def test_a_refused_file_is_not_quoted(data: bytes, quoted: str) -> None:
+    # Before: "floating-point number '123456.5' ...", "non-finite number 'NaN' ...", "can't decode byte 0xff in
+    # position 20": an admission's answer showed what a file the caller names holds.
+    with pytest.raises(ValueError) as raised:
+        parse_metadata_bytes(data)
+    assert quoted not in str(raised.value) and "6789" not in str(raised.value)
+
+
 def test_a_commit_carries_the_fields_the_model_drops() -> None:
     parsed = parse_metadata_bytes(FROZEN.read_bytes())
     written = document_for_write(parsed.metadata, parsed.document)
