@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 import pydantic
 from pyiceberg import exceptions as ice
@@ -108,6 +108,7 @@ __all__ = [
     "catalog_io_properties",
     "client_parse_message",
     "dropped_location_reuse",
+    "foreign_file_reads",
     "is_create_transaction",
     "namespace_area_claims",
     "pointer_directory",
@@ -127,86 +128,61 @@ FORBIDDEN_TABLE_PROPERTIES = frozenset({"py-io-impl", "write.py-location-provide
 # The newest format a create transaction may ask for (creates write v3 metadata themselves).
 _MAX_CREATE_FORMAT_VERSION = 3
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
-# Whether the current request may claim a location of a dropped table whose files are still there; api.py sets it
-# per request (CATALOG_MANAGE_CONTENT on the warehouse, and more where the dropped table was governed). A context
-# variable, so that every route that claims locations (create, stage-create, register, commits, notifications)
-# gets the same rule without each passing a flag; unset (admin CLI, tests, a route that forgot) means no: fail
-# closed. The check gets the dropped table's namespace and name, and raises ForbiddenError to refuse.
-DroppedClaimCheck = Callable[[Namespace, str], None]
-_dropped_location_reuse: ContextVar[DroppedClaimCheck | None] = ContextVar("dropped_location_reuse", default=None)
+class _RequestCheck(Generic[_P]):
+    """A permission a rule here needs and api.py decides per request, from the caller's privileges: a context
+    variable, so every route that reaches the rule gets it without each passing a flag. Unset (admin CLI, tests, a
+    route that forgot) means no: fail closed with ``refusal(...)``. A set check raises ForbiddenError to refuse."""
+
+    def __init__(self, name: str, refusal: Callable[_P, str]) -> None:
+        self._check: ContextVar[Callable[_P, None] | None] = ContextVar(name, default=None)
+        self._refusal = refusal
+
+    @contextmanager
+    def decided_by(self, check: Callable[_P, None]) -> Iterator[None]:
+        """Within the block, ``check`` decides."""
+        token = self._check.set(check)
+        try:
+            yield
+        finally:
+            self._check.reset(token)
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        check = self._check.get()
+        if check is None:
+            raise ForbiddenError(self._refusal(*args, **kwargs))
+        check(*args, **kwargs)
 
 
-@contextmanager
-def dropped_location_reuse(check: DroppedClaimCheck) -> Iterator[None]:
-    """Within the block, ``check(namespace, name)`` decides whether a new location may overlap that dropped
-    table's (it raises ForbiddenError to refuse)."""
-    token = _dropped_location_reuse.set(check)
-    try:
-        yield
-    finally:
-        _dropped_location_reuse.reset(token)
+# May the request claim a location of a dropped table whose files are still there (CATALOG_MANAGE_CONTENT on the
+# warehouse, and more where the dropped table was governed)? Every route that claims locations (create,
+# stage-create, register, commits, notifications) asks. The check gets the dropped table's namespace and name.
+_check_dropped_claim = _RequestCheck[[Namespace, str]](
+    "dropped_location_reuse",
+    lambda namespace, name: (
+        f"table location overlaps the location of dropped or moved table {'.'.join((*namespace, name))}, whose "
+        "files are still in storage"
+    ),
+)
+dropped_location_reuse = _check_dropped_claim.decided_by
 
+# May the request place a table in another namespace's area (``<warehouse>/<ns>/...``, where that namespace's
+# tables go by default; TABLE_CREATE on that namespace)? The check gets the namespace whose area it is.
+_check_area_claim = _RequestCheck[[Namespace]](
+    "namespace_area_claim", lambda owner: f"table location is inside the area of namespace {'.'.join(owner)}"
+)
+namespace_area_claims = _check_area_claim.decided_by
 
-def _check_dropped_claim(namespace: Namespace, name: str) -> None:
-    check = _dropped_location_reuse.get()
-    if check is None:
-        raise ForbiddenError(
-            f"table location overlaps the location of dropped or moved table {'.'.join((*namespace, name))}, whose "
-            "files are still in storage"
-        )
-    check(namespace, name)
-
-
-# Whether the current request may place a table in another namespace's area (``<warehouse>/<ns>/...``, where that
-# namespace's tables go by default); api.py sets it per request (TABLE_CREATE on that namespace). Unset means no.
-# The check gets the namespace whose area it is, and raises ForbiddenError to refuse.
-AreaClaimCheck = Callable[[Namespace], None]
-_namespace_area_claim: ContextVar[AreaClaimCheck | None] = ContextVar("namespace_area_claim", default=None)
-
-
-@contextmanager
-def namespace_area_claims(check: AreaClaimCheck) -> Iterator[None]:
-    """Within the block, ``check(namespace)`` decides whether a table of another namespace may be placed in that
-    namespace's area (it raises ForbiddenError to refuse)."""
-    token = _namespace_area_claim.set(check)
-    try:
-        yield
-    finally:
-        _namespace_area_claim.reset(token)
-
-
-def _check_area_claim(owner: Namespace) -> None:
-    check = _namespace_area_claim.get()
-    if check is None:
-        raise ForbiddenError(f"table location is inside the area of namespace {'.'.join(owner)}")
-    check(owner)
-
-
-# Whether the current request may have the catalog read, for an admission (register, notification), a file under
-# another table's location with the catalog's own key; api.py sets it per request (TABLE_WRITE_DATA on that table:
-# whoever may write its files). Unset means no. The check gets the table, and raises ForbiddenError to refuse.
-ForeignFileCheck = Callable[[Namespace, str], None]
-_foreign_file_read: ContextVar[ForeignFileCheck | None] = ContextVar("foreign_file_read", default=None)
-
-
-@contextmanager
-def foreign_file_reads(check: ForeignFileCheck) -> Iterator[None]:
-    """Within the block, ``check(namespace, name)`` decides whether an admission may read a file under that
-    table's location (it raises ForbiddenError to refuse)."""
-    token = _foreign_file_read.set(check)
-    try:
-        yield
-    finally:
-        _foreign_file_read.reset(token)
-
-
-def _check_foreign_file(namespace: Namespace, name: str) -> None:
-    check = _foreign_file_read.get()
-    if check is None:
-        raise ForbiddenError(f"{vocabulary.METADATA_LOCATION} lies inside the location of another table")
-    check(namespace, name)
+# May the request have the catalog read, for an admission (register, notification), a file under another table's
+# location with the catalog's own key (TABLE_WRITE_DATA on that table: whoever may write its files)? The check
+# gets the table.
+_check_foreign_file = _RequestCheck[[Namespace, str]](
+    "foreign_file_read",
+    lambda _namespace, _name: f"{vocabulary.METADATA_LOCATION} lies inside the location of another table",
+)
+foreign_file_reads = _check_foreign_file.decided_by
 
 
 @dataclass(frozen=True)
