@@ -67,12 +67,13 @@ def decode_batch(data: bytes | memoryview, schema: pa.Schema) -> pa.RecordBatch:
     if buffer.address % ALIGNMENT:
         buffer = pa.py_buffer(bytes(data))  # a new bytes object's data is aligned
     try:
-        if _body_compressed(pa.ipc.read_message(buffer).metadata):
+        message = pa.ipc.read_message(buffer)  # parsed once: its body stays a view of ``buffer``
+        if _body_compressed(message.metadata):
             # Arrow would inflate each buffer to the size it states: a 16 MiB message of zstd can state hundreds
             # of GiB (zstd stores a run of one byte in 4 bytes), allocated before any row count is checked.
             # Workers never compress (batch_frames).
             raise InvalidBatchError("a batch message is compressed; workers send uncompressed Arrow IPC")
-        batch = pa.ipc.read_record_batch(buffer, schema)
+        batch = pa.ipc.read_record_batch(message, schema)
     # OSError: Arrow reports most malformed messages (a column's length not the batch's, a body or metadata
     # length past the message) as IOError, which pyarrow raises as a plain OSError; EOFError: a message cut short.
     except (pa.ArrowException, OSError, EOFError) as exc:
