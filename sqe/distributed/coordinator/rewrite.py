@@ -15,11 +15,13 @@ the table's lease so long rewrites get refreshed sets pushed, and the ``[storage
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -49,6 +51,7 @@ from sqe.execution.write_target import check_data_path, data_path
 
 if TYPE_CHECKING:
     from pyiceberg.io.fileformat import DataFileStatistics
+    from pyiceberg.io.pyarrow import StatisticsCollector
     from pyiceberg.table import FileScanTask
 
     from sqe.catalog.base import LoadedTable
@@ -229,20 +232,24 @@ class _CompactionRun:
         self._check_rows(job, sum(f.record_count for f in files), response.rows)
         return files
 
-    def _stored(self, path: str) -> tuple[DataFileStatistics, int]:
-        """An output's statistics from its own Parquet footer (as the worker's writer computed them) and its size."""
+    @cached_property
+    def _statistics_plan(self) -> tuple[dict[int, StatisticsCollector], dict[str, int]]:
+        """What pyiceberg's writer collects per column, and the Parquet path -> field id mapping, for the outputs'
+        schema (the same for every output of the run)."""
         metadata = self._loaded.table.metadata
         file_schema = sanitize_column_names(metadata.schema())  # as the worker writes (workers.rewrite)
+        return compute_statistics_plan(file_schema, metadata.properties), parquet_path_to_id_mapping(file_schema)
+
+    def _stored(self, path: str) -> tuple[DataFileStatistics, int]:
+        """An output's statistics from its own Parquet footer (as the worker's writer computed them) and its size."""
+        stats_columns, column_mapping = self._statistics_plan
         try:
-            stored = self._loaded.table.io.new_input(path)
-            with stored.open() as stream:
-                footer = pq.read_metadata(stream)
+            with self._loaded.table.io.new_input(path).open() as stream:
+                footer, size = pq.read_metadata(stream), stream.seek(0, os.SEEK_END)  # no second HEAD for the size
             statistics = data_file_statistics_from_parquet_metadata(
-                parquet_metadata=footer,
-                stats_columns=compute_statistics_plan(file_schema, metadata.properties),
-                parquet_column_mapping=parquet_path_to_id_mapping(file_schema),
+                parquet_metadata=footer, stats_columns=stats_columns, parquet_column_mapping=column_mapping
             )
-            return statistics, len(stored)
+            return statistics, size
         except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
             raise WorkerError(
                 f"OPTIMIZE {self._loaded.ident}: an output a worker reported cannot be read back as the table's "
