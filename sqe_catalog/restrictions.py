@@ -515,25 +515,20 @@ class RestrictionStore:
         """SchemaChangeRefusedError when the reader's restrictions fail to resolve on ``after`` where they resolve on
         ``before``, or resolve there to a row filter over other columns (a policy's ``col(name)`` binds by name:
         a rename handing the name to another column would filter on that one instead)."""
+        previous = None
+        if before is not None:
+            try:
+                previous = self._run(before, reader, snapshot, entries)
+            except ResolutionError:
+                return  # already unresolvable for this reader: not the change's doing
         try:
             resolved = self._run(after, reader, snapshot, entries)
         except ResolutionError as exc:
-            failure: ResolutionError | None = exc
-        else:
-            failure = None
-        if before is None:
-            if failure is not None:
-                raise _schema_change_refused(what, failure, after)
-            return
-        try:
-            previous = self._run(before, reader, snapshot, entries)
-        except ResolutionError:
-            return  # already unresolvable for this reader: not the change's doing
-        if failure is not None:
-            raise _schema_change_refused(what, failure, after)
-        read_before, read_after = _row_filter_fields(previous.wire), _row_filter_fields(resolved.wire)
-        if read_before != read_after:
-            raise _row_filter_rebound(what, (before, read_before), (after, read_after))
+            raise _schema_change_refused(what, exc, after) from None
+        if before is not None and previous is not None:
+            read_before, read_after = _row_filter_fields(previous.wire), _row_filter_fields(resolved.wire)
+            if read_before != read_after:
+                raise _row_filter_rebound(what, (before, read_before), (after, read_after))
 
     def preview(self, warehouse: str, loaded: StoredTable, principal: str, *, include_disabled: bool) -> dict[str, Any]:
         """The explain report of resolving ``loaded`` for ``principal`` (nothing is enabled or stored)."""
