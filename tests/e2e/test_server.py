@@ -1188,10 +1188,18 @@ def test_a_revoked_token_is_refused_on_the_next_call(served: Served) -> None:
 # ---------------------------------------------------------------------------------------------- limits
 
 
+def _held_scan(namespace: str) -> str:
+    """A query whose result (2 billion rows, ~50 GB) no test reads to its end: a client that reads one chunk holds it,
+    and its slot, open by flow control. A 2M-row scan is not enough: its ~50 MB can fit in the windows gRPC grows on
+    a fast loopback connection, and then the server finishes the query while the client still holds the call."""
+    numbers = f"{namespace}.numbers"
+    return f"SELECT a.n, a.label FROM {numbers} a, (SELECT n FROM {numbers} LIMIT 1000) b"
+
+
 def test_the_query_past_the_per_user_limit_is_refused_with_a_clear_status(served: Served) -> None:
     client = served.flight_client()
     options = _bearer(served.token("carol"))
-    sql = f"SELECT n, label FROM {served.namespace}.numbers"
+    sql = _held_scan(served.namespace)
     held = []
     for _ in range(PER_USER_LIMIT):
         info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=sql)), options)
@@ -1379,7 +1387,7 @@ def test_tls_serves_a_client_that_trusts_the_certificate_only(served_tls: TlsSer
 
 def test_the_query_past_the_total_limit_is_refused(served_tls: TlsServed) -> None:
     world, client = served_tls.world, served_tls.client()
-    sql = f"SELECT n, label FROM {world.namespace}.numbers"
+    sql = _held_scan(world.namespace)
     held = []
     for who in ("alice", "bob"):  # one each: the per-user limit (1) is not what refuses carol
         options = _bearer(world.token(who))
@@ -1429,9 +1437,7 @@ def test_preparing_describing_and_browsing_run_beside_a_held_query_and_take_a_pl
     world, client = served_tls.world, served_tls.client()
     options = _bearer(world.token("carol"))
     people = f"SELECT name FROM {world.namespace}.people"
-    info = client.get_flight_info(
-        _command(sql_pb.CommandStatementQuery(query=f"SELECT n, label FROM {world.namespace}.numbers")), options
-    )
+    info = client.get_flight_info(_command(sql_pb.CommandStatementQuery(query=_held_scan(world.namespace))), options)
     held = client.do_get(info.endpoints[0].ticket, options)
     held.read_chunk()  # carol's one query slot (max_concurrent_queries_per_user = 1), held open by flow control
     created = _create_prepared(client, people, options)
