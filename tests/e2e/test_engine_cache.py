@@ -1,6 +1,6 @@
-"""Credential expiry and the metadata cache, against a catalog vending 8-second credentials.
+"""Credential expiry and the metadata cache, against a catalog vending 12-second credentials.
 
-An 8 s token is "short" (< 10 min), so SQE uses it for half its remaining lifetime: about 4 s. Within that
+A 12 s token is "short" (< 10 min), so SQE uses it for half its remaining lifetime: about 6 s. Within that
 window a second load is revalidated with ``If-None-Match`` (304, same credentials); after it the next load is a
 full load with new credentials, and a prepared statement re-plans. Real sleeps, no clock patching. (moto does
 not refuse expired session tokens; the Ceph tier shows that expired keys really die.)
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bogus_aws_env")]
 
-LIFETIME_SECONDS = 8  # usable for ~4 s: room for a few queries on a busy machine, then one short sleep
+LIFETIME_SECONDS = 12  # usable for ~6 s: room for a few queries on a busy machine, then one short sleep
 QUERY = "SELECT count(*) AS n, sum(id) AS total FROM ns.events"
 EXPECTED = [(5, 15)]
 

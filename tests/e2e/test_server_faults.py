@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-UNFETCHED_SECONDS = 3.0
+UNFETCHED_SECONDS = 8.0  # well past the setup of the next GetFlightInfo (a new connection, session and engine)
 
 
 @pytest.fixture(scope="module")

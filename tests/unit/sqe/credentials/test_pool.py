@@ -15,6 +15,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from sqe.credentials.pool import FILESYSTEMS, FileIOPool, PooledFileIO
 from sqe.credentials.scope import credential_identity
+from tests.helpers.waiting import wait_until
 
 SECRET = "pool-test-secret-access-key-0123456789"
 TOKEN = "pool-test-session-token-abcdefghijklmnop"
@@ -94,13 +95,10 @@ def test_an_idle_pool_releases_expired_sets_on_time_and_its_releaser_thread_then
     pool.add_eviction_listener(released.append)
     pool.file_io(_identity("K1"), _properties("K1"), time.time() + 0.5)
     pool.file_io(_identity("K2"), _properties("K2"), time.time() + 0.2)  # an earlier expiry wakes it early
-    deadline = time.time() + 5
-    while len(pool) and time.time() < deadline:  # no use of the pool from here on
-        time.sleep(0.05)
-    assert released == [_identity("K2"), _identity("K1")]
-    while pool.releasing and time.time() < deadline:
-        time.sleep(0.05)
-    assert not pool.releasing
+    # No use of the pool from here on. The releaser empties the pool, then tells its listeners (after its lock).
+    wait_until(lambda: len(released) == 2, "both sets released", 5)
+    assert released == [_identity("K2"), _identity("K1")] and len(pool) == 0
+    wait_until(lambda: not pool.releasing, "the releaser thread ended", 5)
 
 
 def test_a_set_that_arrives_expired_is_still_held_briefly_so_a_burst_shares_one_file_io() -> None:
