@@ -26,6 +26,7 @@ import pytest
 
 import sqe.api
 from tests.conftest import BOGUS_AWS_ENV, pyiceberg_catalog, write_sqe_config
+from tests.helpers.waiting import wait_until
 
 if TYPE_CHECKING:
     from tests.conftest import CatalogPrincipal, CatalogServer
@@ -192,7 +193,14 @@ def test_ctrl_c_cancels_the_query_not_the_shell(setup: Setup, tmp_path: Path, te
     assert "Traceback" not in shell.text and "error" not in shell.text
 
 
-def test_progress_shows_on_a_tty_only(setup: Setup, tmp_path: Path, terminals: list[Terminal]) -> None:
+def _table_requests(log: str, table: str) -> int:
+    namespace, name = table.split(".")
+    return log.count(f"/namespaces/{namespace}/tables/{name}")
+
+
+def test_progress_shows_on_a_tty_only(
+    setup: Setup, catalog_server: CatalogServer, tmp_path: Path, terminals: list[Terminal]
+) -> None:
     on_tty = spawn(setup, tmp_path, "-e", setup.slow_query)
     terminals.append(on_tty)
     started = time.monotonic()
@@ -204,9 +212,12 @@ def test_progress_shows_on_a_tty_only(setup: Setup, tmp_path: Path, terminals: l
 
     # The same command with stderr in a file: past the point where the TTY run showed progress, nothing on stderr.
     stderr_path = tmp_path / "stderr"
+    before = _table_requests(catalog_server.settled_log_text(), setup.table)
     with stderr_path.open("wb") as stderr:
         off_tty = spawn(setup, tmp_path, "-e", setup.slow_query, stderr=stderr)
     terminals.append(off_tty)
+    # Its statement has begun once it asked the catalog for the table (a slower start-up must not shorten the wait).
+    wait_until(lambda: _table_requests(catalog_server.log_text(), setup.table) > before, "the query never began")
     time.sleep(until_progress + 2.0)
     assert off_tty.proc.poll() is None and stderr_path.read_bytes() == b""
     off_tty.type("\x03")
