@@ -186,10 +186,10 @@ class IdentityBroker(Unpicklable):
         """The user's token for their catalog client credentials (the secret is not kept).
 
         A client that sends Basic on every call gets the token its credentials were last exchanged for while that
-        token is in the first 80 % of its life and the catalog still accepts it (checked at the catalog on every
-        call, never from ``auth_cache_seconds``, so a rotated secret or revoked principal is refused on the next
-        call as it was when every call exchanged): exchanging again would cost the catalog a password hash per call
-        and mint a new token, hence a new delegated token, every second.
+        token has more than a fifth of its life (or 60 s, if that is less) left and the catalog still accepts it
+        (checked at the catalog on every call, never from ``auth_cache_seconds``, so a rotated secret or revoked
+        principal is refused on the next call as it was when every call exchanged): exchanging again would cost the
+        catalog a password hash per call and mint a new token, hence a new delegated token, every second.
         """
         key = self._credentials_key(client_id, client_secret)
         cached = self._cached_basic(key)
