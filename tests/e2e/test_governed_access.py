@@ -261,7 +261,7 @@ def test_an_expired_subject_is_refused_and_delegated_tokens_expire_with_it(gover
     assert reply.status_code == 200 and reply.json()["expires_in"] <= 6
     delegated = reply.json()["access_token"]
     assert governed.get(delegated, "", GOVERNED).status_code == 200
-    time.sleep(reply.json()["expires_in"] + 1)  # counted from before the load: past the delegated token's expiry
+    time.sleep(reply.json()["expires_in"] + 1)  # counted at the exchange, before the load: ends past its expiry
     expired = governed.get(delegated, "", GOVERNED)
     assert expired.status_code == 401
     _carries_no_credential(expired)
