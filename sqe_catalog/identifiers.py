@@ -28,6 +28,7 @@ from sqe_catalog.errors import BadRequestError
 __all__ = [
     "MAX_NAMESPACE_DEPTH",
     "MAX_NAME_LENGTH",
+    "URI_CHARACTERS",
     "Namespace",
     "from_storage_namespace",
     "parse_namespace_path",
@@ -43,13 +44,13 @@ MAX_NAME_LENGTH = 255
 MAX_NAMESPACE_DEPTH = 16
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 _PATH_CHARACTERS = frozenset("/\\")
-_URI_CHARACTERS = frozenset("#?")  # a URI's fragment and query: pyiceberg's FileIO cuts a location at them
+URI_CHARACTERS = frozenset("#?")  # a URI's fragment and query: pyiceberg's FileIO cuts a location at them
 
 
 def _character_problem(ch: str) -> str | None:
     if ch in _PATH_CHARACTERS:
         return "a path separator"
-    if ch in _URI_CHARACTERS:
+    if ch in URI_CHARACTERS:
         return "'#' or '?' (locations are parsed as URIs, which end their path there)"
     category = unicodedata.category(ch)
     if category in _REFUSED_CATEGORIES:

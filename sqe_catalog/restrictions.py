@@ -68,6 +68,7 @@ from sqlalchemy.exc import DBAPIError
 from sqe import vocabulary
 from sqe.errors import RestrictionError
 from sqe.restrictions import parse_restrictions, strict_json_loads
+from sqe.restrictions.expressions import referenced_fields
 from sqe_catalog.auth import _group_members, _groups, _principals  # AuthStore's tables, read-only here
 from sqe_catalog.errors import (
     BadRequestError,
@@ -525,10 +526,11 @@ class RestrictionStore:
             resolved = self._run(after, reader, snapshot, entries)
         except ResolutionError as exc:
             raise _schema_change_refused(what, exc, after) from None
-        if before is not None and previous is not None:
-            read_before, read_after = _row_filter_fields(previous.wire), _row_filter_fields(resolved.wire)
-            if read_before != read_after:
-                raise _row_filter_rebound(what, (before, read_before), (after, read_after))
+        if before is None or previous is None:
+            return
+        read_before, read_after = _row_filter_fields(before, previous.wire), _row_filter_fields(after, resolved.wire)
+        if read_before != read_after:
+            raise _row_filter_rebound(what, (before, read_before), (after, read_after))
 
     def preview(self, warehouse: str, loaded: StoredTable, principal: str, *, include_disabled: bool) -> dict[str, Any]:
         """The explain report of resolving ``loaded`` for ``principal`` (nothing is enabled or stored)."""
@@ -689,22 +691,13 @@ def _schema_change_refused(what: str, failure: ResolutionError, after: StoredTab
     )
 
 
-_ROW_FILTER = "required-row-filter"
-
-
-def _row_filter_fields(wire: dict[str, Any] | None) -> frozenset[int]:
-    """The field ids a resolved row filter reads (its ``{"type": "reference", "id": N}`` nodes)."""
-    found: set[int] = set()
-    pending: list[Any] = [wire.get(_ROW_FILTER)] if wire is not None else []
-    while pending:
-        node = pending.pop()
-        if isinstance(node, dict):
-            if node.get("type") == "reference" and isinstance(node.get("id"), int):
-                found.add(node["id"])
-            pending.extend(node.values())
-        elif isinstance(node, list):
-            pending.extend(node)
-    return frozenset(found)
+def _row_filter_fields(table: StoredTable, wire: dict[str, Any] | None) -> frozenset[int]:
+    """The field ids a resolved row filter reads, nested ones included, by the engine's own parser (the wire was
+    already parsed against ``table`` when it was resolved)."""
+    if wire is None:
+        return frozenset()
+    plan = parse_restrictions(wire, table.metadata.schema(), all_schemas=table.metadata.schemas)
+    return frozenset(ref.field_id for ref in referenced_fields(plan.row_filter))
 
 
 def _row_filter_rebound(

@@ -81,6 +81,7 @@ from sqe_catalog.errors import (
 from sqe_catalog.history import check_history, with_snapshot_log
 from sqe_catalog.identifiers import (
     MAX_NAMESPACE_DEPTH,
+    URI_CHARACTERS,
     Namespace,
     from_storage_namespace,
     storage_namespace,
@@ -938,9 +939,8 @@ class WarehouseTables:
 
     def _check_admitted_file_place(self, metadata_location: str, table: tuple[Namespace, str]) -> None:
         """Before reading, for an admission of ``table``, a file under another table's location with the catalog's
-        own key: the request must be allowed to (``foreign_file_reads``: it may write that table's files). A file
-        that is not table metadata is refused with details of what it holds (its bytes, a number in it), and
-        whether it exists."""
+        own key: the request must be allowed to (``foreign_file_reads``: it may write that table's files). Past this
+        check, the refusal of a file that is not table metadata quotes nothing of it, but tells whether it exists."""
         for other, locations in self._all_table_locations():
             if other != table and covered_by_any(metadata_location, locations):
                 _check_foreign_file(*other)
@@ -1173,8 +1173,9 @@ class WarehouseTables:
     def _check_inside_warehouse(self, location: str, what: str) -> None:
         scheme, parts = _split_location(location)
         root_scheme, root_parts = _split_location(self.root)
-        # "#" and "?": pyiceberg's FileIO parses a location as a URI and would cut its path there (another place).
-        if any(part in ("", ".", "..") for part in parts) or any(ord(ch) < 0x20 or ch in "#?" for ch in location):
+        # URI_CHARACTERS: pyiceberg's FileIO parses a location as a URI and would cut its path there (another place).
+        unsafe = any(ord(ch) < 0x20 or ch in URI_CHARACTERS for ch in location)
+        if unsafe or any(part in ("", ".", "..") for part in parts):
             raise BadRequestError(f"{what} is not a normalised location")
         inside = scheme == root_scheme and len(parts) > len(root_parts) and parts[: len(root_parts)] == root_parts
         if not inside:

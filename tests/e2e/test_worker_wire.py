@@ -233,6 +233,17 @@ def _misbehaving_session(mode: str, config_path: Path, token: str) -> Iterator[S
         server.stop(grace=None)
 
 
+def _refusal(mode: str, sql: str, config_path: Path, token: str, *, arrow: bool = True) -> str:
+    """The ``WorkerError`` text of ``sql`` on a worker misbehaving in ``mode``, read as Arrow (a pass-through read)
+    or through DuckDB; the query must give no answer."""
+    got: Any = None
+    with _misbehaving_session(mode, config_path, token) as session, pytest.raises(WorkerError) as failed:
+        relation = session.sql(sql)
+        got = relation.arrow() if arrow else relation.fetchall()
+    assert got is None
+    return str(failed.value)
+
+
 def test_a_worker_quoting_the_tickets_keys_never_gets_them_into_errors_or_logs(
     reader_config: Path,  # noqa: F811
     tables: Tables,  # noqa: F811
@@ -346,14 +357,9 @@ def test_a_batch_whose_offsets_cross_is_never_read(
     """Before, the coordinator handed such a batch on as it came, and the query returned it (a value of negative
     length; offsets further off have Arrow or DuckDB read outside the message: a crash, or another query's
     bytes in a result)."""
-    got: Any = None
-    with (
-        _misbehaving_session("crosses-offsets", reader_config, worker_factory.token) as session,
-        pytest.raises(WorkerError) as failed,
-    ):
-        got = session.sql(f"SELECT * FROM {tables.namespace}.events").arrow()  # a pass-through read
-    assert got is None
-    assert "a batch's buffers do not hold its values" in str(failed.value)
+    sql = f"SELECT * FROM {tables.namespace}.events"  # a pass-through read
+    refusal = _refusal("crosses-offsets", sql, reader_config, worker_factory.token)
+    assert "a batch's buffers do not hold its values" in refusal
 
 
 def test_a_compressed_batch_is_refused_not_inflated(
@@ -363,14 +369,9 @@ def test_a_compressed_batch_is_refused_not_inflated(
 ) -> None:
     """Workers never compress; a compressed batch could state any size (a few KB of zstd inflate to GiB, allocated
     before its rows are counted). Before, the coordinator inflated and answered with it."""
-    got: Any = None
-    with (
-        _misbehaving_session("compresses-its-batches", reader_config, worker_factory.token) as session,
-        pytest.raises(WorkerError) as failed,
-    ):
-        got = session.sql(f"SELECT * FROM {tables.namespace}.events").arrow()
-    assert got is None
-    assert "a batch message is compressed" in str(failed.value)
+    sql = f"SELECT * FROM {tables.namespace}.events"
+    refusal = _refusal("compresses-its-batches", sql, reader_config, worker_factory.token)
+    assert "a batch message is compressed" in refusal
 
 
 def test_a_stream_that_completes_without_its_schema_is_not_taken_for_an_empty_fragment(
@@ -380,14 +381,9 @@ def test_a_stream_that_completes_without_its_schema_is_not_taken_for_an_empty_fr
 ) -> None:
     """Before, a bare ``complete`` (no schema, no batch, zero rows) committed the fragment: its rows were lost and
     the query answered without them, without an error."""
-    got: list[tuple[Any, ...]] | None = None
-    with (
-        _misbehaving_session("completes-at-once", reader_config, worker_factory.token) as session,
-        pytest.raises(WorkerError) as failed,
-    ):
-        got = session.sql(f"SELECT count(*) FROM {tables.namespace}.events WHERE id >= 0").fetchall()
-    assert got is None
-    assert "completed without sending its schema" in str(failed.value)
+    sql = f"SELECT count(*) FROM {tables.namespace}.events WHERE id >= 0"
+    refusal = _refusal("completes-at-once", sql, reader_config, worker_factory.token, arrow=False)
+    assert "completed without sending its schema" in refusal
 
 
 def test_a_batch_before_its_streams_schema_breaks_the_attempt_which_is_retried(
@@ -413,14 +409,9 @@ def test_a_batch_naming_a_column_twice_is_refused_as_such(
     worker_factory: WorkerPools,  # noqa: F811
 ) -> None:
     """Which of two same-named columns is the scan's cannot be told. Before: "coordinator error (KeyError)"."""
-    got: Any = None
-    with (
-        _misbehaving_session("repeats-its-first-column", reader_config, worker_factory.token) as session,
-        pytest.raises(WorkerError) as failed,
-    ):
-        got = session.sql(f"SELECT * FROM {tables.namespace}.events").arrow()
-    assert got is None
-    assert "a worker's batch names a column twice" in str(failed.value)
+    sql = f"SELECT * FROM {tables.namespace}.events"
+    refusal = _refusal("repeats-its-first-column", sql, reader_config, worker_factory.token)
+    assert "a worker's batch names a column twice" in refusal
 
 
 def test_an_aggregate_without_group_by_needs_exactly_one_partial_row_per_fragment(

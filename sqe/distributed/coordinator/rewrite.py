@@ -208,9 +208,9 @@ class _CompactionRun:
                     f"{written.file_size_in_bytes} bytes; the store holds {statistics.record_count} rows and {size} "
                     "bytes"
                 )
+            serialized = statistics.to_serialized_dict()
             # Both from pyiceberg's statistics of the same footer: any difference is a worker not saying what it wrote.
-            footer_stats = decode_file_stats(encode_file_stats(statistics.to_serialized_dict()))
-            if decode_file_stats(written.stats_json) != footer_stats:
+            if decode_file_stats(written.stats_json) != decode_file_stats(encode_file_stats(serialized)):
                 raise WorkerError(
                     f"OPTIMIZE {self._loaded.ident}: a worker reported other column statistics than its output's "
                     "footer holds"
@@ -225,7 +225,7 @@ class _CompactionRun:
                 sort_order_id=None,
                 equality_ids=None,
                 key_metadata=None,
-                **statistics.to_serialized_dict(),
+                **serialized,
             )
             data_file.spec_id = first.spec_id
             files.append(data_file)
